@@ -1,0 +1,1 @@
+"""Power sensing and control for edgerun: meters, device profiles, governors."""

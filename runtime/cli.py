@@ -1,0 +1,149 @@
+"""The `edgerun` command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from dataclasses import asdict, replace
+from pathlib import Path
+
+from runtime import __version__
+from runtime.report import json_safe, profile_table
+from runtime.schema import ConfigError, to_dict
+
+PROFILE_JSON_SCHEMA = "edgerun.profile/1"
+
+
+def _shape(text: str) -> tuple[int, ...]:
+    try:
+        dims = tuple(int(x) for x in text.replace("x", ",").split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected dims like 1,3,224,224, got {text!r}") from None
+    if any(d <= 0 for d in dims):
+        raise argparse.ArgumentTypeError(f"every dimension must be positive, got {text!r}")
+    return dims
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    """Profile every variant of a model and pick the lowest-energy one meeting the target."""
+    from power.device import load_profile
+    from power.sensors import detect_meter
+    from runtime import config as config_mod
+    from runtime.backends import discover
+    from runtime.profiler import Profiler, default_threads, model_files, profile_all
+    from runtime.selector import Constraints, NoVariantError, frontier, select
+
+    cfg = config_mod.load(args.config)
+    model_cfg = replace(cfg.model, path=str(args.model),
+                        input_shape=args.input_shape or cfg.model.input_shape)
+    cons = cfg.constraints
+    constraints = Constraints(
+        latency_ms=args.latency_ms if args.latency_ms is not None else cons.latency_ms,
+        percentile=args.percentile if args.percentile is not None else cons.percentile,
+        accuracy_floor=(args.accuracy_floor if args.accuracy_floor is not None
+                        else cons.accuracy_floor))
+    prof_cfg = cfg.profiler
+    if args.time_budget is not None:
+        prof_cfg = replace(prof_cfg, time_budget_s=args.time_budget)
+    device = load_profile(cfg.device.profile)
+    meter = detect_meter(Path(cfg.device.sysfs_root), device)
+    models = model_files(model_cfg)
+    backends = discover(cfg.backends)
+    if not backends:
+        print("edgerun: no inference backend is usable on this machine", file=sys.stderr)
+        return 2
+    threads = cfg.backends.threads or default_threads()
+
+    def progress(i: int, n: int, vid: str) -> None:
+        print(f"[{i}/{n}] {vid}", file=sys.stderr, flush=True)
+
+    profiler = Profiler(prof_cfg, meter, device.name)
+    profiles = profile_all(backends, models, threads, cfg.backends, profiler,
+                           fresh=args.fresh, progress=progress)
+    front = frontier(profiles)
+    try:
+        choice = select(profiles, constraints)
+    except NoVariantError as e:
+        choice = None
+        failure = str(e)
+    if args.json:
+        doc = {
+            "schema": PROFILE_JSON_SCHEMA,
+            "edgerun": __version__,
+            "model": str(args.model),
+            "device_profile": device.name,
+            "energy_source": meter.source,
+            "idle_w": profiler.idle_w(),
+            "constraints": asdict(constraints),
+            "devices": [{"backend": d.backend, "id": d.id, "name": d.name, **d.details}
+                        for b in backends for d in b.devices()],
+            "choice": None if choice is None else {
+                "variant": choice.profile.variant_id, "met": choice.met, "reason": choice.reason},
+            "frontier": [p.variant_id for p in front],
+            "variants": [asdict(p) for p in profiles],
+        }
+        print(json.dumps(json_safe(doc), indent=2, allow_nan=False, default=str))
+    else:
+        print(f"model {args.model}  device profile {device.name}  energy source {meter.source}"
+              f"  idle {profiler.idle_w():.2f} W")
+        print(profile_table(profiles, choice, {p.variant_id for p in front}))
+        print("choice: " + (choice.reason if choice else failure))
+    return 0 if choice is not None else 1
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """Validate a config file and print the resolved config."""
+    from runtime import config as config_mod
+
+    cfg = config_mod.load(args.config)
+    print(json.dumps(to_dict(cfg), indent=2))
+    print(f"{args.config}: ok", file=sys.stderr)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with every command."""
+    p = argparse.ArgumentParser(prog="edgerun", description="Edge inference runtime.")
+    p.add_argument("--version", action="version", version=f"edgerun {__version__}")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    pr = sub.add_parser("profile", help="profile every variant of a model and pick one",
+                        description=cmd_profile.__doc__)
+    pr.add_argument("model", type=Path, help="an .onnx file")
+    pr.add_argument("--config", type=Path, help="edgerun TOML config (defaults otherwise)")
+    pr.add_argument("--latency-ms", type=float, help="latency target (default 20)")
+    pr.add_argument("--percentile", type=int, choices=(50, 95, 99), help="default 95")
+    pr.add_argument("--accuracy-floor", type=float, help="minimum accuracy (0..1)")
+    pr.add_argument("--input-shape", type=_shape, help="fix dynamic dims, e.g. 1,3,224,224")
+    pr.add_argument("--time-budget", type=float, help="seconds of measuring per variant")
+    pr.add_argument("--fresh", action="store_true", help="ignore cached profiles")
+    pr.add_argument("--json", action="store_true", help="machine-readable output "
+                    f"(schema {PROFILE_JSON_SCHEMA}, see docs/profile-json.md)")
+    pr.set_defaults(func=cmd_profile)
+
+    ck = sub.add_parser("check", help="validate a config file and print it resolved",
+                        description=cmd_check.__doc__)
+    ck.add_argument("config", type=Path)
+    ck.set_defaults(func=cmd_check)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `edgerun` console script."""
+    from runtime.onnx_model import ModelError
+
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    try:
+        return args.func(args)
+    except (ConfigError, ModelError) as e:
+        print(f"edgerun: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,141 @@
+"""edgerun's configuration: one TOML file, validated once into typed sections.
+
+Each component is handed only its own section (`cfg.profiler`, `cfg.backends`, ...).
+Defaults are chosen so that `edgerun profile MODEL` works with no file at all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from runtime.schema import ConfigError, build, load_toml
+
+ENGINES = ("onnxruntime", "openvino", "opencv")
+
+
+@dataclass(frozen=True)
+class DeviceConfig:
+    """Which device profile describes this box, and where its sysfs lives."""
+
+    profile: str = "generic-x86"  # a name under firmware_config/devices/ or a path to a .toml
+    sysfs_root: str = "/"  # tests and the simulator point this at a fake tree
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The model to run: an .onnx file or a directory with a variant manifest."""
+
+    path: str = ""
+    input_shape: tuple[int, ...] = ()  # fixes dynamic dimensions, e.g. [1, 3, 224, 224]
+
+    def validate(self) -> tuple[str, str] | None:
+        if any(d <= 0 for d in self.input_shape):
+            return "input_shape", f"every dimension must be positive, got {list(self.input_shape)}"
+        return None
+
+
+@dataclass(frozen=True)
+class ConstraintsConfig:
+    """What the operator asks of inference."""
+
+    latency_ms: float = 20.0
+    percentile: Literal[50, 95, 99] = 95
+    accuracy_floor: float = 0.0
+
+    def validate(self) -> tuple[str, str] | None:
+        if self.latency_ms <= 0:
+            return "latency_ms", f"must be > 0, got {self.latency_ms}"
+        if not 0.0 <= self.accuracy_floor <= 1.0:
+            return "accuracy_floor", f"must be within 0..1, got {self.accuracy_floor}"
+        return None
+
+
+@dataclass(frozen=True)
+class ProfilerConfig:
+    """How long and how hard each variant is measured."""
+
+    warmup_runs: int = 5
+    min_runs: int = 30
+    max_runs: int = 2000
+    time_budget_s: float = 2.0  # per variant, after warm-up
+    idle_baseline_s: float = 0.5
+    cache_dir: str = "~/.cache/edgerun/profiles"
+
+    def validate(self) -> tuple[str, str] | None:
+        if self.min_runs < 1:
+            return "min_runs", f"must be >= 1, got {self.min_runs}"
+        if self.max_runs < self.min_runs:
+            return "max_runs", f"must be >= min_runs ({self.min_runs}), got {self.max_runs}"
+        if self.time_budget_s <= 0:
+            return "time_budget_s", f"must be > 0, got {self.time_budget_s}"
+        return None
+
+
+@dataclass(frozen=True)
+class OnnxRuntimeConfig:
+    """ONNX Runtime variant knobs (each list is one axis of the grid)."""
+
+    spinning: tuple[bool, ...] = (False, True)
+    graph_optimization: tuple[Literal["basic", "extended", "all"], ...] = ("all",)
+    include_default: bool = True  # also profile ORT's default session options, for comparison
+
+
+@dataclass(frozen=True)
+class OpenVinoConfig:
+    """OpenVINO variant knobs."""
+
+    performance_hint: tuple[Literal["LATENCY", "THROUGHPUT"], ...] = ("LATENCY",)
+    precision_hints: tuple[Literal["f32", "bf16", "f16"], ...] = ("f32", "bf16", "f16")
+    cache_dir: str = ""  # compiled-model cache; empty = no cache
+
+
+@dataclass(frozen=True)
+class OpenCvConfig:
+    """OpenCV DNN variant knobs."""
+
+    engines: tuple[Literal["new", "classic"], ...] = ("new", "classic")
+    fp16_target: bool = True  # also try DNN_TARGET_CPU_FP16 where it exists
+
+
+@dataclass(frozen=True)
+class BackendsConfig:
+    """Which engines to try and the shared thread axis."""
+
+    enabled: tuple[Literal["onnxruntime", "openvino", "opencv"], ...] = ENGINES
+    threads: tuple[int, ...] = ()  # empty: 1 and every core
+    onnxruntime: OnnxRuntimeConfig = field(default_factory=OnnxRuntimeConfig)
+    openvino: OpenVinoConfig = field(default_factory=OpenVinoConfig)
+    opencv: OpenCvConfig = field(default_factory=OpenCvConfig)
+
+    def validate(self) -> tuple[str, str] | None:
+        if any(t < 1 for t in self.threads):
+            return "threads", f"every entry must be >= 1, got {list(self.threads)}"
+        return None
+
+
+@dataclass(frozen=True)
+class Config:
+    """The whole file."""
+
+    device: DeviceConfig = field(default_factory=DeviceConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    constraints: ConstraintsConfig = field(default_factory=ConstraintsConfig)
+    profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
+    backends: BackendsConfig = field(default_factory=BackendsConfig)
+
+
+def load(path: str | Path | None) -> Config:
+    """Load and validate a config file; None gives the defaults."""
+    if path is None:
+        return Config()
+    return load_toml(Path(path), Config)
+
+
+def from_dict(data: dict, source: str = "<config>") -> Config:
+    """Validate an already-parsed mapping (used by tests and command overrides)."""
+    return build(Config, data, source=source)
+
+
+__all__ = ["Config", "ConfigError", "from_dict", "load"]

@@ -1,0 +1,27 @@
+"""Shared fixtures."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from modelgen import tiny_cnn
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    """A small CNN with a dynamic batch dimension, input [N,3,32,32]."""
+    return tiny_cnn(tmp_path_factory.mktemp("models") / "tiny.onnx")
+
+
+@pytest.fixture
+def fast_profiler_cfg(tmp_path):
+    """Profiler settings that keep a test run short."""
+    from runtime.config import ProfilerConfig
+
+    return ProfilerConfig(warmup_runs=2, min_runs=5, max_runs=50, time_budget_s=0.05,
+                          idle_baseline_s=0.05, cache_dir=str(tmp_path / "cache"))

@@ -1,0 +1,125 @@
+"""Every backend loads and runs a small ONNX model and agrees with ORT fp32."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from modelgen import tiny_cnn
+
+from runtime.backends import BackendError, ModelFile, discover
+from runtime.backends.onnxruntime import OnnxRuntimeBackend
+from runtime.config import BackendsConfig
+from runtime.onnx_model import ModelError, load_onnx, model_input
+
+BACKENDS = discover(BackendsConfig())
+NAMES = [b.name for b in BACKENDS]
+# Tolerance by effective precision: bf16 keeps 8 bits of mantissa.
+TOL = {"fp32": 1e-4, "bf16": 3e-2, "fp16": 5e-3}
+
+
+def model_file(path, shape=(1, 3, 32, 32)) -> ModelFile:
+    return ModelFile("tiny", "fp32", path, "x", shape)
+
+
+def reference(path, x):
+    import onnxruntime as ort
+
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x})[0]
+
+
+def test_all_engines_installed_here_are_found():
+    assert {"onnxruntime", "openvino", "opencv"} <= set(NAMES)
+
+
+@pytest.mark.parametrize("backend", BACKENDS, ids=NAMES)
+def test_every_variant_agrees_with_ort(backend, tiny_model):
+    x = np.random.default_rng(1).standard_normal((1, 3, 32, 32)).astype(np.float32)
+    want = reference(tiny_model, x)
+    variants = backend.variants(model_file(tiny_model), BackendsConfig(), (1, 2))
+    assert variants
+    for v in variants:
+        s = backend.load(v)
+        try:
+            got = s.infer(x)
+            assert s.actual_device.startswith(v.device), v.id
+            np.testing.assert_allclose(got.reshape(want.shape), want, atol=TOL[v.precision],
+                                       err_msg=v.id)
+        finally:
+            s.close()
+
+
+@pytest.mark.parametrize("backend", BACKENDS, ids=NAMES)
+def test_dynamic_hw_model_runs_with_fixed_shape(backend, tmp_path):
+    path = tiny_cnn(tmp_path / "dyn.onnx", hw=("H", "W"))
+    inp = model_input(load_onnx(path), path, (1, 3, 40, 24))
+    v = backend.variants(ModelFile("dyn", "fp32", path, inp.name, inp.shape),
+                         BackendsConfig(), (1,))[0]
+    x = np.ones(inp.shape, np.float32)
+    np.testing.assert_allclose(backend.load(v).infer(x).reshape(1, 5), reference(path, x),
+                               atol=1e-4)
+
+
+@pytest.mark.parametrize("backend", BACKENDS, ids=NAMES)
+def test_truncated_model_is_a_clear_error(backend, tiny_model, tmp_path):
+    bad = tmp_path / "truncated.onnx"
+    bad.write_bytes(tiny_model.read_bytes()[:300])
+    v = backend.variants(model_file(bad), BackendsConfig(), (1,))[0]
+    with pytest.raises(BackendError) as e:
+        backend.load(v)
+    assert str(bad) in str(e.value) and backend.name in str(e.value)
+
+
+def test_unsupported_op_fails_only_where_unsupported(tmp_path):
+    # RandomUniformLike: ORT and OpenVINO have it, OpenCV's DNN does not.
+    path = tiny_cnn(tmp_path / "odd.onnx", extra_op="RandomUniformLike")
+    results = {}
+    for b in BACKENDS:
+        for v in b.variants(model_file(path), BackendsConfig(), (1,)):
+            try:
+                b.load(v).infer(np.ones((1, 3, 32, 32), np.float32))
+                results[v.id] = "ok"
+            except BackendError as e:
+                results[v.id] = str(e)
+    cv = [r for k, r in results.items() if "@opencv" in k]
+    assert cv and all("RandomUniformLike" in r or "could not build" in r for r in cv)
+    assert any("odd.onnx" in r for r in cv)
+    assert all(r == "ok" for k, r in results.items() if "@opencv" not in k)
+
+
+def test_model_input_errors(tmp_path, tiny_model):
+    dyn = tiny_cnn(tmp_path / "dyn.onnx", hw=("H", "W"))
+    with pytest.raises(ModelError, match="dynamic dimensions.*input_shape"):
+        model_input(load_onnx(dyn), dyn)
+    with pytest.raises(ModelError, match="rank 4"):
+        model_input(load_onnx(dyn), dyn, (1, 3, 32))
+    with pytest.raises(ModelError, match="contradicts"):
+        model_input(load_onnx(tiny_model), tiny_model, (1, 3, 64, 64))
+    assert model_input(load_onnx(tiny_model), tiny_model).shape == (1, 3, 32, 32)
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"\x00garbage" * 10)
+    with pytest.raises(ModelError, match="bad.onnx"):
+        load_onnx(bad)
+
+
+def test_initializers_listed_as_inputs_are_skipped(tmp_path):
+    import onnx
+
+    path = tiny_cnn(tmp_path / "old.onnx")
+    m = onnx.load(str(path))
+    for init in m.graph.initializer:  # what old exporters did
+        m.graph.input.append(onnx.helper.make_tensor_value_info(
+            init.name, init.data_type, list(init.dims)))
+    onnx.save(m, str(path))
+    assert model_input(load_onnx(path), path).name == "x"
+
+
+def test_ort_reports_device_and_rejects_missing_provider(tiny_model):
+    b = OnnxRuntimeBackend()
+    assert {d.id for d in b.devices()} >= {"CPU"}
+    assert "Azure" not in {d.id for d in b.devices()}
+    v = b.variants(model_file(tiny_model), BackendsConfig(), (1,))[0]
+    from dataclasses import replace
+
+    with pytest.raises(BackendError):
+        b.load(replace(v, device="NoSuchDevice"))

@@ -1,0 +1,103 @@
+"""Config validation: errors name the file, the line and the key."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from runtime import config
+from runtime.schema import ConfigError
+
+
+def write(tmp_path, text: str):
+    p = tmp_path / "edgerun.toml"
+    p.write_text(text)
+    return p
+
+
+def test_defaults_without_file():
+    cfg = config.load(None)
+    assert cfg.constraints.latency_ms == 20.0
+    assert cfg.backends.enabled == config.ENGINES
+
+
+def test_valid_file_is_typed(tmp_path):
+    cfg = config.load(write(tmp_path, """
+[model]
+input_shape = [1, 3, 64, 64]
+[constraints]
+latency_ms = 15
+percentile = 99
+[backends]
+enabled = ["onnxruntime"]
+threads = [1]
+[backends.openvino]
+precision_hints = ["f32"]
+"""))
+    assert cfg.model.input_shape == (1, 3, 64, 64)
+    assert cfg.constraints.latency_ms == 15.0 and isinstance(cfg.constraints.latency_ms, float)
+    assert cfg.constraints.percentile == 99
+    assert cfg.backends.enabled == ("onnxruntime",)
+    assert cfg.backends.openvino.precision_hints == ("f32",)
+
+
+@pytest.mark.parametrize(("text", "where", "what"), [
+    ("[profiler]\nwarmup = 3\n", ":2: key 'profiler.warmup'", "unknown key"),
+    ("[constraints]\n\nlatency_ms = 'fast'\n", ":3: key 'constraints.latency_ms'",
+     "expected a number"),
+    ("[constraints]\npercentile = 90\n", ":2: key 'constraints.percentile'", "50 or 95 or 99"),
+    ("[backends]\nenabled = ['tensorrt']\n", "key 'backends.enabled.[0]'", "'onnxruntime'"),
+    ("[profiler]\nmin_runs = 10\nmax_runs = 5\n", ":3: key 'profiler.max_runs'",
+     "must be >= min_runs"),
+    ("[bogus]\nx = 1\n", ":1: key 'bogus'", "known keys here"),
+    ("[model]\ninput_shape = [1, 0, 3]\n", ":2: key 'model.input_shape'", "positive"),
+    ("[device]\nsysfs_root = 5\n", ":2: key 'device.sysfs_root'", "expected a string"),
+])
+def test_errors_name_file_line_key(tmp_path, text, where, what):
+    p = write(tmp_path, text)
+    with pytest.raises(ConfigError) as e:
+        config.load(p)
+    msg = str(e.value)
+    assert msg.startswith(str(p))
+    assert where in msg
+    assert what in msg
+
+
+def test_not_toml(tmp_path):
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        config.load(write(tmp_path, "[model\n"))
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read"):
+        config.load(tmp_path / "nope.toml")
+
+
+def test_check_command(tmp_path):
+    good = write(tmp_path, "[constraints]\nlatency_ms = 12\n")
+    r = subprocess.run([sys.executable, "-m", "runtime.cli", "check", str(good)],
+                       capture_output=True, text=True, check=False)
+    assert r.returncode == 0, r.stderr
+    assert '"latency_ms": 12.0' in r.stdout
+    bad = write(tmp_path, "[constraints]\nlatency = 12\n")
+    r = subprocess.run([sys.executable, "-m", "runtime.cli", "check", str(bad)],
+                       capture_output=True, text=True, check=False)
+    assert r.returncode == 2
+    assert "key 'constraints.latency': unknown key" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_bundled_device_profiles_load():
+    from power.device import load_profile, profile_path
+
+    for f in profile_path("generic-x86").parent.glob("*.toml"):
+        assert load_profile(str(f)).name == f.stem
+
+
+def test_unknown_device_profile():
+    from power.device import load_profile
+
+    with pytest.raises(ConfigError, match="bundled profiles: .*generic-x86"):
+        load_profile("no-such-board")
