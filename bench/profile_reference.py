@@ -47,7 +47,7 @@ def main() -> int:
         profiler = Profiler(prof_cfg, meter, device.name)
         for name in args.models:
             path = LIGHT / f"light_{name}.onnx"
-            print(f"\n== {name} ({path.stat().st_size / 1e6:.1f} MB)", flush=True)
+            print(f"\n== {name}", flush=True)
             models = model_files(ModelConfig(path=str(path)))
             profiles = profile_all(
                 backends, models, default_threads(), cfg, profiler, fresh=True,
