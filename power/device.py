@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+from typing import Literal
 
 from runtime.schema import ConfigError, load_toml
 
@@ -15,6 +16,10 @@ class PowerModel:
 
     idle_w: float
     active_w_per_core: float
+    cores: int = 4
+    # Inference latency and CPU time on this device relative to the project's CI machine
+    # (AMD EPYC core), used by the simulator to turn recorded profiles into this device's.
+    perf_scale: float = 1.0
     basis: str = "assumed"  # measured | cited | assumed: where the numbers come from
 
     def validate(self) -> tuple[str, str] | None:
@@ -34,6 +39,79 @@ class SensorPaths:
 
 
 @dataclass(frozen=True)
+class TripPoint:
+    """A thermal trip: passive = where edgerun holds the die, hot = where the kernel/firmware
+    throttles (DVFS), critical = orderly power-off."""
+
+    temp_c: float
+    type: Literal["passive", "hot", "critical"]
+    hyst_c: float = 3.0
+
+
+@dataclass(frozen=True)
+class ThermalModel:
+    """Two-node RC: die -> case -> ambient. R in K/W, C in J/K."""
+
+    r_die_case: float
+    c_die: float
+    r_case_amb: float
+    c_case: float
+    basis: str = "assumed"
+
+    def validate(self) -> tuple[str, str] | None:
+        for k in ("r_die_case", "c_die", "r_case_amb", "c_case"):
+            if getattr(self, k) <= 0:
+                return k, "must be > 0"
+        return None
+
+
+@dataclass(frozen=True)
+class Thermal:
+    """Thermal zone, trips and the simulator's model of this device."""
+
+    trips: tuple[TripPoint, ...]
+    model: ThermalModel
+    zone: str = "sys/class/thermal/thermal_zone0"
+    throttle_latency_factor: float = 2.0  # latency multiplier while throttled (DVFS)
+    throttle_energy_factor: float = 0.7  # energy per inference multiplier while throttled
+    cooldown_s: float = 600.0  # off-time after a critical trip before the device boots again
+
+    def trip(self, kind: str) -> TripPoint:
+        """The trip of a kind (passive, hot, critical)."""
+        return next(t for t in self.trips if t.type == kind)
+
+    def validate(self) -> tuple[str, str] | None:
+        kinds = [t.type for t in self.trips]
+        for k in ("passive", "hot", "critical"):
+            if kinds.count(k) != 1:
+                return "trips", f"needs exactly one '{k}' trip, found {kinds.count(k)}"
+        if not self.trip("passive").temp_c < self.trip("hot").temp_c \
+                < self.trip("critical").temp_c:
+            return "trips", "must rise: passive < hot < critical"
+        return None
+
+
+@dataclass(frozen=True)
+class Battery:
+    """A battery behind a power_supply node."""
+
+    capacity_wh: float
+    reserve_frac: float = 0.2
+    charge_efficiency: float = 0.85
+    path: str = "sys/class/power_supply/BAT0"
+    basis: str = "assumed"
+
+
+@dataclass(frozen=True)
+class Solar:
+    """A solar panel whose input power is exposed by a power_supply node."""
+
+    panel_w: float
+    path: str = "sys/class/power_supply/solar"
+    basis: str = "assumed"
+
+
+@dataclass(frozen=True)
 class DeviceProfile:
     """One kind of device."""
 
@@ -41,6 +119,10 @@ class DeviceProfile:
     description: str
     power: PowerModel
     sensors: SensorPaths = field(default_factory=SensorPaths)
+    thermal: Thermal | None = None
+    battery: Battery | None = None
+    solar: Solar | None = None
+    backends: tuple[str, ...] = ("onnxruntime", "openvino", "opencv")
 
 
 def profile_path(name_or_path: str) -> Path:

@@ -12,6 +12,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -171,3 +172,91 @@ def detect_meter(root: Path, profile: DeviceProfile) -> PowerMeter:
              "device profile '%s' (%s coefficients)", root, len(tried), profile.name,
              profile.power.basis)
     return EstimatedMeter(profile.power.idle_w, profile.power.active_w_per_core)
+
+
+# -- thermal, battery and solar readings (for the governor) ------------------------------------
+
+TRIP_TYPES = ("active", "passive", "hot", "critical")
+
+
+@dataclass(frozen=True)
+class Trip:
+    """One trip point of a thermal zone, in °C."""
+
+    temp_c: float
+    hyst_c: float
+    type: str
+
+
+@dataclass(frozen=True)
+class Reading:
+    """What the sensors said at time t. Invalid parts are None with a reason; never raises."""
+
+    t: float
+    temp_c: float | None = None
+    battery_frac: float | None = None  # state of charge, 0..1
+    battery_wh: float | None = None
+    harvest_w: float | None = None  # solar input
+    problems: tuple[str, ...] = ()
+
+    @property
+    def valid(self) -> bool:
+        """True when every sensor that was asked for answered sanely."""
+        return not self.problems
+
+
+def read_trips(zone: Path) -> list[Trip]:
+    """Trip points of a sysfs thermal zone (m°C files), sorted by temperature."""
+    trips = []
+    for f in sorted(zone.glob("trip_point_*_temp")):
+        k = f.name.removeprefix("trip_point_").removesuffix("_temp")
+        try:
+            ttype = (zone / f"trip_point_{k}_type").read_text().strip()
+        except OSError:
+            ttype = "passive"
+        hyst_f = zone / f"trip_point_{k}_hyst"
+        hyst = read_int(hyst_f) / 1000 if hyst_f.exists() else 0.0
+        trips.append(Trip(read_int(f) / 1000, hyst, ttype))
+    return sorted(trips, key=lambda t: t.temp_c)
+
+
+class SensorSet:
+    """Reads a device's thermal zone, battery and solar input through the sysfs root.
+
+    A missing file or a value outside physical bounds becomes a problem in the Reading,
+    so the governor can fail safe instead of acting on garbage.
+    """
+
+    def __init__(self, root: Path, thermal_zone: str = "", battery: str = "", solar: str = "",
+                 clock: Callable[[], float] = time.monotonic):
+        self._root, self._clock = root, clock
+        self._zone, self._battery, self._solar = thermal_zone, battery, solar
+
+    def read(self) -> Reading:
+        """One reading of every configured sensor."""
+        problems: list[str] = []
+        temp = bat_frac = bat_wh = harvest = None
+        if self._zone:
+            temp = self._value(self._zone + "/temp", 1e-3, -40.0, 150.0, "°C", problems)
+        if self._battery:
+            cap = self._value(self._battery + "/capacity", 1.0, 0.0, 100.0, "%", problems)
+            bat_frac = None if cap is None else cap / 100
+            energy = self._root / self._battery / "energy_now"
+            if energy.exists():
+                bat_wh = self._value(self._battery + "/energy_now", 1e-6, 0.0, 1e6, "Wh",
+                                     problems)
+        if self._solar:
+            harvest = self._value(self._solar + "/power_now", 1e-6, 0.0, 1e5, "W", problems)
+        return Reading(self._clock(), temp, bat_frac, bat_wh, harvest, tuple(problems))
+
+    def _value(self, rel: str, scale: float, lo: float, hi: float, unit: str,
+               problems: list[str]) -> float | None:
+        try:
+            v = read_int(self._root / rel) * scale
+        except SensorError as e:
+            problems.append(str(e))
+            return None
+        if not lo <= v <= hi:
+            problems.append(f"{self._root / rel}: {v:g} {unit} is outside {lo:g}..{hi:g}")
+            return None
+        return v

@@ -128,3 +128,50 @@ def frontier(profiles: Sequence[Profile]) -> list[Profile]:
             out.append(p)
             best = acc
     return out
+
+
+# -- the ladder the governor climbs -------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Rung:
+    """One ladder step: a frontier variant with its dynamic energy and latency."""
+
+    variant_id: str
+    accuracy: float
+    energy_j: float  # dynamic energy per inference (idle excluded)
+    latency_s: float
+    parallel: int = 1  # sessions running side by side (one per core on a multi-core device)
+
+    def max_rate_hz(self) -> float:
+        """Back-to-back inferences per second."""
+        return self.parallel / self.latency_s
+
+    def power_w(self, rate_hz: float) -> float:
+        """Dynamic power at a rate (capped at what the rung can sustain)."""
+        return self.energy_j * min(rate_hz, self.max_rate_hz())
+
+
+def ladder(profiles: Sequence[Profile], percentile: int = 95) -> list[Rung]:
+    """The frontier as rungs, cheapest (index 0) to most accurate."""
+    return [Rung(p.variant_id, effective_accuracy(p) or 0.0, p.energy_mj / 1e3,
+                 p.latency(percentile) / 1e3) for p in frontier(profiles)]
+
+
+def select_for_budget(rungs: Sequence[Rung], budget_w: float, rate_hz: float,
+                      current: int | None = None, up_margin: float = 0.1) -> tuple[int, float]:
+    """(rung index, rate): the most accurate rung whose power at `rate_hz` fits the budget.
+
+    Moving up to a more accurate rung than `current` needs `up_margin` of headroom, so a
+    budget hovering at a threshold does not flap. If even the cheapest rung does not fit,
+    it runs at the rate the budget allows (possibly 0).
+    """
+    fits = [i for i, r in enumerate(rungs) if r.power_w(rate_hz) <= budget_w]
+    if not fits:
+        cheapest = rungs[0]
+        return 0, max(0.0, min(rate_hz, budget_w / cheapest.energy_j))
+    best = max(fits)
+    if current is not None and best > current:
+        roomy = [i for i in fits if i <= current
+                 or rungs[i].power_w(rate_hz) * (1 + up_margin) <= budget_w]
+        best = max(roomy)
+    return best, rate_hz

@@ -1,0 +1,200 @@
+"""Pure thermal governors: `step(state, reading, cfg) -> (state, decision)`.
+
+A decision is a power budget for the inference load (watts of dynamic power, above idle) and
+an optional rate cap; `runtime.selector.select_for_budget` turns it into the most accurate
+ladder rung whose power fits. Two policies, both predictive (they act on the temperature
+trend before a trip is reached):
+
+- step_wise (after drivers/thermal/gov_step_wise.c and thermald): a level per tick up while
+  hot and rising, held while hot and falling, released one level at a time after a dwell
+  once below trip - hysteresis.
+- power_allocator (after drivers/thermal/gov_power_allocator.c, IPA): PID on
+  e = T_control - T, budget = clamp(S + p + i, 0, max), with the kernel's default gains
+  k_po = S/(T_control - T_on), k_pu = 2S/(T_control - T_on), k_i = k_pu/10, k_d = 0.
+  Below T_on the PID resets and the load gets full power.
+
+An invalid reading fails safe: the device is treated as hot (lowest level / zero budget).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from power.sensors import Reading
+
+
+@dataclass(frozen=True)
+class GovernorConfig:
+    """Thresholds in °C, powers in W of dynamic (inference) power."""
+
+    control_c: float  # the passive trip: the temperature edgerun holds the die below
+    critical_c: float
+    sustainable_w: float  # dynamic power the device dissipates at control_c (IPA's S)
+    max_w: float  # dynamic power of the top rung at full rate
+    levels_w: tuple[float, ...]  # step_wise: budget per level; levels_w[0] = inf (no limit)
+    policy: Literal["step_wise", "power_allocator"] = "step_wise"
+    hyst_c: float = 3.0
+    switch_on_c: float | None = None  # IPA's T_on; default control_c - 10
+    horizon_s: float = 20.0  # predictive: act when the trend reaches the trip within this
+    dwell_s: float = 60.0  # minimum time at a level before releasing one
+    max_dwell_s: float = 900.0  # the dwell doubles after each release that had to be undone
+    slope_alpha: float = 0.3  # EWMA weight of each new temperature slope sample
+    critical_margin_c: float = 3.0  # go to the bottom this close to the critical trip
+
+
+@dataclass(frozen=True)
+class GovernorState:
+    """What a governor remembers between ticks."""
+
+    level: int = 0
+    last_change_t: float = -math.inf
+    last_t: float | None = None
+    last_temp: float | None = None
+    slope: float = 0.0  # °C/s
+    integral: float = 0.0
+    failsafe: bool = False
+    dwell_s: float | None = None  # current release dwell (backs off against limit cycles)
+    last_release_t: float = -math.inf
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Power budget and rate cap for the inference load, with the reason and any events."""
+
+    budget_w: float  # math.inf = unrestricted
+    rate_cap_hz: float = math.inf
+    level: int = 0
+    reason: str = ""
+    events: tuple[str, ...] = ()
+
+
+def _track(state: GovernorState, r: Reading, cfg: GovernorConfig) -> GovernorState:
+    if r.temp_c is None:
+        return state
+    slope = state.slope
+    if state.last_t is not None and state.last_temp is not None and r.t > state.last_t:
+        raw = (r.temp_c - state.last_temp) / (r.t - state.last_t)
+        slope = cfg.slope_alpha * raw + (1 - cfg.slope_alpha) * state.slope
+    return replace(state, last_t=r.t, last_temp=r.temp_c, slope=slope)
+
+
+def _failsafe(state: GovernorState, r: Reading, cfg: GovernorConfig) -> tuple[GovernorState,
+                                                                                Decision]:
+    bottom = len(cfg.levels_w) - 1
+    events = () if state.failsafe else (
+        f"thermal sensor invalid ({'; '.join(r.problems) or 'no temperature'}): treating the "
+        "device as hot, inference held at the lowest power until it reads again",)
+    s = replace(state, level=bottom, failsafe=True, integral=0.0,
+                last_change_t=r.t if state.level != bottom else state.last_change_t)
+    return s, Decision(cfg.levels_w[bottom], level=bottom, reason="fail-safe: no valid "
+                       "temperature", events=events)
+
+
+def step(state: GovernorState, r: Reading, cfg: GovernorConfig) -> tuple[GovernorState,
+                                                                        Decision]:
+    """One governor tick."""
+    if r.temp_c is None:
+        return _failsafe(state, r, cfg)
+    events: tuple[str, ...] = ()
+    if state.failsafe:
+        events = (f"thermal sensor reads again ({r.temp_c:.1f} °C): governor resumes",)
+        state = replace(state, failsafe=False)
+    dt = 0.0 if state.last_t is None else max(0.0, r.t - state.last_t)
+    state = _track(state, r, cfg)
+    if cfg.policy == "step_wise":
+        s, d = _step_wise(state, r.temp_c, r.t, cfg)
+    else:
+        s, d = _power_allocator(state, r.temp_c, r.t, dt, cfg)
+    return s, replace(d, events=events + d.events)
+
+
+def _step_wise(s: GovernorState, temp: float, t: float, cfg: GovernorConfig):
+    bottom = len(cfg.levels_w) - 1
+    predicted = temp + max(s.slope, 0.0) * cfg.horizon_s
+    dwell = s.dwell_s or cfg.dwell_s
+    if t - s.last_release_t > 2 * cfg.max_dwell_s:
+        dwell = cfg.dwell_s  # long settled: forget the back-off
+    level, why = s.level, "holding"
+    if temp >= cfg.critical_c - cfg.critical_margin_c:
+        level, why = bottom, f"{temp:.1f} °C is within {cfg.critical_margin_c:g} °C of critical"
+    elif (temp >= cfg.control_c or predicted >= cfg.control_c) and s.slope > 0:
+        if level < bottom and t - s.last_release_t < 2 * dwell:
+            dwell = min(2 * dwell, cfg.max_dwell_s)  # the last release was too early
+        level = min(level + 1, bottom)
+        why = (f"{temp:.1f} °C rising {s.slope * 60:+.1f} °C/min, trip {cfg.control_c:g} °C "
+               + ("crossed" if temp >= cfg.control_c else
+                  f"due in {(cfg.control_c - temp) / s.slope:.0f} s"))
+    elif temp < cfg.control_c - cfg.hyst_c and level > 0:
+        if t - s.last_change_t >= dwell:
+            level -= 1
+            s = replace(s, last_release_t=t)
+            why = (f"{temp:.1f} °C below {cfg.control_c - cfg.hyst_c:g} °C for {dwell:.0f} s: "
+                   "release")
+        else:
+            why = "cool, waiting out the dwell before releasing"
+    return _level_decision(replace(s, dwell_s=dwell), level, t, why, cfg)
+
+
+def _level_decision(s: GovernorState, level: int, t: float, why: str, cfg: GovernorConfig):
+    events: tuple[str, ...] = ()
+    if level != s.level:
+        events = (f"level {s.level} -> {level} (budget {cfg.levels_w[level]:.2f} W): {why}",)
+        s = replace(s, level=level, last_change_t=t)
+    return s, Decision(cfg.levels_w[level], level=level, reason=why, events=events)
+
+
+def _level_of(budget: float, cfg: GovernorConfig) -> int:
+    """The step_wise-equivalent level of a budget, for reporting."""
+    return next((i for i, w in enumerate(cfg.levels_w) if w <= budget + 1e-9),
+                len(cfg.levels_w) - 1)
+
+
+def _power_allocator(s: GovernorState, temp: float, t: float, dt: float, cfg: GovernorConfig):
+    t_on = cfg.switch_on_c if cfg.switch_on_c is not None else cfg.control_c - 10.0
+    predicted = temp + s.slope * cfg.horizon_s
+    if temp >= cfg.critical_c - cfg.critical_margin_c:
+        s = replace(s, integral=0.0)
+        budget, why = 0.0, f"{temp:.1f} °C is within {cfg.critical_margin_c:g} °C of critical"
+    elif temp < t_on and predicted < t_on:
+        s = replace(s, integral=0.0)
+        budget, why = math.inf, f"{temp:.1f} °C below switch-on {t_on:g} °C: full power"
+    else:
+        S = cfg.sustainable_w
+        span = max(cfg.control_c - t_on, 1e-6)
+        k_po, k_pu = S / span, 2 * S / span
+        k_i = k_pu / 10
+        e = cfg.control_c - predicted
+        p = (k_po if e < 0 else k_pu) * e
+        integral = min(max(s.integral + k_i * e * dt, -cfg.max_w), cfg.max_w)
+        budget = max(S + p + integral, 0.0)
+        budget = math.inf if budget >= cfg.max_w else budget  # the top rung fits: no limit
+        s = replace(s, integral=integral)
+        why = (f"PID: predicted {predicted:.1f} °C vs control {cfg.control_c:g} °C -> "
+               f"{budget:.2f} W")
+    level = _level_of(budget, cfg)
+    events: tuple[str, ...] = ()
+    if level != s.level:
+        events = (f"level {s.level} -> {level} (budget {budget:.2f} W): {why}",)
+        s = replace(s, level=level, last_change_t=t)
+    return s, Decision(budget, level=level, reason=why, events=events)
+
+
+def combine(*decisions: Decision) -> Decision:
+    """Thermal and energy decisions together: the stricter budget and rate win."""
+    budget = min(d.budget_w for d in decisions)
+    rate = min(d.rate_cap_hz for d in decisions)
+    strict = min(decisions, key=lambda d: (d.budget_w, d.rate_cap_hz))
+    return Decision(budget, rate, max(d.level for d in decisions), strict.reason,
+                    tuple(e for d in decisions for e in d.events))
+
+
+def hold_upgrade(current: int | None, proposed: int, t: float, last_change_t: float,
+                 dwell_s: float) -> int:
+    """Step down at once; step up (to a more accurate rung) only after the dwell, one rung."""
+    if current is None or proposed <= current:
+        return proposed
+    if t - last_change_t < dwell_s:
+        return current
+    return current + 1

@@ -1,0 +1,179 @@
+"""Table tests for the pure governors, the budget-to-rung mapping and the energy budget."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+
+from power import energy
+from power.governor import (
+    Decision,
+    GovernorConfig,
+    GovernorState,
+    combine,
+    hold_upgrade,
+    step,
+)
+from power.sensors import Reading
+from runtime.selector import Rung, select_for_budget
+
+LEVELS = (math.inf, 6.0, 3.0, 1.5)
+SW = GovernorConfig(control_c=80, critical_c=100, sustainable_w=4.0, max_w=10.0,
+                    levels_w=LEVELS, dwell_s=30, horizon_s=20)
+PA = GovernorConfig(**{**SW.__dict__, "policy": "power_allocator"})
+
+
+def run(cfg, temps, dt=1.0, state=None):
+    """Feed a temperature series; return the levels and budgets decided."""
+    s = state or GovernorState()
+    levels, budgets, events = [], [], []
+    for i, temp in enumerate(temps):
+        s, d = step(s, Reading(i * dt, temp_c=temp), cfg)
+        levels.append(d.level)
+        budgets.append(d.budget_w)
+        events.extend(d.events)
+    return s, levels, budgets, events
+
+
+STEP_WISE = [
+    # name, temperatures (1 s apart), expected level sequence
+    ("cool and steady: no restriction", [50.0] * 5, [0, 0, 0, 0, 0]),
+    ("over the trip and rising: one level per tick", [79, 81, 83, 85, 87],
+     [0, 1, 2, 3, 3]),
+    ("predictive: rising fast below the trip escalates before it",
+     [70, 72, 74, 76, 78], [0, 1, 2, 3, 3]),
+    ("slow rise far below the trip: no action", [70, 70.5, 71, 71.5, 72], [0, 0, 0, 0, 0]),
+    ("over the trip but falling: hold (no release above trip - hyst)",
+     [79, 82, 84, 81, 80.5, 80.5, 80.5, 80.5], [0, 1, 2, 2, 2, 2, 2, 2]),
+    ("near critical: straight to the bottom", [60, 98], [0, 3]),
+]
+
+
+@pytest.mark.parametrize(("name", "temps", "want"), STEP_WISE, ids=[c[0] for c in STEP_WISE])
+def test_step_wise(name, temps, want):
+    assert run(SW, temps)[1] == want
+
+
+def test_step_wise_releases_one_level_after_dwell():
+    s, levels, _, _ = run(SW, [79, 81, 83, 85])
+    assert levels[-1] == 3
+    s, levels, _, events = run(SW, [70.0] * 100, state=s)
+    # t restarts at 0 in the second run but last_change was at t=3: the dwell still applies
+    first_release = levels.index(2)
+    assert first_release >= 30 - 3
+    assert levels[-1] < 3 and all(b - a in (0, -1) for a, b in itertools.pairwise(levels))
+    assert any("release" in e for e in events)
+
+
+def test_step_wise_flapping_input_backs_off():
+    """A temperature that bounces around the trip must not make the level bounce each time."""
+    temps = []
+    for _ in range(20):
+        temps += [81, 82, 83] + [70.0] * 60
+    _, levels, _, _ = run(SW, temps)
+    changes = sum(1 for a, b in itertools.pairwise(levels) if a != b)
+    naive = 20 * 2  # one escalation and one release per bounce
+    assert changes < naive
+
+
+def test_invalid_sensor_fails_safe_then_recovers():
+    s, d = step(GovernorState(), Reading(0.0, temp_c=None, problems=("zone gone",)), SW)
+    assert d.level == 3 and d.budget_w == LEVELS[-1]
+    assert d.events and "treating the device as hot" in d.events[0]
+    s, d = step(s, Reading(1.0, temp_c=None, problems=("zone gone",)), SW)
+    assert d.events == ()  # said once, not every tick
+    s, d = step(s, Reading(2.0, temp_c=50.0), SW)
+    assert any("reads again" in e for e in d.events)
+
+
+POWER_ALLOCATOR = [
+    ("below switch-on: full power", [60.0, 60.0], lambda b: all(x == math.inf for x in b)),
+    ("at control: about the sustainable power", [80.0] * 3,
+     lambda b: abs(b[-1] - 4.0) < 1.0),
+    ("above control: less than sustainable", [85.0] * 3, lambda b: b[-1] < 4.0),
+    ("near critical: zero", [98.0], lambda b: b[-1] == 0.0),
+    ("rising towards control cuts the budget early", [72, 74, 76, 78],
+     lambda b: b[-1] < 4.0),
+]
+
+
+@pytest.mark.parametrize(("name", "temps", "check"), POWER_ALLOCATOR,
+                         ids=[c[0] for c in POWER_ALLOCATOR])
+def test_power_allocator(name, temps, check):
+    assert check(run(PA, temps)[2])
+
+
+def test_power_allocator_integral_pulls_down_when_stuck_hot():
+    _, _, budgets, _ = run(PA, [82.0] * 60)
+    assert budgets[-1] < budgets[1]
+
+
+RUNGS = [Rung("small", 0.69, 0.010, 0.01), Rung("mid", 0.73, 0.030, 0.02),
+         Rung("big", 0.76, 0.100, 0.05)]
+
+BUDGET = [
+    # budget W, rate Hz, current, expected (index, rate)
+    (math.inf, 10, None, (2, 10)),
+    (1.0, 10, None, (2, 10)),  # big at 10 Hz = 1.0 W fits exactly
+    (0.5, 10, None, (1, 10)),
+    (0.05, 10, None, (0, 5.0)),  # nothing fits at 10 Hz: small at the rate the budget allows
+    (0.0, 10, None, (0, 0.0)),
+    (1.05, 10, 1, (1, 10)),  # big fits, but not with the 10% margin: stay on mid
+    (1.2, 10, 1, (2, 10)),
+    (0.2, 10, 2, (0, 10)),  # stepping down needs no margin
+]
+
+
+@pytest.mark.parametrize(("budget", "rate", "current", "want"), BUDGET)
+def test_select_for_budget(budget, rate, current, want):
+    i, r = select_for_budget(RUNGS, budget, rate, current)
+    assert (i, pytest.approx(r)) == (want[0], pytest.approx(want[1]))
+
+
+@pytest.mark.parametrize(("current", "proposed", "t", "last", "want"), [
+    (2, 0, 10, 9, 0),  # down at once
+    (0, 2, 10, 9, 0),  # up waits for the dwell
+    (0, 2, 100, 9, 1),  # then one rung at a time
+    (None, 2, 0, 0, 2),
+])
+def test_hold_upgrade(current, proposed, t, last, want):
+    assert hold_upgrade(current, proposed, t, last, 30) == want
+
+
+def test_combine_stricter_wins():
+    d = combine(Decision(3.0, reason="thermal", events=("a",)),
+                Decision(math.inf, 2.0, reason="energy", events=("b",)))
+    assert (d.budget_w, d.rate_cap_hz, d.reason, d.events) == (3.0, 2.0, "thermal", ("a", "b"))
+
+
+ECFG = energy.EnergyConfig(capacity_wh=100, idle_w=1.0, max_w=5.0, reserve_frac=0.2,
+                           charge_efficiency=1.0, forecast_margin=0.0)
+
+
+@pytest.mark.parametrize(("battery", "forecast", "check"), [
+    (20.0, (0.0,) * 24, lambda p: p == 0.0),  # at reserve: nothing
+    (100.0, (0.0,) * 24, lambda p: 0 < p < 5),  # full, no sun: spread 80 Wh over the day
+    (100.0, (50.0,) * 24, lambda p: p == 5.0),  # sun all day: everything
+    (30.0, (0.0,) * 24, lambda p: p == 0.0),  # idle alone would cross the reserve
+])
+def test_plan_power(battery, forecast, check):
+    assert check(energy.plan_power(battery, 0.0, forecast, ECFG))
+
+
+def test_plan_power_no_sun_keeps_reserve_exactly():
+    p = energy.plan_power(100.0, 0.0, (0.0,) * 24, ECFG)
+    assert (1.0 + p) * 24 == pytest.approx(80.0, abs=0.01)
+
+
+def test_energy_forecast_learns_slots_and_fails_safe():
+    s = energy.initial_state(ECFG)
+    for t in range(0, 2 * 3600 + 1, 60):  # 10 W harvest for two hours
+        s, d = energy.step(s, Reading(float(t), battery_wh=90.0, harvest_w=10.0), ECFG)
+    assert s.forecast_wh[0] == pytest.approx(10.0, rel=0.02)
+    assert s.forecast_wh[1] == pytest.approx(10.0, rel=0.02)
+    s, d = energy.step(s, Reading(8000.0, problems=("BAT0 gone",)), ECFG)
+    assert d.budget_w == 0.0 and "treating the battery as low" in d.events[0]
+    s, d = energy.step(s, Reading(8060.0, battery_wh=90.0, harvest_w=0.0), ECFG)
+    assert "reads again" in d.events[0]

@@ -1,0 +1,92 @@
+"""The simulator against closed-form RC solutions, and read back through the real sensors."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+
+from power.closed_loop import device_ladder, simulate
+from power.device import ThermalModel, load_profile
+from power.plant import Plant, ambient, rc_step, solar_trace
+from power.sensors import SensorSet, read_trips
+from runtime.selector import Rung
+
+
+def test_rc_step_matches_closed_form():
+    # T(t) = T_amb + P R (1 - e^(-t/RC)) from T_amb, whatever the step size
+    r, c, p, amb = 2.0, 50.0, 10.0, 25.0
+    for dt in (0.1, 1.0, 7.0):
+        temp, t = amb, 0.0
+        while t < 300:
+            temp = rc_step(temp, amb, p, r, c, dt)
+            t += dt
+        assert temp == pytest.approx(amb + p * r * (1 - math.exp(-t / (r * c))), rel=1e-9)
+
+
+def test_two_node_steady_state_and_single_node_limit():
+    dev = load_profile("generic-x86")
+    m = dev.thermal.model
+    plant = Plant(dev, ambient("constant", 25.0))
+    for _ in range(30000):  # 8+ case time constants
+        plant.step(1.0, 10.0)
+    total = dev.power.idle_w + 10.0
+    assert plant.s.case_c == pytest.approx(25 + total * m.r_case_amb, abs=0.05)
+    assert plant.s.die_c == pytest.approx(25 + total * (m.r_case_amb + m.r_die_case), abs=0.05)
+    # a die with a negligible capacitance follows one RC node (the case) exactly
+    tiny = replace(dev, thermal=replace(dev.thermal, model=ThermalModel(
+        r_die_case=0.01, c_die=0.1, r_case_amb=2.0, c_case=100.0)))
+    plant = Plant(tiny, ambient("constant", 25.0))
+    for _ in range(100):
+        plant.step(1.0, 2.0)
+    want = 25 + (tiny.power.idle_w + 2.0) * 2.0 * (1 - math.exp(-100 / 200.0))
+    assert plant.s.case_c == pytest.approx(want, rel=2e-3)
+
+
+def test_sysfs_tree_reads_back_through_sensors(tmp_path):
+    dev = load_profile("solar-node")
+    plant = Plant(dev, ambient("constant", 30.0), root=tmp_path, battery_frac=0.5,
+                  irradiance=solar_trace(1, seed=1), t0=12 * 3600)
+    plant.step(1.0, 1.0)
+    sensors = SensorSet(tmp_path, dev.thermal.zone, dev.battery.path, dev.solar.path)
+    r = sensors.read()
+    assert r.valid, r.problems
+    assert r.temp_c == pytest.approx(plant.s.die_c, abs=1e-3)
+    assert r.battery_wh == pytest.approx(plant.s.battery_wh, abs=1e-5)
+    assert r.harvest_w == pytest.approx(plant.s.harvest_w, abs=1e-5)
+    trips = read_trips(tmp_path / dev.thermal.zone)
+    assert [t.type for t in trips] == ["passive", "hot", "critical"]
+    assert trips[0].temp_c == dev.thermal.trip("passive").temp_c
+
+
+def test_garbage_sensor_is_an_invalid_reading(tmp_path):
+    zone = tmp_path / "sys/class/thermal/thermal_zone0"
+    zone.mkdir(parents=True)
+    (zone / "temp").write_text("garbage\n")
+    r = SensorSet(tmp_path, "sys/class/thermal/thermal_zone0").read()
+    assert not r.valid and r.temp_c is None and "expected an integer" in r.problems[0]
+    (zone / "temp").write_text("999999\n")  # 999.999 °C: not physical
+    assert "outside" in SensorSet(tmp_path, "sys/class/thermal/thermal_zone0").read().problems[0]
+    assert not SensorSet(tmp_path, "sys/class/thermal/thermal_zone7").read().valid
+
+
+def test_solar_trace_is_deterministic_and_bounded():
+    a, b = solar_trace(14, seed=3), solar_trace(14, seed=3)
+    assert (a == b).all() and a.min() >= 0 and a.max() <= 1
+    assert a[:12].max() == 0  # midnight to 01:00 is dark
+    assert (solar_trace(14, seed=4) != a).any()
+
+
+def test_closed_loop_governor_avoids_throttling_where_kernel_does_not():
+    dev = load_profile("generic-x86")
+    rungs = device_ladder([Rung("small", 0.69, 0, 0.0074), Rung("big", 0.76, 0, 0.085)],
+                          [0.0059, 0.078], dev)
+    rate, target = rungs[-1].max_rate_hz(), 1.5 * rungs[-1].latency_s
+    hot = ambient("constant", 40.0)
+    kernel = simulate(dev, rungs, hot, "kernel", 3 * 3600, rate, target)
+    assert kernel.throttled_min > 0
+    for policy in ("step_wise", "power_allocator"):
+        r = simulate(dev, rungs, hot, policy, 3 * 3600, rate, target)
+        assert r.critical_trips == 0 and r.throttled_min == 0, policy
+        assert r.good_weighted > 1.2 * kernel.good_weighted, policy
