@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import math
 import os
 import platform
 import time
@@ -198,7 +197,3 @@ def profile_all(backends: list[Backend], models: list[ModelFile], threads: tuple
         out.append(profiler.profile(b, d, v, fresh=fresh))
     return out
 
-
-def is_measured(p: Profile) -> bool:
-    """True when the profile carries real numbers."""
-    return p.ok and not math.isnan(p.p95_ms)
