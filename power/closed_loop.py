@@ -110,15 +110,14 @@ def simulate(device: DeviceProfile, rungs: Sequence[Rung], ambient_c: Callable[[
         else:
             gstate, decision = gov.step(gstate, r, gcfg)
         if ecfg is not None and estate is not None:
-            edec = _energy_decision(energy_policy, ecfg, estate, r, s, fixed_w, oracle_forecast)
             if energy_policy == "energy":
                 estate, edec = energy_mod.step(estate, r, ecfg)
+            else:
+                edec = _energy_decision(energy_policy, ecfg, r, s, fixed_w, oracle_forecast)
             decision = gov.combine(decision, edec)
+        proposed, rate = select_for_budget(rungs, decision.budget_w, rate_hz, current)
         if policy == "cheapest":
-            proposed, rate = select_for_budget(rungs, decision.budget_w, rate_hz, 0)
             proposed = 0
-        else:
-            proposed, rate = select_for_budget(rungs, decision.budget_w, rate_hz, current)
         chosen = gov.hold_upgrade(current, proposed, s.t, last_change, gcfg.dwell_s)
         if chosen != current:
             res.rung_changes += 1
@@ -145,7 +144,7 @@ def simulate(device: DeviceProfile, rungs: Sequence[Rung], ambient_c: Callable[[
     return res
 
 
-def _energy_decision(policy: str, cfg: energy_mod.EnergyConfig, state, r: Reading, s,
+def _energy_decision(policy: str, cfg: energy_mod.EnergyConfig, r: Reading, s,
                      fixed_w: float | None, oracle: np.ndarray | None) -> gov.Decision:
     reserve = cfg.reserve_frac * cfg.capacity_wh
     if policy == "greedy":
@@ -164,4 +163,4 @@ def _energy_decision(policy: str, cfg: energy_mod.EnergyConfig, state, r: Readin
         p = energy_mod.plan_power(s.battery_wh or 0.0, r.t, forecast,
                                   replace(cfg, forecast_margin=0.0))
         return gov.Decision(p if p < cfg.max_w else math.inf)
-    return gov.Decision(math.inf)  # "energy" is stepped by the caller
+    raise ValueError(f"unknown energy policy {policy!r} (none, energy, greedy, fixed, oracle)")
