@@ -103,6 +103,50 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_coordinator(args: argparse.Namespace) -> int:
+    """Run the coordinator: store fleet results and health, ack, serve the API, send commands."""
+    import signal
+    import threading
+
+    from runtime import config as config_mod
+    from runtime.coordinator.api import serve
+    from runtime.coordinator.service import Coordinator
+
+    cfg = config_mod.load(args.config).coordinator
+    if not cfg.broker.host:
+        print("edgerun: coordinator.broker.host is not set", file=sys.stderr)
+        return 2
+    coordinator = Coordinator(cfg)
+    coordinator.start()
+    server = serve(coordinator, cfg.http_host, cfg.http_port)
+    logging.getLogger("edgerun").info("coordinator API on http://%s:%d/api/v1/fleet",
+                                      *server.server_address[:2])
+    done = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: done.set())
+    done.wait()
+    server.shutdown()
+    coordinator.stop()
+    return 0
+
+
+def cmd_fleet(args: argparse.Namespace) -> int:
+    """Fleet views and commands through a coordinator's API."""
+    from runtime.coordinator.client import fleet_command
+
+    return fleet_command(args)
+
+
+def cmd_keys(args: argparse.Namespace) -> int:
+    """Make an Ed25519 key pair for signing commands (private key mode 0600)."""
+    from runtime.telemetry.commands import generate_keypair
+
+    kid = generate_keypair(args.private, args.public)
+    print(f"key {kid}: private {args.private} (keep on the coordinator), "
+          f"public {args.public} (list in telemetry.trusted_keys on devices)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every command."""
     p = argparse.ArgumentParser(prog="edgerun", description="Edge inference runtime.")
@@ -128,6 +172,33 @@ def build_parser() -> argparse.ArgumentParser:
                         description=cmd_check.__doc__)
     ck.add_argument("config", type=Path)
     ck.set_defaults(func=cmd_check)
+
+    co = sub.add_parser("coordinator", help="run the fleet coordinator",
+                        description=cmd_coordinator.__doc__)
+    co.add_argument("--config", type=Path, required=True)
+    co.set_defaults(func=cmd_coordinator)
+
+    fl = sub.add_parser("fleet", help="fleet views and commands (via the coordinator API)",
+                        description=cmd_fleet.__doc__)
+    fl.add_argument("--api", default="http://127.0.0.1:8787", help="coordinator API base URL")
+    fl.add_argument("--json", action="store_true", help="print the raw JSON")
+    fsub = fl.add_subparsers(dest="fleet_command", required=True, metavar="ACTION")
+    fsub.add_parser("ls", help="every device with status and alerts")
+    fs = fsub.add_parser("show", help="one device in detail")
+    fs.add_argument("device")
+    fc = fsub.add_parser("send", help="send a signed command and print the reply")
+    fc.add_argument("device")
+    fc.add_argument("cmd", help="ping, rebirth, reprofile, set_latency_target ms=20, "
+                    "set_accuracy_floor value=0.9, set_rate fps=5, choose_model name=N")
+    fc.add_argument("kv", nargs="*", metavar="ARG=VALUE")
+    fc.add_argument("--wait", type=float, default=10.0, help="seconds to wait for the reply")
+    fl.set_defaults(func=cmd_fleet)
+
+    ky = sub.add_parser("keys", help="make an Ed25519 command-signing key pair",
+                        description=cmd_keys.__doc__)
+    ky.add_argument("--private", type=Path, required=True)
+    ky.add_argument("--public", type=Path, required=True)
+    ky.set_defaults(func=cmd_keys)
     return p
 
 

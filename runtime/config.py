@@ -10,7 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from runtime.coordinator.config import CoordinatorConfig
 from runtime.schema import ConfigError, build, load_toml
+from runtime.telemetry.config import TelemetryConfig
 
 ENGINES = ("onnxruntime", "openvino", "opencv")
 
@@ -124,6 +126,8 @@ class Config:
     constraints: ConstraintsConfig = field(default_factory=ConstraintsConfig)
     profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
     backends: BackendsConfig = field(default_factory=BackendsConfig)
+    telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
+    coordinator: CoordinatorConfig = field(default_factory=CoordinatorConfig)
 
 
 def load(path: str | Path | None) -> Config:

@@ -1,0 +1,68 @@
+"""`edgerun fleet ...`: a thin client of the coordinator's JSON API."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import urllib.error
+import urllib.request
+from typing import Any
+
+
+def _call(api: str, path: str, body: dict | None = None, timeout: float = 30) -> Any:
+    req = urllib.request.Request(
+        api.rstrip("/") + path, method="POST" if body is not None else "GET",
+        data=None if body is None else json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return json.loads(resp.read())
+    except urllib.error.HTTPError as e:
+        detail = json.loads(e.read() or b"{}").get("error", e.reason)
+        raise SystemExit(f"edgerun fleet: {detail} (HTTP {e.code})") from None
+    except urllib.error.URLError as e:
+        raise SystemExit(f"edgerun fleet: cannot reach the coordinator at {api}: {e.reason}"
+                         ) from None
+
+
+def parse_args_kv(pairs: list[str]) -> dict[str, Any]:
+    """`ms=20 name=inspection` -> {"ms": 20, "name": "inspection"} (numbers parsed as JSON)."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"edgerun fleet: expected ARG=VALUE, got {pair!r}")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+def _table(rows: list[dict]) -> str:
+    lines = [f"{'DEVICE':<24} {'STATUS':<8} {'RESULTS':>8} {'TEMP':>6}  CHOICE / ALERTS"]
+    for r in rows:
+        temp = r["health"].get("temp_c")
+        alerts = "; ".join(code for code, _ in r["alerts"])
+        lines.append(f"{r['device']:<24} {r['status']:<8} {r['results_stored']:>8} "
+                     f"{'' if temp is None else f'{temp:.1f}':>6}  {r['choice'] or '-'}"
+                     + (f"  [{alerts}]" if alerts else ""))
+    return "\n".join(lines)
+
+
+def fleet_command(args: argparse.Namespace) -> int:
+    """Run one `fleet` action; prints a table or JSON. Exit 1 when a command is refused."""
+    if args.fleet_command == "ls":
+        rows = _call(args.api, "/api/v1/fleet")
+        print(json.dumps(rows, indent=2) if args.json else _table(rows))
+        return 0
+    if args.fleet_command == "show":
+        print(json.dumps(_call(args.api, f"/api/v1/devices/{args.device}"), indent=2))
+        return 0
+    reply = _call(args.api, f"/api/v1/devices/{args.device}/commands",
+                  {"cmd": args.cmd, "args": parse_args_kv(args.kv), "wait_s": args.wait},
+                  timeout=args.wait + 10)
+    print(json.dumps(reply, indent=2) if args.json else
+          f"{reply['status']}: {reply.get('reason', '')}", file=sys.stdout)
+    return 0 if reply.get("ok") else 1

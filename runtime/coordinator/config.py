@@ -1,0 +1,43 @@
+"""The `[coordinator]` section."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from runtime.telemetry.config import BrokerConfig, check_name
+
+
+@dataclass(frozen=True)
+class CoordinatorConfig:
+    """Where the coordinator listens, stores and which key it signs commands with."""
+
+    fleet: str = "default"
+    broker: BrokerConfig = field(default_factory=BrokerConfig)
+    client_id: str = "edgerun-coordinator"  # fixed: the broker keeps its session while it is down
+    session_expiry_s: int = 7 * 24 * 3600  # MQTT 5: how long the broker queues for it
+    share_group: str = ""  # non-empty: $share/<group>/... so several coordinators split the load
+    store: str = "~/.local/state/edgerun/coordinator.db"
+    fsync: Literal["full", "normal"] = "normal"
+    signing_key: str = ""  # Ed25519 private key (PEM) for `fleet send`; empty = cannot command
+    http_host: str = "127.0.0.1"
+    http_port: int = 8787  # 0 = pick a free port (tests)
+    stale_after_s: float = 30.0
+    offline_after_s: float = 120.0
+    backlog_alert: int = 1000
+    slo_alert: float = 0.95
+    keep_health_s: float = 7 * 24 * 3600
+    keep_events_s: float = 30 * 24 * 3600
+    ingest_batch: int = 500  # messages per store transaction
+    ingest_delay_s: float = 0.0  # artificial slowness per batch, for fault tests only
+
+    def validate(self) -> tuple[str, str] | None:
+        if why := check_name("fleet", self.fleet):
+            return "fleet", why
+        if self.share_group and (why := check_name("share_group", self.share_group)):
+            return "share_group", why
+        if not 0 <= self.http_port < 65536:
+            return "http_port", f"must be 0..65535, got {self.http_port}"
+        if self.offline_after_s < self.stale_after_s:
+            return "offline_after_s", "must be >= stale_after_s"
+        return None

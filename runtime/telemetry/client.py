@@ -1,0 +1,337 @@
+"""The device's MQTT side: one thread owns the paho client and drains the outbox.
+
+paho is not thread-safe (REFERENCE.md), so every paho call — connect, loop, publish,
+subscribe, and the callbacks paho makes — happens on the `mqtt` thread this class starts.
+Other threads talk to it only through the outbox (results, health, events), the command
+queue (verified commands out) and `request_rebirth()` (a flag).
+
+Delivery: results leave the outbox only when the coordinator's `ack` covers their seq; a
+broker PUBACK only frees the in-flight slot in paho. Unacked results are re-sent after
+`ack_timeout_s` without ack progress (doubling up to 8x while nothing moves) and after every
+reconnect. Health and events are removed on PUBACK (the latest N are kept while offline).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import queue
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import paho.mqtt.client as mqtt
+
+from runtime.telemetry import commands, payloads
+from runtime.telemetry.config import TelemetryConfig
+from runtime.telemetry.mqtt import Backoff, connect, make_client
+from runtime.telemetry.outbox import Outbox
+
+log = logging.getLogger("edgerun.mqtt")
+
+
+def device_id(cfg: TelemetryConfig) -> str:
+    """The configured device id, or the host name made topic-safe."""
+    if cfg.device:
+        return cfg.device
+    name = "".join(c if c.isalnum() or c in "_.-" else "-" for c in socket.gethostname())
+    return name[:64] or "device"
+
+
+@dataclass
+class PublisherStats:
+    """Counters reported in health."""
+
+    connected: bool = False
+    connects: int = 0
+    published_results: int = 0
+    resends: int = 0
+    acked_seq: int = 0
+    commands_ok: int = 0
+    commands_refused: int = 0
+    malformed: int = 0
+    protocol: str = ""
+    last_error: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Publisher:
+    """Owns the MQTT connection of one device (see module docstring)."""
+
+    def __init__(self, cfg: TelemetryConfig, outbox: Outbox,
+                 birth: Callable[[], dict[str, Any]] | None = None,
+                 command_queue: queue.Queue | None = None):
+        self.cfg = cfg
+        self.outbox = outbox
+        self.device = device_id(cfg)
+        self.commands: queue.Queue = command_queue or queue.Queue(maxsize=100)
+        self.stats = PublisherStats()
+        self._birth = birth or (lambda: {})
+        self._trusted = commands.load_public_keys(cfg.trusted_keys)
+        self._topic = {k: payloads.topic(cfg.fleet, self.device, k) for k in payloads.KINDS}
+        self._stop = threading.Event()
+        self._rebirth = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._client: mqtt.Client | None = None
+        self._protocol = cfg.broker.protocol
+        self._backoff = Backoff()
+        self._reset_cursors()
+
+    def _reset_cursors(self) -> None:
+        self._sent_upto = 0  # highest result seq handed to paho on this connection
+        self._acked = 0  # highest seq the coordinator acked
+        self._last_progress = time.monotonic()
+        self._timeout_scale = 1
+        self._other_cursor = 0  # highest health/event id handed to paho
+        self._other_mids: dict[int, int] = {}  # paho mid -> outbox id, awaiting PUBACK
+
+    # -- public API (any thread) ---------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the MQTT thread (it connects in the background and keeps reconnecting)."""
+        self._thread = threading.Thread(target=self._run, name="mqtt", daemon=True)
+        self._thread.start()
+
+    def request_rebirth(self) -> None:
+        """Re-publish the retained birth (e.g. after the model or choice changed)."""
+        self._rebirth.set()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Publish the offline state, disconnect cleanly and join the thread."""
+        self._stop.set()
+        if self._thread:
+            self._thread.join(timeout_s + 1)
+
+    # -- the MQTT thread -----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        next_attempt = 0.0
+        while not self._stop.is_set():
+            if self._client is None:
+                if time.monotonic() < next_attempt:
+                    self._stop.wait(0.05)
+                    continue
+                if not self._try_connect():
+                    next_attempt = time.monotonic() + self._backoff.next_delay()
+                    continue
+            client = self._client
+            if not self.stats.connected and time.monotonic() - self._connect_started > 10:
+                self._drop("no CONNACK within 10 s")
+                next_attempt = time.monotonic() + self._backoff.next_delay()
+                continue
+            rc = client.loop(timeout=0.01)
+            if rc != mqtt.MQTT_ERR_SUCCESS or self._client is None:
+                self._drop(f"network loop: {mqtt.error_string(rc)}")
+                next_attempt = time.monotonic() + self._backoff.next_delay()
+                continue
+            if self.stats.connected:
+                try:
+                    self._drain()
+                except Exception as e:  # a bug or a DB error must not end delivery for good
+                    log.exception("publishing from the outbox failed: %s", e)
+                    self._drop(f"drain failed: {e}")
+        self._shutdown()
+
+    def _try_connect(self) -> bool:
+        b = self.cfg.broker
+        try:
+            client = make_client(b, f"edgerun-{self.cfg.fleet}-{self.device}", self._protocol)
+            client.max_inflight_messages_set(100)  # our own window bounds results
+            will = {"v": payloads.VERSION, "online": False, "boot": self.outbox.boot,
+                    "t": time.time(), "reason": "connection lost"}
+            client.will_set(self._topic["state"], payloads.encode("state", will), qos=1,
+                            retain=True)
+            client.on_connect = self._on_connect
+            client.on_disconnect = self._on_disconnect
+            client.on_message = self._on_message
+            client.on_publish = self._on_publish
+            connect(client, b, self._protocol)
+        except (OSError, ValueError) as e:
+            self.stats.last_error = f"connect to {b.host}:{b.port}: {e}"
+            if self._backoff.attempts % 10 == 0:
+                log.warning("broker %s:%d unreachable (%s); results stay in the outbox, retrying",
+                            b.host, b.port, e)
+            self._toggle_protocol_on_failure()
+            return False
+        self._client = client
+        self._connect_started = time.monotonic()
+        return True
+
+    def _toggle_protocol_on_failure(self) -> None:
+        # A broker that only speaks 3.1.1 (e.g. an embedded one) refuses a v5 CONNECT; until a
+        # connection has worked, alternate so either kind of broker is found.
+        if self.stats.connects == 0 and self.cfg.broker.protocol == "5":
+            self._protocol = "3.1.1" if self._protocol == "5" else "5"
+
+    def _drop(self, why: str) -> None:
+        if self._client is not None:
+            with contextlib.suppress(Exception):  # already gone
+                self._client.disconnect()
+        was = self.stats.connected
+        self._client = None
+        self.stats.connected = False
+        self.stats.last_error = why
+        if was:
+            log.warning("lost the broker (%s); results stay in the outbox, reconnecting", why)
+        else:
+            self._toggle_protocol_on_failure()
+
+    def _on_connect(self, client, userdata, flags, reason_code, properties) -> None:
+        if reason_code.is_failure:
+            self.stats.last_error = f"broker refused connection: {reason_code}"
+            log.error("broker refused the connection: %s", reason_code)
+            self._drop(f"broker refused connection: {reason_code}")
+            return
+        self.stats.connected = True
+        self.stats.connects += 1
+        self.stats.protocol = self._protocol
+        self._backoff.reset()
+        self._reset_cursors()
+        client.subscribe([(self._topic["cmd"], 1), (self._topic["ack"], 1)])
+        self._publish_birth(client)
+        log.info("connected to %s:%d (MQTT %s) as %s/%s", self.cfg.broker.host,
+                 self.cfg.broker.port, self._protocol, self.cfg.fleet, self.device)
+
+    def _on_disconnect(self, client, userdata, flags, reason_code, properties) -> None:
+        if client is self._client and self.stats.connected:
+            self.stats.connected = False
+            self._client = None
+            log.warning("disconnected from the broker (%s); reconnecting", reason_code)
+
+    def _publish_birth(self, client: mqtt.Client) -> None:
+        birth = {"v": payloads.VERSION, "online": True, "boot": self.outbox.boot, "t": time.time(),
+                 "stream": self.outbox.stream, **self._birth()}
+        client.publish(self._topic["state"], payloads.encode("state", birth), qos=1, retain=True)
+
+    def _drain(self) -> None:
+        client = self._client
+        assert client is not None
+        if self._rebirth.is_set():
+            self._rebirth.clear()
+            self._publish_birth(client)
+        now = time.monotonic()
+        if self._sent_upto > self._acked and (
+                now - self._last_progress > self.cfg.ack_timeout_s * self._timeout_scale):
+            self.stats.resends += self._sent_upto - self._acked
+            self._sent_upto = self._acked  # re-send everything not yet acked
+            self._last_progress = now
+            self._timeout_scale = min(8, self._timeout_scale * 2)
+        floor = None
+        while self._sent_upto - self._acked < self.cfg.inflight:
+            room = self.cfg.inflight - (self._sent_upto - self._acked)
+            batch = self.outbox.pending(self._sent_upto, min(self.cfg.batch_max, room))
+            if not batch:
+                break
+            floor = floor or self.outbox.floor()
+            head = (f'{{"v":{payloads.VERSION},"stream":"{self.outbox.stream}",'
+                    f'"boot":"{self.outbox.boot}","floor":{floor},"results":[')
+            body = (head + ",".join(p.json for p in batch) + "]}").encode()
+            info = client.publish(self._topic["result"], body, qos=1)
+            if info.rc != mqtt.MQTT_ERR_SUCCESS:
+                raise ConnectionError(mqtt.error_string(info.rc))
+            if self._sent_upto == self._acked:
+                self._last_progress = now  # the ack clock starts with the first unacked send
+            self._sent_upto = batch[-1].seq
+            self.stats.published_results += len(batch)
+        for rowid, kind, body in self.outbox.others(64):
+            if rowid <= self._other_cursor:
+                continue
+            info = client.publish(self._topic[kind], body.encode(), qos=1)
+            self._other_mids[info.mid] = rowid
+            self._other_cursor = rowid
+
+    def _on_publish(self, client, userdata, mid, reason_code, properties) -> None:
+        rowid = self._other_mids.pop(mid, None)
+        if rowid is not None:
+            self.outbox.remove([rowid])
+
+    def _on_message(self, client, userdata, msg: mqtt.MQTTMessage) -> None:
+        if msg.topic == self._topic["ack"]:
+            self._on_ack(msg.payload)
+        elif msg.topic == self._topic["cmd"]:
+            self._on_command(client, msg.payload)
+
+    def _on_ack(self, raw: bytes) -> None:
+        try:
+            ack = payloads.decode("ack", raw)
+        except payloads.PayloadError as e:
+            self.stats.malformed += 1
+            log.warning("ignored a malformed ack: %s", e)
+            return
+        if ack["stream"] != self.outbox.stream:
+            return  # an ack for a previous outbox (wiped database): nothing of ours
+        if ack["seq"] > self._acked:
+            self.outbox.ack(ack["seq"])
+            self._acked = ack["seq"]
+            self._sent_upto = max(self._sent_upto, self._acked)
+            self._last_progress = time.monotonic()
+            self._timeout_scale = 1
+            self.stats.acked_seq = self._acked
+
+    def _on_command(self, client: mqtt.Client, raw: bytes) -> None:
+        cmd_id = None
+        try:
+            env = payloads.decode("cmd", raw, max_bytes=self.cfg.max_command_bytes)
+            cmd_id = env["id"]
+            cmd = commands.verify(env, self.device, self._trusted, time.time(),
+                                  self.cfg.clock_skew_s, self.outbox.remember_command)
+        except (payloads.PayloadError, commands.CommandRefused) as e:
+            if isinstance(e, payloads.PayloadError):
+                self.stats.malformed += 1
+                cmd_id = cmd_id or _peek_id(raw)
+            self.stats.commands_refused += 1
+            log.warning("refused a command (id %s): %s", cmd_id, e)
+            self._reply(client, cmd_id, False, "refused", str(e))
+            return
+        self.stats.commands_ok += 1
+        if cmd.name == "ping":
+            self._reply(client, cmd.id, True, "done", "pong", {"t": time.time()})
+        elif cmd.name == "rebirth":
+            self._publish_birth(client)
+            self._reply(client, cmd.id, True, "done", "birth re-published")
+        else:
+            try:
+                self.commands.put_nowait(cmd)
+            except queue.Full:
+                self._reply(client, cmd.id, False, "refused", "busy: command queue full")
+                return
+            log.info("accepted command %s %s (id %s)", cmd.name, cmd.args, cmd.id)
+            self._reply(client, cmd.id, True, "accepted", f"{cmd.name} queued")
+
+    def _reply(self, client: mqtt.Client, cmd_id: str | None, ok: bool, status: str,
+               reason: str, data: Any = None) -> None:
+        reply = {"v": payloads.VERSION, "id": cmd_id, "ok": ok, "status": status,
+                 "reason": reason, "t": time.time()}
+        if data is not None:
+            reply["data"] = data
+        client.publish(self._topic["cmd/reply"], payloads.encode("cmd/reply", reply), qos=1)
+
+    def _shutdown(self) -> None:
+        client = self._client
+        if client is None or not self.stats.connected:
+            return
+        offline = {"v": payloads.VERSION, "online": False, "boot": self.outbox.boot,
+                   "t": time.time(), "reason": "clean shutdown"}
+        info = client.publish(self._topic["state"], payloads.encode("state", offline), qos=1,
+                              retain=True)
+        deadline = time.monotonic() + 3.0
+        while not info.is_published() and time.monotonic() < deadline:
+            if client.loop(timeout=0.05) != mqtt.MQTT_ERR_SUCCESS:
+                break
+        client.disconnect()
+        client.loop(timeout=0.05)
+        self.stats.connected = False
+        self._client = None
+
+
+def _peek_id(raw: bytes) -> str | None:
+    """The `id` of an invalid command when one can be read, so the reply can name it."""
+    try:
+        value = json.loads(raw).get("id")
+    except (ValueError, AttributeError):
+        return None
+    return value if isinstance(value, str) and len(value) <= 64 else None

@@ -1,0 +1,169 @@
+"""Signed commands: Ed25519 envelopes with id, issue time and expiry; typed on the device.
+
+Signing uses `cryptography` (pyca, audited and maintained; Ed25519 is not in the standard
+library). The signature covers the canonical JSON of every envelope field except `sig`
+(sorted keys, no spaces), so a tampered field, a different device or a stretched expiry all
+break it. Verification is a pure function of (envelope, trusted keys, now, seen-ids check);
+the MQTT thread calls it and hands the typed command to the daemon through a queue.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from runtime.telemetry import payloads
+
+
+class CommandRefused(Exception):
+    """A command was not accepted; the message is the reason sent back in the reply."""
+
+
+@dataclass(frozen=True)
+class Command:
+    """A verified command: what to do, with its validated arguments."""
+
+    id: str
+    name: str
+    args: dict[str, Any]
+
+
+def _number(lo: float, hi: float) -> Callable[[Any], float]:
+    def check(v: Any) -> float:
+        if isinstance(v, bool) or not isinstance(v, int | float) or not lo <= v <= hi:
+            raise CommandRefused(f"expected a number in {lo}..{hi}, got {v!r}")
+        return float(v)
+    return check
+
+
+def _name(v: Any) -> str:
+    if not isinstance(v, str) or not 0 < len(v) <= 128 or "/" in v or v.startswith("."):
+        raise CommandRefused(f"expected a model name (no '/', not starting with '.'), got {v!r}")
+    return v
+
+
+# command -> {argument: validator}; every argument is required.
+COMMANDS: dict[str, dict[str, Callable[[Any], Any]]] = {
+    "set_latency_target": {"ms": _number(0.1, 60_000)},
+    "set_accuracy_floor": {"value": _number(0.0, 1.0)},
+    "set_rate": {"fps": _number(0.0, 1000.0)},  # 0 = as fast as the source delivers
+    "choose_model": {"name": _name},
+    "reprofile": {},
+    "rebirth": {},
+    "ping": {},
+}
+
+
+def canonical(envelope: Mapping[str, Any]) -> bytes:
+    """The signed bytes: every field except `sig`, canonical JSON."""
+    body = {k: v for k, v in envelope.items() if k != "sig"}
+    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+
+def key_id(public: Ed25519PublicKey) -> str:
+    """Short stable id of a public key (first 16 hex of sha256 of its raw bytes)."""
+    raw = public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return hashlib.sha256(raw).hexdigest()[:16]
+
+
+def sign(private: Ed25519PrivateKey, device: str, name: str, args: dict[str, Any] | None = None,
+         ttl_s: float = 60.0, now: float | None = None) -> dict[str, Any]:
+    """A signed command envelope for `device`."""
+    issued = time.time() if now is None else now
+    env: dict[str, Any] = {
+        "v": payloads.VERSION, "id": uuid.uuid4().hex, "device": device, "cmd": name,
+        "args": args or {}, "issued_at": issued, "expires_at": issued + ttl_s,
+        "key_id": key_id(private.public_key()),
+    }
+    env["sig"] = base64.b64encode(private.sign(canonical(env))).decode()
+    return env
+
+
+def verify(envelope: dict[str, Any], device: str, trusted: Mapping[str, Ed25519PublicKey],
+           now: float, skew_s: float, remember: Callable[[str, float], bool]) -> Command:
+    """Check an already schema-valid envelope; returns the typed command or raises
+    CommandRefused with the reason. `remember(id, expires)` is False for a replayed id."""
+    if envelope["device"] != device:
+        raise CommandRefused(f"addressed to device {envelope['device']!r}, this is {device!r}")
+    public = trusted.get(envelope["key_id"])
+    if public is None:
+        raise CommandRefused(f"unknown signing key {envelope['key_id']!r}")
+    try:
+        public.verify(base64.b64decode(envelope["sig"], validate=True), canonical(envelope))
+    except (InvalidSignature, ValueError):
+        raise CommandRefused("bad signature") from None
+    if envelope["expires_at"] < now:
+        raise CommandRefused(f"expired {now - envelope['expires_at']:.0f} s ago")
+    if envelope["issued_at"] > now + skew_s:
+        raise CommandRefused("issued in the future (clock skew beyond the allowed "
+                             f"{skew_s:.0f} s)")
+    spec = COMMANDS.get(envelope["cmd"])
+    if spec is None:
+        raise CommandRefused(f"unknown command {envelope['cmd']!r} (known: {', '.join(COMMANDS)})")
+    args = envelope["args"]
+    extra = set(args) - set(spec)
+    if extra:
+        raise CommandRefused(f"{envelope['cmd']}: unknown argument(s) {sorted(extra)}")
+    typed = {}
+    for arg, check in spec.items():
+        if arg not in args:
+            raise CommandRefused(f"{envelope['cmd']}: missing argument {arg!r}")
+        try:
+            typed[arg] = check(args[arg])
+        except CommandRefused as e:
+            raise CommandRefused(f"{envelope['cmd']}: {arg}: {e}") from None
+    # Last, so a refused command does not burn its id.
+    if not remember(envelope["id"], envelope["expires_at"]):
+        raise CommandRefused("replayed: this command id was already accepted")
+    return Command(envelope["id"], envelope["cmd"], typed)
+
+
+def load_public_keys(paths: tuple[str, ...] | list[str]) -> dict[str, Ed25519PublicKey]:
+    """Trusted keys from PEM files, by key id; a bad file is an error naming it."""
+    keys = {}
+    for p in paths:
+        path = Path(p).expanduser()
+        try:
+            key = serialization.load_pem_public_key(path.read_bytes())
+        except (OSError, ValueError) as e:
+            raise ValueError(f"{path}: not a readable PEM public key: {e}") from e
+        if not isinstance(key, Ed25519PublicKey):
+            raise ValueError(f"{path}: not an Ed25519 public key")
+        keys[key_id(key)] = key
+    return keys
+
+
+def load_private_key(path: str | Path) -> Ed25519PrivateKey:
+    """The coordinator's signing key from a PEM file."""
+    path = Path(path).expanduser()
+    try:
+        key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path}: not a readable PEM private key: {e}") from e
+    if not isinstance(key, Ed25519PrivateKey):
+        raise ValueError(f"{path}: not an Ed25519 private key")
+    return key
+
+
+def generate_keypair(private_path: Path, public_path: Path) -> str:
+    """Write a new Ed25519 key pair (private file mode 0600); returns the key id."""
+    key = Ed25519PrivateKey.generate()
+    private_path.parent.mkdir(parents=True, exist_ok=True)
+    private_path.touch(mode=0o600)
+    private_path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                               serialization.PrivateFormat.PKCS8,
+                                               serialization.NoEncryption()))
+    public_path.write_bytes(key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    return key_id(key.public_key())

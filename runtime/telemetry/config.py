@@ -1,0 +1,93 @@
+"""The `[telemetry]` section: broker, identity, outbox and delivery settings."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Literal
+
+_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")  # no MQTT wildcards or separators in ids
+
+
+def check_name(what: str, value: str) -> str | None:
+    """Why `value` cannot be a fleet/device id in a topic, or None when it can."""
+    if not _NAME.match(value):
+        return (f"{what} must be 1-64 characters of A-Z a-z 0-9 _ . - (it is a topic level), "
+                f"got {value!r}")
+    return None
+
+
+@dataclass(frozen=True)
+class TlsConfig:
+    """TLS to the broker; all paths empty = plain TCP."""
+
+    ca: str = ""
+    cert: str = ""
+    key: str = ""
+
+
+@dataclass(frozen=True)
+class BrokerConfig:
+    """Where the MQTT broker is and how to log in. host empty = no broker (demo embeds one)."""
+
+    host: str = ""
+    port: int = 1883
+    keepalive_s: int = 30
+    username: str = ""
+    password_file: str = ""  # a file holding the password, so configs can be world-readable
+    tls: TlsConfig = field(default_factory=TlsConfig)
+    protocol: Literal["3.1.1", "5"] = "5"
+
+    def validate(self) -> tuple[str, str] | None:
+        if not 0 < self.port < 65536:
+            return "port", f"must be 1..65535, got {self.port}"
+        if self.keepalive_s < 2:
+            return "keepalive_s", f"must be >= 2, got {self.keepalive_s}"
+        return None
+
+
+@dataclass(frozen=True)
+class OutboxConfig:
+    """The durable queue between the pipeline and the broker."""
+
+    path: str = "~/.local/state/edgerun/outbox.db"
+    fsync: Literal["full", "normal"] = "normal"  # full: survives power loss; normal: process crash
+    max_bytes: int = 256 * 1024 * 1024  # results past this evict the oldest (event + counter)
+    health_keep: int = 20  # only the latest N health messages wait for the broker
+    event_keep: int = 1000
+
+    def validate(self) -> tuple[str, str] | None:
+        if self.max_bytes < 64 * 1024:
+            return "max_bytes", f"must be >= 65536, got {self.max_bytes}"
+        if self.health_keep < 1 or self.event_keep < 1:
+            return "health_keep", "health_keep and event_keep must be >= 1"
+        return None
+
+
+@dataclass(frozen=True)
+class TelemetryConfig:
+    """Identity, broker, outbox and delivery tuning of one device."""
+
+    fleet: str = "default"
+    device: str = ""  # empty = the host name
+    broker: BrokerConfig = field(default_factory=BrokerConfig)
+    outbox: OutboxConfig = field(default_factory=OutboxConfig)
+    batch_max: int = 50  # results per MQTT message when a backlog exists
+    inflight: int = 200  # results published but not yet acked by the coordinator
+    ack_timeout_s: float = 10.0  # re-send unacked results after this long without ack progress
+    health_interval_s: float = 5.0
+    trusted_keys: tuple[str, ...] = ()  # Ed25519 public keys (PEM files) allowed to command
+    max_command_bytes: int = 8192
+    clock_skew_s: float = 300.0  # commands issued this far in the future are still accepted
+
+    def validate(self) -> tuple[str, str] | None:
+        for key in ("fleet", "device"):
+            value = getattr(self, key)
+            if value and (why := check_name(key, value)):
+                return key, why
+        if self.batch_max < 1 or self.inflight < self.batch_max:
+            return "inflight", (f"need 1 <= batch_max <= inflight, "
+                                f"got {self.batch_max}, {self.inflight}")
+        if self.ack_timeout_s <= 0 or self.health_interval_s <= 0:
+            return "ack_timeout_s", "ack_timeout_s and health_interval_s must be > 0"
+        return None

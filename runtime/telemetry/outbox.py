@@ -1,0 +1,246 @@
+"""Durable outbox: every result is in SQLite (WAL) before `append` returns.
+
+Three classes of message, each with its own retention:
+
+- results: a per-device `seq` (SQLite AUTOINCREMENT: monotonic, never reused, survives restarts)
+  and kept until the coordinator's ack covers it. Past `max_bytes` the oldest are evicted, with an
+  `outbox_evicting` event and a persistent counter: losing old results is a decision the operator
+  must see, never a silent one.
+- health: only the latest `health_keep` wait for the broker (older health is stale anyway).
+- events: the latest `event_keep` wait for the broker.
+
+`stream` is a random id made when the database is created; the coordinator de-duplicates by
+(device, stream, seq), so a device whose outbox was wiped and restarted at seq 1 is a new stream,
+not a flood of duplicates. `boot` is new on every open (one per process start).
+
+One connection guarded by a lock: the pipeline appends, the publisher thread reads and deletes.
+SQLite's WAL gives atomic commits, so kill -9 at any point leaves either the whole append or none.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from runtime.telemetry.config import OutboxConfig
+
+log = logging.getLogger("edgerun.outbox")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS results (seq INTEGER PRIMARY KEY AUTOINCREMENT, body TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS other (id INTEGER PRIMARY KEY AUTOINCREMENT, kind TEXT NOT NULL,
+                                  body TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS other_kind ON other (kind, id);
+CREATE TABLE IF NOT EXISTS seen_commands (id TEXT PRIMARY KEY, expires REAL NOT NULL);
+"""
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A result waiting for the coordinator: its seq and its JSON text (seq included)."""
+
+    seq: int
+    json: str
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, separators=(",", ":"), allow_nan=False)
+
+
+class Outbox:
+    """The device's durable queue (see module docstring)."""
+
+    def __init__(self, cfg: OutboxConfig, on_event: Callable[[dict], None] | None = None):
+        self.cfg = cfg
+        self.path = Path(cfg.path).expanduser()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._on_event = on_event or (lambda e: None)
+        self._startup_event: dict | None = None
+        self._db = self._open()
+        self.boot = uuid.uuid4().hex[:12]
+        self.stream = self._meta("stream") or self._set_meta("stream", uuid.uuid4().hex[:12])
+        self.evicted_total = int(self._meta("evicted_total") or 0)
+        self._bytes = self._db.execute("SELECT COALESCE(SUM(LENGTH(body)),0) FROM results"
+                                       ).fetchone()[0]
+
+    def _open(self) -> sqlite3.Connection:
+        try:
+            return self._connect()
+        except sqlite3.DatabaseError as e:
+            # A corrupt outbox must not keep the device from running: keep the file for
+            # forensics, start an empty one, and say so loudly.
+            aside = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time())}")
+            for suffix in ("", "-wal", "-shm"):
+                src = Path(str(self.path) + suffix)
+                if src.exists():
+                    src.rename(str(aside) + suffix)
+            log.error("outbox %s is corrupt (%s); moved it to %s and started an empty outbox",
+                      self.path, e, aside)
+            self._startup_event = {"type": "outbox_corrupt", "path": str(aside), "error": str(e)}
+            return self._connect()
+
+    def _connect(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False,
+                             timeout=30)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute(f"PRAGMA synchronous={'FULL' if self.cfg.fsync == 'full' else 'NORMAL'}")
+        ok = db.execute("PRAGMA quick_check").fetchone()[0]
+        if ok != "ok":
+            db.close()
+            raise sqlite3.DatabaseError(f"quick_check: {ok}")
+        db.executescript(_SCHEMA)
+        return db
+
+    def _meta(self, key: str) -> str | None:
+        row = self._db.execute("SELECT v FROM meta WHERE k=?", (key,)).fetchone()
+        return row[0] if row else None
+
+    def _set_meta(self, key: str, value: str) -> str:
+        self._db.execute("INSERT OR REPLACE INTO meta VALUES (?,?)", (key, value))
+        return value
+
+    # -- results -------------------------------------------------------------------------------
+
+    def append(self, result: dict) -> int:
+        """Store one result durably; returns its seq."""
+        return self.append_many([result])[0]
+
+    def append_many(self, results: Sequence[dict]) -> list[int]:
+        """Store results in one transaction (one fsync); returns their seqs in order."""
+        bodies = [_dumps(r) for r in results]
+        evicted: tuple[int, int, int] | None = None
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                seqs = [self._db.execute("INSERT INTO results (body) VALUES (?)", (b,)).lastrowid
+                        for b in bodies]
+                self._bytes += sum(len(b) for b in bodies)
+                if self._bytes > self.cfg.max_bytes:
+                    evicted = self._evict()
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                self._bytes = self._db.execute(
+                    "SELECT COALESCE(SUM(LENGTH(body)),0) FROM results").fetchone()[0]
+                raise
+        if evicted:
+            count, first, last = evicted
+            log.warning("outbox over %d bytes: evicted %d oldest unacked results (seq %d-%d); "
+                        "the coordinator has not acked them",
+                        self.cfg.max_bytes, count, first, last)
+            self._on_event({"type": "outbox_evicting", "count": count, "first_seq": first,
+                            "last_seq": last, "evicted_total": self.evicted_total})
+        return seqs  # type: ignore[return-value]
+
+    def _evict(self) -> tuple[int, int, int]:
+        """Delete oldest results down to 90% of the cap (inside the caller's transaction)."""
+        target = self.cfg.max_bytes * 0.9
+        rows = self._db.execute("SELECT seq, LENGTH(body) FROM results ORDER BY seq").fetchall()
+        count, first, last = 0, rows[0][0], rows[0][0]
+        for seq, size in rows[:-1]:  # never evict the result just written
+            if self._bytes <= target:
+                break
+            self._bytes -= size
+            count, last = count + 1, seq
+        self._db.execute("DELETE FROM results WHERE seq <= ?", (last,))
+        self.evicted_total += count
+        self._set_meta("evicted_total", str(self.evicted_total))
+        return count, first, last
+
+    def pending(self, after_seq: int, limit: int) -> list[Pending]:
+        """Up to `limit` held results with seq > `after_seq`, in seq order."""
+        with self._lock:
+            rows = self._db.execute("SELECT seq, body FROM results WHERE seq > ? ORDER BY seq "
+                                    "LIMIT ?", (after_seq, limit)).fetchall()
+        return [Pending(seq, f'{{"seq":{seq},{body[1:]}' if body != "{}" else f'{{"seq":{seq}}}')
+                for seq, body in rows]
+
+    def floor(self) -> int:
+        """Lowest seq still held; every seq below it was acked or evicted."""
+        with self._lock:
+            row = self._db.execute("SELECT MIN(seq) FROM results").fetchone()[0]
+        return row if row is not None else self.last_seq() + 1
+
+    def last_seq(self) -> int:
+        """The highest seq ever appended (0 for a new outbox)."""
+        with self._lock:
+            row = self._db.execute("SELECT seq FROM sqlite_sequence WHERE name='results'"
+                                   ).fetchone()
+        return row[0] if row else 0
+
+    def ack(self, seq: int) -> int:
+        """The coordinator stored everything up to `seq`: drop those; returns how many."""
+        with self._lock:
+            cur = self._db.execute("DELETE FROM results WHERE seq <= ? RETURNING LENGTH(body)",
+                                   (seq,))
+            sizes = cur.fetchall()
+        self._bytes -= sum(s for (s,) in sizes)
+        return len(sizes)
+
+    # -- health and events ---------------------------------------------------------------------
+
+    def put(self, kind: str, message: dict) -> int:
+        """Queue a health or event message (bounded per kind); returns its id."""
+        keep = self.cfg.health_keep if kind == "health" else self.cfg.event_keep
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            rowid = self._db.execute("INSERT INTO other (kind, body) VALUES (?,?)",
+                                     (kind, _dumps(message))).lastrowid
+            self._db.execute("DELETE FROM other WHERE kind=? AND id <= ?", (kind, rowid - keep))
+            self._db.execute("COMMIT")
+        return rowid  # type: ignore[return-value]
+
+    def others(self, limit: int) -> list[tuple[int, str, str]]:
+        """Queued (id, kind, json) health/event messages, oldest first."""
+        with self._lock:
+            return self._db.execute("SELECT id, kind, body FROM other ORDER BY id LIMIT ?",
+                                    (limit,)).fetchall()
+
+    def remove(self, ids: Sequence[int]) -> None:
+        """The broker accepted these health/event messages."""
+        with self._lock:
+            self._db.executemany("DELETE FROM other WHERE id=?", [(i,) for i in ids])
+
+    # -- command replay protection (same durable store) ---------------------------------------
+
+    def remember_command(self, command_id: str, expires: float) -> bool:
+        """Record a command id until it expires; False when it was already seen (a replay)."""
+        with self._lock:
+            self._db.execute("DELETE FROM seen_commands WHERE expires < ?", (time.time(),))
+            try:
+                self._db.execute("INSERT INTO seen_commands VALUES (?,?)", (command_id, expires))
+            except sqlite3.IntegrityError:
+                return False
+        return True
+
+    # -- status --------------------------------------------------------------------------------
+
+    def stats(self) -> dict:
+        """Backlog figures for health: held results, bytes, evictions, next seq."""
+        with self._lock:
+            held, oldest = self._db.execute("SELECT COUNT(*), MIN(seq) FROM results").fetchone()
+        return {"results_held": held, "bytes": self._bytes, "oldest_seq": oldest,
+                "evicted_total": self.evicted_total}
+
+    def take_startup_event(self) -> dict | None:
+        """An event about what happened while opening (e.g. a corrupt file moved aside)."""
+        event, self._startup_event = self._startup_event, None
+        return event
+
+    def close(self) -> None:
+        """Checkpoint and close."""
+        with self._lock:
+            try:
+                self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            finally:
+                self._db.close()

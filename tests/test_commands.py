@@ -1,0 +1,119 @@
+"""Signed commands and payload schemas: pure tables."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from runtime.telemetry import commands, payloads
+
+NOW = 1_800_000_000.0
+KEY = Ed25519PrivateKey.generate()
+OTHER = Ed25519PrivateKey.generate()
+TRUSTED = {commands.key_id(KEY.public_key()): KEY.public_key()}
+
+
+def _env(**over):
+    env = commands.sign(KEY, "dev1", "set_latency_target", {"ms": 25}, ttl_s=60, now=NOW)
+    env.update(over)
+    return env
+
+
+def _resign(env, key=KEY):
+    env = {k: v for k, v in env.items() if k != "sig"}
+    import base64
+
+    env["sig"] = base64.b64encode(key.sign(commands.canonical(env))).decode()
+    return env
+
+
+def _verify(env, seen=None):
+    seen = set() if seen is None else seen
+
+    def remember(cid, exp):
+        if cid in seen:
+            return False
+        seen.add(cid)
+        return True
+
+    payloads.check("cmd", env)
+    return commands.verify(env, "dev1", TRUSTED, NOW, 300, remember)
+
+
+def test_valid_command_is_typed():
+    cmd = _verify(_env())
+    assert cmd.name == "set_latency_target" and cmd.args == {"ms": 25.0}
+
+
+@pytest.mark.parametrize("env, reason", [
+    (_env(args={"ms": 30}), "bad signature"),  # tampered after signing
+    (_env(device="dev2"), "addressed to device"),
+    (_resign(_env(device="dev2")), "addressed to device"),
+    (_resign(_env(), OTHER) | {"key_id": commands.key_id(OTHER.public_key())},
+     "unknown signing key"),
+    (_resign(_env(key_id=commands.key_id(KEY.public_key())), OTHER), "bad signature"),
+    (_resign(_env(expires_at=NOW - 5)), "expired"),
+    (_resign(_env(issued_at=NOW + 3600, expires_at=NOW + 3700)), "future"),
+    (_resign(_env(cmd="format_disk")), "unknown command"),
+    (_resign(_env(args={"ms": -1})), "expected a number"),
+    (_resign(_env(args={"ms": True})), "expected a number"),
+    (_resign(_env(args={})), "missing argument"),
+    (_resign(_env(args={"ms": 5, "x": 1})), "unknown argument"),
+    (_resign(_env(cmd="choose_model", args={"name": "../etc"})), "model name"),
+    (_env(sig="!!!notbase64"), "bad signature"),
+])
+def test_refusals(env, reason):
+    with pytest.raises(commands.CommandRefused, match=reason):
+        _verify(env)
+
+
+def test_replay_is_refused_but_refused_command_does_not_burn_id():
+    seen: set = set()
+    env = _env()
+    _verify(env, seen)
+    with pytest.raises(commands.CommandRefused, match="replayed"):
+        _verify(env, seen)
+    bad = _resign(_env(args={"ms": -1}))
+    with pytest.raises(commands.CommandRefused):
+        _verify(bad, seen)
+    assert bad["id"] not in seen
+
+
+@pytest.mark.parametrize("raw, where", [
+    (b"{not json", "not JSON"),
+    (json.dumps({k: v for k, v in _env().items() if k != "sig"}).encode(), "sig"),
+    (json.dumps(_env() | {"extra": 1}).encode(), "extra"),
+    (b"x" * 10000, "exceeds"),
+])
+def test_malformed_envelopes(raw, where):
+    with pytest.raises(payloads.PayloadError, match=where):
+        payloads.decode("cmd", raw, max_bytes=8192)
+
+
+@pytest.mark.parametrize("name, parsed", [
+    ("edgerun/v1/f/d/result", ("f", "d", "result")),
+    ("edgerun/v1/f/d/cmd/reply", ("f", "d", "cmd/reply")),
+    ("edgerun/v1/f/d/other", None),
+    ("edgerun/v2/f/d/result", None),
+    ("edgerun/v1/f", None),
+])
+def test_topics(name, parsed):
+    assert payloads.parse_topic(name) == parsed
+
+
+def test_result_schema_names_the_field():
+    with pytest.raises(payloads.PayloadError, match="results/0"):
+        payloads.check("result", {"v": 1, "stream": "s", "boot": "b", "floor": 1,
+                                  "results": [{"seq": "one", "t": 1}]})
+
+
+def test_key_files_round_trip(tmp_path):
+    kid = commands.generate_keypair(tmp_path / "k.pem", tmp_path / "k.pub")
+    assert (tmp_path / "k.pem").stat().st_mode & 0o077 == 0
+    assert list(commands.load_public_keys([str(tmp_path / "k.pub")])) == [kid]
+    assert commands.key_id(commands.load_private_key(tmp_path / "k.pem").public_key()) == kid
+    (tmp_path / "bad.pub").write_text("nope")
+    with pytest.raises(ValueError, match="bad.pub"):
+        commands.load_public_keys([str(tmp_path / "bad.pub")])

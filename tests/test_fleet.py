@@ -1,0 +1,64 @@
+"""The coordinator's fleet state machine and alerts: pure tables."""
+
+from __future__ import annotations
+
+import pytest
+
+from runtime.coordinator import fleet
+
+CFG = fleet.FleetConfig(stale_after_s=30, offline_after_s=120)
+
+
+def _birth(t, boot="b1", version="1.0"):
+    return {"v": 1, "online": True, "boot": boot, "t": t, "versions": {"edgerun": version},
+            "choice": "m/fp32@ort"}
+
+
+def _death(t, boot="b1"):
+    return {"v": 1, "online": False, "boot": boot, "t": t, "reason": "connection lost"}
+
+
+@pytest.mark.parametrize("events, now, status", [
+    ([("state", _birth(0), 0)], 10, "online"),
+    ([("state", _birth(0), 0)], 31, "stale"),
+    ([("state", _birth(0), 0)], 121, "offline"),
+    ([("state", _birth(0), 0), ("activity", None, 100)], 125, "online"),
+    ([("state", _birth(0), 0), ("state", _death(5), 5)], 6, "offline"),
+    # the will carries the connect time (older than the birth) but arrives after it
+    ([("state", _birth(10), 10), ("state", _death(5), 11)], 12, "offline"),
+    # a previous boot's late state does not override the current boot
+    ([("state", _birth(10, "b2"), 10), ("state", _death(5), 11)], 12, "online"),
+    # a new boot's birth after a death
+    ([("state", _death(5), 5), ("state", _birth(6, "b2"), 6)], 7, "online"),
+    # traffic after a death (lost birth) brings it back
+    ([("state", _death(5), 5), ("activity", None, 8)], 9, "online"),
+])
+def test_status_table(events, now, status):
+    v = fleet.DeviceView("d")
+    for kind, msg, t in events:
+        v = fleet.on_state(v, msg, t) if kind == "state" else fleet.on_activity(v, t)
+    assert fleet.tick(v, now, CFG).status == status
+
+
+@pytest.mark.parametrize("health, codes", [
+    ({}, []),
+    ({"throttled": True}, ["throttled"]),
+    ({"temp_c": 76.0, "passive_trip_c": 80.0}, ["hot"]),
+    ({"temp_c": 60.0, "passive_trip_c": 80.0}, []),
+    ({"slo": {"compliance": 0.5}}, ["slo"]),
+    ({"backlog": {"results_held": 5000, "evicted_total": 3}}, ["backlog", "evicted"]),
+])
+def test_alerts_table(health, codes):
+    v = fleet.on_activity(fleet.on_state(fleet.DeviceView("d"), _birth(0), 0), 1, health)
+    assert [c for c, _ in fleet.alerts(v, CFG, "1.0")] == codes
+
+
+def test_version_drift_against_majority():
+    views = {}
+    for i, ver in enumerate(["1.0", "1.0", "0.9"]):
+        views[f"d{i}"] = fleet.on_state(fleet.DeviceView(f"d{i}"), _birth(0, version=ver), 0)
+    out = fleet.refresh(views, 1, CFG)
+    assert [c for c, _ in out["d2"].alerts] == ["version"]
+    assert out["d0"].alerts == ()
+    stale = fleet.refresh(out, 40, CFG)
+    assert fleet.transitions(out, stale) == [(k, "online", "stale") for k in ("d0", "d1", "d2")]
