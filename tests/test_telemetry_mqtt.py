@@ -12,11 +12,11 @@ from pathlib import Path
 
 import paho.mqtt.client as mqtt
 import pytest
-from broker import Mosquitto
 
 from runtime.coordinator.config import CoordinatorConfig
 from runtime.coordinator.service import Coordinator
 from runtime.telemetry import commands, payloads
+from runtime.telemetry.broker import Mosquitto
 from runtime.telemetry.config import BrokerConfig
 
 DEVICE_PROC = str(Path(__file__).parent / "device_proc.py")

@@ -200,7 +200,8 @@ class Publisher:
         if client is self._client and self.stats.connected:
             self.stats.connected = False
             self._client = None
-            log.warning("disconnected from the broker (%s); reconnecting", reason_code)
+            if not self._stop.is_set():
+                log.warning("disconnected from the broker (%s); reconnecting", reason_code)
 
     def _publish_birth(self, client: mqtt.Client) -> None:
         birth = {"v": payloads.VERSION, "online": True, "boot": self.outbox.boot, "t": time.time(),

@@ -1,4 +1,8 @@
-"""A real Mosquitto broker per test, on a free port, that tests can stop and restart."""
+"""A local MQTT broker as a child process: Mosquitto on a free port.
+
+Used by the tests and benchmarks (a real broker, stopped and restarted at will) and by
+`edgerun demo` when no broker is configured.
+"""
 
 from __future__ import annotations
 
@@ -32,7 +36,7 @@ class Mosquitto:
 
     def __init__(self, workdir: Path, extra: str = ""):
         if not shutil.which("mosquitto"):
-            raise RuntimeError("mosquitto is not installed (.ci/run installs it with apt)")
+            raise RuntimeError("mosquitto is not installed (apt install mosquitto)")
         self.port = free_port()
         self.conf = workdir / "mosquitto.conf"
         self.conf.write_text(f"listener {self.port} 127.0.0.1\nallow_anonymous true\n"
