@@ -103,6 +103,42 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_models(args: argparse.Namespace) -> int:
+    """Make a model's precision ladder (fp16, int8, reduced resolution) with measured accuracy."""
+    from runtime.ladder import PrepareOptions, prepare
+    from runtime.manifest import Preprocess
+    from runtime.onnx_model import ModelError
+
+    pre = {}
+    if args.preprocess:
+        try:
+            doc = json.loads(args.preprocess.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise ModelError(f"{args.preprocess}: cannot read preprocessing JSON: {e}") from e
+        pre = doc.get("preprocess", doc)
+    labels: tuple[str, ...] = ()
+    if args.labels:
+        try:
+            labels = tuple(x.strip() for x in args.labels.read_text().splitlines() if x.strip())
+        except OSError as e:
+            raise ModelError(f"{args.labels}: cannot read labels: {e.strerror}") from e
+    opts = PrepareOptions(name=args.name or args.out.name,
+                          preprocess=Preprocess.from_dict(pre, str(args.preprocess or "defaults")),
+                          labels=labels, input_shape=args.input_shape or (), prefix=args.prefix,
+                          output=args.output, reduced=not args.no_reduced)
+    doc = prepare(args.model, args.calib, args.val, args.out, opts,
+                  progress=lambda m: print(f"[{m}]", file=sys.stderr, flush=True))
+    print(f"{'VARIANT':<18} {'ACCURACY':>8} {'AGREE':>7} {'MAX|DIFF|':>10} {'KB':>7}")
+    for v in doc["variants"]:
+        print(f"{v['name']:<18} {v['accuracy']:>8.4f} {v['agreement']:>7.4f} "
+              f"{v['max_abs_diff']:>10.2e} {v['size_bytes'] / 1024:>7.1f}")
+    for f in doc["failed"]:
+        print(f"FAILED {f['variant']}: {f['error']}")
+    print(f"manifest: {args.out / 'manifest.json'} (accuracy basis: {doc['accuracy_basis']}, "
+          f"{doc['eval_images']} images)")
+    return 0
+
+
 def cmd_coordinator(args: argparse.Namespace) -> int:
     """Run the coordinator: store fleet results and health, ack, serve the API, send commands."""
     import signal
@@ -156,7 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     pr = sub.add_parser("profile", help="profile every variant of a model and pick one",
                         description=cmd_profile.__doc__)
-    pr.add_argument("model", type=Path, help="an .onnx file")
+    pr.add_argument("model", type=Path, help="an .onnx file or a model directory with a manifest")
     pr.add_argument("--config", type=Path, help="edgerun TOML config (defaults otherwise)")
     pr.add_argument("--latency-ms", type=float, help="latency target (default 20)")
     pr.add_argument("--percentile", type=int, choices=(50, 95, 99), help="default 95")
@@ -172,6 +208,25 @@ def build_parser() -> argparse.ArgumentParser:
                         description=cmd_check.__doc__)
     ck.add_argument("config", type=Path)
     ck.set_defaults(func=cmd_check)
+
+    mo = sub.add_parser("models", help="model ladders", description=cmd_models.__doc__)
+    msub = mo.add_subparsers(dest="models_command", required=True, metavar="ACTION")
+    mp = msub.add_parser("prepare", help="make fp16/int8/reduced variants and a manifest")
+    mp.add_argument("model", type=Path, help="the fp32 .onnx model")
+    mp.add_argument("--calib", type=Path, required=True, help="images for int8 calibration")
+    mp.add_argument("--val", type=Path, required=True,
+                    help="images to measure accuracy on (label = parent folder name)")
+    mp.add_argument("--labels", type=Path, help="class names, one per line, in output order")
+    mp.add_argument("--out", type=Path, required=True, help="output directory")
+    mp.add_argument("--name", help="model name (default: the output directory's name)")
+    mp.add_argument("--prefix", default="",
+                    help="add this model's variants to the manifest in --out as PREFIX-...")
+    mp.add_argument("--input-shape", type=_shape, help="fix dynamic dims, e.g. 1,3,224,224")
+    mp.add_argument("--preprocess", type=Path,
+                    help="JSON with layout/colour/resize/scale/mean/std (ImageNet defaults)")
+    mp.add_argument("--output", choices=("probabilities", "logits"), default="probabilities")
+    mp.add_argument("--no-reduced", action="store_true", help="skip the reduced-resolution form")
+    mo.set_defaults(func=cmd_models)
 
     co = sub.add_parser("coordinator", help="run the fleet coordinator",
                         description=cmd_coordinator.__doc__)

@@ -1,0 +1,330 @@
+"""`edgerun models prepare`: turn an fp32 ONNX model into measured precision variants.
+
+Steps, each reported by name when it fails:
+1. normalise  — drop initializers listed as inputs, fix dynamic dims (batch -> 1, the rest from
+                --input-shape), convert opsets older than 11 to 13, check, fold constants with
+                ORT's basic level (standard ONNX ops only), so every later step starts clean;
+2. fp16       — weights and math in fp16, inputs/outputs kept fp32 (ORT's converter);
+3. int8       — static QDQ, per-channel weights, calibrated on --calib images; ORT's
+                pre-processing (symbolic shape inference) is tried and skipped with a warning
+                when it fails, as it does on many third-party graphs;
+4. reduced    — the fp32 graph at 2/3 input resolution, when the graph accepts it
+                (fully convolutional up to global pooling) and the output shape is unchanged;
+5. measure    — every variant on the --val images against the fp32 outputs: top-1 agreement,
+                max/mean absolute output difference, and accuracy against labels when given.
+A failed variant is reported and skipped; the others are still written with the manifest.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import cv2
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from runtime.manifest import MANIFEST, SCHEMA, Preprocess, VariantEntry, load_manifest
+from runtime.onnx_model import ModelError, file_sha256, load_onnx, model_input
+
+log = logging.getLogger("edgerun.ladder")
+
+IMAGE_EXT = {".png", ".jpg", ".jpeg", ".bmp", ".ppm", ".pgm", ".tif", ".tiff", ".webp"}
+
+
+class StepError(Exception):
+    """One preparation step failed; `step` names it."""
+
+    def __init__(self, step: str, message: str):
+        super().__init__(f"{step}: {message}")
+        self.step = step
+
+
+@dataclass(frozen=True)
+class PrepareOptions:
+    """What `models prepare` was asked for."""
+
+    name: str
+    preprocess: Preprocess
+    labels: tuple[str, ...] = ()
+    input_shape: tuple[int, ...] = ()
+    prefix: str = ""  # non-empty: add this model's variants to an existing manifest
+    output: str = "probabilities"
+    max_calib: int = 200
+    max_val: int = 2000
+    reduced: bool = True
+
+
+def list_images(root: Path, limit: int) -> list[Path]:
+    """Image files under `root` (recursively, sorted), at most `limit`, evenly spread."""
+    if not root.is_dir():
+        raise ModelError(f"{root}: not a directory of images")
+    files = sorted(p for p in root.rglob("*") if p.suffix.lower() in IMAGE_EXT)
+    if not files:
+        raise ModelError(f"{root}: no images ({', '.join(sorted(IMAGE_EXT))})")
+    if len(files) > limit:
+        files = [files[i] for i in np.linspace(0, len(files) - 1, limit).astype(int)]
+    return files
+
+
+def read_image(path: Path) -> np.ndarray:
+    """BGR uint8; ModelError naming the file when it cannot be decoded."""
+    img = cv2.imread(str(path), cv2.IMREAD_COLOR)
+    if img is None:
+        raise ModelError(f"{path}: not a readable image")
+    return img
+
+
+def _session(path: Path) -> ort.InferenceSession:
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+
+
+def _set_input_shape(proto: onnx.ModelProto, name: str, shape: tuple[int, ...]
+                     ) -> onnx.ModelProto:
+    for vi in proto.graph.input:
+        if vi.name == name:
+            for dim, size in zip(vi.type.tensor_type.shape.dim, shape, strict=True):
+                dim.Clear()
+                dim.dim_value = size
+    return proto
+
+
+def normalise(src: Path, dst: Path, input_shape: tuple[int, ...]) -> tuple[str, tuple[int, ...],
+                                                                            list[str]]:
+    """Step 1; returns (input name, fixed shape, warnings)."""
+    warnings: list[str] = []
+    proto = load_onnx(src)
+    init_names = {i.name for i in proto.graph.initializer}
+    stale = [i for i in proto.graph.input if i.name in init_names]
+    if stale:
+        for i in stale:
+            proto.graph.input.remove(i)
+        warnings.append(f"removed {len(stale)} initializer(s) listed as graph inputs")
+    inp = model_input(proto, src, input_shape)
+    proto = _set_input_shape(proto, inp.name, inp.shape)
+    opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0)
+    if opset < 11:
+        try:
+            proto = onnx.version_converter.convert_version(proto, 13)
+            warnings.append(f"converted opset {opset} -> 13")
+        except Exception as e:
+            raise StepError("normalise", f"opset {opset} is too old for quantization and "
+                            f"converting it to 13 failed: {e}") from e
+    try:
+        onnx.checker.check_model(proto)
+        proto = onnx.shape_inference.infer_shapes(proto)
+    except Exception as e:
+        warnings.append(f"ONNX checker/shape inference complained ({e}); continuing")
+    with tempfile.TemporaryDirectory() as tmp:
+        staged = Path(tmp) / "staged.onnx"
+        onnx.save(proto, str(staged))
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+        so.optimized_model_filepath = str(dst)
+        so.log_severity_level = 3
+        try:
+            ort.InferenceSession(str(staged), so, providers=["CPUExecutionProvider"])
+        except Exception as e:
+            raise StepError("normalise", f"ONNX Runtime cannot load the model: {e}") from e
+    return inp.name, inp.shape, warnings
+
+
+def make_fp16(src: Path, dst: Path) -> None:
+    """Step 2."""
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    model = convert_float_to_float16(onnx.load(str(src)), keep_io_types=True)
+    onnx.save(model, str(dst))
+
+
+def make_int8(src: Path, dst: Path, batches: Iterator[np.ndarray], input_name: str) -> list[str]:
+    """Step 3; returns warnings."""
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        QuantFormat,
+        QuantType,
+        quant_pre_process,
+        quantize_static,
+    )
+
+    class Reader(CalibrationDataReader):
+        def get_next(self):
+            x = next(batches, None)
+            return None if x is None else {input_name: x}
+
+    warnings = []
+    with tempfile.TemporaryDirectory() as tmp:
+        pre = Path(tmp) / "pre.onnx"
+        try:
+            quant_pre_process(str(src), str(pre), skip_symbolic_shape=False)
+        except Exception as e:
+            warnings.append(f"int8: symbolic shape inference failed ({type(e).__name__}: {e}); "
+                            "skipped it, quantizing the normalised graph")
+            try:
+                quant_pre_process(str(src), str(pre), skip_symbolic_shape=True)
+            except Exception:
+                shutil.copy(src, pre)
+        quantize_static(str(pre), str(dst), Reader(), quant_format=QuantFormat.QDQ,
+                        per_channel=True, activation_type=QuantType.QUInt8,
+                        weight_type=QuantType.QInt8)
+    return warnings
+
+
+def make_reduced(src: Path, dst: Path, input_name: str, shape: tuple[int, ...],
+                 pre: Preprocess) -> tuple[int, ...]:
+    """Step 4; returns the reduced input shape or raises StepError when the graph forbids it."""
+    h, w = pre.hw(shape)
+    nh, nw = (max(16, round(d * 2 / 3 / 8) * 8) for d in (h, w))
+    new = (shape[0], shape[1], nh, nw) if pre.layout == "NCHW" else (shape[0], nh, nw, shape[3])
+    proto = onnx.load(str(src))
+    for vi in list(proto.graph.value_info):
+        proto.graph.value_info.remove(vi)  # shapes inferred at full size no longer hold
+    proto = _set_input_shape(proto, input_name, new)
+    onnx.save(proto, str(dst))
+    try:
+        sess = _session(dst)
+        full = _session(src).run(None, {input_name: np.zeros(shape, np.float32)})[0]
+        out = sess.run(None, {input_name: np.zeros(new, np.float32)})[0]
+    except Exception as e:
+        dst.unlink(missing_ok=True)
+        raise StepError("reduced", f"the graph does not run at {nh}x{nw}: "
+                        f"{str(e).splitlines()[0][:200]}") from e
+    if out.shape != full.shape:
+        dst.unlink(missing_ok=True)
+        raise StepError("reduced", f"output shape changes with resolution ({full.shape} -> "
+                        f"{out.shape})")
+    return new
+
+
+def measure(path: Path, input_name: str, tensors: list[np.ndarray], ref: np.ndarray,
+            truth: np.ndarray | None) -> dict[str, float]:
+    """Step 5 for one variant: outputs on every val tensor vs the fp32 reference."""
+    sess = _session(path)
+    out = np.concatenate([sess.run(None, {input_name: t})[0].reshape(1, -1) for t in tensors])
+    diff = np.abs(out.astype(np.float64) - ref)
+    agreement = float((out.argmax(1) == ref.argmax(1)).mean())
+    acc = float((out.argmax(1) == truth).mean()) if truth is not None else agreement
+    return {"accuracy": acc, "agreement": agreement, "max_abs_diff": float(diff.max()),
+            "mean_abs_diff": float(diff.mean())}
+
+
+def _truth(files: list[Path], labels: tuple[str, ...]) -> np.ndarray | None:
+    """Ground-truth indices from each image's parent folder name (None without labels)."""
+    if not labels:
+        return None
+    index = {name: i for i, name in enumerate(labels)}
+    missing = sorted({f.parent.name for f in files if f.parent.name not in index})
+    if missing:
+        raise ModelError(f"val images in folders that are not labels: {missing[:5]} "
+                         f"(labels: {list(labels)}); put each image under a folder named for "
+                         "its label")
+    return np.array([index[f.parent.name] for f in files])
+
+
+def prepare(model: Path, calib: Path, val: Path, out: Path, opts: PrepareOptions,
+            progress: Callable[[str], None] = lambda m: None) -> dict:
+    """Run every step; write variants and the manifest into `out`; returns the manifest dict."""
+    out.mkdir(parents=True, exist_ok=True)
+    existing = None
+    if opts.prefix:
+        existing = json.loads((out / MANIFEST).read_text()) if (out / MANIFEST).exists() else None
+        if existing and existing["preprocess"] != opts.preprocess.to_dict():
+            raise ModelError(f"{out / MANIFEST}: preprocessing differs from this model's; "
+                             "variants in one manifest must share it")
+    stem = f"{opts.prefix}-" if opts.prefix else ""
+    val_files = list_images(val, opts.max_val)
+    truth = _truth(val_files, opts.labels)
+    calib_files = list_images(calib, opts.max_calib)
+
+    fp32 = out / f"{stem}fp32.onnx"
+    progress("normalise")
+    input_name, shape, warnings = normalise(model, fp32, opts.input_shape)
+    for w in warnings:
+        log.warning("%s: %s", model.name, w)
+    val_images = [read_image(f) for f in val_files]
+
+    def tensors(shape_: tuple[int, ...]) -> list[np.ndarray]:
+        return [opts.preprocess.apply(img, shape_) for img in val_images]
+
+    def calib_batches() -> Iterator[np.ndarray]:
+        for f in calib_files:
+            yield opts.preprocess.apply(read_image(f), shape)
+
+    full = tensors(shape)
+    ref_sess = _session(fp32)
+    ref = np.concatenate([ref_sess.run(None, {input_name: t})[0].reshape(1, -1) for t in full]
+                         ).astype(np.float64)
+    entries: list[VariantEntry] = []
+    failed: list[dict] = []
+
+    def add(name: str, precision: str, path: Path, shape_: tuple[int, ...],
+            inputs: list[np.ndarray]) -> None:
+        progress(f"measure {name}")
+        m = measure(path, input_name, inputs, ref, truth)
+        entries.append(VariantEntry(name=name, precision=precision, file=path.name,
+                                    sha256=file_sha256(path), input_name=input_name,
+                                    input_shape=tuple(shape_), size_bytes=path.stat().st_size,
+                                    source=model.name, **m))
+        log.info("%s: accuracy %.4f, agreement %.4f, max |diff| %.2e", name, m["accuracy"],
+                 m["agreement"], m["max_abs_diff"])
+
+    add(f"{stem}fp32", "fp32", fp32, shape, full)
+    def fp16(p: Path) -> tuple[tuple[int, ...], list[str]]:
+        make_fp16(fp32, p)
+        return shape, []
+
+    def int8(p: Path) -> tuple[tuple[int, ...], list[str]]:
+        return shape, make_int8(fp32, p, calib_batches(), input_name)
+
+    def reduced(p: Path) -> tuple[tuple[int, ...], list[str]]:
+        return make_reduced(fp32, p, input_name, shape, opts.preprocess), []
+
+    steps = [("fp16", "fp16", fp16), ("int8", "int8", int8)]
+    if opts.reduced:
+        steps.append(("reduced", "fp32-reduced", reduced))
+    for step, precision, make in steps:
+        progress(step)
+        path = out / f"{stem}{step}.onnx"
+        try:
+            new_shape, warns = make(path)
+            for w in warns:
+                log.warning("%s: %s", model.name, w)
+            name = f"{stem}{step}"
+            if step == "reduced":
+                name = f"{stem}fp32-r{opts.preprocess.hw(new_shape)[0]}"
+                path = path.rename(out / f"{name}.onnx")
+            add(name, precision, path, new_shape,
+                tensors(new_shape) if new_shape != shape else full)
+        except Exception as e:  # one variant failing must not lose the others
+            err = e if isinstance(e, StepError) else StepError(
+                step, str(e).splitlines()[0][:300] if str(e) else type(e).__name__)
+            log.error("variant %s%s failed at step %s: %s; the other variants are kept",
+                      stem, step, err.step, err)
+            failed.append({"variant": f"{stem}{step}", "step": err.step, "error": str(err)})
+            path.unlink(missing_ok=True)
+
+    doc = {
+        "schema": SCHEMA, "name": opts.name, "labels": list(opts.labels),
+        "preprocess": opts.preprocess.to_dict(), "output": opts.output,
+        "accuracy_basis": "labels" if truth is not None else "agreement",
+        "eval_images": len(val_files),
+        "variants": [{**asdict(e), "input_shape": list(e.input_shape)} for e in entries],
+        "failed": failed,
+    }
+    if existing:
+        keep = [v for v in existing["variants"] if not v["name"].startswith(stem)]
+        doc["variants"] = keep + doc["variants"]
+        doc["failed"] = [f for f in existing.get("failed", []) if not f["variant"].startswith(
+            stem)] + failed
+        doc["name"] = existing["name"]
+    (out / MANIFEST).write_text(json.dumps(doc, indent=2) + "\n")
+    load_manifest(out)  # what we wrote must load
+    return doc

@@ -1,0 +1,132 @@
+"""`models prepare` and manifest loading on small models built in the test."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from modelgen import tiny_cnn
+
+from models.synthetic import CLASSES, write_folder
+from runtime.ladder import PrepareOptions, list_images, prepare, read_image
+from runtime.manifest import Preprocess, load_manifest, postprocess, verify
+from runtime.onnx_model import ModelError
+
+PRE = Preprocess(mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25))
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory):
+    root = tmp_path_factory.mktemp("images")
+    write_folder(root / "calib", seed=1, count=20, size=32)
+    write_folder(root / "val", seed=2, count=40, size=32)
+    return root
+
+
+def _opts(**kw):
+    return PrepareOptions(name="tiny", preprocess=PRE, labels=CLASSES, **kw)
+
+
+def test_prepare_makes_every_variant_and_its_numbers_are_true(tmp_path, images):
+    model = tiny_cnn(tmp_path / "m.onnx", hw=(32, 32))
+    doc = prepare(model, images / "calib", images / "val", tmp_path / "out", _opts())
+    names = [v["name"] for v in doc["variants"]]
+    assert names == ["fp32", "fp16", "int8", "fp32-r24"] and doc["failed"] == []
+    man = load_manifest(tmp_path / "out")
+    assert man.accuracy_basis == "labels" and man.eval_images == 40
+    files = list_images(images / "val", 10_000)
+    truth = np.array([CLASSES.index(f.parent.name) for f in files])
+    frames = [read_image(f) for f in files]
+    ref = None
+    for v in man.variants:
+        sess = ort.InferenceSession(str(verify(man, v)), providers=["CPUExecutionProvider"])
+        out = np.concatenate([sess.run(None, {v.input_name: man.preprocess.apply(f, v.input_shape)})
+                              [0] for f in frames])
+        ref = out if v.name == "fp32" else ref
+        assert v.accuracy == pytest.approx(float((out.argmax(1) == truth).mean()))
+        assert v.agreement == pytest.approx(float((out.argmax(1) == ref.argmax(1)).mean()))
+        assert v.max_abs_diff == pytest.approx(float(np.abs(out - ref).max()), abs=1e-6)
+    assert man.variant("fp16").max_abs_diff < 1e-2
+    assert man.variant("fp32-r24").input_shape == (1, 3, 24, 24)
+    label, score = postprocess(out[:1], man)[0]
+    assert label in CLASSES and 0 <= score <= 1
+
+
+def test_corrupted_variant_is_refused_by_sha256(tmp_path, images):
+    from runtime.config import ModelConfig
+    from runtime.profiler import model_files
+
+    model = tiny_cnn(tmp_path / "m.onnx", hw=(32, 32))
+    prepare(model, images / "calib", images / "val", tmp_path / "out", _opts(reduced=False))
+    target = tmp_path / "out" / "int8.onnx"
+    data = bytearray(target.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    target.write_bytes(bytes(data))
+    man = load_manifest(tmp_path / "out")
+    verify(man, man.variant("fp32"))
+    with pytest.raises(ModelError, match=r"int8.onnx: sha256 .* refusing to load"):
+        verify(man, man.variant("int8"))
+    with pytest.raises(ModelError, match="sha256"):
+        model_files(ModelConfig(path=str(tmp_path / "out")))
+
+
+def test_dynamic_height_width_needs_input_shape(tmp_path, images):
+    model = tiny_cnn(tmp_path / "dyn.onnx", hw=("H", "W"))
+    with pytest.raises(ModelError, match="input_shape"):
+        prepare(model, images / "calib", images / "val", tmp_path / "a", _opts())
+    doc = prepare(model, images / "calib", images / "val", tmp_path / "b",
+                  _opts(input_shape=(1, 3, 32, 32), reduced=False))
+    assert {v["name"] for v in doc["variants"]} == {"fp32", "fp16", "int8"}
+    assert all(v["input_shape"] == [1, 3, 32, 32] for v in doc["variants"])
+
+
+def test_failing_quantization_keeps_the_other_variants(tmp_path, images):
+    calib = tmp_path / "calib"
+    write_folder(calib, seed=3, count=5, size=32)
+    (calib / "ok" / "broken.png").write_bytes(b"not a png at all")
+    model = tiny_cnn(tmp_path / "m.onnx", hw=(32, 32))
+    doc = prepare(model, calib, images / "val", tmp_path / "out", _opts(reduced=False))
+    assert [v["name"] for v in doc["variants"]] == ["fp32", "fp16"]
+    assert doc["failed"][0]["variant"] == "int8"
+    assert "broken.png" in doc["failed"][0]["error"]
+    assert not (tmp_path / "out" / "int8.onnx").exists()
+    assert json.loads((tmp_path / "out" / "manifest.json").read_text())["failed"]
+
+
+def test_prefix_adds_a_second_model_to_the_manifest(tmp_path, images):
+    out = tmp_path / "out"
+    prepare(tiny_cnn(tmp_path / "a.onnx", hw=(32, 32)), images / "calib", images / "val", out,
+            _opts(reduced=False))
+    doc = prepare(tiny_cnn(tmp_path / "b.onnx", hw=(32, 32), seed=5), images / "calib",
+                  images / "val", out, _opts(reduced=False, prefix="small"))
+    assert [v["name"] for v in doc["variants"]] == ["fp32", "fp16", "int8", "small-fp32",
+                                                   "small-fp16", "small-int8"]
+    other = PrepareOptions(name="x", preprocess=Preprocess(), labels=CLASSES, prefix="big")
+    with pytest.raises(ModelError, match="preprocessing differs"):
+        prepare(tmp_path / "a.onnx", images / "calib", images / "val", out, other)
+
+
+@pytest.mark.parametrize("text, match", [
+    ("{", "line 1: not valid JSON"),
+    ('{"schema": "other/1"}', "schema is 'other/1'"),
+    ('{"schema": "edgerun.manifest/1"}', "missing or invalid field"),
+])
+def test_bad_manifest_says_what_and_where(tmp_path, text, match):
+    (tmp_path / "manifest.json").write_text(text)
+    with pytest.raises(ModelError, match=match):
+        load_manifest(tmp_path)
+
+
+def test_preprocess_matches_numpy_reference():
+    rng = np.random.default_rng(0)
+    frame = rng.integers(0, 256, (40, 50, 3), dtype=np.uint8)
+    pre = Preprocess(mean=(0.4, 0.5, 0.6), std=(0.2, 0.25, 0.3))
+    import cv2
+
+    want = cv2.resize(frame, (32, 24), interpolation=cv2.INTER_LINEAR)[..., ::-1] / 255.0
+    want = ((want - np.array([0.4, 0.5, 0.6])) / np.array([0.2, 0.25, 0.3])).transpose(2, 0, 1)
+    got = pre.apply(frame, (1, 3, 24, 32))
+    assert got.shape == (1, 3, 24, 32) and got.dtype == np.float32
+    np.testing.assert_allclose(got[0], want, atol=1e-5)
