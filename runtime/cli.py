@@ -139,6 +139,21 @@ def cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Run the daemon: inspect frames, govern precision, publish results and health."""
+    from runtime.daemon import serve
+
+    return serve(args.config)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """Broker, coordinator and daemon on the bundled model with a simulated hot device."""
+    from runtime.demo import run
+
+    return run(duration_s=args.duration, device=args.device, scenario=args.scenario,
+               speed=args.speed, start_hour=args.start_hour, rate=args.rate)
+
+
 def cmd_coordinator(args: argparse.Namespace) -> int:
     """Run the coordinator: store fleet results and health, ack, serve the API, send commands."""
     import signal
@@ -208,6 +223,21 @@ def build_parser() -> argparse.ArgumentParser:
                         description=cmd_check.__doc__)
     ck.add_argument("config", type=Path)
     ck.set_defaults(func=cmd_check)
+
+    se = sub.add_parser("serve", help="run the daemon", description=cmd_serve.__doc__)
+    se.add_argument("--config", type=Path, help="edgerun TOML config (embedded defaults "
+                    "otherwise: bundled model, synthetic frames, no broker)")
+    se.set_defaults(func=cmd_serve)
+
+    de = sub.add_parser("demo", help="everything on one machine, with a live view",
+                        description=cmd_demo.__doc__)
+    de.add_argument("--duration", type=float, default=0.0, help="seconds (default: until ^C)")
+    de.add_argument("--device", default="fanless-box", help="simulated device profile")
+    de.add_argument("--scenario", default="sun", choices=("cool", "warm", "hot", "sun"))
+    de.add_argument("--speed", type=float, default=240.0, help="simulated seconds per second")
+    de.add_argument("--start-hour", type=float, default=11.0, help="simulated time of day")
+    de.add_argument("--rate", type=float, default=20.0, help="conveyor frames per second")
+    de.set_defaults(func=cmd_demo)
 
     mo = sub.add_parser("models", help="model ladders", description=cmd_models.__doc__)
     msub = mo.add_subparsers(dest="models_command", required=True, metavar="ACTION")

@@ -12,6 +12,7 @@ from typing import Literal
 
 from runtime.coordinator.config import CoordinatorConfig
 from runtime.schema import ConfigError, build, load_toml
+from runtime.sources import SourceConfig
 from runtime.telemetry.config import TelemetryConfig
 
 ENGINES = ("onnxruntime", "openvino", "opencv")
@@ -107,6 +108,7 @@ class BackendsConfig:
 
     enabled: tuple[Literal["onnxruntime", "openvino", "opencv"], ...] = ENGINES
     threads: tuple[int, ...] = ()  # empty: 1 and every core
+    plugins: tuple[str, ...] = ()  # extra backends as "module:Class" (vendor SDKs, tests)
     onnxruntime: OnnxRuntimeConfig = field(default_factory=OnnxRuntimeConfig)
     openvino: OpenVinoConfig = field(default_factory=OpenVinoConfig)
     opencv: OpenCvConfig = field(default_factory=OpenCvConfig)
@@ -114,6 +116,55 @@ class BackendsConfig:
     def validate(self) -> tuple[str, str] | None:
         if any(t < 1 for t in self.threads):
             return "threads", f"every entry must be >= 1, got {list(self.threads)}"
+        bad = [p for p in self.plugins if p.count(":") != 1]
+        if bad:
+            return "plugins", f"each entry must be 'module:Class', got {bad}"
+        return None
+
+
+@dataclass(frozen=True)
+class GovernorSection:
+    """How the daemon trades precision for thermal headroom and energy."""
+
+    policy: Literal["step_wise", "power_allocator", "off"] = "step_wise"
+    tick_s: float = 1.0
+    rate_hz: float = 10.0  # the inference rate rung powers are computed at
+    energy: bool = True  # battery devices: also run the energy-neutral budget
+
+    def validate(self) -> tuple[str, str] | None:
+        if self.tick_s <= 0 or self.rate_hz <= 0:
+            return "tick_s", "tick_s and rate_hz must be > 0"
+        return None
+
+
+@dataclass(frozen=True)
+class SimulatorConfig:
+    """Run the device simulator in-process: it writes the sysfs tree the sensors read."""
+
+    enabled: bool = False
+    scenario: Literal["cool", "warm", "hot", "sun"] = "sun"
+    speed: float = 1.0  # simulated seconds per real second
+    start_hour: float = 9.0  # simulated time of day at start
+    root: str = ""  # where to write the tree; empty = <state_dir>/sim-sysfs
+
+    def validate(self) -> tuple[str, str] | None:
+        if self.speed <= 0:
+            return "speed", f"must be > 0, got {self.speed}"
+        return None
+
+
+@dataclass(frozen=True)
+class DaemonConfig:
+    """`edgerun serve` itself."""
+
+    state_dir: str = "~/.local/state/edgerun"  # outbox, folder state, simulator tree
+    queue_size: int = 4
+    reprofile_temp_delta_c: float = 15.0  # re-profile when this far from the profiling temp
+    slow_factor: float = 1.5  # p95 this many times the profile's: report throttling
+
+    def validate(self) -> tuple[str, str] | None:
+        if self.queue_size < 1:
+            return "queue_size", f"must be >= 1, got {self.queue_size}"
         return None
 
 
@@ -128,6 +179,10 @@ class Config:
     backends: BackendsConfig = field(default_factory=BackendsConfig)
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     coordinator: CoordinatorConfig = field(default_factory=CoordinatorConfig)
+    source: SourceConfig = field(default_factory=SourceConfig)
+    governor: GovernorSection = field(default_factory=GovernorSection)
+    simulator: SimulatorConfig = field(default_factory=SimulatorConfig)
+    daemon: DaemonConfig = field(default_factory=DaemonConfig)
 
 
 def load(path: str | Path | None) -> Config:

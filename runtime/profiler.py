@@ -183,20 +183,26 @@ class Profiler:
         )
 
 
-def profile_all(backends: list[Backend], models: list[ModelFile], threads: tuple[int, ...],
-                backends_cfg, profiler: Profiler, fresh: bool = False,
-                progress: Callable[[int, int, str], None] | None = None) -> list[Profile]:
-    """Profile every variant of every model form on every backend; failures are profiles too."""
+def plan(backends: list[Backend], models: list[ModelFile], threads: tuple[int, ...],
+         backends_cfg) -> list[tuple[Backend, Device, Variant]]:
+    """Every (backend, device, variant) to profile for these model forms."""
     work: list[tuple[Backend, Device, Variant]] = []
     for b in backends:
         devices = {d.id: d for d in b.devices()}
         for m in models:
             for v in b.variants(m, backends_cfg, threads):
                 work.append((b, devices[v.device], v))
+    return work
+
+
+def profile_all(backends: list[Backend], models: list[ModelFile], threads: tuple[int, ...],
+                backends_cfg, profiler: Profiler, fresh: bool = False,
+                progress: Callable[[int, int, str], None] | None = None) -> list[Profile]:
+    """Profile every variant of every model form on every backend; failures are profiles too."""
+    work = plan(backends, models, threads, backends_cfg)
     out = []
     for i, (b, d, v) in enumerate(work, start=1):
         if progress:
             progress(i, len(work), v.id)
         out.append(profiler.profile(b, d, v, fresh=fresh))
     return out
-

@@ -21,8 +21,9 @@ REGISTRY = {
 def discover(cfg: BackendsConfig) -> list[Backend]:
     """Instantiate every enabled backend whose library imports and which has a device."""
     found: list[Backend] = []
-    for name in cfg.enabled:
-        module, cls = REGISTRY[name]
+    specs = [(name, *REGISTRY[name]) for name in cfg.enabled]
+    specs += [(p, *p.split(":")) for p in cfg.plugins]
+    for name, module, cls in specs:
         try:
             backend_cls = getattr(importlib.import_module(module), cls)
             backend = (backend_cls(cfg.openvino.cache_dir) if name == "openvino"

@@ -1,0 +1,526 @@
+"""`edgerun serve`: the long-running appliance process.
+
+Start-up order (each step logs; a failure says which step and why):
+config -> device profile -> simulator (if enabled) -> sensors -> outbox -> model manifest and
+profiles (cached) -> selector and ladder -> first session loaded and warmed -> pipeline ->
+MQTT publisher -> READY=1.
+
+The main thread then runs the control loop: governor + energy budget every `governor.tick_s`
+(pure decisions from power/), commands from the publisher's queue, health every
+`telemetry.health_interval_s`, WATCHDOG=1 only while the infer loop's heartbeat is fresh, and
+signals: SIGTERM drains in-flight frames and stops; SIGHUP reloads the config (an invalid file
+is reported and the old config kept).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import queue
+import signal
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from power import governor as gov
+from power.device import DeviceProfile, load_profile
+from power.sensors import SensorSet, detect_meter
+from runtime import __version__
+from runtime.backends import discover
+from runtime.config import Config, ConfigError, load
+from runtime.manifest import load_manifest, model_files
+from runtime.pipeline import Active, Pipeline
+from runtime.profiler import Profiler, default_threads, plan
+from runtime.selector import Constraints, NoVariantError, Profile, Rung, ladder, select
+from runtime.selector import select_for_budget as fit_budget
+from runtime.sources import open_source
+from runtime.systemd import Notifier
+from runtime.telemetry.client import Publisher, device_id
+from runtime.telemetry.commands import Command
+from runtime.telemetry.outbox import Outbox
+
+log = logging.getLogger("edgerun.daemon")
+
+
+def versions() -> dict[str, str]:
+    """Versions of edgerun and the engines, for birth and health."""
+    out = {"edgerun": __version__}
+    for mod, name in (("onnxruntime", "onnxruntime"), ("openvino", "openvino"),
+                      ("cv2", "opencv")):
+        try:
+            out[name] = str(__import__(mod).__version__)
+        except Exception:  # an engine that is not installed has no version to report
+            continue
+    return out
+
+
+def ladder_for(profiles: list[Profile], c: Constraints) -> tuple[list[Rung], str]:
+    """Rungs the governor may use (cheapest first) and the selector's reason.
+
+    The top rung is the selector's choice (lowest energy meeting latency and accuracy floor);
+    below it, the cheaper frontier variants that still meet the latency target: the governor
+    trades accuracy below the operator's floor only to protect the device.
+    """
+    choice = select(profiles, c)
+    meets = [p for p in profiles if p.ok and p.latency(c.percentile) <= c.latency_ms]
+    rungs = [r for r in ladder(meets, c.percentile) if r.energy_j <= choice.profile.energy_mj / 1e3]
+    top = ladder([choice.profile], c.percentile)[0]
+    rungs = [r for r in rungs if r.variant_id != top.variant_id] + [top]
+    return rungs, choice.reason
+
+
+class Daemon:
+    """One `edgerun serve` process (see module docstring)."""
+
+    def __init__(self, cfg: Config, config_path: Path | None = None):
+        self.cfg = cfg
+        self.config_path = config_path
+        self.notify = Notifier()
+        self.state_dir = Path(cfg.daemon.state_dir).expanduser()
+        self.started = time.monotonic()
+        self._stop = threading.Event()
+        self._reload = threading.Event()
+        self._events: list[dict] = []
+        self.sim = None
+        self.publisher: Publisher | None = None
+        self.current = 0
+        self.last_change = -math.inf
+        self.gstate = gov.GovernorState()
+        self.decision = gov.Decision(math.inf, reason="start")
+        self.reading = None
+        self._last_problems: tuple[str, ...] = ()
+        self._reprofiling = threading.Lock()
+        self._last_reprofile = -math.inf
+
+    # -- start-up --------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Bring every part up in order; raises with the failing step named."""
+        cfg = self.cfg
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.device: DeviceProfile = load_profile(cfg.device.profile)
+        root = Path(cfg.device.sysfs_root)
+        if cfg.simulator.enabled:
+            from runtime.simdevice import SimulatedDevice
+
+            root = Path(cfg.simulator.root or self.state_dir / "sim-sysfs")
+            self.sim = SimulatedDevice(self.device, root, cfg.simulator.scenario,
+                                       cfg.simulator.speed, cfg.simulator.start_hour,
+                                       self._load_w)
+            log.info("simulated %s, scenario %s at %gx, sysfs tree %s", self.device.name,
+                     cfg.simulator.scenario, cfg.simulator.speed, root)
+        th = self.device.thermal
+        clock = (lambda: self.sim.plant.s.t) if self.sim else time.monotonic
+        self.sensors = SensorSet(root, th.zone if th else "",
+                                 self.device.sensors.battery or (
+                                     self.device.battery.path if self.device.battery else ""),
+                                 self.device.solar.path if self.device.solar else "", clock)
+        self.meter = detect_meter(root, self.device)
+        self.outbox = Outbox(cfg.telemetry.outbox, on_event=self._outbox_event)
+        if (ev := self.outbox.take_startup_event()) is not None:
+            self.event(ev.pop("type"), "critical", **ev)
+        self.device_id = device_id(cfg.telemetry)
+        model_path = Path(cfg.model.path) if cfg.model.path else _bundled_model()
+        self._load_model(model_path)
+        self.pipeline = Pipeline(lambda: open_source(cfg.source, self.state_dir,
+                                                     cfg.telemetry.broker, self.device_id),
+                                 self.manifest, self.outbox.append, self._pipeline_event,
+                                 cfg.daemon.queue_size)
+        self.pipeline.latency_target_ms = cfg.constraints.latency_ms
+        self.pipeline.start(self._session(len(self.rungs) - 1))
+        self.current = len(self.rungs) - 1
+        if self.sim:
+            self.sim.start()
+        if cfg.telemetry.broker.host:
+            self.publisher = Publisher(cfg.telemetry, self.outbox, self._birth)
+            self.publisher.start()
+        else:
+            log.info("no telemetry.broker.host: results are kept in the outbox only")
+        self.notify.ready(self.status_line())
+        log.info("ready in %.2f s: %s", time.monotonic() - self.started, self.status_line())
+
+    def _load_model(self, path: Path, fresh: bool = False) -> None:
+        """Manifest, backends, profiles (cached unless `fresh`) and ladder; all or nothing."""
+        cfg = self.cfg
+        manifest = load_manifest(path)
+        forms = model_files(manifest)
+        backends = discover(cfg.backends)
+        threads = cfg.backends.threads or default_threads()
+        work = plan(backends, forms, threads, cfg.backends)
+        profiler = Profiler(cfg.profiler, self.meter, self.device.name)
+        t0 = time.monotonic()
+        profiles = [profiler.profile(b, d, v, fresh=fresh) for b, d, v in work]
+        log.info("%d variants of %s profiled in %.1f s (%d failed)", len(profiles),
+                 manifest.name, time.monotonic() - t0, sum(1 for p in profiles if not p.ok))
+        ladder_for(profiles, self._constraints())  # raises NoVariantError before any change
+        self.manifest, self.backends, self.profiles = manifest, backends, profiles
+        self._loaders = {v.id: (b, v) for b, _, v in work}
+        self.profile_temp = self.sensors.read().temp_c
+        self._build_ladder()
+
+    def _constraints(self) -> Constraints:
+        c = self.cfg.constraints
+        return Constraints(latency_ms=c.latency_ms, percentile=c.percentile,
+                           accuracy_floor=c.accuracy_floor)
+
+    def _build_ladder(self) -> None:
+        self.rungs, self.choice_reason = ladder_for(self.profiles, self._constraints())
+        self.by_id = {p.variant_id: p for p in self.profiles}
+        log.info("choice: %s; ladder (cheapest first): %s", self.choice_reason,
+                 ", ".join(f"{r.variant_id} acc {r.accuracy:.3f} {r.energy_j * 1e3:.2f} mJ"
+                           for r in self.rungs))
+        th = self.device.thermal
+        self.gcfg = None
+        if th is not None and self.cfg.governor.policy != "off":
+            from power.closed_loop import governor_config
+
+            self.gcfg = governor_config(self.device, self.rungs, self.cfg.governor.rate_hz,
+                                        self.cfg.governor.policy)
+        self.ecfg = self.estate = None
+        if self.device.battery is not None and self.cfg.governor.energy:
+            from power import energy
+
+            b = self.device.battery
+            self.ecfg = energy.EnergyConfig(b.capacity_wh, self.device.power.idle_w,
+                                            self.rungs[-1].power_w(self.cfg.governor.rate_hz),
+                                            b.reserve_frac, b.charge_efficiency)
+            self.estate = energy.initial_state(self.ecfg)
+
+    def _session(self, rung: int) -> Active:
+        """Load and warm the session of a rung (the caller swaps it in)."""
+        vid = self.rungs[rung].variant_id
+        backend, variant = self._loaders[vid]
+        session = backend.load(variant)
+        warm = self.manifest.preprocess.apply(
+            _grey(variant.model.input_shape, self.manifest.preprocess), variant.model.input_shape)
+        for _ in range(3):
+            session.infer(warm)
+        return Active(rung, vid, session, variant.model.input_shape)
+
+    # -- events and health -------------------------------------------------------------------
+
+    def event(self, type_: str, severity: str = "info", **fields: Any) -> None:
+        """Record an event for the operator (log + outbox)."""
+        ev = {"v": 1, "t": time.time(), "type": type_, "severity": severity, **fields}
+        try:
+            self.outbox.put("event", ev)
+        except Exception as e:  # the outbox itself failing is logged, never raised here
+            log.error("could not queue event %s: %s", type_, e)
+
+    def _outbox_event(self, ev: dict) -> None:
+        self.event(ev.pop("type"), "warning", **ev)
+
+    def _pipeline_event(self, ev: dict) -> None:
+        self.event(ev.pop("type"), ev.pop("severity", "warning"), **ev)
+
+    def _load_w(self) -> float:
+        """Dynamic power of the inference load now: rung energy x measured rate."""
+        a = self.pipeline.active if hasattr(self, "pipeline") else None
+        if a is None:
+            return 0.0
+        rate = self.pipeline.stats()["rate_hz"]
+        return self.rungs[min(a.rung, len(self.rungs) - 1)].energy_j * rate
+
+    def _birth(self) -> dict[str, Any]:
+        a = self.pipeline.active
+        return {"versions": versions(), "model": self.manifest.name,
+                "choice": a.variant_id if a else ""}
+
+    def status_line(self) -> str:
+        """One line for systemd STATUS= and the log."""
+        a = self.pipeline.active
+        temp = self.reading.temp_c if self.reading else None
+        return (f"{a.variant_id if a else '-'} rung {self.current + 1}/{len(self.rungs)}"
+                + (f", {temp:.1f} °C" if temp is not None else "")
+                + (f", {self.decision.reason}" if self.decision.reason else ""))
+
+    def health(self) -> dict[str, Any]:
+        """Everything an operator needs to judge this device at a glance."""
+        r = self.reading
+        th = self.device.thermal
+        a = self.pipeline.active
+        prof = self.by_id.get(a.variant_id) if a else None
+        h = {
+            "v": 1, "t": time.time(), "boot": self.outbox.boot,
+            "uptime_s": round(time.monotonic() - self.started, 1),
+            "temp_c": r.temp_c if r else None,
+            "passive_trip_c": th.trip("passive").temp_c if th else None,
+            "throttled": bool(r and r.temp_c is not None and th
+                              and r.temp_c >= th.trip("hot").temp_c),
+            "battery_frac": r.battery_frac if r else None,
+            "sensor_problems": list(r.problems) if r else [],
+            "model": self.manifest.name, "choice": a.variant_id if a else "",
+            "choice_reason": self.choice_reason,
+            "rung": self.current, "rungs": len(self.rungs),
+            "accuracy": self.rungs[self.current].accuracy,
+            "energy_mj": prof.energy_mj if prof else None, "energy_source": self.meter.source,
+            "governor": {"policy": self.cfg.governor.policy, "level": self.decision.level,
+                         "budget_w": None if math.isinf(self.decision.budget_w)
+                         else round(self.decision.budget_w, 4),
+                         "reason": self.decision.reason},
+            "rate_cap_hz": self.pipeline.rate_cap_hz or None,
+            "pipeline": self.pipeline.stats(), "backlog": self.outbox.stats(),
+        }
+        h["slo"] = h["pipeline"].pop("slo")
+        if self.publisher:
+            s = self.publisher.stats
+            h["mqtt"] = {"connected": s.connected, "acked_seq": s.acked_seq,
+                         "resends": s.resends, "commands_refused": s.commands_refused}
+        if self.sim:
+            h["simulated"] = {"t": self.sim.plant.s.t, "ambient_c": round(
+                self.sim.plant.ambient_c(self.sim.plant.s.t), 2)}
+        return h
+
+    # -- control ------------------------------------------------------------------------------
+
+    def control_tick(self) -> None:
+        """Read sensors, step the governor (+ energy budget), move along the ladder."""
+        r = self.sensors.read()
+        self.reading = r
+        if r.problems != self._last_problems:
+            if r.problems:
+                log.warning("sensor problem (the governor fails safe): %s", "; ".join(r.problems))
+                self.event("sensor_invalid", "warning", problems=list(r.problems))
+            else:
+                self.event("sensor_recovered", "info")
+            self._last_problems = r.problems
+        decision = gov.Decision(math.inf, reason="")
+        if self.gcfg is not None:
+            self.gstate, decision = gov.step(self.gstate, r, self.gcfg)
+        if self.ecfg is not None and self.estate is not None:
+            from power import energy
+
+            self.estate, edec = energy.step(self.estate, r, self.ecfg)
+            decision = gov.combine(decision, edec)
+        for e in decision.events:
+            self.event("governor", "warning", detail=e)
+        self.decision = decision
+        rate = self.cfg.governor.rate_hz
+        proposed, fit_rate = fit_budget(self.rungs, decision.budget_w, rate, self.current)
+        dwell = self.gcfg.dwell_s if self.gcfg else 0.0
+        chosen = gov.hold_upgrade(self.current, proposed, r.t, self.last_change, dwell)
+        cap = min(decision.rate_cap_hz, fit_rate)
+        self.pipeline.rate_cap_hz = cap if cap < rate else 0.0
+        if chosen != self.current:
+            self._move(chosen, r.t, decision.reason or "budget")
+        self._check_conditions(r.temp_c)
+
+    def _move(self, rung: int, t: float, why: str) -> None:
+        old = self.rungs[self.current].variant_id
+        try:
+            active = self._session(rung)
+        except Exception as e:  # a variant that will not load is reported; stay where we are
+            log.error("cannot switch to %s: %s; staying on %s", self.rungs[rung].variant_id, e,
+                      old)
+            self.event("switch_failed", "warning", variant=self.rungs[rung].variant_id,
+                       error=str(e)[:300])
+            return
+        self.pipeline.switch(active)
+        log.info("rung %d -> %d: %s -> %s (%s)", self.current, rung, old, active.variant_id, why)
+        self.event("rung_changed", "info", **{"from": old, "to": active.variant_id,
+                                              "rung": rung, "reason": why})
+        self.current, self.last_change = rung, t
+        self.notify.status(self.status_line())
+        if self.publisher:
+            self.publisher.request_rebirth()
+
+    def _check_conditions(self, temp: float | None) -> None:
+        """Re-profile when the temperature moved far from the profiling one, or inference
+        became slower than profiled (throttling); at most once per 10 minutes."""
+        if time.monotonic() - self._last_reprofile < 600:
+            return
+        why = None
+        if temp is not None and self.profile_temp is not None and abs(
+                temp - self.profile_temp) > self.cfg.daemon.reprofile_temp_delta_c:
+            why = f"temperature {temp:.1f} °C, profiled at {self.profile_temp:.1f} °C"
+        a = self.pipeline.active
+        p95 = self.pipeline.stats()["latency_ms"]["p95"]
+        prof = self.by_id.get(a.variant_id) if a else None
+        if prof and p95 and len(self.pipeline.latencies) >= 50 and (
+                p95 > self.cfg.daemon.slow_factor * prof.latency(95)):
+            why = (f"p95 {p95:.2f} ms vs {prof.latency(95):.2f} ms profiled: the device is "
+                   "slower than when profiled (throttling?)")
+            self.event("slow_inference", "warning", variant=a.variant_id, p95_ms=p95)
+        if why:
+            self.reprofile(why)
+
+    def reprofile(self, why: str) -> None:
+        """Measure every variant again in the background and rebuild the ladder."""
+        if not self._reprofiling.acquire(blocking=False):
+            return
+        self._last_reprofile = time.monotonic()
+        log.info("re-profiling: %s", why)
+        self.event("reprofile", "info", reason=why)
+
+        def work() -> None:
+            try:
+                self._load_model(self.manifest.root, fresh=True)
+                self.current = min(self.current, len(self.rungs) - 1)
+                t = self.reading.t if self.reading else 0.0
+                self._move(len(self.rungs) - 1, t, "re-profiled")
+            except Exception as e:
+                log.exception("re-profiling failed; keeping the old profiles")
+                self.event("reprofile_failed", "warning", error=str(e)[:300])
+            finally:
+                self._reprofiling.release()
+
+        threading.Thread(target=work, name="reprofile", daemon=True).start()
+
+    # -- commands and reload ------------------------------------------------------------------
+
+    def handle(self, cmd: Command) -> None:
+        """Apply a verified command (the publisher already replied 'accepted')."""
+        log.info("command %s %s", cmd.name, cmd.args)
+        c = self.cfg.constraints
+        if cmd.name == "set_latency_target":
+            self._set_constraints(replace(c, latency_ms=cmd.args["ms"]))
+        elif cmd.name == "set_accuracy_floor":
+            self._set_constraints(replace(c, accuracy_floor=cmd.args["value"]))
+        elif cmd.name == "set_rate":
+            self.cfg = replace(self.cfg, source=replace(self.cfg.source, rate_hz=cmd.args["fps"]))
+            self.pipeline.rate_cap_hz = cmd.args["fps"]
+        elif cmd.name == "reprofile":
+            self._last_reprofile = -math.inf
+            self.reprofile("operator command")
+        elif cmd.name == "choose_model":
+            target = self.manifest.root.parent / cmd.args["name"]
+            try:
+                self._switch_model(target)
+            except Exception as e:
+                self.event("command_failed", "warning", command=cmd.name, error=str(e)[:300])
+                return
+        self.event("command_applied", "info", command=cmd.name, args=cmd.args, id=cmd.id)
+
+    def _set_constraints(self, c) -> None:
+        old = self.cfg
+        self.cfg = replace(self.cfg, constraints=c)
+        try:
+            self._build_ladder()
+        except NoVariantError as e:
+            self.cfg = old
+            self._build_ladder()
+            raise ValueError(str(e)) from e
+        self.pipeline.latency_target_ms = c.latency_ms
+        self.current = len(self.rungs) - 1
+        self._move(self.current, self.reading.t if self.reading else 0.0, "new constraints")
+
+    def _switch_model(self, path: Path) -> None:
+        self._load_model(path)
+        self.pipeline.set_manifest(self.manifest)
+        self.current = len(self.rungs) - 1
+        self._move(self.current, self.reading.t if self.reading else 0.0, "model chosen")
+
+    def reload(self) -> None:
+        """SIGHUP: re-read the config; keep the old one (and say why) if it is invalid."""
+        if self.config_path is None:
+            log.warning("SIGHUP without --config: nothing to reload")
+            return
+        try:
+            new = load(self.config_path)
+        except ConfigError as e:
+            log.error("config reload refused, still running with the previous config: %s", e)
+            self.event("config_reload_failed", "warning", error=str(e))
+            return
+        restart = [k for k in ("device", "model", "source", "telemetry", "simulator", "daemon",
+                               "backends", "profiler") if getattr(new, k) != getattr(self.cfg, k)]
+        self.cfg = replace(self.cfg, constraints=new.constraints, governor=new.governor)
+        self._build_ladder()
+        self.pipeline.latency_target_ms = new.constraints.latency_ms
+        self.current = min(self.current, len(self.rungs) - 1)
+        log.info("config reloaded (constraints and governor applied)%s",
+                 f"; changes to {', '.join(restart)} need a restart" if restart else "")
+        self.event("config_reloaded", "info", needs_restart=restart)
+
+    # -- main loop ----------------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Run until SIGTERM/SIGINT; returns the exit code."""
+        signal.signal(signal.SIGTERM, lambda *_: self._stop.set())
+        signal.signal(signal.SIGINT, lambda *_: self._stop.set())
+        signal.signal(signal.SIGHUP, lambda *_: self._reload.set())
+        tick = self.cfg.governor.tick_s
+        next_tick = next_health = last_beat = 0.0
+        status = ""
+        while not self._stop.wait(0.05):
+            now = time.monotonic()
+            if self._reload.is_set():
+                self._reload.clear()
+                self.reload()
+            self._drain_commands()
+            if now >= next_tick:
+                next_tick = now + tick
+                try:
+                    self.control_tick()
+                except Exception as e:  # the control loop must survive its own bugs
+                    log.exception("control tick failed")
+                    self.event("control_failed", "critical", error=str(e)[:300])
+            if now >= next_health:
+                next_health = now + self.cfg.telemetry.health_interval_s
+                self.outbox.put("health", self.health())
+            wd = self.notify.watchdog_s
+            if wd and now - last_beat >= wd / 4 and now - self.pipeline.heartbeat < wd / 2:
+                self.notify.watchdog()  # only while the infer loop is alive
+                last_beat = now
+            if (line := self.status_line()) != status:
+                status = line
+                self.notify.status(line)
+        self.stop()
+        return 0
+
+    def _drain_commands(self) -> None:
+        if self.publisher is None:
+            return
+        while True:
+            try:
+                cmd = self.publisher.commands.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                self.handle(cmd)
+            except Exception as e:  # a command must never take the daemon down
+                log.error("command %s failed: %s", cmd.name, e)
+                self.event("command_failed", "warning", command=cmd.name, error=str(e)[:300])
+
+    def stop(self) -> None:
+        """Drain in-flight frames (their results are stored), say offline, close."""
+        self.notify.stopping()
+        log.info("stopping: draining in-flight frames")
+        self.pipeline.stop()
+        if self.sim:
+            self.sim.stop()
+        if self.publisher:
+            self.publisher.stop()
+        stats = self.outbox.stats()
+        self.outbox.close()
+        log.info("stopped; %d results not yet acked stay in the outbox for the next start",
+                 stats["results_held"])
+
+
+def _grey(shape: tuple[int, ...], pre) -> Any:
+    import numpy as np
+
+    h, w = pre.hw(shape)
+    return np.full((h, w, 3), 128, np.uint8)
+
+
+def _bundled_model() -> Path:
+    from models import bundled
+
+    return bundled()
+
+
+def serve(config_path: Path | None) -> int:
+    """Entry point of `edgerun serve`."""
+    cfg = load(config_path)
+    daemon = Daemon(cfg, config_path)
+    try:
+        daemon.start()
+    except Exception:
+        Notifier().status("start-up failed; see the journal")
+        raise
+    return daemon.run()
+
+
+__all__ = ["Daemon", "ladder_for", "serve", "versions"]

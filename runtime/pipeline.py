@@ -1,0 +1,247 @@
+"""capture -> preprocess -> infer -> postprocess -> outbox, on named threads with bounded queues.
+
+- `capture` reads the source; live sources drop the oldest queued frame when the pipeline is
+  behind (counted), folder and trigger sources block instead (never dropped). A failing source
+  is re-opened with backoff and reported; the other threads keep running.
+- `preprocess` applies the manifest's preprocessing for the active variant's input shape.
+- `infer` runs the active session, maps the output to label and score, and appends the result
+  to the outbox (durable before the source is told the frame is done).
+
+Switching variant: the caller loads and warms the new session first, then `switch()` hands it
+over; the infer thread swaps between two frames and closes the old one. No frame waits for a
+model load. Each result records the variant and rung that produced it.
+
+`heartbeat` is the monotonic time of the infer loop's last iteration: a hung inference stops
+it, which is what the systemd watchdog is fed from.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from runtime.backends.base import Session
+from runtime.manifest import Manifest, postprocess
+from runtime.sources import Frame, Source, SourceError
+
+log = logging.getLogger("edgerun.pipeline")
+
+
+@dataclass
+class Active:
+    """The variant the infer thread runs."""
+
+    rung: int
+    variant_id: str
+    session: Session
+    input_shape: tuple[int, ...]
+
+
+class Pipeline:
+    """See module docstring."""
+
+    def __init__(self, open_source: Callable[[], Source], manifest: Manifest,
+                 sink: Callable[[dict[str, Any]], int], on_event: Callable[[dict], None],
+                 queue_size: int = 4):
+        self._open_source = open_source
+        self._manifest = manifest
+        self._sink = sink
+        self._event = on_event
+        self._frames: queue.Queue = queue.Queue(maxsize=queue_size)
+        self._tensors: queue.Queue = queue.Queue(maxsize=queue_size)
+        self._active: Active | None = None
+        self._next: Active | None = None
+        self._lock = threading.Lock()
+        self._stop_capture = threading.Event()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.source: Source | None = None
+        self.heartbeat = time.monotonic()
+        self.busy_since: float | None = None  # set while an inference runs
+        self.rate_cap_hz = 0.0  # 0 = no cap (governor/energy decisions set it)
+        self.counters: collections.Counter = collections.Counter()
+        self.latencies: collections.deque = collections.deque(maxlen=2000)  # (t, ms, met)
+        self.latency_target_ms = float("inf")
+        self.last_result: dict[str, Any] | None = None
+
+    # -- control (any thread) -------------------------------------------------------------
+
+    def start(self, active: Active) -> None:
+        """Start the threads running `active`."""
+        self._active = active
+        for name, fn in (("capture", self._capture), ("preprocess", self._preprocess),
+                         ("infer", self._infer)):
+            t = threading.Thread(target=fn, name=name, daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    @property
+    def active(self) -> Active | None:
+        """The variant running now (the pending one once it has been swapped in)."""
+        return self._active
+
+    def switch(self, new: Active) -> None:
+        """Hand over an already loaded and warmed session; swapped between frames."""
+        with self._lock:
+            if self._next is not None:  # superseded before it was swapped in
+                self._next.session.close()
+            self._next = new
+
+    def set_manifest(self, manifest: Manifest) -> None:
+        """Use another model's pre/post-processing (call `switch` with its session next)."""
+        self._manifest = manifest
+
+    def stop(self, drain_timeout_s: float = 10.0) -> None:
+        """Stop capturing, let queued frames finish (their results are stored), stop."""
+        self._stop_capture.set()
+        deadline = time.monotonic() + drain_timeout_s
+        while time.monotonic() < deadline and (
+                not self._frames.empty() or not self._tensors.empty() or self.busy_since):
+            time.sleep(0.02)
+        self._stop.set()
+        for t in self._threads:
+            t.join(2)
+        with self._lock:
+            for a in (self._active, self._next):
+                if a is not None:
+                    a.session.close()
+        if self.source is not None:
+            self.source.close()
+
+    def stats(self) -> dict[str, Any]:
+        """Counters, recent rate and latency percentiles, SLO compliance."""
+        now = time.time()
+        recent = [(t, ms, met) for t, ms, met in list(self.latencies) if now - t <= 30]
+        ms = np.array([m for _, m, _ in recent]) if recent else np.array([])
+        span = (now - recent[0][0]) if len(recent) > 1 else 0.0
+        return {
+            **dict(self.counters),
+            "rate_hz": (len(recent) - 1) / span if span > 0 else 0.0,
+            "latency_ms": {"p50": float(np.percentile(ms, 50)) if len(ms) else None,
+                           "p95": float(np.percentile(ms, 95)) if len(ms) else None},
+            "slo": {"target_ms": self.latency_target_ms,
+                    "compliance": (sum(1 for *_, met in recent if met) / len(recent))
+                    if recent else None},
+        }
+
+    # -- threads -----------------------------------------------------------------------------
+
+    def _capture(self) -> None:
+        delay = 0.5
+        while not self._stop_capture.is_set():
+            if self.source is None:
+                try:
+                    self.source = self._open_source()
+                    delay = 0.5
+                except SourceError as e:
+                    self._source_failed(str(e), delay)
+                    delay = min(delay * 2, 30.0)
+                    continue
+            try:
+                frame = self.source.read(0.5)
+            except SourceError as e:
+                self.source.close()
+                self.source = None
+                self._source_failed(str(e), delay)
+                delay = min(delay * 2, 30.0)
+                continue
+            if frame is None:
+                continue
+            self.counters["frames"] += 1
+            if self.source.live and self._frames.full():
+                try:  # latest wins: drop the oldest waiting frame
+                    self._frames.get_nowait()
+                    self.counters["dropped_stale"] += 1
+                except queue.Empty:
+                    pass
+            self._put(self._frames, frame)
+            if self.rate_cap_hz > 0:
+                self._stop_capture.wait(1.0 / self.rate_cap_hz)
+
+    def _source_failed(self, why: str, delay: float) -> None:
+        self.counters["source_errors"] += 1
+        log.warning("source failed: %s; retrying in %.1f s (the daemon keeps running)", why,
+                    delay)
+        self._event({"type": "source_failed", "severity": "warning", "error": why,
+                     "retry_s": round(delay, 1)})
+        self._stop_capture.wait(delay)
+
+    def _put(self, q: queue.Queue, item: Any) -> None:
+        while not self._stop.is_set():
+            try:
+                q.put(item, timeout=0.2)
+                return
+            except queue.Full:
+                continue
+
+    def _preprocess(self) -> None:
+        while not self._stop.is_set():
+            try:
+                frame: Frame = self._frames.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            shape = (self._next or self._active).input_shape  # type: ignore[union-attr]
+            try:
+                tensor = self._manifest.preprocess.apply(frame.image, shape)
+            except (ValueError, Exception) as e:  # a broken frame is skipped, not fatal
+                self.counters["bad_frames"] += 1
+                log.warning("frame %s skipped: %s", frame.ref, e)
+                continue
+            self._put(self._tensors, (frame, tensor, shape))
+
+    def _infer(self) -> None:
+        while not self._stop.is_set():
+            self.heartbeat = time.monotonic()
+            try:
+                frame, tensor, shape = self._tensors.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            with self._lock:
+                if self._next is not None:
+                    old, self._active, self._next = self._active, self._next, None
+                    if old is not None:
+                        old.session.close()
+            active = self._active
+            assert active is not None
+            if shape != active.input_shape:  # preprocessed for the variant just replaced
+                tensor = self._manifest.preprocess.apply(frame.image, active.input_shape)
+            self.busy_since = time.monotonic()
+            t0 = time.perf_counter()
+            try:
+                out = active.session.infer(tensor)
+            except Exception as e:
+                self.busy_since = None
+                self.counters["infer_errors"] += 1
+                log.error("inference failed on %s with %s: %s", frame.ref, active.variant_id, e)
+                self._event({"type": "inference_failed", "severity": "warning",
+                             "variant": active.variant_id, "error": str(e)[:300]})
+                continue
+            ms = (time.perf_counter() - t0) * 1e3
+            label, score = postprocess(out, self._manifest)[0]
+            result = {"t": frame.t, "ref": frame.ref, "label": label, "score": round(score, 5),
+                      "variant": active.variant_id, "rung": active.rung,
+                      "latency_ms": round(ms, 3)}
+            if frame.truth is not None:
+                result["truth"] = frame.truth
+            try:
+                result["seq"] = self._sink(result)
+            except Exception as e:  # disk full, database locked: keep the frame for retry
+                self.counters["store_errors"] += 1
+                log.error("could not store the result of %s: %s", frame.ref, e)
+                self._event({"type": "store_failed", "severity": "critical", "error": str(e)})
+                self.busy_since = None
+                continue
+            self.busy_since = None
+            if self.source is not None:
+                self.source.done(frame)
+            self.counters["results"] += 1
+            self.latencies.append((time.time(), ms, ms <= self.latency_target_ms))
+            self.last_result = result

@@ -1,0 +1,311 @@
+"""Frame sources: synthetic conveyor, image folder (watch mode), OpenCV capture, MQTT trigger.
+
+Every source yields `Frame`s from `read(timeout)` (None when nothing arrived in time) and
+raises `SourceError` for a failure worth reporting (camera unplugged, stream down); the
+pipeline's capture thread retries with backoff and reports an event, the rest of the daemon
+keeps running. `live` sources may have stale frames dropped by the pipeline (latest wins);
+folder and trigger sources are never dropped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import queue
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, Protocol
+
+import cv2
+import numpy as np
+
+log = logging.getLogger("edgerun.source")
+
+
+class SourceError(Exception):
+    """The source failed; the message says what and where."""
+
+
+@dataclass(frozen=True)
+class SourceConfig:
+    """The `[source]` section."""
+
+    kind: Literal["synthetic", "folder", "capture", "trigger"] = "synthetic"
+    rate_hz: float = 10.0  # synthetic: frames per second (0 = as fast as possible)
+    seed: int = 0
+    defect_rate: float = 0.2  # synthetic: share of parts with a defect
+    size: int = 96  # synthetic: frame size in pixels
+    path: str = ""  # folder: directory; capture: device index, file or URL
+    watch: bool = True  # folder: keep watching for new files
+    done_dir: str = ""  # folder: move inspected files here (empty: remember them instead)
+    topic: str = ""  # trigger: MQTT topic; payload = image bytes (PNG/JPEG) or a file path
+
+    def validate(self) -> tuple[str, str] | None:
+        if self.kind in ("folder", "capture") and not self.path:
+            return "path", f"source kind {self.kind!r} needs a path"
+        if self.kind == "trigger" and not self.topic:
+            return "topic", "source kind 'trigger' needs an MQTT topic"
+        if not 0 <= self.defect_rate <= 1:
+            return "defect_rate", f"must be within 0..1, got {self.defect_rate}"
+        return None
+
+
+@dataclass
+class Frame:
+    """One image to inspect."""
+
+    image: np.ndarray  # HxWx3 uint8 BGR
+    ref: str  # where it came from: file name, frame number, trigger id
+    t: float = field(default_factory=time.time)
+    truth: str | None = None  # synthetic frames know their class (for live accuracy)
+    done: object = None  # folder: callback key, marked done once the result is stored
+
+
+class Source(Protocol):
+    """What the pipeline needs from a source."""
+
+    live: bool
+
+    def read(self, timeout_s: float) -> Frame | None:
+        """The next frame, or None when nothing arrived within the timeout."""
+        ...
+
+    def done(self, frame: Frame) -> None:
+        """The frame's result is durable (folder sources remember it then)."""
+        ...
+
+    def close(self) -> None:
+        """Release the device, file or subscription."""
+        ...
+
+
+class SyntheticConveyor:
+    """Parts from the bundled model's dataset generator at a steady rate (a simulated camera)."""
+
+    live = True
+
+    def __init__(self, cfg: SourceConfig):
+        from models.synthetic import CLASSES, render
+
+        self._render, self._classes = render, CLASSES
+        self._cfg = cfg
+        self._rng = np.random.default_rng(cfg.seed)
+        self._n = 0
+        self._next_t = time.monotonic()
+
+    def read(self, timeout_s: float) -> Frame | None:
+        """Render the next part; paced to `rate_hz`."""
+        if self._cfg.rate_hz > 0:
+            wait = self._next_t - time.monotonic()
+            if wait > timeout_s:
+                time.sleep(timeout_s)
+                return None
+            if wait > 0:
+                time.sleep(wait)
+            self._next_t = max(self._next_t + 1 / self._cfg.rate_hz, time.monotonic() - 1)
+        defect = self._rng.random() < self._cfg.defect_rate
+        label = int(self._rng.integers(1, len(self._classes))) if defect else 0
+        self._n += 1
+        img = self._render(self._rng, label, self._cfg.size)
+        return Frame(img, f"part-{self._n}", truth=self._classes[label])
+
+    def done(self, frame: Frame) -> None:
+        """Nothing to remember."""
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+class FolderSource:
+    """Images in a directory, each inspected exactly once, even across restarts.
+
+    Seen files are remembered in a small SQLite table (path + size + mtime) after their result
+    is durable; with `done_dir` they are moved there instead. A file that cannot be decoded is
+    reported, remembered as bad and skipped (it will not be retried forever).
+    """
+
+    live = False
+    SETTLE_S = 1.0
+    _EXT = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".ppm", ".tif", ".tiff", ".webp"})
+
+    def __init__(self, cfg: SourceConfig, state_dir: Path):
+        self._dir = Path(cfg.path).expanduser()
+        self._cfg = cfg
+        if not self._dir.is_dir():
+            raise SourceError(f"source.path {self._dir}: not a directory")
+        state_dir.mkdir(parents=True, exist_ok=True)
+        key = hashlib.sha256(str(self._dir.resolve()).encode()).hexdigest()[:12]
+        self._db = sqlite3.connect(state_dir / f"folder-{key}.db", isolation_level=None,
+                                   check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("CREATE TABLE IF NOT EXISTS seen (key TEXT PRIMARY KEY, status TEXT)")
+        self._lock = threading.Lock()
+        # Every key remembered on disk or queued by this process: checked in memory so a
+        # file being finished by the infer thread is never queued a second time.
+        self._known: set[str] = {k for (k,) in self._db.execute("SELECT key FROM seen")}
+        self._backlog: list[Path] = []
+        self.bad = 0
+
+    @staticmethod
+    def _key(p: Path) -> str:
+        st = p.stat()
+        return f"{p.name}|{st.st_size}|{st.st_mtime_ns}"
+
+    def _scan(self) -> None:
+        now = time.time()
+        for p in sorted(self._dir.iterdir()):
+            if p.suffix.lower() not in self._EXT or not p.is_file():
+                continue
+            try:
+                key = self._key(p)
+                # A file still being written changes size and mtime under us; wait until
+                # it has settled (writers that rename into place are picked up at once).
+                if now - p.stat().st_mtime < self.SETTLE_S:
+                    continue
+            except FileNotFoundError:
+                continue
+            if key not in self._known:
+                self._known.add(key)
+                self._backlog.append(p)
+
+    def read(self, timeout_s: float) -> Frame | None:
+        """The next unseen file, oldest name first; None while the folder has nothing new."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if not self._backlog:
+                self._scan()
+            while self._backlog:
+                p = self._backlog.pop(0)
+                try:
+                    key = self._key(p)
+                except FileNotFoundError:
+                    continue
+                img = cv2.imread(str(p), cv2.IMREAD_COLOR)
+                if img is None:
+                    self.bad += 1
+                    self._remember(key, "unreadable")
+                    log.warning("%s: not a readable image; skipped and remembered", p)
+                    continue
+                return Frame(img, p.name, done=(key, p))
+            if not self._cfg.watch or time.monotonic() >= deadline:
+                return None
+            time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+
+    def _remember(self, key: str, status: str) -> None:
+        with self._lock:
+            self._db.execute("INSERT OR REPLACE INTO seen VALUES (?,?)", (key, status))
+
+    def done(self, frame: Frame) -> None:
+        """Remember the file (or move it to done_dir) now that its result is stored."""
+        key, path = frame.done  # type: ignore[misc]
+        if self._cfg.done_dir:
+            dest = Path(self._cfg.done_dir).expanduser()
+            dest.mkdir(parents=True, exist_ok=True)
+            try:
+                path.rename(dest / path.name)
+            except OSError as e:
+                log.warning("could not move %s to %s: %s; remembering it instead", path, dest, e)
+        self._remember(key, "done")
+
+    def close(self) -> None:
+        """Close the seen-files table."""
+        with self._lock:
+            self._db.close()
+
+
+class CaptureSource:
+    """cv2.VideoCapture on a V4L2 device index, a video file or an RTSP/HTTP URL."""
+
+    def __init__(self, cfg: SourceConfig):
+        self._target: int | str = int(cfg.path) if cfg.path.isdigit() else cfg.path
+        self.live = not Path(str(self._target)).is_file()
+        self._cap = cv2.VideoCapture(self._target)
+        if not self._cap.isOpened():
+            raise SourceError(f"source.path {cfg.path!r}: cannot open (no such camera, file "
+                              "or stream)")
+        self._n = 0
+
+    def read(self, timeout_s: float) -> Frame | None:
+        """The next decoded frame; SourceError when the device or stream stops delivering."""
+        ok, img = self._cap.read()
+        if not ok or img is None:
+            raise SourceError(f"{self._target}: no frame (end of file, camera unplugged or "
+                              "stream down)")
+        self._n += 1
+        if img.ndim == 2:
+            img = cv2.cvtColor(img, cv2.COLOR_GRAY2BGR)
+        return Frame(img, f"frame-{self._n}")
+
+    def done(self, frame: Frame) -> None:
+        """Nothing to remember."""
+
+    def close(self) -> None:
+        """Release the capture."""
+        self._cap.release()
+
+
+class TriggerSource:
+    """Inspect on an MQTT message (e.g. from a PLC bridge). The payload is the image itself
+    (PNG/JPEG bytes) or a path to one. Messages are queued, never dropped; the subscription
+    is a persistent QoS 1 session so triggers sent while the daemon restarts still arrive."""
+
+    live = False
+
+    def __init__(self, cfg: SourceConfig, broker, client_id: str):
+        from runtime.telemetry.mqtt import connect, make_client
+
+        self._q: queue.Queue = queue.Queue()
+        self._topic = cfg.topic
+        self._client = make_client(broker, client_id, "3.1.1", clean=False)
+        self._client.on_connect = lambda c, u, f, rc, p: c.subscribe(self._topic, 1)
+        self._client.on_message = lambda c, u, m: self._q.put((m.payload, m.mid))
+        self._client.reconnect_delay_set(1, 30)
+        try:
+            connect(self._client, broker, "3.1.1", clean=False)
+        except OSError as e:
+            raise SourceError(f"trigger: cannot reach the broker {broker.host}:{broker.port}: "
+                              f"{e}") from e
+        self._client.loop_start()  # a dedicated paho thread owns this client
+        self._n = 0
+
+    def read(self, timeout_s: float) -> Frame | None:
+        """The next triggered image; an undecodable payload is reported and skipped."""
+        try:
+            payload, _ = self._q.get(timeout=timeout_s)
+        except queue.Empty:
+            return None
+        self._n += 1
+        data = np.frombuffer(payload, np.uint8)
+        img = cv2.imdecode(data, cv2.IMREAD_COLOR) if len(data) else None
+        if img is None and len(payload) < 4096:
+            path = Path(payload.decode(errors="replace").strip())
+            img = cv2.imread(str(path), cv2.IMREAD_COLOR) if path.is_file() else None
+        if img is None:
+            log.warning("trigger %d on %s: payload is neither an image nor a readable image "
+                        "path; skipped", self._n, self._topic)
+            return None
+        return Frame(img, f"trigger-{self._n}")
+
+    def done(self, frame: Frame) -> None:
+        """Nothing to remember."""
+
+    def close(self) -> None:
+        """Stop the trigger's MQTT connection."""
+        self._client.loop_stop()
+        self._client.disconnect()
+
+
+def open_source(cfg: SourceConfig, state_dir: Path, broker=None, client_id: str = "") -> Source:
+    """The configured source; SourceError when it cannot be opened right now."""
+    if cfg.kind == "synthetic":
+        return SyntheticConveyor(cfg)
+    if cfg.kind == "folder":
+        return FolderSource(cfg, state_dir)
+    if cfg.kind == "capture":
+        return CaptureSource(cfg)
+    if broker is None or not broker.host:
+        raise SourceError("source kind 'trigger' needs telemetry.broker.host")
+    return TriggerSource(cfg, broker, f"{client_id}-trigger")

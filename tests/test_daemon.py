@@ -1,0 +1,247 @@
+"""`edgerun serve` as a real process against Mosquitto and a fake sysfs tree."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import cv2
+import pytest
+
+from models import bundled
+from models.synthetic import samples
+from runtime.coordinator.config import CoordinatorConfig
+from runtime.coordinator.service import Coordinator
+from runtime.telemetry.broker import Mosquitto
+from runtime.telemetry.config import BrokerConfig
+
+TESTS = Path(__file__).parent
+ZONE = "sys/class/thermal/thermal_zone0"
+
+pytestmark = pytest.mark.skipif(not (bundled() / "manifest.json").exists(),
+                                reason="bundled model not built")
+
+
+@pytest.fixture(scope="module")
+def profile_cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("profiles")
+
+
+@pytest.fixture
+def broker(tmp_path):
+    b = Mosquitto(tmp_path).start()
+    yield b
+    b.stop()
+
+
+@pytest.fixture
+def coordinator(tmp_path, broker):
+    c = Coordinator(CoordinatorConfig(fleet="sys", broker=BrokerConfig(host="127.0.0.1",
+                                                                       port=broker.port),
+                                      store=str(tmp_path / "coord.db")))
+    c.start()
+    assert c.connected.wait(10)
+    yield c
+    c.stop()
+
+
+def set_temp(root: Path, celsius: float) -> None:
+    zone = root / ZONE
+    zone.mkdir(parents=True, exist_ok=True)
+    tmp = zone / ".temp.tmp"
+    tmp.write_text(f"{round(celsius * 1000)}\n")
+    os.replace(tmp, zone / "temp")
+
+
+def write_config(tmp_path: Path, port: int, cache: Path, source: str = "", backends: str = "",
+                 extra: str = "") -> Path:
+    root = tmp_path / "sysfs"
+    if not (root / ZONE / "temp").exists():
+        set_temp(root, 40.0)
+    source = source or 'kind = "synthetic"\nrate_hz = 40'
+    backends = backends or 'enabled = ["onnxruntime"]'
+    cfg = tmp_path / "edgerun.toml"
+    cfg.write_text(f"""
+[device]
+profile = "generic-x86"
+sysfs_root = "{root}"
+[constraints]
+latency_ms = 100.0
+accuracy_floor = 0.97
+[profiler]
+warmup_runs = 2
+min_runs = 10
+max_runs = 100
+time_budget_s = 0.05
+idle_baseline_s = 0.05
+cache_dir = "{cache}"
+[backends]
+{backends}
+threads = [1]
+[backends.onnxruntime]
+spinning = [false]
+include_default = false
+[source]
+{source}
+[governor]
+policy = "step_wise"
+tick_s = 0.2
+rate_hz = 40
+[daemon]
+state_dir = "{tmp_path / 'state'}"
+[telemetry]
+fleet = "sys"
+device = "box1"
+health_interval_s = 0.5
+ack_timeout_s = 1.0
+[telemetry.broker]
+host = "127.0.0.1"
+port = {port}
+keepalive_s = 5
+[telemetry.outbox]
+path = "{tmp_path / 'state' / 'outbox.db'}"
+{extra}
+""")
+    return cfg
+
+
+class Serve:
+    """`edgerun serve --config` as a child process."""
+
+    def __init__(self, tmp_path: Path, cfg: Path, env: dict | None = None):
+        self.log = tmp_path / "daemon.log"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "runtime.cli", "serve", "--config", str(cfg)],
+            stdout=self.log.open("a"), stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {}),
+                 "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])})
+
+    def text(self) -> str:
+        return self.log.read_text()
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            return self.proc.wait(30)
+        return self.proc.returncode
+
+
+def wait(cond, timeout_s, what, proc: Serve | None = None):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        if proc is not None and proc.proc.poll() is not None:
+            raise AssertionError(f"daemon exited ({proc.proc.returncode}) waiting for {what}:\n"
+                                 + proc.text()[-3000:])
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}"
+                         + (f"\n{proc.text()[-3000:]}" if proc else ""))
+
+
+def test_results_flow_and_rising_temperature_steps_down(tmp_path, broker, coordinator,
+                                                        profile_cache):
+    cfg = write_config(tmp_path, broker.port, profile_cache)
+    d = Serve(tmp_path, cfg)
+    try:
+        wait(lambda: coordinator.store.counts().get("box1", 0) >= 20, 120, "results", d)
+        first = coordinator.store.results("box1", 0, 5)
+        top = first[0]["variant"]
+        assert all(r["variant"] == top and r["label"] for r in first)
+        health = coordinator.views["box1"].health
+        assert health["rungs"] >= 2, f"the bundled ladder needs >= 2 rungs here: {health}"
+        set_temp(tmp_path / "sysfs", 95.0)  # past the passive (80) and hot (90) trips
+        wait(lambda: coordinator.views["box1"].health.get("rung", 99) <
+             health["rungs"] - 1, 20, "a lower rung", d)
+        n = coordinator.store.counts()["box1"]
+        wait(lambda: coordinator.store.counts()["box1"] > n + 10, 20, "more results", d)
+        later = coordinator.store.results("box1", n + 5, 10)
+        assert later and all(r["variant"] != top for r in later)
+        assert any(e["type"] == "rung_changed" for e in coordinator.store.events("box1"))
+
+        # SIGHUP with a broken config: still serving, and says why
+        cfg.write_text(cfg.read_text() + "\n[constraints2]\nbogus = 1\n")
+        d.proc.send_signal(signal.SIGHUP)
+        wait(lambda: "config reload refused" in d.text(), 10, "reload refusal", d)
+        n = coordinator.store.counts()["box1"]
+        wait(lambda: coordinator.store.counts()["box1"] > n + 10, 20, "results after HUP", d)
+        assert d.proc.poll() is None
+    finally:
+        assert d.stop() == 0
+
+
+def test_folder_source_sigterm_and_restart_inspect_each_file_once(tmp_path, broker,
+                                                                  coordinator, profile_cache):
+    folder = tmp_path / "inbox"
+    folder.mkdir()
+    files = []
+    for i, s in enumerate(samples(seed=9, count=60)):
+        p = folder / f"img{i:03d}.png"
+        cv2.imwrite(str(p), s.image)
+        files.append(p.name)
+    (folder / "broken.png").write_bytes(b"not an image")
+    cfg = write_config(tmp_path, broker.port, profile_cache,
+                       source=f'kind = "folder"\npath = "{folder}"\nwatch = true')
+    d = Serve(tmp_path, cfg)
+    wait(lambda: coordinator.store.counts().get("box1", 0) >= 10, 120, "first results", d)
+    assert d.stop() == 0  # SIGTERM mid-folder: in-flight frames drained, results kept
+    assert "stopped" in d.text()
+    d = Serve(tmp_path, cfg)
+    try:
+        late = folder / "late.png"
+        cv2.imwrite(str(late), next(samples(seed=10, count=1)).image)  # watch mode picks it up
+        wait(lambda: coordinator.store.counts().get("box1", 0) >= 61, 120, "every file", d)
+        time.sleep(1.0)
+        refs = [r["ref"] for r in coordinator.store.results("box1", 0, 1000)]
+        assert sorted(refs) == sorted([*files, "late.png"])  # each exactly once, none lost
+        seqs = [s for _, s in coordinator.store.result_seqs("box1")]
+        assert seqs == list(range(1, len(seqs) + 1))
+    finally:
+        assert d.stop() == 0
+
+
+def _notify_socket(tmp_path: Path) -> tuple[socket.socket, str]:
+    path = str(tmp_path / "notify.sock")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(path)
+    sock.settimeout(0.2)
+    return sock, path
+
+
+def _messages(sock: socket.socket, seconds: float) -> list[str]:
+    out, deadline = [], time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            out += sock.recv(4096).decode().splitlines()
+        except TimeoutError:
+            continue
+    return out
+
+
+def test_notify_ready_watchdog_and_hung_backend_stops_beats(tmp_path, broker, profile_cache):
+    sock, path = _notify_socket(tmp_path)
+    flag = tmp_path / "hang-now"
+    cfg = write_config(tmp_path, broker.port, profile_cache,
+                       backends='enabled = []\nplugins = ["hang_backend:HangBackend"]')
+    d = Serve(tmp_path, cfg, env={"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "1000000",
+                                  "EDGERUN_TEST_HANG": str(flag)})
+    try:
+        msgs: list[str] = []
+        wait(lambda: msgs.extend(_messages(sock, 0.5)) or "READY=1" in msgs, 120, "READY=1", d)
+        assert any(m.startswith("STATUS=") for m in msgs)
+        beats = _messages(sock, 2.0).count("WATCHDOG=1")
+        assert beats >= 4, f"expected periodic WATCHDOG=1 every <= 0.5 s, got {beats} in 2 s"
+        flag.touch()  # the backend now blocks inside infer
+        _messages(sock, 1.0)  # beats already in flight
+        after = _messages(sock, 2.0).count("WATCHDOG=1")
+        assert after == 0, "the watchdog kept beating while inference hung"
+        assert d.proc.poll() is None  # systemd, not the daemon, decides to restart it
+    finally:
+        d.proc.kill()
+        d.proc.wait()
+        sock.close()
