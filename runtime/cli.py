@@ -232,11 +232,11 @@ def build_parser() -> argparse.ArgumentParser:
     de = sub.add_parser("demo", help="everything on one machine, with a live view",
                         description=cmd_demo.__doc__)
     de.add_argument("--duration", type=float, default=0.0, help="seconds (default: until ^C)")
-    de.add_argument("--device", default="fanless-box", help="simulated device profile")
+    de.add_argument("--device", default="rpi5", help="simulated device profile")
     de.add_argument("--scenario", default="sun", choices=("cool", "warm", "hot", "sun"))
-    de.add_argument("--speed", type=float, default=240.0, help="simulated seconds per second")
-    de.add_argument("--start-hour", type=float, default=11.0, help="simulated time of day")
-    de.add_argument("--rate", type=float, default=20.0, help="conveyor frames per second")
+    de.add_argument("--speed", type=float, default=300.0, help="simulated seconds per second")
+    de.add_argument("--start-hour", type=float, default=9.0, help="simulated time of day")
+    de.add_argument("--rate", type=float, default=100.0, help="conveyor frames per second")
     de.set_defaults(func=cmd_demo)
 
     mo = sub.add_parser("models", help="model ladders", description=cmd_models.__doc__)

@@ -3,7 +3,7 @@
 Everything a new user needs, started by one command: a local MQTT broker (Mosquitto when it
 is installed, otherwise the pure-Python amqtt broker), the coordinator (in this process), and
 `edgerun serve` as a child process running the bundled inspection model on the synthetic
-conveyor, on a simulated fanless box whose cabinet gets the afternoon sun (time accelerated).
+conveyor, on a simulated Raspberry Pi 5 in a cabinet that gets the midday sun (time accelerated).
 The live view prints one line per second from what the coordinator received; watch the rung
 step down as the die heats towards its trip point and back up as it cools. Ctrl-C stops it all.
 """
@@ -61,6 +61,7 @@ rate_hz = {rate}
 
 [governor]
 policy = "step_wise"
+tick_s = 0.25
 rate_hz = {rate}
 
 [simulator]
@@ -147,8 +148,8 @@ def live_line(view: dict, stored: int) -> str:
             f"{lat.get('p95') or 0:6.2f} ms  stored {stored}")
 
 
-def run(duration_s: float = 0.0, device: str = "fanless-box", scenario: str = "sun",
-        speed: float = 240.0, start_hour: float = 11.0, rate: float = 20.0,
+def run(duration_s: float = 0.0, device: str = "rpi5", scenario: str = "sun",
+        speed: float = 300.0, start_hour: float = 9.0, rate: float = 100.0,
         workdir: Path | None = None) -> int:
     """Run the demo until Ctrl-C (or `duration_s` when > 0)."""
     tmp = None

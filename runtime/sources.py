@@ -83,9 +83,14 @@ class Source(Protocol):
 
 
 class SyntheticConveyor:
-    """Parts from the bundled model's dataset generator at a steady rate (a simulated camera)."""
+    """Parts from the bundled model's dataset generator at a steady rate (a simulated camera).
+
+    Rendering one part takes ~20 ms of CPU, more than a fast line allows, so the first
+    `POOL` parts are rendered and kept; after that parts are drawn from the pool at random.
+    """
 
     live = True
+    POOL = 256
 
     def __init__(self, cfg: SourceConfig):
         from models.synthetic import CLASSES, render
@@ -93,6 +98,7 @@ class SyntheticConveyor:
         self._render, self._classes = render, CLASSES
         self._cfg = cfg
         self._rng = np.random.default_rng(cfg.seed)
+        self._pool: list[tuple[np.ndarray, str]] = []
         self._n = 0
         self._next_t = time.monotonic()
 
@@ -106,11 +112,16 @@ class SyntheticConveyor:
             if wait > 0:
                 time.sleep(wait)
             self._next_t = max(self._next_t + 1 / self._cfg.rate_hz, time.monotonic() - 1)
-        defect = self._rng.random() < self._cfg.defect_rate
-        label = int(self._rng.integers(1, len(self._classes))) if defect else 0
         self._n += 1
-        img = self._render(self._rng, label, self._cfg.size)
-        return Frame(img, f"part-{self._n}", truth=self._classes[label])
+        if len(self._pool) < self.POOL:
+            defect = self._rng.random() < self._cfg.defect_rate
+            label = int(self._rng.integers(1, len(self._classes))) if defect else 0
+            self._pool.append((self._render(self._rng, label, self._cfg.size),
+                               self._classes[label]))
+            img, truth = self._pool[-1]
+        else:
+            img, truth = self._pool[int(self._rng.integers(len(self._pool)))]
+        return Frame(img.copy(), f"part-{self._n}", truth=truth)
 
     def done(self, frame: Frame) -> None:
         """Nothing to remember."""

@@ -125,7 +125,7 @@ class Coordinator:
                 if not self.connected.is_set() and time.monotonic() - started > 10:
                     break
                 self._publish_queued(client)
-            if self.connected.is_set():
+            if self.connected.is_set() and not self._stop.is_set():
                 log.warning("lost the broker; reconnecting (the broker keeps our session)")
                 backoff.reset()
             elif self.cfg.broker.protocol == "5" and not self.counters["connects"]:
