@@ -97,9 +97,12 @@ def _set_input_shape(proto: onnx.ModelProto, name: str, shape: tuple[int, ...]
     return proto
 
 
-def normalise(src: Path, dst: Path, input_shape: tuple[int, ...]) -> tuple[str, tuple[int, ...],
-                                                                            list[str]]:
-    """Step 1; returns (input name, fixed shape, warnings)."""
+def normalise(src: Path, dst: Path, input_shape: tuple[int, ...], staged: Path
+              ) -> tuple[str, tuple[int, ...], list[str]]:
+    """Step 1; returns (input name, fixed shape, warnings). `dst` gets the constant-folded
+    graph (what runs); `staged` the same graph before ORT's folding: ORT's quantizer makes
+    invalid graphs from some of ORT's own fusions (seen: ConvAddFusion on PaddlePaddle exports),
+    so int8 starts from `staged`."""
     warnings: list[str] = []
     proto = load_onnx(src)
     init_names = {i.name for i in proto.graph.initializer}
@@ -123,17 +126,15 @@ def normalise(src: Path, dst: Path, input_shape: tuple[int, ...]) -> tuple[str, 
         proto = onnx.shape_inference.infer_shapes(proto)
     except Exception as e:
         warnings.append(f"ONNX checker/shape inference complained ({e}); continuing")
-    with tempfile.TemporaryDirectory() as tmp:
-        staged = Path(tmp) / "staged.onnx"
-        onnx.save(proto, str(staged))
-        so = ort.SessionOptions()
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-        so.optimized_model_filepath = str(dst)
-        so.log_severity_level = 3
-        try:
-            ort.InferenceSession(str(staged), so, providers=["CPUExecutionProvider"])
-        except Exception as e:
-            raise StepError("normalise", f"ONNX Runtime cannot load the model: {e}") from e
+    onnx.save(proto, str(staged))
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    so.optimized_model_filepath = str(dst)
+    so.log_severity_level = 3
+    try:
+        ort.InferenceSession(str(staged), so, providers=["CPUExecutionProvider"])
+    except Exception as e:
+        raise StepError("normalise", f"ONNX Runtime cannot load the model: {e}") from e
     return inp.name, inp.shape, warnings
 
 
@@ -145,8 +146,11 @@ def make_fp16(src: Path, dst: Path) -> None:
     onnx.save(model, str(dst))
 
 
-def make_int8(src: Path, dst: Path, batches: Iterator[np.ndarray], input_name: str) -> list[str]:
-    """Step 3; returns warnings."""
+def make_int8(src: Path, dst: Path, batches: Callable[[], Iterator[np.ndarray]],
+              input_name: str) -> list[str]:
+    """Step 3; returns warnings. ORT's pre-processing optimises the graph first; some of its
+    fusions quantize into invalid graphs (a DequantizeLinear over an int32 fused bias, seen on
+    a PaddlePaddle export), so an int8 model that does not load is rebuilt without them."""
     from onnxruntime.quantization import (
         CalibrationDataReader,
         QuantFormat,
@@ -156,25 +160,39 @@ def make_int8(src: Path, dst: Path, batches: Iterator[np.ndarray], input_name: s
     )
 
     class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self._it = batches()
+
         def get_next(self):
-            x = next(batches, None)
+            x = next(self._it, None)
             return None if x is None else {input_name: x}
 
-    warnings = []
+    warnings: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
-        pre = Path(tmp) / "pre.onnx"
-        try:
-            quant_pre_process(str(src), str(pre), skip_symbolic_shape=False)
-        except Exception as e:
-            warnings.append(f"int8: symbolic shape inference failed ({type(e).__name__}: {e}); "
-                            "skipped it, quantizing the normalised graph")
+        for skip_opt in (False, True):
+            pre = Path(tmp) / f"pre{int(skip_opt)}.onnx"
             try:
-                quant_pre_process(str(src), str(pre), skip_symbolic_shape=True)
-            except Exception:
-                shutil.copy(src, pre)
-        quantize_static(str(pre), str(dst), Reader(), quant_format=QuantFormat.QDQ,
-                        per_channel=True, activation_type=QuantType.QUInt8,
-                        weight_type=QuantType.QInt8)
+                quant_pre_process(str(src), str(pre), skip_optimization=skip_opt)
+            except Exception as e:
+                warnings.append(f"int8: symbolic shape inference failed ({type(e).__name__}: "
+                                f"{e}); skipped it")
+                try:
+                    quant_pre_process(str(src), str(pre), skip_optimization=skip_opt,
+                                      skip_symbolic_shape=True)
+                except Exception:
+                    shutil.copy(src, pre)
+            quantize_static(str(pre), str(dst), Reader(), quant_format=QuantFormat.QDQ,
+                            per_channel=True, activation_type=QuantType.QUInt8,
+                            weight_type=QuantType.QInt8)
+            try:
+                _session(dst)
+                return warnings
+            except Exception as e:
+                why = str(e).splitlines()[0][:200]
+                if skip_opt:
+                    raise StepError("int8", f"the quantized graph does not load: {why}") from e
+                warnings.append(f"int8: quantizing the ORT-optimised graph gave an invalid model "
+                                f"({why}); rebuilt without pre-quantization optimisation")
     return warnings
 
 
@@ -245,8 +263,10 @@ def prepare(model: Path, calib: Path, val: Path, out: Path, opts: PrepareOptions
     calib_files = list_images(calib, opts.max_calib)
 
     fp32 = out / f"{stem}fp32.onnx"
+    work = tempfile.TemporaryDirectory(prefix="edgerun-prepare-")
+    staged = Path(work.name) / "staged.onnx"
     progress("normalise")
-    input_name, shape, warnings = normalise(model, fp32, opts.input_shape)
+    input_name, shape, warnings = normalise(model, fp32, opts.input_shape, staged)
     for w in warnings:
         log.warning("%s: %s", model.name, w)
     val_images = [read_image(f) for f in val_files]
@@ -282,7 +302,7 @@ def prepare(model: Path, calib: Path, val: Path, out: Path, opts: PrepareOptions
         return shape, []
 
     def int8(p: Path) -> tuple[tuple[int, ...], list[str]]:
-        return shape, make_int8(fp32, p, calib_batches(), input_name)
+        return shape, make_int8(staged, p, calib_batches, input_name)
 
     def reduced(p: Path) -> tuple[tuple[int, ...], list[str]]:
         return make_reduced(fp32, p, input_name, shape, opts.preprocess), []
@@ -326,5 +346,6 @@ def prepare(model: Path, calib: Path, val: Path, out: Path, opts: PrepareOptions
             stem)] + failed
         doc["name"] = existing["name"]
     (out / MANIFEST).write_text(json.dumps(doc, indent=2) + "\n")
+    work.cleanup()
     load_manifest(out)  # what we wrote must load
     return doc
