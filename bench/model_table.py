@@ -17,8 +17,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from power.device import load_profile
 from power.sensors import detect_meter
 from runtime.backends import discover
-from runtime.config import BackendsConfig, OnnxRuntimeConfig, OpenCvConfig, OpenVinoConfig
-from runtime.config import ProfilerConfig
+from runtime.config import (
+    BackendsConfig,
+    OnnxRuntimeConfig,
+    OpenCvConfig,
+    OpenVinoConfig,
+    ProfilerConfig,
+)
 from runtime.manifest import load_manifest, model_files
 from runtime.profiler import Profiler, plan
 

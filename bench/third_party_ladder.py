@@ -23,8 +23,9 @@ import cv2
 import numpy as np
 
 MEMBER = "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx"
-WORDS = ("invoice total amount serial batch lot expiry date part number inspection passed "
-         "failed line station operator shift torque pressure 2026 0417 A7-33 QC OK").split()
+WORDS = ("invoice", "total", "amount", "serial", "batch", "lot", "expiry", "date", "part",
+         "number", "inspection", "passed", "failed", "line", "station", "operator", "shift",
+         "torque", "pressure", "2026", "0417", "A7-33", "QC", "OK")
 
 
 def fetch_model(work: Path) -> Path:

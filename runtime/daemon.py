@@ -126,7 +126,7 @@ class Daemon:
         self._load_model(model_path)
         self.pipeline = Pipeline(lambda: open_source(cfg.source, self.state_dir,
                                                      cfg.telemetry.broker, self.device_id),
-                                 self.manifest, self.outbox.append, self._pipeline_event,
+                                 self.manifest, self.outbox.append_many, self._pipeline_event,
                                  cfg.daemon.queue_size)
         self.pipeline.latency_target_ms = cfg.constraints.latency_ms
         self.pipeline.start(self._session(len(self.rungs) - 1))

@@ -1,18 +1,21 @@
-"""capture -> preprocess -> infer -> postprocess -> outbox, on named threads with bounded queues.
+"""capture+preprocess -> infer -> postprocess+store, on named threads with bounded queues.
 
-- `capture` reads the source; live sources drop the oldest queued frame when the pipeline is
-  behind (counted), folder and trigger sources block instead (never dropped). A failing source
-  is re-opened with backoff and reported; the other threads keep running.
-- `preprocess` applies the manifest's preprocessing for the active variant's input shape.
-- `infer` runs the active session, maps the output to label and score, and appends the result
-  to the outbox (durable before the source is told the frame is done).
+- `capture` reads the source and applies the manifest's preprocessing for the active
+  variant's input shape (decode and preprocessing release the GIL in OpenCV/numpy). Live
+  sources drop the oldest queued frame when the pipeline is behind (counted); folder and
+  trigger sources block instead (never dropped). A failing source is re-opened with backoff
+  and reported; the other threads keep running.
+- `infer` runs the active session and nothing else.
+- `store` maps outputs to label and score and appends every waiting result to the outbox in
+  one transaction (group commit); only then is the source told the frame is done.
 
 Switching variant: the caller loads and warms the new session first, then `switch()` hands it
 over; the infer thread swaps between two frames and closes the old one. No frame waits for a
 model load. Each result records the variant and rung that produced it.
 
-`heartbeat` is the monotonic time of the infer loop's last iteration: a hung inference stops
-it, which is what the systemd watchdog is fed from.
+`heartbeat` is the monotonic time of the infer loop's last iteration: a hung inference (or a
+store stalled long enough to fill the queue) stops it, and that is what feeds the systemd
+watchdog.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import numpy as np
 
 from runtime.backends.base import Session
 from runtime.manifest import Manifest, postprocess
-from runtime.sources import Frame, Source, SourceError
+from runtime.sources import Source, SourceError
 
 log = logging.getLogger("edgerun.pipeline")
 
@@ -49,14 +52,14 @@ class Pipeline:
     """See module docstring."""
 
     def __init__(self, open_source: Callable[[], Source], manifest: Manifest,
-                 sink: Callable[[dict[str, Any]], int], on_event: Callable[[dict], None],
-                 queue_size: int = 4):
+                 sink: Callable[[list[dict[str, Any]]], list[int]],
+                 on_event: Callable[[dict], None], queue_size: int = 4):
         self._open_source = open_source
         self._manifest = manifest
         self._sink = sink
         self._event = on_event
-        self._frames: queue.Queue = queue.Queue(maxsize=queue_size)
-        self._tensors: queue.Queue = queue.Queue(maxsize=queue_size)
+        self._frames: queue.Queue = queue.Queue(maxsize=queue_size)  # (frame, tensor, shape)
+        self._outputs: queue.Queue = queue.Queue(maxsize=64)  # (frame, output, active, ms)
         self._active: Active | None = None
         self._next: Active | None = None
         self._lock = threading.Lock()
@@ -66,6 +69,7 @@ class Pipeline:
         self.source: Source | None = None
         self.heartbeat = time.monotonic()
         self.busy_since: float | None = None  # set while an inference runs
+        self.storing = False
         self.rate_cap_hz = 0.0  # 0 = no cap (governor/energy decisions set it)
         self.counters: collections.Counter = collections.Counter()
         self.latencies: collections.deque = collections.deque(maxlen=2000)  # (t, ms, met)
@@ -77,8 +81,8 @@ class Pipeline:
     def start(self, active: Active) -> None:
         """Start the threads running `active`."""
         self._active = active
-        for name, fn in (("capture", self._capture), ("preprocess", self._preprocess),
-                         ("infer", self._infer)):
+        for name, fn in (("capture", self._capture), ("infer", self._infer),
+                         ("store", self._store)):
             t = threading.Thread(target=fn, name=name, daemon=True)
             t.start()
             self._threads.append(t)
@@ -103,8 +107,8 @@ class Pipeline:
         """Stop capturing, let queued frames finish (their results are stored), stop."""
         self._stop_capture.set()
         deadline = time.monotonic() + drain_timeout_s
-        while time.monotonic() < deadline and (
-                not self._frames.empty() or not self._tensors.empty() or self.busy_since):
+        while time.monotonic() < deadline and (not self._frames.empty() or self.busy_since
+                                               or not self._outputs.empty() or self.storing):
             time.sleep(0.02)
         self._stop.set()
         for t in self._threads:
@@ -156,13 +160,20 @@ class Pipeline:
             if frame is None:
                 continue
             self.counters["frames"] += 1
+            shape = (self._next or self._active).input_shape  # type: ignore[union-attr]
+            try:
+                tensor = self._manifest.preprocess.apply(frame.image, shape)
+            except Exception as e:  # a broken frame is skipped and counted, never fatal
+                self.counters["bad_frames"] += 1
+                log.warning("frame %s skipped: %s", frame.ref, e)
+                continue
             if self.source.live and self._frames.full():
                 try:  # latest wins: drop the oldest waiting frame
                     self._frames.get_nowait()
                     self.counters["dropped_stale"] += 1
                 except queue.Empty:
                     pass
-            self._put(self._frames, frame)
+            self._put(self._frames, (frame, tensor, shape))
             if self.rate_cap_hz > 0:
                 self._stop_capture.wait(1.0 / self.rate_cap_hz)
 
@@ -182,26 +193,11 @@ class Pipeline:
             except queue.Full:
                 continue
 
-    def _preprocess(self) -> None:
-        while not self._stop.is_set():
-            try:
-                frame: Frame = self._frames.get(timeout=0.2)
-            except queue.Empty:
-                continue
-            shape = (self._next or self._active).input_shape  # type: ignore[union-attr]
-            try:
-                tensor = self._manifest.preprocess.apply(frame.image, shape)
-            except (ValueError, Exception) as e:  # a broken frame is skipped, not fatal
-                self.counters["bad_frames"] += 1
-                log.warning("frame %s skipped: %s", frame.ref, e)
-                continue
-            self._put(self._tensors, (frame, tensor, shape))
-
     def _infer(self) -> None:
         while not self._stop.is_set():
             self.heartbeat = time.monotonic()
             try:
-                frame, tensor, shape = self._tensors.get(timeout=0.2)
+                frame, tensor, shape = self._frames.get(timeout=0.2)
             except queue.Empty:
                 continue
             with self._lock:
@@ -211,12 +207,13 @@ class Pipeline:
                         old.session.close()
             active = self._active
             assert active is not None
-            if shape != active.input_shape:  # preprocessed for the variant just replaced
-                tensor = self._manifest.preprocess.apply(frame.image, active.input_shape)
             self.busy_since = time.monotonic()
-            t0 = time.perf_counter()
             try:
+                if shape != active.input_shape:  # preprocessed for the variant just replaced
+                    tensor = self._manifest.preprocess.apply(frame.image, active.input_shape)
+                t0 = time.perf_counter()
                 out = active.session.infer(tensor)
+                ms = (time.perf_counter() - t0) * 1e3
             except Exception as e:
                 self.busy_since = None
                 self.counters["infer_errors"] += 1
@@ -224,24 +221,46 @@ class Pipeline:
                 self._event({"type": "inference_failed", "severity": "warning",
                              "variant": active.variant_id, "error": str(e)[:300]})
                 continue
-            ms = (time.perf_counter() - t0) * 1e3
-            label, score = postprocess(out, self._manifest)[0]
-            result = {"t": frame.t, "ref": frame.ref, "label": label, "score": round(score, 5),
-                      "variant": active.variant_id, "rung": active.rung,
-                      "latency_ms": round(ms, 3)}
-            if frame.truth is not None:
-                result["truth"] = frame.truth
-            try:
-                result["seq"] = self._sink(result)
-            except Exception as e:  # disk full, database locked: keep the frame for retry
-                self.counters["store_errors"] += 1
-                log.error("could not store the result of %s: %s", frame.ref, e)
-                self._event({"type": "store_failed", "severity": "critical", "error": str(e)})
-                self.busy_since = None
-                continue
+            self._put(self._outputs, (frame, out, active, ms))
             self.busy_since = None
+
+    def _store(self) -> None:
+        """Postprocess and persist in groups: one outbox transaction for whatever is waiting."""
+        while not self._stop.is_set():
+            try:
+                batch = [self._outputs.get(timeout=0.2)]
+            except queue.Empty:
+                continue
+            while len(batch) < 64:
+                try:
+                    batch.append(self._outputs.get_nowait())
+                except queue.Empty:
+                    break
+            self.storing = True
+            results = []
+            for frame, out, active, ms in batch:
+                label, score = postprocess(out, self._manifest)[0]
+                r = {"t": frame.t, "ref": frame.ref, "label": label, "score": round(score, 5),
+                     "variant": active.variant_id, "rung": active.rung,
+                     "latency_ms": round(ms, 3),  # inference alone
+                     "e2e_ms": round((time.time() - frame.t) * 1e3, 3)}  # capture to result
+                if frame.truth is not None:
+                    r["truth"] = frame.truth
+                results.append(r)
+            try:
+                self._sink(results)
+            except Exception as e:  # disk full, database broken: frames stay not-done
+                self.storing = False
+                self.counters["store_errors"] += len(results)
+                log.error("could not store %d results: %s; their frames are not marked done",
+                          len(results), e)
+                self._event({"type": "store_failed", "severity": "critical", "error": str(e)})
+                continue
+            now = time.time()
+            for _, _, _, ms in batch:
+                self.latencies.append((now, ms, ms <= self.latency_target_ms))
             if self.source is not None:
-                self.source.done(frame)
-            self.counters["results"] += 1
-            self.latencies.append((time.time(), ms, ms <= self.latency_target_ms))
-            self.last_result = result
+                self.source.done([frame for frame, *_ in batch if frame.done is not None])
+            self.counters["results"] += len(results)
+            self.last_result = results[-1]
+            self.storing = False

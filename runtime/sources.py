@@ -9,8 +9,10 @@ folder and trigger sources are never dropped.
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import logging
+import os
 import queue
 import sqlite3
 import threading
@@ -73,8 +75,8 @@ class Source(Protocol):
         """The next frame, or None when nothing arrived within the timeout."""
         ...
 
-    def done(self, frame: Frame) -> None:
-        """The frame's result is durable (folder sources remember it then)."""
+    def done(self, frames: list[Frame]) -> None:
+        """These frames' results are durable (folder sources remember them then)."""
         ...
 
     def close(self) -> None:
@@ -123,7 +125,7 @@ class SyntheticConveyor:
             img, truth = self._pool[int(self._rng.integers(len(self._pool)))]
         return Frame(img.copy(), f"part-{self._n}", truth=truth)
 
-    def done(self, frame: Frame) -> None:
+    def done(self, frames: list[Frame]) -> None:
         """Nothing to remember."""
 
     def close(self) -> None:
@@ -149,38 +151,45 @@ class FolderSource:
             raise SourceError(f"source.path {self._dir}: not a directory")
         state_dir.mkdir(parents=True, exist_ok=True)
         key = hashlib.sha256(str(self._dir.resolve()).encode()).hexdigest()[:12]
-        self._db = sqlite3.connect(state_dir / f"folder-{key}.db", isolation_level=None,
-                                   check_same_thread=False)
+        self._db = sqlite3.connect(state_dir / f"folder-{key}.db", check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
+        # NORMAL: survives a crash of the process; after a power loss the last few files may
+        # be inspected again (a new result each), never skipped.
+        self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("CREATE TABLE IF NOT EXISTS seen (key TEXT PRIMARY KEY, status TEXT)")
         self._lock = threading.Lock()
         # Every key remembered on disk or queued by this process: checked in memory so a
         # file being finished by the infer thread is never queued a second time.
         self._known: set[str] = {k for (k,) in self._db.execute("SELECT key FROM seen")}
-        self._backlog: list[Path] = []
+        self._names: set[str] = set()  # names seen by this process (a replaced file with the
+        # same name is not inspected again until a restart; use done_dir for that workflow)
+        self._backlog: collections.deque[tuple[Path, str]] = collections.deque()
         self.bad = 0
-
-    @staticmethod
-    def _key(p: Path) -> str:
-        st = p.stat()
-        return f"{p.name}|{st.st_size}|{st.st_mtime_ns}"
 
     def _scan(self) -> None:
         now = time.time()
-        for p in sorted(self._dir.iterdir()):
-            if p.suffix.lower() not in self._EXT or not p.is_file():
-                continue
-            try:
-                key = self._key(p)
-                # A file still being written changes size and mtime under us; wait until
-                # it has settled (writers that rename into place are picked up at once).
-                if now - p.stat().st_mtime < self.SETTLE_S:
+        fresh = []
+        with os.scandir(self._dir) as it:
+            for entry in it:
+                # Names already handled are skipped without a stat: a folder holding many
+                # thousands of inspected files must not cost a syscall each per scan.
+                if entry.name in self._names or os.path.splitext(entry.name)[1].lower() \
+                        not in self._EXT:
                     continue
-            except FileNotFoundError:
-                continue
-            if key not in self._known:
-                self._known.add(key)
-                self._backlog.append(p)
+                try:
+                    st = entry.stat()
+                except FileNotFoundError:
+                    continue
+                # A file still being written changes size and mtime under us; wait until
+                # it has settled (writers that rename into place keep their old mtime).
+                if not entry.is_file() or now - st.st_mtime < self.SETTLE_S:
+                    continue
+                key = f"{entry.name}|{st.st_size}|{st.st_mtime_ns}"
+                self._names.add(entry.name)
+                if key not in self._known:
+                    self._known.add(key)
+                    fresh.append((Path(entry.path), key))
+        self._backlog.extend(sorted(fresh))
 
     def read(self, timeout_s: float) -> Frame | None:
         """The next unseen file, oldest name first; None while the folder has nothing new."""
@@ -189,37 +198,39 @@ class FolderSource:
             if not self._backlog:
                 self._scan()
             while self._backlog:
-                p = self._backlog.pop(0)
-                try:
-                    key = self._key(p)
-                except FileNotFoundError:
-                    continue
+                p, key = self._backlog.popleft()
+                t0 = time.time()  # before decoding: end-to-end latency includes it
                 img = cv2.imread(str(p), cv2.IMREAD_COLOR)
                 if img is None:
                     self.bad += 1
-                    self._remember(key, "unreadable")
+                    self._remember([key], "unreadable")
                     log.warning("%s: not a readable image; skipped and remembered", p)
                     continue
-                return Frame(img, p.name, done=(key, p))
+                return Frame(img, p.name, t=t0, done=(key, p))
             if not self._cfg.watch or time.monotonic() >= deadline:
                 return None
-            time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+            time.sleep(min(0.02, max(0.0, deadline - time.monotonic())))
 
-    def _remember(self, key: str, status: str) -> None:
-        with self._lock:
-            self._db.execute("INSERT OR REPLACE INTO seen VALUES (?,?)", (key, status))
+    def _remember(self, keys: list[str], status: str) -> None:
+        with self._lock, self._db:  # one transaction
+            self._db.executemany("INSERT OR REPLACE INTO seen VALUES (?,?)",
+                                 [(k, status) for k in keys])
 
-    def done(self, frame: Frame) -> None:
-        """Remember the file (or move it to done_dir) now that its result is stored."""
-        key, path = frame.done  # type: ignore[misc]
-        if self._cfg.done_dir:
-            dest = Path(self._cfg.done_dir).expanduser()
-            dest.mkdir(parents=True, exist_ok=True)
-            try:
-                path.rename(dest / path.name)
-            except OSError as e:
-                log.warning("could not move %s to %s: %s; remembering it instead", path, dest, e)
-        self._remember(key, "done")
+    def done(self, frames: list[Frame]) -> None:
+        """Remember the files (or move them to done_dir) now that their results are stored."""
+        keys = []
+        for frame in frames:
+            key, path = frame.done  # type: ignore[misc]
+            keys.append(key)
+            if self._cfg.done_dir:
+                dest = Path(self._cfg.done_dir).expanduser()
+                dest.mkdir(parents=True, exist_ok=True)
+                try:
+                    path.rename(dest / path.name)
+                except OSError as e:
+                    log.warning("could not move %s to %s: %s; remembering it instead", path,
+                                dest, e)
+        self._remember(keys, "done")
 
     def close(self) -> None:
         """Close the seen-files table."""
@@ -241,6 +252,7 @@ class CaptureSource:
 
     def read(self, timeout_s: float) -> Frame | None:
         """The next decoded frame; SourceError when the device or stream stops delivering."""
+        t0 = time.time()
         ok, img = self._cap.read()
         if not ok or img is None:
             raise SourceError(f"{self._target}: no frame (end of file, camera unplugged or "
@@ -248,9 +260,9 @@ class CaptureSource:
         self._n += 1
         if img.ndim == 2:
             img = cv2.cvtColor(img, cv2.COLOR_GRAY2BGR)
-        return Frame(img, f"frame-{self._n}")
+        return Frame(img, f"frame-{self._n}", t=t0)
 
-    def done(self, frame: Frame) -> None:
+    def done(self, frames: list[Frame]) -> None:
         """Nothing to remember."""
 
     def close(self) -> None:
@@ -300,7 +312,7 @@ class TriggerSource:
             return None
         return Frame(img, f"trigger-{self._n}")
 
-    def done(self, frame: Frame) -> None:
+    def done(self, frames: list[Frame]) -> None:
         """Nothing to remember."""
 
     def close(self) -> None:

@@ -88,6 +88,7 @@ class Publisher:
         self._timeout_scale = 1
         self._other_cursor = 0  # highest health/event id handed to paho
         self._other_mids: dict[int, int] = {}  # paho mid -> outbox id, awaiting PUBACK
+        self._seen_changes = -1  # outbox.changes when it was last drained to the end
 
     # -- public API (any thread) ---------------------------------------------------------------
 
@@ -221,11 +222,17 @@ class Publisher:
             self._sent_upto = self._acked  # re-send everything not yet acked
             self._last_progress = now
             self._timeout_scale = min(8, self._timeout_scale * 2)
+            self._seen_changes = -1
+        changes = self.outbox.changes
+        if changes == self._seen_changes:
+            return  # nothing new since the outbox was last drained (saves 100 queries/s)
         floor = None
+        drained = False
         while self._sent_upto - self._acked < self.cfg.inflight:
             room = self.cfg.inflight - (self._sent_upto - self._acked)
             batch = self.outbox.pending(self._sent_upto, min(self.cfg.batch_max, room))
             if not batch:
+                drained = True
                 break
             floor = floor or self.outbox.floor()
             head = (f'{{"v":{payloads.VERSION},"stream":"{self.outbox.stream}",'
@@ -238,12 +245,15 @@ class Publisher:
                 self._last_progress = now  # the ack clock starts with the first unacked send
             self._sent_upto = batch[-1].seq
             self.stats.published_results += len(batch)
-        for rowid, kind, body in self.outbox.others(64):
+        others = self.outbox.others(64)
+        for rowid, kind, body in others:
             if rowid <= self._other_cursor:
                 continue
             info = client.publish(self._topic[kind], body.encode(), qos=1)
             self._other_mids[info.mid] = rowid
             self._other_cursor = rowid
+        if drained and len(others) < 64:
+            self._seen_changes = changes
 
     def _on_publish(self, client, userdata, mid, reason_code, properties) -> None:
         rowid = self._other_mids.pop(mid, None)
@@ -266,6 +276,7 @@ class Publisher:
         if ack["stream"] != self.outbox.stream:
             return  # an ack for a previous outbox (wiped database): nothing of ours
         if ack["seq"] > self._acked:
+            self._seen_changes = -1  # the window opened: look at the outbox again
             self.outbox.ack(ack["seq"])
             self._acked = ack["seq"]
             self._sent_upto = max(self._sent_upto, self._acked)

@@ -66,6 +66,7 @@ class Outbox:
         self._lock = threading.Lock()
         self._on_event = on_event or (lambda e: None)
         self._startup_event: dict | None = None
+        self.changes = 0  # bumped on every append/put: readers skip queries when unchanged
         self._db = self._open()
         self.boot = uuid.uuid4().hex[:12]
         self.stream = self._meta("stream") or self._set_meta("stream", uuid.uuid4().hex[:12])
@@ -128,6 +129,7 @@ class Outbox:
                 if self._bytes > self.cfg.max_bytes:
                     evicted = self._evict()
                 self._db.execute("COMMIT")
+                self.changes += 1
             except BaseException:
                 self._db.execute("ROLLBACK")
                 self._bytes = self._db.execute(
@@ -198,6 +200,7 @@ class Outbox:
                                      (kind, _dumps(message))).lastrowid
             self._db.execute("DELETE FROM other WHERE kind=? AND id <= ?", (kind, rowid - keep))
             self._db.execute("COMMIT")
+            self.changes += 1
         return rowid  # type: ignore[return-value]
 
     def others(self, limit: int) -> list[tuple[int, str, str]]:
