@@ -225,5 +225,8 @@ def run(duration_s: float = 0.0, device: str = "rpi5", scenario: str = "sun",
         coord.stop()
         broker.stop()
         if tmp is not None:
-            tmp.cleanup()
+            if code:
+                print(f"(kept {workdir} for inspection)")
+            else:
+                tmp.cleanup()
     return code
