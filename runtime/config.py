@@ -15,7 +15,7 @@ from runtime.schema import ConfigError, build, load_toml
 from runtime.sources import SourceConfig
 from runtime.telemetry.config import TelemetryConfig
 
-ENGINES = ("onnxruntime", "openvino", "opencv")
+ENGINES = ("onnxruntime", "openvino", "opencv", "opencl")
 
 
 @dataclass(frozen=True)
@@ -106,7 +106,7 @@ class OpenCvConfig:
 class BackendsConfig:
     """Which engines to try and the shared thread axis."""
 
-    enabled: tuple[Literal["onnxruntime", "openvino", "opencv"], ...] = ENGINES
+    enabled: tuple[Literal["onnxruntime", "openvino", "opencv", "opencl"], ...] = ENGINES
     threads: tuple[int, ...] = ()  # empty: 1 and every core
     plugins: tuple[str, ...] = ()  # extra backends as "module:Class" (vendor SDKs, tests)
     onnxruntime: OnnxRuntimeConfig = field(default_factory=OnnxRuntimeConfig)

@@ -15,6 +15,7 @@ REGISTRY = {
     "onnxruntime": ("runtime.backends.onnxruntime", "OnnxRuntimeBackend"),
     "openvino": ("runtime.backends.openvino", "OpenVinoBackend"),
     "opencv": ("runtime.backends.opencv", "OpenCvBackend"),
+    "opencl": ("runtime.backends.opencl", "OpenClBackend"),
 }
 
 

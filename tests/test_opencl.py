@@ -1,0 +1,321 @@
+"""The OpenCL backend on pocl: every op against ONNX Runtime, whole models, preprocessing."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper, save
+
+from runtime.backends.base import BackendError, ModelFile, Variant
+from runtime.manifest import Preprocess
+
+cl = pytest.importorskip("pyopencl")
+from runtime.backends.opencl import OpenClBackend, OpenClPreprocessor  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def backend():
+    b = OpenClBackend()
+    if not b.devices():
+        pytest.skip("no OpenCL device (pocl-binary-distribution provides one)")
+    return b
+
+
+def _model(tmp_path, nodes, inputs, output_shape, inits=(), name="m"):
+    """A graph with float inputs {name: shape} and one output 'y'."""
+    ins = [helper.make_tensor_value_info(k, TensorProto.FLOAT, list(v)) for k, v in inputs.items()]
+    out = helper.make_tensor_value_info("y", TensorProto.FLOAT, list(output_shape))
+    g = helper.make_graph(nodes, name, ins, [out], list(inits))
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    path = tmp_path / f"{name}.onnx"
+    save(m, str(path))
+    return path
+
+
+def _run_both(backend, path, shape, storage="fp32", seed=0):
+    x = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+    ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x})[0]
+    mf = ModelFile("t", "fp32", path, "x", tuple(shape))
+    s = backend.load(Variant(mf, "fp32", "opencl", backend.devices()[0].id, 0,
+                             (("storage", storage),)))
+    try:
+        got = s.infer(x)
+    finally:
+        s.close()
+    return got, ref
+
+
+def _w(rng, name, shape, scale=0.3):
+    return numpy_helper.from_array((rng.standard_normal(shape) * scale).astype(np.float32), name)
+
+
+CONV_CASES = [
+    # (C, OC, H, W, k, attrs)
+    (3, 5, 11, 13, 3, {"pads": [1, 1, 1, 1]}),
+    (4, 6, 9, 10, 3, {"strides": [2, 2], "pads": [0, 1, 2, 1]}),
+    (6, 4, 12, 11, 3, {"group": 2, "dilations": [2, 2], "pads": [2, 2, 2, 2]}),
+    (5, 5, 10, 9, 3, {"group": 5, "strides": [2, 1], "pads": [1, 1, 1, 1]}),  # depthwise
+    (7, 9, 6, 5, 1, {}),  # pointwise -> tiled 1x1 kernel
+    (3, 4, 8, 8, 5, {"strides": [3, 3], "auto_pad": "SAME_UPPER"}),
+    (4, 8, 7, 9, 2, {"strides": [1, 2]}),
+]
+
+
+@pytest.mark.parametrize("C, OC, H, W, k, attrs", CONV_CASES)
+@pytest.mark.parametrize("act", [None, "Relu"])
+def test_conv_matches_ort(backend, tmp_path, C, OC, H, W, k, attrs, act):
+    rng = np.random.default_rng(1)
+    g = attrs.get("group", 1)
+    inits = [_w(rng, "w", (OC, C // g, k, k)), _w(rng, "b", (OC,))]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c" if act else "y"],
+                              kernel_shape=[k, k], **attrs)]
+    if act:
+        nodes.append(helper.make_node(act, ["c"], ["y"]))
+    path = _model(tmp_path, nodes, {"x": (1, C, H, W)}, ["N", OC, "H", "W"], inits)
+    got, ref = _run_both(backend, path, (1, C, H, W))
+    assert got.shape == ref.shape
+    np.testing.assert_allclose(got, ref, atol=1e-4, rtol=1e-4)
+
+
+ACTS = [("Relu", {}), ("LeakyRelu", {"alpha": 0.07}), ("Sigmoid", {}),
+        ("HardSigmoid", {"alpha": 0.25, "beta": 0.4}), ("HardSwish", {}), ("Clip", "inputs")]
+
+
+@pytest.mark.parametrize("op, attrs", ACTS)
+@pytest.mark.parametrize("after_conv", [False, True])
+def test_activations(backend, tmp_path, op, attrs, after_conv):
+    rng = np.random.default_rng(2)
+    inits, nodes, src = [], [], "x"
+    if after_conv:
+        inits += [_w(rng, "w", (4, 3, 3, 3)), _w(rng, "b", (4,))]
+        nodes.append(helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]))
+        src = "c"
+    if attrs == "inputs":
+        inits += [numpy_helper.from_array(np.array(-0.5, np.float32), "lo"),
+                  numpy_helper.from_array(np.array(0.8, np.float32), "hi")]
+        nodes.append(helper.make_node("Clip", [src, "lo", "hi"], ["y"]))
+    else:
+        nodes.append(helper.make_node(op, [src], ["y"], **attrs))
+    C = 4 if after_conv else 3
+    path = _model(tmp_path, nodes, {"x": (1, 3, 7, 9)}, [1, C, 7, 9], inits)
+    got, ref = _run_both(backend, path, (1, 3, 7, 9))
+    np.testing.assert_allclose(got, ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("op, attrs", [
+    ("MaxPool", {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    ("MaxPool", {"kernel_shape": [2, 2], "strides": [2, 2], "ceil_mode": 1}),
+    ("AveragePool", {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    ("AveragePool", {"kernel_shape": [3, 2], "strides": [1, 2], "pads": [1, 0, 1, 1],
+                     "count_include_pad": 1}),
+    ("GlobalAveragePool", {}),
+])
+def test_pools(backend, tmp_path, op, attrs):
+    path = _model(tmp_path, [helper.make_node(op, ["x"], ["y"], **attrs)],
+                  {"x": (2, 3, 11, 9)}, ["N", 3, "H", "W"])
+    got, ref = _run_both(backend, path, (2, 3, 11, 9))
+    assert got.shape == ref.shape
+    np.testing.assert_allclose(got, ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("op", ["Add", "Mul"])
+@pytest.mark.parametrize("other", [(1, 4, 5, 6), (1, 4, 1, 1), (1,), (6,)])
+def test_binary_broadcast(backend, tmp_path, op, other):
+    rng = np.random.default_rng(3)
+    inits = [_w(rng, "z", other, 1.0)]
+    path = _model(tmp_path, [helper.make_node(op, ["x", "z"], ["y"])], {"x": (1, 4, 5, 6)},
+                  [1, 4, 5, 6], inits)
+    got, ref = _run_both(backend, path, (1, 4, 5, 6))
+    np.testing.assert_allclose(got, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_batchnorm_standalone_concat_reshape_matmul_softmax(backend, tmp_path):
+    rng = np.random.default_rng(4)
+    inits = [
+        numpy_helper.from_array(rng.uniform(0.5, 1.5, 3).astype(np.float32), "s"),
+        _w(rng, "bb", (3,)), _w(rng, "m", (3,), 0.1),
+        numpy_helper.from_array(rng.uniform(0.5, 1.5, 3).astype(np.float32), "v"),
+        numpy_helper.from_array(np.array([1, -1], np.int64), "shape"),
+        _w(rng, "mm", (3 * 5 * 4 * 2, 7)),
+    ]
+    nodes = [
+        helper.make_node("BatchNormalization", ["x", "s", "bb", "m", "v"], ["bn"]),
+        helper.make_node("Concat", ["bn", "x"], ["cat"], axis=1),
+        helper.make_node("Reshape", ["cat", "shape"], ["flat"]),
+        helper.make_node("MatMul", ["flat", "mm"], ["logits"]),
+        helper.make_node("Softmax", ["logits"], ["y"], axis=-1),
+    ]
+    path = _model(tmp_path, nodes, {"x": (1, 3, 5, 4)}, [1, 7], inits)
+    got, ref = _run_both(backend, path, (1, 3, 5, 4))
+    np.testing.assert_allclose(got, ref, atol=1e-5, rtol=1e-4)
+
+
+def test_gemm_variants(backend, tmp_path):
+    rng = np.random.default_rng(5)
+    inits = [_w(rng, "b1", (6, 10)), _w(rng, "c1", (6,)), _w(rng, "b2", (6, 3)),
+             _w(rng, "c2", (1, 3))]
+    nodes = [
+        helper.make_node("Flatten", ["x"], ["f"]),
+        helper.make_node("Gemm", ["f", "b1", "c1"], ["g1"], transB=1, alpha=0.7, beta=1.3),
+        helper.make_node("Gemm", ["g1", "b2", "c2"], ["y"]),
+    ]
+    path = _model(tmp_path, nodes, {"x": (1, 10, 1, 1)}, [1, 3], inits)
+    got, ref = _run_both(backend, path, (1, 10, 1, 1))
+    np.testing.assert_allclose(got, ref, atol=1e-5, rtol=1e-4)
+
+
+def mobilenet_style(tmp_path, seed=0):
+    """Stem conv+BN+HardSwish, depthwise-separable blocks with BN, a residual Add, a
+    squeeze-excite style Mul with HardSigmoid, pooling, Gemm, Softmax."""
+    rng = np.random.default_rng(seed)
+    inits, nodes = [], []
+
+    def bn(name, c):
+        inits.extend([numpy_helper.from_array(rng.uniform(0.5, 1.5, c).astype(np.float32),
+                                              f"{name}_s"),
+                      _w(rng, f"{name}_b", (c,)), _w(rng, f"{name}_m", (c,), 0.1),
+                      numpy_helper.from_array(rng.uniform(0.5, 1.5, c).astype(np.float32),
+                                              f"{name}_v")])
+        return [f"{name}_s", f"{name}_b", f"{name}_m", f"{name}_v"]
+
+    inits.append(_w(rng, "w0", (8, 3, 3, 3)))
+    nodes += [helper.make_node("Conv", ["x", "w0"], ["c0"], strides=[2, 2], pads=[1, 1, 1, 1]),
+              helper.make_node("BatchNormalization", ["c0", *bn("bn0", 8)], ["b0"]),
+              helper.make_node("HardSwish", ["b0"], ["a0"])]
+    inits += [_w(rng, "dw1", (8, 1, 3, 3)), _w(rng, "pw1", (8, 8, 1, 1))]
+    nodes += [helper.make_node("Conv", ["a0", "dw1"], ["d1"], group=8, pads=[1, 1, 1, 1]),
+              helper.make_node("BatchNormalization", ["d1", *bn("bn1", 8)], ["e1"]),
+              helper.make_node("Relu", ["e1"], ["r1"]),
+              helper.make_node("Conv", ["r1", "pw1"], ["p1"]),
+              helper.make_node("BatchNormalization", ["p1", *bn("bn2", 8)], ["q1"]),
+              helper.make_node("Add", ["q1", "a0"], ["res"])]
+    inits += [_w(rng, "se_w", (8, 8, 1, 1)), _w(rng, "se_b", (8,))]
+    nodes += [helper.make_node("GlobalAveragePool", ["res"], ["sq"]),
+              helper.make_node("Conv", ["sq", "se_w", "se_b"], ["ex"]),
+              helper.make_node("HardSigmoid", ["ex"], ["gate"]),
+              helper.make_node("Mul", ["res", "gate"], ["se"])]
+    inits += [_w(rng, "dw2", (8, 1, 3, 3)), _w(rng, "pw2", (16, 8, 1, 1))]
+    nodes += [helper.make_node("Conv", ["se", "dw2"], ["d2"], group=8, strides=[2, 2],
+                               pads=[1, 1, 1, 1]),
+              helper.make_node("Relu", ["d2"], ["r2"]),
+              helper.make_node("Conv", ["r2", "pw2"], ["p2"]),
+              helper.make_node("BatchNormalization", ["p2", *bn("bn3", 16)], ["q2"]),
+              helper.make_node("HardSwish", ["q2"], ["a2"]),
+              helper.make_node("MaxPool", ["a2"], ["mp"], kernel_shape=[2, 2], strides=[2, 2]),
+              helper.make_node("GlobalAveragePool", ["mp"], ["gap"]),
+              helper.make_node("Flatten", ["gap"], ["flat"])]
+    inits += [_w(rng, "fc", (5, 16)), _w(rng, "fcb", (5,))]
+    nodes += [helper.make_node("Gemm", ["flat", "fc", "fcb"], ["logits"], transB=1),
+              helper.make_node("Softmax", ["logits"], ["y"], axis=1)]
+    return _model(tmp_path, nodes, {"x": (1, 3, 33, 29)}, [1, 5], inits, name="mnet")
+
+
+@pytest.mark.parametrize("storage, tol", [("fp32", 1e-4), ("fp16", 3e-3)])
+def test_mobilenet_style_model(backend, tmp_path, storage, tol):
+    got, ref = _run_both(backend, mobilenet_style(tmp_path), (1, 3, 33, 29), storage)
+    np.testing.assert_allclose(got, ref, atol=tol)
+
+
+@pytest.mark.parametrize("storage, tol", [("fp32", 1e-4), ("fp16", 3e-3)])
+def test_bundled_model_variants(backend, storage, tol):
+    from models import bundled
+    from runtime.manifest import load_manifest
+
+    man = load_manifest(bundled())
+    forms = [v for v in man.variants if v.precision in ("fp32", "fp32-reduced")]
+    assert forms
+    for v in forms:
+        x = np.random.default_rng(7).standard_normal(v.input_shape).astype(np.float32)
+        ref = ort.InferenceSession(str(man.path(v)), providers=["CPUExecutionProvider"]).run(
+            None, {v.input_name: x})[0]
+        mf = ModelFile("inspection", v.name, man.path(v), v.input_name, v.input_shape)
+        s = backend.load(Variant(mf, v.name, "opencl", "CPU.0", 0, (("storage", storage),)))
+        got = s.infer(x)
+        s.close()
+        np.testing.assert_allclose(got, ref, atol=tol, err_msg=v.name)
+
+
+def test_unsupported_graph_is_refused_with_the_op_list(backend, tmp_path):
+    nodes = [helper.make_node("Hardmax", ["x"], ["h"]), helper.make_node("Erf", ["h"], ["y"])]
+    path = _model(tmp_path, nodes, {"x": (1, 4)}, [1, 4])
+    mf = ModelFile("t", "fp32", path, "x", (1, 4))
+    from runtime.config import BackendsConfig
+
+    assert backend.variants(mf, BackendsConfig(), (1,)) == []  # never offered
+    with pytest.raises(BackendError, match="unsupported ops: Erf, Hardmax"):
+        backend.load(Variant(mf, "fp32", "opencl", "CPU.0", 0, (("storage", "fp32"),)))
+
+
+def test_devices_report_limits(backend):
+    d = backend.devices()[0]
+    for key in ("platform", "compute_units", "global_mem_mb", "max_work_group", "fp16"):
+        assert d.details[key]
+
+
+def test_no_platform_disables_backend_with_one_line(tmp_path):
+    code = ("import logging; logging.basicConfig(level=logging.INFO)\n"
+            "from runtime.config import BackendsConfig\nfrom runtime.backends import discover\n"
+            "print([b.name for b in discover(BackendsConfig(enabled=('opencl',)))])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "OCL_ICD_VENDORS": str(tmp_path / "none")})
+    assert out.stdout.strip() == "[]"
+    lines = [x for x in out.stderr.splitlines() if "opencl" in x]
+    assert len(lines) == 1 and "disabled" in lines[0]
+
+
+def _bilinear_ref(img: np.ndarray, oh: int, ow: int) -> np.ndarray:
+    """Float bilinear with half-pixel centres and edge clamping (cv2.INTER_LINEAR's rule)."""
+    h, w = img.shape[:2]
+
+    def axis(o, n):
+        src = (np.arange(o) + 0.5) * n / o - 0.5
+        i0 = np.floor(src).astype(int)
+        a = src - i0
+        a[i0 < 0], i0[i0 < 0] = 0.0, 0
+        a[i0 >= n - 1], i0[i0 >= n - 1] = 0.0, n - 1
+        return i0, np.minimum(i0 + 1, n - 1), a
+
+    y0, y1, ay = axis(oh, h)
+    x0, x1, ax = axis(ow, w)
+    f = img.astype(np.float64)
+    top = f[y0][:, x0] * (1 - ax)[None, :, None] + f[y0][:, x1] * ax[None, :, None]
+    bot = f[y1][:, x0] * (1 - ax)[None, :, None] + f[y1][:, x1] * ax[None, :, None]
+    return top * (1 - ay)[:, None, None] + bot * ay[:, None, None]
+
+
+@pytest.mark.parametrize("resize", ["bilinear", "nearest"])
+@pytest.mark.parametrize("src_hw, colour", [((120, 90), "RGB"), ((64, 64), "BGR"),
+                                             ((37, 151), "RGB")])
+def test_preprocessing_kernel_matches_reference(backend, resize, src_hw, colour):
+    rng = np.random.default_rng(8)
+    frame = rng.integers(0, 256, (*src_hw, 3), dtype=np.uint8)
+    pre = Preprocess(colour=colour, resize=resize, mean=(0.4, 0.5, 0.6), std=(0.2, 0.25, 0.3))
+    shape = (1, 3, 48, 64)
+    got = OpenClPreprocessor(backend, "CPU.0", pre, shape)(frame)
+    cv_ref = pre.apply(frame, shape)  # what the CPU path feeds the model (cv2, uint8 resize)
+    step = 1 / 255 / min(pre.std)  # one 8-bit step after normalisation
+    # cv2 rounds the resized image to uint8 (fixed-point weights): within one step of it ...
+    assert np.abs(got - cv_ref).max() <= step + 1e-5
+    if resize == "bilinear":
+        # ... and within float rounding of the exact float bilinear.
+        exact = _bilinear_ref(frame, 48, 64)
+        if colour == "RGB":
+            exact = exact[..., ::-1]
+        exact = ((exact / 255 - np.array(pre.mean)) / np.array(pre.std)).transpose(2, 0, 1)
+        np.testing.assert_allclose(got[0], exact, atol=1e-4)
+    else:
+        assert np.abs(got - cv_ref).max() < 1e-5  # nearest picks the same pixels as cv2
+
+
+def test_preprocessing_fp16_output(backend):
+    frame = np.random.default_rng(9).integers(0, 256, (50, 70, 3), dtype=np.uint8)
+    pre = Preprocess()
+    got = OpenClPreprocessor(backend, "CPU.0", pre, (1, 3, 32, 32), half=True)(frame)
+    np.testing.assert_allclose(got, pre.apply(frame, (1, 3, 32, 32)), atol=2e-2)
