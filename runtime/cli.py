@@ -88,6 +88,10 @@ def cmd_profile(args: argparse.Namespace) -> int:
     else:
         print(f"model {args.model}  device profile {device.name}  energy source {meter.source}"
               f"  idle {profiler.idle_w():.2f} W")
+        for b in backends:
+            for d in b.devices():
+                extra = ", ".join(f"{k} {v}" for k, v in d.details.items() if k != "version")
+                print(f"device {b.name}:{d.id} {d.name}" + (f" ({extra})" if extra else ""))
         print(profile_table(profiles, choice, {p.variant_id for p in front}))
         print("choice: " + (choice.reason if choice else failure))
     return 0 if choice is not None else 1

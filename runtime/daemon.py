@@ -264,6 +264,8 @@ class Daemon:
                          "reason": self.decision.reason},
             "rate_cap_hz": self.pipeline.rate_cap_hz or None,
             "pipeline": self.pipeline.stats(), "backlog": self.outbox.stats(),
+            "devices": [{"backend": b.name, "id": d.id, "name": d.name, **d.details}
+                        for b in self.backends for d in b.devices()],
         }
         h["slo"] = h["pipeline"].pop("slo")
         if self.publisher:
