@@ -2,7 +2,7 @@
 
     python bench/governor.py [--device rpi5 generic-x86 fanless-box | path/to/device.toml]
                              [--scenario cool hot sun | kind:base_c:swing_c]
-                             [--hours 6] [--ladder bench/data/recorded_ladder.json] [--plot DIR]
+                             [--hours 6] [--ladder models/inspection | recorded.json] [--plot DIR]
 
 For each device x scenario it runs, side by side on the same simulated day:
   A kernel-only  the most accurate rung at full rate; the simulated kernel throttles (DVFS)
@@ -23,6 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
+
 from power.closed_loop import THERMAL_POLICIES, RunResult, device_ladder, simulate
 from power.device import load_profile
 from power.plant import SCENARIOS, ambient
@@ -33,13 +35,41 @@ LABEL = {"kernel": "A kernel-only", "cheapest": "B cheapest", "step_wise": "step
          "power_allocator": "power_alloc"}
 
 
+def measure_model(model_dir: Path) -> list[Profile]:
+    """Profile every manifest variant on ORT and OpenVINO (1 thread) on this machine; energy is
+    replaced by CPU time so the device profile's power model can scale it."""
+    from dataclasses import replace
+
+    from power.device import load_profile as load_dev
+    from power.sensors import detect_meter
+    from runtime.backends import discover
+    from runtime.config import BackendsConfig, OnnxRuntimeConfig, OpenVinoConfig, ProfilerConfig
+    from runtime.manifest import load_manifest, model_files
+    from runtime.profiler import Profiler, plan
+
+    cfg = BackendsConfig(enabled=("onnxruntime", "openvino"), threads=(1,),
+                         onnxruntime=OnnxRuntimeConfig(spinning=(False,), include_default=False),
+                         openvino=OpenVinoConfig(precision_hints=("f32",)))
+    dev = load_dev("generic-x86")
+    prof = Profiler(ProfilerConfig(time_budget_s=0.5, cache_dir="/tmp/edgerun-bench-governor"),
+                    detect_meter(Path("/"), dev), dev.name)
+    forms = model_files(load_manifest(model_dir))
+    out = [prof.profile(b, d, v) for b, d, v in plan(discover(cfg), forms, (1,), cfg)]
+    return [replace(p, energy_mj=p.cpu_ms) for p in out if p.ok]
+
+
 def load_ladder(path: Path):
-    """Recorded profiles -> frontier rungs and their CPU-seconds per inference."""
-    doc = json.loads(path.read_text())
-    profiles = [Profile(v["variant_id"], v["variant_id"].split("/")[0], v["precision"], "rec",
-                        "CPU", 1, p50_ms=v["p95_ms"], p95_ms=v["p95_ms"], p99_ms=v["p95_ms"],
-                        energy_mj=v["cpu_ms"], cpu_ms=v["cpu_ms"], accuracy=v["accuracy"])
-                for v in doc["variants"]]
+    """Frontier rungs and their CPU-seconds per inference, from a model directory (measured
+    now) or a recorded-profiles JSON."""
+    if path.is_dir():
+        profiles = measure_model(path)
+    else:
+        doc = json.loads(path.read_text())
+        profiles = [Profile(v["variant_id"], v["variant_id"].split("/")[0], v["precision"],
+                            "rec", "CPU", 1, p50_ms=v["p95_ms"], p95_ms=v["p95_ms"],
+                            p99_ms=v["p95_ms"], energy_mj=v["cpu_ms"], cpu_ms=v["cpu_ms"],
+                            accuracy=v["accuracy"])
+                    for v in doc["variants"]]
     rungs = ladder(profiles)
     cpu = {p.variant_id: p.cpu_ms / 1e3 for p in profiles}
     return rungs, [cpu[r.variant_id] for r in rungs]
@@ -99,13 +129,16 @@ def main() -> int:
     ap.add_argument("--scenario", nargs="+", default=["cool", "hot", "sun"])
     ap.add_argument("--hours", type=float, default=6.0)
     ap.add_argument("--start-hour", type=float, default=8.0, help="time of day the run starts")
-    ap.add_argument("--ladder", type=Path, default=HERE / "data" / "recorded_ladder.json")
+    ap.add_argument("--ladder", type=Path, default=HERE.parent / "models" / "inspection",
+                    help="a model directory (profiled now) or recorded profiles (JSON, e.g. "
+                    "bench/data/recorded_ladder.json)")
     ap.add_argument("--plot", type=Path, help="write one PNG per device x scenario here")
     args = ap.parse_args()
 
     base_rungs, cpu = load_ladder(args.ladder)
     print(f"ladder ({args.ladder.name}): " + " < ".join(
-        f"{r.variant_id.split('/')[0]} ({r.accuracy:.3f})" for r in base_rungs))
+        f"{r.variant_id.split('@')[0]} ({r.accuracy:.3f}, {c * 1e3:.3f} ms CPU)"
+        for r, c in zip(base_rungs, cpu, strict=True)))
     if args.plot:
         args.plot.mkdir(parents=True, exist_ok=True)
     head = (f"{'device':<18}{'scenario':<9}{'policy':<15}{'crit':>5}{'thr min':>9}"

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import onnx
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
+
 from power.device import load_profile
 from power.sensors import detect_meter
 from runtime.backends import discover

@@ -4,7 +4,8 @@
 
 All policies run on the same irradiance trace (clear days and multi-day cloudy spells,
 deterministic by seed). fixed = the top rung at the full offered rate; greedy = full power while
-the battery is above reserve; oracle = the same planner fed the true future harvest.
+the battery is above reserve; oracle = the planner fed the true harvest of the next three
+days (no forecast margin, no neutrality hedge).
 Prints hours below reserve (target 0) and accuracy-weighted inferences relative to the oracle
 (target >= 0.9).
 """
@@ -31,7 +32,8 @@ def main() -> int:
     ap.add_argument("--days", type=int, default=14)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--dt", type=float, default=60.0, help="simulation step, s")
-    ap.add_argument("--ladder", type=Path, default=HERE / "data" / "recorded_ladder.json")
+    ap.add_argument("--ladder", type=Path, default=HERE.parent / "models" / "inspection",
+                    help="a model directory (profiled now) or recorded profiles (JSON)")
     args = ap.parse_args()
 
     dev = load_profile(args.device)

@@ -93,7 +93,8 @@ def simulate(device: DeviceProfile, rungs: Sequence[Rung], ambient_c: Callable[[
                                        b.reserve_frac, b.charge_efficiency)
         estate = energy_mod.initial_state(ecfg)
     res = RunResult(policy)
-    current, last_change = top, -math.inf
+    current = top
+    rung_state = gov.RungHold(top)
     names = ("t", "temp_c", "ambient_c", "rung", "rate_hz", "latency_ms", "accuracy",
              "battery_frac")
     res.trace = {k: [] for k in names} if record_every else {}
@@ -118,10 +119,10 @@ def simulate(device: DeviceProfile, rungs: Sequence[Rung], ambient_c: Callable[[
         proposed, rate = select_for_budget(rungs, decision.budget_w, rate_hz, current)
         if policy == "cheapest":
             proposed = 0
-        chosen = gov.hold_upgrade(current, proposed, s.t, last_change, gcfg.dwell_s)
-        if chosen != current:
+        rung_state = gov.hold(rung_state, proposed, s.t, gcfg.dwell_s, gcfg.max_dwell_s)
+        if rung_state.rung != current:
             res.rung_changes += 1
-            current, last_change = chosen, s.t
+            current = rung_state.rung
         rung = rungs[current]
         latency = rung.latency_s * (th.throttle_latency_factor if s.throttled else 1.0)
         delivered = min(rate, rung.parallel / latency) if plant.on else 0.0
@@ -152,15 +153,15 @@ def _energy_decision(policy: str, cfg: energy_mod.EnergyConfig, r: Reading, s,
     if policy == "fixed":
         return gov.Decision(fixed_w if fixed_w is not None else math.inf)
     if policy == "oracle":
+        # The best a planner can do: the true harvest of the next three days, no margin, no
+        # neutrality hedge (it knows what is coming).
         assert oracle is not None
+        ocfg = replace(cfg, forecast_margin=0.0, neutral=False, buffer_h=0.0,
+                       horizon_slots=3 * cfg.slots_per_day)
         slot = int(r.t // (energy_mod.DAY / cfg.slots_per_day))
-        window = oracle[slot: slot + cfg.horizon_slots]
-        window = np.pad(window, (0, cfg.horizon_slots - len(window)))
-        # the true harvest of the next slots, laid out where plan_power looks for them
-        first = slot % cfg.slots_per_day
-        forecast = tuple(float(window[(k - first) % cfg.slots_per_day])
-                         for k in range(cfg.slots_per_day))
-        p = energy_mod.plan_power(s.battery_wh or 0.0, r.t, forecast,
-                                  replace(cfg, forecast_margin=0.0))
+        window = oracle[slot: slot + ocfg.horizon_slots]
+        window = np.pad(window, (0, ocfg.horizon_slots - len(window)))
+        p = energy_mod.plan_power(s.battery_wh or 0.0, r.t, (), ocfg,
+                                  ahead=tuple(float(w) for w in window))
         return gov.Decision(p if p < cfg.max_w else math.inf)
     raise ValueError(f"unknown energy policy {policy!r} (none, energy, greedy, fixed, oracle)")

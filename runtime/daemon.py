@@ -86,7 +86,7 @@ class Daemon:
         self.sim = None
         self.publisher: Publisher | None = None
         self.current = 0
-        self.last_change = -math.inf
+        self.hold = gov.RungHold()
         self.gstate = gov.GovernorState()
         self.decision = gov.Decision(math.inf, reason="start")
         self.reading = None
@@ -303,12 +303,14 @@ class Daemon:
         self.decision = decision
         rate = self.cfg.governor.rate_hz
         proposed, fit_rate = fit_budget(self.rungs, decision.budget_w, rate, self.current)
-        dwell = self.gcfg.dwell_s if self.gcfg else 0.0
-        chosen = gov.hold_upgrade(self.current, proposed, r.t, self.last_change, dwell)
+        dwell, max_dwell = (self.gcfg.dwell_s, self.gcfg.max_dwell_s) if self.gcfg else (0, 0)
+        hold = gov.hold(replace(self.hold, rung=self.current), proposed, r.t, dwell, max_dwell)
         cap = min(decision.rate_cap_hz, fit_rate)
         self.pipeline.rate_cap_hz = cap if cap < rate else 0.0
-        if chosen != self.current:
-            self._move(chosen, r.t, decision.reason or "budget")
+        if hold.rung != self.current:
+            self._move(hold.rung, r.t, decision.reason or "budget")
+        if self.current == hold.rung:  # a failed switch keeps the old rung and its timing
+            self.hold = hold
         self._check_conditions(r.temp_c)
 
     def _move(self, rung: int, t: float, why: str) -> None:
@@ -325,7 +327,7 @@ class Daemon:
         log.info("rung %d -> %d: %s -> %s (%s)", self.current, rung, old, active.variant_id, why)
         self.event("rung_changed", "info", **{"from": old, "to": active.variant_id,
                                               "rung": rung, "reason": why})
-        self.current, self.last_change = rung, t
+        self.current = rung
         self.notify.status(self.status_line())
         if self.publisher:
             self.publisher.request_rebirth()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -12,8 +13,9 @@ from power.governor import (
     Decision,
     GovernorConfig,
     GovernorState,
+    RungHold,
     combine,
-    hold_upgrade,
+    hold,
     step,
 )
 from power.sensors import Reading
@@ -132,14 +134,34 @@ def test_select_for_budget(budget, rate, current, want):
     assert (i, pytest.approx(r)) == (want[0], pytest.approx(want[1]))
 
 
-@pytest.mark.parametrize(("current", "proposed", "t", "last", "want"), [
-    (2, 0, 10, 9, 0),  # down at once
-    (0, 2, 10, 9, 0),  # up waits for the dwell
-    (0, 2, 100, 9, 1),  # then one rung at a time
-    (None, 2, 0, 0, 2),
+@pytest.mark.parametrize(("steps", "want_rungs", "want_dwell"), [
+    # (proposed, t) sequence from rung 2 with base dwell 30
+    ([(0, 10)], [0], 30),  # down at once
+    ([(0, 10), (2, 20)], [0, 0], 30),  # up waits for the dwell
+    ([(0, 10), (2, 40), (2, 70)], [0, 1, 2], 30),  # then one rung at a time
+    ([(0, 10), (2, 40), (0, 50)], [0, 1, 0], 60),  # an upgrade undone fast doubles the dwell
+    ([(0, 10), (2, 40), (0, 50), (2, 100), (2, 111)], [0, 1, 0, 0, 1], 60),
+    ([(0, 10), (2, 40), (0, 50), (2, 400)], [0, 1, 0, 1], 30),  # a quiet period resets it
+    ([(1, 10), (1, 20), (1, 30)], [1, 1, 1], 30),  # no change, no effect
 ])
-def test_hold_upgrade(current, proposed, t, last, want):
-    assert hold_upgrade(current, proposed, t, last, 30) == want
+def test_hold_table(steps, want_rungs, want_dwell):
+    state = RungHold(2)
+    got = []
+    for proposed, t in steps:
+        state = hold(state, proposed, t, 30.0, 900.0)
+        got.append(state.rung)
+    assert got == want_rungs and state.dwell_s == want_dwell
+
+
+def test_hold_caps_the_dwell():
+    state = RungHold(2)
+    t = 0.0
+    for _ in range(20):  # upgrade, then undone at once, forever
+        t += state.dwell_s or 30
+        state = hold(state, 3, t, 30.0, 240.0)
+        t += 1
+        state = hold(state, 2, t, 30.0, 240.0)
+    assert state.dwell_s == 240.0
 
 
 def test_combine_stricter_wins():
@@ -149,7 +171,7 @@ def test_combine_stricter_wins():
 
 
 ECFG = energy.EnergyConfig(capacity_wh=100, idle_w=1.0, max_w=5.0, reserve_frac=0.2,
-                           charge_efficiency=1.0, forecast_margin=0.0)
+                           charge_efficiency=1.0, forecast_margin=0.0, buffer_h=0.0)
 
 
 @pytest.mark.parametrize(("battery", "forecast", "check"), [
@@ -165,6 +187,20 @@ def test_plan_power(battery, forecast, check):
 def test_plan_power_no_sun_keeps_reserve_exactly():
     p = energy.plan_power(100.0, 0.0, (0.0,) * 24, ECFG)
     assert (1.0 + p) * 24 == pytest.approx(80.0, abs=0.01)
+
+
+def test_plan_power_keeps_the_idle_buffer_above_the_reserve():
+    cfg = replace(ECFG, buffer_h=12.0)  # floor = 20 Wh + 12 h x 1 W
+    p = energy.plan_power(100.0, 0.0, (0.0,) * 24, cfg)
+    assert (1.0 + p) * 24 == pytest.approx(100.0 - 32.0, abs=0.01)
+    assert energy.plan_power(32.0, 0.0, (50.0,) * 24, cfg) == 0.0
+
+
+def test_plan_power_neutral_and_known_future():
+    assert energy.plan_power(100.0, 0.0, (0.0,) * 24, replace(ECFG, neutral=True)) == 0.0
+    # `ahead` (the oracle) overrides the cyclic forecast: sun known to come in the next slots
+    sunny = energy.plan_power(50.0, 0.0, (0.0,) * 24, ECFG, ahead=(100.0,) * 24)
+    assert sunny == 5.0
 
 
 def test_energy_forecast_learns_slots_and_fails_safe():

@@ -90,3 +90,40 @@ def test_closed_loop_governor_avoids_throttling_where_kernel_does_not():
         r = simulate(dev, rungs, hot, policy, 3 * 3600, rate, target)
         assert r.critical_trips == 0 and r.throttled_min == 0, policy
         assert r.good_weighted > 1.2 * kernel.good_weighted, policy
+
+
+@pytest.fixture(scope="module")
+def solar_runs():
+    """Four days of the solar node with a cloudy spell, every energy policy on the same trace."""
+    dev = load_profile("solar-node")
+    rungs = device_ladder([Rung("small", 0.80, 0, 0.0074), Rung("big", 0.99, 0, 0.03)],
+                          [0.0059, 0.025], dev)
+    irr = solar_trace(4, seed=7)  # days: sunny, sunny, overcast, overcast
+    slot_wh = (irr * dev.solar.panel_w * 300 / 3600).reshape(-1, 12).sum(axis=1)
+    common = dict(duration_s=4 * 86400, rate_hz=rungs[-1].max_rate_hz(),
+                  latency_target_s=1.5 * rungs[-1].latency_s, dt=300.0, irradiance=irr,
+                  battery_frac=0.6)
+    amb = ambient("constant", 20.0)
+    runs = {p: simulate(dev, rungs, amb, "step_wise", energy_policy=p,
+                        oracle_forecast=slot_wh if p == "oracle" else None, **common)
+            for p in ("none", "greedy", "energy", "oracle")}
+    runs["fixed0"] = simulate(dev, rungs, amb, "step_wise", energy_policy="fixed", fixed_w=0.0,
+                              **common)
+    return runs
+
+
+def test_energy_policies_table(solar_runs):
+    r = solar_runs
+    assert r["greedy"].below_reserve_h > 0  # spends to the reserve, then the clouds come
+    assert r["none"].below_reserve_h >= r["greedy"].below_reserve_h
+    assert r["energy"].below_reserve_h == 0  # the buffer carries it through
+    assert r["oracle"].below_reserve_h == 0
+    assert r["fixed0"].good == 0 and r["fixed0"].below_reserve_h == 0  # idle only
+    assert 0 < r["energy"].good_weighted < r["greedy"].good_weighted
+
+
+def test_unknown_energy_policy_is_an_error():
+    dev = load_profile("solar-node")
+    with pytest.raises(ValueError, match="unknown energy policy"):
+        simulate(dev, [Rung("a", 1.0, 0.01, 0.01)], ambient("constant", 20.0), "step_wise",
+                 600, 1.0, 1.0, dt=60, irradiance=solar_trace(1, 1), energy_policy="bogus")
