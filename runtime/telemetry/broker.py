@@ -6,6 +6,7 @@ Used by the tests and benchmarks (a real broker, stopped and restarted at will) 
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -39,8 +40,11 @@ class Mosquitto:
             raise RuntimeError("mosquitto is not installed (apt install mosquitto)")
         self.port = free_port()
         self.conf = workdir / "mosquitto.conf"
+        # As root, mosquitto drops to the `mosquitto` user and then cannot read password or
+        # key files in a private temp dir; a test/demo broker has no reason to switch users.
+        user = "user root\n" if os.geteuid() == 0 else ""
         self.conf.write_text(f"listener {self.port} 127.0.0.1\nallow_anonymous true\n"
-                             f"persistence false\n{extra}\n")
+                             f"persistence false\n{user}{extra}\n")
         self.log = workdir / "mosquitto.log"
         self.proc: subprocess.Popen | None = None
 

@@ -125,7 +125,10 @@ class Publisher:
                 next_attempt = time.monotonic() + self._backoff.next_delay()
                 continue
             rc = client.loop(timeout=0.01)
-            if rc != mqtt.MQTT_ERR_SUCCESS or self._client is None:
+            if self._client is None:  # refused in on_connect, which recorded why
+                next_attempt = time.monotonic() + self._backoff.next_delay()
+                continue
+            if rc != mqtt.MQTT_ERR_SUCCESS:
                 self._drop(f"network loop: {mqtt.error_string(rc)}")
                 next_attempt = time.monotonic() + self._backoff.next_delay()
                 continue
