@@ -192,6 +192,14 @@ def cmd_fleet(args: argparse.Namespace) -> int:
     return fleet_command(args)
 
 
+def cmd_schemas(args: argparse.Namespace) -> int:
+    """Print the MQTT payload JSON Schemas (v1), keyed by message kind."""
+    from runtime.telemetry.payloads import SCHEMAS
+
+    print(json.dumps(SCHEMAS, indent=2))
+    return 0
+
+
 def cmd_keys(args: argparse.Namespace) -> int:
     """Make an Ed25519 key pair for signing commands (private key mode 0600)."""
     from runtime.telemetry.commands import generate_keypair
@@ -282,6 +290,10 @@ def build_parser() -> argparse.ArgumentParser:
     fc.add_argument("kv", nargs="*", metavar="ARG=VALUE")
     fc.add_argument("--wait", type=float, default=10.0, help="seconds to wait for the reply")
     fl.set_defaults(func=cmd_fleet)
+
+    sc = sub.add_parser("schemas", help="print the MQTT payload JSON Schemas",
+                        description=cmd_schemas.__doc__)
+    sc.set_defaults(func=cmd_schemas)
 
     ky = sub.add_parser("keys", help="make an Ed25519 command-signing key pair",
                         description=cmd_keys.__doc__)

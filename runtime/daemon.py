@@ -258,6 +258,7 @@ class Daemon:
             "rung": self.current, "rungs": len(self.rungs),
             "accuracy": self.rungs[self.current].accuracy,
             "energy_mj": prof.energy_mj if prof else None, "energy_source": self.meter.source,
+            "power_w": round(self.device.power.idle_w + self._load_w(), 3),  # idle + inference
             "governor": {"policy": self.cfg.governor.policy, "level": self.decision.level,
                          "budget_w": None if math.isinf(self.decision.budget_w)
                          else round(self.decision.budget_w, 4),

@@ -215,3 +215,32 @@ def test_birth_death_after_kill9_and_clean_stop(tmp_path, broker):
     _wait(lambda: coord.views["dev1"].status == "offline", 5, "clean offline")
     assert coord.views["dev1"].reason == "clean shutdown"
     coord.stop()
+
+
+def test_fleet_cli_over_the_api(tmp_path, broker, capsys):
+    from runtime.cli import main
+    from runtime.coordinator.api import serve
+
+    commands.generate_keypair(tmp_path / "k.pem", tmp_path / "k.pub")
+    coord = _coordinator(tmp_path, broker.port, signing_key=str(tmp_path / "k.pem"))
+    api = serve(coord, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{api.server_address[1]}"
+    dev = Device(tmp_path, broker.port, 20, trusted_key=tmp_path / "k.pub").start()
+    try:
+        _wait(lambda: coord.store.counts().get("dev1", 0) >= 20, 20, "results")
+        assert main(["fleet", "--api", url, "ls"]) == 0
+        out = capsys.readouterr().out
+        assert "dev1" in out and "online" in out and " 20 " in out
+        assert main(["fleet", "--api", url, "show", "dev1"]) == 0
+        shown = json.loads(capsys.readouterr().out)
+        assert shown["results_stored"] == 20 and shown["status"] == "online"
+        assert main(["fleet", "--api", url, "send", "dev1", "set_latency_target", "ms=15"]) == 0
+        assert capsys.readouterr().out.startswith("accepted")
+        assert main(["fleet", "--api", url, "send", "dev1", "set_rate", "fps=-1"]) == 1
+        assert "refused" in capsys.readouterr().out
+        with pytest.raises(SystemExit, match="unknown device"):
+            main(["fleet", "--api", url, "send", "nobody", "ping"])
+    finally:
+        dev.term()
+        api.shutdown()
+        coord.stop()
