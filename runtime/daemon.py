@@ -145,7 +145,12 @@ class Daemon:
         """Manifest, backends, profiles (cached unless `fresh`) and ladder; all or nothing."""
         cfg = self.cfg
         manifest = load_manifest(path)
-        forms = model_files(manifest)
+
+        def refused(v, e) -> None:
+            log.error("variant %s refused: %s; running on the others", v.name, e)
+            self.event("variant_refused", "critical", variant=v.name, error=str(e))
+
+        forms = model_files(manifest, refused)
         # Engines are discovered once per process: re-creating them (a second ov.Core while the
         # first is torn down) was seen to leave the process crashing on its next signal.
         backends = getattr(self, "backends", None) or discover(cfg.backends)

@@ -8,6 +8,7 @@ names the file, never a silent load of something else.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -164,11 +165,26 @@ def verify(manifest: Manifest, v: VariantEntry) -> Path:
     return path
 
 
-def model_files(manifest: Manifest) -> list[ModelFile]:
-    """Every verified variant as a ModelFile for the profiler (a bad file is skipped by the
-    caller's choice: this raises on the first mismatch)."""
-    return [ModelFile(manifest.name, v.name, verify(manifest, v), v.input_name, v.input_shape,
-                      v.accuracy) for v in manifest.variants]
+def model_files(manifest: Manifest,
+                on_bad: Callable[[VariantEntry, ModelError], None] | None = None
+                ) -> list[ModelFile]:
+    """Every verified variant as a ModelFile for the profiler. Without `on_bad` the first bad
+    file raises; with it, bad variants are reported through it and skipped (the daemon keeps
+    running on the good ones), and only a manifest with no good variant raises."""
+    out = []
+    for v in manifest.variants:
+        try:
+            path = verify(manifest, v)
+        except ModelError as e:
+            if on_bad is None:
+                raise
+            on_bad(v, e)
+            continue
+        out.append(ModelFile(manifest.name, v.name, path, v.input_name, v.input_shape,
+                             v.accuracy))
+    if not out:
+        raise ModelError(f"{manifest.root / MANIFEST}: no variant passed verification")
+    return out
 
 
 def postprocess(scores: np.ndarray, manifest: Manifest) -> list[tuple[str, float]]:

@@ -245,3 +245,28 @@ def test_notify_ready_watchdog_and_hung_backend_stops_beats(tmp_path, broker, pr
         d.proc.kill()
         d.proc.wait()
         sock.close()
+
+
+def test_corrupt_variant_is_refused_and_the_daemon_runs_on_the_rest(tmp_path, broker,
+                                                                    coordinator, profile_cache):
+    import shutil
+
+    model = tmp_path / "inspection"
+    shutil.copytree(bundled(), model)
+    target = model / "large-fp32.onnx"
+    data = bytearray(target.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    target.write_bytes(bytes(data))
+    cfg = write_config(tmp_path, broker.port, profile_cache,
+                       extra=f'[model]\npath = "{model}"\n')
+    d = Serve(tmp_path, cfg)
+    try:
+        wait(lambda: coordinator.store.counts().get("box1", 0) >= 10, 120, "results", d)
+        wait(lambda: any(e["type"] == "variant_refused"
+                         for e in coordinator.store.events("box1")), 10, "event", d)
+        refused = [e for e in coordinator.store.events("box1") if e["type"] == "variant_refused"]
+        assert refused[0]["variant"] == "large-fp32" and "sha256" in refused[0]["error"]
+        assert all("large-fp32" not in r["variant"]
+                   for r in coordinator.store.results("box1", 0, 50))
+    finally:
+        assert d.stop() == 0
