@@ -127,7 +127,7 @@ class Daemon:
         self.pipeline = Pipeline(lambda: open_source(cfg.source, self.state_dir,
                                                      cfg.telemetry.broker, self.device_id),
                                  self.manifest, self.outbox.append_many, self._pipeline_event,
-                                 cfg.daemon.queue_size)
+                                 cfg.daemon.queue_size, self._preprocess_chooser())
         self.pipeline.latency_target_ms = cfg.constraints.latency_ms
         self.pipeline.start(self._session(len(self.rungs) - 1))
         self.current = len(self.rungs) - 1
@@ -157,6 +157,7 @@ class Daemon:
         threads = cfg.backends.threads or default_threads()
         work = plan(backends, forms, threads, cfg.backends)
         profiler = Profiler(cfg.profiler, self.meter, self.device.name)
+        self.idle_w = profiler.idle_w()
         t0 = time.monotonic()
         profiles = [profiler.profile(b, d, v, fresh=fresh) for b, d, v in work]
         log.info("%d variants of %s profiled in %.1f s (%d failed)", len(profiles),
@@ -166,6 +167,28 @@ class Daemon:
         self._loaders = {v.id: (b, v) for b, _, v in work}
         self.profile_temp = self.sensors.read().temp_c
         self._build_ladder()
+
+    def _preprocess_chooser(self):
+        """CPU or OpenCL preprocessing, measured per frame size (see runtime/preprocessing)."""
+        from runtime.preprocessing import PreprocessChooser
+
+        ocl = next((b for b in self.backends if b.name == "opencl" and b.devices()), None)
+        factory, name = None, "opencl"
+        pre = self.manifest.preprocess
+        if ocl is not None and pre.layout == "NCHW" and pre.resize in ("bilinear", "nearest"):
+            from runtime.backends.opencl import OpenClPreprocessor
+
+            dev = ocl.devices()[0].id
+            name = f"opencl:{dev}"
+            cache: dict = {}
+
+            def factory(shape, ocl=ocl, dev=dev, cache=cache):
+                if shape not in cache:
+                    cache[shape] = OpenClPreprocessor(ocl, dev, pre, shape)
+                return cache[shape]
+
+        self.preprocess = PreprocessChooser(pre, self.meter, self.idle_w, factory, name)
+        return self.preprocess
 
     def _constraints(self) -> Constraints:
         c = self.cfg.constraints
@@ -272,6 +295,7 @@ class Daemon:
             "pipeline": self.pipeline.stats(), "backlog": self.outbox.stats(),
             "devices": [{"backend": b.name, "id": d.id, "name": d.name, **d.details}
                         for b in self.backends for d in b.devices()],
+            "preprocess": self.preprocess.report,
         }
         h["slo"] = h["pipeline"].pop("slo")
         if self.publisher:
@@ -423,7 +447,7 @@ class Daemon:
 
     def _switch_model(self, path: Path) -> None:
         self._load_model(path)
-        self.pipeline.set_manifest(self.manifest)
+        self.pipeline.set_manifest(self.manifest, self._preprocess_chooser())
         self.current = len(self.rungs) - 1
         self._move(self.current, self.reading.t if self.reading else 0.0, "model chosen")
 

@@ -53,9 +53,12 @@ class Pipeline:
 
     def __init__(self, open_source: Callable[[], Source], manifest: Manifest,
                  sink: Callable[[list[dict[str, Any]]], list[int]],
-                 on_event: Callable[[dict], None], queue_size: int = 4):
+                 on_event: Callable[[dict], None], queue_size: int = 4,
+                 preprocess: Callable[[Any, tuple[int, ...]], Any] | None = None):
         self._open_source = open_source
         self._manifest = manifest
+        # (frame, input shape) -> tensor; the daemon passes a PreprocessChooser
+        self._pre = preprocess or manifest.preprocess.apply
         self._sink = sink
         self._event = on_event
         self._frames: queue.Queue = queue.Queue(maxsize=queue_size)  # (frame, tensor, shape)
@@ -99,9 +102,11 @@ class Pipeline:
                 self._next.session.close()
             self._next = new
 
-    def set_manifest(self, manifest: Manifest) -> None:
+    def set_manifest(self, manifest: Manifest,
+                     preprocess: Callable[[Any, tuple[int, ...]], Any] | None = None) -> None:
         """Use another model's pre/post-processing (call `switch` with its session next)."""
         self._manifest = manifest
+        self._pre = preprocess or manifest.preprocess.apply
 
     def stop(self, drain_timeout_s: float = 10.0) -> None:
         """Stop capturing, let queued frames finish (their results are stored), stop."""
@@ -162,7 +167,7 @@ class Pipeline:
             self.counters["frames"] += 1
             shape = (self._next or self._active).input_shape  # type: ignore[union-attr]
             try:
-                tensor = self._manifest.preprocess.apply(frame.image, shape)
+                tensor = self._pre(frame.image, shape)
             except Exception as e:  # a broken frame is skipped and counted, never fatal
                 self.counters["bad_frames"] += 1
                 log.warning("frame %s skipped: %s", frame.ref, e)
@@ -210,7 +215,7 @@ class Pipeline:
             self.busy_since = time.monotonic()
             try:
                 if shape != active.input_shape:  # preprocessed for the variant just replaced
-                    tensor = self._manifest.preprocess.apply(frame.image, active.input_shape)
+                    tensor = self._pre(frame.image, active.input_shape)
                 t0 = time.perf_counter()
                 out = active.session.infer(tensor)
                 ms = (time.perf_counter() - t0) * 1e3

@@ -319,3 +319,40 @@ def test_preprocessing_fp16_output(backend):
     pre = Preprocess()
     got = OpenClPreprocessor(backend, "CPU.0", pre, (1, 3, 32, 32), half=True)(frame)
     np.testing.assert_allclose(got, pre.apply(frame, (1, 3, 32, 32)), atol=2e-2)
+
+
+def test_preprocess_chooser_measures_both_paths_and_caches(backend):
+    from power.sensors import EstimatedMeter
+    from runtime.preprocessing import PreprocessChooser
+
+    pre = Preprocess()
+    meter = EstimatedMeter(idle_w=5.0, active_w_per_core=6.0)
+    chooser = PreprocessChooser(pre, meter, 5.0,
+                                lambda shape: OpenClPreprocessor(backend, "CPU.0", pre, shape),
+                                "opencl:CPU.0")
+    frame = np.random.default_rng(10).integers(0, 256, (120, 160, 3), dtype=np.uint8)
+    shape = (1, 3, 48, 64)
+    got = chooser(frame, shape)
+    assert np.abs(got - pre.apply(frame, shape)).max() <= 1 / 255 / min(pre.std) + 1e-5
+    (label, rows), = chooser.report.items()
+    assert label == "160x120->64x48"
+    assert {r["path"] for r in rows} == {"cpu", "opencl:CPU.0"}
+    assert sum(r["chosen"] for r in rows) == 1
+    chosen = next(r for r in rows if r["chosen"])
+    assert chosen["mj"] == min(r["mj"] for r in rows)
+    chooser(frame, shape)
+    assert len(chooser.report) == 1  # measured once per (frame size, input shape)
+
+
+def test_preprocess_chooser_falls_back_to_cpu():
+    from power.sensors import EstimatedMeter
+    from runtime.preprocessing import PreprocessChooser
+
+    def broken(shape):
+        raise RuntimeError("no OpenCL device")
+
+    pre = Preprocess()
+    chooser = PreprocessChooser(pre, EstimatedMeter(5.0, 6.0), 5.0, broken)
+    frame = np.zeros((20, 30, 3), np.uint8)
+    np.testing.assert_array_equal(chooser(frame, (1, 3, 8, 8)), pre.apply(frame, (1, 3, 8, 8)))
+    assert [r["path"] for r in next(iter(chooser.report.values()))] == ["cpu"]
