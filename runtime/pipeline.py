@@ -1,21 +1,20 @@
-"""capture+preprocess -> infer -> postprocess+store, on named threads with bounded queues.
+"""capture+preprocess -> infer+store, on two named threads with a bounded queue between.
 
-- `capture` reads the source and applies the manifest's preprocessing for the active
-  variant's input shape (decode and preprocessing release the GIL in OpenCV/numpy). Live
-  sources drop the oldest queued frame when the pipeline is behind (counted); folder and
-  trigger sources block instead (never dropped). A failing source is re-opened with backoff
-  and reported; the other threads keep running.
-- `infer` runs the active session and nothing else.
-- `store` maps outputs to label and score and appends every waiting result to the outbox in
-  one transaction (group commit); only then is the source told the frame is done.
+- `capture` reads the source and preprocesses for the active variant's input shape (CPU or
+  OpenCL, whichever measured cheaper). Live sources drop the oldest queued frame when the
+  pipeline is behind (counted); folder and trigger sources block instead (never dropped). A
+  failing source is re-opened with backoff and reported; the other thread keeps running.
+- `infer` runs the active session, maps outputs to label and score and appends the results
+  to the outbox with adaptive group commit: while more frames are waiting it keeps inferring
+  and stores the group in one transaction (up to 64); with nothing waiting it stores at once.
+  Only after the commit is the source told the frames are done.
 
 Switching variant: the caller loads and warms the new session first, then `switch()` hands it
 over; the infer thread swaps between two frames and closes the old one. No frame waits for a
 model load. Each result records the variant and rung that produced it.
 
-`heartbeat` is the monotonic time of the infer loop's last iteration: a hung inference (or a
-store stalled long enough to fill the queue) stops it, and that is what feeds the systemd
-watchdog.
+`heartbeat` is the monotonic time of the infer loop's last iteration: a hung inference or a
+stalled store stops it, and that is what feeds the systemd watchdog.
 """
 
 from __future__ import annotations
@@ -62,7 +61,6 @@ class Pipeline:
         self._sink = sink
         self._event = on_event
         self._frames: queue.Queue = queue.Queue(maxsize=queue_size)  # (frame, tensor, shape)
-        self._outputs: queue.Queue = queue.Queue(maxsize=64)  # (frame, output, active, ms)
         self._active: Active | None = None
         self._next: Active | None = None
         self._lock = threading.Lock()
@@ -71,8 +69,7 @@ class Pipeline:
         self._threads: list[threading.Thread] = []
         self.source: Source | None = None
         self.heartbeat = time.monotonic()
-        self.busy_since: float | None = None  # set while an inference runs
-        self.storing = False
+        self.busy_since: float | None = None  # set from taking a frame until its result is stored
         self.rate_cap_hz = 0.0  # 0 = no cap (governor/energy decisions set it)
         self.counters: collections.Counter = collections.Counter()
         self.latencies: collections.deque = collections.deque(maxlen=2000)  # (t, ms, met)
@@ -84,8 +81,7 @@ class Pipeline:
     def start(self, active: Active) -> None:
         """Start the threads running `active`."""
         self._active = active
-        for name, fn in (("capture", self._capture), ("infer", self._infer),
-                         ("store", self._store)):
+        for name, fn in (("capture", self._capture), ("infer", self._infer)):
             t = threading.Thread(target=fn, name=name, daemon=True)
             t.start()
             self._threads.append(t)
@@ -112,8 +108,7 @@ class Pipeline:
         """Stop capturing, let queued frames finish (their results are stored), stop."""
         self._stop_capture.set()
         deadline = time.monotonic() + drain_timeout_s
-        while time.monotonic() < deadline and (not self._frames.empty() or self.busy_since
-                                               or not self._outputs.empty() or self.storing):
+        while time.monotonic() < deadline and (not self._frames.empty() or self.busy_since):
             time.sleep(0.02)
         self._stop.set()
         for t in self._threads:
@@ -199,8 +194,15 @@ class Pipeline:
                 continue
 
     def _infer(self) -> None:
-        while not self._stop.is_set():
+        pending: list[tuple] = []  # inferred, not yet stored
+        while not self._stop.is_set() or pending:
             self.heartbeat = time.monotonic()
+            if pending and (self._frames.empty() or len(pending) >= 64 or self._stop.is_set()):
+                # Group commit: one outbox transaction for everything inferred while more
+                # frames were waiting; with nothing waiting, store at once (lowest latency).
+                self._store(pending)
+                pending = []
+                continue
             try:
                 frame, tensor, shape = self._frames.get(timeout=0.2)
             except queue.Empty:
@@ -226,46 +228,34 @@ class Pipeline:
                 self._event({"type": "inference_failed", "severity": "warning",
                              "variant": active.variant_id, "error": str(e)[:300]})
                 continue
-            self._put(self._outputs, (frame, out, active, ms))
-            self.busy_since = None
+            pending.append((frame, out, active, ms))
 
-    def _store(self) -> None:
-        """Postprocess and persist in groups: one outbox transaction for whatever is waiting."""
-        while not self._stop.is_set():
-            try:
-                batch = [self._outputs.get(timeout=0.2)]
-            except queue.Empty:
-                continue
-            while len(batch) < 64:
-                try:
-                    batch.append(self._outputs.get_nowait())
-                except queue.Empty:
-                    break
-            self.storing = True
-            results = []
-            for frame, out, active, ms in batch:
-                label, score = postprocess(out, self._manifest)[0]
-                r = {"t": frame.t, "ref": frame.ref, "label": label, "score": round(score, 5),
-                     "variant": active.variant_id, "rung": active.rung,
-                     "latency_ms": round(ms, 3),  # inference alone
-                     "e2e_ms": round((time.time() - frame.t) * 1e3, 3)}  # capture to result
-                if frame.truth is not None:
-                    r["truth"] = frame.truth
-                results.append(r)
-            try:
-                self._sink(results)
-            except Exception as e:  # disk full, database broken: frames stay not-done
-                self.storing = False
-                self.counters["store_errors"] += len(results)
-                log.error("could not store %d results: %s; their frames are not marked done",
-                          len(results), e)
-                self._event({"type": "store_failed", "severity": "critical", "error": str(e)})
-                continue
-            now = time.time()
-            for _, _, _, ms in batch:
-                self.latencies.append((now, ms, ms <= self.latency_target_ms))
-            if self.source is not None:
-                self.source.done([frame for frame, *_ in batch if frame.done is not None])
-            self.counters["results"] += len(results)
-            self.last_result = results[-1]
-            self.storing = False
+    def _store(self, batch: list[tuple]) -> None:
+        """Postprocess and persist a group in one outbox transaction, then mark frames done."""
+        results = []
+        for frame, out, active, ms in batch:
+            label, score = postprocess(out, self._manifest)[0]
+            r = {"t": frame.t, "ref": frame.ref, "label": label, "score": round(score, 5),
+                 "variant": active.variant_id, "rung": active.rung,
+                 "latency_ms": round(ms, 3),  # inference alone
+                 "e2e_ms": round((time.time() - frame.t) * 1e3, 3)}  # capture to result
+            if frame.truth is not None:
+                r["truth"] = frame.truth
+            results.append(r)
+        try:
+            self._sink(results)
+        except Exception as e:  # disk full, database broken: frames stay not-done
+            self.busy_since = None
+            self.counters["store_errors"] += len(results)
+            log.error("could not store %d results: %s; their frames are not marked done",
+                      len(results), e)
+            self._event({"type": "store_failed", "severity": "critical", "error": str(e)})
+            return
+        now = time.time()
+        for _, _, _, ms in batch:
+            self.latencies.append((now, ms, ms <= self.latency_target_ms))
+        if self.source is not None:
+            self.source.done([frame for frame, *_ in batch if frame.done is not None])
+        self.counters["results"] += len(results)
+        self.last_result = results[-1]
+        self.busy_since = None
