@@ -92,6 +92,7 @@ class Daemon:
         self.reading = None
         self._last_problems: tuple[str, ...] = ()
         self._reprofiling = threading.Lock()
+        self._installs: queue.Queue = queue.Queue()
         self._last_reprofile = -math.inf
 
     # -- start-up --------------------------------------------------------------------------
@@ -123,7 +124,10 @@ class Daemon:
             self.event(ev.pop("type"), "critical", **ev)
         self.device_id = device_id(cfg.telemetry)
         model_path = Path(cfg.model.path) if cfg.model.path else _bundled_model()
-        self._load_model(model_path)
+        # Engines are discovered once per process: re-creating them (a second ov.Core while the
+        # first is torn down) was seen to leave the process crashing on its next signal.
+        self.backends = discover(cfg.backends)
+        self._install(self._measure_model(model_path))
         self.pipeline = Pipeline(lambda: open_source(cfg.source, self.state_dir,
                                                      cfg.telemetry.broker, self.device_id),
                                  self.manifest, self.outbox.append_many, self._pipeline_event,
@@ -141,8 +145,9 @@ class Daemon:
         self.notify.ready(self.status_line())
         log.info("ready in %.2f s: %s", time.monotonic() - self.started, self.status_line())
 
-    def _load_model(self, path: Path, fresh: bool = False) -> None:
-        """Manifest, backends, profiles (cached unless `fresh`) and ladder; all or nothing."""
+    def _measure_model(self, path: Path, fresh: bool = False) -> dict[str, Any]:
+        """Manifest, verified forms and their profiles (cached unless `fresh`). Changes no
+        daemon state, so it can run on a background thread; `_install` applies the result."""
         cfg = self.cfg
         manifest = load_manifest(path)
 
@@ -151,22 +156,60 @@ class Daemon:
             self.event("variant_refused", "critical", variant=v.name, error=str(e))
 
         forms = model_files(manifest, refused)
-        # Engines are discovered once per process: re-creating them (a second ov.Core while the
-        # first is torn down) was seen to leave the process crashing on its next signal.
-        backends = getattr(self, "backends", None) or discover(cfg.backends)
         threads = cfg.backends.threads or default_threads()
-        work = plan(backends, forms, threads, cfg.backends)
+        work = plan(self.backends, forms, threads, cfg.backends)
         profiler = Profiler(cfg.profiler, self.meter, self.device.name)
-        self.idle_w = profiler.idle_w()
+        idle_w = profiler.idle_w()
         t0 = time.monotonic()
         profiles = [profiler.profile(b, d, v, fresh=fresh) for b, d, v in work]
         log.info("%d variants of %s profiled in %.1f s (%d failed)", len(profiles),
                  manifest.name, time.monotonic() - t0, sum(1 for p in profiles if not p.ok))
         ladder_for(profiles, self._constraints())  # raises NoVariantError before any change
-        self.manifest, self.backends, self.profiles = manifest, backends, profiles
-        self._loaders = {v.id: (b, v) for b, _, v in work}
-        self.profile_temp = self.sensors.read().temp_c
+        return {"manifest": manifest, "profiles": profiles, "idle_w": idle_w,
+                "loaders": {v.id: (b, v) for b, _, v in work},
+                "temp": self.sensors.read().temp_c}
+
+    def _install(self, m: dict[str, Any]) -> None:
+        """Make measured profiles current (main thread only) and rebuild the ladder."""
+        old = getattr(self, "manifest", None)
+        self.manifest, self.profiles, self.idle_w = m["manifest"], m["profiles"], m["idle_w"]
+        self._loaders, self.profile_temp = m["loaders"], m["temp"]
         self._build_ladder()
+        if hasattr(self, "pipeline"):  # a new model brings its own preprocessing to measure
+            self.pipeline.set_manifest(self.manifest, self.preprocess if (
+                old is not None and old.root == self.manifest.root) else self._preprocess_chooser())
+
+    def _load_in_background(self, path: Path, fresh: bool, why: str) -> None:
+        """Profile in a thread (minutes on a cold cache must not stall the main loop and its
+        watchdog beats); the main loop installs the result between ticks."""
+        if not self._reprofiling.acquire(blocking=False):
+            self.event("reprofile_skipped", "info", reason=f"{why}: already profiling")
+            return
+        self._last_reprofile = time.monotonic()
+        log.info("profiling in the background: %s", why)
+        self.event("reprofile", "info", reason=why)
+
+        def work() -> None:
+            try:
+                self._installs.put((self._measure_model(path, fresh), why))
+            except Exception as e:
+                log.exception("profiling %s failed; keeping the current model and profiles", path)
+                self.event("reprofile_failed", "warning", reason=why, error=str(e)[:300])
+            finally:
+                self._reprofiling.release()
+
+        threading.Thread(target=work, name="reprofile", daemon=True).start()
+
+    def _apply_installs(self) -> None:
+        while True:
+            try:
+                measured, why = self._installs.get_nowait()
+            except queue.Empty:
+                return
+            self._install(measured)
+            self.current = min(self.current, len(self.rungs) - 1)
+            self._move(len(self.rungs) - 1, self.reading.t if self.reading else 0.0, why)
+            self.hold = gov.RungHold(self.current)
 
     def _preprocess_chooser(self):
         """CPU or OpenCL preprocessing, measured per frame size (see runtime/preprocessing)."""
@@ -387,25 +430,7 @@ class Daemon:
 
     def reprofile(self, why: str) -> None:
         """Measure every variant again in the background and rebuild the ladder."""
-        if not self._reprofiling.acquire(blocking=False):
-            return
-        self._last_reprofile = time.monotonic()
-        log.info("re-profiling: %s", why)
-        self.event("reprofile", "info", reason=why)
-
-        def work() -> None:
-            try:
-                self._load_model(self.manifest.root, fresh=True)
-                self.current = min(self.current, len(self.rungs) - 1)
-                t = self.reading.t if self.reading else 0.0
-                self._move(len(self.rungs) - 1, t, "re-profiled")
-            except Exception as e:
-                log.exception("re-profiling failed; keeping the old profiles")
-                self.event("reprofile_failed", "warning", error=str(e)[:300])
-            finally:
-                self._reprofiling.release()
-
-        threading.Thread(target=work, name="reprofile", daemon=True).start()
+        self._load_in_background(self.manifest.root, True, why)
 
     # -- commands and reload ------------------------------------------------------------------
 
@@ -425,11 +450,11 @@ class Daemon:
             self.reprofile("operator command")
         elif cmd.name == "choose_model":
             target = self.manifest.root.parent / cmd.args["name"]
-            try:
-                self._switch_model(target)
-            except Exception as e:
-                self.event("command_failed", "warning", command=cmd.name, error=str(e)[:300])
+            if not (target / "manifest.json").is_file():
+                self.event("command_failed", "warning", command=cmd.name,
+                           error=f"{target}: no model directory with a manifest")
                 return
+            self._load_in_background(target, False, f"model {cmd.args['name']} chosen")
         self.event("command_applied", "info", command=cmd.name, args=cmd.args, id=cmd.id)
 
     def _set_constraints(self, c) -> None:
@@ -444,12 +469,6 @@ class Daemon:
         self.pipeline.latency_target_ms = c.latency_ms
         self.current = len(self.rungs) - 1
         self._move(self.current, self.reading.t if self.reading else 0.0, "new constraints")
-
-    def _switch_model(self, path: Path) -> None:
-        self._load_model(path)
-        self.pipeline.set_manifest(self.manifest, self._preprocess_chooser())
-        self.current = len(self.rungs) - 1
-        self._move(self.current, self.reading.t if self.reading else 0.0, "model chosen")
 
     def reload(self) -> None:
         """SIGHUP: re-read the config; keep the old one (and say why) if it is invalid."""
@@ -488,6 +507,7 @@ class Daemon:
                 self._reload.clear()
                 self.reload()
             self._drain_commands()
+            self._apply_installs()
             if now >= next_tick:
                 next_tick = now + tick
                 try:

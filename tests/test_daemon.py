@@ -270,3 +270,39 @@ def test_corrupt_variant_is_refused_and_the_daemon_runs_on_the_rest(tmp_path, br
                    for r in coordinator.store.results("box1", 0, 50))
     finally:
         assert d.stop() == 0
+
+
+def test_choose_model_command_switches_in_the_background(tmp_path, broker, profile_cache):
+    import json
+    import shutil
+
+    from runtime.telemetry.commands import generate_keypair
+
+    root = tmp_path / "models"
+    shutil.copytree(bundled(), root / "inspection")
+    shutil.copytree(bundled(), root / "other")
+    man = root / "other" / "manifest.json"
+    man.write_text(json.dumps({**json.loads(man.read_text()), "name": "other"}))
+    generate_keypair(tmp_path / "k.pem", tmp_path / "k.pub")
+    coord = Coordinator(CoordinatorConfig(fleet="sys", broker=BrokerConfig(
+        host="127.0.0.1", port=broker.port), store=str(tmp_path / "coord.db"),
+        signing_key=str(tmp_path / "k.pem")))
+    coord.start()
+    cfg = write_config(tmp_path, broker.port, profile_cache,
+                       extra=f'[model]\npath = "{root / "inspection"}"\n')
+    cfg.write_text(cfg.read_text().replace(
+        '[telemetry]\n', f'[telemetry]\ntrusted_keys = ["{tmp_path / "k.pub"}"]\n'))
+    d = Serve(tmp_path, cfg)
+    try:
+        wait(lambda: coord.store.counts().get("box1", 0) >= 10, 120, "results", d)
+        assert coord.send_command("box1", "choose_model", {"name": "nope"})["ok"]
+        wait(lambda: any(e["type"] == "command_failed" for e in coord.store.events("box1")),
+             10, "refusal of a missing model", d)
+        reply = coord.send_command("box1", "choose_model", {"name": "other"})
+        assert reply["status"] == "accepted"
+        wait(lambda: any(r["variant"].startswith("other/")
+                         for r in coord.store.results("box1", 0, 100_000)), 60, "new model", d)
+        assert d.proc.poll() is None
+    finally:
+        assert d.stop() == 0
+        coord.stop()
