@@ -171,7 +171,10 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
     if not cfg.broker.host:
         print("edgerun: coordinator.broker.host is not set", file=sys.stderr)
         return 2
-    coordinator = Coordinator(cfg)
+    try:
+        coordinator = Coordinator(cfg)
+    except ValueError as e:  # an unreadable signing key
+        raise ConfigError(f"coordinator.signing_key: {e}") from e
     coordinator.start()
     server = serve(coordinator, cfg.http_host, cfg.http_port)
     logging.getLogger("edgerun").info("coordinator API on http://%s:%d/api/v1/fleet",

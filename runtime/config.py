@@ -45,12 +45,12 @@ class ConstraintsConfig:
 
     latency_ms: float = 20.0
     percentile: Literal[50, 95, 99] = 95
-    accuracy_floor: float = 0.0
+    accuracy_floor: float | None = None  # unset: the best variant's accuracy minus 0.02
 
     def validate(self) -> tuple[str, str] | None:
         if self.latency_ms <= 0:
             return "latency_ms", f"must be > 0, got {self.latency_ms}"
-        if not 0.0 <= self.accuracy_floor <= 1.0:
+        if self.accuracy_floor is not None and not 0.0 <= self.accuracy_floor <= 1.0:
             return "accuracy_floor", f"must be within 0..1, got {self.accuracy_floor}"
         return None
 

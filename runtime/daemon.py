@@ -138,7 +138,10 @@ class Daemon:
         if self.sim:
             self.sim.start()
         if cfg.telemetry.broker.host:
-            self.publisher = Publisher(cfg.telemetry, self.outbox, self._birth)
+            try:
+                self.publisher = Publisher(cfg.telemetry, self.outbox, self._birth)
+            except ValueError as e:  # an unreadable trusted key file
+                raise ConfigError(f"telemetry.trusted_keys: {e}") from e
             self.publisher.start()
         else:
             log.info("no telemetry.broker.host: results are kept in the outbox only")

@@ -50,7 +50,10 @@ class Constraints:
 
     latency_ms: float
     percentile: int = 95
-    accuracy_floor: float = 0.0
+    accuracy_floor: float | None = None  # None: the best measured accuracy minus AUTO_TOLERANCE
+
+
+AUTO_TOLERANCE = 0.02  # what the automatic floor gives up, at most, against the best variant
 
 
 @dataclass(frozen=True)
@@ -92,11 +95,14 @@ def select(profiles: Sequence[Profile], c: Constraints) -> Choice:
         raise NoVariantError(
             "no runnable variant has a known accuracy (no manifest, and no fp32 variant ran)")
     pct = f"p{c.percentile}"
-    eligible = [p for p in known if effective_accuracy(p) >= c.accuracy_floor]  # type: ignore[operator]
+    floor = c.accuracy_floor
+    if floor is None:  # without an operator's floor, never trade more than a little accuracy
+        floor = max(effective_accuracy(p) for p in known) - AUTO_TOLERANCE  # type: ignore[type-var]
+    eligible = [p for p in known if effective_accuracy(p) >= floor]  # type: ignore[operator]
     if not eligible:
         best = max(known, key=lambda p: (effective_accuracy(p), -p.latency(c.percentile)))
         return Choice(best, False,
-                      f"no variant reaches the accuracy floor {c.accuracy_floor:.3f}; running the "
+                      f"no variant reaches the accuracy floor {floor:.3f}; running the "
                       f"most accurate, {best.variant_id} ({effective_accuracy(best):.3f})")
     meeting = [p for p in eligible if p.latency(c.percentile) <= c.latency_ms]
     if not meeting:
