@@ -123,6 +123,11 @@ class Daemon:
         if (ev := self.outbox.take_startup_event()) is not None:
             self.event(ev.pop("type"), "critical", **ev)
         self.device_id = device_id(cfg.telemetry)
+        if cfg.telemetry.broker.host:  # made now so a bad key file fails before profiling
+            try:
+                self.publisher = Publisher(cfg.telemetry, self.outbox, self._birth)
+            except ValueError as e:  # an unreadable trusted key file
+                raise ConfigError(f"telemetry.trusted_keys: {e}") from e
         model_path = Path(cfg.model.path) if cfg.model.path else _bundled_model()
         # Engines are discovered once per process: re-creating them (a second ov.Core while the
         # first is torn down) was seen to leave the process crashing on its next signal.
@@ -137,11 +142,7 @@ class Daemon:
         self.current = len(self.rungs) - 1
         if self.sim:
             self.sim.start()
-        if cfg.telemetry.broker.host:
-            try:
-                self.publisher = Publisher(cfg.telemetry, self.outbox, self._birth)
-            except ValueError as e:  # an unreadable trusted key file
-                raise ConfigError(f"telemetry.trusted_keys: {e}") from e
+        if self.publisher:
             self.publisher.start()
         else:
             log.info("no telemetry.broker.host: results are kept in the outbox only")
