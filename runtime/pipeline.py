@@ -1,9 +1,12 @@
-"""capture+preprocess -> infer+store, on two named threads with a bounded queue between.
+"""capture -> preprocess -> infer+store, on three named threads with bounded queues.
 
-- `capture` reads the source and preprocesses for the active variant's input shape (CPU or
-  OpenCL, whichever measured cheaper). Live sources drop the oldest queued frame when the
-  pipeline is behind (counted); folder and trigger sources block instead (never dropped). A
-  failing source is re-opened with backoff and reported; the other thread keeps running.
+- `capture` reads (and decodes) frames from the source. Live sources drop the oldest queued
+  frame when the pipeline is behind (counted); folder and trigger sources block instead
+  (never dropped). A failing source is re-opened with backoff and reported; the other
+  threads keep running.
+- `preprocess` makes the input tensor for the active variant's shape (CPU or OpenCL,
+  whichever measured cheaper). Decoding and preprocessing in separate threads is what lets
+  the pipeline beat a sequential loop: OpenCV, numpy and the engines release the GIL.
 - `infer` runs the active session, maps outputs to label and score and appends the results
   to the outbox with adaptive group commit: while more frames are waiting it keeps inferring
   and stores the group in one transaction (up to 64); with nothing waiting it stores at once.
@@ -60,7 +63,9 @@ class Pipeline:
         self._pre = preprocess or manifest.preprocess.apply
         self._sink = sink
         self._event = on_event
+        self._raw: queue.Queue = queue.Queue(maxsize=queue_size)  # decoded frames
         self._frames: queue.Queue = queue.Queue(maxsize=queue_size)  # (frame, tensor, shape)
+        self.preprocessing = False
         self._active: Active | None = None
         self._next: Active | None = None
         self._lock = threading.Lock()
@@ -81,7 +86,8 @@ class Pipeline:
     def start(self, active: Active) -> None:
         """Start the threads running `active`."""
         self._active = active
-        for name, fn in (("capture", self._capture), ("infer", self._infer)):
+        for name, fn in (("capture", self._capture), ("preprocess", self._preprocess),
+                         ("infer", self._infer)):
             t = threading.Thread(target=fn, name=name, daemon=True)
             t.start()
             self._threads.append(t)
@@ -108,7 +114,8 @@ class Pipeline:
         """Stop capturing, let queued frames finish (their results are stored), stop."""
         self._stop_capture.set()
         deadline = time.monotonic() + drain_timeout_s
-        while time.monotonic() < deadline and (not self._frames.empty() or self.busy_since):
+        while time.monotonic() < deadline and (not self._raw.empty() or self.preprocessing
+                                               or not self._frames.empty() or self.busy_since):
             time.sleep(0.02)
         self._stop.set()
         for t in self._threads:
@@ -160,22 +167,33 @@ class Pipeline:
             if frame is None:
                 continue
             self.counters["frames"] += 1
+            if self.source.live and self._raw.full():
+                try:  # latest wins: drop the oldest waiting frame
+                    self._raw.get_nowait()
+                    self.counters["dropped_stale"] += 1
+                except queue.Empty:
+                    pass
+            self._put(self._raw, frame)
+            if self.rate_cap_hz > 0:
+                self._stop_capture.wait(1.0 / self.rate_cap_hz)
+
+    def _preprocess(self) -> None:
+        while not self._stop.is_set():
+            try:
+                frame = self._raw.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            self.preprocessing = True
             shape = (self._next or self._active).input_shape  # type: ignore[union-attr]
             try:
                 tensor = self._pre(frame.image, shape)
             except Exception as e:  # a broken frame is skipped and counted, never fatal
                 self.counters["bad_frames"] += 1
                 log.warning("frame %s skipped: %s", frame.ref, e)
+                self.preprocessing = False
                 continue
-            if self.source.live and self._frames.full():
-                try:  # latest wins: drop the oldest waiting frame
-                    self._frames.get_nowait()
-                    self.counters["dropped_stale"] += 1
-                except queue.Empty:
-                    pass
             self._put(self._frames, (frame, tensor, shape))
-            if self.rate_cap_hz > 0:
-                self._stop_capture.wait(1.0 / self.rate_cap_hz)
+            self.preprocessing = False
 
     def _source_failed(self, why: str, delay: float) -> None:
         self.counters["source_errors"] += 1
