@@ -112,26 +112,13 @@ def outbox_results(db: Path) -> list[dict]:
         con.close()
 
 
-def count(db: Path) -> int:
-    """Results persisted so far."""
-    con = sqlite3.connect(db, timeout=30)
-    try:
-        return con.execute("SELECT COUNT(*) FROM results").fetchone()[0]
-    except sqlite3.OperationalError:
-        return 0
-    finally:
-        con.close()
-
-
-def feed(files: list[Path], folder: Path, one_at_a_time: bool, db: Path) -> None:
-    """Move files into the watched folder: all at once, or each after the previous result."""
-    n = count(db)
+def feed(files: list[Path], folder: Path, one_at_a_time: bool) -> None:
+    """Move files into the watched folder: all at once, or one every 30 ms (far more than a
+    frame takes, so none waits behind another; no polling that would compete for the CPU)."""
     for p in files:
         os.rename(p, folder / p.name)
         if one_at_a_time:
-            n += 1
-            while count(db) < n:
-                time.sleep(0.005)
+            time.sleep(0.03)
 
 
 def run_serve(cfg: Path, work: Path, files: list[Path], folder: Path, one_at_a_time: bool,
@@ -142,7 +129,7 @@ def run_serve(cfg: Path, work: Path, files: list[Path], folder: Path, one_at_a_t
     proc, ready = start_serve(cfg, work, str(work / f"notify-{tag}"))
     time.sleep(1.0)
     idle = peak = rss_mb(proc.pid)
-    feed(files, folder, one_at_a_time, db)
+    feed(files, folder, one_at_a_time)
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline and len(outbox_results(db)) < before + len(files):
         peak = max(peak, rss_mb(proc.pid))
