@@ -140,7 +140,7 @@ def _step_wise(s: GovernorState, temp: float, t: float, cfg: GovernorConfig):
 def _level_decision(s: GovernorState, level: int, t: float, why: str, cfg: GovernorConfig):
     events: tuple[str, ...] = ()
     if level != s.level:
-        events = (f"level {s.level} -> {level} (budget {cfg.levels_w[level]:.2f} W): {why}",)
+        events = (f"level {s.level} -> {level} (budget {cfg.levels_w[level]:.3g} W): {why}",)
         s = replace(s, level=level, last_change_t=t)
     return s, Decision(cfg.levels_w[level], level=level, reason=why, events=events)
 
@@ -176,7 +176,7 @@ def _power_allocator(s: GovernorState, temp: float, t: float, dt: float, cfg: Go
     level = _level_of(budget, cfg)
     events: tuple[str, ...] = ()
     if level != s.level:
-        events = (f"level {s.level} -> {level} (budget {budget:.2f} W): {why}",)
+        events = (f"level {s.level} -> {level} (budget {budget:.3g} W): {why}",)
         s = replace(s, level=level, last_change_t=t)
     return s, Decision(budget, level=level, reason=why, events=events)
 

@@ -391,7 +391,12 @@ class Daemon:
         self._check_conditions(r.temp_c)
 
     def _move(self, rung: int, t: float, why: str) -> None:
-        old = self.rungs[self.current].variant_id
+        """Load and warm the rung's session and hand it to the pipeline (an event)."""
+        a = self.pipeline.target
+        if a is not None and a.variant_id == self.rungs[rung].variant_id:
+            self.current = rung  # same variant, new index (the ladder was rebuilt)
+            return
+        old = a.variant_id if a else self.rungs[self.current].variant_id
         try:
             active = self._session(rung)
         except Exception as e:  # a variant that will not load is reported; stay where we are

@@ -201,10 +201,12 @@ def run(duration_s: float = 0.0, device: str = "rpi5", scenario: str = "sun",
                 print(live_line(view, view["results_stored"]), flush=True)
                 events = coord.store.events("demo-box", 200)
                 for ev in reversed(events[: max(0, len(events) - seen_events)]):
-                    if ev["type"] in ("rung_changed", "governor", "sensor_invalid"):
-                        detail = ev.get("reason") or ev.get("detail") or ""
-                        print(f"  event {ev['type']}: {ev.get('from', '')} -> "
-                              f"{ev.get('to', '')} {detail}", flush=True)
+                    if ev["type"] == "rung_changed":
+                        print(f"  rung changed: {ev['from'].split('@')[0]} -> "
+                              f"{ev['to'].split('@')[0]} ({ev.get('reason', '')})", flush=True)
+                    elif ev["type"] in ("governor", "sensor_invalid", "reprofile"):
+                        detail = ev.get("detail") or ev.get("reason") or ev.get("problems")
+                        print(f"  {ev['type']}: {detail}", flush=True)
                 seen_events = len(events)
             if duration_s and time.monotonic() - started > duration_s:
                 break

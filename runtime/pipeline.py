@@ -97,6 +97,12 @@ class Pipeline:
         """The variant running now (the pending one once it has been swapped in)."""
         return self._active
 
+    @property
+    def target(self) -> Active | None:
+        """The variant the pipeline is running or about to run (a pending switch included)."""
+        with self._lock:
+            return self._next or self._active
+
     def switch(self, new: Active) -> None:
         """Hand over an already loaded and warmed session; swapped between frames."""
         with self._lock:
