@@ -309,13 +309,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `edgerun` console script."""
     from runtime.onnx_model import ModelError
+    from runtime.selector import NoVariantError
 
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     try:
         return args.func(args)
-    except (ConfigError, ModelError) as e:
+    except (ConfigError, ModelError, NoVariantError) as e:
         print(f"edgerun: {e}", file=sys.stderr)
         return 2
 
