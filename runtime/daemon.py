@@ -528,7 +528,7 @@ class Daemon:
                 next_health = now + self.cfg.telemetry.health_interval_s
                 self.outbox.put("health", self.health())
             wd = self.notify.watchdog_s
-            if wd and now - last_beat >= wd / 4 and now - self.pipeline.heartbeat < wd / 2:
+            if wd and now - last_beat >= wd / 4 and self.pipeline.alive(wd / 2):
                 self.notify.watchdog()  # only while the infer loop is alive
                 last_beat = now
             if (line := self.status_line()) != status:
