@@ -165,7 +165,13 @@ class Daemon:
         profiler = Profiler(cfg.profiler, self.meter, self.device.name)
         idle_w = profiler.idle_w()
         t0 = time.monotonic()
-        profiles = [profiler.profile(b, d, v, fresh=fresh) for b, d, v in work]
+        profiles = []
+        for i, (b, d, v) in enumerate(work, start=1):
+            # A cold first start profiles every variant (minutes): keep systemd's start
+            # timeout moving and say how far it got.
+            self.notify.send("EXTEND_TIMEOUT_USEC=120000000",
+                             f"STATUS=profiling {manifest.name}: variant {i}/{len(work)}")
+            profiles.append(profiler.profile(b, d, v, fresh=fresh))
         log.info("%d variants of %s profiled in %.1f s (%d failed)", len(profiles),
                  manifest.name, time.monotonic() - t0, sum(1 for p in profiles if not p.ok))
         ladder_for(profiles, self._constraints())  # raises NoVariantError before any change

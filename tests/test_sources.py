@@ -31,7 +31,7 @@ def test_trigger_source_takes_image_bytes_and_paths_and_skips_garbage(tmp_path):
         src = open_source(cfg, tmp_path, BrokerConfig(host="127.0.0.1", port=broker.port), "t")
         time.sleep(0.5)  # subscribed
         img = next(samples(seed=1, count=1)).image
-        ok, png = cv2.imencode(".png", img)
+        _, png = cv2.imencode(".png", img)
         path = tmp_path / "part.png"
         cv2.imwrite(str(path), img)
         pub = mqtt.Client(callback_api_version=mqtt.CallbackAPIVersion.VERSION2)
