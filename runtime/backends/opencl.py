@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 import onnx
+import pyopencl as cl
+import pyopencl.cltypes as clt
 from onnx import numpy_helper
 
 from runtime.backends.base import BackendError, Device, ModelFile, Variant
@@ -54,9 +56,13 @@ def _attrs(node: onnx.NodeProto) -> dict[str, Any]:
     return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
 
 
-def _platforms():
-    import pyopencl as cl
+def build_program(ctx, half: bool):
+    """Compile the kernel source for a context and storage precision."""
+    return cl.Program(ctx, _KERNELS.read_text()).build(
+        options=[f"-DSTORE_HALF={int(half)}", "-DOCB=4"])
 
+
+def _platforms():
     try:
         return cl.get_platforms()
     except cl.Error:  # PLATFORM_NOT_FOUND_KHR: no ICD installed
@@ -89,9 +95,8 @@ class OpenClSession:
     """A compiled graph on one OpenCL device."""
 
     def __init__(self, ctx, device, device_id: str, path: Path, input_name: str,
-                 input_shape: tuple[int, ...], half: bool, profile: bool = False):
-        import pyopencl as cl
-
+                 input_shape: tuple[int, ...], half: bool, profile: bool = False,
+                 program: Any = None):
         self._cl = cl
         self.actual_device = f"{device_id} ({device.platform.name}: {device.name.strip()})"
         self._half = half
@@ -99,8 +104,7 @@ class OpenClSession:
         props = cl.command_queue_properties.PROFILING_ENABLE if profile else 0
         self._queue = cl.CommandQueue(ctx, device, properties=props)
         self._ctx, self._device = ctx, device
-        src = _KERNELS.read_text()
-        self._prog = cl.Program(ctx, src).build(options=[f"-DSTORE_HALF={int(half)}", "-DOCB=4"])
+        self._prog = program or build_program(ctx, half)
         self._kernels: dict[str, Any] = {}
         self._bufs: list[Any] = []  # every buffer, allocated once, released in close()
         try:
@@ -122,8 +126,8 @@ class OpenClSession:
 
     def kernel(self, name: str):
         """The compiled kernel called `name` (cached: pyopencl builds a new one per access)."""
-        if name not in self._kernels:
-            self._kernels[name] = getattr(self._prog, name)
+        if name not in self._kernels:  # per session: kernel objects carry their arguments
+            self._kernels[name] = cl.Kernel(self._prog, name)
         return self._kernels[name]
 
     def buffer(self, shape: tuple[int, ...], data: np.ndarray | None = None):
@@ -433,8 +437,6 @@ def _binary(s, g, n, dev, new, op: int) -> None:
     o4 = (1,) * (4 - len(out)) + out
     y = new(n.output[0], out)
     count = int(np.prod(out))
-    import pyopencl.cltypes as clt
-
     sx, sz = _strides4(a_shape, o4), _strides4(b_shape, o4)
     g.steps.append(_Step(n.op_type, "binary", (count,), None,
                          [dev(n.input[0]), dev(n.input[1]), y, np.int32(count),
@@ -472,8 +474,7 @@ class OpenClBackend:
     def __init__(self) -> None:
         self._devices: dict[str, Any] = {}
         self._contexts: dict[str, Any] = {}
-        import pyopencl as cl
-
+        self._programs: dict[tuple[str, bool], Any] = {}
         for p in _platforms():
             try:
                 devs = p.get_devices()
@@ -514,11 +515,16 @@ class OpenClBackend:
 
     def context(self, device_id: str):
         """One context per device, shared by its sessions."""
-        import pyopencl as cl
-
         if device_id not in self._contexts:
             self._contexts[device_id] = cl.Context([self._devices[device_id]])
         return self._contexts[device_id]
+
+    def program(self, device_id: str, half: bool):
+        """The kernels built once per device and storage precision."""
+        key = (device_id, half)
+        if key not in self._programs:
+            self._programs[key] = build_program(self.context(device_id), half)
+        return self._programs[key]
 
     def load(self, variant: Variant, profile: bool = False) -> OpenClSession:
         """Compile the graph for the variant's device and storage precision."""
@@ -526,9 +532,10 @@ class OpenClBackend:
         if variant.device not in self._devices:
             raise BackendError(self.name, m.path, f"no OpenCL device {variant.device}")
         try:
+            half = variant.option("storage") == "fp16"
             return OpenClSession(self.context(variant.device), self._devices[variant.device],
-                                 variant.device, m.path, m.input_name, m.input_shape,
-                                 variant.option("storage") == "fp16", profile)
+                                 variant.device, m.path, m.input_name, m.input_shape, half,
+                                 profile, self.program(variant.device, half))
         except BackendError:
             raise
         except Exception as e:  # build logs, out-of-resources, malformed graphs
@@ -540,16 +547,12 @@ class OpenClPreprocessor:
 
     def __init__(self, backend: OpenClBackend, device_id: str, pre, input_shape: tuple[int, ...],
                  half: bool = False):
-        import pyopencl as cl
-
         if pre.layout != "NCHW" or pre.resize not in ("bilinear", "nearest"):
             raise ValueError("the OpenCL preprocessor does NCHW with bilinear or nearest resize")
         self._cl = cl
         ctx = backend.context(device_id)
         self._queue = cl.CommandQueue(ctx)
-        self._prog = cl.Program(ctx, _KERNELS.read_text()).build(
-            options=[f"-DSTORE_HALF={int(half)}", "-DOCB=4"])
-        self._kernel = self._prog.preprocess
+        self._kernel = cl.Kernel(backend.program(device_id, half), "preprocess")
         self._ctx = ctx
         self._shape = input_shape
         self._dtype = np.float16 if half else np.float32
@@ -557,8 +560,6 @@ class OpenClPreprocessor:
                               size=int(np.prod(input_shape)) * np.dtype(self._dtype).itemsize)
         self._src = None
         self._src_shape: tuple[int, ...] = ()
-        import pyopencl.cltypes as clt
-
         # The kernel swaps B and R first, so mean and std apply in the model's channel order.
         mean = np.asarray(pre.mean, np.float32)
         inv = 1.0 / np.asarray(pre.std, np.float32)
