@@ -4,8 +4,8 @@
 
 All policies run on the same irradiance trace (clear days and multi-day cloudy spells,
 deterministic by seed). fixed = the top rung at the full offered rate; greedy = full power while
-the battery is above reserve; oracle = the planner fed the true harvest of the next three
-days (no forecast margin, no neutrality hedge).
+the battery is above reserve; oracle = the planner fed the true harvest of the next
+`--oracle-days` days (default 3; no forecast margin, buffer or neutrality hedge).
 Prints hours below reserve (target 0) and accuracy-weighted inferences relative to the oracle
 (target >= 0.9).
 """
@@ -32,6 +32,7 @@ def main() -> int:
     ap.add_argument("--days", type=int, default=14)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--dt", type=float, default=60.0, help="simulation step, s")
+    ap.add_argument("--oracle-days", type=int, default=3, help="how far ahead the oracle sees")
     ap.add_argument("--ladder", type=Path, default=HERE.parent / "models" / "inspection",
                     help="a model directory (profiled now) or recorded profiles (JSON)")
     args = ap.parse_args()
@@ -55,7 +56,7 @@ def main() -> int:
         "greedy": simulate(dev, rungs, amb, "step_wise", energy_policy="greedy", **common),
         "edgerun": simulate(dev, rungs, amb, "step_wise", energy_policy="energy", **common),
         "oracle": simulate(dev, rungs, amb, "step_wise", energy_policy="oracle",
-                           oracle_forecast=slot_wh, **common),
+                           oracle_forecast=slot_wh, oracle_days=args.oracle_days, **common),
     }
     oracle = runs["oracle"].good_weighted
     print(f"{'policy':<10}{'h below reserve':>16}{'good x acc':>14}{'vs oracle':>11}"

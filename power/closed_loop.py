@@ -77,10 +77,11 @@ def simulate(device: DeviceProfile, rungs: Sequence[Rung], ambient_c: Callable[[
              dt: float = 1.0, t0: float = 0.0, irradiance: np.ndarray | None = None,
              energy_policy: str = "none", record_every: int = 0,
              fixed_w: float | None = None, oracle_forecast: np.ndarray | None = None,
+             oracle_days: int = 3,
              battery_frac: float = 1.0) -> RunResult:
     """Run one policy; see module doc. `energy_policy`: none | energy (edgerun's budget) |
     greedy (full power above reserve) | fixed (constant `fixed_w`) | oracle (the planner fed the
-    true future harvest per slot, `oracle_forecast`)."""
+    true future harvest per slot, `oracle_forecast`, `oracle_days` ahead)."""
     plant = Plant(device, ambient_c, t0=t0, irradiance=irradiance, battery_frac=battery_frac)
     top = len(rungs) - 1
     gcfg = governor_config(device, rungs, rate_hz, "step_wise" if policy in
@@ -114,7 +115,8 @@ def simulate(device: DeviceProfile, rungs: Sequence[Rung], ambient_c: Callable[[
             if energy_policy == "energy":
                 estate, edec = energy_mod.step(estate, r, ecfg)
             else:
-                edec = _energy_decision(energy_policy, ecfg, r, s, fixed_w, oracle_forecast)
+                edec = _energy_decision(energy_policy, ecfg, r, s, fixed_w, oracle_forecast,
+                                        oracle_days)
             decision = gov.combine(decision, edec)
         proposed, rate = select_for_budget(rungs, decision.budget_w, rate_hz, current)
         if policy == "cheapest":
@@ -146,18 +148,19 @@ def simulate(device: DeviceProfile, rungs: Sequence[Rung], ambient_c: Callable[[
 
 
 def _energy_decision(policy: str, cfg: energy_mod.EnergyConfig, r: Reading, s,
-                     fixed_w: float | None, oracle: np.ndarray | None) -> gov.Decision:
+                     fixed_w: float | None, oracle: np.ndarray | None,
+                     oracle_days: int = 3) -> gov.Decision:
     reserve = cfg.reserve_frac * cfg.capacity_wh
     if policy == "greedy":
         return gov.Decision(math.inf if (s.battery_wh or 0) > reserve else 0.0)
     if policy == "fixed":
         return gov.Decision(fixed_w if fixed_w is not None else math.inf)
     if policy == "oracle":
-        # The best a planner can do: the true harvest of the next three days, no margin, no
-        # neutrality hedge (it knows what is coming).
+        # The best a planner can do: the true harvest of the next `oracle_days` days, no
+        # margin, no buffer, no neutrality hedge (it knows what is coming).
         assert oracle is not None
         ocfg = replace(cfg, forecast_margin=0.0, neutral=False, buffer_h=0.0,
-                       horizon_slots=3 * cfg.slots_per_day)
+                       horizon_slots=oracle_days * cfg.slots_per_day)
         slot = int(r.t // (energy_mod.DAY / cfg.slots_per_day))
         window = oracle[slot: slot + ocfg.horizon_slots]
         window = np.pad(window, (0, ocfg.horizon_slots - len(window)))
