@@ -1,6 +1,7 @@
 """Energy-neutral budget for battery/solar devices (after Kansal et al., ACM TECS 2007). Pure.
 
-Harvest is forecast per time-of-day slot as an EWMA over past days. Each slot the planner
+Harvest is forecast per time-of-day slot as an EWMA over past days, capped by yesterday's
+harvest of the slot (weather persists: after a cloudy day, plan on another). Each slot the planner
 picks the largest constant inference power P such that, over the next day, the battery
 B_{k+1} = min(cap, B_k + eta [H_k - E_k]+ - [E_k - H_k]+),  E_k = (idle + P) * slot
 never falls below the reserve, with the forecast discounted by a safety margin. The result is
@@ -33,7 +34,8 @@ class EnergyConfig:
     horizon_slots: int = 24
     neutral: bool = False  # also end the horizon no lower than it started (Kansal's condition;
     # measured: costs 3-4% of inferences and does not help the reserve, see docs/power.md)
-    buffer_h: float = 12.0  # plan to keep this many hours of idle draw above the reserve
+    buffer_h: float = 1.5  # plan to keep this many hours of idle draw above the reserve
+    persistence: bool = True  # forecast each slot as min(EWMA, yesterday): cloudy spells persist
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,7 @@ class EnergyState:
 
     forecast_wh: tuple[float, ...]
     seen: tuple[bool, ...]
+    yesterday_wh: tuple[float, ...] = ()  # the last measured harvest of each slot
     slot_index: int | None = None  # absolute slot number (since t=0)
     slot_wh: float = 0.0
     last_t: float | None = None
@@ -51,7 +54,8 @@ class EnergyState:
 
 def initial_state(cfg: EnergyConfig) -> EnergyState:
     """No history: the forecast is zero until a day has been seen (conservative)."""
-    return EnergyState((0.0,) * cfg.slots_per_day, (False,) * cfg.slots_per_day)
+    return EnergyState((0.0,) * cfg.slots_per_day, (False,) * cfg.slots_per_day,
+                       (0.0,) * cfg.slots_per_day)
 
 
 def _slot_len(cfg: EnergyConfig) -> float:
@@ -117,8 +121,10 @@ def step(state: EnergyState, r: Reading, cfg: EnergyConfig) -> tuple[EnergyState
         k = s.slot_index % cfg.slots_per_day
         old = s.forecast_wh[k]
         new = s.slot_wh if not s.seen[k] else cfg.alpha * s.slot_wh + (1 - cfg.alpha) * old
+        y = s.yesterday_wh or (0.0,) * cfg.slots_per_day
         s = replace(s, forecast_wh=(*s.forecast_wh[:k], new, *s.forecast_wh[k + 1:]),
-                    seen=(*s.seen[:k], True, *s.seen[k + 1:]), slot_index=index, slot_wh=0.0)
+                    seen=(*s.seen[:k], True, *s.seen[k + 1:]), slot_index=index, slot_wh=0.0,
+                    yesterday_wh=(*y[:k], s.slot_wh, *y[k + 1:]))
     s = replace(s, last_t=r.t, last_harvest_w=harvest)
     battery_wh = r.battery_wh if r.battery_wh is not None else (
         None if r.battery_frac is None else r.battery_frac * cfg.capacity_wh)
@@ -130,7 +136,13 @@ def step(state: EnergyState, r: Reading, cfg: EnergyConfig) -> tuple[EnergyState
                                                    events=events)
     events = ("battery sensor reads again: energy budget resumes",) if s.failsafe else ()
     s = replace(s, failsafe=False)
-    p = plan_power(battery_wh, r.t, s.forecast_wh, cfg)
+    forecast = s.forecast_wh
+    if cfg.persistence and s.yesterday_wh:
+        # Weather persists: after a cloudy day, plan on another one (the EWMA alone would
+        # still expect most of the sunny days before it).
+        forecast = tuple(min(f, y) if seen else f for f, y, seen in
+                         zip(s.forecast_wh, s.yesterday_wh, s.seen, strict=True))
+    p = plan_power(battery_wh, r.t, forecast, cfg)
     reserve = cfg.reserve_frac * cfg.capacity_wh
     why = (f"battery {battery_wh:.1f} Wh (reserve {reserve:.1f}); plan {p:.2f} W keeps it above "
            f"reserve for {cfg.horizon_slots} slots")

@@ -213,3 +213,20 @@ def test_energy_forecast_learns_slots_and_fails_safe():
     assert d.budget_w == 0.0 and "treating the battery as low" in d.events[0]
     s, d = energy.step(s, Reading(8060.0, battery_wh=90.0, harvest_w=0.0), ECFG)
     assert "reads again" in d.events[0]
+
+
+def test_persistence_forecast_plans_on_another_cloudy_day():
+    """Two sunny days then a cloudy one: the EWMA still expects sun, persistence does not."""
+    def run(persistence: bool) -> float:
+        cfg = replace(ECFG, persistence=persistence)
+        s = energy.initial_state(cfg)
+        d = None
+        for day, sun_w in enumerate((20.0, 20.0, 1.0)):
+            for minute in range(0, 24 * 60, 10):
+                t = day * 86400 + minute * 60.0
+                harvest = sun_w if 6 * 60 <= minute < 18 * 60 else 0.0
+                s, d = energy.step(s, Reading(t, battery_wh=60.0, harvest_w=harvest), cfg)
+        s, d = energy.step(s, Reading(3 * 86400.0, battery_wh=60.0, harvest_w=0.0), cfg)
+        return d.budget_w
+
+    assert run(True) < run(False)
