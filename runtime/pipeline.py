@@ -213,16 +213,21 @@ class Pipeline:
             except queue.Empty:
                 continue
             self.preprocessing = True
-            shape = (self._next or self._active).input_shape  # type: ignore[union-attr]
-            try:
-                tensor = self._pre(frame.image, shape)
-            except Exception as e:  # a broken frame is skipped and counted, never fatal
-                self.counters["bad_frames"] += 1
-                log.warning("frame %s skipped: %s", frame.ref, e)
-                self.preprocessing = False
-                continue
-            self._put(self._frames, (frame, tensor, shape))
+            made = self._tensor(frame)
+            if made is not None:
+                self._put(self._frames, (frame, *made))
             self.preprocessing = False
+
+    def _tensor(self, frame: Frame) -> tuple[Any, tuple[int, ...]] | None:
+        """(tensor, shape) for the variant about to run; a broken frame is counted, logged
+        and skipped (None), never fatal."""
+        shape = (self._next or self._active).input_shape  # type: ignore[union-attr]
+        try:
+            return self._pre(frame.image, shape), shape
+        except Exception as e:
+            self.counters["bad_frames"] += 1
+            log.warning("frame %s skipped: %s", frame.ref, e)
+            return None
 
     def _source_failed(self, why: str, delay: float) -> None:
         self.counters["source_errors"] += 1
@@ -298,15 +303,11 @@ class Pipeline:
             if self.busy_since is not None or not self._frames.empty():
                 return False  # the infer thread took a frame meanwhile
             self.busy_since = time.monotonic()
-            shape = (self._next or self._active).input_shape  # type: ignore[union-attr]
-            try:
-                tensor = self._pre(frame.image, shape)
-            except Exception as e:  # a broken frame is skipped and counted, never fatal
-                self.counters["bad_frames"] += 1
-                log.warning("frame %s skipped: %s", frame.ref, e)
+            made = self._tensor(frame)
+            if made is None:
                 self.busy_since = None
                 return True
-            done = self._run(frame, tensor, shape)
+            done = self._run(frame, *made)
             if done is not None:
                 self._store([done])
             self.counters["inline"] += 1
