@@ -24,6 +24,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from power import governor as gov
 from power.device import DeviceProfile, load_profile
 from power.sensors import SensorSet, detect_meter
@@ -82,7 +84,6 @@ class Daemon:
         self.started = time.monotonic()
         self._stop = threading.Event()
         self._reload = threading.Event()
-        self._events: list[dict] = []
         self.sim = None
         self.publisher: Publisher | None = None
         self.current = 0
@@ -132,6 +133,8 @@ class Daemon:
         # Engines are discovered once per process: re-creating them (a second ov.Core while the
         # first is torn down) was seen to leave the process crashing on its next signal.
         self.backends = discover(cfg.backends)
+        self.devices = [{"backend": b.name, "id": d.id, "name": d.name, **d.details}
+                        for b in self.backends for d in b.devices()]  # fixed for the process
         self._install(self._measure_model(model_path))
         self.pipeline = Pipeline(lambda: open_source(cfg.source, self.state_dir,
                                                      cfg.telemetry.broker, self.device_id),
@@ -276,8 +279,8 @@ class Daemon:
         vid = self.rungs[rung].variant_id
         backend, variant = self._loaders[vid]
         session = backend.load(variant)
-        warm = self.manifest.preprocess.apply(
-            _grey(variant.model.input_shape, self.manifest.preprocess), variant.model.input_shape)
+        pre, shape = self.manifest.preprocess, variant.model.input_shape
+        warm = pre.apply(np.full((*pre.hw(shape), 3), 128, np.uint8), shape)  # mid-grey
         for _ in range(3):
             session.infer(warm)
         return Active(rung, vid, session, variant.model.input_shape)
@@ -303,8 +306,7 @@ class Daemon:
         a = self.pipeline.active if hasattr(self, "pipeline") else None
         if a is None:
             return 0.0
-        rate = self.pipeline.stats()["rate_hz"]
-        return self.rungs[min(a.rung, len(self.rungs) - 1)].energy_j * rate
+        return self.rungs[min(a.rung, len(self.rungs) - 1)].energy_j * self.pipeline.rate_hz()
 
     def _birth(self) -> dict[str, Any]:
         a = self.pipeline.active
@@ -346,8 +348,7 @@ class Daemon:
                          "reason": self.decision.reason},
             "rate_cap_hz": self.pipeline.rate_cap_hz or None,
             "pipeline": self.pipeline.stats(), "backlog": self.outbox.stats(),
-            "devices": [{"backend": b.name, "id": d.id, "name": d.name, **d.details}
-                        for b in self.backends for d in b.devices()],
+            "devices": self.devices,
             "preprocess": self.preprocess.report,
         }
         h["slo"] = h["pipeline"].pop("slo")
@@ -570,13 +571,6 @@ class Daemon:
         self.outbox.close()
         log.info("stopped; %d results not yet acked stay in the outbox for the next start",
                  stats["results_held"])
-
-
-def _grey(shape: tuple[int, ...], pre) -> Any:
-    import numpy as np
-
-    h, w = pre.hw(shape)
-    return np.full((h, w, 3), 128, np.uint8)
 
 
 def _bundled_model() -> Path:

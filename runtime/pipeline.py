@@ -88,7 +88,6 @@ class Pipeline:
         self.counters: collections.Counter = collections.Counter()
         self.latencies: collections.deque = collections.deque(maxlen=2000)  # (t, ms, met)
         self.latency_target_ms = float("inf")
-        self.last_result: dict[str, Any] | None = None
 
     # -- control (any thread) -------------------------------------------------------------
 
@@ -149,15 +148,23 @@ class Pipeline:
         busy = self.busy_since
         return now - self.heartbeat < max_age_s and (busy is None or now - busy < max_age_s)
 
+    def _recent(self) -> list[tuple[float, float, bool]]:
+        now = time.time()
+        return [x for x in list(self.latencies) if now - x[0] <= 30]
+
+    def rate_hz(self, recent: list | None = None) -> float:
+        """Results per second over the last 30 s."""
+        recent = self._recent() if recent is None else recent
+        span = (time.time() - recent[0][0]) if len(recent) > 1 else 0.0
+        return (len(recent) - 1) / span if span > 0 else 0.0
+
     def stats(self) -> dict[str, Any]:
         """Counters, recent rate and latency percentiles, SLO compliance."""
-        now = time.time()
-        recent = [(t, ms, met) for t, ms, met in list(self.latencies) if now - t <= 30]
+        recent = self._recent()
         ms = np.array([m for _, m, _ in recent]) if recent else np.array([])
-        span = (now - recent[0][0]) if len(recent) > 1 else 0.0
         return {
             **dict(self.counters),
-            "rate_hz": (len(recent) - 1) / span if span > 0 else 0.0,
+            "rate_hz": self.rate_hz(recent),
             "latency_ms": {"p50": float(np.percentile(ms, 50)) if len(ms) else None,
                            "p95": float(np.percentile(ms, 95)) if len(ms) else None},
             "slo": {"target_ms": self.latency_target_ms,
@@ -192,17 +199,15 @@ class Pipeline:
             self.counters["frames"] += 1
             # A frame that had to be waited for arrived at an idle pipeline: run it inline.
             # One that was ready at once is part of a backlog: queue it so stages overlap.
-            if time.monotonic() - t_read >= self.INLINE_AFTER_WAIT_S and self._inline(frame):
-                if self.rate_cap_hz > 0:
-                    self._stop_capture.wait(1.0 / self.rate_cap_hz)
-                continue
-            if self.source.live and self._raw.full():
-                try:  # latest wins: drop the oldest waiting frame
-                    self._raw.get_nowait()
-                    self.counters["dropped_stale"] += 1
-                except queue.Empty:
-                    pass
-            self._put(self._raw, frame)
+            waited = time.monotonic() - t_read >= self.INLINE_AFTER_WAIT_S
+            if not (waited and self._inline(frame)):
+                if self.source.live and self._raw.full():
+                    try:  # latest wins: drop the oldest waiting frame
+                        self._raw.get_nowait()
+                        self.counters["dropped_stale"] += 1
+                    except queue.Empty:
+                        pass
+                self._put(self._raw, frame)
             if self.rate_cap_hz > 0:
                 self._stop_capture.wait(1.0 / self.rate_cap_hz)
 
@@ -342,5 +347,4 @@ class Pipeline:
         if self.source is not None:
             self.source.done([frame for frame, *_ in batch if frame.done is not None])
         self.counters["results"] += len(results)
-        self.last_result = results[-1]
         self.busy_since = None

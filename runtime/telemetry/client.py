@@ -21,7 +21,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import paho.mqtt.client as mqtt
@@ -56,7 +56,6 @@ class PublisherStats:
     malformed: int = 0
     protocol: str = ""
     last_error: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class Publisher:
@@ -186,7 +185,6 @@ class Publisher:
 
     def _on_connect(self, client, userdata, flags, reason_code, properties) -> None:
         if reason_code.is_failure:
-            self.stats.last_error = f"broker refused connection: {reason_code}"
             log.error("broker refused the connection: %s", reason_code)
             self._drop(f"broker refused connection: {reason_code}")
             return
