@@ -26,7 +26,9 @@ from typing import Any
 
 import numpy as np
 
+from power import energy
 from power import governor as gov
+from power.closed_loop import governor_config
 from power.device import DeviceProfile, load_profile
 from power.sensors import SensorSet, detect_meter
 from runtime import __version__
@@ -90,6 +92,8 @@ class Daemon:
         self.hold = gov.RungHold()
         self.gstate = gov.GovernorState()
         self.decision = gov.Decision(math.inf, reason="start")
+        self.estate: energy.EnergyState | None = None
+        self.operator_rate_hz = math.inf  # `set_rate`; governor caps come on top
         self.reading = None
         self._last_problems: tuple[str, ...] = ()
         self._reprofiling = threading.Lock()
@@ -220,9 +224,13 @@ class Daemon:
             except queue.Empty:
                 return
             self._install(measured)
-            self.current = min(self.current, len(self.rungs) - 1)
-            self._move(len(self.rungs) - 1, self.reading.t if self.reading else 0.0, why)
-            self.hold = gov.RungHold(self.current)
+            self._to_top(why)
+
+    def _to_top(self, why: str) -> None:
+        """After the ladder was rebuilt: run its top rung, with a fresh upgrade hold."""
+        self.current = min(self.current, len(self.rungs) - 1)
+        self._move(len(self.rungs) - 1, self.reading.t if self.reading else 0.0, why)
+        self.hold = gov.RungHold(self.current)
 
     def _preprocess_chooser(self):
         """CPU or OpenCL preprocessing, measured per frame size (see runtime/preprocessing)."""
@@ -260,19 +268,17 @@ class Daemon:
         th = self.device.thermal
         self.gcfg = None
         if th is not None and self.cfg.governor.policy != "off":
-            from power.closed_loop import governor_config
-
             self.gcfg = governor_config(self.device, self.rungs, self.cfg.governor.rate_hz,
                                         self.cfg.governor.policy)
-        self.ecfg = self.estate = None
+        self.ecfg = None
         if self.device.battery is not None and self.cfg.governor.energy:
-            from power import energy
-
             b = self.device.battery
             self.ecfg = energy.EnergyConfig(b.capacity_wh, self.device.power.idle_w,
                                             self.rungs[-1].power_w(self.cfg.governor.rate_hz),
                                             b.reserve_frac, b.charge_efficiency)
-            self.estate = energy.initial_state(self.ecfg)
+            # The harvest forecast is days of learning: a rebuilt ladder must not reset it.
+            if getattr(self, "estate", None) is None:
+                self.estate = energy.initial_state(self.ecfg)
 
     def _session(self, rung: int) -> Active:
         """Load and warm the session of a rung (the caller swaps it in)."""
@@ -378,8 +384,6 @@ class Daemon:
         if self.gcfg is not None:
             self.gstate, decision = gov.step(self.gstate, r, self.gcfg)
         if self.ecfg is not None and self.estate is not None:
-            from power import energy
-
             self.estate, edec = energy.step(self.estate, r, self.ecfg)
             decision = gov.combine(decision, edec)
         for e in decision.events:
@@ -389,8 +393,9 @@ class Daemon:
         proposed, fit_rate = fit_budget(self.rungs, decision.budget_w, rate, self.current)
         dwell, max_dwell = (self.gcfg.dwell_s, self.gcfg.max_dwell_s) if self.gcfg else (0, 0)
         hold = gov.hold(replace(self.hold, rung=self.current), proposed, r.t, dwell, max_dwell)
-        cap = min(decision.rate_cap_hz, fit_rate)
-        self.pipeline.rate_cap_hz = cap if cap < rate else 0.0
+        cap = min(decision.rate_cap_hz, fit_rate if fit_rate < rate else math.inf,
+                  self.operator_rate_hz)
+        self.pipeline.rate_cap_hz = cap if math.isfinite(cap) else 0.0
         if hold.rung != self.current:
             self._move(hold.rung, r.t, decision.reason or "budget")
         if self.current == hold.rung:  # a failed switch keeps the old rung and its timing
@@ -458,9 +463,8 @@ class Daemon:
             self._set_constraints(replace(c, latency_ms=cmd.args["ms"]))
         elif cmd.name == "set_accuracy_floor":
             self._set_constraints(replace(c, accuracy_floor=cmd.args["value"]))
-        elif cmd.name == "set_rate":
-            self.cfg = replace(self.cfg, source=replace(self.cfg.source, rate_hz=cmd.args["fps"]))
-            self.pipeline.rate_cap_hz = cmd.args["fps"]
+        elif cmd.name == "set_rate":  # 0 = no operator cap
+            self.operator_rate_hz = cmd.args["fps"] or math.inf
         elif cmd.name == "reprofile":
             self._last_reprofile = -math.inf
             self.reprofile("operator command")
@@ -473,9 +477,11 @@ class Daemon:
             self._load_in_background(target, False, f"model {cmd.args['name']} chosen")
         self.event("command_applied", "info", command=cmd.name, args=cmd.args, id=cmd.id)
 
-    def _set_constraints(self, c) -> None:
+    def _set_constraints(self, c, why: str = "new constraints", governor=None) -> None:
+        """Rebuild the ladder for new constraints (and governor settings) and go to its top;
+        on NoVariantError everything stays as it was."""
         old = self.cfg
-        self.cfg = replace(self.cfg, constraints=c)
+        self.cfg = replace(self.cfg, constraints=c, governor=governor or self.cfg.governor)
         try:
             self._build_ladder()
         except NoVariantError as e:
@@ -483,8 +489,7 @@ class Daemon:
             self._build_ladder()
             raise ValueError(str(e)) from e
         self.pipeline.latency_target_ms = c.latency_ms
-        self.current = len(self.rungs) - 1
-        self._move(self.current, self.reading.t if self.reading else 0.0, "new constraints")
+        self._to_top(why)
 
     def reload(self) -> None:
         """SIGHUP: re-read the config; keep the old one (and say why) if it is invalid."""
@@ -499,10 +504,12 @@ class Daemon:
             return
         restart = [k for k in ("device", "model", "source", "telemetry", "simulator", "daemon",
                                "backends", "profiler") if getattr(new, k) != getattr(self.cfg, k)]
-        self.cfg = replace(self.cfg, constraints=new.constraints, governor=new.governor)
-        self._build_ladder()
-        self.pipeline.latency_target_ms = new.constraints.latency_ms
-        self.current = min(self.current, len(self.rungs) - 1)
+        try:
+            self._set_constraints(new.constraints, "config reloaded", new.governor)
+        except ValueError as e:
+            log.error("config reload refused, still running with the previous config: %s", e)
+            self.event("config_reload_failed", "warning", error=str(e))
+            return
         log.info("config reloaded (constraints and governor applied)%s",
                  f"; changes to {', '.join(restart)} need a restart" if restart else "")
         self.event("config_reloaded", "info", needs_restart=restart)

@@ -295,6 +295,9 @@ def test_choose_model_command_switches_in_the_background(tmp_path, broker, profi
     d = Serve(tmp_path, cfg)
     try:
         wait(lambda: coord.store.counts().get("box1", 0) >= 10, 120, "results", d)
+        assert coord.send_command("box1", "set_rate", {"fps": 5})["ok"]
+        time.sleep(2.0)  # several governor ticks: the operator's cap must survive them
+        wait(lambda: coord.views["box1"].health.get("rate_cap_hz") == 5.0, 10, "rate cap", d)
         assert coord.send_command("box1", "choose_model", {"name": "nope"})["ok"]
         wait(lambda: any(e["type"] == "command_failed" for e in coord.store.events("box1")),
              10, "refusal of a missing model", d)
