@@ -117,3 +117,19 @@ def test_key_files_round_trip(tmp_path):
     (tmp_path / "bad.pub").write_text("nope")
     with pytest.raises(ValueError, match="bad.pub"):
         commands.load_public_keys([str(tmp_path / "bad.pub")])
+
+
+@pytest.mark.parametrize("configured, events, want", [
+    ("5", [], "5"),
+    ("5", ["failed"], "3.1.1"),  # a 3.1.1-only broker refused v5
+    ("5", ["failed", "failed"], "5"),  # ... or it was just down: keep alternating
+    ("5", ["failed", "succeeded", "failed"], "3.1.1"),  # once it worked, it sticks
+    ("3.1.1", ["failed", "failed"], "3.1.1"),  # asked for 3.1.1: never tries 5
+])
+def test_protocol_probe(configured, events, want):
+    from runtime.telemetry.mqtt import ProtocolProbe
+
+    probe = ProtocolProbe(configured)
+    for e in events:
+        getattr(probe, e)()
+    assert probe.current == want

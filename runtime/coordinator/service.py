@@ -27,7 +27,7 @@ from runtime.coordinator import fleet
 from runtime.coordinator.config import CoordinatorConfig
 from runtime.coordinator.store import Store
 from runtime.telemetry import commands, payloads
-from runtime.telemetry.mqtt import Backoff, connect, make_client
+from runtime.telemetry.mqtt import Backoff, ProtocolProbe, connect, make_client
 
 log = logging.getLogger("edgerun.coordinator")
 
@@ -55,6 +55,7 @@ class Coordinator:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self.connected = threading.Event()
+        self._proto = ProtocolProbe(cfg.broker.protocol)
         self.counters: collections.Counter = collections.Counter()
         self.health_age_s: collections.deque = collections.deque(maxlen=20_000)
 
@@ -99,8 +100,8 @@ class Coordinator:
 
     def _mqtt_loop(self) -> None:
         backoff = Backoff()
-        protocol = self.cfg.broker.protocol
         while not self._stop.is_set():
+            protocol = self._proto.current
             client = make_client(self.cfg.broker, self.cfg.client_id, protocol, clean=False)
             client.max_inflight_messages_set(200)
             client.on_connect = self._on_connect
@@ -113,9 +114,7 @@ class Coordinator:
                 if backoff.attempts % 10 == 0:
                     log.warning("broker %s:%d unreachable (%s); retrying", self.cfg.broker.host,
                                 self.cfg.broker.port, e)
-                if protocol == "5" and self.cfg.broker.protocol == "5" and not self.counters[
-                        "connects"]:
-                    protocol = "3.1.1"
+                self._proto.failed()
                 self._stop.wait(backoff.next_delay())
                 continue
             started = time.monotonic()
@@ -128,8 +127,8 @@ class Coordinator:
             if self.connected.is_set() and not self._stop.is_set():
                 log.warning("lost the broker; reconnecting (the broker keeps our session)")
                 backoff.reset()
-            elif self.cfg.broker.protocol == "5" and not self.counters["connects"]:
-                protocol = "3.1.1" if protocol == "5" else "5"
+            else:
+                self._proto.failed()
             self.connected.clear()
             with contextlib.suppress(Exception):
                 client.disconnect()
@@ -141,6 +140,7 @@ class Coordinator:
             log.error("broker refused the coordinator: %s", reason_code)
             return
         self.counters["connects"] += 1
+        self._proto.succeeded()
         client.subscribe(self._filters())
         self.connected.set()
         log.info("coordinator connected to %s:%d, fleet %s%s", self.cfg.broker.host,

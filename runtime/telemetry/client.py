@@ -28,7 +28,7 @@ import paho.mqtt.client as mqtt
 
 from runtime.telemetry import commands, payloads
 from runtime.telemetry.config import TelemetryConfig
-from runtime.telemetry.mqtt import Backoff, connect, make_client
+from runtime.telemetry.mqtt import Backoff, ProtocolProbe, connect, make_client
 from runtime.telemetry.outbox import Outbox
 
 log = logging.getLogger("edgerun.mqtt")
@@ -76,7 +76,7 @@ class Publisher:
         self._rebirth = threading.Event()
         self._thread: threading.Thread | None = None
         self._client: mqtt.Client | None = None
-        self._protocol = cfg.broker.protocol
+        self._proto = ProtocolProbe(cfg.broker.protocol)
         self._backoff = Backoff()
         self._reset_cursors()
 
@@ -142,7 +142,8 @@ class Publisher:
     def _try_connect(self) -> bool:
         b = self.cfg.broker
         try:
-            client = make_client(b, f"edgerun-{self.cfg.fleet}-{self.device}", self._protocol)
+            client = make_client(b, f"edgerun-{self.cfg.fleet}-{self.device}",
+                                 self._proto.current)
             client.max_inflight_messages_set(100)  # our own window bounds results
             will = {"v": payloads.VERSION, "online": False, "boot": self.outbox.boot,
                     "t": time.time(), "reason": "connection lost"}
@@ -152,23 +153,17 @@ class Publisher:
             client.on_disconnect = self._on_disconnect
             client.on_message = self._on_message
             client.on_publish = self._on_publish
-            connect(client, b, self._protocol)
+            connect(client, b, self._proto.current)
         except (OSError, ValueError) as e:
             self.stats.last_error = f"connect to {b.host}:{b.port}: {e}"
             if self._backoff.attempts % 10 == 0:
                 log.warning("broker %s:%d unreachable (%s); results stay in the outbox, retrying",
                             b.host, b.port, e)
-            self._toggle_protocol_on_failure()
+            self._proto.failed()
             return False
         self._client = client
         self._connect_started = time.monotonic()
         return True
-
-    def _toggle_protocol_on_failure(self) -> None:
-        # A broker that only speaks 3.1.1 (e.g. an embedded one) refuses a v5 CONNECT; until a
-        # connection has worked, alternate so either kind of broker is found.
-        if self.stats.connects == 0 and self.cfg.broker.protocol == "5":
-            self._protocol = "3.1.1" if self._protocol == "5" else "5"
 
     def _drop(self, why: str) -> None:
         if self._client is not None:
@@ -181,7 +176,7 @@ class Publisher:
         if was:
             log.warning("lost the broker (%s); results stay in the outbox, reconnecting", why)
         else:
-            self._toggle_protocol_on_failure()
+            self._proto.failed()
 
     def _on_connect(self, client, userdata, flags, reason_code, properties) -> None:
         if reason_code.is_failure:
@@ -190,13 +185,14 @@ class Publisher:
             return
         self.stats.connected = True
         self.stats.connects += 1
-        self.stats.protocol = self._protocol
+        self.stats.protocol = self._proto.current
+        self._proto.succeeded()
         self._backoff.reset()
         self._reset_cursors()
         client.subscribe([(self._topic["cmd"], 1), (self._topic["ack"], 1)])
         self._publish_birth(client)
         log.info("connected to %s:%d (MQTT %s) as %s/%s", self.cfg.broker.host,
-                 self.cfg.broker.port, self._protocol, self.cfg.fleet, self.device)
+                 self.cfg.broker.port, self._proto.current, self.cfg.fleet, self.device)
 
     def _on_disconnect(self, client, userdata, flags, reason_code, properties) -> None:
         if client is self._client and self.stats.connected:

@@ -51,6 +51,25 @@ def connect(client: mqtt.Client, broker: BrokerConfig, protocol: str, clean: boo
         client.connect(broker.host, broker.port, broker.keepalive_s)
 
 
+class ProtocolProbe:
+    """MQTT 5 where the broker speaks it, 3.1.1 otherwise. A 3.1.1-only broker (the embedded
+    demo one) refuses a v5 CONNECT, so until a connection has worked every failed attempt
+    alternates the protocol; after that it sticks."""
+
+    def __init__(self, configured: str):
+        self.configured = self.current = configured
+        self.worked = False
+
+    def failed(self) -> None:
+        """An attempt failed before CONNACK."""
+        if not self.worked and self.configured == "5":
+            self.current = "3.1.1" if self.current == "5" else "5"
+
+    def succeeded(self) -> None:
+        """CONNACK accepted: keep this protocol."""
+        self.worked = True
+
+
 class Backoff:
     """Capped exponential backoff with full jitter, so a fleet does not reconnect in step."""
 
