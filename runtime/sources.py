@@ -149,6 +149,9 @@ class FolderSource:
         self._cfg = cfg
         if not self._dir.is_dir():
             raise SourceError(f"source.path {self._dir}: not a directory")
+        self._done_dir = Path(cfg.done_dir).expanduser() if cfg.done_dir else None
+        if self._done_dir is not None:
+            self._done_dir.mkdir(parents=True, exist_ok=True)
         state_dir.mkdir(parents=True, exist_ok=True)
         key = hashlib.sha256(str(self._dir.resolve()).encode()).hexdigest()[:12]
         self._db = sqlite3.connect(state_dir / f"folder-{key}.db", check_same_thread=False)
@@ -218,19 +221,15 @@ class FolderSource:
 
     def done(self, frames: list[Frame]) -> None:
         """Remember the files (or move them to done_dir) now that their results are stored."""
-        keys = []
         for frame in frames:
-            key, path = frame.done  # type: ignore[misc]
-            keys.append(key)
-            if self._cfg.done_dir:
-                dest = Path(self._cfg.done_dir).expanduser()
-                dest.mkdir(parents=True, exist_ok=True)
+            _, path = frame.done  # type: ignore[misc]
+            if self._done_dir is not None:
                 try:
-                    path.rename(dest / path.name)
+                    path.rename(self._done_dir / path.name)
                 except OSError as e:
                     log.warning("could not move %s to %s: %s; remembering it instead", path,
-                                dest, e)
-        self._remember(keys, "done")
+                                self._done_dir, e)
+        self._remember([f.done[0] for f in frames], "done")  # type: ignore[index]
 
     def close(self) -> None:
         """Close the seen-files table."""
