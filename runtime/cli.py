@@ -109,7 +109,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_models(args: argparse.Namespace) -> int:
     """Make a model's precision ladder (fp16, int8, reduced resolution) with measured accuracy."""
-    from runtime.ladder import PrepareOptions, prepare
+    from runtime.prepare import PrepareOptions, prepare
     from runtime.manifest import Preprocess
     from runtime.onnx_model import ModelError
 
@@ -161,7 +161,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_coordinator(args: argparse.Namespace) -> int:
     """Run the coordinator: store fleet results and health, ack, serve the API, send commands."""
     import signal
-    import threading
+    import time
 
     from runtime import config as config_mod
     from runtime.coordinator.api import serve
@@ -179,10 +179,13 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
     server = serve(coordinator, cfg.http_host, cfg.http_port)
     logging.getLogger("edgerun").info("coordinator API on http://%s:%d/api/v1/fleet",
                                       *server.server_address[:2])
-    done = threading.Event()
+    # The handler only sets a flag: Event.set() in a handler can deadlock against the main
+    # thread's own Event.wait (both take the same lock).
+    stop = [False]
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: done.set())
-    done.wait()
+        signal.signal(sig, lambda *_: stop.__setitem__(0, True))
+    while not stop[0]:
+        time.sleep(0.1)
     server.shutdown()
     coordinator.stop()
     return 0

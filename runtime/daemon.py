@@ -84,8 +84,10 @@ class Daemon:
         self.notify = Notifier()
         self.state_dir = Path(cfg.daemon.state_dir).expanduser()
         self.started = time.monotonic()
-        self._stop = threading.Event()
-        self._reload = threading.Event()
+        # Set by signal handlers, read by the main loop. Plain attributes on purpose: a handler
+        # that takes a lock (Event.set) can deadlock against the main thread's own wait.
+        self._stop_requested = False
+        self._reload_requested = False
         self.sim = None
         self.publisher: Publisher | None = None
         self.current = 0
@@ -518,16 +520,17 @@ class Daemon:
 
     def run(self) -> int:
         """Run until SIGTERM/SIGINT; returns the exit code."""
-        signal.signal(signal.SIGTERM, lambda *_: self._stop.set())
-        signal.signal(signal.SIGINT, lambda *_: self._stop.set())
-        signal.signal(signal.SIGHUP, lambda *_: self._reload.set())
+        signal.signal(signal.SIGTERM, self._on_stop_signal)
+        signal.signal(signal.SIGINT, self._on_stop_signal)
+        signal.signal(signal.SIGHUP, self._on_reload_signal)
         tick = self.cfg.governor.tick_s
         next_tick = next_health = last_beat = 0.0
         status = ""
-        while not self._stop.wait(0.05):
+        while not self._stop_requested:
+            time.sleep(0.05)
             now = time.monotonic()
-            if self._reload.is_set():
-                self._reload.clear()
+            if self._reload_requested:
+                self._reload_requested = False
                 self.reload()
             self._drain_commands()
             self._apply_installs()
@@ -550,6 +553,12 @@ class Daemon:
                 self.notify.status(line)
         self.stop()
         return 0
+
+    def _on_stop_signal(self, *_: Any) -> None:
+        self._stop_requested = True  # only a flag: no locks, no I/O in a signal handler
+
+    def _on_reload_signal(self, *_: Any) -> None:
+        self._reload_requested = True
 
     def _drain_commands(self) -> None:
         if self.publisher is None:

@@ -10,7 +10,7 @@ import pytest
 from modelgen import tiny_cnn
 
 from models.synthetic import CLASSES, write_folder
-from runtime.ladder import PrepareOptions, list_images, prepare, read_image
+from runtime.prepare import PrepareOptions, list_images, prepare, read_image
 from runtime.manifest import Preprocess, load_manifest, postprocess, verify
 from runtime.onnx_model import ModelError
 
