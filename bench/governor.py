@@ -25,10 +25,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
-from power.closed_loop import THERMAL_POLICIES, RunResult, device_ladder, simulate
+from power.closed_loop import THERMAL_POLICIES, RunResult, simulate
 from power.device import load_profile
 from power.plant import SCENARIOS, ambient
-from runtime.selector import Profile, ladder
+from runtime.ladder import ladder, on_device
+from runtime.selector import Profile
 
 HERE = Path(__file__).parent
 LABEL = {"kernel": "A kernel-only", "cheapest": "B cheapest", "step_wise": "step_wise",
@@ -147,7 +148,7 @@ def main() -> int:
     ok = True
     for dev_name in args.device:
         dev = load_profile(dev_name)
-        rungs = device_ladder(base_rungs, cpu, dev)
+        rungs = on_device(base_rungs, cpu, dev.power)
         rate, target = rungs[-1].max_rate_hz(), 1.5 * rungs[-1].latency_s
         for scen in args.scenario:
             amb = scenario(scen)

@@ -18,9 +18,10 @@ from pathlib import Path
 
 import numpy as np
 
-from power.closed_loop import device_ladder, simulate
+from power.closed_loop import simulate
 from power.device import load_profile
 from power.plant import ambient, solar_trace
+from runtime.ladder import on_device
 
 sys.path.insert(0, str(Path(__file__).parent))
 from governor import HERE, load_ladder
@@ -39,7 +40,7 @@ def main() -> int:
 
     dev = load_profile(args.device)
     base, cpu = load_ladder(args.ladder)
-    rungs = device_ladder(base, cpu, dev)
+    rungs = on_device(base, cpu, dev.power)
     rate, target = rungs[-1].max_rate_hz(), 1.5 * rungs[-1].latency_s
     irr = solar_trace(args.days, args.seed)
     step = 300.0

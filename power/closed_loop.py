@@ -1,4 +1,6 @@
-"""Closed loop: simulated device + governor (+ energy budget) + ladder, faster than real time.
+"""Simulator harness: the plant (power/plant.py) + the shipped control step (power/control.py),
+faster than real time. The harness owns only what is not product: time, the plant, sensor
+noise, the baselines (kernel-only, cheapest, greedy/fixed/oracle energy) and the tally.
 
 Used by bench/governor.py, bench/solar.py and the closed-loop tests. The load model: frames
 are offered at `rate_hz`; the chosen rung runs at min(rate, what it can sustain); while the
@@ -14,42 +16,15 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from power import control
 from power import energy as energy_mod
 from power import governor as gov
 from power.device import DeviceProfile
 from power.plant import Plant
 from power.sensors import Reading
-from runtime.selector import Rung, select_for_budget
+from runtime.ladder import Rung
 
 THERMAL_POLICIES = ("kernel", "cheapest", "step_wise", "power_allocator")
-
-
-def device_ladder(rungs: Sequence[Rung], cpu_s: Sequence[float],
-                  device: DeviceProfile) -> list[Rung]:
-    """Recorded rungs (from the CI machine) as they would run on `device`: latency and CPU time
-    scaled by perf_scale, energy = CPU-seconds x active W per core, one session per core."""
-    pm = device.power
-    return [replace(r, latency_s=r.latency_s * pm.perf_scale,
-                    energy_j=c * pm.perf_scale * pm.active_w_per_core, parallel=pm.cores)
-            for r, c in zip(rungs, cpu_s, strict=True)]
-
-
-def governor_config(device: DeviceProfile, rungs: Sequence[Rung], rate_hz: float,
-                    policy: str, design_ambient_c: float = 25.0) -> gov.GovernorConfig:
-    """Governor settings derived from the device profile and the ladder."""
-    th = device.thermal
-    assert th is not None
-    m = th.model
-    control = th.trip("passive").temp_c
-    # level 0 is unrestricted; then each rung at full rate; then the cheapest at 1/2, 1/4, 1/8
-    levels = [math.inf] + [r.power_w(rate_hz) for r in reversed(rungs[:-1])]
-    levels += [rungs[0].power_w(rate_hz) / 2 ** k for k in (1, 2, 3)]
-    sustainable = max(0.1, (control - design_ambient_c) / (m.r_die_case + m.r_case_amb)
-                      - device.power.idle_w)
-    return gov.GovernorConfig(
-        control_c=control, critical_c=th.trip("critical").temp_c, sustainable_w=sustainable,
-        max_w=rungs[-1].power_w(rate_hz), levels_w=tuple(levels), policy=policy,  # type: ignore[arg-type]
-        hyst_c=th.trip("passive").hyst_c)
 
 
 @dataclass
@@ -64,6 +39,7 @@ class RunResult:
     energy_wh: float = 0.0
     below_reserve_h: float = 0.0
     rung_changes: int = 0
+    bounded: bool = False  # the control step found the device physics-bounded
     trace: dict[str, list[float]] = field(default_factory=dict)
 
     @property
@@ -77,63 +53,64 @@ def simulate(device: DeviceProfile, rungs: Sequence[Rung], ambient_c: Callable[[
              dt: float = 1.0, t0: float = 0.0, irradiance: np.ndarray | None = None,
              energy_policy: str = "none", record_every: int = 0,
              fixed_w: float | None = None, oracle_forecast: np.ndarray | None = None,
-             oracle_days: int = 3,
-             battery_frac: float = 1.0) -> RunResult:
+             oracle_days: int = 3, battery_frac: float = 1.0, noise_c: float = 0.0,
+             drop_frac: float = 0.0, seed: int = 0,
+             min_rate_hz: float = 0.2) -> RunResult:
     """Run one policy; see module doc. `energy_policy`: none | energy (edgerun's budget) |
     greedy (full power above reserve) | fixed (constant `fixed_w`) | oracle (the planner fed the
-    true future harvest per slot, `oracle_forecast`, `oracle_days` ahead)."""
+    true future harvest per slot, `oracle_forecast`, `oracle_days` ahead). `noise_c` (Gaussian
+    sd) and `drop_frac` (share of unreadable temperature files) make the sensor behave like a
+    real one; `seed` makes that repeatable."""
     plant = Plant(device, ambient_c, t0=t0, irradiance=irradiance, battery_frac=battery_frac)
-    top = len(rungs) - 1
-    gcfg = governor_config(device, rungs, rate_hz, "step_wise" if policy in
-                           ("kernel", "cheapest") else policy)
-    gstate = gov.GovernorState()
-    ecfg = estate = None
-    if device.battery is not None and energy_policy != "none":
+    rng = np.random.default_rng(seed)
+    thermal = policy in ("step_wise", "power_allocator")
+    ladder_ = list(rungs[:1]) if policy == "cheapest" else list(rungs)
+    ecfg = None
+    if device.battery is not None and energy_policy == "energy":
         b = device.battery
-        ecfg = energy_mod.EnergyConfig(b.capacity_wh, device.power.idle_w, gcfg.max_w,
+        ecfg = energy_mod.EnergyConfig(b.capacity_wh, device.power.idle_w, math.inf,
                                        b.reserve_frac, b.charge_efficiency)
-        estate = energy_mod.initial_state(ecfg)
+    ccfg = control.ControlConfig(
+        governor=control.governor_config(device, policy) if thermal else None, energy=ecfg,
+        rate_hz=rate_hz, min_rate_hz=min_rate_hz,
+        r_total_k_per_w=device.thermal.model.r_die_case + device.thermal.model.r_case_amb
+        if device.thermal else None)
+    cstate = control.ControlState()
     res = RunResult(policy)
-    current = top
-    rung_state = gov.RungHold(top)
+    current = len(ladder_) - 1
     names = ("t", "temp_c", "ambient_c", "rung", "rate_hz", "latency_ms", "accuracy",
              "battery_frac")
     res.trace = {k: [] for k in names} if record_every else {}
     th = device.thermal
     assert th is not None
+    top_w = ladder_[-1].power_w(rate_hz)
     steps = int(duration_s / dt)
     for i in range(steps):
         s = plant.s
-        r = Reading(s.t, temp_c=s.die_c, battery_wh=s.battery_wh, harvest_w=s.harvest_w)
-        if policy == "kernel":
-            decision = gov.Decision(math.inf)
-        elif policy == "cheapest":
-            decision = gov.Decision(rungs[0].power_w(rate_hz))
-        else:
-            gstate, decision = gov.step(gstate, r, gcfg)
-        if ecfg is not None and estate is not None:
-            if energy_policy == "energy":
-                estate, edec = energy_mod.step(estate, r, ecfg)
-            else:
-                edec = _energy_decision(energy_policy, ecfg, r, s, fixed_w, oracle_forecast,
-                                        oracle_days)
-            decision = gov.combine(decision, edec)
-        proposed, rate = select_for_budget(rungs, decision.budget_w, rate_hz, current)
-        if policy == "cheapest":
-            proposed = 0
-        rung_state = gov.hold(rung_state, proposed, s.t, gcfg.dwell_s, gcfg.max_dwell_s)
-        if rung_state.rung != current:
+        temp: float | None = s.die_c + (rng.normal(0, noise_c) if noise_c else 0.0)
+        problems: tuple[str, ...] = ()
+        if drop_frac and rng.random() < drop_frac:
+            temp, problems = None, ("temp: cannot read (simulated dropout)",)
+        r = Reading(s.t, temp_c=temp, battery_wh=s.battery_wh, harvest_w=s.harvest_w,
+                    problems=problems)
+        extra = None
+        if device.battery is not None and energy_policy not in ("none", "energy"):
+            extra = _energy_decision(energy_policy, device, top_w, r, s, fixed_w,
+                                     oracle_forecast, oracle_days)
+        cstate, out = control.step(cstate, r, ladder_, ccfg, current, extra=extra)
+        if out.rung != current:
             res.rung_changes += 1
-            current = rung_state.rung
-        rung = rungs[current]
+            current = out.rung
+        rung = ladder_[current]
         latency = rung.latency_s * (th.throttle_latency_factor if s.throttled else 1.0)
-        delivered = min(rate, rung.parallel / latency) if plant.on else 0.0
+        delivered = min(rate_hz, out.rate_cap_hz, rung.parallel / latency) if plant.on else 0.0
         e = rung.energy_j * (th.throttle_energy_factor if s.throttled else 1.0)
         plant.step(dt, e * delivered)
         res.energy_wh += plant.s.power_w * dt / 3600
         if latency <= latency_target_s:
             res.good += delivered * dt
             res.good_weighted += delivered * dt * rung.accuracy
+        res.bounded = res.bounded or cstate.bounded
         if record_every and i % record_every == 0:
             bat = device.battery
             vals = (s.t, s.die_c, ambient_c(s.t), current, delivered, latency * 1e3,
@@ -147,9 +124,14 @@ def simulate(device: DeviceProfile, rungs: Sequence[Rung], ambient_c: Callable[[
     return res
 
 
-def _energy_decision(policy: str, cfg: energy_mod.EnergyConfig, r: Reading, s,
+def _energy_decision(policy: str, device: DeviceProfile, max_w: float, r: Reading, s,
                      fixed_w: float | None, oracle: np.ndarray | None,
                      oracle_days: int = 3) -> gov.Decision:
+    """The solar bench's baselines (not edgerun's policy, which runs inside control.step)."""
+    b = device.battery
+    assert b is not None
+    cfg = energy_mod.EnergyConfig(b.capacity_wh, device.power.idle_w, max_w, b.reserve_frac,
+                                  b.charge_efficiency)
     reserve = cfg.reserve_frac * cfg.capacity_wh
     if policy == "greedy":
         return gov.Decision(math.inf if (s.battery_wh or 0) > reserve else 0.0)

@@ -1,9 +1,10 @@
-"""Pure thermal governors: `step(state, reading, cfg) -> (state, decision)`.
+"""Pure thermal policies: `step(state, trend, cfg) -> (state, decision)`.
 
 A decision is a power budget for the inference load (watts of dynamic power, above idle) and
-an optional rate cap; `runtime.selector.select_for_budget` turns it into the most accurate
-ladder rung whose power fits. Two policies, both predictive (they act on the temperature
-trend before a trip is reached):
+an optional rate cap; `runtime.ladder.select_for_budget` turns it into the most accurate
+ladder rung whose power fits. Like the kernel's governors, the policies are tiny and the core
+(`power.control`) owns sensing and trend: a policy sees a filtered temperature and its slope
+in device time. Two policies, both predictive (they act on the trend before a trip is reached):
 
 - step_wise (after drivers/thermal/gov_step_wise.c and thermald): a level per tick up while
   hot and rising, held while hot and falling, released one level at a time after a dwell
@@ -13,7 +14,8 @@ trend before a trip is reached):
   k_po = S/(T_control - T_on), k_pu = 2S/(T_control - T_on), k_i = k_pu/10, k_d = 0.
   Below T_on the PID resets and the load gets full power.
 
-An invalid reading fails safe: the device is treated as hot (lowest level / zero budget).
+No valid temperature (the core already held the last one as long as it may) fails safe: the
+device is treated as hot (lowest level).
 """
 
 from __future__ import annotations
@@ -21,8 +23,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 from typing import Literal
-
-from power.sensors import Reading
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,6 @@ class GovernorConfig:
     horizon_s: float = 20.0  # predictive: act when the trend reaches the trip within this
     dwell_s: float = 60.0  # minimum time at a level before releasing one
     max_dwell_s: float = 900.0  # the dwell doubles after each release that had to be undone
-    slope_alpha: float = 0.3  # EWMA weight of each new temperature slope sample
     critical_margin_c: float = 3.0  # go to the bottom this close to the critical trip
 
 
@@ -51,8 +50,6 @@ class GovernorState:
     level: int = 0
     last_change_t: float = -math.inf
     last_t: float | None = None
-    last_temp: float | None = None
-    slope: float = 0.0  # °C/s
     integral: float = 0.0
     failsafe: bool = False
     dwell_s: float | None = None  # current release dwell (backs off against limit cycles)
@@ -70,62 +67,62 @@ class Decision:
     events: tuple[str, ...] = ()
 
 
-def _track(state: GovernorState, r: Reading, cfg: GovernorConfig) -> GovernorState:
-    if r.temp_c is None:
-        return state
-    slope = state.slope
-    if state.last_t is not None and state.last_temp is not None and r.t > state.last_t:
-        raw = (r.temp_c - state.last_temp) / (r.t - state.last_t)
-        slope = cfg.slope_alpha * raw + (1 - cfg.slope_alpha) * state.slope
-    return replace(state, last_t=r.t, last_temp=r.temp_c, slope=slope)
+@dataclass(frozen=True)
+class Trend:
+    """What the control core hands a policy: the filtered temperature and its slope."""
+
+    t: float  # device time, s
+    temp_c: float | None  # None: no valid reading (fail safe)
+    slope: float = 0.0  # °C/s
+    problem: str = ""  # why temp_c is None
 
 
-def _failsafe(state: GovernorState, r: Reading, cfg: GovernorConfig) -> tuple[GovernorState,
-                                                                                Decision]:
+def _failsafe(state: GovernorState, tr: Trend, cfg: GovernorConfig) -> tuple[GovernorState,
+                                                                               Decision]:
     bottom = len(cfg.levels_w) - 1
     events = () if state.failsafe else (
-        f"thermal sensor invalid ({'; '.join(r.problems) or 'no temperature'}): treating the "
+        f"thermal sensor invalid ({tr.problem or 'no temperature'}): treating the "
         "device as hot, inference held at the lowest power until it reads again",)
-    s = replace(state, level=bottom, failsafe=True, integral=0.0,
-                last_change_t=r.t if state.level != bottom else state.last_change_t)
+    s = replace(state, level=bottom, failsafe=True, integral=0.0, last_t=tr.t,
+                last_change_t=tr.t if state.level != bottom else state.last_change_t)
     return s, Decision(cfg.levels_w[bottom], level=bottom, reason="fail-safe: no valid "
                        "temperature", events=events)
 
 
-def step(state: GovernorState, r: Reading, cfg: GovernorConfig) -> tuple[GovernorState,
-                                                                        Decision]:
+def step(state: GovernorState, tr: Trend, cfg: GovernorConfig) -> tuple[GovernorState,
+                                                                       Decision]:
     """One governor tick."""
-    if r.temp_c is None:
-        return _failsafe(state, r, cfg)
+    if tr.temp_c is None:
+        return _failsafe(state, tr, cfg)
     events: tuple[str, ...] = ()
     if state.failsafe:
-        events = (f"thermal sensor reads again ({r.temp_c:.1f} °C): governor resumes",)
+        events = (f"thermal sensor reads again ({tr.temp_c:.1f} °C): governor resumes",)
         state = replace(state, failsafe=False)
-    dt = 0.0 if state.last_t is None else max(0.0, r.t - state.last_t)
-    state = _track(state, r, cfg)
+    dt = 0.0 if state.last_t is None else max(0.0, tr.t - state.last_t)
+    state = replace(state, last_t=tr.t)
     if cfg.policy == "step_wise":
-        s, d = _step_wise(state, r.temp_c, r.t, cfg)
+        s, d = _step_wise(state, tr.temp_c, tr.slope, tr.t, cfg)
     else:
-        s, d = _power_allocator(state, r.temp_c, r.t, dt, cfg)
+        s, d = _power_allocator(state, tr.temp_c, tr.slope, tr.t, dt, cfg)
     return s, replace(d, events=events + d.events)
 
 
-def _step_wise(s: GovernorState, temp: float, t: float, cfg: GovernorConfig):
+def _step_wise(s: GovernorState, temp: float, slope: float, t: float, cfg: GovernorConfig):
     bottom = len(cfg.levels_w) - 1
-    predicted = temp + max(s.slope, 0.0) * cfg.horizon_s
+    predicted = temp + max(slope, 0.0) * cfg.horizon_s
     dwell = s.dwell_s or cfg.dwell_s
     if t - s.last_release_t > 2 * cfg.max_dwell_s:
         dwell = cfg.dwell_s  # long settled: forget the back-off
     level, why = s.level, "holding"
     if temp >= cfg.critical_c - cfg.critical_margin_c:
         level, why = bottom, f"{temp:.1f} °C is within {cfg.critical_margin_c:g} °C of critical"
-    elif (temp >= cfg.control_c or predicted >= cfg.control_c) and s.slope > 0:
+    elif (temp >= cfg.control_c or predicted >= cfg.control_c) and slope > 0:
         if level < bottom and t - s.last_release_t < 2 * dwell:
             dwell = min(2 * dwell, cfg.max_dwell_s)  # the last release was too early
         level = min(level + 1, bottom)
-        why = (f"{temp:.1f} °C rising {s.slope * 60:+.1f} °C/min, trip {cfg.control_c:g} °C "
+        why = (f"{temp:.1f} °C rising {slope * 60:+.1f} °C/min, trip {cfg.control_c:g} °C "
                + ("crossed" if temp >= cfg.control_c else
-                  f"due in {(cfg.control_c - temp) / s.slope:.0f} s"))
+                  f"due in {(cfg.control_c - temp) / slope:.0f} s"))
     elif temp < cfg.control_c - cfg.hyst_c and level > 0:
         if t - s.last_change_t >= dwell:
             level -= 1
@@ -151,9 +148,10 @@ def _level_of(budget: float, cfg: GovernorConfig) -> int:
                 len(cfg.levels_w) - 1)
 
 
-def _power_allocator(s: GovernorState, temp: float, t: float, dt: float, cfg: GovernorConfig):
+def _power_allocator(s: GovernorState, temp: float, slope: float, t: float, dt: float,
+                     cfg: GovernorConfig):
     t_on = cfg.switch_on_c if cfg.switch_on_c is not None else cfg.control_c - 10.0
-    predicted = temp + s.slope * cfg.horizon_s
+    predicted = temp + slope * cfg.horizon_s
     if temp >= cfg.critical_c - cfg.critical_margin_c:
         s = replace(s, integral=0.0)
         budget, why = 0.0, f"{temp:.1f} °C is within {cfg.critical_margin_c:g} °C of critical"
@@ -188,34 +186,3 @@ def combine(*decisions: Decision) -> Decision:
     strict = min(decisions, key=lambda d: (d.budget_w, d.rate_cap_hz))
     return Decision(budget, rate, max(d.level for d in decisions), strict.reason,
                     tuple(e for d in decisions for e in d.events))
-
-
-@dataclass(frozen=True)
-class RungHold:
-    """What the rung chooser remembers: when the rung last changed and how long an upgrade
-    must wait now (doubles when an upgrade is undone within its dwell: no limit cycles)."""
-
-    rung: int | None = None
-    last_change_t: float = -math.inf
-    last_up_t: float = -math.inf
-    dwell_s: float | None = None
-
-
-def hold(state: RungHold, proposed: int, t: float, base_dwell_s: float,
-         max_dwell_s: float = 900.0) -> RungHold:
-    """Step down at once; step up one rung only after the dwell. A step down that undoes an
-    upgrade younger than four dwells doubles the dwell (up to `max_dwell_s`): the upgrade did
-    not hold, so the next one waits longer. Four dwells without a change bring it back to
-    `base_dwell_s`. Pure."""
-    dwell = state.dwell_s if state.dwell_s is not None else base_dwell_s
-    if state.rung is None:
-        return RungHold(proposed, t, -math.inf, dwell)
-    if t - state.last_change_t >= 4 * dwell:
-        dwell = base_dwell_s
-    if proposed < state.rung:
-        if t - state.last_up_t < 4 * dwell:
-            dwell = min(max_dwell_s, dwell * 2)
-        return RungHold(proposed, t, state.last_up_t, dwell)
-    if proposed > state.rung and t - state.last_change_t >= dwell:
-        return RungHold(state.rung + 1, t, t, dwell)
-    return replace(state, dwell_s=dwell)

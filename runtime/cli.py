@@ -109,9 +109,9 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_models(args: argparse.Namespace) -> int:
     """Make a model's precision ladder (fp16, int8, reduced resolution) with measured accuracy."""
-    from runtime.prepare import PrepareOptions, prepare
     from runtime.manifest import Preprocess
     from runtime.onnx_model import ModelError
+    from runtime.prepare import PrepareOptions, prepare
 
     pre = {}
     if args.preprocess:

@@ -9,17 +9,9 @@ from dataclasses import replace
 import pytest
 
 from power import energy
-from power.governor import (
-    Decision,
-    GovernorConfig,
-    GovernorState,
-    RungHold,
-    combine,
-    hold,
-    step,
-)
+from power.governor import Decision, GovernorConfig, GovernorState, Trend, combine, step
 from power.sensors import Reading
-from runtime.selector import Rung, select_for_budget
+from runtime.ladder import Rung, RungHold, hold, select_for_budget
 
 LEVELS = (math.inf, 6.0, 3.0, 1.5)
 SW = GovernorConfig(control_c=80, critical_c=100, sustainable_w=4.0, max_w=10.0,
@@ -28,11 +20,17 @@ PA = GovernorConfig(**{**SW.__dict__, "policy": "power_allocator"})
 
 
 def run(cfg, temps, dt=1.0, state=None):
-    """Feed a temperature series; return the levels and budgets decided."""
+    """Feed a temperature series (a float, or (°C, slope °C/s)); return levels and budgets.
+    A bare float's slope is its difference to the previous one (the core's job, tested in
+    test_control.py)."""
     s = state or GovernorState()
     levels, budgets, events = [], [], []
-    for i, temp in enumerate(temps):
-        s, d = step(s, Reading(i * dt, temp_c=temp), cfg)
+    prev = None
+    for i, x in enumerate(temps):
+        temp, slope = x if isinstance(x, tuple) else (x, 0.0 if prev is None else
+                                                      (x - prev) / dt)
+        prev = temp
+        s, d = step(s, Trend(i * dt, temp, slope), cfg)
         levels.append(d.level)
         budgets.append(d.budget_w)
         events.extend(d.events)
@@ -46,7 +44,7 @@ STEP_WISE = [
      [0, 1, 2, 3, 3]),
     ("predictive: rising fast below the trip escalates before it",
      [70, 72, 74, 76, 78], [0, 1, 2, 3, 3]),
-    ("slow rise far below the trip: no action", [70, 70.5, 71, 71.5, 72], [0, 0, 0, 0, 0]),
+    ("slow rise far below the trip: no action", [70, 70.1, 70.2, 70.3, 70.4], [0, 0, 0, 0, 0]),
     ("over the trip but falling: hold (no release above trip - hyst)",
      [79, 82, 84, 81, 80.5, 80.5, 80.5, 80.5], [0, 1, 2, 2, 2, 2, 2, 2]),
     ("near critical: straight to the bottom", [60, 98], [0, 3]),
@@ -81,12 +79,12 @@ def test_step_wise_flapping_input_backs_off():
 
 
 def test_invalid_sensor_fails_safe_then_recovers():
-    s, d = step(GovernorState(), Reading(0.0, temp_c=None, problems=("zone gone",)), SW)
+    s, d = step(GovernorState(), Trend(0.0, None, problem="zone gone"), SW)
     assert d.level == 3 and d.budget_w == LEVELS[-1]
     assert d.events and "treating the device as hot" in d.events[0]
-    s, d = step(s, Reading(1.0, temp_c=None, problems=("zone gone",)), SW)
+    s, d = step(s, Trend(1.0, None, problem="zone gone"), SW)
     assert d.events == ()  # said once, not every tick
-    s, d = step(s, Reading(2.0, temp_c=50.0), SW)
+    s, d = step(s, Trend(2.0, 50.0), SW)
     assert any("reads again" in e for e in d.events)
 
 
@@ -121,7 +119,7 @@ BUDGET = [
     (1.0, 10, None, (2, 10)),  # big at 10 Hz = 1.0 W fits exactly
     (0.5, 10, None, (1, 10)),
     (0.05, 10, None, (0, 5.0)),  # nothing fits at 10 Hz: small at the rate the budget allows
-    (0.0, 10, None, (0, 0.0)),
+    (0.0, 10, None, (0, 0.0)),  # 0 Hz here; control.step turns it into minimum duty
     (1.05, 10, 1, (1, 10)),  # big fits, but not with the 10% margin: stay on mid
     (1.2, 10, 1, (2, 10)),
     (0.2, 10, 2, (0, 10)),  # stepping down needs no margin

@@ -7,11 +7,11 @@ from dataclasses import replace
 
 import pytest
 
-from power.closed_loop import device_ladder, simulate
+from power.closed_loop import simulate
 from power.device import ThermalModel, load_profile
 from power.plant import Plant, ambient, rc_step, solar_trace
 from power.sensors import SensorSet, read_trips
-from runtime.selector import Rung
+from runtime.ladder import Rung, on_device
 
 
 def test_rc_step_matches_closed_form():
@@ -80,8 +80,8 @@ def test_solar_trace_is_deterministic_and_bounded():
 
 def test_closed_loop_governor_avoids_throttling_where_kernel_does_not():
     dev = load_profile("generic-x86")
-    rungs = device_ladder([Rung("small", 0.69, 0, 0.0074), Rung("big", 0.76, 0, 0.085)],
-                          [0.0059, 0.078], dev)
+    rungs = on_device([Rung("small", 0.69, 0, 0.0074), Rung("big", 0.76, 0, 0.085)],
+                          [0.0059, 0.078], dev.power)
     rate, target = rungs[-1].max_rate_hz(), 1.5 * rungs[-1].latency_s
     hot = ambient("constant", 40.0)
     kernel = simulate(dev, rungs, hot, "kernel", 3 * 3600, rate, target)
@@ -96,8 +96,8 @@ def test_closed_loop_governor_avoids_throttling_where_kernel_does_not():
 def solar_runs():
     """Four days of the solar node with a cloudy spell, every energy policy on the same trace."""
     dev = load_profile("solar-node")
-    rungs = device_ladder([Rung("small", 0.80, 0, 0.0074), Rung("big", 0.99, 0, 0.03)],
-                          [0.0059, 0.025], dev)
+    rungs = on_device([Rung("small", 0.80, 0, 0.0074), Rung("big", 0.99, 0, 0.03)],
+                          [0.0059, 0.025], dev.power)
     irr = solar_trace(4, seed=7)  # days: sunny, sunny, overcast, overcast
     slot_wh = (irr * dev.solar.panel_w * 300 / 3600).reshape(-1, 12).sum(axis=1)
     common = dict(duration_s=4 * 86400, rate_hz=rungs[-1].max_rate_hz(),
@@ -118,7 +118,8 @@ def test_energy_policies_table(solar_runs):
     assert r["none"].below_reserve_h >= r["greedy"].below_reserve_h
     assert r["energy"].below_reserve_h == 0  # the buffer carries it through
     assert r["oracle"].below_reserve_h == 0
-    assert r["fixed0"].good == 0 and r["fixed0"].below_reserve_h == 0  # idle only
+    # 0 W is minimum duty (0.2 Hz), never "uncapped" and never nothing
+    assert r["fixed0"].good == pytest.approx(0.2 * 4 * 86400) and r["fixed0"].below_reserve_h == 0
     assert 0 < r["energy"].good_weighted < r["greedy"].good_weighted
 
 

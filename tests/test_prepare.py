@@ -10,9 +10,9 @@ import pytest
 from modelgen import tiny_cnn
 
 from models.synthetic import CLASSES, write_folder
-from runtime.prepare import PrepareOptions, list_images, prepare, read_image
 from runtime.manifest import Preprocess, load_manifest, postprocess, verify
 from runtime.onnx_model import ModelError
+from runtime.prepare import PrepareOptions, list_images, prepare, read_image
 
 PRE = Preprocess(mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25))
 

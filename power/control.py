@@ -1,0 +1,255 @@
+"""The one control step: sensing hygiene, trend, thermal policy, energy budget, ladder -> rung
+and rate cap. Pure; `edgerun serve` calls it every tick, the simulator harness every simulated
+step, the benches through the harness. Nothing else decides a rung.
+
+    step(state, reading, rungs, cfg, current, operator_rate_hz) -> (state', Output)
+
+What the core owns (so the policies in power/governor.py and power/energy.py stay tiny):
+- **Holding**: an invalid reading (a missing file, garbage, out of range) is replaced by the
+  last valid value for `hold_invalid_s` of device time; only after that does the thermal policy
+  fail safe (device treated as hot) or the energy budget pause. One dropped read of a noisy
+  sysfs file must not send the device to its bottom rung.
+- **Trend**: temperature and slope come from a least-squares line over the last
+  `trend_window_s` of valid readings, refitted once without outliers (residuals beyond
+  3 x 1.4826 x MAD), evaluated now. Two-point differences amplify noise; the fit does not.
+  The window restarts when the actuation (rung or rate cap) changes: readings from before a
+  step down describe a load that is gone, and a fit across the step would report "still
+  rising" for half a window and escalate again and again. Until `settle_samples` readings of
+  the new regime exist the slope is taken as 0: the policies hold instead of guessing.
+- **Budget -> rung**: the most accurate rung whose power fits (`runtime.ladder`), with the
+  rung hold against flapping; the step_wise levels are recomputed from the rungs every step,
+  so rungs whose energy is kept current by the running pipeline move the levels with them.
+- **Upgrade guard**: a step up is taken only if the extra power through the die-to-ambient
+  resistance (`r_total_k_per_w`, the profile's thermal model) would settle below the release
+  temperature. Without it a big gap between rungs is a limit cycle: release at 69 °C, rise at
+  35 °C/min, step down four seconds later, forever.
+- **Minimum duty**: a budget the cheapest rung cannot meet caps the rate at what it allows,
+  but never below `min_rate_hz`. 0 W means minimum duty, never "uncapped".
+- **Physics-bounded**: at minimum duty with the die still above the control temperature for
+  `bounded_after_s`, the device cannot be held below its trip by anything edgerun does (idle
+  power alone passes it at this ambient): one critical event says so.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from power import energy as energy_mod
+from power import governor as gov
+from power.device import DeviceProfile
+from power.sensors import Reading
+from runtime.ladder import Rung, RungHold, budget_levels, hold, select_for_budget
+
+
+@dataclass(frozen=True)
+class ControlConfig:
+    """Everything the step needs besides its inputs."""
+
+    governor: gov.GovernorConfig | None  # None: no thermal control (policy off)
+    energy: energy_mod.EnergyConfig | None = None  # battery devices
+    rate_hz: float = 10.0  # the rate frames are offered at; rung powers are computed at it
+    min_rate_hz: float = 0.2  # minimum duty under a budget no rung fits (0 = pause)
+    hold_invalid_s: float = 30.0  # an invalid reading holds the last valid one this long
+    trend_window_s: float = 30.0
+    settle_samples: int = 5
+    dwell_s: float = 60.0  # rung hold: an upgrade waits this long (backs off, see ladder.hold)
+    max_dwell_s: float = 900.0
+    bounded_after_s: float = 300.0
+    r_total_k_per_w: float | None = None  # die to ambient; None: no upgrade guard
+
+
+@dataclass(frozen=True)
+class Held:
+    """The last valid value of one sensor and when it was read (device time)."""
+
+    value: float | None = None
+    t: float = -math.inf
+
+
+@dataclass(frozen=True)
+class ControlState:
+    """What the step remembers between ticks."""
+
+    governor: gov.GovernorState = field(default_factory=gov.GovernorState)
+    energy: energy_mod.EnergyState | None = None
+    hold: RungHold = field(default_factory=RungHold)
+    samples: tuple[tuple[float, float], ...] = ()  # (t, °C) valid readings in the window
+    actuation: tuple[int, float] | None = None  # (rung, rate cap) of the last output
+    temp: Held = field(default_factory=Held)
+    battery_wh: Held = field(default_factory=Held)
+    battery_frac: Held = field(default_factory=Held)
+    holding: bool = False  # an invalid reading is being bridged now
+    bottom_since: float | None = None  # at minimum duty and above control since
+    bounded: bool = False
+
+
+@dataclass(frozen=True)
+class ControlEvent:
+    """Something the operator should see (the daemon logs it and queues it as an event)."""
+
+    type: str  # governor | energy | sensor_hold | physics_bounded | physics_bounded_cleared
+    severity: str  # info | warning | critical
+    detail: str
+
+
+@dataclass(frozen=True)
+class Output:
+    """What to run now."""
+
+    rung: int
+    rate_cap_hz: float  # math.inf = no cap; otherwise >= min_rate_hz unless the operator's
+    budget_w: float
+    level: int
+    reason: str
+    temp_c: float | None  # filtered
+    slope_c_per_min: float
+    events: tuple[ControlEvent, ...] = ()
+
+
+def governor_config(device: DeviceProfile, policy: str, control_c: float | None = None,
+                    critical_c: float | None = None, hyst_c: float | None = None,
+                    design_ambient_c: float = 25.0) -> gov.GovernorConfig:
+    """Thermal policy settings from the device profile; trips found on the device (sysfs)
+    override the profile's. `levels_w`/`max_w` are filled in by `step` from the live rungs."""
+    th = device.thermal
+    assert th is not None
+    m = th.model
+    control = control_c if control_c is not None else th.trip("passive").temp_c
+    sustainable = max(0.1, (control - design_ambient_c) / (m.r_die_case + m.r_case_amb)
+                      - device.power.idle_w)
+    return gov.GovernorConfig(
+        control_c=control,
+        critical_c=critical_c if critical_c is not None else th.trip("critical").temp_c,
+        sustainable_w=sustainable, max_w=math.inf, levels_w=(math.inf,),
+        policy=policy,  # type: ignore[arg-type]
+        hyst_c=hyst_c if hyst_c is not None else th.trip("passive").hyst_c)
+
+
+def robust_trend(samples: Sequence[tuple[float, float]], t: float) -> tuple[float, float]:
+    """(temperature at t, slope °C/s): least squares over `samples`, refitted once without
+    outliers. Two samples: their difference; one: no slope."""
+    if len(samples) == 2:
+        (t0, y0), (t1, y1) = samples
+        return y1, (y1 - y0) / (t1 - t0) if t1 > t0 else 0.0
+    if len(samples) < 3:
+        return samples[-1][1], 0.0
+    ts = np.fromiter((s[0] for s in samples), float, len(samples)) - t
+    ys = np.fromiter((s[1] for s in samples), float, len(samples))
+    a, b = _line(ts, ys)
+    res = ys - (a + b * ts)
+    mad = float(np.median(np.abs(res - np.median(res))))
+    keep = np.abs(res) <= max(3 * 1.4826 * mad, 0.05)
+    if 3 <= keep.sum() < len(ys):
+        a, b = _line(ts[keep], ys[keep])
+    return float(a), float(b)
+
+
+def _line(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    xm, ym = x.mean(), y.mean()
+    var = float(((x - xm) ** 2).sum())
+    b = float(((x - xm) * (y - ym)).sum() / var) if var > 0 else 0.0
+    return float(ym - b * xm), b
+
+
+def _held(h: Held, value: float | None, t: float, hold_s: float) -> tuple[Held, float | None]:
+    if value is not None:
+        return Held(value, t), value
+    return h, (h.value if t - h.t <= hold_s else None)
+
+
+def step(state: ControlState, r: Reading, rungs: Sequence[Rung], cfg: ControlConfig,
+         current: int | None = None, operator_rate_hz: float = math.inf,
+         extra: gov.Decision | None = None) -> tuple[ControlState, Output]:
+    """One control tick (see module doc). `current` is the rung actually running (a switch can
+    fail); `operator_rate_hz` is the operator's own cap (math.inf = none); `extra` is one more
+    budget to respect (a bench's baseline energy policy), the stricter wins."""
+    t = r.t
+    events: list[ControlEvent] = []
+    # -- sensing: hold the last valid value for a bounded time --------------------------------
+    temp_h, temp = _held(state.temp, r.temp_c, t, cfg.hold_invalid_s)
+    bwh_h, bwh = _held(state.battery_wh, r.battery_wh, t, cfg.hold_invalid_s)
+    bfr_h, bfr = _held(state.battery_frac, r.battery_frac, t, cfg.hold_invalid_s)
+    problem = "; ".join(r.problems)
+    holding = bool(r.problems) and (
+        (r.temp_c is None and temp is not None)
+        or (r.battery_wh is None and r.battery_frac is None and (bwh or bfr) is not None))
+    if holding and not state.holding:
+        events.append(ControlEvent("sensor_hold", "warning", (
+            f"invalid reading ({problem}): holding the last valid value for up to "
+            f"{cfg.hold_invalid_s:g} s before failing safe")))
+    samples = state.samples
+    if r.temp_c is not None:
+        samples = (*samples, (t, r.temp_c))
+    samples = tuple(s for s in samples if t - s[0] <= cfg.trend_window_s)
+    temp_now, slope = (robust_trend(samples, t) if samples and temp is not None
+                       else (temp, 0.0))
+    if len(samples) < cfg.settle_samples:
+        slope = 0.0
+    s = replace(state, temp=temp_h, battery_wh=bwh_h, battery_frac=bfr_h, samples=samples,
+                holding=holding)
+    # -- policies ---------------------------------------------------------------------------
+    rate = cfg.rate_hz
+    decision = gov.Decision(math.inf, reason="")
+    if cfg.governor is not None:
+        gcfg = replace(cfg.governor, levels_w=budget_levels(rungs, rate),
+                       max_w=rungs[-1].power_w(rate))
+        g, decision = gov.step(s.governor, gov.Trend(t, temp_now, slope, problem), gcfg)
+        s = replace(s, governor=g)
+        events += [ControlEvent("governor", "warning", e) for e in decision.events]
+    if cfg.energy is not None:
+        ecfg = replace(cfg.energy, max_w=rungs[-1].power_w(rate))
+        est = s.energy if s.energy is not None else energy_mod.initial_state(ecfg)
+        est, edec = energy_mod.step(est, replace(r, battery_wh=bwh, battery_frac=bfr), ecfg)
+        s = replace(s, energy=est)
+        events += [ControlEvent("energy", "warning", e) for e in edec.events]
+        decision = gov.combine(decision, edec)
+    if extra is not None:
+        decision = gov.combine(decision, extra)
+    # -- budget -> rung and rate --------------------------------------------------------------
+    now = current if current is not None else (s.hold.rung if s.hold.rung is not None
+                                                else len(rungs) - 1)
+    now = min(now, len(rungs) - 1)
+    proposed, fit_rate = select_for_budget(rungs, decision.budget_w, rate, now)
+    g = cfg.governor
+    reason = decision.reason
+    if (proposed > now and g is not None and temp_now is not None
+            and cfg.r_total_k_per_w is not None):
+        settle = temp_now + (rungs[now + 1].power_w(rate) - rungs[now].power_w(rate)) \
+            * cfg.r_total_k_per_w
+        if settle >= g.control_c - g.hyst_c:
+            proposed = now
+            reason = (f"{temp_now:.1f} °C; one rung up would settle near {settle:.0f} °C "
+                      f"(release below {g.control_c - g.hyst_c:g} °C): holding")
+    h = hold(replace(s.hold, rung=now), proposed, t, cfg.dwell_s, cfg.max_dwell_s)
+    cap = min(decision.rate_cap_hz, fit_rate if fit_rate < rate else math.inf)
+    if math.isfinite(cap):
+        cap = max(cap, cfg.min_rate_hz)  # minimum duty, never "uncapped" and never below it
+    cap = min(cap, operator_rate_hz)
+    s = replace(s, hold=h)
+    act = (h.rung if h.rung is not None else now, cap)
+    if s.actuation is not None and act != s.actuation:  # a new regime: restart the trend
+        s = replace(s, samples=s.samples[-1:])
+    s = replace(s, actuation=act)
+    # -- physics-bounded: minimum duty and still above the control temperature ----------------
+    at_bottom = h.rung == 0 and cap <= cfg.min_rate_hz * 1.001
+    if g is not None and temp_now is not None and at_bottom and temp_now >= g.control_c:
+        since = s.bottom_since if s.bottom_since is not None else t
+        s = replace(s, bottom_since=since)
+        if not s.bounded and t - since >= cfg.bounded_after_s:
+            s = replace(s, bounded=True)
+            events.append(ControlEvent("physics_bounded", "critical", (
+                f"{temp_now:.1f} °C at minimum duty ({cfg.min_rate_hz:g} Hz on the cheapest "
+                f"rung) for {t - since:.0f} s, above the {g.control_c:g} °C trip: idle power "
+                "alone keeps the die above it at this ambient; edgerun cannot hold it below "
+                "(cooling or a lower ambient is needed)")))
+    elif temp_now is None or g is None or temp_now < g.control_c - g.hyst_c or not at_bottom:
+        if s.bounded:
+            events.append(ControlEvent("physics_bounded_cleared", "info",
+                                       "the die is back under control"))
+        s = replace(s, bottom_since=None, bounded=False)
+    return s, Output(h.rung if h.rung is not None else now, cap, decision.budget_w,
+                     decision.level, reason, temp_now, slope * 60, tuple(events))
