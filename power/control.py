@@ -184,7 +184,8 @@ def step(state: ControlState, r: Reading, rungs: Sequence[Rung], cfg: ControlCon
     samples = state.samples
     if r.temp_c is not None:
         samples = (*samples, (t, r.temp_c))
-    samples = tuple(s for s in samples if t - s[0] <= cfg.trend_window_s)
+    # device time may jump (NTP at boot on boards without an RTC): keep only the window
+    samples = tuple(s for s in samples if 0 <= t - s[0] <= cfg.trend_window_s)
     temp_now, slope = (robust_trend(samples, t) if samples and temp is not None
                        else (temp, 0.0))
     if len(samples) < cfg.settle_samples:
@@ -195,7 +196,7 @@ def step(state: ControlState, r: Reading, rungs: Sequence[Rung], cfg: ControlCon
     rate = cfg.rate_hz
     decision = gov.Decision(math.inf, reason="")
     if cfg.governor is not None:
-        gcfg = replace(cfg.governor, levels_w=budget_levels(rungs, rate),
+        gcfg = replace(cfg.governor, levels_w=budget_levels(rungs, rate, cfg.min_rate_hz),
                        max_w=rungs[-1].power_w(rate))
         g, decision = gov.step(s.governor, gov.Trend(t, temp_now, slope, problem), gcfg)
         s = replace(s, governor=g)

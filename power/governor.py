@@ -7,7 +7,7 @@ ladder rung whose power fits. Like the kernel's governors, the policies are tiny
 in device time. Two policies, both predictive (they act on the trend before a trip is reached):
 
 - step_wise (after drivers/thermal/gov_step_wise.c and thermald): a level per tick up while
-  hot and rising, held while hot and falling, released one level at a time after a dwell
+  hot and rising (and one per `settle_s` while above the trip and not falling), held while hot and falling, released one level at a time after a dwell
   once below trip - hysteresis.
 - power_allocator (after drivers/thermal/gov_power_allocator.c, IPA): PID on
   e = T_control - T, budget = clamp(S + p + i, 0, max), with the kernel's default gains
@@ -38,6 +38,7 @@ class GovernorConfig:
     hyst_c: float = 3.0
     switch_on_c: float | None = None  # IPA's T_on; default control_c - 10
     horizon_s: float = 20.0  # predictive: act when the trend reaches the trip within this
+    settle_s: float = 10.0  # above the trip and not falling this long after a change: +1 level
     dwell_s: float = 60.0  # minimum time at a level before releasing one
     max_dwell_s: float = 900.0  # the dwell doubles after each release that had to be undone
     critical_margin_c: float = 3.0  # go to the bottom this close to the critical trip
@@ -116,11 +117,13 @@ def _step_wise(s: GovernorState, temp: float, slope: float, t: float, cfg: Gover
     level, why = s.level, "holding"
     if temp >= cfg.critical_c - cfg.critical_margin_c:
         level, why = bottom, f"{temp:.1f} °C is within {cfg.critical_margin_c:g} °C of critical"
-    elif (temp >= cfg.control_c or predicted >= cfg.control_c) and slope > 0:
+    elif ((temp >= cfg.control_c or predicted >= cfg.control_c) and slope > 0) or (
+            temp >= cfg.control_c and slope >= 0 and t - s.last_change_t >= cfg.settle_s):
         if level < bottom and t - s.last_release_t < 2 * dwell:
             dwell = min(2 * dwell, cfg.max_dwell_s)  # the last release was too early
         level = min(level + 1, bottom)
-        why = (f"{temp:.1f} °C rising {slope * 60:+.1f} °C/min, trip {cfg.control_c:g} °C "
+        why = (f"{temp:.1f} °C {'rising' if slope > 0 else 'not falling'} "
+               f"{slope * 60:+.1f} °C/min, trip {cfg.control_c:g} °C "
                + ("crossed" if temp >= cfg.control_c else
                   f"due in {(cfg.control_c - temp) / slope:.0f} s"))
     elif temp < cfg.control_c - cfg.hyst_c and level > 0:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from power.cputime import inference_cpu_s
 from power.device import DeviceProfile
 
 log = logging.getLogger(__name__)
@@ -121,17 +122,20 @@ def battery_power_reader(supply: Path) -> Callable[[], float]:
 
 
 class EstimatedMeter:
-    """No sensor: energy = idle_w * wall time + active_w_per_core * this process's CPU time.
+    """No sensor: energy = idle_w * wall time + active_w_per_core * inference CPU time.
 
-    The profiler subtracts the idle baseline, so per-inference energy is CPU-seconds times
-    the per-core active power: a spinning thread pool costs energy, as it does on real silicon.
+    Inference CPU time is the calling thread's plus the engines' own threads
+    (power.cputime), never the whole process: the pipeline's other threads would otherwise be
+    billed to whatever is being measured. Use differences taken in one thread. The profiler
+    subtracts the idle baseline, so per-inference energy is CPU-seconds times the per-core
+    active power: a spinning thread pool costs energy, as it does on real silicon.
     """
 
     source = "estimated"
 
     def __init__(self, idle_w: float, active_w_per_core: float,
                  clock: Callable[[], float] = time.monotonic,
-                 cpu_clock: Callable[[], float] = time.process_time):
+                 cpu_clock: Callable[[], float] = inference_cpu_s):
         self._idle_w, self._active_w = idle_w, active_w_per_core
         self._clock, self._cpu = clock, cpu_clock
         self._t0, self._c0 = clock(), cpu_clock()

@@ -59,7 +59,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
     def progress(i: int, n: int, vid: str) -> None:
         print(f"[{i}/{n}] {vid}", file=sys.stderr, flush=True)
 
-    profiler = Profiler(prof_cfg, meter, device.name)
+    profiler = Profiler(prof_cfg, meter, device.name,
+                        active_w_per_core=device.power.active_w_per_core)
     profiles = profile_all(backends, models, threads, cfg.backends, profiler,
                            fresh=args.fresh, progress=progress)
     front = frontier(profiles)

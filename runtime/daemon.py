@@ -26,19 +26,19 @@ from typing import Any
 
 import numpy as np
 
-from power import energy
-from power import governor as gov
-from power.closed_loop import governor_config
+from power import control
+from power import energy as energy_mod
+from power.cputime import native_threads_cpu_s
 from power.device import DeviceProfile, load_profile
-from power.sensors import SensorSet, detect_meter
-from runtime import __version__
+from power.sensors import Reading, SensorSet, detect_meter
+from runtime import __version__, control_store
 from runtime.backends import discover
 from runtime.config import Config, ConfigError, load
-from runtime.manifest import load_manifest, model_files
+from runtime.health import health
+from runtime.ladder import Rung, ladder_for, on_device
+from runtime.measure import Measured, measure_model
 from runtime.pipeline import Active, Pipeline
-from runtime.profiler import Profiler, default_threads, plan
-from runtime.selector import Constraints, NoVariantError, Profile, Rung, ladder, select
-from runtime.selector import select_for_budget as fit_budget
+from runtime.selector import Constraints, NoVariantError
 from runtime.sources import open_source
 from runtime.systemd import Notifier
 from runtime.telemetry.client import Publisher, device_id
@@ -46,6 +46,9 @@ from runtime.telemetry.commands import Command
 from runtime.telemetry.outbox import Outbox
 
 log = logging.getLogger("edgerun.daemon")
+
+LIVE_MIN_INFERENCES = 50  # inferences per live energy update of the running rung
+LIVE_ALPHA = 0.3  # EWMA weight of each live update
 
 
 def versions() -> dict[str, str]:
@@ -60,23 +63,15 @@ def versions() -> dict[str, str]:
     return out
 
 
-def ladder_for(profiles: list[Profile], c: Constraints) -> tuple[list[Rung], str]:
-    """Rungs the governor may use (cheapest first) and the selector's reason.
-
-    The top rung is the selector's choice (lowest energy meeting latency and accuracy floor);
-    below it, the cheaper frontier variants that still meet the latency target: the governor
-    trades accuracy below the operator's floor only to protect the device.
-    """
-    choice = select(profiles, c)
-    meets = [p for p in profiles if p.ok and p.latency(c.percentile) <= c.latency_ms]
-    rungs = [r for r in ladder(meets, c.percentile) if r.energy_j <= choice.profile.energy_mj / 1e3]
-    top = ladder([choice.profile], c.percentile)[0]
-    rungs = [r for r in rungs if r.variant_id != top.variant_id] + [top]
-    return rungs, choice.reason
+def rung_label(i: int, n: int) -> str:
+    """Rungs count from 1 (the cheapest) to n (the selector's choice), everywhere."""
+    return f"{i + 1}/{n}"
 
 
 class Daemon:
-    """One `edgerun serve` process (see module docstring)."""
+    """One `edgerun serve` process (see module docstring). Wires the parts and loops; the
+    decisions live in power.control, the measurements in runtime.measure, the health message
+    in runtime.health."""
 
     def __init__(self, cfg: Config, config_path: Path | None = None):
         self.cfg = cfg
@@ -88,16 +83,33 @@ class Daemon:
         # that takes a lock (Event.set) can deadlock against the main thread's own wait.
         self._stop_requested = False
         self._reload_requested = False
-        self.sim = None
+        self.sim: Any = None  # runtime.simdevice.SimulatedDevice when simulating
         self.publisher: Publisher | None = None
-        self.current = 0
-        self.hold = gov.RungHold()
-        self.gstate = gov.GovernorState()
-        self.decision = gov.Decision(math.inf, reason="start")
-        self.estate: energy.EnergyState | None = None
+        # -- model and ladder (set by _install) --
+        self.manifest: Any = None
+        self.profiles: list = []
+        self.by_id: dict = {}
+        self.idle_w = 0.0
+        self.profile_temp: float | None = None
+        self._loaders: dict = {}
+        self.rungs: list[Rung] = []
+        self.choice_reason = ""
+        self.current = 0  # index into rungs; shown as rung_label (1-based)
+        # -- control --
+        self.ccfg: control.ControlConfig | None = None
+        self.cstate = control.ControlState()
+        self.control_out: control.Output | None = None
+        self.reading: Reading | None = None
+        self.trips: dict[str, float] = {}
+        self.thermal_disabled = ""  # why the thermal governor is off despite the config
         self.operator_rate_hz = math.inf  # `set_rate`; governor caps come on top
-        self.reading = None
         self._last_problems: tuple[str, ...] = ()
+        self._live_energy: dict[str, float] = {}  # variant id -> J per inference, live
+        self._live_acc: dict[str, tuple[int, float]] = {}
+        self._native_cpu = 0.0
+        self._saved_slot: int | None = None
+        self._control_file = self.state_dir / "control.json"
+        # -- background profiling --
         self._reprofiling = threading.Lock()
         self._installs: queue.Queue = queue.Queue()
         self._last_reprofile = -math.inf
@@ -116,19 +128,23 @@ class Daemon:
             root = Path(cfg.simulator.root or self.state_dir / "sim-sysfs")
             self.sim = SimulatedDevice(self.device, root, cfg.simulator.scenario,
                                        cfg.simulator.speed, cfg.simulator.start_hour,
-                                       self._load_w)
+                                       self.load_w)
             log.info("simulated %s, scenario %s at %gx, sysfs tree %s", self.device.name,
                      cfg.simulator.scenario, cfg.simulator.speed, root)
-        th = self.device.thermal
-        clock = (lambda: self.sim.plant.s.t) if self.sim else time.monotonic
-        self.sensors = SensorSet(root, th.zone if th else "",
-                                 self.device.sensors.battery or (
-                                     self.device.battery.path if self.device.battery else ""),
-                                 self.device.solar.path if self.device.solar else "", clock)
+        self._open_sensors(root)
         self.meter = detect_meter(root, self.device)
         self.outbox = Outbox(cfg.telemetry.outbox, on_event=self._outbox_event)
         if (ev := self.outbox.take_startup_event()) is not None:
             self.event(ev.pop("type"), "critical", **ev)
+        if self.thermal_disabled:
+            self.event("governor_disabled", "critical", reason=self.thermal_disabled)
+        energy_state, self.operator_rate_hz = control_store.load(self._control_file)
+        self.cstate = replace(self.cstate, energy=energy_state)
+        if energy_state is not None or math.isfinite(self.operator_rate_hz):
+            log.info("control state restored from %s (harvest forecast %s, operator rate cap "
+                     "%s)", self._control_file, "kept" if energy_state else "none",
+                     f"{self.operator_rate_hz:g} Hz" if math.isfinite(self.operator_rate_hz)
+                     else "none")
         self.device_id = device_id(cfg.telemetry)
         if cfg.telemetry.broker.host:  # made now so a bad key file fails before profiling
             try:
@@ -147,8 +163,10 @@ class Daemon:
                                  self.manifest, self.outbox.append_many, self._pipeline_event,
                                  cfg.daemon.queue_size, self._preprocess_chooser())
         self.pipeline.latency_target_ms = cfg.constraints.latency_ms
-        self.pipeline.start(self._session(len(self.rungs) - 1))
         self.current = len(self.rungs) - 1
+        self.pipeline.start(self._session(self.current))
+        if math.isfinite(self.operator_rate_hz):
+            self.pipeline.rate_cap_hz = self.operator_rate_hz
         if self.sim:
             self.sim.start()
         if self.publisher:
@@ -158,41 +176,52 @@ class Daemon:
         self.notify.ready(self.status_line())
         log.info("ready in %.2f s: %s", time.monotonic() - self.started, self.status_line())
 
-    def _measure_model(self, path: Path, fresh: bool = False) -> dict[str, Any]:
-        """Manifest, verified forms and their profiles (cached unless `fresh`). Changes no
-        daemon state, so it can run on a background thread; `_install` applies the result."""
+    def _open_sensors(self, root: Path) -> None:
+        """Thermal zone (and battery, solar) through the sysfs root. A configured governor
+        whose sensor cannot be read at start-up runs disabled with a critical event and
+        health saying why: inspection goes on at full precision, the operator is told."""
+        th = self.device.thermal
+        clock = (lambda: self.sim.plant.s.t) if self.sim else time.time
+        self.sensors = SensorSet(root, th.zone if th else "",
+                                 self.device.sensors.battery or (
+                                     self.device.battery.path if self.device.battery else ""),
+                                 self.device.solar.path if self.device.solar else "", clock)
+        if th is not None:
+            self.trips = {t.type: t.temp_c for t in th.trips}
+        if th is None or self.cfg.governor.policy == "off":
+            return
+        r = self.sensors.read()
+        if r.temp_c is None:
+            self.thermal_disabled = (
+                f"no thermal sensor readable at start-up ({'; '.join(r.problems)}): the "
+                "thermal governor is off and the device is not protected from overheating")
+            log.critical("%s", self.thermal_disabled)
+
+    def _measure_model(self, path: Path, fresh: bool = False) -> Measured:
         cfg = self.cfg
-        manifest = load_manifest(path)
 
-        def refused(v, e) -> None:
-            log.error("variant %s refused: %s; running on the others", v.name, e)
-            self.event("variant_refused", "critical", variant=v.name, error=str(e))
+        def refused(variant: str, error: str) -> None:
+            log.error("variant %s refused: %s; running on the others", variant, error)
+            self.event("variant_refused", "critical", variant=variant, error=error)
 
-        forms = model_files(manifest, refused)
-        threads = cfg.backends.threads or default_threads()
-        work = plan(self.backends, forms, threads, cfg.backends)
-        profiler = Profiler(cfg.profiler, self.meter, self.device.name)
-        idle_w = profiler.idle_w()
-        t0 = time.monotonic()
-        profiles = []
-        for i, (b, d, v) in enumerate(work, start=1):
+        def progress(i: int, n: int, name: str) -> None:
             # A cold first start profiles every variant (minutes): keep systemd's start
             # timeout moving and say how far it got.
             self.notify.send("EXTEND_TIMEOUT_USEC=120000000",
-                             f"STATUS=profiling {manifest.name}: variant {i}/{len(work)}")
-            profiles.append(profiler.profile(b, d, v, fresh=fresh))
-        log.info("%d variants of %s profiled in %.1f s (%d failed)", len(profiles),
-                 manifest.name, time.monotonic() - t0, sum(1 for p in profiles if not p.ok))
-        ladder_for(profiles, self._constraints())  # raises NoVariantError before any change
-        return {"manifest": manifest, "profiles": profiles, "idle_w": idle_w,
-                "loaders": {v.id: (b, v) for b, _, v in work},
-                "temp": self.sensors.read().temp_c}
+                             f"STATUS=profiling {name}: variant {i}/{n}")
 
-    def _install(self, m: dict[str, Any]) -> None:
+        recorded = Path(cfg.simulator.profiles) if (cfg.simulator.enabled
+                                                    and cfg.simulator.profiles) else None
+        return measure_model(path, cfg, self.backends, self.meter, self.device.name,
+                             self.device.power.active_w_per_core, self.sensors.read().temp_c,
+                             refused, progress, self._constraints(), fresh, recorded)
+
+    def _install(self, m: Measured) -> None:
         """Make measured profiles current (main thread only) and rebuild the ladder."""
-        old = getattr(self, "manifest", None)
-        self.manifest, self.profiles, self.idle_w = m["manifest"], m["profiles"], m["idle_w"]
-        self._loaders, self.profile_temp = m["loaders"], m["temp"]
+        old = self.manifest
+        self.manifest, self.profiles, self.idle_w = m.manifest, m.profiles, m.idle_w
+        self._loaders, self.profile_temp = m.loaders, m.temp_c
+        self._live_energy.clear()
         self._build_ladder()
         if hasattr(self, "pipeline"):  # a new model brings its own preprocessing to measure
             self.pipeline.set_manifest(self.manifest, self.preprocess if (
@@ -232,7 +261,8 @@ class Daemon:
         """After the ladder was rebuilt: run its top rung, with a fresh upgrade hold."""
         self.current = min(self.current, len(self.rungs) - 1)
         self._move(len(self.rungs) - 1, self.reading.t if self.reading else 0.0, why)
-        self.hold = gov.RungHold(self.current)
+        self.cstate = replace(self.cstate, hold=replace(self.cstate.hold, rung=self.current,
+                                                        dwell_s=None))
 
     def _preprocess_chooser(self):
         """CPU or OpenCL preprocessing, measured per frame size (see runtime/preprocessing)."""
@@ -262,25 +292,38 @@ class Daemon:
                            accuracy_floor=c.accuracy_floor)
 
     def _build_ladder(self) -> None:
-        self.rungs, self.choice_reason = ladder_for(self.profiles, self._constraints())
+        """Rungs from the profiles (scaled to the simulated device when simulating, kept
+        current from the running pipeline otherwise) and the control settings for them."""
+        rungs, self.choice_reason = ladder_for(self.profiles, self._constraints())
         self.by_id = {p.variant_id: p for p in self.profiles}
-        log.info("choice: %s; ladder (cheapest first): %s", self.choice_reason,
-                 ", ".join(f"{r.variant_id} acc {r.accuracy:.3f} {r.energy_j * 1e3:.2f} mJ"
-                           for r in self.rungs))
+        if self.sim:
+            # The simulated device is not this host: each rung's power there is its CPU time
+            # here scaled by the device profile's perf_scale and active W per core.
+            rungs = on_device(rungs, [self.by_id[r.variant_id].cpu_ms / 1e3 for r in rungs],
+                              self.device.power)
+        self._host_rungs = rungs
+        self.rungs = self._live_rungs()
+        log.info("choice: %s; ladder (rung 1 = cheapest): %s", self.choice_reason,
+                 ", ".join(f"{i + 1}: {r.variant_id} acc {r.accuracy:.3f} "
+                           f"{r.energy_j * 1e3:.3f} mJ" for i, r in enumerate(self.rungs)))
+        g = self.cfg.governor
         th = self.device.thermal
-        self.gcfg = None
-        if th is not None and self.cfg.governor.policy != "off":
-            self.gcfg = governor_config(self.device, self.rungs, self.cfg.governor.rate_hz,
-                                        self.cfg.governor.policy)
-        self.ecfg = None
-        if self.device.battery is not None and self.cfg.governor.energy:
+        gcfg = None
+        if th is not None and g.policy != "off" and not self.thermal_disabled:
+            gcfg = control.governor_config(self.device, g.policy)
+        ecfg = None
+        if self.device.battery is not None and g.energy:
             b = self.device.battery
-            self.ecfg = energy.EnergyConfig(b.capacity_wh, self.device.power.idle_w,
-                                            self.rungs[-1].power_w(self.cfg.governor.rate_hz),
-                                            b.reserve_frac, b.charge_efficiency)
-            # The harvest forecast is days of learning: a rebuilt ladder must not reset it.
-            if getattr(self, "estate", None) is None:
-                self.estate = energy.initial_state(self.ecfg)
+            ecfg = energy_mod.EnergyConfig(b.capacity_wh, self.device.power.idle_w, math.inf,
+                                           b.reserve_frac, b.charge_efficiency)
+        self.ccfg = control.ControlConfig(
+            governor=gcfg, energy=ecfg, rate_hz=g.rate_hz, min_rate_hz=g.min_rate_hz,
+            hold_invalid_s=g.hold_invalid_s, dwell_s=g.dwell_s,
+            r_total_k_per_w=(th.model.r_die_case + th.model.r_case_amb) if th else None)
+
+    def _live_rungs(self) -> list[Rung]:
+        return [replace(r, energy_j=self._live_energy.get(r.variant_id, r.energy_j))
+                for r in self._host_rungs]
 
     def _session(self, rung: int) -> Active:
         """Load and warm the session of a rung (the caller swaps it in)."""
@@ -293,7 +336,7 @@ class Daemon:
             session.infer(warm)
         return Active(rung, vid, session, variant.model.input_shape)
 
-    # -- events and health -------------------------------------------------------------------
+    # -- events and status -------------------------------------------------------------------
 
     def event(self, type_: str, severity: str = "info", **fields: Any) -> None:
         """Record an event for the operator (log + outbox)."""
@@ -309,12 +352,16 @@ class Daemon:
     def _pipeline_event(self, ev: dict) -> None:
         self.event(ev.pop("type"), ev.pop("severity", "warning"), **ev)
 
-    def _load_w(self) -> float:
-        """Dynamic power of the inference load now: rung energy x measured rate."""
-        a = self.pipeline.active if hasattr(self, "pipeline") else None
-        if a is None:
+    def offered_rate_hz(self) -> float:
+        """The rate the control loop plans for, under the caps now in force."""
+        return min(self.cfg.governor.rate_hz, self.pipeline.rate_cap_hz)
+
+    def load_w(self) -> float:
+        """Dynamic power of the inference load: the running rung's energy x the rate it is
+        allowed (what the simulated device heats with)."""
+        if not hasattr(self, "pipeline") or not self.rungs:
             return 0.0
-        return self.rungs[min(a.rung, len(self.rungs) - 1)].energy_j * self.pipeline.rate_hz()
+        return self.rungs[min(self.current, len(self.rungs) - 1)].power_w(self.offered_rate_hz())
 
     def _birth(self) -> dict[str, Any]:
         a = self.pipeline.active
@@ -324,88 +371,96 @@ class Daemon:
     def status_line(self) -> str:
         """One line for systemd STATUS= and the log."""
         a = self.pipeline.active
+        out = self.control_out
         temp = self.reading.temp_c if self.reading else None
-        return (f"{a.variant_id if a else '-'} rung {self.current + 1}/{len(self.rungs)}"
+        return (f"{a.variant_id if a else '-'} rung {rung_label(self.current, len(self.rungs))}"
                 + (f", {temp:.1f} °C" if temp is not None else "")
-                + (f", {self.decision.reason}" if self.decision.reason else ""))
+                + (f", {out.reason}" if out and out.reason else "")
+                + (", GOVERNOR OFF: no thermal sensor" if self.thermal_disabled else ""))
 
     def health(self) -> dict[str, Any]:
-        """Everything an operator needs to judge this device at a glance."""
-        r = self.reading
-        th = self.device.thermal
-        a = self.pipeline.active
-        prof = self.by_id.get(a.variant_id) if a else None
-        h = {
-            "v": 1, "t": time.time(), "boot": self.outbox.boot,
-            "uptime_s": round(time.monotonic() - self.started, 1),
-            "temp_c": r.temp_c if r else None,
-            "passive_trip_c": th.trip("passive").temp_c if th else None,
-            "throttled": bool(r and r.temp_c is not None and th
-                              and r.temp_c >= th.trip("hot").temp_c),
-            "battery_frac": r.battery_frac if r else None,
-            "sensor_problems": list(r.problems) if r else [],
-            "model": self.manifest.name, "choice": a.variant_id if a else "",
-            "choice_reason": self.choice_reason,
-            "rung": self.current, "rungs": len(self.rungs),
-            "accuracy": self.rungs[self.current].accuracy,
-            "energy_mj": prof.energy_mj if prof else None, "energy_source": self.meter.source,
-            "power_w": round(self.device.power.idle_w + self._load_w(), 3),  # idle + inference
-            "governor": {"policy": self.cfg.governor.policy, "level": self.decision.level,
-                         "budget_w": None if math.isinf(self.decision.budget_w)
-                         else round(self.decision.budget_w, 4),
-                         "reason": self.decision.reason},
-            "rate_cap_hz": self.pipeline.rate_cap_hz or None,
-            "pipeline": self.pipeline.stats(), "backlog": self.outbox.stats(),
-            "devices": self.devices,
-            "preprocess": self.preprocess.report,
-        }
-        h["slo"] = h["pipeline"].pop("slo")
-        if self.publisher:
-            s = self.publisher.stats
-            h["mqtt"] = {"connected": s.connected, "acked_seq": s.acked_seq,
-                         "resends": s.resends, "commands_refused": s.commands_refused}
-        if self.sim:
-            h["simulated"] = {"t": self.sim.plant.s.t, "ambient_c": round(
-                self.sim.plant.ambient_c(self.sim.plant.s.t), 2)}
-        return h
+        """The health message (runtime.health)."""
+        return health(self)
 
     # -- control ------------------------------------------------------------------------------
 
     def control_tick(self) -> None:
-        """Read sensors, step the governor (+ energy budget), move along the ladder."""
+        """Read sensors, run the one control step, apply its rung and rate cap."""
         r = self.sensors.read()
         self.reading = r
         if r.problems != self._last_problems:
             if r.problems:
-                log.warning("sensor problem (the governor fails safe): %s", "; ".join(r.problems))
+                log.warning("sensor problem: %s (the last valid value is held for %g s, then "
+                            "the governor fails safe)", "; ".join(r.problems),
+                            self.cfg.governor.hold_invalid_s)
                 self.event("sensor_invalid", "warning", problems=list(r.problems))
             else:
                 self.event("sensor_recovered", "info")
             self._last_problems = r.problems
-        decision = gov.Decision(math.inf, reason="")
-        if self.gcfg is not None:
-            self.gstate, decision = gov.step(self.gstate, r, self.gcfg)
-        if self.ecfg is not None and self.estate is not None:
-            self.estate, edec = energy.step(self.estate, r, self.ecfg)
-            decision = gov.combine(decision, edec)
-        for e in decision.events:
-            self.event("governor", "warning", detail=e)
-        self.decision = decision
-        rate = self.cfg.governor.rate_hz
-        proposed, fit_rate = fit_budget(self.rungs, decision.budget_w, rate, self.current)
-        dwell, max_dwell = (self.gcfg.dwell_s, self.gcfg.max_dwell_s) if self.gcfg else (0, 0)
-        hold = gov.hold(replace(self.hold, rung=self.current), proposed, r.t, dwell, max_dwell)
-        cap = min(decision.rate_cap_hz, fit_rate if fit_rate < rate else math.inf,
-                  self.operator_rate_hz)
-        self.pipeline.rate_cap_hz = cap if math.isfinite(cap) else 0.0
-        if hold.rung != self.current:
-            self._move(hold.rung, r.t, decision.reason or "budget")
-        if self.current == hold.rung:  # a failed switch keeps the old rung and its timing
-            self.hold = hold
+        self._update_live_energy()
+        assert self.ccfg is not None
+        self.cstate, out = control.step(self.cstate, r, self.rungs, self.ccfg, self.current,
+                                        self.operator_rate_hz)
+        self.control_out = out
+        for e in out.events:
+            (log.critical if e.severity == "critical" else log.warning)("%s: %s", e.type,
+                                                                         e.detail)
+            self.event(e.type, e.severity, detail=e.detail)
+        self.pipeline.rate_cap_hz = out.rate_cap_hz
+        if out.rung != self.current:
+            self._move(out.rung, r.t, out.reason or "budget")
+        if self.current != out.rung:  # the switch failed: keep the rung actually running
+            self.cstate = replace(self.cstate, hold=replace(self.cstate.hold, rung=self.current))
+        self._persist()
         self._check_conditions(r.temp_c)
+
+    def _update_live_energy(self) -> None:
+        """Keep the running rung's energy per inference current: the inference threads' CPU
+        time (power.cputime) per inference, converted at the joules per CPU-second its profile
+        measured. Frozen while profiling (the profiler's work would be billed to it) and when
+        replaying recorded profiles (simulations must repeat)."""
+        native = native_threads_cpu_s()
+        d_native, self._native_cpu = max(native - self._native_cpu, 0.0), native
+        if self._reprofiling.locked() or (self.sim and self.cfg.simulator.profiles):
+            self.pipeline.take_infer_cpu()
+            return
+        for vid, (n, cpu) in self.pipeline.take_infer_cpu().items():
+            n0, c0 = self._live_acc.get(vid, (0, 0.0))
+            self._live_acc[vid] = (n0 + n, c0 + cpu + (d_native if vid == self._running_id()
+                                                          else 0.0))
+        for vid, (n, cpu) in list(self._live_acc.items()):
+            if n < LIVE_MIN_INFERENCES or vid not in self.by_id:
+                continue
+            del self._live_acc[vid]
+            p = self.by_id[vid]
+            per_inf = cpu / n
+            if self.sim:
+                joules = per_inf * self.device.power.perf_scale * \
+                    self.device.power.active_w_per_core
+            else:
+                j_per_cpu = (p.energy_mj / p.cpu_ms) if p.cpu_ms and p.energy_mj > 0 else \
+                    self.device.power.active_w_per_core
+                joules = per_inf * j_per_cpu
+            old = self._live_energy.get(vid)
+            self._live_energy[vid] = joules if old is None else (
+                LIVE_ALPHA * joules + (1 - LIVE_ALPHA) * old)
+        self.rungs = self._live_rungs()
+
+    def _running_id(self) -> str:
+        a = self.pipeline.active
+        return a.variant_id if a else ""
+
+    def _persist(self) -> None:
+        """Save the harvest forecast when an hour slot closes (and caps when they change)."""
+        e = self.cstate.energy
+        slot = e.slot_index if e is not None else None
+        if slot != self._saved_slot:
+            self._saved_slot = slot
+            control_store.save(self._control_file, e, self.operator_rate_hz)
 
     def _move(self, rung: int, t: float, why: str) -> None:
         """Load and warm the rung's session and hand it to the pipeline (an event)."""
+        n = len(self.rungs)
         a = self.pipeline.target
         if a is not None and a.variant_id == self.rungs[rung].variant_id:
             self.current = rung  # same variant, new index (the ladder was rebuilt)
@@ -420,9 +475,10 @@ class Daemon:
                        error=str(e)[:300])
             return
         self.pipeline.switch(active)
-        log.info("rung %d -> %d: %s -> %s (%s)", self.current, rung, old, active.variant_id, why)
+        log.info("rung %s -> %s: %s -> %s (%s)", rung_label(self.current, n),
+                 rung_label(rung, n), old, active.variant_id, why)
         self.event("rung_changed", "info", **{"from": old, "to": active.variant_id,
-                                              "rung": rung, "reason": why})
+                                              "rung": rung + 1, "rungs": n, "reason": why})
         self.current = rung
         self.notify.status(self.status_line())
         if self.publisher:
@@ -430,8 +486,9 @@ class Daemon:
 
     def _check_conditions(self, temp: float | None) -> None:
         """Re-profile when the temperature moved far from the profiling one, or inference
-        became slower than profiled (throttling); at most once per 10 minutes."""
-        if time.monotonic() - self._last_reprofile < 600:
+        became slower than profiled (throttling); at most once per 10 minutes. Never for a
+        simulated device: its temperature is not this host's."""
+        if self.sim or time.monotonic() - self._last_reprofile < 600:
             return
         why = None
         if temp is not None and self.profile_temp is not None and abs(
@@ -465,8 +522,9 @@ class Daemon:
             self._set_constraints(replace(c, latency_ms=cmd.args["ms"]))
         elif cmd.name == "set_accuracy_floor":
             self._set_constraints(replace(c, accuracy_floor=cmd.args["value"]))
-        elif cmd.name == "set_rate":  # 0 = no operator cap
+        elif cmd.name == "set_rate":  # 0 = no operator cap; kept across restarts
             self.operator_rate_hz = cmd.args["fps"] or math.inf
+            control_store.save(self._control_file, self.cstate.energy, self.operator_rate_hz)
         elif cmd.name == "reprofile":
             self._last_reprofile = -math.inf
             self.reprofile("operator command")
@@ -523,11 +581,15 @@ class Daemon:
         signal.signal(signal.SIGTERM, self._on_stop_signal)
         signal.signal(signal.SIGINT, self._on_stop_signal)
         signal.signal(signal.SIGHUP, self._on_reload_signal)
-        tick = self.cfg.governor.tick_s
+        # tick_s is device time: with an accelerated simulator the step runs that much more
+        # often in wall time, so the trend keeps its resolution (ticks shorter than horizon).
+        speed = self.cfg.simulator.speed if self.sim else 1.0
+        tick = max(self.cfg.governor.tick_s / speed, 0.01)
+        nap = min(0.05, tick)
         next_tick = next_health = last_beat = 0.0
         status = ""
         while not self._stop_requested:
-            time.sleep(0.05)
+            time.sleep(nap)
             now = time.monotonic()
             if self._reload_requested:
                 self._reload_requested = False

@@ -143,7 +143,7 @@ def live_line(view: dict, stored: int) -> str:
     rate = p.get("rate_hz") or 0.0
     return (f"{_clock(sim.get('t'))} amb {sim.get('ambient_c', float('nan')):5.1f}°C  "
             f"die {temp if temp is not None else float('nan'):5.1f}°C (trip {trip or 0:.0f})  "
-            f"rung {h.get('rung', 0) + 1}/{h.get('rungs', 0)} {h.get('choice', '-'):<44} "
+            f"rung {h.get('rung', 0)}/{h.get('rungs', 0)} {h.get('choice', '-'):<44} "
             f"acc {h.get('accuracy', 0):.3f}  {rate:5.1f}/s  p95 "
             f"{lat.get('p95') or 0:6.2f} ms  stored {stored}")
 

@@ -63,11 +63,14 @@ def on_device(rungs: Sequence[Rung], cpu_s: Sequence[float], power: Any) -> list
             for r, c in zip(rungs, cpu_s, strict=True)]
 
 
-def budget_levels(rungs: Sequence[Rung], rate_hz: float) -> tuple[float, ...]:
+def budget_levels(rungs: Sequence[Rung], rate_hz: float,
+                  min_rate_hz: float = 0.0) -> tuple[float, ...]:
     """step_wise's budget per level: level 0 unrestricted, then each rung below the top at full
-    rate, then the cheapest rung at 1/2, 1/4 and 1/8 of the rate."""
+    rate, then the cheapest rung at 1/2, 1/4 and 1/8 of the rate, and last at the minimum duty
+    `min_rate_hz` (the bottom: fail-safe, and where a device that stays hot ends up)."""
     levels = [math.inf] + [r.power_w(rate_hz) for r in reversed(rungs[:-1])]
-    return tuple(levels + [rungs[0].power_w(rate_hz) / 2 ** k for k in (1, 2, 3)])
+    levels += [rungs[0].power_w(rate_hz) / 2 ** k for k in (1, 2, 3)]
+    return tuple(levels + [rungs[0].power_w(min(min_rate_hz, rate_hz / 8))])
 
 
 def select_for_budget(rungs: Sequence[Rung], budget_w: float, rate_hz: float,

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
 import queue
 import threading
 import time
@@ -84,7 +85,9 @@ class Pipeline:
         self.source: Source | None = None
         self.heartbeat = time.monotonic()
         self.busy_since: float | None = None  # set from taking a frame until its result is stored
-        self.rate_cap_hz = 0.0  # 0 = no cap (governor/energy decisions set it)
+        # Set by the control loop: math.inf = no cap; 0 = paused (minimum duty of 0 Hz).
+        self.rate_cap_hz = math.inf
+        self._infer_cpu: dict[str, tuple[int, float]] = {}  # variant -> (n, thread CPU s)
         self.counters: collections.Counter = collections.Counter()
         self.latencies: collections.deque = collections.deque(maxlen=2000)  # (t, ms, met)
         self.latency_target_ms = float("inf")
@@ -148,6 +151,13 @@ class Pipeline:
         busy = self.busy_since
         return now - self.heartbeat < max_age_s and (busy is None or now - busy < max_age_s)
 
+    def take_infer_cpu(self) -> dict[str, tuple[int, float]]:
+        """(inferences, CPU seconds of the threads that ran them) per variant since the last
+        call. The engines' own pool threads are not in it (see power.cputime)."""
+        with self._work:
+            out, self._infer_cpu = self._infer_cpu, {}
+        return out
+
     def _recent(self) -> list[tuple[float, float, bool]]:
         now = time.time()
         return [x for x in list(self.latencies) if now - x[0] <= 30]
@@ -177,6 +187,9 @@ class Pipeline:
     def _capture(self) -> None:
         delay = 0.5
         while not self._stop_capture.is_set():
+            if self.rate_cap_hz <= 0:  # paused by the control loop: read nothing
+                self._stop_capture.wait(0.2)
+                continue
             if self.source is None:
                 try:
                     self.source = self._open_source()
@@ -208,8 +221,9 @@ class Pipeline:
                     except queue.Empty:
                         pass
                 self._put(self._raw, frame)
-            if self.rate_cap_hz > 0:
-                self._stop_capture.wait(1.0 / self.rate_cap_hz)
+            cap = self.rate_cap_hz
+            if 0 < cap < math.inf:
+                self._stop_capture.wait(1.0 / cap)
 
     def _preprocess(self) -> None:
         while not self._stop.is_set():
@@ -285,9 +299,11 @@ class Pipeline:
         try:
             if shape != active.input_shape:  # preprocessed for the variant just replaced
                 tensor = self._pre(frame.image, active.input_shape)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             out = active.session.infer(tensor)
             ms = (time.perf_counter() - t0) * 1e3
+            n, cpu = self._infer_cpu.get(active.variant_id, (0, 0.0))
+            self._infer_cpu[active.variant_id] = (n + 1, cpu + time.thread_time() - c0)
         except Exception as e:
             self.busy_since = None
             self.counters["infer_errors"] += 1
@@ -326,7 +342,7 @@ class Pipeline:
         for frame, out, active, ms in batch:
             label, score = postprocess(out, self._manifest)[0]
             r = {"t": frame.t, "ref": frame.ref, "label": label, "score": round(score, 5),
-                 "variant": active.variant_id, "rung": active.rung,
+                 "variant": active.variant_id, "rung": active.rung + 1,  # 1 = cheapest
                  "latency_ms": round(ms, 3),  # inference alone
                  "e2e_ms": round((time.time() - frame.t) * 1e3, 3)}  # capture to result
             if frame.truth is not None:

@@ -1,0 +1,153 @@
+"""Table tests for the one control step (power/control.py): holding, trend, minimum duty, the
+upgrade guard, physics-bounded detection. No clocks, no files."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from power import control
+from power import energy as energy_mod
+from power.device import load_profile
+from power.governor import Decision
+from power.sensors import Reading
+from runtime.ladder import Rung
+
+RUNGS = [Rung("small", 0.80, 0.010, 0.005), Rung("mid", 0.90, 0.030, 0.010),
+         Rung("big", 0.98, 0.100, 0.020)]
+RPI = load_profile("rpi5")  # passive 75, critical 90 (see firmware_config/devices/rpi5.toml)
+
+
+def cfg(policy="step_wise", **kw) -> control.ControlConfig:
+    base = dict(governor=control.governor_config(RPI, policy), rate_hz=10.0, min_rate_hz=0.5,
+                hold_invalid_s=30.0, dwell_s=60.0, bounded_after_s=120.0,
+                r_total_k_per_w=8.0)
+    return control.ControlConfig(**{**base, **kw})
+
+
+def run(c, temps, start=None, rungs=RUNGS, dt=1.0, t0=0.0, **kw):
+    """Feed readings (°C or None for an unreadable file) one tick apart; returns outputs."""
+    s = start or control.ControlState()
+    cur = len(rungs) - 1
+    outs = []
+    for i, temp in enumerate(temps):
+        r = Reading(t0 + i * dt, temp_c=temp, problems=() if temp is not None else
+                    ("thermal_zone0/temp: cannot read",))
+        s, out = control.step(s, r, rungs, c, cur, **kw)
+        cur = out.rung
+        outs.append(out)
+    return s, outs
+
+
+def test_cool_runs_the_top_rung_uncapped():
+    _, outs = run(cfg(), [45.0] * 10)
+    assert {o.rung for o in outs} == {2} and all(o.rate_cap_hz == math.inf for o in outs)
+
+
+def test_an_invalid_reading_is_held_then_fails_safe():
+    c = cfg()
+    s, outs = run(c, [45.0] * 5 + [None] * 29)
+    assert all(o.rung == 2 and o.level == 0 for o in outs), "held for 30 s: no fail-safe"
+    assert any(e.type == "sensor_hold" for o in outs for e in o.events)
+    s, outs = run(c, [None] * 3, start=s, t0=34.0)
+    # step_wise's bottom level: the cheapest rung at minimum duty
+    assert outs[-1].rung == 0 and outs[-1].rate_cap_hz == pytest.approx(c.min_rate_hz)
+    assert any("treating the device as hot" in e.detail for o in outs for e in o.events)
+
+
+def test_one_percent_dropouts_do_not_move_the_rung():
+    rng = np.random.default_rng(1)
+    temps = [None if rng.random() < 0.05 else 50 + rng.normal(0, 0.3) for _ in range(600)]
+    _, outs = run(cfg(), temps)
+    assert {o.rung for o in outs} == {2}
+
+
+@pytest.mark.parametrize(("noise", "slope"), [(0.0, 0.05), (0.3, 0.05), (1.0, -0.02)])
+def test_robust_trend_recovers_the_slope(noise, slope):
+    rng = np.random.default_rng(0)
+    samples = [(float(t), 60 + slope * t + rng.normal(0, noise)) for t in range(30)]
+    samples[10] = (10.0, 95.0)  # one wild reading
+    temp, got = control.robust_trend(samples, 29.0)
+    assert got == pytest.approx(slope, abs=0.02 + noise * 0.02)
+    assert temp == pytest.approx(60 + slope * 29, abs=0.5 + noise)
+
+
+@pytest.mark.parametrize("why", ["critical margin (power_allocator)", "energy budget 0 W",
+                                 "battery unreadable", "extra 0 W"])
+def test_every_zero_watt_path_is_minimum_duty_never_uncapped(why):
+    c = cfg()
+    extra = None
+    temps = [50.0] * 3
+    if why.startswith("critical"):
+        c, temps = cfg("power_allocator"), [88.0] * 3  # within 3 °C of the 90 °C critical
+    elif why == "extra 0 W":
+        extra = Decision(0.0)
+    else:
+        e = energy_mod.EnergyConfig(100.0, 1.0, math.inf, reserve_frac=0.2)
+        c = replace(c, energy=e)
+    s = control.ControlState()
+    out = None
+    for i, temp in enumerate(temps):
+        battery = None if why == "battery unreadable" else 10.0  # below the 20 Wh reserve
+        r = Reading(float(i * 40), temp_c=temp, battery_wh=battery,
+                    problems=() if battery is not None else ("BAT0 gone",))
+        s, out = control.step(s, r, RUNGS, c, 2, extra=extra)
+    assert out.budget_w == 0.0
+    assert out.rung == 0 and out.rate_cap_hz == pytest.approx(c.min_rate_hz)
+    paused = replace(c, min_rate_hz=0.0)
+    _, out0 = control.step(s, Reading(200.0, temp_c=temps[-1], battery_wh=10.0), RUNGS, paused,
+                           0, extra=extra)
+    assert out0.rate_cap_hz == 0.0  # min_rate_hz = 0 pauses capture
+
+
+def test_operator_cap_applies_on_top():
+    _, outs = run(cfg(), [45.0] * 3, operator_rate_hz=2.0)
+    assert outs[-1].rate_cap_hz == 2.0 and outs[-1].rung == 2
+
+
+def test_upgrade_guard_holds_when_the_next_rung_would_overheat():
+    c = cfg(dwell_s=5.0)
+    s = control.ControlState()
+    # start on rung 0 at 70 °C: rung 1 adds 0.2 W x 8 K/W = +1.6 °C -> 71.6 < 72 (75 - 3): ok
+    s, out = control.step(s, Reading(0.0, temp_c=70.0), RUNGS, c, 0)
+    s, out = control.step(s, Reading(10.0, temp_c=70.0), RUNGS, c, 0)
+    assert out.rung == 1
+    # at 71 °C, rung 1 -> 2 adds 0.7 W x 8 = +5.6 °C: would settle near 77, above 72: hold
+    s, out = control.step(s, Reading(20.0, temp_c=71.0), RUNGS, c, 1)
+    s, out = control.step(s, Reading(40.0, temp_c=71.0), RUNGS, c, 1)
+    assert out.rung == 1 and "would settle near" in out.reason
+
+
+def test_physics_bounded_is_reported_once_and_cleared():
+    c = cfg()
+    s, outs = run(c, [80.0] * 200)  # above the 75 °C trip whatever we do
+    bounded = [e for o in outs for e in o.events if e.type == "physics_bounded"]
+    assert len(bounded) == 1 and bounded[0].severity == "critical" and s.bounded
+    assert outs[-1].rung == 0 and outs[-1].rate_cap_hz == pytest.approx(c.min_rate_hz)
+    s, outs = run(c, [60.0] * 3, start=s, t0=300.0)
+    assert not s.bounded and any(e.type == "physics_bounded_cleared"
+                                 for o in outs for e in o.events)
+
+
+def test_trend_window_restarts_when_the_actuation_changes():
+    """Rising fast, one step down, then the die falls: a fit across the step would still say
+    "rising" for half a window and escalate tick after tick."""
+    c = cfg()
+    s, cur, temp, levels, stepped = control.ControlState(), 2, 60.0, [], None
+    for i in range(60):
+        s, out = control.step(s, Reading(float(i), temp_c=temp), RUNGS, c, cur)
+        cur = out.rung
+        levels.append(out.level)
+        if stepped is None and out.level >= 1:
+            stepped = i
+        temp += 0.5 if stepped is None else -0.3
+    assert stepped is not None and max(levels) == levels[stepped] == 1
+
+
+def test_device_time_going_backwards_is_survived():
+    s, _ = run(cfg(), [50.0] * 10, t0=1000.0)
+    s, outs = run(cfg(), [50.0] * 5, start=s, t0=0.0)  # the clock stepped back (NTP)
+    assert outs[-1].rung == 2 and math.isfinite(outs[-1].slope_c_per_min)
