@@ -48,6 +48,28 @@ class RunResult:
         return self.good_weighted / self.good if self.good else 0.0
 
 
+def run_load(plant: Plant, rung: Rung, offered_hz: float, latency_target_s: float, dt: float,
+             res: RunResult) -> tuple[float, float]:
+    """Step the plant by `dt` with `rung` offered frames at `offered_hz`, and tally what was
+    delivered in `res`; returns (inferences/s delivered, latency s). The one load model of
+    this harness and of the daemon's in-process simulator (runtime/simdevice.py)."""
+    th = plant.device.thermal
+    assert th is not None
+    s = plant.s
+    latency = rung.latency_s * (th.throttle_latency_factor if s.throttled else 1.0)
+    delivered = min(offered_hz, rung.parallel / latency) if plant.on else 0.0
+    e = rung.energy_j * (th.throttle_energy_factor if s.throttled else 1.0)
+    plant.step(dt, e * delivered)
+    res.energy_wh += plant.s.power_w * dt / 3600
+    if latency <= latency_target_s:
+        res.good += delivered * dt
+        res.good_weighted += delivered * dt * rung.accuracy
+    res.critical_trips = plant.s.critical_trips
+    res.throttled_min = plant.s.throttled_s / 60
+    res.below_reserve_h = plant.s.below_reserve_s / 3600
+    return delivered, latency
+
+
 def simulate(device: DeviceProfile, rungs: Sequence[Rung], ambient_c: Callable[[float], float],
              policy: str, duration_s: float, rate_hz: float, latency_target_s: float,
              dt: float = 1.0, t0: float = 0.0, irradiance: np.ndarray | None = None,
@@ -81,8 +103,6 @@ def simulate(device: DeviceProfile, rungs: Sequence[Rung], ambient_c: Callable[[
     names = ("t", "temp_c", "ambient_c", "rung", "rate_hz", "latency_ms", "accuracy",
              "battery_frac")
     res.trace = {k: [] for k in names} if record_every else {}
-    th = device.thermal
-    assert th is not None
     top_w = ladder_[-1].power_w(rate_hz)
     steps = int(duration_s / dt)
     for i in range(steps):
@@ -102,14 +122,8 @@ def simulate(device: DeviceProfile, rungs: Sequence[Rung], ambient_c: Callable[[
             res.rung_changes += 1
             current = out.rung
         rung = ladder_[current]
-        latency = rung.latency_s * (th.throttle_latency_factor if s.throttled else 1.0)
-        delivered = min(rate_hz, out.rate_cap_hz, rung.parallel / latency) if plant.on else 0.0
-        e = rung.energy_j * (th.throttle_energy_factor if s.throttled else 1.0)
-        plant.step(dt, e * delivered)
-        res.energy_wh += plant.s.power_w * dt / 3600
-        if latency <= latency_target_s:
-            res.good += delivered * dt
-            res.good_weighted += delivered * dt * rung.accuracy
+        delivered, latency = run_load(plant, rung, min(rate_hz, out.rate_cap_hz),
+                                      latency_target_s, dt, res)
         res.bounded = res.bounded or cstate.bounded
         if record_every and i % record_every == 0:
             bat = device.battery
@@ -118,9 +132,6 @@ def simulate(device: DeviceProfile, rungs: Sequence[Rung], ambient_c: Callable[[
                     is not None else math.nan)
             for k, v in zip(names, vals, strict=True):
                 res.trace[k].append(float(v))
-    res.critical_trips = plant.s.critical_trips
-    res.throttled_min = plant.s.throttled_s / 60
-    res.below_reserve_h = plant.s.below_reserve_s / 3600
     return res
 
 

@@ -7,7 +7,8 @@ ladder rung whose power fits. Like the kernel's governors, the policies are tiny
 in device time. Two policies, both predictive (they act on the trend before a trip is reached):
 
 - step_wise (after drivers/thermal/gov_step_wise.c and thermald): a level per tick up while
-  hot and rising (and one per `settle_s` while above the trip and not falling), held while hot and falling, released one level at a time after a dwell
+  hot and rising (and one per `settle_s` while above the trip and not falling), held while hot
+  and falling, released one level at a time after a dwell
   once below trip - hysteresis.
 - power_allocator (after drivers/thermal/gov_power_allocator.c, IPA): PID on
   e = T_control - T, budget = clamp(S + p + i, 0, max), with the kernel's default gains

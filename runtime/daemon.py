@@ -128,7 +128,7 @@ class Daemon:
             root = Path(cfg.simulator.root or self.state_dir / "sim-sysfs")
             self.sim = SimulatedDevice(self.device, root, cfg.simulator.scenario,
                                        cfg.simulator.speed, cfg.simulator.start_hour,
-                                       self.load_w)
+                                       self._sim_load, cfg.constraints.latency_ms / 1e3)
             log.info("simulated %s, scenario %s at %gx, sysfs tree %s", self.device.name,
                      cfg.simulator.scenario, cfg.simulator.speed, root)
         self._open_sensors(root)
@@ -355,6 +355,13 @@ class Daemon:
     def offered_rate_hz(self) -> float:
         """The rate the control loop plans for, under the caps now in force."""
         return min(self.cfg.governor.rate_hz, self.pipeline.rate_cap_hz)
+
+    def _sim_load(self) -> tuple[Rung | None, float]:
+        """The rung running and the rate it is offered (what the simulated device heats
+        with)."""
+        if not hasattr(self, "pipeline") or not self.rungs:
+            return None, 0.0
+        return self.rungs[min(self.current, len(self.rungs) - 1)], self.offered_rate_hz()
 
     def load_w(self) -> float:
         """Dynamic power of the inference load: the running rung's energy x the rate it is

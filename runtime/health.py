@@ -63,8 +63,5 @@ def health(d: Daemon) -> dict[str, Any]:
         h["mqtt"] = {"connected": s.connected, "acked_seq": s.acked_seq,
                      "resends": s.resends, "commands_refused": s.commands_refused}
     if d.sim:
-        p = d.sim.plant
-        h["simulated"] = {"t": p.s.t, "ambient_c": round(p.ambient_c(p.s.t), 2),
-                          "critical_trips": p.s.critical_trips,
-                          "throttled_s": round(p.s.throttled_s, 1)}
+        h["simulated"] = d.sim.report()
     return h

@@ -70,7 +70,7 @@ def budget_levels(rungs: Sequence[Rung], rate_hz: float,
     `min_rate_hz` (the bottom: fail-safe, and where a device that stays hot ends up)."""
     levels = [math.inf] + [r.power_w(rate_hz) for r in reversed(rungs[:-1])]
     levels += [rungs[0].power_w(rate_hz) / 2 ** k for k in (1, 2, 3)]
-    return tuple(levels + [rungs[0].power_w(min(min_rate_hz, rate_hz / 8))])
+    return (*levels, rungs[0].power_w(min(min_rate_hz, rate_hz / 8)))
 
 
 def select_for_budget(rungs: Sequence[Rung], budget_w: float, rate_hz: float,
