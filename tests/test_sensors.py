@@ -432,3 +432,20 @@ def test_check_without_a_thermometer(tmp_path, capsys, policy, simulator, rc, sa
         assert s in err
     if rc:
         assert str(empty / "sys/class/thermal/thermal_zone0/temp") in err
+
+
+@pytest.mark.parametrize("name", ["rpi5", "generic-x86", "fanless-box", "jetson-orin-nano",
+                                  "solar-node"])
+def test_simulated_tree_discovers_the_profile_exactly(tmp_path, name):
+    """The simulator's tree (power/plant.py) must give the governor the profile's own trips
+    and meter, so simulated and pure runs act on the same numbers."""
+    from power.plant import Plant, ambient
+
+    dev = load_profile(name)
+    plant = Plant(dev, ambient("constant", 30.0), root=tmp_path, battery_frac=0.5)
+    plant.step(1.0, 1.0)
+    src = discover_thermal(tmp_path, dev)
+    assert src.temp_file == f"{dev.thermal.zone}/temp"
+    assert src.trips == dev.thermal.trips and src.trips_from == "sysfs"
+    assert SensorSet(tmp_path, src.temp_file).read().temp_c == pytest.approx(plant.s.die_c,
+                                                                           abs=1e-3)
