@@ -190,8 +190,23 @@ def _probes(root: Path, th: Thermal) -> list[_Probe]:
         (f"hottest thermal zone of {', '.join(JETSON_GROUP)} under {tz}",
          lambda: _hottest_zone(root, JETSON_GROUP)),
         (f"thermal zone 'acpitz' under {tz}", lambda: _hottest_zone(root, ("acpitz",))),
-        (f"profile's zone {root / th.zone}", lambda: _zone(root, root / th.zone, None)),
+        (f"profile's zone {root / th.zone}", lambda: _profile_zone(root, th)),
     ]
+
+
+KNOWN_ZONES = ("x86_pkg_temp", "tj-thermal", *JETSON_GROUP, "acpitz", SIM_ZONE_TYPE)
+
+
+def _profile_zone(root: Path, th: Thermal) -> _Found:
+    """The last resort: the profile's zone directory, whatever its type (a board this module
+    does not know, or the simulator's tree); says so when the type is not a known die sensor."""
+    found = _zone(root, root / th.zone, None)
+    ztype = found.label.split("(", 1)[-1].rstrip(")")
+    if ztype not in KNOWN_ZONES:
+        found.notes.append(f"{found.label} is not a known die sensor; used because it is the "
+                           "profile's [thermal] zone. Name the right one with [thermal] "
+                           "zone_type or hwmon_name if this is not the SoC/CPU")
+    return found
 
 
 def _read_temp(path: Path) -> float:

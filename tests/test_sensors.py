@@ -449,3 +449,11 @@ def test_simulated_tree_discovers_the_profile_exactly(tmp_path, name):
     assert src.trips == dev.thermal.trips and src.trips_from == "sysfs"
     assert SensorSet(tmp_path, src.temp_file).read().temp_c == pytest.approx(plant.s.die_c,
                                                                            abs=1e-3)
+
+
+def test_unknown_board_falls_back_to_the_profile_zone_and_says_so(tmp_path):
+    zone(tmp_path, 0, "soc-thermal", 48000, [(85000, "passive"), (95000, "critical")])
+    src = discover_thermal(tmp_path, thermal_profile())
+    assert src.temp_file == "sys/class/thermal/thermal_zone0/temp"
+    assert trips_of(src) == (78.0, 85.0, 95.0)
+    assert any("not a known die sensor" in n for n in src.notes)
