@@ -353,12 +353,19 @@ def _pick(name: str, want: str | None, labels: dict[str, int]) -> tuple[int, str
     if want is not None:
         return (labels[want], want) if want in labels else None
     if name == "coretemp":
-        pkgs = sorted((n, lab) for lab, n in labels.items() if lab.startswith("Package id"))
-        return (pkgs[0][0], pkgs[0][1]) if pkgs else None
+        # "Package id Y" (Documentation/hwmon/coretemp.rst); the lowest package id first
+        pkgs = sorted((_number_in(lab), n, lab) for lab, n in labels.items()
+                      if lab.startswith("Package id"))
+        return (pkgs[0][1], pkgs[0][2]) if pkgs else None
     if name == "k10temp" and "Tctl" in labels:
         return labels["Tctl"], "Tctl"
     by_number = {n: lab for lab, n in labels.items()}
     return 1, by_number.get(1, "temp1")  # unlabelled chips (and pre-Zen k10temp): temp1
+
+
+def _number_in(text: str) -> int:
+    m = re.search(r"(\d+)\s*$", text)
+    return int(m.group(1)) if m else 1 << 30
 
 
 def _hwmon(root: Path, name: str, label: str | None) -> _Found:

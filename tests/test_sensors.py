@@ -251,6 +251,10 @@ HW = "sys/class/hwmon/hwmon0"
     ({"name": "coretemp", "temp1_label": "Core 0", "temp1_input": 50000,
       "temp2_label": "Package id 0", "temp2_input": 55000, "temp2_max": 70000,
       "temp2_crit": 85000}, {}, "temp2_input", (78.0, 85.0, 90.0), "sysfs+profile"),
+    # two packages: Package id 0 even when it is not the first tempN
+    ({"name": "coretemp", "temp1_label": "Package id 1", "temp1_input": 60000,
+      "temp5_label": "Package id 0", "temp5_input": 55000}, {}, "temp5_input",
+     (75.0, 82.0, 90.0), "profile"),
     # pre-Zen k10temp: no labels, temp1; HTC temp1_crit -> hot, crit_hyst is absolute (82)
     ({"name": "k10temp", "temp1_input": 50000, "temp1_max": 70000, "temp1_crit": 85000,
       "temp1_crit_hyst": 82000}, {}, "temp1_input", (78.0, 85.0, 90.0), "sysfs+profile"),
