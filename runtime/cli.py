@@ -284,7 +284,8 @@ def build_parser() -> argparse.ArgumentParser:
                     f"(schema {PROFILE_JSON_SCHEMA}, see docs/profile-json.md)")
     pr.set_defaults(func=cmd_profile)
 
-    ck = sub.add_parser("check", help="validate a config file and print it resolved",
+    ck = sub.add_parser("check", help="validate a config file, print it resolved and report "
+                        "the sensors the daemon would use (exit 1: governor on, no thermometer)",
                         description=cmd_check.__doc__)
     ck.add_argument("config", type=Path)
     ck.set_defaults(func=cmd_check)

@@ -461,3 +461,17 @@ def test_unknown_board_falls_back_to_the_profile_zone_and_says_so(tmp_path):
     assert src.temp_file == "sys/class/thermal/thermal_zone0/temp"
     assert trips_of(src) == (78.0, 85.0, 95.0)
     assert any("not a known die sensor" in n for n in src.notes)
+
+
+def test_hwmon_listed_once_when_class_and_i2c_paths_link_the_same_device(tmp_path):
+    """On a real board sys/class/hwmon/hwmonN and the i2c driver's hwmon node are links to one
+    device directory; it must be probed once, under its class name."""
+    from power.sysfs import hwmon_dirs
+
+    dev = tmp_path / "sys/devices/platform/i2c/1-0040"
+    put(tmp_path, "sys/devices/platform/i2c/1-0040/hwmon/hwmon1/name", "ina3221")
+    (tmp_path / "sys/class/hwmon").mkdir(parents=True)
+    (tmp_path / "sys/class/hwmon/hwmon1").symlink_to(dev / "hwmon/hwmon1")
+    (tmp_path / "sys/bus/i2c/drivers/ina3221").mkdir(parents=True)
+    (tmp_path / "sys/bus/i2c/drivers/ina3221/1-0040").symlink_to(dev)
+    assert [rel(tmp_path, d) for d in hwmon_dirs(tmp_path)] == ["sys/class/hwmon/hwmon1"]
