@@ -23,6 +23,7 @@ from power.device import DeviceProfile
 from power.sysfs import SensorError, hwmon_dirs, read_int, read_str, rel
 from power.thermal_source import ThermalSource, discover_thermal
 
+# Names other modules import from here although they live in power.sysfs / thermal_source.
 __all__ = ["SensorError", "ThermalSource", "discover_thermal", "read_int"]
 
 log = logging.getLogger(__name__)
