@@ -36,6 +36,9 @@ class SensorPaths:
     hwmon_power: tuple[str, ...] = ()  # e.g. "sys/class/hwmon/hwmon2/power1_input"
     hwmon_energy: tuple[str, ...] = ()
     battery: str = ""  # e.g. "sys/class/power_supply/BAT0"
+    # INA3221 channel label of the board's input rail (P = V*I); empty: probe "VDD_IN"
+    # (Jetson Orin) then "POM_5V_IN" (Jetson Nano).
+    ina3221_rail: str = ""
 
 
 @dataclass(frozen=True)
@@ -67,11 +70,20 @@ class ThermalModel:
 
 @dataclass(frozen=True)
 class Thermal:
-    """Thermal zone, trips and the simulator's model of this device."""
+    """Thermal sensor selection, fallback trips and the simulator's model of this device.
+
+    Which sensor the daemon reads is found by `power.thermal_source.discover_thermal`:
+    `zone_type` or `hwmon_name` (+ `hwmon_label`) name it explicitly; otherwise the usual
+    places are probed in a documented order and `zone` is the last resort (the simulator
+    writes its tree there). `trips` are the fallback for trips the sysfs does not expose.
+    """
 
     trips: tuple[TripPoint, ...]
     model: ThermalModel
     zone: str = "sys/class/thermal/thermal_zone0"
+    zone_type: str = ""  # e.g. "cpu-thermal", "tj-thermal": the thermal zone whose type is this
+    hwmon_name: str = ""  # e.g. "k10temp": the hwmon chip whose `name` is this
+    hwmon_label: str = ""  # e.g. "Tctl": its tempN_label; empty: temp1
     throttle_latency_factor: float = 2.0  # latency multiplier while throttled (DVFS)
     throttle_energy_factor: float = 0.7  # energy per inference multiplier while throttled
     cooldown_s: float = 600.0  # off-time after a critical trip before the device boots again
@@ -88,6 +100,10 @@ class Thermal:
         if not self.trip("passive").temp_c < self.trip("hot").temp_c \
                 < self.trip("critical").temp_c:
             return "trips", "must rise: passive < hot < critical"
+        if self.hwmon_label and not self.hwmon_name:
+            return "hwmon_label", "needs hwmon_name (the chip whose label this is)"
+        if self.zone_type and self.hwmon_name:
+            return "zone_type", "name either a thermal zone type or an hwmon chip, not both"
         return None
 
 

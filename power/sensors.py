@@ -1,9 +1,12 @@
-"""Power meters read through a configurable sysfs root.
+"""Power meters and the governor's readings, through a configurable sysfs root.
 
 Units follow the kernel (see shared REFERENCE.md): RAPL `energy_uj` in µJ and wrapping at
-`max_energy_range_uj`; hwmon `powerN_input` µW, `energyN_input` µJ; power_supply
+`max_energy_range_uj`; hwmon `powerN_input` µW, `energyN_input` µJ; INA3221 `inN_input` mV and
+`currN_input` mA (no power file: P = V*I, Documentation/hwmon/ina3221.rst); power_supply
 `power_now` µW, `voltage_now` µV, `current_now` µA (sign varies by driver).
-Every meter names its `source` so every energy figure can carry it.
+Every meter names its `source` so every energy figure can carry it, and `where` it reads.
+Which temperature sensor the governor reads, and its trips: `power.thermal_source`
+(`discover_thermal`, re-exported here).
 """
 
 from __future__ import annotations
@@ -18,32 +21,26 @@ from typing import Protocol
 
 from power.cputime import inference_cpu_s
 from power.device import DeviceProfile
+from power.sysfs import SensorError, hwmon_dirs, read_int, read_str, rel
+from power.thermal_source import ThermalSource, discover_thermal
+
+# Names other modules import from here although they live in power.sysfs / thermal_source.
+__all__ = ["SensorError", "ThermalSource", "discover_thermal", "read_int"]
 
 log = logging.getLogger(__name__)
 
-
-class SensorError(OSError):
-    """A sensor file is missing or holds garbage."""
+# Labels of the board's input rail on INA3221 channels: Jetson Orin (VDD_IN), Jetson Nano
+# (POM_5V_IN). A profile may name another with [sensors] ina3221_rail.
+INA3221_RAILS = ("VDD_IN", "POM_5V_IN")
 
 
 class PowerMeter(Protocol):
     """Cumulative energy, monotonic, in joules."""
 
     source: str  # rapl | hwmon | battery | estimated
+    where: str  # what it reads, for operators (a sysfs path relative to the root, or a model)
 
     def energy_j(self) -> float: ...
-
-
-def read_int(path: Path) -> int:
-    """Read one integer sysfs attribute; garbage or absence raises SensorError."""
-    try:
-        raw = path.read_text().strip()
-    except OSError as e:
-        raise SensorError(f"{path}: cannot read ({e.strerror or e})") from e
-    try:
-        return int(raw)
-    except ValueError as e:
-        raise SensorError(f"{path}: expected an integer, got {raw[:40]!r}") from e
 
 
 class RaplMeter:
@@ -51,7 +48,8 @@ class RaplMeter:
 
     source = "rapl"
 
-    def __init__(self, zone: Path):
+    def __init__(self, zone: Path, where: str = ""):
+        self.where = where or str(zone)
         self._file = zone / "energy_uj"
         self._range = read_int(zone / "max_energy_range_uj")
         self._last = read_int(self._file)
@@ -74,7 +72,8 @@ class HwmonEnergyMeter:
 
     source = "hwmon"
 
-    def __init__(self, file: Path):
+    def __init__(self, file: Path, where: str = ""):
+        self.where = where or str(file)
         self._file = file
         self._first = read_int(file)
 
@@ -90,8 +89,8 @@ class IntegratingMeter:
     """
 
     def __init__(self, source: str, read_w: Callable[[], float],
-                 clock: Callable[[], float] = time.monotonic):
-        self.source = source
+                 clock: Callable[[], float] = time.monotonic, where: str = ""):
+        self.source, self.where = source, where
         self._read_w = read_w
         self._clock = clock
         self._lock = threading.Lock()
@@ -121,6 +120,42 @@ def battery_power_reader(supply: Path) -> Callable[[], float]:
     return lambda: abs(read_int(v) * read_int(i)) / 1e12
 
 
+def find_ina3221_rail(root: Path, rails: tuple[str, ...] = INA3221_RAILS) -> tuple[Path, int, str]:
+    """The INA3221 hwmon device and channel whose `inN_label` is the first of `rails` present;
+    raises SensorError naming the devices and labels seen."""
+    seen: list[str] = []
+    chans: dict[str, tuple[Path, int]] = {}
+    for d in hwmon_dirs(root):
+        try:
+            if read_str(d / "name") != "ina3221":
+                continue
+        except SensorError:
+            continue
+        for n in (1, 2, 3):  # in[123]_label: the three channels (in4..7 are shunt voltages)
+            try:
+                label = read_str(d / f"in{n}_label")
+            except SensorError:
+                continue
+            seen.append(f"{rel(root, d)} in{n} {label}")
+            chans.setdefault(label, (d, n))
+    for rail in rails:
+        if rail in chans:
+            d, n = chans[rail]
+            return d, n, rail
+    if not seen:
+        raise SensorError(f"no hwmon device named ina3221 under {root}")
+    raise SensorError(f"no INA3221 channel labelled {' or '.join(rails)} "
+                      f"(channels: {', '.join(seen)})")
+
+
+def ina3221_power_reader(hwmon: Path, channel: int) -> Callable[[], float]:
+    """A reader of one INA3221 channel's power in watts: bus mV x mA (the chip has no power
+    file; Documentation/hwmon/ina3221.rst). The sign of the current is dropped, as the shunt
+    may be wired either way round."""
+    v, i = hwmon / f"in{channel}_input", hwmon / f"curr{channel}_input"
+    return lambda: abs(read_int(v) * read_int(i)) / 1e6
+
+
 class EstimatedMeter:
     """No sensor: energy = idle_w * wall time + active_w_per_core * inference CPU time.
 
@@ -132,6 +167,8 @@ class EstimatedMeter:
     """
 
     source = "estimated"
+
+    where = "model: idle_w + active_w_per_core x CPU-seconds of this process"
 
     def __init__(self, idle_w: float, active_w_per_core: float,
                  clock: Callable[[], float] = time.monotonic,
@@ -151,19 +188,29 @@ def _candidates(root: Path, profile: DeviceProfile) -> list[tuple[str, Callable[
     out: list[tuple[str, Callable[[], PowerMeter]]] = []
     rapl = list(s.rapl) or ["sys/class/powercap/intel-rapl/intel-rapl:0"]
     for z in rapl:
-        out.append((z, lambda z=z: RaplMeter(root / z)))
+        out.append((z, lambda z=z: RaplMeter(root / z, z)))
     for f in s.hwmon_energy:
-        out.append((f, lambda f=f: HwmonEnergyMeter(root / f)))
+        out.append((f, lambda f=f: HwmonEnergyMeter(root / f, f)))
     for f in s.hwmon_power:
-        out.append((f, lambda f=f: IntegratingMeter("hwmon", hwmon_power_reader(root / f))))
+        out.append((f, lambda f=f: IntegratingMeter("hwmon", hwmon_power_reader(root / f),
+                                                    where=f)))
+    rails = (s.ina3221_rail,) if s.ina3221_rail else INA3221_RAILS
+    out.append((f"INA3221 rail {' or '.join(rails)}", lambda: _ina3221_meter(root, rails)))
     if s.battery:
         out.append((s.battery, lambda: IntegratingMeter(
-            "battery", battery_power_reader(root / s.battery))))
+            "battery", battery_power_reader(root / s.battery), where=s.battery)))
     return out
 
 
+def _ina3221_meter(root: Path, rails: tuple[str, ...]) -> IntegratingMeter:
+    d, n, rail = find_ina3221_rail(root, rails)
+    where = f"{rel(root, d)}/in{n}_input x curr{n}_input ({rail})"
+    return IntegratingMeter("hwmon", ina3221_power_reader(d, n), where=where)
+
+
 def detect_meter(root: Path, profile: DeviceProfile) -> PowerMeter:
-    """The best meter this device has: RAPL, hwmon energy, hwmon power, battery, else estimated."""
+    """The best meter this device has: RAPL, hwmon energy, hwmon power, the INA3221 input rail,
+    battery, else estimated."""
     tried = []
     for where, make in _candidates(root, profile):
         try:
@@ -210,7 +257,8 @@ class Reading:
 
 
 def read_trips(zone: Path) -> list[Trip]:
-    """Trip points of a sysfs thermal zone (m°C files), sorted by temperature."""
+    """Raw trip points of a sysfs thermal zone (m°C files, kernel types), sorted by temperature.
+    The governor's trips come from `discover_thermal`, which maps kernel types to edgerun's."""
     trips = []
     for f in sorted(zone.glob("trip_point_*_temp")):
         k = f.name.removeprefix("trip_point_").removesuffix("_temp")
@@ -225,23 +273,28 @@ def read_trips(zone: Path) -> list[Trip]:
 
 
 class SensorSet:
-    """Reads a device's thermal zone, battery and solar input through the sysfs root.
+    """Reads a device's temperature, battery and solar input through the sysfs root.
 
-    A missing file or a value outside physical bounds becomes a problem in the Reading,
-    so the governor can fail safe instead of acting on garbage.
+    `temp_file` is a m°C file relative to the root (a ThermalSource's `temp_file`, e.g.
+    "sys/class/hwmon/hwmon2/temp1_input"); a thermal zone directory is accepted too and its
+    `temp` is read. A missing file or a value outside physical bounds becomes a problem in the
+    Reading, so the governor can fail safe instead of acting on garbage.
     """
 
-    def __init__(self, root: Path, thermal_zone: str = "", battery: str = "", solar: str = "",
+    def __init__(self, root: Path, temp_file: str = "", battery: str = "", solar: str = "",
                  clock: Callable[[], float] = time.monotonic):
         self._root, self._clock = root, clock
-        self._zone, self._battery, self._solar = thermal_zone, battery, solar
+        self._temp, self._battery, self._solar = temp_file, battery, solar
 
     def read(self) -> Reading:
         """One reading of every configured sensor."""
         problems: list[str] = []
         temp = bat_frac = bat_wh = harvest = None
-        if self._zone:
-            temp = self._value(self._zone + "/temp", 1e-3, -40.0, 150.0, "°C", problems)
+        if self._temp:
+            f = self._temp
+            if (self._root / f).is_dir():  # a thermal zone named by its directory
+                f += "/temp"
+            temp = self._value(f, 1e-3, -40.0, 150.0, "°C", problems)
         if self._battery:
             cap = self._value(self._battery + "/capacity", 1.0, 0.0, 100.0, "%", problems)
             bat_frac = None if cap is None else cap / 100
@@ -253,14 +306,14 @@ class SensorSet:
             harvest = self._value(self._solar + "/power_now", 1e-6, 0.0, 1e5, "W", problems)
         return Reading(self._clock(), temp, bat_frac, bat_wh, harvest, tuple(problems))
 
-    def _value(self, rel: str, scale: float, lo: float, hi: float, unit: str,
+    def _value(self, path: str, scale: float, lo: float, hi: float, unit: str,
                problems: list[str]) -> float | None:
         try:
-            v = read_int(self._root / rel) * scale
+            v = read_int(self._root / path) * scale
         except SensorError as e:
             problems.append(str(e))
             return None
         if not lo <= v <= hi:
-            problems.append(f"{self._root / rel}: {v:g} {unit} is outside {lo:g}..{hi:g}")
+            problems.append(f"{self._root / path}: {v:g} {unit} is outside {lo:g}..{hi:g}")
             return None
         return v

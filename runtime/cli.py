@@ -99,13 +99,60 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    """Validate a config file and print the resolved config."""
+    """Validate a config file, print it resolved (stdout, JSON) and report the sensors the
+    daemon would use (stderr); exit 1 when the governor is on and no temperature sensor is
+    found."""
     from runtime import config as config_mod
 
     cfg = config_mod.load(args.config)
     print(json.dumps(to_dict(cfg), indent=2))
-    print(f"{args.config}: ok", file=sys.stderr)
-    return 0
+    rc = _check_sensors(cfg)
+    print(f"{args.config}: {'ok' if rc == 0 else 'config ok, sensors NOT ok'}", file=sys.stderr)
+    return rc
+
+
+def _check_sensors(cfg) -> int:
+    """Probe the sensors under the config's sysfs root and print what was found, on stderr so
+    stdout stays the resolved config. 1 when the governor would run without a thermometer."""
+    from power.device import load_profile
+    from power.sensors import SensorError, SensorSet, detect_meter, discover_thermal
+
+    def say(line: str) -> None:
+        print(line, file=sys.stderr)
+
+    if cfg.simulator.enabled:
+        say("sensors: not probed (simulator.enabled: the simulator writes the sysfs tree)")
+        return 0
+    device = load_profile(cfg.device.profile)
+    root = Path(cfg.device.sysfs_root)
+    say(f"sensors under {root} for device profile '{device.name}':")
+    rc = 0
+    try:
+        src = discover_thermal(root, device)
+    except SensorError as e:
+        if cfg.governor.policy != "off":
+            say(f"ERROR: governor.policy is '{cfg.governor.policy}' but no temperature sensor "
+                f"was found, so the governor could not protect this device: {e}")
+            say("  fix: point device.sysfs_root at the real tree, name the sensor in the device "
+                "profile ([thermal] zone_type, or hwmon_name + hwmon_label), or set "
+                "governor.policy = \"off\"")
+            rc = 1
+        else:
+            say(f"thermal: none (governor.policy is 'off', so none is needed): {e}")
+    else:
+        for line in src.describe():
+            say(line)
+        now = SensorSet(root, src.temp_file).read()
+        say(f"  now: {now.temp_c:g} °C" if now.valid else f"  now: {'; '.join(now.problems)}")
+    meter = detect_meter(root, device)
+    say(f"power: {meter.source}: {meter.where}")
+    battery = device.sensors.battery or (device.battery.path if device.battery else "")
+    solar = device.solar.path if device.solar else ""
+    if battery or solar:
+        r = SensorSet(root, "", battery, solar).read()
+        say(f"battery/solar: {battery or '-'} / {solar or '-'}: "
+            + ("ok" if r.valid else "; ".join(r.problems)))
+    return rc
 
 
 def cmd_models(args: argparse.Namespace) -> int:
@@ -238,7 +285,8 @@ def build_parser() -> argparse.ArgumentParser:
                     f"(schema {PROFILE_JSON_SCHEMA}, see docs/profile-json.md)")
     pr.set_defaults(func=cmd_profile)
 
-    ck = sub.add_parser("check", help="validate a config file and print it resolved",
+    ck = sub.add_parser("check", help="validate a config file, print it resolved and report "
+                        "the sensors the daemon would use (exit 1: governor on, no thermometer)",
                         description=cmd_check.__doc__)
     ck.add_argument("config", type=Path)
     ck.set_defaults(func=cmd_check)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -76,7 +77,10 @@ def test_missing_file(tmp_path):
 
 
 def test_check_command(tmp_path):
-    good = write(tmp_path, "[constraints]\nlatency_ms = 12\n")
+    # `check` also probes the sensors under sysfs_root (tests/test_sensors.py): point it at a
+    # fixture board so the result does not depend on the machine running the tests.
+    board = Path(__file__).parent / "fixtures/sysfs/x86-coretemp"
+    good = write(tmp_path, f'[device]\nsysfs_root = "{board}"\n[constraints]\nlatency_ms = 12\n')
     r = subprocess.run([sys.executable, "-m", "runtime.cli", "check", str(good)],
                        capture_output=True, text=True, check=False)
     assert r.returncode == 0, r.stderr
