@@ -193,9 +193,40 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
 
 def cmd_fleet(args: argparse.Namespace) -> int:
     """Fleet views and commands through a coordinator's API."""
+    if args.fleet_command == "enroll":
+        return cmd_enroll(args)
     from runtime.coordinator.client import fleet_command
 
     return fleet_command(args)
+
+
+def cmd_enroll(args: argparse.Namespace) -> int:
+    """Make a device's (or coordinator's) broker credential, keys and config section."""
+    from runtime.coordinator.enroll import RELOAD_HINT, enroll_coordinator, enroll_device
+
+    try:
+        if args.role == "coordinator":
+            done = enroll_coordinator(args.name, args.fleet, args.broker_dir, args.out,
+                                      args.host, args.port, args.install_dir, args.device_keys)
+        else:
+            if not args.device_keys:
+                print("edgerun fleet enroll: --device-keys DIR (the coordinator's "
+                      "coordinator.device_keys directory) is required for a device",
+                      file=sys.stderr)
+                return 2
+            done = enroll_device(args.fleet, args.name, args.broker_dir, args.out,
+                                 args.device_keys, args.host, args.port, args.install_dir,
+                                 args.command_key, tuple(args.read))
+    except (ValueError, OSError) as e:
+        print(f"edgerun fleet enroll: {e}", file=sys.stderr)
+        return 2
+    print(f"enrolled broker user {done.username!r}")
+    for what, path in done.files.items():
+        print(f"  {what:<10} {path}")
+    print(f"\n{done.config}\nnext: {RELOAD_HINT}; copy the files in {args.out} to the "
+          + ("device" if args.role == "device" else "coordinator") + " (keep the password and "
+          "private key 0600)")
+    return 0
 
 
 def cmd_schemas(args: argparse.Namespace) -> int:
@@ -295,6 +326,26 @@ def build_parser() -> argparse.ArgumentParser:
                     "set_accuracy_floor value=0.9, set_rate fps=5, choose_model name=N")
     fc.add_argument("kv", nargs="*", metavar="ARG=VALUE")
     fc.add_argument("--wait", type=float, default=10.0, help="seconds to wait for the reply")
+    fe = fsub.add_parser("enroll", help="make a device's broker credential, keys and config",
+                         description=cmd_enroll.__doc__)
+    fe.add_argument("name", help="device id (or coordinator name with --role coordinator)")
+    fe.add_argument("--fleet", default="default")
+    fe.add_argument("--role", choices=("device", "coordinator"), default="device")
+    fe.add_argument("--broker-dir", type=Path, required=True,
+                    help="directory of the broker's passwd/acl files (mosquitto.conf: "
+                    "password_file DIR/passwd, acl_file DIR/acl)")
+    fe.add_argument("--out", type=Path, required=True,
+                    help="where to write the credential, keys and config section")
+    fe.add_argument("--device-keys", type=Path,
+                    help="the coordinator's device_keys directory (gets <device>.pub)")
+    fe.add_argument("--host", default="127.0.0.1", help="broker host for the config section")
+    fe.add_argument("--port", type=int, default=1883, help="broker port for the config section")
+    fe.add_argument("--install-dir", type=Path,
+                    help="where the files will live on the target (default: --out)")
+    fe.add_argument("--command-key", type=Path,
+                    help="the coordinator's command-signing public key (trusted_keys)")
+    fe.add_argument("--read", action="append", default=[], metavar="TOPIC",
+                    help="extra topic the device may receive (an MQTT trigger topic)")
     fl.set_defaults(func=cmd_fleet)
 
     sc = sub.add_parser("schemas", help="print the MQTT payload JSON Schemas",
