@@ -175,10 +175,16 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
         coordinator = Coordinator(cfg)
     except ValueError as e:  # an unreadable signing key
         raise ConfigError(f"coordinator.signing_key: {e}") from e
+    from runtime.coordinator.api import ensure_token, token_path
+
+    try:
+        token = ensure_token(token_path(cfg))
+    except OSError as e:  # unreadable, or readable by others (PermissionError)
+        raise ConfigError(f"coordinator.api_token_file: {e}") from e
     coordinator.start()
-    server = serve(coordinator, cfg.http_host, cfg.http_port)
-    logging.getLogger("edgerun").info("coordinator API on http://%s:%d/api/v1/fleet",
-                                      *server.server_address[:2])
+    server = serve(coordinator, cfg.http_host, cfg.http_port, token=token)
+    logging.getLogger("edgerun").info("coordinator API on http://%s:%d/api/v1/fleet (token: %s)",
+                                      *server.server_address[:2], token_path(cfg))
     # The handler only sets a flag: Event.set() in a handler can deadlock against the main
     # thread's own Event.wait (both take the same lock).
     stop = [False]
@@ -314,7 +320,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     fl = sub.add_parser("fleet", help="fleet views and commands (via the coordinator API)",
                         description=cmd_fleet.__doc__)
-    fl.add_argument("--api", default="http://127.0.0.1:8787", help="coordinator API base URL")
+    fl.add_argument("--api", help="coordinator API base URL (default: from --config, else "
+                    "http://127.0.0.1:8787)")
+    fl.add_argument("--token-file", type=Path, help="the coordinator's API token file (default: "
+                    "from --config, else $EDGERUN_API_TOKEN_FILE, else "
+                    "~/.local/state/edgerun/api-token)")
+    fl.add_argument("--config", type=Path, help="the coordinator's config: API address and "
+                    "token file")
     fl.add_argument("--json", action="store_true", help="print the raw JSON")
     fsub = fl.add_subparsers(dest="fleet_command", required=True, metavar="ACTION")
     fsub.add_parser("ls", help="every device with status and alerts")

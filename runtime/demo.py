@@ -240,7 +240,9 @@ def run(duration_s: float = 0.0, device: str = "rpi5", scenario: str = "sun",
     from runtime.coordinator.api import serve
 
     api = serve(coord, "127.0.0.1", 0)
-    print(f"coordinator API: http://127.0.0.1:{api.server_address[1]}/api/v1/fleet", flush=True)
+    url = f"http://127.0.0.1:{api.server_address[1]}"
+    print(f"coordinator API: {url}/api/v1/fleet (try: edgerun fleet --api {url} --token-file "
+          f"{state / 'api-token'} ls)", flush=True)
     daemon_log = workdir / "daemon.log"
     print(f"daemon: edgerun serve --config {cfg_path} (log: {daemon_log})", flush=True)
     print("first run profiles every variant of the bundled model (cached afterwards)...",

@@ -228,21 +228,23 @@ def test_fleet_cli_over_the_api(tmp_path, broker, capsys):
     coord = _coordinator(tmp_path, broker, signing_key=str(tmp_path / "k.pem"))
     api = serve(coord, "127.0.0.1", 0)
     url = f"http://127.0.0.1:{api.server_address[1]}"
+    token = ["--token-file", str(tmp_path / "api-token")]  # made next to the store
     dev = Device(tmp_path, broker, 20, trusted_key=tmp_path / "k.pub").start()
     try:
         _wait(lambda: coord.store.counts().get("dev1", 0) >= 20, 20, "results")
-        assert main(["fleet", "--api", url, "ls"]) == 0
+        assert main(["fleet", "--api", url, *token, "ls"]) == 0
         out = capsys.readouterr().out
         assert "dev1" in out and "online" in out and " 20 " in out
-        assert main(["fleet", "--api", url, "show", "dev1"]) == 0
+        assert main(["fleet", "--api", url, *token, "show", "dev1"]) == 0
         shown = json.loads(capsys.readouterr().out)
         assert shown["results_stored"] == 20 and shown["status"] == "online"
-        assert main(["fleet", "--api", url, "send", "dev1", "set_latency_target", "ms=15"]) == 0
+        assert main(["fleet", "--api", url, *token, "send", "dev1", "set_latency_target",
+                     "ms=15"]) == 0
         assert capsys.readouterr().out.startswith("accepted")
-        assert main(["fleet", "--api", url, "send", "dev1", "set_rate", "fps=-1"]) == 1
+        assert main(["fleet", "--api", url, *token, "send", "dev1", "set_rate", "fps=-1"]) == 1
         assert "refused" in capsys.readouterr().out
         with pytest.raises(SystemExit, match="unknown device"):
-            main(["fleet", "--api", url, "send", "nobody", "ping"])
+            main(["fleet", "--api", url, *token, "send", "nobody", "ping"])
     finally:
         dev.term()
         api.shutdown()
