@@ -201,17 +201,41 @@ def cmd_fleet(args: argparse.Namespace) -> int:
     """Fleet views and commands through a coordinator's API."""
     if args.fleet_command == "enroll":
         return cmd_enroll(args)
+    if args.fleet_command == "revoke":
+        return cmd_revoke(args)
     from runtime.coordinator.client import fleet_command
 
     return fleet_command(args)
 
 
+def cmd_revoke(args: argparse.Namespace) -> int:
+    """Remove a broker user (its password and ACL lines) from the broker directory."""
+    from runtime.coordinator.enroll import RELOAD_HINT
+    from runtime.telemetry.brokerauth import BrokerAuth, device_username
+
+    name = args.name if args.role != "device" else device_username(args.fleet, args.name)
+    if not BrokerAuth(args.broker_dir).remove(name):
+        print(f"edgerun fleet revoke: no broker user {name!r} in {args.broker_dir}",
+              file=sys.stderr)
+        return 1
+    print(f"revoked broker user {name!r}; next: {RELOAD_HINT} (Mosquitto then disconnects it)")
+    return 0
+
+
 def cmd_enroll(args: argparse.Namespace) -> int:
     """Make a device's (or coordinator's) broker credential, keys and config section."""
-    from runtime.coordinator.enroll import RELOAD_HINT, enroll_coordinator, enroll_device
+    from runtime.coordinator.enroll import (
+        RELOAD_HINT,
+        enroll_client,
+        enroll_coordinator,
+        enroll_device,
+    )
 
     try:
-        if args.role == "coordinator":
+        if args.role == "client":
+            done = enroll_client(args.name, args.broker_dir, args.out, tuple(args.read),
+                                 tuple(args.write))
+        elif args.role == "coordinator":
             done = enroll_coordinator(args.name, args.fleet, args.broker_dir, args.out,
                                       args.host, args.port, args.install_dir, args.device_keys)
         else:
@@ -230,7 +254,7 @@ def cmd_enroll(args: argparse.Namespace) -> int:
     for what, path in done.files.items():
         print(f"  {what:<10} {path}")
     print(f"\n{done.config}\nnext: {RELOAD_HINT}; copy the files in {args.out} to the "
-          + ("device" if args.role == "device" else "coordinator") + " (keep the password and "
+          + args.role + " (keep the password and "
           "private key 0600)")
     return 0
 
@@ -342,7 +366,8 @@ def build_parser() -> argparse.ArgumentParser:
                          description=cmd_enroll.__doc__)
     fe.add_argument("name", help="device id (or coordinator name with --role coordinator)")
     fe.add_argument("--fleet", default="default")
-    fe.add_argument("--role", choices=("device", "coordinator"), default="device")
+    fe.add_argument("--role", choices=("device", "coordinator", "client"), default="device",
+                    help="client: only the --read/--write topics (e.g. a camera's trigger)")
     fe.add_argument("--broker-dir", type=Path, required=True,
                     help="directory of the broker's passwd/acl files (mosquitto.conf: "
                     "password_file DIR/passwd, acl_file DIR/acl)")
@@ -358,6 +383,14 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the coordinator's command-signing public key (trusted_keys)")
     fe.add_argument("--read", action="append", default=[], metavar="TOPIC",
                     help="extra topic the device may receive (an MQTT trigger topic)")
+    fe.add_argument("--write", action="append", default=[], metavar="TOPIC",
+                    help="(--role client) topic it may publish")
+    fr = fsub.add_parser("revoke", help="remove a device's (or coordinator's) broker user",
+                         description=cmd_revoke.__doc__)
+    fr.add_argument("name", help="device id (or coordinator name with --role coordinator)")
+    fr.add_argument("--fleet", default="default")
+    fr.add_argument("--role", choices=("device", "coordinator", "client"), default="device")
+    fr.add_argument("--broker-dir", type=Path, required=True)
     fl.set_defaults(func=cmd_fleet)
 
     sc = sub.add_parser("schemas", help="print the MQTT payload JSON Schemas",

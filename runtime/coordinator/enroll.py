@@ -98,3 +98,16 @@ def enroll_coordinator(name: str, fleet: str, broker_dir: str | Path, out_dir: s
                            "password": str(out / "broker.password"),
                            "passwd": str(BrokerAuth(broker_dir).passwd),
                            "acl": str(BrokerAuth(broker_dir).acl)}, config)
+
+
+def enroll_client(name: str, broker_dir: str | Path, out_dir: str | Path,
+                  read: tuple[str, ...] = (), write: tuple[str, ...] = ()) -> Enrolled:
+    """Enrol another client (a camera publishing MQTT triggers, a dashboard) with exactly the
+    topics given; writes its password file."""
+    out = Path(out_dir).expanduser().resolve()
+    password = BrokerAuth(broker_dir).enrol(Identity(name, "client", read=read, write=write))
+    write_secret(out / "broker.password", password)
+    return Enrolled(name, {"password": str(out / "broker.password"),
+                           "passwd": str(BrokerAuth(broker_dir).passwd),
+                           "acl": str(BrokerAuth(broker_dir).acl)},
+                    f"# {name}: read {list(read)}, write {list(write)}\n")
