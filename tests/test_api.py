@@ -110,6 +110,26 @@ def test_idle_and_trickling_connections_are_closed_after_the_timeout(api):
             assert time.monotonic() - t0 < 3.0
 
 
+def test_a_request_trickled_byte_by_byte_is_cut_off_at_the_request_deadline(api):
+    _, port, _ = api
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        t0 = time.monotonic()
+        closed = False
+        for byte in b"GET /api/v1/fleet HTTP/1.1\r\nHost: x\r\n" + b"X-Slow: " + b"a" * 200:
+            try:
+                s.sendall(bytes([byte]))
+                time.sleep(0.1)  # each read succeeds well within timeout_s = 0.5
+            except OSError:
+                closed = True
+                break
+            if time.monotonic() - t0 > 6:
+                break
+        if not closed:
+            s.settimeout(3)
+            closed = s.recv(100) == b""
+        assert closed and time.monotonic() - t0 < 4.0  # deadline: 3 x timeout_s
+
+
 @pytest.mark.parametrize("query", ["limit=1e23", "limit=-1", "limit=0", "limit=10001",
                                    "limit=abc", "limit=", "limit=1&limit=2", "after=5",
                                    "cursor=nocolon", "cursor=s:-1", "cursor=s:1e9", "x=1"])

@@ -219,3 +219,46 @@ def test_demo_fallback_broker_amqtt_is_authenticated_too(tmp_path):
         dev.close()
     finally:
         b.stop()
+
+
+def test_forged_results_and_health_never_reach_a_real_coordinator(tmp_path, secure_broker):
+    """Finding 5 end to end: what the outsider and the rogue device of the finding sent
+    (results and health for real and invented devices, a spoofed ack) is refused by the
+    broker; the coordinator stores only the device's own traffic."""
+    import json
+
+    from runtime.coordinator.config import CoordinatorConfig
+    from runtime.coordinator.service import Coordinator
+
+    b = secure_broker
+    coord = Coordinator(CoordinatorConfig(fleet="f1", broker=b.coordinator("f1"),
+                                          store=str(tmp_path / "c.db")))
+    coord.start()
+    assert coord.connected.wait(10)
+
+    def result(seq: int) -> bytes:
+        return json.dumps({"v": 1, "stream": "s1", "boot": "b", "floor": 1,
+                           "results": [{"seq": seq, "t": time.time()}]}).encode()
+
+    health = json.dumps({"v": 1, "t": time.time(), "boot": "b", "temp_c": 99.0,
+                         "backlog": {"results_held": 10**6}}).encode()
+    outsider = Probe(b.port, client_id="edgerun-coordinator")  # anonymous, the coordinator's id
+    assert not outsider.accepted
+    rogue = Probe(b.port, b.device("f1", "dev1"))
+    victim_sub = Probe(b.port, b.device("f1", "dev2"))
+    victim_sub.sub("edgerun/v1/f1/dev2/ack")
+    time.sleep(0.3)
+    for device in ("dev2", "ghost"):
+        rogue.pub(f"edgerun/v1/f1/{device}/result", result(1))
+        rogue.pub(f"edgerun/v1/f1/{device}/health", health)
+    rogue.pub("edgerun/v1/f1/dev2/ack", b'{"v":1,"stream":"s1","seq":1000000000}')
+    rogue.pub("edgerun/v1/f1/dev1/result", result(1))  # its own: stored
+    assert _wait(lambda: coord.store.counts().get("dev1") == 1, 10)
+    time.sleep(0.5)
+    assert coord.store.counts() == {"dev1": 1}
+    assert set(coord.store.latest_health()) == set()
+    assert victim_sub.got == []
+    assert coord.connected.is_set()  # the outsider's takeover attempt did not kick it off
+    coord.stop()
+    for p in (outsider, rogue, victim_sub):
+        p.close()

@@ -19,12 +19,14 @@ POST /api/v1/devices/{id}/commands          {"cmd": ..., "args": {...}, "wait_s"
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import json
 import logging
 import os
 import re
 import secrets
+import socket
 import stat
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -154,6 +156,23 @@ def serve(coordinator: Coordinator, host: str, port: int, token: str | None = No
         timeout = timeout_s if timeout_s is not None else coordinator.cfg.http_timeout_s
         protocol_version = "HTTP/1.1"
 
+        def handle_one_request(self) -> None:
+            # `timeout` bounds each socket read; this bounds the whole request line + headers
+            # + body, so a client trickling a byte at a time cannot hold the thread either.
+            self._deadline = threading.Timer(self.timeout * 3, self._abort)
+            self._deadline.daemon = True
+            self._deadline.start()
+            try:
+                super().handle_one_request()
+            finally:
+                self._deadline.cancel()
+
+        def _abort(self) -> None:
+            log.info("closed an API connection from %s: request not received within %.0f s",
+                     self.client_address[0], self.timeout * 3)
+            with contextlib.suppress(OSError):
+                self.connection.shutdown(socket.SHUT_RDWR)
+
         def log_message(self, fmt: str, *args: Any) -> None:
             log.debug("%s " + fmt, self.address_string(), *args)
 
@@ -191,11 +210,37 @@ def serve(coordinator: Coordinator, host: str, port: int, token: str | None = No
             length = int(values[0])
             if length > MAX_BODY:
                 raise BadRequest(f"request body of {length} bytes is over {MAX_BODY}", 413)
-            return self.rfile.read(length)
+            try:
+                body = self.rfile.read(length)
+            except (TimeoutError, OSError):
+                raise BadRequest("request body not received in time", 408) from None
+            if len(body) != length:
+                raise BadRequest(f"request body ended after {len(body)} of {length} bytes")
+            self._deadline.cancel()  # read in full: a command may now wait for its reply
+            return body
 
         def do_GET(self) -> None:
+            try:
+                self._get()
+            except Exception:  # a bug costs this request, never the server; the operator sees it
+                log.exception("API request GET %s failed", self.path[:200])
+                self.close_connection = True
+                with contextlib.suppress(OSError):
+                    self._send(500, {"error": "internal error; see the coordinator's log"})
+
+        def do_POST(self) -> None:
+            try:
+                self._post()
+            except Exception:
+                log.exception("API request POST %s failed", self.path[:200])
+                self.close_connection = True
+                with contextlib.suppress(OSError):
+                    self._send(500, {"error": "internal error; see the coordinator's log"})
+
+        def _get(self) -> None:
             if not self._authorized():
                 return
+            self._deadline.cancel()
             url = urlparse(self.path)
             parts = [p for p in url.path.split("/") if p]
             try:
@@ -216,7 +261,7 @@ def serve(coordinator: Coordinator, host: str, port: int, token: str | None = No
                 return self._send(e.status, {"error": str(e)})
             self._send(404, {"error": f"no such endpoint: {url.path}"})
 
-        def do_POST(self) -> None:
+        def _post(self) -> None:
             if not self._authorized():
                 return
             parts = [p for p in urlparse(self.path).path.split("/") if p]
