@@ -129,7 +129,7 @@ def test_security_md_walkthrough_tls_enrol_reload_then_results_flow(tmp_path):
         pub = Publisher(dcfg, outbox)
         pub.start()
         try:
-            for i in range(20):
+            for _ in range(20):
                 outbox.append({"t": time.time(), "label": "ok", "score": 0.5})
             deadline = time.monotonic() + 20
             while time.monotonic() < deadline and coord.store.counts().get("D", 0) < 20:
