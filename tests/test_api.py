@@ -179,3 +179,29 @@ def test_bad_command_bodies_are_400_not_a_dead_thread(api):
         answer = _raw(port, head + body)
         assert answer.split(b" ")[1] in (b"400", b"404"), answer[:200]
     assert _get(port, "/api/v1/stats", token)[0] == 200
+
+
+def test_fleet_cli_finds_api_and_token_from_the_coordinator_config(tmp_path, capsys):
+    from runtime import config as config_mod
+    from runtime.cli import main
+    from runtime.telemetry.broker import free_port
+
+    port = free_port()
+    conf = tmp_path / "coordinator.toml"
+    conf.write_text(f'[coordinator]\nfleet = "f"\nstore = "{tmp_path / "db" / "c.db"}"\n'
+                    f'http_port = {port}\napi_token_file = "{tmp_path / "tok"}"\n')
+    coord = Coordinator(config_mod.load(conf).coordinator)
+    server = serve(coord, "127.0.0.1", port)
+    try:
+        assert main(["fleet", "--config", str(conf), "--json", "ls"]) == 0
+        assert json.loads(capsys.readouterr().out) == []
+        with pytest.raises(SystemExit, match="cannot read the API token"):
+            main(["fleet", "--api", f"http://127.0.0.1:{port}", "--token-file",
+                  str(tmp_path / "missing"), "ls"])
+        (tmp_path / "wrong").write_text("not-the-token-at-all\n")
+        with pytest.raises(SystemExit, match="HTTP 401"):
+            main(["fleet", "--api", f"http://127.0.0.1:{port}", "--token-file",
+                  str(tmp_path / "wrong"), "ls"])
+    finally:
+        server.shutdown()
+        coord.stop()

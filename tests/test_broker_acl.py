@@ -10,7 +10,6 @@ from pathlib import Path
 import paho.mqtt.client as mqtt
 import pytest
 
-from runtime.telemetry.broker import Mosquitto
 from runtime.telemetry.brokerauth import BrokerAuth, Identity, acl_text, hash_password
 from runtime.telemetry.config import BrokerConfig
 
@@ -61,10 +60,8 @@ def _wait(cond, timeout_s: float) -> bool:
 
 
 @pytest.fixture
-def secure_broker(tmp_path):
-    b = Mosquitto(tmp_path).start()
-    yield b
-    b.stop()
+def secure_broker(broker):
+    return broker  # conftest's: ACLs on
 
 
 def test_python_pbkdf2_hash_is_what_mosquitto_reads(tmp_path):
