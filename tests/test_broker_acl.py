@@ -259,3 +259,17 @@ def test_forged_results_and_health_never_reach_a_real_coordinator(tmp_path, secu
     coord.stop()
     for p in (outsider, rogue, victim_sub):
         p.close()
+
+
+def test_concurrent_enrolments_lose_no_user(tmp_path):
+    import threading
+
+    auth = BrokerAuth(tmp_path)
+    threads = [threading.Thread(target=auth.enrol, args=(Identity(f"f1/d{i}", "device"),))
+               for i in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert set(auth.identities()) == {f"f1/d{i}" for i in range(12)}
+    assert len(auth.passwd.read_text().splitlines()) == 12

@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import secrets
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -159,6 +161,22 @@ class BrokerAuth:
             _check_topic(t)
         self.dir.mkdir(parents=True, exist_ok=True)
         password = password or new_password()
+        with self._locked():
+            self._enrol_locked(ident, password)
+        return password
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """One writer at a time: two enrolments at once must not lose one's user."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.dir / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def _enrol_locked(self, ident: Identity, password: str) -> None:
         idents = self.identities()
         old = idents.get(ident.username)
         if old and old.role == "coordinator" and ident.role == "coordinator":
@@ -170,14 +188,14 @@ class BrokerAuth:
         hashes = self._hashes()
         hashes[ident.username] = hash_password(password)
         self._save(idents, hashes)
-        return password
 
     def remove(self, username: str) -> bool:
         """Revoke a user (password and ACL lines); True when it existed."""
-        idents, hashes = self.identities(), self._hashes()
-        had_ident = idents.pop(username, None) is not None
-        had_hash = hashes.pop(username, None) is not None
-        self._save(idents, hashes)
+        with self._locked():
+            idents, hashes = self.identities(), self._hashes()
+            had_ident = idents.pop(username, None) is not None
+            had_hash = hashes.pop(username, None) is not None
+            self._save(idents, hashes)
         return had_ident or had_hash
 
     def _save(self, idents: dict[str, Identity], hashes: dict[str, str]) -> None:
