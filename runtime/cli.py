@@ -254,8 +254,7 @@ def cmd_enroll(args: argparse.Namespace) -> int:
     for what, path in done.files.items():
         print(f"  {what:<10} {path}")
     print(f"\n{done.config}\nnext: {RELOAD_HINT}; copy the files in {args.out} to the "
-          + args.role + " (keep the password and "
-          "private key 0600)")
+          + args.role + " (keep the secrets there 0600)")
     return 0
 
 
