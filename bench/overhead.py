@@ -192,7 +192,7 @@ def main() -> None:
             cv2.imwrite(str(p), pool[i % len(pool)])
             files.append(p)
         bulk, paced = files[: a.n], files[a.n:]
-        broker = Mosquitto(work).start()
+        broker = Mosquitto(work, auth=False).start()
         cfg = work / "edgerun.toml"
         cfg.write_text(CONFIG.format(model=bundled(), work=work, folder=folder, port=broker.port))
         try:

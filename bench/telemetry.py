@@ -160,9 +160,13 @@ def fleet_ingest(tmp: Path, port: int, devices: int, seconds: float) -> dict:
                 sent += 1
             time.sleep(max(0.0, t_tick + 1 - time.time()))
         time.sleep(2)
-        with urllib.request.urlopen(f"http://127.0.0.1:{http}/api/v1/stats") as r:
+        # the API wants the token the coordinator made next to its store
+        auth = {"Authorization": "Bearer " + (tmp / "api-token").read_text().strip()}
+        with urllib.request.urlopen(urllib.request.Request(
+                f"http://127.0.0.1:{http}/api/v1/stats", headers=auth)) as r:
             stats = json.loads(r.read())
-        with urllib.request.urlopen(f"http://127.0.0.1:{http}/api/v1/fleet") as r:
+        with urllib.request.urlopen(urllib.request.Request(
+                f"http://127.0.0.1:{http}/api/v1/fleet", headers=auth)) as r:
             known = len(json.loads(r.read()))
         for c in clients:
             c.loop_stop()
@@ -186,7 +190,7 @@ def main() -> None:
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        broker = Mosquitto(tmp, extra="max_queued_messages 0").start()
+        broker = Mosquitto(tmp, extra="max_queued_messages 0", auth=False).start()
         try:
             print(f"results: {a.n} per run, one local Mosquitto", flush=True)
             bare = bare_rate(broker.port, a.n)

@@ -223,10 +223,16 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
         coordinator = Coordinator(cfg)
     except ValueError as e:  # an unreadable signing key
         raise ConfigError(f"coordinator.signing_key: {e}") from e
+    from runtime.coordinator.api import ensure_token, token_path
+
+    try:
+        token = ensure_token(token_path(cfg))
+    except OSError as e:  # unreadable, or readable by others (PermissionError)
+        raise ConfigError(f"coordinator.api_token_file: {e}") from e
     coordinator.start()
-    server = serve(coordinator, cfg.http_host, cfg.http_port)
-    logging.getLogger("edgerun").info("coordinator API on http://%s:%d/api/v1/fleet",
-                                      *server.server_address[:2])
+    server = serve(coordinator, cfg.http_host, cfg.http_port, token=token)
+    logging.getLogger("edgerun").info("coordinator API on http://%s:%d/api/v1/fleet (token: %s)",
+                                      *server.server_address[:2], token_path(cfg))
     # The handler only sets a flag: Event.set() in a handler can deadlock against the main
     # thread's own Event.wait (both take the same lock).
     stop = [False]
@@ -241,9 +247,63 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
 
 def cmd_fleet(args: argparse.Namespace) -> int:
     """Fleet views and commands through a coordinator's API."""
+    if args.fleet_command == "enroll":
+        return cmd_enroll(args)
+    if args.fleet_command == "revoke":
+        return cmd_revoke(args)
     from runtime.coordinator.client import fleet_command
 
     return fleet_command(args)
+
+
+def cmd_revoke(args: argparse.Namespace) -> int:
+    """Remove a broker user (its password and ACL lines) from the broker directory."""
+    from runtime.coordinator.enroll import RELOAD_HINT
+    from runtime.telemetry.brokerauth import BrokerAuth, device_username
+
+    name = args.name if args.role != "device" else device_username(args.fleet, args.name)
+    if not BrokerAuth(args.broker_dir).remove(name):
+        print(f"edgerun fleet revoke: no broker user {name!r} in {args.broker_dir}",
+              file=sys.stderr)
+        return 1
+    print(f"revoked broker user {name!r}; next: {RELOAD_HINT} (Mosquitto then disconnects it)")
+    return 0
+
+
+def cmd_enroll(args: argparse.Namespace) -> int:
+    """Make a device's (or coordinator's) broker credential, keys and config section."""
+    from runtime.coordinator.enroll import (
+        RELOAD_HINT,
+        enroll_client,
+        enroll_coordinator,
+        enroll_device,
+    )
+
+    try:
+        if args.role == "client":
+            done = enroll_client(args.name, args.broker_dir, args.out, tuple(args.read),
+                                 tuple(args.write))
+        elif args.role == "coordinator":
+            done = enroll_coordinator(args.name, args.fleet, args.broker_dir, args.out,
+                                      args.host, args.port, args.install_dir, args.device_keys)
+        else:
+            if not args.device_keys:
+                print("edgerun fleet enroll: --device-keys DIR (the coordinator's "
+                      "coordinator.device_keys directory) is required for a device",
+                      file=sys.stderr)
+                return 2
+            done = enroll_device(args.fleet, args.name, args.broker_dir, args.out,
+                                 args.device_keys, args.host, args.port, args.install_dir,
+                                 args.command_key, tuple(args.read))
+    except (ValueError, OSError) as e:
+        print(f"edgerun fleet enroll: {e}", file=sys.stderr)
+        return 2
+    print(f"enrolled broker user {done.username!r}")
+    for what, path in done.files.items():
+        print(f"  {what:<10} {path}")
+    print(f"\n{done.config}\nnext: {RELOAD_HINT}; copy the files in {args.out} to the "
+          + args.role + " (keep the secrets there 0600)")
+    return 0
 
 
 def cmd_schemas(args: argparse.Namespace) -> int:
@@ -332,7 +392,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     fl = sub.add_parser("fleet", help="fleet views and commands (via the coordinator API)",
                         description=cmd_fleet.__doc__)
-    fl.add_argument("--api", default="http://127.0.0.1:8787", help="coordinator API base URL")
+    fl.add_argument("--api", help="coordinator API base URL (default: from --config, else "
+                    "http://127.0.0.1:8787)")
+    fl.add_argument("--token-file", type=Path, help="the coordinator's API token file (default: "
+                    "from --config, else $EDGERUN_API_TOKEN_FILE, else "
+                    "~/.local/state/edgerun/api-token)")
+    fl.add_argument("--config", type=Path, help="the coordinator's config: API address and "
+                    "token file")
     fl.add_argument("--json", action="store_true", help="print the raw JSON")
     fsub = fl.add_subparsers(dest="fleet_command", required=True, metavar="ACTION")
     fsub.add_parser("ls", help="every device with status and alerts")
@@ -344,6 +410,35 @@ def build_parser() -> argparse.ArgumentParser:
                     "set_accuracy_floor value=0.9, set_rate fps=5, choose_model name=N")
     fc.add_argument("kv", nargs="*", metavar="ARG=VALUE")
     fc.add_argument("--wait", type=float, default=10.0, help="seconds to wait for the reply")
+    fe = fsub.add_parser("enroll", help="make a device's broker credential, keys and config",
+                         description=cmd_enroll.__doc__)
+    fe.add_argument("name", help="device id (or coordinator name with --role coordinator)")
+    fe.add_argument("--fleet", default="default")
+    fe.add_argument("--role", choices=("device", "coordinator", "client"), default="device",
+                    help="client: only the --read/--write topics (e.g. a camera's trigger)")
+    fe.add_argument("--broker-dir", type=Path, required=True,
+                    help="directory of the broker's passwd/acl files (mosquitto.conf: "
+                    "password_file DIR/passwd, acl_file DIR/acl)")
+    fe.add_argument("--out", type=Path, required=True,
+                    help="where to write the credential, keys and config section")
+    fe.add_argument("--device-keys", type=Path,
+                    help="the coordinator's device_keys directory (gets <device>.pub)")
+    fe.add_argument("--host", default="127.0.0.1", help="broker host for the config section")
+    fe.add_argument("--port", type=int, default=1883, help="broker port for the config section")
+    fe.add_argument("--install-dir", type=Path,
+                    help="where the files will live on the target (default: --out)")
+    fe.add_argument("--command-key", type=Path,
+                    help="the coordinator's command-signing public key (trusted_keys)")
+    fe.add_argument("--read", action="append", default=[], metavar="TOPIC",
+                    help="extra topic the device may receive (an MQTT trigger topic)")
+    fe.add_argument("--write", action="append", default=[], metavar="TOPIC",
+                    help="(--role client) topic it may publish")
+    fr = fsub.add_parser("revoke", help="remove a device's (or coordinator's) broker user",
+                         description=cmd_revoke.__doc__)
+    fr.add_argument("name", help="device id (or coordinator name with --role coordinator)")
+    fr.add_argument("--fleet", default="default")
+    fr.add_argument("--role", choices=("device", "coordinator", "client"), default="device")
+    fr.add_argument("--broker-dir", type=Path, required=True)
     fl.set_defaults(func=cmd_fleet)
 
     sc = sub.add_parser("schemas", help="print the MQTT payload JSON Schemas",

@@ -11,6 +11,7 @@ step down as the die heats towards its trip point and back up as it cools. Ctrl-
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import shutil
 import subprocess
@@ -23,6 +24,14 @@ from pathlib import Path
 from runtime.coordinator.config import CoordinatorConfig
 from runtime.coordinator.service import Coordinator
 from runtime.telemetry.broker import Mosquitto, free_port, wait_port
+from runtime.telemetry.brokerauth import (
+    DEVICE_PUBLISHES,
+    DEVICE_SUBSCRIBES,
+    PREFIX,
+    device_username,
+    new_password,
+    write_secret,
+)
 from runtime.telemetry.commands import generate_keypair
 from runtime.telemetry.config import BrokerConfig
 
@@ -83,6 +92,8 @@ trusted_keys = ["{state}/command.pub"]
 host = "127.0.0.1"
 port = {port}
 keepalive_s = 10
+username = "{username}"
+password_file = "{password_file}"
 
 [telemetry.outbox]
 path = "{state}/outbox.db"
@@ -90,23 +101,67 @@ path = "{state}/outbox.db"
 
 
 class EmbeddedBroker:
-    """amqtt in a child process, for machines without Mosquitto (pure pip install)."""
+    """amqtt in a child process, for machines without Mosquitto (pure pip install).
+
+    Authenticated like Mosquitto: amqtt's FileAuthPlugin (argon2 password file) and its
+    TopicAccessControlListPlugin with the same grants as the Mosquitto ACL, spelled out per
+    user (amqtt has no %u patterns, and it cannot reload, so identities are enrolled before
+    `start`). One difference: amqtt checks subscriptions and publishes, not each delivery.
+    """
 
     def __init__(self, workdir: Path):
         self.port = free_port()
+        self.workdir = workdir
         self.conf = workdir / "amqtt.yaml"
-        self.conf.write_text("listeners:\n  default:\n    type: tcp\n"
-                             f"    bind: 127.0.0.1:{self.port}\n"
-                             "plugins:\n  amqtt.plugins.authentication.AnonymousAuthPlugin:\n"
-                             "    allow_anonymous: true\n")
+        self.passwd = workdir / "amqtt-passwd"
+        self._users: dict[str, tuple[str, list[str], list[str]]] = {}  # hash, publish, subscribe
         self.proc: subprocess.Popen | None = None
 
+    def _enrol(self, username: str, publish: list[str], subscribe: list[str]) -> BrokerConfig:
+        if self.proc is not None:
+            raise RuntimeError("amqtt cannot reload its users: enrol before start()")
+        from pwdlib.hashers.argon2 import Argon2Hasher
+
+        password = new_password()
+        # The password is 256 random bits: argon2's cost only slows each login down.
+        hashed = Argon2Hasher(time_cost=1, memory_cost=8192, parallelism=1).hash(password)
+        self._users[username] = (hashed, publish, subscribe)
+        pw_file = write_secret(self.workdir / "broker-creds" /
+                               (username.replace("/", "__") + ".password"), password)
+        return BrokerConfig(host="127.0.0.1", port=self.port, username=username,
+                            password_file=str(pw_file))
+
+    def device(self, fleet: str, device: str) -> BrokerConfig:
+        """Credentials of a device confined to its own topics."""
+        base = f"{PREFIX}/{device_username(fleet, device)}"
+        return self._enrol(device_username(fleet, device),
+                           [f"{base}/{k}" for k in DEVICE_PUBLISHES],
+                           [f"{base}/{k}" for k in DEVICE_SUBSCRIBES])
+
+    def coordinator(self, fleet: str, name: str = "coordinator") -> BrokerConfig:
+        """Credentials of a coordinator of `fleet`."""
+        return self._enrol(name, [f"{PREFIX}/{fleet}/+/cmd", f"{PREFIX}/{fleet}/+/ack"],
+                           [f"{PREFIX}/{fleet}/+/#"])
+
     def start(self) -> EmbeddedBroker:
-        """Start it and wait for the port."""
+        """Write the config and password file, start it and wait for the port."""
         exe = shutil.which("amqtt")
         if exe is None:
             raise RuntimeError("no MQTT broker: install mosquitto (apt install mosquitto) or "
                                "amqtt (pip install amqtt), or configure telemetry.broker.host")
+        write_secret(self.passwd, "\n".join(f"{u}:{h}" for u, (h, _, _) in self._users.items()))
+        pub = {u: p for u, (_, p, _) in self._users.items()}
+        sub = {u: s for u, (_, _, s) in self._users.items()}
+        # JSON is YAML: every name and topic is quoted safely
+        self.conf.write_text(
+            "listeners:\n  default:\n    type: tcp\n"
+            f"    bind: 127.0.0.1:{self.port}\n"
+            "plugins:\n  amqtt.plugins.authentication.AnonymousAuthPlugin:\n"
+            "    allow_anonymous: false\n"
+            "  amqtt.plugins.authentication.FileAuthPlugin:\n"
+            f"    password_file: {json.dumps(str(self.passwd))}\n"
+            "  amqtt.plugins.topic_checking.TopicAccessControlListPlugin:\n"
+            f"    publish_acl: {json.dumps(pub)}\n    acl: {json.dumps(sub)}\n")
         self.proc = subprocess.Popen([exe, "-c", str(self.conf)], stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL)
         wait_port(self.port, 20)
@@ -119,11 +174,13 @@ class EmbeddedBroker:
             self.proc.wait(10)
 
 
-def start_broker(workdir: Path):
-    """Mosquitto when installed, else amqtt."""
+def make_broker(workdir: Path) -> Mosquitto | EmbeddedBroker:
+    """Mosquitto when installed, else amqtt; both authenticated, not yet started."""
     if shutil.which("mosquitto"):
-        return Mosquitto(workdir).start()
-    return EmbeddedBroker(workdir).start()
+        return Mosquitto(workdir)
+    log.warning("mosquitto is not installed: the demo uses the pure-Python amqtt broker "
+                "(password file and per-user topic lists; fine for a demo, not for a fleet)")
+    return EmbeddedBroker(workdir)
 
 
 def _clock(sim_t: float | None) -> str:
@@ -160,23 +217,32 @@ def run(duration_s: float = 0.0, device: str = "rpi5", scenario: str = "sun",
     state.mkdir(parents=True, exist_ok=True)
     cache = Path("~/.cache/edgerun/demo-profiles").expanduser()  # reused across demo runs
     cache.mkdir(parents=True, exist_ok=True)
-    broker = start_broker(workdir)
-    print(f"broker: {type(broker).__name__} on 127.0.0.1:{broker.port}", flush=True)
+    broker = make_broker(workdir)
+    # Authenticated like a real fleet: each side logs in as itself and the broker's ACL
+    # confines it (see docs/security.md); enrolled before start (amqtt cannot reload).
+    device_login = broker.device("demo", "demo-box")
+    coord_login = broker.coordinator("demo")
+    broker.start()
+    print(f"broker: {type(broker).__name__} on 127.0.0.1:{broker.port} (authenticated, ACL on)",
+          flush=True)
     generate_keypair(state / "command.pem", state / "command.pub")
     cfg_path = workdir / "edgerun.toml"
     cfg_path.write_text(DEMO_CONFIG.format(device=device, state=state, rate=rate,
                                            scenario=scenario, speed=speed, start_hour=start_hour,
-                                           port=broker.port).replace(f"{state}/profiles",
+                                           port=broker.port, username=device_login.username,
+                                           password_file=device_login.password_file).replace(f"{state}/profiles",
                                                                      str(cache)))
     coord = Coordinator(CoordinatorConfig(
-        fleet="demo", broker=BrokerConfig(host="127.0.0.1", port=broker.port),
+        fleet="demo", broker=coord_login,
         store=str(state / "coordinator.db"), signing_key=str(state / "command.pem"),
         stale_after_s=5, offline_after_s=15))
     coord.start()
     from runtime.coordinator.api import serve
 
     api = serve(coord, "127.0.0.1", 0)
-    print(f"coordinator API: http://127.0.0.1:{api.server_address[1]}/api/v1/fleet", flush=True)
+    url = f"http://127.0.0.1:{api.server_address[1]}"
+    print(f"coordinator API: {url}/api/v1/fleet (try: edgerun fleet --api {url} --token-file "
+          f"{state / 'api-token'} ls)", flush=True)
     daemon_log = workdir / "daemon.log"
     print(f"daemon: edgerun serve --config {cfg_path} (log: {daemon_log})", flush=True)
     print("first run profiles every variant of the bundled model (cached afterwards)...",

@@ -19,6 +19,19 @@ def tiny_model(tmp_path_factory) -> Path:
 
 
 @pytest.fixture
+def broker(tmp_path):
+    """A real Mosquitto on a free loopback port with authentication and the fleet ACL on
+    (anonymous refused). Log in with `broker.device(fleet, device)`,
+    `broker.coordinator(fleet[, name])` or `broker.client(name, read=..., write=...)`: each
+    enrols the identity (reloading the broker) and returns the BrokerConfig to connect with."""
+    from runtime.telemetry.broker import Mosquitto
+
+    b = Mosquitto(tmp_path).start()
+    yield b
+    b.stop()
+
+
+@pytest.fixture
 def fast_profiler_cfg(tmp_path):
     """Profiler settings that keep a test run short."""
     from runtime.config import ProfilerConfig

@@ -31,11 +31,14 @@ def main() -> None:
     ap.add_argument("--keepalive", type=int, default=30)
     ap.add_argument("--ack-timeout", type=float, default=1.0)
     ap.add_argument("--trusted-key", action="append", default=[])
+    ap.add_argument("--username", default="")
+    ap.add_argument("--password-file", default="")
     a = ap.parse_args()
 
     cfg = TelemetryConfig(fleet="test", device=a.device,
                           broker=BrokerConfig(host="127.0.0.1", port=a.port,
-                                              keepalive_s=a.keepalive),
+                                              keepalive_s=a.keepalive, username=a.username,
+                                              password_file=a.password_file),
                           outbox=OutboxConfig(path=a.outbox), ack_timeout_s=a.ack_timeout,
                           batch_max=20, inflight=100, trusted_keys=tuple(a.trusted_key))
     outbox = Outbox(cfg.outbox)

@@ -18,7 +18,6 @@ from models.synthetic import samples
 from runtime.coordinator.config import CoordinatorConfig
 from runtime.coordinator.service import Coordinator
 from runtime.telemetry.broker import Mosquitto
-from runtime.telemetry.config import BrokerConfig
 
 TESTS = Path(__file__).parent
 ZONE = "sys/class/thermal/thermal_zone0"
@@ -41,8 +40,7 @@ def broker(tmp_path):
 
 @pytest.fixture
 def coordinator(tmp_path, broker):
-    c = Coordinator(CoordinatorConfig(fleet="sys", broker=BrokerConfig(host="127.0.0.1",
-                                                                       port=broker.port),
+    c = Coordinator(CoordinatorConfig(fleet="sys", broker=broker.coordinator("sys"),
                                       store=str(tmp_path / "coord.db")))
     c.start()
     assert c.connected.wait(10)
@@ -58,13 +56,14 @@ def set_temp(root: Path, celsius: float) -> None:
     os.replace(tmp, zone / "temp")
 
 
-def write_config(tmp_path: Path, port: int, cache: Path, source: str = "", backends: str = "",
-                 extra: str = "") -> Path:
+def write_config(tmp_path: Path, broker: Mosquitto, cache: Path, source: str = "",
+                 backends: str = "", extra: str = "") -> Path:
     root = tmp_path / "sysfs"
     if not (root / ZONE / "temp").exists():
         set_temp(root, 40.0)
     source = source or 'kind = "synthetic"\nrate_hz = 40'
     backends = backends or 'enabled = ["onnxruntime"]'
+    creds = broker.device("sys", "box1")
     cfg = tmp_path / "edgerun.toml"
     cfg.write_text(f"""
 [device]
@@ -101,8 +100,10 @@ health_interval_s = 0.5
 ack_timeout_s = 1.0
 [telemetry.broker]
 host = "127.0.0.1"
-port = {port}
+port = {broker.port}
 keepalive_s = 5
+username = "{creds.username}"
+password_file = "{creds.password_file}"
 [telemetry.outbox]
 path = "{tmp_path / 'state' / 'outbox.db'}"
 {extra}
@@ -146,7 +147,7 @@ def wait(cond, timeout_s, what, proc: Serve | None = None):
 
 def test_results_flow_and_rising_temperature_steps_down(tmp_path, broker, coordinator,
                                                         profile_cache):
-    cfg = write_config(tmp_path, broker.port, profile_cache)
+    cfg = write_config(tmp_path, broker, profile_cache)
     d = Serve(tmp_path, cfg)
     try:
         wait(lambda: coordinator.store.counts().get("box1", 0) >= 20, 120, "results", d)
@@ -185,7 +186,7 @@ def test_folder_source_sigterm_and_restart_inspect_each_file_once(tmp_path, brok
         cv2.imwrite(str(p), s.image)
         files.append(p.name)
     (folder / "broken.png").write_bytes(b"not an image")
-    cfg = write_config(tmp_path, broker.port, profile_cache,
+    cfg = write_config(tmp_path, broker, profile_cache,
                        source=f'kind = "folder"\npath = "{folder}"\nwatch = true')
     d = Serve(tmp_path, cfg)
     wait(lambda: coordinator.store.counts().get("box1", 0) >= 10, 120, "first results", d)
@@ -226,7 +227,7 @@ def _messages(sock: socket.socket, seconds: float) -> list[str]:
 def test_notify_ready_watchdog_and_hung_backend_stops_beats(tmp_path, broker, profile_cache):
     sock, path = _notify_socket(tmp_path)
     flag = tmp_path / "hang-now"
-    cfg = write_config(tmp_path, broker.port, profile_cache,
+    cfg = write_config(tmp_path, broker, profile_cache,
                        backends='enabled = []\nplugins = ["hang_backend:HangBackend"]')
     d = Serve(tmp_path, cfg, env={"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "1000000",
                                   "EDGERUN_TEST_HANG": str(flag)})
@@ -257,7 +258,7 @@ def test_corrupt_variant_is_refused_and_the_daemon_runs_on_the_rest(tmp_path, br
     data = bytearray(target.read_bytes())
     data[len(data) // 2] ^= 0xFF
     target.write_bytes(bytes(data))
-    cfg = write_config(tmp_path, broker.port, profile_cache,
+    cfg = write_config(tmp_path, broker, profile_cache,
                        extra=f'[model]\npath = "{model}"\n')
     d = Serve(tmp_path, cfg)
     try:
@@ -284,11 +285,11 @@ def test_choose_model_command_switches_in_the_background(tmp_path, broker, profi
     man = root / "other" / "manifest.json"
     man.write_text(json.dumps({**json.loads(man.read_text()), "name": "other"}))
     generate_keypair(tmp_path / "k.pem", tmp_path / "k.pub")
-    coord = Coordinator(CoordinatorConfig(fleet="sys", broker=BrokerConfig(
-        host="127.0.0.1", port=broker.port), store=str(tmp_path / "coord.db"),
+    coord = Coordinator(CoordinatorConfig(fleet="sys", broker=broker.coordinator("sys"),
+        store=str(tmp_path / "coord.db"),
         signing_key=str(tmp_path / "k.pem")))
     coord.start()
-    cfg = write_config(tmp_path, broker.port, profile_cache,
+    cfg = write_config(tmp_path, broker, profile_cache,
                        extra=f'[model]\npath = "{root / "inspection"}"\n')
     cfg.write_text(cfg.read_text().replace(
         '[telemetry]\n', f'[telemetry]\ntrusted_keys = ["{tmp_path / "k.pub"}"]\n'))

@@ -43,7 +43,7 @@ def _connected(pub: Publisher, timeout_s: float) -> bool:
 def test_username_password_file(tmp_path):
     pw = tmp_path / "passwd"
     subprocess.run(["mosquitto_passwd", "-b", "-c", str(pw), "dev", "s3cret"], check=True)
-    b = Mosquitto(tmp_path, extra=f"password_file {pw}").start()
+    b = Mosquitto(tmp_path, extra=f"password_file {pw}", auth=False).start()
     b.conf.write_text(b.conf.read_text().replace("allow_anonymous true", "allow_anonymous false"))
     b.stop()
     b.start()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import cv2
 import numpy as np
@@ -12,7 +13,6 @@ import pytest
 from models.synthetic import samples
 from runtime.sources import CaptureSource, SourceConfig, SourceError, open_source
 from runtime.telemetry.broker import Mosquitto
-from runtime.telemetry.config import BrokerConfig
 
 
 def _read(src, timeout_s=5.0):
@@ -28,13 +28,16 @@ def test_trigger_source_takes_image_bytes_and_paths_and_skips_garbage(tmp_path):
     broker = Mosquitto(tmp_path).start()
     try:
         cfg = SourceConfig(kind="trigger", topic="plc/line1/trigger")
-        src = open_source(cfg, tmp_path, BrokerConfig(host="127.0.0.1", port=broker.port), "t")
+        # the device may read its trigger topic; the camera (a plain client) may write it
+        src = open_source(cfg, tmp_path, broker.device("f", "t", read=(cfg.topic,)), "t")
         time.sleep(0.5)  # subscribed
         img = next(samples(seed=1, count=1)).image
         _, png = cv2.imencode(".png", img)
         path = tmp_path / "part.png"
         cv2.imwrite(str(path), img)
+        camera = broker.client("camera", write=(cfg.topic,))
         pub = mqtt.Client(callback_api_version=mqtt.CallbackAPIVersion.VERSION2)
+        pub.username_pw_set(camera.username, Path(camera.password_file).read_text().strip())
         pub.connect("127.0.0.1", broker.port)
         pub.loop_start()
         for payload in (png.tobytes(), b"\x00garbage", str(path).encode()):

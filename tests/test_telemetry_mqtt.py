@@ -17,7 +17,6 @@ from runtime.coordinator.config import CoordinatorConfig
 from runtime.coordinator.service import Coordinator
 from runtime.telemetry import commands, payloads
 from runtime.telemetry.broker import Mosquitto
-from runtime.telemetry.config import BrokerConfig
 
 DEVICE_PROC = str(Path(__file__).parent / "device_proc.py")
 
@@ -29,9 +28,9 @@ def broker(tmp_path):
     b.stop()
 
 
-def _coordinator(tmp_path, port, **kw) -> Coordinator:
-    cfg = CoordinatorConfig(fleet="test", broker=BrokerConfig(host="127.0.0.1", port=port,
-                                                              keepalive_s=5),
+def _coordinator(tmp_path, broker: Mosquitto, **kw) -> Coordinator:
+    creds = broker.coordinator("test", kw.get("client_id", "coordinator"), keepalive_s=5)
+    cfg = CoordinatorConfig(fleet="test", broker=creds,
                             store=str(tmp_path / "coord.db"), **kw)
     c = Coordinator(cfg)
     c.start()
@@ -42,9 +41,11 @@ def _coordinator(tmp_path, port, **kw) -> Coordinator:
 class Device:
     """tests/device_proc.py as a child process."""
 
-    def __init__(self, tmp_path, port, total, **kw):
+    def __init__(self, tmp_path, broker: Mosquitto, total, **kw):
+        creds = broker.device("test", kw.get("device", "dev1"))
         self.args = [sys.executable, DEVICE_PROC, "--outbox", str(tmp_path / "dev.db"),
-                     "--port", str(port), "--total", str(total)]
+                     "--port", str(broker.port), "--total", str(total),
+                     "--username", creds.username, "--password-file", creds.password_file]
         for k, v in kw.items():
             self.args += [f"--{k.replace('_', '-')}", str(v)]
         self.log = (tmp_path / "device.out").open("a")
@@ -84,8 +85,8 @@ def _assert_exactly_once(coord: Coordinator, total: int, device="dev1"):
 
 def test_broker_restart_and_device_kill9_and_coordinator_down_lose_nothing(tmp_path, broker):
     total = 600
-    coord = _coordinator(tmp_path, broker.port)
-    dev = Device(tmp_path, broker.port, total, rate=300).start()
+    coord = _coordinator(tmp_path, broker)
+    dev = Device(tmp_path, broker, total, rate=300).start()
     _wait(lambda: coord.store.counts().get("dev1", 0) > 50, 20, "first results")
     broker.stop()  # broker down while the device keeps appending
     time.sleep(0.5)
@@ -95,7 +96,7 @@ def test_broker_restart_and_device_kill9_and_coordinator_down_lose_nothing(tmp_p
     dev.start()
     coord.stop()  # coordinator down for a while; the device keeps publishing
     time.sleep(1.0)
-    coord = _coordinator(tmp_path, broker.port)
+    coord = _coordinator(tmp_path, broker)
     _wait(lambda: coord.store.counts().get("dev1", 0) >= total, 60, "all results stored")
     time.sleep(0.5)
     _assert_exactly_once(coord, total)
@@ -113,8 +114,8 @@ def test_slow_coordinator_with_broker_dropping_messages_loses_nothing(tmp_path):
     b = Mosquitto(tmp_path, extra="max_queued_messages 5\nmax_inflight_messages 2").start()
     try:
         total = 400
-        coord = _coordinator(tmp_path, b.port, ingest_delay_s=0.05, ingest_batch=5)
-        dev = Device(tmp_path, b.port, total).start()
+        coord = _coordinator(tmp_path, b, ingest_delay_s=0.05, ingest_batch=5)
+        dev = Device(tmp_path, b, total).start()
         _wait(lambda: coord.store.counts().get("dev1", 0) >= total, 90, "all results stored")
         _assert_exactly_once(coord, total)
         dev.term()
@@ -127,9 +128,9 @@ def test_slow_coordinator_with_broker_dropping_messages_loses_nothing(tmp_path):
 
 def test_shared_subscription_two_coordinators_one_store(tmp_path, broker):
     total = 300
-    c1 = _coordinator(tmp_path, broker.port, share_group="g", client_id="c1")
-    c2 = _coordinator(tmp_path, broker.port, share_group="g", client_id="c2")
-    dev = Device(tmp_path, broker.port, total, rate=500).start()
+    c1 = _coordinator(tmp_path, broker, share_group="g", client_id="c1")
+    c2 = _coordinator(tmp_path, broker, share_group="g", client_id="c2")
+    dev = Device(tmp_path, broker, total, rate=500).start()
     _wait(lambda: c1.store.counts().get("dev1", 0) >= total, 60, "all results stored")
     assert c1.counters["result"] > 0 and c2.counters["result"] > 0  # the load was split
     _assert_exactly_once(c1, total)
@@ -145,8 +146,8 @@ def _read_lines(path: Path) -> list[str]:
 def test_commands_through_coordinator_and_raw(tmp_path, broker):
     kid = commands.generate_keypair(tmp_path / "k.pem", tmp_path / "k.pub")
     commands.generate_keypair(tmp_path / "evil.pem", tmp_path / "evil.pub")
-    coord = _coordinator(tmp_path, broker.port, signing_key=str(tmp_path / "k.pem"))
-    dev = Device(tmp_path, broker.port, 5, trusted_key=tmp_path / "k.pub").start()
+    coord = _coordinator(tmp_path, broker, signing_key=str(tmp_path / "k.pem"))
+    dev = Device(tmp_path, broker, 5, trusted_key=tmp_path / "k.pub").start()
     _wait(lambda: "dev1" in coord.views, 20, "device known")
 
     assert coord.send_command("dev1", "ping")["status"] == "done"
@@ -161,6 +162,8 @@ def test_commands_through_coordinator_and_raw(tmp_path, broker):
     # Raw publishes: what a broken or hostile publisher could send.
     replies: list[dict] = []
     cli = mqtt.Client(callback_api_version=mqtt.CallbackAPIVersion.VERSION2)
+    raw = broker.coordinator("test", "raw")  # may command: the device's own checks are tested
+    cli.username_pw_set(raw.username, Path(raw.password_file).read_text().strip())
     cli.on_message = lambda c, u, m: replies.append(json.loads(m.payload))
     cli.connect("127.0.0.1", broker.port)
     cli.subscribe(payloads.topic("test", "dev1", "cmd/reply"), 1)
@@ -198,8 +201,8 @@ def test_commands_through_coordinator_and_raw(tmp_path, broker):
 
 def test_birth_death_after_kill9_and_clean_stop(tmp_path, broker):
     keepalive = 2
-    coord = _coordinator(tmp_path, broker.port)
-    dev = Device(tmp_path, broker.port, 1, keepalive=keepalive).start()
+    coord = _coordinator(tmp_path, broker)
+    dev = Device(tmp_path, broker, 1, keepalive=keepalive).start()
     _wait(lambda: coord.views.get("dev1") and coord.views["dev1"].status == "online", 20,
           "birth")
     assert coord.views["dev1"].versions == {"edgerun": "test"}
@@ -222,24 +225,26 @@ def test_fleet_cli_over_the_api(tmp_path, broker, capsys):
     from runtime.coordinator.api import serve
 
     commands.generate_keypair(tmp_path / "k.pem", tmp_path / "k.pub")
-    coord = _coordinator(tmp_path, broker.port, signing_key=str(tmp_path / "k.pem"))
+    coord = _coordinator(tmp_path, broker, signing_key=str(tmp_path / "k.pem"))
     api = serve(coord, "127.0.0.1", 0)
     url = f"http://127.0.0.1:{api.server_address[1]}"
-    dev = Device(tmp_path, broker.port, 20, trusted_key=tmp_path / "k.pub").start()
+    token = ["--token-file", str(tmp_path / "api-token")]  # made next to the store
+    dev = Device(tmp_path, broker, 20, trusted_key=tmp_path / "k.pub").start()
     try:
         _wait(lambda: coord.store.counts().get("dev1", 0) >= 20, 20, "results")
-        assert main(["fleet", "--api", url, "ls"]) == 0
+        assert main(["fleet", "--api", url, *token, "ls"]) == 0
         out = capsys.readouterr().out
         assert "dev1" in out and "online" in out and " 20 " in out
-        assert main(["fleet", "--api", url, "show", "dev1"]) == 0
+        assert main(["fleet", "--api", url, *token, "show", "dev1"]) == 0
         shown = json.loads(capsys.readouterr().out)
         assert shown["results_stored"] == 20 and shown["status"] == "online"
-        assert main(["fleet", "--api", url, "send", "dev1", "set_latency_target", "ms=15"]) == 0
+        assert main(["fleet", "--api", url, *token, "send", "dev1", "set_latency_target",
+                     "ms=15"]) == 0
         assert capsys.readouterr().out.startswith("accepted")
-        assert main(["fleet", "--api", url, "send", "dev1", "set_rate", "fps=-1"]) == 1
+        assert main(["fleet", "--api", url, *token, "send", "dev1", "set_rate", "fps=-1"]) == 1
         assert "refused" in capsys.readouterr().out
         with pytest.raises(SystemExit, match="unknown device"):
-            main(["fleet", "--api", url, "send", "nobody", "ping"])
+            main(["fleet", "--api", url, *token, "send", "nobody", "ping"])
     finally:
         dev.term()
         api.shutdown()

@@ -1,31 +1,178 @@
 """JSON HTTP API of the coordinator (standard library server; it is an operator tool, not a
 public web service — bind it to localhost or put it behind the site's reverse proxy).
 
+Every request needs `Authorization: Bearer <token>`; the token is made at first start in
+`coordinator.api_token_file` (default: `api-token` next to the store), mode 0600, and read by
+`edgerun fleet` (`--token-file`). Requests are checked before anything is read or done:
+idle or slow connections are closed after `coordinator.http_timeout_s`, bodies need an exact
+Content-Length within 64 KiB, query parameters are validated (errors are 400 with
+{"error": ...}).
+
 GET  /api/v1/fleet                          every device: status, alerts, choice, counts
 GET  /api/v1/devices/{id}                   one device: view, acks, recent events
-GET  /api/v1/devices/{id}/results?after=N&limit=M
+GET  /api/v1/devices/{id}/results?cursor=STREAM:SEQ&limit=N
+                                            results in (stream, seq) order after the cursor:
+                                            {"results": [...], "next": cursor or null}
 GET  /api/v1/stats                          ingest counters, health age p50/p99
 POST /api/v1/devices/{id}/commands          {"cmd": ..., "args": {...}, "wait_s": 10}
 """
 
 from __future__ import annotations
 
+import contextlib
+import hmac
 import json
 import logging
+import os
+import re
+import secrets
+import socket
+import stat
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlparse
+from urllib.parse import parse_qsl, urlparse
 
+from runtime.coordinator.config import CoordinatorConfig
 from runtime.coordinator.service import Coordinator, UnknownDevice
 
 log = logging.getLogger("edgerun.api")
 
+MAX_BODY = 65536
+MAX_LIMIT = 10_000
+MAX_CONNECTIONS = 64  # concurrent connections; more are closed at once (each costs a thread)
+_INT = re.compile(r"^[0-9]{1,18}$")  # no sign, no exponent, below 2^62
+_RESULT_PARAMS = {"cursor", "limit"}
 
-def serve(coordinator: Coordinator, host: str, port: int) -> ThreadingHTTPServer:
-    """Start the API on a daemon thread; returns the server (`.server_address` has the port)."""
+
+class BadRequest(ValueError):
+    """A request the API refuses; `status` is the HTTP status to answer with."""
+
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.status = status
+
+
+def token_path(cfg: CoordinatorConfig) -> Path:
+    """Where the API token lives: `api_token_file`, else `api-token` next to the store."""
+    if cfg.api_token_file:
+        return Path(cfg.api_token_file).expanduser()
+    return Path(cfg.store).expanduser().parent / "api-token"
+
+
+def ensure_token(path: Path) -> str:
+    """The API token in `path`, made (random, mode 0600) when the file does not exist.
+    A token file others can read is refused: anyone holding it can command the fleet."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        mode = stat.S_IMODE(path.stat().st_mode)
+        if mode & 0o077:
+            raise PermissionError(f"{path}: the API token file is mode {mode:o}; it must be "
+                                  f"readable by its owner only (chmod 600 {path})") from None
+        token = path.read_text().strip()
+        if len(token) < 16:
+            raise PermissionError(f"{path}: the API token is shorter than 16 characters; "
+                                  "delete the file to have a new one made") from None
+        return token
+    token = secrets.token_urlsafe(32)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    log.info("made the API token %s (mode 0600); `edgerun fleet --token-file %s ...`",
+             path, path)
+    return token
+
+
+def parse_int(name: str, text: str, lo: int, hi: int) -> int:
+    """A decimal integer in [lo, hi]; anything else (sign, exponent, huge) is a BadRequest."""
+    if not _INT.match(text) or not lo <= int(text) <= hi:
+        raise BadRequest(f"{name} must be an integer in [{lo}, {hi}], got {text[:40]!r}")
+    return int(text)
+
+
+def parse_cursor(text: str) -> tuple[str, int]:
+    """`STREAM:SEQ` -> (stream, seq)."""
+    stream, sep, seq = text.rpartition(":")
+    if not sep or not stream or len(stream) > 128:
+        raise BadRequest(f"cursor must be STREAM:SEQ as returned in `next`, got {text[:40]!r}")
+    return stream, parse_int("cursor seq", seq, 0, 2**62 - 1)
+
+
+def result_query(query: str) -> tuple[tuple[str, int] | None, int]:
+    """Validated (cursor, limit) of a results request."""
+    pairs = parse_qsl(query, keep_blank_values=True)
+    names = [k for k, _ in pairs]
+    unknown = set(names) - _RESULT_PARAMS
+    if unknown:
+        hint = " (`after` is gone: page with the `next` cursor)" if "after" in unknown else ""
+        raise BadRequest(f"unknown query parameter(s) {sorted(unknown)}{hint}")
+    if len(names) != len(set(names)):
+        raise BadRequest("a query parameter is repeated")
+    params = dict(pairs)
+    cursor = parse_cursor(params["cursor"]) if "cursor" in params else None
+    limit = parse_int("limit", params["limit"], 1, MAX_LIMIT) if "limit" in params else 1000
+    return cursor, limit
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, *args: Any, **kw: Any):
+        super().__init__(*args, **kw)
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+
+    def process_request(self, request, client_address) -> None:
+        # Shed load at accept: a flood of connections costs a closed socket, not a thread each.
+        if not self._slots.acquire(blocking=False):
+            log.warning("over %d concurrent API connections; closed one from %s",
+                        MAX_CONNECTIONS, client_address[0])
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+
+def serve(coordinator: Coordinator, host: str, port: int, token: str | None = None,
+          timeout_s: float | None = None) -> ThreadingHTTPServer:
+    """Start the API on a daemon thread; returns the server (`.server_address` has the port).
+    `token` None = the one in the token file (made at first start)."""
+    token = token if token is not None else ensure_token(token_path(coordinator.cfg))
+    expected = f"Bearer {token}".encode()
 
     class Handler(BaseHTTPRequestHandler):
+        # StreamRequestHandler applies this to the socket: a connection idle (or trickling)
+        # this long is closed instead of holding its thread.
+        timeout = timeout_s if timeout_s is not None else coordinator.cfg.http_timeout_s
+        protocol_version = "HTTP/1.1"
+
+        def handle_one_request(self) -> None:
+            # `timeout` bounds each socket read; this bounds the whole request line + headers
+            # + body, so a client trickling a byte at a time cannot hold the thread either.
+            self._deadline = threading.Timer(self.timeout * 3, self._abort)
+            self._deadline.daemon = True
+            self._deadline.start()
+            try:
+                super().handle_one_request()
+            finally:
+                self._deadline.cancel()
+
+        def _abort(self) -> None:
+            log.info("closed an API connection from %s: request not received within %.0f s",
+                     self.client_address[0], self.timeout * 3)
+            with contextlib.suppress(OSError):
+                self.connection.shutdown(socket.SHUT_RDWR)
+
         def log_message(self, fmt: str, *args: Any) -> None:
             log.debug("%s " + fmt, self.address_string(), *args)
 
@@ -34,13 +181,68 @@ def serve(coordinator: Coordinator, host: str, port: int) -> ThreadingHTTPServer
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
+            if status == 401:
+                self.send_header("WWW-Authenticate", 'Bearer realm="edgerun"')
+            if self.close_connection:
+                self.send_header("Connection", "close")
             self.end_headers()
             self.wfile.write(data)
 
+        def _authorized(self) -> bool:
+            got = (self.headers.get("Authorization") or "").encode()
+            if hmac.compare_digest(got, expected):
+                return True
+            self.close_connection = True
+            self._send(401, {"error": "missing or wrong API token (Authorization: Bearer "
+                                      "<token from the coordinator's api-token file>)"})
+            return False
+
+        def _body(self) -> bytes:
+            """The request body, refused before reading unless its length is exact and small."""
+            if self.headers.get("Transfer-Encoding"):
+                raise BadRequest("Transfer-Encoding is not accepted; send a Content-Length", 411)
+            values = self.headers.get_all("Content-Length") or []
+            if not values:
+                raise BadRequest("Content-Length is required", 411)
+            if len(values) > 1 or not _INT.match(values[0].strip()):
+                raise BadRequest(f"Content-Length must be one non-negative integer, got "
+                                 f"{', '.join(values)[:40]!r}")
+            length = int(values[0])
+            if length > MAX_BODY:
+                raise BadRequest(f"request body of {length} bytes is over {MAX_BODY}", 413)
+            try:
+                body = self.rfile.read(length)
+            except (TimeoutError, OSError):
+                raise BadRequest("request body not received in time", 408) from None
+            if len(body) != length:
+                raise BadRequest(f"request body ended after {len(body)} of {length} bytes")
+            self._deadline.cancel()  # read in full: a command may now wait for its reply
+            return body
+
         def do_GET(self) -> None:
+            try:
+                self._get()
+            except Exception:  # a bug costs this request, never the server; the operator sees it
+                log.exception("API request GET %s failed", self.path[:200])
+                self.close_connection = True
+                with contextlib.suppress(OSError):
+                    self._send(500, {"error": "internal error; see the coordinator's log"})
+
+        def do_POST(self) -> None:
+            try:
+                self._post()
+            except Exception:
+                log.exception("API request POST %s failed", self.path[:200])
+                self.close_connection = True
+                with contextlib.suppress(OSError):
+                    self._send(500, {"error": "internal error; see the coordinator's log"})
+
+        def _get(self) -> None:
+            if not self._authorized():
+                return
+            self._deadline.cancel()
             url = urlparse(self.path)
             parts = [p for p in url.path.split("/") if p]
-            query = {k: v[-1] for k, v in parse_qs(url.query).items()}
             try:
                 if parts == ["api", "v1", "fleet"]:
                     return self._send(200, coordinator.fleet_view())
@@ -49,37 +251,49 @@ def serve(coordinator: Coordinator, host: str, port: int) -> ThreadingHTTPServer
                 if parts[:3] == ["api", "v1", "devices"] and len(parts) == 4:
                     return self._send(200, coordinator.device_view(parts[3]))
                 if parts[:3] == ["api", "v1", "devices"] and parts[4:] == ["results"]:
-                    return self._send(200, coordinator.store.results(
-                        parts[3], int(query.get("after", 0)), int(query.get("limit", 1000))))
+                    cursor, limit = result_query(url.query)
+                    rows, nxt = coordinator.store.results_page(parts[3], cursor, limit)
+                    return self._send(200, {"results": rows,
+                                            "next": None if nxt is None else f"{nxt[0]}:{nxt[1]}"})
             except UnknownDevice as e:
                 return self._send(404, {"error": f"unknown device {e.args[0]!r}"})
-            except ValueError as e:
-                return self._send(400, {"error": str(e)})
+            except BadRequest as e:
+                return self._send(e.status, {"error": str(e)})
             self._send(404, {"error": f"no such endpoint: {url.path}"})
 
-        def do_POST(self) -> None:
+        def _post(self) -> None:
+            if not self._authorized():
+                return
             parts = [p for p in urlparse(self.path).path.split("/") if p]
+            try:
+                raw = self._body()
+            except BadRequest as e:
+                self.close_connection = True  # the unread body must not be parsed as a request
+                return self._send(e.status, {"error": str(e)})
             if not (parts[:3] == ["api", "v1", "devices"] and parts[4:] == ["commands"]):
                 return self._send(404, {"error": f"no such endpoint: {self.path}"})
             try:
-                length = int(self.headers.get("Content-Length", 0))
-                if length > 65536:
-                    return self._send(413, {"error": "request body over 64 KiB"})
-                req = json.loads(self.rfile.read(length) or b"{}")
+                req = json.loads(raw or b"{}")
                 if not isinstance(req, dict) or not isinstance(req.get("cmd"), str):
                     return self._send(400, {"error": 'body must be {"cmd": NAME, "args": {...}}'})
-                reply = coordinator.send_command(parts[3], req["cmd"], req.get("args") or {},
-                                                 wait_s=float(req.get("wait_s", 10)))
+                args, wait_s = req.get("args", {}), req.get("wait_s", 10)
+                if not isinstance(args, dict):
+                    return self._send(400, {"error": "args must be an object"})
+                if isinstance(wait_s, bool) or not isinstance(wait_s, int | float) \
+                        or not 0 <= wait_s <= 300:
+                    return self._send(400, {"error": "wait_s must be a number in [0, 300]"})
+                reply = coordinator.send_command(parts[3], req["cmd"], args,
+                                                 wait_s=float(wait_s))
             except UnknownDevice as e:
                 return self._send(404, {"error": f"unknown device {e.args[0]!r}"})
             except PermissionError as e:
                 return self._send(403, {"error": str(e)})
-            except (ValueError, TypeError) as e:
-                return self._send(400, {"error": str(e)})
+            except (ValueError, TypeError, RecursionError) as e:
+                return self._send(400, {"error": str(e)[:200]})
             if reply is None:
                 return self._send(504, {"error": "no reply from the device in time"})
             self._send(200, reply)
 
-    server = ThreadingHTTPServer((host, port), Handler)
+    server = _Server((host, port), Handler)
     threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
     return server

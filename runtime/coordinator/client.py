@@ -1,25 +1,63 @@
-"""`edgerun fleet ...`: a thin client of the coordinator's JSON API."""
+"""`edgerun fleet ...`: a thin client of the coordinator's JSON API.
+
+It authenticates with the coordinator's API token, read from `--token-file`, else from the
+token file of the coordinator config given with `--config` (which also gives the API
+address), else from $EDGERUN_API_TOKEN_FILE, else `~/.local/state/edgerun/api-token` (the
+default store's directory)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import urllib.error
 import urllib.request
+from pathlib import Path
 from typing import Any
 
+DEFAULT_API = "http://127.0.0.1:8787"
+DEFAULT_TOKEN_FILE = "~/.local/state/edgerun/api-token"
 
-def _call(api: str, path: str, body: dict | None = None, timeout: float = 30) -> Any:
+
+def resolve(args: argparse.Namespace) -> tuple[str, Path]:
+    """(API base URL, token file) from --api/--token-file/--config/environment/defaults."""
+    api, token_file = args.api, args.token_file
+    if args.config:
+        from runtime import config as config_mod
+        from runtime.coordinator.api import token_path
+
+        cfg = config_mod.load(args.config).coordinator
+        api = api or f"http://{cfg.http_host}:{cfg.http_port}"
+        token_file = token_file or token_path(cfg)
+    token_file = token_file or os.environ.get("EDGERUN_API_TOKEN_FILE") or DEFAULT_TOKEN_FILE
+    return api or DEFAULT_API, Path(token_file).expanduser()
+
+
+def read_token(path: Path) -> str:
+    """The API token from its file, or exit with what to do."""
+    try:
+        return path.read_text().strip()
+    except OSError as e:
+        raise SystemExit(f"edgerun fleet: cannot read the API token {path}: {e.strerror} "
+                         "(pass --token-file, or --config with the coordinator's config; the "
+                         "coordinator makes the file at its first start)") from None
+
+
+def _call(api: str, path: str, body: dict | None = None, timeout: float = 30,
+          token: str = "") -> Any:
     req = urllib.request.Request(
         api.rstrip("/") + path, method="POST" if body is not None else "GET",
         data=None if body is None else json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"})
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             return json.loads(resp.read())
     except urllib.error.HTTPError as e:
-        detail = json.loads(e.read() or b"{}").get("error", e.reason)
+        try:
+            detail = json.loads(e.read() or b"{}").get("error", e.reason)
+        except (ValueError, AttributeError):
+            detail = e.reason
         raise SystemExit(f"edgerun fleet: {detail} (HTTP {e.code})") from None
     except urllib.error.URLError as e:
         raise SystemExit(f"edgerun fleet: cannot reach the coordinator at {api}: {e.reason}"
@@ -53,16 +91,18 @@ def _table(rows: list[dict]) -> str:
 
 def fleet_command(args: argparse.Namespace) -> int:
     """Run one `fleet` action; prints a table or JSON. Exit 1 when a command is refused."""
+    api, token_file = resolve(args)
+    token = read_token(token_file)
     if args.fleet_command == "ls":
-        rows = _call(args.api, "/api/v1/fleet")
+        rows = _call(api, "/api/v1/fleet", token=token)
         print(json.dumps(rows, indent=2) if args.json else _table(rows))
         return 0
     if args.fleet_command == "show":
-        print(json.dumps(_call(args.api, f"/api/v1/devices/{args.device}"), indent=2))
+        print(json.dumps(_call(api, f"/api/v1/devices/{args.device}", token=token), indent=2))
         return 0
-    reply = _call(args.api, f"/api/v1/devices/{args.device}/commands",
+    reply = _call(api, f"/api/v1/devices/{args.device}/commands",
                   {"cmd": args.cmd, "args": parse_args_kv(args.kv), "wait_s": args.wait},
-                  timeout=args.wait + 10)
+                  timeout=args.wait + 10, token=token)
     print(json.dumps(reply, indent=2) if args.json else
           f"{reply['status']}: {reply.get('reason', '')}", file=sys.stdout)
     return 0 if reply.get("ok") else 1

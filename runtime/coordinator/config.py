@@ -20,8 +20,14 @@ class CoordinatorConfig:
     store: str = "~/.local/state/edgerun/coordinator.db"
     fsync: Literal["full", "normal"] = "normal"
     signing_key: str = ""  # Ed25519 private key (PEM) for `fleet send`; empty = cannot command
+    device_keys: str = ""  # directory of devices' public keys `<device>.pub` (fleet enroll)
     http_host: str = "127.0.0.1"
     http_port: int = 8787  # 0 = pick a free port (tests)
+    api_token_file: str = ""  # empty = `api-token` next to the store; made 0600 at first start
+    http_timeout_s: float = 10.0  # an idle or slow HTTP connection is closed after this
+    retention_days: float = 90.0  # results older than this are pruned (0 = keep by age)
+    max_store_mb: float = 2048.0  # past this the oldest results are pruned (0 = no cap)
+    retention_interval_s: float = 600.0  # how often retention runs
     stale_after_s: float = 30.0
     offline_after_s: float = 120.0
     backlog_alert: int = 1000
@@ -38,6 +44,12 @@ class CoordinatorConfig:
             return "share_group", why
         if not 0 <= self.http_port < 65536:
             return "http_port", f"must be 0..65535, got {self.http_port}"
+        if not 0.1 <= self.http_timeout_s <= 3600:
+            return "http_timeout_s", f"must be 0.1..3600, got {self.http_timeout_s}"
+        if self.retention_days < 0 or self.max_store_mb < 0:
+            return "retention_days", "retention_days and max_store_mb must be >= 0 (0 = off)"
+        if self.retention_interval_s < 1:
+            return "retention_interval_s", f"must be >= 1, got {self.retention_interval_s}"
         if self.offline_after_s < self.stale_after_s:
             return "offline_after_s", "must be >= stale_after_s"
         return None

@@ -74,7 +74,8 @@ class Coordinator:
 
     def start(self) -> None:
         """Start the MQTT and ingest threads."""
-        for name, target in (("mqtt", self._mqtt_loop), ("ingest", self._ingest_loop)):
+        for name, target in (("mqtt", self._mqtt_loop), ("ingest", self._ingest_loop),
+                             ("retention", self._retention_loop)):
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()
             self._threads.append(t)
@@ -239,6 +240,39 @@ class Coordinator:
             changes = fleet.transitions(before, self.views)
         for device, old, new in changes:
             log.info("device %s: %s -> %s", device, old, new)
+
+    # -- retention thread (store size and age; see Store.prune_results) ----------------------
+
+    def _retention_loop(self) -> None:
+        while not self._stop.wait(self.cfg.retention_interval_s):
+            try:
+                self.run_retention()
+            except Exception:  # a failed pass is retried next interval; ingest is unaffected
+                if self._stop.is_set():
+                    return
+                self.counters["retention_errors"] += 1
+                log.exception("retention pass failed; retrying in %.0f s",
+                              self.cfg.retention_interval_s)
+
+    def run_retention(self) -> dict[str, int]:
+        """One retention pass: results past `retention_days`, then the oldest data while the
+        store uses more than `max_store_mb`. Logs what it deleted and counts it in stats."""
+        cfg = self.cfg
+        done = self.store.prune_results(cfg.retention_days * 86400,
+                                        int(cfg.max_store_mb * 1024 * 1024))
+        self.counters["retention_runs"] += 1
+        for key, n in done.items():
+            self.counters[f"pruned_{key}"] += n
+        if done["results_by_age"]:
+            log.info("retention: deleted %d acked results older than %g days",
+                     done["results_by_age"], cfg.retention_days)
+        by_size = {k: n for k, n in done.items() if k.endswith("by_size") and n}
+        if by_size:
+            log.warning("retention: the store was over max_store_mb = %g; deleted the oldest "
+                        "%s (now %.1f MB)", cfg.max_store_mb,
+                        ", ".join(f"{n} {k.split('_')[0]}" for k, n in by_size.items()),
+                        self.store.used_bytes() / 2**20)
+        return done
 
     # -- queries and commands (any thread) ----------------------------------------------------
 

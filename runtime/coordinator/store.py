@@ -103,6 +103,22 @@ class Store:
                            "ORDER BY received, seq LIMIT ?", (device, after_seq, limit))
         return [{**json.loads(b), "stream": s, "boot": bt} for s, bt, b in rows]
 
+    def results_page(self, device: str, cursor: tuple[str, int] | None = None,
+                     limit: int = 1000) -> tuple[list[dict], tuple[str, int] | None]:
+        """One page of a device's results in (stream, seq) order, strictly after `cursor`;
+        returns (rows, next cursor). Keyset paging on the primary key: no row is skipped or
+        repeated however streams interleave. The next cursor is the last row's (or the given
+        one when the page is empty, so a client can keep polling from it)."""
+        if cursor is None:
+            rows = self._query("SELECT stream, seq, boot, body FROM results WHERE device=? "
+                               "ORDER BY stream, seq LIMIT ?", (device, limit))
+        else:
+            rows = self._query("SELECT stream, seq, boot, body FROM results WHERE device=? "
+                               "AND (stream, seq) > (?, ?) ORDER BY stream, seq LIMIT ?",
+                               (device, cursor[0], cursor[1], limit))
+        page = [{**json.loads(b), "stream": s, "boot": bt} for s, _, bt, b in rows]
+        return page, ((rows[-1][0], rows[-1][1]) if rows else cursor)
+
     def result_seqs(self, device: str) -> list[tuple[str, int]]:
         """(stream, seq) of every stored result of a device, in seq order per stream."""
         return self._query("SELECT stream, seq FROM results WHERE device=? ORDER BY stream, seq",
@@ -136,6 +152,62 @@ class Store:
         with self._lock:
             self._db.execute("DELETE FROM health WHERE t < ?", (now - keep_health_s,))
             self._db.execute("DELETE FROM events WHERE t < ?", (now - keep_events_s,))
+
+    def used_bytes(self) -> int:
+        """Bytes of the database in use (pages minus free pages; the file itself keeps its
+        high-water mark and reuses the free pages)."""
+        (pages,), (free,), (size,) = (self._query(f"PRAGMA {p}") for p in
+                                      ("page_count", "freelist_count", "page_size"))
+        return (pages[0] - free[0]) * size[0]
+
+    def prune_results(self, max_age_s: float = 0.0, max_bytes: int = 0, chunk: int = 2000,
+                      now: float | None = None) -> dict[str, int]:
+        """Retention: delete results received more than `max_age_s` ago, then, while the
+        store uses more than `max_bytes`, the oldest results, health and events. 0 = off.
+
+        Only results at or below their stream's ack are ever deleted: the ack is kept in
+        `streams`, apart from the rows, so pruning cannot lower it, and rows above it are
+        still needed to close gaps (deleting them would stall the ack and make the device
+        re-send). Works in chunks, each its own short transaction, so ingest is never held
+        off for long. Returns counts of what it deleted."""
+        now = time.time() if now is None else now
+        out = {"results_by_age": 0, "results_by_size": 0, "health_by_size": 0,
+               "events_by_size": 0}
+        eligible = ("SELECT r.device, r.stream, r.seq FROM results r JOIN streams s "
+                    "ON s.device = r.device AND s.stream = r.stream WHERE r.seq <= s.acked")
+        if max_age_s > 0:
+            while n := self._delete("DELETE FROM results WHERE (device, stream, seq) IN "
+                                    f"({eligible} AND r.received < ? LIMIT ?)",
+                                    (now - max_age_s, chunk)):
+                out["results_by_age"] += n
+        if max_bytes > 0:
+            for _ in range(10_000):
+                used = self.used_bytes()
+                if used <= max_bytes:
+                    break
+                # delete about the share of rows that is over, so a few big rows are not
+                # over-pruned in one chunk (the loop re-measures after each)
+                (total,), = self._query("SELECT COUNT(*) FROM results")
+                share = min(chunk, max(1, int(total * (used - max_bytes) / used) + 1))
+                if n := self._delete("DELETE FROM results WHERE (device, stream, seq) IN "
+                                     f"({eligible} ORDER BY r.received LIMIT ?)", (share,)):
+                    out["results_by_size"] += n
+                elif n := self._delete("DELETE FROM health WHERE rowid IN (SELECT rowid FROM "
+                                       "health ORDER BY rowid LIMIT ?)", (chunk,)):
+                    out["health_by_size"] += n
+                elif n := self._delete("DELETE FROM events WHERE rowid IN (SELECT rowid FROM "
+                                       "events ORDER BY rowid LIMIT ?)", (chunk,)):
+                    out["events_by_size"] += n
+                else:
+                    break  # only unacked results left: they are kept, whatever the size
+        if any(out.values()):
+            # The WAL keeps its high-water mark; truncate it so the files on disk shrink too.
+            self._query("PRAGMA wal_checkpoint(TRUNCATE)")
+        return out
+
+    def _delete(self, sql: str, args: tuple) -> int:
+        with self._lock:
+            return self._db.execute(sql, args).rowcount
 
     def close(self) -> None:
         """Close the database."""
