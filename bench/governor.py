@@ -2,7 +2,7 @@
 devices x ambient scenarios, and the real `edgerun serve` process in the loop.
 
     python bench/governor.py [--device rpi5 generic-x86 fanless-box] [--scenario cool hot sun]
-                             [--hours 6] [--seeds 3] [--profiles bench/data/inspection_profiles.json]
+                             [--hours 6] [--seeds 3] [--profiles FILE]
                              [--daemon] [--daemon-speed 300] [--record]
 
 The ladder is the bundled model's, from recorded profiles (bench/data/inspection_profiles.json,

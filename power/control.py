@@ -131,7 +131,9 @@ def governor_config(device: DeviceProfile, policy: str, control_c: float | None 
 
 def robust_trend(samples: Sequence[tuple[float, float]], t: float) -> tuple[float, float]:
     """(temperature at t, slope °C/s): least squares over `samples`, refitted once without
-    outliers. Two samples: their difference; one: no slope."""
+    outliers. The slope is shrunk by two standard errors towards 0 (a trend the noise could
+    have made is no trend: acting on it escalates on noise). Two samples: their difference;
+    one: no slope."""
     if len(samples) == 2:
         (t0, y0), (t1, y1) = samples
         return y1, (y1 - y0) / (t1 - t0) if t1 > t0 else 0.0
@@ -144,7 +146,14 @@ def robust_trend(samples: Sequence[tuple[float, float]], t: float) -> tuple[floa
     mad = float(np.median(np.abs(res - np.median(res))))
     keep = np.abs(res) <= max(3 * 1.4826 * mad, 0.05)
     if 3 <= keep.sum() < len(ys):
-        a, b = _line(ts[keep], ys[keep])
+        ts, ys = ts[keep], ys[keep]
+        a, b = _line(ts, ys)
+    n = len(ys)
+    if n > 2:
+        sxx = float(((ts - ts.mean()) ** 2).sum())
+        sse = float(((ys - (a + b * ts)) ** 2).sum())
+        se = math.sqrt(sse / (n - 2) / sxx) if sxx > 0 else 0.0
+        b = math.copysign(max(abs(b) - 2 * se, 0.0), b)
     return float(a), float(b)
 
 

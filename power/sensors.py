@@ -168,7 +168,7 @@ class EstimatedMeter:
 
     source = "estimated"
 
-    where = "model: idle_w + active_w_per_core x CPU-seconds of this process"
+    where = "model: idle_w + active_w_per_core x inference CPU-seconds (power.cputime)"
 
     def __init__(self, idle_w: float, active_w_per_core: float,
                  clock: Callable[[], float] = time.monotonic,

@@ -30,7 +30,8 @@ from power import control
 from power import energy as energy_mod
 from power.cputime import native_threads_cpu_s
 from power.device import DeviceProfile, load_profile
-from power.sensors import Reading, SensorSet, detect_meter
+from power.sensors import Reading, SensorError, SensorSet, detect_meter
+from power.thermal_source import ThermalSource, discover_thermal
 from runtime import __version__, control_store
 from runtime.backends import discover
 from runtime.config import Config, ConfigError, load
@@ -102,6 +103,7 @@ class Daemon:
         self.reading: Reading | None = None
         self.trips: dict[str, float] = {}
         self.thermal_disabled = ""  # why the thermal governor is off despite the config
+        self.thermal: ThermalSource | None = None
         self.operator_rate_hz = math.inf  # `set_rate`; governor caps come on top
         self._last_problems: tuple[str, ...] = ()
         self._live_energy: dict[str, float] = {}  # variant id -> J per inference, live
@@ -177,25 +179,39 @@ class Daemon:
         log.info("ready in %.2f s: %s", time.monotonic() - self.started, self.status_line())
 
     def _open_sensors(self, root: Path) -> None:
-        """Thermal zone (and battery, solar) through the sysfs root. A configured governor
-        whose sensor cannot be read at start-up runs disabled with a critical event and
-        health saying why: inspection goes on at full precision, the operator is told."""
+        """Thermal sensor and trips discovered on the device (power.thermal_source; trips from
+        sysfs where present, the profile's otherwise), battery and solar. A configured governor
+        whose sensor cannot be found or read at start-up runs disabled with a critical event
+        and health saying why: inspection goes on at full precision, the operator is told."""
         th = self.device.thermal
         clock = (lambda: self.sim.plant.s.t) if self.sim else time.time
-        self.sensors = SensorSet(root, th.zone if th else "",
-                                 self.device.sensors.battery or (
-                                     self.device.battery.path if self.device.battery else ""),
-                                 self.device.solar.path if self.device.solar else "", clock)
-        if th is not None:
+        battery = self.device.sensors.battery or (
+            self.device.battery.path if self.device.battery else "")
+        solar = self.device.solar.path if self.device.solar else ""
+        wanted = th is not None and self.cfg.governor.policy != "off"
+        if wanted:
+            try:
+                self.thermal = discover_thermal(root, self.device)
+                for line in self.thermal.describe():
+                    log.info("%s", line)
+            except SensorError as e:
+                self.thermal_disabled = (f"no thermal sensor found ({e}): the thermal governor "
+                                         "is off and nothing protects the device from "
+                                         "overheating")
+                log.critical("%s", self.thermal_disabled)
+        self.sensors = SensorSet(root, self.thermal.temp_file if self.thermal else "", battery,
+                                 solar, clock)
+        if self.thermal is not None:
+            self.trips = {t.type: t.temp_c for t in self.thermal.trips}
+            r = self.sensors.read()
+            if r.temp_c is None:
+                self.thermal_disabled = (
+                    f"thermal sensor {self.thermal.label} unreadable at start-up "
+                    f"({'; '.join(r.problems)}): the thermal governor is off and nothing "
+                    "protects the device from overheating")
+                log.critical("%s", self.thermal_disabled)
+        elif th is not None:
             self.trips = {t.type: t.temp_c for t in th.trips}
-        if th is None or self.cfg.governor.policy == "off":
-            return
-        r = self.sensors.read()
-        if r.temp_c is None:
-            self.thermal_disabled = (
-                f"no thermal sensor readable at start-up ({'; '.join(r.problems)}): the "
-                "thermal governor is off and the device is not protected from overheating")
-            log.critical("%s", self.thermal_disabled)
 
     def _measure_model(self, path: Path, fresh: bool = False) -> Measured:
         cfg = self.cfg
@@ -309,8 +325,12 @@ class Daemon:
         g = self.cfg.governor
         th = self.device.thermal
         gcfg = None
-        if th is not None and g.policy != "off" and not self.thermal_disabled:
-            gcfg = control.governor_config(self.device, g.policy)
+        if self.thermal is not None and g.policy != "off" and not self.thermal_disabled:
+            trips = self.thermal
+            gcfg = control.governor_config(self.device, g.policy,
+                                           control_c=trips.trip("passive").temp_c,
+                                           critical_c=trips.trip("critical").temp_c,
+                                           hyst_c=trips.trip("passive").hyst_c)
         ecfg = None
         if self.device.battery is not None and g.energy:
             b = self.device.battery

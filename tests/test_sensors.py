@@ -129,17 +129,17 @@ def trips_of(src) -> tuple[float, float, float]:
                           "meter"), [
     # Pi 5: only the critical trip and fan (active) trips in sysfs; hot/passive from profile.
     ("rpi5", "rpi5", "sys/class/thermal/thermal_zone0/temp", "thermal_zone0 (cpu-thermal)",
-     (75.0, 82.0, 90.0), "sysfs+profile", "estimated"),
+     (78.0, 82.0, 90.0), "sysfs+profile", "estimated"),
     # Intel: coretemp Package id 0 beats x86_pkg_temp (unset 0 trips) and acpitz; TjMax
     # (temp1_crit 100) is where the CPU throttles -> hot; critical keeps the profile's gap.
     ("x86-coretemp", "generic-x86", "sys/class/hwmon/hwmon2/temp1_input",
-     "hwmon2 coretemp Package id 0", (90.0, 100.0, 110.0), "sysfs+profile", "rapl"),
+     "hwmon2 coretemp Package id 0", (96.0, 100.0, 110.0), "sysfs+profile", "rapl"),
     # AMD Zen: Tctl (temp1), no limits exported -> profile trips; acpitz not chosen.
     ("x86-k10temp", "generic-x86", "sys/class/hwmon/hwmon1/temp1_input", "hwmon1 k10temp Tctl",
-     (80.0, 90.0, 100.0), "profile", "estimated"),
+     (86.0, 90.0, 100.0), "profile", "estimated"),
     # Orin Nano: tj-thermal (max of all sensors); no trips -> the profile's; INA3221 VDD_IN.
     ("jetson-orin-nano", "jetson-orin-nano", "sys/class/thermal/thermal_zone8/temp",
-     "thermal_zone8 (tj-thermal)", (80.0, 87.0, 97.0), "profile", "hwmon"),
+     "thermal_zone8 (tj-thermal)", (83.0, 87.0, 97.0), "profile", "hwmon"),
 ])
 def test_discovery_on_real_layouts(layout, profile_name, temp_file, label, trips, trips_from,
                                    meter):
@@ -404,7 +404,7 @@ def run_check(tmp_path, capsys, root: Path | str, profile="rpi5", policy="step_w
 
 @pytest.mark.parametrize(("layout", "profile_name", "lines"), [
     ("rpi5", "rpi5", ["thermal: thermal_zone0 (cpu-thermal): sys/class/thermal/thermal_zone0/temp",
-                      "trips from sysfs+profile: passive 75 °C (hyst 3), hot 82 °C (hyst 3), "
+                      "trips from sysfs+profile: passive 78 °C (hyst 3), hot 82 °C (hyst 3), "
                       "critical 90 °C (hyst 0)", "now: 51.85 °C", "power: estimated"]),
     ("x86-coretemp", "generic-x86", ["hwmon2 coretemp Package id 0", "hot 100 °C",
                                      "power: rapl: sys/class/powercap/intel-rapl/intel-rapl:0"]),
