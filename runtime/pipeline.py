@@ -40,8 +40,9 @@ from typing import Any
 import numpy as np
 
 from runtime.backends.base import Session
+from runtime.badframes import BadFrames
 from runtime.manifest import Manifest, postprocess
-from runtime.sources import Frame, Source, SourceError
+from runtime.sources import BadFrame, Frame, Source, SourceError
 
 log = logging.getLogger("edgerun.pipeline")
 
@@ -86,6 +87,7 @@ class Pipeline:
         self.busy_since: float | None = None  # set from taking a frame until its result is stored
         self.rate_cap_hz = 0.0  # 0 = no cap (governor/energy decisions set it)
         self.counters: collections.Counter = collections.Counter()
+        self.bad = BadFrames(on_event)  # refused frames by kind; rate-limited frame_bad events
         self.latencies: collections.deque = collections.deque(maxlen=2000)  # (t, ms, met)
         self.latency_target_ms = float("inf")
 
@@ -164,6 +166,7 @@ class Pipeline:
         ms = np.array([m for _, m, _ in recent]) if recent else np.array([])
         return {
             **dict(self.counters),
+            "frames_bad": self.bad.counts(),
             "rate_hz": self.rate_hz(recent),
             "latency_ms": {"p50": float(np.percentile(ms, 50)) if len(ms) else None,
                            "p95": float(np.percentile(ms, 95)) if len(ms) else None},
@@ -186,8 +189,12 @@ class Pipeline:
                     delay = min(delay * 2, 30.0)
                     continue
             t_read = time.monotonic()
+            self.bad.flush()
             try:
                 frame = self.source.read(0.5)
+            except BadFrame as e:  # one refused input; the source itself is fine
+                self.bad.record(e.kind, e.ref, e.why)
+                continue
             except SourceError as e:
                 self.source.close()
                 self.source = None
@@ -230,8 +237,7 @@ class Pipeline:
         try:
             return self._pre(frame.image, shape), shape
         except Exception as e:
-            self.counters["bad_frames"] += 1
-            log.warning("frame %s skipped: %s", frame.ref, e)
+            self.bad.record("preprocess_failed", frame.ref, str(e))
             return None
 
     def _source_failed(self, why: str, delay: float) -> None:
