@@ -69,6 +69,7 @@ class Serve:
         self.log = tmp_path / "daemon.log"
         self.outbox = tmp_path / "state" / "outbox.db"
         self._log_start = self.log.stat().st_size if self.log.exists() else 0
+        self.started_at = time.time()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "runtime.cli", "serve", "--config", str(cfg)],
             stdout=self.log.open("a"), stderr=subprocess.STDOUT,
