@@ -147,7 +147,11 @@ def _signal_storm(tmp_path: Path, cache: Path, lifetimes: int, hups: int, seed: 
     reload). Every exit must come within seconds and be clean; the outbox must be whole."""
     rng = random.Random(seed)
     cfg = write_config(tmp_path, cache)
-    good = cfg.read_text()
+    # No background re-profiling in the storm (a loaded box looks throttled): SIGTERM during
+    # one is its own case, test_sigterm_during_a_background_reprofile_exits_cleanly.
+    good = cfg.read_text().replace("[daemon]\n", "[daemon]\nslow_factor = 1000.0\n"
+                                                  "reprofile_temp_delta_c = 1000.0\n")
+    cfg.write_text(good)
     variants = [good.replace("latency_ms = 100.0", f"latency_ms = {ms}") for ms in (60, 80, 90)]
     broken = [good + "\n[governor\n", good.replace("latency_ms = 100.0", "latency_ms = -1"),
               good.encode().replace(b"[constraints]", b"[constraints]\n#\xff").decode("latin-1")]
@@ -228,6 +232,7 @@ def test_sighup_and_sigterm_at_random_moments(tmp_path, cache):
     seed = int(time.time())
     print(f"seed {seed}")  # shown on failure: rerun with it to reproduce
     c = _signal_storm(tmp_path, cache, lifetimes=4, hups=100, seed=seed)
+    print({**c, "exits_s": f"max {max(c['exits_s']):.2f}"})
     assert c["hups"] == 300 and c["startup_terms"] == 1
     assert max(c["exits_s"]) < 10, c
 
@@ -236,5 +241,28 @@ def test_sighup_and_sigterm_at_random_moments(tmp_path, cache):
 @pytest.mark.skipif(not os.environ.get("EDGERUN_SLOW"), reason="soak: set EDGERUN_SLOW=1")
 def test_signal_soak(tmp_path, cache):
     c = _signal_storm(tmp_path, cache, lifetimes=30, hups=400, seed=12345)
+    print({**c, "exits_s": f"max {max(c['exits_s']):.2f}"})
     assert c["hups"] == 20 * 400
     assert max(c["exits_s"]) < 10, c
+
+
+@pytest.mark.xfail(strict=True, reason="Daemon.stop() does not wait for the background "
+                   "reprofile thread: the interpreter exits under it and onnxruntime aborts "
+                   "(SIGABRT, 'terminate called without an active exception'); daemon.py is "
+                   "the lead's: remove this mark with the fix")
+def test_sigterm_during_a_background_reprofile_exits_cleanly(tmp_path, cache):
+    cfg = write_config(tmp_path, cache)
+    # a re-profile of ~3 s, so that the SIGTERM surely lands inside it
+    cfg.write_text(cfg.read_text().replace("time_budget_s = 0.05", "time_budget_s = 0.3"))
+    temp = tmp_path / "sysfs" / "sys/class/thermal/thermal_zone0/temp"
+    d = Serve(tmp_path, cfg)
+    try:
+        _serving(d)
+        temp.write_text("60000\n")  # 20 °C from the profiling temperature: re-profile
+        wait(lambda: "profiling in the background" in d.text(), 20, "a re-profile", d)
+        d.proc.send_signal(signal.SIGTERM)
+        assert d.proc.wait(20) == 0, d.text()[-2000:]
+    finally:
+        if d.proc.poll() is None:
+            d.proc.kill()
+            d.proc.wait()
