@@ -184,7 +184,8 @@ class FolderSource:
         # file being finished by the infer thread is never queued a second time.
         self._known: set[str] = {k for (k,) in self._db.execute("SELECT key FROM seen")}
         self._names: set[str] = set()  # names seen by this process (a replaced file with the
-        # same name is not inspected again until a restart; use done_dir for that workflow)
+        # same name is not inspected again until a restart; use done_dir for that workflow:
+        # a name moved away is forgotten, so the next file of that name is inspected)
         self._backlog: collections.deque[tuple[Path, str]] = collections.deque()
 
     def _scan(self) -> None:
@@ -242,6 +243,7 @@ class FolderSource:
         try:
             rejected.mkdir(exist_ok=True)
             path.rename(rejected / path.name)
+            self._names.discard(path.name)
         except OSError as e:
             log.warning("could not move refused %s to %s: %s; it stays, remembered as %s",
                         path, rejected, e, kind)
@@ -258,6 +260,7 @@ class FolderSource:
             if self._done_dir is not None:
                 try:
                     path.rename(self._done_dir / path.name)
+                    self._names.discard(path.name)
                 except OSError as e:
                     log.warning("could not move %s to %s: %s; remembering it instead", path,
                                 self._done_dir, e)

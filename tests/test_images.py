@@ -268,3 +268,20 @@ def test_bad_frames_counted_by_kind_and_reported_once_a_minute():
     assert got[-1]["ref"] == "late" and got[-1]["suppressed"] == 0
     assert bad.counts()["truncated"] == 101 and bad.counts()["total"] == 102
     assert all(e["type"] == "frame_bad" and e["severity"] == "warning" for e in got)
+
+
+def test_with_done_dir_a_new_file_of_a_moved_files_name_is_inspected(tmp_path):
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    cfg = SourceConfig(kind="folder", path=str(inbox), watch=False, done_dir=str(tmp_path / "d"))
+    src = FolderSource(cfg, tmp_path / "state")
+    first, second = (s.image for s in samples(seed=7, count=2))
+    for i, img in enumerate((first, second)):  # a camera that always writes "part.png"
+        cv2.imwrite(str(inbox / "part.png"), img)
+        (inbox / "bad.png").write_bytes(b"garbage")
+        os.utime(inbox / "part.png", (i, i))  # settled; a new mtime as a new file would have
+        os.utime(inbox / "bad.png", (i, i))
+        refs, refused = _drain(src)
+        assert refs == ["part.png"] and refused == {"bad.png": "undecodable"}
+        assert np.array_equal(cv2.imread(str(tmp_path / "d" / "part.png")), img)
+    src.close()
