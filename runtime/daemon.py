@@ -514,9 +514,10 @@ class Daemon:
                     self.pipeline.latency_target_ms = old.constraints.latency_ms
                 except Exception:
                     log.exception("could not rebuild the ladder of the previous config")
-            why = str(e) if isinstance(e, ConfigError | ValueError) else (
-                f"{type(e).__name__}: {e}")
-            log.error("config reload refused, still running with the previous config: %s", why)
+            expected = isinstance(e, ConfigError | ValueError)
+            why = str(e) if expected else f"{type(e).__name__}: {e}"
+            log.error("config reload refused, still running with the previous config: %s", why,
+                      exc_info=not expected)  # an unexpected one is a bug: keep its traceback
             self.event("config_reload_failed", "warning", path=str(self.config_path),
                        error=why[:500])
             return
