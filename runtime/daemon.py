@@ -579,23 +579,32 @@ class Daemon:
         self._to_top(why)
 
     def reload(self) -> None:
-        """SIGHUP: re-read the config; keep the old one (and say why) if it is invalid."""
+        """SIGHUP: re-read the config and apply constraints and governor. Any failure, of any
+        kind, is logged and reported (`config_reload_failed`) and the old config stays."""
         if self.config_path is None:
             log.warning("SIGHUP without --config: nothing to reload")
             return
+        old = self.cfg
         try:
             new = load(self.config_path)
-        except ConfigError as e:
-            log.error("config reload refused, still running with the previous config: %s", e)
-            self.event("config_reload_failed", "warning", error=str(e))
-            return
-        restart = [k for k in ("device", "model", "source", "telemetry", "simulator", "daemon",
-                               "backends", "profiler") if getattr(new, k) != getattr(self.cfg, k)]
-        try:
+            restart = [k for k in ("device", "model", "source", "telemetry", "simulator",
+                                   "daemon", "backends", "profiler")
+                       if getattr(new, k) != getattr(old, k)]
             self._set_constraints(new.constraints, "config reloaded", new.governor)
-        except ValueError as e:
-            log.error("config reload refused, still running with the previous config: %s", e)
-            self.event("config_reload_failed", "warning", error=str(e))
+        except Exception as e:  # ConfigError, NoVariantError (as ValueError), or anything else
+            if self.cfg is not old:  # failed half-way through applying: back to the old one
+                self.cfg = old
+                try:
+                    self._build_ladder()
+                    self.pipeline.latency_target_ms = old.constraints.latency_ms
+                except Exception:
+                    log.exception("could not rebuild the ladder of the previous config")
+            expected = isinstance(e, ConfigError | ValueError)
+            why = str(e) if expected else f"{type(e).__name__}: {e}"
+            log.error("config reload refused, still running with the previous config: %s", why,
+                      exc_info=not expected)  # an unexpected one is a bug: keep its traceback
+            self.event("config_reload_failed", "warning", path=str(self.config_path),
+                       error=why[:500])
             return
         log.info("config reloaded (constraints and governor applied)%s",
                  f"; changes to {', '.join(restart)} need a restart" if restart else "")

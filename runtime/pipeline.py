@@ -41,8 +41,9 @@ from typing import Any
 import numpy as np
 
 from runtime.backends.base import Session
+from runtime.badframes import BadFrames
 from runtime.manifest import Manifest, postprocess
-from runtime.sources import Frame, Source, SourceError
+from runtime.sources import BadFrame, Frame, Source, SourceError
 
 log = logging.getLogger("edgerun.pipeline")
 
@@ -89,6 +90,7 @@ class Pipeline:
         self.rate_cap_hz = math.inf
         self._infer_cpu: dict[str, tuple[int, float]] = {}  # variant -> (n, thread CPU s)
         self.counters: collections.Counter = collections.Counter()
+        self.bad = BadFrames(on_event)  # refused frames by kind; rate-limited frame_bad events
         self.latencies: collections.deque = collections.deque(maxlen=2000)  # (t, ms, met)
         self.latency_target_ms = float("inf")
 
@@ -174,6 +176,7 @@ class Pipeline:
         ms = np.array([m for _, m, _ in recent]) if recent else np.array([])
         return {
             **dict(self.counters),
+            "frames_bad": self.bad.counts(),
             "rate_hz": self.rate_hz(recent),
             "latency_ms": {"p50": float(np.percentile(ms, 50)) if len(ms) else None,
                            "p95": float(np.percentile(ms, 95)) if len(ms) else None},
@@ -199,8 +202,12 @@ class Pipeline:
                     delay = min(delay * 2, 30.0)
                     continue
             t_read = time.monotonic()
+            self.bad.flush()
             try:
                 frame = self.source.read(0.5)
+            except BadFrame as e:  # one refused input; the source itself is fine
+                self.bad.record(e.kind, e.ref, e.why)
+                continue
             except SourceError as e:
                 self.source.close()
                 self.source = None
@@ -244,8 +251,7 @@ class Pipeline:
         try:
             return self._pre(frame.image, shape), shape
         except Exception as e:
-            self.counters["bad_frames"] += 1
-            log.warning("frame %s skipped: %s", frame.ref, e)
+            self.bad.record("preprocess_failed", frame.ref, str(e))
             return None
 
     def _source_failed(self, why: str, delay: float) -> None:

@@ -8,8 +8,11 @@ runs unattended must not silently fall back to a default.
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
+import os
 import re
+import stat
 import tomllib
 import types
 import typing
@@ -23,17 +26,66 @@ class ConfigError(ValueError):
     """A config or profile file is invalid; the message says where and why."""
 
 
+MAX_FILE_BYTES = 1 << 20  # a config or profile is a few KiB; anything near this is a mistake
+
+
 def load_toml(path: Path, cls: type[T]) -> T:
-    """Read `path` and validate it into `cls` (a dataclass)."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read: {e.strerror or e}") from e
+    """Read `path` and validate it into `cls` (a dataclass). Every failure, whatever its
+    cause (unreadable, not a file, not UTF-8, not TOML, invalid values), is a ConfigError
+    naming the file and, where known, the line and key."""
+    text = read_text(path)
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{path}: not valid TOML: {e}") from e
-    return build(cls, data, source=str(path), text=text)
+        m = re.search(r"\(at line (\d+), column (\d+)\)", str(e))
+        loc = f"{path}:{m.group(1)}" if m else str(path)
+        raise ConfigError(f"{loc}: not valid TOML: {e}") from e
+    except RecursionError as e:  # tomllib recurses into nested arrays and inline tables
+        raise ConfigError(f"{path}: not valid TOML: nested too deeply") from e
+    try:
+        return build(cls, data, source=str(path), text=text)
+    except ConfigError:
+        raise
+    except Exception as e:  # whatever else a hostile file provokes is still a config error
+        raise ConfigError(f"{path}: cannot be used: {type(e).__name__}: {e}") from e
+
+
+def read_text(path: Path) -> str:
+    """The UTF-8 text of a regular file of at most MAX_FILE_BYTES; ConfigError otherwise.
+
+    Opened non-blocking and checked with fstat first, so a FIFO or a device node put in
+    place of the file (`/dev/zero`) is refused instead of hanging or filling memory.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read: {e.strerror or e}") from e
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise ConfigError(f"{path}: cannot read: it is a directory, not a file")
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(f"{path}: cannot read: not a regular file")
+        if st.st_size > MAX_FILE_BYTES:
+            raise ConfigError(f"{path}: cannot read: {st.st_size} bytes, more than the "
+                              f"{MAX_FILE_BYTES} a config may have")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(MAX_FILE_BYTES + 1)
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read: {e.strerror or e}") from e
+    finally:
+        os.close(fd)
+    if len(data) > MAX_FILE_BYTES:
+        raise ConfigError(f"{path}: cannot read: more than {MAX_FILE_BYTES} bytes")
+    if data.startswith(codecs.BOM_UTF8):  # editors on Windows add one; harmless
+        data = data[len(codecs.BOM_UTF8):]
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        col = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+        raise ConfigError(f"{path}:{line}: not UTF-8: byte {data[e.start]:#04x} at column "
+                          f"{col} (save the file as UTF-8)") from e
 
 
 def build(cls: type[T], data: dict[str, Any], source: str = "<config>", text: str = "") -> T:

@@ -24,11 +24,24 @@ from typing import Literal, Protocol
 import cv2
 import numpy as np
 
+from runtime import images
+from runtime.images import BadImage
+
 log = logging.getLogger("edgerun.source")
 
 
 class SourceError(Exception):
     """The source failed; the message says what and where."""
+
+
+class BadFrame(Exception):
+    """One input was refused (the source itself is fine): `kind` is one of
+    runtime.images.KINDS, `ref` names the file or trigger, the message says why. The pipeline
+    counts it (`frames_bad`) and reports it as a rate-limited `frame_bad` event."""
+
+    def __init__(self, ref: str, kind: str, why: str):
+        super().__init__(f"{ref}: {why}")
+        self.ref, self.kind, self.why = ref, kind, why
 
 
 @dataclass(frozen=True)
@@ -44,8 +57,12 @@ class SourceConfig:
     watch: bool = True  # folder: keep watching for new files
     done_dir: str = ""  # folder: move inspected files here (empty: remember them instead)
     topic: str = ""  # trigger: MQTT topic; payload = image bytes (PNG/JPEG) or a file path
+    # folder/trigger: images larger than this are refused from their header, before decoding
+    max_pixels: int = images.DEFAULT_MAX_PIXELS
 
     def validate(self) -> tuple[str, str] | None:
+        if self.max_pixels < 1:
+            return "max_pixels", f"must be >= 1, got {self.max_pixels}"
         if self.kind in ("folder", "capture") and not self.path:
             return "path", f"source kind {self.kind!r} needs a path"
         if self.kind == "trigger" and not self.topic:
@@ -136,8 +153,10 @@ class FolderSource:
     """Images in a directory, each inspected exactly once, even across restarts.
 
     Seen files are remembered in a small SQLite table (path + size + mtime) after their result
-    is durable; with `done_dir` they are moved there instead. A file that cannot be decoded is
-    reported, remembered as bad and skipped (it will not be retried forever).
+    is durable; with `done_dir` they are moved there instead. A file that is refused
+    (runtime/images.py: too large, truncated, corrupt, not an image, unreadable) is remembered
+    as bad with its kind, moved to `<done_dir>/rejected/` when there is a done_dir, and raised
+    as BadFrame once; it is never retried (not even after a restart: the table knows it).
     """
 
     live = False
@@ -165,9 +184,9 @@ class FolderSource:
         # file being finished by the infer thread is never queued a second time.
         self._known: set[str] = {k for (k,) in self._db.execute("SELECT key FROM seen")}
         self._names: set[str] = set()  # names seen by this process (a replaced file with the
-        # same name is not inspected again until a restart; use done_dir for that workflow)
+        # same name is not inspected again until a restart; use done_dir for that workflow:
+        # a name moved away is forgotten, so the next file of that name is inspected)
         self._backlog: collections.deque[tuple[Path, str]] = collections.deque()
-        self.bad = 0
 
     def _scan(self) -> None:
         now = time.time()
@@ -203,16 +222,31 @@ class FolderSource:
             while self._backlog:
                 p, key = self._backlog.popleft()
                 t0 = time.time()  # before decoding: end-to-end latency includes it
-                img = cv2.imread(str(p), cv2.IMREAD_COLOR)
-                if img is None:
-                    self.bad += 1
-                    self._remember([key], "unreadable")
-                    log.warning("%s: not a readable image; skipped and remembered", p)
-                    continue
+                try:
+                    img = images.decode(images.read_file(p, self._cfg.max_pixels),
+                                        self._cfg.max_pixels)
+                except BadImage as e:
+                    self._reject(p, key, e.kind)
+                    raise BadFrame(p.name, e.kind, str(e)) from e
                 return Frame(img, p.name, t=t0, done=(key, p))
             if not self._cfg.watch or time.monotonic() >= deadline:
                 return None
             time.sleep(min(0.02, max(0.0, deadline - time.monotonic())))
+
+    def _reject(self, path: Path, key: str, kind: str) -> None:
+        """Remember a refused file first (so it is never retried, even if the move fails),
+        then move it out of the way when there is a done_dir."""
+        self._remember([key], kind)
+        if self._done_dir is None:
+            return
+        rejected = self._done_dir / "rejected"
+        try:
+            rejected.mkdir(exist_ok=True)
+            path.rename(rejected / path.name)
+            self._names.discard(path.name)
+        except OSError as e:
+            log.warning("could not move refused %s to %s: %s; it stays, remembered as %s",
+                        path, rejected, e, kind)
 
     def _remember(self, keys: list[str], status: str) -> None:
         with self._lock, self._db:  # one transaction
@@ -226,6 +260,7 @@ class FolderSource:
             if self._done_dir is not None:
                 try:
                     path.rename(self._done_dir / path.name)
+                    self._names.discard(path.name)
                 except OSError as e:
                     log.warning("could not move %s to %s: %s; remembering it instead", path,
                                 self._done_dir, e)
@@ -280,6 +315,7 @@ class TriggerSource:
         from runtime.telemetry.mqtt import connect, make_client
 
         self._q: queue.Queue = queue.Queue()
+        self._cfg = cfg
         self._topic = cfg.topic
         self._client = make_client(broker, client_id, "3.1.1", clean=False)
         self._client.on_connect = lambda c, u, f, rc, p: c.subscribe(self._topic, 1)
@@ -294,22 +330,18 @@ class TriggerSource:
         self._n = 0
 
     def read(self, timeout_s: float) -> Frame | None:
-        """The next triggered image; an undecodable payload is reported and skipped."""
+        """The next triggered image; a refused payload raises BadFrame (counted, skipped)."""
         try:
             payload, _ = self._q.get(timeout=timeout_s)
         except queue.Empty:
             return None
         self._n += 1
-        data = np.frombuffer(payload, np.uint8)
-        img = cv2.imdecode(data, cv2.IMREAD_COLOR) if len(data) else None
-        if img is None and len(payload) < 4096:
-            path = Path(payload.decode(errors="replace").strip())
-            img = cv2.imread(str(path), cv2.IMREAD_COLOR) if path.is_file() else None
-        if img is None:
-            log.warning("trigger %d on %s: payload is neither an image nor a readable image "
-                        "path; skipped", self._n, self._topic)
-            return None
-        return Frame(img, f"trigger-{self._n}")
+        ref = f"trigger-{self._n}"
+        try:
+            img = decode_payload(bytes(payload), self._cfg.max_pixels)
+        except BadImage as e:
+            raise BadFrame(ref, e.kind, f"on {self._topic}: {e}") from e
+        return Frame(img, ref)
 
     def done(self, frames: list[Frame]) -> None:
         """Nothing to remember."""
@@ -318,6 +350,19 @@ class TriggerSource:
         """Stop the trigger's MQTT connection."""
         self._client.loop_stop()
         self._client.disconnect()
+
+
+def decode_payload(payload: bytes, max_pixels: int) -> np.ndarray:
+    """A trigger payload: image bytes (any format runtime/images.py checks) or, when it is not
+    one, a short UTF-8 path to an image file. BadImage when it is neither."""
+    if images.sniff(payload) is None and 0 < len(payload) < 4096:
+        try:
+            path = Path(payload.decode("utf-8").strip())
+        except UnicodeDecodeError:
+            path = None
+        if path is not None and str(path) not in ("", ".") and path.is_file():
+            return images.decode(images.read_file(path, max_pixels), max_pixels)
+    return images.decode(payload, max_pixels)
 
 
 def open_source(cfg: SourceConfig, state_dir: Path, broker=None, client_id: str = "") -> Source:

@@ -105,3 +105,49 @@ def test_unknown_device_profile():
 
     with pytest.raises(ConfigError, match="bundled profiles: .*generic-x86"):
         load_profile("no-such-board")
+
+
+# -- issue 12, finding 12: whatever the file holds, loading says what and where ---------------
+
+def test_non_utf8_byte_names_file_line_and_column(tmp_path):
+    p = tmp_path / "edgerun.toml"
+    p.write_bytes(b"[constraints]\nlatency_ms = 12\n# caf\xe9\n")
+    with pytest.raises(ConfigError) as e:
+        config.load(p)
+    assert str(e.value).startswith(f"{p}:3: not UTF-8: byte 0xe9 at column 6")
+
+
+def test_utf8_bom_is_accepted(tmp_path):
+    p = tmp_path / "edgerun.toml"
+    p.write_bytes(b"\xef\xbb\xbf[constraints]\nlatency_ms = 12\n")
+    assert config.load(p).constraints.latency_ms == 12.0
+
+
+def test_toml_error_names_the_line(tmp_path):
+    with pytest.raises(ConfigError, match=r"edgerun.toml:3: not valid TOML"):
+        config.load(write(tmp_path, "[constraints]\nlatency_ms = 12\nx = = 1\n"))
+
+
+@pytest.mark.parametrize("what", ["directory", "fifo", "device", "huge", "deep"])
+def test_files_that_are_not_configs_are_config_errors(tmp_path, what):
+    import os
+
+    p = tmp_path / "edgerun.toml"
+    if what == "directory":
+        p.mkdir()
+        match = "it is a directory"
+    elif what == "fifo":  # would block a plain open() forever
+        os.mkfifo(p)
+        match = "not a regular file"
+    elif what == "device":  # /dev/zero would fill memory with a plain read()
+        p.symlink_to("/dev/zero")
+        match = "not a regular file"
+    elif what == "huge":
+        p.write_text("# padding\n" * 200_000)
+        match = "more than the 1048576"
+    else:  # tomllib recurses into nested arrays
+        p.write_text("x = " + "[" * 50_000 + "]" * 50_000 + "\n")
+        match = "nested too deeply"
+    with pytest.raises(ConfigError, match=match) as e:
+        config.load(p)
+    assert str(e.value).startswith(str(p))

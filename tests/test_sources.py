@@ -11,7 +11,7 @@ import paho.mqtt.client as mqtt
 import pytest
 
 from models.synthetic import samples
-from runtime.sources import CaptureSource, SourceConfig, SourceError, open_source
+from runtime.sources import BadFrame, CaptureSource, SourceConfig, SourceError, open_source
 from runtime.telemetry.broker import Mosquitto
 
 
@@ -44,7 +44,10 @@ def test_trigger_source_takes_image_bytes_and_paths_and_skips_garbage(tmp_path):
             pub.publish(cfg.topic, payload, qos=1).wait_for_publish(5)
         first = _read(src)
         assert first is not None and np.array_equal(first.image, img)
-        second = _read(src)  # the garbage trigger is skipped, the path one arrives
+        with pytest.raises(BadFrame) as bad:  # the garbage trigger is refused, and says so
+            _read(src)
+        assert bad.value.kind == "undecodable" and bad.value.ref == "trigger-2"
+        second = _read(src)  # the path one arrives
         assert second is not None and np.array_equal(second.image, img)
         assert src.live is False  # triggers are never dropped as stale
         pub.loop_stop()
