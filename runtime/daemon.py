@@ -69,6 +69,10 @@ def rung_label(i: int, n: int) -> str:
     return f"{i + 1}/{n}"
 
 
+class Stopping(Exception):
+    """A stop was requested while a long step (profiling) was running."""
+
+
 class Daemon:
     """One `edgerun serve` process (see module docstring). Wires the parts and loops; the
     decisions live in power.control, the measurements in runtime.measure, the health message
@@ -115,6 +119,7 @@ class Daemon:
         self._reprofiling = threading.Lock()
         self._installs: queue.Queue = queue.Queue()
         self._last_reprofile = -math.inf
+        self._reprofile_thread: threading.Thread | None = None
 
     # -- start-up --------------------------------------------------------------------------
 
@@ -221,6 +226,8 @@ class Daemon:
             self.event("variant_refused", "critical", variant=variant, error=error)
 
         def progress(i: int, n: int, name: str) -> None:
+            if self._stop_requested:
+                raise Stopping(f"stop requested while profiling {name} ({i}/{n})")
             # A cold first start profiles every variant (minutes): keep systemd's start
             # timeout moving and say how far it got.
             self.notify.send("EXTEND_TIMEOUT_USEC=120000000",
@@ -256,13 +263,16 @@ class Daemon:
         def work() -> None:
             try:
                 self._installs.put((self._measure_model(path, fresh), why))
+            except Stopping:
+                log.info("background profiling abandoned: the daemon is stopping")
             except Exception as e:
                 log.exception("profiling %s failed; keeping the current model and profiles", path)
                 self.event("reprofile_failed", "warning", reason=why, error=str(e)[:300])
             finally:
                 self._reprofiling.release()
 
-        threading.Thread(target=work, name="reprofile", daemon=True).start()
+        self._reprofile_thread = threading.Thread(target=work, name="reprofile", daemon=True)
+        self._reprofile_thread.start()
 
     def _apply_installs(self) -> None:
         while True:
@@ -612,11 +622,16 @@ class Daemon:
 
     # -- main loop ----------------------------------------------------------------------------
 
-    def run(self) -> int:
-        """Run until SIGTERM/SIGINT; returns the exit code."""
+    def install_signal_handlers(self) -> None:
+        """SIGTERM/SIGINT stop, SIGHUP reloads; installed before start-up so a signal during
+        a long cold-start profiling is honoured, not fatal."""
         signal.signal(signal.SIGTERM, self._on_stop_signal)
         signal.signal(signal.SIGINT, self._on_stop_signal)
         signal.signal(signal.SIGHUP, self._on_reload_signal)
+
+    def run(self) -> int:
+        """Run until SIGTERM/SIGINT; returns the exit code."""
+        self.install_signal_handlers()
         # tick_s is device time: with an accelerated simulator the step runs that much more
         # often in wall time, so the trend keeps its resolution (ticks shorter than horizon).
         speed = self.cfg.simulator.speed if self.sim else 1.0
@@ -672,11 +687,21 @@ class Daemon:
                 log.error("command %s failed: %s", cmd.name, e)
                 self.event("command_failed", "warning", command=cmd.name, error=str(e)[:300])
 
+    def close_partial(self) -> None:
+        """After start-up was abandoned while profiling (nothing had started threads yet):
+        close the outbox, which keeps its data."""
+        if hasattr(self, "outbox"):
+            self.outbox.close()
+
     def stop(self) -> None:
         """Drain in-flight frames (their results are stored), say offline, close."""
         self.notify.stopping()
         log.info("stopping: draining in-flight frames")
         self.pipeline.stop()
+        if self._reprofile_thread is not None:
+            # It stops at its next variant (progress raises Stopping); an engine call that is
+            # still running when the interpreter exits aborts the process.
+            self._reprofile_thread.join(60)
         if self.sim:
             self.sim.stop()
         if self.publisher:
@@ -697,8 +722,13 @@ def serve(config_path: Path | None) -> int:
     """Entry point of `edgerun serve`."""
     cfg = load(config_path)
     daemon = Daemon(cfg, config_path)
+    daemon.install_signal_handlers()
     try:
         daemon.start()
+    except Stopping as e:
+        log.info("%s: exiting before start-up finished", e)
+        daemon.close_partial()
+        return 0
     except Exception:
         Notifier().status("start-up failed; see the journal")
         raise

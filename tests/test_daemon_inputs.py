@@ -246,10 +246,6 @@ def test_signal_soak(tmp_path, cache):
     assert max(c["exits_s"]) < 10, c
 
 
-@pytest.mark.xfail(strict=True, reason="Daemon.stop() does not wait for the background "
-                   "reprofile thread: the interpreter exits under it and onnxruntime aborts "
-                   "(SIGABRT, 'terminate called without an active exception'); daemon.py is "
-                   "the lead's: remove this mark with the fix")
 def test_sigterm_during_a_background_reprofile_exits_cleanly(tmp_path, cache):
     cfg = write_config(tmp_path, cache)
     # a re-profile of ~3 s, so that the SIGTERM surely lands inside it
