@@ -33,10 +33,9 @@ What the core owns (so the policies in power/governor.py and power/energy.py sta
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-
-import numpy as np
 
 from power import energy as energy_mod
 from power import governor as gov
@@ -133,35 +132,38 @@ def robust_trend(samples: Sequence[tuple[float, float]], t: float) -> tuple[floa
     """(temperature at t, slope °C/s): least squares over `samples`, refitted once without
     outliers. The slope is shrunk by two standard errors towards 0 (a trend the noise could
     have made is no trend: acting on it escalates on noise). Two samples: their difference;
-    one: no slope."""
+    one: no slope. Plain Python: a window holds tens of samples, where numpy's per-call cost
+    dominates (this runs every tick, and millions of times in the benches)."""
     if len(samples) == 2:
         (t0, y0), (t1, y1) = samples
         return y1, (y1 - y0) / (t1 - t0) if t1 > t0 else 0.0
     if len(samples) < 3:
         return samples[-1][1], 0.0
-    ts = np.fromiter((s[0] for s in samples), float, len(samples)) - t
-    ys = np.fromiter((s[1] for s in samples), float, len(samples))
-    a, b = _line(ts, ys)
-    res = ys - (a + b * ts)
-    mad = float(np.median(np.abs(res - np.median(res))))
-    keep = np.abs(res) <= max(3 * 1.4826 * mad, 0.05)
-    if 3 <= keep.sum() < len(ys):
-        ts, ys = ts[keep], ys[keep]
-        a, b = _line(ts, ys)
-    n = len(ys)
-    if n > 2:
-        sxx = float(((ts - ts.mean()) ** 2).sum())
-        sse = float(((ys - (a + b * ts)) ** 2).sum())
-        se = math.sqrt(sse / (n - 2) / sxx) if sxx > 0 else 0.0
-        b = math.copysign(max(abs(b) - 2 * se, 0.0), b)
-    return float(a), float(b)
+    pts = [(x - t, y) for x, y in samples]
+    a, b = _line(pts)
+    res = [y - (a + b * x) for x, y in pts]
+    med = statistics.median(res)
+    mad = statistics.median(abs(r - med) for r in res)
+    limit = max(3 * 1.4826 * mad, 0.05)
+    kept = [p for p, r in zip(pts, res, strict=True) if abs(r) <= limit]
+    if 3 <= len(kept) < len(pts):
+        pts = kept
+        a, b = _line(pts)
+    n = len(pts)
+    xm = sum(x for x, _ in pts) / n
+    sxx = sum((x - xm) ** 2 for x, _ in pts)
+    sse = sum((y - (a + b * x)) ** 2 for x, y in pts)
+    se = math.sqrt(sse / (n - 2) / sxx) if sxx > 0 else 0.0
+    return a, math.copysign(max(abs(b) - 2 * se, 0.0), b)
 
 
-def _line(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
-    xm, ym = x.mean(), y.mean()
-    var = float(((x - xm) ** 2).sum())
-    b = float(((x - xm) * (y - ym)).sum() / var) if var > 0 else 0.0
-    return float(ym - b * xm), b
+def _line(pts: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    n = len(pts)
+    xm = sum(x for x, _ in pts) / n
+    ym = sum(y for _, y in pts) / n
+    sxx = sum((x - xm) ** 2 for x, _ in pts)
+    b = sum((x - xm) * (y - ym) for x, y in pts) / sxx if sxx > 0 else 0.0
+    return ym - b * xm, b
 
 
 def _held(h: Held, value: float | None, t: float, hold_s: float) -> tuple[Held, float | None]:
