@@ -19,10 +19,10 @@ What the core owns (so the policies in power/governor.py and power/energy.py sta
 - **Budget -> rung**: the most accurate rung whose power fits (`runtime.ladder`), with the
   rung hold against flapping; the step_wise levels are recomputed from the rungs every step,
   so rungs whose energy is kept current by the running pipeline move the levels with them.
-- **Upgrade guard**: a step up is taken only if the extra power through the die-to-ambient
-  resistance (`r_total_k_per_w`, the profile's thermal model) would settle below the release
-  temperature. Without it a big gap between rungs is a limit cycle: release at 69 °C, rise at
-  35 °C/min, step down four seconds later, forever.
+- **Upgrade guard**: a step up (a richer rung or a higher rate cap) is taken only if the extra
+  power through the die-to-ambient resistance (`r_total_k_per_w`, the profile's thermal model)
+  would settle below the release temperature. Without it a big gap between rungs is a limit
+  cycle: release at 69 °C, rise at 35 °C/min, step down four seconds later, forever.
 - **Minimum duty**: a budget the cheapest rung cannot meet caps the rate at what it allows,
   but never below `min_rate_hz`. 0 W means minimum duty, never "uncapped".
 - **Physics-bounded**: at minimum duty with the die still above the control temperature for
@@ -226,28 +226,30 @@ def step(state: ControlState, r: Reading, rungs: Sequence[Rung], cfg: ControlCon
                                                 else len(rungs) - 1)
     now = min(now, len(rungs) - 1)
     proposed, fit_rate = select_for_budget(rungs, decision.budget_w, rate, now)
-    g = cfg.governor
-    reason = decision.reason
-    if (proposed > now and g is not None and temp_now is not None
-            and cfg.r_total_k_per_w is not None):
-        settle = temp_now + (rungs[now + 1].power_w(rate) - rungs[now].power_w(rate)) \
-            * cfg.r_total_k_per_w
-        if settle >= g.control_c - g.hyst_c:
-            proposed = now
-            reason = (f"{temp_now:.1f} °C; one rung up would settle near {settle:.0f} °C "
-                      f"(release below {g.control_c - g.hyst_c:g} °C): holding")
     h = hold(replace(s.hold, rung=now), proposed, t, cfg.dwell_s, cfg.max_dwell_s)
+    new_rung = h.rung if h.rung is not None else now
     cap = min(decision.rate_cap_hz, fit_rate if fit_rate < rate else math.inf)
     if math.isfinite(cap):
         cap = max(cap, cfg.min_rate_hz)  # minimum duty, never "uncapped" and never below it
-    cap = min(cap, operator_rate_hz)
-    s = replace(s, hold=h)
-    act = (h.rung if h.rung is not None else now, cap)
+    g = cfg.governor
+    reason = decision.reason
+    if (s.actuation is not None and g is not None and temp_now is not None
+            and cfg.r_total_k_per_w is not None):
+        old_rung, old_cap = s.actuation
+        extra = (rungs[new_rung].power_w(min(rate, cap))
+                 - rungs[min(old_rung, len(rungs) - 1)].power_w(min(rate, old_cap)))
+        settle = temp_now + extra * cfg.r_total_k_per_w
+        if extra > 0 and settle >= g.control_c - g.hyst_c:
+            new_rung, cap, h = min(old_rung, len(rungs) - 1), old_cap, replace(s.hold, rung=now)
+            reason = (f"{temp_now:.1f} °C; {extra:.2f} W more would settle near {settle:.0f} °C "
+                      f"(release below {g.control_c - g.hyst_c:g} °C): holding")
+    act = (new_rung, cap)
     if s.actuation is not None and act != s.actuation:  # a new regime: restart the trend
         s = replace(s, samples=s.samples[-1:])
-    s = replace(s, actuation=act)
+    s = replace(s, hold=h, actuation=act)
+    cap = min(cap, operator_rate_hz)
     # -- physics-bounded: minimum duty and still above the control temperature ----------------
-    at_bottom = h.rung == 0 and cap <= cfg.min_rate_hz * 1.001
+    at_bottom = new_rung == 0 and cap <= cfg.min_rate_hz * 1.001
     if g is not None and temp_now is not None and at_bottom and temp_now >= g.control_c:
         since = s.bottom_since if s.bottom_since is not None else t
         s = replace(s, bottom_since=since)
@@ -263,5 +265,5 @@ def step(state: ControlState, r: Reading, rungs: Sequence[Rung], cfg: ControlCon
             events.append(ControlEvent("physics_bounded_cleared", "info",
                                        "the die is back under control"))
         s = replace(s, bottom_since=None, bounded=False)
-    return s, Output(h.rung if h.rung is not None else now, cap, decision.budget_w,
-                     decision.level, reason, temp_now, slope * 60, tuple(events))
+    return s, Output(new_rung, cap, decision.budget_w, decision.level, reason, temp_now,
+                     slope * 60, tuple(events))

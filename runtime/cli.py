@@ -360,9 +360,10 @@ def build_parser() -> argparse.ArgumentParser:
                         description=cmd_demo.__doc__)
     de.add_argument("--duration", type=float, default=0.0, help="seconds (default: until ^C)")
     de.add_argument("--device", default="rpi5", help="simulated device profile")
-    de.add_argument("--scenario", default="sun", choices=("cool", "warm", "hot", "sun"))
-    de.add_argument("--speed", type=float, default=300.0, help="simulated seconds per second")
-    de.add_argument("--start-hour", type=float, default=9.0, help="simulated time of day")
+    de.add_argument("--scenario", default="cabinet",
+                    choices=("cool", "warm", "hot", "sun", "cabinet"))
+    de.add_argument("--speed", type=float, default=480.0, help="simulated seconds per second")
+    de.add_argument("--start-hour", type=float, default=10.0, help="simulated time of day")
     de.add_argument("--rate", type=float, default=100.0, help="conveyor frames per second")
     de.set_defaults(func=cmd_demo)
 

@@ -128,16 +128,17 @@ class GovernorSection:
 
     policy: Literal["step_wise", "power_allocator", "off"] = "step_wise"
     tick_s: float = 1.0
-    rate_hz: float = 10.0  # the inference rate rung powers are computed at
+    rate_hz: float = 10.0  # the rate frames are offered at; rung powers are computed at it
+    # (0 = as fast as the top rung can run: a folder backlog, a free-running camera)
     energy: bool = True  # battery devices: also run the energy-neutral budget
     min_rate_hz: float = 0.2  # minimum duty when no rung fits the budget (0 = pause capture)
     hold_invalid_s: float = 30.0  # an invalid reading holds the last valid one this long
     dwell_s: float = 60.0  # an upgrade waits this long (doubles when undone, up to 900 s)
 
     def validate(self) -> tuple[str, str] | None:
-        if self.tick_s <= 0 or self.rate_hz <= 0:
-            return "tick_s", "tick_s and rate_hz must be > 0"
-        if not 0 <= self.min_rate_hz <= self.rate_hz:
+        if self.tick_s <= 0 or self.rate_hz < 0:
+            return "tick_s", "tick_s must be > 0 and rate_hz >= 0"
+        if self.min_rate_hz < 0 or (self.rate_hz and self.min_rate_hz > self.rate_hz):
             return "min_rate_hz", f"must be within 0..rate_hz, got {self.min_rate_hz}"
         if self.hold_invalid_s < 0 or self.dwell_s < 0:
             return "hold_invalid_s", "hold_invalid_s and dwell_s must be >= 0"
@@ -149,7 +150,7 @@ class SimulatorConfig:
     """Run the device simulator in-process: it writes the sysfs tree the sensors read."""
 
     enabled: bool = False
-    scenario: Literal["cool", "warm", "hot", "sun"] = "sun"
+    scenario: Literal["cool", "warm", "hot", "sun", "cabinet"] = "sun"
     speed: float = 1.0  # simulated seconds per real second
     start_hour: float = 9.0  # simulated time of day at start
     root: str = ""  # where to write the tree; empty = <state_dir>/sim-sysfs

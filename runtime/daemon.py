@@ -347,7 +347,8 @@ class Daemon:
             ecfg = energy_mod.EnergyConfig(b.capacity_wh, self.device.power.idle_w, math.inf,
                                            b.reserve_frac, b.charge_efficiency)
         self.ccfg = control.ControlConfig(
-            governor=gcfg, energy=ecfg, rate_hz=g.rate_hz, min_rate_hz=g.min_rate_hz,
+            governor=gcfg, energy=ecfg, rate_hz=g.rate_hz or self.rungs[-1].max_rate_hz(),
+            min_rate_hz=g.min_rate_hz,
             hold_invalid_s=g.hold_invalid_s, dwell_s=g.dwell_s,
             r_total_k_per_w=(th.model.r_die_case + th.model.r_case_amb) if th else None)
 
@@ -384,7 +385,8 @@ class Daemon:
 
     def offered_rate_hz(self) -> float:
         """The rate the control loop plans for, under the caps now in force."""
-        return min(self.cfg.governor.rate_hz, self.pipeline.rate_cap_hz)
+        assert self.ccfg is not None
+        return min(self.ccfg.rate_hz, self.pipeline.rate_cap_hz)
 
     def _sim_load(self) -> tuple[Rung | None, float]:
         """The rung running and the rate it is offered (what the simulated device heats
@@ -455,10 +457,11 @@ class Daemon:
         """Keep the running rung's energy per inference current: the inference threads' CPU
         time (power.cputime) per inference, converted at the joules per CPU-second its profile
         measured. Frozen while profiling (the profiler's work would be billed to it) and when
-        replaying recorded profiles (simulations must repeat)."""
+        simulating (this host's pipeline is not the simulated device: its rungs keep the
+        profiles' CPU time scaled by the device profile)."""
         native = native_threads_cpu_s()
         d_native, self._native_cpu = max(native - self._native_cpu, 0.0), native
-        if self._reprofiling.locked() or (self.sim and self.cfg.simulator.profiles):
+        if self._reprofiling.locked() or self.sim:
             self.pipeline.take_infer_cpu()
             return
         for vid, (n, cpu) in self.pipeline.take_infer_cpu().items():
@@ -470,14 +473,9 @@ class Daemon:
                 continue
             del self._live_acc[vid]
             p = self.by_id[vid]
-            per_inf = cpu / n
-            if self.sim:
-                joules = per_inf * self.device.power.perf_scale * \
-                    self.device.power.active_w_per_core
-            else:
-                j_per_cpu = (p.energy_mj / p.cpu_ms) if p.cpu_ms and p.energy_mj > 0 else \
-                    self.device.power.active_w_per_core
-                joules = per_inf * j_per_cpu
+            j_per_cpu = (p.energy_mj / p.cpu_ms) if p.cpu_ms and p.energy_mj > 0 else \
+                self.device.power.active_w_per_core
+            joules = cpu / n * j_per_cpu
             old = self._live_energy.get(vid)
             self._live_energy[vid] = joules if old is None else (
                 LIVE_ALPHA * joules + (1 - LIVE_ALPHA) * old)

@@ -70,8 +70,8 @@ rate_hz = {rate}
 
 [governor]
 policy = "step_wise"
-tick_s = 0.25
-rate_hz = {rate}
+tick_s = 2.0
+rate_hz = 0                    # the simulated camera offers frames as fast as the top rung runs
 
 [simulator]
 enabled = true
@@ -201,12 +201,12 @@ def live_line(view: dict, stored: int) -> str:
     return (f"{_clock(sim.get('t'))} amb {sim.get('ambient_c', float('nan')):5.1f}°C  "
             f"die {temp if temp is not None else float('nan'):5.1f}°C (trip {trip or 0:.0f})  "
             f"rung {h.get('rung', 0)}/{h.get('rungs', 0)} {h.get('choice', '-'):<44} "
-            f"acc {h.get('accuracy', 0):.3f}  {rate:5.1f}/s  p95 "
+            f"acc {h.get('accuracy', 0):.3f}  {h.get('power_w') or 0:4.2f} W  {rate:5.1f}/s  p95 "
             f"{lat.get('p95') or 0:6.2f} ms  stored {stored}")
 
 
-def run(duration_s: float = 0.0, device: str = "rpi5", scenario: str = "sun",
-        speed: float = 300.0, start_hour: float = 9.0, rate: float = 100.0,
+def run(duration_s: float = 0.0, device: str = "rpi5", scenario: str = "cabinet",
+        speed: float = 480.0, start_hour: float = 10.0, rate: float = 100.0,
         workdir: Path | None = None) -> int:
     """Run the demo until Ctrl-C (or `duration_s` when > 0)."""
     tmp = None
@@ -227,11 +227,10 @@ def run(duration_s: float = 0.0, device: str = "rpi5", scenario: str = "sun",
           flush=True)
     generate_keypair(state / "command.pem", state / "command.pub")
     cfg_path = workdir / "edgerun.toml"
-    cfg_path.write_text(DEMO_CONFIG.format(device=device, state=state, rate=rate,
-                                           scenario=scenario, speed=speed, start_hour=start_hour,
-                                           port=broker.port, username=device_login.username,
-                                           password_file=device_login.password_file).replace(f"{state}/profiles",
-                                                                     str(cache)))
+    cfg_path.write_text(DEMO_CONFIG.format(
+        device=device, state=state, rate=rate, scenario=scenario, speed=speed,
+        start_hour=start_hour, port=broker.port, username=device_login.username,
+        password_file=device_login.password_file).replace(f"{state}/profiles", str(cache)))
     coord = Coordinator(CoordinatorConfig(
         fleet="demo", broker=coord_login,
         store=str(state / "coordinator.db"), signing_key=str(state / "command.pem"),
@@ -244,7 +243,13 @@ def run(duration_s: float = 0.0, device: str = "rpi5", scenario: str = "sun",
     print(f"coordinator API: {url}/api/v1/fleet (try: edgerun fleet --api {url} --token-file "
           f"{state / 'api-token'} ls)", flush=True)
     daemon_log = workdir / "daemon.log"
-    print(f"daemon: edgerun serve --config {cfg_path} (log: {daemon_log})", flush=True)
+    kept_log = (Path("~/.cache/edgerun/demo").expanduser()
+                / time.strftime("daemon-%Y%m%d-%H%M%S.log"))
+    print(f"daemon: edgerun serve --config {cfg_path} (log: {daemon_log}; kept afterwards as "
+          f"{kept_log})", flush=True)
+    print(f"simulated {device}, scenario {scenario}, {speed:g}x from {start_hour:g}:00: the "
+          "simulated camera offers frames as fast as the top rung runs on all cores; the live "
+          "view's frames/s is this host's real pipeline", flush=True)
     print("first run profiles every variant of the bundled model (cached afterwards)...",
           flush=True)
     daemon = subprocess.Popen([sys.executable, "-m", "runtime.cli", "serve", "--config",
@@ -268,9 +273,11 @@ def run(duration_s: float = 0.0, device: str = "rpi5", scenario: str = "sun",
                 events = coord.store.events("demo-box", 200)
                 for ev in reversed(events[: max(0, len(events) - seen_events)]):
                     if ev["type"] == "rung_changed":
-                        print(f"  rung changed: {ev['from'].split('@')[0]} -> "
-                              f"{ev['to'].split('@')[0]} ({ev.get('reason', '')})", flush=True)
-                    elif ev["type"] in ("governor", "sensor_invalid", "reprofile"):
+                        print(f"  rung -> {ev.get('rung')}/{ev.get('rungs')}: "
+                              f"{ev['from'].split('@')[0]} -> {ev['to'].split('@')[0]} "
+                              f"({ev.get('reason', '')})", flush=True)
+                    elif ev["type"] in ("governor", "sensor_invalid", "sensor_hold", "reprofile",
+                                        "physics_bounded", "governor_disabled"):
                         detail = ev.get("detail") or ev.get("reason") or ev.get("problems")
                         print(f"  {ev['type']}: {detail}", flush=True)
                 seen_events = len(events)
@@ -292,6 +299,10 @@ def run(duration_s: float = 0.0, device: str = "rpi5", scenario: str = "sun",
         api.shutdown()
         coord.stop()
         broker.stop()
+        with contextlib.suppress(OSError):
+            kept_log.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(daemon_log, kept_log)
+            print(f"daemon log: {kept_log}", flush=True)
         if tmp is not None:
             if code:
                 print(f"(kept {workdir} for inspection)")
