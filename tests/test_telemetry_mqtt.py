@@ -30,6 +30,7 @@ def broker(tmp_path):
 
 
 def _coordinator(tmp_path, port, **kw) -> Coordinator:
+    kw.setdefault("device_keys", str(tmp_path / "keys"))
     cfg = CoordinatorConfig(fleet="test", broker=BrokerConfig(host="127.0.0.1", port=port,
                                                               keepalive_s=5),
                             store=str(tmp_path / "coord.db"), **kw)
@@ -43,6 +44,11 @@ class Device:
     """tests/device_proc.py as a child process."""
 
     def __init__(self, tmp_path, port, total, **kw):
+        # The device's reply-signing key (the publisher's default path, next to its outbox)
+        # and its public half where the coordinator looks (coordinator.device_keys).
+        if not (tmp_path / "device.key").exists():
+            (tmp_path / "keys").mkdir(exist_ok=True)
+            commands.generate_keypair(tmp_path / "device.key", tmp_path / "keys" / "dev1.pub")
         self.args = [sys.executable, DEVICE_PROC, "--outbox", str(tmp_path / "dev.db"),
                      "--port", str(port), "--total", str(total)]
         for k, v in kw.items():

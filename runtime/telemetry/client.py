@@ -3,35 +3,58 @@
 paho is not thread-safe (REFERENCE.md), so every paho call — connect, loop, publish,
 subscribe, and the callbacks paho makes — happens on the `mqtt` thread this class starts.
 Other threads talk to it only through the outbox (results, health, events), the command
-queue (verified commands out) and `request_rebirth()` (a flag).
+queue (verified commands out) and `request_rebirth()` (a flag). Every paho callback contains
+its own exceptions: a message that cannot be handled is quarantined (counted in
+`stats.quarantined`, logged once per kind per minute), never raised into paho's loop.
 
 Delivery: results leave the outbox only when the coordinator's `ack` covers their seq; a
-broker PUBACK only frees the in-flight slot in paho. Unacked results are re-sent after
-`ack_timeout_s` without ack progress (doubling up to 8x while nothing moves) and after every
-reconnect. Health and events are removed on PUBACK (the latest N are kept while offline).
+broker PUBACK only frees the in-flight slot in paho. An ack is believed only when it is for
+this outbox's stream, starts (`from`) at or below the lowest seq still held, and does not go
+beyond the highest seq this process has sent; anything else is refused, counted and reported
+as an event (a spoofed ack must not delete results the coordinator never stored). Unacked
+results are re-sent after `ack_timeout_s` without ack progress (doubling up to 8x while nothing
+moves) and after every reconnect. Health and events are removed on PUBACK (the latest N are
+kept while offline).
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
-import json
+import functools
 import logging
 import queue
 import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import paho.mqtt.client as mqtt
 
-from runtime.telemetry import commands, payloads
+from runtime.telemetry import commands, payloads, safejson
 from runtime.telemetry.config import TelemetryConfig
 from runtime.telemetry.mqtt import Backoff, ProtocolProbe, connect, make_client
 from runtime.telemetry.outbox import Outbox
+from runtime.telemetry.quarantine import RateLimitedLog
 
 log = logging.getLogger("edgerun.mqtt")
+
+_TAKEN_OVER = 142  # MQTT 5 DISCONNECT reason: another client connected with our client id
+
+
+def _contained(fn: Callable) -> Callable:
+    """A paho callback that never raises into paho's loop (a raise there ends the thread):
+    the failure is counted as a quarantined message and logged (rate-limited)."""
+    @functools.wraps(fn)
+    def wrapper(self: Publisher, *args: Any) -> None:
+        try:
+            fn(self, *args)
+        except Exception as e:
+            self._quarantine(fn.__name__, f"{type(e).__name__}: {e}")
+    return wrapper
 
 
 def device_id(cfg: TelemetryConfig) -> str:
@@ -53,8 +76,11 @@ class PublisherStats:
     acked_seq: int = 0
     commands_ok: int = 0
     commands_refused: int = 0
-    malformed: int = 0
+    quarantined: int = 0  # inbound messages refused: malformed, invalid, or failing to handle
+    acks_refused: int = 0  # acks for another stream, from above our floor, or beyond our sends
+    takeovers: int = 0  # the broker closed our session for another client with our id
     protocol: str = ""
+    client_id: str = ""
     last_error: str = ""
 
 
@@ -63,14 +89,27 @@ class Publisher:
 
     def __init__(self, cfg: TelemetryConfig, outbox: Outbox,
                  birth: Callable[[], dict[str, Any]] | None = None,
-                 command_queue: queue.Queue | None = None):
+                 command_queue: queue.Queue | None = None, state_dir: Path | None = None):
         self.cfg = cfg
         self.outbox = outbox
         self.device = device_id(cfg)
         self.commands: queue.Queue = command_queue or queue.Queue(maxsize=100)
         self.stats = PublisherStats()
         self._birth = birth or (lambda: {})
-        self._trusted = commands.load_public_keys(cfg.trusted_keys)
+        try:
+            self._trusted = commands.load_public_keys(cfg.trusted_keys)
+        except ValueError as e:
+            raise ValueError(f"telemetry.trusted_keys: {e}") from e
+        key_dir = state_dir if state_dir is not None else outbox.path.parent
+        try:  # signs every command reply, so the coordinator can tell ours from forgeries
+            self._key = commands.device_key(cfg.device_key, Path(key_dir) / "device.key")
+        except (OSError, ValueError) as e:
+            raise ValueError(f"telemetry.device_key: {e}") from e
+        self.stats.client_id = f"edgerun-{cfg.fleet}-{self.device}-{outbox.boot[:8]}"
+        self._rlog = RateLimitedLog(log)
+        self._event_last: dict[str, float] = {}
+        self._disconnects: collections.deque = collections.deque(maxlen=3)
+        self._max_sent = 0  # highest result seq handed to paho by this process (any connection)
         self._topic = {k: payloads.topic(cfg.fleet, self.device, k) for k in payloads.KINDS}
         self._stop = threading.Event()
         self._rebirth = threading.Event()
@@ -95,6 +134,12 @@ class Publisher:
         """Start the MQTT thread (it connects in the background and keeps reconnecting)."""
         self._thread = threading.Thread(target=self._run, name="mqtt", daemon=True)
         self._thread.start()
+
+    def health(self) -> dict[str, Any]:
+        """The `mqtt` section of the device's health (every field typed in the schema)."""
+        s = asdict(self.stats)
+        s.pop("last_error")
+        return s
 
     def request_rebirth(self) -> None:
         """Re-publish the retained birth (e.g. after the model or choice changed)."""
@@ -142,8 +187,10 @@ class Publisher:
     def _try_connect(self) -> bool:
         b = self.cfg.broker
         try:
-            client = make_client(b, f"edgerun-{self.cfg.fleet}-{self.device}",
-                                 self._proto.current)
+            # Per-boot client id: a restarted daemon never collides with its own old session
+            # (whose will the broker publishes in its own time), and a collision means someone
+            # else took our id, which on_disconnect reports.
+            client = make_client(b, self.stats.client_id, self._proto.current)
             client.max_inflight_messages_set(100)  # our own window bounds results
             will = {"v": payloads.VERSION, "online": False, "boot": self.outbox.boot,
                     "t": time.time(), "reason": "connection lost"}
@@ -178,6 +225,7 @@ class Publisher:
         else:
             self._proto.failed()
 
+    @_contained
     def _on_connect(self, client, userdata, flags, reason_code, properties) -> None:
         if reason_code.is_failure:
             log.error("broker refused the connection: %s", reason_code)
@@ -194,12 +242,29 @@ class Publisher:
         log.info("connected to %s:%d (MQTT %s) as %s/%s", self.cfg.broker.host,
                  self.cfg.broker.port, self._proto.current, self.cfg.fleet, self.device)
 
+    @_contained
     def _on_disconnect(self, client, userdata, flags, reason_code, properties) -> None:
         if client is self._client and self.stats.connected:
             self.stats.connected = False
             self._client = None
             if not self._stop.is_set():
                 log.warning("disconnected from the broker (%s); reconnecting", reason_code)
+                self._unexpected_disconnect(reason_code)
+
+    def _unexpected_disconnect(self, reason_code: Any) -> None:
+        """A takeover (MQTT 5 says so; 3.1.1 only drops us, so repeated drops count too)
+        is an event: someone else is using this device's client id or credentials."""
+        now = time.monotonic()
+        self._disconnects.append(now)
+        taken = getattr(reason_code, "value", None) == _TAKEN_OVER
+        flapping = len(self._disconnects) == 3 and now - self._disconnects[0] < 60
+        if taken or flapping:
+            self.stats.takeovers += 1
+            why = ("the broker handed our session to another client with our client id"
+                   if taken else "3 unexpected disconnects within 60 s")
+            self._event("mqtt_takeover", "critical", f"{why} ({self.stats.client_id}); "
+                        "another client may be using this device's identity",
+                        client_id=self.stats.client_id, reason=str(reason_code))
 
     def _publish_birth(self, client: mqtt.Client) -> None:
         birth = {"v": payloads.VERSION, "online": True, "boot": self.outbox.boot, "t": time.time(),
@@ -241,6 +306,7 @@ class Publisher:
             if self._sent_upto == self._acked:
                 self._last_progress = now  # the ack clock starts with the first unacked send
             self._sent_upto = batch[-1].seq
+            self._max_sent = max(self._max_sent, self._sent_upto)
             self.stats.published_results += len(batch)
         others = self.outbox.others(64)
         for rowid, kind, body in others:
@@ -252,34 +318,74 @@ class Publisher:
         if drained and len(others) < 64:
             self._seen_changes = changes
 
+    @_contained
     def _on_publish(self, client, userdata, mid, reason_code, properties) -> None:
         rowid = self._other_mids.pop(mid, None)
         if rowid is not None:
             self.outbox.remove([rowid])
 
+    @_contained
     def _on_message(self, client, userdata, msg: mqtt.MQTTMessage) -> None:
         if msg.topic == self._topic["ack"]:
             self._on_ack(msg.payload)
         elif msg.topic == self._topic["cmd"]:
             self._on_command(client, msg.payload)
+        else:
+            self._quarantine("topic", f"a message on {msg.topic[:200]!r}, which we never "
+                             "subscribed to")
+
+    def _quarantine(self, kind: str, reason: str) -> None:
+        """Count a refused inbound message and log it (once per kind per minute)."""
+        self.stats.quarantined += 1
+        self._rlog.log(kind, "quarantined a %s message: %s", kind, reason[:300])
+
+    def _event(self, type_: str, severity: str, text: str, **fields: Any) -> None:
+        """An event for the operator (outbox -> coordinator), at most one per type a minute."""
+        now = time.monotonic()
+        if now - self._event_last.get(type_, -1e18) < 60:
+            return
+        self._event_last[type_] = now
+        log.warning("%s", text)
+        with contextlib.suppress(Exception):  # the outbox failing is not this message's fault
+            self.outbox.put("event", {"v": payloads.VERSION, "t": time.time(), "type": type_,
+                                      "severity": severity, "detail": text, **fields})
 
     def _on_ack(self, raw: bytes) -> None:
         try:
             ack = payloads.decode("ack", raw)
         except payloads.PayloadError as e:
-            self.stats.malformed += 1
-            log.warning("ignored a malformed ack: %s", e)
+            self._quarantine("ack", str(e))
             return
+        if ack["stream"] == self.outbox.stream and ack["seq"] <= self._acked:
+            return  # a late or repeated ack: nothing new
+        why, suspicious = None, True
         if ack["stream"] != self.outbox.stream:
-            return  # an ack for a previous outbox (wiped database): nothing of ours
-        if ack["seq"] > self._acked:
-            self._seen_changes = -1  # the window opened: look at the outbox again
-            self.outbox.ack(ack["seq"])
-            self._acked = ack["seq"]
-            self._sent_upto = max(self._sent_upto, self._acked)
-            self._last_progress = time.monotonic()
-            self._timeout_scale = 1
-            self.stats.acked_seq = self._acked
+            # Also what a wiped outbox sees for its previous stream: counted, not an event.
+            why, suspicious = (f"for stream {ack['stream']!r}, ours is "
+                               f"{self.outbox.stream!r}"), False
+        elif ack["seq"] > self._max_sent:
+            # Acks for what an earlier process sent arrive after a restart: counted; an ack
+            # beyond anything ever appended can only be forged.
+            why = f"for seq {ack['seq']}, beyond the highest we sent ({self._max_sent})"
+            suspicious = ack["seq"] > self.outbox.last_seq()
+        elif ack["from"] > self.outbox.floor():
+            # The coordinator vouches for [from, seq]; we would delete everything <= seq.
+            why = (f"covering only seq {ack['from']}..{ack['seq']}, but we still hold "
+                   f"seq {self.outbox.floor()}")
+        if why is not None:
+            self.stats.acks_refused += 1
+            self._quarantine("ack", f"refused an ack {why}")
+            if suspicious:
+                self._event("ack_refused", "warning", f"refused an ack {why}; nothing was "
+                            "deleted", stream=ack["stream"], seq=ack["seq"])
+            return
+        self._seen_changes = -1  # the window opened: look at the outbox again
+        self.outbox.ack(ack["seq"])
+        self._acked = ack["seq"]
+        self._sent_upto = max(self._sent_upto, self._acked)
+        self._last_progress = time.monotonic()
+        self._timeout_scale = 1
+        self.stats.acked_seq = self._acked
 
     def _on_command(self, client: mqtt.Client, raw: bytes) -> None:
         cmd_id = None
@@ -287,10 +393,11 @@ class Publisher:
             env = payloads.decode("cmd", raw, max_bytes=self.cfg.max_command_bytes)
             cmd_id = env["id"]
             cmd = commands.verify(env, self.device, self._trusted, time.time(),
-                                  self.cfg.clock_skew_s, self.outbox.remember_command)
+                                  self.cfg.clock_skew_s, self.outbox.remember_command,
+                                  self.outbox.commands_not_before)
         except (payloads.PayloadError, commands.CommandRefused) as e:
             if isinstance(e, payloads.PayloadError):
-                self.stats.malformed += 1
+                self._quarantine("cmd", str(e))
                 cmd_id = cmd_id or _peek_id(raw)
             self.stats.commands_refused += 1
             log.warning("refused a command (id %s): %s", cmd_id, e)
@@ -314,9 +421,10 @@ class Publisher:
     def _reply(self, client: mqtt.Client, cmd_id: str | None, ok: bool, status: str,
                reason: str, data: Any = None) -> None:
         reply = {"v": payloads.VERSION, "id": cmd_id, "ok": ok, "status": status,
-                 "reason": reason, "t": time.time()}
+                 "reason": reason[:4000], "t": time.time(), "device": self.device}
         if data is not None:
             reply["data"] = data
+        reply = commands.sign_reply(self._key, reply)
         client.publish(self._topic["cmd/reply"], payloads.encode("cmd/reply", reply), qos=1)
 
     def _shutdown(self) -> None:
@@ -340,7 +448,7 @@ class Publisher:
 def _peek_id(raw: bytes) -> str | None:
     """The `id` of an invalid command when one can be read, so the reply can name it."""
     try:
-        value = json.loads(raw).get("id")
+        value = safejson.loads(raw, max_bytes=64 << 10).get("id")
     except (ValueError, AttributeError):
         return None
     return value if isinstance(value, str) and len(value) <= 64 else None
