@@ -21,6 +21,7 @@ from runtime.coordinator.service import Coordinator
 from runtime.coordinator.store import Inbound, Store
 from runtime.telemetry import commands, payloads, safejson
 from runtime.telemetry.broker import Mosquitto
+from runtime.telemetry.config import BrokerConfig
 
 # -- parser and schemas -----------------------------------------------------------------------
 
@@ -329,7 +330,7 @@ def test_hostile_messages_are_quarantined_and_ingest_goes_on(tmp_path, broker):
     _wait(lambda: _held(tmp_path) == 0, 20, "outbox drained")
     row = next(r for r in coord.fleet_view() if r["device"] == "dev1")
     assert row["quarantined"] >= 6 and row["status"] == "online"
-    assert all(th.is_alive() for th in coord._threads)
+    assert all(coord.threads_alive().values())
     # The real device dies: its will wins over the forged future state.
     dev.kill9()
     _wait(lambda: coord.views["dev1"].status == "offline", 10, "death seen")
@@ -372,3 +373,34 @@ def test_forged_command_replies_are_quarantined_not_reported(tmp_path, broker):
     assert reply["status"] == "unverified" and reply["device_status"] == "done"
     dev.term()
     coord.stop()
+
+
+def test_a_takeover_of_the_client_id_is_an_event(tmp_path, broker):
+    """Finding 5 (the part on the wire): fixed client ids let anyone kick a device off
+    silently. Ids carry the boot now, and a takeover is counted and reported."""
+    from runtime.telemetry.client import Publisher
+    from runtime.telemetry.config import OutboxConfig, TelemetryConfig
+    from runtime.telemetry.outbox import Outbox
+
+    cfg = TelemetryConfig(fleet="test", device="dev9", broker=BrokerConfig(
+        host="127.0.0.1", port=broker.port), outbox=OutboxConfig(path=str(tmp_path / "o.db")))
+    outbox = Outbox(cfg.outbox)
+    pub = Publisher(cfg, outbox)
+    pub.start()
+    _wait(lambda: pub.stats.connected, 10, "connected")
+    assert pub.stats.client_id.endswith(outbox.boot[:8])
+    watcher = Outsider(broker.port)
+    watcher.sub(payloads.topic("test", "dev9", "event"))
+    thief = mqtt.Client(callback_api_version=mqtt.CallbackAPIVersion.VERSION2,
+                        client_id=pub.stats.client_id, protocol=mqtt.MQTTv5)
+    thief.connect("127.0.0.1", broker.port)
+    thief.loop_start()
+    _wait(lambda: pub.stats.takeovers == 1, 10, "the takeover noticed")
+    thief.loop_stop()
+    _wait(lambda: any(json.loads(b)["type"] == "mqtt_takeover" for _, b in watcher.got), 15,
+          "the takeover event, delivered once the device is back")
+    watcher.close()
+    payloads.check("health", {"v": 1, "t": 1.0, "boot": outbox.boot, "mqtt": pub.health()})
+    assert pub.alive()
+    pub.stop()
+    outbox.close()

@@ -36,7 +36,7 @@ from runtime.coordinator.config import CoordinatorConfig
 from runtime.coordinator.store import Inbound, Store
 from runtime.telemetry import commands, payloads
 from runtime.telemetry.config import check_name
-from runtime.telemetry.mqtt import Backoff, ProtocolProbe, connect, make_client
+from runtime.telemetry.mqtt import Connection
 from runtime.telemetry.quarantine import RateLimitedLog
 
 log = logging.getLogger("edgerun.coordinator")
@@ -66,12 +66,17 @@ class Coordinator:
         self._device_keys: dict[str, tuple[float, Any]] = {}  # device -> (mtime, key or None)
         self.views: dict[str, fleet.DeviceView] = self._restore_views()
         self._inbox: queue.Queue = queue.Queue(maxsize=50_000)
-        self._to_publish: queue.Queue = queue.Queue()
         self._waiters: dict[str, tuple[threading.Event, list]] = {}
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self.connected = threading.Event()
-        self._proto = ProtocolProbe(cfg.broker.protocol)
+        # Persistent session (fixed id, clean off, MQTT 5 expiry): the broker queues for us
+        # while we restart. A takeover of that id is logged and counted.
+        self._conn = Connection(
+            cfg.broker, cfg.client_id, name="mqtt", subscriptions=self._filters(),
+            on_message=self._on_message, on_connected=self._on_connected,
+            on_takeover=self._on_takeover, clean=False,
+            session_expiry_s=cfg.session_expiry_s, max_inflight=200)
+        self.connected = self._conn.subscribed  # set once subscribed: nothing is missed
         self.counters: collections.Counter = collections.Counter()
         self.health_age_s: collections.deque = collections.deque(maxlen=20_000)
 
@@ -107,17 +112,26 @@ class Coordinator:
 
     def start(self) -> None:
         """Start the MQTT and ingest threads."""
-        for name, target in (("mqtt", self._mqtt_loop), ("ingest", self._ingest_loop)):
-            t = threading.Thread(target=target, name=name, daemon=True)
-            t.start()
-            self._threads.append(t)
+        self._conn.start()
+        t = threading.Thread(target=self._ingest_loop, name="ingest", daemon=True)
+        t.start()
+        self._threads.append(t)
 
     def stop(self) -> None:
         """Stop the threads (stored data is already committed) and close the store."""
         self._stop.set()
+        self._conn.stop()
         for t in self._threads:
             t.join(5)
         self.store.close()
+
+    def threads_alive(self) -> dict[str, bool]:
+        """Whether each of the coordinator's threads runs (for tests and stats)."""
+        return {"mqtt": self._conn.alive(), **{t.name: t.is_alive() for t in self._threads}}
+
+    def _on_takeover(self, why: str) -> None:
+        self.counters["takeovers"] += 1
+        log.error("coordinator MQTT session: %s", why)
 
     # -- MQTT thread ---------------------------------------------------------------------------
 
@@ -131,62 +145,12 @@ class Coordinator:
             out.append((f"$share/{self.cfg.share_group}/{base}" if shared else base, 1))
         return out
 
-    def _mqtt_loop(self) -> None:
-        backoff = Backoff()
-        while not self._stop.is_set():
-            protocol = self._proto.current
-            client = make_client(self.cfg.broker, self.cfg.client_id, protocol, clean=False)
-            client.max_inflight_messages_set(200)
-            client.on_connect = self._on_connect
-            client.on_message = self._on_message
-            client.on_subscribe = lambda *a: self.connected.set()
-            try:
-                connect(client, self.cfg.broker, protocol, clean=False,
-                        session_expiry_s=self.cfg.session_expiry_s)
-            except (OSError, ValueError) as e:
-                self.counters["connect_failures"] += 1
-                if backoff.attempts % 10 == 0:
-                    log.warning("broker %s:%d unreachable (%s); retrying", self.cfg.broker.host,
-                                self.cfg.broker.port, e)
-                self._proto.failed()
-                self._stop.wait(backoff.next_delay())
-                continue
-            started = time.monotonic()
-            while not self._stop.is_set():
-                if client.loop(timeout=0.01) != mqtt.MQTT_ERR_SUCCESS:
-                    break
-                if not self.connected.is_set() and time.monotonic() - started > 10:
-                    break
-                self._publish_queued(client)
-            if self.connected.is_set() and not self._stop.is_set():
-                log.warning("lost the broker; reconnecting (the broker keeps our session)")
-                backoff.reset()
-            else:
-                self._proto.failed()
-            self.connected.clear()
-            with contextlib.suppress(Exception):
-                client.disconnect()
-            if not self._stop.is_set():
-                self._stop.wait(backoff.next_delay())
-
-    def _on_connect(self, client, userdata, flags, reason_code, properties) -> None:
-        try:
-            self._connected(client, reason_code)
-        except Exception as e:  # never into paho's loop
-            log.exception("handling CONNACK failed: %s", e)
-
-    def _connected(self, client, reason_code) -> None:
-        if reason_code.is_failure:
-            log.error("broker refused the coordinator: %s", reason_code)
-            return
-        self.counters["connects"] += 1
-        self._proto.succeeded()
-        client.subscribe(self._filters())  # `connected` is set at SUBACK: then nothing is missed
+    def _on_connected(self, client: mqtt.Client) -> None:
         log.info("coordinator connected to %s:%d, fleet %s%s", self.cfg.broker.host,
                  self.cfg.broker.port, self.cfg.fleet,
                  f", shared group {self.cfg.share_group}" if self.cfg.share_group else "")
 
-    def _on_message(self, client, userdata, msg: mqtt.MQTTMessage) -> None:
+    def _on_message(self, client: mqtt.Client, msg: mqtt.MQTTMessage) -> None:
         try:
             self._inbox.put((msg.topic, msg.payload, time.time()), timeout=1.0)
         except queue.Full:
@@ -195,14 +159,6 @@ class Coordinator:
         except Exception as e:  # e.g. a topic paho could not decode; never into paho's loop
             self.counters["receive_errors"] += 1
             self._rlog.log("receive", "could not take a message off the wire: %s", e)
-
-    def _publish_queued(self, client: mqtt.Client) -> None:
-        while True:
-            try:
-                topic, body = self._to_publish.get_nowait()
-            except queue.Empty:
-                return
-            client.publish(topic, body, qos=1)
 
     # -- ingest thread -------------------------------------------------------------------------
 
@@ -226,12 +182,17 @@ class Coordinator:
                 if self.cfg.ingest_delay_s:
                     time.sleep(self.cfg.ingest_delay_s)
             now = time.time()
-            if now - last_refresh >= 1.0:
-                last_refresh = now
-                self._refresh(now)
-            if now - last_prune >= 3600:
-                last_prune = now
-                self.store.prune(self.cfg.keep_health_s, self.cfg.keep_events_s)
+            try:  # housekeeping failing must not end ingest either
+                if now - last_refresh >= 1.0:
+                    last_refresh = now
+                    self._refresh(now)
+                if now - last_prune >= 3600:
+                    last_prune = now
+                    self.store.prune(self.cfg.keep_health_s, self.cfg.keep_events_s)
+            except Exception as e:
+                self.counters["housekeeping_errors"] += 1
+                self._rlog.log("housekeeping", "fleet refresh or store pruning failed: %s", e,
+                               level=logging.ERROR)
 
     def _ingest(self, batch: list[tuple[str, bytes, float]]) -> None:
         inbound: list[Inbound] = []
@@ -265,7 +226,7 @@ class Coordinator:
             for ack in per_floor:
                 body = payloads.encode("ack", {"v": payloads.VERSION, "stream": ack.stream,
                                                "seq": ack.seq, "from": ack.first})
-                self._to_publish.put((payloads.topic(self.cfg.fleet, device, "ack"), body))
+                self._conn.publish(payloads.topic(self.cfg.fleet, device, "ack"), body)
         self.counters["results_stored_msgs"] += sum(
             1 for i, m in enumerate(inbound) if m.kind == "result" and i not in refused_idx)
         with self._views_lock:
@@ -410,7 +371,8 @@ class Coordinator:
         return {"counters": dict(self.counters), "inbox": self._inbox.qsize(),
                 "quarantined": {"total": sum(q.values()), "by_device": q},
                 "health_age_s": {"p50": pct(0.5), "p99": pct(0.99), "n": len(ages)},
-                "connected": self.connected.is_set()}
+                "connected": self.connected.is_set(), "threads": self.threads_alive(),
+                "mqtt": asdict(self._conn.stats)}
 
     def send_command(self, device: str, name: str, args: dict[str, Any] | None = None,
                      ttl_s: float = 60.0, wait_s: float = 10.0) -> dict[str, Any] | None:
@@ -429,8 +391,8 @@ class Coordinator:
         event, box = threading.Event(), []
         self._waiters[env["id"]] = (event, box)
         try:
-            self._to_publish.put((payloads.topic(self.cfg.fleet, device, "cmd"),
-                                  payloads.encode("cmd", env)))
+            self._conn.publish(payloads.topic(self.cfg.fleet, device, "cmd"),
+                               payloads.encode("cmd", env))
             event.wait(wait_s)
         finally:
             self._waiters.pop(env["id"], None)
