@@ -404,3 +404,18 @@ def test_a_takeover_of_the_client_id_is_an_event(tmp_path, broker):
     assert pub.alive()
     pub.stop()
     outbox.close()
+
+
+def test_quarantine_log_is_one_line_per_kind_per_minute(caplog):
+    import logging
+
+    from runtime.telemetry.quarantine import RateLimitedLog
+
+    rl = RateLimitedLog(logging.getLogger("t.rl"), every_s=60)
+    with caplog.at_level(logging.WARNING, logger="t.rl"):
+        written = [rl.log("ack", "bad ack %d", i) for i in range(1000)]
+        rl.log("cmd", "bad cmd")
+    assert written.count(True) == 1 and len(caplog.records) == 2
+    rl.every_s = 0  # a minute later: the next line says how many were suppressed
+    rl.log("ack", "bad ack")
+    assert "999 more like it" in caplog.records[-1].getMessage()

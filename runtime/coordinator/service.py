@@ -90,7 +90,7 @@ class Coordinator:
         for device, state in self.store.states().items():
             try:
                 payloads.check("state", state)
-                v = fleet.on_state(fleet.DeviceView(device), state, min(state["t"], now))
+                v = fleet.on_state(fleet.DeviceView(device), state, now)
                 h = health.get(device)
                 if h is not None:
                     try:

@@ -66,8 +66,11 @@ class Sidecar:
             self.seen = {k: v for k, v in self.seen.items() if v >= now}
             if command_id in self.seen:
                 return False
-            if len(self.seen) >= MAX_IDS:
-                return False  # refuse rather than forget: forgetting would allow replays
+            if len(self.seen) >= MAX_IDS:  # refuse rather than forget: forgetting allows replays
+                from runtime.telemetry.commands import CommandRefused
+
+                raise CommandRefused(f"{MAX_IDS} unexpired command ids are remembered already; "
+                                     "refused rather than forgetting one (send shorter TTLs)")
             self.seen[command_id] = expires
             self._write()
             return True
