@@ -97,6 +97,7 @@ class Publisher:
         self._max_sent = 0  # highest result seq handed to paho by this process (any connection)
         self._topic = {k: payloads.topic(cfg.fleet, self.device, k) for k in payloads.KINDS}
         self._rebirth = threading.Event()
+        self._refusals = _Bucket(rate_hz=10, burst=20)  # replies to refused commands
         self._reset_cursors()
         self._conn = Connection(
             cfg.broker, self._stats.client_id, name="mqtt",
@@ -303,8 +304,9 @@ class Publisher:
                 self._quarantine("cmd", str(e))
                 cmd_id = cmd_id or _peek_id(raw)
             self._stats.commands_refused += 1
-            log.warning("refused a command (id %s): %s", cmd_id, e)
-            self._reply(client, cmd_id, False, "refused", str(e))
+            self._rlog.log("cmd-refused", "refused a command (id %s): %s", cmd_id, e)
+            if self._refusals.take():  # a flood of bad commands is not answered in kind
+                self._reply(client, cmd_id, False, "refused", str(e))
             return
         self._stats.commands_ok += 1
         if cmd.name == "ping":
@@ -329,6 +331,23 @@ class Publisher:
             reply["data"] = data
         reply = commands.sign_reply(self._key, reply)
         client.publish(self._topic["cmd/reply"], payloads.encode("cmd/reply", reply), qos=1)
+
+
+class _Bucket:
+    """Token bucket: `take()` is True at most `burst` times at once, `rate_hz` on average."""
+
+    def __init__(self, rate_hz: float, burst: int):
+        self.rate_hz, self.burst = rate_hz, burst
+        self._tokens, self._t = float(burst), time.monotonic()
+
+    def take(self) -> bool:
+        now = time.monotonic()
+        self._tokens = min(self.burst, self._tokens + (now - self._t) * self.rate_hz)
+        self._t = now
+        if self._tokens < 1:
+            return False
+        self._tokens -= 1
+        return True
 
 
 def _peek_id(raw: bytes) -> str | None:
