@@ -419,3 +419,37 @@ def test_quarantine_log_is_one_line_per_kind_per_minute(caplog):
     rl.every_s = 0  # a minute later: the next line says how many were suppressed
     rl.log("ack", "bad ack")
     assert "999 more like it" in caplog.records[-1].getMessage()
+
+
+def test_connection_contains_every_callback_failure(tmp_path, broker):
+    """One connection class for the publisher, the coordinator and the trigger source: a
+    handler that raises costs that message, never the thread."""
+    from runtime.telemetry.mqtt import Connection
+
+    errors: list[tuple[str, str]] = []
+    got: list[bytes] = []
+
+    def handler(client, msg):
+        if msg.payload.startswith(b"bad"):
+            raise RecursionError("as json.loads would on 8 KB of [")
+        got.append(msg.payload)
+
+    conn = Connection(BrokerConfig(host="127.0.0.1", port=broker.port), "contain-test",
+                      name="test-mqtt", subscriptions=[("x/y", 1)], on_message=handler,
+                      on_error=lambda what, why: errors.append((what, why)),
+                      on_tick=lambda c: None).start()
+    assert conn.subscribed.wait(10)
+    out = Outsider(broker.port)
+    for i in range(5):
+        out.pub("x/y", b"bad %d" % i)
+    out.pub("x/y", b"good")
+    _wait(lambda: got == [b"good"], 10, "the good message after five bad ones")
+    assert conn.alive() and conn.stats.callback_errors == 5
+    assert errors[0][0] == "message" and "RecursionError" in errors[0][1]
+    conn.publish("x/z", b"queued from another thread")  # published by the connection's thread
+    out.sub("x/z")
+    conn.publish("x/z", b"hello")
+    _wait(lambda: any(p == b"hello" for _, p in out.got), 10, "a queued publish")
+    out.close()
+    conn.stop()
+    assert not conn.alive()
