@@ -212,11 +212,22 @@ class Publisher:
         for rowid, kind, body in others:
             if rowid <= self._other_cursor:
                 continue
+            self._check_own(kind, body)
             info = client.publish(self._topic[kind], body.encode(), qos=1)
             self._other_mids[info.mid] = rowid
             self._other_cursor = rowid
         if drained and len(others) < 64:
             self._seen_changes = changes
+
+    def _check_own(self, kind: str, body: str) -> None:
+        """Our own health/event failing its schema is a bug the coordinator would quarantine
+        silently from here: say so in this log (once a minute), then send it anyway."""
+        try:
+            payloads.check(kind, safejson.loads(body))
+        except (payloads.PayloadError, safejson.JsonRejected) as e:
+            self._rlog.log(f"own-{kind}", "this device's own %s does not match its schema (%s); "
+                           "the coordinator will quarantine it: declare the field in "
+                           "runtime/telemetry/payloads.py", kind, e, level=logging.ERROR)
 
     def _on_publish(self, mid: int) -> None:
         rowid = self._other_mids.pop(mid, None)
