@@ -155,9 +155,10 @@ class Daemon:
         self.device_id = device_id(cfg.telemetry)
         if cfg.telemetry.broker.host:  # made now so a bad key file fails before profiling
             try:
-                self.publisher = Publisher(cfg.telemetry, self.outbox, self._birth)
-            except ValueError as e:  # an unreadable trusted key file
-                raise ConfigError(f"telemetry.trusted_keys: {e}") from e
+                self.publisher = Publisher(cfg.telemetry, self.outbox, self._birth,
+                                           state_dir=self.state_dir)
+            except ValueError as e:  # an unreadable trusted key or device key file
+                raise ConfigError(str(e)) from e
         model_path = Path(cfg.model.path) if cfg.model.path else _bundled_model()
         # Engines are discovered once per process: re-creating them (a second ov.Core while the
         # first is torn down) was seen to leave the process crashing on its next signal.

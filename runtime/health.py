@@ -59,9 +59,7 @@ def health(d: Daemon) -> dict[str, Any]:
     }
     h["slo"] = h["pipeline"].pop("slo")
     if d.publisher:
-        s = d.publisher.stats
-        h["mqtt"] = {"connected": s.connected, "acked_seq": s.acked_seq,
-                     "resends": s.resends, "commands_refused": s.commands_refused}
+        h["mqtt"] = d.publisher.health()
     if d.sim:
         h["simulated"] = d.sim.report()
     return h

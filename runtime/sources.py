@@ -312,21 +312,19 @@ class TriggerSource:
     live = False
 
     def __init__(self, cfg: SourceConfig, broker, client_id: str):
-        from runtime.telemetry.mqtt import connect, make_client
+        from runtime.telemetry.mqtt import Connection
 
         self._q: queue.Queue = queue.Queue()
         self._cfg = cfg
         self._topic = cfg.topic
-        self._client = make_client(broker, client_id, "3.1.1", clean=False)
-        self._client.on_connect = lambda c, u, f, rc, p: c.subscribe(self._topic, 1)
-        self._client.on_message = lambda c, u, m: self._q.put((m.payload, m.mid))
-        self._client.reconnect_delay_set(1, 30)
-        try:
-            connect(self._client, broker, "3.1.1", clean=False)
-        except OSError as e:
-            raise SourceError(f"trigger: cannot reach the broker {broker.host}:{broker.port}: "
-                              f"{e}") from e
-        self._client.loop_start()  # a dedicated paho thread owns this client
+        # The shared connection thread (backoff, protocol probe, exception containment); a
+        # fixed client id with a persistent session, so triggers sent while the daemon
+        # restarts are queued by the broker.
+        self._conn = Connection(
+            broker, client_id, name="trigger-mqtt", subscriptions=[(self._topic, 1)],
+            on_message=lambda c, m: self._q.put((m.payload, m.mid)), clean=False,
+            session_expiry_s=7 * 24 * 3600,
+            on_takeover=lambda why: log.error("trigger source: %s", why)).start()
         self._n = 0
 
     def read(self, timeout_s: float) -> Frame | None:
@@ -348,8 +346,7 @@ class TriggerSource:
 
     def close(self) -> None:
         """Stop the trigger's MQTT connection."""
-        self._client.loop_stop()
-        self._client.disconnect()
+        self._conn.stop()
 
 
 def decode_payload(payload: bytes, max_pixels: int) -> np.ndarray:

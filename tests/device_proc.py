@@ -8,6 +8,7 @@ each verified command it receives. SIGTERM stops it cleanly (offline state, then
 from __future__ import annotations
 
 import argparse
+import json
 import signal
 import sys
 import threading
@@ -33,6 +34,7 @@ def main() -> None:
     ap.add_argument("--trusted-key", action="append", default=[])
     ap.add_argument("--username", default="")
     ap.add_argument("--password-file", default="")
+    ap.add_argument("--stats", default="", help="write publisher stats + live threads here")
     a = ap.parse_args()
 
     cfg = TelemetryConfig(fleet="test", device=a.device,
@@ -56,6 +58,17 @@ def main() -> None:
             print(f"cmd {cmd.name}", flush=True)
 
     threading.Thread(target=commands, daemon=True).start()
+
+    def stats() -> None:  # what the fuzz test reads: counters and which threads are alive
+        while not stop.is_set():
+            tmp = Path(a.stats + ".tmp")
+            tmp.write_text(json.dumps({"mqtt": pub.health(), "threads": sorted(
+                t.name for t in threading.enumerate())}))
+            tmp.replace(a.stats)
+            stop.wait(0.25)
+
+    if a.stats:
+        threading.Thread(target=stats, name="stats", daemon=True).start()
     seq = outbox.last_seq()
     while not stop.is_set() and seq < a.total:
         seq = outbox.append({"t": time.time(), "label": "ok", "score": 0.5})

@@ -287,7 +287,7 @@ def test_choose_model_command_switches_in_the_background(tmp_path, broker, profi
     generate_keypair(tmp_path / "k.pem", tmp_path / "k.pub")
     coord = Coordinator(CoordinatorConfig(fleet="sys", broker=broker.coordinator("sys"),
         store=str(tmp_path / "coord.db"),
-        signing_key=str(tmp_path / "k.pem")))
+        signing_key=str(tmp_path / "k.pem"), device_keys=str(tmp_path / "keys")))
     coord.start()
     cfg = write_config(tmp_path, broker, profile_cache,
                        extra=f'[model]\npath = "{root / "inspection"}"\n')
@@ -296,6 +296,9 @@ def test_choose_model_command_switches_in_the_background(tmp_path, broker, profi
     d = Serve(tmp_path, cfg)
     try:
         wait(lambda: coord.store.counts().get("box1", 0) >= 10, 120, "results", d)
+        # the daemon made its reply-signing key at first start; enrol its public half
+        (tmp_path / "keys").mkdir()
+        shutil.copy(tmp_path / "state" / "device.pub", tmp_path / "keys" / "box1.pub")
         assert coord.send_command("box1", "set_rate", {"fps": 5})["ok"]
         time.sleep(2.0)  # several governor ticks: the operator's cap must survive them
         wait(lambda: coord.views["box1"].health.get("rate_cap_hz") == 5.0, 10, "rate cap", d)

@@ -8,6 +8,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -36,7 +37,7 @@ def test_pending_carries_seq_and_ack_drops_prefix(tmp_path):
     box.append_many([{"i": i} for i in range(5)])
     pend = box.pending(0, 3)
     assert [p.seq for p in pend] == [1, 2, 3]
-    assert pend[0].json == '{"seq":1,"i":0}'
+    assert pend[0].json == f'{{"seq":1,"i":0,"boot":"{box.boot}"}}'  # the producing boot
     assert box.ack(2) == 2
     assert box.floor() == 3
     assert [p.seq for p in box.pending(0, 10)] == [3, 4, 5]
@@ -91,6 +92,42 @@ def test_corrupt_file_is_moved_aside_not_fatal(tmp_path):
     event = box.take_startup_event()
     assert event and event["type"] == "outbox_corrupt"
     assert any(p.name.startswith("o.db.corrupt-") for p in tmp_path.iterdir())
+
+
+def test_replay_record_and_evicted_total_survive_a_corrupt_outbox(tmp_path):
+    """Finding 15: a corrupt outbox moved aside must not reset replay protection or the
+    eviction counter."""
+    path = tmp_path / "o.db"
+    box = Outbox(OutboxConfig(path=str(path), max_bytes=65536))
+    for _ in range(100):
+        box.append({"pad": "x" * 1000})
+    evicted = box.evicted_total
+    assert evicted > 0
+    assert box.remember_command("captured-cmd-1", time.time() + 3600)
+    box.close()
+    for suffix in ("", "-wal", "-shm"):
+        Path(str(path) + suffix).unlink(missing_ok=True)
+    path.write_bytes(b"this is not sqlite" * 100)
+    box = Outbox(OutboxConfig(path=str(path), max_bytes=65536))
+    assert box.take_startup_event()["type"] == "outbox_corrupt"
+    assert not box.remember_command("captured-cmd-1", time.time() + 3600)  # still a replay
+    assert box.evicted_total == evicted and box.stats()["evicted_total"] == evicted
+    assert box.commands_not_before == 0.0  # nothing was lost: no horizon
+    box.close()
+
+
+def test_lost_replay_record_refuses_commands_issued_before(tmp_path):
+    path = tmp_path / "o.db"
+    box = Outbox(OutboxConfig(path=str(path)))
+    box.remember_command("captured-cmd-1", time.time() + 3600)
+    box.close()
+    Path(str(path) + ".keep.json").write_text("{not json")
+    t0 = time.time()
+    box = Outbox(OutboxConfig(path=str(path)))
+    assert box.take_startup_event()["type"] == "replay_record_lost"
+    assert box.commands_not_before >= t0  # the captured command was issued before: refused
+    box.close()
+    assert Outbox(OutboxConfig(path=str(path))).commands_not_before == box.commands_not_before
 
 
 _WRITER = """

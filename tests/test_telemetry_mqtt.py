@@ -29,6 +29,7 @@ def broker(tmp_path):
 
 
 def _coordinator(tmp_path, broker: Mosquitto, **kw) -> Coordinator:
+    kw.setdefault("device_keys", str(tmp_path / "keys"))
     creds = broker.coordinator("test", kw.get("client_id", "coordinator"), keepalive_s=5)
     cfg = CoordinatorConfig(fleet="test", broker=creds,
                             store=str(tmp_path / "coord.db"), **kw)
@@ -43,6 +44,11 @@ class Device:
 
     def __init__(self, tmp_path, broker: Mosquitto, total, **kw):
         creds = broker.device("test", kw.get("device", "dev1"))
+        # The device's reply-signing key (the publisher's default path, next to its outbox)
+        # and its public half where the coordinator looks (coordinator.device_keys).
+        if not (tmp_path / "device.key").exists():
+            (tmp_path / "keys").mkdir(exist_ok=True)
+            commands.generate_keypair(tmp_path / "device.key", tmp_path / "keys" / "dev1.pub")
         self.args = [sys.executable, DEVICE_PROC, "--outbox", str(tmp_path / "dev.db"),
                      "--port", str(broker.port), "--total", str(total),
                      "--username", creds.username, "--password-file", creds.password_file]

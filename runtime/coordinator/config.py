@@ -20,7 +20,10 @@ class CoordinatorConfig:
     store: str = "~/.local/state/edgerun/coordinator.db"
     fsync: Literal["full", "normal"] = "normal"
     signing_key: str = ""  # Ed25519 private key (PEM) for `fleet send`; empty = cannot command
-    device_keys: str = ""  # directory of devices' public keys `<device>.pub` (fleet enroll)
+    # Directory of `<device>.pub` (Ed25519, PEM or raw): a command reply counts only when it is
+    # signed by its device's key; empty = no reply can be verified (commands report unverified).
+    device_keys: str = ""
+    future_skew_s: float = 300.0  # state/health stamped further ahead than this is refused
     http_host: str = "127.0.0.1"
     http_port: int = 8787  # 0 = pick a free port (tests)
     api_token_file: str = ""  # empty = `api-token` next to the store; made 0600 at first start

@@ -6,11 +6,16 @@ Status per device:
 - `offline` its state says offline (will message or clean stop), or silent past `offline_after_s`
   (a broker partition can hide the will).
 Alerts are derived from the latest health and the fleet's versions; each is a short code plus
-a sentence for the operator.
+a sentence for the operator (critical ones say so first: `governor_disabled`).
+
+State timestamps are the device's clock, so the coordinator refuses states stamped further
+ahead than its own clock plus a skew (service.py) before they reach `on_state`: a forged
+`{online: true, t: 9e15}` would otherwise outrank every later will.
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -65,7 +70,9 @@ def on_activity(view: DeviceView, now: float, health: Mapping[str, Any] | None =
     """A result, event or health message arrived: the device is alive."""
     new = replace(view, last_seen=max(view.last_seen, now))
     if health is not None:
-        new = replace(new, health=health, choice=health.get("choice", view.choice))
+        choice = health.get("choice")
+        new = replace(new, health=health,
+                      choice=choice if isinstance(choice, str) else view.choice)
     if not new.online:
         # Traffic after a death message: the birth was lost or is still in flight.
         new = replace(new, online=True)
@@ -84,36 +91,64 @@ def tick(view: DeviceView, now: float, cfg: FleetConfig) -> DeviceView:
 
 def majority_version(views: Iterable[DeviceView]) -> str | None:
     """The edgerun version most devices run (None when no device reported one)."""
-    counts = Counter(str(v.versions.get("edgerun")) for v in views if v.versions.get("edgerun"))
+    counts = Counter(str(v.versions.get("edgerun")) for v in views
+                     if isinstance(v.versions, Mapping) and v.versions.get("edgerun"))
     return counts.most_common(1)[0][0] if counts else None
+
+
+def _num(h: Mapping[str, Any], *path: str) -> float | None:
+    """A number at `path` in a health message, or None when absent or not a number (a bool or
+    a string where a number belongs never reaches arithmetic or formatting)."""
+    node: Any = h
+    for key in path:
+        if not isinstance(node, Mapping):
+            return None
+        node = node.get(key)
+    if isinstance(node, bool) or not isinstance(node, int | float):
+        return None
+    return float(node) if math.isfinite(node) else None
+
+
+def _get(h: Mapping[str, Any], *path: str) -> Any:
+    node: Any = h
+    for key in path:
+        if not isinstance(node, Mapping):
+            return None
+        node = node.get(key)
+    return node
 
 
 def alerts(view: DeviceView, cfg: FleetConfig, fleet_version: str | None
            ) -> tuple[tuple[str, str], ...]:
-    """Alerts for one device from its latest health and the fleet's majority version."""
+    """Alerts for one device from its latest health and the fleet's majority version.
+
+    Reads typed fields only (the health schema is enforced on arrival, and these reads check
+    types again, so a stored or restored message of any shape cannot raise here)."""
     out: list[tuple[str, str]] = []
-    h = view.health
+    h = view.health if isinstance(view.health, Mapping) else {}
+    if _get(h, "governor", "enabled") is False:
+        why = _get(h, "governor", "disabled_reason")
+        out.append(("governor_disabled", "critical: thermal governor disabled"
+                    + (f": {why[:200]}" if isinstance(why, str) and why else "")
+                    + " (nothing steps the model down before the device overheats)"))
     if view.status != "online":
         out.append((view.status, f"device is {view.status} (last seen {view.last_seen:.0f})"))
-    temp, trip = h.get("temp_c"), h.get("passive_trip_c")
-    if h.get("throttled"):
+    temp, trip = _num(h, "temp_c"), _num(h, "passive_trip_c")
+    if h.get("throttled") is True:
         out.append(("throttled", "the device reports thermal throttling"))
-    elif isinstance(temp, int | float) and isinstance(trip, int | float) and (
-            temp >= trip - cfg.temp_margin_c):
+    elif temp is not None and trip is not None and temp >= trip - cfg.temp_margin_c:
         out.append(("hot", f"{temp:.1f} °C is within {cfg.temp_margin_c:.0f} °C of the "
                            f"{trip:.0f} °C trip"))
-    slo = h.get("slo", {})
-    if isinstance(slo, Mapping) and isinstance(slo.get("compliance"), int | float) and (
-            slo["compliance"] < cfg.slo_alert):
-        out.append(("slo", f"latency SLO met by {slo['compliance']:.1%} of inferences"))
-    backlog = h.get("backlog", {})
-    if isinstance(backlog, Mapping):
-        if backlog.get("results_held", 0) > cfg.backlog_alert:
-            out.append(("backlog", f"{backlog['results_held']} results waiting on the device"))
-        if backlog.get("evicted_total", 0) > 0:
-            out.append(("evicted", f"the device evicted {backlog['evicted_total']} unacked "
-                                   "results (outbox full)"))
-    version = view.versions.get("edgerun")
+    compliance = _num(h, "slo", "compliance")
+    if compliance is not None and compliance < cfg.slo_alert:
+        out.append(("slo", f"latency SLO met by {compliance:.1%} of inferences"))
+    held, evicted = _num(h, "backlog", "results_held"), _num(h, "backlog", "evicted_total")
+    if held is not None and held > cfg.backlog_alert:
+        out.append(("backlog", f"{held:.0f} results waiting on the device"))
+    if evicted is not None and evicted > 0:
+        out.append(("evicted", f"the device evicted {evicted:.0f} unacked results "
+                               "(outbox full)"))
+    version = view.versions.get("edgerun") if isinstance(view.versions, Mapping) else None
     if fleet_version and version and str(version) != fleet_version:
         out.append(("version", f"runs edgerun {version}, most of the fleet runs {fleet_version}"))
     return tuple(out)

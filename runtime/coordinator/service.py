@@ -8,6 +8,12 @@ serves the JSON API. The fleet view is updated with the pure functions of `fleet
 The MQTT session is persistent (fixed client id, clean session off, MQTT 5 session expiry), so
 the broker queues fleet traffic while the coordinator restarts; past the broker's queue limit
 it drops, and the devices re-send what was never acked.
+
+Trust boundary: every inbound message is admitted one at a time (topic, size- and
+depth-limited JSON, schema, timestamps not ahead of our clock, reply signatures); whatever
+fails, including an unexpected exception while handling it, is quarantined — a row in the
+store's `quarantine` table (device, topic, reason, size, time), a per-device count in the
+fleet view (`quarantined`), a line in the log once per kind per minute — and the loop goes on.
 """
 
 from __future__ import annotations
@@ -15,19 +21,23 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
+import os
 import queue
 import threading
 import time
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 import paho.mqtt.client as mqtt
 
 from runtime.coordinator import fleet
 from runtime.coordinator.config import CoordinatorConfig
-from runtime.coordinator.store import Store
+from runtime.coordinator.store import Inbound, Store
 from runtime.telemetry import commands, payloads
-from runtime.telemetry.mqtt import Backoff, ProtocolProbe, connect, make_client
+from runtime.telemetry.config import check_name
+from runtime.telemetry.mqtt import Connection
+from runtime.telemetry.quarantine import RateLimitedLog
 
 log = logging.getLogger("edgerun.coordinator")
 
@@ -36,6 +46,10 @@ _INBOUND = ("state", "result", "health", "event", "cmd/reply")
 
 class UnknownDevice(KeyError):
     """A command was addressed to a device the coordinator has never heard from."""
+
+
+class Refused(Exception):
+    """An inbound message is not admitted; the text is the quarantine reason."""
 
 
 class Coordinator:
@@ -48,34 +62,58 @@ class Coordinator:
         self.store = Store(cfg.store, cfg.fsync)
         self._key = commands.load_private_key(cfg.signing_key) if cfg.signing_key else None
         self._views_lock = threading.Lock()
+        self._rlog = RateLimitedLog(log)
+        self._device_keys: dict[str, tuple[float, Any]] = {}  # device -> (mtime, key or None)
         self.views: dict[str, fleet.DeviceView] = self._restore_views()
         self._inbox: queue.Queue = queue.Queue(maxsize=50_000)
-        self._to_publish: queue.Queue = queue.Queue()
         self._waiters: dict[str, tuple[threading.Event, list]] = {}
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self.connected = threading.Event()
-        self._proto = ProtocolProbe(cfg.broker.protocol)
+        # Persistent session (fixed id, clean off, MQTT 5 expiry): the broker queues for us
+        # while we restart. A takeover of that id is logged and counted.
+        self._conn = Connection(
+            cfg.broker, cfg.client_id, name="mqtt", subscriptions=self._filters(),
+            on_message=self._on_message, on_connected=self._on_connected,
+            on_takeover=self._on_takeover, clean=False,
+            session_expiry_s=cfg.session_expiry_s, max_inflight=200)
+        self.connected = self._conn.subscribed  # set once subscribed: nothing is missed
         self.counters: collections.Counter = collections.Counter()
         self.health_age_s: collections.deque = collections.deque(maxlen=20_000)
 
     def _restore_views(self) -> dict[str, fleet.DeviceView]:
+        """The fleet view from the stored states and latest health. A stored row that is not
+        a valid message (a forged or older-format row) is quarantined and skipped: it must not
+        stop the coordinator from starting."""
         now = time.time()
-        views = {}
+        views, bad = {}, []
         health = self.store.latest_health()
         for device, state in self.store.states().items():
-            v = fleet.on_state(fleet.DeviceView(device), state, now)
-            if device in health:
-                v = fleet.on_activity(v, health[device]["t"], health[device])
-            views[device] = v
+            try:
+                payloads.check("state", state)
+                v = fleet.on_state(fleet.DeviceView(device), state, now)
+                h = health.get(device)
+                if h is not None:
+                    try:
+                        payloads.check("health", h)
+                        v = fleet.on_activity(v, min(h["t"], now), h)
+                    except payloads.PayloadError as e:
+                        bad.append((device, "stored health", str(e)))
+                views[device] = v
+            except Exception as e:  # any stored row may be hostile
+                bad.append((device, "stored state", f"{type(e).__name__}: {e}"))
+        for device, what, why in bad:
+            log.error("device %s: its %s row is invalid (%s); skipped at start", device, what,
+                      why[:300])
+        with contextlib.suppress(Exception):
+            self.store.quarantine([(d, f"(store) {w}", why, 0, now) for d, w, why in bad])
         return fleet.refresh(views, now, self.fleet_cfg)
 
     # -- lifecycle ----------------------------------------------------------------------------
 
     def start(self) -> None:
         """Start the MQTT and ingest threads."""
-        for name, target in (("mqtt", self._mqtt_loop), ("ingest", self._ingest_loop),
-                             ("retention", self._retention_loop)):
+        self._conn.start()
+        for name, target in (("ingest", self._ingest_loop), ("retention", self._retention_loop)):
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()
             self._threads.append(t)
@@ -83,9 +121,18 @@ class Coordinator:
     def stop(self) -> None:
         """Stop the threads (stored data is already committed) and close the store."""
         self._stop.set()
+        self._conn.stop()
         for t in self._threads:
             t.join(5)
         self.store.close()
+
+    def threads_alive(self) -> dict[str, bool]:
+        """Whether each of the coordinator's threads runs (for tests and stats)."""
+        return {"mqtt": self._conn.alive(), **{t.name: t.is_alive() for t in self._threads}}
+
+    def _on_takeover(self, why: str) -> None:
+        self.counters["takeovers"] += 1
+        log.error("coordinator MQTT session: %s", why)
 
     # -- MQTT thread ---------------------------------------------------------------------------
 
@@ -99,69 +146,20 @@ class Coordinator:
             out.append((f"$share/{self.cfg.share_group}/{base}" if shared else base, 1))
         return out
 
-    def _mqtt_loop(self) -> None:
-        backoff = Backoff()
-        while not self._stop.is_set():
-            protocol = self._proto.current
-            client = make_client(self.cfg.broker, self.cfg.client_id, protocol, clean=False)
-            client.max_inflight_messages_set(200)
-            client.on_connect = self._on_connect
-            client.on_message = self._on_message
-            try:
-                connect(client, self.cfg.broker, protocol, clean=False,
-                        session_expiry_s=self.cfg.session_expiry_s)
-            except (OSError, ValueError) as e:
-                self.counters["connect_failures"] += 1
-                if backoff.attempts % 10 == 0:
-                    log.warning("broker %s:%d unreachable (%s); retrying", self.cfg.broker.host,
-                                self.cfg.broker.port, e)
-                self._proto.failed()
-                self._stop.wait(backoff.next_delay())
-                continue
-            started = time.monotonic()
-            while not self._stop.is_set():
-                if client.loop(timeout=0.01) != mqtt.MQTT_ERR_SUCCESS:
-                    break
-                if not self.connected.is_set() and time.monotonic() - started > 10:
-                    break
-                self._publish_queued(client)
-            if self.connected.is_set() and not self._stop.is_set():
-                log.warning("lost the broker; reconnecting (the broker keeps our session)")
-                backoff.reset()
-            else:
-                self._proto.failed()
-            self.connected.clear()
-            with contextlib.suppress(Exception):
-                client.disconnect()
-            if not self._stop.is_set():
-                self._stop.wait(backoff.next_delay())
-
-    def _on_connect(self, client, userdata, flags, reason_code, properties) -> None:
-        if reason_code.is_failure:
-            log.error("broker refused the coordinator: %s", reason_code)
-            return
-        self.counters["connects"] += 1
-        self._proto.succeeded()
-        client.subscribe(self._filters())
-        self.connected.set()
+    def _on_connected(self, client: mqtt.Client) -> None:
         log.info("coordinator connected to %s:%d, fleet %s%s", self.cfg.broker.host,
                  self.cfg.broker.port, self.cfg.fleet,
                  f", shared group {self.cfg.share_group}" if self.cfg.share_group else "")
 
-    def _on_message(self, client, userdata, msg: mqtt.MQTTMessage) -> None:
+    def _on_message(self, client: mqtt.Client, msg: mqtt.MQTTMessage) -> None:
         try:
             self._inbox.put((msg.topic, msg.payload, time.time()), timeout=1.0)
         except queue.Full:
             # Overloaded: the device re-sends unacked results, health is periodic anyway.
             self.counters["inbox_full_dropped"] += 1
-
-    def _publish_queued(self, client: mqtt.Client) -> None:
-        while True:
-            try:
-                topic, body = self._to_publish.get_nowait()
-            except queue.Empty:
-                return
-            client.publish(topic, body, qos=1)
+        except Exception as e:  # e.g. a topic paho could not decode; never into paho's loop
+            self.counters["receive_errors"] += 1
+            self._rlog.log("receive", "could not take a message off the wire: %s", e)
 
     # -- ingest thread -------------------------------------------------------------------------
 
@@ -185,53 +183,153 @@ class Coordinator:
                 if self.cfg.ingest_delay_s:
                     time.sleep(self.cfg.ingest_delay_s)
             now = time.time()
-            if now - last_refresh >= 1.0:
-                last_refresh = now
-                self._refresh(now)
-            if now - last_prune >= 3600:
-                last_prune = now
-                self.store.prune(self.cfg.keep_health_s, self.cfg.keep_events_s)
+            try:  # housekeeping failing must not end ingest either
+                if now - last_refresh >= 1.0:
+                    last_refresh = now
+                    self._refresh(now)
+                if now - last_prune >= 3600:
+                    last_prune = now
+                    self.store.prune(self.cfg.keep_health_s, self.cfg.keep_events_s)
+            except Exception as e:
+                self.counters["housekeeping_errors"] += 1
+                self._rlog.log("housekeeping", "fleet refresh or store pruning failed: %s", e,
+                               level=logging.ERROR)
 
     def _ingest(self, batch: list[tuple[str, bytes, float]]) -> None:
-        results, health, events, states, replies = [], [], [], [], []
-        for topic_name, raw, _ in batch:
-            parsed = payloads.parse_topic(topic_name)
-            if parsed is None or parsed[0] != self.cfg.fleet:
-                self.counters["foreign_topic"] += 1
-                continue
-            _, device, kind = parsed
+        inbound: list[Inbound] = []
+        sources: list[tuple[str, int]] = []  # (topic, size) per inbound, for quarantine
+        replies: list[tuple[str, dict, str, int]] = []
+        bad: list[tuple[str, str, str, int, float]] = []
+        now = time.time()
+        for topic_name, raw, received in batch:
+            device = ""
             try:
-                msg = payloads.decode(kind, raw)
-            except payloads.PayloadError as e:
-                self.counters["malformed"] += 1
-                log.warning("malformed %s from %s: %s", kind, device, e)
+                device, kind, msg = self._admit(topic_name, raw, now)
+            except Refused as e:
+                bad.append((device or _topic_device(topic_name), topic_name, str(e), len(raw),
+                            received))
+                continue
+            except Exception as e:  # a bug must cost this message, never the loop
+                bad.append((_topic_device(topic_name), topic_name,
+                            f"internal error: {type(e).__name__}: {e}", len(raw), received))
                 continue
             self.counters[kind] += 1
-            {"result": results, "health": health, "event": events, "state": states,
-             "cmd/reply": replies}[kind].append((device, msg))
-        acks = self.store.ingest(results, health, events, states)
-        for (device, stream), seq in acks.items():
-            body = payloads.encode("ack", {"v": payloads.VERSION, "stream": stream, "seq": seq})
-            self._to_publish.put((payloads.topic(self.cfg.fleet, device, "ack"), body))
-        self.counters["results_stored_msgs"] += len(results)
-        now = time.time()
+            if kind == "cmd/reply":
+                replies.append((device, msg, topic_name, len(raw)))
+            else:
+                inbound.append(Inbound(device, kind, msg))
+                sources.append((topic_name, len(raw)))
+        acks, refused = self.store.ingest(inbound)
+        for i, why in refused:
+            bad.append((inbound[i].device, sources[i][0], why, sources[i][1], now))
+        refused_idx = {i for i, _ in refused}
+        for (device, _stream), per_floor in acks.items():
+            for ack in per_floor:
+                body = payloads.encode("ack", {"v": payloads.VERSION, "stream": ack.stream,
+                                               "seq": ack.seq, "from": ack.first})
+                self._conn.publish(payloads.topic(self.cfg.fleet, device, "ack"), body)
+        self.counters["results_stored_msgs"] += sum(
+            1 for i, m in enumerate(inbound) if m.kind == "result" and i not in refused_idx)
         with self._views_lock:
-            for device, msg in states:
-                view = self.views.get(device) or fleet.DeviceView(device)
-                self.views[device] = fleet.on_state(view, msg, now)
-            seen = {d for d, _ in results} | {d for d, _ in events}
-            for device in seen:
-                self.views[device] = fleet.on_activity(
-                    self.views.get(device) or fleet.DeviceView(device), now)
-            for device, h in health:
-                self.views[device] = fleet.on_activity(
-                    self.views.get(device) or fleet.DeviceView(device), now, h)
-                self.health_age_s.append(now - h["t"])
-        for _, reply in replies:
-            waiter = self._waiters.get(reply["id"] or "")
-            if waiter:
-                waiter[1].append(reply)
-                waiter[0].set()
+            for i, m in enumerate(inbound):
+                if i in refused_idx:
+                    continue
+                try:
+                    self._update_view(m, now)
+                except Exception as e:  # the view must survive any message
+                    bad.append((m.device, sources[i][0], f"fleet view: {type(e).__name__}: {e}",
+                                sources[i][1], now))
+        for device, reply, topic_name, size in replies:
+            try:
+                self._on_reply(device, reply)
+            except Refused as e:
+                bad.append((device, topic_name, str(e), size, now))
+        self._quarantine(bad)
+
+    def _admit(self, topic_name: str, raw: bytes, now: float) -> tuple[str, str, dict]:
+        """(device, kind, payload) of an acceptable message; raises Refused saying why not."""
+        parsed = payloads.parse_topic(topic_name)
+        if parsed is None or parsed[0] != self.cfg.fleet:
+            raise Refused("not a topic of this fleet")
+        _, device, kind = parsed
+        if kind not in _INBOUND:
+            raise Refused(f"devices do not publish {kind!r}")
+        if check_name("device", device):
+            raise Refused("device id is not 1-64 characters of A-Z a-z 0-9 _ . -")
+        try:
+            msg = payloads.decode(kind, raw)
+        except payloads.PayloadError as e:
+            raise Refused(str(e)) from None
+        if kind in ("state", "health", "event") and msg["t"] > now + self.cfg.future_skew_s:
+            raise Refused(f"{kind}: stamped {msg['t'] - now:.0f} s ahead of the coordinator's "
+                          f"clock (more than future_skew_s = {self.cfg.future_skew_s:.0f})")
+        return device, kind, msg
+
+    def _update_view(self, m: Inbound, now: float) -> None:
+        view = self.views.get(m.device) or fleet.DeviceView(m.device)
+        if m.kind == "state":
+            self.views[m.device] = fleet.on_state(view, m.msg, now)
+        elif m.kind == "health":
+            self.views[m.device] = fleet.on_activity(view, now, m.msg)
+            self.health_age_s.append(now - m.msg["t"])
+        else:
+            self.views[m.device] = fleet.on_activity(view, now)
+
+    def _on_reply(self, device: str, reply: dict) -> None:
+        """Hand a command reply to its waiter when it is proven to come from `device`."""
+        waiter = self._waiters.get(reply["id"] or "")
+        key = self._device_key(device)
+        verified = (key is not None and reply.get("device") == device
+                    and commands.reply_signed_by(reply, key))
+        if key is not None and not verified:
+            raise Refused(f"cmd/reply for command {str(reply['id'])[:64]}: not signed by "
+                          f"{device}'s key (forged or from another device)")
+        if waiter is None or waiter[0].is_set():
+            return  # a late, repeated or unrequested reply
+        if not verified:
+            # No key on file for this device: nothing can be proven, so never report success.
+            reply = {**reply, "ok": False, "status": "unverified", "device_status":
+                     reply["status"], "reason": f"reply not verified: no {device}.pub in "
+                     f"coordinator.device_keys; the device said: {reply['status']}: "
+                     f"{reply.get('reason', '')}"}
+        waiter[1].append({**reply, "verified": verified})
+        waiter[0].set()
+
+    def _device_key(self, device: str) -> Any:
+        """The device's reply-signing public key from `device_keys/<device>.pub` (re-read when
+        the file changes, so enrolling needs no restart), or None."""
+        if not self.cfg.device_keys:
+            return None
+        path = Path(self.cfg.device_keys).expanduser() / f"{device}.pub"
+        try:
+            mtime = os.stat(path).st_mtime
+        except OSError:
+            return None
+        cached = self._device_keys.get(device)
+        if cached and cached[0] == mtime:
+            return cached[1]
+        try:
+            key = commands.load_public_key(path)
+        except ValueError as e:
+            self._rlog.log(f"key-{device}", "device key %s unusable: %s", path, e,
+                           level=logging.ERROR)
+            key = None
+        self._device_keys[device] = (mtime, key)
+        return key
+
+    def _quarantine(self, bad: list[tuple[str, str, str, int, float]]) -> None:
+        if not bad:
+            return
+        self.counters["quarantined"] += len(bad)
+        for _device, topic_name, why, size, _ in bad:
+            kind = topic_name.rsplit("/", 1)[-1][:32]
+            self._rlog.log(f"q-{kind}", "quarantined a %s message (%d bytes) on %s: %s", kind,
+                           size, topic_name[:200], why[:300])
+        try:
+            self.store.quarantine(bad)
+        except Exception as e:  # counting must not fail the batch that was stored
+            self._rlog.log("q-store", "could not record quarantined messages: %s", e,
+                           level=logging.ERROR)
 
     def _refresh(self, now: float) -> None:
         with self._views_lock:
@@ -281,8 +379,9 @@ class Coordinator:
         self._refresh(time.time())
         with self._views_lock:
             views = sorted(self.views.values(), key=lambda v: v.device)
-        counts = self.store.counts()
-        return [{**asdict(v), "results_stored": counts.get(v.device, 0)} for v in views]
+        counts, quarantined = self.store.counts(), self.store.quarantine_counts()
+        return [{**asdict(v), "results_stored": counts.get(v.device, 0),
+                 "quarantined": quarantined.get(v.device, 0)} for v in views]
 
     def device_view(self, device: str) -> dict[str, Any]:
         """One device in detail: view, acks, recent events."""
@@ -293,20 +392,30 @@ class Coordinator:
             raise UnknownDevice(device)
         acks = {s: a for (d, s), a in self.store.acks().items() if d == device}
         return {**asdict(view), "results_stored": self.store.counts().get(device, 0),
-                "acked": acks, "events": self.store.events(device, 20)}
+                "acked": acks, "events": self.store.events(device, 20),
+                "quarantined": self.store.quarantine_counts().get(device, 0),
+                "quarantine": self.store.quarantined(device, 20)}
 
     def stats(self) -> dict[str, Any]:
         """Ingest counters and the health age distribution."""
         ages = sorted(self.health_age_s)
         def pct(q):
             return (ages[min(len(ages) - 1, int(q * len(ages)))] if ages else None)
+        q = self.store.quarantine_counts()
         return {"counters": dict(self.counters), "inbox": self._inbox.qsize(),
+                "quarantined": {"total": sum(q.values()), "by_device": q},
                 "health_age_s": {"p50": pct(0.5), "p99": pct(0.99), "n": len(ages)},
-                "connected": self.connected.is_set()}
+                "connected": self.connected.is_set(), "threads": self.threads_alive(),
+                "mqtt": asdict(self._conn.stats)}
 
     def send_command(self, device: str, name: str, args: dict[str, Any] | None = None,
                      ttl_s: float = 60.0, wait_s: float = 10.0) -> dict[str, Any] | None:
-        """Sign and publish a command; returns the device's reply, or None on timeout."""
+        """Sign and publish a command; returns the device's reply, or None on timeout.
+
+        The reply has `verified: True` when it carries a valid signature of the device's key
+        (`device_keys/<device>.pub`); replies with a bad signature are quarantined and never
+        returned. Without a key on file the first reply comes back with `verified: False`,
+        `ok: False` and `status: "unverified"` (the device's own status in `device_status`)."""
         if self._key is None:
             raise PermissionError("no signing_key configured: this coordinator cannot command")
         with self._views_lock:
@@ -316,9 +425,15 @@ class Coordinator:
         event, box = threading.Event(), []
         self._waiters[env["id"]] = (event, box)
         try:
-            self._to_publish.put((payloads.topic(self.cfg.fleet, device, "cmd"),
-                                  payloads.encode("cmd", env)))
+            self._conn.publish(payloads.topic(self.cfg.fleet, device, "cmd"),
+                               payloads.encode("cmd", env))
             event.wait(wait_s)
         finally:
             self._waiters.pop(env["id"], None)
         return box[0] if box else None
+
+
+def _topic_device(topic_name: str) -> str:
+    """The device level of an edgerun topic when it is a valid id, else "" (for quarantine)."""
+    parts = topic_name.split("/")
+    return parts[3] if len(parts) > 4 and check_name("device", parts[3]) is None else ""

@@ -1,10 +1,16 @@
 """The coordinator's SQLite store: results exactly once, health history, events.
 
 Results are keyed by (device, stream, seq); `INSERT OR IGNORE` makes re-deliveries free.
-The ack for a stream is computed from the store inside the same transaction (the highest seq
-below which nothing is missing, raised to the device's `floor - 1` when it reports evicting),
-so several coordinator processes sharing one store — one machine, shared subscriptions — ack
-only what is really stored.
+Each message is stored under its own SAVEPOINT inside the batch transaction, so one message
+that SQLite refuses costs that message (returned for quarantine), never the batch.
+
+Acks are computed from the store inside the same transaction and never from a claim alone: a
+result message's `floor` (the lowest seq the device still holds) is used only when the result
+with that seq is stored; the ack then vouches for `from` = floor up to the end of the run of
+stored seqs from there, and the device deletes only when it holds nothing below `from`. So a
+forged floor can neither raise a stream's ack over results that were never stored nor make a
+device delete them, and several coordinators sharing one store ack only what is stored.
+`streams` keeps the last verified run (`lo`..`acked`, all stored) so the next ack starts there.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,14 +31,39 @@ CREATE TABLE IF NOT EXISTS results (
     PRIMARY KEY (device, stream, seq)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS streams (
     device TEXT NOT NULL, stream TEXT NOT NULL, acked INTEGER NOT NULL,
-    PRIMARY KEY (device, stream)) WITHOUT ROWID;
+    lo INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (device, stream)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS health (device TEXT NOT NULL, t REAL NOT NULL, body TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS health_device ON health (device, t);
 CREATE TABLE IF NOT EXISTS events (device TEXT NOT NULL, t REAL NOT NULL, type TEXT NOT NULL,
                                    body TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS events_device ON events (device, t);
 CREATE TABLE IF NOT EXISTS states (device TEXT PRIMARY KEY, body TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS quarantine (t REAL NOT NULL, device TEXT NOT NULL,
+                                       topic TEXT NOT NULL, reason TEXT NOT NULL,
+                                       size INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS quarantine_counts (device TEXT PRIMARY KEY, n INTEGER NOT NULL);
 """
+
+QUARANTINE_KEEP = 10_000  # rows of detail kept; the per-device counts are kept for ever
+SEQ_LIMIT = 1 << 62
+
+
+@dataclass(frozen=True)
+class Inbound:
+    """One validated message to store: its device, kind and payload."""
+
+    device: str
+    kind: str  # result | health | event | state
+    msg: dict
+
+
+@dataclass(frozen=True)
+class Ack:
+    """What the coordinator vouches for: every seq in [first, seq] of `stream` is stored."""
+
+    stream: str
+    first: int
+    seq: int
 
 
 class Store:
@@ -45,44 +77,100 @@ class Store:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute(f"PRAGMA synchronous={'FULL' if fsync == 'full' else 'NORMAL'}")
         self._db.executescript(_SCHEMA)
+        self._migrate()
         self._lock = threading.Lock()
 
-    def ingest(self, results: Sequence[tuple[str, dict]], health: Sequence[tuple[str, dict]],
-               events: Sequence[tuple[str, dict]], states: Sequence[tuple[str, dict]]
-               ) -> dict[tuple[str, str], int]:
-        """Store one batch in one transaction; returns the new ack per (device, stream)
-        touched by `results`."""
+    def _migrate(self) -> None:
+        """Stores made before the verified-ack change lack `streams.lo` (0: recompute)."""
+        cols = [r[1] for r in self._db.execute("PRAGMA table_info(streams)")]
+        if "lo" not in cols:
+            self._db.execute("ALTER TABLE streams ADD COLUMN lo INTEGER NOT NULL DEFAULT 0")
+
+    def ingest(self, messages: Sequence[Inbound]
+               ) -> tuple[dict[tuple[str, str], list[Ack]], list[tuple[int, str]]]:
+        """Store one batch in one transaction, each message under its own savepoint.
+
+        Returns the acks per (device, stream) touched by results, and (index, reason) of each
+        message SQLite refused (the caller quarantines those; the rest of the batch stands)."""
         now = time.time()
-        touched: dict[tuple[str, str], int] = {}  # (device, stream) -> floor
+        floors: dict[tuple[str, str], set[int]] = {}
+        tops: dict[tuple[str, str], int] = {}  # highest seq received per stream in this batch
+        refused: list[tuple[int, str]] = []
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
-                for device, msg in results:
-                    key = (device, msg["stream"])
-                    touched[key] = max(touched.get(key, 0), msg["floor"])
-                    self._db.executemany(
-                        "INSERT OR IGNORE INTO results VALUES (?,?,?,?,?,?,?)",
-                        [(device, msg["stream"], r["seq"], msg["boot"], r["t"], now,
-                          json.dumps(r, separators=(",", ":"))) for r in msg["results"]])
-                self._db.executemany("INSERT INTO health VALUES (?,?,?)",
-                                     [(d, h["t"], json.dumps(h)) for d, h in health])
-                self._db.executemany("INSERT INTO events VALUES (?,?,?,?)",
-                                     [(d, e["t"], e["type"], json.dumps(e)) for d, e in events])
-                self._db.executemany("INSERT OR REPLACE INTO states VALUES (?,?)",
-                                     [(d, json.dumps(s)) for d, s in states])
-                acks = {key: self._advance(*key, floor) for key, floor in touched.items()}
+                for i, m in enumerate(messages):
+                    self._db.execute("SAVEPOINT msg")
+                    try:
+                        self._store_one(m, now)
+                    except (sqlite3.Error, ValueError, TypeError, KeyError, OverflowError) as e:
+                        self._db.execute("ROLLBACK TO msg")
+                        refused.append((i, f"store refused it: {type(e).__name__}: {e}"[:300]))
+                    else:
+                        if m.kind == "result":
+                            key = (m.device, m.msg["stream"])
+                            floors.setdefault(key, set()).add(m.msg["floor"])
+                            tops[key] = max(tops.get(key, 0),
+                                            max(r["seq"] for r in m.msg["results"]))
+                    self._db.execute("RELEASE msg")
+                acks = {key: self._acks(*key, fl, tops[key]) for key, fl in floors.items()}
                 self._db.execute("COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
-        return acks
+        return {k: v for k, v in acks.items() if v}, refused
+
+    def _store_one(self, m: Inbound, now: float) -> None:
+        msg = m.msg
+        if m.kind == "result":
+            rows = []
+            for r in msg["results"]:
+                seq = r["seq"]
+                if not (isinstance(seq, int) and 0 < seq < SEQ_LIMIT):
+                    raise ValueError(f"seq {seq!r} outside [1, 2^62)")
+                # The boot that produced the result (carried per result), not the re-sender's.
+                rows.append((m.device, msg["stream"], seq, r.get("boot") or msg["boot"],
+                             float(r["t"]), now, json.dumps(r, separators=(",", ":"))))
+            self._db.executemany("INSERT OR IGNORE INTO results VALUES (?,?,?,?,?,?,?)", rows)
+        elif m.kind == "health":
+            self._db.execute("INSERT INTO health VALUES (?,?,?)",
+                             (m.device, float(msg["t"]), json.dumps(msg)))
+        elif m.kind == "event":
+            self._db.execute("INSERT INTO events VALUES (?,?,?,?)",
+                             (m.device, float(msg["t"]), msg["type"], json.dumps(msg)))
+        elif m.kind == "state":
+            self._db.execute("INSERT OR REPLACE INTO states VALUES (?,?)",
+                             (m.device, json.dumps(msg)))
+        else:
+            raise ValueError(f"cannot store a {m.kind!r} message")
+
+    def _stored(self, device: str, stream: str, seq: int) -> bool:
+        return self._db.execute("SELECT 1 FROM results WHERE device=? AND stream=? AND seq=?",
+                                (device, stream, seq)).fetchone() is not None
+
+    def _acks(self, device: str, stream: str, floors: set[int], top: int) -> list[Ack]:
+        """One ack per verified floor (normally one); see the module docstring. An ack never
+        goes past `top`, the highest seq just received: the device checks acks against what
+        it has sent, and after a restart it has not yet re-sent what an earlier run did."""
+        out = []
+        for floor in sorted(floors)[-4:]:  # a device sends one floor per batch; bound forgeries
+            if not self._stored(device, stream, floor):
+                continue  # unverified: the device's lowest held result is not here (yet)
+            end = self._advance(device, stream, floor)
+            if floor <= top:
+                out.append(Ack(stream, floor, min(end, top)))
+        return out
 
     def _advance(self, device: str, stream: str, floor: int) -> int:
-        row = self._db.execute("SELECT acked FROM streams WHERE device=? AND stream=?",
+        """The end of the run of stored seqs from `floor` (which is stored)."""
+        row = self._db.execute("SELECT lo, acked FROM streams WHERE device=? AND stream=?",
                                (device, stream)).fetchone()
-        acked = max(row[0] if row else 0, floor - 1)
+        if row and 0 < row[0] <= floor <= row[1] + 1:
+            lo, acked = row[0], max(row[1], floor)  # a known run (all stored) covers the floor
+        else:
+            lo, acked = floor, floor
         while True:
-            seqs = [s for (s,) in self._db.execute(
+            seqs = [q for (q,) in self._db.execute(
                 "SELECT seq FROM results WHERE device=? AND stream=? AND seq > ? ORDER BY seq "
                 "LIMIT 512", (device, stream, acked))]
             run = 0
@@ -90,8 +178,49 @@ class Store:
                 acked, run = acked + 1, run + 1
             if run < 512:
                 break
-        self._db.execute("INSERT OR REPLACE INTO streams VALUES (?,?,?)", (device, stream, acked))
+        self._db.execute("INSERT OR REPLACE INTO streams (device, stream, acked, lo) "
+                         "VALUES (?,?,?,?)", (device, stream, acked, lo))
         return acked
+
+    # -- quarantine -----------------------------------------------------------------------------
+
+    def quarantine(self, rows: Sequence[tuple[str, str, str, int, float]]) -> None:
+        """Record refused messages: (device or "", topic, reason, size in bytes, time).
+        Detail rows are capped at QUARANTINE_KEEP (newest kept); counts are kept for ever."""
+        if not rows:
+            return
+        per_device: dict[str, int] = {}
+        for device, *_ in rows:
+            per_device[device] = per_device.get(device, 0) + 1
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.executemany(
+                    "INSERT INTO quarantine (device, topic, reason, size, t) VALUES (?,?,?,?,?)",
+                    [(d[:64], topic[:256], reason[:500], int(size), float(t))
+                     for d, topic, reason, size, t in rows])
+                self._db.executemany(
+                    "INSERT INTO quarantine_counts VALUES (?,?) "
+                    "ON CONFLICT(device) DO UPDATE SET n = n + excluded.n",
+                    [(d[:64], n) for d, n in per_device.items()])
+                self._db.execute("DELETE FROM quarantine WHERE rowid <= "
+                                 "(SELECT MAX(rowid) FROM quarantine) - ?", (QUARANTINE_KEEP,))
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+
+    def quarantine_counts(self) -> dict[str, int]:
+        """Quarantined messages per device ("" = topic named no valid device)."""
+        return dict(self._query("SELECT device, n FROM quarantine_counts"))
+
+    def quarantined(self, device: str | None = None, limit: int = 50) -> list[dict]:
+        """The newest quarantined messages (all devices, or one), newest first."""
+        where, args = ("WHERE device=?", (device,)) if device is not None else ("", ())
+        rows = self._query(f"SELECT t, device, topic, reason, size FROM quarantine {where} "
+                           "ORDER BY rowid DESC LIMIT ?", (*args, limit))
+        return [{"t": t, "device": d, "topic": tp, "reason": r, "size": n}
+                for t, d, tp, r, n in rows]
 
     def _query(self, sql: str, args: Iterable[Any] = ()) -> list[tuple]:
         with self._lock:

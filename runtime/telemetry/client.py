@@ -3,36 +3,42 @@
 paho is not thread-safe (REFERENCE.md), so every paho call — connect, loop, publish,
 subscribe, and the callbacks paho makes — happens on the `mqtt` thread this class starts.
 Other threads talk to it only through the outbox (results, health, events), the command
-queue (verified commands out) and `request_rebirth()` (a flag).
+queue (verified commands out) and `request_rebirth()` (a flag). Every paho callback contains
+its own exceptions: a message that cannot be handled is quarantined (counted in
+`stats.quarantined`, logged once per kind per minute), never raised into paho's loop.
 
 Delivery: results leave the outbox only when the coordinator's `ack` covers their seq; a
-broker PUBACK only frees the in-flight slot in paho. Unacked results are re-sent after
-`ack_timeout_s` without ack progress (doubling up to 8x while nothing moves) and after every
-reconnect. Health and events are removed on PUBACK (the latest N are kept while offline).
+broker PUBACK only frees the in-flight slot in paho. An ack is believed only when it is for
+this outbox's stream, starts (`from`) at or below the lowest seq still held, and does not go
+beyond the highest seq this process has sent; anything else is refused, counted and reported
+as an event (a spoofed ack must not delete results the coordinator never stored). Unacked
+results are re-sent after `ack_timeout_s` without ack progress (doubling up to 8x while nothing
+moves) and after every reconnect. Health and events are removed on PUBACK (the latest N are
+kept while offline).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import queue
 import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import paho.mqtt.client as mqtt
 
-from runtime.telemetry import commands, payloads
+from runtime.telemetry import commands, payloads, safejson
 from runtime.telemetry.config import TelemetryConfig
-from runtime.telemetry.mqtt import Backoff, ProtocolProbe, connect, make_client
+from runtime.telemetry.mqtt import Connection
 from runtime.telemetry.outbox import Outbox
+from runtime.telemetry.quarantine import RateLimitedLog
 
 log = logging.getLogger("edgerun.mqtt")
-
 
 def device_id(cfg: TelemetryConfig) -> str:
     """The configured device id, or the host name made topic-safe."""
@@ -53,32 +59,62 @@ class PublisherStats:
     acked_seq: int = 0
     commands_ok: int = 0
     commands_refused: int = 0
-    malformed: int = 0
+    quarantined: int = 0  # inbound messages refused: malformed, invalid, or failing to handle
+    acks_refused: int = 0  # acks for another stream, from above our floor, or beyond our sends
+    takeovers: int = 0  # the broker closed our session for another client with our id
     protocol: str = ""
+    client_id: str = ""
     last_error: str = ""
 
 
 class Publisher:
-    """Owns the MQTT connection of one device (see module docstring)."""
+    """Runs the MQTT connection of one device (see module docstring)."""
 
     def __init__(self, cfg: TelemetryConfig, outbox: Outbox,
                  birth: Callable[[], dict[str, Any]] | None = None,
-                 command_queue: queue.Queue | None = None):
+                 command_queue: queue.Queue | None = None, state_dir: Path | None = None):
         self.cfg = cfg
         self.outbox = outbox
         self.device = device_id(cfg)
         self.commands: queue.Queue = command_queue or queue.Queue(maxsize=100)
-        self.stats = PublisherStats()
+        self._stats = PublisherStats()
         self._birth = birth or (lambda: {})
-        self._trusted = commands.load_public_keys(cfg.trusted_keys)
+        try:
+            self._trusted = commands.load_public_keys(cfg.trusted_keys)
+        except ValueError as e:
+            raise ValueError(f"telemetry.trusted_keys: {e}") from e
+        key_dir = state_dir if state_dir is not None else outbox.path.parent
+        try:  # signs every command reply, so the coordinator can tell ours from forgeries
+            self._key = commands.device_key(cfg.device_key, Path(key_dir) / "device.key")
+        except (OSError, ValueError) as e:
+            raise ValueError(f"telemetry.device_key: {e}") from e
+        # Per-boot client id: a restarted daemon never collides with its own old session
+        # (whose will the broker publishes in its own time), and a collision means someone
+        # else took our id, which the connection reports as a takeover.
+        self._stats.client_id = f"edgerun-{cfg.fleet}-{self.device}-{outbox.boot[:8]}"
+        self._rlog = RateLimitedLog(log)
+        self._event_last: dict[str, float] = {}
+        self._max_sent = 0  # highest result seq handed to paho by this process (any connection)
         self._topic = {k: payloads.topic(cfg.fleet, self.device, k) for k in payloads.KINDS}
-        self._stop = threading.Event()
         self._rebirth = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._client: mqtt.Client | None = None
-        self._proto = ProtocolProbe(cfg.broker.protocol)
-        self._backoff = Backoff()
+        self._refusals = _Bucket(rate_hz=10, burst=20)  # replies to refused commands
         self._reset_cursors()
+        self._conn = Connection(
+            cfg.broker, self._stats.client_id, name="mqtt",
+            subscriptions=[(self._topic["cmd"], 1), (self._topic["ack"], 1)],
+            on_message=self._on_message, on_connected=self._on_connected, on_tick=self._drain,
+            on_publish=self._on_publish, on_error=self._callback_failed, will=self._will,
+            on_takeover=lambda why: self._event("mqtt_takeover", "critical", why,
+                                                client_id=self._stats.client_id),
+            max_inflight=100)  # our own window (cfg.inflight) bounds results
+
+    @property
+    def stats(self) -> PublisherStats:
+        """A snapshot of the counters, with the connection's own."""
+        c = self._conn.stats
+        return replace(self._stats, connected=self._conn.connected.is_set(),
+                       connects=c.connects, takeovers=c.takeovers, protocol=c.protocol,
+                       last_error=c.last_error or self._stats.last_error)
 
     def _reset_cursors(self) -> None:
         self._sent_upto = 0  # highest result seq handed to paho on this connection
@@ -93,8 +129,13 @@ class Publisher:
 
     def start(self) -> None:
         """Start the MQTT thread (it connects in the background and keeps reconnecting)."""
-        self._thread = threading.Thread(target=self._run, name="mqtt", daemon=True)
-        self._thread.start()
+        self._conn.start()
+
+    def health(self) -> dict[str, Any]:
+        """The `mqtt` section of the device's health (every field typed in the schema)."""
+        s = asdict(self.stats)
+        s.pop("last_error")
+        return s
 
     def request_rebirth(self) -> None:
         """Re-publish the retained birth (e.g. after the model or choice changed)."""
@@ -102,120 +143,44 @@ class Publisher:
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Publish the offline state, disconnect cleanly and join the thread."""
-        self._stop.set()
-        if self._thread:
-            self._thread.join(timeout_s + 1)
+        self._conn.stop(timeout_s, farewell=self._farewell)
 
-    # -- the MQTT thread -----------------------------------------------------------------------
+    def alive(self) -> bool:
+        """The MQTT thread is running."""
+        return self._conn.alive()
 
-    def _run(self) -> None:
-        next_attempt = 0.0
-        while not self._stop.is_set():
-            if self._client is None:
-                if time.monotonic() < next_attempt:
-                    self._stop.wait(0.05)
-                    continue
-                if not self._try_connect():
-                    next_attempt = time.monotonic() + self._backoff.next_delay()
-                    continue
-            client = self._client
-            if not self.stats.connected and time.monotonic() - self._connect_started > 10:
-                self._drop("no CONNACK within 10 s")
-                next_attempt = time.monotonic() + self._backoff.next_delay()
-                continue
-            rc = client.loop(timeout=0.01)
-            if self._client is None:  # refused in on_connect, which recorded why
-                next_attempt = time.monotonic() + self._backoff.next_delay()
-                continue
-            if rc != mqtt.MQTT_ERR_SUCCESS:
-                self._drop(f"network loop: {mqtt.error_string(rc)}")
-                next_attempt = time.monotonic() + self._backoff.next_delay()
-                continue
-            if self.stats.connected:
-                try:
-                    self._drain()
-                except Exception as e:  # a bug or a DB error must not end delivery for good
-                    log.exception("publishing from the outbox failed: %s", e)
-                    self._drop(f"drain failed: {e}")
-        self._shutdown()
+    # -- on the MQTT thread (Connection callbacks) ---------------------------------------------
 
-    def _try_connect(self) -> bool:
-        b = self.cfg.broker
-        try:
-            client = make_client(b, f"edgerun-{self.cfg.fleet}-{self.device}",
-                                 self._proto.current)
-            client.max_inflight_messages_set(100)  # our own window bounds results
-            will = {"v": payloads.VERSION, "online": False, "boot": self.outbox.boot,
-                    "t": time.time(), "reason": "connection lost"}
-            client.will_set(self._topic["state"], payloads.encode("state", will), qos=1,
-                            retain=True)
-            client.on_connect = self._on_connect
-            client.on_disconnect = self._on_disconnect
-            client.on_message = self._on_message
-            client.on_publish = self._on_publish
-            connect(client, b, self._proto.current)
-        except (OSError, ValueError) as e:
-            self.stats.last_error = f"connect to {b.host}:{b.port}: {e}"
-            if self._backoff.attempts % 10 == 0:
-                log.warning("broker %s:%d unreachable (%s); results stay in the outbox, retrying",
-                            b.host, b.port, e)
-            self._proto.failed()
-            return False
-        self._client = client
-        self._connect_started = time.monotonic()
-        return True
+    def _will(self) -> tuple[str, bytes]:
+        will = {"v": payloads.VERSION, "online": False, "boot": self.outbox.boot,
+                "t": time.time(), "reason": "connection lost"}
+        return self._topic["state"], payloads.encode("state", will)
 
-    def _drop(self, why: str) -> None:
-        if self._client is not None:
-            with contextlib.suppress(Exception):  # already gone
-                self._client.disconnect()
-        was = self.stats.connected
-        self._client = None
-        self.stats.connected = False
-        self.stats.last_error = why
-        if was:
-            log.warning("lost the broker (%s); results stay in the outbox, reconnecting", why)
-        else:
-            self._proto.failed()
-
-    def _on_connect(self, client, userdata, flags, reason_code, properties) -> None:
-        if reason_code.is_failure:
-            log.error("broker refused the connection: %s", reason_code)
-            self._drop(f"broker refused connection: {reason_code}")
-            return
-        self.stats.connected = True
-        self.stats.connects += 1
-        self.stats.protocol = self._proto.current
-        self._proto.succeeded()
-        self._backoff.reset()
+    def _on_connected(self, client: mqtt.Client) -> None:
         self._reset_cursors()
-        client.subscribe([(self._topic["cmd"], 1), (self._topic["ack"], 1)])
         self._publish_birth(client)
         log.info("connected to %s:%d (MQTT %s) as %s/%s", self.cfg.broker.host,
-                 self.cfg.broker.port, self._proto.current, self.cfg.fleet, self.device)
+                 self.cfg.broker.port, self._conn.stats.protocol, self.cfg.fleet, self.device)
 
-    def _on_disconnect(self, client, userdata, flags, reason_code, properties) -> None:
-        if client is self._client and self.stats.connected:
-            self.stats.connected = False
-            self._client = None
-            if not self._stop.is_set():
-                log.warning("disconnected from the broker (%s); reconnecting", reason_code)
+    def _farewell(self, client: mqtt.Client) -> mqtt.MQTTMessageInfo:
+        offline = {"v": payloads.VERSION, "online": False, "boot": self.outbox.boot,
+                   "t": time.time(), "reason": "clean shutdown"}
+        return client.publish(self._topic["state"], payloads.encode("state", offline), qos=1,
+                              retain=True)
 
     def _publish_birth(self, client: mqtt.Client) -> None:
         birth = {"v": payloads.VERSION, "online": True, "boot": self.outbox.boot, "t": time.time(),
                  "stream": self.outbox.stream, **self._birth()}
         client.publish(self._topic["state"], payloads.encode("state", birth), qos=1, retain=True)
 
-    def _drain(self) -> None:
-        client = self._client
-        assert client is not None
+    def _drain(self, client: mqtt.Client) -> None:
         if self._rebirth.is_set():
             self._rebirth.clear()
             self._publish_birth(client)
         now = time.monotonic()
         if self._sent_upto > self._acked and (
                 now - self._last_progress > self.cfg.ack_timeout_s * self._timeout_scale):
-            self.stats.resends += self._sent_upto - self._acked
+            self._stats.resends += self._sent_upto - self._acked
             self._sent_upto = self._acked  # re-send everything not yet acked
             self._last_progress = now
             self._timeout_scale = min(8, self._timeout_scale * 2)
@@ -241,45 +206,101 @@ class Publisher:
             if self._sent_upto == self._acked:
                 self._last_progress = now  # the ack clock starts with the first unacked send
             self._sent_upto = batch[-1].seq
-            self.stats.published_results += len(batch)
+            self._max_sent = max(self._max_sent, self._sent_upto)
+            self._stats.published_results += len(batch)
         others = self.outbox.others(64)
         for rowid, kind, body in others:
             if rowid <= self._other_cursor:
                 continue
+            self._check_own(kind, body)
             info = client.publish(self._topic[kind], body.encode(), qos=1)
             self._other_mids[info.mid] = rowid
             self._other_cursor = rowid
         if drained and len(others) < 64:
             self._seen_changes = changes
 
-    def _on_publish(self, client, userdata, mid, reason_code, properties) -> None:
+    def _check_own(self, kind: str, body: str) -> None:
+        """Our own health/event failing its schema is a bug the coordinator would quarantine
+        silently from here: say so in this log (once a minute), then send it anyway."""
+        try:
+            payloads.check(kind, safejson.loads(body))
+        except (payloads.PayloadError, safejson.JsonRejected) as e:
+            self._rlog.log(f"own-{kind}", "this device's own %s does not match its schema (%s); "
+                           "the coordinator will quarantine it: declare the field in "
+                           "runtime/telemetry/payloads.py", kind, e, level=logging.ERROR)
+
+    def _on_publish(self, mid: int) -> None:
         rowid = self._other_mids.pop(mid, None)
         if rowid is not None:
             self.outbox.remove([rowid])
 
-    def _on_message(self, client, userdata, msg: mqtt.MQTTMessage) -> None:
+    def _on_message(self, client: mqtt.Client, msg: mqtt.MQTTMessage) -> None:
         if msg.topic == self._topic["ack"]:
             self._on_ack(msg.payload)
         elif msg.topic == self._topic["cmd"]:
             self._on_command(client, msg.payload)
+        else:
+            self._quarantine("topic", f"a message on {msg.topic[:200]!r}, which we never "
+                             "subscribed to")
+
+    def _callback_failed(self, what: str, reason: str) -> None:
+        if what == "message":  # handling an inbound message failed: that message is refused
+            self._quarantine("message", reason)
+        else:
+            self._rlog.log(what, "MQTT %s callback failed: %s", what, reason[:300])
+
+    def _quarantine(self, kind: str, reason: str) -> None:
+        """Count a refused inbound message and log it (once per kind per minute)."""
+        self._stats.quarantined += 1
+        self._rlog.log(kind, "quarantined a %s message: %s", kind, reason[:300])
+
+    def _event(self, type_: str, severity: str, text: str, **fields: Any) -> None:
+        """An event for the operator (outbox -> coordinator), at most one per type a minute."""
+        now = time.monotonic()
+        if now - self._event_last.get(type_, -1e18) < 60:
+            return
+        self._event_last[type_] = now
+        log.warning("%s", text)
+        with contextlib.suppress(Exception):  # the outbox failing is not this message's fault
+            self.outbox.put("event", {"v": payloads.VERSION, "t": time.time(), "type": type_,
+                                      "severity": severity, "detail": text, **fields})
 
     def _on_ack(self, raw: bytes) -> None:
         try:
             ack = payloads.decode("ack", raw)
         except payloads.PayloadError as e:
-            self.stats.malformed += 1
-            log.warning("ignored a malformed ack: %s", e)
+            self._quarantine("ack", str(e))
             return
+        if ack["stream"] == self.outbox.stream and ack["seq"] <= self._acked:
+            return  # a late or repeated ack: nothing new
+        why, suspicious = None, True
         if ack["stream"] != self.outbox.stream:
-            return  # an ack for a previous outbox (wiped database): nothing of ours
-        if ack["seq"] > self._acked:
-            self._seen_changes = -1  # the window opened: look at the outbox again
-            self.outbox.ack(ack["seq"])
-            self._acked = ack["seq"]
-            self._sent_upto = max(self._sent_upto, self._acked)
-            self._last_progress = time.monotonic()
-            self._timeout_scale = 1
-            self.stats.acked_seq = self._acked
+            # Also what a wiped outbox sees for its previous stream: counted, not an event.
+            why, suspicious = (f"for stream {ack['stream']!r}, ours is "
+                               f"{self.outbox.stream!r}"), False
+        elif ack["seq"] > self._max_sent:
+            # Acks for what an earlier process sent arrive after a restart: counted; an ack
+            # beyond anything ever appended can only be forged.
+            why = f"for seq {ack['seq']}, beyond the highest we sent ({self._max_sent})"
+            suspicious = ack["seq"] > self.outbox.last_seq()
+        elif ack["from"] > self.outbox.floor():
+            # The coordinator vouches for [from, seq]; we would delete everything <= seq.
+            why = (f"covering only seq {ack['from']}..{ack['seq']}, but we still hold "
+                   f"seq {self.outbox.floor()}")
+        if why is not None:
+            self._stats.acks_refused += 1
+            self._quarantine("ack", f"refused an ack {why}")
+            if suspicious:
+                self._event("ack_refused", "warning", f"refused an ack {why}; nothing was "
+                            "deleted", stream=ack["stream"], seq=ack["seq"])
+            return
+        self._seen_changes = -1  # the window opened: look at the outbox again
+        self.outbox.ack(ack["seq"])
+        self._acked = ack["seq"]
+        self._sent_upto = max(self._sent_upto, self._acked)
+        self._last_progress = time.monotonic()
+        self._timeout_scale = 1
+        self._stats.acked_seq = self._acked
 
     def _on_command(self, client: mqtt.Client, raw: bytes) -> None:
         cmd_id = None
@@ -287,16 +308,18 @@ class Publisher:
             env = payloads.decode("cmd", raw, max_bytes=self.cfg.max_command_bytes)
             cmd_id = env["id"]
             cmd = commands.verify(env, self.device, self._trusted, time.time(),
-                                  self.cfg.clock_skew_s, self.outbox.remember_command)
+                                  self.cfg.clock_skew_s, self.outbox.remember_command,
+                                  self.outbox.commands_not_before)
         except (payloads.PayloadError, commands.CommandRefused) as e:
             if isinstance(e, payloads.PayloadError):
-                self.stats.malformed += 1
+                self._quarantine("cmd", str(e))
                 cmd_id = cmd_id or _peek_id(raw)
-            self.stats.commands_refused += 1
-            log.warning("refused a command (id %s): %s", cmd_id, e)
-            self._reply(client, cmd_id, False, "refused", str(e))
+            self._stats.commands_refused += 1
+            self._rlog.log("cmd-refused", "refused a command (id %s): %s", cmd_id, e)
+            if self._refusals.take():  # a flood of bad commands is not answered in kind
+                self._reply(client, cmd_id, False, "refused", str(e))
             return
-        self.stats.commands_ok += 1
+        self._stats.commands_ok += 1
         if cmd.name == "ping":
             self._reply(client, cmd.id, True, "done", "pong", {"t": time.time()})
         elif cmd.name == "rebirth":
@@ -314,33 +337,34 @@ class Publisher:
     def _reply(self, client: mqtt.Client, cmd_id: str | None, ok: bool, status: str,
                reason: str, data: Any = None) -> None:
         reply = {"v": payloads.VERSION, "id": cmd_id, "ok": ok, "status": status,
-                 "reason": reason, "t": time.time()}
+                 "reason": reason[:4000], "t": time.time(), "device": self.device}
         if data is not None:
             reply["data"] = data
+        reply = commands.sign_reply(self._key, reply)
         client.publish(self._topic["cmd/reply"], payloads.encode("cmd/reply", reply), qos=1)
 
-    def _shutdown(self) -> None:
-        client = self._client
-        if client is None or not self.stats.connected:
-            return
-        offline = {"v": payloads.VERSION, "online": False, "boot": self.outbox.boot,
-                   "t": time.time(), "reason": "clean shutdown"}
-        info = client.publish(self._topic["state"], payloads.encode("state", offline), qos=1,
-                              retain=True)
-        deadline = time.monotonic() + 3.0
-        while not info.is_published() and time.monotonic() < deadline:
-            if client.loop(timeout=0.05) != mqtt.MQTT_ERR_SUCCESS:
-                break
-        client.disconnect()
-        client.loop(timeout=0.05)
-        self.stats.connected = False
-        self._client = None
+
+class _Bucket:
+    """Token bucket: `take()` is True at most `burst` times at once, `rate_hz` on average."""
+
+    def __init__(self, rate_hz: float, burst: int):
+        self.rate_hz, self.burst = rate_hz, burst
+        self._tokens, self._t = float(burst), time.monotonic()
+
+    def take(self) -> bool:
+        now = time.monotonic()
+        self._tokens = min(self.burst, self._tokens + (now - self._t) * self.rate_hz)
+        self._t = now
+        if self._tokens < 1:
+            return False
+        self._tokens -= 1
+        return True
 
 
 def _peek_id(raw: bytes) -> str | None:
     """The `id` of an invalid command when one can be read, so the reply can name it."""
     try:
-        value = json.loads(raw).get("id")
+        value = safejson.loads(raw, max_bytes=64 << 10).get("id")
     except (ValueError, AttributeError):
         return None
     return value if isinstance(value, str) and len(value) <= 64 else None

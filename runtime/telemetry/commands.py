@@ -91,9 +91,11 @@ def sign(private: Ed25519PrivateKey, device: str, name: str, args: dict[str, Any
 
 
 def verify(envelope: dict[str, Any], device: str, trusted: Mapping[str, Ed25519PublicKey],
-           now: float, skew_s: float, remember: Callable[[str, float], bool]) -> Command:
+           now: float, skew_s: float, remember: Callable[[str, float], bool],
+           not_before: float = 0.0) -> Command:
     """Check an already schema-valid envelope; returns the typed command or raises
-    CommandRefused with the reason. `remember(id, expires)` is False for a replayed id."""
+    CommandRefused with the reason. `remember(id, expires)` is False for a replayed id;
+    commands issued before `not_before` (when the device lost its replay record) are refused."""
     if envelope["device"] != device:
         raise CommandRefused(f"addressed to device {envelope['device']!r}, this is {device!r}")
     public = trusted.get(envelope["key_id"])
@@ -108,6 +110,9 @@ def verify(envelope: dict[str, Any], device: str, trusted: Mapping[str, Ed25519P
     if envelope["issued_at"] > now + skew_s:
         raise CommandRefused("issued in the future (clock skew beyond the allowed "
                              f"{skew_s:.0f} s)")
+    if envelope["issued_at"] < not_before:
+        raise CommandRefused("issued before this device lost its replay record; "
+                             "send it again")
     spec = COMMANDS.get(envelope["cmd"])
     if spec is None:
         raise CommandRefused(f"unknown command {envelope['cmd']!r} (known: {', '.join(COMMANDS)})")
@@ -145,15 +150,63 @@ def load_public_keys(paths: tuple[str, ...] | list[str]) -> dict[str, Ed25519Pub
 
 
 def load_private_key(path: str | Path) -> Ed25519PrivateKey:
-    """The coordinator's signing key from a PEM file."""
+    """An Ed25519 private key from a PEM file or a raw 32-byte file."""
     path = Path(path).expanduser()
     try:
-        key = serialization.load_pem_private_key(path.read_bytes(), password=None)
-    except (OSError, ValueError) as e:
+        data = path.read_bytes()
+        key = (Ed25519PrivateKey.from_private_bytes(data) if len(data) == 32
+               else serialization.load_pem_private_key(data, password=None))
+    except (OSError, ValueError, TypeError) as e:
         raise ValueError(f"{path}: not a readable PEM private key: {e}") from e
     if not isinstance(key, Ed25519PrivateKey):
         raise ValueError(f"{path}: not an Ed25519 private key")
     return key
+
+
+def load_public_key(path: str | Path) -> Ed25519PublicKey:
+    """An Ed25519 public key from a PEM file or a raw 32-byte file."""
+    path = Path(path).expanduser()
+    try:
+        data = path.read_bytes()
+        key = (Ed25519PublicKey.from_public_bytes(data) if len(data) == 32
+               else serialization.load_pem_public_key(data))
+    except (OSError, ValueError, TypeError) as e:
+        raise ValueError(f"{path}: not a readable public key: {e}") from e
+    if not isinstance(key, Ed25519PublicKey):
+        raise ValueError(f"{path}: not an Ed25519 public key")
+    return key
+
+
+def device_key(configured: str, default: Path) -> Ed25519PrivateKey:
+    """The device's reply-signing key: `configured` (must exist) or, when empty, `default`,
+    made at first start (mode 0600) with its public half next to it as `<name>.pub`, which
+    the coordinator needs as `coordinator.device_keys/<device>.pub`."""
+    if configured:
+        return load_private_key(configured)
+    if not default.exists():
+        generate_keypair(default, default.with_suffix(".pub"))
+    return load_private_key(default)
+
+
+def sign_reply(private: Ed25519PrivateKey, reply: dict[str, Any]) -> dict[str, Any]:
+    """`reply` with `key_id` and `sig` (Ed25519 over the canonical JSON of every other field,
+    which includes the command id and the device, so a reply cannot be moved to another
+    command or device)."""
+    signed = {**reply, "key_id": key_id(private.public_key())}
+    signed["sig"] = base64.b64encode(private.sign(canonical(signed))).decode()
+    return signed
+
+
+def reply_signed_by(reply: Mapping[str, Any], public: Ed25519PublicKey) -> bool:
+    """True when `reply` carries a valid signature of `public`."""
+    sig = reply.get("sig")
+    if not isinstance(sig, str):
+        return False
+    try:
+        public.verify(base64.b64decode(sig, validate=True), canonical(reply))
+    except (InvalidSignature, ValueError):
+        return False
+    return True
 
 
 def generate_keypair(private_path: Path, public_path: Path) -> str:
@@ -161,6 +214,7 @@ def generate_keypair(private_path: Path, public_path: Path) -> str:
     key = Ed25519PrivateKey.generate()
     private_path.parent.mkdir(parents=True, exist_ok=True)
     private_path.touch(mode=0o600)
+    private_path.chmod(0o600)  # touch keeps the mode of an existing file
     private_path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
                                                serialization.PrivateFormat.PKCS8,
                                                serialization.NoEncryption()))

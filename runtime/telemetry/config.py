@@ -77,7 +77,9 @@ class TelemetryConfig:
     ack_timeout_s: float = 10.0  # re-send unacked results after this long without ack progress
     health_interval_s: float = 5.0
     trusted_keys: tuple[str, ...] = ()  # Ed25519 public keys (PEM files) allowed to command
-    device_key: str = ""  # this device's Ed25519 private key (PEM), made by `fleet enroll`
+    # Ed25519 private key (PEM or raw 32 bytes) signing this device's command replies; empty =
+    # `<state_dir>/device.key`, made at first start (0600) with `device.pub` beside it.
+    device_key: str = ""
     max_command_bytes: int = 8192
     clock_skew_s: float = 300.0  # commands issued this far in the future are still accepted
 

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from runtime.telemetry.config import OutboxConfig
+from runtime.telemetry.sidecar import Sidecar
 
 log = logging.getLogger("edgerun.outbox")
 
@@ -67,12 +68,32 @@ class Outbox:
         self._on_event = on_event or (lambda e: None)
         self._startup_event: dict | None = None
         self.changes = 0  # bumped on every append/put: readers skip queries when unchanged
+        existed = self.path.exists()
         self._db = self._open()
         self.boot = uuid.uuid4().hex[:12]
         self.stream = self._meta("stream") or self._set_meta("stream", uuid.uuid4().hex[:12])
-        self.evicted_total = int(self._meta("evicted_total") or 0)
+        keep = self.path.with_name(self.path.name + ".keep.json")
+        self.sidecar = Sidecar(keep, lost_history=existed and not keep.exists()
+                               and self._startup_event is not None)
+        if not self.sidecar.problem:
+            self._migrate_seen_commands()
+        self.evicted_total = max(int(self._meta("evicted_total") or 0),
+                                 self.sidecar.evicted_total)
+        if self.evicted_total != self.sidecar.evicted_total:
+            self.sidecar.set_evicted_total(self.evicted_total)
+        if self.sidecar.problem and self._startup_event is None:
+            self._startup_event = {"type": "replay_record_lost", "error": self.sidecar.problem}
         self._bytes = self._db.execute("SELECT COALESCE(SUM(LENGTH(body)),0) FROM results"
                                        ).fetchone()[0]
+
+    def _migrate_seen_commands(self) -> None:
+        """Ids remembered by an older version inside the database move to the sidecar."""
+        now = time.time()
+        for cid, expires in self._db.execute("SELECT id, expires FROM seen_commands"
+                                             ).fetchall():
+            if expires >= now and cid not in self.sidecar.seen:
+                self.sidecar.remember(cid, expires)
+        self._db.execute("DELETE FROM seen_commands")
 
     def _open(self) -> sqlite3.Connection:
         try:
@@ -117,8 +138,11 @@ class Outbox:
         return self.append_many([result])[0]
 
     def append_many(self, results: Sequence[dict]) -> list[int]:
-        """Store results in one transaction (one fsync); returns their seqs in order."""
-        bodies = [_dumps(r) for r in results]
+        """Store results in one transaction (one fsync); returns their seqs in order.
+
+        Each result is labelled with this process's `boot` (unless it has one), so a result
+        re-sent by a later process is still stored with the boot that produced it."""
+        bodies = [_dumps(r if "boot" in r else {**r, "boot": self.boot}) for r in results]
         evicted: tuple[int, int, int] | None = None
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
@@ -157,6 +181,7 @@ class Outbox:
         self._db.execute("DELETE FROM results WHERE seq <= ?", (last,))
         self.evicted_total += count
         self._set_meta("evicted_total", str(self.evicted_total))
+        self.sidecar.set_evicted_total(self.evicted_total)
         return count, first, last
 
     def pending(self, after_seq: int, limit: int) -> list[Pending]:
@@ -214,17 +239,17 @@ class Outbox:
         with self._lock:
             self._db.executemany("DELETE FROM other WHERE id=?", [(i,) for i in ids])
 
-    # -- command replay protection (same durable store) ---------------------------------------
+    # -- command replay protection (sidecar file, see sidecar.py) ----------------------------
 
     def remember_command(self, command_id: str, expires: float) -> bool:
-        """Record a command id until it expires; False when it was already seen (a replay)."""
-        with self._lock:
-            self._db.execute("DELETE FROM seen_commands WHERE expires < ?", (time.time(),))
-            try:
-                self._db.execute("INSERT INTO seen_commands VALUES (?,?)", (command_id, expires))
-            except sqlite3.IntegrityError:
-                return False
-        return True
+        """Record a command id until it expires; False when it was already seen (a replay).
+        Kept in the sidecar file, so it survives the outbox being reset."""
+        return self.sidecar.remember(command_id, expires)
+
+    @property
+    def commands_not_before(self) -> float:
+        """Commands issued before this time are refused (the replay record was lost then)."""
+        return self.sidecar.not_before
 
     # -- status --------------------------------------------------------------------------------
 

@@ -2,7 +2,9 @@
 
 The schemas are JSON Schema (draft 2020-12) so other languages on the fleet side can use them
 as they are; `edgerun schemas` prints them and docs/telemetry.md describes each field. A message
-that fails validation is counted and logged by the receiver, never raised into its loop.
+that fails validation is quarantined and counted by the receiver, never raised into its loop.
+Integers are bounded (seqs in [0, 2^62), times below T_MAX) so nothing out of range reaches
+SQLite; ids that become SQL values or topic levels are restricted to `A-Z a-z 0-9 _ . -`.
 """
 
 from __future__ import annotations
@@ -12,53 +14,109 @@ from typing import Any
 
 import jsonschema
 
+from runtime.telemetry import safejson
+
 VERSION = 1
 KINDS = ("state", "result", "health", "event", "cmd", "cmd/reply", "ack")
 PREFIX = "edgerun/v1"
 
+SEQ_MAX = (1 << 62) - 1  # seqs and floors live in [0, 2^62): far from SQLite's 2^63 limit
+T_MAX = 1e10  # seconds since the epoch (year 2286): anything later is a forgery or a bug
+
 _ID = {"type": "string", "pattern": "^[A-Za-z0-9_.-]{1,64}$"}
-_T = {"type": "number", "minimum": 0}
+_T = {"type": "number", "minimum": 0, "maximum": T_MAX}
 _V = {"const": VERSION}
+_STR = {"type": "string", "maxLength": 4096}
+_SHORT = {"type": "string", "maxLength": 256}
+_NUM = {"type": "number"}
+_NUM_OR_NULL = {"type": ["number", "null"]}
+_COUNT = {"type": "integer", "minimum": 0, "maximum": SEQ_MAX}
+_COUNT_OR_NULL = {"type": ["integer", "null"], "minimum": 0, "maximum": SEQ_MAX}
+_SEQ = {"type": "integer", "minimum": 1, "maximum": SEQ_MAX}
+_BOOL = {"type": "boolean"}
+
+
+def _obj(props: dict[str, Any], required: tuple[str, ...] = (), extra: Any = False
+         ) -> dict[str, Any]:
+    """An object schema; `extra` is the schema of undeclared members (False: none allowed)."""
+    return {"type": "object", "properties": props, "required": list(required),
+            "additionalProperties": extra}
+
+
+# Health: every field Daemon.health() sends, typed (fleet alerts read these). Closed objects
+# wherever the daemon's own code fixes the keys; counters and backend details stay open but
+# typed. A field the daemon starts sending must be declared here first (a test checks).
+_HEALTH = _obj({
+    "v": _V, "t": _T, "boot": _ID, "uptime_s": {"type": "number", "minimum": 0},
+    "temp_c": _NUM_OR_NULL, "passive_trip_c": _NUM_OR_NULL, "throttled": _BOOL,
+    "battery_frac": _NUM_OR_NULL,
+    "sensor_problems": {"type": "array", "maxItems": 64, "items": _STR},
+    "model": _SHORT, "choice": _SHORT, "choice_reason": _STR,
+    "rung": {"type": "integer", "minimum": 0, "maximum": 10_000},
+    "rungs": {"type": "integer", "minimum": 0, "maximum": 10_000},
+    "accuracy": _NUM_OR_NULL, "energy_mj": _NUM_OR_NULL, "energy_source": _SHORT,
+    "rung_energy_mj": _NUM_OR_NULL, "power_w": _NUM_OR_NULL,
+    "governor": _obj({"policy": _SHORT, "level": {"type": ["integer", "string", "null"]},
+                      "budget_w": _NUM_OR_NULL, "reason": _STR, "enabled": _BOOL,
+                      "disabled_reason": {"type": ["string", "null"], "maxLength": 4096},
+                      "temp_filtered_c": _NUM_OR_NULL, "slope_c_per_min": _NUM_OR_NULL,
+                      "physics_bounded": _BOOL}),
+    "rate_cap_hz": _NUM_OR_NULL, "operator_rate_hz": _NUM_OR_NULL,
+    "pipeline": _obj({"rate_hz": _NUM_OR_NULL,
+                      "latency_ms": _obj({"p50": _NUM_OR_NULL, "p95": _NUM_OR_NULL}),
+                      "frames_bad": _obj({}, extra=_COUNT)},
+                     extra=_COUNT),  # the pipeline's counters (frames, results, inline...)
+    "slo": _obj({"target_ms": _NUM_OR_NULL, "compliance": _NUM_OR_NULL}),
+    "backlog": _obj({"results_held": _COUNT, "bytes": _COUNT, "oldest_seq": _COUNT_OR_NULL,
+                     "evicted_total": _COUNT}),
+    "mqtt": _obj({"connected": _BOOL, "acked_seq": _COUNT, "resends": _COUNT,
+                  "commands_ok": _COUNT, "commands_refused": _COUNT, "quarantined": _COUNT,
+                  "acks_refused": _COUNT, "connects": _COUNT, "takeovers": _COUNT,
+                  "published_results": _COUNT,
+                  "protocol": _SHORT, "client_id": _SHORT}),
+    "devices": {"type": "array", "maxItems": 64,
+                "items": _obj({"backend": _SHORT, "id": _SHORT, "name": _SHORT},
+                              extra={"type": ["string", "number", "boolean", "null"]})},
+    "preprocess": {"type": "object", "maxProperties": 64,
+                   "additionalProperties": {"type": "array", "maxItems": 16, "items": _obj(
+                       {"path": _SHORT, "ms": _NUM, "mj": _NUM, "chosen": _BOOL})}},
+    "simulated": _obj({"t": _NUM, "ambient_c": _NUM, "elapsed_s": _NUM,
+                       "critical_trips": _COUNT, "throttled_min": _NUM, "good": _NUM,
+                       "good_weighted": _NUM, "rung_changes": _COUNT, "energy_wh": _NUM}),
+}, required=("v", "t", "boot"))
 
 SCHEMAS: dict[str, dict[str, Any]] = {
     "state": {
         "type": "object",
         "required": ["v", "online", "boot", "t"],
         "properties": {
-            "v": _V, "online": {"type": "boolean"}, "boot": {"type": "string"}, "t": _T,
-            "stream": {"type": "string"}, "versions": {"type": "object"},
-            "model": {"type": "string"}, "choice": {"type": "string"},
-            "reason": {"type": "string"},
+            "v": _V, "online": _BOOL, "boot": _ID, "t": _T,
+            "stream": _ID, "versions": {"type": "object", "maxProperties": 32,
+                                        "additionalProperties": _SHORT},
+            "model": _SHORT, "choice": _SHORT, "reason": _STR,
         },
     },
     "result": {
         "type": "object",
         "required": ["v", "stream", "boot", "floor", "results"],
         "properties": {
-            "v": _V, "stream": {"type": "string"}, "boot": {"type": "string"},
-            "floor": {"type": "integer", "minimum": 1},
+            "v": _V, "stream": _ID, "boot": _ID, "floor": _SEQ,
             "results": {
-                "type": "array", "minItems": 1,
+                "type": "array", "minItems": 1, "maxItems": 10_000,
                 "items": {
                     "type": "object", "required": ["seq", "t"],
-                    "properties": {"seq": {"type": "integer", "minimum": 1}, "t": _T,
-                                   "variant": {"type": "string"}, "rung": {"type": "integer"},
-                                   "label": {"type": "string"}, "score": {"type": "number"}},
+                    "properties": {"seq": _SEQ, "t": _T, "boot": _ID,
+                                   "variant": _SHORT, "rung": {"type": "integer"},
+                                   "label": _SHORT, "score": _NUM},
                 },
             },
         },
     },
-    "health": {
-        "type": "object",
-        "required": ["v", "t", "boot"],
-        "properties": {"v": _V, "t": _T, "boot": {"type": "string"},
-                       "temp_c": {"type": ["number", "null"]}, "rung": {"type": "integer"},
-                       "choice": {"type": "string"}, "backlog": {"type": "object"}},
-    },
+    "health": _HEALTH,
     "event": {
         "type": "object",
         "required": ["v", "t", "type"],
-        "properties": {"v": _V, "t": _T, "type": {"type": "string"},
+        "properties": {"v": _V, "t": _T, "type": _ID,
                        "severity": {"enum": ["info", "warning", "critical"]}},
     },
     "cmd": {
@@ -68,23 +126,25 @@ SCHEMAS: dict[str, dict[str, Any]] = {
         "additionalProperties": False,
         "properties": {
             "v": _V, "id": {"type": "string", "minLength": 8, "maxLength": 64},
-            "device": _ID, "cmd": {"type": "string"}, "args": {"type": "object"},
-            "issued_at": _T, "expires_at": _T, "key_id": {"type": "string"},
-            "sig": {"type": "string"},
+            "device": _ID, "cmd": _SHORT, "args": {"type": "object"},
+            "issued_at": _T, "expires_at": _T, "key_id": _SHORT,
+            "sig": _SHORT,
         },
     },
     "cmd/reply": {
         "type": "object",
         "required": ["v", "id", "ok", "status", "t"],
-        "properties": {"v": _V, "id": {"type": ["string", "null"]}, "ok": {"type": "boolean"},
-                       "status": {"enum": ["done", "accepted", "refused"]},
-                       "reason": {"type": "string"}, "t": _T, "data": {}},
+        "properties": {"v": _V, "id": {"type": ["string", "null"], "maxLength": 64},
+                       "ok": _BOOL, "status": {"enum": ["done", "accepted", "refused"]},
+                       "reason": _STR, "t": _T, "data": {},
+                       "device": _ID, "key_id": _SHORT, "sig": _SHORT},
     },
     "ack": {
         "type": "object",
-        "required": ["v", "stream", "seq"],
-        "properties": {"v": _V, "stream": {"type": "string"},
-                       "seq": {"type": "integer", "minimum": 0}},
+        "required": ["v", "stream", "seq", "from"],
+        "properties": {"v": _V, "stream": _ID,
+                       "seq": {"type": "integer", "minimum": 0, "maximum": SEQ_MAX},
+                       "from": _SEQ},
     },
 }
 
@@ -109,21 +169,28 @@ def parse_topic(name: str) -> tuple[str, str, str] | None:
     return (parts[2], parts[3], kind) if kind in KINDS else None
 
 
-def decode(kind: str, raw: bytes, max_bytes: int = 1 << 20) -> dict:
-    """Parse and validate a payload of `kind`; raises PayloadError saying what is wrong."""
-    if len(raw) > max_bytes:
-        raise PayloadError(f"{kind}: payload of {len(raw)} bytes exceeds the {max_bytes} limit")
+MAX_BYTES = {"result": 1 << 20, "health": 64 << 10, "state": 16 << 10, "event": 16 << 10,
+             "cmd": 8 << 10, "cmd/reply": 64 << 10, "ack": 1 << 10}
+
+
+def decode(kind: str, raw: bytes, max_bytes: int | None = None) -> dict:
+    """Parse (size- and depth-limited, see safejson) and validate a payload of `kind`;
+    raises PayloadError saying what is wrong. Never raises anything else."""
+    limit = MAX_BYTES[kind] if max_bytes is None else max_bytes
     try:
-        obj = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise PayloadError(f"{kind}: not JSON: {e}") from e
+        obj = safejson.loads(raw, max_bytes=limit)
+    except safejson.JsonRejected as e:
+        raise PayloadError(f"{kind}: {e}") from None
     check(kind, obj)
     return obj
 
 
 def check(kind: str, obj: Any) -> None:
     """Validate a decoded payload; raises PayloadError naming the failing field."""
-    error = jsonschema.exceptions.best_match(_VALIDATORS[kind].iter_errors(obj))
+    try:
+        error = jsonschema.exceptions.best_match(_VALIDATORS[kind].iter_errors(obj))
+    except Exception as e:  # the validator itself failing on odd input is still a bad payload
+        raise PayloadError(f"{kind}: cannot be validated: {type(e).__name__}") from None
     if error is not None:
         where = "/".join(str(p) for p in error.absolute_path) or "(top level)"
         raise PayloadError(f"{kind}: at {where}: {error.message}")
