@@ -16,6 +16,7 @@ import pytest
 from runtime.coordinator.api import ensure_token, serve
 from runtime.coordinator.config import CoordinatorConfig
 from runtime.coordinator.service import Coordinator
+from runtime.coordinator.store import Inbound
 
 
 def _batch(stream: str, seqs, floor: int = 1, body: str = "") -> dict:
@@ -135,7 +136,7 @@ def test_a_request_trickled_byte_by_byte_is_cut_off_at_the_request_deadline(api)
                                    "cursor=nocolon", "cursor=s:-1", "cursor=s:1e9", "x=1"])
 def test_bad_query_parameters_are_400_with_a_message(api, query):
     coord, port, token = api
-    coord.store.ingest([("d", _batch("s", range(1, 4)))], [], [], [])
+    coord.store.ingest([Inbound("d", "result", _batch("s", range(1, 4)))])
     status, body = _get(port, f"/api/v1/devices/d/results?{query}", token)
     assert status == 400 and body["error"], body
 
@@ -148,9 +149,9 @@ def test_cursor_paging_over_interleaved_streams_returns_every_row_exactly_once(a
     for i in range(0, 600, 50):
         for stream in ("b-new", "a-old"):
             seqs = range(i + 1, i + 51)
-            coord.store.ingest([("d", _batch(stream, seqs))], [], [], [])
+            coord.store.ingest([Inbound("d", "result", _batch(stream, seqs))])
             expected |= {(stream, s) for s in seqs}
-    coord.store.ingest([("other", _batch("a-old", range(1, 100)))], [], [], [])
+    coord.store.ingest([Inbound("other", "result", _batch("a-old", range(1, 100)))])
     got, cursor, pages = [], None, 0
     while True:
         q = "limit=97" + (f"&cursor={cursor}" if cursor else "")
@@ -163,7 +164,7 @@ def test_cursor_paging_over_interleaved_streams_returns_every_row_exactly_once(a
     assert len(got) == len(set(got)) == len(expected) == 1200
     assert set(got) == expected and pages == 13
     # the cursor keeps working for a client that polls for more
-    coord.store.ingest([("d", _batch("b-new", [601]))], [], [], [])
+    coord.store.ingest([Inbound("d", "result", _batch("b-new", [601]))])
     status, body = _get(port, f"/api/v1/devices/d/results?cursor={cursor}", token)
     assert [(r["stream"], r["seq"]) for r in body["results"]] == [("b-new", 601)]
     assert _get(port, "/api/v1/devices/d/results?limit=10000", token)[0] == 200

@@ -7,7 +7,7 @@ import time
 
 from runtime.coordinator.config import CoordinatorConfig
 from runtime.coordinator.service import Coordinator
-from runtime.coordinator.store import Store
+from runtime.coordinator.store import Inbound, Store
 
 
 def _batch(stream: str, seqs, blob: int = 0, floor: int = 1) -> dict:
@@ -18,8 +18,8 @@ def _batch(stream: str, seqs, blob: int = 0, floor: int = 1) -> dict:
 
 def test_age_prunes_acked_rows_only_and_never_lowers_the_ack(tmp_path):
     store = Store(tmp_path / "s.db")
-    store.ingest([("d", _batch("s", range(1, 101)))], [], [], [])
-    store.ingest([("d", _batch("s", range(105, 111)))], [], [], [])  # a gap: 101..104 missing
+    store.ingest([Inbound("d", "result", _batch("s", range(1, 101)))])
+    store.ingest([Inbound("d", "result", _batch("s", range(105, 111), floor=101))])  # 101..104 missing
     assert store.acks() == {("d", "s"): 100}
     later = time.time() + 100 * 86400
     done = store.prune_results(max_age_s=90 * 86400, now=later)
@@ -28,8 +28,8 @@ def test_age_prunes_acked_rows_only_and_never_lowers_the_ack(tmp_path):
     assert [q for _, q in store.result_seqs("d")] == list(range(105, 111))
     assert store.acks() == {("d", "s"): 100}
     # a re-sent old row is not stored as news below the ack... and the ack still climbs
-    acks = store.ingest([("d", _batch("s", range(101, 105)))], [], [], [])
-    assert acks == {("d", "s"): 110}
+    store.ingest([Inbound("d", "result", _batch("s", range(101, 105), floor=101))])
+    assert store.acks() == {("d", "s"): 110}
     assert store.prune_results(max_age_s=90 * 86400) == {
         "results_by_age": 0, "results_by_size": 0, "health_by_size": 0, "events_by_size": 0}
     store.close()
@@ -41,8 +41,9 @@ def test_size_cap_bounds_the_store_file_under_a_flood_of_big_results(tmp_path, c
                                           max_store_mb=cap_mb, retention_days=0))
     seq = 0
     for _ in range(30):  # 30 messages of ~1 MB each, as in the finding
-        coord.store.ingest([("d", _batch("s", range(seq + 1, seq + 11), blob=100_000))],
-                           [], [], [])
+        coord.store.ingest([Inbound("d", "result",
+                                    _batch("s", range(seq + 1, seq + 11), blob=100_000,
+                                           floor=seq + 1))])
         seq += 10
         with caplog.at_level(logging.WARNING, "edgerun.coordinator"):
             coord.run_retention()
@@ -60,8 +61,8 @@ def test_size_cap_bounds_the_store_file_under_a_flood_of_big_results(tmp_path, c
 def test_size_cap_never_deletes_unacked_rows(tmp_path):
     store = Store(tmp_path / "s.db")
     # seq 1 never arrived: nothing is acked, nothing may go, whatever the size
-    store.ingest([("d", _batch("s", range(2, 40), blob=50_000))], [], [], [])
-    assert store.acks() == {("d", "s"): 0}
+    store.ingest([Inbound("d", "result", _batch("s", range(2, 40), blob=50_000))])
+    assert store.acks().get(("d", "s"), 0) == 0  # seq 1 never arrived: nothing is acked
     done = store.prune_results(max_bytes=64 * 1024)
     assert done["results_by_size"] == 0 and len(store.result_seqs("d")) == 38
     store.close()
