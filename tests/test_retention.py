@@ -19,7 +19,8 @@ def _batch(stream: str, seqs, blob: int = 0, floor: int = 1) -> dict:
 def test_age_prunes_acked_rows_only_and_never_lowers_the_ack(tmp_path):
     store = Store(tmp_path / "s.db")
     store.ingest([Inbound("d", "result", _batch("s", range(1, 101)))])
-    store.ingest([Inbound("d", "result", _batch("s", range(105, 111), floor=101))])  # 101..104 missing
+    # 101..104 missing: the device still holds 101 (its floor), not stored yet
+    store.ingest([Inbound("d", "result", _batch("s", range(105, 111), floor=101))])
     assert store.acks() == {("d", "s"): 100}
     later = time.time() + 100 * 86400
     done = store.prune_results(max_age_s=90 * 86400, now=later)
