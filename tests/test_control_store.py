@@ -56,7 +56,7 @@ def test_a_restart_mid_trace_keeps_the_forecast(tmp_path):
     energy, _ = control_store.load(tmp_path / "control.json")
     s = control.ControlState()  # without the file: the forecast starts from zero again
     for r in readings[half:half + 10]:
-        s, out = control.step(s, r, RUNGS, cfg, 1)
+        s, _ = control.step(s, r, RUNGS, cfg, 1)
     assert sum(s.energy.seen) <= 2 < sum(energy.seen)
 
 
