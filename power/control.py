@@ -9,7 +9,9 @@ What the core owns (so the policies in power/governor.py and power/energy.py sta
   last valid value for `hold_invalid_s` of device time; only after that does the thermal policy
   fail safe (device treated as hot) or the energy budget pause. One dropped read of a noisy
   sysfs file must not send the device to its bottom rung.
-- **Trend**: temperature and slope come from a least-squares line over the last
+- **Temperature**: the median of the last `median_of` valid readings (robust to noise and to a
+  wild reading, a two-second lag at 1 Hz that the predictive horizon covers).
+- **Trend**: the slope comes from a least-squares line over the last
   `trend_window_s` of valid readings, refitted once without outliers (residuals beyond
   3 x 1.4826 x MAD), evaluated now. Two-point differences amplify noise; the fit does not.
   The window restarts when the actuation (rung or rate cap) changes: readings from before a
@@ -21,8 +23,10 @@ What the core owns (so the policies in power/governor.py and power/energy.py sta
   so rungs whose energy is kept current by the running pipeline move the levels with them.
 - **Upgrade guard**: a step up (a richer rung or a higher rate cap) is taken only if the extra
   power through the die-to-ambient resistance (`r_total_k_per_w`, the profile's thermal model)
-  would settle below the release temperature. Without it a big gap between rungs is a limit
-  cycle: release at 69 °C, rise at 35 °C/min, step down four seconds later, forever.
+  would settle `guard_margin_c` under the control trip (where nothing escalates again); when
+  the step is too big, the smaller one (the same rung at a higher rate) is tried. Without it a
+  big gap between rungs is a limit cycle: release at 69 °C, rise at 35 °C/min, step down four
+  seconds later, forever.
 - **Minimum duty**: a budget the cheapest rung cannot meet caps the rate at what it allows,
   but never below `min_rate_hz`. 0 W means minimum duty, never "uncapped".
 - **Physics-bounded**: at minimum duty with the die still above the control temperature for
@@ -55,10 +59,12 @@ class ControlConfig:
     hold_invalid_s: float = 30.0  # an invalid reading holds the last valid one this long
     trend_window_s: float = 30.0
     settle_samples: int = 5
+    median_of: int = 5  # the temperature acted on: median of the last this-many valid readings
     dwell_s: float = 60.0  # rung hold: an upgrade waits this long (backs off, see ladder.hold)
     max_dwell_s: float = 900.0
     bounded_after_s: float = 300.0
     r_total_k_per_w: float | None = None  # die to ambient; None: no upgrade guard
+    guard_margin_c: float = 1.0  # an upgrade must settle this far under the control trip
 
 
 @dataclass(frozen=True)
@@ -77,11 +83,13 @@ class ControlState:
     energy: energy_mod.EnergyState | None = None
     hold: RungHold = field(default_factory=RungHold)
     samples: tuple[tuple[float, float], ...] = ()  # (t, °C) valid readings in the window
+    recent: tuple[float, ...] = ()  # the last valid readings (for the median)
     actuation: tuple[int, float] | None = None  # (rung, rate cap) of the last output
     temp: Held = field(default_factory=Held)
     battery_wh: Held = field(default_factory=Held)
     battery_frac: Held = field(default_factory=Held)
     holding: bool = False  # an invalid reading is being bridged now
+    hold_said_t: float = -math.inf  # when the last sensor_hold event was raised
     bottom_since: float | None = None  # at minimum duty and above control since
     bounded: bool = False
 
@@ -188,7 +196,9 @@ def step(state: ControlState, r: Reading, rungs: Sequence[Rung], cfg: ControlCon
     holding = bool(r.problems) and (
         (r.temp_c is None and temp is not None)
         or (r.battery_wh is None and r.battery_frac is None and (bwh or bfr) is not None))
-    if holding and not state.holding:
+    said = state.hold_said_t
+    if holding and not state.holding and t - said >= 60.0:  # a flaky sensor: once a minute
+        said = t
         events.append(ControlEvent("sensor_hold", "warning", (
             f"invalid reading ({problem}): holding the last valid value for up to "
             f"{cfg.hold_invalid_s:g} s before failing safe")))
@@ -197,12 +207,16 @@ def step(state: ControlState, r: Reading, rungs: Sequence[Rung], cfg: ControlCon
         samples = (*samples, (t, r.temp_c))
     # device time may jump (NTP at boot on boards without an RTC): keep only the window
     samples = tuple(s for s in samples if 0 <= t - s[0] <= cfg.trend_window_s)
-    temp_now, slope = (robust_trend(samples, t) if samples and temp is not None
-                       else (temp, 0.0))
-    if len(samples) < cfg.settle_samples:
-        slope = 0.0
+    recent = state.recent
+    if r.temp_c is not None:
+        recent = (*recent, r.temp_c)[-cfg.median_of:]
+    slope = robust_trend(samples, t)[1] if len(samples) >= cfg.settle_samples else 0.0
+    # The temperature acted on is the median of the last few valid readings, across trend
+    # restarts: right after a restart the fit has two points, and the last raw reading of a
+    # noisy sensor would trip the governor on noise. None once the hold has run out.
+    temp_now = statistics.median(recent) if recent and temp is not None else None
     s = replace(state, temp=temp_h, battery_wh=bwh_h, battery_frac=bfr_h, samples=samples,
-                holding=holding)
+                holding=holding, recent=recent, hold_said_t=said)
     # -- policies ---------------------------------------------------------------------------
     rate = cfg.rate_hz
     decision = gov.Decision(math.inf, reason="")
@@ -236,13 +250,30 @@ def step(state: ControlState, r: Reading, rungs: Sequence[Rung], cfg: ControlCon
     if (s.actuation is not None and g is not None and temp_now is not None
             and cfg.r_total_k_per_w is not None):
         old_rung, old_cap = s.actuation
-        extra = (rungs[new_rung].power_w(min(rate, cap))
-                 - rungs[min(old_rung, len(rungs) - 1)].power_w(min(rate, old_cap)))
-        settle = temp_now + extra * cfg.r_total_k_per_w
-        if extra > 0 and settle >= g.control_c - g.hyst_c:
-            new_rung, cap, h = min(old_rung, len(rungs) - 1), old_cap, replace(s.hold, rung=now)
-            reason = (f"{temp_now:.1f} °C; {extra:.2f} W more would settle near {settle:.0f} °C "
-                      f"(release below {g.control_c - g.hyst_c:g} °C): holding")
+        old_rung = min(old_rung, len(rungs) - 1)
+        limit = g.control_c - cfg.guard_margin_c
+
+        def settles(r: int, c: float) -> tuple[float, float]:
+            extra = rungs[r].power_w(min(rate, c)) - rungs[old_rung].power_w(min(rate, old_cap))
+            return extra, temp_now + extra * cfg.r_total_k_per_w
+
+        extra, settle = settles(new_rung, cap)
+        if extra > 0 and settle >= limit:
+            # Too big a step: try the smaller one (the rung running now at the rate the
+            # budget allows it), else hold everything.
+            budget = decision.budget_w
+            fit_old = budget / rungs[old_rung].energy_j if rungs[old_rung].energy_j > 0 \
+                else math.inf
+            cap_old = min(decision.rate_cap_hz, fit_old if fit_old < rate else math.inf)
+            cap_old = max(cap_old, cfg.min_rate_hz) if math.isfinite(cap_old) else cap_old
+            small, small_settle = settles(old_rung, cap_old)
+            if small > 0 and small_settle < limit:
+                cap = cap_old
+            else:
+                cap = old_cap
+                reason = (f"{temp_now:.1f} °C; {extra:.2f} W more would settle near "
+                          f"{settle:.0f} °C, over {limit:g} °C: holding")
+            new_rung, h = old_rung, replace(s.hold, rung=now)
     act = (new_rung, cap)
     if s.actuation is not None and act != s.actuation:  # a new regime: restart the trend
         s = replace(s, samples=s.samples[-1:])

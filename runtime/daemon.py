@@ -110,6 +110,8 @@ class Daemon:
         self.thermal: ThermalSource | None = None
         self.operator_rate_hz = math.inf  # `set_rate`; governor caps come on top
         self._last_problems: tuple[str, ...] = ()
+        self._sensor_bad = 0  # invalid sensor reads so far
+        self._sensor_said = -math.inf
         self._live_energy: dict[str, float] = {}  # variant id -> J per inference, live
         self._live_acc: dict[str, tuple[int, float]] = {}
         self._native_cpu = 0.0
@@ -428,14 +430,18 @@ class Daemon:
         """Read sensors, run the one control step, apply its rung and rate cap."""
         r = self.sensors.read()
         self.reading = r
-        if r.problems != self._last_problems:
+        if bool(r.problems) != bool(self._last_problems):
+            now = time.monotonic()
             if r.problems:
-                log.warning("sensor problem: %s (the last valid value is held for %g s, then "
-                            "the governor fails safe)", "; ".join(r.problems),
-                            self.cfg.governor.hold_invalid_s)
-                self.event("sensor_invalid", "warning", problems=list(r.problems))
-            else:
-                self.event("sensor_recovered", "info")
+                self._sensor_bad += 1
+                if now - self._sensor_said >= 60:  # a flaky file: once a minute, with a count
+                    self._sensor_said = now
+                    log.warning("sensor problem: %s (the last valid value is held for %g s, "
+                                "then the governor fails safe; %d bad reads so far)",
+                                "; ".join(r.problems), self.cfg.governor.hold_invalid_s,
+                                self._sensor_bad)
+                    self.event("sensor_invalid", "warning", problems=list(r.problems),
+                               bad_reads=self._sensor_bad)
             self._last_problems = r.problems
         self._update_live_energy()
         assert self.ccfg is not None
