@@ -18,13 +18,14 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
+sys.path.insert(0, str(Path(__file__).parent))
+
+from governor import PROFILES, device_rungs
+
 from power.closed_loop import simulate
 from power.device import load_profile
 from power.plant import ambient, solar_trace
-from runtime.ladder import on_device
-
-sys.path.insert(0, str(Path(__file__).parent))
-from governor import HERE, load_ladder
 
 
 def main() -> int:
@@ -34,13 +35,12 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--dt", type=float, default=60.0, help="simulation step, s")
     ap.add_argument("--oracle-days", type=int, default=3, help="how far ahead the oracle sees")
-    ap.add_argument("--ladder", type=Path, default=HERE.parent / "models" / "inspection",
-                    help="a model directory (profiled now) or recorded profiles (JSON)")
+    ap.add_argument("--profiles", type=Path, default=PROFILES,
+                    help="recorded profiles (edgerun profile --json), as bench/governor.py")
     args = ap.parse_args()
 
     dev = load_profile(args.device)
-    base, cpu = load_ladder(args.ladder)
-    rungs = on_device(base, cpu, dev.power)
+    rungs = device_rungs(args.profiles, dev)
     rate, target = rungs[-1].max_rate_hz(), 1.5 * rungs[-1].latency_s
     irr = solar_trace(args.days, args.seed)
     step = 300.0
