@@ -98,8 +98,9 @@ def main() -> int:
         args.profiles.write_text(out)
         print(f"recorded {args.profiles}")
     ok = True
-    head = (f"{'device':<13}{'scenario':<9}{'policy':<13}{'sensor':<9}{'crit':>5}{'thr min':>8}"
-            f"{'good x acc /h':>15}{'vs A':>12}{'mean acc':>9}{'changes/h':>11}")
+    head = (f"{'device':<12} {'scenario':<8} {'policy':<15} {'sensor':<8} {'crit':>4} "
+            f"{'thr min':>7} {'good x acc /h':>17} {'vs A':>11} {'mean acc':>11} "
+            f"{'changes/h':>9}")
     print(f"profiles: {args.profiles}; {args.hours:g} h from {START_HOUR:g}:00; "
           f"latency target {LATENCY_MS:g} ms; spreads are min-max over {args.seeds} seeds")
     print(head)
@@ -192,13 +193,13 @@ def row(dev: str, scen: str, policy: str, sensor: str, runs: list[RunResult], a:
         lo, hi = min(vals), max(vals)
         return fmt.format(lo) if lo == hi else f"{fmt.format(lo)}-{fmt.format(hi)}"
 
-    print(f"{dev:<13}{scen:<9}{policy:<13}{sensor:<9}"
-          f"{span([r.critical_trips for r in runs], '{}'):>5}"
-          f"{span([r.throttled_min for r in runs], '{:.1f}'):>8}"
-          f"{span([per_hour(r.good_weighted, hours) for r in runs], '{:.3g}'):>15}"
-          f"{span([r.good_weighted / a.good_weighted for r in runs], '{:.3f}'):>12}"
-          f"{span([r.mean_accuracy for r in runs], '{:.3f}'):>9}"
-          f"{span([r.rung_changes / hours for r in runs], '{:.1f}'):>11}")
+    print(f"{dev:<12} {scen:<8} {policy:<15} {sensor:<8} "
+          f"{span([r.critical_trips for r in runs], '{}'):>4} "
+          f"{span([r.throttled_min for r in runs], '{:.1f}'):>7} "
+          f"{span([per_hour(r.good_weighted, hours) for r in runs], '{:.3g}'):>17} "
+          f"{span([r.good_weighted / a.good_weighted for r in runs], '{:.3f}'):>11} "
+          f"{span([r.mean_accuracy for r in runs], '{:.3f}'):>11} "
+          f"{span([r.rung_changes / hours for r in runs], '{:.1f}'):>9}")
 
 
 if __name__ == "__main__":
