@@ -10,7 +10,7 @@ import sys
 
 def test_demo_runs_and_reports(tmp_path):
     env = {**os.environ, "HOME": str(tmp_path)}  # its own profile cache: a first run
-    out = subprocess.run([sys.executable, "-m", "runtime.cli", "demo", "--duration", "25"],
+    out = subprocess.run([sys.executable, "-m", "runtime.cli", "demo", "--duration", "40"],
                          capture_output=True, text=True, timeout=240, env=env)
     text = out.stdout + out.stderr
     assert out.returncode == 0, text[-3000:]
@@ -18,3 +18,11 @@ def test_demo_runs_and_reports(tmp_path):
     stored = re.search(r"results stored by the coordinator: (\d+); device offline \(clean "
                        r"shutdown\)", text)
     assert stored and int(stored.group(1)) > 50, text[-3000:]
+    # the governor acts in the shipped daemon: a step down, predicted before the 78 °C trip
+    down = re.search(r"rung -> \d+/\d+: .*\(([\d.]+) °C rising .*trip 78 °C due in", text)
+    first = re.search(r"rung -> .*", text)
+    assert down and first and first.start() == down.start(), text[-3000:]
+    assert float(down.group(1)) < 78.0, text[-3000:]
+    log = re.search(r"daemon log: (\S+)", text)
+    with open(log.group(1)) as f:  # the daemon's log outlives the demo
+        assert re.search(r"rung (\d+)/\1 -> ", f.read())
