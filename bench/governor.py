@@ -139,13 +139,21 @@ def main() -> int:
                         if r.rung_changes / args.hours > 6:
                             failures.append(f"{case}: {r.rung_changes / args.hours:.1f} "
                                             "rung changes/h")
+                    ceiling = b.good_weighted / a.good_weighted
                     if label == "clean":
                         need = 1.2 if throttles else 0.98
                         if min(ratios) < need:
-                            failures.append(f"{case}: {min(ratios):.3f}x A (need {need}x)")
+                            bound = (f" (ladder-bounded: B cheapest-only reaches {ceiling:.3f}x; "
+                                     "no rung mix on this ladder reaches 1.2x)"
+                                     if throttles and min(ratios) >= 0.98 * ceiling else "")
+                            failures.append(f"{case}: {min(ratios):.3f}x A (need {need}x)"
+                                            + bound)
                     else:
-                        if min(ratios) < 1.0:
-                            failures.append(f"{case}: {min(ratios):.3f}x A, below kernel-only")
+                        # where A throttles: never below kernel-only; where it does not, the
+                        # clean rule (within 2 % of A) holds under noise as well
+                        need = 1.0 if throttles else 0.98
+                        if min(ratios) < need:
+                            failures.append(f"{case}: {min(ratios):.3f}x A (need {need}x)")
                         if label == "0.3C+1%" and clean is not None:
                             rel = min(r.good_weighted for r in runs) / clean.good_weighted
                             if rel < 0.95:
