@@ -90,6 +90,16 @@ class Daemon:
         self._reload_requested = False
         self.sim: Any = None  # runtime.simdevice.SimulatedDevice when simulating
         self.publisher: Publisher | None = None
+        # -- parts made by start(), in its order --
+        self.device: DeviceProfile | None = None
+        self.sensors: SensorSet | None = None
+        self.meter: Any = None  # power.sensors.PowerMeter
+        self.outbox: Outbox | None = None
+        self.device_id = ""
+        self.backends: list = []
+        self.devices: list[dict] = []  # discovered once, fixed for the process
+        self.pipeline: Pipeline | None = None
+        self.preprocess: Any = None  # runtime.preprocessing.PreprocessChooser
         # -- model and ladder (set by _install) --
         self.manifest: Any = None
         self.profiles: list = []
@@ -97,7 +107,8 @@ class Daemon:
         self.idle_w = 0.0
         self.profile_temp: float | None = None
         self._loaders: dict = {}
-        self.rungs: list[Rung] = []
+        self.rungs: list[Rung] = []  # what the control step uses (live energies)
+        self._host_rungs: list[Rung] = []  # as profiled (scaled to a simulated device)
         self.choice_reason = ""
         self.current = 0  # index into rungs; shown as rung_label (1-based)
         # -- control --
@@ -129,7 +140,7 @@ class Daemon:
         """Bring every part up in order; raises with the failing step named."""
         cfg = self.cfg
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        self.device: DeviceProfile = load_profile(cfg.device.profile)
+        self.device = load_profile(cfg.device.profile)
         root = Path(cfg.device.sysfs_root)
         if cfg.simulator.enabled:
             from runtime.simdevice import SimulatedDevice
@@ -249,7 +260,7 @@ class Daemon:
         self._loaders, self.profile_temp = m.loaders, m.temp_c
         self._live_energy.clear()
         self._build_ladder()
-        if hasattr(self, "pipeline"):  # a new model brings its own preprocessing to measure
+        if self.pipeline is not None:  # a new model brings its own preprocessing to measure
             self.pipeline.set_manifest(self.manifest, self.preprocess if (
                 old is not None and old.root == self.manifest.root) else self._preprocess_chooser())
 
@@ -394,14 +405,14 @@ class Daemon:
     def _sim_load(self) -> tuple[Rung | None, float]:
         """The rung running and the rate it is offered (what the simulated device heats
         with)."""
-        if not hasattr(self, "pipeline") or not self.rungs:
+        if self.pipeline is None or not self.rungs:
             return None, 0.0
         return self.rungs[min(self.current, len(self.rungs) - 1)], self.offered_rate_hz()
 
     def load_w(self) -> float:
         """Dynamic power of the inference load: the running rung's energy x the rate it is
         allowed (what the simulated device heats with)."""
-        if not hasattr(self, "pipeline") or not self.rungs:
+        if self.pipeline is None or not self.rungs:
             return 0.0
         return self.rungs[min(self.current, len(self.rungs) - 1)].power_w(self.offered_rate_hz())
 
@@ -695,7 +706,7 @@ class Daemon:
     def close_partial(self) -> None:
         """After start-up was abandoned while profiling (nothing had started threads yet):
         close the outbox, which keeps its data."""
-        if hasattr(self, "outbox"):
+        if self.outbox is not None:
             self.outbox.close()
 
     def stop(self) -> None:

@@ -91,3 +91,25 @@ def test_the_daemon_restores_the_operator_cap_at_start(tmp_path, cache):
         if d.proc.poll() is None:
             d.proc.kill()
     assert not events(d.outbox, "control_failed")
+
+
+def test_a_missing_thermal_sensor_disables_the_governor_loudly(tmp_path, cache):
+    """No sensor at start-up: inspection goes on, the governor is off, and health, an event
+    and the log say so (never a silent 1/8 rate)."""
+    cfg = write_config(tmp_path, cache)
+    (tmp_path / "sysfs" / "sys/class/thermal/thermal_zone0/temp").unlink()
+    d = Serve(tmp_path, cfg)
+    try:
+        wait(lambda: (last_health(d.outbox) or {}).get("pipeline", {}).get("results", 0) > 20,
+             60, "results", d)
+        h = last_health(d.outbox)
+        assert h["governor"]["enabled"] is False
+        assert "no thermal sensor found" in h["governor"]["disabled_reason"]
+        assert h["rate_cap_hz"] is None and h["rung"] == h["rungs"]  # full precision, uncapped
+        ev = events(d.outbox, "governor_disabled")
+        assert ev and ev[0]["severity"] == "critical"
+        assert "CRITICAL" in d.text()
+        assert d.stop() == 0
+    finally:
+        if d.proc.poll() is None:
+            d.proc.kill()
