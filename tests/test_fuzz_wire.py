@@ -201,6 +201,9 @@ def test_fuzz_every_inbound_topic_while_streaming(tmp_path, broker):
         # Most fuzz is refused on both sides (the rest is valid traffic of invented devices).
         assert dstats["mqtt"]["quarantined"] > 0.5 * (sent.get("ack", 0) + sent.get("cmd", 0))
         assert q["total"] > 0.5 * sum(v for k, v in sent.items() if k not in DEVICE_TOPICS)
+        # ... and the enrolled fuzz devices' messages got through the ACL too.
+        seen = set(coord.views) | set(coord.store.quarantine_counts())
+        assert {f"fuzz{k}" for k in range(5)} <= seen
     finally:
         for fuzzer in fuzzers.values():
             fuzzer.loop_stop()
