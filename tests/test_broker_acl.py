@@ -28,12 +28,18 @@ class Probe:
         if cfg is not None and cfg.username:
             self.client.username_pw_set(cfg.username,
                                         Path(cfg.password_file).read_text().strip())
-        self.client.on_connect = lambda c, u, f, rc, p: self.connack.append(rc)
+        self.client.on_connect = self._on_connect
         self.client.on_disconnect = lambda c, u, f, rc, p: self.disconnects.append(rc)
         self.client.on_message = lambda c, u, m: self.got.append((m.topic, m.payload))
         self.client.connect("127.0.0.1", port, 30)
         self.client.loop_start()
         _wait(lambda: self.connack, 5)
+
+    def _on_connect(self, client, userdata, flags, reason_code, properties) -> None:
+        self.connack.append(reason_code)
+        if reason_code.is_failure:
+            # no retries: paho's reconnect wait would hold close() up for a second
+            client.disconnect()
 
     @property
     def accepted(self) -> bool:

@@ -1,11 +1,17 @@
 """Fuzz the wire: >= 10,000 random and malformed messages on every topic either side reads,
-while a device process streams results to a coordinator over a real Mosquitto (anonymous, no
-ACLs: the broker-left-open case). Afterwards: 0 results lost, 0 duplicated, every thread
-alive, both sides answering.
+while a device process streams results to a coordinator over a real Mosquitto with ACLs on.
+Afterwards: 0 results lost, 0 duplicated, every thread alive, both sides answering.
+
+With ACLs on a stranger cannot publish at all (tests/test_broker_acl.py), so the fuzz comes
+from what is left: enrolled identities that are broken or compromised. Each message is
+published by the identity the ACL lets publish on its topic: a second coordinator of the
+fleet on the device's `ack` and `cmd`, the device's own login on its topics (a broken
+firmware, a leaked password), enrolled devices `fuzz0`..`fuzz4` on theirs. The final counts
+check that the broker delivered the fuzz (nothing was silently refused by the ACL).
 
 Forged but *well-formed* traffic for the real device's own stream (an ack with a plausible
-seq, a result with a valid seq) is out of scope here: without broker identity it cannot be
-told from the real thing — that is what the broker ACLs are for. Everything else is in:
+seq, a result with a valid seq) is out of scope here: from a holder of the right login it
+cannot be told from the real thing. Everything else is in:
 random bytes, deep nesting, wrong types, huge numbers, huge payloads, truncations, valid
 traffic for other (invented) devices, and acks for the real stream beyond what it sent.
 
@@ -19,15 +25,15 @@ import os
 import random
 import time
 import urllib.request
+from pathlib import Path
 
 import paho.mqtt.client as mqtt
-import pytest
 from test_telemetry_mqtt import Device, _coordinator, _wait
 from test_trust_wire import _held, _key, _stream_of
 
 from runtime.coordinator.api import serve
 from runtime.telemetry import payloads
-from runtime.telemetry.broker import Mosquitto
+from runtime.telemetry.config import BrokerConfig
 
 N = int(os.environ.get("EDGERUN_FUZZ_N", "10000"))
 DEVICE_TOPICS = ("ack", "cmd")
@@ -122,40 +128,48 @@ def messages(rng: random.Random, stream: str, n: int):
         yield topic, body
 
 
-@pytest.fixture
-def broker(tmp_path):
-    b = Mosquitto(tmp_path).start()
-    yield b
-    b.stop()
+def _client(cfg: BrokerConfig, client_id: str) -> mqtt.Client:
+    """A raw paho client logged in as `cfg`, its network loop running."""
+    c = mqtt.Client(callback_api_version=mqtt.CallbackAPIVersion.VERSION2, client_id=client_id)
+    c.username_pw_set(cfg.username, Path(cfg.password_file).read_text().strip())
+    c.max_inflight_messages_set(1000)
+    c.connect(cfg.host, cfg.port)
+    c.loop_start()
+    return c
 
 
 def test_fuzz_every_inbound_topic_while_streaming(tmp_path, broker):
     total = 1500
     rng = random.Random(12)
-    coord = _coordinator(tmp_path, broker.port, signing_key=_key(tmp_path))
+    coord = _coordinator(tmp_path, broker, signing_key=_key(tmp_path))
     api = serve(coord, "127.0.0.1", 0)
     stats = tmp_path / "device-stats.json"
-    dev = Device(tmp_path, broker.port, total, rate=300, trusted_key=tmp_path / "k.pub",
+    dev = Device(tmp_path, broker, total, rate=300, trusted_key=tmp_path / "k.pub",
                  stats=stats).start()
-    fuzzer = mqtt.Client(callback_api_version=mqtt.CallbackAPIVersion.VERSION2)
-    fuzzer.max_inflight_messages_set(1000)
-    fuzzer.connect("127.0.0.1", broker.port)
-    fuzzer.loop_start()
+    # One fuzzing client per identity (see the module docstring), keyed by the device whose
+    # topics it may publish on; None: the coordinator side (ack, cmd).
+    logins = {None: broker.coordinator("test", "fuzzer"), "dev1": broker.device("test", "dev1"),
+              **{f"fuzz{k}": broker.device("test", f"fuzz{k}") for k in range(5)}}
+    fuzzers = {who: _client(cfg, f"fuzz-{who}") for who, cfg in logins.items()}
     try:
         from test_trust_wire import Outsider
 
-        probe = Outsider(broker.port)
+        probe = Outsider(logins[None])
         stream = _stream_of(probe)
         probe.close()
         sent: dict[str, int] = {}
+        last: dict[str | None, mqtt.MQTTMessageInfo] = {}
         t0 = time.monotonic()
         for i, (topic, body) in enumerate(messages(rng, stream, N)):
-            info = fuzzer.publish(topic, body, qos=1)
-            kind = topic.split("/", 4)[4]
+            device, kind = topic.split("/", 4)[3:]
+            who = None if kind in DEVICE_TOPICS else device
+            last[who] = fuzzers[who].publish(topic, body, qos=1)
             sent[kind] = sent.get(kind, 0) + 1
             if i % 500 == 499:
-                info.wait_for_publish(10)  # keep the broker's queues bounded
-        info.wait_for_publish(30)
+                for info in last.values():
+                    info.wait_for_publish(10)  # keep the broker's queues bounded
+        for info in last.values():
+            info.wait_for_publish(30)
         fuzz_s = time.monotonic() - t0
 
         def real() -> list[int]:  # the device's own stream (fuzz adds invented ones to dev1)
@@ -167,7 +181,9 @@ def test_fuzz_every_inbound_topic_while_streaming(tmp_path, broker):
         reply = coord.send_command("dev1", "ping")
         assert reply["status"] == "done" and reply["verified"] is True  # device answers
         url = f"http://127.0.0.1:{api.server_address[1]}/api/v1/fleet"
-        with urllib.request.urlopen(url, timeout=10) as resp:  # coordinator answers
+        token = (tmp_path / "api-token").read_text().strip()  # made next to the store
+        req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+        with urllib.request.urlopen(req, timeout=10) as resp:  # coordinator answers
             fleet_rows = json.loads(resp.read())
         dev1 = next(r for r in fleet_rows if r["device"] == "dev1")
         assert dev1["status"] == "online"
@@ -185,9 +201,13 @@ def test_fuzz_every_inbound_topic_while_streaming(tmp_path, broker):
         # Most fuzz is refused on both sides (the rest is valid traffic of invented devices).
         assert dstats["mqtt"]["quarantined"] > 0.5 * (sent.get("ack", 0) + sent.get("cmd", 0))
         assert q["total"] > 0.5 * sum(v for k, v in sent.items() if k not in DEVICE_TOPICS)
+        # ... and the enrolled fuzz devices' messages got through the ACL too.
+        seen = set(coord.views) | set(coord.store.quarantine_counts())
+        assert {f"fuzz{k}" for k in range(5)} <= seen
     finally:
-        fuzzer.loop_stop()
-        fuzzer.disconnect()
+        for fuzzer in fuzzers.values():
+            fuzzer.loop_stop()
+            fuzzer.disconnect()
         dev.term()
         api.shutdown()
         coord.stop()

@@ -21,13 +21,6 @@ from runtime.telemetry.broker import Mosquitto
 DEVICE_PROC = str(Path(__file__).parent / "device_proc.py")
 
 
-@pytest.fixture
-def broker(tmp_path):
-    b = Mosquitto(tmp_path).start()
-    yield b
-    b.stop()
-
-
 def _coordinator(tmp_path, broker: Mosquitto, **kw) -> Coordinator:
     kw.setdefault("device_keys", str(tmp_path / "keys"))
     creds = broker.coordinator("test", kw.get("client_id", "coordinator"), keepalive_s=5)

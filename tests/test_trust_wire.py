@@ -1,8 +1,11 @@
 """Issue 12, the wire: no message breaks a device or the coordinator (findings 1-4, 6, 9, 11).
 
-Pure checks first (parser, schemas, alerts, store), then a real Mosquitto left open by
-mistake (anonymous, no ACLs: the defence-in-depth case), a device process and a coordinator,
-with an outside client publishing what an attacker or a broken publisher would.
+Pure checks first (parser, schemas, alerts, store), then a real Mosquitto, a device process
+and a coordinator, with an outside client publishing what an attacker or a broken publisher
+would. The device and the coordinator always log in with their own identities. Where the
+attack is a stranger forging acks, results, states or command replies, the broker is left
+open by mistake (anonymous, no ACLs: the defence-in-depth case; with ACLs on a stranger is
+refused, tests/test_broker_acl.py). Everything else runs with ACLs on, as in production.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
+from pathlib import Path
 
 import paho.mqtt.client as mqtt
 import pytest
@@ -211,20 +215,29 @@ def test_forged_stored_rows_do_not_stop_the_coordinator_starting(tmp_path):
 
 
 @pytest.fixture
-def broker(tmp_path):
-    b = Mosquitto(tmp_path).start()
+def open_broker(tmp_path):
+    """A Mosquitto left open by mistake: anonymous clients welcome, no ACLs. Only for the
+    tests whose attacker is a stranger publishing where, with ACLs on, only the device or the
+    coordinator may (acks, results, states, command replies): the device's and the
+    coordinator's own checks are the defence in depth for that misconfiguration, and a
+    stranger cannot even log in to the default broker."""
+    b = Mosquitto(tmp_path, auth=False).start()
     yield b
     b.stop()
 
 
 class Outsider:
-    """A plain MQTT client: what anyone could publish on a broker without ACLs."""
+    """A plain MQTT client logging in as `cfg` says (anonymously when it has no username):
+    what anyone could publish on an open broker, or what an enrolled identity may."""
 
-    def __init__(self, port: int):
+    def __init__(self, cfg: BrokerConfig):
         self.got: list[tuple[str, bytes]] = []
         self.c = mqtt.Client(callback_api_version=mqtt.CallbackAPIVersion.VERSION2)
+        if cfg.username:
+            self.c.username_pw_set(cfg.username,
+                                   Path(cfg.password_file).read_text().strip())
         self.c.on_message = lambda c, u, m: self.got.append((m.topic, m.payload))
-        self.c.connect("127.0.0.1", port)
+        self.c.connect(cfg.host, cfg.port)
         self.c.loop_start()
 
     def sub(self, topic: str) -> None:
@@ -255,14 +268,14 @@ def _stream_of(out: Outsider, device="dev1") -> str:
     return json.loads([p for t, p in out.got if t == state_topic][-1])["stream"]
 
 
-def test_spoofed_acks_delete_nothing_and_poison_does_not_kill_the_device(tmp_path, broker):
+def test_spoofed_acks_delete_nothing_and_poison_does_not_kill_the_device(tmp_path, open_broker):
     """Findings 1 and 4: with the coordinator down, a spoofed ack deleted 840 held results;
     8 KB of `[` on ack or cmd (retained) killed the device's MQTT thread."""
     total = 300
     # The coordinator's persistent session exists, but it is down while this happens.
-    _coordinator(tmp_path, broker.port, signing_key=_key(tmp_path)).stop()
-    dev = Device(tmp_path, broker.port, total, trusted_key=tmp_path / "k.pub").start()
-    out = Outsider(broker.port)
+    _coordinator(tmp_path, open_broker, signing_key=_key(tmp_path)).stop()
+    dev = Device(tmp_path, open_broker, total, trusted_key=tmp_path / "k.pub").start()
+    out = Outsider(open_broker.client("stranger"))  # anonymous: the broker is open
     stream = _stream_of(out)
     _wait(lambda: "appended" in (tmp_path / "device.out").read_text(), 30, "results appended")
     ack, cmd = payloads.topic("test", "dev1", "ack"), payloads.topic("test", "dev1", "cmd")
@@ -279,7 +292,7 @@ def test_spoofed_acks_delete_nothing_and_poison_does_not_kill_the_device(tmp_pat
     dev.kill9()
     dev.start()
     time.sleep(1.0)
-    coord = _coordinator(tmp_path, broker.port, signing_key=_key(tmp_path))
+    coord = _coordinator(tmp_path, open_broker, signing_key=_key(tmp_path))
     _wait(lambda: coord.store.counts().get("dev1", 0) >= total, 60, "every result stored")
     _assert_exactly_once(coord, total)
     _wait(lambda: _held(tmp_path) == 0, 20, "outbox drained by real acks")
@@ -301,12 +314,12 @@ def _key(tmp_path) -> str:
     return str(tmp_path / "k.pem")
 
 
-def test_hostile_messages_are_quarantined_and_ingest_goes_on(tmp_path, broker):
+def test_hostile_messages_are_quarantined_and_ingest_goes_on(tmp_path, open_broker):
     """Findings 3, 9, 2, 11 at the coordinator: a string in health stopped ingest for good;
     seq 2^63 rolled back whole batches; floor 1e9 froze the ack; a retained forged state
     hid a real device's death."""
-    coord = _coordinator(tmp_path, broker.port)
-    out = Outsider(broker.port)
+    coord = _coordinator(tmp_path, open_broker)
+    out = Outsider(open_broker.client("stranger"))  # anonymous: the broker is open
     t = payloads.topic
     now = time.time()
     out.pub(t("test", "dev1", "health"), {"v": 1, "t": now, "boot": "x",
@@ -324,7 +337,7 @@ def test_hostile_messages_are_quarantined_and_ingest_goes_on(tmp_path, broker):
     assert "dev1" not in coord.views  # nothing of it was admitted
 
     total = 200
-    dev = Device(tmp_path, broker.port, total, keepalive=2).start()
+    dev = Device(tmp_path, open_broker, total, keepalive=2).start()
     _wait(lambda: coord.store.counts().get("dev1", 0) >= total, 60, "results after the poison")
     _assert_exactly_once(coord, total)
     _wait(lambda: _held(tmp_path) == 0, 20, "outbox drained")
@@ -342,12 +355,12 @@ def test_hostile_messages_are_quarantined_and_ingest_goes_on(tmp_path, broker):
     coord.stop()
 
 
-def test_forged_command_replies_are_quarantined_not_reported(tmp_path, broker):
+def test_forged_command_replies_are_quarantined_not_reported(tmp_path, open_broker):
     """Finding 6: an outsider on `cmd` answered first and `fleet send` printed it as done."""
-    coord = _coordinator(tmp_path, broker.port, signing_key=_key(tmp_path))
-    dev = Device(tmp_path, broker.port, 5, trusted_key=tmp_path / "k.pub").start()
+    coord = _coordinator(tmp_path, open_broker, signing_key=_key(tmp_path))
+    dev = Device(tmp_path, open_broker, 5, trusted_key=tmp_path / "k.pub").start()
     _wait(lambda: "dev1" in coord.views, 20, "device known")
-    out = Outsider(broker.port)
+    out = Outsider(open_broker.client("stranger"))  # anonymous: the broker is open
     out.sub(payloads.topic("test", "dev1", "cmd"))
     reply_topic = payloads.topic("test", "dev1", "cmd/reply")
     forged_key = commands.Ed25519PrivateKey.generate()
@@ -377,22 +390,28 @@ def test_forged_command_replies_are_quarantined_not_reported(tmp_path, broker):
 
 def test_a_takeover_of_the_client_id_is_an_event(tmp_path, broker):
     """Finding 5 (the part on the wire): fixed client ids let anyone kick a device off
-    silently. Ids carry the boot now, and a takeover is counted and reported."""
+    silently. Ids carry the boot now, and a takeover is counted and reported.
+
+    ACLs on: a stranger is refused (tests/test_broker_acl.py), but Mosquitto hands a session
+    to whoever logs in with its client id, whatever the username, so any enrolled identity
+    (another device, a leaked login) can still do it; the thief here is such a client."""
     from runtime.telemetry.client import Publisher
     from runtime.telemetry.config import OutboxConfig, TelemetryConfig
     from runtime.telemetry.outbox import Outbox
 
-    cfg = TelemetryConfig(fleet="test", device="dev9", broker=BrokerConfig(
-        host="127.0.0.1", port=broker.port), outbox=OutboxConfig(path=str(tmp_path / "o.db")))
+    cfg = TelemetryConfig(fleet="test", device="dev9", broker=broker.device("test", "dev9"),
+                          outbox=OutboxConfig(path=str(tmp_path / "o.db")))
     outbox = Outbox(cfg.outbox)
     pub = Publisher(cfg, outbox)
     pub.start()
     _wait(lambda: pub.stats.connected, 10, "connected")
     assert pub.stats.client_id.endswith(outbox.boot[:8])
-    watcher = Outsider(broker.port)
+    watcher = Outsider(broker.coordinator("test", "watcher"))
     watcher.sub(payloads.topic("test", "dev9", "event"))
     thief = mqtt.Client(callback_api_version=mqtt.CallbackAPIVersion.VERSION2,
                         client_id=pub.stats.client_id, protocol=mqtt.MQTTv5)
+    login = broker.client("thief")  # may publish and read nothing: only the client id matters
+    thief.username_pw_set(login.username, Path(login.password_file).read_text().strip())
     thief.connect("127.0.0.1", broker.port)
     thief.loop_start()
     _wait(lambda: pub.stats.takeovers == 1, 10, "the takeover noticed")
@@ -434,12 +453,13 @@ def test_connection_contains_every_callback_failure(tmp_path, broker):
             raise RecursionError("as json.loads would on 8 KB of [")
         got.append(msg.payload)
 
-    conn = Connection(BrokerConfig(host="127.0.0.1", port=broker.port), "contain-test",
+    login = broker.client("contain-test", read=("x/y",), write=("x/z",))
+    conn = Connection(login, "contain-test",
                       name="test-mqtt", subscriptions=[("x/y", 1)], on_message=handler,
                       on_error=lambda what, why: errors.append((what, why)),
                       on_tick=lambda c: None).start()
     assert conn.subscribed.wait(10)
-    out = Outsider(broker.port)
+    out = Outsider(broker.client("outsider", read=("x/z",), write=("x/y",)))
     for i in range(5):
         out.pub("x/y", b"bad %d" % i)
     out.pub("x/y", b"good")
