@@ -294,13 +294,26 @@ class Daemon:
                 measured, why = self._installs.get_nowait()
             except queue.Empty:
                 return
+            held = self._held_down()
             self._install(measured)
-            self._to_top(why)
+            self._after_rebuild(why, held)
 
-    def _to_top(self, why: str) -> None:
-        """After the ladder was rebuilt: run its top rung, with a fresh upgrade hold."""
-        self.current = min(self.current, len(self.rungs) - 1)
-        self._move(len(self.rungs) - 1, self.reading.t if self.reading else 0.0, why)
+    def _held_down(self) -> bool:
+        """The control loop holds a rung under the top (hot, or short of energy)."""
+        return bool(self.rungs) and self.current < len(self.rungs) - 1
+
+    def _after_rebuild(self, why: str, held: bool) -> None:
+        """After the ladder was rebuilt: its top rung when nothing held the device down;
+        otherwise the running variant's rung on the new ladder (the cheapest if it is gone):
+        a re-profile starts *because* it got hot, and must not run the top rung for a tick
+        at 95 °C. The control loop raises it when the budget allows."""
+        top = len(self.rungs) - 1
+        target = top
+        if held:
+            running = self._running_id()
+            target = next((i for i, r in enumerate(self.rungs) if r.variant_id == running), 0)
+        self.current = min(self.current, top)
+        self._move(target, self.reading.t if self.reading else 0.0, why)
         self.cstate = replace(self.cstate, hold=replace(self.cstate.hold, rung=self.current,
                                                         dwell_s=None))
 
@@ -591,9 +604,10 @@ class Daemon:
         self.event("command_applied", "info", command=cmd.name, args=cmd.args, id=cmd.id)
 
     def _set_constraints(self, c, why: str = "new constraints", governor=None) -> None:
-        """Rebuild the ladder for new constraints (and governor settings) and go to its top;
-        on NoVariantError everything stays as it was."""
+        """Rebuild the ladder for new constraints (and governor settings) and go to its top
+        (or stay down, see _after_rebuild); on NoVariantError everything stays as it was."""
         old = self.cfg
+        held = self._held_down()
         self.cfg = replace(self.cfg, constraints=c, governor=governor or self.cfg.governor)
         try:
             self._build_ladder()
@@ -602,7 +616,7 @@ class Daemon:
             self._build_ladder()
             raise ValueError(str(e)) from e
         self.pipeline.latency_target_ms = c.latency_ms
-        self._to_top(why)
+        self._after_rebuild(why, held)
 
     def reload(self) -> None:
         """SIGHUP: re-read the config and apply constraints and governor. Any failure, of any

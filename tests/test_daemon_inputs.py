@@ -264,10 +264,6 @@ def test_sigterm_during_a_background_reprofile_exits_cleanly(tmp_path, cache):
             d.proc.wait()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "runtime/daemon.py `_apply_installs` -> `_to_top`: installing a background re-profile "
-    "moves to the new ladder's top rung whatever the governor holds; the next control tick "
-    "moves it back down. Remove this mark with the daemon fix."))
 def test_a_reprofile_while_hot_does_not_run_the_top_rung(tmp_path, cache):
     """A re-profile is started by the temperature moving far from the profiling one, that is,
     typically while hot. Installing its ladder must not run the most expensive rung past the
