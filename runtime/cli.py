@@ -99,16 +99,52 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    """Validate a config file, print it resolved (stdout, JSON) and report the sensors the
-    daemon would use (stderr); exit 1 when the governor is on and no temperature sensor is
-    found."""
+    """Validate a config file, print it resolved (stdout, JSON) and report the model and the
+    sensors the daemon would use (stderr); exit 1 when the model cannot be loaded or the
+    governor is on and no temperature sensor is found."""
     from runtime import config as config_mod
 
     cfg = config_mod.load(args.config)
     print(json.dumps(to_dict(cfg), indent=2))
-    rc = _check_sensors(cfg)
-    print(f"{args.config}: {'ok' if rc == 0 else 'config ok, sensors NOT ok'}", file=sys.stderr)
-    return rc
+    bad = [what for what, rc in (("model", _check_model(cfg)), ("sensors", _check_sensors(cfg)))
+           if rc]
+    print(f"{args.config}: " + (f"config ok, {' and '.join(bad)} NOT ok" if bad else "ok"),
+          file=sys.stderr)
+    return 1 if bad else 0
+
+
+def _check_model(cfg) -> int:
+    """Load the configured model as `serve` would (manifest and sha256 of every variant, or a
+    bare .onnx with its input shape, labels and preprocessing) and say what was found, on
+    stderr. 1 when `serve` would fail on it."""
+    from runtime.manifest import configured_model, model_files
+    from runtime.onnx_model import ModelError
+
+    def say(line: str) -> None:
+        print(line, file=sys.stderr)
+
+    if not cfg.model.path:
+        say("model: the bundled models/inspection")
+        return 0
+    try:
+        m = configured_model(cfg.model.path, cfg.model)
+        forms = model_files(m)
+    except ModelError as e:
+        say(f"ERROR: model: {e}")
+        return 1
+    if m.bare:
+        say(f"model: {m.root}: a bare .onnx, one fp32 form, input {list(forms[0].input_shape)}, "
+            f"accuracy unknown (the governor can only cap the frame rate); output "
+            f"{m.output}, {len(m.labels) or 'no'} labels, preprocess {m.preprocess.to_dict()}")
+    else:
+        names = ", ".join(f.precision for f in forms)
+        say(f"model: {m.root}: {m.name}, {len(forms)} variants ({names}), accuracy basis "
+            f"{m.accuracy_basis}")
+        ignored = [k for k in ("labels", "preprocess") if getattr(cfg.model, k)]
+        if ignored or cfg.model.output != "scores":
+            say(f"  note: [model] {', '.join(ignored or ['output'])} apply to a bare .onnx only;"
+                " the manifest declares its own")
+    return 0
 
 
 def _check_sensors(cfg) -> int:
