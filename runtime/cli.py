@@ -192,38 +192,45 @@ def _check_sensors(cfg) -> int:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    """Make a model's precision ladder (fp16, int8, reduced resolution) with measured accuracy."""
-    from runtime.manifest import Preprocess
+    """Make a model's precision ladder (fp16, int8, reduced resolution) with measured accuracy.
+    Every failure is one error line naming the model and the step (exit 2)."""
+    from runtime.manifest import Preprocess, read_labels, read_preprocess
     from runtime.onnx_model import ModelError
-    from runtime.prepare import PrepareOptions, prepare
+    from runtime.prepare import PrepareOptions, StepError, prepare
 
-    pre = {}
-    if args.preprocess:
-        try:
-            doc = json.loads(args.preprocess.read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise ModelError(f"{args.preprocess}: cannot read preprocessing JSON: {e}") from e
-        pre = doc.get("preprocess", doc)
-    labels: tuple[str, ...] = ()
-    if args.labels:
-        try:
-            labels = tuple(x.strip() for x in args.labels.read_text().splitlines() if x.strip())
-        except OSError as e:
-            raise ModelError(f"{args.labels}: cannot read labels: {e.strerror}") from e
-    opts = PrepareOptions(name=args.name or args.out.name,
-                          preprocess=Preprocess.from_dict(pre, str(args.preprocess or "defaults")),
+    def error(step: str, message: str) -> int:
+        print(f"edgerun models prepare: ERROR: {args.model}: step {step}: {message}",
+              file=sys.stderr)
+        return 2
+
+    try:
+        pre = read_preprocess(args.preprocess) if args.preprocess else {}
+        labels = read_labels(args.labels) if args.labels else ()
+        preprocess = Preprocess.from_dict(pre, str(args.preprocess or "defaults"))
+    except (ModelError, TypeError) as e:
+        return error("options", str(e))
+    opts = PrepareOptions(name=args.name or args.out.name, preprocess=preprocess,
                           labels=labels, input_shape=args.input_shape or (), prefix=args.prefix,
                           output=args.output, reduced=not args.no_reduced)
-    doc = prepare(args.model, args.calib, args.val, args.out, opts,
-                  progress=lambda m: print(f"[{m}]", file=sys.stderr, flush=True))
+    try:
+        doc = prepare(args.model, args.calib, args.val, args.out, opts,
+                      progress=lambda m: print(f"[{m}]", file=sys.stderr, flush=True))
+    except StepError as e:
+        return error(e.step, e.message)
+    except (ModelError, OSError) as e:
+        return error("manifest", str(e))
     print(f"{'VARIANT':<18} {'ACCURACY':>8} {'AGREE':>7} {'MAX|DIFF|':>10} {'KB':>7}")
     for v in doc["variants"]:
         print(f"{v['name']:<18} {v['accuracy']:>8.4f} {v['agreement']:>7.4f} "
               f"{v['max_abs_diff']:>10.2e} {v['size_bytes'] / 1024:>7.1f}")
     for f in doc["failed"]:
-        print(f"FAILED {f['variant']}: {f['error']}")
-    print(f"manifest: {args.out / 'manifest.json'} (accuracy basis: {doc['accuracy_basis']}, "
-          f"{doc['eval_images']} images)")
+        what = "SKIPPED" if f.get("skipped") else "FAILED"
+        print(f"{what} {args.model.name} {f['variant']} (step {f['step']}): {f['error']}")
+    basis = {"labels": "top-1 against the val images' folder names",
+             "agreement": "top-1 agreement with fp32 on the val images",
+             "agreement-generated": "top-1 agreement with fp32 on generated inputs, not images"}
+    print(f"manifest: {args.out / 'manifest.json'} (accuracy basis: {doc['accuracy_basis']}: "
+          f"{basis.get(doc['accuracy_basis'], '')}, {doc['eval_images']} inputs)")
     return 0
 
 
@@ -407,9 +414,12 @@ def build_parser() -> argparse.ArgumentParser:
     msub = mo.add_subparsers(dest="models_command", required=True, metavar="ACTION")
     mp = msub.add_parser("prepare", help="make fp16/int8/reduced variants and a manifest")
     mp.add_argument("model", type=Path, help="the fp32 .onnx model")
-    mp.add_argument("--calib", type=Path, required=True, help="images for int8 calibration")
-    mp.add_argument("--val", type=Path, required=True,
-                    help="images to measure accuracy on (label = parent folder name)")
+    mp.add_argument("--calib", type=Path, help="images for int8 calibration (default: the "
+                    "--val images; without either, no int8)")
+    mp.add_argument("--val", type=Path,
+                    help="images to measure on: labelled (parent folder = label, with --labels) "
+                    "or not (accuracy = agreement with fp32); none: fp16 only, on generated "
+                    "inputs")
     mp.add_argument("--labels", type=Path, help="class names, one per line, in output order")
     mp.add_argument("--out", type=Path, required=True, help="output directory")
     mp.add_argument("--name", help="model name (default: the output directory's name)")

@@ -112,7 +112,7 @@ class Manifest:
     preprocess: Preprocess
     output: str  # "probabilities" | "logits"
     variants: tuple[VariantEntry, ...]
-    accuracy_basis: str  # "labels" | "agreement"
+    accuracy_basis: str  # "labels" | "agreement" | "agreement-generated" | "unknown" (bare)
     eval_images: int
     failed: tuple[dict, ...] = ()
     bare: bool = False  # root is a bare .onnx file, not a directory (accuracy unknown)
