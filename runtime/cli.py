@@ -26,6 +26,17 @@ def _shape(text: str) -> tuple[int, ...]:
     return dims
 
 
+def _threads(text: str) -> tuple[int, ...]:
+    try:
+        counts = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected thread counts like 1,4, got {text!r}"
+                                         ) from None
+    if any(t < 1 for t in counts):
+        raise argparse.ArgumentTypeError(f"every thread count must be >= 1, got {text!r}")
+    return counts
+
+
 def cmd_profile(args: argparse.Namespace) -> int:
     """Profile every variant of a model and pick the lowest-energy one meeting the target."""
     from power.device import load_profile
@@ -36,6 +47,16 @@ def cmd_profile(args: argparse.Namespace) -> int:
     from runtime.selector import Constraints, NoVariantError, frontier, select
 
     cfg = config_mod.load(args.config)
+    if bad := sorted(set(args.engine or ()) - set(config_mod.ENGINES)):
+        raise ConfigError(f"--engine {', '.join(bad)}: not an engine (one of "
+                          f"{', '.join(config_mod.ENGINES)})")
+    if args.engine or args.threads:  # profile only these: a shorter run, a shorter table
+        b = cfg.backends
+        ort = replace(b.onnxruntime, include_default=b.onnxruntime.include_default
+                      and not args.threads)  # its default session picks its own threads
+        cfg = replace(cfg, backends=replace(b, enabled=tuple(args.engine or b.enabled),
+                                            threads=tuple(args.threads or b.threads),
+                                            onnxruntime=ort))
     model_cfg = replace(cfg.model, path=str(args.model),
                         input_shape=args.input_shape or cfg.model.input_shape)
     cons = cfg.constraints
@@ -93,8 +114,12 @@ def cmd_profile(args: argparse.Namespace) -> int:
             for d in b.devices():
                 extra = ", ".join(f"{k} {v}" for k, v in d.details.items() if k != "version")
                 print(f"device {b.name}:{d.id} {d.name}" + (f" ({extra})" if extra else ""))
-        print(profile_table(profiles, choice, {p.variant_id for p in front}))
+        print(profile_table(profiles, choice, {p.variant_id for p in front},
+                            all_rows=args.all))
         print("choice: " + (choice.reason if choice else failure))
+        if choice and choice.profile.accuracy is None:
+            print("accuracy: unknown (a bare .onnx: its fp32 form is the reference; "
+                  "`edgerun models prepare` measures a ladder)")
     return 0 if choice is not None else 1
 
 
@@ -384,6 +409,14 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--input-shape", type=_shape, help="fix dynamic dims, e.g. 1,3,224,224")
     pr.add_argument("--time-budget", type=float, help="seconds of measuring per variant")
     pr.add_argument("--fresh", action="store_true", help="ignore cached profiles")
+    pr.add_argument("--engine", action="append", metavar="ENGINE",
+                    help="profile only this engine: onnxruntime, openvino, opencv, opencl "
+                    "(repeat for more)")
+    pr.add_argument("--threads", type=_threads, help="profile only these thread counts, "
+                    "e.g. 1,4")
+    pr.add_argument("--all", action="store_true", help="list every variant and every failure "
+                    "(default: the choice, the frontier, the 10 cheapest others, failures "
+                    "summarised one line per kind)")
     pr.add_argument("--json", action="store_true", help="machine-readable output "
                     f"(schema {PROFILE_JSON_SCHEMA}, see docs/profile-json.md)")
     pr.set_defaults(func=cmd_profile)
