@@ -195,6 +195,10 @@ def bare_manifest(path: str | Path, input_shape: tuple[int, ...] = (),
     pre = {**BARE_PREPROCESS, "layout": _layout(inp.shape, path), **(preprocess or {})}
     pre = Preprocess.from_dict({k: list(v) if isinstance(v, tuple) else v
                                 for k, v in pre.items()}, f"{path}: [model] preprocess")
+    if pre.layout != _layout(inp.shape, path):
+        raise ModelError(f"{path}: [model] preprocess says layout {pre.layout} but the input "
+                         f"{list(inp.shape)} has its colour channels "
+                         f"{'second (NCHW)' if inp.shape[1] == 3 else 'last (NHWC)'}")
     classes = _output_classes(proto)
     if labels and classes is not None and len(labels) != classes:
         raise ModelError(f"{path}: {len(labels)} labels given but the output "

@@ -65,10 +65,15 @@ def test_bare_onnx_is_one_fp32_form_of_unknown_accuracy_with_documented_defaults
     (lambda p: tiny_cnn(p, classes=4), {"labels": ("a", "b")}, "2 labels given but the output"),
     (lambda p: tiny_cnn(p), {"output": "boxes"}, "output must be one of"),
     (lambda p: tiny_cnn(p), {"preprocess": {"gamma": 2}}, "unknown key"),
+    (lambda p: tiny_cnn(p), {"preprocess": {"layout": "NHWC"}}, "channels second"),
+    (lambda p: tiny_cnn(p, hw=(3, 3)), {}, None),  # [N,3,3,3]: NCHW wins, no error
     (lambda p: (p.write_bytes(b"not onnx at all"), p)[1], {}, "not a valid ONNX model"),
 ])
 def test_bare_onnx_problems_name_the_file(tmp_path, make, kwargs, error):
     path = make(tmp_path / "m.onnx")
+    if error is None:
+        assert load_model(path, **kwargs).preprocess.layout == "NCHW"
+        return
     with pytest.raises(ModelError, match=error) as e:
         load_model(path, **kwargs)
     assert str(tmp_path / "m.onnx") in str(e.value)
