@@ -148,3 +148,30 @@ def test_serve_runs_a_bare_onnx_end_to_end(tmp_path):
     log = d.text()
     assert "is a bare .onnx (no manifest): profiled as one fp32 form" in log
     assert "manifest.json" not in log
+
+
+@pytest.mark.parametrize("images", ["unlabelled", "none"])
+def test_serve_runs_a_ladder_prepared_without_labelled_images(tmp_path, images):
+    from models.synthetic import write_folder
+    from runtime.manifest import Preprocess
+    from runtime.prepare import PrepareOptions, prepare
+
+    val = None
+    if images == "unlabelled":
+        write_folder(tmp_path / "shots", seed=4, count=12, size=32)  # folder names unused
+        val = tmp_path / "shots"
+    out = tmp_path / "mine"
+    doc = prepare(tiny_cnn(tmp_path / "mine.onnx", hw=(32, 32)), None, val, out,
+                  PrepareOptions(name="mine", preprocess=Preprocess()))
+    want = {"unlabelled": ["fp32", "fp16", "int8", "fp32-r24"], "none": ["fp32", "fp16"]}
+    assert [v["name"] for v in doc["variants"]] == want[images]
+    cfg = write_config(tmp_path, tmp_path / "cache", extra=f'[model]\npath = "{out}"\n')
+    d = Serve(tmp_path, cfg)
+    try:
+        wait(lambda: len(results(d.outbox)) >= 10, 90, "10 results", d)
+        wait(lambda: last_health(d.outbox) is not None, 30, "a health message", d)
+        h = last_health(d.outbox)
+    finally:
+        assert d.stop() == 0
+    assert h["model"] == "mine" and "accuracy unknown" not in h["choice_reason"]
+    assert all(r["variant"].startswith("mine/") for r in results(d.outbox))
