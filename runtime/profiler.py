@@ -13,7 +13,7 @@ import os
 import platform
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -121,7 +121,10 @@ class Profiler:
             hit = self._cached(key)
             if hit is not None:
                 self._progress(f"{v.id}: cached")
-                return hit
+                # Accuracy belongs to the manifest, not to the measurement: the same file
+                # profiled bare (unknown) and then from a prepared manifest, or re-prepared on
+                # other images, must not carry the cached run's accuracy.
+                return replace(hit, accuracy=v.model.accuracy)
         self._progress(f"{v.id}: measuring")
         p = self._measure(backend, v)
         if p.ok:  # failures are not cached: a fixed library or file should be retried
