@@ -242,7 +242,7 @@ def cmd_models(args: argparse.Namespace) -> int:
                       progress=lambda m: print(f"[{m}]", file=sys.stderr, flush=True))
     except StepError as e:
         return error(e.step, e.message)
-    except (ModelError, OSError) as e:
+    except (ValueError, OSError) as e:  # ModelError, or an unreadable --prefix manifest
         return error("manifest", str(e))
     print(f"{'VARIANT':<18} {'ACCURACY':>8} {'AGREE':>7} {'MAX|DIFF|':>10} {'KB':>7}")
     for v in doc["variants"]:
