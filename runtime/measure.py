@@ -12,7 +12,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from power.sensors import PowerMeter
@@ -79,8 +79,8 @@ def measure_model(path: Path, cfg: Config, backends: list[Backend], meter: Power
     for i, (b, d, v) in enumerate(work, start=1):
         progress(i, len(work), manifest.name)
         if replay is not None:
-            if v.id in replay:
-                profiles.append(replay[v.id])
+            if v.id in replay:  # the accuracy is the manifest's now, not the recording's
+                profiles.append(replace(replay[v.id], accuracy=v.model.accuracy))
             continue
         profiles.append(profiler.profile(b, d, v, fresh=fresh))
     log.info("%d variants of %s %s in %.1f s (%d failed)", len(profiles), manifest.name,

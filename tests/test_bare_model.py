@@ -175,3 +175,32 @@ def test_serve_runs_a_ladder_prepared_without_labelled_images(tmp_path, images):
         assert d.stop() == 0
     assert h["model"] == "mine" and "accuracy unknown" not in h["choice_reason"]
     assert all(r["variant"].startswith("mine/") for r in results(d.outbox))
+
+
+def test_replayed_profiles_take_the_accuracy_of_the_model_now(tmp_path):
+    # A recording made when the model had another accuracy (or none) must not carry it.
+    import json
+    from dataclasses import asdict
+
+    from power.sensors import EstimatedMeter
+    from runtime.config import from_dict
+    from runtime.measure import measure_model
+
+    model = tiny_cnn(tmp_path / "mine.onnx")
+    cfg = from_dict({"backends": {"enabled": ["onnxruntime"], "threads": [1],
+                                  "onnxruntime": {"spinning": [False], "include_default": False}},
+                     "profiler": {"idle_baseline_s": 0.05, "cache_dir": str(tmp_path / "c")}})
+    backends = discover_backends(cfg)
+    vid = "mine/fp32@onnxruntime:CPU/t1,opt=all"
+    rec = tmp_path / "rec.json"
+    rec.write_text(json.dumps({"variants": [asdict(_ok(vid, 0.4, 1.0)) | {"accuracy": 0.5}]}))
+    m = measure_model(model, cfg, backends, EstimatedMeter(5.0, 2.0), "generic-x86", 2.0, None,
+                      lambda *a: None, lambda *a: None, Constraints(latency_ms=10),
+                      recorded=rec)
+    assert [(p.variant_id, p.energy_mj, p.accuracy) for p in m.profiles] == [(vid, 0.4, None)]
+
+
+def discover_backends(cfg):
+    from runtime.backends import discover
+
+    return discover(cfg.backends)
