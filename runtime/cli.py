@@ -26,6 +26,17 @@ def _shape(text: str) -> tuple[int, ...]:
     return dims
 
 
+def _threads(text: str) -> tuple[int, ...]:
+    try:
+        counts = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected thread counts like 1,4, got {text!r}"
+                                         ) from None
+    if any(t < 1 for t in counts):
+        raise argparse.ArgumentTypeError(f"every thread count must be >= 1, got {text!r}")
+    return counts
+
+
 def cmd_profile(args: argparse.Namespace) -> int:
     """Profile every variant of a model and pick the lowest-energy one meeting the target."""
     from power.device import load_profile
@@ -36,6 +47,16 @@ def cmd_profile(args: argparse.Namespace) -> int:
     from runtime.selector import Constraints, NoVariantError, frontier, select
 
     cfg = config_mod.load(args.config)
+    if bad := sorted(set(args.engine or ()) - set(config_mod.ENGINES)):
+        raise ConfigError(f"--engine {', '.join(bad)}: not an engine (one of "
+                          f"{', '.join(config_mod.ENGINES)})")
+    if args.engine or args.threads:  # profile only these: a shorter run, a shorter table
+        b = cfg.backends
+        ort = replace(b.onnxruntime, include_default=b.onnxruntime.include_default
+                      and not args.threads)  # its default session picks its own threads
+        cfg = replace(cfg, backends=replace(b, enabled=tuple(args.engine or b.enabled),
+                                            threads=tuple(args.threads or b.threads),
+                                            onnxruntime=ort))
     model_cfg = replace(cfg.model, path=str(args.model),
                         input_shape=args.input_shape or cfg.model.input_shape)
     cons = cfg.constraints
@@ -93,22 +114,62 @@ def cmd_profile(args: argparse.Namespace) -> int:
             for d in b.devices():
                 extra = ", ".join(f"{k} {v}" for k, v in d.details.items() if k != "version")
                 print(f"device {b.name}:{d.id} {d.name}" + (f" ({extra})" if extra else ""))
-        print(profile_table(profiles, choice, {p.variant_id for p in front}))
+        print(profile_table(profiles, choice, {p.variant_id for p in front},
+                            all_rows=args.all))
         print("choice: " + (choice.reason if choice else failure))
+        if choice and choice.profile.accuracy is None:
+            print("accuracy: unknown (a bare .onnx: its fp32 form is the reference; "
+                  "`edgerun models prepare` measures a ladder)")
     return 0 if choice is not None else 1
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    """Validate a config file, print it resolved (stdout, JSON) and report the sensors the
-    daemon would use (stderr); exit 1 when the governor is on and no temperature sensor is
-    found."""
+    """Validate a config file, print it resolved (stdout, JSON) and report the model and the
+    sensors the daemon would use (stderr); exit 1 when the model cannot be loaded or the
+    governor is on and no temperature sensor is found."""
     from runtime import config as config_mod
 
     cfg = config_mod.load(args.config)
     print(json.dumps(to_dict(cfg), indent=2))
-    rc = _check_sensors(cfg)
-    print(f"{args.config}: {'ok' if rc == 0 else 'config ok, sensors NOT ok'}", file=sys.stderr)
-    return rc
+    bad = [what for what, rc in (("model", _check_model(cfg)), ("sensors", _check_sensors(cfg)))
+           if rc]
+    print(f"{args.config}: " + (f"config ok, {' and '.join(bad)} NOT ok" if bad else "ok"),
+          file=sys.stderr)
+    return 1 if bad else 0
+
+
+def _check_model(cfg) -> int:
+    """Load the configured model as `serve` would (manifest and sha256 of every variant, or a
+    bare .onnx with its input shape, labels and preprocessing) and say what was found, on
+    stderr. 1 when `serve` would fail on it."""
+    from runtime.manifest import configured_model, model_files
+    from runtime.onnx_model import ModelError
+
+    def say(line: str) -> None:
+        print(line, file=sys.stderr)
+
+    if not cfg.model.path:
+        say("model: the bundled models/inspection")
+        return 0
+    try:
+        m = configured_model(cfg.model.path, cfg.model)
+        forms = model_files(m)
+    except ModelError as e:
+        say(f"ERROR: model: {e}")
+        return 1
+    if m.bare:
+        say(f"model: {m.root}: a bare .onnx, one fp32 form, input {list(forms[0].input_shape)}, "
+            f"accuracy unknown (the governor can only cap the frame rate); output "
+            f"{m.output}, {len(m.labels) or 'no'} labels, preprocess {m.preprocess.to_dict()}")
+    else:
+        names = ", ".join(f.precision for f in forms)
+        say(f"model: {m.root}: {m.name}, {len(forms)} variants ({names}), accuracy basis "
+            f"{m.accuracy_basis}")
+        ignored = [k for k in ("labels", "preprocess") if getattr(cfg.model, k)]
+        if ignored or cfg.model.output != "scores":
+            say(f"  note: [model] {', '.join(ignored or ['output'])} apply to a bare .onnx only;"
+                " the manifest declares its own")
+    return 0
 
 
 def _check_sensors(cfg) -> int:
@@ -156,38 +217,45 @@ def _check_sensors(cfg) -> int:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    """Make a model's precision ladder (fp16, int8, reduced resolution) with measured accuracy."""
-    from runtime.manifest import Preprocess
+    """Make a model's precision ladder (fp16, int8, reduced resolution) with measured accuracy.
+    Every failure is one error line naming the model and the step (exit 2)."""
+    from runtime.manifest import Preprocess, read_labels, read_preprocess
     from runtime.onnx_model import ModelError
-    from runtime.prepare import PrepareOptions, prepare
+    from runtime.prepare import PrepareOptions, StepError, prepare
 
-    pre = {}
-    if args.preprocess:
-        try:
-            doc = json.loads(args.preprocess.read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise ModelError(f"{args.preprocess}: cannot read preprocessing JSON: {e}") from e
-        pre = doc.get("preprocess", doc)
-    labels: tuple[str, ...] = ()
-    if args.labels:
-        try:
-            labels = tuple(x.strip() for x in args.labels.read_text().splitlines() if x.strip())
-        except OSError as e:
-            raise ModelError(f"{args.labels}: cannot read labels: {e.strerror}") from e
-    opts = PrepareOptions(name=args.name or args.out.name,
-                          preprocess=Preprocess.from_dict(pre, str(args.preprocess or "defaults")),
+    def error(step: str, message: str) -> int:
+        print(f"edgerun models prepare: ERROR: {args.model}: step {step}: {message}",
+              file=sys.stderr)
+        return 2
+
+    try:
+        pre = read_preprocess(args.preprocess) if args.preprocess else {}
+        labels = read_labels(args.labels) if args.labels else ()
+        preprocess = Preprocess.from_dict(pre, str(args.preprocess or "defaults"))
+    except (ModelError, TypeError) as e:
+        return error("options", str(e))
+    opts = PrepareOptions(name=args.name or args.out.name, preprocess=preprocess,
                           labels=labels, input_shape=args.input_shape or (), prefix=args.prefix,
                           output=args.output, reduced=not args.no_reduced)
-    doc = prepare(args.model, args.calib, args.val, args.out, opts,
-                  progress=lambda m: print(f"[{m}]", file=sys.stderr, flush=True))
+    try:
+        doc = prepare(args.model, args.calib, args.val, args.out, opts,
+                      progress=lambda m: print(f"[{m}]", file=sys.stderr, flush=True))
+    except StepError as e:
+        return error(e.step, e.message)
+    except (ValueError, OSError) as e:  # ModelError, or an unreadable --prefix manifest
+        return error("manifest", str(e))
     print(f"{'VARIANT':<18} {'ACCURACY':>8} {'AGREE':>7} {'MAX|DIFF|':>10} {'KB':>7}")
     for v in doc["variants"]:
         print(f"{v['name']:<18} {v['accuracy']:>8.4f} {v['agreement']:>7.4f} "
               f"{v['max_abs_diff']:>10.2e} {v['size_bytes'] / 1024:>7.1f}")
     for f in doc["failed"]:
-        print(f"FAILED {f['variant']}: {f['error']}")
-    print(f"manifest: {args.out / 'manifest.json'} (accuracy basis: {doc['accuracy_basis']}, "
-          f"{doc['eval_images']} images)")
+        what = "SKIPPED" if f.get("skipped") else "FAILED"
+        print(f"{what} {args.model.name} {f['variant']} (step {f['step']}): {f['error']}")
+    basis = {"labels": "top-1 against the val images' folder names",
+             "agreement": "top-1 agreement with fp32 on the val images",
+             "agreement-generated": "top-1 agreement with fp32 on generated inputs, not images"}
+    print(f"manifest: {args.out / 'manifest.json'} (accuracy basis: {doc['accuracy_basis']}: "
+          f"{basis.get(doc['accuracy_basis'], '')}, {doc['eval_images']} inputs)")
     return 0
 
 
@@ -341,6 +409,14 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--input-shape", type=_shape, help="fix dynamic dims, e.g. 1,3,224,224")
     pr.add_argument("--time-budget", type=float, help="seconds of measuring per variant")
     pr.add_argument("--fresh", action="store_true", help="ignore cached profiles")
+    pr.add_argument("--engine", action="append", metavar="ENGINE",
+                    help="profile only this engine: onnxruntime, openvino, opencv, opencl "
+                    "(repeat for more)")
+    pr.add_argument("--threads", type=_threads, help="profile only these thread counts, "
+                    "e.g. 1,4")
+    pr.add_argument("--all", action="store_true", help="list every variant and every failure "
+                    "(default: the choice, the frontier, the 10 cheapest others, failures "
+                    "summarised one line per kind)")
     pr.add_argument("--json", action="store_true", help="machine-readable output "
                     f"(schema {PROFILE_JSON_SCHEMA}, see docs/profile-json.md)")
     pr.set_defaults(func=cmd_profile)
@@ -371,9 +447,12 @@ def build_parser() -> argparse.ArgumentParser:
     msub = mo.add_subparsers(dest="models_command", required=True, metavar="ACTION")
     mp = msub.add_parser("prepare", help="make fp16/int8/reduced variants and a manifest")
     mp.add_argument("model", type=Path, help="the fp32 .onnx model")
-    mp.add_argument("--calib", type=Path, required=True, help="images for int8 calibration")
-    mp.add_argument("--val", type=Path, required=True,
-                    help="images to measure accuracy on (label = parent folder name)")
+    mp.add_argument("--calib", type=Path, help="images for int8 calibration (default: the "
+                    "--val images; without either, no int8)")
+    mp.add_argument("--val", type=Path,
+                    help="images to measure on: labelled (parent folder = label, with --labels) "
+                    "or not (accuracy = agreement with fp32); none: fp16 only, on generated "
+                    "inputs")
     mp.add_argument("--labels", type=Path, help="class names, one per line, in output order")
     mp.add_argument("--out", type=Path, required=True, help="output directory")
     mp.add_argument("--name", help="model name (default: the output directory's name)")

@@ -28,10 +28,15 @@ class DeviceConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """The model to run: an .onnx file or a directory with a variant manifest."""
+    """The model to run: an .onnx file or a directory with a variant manifest. `labels`,
+    `preprocess` and `output` describe a bare .onnx (a manifest declares its own)."""
 
     path: str = ""
     input_shape: tuple[int, ...] = ()  # fixes dynamic dimensions, e.g. [1, 3, 224, 224]
+    labels: str = ""  # a text file of class names, one per line; empty: class_0, class_1, ...
+    preprocess: str = ""  # a JSON file (layout/colour/resize/scale/mean/std); empty: RGB,
+    # layout from the input, bilinear resize, pixels / 255 (docs/manifest.md "A bare .onnx")
+    output: Literal["scores", "probabilities", "logits"] = "scores"
 
     def validate(self) -> tuple[str, str] | None:
         if any(d <= 0 for d in self.input_shape):

@@ -50,7 +50,13 @@ def ladder_for(profiles: Sequence[Profile], c: Constraints) -> tuple[list[Rung],
     rungs = [r for r in ladder(meets, c.percentile) if r.energy_j <= choice.profile.energy_mj / 1e3]
     top = ladder([choice.profile], c.percentile)[0]
     rungs = [r for r in rungs if r.variant_id != top.variant_id] + [top]
-    return rungs, choice.reason
+    reason = choice.reason
+    if choice.profile.accuracy is None:
+        reason += ("; accuracy unknown (no manifest: the fp32 form is the reference, taken "
+                   "as 1.0)")
+    if len(rungs) == 1:
+        reason += "; a one-rung ladder: the governor can only cap the frame rate"
+    return rungs, reason
 
 
 def on_device(rungs: Sequence[Rung], cpu_s: Sequence[float], power: Any) -> list[Rung]:

@@ -2,7 +2,9 @@
 
 A model directory holds `manifest.json` (schema `edgerun.manifest/1`, see docs/manifest.md)
 and the variant files it lists. Every file is hashed before use: a mismatch is an error that
-names the file, never a silent load of something else.
+names the file, never a silent load of something else. A bare `.onnx` file stands for a
+manifest of one fp32 form whose accuracy is unknown (`bare_manifest`, docs/manifest.md
+"A bare .onnx").
 """
 
 from __future__ import annotations
@@ -92,7 +94,7 @@ class VariantEntry:
     sha256: str
     input_name: str
     input_shape: tuple[int, ...]
-    accuracy: float  # against labels when the manifest was made with labels, else agreement
+    accuracy: float | None  # against labels, or agreement with fp32; None: unknown (bare)
     agreement: float  # top-1 agreement with the source fp32
     max_abs_diff: float
     mean_abs_diff: float
@@ -110,13 +112,14 @@ class Manifest:
     preprocess: Preprocess
     output: str  # "probabilities" | "logits"
     variants: tuple[VariantEntry, ...]
-    accuracy_basis: str  # "labels" | "agreement"
+    accuracy_basis: str  # "labels" | "agreement" | "agreement-generated" | "unknown" (bare)
     eval_images: int
     failed: tuple[dict, ...] = ()
+    bare: bool = False  # root is a bare .onnx file, not a directory (accuracy unknown)
 
     def path(self, v: VariantEntry) -> Path:
         """Absolute path of a variant's file."""
-        return self.root / v.file
+        return self.root if self.bare else self.root / v.file
 
     def variant(self, name: str) -> VariantEntry:
         """The entry called `name`; ModelError listing the names otherwise."""
@@ -148,6 +151,106 @@ def load_manifest(root: str | Path) -> Manifest:
                         tuple(doc.get("failed", ())))
     except (KeyError, TypeError) as e:
         raise ModelError(f"{path}: missing or invalid field: {e}") from e
+
+
+# What a bare .onnx is assumed to want (docs/manifest.md "A bare .onnx"): pixels scaled to
+# 0..1 and nothing else, the most common export convention; `[model] preprocess` overrides it.
+BARE_PREPROCESS = {"colour": "RGB", "resize": "bilinear", "scale": 1 / 255,
+                   "mean": (0.0, 0.0, 0.0), "std": (1.0, 1.0, 1.0)}
+OUTPUTS = ("scores", "probabilities", "logits")
+
+
+def _layout(shape: tuple[int, ...], path: Path) -> str:
+    """NCHW or NHWC from where the 3 colour channels are; ModelError for anything else."""
+    if len(shape) == 4 and shape[1] == 3:
+        return "NCHW"
+    if len(shape) == 4 and shape[3] == 3:
+        return "NHWC"
+    raise ModelError(f"{path}: input shape {list(shape)} is not a 3-channel image "
+                     "([1, 3, H, W] or [1, H, W, 3]); edgerun feeds colour frames only")
+
+
+def _output_classes(proto: Any) -> int | None:
+    """The static size of the first output's last dimension, when the file declares one."""
+    dims = proto.graph.output[0].type.tensor_type.shape.dim if proto.graph.output else []
+    last = dims[-1] if dims else None
+    return last.dim_value if last is not None and last.HasField("dim_value") else None
+
+
+def bare_manifest(path: str | Path, input_shape: tuple[int, ...] = (),
+                  labels: tuple[str, ...] = (), preprocess: dict[str, Any] | None = None,
+                  output: str = "scores") -> Manifest:
+    """A bare .onnx file as a one-variant manifest: fp32, accuracy unknown (None, which the
+    selector takes as the reference 1.0). Dynamic dims are fixed by `input_shape` (a dynamic
+    batch becomes 1); the layout follows the input (channels second: NCHW, last: NHWC) unless
+    `preprocess` says otherwise; without labels, results say class_0, class_1, ... Raises
+    ModelError naming the file for anything `serve` could not run."""
+    from runtime.onnx_model import load_onnx, model_input
+
+    path = Path(path)
+    if output not in OUTPUTS:
+        raise ModelError(f"{path}: output must be one of {', '.join(OUTPUTS)}, got {output!r}")
+    proto = load_onnx(path)
+    inp = model_input(proto, path, input_shape)
+    pre = {**BARE_PREPROCESS, "layout": _layout(inp.shape, path), **(preprocess or {})}
+    pre = Preprocess.from_dict({k: list(v) if isinstance(v, tuple) else v
+                                for k, v in pre.items()}, f"{path}: [model] preprocess")
+    if pre.layout != _layout(inp.shape, path):
+        raise ModelError(f"{path}: [model] preprocess says layout {pre.layout} but the input "
+                         f"{list(inp.shape)} has its colour channels "
+                         f"{'second (NCHW)' if inp.shape[1] == 3 else 'last (NHWC)'}")
+    classes = _output_classes(proto)
+    if labels and classes is not None and len(labels) != classes:
+        raise ModelError(f"{path}: {len(labels)} labels given but the output "
+                         f"'{proto.graph.output[0].name}' has {classes} classes")
+    if not labels:
+        labels = tuple(f"class_{i}" for i in range(classes or 0))
+    entry = VariantEntry("fp32", "fp32", path.name, file_sha256(path), inp.name, inp.shape,
+                         None, 1.0, 0.0, 0.0, path.stat().st_size, path.name)
+    return Manifest(path, path.stem, labels, pre, output, (entry,), "unknown", 0, (), True)
+
+
+def load_model(path: str | Path, input_shape: tuple[int, ...] = (),
+               labels: tuple[str, ...] = (), preprocess: dict[str, Any] | None = None,
+               output: str = "scores") -> Manifest:
+    """A model directory's manifest, or a bare .onnx file's (`bare_manifest`; the other
+    arguments apply only to that)."""
+    path = Path(path)
+    if path.is_dir():
+        return load_manifest(path)
+    if not path.exists():
+        raise ModelError(f"{path}: no such model file or directory ([model] path)")
+    return bare_manifest(path, input_shape, labels, preprocess, output)
+
+
+def read_labels(path: str | Path) -> tuple[str, ...]:
+    """Class names, one per line (blank lines skipped); ModelError naming the file."""
+    try:
+        return tuple(x.strip() for x in Path(path).read_text().splitlines() if x.strip())
+    except (OSError, UnicodeDecodeError) as e:
+        raise ModelError(f"{path}: cannot read labels: {getattr(e, 'strerror', None) or e}"
+                         ) from e
+
+
+def read_preprocess(path: str | Path) -> dict[str, Any]:
+    """A preprocessing JSON (`{"preprocess": {...}}` or the object itself); ModelError naming
+    the file."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ModelError(f"{path}: cannot read preprocessing JSON: {e}") from e
+    doc = doc.get("preprocess", doc) if isinstance(doc, dict) else doc
+    if not isinstance(doc, dict):
+        raise ModelError(f"{path}: preprocessing JSON must be an object")
+    return doc
+
+
+def configured_model(path: str | Path, cfg: Any) -> Manifest:
+    """The model at `path` with the `[model]` section `cfg` (runtime.config.ModelConfig):
+    its labels, preprocess and output keys apply to a bare .onnx only."""
+    return load_model(path, cfg.input_shape,
+                      read_labels(cfg.labels) if cfg.labels else (),
+                      read_preprocess(cfg.preprocess) if cfg.preprocess else None, cfg.output)
 
 
 def verify(manifest: Manifest, v: VariantEntry) -> Path:
@@ -183,16 +286,20 @@ def model_files(manifest: Manifest,
         out.append(ModelFile(manifest.name, v.name, path, v.input_name, v.input_shape,
                              v.accuracy))
     if not out:
-        raise ModelError(f"{manifest.root / MANIFEST}: no variant passed verification")
+        where = manifest.root if manifest.bare else manifest.root / MANIFEST
+        raise ModelError(f"{where}: no variant passed verification")
     return out
 
 
 def postprocess(scores: np.ndarray, manifest: Manifest) -> list[tuple[str, float]]:
-    """Per batch row: (label, probability) of the top class."""
+    """Per batch row: (label, score) of the top class: probabilities and scores as the model
+    gives them, logits through a softmax."""
     s = np.asarray(scores, np.float32).reshape(scores.shape[0], -1)
     if manifest.output == "logits":
         e = np.exp(s - s.max(axis=1, keepdims=True))
         s = e / e.sum(axis=1, keepdims=True)
     top = s.argmax(axis=1)
     labels = manifest.labels
-    return [(labels[i] if i < len(labels) else str(i), float(s[r, i])) for r, i in enumerate(top)]
+    fallback = "class_{}" if manifest.bare else "{}"
+    return [(labels[i] if i < len(labels) else fallback.format(i), float(s[r, i]))
+            for r, i in enumerate(top)]

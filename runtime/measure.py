@@ -12,14 +12,14 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from power.sensors import PowerMeter
 from runtime.backends import Backend, Variant
 from runtime.config import Config
 from runtime.ladder import ladder_for
-from runtime.manifest import Manifest, load_manifest, model_files
+from runtime.manifest import Manifest, configured_model, model_files
 from runtime.profiler import Profiler, default_threads, plan
 from runtime.selector import Constraints, Profile
 
@@ -58,7 +58,16 @@ def measure_model(path: Path, cfg: Config, backends: list[Backend], meter: Power
                   recorded: Path | None = None) -> Measured:
     """Manifest, verified forms and their profiles (cached unless `fresh`). Raises
     NoVariantError before anything changes when nothing can run."""
-    manifest = load_manifest(path)
+    manifest = configured_model(path, cfg.model)
+    if manifest.bare:
+        v = manifest.variants[0]
+        log.info("%s is a bare .onnx (no manifest): profiled as one fp32 form, input %s, "
+                 "accuracy unknown (its fp32 form is the reference, 1.0), so the ladder has one "
+                 "rung and the governor can only cap the frame rate; preprocess %s, output %s, "
+                 "labels %s. `edgerun models prepare` makes a ladder with measured accuracy",
+                 path, list(v.input_shape), manifest.preprocess.to_dict(), manifest.output,
+                 ", ".join(manifest.labels[:5]) + (" ..." if len(manifest.labels) > 5 else "")
+                 if manifest.labels else "class index")
     forms = model_files(manifest, lambda v, e: on_refused(v.name, str(e)))
     threads = cfg.backends.threads or default_threads()
     work = plan(backends, forms, threads, cfg.backends)
@@ -70,8 +79,8 @@ def measure_model(path: Path, cfg: Config, backends: list[Backend], meter: Power
     for i, (b, d, v) in enumerate(work, start=1):
         progress(i, len(work), manifest.name)
         if replay is not None:
-            if v.id in replay:
-                profiles.append(replay[v.id])
+            if v.id in replay:  # the accuracy is the manifest's now, not the recording's
+                profiles.append(replace(replay[v.id], accuracy=v.model.accuracy))
             continue
         profiles.append(profiler.profile(b, d, v, fresh=fresh))
     log.info("%d variants of %s %s in %.1f s (%d failed)", len(profiles), manifest.name,

@@ -43,7 +43,7 @@ import numpy as np
 from runtime.backends.base import Session
 from runtime.badframes import BadFrames
 from runtime.manifest import Manifest, postprocess
-from runtime.sources import BadFrame, Frame, Source, SourceError
+from runtime.sources import BadFrame, Frame, Source, SourceEnded, SourceError
 
 log = logging.getLogger("edgerun.pipeline")
 
@@ -62,6 +62,7 @@ class Pipeline:
     """See module docstring."""
 
     INLINE_AFTER_WAIT_S = 0.002
+    STABLE_S = 60.0  # a source that ran this long before failing starts its backoff afresh
 
     def __init__(self, open_source: Callable[[], Source], manifest: Manifest,
                  sink: Callable[[list[dict[str, Any]]], list[int]],
@@ -188,7 +189,7 @@ class Pipeline:
     # -- threads -----------------------------------------------------------------------------
 
     def _capture(self) -> None:
-        delay = 0.5
+        delay, opened = 0.5, 0.0
         while not self._stop_capture.is_set():
             if self.rate_cap_hz <= 0:  # paused by the control loop: read nothing
                 self._stop_capture.wait(0.2)
@@ -196,7 +197,8 @@ class Pipeline:
             if self.source is None:
                 try:
                     self.source = self._open_source()
-                    delay = 0.5
+                    opened = time.monotonic()  # no reset here: a stream that opens and
+                    # fails at once must still back off to 30 s
                 except SourceError as e:
                     self._source_failed(str(e), delay)
                     delay = min(delay * 2, 30.0)
@@ -208,9 +210,15 @@ class Pipeline:
             except BadFrame as e:  # one refused input; the source itself is fine
                 self.bad.record(e.kind, e.ref, e.why)
                 continue
+            except SourceEnded as e:  # a video file's last frame: nothing to retry
+                self.source.close()
+                self._source_ended(str(e))
+                return
             except SourceError as e:
                 self.source.close()
                 self.source = None
+                if time.monotonic() - opened >= self.STABLE_S:
+                    delay = 0.5
                 self._source_failed(str(e), delay)
                 delay = min(delay * 2, 30.0)
                 continue
@@ -253,6 +261,13 @@ class Pipeline:
         except Exception as e:
             self.bad.record("preprocess_failed", frame.ref, str(e))
             return None
+
+    def _source_ended(self, why: str) -> None:
+        """Said once: the capture thread ends, the rest keeps running (queued frames finish,
+        health goes on); a restart or a new [source] starts capturing again."""
+        self.counters["source_ended"] += 1
+        log.info("source ended: %s; no more frames, the daemon keeps running", why)
+        self._event({"type": "source_ended", "severity": "info", "reason": why})
 
     def _source_failed(self, why: str, delay: float) -> None:
         self.counters["source_errors"] += 1

@@ -13,6 +13,13 @@ Steps, each reported by name when it fails:
 5. measure    — every variant on the --val images against the fp32 outputs: top-1 agreement,
                 max/mean absolute output difference, and accuracy against labels when given.
 A failed variant is reported and skipped; the others are still written with the manifest.
+
+Images are optional (docs/manifest.md "Without labelled images"): with only --val, int8 is
+calibrated on the val images and accuracy is top-1 agreement with fp32; with no images at all,
+only fp16 is made, measured on generated inputs (`accuracy_basis` "agreement-generated"), and
+int8 and reduced are listed in `failed` as skipped, with the reason. A failure before any
+variant exists (reading images, normalise, the fp32 reference) raises StepError naming the
+step; the CLI prints it as one error line naming the model.
 """
 
 from __future__ import annotations
@@ -38,12 +45,21 @@ log = logging.getLogger("edgerun.ladder")
 IMAGE_EXT = {".png", ".jpg", ".jpeg", ".bmp", ".ppm", ".pgm", ".tif", ".tiff", ".webp"}
 
 
-class StepError(Exception):
+class StepError(ModelError):
     """One preparation step failed; `step` names it."""
 
     def __init__(self, step: str, message: str):
         super().__init__(f"{step}: {message}")
-        self.step = step
+        self.step, self.message = step, message
+
+
+def _as_step(step: str, e: BaseException) -> StepError:
+    """`e` as a StepError of `step` (kept as is when it already names its step), with the
+    first line of its message: an operator reads one line, not a traceback."""
+    if isinstance(e, StepError):
+        return e
+    first = str(e).splitlines()[0][:300] if str(e).strip() else type(e).__name__
+    return StepError(step, first)
 
 
 @dataclass(frozen=True)
@@ -59,6 +75,7 @@ class PrepareOptions:
     max_calib: int = 200
     max_val: int = 2000
     reduced: bool = True
+    generated: int = 64  # inputs generated to measure on when there are no images
 
 
 def list_images(root: Path, limit: int) -> list[Path]:
@@ -234,11 +251,35 @@ def measure(path: Path, input_name: str, tensors: list[np.ndarray], ref: np.ndar
             "mean_abs_diff": float(diff.mean())}
 
 
+def generated_frames(hw: tuple[int, int], n: int, seed: int = 0) -> list[np.ndarray]:
+    """`n` BGR frames with structure at several scales (random coarse grids upsampled, with
+    random contrast and some pixel noise): a model's top class moves with them, unlike on
+    flat noise, so fp16's agreement with fp32 on them says something. Still no substitute for
+    real images: the manifest's accuracy basis says "agreement-generated"."""
+    rng = np.random.default_rng(seed)
+    h, w = hw
+    out = []
+    for i in range(n):
+        cells = int(rng.integers(2, 17))
+        coarse = rng.integers(0, 256, (cells, cells, 3)).astype(np.float32)
+        f = cv2.resize(coarse, (w, h), interpolation=cv2.INTER_LINEAR if i % 2 else
+                       cv2.INTER_CUBIC)
+        lo, hi = sorted(rng.uniform(0, 1, 2))
+        f = f * (hi - lo + 0.1) + lo * 128 + rng.normal(0, 8, f.shape)
+        out.append(np.clip(f, 0, 255).astype(np.uint8))
+    return out
+
+
 def _truth(files: list[Path], labels: tuple[str, ...]) -> np.ndarray | None:
-    """Ground-truth indices from each image's parent folder name (None without labels)."""
-    if not labels:
+    """Ground-truth indices from each image's parent folder name (None without labels, or when
+    no image sits in a folder named for a label: unlabelled images, agreement only)."""
+    if not labels or not files:
         return None
     index = {name: i for i, name in enumerate(labels)}
+    if not any(f.parent.name in index for f in files):
+        log.info("no val image is in a folder named for a label: the images are taken as "
+                 "unlabelled and accuracy is top-1 agreement with fp32")
+        return None
     missing = sorted({f.parent.name for f in files if f.parent.name not in index})
     if missing:
         raise ModelError(f"val images in folders that are not labels: {missing[:5]} "
@@ -247,9 +288,11 @@ def _truth(files: list[Path], labels: tuple[str, ...]) -> np.ndarray | None:
     return np.array([index[f.parent.name] for f in files])
 
 
-def prepare(model: Path, calib: Path, val: Path, out: Path, opts: PrepareOptions,
-            progress: Callable[[str], None] = lambda m: None) -> dict:
-    """Run every step; write variants and the manifest into `out`; returns the manifest dict."""
+def prepare(model: Path, calib: Path | None, val: Path | None, out: Path,
+            opts: PrepareOptions, progress: Callable[[str], None] = lambda m: None) -> dict:
+    """Run every step; write variants and the manifest into `out`; returns the manifest dict.
+    `calib` and `val` are optional (module doc). Raises StepError when no manifest can be
+    made (its step named), ModelError for a bad `--prefix` manifest."""
     out.mkdir(parents=True, exist_ok=True)
     existing = None
     if opts.prefix:
@@ -258,18 +301,36 @@ def prepare(model: Path, calib: Path, val: Path, out: Path, opts: PrepareOptions
             raise ModelError(f"{out / MANIFEST}: preprocessing differs from this model's; "
                              "variants in one manifest must share it")
     stem = f"{opts.prefix}-" if opts.prefix else ""
-    val_files = list_images(val, opts.max_val)
-    truth = _truth(val_files, opts.labels)
-    calib_files = list_images(calib, opts.max_calib)
+    try:
+        val_files = list_images(val, opts.max_val) if val else []
+        truth = _truth(val_files, opts.labels)
+        if calib:
+            calib_files = list_images(calib, opts.max_calib)
+        else:  # calibrating on what is measured flatters int8 a little; better than no int8
+            calib_files = val_files[::max(1, len(val_files) // opts.max_calib)][:opts.max_calib]
+            if calib_files:
+                log.warning("%s: no --calib: int8 is calibrated on the --val images it is then "
+                            "measured on", model.name)
+        val_images = [read_image(f) for f in val_files]
+    except Exception as e:
+        raise _as_step("images", e) from e
 
     fp32 = out / f"{stem}fp32.onnx"
     work = tempfile.TemporaryDirectory(prefix="edgerun-prepare-")
     staged = Path(work.name) / "staged.onnx"
     progress("normalise")
-    input_name, shape, warnings = normalise(model, fp32, opts.input_shape, staged)
+    try:
+        input_name, shape, warnings = normalise(model, fp32, opts.input_shape, staged)
+    except Exception as e:
+        work.cleanup()
+        raise _as_step("normalise", e) from e
     for w in warnings:
         log.warning("%s: %s", model.name, w)
-    val_images = [read_image(f) for f in val_files]
+    if not val_images:
+        val_images = generated_frames(opts.preprocess.hw(shape), opts.generated)
+        log.warning("%s: no images: only fp16 is made, measured against fp32 on %d generated "
+                    "inputs; give --val DIR (unlabelled is fine) for int8 and a measured "
+                    "agreement", model.name, len(val_images))
 
     def tensors(shape_: tuple[int, ...]) -> list[np.ndarray]:
         return [opts.preprocess.apply(img, shape_) for img in val_images]
@@ -278,10 +339,14 @@ def prepare(model: Path, calib: Path, val: Path, out: Path, opts: PrepareOptions
         for f in calib_files:
             yield opts.preprocess.apply(read_image(f), shape)
 
-    full = tensors(shape)
-    ref_sess = _session(fp32)
-    ref = np.concatenate([ref_sess.run(None, {input_name: t})[0].reshape(1, -1) for t in full]
-                         ).astype(np.float64)
+    try:
+        full = tensors(shape)
+        ref_sess = _session(fp32)
+        ref = np.concatenate([ref_sess.run(None, {input_name: t})[0].reshape(1, -1)
+                              for t in full]).astype(np.float64)
+    except Exception as e:
+        work.cleanup()
+        raise _as_step("measure", e) from e
     entries: list[VariantEntry] = []
     failed: list[dict] = []
 
@@ -297,6 +362,7 @@ def prepare(model: Path, calib: Path, val: Path, out: Path, opts: PrepareOptions
                  m["agreement"], m["max_abs_diff"])
 
     add(f"{stem}fp32", "fp32", fp32, shape, full)
+
     def fp16(p: Path) -> tuple[tuple[int, ...], list[str]]:
         make_fp16(fp32, p)
         return shape, []
@@ -310,7 +376,18 @@ def prepare(model: Path, calib: Path, val: Path, out: Path, opts: PrepareOptions
     steps = [("fp16", "fp16", fp16), ("int8", "int8", int8)]
     if opts.reduced:
         steps.append(("reduced", "fp32-reduced", reduced))
+    skip = {}
+    if not calib_files:
+        skip["int8"] = "skipped: no images to calibrate on (give --calib DIR or --val DIR)"
+    if not val_files:
+        skip["reduced"] = ("skipped: no images to measure a lower resolution on (generated "
+                           "inputs say nothing about detail lost; give --val DIR)")
     for step, precision, make in steps:
+        if step in skip:
+            log.warning("%s: variant %s%s %s", model.name, stem, step, skip[step])
+            failed.append({"variant": f"{stem}{step}", "step": step, "error": skip[step],
+                           "skipped": True})
+            continue
         progress(step)
         path = out / f"{stem}{step}.onnx"
         try:
@@ -326,16 +403,17 @@ def prepare(model: Path, calib: Path, val: Path, out: Path, opts: PrepareOptions
         except Exception as e:  # one variant failing must not lose the others
             err = e if isinstance(e, StepError) else StepError(
                 step, str(e).splitlines()[0][:300] if str(e) else type(e).__name__)
-            log.error("variant %s%s failed at step %s: %s; the other variants are kept",
-                      stem, step, err.step, err)
+            log.error("%s: variant %s%s failed at step %s: %s; the other variants are kept",
+                      model.name, stem, step, err.step, err.message)
             failed.append({"variant": f"{stem}{step}", "step": err.step, "error": str(err)})
             path.unlink(missing_ok=True)
 
     doc = {
         "schema": SCHEMA, "name": opts.name, "labels": list(opts.labels),
         "preprocess": opts.preprocess.to_dict(), "output": opts.output,
-        "accuracy_basis": "labels" if truth is not None else "agreement",
-        "eval_images": len(val_files),
+        "accuracy_basis": "labels" if truth is not None else (
+            "agreement" if val_files else "agreement-generated"),
+        "eval_images": len(val_images),
         "variants": [{**asdict(e), "input_shape": list(e.input_shape)} for e in entries],
         "failed": failed,
     }

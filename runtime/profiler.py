@@ -13,7 +13,7 @@ import os
 import platform
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +23,7 @@ from power.sensors import PowerMeter, SensorError
 from runtime import __version__
 from runtime.backends import Backend, BackendError, Device, ModelFile, Variant
 from runtime.config import ModelConfig, ProfilerConfig
-from runtime.onnx_model import file_sha256, load_onnx, model_input
+from runtime.onnx_model import file_sha256
 from runtime.selector import Profile
 
 log = logging.getLogger(__name__)
@@ -33,15 +33,10 @@ CACHE_SCHEMA = 2  # 2: energy and cpu_ms from inference CPU time, never process-
 
 def model_files(cfg: ModelConfig) -> list[ModelFile]:
     """The precision forms of the configured model: every variant of a manifest directory
-    (sha256-verified), or a bare .onnx file as one fp32 form."""
-    path = Path(cfg.path)
-    if path.is_dir():
-        from runtime import manifest
+    (sha256-verified), or a bare .onnx file as one fp32 form of unknown accuracy."""
+    from runtime import manifest
 
-        return manifest.model_files(manifest.load_manifest(path))
-    proto = load_onnx(path)
-    inp = model_input(proto, path, cfg.input_shape)
-    return [ModelFile(path.stem, "fp32", path, inp.name, inp.shape)]
+    return manifest.model_files(manifest.configured_model(cfg.path, cfg))
 
 
 def default_threads() -> tuple[int, ...]:
@@ -126,7 +121,10 @@ class Profiler:
             hit = self._cached(key)
             if hit is not None:
                 self._progress(f"{v.id}: cached")
-                return hit
+                # Accuracy belongs to the manifest, not to the measurement: the same file
+                # profiled bare (unknown) and then from a prepared manifest, or re-prepared on
+                # other images, must not carry the cached run's accuracy.
+                return replace(hit, accuracy=v.model.accuracy)
         self._progress(f"{v.id}: measuring")
         p = self._measure(backend, v)
         if p.ok:  # failures are not cached: a fixed library or file should be retried

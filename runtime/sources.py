@@ -34,6 +34,11 @@ class SourceError(Exception):
     """The source failed; the message says what and where."""
 
 
+class SourceEnded(SourceError):
+    """The source has nothing more to give (a video file's last frame was read, no loop):
+    not an error and not retried; the daemon keeps running and says so once."""
+
+
 class BadFrame(Exception):
     """One input was refused (the source itself is fine): `kind` is one of
     runtime.images.KINDS, `ref` names the file or trigger, the message says why. The pipeline
@@ -54,6 +59,8 @@ class SourceConfig:
     defect_rate: float = 0.2  # synthetic: share of parts with a defect
     size: int = 96  # synthetic: frame size in pixels
     path: str = ""  # folder: directory; capture: device index, file or URL
+    loop: bool = False  # capture of a video file: play it again after its last frame
+    # (default: the source ends there; the daemon keeps running and reports it once)
     watch: bool = True  # folder: keep watching for new files
     done_dir: str = ""  # folder: move inspected files here (empty: remember them instead)
     topic: str = ""  # trigger: MQTT topic; payload = image bytes (PNG/JPEG) or a file path
@@ -273,25 +280,51 @@ class FolderSource:
 
 
 class CaptureSource:
-    """cv2.VideoCapture on a V4L2 device index, a video file or an RTSP/HTTP URL."""
+    """cv2.VideoCapture on a V4L2 device index, a video file or an RTSP/HTTP URL. A video file
+    ends after its last frame (SourceEnded), or starts again with `loop`; a camera or stream
+    that stops delivering raises SourceError (the pipeline re-opens it with backoff)."""
 
     def __init__(self, cfg: SourceConfig):
         self._target: int | str = int(cfg.path) if cfg.path.isdigit() else cfg.path
         self.live = not Path(str(self._target)).is_file()
-        self._cap = cv2.VideoCapture(self._target)
+        self._loop = cfg.loop and not self.live
+        self._cap = self._open()
         if not self._cap.isOpened():
             raise SourceError(f"source.path {cfg.path!r}: cannot open (no such camera, file "
                               "or stream)")
         self._n = 0
+        self._pass_n = 0  # frames read since the file was (re)opened
 
-    def read(self, timeout_s: float) -> Frame | None:
-        """The next decoded frame; SourceError when the device or stream stops delivering."""
-        t0 = time.time()
+    def _open(self) -> cv2.VideoCapture:
+        return cv2.VideoCapture(self._target)
+
+    def _next(self) -> np.ndarray | None:
+        ok, img = self._cap.read()
+        if ok and img is not None:
+            return img
+        if self.live:
+            raise SourceError(f"{self._target}: no frame (camera unplugged or stream down)")
+        if not self._loop:
+            raise SourceEnded(f"{self._target}: end of the video file after {self._n} frames; "
+                              "the source has ended (set [source] loop = true to play it "
+                              "again)")
+        if self._pass_n == 0:  # a looped file that gives nothing would spin
+            raise SourceError(f"{self._target}: no frame from the start of the video file")
+        self._cap.release()  # rewind by re-opening: seeking is unreliable across containers
+        self._cap, self._pass_n = self._open(), 0
         ok, img = self._cap.read()
         if not ok or img is None:
-            raise SourceError(f"{self._target}: no frame (end of file, camera unplugged or "
-                              "stream down)")
+            raise SourceError(f"{self._target}: no frame after re-opening the video file to "
+                              "loop it")
+        return img
+
+    def read(self, timeout_s: float) -> Frame | None:
+        """The next decoded frame; SourceEnded after a video file's last frame (unless it
+        loops), SourceError when the device or stream stops delivering."""
+        t0 = time.time()
+        img = self._next()
         self._n += 1
+        self._pass_n += 1
         if img.ndim == 2:
             img = cv2.cvtColor(img, cv2.COLOR_GRAY2BGR)
         return Frame(img, f"frame-{self._n}", t=t0)

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 from modelgen import tiny_cnn
@@ -26,7 +30,7 @@ def images(tmp_path_factory):
 
 
 def _opts(**kw):
-    return PrepareOptions(name="tiny", preprocess=PRE, labels=CLASSES, **kw)
+    return PrepareOptions(**{"name": "tiny", "preprocess": PRE, "labels": CLASSES, **kw})
 
 
 def test_prepare_makes_every_variant_and_its_numbers_are_true(tmp_path, images):
@@ -130,3 +134,91 @@ def test_preprocess_matches_numpy_reference():
     got = pre.apply(frame, (1, 3, 24, 32))
     assert got.shape == (1, 3, 24, 32) and got.dtype == np.float32
     np.testing.assert_allclose(got[0], want, atol=1e-5)
+
+
+# -- without labelled images (issue 13) ------------------------------------------------------
+
+def _flat_copy(src, dst):
+    """The val images in one folder whose name is no label: unlabelled images."""
+    dst.mkdir(parents=True)
+    for i, f in enumerate(sorted(src.rglob("*.png"))):
+        (dst / f"img{i:03d}.png").write_bytes(f.read_bytes())
+    return dst
+
+
+def test_prepare_with_only_unlabelled_val_images_measures_agreement(tmp_path, images):
+    model = tiny_cnn(tmp_path / "m.onnx", hw=(32, 32))
+    flat = _flat_copy(images / "val", tmp_path / "unlabelled")
+    for labels in (CLASSES, ()):  # with class names for results, or none
+        out = tmp_path / f"out{len(labels)}"
+        doc = prepare(model, None, flat, out, _opts(labels=labels))
+        assert [v["name"] for v in doc["variants"]] == ["fp32", "fp16", "int8", "fp32-r24"]
+        assert doc["failed"] == [] and doc["accuracy_basis"] == "agreement"
+        man = load_manifest(out)
+        assert man.eval_images == 40 and man.labels == labels
+        assert man.variant("fp32").accuracy == 1.0
+        files = list_images(flat, 100)
+        frames = [read_image(f) for f in files]
+        outs = {}
+        for v in man.variants:
+            sess = ort.InferenceSession(str(verify(man, v)), providers=["CPUExecutionProvider"])
+            outs[v.name] = np.concatenate([sess.run(None, {v.input_name: man.preprocess.apply(
+                f, v.input_shape)})[0] for f in frames]).argmax(1)
+            assert v.accuracy == v.agreement == pytest.approx(
+                float((outs[v.name] == outs["fp32"]).mean()))
+
+
+def test_prepare_with_no_images_makes_fp16_on_generated_inputs_and_says_why_not_int8(tmp_path):
+    from runtime.prepare import generated_frames
+
+    model = tiny_cnn(tmp_path / "m.onnx", hw=(32, 32))
+    doc = prepare(model, None, None, tmp_path / "out", _opts(labels=()))
+    assert [v["name"] for v in doc["variants"]] == ["fp32", "fp16"]
+    assert doc["accuracy_basis"] == "agreement-generated" and doc["eval_images"] == 64
+    failed = {f["variant"]: f for f in doc["failed"]}
+    assert set(failed) == {"int8", "reduced"} and all(f["skipped"] for f in failed.values())
+    assert "no images to calibrate on" in failed["int8"]["error"]
+    assert not (tmp_path / "out" / "int8.onnx").exists()
+    man = load_manifest(tmp_path / "out")
+    frames = generated_frames((32, 32), 64)
+    x = [man.preprocess.apply(f, (1, 3, 32, 32)) for f in frames]
+    tops = {}
+    for v in man.variants:
+        sess = ort.InferenceSession(str(verify(man, v)), providers=["CPUExecutionProvider"])
+        tops[v.name] = np.array([sess.run(None, {"x": t})[0].argmax() for t in x])
+    assert len(set(tops["fp32"])) > 1  # the inputs move the model: agreement means something
+    assert man.variant("fp16").agreement == pytest.approx(
+        float((tops["fp16"] == tops["fp32"]).mean()))
+
+
+SHUFFLENET = Path(onnx.__file__).parent / "backend/test/data/light/light_shufflenet.onnx"
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "runtime.cli", "models", "prepare",
+                           *map(str, args)], capture_output=True, text=True, check=False,
+                          timeout=300)
+
+
+@pytest.mark.skipif(not SHUFFLENET.exists(), reason="onnx package without its test models")
+def test_prepare_failure_on_a_real_opset9_model_is_one_error_line(tmp_path):
+    r = _cli(SHUFFLENET, "--out", tmp_path / "out")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    errors = [ln for ln in r.stderr.splitlines() if "ERROR" in ln]
+    assert len(errors) == 1
+    assert errors[0].startswith(f"edgerun models prepare: ERROR: {SHUFFLENET}: step normalise: "
+                                "opset 9 is too old")
+
+
+def test_prepare_cli_errors_name_the_model_and_the_step(tmp_path, images):
+    dyn = tiny_cnn(tmp_path / "dyn.onnx", hw=("H", "W"))
+    r = _cli(dyn, "--out", tmp_path / "a")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert f"ERROR: {dyn}: step normalise: {dyn}: input 'x' has dynamic dimensions" in r.stderr
+    r = _cli(dyn, "--val", tmp_path / "nowhere", "--out", tmp_path / "b")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert f"ERROR: {dyn}: step images: {tmp_path / 'nowhere'}: not a directory" in r.stderr
+    r = _cli(dyn, "--input-shape", "1,3,32,32", "--out", tmp_path / "c")
+    assert r.returncode == 0, r.stderr
+    assert "SKIPPED dyn.onnx int8 (step int8): skipped: no images to calibrate on" in r.stdout
+    assert "accuracy basis: agreement-generated" in r.stdout

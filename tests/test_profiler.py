@@ -127,3 +127,24 @@ def test_help_lists_commands():
     assert r.returncode == 0
     for c in ("profile", "check"):
         assert c in r.stdout
+
+
+def test_a_cached_profile_takes_the_accuracy_of_the_manifest_now(tiny_model, fast_profiler_cfg):
+    # The same file profiled bare (accuracy unknown) and then listed in a manifest with a
+    # measured accuracy: the cache hit must carry the manifest's accuracy, not None (seen:
+    # a prepared ladder's health said "accuracy unknown" after a bare run had filled the cache).
+    from dataclasses import replace
+
+    from runtime.backends import ModelFile
+
+    bcfg = BackendsConfig(enabled=("onnxruntime",), threads=(1,))
+    (backend,) = discover(bcfg)
+    profiler = Profiler(fast_profiler_cfg, EstimatedMeter(5.0, 2.0), "test-device")
+    (bare,) = model_files(ModelConfig(path=str(tiny_model)))
+    known = replace(bare, accuracy=0.93)
+    first = profile_all([backend], [bare], (1,), bcfg, profiler)
+    second = profile_all([backend], [known], (1,), bcfg, profiler)
+    assert isinstance(known, ModelFile)
+    assert [p.p95_ms for p in first] == [p.p95_ms for p in second]  # a cache hit
+    assert all(p.accuracy is None for p in first)
+    assert all(p.accuracy == 0.93 for p in second)

@@ -11,7 +11,14 @@ import paho.mqtt.client as mqtt
 import pytest
 
 from models.synthetic import samples
-from runtime.sources import BadFrame, CaptureSource, SourceConfig, SourceError, open_source
+from runtime.sources import (
+    BadFrame,
+    CaptureSource,
+    SourceConfig,
+    SourceEnded,
+    SourceError,
+    open_source,
+)
 from runtime.telemetry.broker import Mosquitto
 
 
@@ -66,7 +73,7 @@ def test_capture_source_reads_a_video_file_then_reports_its_end(tmp_path):
     frames = [src.read(0.5) for _ in range(5)]
     assert all(f is not None and f.image.shape == (96, 96, 3) for f in frames)
     assert src.live is False  # a file is not a live camera
-    with pytest.raises(SourceError, match="no frame"):
+    with pytest.raises(SourceEnded, match="end of the video file after 5 frames"):
         src.read(0.5)
     src.close()
     with pytest.raises(SourceError, match="cannot open"):
