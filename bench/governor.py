@@ -101,7 +101,10 @@ def main() -> int:
     head = (f"{'device':<12} {'scenario':<8} {'policy':<15} {'sensor':<8} {'crit':>4} "
             f"{'thr min':>7} {'good x acc /h':>17} {'vs A':>11} {'mean acc':>11} "
             f"{'changes/h':>9}")
-    print(f"profiles: {args.profiles.resolve().relative_to(HERE.parent.resolve()) if args.profiles.resolve().is_relative_to(HERE.parent.resolve()) else args.profiles}; {args.hours:g} h from {START_HOUR:g}:00; "
+    shown = args.profiles.resolve()
+    if shown.is_relative_to(HERE.parent.resolve()):
+        shown = shown.relative_to(HERE.parent.resolve())
+    print(f"profiles: {shown}; {args.hours:g} h from {START_HOUR:g}:00; "
           f"latency target {LATENCY_MS:g} ms; spreads are min-max over {args.seeds} seeds")
     print(head)
     failures: list[str] = []
