@@ -9,7 +9,7 @@ import sys
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from runtime import __version__
+from runtime import __version__, journal
 from runtime.report import json_safe, profile_table
 from runtime.schema import ConfigError, to_dict
 
@@ -460,12 +460,14 @@ def main(argv: list[str] | None = None) -> int:
     from runtime.selector import NoVariantError
 
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    if journal.setup(logging.DEBUG if args.verbose else logging.INFO):
+        # An uncaught exception's traceback is a crash: filed at CRIT, every line of it.
+        sys.excepthook = lambda t, v, tb: logging.getLogger("edgerun").critical(
+            "uncaught exception, exiting", exc_info=(t, v, tb))
     try:
         return args.func(args)
     except (ConfigError, ModelError, NoVariantError) as e:
-        print(f"edgerun: {e}", file=sys.stderr)
+        print(journal.error_line(f"edgerun: {e}"), file=sys.stderr)
         return 2
 
 
