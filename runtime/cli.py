@@ -195,7 +195,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """Run the daemon: inspect frames, govern precision, publish results and health."""
     from runtime.daemon import serve
 
-    return serve(args.config)
+    return serve(args.config, print_results=args.print)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -394,6 +394,8 @@ def build_parser() -> argparse.ArgumentParser:
                         parents=[common])
     se.add_argument("--config", type=Path, help="edgerun TOML config (embedded defaults "
                     "otherwise: bundled model, synthetic frames, no broker)")
+    se.add_argument("--print", action="store_true", help="one line a result on stdout: UTC "
+                    "time, source ref, label, score, variant, rung (also [results] print)")
     se.set_defaults(func=cmd_serve)
 
     de = sub.add_parser("demo", help="everything on one machine, with a live view",
