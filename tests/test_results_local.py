@@ -257,3 +257,27 @@ def test_serve_prints_writes_jsonl_keeps_snapshots_and_counts_labels(tmp_path):
     assert set(labels) <= set(LABELS) and labels.get("ok", 0) > 0
     assert sum(labels.values()) == h["pipeline"]["results"]
     assert h["pipeline"]["local_dropped"] == 0 and h["pipeline"]["snapshots_errors"] == 0
+
+
+def test_label_counters_are_bounded_and_admitted_by_the_health_schema():
+    from runtime.manifest import Manifest, Preprocess
+    from runtime.pipeline import MAX_LABELS, OTHER_LABEL, Active, Pipeline
+    from runtime.telemetry import payloads
+
+    n = MAX_LABELS + 44
+    m = Manifest(Path("."), "many", tuple(f"class{i}" for i in range(n)), Preprocess(),
+                 "probabilities", (), "labels", 0)
+    p = Pipeline(lambda: None, m, lambda rs: list(range(1, len(rs) + 1)), lambda e: None)
+    active = Active(0, "v", None, (1, 3, 8, 8))
+    batch = [(_frame(i), np.eye(n, dtype=np.float32)[i:i + 1], active, 1.0) for i in range(n)]
+    p._store(batch[:10])
+    p._store(batch)  # the first 10 labels twice, the rest once
+    labels = p.stats()["labels"]
+    assert len(labels) == MAX_LABELS + 1 and labels[OTHER_LABEL] == 44
+    assert labels["class0"] == 2 and sum(labels.values()) == n + 10
+    stats = p.stats()
+    stats.pop("slo")  # health moves it to the top level
+    payloads.check("health", {"v": 1, "t": time.time(), "boot": "b", "pipeline": stats})
+    stats["labels"]["one_too_many"] = 1
+    with pytest.raises(payloads.PayloadError, match="labels"):
+        payloads.check("health", {"v": 1, "t": time.time(), "boot": "b", "pipeline": stats})
