@@ -97,6 +97,9 @@ def snapshot_labels(cfg: SnapshotConfig, labels: tuple[str, ...]) -> Callable[[s
     indices, so "0")."""
     if cfg.labels:
         wanted = frozenset(cfg.labels)
+        if labels and (unknown := sorted(wanted - set(labels))):
+            log.warning("results.snapshots.labels: %s not among the model's labels (%s); "
+                        "no snapshot will ever match them", unknown, ", ".join(labels))
         return wanted.__contains__
     ok = labels[0] if labels else "0"
     return lambda label: label != ok
@@ -198,8 +201,12 @@ class Snapshots:
     @staticmethod
     def _write(path: Path, data: bytes) -> None:
         tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
+        try:
+            tmp.write_bytes(data)
+            os.replace(tmp, path)
+        except OSError:
+            tmp.unlink(missing_ok=True)  # a full disk leaves no half-written file behind
+            raise
 
     def expire(self) -> None:
         """Delete the oldest snapshots beyond `keep` and those older than `max_age_h`."""
@@ -274,8 +281,12 @@ class LocalResults:
     def stop(self, timeout_s: float = 10.0) -> None:
         """Write what is queued, then close the files."""
         if self._thread.is_alive():
-            self._q.put(None)
-            self._thread.join(timeout_s)
+            try:  # a sink stuck on a dead disk must not hold up the shutdown
+                self._q.put(None, timeout=timeout_s)
+                self._thread.join(timeout_s)
+            except queue.Full:
+                log.warning("local results: the sink thread is stuck; %d groups not written",
+                            self._q.qsize())
         if self.jsonl is not None:
             self.jsonl.close()
 
@@ -303,9 +314,9 @@ class LocalResults:
             for image, r in zip(images, results, strict=True):
                 if image is None:
                     continue
-                self._images.release()
                 if self._guard("snapshots", self.snapshots.save, image, r):
                     self.counters["snapshots_saved"] += 1
+                self._images.release()
 
     def _print_all(self, results: list[dict[str, Any]]) -> None:
         try:

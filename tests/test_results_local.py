@@ -72,13 +72,15 @@ def test_config_is_validated():
             config_mod.from_dict({"results": bad})
 
 
-def test_snapshot_labels_default_to_all_but_the_first():
+def test_snapshot_labels_default_to_all_but_the_first(caplog):
     want = snapshot_labels(SnapshotConfig(), LABELS)
     assert [x for x in LABELS if want(x)] == list(LABELS[1:])
     want = snapshot_labels(SnapshotConfig(labels=("dent",)), LABELS)
     assert [x for x in LABELS if want(x)] == ["dent"]
     want = snapshot_labels(SnapshotConfig(), ())  # no labels: results carry class indices
     assert not want("0") and want("3")
+    snapshot_labels(SnapshotConfig(labels=("dent", "dnet")), LABELS)  # a typo is reported
+    assert "['dnet'] not among the model's labels" in caplog.text
 
 
 def test_jsonl_rotates_by_size_and_keeps_n_files(tmp_path):
