@@ -9,7 +9,7 @@ import sys
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from runtime import __version__
+from runtime import __version__, journal
 from runtime.report import json_safe, profile_table
 from runtime.schema import ConfigError, to_dict
 
@@ -263,7 +263,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """Run the daemon: inspect frames, govern precision, publish results and health."""
     from runtime.daemon import serve
 
-    return serve(args.config)
+    return serve(args.config, print_results=args.print)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -383,13 +383,44 @@ def cmd_schemas(args: argparse.Namespace) -> int:
 
 
 def cmd_keys(args: argparse.Namespace) -> int:
-    """Make an Ed25519 key pair for signing commands (private key mode 0600)."""
+    """Make an Ed25519 key pair for signing commands (private key mode 0600). An existing key
+    file is never replaced without --force: the devices trusting it would refuse every
+    command signed by the new one."""
     from runtime.telemetry.commands import generate_keypair
 
-    kid = generate_keypair(args.private, args.public)
+    existing = [str(f) for f in (args.private, args.public) if f.exists() or f.is_symlink()]
+    if existing and not args.force:
+        verb = "exists" if len(existing) == 1 else "exist"
+        print(journal.error_line(
+            f"edgerun keys: {' and '.join(existing)} already {verb}; refusing to overwrite "
+            "(devices that trust the old key would refuse commands signed by a new one). "
+            "Pass --force to replace it."), file=sys.stderr)
+        return 2
+    try:
+        kid = generate_keypair(args.private, args.public, overwrite=args.force)
+    except FileExistsError as e:  # appeared since the check above
+        print(journal.error_line(f"edgerun keys: {e.filename} already exists; refusing to "
+                                 "overwrite it (pass --force to replace it)"), file=sys.stderr)
+        return 2
     print(f"key {kid}: private {args.private} (keep on the coordinator), "
           f"public {args.public} (list in telemetry.trusted_keys on devices)")
     return 0
+
+
+def _fleet_options(p: argparse.ArgumentParser, default: object) -> None:
+    """The fleet views' options; `default` None on `fleet` itself, SUPPRESS on its actions
+    (see build_parser)."""
+    def d(value: object) -> object:
+        return value if default is None else default
+
+    p.add_argument("--api", default=d(None), help="coordinator API base URL (default: from "
+                   "--config, else http://127.0.0.1:8787)")
+    p.add_argument("--token-file", type=Path, default=d(None), help="the coordinator's API "
+                   "token file (default: from --config, else $EDGERUN_API_TOKEN_FILE, else "
+                   "~/.local/state/edgerun/api-token)")
+    p.add_argument("--config", type=Path, default=d(None), help="the coordinator's config: "
+                   "API address and token file")
+    p.add_argument("--json", action="store_true", default=d(False), help="print the raw JSON")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -397,10 +428,17 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="edgerun", description="Edge inference runtime.")
     p.add_argument("--version", action="version", version=f"edgerun {__version__}")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    # Global options are accepted after the subcommand too (`edgerun serve --config X -v`,
+    # `edgerun fleet ls --json`): every subparser repeats them with a SUPPRESSed default, so
+    # an option given at any level sets the value and one not given leaves the outer default.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                        help="debug logging")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     pr = sub.add_parser("profile", help="profile every variant of a model and pick one",
-                        description=cmd_profile.__doc__)
+                        description=cmd_profile.__doc__,
+                        parents=[common])
     pr.add_argument("model", type=Path, help="an .onnx file or a model directory with a manifest")
     pr.add_argument("--config", type=Path, help="edgerun TOML config (defaults otherwise)")
     pr.add_argument("--latency-ms", type=float, help="latency target (default 20)")
@@ -423,17 +461,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     ck = sub.add_parser("check", help="validate a config file, print it resolved and report "
                         "the sensors the daemon would use (exit 1: governor on, no thermometer)",
-                        description=cmd_check.__doc__)
+                        description=cmd_check.__doc__,
+                        parents=[common])
     ck.add_argument("config", type=Path)
     ck.set_defaults(func=cmd_check)
 
-    se = sub.add_parser("serve", help="run the daemon", description=cmd_serve.__doc__)
+    se = sub.add_parser("serve", help="run the daemon", description=cmd_serve.__doc__,
+                        parents=[common])
     se.add_argument("--config", type=Path, help="edgerun TOML config (embedded defaults "
                     "otherwise: bundled model, synthetic frames, no broker)")
+    se.add_argument("--print", action="store_true", help="one line a result on stdout: UTC "
+                    "time, source ref, label, score, variant, rung (also [results] print)")
     se.set_defaults(func=cmd_serve)
 
     de = sub.add_parser("demo", help="everything on one machine, with a live view",
-                        description=cmd_demo.__doc__)
+                        description=cmd_demo.__doc__,
+                        parents=[common])
     de.add_argument("--duration", type=float, default=0.0, help="seconds (default: until ^C)")
     de.add_argument("--device", default="rpi5", help="simulated device profile")
     de.add_argument("--scenario", default="cabinet",
@@ -443,9 +486,11 @@ def build_parser() -> argparse.ArgumentParser:
     de.add_argument("--rate", type=float, default=100.0, help="conveyor frames per second")
     de.set_defaults(func=cmd_demo)
 
-    mo = sub.add_parser("models", help="model ladders", description=cmd_models.__doc__)
+    mo = sub.add_parser("models", help="model ladders", description=cmd_models.__doc__,
+                        parents=[common])
     msub = mo.add_subparsers(dest="models_command", required=True, metavar="ACTION")
-    mp = msub.add_parser("prepare", help="make fp16/int8/reduced variants and a manifest")
+    mp = msub.add_parser("prepare", help="make fp16/int8/reduced variants and a manifest",
+                         parents=[common])
     mp.add_argument("model", type=Path, help="the fp32 .onnx model")
     mp.add_argument("--calib", type=Path, help="images for int8 calibration (default: the "
                     "--val images; without either, no int8)")
@@ -466,32 +511,33 @@ def build_parser() -> argparse.ArgumentParser:
     mo.set_defaults(func=cmd_models)
 
     co = sub.add_parser("coordinator", help="run the fleet coordinator",
-                        description=cmd_coordinator.__doc__)
+                        description=cmd_coordinator.__doc__,
+                        parents=[common])
     co.add_argument("--config", type=Path, required=True)
     co.set_defaults(func=cmd_coordinator)
 
     fl = sub.add_parser("fleet", help="fleet views and commands (via the coordinator API)",
-                        description=cmd_fleet.__doc__)
-    fl.add_argument("--api", help="coordinator API base URL (default: from --config, else "
-                    "http://127.0.0.1:8787)")
-    fl.add_argument("--token-file", type=Path, help="the coordinator's API token file (default: "
-                    "from --config, else $EDGERUN_API_TOKEN_FILE, else "
-                    "~/.local/state/edgerun/api-token)")
-    fl.add_argument("--config", type=Path, help="the coordinator's config: API address and "
-                    "token file")
-    fl.add_argument("--json", action="store_true", help="print the raw JSON")
+                        description=cmd_fleet.__doc__,
+                        parents=[common])
+    _fleet_options(fl, None)
+    fleet_opts = argparse.ArgumentParser(add_help=False)  # the same, after the action
+    _fleet_options(fleet_opts, argparse.SUPPRESS)
     fsub = fl.add_subparsers(dest="fleet_command", required=True, metavar="ACTION")
-    fsub.add_parser("ls", help="every device with status and alerts")
-    fs = fsub.add_parser("show", help="one device in detail")
+    fsub.add_parser("ls", help="every device with status and alerts",
+                    parents=[common, fleet_opts])
+    fs = fsub.add_parser("show", help="one device in detail",
+                         parents=[common, fleet_opts])
     fs.add_argument("device")
-    fc = fsub.add_parser("send", help="send a signed command and print the reply")
+    fc = fsub.add_parser("send", help="send a signed command and print the reply",
+                         parents=[common, fleet_opts])
     fc.add_argument("device")
     fc.add_argument("cmd", help="ping, rebirth, reprofile, set_latency_target ms=20, "
                     "set_accuracy_floor value=0.9, set_rate fps=5, choose_model name=N")
     fc.add_argument("kv", nargs="*", metavar="ARG=VALUE")
     fc.add_argument("--wait", type=float, default=10.0, help="seconds to wait for the reply")
     fe = fsub.add_parser("enroll", help="make a device's broker credential, keys and config",
-                         description=cmd_enroll.__doc__)
+                         description=cmd_enroll.__doc__,
+                         parents=[common])
     fe.add_argument("name", help="device id (or coordinator name with --role coordinator)")
     fe.add_argument("--fleet", default="default")
     fe.add_argument("--role", choices=("device", "coordinator", "client"), default="device",
@@ -514,7 +560,8 @@ def build_parser() -> argparse.ArgumentParser:
     fe.add_argument("--write", action="append", default=[], metavar="TOPIC",
                     help="(--role client) topic it may publish")
     fr = fsub.add_parser("revoke", help="remove a device's (or coordinator's) broker user",
-                         description=cmd_revoke.__doc__)
+                         description=cmd_revoke.__doc__,
+                         parents=[common])
     fr.add_argument("name", help="device id (or coordinator name with --role coordinator)")
     fr.add_argument("--fleet", default="default")
     fr.add_argument("--role", choices=("device", "coordinator", "client"), default="device")
@@ -522,13 +569,18 @@ def build_parser() -> argparse.ArgumentParser:
     fl.set_defaults(func=cmd_fleet)
 
     sc = sub.add_parser("schemas", help="print the MQTT payload JSON Schemas",
-                        description=cmd_schemas.__doc__)
+                        description=cmd_schemas.__doc__,
+                        parents=[common])
     sc.set_defaults(func=cmd_schemas)
 
     ky = sub.add_parser("keys", help="make an Ed25519 command-signing key pair",
-                        description=cmd_keys.__doc__)
+                        description=cmd_keys.__doc__,
+                        parents=[common])
     ky.add_argument("--private", type=Path, required=True)
     ky.add_argument("--public", type=Path, required=True)
+    ky.add_argument("--force", action="store_true",
+                    help="replace existing key files (devices trusting the old key will "
+                    "refuse commands signed by the new one)")
     ky.set_defaults(func=cmd_keys)
     return p
 
@@ -539,12 +591,14 @@ def main(argv: list[str] | None = None) -> int:
     from runtime.selector import NoVariantError
 
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    if journal.setup(logging.DEBUG if args.verbose else logging.INFO):
+        # An uncaught exception's traceback is a crash: filed at CRIT, every line of it.
+        sys.excepthook = lambda t, v, tb: logging.getLogger("edgerun").critical(
+            "uncaught exception, exiting", exc_info=(t, v, tb))
     try:
         return args.func(args)
     except (ConfigError, ModelError, NoVariantError) as e:
-        print(f"edgerun: {e}", file=sys.stderr)
+        print(journal.error_line(f"edgerun: {e}"), file=sys.stderr)
         return 2
 
 

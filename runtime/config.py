@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Literal
 
 from runtime.coordinator.config import CoordinatorConfig
+from runtime.results_local import ResultsConfig
 from runtime.schema import ConfigError, build, load_toml
 from runtime.sources import SourceConfig
 from runtime.telemetry.config import TelemetryConfig
@@ -198,6 +199,7 @@ class Config:
     governor: GovernorSection = field(default_factory=GovernorSection)
     simulator: SimulatorConfig = field(default_factory=SimulatorConfig)
     daemon: DaemonConfig = field(default_factory=DaemonConfig)
+    results: ResultsConfig = field(default_factory=ResultsConfig)  # print, JSONL, snapshots
 
 
 def load(path: str | Path | None) -> Config:

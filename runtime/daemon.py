@@ -39,6 +39,7 @@ from runtime.health import health
 from runtime.ladder import Rung, ladder_for, on_device
 from runtime.measure import Measured, measure_model
 from runtime.pipeline import Active, Pipeline
+from runtime.results_local import LocalResults
 from runtime.selector import Constraints, NoVariantError
 from runtime.sources import open_source
 from runtime.systemd import Notifier
@@ -99,6 +100,7 @@ class Daemon:
         self.backends: list = []
         self.devices: list[dict] = []  # discovered once, fixed for the process
         self.pipeline: Pipeline | None = None
+        self.local: LocalResults | None = None  # [results]: print, JSONL, snapshots
         self.preprocess: Any = None  # runtime.preprocessing.PreprocessChooser
         # -- model and ladder (set by _install) --
         self.manifest: Any = None
@@ -179,10 +181,13 @@ class Daemon:
         self.devices = [{"backend": b.name, "id": d.id, "name": d.name, **d.details}
                         for b in self.backends for d in b.devices()]  # fixed for the process
         self._install(self._measure_model(model_path))
+        if cfg.results.enabled:
+            self.local = LocalResults(cfg.results, self._pipeline_event)
+            self.local.start()
         self.pipeline = Pipeline(lambda: open_source(cfg.source, self.state_dir,
                                                      cfg.telemetry.broker, self.device_id),
                                  self.manifest, self.outbox.append_many, self._pipeline_event,
-                                 cfg.daemon.queue_size, self._preprocess_chooser())
+                                 cfg.daemon.queue_size, self._preprocess_chooser(), self.local)
         self.pipeline.latency_target_ms = cfg.constraints.latency_ms
         self.current = len(self.rungs) - 1
         self.pipeline.start(self._session(self.current))
@@ -628,7 +633,7 @@ class Daemon:
         try:
             new = load(self.config_path)
             restart = [k for k in ("device", "model", "source", "telemetry", "simulator",
-                                   "daemon", "backends", "profiler")
+                                   "daemon", "backends", "profiler", "results")
                        if getattr(new, k) != getattr(old, k)]
             self._set_constraints(new.constraints, "config reloaded", new.governor)
         except Exception as e:  # ConfigError, NoVariantError (as ValueError), or anything else
@@ -728,6 +733,8 @@ class Daemon:
         self.notify.stopping()
         log.info("stopping: draining in-flight frames")
         self.pipeline.stop()
+        if self.local:
+            self.local.stop()  # writes what the drained frames produced
         if self._reprofile_thread is not None:
             # It stops at its next variant (progress raises Stopping); an engine call that is
             # still running when the interpreter exits aborts the process.
@@ -748,9 +755,11 @@ def _bundled_model() -> Path:
     return bundled()
 
 
-def serve(config_path: Path | None) -> int:
-    """Entry point of `edgerun serve`."""
+def serve(config_path: Path | None, print_results: bool = False) -> int:
+    """Entry point of `edgerun serve` (`--print`: `print_results`)."""
     cfg = load(config_path)
+    if print_results:
+        cfg = replace(cfg, results=replace(cfg.results, print=True))
     daemon = Daemon(cfg, config_path)
     daemon.install_signal_handlers()
     try:

@@ -43,9 +43,13 @@ import numpy as np
 from runtime.backends.base import Session
 from runtime.badframes import BadFrames
 from runtime.manifest import Manifest, postprocess
+from runtime.results_local import LocalResults
 from runtime.sources import BadFrame, Frame, Source, SourceEnded, SourceError
 
 log = logging.getLogger("edgerun.pipeline")
+
+MAX_LABELS = 256  # per-label counters in health; further labels are counted together
+OTHER_LABEL = "_other"
 
 
 @dataclass
@@ -67,12 +71,14 @@ class Pipeline:
     def __init__(self, open_source: Callable[[], Source], manifest: Manifest,
                  sink: Callable[[list[dict[str, Any]]], list[int]],
                  on_event: Callable[[dict], None], queue_size: int = 4,
-                 preprocess: Callable[[Any, tuple[int, ...]], Any] | None = None):
+                 preprocess: Callable[[Any, tuple[int, ...]], Any] | None = None,
+                 local: LocalResults | None = None):
         self._open_source = open_source
         self._manifest = manifest
         # (frame, input shape) -> tensor; the daemon passes a PreprocessChooser
         self._pre = preprocess or manifest.preprocess.apply
         self._sink = sink
+        self._local = local  # print/JSONL/snapshots, after the outbox commit
         self._event = on_event
         self._raw: queue.Queue = queue.Queue(maxsize=queue_size)  # decoded frames
         self._frames: queue.Queue = queue.Queue(maxsize=queue_size)  # (frame, tensor, shape)
@@ -91,6 +97,7 @@ class Pipeline:
         self.rate_cap_hz = math.inf
         self._infer_cpu: dict[str, tuple[int, float]] = {}  # variant -> (n, thread CPU s)
         self.counters: collections.Counter = collections.Counter()
+        self.labels: collections.Counter = collections.Counter()  # results per label
         self.bad = BadFrames(on_event)  # refused frames by kind; rate-limited frame_bad events
         self.latencies: collections.deque = collections.deque(maxlen=2000)  # (t, ms, met)
         self.latency_target_ms = float("inf")
@@ -177,6 +184,8 @@ class Pipeline:
         ms = np.array([m for _, m, _ in recent]) if recent else np.array([])
         return {
             **dict(self.counters),
+            **(self._local.stats() if self._local else {}),
+            "labels": dict(self.labels),
             "frames_bad": self.bad.counts(),
             "rate_hz": self.rate_hz(recent),
             "latency_ms": {"p50": float(np.percentile(ms, 50)) if len(ms) else None,
@@ -370,7 +379,7 @@ class Pipeline:
                 r["truth"] = frame.truth
             results.append(r)
         try:
-            self._sink(results)
+            seqs = self._sink(results)
         except Exception as e:  # disk full, database broken: frames stay not-done
             self.busy_since = None
             self.counters["store_errors"] += len(results)
@@ -384,4 +393,11 @@ class Pipeline:
         if self.source is not None:
             self.source.done([frame for frame, *_ in batch if frame.done is not None])
         self.counters["results"] += len(results)
+        for r in results:
+            label = r["label"]
+            # bounded: a many-class model must not grow health without limit
+            self.labels[label if label in self.labels or len(self.labels) < MAX_LABELS
+                        else OTHER_LABEL] += 1
+        if self._local is not None:
+            self._local.submit([f for f, *_ in batch], results, seqs, self._manifest.labels)
         self.busy_since = None

@@ -65,15 +65,20 @@ path = "{tmp_path / 'state' / 'outbox.db'}"
 class Serve:
     """`edgerun serve --config` as a child process, logging to a file."""
 
-    def __init__(self, tmp_path: Path, cfg: Path):
+    def __init__(self, tmp_path: Path, cfg: Path, args: tuple[str, ...] = (),
+                 env: dict[str, str] | None = None, stdout: Path | None = None):
+        """`args` go after `serve --config CFG`; `env` is added to the environment;
+        `stdout` (a file) separates stdout from the log (stderr) when given."""
         self.log = tmp_path / "daemon.log"
         self.outbox = tmp_path / "state" / "outbox.db"
         self._log_start = self.log.stat().st_size if self.log.exists() else 0
         self.started_at = time.time()
+        err = self.log.open("a")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "runtime.cli", "serve", "--config", str(cfg)],
-            stdout=self.log.open("a"), stderr=subprocess.STDOUT,
-            env={**os.environ,
+            [sys.executable, "-m", "runtime.cli", "serve", "--config", str(cfg), *args],
+            stdout=stdout.open("a") if stdout else err,
+            stderr=err if stdout else subprocess.STDOUT,
+            env={**os.environ, **(env or {}),
                  "PYTHONPATH": os.pathsep.join([str(TESTS.parent), str(TESTS),
                                                 os.environ.get("PYTHONPATH", "")])})
 

@@ -196,6 +196,11 @@ def test_fleet_cli_finds_api_and_token_from_the_coordinator_config(tmp_path, cap
     try:
         assert main(["fleet", "--config", str(conf), "--json", "ls"]) == 0
         assert json.loads(capsys.readouterr().out) == []
+        # the same options after the action (issue 14, item 8)
+        assert main(["fleet", "ls", "--config", str(conf), "--json"]) == 0
+        assert json.loads(capsys.readouterr().out) == []
+        assert main(["fleet", "ls", "--config", str(conf)]) == 0
+        assert not capsys.readouterr().out.startswith("[")  # the table, not JSON
         with pytest.raises(SystemExit, match="cannot read the API token"):
             main(["fleet", "--api", f"http://127.0.0.1:{port}", "--token-file",
                   str(tmp_path / "missing"), "ls"])

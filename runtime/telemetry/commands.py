@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -209,15 +210,32 @@ def reply_signed_by(reply: Mapping[str, Any], public: Ed25519PublicKey) -> bool:
     return True
 
 
-def generate_keypair(private_path: Path, public_path: Path) -> str:
-    """Write a new Ed25519 key pair (private file mode 0600); returns the key id."""
+def generate_keypair(private_path: Path, public_path: Path, overwrite: bool = True) -> str:
+    """Write a new Ed25519 key pair (private file mode 0600); returns the key id. With
+    `overwrite` False an existing file (either one) raises FileExistsError and nothing is
+    written."""
     key = Ed25519PrivateKey.generate()
+    private_pem = key.private_bytes(serialization.Encoding.PEM,
+                                    serialization.PrivateFormat.PKCS8,
+                                    serialization.NoEncryption())
+    public_pem = key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
     private_path.parent.mkdir(parents=True, exist_ok=True)
+    public_path.parent.mkdir(parents=True, exist_ok=True)
+    if not overwrite:
+        # O_EXCL: created here or refused, even if the file appeared a moment ago
+        fd = os.open(private_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(private_pem)
+        try:
+            with public_path.open("xb") as f:
+                f.write(public_pem)
+        except FileExistsError:
+            private_path.unlink()  # never leave half a pair behind
+            raise
+        return key_id(key.public_key())
     private_path.touch(mode=0o600)
     private_path.chmod(0o600)  # touch keeps the mode of an existing file
-    private_path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                               serialization.PrivateFormat.PKCS8,
-                                               serialization.NoEncryption()))
-    public_path.write_bytes(key.public_key().public_bytes(
-        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    private_path.write_bytes(private_pem)
+    public_path.write_bytes(public_pem)
     return key_id(key.public_key())

@@ -64,7 +64,10 @@ _HEALTH = _obj({
     "rate_cap_hz": _NUM_OR_NULL, "operator_rate_hz": _NUM_OR_NULL,
     "pipeline": _obj({"rate_hz": _NUM_OR_NULL,
                       "latency_ms": _obj({"p50": _NUM_OR_NULL, "p95": _NUM_OR_NULL}),
-                      "frames_bad": _obj({}, extra=_COUNT)},
+                      "frames_bad": _obj({}, extra=_COUNT),
+                      # results per label since start (at most 256 labels + "_other")
+                      "labels": {**_obj({}, extra=_COUNT), "maxProperties": 257,
+                                 "propertyNames": {"maxLength": 256}}},
                      extra=_COUNT),  # the pipeline's counters (frames, results, inline...)
     "slo": _obj({"target_ms": _NUM_OR_NULL, "compliance": _NUM_OR_NULL}),
     "backlog": _obj({"results_held": _COUNT, "bytes": _COUNT, "oldest_seq": _COUNT_OR_NULL,
