@@ -5,9 +5,10 @@ devices x ambient scenarios, and the real `edgerun serve` process in the loop.
                              [--hours 6] [--seeds 3] [--profiles FILE]
                              [--daemon] [--daemon-speed 300] [--record]
 
-The ladder is the bundled model's, from recorded profiles (bench/data/inspection_profiles.json,
-made by `--record` = `edgerun profile models/inspection --config bench/data/ladder-profile.toml
---json`), scaled to each device by its profile (perf_scale, active W per core), so runs repeat.
+The ladder is the bundled model's, from recorded profiles
+(models/inspection/reference-profiles.json, made by `--record` = `edgerun profile
+models/inspection --config bench/data/ladder-profile.toml --json`), scaled to each device by
+its profile (perf_scale, active W per core), so runs repeat.
 Frames are offered as fast as the top rung can take them on all cores; the latency target is
 the constraint's 20 ms. For each device x scenario, side by side on the same simulated day:
 
@@ -42,7 +43,7 @@ from runtime.measure import recorded_profiles
 from runtime.selector import Constraints
 
 HERE = Path(__file__).parent
-PROFILES = HERE / "data" / "inspection_profiles.json"
+PROFILES = HERE.parent / "models" / "inspection" / "reference-profiles.json"
 LATENCY_MS = 20.0
 START_HOUR = 8.0
 NOISE = {"clean": (0.0, 0.0), "0.3C+1%": (0.3, 0.01), "1C+5%": (1.0, 0.05)}

@@ -21,6 +21,7 @@ import threading
 import time
 from pathlib import Path
 
+from models import bundled
 from runtime.coordinator.config import CoordinatorConfig
 from runtime.coordinator.service import Coordinator
 from runtime.telemetry.broker import Mosquitto, free_port, wait_port
@@ -78,6 +79,7 @@ enabled = true
 scenario = "{scenario}"
 speed = {speed}
 start_hour = {start_hour}
+profiles = "{profiles}"        # the bundled model's reference profiles: the demo repeats
 
 [daemon]
 state_dir = "{state}"
@@ -215,8 +217,6 @@ def run(duration_s: float = 0.0, device: str = "rpi5", scenario: str = "cabinet"
         workdir = Path(tmp.name)
     state = workdir / "state"
     state.mkdir(parents=True, exist_ok=True)
-    cache = Path("~/.cache/edgerun/demo-profiles").expanduser()  # reused across demo runs
-    cache.mkdir(parents=True, exist_ok=True)
     broker = make_broker(workdir)
     # Authenticated like a real fleet: each side logs in as itself and the broker's ACL
     # confines it (see docs/security.md); enrolled before start (amqtt cannot reload).
@@ -229,8 +229,9 @@ def run(duration_s: float = 0.0, device: str = "rpi5", scenario: str = "cabinet"
     cfg_path = workdir / "edgerun.toml"
     cfg_path.write_text(DEMO_CONFIG.format(
         device=device, state=state, rate=rate, scenario=scenario, speed=speed,
+        profiles=bundled() / "reference-profiles.json",
         start_hour=start_hour, port=broker.port, username=device_login.username,
-        password_file=device_login.password_file).replace(f"{state}/profiles", str(cache)))
+        password_file=device_login.password_file))
     coord = Coordinator(CoordinatorConfig(
         fleet="demo", broker=coord_login,
         store=str(state / "coordinator.db"), signing_key=str(state / "command.pem"),
@@ -250,8 +251,9 @@ def run(duration_s: float = 0.0, device: str = "rpi5", scenario: str = "cabinet"
     print(f"simulated {device}, scenario {scenario}, {speed:g}x from {start_hour:g}:00: the "
           "simulated camera offers frames as fast as the top rung runs on all cores; the live "
           "view's frames/s is this host's real pipeline", flush=True)
-    print("first run profiles every variant of the bundled model (cached afterwards)...",
-          flush=True)
+    print("the simulated device's ladder: the bundled model's reference profiles (CI machine, "
+          "scaled to the device profile), so the demo repeats; `edgerun profile "
+          "models/inspection` measures this host", flush=True)
     daemon = subprocess.Popen([sys.executable, "-m", "runtime.cli", "serve", "--config",
                                str(cfg_path)], stdout=daemon_log.open("w"),
                               stderr=subprocess.STDOUT)

@@ -4,10 +4,9 @@ control step (power/control.py); this proves the daemon actually acts on it."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
+from models import bundled
 from power.closed_loop import simulate
 from power.device import load_profile
 from power.plant import SCENARIOS, ambient
@@ -16,7 +15,7 @@ from runtime.ladder import ladder_for, on_device
 from runtime.measure import recorded_profiles
 from runtime.selector import Constraints
 
-PROFILES = Path(__file__).resolve().parents[1] / "bench" / "data" / "inspection_profiles.json"
+PROFILES = bundled() / "reference-profiles.json"
 
 
 def _rungs(dev):
