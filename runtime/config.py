@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Literal
 
 from runtime.coordinator.config import CoordinatorConfig
+from runtime.local_api import LocalApiConfig
 from runtime.schema import ConfigError, build, load_toml
 from runtime.sources import SourceConfig
 from runtime.telemetry.config import TelemetryConfig
@@ -193,6 +194,7 @@ class Config:
     governor: GovernorSection = field(default_factory=GovernorSection)
     simulator: SimulatorConfig = field(default_factory=SimulatorConfig)
     daemon: DaemonConfig = field(default_factory=DaemonConfig)
+    local_api: LocalApiConfig = field(default_factory=LocalApiConfig)
 
 
 def load(path: str | Path | None) -> Config:
