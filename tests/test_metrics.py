@@ -5,6 +5,7 @@ prometheus_client's own parser; odd or hostile health never breaks a scrape."""
 from __future__ import annotations
 
 import json
+import re
 import time
 import urllib.error
 import urllib.request
@@ -204,3 +205,28 @@ def test_read_skips_what_is_not_a_usable_number(value, kind, expect):
     spec = metrics.Spec("x", ("a", "b"), "x", kind=kind)
     assert metrics.read({"a": {"b": value}}, spec) == expect
     assert metrics.read({"a": value}, spec) is None  # not a mapping on the way
+
+
+def test_every_name_in_the_grafana_dashboard_is_exposed(api):
+    """The shipped dashboard queries only series the coordinator exposes (a renamed metric
+    would leave its panel empty without anyone noticing)."""
+    coord, port = api
+    from runtime.coordinator import fleet
+
+    with coord._views_lock:
+        coord.views["d1"] = replace(fleet.DeviceView("d1", online=True, status="online",
+                                                     last_seen=time.time()),
+                                    health={**RICH, "rate_cap_hz": 5.0})
+    status, text = scrape(port)
+    assert status == 200
+    exposed = set()
+    for fam in text_string_to_metric_families(text):
+        exposed.add(fam.name)
+        exposed.update(s.name for s in fam.samples)
+    board = json.loads((Path(__file__).parents[1] / "docs" / "grafana" /
+                        "edgerun-fleet.json").read_text())
+    exprs = [t["expr"] for p in board["panels"] for t in p.get("targets", [])]
+    exprs.append(board["templating"]["list"][0]["query"]["query"])
+    used = {m for e in exprs for m in re.findall(r"\bedgerun_[a-z0-9_]+", e)}
+    assert len(used) > 20
+    assert used <= exposed, sorted(used - exposed)
