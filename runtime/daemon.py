@@ -632,7 +632,7 @@ class Daemon:
         try:
             new = load(self.config_path)
             restart = [k for k in ("device", "model", "source", "telemetry", "simulator",
-                                   "daemon", "backends", "profiler")
+                                   "daemon", "backends", "profiler", "local_api")
                        if getattr(new, k) != getattr(old, k)]
             self._set_constraints(new.constraints, "config reloaded", new.governor)
         except Exception as e:  # ConfigError, NoVariantError (as ValueError), or anything else

@@ -179,7 +179,8 @@ def test_a_view_no_schema_would_admit_does_not_break_the_scrape(api):
         coord.views["weird"] = replace(fleet.DeviceView("weird", online=True, status="online",
                                                         last_seen=now), health=hostile)
         coord.views["listy"] = replace(fleet.DeviceView("listy", online=True, status="online",
-                                                        last_seen=now), health=[1, 2])
+                                                        last_seen=now), health=[1, 2],
+                                       model='a"b\\c\n} x{', versions={"edgerun": 5})
         coord.views["gone"] = replace(fleet.DeviceView("gone", status="offline"),
                                       health={"temp_c": 50.0})
     status, text = scrape(port)
@@ -192,6 +193,9 @@ def test_a_view_no_schema_would_admit_does_not_break_the_scrape(api):
             sample = "edgerun_device_" + spec.name
             assert sample not in weird, spec.name
     assert got[dev("edgerun_device_online", "listy")] == 1
+    # A label value with quotes, backslashes and newlines is escaped, not injected.
+    assert got[dev("edgerun_device_info", "listy", model='a"b\\c\n} x{', choice="",
+                   version="5")] == 1
     # An offline device's last health is history, not a current reading.
     assert dev("edgerun_device_temperature_celsius", "gone") not in got
     assert got[dev("edgerun_device_status", "gone", status="offline")] == 1
