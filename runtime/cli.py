@@ -299,7 +299,8 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
         raise ConfigError(f"coordinator.api_token_file: {e}") from e
     coordinator.start()
     server = serve(coordinator, cfg.http_host, cfg.http_port, token=token)
-    logging.getLogger("edgerun").info("coordinator API on http://%s:%d/api/v1/fleet (token: %s)",
+    logging.getLogger("edgerun").info("coordinator API on http://%s:%d/api/v1/fleet and "
+                                      "Prometheus /metrics (token: %s)",
                                       *server.server_address[:2], token_path(cfg))
     # The handler only sets a flag: Event.set() in a handler can deadlock against the main
     # thread's own Event.wait (both take the same lock).

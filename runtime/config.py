@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Literal
 
 from runtime.coordinator.config import CoordinatorConfig
+from runtime.local_api import LocalApiConfig
 from runtime.results_local import ResultsConfig
 from runtime.schema import ConfigError, build, load_toml
 from runtime.sources import SourceConfig
@@ -200,6 +201,7 @@ class Config:
     simulator: SimulatorConfig = field(default_factory=SimulatorConfig)
     daemon: DaemonConfig = field(default_factory=DaemonConfig)
     results: ResultsConfig = field(default_factory=ResultsConfig)  # print, JSONL, snapshots
+    local_api: LocalApiConfig = field(default_factory=LocalApiConfig)
 
 
 def load(path: str | Path | None) -> Config:

@@ -37,6 +37,7 @@ from runtime.backends import discover
 from runtime.config import Config, ConfigError, load
 from runtime.health import health
 from runtime.ladder import Rung, ladder_for, on_device
+from runtime.local_api import LocalApi, start_local_api
 from runtime.measure import Measured, measure_model
 from runtime.pipeline import Active, Pipeline
 from runtime.results_local import LocalResults
@@ -91,6 +92,7 @@ class Daemon:
         self._reload_requested = False
         self.sim: Any = None  # runtime.simdevice.SimulatedDevice when simulating
         self.publisher: Publisher | None = None
+        self.local_api: LocalApi | None = None  # opt-in /metrics and /healthz ([local_api])
         # -- parts made by start(), in its order --
         self.device: DeviceProfile | None = None
         self.sensors: SensorSet | None = None
@@ -168,6 +170,8 @@ class Daemon:
                      f"{self.operator_rate_hz:g} Hz" if math.isfinite(self.operator_rate_hz)
                      else "none")
         self.device_id = device_id(cfg.telemetry)
+        self.local_api = start_local_api(cfg.local_api, self.health, lambda: self.pipeline.alive(
+            cfg.local_api.stall_s), self.device_id)  # up during profiling: 503 until it runs
         if cfg.telemetry.broker.host:  # made now so a bad key file fails before profiling
             try:
                 self.publisher = Publisher(cfg.telemetry, self.outbox, self._birth,
@@ -633,7 +637,7 @@ class Daemon:
         try:
             new = load(self.config_path)
             restart = [k for k in ("device", "model", "source", "telemetry", "simulator",
-                                   "daemon", "backends", "profiler", "results")
+                                   "daemon", "backends", "profiler", "results", "local_api")
                        if getattr(new, k) != getattr(old, k)]
             self._set_constraints(new.constraints, "config reloaded", new.governor)
         except Exception as e:  # ConfigError, NoVariantError (as ValueError), or anything else
@@ -735,6 +739,8 @@ class Daemon:
         self.pipeline.stop()
         if self.local:
             self.local.stop()  # writes what the drained frames produced
+        if self.local_api:
+            self.local_api.stop()
         if self._reprofile_thread is not None:
             # It stops at its next variant (progress raises Stopping); an engine call that is
             # still running when the interpreter exits aborts the process.

@@ -14,6 +14,7 @@ GET  /api/v1/devices/{id}/results?cursor=STREAM:SEQ&limit=N
                                             results in (stream, seq) order after the cursor:
                                             {"results": [...], "next": cursor or null}
 GET  /api/v1/stats                          ingest counters, health age p50/p99
+GET  /metrics                               Prometheus text exposition (docs/metrics.md)
 POST /api/v1/devices/{id}/commands          {"cmd": ..., "args": {...}, "wait_s": 10}
 """
 
@@ -34,6 +35,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlparse
 
+from runtime.coordinator import metrics
 from runtime.coordinator.config import CoordinatorConfig
 from runtime.coordinator.service import Coordinator, UnknownDevice
 
@@ -149,6 +151,7 @@ def serve(coordinator: Coordinator, host: str, port: int, token: str | None = No
     `token` None = the one in the token file (made at first start)."""
     token = token if token is not None else ensure_token(token_path(coordinator.cfg))
     expected = f"Bearer {token}".encode()
+    registry = metrics.registry(coordinator)
 
     class Handler(BaseHTTPRequestHandler):
         # StreamRequestHandler applies this to the socket: a connection idle (or trickling)
@@ -176,10 +179,11 @@ def serve(coordinator: Coordinator, host: str, port: int, token: str | None = No
         def log_message(self, fmt: str, *args: Any) -> None:
             log.debug("%s " + fmt, self.address_string(), *args)
 
-        def _send(self, status: int, body: Any) -> None:
-            data = json.dumps(body, default=str).encode()
+        def _send(self, status: int, body: Any, content_type: str = "application/json"
+                  ) -> None:
+            data = body if isinstance(body, bytes) else json.dumps(body, default=str).encode()
             self.send_response(status)
-            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(data)))
             if status == 401:
                 self.send_header("WWW-Authenticate", 'Bearer realm="edgerun"')
@@ -244,6 +248,8 @@ def serve(coordinator: Coordinator, host: str, port: int, token: str | None = No
             url = urlparse(self.path)
             parts = [p for p in url.path.split("/") if p]
             try:
+                if parts == ["metrics"]:
+                    return self._send(200, metrics.exposition(registry), metrics.CONTENT_TYPE)
                 if parts == ["api", "v1", "fleet"]:
                     return self._send(200, coordinator.fleet_view())
                 if parts == ["api", "v1", "stats"]:
