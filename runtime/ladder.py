@@ -96,7 +96,9 @@ def select_for_budget(rungs: Sequence[Rung], budget_w: float, rate_hz: float,
     if current is not None and best > current:
         roomy = [i for i in fits if i <= current
                  or rungs[i].power_w(rate_hz) * (1 + up_margin) <= budget_w]
-        best = max(roomy)
+        # Nothing at or below `current` fits and nothing has the margin (live energies need
+        # not rise with the index): a forced move, to the fitting rung with the most headroom.
+        best = max(roomy) if roomy else min(fits, key=lambda i: rungs[i].power_w(rate_hz))
     return best, rate_hz
 
 

@@ -148,6 +148,11 @@ def wait(cond, timeout_s, what, proc: Serve | None = None):
 def test_results_flow_and_rising_temperature_steps_down(tmp_path, broker, coordinator,
                                                         profile_cache):
     cfg = write_config(tmp_path, broker, profile_cache)
+    # No re-profile at 95 °C here: re-measured on a loaded machine the ladder may come back
+    # with one rung, and then there is no lower rung to step to (re-profiling while hot is
+    # tested in test_daemon_inputs.py).
+    cfg.write_text(cfg.read_text().replace("[daemon]\n",
+                                           "[daemon]\nreprofile_temp_delta_c = 1000.0\n"))
     d = Serve(tmp_path, cfg)
     try:
         wait(lambda: coordinator.store.counts().get("box1", 0) >= 20, 120, "results", d)

@@ -126,6 +126,14 @@ BUDGET = [
 ]
 
 
+def test_select_for_budget_with_rungs_whose_energy_does_not_rise_with_the_index():
+    """Live energies can reorder a ladder: current does not fit, nothing above it has the
+    margin. It must pick a fitting rung, not raise (found: 1762 failed control ticks)."""
+    rungs = [Rung("s", 0.8, 0.4e-3, 1e-3), Rung("m", 0.9, 0.1e-3, 1e-3),
+             Rung("t", 0.95, 0.2e-3, 1e-3)]
+    assert select_for_budget(rungs, 0.00105, 10.0, current=0) == (1, 10.0)
+
+
 @pytest.mark.parametrize(("budget", "rate", "current", "want"), BUDGET)
 def test_select_for_budget(budget, rate, current, want):
     i, r = select_for_budget(RUNGS, budget, rate, current)
