@@ -23,11 +23,24 @@ _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _TASKS = "/proc/self/task"
 
 
+def _thread_cpu_s(tid: str) -> float:
+    """One thread's CPU seconds: schedstat's nanoseconds where the kernel has it, else the
+    utime + stime clock ticks of stat (10 ms steps: too coarse for sub-millisecond models)."""
+    try:
+        with open(f"{_TASKS}/{tid}/schedstat") as f:
+            return int(f.read().split()[0]) / 1e9
+    except (OSError, ValueError, IndexError):
+        pass
+    with open(f"{_TASKS}/{tid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICK  # stat fields 14 and 15
+
+
 def native_threads_cpu_s() -> float:
-    """CPU seconds (user + system) of this process's threads that Python did not start; 0
-    where /proc is not available."""
+    """CPU seconds of this process's threads that Python did not start; 0 where /proc is not
+    available."""
     python = {t.native_id for t in threading.enumerate()}
-    total = 0
+    total = 0.0
     try:
         tids = os.listdir(_TASKS)
     except OSError:
@@ -36,12 +49,10 @@ def native_threads_cpu_s() -> float:
         if not tid.isdigit() or int(tid) in python:
             continue
         try:
-            with open(f"{_TASKS}/{tid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
+            total += _thread_cpu_s(tid)
+        except (OSError, ValueError, IndexError):
             continue  # the thread exited between listdir and open
-        total += int(fields[11]) + int(fields[12])  # utime, stime (stat fields 14 and 15)
-    return total / _TICK
+    return total
 
 
 def inference_cpu_s() -> float:

@@ -173,14 +173,14 @@ class EstimatedMeter:
     def __init__(self, idle_w: float, active_w_per_core: float,
                  clock: Callable[[], float] = time.monotonic,
                  cpu_clock: Callable[[], float] = inference_cpu_s):
-        self._idle_w, self._active_w = idle_w, active_w_per_core
+        self._idle_w, self.active_w_per_core = idle_w, active_w_per_core
         self._clock, self._cpu = clock, cpu_clock
         self._t0, self._c0 = clock(), cpu_clock()
 
     def energy_j(self) -> float:
         wall = self._clock() - self._t0
         cpu = self._cpu() - self._c0
-        return self._idle_w * wall + self._active_w * cpu
+        return self._idle_w * wall + self.active_w_per_core * cpu
 
 
 def _candidates(root: Path, profile: DeviceProfile) -> list[tuple[str, Callable[[], PowerMeter]]]:

@@ -57,7 +57,9 @@ class Profiler:
                  progress: Callable[[str], None] | None = None,
                  active_w_per_core: float = 1.0):
         self._cfg, self._meter = cfg, meter
-        self._active_w = active_w_per_core  # for the CPU-time fallback
+        # W per CPU-second for the estimate (and a real meter's fallback): the estimated
+        # meter's own coefficient when that is the meter
+        self._active_w = getattr(meter, "active_w_per_core", active_w_per_core)
         self._device_profile = device_profile
         self._progress = progress or (lambda _msg: None)
         self._idle_w: float | None = None
@@ -175,8 +177,14 @@ class Profiler:
         n = len(lat_ns)
         ms = np.asarray(lat_ns) / 1e6
         p50, p95, p99 = (float(np.percentile(ms, q)) for q in (50, 95, 99))
-        per_inf_mj = (energy - idle_w * wall) / n * 1e3
         source = self._meter.source
+        if source == "estimated":
+            # No meter: the estimate *is* inference CPU time x W per core. Going through the
+            # meter and an idle baseline would add the noise of whatever else the process's
+            # native threads did during the baseline, for nothing.
+            per_inf_mj = cpu / n * self._active_w * 1e3
+        else:
+            per_inf_mj = (energy - idle_w * wall) / n * 1e3
         if per_inf_mj <= 0:
             # A real meter's delta drowned in other load (or idle drifted): work that ran is
             # never free. Fall back to the CPU-time estimate, labelled as such.

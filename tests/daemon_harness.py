@@ -29,7 +29,9 @@ profile = "generic-x86"
 sysfs_root = "{tmp_path / 'sysfs'}"
 [constraints]
 latency_ms = {latency_ms}
-accuracy_floor = 0.97
+# 0.99: the top rung is a `large` variant, several times the CPU of the rest, so the ladder
+# keeps rungs below it however noisy sub-0.1 ms measurements are on a shared machine
+accuracy_floor = 0.99
 [profiler]
 warmup_runs = 2
 min_runs = 10

@@ -71,12 +71,15 @@ profile = "generic-x86"
 sysfs_root = "{root}"
 [constraints]
 latency_ms = 100.0
-accuracy_floor = 0.97
+# 0.99: the top rung is a `large` variant (3-5x the CPU of the others), so the ladder has
+# rungs below it however noisy this machine's sub-0.1 ms measurements are (fp32 and
+# fp32-r64 differ by less than the run-to-run noise here)
+accuracy_floor = 0.99
 [profiler]
 warmup_runs = 2
 min_runs = 10
-max_runs = 100
-time_budget_s = 0.05
+max_runs = 1000
+time_budget_s = 0.1
 idle_baseline_s = 0.05
 cache_dir = "{cache}"
 [backends]
