@@ -28,7 +28,7 @@ from runtime.selector import Profile
 
 log = logging.getLogger(__name__)
 
-CACHE_SCHEMA = 2  # 2: energy and cpu_ms from inference CPU time, never process-wide
+CACHE_SCHEMA = 3  # 3: energy and cpu_ms from inference CPU time (ns), never process-wide
 
 
 def model_files(cfg: ModelConfig) -> list[ModelFile]:
