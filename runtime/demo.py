@@ -24,6 +24,7 @@ from pathlib import Path
 from models import bundled
 from runtime.coordinator.config import CoordinatorConfig
 from runtime.coordinator.service import Coordinator
+from runtime.simloop import REFERENCE_BACKENDS
 from runtime.telemetry.broker import Mosquitto, free_port, wait_port
 from runtime.telemetry.brokerauth import (
     DEVICE_PUBLISHES,
@@ -54,17 +55,7 @@ time_budget_s = 0.25
 idle_baseline_s = 0.3
 cache_dir = "{state}/profiles"
 
-[backends]
-enabled = ["onnxruntime", "openvino"]
-threads = [1]
-
-[backends.onnxruntime]
-spinning = [false]
-include_default = false
-
-[backends.openvino]
-precision_hints = ["f32"]
-
+{backends}
 [source]
 kind = "synthetic"
 rate_hz = {rate}
@@ -229,7 +220,7 @@ def run(duration_s: float = 0.0, device: str = "rpi5", scenario: str = "cabinet"
     cfg_path = workdir / "edgerun.toml"
     cfg_path.write_text(DEMO_CONFIG.format(
         device=device, state=state, rate=rate, scenario=scenario, speed=speed,
-        profiles=bundled() / "reference-profiles.json",
+        profiles=bundled() / "reference-profiles.json", backends=REFERENCE_BACKENDS,
         start_hour=start_hour, port=broker.port, username=device_login.username,
         password_file=device_login.password_file))
     coord = Coordinator(CoordinatorConfig(

@@ -29,6 +29,7 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from runtime import metrics
+from runtime.httpserver import BoundedHTTPServer
 from runtime.schema import ConfigError
 
 log = logging.getLogger("edgerun.local_api")
@@ -135,7 +136,7 @@ class LocalApi:
         ConfigError naming the address, so `serve` fails at start-up instead of running blind."""
         addr = (self.cfg.host, self.cfg.port if port is None else port)
         try:
-            self.server = _Server(addr, _handler(self))
+            self.server = BoundedHTTPServer(addr, _handler(self), MAX_CONNECTIONS)
         except OSError as e:  # a config problem for the operator, not a crash
             raise ConfigError(f"local_api: cannot listen on {addr[0]}:{addr[1]}: {e} "
                               "(choose another port, or port = 0 to turn it off)") from e
@@ -162,24 +163,6 @@ def start_local_api(cfg: LocalApiConfig, health: Callable[[], dict[str, Any]],
         return None
     return LocalApi(cfg, health, alive, device).start()
 
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def __init__(self, *args: Any, **kw: Any):
-        super().__init__(*args, **kw)
-        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
-
-    def process_request(self, request, client_address) -> None:
-        # More connections than slots are closed at once: a flood costs sockets, not threads.
-        if not self._slots.acquire(blocking=False):
-            self.shutdown_request(request)
-            return
-        try:
-            super().process_request(request, client_address)
-        except BaseException:
-            self._slots.release()
-            raise
 
     def process_request_thread(self, request, client_address) -> None:
         try:

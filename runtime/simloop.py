@@ -20,13 +20,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-CONFIG = """\
-[device]
-profile = "{device}"
-
-[constraints]
-latency_ms = {latency_ms}
-
+# The backends the reference profiles (models/inspection/reference-profiles.json) were recorded
+# with (bench/data/ladder-profile.toml): a replay finds a variant only under the same id.
+REFERENCE_BACKENDS = """\
 [backends]
 enabled = ["onnxruntime", "openvino"]
 threads = [1]
@@ -37,7 +33,16 @@ include_default = false
 
 [backends.openvino]
 precision_hints = ["f32"]
+"""
 
+CONFIG = """\
+[device]
+profile = "{device}"
+
+[constraints]
+latency_ms = {latency_ms}
+
+{backends}
 [profiler]
 idle_baseline_s = 0.1
 cache_dir = "{state}/profiles"
@@ -108,7 +113,7 @@ def run(workdir: Path, device: str, scenario: str, policy: str, hours: float, ra
                                  start_hour=start_hour, profiles=profiles.resolve(),
                                  state=state, rate_hz=rate_hz, tick_s=tick_s,
                                  latency_ms=latency_ms, min_rate_hz=min_rate_hz,
-                                 source_hz=source_hz))
+                                 source_hz=source_hz, backends=REFERENCE_BACKENDS))
     log = workdir / "daemon.log"
     t0 = time.monotonic()
     limit = timeout_s if timeout_s is not None else 120 + 3 * hours * 3600 / speed

@@ -4,6 +4,8 @@ control step (power/control.py); this proves the daemon actually acts on it."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from models import bundled
@@ -44,3 +46,19 @@ def test_the_daemon_steps_down_before_the_trip_and_matches_the_simulation(tmp_pa
     gw = sim["good_weighted"] * hours * 3600 / sim["elapsed_s"]
     assert gw == pytest.approx(pure.good_weighted, rel=0.10), (gw, pure.good_weighted)
     assert res.health["governor"]["enabled"] is True
+
+
+def test_the_reference_profiles_match_what_the_daemon_plans():
+    """The demo and the daemon-in-the-loop replay the reference profiles by variant id: the
+    recording config (bench/data/ladder-profile.toml) and the replaying one must agree, and
+    the recording must cover the ladder the daemon builds."""
+    import tomllib
+
+    from runtime.simloop import REFERENCE_BACKENDS
+
+    root = Path(__file__).resolve().parents[1]
+    recorded = tomllib.loads((root / "bench" / "data" / "ladder-profile.toml").read_text())
+    assert recorded["backends"] == tomllib.loads(REFERENCE_BACKENDS)["backends"]
+    ps = recorded_profiles(PROFILES)
+    rungs, _ = ladder_for(list(ps.values()), Constraints(20.0))
+    assert len(rungs) >= 2 and all(r.variant_id in ps for r in rungs)

@@ -38,6 +38,7 @@ from urllib.parse import parse_qsl, urlparse
 from runtime.coordinator import metrics
 from runtime.coordinator.config import CoordinatorConfig
 from runtime.coordinator.service import Coordinator, UnknownDevice
+from runtime.httpserver import BoundedHTTPServer
 
 log = logging.getLogger("edgerun.api")
 
@@ -117,26 +118,6 @@ def result_query(query: str) -> tuple[tuple[str, int] | None, int]:
     limit = parse_int("limit", params["limit"], 1, MAX_LIMIT) if "limit" in params else 1000
     return cursor, limit
 
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def __init__(self, *args: Any, **kw: Any):
-        super().__init__(*args, **kw)
-        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
-
-    def process_request(self, request, client_address) -> None:
-        # Shed load at accept: a flood of connections costs a closed socket, not a thread each.
-        if not self._slots.acquire(blocking=False):
-            log.warning("over %d concurrent API connections; closed one from %s",
-                        MAX_CONNECTIONS, client_address[0])
-            self.shutdown_request(request)
-            return
-        try:
-            super().process_request(request, client_address)
-        except BaseException:
-            self._slots.release()
-            raise
 
     def process_request_thread(self, request, client_address) -> None:
         try:
@@ -300,6 +281,6 @@ def serve(coordinator: Coordinator, host: str, port: int, token: str | None = No
                 return self._send(504, {"error": "no reply from the device in time"})
             self._send(200, reply)
 
-    server = _Server((host, port), Handler)
+    server = BoundedHTTPServer((host, port), Handler, MAX_CONNECTIONS)
     threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
     return server
