@@ -272,10 +272,10 @@ def step(state: ControlState, r: Reading, rungs: Sequence[Rung], cfg: ControlCon
             else:
                 cap = old_cap
                 reason = (f"{temp_now:.1f} °C; {extra:.2f} W more would settle near "
-                          f"{settle:.0f} °C, over {limit:g} °C: holding")
+                          f"{settle:.1f} °C, over {limit:g} °C: holding")
             new_rung, h = old_rung, replace(s.hold, rung=now)
         elif new_rung > old_rung:
-            reason = (f"{temp_now:.1f} °C: room for a richer rung (settles near {settle:.0f} "
+            reason = (f"{temp_now:.1f} °C: room for a richer rung (settles near {settle:.1f} "
                       f"°C, under {limit:g} °C)")
     act = (new_rung, cap)
     if s.actuation is not None and act != s.actuation:  # a new regime: restart the trend
