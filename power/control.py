@@ -13,7 +13,8 @@ What the core owns (so the policies in power/governor.py and power/energy.py sta
   wild reading, a two-second lag at 1 Hz that the predictive horizon covers).
 - **Trend**: the slope comes from a least-squares line over the last
   `trend_window_s` of valid readings, refitted once without outliers (residuals beyond
-  3 x 1.4826 x MAD), evaluated now. Two-point differences amplify noise; the fit does not.
+  3 x 1.4826 x MAD) and shrunk by two standard errors towards 0. Two-point differences
+  amplify noise; the fit does not.
   The window restarts when the actuation (rung or rate cap) changes: readings from before a
   step down describe a load that is gone, and a fit across the step would report "still
   rising" for half a window and escalate again and again. Until `settle_samples` readings of
