@@ -432,11 +432,9 @@ class Daemon:
         return self.rungs[min(self.current, len(self.rungs) - 1)], self.offered_rate_hz()
 
     def load_w(self) -> float:
-        """Dynamic power of the inference load: the running rung's energy x the rate it is
-        allowed (what the simulated device heats with)."""
-        if self.pipeline is None or not self.rungs:
-            return 0.0
-        return self.rungs[min(self.current, len(self.rungs) - 1)].power_w(self.offered_rate_hz())
+        """Dynamic power of the inference load: the running rung at the rate it is offered."""
+        rung, rate = self._sim_load()
+        return rung.power_w(rate) if rung is not None else 0.0
 
     def _birth(self) -> dict[str, Any]:
         a = self.pipeline.active
@@ -499,9 +497,12 @@ class Daemon:
         measured. Frozen while profiling (the profiler's work would be billed to it) and when
         simulating (this host's pipeline is not the simulated device: its rungs keep the
         profiles' CPU time scaled by the device profile)."""
+        if self.sim:  # no /proc reads at the simulator's tick rate (every 10 ms at 300x)
+            self.pipeline.take_infer_cpu()
+            return
         native = native_threads_cpu_s()
         d_native, self._native_cpu = max(native - self._native_cpu, 0.0), native
-        if self._reprofiling.locked() or self.sim:
+        if self._reprofiling.locked():
             self.pipeline.take_infer_cpu()
             return
         for vid, (n, cpu) in self.pipeline.take_infer_cpu().items():
