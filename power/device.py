@@ -128,6 +128,36 @@ class Solar:
 
 
 @dataclass(frozen=True)
+class PowerStates:
+    """Sleep states of the board (power/duty_cycle.py plans with them; docs/sleep.md).
+
+    Active power is the power model's (idle_w + cores x active_w_per_core at full load); idle
+    is `power.idle_w`. A transition is counted whole: `resume_j` is everything the board
+    draws from the RTC alarm until the daemon runs again (`resume_s`), `suspend_j` from the
+    decision to sleep until the board is suspended (`suspend_s`); the camera is powered down
+    while suspended and draws `camera_w` while on, the first `camera_warmup_s` of which give
+    no usable frame. `basis` says where each number comes from (measured | cited | assumed,
+    field by field where they differ; the profile's comments give the source)."""
+
+    can_suspend: bool
+    suspended_w: float = 0.0
+    resume_s: float = 0.0
+    resume_j: float = 0.0
+    suspend_s: float = 0.0
+    suspend_j: float = 0.0
+    camera_w: float = 0.0
+    camera_warmup_s: float = 0.0
+    basis: str = "assumed"
+
+    def validate(self) -> tuple[str, str] | None:
+        for k in ("suspended_w", "resume_s", "resume_j", "suspend_s", "suspend_j", "camera_w",
+                  "camera_warmup_s"):
+            if getattr(self, k) < 0:
+                return k, "must be >= 0"
+        return None
+
+
+@dataclass(frozen=True)
 class DeviceProfile:
     """One kind of device."""
 
@@ -139,6 +169,19 @@ class DeviceProfile:
     battery: Battery | None = None
     solar: Solar | None = None
     backends: tuple[str, ...] = ("onnxruntime", "openvino", "opencv")
+    states: PowerStates | None = None  # [states]: suspend and wake; None: never sleeps
+
+    def validate(self) -> tuple[str, str] | None:
+        st = self.states
+        if st is not None and st.can_suspend and st.suspended_w >= self.power.idle_w:
+            return "states.suspended_w", (f"{st.suspended_w} W suspended is not below the "
+                                          f"{self.power.idle_w} W idle draw")
+        return None
+
+    @property
+    def active_w(self) -> float:
+        """Full-load power of the model: idle + every core busy."""
+        return self.power.idle_w + self.power.cores * self.power.active_w_per_core
 
 
 def profile_path(name_or_path: str) -> Path:
