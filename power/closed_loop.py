@@ -57,7 +57,8 @@ def run_load(plant: Plant, rung: Rung, offered_hz: float, latency_target_s: floa
     assert th is not None
     s = plant.s
     latency = rung.latency_s * (th.throttle_latency_factor if s.throttled else 1.0)
-    delivered = min(offered_hz, rung.parallel / latency) if plant.on else 0.0
+    delivered = min(offered_hz, rung.parallel / latency) if plant.on and not plant.suspended \
+        else 0.0
     e = rung.energy_j * (th.throttle_energy_factor if s.throttled else 1.0)
     plant.step(dt, e * delivered)
     res.energy_wh += plant.s.power_w * dt / 3600

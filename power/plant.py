@@ -96,6 +96,8 @@ class PlantState:
     critical_trips: int = 0
     throttled_s: float = 0.0
     below_reserve_s: float = 0.0
+    suspended_s: float = 0.0  # time spent suspended (drawing the profile's suspended_w)
+    suspends: int = 0
 
 
 class Plant:
@@ -115,6 +117,21 @@ class Plant:
         self.s = PlantState(t0, amb, amb, battery_wh=bat)
         self._hot = self._th.trip("hot")
         self._critical = self._th.trip("critical")
+        self.suspended_until = -math.inf  # simulated time the board sleeps until
+
+    def suspend(self, until_t: float) -> None:
+        """The board suspends now until `until_t` (simulated time): it draws the profile's
+        suspended power and infers nothing until then (see power/suspend.py)."""
+        st = self.device.states
+        if st is None or not st.can_suspend:
+            raise ValueError(f"device profile {self.device.name} cannot suspend")
+        self.suspended_until = until_t
+        self.s.suspends += 1
+
+    @property
+    def suspended(self) -> bool:
+        """True while the board is suspended."""
+        return self.s.t < self.suspended_until
 
     @property
     def on(self) -> bool:
@@ -130,9 +147,22 @@ class Plant:
         return self.device.solar.panel_w * float(self._irr[i])
 
     def step(self, dt: float, dynamic_w: float) -> PlantState:
-        """Advance by dt seconds with the inference load drawing `dynamic_w` above idle."""
+        """Advance by dt seconds with the inference load drawing `dynamic_w` above idle
+        (nothing above the suspended draw while suspended; a step that crosses the wake time
+        is split there)."""
+        if self.suspended:
+            asleep = min(dt, self.suspended_until - self.s.t)
+            self._step(asleep, 0.0, self.device.states.suspended_w)  # type: ignore[union-attr]
+            self.s.suspended_s += asleep
+            if dt - asleep > 1e-9:
+                self._step(dt - asleep, dynamic_w)
+            return self.s
+        return self._step(dt, dynamic_w)
+
+    def _step(self, dt: float, dynamic_w: float, base_w: float | None = None) -> PlantState:
         s, m = self.s, self._th.model
-        power = (self.device.power.idle_w + dynamic_w) if self.on else 0.0
+        base = self.device.power.idle_w if base_w is None else base_w
+        power = (base + dynamic_w) if self.on else 0.0
         amb = self.ambient_c(s.t)
         n = max(1, math.ceil(dt / (m.r_die_case * m.c_die / 5)))
         h = dt / n
