@@ -127,6 +127,11 @@ class Plant:
             raise ValueError(f"device profile {self.device.name} cannot suspend")
         self.suspended_until = until_t
         self.s.suspends += 1
+        # The transitions draw more than the suspended floor: billed at once, in full.
+        extra_j = (st.suspend_j - st.suspended_w * st.suspend_s
+                   + st.resume_j - st.suspended_w * st.resume_s)
+        if self.s.battery_wh is not None and extra_j > 0:
+            self.s.battery_wh = max(0.0, self.s.battery_wh - extra_j / 3600)
 
     @property
     def suspended(self) -> bool:

@@ -72,8 +72,9 @@ class SysfsSuspend:
     """RTC wake alarm + /sys/power/state under `root` (see module doc)."""
 
     def __init__(self, root: Path, rtc: str = "rtc0", state: str = "mem",
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, resume_s: float = 0.0):
         self.root, self.state, self._clock = Path(root), state, clock
+        self.resume_s = resume_s  # the alarm fires this much earlier: resumed by the deadline
         self.alarm_path = self.root / WAKEALARM.format(rtc=rtc)
         self.state_path = self.root / POWER_STATE
 
@@ -109,11 +110,12 @@ class SysfsSuspend:
                                f"{e.strerror or e}; not suspending") from e
 
     def suspend_for(self, seconds: float) -> Woke:
-        """Arm the alarm, write the state (returns after the resume), report the sleep."""
+        """Be away `seconds` (until running again): arm the alarm `resume_s` before that,
+        write the state (returns after the resume), report the sleep."""
         problems = self.problems()
         if problems:
             raise SuspendError("; ".join(problems))
-        self.arm(seconds)
+        self.arm(seconds - self.resume_s)
         start = self._clock()
         try:
             self.state_path.write_text(f"{self.state}\n")

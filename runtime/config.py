@@ -186,6 +186,33 @@ class DaemonConfig:
 
 
 @dataclass(frozen=True)
+class SleepConfig:
+    """`[sleep]`: duty cycling on an inspection schedule (docs/sleep.md; runtime/sleep.py).
+    Off unless enabled; the device profile must be able to suspend ([states])."""
+
+    enabled: bool = False
+    every_s: float = 0.0  # one burst every this many seconds (device time), or
+    per_hour: float = 0.0  # at least this many inferences an hour
+    burst: int = 1  # inferences per inspection
+    deliver_s: float = 10.0  # planned time connected per wake (results out, commands in)
+    flush_timeout_s: float = 20.0  # wall seconds at most spent waiting for acks before a sleep
+    max_sleep_s: float = 3600.0  # the longest sleep (the check-in when energy is short)
+    session_expiry_s: int = 86400  # the broker keeps the MQTT session (queued commands) so long
+    rtc: str = "rtc0"  # <sysfs_root>/sys/class/rtc/<rtc>/wakealarm
+
+    def validate(self) -> tuple[str, str] | None:
+        if self.enabled and (self.every_s > 0) == (self.per_hour > 0):
+            return "every_s", "give exactly one of every_s and per_hour (> 0)"
+        if self.every_s < 0 or self.per_hour < 0 or self.burst < 1:
+            return "every_s", "every_s, per_hour must be >= 0 and burst >= 1"
+        if self.deliver_s < 0 or self.flush_timeout_s < 0 or self.max_sleep_s < 60:
+            return "max_sleep_s", "deliver_s, flush_timeout_s >= 0 and max_sleep_s >= 60"
+        if self.session_expiry_s < self.max_sleep_s:
+            return "session_expiry_s", "must be at least max_sleep_s (queued commands)"
+        return None
+
+
+@dataclass(frozen=True)
 class Config:
     """The whole file."""
 
@@ -202,6 +229,7 @@ class Config:
     daemon: DaemonConfig = field(default_factory=DaemonConfig)
     results: ResultsConfig = field(default_factory=ResultsConfig)  # print, JSONL, snapshots
     local_api: LocalApiConfig = field(default_factory=LocalApiConfig)
+    sleep: SleepConfig = field(default_factory=SleepConfig)  # duty cycling (docs/sleep.md)
 
 
 def load(path: str | Path | None) -> Config:

@@ -93,6 +93,7 @@ class Daemon:
         self.sim: Any = None  # runtime.simdevice.SimulatedDevice when simulating
         self.publisher: Publisher | None = None
         self.local_api: LocalApi | None = None  # opt-in /metrics and /healthz ([local_api])
+        self.sleeper: Any = None  # runtime.sleep.Sleeper when [sleep] is enabled
         # -- parts made by start(), in its order --
         self.device: DeviceProfile | None = None
         self.sensors: SensorSet | None = None
@@ -175,7 +176,9 @@ class Daemon:
         if cfg.telemetry.broker.host:  # made now so a bad key file fails before profiling
             try:
                 self.publisher = Publisher(cfg.telemetry, self.outbox, self._birth,
-                                           state_dir=self.state_dir)
+                                           state_dir=self.state_dir, session_expiry_s=(
+                                               cfg.sleep.session_expiry_s if cfg.sleep.enabled
+                                               else 0))
             except ValueError as e:  # an unreadable trusted key or device key file
                 raise ConfigError(str(e)) from e
         model_path = Path(cfg.model.path) if cfg.model.path else _bundled_model()
@@ -199,6 +202,9 @@ class Daemon:
             self.pipeline.rate_cap_hz = self.operator_rate_hz
         if self.sim:
             self.sim.start()
+        from runtime import sleep as sleep_mod
+
+        self.sleeper = sleep_mod.create(self)
         if self.publisher:
             self.publisher.start()
         else:
@@ -490,6 +496,8 @@ class Daemon:
             self.cstate = replace(self.cstate, hold=replace(self.cstate.hold, rung=self.current))
         self._persist()
         self._check_conditions(r.temp_c)
+        if self.sleeper:  # duty cycling: the schedule's cap, and the sleep between bursts
+            self.sleeper.after_control()
 
     def _update_live_energy(self) -> None:
         """Keep the running rung's energy per inference current: the inference threads' CPU

@@ -62,4 +62,6 @@ def health(d: Daemon) -> dict[str, Any]:
         h["mqtt"] = d.publisher.health()
     if d.sim:
         h["simulated"] = d.sim.report()
+    if getattr(d, "sleeper", None):
+        h["sleep"] = d.sleeper.health()
     return h

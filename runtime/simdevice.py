@@ -69,7 +69,10 @@ class SimulatedDevice:
                 "elapsed_s": round(p.s.t - self.t0, 1), "critical_trips": p.s.critical_trips,
                 "throttled_min": round(p.s.throttled_s / 60, 2),
                 "good": round(r.good, 1), "good_weighted": round(r.good_weighted, 1),
-                "rung_changes": r.rung_changes, "energy_wh": round(r.energy_wh, 4)}
+                "rung_changes": r.rung_changes, "energy_wh": round(r.energy_wh, 4),
+                "suspended_h": round(p.s.suspended_s / 3600, 4), "suspends": p.s.suspends,
+                "battery_frac": round(p.s.battery_wh / p.device.battery.capacity_wh, 4)
+                if p.s.battery_wh is not None and p.device.battery else None}
 
     def stop(self) -> None:
         """Stop stepping (the tree keeps its last values)."""

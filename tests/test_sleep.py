@@ -3,6 +3,7 @@ suspended, a really stopped simulated process."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -17,6 +18,7 @@ from power.closed_loop import RunResult, run_load
 from power.device import load_profile
 from power.plant import Plant, ambient
 from power.suspend import SimulatedSuspend, SuspendError, SysfsSuspend
+from runtime.coordinator import fleet
 from runtime.ladder import Rung
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,11 +36,12 @@ def fake_sysfs(root: Path, states: str = "freeze mem disk") -> SysfsSuspend:
 
 def test_sysfs_suspend_arms_the_alarm_then_writes_mem(tmp_path):
     s = fake_sysfs(tmp_path)
+    s.resume_s = 3.0  # the alarm fires early enough to be resumed by the deadline
     assert s.problems() == []
-    woke = s.suspend_for(299.2)
+    woke = s.suspend_for(302.2)
     assert (tmp_path / "sys/class/rtc/rtc0/wakealarm").read_text() == "+300\n"
     assert (tmp_path / "sys/power/state").read_text() == "mem\n"
-    assert woke.asked_s == 299.2 and woke.early  # a plain file returns at once
+    assert woke.asked_s == 302.2 and woke.early  # a plain file returns at once
 
 
 def test_sysfs_suspend_refuses_without_the_files_or_the_state(tmp_path):
@@ -75,19 +78,23 @@ def test_plant_bills_suspended_power_and_infers_nothing():
     plant = Plant(dev, ambient("constant", 20.0), battery_frac=0.5)
     rung = Rung("v", accuracy=0.9, latency_s=0.1, energy_j=0.5)
     res = RunResult("t")
+    st = dev.states
+    transition_wh = (st.suspend_j + st.resume_j - st.suspended_w * (st.suspend_s
+                                                                   + st.resume_s)) / 3600
     start = plant.s.battery_wh
     plant.suspend(plant.s.t + 3600)
     for _ in range(60):
         run_load(plant, rung, 5.0, 1.0, 60.0, res)
     assert res.good == 0
     assert plant.s.suspended_s == pytest.approx(3600)
-    assert start - plant.s.battery_wh == pytest.approx(dev.states.suspended_w * 1.0)  # 1 h
+    assert start - plant.s.battery_wh == pytest.approx(st.suspended_w * 1.0 + transition_wh)
     # a step across the wake time is split: the rest is awake at idle + load
-    plant.suspend(plant.s.t + 30)
     before = plant.s.battery_wh
+    plant.suspend(plant.s.t + 30)
     plant.step(90.0, 0.0)
     assert plant.s.suspended_s == pytest.approx(3630)
-    want = (dev.states.suspended_w * 30 + dev.power.idle_w * 60) / 3600
+    assert plant.s.suspends == 2
+    want = (st.suspended_w * 30 + dev.power.idle_w * 60) / 3600 + transition_wh
     assert before - plant.s.battery_wh == pytest.approx(want)
     assert not plant.suspended
     with pytest.raises(ValueError, match="cannot suspend"):
@@ -147,3 +154,172 @@ def test_simulated_suspend_refuses_a_board_that_cannot():
     plant = Plant(load_profile("rpi5"), ambient("constant", 20.0))
     with pytest.raises(SuspendError, match="cannot suspend"):
         SimulatedSuspend(plant, 100.0).suspend_for(10)
+
+
+# -- the coordinator's view of a sleeper (pure) ---------------------------------------------------
+
+FCFG = fleet.FleetConfig(stale_after_s=30, offline_after_s=120, wake_margin_s=300)
+
+
+def _state(t, online, **kw):
+    return {"v": 1, "online": online, "boot": "b1", "t": t, **kw}
+
+
+@pytest.mark.parametrize("events, now, status, codes", [
+    # announced a sleep until t=1000: asleep, no alert, however long the silence before it
+    ([("state", _state(0, True), 0), ("state", _state(10, False, asleep=True, wake_at=1000),
+                                      10)], 900, "asleep", []),
+    # still within the margin after the announced wake
+    ([("state", _state(10, False, asleep=True, wake_at=1000), 10)], 1299, "asleep", []),
+    # missed the wake by more than the margin: offline, one missed_wake alert
+    ([("state", _state(10, False, asleep=True, wake_at=1000), 10)], 1301, "offline",
+     ["missed_wake"]),
+    # woke: its birth makes it online again
+    ([("state", _state(10, False, asleep=True, wake_at=1000), 10),
+      ("state", _state(1001, True), 1001)], 1010, "online", []),
+    # woke and its traffic overtook the birth
+    ([("state", _state(10, False, asleep=True, wake_at=1000), 10), ("activity", None, 1002)],
+     1010, "online", []),
+    # a plain will (connection lost) is still offline at once
+    ([("state", _state(0, True), 0), ("state", _state(5, False, reason="connection lost"), 5)],
+     6, "offline", ["offline"]),
+    # asleep=true without a wake time is not a sleep announcement
+    ([("state", _state(5, False, asleep=True), 5)], 6, "offline", ["offline"]),
+])
+def test_fleet_view_of_a_sleeper(events, now, status, codes):
+    v = fleet.DeviceView("d")
+    for kind, msg, t in events:
+        v = fleet.on_state(v, msg, t) if kind == "state" else fleet.on_activity(v, t)
+    out = fleet.refresh({"d": v}, now, FCFG)["d"]
+    assert out.status == status
+    assert [c for c, _ in out.alerts] == codes
+
+
+def test_status_text_names_the_next_wake():
+    t = 1_700_000_000.0
+    assert fleet.status_text("asleep", t) == (
+        f"asleep (next wake {time.strftime('%H:%M', time.localtime(t))})")
+    assert fleet.status_text("online", t) == "online"
+
+
+# -- the daemon across real sleeps, with Mosquitto and the coordinator ----------------------------
+
+def _stopped(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] == "T"
+
+
+@pytest.mark.skipif(not (ROOT / "models").exists(), reason="no models package")
+def test_daemon_sleeps_announces_and_gets_commands_at_wake(tmp_path, broker):
+    import shutil
+    import socket
+    import threading
+
+    from test_daemon import Serve, write_config
+
+    from models import bundled
+    from runtime.coordinator.config import CoordinatorConfig
+    from runtime.coordinator.service import Coordinator
+    from runtime.telemetry.commands import generate_keypair
+
+    if not (bundled() / "manifest.json").exists():
+        pytest.skip("bundled model not built")
+    generate_keypair(tmp_path / "k.pem", tmp_path / "k.pub")
+    coord = Coordinator(CoordinatorConfig(
+        fleet="sys", broker=broker.coordinator("sys"), store=str(tmp_path / "coord.db"),
+        signing_key=str(tmp_path / "k.pem"), device_keys=str(tmp_path / "keys"),
+        wake_margin_s=30.0))
+    coord.start()
+    assert coord.connected.wait(10)
+    cfg = write_config(tmp_path, broker, tmp_path / "cache")
+    text = cfg.read_text().replace('profile = "generic-x86"', 'profile = "solar-node"')
+    text = text.replace("[telemetry]\n", f'[telemetry]\ntrusted_keys = ["{tmp_path / "k.pub"}"]\n')
+    cfg.write_text(text + """
+[simulator]
+enabled = true
+speed = 100.0
+start_hour = 10.0
+[sleep]
+enabled = true
+every_s = 600.0
+burst = 2
+flush_timeout_s = 10.0
+""")
+    # systemd's notify socket, to watch the watchdog being stretched and restored
+    sock_path = tmp_path / "notify.sock"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(sock_path))
+    sock.settimeout(0.2)
+    notes: list[str] = []
+    done = threading.Event()
+
+    def listen():
+        while not done.is_set():
+            try:
+                notes.append(sock.recv(4096).decode())
+            except OSError:
+                continue
+
+    threading.Thread(target=listen, daemon=True).start()
+    d = Serve(tmp_path, cfg, env={"NOTIFY_SOCKET": str(sock_path), "WATCHDOG_USEC": "4000000"})
+
+    def until(cond, timeout_s, what):
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if cond():
+                return
+            assert d.proc.poll() is None, d.text()[-3000:]
+            time.sleep(0.05)
+        raise AssertionError(f"timed out waiting for {what}\n{d.text()[-3000:]}")
+
+    def row():
+        return next((r for r in coord.fleet_view() if r["device"] == "box1"), None)
+
+    try:
+        until(lambda: (row() or {}).get("status") == "online", 180, "the device online")
+        (tmp_path / "keys").mkdir()
+        shutil.copy(tmp_path / "state" / "device.pub", tmp_path / "keys" / "box1.pub")
+        until(lambda: (row() or {}).get("status") == "asleep", 60, "the first sleep")
+        r = row()
+        wake_at = r["wake_at"]
+        assert wake_at > time.time()
+        assert fleet.status_text(r["status"], wake_at).startswith("asleep (next wake ")
+        # a command while it sleeps: queued at the broker, delivered at the wake
+        reply = coord.send_command("box1", "set_rate", {"fps": 3})
+        assert reply["status"] == "queued" and reply["deliver_at"] == wake_at, reply
+        assert "asleep until" in reply["reason"]
+        saw_stopped = False
+        while row()["status"] == "asleep":
+            assert [c for c, _ in row()["alerts"]] == []  # no false offline alert
+            saw_stopped = saw_stopped or _stopped(d.proc.pid)
+            time.sleep(0.05)
+        assert saw_stopped, "the daemon process was never stopped during its sleep"
+        until(lambda: row()["status"] == "online", 30, "the wake")
+        until(lambda: any(e["type"] == "command_applied" and e.get("id") == reply["id"]
+                          for e in coord.store.events("box1", 50)), 30,
+              "the queued command applied after the wake")
+        until(lambda: row()["health"].get("operator_rate_hz") == 3.0, 30,
+              "health after the command")
+        h = row()["health"]
+        assert h["sleep"]["wakes"] >= 1 and h["sleep"]["mode"] == "sleep"
+        assert h["simulated"]["suspends"] >= 1 and h["simulated"]["suspended_h"] > 0.1
+        until(lambda: row()["status"] == "asleep", 60, "the second sleep")
+    finally:
+        code = d.stop()
+        done.set()
+    assert code == 0, d.text()[-3000:]
+    results = coord.store.results("box1", 0, 100_000)
+    coord.stop()
+    results.sort(key=lambda r: r["seq"])
+    seqs = [r["seq"] for r in results]
+    # stored exactly once, nothing lost across the sleeps (the rest waits in the outbox)
+    assert seqs == list(range(1, len(seqs) + 1))
+    ts = [r["t"] for r in results]
+    assert ts == sorted(ts)  # honest timestamps: the wall clock of each result's making
+    gap = max(b - a for a, b in itertools.pairwise(ts))
+    assert gap > 3.0  # nothing was inferred while asleep (~5.8 s of wall clock)
+    usec = [int(n.split("WATCHDOG_USEC=")[1].split()[0]) for n in notes if "WATCHDOG_USEC" in n]
+    assert usec[0] > 60_000_000 and usec[1] == 4_000_000, notes  # stretched, then restored

@@ -16,6 +16,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from runtime.coordinator.fleet import status_text
+
 DEFAULT_API = "http://127.0.0.1:8787"
 DEFAULT_TOKEN_FILE = "~/.local/state/edgerun/api-token"
 
@@ -83,7 +85,8 @@ def _table(rows: list[dict]) -> str:
     for r in rows:
         temp = r["health"].get("temp_c")
         alerts = "; ".join(code for code, _ in r["alerts"])
-        lines.append(f"{r['device']:<24} {r['status']:<8} {r['results_stored']:>8} "
+        status = status_text(r["status"], r.get("wake_at") or 0.0)
+        lines.append(f"{r['device']:<24} {status:<8} {r['results_stored']:>8} "
                      f"{'' if temp is None else f'{temp:.1f}':>6}  {r['choice'] or '-'}"
                      + (f"  [{alerts}]" if alerts else ""))
     return "\n".join(lines)

@@ -33,6 +33,7 @@ class CoordinatorConfig:
     retention_interval_s: float = 600.0  # how often retention runs
     stale_after_s: float = 30.0
     offline_after_s: float = 120.0
+    wake_margin_s: float = 300.0  # a sleeper this late past its announced wake: missed_wake
     backlog_alert: int = 1000
     slo_alert: float = 0.95
     keep_health_s: float = 7 * 24 * 3600

@@ -5,6 +5,9 @@ Status per device:
 - `stale`   online by its state, but silent for longer than `stale_after_s`;
 - `offline` its state says offline (will message or clean stop), or silent past `offline_after_s`
   (a broker partition can hide the will).
+- `asleep`  its last state announced a sleep until `wake_at` (docs/sleep.md): unreachable on
+  purpose, no alert; past `wake_at + wake_margin_s` without a word it is `offline` with a
+  `missed_wake` alert.
 Alerts are derived from the latest health and the fleet's versions; each is a short code plus
 a sentence for the operator (critical ones say so first: `governor_disabled`).
 
@@ -16,6 +19,7 @@ ahead than its own clock plus a skew (service.py) before they reach `on_state`: 
 from __future__ import annotations
 
 import math
+import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -31,6 +35,7 @@ class FleetConfig:
     backlog_alert: int = 1000  # held results on the device
     slo_alert: float = 0.95  # SLO compliance below this
     temp_margin_c: float = 5.0  # within this of the first passive trip
+    wake_margin_s: float = 300.0  # a sleeper this late past its announced wake is offline
 
 
 @dataclass(frozen=True)
@@ -49,6 +54,8 @@ class DeviceView:
     choice: str = ""
     health: Mapping[str, Any] = field(default_factory=dict)
     alerts: tuple[tuple[str, str], ...] = ()
+    asleep: bool = False  # its last state announced a sleep
+    wake_at: float = 0.0  # ... until then (the device's clock)
 
 
 def on_state(view: DeviceView, msg: Mapping[str, Any], now: float) -> DeviceView:
@@ -57,12 +64,15 @@ def on_state(view: DeviceView, msg: Mapping[str, Any], now: float) -> DeviceView
         return view  # a previous boot's state arriving after the current one's
     # Within one boot, arrival order is the truth: the will carries the connect time,
     # so it is older than the birth it follows.
+    asleep = not msg["online"] and msg.get("asleep") is True and "wake_at" in msg
     new = replace(view, online=msg["online"], boot=msg["boot"], state_t=msg["t"],
-                  reason=msg.get("reason", ""), last_seen=now if msg["online"] else view.last_seen)
+                  reason=msg.get("reason", ""), last_seen=now if msg["online"] else view.last_seen,
+                  asleep=asleep, wake_at=float(msg["wake_at"]) if asleep else 0.0)
     if msg["online"]:
         new = replace(new, versions=msg.get("versions", view.versions),
                       model=msg.get("model", view.model), choice=msg.get("choice", view.choice))
-    return replace(new, status="online" if msg["online"] else "offline")
+    return replace(new, status="online" if msg["online"] else
+                   "asleep" if asleep else "offline")
 
 
 def on_activity(view: DeviceView, now: float, health: Mapping[str, Any] | None = None
@@ -74,19 +84,34 @@ def on_activity(view: DeviceView, now: float, health: Mapping[str, Any] | None =
         new = replace(new, health=health,
                       choice=choice if isinstance(choice, str) else view.choice)
     if not new.online:
-        # Traffic after a death message: the birth was lost or is still in flight.
-        new = replace(new, online=True)
+        # Traffic after a death message: the birth was lost or is still in flight (or, for a
+        # sleeper, it woke and the traffic overtook its birth).
+        new = replace(new, online=True, asleep=False)
     return replace(new, status="online")
 
 
 def tick(view: DeviceView, now: float, cfg: FleetConfig) -> DeviceView:
-    """Age the view: online -> stale -> offline as silence grows."""
+    """Age the view: online -> stale -> offline as silence grows; asleep -> offline once
+    the announced wake is `wake_margin_s` past."""
+    if view.asleep:
+        status = "offline" if now > view.wake_at + cfg.wake_margin_s else "asleep"
+        return view if status == view.status else replace(view, status=status)
     if not view.online:
         return view if view.status == "offline" else replace(view, status="offline")
     silent = now - view.last_seen
     status = ("offline" if silent > cfg.offline_after_s
               else "stale" if silent > cfg.stale_after_s else "online")
     return view if status == view.status else replace(view, status=status)
+
+
+def clock(t: float) -> str:
+    """HH:MM of a wall-clock time, in the coordinator's local time."""
+    return time.strftime("%H:%M", time.localtime(t))
+
+
+def status_text(status: str, wake_at: float) -> str:
+    """The status an operator reads: `asleep (next wake HH:MM)` for a sleeper."""
+    return f"asleep (next wake {clock(wake_at)})" if status == "asleep" else status
 
 
 def majority_version(views: Iterable[DeviceView]) -> str | None:
@@ -131,7 +156,10 @@ def alerts(view: DeviceView, cfg: FleetConfig, fleet_version: str | None
         out.append(("governor_disabled", "critical: thermal governor disabled"
                     + (f": {why[:200]}" if isinstance(why, str) and why else "")
                     + " (nothing steps the model down before the device overheats)"))
-    if view.status != "online":
+    if view.asleep and view.status == "offline":
+        out.append(("missed_wake", f"announced a wake at {clock(view.wake_at)} and has not "
+                                   f"been heard from since (margin {cfg.wake_margin_s:.0f} s)"))
+    elif view.status not in ("online", "asleep"):
         out.append((view.status, f"device is {view.status} (last seen {view.last_seen:.0f})"))
     temp, trip = _num(h, "temp_c"), _num(h, "passive_trip_c")
     if h.get("throttled") is True:

@@ -58,7 +58,8 @@ class Coordinator:
     def __init__(self, cfg: CoordinatorConfig):
         self.cfg = cfg
         self.fleet_cfg = fleet.FleetConfig(cfg.stale_after_s, cfg.offline_after_s,
-                                           cfg.backlog_alert, cfg.slo_alert)
+                                           cfg.backlog_alert, cfg.slo_alert,
+                                           wake_margin_s=cfg.wake_margin_s)
         self.store = Store(cfg.store, cfg.fsync)
         self._key = commands.load_private_key(cfg.signing_key) if cfg.signing_key else None
         self._views_lock = threading.Lock()
@@ -419,8 +420,23 @@ class Coordinator:
         if self._key is None:
             raise PermissionError("no signing_key configured: this coordinator cannot command")
         with self._views_lock:
-            if device not in self.views:
+            view = self.views.get(device)
+            if view is None:
                 raise UnknownDevice(device)
+        now = time.time()
+        if view.asleep and view.status == "asleep":
+            # Asleep on purpose: the broker holds the command in the device's persistent
+            # session and delivers it at the next wake. It must outlive the sleep.
+            ttl = max(ttl_s, view.wake_at - now + self.cfg.wake_margin_s + ttl_s)
+            env = commands.sign(self._key, device, name, args, ttl)
+            self._conn.publish(payloads.topic(self.cfg.fleet, device, "cmd"),
+                               payloads.encode("cmd", env))
+            return {"v": payloads.VERSION, "id": env["id"], "ok": True, "status": "queued",
+                    "deliver_at": view.wake_at, "expires_at": env["expires_at"],
+                    "reason": f"{device} is asleep until {fleet.clock(view.wake_at)}: the "
+                              "broker holds the command and delivers it at its next wake "
+                              f"(it expires at {fleet.clock(env['expires_at'])})",
+                    "t": now, "verified": False}
         env = commands.sign(self._key, device, name, args, ttl_s)
         event, box = threading.Event(), []
         self._waiters[env["id"]] = (event, box)

@@ -72,7 +72,8 @@ class Publisher:
 
     def __init__(self, cfg: TelemetryConfig, outbox: Outbox,
                  birth: Callable[[], dict[str, Any]] | None = None,
-                 command_queue: queue.Queue | None = None, state_dir: Path | None = None):
+                 command_queue: queue.Queue | None = None, state_dir: Path | None = None,
+                 session_expiry_s: int = 0):
         self.cfg = cfg
         self.outbox = outbox
         self.device = device_id(cfg)
@@ -99,13 +100,21 @@ class Publisher:
         self._rebirth = threading.Event()
         self._refusals = _Bucket(rate_hz=10, burst=20)  # replies to refused commands
         self._reset_cursors()
-        self._conn = Connection(
-            cfg.broker, self._stats.client_id, name="mqtt",
+        # session_expiry_s > 0 (a device that sleeps): a persistent session (clean start off,
+        # the broker keeps it that long), so commands sent while it sleeps wait at the broker.
+        self.session_expiry_s = session_expiry_s
+        self._asleep: dict | None = None  # the retained state announced before a sleep
+        self._conn = self._connection()
+
+    def _connection(self) -> Connection:
+        return Connection(
+            self.cfg.broker, self._stats.client_id, name="mqtt",
             subscriptions=[(self._topic["cmd"], 1), (self._topic["ack"], 1)],
             on_message=self._on_message, on_connected=self._on_connected, on_tick=self._drain,
             on_publish=self._on_publish, on_error=self._callback_failed, will=self._will,
             on_takeover=lambda why: self._event("mqtt_takeover", "critical", why,
                                                 client_id=self._stats.client_id),
+            clean=self.session_expiry_s == 0, session_expiry_s=self.session_expiry_s,
             max_inflight=100)  # our own window (cfg.inflight) bounds results
 
     @property
@@ -149,6 +158,27 @@ class Publisher:
         """The MQTT thread is running."""
         return self._conn.alive()
 
+    def sleep(self, wake_at: float, reason: str, timeout_s: float = 5.0) -> None:
+        """Before a suspend: publish the retained state `asleep until wake_at` (wall clock)
+        and disconnect cleanly, so the broker publishes no will and keeps the session."""
+        self._asleep = {"v": payloads.VERSION, "online": False, "asleep": True,
+                        "wake_at": round(wake_at, 3), "boot": self.outbox.boot,
+                        "t": time.time(), "reason": reason[:4000]}
+        self._conn.stop(timeout_s, farewell=self._farewell)
+
+    def wake(self) -> None:
+        """After a resume: connect again (the same client id: the session and what the
+        broker queued for it come back) and publish the birth."""
+        self._asleep = None
+        self._conn = self._connection()
+        self._conn.start()
+
+    @property
+    def session_ready(self) -> bool:
+        """Connected and subscribed: what the broker queued for us during a sleep has
+        arrived (it sends the queue right after CONNACK, before our SUBACK)."""
+        return self._conn.subscribed.is_set()
+
     # -- on the MQTT thread (Connection callbacks) ---------------------------------------------
 
     def _will(self) -> tuple[str, bytes]:
@@ -163,8 +193,9 @@ class Publisher:
                  self.cfg.broker.port, self._conn.stats.protocol, self.cfg.fleet, self.device)
 
     def _farewell(self, client: mqtt.Client) -> mqtt.MQTTMessageInfo:
-        offline = {"v": payloads.VERSION, "online": False, "boot": self.outbox.boot,
-                   "t": time.time(), "reason": "clean shutdown"}
+        offline = self._asleep or {"v": payloads.VERSION, "online": False,
+                                   "boot": self.outbox.boot, "t": time.time(),
+                                   "reason": "clean shutdown"}
         return client.publish(self._topic["state"], payloads.encode("state", offline), qos=1,
                               retain=True)
 

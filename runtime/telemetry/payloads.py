@@ -85,7 +85,16 @@ _HEALTH = _obj({
                        {"path": _SHORT, "ms": _NUM, "mj": _NUM, "chosen": _BOOL})}},
     "simulated": _obj({"t": _NUM, "ambient_c": _NUM, "elapsed_s": _NUM,
                        "critical_trips": _COUNT, "throttled_min": _NUM, "good": _NUM,
-                       "good_weighted": _NUM, "rung_changes": _COUNT, "energy_wh": _NUM}),
+                       "good_weighted": _NUM, "rung_changes": _COUNT, "energy_wh": _NUM,
+                       "suspended_h": _NUM, "suspends": _COUNT,
+                       "battery_frac": _NUM_OR_NULL}),
+    # duty cycling (runtime/sleep.py, docs/sleep.md)
+    "sleep": _obj({"mode": {"enum": ["stay_up", "sleep", "disabled"]}, "period_s": _NUM_OR_NULL,
+                   "per_hour": _NUM_OR_NULL, "requested_per_hour": _NUM_OR_NULL,
+                   "break_even_s": _NUM_OR_NULL, "average_w": _NUM_OR_NULL,
+                   "over_budget": _BOOL, "wakes": _COUNT, "phase": _SHORT, "reason": _STR,
+                   "next_wake": {"type": ["number", "null"], "minimum": 0, "maximum": T_MAX},
+                   "last_slept_s": _NUM_OR_NULL}),
 }, required=("v", "t", "boot"))
 
 SCHEMAS: dict[str, dict[str, Any]] = {
@@ -97,6 +106,8 @@ SCHEMAS: dict[str, dict[str, Any]] = {
             "stream": _ID, "versions": {"type": "object", "maxProperties": 32,
                                         "additionalProperties": _SHORT},
             "model": _SHORT, "choice": _SHORT, "reason": _STR,
+            # announced before a suspend (runtime/sleep.py): offline on purpose until wake_at
+            "asleep": _BOOL, "wake_at": _T,
         },
     },
     "result": {
