@@ -1,6 +1,7 @@
 """14-day solar benchmark: edgerun's energy-neutral budget vs fixed rate, greedy and an oracle.
 
     python bench/solar.py [--device solar-node] [--days 14] [--seed 7]
+    python bench/solar.py --sleep [--every 300] [--burst 1]      (duty cycling, docs/sleep.md)
 
 All policies run on the same irradiance trace (clear days and multi-day cloudy spells,
 deterministic by seed). fixed = the top rung at the full offered rate; greedy = full power while
@@ -13,7 +14,9 @@ Prints hours below reserve (target 0) and accuracy-weighted inferences relative 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -23,9 +26,179 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from governor import PROFILES, device_rungs
 
+from power import duty_cycle as dc
+from power import energy as energy_mod
 from power.closed_loop import simulate
-from power.device import load_profile
-from power.plant import ambient, solar_trace
+from power.device import DeviceProfile, load_profile
+from power.plant import DAY, Plant, ambient, solar_trace
+from power.sensors import Reading
+
+STEP = 300.0  # irradiance step, s
+
+
+# -- duty cycling (--sleep) -----------------------------------------------------------------------
+
+def day_trace(daily_wh: list[float], panel_w: float, seed: int = 0) -> np.ndarray:
+    """Irradiance (0..1, every STEP) whose days harvest exactly `daily_wh` on a `panel_w`
+    panel: the clear-sky bell, passing-cloud noise on every day below a clear one."""
+    rng = np.random.default_rng(seed)
+    per_day = int(DAY / STEP)
+    h = (np.arange(per_day) * STEP % DAY) / 3600
+    clear = np.clip(np.sin(np.pi * (h - 6) / 12), 0, None)
+    clear_wh = clear.sum() * panel_w * STEP / 3600
+    out = []
+    for wh in daily_wh:
+        day = clear * (np.clip(1 - rng.gamma(0.5, 0.2, per_day), 0.05, 1.0)
+                       if wh < 0.95 * clear_wh else 1.0)
+        got = day.sum() * panel_w * STEP / 3600
+        out.append(np.clip(day * (wh / got if got else 0.0), 0, 1))
+    return np.concatenate(out)
+
+
+def sleep_traces(days: int, seed: int, panel_w: float) -> dict[str, np.ndarray]:
+    """The duty-cycling traces (14 days by default): the seeded weather, a week at 10 Wh/day,
+    ten overcast days at 31 Wh/day, and overcast from the first day."""
+    sunny = 200.0
+    week = [sunny] * 3 + [10.0] * 7
+    ten = [sunny] * 2 + [31.0] * 10
+    rng = np.random.default_rng(seed + 1)
+    return {
+        f"seed{seed}": solar_trace(days, seed),
+        "10Wh-week": day_trace((week + [sunny] * days)[:days], panel_w, seed),
+        "overcast-31": day_trace((ten + [sunny] * days)[:days], panel_w, seed),
+        "overcast-day1": day_trace(list(rng.uniform(20.0, 40.0, days)), panel_w, seed),
+    }
+
+
+@dataclass
+class DutyResult:
+    """One duty-cycling run."""
+
+    policy: str
+    delivered: int = 0
+    wakes: int = 0
+    below_reserve_h: float = 0.0
+    suspended_h: float = 0.0
+    off_h: float = 0.0  # battery empty: the board is off
+
+
+def run_duty(dev: DeviceProfile, irr: np.ndarray, policy: str, schedule: dc.Schedule,
+             infer_j: float, infer_s: float, days: int, slot_wh: np.ndarray | None = None,
+             oracle_days: int = 3, battery_frac: float = 0.6, deliver_s: float = 10.0,
+             max_sleep_s: float = 3600.0) -> DutyResult:
+    """Run `schedule` for `days` on the plant. policy: awake (stays up; the shipped energy
+    budget pauses inference, never the idle draw), sleep (power/duty_cycle.py with the
+    learned forecast, as the daemon runs it) or oracle (the same plan fed the true harvest
+    of the next `oracle_days`, no margin and no buffer)."""
+    plant = Plant(dev, ambient("constant", 20.0), irradiance=irr, battery_frac=battery_frac)
+    b = dev.battery
+    assert b is not None
+    # max_w: the planner's search ceiling (finite: it bisects up to it); the schedule's own
+    # power is far below it
+    ecfg = energy_mod.EnergyConfig(b.capacity_wh, dev.power.idle_w, dev.active_w,
+                                   b.reserve_frac, b.charge_efficiency)
+    ocfg = replace(ecfg, forecast_margin=0.0, buffer_h=0.0, neutral=False,
+                   horizon_slots=oracle_days * ecfg.slots_per_day)
+    cost = dc.WakeCost.of(dev)
+    st = dev.states
+    est = energy_mod.initial_state(ecfg)
+    res = DutyResult(policy)
+    end = days * DAY
+    off_s = 0.0
+
+    def advance(dt: float, dynamic_w: float) -> None:
+        nonlocal est, off_s
+        left = dt
+        while left > 1e-9:
+            h = min(STEP, left)
+            if not plant.on:
+                off_s += h
+            plant.step(h, dynamic_w)
+            est, _ = energy_mod.step(est, Reading(plant.s.t, battery_wh=plant.s.battery_wh,
+                                                  harvest_w=plant.s.harvest_w), ecfg)
+            left -= h
+
+    b_n = schedule.burst
+    while plant.s.t < end:
+        t, battery = plant.s.t, plant.s.battery_wh or 0.0
+        if policy == "awake":
+            period = schedule.period_s
+            ok = plant.on and energy_mod.plan_power(
+                battery, t, dc.planning_forecast(est, ecfg), ecfg) > 0
+            res.delivered += b_n if ok else 0
+            advance(period, (b_n * infer_j / period + cost.camera_w) if ok else 0.0)
+            continue
+        if policy == "oracle":
+            assert slot_wh is not None
+            k = int(t // 3600)
+            ahead = slot_wh[k:k + ocfg.horizon_slots]
+            ahead = np.pad(ahead, (0, ocfg.horizon_slots - len(ahead)))
+            budget = dc.affordable_w(battery, t, (), ocfg, cost,
+                                     ahead=tuple(float(x) for x in ahead))
+        else:
+            budget = dc.affordable_w(battery, t, dc.planning_forecast(est, ecfg), ecfg, cost)
+        plan = dc.plan(schedule, cost, infer_j, infer_s, budget, deliver_s, max_sleep_s)
+        if not plant.on:
+            advance(STEP, 0.0)
+            continue
+        res.delivered += b_n
+        if plan.mode == "stay_up":
+            advance(plan.period_s, b_n * infer_j / plan.period_s + cost.camera_w)
+            continue
+        assert st is not None
+        res.wakes += 1
+        awake = plan.awake_s - cost.transition_s  # the transitions are billed by suspend()
+        dyn = (b_n * infer_j + cost.camera_w * (cost.warmup_s + b_n * infer_s)) / awake
+        advance(awake, dyn)
+        plant.suspend(plant.s.t + plan.period_s - awake)
+        advance(plan.period_s - awake, 0.0)
+    res.below_reserve_h = plant.s.below_reserve_s / 3600
+    res.suspended_h = plant.s.suspended_s / 3600
+    res.off_h = off_s / 3600
+    return res
+
+
+def sleep_bench(args: argparse.Namespace) -> int:
+    """The duty-cycling comparison on every trace; exit 1 when a target is missed."""
+    dev = load_profile(args.device)
+    rungs = device_rungs(args.profiles, dev)
+    top = rungs[-1]
+    schedule = dc.Schedule(every_s=args.every, burst=args.burst)
+    cost = dc.WakeCost.of(dev)
+    plan = dc.plan(schedule, cost, top.energy_j, top.latency_s)
+    print(f"{dev.name}: battery {dev.battery.capacity_wh:g} Wh (reserve "
+          f"{dev.battery.reserve_frac:.0%}), panel {dev.solar.panel_w:g} W, idle "
+          f"{cost.idle_w:g} W, suspended {cost.suspended_w:g} W; {top.variant_id} "
+          f"{top.energy_j * 1e3:.1f} mJ, {top.latency_s * 1e3:.0f} ms; schedule {args.burst} "
+          f"every {args.every:g} s; unconstrained plan: {plan.reason}")
+    hdr = (f"{'trace':<14}{'policy':<8}{'h<reserve':>10}{'delivered':>10}{'vs oracle':>10}"
+           f"{'wakes':>7}{'asleep h':>9}{'off h':>7}   physical bound")
+    print(hdr)
+    met = True
+    for name, irr in sleep_traces(args.days, args.seed, dev.solar.panel_w).items():
+        irr = irr[: int(args.days * DAY / STEP)]
+        slot_wh = (irr * dev.solar.panel_w * STEP / 3600).reshape(-1, int(3600 / STEP)).sum(
+            axis=1)
+        harvest = float(slot_wh.sum()) * dev.battery.charge_efficiency
+        floor = cost.suspended_w * args.days * 24
+        idle = cost.idle_w * args.days * 24
+        runs = {p: run_duty(dev, irr, p, schedule, top.energy_j, top.latency_s, args.days,
+                            slot_wh, args.oracle_days) for p in ("awake", "sleep", "oracle")}
+        oracle = runs["oracle"].delivered
+        bound = (f"harvest {harvest:.0f} Wh (x{dev.battery.charge_efficiency:g} charging) vs "
+                 f"suspended floor {floor:.0f} Wh, idle floor {idle:.0f} Wh")
+        for p, r in runs.items():
+            print(f"{name:<14}{p:<8}{r.below_reserve_h:>10.1f}{r.delivered:>10d}"
+                  f"{r.delivered / oracle if oracle else math.nan:>10.2f}{r.wakes:>7d}"
+                  f"{r.suspended_h:>9.0f}{r.off_h:>7.1f}   {bound if p == 'awake' else ''}")
+        s = runs["sleep"]
+        if floor < harvest and s.below_reserve_h > 0:
+            met = False
+        if s.delivered < 0.9 * oracle:
+            met = False
+    print("targets (0 h below reserve where the suspended floor is below the harvest; "
+          f"delivered >= 0.9x the sleeping oracle): {'met' if met else 'NOT met'}")
+    return 0 if met else 1
 
 
 def main() -> int:
@@ -37,7 +210,13 @@ def main() -> int:
     ap.add_argument("--oracle-days", type=int, default=3, help="how far ahead the oracle sees")
     ap.add_argument("--profiles", type=Path, default=PROFILES,
                     help="recorded profiles (edgerun profile --json), as bench/governor.py")
+    ap.add_argument("--sleep", action="store_true",
+                    help="duty cycling: awake vs sleeping vs a sleeping oracle (docs/sleep.md)")
+    ap.add_argument("--every", type=float, default=300.0, help="--sleep: seconds between bursts")
+    ap.add_argument("--burst", type=int, default=1, help="--sleep: inferences per burst")
     args = ap.parse_args()
+    if args.sleep:
+        return sleep_bench(args)
 
     dev = load_profile(args.device)
     rungs = device_rungs(args.profiles, dev)

@@ -202,6 +202,18 @@ def plan(schedule: Schedule, cost: WakeCost, infer_j: float, infer_s: float,
                 requested, be, over, why)  # type: ignore[arg-type]
 
 
+def planning_forecast(est: energy_mod.EnergyState | None,
+                      cfg: energy_mod.EnergyConfig) -> tuple[float, ...]:
+    """The per-slot forecast the energy budget plans on (power/energy.py): the EWMA, and with
+    `persistence` no more than yesterday's harvest of each seen slot; zero before any day."""
+    if est is None:
+        return (0.0,) * cfg.slots_per_day
+    if not (cfg.persistence and est.yesterday_wh):
+        return est.forecast_wh
+    return tuple(min(f, y) if seen else f for f, y, seen in
+                 zip(est.forecast_wh, est.yesterday_wh, est.seen, strict=True))
+
+
 def affordable_w(battery_wh: float, t: float, forecast_wh: tuple[float, ...],
                  cfg: energy_mod.EnergyConfig, cost: WakeCost,
                  ahead: tuple[float, ...] | None = None) -> float:

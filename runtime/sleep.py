@@ -127,8 +127,7 @@ class Sleeper:
             battery = r.battery_wh if r.battery_wh is not None else (
                 None if r.battery_frac is None else r.battery_frac * e.capacity_wh)
         if e is not None and battery is not None:
-            est = d.cstate.energy
-            forecast = est.forecast_wh if est is not None else (0.0,) * e.slots_per_day
+            forecast = duty_cycle.planning_forecast(d.cstate.energy, e)
             budget = duty_cycle.affordable_w(battery, t, forecast, e, self.cost)
         self.plan = duty_cycle.plan(self.schedule, self.cost, rung.energy_j, rung.latency_s,
                                     budget, self.cfg.deliver_s, self.cfg.max_sleep_s)
