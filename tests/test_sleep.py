@@ -323,3 +323,64 @@ flush_timeout_s = 10.0
     assert gap > 3.0  # nothing was inferred while asleep (~5.8 s of wall clock)
     usec = [int(n.split("WATCHDOG_USEC=")[1].split()[0]) for n in notes if "WATCHDOG_USEC" in n]
     assert usec[0] > 60_000_000 and usec[1] == 4_000_000, notes  # stretched, then restored
+
+
+# -- configuration and the refusal to sleep on a board that cannot ------------------------------
+
+def _fake_daemon(tmp_path, profile, **sleep):
+    from types import SimpleNamespace
+
+    from runtime.config import Config, DeviceConfig, SleepConfig
+
+    events = []
+    cfg = Config(device=DeviceConfig(profile=profile, sysfs_root=str(tmp_path)),
+                 sleep=SleepConfig(enabled=True, **sleep))
+    d = SimpleNamespace(cfg=cfg, device=load_profile(profile), sim=None,
+                        event=lambda t, sev, **kw: events.append((t, sev, kw)))
+    return d, events
+
+
+@pytest.mark.parametrize("profile, tree, why", [
+    ("rpi5", False, "device profile rpi5 cannot suspend"),
+    ("solar-node", False, "wakealarm does not exist"),
+    ("solar-node", True, ""),
+])
+def test_sleep_is_refused_loudly_where_the_board_cannot(tmp_path, profile, tree, why):
+    from runtime import sleep as sleep_mod
+
+    if tree:
+        fake_sysfs(tmp_path)
+    d, events = _fake_daemon(tmp_path, profile, every_s=300)
+    s = sleep_mod.create(d)
+    assert s is not None
+    if why:
+        assert why in s.disabled and "running awake" in s.disabled
+        assert events[0][:2] == ("sleep_disabled", "critical")
+        assert s.health()["mode"] == "disabled"
+    else:
+        assert s.disabled == "" and events == []
+        assert s.suspender.resume_s == load_profile(profile).states.resume_s
+
+
+@pytest.mark.parametrize("body, key", [
+    ("enabled = true\n", "every_s"),
+    ("enabled = true\nevery_s = 60\nper_hour = 10\n", "every_s"),
+    ("enabled = true\nevery_s = 60\nmax_sleep_s = 10\n", "max_sleep_s"),
+    ("enabled = true\nevery_s = 60\nsession_expiry_s = 100\n", "session_expiry_s"),
+])
+def test_sleep_config_is_validated(tmp_path, body, key):
+    from runtime.config import ConfigError, load
+
+    p = tmp_path / "c.toml"
+    p.write_text("[sleep]\n" + body)
+    with pytest.raises(ConfigError, match=f"sleep.{key}"):
+        load(p)
+
+
+def test_fleet_ls_shows_the_next_wake():
+    from runtime.coordinator.client import _table
+
+    t = 1_700_000_000.0
+    out = _table([{"device": "box1", "status": "asleep", "wake_at": t, "results_stored": 3,
+                   "health": {}, "choice": "m", "alerts": []}])
+    assert f"asleep (next wake {time.strftime('%H:%M', time.localtime(t))})" in out
