@@ -73,21 +73,27 @@ class Sleeper:
         if self.cycle_t is None:
             self.cycle_t, self.n0 = t, self._results()
         if self.plan.mode == "stay_up":
+            if t >= self.cycle_t + self.plan.period_s:  # a new period: the budget may allow
+                self.cycle_t = t  # a sleep now (plans are remade at every wake otherwise)
+                self._replan(t)
             rate = self.plan.burst / self.plan.period_s
             d.pipeline.rate_cap_hz = min(d.pipeline.rate_cap_hz, rate)
             return
         if self.phase == "warmup":
-            d.pipeline.rate_cap_hz = 0.0
             if t - self.cycle_t >= self.warmup_s:
                 self.phase, self.n0 = "burst", self._results()
+            else:
+                d.pipeline.rate_cap_hz = 0.0
         elif self.phase == "burst":
             if self._results() - self.n0 >= self.plan.burst:
                 self.phase, self.deliver_wall = "deliver", time.monotonic()
                 d.pipeline.rate_cap_hz = 0.0
         elif self.phase == "wait":  # too little of the period left to be worth a sleep
-            d.pipeline.rate_cap_hz = 0.0
             if t >= self.cycle_t + self.plan.period_s:
                 self.cycle_t, self.phase, self.n0 = t, "burst", self._results()
+                self._replan(t)
+            else:
+                d.pipeline.rate_cap_hz = 0.0
         if self.phase == "deliver":
             d.pipeline.rate_cap_hz = 0.0
             if self._delivered():

@@ -384,3 +384,87 @@ def test_fleet_ls_shows_the_next_wake():
     out = _table([{"device": "box1", "status": "asleep", "wake_at": t, "results_stored": 3,
                    "health": {}, "choice": "m", "alerts": []}])
     assert f"asleep (next wake {time.strftime('%H:%M', time.localtime(t))})" in out
+
+
+# -- the sleeper's cycle against a fake daemon and a fake board ----------------------------------
+
+class _Board:
+    """A suspender that records the sleeps and moves the device clock across them."""
+
+    def __init__(self, clock):
+        self.clock, self.sleeps = clock, []
+
+    def problems(self):
+        return []
+
+    def suspend_for(self, seconds):
+        from power.suspend import Woke
+
+        self.sleeps.append(seconds)
+        self.clock["t"] += seconds
+        return Woke(seconds, seconds)
+
+
+def _cycle_daemon(every_s, burst=2):
+    from types import SimpleNamespace
+
+    from power import control
+    from power.sensors import Reading
+    from runtime.config import Config, SleepConfig
+    from runtime.sleep import Sleeper
+
+    clock = {"t": 1000.0}
+    notes, events = [], []
+    pipeline = SimpleNamespace(counters={"results": 0}, rate_cap_hz=float("inf"))
+    d = SimpleNamespace(
+        cfg=Config(sleep=SleepConfig(enabled=True, every_s=every_s, burst=burst)),
+        device=load_profile("solar-node"), sim=None, reading=Reading(clock["t"]),
+        rungs=[Rung("v", 0.9, 0.0004, 0.001)], current=0, ccfg=None,
+        cstate=control.ControlState(), pipeline=pipeline, publisher=None,
+        outbox=SimpleNamespace(put=lambda *a: None, stats=lambda: {"results_held": 0}),
+        notify=SimpleNamespace(watchdog_s=0.0, send=notes.append, status=notes.append),
+        health=lambda: {}, event=lambda t, sev, **kw: events.append(t),
+        sensors=SimpleNamespace(read=lambda: Reading(clock["t"])))
+    board = _Board(clock)
+    s = Sleeper(d, board)
+
+    def tick(dt=0.0):
+        clock["t"] += dt
+        d.reading = Reading(clock["t"])
+        pipeline.rate_cap_hz = float("inf")  # what the control step set this tick
+        s.after_control()
+
+    return s, d, board, tick, events
+
+
+def test_sleeper_cycle_burst_deliver_sleep_warmup():
+    s, d, board, tick, events = _cycle_daemon(600)
+    tick()
+    assert s.plan.mode == "sleep" and s.phase == "burst"
+    assert d.pipeline.rate_cap_hz == float("inf")  # the burst runs at the control's rate
+    d.pipeline.counters["results"] = 1
+    tick(1.0)
+    assert board.sleeps == []  # one of two inferences: not yet
+    d.pipeline.counters["results"] = 2
+    tick(1.0)
+    # the burst took 2 s of the 600 s period: away until the next one is due
+    assert board.sleeps == [pytest.approx(598.0)]
+    assert events == ["sleeping", "woke"] and s.wakes == 1
+    assert s.phase == "warmup" and s.health()["next_wake"] is None
+    tick(0.5)
+    assert d.pipeline.rate_cap_hz == 0.0  # the camera warms up: nothing captured
+    tick(2.0)
+    assert s.phase == "burst" and d.pipeline.rate_cap_hz == float("inf")
+
+
+def test_sleeper_stays_up_on_a_short_schedule_and_waits_out_a_long_cycle():
+    s, d, board, tick, _ = _cycle_daemon(10, burst=1)
+    tick()
+    assert s.plan.mode == "stay_up" and d.pipeline.rate_cap_hz == pytest.approx(0.1)
+    s, d, board, tick, _ = _cycle_daemon(600)
+    tick()
+    d.pipeline.counters["results"] = 2
+    tick(595.0)  # the burst took almost the whole period: a sleep would cost more
+    assert board.sleeps == [] and s.phase == "wait" and d.pipeline.rate_cap_hz == 0.0
+    tick(6.0)  # the next period: a new burst
+    assert s.phase == "burst" and d.pipeline.rate_cap_hz == float("inf")
