@@ -306,6 +306,7 @@ flush_timeout_s = 10.0
               "health after the command")
         h = row()["health"]
         assert h["sleep"]["wakes"] >= 1 and h["sleep"]["mode"] == "sleep"
+        assert h["mqtt"]["connects"] >= 2  # counted across the sleep's reconnect
         assert h["simulated"]["suspends"] >= 1 and h["simulated"]["suspended_h"] > 0.1
         until(lambda: row()["status"] == "asleep", 60, "the second sleep")
     finally:

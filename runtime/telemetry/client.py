@@ -104,6 +104,7 @@ class Publisher:
         # the broker keeps it that long), so commands sent while it sleeps wait at the broker.
         self.session_expiry_s = session_expiry_s
         self._asleep: dict | None = None  # the retained state announced before a sleep
+        self._slept_connects = (0, 0)  # connects, takeovers of the connections before a sleep
         self._conn = self._connection()
 
     def _connection(self) -> Connection:
@@ -122,7 +123,8 @@ class Publisher:
         """A snapshot of the counters, with the connection's own."""
         c = self._conn.stats
         return replace(self._stats, connected=self._conn.connected.is_set(),
-                       connects=c.connects, takeovers=c.takeovers, protocol=c.protocol,
+                       connects=c.connects + self._slept_connects[0],
+                       takeovers=c.takeovers + self._slept_connects[1], protocol=c.protocol,
                        last_error=c.last_error or self._stats.last_error)
 
     def _reset_cursors(self) -> None:
@@ -170,6 +172,9 @@ class Publisher:
         """After a resume: connect again (the same client id: the session and what the
         broker queued for it come back) and publish the birth."""
         self._asleep = None
+        c = self._conn.stats
+        self._slept_connects = (self._slept_connects[0] + c.connects,
+                                self._slept_connects[1] + c.takeovers)
         self._conn = self._connection()
         self._conn.start()
 
