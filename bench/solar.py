@@ -119,6 +119,7 @@ def run_duty(dev: DeviceProfile, irr: np.ndarray, policy: str, schedule: dc.Sche
             left -= h
 
     b_n = schedule.burst
+    budget, budget_t = 0.0, -math.inf
     while plant.s.t < end:
         t, battery = plant.s.t, plant.s.battery_wh or 0.0
         if policy == "awake":
@@ -128,15 +129,20 @@ def run_duty(dev: DeviceProfile, irr: np.ndarray, policy: str, schedule: dc.Sche
             res.delivered += b_n if ok else 0
             advance(period, (b_n * infer_j / period + cost.camera_w) if ok else 0.0)
             continue
-        if policy == "oracle":
-            assert slot_wh is not None
-            k = int(t // 3600)
-            ahead = slot_wh[k:k + ocfg.horizon_slots]
-            ahead = np.pad(ahead, (0, ocfg.horizon_slots - len(ahead)))
-            budget = dc.affordable_w(battery, t, (), ocfg, cost,
-                                     ahead=tuple(float(x) for x in ahead))
-        else:
-            budget = dc.affordable_w(battery, t, dc.planning_forecast(est, ecfg), ecfg, cost)
+        # The daemon re-plans at every wake; here the budget is refreshed at most once per
+        # irradiance step (a wake every 20 s would otherwise re-run the planner 60 000 times)
+        if t - budget_t >= STEP:
+            budget_t = t
+            if policy == "oracle":
+                assert slot_wh is not None
+                k = int(t // 3600)
+                ahead = slot_wh[k:k + ocfg.horizon_slots]
+                ahead = np.pad(ahead, (0, ocfg.horizon_slots - len(ahead)))
+                budget = dc.affordable_w(battery, t, (), ocfg, cost,
+                                         ahead=tuple(float(x) for x in ahead))
+            else:
+                budget = dc.affordable_w(battery, t, dc.planning_forecast(est, ecfg), ecfg,
+                                         cost)
         plan = dc.plan(schedule, cost, infer_j, infer_s, budget, deliver_s, max_sleep_s)
         if not plant.on:
             advance(STEP, 0.0)
