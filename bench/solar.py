@@ -106,16 +106,20 @@ def run_duty(dev: DeviceProfile, irr: np.ndarray, policy: str, schedule: dc.Sche
     end = days * DAY
     off_s = 0.0
 
+    est_t = -math.inf
+
     def advance(dt: float, dynamic_w: float) -> None:
-        nonlocal est, off_s
+        nonlocal est, off_s, est_t
         left = dt
         while left > 1e-9:
             h = min(STEP, left)
             if not plant.on:
                 off_s += h
             plant.step(h, dynamic_w)
-            est, _ = energy_mod.step(est, Reading(plant.s.t, battery_wh=plant.s.battery_wh,
-                                                  harvest_w=plant.s.harvest_w), ecfg)
+            if plant.s.t - est_t >= STEP:  # the forecast learns once per irradiance step
+                est_t = plant.s.t
+                est, _ = energy_mod.step(est, Reading(plant.s.t, battery_wh=plant.s.battery_wh,
+                                                      harvest_w=plant.s.harvest_w), ecfg)
             left -= h
 
     b_n = schedule.burst
@@ -124,8 +128,11 @@ def run_duty(dev: DeviceProfile, irr: np.ndarray, policy: str, schedule: dc.Sche
         t, battery = plant.s.t, plant.s.battery_wh or 0.0
         if policy == "awake":
             period = schedule.period_s
-            ok = plant.on and energy_mod.plan_power(
-                battery, t, dc.planning_forecast(est, ecfg), ecfg) > 0
+            if t - budget_t >= STEP:
+                budget_t = t
+                budget = energy_mod.plan_power(battery, t, dc.planning_forecast(est, ecfg),
+                                               ecfg)
+            ok = plant.on and budget > 0
             res.delivered += b_n if ok else 0
             advance(period, (b_n * infer_j / period + cost.camera_w) if ok else 0.0)
             continue
