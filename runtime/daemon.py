@@ -646,7 +646,8 @@ class Daemon:
         try:
             new = load(self.config_path)
             restart = [k for k in ("device", "model", "source", "telemetry", "simulator",
-                                   "daemon", "backends", "profiler", "results", "local_api")
+                                   "daemon", "backends", "profiler", "results", "local_api",
+                                   "sleep")
                        if getattr(new, k) != getattr(old, k)]
             self._set_constraints(new.constraints, "config reloaded", new.governor)
         except Exception as e:  # ConfigError, NoVariantError (as ValueError), or anything else
