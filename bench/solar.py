@@ -171,6 +171,38 @@ def run_duty(dev: DeviceProfile, irr: np.ndarray, policy: str, schedule: dc.Sche
     return res
 
 
+def sleep_daemon_bench(args: argparse.Namespace) -> int:
+    """The shipped daemon in the loop (runtime/simloop.py) on the simulated node without sun,
+    awake and with `[sleep]`: battery used, time suspended, wakes, inferences."""
+    import tempfile
+
+    from runtime import simloop
+
+    dev = load_profile(args.device)
+    cap = dev.battery.capacity_wh
+    sleep_cfg = (f"\n[sleep]\nenabled = true\nevery_s = {args.every:g}\nburst = {args.burst}\n"
+                 "flush_timeout_s = 2.0\n")
+    print(f"{dev.name}, daemon in the loop at 300x, {args.daemon:g} simulated hours, no sun; "
+          f"schedule {args.burst} every {args.every:g} s (awake: the same schedule as a rate cap "
+          "would be; here the awake daemon runs its normal budget)")
+    print(f"{'run':<8}{'battery used Wh':>16}{'suspended h':>13}{'wakes':>7}{'results':>9}"
+          f"{'plant good':>11}{'wall s':>8}   physical bound")
+    for name, extra in (("awake", ""), ("sleep", sleep_cfg)):
+        with tempfile.TemporaryDirectory() as d:
+            r = simloop.run(Path(d), dev.name, "cool", "step_wise", args.daemon,
+                            rate_hz=2.0, profiles=args.profiles, speed=300.0, extra=extra)
+        sim = r.simulated
+        used = (1.0 - (sim.get("battery_frac") or 0.0)) * cap
+        sleep = r.health.get("sleep") or {}
+        floor = dev.states.suspended_w * args.daemon if name == "sleep" else \
+            dev.power.idle_w * args.daemon
+        print(f"{name:<8}{used:>16.2f}{sim.get('suspended_h', 0.0):>13.2f}"
+              f"{sleep.get('wakes', 0):>7}{r.health['pipeline'].get('results', 0):>9}"
+              f"{sim['good']:>11.0f}{r.wall_s:>8.0f}   "
+              f"{'suspended' if name == 'sleep' else 'idle'} floor {floor:.2f} Wh")
+    return 0
+
+
 def sleep_bench(args: argparse.Namespace) -> int:
     """The duty-cycling comparison on every trace; exit 1 when a target is missed."""
     dev = load_profile(args.device)
@@ -227,7 +259,12 @@ def main() -> int:
                     help="duty cycling: awake vs sleeping vs a sleeping oracle (docs/sleep.md)")
     ap.add_argument("--every", type=float, default=300.0, help="--sleep: seconds between bursts")
     ap.add_argument("--burst", type=int, default=1, help="--sleep: inferences per burst")
+    ap.add_argument("--daemon", type=float, default=0.0, metavar="HOURS",
+                    help="--sleep: instead, run `edgerun serve` in the loop (simulated node, "
+                    "no sun) for HOURS awake and asleep and compare the battery used")
     args = ap.parse_args()
+    if args.sleep and args.daemon:
+        return sleep_daemon_bench(args)
     if args.sleep:
         return sleep_bench(args)
 

@@ -18,7 +18,7 @@ sleep's wall-clock length (simulated seconds / speed) and sends SIGCONT. Every t
 the broker's keepalive runs out, and on SIGCONT the simulator's clock jumps by the time the
 process was stopped, the way a real resume looks to the rest of the stack.
 
-    python -m power.suspend PID WALL_S     (the helper; not for operators)
+    python -m power.suspend PID DEADLINE   (the helper: CLOCK_MONOTONIC; not for operators)
 """
 
 from __future__ import annotations
@@ -143,21 +143,24 @@ class SimulatedSuspend:
         problems = self.problems()
         if problems:
             raise SuspendError("; ".join(problems))
-        wall = seconds / self.speed
         t0 = self.plant.s.t
         self.plant.suspend(t0 + seconds)
         start = time.monotonic()
+        # The helper wakes us at an absolute CLOCK_MONOTONIC deadline (one clock for every
+        # process), so its own start-up (tenths of a second: minutes at 300x) is part of the
+        # sleep instead of being added to it.
         helper = subprocess.Popen([sys.executable, "-m", "power.suspend", str(self.pid),
-                                   f"{wall:.6f}"], stdin=subprocess.DEVNULL)
+                                   f"{start + seconds / self.speed:.6f}"],
+                                  stdin=subprocess.DEVNULL)
         helper.wait()  # it stops us, waits, continues us, exits: returns after the "resume"
         return Woke(seconds, (time.monotonic() - start) * self.speed)
 
 
 def _helper(argv: list[str]) -> int:
-    pid, wall = int(argv[0]), float(argv[1])
+    pid, deadline = int(argv[0]), float(argv[1])
     os.kill(pid, signal.SIGSTOP)
     try:
-        time.sleep(wall)
+        time.sleep(max(0.0, deadline - time.monotonic()))
     finally:  # whatever happens here, the stopped process must run again
         os.kill(pid, signal.SIGCONT)
     return 0

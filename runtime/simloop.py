@@ -104,8 +104,9 @@ def latest_health(outbox: Path) -> dict | None:
 def run(workdir: Path, device: str, scenario: str, policy: str, hours: float, rate_hz: float,
         profiles: Path, speed: float = 300.0, start_hour: float = 8.0, tick_s: float = 1.0,
         latency_ms: float = 20.0, min_rate_hz: float = 0.2, source_hz: float = 20.0,
-        timeout_s: float | None = None) -> LoopResult:
-    """Run `edgerun serve` until `hours` of simulated time have passed; SIGTERM; the tally."""
+        timeout_s: float | None = None, extra: str = "") -> LoopResult:
+    """Run `edgerun serve` until `hours` of simulated time have passed; SIGTERM; the tally.
+    `extra` is appended to the config (e.g. a `[sleep]` section)."""
     state = workdir / "state"
     state.mkdir(parents=True, exist_ok=True)
     cfg = workdir / "edgerun.toml"
@@ -113,7 +114,7 @@ def run(workdir: Path, device: str, scenario: str, policy: str, hours: float, ra
                                  start_hour=start_hour, profiles=profiles.resolve(),
                                  state=state, rate_hz=rate_hz, tick_s=tick_s,
                                  latency_ms=latency_ms, min_rate_hz=min_rate_hz,
-                                 source_hz=source_hz, backends=REFERENCE_BACKENDS))
+                                 source_hz=source_hz, backends=REFERENCE_BACKENDS) + extra)
     log = workdir / "daemon.log"
     t0 = time.monotonic()
     limit = timeout_s if timeout_s is not None else 120 + 3 * hours * 3600 / speed
