@@ -363,7 +363,7 @@ def cmd_enroll(args: argparse.Namespace) -> int:
                 return 2
             done = enroll_device(args.fleet, args.name, args.broker_dir, args.out,
                                  args.device_keys, args.host, args.port, args.install_dir,
-                                 args.command_key, tuple(args.read))
+                                 args.command_key, tuple(args.read), args.homeassistant)
     except (ValueError, OSError) as e:
         print(f"edgerun fleet enroll: {e}", file=sys.stderr)
         return 2
@@ -558,6 +558,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the coordinator's command-signing public key (trusted_keys)")
     fe.add_argument("--read", action="append", default=[], metavar="TOPIC",
                     help="extra topic the device may receive (an MQTT trigger topic)")
+    fe.add_argument("--homeassistant", nargs="?", const="homeassistant", default="",
+                    metavar="PREFIX", help="(device) allow publishing Home Assistant discovery "
+                    "configs under PREFIX (default homeassistant; docs/homeassistant.md)")
     fe.add_argument("--write", action="append", default=[], metavar="TOPIC",
                     help="(--role client) topic it may publish")
     fr = fsub.add_parser("revoke", help="remove a device's (or coordinator's) broker user",

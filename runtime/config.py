@@ -16,6 +16,7 @@ from runtime.results_local import ResultsConfig
 from runtime.schema import ConfigError, build, load_toml
 from runtime.sources import SourceConfig
 from runtime.telemetry.config import TelemetryConfig
+from runtime.telemetry.homeassistant import HomeAssistantConfig
 
 ENGINES = ("onnxruntime", "openvino", "opencv", "opencl")
 
@@ -202,6 +203,7 @@ class Config:
     daemon: DaemonConfig = field(default_factory=DaemonConfig)
     results: ResultsConfig = field(default_factory=ResultsConfig)  # print, JSONL, snapshots
     local_api: LocalApiConfig = field(default_factory=LocalApiConfig)
+    homeassistant: HomeAssistantConfig = field(default_factory=HomeAssistantConfig)
 
 
 def load(path: str | Path | None) -> Config:

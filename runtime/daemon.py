@@ -36,6 +36,7 @@ from runtime import __version__, control_store
 from runtime.backends import discover
 from runtime.config import Config, ConfigError, load
 from runtime.health import health
+from runtime.health_history import HealthHistory
 from runtime.ladder import Rung, ladder_for, on_device
 from runtime.local_api import LocalApi, start_local_api
 from runtime.measure import Measured, measure_model
@@ -46,6 +47,7 @@ from runtime.sources import open_source
 from runtime.systemd import Notifier
 from runtime.telemetry.client import Publisher, device_id
 from runtime.telemetry.commands import Command
+from runtime.telemetry.homeassistant import DeviceInfo, Discovery
 from runtime.telemetry.outbox import Outbox
 
 log = logging.getLogger("edgerun.daemon")
@@ -132,6 +134,7 @@ class Daemon:
         self._native_cpu = 0.0
         self._saved_slot: int | None = None
         self._control_file = self.state_dir / "control.json"
+        self.history = HealthHistory(self.state_dir)  # for `edgerun report` when offline
         # -- background profiling --
         self._reprofiling = threading.Lock()
         self._installs: queue.Queue = queue.Queue()
@@ -174,8 +177,10 @@ class Daemon:
             cfg.local_api.stall_s), self.device_id)  # up during profiling: 503 until it runs
         if cfg.telemetry.broker.host:  # made now so a bad key file fails before profiling
             try:
+                ha = Discovery(cfg.homeassistant, cfg.telemetry.fleet, self.device_id,
+                               self.state_dir, self._ha_info, cfg.telemetry.result_per_message)
                 self.publisher = Publisher(cfg.telemetry, self.outbox, self._birth,
-                                           state_dir=self.state_dir)
+                                           state_dir=self.state_dir, homeassistant=ha)
             except ValueError as e:  # an unreadable trusted key or device key file
                 raise ConfigError(str(e)) from e
         model_path = Path(cfg.model.path) if cfg.model.path else _bundled_model()
@@ -441,6 +446,12 @@ class Daemon:
         return {"versions": versions(), "model": self.manifest.name,
                 "choice": a.variant_id if a else ""}
 
+    def _ha_info(self) -> DeviceInfo:
+        """What Home Assistant's entities describe (called on the MQTT thread)."""
+        return DeviceInfo(labels=self.manifest.labels if self.manifest else (),
+                          model=self.device.name, sw_version=__version__,
+                          battery=bool(self.device.sensors.battery or self.device.battery))
+
     def status_line(self) -> str:
         """One line for systemd STATUS= and the log."""
         a = self.pipeline.active
@@ -638,7 +649,8 @@ class Daemon:
         try:
             new = load(self.config_path)
             restart = [k for k in ("device", "model", "source", "telemetry", "simulator",
-                                   "daemon", "backends", "profiler", "results", "local_api")
+                                   "daemon", "backends", "profiler", "results", "local_api",
+                                   "homeassistant")
                        if getattr(new, k) != getattr(old, k)]
             self._set_constraints(new.constraints, "config reloaded", new.governor)
         except Exception as e:  # ConfigError, NoVariantError (as ValueError), or anything else
@@ -696,7 +708,9 @@ class Daemon:
                     self.event("control_failed", "critical", error=str(e)[:300])
             if now >= next_health:
                 next_health = now + self.cfg.telemetry.health_interval_s
-                self.outbox.put("health", self.health())
+                h = self.health()
+                self.outbox.put("health", h)
+                self.history.append(h, self.trips)
             wd = self.notify.watchdog_s
             if wd and now - last_beat >= wd / 4 and self.pipeline.alive(wd / 2):
                 self.notify.watchdog()  # only while the infer loop is alive

@@ -15,6 +15,14 @@ as an event (a spoofed ack must not delete results the coordinator never stored)
 results are re-sent after `ack_timeout_s` without ack progress (doubling up to 8x while nothing
 moves) and after every reconnect. Health and events are removed on PUBACK (the latest N are
 kept while offline).
+
+With `result_per_message`, each result is also published alone on `.../result/each` (QoS 1,
+not retained) by its own cursor over the outbox, independent of acks (so it flows without a
+coordinator): every result appended while this process runs, once, in seq order, including
+those held while the broker was away; not those of an earlier process, and not again after a
+reconnect (a message paho had not yet written when a connection dropped is lost). The batched
+`result` topic stays the one the coordinator stores and acks. Home Assistant discovery
+(runtime/telemetry/homeassistant.py), when given, is published after every birth.
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ import paho.mqtt.client as mqtt
 
 from runtime.telemetry import commands, payloads, safejson
 from runtime.telemetry.config import TelemetryConfig
+from runtime.telemetry.homeassistant import Discovery
 from runtime.telemetry.mqtt import Connection
 from runtime.telemetry.outbox import Outbox
 from runtime.telemetry.quarantine import RateLimitedLog
@@ -72,7 +81,8 @@ class Publisher:
 
     def __init__(self, cfg: TelemetryConfig, outbox: Outbox,
                  birth: Callable[[], dict[str, Any]] | None = None,
-                 command_queue: queue.Queue | None = None, state_dir: Path | None = None):
+                 command_queue: queue.Queue | None = None, state_dir: Path | None = None,
+                 homeassistant: Discovery | None = None):
         self.cfg = cfg
         self.outbox = outbox
         self.device = device_id(cfg)
@@ -99,6 +109,11 @@ class Publisher:
         self._rebirth = threading.Event()
         self._refusals = _Bucket(rate_hz=10, burst=20)  # replies to refused commands
         self._reset_cursors()
+        self._ha = homeassistant
+        # result_per_message: the highest seq published alone (results of earlier processes
+        # are not: their consumers had them, or they are history by now)
+        self._each_upto = outbox.last_seq() if cfg.result_per_message else 0
+        self._each_changes = -1
         self._conn = Connection(
             cfg.broker, self._stats.client_id, name="mqtt",
             subscriptions=[(self._topic["cmd"], 1), (self._topic["ack"], 1)],
@@ -159,6 +174,9 @@ class Publisher:
     def _on_connected(self, client: mqtt.Client) -> None:
         self._reset_cursors()
         self._publish_birth(client)
+        if self._ha is not None:
+            self._ha.on_connected()
+            self._ha.publish(client)
         log.info("connected to %s:%d (MQTT %s) as %s/%s", self.cfg.broker.host,
                  self.cfg.broker.port, self._conn.stats.protocol, self.cfg.fleet, self.device)
 
@@ -177,6 +195,10 @@ class Publisher:
         if self._rebirth.is_set():
             self._rebirth.clear()
             self._publish_birth(client)
+            if self._ha is not None:  # a new model may bring new labels
+                self._ha.publish(client)
+        if self.cfg.result_per_message:
+            self._publish_each(client)
         now = time.monotonic()
         if self._sent_upto > self._acked and (
                 now - self._last_progress > self.cfg.ack_timeout_s * self._timeout_scale):
@@ -219,6 +241,22 @@ class Publisher:
         if drained and len(others) < 64:
             self._seen_changes = changes
 
+    def _publish_each(self, client: mqtt.Client, limit: int = 200) -> None:
+        """Publish results appended since the last call, one message each (see module
+        docstring); runs before the batches, so it is never behind what acks delete."""
+        changes = self.outbox.changes
+        if changes == self._each_changes:
+            return
+        batch = self.outbox.pending(self._each_upto, limit)
+        head = f'{{"v":{payloads.VERSION},"stream":"{self.outbox.stream}",'
+        for p in batch:
+            info = client.publish(self._topic["result/each"], (head + p.json[1:]).encode(), qos=1)
+            if info.rc != mqtt.MQTT_ERR_SUCCESS:
+                raise ConnectionError(mqtt.error_string(info.rc))
+            self._each_upto = p.seq
+        if len(batch) < limit:  # drained: wait for the outbox to change
+            self._each_changes = changes
+
     def _check_own(self, kind: str, body: str) -> None:
         """Our own health/event failing its schema is a bug the coordinator would quarantine
         silently from here: say so in this log (once a minute), then send it anyway."""
@@ -230,6 +268,8 @@ class Publisher:
                            "runtime/telemetry/payloads.py", kind, e, level=logging.ERROR)
 
     def _on_publish(self, mid: int) -> None:
+        if self._ha is not None:
+            self._ha.acked(mid)
         rowid = self._other_mids.pop(mid, None)
         if rowid is not None:
             self.outbox.remove([rowid])

@@ -17,7 +17,7 @@ import jsonschema
 from runtime.telemetry import safejson
 
 VERSION = 1
-KINDS = ("state", "result", "health", "event", "cmd", "cmd/reply", "ack")
+KINDS = ("state", "result", "health", "event", "cmd", "cmd/reply", "ack", "result/each")
 PREFIX = "edgerun/v1"
 
 SEQ_MAX = (1 << 62) - 1  # seqs and floors live in [0, 2^62): far from SQLite's 2^63 limit
@@ -116,6 +116,15 @@ SCHEMAS: dict[str, dict[str, Any]] = {
         },
     },
     "health": _HEALTH,
+    # One result a message (`[telemetry] result_per_message`), for Node-RED and Home
+    # Assistant; the coordinator does not subscribe to it (the batched `result` is durable).
+    "result/each": {
+        "type": "object",
+        "required": ["v", "stream", "seq", "t", "boot"],
+        "properties": {"v": _V, "stream": _ID, "seq": _SEQ, "t": _T, "boot": _ID,
+                       "variant": _SHORT, "rung": {"type": "integer"}, "label": _SHORT,
+                       "score": _NUM, "ref": _STR},
+    },
     "event": {
         "type": "object",
         "required": ["v", "t", "type"],
@@ -173,7 +182,7 @@ def parse_topic(name: str) -> tuple[str, str, str] | None:
 
 
 MAX_BYTES = {"result": 1 << 20, "health": 64 << 10, "state": 16 << 10, "event": 16 << 10,
-             "cmd": 8 << 10, "cmd/reply": 64 << 10, "ack": 1 << 10}
+             "cmd": 8 << 10, "cmd/reply": 64 << 10, "ack": 1 << 10, "result/each": 64 << 10}
 
 
 def decode(kind: str, raw: bytes, max_bytes: int | None = None) -> dict:
