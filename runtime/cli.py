@@ -375,6 +375,15 @@ def cmd_enroll(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    """Render one device's timeline (temperature and trips, rung, rate, latency, energy,
+    battery) to PNG and optionally HTML, from the coordinator or the device's own state
+    (docs/report.md). Needs matplotlib: pip install 'edgerun[report]'."""
+    from runtime.day_report import command
+
+    return command(args)
+
+
 def cmd_schemas(args: argparse.Namespace) -> int:
     """Print the MQTT payload JSON Schemas (v1), keyed by message kind."""
     from runtime.telemetry.payloads import SCHEMAS
@@ -571,6 +580,28 @@ def build_parser() -> argparse.ArgumentParser:
     fr.add_argument("--role", choices=("device", "coordinator", "client"), default="device")
     fr.add_argument("--broker-dir", type=Path, required=True)
     fl.set_defaults(func=cmd_fleet)
+
+    rp = sub.add_parser("report", help="one device's day as PNG (and HTML): temperature, "
+                        "rung, rate, latency, energy, battery", description=cmd_report.__doc__,
+                        parents=[common])
+    rp.add_argument("device", nargs="?", help="device id (default with --local: this box's)")
+    rp.add_argument("--local", action="store_true", help="from this box's own state directory "
+                    "(health-history.jsonl) instead of the coordinator")
+    rp.add_argument("--state-dir", type=Path, help="(--local) the daemon's state_dir "
+                    "(default: from --config)")
+    rp.add_argument("--config", type=Path, help="the coordinator's config (API address and "
+                    "token), or with --local the device's config (state_dir, device id)")
+    rp.add_argument("--api", help="coordinator API base URL (default: from --config, else "
+                    "http://127.0.0.1:8787)")
+    rp.add_argument("--token-file", type=Path, help="the coordinator's API token file")
+    rp.add_argument("--since", default="24h", help="start: 24h, 90m, 2d, epoch seconds or "
+                    "ISO time (default 24h)")
+    rp.add_argument("--until", help="end (default now), same forms as --since")
+    rp.add_argument("--out", type=Path, help="PNG file (default DEVICE-report.png)")
+    rp.add_argument("--html", type=Path, help="also write an HTML page (PNG embedded, a row "
+                    "per hour)")
+    rp.add_argument("--utc", action="store_true", help="times in UTC (default: local time)")
+    rp.set_defaults(func=cmd_report)
 
     sc = sub.add_parser("schemas", help="print the MQTT payload JSON Schemas",
                         description=cmd_schemas.__doc__,

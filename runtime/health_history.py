@@ -58,6 +58,8 @@ def record(h: Mapping[str, Any], trips: Mapping[str, float] | None = None) -> di
         "battery_frac": _num(h.get("battery_frac")),
         "accuracy": _num(h.get("accuracy")),
     }
+    if (sim_t := _num(_get(h, "simulated", "t"))) is not None:
+        out["sim_t"] = sim_t  # a simulated device: its own clock (s since a midnight)
     t = dict(trips or {})
     if (p := _num(h.get("passive_trip_c"))) is not None:
         t.setdefault("passive", p)
@@ -81,6 +83,8 @@ class HealthHistory:
             size = self.path.stat().st_size if self.path.exists() else 0
             if size and size + len(line) > self.max_bytes:
                 self.path.replace(self.path.with_name(NAME + ".1"))
+            if size and _ends_mid_line(self.path):
+                line = "\n" + line  # a power cut cut the last line: do not join onto it
             with self.path.open("a") as f:
                 f.write(line)
         except (OSError, ValueError) as e:
@@ -89,6 +93,12 @@ class HealthHistory:
                 self._said = time.monotonic()
                 log.warning("cannot append to the health history %s (%s); `edgerun report` "
                             "will have a gap there", self.path, e)
+
+
+def _ends_mid_line(path: Path) -> bool:
+    with path.open("rb") as f:
+        f.seek(-1, 2)
+        return f.read(1) != b"\n"
 
 
 def read(state_dir: Path, since: float = 0.0, until: float = math.inf) -> list[dict[str, Any]]:
@@ -113,8 +123,9 @@ def _records(lines: Iterable[str]) -> list[dict[str, Any]]:
             continue
         if isinstance(doc, dict) and _num(doc.get("t")) is not None:
             # re-derive from what was stored, so a hand-edited file is validated too
-            r = record({**doc, "pipeline": {"rate_hz": doc.get("rate_hz"),
-                                            "latency_ms": {"p95": doc.get("p95_ms")}},
+            r = record({**doc, "simulated": {"t": doc.get("sim_t")},
+                        "pipeline": {"rate_hz": doc.get("rate_hz"),
+                                     "latency_ms": {"p95": doc.get("p95_ms")}},
                         "slo": {"target_ms": doc.get("target_ms")},
                         "rung_energy_mj": doc.get("energy_mj")},
                        doc.get("trips") if isinstance(doc.get("trips"), dict) else None)

@@ -13,6 +13,10 @@ GET  /api/v1/devices/{id}                   one device: view, acks, recent event
 GET  /api/v1/devices/{id}/results?cursor=STREAM:SEQ&limit=N
                                             results in (stream, seq) order after the cursor:
                                             {"results": [...], "next": cursor or null}
+GET  /api/v1/devices/{id}/health?since=T&until=T&limit=N
+                                            health history (reduced records, oldest first,
+                                            thinned to N; T in seconds since the epoch):
+                                            {"health": [...]}, for `edgerun report`
 GET  /api/v1/stats                          ingest counters, health age p50/p99
 GET  /metrics                               Prometheus text exposition (docs/metrics.md)
 POST /api/v1/devices/{id}/commands          {"cmd": ..., "args": {...}, "wait_s": 10}
@@ -117,6 +121,25 @@ def result_query(query: str) -> tuple[tuple[str, int] | None, int]:
     cursor = parse_cursor(params["cursor"]) if "cursor" in params else None
     limit = parse_int("limit", params["limit"], 1, MAX_LIMIT) if "limit" in params else 1000
     return cursor, limit
+
+
+def health_query(query: str, now: float | None = None) -> tuple[float, float, int]:
+    """Validated (since, until, limit) of a health history request (whole seconds since the
+    epoch; since defaults to a day before now, until to now, limit to 5000)."""
+    import time
+
+    now = time.time() if now is None else now
+    pairs = parse_qsl(query, keep_blank_values=True)
+    names = [k for k, _ in pairs]
+    if unknown := set(names) - {"since", "until", "limit"}:
+        raise BadRequest(f"unknown query parameter(s) {sorted(unknown)}")
+    if len(names) != len(set(names)):
+        raise BadRequest("a query parameter is repeated")
+    params = dict(pairs)
+    since = parse_int("since", params["since"], 0, 10**10) if "since" in params else now - 86400
+    until = parse_int("until", params["until"], 0, 10**10) if "until" in params else now
+    limit = parse_int("limit", params["limit"], 1, 20_000) if "limit" in params else 5000
+    return float(since), float(until), limit
 
 
     def process_request_thread(self, request, client_address) -> None:
@@ -237,6 +260,11 @@ def serve(coordinator: Coordinator, host: str, port: int, token: str | None = No
                     return self._send(200, coordinator.stats())
                 if parts[:3] == ["api", "v1", "devices"] and len(parts) == 4:
                     return self._send(200, coordinator.device_view(parts[3]))
+                if parts[:3] == ["api", "v1", "devices"] and parts[4:] == ["health"]:
+                    since, until, limit = health_query(url.query)
+                    coordinator.device_view(parts[3])  # 404 for a device never seen
+                    return self._send(200, {"health": coordinator.store.health_history(
+                        parts[3], since, until, limit)})
                 if parts[:3] == ["api", "v1", "devices"] and parts[4:] == ["results"]:
                     cursor, limit = result_query(url.query)
                     rows, nxt = coordinator.store.results_page(parts[3], cursor, limit)

@@ -275,6 +275,26 @@ class Store:
         rows = self._query("SELECT device, body, MAX(t) FROM health GROUP BY device")
         return {d: json.loads(b) for d, b, _ in rows}
 
+    def health_history(self, device: str, since: float, until: float, limit: int
+                       ) -> list[dict]:
+        """A device's health in [since, until], oldest first, as the reduced records
+        `edgerun report` plots (runtime/health_history.record); more than `limit` are thinned
+        to `limit` evenly spread ones (a day at 5 s is 17 280)."""
+        from runtime.health_history import record
+
+        rows = self._query("SELECT body FROM health WHERE device=? AND t >= ? AND t <= ? "
+                           "ORDER BY t", (device, since, until))
+        if len(rows) > limit:
+            step = len(rows) / limit
+            rows = [rows[int(i * step)] for i in range(limit)]
+        out = []
+        for (body,) in rows:
+            try:
+                out.append(record(json.loads(body)))
+            except (ValueError, AttributeError):  # stored before validation existed: skip it
+                continue
+        return out
+
     def prune(self, keep_health_s: float, keep_events_s: float) -> None:
         """Drop health and events older than their retention (results are never pruned here)."""
         now = time.time()
