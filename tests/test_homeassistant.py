@@ -377,3 +377,41 @@ def test_enrol_with_homeassistant_grants_exactly_the_config_topics(tmp_path):
                      "topic write homeassistant/binary_sensor/edgerun_test_dev_1/+/config"]
     assert "user test/dev2" not in acl  # not asked for: nothing beyond the pattern lines
     assert f"pattern write {PREFIX}/%u/result/each" in acl
+
+
+def test_a_real_daemon_announces_its_model_labels_and_each_result(tmp_path, broker):
+    """`edgerun serve` with [homeassistant] and result_per_message: discovery names the
+    running model's labels and the device profile, and results arrive one a message."""
+    from daemon_harness import Serve, wait, write_config
+
+    from runtime.manifest import load_manifest
+
+    creds = broker.credentials(Identity(device_username("t", "box1"), "device",
+                                        write=config_topics("homeassistant", "t", "box1")))
+    cfg = write_config(tmp_path, tmp_path / "cache", extra=f"""
+[telemetry.broker]
+host = "127.0.0.1"
+port = {broker.port}
+username = "{creds.username}"
+password_file = "{creds.password_file}"
+[homeassistant]
+enabled = true
+""")
+    cfg.write_text(cfg.read_text().replace("health_interval_s = 0.3",
+                                           "health_interval_s = 0.3\nresult_per_message = true"))
+    ha = Listener(broker, ("homeassistant/#", f"{PREFIX}/t/+/result/each"))
+    d = Serve(tmp_path, cfg)
+    try:
+        wait(lambda: len(ha.on(r".*/result/each$")) >= 20, 180, "20 single results", d)
+        configs = _configs(ha)
+    finally:
+        assert d.stop() == 0
+        ha.stop()
+    from models import bundled
+
+    labels = load_manifest(bundled()).labels
+    names = {c["name"] for c in configs.values()}
+    assert {f"Results {label}" for label in labels} <= names
+    assert {c["device"]["model"] for c in configs.values()} == {"generic-x86"}
+    seqs = [json.loads(b)["seq"] for _, b, _ in ha.on(r".*/result/each$")]
+    assert seqs == sorted(set(seqs))  # once each, in order
