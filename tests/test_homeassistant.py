@@ -9,6 +9,7 @@ they name is one the device's ACL lets it publish.
 from __future__ import annotations
 
 import json
+import logging
 import re
 import threading
 import time
@@ -225,14 +226,17 @@ def test_discovery_read_back_matches_documented_fields_and_acl(tmp_path, broker)
     assert all(retain for _, body, retain in ha.on(r"^homeassistant/") if body)
 
 
-def test_without_the_acl_entry_the_broker_drops_the_configs(tmp_path, broker):
+def test_without_the_acl_entry_the_broker_drops_the_configs(tmp_path, broker, caplog):
     """The discovery topics are outside the device's pattern lines: a device enrolled
-    without `--homeassistant` has them refused (so enrolment must grant them)."""
+    without `--homeassistant` has them refused (so enrolment must grant them), and over
+    MQTT 5 the refusal reaches the operator's log with what to do."""
+    caplog.set_level(logging.ERROR, logger="edgerun.mqtt")
     pub, outbox = _device(tmp_path, broker, ha=False)
     ha = Listener(broker, ("homeassistant/#", f"{PREFIX}/test/+/state"))
     try:
         _wait(lambda: ha.on(r".*/dev1/state$"), 10, "the birth")
-        time.sleep(1.0)
+        _wait(lambda: "enroll --homeassistant" in caplog.text, 10, "the refusal logged")
+        assert "refused the discovery config homeassistant/" in caplog.text
         assert _configs(ha) == {}
     finally:
         ha.stop()

@@ -119,6 +119,7 @@ class Publisher:
             subscriptions=[(self._topic["cmd"], 1), (self._topic["ack"], 1)],
             on_message=self._on_message, on_connected=self._on_connected, on_tick=self._drain,
             on_publish=self._on_publish, on_error=self._callback_failed, will=self._will,
+            on_refused=self._on_refused,
             on_takeover=lambda why: self._event("mqtt_takeover", "critical", why,
                                                 client_id=self._stats.client_id),
             max_inflight=100)  # our own window (cfg.inflight) bounds results
@@ -273,6 +274,21 @@ class Publisher:
         rowid = self._other_mids.pop(mid, None)
         if rowid is not None:
             self.outbox.remove([rowid])
+
+    def _on_refused(self, mid: int, reason: str) -> None:
+        """MQTT 5 told us the broker did not take a message (3.1.1 brokers drop it silently).
+        Said once a minute per kind, with what to do: it is nearly always the ACL."""
+        what = self._ha.refused(mid) if self._ha is not None else None
+        if what:
+            self._rlog.log("refused-ha", "the broker refused %s (%s): the device's broker "
+                           "identity may not publish Home Assistant discovery; enrol it with "
+                           "`edgerun fleet enroll --homeassistant` (docs/homeassistant.md)",
+                           what, reason, level=logging.ERROR)
+        else:
+            self._rlog.log("refused", "the broker refused a message (%s); if it is the ACL, "
+                           "regenerate it with `edgerun fleet enroll` (an ACL from an older "
+                           "version lacks newer topics such as result/each)", reason,
+                           level=logging.ERROR)
 
     def _on_message(self, client: mqtt.Client, msg: mqtt.MQTTMessage) -> None:
         if msg.topic == self._topic["ack"]:

@@ -180,6 +180,7 @@ class Discovery:
         self._published: set[str] = self._load()  # config topics that may be in the broker
         self._sent: dict[str, bytes] = {}  # what this connection published, to skip repeats
         self._removing: dict[int, str] = {}  # paho mid -> topic of an empty (removal) message
+        self._mids: dict[int, str] = {}  # paho mid -> config topic, until the broker answers
 
     def _load(self) -> set[str]:
         try:
@@ -222,6 +223,7 @@ class Discovery:
         with self._lock:
             self._sent.clear()
             self._removing.clear()
+            self._mids.clear()
 
     def publish(self, client: Any) -> int:
         """Publish what changed since this connection last published; returns how many."""
@@ -233,6 +235,7 @@ class Discovery:
                     continue
                 info = client.publish(topic, body, qos=1, retain=True)
                 self._sent[topic] = body
+                self._mids[info.mid] = topic
                 n += 1
                 if body:
                     self._published.add(topic)
@@ -247,9 +250,20 @@ class Discovery:
             log.info("Home Assistant discovery off: removing %d entities", n)
         return n
 
+    def refused(self, mid: int) -> str | None:
+        """The broker refused message `mid`: what it was when it was one of ours (a refused
+        removal stays in the record, to be sent again at the next connection)."""
+        with self._lock:
+            topic = self._mids.pop(mid, None)
+            self._removing.pop(mid, None)
+            if topic is not None:
+                self._sent.pop(topic, None)
+        return f"the discovery config {topic}" if topic else None
+
     def acked(self, mid: int) -> None:
         """The broker acknowledged message `mid`: a removal done leaves the record."""
         with self._lock:
+            self._mids.pop(mid, None)
             topic = self._removing.pop(mid, None)
             if topic is not None:
                 self._published.discard(topic)
