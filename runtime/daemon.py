@@ -208,6 +208,9 @@ class Daemon:
             self.publisher.start()
         else:
             log.info("no telemetry.broker.host: results are kept in the outbox only")
+            if cfg.homeassistant.enabled or cfg.telemetry.result_per_message:
+                log.warning("homeassistant.enabled / telemetry.result_per_message need a broker "
+                            "(telemetry.broker.host); nothing is published")
         self.notify.ready(self.status_line())
         log.info("ready in %.2f s: %s", time.monotonic() - self.started, self.status_line())
 

@@ -377,7 +377,11 @@ def command(args: Any) -> int:
                   file=sys.stderr)
             return 2
         api, token_file = client.resolve(args)
-        tl = from_api(api, client.read_token(token_file), args.device, since, until)
+        try:
+            tl = from_api(api, client.read_token(token_file), args.device, since, until)
+        except SystemExit as e:  # the fleet client's message, said as this command's
+            print(f"edgerun report: {str(e).removeprefix('edgerun fleet: ')}", file=sys.stderr)
+            return 1
     try:
         png = render_png(tl, args.utc)
     except (MissingExtra, ValueError) as e:

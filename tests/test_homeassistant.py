@@ -206,6 +206,11 @@ def test_discovery_read_back_matches_documented_fields_and_acl(tmp_path, broker)
         assert cfg["state_topic"] in allowed_topics
         assert cfg.get("json_attributes_topic", cfg["state_topic"]) in allowed_topics
         names.add(cfg["name"])
+        if "json_attributes_template" in cfg:  # must render to a JSON object
+            payload = h if cfg["json_attributes_topic"].endswith("/health") else {
+                "results": [{"seq": 1, "t": 1.0, "label": "ok"}]}
+            assert isinstance(json.loads(_render(cfg["json_attributes_template"], payload)),
+                              dict)
         if cfg["state_topic"].endswith("/health"):
             rendered = _render(cfg["value_template"], h)
             if component == "sensor":
