@@ -3,6 +3,7 @@ PNG/HTML rendered from a real daemon run and from health stored by a real coordi
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -19,7 +20,9 @@ from daemon_harness import Serve, wait, write_config
 from runtime import day_report, health_history
 from runtime.coordinator.api import BadRequest, health_query
 
-pytest.importorskip("matplotlib")
+# the tests that draw need matplotlib (the [report] extra; the [test] extra has it too)
+needs_mpl = pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None,
+                               reason="matplotlib is not installed")
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -119,6 +122,7 @@ def test_html_escapes_everything_from_outside():
     assert "<script>" not in page and "&lt;script&gt;" in page and "<b>x</b>" not in page
 
 
+@needs_mpl
 def test_report_of_a_real_daemon_run_from_its_state_dir(tmp_path):
     """A real `serve` writes health-history.jsonl; `edgerun report --local` draws it."""
     cfg = write_config(tmp_path, tmp_path / "cache")
@@ -146,6 +150,7 @@ def test_report_of_a_real_daemon_run_from_its_state_dir(tmp_path):
     assert "box1" in text and "(UTC)" in text
 
 
+@needs_mpl
 def test_report_refuses_an_empty_window(tmp_path):
     health_history.HealthHistory(tmp_path).append(_health(1000.0))
     proc = subprocess.run([sys.executable, "-m", "runtime.cli", "report", "--local", "dev",
@@ -155,6 +160,7 @@ def test_report_refuses_an_empty_window(tmp_path):
     assert proc.returncode == 2 and "no health records for dev" in proc.stderr
 
 
+@needs_mpl
 def test_report_from_the_coordinator_history(tmp_path, broker):
     """Health published by a device over a real broker, stored by a real coordinator, read
     back through the API's health endpoint and drawn, with a gap where it was silent."""
