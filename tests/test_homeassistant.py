@@ -424,3 +424,16 @@ enabled = true
     assert {c["device"]["model"] for c in configs.values()} == {"generic-x86"}
     seqs = [json.loads(b)["seq"] for _, b, _ in ha.on(r".*/result/each$")]
     assert seqs == sorted(set(seqs))  # once each, in order
+
+
+def test_the_record_names_only_this_devices_config_topics(tmp_path):
+    node = node_id("test", "dev1")
+    (tmp_path / "homeassistant.json").write_text(json.dumps({"topics": [
+        f"homeassistant/sensor/{node}/temperature/config", f"ha2/sensor/{node}/rung/config",
+        "#", "edgerun/v1/test/dev1/state", f"homeassistant/sensor/{node}x/a/config",
+        "homeassistant/sensor/edgerun_test_dev2/temperature/config", 7, None]}))
+    d = Discovery(HomeAssistantConfig(enabled=False), "test", "dev1", tmp_path, DeviceInfo)
+    assert d.messages() == {f"homeassistant/sensor/{node}/temperature/config": b"",
+                            f"ha2/sensor/{node}/rung/config": b""}
+    (tmp_path / "homeassistant.json").write_text("{not json")
+    assert Discovery(HomeAssistantConfig(), "test", "dev1", tmp_path, DeviceInfo).messages() == {}

@@ -185,7 +185,12 @@ class Discovery:
     def _load(self) -> set[str]:
         try:
             doc = json.loads(self.path.read_text())
-            return {t for t in doc["topics"] if isinstance(t, str)}
+            # only this device's config topics (under any prefix: it may have changed), so a
+            # damaged or planted record cannot make us blank someone else's retained topics
+            mine = re.compile(r"^[A-Za-z0-9_-]+(/[A-Za-z0-9_-]+)*/(sensor|binary_sensor)/"
+                              + re.escape(node_id(self.fleet, self.device))
+                              + r"/[a-zA-Z0-9_-]+/config$")
+            return {t for t in doc["topics"] if isinstance(t, str) and mine.match(t)}
         except FileNotFoundError:
             return set()
         except (OSError, ValueError, KeyError, TypeError) as e:
