@@ -275,6 +275,22 @@ class Store:
         rows = self._query("SELECT device, body, MAX(t) FROM health GROUP BY device")
         return {d: json.loads(b) for d, b, _ in rows}
 
+    def health_series(self, device: str, since: float, until: float,
+                      columns: Sequence[tuple[str, str, str]], max_points: int = 600
+                      ) -> list[tuple]:
+        """A device's health between `since` and `until` (device clock) in at most
+        `max_points` time buckets, oldest first: one row per bucket holding the newest `t`
+        and, per (name, JSON path, SQL aggregate) in `columns`, that aggregate of the field
+        over the bucket (a field missing or not a number is NULL, never an error). The
+        paths and aggregates come from the caller's code, never from a request."""
+        width = max((until - since) / max(1, max_points), 1e-3)
+        cols = ", ".join(f"{agg}(CASE WHEN json_type(body, '{path}') IN ('integer', 'real') "
+                         f"THEN json_extract(body, '{path}') END)" for _, path, agg in columns)
+        return self._query(
+            f"SELECT MAX(t), {cols} FROM health WHERE device=? AND t >= ? AND t <= ? "
+            "AND json_valid(body) GROUP BY CAST((t - ?) / ? AS INTEGER) ORDER BY 1",
+            (device, since, until, since, width))
+
     def prune(self, keep_health_s: float, keep_events_s: float) -> None:
         """Drop health and events older than their retention (results are never pruned here)."""
         now = time.time()
