@@ -365,7 +365,7 @@ class Coordinator:
             body = webhooks.alert_payload(self.cfg.fleet, device, code, state, message,
                                           status, now)
             if state == "raised":
-                self.alert_since[(device, code)] = now
+                self.alert_since[(device, code)] = body["t"]
             else:
                 body["raised_t"] = self.alert_since.pop((device, code), None)
             self.alert_log.append(body)
