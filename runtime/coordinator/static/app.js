@@ -187,10 +187,23 @@ function renderAlerts(alerts) {
 let currentDevice = null;
 let historyFor = "";
 
+// Time ticks as HH:MM (:SS below two hours), with the date once the window spans days (uPlot's default puts the
+// date under the first tick, which overlaps on a narrow chart).
+function timeTicks(u, vals) {
+  const span = u.scales.x.max - u.scales.x.min;
+  return vals.map((v) => {
+    const d = new Date(v * 1000);
+    const hm = d.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit",
+                                          ...(span < 7200 ? { second: "2-digit" } : {}) });
+    return span > 86400 ? `${d.getMonth() + 1}/${d.getDate()} ${hm}` : hm;
+  });
+}
+
 function chartOpts(el, series, axes, scales) {
   const width = Math.max(320, el.clientWidth || 540);
   return {
-    width, height: 200, series: [{}, ...series], axes: [{}, ...axes],
+    width, height: 200, series: [{}, ...series],
+    axes: [{ values: timeTicks, space: 60 }, ...axes],
     scales: { x: { time: true }, ...(scales || {}) },
     legend: { live: false },
     cursor: { drag: { x: true, y: false } },
@@ -216,7 +229,7 @@ const CHARTS = {
       { label: "rung", stroke: "#1f5fbf", width: 2, paths: stepped },
       { label: "rungs", stroke: "#999", dash: [4, 4] },
     ],
-    axes: [{ label: "rung" }],
+    axes: [{ label: "rung", incrs: [1, 2, 5, 10] }],
   },
   latency: {
     el: "#chart-latency",
