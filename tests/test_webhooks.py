@@ -182,6 +182,7 @@ def test_config_and_secret_checks(tmp_path):
     bad = CoordinatorConfig(webhook_url="file:///etc/passwd").validate()
     assert bad and bad[0] == "webhook_url"
     assert CoordinatorConfig(webhook_url="http://127.0.0.1:9/x").validate() is None
+    assert CoordinatorConfig(webhook_alerts=("hot", "ofline")).validate()[0] == "webhook_alerts"
     secret = tmp_path / "secret"
     secret.write_bytes(SECRET + b"\n")
     os.chmod(secret, 0o644)
@@ -209,6 +210,7 @@ def test_alert_changes_cover_the_operator_alerts():
     changes = {(c, s) for _, c, s, _ in fleet.alert_changes(after, gone)}
     assert ("offline", "raised") in changes
     assert fleet.alert_changes(gone, gone) == []
+    assert {c for _, c, _, _ in fleet.alert_changes(before, after)} <= set(fleet.ALERT_CODES)
 
 
 def _health(device_boot: str, temp: float) -> bytes:
@@ -270,6 +272,22 @@ def test_coordinator_posts_offline_and_hot_transitions_through_failures(tmp_path
     for _, headers, body in rx.got:
         assert hmac.compare_digest(headers["X-Edgerun-Signature"], "sha256=" + hmac.new(
             SECRET, body, hashlib.sha256).hexdigest())
+
+
+def test_webhook_alerts_filters_the_codes_sent(tmp_path, broker, receiver):
+    rx = receiver([200])
+    coord = _coordinator(tmp_path, broker, webhook_url=rx.url, webhook_alerts=("offline",))
+    try:
+        _publish_as(broker, "warm1", "health", _health("b1", 84.0))
+        _wait(lambda: coord.alerts_view()["active"], 15, "hot raised")
+        _publish_as(broker, "warm1", "state", payloads.encode("state", {
+            "v": 1, "online": False, "boot": "b1", "t": time.time(), "reason": "test"}))
+        _wait(lambda: rx.got, 15, "offline POSTed")
+        time.sleep(0.5)
+        assert [(b["device"], b["alert"]) for b in rx.bodies()] == [("warm1", "offline")]
+        assert {a["alert"] for a in coord.alerts_view()["recent"]} == {"hot", "offline"}
+    finally:
+        coord.stop()
 
 
 def test_a_hanging_receiver_never_holds_up_mqtt_ingest(tmp_path, broker, receiver):

@@ -44,6 +44,7 @@ class CoordinatorConfig:
     webhook_attempts: int = 8  # tries per alert (connection errors, 408, 429, 5xx)
     webhook_backoff_s: float = 1.0  # first retry delay, doubled per retry up to 60 s
     webhook_queue: int = 1000  # alerts waiting; past this the oldest is dropped and counted
+    webhook_alerts: tuple[str, ...] = ()  # alert codes sent (docs/dashboard.md); empty = all
     ingest_batch: int = 500  # messages per store transaction
     ingest_delay_s: float = 0.0  # artificial slowness per batch, for fault tests only
 
@@ -65,6 +66,10 @@ class CoordinatorConfig:
 
             if why := check_url(self.webhook_url):
                 return "webhook_url", why
+        from runtime.coordinator.fleet import ALERT_CODES
+
+        if unknown := sorted(set(self.webhook_alerts) - set(ALERT_CODES)):
+            return "webhook_alerts", f"unknown alert code(s) {unknown}; known: {ALERT_CODES}"
         if not (0.1 <= self.webhook_timeout_s <= 300 and 1 <= self.webhook_attempts <= 100
                 and 0 <= self.webhook_backoff_s <= 3600 and 1 <= self.webhook_queue <= 10**6):
             return "webhook_url", ("webhook_timeout_s must be 0.1..300, webhook_attempts "

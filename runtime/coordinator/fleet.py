@@ -21,6 +21,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+# Every code `alerts` can raise (coordinator.webhook_alerts is checked against it).
+ALERT_CODES = ("governor_disabled", "offline", "stale", "throttled", "hot", "sensor",
+               "failsafe", "slo", "backlog", "evicted", "version")
+
 
 @dataclass(frozen=True)
 class FleetConfig:

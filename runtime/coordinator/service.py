@@ -371,7 +371,8 @@ class Coordinator:
             self.alert_log.append(body)
             self.counters[f"alerts_{state}"] += 1
             log.info("device %s: alert %s %s: %s", device, code, state, message)
-            if self.webhook is not None:
+            if self.webhook is not None and (not self.cfg.webhook_alerts
+                                             or code in self.cfg.webhook_alerts):
                 self.webhook.submit(body)
 
     def alerts_view(self, limit: int = 200) -> dict[str, Any]:
