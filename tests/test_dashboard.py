@@ -15,6 +15,7 @@ from runtime.coordinator import dashboard
 from runtime.coordinator.api import serve
 from runtime.coordinator.config import CoordinatorConfig
 from runtime.coordinator.service import Coordinator
+from runtime.coordinator.store import Inbound
 from runtime.telemetry import payloads
 
 
@@ -93,7 +94,7 @@ def test_history_buckets_keep_peaks_and_step_downs(api):
     h = json.loads(body)
     n = len(h["t"])
     assert 0 < n <= dashboard.MAX_POINTS and h["t"] == sorted(h["t"])
-    assert all(len(h[name]) == n for name, _, _ in dashboard.HISTORY)
+    assert all(len(h[name]) == n for name, _ in dashboard.HISTORY)
     assert max(h["temp_c"]) == 90.0 and min(h["rung"]) == 1  # not averaged away
     assert set(h["p95_ms"]) == {5.0} and set(h["target_ms"]) == {20.0}
     assert set(h["harvest_w"]) == {None} and set(h["battery_frac"]) == {None}
@@ -102,25 +103,42 @@ def test_history_buckets_keep_peaks_and_step_downs(api):
     assert short["t"] and min(short["t"]) >= now - 121
 
 
-def test_history_survives_odd_stored_rows_and_validates_its_query(api):
+def test_history_survives_odd_values_and_validates_its_query(api):
     coord, port, token = api
     _feed(coord, "d2", [{"v": 1, "t": time.time() - 5, "boot": "b1", "temp_c": 50.0}])
-    # rows the schema never let in, written straight into the store (a forged or older store)
-    with coord.store._lock:
-        coord.store._db.executemany("INSERT INTO health VALUES (?,?,?)", [
-            ("d2", time.time() - 4, "not json"),
-            ("d2", time.time() - 3, json.dumps({"temp_c": "hot", "rung": [1]})),
-            ("d2", time.time() - 2, json.dumps({"temp_c": 1e308, "pipeline": "x"}))])
+    # values the schema would refuse, stored as they are (a store bypassing admission, or a
+    # schema that loosens later): each is a gap in the timeline, never an error
+    coord.store.ingest([Inbound("d2", "health", {"t": time.time() - 4 + i, **odd})
+                        for i, odd in enumerate([
+                            {"temp_c": "hot", "rung": [1]}, {"temp_c": True, "pipeline": "x"},
+                            {"temp_c": float("nan"), "slo": {"target_ms": float("inf")}},
+                            {"temp_c": 1e308, "pipeline": {"latency_ms": None}}])])
     status, _, body = _fetch(port, "/api/v1/devices/d2/history?window_s=60", token)
     assert status == 200
     h = json.loads(body)
-    assert 50.0 in h["temp_c"] and "hot" not in h["temp_c"]
+    assert sorted(x for x in h["temp_c"] if x is not None) == [50.0, 1e308]
+    assert set(h["rung"]) == {None} and set(h["target_ms"]) == {None}
     for query, code in (("window_s=59", 400), ("window_s=-5", 400), ("window_s=1e9", 400),
                         ("window_s=3600&window_s=60", 400), ("x=1", 400),
                         ("window_s=99999999999", 400)):
         got = _fetch(port, f"/api/v1/devices/d2/history?{query}", token)
         assert got[0] == code and b"error" in got[2], query
     assert _fetch(port, "/api/v1/devices/nobody/history", token)[0] == 404
+
+
+def test_timeline_is_pruned_with_the_health(tmp_path):
+    from runtime.coordinator.store import Store
+
+    store = Store(tmp_path / "s.db")
+    now = time.time()
+    store.ingest([Inbound("d", "health", {"t": now - age, "temp_c": 40.0})
+                  for age in (10_000, 5_000, 10)])
+    store.prune(keep_health_s=3600, keep_events_s=3600)
+    rows = store.health_series("d", now - 20_000, now, [("temp_c", "MAX")])
+    assert len(rows) == 1 and rows[0][0] == pytest.approx(now - 10)
+    with pytest.raises(ValueError):
+        store.health_series("d", 0, now, [("body); DROP TABLE health; --", "MAX")])
+    store.close()
 
 
 def test_alerts_endpoint_lists_active_alerts_and_transitions(api):

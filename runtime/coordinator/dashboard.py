@@ -39,22 +39,14 @@ SECURITY_HEADERS = {
     "Cache-Control": "no-cache",
 }
 
-# The timeline: (name, JSON path in the health message, aggregate over a time bucket).
-# Temperature and latency take the bucket's maximum and the rung its minimum, so a short
-# excursion towards a trip or a brief step down is not averaged away on a long window.
+# The timeline (Store.TIMELINE columns) and the aggregate over a time bucket: temperature
+# and latency take the bucket's maximum and the rung its minimum, so a short excursion
+# towards a trip or a brief step down is not averaged away on a long window.
 HISTORY = (
-    ("temp_c", "$.temp_c", "MAX"),
-    ("passive_trip_c", "$.passive_trip_c", "MAX"),
-    ("rung", "$.rung", "MIN"),
-    ("rungs", "$.rungs", "MAX"),
-    ("p95_ms", "$.pipeline.latency_ms.p95", "MAX"),
-    ("target_ms", "$.slo.target_ms", "MAX"),
-    ("rate_hz", "$.pipeline.rate_hz", "AVG"),
-    ("accuracy", "$.accuracy", "MIN"),
-    ("power_w", "$.power_w", "AVG"),
-    ("rung_energy_mj", "$.rung_energy_mj", "AVG"),
-    ("battery_frac", "$.battery_frac", "AVG"),
-    ("harvest_w", "$.harvest_w", "AVG"),
+    ("temp_c", "MAX"), ("passive_trip_c", "MAX"), ("rung", "MIN"), ("rungs", "MAX"),
+    ("p95_ms", "MAX"), ("target_ms", "MAX"), ("rate_hz", "AVG"), ("accuracy", "MIN"),
+    ("power_w", "AVG"), ("rung_energy_mj", "AVG"), ("battery_frac", "AVG"),
+    ("harvest_w", "AVG"),
 )
 MAX_POINTS = 600
 MIN_WINDOW_S = 60
@@ -108,6 +100,6 @@ def history(coordinator: Any, device: str, window_s: float, now: float | None = 
     rows = coordinator.store.health_series(device, since, until, HISTORY, MAX_POINTS)
     out: dict[str, Any] = {"device": device, "since": since, "until": now,
                            "bucket_s": window_s / MAX_POINTS, "t": [r[0] for r in rows]}
-    for i, (name, _, _) in enumerate(HISTORY, start=1):
+    for i, (name, _) in enumerate(HISTORY, start=1):
         out[name] = [r[i] for r in rows]
     return out

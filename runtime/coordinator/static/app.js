@@ -186,6 +186,7 @@ function renderAlerts(alerts) {
 
 let currentDevice = null;
 let historyFor = "";
+let historyAt = 0;  // when the timeline was last fetched (ms)
 
 // Time ticks as HH:MM (:SS below two hours), with the date once the window spans days (uPlot's default puts the
 // date under the first tick, which overlaps on a narrow chart).
@@ -264,6 +265,9 @@ const CHARTS = {
 function drawHistory(h) {
   for (const [name, spec] of Object.entries(CHARTS)) {
     const data = [h.t, ...spec.cols(h)];
+    // a device without (say) a battery reports null there: say so instead of empty axes
+    const empty = h.t.length > 0 && data.slice(1).every((col) => col.every((x) => num(x) === null));
+    $(spec.el).parentElement.classList.toggle("no-data", empty);
     if (charts[name]) {
       charts[name].setData(data);
     } else {
@@ -294,7 +298,12 @@ async function refreshDevice() {
   const id = currentDevice;
   const path = `/api/v1/devices/${encodeURIComponent(id)}`;
   const windowS = $("#window").value;
-  const [d, h] = await Promise.all([api(path), api(`${path}/history?window_s=${windowS}`)]);
+  // The timeline changes once per bucket (window / 600): a 7-day view is fetched every
+  // 17 minutes, not every poll, so an open tab costs the store little.
+  const key = `${id}/${windowS}`;
+  const due = historyFor !== key || Date.now() - historyAt >= Math.max(DEVICE_POLL_MS, windowS / 0.6);
+  const [d, h] = await Promise.all([
+    api(path), due ? api(`${path}/history?window_s=${windowS}`) : Promise.resolve(null)]);
   if (id !== currentDevice) return;
   const health = d.health || {};
   $("#dev-name").textContent = d.device;
@@ -311,8 +320,11 @@ async function refreshDevice() {
     p.append(el("span", code, "alert"), el("span", ` ${msg}`));
     return p;
   }));
-  if (historyFor !== `${id}/${windowS}`) { clearCharts(); historyFor = `${id}/${windowS}`; }
-  drawHistory(h);
+  if (h !== null) {
+    if (historyFor !== key) { clearCharts(); historyFor = key; }
+    historyAt = Date.now();
+    drawHistory(h);
+  }
   $("#events tbody").replaceChildren(...(d.events || []).map((ev) => {
     const tr = el("tr");
     tr.append(el("td", clock(ev.t)), el("td", ev.type), el("td", ev.severity || ""),
