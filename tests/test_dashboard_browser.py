@@ -74,6 +74,9 @@ def test_devices_appear_a_killed_one_goes_offline_and_a_command_round_trips(
         # the page holds no token: without one the API refuses even the browser's own fetch
         b.get(url)
         assert b.js("return fetch('/api/v1/fleet').then(r => r.status)") == 401
+        _login(b, url, token + "x")  # a wrong token: back to the form, saying so
+        b.wait(lambda: b.text("#login-error") == "token refused", 10, "wrong token refused")
+        assert b.js("return sessionStorage.length") == 0  # not kept
         _login(b, url, token)
         b.wait(lambda: _status(b, "dev1") == "online", 30, "dev1 online in the table")
         assert "1 devices, 1 online" in b.text("#fleet-count")
