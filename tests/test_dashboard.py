@@ -153,3 +153,27 @@ def test_alerts_endpoint_lists_active_alerts_and_transitions(api):
     assert view["recent"][0]["device"] == "d3" and view["recent"][0]["state"] == "raised"
     assert view["webhook"] is None
     assert view["active"][0]["since"] == view["recent"][0]["t"]
+
+
+def test_expensive_result_counts_are_reused_cheap_ones_are_not(api):
+    coord, _, _ = api
+    calls = []
+    real = coord.store.counts
+
+    def slow_counts():
+        calls.append(1)
+        time.sleep(0.05)  # as a store of some 300k results takes
+        return real()
+
+    coord.store.counts = slow_counts
+    coord.fleet_view()
+    coord.fleet_view()  # within 20 x 0.05 s: reused
+    assert len(calls) == 1
+    time.sleep(1.1)
+    coord.fleet_view()
+    assert len(calls) == 2
+    coord.store.counts = lambda: calls.append(1) or real()  # fast: counted every time
+    coord._counts = (0.0, 0.0, None)
+    coord.fleet_view()
+    coord.fleet_view()
+    assert len(calls) == 4
