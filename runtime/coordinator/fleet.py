@@ -16,6 +16,7 @@ ahead than its own clock plus a skew (service.py) before they reach `on_state`: 
 from __future__ import annotations
 
 import math
+import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -136,7 +137,9 @@ def alerts(view: DeviceView, cfg: FleetConfig, fleet_version: str | None
                     + (f": {why[:200]}" if isinstance(why, str) and why else "")
                     + " (nothing steps the model down before the device overheats)"))
     if view.status != "online":
-        out.append((view.status, f"device is {view.status} (last seen {view.last_seen:.0f})"))
+        seen = (time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(view.last_seen))
+                if view.last_seen > 0 else "never")
+        out.append((view.status, f"device is {view.status} (last seen {seen})"))
     temp, trip = _num(h, "temp_c"), _num(h, "passive_trip_c")
     if h.get("throttled") is True:
         out.append(("throttled", "the device reports thermal throttling"))

@@ -80,9 +80,9 @@ class Coordinator:
         self.connected = self._conn.subscribed  # set once subscribed: nothing is missed
         self.counters: collections.Counter = collections.Counter()
         self.health_age_s: collections.deque = collections.deque(maxlen=20_000)
+        self._counts: tuple[float, float, dict[str, int] | None] = (0.0, 0.0, None)
         # Alert transitions, newest last, and when each active alert was raised; filled by
         # _refresh. Alerts active at start were raised before: they are not sent again.
-        self._counts: tuple[float, float, dict[str, int] | None] = (0.0, 0.0, None)
         self.alert_log: collections.deque = collections.deque(maxlen=ALERT_LOG)
         self.alert_since: dict[tuple[str, str], float] = {}
         self.webhook = (webhooks.Webhook(
