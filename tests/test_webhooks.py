@@ -239,7 +239,8 @@ def test_coordinator_posts_offline_and_hot_transitions_through_failures(tmp_path
     secret.write_bytes(SECRET)
     os.chmod(secret, 0o600)
     coord = _coordinator(tmp_path, broker, webhook_url=rx.url,
-                         webhook_secret_file=str(secret), webhook_backoff_s=0.1)
+                         webhook_secret_file=str(secret), webhook_backoff_s=0.1,
+                         alert_clear_s=0.5)
     dev = Device(tmp_path, broker, 1, keepalive=2).start()
     try:
         _wait(lambda: coord.views.get("dev1") and coord.views["dev1"].status == "online", 20,
@@ -286,6 +287,36 @@ def test_webhook_alerts_filters_the_codes_sent(tmp_path, broker, receiver):
         time.sleep(0.5)
         assert [(b["device"], b["alert"]) for b in rx.bodies()] == [("warm1", "offline")]
         assert {a["alert"] for a in coord.alerts_view()["recent"]} == {"hot", "offline"}
+    finally:
+        coord.stop()
+
+
+def test_a_flapping_alert_is_one_alert_and_clears_after_it_settles(tmp_path):
+    from runtime.coordinator.service import Coordinator
+
+    coord = Coordinator(CoordinatorConfig(fleet="test", store=str(tmp_path / "c.db"),
+                                          alert_clear_s=30, stale_after_s=1000,
+                                          offline_after_s=1000))
+    t = time.time()
+
+    def health(temp: float, at: float) -> None:
+        coord._ingest([(payloads.topic("test", "d", "health"), payloads.encode("health", {
+            "v": 1, "t": at, "boot": "b", "temp_c": temp, "passive_trip_c": 85.0}), at)])
+        coord._refresh(at)
+
+    try:
+        health(84.0, t)
+        for i in range(1, 6):  # a noisy thermometer around the alert threshold
+            health(60.0 if i % 2 else 84.0, t + i)
+        assert [(a["alert"], a["state"]) for a in coord.alert_log] == [("hot", "raised")]
+        assert coord.counters["alert_flaps"] == 2
+        health(60.0, t + 10)  # cool since t + 5
+        coord._refresh(t + 34)
+        assert len(coord.alert_log) == 1  # away 29 s: not yet
+        coord._refresh(t + 36)
+        cleared = coord.alert_log[-1]
+        assert (cleared["alert"], cleared["state"]) == ("hot", "cleared")
+        assert cleared["raised_t"] == coord.alert_log[0]["t"]
     finally:
         coord.stop()
 

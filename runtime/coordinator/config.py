@@ -45,6 +45,7 @@ class CoordinatorConfig:
     webhook_backoff_s: float = 1.0  # first retry delay, doubled per retry up to 60 s
     webhook_queue: int = 1000  # alerts waiting; past this the oldest is dropped and counted
     webhook_alerts: tuple[str, ...] = ()  # alert codes sent (docs/dashboard.md); empty = all
+    alert_clear_s: float = 30.0  # an alert is reported cleared once away this long
     ingest_batch: int = 500  # messages per store transaction
     ingest_delay_s: float = 0.0  # artificial slowness per batch, for fault tests only
 
@@ -70,6 +71,8 @@ class CoordinatorConfig:
 
         if unknown := sorted(set(self.webhook_alerts) - set(ALERT_CODES)):
             return "webhook_alerts", f"unknown alert code(s) {unknown}; known: {ALERT_CODES}"
+        if not 0 <= self.alert_clear_s <= 86400:
+            return "alert_clear_s", f"must be 0..86400, got {self.alert_clear_s}"
         if not (0.1 <= self.webhook_timeout_s <= 300 and 1 <= self.webhook_attempts <= 100
                 and 0 <= self.webhook_backoff_s <= 3600 and 1 <= self.webhook_queue <= 10**6):
             return "webhook_url", ("webhook_timeout_s must be 0.1..300, webhook_attempts "

@@ -85,6 +85,9 @@ class Coordinator:
         # _refresh. Alerts active at start were raised before: they are not sent again.
         self.alert_log: collections.deque = collections.deque(maxlen=ALERT_LOG)
         self.alert_since: dict[tuple[str, str], float] = {}
+        # (device, code) -> (when it went, message): a clear is sent once the code has stayed
+        # away for alert_clear_s, so a flapping sensor or link is one alert, not a stream
+        self._clearing: dict[tuple[str, str], tuple[float, str]] = {}
         self.webhook = (webhooks.Webhook(
             cfg.webhook_url,
             webhooks.load_secret(cfg.webhook_secret_file) if cfg.webhook_secret_file else None,
@@ -355,26 +358,45 @@ class Coordinator:
             # under the lock: fleet_view() refreshes from HTTP threads too, and each
             # transition must be recorded and sent exactly once, in order
             self._record_alerts(fleet.alert_changes(before, self.views), now)
+            self._settle_clears(now)
         for device, old, new in changes:
             log.info("device %s: %s -> %s", device, old, new)
 
     def _record_alerts(self, changes: list[tuple[str, str, str, str]], now: float) -> None:
-        """Log alert transitions, keep them for the dashboard and queue them for the webhook
-        (Webhook.submit never blocks, so this is safe under the views lock)."""
+        """Turn alert changes into transitions: a raise at once (unless the alert is only
+        back from a clear still settling), a clear after alert_clear_s. Under the views
+        lock; Webhook.submit never blocks."""
         for device, code, state, message in changes:
-            status = self.views[device].status if device in self.views else "unknown"
-            body = webhooks.alert_payload(self.cfg.fleet, device, code, state, message,
-                                          status, now)
-            if state == "raised":
-                self.alert_since[(device, code)] = body["t"]
+            if state == "cleared":
+                self._clearing[(device, code)] = (now, message)
+            elif self._clearing.pop((device, code), None) is not None:
+                self.counters["alert_flaps"] += 1  # back within alert_clear_s: still raised
             else:
-                body["raised_t"] = self.alert_since.pop((device, code), None)
-            self.alert_log.append(body)
-            self.counters[f"alerts_{state}"] += 1
-            log.info("device %s: alert %s %s: %s", device, code, state, message)
-            if self.webhook is not None and (not self.cfg.webhook_alerts
-                                             or code in self.cfg.webhook_alerts):
-                self.webhook.submit(body)
+                self._emit_alert(device, code, "raised", message, now)
+
+    def _settle_clears(self, now: float) -> None:
+        """Send the clears of alerts that have stayed away for alert_clear_s."""
+        for key, (went, message) in list(self._clearing.items()):
+            if now - went >= self.cfg.alert_clear_s:
+                del self._clearing[key]
+                self._emit_alert(*key, "cleared", message, now)
+
+    def _emit_alert(self, device: str, code: str, state: str, message: str, now: float
+                    ) -> None:
+        """One alert transition: logged, kept for the dashboard, queued for the webhook."""
+        status = self.views[device].status if device in self.views else "unknown"
+        body = webhooks.alert_payload(self.cfg.fleet, device, code, state, message,
+                                      status, now)
+        if state == "raised":
+            self.alert_since[(device, code)] = body["t"]
+        else:
+            body["raised_t"] = self.alert_since.pop((device, code), None)
+        self.alert_log.append(body)
+        self.counters[f"alerts_{state}"] += 1
+        log.info("device %s: alert %s %s: %s", device, code, state, message)
+        if self.webhook is not None and (not self.cfg.webhook_alerts
+                                         or code in self.cfg.webhook_alerts):
+            self.webhook.submit(body)
 
     def alerts_view(self, limit: int = 200) -> dict[str, Any]:
         """Active alerts of every device (with when each was raised, None when it was
