@@ -1,5 +1,5 @@
 """The dashboard's HTTP side without a browser: what is served without the token (and with
-which headers), the health timeline endpoint (bucketing, hostile stored rows, validation),
+which headers), the health timeline endpoint (bucketing, odd values as gaps, validation),
 the alerts endpoint. The browser test is tests/test_dashboard_browser.py."""
 
 from __future__ import annotations
