@@ -287,8 +287,12 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
     if not cfg.broker.host:
         print("edgerun: coordinator.broker.host is not set", file=sys.stderr)
         return 2
+    from runtime.coordinator.webhooks import SecretError
+
     try:
         coordinator = Coordinator(cfg)
+    except SecretError as e:
+        raise ConfigError(f"coordinator.webhook_secret_file: {e}") from e
     except ValueError as e:  # an unreadable signing key
         raise ConfigError(f"coordinator.signing_key: {e}") from e
     from runtime.coordinator.api import ensure_token, token_path
@@ -299,8 +303,8 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
         raise ConfigError(f"coordinator.api_token_file: {e}") from e
     coordinator.start()
     server = serve(coordinator, cfg.http_host, cfg.http_port, token=token)
-    logging.getLogger("edgerun").info("coordinator API on http://%s:%d/api/v1/fleet and "
-                                      "Prometheus /metrics (token: %s)",
+    logging.getLogger("edgerun").info("coordinator API on http://%s:%d/api/v1/fleet, "
+                                      "dashboard on / and Prometheus /metrics (token: %s)",
                                       *server.server_address[:2], token_path(cfg))
     # The handler only sets a flag: Event.set() in a handler can deadlock against the main
     # thread's own Event.wait (both take the same lock).

@@ -234,6 +234,7 @@ def run(duration_s: float = 0.0, device: str = "rpi5", scenario: str = "cabinet"
     url = f"http://127.0.0.1:{api.server_address[1]}"
     print(f"coordinator API: {url}/api/v1/fleet (try: edgerun fleet --api {url} --token-file "
           f"{state / 'api-token'} ls)", flush=True)
+    print(f"dashboard: {url}/ (token: the content of {state / 'api-token'})", flush=True)
     daemon_log = workdir / "daemon.log"
     kept_log = (Path("~/.cache/edgerun/demo").expanduser()
                 / time.strftime("daemon-%Y%m%d-%H%M%S.log"))

@@ -1,7 +1,7 @@
 """JSON HTTP API of the coordinator (standard library server; it is an operator tool, not a
 public web service — bind it to localhost or put it behind the site's reverse proxy).
 
-Every request needs `Authorization: Bearer <token>`; the token is made at first start in
+Every API request needs `Authorization: Bearer <token>`; the token is made at first start in
 `coordinator.api_token_file` (default: `api-token` next to the store), mode 0600, and read by
 `edgerun fleet` (`--token-file`). Requests are checked before anything is read or done:
 idle or slow connections are closed after `coordinator.http_timeout_s`, bodies need an exact
@@ -17,9 +17,14 @@ GET  /api/v1/devices/{id}/health?since=T&until=T&limit=N
                                             health history (reduced records, oldest first,
                                             thinned to N; T in seconds since the epoch):
                                             {"health": [...]}, for `edgerun report`
+GET  /api/v1/devices/{id}/history?window_s=N one device's health timeline (dashboard.py)
+GET  /api/v1/alerts                         active alerts, recent transitions, webhook stats
 GET  /api/v1/stats                          ingest counters, health age p50/p99
 GET  /metrics                               Prometheus text exposition (docs/metrics.md)
 POST /api/v1/devices/{id}/commands          {"cmd": ..., "args": {...}, "wait_s": 10}
+
+The dashboard's static files (`/`, `/static/...`; docs/dashboard.md) are the only paths
+served without the token: they hold no fleet data, and the page asks for the token itself.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlparse
 
-from runtime.coordinator import metrics
+from runtime.coordinator import dashboard, metrics
 from runtime.coordinator.config import CoordinatorConfig
 from runtime.coordinator.service import Coordinator, UnknownDevice
 from runtime.httpserver import BoundedHTTPServer
@@ -183,11 +188,13 @@ def serve(coordinator: Coordinator, host: str, port: int, token: str | None = No
         def log_message(self, fmt: str, *args: Any) -> None:
             log.debug("%s " + fmt, self.address_string(), *args)
 
-        def _send(self, status: int, body: Any, content_type: str = "application/json"
-                  ) -> None:
+        def _send(self, status: int, body: Any, content_type: str = "application/json",
+                  headers: dict[str, str] | None = None) -> None:
             data = body if isinstance(body, bytes) else json.dumps(body, default=str).encode()
             self.send_response(status)
             self.send_header("Content-Type", content_type)
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
             self.send_header("Content-Length", str(len(data)))
             if status == 401:
                 self.send_header("WWW-Authenticate", 'Bearer realm="edgerun"')
@@ -246,10 +253,14 @@ def serve(coordinator: Coordinator, host: str, port: int, token: str | None = No
                     self._send(500, {"error": "internal error; see the coordinator's log"})
 
         def _get(self) -> None:
+            url = urlparse(self.path)
+            page = dashboard.static_file(url.path)
+            if page is not None:  # no data in these: served without the token
+                self._deadline.cancel()
+                return self._send(200, page[0], page[1], dashboard.SECURITY_HEADERS)
             if not self._authorized():
                 return
             self._deadline.cancel()
-            url = urlparse(self.path)
             parts = [p for p in url.path.split("/") if p]
             try:
                 if parts == ["metrics"]:
@@ -258,6 +269,11 @@ def serve(coordinator: Coordinator, host: str, port: int, token: str | None = No
                     return self._send(200, coordinator.fleet_view())
                 if parts == ["api", "v1", "stats"]:
                     return self._send(200, coordinator.stats())
+                if parts == ["api", "v1", "alerts"]:
+                    return self._send(200, coordinator.alerts_view())
+                if parts[:3] == ["api", "v1", "devices"] and parts[4:] == ["history"]:
+                    window = dashboard.history_window(url.query, coordinator.cfg.keep_health_s)
+                    return self._send(200, dashboard.history(coordinator, parts[3], window))
                 if parts[:3] == ["api", "v1", "devices"] and len(parts) == 4:
                     return self._send(200, coordinator.device_view(parts[3]))
                 if parts[:3] == ["api", "v1", "devices"] and parts[4:] == ["health"]:
@@ -274,6 +290,8 @@ def serve(coordinator: Coordinator, host: str, port: int, token: str | None = No
                 return self._send(404, {"error": f"unknown device {e.args[0]!r}"})
             except BadRequest as e:
                 return self._send(e.status, {"error": str(e)})
+            except dashboard.HistoryQueryError as e:
+                return self._send(400, {"error": str(e)})
             self._send(404, {"error": f"no such endpoint: {url.path}"})
 
         def _post(self) -> None:

@@ -49,7 +49,7 @@ def _obj(props: dict[str, Any], required: tuple[str, ...] = (), extra: Any = Fal
 _HEALTH = _obj({
     "v": _V, "t": _T, "boot": _ID, "uptime_s": {"type": "number", "minimum": 0},
     "temp_c": _NUM_OR_NULL, "passive_trip_c": _NUM_OR_NULL, "throttled": _BOOL,
-    "battery_frac": _NUM_OR_NULL,
+    "battery_frac": _NUM_OR_NULL, "harvest_w": _NUM_OR_NULL,
     "sensor_problems": {"type": "array", "maxItems": 64, "items": _STR},
     "model": _SHORT, "choice": _SHORT, "choice_reason": _STR,
     "rung": {"type": "integer", "minimum": 0, "maximum": 10_000},
