@@ -14,6 +14,7 @@ import contextlib
 import json
 import logging
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -250,6 +251,10 @@ def run(duration_s: float = 0.0, device: str = "rpi5", scenario: str = "cabinet"
                                str(cfg_path)], stdout=daemon_log.open("w"),
                               stderr=subprocess.STDOUT)
     stop = threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        # SIGTERM (kill, systemd) stops the demo like Ctrl-C: the `finally` below takes the
+        # daemon, the coordinator and the broker down with it instead of leaving them running.
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
     started = time.monotonic()
     seen_events = 0
     code = 0

@@ -147,12 +147,6 @@ def health_query(query: str, now: float | None = None) -> tuple[float, float, in
     return float(since), float(until), limit
 
 
-    def process_request_thread(self, request, client_address) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._slots.release()
-
 
 def serve(coordinator: Coordinator, host: str, port: int, token: str | None = None,
           timeout_s: float | None = None) -> ThreadingHTTPServer:
