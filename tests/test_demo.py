@@ -7,6 +7,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 
 def test_demo_runs_and_reports(tmp_path):
     env = {**os.environ, "HOME": str(tmp_path)}  # its own profile cache: a first run
@@ -28,3 +30,29 @@ def test_demo_runs_and_reports(tmp_path):
     log = re.search(r"daemon log: (\S+)", text)
     with open(log.group(1)) as f:  # the daemon's log outlives the demo
         assert re.search(r"rung (\d+)/\1 -> ", f.read())
+
+
+def test_demo_without_any_broker_says_what_to_install(tmp_path):
+    """Neither Mosquitto on PATH nor amqtt (the `[demo]` extra) importable: one line that
+    names both ways out, exit 2, and nothing started."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    # sys.modules[name] = None is how Python spells "not installed": `import amqtt` raises.
+    code = ("import sys; sys.modules['amqtt'] = None; from runtime.cli import main; "
+            "sys.exit(main(['demo', '--duration', '5']))")
+    env = {**os.environ, "PATH": str(tmp_path), "PYTHONPATH": root, "HOME": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, env=env)
+    assert out.returncode == 2, out.stdout + out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and out.stdout == "", out.stdout + out.stderr
+    assert "apt install mosquitto" in lines[0] and "pip install '.[demo]'" in lines[0]
+    assert list(tmp_path.iterdir()) == []  # no broker, no state, no daemon log
+
+
+def test_demo_broker_lookup_finds_amqtt_off_path(tmp_path, monkeypatch):
+    """A venv's bin/ is often not on PATH: amqtt counts when it imports, whatever PATH says."""
+    pytest.importorskip("amqtt")
+    from runtime import demo
+
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert demo.amqtt_available() and demo.broker_available()

@@ -1,0 +1,300 @@
+"""Install edgerun as a service on Debian 12 / Raspberry Pi OS: a venv under /opt, the units
+pointing at it, the service user, /etc/edgerun. Idempotent; never touches the system pip.
+
+Run from a checkout with the system Python (standard library only, so it works before
+anything is installed):
+
+    sudo python3 -m runtime.install            # or: sudo systemd/install.sh
+    sudo python3 -m runtime.install --enable   # ... and start the daemon
+
+Debian 12 marks its Python "externally managed" (PEP 668): `sudo pip install .` is refused,
+and where it is forced it lands in /usr/local/bin. Here everything pip does happens inside
+PREFIX/venv, so the unit's ExecStart is one stable path: PREFIX/venv/bin/edgerun.
+
+`--root DIR` writes every file under DIR (tests; image staging) while the paths written into
+the files stay as the target sees them; systemctl is then only used offline (--root).
+Steps (each safe to repeat): venv -> pip install -> /usr/local/bin/edgerun symlink -> units,
+sysusers and tmpfiles -> service user -> /etc/edgerun/edgerun.toml (only if absent) ->
+daemon-reload (-> enable --now).
+"""
+
+from __future__ import annotations
+
+import argparse
+import grp
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SOURCE = Path(__file__).resolve().parents[1]  # the checkout this module runs from
+UNITS = ("edgerun.service", "edgerun-coordinator.service")
+# The path the shipped units name; rendered to PREFIX/venv/bin/edgerun for another prefix.
+SHIPPED_EXE = "/opt/edgerun/venv/bin/edgerun"
+DEFAULT_PREFIX = "/opt/edgerun"
+# The example config's per-user paths, and where the unit's StateDirectory/CacheDirectory
+# put them (the service's HOME is /var/lib/edgerun, so `~` would land there too; spelled out
+# so an operator reading /etc/edgerun/edgerun.toml sees the real place).
+SERVICE_PATHS = (
+    ('cache_dir = "~/.cache/edgerun/profiles"', 'cache_dir = "/var/cache/edgerun/profiles"'),
+    ('state_dir = "~/.local/state/edgerun"', 'state_dir = "/var/lib/edgerun"'),
+    ('path = "~/.local/state/edgerun/outbox.db"', 'path = "/var/lib/edgerun/outbox.db"'),
+)
+
+
+class InstallError(RuntimeError):
+    """A step failed; the message says which and what to do."""
+
+
+@dataclass
+class Options:
+    """What to install where (every path on the target, i.e. without `root`)."""
+
+    root: Path = Path("/")
+    prefix: str = DEFAULT_PREFIX
+    source: str = str(SOURCE)  # a checkout, a wheel, or a requirement such as "edgerun==0.1"
+    extras: tuple[str, ...] = ()
+    system_site_packages: bool = False
+    pip_args: tuple[str, ...] = ()
+    python: str = sys.executable
+    enable: bool = False
+    link: bool = True  # /usr/local/bin/edgerun -> the venv's, for operators' shells
+    log: Callable[[str], None] = field(default=print)
+
+    def at(self, path: str | Path) -> Path:
+        """`path` (absolute, as the target sees it) under the install root."""
+        return self.root / str(path).lstrip("/")
+
+    @property
+    def venv(self) -> str:
+        """The venv's path on the target."""
+        return f"{self.prefix.rstrip('/')}/venv"
+
+    @property
+    def exe(self) -> str:
+        """The console script the units run, on the target."""
+        return f"{self.venv}/bin/edgerun"
+
+
+def _run(cmd: Sequence[str], what: str, hint: str = "") -> None:
+    """Run `cmd`; a failure is an InstallError naming the step, its output and `hint`."""
+    try:
+        out = subprocess.run(list(cmd), capture_output=True, text=True)
+    except OSError as e:
+        raise InstallError(f"{what}: cannot run {cmd[0]}: {e.strerror}. {hint}".strip()) from e
+    if out.returncode != 0:
+        tail = (out.stderr or out.stdout).strip()[-2000:]
+        raise InstallError(f"{what} failed (exit {out.returncode}): {' '.join(cmd)}\n{tail}"
+                           + (f"\n{hint}" if hint else ""))
+
+
+def make_venv(o: Options) -> Path:
+    """Create PREFIX/venv unless a working one is there; returns its python."""
+    venv = o.at(o.venv)
+    python = venv / "bin" / "python"
+    if python.exists():
+        try:
+            subprocess.run([str(python), "-c", "import pip"], check=True, capture_output=True)
+        except (OSError, subprocess.CalledProcessError):
+            pass  # half-made (interrupted, or python upgraded under it): make it again
+        else:
+            o.log(f"venv: {venv} (already there)")
+            return python
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [o.python, "-m", "venv", "--clear"]
+    if o.system_site_packages:
+        cmd.append("--system-site-packages")
+    _run([*cmd, str(venv)], "creating the venv",
+         "On Debian / Raspberry Pi OS: sudo apt install python3-venv")
+    o.log(f"venv: {venv} (created)")
+    return python
+
+
+def pip_install(o: Options, python: Path) -> None:
+    """Install (or upgrade to) the source, with its extras, into the venv: the venv's own pip,
+    never the system's."""
+    target = o.source
+    if o.extras:
+        target += "[" + ",".join(o.extras) + "]"
+    pip = [str(python), "-m", "pip", "install", "--disable-pip-version-check", *o.pip_args]
+    # Dependencies: installed or upgraded only where the venv's do not satisfy the source.
+    _run([*pip, "--upgrade", target], "pip install into the venv")
+    # edgerun itself always: a checkout's code changes without its version number changing,
+    # and pip would call the venv's copy "already satisfied".
+    _run([*pip, "--force-reinstall", "--no-deps", o.source], "pip install of edgerun itself")
+    o.log(f"installed: {target} into {o.at(o.venv)}")
+
+
+def link_exe(o: Options) -> None:
+    """/usr/local/bin/edgerun -> the venv's script, so `edgerun fleet ls` works in a shell.
+    A file there that is not our link (an old `pip install`) is left alone, with a warning."""
+    link = o.at("/usr/local/bin/edgerun")
+    if link.is_symlink() and os.readlink(link) == o.exe:
+        return
+    if link.exists() or link.is_symlink():
+        if not link.is_symlink():
+            o.log(f"warning: {link} exists and is not a link to {o.exe}; left as it is (an "
+                  "earlier `pip install`? remove it so your shell runs the service's edgerun)")
+            return
+        link.unlink()  # our link to an older prefix
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(o.exe)
+    o.log(f"link: {link} -> {o.exe}")
+
+
+def render_unit(text: str, exe: str) -> str:
+    """A shipped unit with its ExecStart pointing at `exe`."""
+    if SHIPPED_EXE not in text:
+        raise InstallError(f"the unit does not run {SHIPPED_EXE}; cannot point it at {exe}")
+    return text.replace(SHIPPED_EXE, exe)
+
+
+def render_config(text: str) -> str:
+    """The example config with the service's state and cache directories."""
+    for old, new in SERVICE_PATHS:
+        if old not in text:
+            raise InstallError(f"the example config has no {old!r} line to point at the "
+                               "service's directories")
+        text = text.replace(old, new)
+    return text
+
+
+def _write(path: Path, text: str, mode: int) -> bool:
+    """Write `text` if it differs; returns whether the file changed."""
+    if path.exists() and path.read_text() == text:
+        path.chmod(mode)
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.chmod(mode)
+    tmp.replace(path)
+    return True
+
+
+def install_files(o: Options, shipped: Path) -> list[Path]:
+    """Units (ExecStart rendered), sysusers and tmpfiles under /etc; returns what changed."""
+    changed = []
+    for unit in UNITS:
+        dest = o.at(f"/etc/systemd/system/{unit}")
+        if _write(dest, render_unit((shipped / unit).read_text(), o.exe), 0o644):
+            changed.append(dest)
+    for src, dest in (("edgerun.sysusers", "/etc/sysusers.d/edgerun.conf"),
+                      ("edgerun.tmpfiles", "/etc/tmpfiles.d/edgerun.conf")):
+        if _write(o.at(dest), (shipped / src).read_text(), 0o644):
+            changed.append(o.at(dest))
+    for path in changed:
+        o.log(f"wrote {path}")
+    return changed
+
+
+def _root_args(o: Options) -> list[str]:
+    return [] if o.root == Path("/") else [f"--root={o.root}"]
+
+
+def create_user(o: Options) -> None:
+    """The `edgerun` user and group (members of video and render), and /etc/edgerun owned
+    root:edgerun 0750, through systemd-sysusers and systemd-tmpfiles."""
+    _run(["systemd-sysusers", *_root_args(o), str(o.at("/etc/sysusers.d/edgerun.conf"))],
+         "creating the edgerun user")
+    _run(["systemd-tmpfiles", *_root_args(o), "--create",
+          str(o.at("/etc/tmpfiles.d/edgerun.conf"))], "creating /etc/edgerun")
+
+
+def _gid(o: Options, name: str) -> int:
+    """A group's id in the target's /etc/group (not the host's when --root is given)."""
+    if o.root == Path("/"):
+        return grp.getgrnam(name).gr_gid
+    for line in o.at("/etc/group").read_text().splitlines():
+        parts = line.split(":")
+        if len(parts) >= 3 and parts[0] == name:
+            return int(parts[2])
+    raise InstallError(f"no group {name!r} in {o.at('/etc/group')}")
+
+
+def install_config(o: Options, example: Path) -> None:
+    """/etc/edgerun/edgerun.toml from the example, root:edgerun 0640 — only when absent: an
+    operator's config is never replaced."""
+    dest = o.at("/etc/edgerun/edgerun.toml")
+    if dest.exists():
+        o.log(f"config: {dest} (kept as it is)")
+        return
+    _write(dest, render_config(example.read_text()), 0o640)
+    os.chown(dest, 0, _gid(o, "edgerun"))
+    o.log(f"config: {dest} (from {example}; edit it: model, source, [telemetry])")
+
+
+def systemd_reload(o: Options) -> None:
+    """daemon-reload on a live system; enable (and start) when asked."""
+    if o.root == Path("/"):
+        _run(["systemctl", "daemon-reload"], "systemctl daemon-reload")
+        if o.enable:
+            _run(["systemctl", "enable", "--now", "edgerun.service"], "starting edgerun")
+            o.log("enabled and started edgerun.service (journalctl -u edgerun -f)")
+    elif o.enable:
+        _run(["systemctl", *_root_args(o), "enable", "edgerun.service"], "enabling edgerun")
+        o.log(f"enabled edgerun.service under {o.root}")
+
+
+def install(o: Options) -> None:
+    """Every step, in order; each is a no-op when already done."""
+    # This module itself runs on older Pythons (Debian 11's 3.9), so it can say why it stops.
+    if sys.version_info < (3, 11):  # noqa: UP036
+        raise InstallError(f"edgerun needs Python 3.11 or newer; {o.python} is "
+                           f"{sys.version.split()[0]}")
+    python = make_venv(o)
+    pip_install(o, python)
+    if not o.at(o.exe).exists():
+        raise InstallError(f"pip finished but {o.at(o.exe)} is missing")
+    if o.link:
+        link_exe(o)
+    install_files(o, SOURCE / "systemd")
+    create_user(o)
+    install_config(o, SOURCE / "firmware_config" / "examples" / "edgerun.toml")
+    systemd_reload(o)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python3 -m runtime.install`: see the module docstring."""
+    p = argparse.ArgumentParser(prog="python3 -m runtime.install", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--prefix", default=DEFAULT_PREFIX, help="venv goes in PREFIX/venv "
+                   "(default %(default)s)")
+    p.add_argument("--root", type=Path, default=Path("/"), help="install under this "
+                   "directory instead of / (tests, image staging)")
+    p.add_argument("--source", default=str(SOURCE), help="what pip installs (default: this "
+                   "checkout; or a wheel, or a requirement such as edgerun==0.1.0)")
+    p.add_argument("--extras", default="", help="comma-separated extras, e.g. demo")
+    p.add_argument("--system-site-packages", action="store_true",
+                   help="let the venv see apt's Python packages (e.g. python3-picamera2)")
+    p.add_argument("--pip-arg", action="append", default=[], metavar="ARG",
+                   help="passed to pip (repeat), e.g. --pip-arg=--no-index "
+                   "--pip-arg=--find-links=/srv/wheels for an offline install")
+    p.add_argument("--no-link", action="store_true",
+                   help="do not link /usr/local/bin/edgerun to the venv's script")
+    p.add_argument("--enable", action="store_true",
+                   help="systemctl enable --now edgerun.service when done")
+    a = p.parse_args(argv)
+    if a.root == Path("/") and os.geteuid() != 0:
+        print("edgerun install: run as root (sudo python3 -m runtime.install), or pass --root "
+              "DIR to stage into a directory", file=sys.stderr)
+        return 2
+    opts = Options(root=a.root.resolve(), prefix=a.prefix, source=a.source,
+                   extras=tuple(x for x in a.extras.split(",") if x),
+                   system_site_packages=a.system_site_packages, pip_args=tuple(a.pip_arg),
+                   enable=a.enable, link=not a.no_link)
+    try:
+        install(opts)
+    except InstallError as e:
+        print(f"edgerun install: {e}", file=sys.stderr)
+        return 1
+    if opts.root == Path("/") and not opts.enable:
+        print("next: edit /etc/edgerun/edgerun.toml, `edgerun check /etc/edgerun/edgerun.toml`, "
+              "then `sudo systemctl enable --now edgerun`")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
