@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import grp
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
@@ -112,12 +113,21 @@ def make_venv(o: Options) -> Path:
     return python
 
 
+def with_extras(source: str, extras: Sequence[str]) -> str:
+    """`source` asking for `extras`: `DIR[demo]`, `x.whl[demo]`, `edgerun[demo]==0.1.0`."""
+    if not extras:
+        return source
+    tag = "[" + ",".join(extras) + "]"
+    if Path(source).exists():
+        return source + tag
+    m = re.match(r"([A-Za-z0-9._-]+)(.*)", source)
+    return m.group(1) + tag + m.group(2) if m else source + tag
+
+
 def pip_install(o: Options, python: Path) -> None:
     """Install (or upgrade to) the source, with its extras, into the venv: the venv's own pip,
     never the system's."""
-    target = o.source
-    if o.extras:
-        target += "[" + ",".join(o.extras) + "]"
+    target = with_extras(o.source, o.extras)
     pip = [str(python), "-m", "pip", "install", "--disable-pip-version-check", *o.pip_args]
     # Dependencies: installed or upgraded only where the venv's do not satisfy the source.
     _run([*pip, "--upgrade", target], "pip install into the venv")
@@ -227,12 +237,19 @@ def install_config(o: Options, example: Path) -> None:
 
 
 def systemd_reload(o: Options) -> None:
-    """daemon-reload on a live system; enable (and start) when asked."""
-    if o.root == Path("/"):
+    """daemon-reload on a live system; enable (and start) when asked. Where systemd is not
+    running (a container, a chroot building an image) enabling is done offline instead."""
+    booted = Path("/run/systemd/system").is_dir()  # sd_booted(3)
+    if o.root == Path("/") and booted:
         _run(["systemctl", "daemon-reload"], "systemctl daemon-reload")
         if o.enable:
             _run(["systemctl", "enable", "--now", "edgerun.service"], "starting edgerun")
             o.log("enabled and started edgerun.service (journalctl -u edgerun -f)")
+    elif o.root == Path("/"):
+        o.log("systemd is not running here: no daemon-reload"
+              + ("; enabling offline" if o.enable else ""))
+        if o.enable:
+            _run(["systemctl", "enable", "edgerun.service"], "enabling edgerun")
     elif o.enable:
         _run(["systemctl", *_root_args(o), "enable", "edgerun.service"], "enabling edgerun")
         o.log(f"enabled edgerun.service under {o.root}")

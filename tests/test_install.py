@@ -159,6 +159,15 @@ def test_shipped_units_name_the_venv_and_the_example_config_renders():
         install.render_unit("[Service]\nExecStart=/usr/bin/edgerun serve\n", "/x")
 
 
+def test_extras_go_where_pip_reads_them(tmp_path):
+    wheel = tmp_path / "edgerun-0.1.0-py3-none-any.whl"
+    wheel.write_bytes(b"")
+    assert install.with_extras(str(tmp_path), ("demo",)) == f"{tmp_path}[demo]"
+    assert install.with_extras(str(wheel), ("demo", "x")) == f"{wheel}[demo,x]"
+    assert install.with_extras("edgerun==0.1.0", ("demo",)) == "edgerun[demo]==0.1.0"
+    assert install.with_extras("edgerun", ()) == "edgerun"
+
+
 def test_link_leaves_a_foreign_edgerun_alone(tmp_path):
     said = []
     o = install.Options(root=tmp_path, log=said.append)
@@ -181,6 +190,8 @@ def test_refuses_without_root_on_the_live_system():
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("EDGERUN_SLOW"),
+                    reason="downloads ~750 MB of wheels: set EDGERUN_SLOW=1")
 @needs_systemd
 @needs_root
 def test_full_install_from_the_checkout(tmp_path):
