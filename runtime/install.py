@@ -45,6 +45,16 @@ SERVICE_PATHS = (
 )
 
 
+# Engines a device can go without (each backend disables itself when its library is missing):
+# engine -> the distributions only it needs. docs/install.md has their sizes.
+OPTIONAL_ENGINES = {"openvino": ("openvino",),
+                    "opencl": ("pyopencl", "pocl-binary-distribution")}
+
+
+# `enabled = [...]` of the [backends] section (the first key after its header).
+_ENABLED = re.compile(r"^\[backends\]\s*\n(?:[^\[\n].*\n|\n)*?enabled = \[(.*)\]", re.M)
+
+
 class InstallError(RuntimeError):
     """A step failed; the message says which and what to do."""
 
@@ -61,6 +71,7 @@ class Options:
     pip_args: tuple[str, ...] = ()
     python: str = sys.executable
     enable: bool = False
+    without: tuple[str, ...] = ()  # keys of OPTIONAL_ENGINES not to install
     link: bool = True  # /usr/local/bin/edgerun -> the venv's, for operators' shells
     log: Callable[[str], None] = field(default=print)
 
@@ -130,11 +141,79 @@ def pip_install(o: Options, python: Path) -> None:
     target = with_extras(o.source, o.extras)
     pip = [str(python), "-m", "pip", "install", "--disable-pip-version-check", *o.pip_args]
     # Dependencies: installed or upgraded only where the venv's do not satisfy the source.
-    _run([*pip, "--upgrade", target], "pip install into the venv")
+    if o.without:  # the source's requirements minus the engines left out, named one by one
+        _run([*pip, "--upgrade", *requirements(Path(o.source), o.extras, o.without)],
+             "pip install of the dependencies into the venv")
+    else:
+        _run([*pip, "--upgrade", target], "pip install into the venv")
     # edgerun itself always: a checkout's code changes without its version number changing,
     # and pip would call the venv's copy "already satisfied".
     _run([*pip, "--force-reinstall", "--no-deps", o.source], "pip install of edgerun itself")
+    if o.without:  # an earlier full install left them: remove them from the venv only
+        dists = [d for e in o.without for d in OPTIONAL_ENGINES[e]]
+        _run([str(python), "-m", "pip", "uninstall", "--yes", *dists],
+             "removing the engines left out")
+        o.log(f"left out: {', '.join(o.without)} ({', '.join(dists)})")
     o.log(f"installed: {target} into {o.at(o.venv)}")
+
+
+def _dist_name(requirement: str) -> str:
+    """The normalised distribution name of a requirement string (PEP 503)."""
+    m = re.match(r"\s*([A-Za-z0-9._-]+)", requirement)
+    return re.sub(r"[-_.]+", "-", m.group(1)).lower() if m else ""
+
+
+def requirements(source: Path, extras: Sequence[str], without: Sequence[str]) -> list[str]:
+    """The runtime (and `extras`') requirements of a checkout or a wheel, markers kept,
+    without those only the engines in `without` need."""
+    if source.is_dir():
+        reqs = _checkout_requirements(source, extras)
+    elif source.suffix == ".whl" and source.is_file():
+        reqs = _wheel_requirements(source, extras)
+    else:
+        raise InstallError(f"--without needs a checkout or a wheel to read the requirements "
+                           f"from; {source} is neither")
+    drop = {_dist_name(d) for e in without for d in OPTIONAL_ENGINES[e]}
+    return [r for r in reqs if _dist_name(r) not in drop]
+
+
+def _checkout_requirements(checkout: Path, extras: Sequence[str]) -> list[str]:
+    import tomllib  # 3.11+: imported here so that older Pythons reach the version message
+
+    pyproject = checkout / "pyproject.toml"
+    if not pyproject.is_file():
+        raise InstallError(f"{checkout} has no pyproject.toml to read the requirements from")
+    project = tomllib.loads(pyproject.read_text())["project"]
+    reqs = list(project["dependencies"])
+    for extra in extras:
+        reqs += project.get("optional-dependencies", {}).get(extra, [])
+    return reqs
+
+
+_EXTRA = re.compile(r"""\s*(?:and\s+)?\(?extra\s*==\s*["']([^"']+)["']\)?(?:\s+and)?\s*""")
+
+
+def _wheel_requirements(wheel: Path, extras: Sequence[str]) -> list[str]:
+    """Requires-Dist of a wheel: every unconditional one, and those of `extras` with the
+    `extra == ...` clause taken off their marker."""
+    import email.parser
+    import zipfile
+
+    with zipfile.ZipFile(wheel) as z:
+        name = next((n for n in z.namelist() if n.endswith(".dist-info/METADATA")), None)
+        if name is None:
+            raise InstallError(f"{wheel} has no METADATA")
+        meta = email.parser.Parser().parsestr(z.read(name).decode())
+    out = []
+    for line in meta.get_all("Requires-Dist") or ():
+        req, _, marker = line.partition(";")
+        m = _EXTRA.search(marker)
+        if m is None:
+            out.append(line.strip())
+        elif m.group(1) in extras:
+            rest = (marker[:m.start()] + " " + marker[m.end():]).strip()
+            out.append(req.strip() + (f"; {rest}" if rest else ""))
+    return out
 
 
 def link_exe(o: Options) -> None:
@@ -161,13 +240,19 @@ def render_unit(text: str, exe: str) -> str:
     return text.replace(SHIPPED_EXE, exe)
 
 
-def render_config(text: str) -> str:
-    """The example config with the service's state and cache directories."""
+def render_config(text: str, without: Sequence[str] = ()) -> str:
+    """The example config with the service's state and cache directories, and without the
+    engines left out in `backends.enabled` (so no start-up warns that they are missing)."""
     for old, new in SERVICE_PATHS:
         if old not in text:
             raise InstallError(f"the example config has no {old!r} line to point at the "
                                "service's directories")
         text = text.replace(old, new)
+    m = _ENABLED.search(text)
+    if without and m:
+        keep = [e for e in re.findall(r'"([^"]+)"', m.group(1)) if e not in without]
+        text = (text[:m.start()] + "enabled = [" + ", ".join(f'"{e}"' for e in keep) + "]"
+                + text[m.end():])
     return text
 
 
@@ -230,8 +315,13 @@ def install_config(o: Options, example: Path) -> None:
     dest = o.at("/etc/edgerun/edgerun.toml")
     if dest.exists():
         o.log(f"config: {dest} (kept as it is)")
+        m = _ENABLED.search(dest.read_text())
+        named = [e for e in o.without if m and f'"{e}"' in m.group(1)]
+        if named:
+            o.log(f"note: {dest} enables {', '.join(named)}, which is not installed: each "
+                  "start will say it is disabled (remove it from backends.enabled)")
         return
-    _write(dest, render_config(example.read_text()), 0o640)
+    _write(dest, render_config(example.read_text(), o.without), 0o640)
     os.chown(dest, 0, _gid(o, "edgerun"))
     o.log(f"config: {dest} (from {example}; edit it: model, source, [telemetry])")
 
@@ -284,6 +374,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--source", default=str(SOURCE), help="what pip installs (default: this "
                    "checkout; or a wheel, or a requirement such as edgerun==0.1.0)")
     p.add_argument("--extras", default="", help="comma-separated extras, e.g. demo")
+    p.add_argument("--without", default="", metavar="ENGINES",
+                   help="leave these engines out to save space (comma-separated: "
+                   f"{', '.join(OPTIONAL_ENGINES)}; docs/install.md has their sizes); pass it "
+                   "again on upgrades")
     p.add_argument("--system-site-packages", action="store_true",
                    help="let the venv see apt's Python packages (e.g. python3-picamera2)")
     p.add_argument("--pip-arg", action="append", default=[], metavar="ARG",
@@ -294,6 +388,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--enable", action="store_true",
                    help="systemctl enable --now edgerun.service when done")
     a = p.parse_args(argv)
+    without = tuple(x for x in a.without.split(",") if x)
+    if bad := [x for x in without if x not in OPTIONAL_ENGINES]:
+        p.error(f"--without {', '.join(bad)}: not an optional engine (one of "
+                f"{', '.join(OPTIONAL_ENGINES)})")
     if a.root == Path("/") and os.geteuid() != 0:
         print("edgerun install: run as root (sudo python3 -m runtime.install), or pass --root "
               "DIR to stage into a directory", file=sys.stderr)
@@ -301,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
     opts = Options(root=a.root.resolve(), prefix=a.prefix, source=a.source,
                    extras=tuple(x for x in a.extras.split(",") if x),
                    system_site_packages=a.system_site_packages, pip_args=tuple(a.pip_arg),
-                   enable=a.enable, link=not a.no_link)
+                   enable=a.enable, without=without, link=not a.no_link)
     try:
         install(opts)
     except InstallError as e:

@@ -125,9 +125,12 @@ def test_rerun_changes_nothing_and_keeps_the_operators_config(installed, wheel):
     cfg.write_text(cfg.read_text() + "# the operator's edit\n")
     units = {u: (root / "etc/systemd/system" / u).read_text() for u in install.UNITS}
     out = _install(root, "--system-site-packages", "--source", str(wheel),
-                   "--pip-arg=--no-index", "--enable")
+                   "--pip-arg=--no-index", "--enable", "--without", "opencl")
     assert out.returncode == 0, out.stdout + out.stderr
     assert "(already there)" in out.stdout and "(kept as it is)" in out.stdout
+    # the requirements named one by one, the engine left out removed from the venv (here it
+    # is the system's, which pip leaves alone: outside the environment)
+    assert "left out: opencl (pyopencl, pocl-binary-distribution)" in out.stdout
     assert "wrote " not in out.stdout  # no unit, sysusers or tmpfiles file rewritten
     assert cfg.read_text().endswith("# the operator's edit\n")
     assert {u: (root / "etc/systemd/system" / u).read_text() for u in install.UNITS} == units
@@ -157,6 +160,36 @@ def test_shipped_units_name_the_venv_and_the_example_config_renders():
                               if line.startswith(("state_dir", "cache_dir", "path")))
     with pytest.raises(install.InstallError):
         install.render_unit("[Service]\nExecStart=/usr/bin/edgerun serve\n", "/x")
+
+
+def test_without_an_engine_drops_only_what_it_needs():
+    reqs = install.requirements(ROOT, ("demo",), ("openvino", "opencl"))
+    names = {install._dist_name(r) for r in reqs}
+    assert not names & {"openvino", "pyopencl", "pocl-binary-distribution"}
+    assert {"onnxruntime", "opencv-python-headless", "numpy", "amqtt"} <= names
+    assert install.requirements(ROOT, (), ()) == __import__("tomllib").loads(
+        (ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    example = (ROOT / "firmware_config/examples/edgerun.toml").read_text()
+    text = install.render_config(example, ("openvino",))
+    assert 'enabled = ["onnxruntime", "opencv"]' in text
+    assert "enabled = false" in text  # [simulator]'s flag untouched
+    with pytest.raises(install.InstallError, match="pyproject.toml"):
+        install.requirements(ROOT / "docs", (), ("openvino",))
+    with pytest.raises(install.InstallError, match="neither"):
+        install.requirements(Path("edgerun==0.1.0"), (), ("openvino",))
+    with pytest.raises(SystemExit):
+        install.main(["--root", "/tmp/x", "--without", "onnxruntime"])  # not optional
+
+
+def test_a_wheels_requirements_are_the_checkouts(wheel):
+    """--without works from a wheel too (an offline install): its Requires-Dist, extras'
+    clauses taken off, are pyproject's requirements."""
+    for extras in ((), ("demo",), ("demo", "test")):
+        for without in ((), ("openvino",), ("openvino", "opencl")):
+            got = install.requirements(wheel, extras, without)
+            want = install.requirements(ROOT, extras, without)
+            norm = lambda rs: sorted(r.replace(" ", "").replace("'", '"') for r in rs)  # noqa: E731
+            assert norm(got) == norm(want), (extras, without)
 
 
 def test_extras_go_where_pip_reads_them(tmp_path):
@@ -203,9 +236,26 @@ def test_full_install_from_the_checkout(tmp_path):
     check = ("import importlib.util as u, onnxruntime, openvino, cv2, pyopencl, "
              "paho.mqtt, jsonschema, cryptography, prometheus_client; "
              "assert u.find_spec('amqtt') is None")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     r = subprocess.run([str(py), "-c", check], capture_output=True, text=True, timeout=300,
-                       cwd="/", env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+                       cwd="/", env=env)
     assert r.returncode == 0, r.stderr
+    full = _venv_bytes(tmp_path / "opt/edgerun/venv")
+    # Leaving OpenVINO and OpenCL out, on the same venv: gone from it, the rest still runs.
+    out = _install(tmp_path, "--without", "openvino,opencl", timeout=1800)
+    assert out.returncode == 0, out.stdout + out.stderr
+    check = ("import importlib.util as u, onnxruntime, cv2; "
+             "assert not any(u.find_spec(m) for m in ('openvino', 'pyopencl'))")
+    r = subprocess.run([str(py), "-c", check], capture_output=True, text=True, timeout=300,
+                       cwd="/", env=env)
+    assert r.returncode == 0, r.stderr
+    slim = _venv_bytes(tmp_path / "opt/edgerun/venv")
+    print(f"venv: {full / 1e6:.0f} MB full, {slim / 1e6:.0f} MB without openvino and opencl")
+    assert full - slim > 150e6  # openvino alone is ~185 MB
+
+
+def _venv_bytes(venv: Path) -> int:
+    return sum(p.stat().st_size for p in venv.rglob("*") if p.is_file() and not p.is_symlink())
 
 
 def _wheels_module():
