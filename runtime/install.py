@@ -11,8 +11,9 @@ Debian 12 marks its Python "externally managed" (PEP 668): `sudo pip install .` 
 and where it is forced it lands in /usr/local/bin. Here everything pip does happens inside
 PREFIX/venv, so the unit's ExecStart is one stable path: PREFIX/venv/bin/edgerun.
 
-`--root DIR` writes every file under DIR (tests; image staging) while the paths written into
-the files stay as the target sees them; systemctl is then only used offline (--root).
+`--root DIR` writes every file under DIR while the paths written into the files stay as the
+target sees them, and uses systemctl only offline (--root). It is for tests: the venv's
+scripts name their interpreter by its path under DIR, so the tree is not relocatable.
 Steps (each safe to repeat): venv -> pip install -> /usr/local/bin/edgerun symlink -> units,
 sysusers and tmpfiles -> service user -> /etc/edgerun/edgerun.toml (only if absent) ->
 daemon-reload (-> enable --now).
@@ -24,6 +25,7 @@ import argparse
 import grp
 import os
 import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
@@ -46,9 +48,11 @@ SERVICE_PATHS = (
 
 
 # Engines a device can go without (each backend disables itself when its library is missing):
-# engine -> the distributions only it needs. docs/install.md has their sizes.
-OPTIONAL_ENGINES = {"openvino": ("openvino",),
-                    "opencl": ("pyopencl", "pocl-binary-distribution")}
+# engine -> the distributions only it needs (our requirement first, then what only it pulls
+# in), and its import package. docs/install.md has their sizes.
+OPTIONAL_ENGINES = {"openvino": ("openvino", "openvino-telemetry"),
+                    "opencl": ("pyopencl", "pocl-binary-distribution", "pytools", "siphash24")}
+_ENGINE_PACKAGE = {"openvino": "openvino", "opencl": "pyopencl"}
 
 
 # `enabled = [...]` of the [backends] section (the first key after its header).
@@ -153,6 +157,13 @@ def pip_install(o: Options, python: Path) -> None:
         dists = [d for e in o.without for d in OPTIONAL_ENGINES[e]]
         _run([str(python), "-m", "pip", "uninstall", "--yes", *dists],
              "removing the engines left out")
+        # pocl's wheel puts files inside pyopencl/; after both are uninstalled an empty
+        # pyopencl/ stays, and Python imports an empty directory as a namespace package.
+        for site in o.at(o.venv).glob("lib/python3*/site-packages"):
+            for e in o.without:
+                left = site / _ENGINE_PACKAGE[e]
+                if left.is_dir() and not any(f.is_file() for f in left.rglob("*")):
+                    shutil.rmtree(left)
         o.log(f"left out: {', '.join(o.without)} ({', '.join(dists)})")
     o.log(f"installed: {target} into {o.at(o.venv)}")
 
@@ -370,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prefix", default=DEFAULT_PREFIX, help="venv goes in PREFIX/venv "
                    "(default %(default)s)")
     p.add_argument("--root", type=Path, default=Path("/"), help="install under this "
-                   "directory instead of / (tests, image staging)")
+                   "directory instead of / (tests: the venv is not relocatable)")
     p.add_argument("--source", default=str(SOURCE), help="what pip installs (default: this "
                    "checkout; or a wheel, or a requirement such as edgerun==0.1.0)")
     p.add_argument("--extras", default="", help="comma-separated extras, e.g. demo")
@@ -394,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{', '.join(OPTIONAL_ENGINES)})")
     if a.root == Path("/") and os.geteuid() != 0:
         print("edgerun install: run as root (sudo python3 -m runtime.install), or pass --root "
-              "DIR to stage into a directory", file=sys.stderr)
+              "DIR to install into a directory (tests)", file=sys.stderr)
         return 2
     opts = Options(root=a.root.resolve(), prefix=a.prefix, source=a.source,
                    extras=tuple(x for x in a.extras.split(",") if x),
