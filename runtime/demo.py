@@ -26,7 +26,7 @@ from models import bundled
 from runtime.coordinator.config import CoordinatorConfig
 from runtime.coordinator.service import Coordinator
 from runtime.simloop import REFERENCE_BACKENDS
-from runtime.telemetry.broker import Mosquitto, free_port, wait_port
+from runtime.telemetry.broker import Mosquitto, free_port, mosquitto_path, wait_port
 from runtime.telemetry.brokerauth import (
     DEVICE_PUBLISHES,
     DEVICE_SUBSCRIBES,
@@ -188,12 +188,12 @@ def amqtt_available() -> bool:
 
 def broker_available() -> bool:
     """True when the demo can start a broker: Mosquitto on PATH, or amqtt importable."""
-    return bool(shutil.which("mosquitto")) or amqtt_available()
+    return bool(mosquitto_path()) or amqtt_available()
 
 
 def make_broker(workdir: Path) -> Mosquitto | EmbeddedBroker:
     """Mosquitto when installed, else amqtt; both authenticated, not yet started."""
-    if shutil.which("mosquitto"):
+    if mosquitto_path():
         return Mosquitto(workdir)
     log.warning("mosquitto is not installed: the demo uses the pure-Python amqtt broker "
                 "(password file and per-user topic lists; fine for a demo, not for a fleet)")

@@ -36,8 +36,10 @@ def test_demo_without_any_broker_says_what_to_install(tmp_path):
     """Neither Mosquitto on PATH nor amqtt (the `[demo]` extra) importable: one line that
     names both ways out, exit 2, and nothing started."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    # sys.modules[name] = None is how Python spells "not installed": `import amqtt` raises.
-    code = ("import sys; sys.modules['amqtt'] = None; from runtime.cli import main; "
+    # sys.modules[name] = None is how Python spells "not installed": `import amqtt` raises;
+    # and no mosquitto on PATH nor in the sbin directories.
+    code = ("import sys; sys.modules['amqtt'] = None; import runtime.telemetry.broker as b; "
+            f"b.SBIN_DIRS = {str(tmp_path)!r}; from runtime.cli import main; "
             "sys.exit(main(['demo', '--duration', '5']))")
     env = {**os.environ, "PATH": str(tmp_path), "PYTHONPATH": root, "HOME": str(tmp_path)}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -56,3 +58,16 @@ def test_demo_broker_lookup_finds_amqtt_off_path(tmp_path, monkeypatch):
 
     monkeypatch.setenv("PATH", str(tmp_path))
     assert demo.amqtt_available() and demo.broker_available()
+
+
+def test_mosquitto_in_sbin_counts_without_it_on_path(monkeypatch):
+    """Debian and Raspberry Pi OS install mosquitto in /usr/sbin, which a normal user's PATH
+    lacks: the demo must still use it, not ask to install it."""
+    if not os.path.exists("/usr/sbin/mosquitto"):
+        pytest.skip("mosquitto is not in /usr/sbin here")
+    from runtime import demo
+    from runtime.telemetry.broker import mosquitto_path
+
+    monkeypatch.setenv("PATH", "/usr/local/bin:/usr/bin:/bin")  # Debian's default user PATH
+    assert mosquitto_path() == "/usr/sbin/mosquitto"
+    assert demo.broker_available()
