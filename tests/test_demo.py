@@ -52,12 +52,22 @@ def test_demo_without_any_broker_says_what_to_install(tmp_path):
 
 
 def test_demo_broker_lookup_finds_amqtt_off_path(tmp_path, monkeypatch):
-    """A venv's bin/ is often not on PATH: amqtt counts when it imports, whatever PATH says."""
+    """A venv's bin/ is often not on PATH (`/opt/edgerun/venv/bin/edgerun demo`): amqtt
+    counts when it imports, and starts through this interpreter, whatever PATH says."""
     pytest.importorskip("amqtt")
     from runtime import demo
+    from runtime.telemetry.broker import wait_port
 
     monkeypatch.setenv("PATH", str(tmp_path))
     assert demo.amqtt_available() and demo.broker_available()
+    b = demo.EmbeddedBroker(tmp_path)
+    b.device("demo", "box")
+    b.start()
+    try:
+        wait_port(b.port, 5)
+        assert b.proc.poll() is None
+    finally:
+        b.stop()
 
 
 def test_mosquitto_in_sbin_counts_without_it_on_path(monkeypatch):
