@@ -39,7 +39,7 @@ from runtime.health import health
 from runtime.ladder import Rung, ladder_for, on_device
 from runtime.local_api import LocalApi, start_local_api
 from runtime.measure import Measured, measure_model
-from runtime.multisource import aggregate, lanes, single
+from runtime.multisource import aggregate, lanes, planned_rate, single
 from runtime.pipeline import Active, Pipeline
 from runtime.results_local import LocalResults
 from runtime.selector import Constraints, NoVariantError
@@ -401,8 +401,7 @@ class Daemon:
         self.ccfg = control.ControlConfig(
             governor=gcfg, energy=ecfg,
             # several sources: rung powers at their combined rate, so budgets are the box's
-            rate_hz=(sum(s.rate_hz for s in self.cfg.sources) or g.rate_hz
-                     or self.rungs[-1].max_rate_hz()),
+            rate_hz=planned_rate(self.cfg.sources, g.rate_hz) or self.rungs[-1].max_rate_hz(),
             min_rate_hz=g.min_rate_hz,
             hold_invalid_s=g.hold_invalid_s, dwell_s=g.dwell_s,
             r_total_k_per_w=(th.model.r_die_case + th.model.r_case_amb) if th else None)

@@ -50,6 +50,12 @@ def aggregate(latency_ms: float, rates_hz: Sequence[float]) -> tuple[float, str]
                     f"inference must take <= {target:.3g} ms ({bound})")
 
 
+def planned_rate(sources: Sequence[Any], governor_rate_hz: float) -> float:
+    """The rate the control step plans rung powers at: the sum of `[[sources]]` rates (the
+    whole box's load), else `[governor] rate_hz` (0: as fast as the top rung runs)."""
+    return sum(s.rate_hz for s in sources) or governor_rate_hz
+
+
 def shares(rates_hz: Sequence[float]) -> list[float]:
     """Each source's part of the combined rate (a combined rate cap is split by these)."""
     total = sum(rates_hz)

@@ -359,6 +359,7 @@ class CaptureSource:
         self._shown = redact(cfg.path)
         self.live = not Path(str(self._target)).is_file()
         self._loop = cfg.loop and not self.live
+        quiet_ffmpeg()  # before FFmpeg's first use in this process: it reads its level once
         t0 = time.monotonic()
         self._cap = self._open()
         if not self._cap.isOpened():
@@ -378,7 +379,6 @@ class CaptureSource:
         cfg = self._cfg
         params = [cv2.CAP_PROP_OPEN_TIMEOUT_MSEC, int(cfg.open_timeout_s * 1000),
                   cv2.CAP_PROP_READ_TIMEOUT_MSEC, int(cfg.read_timeout_s * 1000)]
-        quiet_ffmpeg()
         with _env_lock:
             before = os.environ.get(_FFMPEG_OPTIONS)
             opts = before or ""
