@@ -9,6 +9,7 @@ folder and trigger sources are never dropped.
 
 from __future__ import annotations
 
+import atexit
 import collections
 import hashlib
 import logging
@@ -18,9 +19,10 @@ import re
 import sqlite3
 import threading
 import time
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import ClassVar, Literal, Protocol
 
 import cv2
 import numpy as np
@@ -138,28 +140,103 @@ class Source(Protocol):
         ...
 
 
+class _PartPool:
+    """Rendered parts, shared by every synthetic source of the same seed, size and defect
+    rate in the process, filled by one background thread.
+
+    Rendering one part costs ~20 ms of CPU (~80 ms wall on a loaded two-core box), more than
+    a fast line or several cameras allow, and it is the simulated camera's cost, not the
+    inspection's: so the first part is rendered at once, the rest of the `size` parts in the
+    background while sources already draw from what exists."""
+
+    _pools: ClassVar[dict[tuple, _PartPool]] = {}
+    _lock = threading.Lock()
+
+    def __init__(self, seed: int, size: int, defect_rate: float, n: int):
+        from models.synthetic import CLASSES, render
+
+        self._render, self.classes = render, CLASSES
+        self._rng = np.random.default_rng(seed)
+        self._size, self._defect_rate, self._n = size, defect_rate, n
+        self.parts: list[tuple[np.ndarray, str]] = [self._one()]
+        self.ready = threading.Event()  # every part rendered
+        self._users = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @classmethod
+    def acquire(cls, seed: int, size: int, defect_rate: float, n: int) -> _PartPool:
+        """The pool for these settings (made on first use), filling while anyone uses it."""
+        with cls._lock:
+            key = (seed, size, defect_rate, n)
+            pool = cls._pools.get(key)
+            if pool is None:
+                pool = cls._pools[key] = cls(seed, size, defect_rate, n)
+            pool._users += 1
+            if not pool.ready.is_set() and pool._thread is None:
+                pool._stop.clear()
+                pool._thread = threading.Thread(target=pool._fill, name="synthetic-render",
+                                                daemon=True)
+                pool._thread.start()
+            return pool
+
+    def release(self) -> None:
+        """One user fewer; the last one stops the filling thread and waits for it (a thread
+        still inside OpenCV when the interpreter exits aborts the process)."""
+        with self._lock:
+            self._users -= 1
+            thread = self._thread if self._users == 0 else None
+            if thread is not None:
+                self._stop.set()
+                self._thread = None
+        if thread is not None:
+            thread.join(10)
+
+    @classmethod
+    def stop_all(cls) -> None:
+        """At exit: stop every filling thread, even of sources nobody closed."""
+        with cls._lock:
+            pools = list(cls._pools.values())
+        for pool in pools:
+            pool._stop.set()
+            if pool._thread is not None:
+                pool._thread.join(10)
+
+    def _one(self) -> tuple[np.ndarray, str]:
+        defect = self._rng.random() < self._defect_rate
+        label = int(self._rng.integers(1, len(self.classes))) if defect else 0
+        return self._render(self._rng, label, self._size), self.classes[label]
+
+    def _fill(self) -> None:
+        while len(self.parts) < self._n and not self._stop.is_set():
+            self.parts.append(self._one())  # list.append is atomic; readers see a prefix
+        if len(self.parts) >= self._n:
+            self.ready.set()
+
+
+atexit.register(_PartPool.stop_all)
+
+
 class SyntheticConveyor:
     """Parts from the bundled model's dataset generator at a steady rate (a simulated camera).
 
-    Rendering one part takes ~20 ms of CPU, more than a fast line allows, so the first
-    `POOL` parts are rendered and kept; after that parts are drawn from the pool at random.
-    """
+    Parts come from a pool of `POOL` rendered parts (see _PartPool), drawn at random by each
+    source's own generator (seeded by `seed` and the source's name, so two cameras on the same
+    line do not show the same sequence)."""
 
     live = True
     POOL = 256
 
     def __init__(self, cfg: SourceConfig):
-        from models.synthetic import CLASSES, render
-
-        self._render, self._classes = render, CLASSES
         self._cfg = cfg
-        self._rng = np.random.default_rng(cfg.seed)
-        self._pool: list[tuple[np.ndarray, str]] = []
+        self.pool = _PartPool.acquire(cfg.seed, cfg.size, cfg.defect_rate, self.POOL)
+        self._closed = False
+        self._rng = np.random.default_rng([cfg.seed, zlib.crc32(cfg.name.encode())])
         self._n = 0
         self._next_t = time.monotonic()
 
     def read(self, timeout_s: float) -> Frame | None:
-        """Render the next part; paced to `rate_hz`."""
+        """The next part; paced to `rate_hz`."""
         if self._cfg.rate_hz > 0:
             wait = self._next_t - time.monotonic()
             if wait > timeout_s:
@@ -169,21 +246,18 @@ class SyntheticConveyor:
                 time.sleep(wait)
             self._next_t = max(self._next_t + 1 / self._cfg.rate_hz, time.monotonic() - 1)
         self._n += 1
-        if len(self._pool) < self.POOL:
-            defect = self._rng.random() < self._cfg.defect_rate
-            label = int(self._rng.integers(1, len(self._classes))) if defect else 0
-            self._pool.append((self._render(self._rng, label, self._cfg.size),
-                               self._classes[label]))
-            img, truth = self._pool[-1]
-        else:
-            img, truth = self._pool[int(self._rng.integers(len(self._pool)))]
+        parts = self.pool.parts
+        img, truth = parts[int(self._rng.integers(len(parts)))]
         return Frame(img.copy(), f"part-{self._n}", truth=truth)
 
     def done(self, frames: list[Frame]) -> None:
         """Nothing to remember."""
 
     def close(self) -> None:
-        """Nothing to release."""
+        """Let go of the pool (its parts stay for the next source of the same settings)."""
+        if not self._closed:
+            self._closed = True
+            self.pool.release()
 
 
 class FolderSource:
