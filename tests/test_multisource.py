@@ -5,6 +5,7 @@ them)."""
 
 from __future__ import annotations
 
+import http.server
 import math
 import threading
 import time
@@ -13,7 +14,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
-from daemon_harness import Serve, last_health, results, wait, write_config
+from daemon_harness import Serve, events, last_health, results, wait, write_config
 from modelgen import tiny_cnn
 
 from models import bundled
@@ -260,3 +261,64 @@ def test_results_of_a_single_source_are_named_main(tmp_path):
         p.stop()
     assert len(out) >= 5 and {r["source"] for r in out} == {"main"}
     assert list(stats["sources"]) == ["main"] and p._threads[0].name == "capture"
+
+
+class _Camera(http.server.BaseHTTPRequestHandler):
+    """An HTTP MJPEG camera that sends 20 frames (64x48, 20 ms apart) per connection and
+    hangs up: every connection is a stream that runs briefly and then fails."""
+
+    def log_message(self, *args):
+        pass
+
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Type", "multipart/x-mixed-replace; boundary=frame")
+        self.end_headers()
+        _, jpg = cv2.imencode(".jpg", np.full((48, 64, 3), 200, np.uint8))
+        try:
+            for _ in range(20):
+                self.wfile.write(b"--frame\r\nContent-Type: image/jpeg\r\nContent-Length: "
+                                 + str(len(jpg)).encode() + b"\r\n\r\n" + jpg.tobytes()
+                                 + b"\r\n")
+                self.wfile.flush()
+                time.sleep(0.02)
+        except OSError:
+            pass
+
+
+@pytestmark_daemon
+def test_a_failing_camera_is_retried_while_the_other_sources_go_on(tmp_path):
+    """`edgerun serve` with an MJPEG camera that keeps hanging up (a real HTTP server) and a
+    synthetic conveyor: the camera's failures are events naming it and retried with backoff,
+    its frames (cropped to its ROI) are inspected between failures, and the conveyor's
+    results never stop; the health and events are ones the coordinator admits."""
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Camera)
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}/cam.mjpg"
+    sources = (f'[[sources]]\nname = "door"\nkind = "capture"\npath = "{url}"\nrate_hz = 20\n'
+               'roi = [0, 0, 0.5, 0.5]\nroi_units = "fraction"\nread_timeout_s = 2\n'
+               '[[sources]]\nname = "belt"\nkind = "synthetic"\nrate_hz = 10\nsize = 32\n')
+    cfg = write_config(tmp_path, tmp_path / "cache", source="kind = \"synthetic\"")
+    cfg.write_text(cfg.read_text().replace('[source]\nkind = "synthetic"\n', sources))
+    d = Serve(tmp_path, cfg)
+    try:
+        wait(lambda: len(events(d.outbox, "source_failed")) >= 3, 120, "three camera failures",
+             d)
+        n_belt = sum(r["source"] == "belt" for r in results(d.outbox))
+        time.sleep(1.5)
+        rs = results(d.outbox)
+        h = last_health(d.outbox)
+    finally:
+        assert d.stop() == 0
+        srv.shutdown()
+        srv.server_close()
+    failed = events(d.outbox, "source_failed")
+    assert {e["source"] for e in failed} == {"door"}
+    assert [e["retry_s"] for e in failed[:3]] == [0.5, 1.0, 2.0]  # the documented backoff
+    assert sum(r["source"] == "door" for r in rs) >= 10  # inspected between the failures
+    assert sum(r["source"] == "belt" for r in rs) >= n_belt + 8  # ~15 in 1.5 s at 10 Hz
+    assert h["pipeline"]["sources"]["door"]["source_errors"] >= 3
+    assert h["pipeline"]["sources"]["belt"]["state"] == "running"
+    assert h["pipeline"]["frames_bad"]["roi_outside"] == 0
+    assert "source door failed" in d.text()
