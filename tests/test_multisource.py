@@ -322,3 +322,38 @@ def test_a_failing_camera_is_retried_while_the_other_sources_go_on(tmp_path):
     assert h["pipeline"]["sources"]["belt"]["state"] == "running"
     assert h["pipeline"]["frames_bad"]["roi_outside"] == 0
     assert "source door failed" in d.text()
+
+
+@pytestmark_daemon
+def test_results_at_the_coordinator_name_their_source(tmp_path):
+    """Through Mosquitto to a coordinator: each stored result says which camera it is from
+    (the field is declared in the result schema; an undeclared one would be quarantined)."""
+    from runtime.coordinator.config import CoordinatorConfig
+    from runtime.coordinator.service import Coordinator
+    from runtime.telemetry.broker import Mosquitto
+
+    broker = Mosquitto(tmp_path).start()
+    coord = Coordinator(CoordinatorConfig(fleet="t", broker=broker.coordinator("t"),
+                                          store=str(tmp_path / "coord.db")))
+    coord.start()
+    d = None
+    try:
+        assert coord.connected.wait(10)
+        creds = broker.device("t", "box1")
+        extra = (f'[telemetry.broker]\nhost = "127.0.0.1"\nport = {broker.port}\n'
+                 f'username = "{creds.username}"\npassword_file = "{creds.password_file}"\n')
+        sources = ('[[sources]]\nname = "left"\nrate_hz = 10\nsize = 32\n'
+                   '[[sources]]\nname = "right"\nrate_hz = 10\nsize = 32\nseed = 1\n')
+        cfg = write_config(tmp_path, tmp_path / "cache", source="kind = \"synthetic\"",
+                           extra=extra)
+        cfg.write_text(cfg.read_text().replace('[source]\nkind = "synthetic"\n', sources))
+        d = Serve(tmp_path, cfg)
+        wait(lambda: coord.store.counts().get("box1", 0) >= 30, 120, "results stored", d)
+        stored = coord.store.results("box1", 0, 1000)
+    finally:
+        if d is not None:
+            assert d.stop() == 0
+        coord.stop()
+        broker.stop()
+    assert {r["source"] for r in stored} == {"left", "right"}
+    assert all(r["ref"].startswith("part-") for r in stored)
