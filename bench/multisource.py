@@ -32,18 +32,18 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from models import bundled  # noqa: E402
-from power.device import load_profile  # noqa: E402
-from power.sensors import detect_meter  # noqa: E402
-from runtime.backends import discover  # noqa: E402
-from runtime.config import from_dict  # noqa: E402
-from runtime.ladder import ladder_for  # noqa: E402
-from runtime.measure import measure_model  # noqa: E402
-from runtime.multisource import aggregate, lanes  # noqa: E402
-from runtime.pipeline import Active, Pipeline  # noqa: E402
-from runtime.selector import Constraints  # noqa: E402
-from runtime.sources import SourceConfig, SyntheticConveyor, open_source  # noqa: E402
-from runtime.telemetry.outbox import Outbox  # noqa: E402
+from models import bundled
+from power.device import load_profile
+from power.sensors import detect_meter
+from runtime.backends import discover
+from runtime.config import from_dict
+from runtime.ladder import ladder_for
+from runtime.measure import measure_model
+from runtime.multisource import aggregate, lanes
+from runtime.pipeline import Active, Pipeline
+from runtime.selector import Constraints
+from runtime.sources import SourceConfig, SyntheticConveyor, open_source
+from runtime.telemetry.outbox import Outbox
 
 
 def setup(tmp: Path, latency_ms: float):
