@@ -64,6 +64,31 @@ def shares(rates_hz: Sequence[float]) -> list[float]:
     return [r / total for r in rates_hz]
 
 
+class Pacer:
+    """A source's own rate in `[[sources]]`. A live source (camera, stream) keeps being read
+    (its buffer must not fill with ever older frames) and frames before their slot are
+    skipped; another kind waits for its slot (its frames are never skipped). Slots are
+    phase-locked (due += period) so a camera whose frames arrive just before their slot is
+    not halved: a frame within a quarter period of its slot takes it."""
+
+    def __init__(self, hz: float):
+        self.period = 1.0 / hz
+        self.due = -float("inf")
+
+    def ready(self, now: float) -> bool:
+        """A live frame arriving at `now` may be taken."""
+        return now >= self.due - self.period / 4
+
+    def wait_s(self, now: float) -> float:
+        """How long a non-live source waits before handing over its frame."""
+        return max(0.0, self.due - now)
+
+    def taken(self, now: float) -> None:
+        """A frame was handed over at `now`: the next slot."""
+        late = now - self.due >= self.period  # stalled (or first): start afresh from now
+        self.due = now + self.period if late else self.due + self.period
+
+
 @dataclass
 class Lane:
     """One source as the pipeline runs it: how to open it, its pace and ROI, its state and

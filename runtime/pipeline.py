@@ -45,7 +45,7 @@ import numpy as np
 from runtime.backends.base import Session
 from runtime.badframes import BadFrames
 from runtime.manifest import Manifest, postprocess
-from runtime.multisource import FairQueue, Lane
+from runtime.multisource import FairQueue, Lane, Pacer
 from runtime.results_local import LocalResults
 from runtime.roi import RoiError, crop, resolve
 from runtime.sources import BadFrame, Frame, Source, SourceEnded, SourceError
@@ -216,7 +216,7 @@ class Pipeline:
 
     def _capture(self, lane: Lane) -> None:
         delay, opened = 0.5, 0.0
-        next_t = 0.0  # the lane's own pace (several sources): when the next frame may come
+        pacer = Pacer(lane.pace_hz) if lane.pace_hz > 0 else None
         while not self._stop_capture.is_set():
             if self.rate_cap_hz <= 0:  # paused by the control loop: read nothing
                 self._stop_capture.wait(0.2)
@@ -252,6 +252,14 @@ class Pipeline:
                 continue
             if frame is None:
                 continue
+            if pacer is not None:  # its own rate_hz in [[sources]]
+                now = time.monotonic()
+                if lane.source.live and not pacer.ready(now):
+                    lane.counters["skipped_rate"] += 1  # read to keep the stream fresh
+                    continue
+                if not lane.source.live and self._stop_capture.wait(pacer.wait_s(now)):
+                    return  # stopping: the frame is not handed over (not marked done)
+                pacer.taken(time.monotonic())
             self.counters["frames"] += 1
             lane.counters["frames"] += 1
             frame.source = lane.name
@@ -268,11 +276,6 @@ class Pipeline:
             cap = self.rate_cap_hz * lane.share
             if 0 < cap < math.inf:
                 self._stop_capture.wait(1.0 / cap)
-            if lane.pace_hz > 0:
-                now = time.monotonic()
-                next_t = max(next_t + 1.0 / lane.pace_hz, now - 1.0 / lane.pace_hz)
-                if next_t > now:
-                    self._stop_capture.wait(next_t - now)
 
     def _crop(self, lane: Lane, frame: Frame) -> bool:
         """Cut the lane's region of interest out of the frame (before preprocessing). A frame

@@ -267,6 +267,8 @@ class _Camera(http.server.BaseHTTPRequestHandler):
     """An HTTP MJPEG camera that sends 20 frames (64x48, 20 ms apart) per connection and
     hangs up: every connection is a stream that runs briefly and then fails."""
 
+    frames = 20
+
     def log_message(self, *args):
         pass
 
@@ -276,7 +278,7 @@ class _Camera(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         _, jpg = cv2.imencode(".jpg", np.full((48, 64, 3), 200, np.uint8))
         try:
-            for _ in range(20):
+            for _ in range(self.frames):
                 self.wfile.write(b"--frame\r\nContent-Type: image/jpeg\r\nContent-Length: "
                                  + str(len(jpg)).encode() + b"\r\n\r\n" + jpg.tobytes()
                                  + b"\r\n")
@@ -357,3 +359,92 @@ def test_results_at_the_coordinator_name_their_source(tmp_path):
         broker.stop()
     assert {r["source"] for r in stored} == {"left", "right"}
     assert all(r["ref"].startswith("part-") for r in stored)
+
+
+def _session(tmp_path):
+    m = load_model(tiny_cnn(tmp_path / "tiny.onnx", hw=(32, 32)))
+    bcfg = BackendsConfig(enabled=("onnxruntime",), threads=(1,),
+                          onnxruntime=OnnxRuntimeConfig(spinning=(False,),
+                                                        include_default=False))
+    (backend,) = discover(bcfg)
+    v = backend.variants(model_files(m)[0], bcfg, (1,))[0]
+    return m, Active(0, v.id, backend.load(v), v.model.input_shape)
+
+
+def test_a_combined_rate_cap_is_shared_by_rate_and_other_kinds_are_paced(tmp_path):
+    """The control loop's cap is for the box: 8 Hz over a 10 Hz and a 30 Hz camera gives them
+    2 and 6 Hz. A folder source in [[sources]] is inspected at its own rate_hz."""
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    old = time.time() - 10
+    for i, s in enumerate(samples(seed=4, count=8)):
+        cv2.imwrite(str(inbox / f"f{i}.png"), s.image)
+    import os
+
+    for f in inbox.iterdir():
+        os.utime(f, (old, old))
+    m, active = _session(tmp_path)
+    cams = [SourceConfig(name="a", rate_hz=10, size=32), SourceConfig(name="b", rate_hz=30,
+                                                                      size=32, seed=1)]
+    out: list[dict] = []
+    p = Pipeline(lanes(cams, lambda c, i: open_source(c, tmp_path / "state")), m,
+                 lambda rs: out.extend(rs) or list(range(len(rs))), lambda e: None)
+    p.rate_cap_hz = 8.0
+    p.start(active)
+    try:
+        time.sleep(1.0)
+        n0 = {k: sum(r["source"] == k for r in out) for k in ("a", "b")}
+        time.sleep(4.0)
+        n1 = {k: sum(r["source"] == k for r in out) for k in ("a", "b")}
+    finally:
+        p.stop()
+    rate = {k: (n1[k] - n0[k]) / 4.0 for k in ("a", "b")}
+    assert 1.2 <= rate["a"] <= 2.8 and 4.5 <= rate["b"] <= 7.0, rate  # 2 and 6 Hz
+    m, active = _session(tmp_path)
+    files = [SourceConfig(name="files", kind="folder", path=str(inbox), rate_hz=5)]
+    got: list[tuple[float, str]] = []
+    p = Pipeline(lanes(files, lambda c, i: open_source(c, tmp_path / "state")), m,
+                 lambda rs: got.extend((time.monotonic(), r["ref"]) for r in rs)
+                 or list(range(len(rs))), lambda e: None)
+    p.start(active)
+    try:
+        deadline = time.monotonic() + 20
+        while len(got) < 8 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        p.stop()
+    assert sorted(ref for _, ref in got) == [f"f{i}.png" for i in range(8)]
+    assert got[-1][0] - got[0][0] >= 7 / 5 * 0.8  # 8 files at 5 Hz: ~1.4 s, not at once
+
+
+class _LongCamera(_Camera):
+    frames = 150  # 3 s at 50 fps
+
+
+def test_a_camera_faster_than_its_rate_is_read_fresh_and_inspected_at_its_rate(tmp_path):
+    """A 50 fps camera inspected at 10 Hz: every frame is read (the stream's buffer must not
+    fill with ever older frames) and one in five is handed over; the others are counted as
+    `skipped_rate`, not as dropped or bad."""
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _LongCamera)
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}/cam.mjpg"
+    m, active = _session(tmp_path)
+    cams = [SourceConfig(name="door", kind="capture", path=url, rate_hz=10)]
+    out: list[dict] = []
+    p = Pipeline(lanes(cams, lambda c, i: open_source(c, tmp_path / "state")), m,
+                 lambda rs: out.extend(rs) or list(range(len(rs))), lambda e: None)
+    p.start(active)
+    try:
+        deadline = time.monotonic() + 20
+        while p.stats()["sources"]["door"].get("source_errors", 0) == 0 \
+                and time.monotonic() < deadline:  # until the camera hangs up, ~3 s
+            time.sleep(0.05)
+        stats = p.stats()["sources"]["door"]
+    finally:
+        p.stop()
+        srv.shutdown()
+        srv.server_close()
+    assert 20 <= stats["frames"] <= 40, stats  # ~3 s at 10 Hz
+    assert stats["frames"] + stats["skipped_rate"] >= 140, stats  # every frame was read
+    assert stats.get("dropped_stale", 0) <= 2 and len(out) == stats["results"]
