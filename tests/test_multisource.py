@@ -219,9 +219,12 @@ def test_serve_with_four_sources_keeps_each_streams_p95_within_target(tmp_path):
                     by.setdefault(r["source"], []).append(r["e2e_ms"])
             return by
 
-        wait(lambda: len(steady()) == 4 and min(map(len, steady().values())) >= 40, 60,
-             "40 steady-state results from each camera", d)
+        # one read at the end: polling the outbox (parsing every result) every 50 ms would
+        # compete with the daemon for the two cores and show up in its latencies
+        time.sleep(6.0)
         by = steady()
+        assert len(by) == 4 and min(map(len, by.values())) >= 40, {k: len(v) for k, v in
+                                                                  by.items()}
         h = last_health(d.outbox)
     finally:
         assert d.stop() == 0
