@@ -385,7 +385,9 @@ class FolderSource:
 
 _FFMPEG_OPTIONS = "OPENCV_FFMPEG_CAPTURE_OPTIONS"
 _FFMPEG_LEVEL = "OPENCV_FFMPEG_LOGLEVEL"
-_env_lock = threading.Lock()  # the capture options travel in the environment: one open at a time
+# The capture options travel in the environment, read by FFmpeg during the open: one open
+# at a time (OpenCV itself serialises FFmpeg opens in a process, with a lock of its own).
+_env_lock = threading.Lock()
 _quieted = False
 
 
