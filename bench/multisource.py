@@ -120,8 +120,10 @@ def main() -> int:
               f"{device.power.active_w_per_core:g} W per busy core)")
         # The synthetic parts are rendered once per process: wait for them so rendering
         # (the simulated cameras' cost, not the inspection's) is not in any window.
-        warm = SyntheticConveyor(SourceConfig(seed=0))
-        warm.pool.ready.wait(600)
+        warm = SyntheticConveyor(SourceConfig(seed=0, rate_hz=0))
+        while not warm.pool.ready.is_set():  # one part is rendered per part drawn
+            warm.read(0.1)
+            time.sleep(0.005)
         rows: dict[int, list[dict]] = {n: [] for n in counts}
         for r in range(a.runs):
             order = counts[r % len(counts):] + counts[:r % len(counts)]

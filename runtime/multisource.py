@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 UTILISATION_MAX = 0.8  # the share of the inference thread's time frames may fill
+MAX_SOURCES = 64  # health's pipeline.sources holds at most this many (payloads._HEALTH)
 
 
 def aggregate(latency_ms: float, rates_hz: Sequence[float]) -> tuple[float, str]:
@@ -183,6 +184,9 @@ def check_sources(sources: Sequence[Any], single_given: bool) -> tuple[str, str]
         return None
     if single_given:
         return "sources", "give either one [source] or several [[sources]], not both"
+    if len(sources) > MAX_SOURCES:
+        return "sources", (f"at most {MAX_SOURCES} sources per daemon (health reports each), "
+                           f"got {len(sources)}")
     names = [s.name for s in sources]
     for i, s in enumerate(sources):
         if not s.name:

@@ -146,8 +146,10 @@ class _PartPool:
 
     Rendering one part costs ~20 ms of CPU (~80 ms wall on a loaded two-core box), more than
     a fast line or several cameras allow, and it is the simulated camera's cost, not the
-    inspection's: so the first part is rendered at once, the rest of the `size` parts in the
-    background while sources already draw from what exists."""
+    inspection's: so the first part is rendered at once, the rest of the `n` parts in the
+    background while sources already draw from what exists. One part is rendered per frame
+    drawn (`drawn`), as the sources used to render their own: the CPU spent is the same,
+    only no frame waits for it."""
 
     _pools: ClassVar[dict[tuple, _PartPool]] = {}
     _lock = threading.Lock()
@@ -163,6 +165,7 @@ class _PartPool:
         self._users = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._credits = threading.Semaphore(0)  # frames drawn, not yet matched by a render
 
     @classmethod
     def acquire(cls, seed: int, size: int, defect_rate: float, n: int) -> _PartPool:
@@ -207,9 +210,15 @@ class _PartPool:
         label = int(self._rng.integers(1, len(self.classes))) if defect else 0
         return self._render(self._rng, label, self._size), self.classes[label]
 
+    def drawn(self) -> None:
+        """A source drew a part: one more may be rendered."""
+        if not self.ready.is_set():
+            self._credits.release()
+
     def _fill(self) -> None:
         while len(self.parts) < self._n and not self._stop.is_set():
-            self.parts.append(self._one())  # list.append is atomic; readers see a prefix
+            if self._credits.acquire(timeout=0.2):
+                self.parts.append(self._one())  # list.append is atomic; readers see a prefix
         if len(self.parts) >= self._n:
             self.ready.set()
 
@@ -248,6 +257,7 @@ class SyntheticConveyor:
         self._n += 1
         parts = self.pool.parts
         img, truth = parts[int(self._rng.integers(len(parts)))]
+        self.pool.drawn()
         return Frame(img.copy(), f"part-{self._n}", truth=truth)
 
     def done(self, frames: list[Frame]) -> None:

@@ -119,6 +119,7 @@ def test_a_full_non_live_lane_blocks_its_own_producer_until_there_is_room():
     ({"sources": [{"name": "a", "rate_hz": 0}]}, "a: rate_hz must be > 0"),
     ({"source": {"rate_hz": 5}, "sources": [{"name": "a"}]}, "either one [source] or"),
     ({"sources": [{"name": "a", "roi": [0, 0, 200, 10]}]}, "outside the 96x96 frame"),
+    ({"sources": [{"name": f"c{i}"} for i in range(65)]}, "at most 64 sources per daemon"),
 ])
 def test_bad_sources_lists_are_refused_naming_the_key(data, expected):
     with pytest.raises(ConfigError, match=r"key 'sources") as e:
