@@ -463,3 +463,12 @@ def test_a_camera_faster_than_its_rate_is_read_fresh_and_inspected_at_its_rate(t
     assert 20 <= stats["frames"] <= 40, stats  # ~3 s at 10 Hz
     assert stats["frames"] + stats["skipped_rate"] >= 140, stats  # every frame was read
     assert stats.get("dropped_stale", 0) <= 2 and len(out) == stats["results"]
+
+
+def test_printed_results_say_which_camera():
+    from runtime.results_local import print_line
+
+    r = {"t": 1.7e9, "ref": "part-12", "label": "ok", "score": 0.9, "variant": "v", "rung": 1}
+    assert print_line({**r, "source": "line1-top"}).split()[1] == "line1-top/part-12"
+    assert print_line({**r, "source": "main"}).split()[1] == "part-12"  # one unnamed source
+    assert len(print_line({**r, "source": "line1-top"}).split()) == 7  # the six fields
