@@ -198,12 +198,19 @@ class Config:
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     coordinator: CoordinatorConfig = field(default_factory=CoordinatorConfig)
     source: SourceConfig = field(default_factory=SourceConfig)
+    # several cameras on one box: [[sources]] tables replace [source] (runtime/multisource.py)
+    sources: tuple[SourceConfig, ...] = ()
     governor: GovernorSection = field(default_factory=GovernorSection)
     simulator: SimulatorConfig = field(default_factory=SimulatorConfig)
     daemon: DaemonConfig = field(default_factory=DaemonConfig)
     results: ResultsConfig = field(default_factory=ResultsConfig)  # print, JSONL, snapshots
     local_api: LocalApiConfig = field(default_factory=LocalApiConfig)
     homeassistant: HomeAssistantConfig = field(default_factory=HomeAssistantConfig)
+
+    def validate(self) -> tuple[str, str] | None:
+        from runtime.multisource import check_sources
+
+        return check_sources(self.sources, self.source != SourceConfig())
 
 
 def load(path: str | Path | None) -> Config:

@@ -40,6 +40,7 @@ from runtime.health_history import HealthHistory
 from runtime.ladder import Rung, ladder_for, on_device
 from runtime.local_api import LocalApi, start_local_api
 from runtime.measure import Measured, measure_model
+from runtime.multisource import aggregate, lanes, planned_rate, single
 from runtime.pipeline import Active, Pipeline
 from runtime.results_local import LocalResults
 from runtime.selector import Constraints, NoVariantError
@@ -193,10 +194,9 @@ class Daemon:
         if cfg.results.enabled:
             self.local = LocalResults(cfg.results, self._pipeline_event)
             self.local.start()
-        self.pipeline = Pipeline(lambda: open_source(cfg.source, self.state_dir,
-                                                     cfg.telemetry.broker, self.device_id),
-                                 self.manifest, self.outbox.append_many, self._pipeline_event,
-                                 cfg.daemon.queue_size, self._preprocess_chooser(), self.local)
+        self.pipeline = Pipeline(self._lanes(), self.manifest, self.outbox.append_many,
+                                 self._pipeline_event, cfg.daemon.queue_size,
+                                 self._preprocess_chooser(), self.local)
         self.pipeline.latency_target_ms = cfg.constraints.latency_ms
         self.current = len(self.rungs) - 1
         self.pipeline.start(self._session(self.current))
@@ -356,15 +356,31 @@ class Daemon:
         self.preprocess = PreprocessChooser(pre, self.meter, self.idle_w, factory, name)
         return self.preprocess
 
+    def _lanes(self) -> list:
+        """The pipeline's sources: one `[source]`, or each of `[[sources]]` (a trigger gets a
+        client id of its own so two do not take over each other's session)."""
+        cfg = self.cfg
+        if not cfg.sources:
+            return single(cfg.source, lambda: open_source(
+                cfg.source, self.state_dir, cfg.telemetry.broker, self.device_id))
+        return lanes(cfg.sources, lambda s, i: open_source(
+            s, self.state_dir, cfg.telemetry.broker, f"{self.device_id}-{s.name}"))
+
     def _constraints(self) -> Constraints:
+        """The selector's constraints; with several sources the per-inference latency target
+        that holds each stream's at their combined rate (runtime.multisource.aggregate)."""
         c = self.cfg.constraints
-        return Constraints(latency_ms=c.latency_ms, percentile=c.percentile,
+        latency, _ = aggregate(c.latency_ms, [s.rate_hz for s in self.cfg.sources])
+        return Constraints(latency_ms=latency, percentile=c.percentile,
                            accuracy_floor=c.accuracy_floor)
 
     def _build_ladder(self) -> None:
         """Rungs from the profiles (scaled to the simulated device when simulating, kept
         current from the running pipeline otherwise) and the control settings for them."""
         rungs, self.choice_reason = ladder_for(self.profiles, self._constraints())
+        if why := aggregate(self.cfg.constraints.latency_ms,
+                            [s.rate_hz for s in self.cfg.sources])[1]:
+            self.choice_reason += f"; {why}"
         self.by_id = {p.variant_id: p for p in self.profiles}
         if self.sim:
             # The simulated device is not this host: each rung's power there is its CPU time
@@ -391,7 +407,9 @@ class Daemon:
             ecfg = energy_mod.EnergyConfig(b.capacity_wh, self.device.power.idle_w, math.inf,
                                            b.reserve_frac, b.charge_efficiency)
         self.ccfg = control.ControlConfig(
-            governor=gcfg, energy=ecfg, rate_hz=g.rate_hz or self.rungs[-1].max_rate_hz(),
+            governor=gcfg, energy=ecfg,
+            # several sources: rung powers at their combined rate, so budgets are the box's
+            rate_hz=planned_rate(self.cfg.sources, g.rate_hz) or self.rungs[-1].max_rate_hz(),
             min_rate_hz=g.min_rate_hz,
             hold_invalid_s=g.hold_invalid_s, dwell_s=g.dwell_s,
             r_total_k_per_w=(th.model.r_die_case + th.model.r_case_amb) if th else None)
@@ -651,9 +669,9 @@ class Daemon:
         old = self.cfg
         try:
             new = load(self.config_path)
-            restart = [k for k in ("device", "model", "source", "telemetry", "simulator",
-                                   "daemon", "backends", "profiler", "results", "local_api",
-                                   "homeassistant")
+            restart = [k for k in ("device", "model", "source", "sources", "telemetry",
+                                   "simulator", "daemon", "backends", "profiler", "results",
+                                   "local_api", "homeassistant")
                        if getattr(new, k) != getattr(old, k)]
             self._set_constraints(new.constraints, "config reloaded", new.governor)
         except Exception as e:  # ConfigError, NoVariantError (as ValueError), or anything else

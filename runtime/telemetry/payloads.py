@@ -67,7 +67,15 @@ _HEALTH = _obj({
                       "frames_bad": _obj({}, extra=_COUNT),
                       # results per label since start (at most 256 labels + "_other")
                       "labels": {**_obj({}, extra=_COUNT), "maxProperties": 257,
-                                 "propertyNames": {"maxLength": 256}}},
+                                 "propertyNames": {"maxLength": 256}},
+                      # per source (runtime/multisource.py): name -> state, rate, e2e p95,
+                      # frames waiting, and its counters
+                      "sources": {"type": "object", "maxProperties": 64,
+                                  "propertyNames": _ID, "additionalProperties": _obj(
+                                      {"state": {"enum": ["opening", "running", "failed",
+                                                          "ended"]},
+                                       "rate_hz": _NUM, "e2e_p95_ms": _NUM_OR_NULL,
+                                       "backlog": _COUNT}, extra=_COUNT)}},
                      extra=_COUNT),  # the pipeline's counters (frames, results, inline...)
     "slo": _obj({"target_ms": _NUM_OR_NULL, "compliance": _NUM_OR_NULL}),
     "backlog": _obj({"results_held": _COUNT, "bytes": _COUNT, "oldest_seq": _COUNT_OR_NULL,
@@ -109,6 +117,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                 "items": {
                     "type": "object", "required": ["seq", "t"],
                     "properties": {"seq": _SEQ, "t": _T, "boot": _ID,
+                                   "source": _ID,  # the [source]/[[sources]] name
                                    "variant": _SHORT, "rung": {"type": "integer"},
                                    "label": _SHORT, "score": _NUM},
                 },
