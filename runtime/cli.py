@@ -129,8 +129,11 @@ def cmd_check(args: argparse.Namespace) -> int:
     governor is on and no temperature sensor is found."""
     from runtime import config as config_mod
 
+    from runtime.sources import redact
+
     cfg = config_mod.load(args.config)
-    print(json.dumps(to_dict(cfg), indent=2))
+    # stream URLs may carry a camera's password: the printed config is for screens and tickets
+    print(redact(json.dumps(to_dict(cfg), indent=2)))
     bad = [what for what, rc in (("model", _check_model(cfg)), ("sensors", _check_sensors(cfg)))
            if rc]
     print(f"{args.config}: " + (f"config ok, {' and '.join(bad)} NOT ok" if bad else "ok"),

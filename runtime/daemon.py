@@ -458,9 +458,14 @@ class Daemon:
         return self.rungs[min(self.current, len(self.rungs) - 1)], self.offered_rate_hz()
 
     def load_w(self) -> float:
-        """Dynamic power of the inference load: the running rung at the rate it is offered."""
+        """Dynamic power of the inference load: the running rung at the rate it runs. A
+        simulated device reports the offered rate, which is what its plant heats with; a real
+        one the rate achieved over the last 30 s (a source slower than the plan, or a pause,
+        draws less than the plan)."""
         rung, rate = self._sim_load()
-        return rung.power_w(rate) if rung is not None else 0.0
+        if rung is None:
+            return 0.0
+        return rung.power_w(rate if self.sim else self.pipeline.rate_hz())
 
     def _birth(self) -> dict[str, Any]:
         a = self.pipeline.active
