@@ -19,8 +19,9 @@ from runtime.images import KINDS
 
 log = logging.getLogger("edgerun.pipeline")
 
-# Image kinds (runtime/images.py) plus frames that decoded but could not be preprocessed.
-FRAME_KINDS = (*KINDS, "preprocess_failed")
+# Image kinds (runtime/images.py) plus frames that decoded but could not be preprocessed, and
+# frames the source's region of interest does not fit (runtime/roi.py).
+FRAME_KINDS = (*KINDS, "preprocess_failed", "roi_outside")
 
 
 class BadFrames:

@@ -129,8 +129,11 @@ def cmd_check(args: argparse.Namespace) -> int:
     governor is on and no temperature sensor is found."""
     from runtime import config as config_mod
 
+    from runtime.sources import redact
+
     cfg = config_mod.load(args.config)
-    print(json.dumps(to_dict(cfg), indent=2))
+    # stream URLs may carry a camera's password: the printed config is for screens and tickets
+    print(redact(json.dumps(to_dict(cfg), indent=2)))
     bad = [what for what, rc in (("model", _check_model(cfg)), ("sensors", _check_sensors(cfg)))
            if rc]
     print(f"{args.config}: " + (f"config ok, {' and '.join(bad)} NOT ok" if bad else "ok"),
@@ -287,8 +290,12 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
     if not cfg.broker.host:
         print("edgerun: coordinator.broker.host is not set", file=sys.stderr)
         return 2
+    from runtime.coordinator.webhooks import SecretError
+
     try:
         coordinator = Coordinator(cfg)
+    except SecretError as e:
+        raise ConfigError(f"coordinator.webhook_secret_file: {e}") from e
     except ValueError as e:  # an unreadable signing key
         raise ConfigError(f"coordinator.signing_key: {e}") from e
     from runtime.coordinator.api import ensure_token, token_path
@@ -299,8 +306,8 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
         raise ConfigError(f"coordinator.api_token_file: {e}") from e
     coordinator.start()
     server = serve(coordinator, cfg.http_host, cfg.http_port, token=token)
-    logging.getLogger("edgerun").info("coordinator API on http://%s:%d/api/v1/fleet and "
-                                      "Prometheus /metrics (token: %s)",
+    logging.getLogger("edgerun").info("coordinator API on http://%s:%d/api/v1/fleet, "
+                                      "dashboard on / and Prometheus /metrics (token: %s)",
                                       *server.server_address[:2], token_path(cfg))
     # The handler only sets a flag: Event.set() in a handler can deadlock against the main
     # thread's own Event.wait (both take the same lock).
@@ -363,7 +370,7 @@ def cmd_enroll(args: argparse.Namespace) -> int:
                 return 2
             done = enroll_device(args.fleet, args.name, args.broker_dir, args.out,
                                  args.device_keys, args.host, args.port, args.install_dir,
-                                 args.command_key, tuple(args.read))
+                                 args.command_key, tuple(args.read), args.homeassistant)
     except (ValueError, OSError) as e:
         print(f"edgerun fleet enroll: {e}", file=sys.stderr)
         return 2
@@ -373,6 +380,15 @@ def cmd_enroll(args: argparse.Namespace) -> int:
     print(f"\n{done.config}\nnext: {RELOAD_HINT}; copy the files in {args.out} to the "
           + args.role + " (keep the secrets there 0600)")
     return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """Render one device's timeline (temperature and trips, rung, rate, latency, energy,
+    battery) to PNG and optionally HTML, from the coordinator or the device's own state
+    (docs/report.md). Needs matplotlib: pip install 'edgerun[report]'."""
+    from runtime.day_report import command
+
+    return command(args)
 
 
 def cmd_schemas(args: argparse.Namespace) -> int:
@@ -558,6 +574,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the coordinator's command-signing public key (trusted_keys)")
     fe.add_argument("--read", action="append", default=[], metavar="TOPIC",
                     help="extra topic the device may receive (an MQTT trigger topic)")
+    fe.add_argument("--homeassistant", nargs="?", const="homeassistant", default="",
+                    metavar="PREFIX", help="(device) allow publishing Home Assistant discovery "
+                    "configs under PREFIX (default homeassistant; docs/homeassistant.md)")
     fe.add_argument("--write", action="append", default=[], metavar="TOPIC",
                     help="(--role client) topic it may publish")
     fr = fsub.add_parser("revoke", help="remove a device's (or coordinator's) broker user",
@@ -568,6 +587,28 @@ def build_parser() -> argparse.ArgumentParser:
     fr.add_argument("--role", choices=("device", "coordinator", "client"), default="device")
     fr.add_argument("--broker-dir", type=Path, required=True)
     fl.set_defaults(func=cmd_fleet)
+
+    rp = sub.add_parser("report", help="one device's day as PNG (and HTML): temperature, "
+                        "rung, rate, latency, energy, battery", description=cmd_report.__doc__,
+                        parents=[common])
+    rp.add_argument("device", nargs="?", help="device id (default with --local: this box's)")
+    rp.add_argument("--local", action="store_true", help="from this box's own state directory "
+                    "(health-history.jsonl) instead of the coordinator")
+    rp.add_argument("--state-dir", type=Path, help="(--local) the daemon's state_dir "
+                    "(default: from --config)")
+    rp.add_argument("--config", type=Path, help="the coordinator's config (API address and "
+                    "token), or with --local the device's config (state_dir, device id)")
+    rp.add_argument("--api", help="coordinator API base URL (default: from --config, else "
+                    "http://127.0.0.1:8787)")
+    rp.add_argument("--token-file", type=Path, help="the coordinator's API token file")
+    rp.add_argument("--since", default="24h", help="start: 24h, 90m, 2d, epoch seconds or "
+                    "ISO time (default 24h)")
+    rp.add_argument("--until", help="end (default now), same forms as --since")
+    rp.add_argument("--out", type=Path, help="PNG file (default DEVICE-report.png)")
+    rp.add_argument("--html", type=Path, help="also write an HTML page (PNG embedded, a row "
+                    "per hour)")
+    rp.add_argument("--utc", action="store_true", help="times in UTC (default: local time)")
+    rp.set_defaults(func=cmd_report)
 
     sc = sub.add_parser("schemas", help="print the MQTT payload JSON Schemas",
                         description=cmd_schemas.__doc__,

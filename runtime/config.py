@@ -16,6 +16,7 @@ from runtime.results_local import ResultsConfig
 from runtime.schema import ConfigError, build, load_toml
 from runtime.sources import SourceConfig
 from runtime.telemetry.config import TelemetryConfig
+from runtime.telemetry.homeassistant import HomeAssistantConfig
 
 ENGINES = ("onnxruntime", "openvino", "opencv", "opencl")
 
@@ -224,12 +225,20 @@ class Config:
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     coordinator: CoordinatorConfig = field(default_factory=CoordinatorConfig)
     source: SourceConfig = field(default_factory=SourceConfig)
+    # several cameras on one box: [[sources]] tables replace [source] (runtime/multisource.py)
+    sources: tuple[SourceConfig, ...] = ()
     governor: GovernorSection = field(default_factory=GovernorSection)
     simulator: SimulatorConfig = field(default_factory=SimulatorConfig)
     daemon: DaemonConfig = field(default_factory=DaemonConfig)
     results: ResultsConfig = field(default_factory=ResultsConfig)  # print, JSONL, snapshots
     local_api: LocalApiConfig = field(default_factory=LocalApiConfig)
     sleep: SleepConfig = field(default_factory=SleepConfig)  # duty cycling (docs/sleep.md)
+    homeassistant: HomeAssistantConfig = field(default_factory=HomeAssistantConfig)
+
+    def validate(self) -> tuple[str, str] | None:
+        from runtime.multisource import check_sources
+
+        return check_sources(self.sources, self.source != SourceConfig())
 
 
 def load(path: str | Path | None) -> Config:

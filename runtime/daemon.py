@@ -36,9 +36,11 @@ from runtime import __version__, control_store
 from runtime.backends import discover
 from runtime.config import Config, ConfigError, load
 from runtime.health import health
+from runtime.health_history import HealthHistory
 from runtime.ladder import Rung, ladder_for, on_device
 from runtime.local_api import LocalApi, start_local_api
 from runtime.measure import Measured, measure_model
+from runtime.multisource import aggregate, lanes, planned_rate, single
 from runtime.pipeline import Active, Pipeline
 from runtime.results_local import LocalResults
 from runtime.selector import Constraints, NoVariantError
@@ -46,6 +48,7 @@ from runtime.sources import open_source
 from runtime.systemd import Notifier
 from runtime.telemetry.client import Publisher, device_id
 from runtime.telemetry.commands import Command
+from runtime.telemetry.homeassistant import DeviceInfo, Discovery
 from runtime.telemetry.outbox import Outbox
 
 log = logging.getLogger("edgerun.daemon")
@@ -133,6 +136,7 @@ class Daemon:
         self._native_cpu = 0.0
         self._saved_slot: int | None = None
         self._control_file = self.state_dir / "control.json"
+        self.history = HealthHistory(self.state_dir)  # for `edgerun report` when offline
         # -- background profiling --
         self._reprofiling = threading.Lock()
         self._installs: queue.Queue = queue.Queue()
@@ -175,10 +179,12 @@ class Daemon:
             cfg.local_api.stall_s), self.device_id)  # up during profiling: 503 until it runs
         if cfg.telemetry.broker.host:  # made now so a bad key file fails before profiling
             try:
+                ha = Discovery(cfg.homeassistant, cfg.telemetry.fleet, self.device_id,
+                               self.state_dir, self._ha_info, cfg.telemetry.result_per_message)
                 self.publisher = Publisher(cfg.telemetry, self.outbox, self._birth,
-                                           state_dir=self.state_dir, session_expiry_s=(
-                                               cfg.sleep.session_expiry_s if cfg.sleep.enabled
-                                               else 0))
+                                           state_dir=self.state_dir, homeassistant=ha,
+                                           session_expiry_s=(cfg.sleep.session_expiry_s
+                                                             if cfg.sleep.enabled else 0))
             except ValueError as e:  # an unreadable trusted key or device key file
                 raise ConfigError(str(e)) from e
         model_path = Path(cfg.model.path) if cfg.model.path else _bundled_model()
@@ -191,10 +197,9 @@ class Daemon:
         if cfg.results.enabled:
             self.local = LocalResults(cfg.results, self._pipeline_event)
             self.local.start()
-        self.pipeline = Pipeline(lambda: open_source(cfg.source, self.state_dir,
-                                                     cfg.telemetry.broker, self.device_id),
-                                 self.manifest, self.outbox.append_many, self._pipeline_event,
-                                 cfg.daemon.queue_size, self._preprocess_chooser(), self.local)
+        self.pipeline = Pipeline(self._lanes(), self.manifest, self.outbox.append_many,
+                                 self._pipeline_event, cfg.daemon.queue_size,
+                                 self._preprocess_chooser(), self.local)
         self.pipeline.latency_target_ms = cfg.constraints.latency_ms
         self.current = len(self.rungs) - 1
         self.pipeline.start(self._session(self.current))
@@ -209,6 +214,9 @@ class Daemon:
             self.publisher.start()
         else:
             log.info("no telemetry.broker.host: results are kept in the outbox only")
+            if cfg.homeassistant.enabled or cfg.telemetry.result_per_message:
+                log.warning("homeassistant.enabled / telemetry.result_per_message need a broker "
+                            "(telemetry.broker.host); nothing is published")
         self.notify.ready(self.status_line())
         log.info("ready in %.2f s: %s", time.monotonic() - self.started, self.status_line())
 
@@ -354,15 +362,31 @@ class Daemon:
         self.preprocess = PreprocessChooser(pre, self.meter, self.idle_w, factory, name)
         return self.preprocess
 
+    def _lanes(self) -> list:
+        """The pipeline's sources: one `[source]`, or each of `[[sources]]` (a trigger gets a
+        client id of its own so two do not take over each other's session)."""
+        cfg = self.cfg
+        if not cfg.sources:
+            return single(cfg.source, lambda: open_source(
+                cfg.source, self.state_dir, cfg.telemetry.broker, self.device_id))
+        return lanes(cfg.sources, lambda s, i: open_source(
+            s, self.state_dir, cfg.telemetry.broker, f"{self.device_id}-{s.name}"))
+
     def _constraints(self) -> Constraints:
+        """The selector's constraints; with several sources the per-inference latency target
+        that holds each stream's at their combined rate (runtime.multisource.aggregate)."""
         c = self.cfg.constraints
-        return Constraints(latency_ms=c.latency_ms, percentile=c.percentile,
+        latency, _ = aggregate(c.latency_ms, [s.rate_hz for s in self.cfg.sources])
+        return Constraints(latency_ms=latency, percentile=c.percentile,
                            accuracy_floor=c.accuracy_floor)
 
     def _build_ladder(self) -> None:
         """Rungs from the profiles (scaled to the simulated device when simulating, kept
         current from the running pipeline otherwise) and the control settings for them."""
         rungs, self.choice_reason = ladder_for(self.profiles, self._constraints())
+        if why := aggregate(self.cfg.constraints.latency_ms,
+                            [s.rate_hz for s in self.cfg.sources])[1]:
+            self.choice_reason += f"; {why}"
         self.by_id = {p.variant_id: p for p in self.profiles}
         if self.sim:
             # The simulated device is not this host: each rung's power there is its CPU time
@@ -389,7 +413,9 @@ class Daemon:
             ecfg = energy_mod.EnergyConfig(b.capacity_wh, self.device.power.idle_w, math.inf,
                                            b.reserve_frac, b.charge_efficiency)
         self.ccfg = control.ControlConfig(
-            governor=gcfg, energy=ecfg, rate_hz=g.rate_hz or self.rungs[-1].max_rate_hz(),
+            governor=gcfg, energy=ecfg,
+            # several sources: rung powers at their combined rate, so budgets are the box's
+            rate_hz=planned_rate(self.cfg.sources, g.rate_hz) or self.rungs[-1].max_rate_hz(),
             min_rate_hz=g.min_rate_hz,
             hold_invalid_s=g.hold_invalid_s, dwell_s=g.dwell_s,
             r_total_k_per_w=(th.model.r_die_case + th.model.r_case_amb) if th else None)
@@ -438,14 +464,25 @@ class Daemon:
         return self.rungs[min(self.current, len(self.rungs) - 1)], self.offered_rate_hz()
 
     def load_w(self) -> float:
-        """Dynamic power of the inference load: the running rung at the rate it is offered."""
+        """Dynamic power of the inference load: the running rung at the rate it runs. A
+        simulated device reports the offered rate, which is what its plant heats with; a real
+        one the rate achieved over the last 30 s (a source slower than the plan, or a pause,
+        draws less than the plan)."""
         rung, rate = self._sim_load()
-        return rung.power_w(rate) if rung is not None else 0.0
+        if rung is None:
+            return 0.0
+        return rung.power_w(rate if self.sim else self.pipeline.rate_hz())
 
     def _birth(self) -> dict[str, Any]:
         a = self.pipeline.active
         return {"versions": versions(), "model": self.manifest.name,
                 "choice": a.variant_id if a else ""}
+
+    def _ha_info(self) -> DeviceInfo:
+        """What Home Assistant's entities describe (called on the MQTT thread)."""
+        return DeviceInfo(labels=self.manifest.labels if self.manifest else (),
+                          model=self.device.name, sw_version=__version__,
+                          battery=bool(self.device.sensors.battery or self.device.battery))
 
     def status_line(self) -> str:
         """One line for systemd STATUS= and the log."""
@@ -645,9 +682,9 @@ class Daemon:
         old = self.cfg
         try:
             new = load(self.config_path)
-            restart = [k for k in ("device", "model", "source", "telemetry", "simulator",
-                                   "daemon", "backends", "profiler", "results", "local_api",
-                                   "sleep")
+            restart = [k for k in ("device", "model", "source", "sources", "telemetry",
+                                   "simulator", "daemon", "backends", "profiler", "results",
+                                   "local_api", "homeassistant", "sleep")
                        if getattr(new, k) != getattr(old, k)]
             self._set_constraints(new.constraints, "config reloaded", new.governor)
         except Exception as e:  # ConfigError, NoVariantError (as ValueError), or anything else
@@ -705,7 +742,9 @@ class Daemon:
                     self.event("control_failed", "critical", error=str(e)[:300])
             if now >= next_health:
                 next_health = now + self.cfg.telemetry.health_interval_s
-                self.outbox.put("health", self.health())
+                h = self.health()
+                self.outbox.put("health", h)
+                self.history.append(h, self.trips)
             wd = self.notify.watchdog_s
             if wd and now - last_beat >= wd / 4 and self.pipeline.alive(wd / 2):
                 self.notify.watchdog()  # only while the infer loop is alive

@@ -1,7 +1,8 @@
 """`edgerun demo`: broker + coordinator + daemon on the bundled model, with a live view.
 
 Everything a new user needs, started by one command: a local MQTT broker (Mosquitto when it
-is installed, otherwise the pure-Python amqtt broker), the coordinator (in this process), and
+is installed, otherwise the pure-Python amqtt broker of the `[demo]` extra), the coordinator
+(in this process), and
 `edgerun serve` as a child process running the bundled inspection model on the synthetic
 conveyor, on a simulated Raspberry Pi 5 in a cabinet that gets the midday sun (time accelerated).
 The live view prints one line per second from what the coordinator received; watch the rung
@@ -14,6 +15,7 @@ import contextlib
 import json
 import logging
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -25,7 +27,7 @@ from models import bundled
 from runtime.coordinator.config import CoordinatorConfig
 from runtime.coordinator.service import Coordinator
 from runtime.simloop import REFERENCE_BACKENDS
-from runtime.telemetry.broker import Mosquitto, free_port, wait_port
+from runtime.telemetry.broker import Mosquitto, free_port, mosquitto_path, wait_port
 from runtime.telemetry.brokerauth import (
     DEVICE_PUBLISHES,
     DEVICE_SUBSCRIBES,
@@ -93,6 +95,15 @@ path = "{state}/outbox.db"
 """
 
 
+# One line an operator can act on, when neither broker is there (amqtt is the `[demo]` extra:
+# a fleet device has no use for it, and it pulls in typer, rich and pydantic).
+MISSING_BROKER = ("edgerun demo needs an MQTT broker and found none: install Mosquitto "
+                  "(sudo apt install mosquitto) or the demo extra (pip install 'edgerun[demo]'; "
+                  "from a checkout: pip install '.[demo]')")
+_AMQTT_MAIN = ("import sys; from amqtt.scripts.broker_script import main; "
+               "sys.argv[0] = 'amqtt'; sys.exit(main())")
+
+
 class EmbeddedBroker:
     """amqtt in a child process, for machines without Mosquitto (pure pip install).
 
@@ -138,10 +149,8 @@ class EmbeddedBroker:
 
     def start(self) -> EmbeddedBroker:
         """Write the config and password file, start it and wait for the port."""
-        exe = shutil.which("amqtt")
-        if exe is None:
-            raise RuntimeError("no MQTT broker: install mosquitto (apt install mosquitto) or "
-                               "amqtt (pip install amqtt), or configure telemetry.broker.host")
+        if not amqtt_available():
+            raise RuntimeError(MISSING_BROKER)
         write_secret(self.passwd, "\n".join(f"{u}:{h}" for u, (h, _, _) in self._users.items()))
         pub = {u: p for u, (_, p, _) in self._users.items()}
         sub = {u: s for u, (_, _, s) in self._users.items()}
@@ -155,8 +164,10 @@ class EmbeddedBroker:
             f"    password_file: {json.dumps(str(self.passwd))}\n"
             "  amqtt.plugins.topic_checking.TopicAccessControlListPlugin:\n"
             f"    publish_acl: {json.dumps(pub)}\n    acl: {json.dumps(sub)}\n")
-        self.proc = subprocess.Popen([exe, "-c", str(self.conf)], stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL)
+        # Through this interpreter, not the `amqtt` script: a venv's bin/ is often not on PATH
+        # (`/opt/edgerun/venv/bin/edgerun demo`), but its packages are importable here.
+        self.proc = subprocess.Popen([sys.executable, "-c", _AMQTT_MAIN, "-c", str(self.conf)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_port(self.port, 20)
         return self
 
@@ -167,9 +178,23 @@ class EmbeddedBroker:
             self.proc.wait(10)
 
 
+def amqtt_available() -> bool:
+    """True when the demo's fallback broker (the `[demo]` extra) can be imported."""
+    try:
+        import amqtt  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def broker_available() -> bool:
+    """True when the demo can start a broker: Mosquitto on PATH, or amqtt importable."""
+    return bool(mosquitto_path()) or amqtt_available()
+
+
 def make_broker(workdir: Path) -> Mosquitto | EmbeddedBroker:
     """Mosquitto when installed, else amqtt; both authenticated, not yet started."""
-    if shutil.which("mosquitto"):
+    if mosquitto_path():
         return Mosquitto(workdir)
     log.warning("mosquitto is not installed: the demo uses the pure-Python amqtt broker "
                 "(password file and per-user topic lists; fine for a demo, not for a fleet)")
@@ -202,6 +227,9 @@ def run(duration_s: float = 0.0, device: str = "rpi5", scenario: str = "cabinet"
         speed: float = 480.0, start_hour: float = 10.0, rate: float = 100.0,
         workdir: Path | None = None) -> int:
     """Run the demo until Ctrl-C (or `duration_s` when > 0)."""
+    if not broker_available():
+        print(MISSING_BROKER, file=sys.stderr, flush=True)
+        return 2
     tmp = None
     if workdir is None:
         tmp = tempfile.TemporaryDirectory(prefix="edgerun-demo-")
@@ -234,6 +262,7 @@ def run(duration_s: float = 0.0, device: str = "rpi5", scenario: str = "cabinet"
     url = f"http://127.0.0.1:{api.server_address[1]}"
     print(f"coordinator API: {url}/api/v1/fleet (try: edgerun fleet --api {url} --token-file "
           f"{state / 'api-token'} ls)", flush=True)
+    print(f"dashboard: {url}/ (token: the content of {state / 'api-token'})", flush=True)
     daemon_log = workdir / "daemon.log"
     kept_log = (Path("~/.cache/edgerun/demo").expanduser()
                 / time.strftime("daemon-%Y%m%d-%H%M%S.log"))
@@ -249,6 +278,10 @@ def run(duration_s: float = 0.0, device: str = "rpi5", scenario: str = "cabinet"
                                str(cfg_path)], stdout=daemon_log.open("w"),
                               stderr=subprocess.STDOUT)
     stop = threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        # SIGTERM (kill, systemd) stops the demo like Ctrl-C: the `finally` below takes the
+        # daemon, the coordinator and the broker down with it instead of leaving them running.
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
     started = time.monotonic()
     seen_events = 0
     code = 0

@@ -33,6 +33,7 @@ def health(d: Daemon) -> dict[str, Any]:
         "passive_trip_c": d.trips.get("passive"),
         "throttled": bool(r and r.temp_c is not None and hot is not None and r.temp_c >= hot),
         "battery_frac": r.battery_frac if r else None,
+        "harvest_w": r.harvest_w if r else None,  # solar input (dashboard timeline)
         "sensor_problems": list(r.problems) if r else [],
         "model": d.manifest.name, "choice": a.variant_id if a else "",
         "choice_reason": d.choice_reason,

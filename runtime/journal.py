@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 from typing import TextIO
 
 # logging level -> syslog priority (syslog(3)): CRIT 2, ERR 3, WARNING 4, INFO 6, DEBUG 7
@@ -56,13 +57,31 @@ class JournalFormatter(logging.Formatter):
 
 def setup(level: int, stream: TextIO | None = None) -> bool:
     """Configure root logging to `stream` (stderr) at `level`: with journald priorities when
-    connected to the journal, plain text otherwise. Returns whether prefixes are on."""
+    connected to the journal, plain text otherwise. Returns whether prefixes are on.
+
+    On the journal, the two other ways Python writes to stderr go through logging too, so
+    they carry a priority instead of landing at info: `warnings.warn` (a library's
+    RuntimeWarning: WARNING, logger `py.warnings`) and an exception that ends a thread
+    (CRITICAL, every traceback line prefixed)."""
     stream = stream or sys.stderr
     journal = connected(stream)
     handler = logging.StreamHandler(stream)
     handler.setFormatter(JournalFormatter(FORMAT) if journal else logging.Formatter(FORMAT))
     logging.basicConfig(level=level, handlers=[handler])
+    if journal:
+        logging.captureWarnings(True)
+        threading.excepthook = _thread_died
     return journal
+
+
+def _thread_died(args: threading.ExceptHookArgs) -> None:
+    """An uncaught exception ended a thread: one CRITICAL record with its traceback."""
+    if args.exc_type is SystemExit:
+        return  # what the default hook does: a thread's sys.exit() is not a crash
+    name = args.thread.name if args.thread is not None else "?"
+    logging.getLogger("edgerun").critical(
+        "thread %s died of an uncaught exception", name,
+        exc_info=(args.exc_type, args.exc_value, args.exc_traceback))
 
 
 def error_line(text: str, stream: TextIO | None = None) -> str:

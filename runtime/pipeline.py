@@ -1,9 +1,11 @@
 """capture -> preprocess -> infer+store, on three named threads with bounded queues.
 
-- `capture` reads (and decodes) frames from the source. Live sources drop the oldest queued
-  frame when the pipeline is behind (counted); folder and trigger sources block instead
-  (never dropped). A failing source is re-opened with backoff and reported; the other
-  threads keep running.
+- `capture` reads (and decodes) frames from the source and crops its region of interest
+  (runtime/roi.py). Live sources drop the oldest queued frame when the pipeline is behind
+  (counted); folder and trigger sources block instead (never dropped). A failing source is
+  re-opened with backoff and reported; the other threads keep running. With several sources
+  (runtime/multisource.py) each has its own capture thread and its own lane in the raw queue,
+  served in turn; one preprocess and one infer thread serve them all.
 - `preprocess` makes the input tensor for the active variant's shape (CPU or OpenCL,
   whichever measured cheaper). Decoding and preprocessing in separate threads is what lets
   the pipeline beat a sequential loop: OpenCV, numpy and the engines release the GIL.
@@ -43,7 +45,9 @@ import numpy as np
 from runtime.backends.base import Session
 from runtime.badframes import BadFrames
 from runtime.manifest import Manifest, postprocess
+from runtime.multisource import FairQueue, Lane, Pacer
 from runtime.results_local import LocalResults
+from runtime.roi import RoiError, crop, resolve
 from runtime.sources import BadFrame, Frame, Source, SourceEnded, SourceError
 
 log = logging.getLogger("edgerun.pipeline")
@@ -68,19 +72,21 @@ class Pipeline:
     INLINE_AFTER_WAIT_S = 0.002
     STABLE_S = 60.0  # a source that ran this long before failing starts its backoff afresh
 
-    def __init__(self, open_source: Callable[[], Source], manifest: Manifest,
+    def __init__(self, open_source: Callable[[], Source] | list[Lane], manifest: Manifest,
                  sink: Callable[[list[dict[str, Any]]], list[int]],
                  on_event: Callable[[dict], None], queue_size: int = 4,
                  preprocess: Callable[[Any, tuple[int, ...]], Any] | None = None,
                  local: LocalResults | None = None):
-        self._open_source = open_source
+        # one callable: a single source named "main"; a list of lanes: several sources
+        self.lanes = [Lane("main", open_source)] if callable(open_source) else list(open_source)
+        self._lane = {lane.name: lane for lane in self.lanes}
         self._manifest = manifest
         # (frame, input shape) -> tensor; the daemon passes a PreprocessChooser
         self._pre = preprocess or manifest.preprocess.apply
         self._sink = sink
         self._local = local  # print/JSONL/snapshots, after the outbox commit
         self._event = on_event
-        self._raw: queue.Queue = queue.Queue(maxsize=queue_size)  # decoded frames
+        self._raw = FairQueue([lane.name for lane in self.lanes], queue_size)  # decoded frames
         self._frames: queue.Queue = queue.Queue(maxsize=queue_size)  # (frame, tensor, shape)
         self.preprocessing = False
         self._active: Active | None = None
@@ -90,7 +96,6 @@ class Pipeline:
         self._stop_capture = threading.Event()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self.source: Source | None = None
         self.heartbeat = time.monotonic()
         self.busy_since: float | None = None  # set from taking a frame until its result is stored
         # Set by the control loop: math.inf = no cap; 0 = paused (minimum duty of 0 Hz).
@@ -107,11 +112,19 @@ class Pipeline:
     def start(self, active: Active) -> None:
         """Start the threads running `active`."""
         self._active = active
-        for name, fn in (("capture", self._capture), ("preprocess", self._preprocess),
-                         ("infer", self._infer)):
+        one = len(self.lanes) == 1
+        work: list[tuple[str, Callable[[], None]]] = [
+            ("capture" if one else f"capture-{lane.name}",
+             lambda lane=lane: self._capture(lane)) for lane in self.lanes]
+        for name, fn in (*work, ("preprocess", self._preprocess), ("infer", self._infer)):
             t = threading.Thread(target=fn, name=name, daemon=True)
             t.start()
             self._threads.append(t)
+
+    @property
+    def source(self) -> Source | None:
+        """The first (with one source: the) source, while it is open."""
+        return self.lanes[0].source
 
     @property
     def active(self) -> Active | None:
@@ -151,8 +164,9 @@ class Pipeline:
             for a in (self._active, self._next):
                 if a is not None:
                     a.session.close()
-        if self.source is not None:
-            self.source.close()
+        for lane in self.lanes:
+            if lane.source is not None:
+                lane.source.close()
 
     def alive(self, max_age_s: float) -> bool:
         """The infer loop is turning and no frame has been in inference/store for longer
@@ -190,6 +204,9 @@ class Pipeline:
             "rate_hz": self.rate_hz(recent),
             "latency_ms": {"p50": float(np.percentile(ms, 50)) if len(ms) else None,
                            "p95": float(np.percentile(ms, 95)) if len(ms) else None},
+            # per source: state, rate, capture-to-result p95, frames waiting, counters
+            "sources": {lane.name: lane.stats(self._raw.qsize(lane.name))
+                        for lane in self.lanes},
             "slo": {"target_ms": self.latency_target_ms,
                     "compliance": (sum(1 for *_, met in recent if met) / len(recent))
                     if recent else None},
@@ -197,63 +214,92 @@ class Pipeline:
 
     # -- threads -----------------------------------------------------------------------------
 
-    def _capture(self) -> None:
+    def _capture(self, lane: Lane) -> None:
         delay, opened = 0.5, 0.0
+        pacer = Pacer(lane.pace_hz) if lane.pace_hz > 0 else None
         while not self._stop_capture.is_set():
             if self.rate_cap_hz <= 0:  # paused by the control loop: read nothing
                 self._stop_capture.wait(0.2)
                 continue
-            if self.source is None:
+            if lane.source is None:
                 try:
-                    self.source = self._open_source()
+                    lane.source = lane.open()
+                    lane.state = "running"
                     opened = time.monotonic()  # no reset here: a stream that opens and
                     # fails at once must still back off to 30 s
                 except SourceError as e:
-                    self._source_failed(str(e), delay)
+                    self._source_failed(lane, str(e), delay)
                     delay = min(delay * 2, 30.0)
                     continue
             t_read = time.monotonic()
             self.bad.flush()
             try:
-                frame = self.source.read(0.5)
+                frame = lane.source.read(0.5)
             except BadFrame as e:  # one refused input; the source itself is fine
                 self.bad.record(e.kind, e.ref, e.why)
                 continue
             except SourceEnded as e:  # a video file's last frame: nothing to retry
-                self.source.close()
-                self._source_ended(str(e))
+                lane.source.close()
+                self._source_ended(lane, str(e))
                 return
             except SourceError as e:
-                self.source.close()
-                self.source = None
+                lane.source.close()
+                lane.source = None
                 if time.monotonic() - opened >= self.STABLE_S:
                     delay = 0.5
-                self._source_failed(str(e), delay)
+                self._source_failed(lane, str(e), delay)
                 delay = min(delay * 2, 30.0)
                 continue
             if frame is None:
                 continue
+            if pacer is not None:  # its own rate_hz in [[sources]]
+                now = time.monotonic()
+                if lane.source.live and not pacer.ready(now):
+                    lane.counters["skipped_rate"] += 1  # read to keep the stream fresh
+                    continue
+                if not lane.source.live and self._stop_capture.wait(pacer.wait_s(now)):
+                    return  # stopping: the frame is not handed over (not marked done)
+                pacer.taken(time.monotonic())
             self.counters["frames"] += 1
+            lane.counters["frames"] += 1
+            frame.source = lane.name
+            if lane.roi and not self._crop(lane, frame):
+                continue
             # A frame that had to be waited for arrived at an idle pipeline: run it inline.
             # One that was ready at once is part of a backlog: queue it so stages overlap.
             waited = time.monotonic() - t_read >= self.INLINE_AFTER_WAIT_S
-            if not (waited and self._inline(frame)):
-                if self.source.live and self._raw.full():
-                    try:  # latest wins: drop the oldest waiting frame
-                        self._raw.get_nowait()
-                        self.counters["dropped_stale"] += 1
-                    except queue.Empty:
-                        pass
-                self._put(self._raw, frame)
-            cap = self.rate_cap_hz
+            # (latest wins on a live source: its own oldest waiting frame is dropped)
+            if not (waited and self._inline(frame)) and self._raw.put(
+                    lane.name, frame, lane.source.live, self._stop):
+                self.counters["dropped_stale"] += 1
+                lane.counters["dropped_stale"] += 1
+            cap = self.rate_cap_hz * lane.share
             if 0 < cap < math.inf:
                 self._stop_capture.wait(1.0 / cap)
 
+    def _crop(self, lane: Lane, frame: Frame) -> bool:
+        """Cut the lane's region of interest out of the frame (before preprocessing). A frame
+        the ROI does not fit is counted as `roi_outside` and skipped (False); the rectangle
+        is resolved once per frame size."""
+        h, w = frame.image.shape[:2]
+        rect = lane.rects.get((w, h))
+        if rect is None:
+            try:
+                rect = resolve(lane.roi, lane.roi_units, w, h, lane.roi_key)  # type: ignore[arg-type]
+            except RoiError as e:
+                rect = e
+            if len(lane.rects) < 64:  # a folder of many sizes must not grow this unbounded
+                lane.rects[(w, h)] = rect
+        if isinstance(rect, RoiError):
+            self.bad.record("roi_outside", frame.ref, str(rect))
+            return False
+        frame.image = crop(frame.image, rect)
+        return True
+
     def _preprocess(self) -> None:
         while not self._stop.is_set():
-            try:
-                frame = self._raw.get(timeout=0.2)
-            except queue.Empty:
+            frame = self._raw.get(timeout=0.2)
+            if frame is None:
                 continue
             self.preprocessing = True
             made = self._tensor(frame)
@@ -271,19 +317,25 @@ class Pipeline:
             self.bad.record("preprocess_failed", frame.ref, str(e))
             return None
 
-    def _source_ended(self, why: str) -> None:
+    def _source_ended(self, lane: Lane, why: str) -> None:
         """Said once: the capture thread ends, the rest keeps running (queued frames finish,
         health goes on); a restart or a new [source] starts capturing again."""
         self.counters["source_ended"] += 1
-        log.info("source ended: %s; no more frames, the daemon keeps running", why)
-        self._event({"type": "source_ended", "severity": "info", "reason": why})
+        lane.counters["source_ended"] += 1
+        lane.state = "ended"
+        log.info("source ended: %s; no more frames%s, the daemon keeps running", why,
+                 "" if len(self.lanes) == 1 else f" from source {lane.name}")
+        self._event({"type": "source_ended", "severity": "info", "reason": why,
+                     "source": lane.name})
 
-    def _source_failed(self, why: str, delay: float) -> None:
+    def _source_failed(self, lane: Lane, why: str, delay: float) -> None:
         self.counters["source_errors"] += 1
-        log.warning("source failed: %s; retrying in %.1f s (the daemon keeps running)", why,
-                    delay)
+        lane.counters["source_errors"] += 1
+        lane.state = "failed"
+        log.warning("source %sfailed: %s; retrying in %.1f s (the daemon keeps running)",
+                    "" if len(self.lanes) == 1 else f"{lane.name} ", why, delay)
         self._event({"type": "source_failed", "severity": "warning", "error": why,
-                     "retry_s": round(delay, 1)})
+                     "retry_s": round(delay, 1), "source": lane.name})
         self._stop_capture.wait(delay)
 
     def _put(self, q: queue.Queue, item: Any) -> None:
@@ -371,7 +423,8 @@ class Pipeline:
         results = []
         for frame, out, active, ms in batch:
             label, score = postprocess(out, self._manifest)[0]
-            r = {"t": frame.t, "ref": frame.ref, "label": label, "score": round(score, 5),
+            r = {"t": frame.t, "source": frame.source, "ref": frame.ref, "label": label,
+                 "score": round(score, 5),
                  "variant": active.variant_id, "rung": active.rung + 1,  # 1 = cheapest
                  "latency_ms": round(ms, 3),  # inference alone
                  "e2e_ms": round((time.time() - frame.t) * 1e3, 3)}  # capture to result
@@ -388,10 +441,16 @@ class Pipeline:
             self._event({"type": "store_failed", "severity": "critical", "error": str(e)})
             return
         now = time.time()
-        for _, _, _, ms in batch:
+        for frame, _, _, ms in batch:
             self.latencies.append((now, ms, ms <= self.latency_target_ms))
-        if self.source is not None:
-            self.source.done([frame for frame, *_ in batch if frame.done is not None])
+            lane = self._lane.get(frame.source)
+            if lane is not None:
+                lane.e2e.append((now, (now - frame.t) * 1e3))
+                lane.counters["results"] += 1
+        for lane in self.lanes:
+            done = [f for f, *_ in batch if f.done is not None and f.source == lane.name]
+            if done and lane.source is not None:
+                lane.source.done(done)
         self.counters["results"] += len(results)
         for r in results:
             label = r["label"]

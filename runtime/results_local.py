@@ -106,11 +106,14 @@ def snapshot_labels(cfg: SnapshotConfig, labels: tuple[str, ...]) -> Callable[[s
 
 
 def print_line(r: dict[str, Any]) -> str:
-    """One result as a line: UTC time, source ref, label, score, variant, rung. The ref comes
+    """One result as a line: UTC time, source ref (`<source>/<ref>` for a named source), label,
+    score, variant, rung. The ref comes
     from outside (a file name): whitespace and control characters in it are escaped so a
     result is always exactly one line of six fields."""
     ref = "".join(c if c.isprintable() and not c.isspace() else f"\\x{ord(c):02x}"
                   for c in str(r["ref"]))
+    if r.get("source", "main") != "main":  # several cameras: which one (names have no spaces)
+        ref = f"{r['source']}/{ref}"
     return (f"{_stamp(r['t'], '%Y-%m-%dT%H:%M:%S', '.')} {ref} {r['label']} "
             f"{r['score']:.4f} {r['variant']} rung {r['rung']}")
 

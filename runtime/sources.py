@@ -9,22 +9,25 @@ folder and trigger sources are never dropped.
 
 from __future__ import annotations
 
+import atexit
 import collections
 import hashlib
 import logging
 import os
 import queue
+import re
 import sqlite3
 import threading
 import time
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import ClassVar, Literal, Protocol
 
 import cv2
 import numpy as np
 
-from runtime import images
+from runtime import images, roi
 from runtime.images import BadImage
 
 log = logging.getLogger("edgerun.source")
@@ -49,12 +52,18 @@ class BadFrame(Exception):
         self.ref, self.kind, self.why = ref, kind, why
 
 
+NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")  # a source's name goes into results and topics
+
+
 @dataclass(frozen=True)
 class SourceConfig:
-    """The `[source]` section."""
+    """The `[source]` section (or one `[[sources]]` entry, see runtime/multisource.py)."""
 
     kind: Literal["synthetic", "folder", "capture", "trigger"] = "synthetic"
-    rate_hz: float = 10.0  # synthetic: frames per second (0 = as fast as possible)
+    # results name their source; empty: "main" for a single [source] ([[sources]] need one)
+    name: str = ""
+    rate_hz: float = 10.0  # synthetic: frames per second (0 = as fast as possible);
+    # in [[sources]]: the rate this source is inspected at, whatever its kind
     seed: int = 0
     defect_rate: float = 0.2  # synthetic: share of parts with a defect
     size: int = 96  # synthetic: frame size in pixels
@@ -66,8 +75,18 @@ class SourceConfig:
     topic: str = ""  # trigger: MQTT topic; payload = image bytes (PNG/JPEG) or a file path
     # folder/trigger: images larger than this are refused from their header, before decoding
     max_pixels: int = images.DEFAULT_MAX_PIXELS
+    # region of interest [x, y, w, h] cropped before preprocessing (empty: the whole frame)
+    roi: tuple[float, ...] = ()
+    roi_units: roi.Units = "pixels"  # or "fraction" (of the frame's width and height)
+    # capture of an RTSP/HTTP URL: RTSP over TCP (or "udp"; "auto": FFmpeg's default)
+    transport: Literal["tcp", "udp", "auto"] = "tcp"
+    open_timeout_s: float = 10.0  # capture of a URL: give up connecting after this long
+    read_timeout_s: float = 5.0  # capture of a URL: a stream silent this long has failed
 
     def validate(self) -> tuple[str, str] | None:
+        if self.name and not NAME.match(self.name):
+            return "name", (f"must be 1-64 letters, digits, '_', '.' or '-', got "
+                            f"{self.name!r}")
         if self.max_pixels < 1:
             return "max_pixels", f"must be >= 1, got {self.max_pixels}"
         if self.kind in ("folder", "capture") and not self.path:
@@ -76,6 +95,18 @@ class SourceConfig:
             return "topic", "source kind 'trigger' needs an MQTT topic"
         if not 0 <= self.defect_rate <= 1:
             return "defect_rate", f"must be within 0..1, got {self.defect_rate}"
+        if self.rate_hz < 0:
+            return "rate_hz", f"must be >= 0, got {self.rate_hz}"
+        if self.open_timeout_s <= 0 or self.read_timeout_s <= 0:
+            return "open_timeout_s", (f"open_timeout_s and read_timeout_s must be > 0, got "
+                                      f"{self.open_timeout_s} and {self.read_timeout_s}")
+        if problem := roi.check(self.roi, self.roi_units):
+            return "roi", problem
+        if self.roi and self.kind == "synthetic":  # its frame size is known now
+            try:
+                roi.resolve(self.roi, self.roi_units, self.size, self.size, "roi")
+            except roi.RoiError as e:
+                return "roi", str(e)
         return None
 
 
@@ -88,6 +119,7 @@ class Frame:
     t: float = field(default_factory=time.time)
     truth: str | None = None  # synthetic frames know their class (for live accuracy)
     done: object = None  # folder: callback key, marked done once the result is stored
+    source: str = ""  # the name of the source it came from (set by the pipeline)
 
 
 class Source(Protocol):
@@ -108,28 +140,112 @@ class Source(Protocol):
         ...
 
 
+class _PartPool:
+    """Rendered parts, shared by every synthetic source of the same seed, size and defect
+    rate in the process, filled by one background thread.
+
+    Rendering one part costs ~20 ms of CPU (~80 ms wall on a loaded two-core box), more than
+    a fast line or several cameras allow, and it is the simulated camera's cost, not the
+    inspection's: so the first part is rendered at once, the rest of the `n` parts in the
+    background while sources already draw from what exists. One part is rendered per frame
+    drawn (`drawn`), as the sources used to render their own: the CPU spent is the same,
+    only no frame waits for it."""
+
+    _pools: ClassVar[dict[tuple, _PartPool]] = {}
+    _lock = threading.Lock()
+
+    def __init__(self, seed: int, size: int, defect_rate: float, n: int):
+        from models.synthetic import CLASSES, render
+
+        self._render, self.classes = render, CLASSES
+        self._rng = np.random.default_rng(seed)
+        self._size, self._defect_rate, self._n = size, defect_rate, n
+        self.parts: list[tuple[np.ndarray, str]] = [self._one()]
+        self.ready = threading.Event()  # every part rendered
+        self._users = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._credits = threading.Semaphore(0)  # frames drawn, not yet matched by a render
+
+    @classmethod
+    def acquire(cls, seed: int, size: int, defect_rate: float, n: int) -> _PartPool:
+        """The pool for these settings (made on first use), filling while anyone uses it."""
+        with cls._lock:
+            key = (seed, size, defect_rate, n)
+            pool = cls._pools.get(key)
+            if pool is None:
+                pool = cls._pools[key] = cls(seed, size, defect_rate, n)
+            pool._users += 1
+            if not pool.ready.is_set() and pool._thread is None:
+                pool._stop.clear()
+                pool._thread = threading.Thread(target=pool._fill, name="synthetic-render",
+                                                daemon=True)
+                pool._thread.start()
+            return pool
+
+    def release(self) -> None:
+        """One user fewer; the last one stops the filling thread and waits for it (a thread
+        still inside OpenCV when the interpreter exits aborts the process)."""
+        with self._lock:
+            self._users -= 1
+            thread = self._thread if self._users == 0 else None
+            if thread is not None:
+                self._stop.set()
+                self._thread = None
+        if thread is not None:
+            thread.join(10)
+
+    @classmethod
+    def stop_all(cls) -> None:
+        """At exit: stop every filling thread, even of sources nobody closed."""
+        with cls._lock:
+            pools = list(cls._pools.values())
+        for pool in pools:
+            pool._stop.set()
+            if pool._thread is not None:
+                pool._thread.join(10)
+
+    def _one(self) -> tuple[np.ndarray, str]:
+        defect = self._rng.random() < self._defect_rate
+        label = int(self._rng.integers(1, len(self.classes))) if defect else 0
+        return self._render(self._rng, label, self._size), self.classes[label]
+
+    def drawn(self) -> None:
+        """A source drew a part: one more may be rendered."""
+        if not self.ready.is_set():
+            self._credits.release()
+
+    def _fill(self) -> None:
+        while len(self.parts) < self._n and not self._stop.is_set():
+            if self._credits.acquire(timeout=0.2):
+                self.parts.append(self._one())  # list.append is atomic; readers see a prefix
+        if len(self.parts) >= self._n:
+            self.ready.set()
+
+
+atexit.register(_PartPool.stop_all)
+
+
 class SyntheticConveyor:
     """Parts from the bundled model's dataset generator at a steady rate (a simulated camera).
 
-    Rendering one part takes ~20 ms of CPU, more than a fast line allows, so the first
-    `POOL` parts are rendered and kept; after that parts are drawn from the pool at random.
-    """
+    Parts come from a pool of `POOL` rendered parts (see _PartPool), drawn at random by each
+    source's own generator (seeded by `seed` and the source's name, so two cameras on the same
+    line do not show the same sequence)."""
 
     live = True
     POOL = 256
 
     def __init__(self, cfg: SourceConfig):
-        from models.synthetic import CLASSES, render
-
-        self._render, self._classes = render, CLASSES
         self._cfg = cfg
-        self._rng = np.random.default_rng(cfg.seed)
-        self._pool: list[tuple[np.ndarray, str]] = []
+        self.pool = _PartPool.acquire(cfg.seed, cfg.size, cfg.defect_rate, self.POOL)
+        self._closed = False
+        self._rng = np.random.default_rng([cfg.seed, zlib.crc32(cfg.name.encode())])
         self._n = 0
         self._next_t = time.monotonic()
 
     def read(self, timeout_s: float) -> Frame | None:
-        """Render the next part; paced to `rate_hz`."""
+        """The next part; paced to `rate_hz`."""
         if self._cfg.rate_hz > 0:
             wait = self._next_t - time.monotonic()
             if wait > timeout_s:
@@ -139,21 +255,19 @@ class SyntheticConveyor:
                 time.sleep(wait)
             self._next_t = max(self._next_t + 1 / self._cfg.rate_hz, time.monotonic() - 1)
         self._n += 1
-        if len(self._pool) < self.POOL:
-            defect = self._rng.random() < self._cfg.defect_rate
-            label = int(self._rng.integers(1, len(self._classes))) if defect else 0
-            self._pool.append((self._render(self._rng, label, self._cfg.size),
-                               self._classes[label]))
-            img, truth = self._pool[-1]
-        else:
-            img, truth = self._pool[int(self._rng.integers(len(self._pool)))]
+        parts = self.pool.parts
+        img, truth = parts[int(self._rng.integers(len(parts)))]
+        self.pool.drawn()
         return Frame(img.copy(), f"part-{self._n}", truth=truth)
 
     def done(self, frames: list[Frame]) -> None:
         """Nothing to remember."""
 
     def close(self) -> None:
-        """Nothing to release."""
+        """Let go of the pool (its parts stay for the next source of the same settings)."""
+        if not self._closed:
+            self._closed = True
+            self.pool.release()
 
 
 class FolderSource:
@@ -279,31 +393,104 @@ class FolderSource:
             self._db.close()
 
 
+_FFMPEG_OPTIONS = "OPENCV_FFMPEG_CAPTURE_OPTIONS"
+_FFMPEG_LEVEL = "OPENCV_FFMPEG_LOGLEVEL"
+# The capture options travel in the environment, read by FFmpeg during the open: one open
+# at a time (OpenCV itself serialises FFmpeg opens in a process, with a lock of its own).
+_env_lock = threading.Lock()
+_quieted = False
+
+
+def redact(url: str) -> str:
+    """A URL fit for logs and events: `user:password@` becomes `***@`."""
+    return re.sub(r"(?<=://)[^/@\s]*@", "***@", url)
+
+
+def quiet_ffmpeg(debug: bool | None = None) -> None:
+    """Keep FFmpeg's and OpenCV's own lines off the terminal and the journal.
+
+    FFmpeg (inside OpenCV) writes from C straight to the process's stdout/stderr; OpenCV
+    offers Python no per-message hook, so those lines cannot be turned into log records. What
+    can be set is their level: FFmpeg's is read from OPENCV_FFMPEG_LOGLEVEL when OpenCV first
+    uses FFmpeg, OpenCV's own (its VIDEOIO warnings) with cv2.utils.logging. Unless the
+    operator set those variables, both are silenced, except with `-v` (debug logging), where
+    FFmpeg's warnings appear on stdout prefixed `[OPENCV:FFMPEG:24]`. The daemon says itself
+    what failed (open or read timeout, refused), see CaptureSource. Once per process."""
+    global _quieted
+    if _quieted:
+        return
+    _quieted = True
+    if debug is None:
+        debug = logging.getLogger("edgerun").isEnabledFor(logging.DEBUG)
+    if _FFMPEG_LEVEL not in os.environ:
+        os.environ[_FFMPEG_LEVEL] = "24" if debug else "-8"  # AV_LOG_WARNING / AV_LOG_QUIET
+    if "OPENCV_LOG_LEVEL" not in os.environ and not debug:
+        cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_ERROR)
+
+
 class CaptureSource:
     """cv2.VideoCapture on a V4L2 device index, a video file or an RTSP/HTTP URL. A video file
     ends after its last frame (SourceEnded), or starts again with `loop`; a camera or stream
-    that stops delivering raises SourceError (the pipeline re-opens it with backoff)."""
+    that stops delivering raises SourceError (the pipeline re-opens it with backoff).
+
+    A URL is opened through FFmpeg with `open_timeout_s` and `read_timeout_s` (OpenCV's
+    CAP_PROP_OPEN/READ_TIMEOUT_MSEC) and, for RTSP, the `transport` (FFmpeg's
+    `rtsp_transport` through OPENCV_FFMPEG_CAPTURE_OPTIONS; an operator's own value of that
+    variable is kept and wins)."""
 
     def __init__(self, cfg: SourceConfig):
+        self._cfg = cfg
         self._target: int | str = int(cfg.path) if cfg.path.isdigit() else cfg.path
+        self._url = isinstance(self._target, str) and "://" in self._target
+        self._shown = redact(cfg.path)
         self.live = not Path(str(self._target)).is_file()
         self._loop = cfg.loop and not self.live
+        quiet_ffmpeg()  # before FFmpeg's first use in this process: it reads its level once
+        t0 = time.monotonic()
         self._cap = self._open()
         if not self._cap.isOpened():
-            raise SourceError(f"source.path {cfg.path!r}: cannot open (no such camera, file "
-                              "or stream)")
+            took = time.monotonic() - t0
+            if self._url and took >= cfg.open_timeout_s * 0.9:
+                raise SourceError(f"source.path {self._shown!r}: no stream within "
+                                  f"{cfg.open_timeout_s:g} s (open_timeout_s): the server "
+                                  "does not answer")
+            raise SourceError(f"source.path {self._shown!r}: cannot open (no such camera, "
+                              "file or stream, or the server refused)")
         self._n = 0
         self._pass_n = 0  # frames read since the file was (re)opened
 
     def _open(self) -> cv2.VideoCapture:
-        return cv2.VideoCapture(self._target)
+        if not self._url:
+            return cv2.VideoCapture(self._target)
+        cfg = self._cfg
+        params = [cv2.CAP_PROP_OPEN_TIMEOUT_MSEC, int(cfg.open_timeout_s * 1000),
+                  cv2.CAP_PROP_READ_TIMEOUT_MSEC, int(cfg.read_timeout_s * 1000)]
+        with _env_lock:
+            before = os.environ.get(_FFMPEG_OPTIONS)
+            opts = before or ""
+            if (str(self._target).lower().startswith("rtsp") and cfg.transport != "auto"
+                    and "rtsp_transport" not in opts):
+                opts = "|".join(x for x in (opts, f"rtsp_transport;{cfg.transport}") if x)
+            if opts:
+                os.environ[_FFMPEG_OPTIONS] = opts
+            try:  # FFmpeg reads the variable during this call
+                return cv2.VideoCapture(self._target, cv2.CAP_FFMPEG, params)
+            finally:
+                if before is None:
+                    os.environ.pop(_FFMPEG_OPTIONS, None)
+                else:
+                    os.environ[_FFMPEG_OPTIONS] = before
 
     def _next(self) -> np.ndarray | None:
+        t0 = time.monotonic()
         ok, img = self._cap.read()
         if ok and img is not None:
             return img
         if self.live:
-            raise SourceError(f"{self._target}: no frame (camera unplugged or stream down)")
+            if self._url and time.monotonic() - t0 >= self._cfg.read_timeout_s * 0.9:
+                raise SourceError(f"{self._shown}: no frame for {self._cfg.read_timeout_s:g} s "
+                                  "(read_timeout_s): the stream stalled")
+            raise SourceError(f"{self._shown}: no frame (camera unplugged or stream down)")
         if not self._loop:
             raise SourceEnded(f"{self._target}: end of the video file after {self._n} frames; "
                               "the source has ended (set [source] loop = true to play it "

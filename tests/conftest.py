@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -38,3 +39,14 @@ def fast_profiler_cfg(tmp_path):
 
     return ProfilerConfig(warmup_runs=2, min_runs=5, max_runs=50, time_budget_s=0.05,
                           idle_baseline_s=0.05, cache_dir=str(tmp_path / "cache"))
+
+
+def pytest_collection_modifyitems(config, items):
+    """`@pytest.mark.slow` tests run only with EDGERUN_SLOW=1, as pyproject's marker promises
+    (a test that only carried the marker used to run in CI anyway)."""
+    if os.environ.get("EDGERUN_SLOW"):
+        return
+    skip = pytest.mark.skip(reason="slow soak/fault test: set EDGERUN_SLOW=1")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)

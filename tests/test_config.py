@@ -85,6 +85,12 @@ def test_check_command(tmp_path):
                        capture_output=True, text=True, check=False)
     assert r.returncode == 0, r.stderr
     assert '"latency_ms": 12.0' in r.stdout
+    cam = write(tmp_path, f'[device]\nsysfs_root = "{board}"\n[source]\nkind = "capture"\n'
+                'path = "rtsp://admin:hunter2@10.0.0.9/live"\n')
+    r = subprocess.run([sys.executable, "-m", "runtime.cli", "check", str(cam)],
+                       capture_output=True, text=True, check=False)
+    assert "rtsp://***@10.0.0.9/live" in r.stdout, r.stdout + r.stderr
+    assert "hunter2" not in r.stdout + r.stderr
     bad = write(tmp_path, "[constraints]\nlatency = 12\n")
     r = subprocess.run([sys.executable, "-m", "runtime.cli", "check", str(bad)],
                        capture_output=True, text=True, check=False)

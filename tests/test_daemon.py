@@ -184,6 +184,28 @@ def test_results_flow_and_rising_temperature_steps_down(tmp_path, broker, coordi
         assert d.stop() == 0
 
 
+def test_health_power_is_what_runs_not_what_is_planned(tmp_path, broker, coordinator,
+                                                      profile_cache):
+    """A real device's health power is idle + the rung at the rate achieved: an empty watched
+    folder inspects nothing, so it draws idle only, not the planned 40 Hz (the old figure)."""
+    from power.device import load_profile
+
+    folder = tmp_path / "inbox"
+    folder.mkdir()
+    cfg = write_config(tmp_path, broker, profile_cache,
+                       source=f'kind = "folder"\npath = "{folder}"\nwatch = true')
+    d = Serve(tmp_path, cfg)
+    try:
+        wait(lambda: coordinator.views.get("box1") is not None
+             and coordinator.views["box1"].health.get("rung_energy_mj"), 120, "health", d)
+        h = coordinator.views["box1"].health
+        planned_w = h["rung_energy_mj"] / 1e3 * 40
+        assert planned_w >= 0.001, f"the planned load must show at 3 decimals: {h}"
+        assert h["power_w"] == pytest.approx(load_profile("generic-x86").power.idle_w), h
+    finally:
+        assert d.stop() == 0
+
+
 def test_folder_source_sigterm_and_restart_inspect_each_file_once(tmp_path, broker,
                                                                   coordinator, profile_cache):
     folder = tmp_path / "inbox"

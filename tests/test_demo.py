@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
+
+import pytest
 
 
 def test_demo_runs_and_reports(tmp_path):
@@ -28,3 +32,95 @@ def test_demo_runs_and_reports(tmp_path):
     log = re.search(r"daemon log: (\S+)", text)
     with open(log.group(1)) as f:  # the daemon's log outlives the demo
         assert re.search(r"rung (\d+)/\1 -> ", f.read())
+
+
+def _session_members(sid: int) -> list[int]:
+    """Pids still alive in session `sid` (field 6 of /proc/PID/stat)."""
+    pids = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[3]) == sid and fields[0] != "Z":
+                pids.append(int(d))
+    return pids
+
+
+def test_sigterm_stops_the_demo_and_everything_it_started(tmp_path):
+    env = {**os.environ, "HOME": str(tmp_path)}
+    p = subprocess.Popen([sys.executable, "-m", "runtime.cli", "demo", "--duration", "300"],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                         start_new_session=True)
+    seen = []
+    try:
+        for line in p.stdout:  # wait for the first live line: broker, coordinator, daemon up
+            seen.append(line)
+            if re.search(r"rung \d+/\d+ inspection/", line):
+                break
+        p.send_signal(signal.SIGTERM)
+        rest, _ = p.communicate(timeout=90)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    text = "".join(seen) + rest
+    assert p.returncode == 0, text[-3000:]
+    assert "results stored by the coordinator" in text, text[-3000:]
+    deadline = time.monotonic() + 10
+    while _session_members(p.pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = _session_members(p.pid)
+    if left:
+        os.killpg(p.pid, signal.SIGKILL)
+    assert not left, f"left running after SIGTERM: {left}"
+def test_demo_without_any_broker_says_what_to_install(tmp_path):
+    """Neither Mosquitto on PATH nor amqtt (the `[demo]` extra) importable: one line that
+    names both ways out, exit 2, and nothing started."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    # sys.modules[name] = None is how Python spells "not installed": `import amqtt` raises;
+    # and no mosquitto on PATH nor in the sbin directories.
+    code = ("import sys; sys.modules['amqtt'] = None; import runtime.telemetry.broker as b; "
+            f"b.SBIN_DIRS = {str(tmp_path)!r}; from runtime.cli import main; "
+            "sys.exit(main(['demo', '--duration', '5']))")
+    env = {**os.environ, "PATH": str(tmp_path), "PYTHONPATH": root, "HOME": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, env=env)
+    assert out.returncode == 2, out.stdout + out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and out.stdout == "", out.stdout + out.stderr
+    assert "apt install mosquitto" in lines[0] and "pip install '.[demo]'" in lines[0]
+    assert list(tmp_path.iterdir()) == []  # no broker, no state, no daemon log
+
+
+def test_demo_broker_lookup_finds_amqtt_off_path(tmp_path, monkeypatch):
+    """A venv's bin/ is often not on PATH (`/opt/edgerun/venv/bin/edgerun demo`): amqtt
+    counts when it imports, and starts through this interpreter, whatever PATH says."""
+    pytest.importorskip("amqtt")
+    from runtime import demo
+    from runtime.telemetry.broker import wait_port
+
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert demo.amqtt_available() and demo.broker_available()
+    b = demo.EmbeddedBroker(tmp_path)
+    b.device("demo", "box")
+    b.start()
+    try:
+        wait_port(b.port, 5)
+        assert b.proc.poll() is None
+    finally:
+        b.stop()
+
+
+def test_mosquitto_in_sbin_counts_without_it_on_path(monkeypatch):
+    """Debian and Raspberry Pi OS install mosquitto in /usr/sbin, which a normal user's PATH
+    lacks: the demo must still use it, not ask to install it."""
+    if not os.path.exists("/usr/sbin/mosquitto"):
+        pytest.skip("mosquitto is not in /usr/sbin here")
+    from runtime import demo
+    from runtime.telemetry.broker import mosquitto_path
+
+    monkeypatch.setenv("PATH", "/usr/local/bin:/usr/bin:/bin")  # Debian's default user PATH
+    assert mosquitto_path() == "/usr/sbin/mosquitto"
+    assert demo.broker_available()

@@ -19,7 +19,7 @@ def test_unit_verifies(unit, tmp_path):
     # verify needs the ExecStart binary to exist: point it at the installed console script.
     exe = shutil.which("edgerun")
     assert exe, "the edgerun console script is not installed"
-    text = (UNITS / unit).read_text().replace("/usr/bin/edgerun", exe)
+    text = (UNITS / unit).read_text().replace("/opt/edgerun/venv/bin/edgerun", exe)
     (tmp_path / unit).write_text(text)
     out = subprocess.run(["systemd-analyze", "verify", str(tmp_path / unit)],
                          capture_output=True, text=True)

@@ -233,8 +233,10 @@ def test_fleet_cli_over_the_api(tmp_path, broker, capsys):
         _wait(lambda: coord.store.counts().get("dev1", 0) >= 20, 20, "results")
         assert main(["fleet", "--api", url, *token, "ls"]) == 0
         out = capsys.readouterr().out
-        assert "dev1" in out and "online" in out and " 20 " in out
+        assert "dev1" in out and "online" in out
         assert main(["fleet", "--api", url, *token, "show", "dev1"]) == 0
+        assert "20 results at the coordinator" in capsys.readouterr().out  # the summary
+        assert main(["fleet", "--api", url, *token, "show", "dev1", "--json"]) == 0
         shown = json.loads(capsys.readouterr().out)
         assert shown["results_stored"] == 20 and shown["status"] == "online"
         assert main(["fleet", "--api", url, *token, "send", "dev1", "set_latency_target",

@@ -1,7 +1,7 @@
 """JSON HTTP API of the coordinator (standard library server; it is an operator tool, not a
 public web service — bind it to localhost or put it behind the site's reverse proxy).
 
-Every request needs `Authorization: Bearer <token>`; the token is made at first start in
+Every API request needs `Authorization: Bearer <token>`; the token is made at first start in
 `coordinator.api_token_file` (default: `api-token` next to the store), mode 0600, and read by
 `edgerun fleet` (`--token-file`). Requests are checked before anything is read or done:
 idle or slow connections are closed after `coordinator.http_timeout_s`, bodies need an exact
@@ -13,9 +13,18 @@ GET  /api/v1/devices/{id}                   one device: view, acks, recent event
 GET  /api/v1/devices/{id}/results?cursor=STREAM:SEQ&limit=N
                                             results in (stream, seq) order after the cursor:
                                             {"results": [...], "next": cursor or null}
+GET  /api/v1/devices/{id}/health?since=T&until=T&limit=N
+                                            health history (reduced records, oldest first,
+                                            thinned to N; T in seconds since the epoch):
+                                            {"health": [...]}, for `edgerun report`
+GET  /api/v1/devices/{id}/history?window_s=N one device's health timeline (dashboard.py)
+GET  /api/v1/alerts                         active alerts, recent transitions, webhook stats
 GET  /api/v1/stats                          ingest counters, health age p50/p99
 GET  /metrics                               Prometheus text exposition (docs/metrics.md)
 POST /api/v1/devices/{id}/commands          {"cmd": ..., "args": {...}, "wait_s": 10}
+
+The dashboard's static files (`/`, `/static/...`; docs/dashboard.md) are the only paths
+served without the token: they hold no fleet data, and the page asks for the token itself.
 """
 
 from __future__ import annotations
@@ -35,7 +44,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlparse
 
-from runtime.coordinator import metrics
+from runtime.coordinator import dashboard, metrics
 from runtime.coordinator.config import CoordinatorConfig
 from runtime.coordinator.service import Coordinator, UnknownDevice
 from runtime.httpserver import BoundedHTTPServer
@@ -119,11 +128,24 @@ def result_query(query: str) -> tuple[tuple[str, int] | None, int]:
     return cursor, limit
 
 
-    def process_request_thread(self, request, client_address) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._slots.release()
+def health_query(query: str, now: float | None = None) -> tuple[float, float, int]:
+    """Validated (since, until, limit) of a health history request (whole seconds since the
+    epoch; since defaults to a day before now, until to now, limit to 5000)."""
+    import time
+
+    now = time.time() if now is None else now
+    pairs = parse_qsl(query, keep_blank_values=True)
+    names = [k for k, _ in pairs]
+    if unknown := set(names) - {"since", "until", "limit"}:
+        raise BadRequest(f"unknown query parameter(s) {sorted(unknown)}")
+    if len(names) != len(set(names)):
+        raise BadRequest("a query parameter is repeated")
+    params = dict(pairs)
+    since = parse_int("since", params["since"], 0, 10**10) if "since" in params else now - 86400
+    until = parse_int("until", params["until"], 0, 10**10) if "until" in params else now
+    limit = parse_int("limit", params["limit"], 1, 20_000) if "limit" in params else 5000
+    return float(since), float(until), limit
+
 
 
 def serve(coordinator: Coordinator, host: str, port: int, token: str | None = None,
@@ -160,11 +182,13 @@ def serve(coordinator: Coordinator, host: str, port: int, token: str | None = No
         def log_message(self, fmt: str, *args: Any) -> None:
             log.debug("%s " + fmt, self.address_string(), *args)
 
-        def _send(self, status: int, body: Any, content_type: str = "application/json"
-                  ) -> None:
+        def _send(self, status: int, body: Any, content_type: str = "application/json",
+                  headers: dict[str, str] | None = None) -> None:
             data = body if isinstance(body, bytes) else json.dumps(body, default=str).encode()
             self.send_response(status)
             self.send_header("Content-Type", content_type)
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
             self.send_header("Content-Length", str(len(data)))
             if status == 401:
                 self.send_header("WWW-Authenticate", 'Bearer realm="edgerun"')
@@ -223,10 +247,14 @@ def serve(coordinator: Coordinator, host: str, port: int, token: str | None = No
                     self._send(500, {"error": "internal error; see the coordinator's log"})
 
         def _get(self) -> None:
+            url = urlparse(self.path)
+            page = dashboard.static_file(url.path)
+            if page is not None:  # no data in these: served without the token
+                self._deadline.cancel()
+                return self._send(200, page[0], page[1], dashboard.SECURITY_HEADERS)
             if not self._authorized():
                 return
             self._deadline.cancel()
-            url = urlparse(self.path)
             parts = [p for p in url.path.split("/") if p]
             try:
                 if parts == ["metrics"]:
@@ -235,8 +263,18 @@ def serve(coordinator: Coordinator, host: str, port: int, token: str | None = No
                     return self._send(200, coordinator.fleet_view())
                 if parts == ["api", "v1", "stats"]:
                     return self._send(200, coordinator.stats())
+                if parts == ["api", "v1", "alerts"]:
+                    return self._send(200, coordinator.alerts_view())
+                if parts[:3] == ["api", "v1", "devices"] and parts[4:] == ["history"]:
+                    window = dashboard.history_window(url.query, coordinator.cfg.keep_health_s)
+                    return self._send(200, dashboard.history(coordinator, parts[3], window))
                 if parts[:3] == ["api", "v1", "devices"] and len(parts) == 4:
                     return self._send(200, coordinator.device_view(parts[3]))
+                if parts[:3] == ["api", "v1", "devices"] and parts[4:] == ["health"]:
+                    since, until, limit = health_query(url.query)
+                    coordinator.device_view(parts[3])  # 404 for a device never seen
+                    return self._send(200, {"health": coordinator.store.health_history(
+                        parts[3], since, until, limit)})
                 if parts[:3] == ["api", "v1", "devices"] and parts[4:] == ["results"]:
                     cursor, limit = result_query(url.query)
                     rows, nxt = coordinator.store.results_page(parts[3], cursor, limit)
@@ -246,6 +284,8 @@ def serve(coordinator: Coordinator, host: str, port: int, token: str | None = No
                 return self._send(404, {"error": f"unknown device {e.args[0]!r}"})
             except BadRequest as e:
                 return self._send(e.status, {"error": str(e)})
+            except dashboard.HistoryQueryError as e:
+                return self._send(400, {"error": str(e)})
             self._send(404, {"error": f"no such endpoint: {url.path}"})
 
         def _post(self) -> None:

@@ -16,7 +16,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from runtime.coordinator.fleet import status_text
+from runtime.coordinator import views
 
 DEFAULT_API = "http://127.0.0.1:8787"
 DEFAULT_TOKEN_FILE = "~/.local/state/edgerun/api-token"
@@ -80,28 +80,17 @@ def parse_args_kv(pairs: list[str]) -> dict[str, Any]:
     return out
 
 
-def _table(rows: list[dict]) -> str:
-    lines = [f"{'DEVICE':<24} {'STATUS':<8} {'RESULTS':>8} {'TEMP':>6}  CHOICE / ALERTS"]
-    for r in rows:
-        temp = r["health"].get("temp_c")
-        alerts = "; ".join(code for code, _ in r["alerts"])
-        status = status_text(r["status"], r.get("wake_at") or 0.0)
-        lines.append(f"{r['device']:<24} {status:<8} {r['results_stored']:>8} "
-                     f"{'' if temp is None else f'{temp:.1f}':>6}  {r['choice'] or '-'}"
-                     + (f"  [{alerts}]" if alerts else ""))
-    return "\n".join(lines)
-
-
 def fleet_command(args: argparse.Namespace) -> int:
     """Run one `fleet` action; prints a table or JSON. Exit 1 when a command is refused."""
     api, token_file = resolve(args)
     token = read_token(token_file)
     if args.fleet_command == "ls":
         rows = _call(api, "/api/v1/fleet", token=token)
-        print(json.dumps(rows, indent=2) if args.json else _table(rows))
+        print(json.dumps(rows, indent=2) if args.json else views.fleet_table(rows))
         return 0
     if args.fleet_command == "show":
-        print(json.dumps(_call(api, f"/api/v1/devices/{args.device}", token=token), indent=2))
+        view = _call(api, f"/api/v1/devices/{args.device}", token=token)
+        print(json.dumps(view, indent=2) if args.json else views.device_summary(view))
         return 0
     reply = _call(api, f"/api/v1/devices/{args.device}/commands",
                   {"cmd": args.cmd, "args": parse_args_kv(args.kv), "wait_s": args.wait},

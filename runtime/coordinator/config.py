@@ -38,6 +38,15 @@ class CoordinatorConfig:
     slo_alert: float = 0.95
     keep_health_s: float = 7 * 24 * 3600
     keep_events_s: float = 30 * 24 * 3600
+    # Alert transitions POSTed as JSON (runtime/coordinator/webhooks.py); empty url = off.
+    webhook_url: str = ""
+    webhook_secret_file: str = ""  # HMAC-SHA256 key for X-Edgerun-Signature (mode 0600)
+    webhook_timeout_s: float = 5.0  # per POST
+    webhook_attempts: int = 8  # tries per alert (connection errors, 408, 429, 5xx)
+    webhook_backoff_s: float = 1.0  # first retry delay, doubled per retry up to 60 s
+    webhook_queue: int = 1000  # alerts waiting; past this the oldest is dropped and counted
+    webhook_alerts: tuple[str, ...] = ()  # alert codes sent (docs/dashboard.md); empty = all
+    alert_clear_s: float = 30.0  # an alert is reported cleared once away this long
     ingest_batch: int = 500  # messages per store transaction
     ingest_delay_s: float = 0.0  # artificial slowness per batch, for fault tests only
 
@@ -54,6 +63,21 @@ class CoordinatorConfig:
             return "retention_days", "retention_days and max_store_mb must be >= 0 (0 = off)"
         if self.retention_interval_s < 1:
             return "retention_interval_s", f"must be >= 1, got {self.retention_interval_s}"
+        if self.webhook_url:
+            from runtime.coordinator.webhooks import check_url
+
+            if why := check_url(self.webhook_url):
+                return "webhook_url", why
+        from runtime.coordinator.fleet import ALERT_CODES
+
+        if unknown := sorted(set(self.webhook_alerts) - set(ALERT_CODES)):
+            return "webhook_alerts", f"unknown alert code(s) {unknown}; known: {ALERT_CODES}"
+        if not 0 <= self.alert_clear_s <= 86400:
+            return "alert_clear_s", f"must be 0..86400, got {self.alert_clear_s}"
+        if not (0.1 <= self.webhook_timeout_s <= 300 and 1 <= self.webhook_attempts <= 100
+                and 0 <= self.webhook_backoff_s <= 3600 and 1 <= self.webhook_queue <= 10**6):
+            return "webhook_url", ("webhook_timeout_s must be 0.1..300, webhook_attempts "
+                                   "1..100, webhook_backoff_s 0..3600, webhook_queue 1..1e6")
         if self.offline_after_s < self.stale_after_s:
             return "offline_after_s", "must be >= stale_after_s"
         return None

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from runtime.telemetry import commands
 from runtime.telemetry.brokerauth import BrokerAuth, Identity, device_username, write_secret
+from runtime.telemetry.homeassistant import config_topics
 
 RELOAD_HINT = ("reload the broker so it reads the new password/ACL files: "
                "`sudo systemctl reload mosquitto` (or `kill -HUP <mosquitto pid>`)")
@@ -42,18 +43,21 @@ def _toml(value: object) -> str:
 def enroll_device(fleet: str, device: str, broker_dir: str | Path, out_dir: str | Path,
                   device_keys: str | Path, host: str = "127.0.0.1", port: int = 1883,
                   install_dir: str | Path | None = None, command_key: str | Path | None = None,
-                  read: tuple[str, ...] = ()) -> Enrolled:
+                  read: tuple[str, ...] = (), homeassistant: str = "") -> Enrolled:
     """Enrol device `device` of `fleet` (see module docstring). `install_dir` is where the
     device's files will live on the device (default: `out_dir`); `command_key` is the
     coordinator's command-signing public key, copied and listed in `trusted_keys`; `read`
-    are extra topic filters the device may receive (an MQTT trigger source's topic)."""
+    are extra topic filters the device may receive (an MQTT trigger source's topic);
+    `homeassistant` is a discovery prefix the device may publish its Home Assistant discovery
+    configs under (docs/homeassistant.md), empty for none."""
     username = device_username(fleet, device)  # validates both names first
     out = Path(out_dir).expanduser().resolve()
     keys_dir = Path(device_keys).expanduser().resolve()
     where = Path(install_dir).expanduser() if install_dir else out
     out.mkdir(parents=True, exist_ok=True)
     keys_dir.mkdir(parents=True, exist_ok=True)
-    password = BrokerAuth(broker_dir).enrol(Identity(username, "device", read=read))
+    write = config_topics(homeassistant, fleet, device) if homeassistant else ()
+    password = BrokerAuth(broker_dir).enrol(Identity(username, "device", read=read, write=write))
     write_secret(out / "broker.password", password)
     commands.generate_keypair(out / "device.key", out / "device.pub")
     shutil.copyfile(out / "device.pub", keys_dir / f"{device}.pub")

@@ -25,6 +25,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+# Every code `alerts` can raise (coordinator.webhook_alerts is checked against it).
+ALERT_CODES = ("governor_disabled", "offline", "stale", "throttled", "hot", "sensor",
+               "failsafe", "slo", "backlog", "evicted", "version", "missed_wake")
+
 
 @dataclass(frozen=True)
 class FleetConfig:
@@ -160,13 +164,21 @@ def alerts(view: DeviceView, cfg: FleetConfig, fleet_version: str | None
         out.append(("missed_wake", f"announced a wake at {clock(view.wake_at)} and has not "
                                    f"been heard from since (margin {cfg.wake_margin_s:.0f} s)"))
     elif view.status not in ("online", "asleep"):
-        out.append((view.status, f"device is {view.status} (last seen {view.last_seen:.0f})"))
+        seen = (time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(view.last_seen))
+                if view.last_seen > 0 else "never")
+        out.append((view.status, f"device is {view.status} (last seen {seen})"))
     temp, trip = _num(h, "temp_c"), _num(h, "passive_trip_c")
     if h.get("throttled") is True:
         out.append(("throttled", "the device reports thermal throttling"))
     elif temp is not None and trip is not None and temp >= trip - cfg.temp_margin_c:
         out.append(("hot", f"{temp:.1f} °C is within {cfg.temp_margin_c:.0f} °C of the "
                            f"{trip:.0f} °C trip"))
+    problems = h.get("sensor_problems")
+    if isinstance(problems, list | tuple) and problems:
+        out.append(("sensor", "sensor problem: " + "; ".join(str(p)[:200] for p in problems[:3])))
+    reason = _get(h, "governor", "reason")
+    if isinstance(reason, str) and reason.startswith("fail-safe"):
+        out.append(("failsafe", f"control is failing safe (lowest rung): {reason[:200]}"))
     compliance = _num(h, "slo", "compliance")
     if compliance is not None and compliance < cfg.slo_alert:
         out.append(("slo", f"latency SLO met by {compliance:.1%} of inferences"))
@@ -195,3 +207,16 @@ def transitions(before: Mapping[str, DeviceView], after: Mapping[str, DeviceView
     """(device, old status, new status) for each device whose status changed."""
     return [(k, before[k].status if k in before else "unknown", v.status)
             for k, v in after.items() if k not in before or before[k].status != v.status]
+
+
+def alert_changes(before: Mapping[str, DeviceView], after: Mapping[str, DeviceView]
+                  ) -> list[tuple[str, str, str, str]]:
+    """(device, alert code, "raised" | "cleared", message) for each alert that appeared on or
+    left a device between two views (a device new in `after` raises all of its alerts)."""
+    out = []
+    for k, v in after.items():
+        old = dict(before[k].alerts) if k in before else {}
+        new = dict(v.alerts)
+        out += [(k, code, "raised", msg) for code, msg in new.items() if code not in old]
+        out += [(k, code, "cleared", old[code]) for code in old if code not in new]
+    return out

@@ -16,6 +16,7 @@ device delete them, and several coordinators sharing one store ack only what is 
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
 import threading
 import time
@@ -34,6 +35,11 @@ CREATE TABLE IF NOT EXISTS streams (
     lo INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (device, stream)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS health (device TEXT NOT NULL, t REAL NOT NULL, body TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS health_device ON health (device, t);
+CREATE TABLE IF NOT EXISTS health_points (device TEXT NOT NULL, t REAL NOT NULL,
+    temp_c REAL, passive_trip_c REAL, rung REAL, rungs REAL, p95_ms REAL, target_ms REAL,
+    rate_hz REAL, accuracy REAL, power_w REAL, rung_energy_mj REAL, battery_frac REAL,
+    harvest_w REAL);
+CREATE INDEX IF NOT EXISTS health_points_device ON health_points (device, t);
 CREATE TABLE IF NOT EXISTS events (device TEXT NOT NULL, t REAL NOT NULL, type TEXT NOT NULL,
                                    body TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS events_device ON events (device, t);
@@ -44,6 +50,17 @@ CREATE TABLE IF NOT EXISTS quarantine (t REAL NOT NULL, device TEXT NOT NULL,
 CREATE TABLE IF NOT EXISTS quarantine_counts (device TEXT PRIMARY KEY, n INTEGER NOT NULL);
 """
 
+# The dashboard's timeline (health_points): column <- path in the health message. Numbers
+# only, copied at ingest so a week of a device's timeline is read without parsing JSON.
+TIMELINE: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("temp_c", ("temp_c",)), ("passive_trip_c", ("passive_trip_c",)), ("rung", ("rung",)),
+    ("rungs", ("rungs",)), ("p95_ms", ("pipeline", "latency_ms", "p95")),
+    ("target_ms", ("slo", "target_ms")), ("rate_hz", ("pipeline", "rate_hz")),
+    ("accuracy", ("accuracy",)), ("power_w", ("power_w",)),
+    ("rung_energy_mj", ("rung_energy_mj",)), ("battery_frac", ("battery_frac",)),
+    ("harvest_w", ("harvest_w",)))
+_TIMELINE_COLS = {name for name, _ in TIMELINE}
+_AGGREGATES = {"MIN", "MAX", "AVG"}
 QUARANTINE_KEEP = 10_000  # rows of detail kept; the per-device counts are kept for ever
 SEQ_LIMIT = 1 << 62
 
@@ -135,6 +152,9 @@ class Store:
         elif m.kind == "health":
             self._db.execute("INSERT INTO health VALUES (?,?,?)",
                              (m.device, float(msg["t"]), json.dumps(msg)))
+            self._db.execute(f"INSERT INTO health_points VALUES (?,?{',?' * len(TIMELINE)})",
+                             (m.device, float(msg["t"]),
+                              *(_number(msg, path) for _, path in TIMELINE)))
         elif m.kind == "event":
             self._db.execute("INSERT INTO events VALUES (?,?,?,?)",
                              (m.device, float(msg["t"]), msg["type"], json.dumps(msg)))
@@ -275,11 +295,49 @@ class Store:
         rows = self._query("SELECT device, body, MAX(t) FROM health GROUP BY device")
         return {d: json.loads(b) for d, b, _ in rows}
 
+    def health_history(self, device: str, since: float, until: float, limit: int
+                       ) -> list[dict]:
+        """A device's health in [since, until], oldest first, as the reduced records
+        `edgerun report` plots (runtime/health_history.record); more than `limit` are thinned
+        to `limit` evenly spread ones (a day at 5 s is 17 280)."""
+        from runtime.health_history import record
+
+        rows = self._query("SELECT body FROM health WHERE device=? AND t >= ? AND t <= ? "
+                           "ORDER BY t", (device, since, until))
+        if len(rows) > limit:
+            step = len(rows) / limit
+            rows = [rows[int(i * step)] for i in range(limit)]
+        out = []
+        for (body,) in rows:
+            try:
+                out.append(record(json.loads(body)))
+            except (ValueError, AttributeError):  # stored before validation existed: skip it
+                continue
+        return out
+
+    def health_series(self, device: str, since: float, until: float,
+                      columns: Sequence[tuple[str, str]], max_points: int = 600
+                      ) -> list[tuple]:
+        """A device's timeline between `since` and `until` (device clock) in at most
+        `max_points` time buckets, oldest first: one row per bucket holding its newest `t`
+        and, per (TIMELINE column, "MIN" | "MAX" | "AVG") in `columns`, that aggregate over
+        the bucket (NULL where the field was absent)."""
+        for name, agg in columns:
+            if name not in _TIMELINE_COLS or agg not in _AGGREGATES:
+                raise ValueError(f"no timeline column {agg}({name})")
+        width = max((until - since) / max(1, max_points), 1e-3)
+        cols = ", ".join(f"{agg}({name})" for name, agg in columns)
+        return self._query(
+            f"SELECT MAX(t), {cols} FROM health_points WHERE device=? AND t >= ? AND t <= ? "
+            "GROUP BY CAST((t - ?) / ? AS INTEGER) ORDER BY 1",
+            (device, since, until, since, width))
+
     def prune(self, keep_health_s: float, keep_events_s: float) -> None:
         """Drop health and events older than their retention (results are never pruned here)."""
         now = time.time()
         with self._lock:
             self._db.execute("DELETE FROM health WHERE t < ?", (now - keep_health_s,))
+            self._db.execute("DELETE FROM health_points WHERE t < ?", (now - keep_health_s,))
             self._db.execute("DELETE FROM events WHERE t < ?", (now - keep_events_s,))
 
     def used_bytes(self) -> int:
@@ -324,6 +382,9 @@ class Store:
                 elif n := self._delete("DELETE FROM health WHERE rowid IN (SELECT rowid FROM "
                                        "health ORDER BY rowid LIMIT ?)", (chunk,)):
                     out["health_by_size"] += n
+                    # the timeline goes with the health it was copied from (same order)
+                    self._delete("DELETE FROM health_points WHERE rowid IN (SELECT rowid FROM "
+                                 "health_points ORDER BY rowid LIMIT ?)", (n,))
                 elif n := self._delete("DELETE FROM events WHERE rowid IN (SELECT rowid FROM "
                                        "events ORDER BY rowid LIMIT ?)", (chunk,)):
                     out["events_by_size"] += n
@@ -342,3 +403,17 @@ class Store:
         """Close the database."""
         with self._lock:
             self._db.close()
+
+
+def _number(msg: Any, path: tuple[str, ...]) -> float | None:
+    """The finite number at `path` in a message, else None (a bool, string or NaN where a
+    number belongs becomes a gap in the timeline, never an error)."""
+    node = msg
+    for key in path:
+        if not isinstance(node, dict):
+            return None
+        node = node.get(key)
+    if isinstance(node, bool) or not isinstance(node, int | float):
+        return None
+    x = float(node)
+    return x if math.isfinite(x) else None

@@ -61,6 +61,15 @@ def wait_port(port: int, timeout_s: float = 10.0) -> None:
     raise TimeoutError(f"nothing listening on port {port} after {timeout_s} s")
 
 
+# Where Debian and Raspberry Pi OS put daemons: not on a normal user's PATH.
+SBIN_DIRS = "/usr/local/sbin:/usr/sbin:/sbin"
+
+
+def mosquitto_path() -> str | None:
+    """The mosquitto binary: on PATH, else in SBIN_DIRS."""
+    return shutil.which("mosquitto") or shutil.which("mosquitto", path=SBIN_DIRS)
+
+
 class Mosquitto:
     """`mosquitto -c conf` as a child process; `extra` lines go into its config.
 
@@ -69,7 +78,8 @@ class Mosquitto:
     transport alone)."""
 
     def __init__(self, workdir: Path, extra: str = "", auth: bool = True):
-        if not shutil.which("mosquitto"):
+        self.exe = mosquitto_path()
+        if not self.exe:
             raise RuntimeError("mosquitto is not installed (apt install mosquitto)")
         self.port = free_port()
         self.workdir = workdir
@@ -141,7 +151,7 @@ class Mosquitto:
 
     def start(self) -> Mosquitto:
         """Start and wait until it accepts connections."""
-        self.proc = subprocess.Popen(["mosquitto", "-c", str(self.conf), "-v"],
+        self.proc = subprocess.Popen([self.exe, "-c", str(self.conf), "-v"],
                                      stdout=self.log.open("ab"), stderr=subprocess.STDOUT)
         wait_port(self.port)
         return self

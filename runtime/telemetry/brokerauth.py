@@ -31,7 +31,7 @@ from pathlib import Path
 from runtime.telemetry.config import check_name
 
 PREFIX = "edgerun/v1"
-DEVICE_PUBLISHES = ("state", "result", "health", "event", "cmd/reply")
+DEVICE_PUBLISHES = ("state", "result", "health", "event", "cmd/reply", "result/each")
 DEVICE_SUBSCRIBES = ("cmd", "ack")
 ROLES = ("device", "coordinator", "client")
 _PBKDF2_ITERATIONS = 1000  # passwords are 256-bit random: iterations only slow the broker

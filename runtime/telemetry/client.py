@@ -15,6 +15,14 @@ as an event (a spoofed ack must not delete results the coordinator never stored)
 results are re-sent after `ack_timeout_s` without ack progress (doubling up to 8x while nothing
 moves) and after every reconnect. Health and events are removed on PUBACK (the latest N are
 kept while offline).
+
+With `result_per_message`, each result is also published alone on `.../result/each` (QoS 1,
+not retained) by its own cursor over the outbox, independent of acks (so it flows without a
+coordinator): every result appended while this process runs, once, in seq order, including
+those held while the broker was away; not those of an earlier process, and not again after a
+reconnect (a message paho had not yet written when a connection dropped is lost). The batched
+`result` topic stays the one the coordinator stores and acks. Home Assistant discovery
+(runtime/telemetry/homeassistant.py), when given, is published after every birth.
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ import paho.mqtt.client as mqtt
 
 from runtime.telemetry import commands, payloads, safejson
 from runtime.telemetry.config import TelemetryConfig
+from runtime.telemetry.homeassistant import Discovery
 from runtime.telemetry.mqtt import Connection
 from runtime.telemetry.outbox import Outbox
 from runtime.telemetry.quarantine import RateLimitedLog
@@ -73,7 +82,7 @@ class Publisher:
     def __init__(self, cfg: TelemetryConfig, outbox: Outbox,
                  birth: Callable[[], dict[str, Any]] | None = None,
                  command_queue: queue.Queue | None = None, state_dir: Path | None = None,
-                 session_expiry_s: int = 0):
+                 homeassistant: Discovery | None = None, session_expiry_s: int = 0):
         self.cfg = cfg
         self.outbox = outbox
         self.device = device_id(cfg)
@@ -100,6 +109,11 @@ class Publisher:
         self._rebirth = threading.Event()
         self._refusals = _Bucket(rate_hz=10, burst=20)  # replies to refused commands
         self._reset_cursors()
+        self._ha = homeassistant
+        # result_per_message: the highest seq published alone (results of earlier processes
+        # are not: their consumers had them, or they are history by now)
+        self._each_upto = outbox.last_seq() if cfg.result_per_message else 0
+        self._each_changes = -1
         # session_expiry_s > 0 (a device that sleeps): a persistent session (clean start off,
         # the broker keeps it that long), so commands sent while it sleeps wait at the broker.
         self.session_expiry_s = session_expiry_s
@@ -113,6 +127,7 @@ class Publisher:
             subscriptions=[(self._topic["cmd"], 1), (self._topic["ack"], 1)],
             on_message=self._on_message, on_connected=self._on_connected, on_tick=self._drain,
             on_publish=self._on_publish, on_error=self._callback_failed, will=self._will,
+            on_refused=self._on_refused,
             on_takeover=lambda why: self._event("mqtt_takeover", "critical", why,
                                                 client_id=self._stats.client_id),
             clean=self.session_expiry_s == 0, session_expiry_s=self.session_expiry_s,
@@ -194,6 +209,9 @@ class Publisher:
     def _on_connected(self, client: mqtt.Client) -> None:
         self._reset_cursors()
         self._publish_birth(client)
+        if self._ha is not None:
+            self._ha.on_connected()
+            self._ha.publish(client)
         log.info("connected to %s:%d (MQTT %s) as %s/%s", self.cfg.broker.host,
                  self.cfg.broker.port, self._conn.stats.protocol, self.cfg.fleet, self.device)
 
@@ -213,6 +231,10 @@ class Publisher:
         if self._rebirth.is_set():
             self._rebirth.clear()
             self._publish_birth(client)
+            if self._ha is not None:  # a new model may bring new labels
+                self._ha.publish(client)
+        if self.cfg.result_per_message:
+            self._publish_each(client)
         now = time.monotonic()
         if self._sent_upto > self._acked and (
                 now - self._last_progress > self.cfg.ack_timeout_s * self._timeout_scale):
@@ -255,6 +277,22 @@ class Publisher:
         if drained and len(others) < 64:
             self._seen_changes = changes
 
+    def _publish_each(self, client: mqtt.Client, limit: int = 200) -> None:
+        """Publish results appended since the last call, one message each (see module
+        docstring); runs before the batches, so it is never behind what acks delete."""
+        changes = self.outbox.changes
+        if changes == self._each_changes:
+            return
+        batch = self.outbox.pending(self._each_upto, limit)
+        head = f'{{"v":{payloads.VERSION},"stream":"{self.outbox.stream}",'
+        for p in batch:
+            info = client.publish(self._topic["result/each"], (head + p.json[1:]).encode(), qos=1)
+            if info.rc != mqtt.MQTT_ERR_SUCCESS:
+                raise ConnectionError(mqtt.error_string(info.rc))
+            self._each_upto = p.seq
+        if len(batch) < limit:  # drained: wait for the outbox to change
+            self._each_changes = changes
+
     def _check_own(self, kind: str, body: str) -> None:
         """Our own health/event failing its schema is a bug the coordinator would quarantine
         silently from here: say so in this log (once a minute), then send it anyway."""
@@ -266,9 +304,26 @@ class Publisher:
                            "runtime/telemetry/payloads.py", kind, e, level=logging.ERROR)
 
     def _on_publish(self, mid: int) -> None:
+        if self._ha is not None:
+            self._ha.acked(mid)
         rowid = self._other_mids.pop(mid, None)
         if rowid is not None:
             self.outbox.remove([rowid])
+
+    def _on_refused(self, mid: int, reason: str) -> None:
+        """MQTT 5 told us the broker did not take a message (3.1.1 brokers drop it silently).
+        Said once a minute per kind, with what to do: it is nearly always the ACL."""
+        what = self._ha.refused(mid) if self._ha is not None else None
+        if what:
+            self._rlog.log("refused-ha", "the broker refused %s (%s): the device's broker "
+                           "identity may not publish Home Assistant discovery; enrol it with "
+                           "`edgerun fleet enroll --homeassistant` (docs/homeassistant.md)",
+                           what, reason, level=logging.ERROR)
+        else:
+            self._rlog.log("refused", "the broker refused a message (%s); if it is the ACL, "
+                           "regenerate it with `edgerun fleet enroll` (an ACL from an older "
+                           "version lacks newer topics such as result/each)", reason,
+                           level=logging.ERROR)
 
     def _on_message(self, client: mqtt.Client, msg: mqtt.MQTTMessage) -> None:
         if msg.topic == self._topic["ack"]:

@@ -76,6 +76,10 @@ class TelemetryConfig:
     inflight: int = 200  # results published but not yet acked by the coordinator
     ack_timeout_s: float = 10.0  # re-send unacked results after this long without ack progress
     health_interval_s: float = 5.0
+    # Also publish each result as its own message on `.../result/each` (Node-RED, Home
+    # Assistant): best effort, at most once per process; the batched `result` topic stays the
+    # durable, acked path to the coordinator (docs/homeassistant.md).
+    result_per_message: bool = False
     trusted_keys: tuple[str, ...] = ()  # Ed25519 public keys (PEM files) allowed to command
     # Ed25519 private key (PEM or raw 32 bytes) signing this device's command replies; empty =
     # `<state_dir>/device.key`, made at first start (0600) with `device.pub` beside it.

@@ -135,6 +135,7 @@ class Connection:
                  on_connected: Callable[[mqtt.Client], None] | None = None,
                  on_tick: Callable[[mqtt.Client], None] | None = None,
                  on_publish: Callable[[int], None] | None = None,
+                 on_refused: Callable[[int, str], None] | None = None,
                  on_takeover: Callable[[str], None] | None = None,
                  on_error: Callable[[str, str], None] | None = None,
                  will: Callable[[], tuple[str, bytes]] | None = None,
@@ -144,6 +145,7 @@ class Connection:
         self.subscriptions = list(subscriptions)
         self._on_message, self._on_connected = on_message, on_connected
         self._on_tick, self._on_publish = on_tick, on_publish
+        self._on_refused = on_refused  # MQTT 5: a PUBACK with a failure reason (e.g. the ACL)
         self._on_takeover, self._on_error = on_takeover, on_error
         self._will, self.clean, self.session_expiry_s = will, clean, session_expiry_s
         self.max_inflight, self.connect_timeout_s = max_inflight, connect_timeout_s
@@ -334,6 +336,8 @@ class Connection:
             self._contain("message", self._on_message, client, msg)
 
     def _cb_publish(self, client, userdata, mid, reason_code, properties) -> None:
+        if self._on_refused and getattr(reason_code, "is_failure", False):
+            self._contain("publish", self._on_refused, mid, str(reason_code))
         if self._on_publish:
             self._contain("publish", self._on_publish, mid)
 

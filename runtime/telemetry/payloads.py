@@ -17,7 +17,7 @@ import jsonschema
 from runtime.telemetry import safejson
 
 VERSION = 1
-KINDS = ("state", "result", "health", "event", "cmd", "cmd/reply", "ack")
+KINDS = ("state", "result", "health", "event", "cmd", "cmd/reply", "ack", "result/each")
 PREFIX = "edgerun/v1"
 
 SEQ_MAX = (1 << 62) - 1  # seqs and floors live in [0, 2^62): far from SQLite's 2^63 limit
@@ -49,7 +49,7 @@ def _obj(props: dict[str, Any], required: tuple[str, ...] = (), extra: Any = Fal
 _HEALTH = _obj({
     "v": _V, "t": _T, "boot": _ID, "uptime_s": {"type": "number", "minimum": 0},
     "temp_c": _NUM_OR_NULL, "passive_trip_c": _NUM_OR_NULL, "throttled": _BOOL,
-    "battery_frac": _NUM_OR_NULL,
+    "battery_frac": _NUM_OR_NULL, "harvest_w": _NUM_OR_NULL,
     "sensor_problems": {"type": "array", "maxItems": 64, "items": _STR},
     "model": _SHORT, "choice": _SHORT, "choice_reason": _STR,
     "rung": {"type": "integer", "minimum": 0, "maximum": 10_000},
@@ -67,7 +67,15 @@ _HEALTH = _obj({
                       "frames_bad": _obj({}, extra=_COUNT),
                       # results per label since start (at most 256 labels + "_other")
                       "labels": {**_obj({}, extra=_COUNT), "maxProperties": 257,
-                                 "propertyNames": {"maxLength": 256}}},
+                                 "propertyNames": {"maxLength": 256}},
+                      # per source (runtime/multisource.py): name -> state, rate, e2e p95,
+                      # frames waiting, and its counters
+                      "sources": {"type": "object", "maxProperties": 64,
+                                  "propertyNames": _ID, "additionalProperties": _obj(
+                                      {"state": {"enum": ["opening", "running", "failed",
+                                                          "ended"]},
+                                       "rate_hz": _NUM, "e2e_p95_ms": _NUM_OR_NULL,
+                                       "backlog": _COUNT}, extra=_COUNT)}},
                      extra=_COUNT),  # the pipeline's counters (frames, results, inline...)
     "slo": _obj({"target_ms": _NUM_OR_NULL, "compliance": _NUM_OR_NULL}),
     "backlog": _obj({"results_held": _COUNT, "bytes": _COUNT, "oldest_seq": _COUNT_OR_NULL,
@@ -120,6 +128,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                 "items": {
                     "type": "object", "required": ["seq", "t"],
                     "properties": {"seq": _SEQ, "t": _T, "boot": _ID,
+                                   "source": _ID,  # the [source]/[[sources]] name
                                    "variant": _SHORT, "rung": {"type": "integer"},
                                    "label": _SHORT, "score": _NUM},
                 },
@@ -127,6 +136,15 @@ SCHEMAS: dict[str, dict[str, Any]] = {
         },
     },
     "health": _HEALTH,
+    # One result a message (`[telemetry] result_per_message`), for Node-RED and Home
+    # Assistant; the coordinator does not subscribe to it (the batched `result` is durable).
+    "result/each": {
+        "type": "object",
+        "required": ["v", "stream", "seq", "t", "boot"],
+        "properties": {"v": _V, "stream": _ID, "seq": _SEQ, "t": _T, "boot": _ID,
+                       "variant": _SHORT, "rung": {"type": "integer"}, "label": _SHORT,
+                       "score": _NUM, "ref": _STR},
+    },
     "event": {
         "type": "object",
         "required": ["v", "t", "type"],
@@ -184,7 +202,7 @@ def parse_topic(name: str) -> tuple[str, str, str] | None:
 
 
 MAX_BYTES = {"result": 1 << 20, "health": 64 << 10, "state": 16 << 10, "event": 16 << 10,
-             "cmd": 8 << 10, "cmd/reply": 64 << 10, "ack": 1 << 10}
+             "cmd": 8 << 10, "cmd/reply": 64 << 10, "ack": 1 << 10, "result/each": 64 << 10}
 
 
 def decode(kind: str, raw: bytes, max_bytes: int | None = None) -> dict:

@@ -1,0 +1,133 @@
+"""A small, bounded history of the device's own health, for `edgerun report` when offline.
+
+The outbox keeps only the latest few health messages (older ones are stale for the fleet), so
+a box without a coordinator, or cut off from it, would have nothing to draw its day from.
+Every health message the daemon makes is also reduced to the dozen figures the report plots
+(`record`, ~300 bytes) and appended as one JSON line to `<state_dir>/health-history.jsonl`.
+Past `MAX_BYTES` the file is rotated to `.1` (one rotated file is kept), so the history costs
+at most 2 x MAX_BYTES of disk: about 1.5 days at the default 5 s health interval. A write
+that fails (disk full) is logged once a minute and skipped; the daemon goes on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("edgerun.history")
+
+NAME = "health-history.jsonl"
+MAX_BYTES = 4 << 20
+MAX_LINE = 4096  # a longer line is not one of ours: skipped when reading
+
+
+def _get(h: Mapping[str, Any], *path: str) -> Any:
+    for key in path:
+        if not isinstance(h, Mapping):
+            return None
+        h = h.get(key)  # type: ignore[assignment]
+    return h
+
+
+def _num(x: Any) -> float | None:
+    """A finite number, else None (a hostile or damaged record must not reach a plot)."""
+    if isinstance(x, bool) or not isinstance(x, int | float) or not math.isfinite(x):
+        return None
+    return float(x)
+
+
+def record(h: Mapping[str, Any], trips: Mapping[str, float] | None = None) -> dict[str, Any]:
+    """The figures of one health message the report plots (any missing one is None).
+    `trips` are the device's thermal trip points (type -> °C) when known; health itself
+    carries only the passive one."""
+    out: dict[str, Any] = {
+        "t": _num(h.get("t")),
+        "temp_c": _num(h.get("temp_c")),
+        "throttled": bool(h.get("throttled")) if isinstance(h.get("throttled"), bool) else None,
+        "rung": _num(h.get("rung")), "rungs": _num(h.get("rungs")),
+        "rate_hz": _num(_get(h, "pipeline", "rate_hz")),
+        "p95_ms": _num(_get(h, "pipeline", "latency_ms", "p95")),
+        "target_ms": _num(_get(h, "slo", "target_ms")),
+        "energy_mj": _num(h.get("rung_energy_mj")),
+        "power_w": _num(h.get("power_w")),
+        "battery_frac": _num(h.get("battery_frac")),
+        "accuracy": _num(h.get("accuracy")),
+    }
+    if (sim_t := _num(_get(h, "simulated", "t"))) is not None:
+        out["sim_t"] = sim_t  # a simulated device: its own clock (s since a midnight)
+    t = dict(trips or {})
+    if (p := _num(h.get("passive_trip_c"))) is not None:
+        t.setdefault("passive", p)
+    out["trips"] = {str(k)[:32]: v for k, v in t.items() if _num(v) is not None}
+    return out
+
+
+class HealthHistory:
+    """Appends health records to `<state_dir>/health-history.jsonl` (see module docstring)."""
+
+    def __init__(self, state_dir: Path, max_bytes: int = MAX_BYTES):
+        self.path = Path(state_dir) / NAME
+        self.max_bytes = max_bytes
+        self._said = -math.inf
+        self.errors = 0
+
+    def append(self, h: Mapping[str, Any], trips: Mapping[str, float] | None = None) -> None:
+        """Append one record; rotate first when it would not fit. Never raises."""
+        try:
+            line = json.dumps(record(h, trips), separators=(",", ":"), allow_nan=False) + "\n"
+            size = self.path.stat().st_size if self.path.exists() else 0
+            if size and size + len(line) > self.max_bytes:
+                self.path.replace(self.path.with_name(NAME + ".1"))
+            if size and _ends_mid_line(self.path):
+                line = "\n" + line  # a power cut cut the last line: do not join onto it
+            with self.path.open("a") as f:
+                f.write(line)
+        except (OSError, ValueError) as e:
+            self.errors += 1
+            if time.monotonic() - self._said >= 60:
+                self._said = time.monotonic()
+                log.warning("cannot append to the health history %s (%s); `edgerun report` "
+                            "will have a gap there", self.path, e)
+
+
+def _ends_mid_line(path: Path) -> bool:
+    with path.open("rb") as f:
+        f.seek(-1, 2)
+        return f.read(1) != b"\n"
+
+
+def read(state_dir: Path, since: float = 0.0, until: float = math.inf) -> list[dict[str, Any]]:
+    """The records in `<state_dir>` (rotated file first), oldest first, with `since <= t <=
+    until`. Lines that are not a record (damaged, truncated by a power cut) are skipped."""
+    base = Path(state_dir) / NAME
+    out = []
+    for path in (base.with_name(NAME + ".1"), base):
+        if path.exists():
+            out += _records(path.read_text(errors="replace").splitlines())
+    return sorted((r for r in out if since <= r["t"] <= until), key=lambda r: r["t"])
+
+
+def _records(lines: Iterable[str]) -> list[dict[str, Any]]:
+    out = []
+    for line in lines:
+        if not line or len(line) > MAX_LINE:
+            continue
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(doc, dict) and _num(doc.get("t")) is not None:
+            # re-derive from what was stored, so a hand-edited file is validated too
+            r = record({**doc, "simulated": {"t": doc.get("sim_t")},
+                        "pipeline": {"rate_hz": doc.get("rate_hz"),
+                                     "latency_ms": {"p95": doc.get("p95_ms")}},
+                        "slo": {"target_ms": doc.get("target_ms")},
+                        "rung_energy_mj": doc.get("energy_mj")},
+                       doc.get("trips") if isinstance(doc.get("trips"), dict) else None)
+            out.append(r)
+    return out

@@ -1,0 +1,7 @@
+#!/bin/sh
+# Install edgerun as a service on Debian 12 / Raspberry Pi OS (docs/install.md): a venv under
+# /opt/edgerun, the units pointing at it, the edgerun user, /etc/edgerun. Safe to re-run.
+# Options: see `systemd/install.sh --help` (e.g. --enable, --extras demo, --prefix DIR).
+set -eu
+cd "$(dirname "$0")/.."
+exec python3 -m runtime.install "$@"

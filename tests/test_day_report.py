@@ -1,0 +1,236 @@
+"""`edgerun report`: the local health history, the coordinator's history endpoint, and the
+PNG/HTML rendered from a real daemon run and from health stored by a real coordinator."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import struct
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from daemon_harness import Serve, wait, write_config
+
+from runtime import day_report, health_history
+from runtime.coordinator.api import BadRequest, health_query
+
+# the tests that draw need matplotlib (the [report] extra; the [test] extra has it too)
+needs_mpl = pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None,
+                               reason="matplotlib is not installed")
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def png_size(data: bytes) -> tuple[int, int]:
+    """(width, height) from a PNG's IHDR chunk, after checking the signature."""
+    assert data[:8] == PNG_MAGIC, "not a PNG"
+    assert data[12:16] == b"IHDR"
+    return struct.unpack(">II", data[16:24])
+
+
+def _health(t: float, **kw) -> dict:
+    h = {"v": 1, "t": t, "boot": "b", "temp_c": 55.0, "passive_trip_c": 70.0,
+         "throttled": False, "rung": 3, "rungs": 3, "power_w": 4.0, "battery_frac": 0.9,
+         "rung_energy_mj": 12.0, "accuracy": 0.97,
+         "pipeline": {"rate_hz": 10.0, "latency_ms": {"p50": 3.0, "p95": 5.0}},
+         "slo": {"target_ms": 20.0}}
+    h.update(kw)
+    return h
+
+
+def test_history_is_bounded_rotated_and_read_in_order(tmp_path):
+    hist = health_history.HealthHistory(tmp_path, max_bytes=4096)
+    t0 = 1_700_000_000.0
+    for i in range(100):
+        hist.append(_health(t0 + i), {"hot": 80.0, "critical": 95.0})
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert files == ["health-history.jsonl", "health-history.jsonl.1"]
+    assert all(p.stat().st_size <= 4096 for p in tmp_path.iterdir())
+    recs = health_history.read(tmp_path)
+    ts = [r["t"] for r in recs]
+    assert ts == sorted(ts) and ts[-1] == t0 + 99 and len(recs) >= 20
+    assert recs[-1]["trips"] == {"hot": 80.0, "critical": 95.0, "passive": 70.0}
+    assert recs[-1]["p95_ms"] == 5.0 and recs[-1]["target_ms"] == 20.0
+    assert health_history.read(tmp_path, since=t0 + 95) == recs[-5:]
+
+
+def test_damaged_or_hostile_lines_cost_only_themselves(tmp_path):
+    hist = health_history.HealthHistory(tmp_path)
+    hist.append(_health(100.0))
+    with (tmp_path / health_history.NAME).open("a") as f:
+        f.write('{"t": 101, "temp_c": "hot", "rung": NaN, "trips": {"x": "y"}}\n')
+        f.write("not json\n[1,2]\n" + "{" * 5000 + "\n" + '{"t": 1e400}\n')
+        f.write('{"t": 102, "temp_c": 60')  # a power cut mid-line
+    hist.append(_health(103.0, temp_c=None))
+    recs = health_history.read(tmp_path)
+    assert [r["t"] for r in recs] == [100.0, 101.0, 103.0]
+    assert recs[1]["temp_c"] is None and recs[1]["rung"] is None and recs[1]["trips"] == {}
+
+
+def test_a_write_that_fails_is_counted_not_raised(tmp_path):
+    hist = health_history.HealthHistory(tmp_path / "missing-dir")
+    hist.append(_health(1.0))
+    assert hist.errors == 1
+
+
+def test_gaps_break_lines_and_are_not_integrated():
+    recs = [health_history.record(_health(t)) for t in (0, 10, 20, 30, 3630, 3640)]
+    broken = day_report._break_gaps(recs)
+    assert len(broken) == 7 and broken[4]["t"] == 1830 and "temp_c" not in broken[4]
+    wh = day_report.energy_wh(recs)
+    # 4 W for 30 s, then nothing across the hour-long gap, then 4 W for 10 s
+    assert wh[-1] == pytest.approx(4.0 * 40 / 3600)
+
+
+def test_parse_when():
+    now = 1_000_000.0
+    assert day_report.parse_when("24h", now) == now - 86400
+    assert day_report.parse_when("90m", now) == now - 5400
+    assert day_report.parse_when("1700000000", now) == 1_700_000_000
+    assert day_report.parse_when("2026-05-01T08:00+00:00", now) == 1777622400
+    with pytest.raises(ValueError, match="not a time"):
+        day_report.parse_when("yesterday", now)
+
+
+def test_health_query_validates():
+    assert health_query("", now=1000.0 * 86400) == (999 * 86400.0, 1000 * 86400.0, 5000)
+    assert health_query("since=5&until=10&limit=3") == (5.0, 10.0, 3)
+    for bad in ("since=-1", "limit=0", "limit=999999", "since=1e9", "x=1", "since=1&since=2"):
+        with pytest.raises(BadRequest):
+            health_query(bad)
+
+
+def test_missing_matplotlib_is_said_clearly(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if not installed
+    tl = day_report.Timeline("d", "test", [health_history.record(_health(1.0))])
+    with pytest.raises(day_report.MissingExtra, match=r"pip install 'edgerun\[report\]'"):
+        day_report.render_png(tl)
+
+
+def test_html_escapes_everything_from_outside():
+    recs = [health_history.record(_health(1_700_000_000.0 + i * 5)) for i in range(3)]
+    tl = day_report.Timeline('<script>alert(1)</script>', "test", recs,
+                             events=[{"t": 1_700_000_005.0, "type": "<b>x</b>",
+                                      "severity": "critical"}])
+    page = day_report.render_html(tl, b"\x89PNG fake")
+    assert "<script>" not in page and "&lt;script&gt;" in page and "<b>x</b>" not in page
+
+
+@needs_mpl
+def test_report_of_a_real_daemon_run_from_its_state_dir(tmp_path):
+    """A real `serve` writes health-history.jsonl; `edgerun report --local` draws it."""
+    cfg = write_config(tmp_path, tmp_path / "cache")
+    d = Serve(tmp_path, cfg)
+    hist = tmp_path / "state" / health_history.NAME
+    try:
+        wait(d.ready, 180, "the daemon ready", d)
+        wait(lambda: hist.exists() and len(hist.read_text().splitlines()) >= 8, 30,
+             "8 health records", d)
+    finally:
+        assert d.stop() == 0
+    recs = health_history.read(tmp_path / "state")
+    assert all(r["temp_c"] == 40.0 for r in recs)  # the fake sysfs zone reads 40 °C
+    assert all(r["rung"] and r["rungs"] and r["power_w"] for r in recs)
+    out, page = tmp_path / "day.png", tmp_path / "day.html"
+    proc = subprocess.run([sys.executable, "-m", "runtime.cli", "report", "--local", "--config",
+                           str(cfg), "--since", "1h", "--out", str(out), "--html", str(page),
+                           "--utc"], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)})
+    assert proc.returncode == 0, proc.stderr
+    assert "box1" in proc.stdout and f"{len(recs)} health records" in proc.stdout
+    assert png_size(out.read_bytes()) == (day_report.WIDTH_PX, day_report.HEIGHT_PX)
+    text = page.read_text()
+    assert "data:image/png;base64," in text and "<td>40.0</td>" in text
+    assert "box1" in text and "(UTC)" in text
+
+
+@needs_mpl
+def test_report_refuses_an_empty_window(tmp_path):
+    health_history.HealthHistory(tmp_path).append(_health(1000.0))
+    proc = subprocess.run([sys.executable, "-m", "runtime.cli", "report", "--local", "dev",
+                           "--state-dir", str(tmp_path), "--since", "1h"],
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)})
+    assert proc.returncode == 2 and "no health records for dev" in proc.stderr
+
+
+@needs_mpl
+def test_report_from_the_coordinator_history(tmp_path, broker):
+    """Health published by a device over a real broker, stored by a real coordinator, read
+    back through the API's health endpoint and drawn, with a gap where it was silent."""
+    from runtime.coordinator.api import ensure_token, serve
+    from runtime.coordinator.config import CoordinatorConfig
+    from runtime.coordinator.service import Coordinator
+    from runtime.telemetry import commands
+    from runtime.telemetry.client import Publisher
+    from runtime.telemetry.config import OutboxConfig, TelemetryConfig
+    from runtime.telemetry.outbox import Outbox
+
+    (tmp_path / "keys").mkdir()
+    commands.generate_keypair(tmp_path / "device.key", tmp_path / "keys" / "dev1.pub")
+    coord = Coordinator(CoordinatorConfig(
+        fleet="test", broker=broker.coordinator("test", keepalive_s=5),
+        device_keys=str(tmp_path / "keys"), store=str(tmp_path / "coord.db")))
+    coord.start()
+    assert coord.connected.wait(10)
+    token = ensure_token(tmp_path / "token")
+    server = serve(coord, "127.0.0.1", 0, token)
+    api = f"http://127.0.0.1:{server.server_address[1]}"
+    cfg = TelemetryConfig(fleet="test", device="dev1", broker=broker.device("test", "dev1"),
+                          outbox=OutboxConfig(path=str(tmp_path / "dev.db"), health_keep=500))
+    outbox = Outbox(cfg.outbox)
+    pub = Publisher(cfg, outbox, state_dir=tmp_path)
+    pub.start()
+    now = time.time()
+    times = [now - 7200 + i * 60 for i in range(60)] + [now - 1200 + i * 60 for i in range(20)]
+    try:
+        for i, t in enumerate(times):
+            outbox.put("health", _health(t, boot=outbox.boot, temp_c=50 + 20 * math.sin(i / 9),
+                                         throttled=i % 9 > 6, rung=1 + i % 3,
+                                         battery_frac=1 - i / 100))
+        wait(lambda: len(coord.store.health_history("dev1", 0, now + 1, 1000)) == 80, 20,
+             "80 stored health messages")
+        req = urllib.request.Request(f"{api}/api/v1/devices/dev1/health?since=0&limit=40",
+                                     headers={"Authorization": f"Bearer {token}"})
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            thinned = json.loads(resp.read())["health"]
+        assert len(thinned) == 40 and thinned[0]["t"] == pytest.approx(times[0])
+        req = urllib.request.Request(f"{api}/api/v1/devices/nobody/health",
+                                     headers={"Authorization": f"Bearer {token}"})
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(req, timeout=10)
+        assert e.value.code == 404
+        tl = day_report.from_api(api, token, "dev1", now - 3 * 3600, now + 1)
+        assert [r["t"] for r in tl.records] == pytest.approx(times)
+        assert tl.records[10]["rung"] == 2 and tl.records[0]["trips"] == {"passive": 70.0}
+        png = day_report.render_png(tl, width_px=1000, height_px=1200)
+        assert png_size(png) == (1000, 1200)
+        rows = day_report.hourly(tl)
+        assert sum(r["energy_wh"] for r in rows) == pytest.approx(
+            day_report.energy_wh(tl.records)[-1])
+    finally:
+        pub.stop()
+        outbox.close()
+        server.shutdown()
+        coord.stop()
+
+
+def test_a_simulated_device_is_drawn_on_its_own_clock(tmp_path):
+    """A simulator runs a day in minutes: its records carry the simulated time of day, and
+    the report draws that day (and integrates energy over it), not the minutes of wall."""
+    hist = health_history.HealthHistory(tmp_path)
+    wall0 = 1_700_000_000.0
+    for i in range(49):  # 24 simulated hours, every 30 simulated minutes, 1 s of wall apart
+        hist.append(_health(wall0 + i, simulated={"t": 6 * 3600 + i * 1800.0}))
+    tl = day_report.from_state_dir(tmp_path, "sim", wall0 - 1, wall0 + 60)
+    assert tl.simulated and tl.records[-1]["t"] - tl.records[0]["t"] == 24 * 3600
+    assert day_report.energy_wh(tl.records)[-1] == pytest.approx(4.0 * 24)
+    assert tl.records[0]["t"] % 86400 == 6 * 3600  # 06:00 on the simulated clock
+    assert "simulated device clock" in day_report.render_html(tl, b"png")
+    assert len(day_report.hourly(tl)) == 25
