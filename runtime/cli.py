@@ -128,7 +128,6 @@ def cmd_check(args: argparse.Namespace) -> int:
     sensors the daemon would use (stderr); exit 1 when the model cannot be loaded or the
     governor is on and no temperature sensor is found."""
     from runtime import config as config_mod
-
     from runtime.sources import redact
 
     cfg = config_mod.load(args.config)
