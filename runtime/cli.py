@@ -219,6 +219,8 @@ def _check_sensors(cfg) -> int:
 def cmd_models(args: argparse.Namespace) -> int:
     """Make a model's precision ladder (fp16, int8, reduced resolution) with measured accuracy.
     Every failure is one error line naming the model and the step (exit 2)."""
+    if getattr(args, "ota", None):  # bundle / verify / install / ls (runtime/install.py)
+        return args.ota(args)
     from runtime.manifest import Preprocess, read_labels, read_preprocess
     from runtime.onnx_model import ModelError
     from runtime.prepare import PrepareOptions, StepError, prepare
@@ -509,6 +511,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="JSON with layout/colour/resize/scale/mean/std (ImageNet defaults)")
     mp.add_argument("--output", choices=("probabilities", "logits"), default="probabilities")
     mp.add_argument("--no-reduced", action="store_true", help="skip the reduced-resolution form")
+    from runtime.install import add_parsers as ota_parsers
+
+    ota_parsers(msub, common)
     mo.set_defaults(func=cmd_models)
 
     co = sub.add_parser("coordinator", help="run the fleet coordinator",

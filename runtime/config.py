@@ -12,6 +12,7 @@ from typing import Literal
 
 from runtime.coordinator.config import CoordinatorConfig
 from runtime.local_api import LocalApiConfig
+from runtime.model_store import ModelsConfig
 from runtime.results_local import ResultsConfig
 from runtime.schema import ConfigError, build, load_toml
 from runtime.sources import SourceConfig
@@ -202,6 +203,7 @@ class Config:
     daemon: DaemonConfig = field(default_factory=DaemonConfig)
     results: ResultsConfig = field(default_factory=ResultsConfig)  # print, JSONL, snapshots
     local_api: LocalApiConfig = field(default_factory=LocalApiConfig)
+    models: ModelsConfig = field(default_factory=ModelsConfig)  # OTA: bundles, probation
 
 
 def load(path: str | Path | None) -> Config:
