@@ -32,13 +32,15 @@ from power.cputime import native_threads_cpu_s
 from power.device import DeviceProfile, load_profile
 from power.sensors import Reading, SensorError, SensorSet, detect_meter
 from power.thermal_source import ThermalSource, discover_thermal
-from runtime import __version__, control_store
+from runtime import __version__, control_store, operator_settings
 from runtime.backends import discover
 from runtime.config import Config, ConfigError, load
 from runtime.health import health
 from runtime.ladder import Rung, ladder_for, on_device
 from runtime.local_api import LocalApi, start_local_api
 from runtime.measure import Measured, measure_model
+from runtime.model_store import crash_point
+from runtime.ota_device import DeviceOta
 from runtime.pipeline import Active, Pipeline
 from runtime.results_local import LocalResults
 from runtime.selector import Constraints, NoVariantError
@@ -93,6 +95,8 @@ class Daemon:
         self.sim: Any = None  # runtime.simdevice.SimulatedDevice when simulating
         self.publisher: Publisher | None = None
         self.local_api: LocalApi | None = None  # opt-in /metrics and /healthz ([local_api])
+        self.ota: DeviceOta | None = None  # model versions, deploy, probation ([models])
+        self.settings: dict[str, float] = {}  # operator overrides (runtime.operator_settings)
         # -- parts made by start(), in its order --
         self.device: DeviceProfile | None = None
         self.sensors: SensorSet | None = None
@@ -142,8 +146,14 @@ class Daemon:
 
     def start(self) -> None:
         """Bring every part up in order; raises with the failing step named."""
-        cfg = self.cfg
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.settings = operator_settings.load(self.state_dir)
+        if self.settings:  # commands sent earlier outlive restarts (and the config file's)
+            log.info("operator settings from %s override [constraints]: %s",
+                     self.state_dir / operator_settings.FILE, self.settings)
+            self.cfg = replace(self.cfg, constraints=operator_settings.apply(
+                self.cfg.constraints, self.settings))
+        cfg = self.cfg
         self.device = load_profile(cfg.device.profile)
         root = Path(cfg.device.sysfs_root)
         if cfg.simulator.enabled:
@@ -172,13 +182,19 @@ class Daemon:
         self.device_id = device_id(cfg.telemetry)
         self.local_api = start_local_api(cfg.local_api, self.health, lambda: self.pipeline.alive(
             cfg.local_api.stall_s), self.device_id)  # up during profiling: 503 until it runs
+        try:
+            self.ota = DeviceOta(self)
+        except ValueError as e:  # an unreadable publisher key file
+            raise ConfigError(str(e)) from e
         if cfg.telemetry.broker.host:  # made now so a bad key file fails before profiling
             try:
                 self.publisher = Publisher(cfg.telemetry, self.outbox, self._birth,
-                                           state_dir=self.state_dir)
+                                           state_dir=self.state_dir,
+                                           precheck=self.ota.precheck)
             except ValueError as e:  # an unreadable trusted key or device key file
                 raise ConfigError(str(e)) from e
-        model_path = Path(cfg.model.path) if cfg.model.path else _bundled_model()
+        model_path = self.ota.model_path(Path(cfg.model.path) if cfg.model.path
+                                         else _bundled_model())
         # Engines are discovered once per process: re-creating them (a second ov.Core while the
         # first is torn down) was seen to leave the process crashing on its next signal.
         self.backends = discover(cfg.backends)
@@ -197,6 +213,7 @@ class Daemon:
         self.pipeline.start(self._session(self.current))
         if math.isfinite(self.operator_rate_hz):
             self.pipeline.rate_cap_hz = self.operator_rate_hz
+        self.ota.started()
         if self.sim:
             self.sim.start()
         if self.publisher:
@@ -251,6 +268,7 @@ class Daemon:
         def progress(i: int, n: int, name: str) -> None:
             if self._stop_requested:
                 raise Stopping(f"stop requested while profiling {name} ({i}/{n})")
+            crash_point("profile")  # tests: kill -9 while a new model is profiled
             # A cold first start profiles every variant (minutes): keep systemd's start
             # timeout moving and say how far it got.
             self.notify.send("EXTEND_TIMEOUT_USEC=120000000",
@@ -300,9 +318,12 @@ class Daemon:
     def _apply_installs(self) -> None:
         while True:
             try:
-                measured, why = self._installs.get_nowait()
+                measured, why, *version = self._installs.get_nowait()
             except queue.Empty:
                 return
+            if version:  # a new model version: pointer switch, swap, probation
+                self.ota.apply(measured, why, version[0])
+                continue
             held = self._held_down()
             self._install(measured)
             self._after_rebuild(why, held)
@@ -401,7 +422,8 @@ class Daemon:
         warm = pre.apply(np.full((*pre.hw(shape), 3), 128, np.uint8), shape)  # mid-grey
         for _ in range(3):
             session.infer(warm)
-        return Active(rung, vid, session, variant.model.input_shape)
+        return Active(rung, vid, session, variant.model.input_shape, self.manifest,
+                      self.preprocess)
 
     # -- events and status -------------------------------------------------------------------
 
@@ -490,6 +512,7 @@ class Daemon:
             self.cstate = replace(self.cstate, hold=replace(self.cstate.hold, rung=self.current))
         self._persist()
         self._check_conditions(r.temp_c)
+        self.ota.tick()  # probation of a new model version
 
     def _update_live_energy(self) -> None:
         """Keep the running rung's energy per inference current: the inference threads' CPU
@@ -538,7 +561,8 @@ class Daemon:
         """Load and warm the rung's session and hand it to the pipeline (an event)."""
         n = len(self.rungs)
         a = self.pipeline.target
-        if a is not None and a.variant_id == self.rungs[rung].variant_id:
+        if a is not None and a.variant_id == self.rungs[rung].variant_id and (
+                a.manifest is None or a.manifest.root == self.manifest.root):
             self.current = rung  # same variant, new index (the ladder was rebuilt)
             return
         old = a.variant_id if a else self.rungs[self.current].variant_id
@@ -604,14 +628,22 @@ class Daemon:
         elif cmd.name == "reprofile":
             self._last_reprofile = -math.inf
             self.reprofile("operator command")
+        elif cmd.name == "deploy":
+            self.ota.deploy(cmd)
+        elif cmd.name == "choose_model" and self.ota.choose(cmd):
+            pass  # a version in the model store: profiled, swapped, on probation
         elif cmd.name == "choose_model":
-            target = self.manifest.root.parent / cmd.args["name"]
+            target = (self.ota.configured or self.manifest.root).parent / cmd.args["name"]
             if not (target / "manifest.json").is_file():
                 self.event("command_failed", "warning", command=cmd.name,
                            error=f"{target}: no model directory with a manifest")
                 return
             self._load_in_background(target, False, f"model {cmd.args['name']} chosen")
-        self.event("command_applied", "info", command=cmd.name, args=cmd.args, id=cmd.id)
+        if cmd.name in operator_settings.COMMANDS:  # applied: kept across restarts/reloads
+            self.settings = operator_settings.record(self.settings, cmd.name, cmd.args)
+            operator_settings.save(self.state_dir, self.settings)
+        self.event("command_applied", "info", command=cmd.name,
+                   args={k: v for k, v in cmd.args.items() if k != "token"}, id=cmd.id)
 
     def _set_constraints(self, c, why: str = "new constraints", governor=None) -> None:
         """Rebuild the ladder for new constraints (and governor settings) and go to its top
@@ -637,6 +669,8 @@ class Daemon:
         old = self.cfg
         try:
             new = load(self.config_path)
+            new = replace(new, constraints=operator_settings.apply(new.constraints,
+                                                                   self.settings))
             restart = [k for k in ("device", "model", "source", "telemetry", "simulator",
                                    "daemon", "backends", "profiler", "results", "local_api")
                        if getattr(new, k) != getattr(old, k)]

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from runtime.model_store import crash_point
 
-CHUNK = 1 << 16
+CHUNK = 1 << 14  # small enough that a bundle arrives in several (the crash hook fires mid-way)
 _RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
 
 

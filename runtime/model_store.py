@@ -171,9 +171,11 @@ class ModelStore:
             raise BundleError(f"model version {vid} is not on this device")
         doc = self.read()
         old = doc.get("current")
-        doc.update(current=vid, previous=old if old != vid else doc.get("previous"),
-                   probation={"since": time.time(), "boots": 0, "baseline": baseline or {}}
-                   if old and old != vid else None)
+        if old == vid:
+            return
+        # previous None: the configured model ([model] path) is the one to go back to
+        doc.update(current=vid, previous=old,
+                   probation={"since": time.time(), "boots": 0, "baseline": baseline or {}})
         self._write(doc)
         crash_point("swapped")
         self.prune()

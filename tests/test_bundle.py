@@ -11,11 +11,11 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from modelgen import tiny_cnn
 
 from runtime.bundle import BundleError, make, read_info, unpack
 from runtime.model_store import ModelStore
 from runtime.telemetry.commands import generate_keypair, load_private_key, load_public_keys
-from tests.modelgen import tiny_cnn
 
 ROOT = Path(__file__).parents[1]
 

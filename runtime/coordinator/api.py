@@ -16,6 +16,10 @@ GET  /api/v1/devices/{id}/results?cursor=STREAM:SEQ&limit=N
 GET  /api/v1/stats                          ingest counters, health age p50/p99
 GET  /metrics                               Prometheus text exposition (docs/metrics.md)
 POST /api/v1/devices/{id}/commands          {"cmd": ..., "args": {...}, "wait_s": 10}
+PUT  /api/v1/bundles                        upload a model bundle (body: the file, streamed)
+GET  /api/v1/bundles                        bundles held (no download tokens)
+GET  /api/v1/bundles/{name@version}         download; Range: bytes=N- resumes (206). Also
+                                            accepts that bundle's own download token
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlparse
 
 from runtime.coordinator import metrics
+from runtime.coordinator.bundles import BundleRefused, byte_range, check_id
 from runtime.coordinator.config import CoordinatorConfig
 from runtime.coordinator.service import Coordinator, UnknownDevice
 from runtime.httpserver import BoundedHTTPServer
@@ -223,6 +228,9 @@ def serve(coordinator: Coordinator, host: str, port: int, token: str | None = No
                     self._send(500, {"error": "internal error; see the coordinator's log"})
 
         def _get(self) -> None:
+            parts = [p for p in urlparse(self.path).path.split("/") if p]
+            if parts[:3] == ["api", "v1", "bundles"] and len(parts) == 4:
+                return self._download(parts[3])
             if not self._authorized():
                 return
             self._deadline.cancel()
@@ -235,6 +243,8 @@ def serve(coordinator: Coordinator, host: str, port: int, token: str | None = No
                     return self._send(200, coordinator.fleet_view())
                 if parts == ["api", "v1", "stats"]:
                     return self._send(200, coordinator.stats())
+                if parts == ["api", "v1", "bundles"]:
+                    return self._send(200, [h.public() for h in coordinator.shelf.list()])
                 if parts[:3] == ["api", "v1", "devices"] and len(parts) == 4:
                     return self._send(200, coordinator.device_view(parts[3]))
                 if parts[:3] == ["api", "v1", "devices"] and parts[4:] == ["results"]:
@@ -247,6 +257,70 @@ def serve(coordinator: Coordinator, host: str, port: int, token: str | None = No
             except BadRequest as e:
                 return self._send(e.status, {"error": str(e)})
             self._send(404, {"error": f"no such endpoint: {url.path}"})
+
+        def _download(self, bundle_id: str) -> None:
+            """A bundle, whole or from a byte range, for the API token or its own token."""
+            self._deadline.cancel()  # a download may take longer than one request should
+            try:
+                held = coordinator.shelf.get(check_id(bundle_id))
+            except BundleRefused:
+                held = None
+            got = (self.headers.get("Authorization") or "").encode()
+            if held is None or not (hmac.compare_digest(got, expected) or hmac.compare_digest(
+                    got, f"Bearer {held.token}".encode())):
+                if held is None and hmac.compare_digest(got, expected):
+                    return self._send(404, {"error": f"no bundle {bundle_id[:80]!r}"})
+                return self._authorized()  # answers 401 (never says which bundles exist)
+            path = coordinator.shelf.path(held)
+            try:
+                rng = byte_range(self.headers.get("Range"), held.size)
+            except BundleRefused as e:
+                self.send_response(416)
+                self.send_header("Content-Range", f"bytes */{held.size}")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                log.info("bundle %s: %s", held.id, e)
+                return
+            first, last = rng or (0, held.size - 1)
+            self.send_response(206 if rng else 200)
+            self.send_header("Content-Type", "application/octet-stream")
+            self.send_header("Accept-Ranges", "bytes")
+            self.send_header("Content-Length", str(last - first + 1))
+            if rng:
+                self.send_header("Content-Range", f"bytes {first}-{last}/{held.size}")
+            self.end_headers()
+            with path.open("rb") as f:
+                f.seek(first)
+                left = last - first + 1
+                while left > 0 and (chunk := f.read(min(1 << 16, left))):
+                    self.wfile.write(chunk)
+                    left -= len(chunk)
+
+        def do_PUT(self) -> None:
+            try:
+                if not self._authorized():
+                    return
+                parts = [p for p in urlparse(self.path).path.split("/") if p]
+                if parts != ["api", "v1", "bundles"]:
+                    self.close_connection = True
+                    return self._send(404, {"error": f"no such endpoint: {self.path}"})
+                values = self.headers.get_all("Content-Length") or []
+                if len(values) != 1 or not _INT.match(values[0].strip()):
+                    self.close_connection = True
+                    return self._send(411, {"error": "one Content-Length is required"})
+                self._deadline.cancel()  # the socket timeout still bounds each read
+                try:
+                    held = coordinator.shelf.receive(self.rfile, int(values[0]))
+                except BundleRefused as e:
+                    self.close_connection = True
+                    return self._send(e.status, {"error": str(e)})
+                log.info("bundle %s received (%d bytes)", held.id, held.size)
+                self._send(200, held.public())
+            except Exception:
+                log.exception("API request PUT %s failed", self.path[:200])
+                self.close_connection = True
+                with contextlib.suppress(OSError):
+                    self._send(500, {"error": "internal error; see the coordinator's log"})
 
         def _post(self) -> None:
             if not self._authorized():
@@ -282,5 +356,7 @@ def serve(coordinator: Coordinator, host: str, port: int, token: str | None = No
             self._send(200, reply)
 
     server = BoundedHTTPServer((host, port), Handler, MAX_CONNECTIONS)
+    if not coordinator.api_url:  # what `deploy` commands tell devices to download from
+        coordinator.api_url = f"http://{host}:{server.server_address[1]}"
     threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
     return server

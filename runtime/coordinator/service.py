@@ -60,6 +60,11 @@ class Coordinator:
         self.fleet_cfg = fleet.FleetConfig(cfg.stale_after_s, cfg.offline_after_s,
                                            cfg.backlog_alert, cfg.slo_alert)
         self.store = Store(cfg.store, cfg.fsync)
+        self.api_url = cfg.public_url.rstrip("/")  # set by api.serve when empty
+        from runtime.coordinator.bundles import Shelf
+
+        self.shelf = Shelf(Path(cfg.bundles_dir or Path(cfg.store).expanduser().parent
+                                / "bundles"), int(cfg.max_bundle_mb * 1024 * 1024))
         self._key = commands.load_private_key(cfg.signing_key) if cfg.signing_key else None
         self._views_lock = threading.Lock()
         self._rlog = RateLimitedLog(log)
@@ -125,6 +130,7 @@ class Coordinator:
         for t in self._threads:
             t.join(5)
         self.store.close()
+        self.shelf.close()
 
     def threads_alive(self) -> dict[str, bool]:
         """Whether each of the coordinator's threads runs (for tests and stats)."""
@@ -407,6 +413,18 @@ class Coordinator:
                 "health_age_s": {"p50": pct(0.5), "p99": pct(0.99), "n": len(ages)},
                 "connected": self.connected.is_set(), "threads": self.threads_alive(),
                 "mqtt": asdict(self._conn.stats)}
+
+    def deploy_args(self, bundle_id: str) -> dict[str, Any]:
+        """The `deploy` command's arguments for a bundle held here (runtime/ota_device.py)."""
+        held = self.shelf.get(bundle_id)
+        if held is None:
+            raise ValueError(f"no bundle {bundle_id!r} held by this coordinator")
+        if not self.api_url:
+            raise ValueError("no API address for devices to download from "
+                             "(coordinator.public_url)")
+        return {"name": held.name, "version": held.version, "size": held.size,
+                "sha256": held.sha256, "token": held.token,
+                "url": f"{self.api_url}/api/v1/bundles/{held.id}"}
 
     def send_command(self, device: str, name: str, args: dict[str, Any] | None = None,
                      ttl_s: float = 60.0, wait_s: float = 10.0) -> dict[str, Any] | None:

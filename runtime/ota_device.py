@@ -1,0 +1,346 @@
+"""The daemon's side of model updates: deploy, swap between frames, probation, rollback.
+
+- At start (`model_path`): count a start made in probation (a crash loop rolls back, see
+  runtime/model_store.py) and serve the version the pointer names, else the configured model.
+- `precheck` answers a `choose_model`/`deploy` command before it is accepted: a name or
+  version that is not on the device (or was rolled back here) is `rejected` with the reason.
+- `deploy`: download, verify and profile on a background thread (cached profiles reused);
+  the main loop then `apply`s it: the pointer is switched (atomic), the new session is loaded
+  and warmed and handed to the pipeline, which swaps it in between two frames.
+- Probation (runtime/probation.py): every control tick the new model's live KPIs since the
+  swap are judged against the old model's at the swap, with every Nth frame also run on the old
+  model (a second session kept loaded) for top-1 agreement. Failed: back to the old model (kept
+  in memory, so again between frames) and an event saying why; passed: an event, and the old
+  model's session is closed.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from runtime.model_store import ModelStore, crash_point
+from runtime.probation import Kpis, Limits, judge
+
+if TYPE_CHECKING:
+    from runtime.daemon import Daemon
+    from runtime.pipeline import Active
+    from runtime.telemetry.commands import Command
+
+log = logging.getLogger("edgerun.ota")
+
+
+@dataclass
+class _Run:
+    """A probation in progress."""
+
+    version: str | None
+    baseline: Kpis | None
+    since: float  # wall time of the swap
+    results0: int  # pipeline counters at the swap
+    errors0: int
+    prev: Any = None  # runtime.measure.Measured of the old model (None after a restart)
+    state: str = "pending"
+    reasons: tuple[str, ...] = ()
+    kpis: dict[str, Any] = field(default_factory=dict)
+
+
+class DeviceOta:
+    """See module docstring. One per daemon; `apply`, `tick` and `rollback` run on the main
+    thread, `precheck` on the MQTT thread, the download/verify/profile on its own thread."""
+
+    def __init__(self, d: Daemon):
+        from runtime.install import trusted_keys
+
+        self.d = d
+        self.cfg = d.cfg.models
+        self.store = ModelStore(d.state_dir)
+        self.trusted = trusted_keys(self.cfg)  # ValueError naming a bad key file
+        self.version: str | None = None  # store version served; None: the configured model
+        self.configured: Path | None = None
+        self.probation: _Run | None = None
+        self.last: dict[str, Any] = {}  # the last verdict, for health
+        self._busy = threading.Lock()  # one install at a time
+
+    # -- start --------------------------------------------------------------------------------
+
+    def model_path(self, configured: Path) -> Path:
+        """The directory to serve at start (see module docstring)."""
+        self.configured = configured
+        why = self.store.boot(self.cfg.crash_boots)
+        if why:
+            log.critical("model rolled back: %s", why)
+            self.d.event("model_rolled_back", "critical", reason=why,
+                         to=self.store.read().get("current") or "configured")
+        vid, path = self.store.serving()
+        self.version = vid
+        if path is not None:
+            log.info("serving model version %s from %s", vid, path)
+        return path or configured
+
+    def started(self) -> None:
+        """After the pipeline started: a restart during probation resumes it (no old model in
+        memory: agreement is not sampled, the baseline comes from the pointer)."""
+        doc = self.store.read()
+        pro = doc.get("probation")
+        if pro and doc.get("current") == self.version:
+            log.warning("resuming the probation of %s after a restart (start %d of at most %d)",
+                        self.version, pro.get("boots", 0) + 1, self.cfg.crash_boots)
+            self._begin(Kpis.from_dict(pro.get("baseline")), None, None)
+
+    # -- commands -----------------------------------------------------------------------------
+
+    def precheck(self, cmd: Command) -> str | None:
+        """A reason to reject `cmd` now, or None (MQTT thread; file checks only)."""
+        if cmd.name == "choose_model":
+            name = cmd.args["name"]
+            if why := self.store.rejected(name):
+                return f"model {name} was rolled back on this device: {why}"
+            if self.store.has(name) or self._sibling(name) is not None:
+                return None
+            have = self.store.ids() + self._siblings()
+            return (f"no model {name!r} on this device (have: {', '.join(have) or 'none'}); "
+                    "send a bundle with `edgerun fleet deploy`")
+        if cmd.name == "deploy":
+            vid = f"{cmd.args['name']}@{cmd.args['version']}"
+            if why := self.store.rejected(vid):
+                return f"model {vid} was rolled back on this device: {why}"
+            if cmd.args["size"] > self.cfg.max_bundle_mb * 1024 * 1024:
+                return (f"bundle of {cmd.args['size']} bytes is over [models] max_bundle_mb "
+                        f"= {self.cfg.max_bundle_mb:g}")
+            if self._busy.locked():
+                return "busy: another model install is running"
+        return None
+
+    def _sibling(self, name: str) -> Path | None:
+        """A model directory next to the configured one (the original `choose_model`)."""
+        root = self.configured if self.configured is not None else self.d.manifest.root
+        p = Path(root).parent / name
+        return p if (p / "manifest.json").is_file() else None
+
+    def _siblings(self) -> list[str]:
+        root = self.configured if self.configured is not None else self.d.manifest.root
+        try:
+            return sorted(p.name for p in Path(root).parent.iterdir()
+                          if (p / "manifest.json").is_file())
+        except OSError:
+            return []
+
+    def choose(self, cmd: Command) -> bool:
+        """`choose_model` of a store version: profile it, then swap (with probation). False
+        when `name` is not a store version (the daemon's own handling applies)."""
+        name = cmd.args["name"]
+        if not self.store.has(name):
+            return False
+        path = self.store.path(name)
+        assert path is not None
+        self._start(lambda: (path, name), f"model {name} chosen")
+        return True
+
+    def deploy(self, cmd: Command) -> None:
+        """Download, verify, profile in the background; the main loop applies it."""
+        a = cmd.args
+        vid = f"{a['name']}@{a['version']}"
+        if vid == self.version:
+            self.d.event("model_deployed", "info", version=vid, detail="already serving it")
+            return
+
+        def fetch() -> tuple[Path, str]:
+            from runtime.install import obtain, verify_step
+
+            bundle = obtain(self.store, self.cfg, a["url"], a["size"], a["sha256"], a["token"])
+            info = verify_step(self.store, self.cfg, bundle)
+            if info.id != vid:
+                from runtime.bundle import BundleError
+
+                raise BundleError(f"the bundle is {info.id}, the command deploys {vid}")
+            path = self.store.path(vid)
+            assert path is not None
+            return path, vid
+
+        self._start(fetch, f"model {vid} deployed")
+
+    def _start(self, obtain: Any, why: str) -> None:
+        if not self._busy.acquire(blocking=False):
+            self.d.event("model_deploy_failed", "warning", reason=why,
+                         error="another model install is running")
+            return
+        log.info("%s: download, verify and profile in the background", why)
+
+        def work() -> None:
+            step = "download"
+            try:
+                path, vid = obtain()
+                step = "profile"
+                measured = self.d._measure_model(path)
+                self.d._installs.put((measured, why, vid))
+            except Exception as e:
+                from runtime.daemon import Stopping
+
+                if isinstance(e, Stopping):
+                    return
+                log.error("%s failed at step %s: %s; still serving %s", why, step, e,
+                          self.version or "the configured model")
+                self.d.event("model_deploy_failed", "warning", reason=why, step=step,
+                             error=str(e)[:500])
+            finally:
+                self._busy.release()
+
+        threading.Thread(target=work, name="model-install", daemon=True).start()
+
+    # -- swap (main thread) -------------------------------------------------------------------
+
+    def apply(self, measured: Any, why: str, vid: str) -> None:
+        """Switch the pointer to `vid` and the pipeline to its session between two frames;
+        probation starts, against the model that was running."""
+        from runtime.measure import Measured
+
+        d = self.d
+        baseline = self.kpis_now()
+        shadow = self._second_session()
+        prev = Measured(d.manifest, d.profiles, d.idle_w, d._loaders, d.profile_temp)
+        old = self.version
+        self.store.switch(vid, baseline.to_dict())  # atomic: a restart now serves `vid`
+        held = d._held_down()
+        d._install(measured)
+        d._after_rebuild(why, held)
+        self.version = vid
+        target = d.pipeline.target
+        if target is None or target.manifest is not d.manifest:
+            if shadow is not None:
+                shadow.session.close()
+            self.probation = _Run(vid, baseline, time.time(), 0, 0, prev)
+            self.rollback("the new model's session did not load")
+            return
+        log.info("model %s -> %s (%s); probation: %d frames, agreement floor %.0f%%",
+                 old or "configured", vid, why, self.cfg.probation_frames,
+                 self.cfg.agreement_floor * 100)
+        d.event("model_swapped", "info", **{"from": old or "configured", "to": vid,
+                                            "reason": why})
+        self._begin(baseline, shadow, prev)
+        if d.publisher:
+            d.publisher.request_rebirth()
+
+    def _begin(self, baseline: Kpis | None, shadow: Active | None, prev: Any) -> None:
+        p = self.d.pipeline
+        c = p.counters
+        self.probation = _Run(self.version, baseline, time.time(), c["results"],
+                              c["infer_errors"], prev)
+        p.shadow_counts = [0, 0]
+        p.shadow_every = self.cfg.shadow_every
+        p.shadow = shadow
+
+    def _second_session(self) -> Active | None:
+        """A second session of the running variant, for the shadow sample (None when it will
+        not load: probation then goes without agreement)."""
+        from runtime.pipeline import Active
+
+        d = self.d
+        a = d.pipeline.active
+        if a is None or a.variant_id not in d._loaders:
+            return None
+        try:
+            backend, variant = d._loaders[a.variant_id]
+            return Active(a.rung, a.variant_id, backend.load(variant), a.input_shape,
+                          a.manifest or d.manifest, a.pre or d.preprocess)
+        except Exception as e:
+            log.warning("cannot load a second session of %s for the shadow sample: %s",
+                        a.variant_id, e)
+            return None
+
+    def kpis_now(self, since: float = 0.0, results0: int = 0, errors0: int = 0) -> Kpis:
+        """The running model's KPIs: frames and errors since the counters given, p95 of the
+        inferences stored since `since` (wall time), energy of the running rung."""
+        d = self.d
+        c = d.pipeline.counters
+        results, errors = c["results"] - results0, c["infer_errors"] - errors0
+        ms = [m for t, m, _ in list(d.pipeline.latencies) if t >= since]
+        p95 = float(np.percentile(ms, 95)) if ms else None
+        rung = d.rungs[min(d.current, len(d.rungs) - 1)] if d.rungs else None
+        return Kpis(results + errors, errors, p95,
+                    rung.energy_j * 1e3 if rung is not None else None)
+
+    # -- probation (main thread, every control tick) ------------------------------------------
+
+    def tick(self) -> None:
+        """Judge the running probation; pass or roll back."""
+        run = self.probation
+        if run is None:
+            return
+        p = self.d.pipeline
+        new = self.kpis_now(run.since, run.results0, run.errors0)
+        compared, agreed = p.shadow_counts
+        lim = Limits(self.d.cfg.constraints.latency_ms, self.cfg.probation_frames,
+                     self.cfg.agreement_floor, self.cfg.max_error_rate_increase,
+                     self.cfg.energy_factor, min_shadow=20 if p.shadow is not None else 0)
+        v = judge(run.baseline, new, compared, agreed, lim)
+        run.kpis = {"frames": new.frames, "errors": new.errors, "p95_ms": new.p95_ms,
+                    "energy_mj": new.energy_mj, "shadow_compared": compared,
+                    "agreement": v.agreement}
+        self.last = {"version": run.version, "state": v.state, "reasons": list(v.reasons),
+                     **run.kpis}
+        if v.state == "passed":
+            self.probation = None
+            self._drop_shadow()
+            self.store.passed()
+            log.info("model %s passed probation: %s", run.version, run.kpis)
+            self.d.event("model_probation_passed", "info", version=run.version or "",
+                         **_clean(run.kpis))
+        elif v.state == "failed":
+            self.rollback("; ".join(v.reasons))
+
+    def _drop_shadow(self) -> None:
+        p = self.d.pipeline
+        shadow, p.shadow = p.shadow, None
+        if shadow is not None:
+            with p._work:  # not while the infer thread is using it
+                shadow.session.close()
+
+    def rollback(self, reason: str) -> None:
+        """Back to the previous version (pointer, then pipeline between two frames)."""
+        run, self.probation = self.probation, None
+        self._drop_shadow()
+        failed = self.version
+        now = self.store.rollback(reason)
+        self.version = now
+        log.critical("model %s rolled back to %s: %s", failed, now or "the configured model",
+                     reason)
+        self.d.event("model_rolled_back", "critical", version=failed or "",
+                     to=now or "configured", reason=reason[:1000],
+                     **_clean(run.kpis if run else {}))
+        self.last = {"version": failed, "state": "rolled_back", "reasons": [reason[:1000]]}
+        d = self.d
+        if run is not None and run.prev is not None:
+            held = d._held_down()
+            d._install(run.prev)
+            d._after_rebuild(f"rollback of {failed}", held)
+        else:
+            path = self.store.path(now) or self.configured
+            d._load_in_background(path, False, f"rollback of {failed}")
+        if d.publisher:
+            d.publisher.request_rebirth()
+
+    def health(self) -> dict[str, Any]:
+        """`model_version` and `probation` for the health message."""
+        return {"model_version": self.version or "",
+                "probation": _clean({**self.last, "reasons": self.last.get("reasons", [])})
+                if self.last else None}
+
+
+def _clean(d: dict[str, Any]) -> dict[str, Any]:
+    """Rounded numbers, no None (events and health stay small and schema-valid)."""
+    out = {}
+    for k, v in d.items():
+        if v is None:
+            continue
+        out[k] = round(v, 4) if isinstance(v, float) else v
+    return out
+
+
+__all__ = ["DeviceOta", "crash_point"]
