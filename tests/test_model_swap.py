@@ -222,3 +222,86 @@ def test_kill_9_at_each_install_step_leaves_old_or_new_never_none(tmp_path, publ
         server.shutdown()
         coord.store.close()
         coord.shelf.close()
+
+
+# -- deploy, probation and rollback in a real daemon -------------------------------------------
+
+@pytest.fixture
+def fleet(tmp_path, profile_cache):
+    from ota_harness import Fleet
+
+    f = Fleet(tmp_path, profile_cache)
+    yield f
+    f.close()
+
+
+PROBATION = """probation_frames = 60
+shadow_every = 2
+agreement_floor = 0.8
+"""
+
+
+def _deploy(fleet, device: str, bundle_id: str) -> dict:
+    return fleet.coord.send_command(device, "deploy", fleet.coord.deploy_args(bundle_id),
+                                    wait_s=20)
+
+
+def test_good_model_passes_constant_model_is_rolled_back_by_agreement(tmp_path, fleet):
+    key = load_private_key(tmp_path / "publisher.pem")
+    v1 = inspection_dir(tmp_path / "models" / "inspection")
+    make(inspection_dir(tmp_path / "src2"), key, tmp_path / "i2.edgerun", "2")
+    make(constant_dir(tmp_path / "src-c"), key, tmp_path / "c1.edgerun", "1")
+    cfg = fleet.config("box1", v1, PROBATION)
+    d = fleet.device("box1", cfg)
+    wait(lambda: fleet.health("box1").get("model_version") == "", 60, "first health", d)
+
+    # a name that is not on the device: rejected at once, with the reason (was: accepted)
+    reply = fleet.coord.send_command("box1", "choose_model", {"name": "nope"})
+    assert reply["status"] == "rejected" and not reply["ok"]
+    assert "no model 'nope' on this device" in reply["reason"]
+
+    reply = _deploy(fleet, "box1", fleet.upload(tmp_path / "i2.edgerun"))
+    assert reply["status"] == "accepted", reply
+    swapped = fleet.wait_event("box1", "model_swapped")
+    assert (swapped["from"], swapped["to"]) == ("configured", "inspection@2")
+    passed = fleet.wait_event("box1", "model_probation_passed")
+    assert passed["version"] == "inspection@2" and passed["agreement"] >= 0.99
+    assert passed["shadow_compared"] >= 20
+
+    reply = _deploy(fleet, "box1", fleet.upload(tmp_path / "c1.edgerun"))
+    assert reply["status"] == "accepted", reply
+    rolled = fleet.wait_event("box1", "model_rolled_back")
+    assert rolled["version"] == "constant@1" and rolled["to"] == "inspection@2"
+    assert "agrees with the old model on" in rolled["reason"], rolled
+    wait(lambda: fleet.health("box1").get("model_version") == "inspection@2", 30,
+         "health back on inspection@2", d)
+    assert ModelStore(tmp_path / "box1" / "state").serving()[0] == "inspection@2"
+    # after the rollback the frames are labelled by the old model again
+    n = fleet.coord.store.counts().get("box1", 0)
+    wait(lambda: fleet.coord.store.counts().get("box1", 0) > n + 20, 30, "more results", d)
+    last = fleet.coord.store.results("box1", 0, 1_000_000)[-1]
+    assert last["variant"].startswith("inspection/"), last
+    # and the same version is refused from now on, saying why
+    again = _deploy(fleet, "box1", "constant@1")
+    assert again["status"] == "rejected" and "rolled back on this device" in again["reason"]
+    # no frame was lost: result seqs have no gap across both swaps
+    seqs = [r["seq"] for r in fleet.coord.store.results("box1", 0, 1_000_000)]
+    assert seqs and seqs == list(range(seqs[0], seqs[0] + len(seqs)))
+
+
+@pytest.mark.slow
+def test_model_missing_the_latency_target_is_rolled_back(tmp_path, fleet):
+    key = load_private_key(tmp_path / "publisher.pem")
+    v1 = inspection_dir(tmp_path / "models" / "inspection")
+    make(slow_dir(tmp_path / "src-s", 1024), key, tmp_path / "s1.edgerun", "1")
+    # 50 ms: the old model (0.2 ms profiled) stays far under it even on a loaded machine,
+    # the new one (a CNN at 1024x1024) far over it
+    cfg = fleet.config("box1", v1, PROBATION, latency_ms=50.0)
+    d = fleet.device("box1", cfg)
+    wait(lambda: fleet.coord.store.counts().get("box1", 0) >= 20, 60, "results", d)
+    assert _deploy(fleet, "box1", fleet.upload(tmp_path / "s1.edgerun"))["ok"]
+    rolled = fleet.wait_event("box1", "model_rolled_back", 180)
+    assert rolled["version"] == "slow@1" and "misses the 50 ms target" in rolled["reason"], \
+        rolled
+    wait(lambda: fleet.health("box1").get("model_version") == "", 30, "back on configured",
+         d)
