@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -305,3 +306,31 @@ def test_model_missing_the_latency_target_is_rolled_back(tmp_path, fleet):
         rolled
     wait(lambda: fleet.health("box1").get("model_version") == "", 30, "back on configured",
          d)
+
+
+def test_operator_settings_survive_restart_and_reload(tmp_path, fleet):
+    import signal
+
+    v1 = inspection_dir(tmp_path / "models" / "inspection")
+    cfg = fleet.config("box1", v1, latency_ms=100.0)
+    d = fleet.device("box1", cfg)
+
+    def target() -> float | None:
+        return fleet.health("box1").get("slo", {}).get("target_ms")
+
+    assert fleet.coord.send_command("box1", "set_latency_target", {"ms": 33})["ok"]
+    assert fleet.coord.send_command("box1", "set_accuracy_floor", {"value": 0.5})["ok"]
+    wait(lambda: target() == 33, 20, "target applied", d)
+    boot = fleet.health("box1")["boot"]
+    assert d.stop() == 0
+    d = fleet.devices["box1"] = Serve(tmp_path / "box1", cfg)
+    wait(lambda: fleet.health("box1").get("boot") not in (None, boot), 60, "restart", d)
+    assert target() == 33  # was the config's 100 after a restart
+    assert "operator settings from" in d.text()
+    d.proc.send_signal(signal.SIGHUP)  # the file still says 100 ms
+    wait(lambda: "config reloaded" in d.text(), 20, "reload", d)
+    t = time.time()
+    wait(lambda: fleet.health("box1").get("t", 0) > t, 20, "health after the reload", d)
+    assert target() == 33
+    saved = json.loads((tmp_path / "box1" / "state" / "settings.json").read_text())
+    assert saved == {"latency_ms": 33.0, "accuracy_floor": 0.5}
