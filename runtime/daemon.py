@@ -461,7 +461,8 @@ class Daemon:
     def _birth(self) -> dict[str, Any]:
         a = self.pipeline.active
         return {"versions": versions(), "model": self.manifest.name,
-                "choice": a.variant_id if a else ""}
+                "choice": a.variant_id if a else "",
+                "model_version": (self.ota.version or "") if self.ota else ""}
 
     def status_line(self) -> str:
         """One line for systemd STATUS= and the log."""

@@ -256,15 +256,18 @@ class DeviceOta:
 
     def kpis_now(self, since: float = 0.0, results0: int = 0, errors0: int = 0) -> Kpis:
         """The running model's KPIs: frames and errors since the counters given, p95 of the
-        inferences stored since `since` (wall time), energy of the running rung."""
+        inferences stored since `since` (wall time), live energy per inference."""
         d = self.d
         c = d.pipeline.counters
         results, errors = c["results"] - results0, c["infer_errors"] - errors0
         ms = [m for t, m, _ in list(d.pipeline.latencies) if t >= since]
         p95 = float(np.percentile(ms, 95)) if ms else None
-        rung = d.rungs[min(d.current, len(d.rungs) - 1)] if d.rungs else None
-        return Kpis(results + errors, errors, p95,
-                    rung.energy_j * 1e3 if rung is not None else None)
+        # Live energy only (CPU time per inference on this traffic, runtime.daemon): the
+        # profiles of two models are measured at different times and loads, so comparing a
+        # live figure with a profiled one blamed a copy of the same model for 8x the energy.
+        # None until the running variant has its first live figure (or when simulating).
+        live = d._live_energy.get(d._running_id())
+        return Kpis(results + errors, errors, p95, live * 1e3 if live is not None else None)
 
     # -- probation (main thread, every control tick) ------------------------------------------
 

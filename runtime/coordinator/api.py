@@ -18,6 +18,10 @@ GET  /metrics                               Prometheus text exposition (docs/met
 POST /api/v1/devices/{id}/commands          {"cmd": ..., "args": {...}, "wait_s": 10}
 PUT  /api/v1/bundles                        upload a model bundle (body: the file, streamed)
 GET  /api/v1/bundles                        bundles held (no download tokens)
+GET  /api/v1/groups, POST /api/v1/groups     {"group": G, "devices": [...]}
+GET  /api/v1/rollouts[/{id}], POST /api/v1/rollouts
+                                            {"bundle": "name@version", "to": G|"all",
+                                             "canary_pct": N}: a staged rollout
 GET  /api/v1/bundles/{name@version}         download; Range: bytes=N- resumes (206). Also
                                             accepts that bundle's own download token
 """
@@ -245,6 +249,14 @@ def serve(coordinator: Coordinator, host: str, port: int, token: str | None = No
                     return self._send(200, coordinator.stats())
                 if parts == ["api", "v1", "bundles"]:
                     return self._send(200, [h.public() for h in coordinator.shelf.list()])
+                if parts == ["api", "v1", "groups"]:
+                    return self._send(200, coordinator.rollouts.groups())
+                if parts == ["api", "v1", "rollouts"]:
+                    return self._send(200, coordinator.rollouts.list())
+                if parts[:3] == ["api", "v1", "rollouts"] and len(parts) == 4:
+                    r = coordinator.rollouts.get(parts[3])
+                    return self._send(200, r) if r else self._send(
+                        404, {"error": f"no rollout {parts[3][:40]!r}"})
                 if parts[:3] == ["api", "v1", "devices"] and len(parts) == 4:
                     return self._send(200, coordinator.device_view(parts[3]))
                 if parts[:3] == ["api", "v1", "devices"] and parts[4:] == ["results"]:
@@ -322,6 +334,36 @@ def serve(coordinator: Coordinator, host: str, port: int, token: str | None = No
                 with contextlib.suppress(OSError):
                     self._send(500, {"error": "internal error; see the coordinator's log"})
 
+        def _rollout_post(self, what: str, raw: bytes) -> None:
+            """POST groups / rollouts (docs/ota.md)."""
+            from runtime.telemetry.config import check_name
+
+            try:
+                req = json.loads(raw or b"{}")
+                if not isinstance(req, dict):
+                    raise ValueError("body must be a JSON object")
+                if what == "groups":
+                    group, devices = req.get("group"), req.get("devices")
+                    if not isinstance(group, str) or check_name("group", group) \
+                            or group == "all":
+                        raise ValueError("group must be 1-64 of A-Z a-z 0-9 _ . - (not 'all')")
+                    if not isinstance(devices, list) or not devices or len(devices) > 10_000 \
+                            or any(not isinstance(d, str) or check_name("device", d)
+                                   for d in devices):
+                        raise ValueError("devices must be a non-empty list of device ids")
+                    coordinator.rollouts.set_group(group, devices)
+                    return self._send(200, coordinator.rollouts.groups())
+                bundle, to, pct = req.get("bundle"), req.get("to"), req.get("canary_pct", 0)
+                if not isinstance(bundle, str) or not isinstance(to, str):
+                    raise ValueError('body must be {"bundle": "name@version", "to": GROUP|'
+                                     '"all", "canary_pct": N}')
+                if isinstance(pct, bool) or not isinstance(pct, int | float) \
+                        or not 0 <= pct <= 100:
+                    raise ValueError("canary_pct must be a number in [0, 100]")
+                return self._send(200, coordinator.rollouts.start(bundle, to, float(pct)))
+            except (ValueError, TypeError, RecursionError) as e:
+                return self._send(400, {"error": str(e)[:300]})
+
         def _post(self) -> None:
             if not self._authorized():
                 return
@@ -331,6 +373,8 @@ def serve(coordinator: Coordinator, host: str, port: int, token: str | None = No
             except BadRequest as e:
                 self.close_connection = True  # the unread body must not be parsed as a request
                 return self._send(e.status, {"error": str(e)})
+            if parts in (["api", "v1", "groups"], ["api", "v1", "rollouts"]):
+                return self._rollout_post(parts[2], raw)
             if not (parts[:3] == ["api", "v1", "devices"] and parts[4:] == ["commands"]):
                 return self._send(404, {"error": f"no such endpoint: {self.path}"})
             try:

@@ -61,6 +61,11 @@ class Coordinator:
                                            cfg.backlog_alert, cfg.slo_alert)
         self.store = Store(cfg.store, cfg.fsync)
         self.api_url = cfg.public_url.rstrip("/")  # set by api.serve when empty
+        from runtime.coordinator.rollout import Rollouts
+
+        # groups, desired state, staged rollouts (own tables in the same database)
+        self.rollouts = Rollouts(cfg.store, self._send_async, self.deploy_args,
+                                 lambda: list(self.views))
         from runtime.coordinator.bundles import Shelf
 
         self.shelf = Shelf(Path(cfg.bundles_dir or Path(cfg.store).expanduser().parent
@@ -131,6 +136,7 @@ class Coordinator:
             t.join(5)
         self.store.close()
         self.shelf.close()
+        self.rollouts.close()
 
     def threads_alive(self) -> dict[str, bool]:
         """Whether each of the coordinator's threads runs (for tests and stats)."""
@@ -245,6 +251,15 @@ class Coordinator:
                 except Exception as e:  # the view must survive any message
                     bad.append((m.device, sources[i][0], f"fleet view: {type(e).__name__}: {e}",
                                 sources[i][1], now))
+        for i, m in enumerate(inbound):
+            if i not in refused_idx and m.kind in ("event", "state"):
+                try:  # model rollouts follow devices' events and returns
+                    if m.kind == "event":
+                        self.rollouts.on_event(m.device, m.msg)
+                    elif m.msg.get("online"):
+                        self.rollouts.on_online(m.device, m.msg.get("model_version"))
+                except Exception:
+                    log.exception("rollout bookkeeping for %s failed", m.device)
         for device, reply, topic_name, size in replies:
             try:
                 self._on_reply(device, reply)
@@ -400,6 +415,7 @@ class Coordinator:
         return {**asdict(view), "results_stored": self.store.counts().get(device, 0),
                 "acked": acks, "events": self.store.events(device, 20),
                 "quarantined": self.store.quarantine_counts().get(device, 0),
+                "desired": self.rollouts.desired(device),
                 "quarantine": self.store.quarantined(device, 20)}
 
     def stats(self) -> dict[str, Any]:
@@ -426,6 +442,22 @@ class Coordinator:
                 "sha256": held.sha256, "token": held.token,
                 "url": f"{self.api_url}/api/v1/bundles/{held.id}"}
 
+    def _send_async(self, device: str, name: str, args: dict[str, Any]) -> None:
+        """Send a command for a rollout or a returning device without blocking the caller
+        (the ingest thread); the reply goes to the rollouts."""
+        with self._views_lock:
+            if device not in self.views:
+                raise UnknownDevice(device)
+
+        def run() -> None:
+            try:
+                reply = self.send_command(device, name, args, wait_s=30)
+                self.rollouts.on_reply(device, name, reply)
+            except Exception as e:
+                log.warning("%s to %s failed: %s", name, device, e)
+
+        threading.Thread(target=run, name=f"send-{name}", daemon=True).start()
+
     def send_command(self, device: str, name: str, args: dict[str, Any] | None = None,
                      ttl_s: float = 60.0, wait_s: float = 10.0) -> dict[str, Any] | None:
         """Sign and publish a command; returns the device's reply, or None on timeout.
@@ -448,7 +480,10 @@ class Coordinator:
             event.wait(wait_s)
         finally:
             self._waiters.pop(env["id"], None)
-        return box[0] if box else None
+        reply = box[0] if box else None
+        if reply and reply.get("ok") and reply.get("verified"):
+            self.rollouts.record_setting(device, name, args or {})  # desired state
+        return reply
 
 
 def _topic_device(topic_name: str) -> str:

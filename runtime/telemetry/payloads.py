@@ -104,6 +104,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
             "stream": _ID, "versions": {"type": "object", "maxProperties": 32,
                                         "additionalProperties": _SHORT},
             "model": _SHORT, "choice": _SHORT, "reason": _STR,
+            "model_version": _SHORT,  # the model store's name@version ("" = configured)
         },
     },
     "result": {
