@@ -268,7 +268,8 @@ class Daemon:
         def progress(i: int, n: int, name: str) -> None:
             if self._stop_requested:
                 raise Stopping(f"stop requested while profiling {name} ({i}/{n})")
-            crash_point("profile")  # tests: kill -9 while a new model is profiled
+            if threading.current_thread().name == "model-install":
+                crash_point("profile")  # tests: kill -9 while a new version is profiled
             # A cold first start profiles every variant (minutes): keep systemd's start
             # timeout moving and say how far it got.
             self.notify.send("EXTEND_TIMEOUT_USEC=120000000",

@@ -334,3 +334,33 @@ def test_operator_settings_survive_restart_and_reload(tmp_path, fleet):
     assert target() == 33
     saved = json.loads((tmp_path / "box1" / "state" / "settings.json").read_text())
     assert saved == {"latency_ms": 33.0, "accuracy_floor": 0.5}
+
+
+@pytest.mark.parametrize("step", [pytest.param(s, marks=pytest.mark.slow)
+                                  if s in ("download", "verify", "profile") else s
+                                  for s in STEPS])
+def test_kill_9_of_the_daemon_at_each_deploy_step(tmp_path, fleet, step):
+    """The daemon itself is killed at `step` of a deploy; restarted, it serves the old or the
+    new model (whole), and the coordinator's desired state brings it to the new one."""
+    key = load_private_key(tmp_path / "publisher.pem")
+    v1 = inspection_dir(tmp_path / "models" / "inspection")
+    make(inspection_dir(tmp_path / "src2"), key, tmp_path / "i2.edgerun", "2")
+    bundle = fleet.upload(tmp_path / "i2.edgerun")
+    cfg = fleet.config("box1", v1, PROBATION)
+    d = fleet.device("box1", cfg, env={"EDGERUN_CRASH_AT": step})
+    wait(lambda: fleet.coord.store.counts().get("box1", 0) >= 10, 60, "results", d)
+    fleet.coord.rollouts.set_group("g", ["box1"])
+    fleet.coord.rollouts.start(bundle, "g", 100)
+    wait(lambda: d.proc.poll() is not None, 60, f"the kill at {step}")
+    assert d.proc.returncode == -9
+    store = ModelStore(tmp_path / "box1" / "state")
+    vid, path = store.serving()
+    assert vid == ("inspection@2" if step == "swapped" else None)
+    assert path is None or (path / "fp32.onnx").stat().st_size > 0
+    d = fleet.devices["box1"] = Serve(tmp_path / "box1", cfg)
+    # back serving a whole model at once, then the desired state (re-sent on its return)
+    # brings it to inspection@2
+    wait(lambda: fleet.health("box1").get("model_version") in ("", "inspection@2"), 60,
+         "health after the restart", d)
+    wait(lambda: store.serving()[0] == "inspection@2", 90, "the desired model re-sent", d)
+    fleet.wait_event("box1", "model_probation_passed", 90)
