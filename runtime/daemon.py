@@ -289,8 +289,11 @@ class Daemon:
         self._live_energy.clear()
         self._build_ladder()
         if self.pipeline is not None:  # a new model brings its own preprocessing to measure
+            # (another version with the same preprocessing keeps the measured choice: measuring
+            # again runs 21 preprocessings inline on the first frame after the swap)
             self.pipeline.set_manifest(self.manifest, self.preprocess if (
-                old is not None and old.root == self.manifest.root) else self._preprocess_chooser())
+                old is not None and old.preprocess == self.manifest.preprocess)
+                else self._preprocess_chooser())
 
     def _load_in_background(self, path: Path, fresh: bool, why: str) -> None:
         """Profile in a thread (minutes on a cold cache must not stall the main loop and its

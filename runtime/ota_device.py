@@ -203,18 +203,28 @@ class DeviceOta:
 
         d = self.d
         baseline = self.kpis_now()
-        shadow = self._second_session()
+        # The running session becomes the shadow: the pipeline keeps it open after the swap
+        # (no second session to load, which would hold the GIL while frames wait).
+        shadow = d.pipeline.target
+        if shadow is not None and shadow.manifest is None:
+            shadow = self._second_session()  # a session without its model: load one
+        d.pipeline.shadow = shadow
         prev = Measured(d.manifest, d.profiles, d.idle_w, d._loaders, d.profile_temp)
         old = self.version
+        t0 = time.perf_counter()
         self.store.switch(vid, baseline.to_dict())  # atomic: a restart now serves `vid`
+        t1 = time.perf_counter()
         held = d._held_down()
         d._install(measured)
+        t2 = time.perf_counter()
         d._after_rebuild(why, held)
+        t3 = time.perf_counter()
         self.version = vid
+        log.info("swap to %s prepared on the main loop in %.1f ms (pointer %.1f, ladder %.1f, "
+                 "session load and warm-up %.1f); the pipeline takes it at its next frame",
+                 vid, (t3 - t0) * 1e3, (t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3)
         target = d.pipeline.target
         if target is None or target.manifest is not d.manifest:
-            if shadow is not None:
-                shadow.session.close()
             self.probation = _Run(vid, baseline, time.time(), 0, 0, prev)
             self.rollback("the new model's session did not load")
             return
@@ -300,9 +310,9 @@ class DeviceOta:
 
     def _drop_shadow(self) -> None:
         p = self.d.pipeline
-        shadow, p.shadow = p.shadow, None
-        if shadow is not None:
-            with p._work:  # not while the infer thread is using it
+        with p._work, p._lock:  # not while the infer thread is using it
+            shadow, p.shadow = p.shadow, None
+            if shadow is not None and shadow is not p._active and shadow is not p._next:
                 shadow.session.close()
 
     def rollback(self, reason: str) -> None:

@@ -159,9 +159,9 @@ class Pipeline:
         for t in self._threads:
             t.join(2)
         with self._lock:
-            for a in (self._active, self._next):
-                if a is not None:
-                    a.session.close()
+            for a in {id(x): x for x in (self._active, self._next, self.shadow)
+                      if x is not None}.values():
+                a.session.close()
         if self.source is not None:
             self.source.close()
 
@@ -333,7 +333,7 @@ class Pipeline:
         with self._lock:
             if self._next is not None:
                 old, self._active, self._next = self._active, self._next, None
-                if old is not None:
+                if old is not None and old is not self.shadow:  # the shadow lives on
                     old.session.close()
         active = self._active
         assert active is not None
@@ -365,8 +365,8 @@ class Pipeline:
         inference; a failure of the old model costs the comparison, not the frame."""
         shadow = self.shadow
         self._shadow_i += 1
-        if shadow is None or self._shadow_i % self.shadow_every:
-            return
+        if shadow is None or shadow is active or self._shadow_i % self.shadow_every:
+            return  # (the shadow is the running model until the swap reaches this thread)
         try:
             old = shadow.session.infer((shadow.pre or self._pre)(frame.image,
                                                                  shadow.input_shape))
