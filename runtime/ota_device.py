@@ -138,6 +138,9 @@ class DeviceOta:
         name = cmd.args["name"]
         if not self.store.has(name):
             return False
+        if name == self.version:
+            self.d.event("model_deployed", "info", version=name, detail="already serving it")
+            return True
         path = self.store.path(name)
         assert path is not None
         self._start(lambda: (path, name), f"model {name} chosen")

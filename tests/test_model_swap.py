@@ -285,6 +285,8 @@ def test_good_model_passes_constant_model_is_rolled_back_by_agreement(tmp_path, 
     # and the same version is refused from now on, saying why
     again = _deploy(fleet, "box1", "constant@1")
     assert again["status"] == "rejected" and "rolled back on this device" in again["reason"]
+    chosen = fleet.coord.send_command("box1", "choose_model", {"name": "constant@1"})
+    assert chosen["status"] == "rejected" and "rolled back on this device" in chosen["reason"]
     # no frame was lost: result seqs have no gap across both swaps
     seqs = [r["seq"] for r in fleet.coord.store.results("box1", 0, 1_000_000)]
     assert seqs and seqs == list(range(seqs[0], seqs[0] + len(seqs)))
