@@ -185,6 +185,8 @@ def cmd_ls(args: argparse.Namespace) -> int:
         mark = ("current" if vid == doc.get("current") else
                 "previous" if vid == doc.get("previous") else "")
         print(f"{vid:<40} {mark}")
+    print(f"serving {doc.get('current') or 'the configured model ([model] path)'}; "
+          f"rollback goes to {doc.get('previous') or 'the configured model'}")
     if doc.get("probation"):
         print(f"probation: {doc['current']} since {doc['probation'].get('since', 0):.0f}, "
               f"{doc['probation'].get('boots', 0)} restarts")
