@@ -677,7 +677,8 @@ class Daemon:
             new = replace(new, constraints=operator_settings.apply(new.constraints,
                                                                    self.settings))
             restart = [k for k in ("device", "model", "source", "telemetry", "simulator",
-                                   "daemon", "backends", "profiler", "results", "local_api")
+                                   "daemon", "backends", "profiler", "results", "local_api",
+                                   "models")
                        if getattr(new, k) != getattr(old, k)]
             self._set_constraints(new.constraints, "config reloaded", new.governor)
         except Exception as e:  # ConfigError, NoVariantError (as ValueError), or anything else
@@ -785,6 +786,8 @@ class Daemon:
             # It stops at its next variant (progress raises Stopping); an engine call that is
             # still running when the interpreter exits aborts the process.
             self._reprofile_thread.join(60)
+        if self.ota is not None and self.ota.thread is not None:
+            self.ota.thread.join(60)  # a model install stops at its next variant, too
         if self.sim:
             self.sim.stop()
         if self.publisher:

@@ -153,7 +153,11 @@ def cmd_install(args: argparse.Namespace) -> int:
         print(f"[download] {args.source}", file=sys.stderr, flush=True)
         bundle = obtain(store, mc, args.source, args.size or 0, args.sha256 or "", token)
         print(f"[verify] {bundle}", file=sys.stderr, flush=True)
-        info = verify_step(store, mc, bundle)
+        try:
+            info = verify_step(store, mc, bundle)
+        finally:
+            if bundle.parent == store.downloads:  # ours (a download), not the user's file
+                bundle.unlink(missing_ok=True)
         path = store.path(info.id)
         assert path is not None
 

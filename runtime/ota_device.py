@@ -16,7 +16,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -67,6 +69,8 @@ class DeviceOta:
         self.probation: _Run | None = None
         self.last: dict[str, Any] = {}  # the last verdict, for health
         self._busy = threading.Lock()  # one install at a time
+        self.thread: threading.Thread | None = None  # the install running (joined at stop)
+        self._step = ""  # download | verify | profile: where a failed install stopped
 
     # -- start --------------------------------------------------------------------------------
 
@@ -109,6 +113,9 @@ class DeviceOta:
                     "send a bundle with `edgerun fleet deploy`")
         if cmd.name == "deploy":
             vid = f"{cmd.args['name']}@{cmd.args['version']}"
+            if not self.trusted:
+                return ("this device trusts no publisher keys ([models] publisher_keys): it "
+                        "cannot verify any bundle")
             if why := self.store.rejected(vid):
                 return f"model {vid} was rolled back on this device: {why}"
             if cmd.args["size"] > self.cfg.max_bundle_mb * 1024 * 1024:
@@ -157,8 +164,13 @@ class DeviceOta:
         def fetch() -> tuple[Path, str]:
             from runtime.install import obtain, verify_step
 
+            self._step = "download"
             bundle = obtain(self.store, self.cfg, a["url"], a["size"], a["sha256"], a["token"])
-            info = verify_step(self.store, self.cfg, bundle)
+            self._step = "verify"
+            try:
+                info = verify_step(self.store, self.cfg, bundle)
+            finally:  # unpacked into versions/ or refused: the downloaded file is done with
+                bundle.unlink(missing_ok=True)
             if info.id != vid:
                 from runtime.bundle import BundleError
 
@@ -177,10 +189,14 @@ class DeviceOta:
         log.info("%s: download, verify and profile in the background", why)
 
         def work() -> None:
-            step = "download"
+            self._step = "download"
+            # Below the inference threads: live frames first, the new model's profile second
+            # (a cold profile at normal priority delayed frames around the swap).
+            with contextlib.suppress(OSError, AttributeError):
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
             try:
                 path, vid = obtain()
-                step = "profile"
+                self._step = "profile"
                 measured = self.d._measure_model(path)
                 self.d._installs.put((measured, why, vid))
             except Exception as e:
@@ -188,14 +204,15 @@ class DeviceOta:
 
                 if isinstance(e, Stopping):
                     return
-                log.error("%s failed at step %s: %s; still serving %s", why, step, e,
+                log.error("%s failed at step %s: %s; still serving %s", why, self._step, e,
                           self.version or "the configured model")
-                self.d.event("model_deploy_failed", "warning", reason=why, step=step,
+                self.d.event("model_deploy_failed", "warning", reason=why, step=self._step,
                              error=str(e)[:500])
             finally:
                 self._busy.release()
 
-        threading.Thread(target=work, name="model-install", daemon=True).start()
+        self.thread = threading.Thread(target=work, name="model-install", daemon=True)
+        self.thread.start()
 
     # -- swap (main thread) -------------------------------------------------------------------
 

@@ -112,6 +112,7 @@ class Pipeline:
         self.shadow_every = 5
         self.shadow_counts = [0, 0]
         self._shadow_i = 0
+        self._shadow_due: list[tuple[Frame, Any, Active]] = []  # compared after the store
 
     # -- control (any thread) -------------------------------------------------------------
 
@@ -356,17 +357,26 @@ class Pipeline:
                          "variant": active.variant_id, "error": str(e)[:300]})
             return None
         if self.shadow is not None:
-            self._shadow_compare(frame, out, active)
+            self._shadow_i += 1
+            if self.shadow is not active and self._shadow_i % self.shadow_every == 0:
+                # (the shadow is the running model until the swap reaches this thread)
+                self._shadow_due.append((frame, out, active))
         return frame, out, active, ms
 
+    def _shadow_flush(self) -> None:
+        """Run the sampled frames through the old model after their results are stored, so
+        the comparison adds nothing to their latency (the caller holds `_work`)."""
+        due, self._shadow_due = self._shadow_due, []
+        for frame, out, active in due:
+            self._shadow_compare(frame, out, active)
+
     def _shadow_compare(self, frame: Frame, out: Any, active: Active) -> None:
-        """Probation: every Nth frame also through the old model, counting top-1 agreement
-        by label (the two models may order their classes differently). Outside the timed
-        inference; a failure of the old model costs the comparison, not the frame."""
+        """Probation: a frame also through the old model, counting top-1 agreement by label
+        (the two models may order their classes differently). A failure of the old model
+        costs the comparison, not the frame."""
         shadow = self.shadow
-        self._shadow_i += 1
-        if shadow is None or shadow is active or self._shadow_i % self.shadow_every:
-            return  # (the shadow is the running model until the swap reaches this thread)
+        if shadow is None:
+            return
         try:
             old = shadow.session.infer((shadow.pre or self._pre)(frame.image,
                                                                  shadow.input_shape))
@@ -417,6 +427,7 @@ class Pipeline:
             seqs = self._sink(results)
         except Exception as e:  # disk full, database broken: frames stay not-done
             self.busy_since = None
+            self._shadow_due.clear()  # bounded: no comparisons pile up while storing fails
             self.counters["store_errors"] += len(results)
             log.error("could not store %d results: %s; their frames are not marked done",
                       len(results), e)
@@ -437,3 +448,5 @@ class Pipeline:
             self._local.submit([f for f, *_ in batch], results, seqs,
                                (batch[-1][2].manifest or self._manifest).labels)
         self.busy_since = None
+        if self._shadow_due:
+            self._shadow_flush()

@@ -269,6 +269,16 @@ def test_good_model_passes_constant_model_is_rolled_back_by_agreement(tmp_path, 
     assert passed["version"] == "inspection@2" and passed["agreement"] >= 0.99
     assert passed["shadow_compared"] >= 20
 
+    # signed by the coordinator's command key, which the device trusts for commands only:
+    # refused at verify, the device keeps serving inspection@2 (bundles not kept on disk)
+    make(inspection_dir(tmp_path / "src3"), load_private_key(tmp_path / "command.pem"),
+         tmp_path / "i3.edgerun", "3")
+    assert _deploy(fleet, "box1", fleet.upload(tmp_path / "i3.edgerun"))["ok"]
+    failed = fleet.wait_event("box1", "model_deploy_failed")
+    assert failed["step"] == "verify" and "not one of the publisher keys" in failed["error"]
+    store = ModelStore(tmp_path / "box1" / "state")
+    assert store.serving()[0] == "inspection@2" and not list(store.downloads.iterdir())
+
     reply = _deploy(fleet, "box1", fleet.upload(tmp_path / "c1.edgerun"))
     assert reply["status"] == "accepted", reply
     rolled = fleet.wait_event("box1", "model_rolled_back")
