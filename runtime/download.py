@@ -34,7 +34,8 @@ def fetch(url: str, dest: Path, size: int, token: str = "", max_bytes: int = 0,
     """Download `url` (of `size` bytes) to `dest`, resuming `dest.part`; returns `dest`.
     `sha256` (when given) is checked before the rename; a mismatch deletes the part."""
     if size <= 0:
-        raise DownloadError(f"{url}: the deploy command must declare the bundle's size")
+        raise DownloadError(f"{url}: the bundle's size must be known before downloading "
+                            "(the deploy command's `size`, `models install --size`)")
     if max_bytes and size > max_bytes:
         raise DownloadError(f"{url}: {size} bytes is over the cap of {max_bytes} "
                             "([models] max_bundle_mb)")

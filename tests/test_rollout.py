@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -249,3 +250,42 @@ def test_api_refuses_bad_rollout_requests(tmp_path, api):
     assert post("/api/v1/groups", {"group": "g", "devices": ["a/b"]})[0] == 400
     assert post("/api/v1/groups", {"group": "g", "devices": ["a", "b"]}) == (
         200, {"g": ["a", "b"]})
+
+
+def test_rollouts_persist_and_a_silent_canary_halts_after_the_timeout(tmp_path):
+    """Rollouts with real SQLite and a recording `send`: state survives a new instance (the
+    coordinator restarting), a canary that never reports fails at the timeout and halts."""
+    from runtime.coordinator.rollout import Rollouts
+
+    sent = []
+    args = {"name": "m", "version": "2", "url": "http://x/api/v1/bundles/m@2", "size": 1,
+            "sha256": "0" * 64, "token": "t"}
+
+    def make_rollouts():
+        return Rollouts(tmp_path / "c.db", lambda d, c, a: sent.append((d, c)),
+                        lambda b: args, lambda: ["a", "b", "c"], timeout_s=100)
+
+    r1 = make_rollouts()
+    r1.set_group("g", ["a", "b", "c"])
+    r = r1.start("m@2", "g", 10)
+    assert r["canary"] == ["a"] and sent == [("a", "deploy")]
+    r1.close()
+    r2 = make_rollouts()  # the coordinator restarted: rollout and desired state are there
+    assert r2.get(r["id"])["state"] == "canary"
+    assert r2.desired("a")["model"] == args and "model" not in r2.desired("b")
+    r2.tick(time.time() + 50)
+    assert r2.get(r["id"])["state"] == "canary"
+    r2.tick(time.time() + 101)
+    got = r2.get(r["id"])
+    assert got["state"] == "halted" and "no verdict within 100 s" in got["reason"]
+    assert sent == [("a", "deploy")]  # b and c never sent
+    # a device coming back with another model is sent its desired one again, and settings
+    r2.record_setting("b", "set_latency_target", {"ms": 20})
+    r2.on_online("b", "")
+    assert sent[-1] == ("b", "set_latency_target")
+    r2._set_desired("c", {"model": args})
+    r2.on_online("c", "m@1")
+    assert ("c", "deploy") in sent
+    sent.clear()
+    r2.on_online("c", "m@2")  # already there: nothing to send
+    assert sent == []

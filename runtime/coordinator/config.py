@@ -45,6 +45,8 @@ class CoordinatorConfig:
     bundles_dir: str = ""
     max_bundle_mb: float = 512.0
     public_url: str = ""
+    rollout_timeout_s: float = 3600.0  # a device without a probation verdict this long after
+    # its deploy counts as failed (a silent canary halts the rollout)
 
     def validate(self) -> tuple[str, str] | None:
         if why := check_name("fleet", self.fleet):

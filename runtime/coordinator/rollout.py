@@ -89,7 +89,9 @@ class Rollouts:
     connection). `send(device, cmd, args)` publishes a signed command without waiting."""
 
     def __init__(self, db: str | Path, send: Callable[[str, str, dict], Any],
-                 deploy_args: Callable[[str], dict], known: Callable[[], list[str]]):
+                 deploy_args: Callable[[str], dict], known: Callable[[], list[str]],
+                 timeout_s: float = 3600.0):
+        self.timeout_s = timeout_s  # a device sent a model without a verdict this long: failed
         self._db = sqlite3.connect(Path(db).expanduser(), check_same_thread=False,
                                    isolation_level=None, timeout=30)
         self._db.executescript(_SCHEMA)
@@ -262,6 +264,21 @@ class Rollouts:
         if s.send:
             self._deploy(r, s.send)
             self._save(r)
+
+    def tick(self, now: float | None = None) -> None:
+        """A device that was sent the model `timeout_s` ago and has not reported a verdict
+        counts as failed (offline, stuck): a canary that never answers halts the rollout
+        instead of holding it for ever."""
+        now = time.time() if now is None else now
+        with self._lock:
+            for r in self._active():
+                late = [d for d, st in r["devices"].items() if st["state"] in (SENT, SWAPPED)
+                        and now - st.get("sent", now) > self.timeout_s]
+                for d in late:
+                    r["devices"][d].update(state=FAILED, reason=f"no verdict within "
+                                           f"{self.timeout_s:.0f} s of the deploy")
+                if late:
+                    self._step(r)
 
     def on_online(self, device: str, model_version: str | None) -> None:
         """A device came back (birth): re-send its desired model when it reports another

@@ -65,7 +65,7 @@ class Coordinator:
 
         # groups, desired state, staged rollouts (own tables in the same database)
         self.rollouts = Rollouts(cfg.store, self._send_async, self.deploy_args,
-                                 lambda: list(self.views))
+                                 lambda: list(self.views), cfg.rollout_timeout_s)
         from runtime.coordinator.bundles import Shelf
 
         self.shelf = Shelf(Path(cfg.bundles_dir or Path(cfg.store).expanduser().parent
@@ -199,6 +199,7 @@ class Coordinator:
                 if now - last_refresh >= 1.0:
                     last_refresh = now
                     self._refresh(now)
+                    self.rollouts.tick(now)
                 if now - last_prune >= 3600:
                     last_prune = now
                     self.store.prune(self.cfg.keep_health_s, self.cfg.keep_events_s)
