@@ -200,7 +200,7 @@ class Daemon:
         self.backends = discover(cfg.backends)
         self.devices = [{"backend": b.name, "id": d.id, "name": d.name, **d.details}
                         for b in self.backends for d in b.devices()]  # fixed for the process
-        self._install(self._measure_model(model_path))
+        self._install(self.ota.first_model(model_path, self._measure_model))
         if cfg.results.enabled:
             self.local = LocalResults(cfg.results, self._pipeline_event)
             self.local.start()

@@ -88,6 +88,30 @@ class DeviceOta:
             log.info("serving model version %s from %s", vid, path)
         return path or configured
 
+    def first_model(self, path: Path, measure: Any) -> Any:
+        """`measure(path)` for start-up; when the store's version cannot be loaded (a file
+        corrupted on disk since it was verified, every variant refused) it is rolled back
+        and the previous version (or the configured model) is measured instead: the device
+        comes back serving a model, never none."""
+        from runtime.onnx_model import ModelError
+        from runtime.selector import NoVariantError
+
+        while True:
+            try:
+                return measure(path)
+            except (ModelError, NoVariantError) as e:
+                if self.version is None:
+                    raise  # the configured model itself: nothing to fall back to
+                failed = self.version
+                why = f"cannot load {failed} at start: {e}"
+                self.store.rollback(why[:500])
+                self.version, served = self.store.serving()
+                path = served or self.configured
+                log.critical("model %s rolled back: %s; serving %s", failed, why,
+                             self.version or "the configured model")
+                self.d.event("model_rolled_back", "critical", version=failed,
+                             to=self.version or "configured", reason=why[:1000])
+
     def started(self) -> None:
         """After the pipeline started: a restart during probation resumes it (no old model in
         memory: agreement is not sampled, the baseline comes from the pointer)."""

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from daemon_harness import Serve, last_health, results, wait, write_config
+from daemon_harness import Serve, events, last_health, results, wait, write_config
 from modelgen import tiny_cnn
 from onnx import TensorProto, helper, numpy_helper, save
 
@@ -376,3 +376,29 @@ def test_kill_9_of_the_daemon_at_each_deploy_step(tmp_path, fleet, step):
          "health after the restart", d)
     wait(lambda: store.serving()[0] == "inspection@2", 90, "the desired model re-sent", d)
     fleet.wait_event("box1", "model_probation_passed", 90)
+
+
+def test_a_version_corrupted_on_disk_falls_back_at_start(tmp_path, publisher, profile_cache):
+    """A file of the current version changed after it was verified: the daemon still comes
+    back serving a model (the configured one), says why, and remembers the version as bad."""
+    old = inspection_dir(tmp_path / "models" / "inspection")
+    make(inspection_dir(tmp_path / "src2"), publisher, tmp_path / "b.edgerun", "2")
+    cfg = write_config(tmp_path, profile_cache, extra=MODELS.format(
+        pub=tmp_path / "publisher.pub") + f'[model]\npath = "{old}"\n')
+    got = _install(cfg, str(tmp_path / "b.edgerun"))
+    assert got.returncode == 0, got.stderr
+    store = ModelStore(tmp_path / "state")
+    onnx_file = store.path("inspection@2") / "fp32.onnx"
+    data = bytearray(onnx_file.read_bytes())
+    data[-100] ^= 0xFF
+    onnx_file.write_bytes(bytes(data))
+    d = Serve(tmp_path, cfg)
+    try:
+        wait(lambda: len(results(d.outbox)) >= 10, 90, "results", d)
+        ev = events(d.outbox, "model_rolled_back")
+        assert ev and ev[0]["version"] == "inspection@2" and ev[0]["to"] == "configured"
+        assert "no variant passed verification" in ev[0]["reason"]
+        assert any("sha256" in e["error"] for e in events(d.outbox, "variant_refused"))
+        assert store.serving()[0] is None and store.rejected("inspection@2")
+    finally:
+        assert d.stop() == 0
