@@ -16,7 +16,8 @@ rename after every file was checked and fsynced). Nothing is served from staging
 version is kept for rollback; older ones are removed.
 
 `EDGERUN_CRASH_AT=<step>` (tests only) makes the process SIGKILL itself at that step:
-`download`, `verify`, `profile`, `swap` (new pointer written, not yet renamed), `swapped`.
+`download`, `verify`, `profile`, `swap` (new pointer written, not yet renamed), `swapped`,
+and `serving` (the daemon at start, once it chose what to serve: a crash loop).
 """
 
 from __future__ import annotations

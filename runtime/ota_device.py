@@ -86,6 +86,7 @@ class DeviceOta:
         self.version = vid
         if path is not None:
             log.info("serving model version %s from %s", vid, path)
+        crash_point("serving")  # tests: a daemon that dies at every start (a crash loop)
         return path or configured
 
     def first_model(self, path: Path, measure: Any) -> Any:

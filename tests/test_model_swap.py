@@ -402,3 +402,28 @@ def test_a_version_corrupted_on_disk_falls_back_at_start(tmp_path, publisher, pr
         assert store.serving()[0] is None and store.rejected("inspection@2")
     finally:
         assert d.stop() == 0
+
+
+def test_crash_loop_in_probation_rolls_back_by_itself(tmp_path, publisher, profile_cache):
+    """A daemon that dies at every start while a new version is in probation: at the third
+    start it rolls back before loading it, and the next start serves the old model."""
+    old = inspection_dir(tmp_path / "models" / "inspection")
+    make(inspection_dir(tmp_path / "src2"), publisher, tmp_path / "b.edgerun", "2")
+    cfg = write_config(tmp_path, profile_cache, extra=MODELS.format(
+        pub=tmp_path / "publisher.pub") + f'[model]\npath = "{old}"\n')
+    assert _install(cfg, str(tmp_path / "b.edgerun")).returncode == 0
+    store = ModelStore(tmp_path / "state")
+    for start in (1, 2, 3):
+        d = Serve(tmp_path, cfg, env={"EDGERUN_CRASH_AT": "serving"})
+        assert d.proc.wait(60) == -9
+        assert store.serving()[0] == ("inspection@2" if start < 3 else None), start
+    assert "crash loop: 3 starts" in store.rejected("inspection@2")
+    d = Serve(tmp_path, cfg)
+    try:
+        wait(lambda: len(results(d.outbox)) >= 10, 90, "results", d)
+        ev = events(d.outbox, "model_rolled_back")
+        assert ev and "crash loop: 3 starts while inspection@2 was in probation" in \
+            ev[0]["reason"]
+        assert last_health(d.outbox)["model_version"] == ""
+    finally:
+        assert d.stop() == 0
