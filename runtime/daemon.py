@@ -47,7 +47,7 @@ from runtime.selector import Constraints, NoVariantError
 from runtime.sources import open_source
 from runtime.systemd import Notifier
 from runtime.telemetry.client import Publisher, device_id
-from runtime.telemetry.commands import Command
+from runtime.telemetry.commands import Command, loggable
 from runtime.telemetry.outbox import Outbox
 
 log = logging.getLogger("edgerun.daemon")
@@ -621,7 +621,7 @@ class Daemon:
 
     def handle(self, cmd: Command) -> None:
         """Apply a verified command (the publisher already replied 'accepted')."""
-        log.info("command %s %s", cmd.name, cmd.args)
+        log.info("command %s %s", cmd.name, loggable(cmd.args))
         c = self.cfg.constraints
         if cmd.name == "set_latency_target":
             self._set_constraints(replace(c, latency_ms=cmd.args["ms"]))
@@ -648,7 +648,7 @@ class Daemon:
             self.settings = operator_settings.record(self.settings, cmd.name, cmd.args)
             operator_settings.save(self.state_dir, self.settings)
         self.event("command_applied", "info", command=cmd.name,
-                   args={k: v for k, v in cmd.args.items() if k != "token"}, id=cmd.id)
+                   args=loggable(cmd.args), id=cmd.id)
 
     def _set_constraints(self, c, why: str = "new constraints", governor=None) -> None:
         """Rebuild the ladder for new constraints (and governor settings) and go to its top

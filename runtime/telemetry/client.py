@@ -335,8 +335,8 @@ class Publisher:
             except Exception as e:  # a bug in a check must cost this command only
                 why = f"could not check the command: {type(e).__name__}: {e}"
             if why:
-                log.warning("rejected command %s %s (id %s): %s", cmd.name, cmd.args, cmd.id,
-                            why)
+                log.warning("rejected command %s %s (id %s): %s", cmd.name,
+                            commands.loggable(cmd.args), cmd.id, why)
                 self._reply(client, cmd.id, False, "rejected", why)
                 return
             try:
@@ -344,7 +344,8 @@ class Publisher:
             except queue.Full:
                 self._reply(client, cmd.id, False, "refused", "busy: command queue full")
                 return
-            log.info("accepted command %s %s (id %s)", cmd.name, cmd.args, cmd.id)
+            log.info("accepted command %s %s (id %s)", cmd.name, commands.loggable(cmd.args),
+                     cmd.id)
             self._reply(client, cmd.id, True, "accepted", f"{cmd.name} queued")
 
     def _reply(self, client: mqtt.Client, cmd_id: str | None, ok: bool, status: str,

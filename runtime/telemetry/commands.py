@@ -102,6 +102,11 @@ COMMANDS: dict[str, dict[str, Callable[[Any], Any]]] = {
 }
 
 
+def loggable(args: Mapping[str, Any]) -> dict[str, Any]:
+    """Arguments for logs and events: a `deploy`'s download token masked."""
+    return {k: ("***" if k == "token" else v) for k, v in args.items()}
+
+
 def canonical(envelope: Mapping[str, Any]) -> bytes:
     """The signed bytes: every field except `sig`, canonical JSON."""
     body = {k: v for k, v in envelope.items() if k != "sig"}
