@@ -175,7 +175,7 @@ STEPS = ["download", "verify", "profile", "swap", "swapped"]
 
 
 @pytest.mark.parametrize("step", [pytest.param(s, marks=pytest.mark.slow)
-                                  if s in ("download", "profile") else s for s in STEPS])
+                                  if s != "swap" else s for s in STEPS])
 def test_kill_9_at_each_install_step_leaves_old_or_new_never_none(tmp_path, publisher,
                                                                    profile_cache, step):
     old = inspection_dir(tmp_path / "models" / "inspection")
@@ -349,8 +349,7 @@ def test_operator_settings_survive_restart_and_reload(tmp_path, fleet):
 
 
 @pytest.mark.parametrize("step", [pytest.param(s, marks=pytest.mark.slow)
-                                  if s in ("download", "verify", "profile") else s
-                                  for s in STEPS])
+                                  if s != "swapped" else s for s in STEPS])
 def test_kill_9_of_the_daemon_at_each_deploy_step(tmp_path, fleet, step):
     """The daemon itself is killed at `step` of a deploy; restarted, it serves the old or the
     new model (whole), and the coordinator's desired state brings it to the new one."""
@@ -378,6 +377,7 @@ def test_kill_9_of_the_daemon_at_each_deploy_step(tmp_path, fleet, step):
     fleet.wait_event("box1", "model_probation_passed", 90)
 
 
+@pytest.mark.slow
 def test_a_version_corrupted_on_disk_falls_back_at_start(tmp_path, publisher, profile_cache):
     """A file of the current version changed after it was verified: the daemon still comes
     back serving a model (the configured one), says why, and remembers the version as bad."""
