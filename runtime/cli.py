@@ -221,6 +221,8 @@ def _check_sensors(cfg) -> int:
 def cmd_models(args: argparse.Namespace) -> int:
     """Make a model's precision ladder (fp16, int8, reduced resolution) with measured accuracy.
     Every failure is one error line naming the model and the step (exit 2)."""
+    if getattr(args, "ota", None):  # bundle / verify / install / ls (runtime/model_install.py)
+        return args.ota(args)
     from runtime.manifest import Preprocess, read_labels, read_preprocess
     from runtime.onnx_model import ModelError
     from runtime.prepare import PrepareOptions, StepError, prepare
@@ -524,6 +526,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="JSON with layout/colour/resize/scale/mean/std (ImageNet defaults)")
     mp.add_argument("--output", choices=("probabilities", "logits"), default="probabilities")
     mp.add_argument("--no-reduced", action="store_true", help="skip the reduced-resolution form")
+    from runtime.model_install import add_parsers as ota_parsers
+
+    ota_parsers(msub, common)
     mo.set_defaults(func=cmd_models)
 
     co = sub.add_parser("coordinator", help="run the fleet coordinator",
@@ -551,6 +556,20 @@ def build_parser() -> argparse.ArgumentParser:
                     "set_accuracy_floor value=0.9, set_rate fps=5, choose_model name=N")
     fc.add_argument("kv", nargs="*", metavar="ARG=VALUE")
     fc.add_argument("--wait", type=float, default=10.0, help="seconds to wait for the reply")
+    fd = fsub.add_parser("deploy", help="roll a model bundle out to a group (canary first)",
+                         parents=[common, fleet_opts])
+    fd.add_argument("bundle", help="a bundle file (uploaded) or NAME@VERSION already held")
+    fd.add_argument("--to", required=True, help="a device group, or `all`")
+    fd.add_argument("--canary", default="10%", help="share of the group that gets it first "
+                    "(0%% or 100%%: all at once)")
+    fd.add_argument("--wait", type=float, default=0.0, help="follow the rollout this many "
+                    "seconds (exit 1 when it halts)")
+    fg = fsub.add_parser("group", help="put devices in a group", parents=[common, fleet_opts])
+    fg.add_argument("group")
+    fg.add_argument("devices", nargs="+")
+    fo = fsub.add_parser("rollouts", help="rollouts and their devices' states",
+                         parents=[common, fleet_opts])
+    fo.add_argument("id", nargs="?")
     fe = fsub.add_parser("enroll", help="make a device's broker credential, keys and config",
                          description=cmd_enroll.__doc__,
                          parents=[common])

@@ -12,6 +12,7 @@ from typing import Literal
 
 from runtime.coordinator.config import CoordinatorConfig
 from runtime.local_api import LocalApiConfig
+from runtime.model_store import ModelsConfig
 from runtime.results_local import ResultsConfig
 from runtime.schema import ConfigError, build, load_toml
 from runtime.sources import SourceConfig
@@ -234,6 +235,7 @@ class Config:
     local_api: LocalApiConfig = field(default_factory=LocalApiConfig)
     sleep: SleepConfig = field(default_factory=SleepConfig)  # duty cycling (docs/sleep.md)
     homeassistant: HomeAssistantConfig = field(default_factory=HomeAssistantConfig)
+    models: ModelsConfig = field(default_factory=ModelsConfig)  # OTA: bundles, probation
 
     def validate(self) -> tuple[str, str] | None:
         from runtime.multisource import check_sources

@@ -32,7 +32,7 @@ from power.cputime import native_threads_cpu_s
 from power.device import DeviceProfile, load_profile
 from power.sensors import Reading, SensorError, SensorSet, detect_meter
 from power.thermal_source import ThermalSource, discover_thermal
-from runtime import __version__, control_store
+from runtime import __version__, control_store, operator_settings
 from runtime.backends import discover
 from runtime.config import Config, ConfigError, load
 from runtime.health import health
@@ -40,14 +40,16 @@ from runtime.health_history import HealthHistory
 from runtime.ladder import Rung, ladder_for, on_device
 from runtime.local_api import LocalApi, start_local_api
 from runtime.measure import Measured, measure_model
+from runtime.model_store import crash_point
 from runtime.multisource import aggregate, lanes, planned_rate, single
+from runtime.ota_device import DeviceOta
 from runtime.pipeline import Active, Pipeline
 from runtime.results_local import LocalResults
 from runtime.selector import Constraints, NoVariantError
 from runtime.sources import open_source
 from runtime.systemd import Notifier
 from runtime.telemetry.client import Publisher, device_id
-from runtime.telemetry.commands import Command
+from runtime.telemetry.commands import Command, loggable
 from runtime.telemetry.homeassistant import DeviceInfo, Discovery
 from runtime.telemetry.outbox import Outbox
 
@@ -97,6 +99,8 @@ class Daemon:
         self.publisher: Publisher | None = None
         self.local_api: LocalApi | None = None  # opt-in /metrics and /healthz ([local_api])
         self.sleeper: Any = None  # runtime.sleep.Sleeper when [sleep] is enabled
+        self.ota: DeviceOta | None = None  # model versions, deploy, probation ([models])
+        self.settings: dict[str, float] = {}  # operator overrides (runtime.operator_settings)
         # -- parts made by start(), in its order --
         self.device: DeviceProfile | None = None
         self.sensors: SensorSet | None = None
@@ -147,8 +151,14 @@ class Daemon:
 
     def start(self) -> None:
         """Bring every part up in order; raises with the failing step named."""
-        cfg = self.cfg
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.settings = operator_settings.load(self.state_dir)
+        if self.settings:  # commands sent earlier outlive restarts (and the config file's)
+            log.info("operator settings from %s override [constraints]: %s",
+                     self.state_dir / operator_settings.FILE, self.settings)
+            self.cfg = replace(self.cfg, constraints=operator_settings.apply(
+                self.cfg.constraints, self.settings))
+        cfg = self.cfg
         self.device = load_profile(cfg.device.profile)
         root = Path(cfg.device.sysfs_root)
         if cfg.simulator.enabled:
@@ -177,6 +187,10 @@ class Daemon:
         self.device_id = device_id(cfg.telemetry)
         self.local_api = start_local_api(cfg.local_api, self.health, lambda: self.pipeline.alive(
             cfg.local_api.stall_s), self.device_id)  # up during profiling: 503 until it runs
+        try:
+            self.ota = DeviceOta(self)
+        except ValueError as e:  # an unreadable publisher key file
+            raise ConfigError(str(e)) from e
         if cfg.telemetry.broker.host:  # made now so a bad key file fails before profiling
             try:
                 ha = Discovery(cfg.homeassistant, cfg.telemetry.fleet, self.device_id,
@@ -184,16 +198,18 @@ class Daemon:
                 self.publisher = Publisher(cfg.telemetry, self.outbox, self._birth,
                                            state_dir=self.state_dir, homeassistant=ha,
                                            session_expiry_s=(cfg.sleep.session_expiry_s
-                                                             if cfg.sleep.enabled else 0))
+                                                             if cfg.sleep.enabled else 0),
+                                           precheck=self.ota.precheck)
             except ValueError as e:  # an unreadable trusted key or device key file
                 raise ConfigError(str(e)) from e
-        model_path = Path(cfg.model.path) if cfg.model.path else _bundled_model()
+        model_path = self.ota.model_path(Path(cfg.model.path) if cfg.model.path
+                                         else _bundled_model())
         # Engines are discovered once per process: re-creating them (a second ov.Core while the
         # first is torn down) was seen to leave the process crashing on its next signal.
         self.backends = discover(cfg.backends)
         self.devices = [{"backend": b.name, "id": d.id, "name": d.name, **d.details}
                         for b in self.backends for d in b.devices()]  # fixed for the process
-        self._install(self._measure_model(model_path))
+        self._install(self.ota.first_model(model_path, self._measure_model))
         if cfg.results.enabled:
             self.local = LocalResults(cfg.results, self._pipeline_event)
             self.local.start()
@@ -205,6 +221,7 @@ class Daemon:
         self.pipeline.start(self._session(self.current))
         if math.isfinite(self.operator_rate_hz):
             self.pipeline.rate_cap_hz = self.operator_rate_hz
+        self.ota.started()
         if self.sim:
             self.sim.start()
         from runtime import sleep as sleep_mod
@@ -265,6 +282,8 @@ class Daemon:
         def progress(i: int, n: int, name: str) -> None:
             if self._stop_requested:
                 raise Stopping(f"stop requested while profiling {name} ({i}/{n})")
+            if threading.current_thread().name == "model-install":
+                crash_point("profile")  # tests: kill -9 while a new version is profiled
             # A cold first start profiles every variant (minutes): keep systemd's start
             # timeout moving and say how far it got.
             self.notify.send("EXTEND_TIMEOUT_USEC=120000000",
@@ -284,8 +303,11 @@ class Daemon:
         self._live_energy.clear()
         self._build_ladder()
         if self.pipeline is not None:  # a new model brings its own preprocessing to measure
+            # (another version with the same preprocessing keeps the measured choice: measuring
+            # again runs 21 preprocessings inline on the first frame after the swap)
             self.pipeline.set_manifest(self.manifest, self.preprocess if (
-                old is not None and old.root == self.manifest.root) else self._preprocess_chooser())
+                old is not None and old.preprocess == self.manifest.preprocess)
+                else self._preprocess_chooser())
 
     def _load_in_background(self, path: Path, fresh: bool, why: str) -> None:
         """Profile in a thread (minutes on a cold cache must not stall the main loop and its
@@ -314,9 +336,12 @@ class Daemon:
     def _apply_installs(self) -> None:
         while True:
             try:
-                measured, why = self._installs.get_nowait()
+                measured, why, *version = self._installs.get_nowait()
             except queue.Empty:
                 return
+            if version:  # a new model version: pointer switch, swap, probation
+                self.ota.apply(measured, why, version[0])
+                continue
             held = self._held_down()
             self._install(measured)
             self._after_rebuild(why, held)
@@ -433,7 +458,8 @@ class Daemon:
         warm = pre.apply(np.full((*pre.hw(shape), 3), 128, np.uint8), shape)  # mid-grey
         for _ in range(3):
             session.infer(warm)
-        return Active(rung, vid, session, variant.model.input_shape)
+        return Active(rung, vid, session, variant.model.input_shape, self.manifest,
+                      self.preprocess)
 
     # -- events and status -------------------------------------------------------------------
 
@@ -476,7 +502,8 @@ class Daemon:
     def _birth(self) -> dict[str, Any]:
         a = self.pipeline.active
         return {"versions": versions(), "model": self.manifest.name,
-                "choice": a.variant_id if a else ""}
+                "choice": a.variant_id if a else "",
+                "model_version": (self.ota.version or "") if self.ota else ""}
 
     def _ha_info(self) -> DeviceInfo:
         """What Home Assistant's entities describe (called on the MQTT thread)."""
@@ -533,6 +560,7 @@ class Daemon:
             self.cstate = replace(self.cstate, hold=replace(self.cstate.hold, rung=self.current))
         self._persist()
         self._check_conditions(r.temp_c)
+        self.ota.tick()  # probation of a new model version
         if self.sleeper:  # duty cycling: the schedule's cap, and the sleep between bursts
             self.sleeper.after_control()
 
@@ -583,7 +611,8 @@ class Daemon:
         """Load and warm the rung's session and hand it to the pipeline (an event)."""
         n = len(self.rungs)
         a = self.pipeline.target
-        if a is not None and a.variant_id == self.rungs[rung].variant_id:
+        if a is not None and a.variant_id == self.rungs[rung].variant_id and (
+                a.manifest is None or a.manifest.root == self.manifest.root):
             self.current = rung  # same variant, new index (the ladder was rebuilt)
             return
         old = a.variant_id if a else self.rungs[self.current].variant_id
@@ -637,7 +666,7 @@ class Daemon:
 
     def handle(self, cmd: Command) -> None:
         """Apply a verified command (the publisher already replied 'accepted')."""
-        log.info("command %s %s", cmd.name, cmd.args)
+        log.info("command %s %s", cmd.name, loggable(cmd.args))
         c = self.cfg.constraints
         if cmd.name == "set_latency_target":
             self._set_constraints(replace(c, latency_ms=cmd.args["ms"]))
@@ -649,14 +678,22 @@ class Daemon:
         elif cmd.name == "reprofile":
             self._last_reprofile = -math.inf
             self.reprofile("operator command")
+        elif cmd.name == "deploy":
+            self.ota.deploy(cmd)
+        elif cmd.name == "choose_model" and self.ota.choose(cmd):
+            pass  # a version in the model store: profiled, swapped, on probation
         elif cmd.name == "choose_model":
-            target = self.manifest.root.parent / cmd.args["name"]
+            target = (self.ota.configured or self.manifest.root).parent / cmd.args["name"]
             if not (target / "manifest.json").is_file():
                 self.event("command_failed", "warning", command=cmd.name,
                            error=f"{target}: no model directory with a manifest")
                 return
             self._load_in_background(target, False, f"model {cmd.args['name']} chosen")
-        self.event("command_applied", "info", command=cmd.name, args=cmd.args, id=cmd.id)
+        if cmd.name in operator_settings.COMMANDS:  # applied: kept across restarts/reloads
+            self.settings = operator_settings.record(self.settings, cmd.name, cmd.args)
+            operator_settings.save(self.state_dir, self.settings)
+        self.event("command_applied", "info", command=cmd.name,
+                   args=loggable(cmd.args), id=cmd.id)
 
     def _set_constraints(self, c, why: str = "new constraints", governor=None) -> None:
         """Rebuild the ladder for new constraints (and governor settings) and go to its top
@@ -682,9 +719,11 @@ class Daemon:
         old = self.cfg
         try:
             new = load(self.config_path)
+            new = replace(new, constraints=operator_settings.apply(new.constraints,
+                                                                   self.settings))
             restart = [k for k in ("device", "model", "source", "sources", "telemetry",
                                    "simulator", "daemon", "backends", "profiler", "results",
-                                   "local_api", "homeassistant", "sleep")
+                                   "local_api", "homeassistant", "sleep", "models")
                        if getattr(new, k) != getattr(old, k)]
             self._set_constraints(new.constraints, "config reloaded", new.governor)
         except Exception as e:  # ConfigError, NoVariantError (as ValueError), or anything else
@@ -794,6 +833,8 @@ class Daemon:
             # It stops at its next variant (progress raises Stopping); an engine call that is
             # still running when the interpreter exits aborts the process.
             self._reprofile_thread.join(60)
+        if self.ota is not None and self.ota.thread is not None:
+            self.ota.thread.join(60)  # a model install stops at its next variant, too
         if self.sim:
             self.sim.stop()
         if self.publisher:

@@ -59,6 +59,8 @@ def health(d: Daemon) -> dict[str, Any]:
         "preprocess": d.preprocess.report,
     }
     h["slo"] = h["pipeline"].pop("slo")
+    if d.ota is not None:
+        h.update(d.ota.health())
     if d.publisher:
         h["mqtt"] = d.publisher.health()
     if d.sim:

@@ -64,6 +64,11 @@ class Active:
     variant_id: str
     session: Session
     input_shape: tuple[int, ...]
+    # The model it belongs to, and that model's preprocessing: a model swap hands over a
+    # session with its own, so no frame is ever preprocessed or labelled for another model.
+    # None: the pipeline's (set_manifest).
+    manifest: Manifest | None = None
+    pre: Callable[[Any, tuple[int, ...]], Any] | None = None
 
 
 class Pipeline:
@@ -106,6 +111,13 @@ class Pipeline:
         self.bad = BadFrames(on_event)  # refused frames by kind; rate-limited frame_bad events
         self.latencies: collections.deque = collections.deque(maxlen=2000)  # (t, ms, met)
         self.latency_target_ms = float("inf")
+        # Probation of a new model (runtime/ota_device.py): every `shadow_every`th frame is
+        # also run on the old model; `shadow_counts` = [compared, agreed] top-1 labels.
+        self.shadow: Active | None = None
+        self.shadow_every = 5
+        self.shadow_counts = [0, 0]
+        self._shadow_i = 0
+        self._shadow_due: list[tuple[Frame, Any, Active]] = []  # compared after the store
 
     # -- control (any thread) -------------------------------------------------------------
 
@@ -161,9 +173,9 @@ class Pipeline:
         for t in self._threads:
             t.join(2)
         with self._lock:
-            for a in (self._active, self._next):
-                if a is not None:
-                    a.session.close()
+            for a in {id(x): x for x in (self._active, self._next, self.shadow)
+                      if x is not None}.values():
+                a.session.close()
         for lane in self.lanes:
             if lane.source is not None:
                 lane.source.close()
@@ -307,12 +319,13 @@ class Pipeline:
                 self._put(self._frames, (frame, *made))
             self.preprocessing = False
 
-    def _tensor(self, frame: Frame) -> tuple[Any, tuple[int, ...]] | None:
-        """(tensor, shape) for the variant about to run; a broken frame is counted, logged
-        and skipped (None), never fatal."""
-        shape = (self._next or self._active).input_shape  # type: ignore[union-attr]
+    def _tensor(self, frame: Frame) -> tuple[Any, Active] | None:
+        """(tensor, the Active it was made for) for the variant about to run; a broken frame
+        is counted, logged and skipped (None), never fatal."""
+        target = self._next or self._active
+        assert target is not None
         try:
-            return self._pre(frame.image, shape), shape
+            return (target.pre or self._pre)(frame.image, target.input_shape), target
         except Exception as e:
             self.bad.record("preprocess_failed", frame.ref, str(e))
             return None
@@ -358,29 +371,31 @@ class Pipeline:
                 pending = []
                 continue
             try:
-                frame, tensor, shape = self._frames.get(timeout=0.2)
+                frame, tensor, made_for = self._frames.get(timeout=0.2)
             except queue.Empty:
                 continue
             self.busy_since = time.monotonic()  # first: the capture thread checks it
             with self._work:
-                done = self._run(frame, tensor, shape)
+                done = self._run(frame, tensor, made_for)
             if done is not None:
                 pending.append(done)
 
-    def _run(self, frame: Frame, tensor: Any, shape: tuple[int, ...]) -> tuple | None:
+    def _run(self, frame: Frame, tensor: Any, made_for: Active) -> tuple | None:
         """Infer one frame on the active variant (swapping in a pending one first); the caller
         holds `_work`. Returns what `_store` needs, or None after a reported failure."""
         with self._lock:
             if self._next is not None:
                 old, self._active, self._next = self._active, self._next, None
-                if old is not None:
+                if old is not None and old is not self.shadow:  # the shadow lives on
                     old.session.close()
         active = self._active
         assert active is not None
         self.busy_since = time.monotonic()
         try:
-            if shape != active.input_shape:  # preprocessed for the variant just replaced
-                tensor = self._pre(frame.image, active.input_shape)
+            if made_for is not active and (made_for.input_shape != active.input_shape
+                                           or made_for.pre is not active.pre):
+                # preprocessed for the variant just replaced (another size or model)
+                tensor = (active.pre or self._pre)(frame.image, active.input_shape)
             t0, c0 = time.perf_counter(), time.thread_time()
             out = active.session.infer(tensor)
             ms = (time.perf_counter() - t0) * 1e3
@@ -393,7 +408,37 @@ class Pipeline:
             self._event({"type": "inference_failed", "severity": "warning",
                          "variant": active.variant_id, "error": str(e)[:300]})
             return None
+        if self.shadow is not None:
+            self._shadow_i += 1
+            if self.shadow is not active and self._shadow_i % self.shadow_every == 0:
+                # (the shadow is the running model until the swap reaches this thread)
+                self._shadow_due.append((frame, out, active))
         return frame, out, active, ms
+
+    def _shadow_flush(self) -> None:
+        """Run the sampled frames through the old model after their results are stored, so
+        the comparison adds nothing to their latency (the caller holds `_work`)."""
+        due, self._shadow_due = self._shadow_due, []
+        for frame, out, active in due:
+            self._shadow_compare(frame, out, active)
+
+    def _shadow_compare(self, frame: Frame, out: Any, active: Active) -> None:
+        """Probation: a frame also through the old model, counting top-1 agreement by label
+        (the two models may order their classes differently). A failure of the old model
+        costs the comparison, not the frame."""
+        shadow = self.shadow
+        if shadow is None:
+            return
+        try:
+            old = shadow.session.infer((shadow.pre or self._pre)(frame.image,
+                                                                 shadow.input_shape))
+            new_label = postprocess(out, active.manifest or self._manifest)[0][0]
+            old_label = postprocess(old, shadow.manifest or self._manifest)[0][0]
+        except Exception as e:
+            log.warning("shadow inference on the old model failed: %s", e)
+            return
+        self.shadow_counts[0] += 1
+        self.shadow_counts[1] += new_label == old_label
 
     def _inline(self, frame: Frame) -> bool:
         """Idle fast path: with nothing queued or in flight, the capture thread runs the frame
@@ -422,7 +467,7 @@ class Pipeline:
         """Postprocess and persist a group in one outbox transaction, then mark frames done."""
         results = []
         for frame, out, active, ms in batch:
-            label, score = postprocess(out, self._manifest)[0]
+            label, score = postprocess(out, active.manifest or self._manifest)[0]
             r = {"t": frame.t, "source": frame.source, "ref": frame.ref, "label": label,
                  "score": round(score, 5),
                  "variant": active.variant_id, "rung": active.rung + 1,  # 1 = cheapest
@@ -435,6 +480,7 @@ class Pipeline:
             seqs = self._sink(results)
         except Exception as e:  # disk full, database broken: frames stay not-done
             self.busy_since = None
+            self._shadow_due.clear()  # bounded: no comparisons pile up while storing fails
             self.counters["store_errors"] += len(results)
             log.error("could not store %d results: %s; their frames are not marked done",
                       len(results), e)
@@ -458,5 +504,8 @@ class Pipeline:
             self.labels[label if label in self.labels or len(self.labels) < MAX_LABELS
                         else OTHER_LABEL] += 1
         if self._local is not None:
-            self._local.submit([f for f, *_ in batch], results, seqs, self._manifest.labels)
+            self._local.submit([f for f, *_ in batch], results, seqs,
+                               (batch[-1][2].manifest or self._manifest).labels)
         self.busy_since = None
+        if self._shadow_due:
+            self._shadow_flush()

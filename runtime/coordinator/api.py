@@ -22,9 +22,18 @@ GET  /api/v1/alerts                         active alerts, recent transitions, w
 GET  /api/v1/stats                          ingest counters, health age p50/p99
 GET  /metrics                               Prometheus text exposition (docs/metrics.md)
 POST /api/v1/devices/{id}/commands          {"cmd": ..., "args": {...}, "wait_s": 10}
+PUT  /api/v1/bundles                        upload a model bundle (body: the file, streamed)
+GET  /api/v1/bundles                        bundles held (no download tokens)
+GET  /api/v1/groups, POST /api/v1/groups     {"group": G, "devices": [...]}
+GET  /api/v1/rollouts[/{id}], POST /api/v1/rollouts
+                                            {"bundle": "name@version", "to": G|"all",
+                                             "canary_pct": N}: a staged rollout
+GET  /api/v1/bundles/{name@version}         download; Range: bytes=N- resumes (206). Also
+                                            accepts that bundle's own download token
 
 The dashboard's static files (`/`, `/static/...`; docs/dashboard.md) are the only paths
-served without the token: they hold no fleet data, and the page asks for the token itself.
+served without the API token (a bundle download may use the bundle's own token instead): they
+hold no fleet data, and the page asks for the token itself.
 """
 
 from __future__ import annotations
@@ -45,6 +54,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlparse
 
 from runtime.coordinator import dashboard, metrics
+from runtime.coordinator.bundles import BundleRefused, byte_range, check_id
 from runtime.coordinator.config import CoordinatorConfig
 from runtime.coordinator.service import Coordinator, UnknownDevice
 from runtime.httpserver import BoundedHTTPServer
@@ -252,10 +262,12 @@ def serve(coordinator: Coordinator, host: str, port: int, token: str | None = No
             if page is not None:  # no data in these: served without the token
                 self._deadline.cancel()
                 return self._send(200, page[0], page[1], dashboard.SECURITY_HEADERS)
+            parts = [p for p in url.path.split("/") if p]
+            if parts[:3] == ["api", "v1", "bundles"] and len(parts) == 4:
+                return self._download(parts[3])
             if not self._authorized():
                 return
             self._deadline.cancel()
-            parts = [p for p in url.path.split("/") if p]
             try:
                 if parts == ["metrics"]:
                     return self._send(200, metrics.exposition(registry), metrics.CONTENT_TYPE)
@@ -268,6 +280,16 @@ def serve(coordinator: Coordinator, host: str, port: int, token: str | None = No
                 if parts[:3] == ["api", "v1", "devices"] and parts[4:] == ["history"]:
                     window = dashboard.history_window(url.query, coordinator.cfg.keep_health_s)
                     return self._send(200, dashboard.history(coordinator, parts[3], window))
+                if parts == ["api", "v1", "bundles"]:
+                    return self._send(200, [h.public() for h in coordinator.shelf.list()])
+                if parts == ["api", "v1", "groups"]:
+                    return self._send(200, coordinator.rollouts.groups())
+                if parts == ["api", "v1", "rollouts"]:
+                    return self._send(200, coordinator.rollouts.list())
+                if parts[:3] == ["api", "v1", "rollouts"] and len(parts) == 4:
+                    r = coordinator.rollouts.get(parts[3])
+                    return self._send(200, r) if r else self._send(
+                        404, {"error": f"no rollout {parts[3][:40]!r}"})
                 if parts[:3] == ["api", "v1", "devices"] and len(parts) == 4:
                     return self._send(200, coordinator.device_view(parts[3]))
                 if parts[:3] == ["api", "v1", "devices"] and parts[4:] == ["health"]:
@@ -288,6 +310,100 @@ def serve(coordinator: Coordinator, host: str, port: int, token: str | None = No
                 return self._send(400, {"error": str(e)})
             self._send(404, {"error": f"no such endpoint: {url.path}"})
 
+        def _download(self, bundle_id: str) -> None:
+            """A bundle, whole or from a byte range, for the API token or its own token."""
+            self._deadline.cancel()  # a download may take longer than one request should
+            try:
+                held = coordinator.shelf.get(check_id(bundle_id))
+            except BundleRefused:
+                held = None
+            got = (self.headers.get("Authorization") or "").encode()
+            if held is None or not (hmac.compare_digest(got, expected) or hmac.compare_digest(
+                    got, f"Bearer {held.token}".encode())):
+                if held is None and hmac.compare_digest(got, expected):
+                    return self._send(404, {"error": f"no bundle {bundle_id[:80]!r}"})
+                return self._authorized()  # answers 401 (never says which bundles exist)
+            path = coordinator.shelf.path(held)
+            try:
+                rng = byte_range(self.headers.get("Range"), held.size)
+            except BundleRefused as e:
+                self.send_response(416)
+                self.send_header("Content-Range", f"bytes */{held.size}")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                log.info("bundle %s: %s", held.id, e)
+                return
+            first, last = rng or (0, held.size - 1)
+            self.send_response(206 if rng else 200)
+            self.send_header("Content-Type", "application/octet-stream")
+            self.send_header("Accept-Ranges", "bytes")
+            self.send_header("Content-Length", str(last - first + 1))
+            if rng:
+                self.send_header("Content-Range", f"bytes {first}-{last}/{held.size}")
+            self.end_headers()
+            with path.open("rb") as f:
+                f.seek(first)
+                left = last - first + 1
+                while left > 0 and (chunk := f.read(min(1 << 16, left))):
+                    self.wfile.write(chunk)
+                    left -= len(chunk)
+
+        def do_PUT(self) -> None:
+            try:
+                if not self._authorized():
+                    return
+                parts = [p for p in urlparse(self.path).path.split("/") if p]
+                if parts != ["api", "v1", "bundles"]:
+                    self.close_connection = True
+                    return self._send(404, {"error": f"no such endpoint: {self.path}"})
+                values = self.headers.get_all("Content-Length") or []
+                if len(values) != 1 or not _INT.match(values[0].strip()):
+                    self.close_connection = True
+                    return self._send(411, {"error": "one Content-Length is required"})
+                self._deadline.cancel()  # the socket timeout still bounds each read
+                try:
+                    held = coordinator.shelf.receive(self.rfile, int(values[0]))
+                except BundleRefused as e:
+                    self.close_connection = True
+                    return self._send(e.status, {"error": str(e)})
+                log.info("bundle %s received (%d bytes)", held.id, held.size)
+                self._send(200, held.public())
+            except Exception:
+                log.exception("API request PUT %s failed", self.path[:200])
+                self.close_connection = True
+                with contextlib.suppress(OSError):
+                    self._send(500, {"error": "internal error; see the coordinator's log"})
+
+        def _rollout_post(self, what: str, raw: bytes) -> None:
+            """POST groups / rollouts (docs/ota.md)."""
+            from runtime.telemetry.config import check_name
+
+            try:
+                req = json.loads(raw or b"{}")
+                if not isinstance(req, dict):
+                    raise ValueError("body must be a JSON object")
+                if what == "groups":
+                    group, devices = req.get("group"), req.get("devices")
+                    if not isinstance(group, str) or check_name("group", group) \
+                            or group == "all":
+                        raise ValueError("group must be 1-64 of A-Z a-z 0-9 _ . - (not 'all')")
+                    if not isinstance(devices, list) or not devices or len(devices) > 10_000 \
+                            or any(not isinstance(d, str) or check_name("device", d)
+                                   for d in devices):
+                        raise ValueError("devices must be a non-empty list of device ids")
+                    coordinator.rollouts.set_group(group, devices)
+                    return self._send(200, coordinator.rollouts.groups())
+                bundle, to, pct = req.get("bundle"), req.get("to"), req.get("canary_pct", 0)
+                if not isinstance(bundle, str) or not isinstance(to, str):
+                    raise ValueError('body must be {"bundle": "name@version", "to": GROUP|'
+                                     '"all", "canary_pct": N}')
+                if isinstance(pct, bool) or not isinstance(pct, int | float) \
+                        or not 0 <= pct <= 100:
+                    raise ValueError("canary_pct must be a number in [0, 100]")
+                return self._send(200, coordinator.rollouts.start(bundle, to, float(pct)))
+            except (ValueError, TypeError, RecursionError) as e:
+                return self._send(400, {"error": str(e)[:300]})
+
         def _post(self) -> None:
             if not self._authorized():
                 return
@@ -297,6 +413,8 @@ def serve(coordinator: Coordinator, host: str, port: int, token: str | None = No
             except BadRequest as e:
                 self.close_connection = True  # the unread body must not be parsed as a request
                 return self._send(e.status, {"error": str(e)})
+            if parts in (["api", "v1", "groups"], ["api", "v1", "rollouts"]):
+                return self._rollout_post(parts[2], raw)
             if not (parts[:3] == ["api", "v1", "devices"] and parts[4:] == ["commands"]):
                 return self._send(404, {"error": f"no such endpoint: {self.path}"})
             try:
@@ -322,5 +440,7 @@ def serve(coordinator: Coordinator, host: str, port: int, token: str | None = No
             self._send(200, reply)
 
     server = BoundedHTTPServer((host, port), Handler, MAX_CONNECTIONS)
+    if not coordinator.api_url:  # what `deploy` commands tell devices to download from
+        coordinator.api_url = f"http://{host}:{server.server_address[1]}"
     threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
     return server

@@ -80,10 +80,88 @@ def parse_args_kv(pairs: list[str]) -> dict[str, Any]:
     return out
 
 
+def _upload(api: str, path: Path, token: str) -> dict:
+    """PUT a bundle file to the coordinator (streamed); its record."""
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as f:
+            req = urllib.request.Request(
+                api.rstrip("/") + "/api/v1/bundles", data=f, method="PUT",
+                headers={"Content-Length": str(size), "Authorization": f"Bearer {token}",
+                         "Content-Type": "application/octet-stream"})
+            with urllib.request.urlopen(req, timeout=600) as resp:
+                return json.loads(resp.read())
+    except OSError as e:
+        if isinstance(e, urllib.error.HTTPError):
+            try:
+                detail = json.loads(e.read() or b"{}").get("error", e.reason)
+            except (ValueError, AttributeError):
+                detail = e.reason
+            raise SystemExit(f"edgerun fleet deploy: {detail} (HTTP {e.code})") from None
+        raise SystemExit(f"edgerun fleet deploy: {path}: {e}") from None
+
+
+def _rollout_line(r: dict) -> str:
+    st = r["devices"]
+    counts = {}
+    for d in st.values():
+        counts[d["state"]] = counts.get(d["state"], 0) + 1
+    return (f"rollout {r['id']} {r['version']} -> {r['group']}: {r['state'].upper()}  "
+            + " ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+            + (f"  ({r['reason']})" if r.get("reason") else ""))
+
+
+def deploy(args: argparse.Namespace, api: str, token: str) -> int:
+    """`fleet deploy BUNDLE --to GROUP|all --canary N%`: upload (when BUNDLE is a file),
+    start the rollout, and with --wait follow it to done or halted (exit 1 when halted)."""
+    import time
+
+    bundle = args.bundle
+    if Path(bundle).is_file():
+        held = _upload(api, Path(bundle), token)
+        print(f"uploaded {bundle}: {held['id']} ({held['size']} bytes, sha256 "
+              f"{held['sha256'][:16]}...)")
+        bundle = held["id"]
+    pct = float(str(args.canary).rstrip("%"))
+    r = _call(api, "/api/v1/rollouts", {"bundle": bundle, "to": args.to, "canary_pct": pct},
+              token=token)
+    print(f"rollout {r['id']}: {r['version']} to {r['group']}, canary "
+          f"{', '.join(r['canary'])}" + (f", then {len(r['rest'])} more" if r["rest"] else ""))
+    deadline, last = time.monotonic() + args.wait, ""
+    while args.wait and time.monotonic() < deadline and r["state"] in ("canary", "rolling"):
+        time.sleep(1.0)
+        r = _call(api, f"/api/v1/rollouts/{r['id']}", token=token)
+        if (line := _rollout_line(r)) != last:
+            print(line, flush=True)
+            last = line
+    if args.json:
+        print(json.dumps(r, indent=2))
+    for d, st in sorted(r["devices"].items()):
+        if st.get("reason"):
+            print(f"  {d}: {st['state']}: {st['reason']}")
+    return 1 if r["state"] == "halted" else 0
+
+
 def fleet_command(args: argparse.Namespace) -> int:
     """Run one `fleet` action; prints a table or JSON. Exit 1 when a command is refused."""
     api, token_file = resolve(args)
     token = read_token(token_file)
+    if args.fleet_command == "deploy":
+        return deploy(args, api, token)
+    if args.fleet_command == "group":
+        groups = _call(api, "/api/v1/groups", {"group": args.group, "devices": args.devices},
+                       token=token)
+        for g, members in sorted(groups.items()):
+            print(f"{g}: {', '.join(members)}")
+        return 0
+    if args.fleet_command == "rollouts":
+        rows = ([_call(api, f"/api/v1/rollouts/{args.id}", token=token)] if args.id
+                else _call(api, "/api/v1/rollouts", token=token))
+        if args.json:
+            print(json.dumps(rows, indent=2))
+        for r in rows if not args.json else ():
+            print(_rollout_line(r))
+        return 0
     if args.fleet_command == "ls":
         rows = _call(api, "/api/v1/fleet", token=token)
         print(json.dumps(rows, indent=2) if args.json else views.fleet_table(rows))

@@ -49,6 +49,14 @@ class CoordinatorConfig:
     alert_clear_s: float = 30.0  # an alert is reported cleared once away this long
     ingest_batch: int = 500  # messages per store transaction
     ingest_delay_s: float = 0.0  # artificial slowness per batch, for fault tests only
+    # Model bundles (docs/ota.md): where uploads are kept (empty: `bundles/` next to the
+    # store), their size cap, and the API address devices download from (empty:
+    # http://http_host:http_port; set it when devices reach the API by another name).
+    bundles_dir: str = ""
+    max_bundle_mb: float = 512.0
+    public_url: str = ""
+    rollout_timeout_s: float = 3600.0  # a device without a probation verdict this long after
+    # its deploy counts as failed (a silent canary halts the rollout)
 
     def validate(self) -> tuple[str, str] | None:
         if why := check_name("fleet", self.fleet):

@@ -62,6 +62,16 @@ class Coordinator:
                                            cfg.backlog_alert, cfg.slo_alert,
                                            wake_margin_s=cfg.wake_margin_s)
         self.store = Store(cfg.store, cfg.fsync)
+        self.api_url = cfg.public_url.rstrip("/")  # set by api.serve when empty
+        from runtime.coordinator.rollout import Rollouts
+
+        # groups, desired state, staged rollouts (own tables in the same database)
+        self.rollouts = Rollouts(cfg.store, self._send_async, self.deploy_args,
+                                 lambda: list(self.views), cfg.rollout_timeout_s)
+        from runtime.coordinator.bundles import Shelf
+
+        self.shelf = Shelf(Path(cfg.bundles_dir or Path(cfg.store).expanduser().parent
+                                / "bundles"), int(cfg.max_bundle_mb * 1024 * 1024))
         self._key = commands.load_private_key(cfg.signing_key) if cfg.signing_key else None
         self._views_lock = threading.Lock()
         self._rlog = RateLimitedLog(log)
@@ -144,6 +154,8 @@ class Coordinator:
         if self.webhook is not None:
             self.webhook.stop()
         self.store.close()
+        self.shelf.close()
+        self.rollouts.close()
 
     def threads_alive(self) -> dict[str, bool]:
         """Whether each of the coordinator's threads runs (for tests and stats)."""
@@ -207,6 +219,7 @@ class Coordinator:
                 if now - last_refresh >= 1.0:
                     last_refresh = now
                     self._refresh(now)
+                    self.rollouts.tick(now)
                 if now - last_prune >= 3600:
                     last_prune = now
                     self.store.prune(self.cfg.keep_health_s, self.cfg.keep_events_s)
@@ -259,6 +272,15 @@ class Coordinator:
                 except Exception as e:  # the view must survive any message
                     bad.append((m.device, sources[i][0], f"fleet view: {type(e).__name__}: {e}",
                                 sources[i][1], now))
+        for i, m in enumerate(inbound):
+            if i not in refused_idx and m.kind in ("event", "state"):
+                try:  # model rollouts follow devices' events and returns
+                    if m.kind == "event":
+                        self.rollouts.on_event(m.device, m.msg)
+                    elif m.msg.get("online"):
+                        self.rollouts.on_online(m.device, m.msg.get("model_version"))
+                except Exception:
+                    log.exception("rollout bookkeeping for %s failed", m.device)
         for device, reply, topic_name, size in replies:
             try:
                 self._on_reply(device, reply)
@@ -481,6 +503,7 @@ class Coordinator:
         return {**asdict(view), "results_stored": self.result_counts().get(device, 0),
                 "acked": acks, "events": self.store.events(device, 20),
                 "quarantined": self.store.quarantine_counts().get(device, 0),
+                "desired": self.rollouts.desired(device),
                 "quarantine": self.store.quarantined(device, 20)}
 
     def stats(self) -> dict[str, Any]:
@@ -495,6 +518,34 @@ class Coordinator:
                 "connected": self.connected.is_set(), "threads": self.threads_alive(),
                 "mqtt": asdict(self._conn.stats),
                 "webhook": self.webhook.stats() if self.webhook is not None else None}
+
+    def deploy_args(self, bundle_id: str) -> dict[str, Any]:
+        """The `deploy` command's arguments for a bundle held here (runtime/ota_device.py)."""
+        held = self.shelf.get(bundle_id)
+        if held is None:
+            raise ValueError(f"no bundle {bundle_id!r} held by this coordinator")
+        if not self.api_url:
+            raise ValueError("no API address for devices to download from "
+                             "(coordinator.public_url)")
+        return {"name": held.name, "version": held.version, "size": held.size,
+                "sha256": held.sha256, "token": held.token,
+                "url": f"{self.api_url}/api/v1/bundles/{held.id}"}
+
+    def _send_async(self, device: str, name: str, args: dict[str, Any]) -> None:
+        """Send a command for a rollout or a returning device without blocking the caller
+        (the ingest thread); the reply goes to the rollouts."""
+        with self._views_lock:
+            if device not in self.views:
+                raise UnknownDevice(device)
+
+        def run() -> None:
+            try:
+                reply = self.send_command(device, name, args, wait_s=30)
+                self.rollouts.on_reply(device, name, reply)
+            except Exception as e:
+                log.warning("%s to %s failed: %s", name, device, e)
+
+        threading.Thread(target=run, name=f"send-{name}", daemon=True).start()
 
     def send_command(self, device: str, name: str, args: dict[str, Any] | None = None,
                      ttl_s: float = 60.0, wait_s: float = 10.0) -> dict[str, Any] | None:
@@ -533,7 +584,10 @@ class Coordinator:
             event.wait(wait_s)
         finally:
             self._waiters.pop(env["id"], None)
-        return box[0] if box else None
+        reply = box[0] if box else None
+        if reply and reply.get("ok") and reply.get("verified"):
+            self.rollouts.record_setting(device, name, args or {})  # desired state
+        return reply
 
 
 def _topic_device(topic_name: str) -> str:

@@ -82,8 +82,12 @@ class Publisher:
     def __init__(self, cfg: TelemetryConfig, outbox: Outbox,
                  birth: Callable[[], dict[str, Any]] | None = None,
                  command_queue: queue.Queue | None = None, state_dir: Path | None = None,
-                 homeassistant: Discovery | None = None, session_expiry_s: int = 0):
+                 homeassistant: Discovery | None = None, session_expiry_s: int = 0,
+                 precheck: Callable[[commands.Command], str | None] | None = None):
         self.cfg = cfg
+        # Asked before a command is accepted: a reason to answer `rejected` (a model name or
+        # version this device does not have), or None. Runs on the MQTT thread: cheap checks.
+        self.precheck = precheck
         self.outbox = outbox
         self.device = device_id(cfg)
         self.commands: queue.Queue = command_queue or queue.Queue(maxsize=100)
@@ -418,11 +422,21 @@ class Publisher:
             self._reply(client, cmd.id, True, "done", "birth re-published")
         else:
             try:
+                why = self.precheck(cmd) if self.precheck else None
+            except Exception as e:  # a bug in a check must cost this command only
+                why = f"could not check the command: {type(e).__name__}: {e}"
+            if why:
+                log.warning("rejected command %s %s (id %s): %s", cmd.name,
+                            commands.loggable(cmd.args), cmd.id, why)
+                self._reply(client, cmd.id, False, "rejected", why)
+                return
+            try:
                 self.commands.put_nowait(cmd)
             except queue.Full:
                 self._reply(client, cmd.id, False, "refused", "busy: command queue full")
                 return
-            log.info("accepted command %s %s (id %s)", cmd.name, cmd.args, cmd.id)
+            log.info("accepted command %s %s (id %s)", cmd.name, commands.loggable(cmd.args),
+                     cmd.id)
             self._reply(client, cmd.id, True, "accepted", f"{cmd.name} queued")
 
     def _reply(self, client: mqtt.Client, cmd_id: str | None, ok: bool, status: str,

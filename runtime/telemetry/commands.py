@@ -54,16 +54,57 @@ def _name(v: Any) -> str:
     return v
 
 
+def _version(v: Any) -> str:
+    import re
+
+    if not isinstance(v, str) or not re.match(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]{0,63}$", v):
+        raise CommandRefused(f"expected a version (1-64 of A-Z a-z 0-9 _ . + -), got {v!r}")
+    return v
+
+
+def _url(v: Any) -> str:
+    if not isinstance(v, str) or len(v) > 1024 or not v.startswith(("http://", "https://")):
+        raise CommandRefused(f"expected an http(s) URL of at most 1024 characters, got "
+                             f"{str(v)[:60]!r}")
+    return v
+
+
+def _sha256(v: Any) -> str:
+    if not isinstance(v, str) or len(v) != 64 or any(c not in "0123456789abcdef" for c in v):
+        raise CommandRefused("expected 64 lowercase hex digits")
+    return v
+
+
+def _token(v: Any) -> str:
+    if not isinstance(v, str) or len(v) > 256:
+        raise CommandRefused("expected a download token of at most 256 characters")
+    return v
+
+
+def _size(v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 < v <= 1 << 40:
+        raise CommandRefused(f"expected a size in bytes, got {v!r}")
+    return v
+
+
 # command -> {argument: validator}; every argument is required.
 COMMANDS: dict[str, dict[str, Callable[[Any], Any]]] = {
     "set_latency_target": {"ms": _number(0.1, 60_000)},
     "set_accuracy_floor": {"value": _number(0.0, 1.0)},
     "set_rate": {"fps": _number(0.0, 1000.0)},  # 0 = as fast as the source delivers
     "choose_model": {"name": _name},
+    # A signed bundle to download, verify, profile and swap to (runtime/ota_device.py).
+    "deploy": {"name": _name, "version": _version, "url": _url, "size": _size,
+               "sha256": _sha256, "token": _token},
     "reprofile": {},
     "rebirth": {},
     "ping": {},
 }
+
+
+def loggable(args: Mapping[str, Any]) -> dict[str, Any]:
+    """Arguments for logs and events: a `deploy`'s download token masked."""
+    return {k: ("***" if k == "token" else v) for k, v in args.items()}
 
 
 def canonical(envelope: Mapping[str, Any]) -> bytes:

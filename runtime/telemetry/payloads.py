@@ -52,6 +52,13 @@ _HEALTH = _obj({
     "battery_frac": _NUM_OR_NULL, "harvest_w": _NUM_OR_NULL,
     "sensor_problems": {"type": "array", "maxItems": 64, "items": _STR},
     "model": _SHORT, "choice": _SHORT, "choice_reason": _STR,
+    "model_version": _SHORT,  # the model store's name@version; "" = the configured model
+    "probation": {"type": ["object", "null"], "properties": {
+        "version": {"type": ["string", "null"], "maxLength": 256},
+        "state": {"enum": ["pending", "passed", "failed", "rolled_back"]},
+        "reasons": {"type": "array", "maxItems": 16, "items": _STR},
+        "frames": _COUNT, "errors": _COUNT, "p95_ms": _NUM, "energy_mj": _NUM,
+        "shadow_compared": _COUNT, "agreement": _NUM}, "additionalProperties": False},
     "rung": {"type": "integer", "minimum": 0, "maximum": 10_000},
     "rungs": {"type": "integer", "minimum": 0, "maximum": 10_000},
     "accuracy": _NUM_OR_NULL, "energy_mj": _NUM_OR_NULL, "energy_source": _SHORT,
@@ -116,6 +123,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
             "model": _SHORT, "choice": _SHORT, "reason": _STR,
             # announced before a suspend (runtime/sleep.py): offline on purpose until wake_at
             "asleep": _BOOL, "wake_at": _T,
+            "model_version": _SHORT,  # the model store's name@version ("" = configured)
         },
     },
     "result": {
@@ -167,7 +175,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
         "type": "object",
         "required": ["v", "id", "ok", "status", "t"],
         "properties": {"v": _V, "id": {"type": ["string", "null"], "maxLength": 64},
-                       "ok": _BOOL, "status": {"enum": ["done", "accepted", "refused"]},
+                       "ok": _BOOL, "status": {"enum": ["done", "accepted", "refused", "rejected"]},
                        "reason": _STR, "t": _T, "data": {},
                        "device": _ID, "key_id": _SHORT, "sig": _SHORT},
     },

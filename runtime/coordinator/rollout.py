@@ -1,0 +1,299 @@
+"""Staged model rollouts and each device's desired state, held durably by the coordinator.
+
+`edgerun fleet deploy BUNDLE --to GROUP|all --canary N%`:
+
+1. The group's devices (sorted, so the choice repeats) are split: the first ceil(N% of them)
+   are the canary (at least one when N > 0), the rest wait.
+2. Each canary device's desired state becomes the bundle's version and it is sent a signed
+   `deploy`; its events drive the rollout: `model_probation_passed` (passed),
+   `model_rolled_back` / `model_deploy_failed` or a `rejected` reply (failed).
+3. Any canary failing halts the rollout for the group (the rest are never sent it; the
+   canary's desired state goes back to what it was). All canary passing sends it to the rest.
+
+Desired state (model version and operator settings) is kept per device in the store; a device
+that comes back online (its birth) reporting another model version is sent `deploy` again, and
+its operator settings are re-sent. The decisions (`split`, `advance`) are pure functions.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import sqlite3
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("edgerun.rollout")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS device_groups (device TEXT PRIMARY KEY, grp TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS desired (device TEXT PRIMARY KEY, body TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS rollouts (id TEXT PRIMARY KEY, created REAL NOT NULL,
+                                     body TEXT NOT NULL);
+"""
+# device states within a rollout
+WAITING, SENT, SWAPPED, PASSED, FAILED = "waiting", "sent", "swapped", "passed", "failed"
+SETTINGS = {"set_latency_target": "ms", "set_accuracy_floor": "value", "set_rate": "fps"}
+
+
+def split(devices: list[str], canary_pct: float) -> tuple[list[str], list[str]]:
+    """(canary, rest): the first ceil(pct% of the sorted devices), at least one when pct > 0;
+    pct 0 or 100 makes every device canary (no second stage)."""
+    ordered = sorted(set(devices))
+    if canary_pct <= 0 or canary_pct >= 100:
+        return ordered, []
+    n = max(1, math.ceil(len(ordered) * canary_pct / 100))
+    return ordered[:n], ordered[n:]
+
+
+@dataclass(frozen=True)
+class Step:
+    """What `advance` decided: the rollout's new state and the devices to send it to now."""
+
+    state: str  # canary | rolling | done | halted
+    send: tuple[str, ...] = ()
+    reason: str = ""
+
+
+def advance(r: dict[str, Any]) -> Step:
+    """The next step of rollout `r` from its devices' states (pure)."""
+    st = r["devices"]
+    if r["state"] in ("done", "halted"):
+        return Step(r["state"])
+    canary = r["canary"]
+    if r["state"] == "canary":
+        bad = [d for d in canary if st[d]["state"] == FAILED]
+        if bad:
+            why = "; ".join(f"{d}: {st[d].get('reason', '')}" for d in bad)
+            return Step("halted", (), f"canary failed: {why}"[:2000])
+        if all(st[d]["state"] == PASSED for d in canary):
+            if not r["rest"]:
+                return Step("done")
+            return Step("rolling", tuple(r["rest"]))
+        return Step("canary")
+    if all(st[d]["state"] in (PASSED, FAILED) for d in r["rest"]):
+        failed = [d for d in r["rest"] if st[d]["state"] == FAILED]
+        return Step("done", (), f"{len(failed)} of {len(r['rest'])} failed after the canary "
+                    f"passed: {', '.join(failed)}" if failed else "")
+    return Step("rolling")
+
+
+class Rollouts:
+    """Groups, desired state and rollouts in the coordinator's database (own tables, own
+    connection). `send(device, cmd, args)` publishes a signed command without waiting."""
+
+    def __init__(self, db: str | Path, send: Callable[[str, str, dict], Any],
+                 deploy_args: Callable[[str], dict], known: Callable[[], list[str]],
+                 timeout_s: float = 3600.0):
+        self.timeout_s = timeout_s  # a device sent a model without a verdict this long: failed
+        self._db = sqlite3.connect(Path(db).expanduser(), check_same_thread=False,
+                                   isolation_level=None, timeout=30)
+        self._db.executescript(_SCHEMA)
+        self._lock = threading.RLock()
+        self._send, self._deploy_args, self._known = send, deploy_args, known
+
+    # -- groups and desired state -----------------------------------------------------------
+
+    def set_group(self, group: str, devices: list[str]) -> None:
+        """Put `devices` in `group` (a device is in one group)."""
+        with self._lock:
+            self._db.executemany("INSERT OR REPLACE INTO device_groups VALUES (?, ?)",
+                                 [(d, group) for d in devices])
+
+    def groups(self) -> dict[str, list[str]]:
+        """Group -> devices."""
+        out: dict[str, list[str]] = {}
+        with self._lock:
+            for d, g in self._db.execute("SELECT device, grp FROM device_groups ORDER BY 1"):
+                out.setdefault(g, []).append(d)
+        return out
+
+    def members(self, group: str) -> list[str]:
+        """The devices of `group`; `all`: every device the coordinator knows."""
+        if group == "all":
+            return sorted(self._known())
+        return self.groups().get(group, [])
+
+    def desired(self, device: str) -> dict[str, Any]:
+        """The device's desired state: {"model": {...deploy args...}, "settings": {...}}."""
+        with self._lock:
+            row = self._db.execute("SELECT body FROM desired WHERE device=?",
+                                   (device,)).fetchone()
+        return json.loads(row[0]) if row else {}
+
+    def _set_desired(self, device: str, doc: dict[str, Any]) -> None:
+        with self._lock:
+            self._db.execute("INSERT OR REPLACE INTO desired VALUES (?, ?)",
+                             (device, json.dumps(doc)))
+
+    def record_setting(self, device: str, cmd: str, args: dict[str, Any]) -> None:
+        """An operator setting the device accepted: kept as desired, re-sent on return."""
+        if cmd in SETTINGS:
+            doc = self.desired(device)
+            doc.setdefault("settings", {})[cmd] = args
+            self._set_desired(device, doc)
+
+    # -- rollouts -----------------------------------------------------------------------------
+
+    def start(self, bundle_id: str, group: str, canary_pct: float) -> dict[str, Any]:
+        """Begin a rollout (ValueError for an empty group or unknown bundle)."""
+        args = self._deploy_args(bundle_id)  # ValueError when the bundle is not held
+        devices = self.members(group)
+        if not devices:
+            raise ValueError(f"group {group!r} has no devices (`edgerun fleet group`)")
+        canary, rest = split(devices, canary_pct)
+        r = {"id": uuid.uuid4().hex[:12], "bundle": bundle_id, "group": group,
+             "canary_pct": canary_pct, "canary": canary, "rest": rest, "state": "canary",
+             "reason": "", "created": time.time(), "version": f"{args['name']}@"
+             f"{args['version']}",
+             "devices": {d: {"state": WAITING, "before": self.desired(d).get("model")}
+                         for d in devices}}
+        with self._lock:
+            self._save(r)
+            self._deploy(r, canary)
+            self._save(r)
+        log.info("rollout %s of %s to %s: canary %s, then %d more", r["id"], bundle_id, group,
+                 ", ".join(canary), len(rest))
+        return r
+
+    def _save(self, r: dict[str, Any]) -> None:
+        self._db.execute("INSERT OR REPLACE INTO rollouts VALUES (?, ?, ?)",
+                         (r["id"], r["created"], json.dumps(r)))
+
+    def get(self, rollout_id: str) -> dict[str, Any] | None:
+        """One rollout."""
+        with self._lock:
+            row = self._db.execute("SELECT body FROM rollouts WHERE id=?",
+                                   (rollout_id,)).fetchone()
+        return json.loads(row[0]) if row else None
+
+    def list(self) -> list[dict[str, Any]]:
+        """Every rollout, newest first."""
+        with self._lock:
+            rows = self._db.execute("SELECT body FROM rollouts ORDER BY created DESC")
+            return [json.loads(b) for (b,) in rows]
+
+    def _active(self) -> list[dict[str, Any]]:
+        return [r for r in self.list() if r["state"] in ("canary", "rolling")]
+
+    def _deploy(self, r: dict[str, Any], devices: list[str] | tuple[str, ...]) -> None:
+        args = self._deploy_args(r["bundle"])
+        for d in devices:
+            doc = self.desired(d)
+            doc["model"] = args
+            self._set_desired(d, doc)
+            r["devices"][d]["state"] = SENT
+            r["devices"][d]["sent"] = time.time()
+            self._try_send(d, "deploy", args)
+
+    def _try_send(self, device: str, cmd: str, args: dict) -> None:
+        try:
+            self._send(device, cmd, args)
+        except Exception as e:  # unknown (never seen) or offline: re-sent when it returns
+            log.info("%s to %s not sent now (%s); it is sent when the device comes back",
+                     cmd, device, e)
+
+    # -- what devices report --------------------------------------------------------------------
+
+    def on_event(self, device: str, ev: dict[str, Any]) -> None:
+        """Advance rollouts from a device's model events."""
+        kind = ev.get("type")
+        if kind not in ("model_swapped", "model_probation_passed", "model_rolled_back",
+                        "model_deploy_failed", "model_deployed"):
+            return
+        with self._lock:
+            for r in self._active():
+                st = r["devices"].get(device)
+                if st is None or st["state"] not in (SENT, SWAPPED):
+                    continue
+                version = r["version"]
+                if kind == "model_swapped" and ev.get("to") == version:
+                    st["state"] = SWAPPED
+                elif kind in ("model_probation_passed", "model_deployed") and \
+                        ev.get("version") == version:
+                    st["state"] = PASSED
+                elif kind == "model_rolled_back" and ev.get("version") == version:
+                    st.update(state=FAILED, reason=f"rolled back: {ev.get('reason', '')}")
+                elif kind == "model_deploy_failed" and version in str(ev.get("reason", "")):
+                    st.update(state=FAILED, reason=f"deploy failed at "
+                              f"{ev.get('step', '?')}: {ev.get('error', '')}")
+                else:
+                    continue
+                self._step(r)
+
+    def on_reply(self, device: str, cmd: str, reply: dict[str, Any] | None) -> None:
+        """A `deploy` answered `rejected` fails that device's part of active rollouts."""
+        if cmd != "deploy" or not reply or reply.get("status") != "rejected":
+            return
+        with self._lock:
+            if "rolled back on this device" in str(reply.get("reason", "")):
+                # the device will never take it: stop re-sending it on each return
+                doc = self.desired(device)
+                if doc.pop("model", None) is not None:
+                    doc["model_rejected"] = str(reply.get("reason", ""))[:500]
+                    self._set_desired(device, doc)
+            for r in self._active():
+                st = r["devices"].get(device)
+                if st is not None and st["state"] == SENT:
+                    st.update(state=FAILED, reason=f"rejected: {reply.get('reason', '')}")
+                    self._step(r)
+
+    def _step(self, r: dict[str, Any]) -> None:
+        s = advance(r)
+        if s.state != r["state"]:
+            (log.warning if s.state == "halted" else log.info)(
+                "rollout %s of %s to %s: %s -> %s%s", r["id"], r["bundle"], r["group"],
+                r["state"], s.state, f" ({s.reason})" if s.reason else "")
+        r["state"], r["reason"] = s.state, s.reason or r["reason"]
+        if s.state == "halted":
+            for d in r["canary"]:  # back to what they had: never re-send a failed version
+                doc = self.desired(d)
+                before = r["devices"][d].get("before")
+                if before:
+                    doc["model"] = before
+                else:
+                    doc.pop("model", None)
+                self._set_desired(d, doc)
+        self._save(r)
+        if s.send:
+            self._deploy(r, s.send)
+            self._save(r)
+
+    def tick(self, now: float | None = None) -> None:
+        """A device that was sent the model `timeout_s` ago and has not reported a verdict
+        counts as failed (offline, stuck): a canary that never answers halts the rollout
+        instead of holding it for ever."""
+        now = time.time() if now is None else now
+        with self._lock:
+            for r in self._active():
+                late = [d for d, st in r["devices"].items() if st["state"] in (SENT, SWAPPED)
+                        and now - st.get("sent", now) > self.timeout_s]
+                for d in late:
+                    r["devices"][d].update(state=FAILED, reason=f"no verdict within "
+                                           f"{self.timeout_s:.0f} s of the deploy")
+                if late:
+                    self._step(r)
+
+    def on_online(self, device: str, model_version: str | None) -> None:
+        """A device came back (birth): re-send its desired model when it reports another
+        version, and its operator settings."""
+        doc = self.desired(device)
+        want = doc.get("model")
+        if want and model_version is not None \
+                and model_version != f"{want['name']}@{want['version']}":
+            log.info("device %s is back with model %s, desired %s@%s: deploying again",
+                     device, model_version or "configured", want["name"], want["version"])
+            self._try_send(device, "deploy", want)
+        for cmd, args in (doc.get("settings") or {}).items():
+            self._try_send(device, cmd, args)
+
+    def close(self) -> None:
+        """Close the connection."""
+        with self._lock:
+            self._db.close()

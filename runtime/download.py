@@ -1,0 +1,111 @@
+"""Resumable bundle download over HTTP(S) into the state directory.
+
+The partial file (`<name>.part`) survives a crash or a dropped link; the next attempt asks for
+the rest with `Range: bytes=N-` and appends only when the server answers 206 starting at N
+(anything else starts over). Before writing, the size declared by the caller (from the signed
+deploy command) is checked against `max_bytes`, and the free space against what is still to
+come plus `min_free_bytes`; the server sending more than declared is cut off. What arrives is
+unverified until runtime.bundle checks its signature and hashes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from runtime.model_store import crash_point
+
+CHUNK = 1 << 14  # small enough that a bundle arrives in several (the crash hook fires mid-way)
+_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
+
+
+class DownloadError(Exception):
+    """The download failed or was refused; the message says why (the partial file is kept
+    when a retry can resume it)."""
+
+
+def fetch(url: str, dest: Path, size: int, token: str = "", max_bytes: int = 0,
+          min_free_bytes: int = 0, sha256: str = "", timeout_s: float = 30.0) -> Path:
+    """Download `url` (of `size` bytes) to `dest`, resuming `dest.part`; returns `dest`.
+    `sha256` (when given) is checked before the rename; a mismatch deletes the part."""
+    if size <= 0:
+        raise DownloadError(f"{url}: the bundle's size must be known before downloading "
+                            "(the deploy command's `size`, `models install --size`)")
+    if max_bytes and size > max_bytes:
+        raise DownloadError(f"{url}: {size} bytes is over the cap of {max_bytes} "
+                            "([models] max_bundle_mb)")
+    part = dest.with_name(dest.name + ".part")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    have = part.stat().st_size if part.exists() else 0
+    if have > size:
+        part.unlink()
+        have = 0
+    free = shutil.disk_usage(dest.parent).free
+    if free - (size - have) < min_free_bytes:
+        raise DownloadError(f"{url}: {size - have} bytes still to download but only {free} "
+                            f"free in {dest.parent} ({min_free_bytes} must stay free: "
+                            "[models] min_free_mb)")
+    if have < size:
+        _get(url, part, have, size, token, timeout_s)
+    if sha256:
+        h = hashlib.sha256()
+        with part.open("rb") as f:
+            while chunk := f.read(CHUNK):
+                h.update(chunk)
+        if h.hexdigest() != sha256:
+            part.unlink()
+            raise DownloadError(f"{url}: sha256 of the download does not match the deploy "
+                                "command's: discarded")
+    os.replace(part, dest)
+    return dest
+
+
+def _get(url: str, part: Path, have: int, size: int, token: str, timeout_s: float) -> None:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    if have:
+        headers["Range"] = f"bytes={have}-"
+    req = urllib.request.Request(url, headers=headers)
+    try:
+        resp = urllib.request.urlopen(req, timeout=timeout_s)
+    except urllib.error.HTTPError as e:
+        if e.code == 416 and have:  # our part is not a prefix of what is served now
+            part.unlink()
+            raise DownloadError(f"{url}: server refused to resume (416); starting over on "
+                                "the next attempt") from None
+        raise DownloadError(f"{url}: HTTP {e.code} {e.reason}") from None
+    except (urllib.error.URLError, OSError) as e:
+        raise DownloadError(f"{url}: cannot connect: {getattr(e, 'reason', e)}") from None
+    with resp:
+        mode = "ab"
+        if have and resp.status == 206:
+            m = _RANGE.match(resp.headers.get("Content-Range", ""))
+            if not m or int(m.group(1)) != have:
+                raise DownloadError(f"{url}: answered a resume with Content-Range "
+                                    f"{resp.headers.get('Content-Range')!r}, not from {have}")
+        elif have:  # 200: the server sent everything again
+            mode, have = "wb", 0
+        written = have
+        try:
+            with part.open(mode) as out:
+                while chunk := resp.read(CHUNK):
+                    written += len(chunk)
+                    if written > size:
+                        raise DownloadError(f"{url}: the server sent more than the declared "
+                                            f"{size} bytes: refused")
+                    out.write(chunk)
+                    out.flush()
+                    crash_point("download")
+                os.fsync(out.fileno())
+        except (OSError, TimeoutError) as e:
+            raise DownloadError(f"{url}: interrupted after {written} of {size} bytes ({e}); "
+                                "the next attempt resumes") from None
+    if written != size:
+        raise DownloadError(f"{url}: got {written} of {size} bytes; the next attempt resumes")
+
+
+__all__ = ["DownloadError", "fetch"]
