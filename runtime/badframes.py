@@ -19,8 +19,9 @@ from runtime.images import KINDS
 
 log = logging.getLogger("edgerun.pipeline")
 
-# Image kinds (runtime/images.py) plus frames that decoded but could not be preprocessed.
-FRAME_KINDS = (*KINDS, "preprocess_failed")
+# Image kinds (runtime/images.py) plus frames that decoded but could not be preprocessed, and
+# frames whose model output was not of the declared detector form (runtime/detection.py).
+FRAME_KINDS = (*KINDS, "preprocess_failed", "postprocess_failed")
 
 
 class BadFrames:
