@@ -371,8 +371,11 @@ def merge_nms_outputs(src: Path, dst: Path) -> list[str]:
     proto.graph.node.extend(nodes)
     while proto.graph.output:
         proto.graph.output.pop()
+    box_dims = next(o for o in outs if o.name == boxes).type.tensor_type.shape.dim
+    lead = [d.dim_value if d.HasField("dim_value") else (d.dim_param or f"d{i}")
+            for i, d in enumerate(list(box_dims)[:2])] or ["batch", "k"]
     proto.graph.output.append(helper.make_tensor_value_info("detections", TensorProto.FLOAT,
-                                                            None))
+                                                            [*lead, 6]))
     onnx.save(proto, str(dst))
     return names
 

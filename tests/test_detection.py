@@ -328,3 +328,58 @@ def test_prepare_cli_for_a_detector(tmp_path):
     assert "mAP@0.5 against the label files" in r.stdout
     assert json.loads((tmp_path / "out/manifest.json").read_text())["postprocess"][
         "score_threshold"] == 0.4
+
+
+# -- end to end ----------------------------------------------------------------------------------
+
+@pytest.fixture
+def coordinator(tmp_path, broker):
+    from runtime.coordinator.config import CoordinatorConfig
+    from runtime.coordinator.service import Coordinator
+
+    c = Coordinator(CoordinatorConfig(fleet="sys", broker=broker.coordinator("sys"),
+                                      store=str(tmp_path / "coord.db")))
+    c.start()
+    assert c.connected.wait(10)
+    yield c
+    c.stop()
+
+
+def test_a_prepared_yolo_detector_runs_from_prepare_to_boxes_at_the_coordinator(
+        tmp_path, broker, coordinator):
+    """prepare (mAP rungs) -> serve a folder of frames twice the input, tiled -> results with
+    boxes in frame coordinates and per-label counts, stored by the coordinator."""
+    from test_daemon import Serve, wait, write_config
+
+    out = tmp_path / "blobs"
+    doc = prepare(tiny_detector(tmp_path / "blobs.onnx"), None, _val(tmp_path / "val"), out,
+                  PrepareOptions(name="blobs", preprocess=PIXELS, labels=("red", "green")))
+    assert [v["accuracy"] for v in doc["variants"]] == [1.0, 1.0, 1.0]
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    scenes = {f"f{i}.png": cells for i, cells in enumerate(
+        [[(1, 1, 0), (6, 5, 1)], [], [(7, 7, 1), (0, 4, 0), (3, 6, 0)]] * 4)}
+    for name, cells in scenes.items():  # 128x128 frames, 16 px blobs: found only when tiled
+        cv2.imwrite(str(inbox / name), blob_frame((128, 128), cells))
+    cfg = write_config(tmp_path, broker, tmp_path / "cache",
+                       source=f'kind = "folder"\npath = "{inbox}"\nwatch = true',
+                       extra=f'[model]\npath = "{out}"\ntiling = true\ntile_overlap = 0.25\n')
+    d = Serve(tmp_path, cfg)
+    try:
+        wait(lambda: coordinator.store.counts().get("box1", 0) >= len(scenes), 120,
+             "every frame's result at the coordinator", d)
+        rs = coordinator.store.results("box1", 0, 100)
+    finally:
+        assert d.stop() == 0
+    assert sorted(r["ref"] for r in rs) == sorted(scenes)
+    for r in rs:
+        cells = scenes[r["ref"]]
+        found = sorted((round(b["y"] * 8 - .5), round(b["x"] * 8 - .5), b["label"])
+                       for b in r["boxes"])
+        assert found == sorted((row, col, ("red", "green")[k]) for row, col, k in cells)
+        want = {}
+        for *_, k in cells:
+            want[("red", "green")[k]] = want.get(("red", "green")[k], 0) + 1
+        assert r["counts"] == want
+        assert r["label"] == (r["boxes"][0]["label"] if cells else "none")
+        assert r["variant"].startswith("blobs/")
