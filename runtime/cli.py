@@ -169,6 +169,12 @@ def _check_model(cfg) -> int:
         if ignored or cfg.model.output != "scores":
             say(f"  note: [model] {', '.join(ignored or ['output'])} apply to a bare .onnx only;"
                 " the manifest declares its own")
+    if m.detect is not None:  # docs/detectors.md
+        d = m.detect
+        say(f"  detector: {d.format} output, score >= {d.score_threshold}, NMS IoU "
+            f"{d.iou_threshold}; results carry boxes and counts; tiling "
+            + (f"on (tile {m.tiling.size or 'input'} px, overlap {m.tiling.overlap})"
+               if m.tiling else "off"))
     return 0
 
 

@@ -147,6 +147,18 @@ def loss_fn(model, x, boxes):
     return cls_loss + 2.0 * (1 - giou).mean()
 
 
+def export(model, path: Path) -> None:
+    """The model as ONNX (input `image` [1,3,S,S], output `detections` [1,4+C,N])."""
+    import torch
+
+    was = model.training
+    model.eval()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.onnx.export(model, torch.zeros(1, 3, SIZE, SIZE), str(path), input_names=["image"],
+                      output_names=["detections"], opset_version=17, dynamo=False)
+    model.train(was)
+
+
 def train(out: Path, n_train: int, epochs: int, seed: int, workers: int) -> dict:
     """Train, export ONNX, write the recipe record."""
     import torch
@@ -191,12 +203,11 @@ def train(out: Path, n_train: int, epochs: int, seed: int, workers: int) -> dict
               f"({time.time() - t0:.0f} s)", flush=True)
         if val <= best:
             best, best_state = val, {k: v.clone() for k, v in model.state_dict().items()}
+            export(model, out / "defects.onnx")  # the best so far survives an interruption
     model.load_state_dict(best_state)
     model.eval()
-    out.mkdir(parents=True, exist_ok=True)
     path = out / "defects.onnx"
-    torch.onnx.export(model, torch.zeros(1, 3, SIZE, SIZE), str(path), input_names=["image"],
-                      output_names=["detections"], opset_version=17, dynamo=False)
+    export(model, path)
     record = {
         "arch": "defects", "input_size": SIZE, "stride": STRIDE, "train_images": n_train,
         "epochs": epochs, "seed": seed, "seeds": SEEDS, "val_loss": round(best, 4),
@@ -214,8 +225,8 @@ def main() -> None:
     """Command line entry point."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--train-images", type=int, default=5000)
-    ap.add_argument("--epochs", type=int, default=24)
+    ap.add_argument("--train-images", type=int, default=2400)
+    ap.add_argument("--epochs", type=int, default=10)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--workers", type=int, default=2)
     a = ap.parse_args()
