@@ -303,6 +303,17 @@ def test_prepare_detector_without_labels_is_map_against_fp32(tmp_path):
     assert doc["variants"][0]["accuracy"] == 1.0
 
 
+def test_prepare_reads_the_issues_detector_shape_as_yolov5_not_a_classifier(tmp_path, caplog):
+    # The issue: [1, 1024, 8] was scored as a 1024-way... 8-way classifier (int8 "0.3333").
+    model = _raw_output_model(tmp_path / "issue.onnx", [1, 1024, 8])
+    with caplog.at_level(logging.INFO):
+        doc = prepare(model, None, None, tmp_path / "out",
+                      PrepareOptions(name="issue", preprocess=PIXELS, generated=8))
+    assert doc["postprocess"]["format"] == "yolov5" and doc["accuracy_metric"] == "mAP@0.5"
+    assert doc["accuracy_basis"] == "agreement-generated"
+    assert "[1, 1024, 8] looks like a yolov5 detector" in caplog.text
+
+
 def test_prepare_refuses_a_detector_declared_a_classifier(tmp_path):
     from runtime.prepare import StepError
 
