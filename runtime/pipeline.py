@@ -374,7 +374,7 @@ class Pipeline:
             try:  # label, score; a detector's boxes and counts too
                 fields = frame_result(out, self._manifest, frame.image.shape[:2],
                                       active.input_shape)
-            except ValueError as e:  # an output not of the declared form: this frame only
+            except Exception as e:  # an output not of the declared form: this frame only
                 self.bad.record("postprocess_failed", frame.ref, str(e))
                 continue
             r = {"t": frame.t, "ref": frame.ref, **fields,

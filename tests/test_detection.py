@@ -341,6 +341,74 @@ def test_prepare_cli_for_a_detector(tmp_path):
         "score_threshold"] == 0.4
 
 
+def test_an_output_not_of_the_declared_form_costs_that_frame_only(tmp_path):
+    """A real Pipeline: a yolov8-form model declared yolov5 fails to decode on every frame;
+    each is counted as postprocess_failed (one rate-limited event), none stored, the threads
+    keep running; declared right, the next frames give boxes."""
+    import time
+    from dataclasses import replace
+
+    from runtime.backends import discover
+    from runtime.config import BackendsConfig, OnnxRuntimeConfig
+    from runtime.manifest import model_files
+    from runtime.pipeline import Active, Pipeline
+    from runtime.sources import SourceConfig, open_source
+
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    for i in range(4):
+        cv2.imwrite(str(inbox / f"a{i}.png"), blob_frame((64, 64), [(1, 2, 0)]))
+    right = load_model(tiny_detector(tmp_path / "d.onnx"), labels=("red", "green"))
+    wrong = replace(right, detect=DetectSpec(format="yolov5"))
+    bcfg = BackendsConfig(enabled=("onnxruntime",), threads=(1,), onnxruntime=OnnxRuntimeConfig(
+        spinning=(False,), include_default=False))
+    (backend,) = discover(bcfg)
+    v = backend.variants(model_files(right)[0], bcfg, (1,))[0]
+    stored: list[dict] = []
+    evs: list[dict] = []
+
+    def sink(rs: list[dict]) -> list[int]:
+        stored.extend(rs)
+        return list(range(len(rs)))
+
+    p = Pipeline(lambda: open_source(SourceConfig(kind="folder", path=str(inbox)),
+                                     tmp_path / "state"), wrong, sink, evs.append)
+    p.start(Active(0, v.id, backend.load(v), v.model.input_shape))
+    try:
+        deadline = time.monotonic() + 30
+        while p.bad.counts()["postprocess_failed"] < 4:
+            assert time.monotonic() < deadline, (p.bad.counts(), evs)
+            time.sleep(0.02)
+        assert stored == [] and p.alive(5.0)
+        bad = [e for e in evs if e["type"] == "frame_bad"]
+        assert len(bad) == 1 and "yolov5 output [1, 6, 16]" in bad[0]["error"]
+        p.set_manifest(right)
+        for i in range(2):
+            cv2.imwrite(str(inbox / f"b{i}.png"), blob_frame((64, 64), [(1, 2, 0)]))
+        while len(stored) < 2:
+            assert time.monotonic() < deadline, (p.bad.counts(), evs)
+            time.sleep(0.02)
+    finally:
+        p.stop()
+    assert all(r["counts"] == {"red": 1} for r in stored)
+
+
+def test_bundled_defect_detector_manifest():
+    from models import bundled
+    from runtime.manifest import model_files
+
+    root = bundled("defects")
+    if not (root / "manifest.json").exists():
+        pytest.skip("models/defects not built (python -m models.recipes.defects.build)")
+    m = load_manifest(root)
+    assert m.detect == DetectSpec(format="yolov8") and m.labels == ("scratch", "dent", "stain")
+    doc = json.loads((root / "manifest.json").read_text())
+    assert doc["accuracy_metric"] == "mAP@0.5" and doc["accuracy_basis"] == "labels"
+    forms = model_files(m)  # sha256-verified
+    assert [f.precision for f in forms] == ["fp32", "fp16", "int8"]
+    assert all(0.3 < f.accuracy <= 1.0 for f in forms)
+
+
 # -- end to end ----------------------------------------------------------------------------------
 
 @pytest.fixture
