@@ -34,16 +34,19 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=bundled("defects"))
     ap.add_argument("--skip-train", action="store_true")
     ap.add_argument("--test-images", type=int, default=1000)
+    ap.add_argument("--reuse-data", action="store_true",
+                    help="keep an existing WORK/data (same seeds: same images)")
     a = ap.parse_args()
     py = sys.executable
     if not a.skip_train:
         subprocess.run([py, "-m", "models.recipes.defects.train", "--out", str(a.work)],
                        check=True)
     data = a.work / "data"
-    if data.exists():
-        shutil.rmtree(data)
-    write_folder(data / "calib", CALIB_SEED, 300)
-    write_folder(data / "test", TEST_SEED, a.test_images)
+    if not (a.reuse_data and data.exists()):
+        if data.exists():
+            shutil.rmtree(data)
+        write_folder(data / "calib", CALIB_SEED, 300)
+        write_folder(data / "test", TEST_SEED, a.test_images)
     labels = a.work / "labels.txt"
     labels.write_text("\n".join(CLASSES) + "\n")
     pre = a.work / "preprocess.json"
