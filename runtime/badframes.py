@@ -20,8 +20,9 @@ from runtime.images import KINDS
 log = logging.getLogger("edgerun.pipeline")
 
 # Image kinds (runtime/images.py) plus frames that decoded but could not be preprocessed, and
-# frames the source's region of interest does not fit (runtime/roi.py).
-FRAME_KINDS = (*KINDS, "preprocess_failed", "roi_outside")
+# frames the source's region of interest does not fit (runtime/roi.py), and frames whose model
+# output was not of the declared detector form (runtime/detection.py).
+FRAME_KINDS = (*KINDS, "preprocess_failed", "roi_outside", "postprocess_failed")
 
 
 class BadFrames:

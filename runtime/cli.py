@@ -171,6 +171,12 @@ def _check_model(cfg) -> int:
         if ignored or cfg.model.output != "scores":
             say(f"  note: [model] {', '.join(ignored or ['output'])} apply to a bare .onnx only;"
                 " the manifest declares its own")
+    if m.detect is not None:  # docs/detectors.md
+        d = m.detect
+        say(f"  detector: {d.format} output, score >= {d.score_threshold}, NMS IoU "
+            f"{d.iou_threshold}; results carry boxes and counts; tiling "
+            + (f"on (tile {m.tiling.size or 'input'} px, overlap {m.tiling.overlap})"
+               if m.tiling else "off"))
     return 0
 
 
@@ -240,7 +246,9 @@ def cmd_models(args: argparse.Namespace) -> int:
         return error("options", str(e))
     opts = PrepareOptions(name=args.name or args.out.name, preprocess=preprocess,
                           labels=labels, input_shape=args.input_shape or (), prefix=args.prefix,
-                          output=args.output, reduced=not args.no_reduced)
+                          output=args.output, reduced=not args.no_reduced, task=args.task,
+                          format=args.format, score_threshold=args.score_threshold,
+                          iou_threshold=args.iou_threshold)
     try:
         doc = prepare(args.model, args.calib, args.val, args.out, opts,
                       progress=lambda m: print(f"[{m}]", file=sys.stderr, flush=True))
@@ -258,6 +266,11 @@ def cmd_models(args: argparse.Namespace) -> int:
     basis = {"labels": "top-1 against the val images' folder names",
              "agreement": "top-1 agreement with fp32 on the val images",
              "agreement-generated": "top-1 agreement with fp32 on generated inputs, not images"}
+    if "postprocess" in doc:  # a detector: accuracy is mAP@0.5 (docs/detectors.md)
+        basis = {"labels": "mAP@0.5 against the label files",
+                 "agreement": "mAP@0.5 against fp32's detections on the val images",
+                 "agreement-generated": "mAP@0.5 against fp32's detections on generated "
+                                        "inputs, not images"}
     print(f"manifest: {args.out / 'manifest.json'} (accuracy basis: {doc['accuracy_basis']}: "
           f"{basis.get(doc['accuracy_basis'], '')}, {doc['eval_images']} inputs)")
     return 0
@@ -526,6 +539,12 @@ def build_parser() -> argparse.ArgumentParser:
                     help="JSON with layout/colour/resize/scale/mean/std (ImageNet defaults)")
     mp.add_argument("--output", choices=("probabilities", "logits"), default="probabilities")
     mp.add_argument("--no-reduced", action="store_true", help="skip the reduced-resolution form")
+    mp.add_argument("--task", choices=("auto", "classify", "detect"), default="auto",
+                    help="auto: from the output's shape (docs/detectors.md)")
+    mp.add_argument("--format", choices=("auto", "yolov8", "yolov5", "nms-inside"),
+                    default="auto", help="a detector's output form")
+    mp.add_argument("--score-threshold", type=float, default=0.25, help="detector boxes kept")
+    mp.add_argument("--iou-threshold", type=float, default=0.45, help="detector NMS overlap")
     from runtime.model_install import add_parsers as ota_parsers
 
     ota_parsers(msub, common)

@@ -41,10 +41,27 @@ class ModelConfig:
     preprocess: str = ""  # a JSON file (layout/colour/resize/scale/mean/std); empty: RGB,
     # layout from the input, bilinear resize, pixels / 255 (docs/manifest.md "A bare .onnx")
     output: Literal["scores", "probabilities", "logits"] = "scores"
+    # Detectors (docs/detectors.md): task/format/thresholds describe a bare .onnx ("auto":
+    # from the output's shape); tiling applies to any detector.
+    task: Literal["auto", "classify", "detect"] = "auto"
+    format: Literal["auto", "yolov8", "yolov5", "nms-inside"] = "auto"
+    score_threshold: float = 0.25
+    iou_threshold: float = 0.45
+    tiling: bool = False
+    tile_size: int = 0  # frame pixels per tile side; 0: the model input's size
+    tile_overlap: float = 0.2
 
     def validate(self) -> tuple[str, str] | None:
         if any(d <= 0 for d in self.input_shape):
             return "input_shape", f"every dimension must be positive, got {list(self.input_shape)}"
+        for key in ("score_threshold", "iou_threshold"):
+            if not 0.0 <= getattr(self, key) <= 1.0:
+                return key, f"must be within 0..1, got {getattr(self, key)}"
+        if not 0 <= self.tile_size <= 16384:
+            return "tile_size", ("must be 0 (the model input's size) or up to 16384 pixels, "
+                                 f"got {self.tile_size}")
+        if not 0.0 <= self.tile_overlap <= 0.75:
+            return "tile_overlap", f"must be within 0..0.75, got {self.tile_overlap}"
         return None
 
 

@@ -19,7 +19,9 @@ import cv2
 import numpy as np
 
 from runtime.backends.base import ModelFile
+from runtime.detection import FORMATS, DetectSpec, guess_format, is_classifier_shape
 from runtime.onnx_model import ModelError, file_sha256
+from runtime.tiling import TileSpec, detect_frame
 
 SCHEMA = "edgerun.manifest/1"
 MANIFEST = "manifest.json"
@@ -116,6 +118,8 @@ class Manifest:
     eval_images: int
     failed: tuple[dict, ...] = ()
     bare: bool = False  # root is a bare .onnx file, not a directory (accuracy unknown)
+    detect: DetectSpec | None = None  # a detector's postprocessing; None: a classifier
+    tiling: TileSpec | None = None  # from [model] tiling (detectors only), not the manifest
 
     def path(self, v: VariantEntry) -> Path:
         """Absolute path of a variant's file."""
@@ -148,7 +152,8 @@ def load_manifest(root: str | Path) -> Manifest:
         return Manifest(root, doc["name"], tuple(doc["labels"]),
                         Preprocess.from_dict(doc["preprocess"], str(path)), doc["output"],
                         variants, doc["accuracy_basis"], doc["eval_images"],
-                        tuple(doc.get("failed", ())))
+                        tuple(doc.get("failed", ())),
+                        detect=DetectSpec.from_dict(doc.get("postprocess", {}), str(path)))
     except (KeyError, TypeError) as e:
         raise ModelError(f"{path}: missing or invalid field: {e}") from e
 
@@ -177,9 +182,81 @@ def _output_classes(proto: Any) -> int | None:
     return last.dim_value if last is not None and last.HasField("dim_value") else None
 
 
+def _output_dims(proto: Any) -> list[tuple[str, tuple[int | str, ...]]]:
+    """(name, declared dims) of every graph output; a symbolic dim is its name (or "?")."""
+    out = []
+    for o in proto.graph.output:
+        dims = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or "?")
+                     for d in o.type.tensor_type.shape.dim)
+        out.append((o.name, dims))
+    return out
+
+
+def _detector_classes(fmt: str, dims: tuple[int | str, ...], labels: tuple[str, ...]
+                      ) -> int | None:
+    """How many classes a detector output of `fmt` and `dims` scores (None: not fixed)."""
+    if len(dims) != 3 or not all(isinstance(d, int) for d in dims[1:]):
+        return None
+    a, b = int(dims[1]), int(dims[2])
+    if fmt == "yolov5":
+        return b - 5
+    if fmt == "yolov8":
+        if labels:
+            return len(labels) if len(labels) + 4 in (a, b) else min(a, b) - 4
+        return min(a, b) - 4
+    return None  # nms-inside: classes are indices, any number
+
+
+def model_task(path: Path, outputs: list[tuple[str, tuple[int | str, ...]]], task: str,
+               fmt: str, labels: tuple[str, ...]) -> str | None:
+    """What a model's outputs say it is: None for a classifier, else its detector format.
+    `task` and `fmt` are what was declared ("auto": guess from the shape; a guess is
+    logged). A detector-shaped output declared or guessed as a classifier, or an output
+    nothing fits, raises ModelError naming the file and the shape."""
+    import logging
+
+    log = logging.getLogger("edgerun.model")
+    name, dims = outputs[0]
+    shape = list(dims)
+    names = ", ".join(f"{n} {list(d)}" for n, d in outputs)
+    if task not in ("auto", "classify", "detect"):
+        raise ModelError(f"{path}: task must be auto, classify or detect, got {task!r}")
+    if fmt not in ("auto", *FORMATS):
+        raise ModelError(f"{path}: format must be auto or one of {', '.join(FORMATS)}, "
+                         f"got {fmt!r}")
+    if len(outputs) > 1 and task != "classify" and fmt in ("auto", "nms-inside"):
+        raise ModelError(f"{path}: {len(outputs)} outputs ({names}): a detector with NMS inside "
+                         "(boxes, scores, classes). edgerun runs one output: make a ladder with "
+                         "`edgerun models prepare --task detect --format nms-inside`, which "
+                         "merges them into one [1, K, 6] output, and serve that")
+    if task == "classify" or (task == "auto" and fmt == "auto" and is_classifier_shape(dims)):
+        if not is_classifier_shape(dims):
+            guess = guess_format(dims, len(labels) or None)
+            raise ModelError(f"{path}: output '{name}' {shape} is not a classifier's "
+                             f"[1, classes]: it looks like a detector"
+                             f"{f' ({guess})' if guess else ''}. Set [model] task = \"detect\" "
+                             "(and format) instead of scoring it as a classifier")
+        return None
+    if fmt != "auto":
+        return fmt
+    # labels settle an ambiguous shape; when they fit no form, the shape alone decides and
+    # the label count is checked against it afterwards (an error naming both)
+    guess = guess_format(dims, len(labels) or None) or (guess_format(dims) if labels else None)
+    if guess is None:
+        raise ModelError(f"{path}: output '{name}' {shape} is neither a classifier's [1, classes] "
+                         "nor a detector form edgerun can tell from the shape (yolov8 "
+                         "[1, 4+classes, N], yolov5 [1, N, 5+classes]); declare it with "
+                         "[model] task = \"detect\" and format = \"yolov8\" | \"yolov5\" | "
+                         "\"nms-inside\" (docs/detectors.md)")
+    log.info("%s: output '%s' %s looks like a %s detector: decoded as one (set [model] task "
+             "and format to override)", path, name, shape, guess)
+    return guess
+
+
 def bare_manifest(path: str | Path, input_shape: tuple[int, ...] = (),
                   labels: tuple[str, ...] = (), preprocess: dict[str, Any] | None = None,
-                  output: str = "scores") -> Manifest:
+                  output: str = "scores", task: str = "auto", fmt: str = "auto",
+                  score_threshold: float = 0.25, iou_threshold: float = 0.45) -> Manifest:
     """A bare .onnx file as a one-variant manifest: fp32, accuracy unknown (None, which the
     selector takes as the reference 1.0). Dynamic dims are fixed by `input_shape` (a dynamic
     batch becomes 1); the layout follows the input (channels second: NCHW, last: NHWC) unless
@@ -199,7 +276,16 @@ def bare_manifest(path: str | Path, input_shape: tuple[int, ...] = (),
         raise ModelError(f"{path}: [model] preprocess says layout {pre.layout} but the input "
                          f"{list(inp.shape)} has its colour channels "
                          f"{'second (NCHW)' if inp.shape[1] == 3 else 'last (NHWC)'}")
-    classes = _output_classes(proto)
+    outputs = _output_dims(proto)
+    fmt_ = model_task(path, outputs, task, fmt, labels)
+    detect = None
+    if fmt_ is not None:
+        detect = DetectSpec.from_dict({"task": "detect", "format": fmt_,
+                                       "score_threshold": score_threshold,
+                                       "iou_threshold": iou_threshold}, f"{path}: [model]")
+        classes = _detector_classes(fmt_, outputs[0][1], labels)
+    else:
+        classes = _output_classes(proto)
     if labels and classes is not None and len(labels) != classes:
         raise ModelError(f"{path}: {len(labels)} labels given but the output "
                          f"'{proto.graph.output[0].name}' has {classes} classes")
@@ -207,20 +293,22 @@ def bare_manifest(path: str | Path, input_shape: tuple[int, ...] = (),
         labels = tuple(f"class_{i}" for i in range(classes or 0))
     entry = VariantEntry("fp32", "fp32", path.name, file_sha256(path), inp.name, inp.shape,
                          None, 1.0, 0.0, 0.0, path.stat().st_size, path.name)
-    return Manifest(path, path.stem, labels, pre, output, (entry,), "unknown", 0, (), True)
+    return Manifest(path, path.stem, labels, pre, output, (entry,), "unknown", 0, (), True,
+                    detect)
 
 
 def load_model(path: str | Path, input_shape: tuple[int, ...] = (),
                labels: tuple[str, ...] = (), preprocess: dict[str, Any] | None = None,
-               output: str = "scores") -> Manifest:
+               output: str = "scores", **detector: Any) -> Manifest:
     """A model directory's manifest, or a bare .onnx file's (`bare_manifest`; the other
-    arguments apply only to that)."""
+    arguments, `detector` ones included: task, fmt, score_threshold, iou_threshold, apply
+    only to that)."""
     path = Path(path)
     if path.is_dir():
         return load_manifest(path)
     if not path.exists():
         raise ModelError(f"{path}: no such model file or directory ([model] path)")
-    return bare_manifest(path, input_shape, labels, preprocess, output)
+    return bare_manifest(path, input_shape, labels, preprocess, output, **detector)
 
 
 def read_labels(path: str | Path) -> tuple[str, ...]:
@@ -247,10 +335,25 @@ def read_preprocess(path: str | Path) -> dict[str, Any]:
 
 def configured_model(path: str | Path, cfg: Any) -> Manifest:
     """The model at `path` with the `[model]` section `cfg` (runtime.config.ModelConfig):
-    its labels, preprocess and output keys apply to a bare .onnx only."""
-    return load_model(path, cfg.input_shape,
-                      read_labels(cfg.labels) if cfg.labels else (),
-                      read_preprocess(cfg.preprocess) if cfg.preprocess else None, cfg.output)
+    its labels, preprocess, output and detector keys apply to a bare .onnx only; `tiling`
+    applies to any detector (docs/detectors.md)."""
+    import logging
+    from dataclasses import replace
+
+    m = load_model(path, cfg.input_shape,
+                   read_labels(cfg.labels) if cfg.labels else (),
+                   read_preprocess(cfg.preprocess) if cfg.preprocess else None, cfg.output,
+                   task=getattr(cfg, "task", "auto"), fmt=getattr(cfg, "format", "auto"),
+                   score_threshold=getattr(cfg, "score_threshold", 0.25),
+                   iou_threshold=getattr(cfg, "iou_threshold", 0.45))
+    if getattr(cfg, "tiling", False):
+        if m.detect is None:
+            logging.getLogger("edgerun.model").warning(
+                "%s: [model] tiling is for detectors; %s is a classifier, so frames are not "
+                "tiled", path, m.name)
+        else:
+            m = replace(m, tiling=TileSpec(cfg.tile_size, cfg.tile_overlap))
+    return m
 
 
 def verify(manifest: Manifest, v: VariantEntry) -> Path:
@@ -289,6 +392,21 @@ def model_files(manifest: Manifest,
         where = manifest.root if manifest.bare else manifest.root / MANIFEST
         raise ModelError(f"{where}: no variant passed verification")
     return out
+
+
+def frame_result(out: np.ndarray, manifest: Manifest, frame_hw: tuple[int, int],
+                 input_shape: tuple[int, ...]) -> dict[str, Any]:
+    """The result fields of one frame's output: `label` and `score` for a classifier; for a
+    detector also `boxes` and `counts` (runtime.detection.to_result), tiles merged."""
+    if manifest.detect is None:
+        label, score = postprocess(out, manifest)[0]
+        return {"label": label, "score": round(score, 5)}
+    from runtime.detection import to_result
+
+    hw = manifest.preprocess.hw(input_shape)
+    d = detect_frame(out, manifest.detect, manifest.tiling, frame_hw, hw,
+                     len(manifest.labels) or None)
+    return to_result(d, manifest.labels)
 
 
 def postprocess(scores: np.ndarray, manifest: Manifest) -> list[tuple[str, float]]:

@@ -44,11 +44,12 @@ import numpy as np
 
 from runtime.backends.base import Session
 from runtime.badframes import BadFrames
-from runtime.manifest import Manifest, postprocess
+from runtime.manifest import Manifest, frame_result
 from runtime.multisource import FairQueue, Lane, Pacer
 from runtime.results_local import LocalResults
 from runtime.roi import RoiError, crop, resolve
 from runtime.sources import BadFrame, Frame, Source, SourceEnded, SourceError
+from runtime.tiling import infer_tiles, tiled
 
 log = logging.getLogger("edgerun.pipeline")
 
@@ -87,7 +88,7 @@ class Pipeline:
         self._lane = {lane.name: lane for lane in self.lanes}
         self._manifest = manifest
         # (frame, input shape) -> tensor; the daemon passes a PreprocessChooser
-        self._pre = preprocess or manifest.preprocess.apply
+        self._pre = tiled(preprocess or manifest.preprocess.apply, manifest)
         self._sink = sink
         self._local = local  # print/JSONL/snapshots, after the outbox commit
         self._event = on_event
@@ -160,7 +161,7 @@ class Pipeline:
                      preprocess: Callable[[Any, tuple[int, ...]], Any] | None = None) -> None:
         """Use another model's pre/post-processing (call `switch` with its session next)."""
         self._manifest = manifest
-        self._pre = preprocess or manifest.preprocess.apply
+        self._pre = tiled(preprocess or manifest.preprocess.apply, manifest)
 
     def stop(self, drain_timeout_s: float = 10.0) -> None:
         """Stop capturing, let queued frames finish (their results are stored), stop."""
@@ -397,7 +398,7 @@ class Pipeline:
                 # preprocessed for the variant just replaced (another size or model)
                 tensor = (active.pre or self._pre)(frame.image, active.input_shape)
             t0, c0 = time.perf_counter(), time.thread_time()
-            out = active.session.infer(tensor)
+            out = infer_tiles(active.session, tensor)  # one tensor, or a tiled frame's
             ms = (time.perf_counter() - t0) * 1e3
             n, cpu = self._infer_cpu.get(active.variant_id, (0, 0.0))
             self._infer_cpu[active.variant_id] = (n + 1, cpu + time.thread_time() - c0)
@@ -430,10 +431,13 @@ class Pipeline:
         if shadow is None:
             return
         try:
-            old = shadow.session.infer((shadow.pre or self._pre)(frame.image,
-                                                                 shadow.input_shape))
-            new_label = postprocess(out, active.manifest or self._manifest)[0][0]
-            old_label = postprocess(old, shadow.manifest or self._manifest)[0][0]
+            old = infer_tiles(shadow.session, (shadow.pre or self._pre)(frame.image,
+                                                                        shadow.input_shape))
+            hw = frame.image.shape[:2]  # a detector's label is its best box's
+            new_label = frame_result(out, active.manifest or self._manifest, hw,
+                                     active.input_shape)["label"]
+            old_label = frame_result(old, shadow.manifest or self._manifest, hw,
+                                     shadow.input_shape)["label"]
         except Exception as e:
             log.warning("shadow inference on the old model failed: %s", e)
             return
@@ -465,19 +469,24 @@ class Pipeline:
 
     def _store(self, batch: list[tuple]) -> None:
         """Postprocess and persist a group in one outbox transaction, then mark frames done."""
-        results = []
+        results, made = [], []
         for frame, out, active, ms in batch:
-            label, score = postprocess(out, active.manifest or self._manifest)[0]
-            r = {"t": frame.t, "source": frame.source, "ref": frame.ref, "label": label,
-                 "score": round(score, 5),
+            manifest = active.manifest or self._manifest  # a swap: each frame its own model's
+            try:  # label, score; a detector's boxes and counts too
+                fields = frame_result(out, manifest, frame.image.shape[:2], active.input_shape)
+            except Exception as e:  # an output not of the declared form: this frame only
+                self.bad.record("postprocess_failed", frame.ref, str(e))
+                continue
+            r = {"t": frame.t, "source": frame.source, "ref": frame.ref, **fields,
                  "variant": active.variant_id, "rung": active.rung + 1,  # 1 = cheapest
                  "latency_ms": round(ms, 3),  # inference alone
                  "e2e_ms": round((time.time() - frame.t) * 1e3, 3)}  # capture to result
             if frame.truth is not None:
                 r["truth"] = frame.truth
             results.append(r)
+            made.append(frame)
         try:
-            seqs = self._sink(results)
+            seqs = self._sink(results) if results else []
         except Exception as e:  # disk full, database broken: frames stay not-done
             self.busy_since = None
             self._shadow_due.clear()  # bounded: no comparisons pile up while storing fails
@@ -504,7 +513,7 @@ class Pipeline:
             self.labels[label if label in self.labels or len(self.labels) < MAX_LABELS
                         else OTHER_LABEL] += 1
         if self._local is not None:
-            self._local.submit([f for f, *_ in batch], results, seqs,
+            self._local.submit(made, results, seqs,
                                (batch[-1][2].manifest or self._manifest).labels)
         self.busy_since = None
         if self._shadow_due:

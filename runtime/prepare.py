@@ -14,6 +14,14 @@ Steps, each reported by name when it fails:
                 max/mean absolute output difference, and accuracy against labels when given.
 A failed variant is reported and skipped; the others are still written with the manifest.
 
+Detectors (docs/detectors.md): the task and output form are declared (--task detect --format)
+or read from the output's shape; variants are measured by mAP@0.5 against YOLO label files
+beside the val images (`DIR/labels/x.txt` for `DIR/images/x.png`, or `x.txt` next to it), or,
+without label files, by the mAP of each variant's detections against fp32's ("agreement");
+the manifest gets a `postprocess` section. A model with separate boxes/scores/classes outputs
+(NMS inside) is merged to one `[1, K, 6]` output first. The reduced-resolution form is not
+made for a detector (its candidate count changes with the resolution).
+
 Images are optional (docs/manifest.md "Without labelled images"): with only --val, int8 is
 calibrated on the val images and accuracy is top-1 agreement with fp32; with no images at all,
 only fp16 is made, measured on generated inputs (`accuracy_basis` "agreement-generated"), and
@@ -29,7 +37,7 @@ import logging
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import cv2
@@ -37,7 +45,16 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from runtime.manifest import MANIFEST, SCHEMA, Preprocess, VariantEntry, load_manifest
+from runtime import detection
+from runtime.manifest import (
+    MANIFEST,
+    SCHEMA,
+    Preprocess,
+    VariantEntry,
+    _output_dims,
+    load_manifest,
+    model_task,
+)
 from runtime.onnx_model import ModelError, file_sha256, load_onnx, model_input
 
 log = logging.getLogger("edgerun.ladder")
@@ -76,6 +93,10 @@ class PrepareOptions:
     max_val: int = 2000
     reduced: bool = True
     generated: int = 64  # inputs generated to measure on when there are no images
+    task: str = "auto"  # auto | classify | detect (auto: from the output's shape)
+    format: str = "auto"  # a detector's output form: auto | yolov8 | yolov5 | nms-inside
+    score_threshold: float = 0.25
+    iou_threshold: float = 0.45
 
 
 def list_images(root: Path, limit: int) -> list[Path]:
@@ -251,6 +272,114 @@ def measure(path: Path, input_name: str, tensors: list[np.ndarray], ref: np.ndar
             "mean_abs_diff": float(diff.mean())}
 
 
+def measure_detector(path: Path, input_name: str, tensors: list[np.ndarray],
+                     ref: np.ndarray, ref_dets: list[detection.Detections],
+                     truth: list[tuple[np.ndarray, np.ndarray]] | None,
+                     spec: detection.DetectSpec, hw: tuple[int, int], classes: int | None
+                     ) -> dict[str, float]:
+    """Step 5 for one detector variant: mAP@0.5 against the labels (accuracy) and against
+    fp32's detections (agreement), and the raw output difference from fp32. Candidates are
+    ranked down to a score of 0.001 (the usual mAP protocol), not cut at the serving
+    threshold."""
+    sess = _session(path)
+    outs = [sess.run(None, {input_name: t})[0] for t in tensors]
+    diff = np.abs(np.concatenate([o.reshape(1, -1) for o in outs]).astype(np.float64) - ref)
+    dets = [detection.detect(o, spec, hw, classes, score_threshold=0.001) for o in outs]
+    agreement = detection.mean_ap(dets, [(d.boxes, d.classes) for d in ref_dets])
+    acc = detection.mean_ap(dets, truth) if truth is not None else agreement
+    return {"accuracy": acc, "agreement": agreement, "max_abs_diff": float(diff.max()),
+            "mean_abs_diff": float(diff.mean())}
+
+
+def label_file(image: Path) -> Path:
+    """Where an image's YOLO label file is: `.../labels/x.txt` for `.../images/x.png` (the
+    usual dataset layout), else `x.txt` beside the image."""
+    parts = list(image.parts)
+    if "images" in parts[:-1]:
+        i = len(parts) - 1 - parts[:-1][::-1].index("images") - 1
+        parts[i] = "labels"
+        return Path(*parts).with_suffix(".txt")
+    return image.with_suffix(".txt")
+
+
+def detector_truth(files: list[Path]) -> list[tuple[np.ndarray, np.ndarray]] | None:
+    """Each val image's boxes from its YOLO label file; None when no image has one
+    (unlabelled: agreement with fp32). An image without a file, when others have one, has no
+    objects (the YOLO convention). A malformed file raises ModelError naming it."""
+    paths = [label_file(f) for f in files]
+    if not any(p.exists() for p in paths):
+        if files:
+            log.info("no YOLO label file beside the val images (e.g. %s): the images are taken "
+                     "as unlabelled and accuracy is mAP against fp32's detections", paths[0])
+        return None
+    out = []
+    for p in paths:
+        if not p.exists():
+            out.append((np.zeros((0, 4), np.float32), np.zeros(0, np.int64)))
+            continue
+        try:
+            out.append(detection.read_yolo_labels(p))
+        except (OSError, UnicodeDecodeError, ValueError) as e:
+            raise ModelError(str(e)) from e
+    return out
+
+
+def merge_nms_outputs(src: Path, dst: Path) -> list[str]:
+    """A model with NMS inside and separate outputs (boxes [1,K,4], scores [1,K], classes
+    [1,K], perhaps a detection count) rewritten with one output `detections` [1, K, 6]: x1, y1,
+    x2, y2, score, class (what the engines hand edgerun: one output). Outputs are told apart
+    by name (box, score, class/label), else taken in that order. Returns the outputs used."""
+    from onnx import TensorProto, helper
+
+    proto = load_onnx(src)
+    outs = list(proto.graph.output)
+    dims = {o.name: len(o.type.tensor_type.shape.dim) for o in outs}
+
+    def pick(words: tuple[str, ...], rank: int, taken: set[str]) -> str | None:
+        for o in outs:
+            if o.name not in taken and any(w in o.name.lower() for w in words):
+                return o.name
+        for o in outs:
+            if o.name not in taken and dims[o.name] == rank:
+                return o.name
+        return None
+
+    taken: set[str] = set()
+    names = []
+    for words, rank in ((("box",), 3), (("score", "conf"), 2), (("class", "label"), 2)):
+        n = pick(words, rank, taken)
+        if n is None:
+            raise StepError("normalise", f"NMS-inside outputs: cannot tell boxes, scores and "
+                            f"classes apart among {[o.name for o in outs]}")
+        taken.add(n)
+        names.append(n)
+    boxes, scores, classes = names
+    opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 13)
+    nodes = [helper.make_node("Cast", [boxes], ["_er_b"], to=TensorProto.FLOAT),
+             helper.make_node("Cast", [scores], ["_er_s"], to=TensorProto.FLOAT),
+             helper.make_node("Cast", [classes], ["_er_c"], to=TensorProto.FLOAT)]
+    if opset >= 13:
+        proto.graph.initializer.append(helper.make_tensor("_er_axes", TensorProto.INT64, [1],
+                                                          [-1]))
+        nodes += [helper.make_node("Unsqueeze", ["_er_s", "_er_axes"], ["_er_s3"]),
+                  helper.make_node("Unsqueeze", ["_er_c", "_er_axes"], ["_er_c3"])]
+    else:
+        nodes += [helper.make_node("Unsqueeze", ["_er_s"], ["_er_s3"], axes=[-1]),
+                  helper.make_node("Unsqueeze", ["_er_c"], ["_er_c3"], axes=[-1])]
+    nodes.append(helper.make_node("Concat", ["_er_b", "_er_s3", "_er_c3"], ["detections"],
+                                  axis=-1))
+    proto.graph.node.extend(nodes)
+    while proto.graph.output:
+        proto.graph.output.pop()
+    box_dims = next(o for o in outs if o.name == boxes).type.tensor_type.shape.dim
+    lead = [d.dim_value if d.HasField("dim_value") else (d.dim_param or f"d{i}")
+            for i, d in enumerate(list(box_dims)[:2])] or ["batch", "k"]
+    proto.graph.output.append(helper.make_tensor_value_info("detections", TensorProto.FLOAT,
+                                                            [*lead, 6]))
+    onnx.save(proto, str(dst))
+    return names
+
+
 def generated_frames(hw: tuple[int, int], n: int, seed: int = 0) -> list[np.ndarray]:
     """`n` BGR frames with structure at several scales (random coarse grids upsampled, with
     random contrast and some pixel noise): a model's top class moves with them, unlike on
@@ -303,7 +432,6 @@ def prepare(model: Path, calib: Path | None, val: Path | None, out: Path,
     stem = f"{opts.prefix}-" if opts.prefix else ""
     try:
         val_files = list_images(val, opts.max_val) if val else []
-        truth = _truth(val_files, opts.labels)
         if calib:
             calib_files = list_images(calib, opts.max_calib)
         else:  # calibrating on what is measured flatters int8 a little; better than no int8
@@ -320,12 +448,46 @@ def prepare(model: Path, calib: Path | None, val: Path | None, out: Path,
     staged = Path(work.name) / "staged.onnx"
     progress("normalise")
     try:
-        input_name, shape, warnings = normalise(model, fp32, opts.input_shape, staged)
+        src = model
+        outputs = _output_dims(load_onnx(model))
+        if (len(outputs) > 1 and opts.task != "classify"
+                and opts.format in ("auto", "nms-inside")):
+            src = Path(work.name) / "merged.onnx"
+            used = merge_nms_outputs(model, src)
+            log.warning("%s: %d outputs taken as a detector with NMS inside (boxes %s, scores "
+                        "%s, classes %s): merged into one [1, K, 6] output", model.name,
+                        len(outputs), *used)
+            opts = replace(opts, task="detect", format="nms-inside")
+        input_name, shape, warnings = normalise(src, fp32, opts.input_shape, staged)
     except Exception as e:
         work.cleanup()
         raise _as_step("normalise", e) from e
     for w in warnings:
         log.warning("%s: %s", model.name, w)
+    try:  # classifier or detector: declared, or read from the output's real shape
+        probe = _session(fp32)
+        out_shape = probe.run(None, {input_name: np.zeros(shape, np.float32)})[0].shape
+        fmt = model_task(model, [(probe.get_outputs()[0].name, tuple(out_shape))], opts.task,
+                         opts.format, opts.labels)
+        spec = None if fmt is None else detection.DetectSpec.from_dict(
+            {"task": "detect", "format": fmt, "score_threshold": opts.score_threshold,
+             "iou_threshold": opts.iou_threshold}, f"{model}: options")
+    except Exception as e:
+        work.cleanup()
+        raise _as_step("task", e) from e
+    try:  # labels: folder names for a classifier, YOLO label files for a detector
+        truth = _truth(val_files, opts.labels) if spec is None else None
+        det_truth = detector_truth(val_files) if spec is not None else None
+    except Exception as e:
+        work.cleanup()
+        raise _as_step("images", e) from e
+    hw = opts.preprocess.hw(shape)
+    n_classes = None
+    if spec is not None and spec.format != "nms-inside":
+        n_classes = len(opts.labels) or None
+        log.info("%s: a %s detector, output %s; measured by mAP@0.5 %s", model.name,
+                 spec.format, list(out_shape), "against the label files" if det_truth
+                 is not None else "against fp32's detections")
     if not val_images:
         val_images = generated_frames(opts.preprocess.hw(shape), opts.generated)
         log.warning("%s: no images: only fp16 is made, measured against fp32 on %d generated "
@@ -342,8 +504,10 @@ def prepare(model: Path, calib: Path | None, val: Path | None, out: Path,
     try:
         full = tensors(shape)
         ref_sess = _session(fp32)
-        ref = np.concatenate([ref_sess.run(None, {input_name: t})[0].reshape(1, -1)
-                              for t in full]).astype(np.float64)
+        raw = [ref_sess.run(None, {input_name: t})[0] for t in full]
+        ref = np.concatenate([r.reshape(1, -1) for r in raw]).astype(np.float64)
+        ref_dets = [] if spec is None else [detection.detect(r, spec, hw, n_classes)
+                                            for r in raw]
     except Exception as e:
         work.cleanup()
         raise _as_step("measure", e) from e
@@ -353,7 +517,9 @@ def prepare(model: Path, calib: Path | None, val: Path | None, out: Path,
     def add(name: str, precision: str, path: Path, shape_: tuple[int, ...],
             inputs: list[np.ndarray]) -> None:
         progress(f"measure {name}")
-        m = measure(path, input_name, inputs, ref, truth)
+        m = measure(path, input_name, inputs, ref, truth) if spec is None else \
+            measure_detector(path, input_name, inputs, ref, ref_dets, det_truth, spec, hw,
+                             n_classes)
         entries.append(VariantEntry(name=name, precision=precision, file=path.name,
                                     sha256=file_sha256(path), input_name=input_name,
                                     input_shape=tuple(shape_), size_bytes=path.stat().st_size,
@@ -379,7 +545,10 @@ def prepare(model: Path, calib: Path | None, val: Path | None, out: Path,
     skip = {}
     if not calib_files:
         skip["int8"] = "skipped: no images to calibrate on (give --calib DIR or --val DIR)"
-    if not val_files:
+    if spec is not None:
+        skip["reduced"] = ("skipped: a detector's reduced-resolution form is not made (its "
+                           "candidate count and box scale change with the resolution)")
+    elif not val_files:
         skip["reduced"] = ("skipped: no images to measure a lower resolution on (generated "
                            "inputs say nothing about detail lost; give --val DIR)")
     for step, precision, make in steps:
@@ -411,12 +580,19 @@ def prepare(model: Path, calib: Path | None, val: Path | None, out: Path,
     doc = {
         "schema": SCHEMA, "name": opts.name, "labels": list(opts.labels),
         "preprocess": opts.preprocess.to_dict(), "output": opts.output,
-        "accuracy_basis": "labels" if truth is not None else (
+        "accuracy_basis": "labels" if truth is not None or det_truth is not None else (
             "agreement" if val_files else "agreement-generated"),
+        "accuracy_metric": "top-1" if spec is None else "mAP@0.5",
         "eval_images": len(val_images),
         "variants": [{**asdict(e), "input_shape": list(e.input_shape)} for e in entries],
         "failed": failed,
     }
+    if spec is not None:
+        doc["postprocess"] = spec.to_dict()
+    if existing and existing.get("postprocess") != doc.get("postprocess"):
+        raise ModelError(f"{out / MANIFEST}: postprocessing differs from this model's "
+                         f"({existing.get('postprocess')} vs {doc.get('postprocess')}); "
+                         "variants in one manifest must share it")
     if existing:
         keep = [v for v in existing["variants"] if not v["name"].startswith(stem)]
         doc["variants"] = keep + doc["variants"]

@@ -112,6 +112,12 @@ _HEALTH = _obj({
                    "last_slept_s": _NUM_OR_NULL}),
 }, required=("v", "t", "boot"))
 
+# A detector result's boxes: centre x, y, width, height normalised to the frame (0..1).
+_UNIT = {"type": "number", "minimum": 0, "maximum": 1}
+_BOXES = {"type": "array", "maxItems": 300, "items": _obj(
+    {"label": _SHORT, "score": _NUM, "x": _UNIT, "y": _UNIT, "w": _UNIT, "h": _UNIT},
+    required=("label", "score", "x", "y", "w", "h"))}
+
 SCHEMAS: dict[str, dict[str, Any]] = {
     "state": {
         "type": "object",
@@ -138,7 +144,11 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                     "properties": {"seq": _SEQ, "t": _T, "boot": _ID,
                                    "source": _ID,  # the [source]/[[sources]] name
                                    "variant": _SHORT, "rung": {"type": "integer"},
-                                   "label": _SHORT, "score": _NUM},
+                                   "label": _SHORT, "score": _NUM,
+                                   # a detector's (docs/detectors.md): best first, normalised
+                                   "boxes": _BOXES,
+                                   "counts": {**_obj({}, extra=_COUNT), "maxProperties": 300,
+                                              "propertyNames": {"maxLength": 256}}},
                 },
             },
         },
