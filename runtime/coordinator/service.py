@@ -106,7 +106,8 @@ class Coordinator:
                       why[:300])
         with contextlib.suppress(Exception):
             self.store.quarantine([(d, f"(store) {w}", why, 0, now) for d, w, why in bad])
-        return fleet.refresh(views, now, self.fleet_cfg)
+        # the shared `devices` table, written by every coordinator on this store, wins
+        return fleet.refresh({**views, **self.store.views()}, now, self.fleet_cfg)
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -332,9 +333,12 @@ class Coordinator:
                            level=logging.ERROR)
 
     def _refresh(self, now: float) -> None:
+        # The store's `devices` table is the truth (every coordinator sharing the store
+        # writes it); this process's views fill in devices the table does not have yet.
+        shared = self.store.views()
         with self._views_lock:
             before = self.views
-            self.views = fleet.refresh(before, now, self.fleet_cfg)
+            self.views = fleet.refresh({**before, **shared}, now, self.fleet_cfg)
             changes = fleet.transitions(before, self.views)
         for device, old, new in changes:
             log.info("device %s: %s -> %s", device, old, new)
@@ -356,6 +360,7 @@ class Coordinator:
         """One retention pass: results past `retention_days`, then the oldest data while the
         store uses more than `max_store_mb`. Logs what it deleted and counts it in stats."""
         cfg = self.cfg
+        self.store.maintain()  # PostgreSQL: the coming days' partitions
         done = self.store.prune_results(cfg.retention_days * 86400,
                                         int(cfg.max_store_mb * 1024 * 1024))
         self.counters["retention_runs"] += 1
