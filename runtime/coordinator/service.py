@@ -142,8 +142,10 @@ class Coordinator:
         for kind in _INBOUND:
             base = f"{payloads.PREFIX}/{self.cfg.fleet}/+/{kind}"
             # Retained messages are not delivered on shared subscriptions, so every
-            # coordinator sees every state (idempotent); the rest is shared.
-            shared = self.cfg.share_group and kind != "state"
+            # coordinator sees every state (idempotent); command replies go to every
+            # coordinator too, so the one that sent the command gets its reply whichever
+            # coordinator the device's traffic lands on; the rest is shared.
+            shared = self.cfg.share_group and kind not in ("state", "cmd/reply")
             out.append((f"$share/{self.cfg.share_group}/{base}" if shared else base, 1))
         return out
 
@@ -279,6 +281,8 @@ class Coordinator:
     def _on_reply(self, device: str, reply: dict) -> None:
         """Hand a command reply to its waiter when it is proven to come from `device`."""
         waiter = self._waiters.get(reply["id"] or "")
+        if waiter is None and self.cfg.share_group:
+            return  # every coordinator of the group sees every reply: not our command
         key = self._device_key(device)
         verified = (key is not None and reply.get("device") == device
                     and commands.reply_signed_by(reply, key))
