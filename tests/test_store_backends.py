@@ -176,3 +176,49 @@ def test_unreachable_server_is_an_error_not_a_hang(bad):
         from runtime.coordinator.dialect import PostgresDialect
 
         PostgresDialect(bad, connect_timeout_s=2)
+
+
+class _ExactAcks(Store):
+    """The reference: every stream's ack computed by the per-stream queries of `_acks`."""
+
+    def _acks_batch(self, db, floors, tops):
+        return {k: self._acks(db, *k, fl, tops[k]) for k, fl in floors.items()}
+
+
+def test_batched_acks_equal_the_per_stream_reference(store_url, tmp_path):
+    """Random batches with re-sends, gaps, evictions (floor jumps), forged floors and runs
+    longer than the 512-seq window: the batched acks equal the exact per-stream ones."""
+    import random
+
+    rng = random.Random(7)
+    fast = Store(store_url)
+    ref = _ExactAcks(str(tmp_path / "reference.db"))
+    held = {s: 1 for s in ("a", "b")}  # each stream's floor (lowest seq the device holds)
+    top = {s: 0 for s in held}
+    for _ in range(60):
+        batch = []
+        for _ in range(rng.randint(1, 4)):
+            s = rng.choice(list(held))
+            choice = rng.random()
+            if choice < 0.1:  # eviction: the device's floor jumps past a gap
+                held[s] = top[s] + rng.randint(2, 5)
+                top[s] = held[s] - 1
+            if choice < 0.05:
+                batch.append(Inbound("d", "result", _batch(s, [10**9], floor=10**9)))  # forged
+            lo = rng.randint(held[s], top[s] + 1) if rng.random() < 0.3 else top[s] + 1
+            n = rng.choice([1, 5, 40, 600])
+            loss = 0.05 if rng.random() < 0.3 else 0.0  # some batches lose a few
+            seqs = [q for q in range(lo, lo + n) if rng.random() >= loss]
+            if seqs:
+                batch.append(Inbound("d", "result", _batch(s, seqs, floor=held[s])))
+                top[s] = max(top[s], seqs[-1])
+        got, _ = fast.ingest(batch)
+        want, _ = ref.ingest(batch)
+        assert got == want
+        for (_, s), acks in got.items():  # the device deletes what its acks cover...
+            for a in acks if rng.random() < 0.7 else ():  # ...unless the ack was lost
+                if a.first <= held[s]:
+                    held[s] = max(held[s], a.seq + 1)
+    assert fast.acks() == ref.acks()
+    fast.close()
+    ref.close()

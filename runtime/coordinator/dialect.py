@@ -144,6 +144,13 @@ class SQLiteDialect:
                 new.append(row)
         return new
 
+    def seqs_from(self, db: Any, items: Sequence[tuple[str, str, int]], limit: int
+                  ) -> dict[tuple[str, str], list[int]]:
+        """Stored seqs of each (device, stream) from `after` on, ascending, up to `limit`."""
+        return {(d, s): [q for (q,) in db.execute(
+            "SELECT seq FROM results WHERE device=? AND stream=? AND seq >= ? ORDER BY seq "
+            "LIMIT ?", (d, s, after, limit)).fetchall()] for d, s, after in items}
+
     def used_bytes(self) -> int:
         """Bytes in use (pages minus free pages; the file keeps its high-water mark)."""
         with self.reader() as db:
@@ -295,13 +302,34 @@ class PostgresDialect:
             "SELECT * FROM unnest(?::text[], ?::text[], ?::bigint[], ?::float8[]) "
             "ON CONFLICT DO NOTHING RETURNING device, stream, seq",
             (list(cols[0]), list(cols[1]), list(cols[2]), list(cols[5]))).fetchall()}
-        fresh = [r for r in rows if (r[0], r[1], r[2]) in new]
+        fresh = []
+        for r in rows:  # a key twice in one batch: inserted once, its first row kept
+            if (r[0], r[1], r[2]) in new:
+                new.discard((r[0], r[1], r[2]))
+                fresh.append(r)
         if fresh:
             c = list(zip(*fresh, strict=True))
             db.execute("INSERT INTO results SELECT * FROM unnest(?::text[], ?::text[], "
                        "?::bigint[], ?::text[], ?::float8[], ?::float8[], ?::text[])",
                        tuple(list(x) for x in c))
         return fresh
+
+    def seqs_from(self, db: Any, items: Sequence[tuple[str, str, int]], limit: int
+                  ) -> dict[tuple[str, str], list[int]]:
+        """As SQLiteDialect.seqs_from, for every stream in one round trip."""
+        out: dict[tuple[str, str], list[int]] = {(d, s): [] for d, s, _ in items}
+        if items:
+            cols = list(zip(*items, strict=True))
+            for d, s, q in db.execute(
+                    "SELECT q.device, q.stream, k.seq FROM unnest(?::text[], ?::text[], "
+                    "?::bigint[]) AS q(device, stream, after) CROSS JOIN LATERAL (SELECT seq "
+                    "FROM result_keys k WHERE k.device = q.device AND k.stream = q.stream AND "
+                    "k.seq >= q.after ORDER BY k.seq LIMIT ?) k",
+                    (list(cols[0]), list(cols[1]), list(cols[2]), limit)).fetchall():
+                out[(d, s)].append(q)
+            for v in out.values():
+                v.sort()
+        return out
 
     def used_bytes(self) -> int:
         """Bytes of this schema's tables with their indexes and TOAST."""
