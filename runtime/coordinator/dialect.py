@@ -144,6 +144,16 @@ class SQLiteDialect:
                 new.append(row)
         return new
 
+    def insert_rows(self, db: Any, table: str, cols: Sequence[str], types: Sequence[str],
+                    rows: Sequence[tuple]) -> None:
+        """Append rows to `table` (`types` are PostgreSQL's, for its one-statement form)."""
+        db.executemany(f"INSERT INTO {table} ({', '.join(cols)}) VALUES "
+                       f"({','.join('?' * len(cols))})", rows)
+
+    def update_views(self, db: Any, rows: Sequence[tuple[str, float, str]]) -> None:
+        """Write (view JSON, updated, device) into `devices`."""
+        db.executemany("UPDATE devices SET view = ?, updated = ? WHERE device = ?", rows)
+
     def seqs_from(self, db: Any, items: Sequence[tuple[str, str, int]], limit: int
                   ) -> dict[tuple[str, str], list[int]]:
         """Stored seqs of each (device, stream) from `after` on, ascending, up to `limit`."""
@@ -313,6 +323,21 @@ class PostgresDialect:
                        "?::bigint[], ?::text[], ?::float8[], ?::float8[], ?::text[])",
                        tuple(list(x) for x in c))
         return fresh
+
+    def insert_rows(self, db: Any, table: str, cols: Sequence[str], types: Sequence[str],
+                    rows: Sequence[tuple]) -> None:
+        """One INSERT ... SELECT FROM unnest(arrays) (executemany costs a statement a row)."""
+        if rows:
+            arrays = ", ".join(f"?::{t}[]" for t in types)
+            db.execute(f"INSERT INTO {table} ({', '.join(cols)}) SELECT * FROM unnest({arrays})",
+                       tuple(list(c) for c in zip(*rows, strict=True)))
+
+    def update_views(self, db: Any, rows: Sequence[tuple[str, float, str]]) -> None:
+        if rows:
+            c = list(zip(*rows, strict=True))
+            db.execute("UPDATE devices d SET view = u.view, updated = u.updated FROM "
+                       "unnest(?::text[], ?::float8[], ?::text[]) AS u(view, updated, device) "
+                       "WHERE d.device = u.device", (list(c[0]), list(c[1]), list(c[2])))
 
     def seqs_from(self, db: Any, items: Sequence[tuple[str, str, int]], limit: int
                   ) -> dict[tuple[str, str], list[int]]:

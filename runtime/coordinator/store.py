@@ -152,9 +152,11 @@ class Store:
             else:
                 raise ValueError(f"cannot store a {m.kind!r} message")
         if health:
-            db.executemany("INSERT INTO health (device, t, body) VALUES (?,?,?)", health)
+            self._d.insert_rows(db, "health", ("device", "t", "body"),
+                                ("text", "float8", "text"), health)
         if events:
-            db.executemany("INSERT INTO events (device, t, type, body) VALUES (?,?,?,?)", events)
+            self._d.insert_rows(db, "events", ("device", "t", "type", "body"),
+                                ("text", "float8", "text", "text"), events)
         if states:
             db.executemany("INSERT INTO states VALUES (?,?) ON CONFLICT(device) DO UPDATE "
                            "SET body = excluded.body", states)
@@ -253,8 +255,7 @@ class Store:
             else:
                 v = fleet.on_activity(v, now)
             views[m.device] = v
-        db.executemany("UPDATE devices SET view = ?, updated = ? WHERE device = ?",
-                       [(_view_to_json(views[d]), now, d) for d in devices])
+        self._d.update_views(db, [(_view_to_json(views[d]), now, d) for d in devices])
 
     def _stored(self, db: Any, device: str, stream: str, seq: int) -> bool:
         return db.execute(f"SELECT 1 FROM {self._d.keys_table} WHERE device=? AND stream=? "
