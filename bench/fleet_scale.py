@@ -171,8 +171,11 @@ def run(tmp: Path, broker: Mosquitto, backend: str, pg: TempPostgres | None, sce
         "inbox_full_dropped": sum(s["counters"].get("inbox_full_dropped", 0) for s in st2),
         "resent": sim.stats.resent, "load": (load0, os.getloadavg()[0]),
     }
-    print(f"  {scenario:>3} {backend:<10} x{ncoord}: stored {rows}/{row['appended']}"
-          f"{' (exactly once)' if row['exactly_once'] else ' NOT EXACTLY ONCE'}, "
+    verdict = ("exactly once" if row["exactly_once"] else
+               f"NOT drained: {sim.unacked()} unacked after 120 s" if not drained else
+               "NOT EXACTLY ONCE")
+    print(f"  {scenario:>3} {backend:<10} x{ncoord}: stored {rows}/{row['appended']} "
+          f"({verdict}), "
           f"{row['msgs_per_s']:.0f} msg/s, health age p50 {row['age_p50']:.2f} s "
           f"p99 {row['age_p99']:.2f} s, coordinator CPU {row['coord_cpu_per_1k']:.3f} s/1k msg"
           + (f", db CPU {row['db_cpu_per_1k']:.3f} s/1k" if pg_pid else "")

@@ -41,6 +41,7 @@ class SimDevice:
     acked: int = 0
     sent_upto: int = 0
     last_progress: float = 0.0
+    timeout_scale: int = 1  # doubles after each re-send, up to 8, as client.py does
     next_health: float = 0.0
     next_result: float = 0.0
     acks_refused: int = 0
@@ -113,6 +114,7 @@ class _Group:
             dev.acked = ack["seq"]
             dev.sent_upto = max(dev.sent_upto, dev.acked)
             dev.last_progress = time.monotonic()
+            dev.timeout_scale = 1
             self.sim.stats.acks += 1
 
     def _publish(self, device: SimDevice, kind: str, body: bytes, retain: bool = False
@@ -141,23 +143,26 @@ class _Group:
         sim, now_m, now = self.sim, time.monotonic(), time.time()
         for d in self.devices:
             if appending and now_m >= d.next_health:
-                d.next_health += sim.health_s
+                # a late pass does not burst: at most one health per period
+                d.next_health = max(d.next_health + sim.health_s, now_m)
                 body = json.dumps({"v": 1, "t": now, "boot": d.boot, "temp_c": 50.0,
                                    "rung": 0, "choice": "sim"}, separators=(",", ":"))
                 self._publish(d, "health", body.encode())
                 sim.stats.health_published += 1
             with self.lock:
                 if appending and now_m >= d.next_result:
-                    d.next_result += sim.result_s
+                    d.next_result = max(d.next_result + sim.result_s, now_m)
                     d.last_seq += 1
                     d.outbox[d.last_seq] = json.dumps(
                         {"seq": d.last_seq, "t": now, "label": "ok", "score": 0.9,
                          "latency_ms": 3.2}, separators=(",", ":"))
                     sim.stats.results_appended += 1
-                if d.sent_upto > d.acked and now_m - d.last_progress > sim.ack_timeout_s:
+                if d.sent_upto > d.acked and (
+                        now_m - d.last_progress > sim.ack_timeout_s * d.timeout_scale):
                     sim.stats.resent += d.sent_upto - d.acked
                     d.sent_upto = d.acked  # re-send everything not acked
                     d.last_progress = now_m
+                    d.timeout_scale = min(8, d.timeout_scale * 2)  # back off, as devices do
                 if d.last_seq > d.sent_upto and d.outbox:
                     floor = min(d.outbox)
                     seqs = [q for q in range(max(d.sent_upto + 1, floor), d.last_seq + 1)
@@ -186,13 +191,9 @@ class FleetSim:
         self.ack_timeout_s, self.batch_max, self.inflight = ack_timeout_s, batch_max, inflight
         self.username, self.password = username, password
         self.stats = SimStats()
-        rng = random.Random(seed)
+        self._rng = random.Random(seed)
         width = max(5, len(str(devices)))
         self.devices = [SimDevice(f"{prefix}{i:0{width}d}") for i in range(devices)]
-        t0 = time.monotonic()
-        for d in self.devices:  # a random phase each, so the load is spread over a period
-            d.next_health = t0 + rng.random() * health_s
-            d.next_result = t0 + rng.random() * result_s
         n = max(1, min(connections, devices))
         self.groups = [_Group(self, k, self.devices[k::n]) for k in range(n)]
         self._stop = threading.Event()
@@ -210,6 +211,10 @@ class FleetSim:
         time.sleep(0.3)  # let the ack subscriptions settle
         for g in self.groups:
             g.birth()
+        t0 = time.monotonic()
+        for d in self.devices:  # a random phase each, so the load is spread over a period
+            d.next_health = t0 + self._rng.random() * self.health_s
+            d.next_result = t0 + self._rng.random() * self.result_s
         self._appending.set()
         for g in self.groups:
             t = threading.Thread(target=self._run, args=(g,), name=f"fleetsim-{g.k}",

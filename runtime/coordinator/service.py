@@ -341,10 +341,11 @@ class Coordinator:
     def _refresh(self, now: float) -> None:
         # The store's `devices` table is the truth (every coordinator sharing the store
         # writes it); this process's views fill in devices the table does not have yet.
-        # Rows changed lately every call (10 s of margin for other hosts' clocks), all of
-        # them every 30 s: decoding 10,000 views each second would cost a core's tenth.
+        # Rows changed lately every call (3 s of margin for other hosts' clocks and long
+        # transactions), all of them every 30 s: decoding 10,000 views each second would cost
+        # a core's tenth.
         full = now - self._views_loaded >= 30
-        shared = self.store.views(None if full else now - 10)
+        shared = self.store.views(None if full else now - 3)
         if full:
             self._views_loaded = now
         with self._views_lock:
