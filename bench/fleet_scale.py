@@ -79,9 +79,11 @@ class Coord:
             + ('share_group = "bench"\n' if shared else "")
             + f'retention_interval_s = 3600\n[coordinator.broker]\nhost = "127.0.0.1"\n'
             f"port = {port}\n")
+        logs = os.environ.get("EDGERUN_BENCH_LOGS")  # a directory to keep the logs in
+        out = open(Path(logs) / f"{name}.log", "w") if logs else subprocess.DEVNULL  # noqa: SIM115
         self.proc = subprocess.Popen([sys.executable, "-m", "runtime.cli", "coordinator",
                                       "--config", str(conf)], cwd=ROOT,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                     stdout=out, stderr=out)
         wait_port(self.http, 60)
 
     def stats(self) -> dict:
@@ -162,7 +164,9 @@ def run(tmp: Path, broker: Mosquitto, backend: str, pg: TempPostgres | None, sce
         "appended": sim.stats.results_appended, "stored": rows, "drained": drained,
         "exactly_once": drained and rows == sim.stats.results_appended,
         "msgs_per_s": taken / seconds,
-        "age_p50": max(a["p50"] for a in ages), "age_p99": max(a["p99"] for a in ages),
+        "age_p50": max((a["p50"] for a in ages), default=float("nan")),
+        "age_p99": max((a["p99"] for a in ages), default=float("nan")),
+        "health_taken": sum(s["counters"].get("health", 0) for s in st2),
         "coord_cpu_per_1k": sum(b - a for a, b in zip(cpu0, cpu1, strict=True))
         / max(1, taken) * 1000,
         "db_cpu_per_1k": (db1 - db0) / max(1, taken) * 1000 if pg_pid else None,

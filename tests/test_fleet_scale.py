@@ -163,3 +163,32 @@ def test_commands_reach_the_device_whichever_coordinator_gets_the_reply(tmp_path
         store.close()
         for c in coords:
             c.term()
+
+
+def test_thousands_of_transitions_log_one_line_per_kind(tmp_path, caplog):
+    """A 10,000-device fleet going stale at once logged 10,000 lines (and spent the
+    coordinator's CPU on it): more than 20 changes are summarised per kind."""
+    import logging
+
+    from runtime.coordinator import fleet
+    from runtime.coordinator.config import CoordinatorConfig
+    from runtime.coordinator.service import Coordinator
+
+    c = Coordinator(CoordinatorConfig(fleet="f", store=str(tmp_path / "c.db")))
+    now = time.time()
+    birth = {"v": 1, "online": True, "boot": "b", "t": now}
+    c.views = {f"d{i:03d}": fleet.on_state(fleet.DeviceView(f"d{i:03d}"), birth, now)
+               for i in range(300)}
+    c.views["d000"] = fleet.on_activity(c.views["d000"], now + 100)
+    with caplog.at_level(logging.INFO, "edgerun.coordinator"):
+        c._refresh(now + 60)
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == ["299 devices online -> stale: d001, d002, d003, d004, d005, d006, d007, "
+                     "d008, d009, d010, ..."]
+    caplog.clear()
+    c.views = {d: fleet.on_state(fleet.DeviceView(d), birth, now) for d in ("a", "b")}
+    with caplog.at_level(logging.INFO, "edgerun.coordinator"):
+        c._refresh(now + 60)  # a few: one line each, as before
+    assert [r.getMessage() for r in caplog.records] == ["device a: online -> stale",
+                                                        "device b: online -> stale"]
+    c.store.close()

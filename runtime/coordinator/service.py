@@ -352,8 +352,18 @@ class Coordinator:
             before = self.views
             self.views = fleet.refresh({**before, **shared}, now, self.fleet_cfg)
             changes = fleet.transitions(before, self.views)
+        if len(changes) <= 20:
+            for device, old, new in changes:
+                log.info("device %s: %s -> %s", device, old, new)
+            return
+        # thousands of devices changing at once (a start, a broker outage): one line a kind,
+        # not a line a device
+        kinds: dict[tuple[str, str], list[str]] = {}
         for device, old, new in changes:
-            log.info("device %s: %s -> %s", device, old, new)
+            kinds.setdefault((old, new), []).append(device)
+        for (old, new), devices in sorted(kinds.items()):
+            log.info("%d devices %s -> %s: %s%s", len(devices), old, new,
+                     ", ".join(devices[:10]), ", ..." if len(devices) > 10 else "")
 
     # -- retention thread (store size and age; see Store.prune_results) ----------------------
 
