@@ -50,3 +50,35 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """A throw-away PostgreSQL cluster for the session (runtime/coordinator/pgserver.py).
+    Skipped where the server or psycopg is missing, except in CI (.ci/run installs both)."""
+    from runtime.coordinator.pgserver import TempPostgres, pg_bindir
+
+    try:
+        import psycopg  # noqa: F401
+        import psycopg_pool  # noqa: F401
+        missing = None if pg_bindir() else "PostgreSQL server binaries"
+    except ImportError:
+        missing = "psycopg (pip install -e '.[postgres]')"
+    if missing:
+        if os.environ.get("CI"):
+            pytest.fail(f"{missing} not installed: .ci/run should have installed it")
+        pytest.skip(f"{missing} not installed")
+    pg = TempPostgres().start()
+    yield pg
+    pg.stop()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store_url(request, tmp_path):
+    """A fresh coordinator store on each backend: an SQLite path, then a new PostgreSQL
+    database in the session cluster."""
+    if request.param == "sqlite":
+        return str(tmp_path / "store.db")
+    import uuid
+
+    return request.getfixturevalue("postgres").create_database(f"t{uuid.uuid4().hex[:12]}")

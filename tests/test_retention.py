@@ -16,8 +16,8 @@ def _batch(stream: str, seqs, blob: int = 0, floor: int = 1) -> dict:
                          "blob": "x" * blob} for s in seqs]}
 
 
-def test_age_prunes_acked_rows_only_and_never_lowers_the_ack(tmp_path):
-    store = Store(tmp_path / "s.db")
+def test_age_prunes_acked_rows_only_and_never_lowers_the_ack(store_url):
+    store = Store(store_url)
     store.ingest([Inbound("d", "result", _batch("s", range(1, 101)))])
     # 101..104 missing: the device still holds 101 (its floor), not stored yet
     store.ingest([Inbound("d", "result", _batch("s", range(105, 111), floor=101))])
@@ -59,8 +59,8 @@ def test_size_cap_bounds_the_store_file_under_a_flood_of_big_results(tmp_path, c
     coord.stop()
 
 
-def test_size_cap_never_deletes_unacked_rows(tmp_path):
-    store = Store(tmp_path / "s.db")
+def test_size_cap_never_deletes_unacked_rows(store_url):
+    store = Store(store_url)
     # seq 1 never arrived: nothing is acked, nothing may go, whatever the size
     store.ingest([Inbound("d", "result", _batch("s", range(2, 40), blob=50_000))])
     assert store.acks().get(("d", "s"), 0) == 0  # seq 1 never arrived: nothing is acked

@@ -140,9 +140,9 @@ def _result(stream, floor, seqs, boot="b1", **item):
             "results": [{"seq": s, "t": 1.0, **item} for s in seqs]}
 
 
-def test_one_bad_row_costs_only_its_message(tmp_path):
+def test_one_bad_row_costs_only_its_message(store_url):
     """Finding 9: seq 2^63 raised OverflowError and rolled back the whole batch."""
-    store = Store(tmp_path / "c.db")
+    store = Store(store_url)
     bad = _result("s1", 1, [2 ** 63])  # as if schema validation had been bypassed
     acks, refused = store.ingest([Inbound("d", "result", _result("s1", 1, [1, 2])),
                                   Inbound("d", "result", bad),
@@ -154,9 +154,9 @@ def test_one_bad_row_costs_only_its_message(tmp_path):
     assert store.latest_health()["d"]["boot"] == "b"
 
 
-def test_a_forged_floor_never_raises_the_ack(tmp_path):
+def test_a_forged_floor_never_raises_the_ack(store_url):
     """Finding 2: one result with floor 1e9 made the stream's ack 1e9 for ever."""
-    store = Store(tmp_path / "c.db")
+    store = Store(store_url)
     acks, _ = store.ingest([Inbound("d", "result", _result("s1", 10 ** 9, [1]))])
     assert acks == {}  # seq 1e9 is not stored: the floor is unverified, nothing acked
     acks, _ = store.ingest([Inbound("d", "result", _result("s1", 1, [1, 2, 3]))])
@@ -172,9 +172,9 @@ def test_a_forged_floor_never_raises_the_ack(tmp_path):
     assert [(a.first, a.seq) for a in acks[("d", "s1")]] == [(50, 51)]
 
 
-def test_results_keep_the_boot_that_produced_them(tmp_path):
+def test_results_keep_the_boot_that_produced_them(store_url):
     """Finding 11: a result re-sent by a later boot was labelled with the re-sender's boot."""
-    store = Store(tmp_path / "c.db")
+    store = Store(store_url)
     msg = _result("s1", 1, [1], boot="later")
     msg["results"][0]["boot"] = "producer"
     store.ingest([Inbound("d", "result", msg), Inbound("d", "result", _result("s1", 1, [2]))])

@@ -56,6 +56,7 @@ from urllib.parse import parse_qsl, urlparse
 from runtime.coordinator import dashboard, metrics
 from runtime.coordinator.bundles import BundleRefused, byte_range, check_id
 from runtime.coordinator.config import CoordinatorConfig
+from runtime.coordinator.dialect import is_url
 from runtime.coordinator.service import Coordinator, UnknownDevice
 from runtime.httpserver import BoundedHTTPServer
 
@@ -80,6 +81,8 @@ def token_path(cfg: CoordinatorConfig) -> Path:
     """Where the API token lives: `api_token_file`, else `api-token` next to the store."""
     if cfg.api_token_file:
         return Path(cfg.api_token_file).expanduser()
+    if is_url(cfg.store):  # a PostgreSQL store has no directory of its own
+        return Path("~/.local/state/edgerun/api-token").expanduser()
     return Path(cfg.store).expanduser().parent / "api-token"
 
 

@@ -17,6 +17,8 @@ class CoordinatorConfig:
     client_id: str = "edgerun-coordinator"  # fixed: the broker keeps its session while it is down
     session_expiry_s: int = 7 * 24 * 3600  # MQTT 5: how long the broker queues for it
     share_group: str = ""  # non-empty: $share/<group>/... so several coordinators split the load
+    # An SQLite file, or a PostgreSQL URL (postgresql://user@host/db; pip install
+    # 'edgerun[postgres]') that coordinators on several hosts share (docs/fleet-scale.md).
     store: str = "~/.local/state/edgerun/coordinator.db"
     fsync: Literal["full", "normal"] = "normal"
     signing_key: str = ""  # Ed25519 private key (PEM) for `fleet send`; empty = cannot command

@@ -77,6 +77,7 @@ class Coordinator:
         self._rlog = RateLimitedLog(log)
         self._device_keys: dict[str, tuple[float, Any]] = {}  # device -> (mtime, key or None)
         self.views: dict[str, fleet.DeviceView] = self._restore_views()
+        self._views_loaded = time.time()  # last full read of the store's `devices`
         self._inbox: queue.Queue = queue.Queue(maxsize=50_000)
         self._waiters: dict[str, tuple[threading.Event, list]] = {}
         self._stop = threading.Event()
@@ -131,7 +132,8 @@ class Coordinator:
                       why[:300])
         with contextlib.suppress(Exception):
             self.store.quarantine([(d, f"(store) {w}", why, 0, now) for d, w, why in bad])
-        return fleet.refresh(views, now, self.fleet_cfg)
+        # the shared `devices` table, written by every coordinator on this store, wins
+        return fleet.refresh({**views, **self.store.views()}, now, self.fleet_cfg)
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -173,8 +175,10 @@ class Coordinator:
         for kind in _INBOUND:
             base = f"{payloads.PREFIX}/{self.cfg.fleet}/+/{kind}"
             # Retained messages are not delivered on shared subscriptions, so every
-            # coordinator sees every state (idempotent); the rest is shared.
-            shared = self.cfg.share_group and kind != "state"
+            # coordinator sees every state (idempotent); command replies go to every
+            # coordinator too, so the one that sent the command gets its reply whichever
+            # coordinator the device's traffic lands on; the rest is shared.
+            shared = self.cfg.share_group and kind not in ("state", "cmd/reply")
             out.append((f"$share/{self.cfg.share_group}/{base}" if shared else base, 1))
         return out
 
@@ -313,13 +317,16 @@ class Coordinator:
             self.views[m.device] = fleet.on_state(view, m.msg, now)
         elif m.kind == "health":
             self.views[m.device] = fleet.on_activity(view, now, m.msg)
-            self.health_age_s.append(now - m.msg["t"])
+            # measured now, after the batch committed (`now` is from before it was stored)
+            self.health_age_s.append(time.time() - m.msg["t"])
         else:
             self.views[m.device] = fleet.on_activity(view, now)
 
     def _on_reply(self, device: str, reply: dict) -> None:
         """Hand a command reply to its waiter when it is proven to come from `device`."""
         waiter = self._waiters.get(reply["id"] or "")
+        if waiter is None and self.cfg.share_group:
+            return  # every coordinator of the group sees every reply: not our command
         key = self._device_key(device)
         verified = (key is not None and reply.get("device") == device
                     and commands.reply_signed_by(reply, key))
@@ -374,16 +381,35 @@ class Coordinator:
                            level=logging.ERROR)
 
     def _refresh(self, now: float) -> None:
+        # The store's `devices` table is the truth (every coordinator sharing the store
+        # writes it); this process's views fill in devices the table does not have yet.
+        # Rows changed lately every call (3 s of margin for other hosts' clocks and long
+        # transactions), all of them every 30 s: decoding 10,000 views each second would cost
+        # a core's tenth.
+        full = now - self._views_loaded >= 30
+        shared = self.store.views(None if full else now - 3)
+        if full:
+            self._views_loaded = now
         with self._views_lock:
             before = self.views
-            self.views = fleet.refresh(before, now, self.fleet_cfg)
+            self.views = fleet.refresh({**before, **shared}, now, self.fleet_cfg)
             changes = fleet.transitions(before, self.views)
             # under the lock: fleet_view() refreshes from HTTP threads too, and each
             # transition must be recorded and sent exactly once, in order
             self._record_alerts(fleet.alert_changes(before, self.views), now)
             self._settle_clears(now)
+        if len(changes) <= 20:
+            for device, old, new in changes:
+                log.info("device %s: %s -> %s", device, old, new)
+            return
+        # thousands of devices changing at once (a start, a broker outage): one line a kind,
+        # not a line a device
+        kinds: dict[tuple[str, str], list[str]] = {}
         for device, old, new in changes:
-            log.info("device %s: %s -> %s", device, old, new)
+            kinds.setdefault((old, new), []).append(device)
+        for (old, new), devices in sorted(kinds.items()):
+            log.info("%d devices %s -> %s: %s%s", len(devices), old, new,
+                     ", ".join(devices[:10]), ", ..." if len(devices) > 10 else "")
 
     def _record_alerts(self, changes: list[tuple[str, str, str, str]], now: float) -> None:
         """Turn alert changes into transitions: a raise at once (unless the alert is only
@@ -451,6 +477,7 @@ class Coordinator:
         """One retention pass: results past `retention_days`, then the oldest data while the
         store uses more than `max_store_mb`. Logs what it deleted and counts it in stats."""
         cfg = self.cfg
+        self.store.maintain()  # PostgreSQL: the coming days' partitions
         done = self.store.prune_results(cfg.retention_days * 86400,
                                         int(cfg.max_store_mb * 1024 * 1024))
         self.counters["retention_runs"] += 1

@@ -11,44 +11,33 @@ stored seqs from there, and the device deletes only when it holds nothing below 
 forged floor can neither raise a stream's ack over results that were never stored nor make a
 device delete them, and several coordinators sharing one store ack only what is stored.
 `streams` keeps the last verified run (`lo`..`acked`, all stored) so the next ack starts there.
+
+The same class speaks SQLite (a path; the embedded default) and PostgreSQL (a
+`postgresql://` URL): the SQL here is written once, portably (`?` placeholders, `ON CONFLICT`),
+and what differs — connections, DDL and migrations, exactly-once insert of results, locking,
+time partitions, size — is in dialect.py. A method added here in portable SQL works on both;
+tests/test_store_backends.py runs the store tests against both.
+
+Fleet views live in tables, so every coordinator sharing the store answers the same:
+`devices` (the merged view of each device, updated in the storing transaction with the pure
+functions of fleet.py) and `result_counts` (results per device, maintained by ingest and
+retention, so `fleet ls` never counts the results table).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
-import sqlite3
-import threading
 import time
+from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS results (
-    device TEXT NOT NULL, stream TEXT NOT NULL, seq INTEGER NOT NULL, boot TEXT NOT NULL,
-    t REAL NOT NULL, received REAL NOT NULL, body TEXT NOT NULL,
-    PRIMARY KEY (device, stream, seq)) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS streams (
-    device TEXT NOT NULL, stream TEXT NOT NULL, acked INTEGER NOT NULL,
-    lo INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (device, stream)) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS health (device TEXT NOT NULL, t REAL NOT NULL, body TEXT NOT NULL);
-CREATE INDEX IF NOT EXISTS health_device ON health (device, t);
-CREATE TABLE IF NOT EXISTS health_points (device TEXT NOT NULL, t REAL NOT NULL,
-    temp_c REAL, passive_trip_c REAL, rung REAL, rungs REAL, p95_ms REAL, target_ms REAL,
-    rate_hz REAL, accuracy REAL, power_w REAL, rung_energy_mj REAL, battery_frac REAL,
-    harvest_w REAL);
-CREATE INDEX IF NOT EXISTS health_points_device ON health_points (device, t);
-CREATE TABLE IF NOT EXISTS events (device TEXT NOT NULL, t REAL NOT NULL, type TEXT NOT NULL,
-                                   body TEXT NOT NULL);
-CREATE INDEX IF NOT EXISTS events_device ON events (device, t);
-CREATE TABLE IF NOT EXISTS states (device TEXT PRIMARY KEY, body TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS quarantine (t REAL NOT NULL, device TEXT NOT NULL,
-                                       topic TEXT NOT NULL, reason TEXT NOT NULL,
-                                       size INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS quarantine_counts (device TEXT PRIMARY KEY, n INTEGER NOT NULL);
-"""
+from runtime.coordinator import fleet
+from runtime.coordinator.dialect import open_dialect
 
 # The dashboard's timeline (health_points): column <- path in the health message. Numbers
 # only, copied at ingest so a week of a device's timeline is read without parsing JSON.
@@ -60,6 +49,7 @@ TIMELINE: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("rung_energy_mj", ("rung_energy_mj",)), ("battery_frac", ("battery_frac",)),
     ("harvest_w", ("harvest_w",)))
 _TIMELINE_COLS = {name for name, _ in TIMELINE}
+_TIMELINE_SQL = ", ".join(("device", "t", *(name for name, _ in TIMELINE)))
 _AGGREGATES = {"MIN", "MAX", "AVG"}
 QUARANTINE_KEEP = 10_000  # rows of detail kept; the per-device counts are kept for ever
 SEQ_LIMIT = 1 << 62
@@ -83,123 +73,246 @@ class Ack:
     seq: int
 
 
+class _Redo(Exception):
+    """The fast path (no savepoints) hit a message the store refuses: redo with savepoints."""
+
+
 class Store:
-    """Thread-safe wrapper of one SQLite connection (WAL)."""
+    """The coordinator's store on SQLite (a path) or PostgreSQL (a URL); thread-safe."""
 
     def __init__(self, path: str | Path, fsync: str = "normal"):
-        self.path = Path(path).expanduser()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False,
-                                   timeout=30)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute(f"PRAGMA synchronous={'FULL' if fsync == 'full' else 'NORMAL'}")
-        self._db.executescript(_SCHEMA)
-        self._migrate()
-        self._lock = threading.Lock()
-
-    def _migrate(self) -> None:
-        """Stores made before the verified-ack change lack `streams.lo` (0: recompute)."""
-        cols = [r[1] for r in self._db.execute("PRAGMA table_info(streams)")]
-        if "lo" not in cols:
-            self._db.execute("ALTER TABLE streams ADD COLUMN lo INTEGER NOT NULL DEFAULT 0")
+        self._d = open_dialect(path, fsync)
+        self.backend = self._d.name
+        if self.backend == "sqlite":  # the raw connection, for tests that forge rows
+            self.path, self._db, self._lock = self._d.path, self._d.db, self._d.lock
 
     def ingest(self, messages: Sequence[Inbound]
                ) -> tuple[dict[tuple[str, str], list[Ack]], list[tuple[int, str]]]:
-        """Store one batch in one transaction, each message under its own savepoint.
+        """Store one batch in one transaction; a message the store refuses costs only itself.
 
+        The batch is first tried without savepoints (one round trip less per message on a
+        server); if any message is refused it is redone with one savepoint per message.
         Returns the acks per (device, stream) touched by results, and (index, reason) of each
-        message SQLite refused (the caller quarantines those; the rest of the batch stands)."""
+        message refused (the caller quarantines those; the rest of the batch stands)."""
+        if not messages:
+            return {}, []
+        for savepoints in (False, True):
+            for attempt in range(3):
+                try:
+                    return self._ingest(messages, savepoints)
+                except _Redo:
+                    break
+                except self._d.retryable:
+                    if attempt == 2:
+                        raise
+        raise AssertionError("unreachable")
+
+    def _ingest(self, messages: Sequence[Inbound], savepoints: bool
+                ) -> tuple[dict[tuple[str, str], list[Ack]], list[tuple[int, str]]]:
         now = time.time()
         floors: dict[tuple[str, str], set[int]] = {}
         tops: dict[tuple[str, str], int] = {}  # highest seq received per stream in this batch
         refused: list[tuple[int, str]] = []
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                for i, m in enumerate(messages):
-                    self._db.execute("SAVEPOINT msg")
-                    try:
-                        self._store_one(m, now)
-                    except (sqlite3.Error, ValueError, TypeError, KeyError, OverflowError) as e:
-                        self._db.execute("ROLLBACK TO msg")
-                        refused.append((i, f"store refused it: {type(e).__name__}: {e}"[:300]))
-                    else:
-                        if m.kind == "result":
-                            key = (m.device, m.msg["stream"])
-                            floors.setdefault(key, set()).add(m.msg["floor"])
-                            tops[key] = max(tops.get(key, 0),
-                                            max(r["seq"] for r in m.msg["results"]))
-                    self._db.execute("RELEASE msg")
-                acks = {key: self._acks(*key, fl, tops[key]) for key, fl in floors.items()}
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
+        new_per_device: Counter = Counter()
+        stored: list[Inbound] = []
+        with self._d.transaction() as db:
+            # Serialises this batch's devices against other coordinators (PostgreSQL) so
+            # their acks and views see every committed result.
+            self._d.lock_devices(db, [m.device for m in messages])
+            if not savepoints:
+                try:
+                    new_per_device = self._store_all(db, messages, now)
+                except (*self._d.errors, ValueError, TypeError, KeyError, OverflowError) as e:
+                    raise _Redo from e
+                stored = list(messages)
+            for i, m in enumerate(messages if savepoints else ()):
+                db.execute("SAVEPOINT msg")
+                try:
+                    new_per_device[m.device] += self._store_one(db, m, now)
+                except (*self._d.errors, ValueError, TypeError, KeyError, OverflowError) as e:
+                    db.execute("ROLLBACK TO SAVEPOINT msg")
+                    refused.append((i, f"store refused it: {type(e).__name__}: {e}"[:300]))
+                else:
+                    stored.append(m)
+                db.execute("RELEASE SAVEPOINT msg")
+            for m in stored:
+                if m.kind == "result":
+                    key = (m.device, m.msg["stream"])
+                    floors.setdefault(key, set()).add(m.msg["floor"])
+                    tops[key] = max(tops.get(key, 0), max(r["seq"] for r in m.msg["results"]))
+            if new_per_device:
+                db.executemany("INSERT INTO result_counts VALUES (?,?) ON CONFLICT(device) "
+                               "DO UPDATE SET n = result_counts.n + excluded.n",
+                               sorted((d, n) for d, n in new_per_device.items() if n))
+            self._merge_views(db, stored, now)
+            acks = self._acks_batch(db, floors, tops)
         return {k: v for k, v in acks.items() if v}, refused
 
-    def _store_one(self, m: Inbound, now: float) -> None:
+    def _store_all(self, db: Any, messages: Sequence[Inbound], now: float) -> Counter:
+        """The whole batch in a few statements (one per kind; the dialect inserts results
+        in one or two); returns new results per device. Raises on the first bad message."""
+        results, health, events, states, timeline = [], [], [], [], []
+        for m in messages:
+            msg = m.msg
+            if m.kind == "result":
+                results.extend(_result_rows(m, now))
+            elif m.kind == "health":
+                health.append((m.device, float(msg["t"]), json.dumps(msg)))
+                timeline.append(_timeline_row(m.device, msg))
+            elif m.kind == "event":
+                events.append((m.device, float(msg["t"]), msg["type"], json.dumps(msg)))
+            elif m.kind == "state":
+                states.append((m.device, json.dumps(msg)))
+            else:
+                raise ValueError(f"cannot store a {m.kind!r} message")
+        if health:
+            self._d.insert_rows(db, "health", ("device", "t", "body"),
+                                ("text", "float8", "text"), health)
+            self._d.insert_rows(db, "health_points", _TIMELINE_SQL.split(", "),
+                                ("text", "float8", *("float8",) * len(TIMELINE)), timeline)
+        if events:
+            self._d.insert_rows(db, "events", ("device", "t", "type", "body"),
+                                ("text", "float8", "text", "text"), events)
+        if states:
+            db.executemany("INSERT INTO states VALUES (?,?) ON CONFLICT(device) DO UPDATE "
+                           "SET body = excluded.body", states)
+        return Counter(r[0] for r in self._d.insert_results(db, results))
+
+    def _acks_batch(self, db: Any, floors: dict[tuple[str, str], set[int]],
+                    tops: dict[tuple[str, str], int]) -> dict[tuple[str, str], list[Ack]]:
+        """`_acks` for every stream of the batch with three statements in all: the streams'
+        rows, the stored seqs from each one's ack on (up to 512), the new rows. A stream
+        whose answer is not within that window falls back to `_acks` (exact, more queries)."""
+        if not floors:
+            return {}
+        devices = sorted({d for d, _ in floors})
+        marks = ",".join("?" * len(devices))
+        rows = {(d, s): (lo, a) for d, s, lo, a in db.execute(
+            f"SELECT device, stream, lo, acked FROM streams WHERE device IN ({marks})",
+            devices).fetchall() if (d, s) in floors}
+        starts = {k: rows[k][1] + 1 if k in rows else min(fl) for k, fl in floors.items()}
+        window = self._d.seqs_from(db, [(*k, st) for k, st in starts.items()], 512)
+        out: dict[tuple[str, str], list[Ack]] = {}
+        writes = []
+        for key, fl in floors.items():
+            seqs = window.get(key, [])
+            have, full = set(seqs), len(seqs) >= 512
+            last = seqs[-1] if seqs else 0
+            row, acks, exact = rows.get(key), [], True
+            for floor in sorted(fl)[-4:]:
+                if row and 0 < row[0] <= floor <= row[1]:
+                    stored = True  # inside the verified run: all stored
+                elif floor >= starts[key] and not (full and floor > last):
+                    stored = floor in have
+                else:
+                    exact = False  # below the window, or beyond a full one: ask the store
+                    break
+                if not stored:
+                    continue
+                if row and 0 < row[0] <= floor <= row[1] + 1:
+                    lo, end = row[0], max(row[1], floor)
+                else:
+                    lo, end = floor, floor
+                while end + 1 in have:
+                    end += 1
+                if full and end >= last:
+                    exact = False  # the run may go on past the window
+                    break
+                row = (lo, end)
+                if floor <= tops[key]:
+                    acks.append(Ack(key[1], floor, min(end, tops[key])))
+            if not exact:
+                out[key] = self._acks(db, *key, fl, tops[key])
+                continue
+            out[key] = acks
+            if row is not None and row != rows.get(key):
+                writes.append((*key, row[1], row[0]))
+        if writes:
+            db.executemany("INSERT INTO streams (device, stream, acked, lo) VALUES (?,?,?,?) "
+                           "ON CONFLICT(device, stream) DO UPDATE SET acked = excluded.acked, "
+                           "lo = excluded.lo", writes)
+        return out
+
+    def _store_one(self, db: Any, m: Inbound, now: float) -> int:
+        """Store one message; returns how many results were new."""
         msg = m.msg
         if m.kind == "result":
-            rows = []
-            for r in msg["results"]:
-                seq = r["seq"]
-                if not (isinstance(seq, int) and 0 < seq < SEQ_LIMIT):
-                    raise ValueError(f"seq {seq!r} outside [1, 2^62)")
-                # The boot that produced the result (carried per result), not the re-sender's.
-                rows.append((m.device, msg["stream"], seq, r.get("boot") or msg["boot"],
-                             float(r["t"]), now, json.dumps(r, separators=(",", ":"))))
-            self._db.executemany("INSERT OR IGNORE INTO results VALUES (?,?,?,?,?,?,?)", rows)
-        elif m.kind == "health":
-            self._db.execute("INSERT INTO health VALUES (?,?,?)",
-                             (m.device, float(msg["t"]), json.dumps(msg)))
-            self._db.execute(f"INSERT INTO health_points VALUES (?,?{',?' * len(TIMELINE)})",
-                             (m.device, float(msg["t"]),
-                              *(_number(msg, path) for _, path in TIMELINE)))
+            return len(self._d.insert_results(db, _result_rows(m, now)))
+        if m.kind == "health":
+            db.execute("INSERT INTO health (device, t, body) VALUES (?,?,?)",
+                       (m.device, float(msg["t"]), json.dumps(msg)))
+            db.execute(f"INSERT INTO health_points ({_TIMELINE_SQL}) VALUES "
+                       f"(?,?{',?' * len(TIMELINE)})", _timeline_row(m.device, msg))
         elif m.kind == "event":
-            self._db.execute("INSERT INTO events VALUES (?,?,?,?)",
-                             (m.device, float(msg["t"]), msg["type"], json.dumps(msg)))
+            db.execute("INSERT INTO events (device, t, type, body) VALUES (?,?,?,?)",
+                       (m.device, float(msg["t"]), msg["type"], json.dumps(msg)))
         elif m.kind == "state":
-            self._db.execute("INSERT OR REPLACE INTO states VALUES (?,?)",
-                             (m.device, json.dumps(msg)))
+            db.execute("INSERT INTO states VALUES (?,?) ON CONFLICT(device) DO UPDATE "
+                       "SET body = excluded.body", (m.device, json.dumps(msg)))
         else:
             raise ValueError(f"cannot store a {m.kind!r} message")
+        return 0
 
-    def _stored(self, device: str, stream: str, seq: int) -> bool:
-        return self._db.execute("SELECT 1 FROM results WHERE device=? AND stream=? AND seq=?",
-                                (device, stream, seq)).fetchone() is not None
+    def _merge_views(self, db: Any, stored: Sequence[Inbound], now: float) -> None:
+        """Apply the batch to the `devices` rows (locked by lock_devices) with fleet.py."""
+        devices = sorted({m.device for m in stored})
+        if not devices:
+            return
+        marks = ",".join("?" * len(devices))
+        views = {d: _view_from_json(d, body) for d, body in db.execute(
+            f"SELECT device, view FROM devices WHERE device IN ({marks})", devices).fetchall()}
+        for m in stored:
+            v = views.get(m.device) or fleet.DeviceView(m.device)
+            if m.kind == "state":
+                v = fleet.on_state(v, m.msg, now)
+            elif m.kind == "health":
+                # another coordinator may already hold a newer health of this device
+                newer = float(v.health.get("t", 0) or 0) > m.msg["t"] if isinstance(
+                    v.health, dict) else False
+                v = fleet.on_activity(v, now, None if newer else m.msg)
+            else:
+                v = fleet.on_activity(v, now)
+            views[m.device] = v
+        self._d.update_views(db, [(_view_to_json(views[d]), now, d) for d in devices])
 
-    def _acks(self, device: str, stream: str, floors: set[int], top: int) -> list[Ack]:
+    def _stored(self, db: Any, device: str, stream: str, seq: int) -> bool:
+        return db.execute(f"SELECT 1 FROM {self._d.keys_table} WHERE device=? AND stream=? "
+                          "AND seq=?", (device, stream, seq)).fetchone() is not None
+
+    def _acks(self, db: Any, device: str, stream: str, floors: set[int], top: int
+              ) -> list[Ack]:
         """One ack per verified floor (normally one); see the module docstring. An ack never
         goes past `top`, the highest seq just received: the device checks acks against what
         it has sent, and after a restart it has not yet re-sent what an earlier run did."""
         out = []
         for floor in sorted(floors)[-4:]:  # a device sends one floor per batch; bound forgeries
-            if not self._stored(device, stream, floor):
+            if not self._stored(db, device, stream, floor):
                 continue  # unverified: the device's lowest held result is not here (yet)
-            end = self._advance(device, stream, floor)
+            end = self._advance(db, device, stream, floor)
             if floor <= top:
                 out.append(Ack(stream, floor, min(end, top)))
         return out
 
-    def _advance(self, device: str, stream: str, floor: int) -> int:
+    def _advance(self, db: Any, device: str, stream: str, floor: int) -> int:
         """The end of the run of stored seqs from `floor` (which is stored)."""
-        row = self._db.execute("SELECT lo, acked FROM streams WHERE device=? AND stream=?",
-                               (device, stream)).fetchone()
+        row = db.execute("SELECT lo, acked FROM streams WHERE device=? AND stream=?",
+                         (device, stream)).fetchone()
         if row and 0 < row[0] <= floor <= row[1] + 1:
             lo, acked = row[0], max(row[1], floor)  # a known run (all stored) covers the floor
         else:
             lo, acked = floor, floor
         while True:
-            seqs = [q for (q,) in self._db.execute(
-                "SELECT seq FROM results WHERE device=? AND stream=? AND seq > ? ORDER BY seq "
-                "LIMIT 512", (device, stream, acked))]
+            seqs = [q for (q,) in db.execute(
+                f"SELECT seq FROM {self._d.keys_table} WHERE device=? AND stream=? AND seq > ? "
+                "ORDER BY seq LIMIT 512", (device, stream, acked)).fetchall()]
             run = 0
             while run < len(seqs) and seqs[run] == acked + 1:
                 acked, run = acked + 1, run + 1
             if run < 512:
                 break
-        self._db.execute("INSERT OR REPLACE INTO streams (device, stream, acked, lo) "
-                         "VALUES (?,?,?,?)", (device, stream, acked, lo))
+        db.execute("INSERT INTO streams (device, stream, acked, lo) VALUES (?,?,?,?) "
+                   "ON CONFLICT(device, stream) DO UPDATE SET acked = excluded.acked, "
+                   "lo = excluded.lo", (device, stream, acked, lo))
         return acked
 
     # -- quarantine -----------------------------------------------------------------------------
@@ -211,24 +324,19 @@ class Store:
             return
         per_device: dict[str, int] = {}
         for device, *_ in rows:
-            per_device[device] = per_device.get(device, 0) + 1
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                self._db.executemany(
-                    "INSERT INTO quarantine (device, topic, reason, size, t) VALUES (?,?,?,?,?)",
-                    [(d[:64], topic[:256], reason[:500], int(size), float(t))
-                     for d, topic, reason, size, t in rows])
-                self._db.executemany(
-                    "INSERT INTO quarantine_counts VALUES (?,?) "
-                    "ON CONFLICT(device) DO UPDATE SET n = n + excluded.n",
-                    [(d[:64], n) for d, n in per_device.items()])
-                self._db.execute("DELETE FROM quarantine WHERE rowid <= "
-                                 "(SELECT MAX(rowid) FROM quarantine) - ?", (QUARANTINE_KEEP,))
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
+            per_device[device[:64]] = per_device.get(device[:64], 0) + 1
+        oc = self._d.order_col
+        with self._d.transaction() as db:
+            db.executemany(
+                "INSERT INTO quarantine (device, topic, reason, size, t) VALUES (?,?,?,?,?)",
+                [(d[:64], topic[:256], reason[:500], int(size), float(t))
+                 for d, topic, reason, size, t in rows])
+            db.executemany(
+                "INSERT INTO quarantine_counts VALUES (?,?) "
+                "ON CONFLICT(device) DO UPDATE SET n = quarantine_counts.n + excluded.n",
+                sorted(per_device.items()))
+            db.execute(f"DELETE FROM quarantine WHERE {oc} <= "
+                       f"(SELECT MAX({oc}) FROM quarantine) - ?", (QUARANTINE_KEEP,))
 
     def quarantine_counts(self) -> dict[str, int]:
         """Quarantined messages per device ("" = topic named no valid device)."""
@@ -238,13 +346,13 @@ class Store:
         """The newest quarantined messages (all devices, or one), newest first."""
         where, args = ("WHERE device=?", (device,)) if device is not None else ("", ())
         rows = self._query(f"SELECT t, device, topic, reason, size FROM quarantine {where} "
-                           "ORDER BY rowid DESC LIMIT ?", (*args, limit))
+                           f"ORDER BY {self._d.order_col} DESC LIMIT ?", (*args, limit))
         return [{"t": t, "device": d, "topic": tp, "reason": r, "size": n}
                 for t, d, tp, r, n in rows]
 
     def _query(self, sql: str, args: Iterable[Any] = ()) -> list[tuple]:
-        with self._lock:
-            return self._db.execute(sql, tuple(args)).fetchall()
+        with self._d.reader() as db:
+            return [tuple(r) for r in db.execute(sql, tuple(args)).fetchall()]
 
     def results(self, device: str, after_seq: int = 0, limit: int = 1000) -> list[dict]:
         """Stored results of a device (all streams), oldest stream first, in seq order."""
@@ -274,8 +382,13 @@ class Store:
                            (device,))
 
     def counts(self) -> dict[str, int]:
-        """Stored results per device."""
-        return dict(self._query("SELECT device, COUNT(*) FROM results GROUP BY device"))
+        """Stored results per device (the maintained `result_counts`, not a GROUP BY)."""
+        return dict(self._query("SELECT device, n FROM result_counts WHERE n > 0"))
+
+    def total_results(self) -> int:
+        """Stored results over all devices (from `result_counts`)."""
+        (n,), = self._query("SELECT COALESCE(SUM(n), 0) FROM result_counts")
+        return int(n)
 
     def acks(self) -> dict[tuple[str, str], int]:
         """The current ack per (device, stream)."""
@@ -290,10 +403,24 @@ class Store:
         """The last state message of every device (to rebuild the fleet view at start)."""
         return {d: json.loads(b) for d, b in self._query("SELECT device, body FROM states")}
 
+    def views(self, since: float | None = None) -> dict[str, fleet.DeviceView]:
+        """The fleet view every coordinator sharing this store maintains (`devices`), before
+        ageing and alerts (fleet.refresh); with `since`, only rows updated after it (by the
+        writing coordinator's clock). A row that does not decode is left out."""
+        out = {}
+        where, args = ("WHERE updated > ?", (since,)) if since is not None else ("", ())
+        for d, body in self._query(f"SELECT device, view FROM devices {where}", args):
+            v = _view_from_json(d, body)
+            if v is not None:
+                out[d] = v
+        return out
+
     def latest_health(self) -> dict[str, dict]:
         """The newest health of every device."""
-        rows = self._query("SELECT device, body, MAX(t) FROM health GROUP BY device")
-        return {d: json.loads(b) for d, b, _ in rows}
+        rows = self._query("SELECT h.device, h.body FROM health h JOIN (SELECT device, "
+                           "MAX(t) AS t FROM health GROUP BY device) m "
+                           "ON m.device = h.device AND m.t = h.t")
+        return {d: json.loads(b) for d, b in rows}
 
     def health_history(self, device: str, since: float, until: float, limit: int
                        ) -> list[dict]:
@@ -333,19 +460,23 @@ class Store:
             (device, since, until, since, width))
 
     def prune(self, keep_health_s: float, keep_events_s: float) -> None:
-        """Drop health and events older than their retention (results are never pruned here)."""
+        """Drop health and events older than their retention (results are never pruned here).
+        On PostgreSQL whole day partitions of health go first; rows left are deleted."""
         now = time.time()
-        with self._lock:
-            self._db.execute("DELETE FROM health WHERE t < ?", (now - keep_health_s,))
-            self._db.execute("DELETE FROM health_points WHERE t < ?", (now - keep_health_s,))
-            self._db.execute("DELETE FROM events WHERE t < ?", (now - keep_events_s,))
+        self._d.drop_partitions("health", now - keep_health_s, acked_only=False)
+        with self._d.transaction() as db:
+            db.execute("DELETE FROM health WHERE t < ?", (now - keep_health_s,))
+            db.execute("DELETE FROM events WHERE t < ?", (now - keep_events_s,))
+            db.execute("DELETE FROM health_points WHERE t < ?", (now - keep_health_s,))
 
     def used_bytes(self) -> int:
-        """Bytes of the database in use (pages minus free pages; the file itself keeps its
-        high-water mark and reuses the free pages)."""
-        (pages,), (free,), (size,) = (self._query(f"PRAGMA {p}") for p in
-                                      ("page_count", "freelist_count", "page_size"))
-        return (pages[0] - free[0]) * size[0]
+        """Bytes of the database in use (SQLite: pages minus free pages; PostgreSQL: this
+        schema's tables with indexes and TOAST)."""
+        return self._d.used_bytes()
+
+    def maintain(self) -> None:
+        """Create the time partitions ahead (PostgreSQL; run at least daily)."""
+        self._d.maintain()
 
     def prune_results(self, max_age_s: float = 0.0, max_bytes: int = 0, chunk: int = 2000,
                       now: float | None = None) -> dict[str, int]:
@@ -356,53 +487,132 @@ class Store:
         `streams`, apart from the rows, so pruning cannot lower it, and rows above it are
         still needed to close gaps (deleting them would stall the ack and make the device
         re-send). Works in chunks, each its own short transaction, so ingest is never held
-        off for long. Returns counts of what it deleted."""
+        off for long. On PostgreSQL whole day partitions are dropped when every row in them
+        is acked (the rest is deleted by row), and the size cap drops only whole partitions
+        (row deletes there free space for reuse but do not shrink the files). Returns counts
+        of what it deleted."""
         now = time.time() if now is None else now
         out = {"results_by_age": 0, "results_by_size": 0, "health_by_size": 0,
                "events_by_size": 0}
         eligible = ("SELECT r.device, r.stream, r.seq FROM results r JOIN streams s "
                     "ON s.device = r.device AND s.stream = r.stream WHERE r.seq <= s.acked")
         if max_age_s > 0:
-            while n := self._delete("DELETE FROM results WHERE (device, stream, seq) IN "
-                                    f"({eligible} AND r.received < ? LIMIT ?)",
-                                    (now - max_age_s, chunk)):
+            self._maintain_quietly()
+            dropped = self._d.drop_partitions("results", now - max_age_s, acked_only=True)
+            self._uncount(dropped)
+            out["results_by_age"] += sum(dropped.values())
+            while n := self._delete_results(f"{eligible} AND r.received < ? LIMIT ?",
+                                            (now - max_age_s, chunk)):
                 out["results_by_age"] += n
-        if max_bytes > 0:
+        if max_bytes > 0 and self.backend != "sqlite":
+            while self.used_bytes() > max_bytes:
+                if (got := self._d.oldest_partition("results", acked_only=True)) is not None:
+                    self._uncount(got)
+                    out["results_by_size"] += sum(got.values())
+                elif self._d.oldest_partition("health", acked_only=False) is not None:
+                    out["health_by_size"] += 1  # partitions (days), not rows
+                else:
+                    break
+        elif max_bytes > 0:
+            oc = self._d.order_col
             for _ in range(10_000):
                 used = self.used_bytes()
                 if used <= max_bytes:
                     break
                 # delete about the share of rows that is over, so a few big rows are not
                 # over-pruned in one chunk (the loop re-measures after each)
-                (total,), = self._query("SELECT COUNT(*) FROM results")
+                total = self.total_results()
                 share = min(chunk, max(1, int(total * (used - max_bytes) / used) + 1))
-                if n := self._delete("DELETE FROM results WHERE (device, stream, seq) IN "
-                                     f"({eligible} ORDER BY r.received LIMIT ?)", (share,)):
+                if n := self._delete_results(f"{eligible} ORDER BY r.received LIMIT ?",
+                                             (share,)):
                     out["results_by_size"] += n
-                elif n := self._delete("DELETE FROM health WHERE rowid IN (SELECT rowid FROM "
-                                       "health ORDER BY rowid LIMIT ?)", (chunk,)):
+                elif n := self._delete(f"DELETE FROM health WHERE {oc} IN (SELECT {oc} FROM "
+                                       f"health ORDER BY {oc} LIMIT ?)", (chunk,)):
                     out["health_by_size"] += n
                     # the timeline goes with the health it was copied from (same order)
-                    self._delete("DELETE FROM health_points WHERE rowid IN (SELECT rowid FROM "
-                                 "health_points ORDER BY rowid LIMIT ?)", (n,))
-                elif n := self._delete("DELETE FROM events WHERE rowid IN (SELECT rowid FROM "
-                                       "events ORDER BY rowid LIMIT ?)", (chunk,)):
+                    self._delete(f"DELETE FROM health_points WHERE {oc} IN (SELECT {oc} FROM "
+                                 f"health_points ORDER BY {oc} LIMIT ?)", (n,))
+                elif n := self._delete(f"DELETE FROM events WHERE {oc} IN (SELECT {oc} FROM "
+                                       f"events ORDER BY {oc} LIMIT ?)", (chunk,)):
                     out["events_by_size"] += n
                 else:
                     break  # only unacked results left: they are kept, whatever the size
         if any(out.values()):
-            # The WAL keeps its high-water mark; truncate it so the files on disk shrink too.
-            self._query("PRAGMA wal_checkpoint(TRUNCATE)")
+            self._d.after_prune()
         return out
 
+    def _maintain_quietly(self) -> None:
+        with contextlib.suppress(self._d.errors):  # tomorrow's partition can wait a pass
+            self._d.maintain()
+
+    def _delete_results(self, which: str, args: tuple) -> int:
+        """Delete the results `which` selects (device, stream, seq), their keys (PostgreSQL)
+        and their counts, in one transaction; returns how many."""
+        with self._d.transaction() as db:
+            gone = db.execute("DELETE FROM results WHERE (device, stream, seq) IN "
+                              f"({which}) RETURNING device, stream, seq", args).fetchall()
+            if gone and self._d.keys_table != "results":
+                db.executemany("DELETE FROM result_keys WHERE device=? AND stream=? AND seq=?",
+                               [tuple(r) for r in gone])
+            per = Counter(r[0] for r in gone)
+            db.executemany("UPDATE result_counts SET n = n - ? WHERE device = ?",
+                           [(n, d) for d, n in sorted(per.items())])
+        return len(gone)
+
+    def _uncount(self, per_device: dict[str, int]) -> None:
+        if per_device:
+            with self._d.transaction() as db:
+                db.executemany("UPDATE result_counts SET n = n - ? WHERE device = ?",
+                               [(n, d) for d, n in sorted(per_device.items()) if d])
+
     def _delete(self, sql: str, args: tuple) -> int:
-        with self._lock:
-            return self._db.execute(sql, args).rowcount
+        with self._d.transaction() as db:
+            return db.execute(sql, args).rowcount
 
     def close(self) -> None:
-        """Close the database."""
-        with self._lock:
-            self._db.close()
+        """Close the database (or the connection pool)."""
+        self._d.close()
+
+
+def _result_rows(m: Inbound, now: float) -> list[tuple]:
+    """The `results` rows of one result message (raises on a seq out of range)."""
+    rows = []
+    for r in m.msg["results"]:
+        seq = r["seq"]
+        if not (isinstance(seq, int) and 0 < seq < SEQ_LIMIT):
+            raise ValueError(f"seq {seq!r} outside [1, 2^62)")
+        # The boot that produced the result (carried per result), not the re-sender's.
+        rows.append((m.device, m.msg["stream"], seq, r.get("boot") or m.msg["boot"],
+                     float(r["t"]), now, json.dumps(r, separators=(",", ":"))))
+    return rows
+
+
+_VIEW_FIELDS = tuple(f for f in fleet.DeviceView.__dataclass_fields__
+                     if f not in ("status", "alerts"))
+
+
+def _view_to_json(v: fleet.DeviceView) -> str:
+    # a shallow dict (dataclasses.asdict deep-copies: it was most of ingest's time)
+    return json.dumps({f: getattr(v, f) for f in _VIEW_FIELDS}, separators=(",", ":"))
+
+
+def _view_from_json(device: str, body: str) -> fleet.DeviceView | None:
+    """A stored view back to a DeviceView; None (start afresh) when the row is not one."""
+    try:
+        d = json.loads(body)
+        if not isinstance(d, dict) or not d:
+            return None
+        fields = {k: d[k] for k in fleet.DeviceView.__dataclass_fields__
+                  if k in d and k not in ("status", "alerts", "device")}
+        v = fleet.DeviceView(device, **fields)
+        return replace(v, status="online" if v.online else "offline")
+    except (ValueError, TypeError):
+        return None
+
+
+def _timeline_row(device: str, msg: dict) -> tuple:
+    """The health_points row of one health message."""
+    return (device, float(msg["t"]), *(_number(msg, path) for _, path in TIMELINE))
 
 
 def _number(msg: Any, path: tuple[str, ...]) -> float | None:

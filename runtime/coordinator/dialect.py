@@ -1,0 +1,520 @@
+"""What differs between the store's two databases: SQLite (embedded default) and PostgreSQL.
+
+`Store` (store.py) writes its SQL once, portably: `?` placeholders (translated to `%s` for
+psycopg), `INSERT ... ON CONFLICT ... DO NOTHING / DO UPDATE` (both engines), no `rowid`
+(the dialect names the row-order column). Everything engine-specific lives here: connecting
+(one WAL connection vs a psycopg pool), DDL and versioned migrations (a `schema_version`
+table, applied at start under a lock), how a batch of results is inserted exactly once,
+locking a batch's devices, time partitions and dropping them, and the size query.
+
+PostgreSQL layout: `results` is range-partitioned by `received` (coordinator clock, one
+partition per UTC day, created ahead, plus a default partition for anything outside), so
+retention drops whole days instead of deleting rows. A partitioned table cannot have a
+unique index that leaves out the partition key, so uniqueness of (device, stream, seq)
+lives in a narrow unpartitioned `result_keys` table: a batch inserts its keys with
+`ON CONFLICT DO NOTHING RETURNING`, then only the returned (new) rows into `results`.
+Acks read `result_keys`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import sqlite3
+import threading
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+DAY = 86400.0
+
+# -- SQLite ---------------------------------------------------------------------------------
+
+_SQLITE_V1 = """
+CREATE TABLE IF NOT EXISTS results (
+    device TEXT NOT NULL, stream TEXT NOT NULL, seq INTEGER NOT NULL, boot TEXT NOT NULL,
+    t REAL NOT NULL, received REAL NOT NULL, body TEXT NOT NULL,
+    PRIMARY KEY (device, stream, seq)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS streams (
+    device TEXT NOT NULL, stream TEXT NOT NULL, acked INTEGER NOT NULL,
+    lo INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (device, stream)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS health (device TEXT NOT NULL, t REAL NOT NULL, body TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS health_device ON health (device, t);
+CREATE TABLE IF NOT EXISTS events (device TEXT NOT NULL, t REAL NOT NULL, type TEXT NOT NULL,
+                                   body TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS events_device ON events (device, t);
+CREATE TABLE IF NOT EXISTS states (device TEXT PRIMARY KEY, body TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS quarantine (t REAL NOT NULL, device TEXT NOT NULL,
+                                       topic TEXT NOT NULL, reason TEXT NOT NULL,
+                                       size INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS quarantine_counts (device TEXT PRIMARY KEY, n INTEGER NOT NULL);
+"""
+
+# v2: the fleet views kept in tables (every coordinator answers the same) and the per-device
+# result counts maintained by ingest and retention (no GROUP BY over all results).
+_SQLITE_V2 = """
+CREATE TABLE IF NOT EXISTS result_counts (device TEXT PRIMARY KEY, n INTEGER NOT NULL);
+INSERT INTO result_counts SELECT device, COUNT(*) FROM results GROUP BY device
+    ON CONFLICT(device) DO NOTHING;
+CREATE TABLE IF NOT EXISTS devices (device TEXT PRIMARY KEY, view TEXT NOT NULL DEFAULT '{}',
+                                    updated REAL NOT NULL DEFAULT 0);
+"""
+
+# v3: the dashboard's timeline, numbers copied from each health at ingest (store.TIMELINE)
+_SQLITE_V3 = """
+CREATE TABLE IF NOT EXISTS health_points (device TEXT NOT NULL, t REAL NOT NULL,
+    temp_c REAL, passive_trip_c REAL, rung REAL, rungs REAL, p95_ms REAL, target_ms REAL,
+    rate_hz REAL, accuracy REAL, power_w REAL, rung_energy_mj REAL, battery_frac REAL,
+    harvest_w REAL);
+CREATE INDEX IF NOT EXISTS health_points_device ON health_points (device, t);
+"""
+
+
+class SQLiteDialect:
+    """One connection in WAL mode, serialised by a lock; `BEGIN IMMEDIATE` makes each write
+    transaction exclusive, which is also what orders several coordinators on one file."""
+
+    name = "sqlite"
+    order_col = "rowid"  # insertion order of health, events, quarantine
+    keys_table = "results"  # where (device, stream, seq) is unique
+
+    def __init__(self, path: str | Path, fsync: str = "normal"):
+        self.path = Path(path).expanduser()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False,
+                                  timeout=30)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute(f"PRAGMA synchronous={'FULL' if fsync == 'full' else 'NORMAL'}")
+        self.lock = threading.Lock()
+        self.errors: tuple[type[BaseException], ...] = (sqlite3.Error,)
+        self.retryable: tuple[type[BaseException], ...] = ()
+        self._migrate()
+
+    def _migrate(self) -> None:
+        with self.lock:
+            self.db.execute("BEGIN IMMEDIATE")
+            try:
+                self.db.execute("CREATE TABLE IF NOT EXISTS schema_version "
+                                "(version INTEGER NOT NULL)")
+                row = self.db.execute("SELECT MAX(version) FROM schema_version").fetchone()
+                have = row[0] or 0
+                if have < 1:
+                    for stmt in _split(_SQLITE_V1):
+                        self.db.execute(stmt)
+                    # stores made before the verified-ack change lack `streams.lo`
+                    cols = [r[1] for r in self.db.execute("PRAGMA table_info(streams)")]
+                    if "lo" not in cols:
+                        self.db.execute("ALTER TABLE streams ADD COLUMN lo INTEGER NOT NULL "
+                                        "DEFAULT 0")
+                if have < 2:
+                    for stmt in _split(_SQLITE_V2):
+                        self.db.execute(stmt)
+                if have < 3:
+                    for stmt in _split(_SQLITE_V3):
+                        self.db.execute(stmt)
+                    self.db.execute("INSERT INTO schema_version VALUES (3)")
+                self.db.execute("COMMIT")
+            except BaseException:
+                self.db.execute("ROLLBACK")
+                raise
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[Any]:
+        """A write transaction (exclusive across processes sharing the file)."""
+        with self.lock:
+            self.db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self.db
+                self.db.execute("COMMIT")
+            except BaseException:
+                self.db.execute("ROLLBACK")
+                raise
+
+    @contextlib.contextmanager
+    def reader(self) -> Iterator[Any]:
+        """A connection for reads and single autocommit statements."""
+        with self.lock:
+            yield self.db
+
+    def sql(self, text: str) -> str:
+        return text
+
+    def lock_devices(self, db: Any, devices: Sequence[str]) -> None:
+        """Make sure each device has its `devices` row (BEGIN IMMEDIATE already excludes
+        every other writer)."""
+        db.executemany("INSERT INTO devices (device) VALUES (?) ON CONFLICT(device) DO NOTHING",
+                       [(d,) for d in devices])
+
+    def insert_results(self, db: Any, rows: list[tuple]) -> list[tuple]:
+        """Insert result rows (device, stream, seq, boot, t, received, body); returns the
+        rows that were new (duplicates of a stored key are ignored)."""
+        new = []
+        for row in rows:  # one statement per row: its rowcount says whether it was new
+            if db.execute("INSERT INTO results VALUES (?,?,?,?,?,?,?) ON CONFLICT DO NOTHING",
+                          row).rowcount:
+                new.append(row)
+        return new
+
+    def insert_rows(self, db: Any, table: str, cols: Sequence[str], types: Sequence[str],
+                    rows: Sequence[tuple]) -> None:
+        """Append rows to `table` (`types` are PostgreSQL's, for its one-statement form)."""
+        db.executemany(f"INSERT INTO {table} ({', '.join(cols)}) VALUES "
+                       f"({','.join('?' * len(cols))})", rows)
+
+    def update_views(self, db: Any, rows: Sequence[tuple[str, float, str]]) -> None:
+        """Write (view JSON, updated, device) into `devices`."""
+        db.executemany("UPDATE devices SET view = ?, updated = ? WHERE device = ?", rows)
+
+    def seqs_from(self, db: Any, items: Sequence[tuple[str, str, int]], limit: int
+                  ) -> dict[tuple[str, str], list[int]]:
+        """Stored seqs of each (device, stream) from `after` on, ascending, up to `limit`."""
+        return {(d, s): [q for (q,) in db.execute(
+            "SELECT seq FROM results WHERE device=? AND stream=? AND seq >= ? ORDER BY seq "
+            "LIMIT ?", (d, s, after, limit)).fetchall()] for d, s, after in items}
+
+    def used_bytes(self) -> int:
+        """Bytes in use (pages minus free pages; the file keeps its high-water mark)."""
+        with self.reader() as db:
+            (pages,), (free,), (size,) = (db.execute(f"PRAGMA {p}").fetchone()
+                                          for p in ("page_count", "freelist_count",
+                                                    "page_size"))
+        return (pages - free) * size
+
+    def maintain(self) -> None:
+        """Nothing to create ahead in SQLite."""
+
+    def drop_partitions(self, table: str, before: float, acked_only: bool) -> dict[str, int]:
+        """SQLite has no partitions: retention deletes rows (see Store.prune_results)."""
+        return {}
+
+    def oldest_partition(self, table: str, acked_only: bool) -> dict[str, int] | None:
+        return None
+
+    def after_prune(self) -> None:
+        # The WAL keeps its high-water mark; truncate it so the files on disk shrink too.
+        with self.reader() as db:
+            db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+    def close(self) -> None:
+        with self.lock:
+            self.db.close()
+
+
+def _split(script: str) -> list[str]:
+    return [s.strip() for s in script.split(";") if s.strip()]
+
+
+# -- PostgreSQL -----------------------------------------------------------------------------
+
+_PG_V1 = """
+CREATE TABLE results (
+    device TEXT NOT NULL, stream TEXT NOT NULL, seq BIGINT NOT NULL, boot TEXT NOT NULL,
+    t DOUBLE PRECISION NOT NULL, received DOUBLE PRECISION NOT NULL, body TEXT NOT NULL
+) PARTITION BY RANGE (received);
+CREATE TABLE results_default PARTITION OF results DEFAULT;
+CREATE INDEX results_key ON results (device, stream, seq);
+CREATE TABLE result_keys (device TEXT NOT NULL, stream TEXT NOT NULL, seq BIGINT NOT NULL,
+                          received DOUBLE PRECISION NOT NULL,
+                          PRIMARY KEY (device, stream, seq));
+CREATE INDEX result_keys_received ON result_keys (received);
+CREATE TABLE streams (device TEXT NOT NULL, stream TEXT NOT NULL, acked BIGINT NOT NULL,
+                      lo BIGINT NOT NULL DEFAULT 0, PRIMARY KEY (device, stream));
+CREATE TABLE health (device TEXT NOT NULL, t DOUBLE PRECISION NOT NULL, body TEXT NOT NULL,
+                     id BIGSERIAL) PARTITION BY RANGE (t);
+CREATE TABLE health_default PARTITION OF health DEFAULT;
+CREATE INDEX health_device ON health (device, t);
+CREATE TABLE events (device TEXT NOT NULL, t DOUBLE PRECISION NOT NULL, type TEXT NOT NULL,
+                     body TEXT NOT NULL, id BIGSERIAL);
+CREATE INDEX events_device ON events (device, t);
+CREATE TABLE states (device TEXT PRIMARY KEY, body TEXT NOT NULL);
+CREATE TABLE quarantine (t DOUBLE PRECISION NOT NULL, device TEXT NOT NULL,
+                         topic TEXT NOT NULL, reason TEXT NOT NULL, size BIGINT NOT NULL,
+                         id BIGSERIAL PRIMARY KEY);
+CREATE TABLE quarantine_counts (device TEXT PRIMARY KEY, n BIGINT NOT NULL);
+CREATE TABLE result_counts (device TEXT PRIMARY KEY, n BIGINT NOT NULL);
+CREATE TABLE devices (device TEXT PRIMARY KEY, view TEXT NOT NULL DEFAULT '{}',
+                      updated DOUBLE PRECISION NOT NULL DEFAULT 0)
+"""
+
+_PG_V2 = """
+CREATE TABLE health_points (device TEXT NOT NULL, t DOUBLE PRECISION NOT NULL,
+    temp_c DOUBLE PRECISION, passive_trip_c DOUBLE PRECISION, rung DOUBLE PRECISION,
+    rungs DOUBLE PRECISION, p95_ms DOUBLE PRECISION, target_ms DOUBLE PRECISION,
+    rate_hz DOUBLE PRECISION, accuracy DOUBLE PRECISION, power_w DOUBLE PRECISION,
+    rung_energy_mj DOUBLE PRECISION, battery_frac DOUBLE PRECISION,
+    harvest_w DOUBLE PRECISION, id BIGSERIAL);
+CREATE INDEX health_points_device ON health_points (device, t)
+"""
+
+# (version, statements): append, never edit, once released.
+PG_MIGRATIONS: list[tuple[int, str]] = [(1, _PG_V1), (2, _PG_V2)]
+PARTITIONED = {"results": "received", "health": "t"}
+_MIGRATION_LOCK = 0x6564676572756E  # pg_advisory_xact_lock key ("edgerun")
+
+
+class PostgresDialect:
+    """A psycopg 3 connection pool; each transaction takes a connection from it."""
+
+    name = "postgresql"
+    order_col = "id"
+    keys_table = "result_keys"
+
+    def __init__(self, url: str, pool_size: int = 4, days_ahead: int = 2,
+                 connect_timeout_s: float = 30.0):
+        import psycopg
+        from psycopg_pool import ConnectionPool
+
+        self.url = url
+        self.days_ahead = days_ahead
+        self.errors = (psycopg.Error,)
+        # deadlocks are avoided by locking devices in order; retried anyway if one happens
+        self.retryable = (psycopg.errors.DeadlockDetected,
+                          psycopg.errors.SerializationFailure)
+        self._sql_cache: dict[str, str] = {}
+        self.pool = ConnectionPool(url, min_size=1, max_size=pool_size, open=False,
+                                   kwargs={"autocommit": False}, name="edgerun-store")
+        try:
+            self.pool.open(wait=True, timeout=connect_timeout_s)
+        except Exception as e:
+            self.pool.close()
+            raise ConnectionError(f"cannot connect to the PostgreSQL store "
+                                  f"{_redact(url)} within {connect_timeout_s:.0f} s: "
+                                  f"{type(e).__name__}: {e}") from None
+        self._migrate()
+        self.maintain()
+
+    def _migrate(self) -> None:
+        """Apply the migrations this database lacks, in one transaction under an advisory
+        lock, so coordinators starting together apply each exactly once."""
+        with self.pool.connection() as conn:
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+            conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+            have = conn.execute("SELECT COALESCE(MAX(version), 0) FROM schema_version"
+                                ).fetchone()[0]
+            for version, script in PG_MIGRATIONS:
+                if version > have:
+                    for stmt in _split(script):
+                        conn.execute(stmt)
+                    conn.execute("INSERT INTO schema_version VALUES (%s)", (version,))
+
+    def sql(self, text: str) -> str:
+        """`?` placeholders to psycopg's `%s` (a literal `%` doubled first)."""
+        out = self._sql_cache.get(text)
+        if out is None:
+            out = self._sql_cache[text] = text.replace("%", "%%").replace("?", "%s")
+        return out
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[Any]:
+        with self.pool.connection() as conn:  # commits on success, rolls back on error
+            yield _PgConn(conn, self)
+
+    @contextlib.contextmanager
+    def reader(self) -> Iterator[Any]:
+        with self.pool.connection() as conn:
+            yield _PgConn(conn, self)
+
+    def lock_devices(self, db: Any, devices: Sequence[str]) -> None:
+        """Create missing `devices` rows and lock the batch's rows in sorted order: writes
+        for one device are serialised across coordinators (its acks see every committed
+        result), and ordered locking cannot deadlock."""
+        devs = sorted(set(devices))
+        db.execute("INSERT INTO devices (device) SELECT unnest(?::text[]) "
+                   "ON CONFLICT (device) DO NOTHING", (devs,))
+        db.execute("SELECT device FROM devices WHERE device = ANY(?) ORDER BY device "
+                   "FOR UPDATE", (devs,))
+
+    def insert_results(self, db: Any, rows: list[tuple]) -> list[tuple]:
+        if not rows:
+            return []
+        cols = list(zip(*rows, strict=True))
+        new = {(d, s, q) for d, s, q in db.execute(
+            "INSERT INTO result_keys (device, stream, seq, received) "
+            "SELECT * FROM unnest(?::text[], ?::text[], ?::bigint[], ?::float8[]) "
+            "ON CONFLICT DO NOTHING RETURNING device, stream, seq",
+            (list(cols[0]), list(cols[1]), list(cols[2]), list(cols[5]))).fetchall()}
+        fresh = []
+        for r in rows:  # a key twice in one batch: inserted once, its first row kept
+            if (r[0], r[1], r[2]) in new:
+                new.discard((r[0], r[1], r[2]))
+                fresh.append(r)
+        if fresh:
+            c = list(zip(*fresh, strict=True))
+            db.execute("INSERT INTO results SELECT * FROM unnest(?::text[], ?::text[], "
+                       "?::bigint[], ?::text[], ?::float8[], ?::float8[], ?::text[])",
+                       tuple(list(x) for x in c))
+        return fresh
+
+    def insert_rows(self, db: Any, table: str, cols: Sequence[str], types: Sequence[str],
+                    rows: Sequence[tuple]) -> None:
+        """One INSERT ... SELECT FROM unnest(arrays) (executemany costs a statement a row)."""
+        if rows:
+            arrays = ", ".join(f"?::{t}[]" for t in types)
+            db.execute(f"INSERT INTO {table} ({', '.join(cols)}) SELECT * FROM unnest({arrays})",
+                       tuple(list(c) for c in zip(*rows, strict=True)))
+
+    def update_views(self, db: Any, rows: Sequence[tuple[str, float, str]]) -> None:
+        if rows:
+            c = list(zip(*rows, strict=True))
+            db.execute("UPDATE devices d SET view = u.view, updated = u.updated FROM "
+                       "unnest(?::text[], ?::float8[], ?::text[]) AS u(view, updated, device) "
+                       "WHERE d.device = u.device", (list(c[0]), list(c[1]), list(c[2])))
+
+    def seqs_from(self, db: Any, items: Sequence[tuple[str, str, int]], limit: int
+                  ) -> dict[tuple[str, str], list[int]]:
+        """As SQLiteDialect.seqs_from, for every stream in one round trip."""
+        out: dict[tuple[str, str], list[int]] = {(d, s): [] for d, s, _ in items}
+        if items:
+            cols = list(zip(*items, strict=True))
+            for d, s, q in db.execute(
+                    "SELECT q.device, q.stream, k.seq FROM unnest(?::text[], ?::text[], "
+                    "?::bigint[]) AS q(device, stream, after) CROSS JOIN LATERAL (SELECT seq "
+                    "FROM result_keys k WHERE k.device = q.device AND k.stream = q.stream AND "
+                    "k.seq >= q.after ORDER BY k.seq LIMIT ?) k",
+                    (list(cols[0]), list(cols[1]), list(cols[2]), limit)).fetchall():
+                out[(d, s)].append(q)
+            for v in out.values():
+                v.sort()
+        return out
+
+    def used_bytes(self) -> int:
+        """Bytes of this schema's tables with their indexes and TOAST."""
+        with self.reader() as db:
+            return int(db.execute(
+                "SELECT COALESCE(SUM(pg_total_relation_size(c.oid)), 0) FROM pg_class c "
+                "JOIN pg_namespace n ON n.oid = c.relnamespace "
+                "WHERE n.nspname = current_schema() AND c.relkind = 'r'").fetchone()[0])
+
+    # -- partitions --------------------------------------------------------------------------
+
+    def maintain(self, now: float | None = None) -> None:
+        """Create the daily partitions from yesterday to `days_ahead` days ahead (idempotent;
+        run at start and by each retention pass)."""
+        now = dt.datetime.now(dt.UTC).timestamp() if now is None else now
+        day0 = int(now // DAY) - 1
+        with self.pool.connection() as conn:
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+            for table in PARTITIONED:
+                for d in range(day0, day0 + self.days_ahead + 2):
+                    name = f"{table}_p{_day_name(d)}"
+                    # the default partition may hold rows of this range only if it was made
+                    # late; then the day's rows stay in the default (dropped by row deletes)
+                    try:
+                        with conn.transaction():
+                            conn.execute(f"CREATE TABLE IF NOT EXISTS {name} PARTITION OF "
+                                         f"{table} FOR VALUES FROM ({d * DAY}) TO "
+                                         f"({(d + 1) * DAY})")
+                    except self.errors:
+                        continue
+
+    def _partitions(self, db: Any, table: str) -> list[tuple[str, float]]:
+        """(name, end of range) of the day partitions of `table`, oldest first."""
+        names = [n for (n,) in db.execute(
+            "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
+            "JOIN pg_class p ON p.oid = i.inhparent WHERE p.relname = ?", (table,))]
+        out = []
+        for n in names:
+            if n.startswith(f"{table}_p"):
+                day = dt.datetime.strptime(n.rsplit("_p", 1)[1], "%Y%m%d").replace(
+                    tzinfo=dt.UTC)
+                out.append((n, day.timestamp() + DAY))
+        return sorted(out, key=lambda x: x[1])
+
+    def _drop(self, db: Any, table: str, name: str, end: float, acked_only: bool
+              ) -> dict[str, int] | None:
+        """Drop one partition; for results only when every row in it is at or below its
+        stream's ack (else None). Returns the rows it held per device."""
+        if acked_only and db.execute(
+                f"SELECT 1 FROM {name} r LEFT JOIN streams s ON s.device = r.device AND "
+                "s.stream = r.stream WHERE s.acked IS NULL OR r.seq > s.acked LIMIT 1"
+                ).fetchone():
+            return None
+        per_device = dict(db.execute(f"SELECT device, COUNT(*) FROM {name} GROUP BY device"
+                                     ).fetchall()) if table == "results" else {}
+        db.execute(f"DROP TABLE {name}")
+        if table == "results":
+            db.execute("DELETE FROM result_keys WHERE received < ? AND received >= ?",
+                       (end, end - DAY))
+        return per_device
+
+    def drop_partitions(self, table: str, before: float, acked_only: bool
+                        ) -> dict[str, int]:
+        """Drop every day partition of `table` that ends at or before `before`; returns
+        rows dropped per device (results) or {"": n partitions} (others)."""
+        out: dict[str, int] = {}
+        with self.reader() as db:
+            parts = self._partitions(db, table)
+        for name, end in parts:
+            if end > before:
+                break
+            with self.transaction() as db:
+                got = self._drop(db, table, name, end, acked_only)
+            if got is not None:
+                for k, n in (got if table == "results" else {"": 1}).items():
+                    out[k] = out.get(k, 0) + n
+        return out
+
+    def oldest_partition(self, table: str, acked_only: bool) -> dict[str, int] | None:
+        """Drop the oldest droppable day partition that is not today's (size retention);
+        returns what it held per device, or None when there is none."""
+        today = (dt.datetime.now(dt.UTC).timestamp() // DAY) * DAY
+        with self.reader() as db:
+            parts = [p for p in self._partitions(db, table) if p[1] <= today]
+        for name, end in parts:
+            with self.transaction() as db:
+                got = self._drop(db, table, name, end, acked_only)
+            if got is not None:
+                return got if table == "results" else {"": 1}
+        return None
+
+    def after_prune(self) -> None:
+        """Row deletes leave space for autovacuum to reuse; dropped partitions are gone."""
+
+    def close(self) -> None:
+        self.pool.close()
+
+
+def _redact(url: str) -> str:
+    """The URL without its password, for logs."""
+    head, sep, tail = url.partition("@")
+    if sep and ":" in head.split("//", 1)[-1]:
+        scheme, _, user = head.partition("//")
+        return f"{scheme}//{user.split(':', 1)[0]}:***@{tail}"
+    return url
+
+
+def _day_name(day: int) -> str:
+    return dt.datetime.fromtimestamp(day * DAY, dt.UTC).strftime("%Y%m%d")
+
+
+class _PgConn:
+    """A psycopg connection that takes the store's portable `?` SQL."""
+
+    def __init__(self, conn: Any, dialect: PostgresDialect):
+        self.conn, self.d = conn, dialect
+
+    def execute(self, sql: str, args: Sequence[Any] = ()) -> Any:
+        return self.conn.execute(self.d.sql(sql), tuple(args))
+
+    def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> Any:
+        cur = self.conn.cursor()
+        cur.executemany(self.d.sql(sql), rows)
+        return cur
+
+
+def is_url(store: str) -> bool:
+    """Whether a `coordinator.store` value names a PostgreSQL server rather than a file."""
+    return store.startswith(("postgresql://", "postgres://"))
+
+
+def open_dialect(store: str | Path, fsync: str = "normal") -> SQLiteDialect | PostgresDialect:
+    """The dialect for a store setting: a postgresql:// URL, else an SQLite path."""
+    if isinstance(store, str) and is_url(store):
+        try:
+            import psycopg  # noqa: F401
+            import psycopg_pool  # noqa: F401
+        except ImportError:
+            raise RuntimeError("coordinator.store is a PostgreSQL URL but psycopg is not "
+                               "installed: pip install 'edgerun[postgres]'") from None
+        return PostgresDialect(store)
+    return SQLiteDialect(store, fsync)

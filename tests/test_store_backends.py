@@ -1,0 +1,224 @@
+"""The coordinator store on both backends (SQLite file, real PostgreSQL server): exactly once,
+maintained counts and fleet views shared by several coordinators, versioned migrations,
+PostgreSQL time partitions dropped by retention."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+
+import pytest
+
+from runtime.coordinator.dialect import DAY
+from runtime.coordinator.store import Inbound, Store
+
+
+def _batch(stream: str, seqs, floor: int = 1, boot: str = "b1") -> dict:
+    return {"v": 1, "stream": stream, "boot": boot, "floor": floor,
+            "results": [{"seq": s, "t": time.time(), "label": "ok"} for s in seqs]}
+
+
+def _state(online: bool, t: float, boot: str = "b1") -> dict:
+    return {"v": 1, "online": online, "boot": boot, "t": t,
+            "versions": {"edgerun": "1.0"}, "reason": "" if online else "connection lost"}
+
+
+def test_exactly_once_and_counts_without_group_by(store_url):
+    store = Store(store_url)
+    store.ingest([Inbound("d1", "result", _batch("s", range(1, 6)))])
+    store.ingest([Inbound("d1", "result", _batch("s", range(3, 9))),  # 3..5 re-delivered
+                  Inbound("d2", "result", _batch("s", [1, 2]))])
+    assert store.counts() == {"d1": 8, "d2": 2}
+    assert store.total_results() == 10
+    assert [q for _, q in store.result_seqs("d1")] == list(range(1, 9))
+    assert store.acks() == {("d1", "s"): 8, ("d2", "s"): 2}
+    # the counts come from the maintained table, not from the rows
+    with store._d.reader() as db:
+        assert sorted(tuple(r) for r in db.execute("SELECT device, n FROM result_counts")
+                      .fetchall()) == [("d1", 8), ("d2", 2)]
+    done = store.prune_results(max_age_s=60, now=time.time() + 3600)
+    assert done["results_by_age"] == 10 and store.counts() == {}
+    store.close()
+
+
+def test_two_coordinators_see_the_same_fleet_view(store_url):
+    """The view lives in `devices`: what one coordinator stored, the other answers."""
+    a, b = Store(store_url), Store(store_url)
+    now = time.time()
+    a.ingest([Inbound("d1", "state", _state(True, now))])
+    b.ingest([Inbound("d1", "health", {"v": 1, "t": now + 1, "boot": "b1", "temp_c": 51.0})])
+    # an older health arriving late at the first coordinator does not replace the newer one
+    a.ingest([Inbound("d1", "health", {"v": 1, "t": now, "boot": "b1", "temp_c": 40.0})])
+    va, vb = a.views()["d1"], b.views()["d1"]
+    assert va == vb
+    assert va.online and va.versions == {"edgerun": "1.0"} and va.health["temp_c"] == 51.0
+    b.ingest([Inbound("d1", "state", _state(False, now))])  # the will, seen through b
+    assert not a.views()["d1"].online
+    a.close()
+    b.close()
+
+
+def test_concurrent_coordinators_store_each_result_once(store_url):
+    """Two stores ingest the same stream at once, overlapping re-deliveries included:
+    every seq once, and the ack ends at the top."""
+    stores = [Store(store_url), Store(store_url)]
+    errors: list[BaseException] = []
+
+    def run(k: int) -> None:
+        try:
+            for start in range(1, 400, 20):
+                # both send every batch (as after a re-delivery), each from a floor it has
+                stores[k].ingest([Inbound("d", "result", _batch("s", range(start, start + 20),
+                                                                floor=start)),
+                                  Inbound(f"e{k}", "health", {"v": 1, "t": time.time(),
+                                                              "boot": "b"})])
+        except BaseException as e:  # surfaced below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    assert [q for _, q in stores[0].result_seqs("d")] == list(range(1, 401))
+    assert stores[1].counts()["d"] == 400
+    assert stores[0].acks() == {("d", "s"): 400}
+    for s in stores:
+        s.close()
+
+
+def test_migrations_are_versioned_and_applied_once(store_url):
+    first = Store(store_url)
+    first.ingest([Inbound("d", "result", _batch("s", [1]))])
+    first.close()
+    again = Store(store_url)  # re-opening applies nothing twice and loses nothing
+    with again._d.reader() as db:
+        versions = [r[0] for r in db.execute("SELECT version FROM schema_version").fetchall()]
+    assert versions == sorted(set(versions)) and versions
+    assert again.counts() == {"d": 1}
+    again.close()
+
+
+def test_an_sqlite_store_from_before_the_counts_table_is_migrated(tmp_path):
+    path = tmp_path / "old.db"
+    db = sqlite3.connect(path)
+    db.executescript("""
+        CREATE TABLE results (device TEXT NOT NULL, stream TEXT NOT NULL, seq INTEGER NOT NULL,
+            boot TEXT NOT NULL, t REAL NOT NULL, received REAL NOT NULL, body TEXT NOT NULL,
+            PRIMARY KEY (device, stream, seq)) WITHOUT ROWID;
+        CREATE TABLE streams (device TEXT NOT NULL, stream TEXT NOT NULL,
+            acked INTEGER NOT NULL, PRIMARY KEY (device, stream)) WITHOUT ROWID;
+        INSERT INTO results VALUES ('d', 's', 1, 'b', 1, 1, '{}'), ('d', 's', 2, 'b', 1, 1, '{}');
+        INSERT INTO streams VALUES ('d', 's', 2);
+    """)
+    db.close()
+    store = Store(path)
+    assert store.counts() == {"d": 2}  # back-filled once by migration 2
+    assert store.acks() == {("d", "s"): 2}
+    store.ingest([Inbound("d", "result", _batch("s", [3], floor=3))])
+    assert store.counts() == {"d": 3}
+    store.close()
+
+
+def _partitions(store: Store, table: str) -> list[str]:
+    with store._d.reader() as db:
+        return sorted(r[0] for r in db.execute(
+            "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
+            "JOIN pg_class p ON p.oid = i.inhparent WHERE p.relname = ?", (table,)).fetchall())
+
+
+def test_postgres_retention_drops_whole_acked_day_partitions(postgres):
+    store = Store(postgres.create_database("partitions"))
+    today = f"results_p{time.strftime('%Y%m%d', time.gmtime())}"
+    assert today in _partitions(store, "results")  # made ahead at start
+    assert "results_default" in _partitions(store, "results")
+    store.ingest([Inbound("d", "result", _batch("s", range(1, 51)))])
+    store.ingest([Inbound("e", "result", _batch("s", range(2, 5)))])  # e's seq 1 never came
+    with store._d.reader() as db:
+        in_today = db.execute(f"SELECT COUNT(*) FROM {today}").fetchone()[0]
+    assert in_today == 53
+    # three days on: today's partition still holds e's unacked rows, so it is not dropped;
+    # d's acked rows are deleted by row, e's kept
+    later = time.time() + 3 * DAY
+    done = store.prune_results(max_age_s=DAY, now=later)
+    assert done["results_by_age"] == 50 and today in _partitions(store, "results")
+    assert store.counts() == {"e": 3}
+    # once e's seq 1 arrives everything is acked: the whole day goes with one DROP
+    store.ingest([Inbound("e", "result", _batch("s", [1]))])
+    assert store.acks()[("e", "s")] == 4
+    done = store.prune_results(max_age_s=DAY, now=later)
+    assert done["results_by_age"] == 4 and today not in _partitions(store, "results")
+    assert store.counts() == {}
+    with store._d.reader() as db:  # the keys went with the partition
+        assert db.execute("SELECT COUNT(*) FROM result_keys").fetchone()[0] == 0
+    store.maintain()  # the day is made again for new rows (none were in the default)
+    assert today in _partitions(store, "results")
+    store.close()
+
+
+def test_postgres_health_partitions_dropped_by_prune(postgres):
+    store = Store(postgres.create_database("healthparts"))
+    old = time.time() - 30 * DAY  # a device clock far behind: lands in the default partition
+    store.ingest([Inbound("d", "health", {"v": 1, "t": old, "boot": "b"}),
+                  Inbound("d", "health", {"v": 1, "t": time.time(), "boot": "b"})])
+    store.prune(keep_health_s=DAY, keep_events_s=DAY)
+    assert [h["t"] > old for h in store.latest_health().values()] == [True]
+    with store._d.reader() as db:
+        assert db.execute("SELECT COUNT(*) FROM health").fetchone()[0] == 1
+    store.close()
+
+
+@pytest.mark.parametrize("bad", ["postgresql://nobody@127.0.0.1:1/none"])
+def test_unreachable_server_is_an_error_not_a_hang(bad):
+    with pytest.raises(Exception, match="(?i)connect|timeout|refused|pool"):
+        from runtime.coordinator.dialect import PostgresDialect
+
+        PostgresDialect(bad, connect_timeout_s=2)
+
+
+class _ExactAcks(Store):
+    """The reference: every stream's ack computed by the per-stream queries of `_acks`."""
+
+    def _acks_batch(self, db, floors, tops):
+        return {k: self._acks(db, *k, fl, tops[k]) for k, fl in floors.items()}
+
+
+def test_batched_acks_equal_the_per_stream_reference(store_url, tmp_path):
+    """Random batches with re-sends, gaps, evictions (floor jumps), forged floors and runs
+    longer than the 512-seq window: the batched acks equal the exact per-stream ones."""
+    import random
+
+    rng = random.Random(7)
+    fast = Store(store_url)
+    ref = _ExactAcks(str(tmp_path / "reference.db"))
+    held = {s: 1 for s in ("a", "b")}  # each stream's floor (lowest seq the device holds)
+    top = {s: 0 for s in held}
+    for _ in range(60):
+        batch = []
+        for _ in range(rng.randint(1, 4)):
+            s = rng.choice(list(held))
+            choice = rng.random()
+            if choice < 0.1:  # eviction: the device's floor jumps past a gap
+                held[s] = top[s] + rng.randint(2, 5)
+                top[s] = held[s] - 1
+            if choice < 0.05:
+                batch.append(Inbound("d", "result", _batch(s, [10**9], floor=10**9)))  # forged
+            lo = rng.randint(held[s], top[s] + 1) if rng.random() < 0.3 else top[s] + 1
+            n = rng.choice([1, 5, 40, 600])
+            loss = 0.05 if rng.random() < 0.3 else 0.0  # some batches lose a few
+            seqs = [q for q in range(lo, lo + n) if rng.random() >= loss]
+            if seqs:
+                batch.append(Inbound("d", "result", _batch(s, seqs, floor=held[s])))
+                top[s] = max(top[s], seqs[-1])
+        got, _ = fast.ingest(batch)
+        want, _ = ref.ingest(batch)
+        assert got == want
+        for (_, s), acks in got.items():  # the device deletes what its acks cover...
+            for a in acks if rng.random() < 0.7 else ():  # ...unless the ack was lost
+                if a.first <= held[s]:
+                    held[s] = max(held[s], a.seq + 1)
+    assert fast.acks() == ref.acks()
+    fast.close()
+    ref.close()
