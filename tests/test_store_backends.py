@@ -222,3 +222,33 @@ def test_batched_acks_equal_the_per_stream_reference(store_url, tmp_path):
     assert fast.acks() == ref.acks()
     fast.close()
     ref.close()
+
+
+def test_health_timeline_and_history_on_both_backends(store_url):
+    """The dashboard's bucketed timeline (health_points) and `edgerun report`'s history are
+    stored and read the same on both backends, by the batch and the per-message paths, and
+    pruned with the health they came from."""
+    store = Store(store_url)
+    t0 = time.time() - 100
+
+    def health(i: int, temp) -> dict:
+        return {"v": 1, "t": t0 + i, "boot": "b1", "temp_c": temp, "rung": 1 + i % 3,
+                "rungs": 3, "power_w": 2.0, "pipeline": {"rate_hz": 5.0,
+                                                         "latency_ms": {"p95": 1.0 + i}}}
+
+    store.ingest([Inbound("d1", "health", health(i, 40.0 + i)) for i in range(50)])
+    # a batch with one refused message goes the per-message way: its health still lands
+    store.ingest([Inbound("d1", "health", health(50, float("nan"))),
+                  Inbound("d1", "result", _batch("s", [0]))])  # seq 0: refused
+    rows = store.health_series("d1", t0, t0 + 60, [("temp_c", "MAX"), ("rung", "MIN"),
+                                                   ("p95_ms", "MAX")], max_points=10)
+    assert 9 <= len(rows) <= 11
+    assert max(r[1] for r in rows if r[1] is not None) == 89.0
+    assert min(r[2] for r in rows) == 1.0
+    last = store.health_series("d1", t0 + 50, t0 + 50, [("temp_c", "MAX")])
+    assert last and last[0][1] is None  # NaN stored as a gap, not an error
+    hist = store.health_history("d1", t0, t0 + 60, 1000)
+    assert len(hist) == 51 and hist[0]["temp_c"] == 40.0
+    store.prune(keep_health_s=1, keep_events_s=1)
+    assert store.health_series("d1", t0, t0 + 60, [("temp_c", "MAX")]) == []
+    store.close()
