@@ -252,24 +252,25 @@ def test_api_refuses_bad_rollout_requests(tmp_path, api):
         200, {"g": ["a", "b"]})
 
 
-def test_rollouts_persist_and_a_silent_canary_halts_after_the_timeout(tmp_path):
-    """Rollouts with real SQLite and a recording `send`: state survives a new instance (the
+def test_rollouts_persist_and_a_silent_canary_halts_after_the_timeout(store_url):
+    """Rollouts on both store backends and a recording `send`: state survives a new instance (the
     coordinator restarting), a canary that never reports fails at the timeout and halts."""
     from runtime.coordinator.rollout import Rollouts
+    from runtime.coordinator.store import Store
 
     sent = []
     args = {"name": "m", "version": "2", "url": "http://x/api/v1/bundles/m@2", "size": 1,
             "sha256": "0" * 64, "token": "t"}
 
     def make_rollouts():
-        return Rollouts(tmp_path / "c.db", lambda d, c, a: sent.append((d, c)),
+        return Rollouts(Store(store_url), lambda d, c, a: sent.append((d, c)),
                         lambda b: args, lambda: ["a", "b", "c"], timeout_s=100)
 
     r1 = make_rollouts()
     r1.set_group("g", ["a", "b", "c"])
     r = r1.start("m@2", "g", 10)
     assert r["canary"] == ["a"] and sent == [("a", "deploy")]
-    r1.close()
+    r1._store.close()
     r2 = make_rollouts()  # the coordinator restarted: rollout and desired state are there
     assert r2.get(r["id"])["state"] == "canary"
     assert r2.desired("a")["model"] == args and "model" not in r2.desired("b")

@@ -60,13 +60,18 @@ CREATE TABLE IF NOT EXISTS devices (device TEXT PRIMARY KEY, view TEXT NOT NULL 
                                     updated REAL NOT NULL DEFAULT 0);
 """
 
-# v3: the dashboard's timeline, numbers copied from each health at ingest (store.TIMELINE)
+# v3: the dashboard's timeline, numbers copied from each health at ingest (store.TIMELINE);
+# OTA rollouts: device groups, desired state, rollouts (runtime/coordinator/rollout.py)
 _SQLITE_V3 = """
 CREATE TABLE IF NOT EXISTS health_points (device TEXT NOT NULL, t REAL NOT NULL,
     temp_c REAL, passive_trip_c REAL, rung REAL, rungs REAL, p95_ms REAL, target_ms REAL,
     rate_hz REAL, accuracy REAL, power_w REAL, rung_energy_mj REAL, battery_frac REAL,
     harvest_w REAL);
 CREATE INDEX IF NOT EXISTS health_points_device ON health_points (device, t);
+CREATE TABLE IF NOT EXISTS device_groups (device TEXT PRIMARY KEY, grp TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS desired (device TEXT PRIMARY KEY, body TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS rollouts (id TEXT PRIMARY KEY, created REAL NOT NULL,
+                                     body TEXT NOT NULL);
 """
 
 
@@ -243,7 +248,11 @@ CREATE TABLE health_points (device TEXT NOT NULL, t DOUBLE PRECISION NOT NULL,
     rate_hz DOUBLE PRECISION, accuracy DOUBLE PRECISION, power_w DOUBLE PRECISION,
     rung_energy_mj DOUBLE PRECISION, battery_frac DOUBLE PRECISION,
     harvest_w DOUBLE PRECISION, id BIGSERIAL);
-CREATE INDEX health_points_device ON health_points (device, t)
+CREATE INDEX health_points_device ON health_points (device, t);
+CREATE TABLE device_groups (device TEXT PRIMARY KEY, grp TEXT NOT NULL);
+CREATE TABLE desired (device TEXT PRIMARY KEY, body TEXT NOT NULL);
+CREATE TABLE rollouts (id TEXT PRIMARY KEY, created DOUBLE PRECISION NOT NULL,
+                       body TEXT NOT NULL)
 """
 
 # (version, statements): append, never edit, once released.

@@ -20,23 +20,18 @@ from __future__ import annotations
 import json
 import logging
 import math
-import sqlite3
 import threading
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from runtime.coordinator.store import Store
 
 log = logging.getLogger("edgerun.rollout")
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS device_groups (device TEXT PRIMARY KEY, grp TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS desired (device TEXT PRIMARY KEY, body TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS rollouts (id TEXT PRIMARY KEY, created REAL NOT NULL,
-                                     body TEXT NOT NULL);
-"""
 # device states within a rollout
 WAITING, SENT, SWAPPED, PASSED, FAILED = "waiting", "sent", "swapped", "passed", "failed"
 SETTINGS = {"set_latency_target": "ms", "set_accuracy_floor": "value", "set_rate": "fps"}
@@ -85,16 +80,15 @@ def advance(r: dict[str, Any]) -> Step:
 
 
 class Rollouts:
-    """Groups, desired state and rollouts in the coordinator's database (own tables, own
-    connection). `send(device, cmd, args)` publishes a signed command without waiting."""
+    """Groups, desired state and rollouts in the coordinator's store (its tables
+    device_groups, desired, rollouts: on SQLite or PostgreSQL, so coordinators sharing a store
+    share them). `send(device, cmd, args)` publishes a signed command without waiting."""
 
-    def __init__(self, db: str | Path, send: Callable[[str, str, dict], Any],
+    def __init__(self, store: Store, send: Callable[[str, str, dict], Any],
                  deploy_args: Callable[[str], dict], known: Callable[[], list[str]],
                  timeout_s: float = 3600.0):
         self.timeout_s = timeout_s  # a device sent a model without a verdict this long: failed
-        self._db = sqlite3.connect(Path(db).expanduser(), check_same_thread=False,
-                                   isolation_level=None, timeout=30)
-        self._db.executescript(_SCHEMA)
+        self._store = store
         self._lock = threading.RLock()
         self._send, self._deploy_args, self._known = send, deploy_args, known
 
@@ -103,14 +97,14 @@ class Rollouts:
     def set_group(self, group: str, devices: list[str]) -> None:
         """Put `devices` in `group` (a device is in one group)."""
         with self._lock:
-            self._db.executemany("INSERT OR REPLACE INTO device_groups VALUES (?, ?)",
-                                 [(d, group) for d in devices])
+            self._store.write("INSERT INTO device_groups VALUES (?, ?) ON CONFLICT(device) "
+                              "DO UPDATE SET grp = excluded.grp", [(d, group) for d in devices])
 
     def groups(self) -> dict[str, list[str]]:
         """Group -> devices."""
         out: dict[str, list[str]] = {}
         with self._lock:
-            for d, g in self._db.execute("SELECT device, grp FROM device_groups ORDER BY 1"):
+            for d, g in self._store.read("SELECT device, grp FROM device_groups ORDER BY 1"):
                 out.setdefault(g, []).append(d)
         return out
 
@@ -123,14 +117,13 @@ class Rollouts:
     def desired(self, device: str) -> dict[str, Any]:
         """The device's desired state: {"model": {...deploy args...}, "settings": {...}}."""
         with self._lock:
-            row = self._db.execute("SELECT body FROM desired WHERE device=?",
-                                   (device,)).fetchone()
-        return json.loads(row[0]) if row else {}
+            rows = self._store.read("SELECT body FROM desired WHERE device=?", (device,))
+        return json.loads(rows[0][0]) if rows else {}
 
     def _set_desired(self, device: str, doc: dict[str, Any]) -> None:
         with self._lock:
-            self._db.execute("INSERT OR REPLACE INTO desired VALUES (?, ?)",
-                             (device, json.dumps(doc)))
+            self._store.write("INSERT INTO desired VALUES (?, ?) ON CONFLICT(device) DO UPDATE "
+                              "SET body = excluded.body", [(device, json.dumps(doc))])
 
     def record_setting(self, device: str, cmd: str, args: dict[str, Any]) -> None:
         """An operator setting the device accepted: kept as desired, re-sent on return."""
@@ -163,20 +156,19 @@ class Rollouts:
         return r
 
     def _save(self, r: dict[str, Any]) -> None:
-        self._db.execute("INSERT OR REPLACE INTO rollouts VALUES (?, ?, ?)",
-                         (r["id"], r["created"], json.dumps(r)))
+        self._store.write("INSERT INTO rollouts VALUES (?, ?, ?) ON CONFLICT(id) DO UPDATE "
+                          "SET body = excluded.body", [(r["id"], r["created"], json.dumps(r))])
 
     def get(self, rollout_id: str) -> dict[str, Any] | None:
         """One rollout."""
         with self._lock:
-            row = self._db.execute("SELECT body FROM rollouts WHERE id=?",
-                                   (rollout_id,)).fetchone()
-        return json.loads(row[0]) if row else None
+            rows = self._store.read("SELECT body FROM rollouts WHERE id=?", (rollout_id,))
+        return json.loads(rows[0][0]) if rows else None
 
     def list(self) -> list[dict[str, Any]]:
         """Every rollout, newest first."""
         with self._lock:
-            rows = self._db.execute("SELECT body FROM rollouts ORDER BY created DESC")
+            rows = self._store.read("SELECT body FROM rollouts ORDER BY created DESC")
             return [json.loads(b) for (b,) in rows]
 
     def _active(self) -> list[dict[str, Any]]:
@@ -292,8 +284,3 @@ class Rollouts:
             self._try_send(device, "deploy", want)
         for cmd, args in (doc.get("settings") or {}).items():
             self._try_send(device, cmd, args)
-
-    def close(self) -> None:
-        """Close the connection."""
-        with self._lock:
-            self._db.close()

@@ -66,7 +66,7 @@ class Coordinator:
         from runtime.coordinator.rollout import Rollouts
 
         # groups, desired state, staged rollouts (own tables in the same database)
-        self.rollouts = Rollouts(cfg.store, self._send_async, self.deploy_args,
+        self.rollouts = Rollouts(self.store, self._send_async, self.deploy_args,
                                  lambda: list(self.views), cfg.rollout_timeout_s)
         from runtime.coordinator.bundles import Shelf
 
@@ -157,7 +157,6 @@ class Coordinator:
             self.webhook.stop()
         self.store.close()
         self.shelf.close()
-        self.rollouts.close()
 
     def threads_alive(self) -> dict[str, bool]:
         """Whether each of the coordinator's threads runs (for tests and stats)."""
@@ -415,24 +414,32 @@ class Coordinator:
         """Turn alert changes into transitions: a raise at once (unless the alert is only
         back from a clear still settling), a clear after alert_clear_s. Under the views
         lock; Webhook.submit never blocks."""
+        # many at once (a fleet going stale): one line a kind, not a line a device
+        quiet: collections.Counter = collections.Counter()
         for device, code, state, message in changes:
             if state == "cleared":
                 self._clearing[(device, code)] = (now, message)
             elif self._clearing.pop((device, code), None) is not None:
                 self.counters["alert_flaps"] += 1  # back within alert_clear_s: still raised
             else:
-                self._emit_alert(device, code, "raised", message, now)
+                self._emit_alert(device, code, "raised", message, now,
+                                 quiet if len(changes) > 20 else None)
+        _log_quiet(quiet)
 
     def _settle_clears(self, now: float) -> None:
         """Send the clears of alerts that have stayed away for alert_clear_s."""
-        for key, (went, message) in list(self._clearing.items()):
-            if now - went >= self.cfg.alert_clear_s:
-                del self._clearing[key]
-                self._emit_alert(*key, "cleared", message, now)
+        due = [(k, m) for k, (went, m) in self._clearing.items()
+               if now - went >= self.cfg.alert_clear_s]
+        quiet: collections.Counter = collections.Counter()
+        for key, message in due:
+            del self._clearing[key]
+            self._emit_alert(*key, "cleared", message, now, quiet if len(due) > 20 else None)
+        _log_quiet(quiet)
 
-    def _emit_alert(self, device: str, code: str, state: str, message: str, now: float
-                    ) -> None:
-        """One alert transition: logged, kept for the dashboard, queued for the webhook."""
+    def _emit_alert(self, device: str, code: str, state: str, message: str, now: float,
+                    quiet: collections.Counter | None = None) -> None:
+        """One alert transition: logged (or counted into `quiet` for one summary line),
+        kept for the dashboard, queued for the webhook."""
         status = self.views[device].status if device in self.views else "unknown"
         body = webhooks.alert_payload(self.cfg.fleet, device, code, state, message,
                                       status, now)
@@ -442,7 +449,10 @@ class Coordinator:
             body["raised_t"] = self.alert_since.pop((device, code), None)
         self.alert_log.append(body)
         self.counters[f"alerts_{state}"] += 1
-        log.info("device %s: alert %s %s: %s", device, code, state, message)
+        if quiet is None:
+            log.info("device %s: alert %s %s: %s", device, code, state, message)
+        else:
+            quiet[(code, state)] += 1
         if self.webhook is not None and (not self.cfg.webhook_alerts
                                          or code in self.cfg.webhook_alerts):
             self.webhook.submit(body)
@@ -621,3 +631,9 @@ def _topic_device(topic_name: str) -> str:
     """The device level of an edgerun topic when it is a valid id, else "" (for quarantine)."""
     parts = topic_name.split("/")
     return parts[3] if len(parts) > 4 and check_name("device", parts[3]) is None else ""
+
+
+def _log_quiet(counts: collections.Counter) -> None:
+    """One log line per (alert, raised|cleared) counted instead of logged per device."""
+    for (code, state), n in sorted(counts.items()):
+        log.info("%d devices: alert %s %s", n, code, state)

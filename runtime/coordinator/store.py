@@ -350,6 +350,16 @@ class Store:
         return [{"t": t, "device": d, "topic": tp, "reason": r, "size": n}
                 for t, d, tp, r, n in rows]
 
+    def write(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        """A portable write (`?` placeholders) of `rows` in one transaction: the coordinator's
+        own tables (device_groups, desired, rollouts: runtime/coordinator/rollout.py)."""
+        with self._d.transaction() as db:
+            db.executemany(sql, rows)
+
+    def read(self, sql: str, args: Iterable[Any] = ()) -> list[tuple]:
+        """A portable query's rows."""
+        return self._query(sql, args)
+
     def _query(self, sql: str, args: Iterable[Any] = ()) -> list[tuple]:
         with self._d.reader() as db:
             return [tuple(r) for r in db.execute(sql, tuple(args)).fetchall()]
