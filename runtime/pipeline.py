@@ -89,6 +89,7 @@ class Pipeline:
         self._manifest = manifest
         # (frame, input shape) -> tensor; the daemon passes a PreprocessChooser
         self._pre = tiled(preprocess or manifest.preprocess.apply, manifest)
+        self._tilers: dict[int, tuple[Any, Any, Callable]] = {}  # see _pre_of
         self._sink = sink
         self._local = local  # print/JSONL/snapshots, after the outbox commit
         self._event = on_event
@@ -156,6 +157,17 @@ class Pipeline:
             if self._next is not None:  # superseded before it was swapped in
                 self._next.session.close()
             self._next = new
+
+    def _pre_of(self, a: Active) -> Callable[[Any, tuple[int, ...]], Any]:
+        """The preprocessing of `a`'s model, tiled when that model tiles (one wrapper per
+        model, so frames in flight are not preprocessed again at every rung change)."""
+        if a.pre is None:
+            return self._pre
+        got = self._tilers.get(id(a.pre))
+        if got is None or got[0] is not a.pre or got[1] is not a.manifest:
+            got = (a.pre, a.manifest, tiled(a.pre, a.manifest or self._manifest))
+            self._tilers = {**self._tilers, id(a.pre): got}  # replaced whole: thread-safe reads
+        return got[2]
 
     def set_manifest(self, manifest: Manifest,
                      preprocess: Callable[[Any, tuple[int, ...]], Any] | None = None) -> None:
@@ -326,7 +338,7 @@ class Pipeline:
         target = self._next or self._active
         assert target is not None
         try:
-            return (target.pre or self._pre)(frame.image, target.input_shape), target
+            return self._pre_of(target)(frame.image, target.input_shape), target
         except Exception as e:
             self.bad.record("preprocess_failed", frame.ref, str(e))
             return None
@@ -396,7 +408,7 @@ class Pipeline:
             if made_for is not active and (made_for.input_shape != active.input_shape
                                            or made_for.pre is not active.pre):
                 # preprocessed for the variant just replaced (another size or model)
-                tensor = (active.pre or self._pre)(frame.image, active.input_shape)
+                tensor = self._pre_of(active)(frame.image, active.input_shape)
             t0, c0 = time.perf_counter(), time.thread_time()
             out = infer_tiles(active.session, tensor)  # one tensor, or a tiled frame's
             ms = (time.perf_counter() - t0) * 1e3
@@ -431,7 +443,7 @@ class Pipeline:
         if shadow is None:
             return
         try:
-            old = infer_tiles(shadow.session, (shadow.pre or self._pre)(frame.image,
+            old = infer_tiles(shadow.session, self._pre_of(shadow)(frame.image,
                                                                         shadow.input_shape))
             hw = frame.image.shape[:2]  # a detector's label is its best box's
             new_label = frame_result(out, active.manifest or self._manifest, hw,
