@@ -131,6 +131,12 @@ class Pipeline:
                 self._next.session.close()
             self._next = new
 
+    def exclusive(self) -> threading.Lock:
+        """The lock held while a frame is inferred and stored: whoever holds it runs between
+        two frames, with no inference of the pipeline beside it (background profiling
+        measures under it, in short chunks)."""
+        return self._work
+
     def set_manifest(self, manifest: Manifest,
                      preprocess: Callable[[Any, tuple[int, ...]], Any] | None = None) -> None:
         """Use another model's pre/post-processing (call `switch` with its session next)."""
