@@ -591,6 +591,8 @@ class Daemon:
         simulated device: its temperature is not this host's."""
         if self.sim or time.monotonic() - self._last_reprofile < 600:
             return
+        if self._reprofiling.locked():  # the start-up refinement: asked again when it ends
+            return
         why = None
         if temp is not None and self.profile_temp is not None and abs(
                 temp - self.profile_temp) > self.cfg.daemon.reprofile_temp_delta_c:

@@ -66,6 +66,13 @@ def recorded_profiles(path: Path) -> dict[str, Profile]:
         raise ValueError(f"{path}: not a recorded profile file ({e})") from e
 
 
+def _profiled(profiles: list[Profile], name: str, t0: float) -> None:
+    """The one line that closes every profiling schedule."""
+    log.info("%d variants of %s profiled in %.1f s (%d failed, %d at full length)",
+             len(profiles), name, time.monotonic() - t0, sum(1 for p in profiles if not p.ok),
+             sum(1 for p in profiles if p.ok and p.stage == "full"))
+
+
 Rest = Callable[[Callable[[], ContextManager] | None], Measured]
 
 
@@ -130,9 +137,7 @@ def measure_first(path: Path, cfg: Config, backends: list[Backend], meter: Power
             progress(i, len(work), manifest.name)
             profiles.append(profiler.profile(b, d, v, fresh=fresh))
         log_failures(profiles)
-        log.info("%d variants of %s profiled at full length in %.1f s (%d failed)",
-                 len(profiles), manifest.name, time.monotonic() - t0,
-                 sum(1 for p in profiles if not p.ok))
+        _profiled(profiles, manifest.name, t0)
         ladder_for(profiles, constraints)
         return Measured(manifest, profiles, idle_w, loaders, temp_c), None
 
@@ -152,6 +157,7 @@ def measure_first(path: Path, cfg: Config, backends: list[Backend], meter: Power
              f"; {len(later)} more to measure briefly and the candidates to refine next"
              if later else f"; refining {pending} candidates next" if pending else "; final")
     if not pending:
+        _profiled(quick, manifest.name, t0)
         return first, None
 
     def rest(gate: Callable[[], ContextManager] | None) -> Measured:
@@ -166,6 +172,7 @@ def measure_first(path: Path, cfg: Config, backends: list[Backend], meter: Power
                  "%d pruned after a shorter round): %s", manifest.name, time.monotonic() - t1,
                  sum(1 for p in final if p.ok and p.stage == "full"),
                  sum(1 for p in final if p.ok and p.stage != "full"), why)
+        _profiled(final, manifest.name, t0)
         return Measured(manifest, final, idle_w, loaders, temp_c)
 
     return first, rest

@@ -57,7 +57,7 @@ def rounds(warmup_runs: int, min_runs: int, max_runs: int, time_budget_s: float,
         if r == n - 1:
             out.append(RoundSettings(warmup_runs, min_runs, max_runs, time_budget_s, True))
             continue
-        lo = max(3, min(min_runs, math.ceil(min_runs * f)))
+        lo = min(min_runs, max(3, math.ceil(min_runs * f)))
         out.append(RoundSettings(max(1, math.ceil(warmup_runs * f)), lo,
                                  max(lo, math.ceil(max_runs * f)), time_budget_s * f, False))
     return out
@@ -79,8 +79,9 @@ def mean_ci(samples_ms: Sequence[float]) -> float:
 
 def percentile_ci(samples_ms: Sequence[float], percentile: int = 95) -> float:
     """Relative half-width of a ~95 % interval for a latency percentile: the distribution-free
-    order-statistic interval; where there are too few samples to bound the tail above, one
-    standard deviation is added for what was not seen. Infinite with < 2 samples."""
+    order-statistic interval; where there are too few samples to bound the tail above, the
+    largest sample plus one standard deviation per missing rank and one more, for what was not
+    seen. Infinite with < 2 samples."""
     n = len(samples_ms)
     if n < 2:
         return math.inf
@@ -92,7 +93,7 @@ def percentile_ci(samples_ms: Sequence[float], percentile: int = 95) -> float:
     half = 1.96 * math.sqrt(n * q * (1 - q))
     lo_i, hi_i = math.floor(centre - half), math.ceil(centre + half)
     lo_v = xs[max(lo_i, 0)]
-    hi_v = xs[min(hi_i, n - 1)] + (sd if hi_i > n - 1 else 0.0)
+    hi_v = xs[min(hi_i, n - 1)] + (sd * (hi_i - n + 2) if hi_i > n - 1 else 0.0)
     point = xs[min(round(centre), n - 1)]
     return (hi_v - lo_v) / 2 / point if point > 0 else math.inf
 
