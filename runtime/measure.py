@@ -135,7 +135,7 @@ def measure_first(path: Path, cfg: Config, backends: list[Backend], meter: Power
         profiles = []
         for i, (b, d, v) in enumerate(work, start=1):
             progress(i, len(work), manifest.name)
-            profiles.append(profiler.profile(b, d, v, fresh=fresh))
+            profiles.append(profiler.profile(b, d, v, fresh=fresh, retry_failed=False))
         log_failures(profiles)
         _profiled(profiles, manifest.name, t0)
         ladder_for(profiles, constraints)

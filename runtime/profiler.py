@@ -161,12 +161,14 @@ class Profiler:
         return self._idle_w
 
     def profile(self, backend: Backend, device: Device, v: Variant,
-                fresh: bool = False) -> Profile:
+                fresh: bool = False, retry_failed: bool = True) -> Profile:
         """Measure one variant at full length (or return its cached full profile; a cached
-        failure is returned as `known-failure` without trying again unless `fresh`)."""
-        if not fresh:
+        failure is returned as `known-failure` without trying again unless `fresh` and
+        `retry_failed`: a re-profile for heat measures again, it does not retry failures)."""
+        if not fresh or not retry_failed:
             hit = self.lookup(v, device)
-            if hit is not None and (hit.stage in ("full", KNOWN_FAILURE)):
+            if hit is not None and (hit.stage == KNOWN_FAILURE
+                                    or (hit.stage == "full" and not fresh)):
                 self._progress(f"{v.id}: cached")
                 return hit
         self._progress(f"{v.id}: measuring")
@@ -338,27 +340,32 @@ def quick_pass(work: Work, profiler: Profiler, fresh: bool = False,
                enough: Callable[[list[Profile]], bool] | None = None
                ) -> tuple[list[Profile], int, Work]:
     """The fast schedule's first round: each variant measured briefly (runtime.refine's first
-    round), or taken from the cache at whatever stage it reached (a known failure is skipped);
-    results are cached as they come, so an interrupted start resumes. Stops early once
-    `enough(profiles so far)` says so. Returns the profiles, how many came from the cache and
-    the work not done yet."""
+    round), or taken from the cache at whatever stage it reached (a known failure is skipped,
+    even when `fresh`); results are cached as they come, so an interrupted start resumes.
+    Cache hits are taken first (they cost a file read); after each variant measured,
+    `enough(profiles so far)` may stop the round. Returns the profiles, how many came from
+    the cache and the work not done yet (in `work` order)."""
     s = rounds(*_knobs(profiler.cfg))[0]
     out: list[Profile] = []
-    hits = 0
-    for i, (b, d, v) in enumerate(work, start=1):
-        if progress:
-            progress(i, len(work), v.id)
-        hit = None if fresh else profiler.lookup(v, d)
+    todo: Work = []
+    for b, d, v in work:
+        hit = profiler.lookup(v, d)
+        if fresh and hit is not None and hit.stage != KNOWN_FAILURE:
+            hit = None  # measured again; a failure record stands (only --fresh retries it)
         if hit is not None:
             out.append(hit)
-            hits += 1
         else:
-            p = profiler.measure(b, v, s, pause)
-            profiler.record(v, d, p)
-            out.append(p)
-        if enough is not None and i < len(work) and enough(out):
+            todo.append((b, d, v))
+    hits = len(out)
+    for i, (b, d, v) in enumerate(todo, start=1):
+        if progress:
+            progress(hits + i, len(work), v.id)
+        p = profiler.measure(b, v, s, pause)
+        profiler.record(v, d, p)
+        out.append(p)
+        if enough is not None and i < len(todo) and enough(out):
             log_failures(out)
-            return out, hits, work[i:]
+            return out, hits, todo[i:]
     log_failures(out)
     return out, hits, []
 

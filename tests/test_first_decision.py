@@ -83,22 +83,31 @@ def test_serves_at_once_refines_in_the_background_and_switches_without_losing_fr
     refs = [r["ref"] for r in got]
     assert sorted(refs) == sorted(written)  # every frame exactly once across the switch
     variants = [r["variant"] for r in got]
-    assert variants[0] and variants[-1]
-    final = next(ln for ln in d.text().splitlines() if "refinement of inspection finished" in ln)
-    assert variants[-1] in final  # served on the final choice after the switch
+    lines = d.text().splitlines()
+    first_choice = next(ln for ln in lines if "first choice for inspection" in ln)
+    refined = next(ln for ln in lines if "refinement of inspection finished" in ln)
+    first_id = first_choice.split("): ", 1)[1].split(": ", 1)[0]
+    final_id = refined.split("): ", 1)[1].split(": ", 1)[0]
+    assert variants[0] == first_id  # served on the quick round's choice at once
+    switched = [ln for ln in lines if "(profiling refined)" in ln]
+    if first_id != final_id:  # then served on the final choice after the switch
+        assert switched and final_id in switched[0]
+        assert final_id in variants[variants.index(first_id):]
     # failures: one WARNING line per kind on the cold start ...
     warn = [ln for ln in d.text().splitlines() if "WARNING" in ln and "opencv" in ln]
     assert warn and len(warn) <= 3, warn
     assert all("variants failed" in ln for ln in warn)
 
-    # ... and a warm start: no profiling, known failures skipped with INFO lines, no WARNING
+    # ... and a warm start: serves at once, known failures skipped with INFO lines, no WARNING
     d2 = Serve(tmp_path, cfg)
     try:
         wait(d2.ready, 60, "ready (warm)", d2)
         log2 = d2.text()
-        assert "from the cache" in log2 and "; final" in log2
+        # nothing measured before serving (a slow-inference re-profile interrupted by the
+        # stop above may have left candidates to refine: those resume in the background)
+        assert "0 measured briefly, 30 from the cache" in log2
+        assert "profiling inspection (quick round)" not in log2
         assert "known to fail" in log2
         assert not [ln for ln in log2.splitlines() if "WARNING" in ln and "opencv" in ln]
-        assert "profiling inspection (refining)" not in log2
     finally:
         assert d2.stop() == 0

@@ -314,3 +314,26 @@ def test_every_inference_runs_inside_the_pause_gate(tiny_model, fast_profiler_cf
     assert p.ok, p.error
     assert len(entries) >= 2 + 3  # warm-ups one by one, then several chunks
     assert not lock.locked()
+
+
+def test_a_fresh_reprofile_measures_again_but_does_not_retry_known_failures(tmp_path,
+                                                                             fast_profiler_cfg):
+    # A re-profile for heat or throttling (fresh) must not try OpenCV's unsupported op again
+    # (and warn again); only `edgerun profile --fresh` does.
+    path = _odd_model(tmp_path)
+    bcfg = BackendsConfig(enabled=("onnxruntime", "opencv"), threads=(1,))
+    work = _work(path, bcfg)
+
+    def profiler():
+        return Profiler(fast_profiler_cfg, EstimatedMeter(5.0, 2.0), "test-device")
+
+    first, _, _ = quick_pass(work, profiler())
+    assert any(not p.ok for p in first)
+    again, hits, _ = quick_pass(work, profiler(), fresh=True)
+    failed = [p for p in again if not p.ok]
+    assert failed and all(p.stage == "known-failure" for p in failed)
+    assert hits == len(failed)  # only the failure records came from the cache
+    assert all(p.stage == "quick" for p in again if p.ok)
+    b, d, v = next(w for w in work if w[2].engine == "opencv")
+    assert profiler().profile(b, d, v, fresh=True, retry_failed=False).stage == "known-failure"
+    assert profiler().profile(b, d, v, fresh=True).stage == "full"  # --fresh: tried again
