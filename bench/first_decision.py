@@ -174,7 +174,8 @@ def main() -> int:
             print(f"run {r + 1} ({order[0]} first): first choice {t_first:.1f} s "
                   f"({first_id}, {e_first:+.1%} energy), final {t_final:.1f} s ({final_id}, "
                   f"{e_final:+.1%} energy, {n_full}/{n_all} variants at full length); "
-                  f"exhaustive {t_ex:.1f} s ({ex_choice.variant_id}); time to first choice "
+                  f"exhaustive {t_ex:.1f} s ({ex_choice.variant_id}, p{c.percentile} "
+                  f"{ex_choice.latency(c.percentile):.2f} ms); time to first choice "
                   f"{t_ex / t_first:.1f}x shorter, to final {t_ex / t_final:.1f}x", flush=True)
         cols = list(zip(*rows, strict=True))
         print(f"\nsummary over {args.runs} cold runs, median (min-max):")

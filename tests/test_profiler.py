@@ -337,3 +337,41 @@ def test_a_fresh_reprofile_measures_again_but_does_not_retry_known_failures(tmp_
     b, d, v = next(w for w in work if w[2].engine == "opencv")
     assert profiler().profile(b, d, v, fresh=True, retry_failed=False).stage == "known-failure"
     assert profiler().profile(b, d, v, fresh=True).stage == "full"  # --fresh: tried again
+
+
+def test_measure_first_serves_early_and_rest_completes_the_schedule(tmp_path):
+    from models import bundled
+    from runtime.config import from_dict
+    from runtime.measure import measure_first
+    from runtime.selector import Constraints
+
+    if not (bundled() / "manifest.json").exists():
+        pytest.skip("bundled model not built")
+
+    def cfg(**profiler):
+        return from_dict({
+            "backends": {"enabled": ["onnxruntime"], "threads": [1],
+                         "onnxruntime": {"spinning": [False], "include_default": False}},
+            "profiler": {"idle_baseline_s": 0.05, "cache_dir": str(tmp_path / "c"),
+                         "warmup_runs": 2, "min_runs": 5, "max_runs": 80,
+                         "time_budget_s": 0.05, **profiler}})
+
+    c = Constraints(1000)
+    backends = discover(cfg().backends)
+
+    def first(conf):
+        return measure_first(bundled(), conf, backends, EstimatedMeter(5.0, 2.0), "generic-x86",
+                             2.0, None, lambda *a: None, lambda *a: None, c)
+
+    m, rest = first(cfg(first_decision_s=0))
+    n_forms = len({p.model for p in m.profiles})
+    assert rest is not None and len(m.profiles) == n_forms  # one per form, then serve
+    final = rest(None)
+    assert len(final.profiles) > len(m.profiles)
+    assert {p.stage for p in final.profiles} >= {"full"}
+    # warm: nothing left, the same final choice at once
+    m2, rest2 = first(cfg(first_decision_s=0))
+    assert rest2 is None and len(m2.profiles) == len(final.profiles)
+    # the exhaustive schedule: everything at full length before returning, nothing after
+    m3, rest3 = first(cfg(schedule="exhaustive", cache_dir=str(tmp_path / "x")))
+    assert rest3 is None and {p.stage for p in m3.profiles} == {"full"}
