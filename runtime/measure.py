@@ -144,7 +144,7 @@ def measure_first(path: Path, cfg: Config, backends: list[Backend], meter: Power
     forms_names = sorted({v.model.name for _, _, v in work})
     quick, hits, later = quick_pass(
         quick_order(work), profiler, fresh,
-        lambda i, n, _vid: progress(i, n, f"{manifest.name} (quick round)"),
+        lambda i, n, _vid: progress(i, n, f"{manifest.name} (quick round)"), pause,
         enough=lambda ps: first_decision_ready(ps, forms_names, constraints,
                                                time.monotonic() - t0,
                                                cfg.profiler.first_decision_s))

@@ -275,6 +275,33 @@ def test_quick_order_puts_one_variant_of_every_form_first():
         "a0@openvino", "a0@opencv"]
 
 
+class _Checked:
+    """A real session whose inferences must run while `lock` is held."""
+
+    def __init__(self, session, lock):
+        self._s, self._lock = session, lock
+
+    def infer(self, x):
+        assert self._lock.locked(), "an inference outside the pause gate"
+        return self._s.infer(x)
+
+    def __getattr__(self, name):
+        return getattr(self._s, name)
+
+
+class _Gated:
+    """A real backend whose sessions check the pause gate."""
+
+    def __init__(self, backend, lock):
+        self._b, self._lock = backend, lock
+
+    def load(self, variant):
+        return _Checked(self._b.load(variant), self._lock)
+
+    def __getattr__(self, name):
+        return getattr(self._b, name)
+
+
 def test_every_inference_runs_inside_the_pause_gate(tiny_model, fast_profiler_cfg):
     # The daemon passes the pipeline's per-frame lock: a measuring inference must never run
     # outside it (it would share the CPU with a served frame), and the gate must be let go
@@ -288,32 +315,37 @@ def test_every_inference_runs_inside_the_pause_gate(tiny_model, fast_profiler_cf
     lock = threading.Lock()
     entries = []
 
-    class Counting:
-        def infer(self, x):
-            assert lock.locked(), "an inference outside the pause gate"
-            return self._s.infer(x)
-
-        def __getattr__(self, name):
-            return getattr(self._s, name)
-
-    class Gated:  # the real backend, its sessions checked
-        name = b.name
-
-        def load(self, variant):
-            s = Counting()
-            s._s = b.load(variant)
-            return s
-
     def gate():
         entries.append(1)
         return lock
 
     profiler = Profiler(fast_profiler_cfg, EstimatedMeter(5.0, 2.0), "test-device")
     s = rounds(2, 5, 100000, 0.3)[-1]  # 0.3 s of measuring: many 20 ms chunks
-    p = profiler.measure(Gated(), v, s, pause=gate)
+    p = profiler.measure(_Gated(b, lock), v, s, pause=gate)
     assert p.ok, p.error
     assert len(entries) >= 2 + 3  # warm-ups one by one, then several chunks
     assert not lock.locked()
+
+
+def test_a_background_reprofile_measures_every_round_inside_the_gate(tmp_path, tiny_model):
+    # measure_model with a pause gate (the daemon's re-profile while serving): the quick
+    # round too, not only the refinement (an inference outside the gate fails its variant).
+    import threading
+
+    from runtime.config import from_dict
+    from runtime.measure import measure_model
+    from runtime.selector import Constraints
+
+    cfg = from_dict({"backends": {"enabled": ["onnxruntime"], "threads": [1]},
+                     "profiler": {"idle_baseline_s": 0.05, "cache_dir": str(tmp_path / "c"),
+                                  "warmup_runs": 2, "min_runs": 5, "max_runs": 50,
+                                  "time_budget_s": 0.05}})
+    lock = threading.Lock()
+    backends = [_Gated(b, lock) for b in discover(cfg.backends)]
+    m = measure_model(tiny_model, cfg, backends, EstimatedMeter(5.0, 2.0), "generic-x86", 2.0,
+                      None, lambda *a: None, lambda *a: None, Constraints(1000),
+                      pause=lambda: lock)
+    assert m.profiles and all(p.ok for p in m.profiles), [p.error for p in m.profiles]
 
 
 def test_a_fresh_reprofile_measures_again_but_does_not_retry_known_failures(tmp_path,
