@@ -171,6 +171,11 @@ def main() -> int:
             e_final = by_id[final_id].energy_mj / ex_choice.energy_mj - 1
             e_first = by_id[first_id].energy_mj / ex_choice.energy_mj - 1
             rows.append((t_first, t_final, t_ex, e_first, e_final))
+            ref = next((p for p in ex_profiles if p.ok and p.precision == "fp32"
+                        and p.engine == "onnxruntime" and p.threads == 1
+                        and "-" not in p.model), None)  # the model's class: plain fp32, 1 core
+            if ref is not None:
+                print(f"  {ref.variant_id}: p95 {ref.p95_ms:.1f} ms (the model's class)")
             print(f"run {r + 1} ({order[0]} first): first choice {t_first:.1f} s "
                   f"({first_id}, {e_first:+.1%} energy), final {t_final:.1f} s ({final_id}, "
                   f"{e_final:+.1%} energy, {n_full}/{n_all} variants at full length); "

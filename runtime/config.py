@@ -77,7 +77,7 @@ class ProfilerConfig:
     schedule: Literal["fast", "exhaustive"] = "fast"
     # fast: serve once the quick round has run this long and its choice meets the
     # constraints; the rest of the quick round goes on in the background
-    first_decision_s: float = 4.0
+    first_decision_s: float = 2.0
 
     def validate(self) -> tuple[str, str] | None:
         if self.min_runs < 1:
