@@ -34,7 +34,15 @@ from runtime import __version__
 from runtime.backends import Backend, BackendError, Device, ModelFile, Variant
 from runtime.config import ModelConfig, ProfilerConfig
 from runtime.onnx_model import file_sha256
-from runtime.refine import RoundSettings, keep, mean_ci, percentile_ci, rounds
+from runtime.refine import (
+    NOISE_FLOOR,
+    RoundSettings,
+    keep,
+    mean_ci,
+    observed_floor,
+    percentile_ci,
+    rounds,
+)
 from runtime.report import failure_kinds
 from runtime.selector import Constraints, Profile
 
@@ -396,13 +404,15 @@ def refine(work: Work, profiles: Sequence[Profile], profiler: Profiler,
     passes = [(r, s) for r, s in enumerate(schedule) if r > 0]
     passes += [(len(schedule) - 1, schedule[-1])] * max_extra
     failed: list[Profile] = []
+    floor = NOISE_FLOOR
     for r, s in passes:
-        kept = keep(list(by_id.values()), constraints)
+        kept = keep(list(by_id.values()), constraints, floor)
         todo = [vid for vid in by_id if vid in kept and _level(by_id[vid]) < r and vid in where]
         if not todo:
             if r == len(schedule) - 1:
                 break
             continue
+        pairs = []
         for i, vid in enumerate(todo, start=1):
             if progress:
                 progress(i, len(todo), f"{vid} ({STAGES[r]})")
@@ -411,8 +421,16 @@ def refine(work: Work, profiles: Sequence[Profile], profiler: Profiler,
             if p.ok:
                 p = replace(p, stage=STAGES[r])
             profiler.record(v, d, p)
+            pairs.append((by_id[vid], p))
             by_id[vid] = p
             if not p.ok:  # it ran in the quick round: rare, and worth its own line
                 failed.append(p)
+        # how far shorter measurements were off here, beyond their own spread, widens the
+        # next comparisons (a busy machine prunes less)
+        wider = observed_floor(pairs)
+        if wider > floor:
+            log.info("measurements moved by up to %.0f %% between rounds (beyond their spread): "
+                     "comparing with that margin from now on", wider * 100)
+            floor = wider
     log_failures(failed)
     return [by_id[v.id] for _, _, v in work if v.id in by_id]

@@ -169,3 +169,23 @@ def first_decision_ready(profiles: Sequence[Profile], forms: Sequence[str], c: C
         return select(profiles, c).met
     except NoVariantError:
         return False
+
+
+def observed_floor(pairs: Sequence[tuple[Profile, Profile]], floor: float = NOISE_FLOOR,
+                   cap: float = 0.5) -> float:
+    """The noise floor the data show: for variants measured in two rounds (earlier, later), how
+    far the earlier energy was from the later one beyond the earlier one's own interval; the
+    90th percentile of that, never below `floor` (nor above `cap`). On a quiet machine this
+    stays at `floor`; on a busy one (other processes taking the CPU for seconds at a time)
+    it widens every comparison, so fewer variants are pruned on a noisy number. Pure."""
+    excess = []
+    for old, new in pairs:
+        if not (old.ok and new.ok) or not new.energy_mj > 0 or math.isnan(old.energy_mj):
+            continue
+        ci = 0.0 if math.isnan(old.energy_ci) else old.energy_ci
+        excess.append(max(abs(old.energy_mj / new.energy_mj - 1) - ci, 0.0))
+    if len(excess) < 3:  # too few to say anything about the machine
+        return floor
+    excess.sort()
+    q90 = excess[min(len(excess) - 1, math.ceil(0.9 * len(excess)) - 1)]
+    return min(max(floor, q90), cap)

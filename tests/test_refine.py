@@ -140,3 +140,35 @@ READY = [
                          ids=[r[0] for r in READY])
 def test_first_decision_ready(name, profiles, forms, elapsed, wait, want):
     assert first_decision_ready(profiles, forms, Constraints(20), elapsed, wait) is want
+
+
+def _pair(old_mj: float, new_mj: float, old_ci: float = 0.0) -> tuple[Profile, Profile]:
+    return P("a", 5, old_mj, ci=old_ci), P("a", 5, new_mj)
+
+
+FLOOR = [
+    ("a quiet machine: stays at the floor",
+     [_pair(1.0, 1.01), _pair(2.0, 2.02), _pair(3.0, 2.97)], 0.05),
+    ("too few pairs say nothing", [_pair(1.0, 2.0), _pair(1.0, 2.0)], 0.05),
+    ("a busy machine: the 90th percentile of the excess",
+     [_pair(1.0, 1.0), _pair(1.0, 1.0), _pair(1.0, 1.0), _pair(1.0, 1.0), _pair(1.0, 1.0),
+      _pair(1.0, 1.0), _pair(1.0, 1.0), _pair(1.0, 1.0), _pair(1.3, 1.0), _pair(1.2, 1.0)],
+     0.2),
+    ("what the earlier interval explains is not excess",
+     [_pair(1.3, 1.0, old_ci=0.3), _pair(1.3, 1.0, old_ci=0.3), _pair(1.3, 1.0, old_ci=0.3)],
+     0.05),
+    ("capped", [_pair(5.0, 1.0), _pair(5.0, 1.0), _pair(5.0, 1.0)], 0.5),
+]
+
+
+@pytest.mark.parametrize(("name", "pairs", "want"), FLOOR, ids=[f[0] for f in FLOOR])
+def test_observed_floor(name, pairs, want):
+    from runtime.refine import observed_floor
+
+    assert observed_floor(pairs) == pytest.approx(want)
+
+
+def test_a_wider_floor_keeps_what_a_noisy_round_would_have_pruned():
+    profiles = [P("a", 5, 1.0), P("b", 5, 1.25)]
+    assert keep(profiles, Constraints(20)) == {"a"}
+    assert keep(profiles, Constraints(20), floor=0.2) == {"a", "b"}
