@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import statistics
 import sys
 import tempfile
@@ -102,7 +103,8 @@ def run_fast(model: Path, cfg: Config, backends, meter, device, c: Constraints):
     t_final = time.monotonic() - t0
     return (select(first.profiles, c).profile.variant_id, t_first,
             select(final.profiles, c).profile.variant_id, t_final,
-            sum(1 for p in final.profiles if p.stage == "full"), len(final.profiles))
+            sum(1 for p in final.profiles if p.stage == "full"), len(final.profiles),
+            final.profiles)
 
 
 def run_exhaustive(model: Path, cfg: Config, backends, meter, device, c: Constraints):
@@ -165,12 +167,27 @@ def main() -> int:
                 else:
                     ex_profiles, t_ex = run_exhaustive(model, cfg_for("exhaustive"), backends,
                                                        meter, device, c)
-            first_id, t_first, final_id, t_final, n_full, n_all = fast
+            first_id, t_first, final_id, t_final, n_full, n_all, fast_profiles = fast
             by_id = {p.variant_id: p for p in ex_profiles}
             ex_choice = select(ex_profiles, c).profile
             e_final = by_id[final_id].energy_mj / ex_choice.energy_mj - 1
             e_first = by_id[first_id].energy_mj / ex_choice.energy_mj - 1
-            rows.append((t_first, t_final, t_ex, e_first, e_final))
+            # How reproducible a full-length measurement is here: the same variants measured
+            # at full length by both schedules in this run.
+            fast_full = {p.variant_id: p.energy_mj for p in fast_profiles
+                         if p.ok and p.stage == "full"}
+            again = sorted(abs(fast_full[v] / by_id[v].energy_mj - 1) for v in fast_full
+                           if v in by_id and by_id[v].ok)
+            both = {v: (fast_full[v] + by_id[v].energy_mj) / 2 for v in fast_full
+                    if v in by_id and by_id[v].ok}
+            e_mean = (both[final_id] / both[ex_choice.variant_id] - 1
+                      if final_id in both and ex_choice.variant_id in both else math.nan)
+            rows.append((t_first, t_final, t_ex, e_first, e_final, e_mean))
+            if again:
+                print(f"  the same variant measured at full length twice in this run: energy "
+                      f"differs by median {statistics.median(again):.1%}, at most "
+                      f"{again[-1]:.1%} ({len(again)} variants); on the mean of both "
+                      f"measurements the final choice is {e_mean:+.1%} vs the exhaustive one")
             ref = next((p for p in ex_profiles if p.ok and p.precision == "fp32"
                         and p.engine == "onnxruntime" and p.threads == 1
                         and "-" not in p.model), None)  # the model's class: plain fp32, 1 core
@@ -195,6 +212,10 @@ def main() -> int:
               f"{spread([100 * x for x in cols[3]], '{:+.1f}')} %")
         print(f"  final choice energy vs exhaustive choice  "
               f"{spread([100 * x for x in cols[4]], '{:+.1f}')} %")
+        means = [100 * x for x in cols[5] if not math.isnan(x)]
+        if means:
+            print(f"  ... on the mean of both runs' full-length measurements  "
+                  f"{spread(means, '{:+.1f}')} %")
     return 0
 
 

@@ -407,7 +407,10 @@ def refine(work: Work, profiles: Sequence[Profile], profiler: Profiler,
     floor = NOISE_FLOOR
     for r, s in passes:
         kept = keep(list(by_id.values()), constraints, floor)
-        todo = [vid for vid in by_id if vid in kept and _level(by_id[vid]) < r and vid in where]
+        # in `work` order, as an exhaustive run measures them: what ran just before a variant
+        # (an engine's worker threads still spinning down) then biases both alike
+        todo = [v.id for _, _, v in work
+                if v.id in kept and v.id in by_id and _level(by_id[v.id]) < r]
         if not todo:
             if r == len(schedule) - 1:
                 break
