@@ -38,6 +38,7 @@ from power.sensors import detect_meter
 from runtime.backends import discover
 from runtime.config import Config, load
 from runtime.measure import measure_first, measure_model
+from runtime.refine import keep
 from runtime.selector import Constraints, select
 
 
@@ -182,7 +183,10 @@ def main() -> int:
                     if v in by_id and by_id[v].ok}
             e_mean = (both[final_id] / both[ex_choice.variant_id] - 1
                       if final_id in both and ex_choice.variant_id in both else math.nan)
-            rows.append((t_first, t_final, t_ex, e_first, e_final, e_mean))
+            # Within the exhaustive run's own noise: would its own race (runtime.refine.keep,
+            # each measurement's interval + the noise floor) still keep the final choice?
+            tied = final_id in keep(ex_profiles, c)
+            rows.append((t_first, t_final, t_ex, e_first, e_final, e_mean, float(tied)))
             if again:
                 print(f"  the same variant measured at full length twice in this run: energy "
                       f"differs by median {statistics.median(again):.1%}, at most "
@@ -195,7 +199,8 @@ def main() -> int:
                 print(f"  {ref.variant_id}: p95 {ref.p95_ms:.1f} ms (the model's class)")
             print(f"run {r + 1} ({order[0]} first): first choice {t_first:.1f} s "
                   f"({first_id}, {e_first:+.1%} energy), final {t_final:.1f} s ({final_id}, "
-                  f"{e_final:+.1%} energy, {n_full}/{n_all} variants at full length); "
+                  f"{e_final:+.1%} energy{', a tie within its noise' if tied else ''}, "
+                  f"{n_full}/{n_all} variants at full length); "
                   f"exhaustive {t_ex:.1f} s ({ex_choice.variant_id}, p{c.percentile} "
                   f"{ex_choice.latency(c.percentile):.2f} ms); time to first choice "
                   f"{t_ex / t_first:.1f}x shorter, to final {t_ex / t_final:.1f}x", flush=True)
@@ -212,6 +217,8 @@ def main() -> int:
               f"{spread([100 * x for x in cols[3]], '{:+.1f}')} %")
         print(f"  final choice energy vs exhaustive choice  "
               f"{spread([100 * x for x in cols[4]], '{:+.1f}')} %")
+        print(f"  final choice tied with the exhaustive one within the exhaustive run's own "
+              f"noise: {int(sum(cols[6]))} of {args.runs} runs")
         means = [100 * x for x in cols[5] if not math.isnan(x)]
         if means:
             print(f"  ... on the mean of both runs' full-length measurements  "
