@@ -2,7 +2,7 @@
 time to the final choice, and the final choice's energy against the exhaustive choice's.
 
     python bench/first_decision.py [--runs 3] [--latency-ms 20]     # the bundled model
-    python bench/first_decision.py --heavy [--runs 1]               # a ~100 ms model, 4 forms
+    python bench/first_decision.py --heavy [--channels 48] [--runs 1]   # a conv net, 4 forms
 
 Each run starts cold (empty profile caches) and measures both schedules one after the other
 (the order alternates between runs, so drift on a shared machine does not favour one). Times
@@ -13,7 +13,8 @@ Energy is compared on the exhaustive run's numbers: the fast schedule's final va
 exhaustive run measured it, over the exhaustive choice's energy. Comparing each schedule's
 own measurement would add the run-to-run noise of two measurements of the same variant.
 
-`--heavy` builds a conv net of ~100 ms per inference on one core of this machine and prepares
+`--heavy` builds a conv net (fp32 on one quiet EPYC core: ~25 ms at the default 24 channels,
+~100 ms at `--channels 48`; several times that on a loaded machine) and prepares
 its ladder (fp32, fp16, int8, reduced resolution) with `runtime.prepare` on generated images.
 """
 
@@ -43,8 +44,8 @@ from runtime.selector import Constraints, select
 
 
 def heavy_model(path: Path, hw: int = 160, ch: int = 24, convs: int = 3) -> Path:
-    """Conv(3->ch)-Relu, `convs` x Conv(ch->ch)-Relu, GAP, Gemm, Softmax: ~100 ms per
-    inference on one EPYC core at the defaults."""
+    """Conv(3->ch)-Relu, `convs` x Conv(ch->ch)-Relu, GAP, Gemm, Softmax (compute grows with
+    ch squared)."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
@@ -76,7 +77,7 @@ def heavy_model(path: Path, hw: int = 160, ch: int = 24, convs: int = 3) -> Path
     return path
 
 
-def heavy_ladder(root: Path) -> Path:
+def heavy_ladder(root: Path, ch: int = 24) -> Path:
     """The heavy model prepared into a 4-form ladder (agreement with fp32 on generated
     images as its accuracy basis)."""
     import cv2
@@ -84,7 +85,7 @@ def heavy_ladder(root: Path) -> Path:
     from runtime.manifest import Preprocess
     from runtime.prepare import PrepareOptions, generated_frames, prepare
 
-    src = heavy_model(root / "heavy.onnx")
+    src = heavy_model(root / "heavy.onnx", ch=ch)
     val = root / "val"
     val.mkdir()
     for i, img in enumerate(generated_frames((160, 160), 48)):
@@ -126,7 +127,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--heavy", action="store_true", help="the ~100 ms 4-form ladder")
+    ap.add_argument("--heavy", action="store_true", help="the conv net's 4-form ladder")
+    ap.add_argument("--channels", type=int, default=24, help="--heavy: conv width (24: ~25 ms "
+                    "per inference on a quiet EPYC core, 48: ~4x that)")
     ap.add_argument("--latency-ms", type=float, help="default 20 (bundled), 1000 (--heavy)")
     ap.add_argument("--config", type=Path, help="edgerun config (default: built-in defaults)")
     ap.add_argument("-v", "--verbose", action="store_true", help="the profilers' log")
@@ -143,7 +146,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="edgerun-first-") as tmp:
         if args.heavy:
             t = time.monotonic()
-            model = heavy_ladder(Path(tmp))
+            model = heavy_ladder(Path(tmp), args.channels)
             print(f"heavy ladder prepared in {time.monotonic() - t:.1f} s")
         else:
             from models import bundled
