@@ -13,8 +13,8 @@ Energy is compared on the exhaustive run's numbers: the fast schedule's final va
 exhaustive run measured it, over the exhaustive choice's energy. Comparing each schedule's
 own measurement would add the run-to-run noise of two measurements of the same variant.
 
-`--heavy` builds a conv net (fp32 on one quiet EPYC core: ~25 ms at the default 24 channels,
-~100 ms at `--channels 48`; several times that on a loaded machine) and prepares
+`--heavy` builds a conv net (fp32 ORT on one EPYC core, p95 measured: 25.6 ms at the default
+24 channels, 29.1 ms at `--channels 48`; several times that on a loaded machine) and prepares
 its ladder (fp32, fp16, int8, reduced resolution) with `runtime.prepare` on generated images.
 """
 
@@ -128,8 +128,8 @@ def main() -> int:
                                  formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--heavy", action="store_true", help="the conv net's 4-form ladder")
-    ap.add_argument("--channels", type=int, default=24, help="--heavy: conv width (24: ~25 ms "
-                    "per inference on a quiet EPYC core, 48: ~4x that)")
+    ap.add_argument("--channels", type=int, default=24, help="--heavy: conv width (fp32 ORT "
+                    "1 thread p95 measured here: 24: 25.6 ms, 48: 29.1 ms)")
     ap.add_argument("--latency-ms", type=float, help="default 20 (bundled), 1000 (--heavy)")
     ap.add_argument("--config", type=Path, help="edgerun config (default: built-in defaults)")
     ap.add_argument("-v", "--verbose", action="store_true", help="the profilers' log")
