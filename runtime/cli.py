@@ -477,7 +477,8 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--accuracy-floor", type=float, help="minimum accuracy (0..1)")
     pr.add_argument("--input-shape", type=_shape, help="fix dynamic dims, e.g. 1,3,224,224")
     pr.add_argument("--time-budget", type=float, help="seconds of measuring per variant")
-    pr.add_argument("--fresh", action="store_true", help="ignore cached profiles")
+    pr.add_argument("--fresh", action="store_true", help="ignore cached profiles and failure "
+                    "records: measure everything, try failed variants again")
     pr.add_argument("--engine", action="append", metavar="ENGINE",
                     help="profile only this engine: onnxruntime, openvino, opencv, opencl "
                     "(repeat for more)")

@@ -91,6 +91,12 @@ class ProfilerConfig:
     time_budget_s: float = 2.0  # per variant, after warm-up
     idle_baseline_s: float = 0.5
     cache_dir: str = "~/.cache/edgerun/profiles"
+    # fast: a quick round over every variant, serve on its choice, refine the candidates in
+    # the background (runtime.refine); exhaustive: every variant at full length before serving
+    schedule: Literal["fast", "exhaustive"] = "fast"
+    # fast: serve once the quick round has run this long and its choice meets the
+    # constraints; the rest of the quick round goes on in the background
+    first_decision_s: float = 2.0
 
     def validate(self) -> tuple[str, str] | None:
         if self.min_runs < 1:
@@ -99,6 +105,8 @@ class ProfilerConfig:
             return "max_runs", f"must be >= min_runs ({self.min_runs}), got {self.max_runs}"
         if self.time_budget_s <= 0:
             return "time_budget_s", f"must be > 0, got {self.time_budget_s}"
+        if not self.first_decision_s >= 0:
+            return "first_decision_s", f"must be >= 0, got {self.first_decision_s}"
         return None
 
 

@@ -39,7 +39,7 @@ from runtime.health import health
 from runtime.health_history import HealthHistory
 from runtime.ladder import Rung, ladder_for, on_device
 from runtime.local_api import LocalApi, start_local_api
-from runtime.measure import Measured, measure_model
+from runtime.measure import Measured, measure_first, measure_model
 from runtime.model_store import crash_point
 from runtime.multisource import aggregate, lanes, planned_rate, single
 from runtime.ota_device import DeviceOta
@@ -57,6 +57,7 @@ log = logging.getLogger("edgerun.daemon")
 
 LIVE_MIN_INFERENCES = 50  # inferences per live energy update of the running rung
 LIVE_ALPHA = 0.3  # EWMA weight of each live update
+PROGRESS_LOG_S = 2.0  # profiling progress on the terminal: at most one line this often
 
 
 def versions() -> dict[str, str]:
@@ -209,7 +210,9 @@ class Daemon:
         self.backends = discover(cfg.backends)
         self.devices = [{"backend": b.name, "id": d.id, "name": d.name, **d.details}
                         for b in self.backends for d in b.devices()]  # fixed for the process
-        self._install(self.ota.first_model(model_path, self._measure_model))
+        first, rest = self.ota.first_model(
+            model_path, lambda p: self._measure_model(p, first_only=True))
+        self._install(first)
         if cfg.results.enabled:
             self.local = LocalResults(cfg.results, self._pipeline_event)
             self.local.start()
@@ -236,6 +239,8 @@ class Daemon:
                             "(telemetry.broker.host); nothing is published")
         self.notify.ready(self.status_line())
         log.info("ready in %.2f s: %s", time.monotonic() - self.started, self.status_line())
+        if rest is not None:  # the fast schedule: serve on the first choice, refine meanwhile
+            self._background(lambda: rest(self.pipeline.exclusive), "profiling refined")
 
     def _open_sensors(self, root: Path) -> None:
         """Thermal sensor and trips discovered on the device (power.thermal_source; trips from
@@ -272,8 +277,11 @@ class Daemon:
         elif th is not None:
             self.trips = {t.type: t.temp_c for t in th.trips}
 
-    def _measure_model(self, path: Path, fresh: bool = False) -> Measured:
+    def _measure_model(self, path: Path, fresh: bool = False, first_only: bool = False):
+        """The whole profiling schedule (a Measured), measured between the pipeline's frames
+        once it runs; or, with `first_only`, measure_first's (first Measured, rest or None)."""
         cfg = self.cfg
+        said = [-math.inf, ""]  # when and what the terminal was last told
 
         def refused(variant: str, error: str) -> None:
             log.error("variant %s refused: %s; running on the others", variant, error)
@@ -288,12 +296,21 @@ class Daemon:
             # timeout moving and say how far it got.
             self.notify.send("EXTEND_TIMEOUT_USEC=120000000",
                              f"STATUS=profiling {name}: variant {i}/{n}")
+            # ... and the terminal (the log, stderr): a phase's first and last variant, and
+            # at most one line every PROGRESS_LOG_S in between.
+            now = time.monotonic()
+            if i == n or name != said[1] or now - said[0] >= PROGRESS_LOG_S:
+                said[:] = [now, name]
+                log.info("profiling %s: variant %d/%d", name, i, n)
 
         recorded = Path(cfg.simulator.profiles) if (cfg.simulator.enabled
                                                     and cfg.simulator.profiles) else None
-        return measure_model(path, cfg, self.backends, self.meter, self.device.name,
-                             self.device.power.active_w_per_core, self.sensors.read().temp_c,
-                             refused, progress, self._constraints(), fresh, recorded)
+        args = (path, cfg, self.backends, self.meter, self.device.name,
+                self.device.power.active_w_per_core, self.sensors.read().temp_c, refused,
+                progress, self._constraints(), fresh, recorded)
+        if first_only:
+            return measure_first(*args)
+        return measure_model(*args, pause=self.pipeline.exclusive if self.pipeline else None)
 
     def _install(self, m: Measured) -> None:
         """Make measured profiles current (main thread only) and rebuild the ladder."""
@@ -312,20 +329,29 @@ class Daemon:
     def _load_in_background(self, path: Path, fresh: bool, why: str) -> None:
         """Profile in a thread (minutes on a cold cache must not stall the main loop and its
         watchdog beats); the main loop installs the result between ticks."""
-        if not self._reprofiling.acquire(blocking=False):
+        if self._reprofiling.locked():  # only the main thread starts one: no race
             self.event("reprofile_skipped", "info", reason=f"{why}: already profiling")
             return
         self._last_reprofile = time.monotonic()
         log.info("profiling in the background: %s", why)
         self.event("reprofile", "info", reason=why)
+        self._background(lambda: self._measure_model(path, fresh), why)
+
+    def _background(self, job, why: str) -> None:
+        """Run a profiling job (returning a Measured) on the reprofile thread; the main loop
+        installs its result between ticks. Skipped while another one runs."""
+        if not self._reprofiling.acquire(blocking=False):
+            self.event("reprofile_skipped", "info", reason=f"{why}: already profiling")
+            return
 
         def work() -> None:
             try:
-                self._installs.put((self._measure_model(path, fresh), why))
+                self._installs.put((job(), why))
             except Stopping:
                 log.info("background profiling abandoned: the daemon is stopping")
             except Exception as e:
-                log.exception("profiling %s failed; keeping the current model and profiles", path)
+                log.exception("profiling failed (%s); keeping the current model and profiles",
+                              why)
                 self.event("reprofile_failed", "warning", reason=why, error=str(e)[:300])
             finally:
                 self._reprofiling.release()
@@ -639,6 +665,8 @@ class Daemon:
         became slower than profiled (throttling); at most once per 10 minutes. Never for a
         simulated device: its temperature is not this host's."""
         if self.sim or time.monotonic() - self._last_reprofile < 600:
+            return
+        if self._reprofiling.locked():  # the start-up refinement: asked again when it ends
             return
         why = None
         if temp is not None and self.profile_temp is not None and abs(

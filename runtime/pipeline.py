@@ -169,6 +169,12 @@ class Pipeline:
             self._tilers = {**self._tilers, id(a.pre): got}  # replaced whole: thread-safe reads
         return got[2]
 
+    def exclusive(self) -> threading.Lock:
+        """The lock held while a frame is inferred and stored: whoever holds it runs between
+        two frames, with no inference of the pipeline beside it (background profiling
+        measures under it, in short chunks)."""
+        return self._work
+
     def set_manifest(self, manifest: Manifest,
                      preprocess: Callable[[Any, tuple[int, ...]], Any] | None = None) -> None:
         """Use another model's pre/post-processing (call `switch` with its session next)."""

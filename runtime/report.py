@@ -123,10 +123,13 @@ def profile_table(profiles, choice, front_ids: set[str], all_rows: bool = False,
     if all_rows:
         lines += [_clip(f"  failed {p.variant_id}: {p.error}", width) for p in failed]
     else:
+        known = {p.variant_id for p in failed if p.stage == "known-failure"}
         for engine, cause, ids in failure_kinds(profiles):
+            # a failure record from the cache was not tried again: say so, and how to retry
+            again = " [known from the cache; --fresh tries again]" if set(ids) <= known else ""
             lines.append(_clip(f"  failed: {len(ids)} {engine} variant"
                                f"{'s' if len(ids) > 1 else ''} ({ids[0]}"
-                               f"{', ...' if len(ids) > 1 else ''}): {cause}", width))
+                               f"{', ...' if len(ids) > 1 else ''}){again}: {cause}", width))
     lines.append(f"{len(ok)} of {len(profiles)} variants ran"
                  + ("" if all_rows else "; --all lists every variant and failure"))
     lines.append("* = choice, f = on the accuracy/energy frontier (the governor's ladder)")

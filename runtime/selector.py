@@ -33,6 +33,12 @@ class Profile:
     cpu_ms: float = math.nan  # process CPU time per inference
     accuracy: float | None = None  # from the ladder manifest
     options: dict[str, str] = field(default_factory=dict)
+    # How far it was measured: full (the profiler's full length), quick or refined (a fast
+    # cold start's shorter rounds, runtime.refine), known-failure (skipped: a cached failure)
+    stage: str = "full"
+    # relative half-widths of ~95 % intervals from the samples' spread (runtime.refine)
+    energy_ci: float = math.nan  # of the energy per inference (a mean)
+    latency_ci: float = math.nan  # of the p95 latency
 
     @property
     def ok(self) -> bool:

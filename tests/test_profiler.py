@@ -13,7 +13,16 @@ from modelgen import tiny_cnn
 from power.sensors import EstimatedMeter
 from runtime.backends import discover
 from runtime.config import BackendsConfig, ModelConfig
-from runtime.profiler import Profiler, model_files, profile_all
+from runtime.profiler import (
+    Profiler,
+    model_files,
+    plan,
+    profile_all,
+    quick_order,
+    quick_pass,
+    refine,
+    to_refine,
+)
 
 CFG = BackendsConfig(threads=(1,))
 
@@ -148,3 +157,253 @@ def test_a_cached_profile_takes_the_accuracy_of_the_manifest_now(tiny_model, fas
     assert [p.p95_ms for p in first] == [p.p95_ms for p in second]  # a cache hit
     assert all(p.accuracy is None for p in first)
     assert all(p.accuracy == 0.93 for p in second)
+
+
+# -- the failure record ------------------------------------------------------------------------
+
+def _odd_model(tmp_path):
+    # RandomUniformLike: ONNX Runtime and OpenVINO run it, OpenCV DNN cannot
+    return tiny_cnn(tmp_path / "odd.onnx", extra_op="RandomUniformLike")
+
+
+def test_failures_are_recorded_and_skipped_with_one_line_per_kind(tmp_path, fast_profiler_cfg,
+                                                                  caplog):
+    import logging
+
+    from runtime.report import failure_kinds
+
+    path = _odd_model(tmp_path)
+    bcfg = BackendsConfig(enabled=("onnxruntime", "opencv"), threads=(1, 2))
+    backends = discover(bcfg)
+    models = model_files(ModelConfig(path=str(path)))
+
+    def run(path, cfg, fresh=False):  # two thread counts: two variants of each failure kind
+        profiler = Profiler(cfg, EstimatedMeter(5.0, 2.0), "test-device")
+        return profile_all(backends, models, (1, 2), bcfg, profiler, fresh=fresh)
+
+    caplog.set_level(logging.DEBUG, logger="runtime.profiler")
+    first = run(path, fast_profiler_cfg)
+    failed = [p for p in first if not p.ok]
+    assert len(failed) > 1 and all(p.stage != "known-failure" for p in failed)
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    # one WARNING per kind of failure, not one per variant (24 on the bundled model before)
+    assert len(warnings) == len(failure_kinds(failed)) < len(failed)
+    assert all("recorded, skipped on later starts" in r.getMessage() for r in warnings)
+    caplog.clear()
+    second = run(path, fast_profiler_cfg)
+    again = [p for p in second if not p.ok]
+    assert [p.variant_id for p in again] == [p.variant_id for p in failed]
+    assert all(p.stage == "known-failure" and p.error for p in again)  # skipped, cause kept
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    infos = [r.getMessage() for r in caplog.records if "known to fail" in r.getMessage()]
+    assert len(infos) == len(failure_kinds(again))
+    # --fresh tries them again
+    fresh = run(path, fast_profiler_cfg, fresh=True)
+    assert all(p.stage != "known-failure" for p in fresh if not p.ok)
+
+
+def test_a_failure_record_is_invalidated_by_a_new_engine_version_or_model(tmp_path,
+                                                                          fast_profiler_cfg):
+    from dataclasses import replace
+
+    path = _odd_model(tmp_path)
+    bcfg = BackendsConfig(enabled=("opencv",), threads=(1,))
+    (backend,) = discover(bcfg)
+    profiler = Profiler(fast_profiler_cfg, EstimatedMeter(5.0, 2.0), "test-device")
+    (form,) = model_files(ModelConfig(path=str(path)))
+    (b, d, v), *_ = plan([backend], [form], (1,), bcfg)
+    p = profiler.profile(b, d, v)
+    assert not p.ok
+    assert profiler.lookup(v, d).stage == "known-failure"
+    newer = replace(d, details={**d.details, "version": d.details["version"] + ".1"})
+    assert profiler.lookup(v, newer) is None  # an upgraded engine is tried again
+    tiny_cnn(path, extra_op="RandomUniformLike", seed=1)  # same path, other weights
+    assert Profiler(fast_profiler_cfg, EstimatedMeter(5.0, 2.0),
+                    "test-device").lookup(v, d) is None
+
+
+# -- the fast schedule on real engines -----------------------------------------------------------
+
+def _work(model_path, bcfg=CFG):
+    backends = discover(bcfg)
+    return plan(backends, model_files(ModelConfig(path=str(model_path))), (1,), bcfg)
+
+
+def test_quick_round_then_refinement_measures_the_choice_at_full_length(tiny_model,
+                                                                        fast_profiler_cfg):
+    from runtime.refine import keep
+    from runtime.selector import Constraints, select
+
+    c = Constraints(1000)
+    work = _work(tiny_model)
+    profiler = Profiler(fast_profiler_cfg, EstimatedMeter(5.0, 2.0), "test-device")
+    quick, hits, later = quick_pass(quick_order(work), profiler)
+    assert hits == 0 and later == [] and len(quick) == len(work)
+    assert {p.stage for p in quick if p.ok} == {"quick"}
+    assert max(p.runs for p in quick if p.ok) <= 50 // 16 + 3  # a sixteenth of max_runs
+    final = refine(work, quick, profiler, c)
+    assert [p.variant_id for p in final] == [v.id for _, _, v in work]
+    choice = select(final, c).profile
+    assert choice.stage == "full" and choice.runs >= fast_profiler_cfg.min_runs
+    # everything still in the race was measured at full length; the rest was pruned early
+    kept = keep(final, c)
+    assert all(p.stage == "full" for p in final if p.variant_id in kept)
+    # a second start: everything from the cache, nothing left to refine
+    again, hits, _ = quick_pass(quick_order(work), Profiler(
+        fast_profiler_cfg, EstimatedMeter(5.0, 2.0), "test-device"))
+    assert hits == len(work) and to_refine(again, c) == 0
+    assert [p.p95_ms for p in again] == [p.p95_ms for p in final]
+
+
+def test_quick_round_stops_when_enough_and_hands_back_the_rest(tiny_model, fast_profiler_cfg):
+    work = _work(tiny_model)
+    profiler = Profiler(fast_profiler_cfg, EstimatedMeter(5.0, 2.0), "test-device")
+    done, _, later = quick_pass(work, profiler, enough=lambda ps: len(ps) >= 2)
+    assert len(done) == 2 and [v.id for _, _, v in later] == [v.id for _, _, v in work[2:]]
+
+
+def test_quick_order_puts_one_variant_of_every_form_first():
+    from types import SimpleNamespace as NS
+
+    def w(engine, form, i):
+        return (None, None, NS(engine=engine, model=NS(name=form), id=f"{form}{i}@{engine}"))
+
+    work = [w("opencv", "a", 0), w("onnxruntime", "a", 0), w("onnxruntime", "a", 1),
+            w("onnxruntime", "b", 0), w("onnxruntime", "b", 1), w("openvino", "a", 0)]
+    assert [x[2].id for x in quick_order(work)] == [
+        "a0@onnxruntime", "b0@onnxruntime", "a1@onnxruntime", "b1@onnxruntime",
+        "a0@openvino", "a0@opencv"]
+
+
+class _Checked:
+    """A real session whose inferences must run while `lock` is held."""
+
+    def __init__(self, session, lock):
+        self._s, self._lock = session, lock
+
+    def infer(self, x):
+        assert self._lock.locked(), "an inference outside the pause gate"
+        return self._s.infer(x)
+
+    def __getattr__(self, name):
+        return getattr(self._s, name)
+
+
+class _Gated:
+    """A real backend whose sessions check the pause gate."""
+
+    def __init__(self, backend, lock):
+        self._b, self._lock = backend, lock
+
+    def load(self, variant):
+        return _Checked(self._b.load(variant), self._lock)
+
+    def __getattr__(self, name):
+        return getattr(self._b, name)
+
+
+def test_every_inference_runs_inside_the_pause_gate(tiny_model, fast_profiler_cfg):
+    # The daemon passes the pipeline's per-frame lock: a measuring inference must never run
+    # outside it (it would share the CPU with a served frame), and the gate must be let go
+    # between chunks (or a served frame would wait for the whole measurement).
+    import threading
+
+    from runtime.refine import rounds
+
+    bcfg = BackendsConfig(enabled=("onnxruntime",), threads=(1,))
+    ((b, _d, v), *_) = _work(tiny_model, bcfg)
+    lock = threading.Lock()
+    entries = []
+
+    def gate():
+        entries.append(1)
+        return lock
+
+    profiler = Profiler(fast_profiler_cfg, EstimatedMeter(5.0, 2.0), "test-device")
+    s = rounds(2, 5, 100000, 0.3)[-1]  # 0.3 s of measuring: many 20 ms chunks
+    p = profiler.measure(_Gated(b, lock), v, s, pause=gate)
+    assert p.ok, p.error
+    assert len(entries) >= 2 + 3  # warm-ups one by one, then several chunks
+    assert not lock.locked()
+
+
+def test_a_background_reprofile_measures_every_round_inside_the_gate(tmp_path, tiny_model):
+    # measure_model with a pause gate (the daemon's re-profile while serving): the quick
+    # round too, not only the refinement (an inference outside the gate fails its variant).
+    import threading
+
+    from runtime.config import from_dict
+    from runtime.measure import measure_model
+    from runtime.selector import Constraints
+
+    cfg = from_dict({"backends": {"enabled": ["onnxruntime"], "threads": [1]},
+                     "profiler": {"idle_baseline_s": 0.05, "cache_dir": str(tmp_path / "c"),
+                                  "warmup_runs": 2, "min_runs": 5, "max_runs": 50,
+                                  "time_budget_s": 0.05}})
+    lock = threading.Lock()
+    backends = [_Gated(b, lock) for b in discover(cfg.backends)]
+    m = measure_model(tiny_model, cfg, backends, EstimatedMeter(5.0, 2.0), "generic-x86", 2.0,
+                      None, lambda *a: None, lambda *a: None, Constraints(1000),
+                      pause=lambda: lock)
+    assert m.profiles and all(p.ok for p in m.profiles), [p.error for p in m.profiles]
+
+
+def test_a_fresh_reprofile_measures_again_but_does_not_retry_known_failures(tmp_path,
+                                                                             fast_profiler_cfg):
+    # A re-profile for heat or throttling (fresh) must not try OpenCV's unsupported op again
+    # (and warn again); only `edgerun profile --fresh` does.
+    path = _odd_model(tmp_path)
+    bcfg = BackendsConfig(enabled=("onnxruntime", "opencv"), threads=(1,))
+    work = _work(path, bcfg)
+
+    def profiler():
+        return Profiler(fast_profiler_cfg, EstimatedMeter(5.0, 2.0), "test-device")
+
+    first, _, _ = quick_pass(work, profiler())
+    assert any(not p.ok for p in first)
+    again, hits, _ = quick_pass(work, profiler(), fresh=True)
+    failed = [p for p in again if not p.ok]
+    assert failed and all(p.stage == "known-failure" for p in failed)
+    assert hits == len(failed)  # only the failure records came from the cache
+    assert all(p.stage == "quick" for p in again if p.ok)
+    b, d, v = next(w for w in work if w[2].engine == "opencv")
+    assert profiler().profile(b, d, v, fresh=True, retry_failed=False).stage == "known-failure"
+    assert profiler().profile(b, d, v, fresh=True).stage == "full"  # --fresh: tried again
+
+
+def test_measure_first_serves_early_and_rest_completes_the_schedule(tmp_path):
+    from models import bundled
+    from runtime.config import from_dict
+    from runtime.measure import measure_first
+    from runtime.selector import Constraints
+
+    if not (bundled() / "manifest.json").exists():
+        pytest.skip("bundled model not built")
+
+    def cfg(**profiler):
+        return from_dict({
+            "backends": {"enabled": ["onnxruntime"], "threads": [1],
+                         "onnxruntime": {"spinning": [False], "include_default": False}},
+            "profiler": {"idle_baseline_s": 0.05, "cache_dir": str(tmp_path / "c"),
+                         "warmup_runs": 2, "min_runs": 5, "max_runs": 80,
+                         "time_budget_s": 0.05, **profiler}})
+
+    c = Constraints(1000)
+    backends = discover(cfg().backends)
+
+    def first(conf):
+        return measure_first(bundled(), conf, backends, EstimatedMeter(5.0, 2.0), "generic-x86",
+                             2.0, None, lambda *a: None, lambda *a: None, c)
+
+    m, rest = first(cfg(first_decision_s=0))
+    n_forms = len({p.model for p in m.profiles})
+    assert rest is not None and len(m.profiles) == n_forms  # one per form, then serve
+    final = rest(None)
+    assert len(final.profiles) > len(m.profiles)
+    assert {p.stage for p in final.profiles} >= {"full"}
+    # warm: nothing left, the same final choice at once
+    m2, rest2 = first(cfg(first_decision_s=0))
+    assert rest2 is None and len(m2.profiles) == len(final.profiles)
+    # the exhaustive schedule: everything at full length before returning, nothing after
+    m3, rest3 = first(cfg(schedule="exhaustive", cache_dir=str(tmp_path / "x")))
+    assert rest3 is None and {p.stage for p in m3.profiles} == {"full"}

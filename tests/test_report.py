@@ -106,3 +106,17 @@ def test_profile_engine_and_threads_filters(tiny_model, tmp_path):
     r = _cli("profile", tiny_model, "--config", cfg, "--engine", "tensorrt")
     assert r.returncode == 2 and "--engine tensorrt: not an engine" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_known_failures_from_the_cache_say_so_in_their_summary_line():
+    from dataclasses import replace
+
+    profiles = _profiles()
+    profiles = [replace(p, stage="known-failure") if p.engine == "opencv" and not p.ok else p
+                for p in profiles]
+    choice = select(profiles, Constraints(latency_ms=10, accuracy_floor=0.85))
+    text = profile_table(profiles, choice, set(), width=200)
+    summary = [ln for ln in text.splitlines() if ln.lstrip().startswith("failed")]
+    assert summary[0].startswith("  failed: 24 opencv variants (m/int8@opencv:CPU/t0, ...) "
+                                 "[known from the cache; --fresh tries again]: layer")
+    assert "known from the cache" not in summary[1]  # openvino's were tried this run
