@@ -145,6 +145,7 @@ class Daemon:
         # -- background profiling --
         self._reprofiling = threading.Lock()
         self._installs: queue.Queue = queue.Queue()
+        self._model_gen = 0  # bumped when another model is installed: older jobs are stale
         self._last_reprofile = -math.inf
         self._reprofile_thread: threading.Thread | None = None
 
@@ -315,6 +316,8 @@ class Daemon:
     def _install(self, m: Measured) -> None:
         """Make measured profiles current (main thread only) and rebuild the ladder."""
         old = self.manifest
+        if old is not None and Path(m.manifest.root) != Path(old.root):
+            self._model_gen += 1  # profiles of the model before are stale from now on
         self.manifest, self.profiles, self.idle_w = m.manifest, m.profiles, m.idle_w
         self._loaders, self.profile_temp = m.loaders, m.temp_c
         self._live_energy.clear()
@@ -344,9 +347,11 @@ class Daemon:
             self.event("reprofile_skipped", "info", reason=f"{why}: already profiling")
             return
 
+        gen = self._model_gen
+
         def work() -> None:
             try:
-                self._installs.put((job(), why))
+                self._installs.put((job(), why, None, gen))
             except Stopping:
                 log.info("background profiling abandoned: the daemon is stopping")
             except Exception as e:
@@ -365,8 +370,12 @@ class Daemon:
                 measured, why, *version = self._installs.get_nowait()
             except queue.Empty:
                 return
-            if version:  # a new model version: pointer switch, swap, probation
+            if version and version[0]:  # a new model version: pointer switch, swap, probation
                 self.ota.apply(measured, why, version[0])
+                continue
+            if version and version[1] != self._model_gen:  # started before a model swap
+                log.info("%s: dropped, it profiled %s and another model was installed "
+                         "since it began", why, measured.manifest.name)
                 continue
             held = self._held_down()
             self._install(measured)

@@ -427,3 +427,33 @@ def test_crash_loop_in_probation_rolls_back_by_itself(tmp_path, publisher, profi
         assert last_health(d.outbox)["model_version"] == ""
     finally:
         assert d.stop() == 0
+
+
+def test_a_model_deployed_while_the_first_choice_is_refined_stays_served(tmp_path, fleet):
+    """A cold start serves on the quick round and refines the configured model in the
+    background; a model deployed meanwhile is swapped in first. When the refinement of the
+    old model finishes afterwards it must not be installed over the new one (was: the ladder
+    went back to the old model's variants while health said the new version served)."""
+    key = load_private_key(tmp_path / "publisher.pem")
+    v1 = slow_dir(tmp_path / "models" / "slow", 320)
+    make(inspection_dir(tmp_path / "src2"), key, tmp_path / "i2.edgerun", "2")
+    # another model than the old one by design: agreement is not what this test is about
+    cfg = fleet.config("box1", v1, PROBATION.replace("floor = 0.8", "floor = 0.0"))
+    # many runs at full length: the slow model's refinement lasts seconds, the deployed
+    # (0.2 ms) model's profile a fraction of one
+    cfg.write_text(cfg.read_text().replace("min_runs = 10", "min_runs = 150").replace(
+        "max_runs = 100", "max_runs = 150").replace("time_budget_s = 0.05",
+                                                    "time_budget_s = 60"))
+    d = fleet.device("box1", cfg)
+    wait(lambda: d.ready(), 60, "ready", d)
+    assert _deploy(fleet, "box1", fleet.upload(tmp_path / "i2.edgerun"))["ok"]
+    swapped = fleet.wait_event("box1", "model_swapped")
+    assert swapped["to"] == "inspection@2"
+    assert "refinement of slow finished" not in d.text(), "refinement ended before the swap"
+    wait(lambda: "refinement of slow finished" in d.text(), 120, "the refinement's end", d)
+    n = fleet.coord.store.counts().get("box1", 0)
+    wait(lambda: fleet.coord.store.counts().get("box1", 0) > n + 20, 30, "more results", d)
+    last = fleet.coord.store.results("box1", 0, 1_000_000)[-1]
+    assert last["variant"].startswith("inspection/"), last
+    assert fleet.health("box1").get("model_version") == "inspection@2"
+    assert not fleet.events("box1", "model_rolled_back")
