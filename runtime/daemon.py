@@ -145,6 +145,7 @@ class Daemon:
         # -- background profiling --
         self._reprofiling = threading.Lock()
         self._installs: queue.Queue = queue.Queue()
+        self.print_results = False  # `serve --print` (serve() sets it; reload keeps it)
         self._model_gen = 0  # bumped when another model is installed: older jobs are stale
         self._last_reprofile = -math.inf
         self._reprofile_thread: threading.Thread | None = None
@@ -758,6 +759,8 @@ class Daemon:
             new = load(self.config_path)
             new = replace(new, constraints=operator_settings.apply(new.constraints,
                                                                    self.settings))
+            if self.print_results:  # `serve --print` outlives reloads, as settings do
+                new = replace(new, results=replace(new.results, print=True))
             restart = [k for k in ("device", "model", "source", "sources", "telemetry",
                                    "simulator", "daemon", "backends", "profiler", "results",
                                    "local_api", "homeassistant", "sleep", "models")
@@ -894,6 +897,7 @@ def serve(config_path: Path | None, print_results: bool = False) -> int:
     if print_results:
         cfg = replace(cfg, results=replace(cfg.results, print=True))
     daemon = Daemon(cfg, config_path)
+    daemon.print_results = print_results
     daemon.install_signal_handlers()
     try:
         daemon.start()

@@ -289,3 +289,33 @@ def test_a_reprofile_while_hot_does_not_run_the_top_rung(tmp_path, cache):
             f"ran the top rung at 95 °C after stepping down: {moves}")
     finally:
         d.stop()
+
+
+def test_sighup_with_print_and_several_sources_needs_no_restart(tmp_path, cache):
+    """`serve --print` with two [[sources]] (each with an ROI): a SIGHUP of the unchanged
+    file, then of a new latency target, applies it and says nothing needs a restart (was:
+    "changes to results need a restart", the file's [results] print = false compared with
+    the --print the daemon runs with); both cameras go on after it."""
+    srcs = "\n".join(f'[[sources]]\nname = "cam{k}"\nkind = "synthetic"\nrate_hz = 10\n'
+                     f'seed = {k}\nroi = [0, 0, 0.5, 1]\nroi_units = "fraction"'
+                     for k in range(2))
+    cfg = write_config(tmp_path, cache, source='kind = "synthetic"')
+    cfg.write_text(cfg.read_text().replace('[source]\nkind = "synthetic"\n', srcs + "\n"))
+    d = Serve(tmp_path, cfg, args=("--print",), stdout=tmp_path / "stdout.txt")
+    try:
+        wait(lambda: d.ready() and len(results(d.outbox)) >= 4, 120, "results", d)
+        d.proc.send_signal(signal.SIGHUP)
+        wait(lambda: events(d.outbox, "config_reloaded"), 20, "the reload", d)
+        cfg.write_text(cfg.read_text().replace("latency_ms = 100.0", "latency_ms = 80.0"))
+        d.proc.send_signal(signal.SIGHUP)
+        wait(lambda: len(events(d.outbox, "config_reloaded")) == 2, 20, "the 2nd reload", d)
+        wait(lambda: (last_health(d.outbox) or {}).get("slo", {}).get("target_ms") == 80.0,
+             10, "the new target applied", d)
+        n = len(results(d.outbox))
+        wait(lambda: {r["source"] for r in results(d.outbox)[n:]} == {"cam0", "cam1"}, 20,
+             "results of both cameras after the reloads", d)
+    finally:
+        assert d.stop() == 0
+    assert [e["needs_restart"] for e in events(d.outbox, "config_reloaded")] == [[], []]
+    assert "need a restart" not in d.text()
+    assert " cam0/" in (tmp_path / "stdout.txt").read_text()
