@@ -531,8 +531,11 @@ class Pipeline:
             self.labels[label if label in self.labels or len(self.labels) < MAX_LABELS
                         else OTHER_LABEL] += 1
         if self._local is not None:
+            m = batch[-1][2].manifest or self._manifest
+            # a detector's ok result is "none" (nothing found), not its first class: snapshots
+            # by default keep every label but the first
             self._local.submit(made, results, seqs,
-                               (batch[-1][2].manifest or self._manifest).labels)
+                               ("none", *m.labels) if m.detect else m.labels)
         self.busy_since = None
         if self._shadow_due:
             self._shadow_flush()

@@ -261,10 +261,11 @@ class LocalResults:
     def submit(self, frames: list[Any], results: list[dict[str, Any]], seqs: list[int],
                labels: tuple[str, ...]) -> None:
         """Hand over a stored group (infer thread; never blocks). `frames[i]` produced
-        `results[i]`, stored as outbox seq `seqs[i]`; `labels` are the running manifest's."""
+        `results[i]`, stored as outbox seq `seqs[i]`; `labels` are the running manifest's
+        (a detector's after "none", its result when nothing was found)."""
         images: list[Any] = [None] * len(results)
         if self.snapshots is not None:
-            if self._wanted is None or self._wanted[0] is not labels:
+            if self._wanted is None or self._wanted[0] != labels:
                 self._wanted = (labels, snapshot_labels(self.cfg.snapshots, labels))
             want = self._wanted[1]
             for i, r in enumerate(results):

@@ -462,3 +462,69 @@ def test_a_prepared_yolo_detector_runs_from_prepare_to_boxes_at_the_coordinator(
         assert r["counts"] == want
         assert r["label"] == (r["boxes"][0]["label"] if cells else "none")
         assert r["variant"].startswith("blobs/")
+
+
+def test_the_bundled_detector_tiled_on_two_sources_with_rois_prints_and_snapshots(tmp_path):
+    """`serve --print` on models/defects, tiled, from two folder [[sources]] (each with an
+    ROI), with a JSONL file and snapshots: every result has boxes and names its source in
+    the outbox, the JSONL file and on stdout; a snapshot is kept for exactly the frames where
+    something was found, whatever its label (was: the default "every label but the
+    manifest's first" never kept a frame whose best box was a scratch, the detector's first
+    label, and kept every frame where nothing was found, "none")."""
+    import os
+    import time
+
+    from daemon_harness import Serve, results, wait, write_config
+
+    from models import bundled
+    from models.recipes.defects.data import mosaic
+
+    if not (bundled("defects") / "manifest.json").exists():
+        pytest.skip("models/defects not built (python -m models.recipes.defects.build)")
+    srcs = []
+    for k in range(2):
+        inbox = tmp_path / f"inbox{k}"
+        inbox.mkdir()
+        for i in range(4):  # 192x192 mosaics of 96x96 parts: 2x2 tiles of the ROI
+            cv2.imwrite(str(inbox / f"m{i}.png"), mosaic(seed=10 * k + i, grid=2).image)
+        cv2.imwrite(str(inbox / "blank.png"), np.full((192, 192, 3), 128, np.uint8))
+        old = time.time() - 10
+        for f in inbox.iterdir():  # settled files (the folder source waits 1 s otherwise)
+            os.utime(f, (old, old))
+        srcs.append(f'[[sources]]\nname = "line{k}"\nkind = "folder"\npath = "{inbox}"\n'
+                    f'rate_hz = 10\nroi = [0, 0, 0.75, 1]\nroi_units = "fraction"')
+    cfg = write_config(tmp_path, tmp_path / "cache", source='kind = "synthetic"', extra=f"""
+[model]
+path = "{bundled('defects')}"
+tiling = true
+[results.jsonl]
+path = "{tmp_path / 'r.jsonl'}"
+[results.snapshots]
+dir = "{tmp_path / 'snaps'}"
+""")
+    cfg.write_text(cfg.read_text().replace('[source]\nkind = "synthetic"\n',
+                                           "\n".join(srcs) + "\n"))
+    d = Serve(tmp_path, cfg, args=("--print",), stdout=tmp_path / "stdout.txt")
+    try:
+        wait(lambda: len(results(d.outbox)) >= 10, 120, "every frame's result", d)
+    finally:
+        assert d.stop() == 0
+    rs = results(d.outbox)
+    assert sorted((r["source"], r["ref"]) for r in rs) == sorted(
+        (f"line{k}", n) for k in range(2) for n in ("blank.png", "m0.png", "m1.png", "m2.png",
+                                                    "m3.png"))
+    assert all(r["variant"].startswith("defects/") and "boxes" in r for r in rs)
+    for r in rs:
+        assert r["label"] == (r["boxes"][0]["label"] if r["boxes"] else "none"), r
+        assert all(0 <= b["x"] <= 1 and 0 <= b["y"] <= 1 for b in r["boxes"]), r
+    found = {r["ref"] + r["source"] for r in rs if r["label"] != "none"}
+    assert {r["label"] for r in rs} >= {"scratch", "none"}  # what this test is about
+    lines = [json.loads(x) for x in (tmp_path / "r.jsonl").read_text().splitlines()]
+    assert sorted(x["seq"] for x in lines) == sorted(range(1, len(rs) + 1))
+    assert all("boxes" in x and x["source"] in ("line0", "line1") for x in lines)
+    printed = (tmp_path / "stdout.txt").read_text().splitlines()
+    assert sorted(p.split()[1] for p in printed) == sorted(f"{r['source']}/{r['ref']}"
+                                                           for r in rs)
+    sidecars = [json.loads(f.read_text()) for f in (tmp_path / "snaps").glob("*.json")]
+    assert sorted(s["ref"] + s["source"] for s in sidecars) == sorted(found)
+    assert len(list((tmp_path / "snaps").glob("*.jpg"))) == len(found)
