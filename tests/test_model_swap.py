@@ -457,3 +457,37 @@ def test_a_model_deployed_while_the_first_choice_is_refined_stays_served(tmp_pat
     assert last["variant"].startswith("inspection/"), last
     assert fleet.health("box1").get("model_version") == "inspection@2"
     assert not fleet.events("box1", "model_rolled_back")
+
+
+def test_a_detector_deployed_over_a_classifier_serves_boxes_tiled(tmp_path, fleet):
+    """The bundled classifier serves; the bundled defect detector is deployed over it with
+    [model] tiling on: after the swap the results carry boxes and counts of the detector's
+    labels, and no frame is refused on the way (the shadow sample runs the old classifier
+    on its own preprocessing)."""
+    if not (bundled("defects") / "manifest.json").exists():
+        pytest.skip("models/defects not built")
+    key = load_private_key(tmp_path / "publisher.pem")
+    v1 = inspection_dir(tmp_path / "models" / "inspection")
+    shutil.copytree(bundled("defects"), tmp_path / "src-d")
+    make(tmp_path / "src-d", key, tmp_path / "d1.edgerun", "1")
+    cfg = fleet.config("box1", v1, PROBATION.replace("floor = 0.8", "floor = 0.0"))
+    cfg.write_text(cfg.read_text().replace('kind = "synthetic"\nrate_hz = 40',
+                                           'kind = "synthetic"\nrate_hz = 20\nsize = 192')
+                   .replace("[model]\n", "[model]\ntiling = true\n"))
+    d = fleet.device("box1", cfg)
+    wait(lambda: fleet.coord.store.counts().get("box1", 0) >= 10, 60, "results", d)
+    assert _deploy(fleet, "box1", fleet.upload(tmp_path / "d1.edgerun"))["ok"]
+    swapped = fleet.wait_event("box1", "model_swapped")
+    assert swapped["to"] == "defects@1"
+    n = fleet.coord.store.counts().get("box1", 0)
+    wait(lambda: fleet.coord.store.counts().get("box1", 0) > n + 40, 60, "more results", d)
+    rs = fleet.coord.store.results("box1", 0, 1_000_000)
+    new = [r for r in rs if r["variant"].startswith("defects/")]
+    assert len(new) >= 30
+    assert all("boxes" in r and r["label"] in ("scratch", "dent", "stain", "none")
+               for r in new), new[-1]
+    h = fleet.health("box1")
+    assert h["pipeline"]["frames_bad"]["total"] == 0, h["pipeline"]["frames_bad"]
+    assert h["model_version"] == "defects@1"
+    assert not fleet.events("box1", "inference_failed")
+    assert "Traceback" not in d.text()
