@@ -330,27 +330,31 @@ class Daemon:
                 old is not None and old.preprocess == self.manifest.preprocess)
                 else self._preprocess_chooser())
 
-    def _load_in_background(self, path: Path, fresh: bool, why: str) -> None:
+    def _load_in_background(self, path: Path, fresh: bool, why: str,
+                            wait: bool = False) -> None:
         """Profile in a thread (minutes on a cold cache must not stall the main loop and its
-        watchdog beats); the main loop installs the result between ticks."""
-        if self._reprofiling.locked():  # only the main thread starts one: no race
+        watchdog beats); the main loop installs the result between ticks. `wait`: after the
+        profiling under way (another model chosen), instead of skipped (a re-profile)."""
+        if self._reprofiling.locked() and not wait:  # only the main thread starts one
             self.event("reprofile_skipped", "info", reason=f"{why}: already profiling")
             return
         self._last_reprofile = time.monotonic()
-        log.info("profiling in the background: %s", why)
+        log.info("profiling in the background: %s%s", why, ", after the profiling under way"
+                 if self._reprofiling.locked() else "")
         self.event("reprofile", "info", reason=why)
-        self._background(lambda: self._measure_model(path, fresh), why)
+        self._background(lambda: self._measure_model(path, fresh), why, wait)
 
-    def _background(self, job, why: str) -> None:
+    def _background(self, job, why: str, wait: bool = False) -> None:
         """Run a profiling job (returning a Measured) on the reprofile thread; the main loop
-        installs its result between ticks. Skipped while another one runs."""
-        if not self._reprofiling.acquire(blocking=False):
+        installs its result between ticks. Skipped while another one runs, unless `wait`."""
+        if not wait and not self._reprofiling.acquire(blocking=False):
             self.event("reprofile_skipped", "info", reason=f"{why}: already profiling")
             return
-
         gen = self._model_gen
 
         def work() -> None:
+            if wait:
+                self._reprofiling.acquire()
             try:
                 self._installs.put((job(), why, None, gen))
             except Stopping:
@@ -726,7 +730,8 @@ class Daemon:
                 self.event("command_failed", "warning", command=cmd.name,
                            error=f"{target}: no model directory with a manifest")
                 return
-            self._load_in_background(target, False, f"model {cmd.args['name']} chosen")
+            self._load_in_background(target, False, f"model {cmd.args['name']} chosen",
+                                     wait=True)
         if cmd.name in operator_settings.COMMANDS:  # applied: kept across restarts/reloads
             self.settings = operator_settings.record(self.settings, cmd.name, cmd.args)
             operator_settings.save(self.state_dir, self.settings)

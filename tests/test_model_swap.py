@@ -491,3 +491,27 @@ def test_a_detector_deployed_over_a_classifier_serves_boxes_tiled(tmp_path, flee
     assert h["model_version"] == "defects@1"
     assert not fleet.events("box1", "inference_failed")
     assert "Traceback" not in d.text()
+
+
+def test_a_model_chosen_while_the_first_choice_is_refined_is_loaded_after_it(tmp_path, fleet):
+    """`choose_model` of a sibling model directory while the cold start's refinement runs
+    in the background: the chosen model is loaded once the refinement is done (was: skipped
+    as 'already profiling' while the command was reported applied, and never loaded)."""
+    v1 = slow_dir(tmp_path / "models" / "slow", 320)
+    inspection_dir(tmp_path / "models" / "inspection")
+    cfg = fleet.config("box1", v1, PROBATION)
+    cfg.write_text(cfg.read_text().replace("min_runs = 10", "min_runs = 150").replace(
+        "max_runs = 100", "max_runs = 150").replace("time_budget_s = 0.05",
+                                                    "time_budget_s = 60"))
+    d = fleet.device("box1", cfg)
+    wait(lambda: d.ready(), 60, "ready", d)
+    reply = fleet.coord.send_command("box1", "choose_model", {"name": "inspection"})
+    assert reply["status"] == "accepted", reply
+    assert "refinement of slow finished" not in d.text(), "refinement ended before the choice"
+    wait(lambda: "rung" in d.text() and "-> inspection/" in d.text(), 120,
+         "the chosen model running", d)
+    n = fleet.coord.store.counts().get("box1", 0)
+    wait(lambda: fleet.coord.store.counts().get("box1", 0) > n + 10, 30, "more results", d)
+    last = fleet.coord.store.results("box1", 0, 1_000_000)[-1]
+    assert last["variant"].startswith("inspection/"), last
+    assert not fleet.events("box1", "reprofile_skipped")
