@@ -380,7 +380,8 @@ class DeviceOta:
             d._after_rebuild(f"rollback of {failed}", held)
         else:
             path = self.store.path(now) or self.configured
-            d._load_in_background(path, False, f"rollback of {failed}")
+            # after a profiling under way (the cold start's refinement), never skipped
+            d._load_in_background(path, False, f"rollback of {failed}", wait=True)
         if d.publisher:
             d.publisher.request_rebirth()
 

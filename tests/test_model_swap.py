@@ -515,3 +515,31 @@ def test_a_model_chosen_while_the_first_choice_is_refined_is_loaded_after_it(tmp
     last = fleet.coord.store.results("box1", 0, 1_000_000)[-1]
     assert last["variant"].startswith("inspection/"), last
     assert not fleet.events("box1", "reprofile_skipped")
+
+
+def test_a_rollback_while_the_first_choice_is_refined_loads_the_old_model(tmp_path, publisher):
+    """A restart during the probation of a slow version (cold profile cache): the daemon
+    serves it after the quick round and refines it in the background; probation fails on
+    latency meanwhile. The old model is loaded once the refinement is done (was: its load
+    was skipped as 'already profiling', and the failed version went on serving while health
+    said the configured model did)."""
+    old = inspection_dir(tmp_path / "models" / "inspection")
+    make(slow_dir(tmp_path / "src2", 640), publisher, tmp_path / "b.edgerun", "2")
+    cfg = write_config(tmp_path, tmp_path / "cache", latency_ms=3.0, extra=MODELS.format(
+        pub=tmp_path / "publisher.pub").replace("probation_frames = 60",
+                                                "probation_frames = 20")
+        + f'[model]\npath = "{old}"\n')
+    assert _install(cfg, str(tmp_path / "b.edgerun")).returncode == 0  # probation begins
+    # a cold cache for the daemon, and a refinement of seconds at full length
+    cfg.write_text(cfg.read_text().replace(str(tmp_path / "cache"), str(tmp_path / "cold"))
+                   .replace("min_runs = 10", "min_runs = 100")
+                   .replace("time_budget_s = 0.05", "time_budget_s = 60"))
+    d = Serve(tmp_path, cfg)
+    try:
+        wait(lambda: events(d.outbox, "model_rolled_back"), 60, "the rollback", d)
+        assert "refinement of slow finished" not in d.text(), "refined before the rollback"
+        wait(lambda: results(d.outbox)[-1]["variant"].startswith("inspection/"), 90,
+             "the old model serving again", d)
+        assert last_health(d.outbox)["model_version"] == ""
+    finally:
+        assert d.stop() == 0
