@@ -69,9 +69,13 @@ class Coordinator:
         self.rollouts = Rollouts(self.store, self._send_async, self.deploy_args,
                                  lambda: list(self.views), cfg.rollout_timeout_s)
         from runtime.coordinator.bundles import Shelf
+        from runtime.coordinator.dialect import is_url
 
-        self.shelf = Shelf(Path(cfg.bundles_dir or Path(cfg.store).expanduser().parent
-                                / "bundles"), int(cfg.max_bundle_mb * 1024 * 1024))
+        # a PostgreSQL store has no directory of its own: the default state directory then
+        shelf_dir = cfg.bundles_dir or (Path("~/.local/state/edgerun/bundles").expanduser()
+                                        if is_url(cfg.store) else
+                                        Path(cfg.store).expanduser().parent / "bundles")
+        self.shelf = Shelf(Path(shelf_dir), int(cfg.max_bundle_mb * 1024 * 1024))
         self._key = commands.load_private_key(cfg.signing_key) if cfg.signing_key else None
         self._views_lock = threading.Lock()
         self._rlog = RateLimitedLog(log)
