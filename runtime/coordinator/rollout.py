@@ -144,7 +144,7 @@ class Rollouts:
         r = {"id": uuid.uuid4().hex[:12], "bundle": bundle_id, "group": group,
              "canary_pct": canary_pct, "canary": canary, "rest": rest, "state": "canary",
              "reason": "", "created": time.time(), "version": f"{args['name']}@"
-             f"{args['version']}",
+             f"{args['version']}", "args": args,
              "devices": {d: {"state": WAITING, "before": self.desired(d).get("model")}
                          for d in devices}}
         with self._lock:
@@ -175,7 +175,9 @@ class Rollouts:
         return [r for r in self.list() if r["state"] in ("canary", "rolling")]
 
     def _deploy(self, r: dict[str, Any], devices: list[str] | tuple[str, ...]) -> None:
-        args = self._deploy_args(r["bundle"])
+        # The arguments made at start (the holding coordinator's URL and token): another
+        # coordinator sharing the store may advance the rollout without holding the bundle.
+        args = r.get("args") or self._deploy_args(r["bundle"])
         for d in devices:
             doc = self.desired(d)
             doc["model"] = args
