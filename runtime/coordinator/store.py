@@ -615,7 +615,7 @@ def _view_from_json(device: str, body: str) -> fleet.DeviceView | None:
         fields = {k: d[k] for k in fleet.DeviceView.__dataclass_fields__
                   if k in d and k not in ("status", "alerts", "device")}
         v = fleet.DeviceView(device, **fields)
-        return replace(v, status="online" if v.online else "offline")
+        return replace(v, status="online" if v.online else "asleep" if v.asleep else "offline")
     except (ValueError, TypeError):
         return None
 
