@@ -96,3 +96,116 @@ def test_an_asleep_view_survives_the_store_round_trip(store_url):
     finally:
         s1.close()
         s2.close()
+
+
+def _publisher(port: int):
+    import paho.mqtt.client as mqtt
+
+    cli = mqtt.Client(callback_api_version=mqtt.CallbackAPIVersion.VERSION2,
+                      client_id="probe-integration", protocol=mqtt.MQTTv5)
+    cli.connect("127.0.0.1", port)
+    cli.loop_start()
+    return cli
+
+
+def test_two_coordinators_on_postgres_serve_dashboard_sleepers_and_fleet_ls(
+        tmp_path, postgres):
+    """Two coordinator processes (one shared subscription group) on one PostgreSQL store, a
+    real Mosquitto: a hot device's health and a sleeper. Both coordinators serve the
+    dashboard's history, the report history and the alerts from the shared store; the sleeper
+    is asleep at both (no offline/stale alert at the one that never took its traffic);
+    `edgerun fleet ls` works over a PostgreSQL coordinator."""
+    import json
+    import subprocess
+    import sys
+
+    from test_fleet_scale import ROOT, CoordinatorProc, _wait
+    from test_webhooks import Receiver
+
+    from runtime.telemetry import payloads
+    from runtime.telemetry.broker import Mosquitto
+
+    broker = Mosquitto(tmp_path, auth=False).start()
+    url = postgres.create_database("integration")
+    rx = Receiver([200])
+    coords = [CoordinatorProc(tmp_path, f"c{k}", broker.port, url, fleet="test",
+                              stale_after_s="2", offline_after_s="4",
+                              webhook_url=f'"{rx.url}"').start() for k in (1, 2)]
+    pub = _publisher(broker.port)
+    try:
+        now = time.time()
+
+        def send(device, kind, msg, retain=False):
+            pub.publish(payloads.topic("test", device, kind), payloads.encode(kind, msg),
+                        qos=1, retain=retain).wait_for_publish(10)
+
+        send("hot1", "state", {"v": 1, "online": True, "boot": "b1", "t": now}, retain=True)
+        send("nap1", "state", {"v": 1, "online": True, "boot": "n1", "t": now}, retain=True)
+        send("nap1", "state", {"v": 1, "online": False, "boot": "n1", "t": now + 0.1,
+                               "reason": "sleep", "asleep": True, "wake_at": now + 3600},
+             retain=True)
+        for i in range(20):
+            send("hot1", "health", {"v": 1, "t": now - 20 + i, "boot": "b1", "temp_c": 84.0,
+                                    "passive_trip_c": 85.0, "rung": 2, "rungs": 3})
+        for c in coords:
+            _wait(lambda c=c: {r["device"]: r["status"] for r in c.api("/api/v1/fleet")}
+                  == {"hot1": "online", "nap1": "asleep"}, 30, f"{c.name}'s fleet view")
+        for c in coords:
+            _wait(lambda c=c: len(c.api("/api/v1/devices/hot1/health")["health"]) == 20, 30,
+                  f"{c.name}'s report history")
+            hist = c.api("/api/v1/devices/hot1/history?window_s=600")
+            assert max(hist["temp_c"]) == 84.0 and min(hist["rung"]) == 2, (c.name, hist)
+            assert 0 < len(hist["t"]) <= 20
+        # keep hot1 talking; nap1 stays silent past stale/offline: asleep, no alert anywhere
+        deadline = time.time() + 6
+        while time.time() < deadline:
+            send("hot1", "health", {"v": 1, "t": time.time(), "boot": "b1", "temp_c": 84.0,
+                                    "passive_trip_c": 85.0})
+            time.sleep(0.5)
+        for c in coords:
+            view = {r["device"]: r for r in c.api("/api/v1/fleet")}
+            assert view["nap1"]["status"] == "asleep" and view["nap1"]["alerts"] == []
+            alerts = c.api("/api/v1/alerts")
+            assert {(a["device"], a["alert"]) for a in alerts["active"]} == {("hot1", "hot")}
+        ls = subprocess.run([sys.executable, "-m", "runtime.cli", "fleet", "ls", "--api",
+                             f"http://127.0.0.1:{coords[1].http}", "--token-file",
+                             str(coords[1].token_file)], cwd=ROOT, capture_output=True,
+                            text=True, timeout=60)
+        assert ls.returncode == 0, ls.stderr
+        assert "hot1" in ls.stdout and "asleep (next wake" in ls.stdout, ls.stdout
+        js = subprocess.run([sys.executable, "-m", "runtime.cli", "fleet", "ls", "--json",
+                             "--api", f"http://127.0.0.1:{coords[0].http}", "--token-file",
+                             str(coords[0].token_file)], cwd=ROOT, capture_output=True,
+                            text=True, timeout=60)
+        assert {r["device"] for r in json.loads(js.stdout)} == {"hot1", "nap1"}
+        # the webhook: each coordinator computes alerts from the shared view (see the report)
+        _wait(lambda: any(b["device"] == "hot1" for b in rx.bodies()), 30, "the hot webhook")
+        time.sleep(1.0)
+        hot = [b for b in rx.bodies() if (b["device"], b["alert"]) == ("hot1", "hot")]
+        assert [b["state"] for b in hot] == ["raised"], hot
+    finally:
+        pub.loop_stop()
+        pub.disconnect()
+        for c in coords:
+            c.term()
+        rx.close()
+        broker.stop()
+
+
+def test_alert_claims_let_one_of_several_coordinators_send_each_transition(store_url):
+    """Store.claim_alert on both backends: the same transition from a second coordinator
+    is refused; a clear, a new raise, or the same state after the window is sent."""
+    from runtime.coordinator.store import Store
+
+    s1, s2 = Store(store_url), Store(store_url)
+    try:
+        assert s1.claim_alert("d", "hot", "raised", 100.0)
+        assert not s2.claim_alert("d", "hot", "raised", 101.0)
+        assert s2.claim_alert("d", "slo", "raised", 101.0)  # another code of the device
+        assert s2.claim_alert("d", "hot", "cleared", 102.0)
+        assert not s1.claim_alert("d", "hot", "cleared", 103.0)
+        assert s1.claim_alert("d", "hot", "raised", 104.0)
+        assert s2.claim_alert("d", "hot", "raised", 200.0)  # past the window: a new one
+    finally:
+        s1.close()
+        s2.close()

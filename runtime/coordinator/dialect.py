@@ -74,6 +74,13 @@ CREATE TABLE IF NOT EXISTS rollouts (id TEXT PRIMARY KEY, created REAL NOT NULL,
                                      body TEXT NOT NULL);
 """
 
+# v4: which coordinator sent each alert transition to the webhook (several on one store)
+_SQLITE_V4 = """
+CREATE TABLE IF NOT EXISTS alert_sent (device TEXT NOT NULL, code TEXT NOT NULL,
+                                       state TEXT NOT NULL, t REAL NOT NULL,
+                                       PRIMARY KEY (device, code));
+"""
+
 
 class SQLiteDialect:
     """One connection in WAL mode, serialised by a lock; `BEGIN IMMEDIATE` makes each write
@@ -118,6 +125,10 @@ class SQLiteDialect:
                     for stmt in _split(_SQLITE_V3):
                         self.db.execute(stmt)
                     self.db.execute("INSERT INTO schema_version VALUES (3)")
+                if have < 4:
+                    for stmt in _split(_SQLITE_V4):
+                        self.db.execute(stmt)
+                    self.db.execute("INSERT INTO schema_version VALUES (4)")
                 self.db.execute("COMMIT")
             except BaseException:
                 self.db.execute("ROLLBACK")
@@ -255,8 +266,13 @@ CREATE TABLE rollouts (id TEXT PRIMARY KEY, created DOUBLE PRECISION NOT NULL,
                        body TEXT NOT NULL)
 """
 
+_PG_V3 = """
+CREATE TABLE alert_sent (device TEXT NOT NULL, code TEXT NOT NULL, state TEXT NOT NULL,
+                         t DOUBLE PRECISION NOT NULL, PRIMARY KEY (device, code))
+"""
+
 # (version, statements): append, never edit, once released.
-PG_MIGRATIONS: list[tuple[int, str]] = [(1, _PG_V1), (2, _PG_V2)]
+PG_MIGRATIONS: list[tuple[int, str]] = [(1, _PG_V1), (2, _PG_V2), (3, _PG_V3)]
 PARTITIONED = {"results": "received", "health": "t"}
 _MIGRATION_LOCK = 0x6564676572756E  # pg_advisory_xact_lock key ("edgerun")
 

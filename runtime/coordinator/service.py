@@ -458,8 +458,22 @@ class Coordinator:
         else:
             quiet[(code, state)] += 1
         if self.webhook is not None and (not self.cfg.webhook_alerts
-                                         or code in self.cfg.webhook_alerts):
+                                         or code in self.cfg.webhook_alerts) \
+                and self._first_to_send(device, code, state, now):
             self.webhook.submit(body)
+
+    def _first_to_send(self, device: str, code: str, state: str, now: float) -> bool:
+        """With several coordinators on one store (share_group) each computes every alert
+        transition from the shared view: only the first to claim it in the store sends it.
+        A store error sends it anyway (a duplicate is better than a lost alert)."""
+        if not self.cfg.share_group:
+            return True
+        try:
+            return self.store.claim_alert(device, code, state, now)
+        except Exception as e:
+            self._rlog.log("alert-claim", "could not check the store for alert duplicates "
+                           "(sending anyway): %s", e, level=logging.ERROR)
+            return True
 
     def alerts_view(self, limit: int = 200) -> dict[str, Any]:
         """Active alerts of every device (with when each was raised, None when it was

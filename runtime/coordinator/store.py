@@ -356,6 +356,21 @@ class Store:
         with self._d.transaction() as db:
             db.executemany(sql, rows)
 
+    def claim_alert(self, device: str, code: str, state: str, t: float,
+                    window_s: float = 60.0) -> bool:
+        """Whether this coordinator is the first of those sharing the store to report this
+        alert transition ("raised" | "cleared"): each computes the same transitions from the
+        shared view, and the webhook's receiver must get each once. The same state again
+        within `window_s` is the other coordinator's duplicate; after that it is a new one
+        (the clear in between was missed, e.g. while every coordinator was down)."""
+        with self._d.transaction() as db:
+            cur = db.execute("INSERT INTO alert_sent VALUES (?,?,?,?) ON CONFLICT(device, code) "
+                             "DO UPDATE SET state = excluded.state, t = excluded.t "
+                             "WHERE alert_sent.state <> excluded.state "
+                             "OR alert_sent.t < excluded.t - ?",
+                             (device, code, state, float(t), float(window_s)))
+            return cur.rowcount == 1
+
     def read(self, sql: str, args: Iterable[Any] = ()) -> list[tuple]:
         """A portable query's rows."""
         return self._query(sql, args)
