@@ -209,3 +209,51 @@ def test_alert_claims_let_one_of_several_coordinators_send_each_transition(store
     finally:
         s1.close()
         s2.close()
+
+
+def test_rollout_verdicts_on_two_coordinators_at_once_are_both_kept(store_url):
+    """Two canary devices pass probation at about the same time (they were deployed
+    together) and their events land on different coordinators. Each coordinator read the
+    rollout, marked its device and wrote the whole rollout back: the later write undid the
+    earlier one's verdict, the rollout never left `canary`, and at the timeout the lost
+    device counted as failed and halted it. Here the second coordinator's verdict is
+    committed exactly between the first's read and write."""
+    from runtime.coordinator.rollout import Rollouts
+    from runtime.coordinator.store import Store
+
+    args = {"name": "m", "version": "2", "url": "http://one/api/v1/bundles/m@2", "size": 1,
+            "sha256": "0" * 64, "token": "t"}
+    sent = []
+    s1, s2 = Store(store_url), Store(store_url)
+    two = Rollouts(s2, lambda d, c, a: sent.append(d), lambda b: args, lambda: ["a", "b", "c"])
+
+    class Interleaved:
+        """Coordinator one's store: the other coordinator commits right after one's read."""
+
+        def __init__(self, store):
+            self.store, self.fired = store, False
+
+        def read(self, sql, args=()):
+            rows = self.store.read(sql, args)
+            if "FROM rollouts" in sql and not self.fired:
+                self.fired = True
+                two.on_event("b", {"type": "model_probation_passed", "version": "m@2"})
+            return rows
+
+        def __getattr__(self, name):
+            return getattr(self.store, name)
+
+    try:
+        one = Rollouts(s1, lambda d, c, a: sent.append(d), lambda b: args,
+                       lambda: ["a", "b", "c"])
+        one.set_group("g", ["a", "b", "c"])
+        r = one.start("m@2", "g", 60)
+        assert r["canary"] == ["a", "b"]
+        one._store = Interleaved(s1)
+        one.on_event("a", {"type": "model_probation_passed", "version": "m@2"})
+        got = two.get(r["id"])
+        assert {d: got["devices"][d]["state"] for d in "ab"} == {"a": "passed", "b": "passed"}
+        assert got["state"] == "rolling" and sent.count("c") == 1, (got, sent)
+    finally:
+        s1.close()
+        s2.close()

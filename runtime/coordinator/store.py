@@ -371,6 +371,12 @@ class Store:
                              (device, code, state, float(t), float(window_s)))
             return cur.rowcount == 1
 
+    def update(self, sql: str, args: Sequence[Any]) -> int:
+        """A portable single statement in one transaction; returns the rows it changed
+        (rollout.py's compare-and-swap of a rollout)."""
+        with self._d.transaction() as db:
+            return db.execute(sql, tuple(args)).rowcount
+
     def read(self, sql: str, args: Iterable[Any] = ()) -> list[tuple]:
         """A portable query's rows."""
         return self._query(sql, args)
