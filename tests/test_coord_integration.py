@@ -193,19 +193,19 @@ def test_two_coordinators_on_postgres_serve_dashboard_sleepers_and_fleet_ls(
 
 
 def test_alert_claims_let_one_of_several_coordinators_send_each_transition(store_url):
-    """Store.claim_alert on both backends: the same transition from a second coordinator
+    """Store.claim on both backends: the same transition from a second coordinator
     is refused; a clear, a new raise, or the same state after the window is sent."""
     from runtime.coordinator.store import Store
 
     s1, s2 = Store(store_url), Store(store_url)
     try:
-        assert s1.claim_alert("d", "hot", "raised", 100.0)
-        assert not s2.claim_alert("d", "hot", "raised", 101.0)
-        assert s2.claim_alert("d", "slo", "raised", 101.0)  # another code of the device
-        assert s2.claim_alert("d", "hot", "cleared", 102.0)
-        assert not s1.claim_alert("d", "hot", "cleared", 103.0)
-        assert s1.claim_alert("d", "hot", "raised", 104.0)
-        assert s2.claim_alert("d", "hot", "raised", 200.0)  # past the window: a new one
+        assert s1.claim("d", "alert:hot", "raised", 100.0)
+        assert not s2.claim("d", "alert:hot", "raised", 101.0)
+        assert s2.claim("d", "alert:slo", "raised", 101.0)  # another code of the device
+        assert s2.claim("d", "alert:hot", "cleared", 102.0)
+        assert not s1.claim("d", "alert:hot", "cleared", 103.0)
+        assert s1.claim("d", "alert:hot", "raised", 104.0)
+        assert s2.claim("d", "alert:hot", "raised", 200.0)  # past the window: a new one
     finally:
         s1.close()
         s2.close()
@@ -257,3 +257,45 @@ def test_rollout_verdicts_on_two_coordinators_at_once_are_both_kept(store_url):
     finally:
         s1.close()
         s2.close()
+
+
+def test_a_returning_device_is_sent_its_desired_model_once_by_two_coordinators(
+        tmp_path, store_url):
+    """Every coordinator of a share_group gets every birth (states are not shared). A device
+    back with another model than its desired one was sent `deploy` by each; the device
+    refuses the second ("busy: another model install is running"), and that rejection failed
+    its part of the rollout. Two coordinators on one store, the real admission path."""
+    from runtime.coordinator.config import CoordinatorConfig
+    from runtime.coordinator.service import Coordinator
+    from runtime.telemetry import payloads
+
+    args = {"name": "m", "version": "2", "url": "http://one/api/v1/bundles/m@2", "size": 1,
+            "sha256": "0" * 64, "token": "t"}
+    sent = []
+    coords = [Coordinator(CoordinatorConfig(fleet="f", store=store_url, share_group="g",
+                                            client_id=f"c{k}",
+                                            bundles_dir=str(tmp_path / f"b{k}")))
+              for k in (1, 2)]
+    try:
+        for c in coords:
+            c.rollouts._send = lambda d, cmd, a, c=c: sent.append((c.cfg.client_id, d, cmd))
+        coords[0].rollouts._set_desired("d1", {"model": args,
+                                              "settings": {"set_rate": {"fps": 2}}})
+        now = time.time()
+        birth = (payloads.topic("f", "d1", "state"), payloads.encode("state", {
+            "v": 1, "online": True, "boot": "b1", "t": now, "model_version": "m@1"}), now)
+        for c in coords:
+            c._ingest([birth])
+        assert sorted(cmd for _, _, cmd in sent) == ["deploy", "set_rate"], sent
+        assert len({who for who, _, _ in sent}) == 1
+        sent.clear()
+        later = (birth[0], payloads.encode("state", {  # the next birth (a reconnect): again
+            "v": 1, "online": True, "boot": "b1", "t": now + 5, "model_version": "m@1"}),
+            now + 5)
+        for c in coords:
+            c._ingest([later])
+        assert sorted(cmd for _, _, cmd in sent) == ["deploy", "set_rate"], sent
+    finally:
+        for c in coords:
+            c.store.close()
+            c.shelf.close()

@@ -74,11 +74,12 @@ CREATE TABLE IF NOT EXISTS rollouts (id TEXT PRIMARY KEY, created REAL NOT NULL,
                                      body TEXT NOT NULL);
 """
 
-# v4: which coordinator sent each alert transition to the webhook (several on one store)
+# v4: what one of several coordinators on one store does once (Store.claim: alert
+# transitions to the webhook, the re-sends to a returning device)
 _SQLITE_V4 = """
-CREATE TABLE IF NOT EXISTS alert_sent (device TEXT NOT NULL, code TEXT NOT NULL,
-                                       state TEXT NOT NULL, t REAL NOT NULL,
-                                       PRIMARY KEY (device, code));
+CREATE TABLE IF NOT EXISTS claims (device TEXT NOT NULL, what TEXT NOT NULL,
+                                   state TEXT NOT NULL, t REAL NOT NULL,
+                                   PRIMARY KEY (device, what));
 """
 
 
@@ -267,8 +268,8 @@ CREATE TABLE rollouts (id TEXT PRIMARY KEY, created DOUBLE PRECISION NOT NULL,
 """
 
 _PG_V3 = """
-CREATE TABLE alert_sent (device TEXT NOT NULL, code TEXT NOT NULL, state TEXT NOT NULL,
-                         t DOUBLE PRECISION NOT NULL, PRIMARY KEY (device, code))
+CREATE TABLE claims (device TEXT NOT NULL, what TEXT NOT NULL, state TEXT NOT NULL,
+                     t DOUBLE PRECISION NOT NULL, PRIMARY KEY (device, what))
 """
 
 # (version, statements): append, never edit, once released.

@@ -284,7 +284,7 @@ class Coordinator:
                 try:  # model rollouts follow devices' events and returns
                     if m.kind == "event":
                         self.rollouts.on_event(m.device, m.msg)
-                    elif m.msg.get("online"):
+                    elif m.msg.get("online") and self._first_for_birth(m.device, m.msg):
                         self.rollouts.on_online(m.device, m.msg.get("model_version"))
                 except Exception:
                     log.exception("rollout bookkeeping for %s failed", m.device)
@@ -462,6 +462,20 @@ class Coordinator:
                 and self._first_to_send(device, code, state, now):
             self.webhook.submit(body)
 
+    def _first_for_birth(self, device: str, msg: dict) -> bool:
+        """Whether this coordinator re-sends a returning device its desired model and
+        settings: every coordinator of a share_group gets every birth (states are not
+        shared), and two `deploy`s make the device refuse the second ("busy"), which failed
+        its part of a rollout. The first to claim the birth in the store does it."""
+        if not self.cfg.share_group:
+            return True
+        try:
+            return self.store.claim(device, "birth", f"{msg['boot']}@{msg['t']}", time.time())
+        except Exception as e:
+            self._rlog.log("birth-claim", "could not check the store for another "
+                           "coordinator's re-send (re-sending): %s", e, level=logging.ERROR)
+            return True
+
     def _first_to_send(self, device: str, code: str, state: str, now: float) -> bool:
         """With several coordinators on one store (share_group) each computes every alert
         transition from the shared view: only the first to claim it in the store sends it.
@@ -469,7 +483,7 @@ class Coordinator:
         if not self.cfg.share_group:
             return True
         try:
-            return self.store.claim_alert(device, code, state, now)
+            return self.store.claim(device, f"alert:{code}", state, now)
         except Exception as e:
             self._rlog.log("alert-claim", "could not check the store for alert duplicates "
                            "(sending anyway): %s", e, level=logging.ERROR)

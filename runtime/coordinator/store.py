@@ -356,19 +356,20 @@ class Store:
         with self._d.transaction() as db:
             db.executemany(sql, rows)
 
-    def claim_alert(self, device: str, code: str, state: str, t: float,
-                    window_s: float = 60.0) -> bool:
-        """Whether this coordinator is the first of those sharing the store to report this
-        alert transition ("raised" | "cleared"): each computes the same transitions from the
-        shared view, and the webhook's receiver must get each once. The same state again
-        within `window_s` is the other coordinator's duplicate; after that it is a new one
-        (the clear in between was missed, e.g. while every coordinator was down)."""
+    def claim(self, device: str, what: str, state: str, t: float,
+              window_s: float = 60.0) -> bool:
+        """Whether this coordinator is the first of those sharing the store to act on `what`
+        of `device` reaching `state` (an alert transition: `alert:hot` "raised"; a birth:
+        `birth` "<boot>@<t>"): each coordinator sees the same, and the webhook's receiver
+        or the device must get it once. The same state again within `window_s` is another
+        coordinator's duplicate; after that it is a new one (e.g. an alert's clear was
+        missed while every coordinator was down)."""
         with self._d.transaction() as db:
-            cur = db.execute("INSERT INTO alert_sent VALUES (?,?,?,?) ON CONFLICT(device, code) "
+            cur = db.execute("INSERT INTO claims VALUES (?,?,?,?) ON CONFLICT(device, what) "
                              "DO UPDATE SET state = excluded.state, t = excluded.t "
-                             "WHERE alert_sent.state <> excluded.state "
-                             "OR alert_sent.t < excluded.t - ?",
-                             (device, code, state, float(t), float(window_s)))
+                             "WHERE claims.state <> excluded.state "
+                             "OR claims.t < excluded.t - ?",
+                             (device, what, state, float(t), float(window_s)))
             return cur.rowcount == 1
 
     def update(self, sql: str, args: Sequence[Any]) -> int:
