@@ -299,3 +299,30 @@ def test_a_returning_device_is_sent_its_desired_model_once_by_two_coordinators(
         for c in coords:
             c.store.close()
             c.shelf.close()
+
+
+def test_two_coordinators_retention_dropping_the_same_day_partition(postgres):
+    """Both coordinators on one PostgreSQL store run retention; the second listed the day
+    partitions before the first dropped one, then tried it: 'relation does not exist'
+    failed its whole retention pass (every day, as both passes run at the same times)."""
+    from runtime.coordinator.store import Inbound, Store
+
+    url = postgres.create_database("dropsame")
+    s1, s2 = Store(url), Store(url)
+    try:
+        s1.ingest([Inbound("d", "result", {
+            "v": 1, "stream": "s", "boot": "b", "floor": 1,
+            "results": [{"seq": q, "t": time.time(), "boot": "b"} for q in range(1, 11)]})])
+        later = time.time() + 3 * 86400
+        with s2._d.reader() as db:
+            stale = s2._d._partitions(db, "results")  # read before the other one drops
+        assert s1.prune_results(max_age_s=86400, now=later)["results_by_age"] == 10
+        for name, end in stale:
+            if end <= later - 86400:
+                with s2._d.transaction() as db:
+                    assert s2._d._drop(db, "results", name, end, True) is None
+        assert s2.counts() == {} and s2.prune_results(max_age_s=86400, now=later)[
+            "results_by_age"] == 0
+    finally:
+        s1.close()
+        s2.close()

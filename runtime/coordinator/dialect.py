@@ -450,6 +450,11 @@ class PostgresDialect:
               ) -> dict[str, int] | None:
         """Drop one partition; for results only when every row in it is at or below its
         stream's ack (else None). Returns the rows it held per device."""
+        # coordinators sharing the store run retention at the same times: one drops at a
+        # time, and a partition another one dropped since the list was read is skipped
+        db.execute("SELECT pg_advisory_xact_lock(?)", (_MIGRATION_LOCK,))
+        if db.execute("SELECT to_regclass(?)", (name,)).fetchone()[0] is None:
+            return None
         if acked_only and db.execute(
                 f"SELECT 1 FROM {name} r LEFT JOIN streams s ON s.device = r.device AND "
                 "s.stream = r.stream WHERE s.acked IS NULL OR r.seq > s.acked LIMIT 1"
