@@ -326,3 +326,20 @@ def test_two_coordinators_retention_dropping_the_same_day_partition(postgres):
     finally:
         s1.close()
         s2.close()
+
+
+def test_dashboard_timeline_buckets_are_the_same_on_both_backends(tmp_path, store_url):
+    """The history endpoint's buckets: PostgreSQL's CAST to INTEGER rounds where SQLite's
+    truncates, so on PostgreSQL every bucket was shifted by half a width (the first one half
+    as wide) and the same data plotted differently by backend."""
+    from runtime.coordinator.store import Inbound, Store
+
+    s = Store(store_url)
+    try:
+        now = 1_000_000.0
+        s.ingest([Inbound("d", "health", {"v": 1, "t": now - 600 + i * 0.5, "boot": "b",
+                                          "temp_c": float(i)}) for i in range(1200)])
+        rows = s.health_series("d", now - 600, now, [("temp_c", "MAX"), ("temp_c", "MIN")], 10)
+        assert [(r[1], r[2]) for r in rows] == [(k * 120 + 119.0, k * 120.0) for k in range(10)]
+    finally:
+        s.close()

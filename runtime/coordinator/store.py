@@ -486,9 +486,12 @@ class Store:
                 raise ValueError(f"no timeline column {agg}({name})")
         width = max((until - since) / max(1, max_points), 1e-3)
         cols = ", ".join(f"{agg}({name})" for name, agg in columns)
+        # the bucket number truncated (t >= since): PostgreSQL's CAST rounds, so FLOOR there
+        bucket = ("CAST((t - ?) / ? AS INTEGER)" if self.backend == "sqlite"
+                  else "FLOOR((t - ?) / ?)")
         return self._query(
             f"SELECT MAX(t), {cols} FROM health_points WHERE device=? AND t >= ? AND t <= ? "
-            "GROUP BY CAST((t - ?) / ? AS INTEGER) ORDER BY 1",
+            f"GROUP BY {bucket} ORDER BY 1",
             (device, since, until, since, width))
 
     def prune(self, keep_health_s: float, keep_events_s: float) -> None:
