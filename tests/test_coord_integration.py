@@ -343,3 +343,40 @@ def test_dashboard_timeline_buckets_are_the_same_on_both_backends(tmp_path, stor
         assert [(r[1], r[2]) for r in rows] == [(k * 120 + 119.0, k * 120.0) for k in range(10)]
     finally:
         s.close()
+
+
+def test_metrics_of_an_asleep_device(tmp_path, store_url):
+    """/metrics knew online, stale and offline only: a sleeper had no status sample set, the
+    fleet's devices-by-status did not add up, and its last health before the sleep was
+    exported as a current reading (its temperature an hour ago shown as now)."""
+    from test_metrics import TOKEN, dev, samples, scrape
+
+    from runtime.coordinator.api import serve
+    from runtime.coordinator.config import CoordinatorConfig
+    from runtime.coordinator.service import Coordinator
+    from runtime.telemetry import payloads
+
+    coord = Coordinator(CoordinatorConfig(fleet="f", store=store_url,
+                                          bundles_dir=str(tmp_path / "b")))
+    server = serve(coord, "127.0.0.1", 0, token=TOKEN, timeout_s=2)
+    try:
+        now = time.time()
+        topic = payloads.topic("f", "nap1", "state")
+        coord._ingest([
+            (topic, payloads.encode("state", {"v": 1, "online": True, "boot": "b", "t": now}),
+             now),
+            (payloads.topic("f", "nap1", "health"), payloads.encode("health", {
+                "v": 1, "t": now, "boot": "b", "temp_c": 61.0}), now),
+            (topic, payloads.encode("state", {"v": 1, "online": False, "boot": "b",
+                                              "t": now + 0.1, "asleep": True,
+                                              "wake_at": now + 3600}), now)])
+        status, text = scrape(server.server_address[1])
+        assert status == 200, text
+        got = samples(text)
+        assert got[dev("edgerun_device_status", "nap1", status="asleep")] == 1
+        assert got[("edgerun_fleet_devices", frozenset({"status": "asleep"}.items()))] == 1
+        assert dev("edgerun_device_temperature_celsius", "nap1") not in got
+    finally:
+        server.shutdown()
+        coord.store.close()
+        coord.shelf.close()
