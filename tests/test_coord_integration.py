@@ -380,3 +380,33 @@ def test_metrics_of_an_asleep_device(tmp_path, store_url):
         server.shutdown()
         coord.store.close()
         coord.shelf.close()
+
+
+def test_a_busy_refusal_does_not_fail_a_device_of_the_rollout(store_url):
+    """A canary asleep (or offline) at the rollout's start gets the broker-held `deploy` at
+    its wake, and its birth makes the coordinator re-send its desired model: the device
+    refuses that second one as "busy: another model install is running" (installing this
+    very model). That refusal failed the device and halted the rollout."""
+    from runtime.coordinator.rollout import Rollouts
+    from runtime.coordinator.store import Store
+
+    args = {"name": "m", "version": "2", "url": "http://one/api/v1/bundles/m@2", "size": 1,
+            "sha256": "0" * 64, "token": "t"}
+    s = Store(store_url)
+    try:
+        ro = Rollouts(s, lambda d, c, a: None, lambda b: args, lambda: ["a", "b"])
+        ro.set_group("g", ["a", "b"])
+        r = ro.start("m@2", "g", 50)
+        ro.on_reply("a", "deploy", {"status": "rejected",
+                                    "reason": "busy: another model install is running"})
+        ro.on_event("a", {"type": "model_deploy_failed", "reason": "model m@2 deployed",
+                          "error": "another model install is running"})  # the same, later
+        got = ro.get(r["id"])
+        assert got["state"] == "canary" and got["devices"]["a"]["state"] == "sent", got
+        ro.on_event("a", {"type": "model_probation_passed", "version": "m@2"})
+        assert ro.get(r["id"])["state"] == "rolling"
+        ro.on_reply("b", "deploy", {"status": "rejected", "reason": "model m@2 was rolled "
+                                    "back on this device: crash"})  # a real refusal still fails
+        assert ro.get(r["id"])["devices"]["b"]["state"] == "failed"
+    finally:
+        s.close()

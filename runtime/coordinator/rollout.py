@@ -254,7 +254,8 @@ class Rollouts:
                     st["state"] = PASSED
                 elif kind == "model_rolled_back" and ev.get("version") == version:
                     st.update(state=FAILED, reason=f"rolled back: {ev.get('reason', '')}")
-                elif kind == "model_deploy_failed" and version in str(ev.get("reason", "")):
+                elif kind == "model_deploy_failed" and version in str(ev.get("reason", "")) \
+                        and ev.get("error") != "another model install is running":
                     st.update(state=FAILED, reason=f"deploy failed at "
                               f"{ev.get('step', '?')}: {ev.get('error', '')}")
                 else:
@@ -264,6 +265,11 @@ class Rollouts:
     def on_reply(self, device: str, cmd: str, reply: dict[str, Any] | None) -> None:
         """A `deploy` answered `rejected` fails that device's part of active rollouts."""
         if cmd != "deploy" or not reply or reply.get("status") != "rejected":
+            return
+        if str(reply.get("reason", "")).startswith("busy:"):
+            # installing already: the broker-held deploy of a device back from sleep or
+            # offline, then our re-send at its birth; its events give the verdict
+            log.info("deploy to %s: %s (its events decide)", device, reply.get("reason"))
             return
         self._retrying(lambda: self._on_reply(device, reply))
 
