@@ -52,8 +52,9 @@ class CoordinatorConfig:
     ingest_batch: int = 500  # messages per store transaction
     ingest_delay_s: float = 0.0  # artificial slowness per batch, for fault tests only
     # Model bundles (docs/ota.md): where uploads are kept (empty: `bundles/` next to the
-    # store), their size cap, and the API address devices download from (empty:
-    # http://http_host:http_port; set it when devices reach the API by another name).
+    # store; ~/.local/state/edgerun/bundles for a PostgreSQL store), their size cap, and the
+    # API address devices download from (empty: http://http_host:http_port; set it when
+    # devices reach the API by another name).
     bundles_dir: str = ""
     max_bundle_mb: float = 512.0
     public_url: str = ""

@@ -74,6 +74,14 @@ CREATE TABLE IF NOT EXISTS rollouts (id TEXT PRIMARY KEY, created REAL NOT NULL,
                                      body TEXT NOT NULL);
 """
 
+# v4: what one of several coordinators on one store does once (Store.claim: alert
+# transitions to the webhook, the re-sends to a returning device)
+_SQLITE_V4 = """
+CREATE TABLE IF NOT EXISTS claims (device TEXT NOT NULL, what TEXT NOT NULL,
+                                   state TEXT NOT NULL, t REAL NOT NULL,
+                                   PRIMARY KEY (device, what));
+"""
+
 
 class SQLiteDialect:
     """One connection in WAL mode, serialised by a lock; `BEGIN IMMEDIATE` makes each write
@@ -118,6 +126,10 @@ class SQLiteDialect:
                     for stmt in _split(_SQLITE_V3):
                         self.db.execute(stmt)
                     self.db.execute("INSERT INTO schema_version VALUES (3)")
+                if have < 4:
+                    for stmt in _split(_SQLITE_V4):
+                        self.db.execute(stmt)
+                    self.db.execute("INSERT INTO schema_version VALUES (4)")
                 self.db.execute("COMMIT")
             except BaseException:
                 self.db.execute("ROLLBACK")
@@ -255,8 +267,13 @@ CREATE TABLE rollouts (id TEXT PRIMARY KEY, created DOUBLE PRECISION NOT NULL,
                        body TEXT NOT NULL)
 """
 
+_PG_V3 = """
+CREATE TABLE claims (device TEXT NOT NULL, what TEXT NOT NULL, state TEXT NOT NULL,
+                     t DOUBLE PRECISION NOT NULL, PRIMARY KEY (device, what))
+"""
+
 # (version, statements): append, never edit, once released.
-PG_MIGRATIONS: list[tuple[int, str]] = [(1, _PG_V1), (2, _PG_V2)]
+PG_MIGRATIONS: list[tuple[int, str]] = [(1, _PG_V1), (2, _PG_V2), (3, _PG_V3)]
 PARTITIONED = {"results": "received", "health": "t"}
 _MIGRATION_LOCK = 0x6564676572756E  # pg_advisory_xact_lock key ("edgerun")
 
@@ -433,6 +450,11 @@ class PostgresDialect:
               ) -> dict[str, int] | None:
         """Drop one partition; for results only when every row in it is at or below its
         stream's ack (else None). Returns the rows it held per device."""
+        # coordinators sharing the store run retention at the same times: one drops at a
+        # time, and a partition another one dropped since the list was read is skipped
+        db.execute("SELECT pg_advisory_xact_lock(?)", (_MIGRATION_LOCK,))
+        if db.execute("SELECT to_regclass(?)", (name,)).fetchone()[0] is None:
+            return None
         if acked_only and db.execute(
                 f"SELECT 1 FROM {name} r LEFT JOIN streams s ON s.device = r.device AND "
                 "s.stream = r.stream WHERE s.acked IS NULL OR r.seq > s.acked LIMIT 1"

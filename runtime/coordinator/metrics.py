@@ -2,7 +2,7 @@
 
 A custom collector reads the fleet view and stats at scrape time, so nothing is counted per
 message and a scrape always shows the current view: per-device gauges from each device's
-latest health (runtime/metrics.py; left out while the device is offline, so a dead box
+latest health (runtime/metrics.py; left out while the device is offline or asleep, so a dead box
 does not show its last temperature as current), its status, alerts, stored results and quarantined
 messages, and fleet-wide figures. Device values are hostile: one that is missing or odd is
 skipped; a device whose view cannot be read at all is left out of this scrape and logged.
@@ -30,7 +30,7 @@ log = logging.getLogger("edgerun.metrics")
 
 CONTENT_TYPE = metrics.CONTENT_TYPE
 
-STATUSES = ("online", "stale", "offline")
+STATUSES = ("online", "stale", "offline", "asleep")
 # Coordinator counters exposed by name (service.Coordinator.counters); others stay in stats.
 _ERRORS = ("ingest_errors", "housekeeping_errors", "retention_errors", "receive_errors",
            "inbox_full_dropped")
@@ -103,7 +103,7 @@ class FleetCollector:
             quarantined.add_metric([device], n_quarantined)
             info.add_metric([device, str(v.get("model", "")), str(v.get("choice", "")),
                              str(version)], 1.0)
-            if st != "offline":  # an offline device's last health is history, not a reading
+            if st not in ("offline", "asleep"):  # its last health is history, not a reading
                 rows.append(({"device": device}, row_health))
         yield from (status, status_each, last_seen, alert, stored, quarantined, info)
         yield from metrics.families(rows, ("device",))

@@ -37,6 +37,10 @@ WAITING, SENT, SWAPPED, PASSED, FAILED = "waiting", "sent", "swapped", "passed",
 SETTINGS = {"set_latency_target": "ms", "set_accuracy_floor": "value", "set_rate": "fps"}
 
 
+class _Conflict(Exception):
+    """Another coordinator sharing the store changed the rollout since it was read."""
+
+
 def split(devices: list[str], canary_pct: float) -> tuple[list[str], list[str]]:
     """(canary, rest): the first ceil(pct% of the sorted devices), at least one when pct > 0;
     pct 0 or 100 makes every device canary (no second stage)."""
@@ -91,6 +95,9 @@ class Rollouts:
         self._store = store
         self._lock = threading.RLock()
         self._send, self._deploy_args, self._known = send, deploy_args, known
+        # rollout id -> its body as last read or written here: a write replaces only that
+        # body (compare and swap), so coordinators sharing the store never undo each other
+        self._bodies: dict[str, str] = {}
 
     # -- groups and desired state -----------------------------------------------------------
 
@@ -144,44 +151,76 @@ class Rollouts:
         r = {"id": uuid.uuid4().hex[:12], "bundle": bundle_id, "group": group,
              "canary_pct": canary_pct, "canary": canary, "rest": rest, "state": "canary",
              "reason": "", "created": time.time(), "version": f"{args['name']}@"
-             f"{args['version']}",
+             f"{args['version']}", "args": args,
              "devices": {d: {"state": WAITING, "before": self.desired(d).get("model")}
                          for d in devices}}
         with self._lock:
             self._save(r)
             self._deploy(r, canary)
             self._save(r)
+            self._send_all(canary, args)
         log.info("rollout %s of %s to %s: canary %s, then %d more", r["id"], bundle_id, group,
                  ", ".join(canary), len(rest))
         return r
 
     def _save(self, r: dict[str, Any]) -> None:
-        self._store.write("INSERT INTO rollouts VALUES (?, ?, ?) ON CONFLICT(id) DO UPDATE "
-                          "SET body = excluded.body", [(r["id"], r["created"], json.dumps(r))])
+        """Write `r`; _Conflict when another coordinator changed it since this one read it."""
+        body, old = json.dumps(r), self._bodies.get(r["id"])
+        if old is None:  # a new rollout
+            self._store.write("INSERT INTO rollouts VALUES (?, ?, ?) ON CONFLICT(id) DO "
+                              "UPDATE SET body = excluded.body", [(r["id"], r["created"], body)])
+        elif not self._store.update("UPDATE rollouts SET body = ? WHERE id = ? AND body = ?",
+                                    (body, r["id"], old)):
+            self._bodies.pop(r["id"], None)
+            raise _Conflict(r["id"])
+        self._bodies[r["id"]] = body
+
+    def _retrying(self, what: Callable[[], None]) -> None:
+        """Run a read-modify-write of rollouts again (from a fresh read) when another
+        coordinator wrote one of them in between."""
+        for _ in range(10):
+            try:
+                return what()
+            except _Conflict:
+                continue
+        log.error("rollouts: gave up after 10 conflicting writes by other coordinators")
 
     def get(self, rollout_id: str) -> dict[str, Any] | None:
         """One rollout."""
         with self._lock:
             rows = self._store.read("SELECT body FROM rollouts WHERE id=?", (rollout_id,))
+            if rows:
+                self._bodies[rollout_id] = rows[0][0]
         return json.loads(rows[0][0]) if rows else None
 
     def list(self) -> list[dict[str, Any]]:
         """Every rollout, newest first."""
         with self._lock:
             rows = self._store.read("SELECT body FROM rollouts ORDER BY created DESC")
-            return [json.loads(b) for (b,) in rows]
+            out = [json.loads(b) for (b,) in rows]
+            self._bodies.update((r["id"], b) for r, (b,) in zip(out, rows, strict=True))
+            return out
 
     def _active(self) -> list[dict[str, Any]]:
         return [r for r in self.list() if r["state"] in ("canary", "rolling")]
 
-    def _deploy(self, r: dict[str, Any], devices: list[str] | tuple[str, ...]) -> None:
-        args = self._deploy_args(r["bundle"])
+    def _deploy(self, r: dict[str, Any], devices: list[str] | tuple[str, ...]
+                ) -> dict[str, Any]:
+        """Mark `devices` sent (desired state, rollout) and return the deploy arguments; the
+        caller sends them once the rollout is saved (a conflicting save sends nothing)."""
+        # The arguments made at start (the holding coordinator's URL and token): another
+        # coordinator sharing the store may advance the rollout without holding the bundle.
+        args = r.get("args") or self._deploy_args(r["bundle"])
         for d in devices:
             doc = self.desired(d)
             doc["model"] = args
             self._set_desired(d, doc)
             r["devices"][d]["state"] = SENT
             r["devices"][d]["sent"] = time.time()
+        return args
+
+    def _send_all(self, devices: list[str] | tuple[str, ...], args: dict[str, Any]) -> None:
+        for d in devices:
             self._try_send(d, "deploy", args)
 
     def _try_send(self, device: str, cmd: str, args: dict) -> None:
@@ -199,6 +238,9 @@ class Rollouts:
         if kind not in ("model_swapped", "model_probation_passed", "model_rolled_back",
                         "model_deploy_failed", "model_deployed"):
             return
+        self._retrying(lambda: self._on_event(device, kind, ev))
+
+    def _on_event(self, device: str, kind: str, ev: dict[str, Any]) -> None:
         with self._lock:
             for r in self._active():
                 st = r["devices"].get(device)
@@ -212,7 +254,8 @@ class Rollouts:
                     st["state"] = PASSED
                 elif kind == "model_rolled_back" and ev.get("version") == version:
                     st.update(state=FAILED, reason=f"rolled back: {ev.get('reason', '')}")
-                elif kind == "model_deploy_failed" and version in str(ev.get("reason", "")):
+                elif kind == "model_deploy_failed" and version in str(ev.get("reason", "")) \
+                        and ev.get("error") != "another model install is running":
                     st.update(state=FAILED, reason=f"deploy failed at "
                               f"{ev.get('step', '?')}: {ev.get('error', '')}")
                 else:
@@ -223,6 +266,14 @@ class Rollouts:
         """A `deploy` answered `rejected` fails that device's part of active rollouts."""
         if cmd != "deploy" or not reply or reply.get("status") != "rejected":
             return
+        if str(reply.get("reason", "")).startswith("busy:"):
+            # installing already: the broker-held deploy of a device back from sleep or
+            # offline, then our re-send at its birth; its events give the verdict
+            log.info("deploy to %s: %s (its events decide)", device, reply.get("reason"))
+            return
+        self._retrying(lambda: self._on_reply(device, reply))
+
+    def _on_reply(self, device: str, reply: dict[str, Any]) -> None:
         with self._lock:
             if "rolled back on this device" in str(reply.get("reason", "")):
                 # the device will never take it: stop re-sending it on each return
@@ -252,16 +303,19 @@ class Rollouts:
                 else:
                     doc.pop("model", None)
                 self._set_desired(d, doc)
+        args = self._deploy(r, s.send) if s.send else None
         self._save(r)
-        if s.send:
-            self._deploy(r, s.send)
-            self._save(r)
+        if args is not None:
+            self._send_all(s.send, args)
 
     def tick(self, now: float | None = None) -> None:
         """A device that was sent the model `timeout_s` ago and has not reported a verdict
         counts as failed (offline, stuck): a canary that never answers halts the rollout
         instead of holding it for ever."""
         now = time.time() if now is None else now
+        self._retrying(lambda: self._tick(now))
+
+    def _tick(self, now: float) -> None:
         with self._lock:
             for r in self._active():
                 late = [d for d, st in r["devices"].items() if st["state"] in (SENT, SWAPPED)

@@ -69,9 +69,13 @@ class Coordinator:
         self.rollouts = Rollouts(self.store, self._send_async, self.deploy_args,
                                  lambda: list(self.views), cfg.rollout_timeout_s)
         from runtime.coordinator.bundles import Shelf
+        from runtime.coordinator.dialect import is_url
 
-        self.shelf = Shelf(Path(cfg.bundles_dir or Path(cfg.store).expanduser().parent
-                                / "bundles"), int(cfg.max_bundle_mb * 1024 * 1024))
+        # a PostgreSQL store has no directory of its own: the default state directory then
+        shelf_dir = cfg.bundles_dir or (Path("~/.local/state/edgerun/bundles").expanduser()
+                                        if is_url(cfg.store) else
+                                        Path(cfg.store).expanduser().parent / "bundles")
+        self.shelf = Shelf(Path(shelf_dir), int(cfg.max_bundle_mb * 1024 * 1024))
         self._key = commands.load_private_key(cfg.signing_key) if cfg.signing_key else None
         self._views_lock = threading.Lock()
         self._rlog = RateLimitedLog(log)
@@ -280,7 +284,7 @@ class Coordinator:
                 try:  # model rollouts follow devices' events and returns
                     if m.kind == "event":
                         self.rollouts.on_event(m.device, m.msg)
-                    elif m.msg.get("online"):
+                    elif m.msg.get("online") and self._first_for_birth(m.device, m.msg):
                         self.rollouts.on_online(m.device, m.msg.get("model_version"))
                 except Exception:
                     log.exception("rollout bookkeeping for %s failed", m.device)
@@ -454,8 +458,36 @@ class Coordinator:
         else:
             quiet[(code, state)] += 1
         if self.webhook is not None and (not self.cfg.webhook_alerts
-                                         or code in self.cfg.webhook_alerts):
+                                         or code in self.cfg.webhook_alerts) \
+                and self._first_to_send(device, code, state, now):
             self.webhook.submit(body)
+
+    def _first_for_birth(self, device: str, msg: dict) -> bool:
+        """Whether this coordinator re-sends a returning device its desired model and
+        settings: every coordinator of a share_group gets every birth (states are not
+        shared), and two `deploy`s make the device refuse the second ("busy"), which failed
+        its part of a rollout. The first to claim the birth in the store does it."""
+        if not self.cfg.share_group:
+            return True
+        try:
+            return self.store.claim(device, "birth", f"{msg['boot']}@{msg['t']}", time.time())
+        except Exception as e:
+            self._rlog.log("birth-claim", "could not check the store for another "
+                           "coordinator's re-send (re-sending): %s", e, level=logging.ERROR)
+            return True
+
+    def _first_to_send(self, device: str, code: str, state: str, now: float) -> bool:
+        """With several coordinators on one store (share_group) each computes every alert
+        transition from the shared view: only the first to claim it in the store sends it.
+        A store error sends it anyway (a duplicate is better than a lost alert)."""
+        if not self.cfg.share_group:
+            return True
+        try:
+            return self.store.claim(device, f"alert:{code}", state, now)
+        except Exception as e:
+            self._rlog.log("alert-claim", "could not check the store for alert duplicates "
+                           "(sending anyway): %s", e, level=logging.ERROR)
+            return True
 
     def alerts_view(self, limit: int = 200) -> dict[str, Any]:
         """Active alerts of every device (with when each was raised, None when it was

@@ -356,6 +356,28 @@ class Store:
         with self._d.transaction() as db:
             db.executemany(sql, rows)
 
+    def claim(self, device: str, what: str, state: str, t: float,
+              window_s: float = 60.0) -> bool:
+        """Whether this coordinator is the first of those sharing the store to act on `what`
+        of `device` reaching `state` (an alert transition: `alert:hot` "raised"; a birth:
+        `birth` "<boot>@<t>"): each coordinator sees the same, and the webhook's receiver
+        or the device must get it once. The same state again within `window_s` is another
+        coordinator's duplicate; after that it is a new one (e.g. an alert's clear was
+        missed while every coordinator was down)."""
+        with self._d.transaction() as db:
+            cur = db.execute("INSERT INTO claims VALUES (?,?,?,?) ON CONFLICT(device, what) "
+                             "DO UPDATE SET state = excluded.state, t = excluded.t "
+                             "WHERE claims.state <> excluded.state "
+                             "OR claims.t < excluded.t - ?",
+                             (device, what, state, float(t), float(window_s)))
+            return cur.rowcount == 1
+
+    def update(self, sql: str, args: Sequence[Any]) -> int:
+        """A portable single statement in one transaction; returns the rows it changed
+        (rollout.py's compare-and-swap of a rollout)."""
+        with self._d.transaction() as db:
+            return db.execute(sql, tuple(args)).rowcount
+
     def read(self, sql: str, args: Iterable[Any] = ()) -> list[tuple]:
         """A portable query's rows."""
         return self._query(sql, args)
@@ -464,9 +486,12 @@ class Store:
                 raise ValueError(f"no timeline column {agg}({name})")
         width = max((until - since) / max(1, max_points), 1e-3)
         cols = ", ".join(f"{agg}({name})" for name, agg in columns)
+        # the bucket number truncated (t >= since): PostgreSQL's CAST rounds, so FLOOR there
+        bucket = ("CAST((t - ?) / ? AS INTEGER)" if self.backend == "sqlite"
+                  else "FLOOR((t - ?) / ?)")
         return self._query(
             f"SELECT MAX(t), {cols} FROM health_points WHERE device=? AND t >= ? AND t <= ? "
-            "GROUP BY CAST((t - ?) / ? AS INTEGER) ORDER BY 1",
+            f"GROUP BY {bucket} ORDER BY 1",
             (device, since, until, since, width))
 
     def prune(self, keep_health_s: float, keep_events_s: float) -> None:
@@ -615,7 +640,7 @@ def _view_from_json(device: str, body: str) -> fleet.DeviceView | None:
         fields = {k: d[k] for k in fleet.DeviceView.__dataclass_fields__
                   if k in d and k not in ("status", "alerts", "device")}
         v = fleet.DeviceView(device, **fields)
-        return replace(v, status="online" if v.online else "offline")
+        return replace(v, status="online" if v.online else "asleep" if v.asleep else "offline")
     except (ValueError, TypeError):
         return None
 
