@@ -36,6 +36,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from runtime.manifest import MANIFEST, load_manifest
+from runtime.model_store import fsync_dir
 from runtime.onnx_model import ModelError, file_sha256
 from runtime.telemetry.commands import key_id
 
@@ -214,7 +215,7 @@ def unpack(path: str | Path, dest: str | Path, trusted: Mapping[str, Ed25519Publ
     try:
         info = _unpack(path, dest, trusted, max_bytes, step)
         _check_manifest(info, dest, path)
-        _fsync_dir(dest)
+        fsync_dir(dest)
         return info
     except BaseException:
         shutil.rmtree(dest, ignore_errors=True)
@@ -290,14 +291,6 @@ def _check_manifest(info: BundleInfo, dest: Path, path: Path) -> None:
         if listed.get(v.file) != v.sha256:
             raise BundleError(f"{path}: variant {v.name}: {v.file} is not in the signed list "
                               "with the manifest's sha256")
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 __all__ = ["BundleError", "BundleInfo", "make", "read_info", "unpack"]

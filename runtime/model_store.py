@@ -76,13 +76,6 @@ def crash_point(step: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
 
 def write_atomic(path: Path, doc: Any) -> None:
     """Write JSON to `path` so that a crash leaves the old or the new file, never a mix:
@@ -95,7 +88,7 @@ def write_atomic(path: Path, doc: Any) -> None:
     if path.name == POINTER:
         crash_point("swap")
     os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 class ModelStore:
@@ -254,7 +247,7 @@ class ModelStore:
         final = self.versions / info.id
         shutil.rmtree(final, ignore_errors=True)  # an incomplete leftover (no manifest)
         os.replace(tmp, final)
-        _fsync_dir(self.versions)
+        fsync_dir(self.versions)
         return got
 
     def prune(self) -> None:
@@ -267,3 +260,13 @@ class ModelStore:
 
 
 __all__ = ["ModelStore", "ModelsConfig", "crash_point", "write_atomic"]
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename or a new entry in directory `path` durable (a power cut after a rename
+    can otherwise bring back the old name)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
