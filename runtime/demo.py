@@ -277,16 +277,19 @@ def run(duration_s: float = 0.0, device: str = "rpi5", scenario: str = "cabinet"
     daemon = subprocess.Popen([sys.executable, "-m", "runtime.cli", "serve", "--config",
                                str(cfg_path)], stdout=daemon_log.open("w"),
                               stderr=subprocess.STDOUT)
-    stop = threading.Event()
+    terminated: list[int] = []  # a plain flag: a handler that takes a lock can deadlock
     if threading.current_thread() is threading.main_thread():
         # SIGTERM (kill, systemd) stops the demo like Ctrl-C: the `finally` below takes the
         # daemon, the coordinator and the broker down with it instead of leaving them running.
-        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        signal.signal(signal.SIGTERM, lambda signum, _frame: terminated.append(signum))
     started = time.monotonic()
     seen_events = 0
     code = 0
     try:
-        while not stop.wait(1.0):
+        while True:
+            time.sleep(1.0)
+            if terminated:
+                break
             if daemon.poll() is not None:
                 print(f"the daemon exited with code {daemon.returncode}; its log:\n"
                       + daemon_log.read_text()[-3000:], flush=True)
