@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from runtime.ladder import Rung
 from runtime.multisource import aggregate
@@ -152,3 +153,19 @@ def describe(loads: Sequence[Load], ladder: Sequence[JointRung]) -> str:
                                  for ld, i in zip(loads, j.picks, strict=True))
         + f" {power_w(loads, j.picks):.3g} W acc {j.rung.accuracy:.3f}"
         for k, j in enumerate(ladder))
+
+
+def planned_tiles(source: Any, manifest: Any) -> int:
+    """Tiles per frame a source will cost before any frame came: known for a synthetic
+    source (its size and ROI are in the config); 1 otherwise, until its frames tell
+    (the daemon re-plans on the first frame whose tile count differs)."""
+    if getattr(manifest, "detect", None) is None or getattr(manifest, "tiling", None) is None:
+        return 1
+    if source is None or source.kind != "synthetic":
+        return 1
+    from runtime.roi import resolve
+    from runtime.tiling import tile_grid
+
+    rect = resolve(source.roi, source.roi_units, source.size, source.size)
+    hw = manifest.preprocess.hw(manifest.variants[0].input_shape)
+    return len(tile_grid((rect.h, rect.w), hw, manifest.tiling))

@@ -95,7 +95,7 @@ def test_the_joint_ladder_is_the_greedy_chain_cheapest_first():
     assert math.isclose(top.rung.accuracy, (0.96 + 0.70) / 2)
     assert top.rung.variant_id == "cls=c-fp32 + det=d-fp32"
     # energies fall down the ladder (the control step's levels rely on it)
-    assert all(a.rung.energy_j <= b.rung.energy_j for a, b in zip(lad, lad[1:]))
+    assert all(a.rung.energy_j <= b.rung.energy_j for a, b in zip(lad, lad[1:], strict=False))
 
 
 @pytest.mark.parametrize("cls_frames, det_frames, first", [
