@@ -3,6 +3,7 @@ joint ladder and which model steps, as tables; and the control step driving it."
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -95,7 +96,7 @@ def test_the_joint_ladder_is_the_greedy_chain_cheapest_first():
     assert math.isclose(top.rung.accuracy, (0.96 + 0.70) / 2)
     assert top.rung.variant_id == "cls=c-fp32 + det=d-fp32"
     # energies fall down the ladder (the control step's levels rely on it)
-    assert all(a.rung.energy_j <= b.rung.energy_j for a, b in zip(lad, lad[1:], strict=False))
+    assert all(a.rung.energy_j <= b.rung.energy_j for a, b in itertools.pairwise(lad))
 
 
 @pytest.mark.parametrize("cls_frames, det_frames, first", [
