@@ -170,6 +170,7 @@ class Daemon:
         self.tiles: dict[str, int] = {}  # source name -> tiles per frame planned with
         self.joint: list[joint.JointRung] = []  # the box's ladder (several models)
         self.joint_current = 0
+        self._off_chain = False  # the models run a combination the box's ladder lacks
 
     # -- start-up --------------------------------------------------------------------------
 
@@ -639,8 +640,9 @@ class Daemon:
             if i != sm.current:
                 self._move_source_model(sm, i, why)
         running = (self.current, *(sm.current for sm in self.source_models.values()))
-        self.joint_current = next((k for k, j in enumerate(self.joint) if j.picks == running),
-                                  self.joint_current)
+        on = [k for k, j in enumerate(self.joint) if j.picks == running]
+        self.joint_current, self._off_chain = (on[0], False) if on else (self.joint_current,
+                                                                           True)
 
     def _build_ladder(self) -> None:
         """Rungs from the profiles (scaled to the simulated device when simulating, kept
@@ -709,8 +711,13 @@ class Daemon:
         loads = self._loads()
         self.joint = joint.joint_ladder(loads, sum(s.rate_hz for s in self._streams()))
         running = (self.current, *(sm.current for sm in self.source_models.values()))
-        self.joint_current = next((k for k, j in enumerate(self.joint) if j.picks == running),
-                                  len(self.joint) - 1)
+        on = [k for k, j in enumerate(self.joint) if j.picks == running]
+        # Live energies can reorder the chain so that what runs is on it no more: take the
+        # richest box rung that needs no model richer than now; the next tick moves to it.
+        under = [k for k, j in enumerate(self.joint)
+                 if all(a <= b for a, b in zip(j.picks, running, strict=True))]
+        self.joint_current = on[0] if on else max(under, default=0)
+        self._off_chain = not on
         log.debug("the box's ladder: %s", joint.describe(loads, self.joint))
 
     def _session(self, rung: int) -> Active:
@@ -842,7 +849,7 @@ class Daemon:
                                                                          e.detail)
             self.event(e.type, e.severity, detail=e.detail)
         self.pipeline.rate_cap_hz = out.rate_cap_hz
-        if out.rung != self._control_current():
+        if out.rung != self._control_current() or self._off_chain:
             self._apply_control_rung(out.rung, r.t, out.reason or "budget")
         if self._control_current() != out.rung:  # the switch failed: keep what runs
             self.cstate = replace(self.cstate, hold=replace(self.cstate.hold,
