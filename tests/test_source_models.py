@@ -5,6 +5,7 @@ under heat; a tiled [model] on one source; tiles counted per inference; config e
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -204,3 +205,35 @@ def test_choose_model_is_refused_when_every_source_has_its_own_model(tmp_path):
         with pytest.raises(ValueError, match="every \\[\\[sources\\]\\] entry names its own "
                                              "model, which cannot be swapped over the air"):
             d.handle(Command("c" * 8, name, {"name": "other"}))
+
+
+def test_a_cameras_tiles_are_learnt_from_its_frames_and_re_planned(tmp_path):
+    """A folder's frame size is known only from its files: planned as one tile, a 192-pixel
+    image is 9 tiles of the detector's input, so the targets and ladders are re-planned."""
+    import cv2
+
+    from models.synthetic import samples
+
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    for i, s in enumerate(samples(seed=3, count=4, size=192)):
+        cv2.imwrite(str(inbox / f"p{i}.png"), s.image)
+    old = time.time() - 10
+    for f in inbox.iterdir():  # settled files (the folder source waits 1 s otherwise)
+        os.utime(f, (old, old))
+    cfg = write_config(tmp_path, tmp_path / "cache",
+                       source=f'kind = "folder"\npath = "{inbox}"\nwatch = true',
+                       latency_ms=90.0,
+                       extra=f'[model]\npath = "{bundled("defects")}"\ntiling = true\n')
+    cfg.write_text(cfg.read_text().replace("accuracy_floor = 0.99\n", ""))
+    d = Serve(tmp_path, cfg)
+    try:
+        wait(lambda: "re-planned" in d.text(), 60, "the re-planning", d)
+        wait(lambda: (h := last_health(d.outbox)) and h["models"][0]["target_ms"] < 90, 10,
+             "health after the re-planning", d)
+        h = last_health(d.outbox)
+    finally:
+        assert d.stop() == 0
+    assert "source main: 9 tiles per frame, planned 1" in d.text()
+    assert h["models"][0]["target_ms"] == pytest.approx(10.0)
+    assert "source main cuts each frame into 9 tiles" in h["choice_reason"]
