@@ -640,9 +640,8 @@ class Daemon:
             if i != sm.current:
                 self._move_source_model(sm, i, why)
         running = (self.current, *(sm.current for sm in self.source_models.values()))
-        on = [k for k, j in enumerate(self.joint) if j.picks == running]
-        self.joint_current, self._off_chain = (on[0], False) if on else (self.joint_current,
-                                                                           True)
+        k, on = joint.locate(self.joint, running)  # a failed switch: keep what runs
+        self.joint_current, self._off_chain = (k, False) if on else (self.joint_current, True)
 
     def _build_ladder(self) -> None:
         """Rungs from the profiles (scaled to the simulated device when simulating, kept
@@ -711,12 +710,8 @@ class Daemon:
         loads = self._loads()
         self.joint = joint.joint_ladder(loads, sum(s.rate_hz for s in self._streams()))
         running = (self.current, *(sm.current for sm in self.source_models.values()))
-        on = [k for k, j in enumerate(self.joint) if j.picks == running]
-        # Live energies can reorder the chain so that what runs is on it no more: take the
-        # richest box rung that needs no model richer than now; the next tick moves to it.
-        under = [k for k, j in enumerate(self.joint)
-                 if all(a <= b for a, b in zip(j.picks, running, strict=True))]
-        self.joint_current = on[0] if on else max(under, default=0)
+        # off the chain (live energies reordered it): the next tick moves the models onto it
+        self.joint_current, on = joint.locate(self.joint, running)
         self._off_chain = not on
         log.debug("the box's ladder: %s", joint.describe(loads, self.joint))
 

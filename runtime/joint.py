@@ -135,6 +135,19 @@ def joint_ladder(loads: Sequence[Load], combined_hz: float) -> list[JointRung]:
     return [JointRung(p, _as_rung(loads, p, combined_hz), m) for p, m in chain]
 
 
+def locate(ladder: Sequence[JointRung], running: Sequence[int]) -> tuple[int, bool]:
+    """(index, on the ladder) of the models' running rungs. Live energies can reorder the
+    chain so that what runs is on it no more: then the richest box rung that needs no model
+    richer than now (0 if none), and False (the caller moves the models there)."""
+    running = tuple(running)
+    for k, j in enumerate(ladder):
+        if j.picks == running:
+            return k, True
+    under = [k for k, j in enumerate(ladder)
+             if all(a <= b for a, b in zip(j.picks, running, strict=True))]
+    return max(under, default=0), False
+
+
 def _as_rung(loads: Sequence[Load], picks: Sequence[int], combined_hz: float) -> Rung:
     """One box rung as a Rung at `combined_hz` frames per second: power / rate per frame,
     and the inference thread's busy time per frame (so it runs out at 100 % busy)."""

@@ -16,6 +16,7 @@ from runtime.joint import (
     Stream,
     accuracy,
     joint_ladder,
+    locate,
     per_frame,
     power_w,
     step_down,
@@ -144,3 +145,14 @@ def test_the_control_step_drives_the_joint_ladder_under_a_box_budget():
                               extra=Decision(budget, reason="test budget"))
         assert lad[out.rung].picks == expect, (budget, out)
         assert power_w([cls, det], lad[out.rung].picks) <= budget or out.rung == 0
+
+
+def test_the_running_rungs_are_located_on_the_box_ladder_or_under_it():
+    cls = Load("cls", CLS, infer_hz=10, frames_hz=10)
+    det = Load("det", DET, infer_hz=40, frames_hz=10)
+    lad = joint_ladder([cls, det], 20)  # (0,0) (1,0) (2,0) (2,1)
+    assert locate(lad, (2, 0)) == (2, True)
+    # (1, 1) is not on the chain (live energies reordered it): the richest box rung needing
+    # no model richer than now is (1, 0); the daemon moves the detector down to it
+    assert locate(lad, (1, 1)) == (1, False)
+    assert locate(lad, (0, 1)) == (0, False)
