@@ -784,6 +784,8 @@ class Daemon:
         out = self.control_out
         temp = self.reading.temp_c if self.reading else None
         return (f"{a.variant_id if a else '-'} rung {rung_label(self.current, len(self.rungs))}"
+                + (f", box rung {rung_label(self.joint_current, len(self.joint))} over "
+                   f"{len(self.joint and self.joint[0].picks)} models" if self.joint else "")
                 + (f", {temp:.1f} °C" if temp is not None else "")
                 + (f", {out.reason}" if out and out.reason else "")
                 + (", GOVERNOR OFF: no thermal sensor" if self.thermal_disabled else ""))
