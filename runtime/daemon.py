@@ -805,7 +805,8 @@ class Daemon:
                   for k, sm in self.source_models.items())), strict=True):
             a = self.pipeline.target_of(key) if self.pipeline else None
             r = rungs[min(cur, len(rungs) - 1)]
-            out.append({"key": key, "model": name, "choice": a.variant_id if a else "",
+            # a long path as key: its end (the schema allows 256 characters)
+            out.append({"key": key[-256:], "model": name, "choice": a.variant_id if a else "",
                         "rung": cur + 1, "rungs": len(rungs), "accuracy": r.accuracy,
                         "rung_energy_mj": round(r.energy_j * 1e3, 4),
                         "target_ms": round(self._target(key)[0], 4),
