@@ -748,13 +748,19 @@ class Daemon:
         assert self.ccfg is not None
         return min(self.ccfg.rate_hz, self.pipeline.rate_cap_hz)
 
+    def frame_rung(self) -> Rung | None:
+        """The running rung per frame of any source (tiles and several models counted):
+        what one frame costs in energy and time now."""
+        if self.pipeline is None or not self.rungs:
+            return None
+        rungs = self._control_rungs()
+        return rungs[min(self._control_current(), len(rungs) - 1)]
+
     def _sim_load(self) -> tuple[Rung | None, float]:
         """The rung running and the rate it is offered (what the simulated device heats
         with)."""
-        if self.pipeline is None or not self.rungs:
-            return None, 0.0
-        rungs = self._control_rungs()  # per frame: tiles and several models counted
-        return rungs[min(self._control_current(), len(rungs) - 1)], self.offered_rate_hz()
+        rung = self.frame_rung()
+        return (rung, self.offered_rate_hz()) if rung is not None else (None, 0.0)
 
     def load_w(self) -> float:
         """Dynamic power of the inference load: the running rung at the rate it runs. A

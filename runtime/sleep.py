@@ -71,7 +71,8 @@ class Sleeper:
         t = d.reading.t
         if self.plan is None:
             self._replan(t)
-        assert self.plan is not None
+            if self.plan is None:
+                return
         if self.cycle_t is None:
             self.cycle_t, self.n0 = t, self._results()
         n = max(1, len(d.pipeline.lanes))
@@ -135,7 +136,9 @@ class Sleeper:
 
     def _replan(self, t: float) -> None:
         d = self.d
-        rung = d.rungs[min(d.current, len(d.rungs) - 1)]
+        rung = d.frame_rung()  # per frame: tiles and each source's own model counted
+        if rung is None:  # no model serving yet: plan at the next tick
+            return
         budget = math.inf
         e = d.ccfg.energy if d.ccfg is not None else None
         r = d.reading

@@ -428,7 +428,7 @@ def _cycle_daemon(every_s, burst=2, sources=("main",)):
     d = SimpleNamespace(
         cfg=Config(sleep=SleepConfig(enabled=True, every_s=every_s, burst=burst)),
         device=load_profile("solar-node"), sim=None, reading=Reading(clock["t"]),
-        rungs=[Rung("v", 0.9, 0.0004, 0.001)], current=0, ccfg=None,
+        frame_rung=lambda: Rung("v", 0.9, 0.0004, 0.001), ccfg=None,
         cstate=control.ControlState(), pipeline=pipeline, publisher=None,
         outbox=SimpleNamespace(put=lambda *a: None, stats=lambda: {"results_held": 0}),
         notify=SimpleNamespace(watchdog_s=0.0, send=notes.append, status=notes.append),
