@@ -67,7 +67,8 @@ class Coordinator:
 
         # groups, desired state, staged rollouts (own tables in the same database)
         self.rollouts = Rollouts(self.store, self._send_async, self.deploy_args,
-                                 lambda: list(self.views), cfg.rollout_timeout_s)
+                                 lambda: list(self.views), cfg.rollout_timeout_s,
+                                 self._sleep_of, cfg.wake_margin_s)
         from runtime.coordinator.bundles import Shelf
         from runtime.coordinator.dialect import is_url
 
@@ -599,6 +600,12 @@ class Coordinator:
         return {"name": held.name, "version": held.version, "size": held.size,
                 "sha256": held.sha256, "token": held.token,
                 "url": f"{self.api_url}/api/v1/bundles/{held.id}"}
+
+    def _sleep_of(self, device: str) -> tuple[float, float] | None:
+        """(since, wake_at) when the fleet view says `device` announced a sleep, else None
+        (a rollout does not count a sleeper's sleep against its verdict timeout)."""
+        view = self.views.get(device)
+        return (view.state_t, view.wake_at) if view is not None and view.asleep else None
 
     def _send_async(self, device: str, name: str, args: dict[str, Any]) -> None:
         """Send a command for a rollout or a returning device without blocking the caller
