@@ -215,9 +215,7 @@ class Rollouts:
                 ) -> dict[str, Any]:
         """Mark `devices` sent (desired state, rollout) and return the deploy arguments; the
         caller sends them once the rollout is saved (a conflicting save sends nothing)."""
-        # The arguments made at start (the holding coordinator's URL and token): another
-        # coordinator sharing the store may advance the rollout without holding the bundle.
-        args = r.get("args") or self._deploy_args(r["bundle"])
+        args = self._fresh_args(r["bundle"], r.get("args"))
         for d in devices:
             doc = self.desired(d)
             doc["model"] = args
@@ -225,6 +223,18 @@ class Rollouts:
             r["devices"][d]["state"] = SENT
             r["devices"][d]["sent"] = time.time()
         return args
+
+    def _fresh_args(self, bundle_id: str, stored: dict[str, Any] | None) -> dict[str, Any]:
+        """The deploy arguments with this coordinator's download URL (the shelf is in the
+        store, so every coordinator on it serves the bundle; a device is sent the address of
+        the coordinator that is up now). The stored ones when this coordinator cannot make
+        them (no public URL, or a bundle from before the shared shelf)."""
+        try:
+            return self._deploy_args(bundle_id)
+        except ValueError:
+            if stored is None:
+                raise
+            return stored
 
     def _send_all(self, devices: list[str] | tuple[str, ...], args: dict[str, Any]) -> None:
         for d in devices:
@@ -355,6 +365,10 @@ class Rollouts:
                 and model_version != f"{want['name']}@{want['version']}":
             log.info("device %s is back with model %s, desired %s@%s: deploying again",
                      device, model_version or "configured", want["name"], want["version"])
+            fresh = self._fresh_args(f"{want['name']}@{want['version']}", want)
+            # the same bundle (size, sha256, token) only: never another file under its name
+            if all(fresh.get(k) == want.get(k) for k in ("size", "sha256", "token")):
+                want = fresh
             self._try_send(device, "deploy", want)
         for cmd, args in (doc.get("settings") or {}).items():
             self._try_send(device, cmd, args)

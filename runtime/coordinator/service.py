@@ -70,13 +70,10 @@ class Coordinator:
                                  lambda: list(self.views), cfg.rollout_timeout_s,
                                  self._sleep_of, cfg.wake_margin_s)
         from runtime.coordinator.bundles import Shelf
-        from runtime.coordinator.dialect import is_url
 
-        # a PostgreSQL store has no directory of its own: the default state directory then
-        shelf_dir = cfg.bundles_dir or (Path("~/.local/state/edgerun/bundles").expanduser()
-                                        if is_url(cfg.store) else
-                                        Path(cfg.store).expanduser().parent / "bundles")
-        self.shelf = Shelf(Path(shelf_dir), int(cfg.max_bundle_mb * 1024 * 1024))
+        # bundles live in the store: every coordinator sharing it serves every bundle
+        self.shelf = Shelf(self.store, int(cfg.max_bundle_mb * 1024 * 1024))
+        self._import_legacy_shelf(cfg)
         self._key = commands.load_private_key(cfg.signing_key) if cfg.signing_key else None
         self._views_lock = threading.Lock()
         self._rlog = RateLimitedLog(log)
@@ -110,6 +107,22 @@ class Coordinator:
             webhooks.load_secret(cfg.webhook_secret_file) if cfg.webhook_secret_file else None,
             cfg.webhook_queue, cfg.webhook_timeout_s, cfg.webhook_attempts,
             cfg.webhook_backoff_s) if cfg.webhook_url else None)
+
+    def _import_legacy_shelf(self, cfg: CoordinatorConfig) -> None:
+        """Bundles an older coordinator kept in `bundles_dir` (its own directory and index)
+        go into the store once, tokens kept, so rollouts under way still download."""
+        from runtime.coordinator.dialect import is_url
+
+        legacy = cfg.bundles_dir or ("" if is_url(cfg.store) else
+                                     str(Path(cfg.store).expanduser().parent / "bundles"))
+        try:
+            done = self.shelf.import_dir(legacy) if legacy else []
+        except Exception as e:  # the old directory must not stop the coordinator starting
+            log.error("could not import the bundles of %s into the store: %s", legacy, e)
+            return
+        if done:
+            log.info("imported %d bundles from %s into the store (%s); the directory is no "
+                     "longer used", len(done), legacy, ", ".join(done))
 
     def _restore_views(self) -> dict[str, fleet.DeviceView]:
         """The fleet view from the stored states and latest health. A stored row that is not
