@@ -98,6 +98,9 @@ class Coordinator:
         # Alert transitions, newest last, and when each active alert was raised; filled by
         # _refresh. Alerts active at start were raised before: they are not sent again.
         self.alert_log: collections.deque = collections.deque(maxlen=ALERT_LOG)
+        from runtime.coordinator.alert_log import AlertLog
+
+        self.alert_store = AlertLog(self.store)  # what every coordinator's dashboard lists
         self.alert_since: dict[tuple[str, str], float] = {}
         # (device, code) -> (when it went, message): a clear is sent once the code has stayed
         # away for alert_clear_s, so a flapping sensor or link is one alert, not a stream
@@ -415,6 +418,7 @@ class Coordinator:
             # transition must be recorded and sent exactly once, in order
             self._record_alerts(fleet.alert_changes(before, self.views), now)
             self._settle_clears(now)
+            self._flush_alerts()
         if len(changes) <= 20:
             for device, old, new in changes:
                 log.info("device %s: %s -> %s", device, old, new)
@@ -471,10 +475,21 @@ class Coordinator:
             log.info("device %s: alert %s %s: %s", device, code, state, message)
         else:
             quiet[(code, state)] += 1
+        first = self._first_to_send(device, code, state, now)
+        if first:  # one row per transition however many coordinators computed it
+            self.alert_store.add(body)  # written at the end of the refresh (_flush_alerts)
         if self.webhook is not None and (not self.cfg.webhook_alerts
-                                         or code in self.cfg.webhook_alerts) \
-                and self._first_to_send(device, code, state, now):
+                                         or code in self.cfg.webhook_alerts) and first:
             self.webhook.submit(body)
+
+    def _flush_alerts(self) -> None:
+        """Write this refresh's alert transitions to the store's log (the dashboard's list on
+        every coordinator); a store error keeps them queued and is logged."""
+        try:
+            self.alert_store.flush()
+        except Exception as e:  # the dashboard's list must not cost the refresh
+            self._rlog.log("alert-log", "could not record alert transitions in the store "
+                           "(retrying at the next refresh): %s", e, level=logging.ERROR)
 
     def _first_for_birth(self, device: str, msg: dict) -> bool:
         """Whether this coordinator re-sends a returning device its desired model and
@@ -507,13 +522,23 @@ class Coordinator:
         """Active alerts of every device (with when each was raised, None when it was
         already active at start) and the newest alert transitions, newest first."""
         self._refresh(time.time())
+        try:  # the store's log: the same on every coordinator sharing it
+            recent, raised, counts = (self.alert_store.recent(limit),
+                                      self.alert_store.raised_times(),
+                                      self.alert_store.counts())
+        except Exception as e:
+            self._rlog.log("alert-log", "could not read the alert log from the store "
+                           "(showing this coordinator's own): %s", e, level=logging.ERROR)
+            recent, raised, counts = None, {}, None
         with self._views_lock:
             active = [{"device": v.device, "alert": code, "message": msg, "status": v.status,
-                       "since": self.alert_since.get((v.device, code))}
+                       "since": self.alert_since.get((v.device, code))
+                       or raised.get((v.device, code))}
                       for v in sorted(self.views.values(), key=lambda v: v.device)
                       for code, msg in v.alerts]
-            recent = list(self.alert_log)[-limit:][::-1]
-        return {"active": active, "recent": recent,
+            if recent is None:
+                recent = list(self.alert_log)[-limit:][::-1]
+        return {"active": active, "recent": recent, "counts": counts,
                 "webhook": self.webhook.stats() if self.webhook is not None else None}
 
     # -- retention thread (store size and age; see Store.prune_results) ----------------------
