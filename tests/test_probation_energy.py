@@ -144,3 +144,32 @@ def test_judge_waits_for_the_new_models_live_energy(old_mj, frames, new_mj, stat
     lim = Limits(latency_ms=100.0, min_frames=20, min_shadow=0)
     v = judge(Kpis(1000, 0, 1.0, old_mj), Kpis(frames, 0, 1.0, new_mj), 0, 0, lim)
     assert v.state == state, v
+
+
+# -- what the live figure bills to a variant --------------------------------------------------
+
+@pytest.mark.parametrize("engine, threads, mj", [
+    ("onnxruntime", 1, 6.0),    # all in the timed thread: other native work is not its cost
+    ("onnxruntime", 4, 66.0),   # its intra-op pool is native threads: billed (as before)
+    ("openvino", 1, 66.0),      # an engine whose threads we do not know: billed (as before)
+])
+def test_native_cpu_of_other_threads_is_not_billed_to_a_single_thread_onnxruntime_variant(
+        monkeypatch, engine, threads, mj):
+    """Old code: every native thread's CPU in the window went to the running variant. In the
+    first seconds after a start that was 2-9 ms per 0.2 s tick (OpenCV/BLAS pools and the
+    like), 1-4x a small model's own 0.27 ms per inference, and its live energy (probation's
+    baseline) read 2-4x too high. /proc is the boundary faked here."""
+    import threading
+    from types import SimpleNamespace
+
+    from runtime import daemon as dm
+    from runtime.selector import Profile
+
+    monkeypatch.setattr(dm, "native_threads_cpu_s", lambda: 1.5)  # 0.5 s since the last
+    prof = Profile("v", "m", "fp32", engine, "CPU", threads, energy_mj=6.0, cpu_ms=1.0)
+    d = SimpleNamespace(sim=None, _native_cpu=1.0, _reprofiling=threading.Lock(),
+                        pipeline=SimpleNamespace(take_infer_cpu=lambda: {"v": (50, 0.05)}),
+                        _live_acc={}, by_id={"v": prof}, _live_energy={},
+                        _running_id=lambda: "v", _live_rungs=lambda: [])
+    dm.Daemon._update_live_energy(d)
+    assert d._live_energy["v"] * 1e3 == pytest.approx(mj)  # 1 ms of CPU an inference, 6 W
