@@ -177,3 +177,26 @@ def test_a_bundle_shelf_directory_of_an_older_coordinator_is_imported(tmp_path):
     finally:
         c.store.close()
         c.shelf.close()
+
+
+def test_a_damaged_bundle_row_is_not_served(store_url):
+    """A `bundles` row whose body does not hold up (a chunk size of 0 would divide by zero
+    in the download loop; a bad id or sha256) reads as no bundle, never an exception."""
+    from runtime.coordinator.bundles import Shelf
+    from runtime.coordinator.store import Store
+
+    s = Store(store_url)
+    try:
+        shelf = Shelf(s, 1 << 20)
+        good = {"id": "m@1", "name": "m", "version": "1", "size": 10, "sha256": "a" * 64,
+                "token": "t", "created": 1.0, "chunk": 4096}
+        for i, bad in enumerate(({"chunk": 0}, {"size": -1}, {"sha256": "x"}, {"id": "../x"},
+                                 {"size": True}, {"extra": 1})):
+            s.write("INSERT INTO bundles VALUES (?,?,?,?,?)",
+                    [(f"b{i}@1", "a" * 64, 10, 1.0, json.dumps({**good, **bad}))])
+            assert shelf.get(f"b{i}@1") is None, bad
+        s.write("INSERT INTO bundles VALUES (?,?,?,?,?)", [("m@1", "a" * 64, 10, 2.0,
+                                                            json.dumps(good))])
+        assert [h.id for h in shelf.list()] == ["m@1"]
+    finally:
+        s.close()

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from runtime.coordinator.store import Store
 
 _ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}@[A-Za-z0-9_][A-Za-z0-9_.+-]{0,63}$")
+_SHA = re.compile(r"^[0-9a-f]{64}$")
 _RANGE = re.compile(r"^bytes=(\d{1,18})-(\d{0,18})$")
 CHUNK = 1 << 16  # upload read size
 # bytes per bundle_chunks row; rows are keyed by (sha256, index), so changing this needs the
@@ -220,11 +221,19 @@ class Shelf:
 
 
 def _held(body: str) -> Held | None:
-    """A `bundles` row's body as Held; None when it is not one (a forged or damaged row)."""
+    """A `bundles` row's body as Held; None when it is not one (a forged or damaged row: a
+    size or chunk that is not a positive integer, an id or sha256 of the wrong form)."""
     try:
-        return Held(**json.loads(body))
+        h = Held(**json.loads(body))
     except (ValueError, TypeError):
         return None
+    ints = all(isinstance(x, int) and not isinstance(x, bool) and x > 0
+               for x in (h.size, h.chunk))
+    if not ints or not isinstance(h.id, str) or not _ID.match(h.id) \
+            or not isinstance(h.sha256, str) or not _SHA.match(h.sha256) \
+            or not isinstance(h.token, str) or not h.token:
+        return None
+    return h
 
 
 def _peek(src: IO[bytes]) -> tuple[str, str]:

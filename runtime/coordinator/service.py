@@ -641,9 +641,13 @@ class Coordinator:
 
     def _sleep_of(self, device: str) -> tuple[float, float] | None:
         """(since, wake_at) when the fleet view says `device` announced a sleep, else None
-        (a rollout does not count a sleeper's sleep against its verdict timeout)."""
+        (a rollout does not count a sleeper's sleep against its verdict timeout). `since` is
+        when this coordinator last heard it awake (its own clock: a device clock running
+        behind must not make awake time count as asleep), else the announcement's stamp."""
         view = self.views.get(device)
-        return (view.state_t, view.wake_at) if view is not None and view.asleep else None
+        if view is None or not view.asleep:
+            return None
+        return (view.last_seen or view.state_t, view.wake_at)
 
     def _send_async(self, device: str, name: str, args: dict[str, Any]) -> None:
         """Send a command for a rollout or a returning device without blocking the caller
