@@ -200,3 +200,30 @@ def test_a_damaged_bundle_row_is_not_served(store_url):
         assert [h.id for h in shelf.list()] == ["m@1"]
     finally:
         s.close()
+
+
+def test_bundles_do_not_make_retention_delete_results(tmp_path):
+    """The shelf moved into the store, and max_store_mb measures the store: a 2.5 MiB bundle
+    in a store capped at 1.5 MB made every retention pass delete acked results (and health,
+    events) for room the results never took."""
+    from runtime.coordinator.config import CoordinatorConfig
+    from runtime.coordinator.service import Coordinator
+    from runtime.coordinator.store import Inbound
+
+    c = Coordinator(CoordinatorConfig(store=str(tmp_path / "c.db"), max_store_mb=1.5,
+                                      max_bundle_mb=8))
+    try:
+        path = big_bundle(tmp_path)
+        with path.open("rb") as f:
+            c.shelf.receive(f, path.stat().st_size)
+        assert c.shelf.stored_bytes() == path.stat().st_size
+        c.store.ingest([Inbound("d", "result", {
+            "v": 1, "stream": "s", "boot": "b", "floor": 1,
+            "results": [{"seq": q, "t": 1.0, "boot": "b"} for q in range(1, 101)]})])
+        assert c.store.acks() == {("d", "s"): 100}
+        assert c.store.used_bytes() > 1.5 * 2**20  # over the cap, because of the bundle
+        assert c.run_retention()["results_by_size"] == 0
+        assert c.store.counts() == {"d": 100}
+    finally:
+        c.store.close()
+        c.shelf.close()

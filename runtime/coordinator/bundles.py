@@ -98,6 +98,11 @@ class Shelf:
         rows = self._store.read("SELECT body FROM bundles ORDER BY created")
         return [h for (b,) in rows if (h := _held(b)) is not None]
 
+    def stored_bytes(self) -> int:
+        """Bytes of the bundles' chunk rows (retention leaves them out of max_store_mb)."""
+        rows = self._store.read("SELECT COALESCE(SUM(LENGTH(data)), 0) FROM bundle_chunks")
+        return int(rows[0][0])
+
     def read(self, held: Held, offset: int, length: int) -> bytes:
         """`length` bytes of the bundle from `offset` (fewer only at its end), from its chunk
         rows. BundleRefused(416) for an offset outside it; BundleRefused(500) when a row is

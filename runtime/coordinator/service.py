@@ -559,8 +559,10 @@ class Coordinator:
         store uses more than `max_store_mb`. Logs what it deleted and counts it in stats."""
         cfg = self.cfg
         self.store.maintain()  # PostgreSQL: the coming days' partitions
-        done = self.store.prune_results(cfg.retention_days * 86400,
-                                        int(cfg.max_store_mb * 1024 * 1024))
+        cap = int(cfg.max_store_mb * 1024 * 1024)
+        if cap > 0:  # the bundles in the store are not what the cap is for: never make
+            cap += self.shelf.stored_bytes()  # room for them by deleting results
+        done = self.store.prune_results(cfg.retention_days * 86400, cap)
         self.counters["retention_runs"] += 1
         for key, n in done.items():
             self.counters[f"pruned_{key}"] += n
