@@ -170,6 +170,6 @@ def test_native_cpu_of_other_threads_is_not_billed_to_a_single_thread_onnxruntim
     d = SimpleNamespace(sim=None, _native_cpu=1.0, _reprofiling=threading.Lock(),
                         pipeline=SimpleNamespace(take_infer_cpu=lambda: {"v": (50, 0.05)}),
                         _live_acc={}, by_id={"v": prof}, _live_energy={},
-                        _running_id=lambda: "v", _live_rungs=lambda: [])
+                        _running_id=lambda: "v", _live_rungs=lambda *a: [], source_models={})
     dm.Daemon._update_live_energy(d)
     assert d._live_energy["v"] * 1e3 == pytest.approx(mj)  # 1 ms of CPU an inference, 6 W
