@@ -114,7 +114,7 @@ class MqttTransfer:
     the device's broker login and a client id of its own."""
 
     def __init__(self, broker: BrokerConfig, fleet: str, device: str, bundle: str, token: str,
-                 chunk: int = 128 * 1024, window: int = 4, timeout_s: float = 10.0,
+                 chunk: int = 128 * 1024, window: int = 8, timeout_s: float = 10.0,
                  check_stop: Callable[[], None] = lambda: None):
         self.broker, self.fleet, self.device = broker, fleet, device
         self.bundle, self.token = bundle, token
@@ -131,7 +131,8 @@ class MqttTransfer:
         conn = Connection(
             self.broker, f"edgerun-{self.fleet}-{self.device}-bundle-{secrets.token_hex(3)}",
             name="bundle-mqtt", subscriptions=[(topic(self.fleet, self.device, CHUNK), 1)],
-            on_message=self._on_message, clean=True, max_inflight=max(20, 2 * self.window))
+            on_message=self._on_message, on_connected=nodelay, clean=True,
+            max_inflight=max(20, 2 * self.window))
         conn.start()
         try:
             self._run(conn, part, have, size)
@@ -244,9 +245,20 @@ class MqttTransfer:
         return ""
 
 
+def nodelay(client: object) -> None:
+    """Nagle off on a bulk-transfer connection: a request written right after the PUBACK of
+    a chunk otherwise waits for the broker's delayed ACK (40 ms a request on Linux, measured:
+    a window of 1 moved 2.6 MB/s)."""
+    import contextlib
+    import socket
+
+    with contextlib.suppress(OSError, AttributeError):
+        client.socket().setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # type: ignore
+
+
 def fetch_over_mqtt(dest: Path, broker: BrokerConfig, fleet: str, device: str, bundle: str,
                     size: int, sha256: str, token: str, max_bytes: int, min_free_bytes: int,
-                    chunk: int = 128 * 1024, window: int = 4, timeout_s: float = 10.0,
+                    chunk: int = 128 * 1024, window: int = 8, timeout_s: float = 10.0,
                     check_stop: Callable[[], None] = lambda: None) -> Path:
     """Download bundle `bundle` (`size` bytes, `sha256`) to `dest` over MQTT, resuming
     `dest.part` (whichever route wrote it); the same checks as the HTTP download."""
@@ -257,4 +269,4 @@ def fetch_over_mqtt(dest: Path, broker: BrokerConfig, fleet: str, device: str, b
 
 
 __all__ = ["Chunk", "MqttTransfer", "decode_chunk", "encode_chunk", "encode_request",
-           "fetch_over_mqtt", "topic"]
+           "fetch_over_mqtt", "nodelay", "topic"]

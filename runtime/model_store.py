@@ -60,7 +60,7 @@ class ModelsConfig:
     # API, "mqtt" in chunks through the broker, "auto" HTTP and MQTT when the API is unreachable
     fetch: str = "auto"
     mqtt_chunk_kb: int = 128  # bytes asked per MQTT request (a coordinator sends <= 256 KiB)
-    mqtt_window: int = 4  # MQTT requests outstanding at once
+    mqtt_window: int = 8  # MQTT requests outstanding at once (a coordinator queues <= 16)
     mqtt_timeout_s: float = 10.0  # re-ask a chunk unanswered this long; 4x without data: fail
 
     def validate(self) -> tuple[str, str] | None:
@@ -72,9 +72,9 @@ class ModelsConfig:
             return "probation_frames", "probation_frames, shadow_every, crash_boots must be >= 1"
         if self.fetch not in ("auto", "http", "mqtt"):
             return "fetch", f"must be \"auto\", \"http\" or \"mqtt\", got {self.fetch!r}"
-        if not 1 <= self.mqtt_chunk_kb <= 256 or not 1 <= self.mqtt_window <= 64 \
+        if not 1 <= self.mqtt_chunk_kb <= 256 or not 1 <= self.mqtt_window <= 16 \
                 or self.mqtt_timeout_s <= 0:
-            return "mqtt_chunk_kb", ("need 1 <= mqtt_chunk_kb <= 256, 1 <= mqtt_window <= 64, "
+            return "mqtt_chunk_kb", ("need 1 <= mqtt_chunk_kb <= 256, 1 <= mqtt_window <= 16, "
                                      "mqtt_timeout_s > 0")
         if self.energy_factor < 1.0 or self.max_error_rate_increase < 0:
             return "energy_factor", "energy_factor must be >= 1, max_error_rate_increase >= 0"

@@ -40,6 +40,7 @@ from runtime.bundle_mqtt import (
     OK,
     REQ,
     encode_chunk,
+    nodelay,
     topic,
 )
 from runtime.coordinator.bundles import BundleRefused, Shelf, check_id
@@ -114,6 +115,7 @@ class ChunkServer:
     # -- the connection's thread ---------------------------------------------------------------
 
     def _on_connected(self, client: Any) -> None:
+        nodelay(client)
         with self._cv:  # what was in flight on a dropped connection is gone: devices re-ask
             self._unacked = 0
             self._cv.notify_all()
