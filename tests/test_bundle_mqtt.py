@@ -373,6 +373,28 @@ def test_a_flood_of_requests_costs_that_device_and_the_coordinator_keeps_serving
         c.close()
 
 
+def test_an_internal_error_costs_that_request_only(tmp_path, broker, shelf):
+    """The shelf failing under one request (a bug, a disk error): that request is answered
+    with the error, the serving thread lives, and the transfer completes (asked again)."""
+    held = shelf.list()[0]
+    c = Coord(broker, shelf)
+    real_get, calls = shelf.get, []
+
+    def failing_once(bundle_id: str):
+        calls.append(bundle_id)
+        if len(calls) == 2:
+            raise RuntimeError("disk on fire")
+        return real_get(bundle_id)
+
+    shelf.get = failing_once
+    try:
+        got = _fetch(tmp_path, broker, held, timeout_s=1.0)
+        assert hashlib.sha256(got.read_bytes()).hexdigest() == held.sha256
+        assert c.server.counters["internal_errors"] == 1 and c.server.alive()
+    finally:
+        c.close()
+
+
 def test_acl_a_device_cannot_ask_or_read_for_another(tmp_path, broker, shelf):
     """box2 publishing on box1's request topic is dropped by the broker; box2 subscribing to
     box1's chunks receives nothing."""
@@ -496,3 +518,45 @@ def test_deploy_without_an_http_route_arrives_over_mqtt_across_kill_9_and_swaps(
     assert min(offsets) == have  # resumed, not started over
     assert store.serving()[0] == "inspection@2"
     assert "over MQTT in" in d.text()
+
+
+# -- when "auto" switches to MQTT, and the config keys -----------------------------------------
+
+def test_only_a_failed_connection_counts_as_unreachable(tmp_path, shelf):
+    """`[models] fetch = "auto"` switches to MQTT on DownloadError.unreachable only: nobody
+    listening is; an answer from the API (404, 401) is not."""
+    from runtime.coordinator.api import serve
+    from runtime.coordinator.config import CoordinatorConfig
+    from runtime.coordinator.service import Coordinator
+    from runtime.download import fetch
+
+    with pytest.raises(DownloadError) as e:
+        fetch(f"http://127.0.0.1:{free_port()}/x", tmp_path / "a", 10)
+    assert e.value.unreachable and "cannot connect" in str(e.value)
+    coord = Coordinator(CoordinatorConfig(store=str(tmp_path / "coord" / "c.db")))
+    api = serve(coord, "127.0.0.1", 0, token="t" * 24)
+    try:
+        for path, token in (("/api/v1/bundles/nope@1", "x"), ("/api/v1/bundles", "")):
+            with pytest.raises(DownloadError) as e:
+                fetch(f"{coord.api_url}{path}", tmp_path / "b", 10, token)
+            assert not e.value.unreachable and "HTTP 4" in str(e.value), str(e.value)
+    finally:
+        api.shutdown()
+        coord.store.close()
+        coord.shelf.close()
+
+
+@pytest.mark.parametrize("models, key", [
+    ('fetch = "ftp"', "fetch"),
+    ("mqtt_chunk_kb = 512", "mqtt_chunk_kb"),
+    ("mqtt_window = 0", "mqtt_chunk_kb"),
+    ("mqtt_timeout_s = 0", "mqtt_chunk_kb"),
+])
+def test_bad_fetch_settings_are_refused_at_load(models, key):
+    import tomllib
+
+    from runtime.config import ConfigError, from_dict
+
+    with pytest.raises(ConfigError, match=key):
+        from_dict(tomllib.loads(f"[models]\n{models}\n"))
+    assert from_dict(tomllib.loads('[models]\nfetch = "mqtt"\n')).models.fetch == "mqtt"
