@@ -124,6 +124,7 @@ class MqttTransfer:
         self.check_stop = check_stop  # raises to end the transfer (the daemon stopping)
         self._inbox: queue.Queue = queue.Queue(maxsize=4 * self.window + 16)
         self.stats: collections.Counter = collections.Counter()
+        self.refused = ""  # the broker refused a request (its reason)
 
     def __call__(self, part: Path, have: int, size: int) -> None:
         from runtime.telemetry.mqtt import Connection
@@ -131,8 +132,8 @@ class MqttTransfer:
         conn = Connection(
             self.broker, f"edgerun-{self.fleet}-{self.device}-bundle-{secrets.token_hex(3)}",
             name="bundle-mqtt", subscriptions=[(topic(self.fleet, self.device, CHUNK), 1)],
-            on_message=self._on_message, on_connected=nodelay, clean=True,
-            max_inflight=max(20, 2 * self.window))
+            on_message=self._on_message, on_connected=nodelay, on_refused=self._on_refused,
+            clean=True, max_inflight=max(20, 2 * self.window))
         conn.start()
         try:
             self._run(conn, part, have, size)
@@ -145,6 +146,10 @@ class MqttTransfer:
             self._inbox.put_nowait(msg.payload)  # type: ignore[attr-defined]
         except queue.Full:
             self.stats["inbox_full"] += 1
+
+    def _on_refused(self, mid: int, reason: str) -> None:
+        # MQTT 5 only: the broker's PUBACK says no (3.1.1 drops it silently: the stall ends it)
+        self.refused = reason
 
     def _run(self, conn: object, part: Path, have: int, size: int) -> None:
         req_topic = topic(self.fleet, self.device, REQ)
@@ -159,6 +164,12 @@ class MqttTransfer:
         with part.open("ab") as out:
             while have < size:
                 self.check_stop()
+                if self.refused:
+                    raise DownloadError(
+                        f"{label}: the broker refused the chunk request ({self.refused}): its "
+                        f"ACL must let this device publish on {req_topic} (an ACL file written "
+                        "before bundles over MQTT lacks it: the next `edgerun fleet enroll` "
+                        "rewrites it; docs/security.md)")
                 now = time.monotonic()
                 if conn.subscribed.is_set():  # type: ignore[attr-defined]
                     while len(outstanding) < self.window and next_req < size:

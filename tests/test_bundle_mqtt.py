@@ -425,6 +425,28 @@ def test_acl_a_device_cannot_ask_or_read_for_another(tmp_path, broker, shelf):
         c.close()
 
 
+def test_an_acl_without_the_bundle_topics_fails_fast_naming_the_fix(tmp_path, broker, shelf):
+    """A broker whose ACL file predates bundles over MQTT: the request is refused in its
+    PUBACK (MQTT 5) and the download fails at once, saying which topic and how to fix it."""
+    held = shelf.list()[0]
+    device = broker.device(FLEET, "box1")
+    c = Coord(broker, shelf)
+    acl = broker.auth.acl
+    acl.write_text("".join(line + "\n" for line in acl.read_text().splitlines()
+                           if "bundle/" not in line))
+    broker.reload()
+    time.sleep(0.5)  # the reload is asynchronous
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(DownloadError, match="the broker refused the chunk request .*"
+                           "bundle/req .* `edgerun fleet enroll`"):
+            fetch_over_mqtt(tmp_path / "dl" / "b.edgerun", device, FLEET, "box1", held.id,
+                            held.size, held.sha256, held.token, 64 << 20, 0, timeout_s=10.0)
+        assert time.monotonic() - t0 < 10
+    finally:
+        c.close()
+
+
 def test_acl_lines_for_devices_and_coordinators():
     from runtime.telemetry.brokerauth import Identity, acl_text
 

@@ -87,7 +87,8 @@ class ChunkServer:
         self._conn = Connection(broker, f"{client_id}-bundles", name="bundle-chunks",
                                 subscriptions=[(self.filter, 1)], on_message=self._on_message,
                                 on_connected=self._on_connected, on_publish=self._on_publish,
-                                clean=True, max_inflight=MAX_UNACKED)
+                                on_refused=self._on_refused, clean=True,
+                                max_inflight=MAX_UNACKED)
 
     def start(self) -> None:
         """Connect and start serving."""
@@ -124,6 +125,13 @@ class ChunkServer:
         with self._cv:
             self._unacked = max(0, self._unacked - 1)
             self._cv.notify_all()
+
+    def _on_refused(self, mid: int, reason: str) -> None:
+        self.counters["refused_by_broker"] += 1
+        self._rlog.log("broker-refused", "the broker refuses our bundle chunks (%s): its ACL "
+                       "must let this coordinator publish on edgerun/v1/%s/+/%s (an ACL file "
+                       "written before bundles over MQTT lacks it: the next `edgerun fleet "
+                       "enroll` rewrites it)", reason, self.fleet, CHUNK, level=logging.ERROR)
 
     def _on_message(self, client: Any, msg: Any) -> None:
         parts = msg.topic.split("/")
