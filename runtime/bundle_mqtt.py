@@ -208,6 +208,10 @@ class MqttTransfer:
                     crash_point("download")  # tests: kill -9 mid-transfer
                 if time.monotonic() - last_progress > self.stall_s:
                     out.flush()
+                    if not conn.connected.is_set():  # type: ignore[attr-defined]
+                        last_error = ("not connected to the broker: "
+                                      f"{conn.stats.last_error or 'no answer'}")  # type: ignore
+
                     raise DownloadError(
                         f"{label}: nothing arrived for {self.stall_s:.0f} s after {have} of "
                         f"{size} bytes ({last_error or 'no answer from any coordinator'}); "

@@ -327,6 +327,14 @@ def test_no_coordinator_answering_fails_after_the_stall_and_keeps_the_part(tmp_p
     assert part.stat().st_size == 100  # kept for the next attempt
 
 
+def test_no_broker_fails_after_the_stall_saying_so(tmp_path, shelf):
+    held = shelf.list()[0]
+    nobody = BrokerConfig(host="127.0.0.1", port=free_port())
+    with pytest.raises(DownloadError, match="not connected to the broker: connect to 127"):
+        fetch_over_mqtt(tmp_path / "dl" / "b.edgerun", nobody, FLEET, "box1", held.id,
+                        held.size, held.sha256, held.token, 64 << 20, 0, timeout_s=0.5)
+
+
 def test_size_cap_and_free_space_apply_before_the_first_request(tmp_path, broker, shelf):
     held = shelf.list()[0]
     c = Coord(broker, shelf)
