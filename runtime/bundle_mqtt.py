@@ -160,7 +160,7 @@ class MqttTransfer:
         first, t0 = have, time.monotonic()
         last_progress = t0
         last_error = ""
-        refusals = 0
+        refused_since = 0.0
         with part.open("ab") as out:
             while have < size:
                 self.check_stop()
@@ -192,12 +192,14 @@ class MqttTransfer:
                     why = self._take(raw, size, outstanding, early)
                     if why:
                         last_error = why
-                        if why.startswith("refused:"):
-                            refusals += 1
-                            # Nobody holds it (or the token does not open it) and nothing
-                            # ever arrived: say so now, not after the stall timeout. With
-                            # several coordinators, one that has it answers the re-request.
-                            if refusals >= 3 and have == first and not early:
+                        if why.startswith("refused:") and have == first and not early:
+                            # Every answer for timeout_s says not found / forbidden and no
+                            # byte came: nobody holds it, say so now rather than after the
+                            # stall. (With a share_group, a coordinator without the bundle
+                            # answers "not found" while another that has it sends data: the
+                            # refused request is asked again and may land on that one.)
+                            refused_since = refused_since or time.monotonic()
+                            if time.monotonic() - refused_since >= self.timeout_s:
                                 raise DownloadError(f"{label}: {why[9:]}")
                 while have in early:
                     data = early.pop(have)
