@@ -213,8 +213,9 @@ def test_a_bundle_arrives_whole_over_mqtt(tmp_path, broker, shelf):
 
 def test_a_transfer_resumes_from_the_part_and_survives_a_broker_restart(tmp_path, broker):
     """The part already holds a prefix (an earlier, interrupted attempt): only the rest is
-    asked for; the broker is stopped and restarted mid-way: the transfer reconnects, asks
-    again for what was lost, and the result is whole."""
+    asked for; the broker is stopped and restarted mid-way (the coordinator's serving thread
+    is held meanwhile, so most of the bundle moves after the restart): the transfer
+    reconnects, asks again for what was lost, and the result is whole."""
     s = Shelf(tmp_path / "shelf2", 64 << 20)
     b = _big_bundle(tmp_path, 400_000)
     with b.open("rb") as f:
@@ -239,7 +240,9 @@ def test_a_transfer_resumes_from_the_part_and_survives_a_broker_restart(tmp_path
         got = _fetch(tmp_path, broker, held, timeout_s=3.0)
         assert got.read_bytes() == data
         assert min(offsets) == 50_000  # resumed from the part's length, not from 0
-        assert len(offsets) > -(-(held.size - 50_000) // (16 * 1024))  # some asked again
+        # the broker really went away mid-transfer (what was in flight then is either asked
+        # again or still queued in a client and sent after the reconnect)
+        assert c.server._conn.stats.connects >= 2
     finally:
         c.close()
         s.close()
