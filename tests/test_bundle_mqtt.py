@@ -254,6 +254,37 @@ def _bounce(broker) -> None:
     broker.start()
 
 
+def test_a_coordinator_restart_mid_transfer(tmp_path, broker, shelf):
+    """The chunk server goes away after a few chunks (a coordinator restart: what it had
+    queued is lost) and another comes up: the device asks again and ends with the whole
+    bundle."""
+    held = shelf.list()[0]
+    c = Coord(broker, shelf)
+    later: list[Coord] = []
+    answer, n = c.server.answer, []
+
+    def restart() -> None:
+        c.server.stop()
+        time.sleep(0.5)
+        later.append(Coord(broker, shelf))
+
+    def dying(device: str, raw: bytes) -> bytes:
+        n.append(1)
+        if len(n) == 3:
+            threading.Thread(target=restart, daemon=True).start()
+            time.sleep(0.2)
+        return answer(device, raw)
+
+    c.server.answer = dying
+    try:
+        got = _fetch(tmp_path, broker, held, chunk=8 * 1024, timeout_s=1.0)
+        assert hashlib.sha256(got.read_bytes()).hexdigest() == held.sha256
+        assert later and later[0].server.counters["chunks"] > 0  # the new one finished it
+    finally:
+        for x in (c, *later):
+            x.close()
+
+
 class _Flipper:
     """A hostile coordinator: answers truthfully but flips one byte of the chunk at 16 KiB."""
 
