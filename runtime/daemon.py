@@ -20,7 +20,7 @@ import queue
 import signal
 import threading
 import time
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,7 @@ from power.cputime import native_threads_cpu_s
 from power.device import DeviceProfile, load_profile
 from power.sensors import Reading, SensorError, SensorSet, detect_meter
 from power.thermal_source import ThermalSource, discover_thermal
-from runtime import __version__, control_store, operator_settings
+from runtime import __version__, control_store, joint, operator_settings
 from runtime.backends import discover
 from runtime.config import Config, ConfigError, load
 from runtime.health import health
@@ -41,11 +41,11 @@ from runtime.ladder import Rung, ladder_for, on_device
 from runtime.local_api import LocalApi, start_local_api
 from runtime.measure import Measured, measure_first, measure_model
 from runtime.model_store import crash_point
-from runtime.multisource import aggregate, lanes, planned_rate, single
+from runtime.multisource import aggregate, lanes, model_path, planned_rate, single
 from runtime.ota_device import DeviceOta
 from runtime.pipeline import Active, Pipeline
 from runtime.results_local import LocalResults
-from runtime.selector import Constraints, NoVariantError
+from runtime.selector import Constraints, NoVariantError, Profile
 from runtime.sources import open_source
 from runtime.systemd import Notifier
 from runtime.telemetry.client import Publisher, device_id
@@ -79,6 +79,22 @@ def rung_label(i: int, n: int) -> str:
 
 class Stopping(Exception):
     """A stop was requested while a long step (profiling) was running."""
+
+
+@dataclass
+class SourceModel:
+    """A model that `[[sources]]` entries name (`model`), besides the [model] section's: its
+    measurement, its own ladder (live energies) and the rung it runs (runtime/joint.py)."""
+
+    key: str  # the `model` value as written (the pipeline's Active.key)
+    path: Path
+    section: Any  # a runtime.config.ModelConfig for it: its path and tiling
+    measured: Measured | None = None
+    host_rungs: list[Rung] = field(default_factory=list)
+    rungs: list[Rung] = field(default_factory=list)
+    current: int = 0
+    reason: str = ""
+    pre: Any = None  # its preprocessing (one bound method: the pipeline caches its tiler)
 
 
 class Daemon:
@@ -149,6 +165,12 @@ class Daemon:
         self._model_gen = 0  # bumped when another model is installed: older jobs are stale
         self._last_reprofile = -math.inf
         self._reprofile_thread: threading.Thread | None = None
+        # -- sources with their own model (runtime/joint.py) --
+        self.source_models: dict[str, SourceModel] = {}  # by key
+        self.tiles: dict[str, int] = {}  # source name -> tiles per frame planned with
+        self.joint: list[joint.JointRung] = []  # the box's ladder (several models)
+        self.joint_current = 0
+        self._off_chain = False  # the models run a combination the box's ladder lacks
 
     # -- start-up --------------------------------------------------------------------------
 
@@ -215,6 +237,7 @@ class Daemon:
         first, rest = self.ota.first_model(
             model_path, lambda p: self._measure_model(p, first_only=True))
         self._install(first)
+        self._install_source_models()
         if cfg.results.enabled:
             self.local = LocalResults(cfg.results, self._pipeline_event)
             self.local.start()
@@ -223,7 +246,12 @@ class Daemon:
                                  self._preprocess_chooser(), self.local)
         self.pipeline.latency_target_ms = cfg.constraints.latency_ms
         self.current = len(self.rungs) - 1
-        self.pipeline.start(self._session(self.current))
+        for sm in self.source_models.values():
+            sm.current = len(sm.rungs) - 1
+        self.joint_current = len(self.joint) - 1
+        self.pipeline.start(self._session(self.current),
+                            {k: self._session_of(sm, sm.current)
+                             for k, sm in self.source_models.items()})
         if math.isfinite(self.operator_rate_hz):
             self.pipeline.rate_cap_hz = self.operator_rate_hz
         self.ota.started()
@@ -279,10 +307,12 @@ class Daemon:
         elif th is not None:
             self.trips = {t.type: t.temp_c for t in th.trips}
 
-    def _measure_model(self, path: Path, fresh: bool = False, first_only: bool = False):
+    def _measure_model(self, path: Path, fresh: bool = False, first_only: bool = False,
+                       key: str = "", section: Any = None):
         """The whole profiling schedule (a Measured), measured between the pipeline's frames
-        once it runs; or, with `first_only`, measure_first's (first Measured, rest or None)."""
-        cfg = self.cfg
+        once it runs; or, with `first_only`, measure_first's (first Measured, rest or None).
+        `key`/`section`: a source's own model (its target and its [model]-like section)."""
+        cfg = self.cfg if section is None else replace(self.cfg, model=section)
         said = [-math.inf, ""]  # when and what the terminal was last told
 
         def refused(variant: str, error: str) -> None:
@@ -309,7 +339,7 @@ class Daemon:
                                                     and cfg.simulator.profiles) else None
         args = (path, cfg, self.backends, self.meter, self.device.name,
                 self.device.power.active_w_per_core, self.sensors.read().temp_c, refused,
-                progress, self._constraints(), fresh, recorded)
+                progress, self._constraints(key), fresh, recorded)
         if first_only:
             return measure_first(*args)
         return measure_model(*args, pause=self.pipeline.exclusive if self.pipeline else None)
@@ -388,7 +418,9 @@ class Daemon:
 
     def _held_down(self) -> bool:
         """The control loop holds a rung under the top (hot, or short of energy)."""
-        return bool(self.rungs) and self.current < len(self.rungs) - 1
+        return bool(self.rungs) and (self.joint_current < len(self.joint) - 1
+                                     if self.source_models else
+                                     self.current < len(self.rungs) - 1)
 
     def _after_rebuild(self, why: str, held: bool) -> None:
         """After the ladder was rebuilt: its top rung when nothing held the device down;
@@ -402,7 +434,14 @@ class Daemon:
             target = next((i for i, r in enumerate(self.rungs) if r.variant_id == running), 0)
         self.current = min(self.current, top)
         self._move(target, self.reading.t if self.reading else 0.0, why)
-        self.cstate = replace(self.cstate, hold=replace(self.cstate.hold, rung=self.current,
+        for sm in self.source_models.values():  # the same rule for each source's own model
+            a = self.pipeline.target_of(sm.key)
+            i = next((k for k, x in enumerate(sm.rungs) if a and x.variant_id == a.variant_id),
+                     0) if held else len(sm.rungs) - 1
+            self._move_source_model(sm, i, why)
+        self._build_joint()
+        self.cstate = replace(self.cstate, hold=replace(self.cstate.hold,
+                                                        rung=self._control_current(),
                                                         dwell_s=None))
 
     def _preprocess_chooser(self):
@@ -435,34 +474,207 @@ class Daemon:
             return single(cfg.source, lambda: open_source(
                 cfg.source, self.state_dir, cfg.telemetry.broker, self.device_id))
         return lanes(cfg.sources, lambda s, i: open_source(
-            s, self.state_dir, cfg.telemetry.broker, f"{self.device_id}-{s.name}"))
+            s, self.state_dir, cfg.telemetry.broker, f"{self.device_id}-{s.name}"),
+                     self._model_key)
 
-    def _constraints(self) -> Constraints:
-        """The selector's constraints; with several sources the per-inference latency target
-        that holds each stream's at their combined rate (runtime.multisource.aggregate)."""
+    def _constraints(self, key: str = "") -> Constraints:
+        """The selector's constraints for a model ("" = the [model]'s): with several sources
+        the per-inference latency target that holds each stream's at their combined rate,
+        over the tiles of its most tiled source (runtime.joint.targets)."""
         c = self.cfg.constraints
-        latency, _ = aggregate(c.latency_ms, [s.rate_hz for s in self.cfg.sources])
+        latency = self._target(key)[0]
         return Constraints(latency_ms=latency, percentile=c.percentile,
                            accuracy_floor=c.accuracy_floor)
+
+    def _target(self, key: str) -> tuple[float, str]:
+        """(per-inference target ms, why) of a model; a model no source uses (the [model]'s
+        when every source names its own) gets the per-frame one."""
+        c = self.cfg.constraints
+        got = joint.targets(c.latency_ms, self._streams())
+        return got.get(key) or aggregate(c.latency_ms, [s.rate_hz for s in self.cfg.sources])
+
+    def _streams(self) -> list[joint.Stream]:
+        """The sources as the budget sees them (model key, rate, tiles planned)."""
+        if not self.cfg.sources:
+            name = self.cfg.source.name or "main"
+            return [joint.Stream(name, "", self.cfg.source.rate_hz, self.tiles.get(name, 1))]
+        return [joint.Stream(s.name, self._model_key(s), s.rate_hz, self.tiles.get(s.name, 1))
+                for s in self.cfg.sources]
+
+    def _model_key(self, s: Any) -> str:
+        """The key of a `[[sources]]` entry's model: "" when it has none of its own, or names
+        the [model] section's own model, tiled the same way (they share its session)."""
+        if not s.model:
+            return ""
+        m = self.cfg.model
+        default = Path(m.path).expanduser() if m.path else _bundled_model()
+        if model_path(s.model).resolve() == default.resolve() and (
+                s.tiling, s.tile_size, s.tile_overlap) == (m.tiling, m.tile_size,
+                                                           m.tile_overlap):
+            return ""
+        return s.model
+
+    def _install_source_models(self) -> None:
+        """Measure the models `[[sources]]` name (once each; cached like the [model]'s), plan
+        every source's tiles and build the ladders (start-up, before the pipeline runs)."""
+        for s in self.cfg.sources:
+            key = self._model_key(s)
+            if not key or key in self.source_models:
+                continue
+            section = replace(self.cfg.model, path=str(model_path(s.model)), tiling=s.tiling,
+                              tile_size=s.tile_size, tile_overlap=s.tile_overlap, labels="",
+                              preprocess="", input_shape=())
+            sm = SourceModel(key, model_path(s.model), section)
+            log.info("source %s: model %s (%s)", s.name, key, sm.path)
+            sm.measured = self._measure_model(sm.path, key=key, section=section)
+            sm.pre = sm.measured.manifest.preprocess.apply
+            self.source_models[key] = sm
+        self._plan_tiles()
+        self._build_ladder()
+
+    def _manifest_of(self, key: str) -> Any:
+        return self.source_models[key].measured.manifest if key else self.manifest
+
+    def _plan_tiles(self) -> None:
+        """Tiles per frame of each source before its frames come (runtime.joint.planned_tiles)."""
+        srcs = self.cfg.sources or (self.cfg.source,)
+        for s in srcs:
+            name = s.name or "main"
+            key = self._model_key(s) if self.cfg.sources else ""
+            if key and key not in self.source_models:
+                continue
+            self.tiles[name] = joint.planned_tiles(s, self._manifest_of(key))
+
+    def _check_tiles(self) -> None:
+        """A source whose frames cost another number of tiles than planned (a camera's size
+        is known only from its frames): re-plan the targets and the box's ladder."""
+        seen = {lane.name: lane.tiles for lane in self.pipeline.lanes if lane.tiles}
+        moved = {n: t for n, t in seen.items() if self.tiles.get(n, 1) != t}
+        if not moved:
+            return
+        why = ", ".join(f"source {n}: {t} tiles per frame, planned {self.tiles.get(n, 1)}"
+                        for n, t in moved.items())
+        log.info("%s: latency targets and the ladders re-planned", why)
+        self.tiles.update(moved)
+        held = self._held_down()
+        try:
+            self._build_ladder()
+        except NoVariantError as e:
+            log.error("re-planning for the tiles failed (%s); keeping the ladders", e)
+            return
+        self._after_rebuild(why, held)
+
+    def _session_of(self, sm: SourceModel, rung: int) -> Active:
+        """Load and warm the session of a source model's rung (the caller swaps it in)."""
+        vid = sm.rungs[rung].variant_id
+        backend, variant = sm.measured.loaders[vid]
+        session = backend.load(variant)
+        m = sm.measured.manifest
+        shape = variant.model.input_shape
+        warm = m.preprocess.apply(np.full((*m.preprocess.hw(shape), 3), 128, np.uint8), shape)
+        for _ in range(3):
+            session.infer(warm)
+        return Active(rung, vid, session, shape, m, sm.pre, key=sm.key)
+
+    def _move_source_model(self, sm: SourceModel, rung: int, why: str) -> None:
+        """Switch a source model to another rung of its ladder (an event, like _move)."""
+        a = self.pipeline.target_of(sm.key)
+        if a is not None and a.variant_id == sm.rungs[rung].variant_id:
+            sm.current = rung
+            return
+        old = a.variant_id if a else sm.rungs[sm.current].variant_id
+        try:
+            active = self._session_of(sm, rung)
+        except Exception as e:  # a variant that will not load is reported; stay where we are
+            log.error("cannot switch %s to %s: %s; staying on %s", sm.key,
+                      sm.rungs[rung].variant_id, e, old)
+            self.event("switch_failed", "warning", variant=sm.rungs[rung].variant_id,
+                       error=str(e)[:300])
+            return
+        self.pipeline.switch(active)
+        n = len(sm.rungs)
+        log.info("model %s rung %s -> %s: %s -> %s (%s)", sm.key, rung_label(sm.current, n),
+                 rung_label(rung, n), old, active.variant_id, why)
+        self.event("rung_changed", "info", **{"from": old, "to": active.variant_id,
+                                              "rung": rung + 1, "rungs": n, "reason": why,
+                                              "model": sm.key})
+        sm.current = rung
+
+    def _loads(self) -> list[joint.Load]:
+        """Each model's ladder (per inference) and the inferences and frames per second its
+        sources ask of it: the [model]'s first, then the sources' own models."""
+        streams = self._streams()
+        out = []
+        for key, rungs in (("", self.rungs),
+                           *((k, sm.rungs) for k, sm in self.source_models.items())):
+            mine = [s for s in streams if s.model == key]
+            out.append(joint.Load(key or "[model]", tuple(rungs),
+                                  sum(s.rate_hz * s.tiles for s in mine),
+                                  sum(s.rate_hz for s in mine)))
+        return out
+
+    def _control_rungs(self) -> list[Rung]:
+        """The ladder the control step climbs, per frame at the combined frame rate: the
+        [model]'s rungs (x its tiles per frame), or the box's joint ladder with several
+        models (runtime.joint)."""
+        if not self.source_models:
+            streams = self._streams()
+            frames = sum(s.rate_hz for s in streams)
+            tiles = (sum(s.rate_hz * s.tiles for s in streams) / frames) if frames > 0 else \
+                max((s.tiles for s in streams), default=1)
+            return joint.per_frame(self.rungs, tiles)
+        return [j.rung for j in self.joint]
+
+    def _control_current(self) -> int:
+        return self.joint_current if self.source_models else self.current
+
+    def _apply_control_rung(self, rung: int, t: float, why: str) -> None:
+        """Run the control step's rung: the [model]'s, or each model's part of a box rung."""
+        if not self.source_models:
+            self._move(rung, t, why)
+            return
+        picks = self.joint[rung].picks
+        if picks[0] != self.current:
+            self._move(picks[0], t, why)
+        for sm, i in zip(self.source_models.values(), picks[1:], strict=True):
+            if i != sm.current:
+                self._move_source_model(sm, i, why)
+        running = (self.current, *(sm.current for sm in self.source_models.values()))
+        k, on = joint.locate(self.joint, running)  # a failed switch: keep what runs
+        self.joint_current, self._off_chain = (k, False) if on else (self.joint_current, True)
 
     def _build_ladder(self) -> None:
         """Rungs from the profiles (scaled to the simulated device when simulating, kept
         current from the running pipeline otherwise) and the control settings for them."""
         rungs, self.choice_reason = ladder_for(self.profiles, self._constraints())
-        if why := aggregate(self.cfg.constraints.latency_ms,
-                            [s.rate_hz for s in self.cfg.sources])[1]:
+        if why := self._target("")[1]:
             self.choice_reason += f"; {why}"
         self.by_id = {p.variant_id: p for p in self.profiles}
+        built = {}
+        for key, sm in self.source_models.items():  # each with its own target
+            built[key] = ladder_for(sm.measured.profiles, self._constraints(key))
+            self.by_id.update({p.variant_id: p for p in sm.measured.profiles})
         if self.sim:
             # The simulated device is not this host: each rung's power there is its CPU time
             # here scaled by the device profile's perf_scale and active W per core.
             rungs = on_device(rungs, [self.by_id[r.variant_id].cpu_ms / 1e3 for r in rungs],
                               self.device.power)
+            built = {k: (on_device(r, [self.by_id[x.variant_id].cpu_ms / 1e3 for x in r],
+                                   self.device.power), why) for k, (r, why) in built.items()}
         self._host_rungs = rungs
         self.rungs = self._live_rungs()
         log.info("choice: %s; ladder (rung 1 = cheapest): %s", self.choice_reason,
                  ", ".join(f"{i + 1}: {r.variant_id} acc {r.accuracy:.3f} "
                            f"{r.energy_j * 1e3:.3f} mJ" for i, r in enumerate(self.rungs)))
+        for key, (r, why) in built.items():
+            sm = self.source_models[key]
+            sm.host_rungs, sm.reason = r, why + (f"; {t}" if (t := self._target(key)[1]) else "")
+            sm.rungs = self._live_rungs(sm.host_rungs)
+            sm.current = min(sm.current, len(sm.rungs) - 1)
+            log.info("model %s: choice: %s; ladder: %s", key, sm.reason, ", ".join(
+                f"{i + 1}: {x.variant_id} acc {x.accuracy:.3f} {x.energy_j * 1e3:.3f} mJ"
+                for i, x in enumerate(sm.rungs)))
+        self._build_joint()
         g = self.cfg.governor
         th = self.device.thermal
         gcfg = None
@@ -480,14 +692,28 @@ class Daemon:
         self.ccfg = control.ControlConfig(
             governor=gcfg, energy=ecfg,
             # several sources: rung powers at their combined rate, so budgets are the box's
-            rate_hz=planned_rate(self.cfg.sources, g.rate_hz) or self.rungs[-1].max_rate_hz(),
+            rate_hz=planned_rate(self.cfg.sources, g.rate_hz)
+            or self._control_rungs()[-1].max_rate_hz(),
             min_rate_hz=g.min_rate_hz,
             hold_invalid_s=g.hold_invalid_s, dwell_s=g.dwell_s,
             r_total_k_per_w=(th.model.r_die_case + th.model.r_case_amb) if th else None)
 
-    def _live_rungs(self) -> list[Rung]:
+    def _live_rungs(self, host: list[Rung] | None = None) -> list[Rung]:
         return [replace(r, energy_j=self._live_energy.get(r.variant_id, r.energy_j))
-                for r in self._host_rungs]
+                for r in (self._host_rungs if host is None else host)]
+
+    def _build_joint(self) -> None:
+        """The box's ladder over every model's live rungs (several models only)."""
+        if not self.source_models:
+            self.joint = []
+            return
+        loads = self._loads()
+        self.joint = joint.joint_ladder(loads, sum(s.rate_hz for s in self._streams()))
+        running = (self.current, *(sm.current for sm in self.source_models.values()))
+        # off the chain (live energies reordered it): the next tick moves the models onto it
+        self.joint_current, on = joint.locate(self.joint, running)
+        self._off_chain = not on
+        log.debug("the box's ladder: %s", joint.describe(loads, self.joint))
 
     def _session(self, rung: int) -> Active:
         """Load and warm the session of a rung (the caller swaps it in)."""
@@ -522,12 +748,19 @@ class Daemon:
         assert self.ccfg is not None
         return min(self.ccfg.rate_hz, self.pipeline.rate_cap_hz)
 
+    def frame_rung(self) -> Rung | None:
+        """The running rung per frame of any source (tiles and several models counted):
+        what one frame costs in energy and time now."""
+        if self.pipeline is None or not self.rungs:
+            return None
+        rungs = self._control_rungs()
+        return rungs[min(self._control_current(), len(rungs) - 1)]
+
     def _sim_load(self) -> tuple[Rung | None, float]:
         """The rung running and the rate it is offered (what the simulated device heats
         with)."""
-        if self.pipeline is None or not self.rungs:
-            return None, 0.0
-        return self.rungs[min(self.current, len(self.rungs) - 1)], self.offered_rate_hz()
+        rung = self.frame_rung()
+        return (rung, self.offered_rate_hz()) if rung is not None else (None, 0.0)
 
     def load_w(self) -> float:
         """Dynamic power of the inference load: the running rung at the rate it runs. A
@@ -557,6 +790,8 @@ class Daemon:
         out = self.control_out
         temp = self.reading.temp_c if self.reading else None
         return (f"{a.variant_id if a else '-'} rung {rung_label(self.current, len(self.rungs))}"
+                + (f", box rung {rung_label(self.joint_current, len(self.joint))} over "
+                   f"{len(self.joint and self.joint[0].picks)} models" if self.joint else "")
                 + (f", {temp:.1f} °C" if temp is not None else "")
                 + (f", {out.reason}" if out and out.reason else "")
                 + (", GOVERNOR OFF: no thermal sensor" if self.thermal_disabled else ""))
@@ -564,6 +799,29 @@ class Daemon:
     def health(self) -> dict[str, Any]:
         """The health message (runtime.health)."""
         return health(self)
+
+    def models_health(self) -> dict[str, Any]:
+        """health's `models`: each model the sources use, its ladder position and target,
+        and with several models the box's rung (runtime/joint.py)."""
+        streams = self._streams()
+        out = []
+        for ld, (key, name, rungs, cur, reason) in zip(self._loads(), (
+                ("", self.manifest.name, self.rungs, self.current, self.choice_reason),
+                *((k, sm.measured.manifest.name, sm.rungs, sm.current, sm.reason)
+                  for k, sm in self.source_models.items())), strict=True):
+            a = self.pipeline.target_of(key) if self.pipeline else None
+            r = rungs[min(cur, len(rungs) - 1)]
+            # a long path as key: its end (the schema allows 256 characters)
+            out.append({"key": key[-256:], "model": name, "choice": a.variant_id if a else "",
+                        "rung": cur + 1, "rungs": len(rungs), "accuracy": r.accuracy,
+                        "rung_energy_mj": round(r.energy_j * 1e3, 4),
+                        "target_ms": round(self._target(key)[0], 4),
+                        "infer_hz": round(ld.infer_hz, 3), "power_w": round(
+                            r.power_w(ld.infer_hz), 4),
+                        "sources": [st.name for st in streams if st.model == key],
+                        "reason": reason[:4000]})
+        box = {"rung": self.joint_current + 1, "rungs": len(self.joint)} if self.joint else {}
+        return {"models": out, **({"box": box} if box else {})}
 
     # -- control ------------------------------------------------------------------------------
 
@@ -586,18 +844,20 @@ class Daemon:
             self._last_problems = r.problems
         self._update_live_energy()
         assert self.ccfg is not None
-        self.cstate, out = control.step(self.cstate, r, self.rungs, self.ccfg, self.current,
-                                        self.operator_rate_hz)
+        self._check_tiles()
+        self.cstate, out = control.step(self.cstate, r, self._control_rungs(), self.ccfg,
+                                        self._control_current(), self.operator_rate_hz)
         self.control_out = out
         for e in out.events:
             (log.critical if e.severity == "critical" else log.warning)("%s: %s", e.type,
                                                                          e.detail)
             self.event(e.type, e.severity, detail=e.detail)
         self.pipeline.rate_cap_hz = out.rate_cap_hz
-        if out.rung != self.current:
-            self._move(out.rung, r.t, out.reason or "budget")
-        if self.current != out.rung:  # the switch failed: keep the rung actually running
-            self.cstate = replace(self.cstate, hold=replace(self.cstate.hold, rung=self.current))
+        if out.rung != self._control_current() or self._off_chain:
+            self._apply_control_rung(out.rung, r.t, out.reason or "budget")
+        if self._control_current() != out.rung:  # the switch failed: keep what runs
+            self.cstate = replace(self.cstate, hold=replace(self.cstate.hold,
+                                                            rung=self._control_current()))
         self._persist()
         self._check_conditions(r.temp_c)
         self.ota.tick()  # probation of a new model version
@@ -618,10 +878,15 @@ class Daemon:
         if self._reprofiling.locked():
             self.pipeline.take_infer_cpu()
             return
+        running = self._running_id()
+        if not _has_native_pool(self.by_id.get(running)):
+            # its inference all ran in the timed thread: the process's native threads (OpenCV,
+            # BLAS, ...) did other work, 2-9 ms a control tick in the first seconds after a
+            # start, which billed to it made a 0.3 ms model read 2-4x its cost (docs/ota.md)
+            d_native = 0.0
         for vid, (n, cpu) in self.pipeline.take_infer_cpu().items():
             n0, c0 = self._live_acc.get(vid, (0, 0.0))
-            self._live_acc[vid] = (n0 + n, c0 + cpu + (d_native if vid == self._running_id()
-                                                          else 0.0))
+            self._live_acc[vid] = (n0 + n, c0 + cpu + (d_native if vid == running else 0.0))
         for vid, (n, cpu) in list(self._live_acc.items()):
             if n < LIVE_MIN_INFERENCES or vid not in self.by_id:
                 continue
@@ -634,6 +899,10 @@ class Daemon:
             self._live_energy[vid] = joules if old is None else (
                 LIVE_ALPHA * joules + (1 - LIVE_ALPHA) * old)
         self.rungs = self._live_rungs()
+        for sm in self.source_models.values():
+            sm.rungs = self._live_rungs(sm.host_rungs)
+        if self.source_models:
+            self._build_joint()
 
     def _running_id(self) -> str:
         a = self.pipeline.active
@@ -720,6 +989,11 @@ class Daemon:
         elif cmd.name == "reprofile":
             self._last_reprofile = -math.inf
             self.reprofile("operator command")
+        elif cmd.name in ("deploy", "choose_model") and self.cfg.sources and all(
+                self._model_key(s) for s in self.cfg.sources):
+            raise ValueError(f"{cmd.name} swaps the [model] section's model, and no source uses "
+                             "it: every [[sources]] entry names its own model, which cannot be "
+                             "swapped over the air yet (change the config and restart)")
         elif cmd.name == "deploy":
             self.ota.deploy(cmd)
         elif cmd.name == "choose_model" and self.ota.choose(cmd):
@@ -917,3 +1191,11 @@ def serve(config_path: Path | None, print_results: bool = False) -> int:
 
 
 __all__ = ["Daemon", "ladder_for", "serve", "versions"]
+
+
+def _has_native_pool(profile: Profile | None) -> bool:
+    """Whether a variant's engine may run inference on native threads of its own (then their
+    CPU is its cost): not ONNX Runtime with one intra-op thread (its backend sets one inter-op
+    thread too), which runs every node in the calling thread. Unknown: assumed it may."""
+    return not (profile is not None and profile.engine == "onnxruntime"
+                and profile.threads == 1)

@@ -59,6 +59,7 @@ def health(d: Daemon) -> dict[str, Any]:
         "preprocess": d.preprocess.report,
     }
     h["slo"] = h["pipeline"].pop("slo")
+    h.update(d.models_health())  # each model's rung and target (runtime/joint.py)
     if d.ota is not None:
         h.update(d.ota.health())
     if d.publisher:

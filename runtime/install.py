@@ -37,6 +37,7 @@ UNITS = ("edgerun.service", "edgerun-coordinator.service")
 # The path the shipped units name; rendered to PREFIX/venv/bin/edgerun for another prefix.
 SHIPPED_EXE = "/opt/edgerun/venv/bin/edgerun"
 DEFAULT_PREFIX = "/opt/edgerun"
+SHIPPED_DOC = "file:///opt/edgerun/doc/"  # the units' Documentation=, rendered like ExecStart
 # The example config's per-user paths, and where the unit's StateDirectory/CacheDirectory
 # put them (the service's HOME is /var/lib/edgerun, so `~` would land there too; spelled out
 # so an operator reading /etc/edgerun/edgerun.toml sees the real place).
@@ -244,11 +245,12 @@ def link_exe(o: Options) -> None:
     o.log(f"link: {link} -> {o.exe}")
 
 
-def render_unit(text: str, exe: str) -> str:
-    """A shipped unit with its ExecStart pointing at `exe`."""
+def render_unit(text: str, exe: str, prefix: str = DEFAULT_PREFIX) -> str:
+    """A shipped unit with its ExecStart pointing at `exe` and its Documentation= at the
+    docs installed under `prefix`."""
     if SHIPPED_EXE not in text:
         raise InstallError(f"the unit does not run {SHIPPED_EXE}; cannot point it at {exe}")
-    return text.replace(SHIPPED_EXE, exe)
+    return text.replace(SHIPPED_EXE, exe).replace(SHIPPED_DOC, f"file://{prefix.rstrip('/')}/doc/")
 
 
 def render_config(text: str, without: Sequence[str] = ()) -> str:
@@ -285,14 +287,36 @@ def install_files(o: Options, shipped: Path) -> list[Path]:
     changed = []
     for unit in UNITS:
         dest = o.at(f"/etc/systemd/system/{unit}")
-        if _write(dest, render_unit((shipped / unit).read_text(), o.exe), 0o644):
+        if _write(dest, render_unit((shipped / unit).read_text(), o.exe, o.prefix), 0o644):
             changed.append(dest)
     for src, dest in (("edgerun.sysusers", "/etc/sysusers.d/edgerun.conf"),
                       ("edgerun.tmpfiles", "/etc/tmpfiles.d/edgerun.conf")):
         if _write(o.at(dest), (shipped / src).read_text(), 0o644):
             changed.append(o.at(dest))
+    changed += install_docs(o, shipped.parent)
     for path in changed:
         o.log(f"wrote {path}")
+    return changed
+
+
+def install_docs(o: Options, checkout: Path) -> list[Path]:
+    """README.md and docs/ (pages and images, same relative layout so links work) under
+    PREFIX/doc, where the units' Documentation= points; returns what changed."""
+    changed = []
+    files = [checkout / "README.md", *sorted((checkout / "docs").rglob("*"))]
+    for src in files:
+        if not src.is_file() or src.suffix not in (".md", ".png", ".json"):
+            continue
+        dest = o.at(f"{o.prefix.rstrip('/')}/doc/{src.relative_to(checkout)}")
+        data = src.read_bytes()
+        if dest.exists() and dest.read_bytes() == data:
+            continue
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_name(dest.name + ".tmp")
+        tmp.write_bytes(data)
+        tmp.chmod(0o644)
+        tmp.replace(dest)
+        changed.append(dest)
     return changed
 
 

@@ -27,6 +27,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -107,6 +108,8 @@ class Lane:
     counters: collections.Counter = field(default_factory=collections.Counter)
     e2e: collections.deque = field(default_factory=lambda: collections.deque(maxlen=1000))
     rects: dict = field(default_factory=dict)  # (w, h) -> roi.Rect or roi.RoiError
+    model: str = ""  # the key of its own model (runtime/joint.py); "": the [model]'s
+    tiles: int = 0  # inferences its last frame cost (a tiled frame: one per tile; 0: none yet)
 
     def stats(self, backlog: int, window_s: float = 30.0) -> dict[str, Any]:
         """Rate and capture-to-result p95 over the last `window_s`, frames waiting, counters."""
@@ -199,16 +202,64 @@ def check_sources(sources: Sequence[Any], single_given: bool) -> tuple[str, str]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
         return "sources", f"names must be unique, {', '.join(dup)} is used more than once"
+    tiling: dict[Path, Any] = {}
+    for s in sources:  # one session per model: a model is tiled one way
+        if not s.model:
+            continue
+        p = model_path(s.model).resolve()
+        first = tiling.setdefault(p, s)
+        if (first.tiling, first.tile_size, first.tile_overlap) != (
+                s.tiling, s.tile_size, s.tile_overlap):
+            return "sources", (f"{first.name} and {s.name} both use model {s.model!r} but tile "
+                               "it differently (tiling, tile_size, tile_overlap): the sources "
+                               "of a model share its session, so they must agree")
     return None
 
 
-def lanes(sources: Sequence[Any], opener: Callable[[Any, int], Any]) -> list[Lane]:
-    """Lanes for `[[sources]]` entries: `opener(cfg, i)` opens entry i. A synthetic source
+def model_path(name: str) -> Path:
+    """Where a `[[sources]] model` is: a path (it has a '/' or ends in .onnx; '~' expanded),
+    else the name of a bundled model (models/<name>)."""
+    if "/" in name or name.endswith(".onnx"):
+        return Path(name).expanduser()
+    from models import ROOT
+
+    return ROOT / name
+
+
+def check_model(s: Any) -> tuple[str, str] | None:
+    """What is wrong with one entry's `model` and tiling keys (None when nothing is): the
+    model exists (a directory with a manifest, or an .onnx file) and the tile options are in
+    range; tiling is set with the model it tiles (the [model]'s own is tiled in [model])."""
+    if s.tiling and not s.model:
+        return "tiling", ("tiles a model named in this entry; the [model] section's own model "
+                          "is tiled by [model] tiling")
+    if s.model:
+        p = model_path(s.model)
+        if not ((p / "manifest.json").is_file() or (p.suffix == ".onnx" and p.is_file())):
+            from models import ROOT
+
+            names = sorted(d.name for d in ROOT.iterdir() if (d / "manifest.json").is_file())
+            return "model", (f"{s.model!r}: no model there ({p} is neither a directory with a "
+                             f"manifest.json nor an .onnx file); bundled models: "
+                             f"{', '.join(names)}")
+    if not 0 <= s.tile_size <= 16384:
+        return "tile_size", ("must be 0 (the model input's size) or up to 16384 pixels, "
+                             f"got {s.tile_size}")
+    if not 0.0 <= s.tile_overlap <= 0.75:
+        return "tile_overlap", f"must be within 0..0.75, got {s.tile_overlap}"
+    return None
+
+
+def lanes(sources: Sequence[Any], opener: Callable[[Any, int], Any],
+          model_of: Callable[[Any], str] | None = None) -> list[Lane]:
+    """Lanes for `[[sources]]` entries: `opener(cfg, i)` opens entry i; `model_of(cfg)` is the
+    key of its model ("" = the [model]'s; default: none of its own). A synthetic source
     paces itself at its rate; every other kind is paced by its lane."""
     part = shares([s.rate_hz for s in sources])
     return [Lane(s.name, (lambda s=s, i=i: opener(s, i)), share=part[i],
                  pace_hz=0.0 if s.kind == "synthetic" else s.rate_hz, roi=tuple(s.roi),
-                 roi_units=s.roi_units, roi_key=f'[[sources]] name = "{s.name}": roi')
+                 roi_units=s.roi_units, roi_key=f'[[sources]] name = "{s.name}": roi',
+                 model=model_of(s) if model_of else "")
             for i, s in enumerate(sources)]
 
 

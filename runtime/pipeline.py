@@ -70,6 +70,9 @@ class Active:
     # None: the pipeline's (set_manifest).
     manifest: Manifest | None = None
     pre: Callable[[Any, tuple[int, ...]], Any] | None = None
+    # "" for the [model] section's model; else the key of a source's own model
+    # ([[sources]] model, runtime/joint.py): the lanes of that key run on it
+    key: str = ""
 
 
 class Pipeline:
@@ -98,6 +101,10 @@ class Pipeline:
         self.preprocessing = False
         self._active: Active | None = None
         self._next: Active | None = None
+        # sources with their own model: key -> running / pending Active (see Active.key)
+        self._extra: dict[str, Active] = {}
+        self._extra_next: dict[str, Active] = {}
+        self._key = {lane.name: lane.model for lane in self.lanes}
         self._lock = threading.Lock()  # guards _active/_next
         self._work = threading.Lock()  # held while a frame is inferred and stored
         self._stop_capture = threading.Event()
@@ -123,9 +130,14 @@ class Pipeline:
 
     # -- control (any thread) -------------------------------------------------------------
 
-    def start(self, active: Active) -> None:
-        """Start the threads running `active`."""
+    def start(self, active: Active, extra: dict[str, Active] | None = None) -> None:
+        """Start the threads running `active` (and `extra`: the sessions of the models that
+        sources name in `[[sources]] model`, by key)."""
         self._active = active
+        self._extra = dict(extra or {})
+        missing = {lane.model for lane in self.lanes if lane.model} - set(self._extra)
+        if missing:
+            raise ValueError(f"no session for the model(s) {sorted(missing)} of the sources")
         one = len(self.lanes) == 1
         work: list[tuple[str, Callable[[], None]]] = [
             ("capture" if one else f"capture-{lane.name}",
@@ -152,11 +164,31 @@ class Pipeline:
             return self._next or self._active
 
     def switch(self, new: Active) -> None:
-        """Hand over an already loaded and warmed session; swapped between frames."""
+        """Hand over an already loaded and warmed session; swapped between frames. One with a
+        `key` replaces that source model's session (runtime/joint.py), else the [model]'s."""
         with self._lock:
+            if new.key:
+                if (pending := self._extra_next.get(new.key)) is not None:
+                    pending.session.close()
+                self._extra_next[new.key] = new
+                return
             if self._next is not None:  # superseded before it was swapped in
                 self._next.session.close()
             self._next = new
+
+    def target_of(self, key: str) -> Active | None:
+        """The variant a model (by key, "" = the [model]'s) is running or about to run."""
+        if not key:
+            return self.target
+        with self._lock:
+            return self._extra_next.get(key) or self._extra.get(key)
+
+    def _for(self, source: str) -> Active | None:
+        """The Active a frame of `source` is to be preprocessed for (a pending one first)."""
+        key = self._key.get(source, "")
+        if not key:
+            return self._next or self._active
+        return self._extra_next.get(key) or self._extra.get(key)
 
     def _pre_of(self, a: Active) -> Callable[[Any, tuple[int, ...]], Any]:
         """The preprocessing of `a`'s model, tiled when that model tiles (one wrapper per
@@ -192,7 +224,8 @@ class Pipeline:
         for t in self._threads:
             t.join(2)
         with self._lock:
-            for a in {id(x): x for x in (self._active, self._next, self.shadow)
+            for a in {id(x): x for x in (self._active, self._next, self.shadow,
+                                         *self._extra.values(), *self._extra_next.values())
                       if x is not None}.values():
                 a.session.close()
         for lane in self.lanes:
@@ -236,12 +269,18 @@ class Pipeline:
             "latency_ms": {"p50": float(np.percentile(ms, 50)) if len(ms) else None,
                            "p95": float(np.percentile(ms, 95)) if len(ms) else None},
             # per source: state, rate, capture-to-result p95, frames waiting, counters
-            "sources": {lane.name: lane.stats(self._raw.qsize(lane.name))
-                        for lane in self.lanes},
+            "sources": {lane.name: {**lane.stats(self._raw.qsize(lane.name)),
+                                    **self._model_of(lane)} for lane in self.lanes},
             "slo": {"target_ms": self.latency_target_ms,
                     "compliance": (sum(1 for *_, met in recent if met) / len(recent))
                     if recent else None},
         }
+
+    def _model_of(self, lane: Lane) -> dict[str, Any]:
+        """A source's model, the variant it runs and its tiles per frame (for health)."""
+        a = self._extra.get(lane.model) if lane.model else self._active
+        m = (a.manifest if a is not None else None) or self._manifest
+        return {"model": m.name, "variant": a.variant_id if a else "", "tiles": lane.tiles}
 
     # -- threads -----------------------------------------------------------------------------
 
@@ -341,10 +380,14 @@ class Pipeline:
     def _tensor(self, frame: Frame) -> tuple[Any, Active] | None:
         """(tensor, the Active it was made for) for the variant about to run; a broken frame
         is counted, logged and skipped (None), never fatal."""
-        target = self._next or self._active
+        target = self._for(frame.source)
         assert target is not None
         try:
-            return self._pre_of(target)(frame.image, target.input_shape), target
+            tensor = self._pre_of(target)(frame.image, target.input_shape)
+            lane = self._lane.get(frame.source)
+            if lane is not None:  # a tiled frame is a batch of its tiles
+                lane.tiles = _tiles(tensor)
+            return tensor, target
         except Exception as e:
             self.bad.record("preprocess_failed", frame.ref, str(e))
             return None
@@ -402,12 +445,17 @@ class Pipeline:
     def _run(self, frame: Frame, tensor: Any, made_for: Active) -> tuple | None:
         """Infer one frame on the active variant (swapping in a pending one first); the caller
         holds `_work`. Returns what `_store` needs, or None after a reported failure."""
+        key = self._key.get(frame.source, "")
         with self._lock:
-            if self._next is not None:
+            if key and key in self._extra_next:  # a source's own model changes rung
+                old, self._extra[key] = self._extra.get(key), self._extra_next.pop(key)
+                if old is not None:
+                    old.session.close()
+            elif not key and self._next is not None:
                 old, self._active, self._next = self._active, self._next, None
                 if old is not None and old is not self.shadow:  # the shadow lives on
                     old.session.close()
-        active = self._active
+        active = self._extra[key] if key else self._active
         assert active is not None
         self.busy_since = time.monotonic()
         try:
@@ -419,7 +467,9 @@ class Pipeline:
             out = infer_tiles(active.session, tensor)  # one tensor, or a tiled frame's
             ms = (time.perf_counter() - t0) * 1e3
             n, cpu = self._infer_cpu.get(active.variant_id, (0, 0.0))
-            self._infer_cpu[active.variant_id] = (n + 1, cpu + time.thread_time() - c0)
+            # per inference: a tiled frame ran one per tile (live energies stay per inference)
+            self._infer_cpu[active.variant_id] = (n + _tiles(tensor),
+                                                  cpu + time.thread_time() - c0)
         except Exception as e:
             self.busy_since = None
             self.counters["infer_errors"] += 1
@@ -487,7 +537,7 @@ class Pipeline:
 
     def _store(self, batch: list[tuple]) -> None:
         """Postprocess and persist a group in one outbox transaction, then mark frames done."""
-        results, made = [], []
+        results, made, owners = [], [], []
         for frame, out, active, ms in batch:
             manifest = active.manifest or self._manifest  # a swap: each frame its own model's
             try:  # label, score; a detector's boxes and counts too
@@ -495,7 +545,8 @@ class Pipeline:
             except Exception as e:  # an output not of the declared form: this frame only
                 self.bad.record("postprocess_failed", frame.ref, str(e))
                 continue
-            r = {"t": frame.t, "source": frame.source, "ref": frame.ref, **fields,
+            r = {"t": frame.t, "source": frame.source, "model": manifest.name,
+                 "ref": frame.ref, **fields,
                  "variant": active.variant_id, "rung": active.rung + 1,  # 1 = cheapest
                  "latency_ms": round(ms, 3),  # inference alone
                  "e2e_ms": round((time.time() - frame.t) * 1e3, 3)}  # capture to result
@@ -503,6 +554,7 @@ class Pipeline:
                 r["truth"] = frame.truth
             results.append(r)
             made.append(frame)
+            owners.append(manifest)
         try:
             seqs = self._sink(results) if results else []
         except Exception as e:  # disk full, database broken: frames stay not-done
@@ -530,12 +582,23 @@ class Pipeline:
             # bounded: a many-class model must not grow health without limit
             self.labels[label if label in self.labels or len(self.labels) < MAX_LABELS
                         else OTHER_LABEL] += 1
-        if self._local is not None:
-            m = batch[-1][2].manifest or self._manifest
-            # a detector's ok result is "none" (nothing found), not its first class: snapshots
-            # by default keep every label but the first
-            self._local.submit(made, results, seqs,
-                               ("none", *m.labels) if m.detect else m.labels)
+        if self._local is not None and results:
+            # one submit per model (sources may run different models, with their own labels)
+            groups: dict[int, list[int]] = {}
+            for i, m in enumerate(owners):
+                groups.setdefault(id(m), []).append(i)
+            for idx in groups.values():
+                m = owners[idx[0]]
+                # a detector's ok result is "none" (nothing found), not its first class:
+                # snapshots by default keep every label but the first
+                self._local.submit([made[i] for i in idx], [results[i] for i in idx],
+                                   [seqs[i] for i in idx] if seqs else [],
+                                   ("none", *m.labels) if m.detect else m.labels)
         self.busy_since = None
         if self._shadow_due:
             self._shadow_flush()
+
+
+def _tiles(tensor: Any) -> int:
+    """Inferences a preprocessed frame costs: a tiled frame is a batch of its tiles."""
+    return int(getattr(tensor, "shape", (1,))[0] or 1)

@@ -14,6 +14,9 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 MIN_SHADOW = 20  # shadow comparisons before agreement is judged (1 of 20 = 5% resolution)
+# A verdict waits for the new model's live energy (made from 50 inferences, runtime/daemon.py
+# LIVE_MIN_INFERENCES) until this many frames, or twice min_frames when that is more
+ENERGY_WAIT_FRAMES = 200
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,13 @@ def judge(old: Kpis | None, new: Kpis, compared: int, agreed: int, lim: Limits) 
         # Errors this high already cannot recover within the window: fail early.
         if reasons and new.errors > lim.min_frames * (old_rate + lim.max_error_rate_increase):
             return Verdict("failed", tuple(reasons), agreement)
+        return Verdict("pending", (), agreement)
+    if old is not None and old.energy_mj and new.energy_mj is None \
+            and new.frames < max(ENERGY_WAIT_FRAMES, 2 * lim.min_frames):
+        # The new model's live energy is made from its first 50 inferences: a probation
+        # judged before (probation_frames < 50) was passed without the energy rule.
+        # Wait for it (a bounded while: a variant that never gets a figure is judged
+        # without it rather than held in probation for ever).
         return Verdict("pending", (), agreement)
     if new.p95_ms is not None and new.p95_ms > lim.latency_ms:
         old_missed = old is not None and old.p95_ms is not None and old.p95_ms > lim.latency_ms

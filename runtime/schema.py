@@ -116,11 +116,15 @@ def _find_line(text: str, keys: tuple[str, ...]) -> int | None:
     table, key = keys[:-1], keys[-1]
     current: tuple[str, ...] = ()
     fallback = None
+    seen: dict[tuple[str, ...], int] = {}  # [[array]] tables so far: entry i is key "[i]"
     for no, raw in enumerate(text.splitlines(), start=1):
         line = raw.strip()
         header = re.match(r"^\[\[?\s*([^\]]+?)\s*\]\]?", line)
         if header:
             current = tuple(p.strip().strip('"') for p in header.group(1).split("."))
+            if line.startswith("[["):
+                seen[current] = seen.get(current, -1) + 1
+                current = (*current, f"[{seen[current]}]")
             if current == keys:
                 fallback = fallback or no
             continue

@@ -6,7 +6,9 @@ harvest forecast of the energy budget). Staying up: the schedule's rate caps the
 Sleeping, each cycle runs through phases:
 
     warmup   camera warm-up after the wake (capture paused)
-    burst    `burst` inferences at the rate the control step allows
+    burst    `burst` inferences per source at the rate the control step allows (with several
+             cameras each one is inspected `burst` times; a source that is not running, e.g.
+             a dead camera being re-opened, does not hold the others' burst open)
     deliver  capture paused; the outbox is flushed (every result acked) and commands queued
              at the broker during the sleep are drained, bounded by `flush_timeout_s`
     (sleep)  announce `asleep until T` (retained state, health), disconnect cleanly (no will,
@@ -53,7 +55,7 @@ class Sleeper:
         self.plan: duty_cycle.Plan | None = None
         self.phase = "burst"
         self.cycle_t: float | None = None  # device time the current cycle began
-        self.n0 = 0  # pipeline results when the burst began
+        self.n0: dict[str, int] = {}  # each source's results when the burst began
         self.deliver_wall = 0.0
         self.wakes = 0
         self.next_wake: float | None = None  # wall clock, while asleep or planned
@@ -69,14 +71,16 @@ class Sleeper:
         t = d.reading.t
         if self.plan is None:
             self._replan(t)
-        assert self.plan is not None
+            if self.plan is None:
+                return
         if self.cycle_t is None:
             self.cycle_t, self.n0 = t, self._results()
+        n = max(1, len(d.pipeline.lanes))
         if self.plan.mode == "stay_up":
             if t >= self.cycle_t + self.plan.period_s:  # a new period: the budget may allow
                 self.cycle_t = t  # a sleep now (plans are remade at every wake otherwise)
                 self._replan(t)
-            rate = self.plan.burst / self.plan.period_s
+            rate = n * self.plan.burst / self.plan.period_s  # the cap is the sources' total
             d.pipeline.rate_cap_hz = min(d.pipeline.rate_cap_hz, rate)
             return
         if self.phase == "warmup":
@@ -85,7 +89,7 @@ class Sleeper:
             else:
                 d.pipeline.rate_cap_hz = 0.0
         elif self.phase == "burst":
-            if self._results() - self.n0 >= self.plan.burst:
+            if self._burst_done():
                 self.phase, self.deliver_wall = "deliver", time.monotonic()
                 d.pipeline.rate_cap_hz = 0.0
         elif self.phase == "wait":  # too little of the period left to be worth a sleep
@@ -99,8 +103,16 @@ class Sleeper:
             if self._delivered():
                 self._sleep(t)
 
-    def _results(self) -> int:
-        return int(self.d.pipeline.counters["results"])
+    def _results(self) -> dict[str, int]:
+        return {lane.name: int(lane.counters["results"]) for lane in self.d.pipeline.lanes}
+
+    def _burst_done(self) -> bool:
+        """Every running source has `burst` results since the burst began."""
+        assert self.plan is not None
+        now = self._results()
+        live = [lane.name for lane in self.d.pipeline.lanes if lane.state == "running"]
+        return bool(live) and all(now[name] - self.n0.get(name, 0) >= self.plan.burst
+                                  for name in live)
 
     def _delivered(self) -> bool:
         """Results acked and queued commands in, or the flush bound reached."""
@@ -124,7 +136,9 @@ class Sleeper:
 
     def _replan(self, t: float) -> None:
         d = self.d
-        rung = d.rungs[min(d.current, len(d.rungs) - 1)]
+        rung = d.frame_rung()  # per frame: tiles and each source's own model counted
+        if rung is None:  # no model serving yet: plan at the next tick
+            return
         budget = math.inf
         e = d.ccfg.energy if d.ccfg is not None else None
         r = d.reading
@@ -135,8 +149,11 @@ class Sleeper:
         if e is not None and battery is not None:
             forecast = duty_cycle.planning_forecast(d.cstate.energy, e)
             budget = duty_cycle.affordable_w(battery, t, forecast, e, self.cost)
-        self.plan = duty_cycle.plan(self.schedule, self.cost, rung.energy_j, rung.latency_s,
-                                    budget, self.cfg.deliver_s, self.cfg.max_sleep_s)
+        # a burst inspects every source: n inferences' energy and time per burst step
+        n = max(1, len(d.pipeline.lanes))
+        self.plan = duty_cycle.plan(self.schedule, self.cost, n * rung.energy_j,
+                                    n * rung.latency_s, budget, self.cfg.deliver_s,
+                                    self.cfg.max_sleep_s)
         log.info("duty cycle: %s", self.plan.reason)
 
     # -- the sleep ----------------------------------------------------------------------------

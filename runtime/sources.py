@@ -82,6 +82,12 @@ class SourceConfig:
     transport: Literal["tcp", "udp", "auto"] = "tcp"
     open_timeout_s: float = 10.0  # capture of a URL: give up connecting after this long
     read_timeout_s: float = 5.0  # capture of a URL: a stream silent this long has failed
+    # [[sources]] only (runtime/joint.py, docs/sources.md): the model inspecting this source,
+    # a bundled model's name or a path ("": the [model] section's), and that model's tiling
+    model: str = ""
+    tiling: bool = False
+    tile_size: int = 0  # frame pixels per tile side; 0: the model input's size
+    tile_overlap: float = 0.2
 
     def validate(self) -> tuple[str, str] | None:
         if self.name and not NAME.match(self.name):
@@ -100,6 +106,11 @@ class SourceConfig:
         if self.open_timeout_s <= 0 or self.read_timeout_s <= 0:
             return "open_timeout_s", (f"open_timeout_s and read_timeout_s must be > 0, got "
                                       f"{self.open_timeout_s} and {self.read_timeout_s}")
+        if self.model or self.tiling:
+            from runtime.multisource import check_model
+
+            if problem := check_model(self):
+                return problem
         if problem := roi.check(self.roi, self.roi_units):
             return "roi", problem
         if self.roi and self.kind == "synthetic":  # its frame size is known now

@@ -109,9 +109,27 @@ def _big_bundle(tmp_path: Path, size: int) -> Path:
     return out
 
 
+class _Shelf(Shelf):
+    """A shelf in a store of its own (the coordinator's: runtime/coordinator/store.py);
+    `close` closes both. `bytes_of(held)` is the bundle as stored."""
+
+    def __init__(self, where: Path):
+        from runtime.coordinator.store import Store
+
+        self.store = Store(str(where / "c.db"))
+        super().__init__(self.store, 64 << 20)
+
+    def bytes_of(self, held) -> bytes:
+        return self.read(held, 0, held.size)
+
+    def close(self) -> None:
+        super().close()
+        self.store.close()
+
+
 @pytest.fixture
 def shelf(tmp_path, publisher):
-    s = Shelf(tmp_path / "shelf", 64 << 20)
+    s = _Shelf(tmp_path / "shelf")
     b = _bundle(tmp_path, publisher)
     with b.open("rb") as f:
         s.receive(f, b.stat().st_size)
@@ -127,7 +145,7 @@ def _answer(shelf: Shelf, req) -> object:
 
 def test_answers_a_request_with_the_bytes_asked(shelf):
     held = shelf.list()[0]
-    data = shelf.path(held).read_bytes()
+    data = shelf.bytes_of(held)
     c = _answer(shelf, {"bundle": held.id, "offset": 100, "length": 1000, "token": held.token})
     assert (c.status, c.offset, c.total, c.body) == (OK, 100, held.size, data[100:1100])
     # the last bytes: less than asked
@@ -216,7 +234,7 @@ def test_a_transfer_resumes_from_the_part_and_survives_a_broker_restart(tmp_path
     asked for; the broker is stopped and restarted mid-way (the coordinator's serving thread
     is held meanwhile, so most of the bundle moves after the restart): the transfer
     reconnects, asks again for what was lost, and the result is whole."""
-    s = Shelf(tmp_path / "shelf2", 64 << 20)
+    s = _Shelf(tmp_path / "shelf2")
     b = _big_bundle(tmp_path, 400_000)
     with b.open("rb") as f:
         held = s.receive(f, b.stat().st_size)
@@ -328,7 +346,7 @@ def test_a_tampered_chunk_with_a_matching_sha256_is_refused_by_verify(tmp_path, 
                               chunk=16 * 1024)
     finally:
         c.close()
-    assert got.read_bytes() != shelf.path(held).read_bytes()  # it did arrive tampered
+    assert got.read_bytes() != shelf.bytes_of(held)  # it did arrive tampered
     store = ModelStore(tmp_path / "state")
     cfg = ModelsConfig(publisher_keys=(str(tmp_path / "publisher.pub"),))
     with pytest.raises(BundleError, match="fp32.onnx: sha256 .* does not match the signed"):
@@ -355,7 +373,7 @@ def test_a_share_group_where_one_coordinator_lacks_the_bundle(tmp_path, broker, 
     other does not and answers "not found"; the refused requests are asked again and the
     transfer completes."""
     held = shelf.list()[0]
-    empty = Shelf(tmp_path / "empty-shelf", 64 << 20)
+    empty = _Shelf(tmp_path / "empty-shelf")
     creds = broker.coordinator(FLEET)
     servers = [ChunkServer(FLEET, s, creds, f"coord{i}", "g")
                for i, s in enumerate((shelf, empty))]

@@ -87,6 +87,11 @@ def test_rendered_unit_runs_the_venv_and_verifies(installed, unit, tmp_path):
     text = (root / "etc/systemd/system" / unit).read_text()
     execs = [line for line in text.splitlines() if line.startswith("ExecStart=")]
     assert len(execs) == 1 and execs[0].startswith(f"ExecStart={EXE} ")
+    docs = [u for line in text.splitlines() if line.startswith("Documentation=")
+            for u in line.split("=", 1)[1].split()]
+    assert docs and all(u.startswith("file:///opt/edgerun/doc/") for u in docs), docs
+    for u in docs:  # every page the unit names was installed
+        assert (root / u.removeprefix("file:///")).is_file(), u
     # verify checks that ExecStart is an executable: on this host the target's /opt is
     # under the temp root, so that one path is mapped there (everything else as rendered).
     (tmp_path / unit).write_text(text.replace(EXE, str(root / EXE.lstrip("/"))))
@@ -153,8 +158,11 @@ def test_shipped_units_name_the_venv_and_the_example_config_renders():
     for unit in install.UNITS:
         text = (ROOT / "systemd" / unit).read_text()
         assert f"ExecStart={install.SHIPPED_EXE} " in text
-        rendered = install.render_unit(text, "/srv/e/venv/bin/edgerun")
+        rendered = install.render_unit(text, "/srv/e/venv/bin/edgerun", "/srv/e")
         assert "ExecStart=/srv/e/venv/bin/edgerun " in rendered
+        assert "Documentation=file:///srv/e/doc/README.md " in rendered
+        for u in rendered.split("Documentation=", 1)[1].splitlines()[0].split():
+            assert (ROOT / u.removeprefix("file:///srv/e/doc/")).is_file(), u
     text = install.render_config((ROOT / "firmware_config/examples/edgerun.toml").read_text())
     assert "~" not in "".join(line for line in text.splitlines()
                               if line.startswith(("state_dir", "cache_dir", "path")))

@@ -412,21 +412,23 @@ class _Board:
         return Woke(seconds, seconds)
 
 
-def _cycle_daemon(every_s, burst=2):
+def _cycle_daemon(every_s, burst=2, sources=("main",)):
     from types import SimpleNamespace
 
     from power import control
     from power.sensors import Reading
     from runtime.config import Config, SleepConfig
+    from runtime.multisource import Lane
     from runtime.sleep import Sleeper
 
     clock = {"t": 1000.0}
     notes, events = [], []
-    pipeline = SimpleNamespace(counters={"results": 0}, rate_cap_hz=float("inf"))
+    pipeline = SimpleNamespace(lanes=[Lane(n, open=lambda: None, state="running")
+                                      for n in sources], rate_cap_hz=float("inf"))
     d = SimpleNamespace(
         cfg=Config(sleep=SleepConfig(enabled=True, every_s=every_s, burst=burst)),
         device=load_profile("solar-node"), sim=None, reading=Reading(clock["t"]),
-        rungs=[Rung("v", 0.9, 0.0004, 0.001)], current=0, ccfg=None,
+        frame_rung=lambda: Rung("v", 0.9, 0.0004, 0.001), ccfg=None,
         cstate=control.ControlState(), pipeline=pipeline, publisher=None,
         outbox=SimpleNamespace(put=lambda *a: None, stats=lambda: {"results_held": 0}),
         notify=SimpleNamespace(watchdog_s=0.0, send=notes.append, status=notes.append),
@@ -449,10 +451,10 @@ def test_sleeper_cycle_burst_deliver_sleep_warmup():
     tick()
     assert s.plan.mode == "sleep" and s.phase == "burst"
     assert d.pipeline.rate_cap_hz == float("inf")  # the burst runs at the control's rate
-    d.pipeline.counters["results"] = 1
+    d.pipeline.lanes[0].counters["results"] = 1
     tick(1.0)
     assert board.sleeps == []  # one of two inferences: not yet
-    d.pipeline.counters["results"] = 2
+    d.pipeline.lanes[0].counters["results"] = 2
     tick(1.0)
     # the burst took 2 s of the 600 s period: away until the next one is due
     assert board.sleeps == [pytest.approx(598.0)]
@@ -464,13 +466,31 @@ def test_sleeper_cycle_burst_deliver_sleep_warmup():
     assert s.phase == "burst" and d.pipeline.rate_cap_hz == float("inf")
 
 
+def test_a_burst_inspects_every_running_camera_before_the_sleep():
+    s, d, board, tick, _ = _cycle_daemon(600, burst=2, sources=("a", "b", "dead"))
+    a, b, dead = d.pipeline.lanes
+    dead.state = "failed"  # being re-opened with backoff: it must not keep the box awake
+    tick()
+    a.counters["results"] = 3  # the fair queue served a more often: b has one of two
+    b.counters["results"] = 1
+    tick(1.0)
+    assert board.sleeps == [] and s.phase == "burst"
+    b.counters["results"] = 2
+    tick(1.0)
+    assert len(board.sleeps) == 1 and s.phase == "warmup"
+    # staying up: the cap is the sources' total (each camera gets burst per period)
+    s, d, board, tick, _ = _cycle_daemon(10, burst=1, sources=("a", "b"))
+    tick()
+    assert s.plan.mode == "stay_up" and d.pipeline.rate_cap_hz == pytest.approx(0.2)
+
+
 def test_sleeper_stays_up_on_a_short_schedule_and_waits_out_a_long_cycle():
     s, d, board, tick, _ = _cycle_daemon(10, burst=1)
     tick()
     assert s.plan.mode == "stay_up" and d.pipeline.rate_cap_hz == pytest.approx(0.1)
     s, d, board, tick, _ = _cycle_daemon(600)
     tick()
-    d.pipeline.counters["results"] = 2
+    d.pipeline.lanes[0].counters["results"] = 2
     tick(595.0)  # the burst took almost the whole period: a sleep would cost more
     assert board.sleeps == [] and s.phase == "wait" and d.pipeline.rate_cap_hz == 0.0
     tick(6.0)  # the next period: a new burst

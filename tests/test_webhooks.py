@@ -17,7 +17,7 @@ import paho.mqtt.client as mqtt
 import pytest
 from test_telemetry_mqtt import Device, _coordinator, _wait
 
-from runtime.coordinator import fleet
+from runtime.coordinator import fleet, metrics
 from runtime.coordinator.config import CoordinatorConfig
 from runtime.coordinator.webhooks import SecretError, Webhook, check_url, load_secret
 from runtime.telemetry import payloads
@@ -257,6 +257,10 @@ def test_coordinator_posts_offline_and_hot_transitions_through_failures(tmp_path
         assert [(a["alert"], a["state"]) for a in shown["recent"][:3]] == [
             ("offline", "raised"), ("hot", "cleared"), ("hot", "raised")]
         assert shown["webhook"]["sent"] == 3 and shown["webhook"]["retries"] == 2
+        scraped = metrics.exposition(metrics.registry(coord)).decode()
+        assert 'edgerun_coordinator_webhook_deliveries_total{outcome="sent"} 3.0' in scraped
+        assert 'edgerun_coordinator_webhook_deliveries_total{outcome="retries"} 2.0' in scraped
+        assert "edgerun_coordinator_webhook_queue 0.0" in scraped
     finally:
         if dev.proc.poll() is None:
             dev.term()

@@ -326,7 +326,6 @@ def serve(coordinator: Coordinator, host: str, port: int, token: str | None = No
                 if held is None and hmac.compare_digest(got, expected):
                     return self._send(404, {"error": f"no bundle {bundle_id[:80]!r}"})
                 return self._authorized()  # answers 401 (never says which bundles exist)
-            path = coordinator.shelf.path(held)
             try:
                 rng = byte_range(self.headers.get("Range"), held.size)
             except BundleRefused as e:
@@ -344,12 +343,20 @@ def serve(coordinator: Coordinator, host: str, port: int, token: str | None = No
             if rng:
                 self.send_header("Content-Range", f"bytes {first}-{last}/{held.size}")
             self.end_headers()
-            with path.open("rb") as f:
-                f.seek(first)
-                left = last - first + 1
-                while left > 0 and (chunk := f.read(min(1 << 16, left))):
-                    self.wfile.write(chunk)
-                    left -= len(chunk)
+            # from the store's chunk rows, one row at a time (any coordinator on the store
+            # serves any bundle); a row gone missing ends the response short: the device's
+            # size and sha256 checks refuse it and it resumes or retries
+            pos = first
+            try:
+                while pos <= last:
+                    data = coordinator.shelf.read(held, pos, min(held.chunk -
+                                                                 pos % held.chunk,
+                                                                 last - pos + 1))
+                    self.wfile.write(data)
+                    pos += len(data)
+            except BundleRefused as e:
+                log.error("bundle %s: %s", held.id, e)
+                self.close_connection = True
 
         def do_PUT(self) -> None:
             try:

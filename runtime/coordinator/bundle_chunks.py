@@ -5,8 +5,9 @@ A device that cannot reach the HTTP API asks for its bundle in pieces on its own
 `.../<device>/bundle/chunk` (wire format: runtime/bundle_mqtt.py). It runs its own MQTT
 connection (client id `<client_id>-bundles`, clean session: an unanswered request is simply
 asked again), so megabytes of chunks never delay the acks and commands of the main one. With
-`share_group` the request topic is a shared subscription: any coordinator of the group may
-answer, and one that does not hold the bundle answers "not found" (the device asks again).
+`share_group` the request topic is a shared subscription: one coordinator of the group
+answers each request (the shelf is in the shared store, so each holds every bundle; one that
+cannot read it answers "not found" and the device asks again, maybe landing on another).
 
 Requests are hostile until checked: the device is the one in the topic (the broker's ACL lets
 a device publish only on its own), the JSON is size-limited, the bundle id, offset and length
@@ -26,7 +27,6 @@ import hmac
 import logging
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 from runtime.bundle_mqtt import (
@@ -57,13 +57,12 @@ MAX_UNACKED = 16  # chunks published and not yet PUBACKed by the broker (4 MiB a
 
 def read_range(shelf: Shelf, bundle_id: str, offset: int, length: int) -> tuple[int, bytes]:
     """(the bundle's size, up to `length` bytes of it from `offset`): the one place chunks
-    are read from the shelf. BundleRefused (status 404) when it is not held here."""
+    are read from the shelf (its read API: `get`, `read`). BundleRefused when it is not held
+    (404), the offset is outside it (416) or its rows are damaged (500)."""
     held = shelf.get(bundle_id)
     if held is None:
         raise BundleRefused(f"no bundle {bundle_id} held by this coordinator", 404)
-    with Path(shelf.path(held)).open("rb") as f:
-        f.seek(offset)
-        return held.size, f.read(length)
+    return held.size, shelf.read(held, offset, length)
 
 
 class ChunkServer:
@@ -226,8 +225,11 @@ class ChunkServer:
                                f"({held.size} bytes)")
         try:
             size, data = read_range(self.shelf, bundle, offset, min(length, MAX_CHUNK))
-        except (BundleRefused, OSError) as e:
-            return self._error(device, NOT_FOUND, bundle, at, 0, f"cannot read {bundle}: {e}")
+        except BundleRefused as e:
+            # 404, or 500 (a row missing from the store): this bundle cannot be had here
+            status = BAD_RANGE if e.status == 416 else NOT_FOUND
+            return self._error(device, status, bundle, at, held.size,
+                               f"cannot read {bundle}: {e}")
         if not data:
             return self._error(device, BAD_RANGE, bundle, at, size,
                                f"nothing at offset {offset} of {bundle}")

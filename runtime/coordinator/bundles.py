@@ -1,33 +1,52 @@
 """Model bundles held by the coordinator for devices to download (docs/ota.md).
 
-`edgerun fleet deploy BUNDLE` uploads the file (`PUT /api/v1/bundles`, streamed to disk, at
-most `max_bundle_mb`); the coordinator reads its header (name, version, sizes: the signature
-is the devices' to check, against their own publisher keys), keeps it as
-`<bundles_dir>/<name>@<version>.edgerun` and makes a random download token for it. Devices get
-the URL, size, sha256 and token in the signed `deploy` command and download with
-`Authorization: Bearer <token>` (valid for that bundle only), resuming with Range requests.
+`edgerun fleet deploy BUNDLE` uploads the file (`PUT /api/v1/bundles`, spooled to a temporary
+file, at most `max_bundle_mb`); the coordinator reads its header (name, version, sizes: the
+signature is the devices' to check, against their own publisher keys) and keeps it **in the
+store** (store.py: tables `bundles` and `bundle_chunks`, on SQLite or PostgreSQL), so every
+coordinator sharing the store holds every bundle: upload through one, download through any.
+The bytes are rows of at most CHUNK_BYTES (1 MiB) keyed by (sha256, index): content-addressed,
+written one row per transaction (an upload never holds the store's write lock for long) and
+before the bundle's row, which is what makes the bundle visible. An upload cut off halfway
+leaves no bundle; its rows are reused by the next upload of the same file.
+
+Devices get the URL, size, sha256 and a random download token (one per bundle, the same on
+every coordinator) in the signed `deploy` command and download with `Authorization: Bearer
+<token>` (valid for that bundle only), resuming with Range requests served from the rows.
+
+Read API (stable; the MQTT chunk server reads through it too): `get(bundle_id)` and
+`read(held, offset, length)`.
 """
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import json
-import os
 import re
 import secrets
 import sqlite3
 import tarfile
+import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 from runtime.bundle import HEADER, VERSION
 
+if TYPE_CHECKING:
+    from runtime.coordinator.store import Store
+
 _ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}@[A-Za-z0-9_][A-Za-z0-9_.+-]{0,63}$")
+_SHA = re.compile(r"^[0-9a-f]{64}$")
 _RANGE = re.compile(r"^bytes=(\d{1,18})-(\d{0,18})$")
-CHUNK = 1 << 16
+CHUNK = 1 << 16  # upload read size
+# bytes per bundle_chunks row; rows are keyed by (sha256, index), so changing this needs the
+# rows rewritten (each bundle records the size it was written with: Held.chunk)
+CHUNK_BYTES = 1 << 20
+CACHE_CHUNKS = 8  # chunk rows kept in memory (small reads of one chunk: MQTT transfer)
 
 
 class BundleRefused(ValueError):
@@ -49,43 +68,75 @@ class Held:
     sha256: str
     token: str
     created: float
+    chunk: int = 1 << 20  # bytes per bundle_chunks row (the last one may be shorter)
 
     def public(self) -> dict:
         """Without the download token (listings)."""
         d = asdict(self)
-        del d["token"]
+        del d["token"], d["chunk"]
         return d
 
 
 class Shelf:
-    """The bundles directory and its index (a small SQLite table next to the files)."""
+    """The bundles in the coordinator's store (tables `bundles`, `bundle_chunks`)."""
 
-    def __init__(self, directory: str | Path, max_bytes: int):
-        self.dir = Path(directory).expanduser()
-        self.dir.mkdir(parents=True, exist_ok=True)
+    def __init__(self, store: Store, max_bytes: int):
+        self._store = store
         self.max_bytes = max_bytes
-        self._db = sqlite3.connect(self.dir / "index.db", check_same_thread=False,
-                                   isolation_level=None, timeout=30)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("CREATE TABLE IF NOT EXISTS bundles (id TEXT PRIMARY KEY, body TEXT)")
+        self.chunk_bytes = CHUNK_BYTES  # rows written here; each bundle records its own
         self._lock = threading.Lock()
+        self._cache: collections.OrderedDict[tuple[str, int, int], bytes] = \
+            collections.OrderedDict()
 
     def get(self, bundle_id: str) -> Held | None:
         """The bundle `bundle_id` (`name@version`), or None."""
-        with self._lock:
-            row = self._db.execute("SELECT body FROM bundles WHERE id=?",
-                                   (bundle_id,)).fetchone()
-        return Held(**json.loads(row[0])) if row else None
+        rows = self._store.read("SELECT body FROM bundles WHERE id=?", (bundle_id,))
+        return _held(rows[0][0]) if rows else None
 
     def list(self) -> list[Held]:
         """Every bundle held, oldest first."""
-        with self._lock:
-            rows = self._db.execute("SELECT body FROM bundles").fetchall()
-        return sorted((Held(**json.loads(b)) for (b,) in rows), key=lambda h: h.created)
+        rows = self._store.read("SELECT body FROM bundles ORDER BY created")
+        return [h for (b,) in rows if (h := _held(b)) is not None]
 
-    def path(self, held: Held) -> Path:
-        """Where the bundle's file is."""
-        return self.dir / f"{held.id}.edgerun"
+    def stored_bytes(self) -> int:
+        """Bytes of the bundles' chunk rows (retention leaves them out of max_store_mb)."""
+        rows = self._store.read("SELECT COALESCE(SUM(LENGTH(data)), 0) FROM bundle_chunks")
+        return int(rows[0][0])
+
+    def read(self, held: Held, offset: int, length: int) -> bytes:
+        """`length` bytes of the bundle from `offset` (fewer only at its end), from its chunk
+        rows. BundleRefused(416) for an offset outside it; BundleRefused(500) when a row is
+        missing or short (the store was changed under it)."""
+        if offset < 0 or length < 0 or offset >= held.size:
+            raise BundleRefused(f"offset {offset} is outside the bundle's {held.size} bytes",
+                                416)
+        end, step = min(held.size, offset + length), held.chunk
+        out = bytearray()
+        for idx in range(offset // step, (end - 1) // step + 1 if length else 0):
+            data = self._chunk(held, idx)
+            out += data[max(offset - idx * step, 0):end - idx * step]
+        return bytes(out)
+
+    def _chunk(self, held: Held, idx: int) -> bytes:
+        key = (held.sha256, held.chunk, idx)
+        with self._lock:
+            data = self._cache.get(key)
+            if data is not None:
+                self._cache.move_to_end(key)
+                return data
+        rows = self._store.read("SELECT data FROM bundle_chunks WHERE sha256=? AND idx=?",
+                                (held.sha256, idx))
+        want = min(held.chunk, held.size - idx * held.chunk)
+        data = bytes(rows[0][0]) if rows else b""
+        if len(data) != want:
+            raise BundleRefused(f"bundle {held.id}: chunk {idx} is "
+                                f"{'missing' if not rows else f'{len(data)} bytes'} in the "
+                                f"store (want {want}); upload the bundle again", 500)
+        with self._lock:
+            self._cache[key] = data
+            while len(self._cache) > CACHE_CHUNKS:
+                self._cache.popitem(last=False)
+        return data
 
     def receive(self, src: IO[bytes], length: int) -> Held:
         """Store an uploaded bundle of `length` bytes read from `src`; BundleRefused when it
@@ -93,51 +144,107 @@ class Shelf:
         if length <= 0 or length > self.max_bytes:
             raise BundleRefused(f"bundle of {length} bytes: must be 1..{self.max_bytes} "
                                 "(coordinator.max_bundle_mb)", 413)
-        tmp = self.dir / f".upload-{secrets.token_hex(8)}"
         h = hashlib.sha256()
-        try:
+        with tempfile.TemporaryFile(prefix="edgerun-upload-") as tmp:
             got = 0
-            with tmp.open("wb") as out:
-                while got < length:
-                    chunk = src.read(min(CHUNK, length - got))
-                    if not chunk:
-                        break
-                    h.update(chunk)
-                    out.write(chunk)
-                    got += len(chunk)
-                out.flush()
-                os.fsync(out.fileno())
+            while got < length:
+                chunk = src.read(min(CHUNK, length - got))
+                if not chunk:
+                    break
+                h.update(chunk)
+                tmp.write(chunk)
+                got += len(chunk)
             if got != length:
                 raise BundleRefused(f"upload ended after {got} of {length} bytes")
+            tmp.seek(0)
             name, version = _peek(tmp)
-            bundle_id = f"{name}@{version}"
-            sha = h.hexdigest()
+            bundle_id, sha = f"{name}@{version}", h.hexdigest()
             old = self.get(bundle_id)
-            if old is not None:
-                if old.sha256 != sha:
-                    raise BundleRefused(f"{bundle_id} is already held with other contents; "
-                                        "bundle it with a new --version", 409)
-                return old
-            held = Held(bundle_id, name, version, length, sha, secrets.token_urlsafe(24),
-                        time.time())
-            os.replace(tmp, self.path(held))
-            with self._lock:
-                self._db.execute("INSERT INTO bundles VALUES (?, ?)",
-                                 (bundle_id, json.dumps(asdict(held))))
-            return held
+            if old is None:
+                tmp.seek(0)
+                self._write_chunks(tmp, sha, length)
+                held = Held(bundle_id, name, version, length, sha, secrets.token_urlsafe(24),
+                            time.time(), self.chunk_bytes)
+                # the row makes it visible; two coordinators taking the same id at once:
+                # the first row stays (ON CONFLICT DO NOTHING) and is compared below
+                self._store.write("INSERT INTO bundles (id, sha256, size, created, body) "
+                                  "VALUES (?,?,?,?,?) ON CONFLICT(id) DO NOTHING",
+                                  [(held.id, sha, length, held.created,
+                                    json.dumps(asdict(held)))])
+                old = self.get(bundle_id)
+                assert old is not None
+            if old.sha256 != sha:
+                raise BundleRefused(f"{bundle_id} is already held with other contents; "
+                                    "bundle it with a new --version", 409)
+            return old
+
+    def _write_chunks(self, src: IO[bytes], sha: str, length: int) -> None:
+        """The bytes as rows of `chunk_bytes`, one short transaction each."""
+        step = self.chunk_bytes
+        for idx in range((length + step - 1) // step):
+            data = src.read(step)
+            self._store.write("INSERT INTO bundle_chunks (sha256, idx, data) VALUES (?,?,?) "
+                              "ON CONFLICT(sha256, idx) DO UPDATE SET data = excluded.data",
+                              [(sha, idx, data)])
+
+    def import_dir(self, directory: str | Path) -> list[str]:
+        """Bundles of a shelf directory of an older coordinator (its `index.db` and
+        `<id>.edgerun` files) into the store, keeping their download tokens (devices mid-way
+        through a rollout hold them). Returns the ids imported; a missing directory, or a
+        bundle already in the store, is skipped."""
+        index = Path(directory).expanduser() / "index.db"
+        if not index.is_file():
+            return []
+        db = sqlite3.connect(f"file:{index}?mode=ro", uri=True)
+        try:
+            rows = db.execute("SELECT body FROM bundles").fetchall()
+        except sqlite3.Error:
+            rows = []
         finally:
-            tmp.unlink(missing_ok=True)
+            db.close()
+        done = []
+        for (body,) in rows:
+            held = _held(body)
+            path = index.parent / f"{held.id}.edgerun" if held else None
+            if held is None or path is None or not path.is_file() \
+                    or path.stat().st_size != held.size or self.get(held.id) is not None:
+                continue
+            held = replace(held, chunk=self.chunk_bytes)
+            with path.open("rb") as f:
+                self._write_chunks(f, held.sha256, held.size)
+            self._store.write("INSERT INTO bundles (id, sha256, size, created, body) "
+                              "VALUES (?,?,?,?,?) ON CONFLICT(id) DO NOTHING",
+                              [(held.id, held.sha256, held.size, held.created,
+                                json.dumps(asdict(held)))])
+            done.append(held.id)
+        return done
 
     def close(self) -> None:
-        """Close the index."""
+        """Drop the cached chunks (the store is the coordinator's to close)."""
         with self._lock:
-            self._db.close()
+            self._cache.clear()
 
 
-def _peek(path: Path) -> tuple[str, str]:
+def _held(body: str) -> Held | None:
+    """A `bundles` row's body as Held; None when it is not one (a forged or damaged row: a
+    size or chunk that is not a positive integer, an id or sha256 of the wrong form)."""
+    try:
+        h = Held(**json.loads(body))
+    except (ValueError, TypeError):
+        return None
+    ints = all(isinstance(x, int) and not isinstance(x, bool) and x > 0
+               for x in (h.size, h.chunk))
+    if not ints or not isinstance(h.id, str) or not _ID.match(h.id) \
+            or not isinstance(h.sha256, str) or not _SHA.match(h.sha256) \
+            or not isinstance(h.token, str) or not h.token:
+        return None
+    return h
+
+
+def _peek(src: IO[bytes]) -> tuple[str, str]:
     """(name, version) from a bundle's header, unverified (devices check the signature)."""
     try:
-        with tarfile.open(path, "r:") as tar:
+        with tarfile.open(fileobj=src, mode="r:") as tar:
             m = tar.next()
             if m is None or m.name != HEADER or not m.isreg() or m.size > 1 << 20:
                 raise BundleRefused(f"not an edgerun bundle (no {HEADER} first)")

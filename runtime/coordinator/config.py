@@ -51,10 +51,10 @@ class CoordinatorConfig:
     alert_clear_s: float = 30.0  # an alert is reported cleared once away this long
     ingest_batch: int = 500  # messages per store transaction
     ingest_delay_s: float = 0.0  # artificial slowness per batch, for fault tests only
-    # Model bundles (docs/ota.md): where uploads are kept (empty: `bundles/` next to the
-    # store; ~/.local/state/edgerun/bundles for a PostgreSQL store), their size cap, and the
-    # API address devices download from (empty: http://http_host:http_port; set it when
-    # devices reach the API by another name).
+    # Model bundles (docs/ota.md): kept in the store; bundles_dir is only the directory an
+    # older coordinator kept them in, imported once at start (empty: `bundles/` next to an
+    # SQLite store); their size cap, and the API address devices download from (empty:
+    # http://http_host:http_port; set it when devices reach the API by another name).
     bundles_dir: str = ""
     max_bundle_mb: float = 512.0
     public_url: str = ""

@@ -82,6 +82,22 @@ CREATE TABLE IF NOT EXISTS claims (device TEXT NOT NULL, what TEXT NOT NULL,
                                    PRIMARY KEY (device, what));
 """
 
+# v5: the bundle shelf shared by every coordinator on the store (runtime/coordinator/bundles.py):
+# each bundle's row, and its bytes as rows of at most 1 MiB keyed by (sha256, index); the
+# dashboard's alert transitions and their counts (runtime/coordinator/alert_log.py)
+_SQLITE_V5 = """
+CREATE TABLE IF NOT EXISTS bundles (id TEXT PRIMARY KEY, sha256 TEXT NOT NULL,
+                                    size INTEGER NOT NULL, created REAL NOT NULL,
+                                    body TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS bundle_chunks (sha256 TEXT NOT NULL, idx INTEGER NOT NULL,
+                                          data BLOB NOT NULL, PRIMARY KEY (sha256, idx));
+CREATE TABLE IF NOT EXISTS alert_log (t REAL NOT NULL, device TEXT NOT NULL,
+                                      code TEXT NOT NULL, state TEXT NOT NULL,
+                                      body TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS alert_log_t ON alert_log (t);
+CREATE TABLE IF NOT EXISTS alert_counts (state TEXT PRIMARY KEY, n INTEGER NOT NULL);
+"""
+
 
 class SQLiteDialect:
     """One connection in WAL mode, serialised by a lock; `BEGIN IMMEDIATE` makes each write
@@ -130,6 +146,10 @@ class SQLiteDialect:
                     for stmt in _split(_SQLITE_V4):
                         self.db.execute(stmt)
                     self.db.execute("INSERT INTO schema_version VALUES (4)")
+                if have < 5:
+                    for stmt in _split(_SQLITE_V5):
+                        self.db.execute(stmt)
+                    self.db.execute("INSERT INTO schema_version VALUES (5)")
                 self.db.execute("COMMIT")
             except BaseException:
                 self.db.execute("ROLLBACK")
@@ -272,8 +292,24 @@ CREATE TABLE claims (device TEXT NOT NULL, what TEXT NOT NULL, state TEXT NOT NU
                      t DOUBLE PRECISION NOT NULL, PRIMARY KEY (device, what))
 """
 
+# the bundle shelf and the alert log (as SQLite v5); IF NOT EXISTS, so renumbering at a
+# merge is harmless
+_PG_V4 = """
+CREATE TABLE IF NOT EXISTS bundles (id TEXT PRIMARY KEY, sha256 TEXT NOT NULL,
+                                    size BIGINT NOT NULL, created DOUBLE PRECISION NOT NULL,
+                                    body TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS bundle_chunks (sha256 TEXT NOT NULL, idx INTEGER NOT NULL,
+                                          data BYTEA NOT NULL, PRIMARY KEY (sha256, idx));
+ALTER TABLE bundle_chunks ALTER COLUMN data SET STORAGE EXTERNAL;
+CREATE TABLE IF NOT EXISTS alert_log (t DOUBLE PRECISION NOT NULL, device TEXT NOT NULL,
+                                      code TEXT NOT NULL, state TEXT NOT NULL,
+                                      body TEXT NOT NULL, id BIGSERIAL);
+CREATE INDEX IF NOT EXISTS alert_log_t ON alert_log (t);
+CREATE TABLE IF NOT EXISTS alert_counts (state TEXT PRIMARY KEY, n BIGINT NOT NULL)
+"""
+
 # (version, statements): append, never edit, once released.
-PG_MIGRATIONS: list[tuple[int, str]] = [(1, _PG_V1), (2, _PG_V2), (3, _PG_V3)]
+PG_MIGRATIONS: list[tuple[int, str]] = [(1, _PG_V1), (2, _PG_V2), (3, _PG_V3), (4, _PG_V4)]
 PARTITIONED = {"results": "received", "health": "t"}
 _MIGRATION_LOCK = 0x6564676572756E  # pg_advisory_xact_lock key ("edgerun")
 

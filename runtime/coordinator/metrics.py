@@ -158,6 +158,23 @@ class FleetCollector:
             if isinstance(value, int | float):
                 age.add_metric([quantile], float(value))
         yield age
+        hook = stats.get("webhook")
+        if isinstance(hook, Mapping):  # configured: delivery outcomes of the alert webhook
+            sent = CounterMetricFamily("edgerun_coordinator_webhook_deliveries_total",
+                                       "Alert webhook POSTs since the coordinator started, by "
+                                       "outcome (retries: attempts after a failure)",
+                                       labels=["outcome"])
+            for outcome in ("sent", "retries", "failed", "dropped", "dropped_at_stop"):
+                sent.add_metric([outcome], _count(hook.get(outcome)))
+            yield sent
+            yield GaugeMetricFamily("edgerun_coordinator_webhook_queue",
+                                    "Alerts waiting for the webhook receiver",
+                                    value=_count(hook.get("queue")))
+
+
+def _count(value: Any) -> float:
+    """A counter read from stats, 0 when it is not a usable number."""
+    return float(value) if isinstance(value, int) and not isinstance(value, bool) else 0.0
 
 
 def registry(coordinator: Coordinator) -> CollectorRegistry:

@@ -27,6 +27,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from runtime.coordinator.canary_clock import note_sleep, overdue
+
 if TYPE_CHECKING:
     from runtime.coordinator.store import Store
 
@@ -90,8 +92,13 @@ class Rollouts:
 
     def __init__(self, store: Store, send: Callable[[str, str, dict], Any],
                  deploy_args: Callable[[str], dict], known: Callable[[], list[str]],
-                 timeout_s: float = 3600.0):
+                 timeout_s: float = 3600.0,
+                 sleeping: Callable[[str], tuple[float, float] | None] = lambda d: None,
+                 wake_margin_s: float = 300.0):
         self.timeout_s = timeout_s  # a device sent a model without a verdict this long: failed
+        # (since, wake_at) of a device the fleet view says sleeps now, else None: its sleep
+        # does not count against timeout_s (canary_clock.py)
+        self._sleeping, self.wake_margin_s = sleeping, wake_margin_s
         self._store = store
         self._lock = threading.RLock()
         self._send, self._deploy_args, self._known = send, deploy_args, known
@@ -208,9 +215,7 @@ class Rollouts:
                 ) -> dict[str, Any]:
         """Mark `devices` sent (desired state, rollout) and return the deploy arguments; the
         caller sends them once the rollout is saved (a conflicting save sends nothing)."""
-        # The arguments made at start (the holding coordinator's URL and token): another
-        # coordinator sharing the store may advance the rollout without holding the bundle.
-        args = r.get("args") or self._deploy_args(r["bundle"])
+        args = self._fresh_args(r["bundle"], r.get("args"))
         for d in devices:
             doc = self.desired(d)
             doc["model"] = args
@@ -218,6 +223,18 @@ class Rollouts:
             r["devices"][d]["state"] = SENT
             r["devices"][d]["sent"] = time.time()
         return args
+
+    def _fresh_args(self, bundle_id: str, stored: dict[str, Any] | None) -> dict[str, Any]:
+        """The deploy arguments with this coordinator's download URL (the shelf is in the
+        store, so every coordinator on it serves the bundle; a device is sent the address of
+        the coordinator that is up now). The stored ones when this coordinator cannot make
+        them (no public URL, or a bundle from before the shared shelf)."""
+        try:
+            return self._deploy_args(bundle_id)
+        except ValueError:
+            if stored is None:
+                raise
+            return stored
 
     def _send_all(self, devices: list[str] | tuple[str, ...], args: dict[str, Any]) -> None:
         for d in devices:
@@ -311,20 +328,33 @@ class Rollouts:
     def tick(self, now: float | None = None) -> None:
         """A device that was sent the model `timeout_s` ago and has not reported a verdict
         counts as failed (offline, stuck): a canary that never answers halts the rollout
-        instead of holding it for ever."""
+        instead of holding it for ever. Time a device spent in an announced sleep is not
+        counted; a sleeper that missed its wake fails (canary_clock.py)."""
         now = time.time() if now is None else now
         self._retrying(lambda: self._tick(now))
 
     def _tick(self, now: float) -> None:
         with self._lock:
             for r in self._active():
-                late = [d for d, st in r["devices"].items() if st["state"] in (SENT, SWAPPED)
-                        and now - st.get("sent", now) > self.timeout_s]
-                for d in late:
-                    r["devices"][d].update(state=FAILED, reason=f"no verdict within "
-                                           f"{self.timeout_s:.0f} s of the deploy")
+                noted, late = False, []
+                for d, st in r["devices"].items():
+                    if st["state"] not in (SENT, SWAPPED):
+                        continue
+                    sleep = self._sleeping(d)
+                    if sleep is not None:
+                        noted |= note_sleep(st.setdefault("sleeps", []), sleep[0], sleep[1],
+                                            now)
+                    why = overdue(st.get("sent", now), now, self.timeout_s,
+                                  st.get("sleeps", []), None if sleep is None else sleep[1],
+                                  self.wake_margin_s)
+                    if why is not None:
+                        late.append((d, why))
+                for d, why in late:
+                    r["devices"][d].update(state=FAILED, reason=why)
                 if late:
                     self._step(r)
+                elif noted:
+                    self._save(r)
 
     def on_online(self, device: str, model_version: str | None) -> None:
         """A device came back (birth): re-send its desired model when it reports another
@@ -335,6 +365,10 @@ class Rollouts:
                 and model_version != f"{want['name']}@{want['version']}":
             log.info("device %s is back with model %s, desired %s@%s: deploying again",
                      device, model_version or "configured", want["name"], want["version"])
+            fresh = self._fresh_args(f"{want['name']}@{want['version']}", want)
+            # the same bundle (size, sha256, token) only: never another file under its name
+            if all(fresh.get(k) == want.get(k) for k in ("size", "sha256", "token")):
+                want = fresh
             self._try_send(device, "deploy", want)
         for cmd, args in (doc.get("settings") or {}).items():
             self._try_send(device, cmd, args)

@@ -67,15 +67,13 @@ class Coordinator:
 
         # groups, desired state, staged rollouts (own tables in the same database)
         self.rollouts = Rollouts(self.store, self._send_async, self.deploy_args,
-                                 lambda: list(self.views), cfg.rollout_timeout_s)
+                                 lambda: list(self.views), cfg.rollout_timeout_s,
+                                 self._sleep_of, cfg.wake_margin_s)
         from runtime.coordinator.bundles import Shelf
-        from runtime.coordinator.dialect import is_url
 
-        # a PostgreSQL store has no directory of its own: the default state directory then
-        shelf_dir = cfg.bundles_dir or (Path("~/.local/state/edgerun/bundles").expanduser()
-                                        if is_url(cfg.store) else
-                                        Path(cfg.store).expanduser().parent / "bundles")
-        self.shelf = Shelf(Path(shelf_dir), int(cfg.max_bundle_mb * 1024 * 1024))
+        # bundles live in the store: every coordinator sharing it serves every bundle
+        self.shelf = Shelf(self.store, int(cfg.max_bundle_mb * 1024 * 1024))
+        self._import_legacy_shelf(cfg)
         from runtime.coordinator.bundle_chunks import ChunkServer
 
         # bundles over MQTT for devices without a route to the API (its own connection)
@@ -105,6 +103,9 @@ class Coordinator:
         # Alert transitions, newest last, and when each active alert was raised; filled by
         # _refresh. Alerts active at start were raised before: they are not sent again.
         self.alert_log: collections.deque = collections.deque(maxlen=ALERT_LOG)
+        from runtime.coordinator.alert_log import AlertLog
+
+        self.alert_store = AlertLog(self.store)  # what every coordinator's dashboard lists
         self.alert_since: dict[tuple[str, str], float] = {}
         # (device, code) -> (when it went, message): a clear is sent once the code has stayed
         # away for alert_clear_s, so a flapping sensor or link is one alert, not a stream
@@ -114,6 +115,22 @@ class Coordinator:
             webhooks.load_secret(cfg.webhook_secret_file) if cfg.webhook_secret_file else None,
             cfg.webhook_queue, cfg.webhook_timeout_s, cfg.webhook_attempts,
             cfg.webhook_backoff_s) if cfg.webhook_url else None)
+
+    def _import_legacy_shelf(self, cfg: CoordinatorConfig) -> None:
+        """Bundles an older coordinator kept in `bundles_dir` (its own directory and index)
+        go into the store once, tokens kept, so rollouts under way still download."""
+        from runtime.coordinator.dialect import is_url
+
+        legacy = cfg.bundles_dir or ("" if is_url(cfg.store) else
+                                     str(Path(cfg.store).expanduser().parent / "bundles"))
+        try:
+            done = self.shelf.import_dir(legacy) if legacy else []
+        except Exception as e:  # the old directory must not stop the coordinator starting
+            log.error("could not import the bundles of %s into the store: %s", legacy, e)
+            return
+        if done:
+            log.info("imported %d bundles from %s into the store (%s); the directory is no "
+                     "longer used", len(done), legacy, ", ".join(done))
 
     def _restore_views(self) -> dict[str, fleet.DeviceView]:
         """The fleet view from the stored states and latest health. A stored row that is not
@@ -408,6 +425,7 @@ class Coordinator:
             # transition must be recorded and sent exactly once, in order
             self._record_alerts(fleet.alert_changes(before, self.views), now)
             self._settle_clears(now)
+            self._flush_alerts()
         if len(changes) <= 20:
             for device, old, new in changes:
                 log.info("device %s: %s -> %s", device, old, new)
@@ -464,10 +482,21 @@ class Coordinator:
             log.info("device %s: alert %s %s: %s", device, code, state, message)
         else:
             quiet[(code, state)] += 1
+        first = self._first_to_send(device, code, state, now)
+        if first:  # one row per transition however many coordinators computed it
+            self.alert_store.add(body)  # written at the end of the refresh (_flush_alerts)
         if self.webhook is not None and (not self.cfg.webhook_alerts
-                                         or code in self.cfg.webhook_alerts) \
-                and self._first_to_send(device, code, state, now):
+                                         or code in self.cfg.webhook_alerts) and first:
             self.webhook.submit(body)
+
+    def _flush_alerts(self) -> None:
+        """Write this refresh's alert transitions to the store's log (the dashboard's list on
+        every coordinator); a store error keeps them queued and is logged."""
+        try:
+            self.alert_store.flush()
+        except Exception as e:  # the dashboard's list must not cost the refresh
+            self._rlog.log("alert-log", "could not record alert transitions in the store "
+                           "(retrying at the next refresh): %s", e, level=logging.ERROR)
 
     def _first_for_birth(self, device: str, msg: dict) -> bool:
         """Whether this coordinator re-sends a returning device its desired model and
@@ -500,13 +529,23 @@ class Coordinator:
         """Active alerts of every device (with when each was raised, None when it was
         already active at start) and the newest alert transitions, newest first."""
         self._refresh(time.time())
+        try:  # the store's log: the same on every coordinator sharing it
+            recent, raised, counts = (self.alert_store.recent(limit),
+                                      self.alert_store.raised_times(),
+                                      self.alert_store.counts())
+        except Exception as e:
+            self._rlog.log("alert-log", "could not read the alert log from the store "
+                           "(showing this coordinator's own): %s", e, level=logging.ERROR)
+            recent, raised, counts = None, {}, None
         with self._views_lock:
             active = [{"device": v.device, "alert": code, "message": msg, "status": v.status,
-                       "since": self.alert_since.get((v.device, code))}
+                       "since": self.alert_since.get((v.device, code))
+                       or raised.get((v.device, code))}
                       for v in sorted(self.views.values(), key=lambda v: v.device)
                       for code, msg in v.alerts]
-            recent = list(self.alert_log)[-limit:][::-1]
-        return {"active": active, "recent": recent,
+            if recent is None:
+                recent = list(self.alert_log)[-limit:][::-1]
+        return {"active": active, "recent": recent, "counts": counts,
                 "webhook": self.webhook.stats() if self.webhook is not None else None}
 
     # -- retention thread (store size and age; see Store.prune_results) ----------------------
@@ -527,8 +566,10 @@ class Coordinator:
         store uses more than `max_store_mb`. Logs what it deleted and counts it in stats."""
         cfg = self.cfg
         self.store.maintain()  # PostgreSQL: the coming days' partitions
-        done = self.store.prune_results(cfg.retention_days * 86400,
-                                        int(cfg.max_store_mb * 1024 * 1024))
+        cap = int(cfg.max_store_mb * 1024 * 1024)
+        if cap > 0:  # the bundles in the store are not what the cap is for: never make
+            cap += self.shelf.stored_bytes()  # room for them by deleting results
+        done = self.store.prune_results(cfg.retention_days * 86400, cap)
         self.counters["retention_runs"] += 1
         for key, n in done.items():
             self.counters[f"pruned_{key}"] += n
@@ -606,6 +647,16 @@ class Coordinator:
         return {"name": held.name, "version": held.version, "size": held.size,
                 "sha256": held.sha256, "token": held.token,
                 "url": f"{self.api_url}/api/v1/bundles/{held.id}"}
+
+    def _sleep_of(self, device: str) -> tuple[float, float] | None:
+        """(since, wake_at) when the fleet view says `device` announced a sleep, else None
+        (a rollout does not count a sleeper's sleep against its verdict timeout). `since` is
+        when this coordinator last heard it awake (its own clock: a device clock running
+        behind must not make awake time count as asleep), else the announcement's stamp."""
+        view = self.views.get(device)
+        if view is None or not view.asleep:
+            return None
+        return (view.last_seen or view.state_t, view.wake_at)
 
     def _send_async(self, device: str, name: str, args: dict[str, Any]) -> None:
         """Send a command for a rollout or a returning device without blocking the caller

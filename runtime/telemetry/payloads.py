@@ -82,9 +82,23 @@ _HEALTH = _obj({
                                       {"state": {"enum": ["opening", "running", "failed",
                                                           "ended"]},
                                        "rate_hz": _NUM, "e2e_p95_ms": _NUM_OR_NULL,
-                                       "backlog": _COUNT}, extra=_COUNT)}},
+                                       "backlog": _COUNT,
+                                       # its model, the variant running it, tiles per frame
+                                       "model": _SHORT, "variant": _SHORT, "tiles": _COUNT},
+                                      extra=_COUNT)}},
                      extra=_COUNT),  # the pipeline's counters (frames, results, inline...)
     "slo": _obj({"target_ms": _NUM_OR_NULL, "compliance": _NUM_OR_NULL}),
+    # each model the sources use (key "" = the [model] section's) and, with several, the
+    # box's rung on their joint ladder (runtime/joint.py, docs/sources.md)
+    "models": {"type": "array", "maxItems": 65, "items": _obj({
+        "key": _SHORT, "model": _SHORT, "choice": _SHORT,
+        "rung": {"type": "integer", "minimum": 0, "maximum": 10_000},
+        "rungs": {"type": "integer", "minimum": 0, "maximum": 10_000},
+        "accuracy": _NUM_OR_NULL, "rung_energy_mj": _NUM_OR_NULL, "target_ms": _NUM_OR_NULL,
+        "infer_hz": _NUM, "power_w": _NUM_OR_NULL,
+        "sources": {"type": "array", "maxItems": 64, "items": _ID}, "reason": _STR})},
+    "box": _obj({"rung": {"type": "integer", "minimum": 0, "maximum": 10_000},
+                 "rungs": {"type": "integer", "minimum": 0, "maximum": 10_000}}),
     "backlog": _obj({"results_held": _COUNT, "bytes": _COUNT, "oldest_seq": _COUNT_OR_NULL,
                      "evicted_total": _COUNT}),
     "mqtt": _obj({"connected": _BOOL, "acked_seq": _COUNT, "resends": _COUNT,
@@ -143,6 +157,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                     "type": "object", "required": ["seq", "t"],
                     "properties": {"seq": _SEQ, "t": _T, "boot": _ID,
                                    "source": _ID,  # the [source]/[[sources]] name
+                                   "model": _SHORT,  # the model that inspected it
                                    "variant": _SHORT, "rung": {"type": "integer"},
                                    "label": _SHORT, "score": _NUM,
                                    # a detector's (docs/detectors.md): best first, normalised

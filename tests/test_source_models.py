@@ -1,0 +1,239 @@
+"""A model per source under one budget (runtime/joint.py, docs/sources.md): `edgerun serve`
+with the bundled classifier on one camera and the bundled defect detector (tiled) on another,
+results at a coordinator through Mosquitto naming source and model, the box stepping down
+under heat; a tiled [model] on one source; tiles counted per inference; config errors."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+from daemon_harness import ZONE, Serve, last_health, wait, write_config
+
+from models import bundled
+from runtime.backends import discover
+from runtime.config import (
+    BackendsConfig,
+    ConfigError,
+    ModelConfig,
+    OnnxRuntimeConfig,
+    from_dict,
+    load,
+)
+from runtime.manifest import configured_model, model_files
+from runtime.multisource import lanes
+from runtime.pipeline import Active, Pipeline
+from runtime.sources import SourceConfig, open_source
+
+pytestmark = pytest.mark.skipif(
+    not ((bundled() / "manifest.json").exists() and (bundled("defects") / "manifest.json")
+         .exists()), reason="bundled models not built")
+
+def set_temp(root: Path, celsius: float) -> None:
+    """The fake sysfs zone's temperature, replaced atomically."""
+    tmp = root / ZONE / ".temp.tmp"
+    tmp.write_text(f"{round(celsius * 1000)}\n")
+    tmp.replace(root / ZONE / "temp")
+
+
+TWO = ('[[sources]]\nname = "cls"\nrate_hz = 10\nsize = 64\n'
+       '[[sources]]\nname = "det"\nrate_hz = 5\nsize = 192\nseed = 1\n'
+       'model = "defects"\ntiling = true\n')
+
+
+def _two_models(tmp_path: Path, extra: str = "") -> Path:
+    cfg = write_config(tmp_path, tmp_path / "cache", source='kind = "synthetic"',
+                       latency_ms=100.0, extra=extra)
+    # no accuracy floor: each model's automatic one (its best minus 0.02)
+    cfg.write_text(cfg.read_text().replace('[source]\nkind = "synthetic"\n', TWO)
+                   .replace("accuracy_floor = 0.99\n", ""))
+    return cfg
+
+
+def test_two_sources_on_two_models_reach_the_coordinator_and_share_one_budget(tmp_path):
+    """The classifier's camera and the tiled detector's camera, each result naming both; the
+    detector's per-inference target counts its 9 tiles; health shows each model's rung and
+    the box's; heat steps the box down (one model at a time) and the results follow."""
+    from runtime.coordinator.config import CoordinatorConfig
+    from runtime.coordinator.service import Coordinator
+    from runtime.telemetry.broker import Mosquitto
+
+    broker = Mosquitto(tmp_path).start()
+    coord = Coordinator(CoordinatorConfig(fleet="t", broker=broker.coordinator("t"),
+                                          store=str(tmp_path / "coord.db")))
+    coord.start()
+    d = None
+    try:
+        assert coord.connected.wait(10)
+        creds = broker.device("t", "box1")
+        cfg = _two_models(tmp_path, f'[telemetry.broker]\nhost = "127.0.0.1"\nport = '
+                          f'{broker.port}\nusername = "{creds.username}"\npassword_file = '
+                          f'"{creds.password_file}"\n')
+        cfg.write_text(cfg.read_text().replace("[daemon]\n",
+                                               "[daemon]\nreprofile_temp_delta_c = 1000.0\n"))
+        d = Serve(tmp_path, cfg)
+
+        def both() -> bool:
+            got = {r["source"] for r in coord.store.results("box1", 0, 100_000)}
+            return got == {"cls", "det"}
+
+        wait(both, 120, "results of both sources", d)
+        wait(lambda: coord.views["box1"].health.get("pipeline", {}).get("sources", {}).get(
+            "det", {}).get("results", 0) >= 3, 30, "health after the detector's results", d)
+        stored = coord.store.results("box1", 0, 100_000)
+        h = coord.views["box1"].health
+        n_top = coord.store.counts()["box1"]
+        set_temp(tmp_path / "sysfs", 95.0)  # past the passive (80) and hot (90) trips
+        wait(lambda: coord.views["box1"].health["box"]["rung"]
+             < coord.views["box1"].health["box"]["rungs"], 30, "the box stepping down", d)
+        wait(lambda: coord.store.counts()["box1"] > n_top + 20, 30, "more results", d)
+        hot = coord.views["box1"].health
+        events = coord.store.events("box1")
+    finally:
+        if d is not None:
+            assert d.stop() == 0
+        coord.stop()
+        broker.stop()
+    for r in stored:  # each result names its camera and the model that inspected it
+        assert (r["source"], r["model"]) in (("cls", "inspection"), ("det", "defects")), r
+        assert r["variant"].startswith(r["model"] + "/")
+    assert all("counts" in r and "boxes" in r for r in stored if r["source"] == "det")
+    assert all("boxes" not in r for r in stored if r["source"] == "cls")
+    srcs = h["pipeline"]["sources"]
+    assert srcs["det"]["model"] == "defects" and srcs["det"]["tiles"] == 9
+    assert srcs["cls"]["model"] == "inspection" and srcs["cls"]["tiles"] == 1
+    models = {m["model"]: m for m in h["models"]}
+    assert models["inspection"]["sources"] == ["cls"] and models["defects"]["sources"] == [
+        "det"]
+    # 100 ms per stream, 2 streams: 50 ms per frame; the detector's frame is 9 inferences
+    assert models["inspection"]["target_ms"] == pytest.approx(50.0)
+    assert models["defects"]["target_ms"] == pytest.approx(50.0 / 9, rel=1e-3)
+    assert "cuts each frame into 9 tiles" in models["defects"]["reason"]
+    assert models["defects"]["infer_hz"] == pytest.approx(45.0)  # 5 frames/s x 9 tiles
+    assert h["box"]["rung"] == h["box"]["rungs"] >= 2  # every model on its top rung
+    # hot: the box stepped down, one model's rung at a time (a rung_changed naming it)
+    hm = {m["model"]: m for m in hot["models"]}
+    assert sum(hm[k]["rung"] < models[k]["rung"] for k in hm) >= 1, hot["models"]
+    assert any(e["type"] == "rung_changed" for e in events)
+
+
+def test_a_tiled_model_on_one_source_plans_per_inference(tmp_path):
+    """One source, the detector as [model] with tiling: a 192-pixel frame is 9 tiles of the
+    96-pixel input, so each inference must take 1/9 of the frame's target and the box's
+    power counts 9 inferences per frame (it used to count one)."""
+    cfg = write_config(tmp_path, tmp_path / "cache",
+                       source='kind = "synthetic"\nrate_hz = 5\nsize = 192', latency_ms=90.0,
+                       extra=f'[model]\npath = "{bundled("defects")}"\ntiling = true\n')
+    cfg.write_text(cfg.read_text().replace("accuracy_floor = 0.99\n", ""))
+    d = Serve(tmp_path, cfg)
+    try:
+        wait(lambda: (h := last_health(d.outbox)) and h["pipeline"].get("results", 0) >= 5,
+             120, "results", d)
+        h = last_health(d.outbox)
+    finally:
+        assert d.stop() == 0
+    (m,) = h["models"]
+    assert m["model"] == "defects" and m["target_ms"] == pytest.approx(10.0)
+    assert "source main cuts each frame into 9 tiles" in h["choice_reason"]
+    assert h["pipeline"]["sources"]["main"]["tiles"] == 9
+    assert m["infer_hz"] == pytest.approx(45.0)
+
+
+def test_live_energy_counts_every_tile_as_an_inference(tmp_path):
+    """The pipeline's inference count (what live energies divide the CPU time by) is per
+    inference: a 9-tile frame is 9 of them, not 1 (energy per inference was 9x too high)."""
+    m = configured_model(bundled("defects"), ModelConfig(tiling=True))
+    bcfg = BackendsConfig(enabled=("onnxruntime",), threads=(1,),
+                          onnxruntime=OnnxRuntimeConfig(spinning=(False,),
+                                                        include_default=False))
+    (backend,) = discover(bcfg)
+    v = next(v for f in model_files(m) for v in backend.variants(f, bcfg, (1,))
+             if "fp32" in v.id)
+    out: list[dict] = []
+    p = Pipeline(lanes([SourceConfig(name="big", rate_hz=20, size=192)],
+                       lambda c, i: open_source(c, tmp_path / "state")), m,
+                 lambda rs: out.extend(rs) or list(range(len(rs))), lambda e: None)
+    p.start(Active(0, v.id, backend.load(v), v.model.input_shape))
+    try:
+        wait(lambda: len(out) >= 5, 30, "results")
+        time.sleep(0.2)
+    finally:
+        p.stop()
+    n, cpu = p.take_infer_cpu()[v.id]
+    assert n == 9 * len(out) and cpu > 0
+    assert p.lanes[0].tiles == 9 and all(r["model"] == "defects" for r in out)
+
+
+@pytest.mark.parametrize(("toml", "expected"), [
+    ('[[sources]]\nname = "a"\n\n[[sources]]\nname = "b"\nmodel = "defect"\n',
+     r":6: key 'sources.\[1\].model': 'defect': no model there .* bundled models: defects, "
+     r"inspection"),
+    ('[[sources]]\nname = "a"\ntiling = true\n',
+     r":3: key 'sources.\[0\].tiling': tiles a model named in this entry"),
+    ('[[sources]]\nname = "a"\nmodel = "defects"\ntiling = true\n'
+     '[[sources]]\nname = "b"\nmodel = "defects"\n',
+     r"key 'sources': a and b both use model 'defects' but tile it differently"),
+    ('[[sources]]\nname = "a"\nmodel = "defects"\ntile_overlap = 0.9\n',
+     r":4: key 'sources.\[0\].tile_overlap': must be within 0..0.75"),
+])
+def test_bad_source_models_are_refused_with_file_line_and_key(tmp_path, toml, expected):
+    f = tmp_path / "e.toml"
+    f.write_text(toml)
+    with pytest.raises(ConfigError, match=expected):
+        load(f)
+
+
+def test_a_source_may_name_a_model_by_path_or_bundled_name(tmp_path):
+    cfg = from_dict({"sources": [
+        {"name": "a", "model": "defects", "tiling": True, "tile_size": 128},
+        {"name": "b", "model": str(bundled("inspection") / "fp32.onnx")}]})
+    assert cfg.sources[0].model == "defects" and cfg.sources[0].tile_size == 128
+
+
+def test_choose_model_is_refused_when_every_source_has_its_own_model(tmp_path):
+    """OTA swaps the [model] section's model; with no source using it, a choose_model or
+    deploy would change nothing: it is refused, saying why."""
+    from runtime.daemon import Daemon
+    from runtime.telemetry.commands import Command
+
+    cfg = from_dict({"daemon": {"state_dir": str(tmp_path / "state")}, "sources": [
+        {"name": "a", "model": "defects"}, {"name": "b", "model": "defects"}]})
+    d = Daemon(cfg)
+    for name in ("choose_model", "deploy"):
+        with pytest.raises(ValueError, match="every \\[\\[sources\\]\\] entry names its own "
+                                             "model, which cannot be swapped over the air"):
+            d.handle(Command("c" * 8, name, {"name": "other"}))
+
+
+def test_a_cameras_tiles_are_learnt_from_its_frames_and_re_planned(tmp_path):
+    """A folder's frame size is known only from its files: planned as one tile, a 192-pixel
+    image is 9 tiles of the detector's input, so the targets and ladders are re-planned."""
+    import cv2
+
+    from models.synthetic import samples
+
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    for i, s in enumerate(samples(seed=3, count=4, size=192)):
+        cv2.imwrite(str(inbox / f"p{i}.png"), s.image)
+    old = time.time() - 10
+    for f in inbox.iterdir():  # settled files (the folder source waits 1 s otherwise)
+        os.utime(f, (old, old))
+    cfg = write_config(tmp_path, tmp_path / "cache",
+                       source=f'kind = "folder"\npath = "{inbox}"\nwatch = true',
+                       latency_ms=90.0,
+                       extra=f'[model]\npath = "{bundled("defects")}"\ntiling = true\n')
+    cfg.write_text(cfg.read_text().replace("accuracy_floor = 0.99\n", ""))
+    d = Serve(tmp_path, cfg)
+    try:
+        wait(lambda: "re-planned" in d.text(), 60, "the re-planning", d)
+        wait(lambda: (h := last_health(d.outbox)) and h["models"][0]["target_ms"] < 90, 10,
+             "health after the re-planning", d)
+        h = last_health(d.outbox)
+    finally:
+        assert d.stop() == 0
+    assert "source main: 9 tiles per frame, planned 1" in d.text()
+    assert h["models"][0]["target_ms"] == pytest.approx(10.0)
+    assert "source main cuts each frame into 9 tiles" in h["choice_reason"]
