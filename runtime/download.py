@@ -16,6 +16,7 @@ import re
 import shutil
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 from runtime.model_store import crash_point
@@ -26,13 +27,25 @@ _RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
 
 class DownloadError(Exception):
     """The download failed or was refused; the message says why (the partial file is kept
-    when a retry can resume it)."""
+    when a retry can resume it). `unreachable`: no connection to the server at all (the
+    device may try another route: `[models] fetch = "auto"`)."""
+
+    def __init__(self, message: str, unreachable: bool = False):
+        super().__init__(message)
+        self.unreachable = unreachable
+
+
+# (part, have, size): append bytes have..size of the bundle to `part` (runtime/bundle_mqtt.py)
+Transport = Callable[[Path, int, int], None]
 
 
 def fetch(url: str, dest: Path, size: int, token: str = "", max_bytes: int = 0,
-          min_free_bytes: int = 0, sha256: str = "", timeout_s: float = 30.0) -> Path:
+          min_free_bytes: int = 0, sha256: str = "", timeout_s: float = 30.0,
+          via: Transport | None = None) -> Path:
     """Download `url` (of `size` bytes) to `dest`, resuming `dest.part`; returns `dest`.
-    `sha256` (when given) is checked before the rename; a mismatch deletes the part."""
+    `sha256` (when given) is checked before the rename; a mismatch deletes the part. `via`
+    fetches the bytes another way than HTTP (`url` then only names the source in messages);
+    the size cap, free-space check and sha256 are the same."""
     if size <= 0:
         raise DownloadError(f"{url}: the bundle's size must be known before downloading "
                             "(the deploy command's `size`, `models install --size`)")
@@ -51,7 +64,10 @@ def fetch(url: str, dest: Path, size: int, token: str = "", max_bytes: int = 0,
                             f"free in {dest.parent} ({min_free_bytes} must stay free: "
                             "[models] min_free_mb)")
     if have < size:
-        _get(url, part, have, size, token, timeout_s)
+        if via is not None:
+            via(part, have, size)
+        else:
+            _get(url, part, have, size, token, timeout_s)
     if sha256:
         h = hashlib.sha256()
         with part.open("rb") as f:
@@ -79,7 +95,8 @@ def _get(url: str, part: Path, have: int, size: int, token: str, timeout_s: floa
                                 "the next attempt") from None
         raise DownloadError(f"{url}: HTTP {e.code} {e.reason}") from None
     except (urllib.error.URLError, OSError) as e:
-        raise DownloadError(f"{url}: cannot connect: {getattr(e, 'reason', e)}") from None
+        raise DownloadError(f"{url}: cannot connect: {getattr(e, 'reason', e)}",
+                            unreachable=True) from None
     with resp:
         mode = "ab"
         if have and resp.status == 206:
@@ -108,4 +125,4 @@ def _get(url: str, part: Path, have: int, size: int, token: str, timeout_s: floa
         raise DownloadError(f"{url}: got {written} of {size} bytes; the next attempt resumes")
 
 
-__all__ = ["DownloadError", "fetch"]
+__all__ = ["DownloadError", "Transport", "fetch"]

@@ -56,6 +56,12 @@ class ModelsConfig:
     max_error_rate_increase: float = 0.01  # inference errors per frame, over the old model's
     energy_factor: float = 1.5  # energy per inference may be at most this times the old one
     crash_boots: int = 3  # starts in probation without passing: a crash loop, roll back
+    # How a deployed bundle is fetched (runtime/bundle_mqtt.py): "http" from the coordinator's
+    # API, "mqtt" in chunks through the broker, "auto" HTTP and MQTT when the API is unreachable
+    fetch: str = "auto"
+    mqtt_chunk_kb: int = 128  # bytes asked per MQTT request (a coordinator sends <= 256 KiB)
+    mqtt_window: int = 8  # MQTT requests outstanding at once (a coordinator queues <= 16)
+    mqtt_timeout_s: float = 10.0  # re-ask a chunk unanswered this long; 4x without data: fail
 
     def validate(self) -> tuple[str, str] | None:
         if self.max_bundle_mb <= 0 or self.min_free_mb < 0:
@@ -64,6 +70,12 @@ class ModelsConfig:
             return "agreement_floor", f"must be within 0..1, got {self.agreement_floor}"
         if self.probation_frames < 1 or self.shadow_every < 1 or self.crash_boots < 1:
             return "probation_frames", "probation_frames, shadow_every, crash_boots must be >= 1"
+        if self.fetch not in ("auto", "http", "mqtt"):
+            return "fetch", f"must be \"auto\", \"http\" or \"mqtt\", got {self.fetch!r}"
+        if not 1 <= self.mqtt_chunk_kb <= 256 or not 1 <= self.mqtt_window <= 16 \
+                or self.mqtt_timeout_s <= 0:
+            return "mqtt_chunk_kb", ("need 1 <= mqtt_chunk_kb <= 256, 1 <= mqtt_window <= 16, "
+                                     "mqtt_timeout_s > 0")
         if self.energy_factor < 1.0 or self.max_error_rate_increase < 0:
             return "energy_factor", "energy_factor must be >= 1, max_error_rate_increase >= 0"
         return None

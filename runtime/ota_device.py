@@ -190,7 +190,7 @@ class DeviceOta:
             from runtime.model_install import obtain, verify_step
 
             self._step = "download"
-            bundle = obtain(self.store, self.cfg, a["url"], a["size"], a["sha256"], a["token"])
+            bundle = self._download(a, obtain)
             self._step = "verify"
             try:
                 info = verify_step(self.store, self.cfg, bundle)
@@ -205,6 +205,42 @@ class DeviceOta:
             return path, vid
 
         self._start(fetch, f"model {vid} deployed")
+
+    def _download(self, a: dict[str, Any], obtain: Any) -> Path:
+        """The `deploy`'s bundle, by the route `[models] fetch` says: over HTTP from the
+        coordinator's API, in chunks over MQTT through the broker, or "auto": HTTP, and MQTT
+        when the API cannot be connected to at all (an HTTP error answered by the API is not a
+        reason to switch). Both write the same part file: either resumes the other's."""
+        from runtime.download import DownloadError
+
+        mode, tel = self.cfg.fetch, self.d.cfg.telemetry
+        if mode != "mqtt":
+            try:
+                return obtain(self.store, self.cfg, a["url"], a["size"], a["sha256"],
+                              a["token"])
+            except DownloadError as e:
+                if mode == "http" or not e.unreachable or not tel.broker.host:
+                    raise
+                log.warning("%s; fetching the bundle through the broker instead ([models] "
+                            "fetch = \"auto\")", e)
+        if not tel.broker.host:
+            raise DownloadError('[models] fetch = "mqtt" needs a broker ([telemetry.broker] '
+                                "host)")
+        from runtime.bundle_mqtt import fetch_over_mqtt
+        from runtime.daemon import Stopping
+
+        def check_stop() -> None:
+            if self.d._stop_requested:
+                raise Stopping("stop requested during the bundle download (the part is kept)")
+
+        c = self.cfg
+        # the file name runtime.model_install.obtain gives it: one part file for both routes
+        dest = self.store.downloads / f"{a['sha256'][:24]}.edgerun"
+        return fetch_over_mqtt(dest, tel.broker, tel.fleet, self.d.device_id,
+                               f"{a['name']}@{a['version']}", a["size"], a["sha256"],
+                               a["token"], int(c.max_bundle_mb * 1024 * 1024),
+                               int(c.min_free_mb * 1024 * 1024), c.mqtt_chunk_kb * 1024,
+                               c.mqtt_window, c.mqtt_timeout_s, check_stop)
 
     def _start(self, obtain: Any, why: str) -> None:
         if not self._busy.acquire(blocking=False):

@@ -74,6 +74,11 @@ class Coordinator:
         # bundles live in the store: every coordinator sharing it serves every bundle
         self.shelf = Shelf(self.store, int(cfg.max_bundle_mb * 1024 * 1024))
         self._import_legacy_shelf(cfg)
+        from runtime.coordinator.bundle_chunks import ChunkServer
+
+        # bundles over MQTT for devices without a route to the API (its own connection)
+        self.chunks = ChunkServer(cfg.fleet, self.shelf, cfg.broker, cfg.client_id,
+                                  cfg.share_group)
         self._key = commands.load_private_key(cfg.signing_key) if cfg.signing_key else None
         self._views_lock = threading.Lock()
         self._rlog = RateLimitedLog(log)
@@ -161,6 +166,7 @@ class Coordinator:
     def start(self) -> None:
         """Start the MQTT and ingest threads."""
         self._conn.start()
+        self.chunks.start()
         if self.webhook is not None:
             self.webhook.start()
         for name, target in (("ingest", self._ingest_loop), ("retention", self._retention_loop)):
@@ -176,6 +182,7 @@ class Coordinator:
             t.join(5)
         if self.webhook is not None:
             self.webhook.stop()
+        self.chunks.stop()
         self.store.close()
         self.shelf.close()
 
@@ -626,7 +633,7 @@ class Coordinator:
                 "quarantined": {"total": sum(q.values()), "by_device": q},
                 "health_age_s": {"p50": pct(0.5), "p99": pct(0.99), "n": len(ages)},
                 "connected": self.connected.is_set(), "threads": self.threads_alive(),
-                "mqtt": asdict(self._conn.stats),
+                "mqtt": asdict(self._conn.stats), "bundle_chunks": self.chunks.stats(),
                 "webhook": self.webhook.stats() if self.webhook is not None else None}
 
     def deploy_args(self, bundle_id: str) -> dict[str, Any]:

@@ -31,8 +31,10 @@ from pathlib import Path
 from runtime.telemetry.config import check_name
 
 PREFIX = "edgerun/v1"
-DEVICE_PUBLISHES = ("state", "result", "health", "event", "cmd/reply", "result/each")
-DEVICE_SUBSCRIBES = ("cmd", "ack")
+# bundle/req and bundle/chunk: model bundles over MQTT (runtime/bundle_mqtt.py)
+DEVICE_PUBLISHES = ("state", "result", "health", "event", "cmd/reply", "result/each",
+                    "bundle/req")
+DEVICE_SUBSCRIBES = ("cmd", "ack", "bundle/chunk")
 ROLES = ("device", "coordinator", "client")
 _PBKDF2_ITERATIONS = 1000  # passwords are 256-bit random: iterations only slow the broker
 
@@ -84,6 +86,7 @@ def acl_text(identities: list[Identity]) -> str:
             for fleet in ident.fleets:
                 block += [f"topic write {PREFIX}/{fleet}/+/cmd",
                           f"topic write {PREFIX}/{fleet}/+/ack",
+                          f"topic write {PREFIX}/{fleet}/+/bundle/chunk",
                           f"topic read {PREFIX}/{fleet}/+/#"]
         block += [f"topic read {t}" for t in ident.read]
         block += [f"topic write {t}" for t in ident.write]
