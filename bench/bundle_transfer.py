@@ -60,8 +60,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as t:
         tmp = Path(t)
         (tmp / "broker").mkdir()
-        broker = Mosquitto(tmp / "broker", extra="set_tcp_nodelay true" if args.nodelay
-                           else "").start()
+        broker = Mosquitto(tmp / "broker", nodelay=args.nodelay).start()
         coord = Coordinator(CoordinatorConfig(fleet=FLEET, broker=broker.coordinator(FLEET),
                                               store=str(tmp / "coord" / "c.db")))
         coord.start()

@@ -77,7 +77,8 @@ class Mosquitto:
     `workdir/broker-auth/`; `auth=False` is an open broker (for benchmarks that measure the
     transport alone)."""
 
-    def __init__(self, workdir: Path, extra: str = "", auth: bool = True):
+    def __init__(self, workdir: Path, extra: str = "", auth: bool = True,
+                 nodelay: bool = True):
         self.exe = mosquitto_path()
         if not self.exe:
             raise RuntimeError("mosquitto is not installed (apt install mosquitto)")
@@ -93,8 +94,11 @@ class Mosquitto:
         # As root, mosquitto drops to the `mosquitto` user and then cannot read password or
         # key files in a private temp dir; a test/demo broker has no reason to switch users.
         user = "user root\n" if os.geteuid() == 0 else ""
+        # set_tcp_nodelay: small MQTT packets (acks, bundle chunk requests) would otherwise
+        # wait behind a ~40 ms delayed ACK (bench/bundle_transfer.py, docs/ota.md)
+        tcp = "set_tcp_nodelay true\n" if nodelay else ""
         self.conf.write_text(f"listener {self.port} 127.0.0.1\n{security}"
-                             f"persistence false\n{user}{extra}\n")
+                             f"persistence false\n{tcp}{user}{extra}\n")
         self.log = workdir / "mosquitto.log"
         self.proc: subprocess.Popen | None = None
         self._issued: dict[Identity, BrokerConfig] = {}
