@@ -68,8 +68,9 @@ publisher_keys = ["{self.tmp / 'publisher.pub'}"]
         d = Serve(self.tmp / name, cfg, env=env)
         self.devices[name] = d
         wait(lambda: (self.tmp / name / "state" / "device.pub").exists(), 60, "device key", d)
-        shutil.copy(self.tmp / name / "state" / "device.pub",
-                    self.tmp / "device-keys" / f"{name}.pub")
+        tmp = self.tmp / "device-keys" / f".{name}.pub.tmp"  # the coordinator reads it whole
+        shutil.copy(self.tmp / name / "state" / "device.pub", tmp)
+        tmp.replace(self.tmp / "device-keys" / f"{name}.pub")
         wait(lambda: name in self.coord.views, 60, f"{name} seen by the coordinator", d)
         return d
 

@@ -119,6 +119,40 @@ def test_key_files_round_trip(tmp_path):
         commands.load_public_keys([str(tmp_path / "bad.pub")])
 
 
+def test_key_files_appear_whole_and_no_temp_is_left(tmp_path):
+    for overwrite in (True, False):
+        where = tmp_path / str(overwrite)
+        commands.generate_keypair(where / "k.pem", where / "k.pub", overwrite=overwrite)
+        assert sorted(p.name for p in where.iterdir()) == ["k.pem", "k.pub"]
+    with pytest.raises(FileExistsError):  # exclusive: an existing pair is never replaced
+        commands.generate_keypair(where / "k2.pem", where / "k.pub", overwrite=False)
+    assert sorted(p.name for p in where.iterdir()) == ["k.pem", "k.pub"]
+
+
+def test_a_device_key_read_half_copied_is_read_again(tmp_path):
+    """A key file seen mid-copy (empty) and then whole with the same mtime (the clock's
+    granularity) was cached as unusable: every reply of that device stayed unverified."""
+    import os
+
+    from runtime.coordinator.config import CoordinatorConfig
+    from runtime.coordinator.service import Coordinator
+
+    commands.generate_keypair(tmp_path / "d.pem", tmp_path / "d.pub")
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    coord = Coordinator(CoordinatorConfig(fleet="f", store=str(tmp_path / "c.db"),
+                                          device_keys=str(keys)))
+    try:
+        (keys / "box1.pub").write_bytes(b"")
+        os.utime(keys / "box1.pub", ns=(1_000_000_000, 1_000_000_000))
+        assert coord._device_key("box1") is None
+        (keys / "box1.pub").write_bytes((tmp_path / "d.pub").read_bytes())
+        os.utime(keys / "box1.pub", ns=(1_000_000_000, 1_000_000_000))
+        assert coord._device_key("box1") is not None
+    finally:
+        coord.stop()
+
+
 @pytest.mark.parametrize("configured, events, want", [
     ("5", [], "5"),
     ("5", ["failed"], "3.1.1"),  # a 3.1.1-only broker refused v5

@@ -387,9 +387,11 @@ class Coordinator:
         try:
             key = commands.load_public_key(path)
         except ValueError as e:
-            self._rlog.log(f"key-{device}", "device key %s unusable: %s", path, e,
-                           level=logging.ERROR)
-            key = None
+            # not cached: a file being copied in reads short once and whole a moment later,
+            # possibly with the same mtime (the clock's granularity)
+            self._rlog.log(f"key-{device}", "device key %s unusable: %s; replies from %s stay "
+                           "unverified until it is", path, e, device, level=logging.ERROR)
+            return None
         self._device_keys[device] = (mtime, key)
         return key
 

@@ -268,15 +268,22 @@ def generate_keypair(private_path: Path, public_path: Path, overwrite: bool = Tr
         fd = os.open(private_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "wb") as f:
             f.write(private_pem)
+        # the public file appears whole or not at all: tools (and coordinators) copy it as
+        # soon as it exists, and a copy taken mid-write would hold half a key
+        tmp = public_path.with_name(f".{public_path.name}.{os.getpid()}.tmp")
+        tmp.write_bytes(public_pem)
         try:
-            with public_path.open("xb") as f:
-                f.write(public_pem)
+            os.link(tmp, public_path)  # refuses an existing file, like O_EXCL
         except FileExistsError:
             private_path.unlink()  # never leave half a pair behind
             raise
+        finally:
+            tmp.unlink()
         return key_id(key.public_key())
     private_path.touch(mode=0o600)
     private_path.chmod(0o600)  # touch keeps the mode of an existing file
     private_path.write_bytes(private_pem)
-    public_path.write_bytes(public_pem)
+    tmp = public_path.with_name(f".{public_path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(public_pem)
+    tmp.replace(public_path)
     return key_id(key.public_key())
