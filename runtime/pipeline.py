@@ -477,7 +477,9 @@ class Pipeline:
             self._event({"type": "inference_failed", "severity": "warning",
                          "variant": active.variant_id, "error": str(e)[:300]})
             return None
-        if self.shadow is not None:
+        if self.shadow is not None and not key:
+            # probation compares the [model]'s model (what OTA swapped) with the old one: a
+            # source on its own model is not on probation, its frames are not compared
             self._shadow_i += 1
             if self.shadow is not active and self._shadow_i % self.shadow_every == 0:
                 # (the shadow is the running model until the swap reaches this thread)

@@ -237,3 +237,45 @@ def test_a_cameras_tiles_are_learnt_from_its_frames_and_re_planned(tmp_path):
     assert "source main: 9 tiles per frame, planned 1" in d.text()
     assert h["models"][0]["target_ms"] == pytest.approx(10.0)
     assert "source main cuts each frame into 9 tiles" in h["choice_reason"]
+
+
+def _session(model, tmp_path):
+    """(Active, backend) of a model's fp32 variant on onnxruntime, one thread."""
+    bcfg = BackendsConfig(enabled=("onnxruntime",), threads=(1,),
+                          onnxruntime=OnnxRuntimeConfig(spinning=(False,),
+                                                        include_default=False))
+    (backend,) = discover(bcfg)
+    v = next(v for f in model_files(model) for v in backend.variants(f, bcfg, (1,))
+             if "fp32" in v.id)
+    return v, backend
+
+
+def test_probation_compares_only_the_frames_of_the_model_it_swapped(tmp_path):
+    """OTA swaps the [model]'s model and compares a sample of its frames with the old one
+    (the shadow). A source on its own model (here the detector) is not what was swapped:
+    its frames must not be compared with the old classifier (they disagreed on every
+    frame, dragging the new model's agreement down until probation rolled it back)."""
+    cls = configured_model(bundled("inspection"), ModelConfig())
+    det = configured_model(bundled("defects"), ModelConfig())
+    vc, bc = _session(cls, tmp_path)
+    vd, bd = _session(det, tmp_path)
+    out: list[dict] = []
+    srcs = [SourceConfig(kind="synthetic", name="cls", rate_hz=50, size=64),
+            SourceConfig(kind="synthetic", name="det", rate_hz=50, size=96, seed=1,
+                         model="defects")]
+    p = Pipeline(lanes(srcs, lambda c, i: open_source(c, tmp_path / "state"),
+                       lambda s: s.model), cls,
+                 lambda rs: out.extend(rs) or list(range(len(rs))), lambda e: None)
+    p.shadow_every = 1
+    p.shadow = Active(0, vc.id, bc.load(vc), vc.model.input_shape, cls)  # "the old model"
+    p.start(Active(0, vc.id, bc.load(vc), vc.model.input_shape, cls),
+            {"defects": Active(0, vd.id, bd.load(vd), vd.model.input_shape, det,
+                               det.preprocess.apply, key="defects")})
+    try:
+        wait(lambda: sum(r["source"] == "det" for r in out) >= 20
+             and sum(r["source"] == "cls" for r in out) >= 20, 30, "results of both")
+    finally:
+        p.stop()
+    n_cls = sum(r["source"] == "cls" for r in out)
+    assert 0 < p.shadow_counts[0] <= n_cls
+    assert p.shadow_counts[1] == p.shadow_counts[0]  # the same classifier agrees with itself
