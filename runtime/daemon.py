@@ -512,7 +512,11 @@ class Daemon:
                 s.tiling, s.tile_size, s.tile_overlap) == (m.tiling, m.tile_size,
                                                            m.tile_overlap):
             return ""
-        return s.model
+        # one key per model, however it is spelt (a bundled name, a path, a symlink): the
+        # first entry's spelling, so the sources share one session, ladder and measurement
+        here = model_path(s.model).resolve()
+        return next((x.model for x in self.cfg.sources
+                     if x.model and model_path(x.model).resolve() == here), s.model)
 
     def _install_source_models(self) -> None:
         """Measure the models `[[sources]]` name (once each; cached like the [model]'s), plan

@@ -279,3 +279,23 @@ def test_probation_compares_only_the_frames_of_the_model_it_swapped(tmp_path):
     n_cls = sum(r["source"] == "cls" for r in out)
     assert 0 < p.shadow_counts[0] <= n_cls
     assert p.shadow_counts[1] == p.shadow_counts[0]  # the same classifier agrees with itself
+
+
+def test_one_model_spelt_three_ways_is_one_model(tmp_path):
+    """A bundled name, its path and a symlink to it are one model: one key, so one
+    measurement, one session and one ladder (they were three, each measured and loaded, their
+    identical variant ids mixing their live energies)."""
+    from runtime.daemon import Daemon
+
+    link = tmp_path / "mine"
+    link.symlink_to(bundled("defects"))
+    cfg = from_dict({"daemon": {"state_dir": str(tmp_path / "state")}, "sources": [
+        {"name": "a", "model": "defects"}, {"name": "b", "model": str(bundled("defects"))},
+        {"name": "c", "model": str(link)}, {"name": "d", "model": "inspection"},
+        {"name": "e", "model": str(bundled("defects") / "fp32.onnx")}]})
+    d = Daemon(cfg)
+    keys = [d._model_key(s) for s in cfg.sources]
+    assert keys[:3] == ["defects"] * 3
+    assert keys[3] == ""  # the [model]'s own (the bundled classifier): its session
+    assert keys[4] == str(bundled("defects") / "fp32.onnx")  # a bare .onnx is another model
+    assert {lane.model for lane in d._lanes()} == {"", "defects", keys[4]}
