@@ -167,6 +167,9 @@ class Daemon:
         self._reprofile_thread: threading.Thread | None = None
         # -- sources with their own model (runtime/joint.py) --
         self.source_models: dict[str, SourceModel] = {}  # by key
+        # models of sources that could not be loaded or measured at start: key -> why. Their
+        # sources are not inspected (health: state failed); the others run (docs/sources.md)
+        self.failed_models: dict[str, str] = {}
         self.tiles: dict[str, int] = {}  # source name -> tiles per frame planned with
         self.joint: list[joint.JointRung] = []  # the box's ladder (several models)
         self.joint_current = 0
@@ -473,9 +476,13 @@ class Daemon:
         if not cfg.sources:
             return single(cfg.source, lambda: open_source(
                 cfg.source, self.state_dir, cfg.telemetry.broker, self.device_id))
-        return lanes(cfg.sources, lambda s, i: open_source(
+        out = lanes(cfg.sources, lambda s, i: open_source(
             s, self.state_dir, cfg.telemetry.broker, f"{self.device_id}-{s.name}"),
-                     self._model_key)
+                    self._model_key)
+        for lane in out:  # a source whose model failed at start is never opened
+            if lane.model in self.failed_models:
+                lane.refused, lane.model = self.failed_models[lane.model], ""
+        return out
 
     def _constraints(self, key: str = "") -> Constraints:
         """The selector's constraints for a model ("" = the [model]'s): with several sources
@@ -491,15 +498,16 @@ class Daemon:
         when every source names its own) gets the per-frame one."""
         c = self.cfg.constraints
         got = joint.targets(c.latency_ms, self._streams())
-        return got.get(key) or aggregate(c.latency_ms, [s.rate_hz for s in self.cfg.sources])
+        return got.get(key) or aggregate(c.latency_ms, [s.rate_hz for s in self._streams()])
 
     def _streams(self) -> list[joint.Stream]:
         """The sources as the budget sees them (model key, rate, tiles planned)."""
         if not self.cfg.sources:
             name = self.cfg.source.name or "main"
             return [joint.Stream(name, "", self.cfg.source.rate_hz, self.tiles.get(name, 1))]
-        return [joint.Stream(s.name, self._model_key(s), s.rate_hz, self.tiles.get(s.name, 1))
-                for s in self.cfg.sources]
+        return [joint.Stream(s.name, k, s.rate_hz, self.tiles.get(s.name, 1))
+                for s in self.cfg.sources
+                if (k := self._model_key(s)) not in self.failed_models]
 
     def _model_key(self, s: Any) -> str:
         """The key of a `[[sources]]` entry's model: "" when it has none of its own, or names
@@ -528,13 +536,33 @@ class Daemon:
             section = replace(self.cfg.model, path=str(model_path(s.model)), tiling=s.tiling,
                               tile_size=s.tile_size, tile_overlap=s.tile_overlap, labels="",
                               preprocess="", input_shape=())
+            if key in self.failed_models:
+                continue
             sm = SourceModel(key, model_path(s.model), section)
             log.info("source %s: model %s (%s)", s.name, key, sm.path)
-            sm.measured = self._measure_model(sm.path, key=key, section=section)
+            try:
+                sm.measured = self._measure_model(sm.path, key=key, section=section)
+            except Stopping:
+                raise
+            except Exception as e:  # a corrupt or unusable model costs its sources only
+                self._source_model_failed(key, sm.path, e)
+                continue
             sm.pre = sm.measured.manifest.preprocess.apply
             self.source_models[key] = sm
         self._plan_tiles()
         self._build_ladder()
+
+    def _source_model_failed(self, key: str, path: Path, e: Exception) -> None:
+        """A source's own model cannot be used (corrupt, unreadable, no variant runs): its
+        sources are not inspected, the daemon and the other sources run on (an error line and
+        a critical `source_model_failed` event, and those sources' health says failed)."""
+        names = [s.name for s in self.cfg.sources if self._model_key(s) == key]
+        why = (f"model {key!r} ({path}) cannot be used: {type(e).__name__}: {e}")[:1000]
+        self.failed_models[key] = why
+        log.error("source%s %s not inspected: %s; the other sources run (fix the model and "
+                  "restart)", "s" if len(names) > 1 else "", ", ".join(names), why)
+        self.event("source_model_failed", "critical", model=key[-256:], sources=names,
+                   error=why)
 
     def _manifest_of(self, key: str) -> Any:
         return self.source_models[key].measured.manifest if key else self.manifest
@@ -696,7 +724,7 @@ class Daemon:
         self.ccfg = control.ControlConfig(
             governor=gcfg, energy=ecfg,
             # several sources: rung powers at their combined rate, so budgets are the box's
-            rate_hz=planned_rate(self.cfg.sources, g.rate_hz)
+            rate_hz=planned_rate(self._streams() if self.cfg.sources else (), g.rate_hz)
             or self._control_rungs()[-1].max_rate_hz(),
             min_rate_hz=g.min_rate_hz,
             hold_invalid_s=g.hold_invalid_s, dwell_s=g.dwell_s,

@@ -110,6 +110,7 @@ class Lane:
     rects: dict = field(default_factory=dict)  # (w, h) -> roi.Rect or roi.RoiError
     model: str = ""  # the key of its own model (runtime/joint.py); "": the [model]'s
     tiles: int = 0  # inferences its last frame cost (a tiled frame: one per tile; 0: none yet)
+    refused: str = ""  # why it is never opened (its own model failed at start): said once
 
     def stats(self, backlog: int, window_s: float = 30.0) -> dict[str, Any]:
         """Rate and capture-to-result p95 over the last `window_s`, frames waiting, counters."""

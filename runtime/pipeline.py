@@ -278,6 +278,8 @@ class Pipeline:
 
     def _model_of(self, lane: Lane) -> dict[str, Any]:
         """A source's model, the variant it runs and its tiles per frame (for health)."""
+        if lane.refused:  # its model failed at start: it runs none
+            return {"model": "", "variant": "", "tiles": 0}
         a = self._extra.get(lane.model) if lane.model else self._active
         m = (a.manifest if a is not None else None) or self._manifest
         return {"model": m.name, "variant": a.variant_id if a else "", "tiles": lane.tiles}
@@ -285,6 +287,13 @@ class Pipeline:
     # -- threads -----------------------------------------------------------------------------
 
     def _capture(self, lane: Lane) -> None:
+        if lane.refused:  # its model could not be used: never opened, said once
+            lane.state = "failed"
+            self.counters["source_errors"] += 1
+            lane.counters["source_errors"] += 1
+            self._event({"type": "source_failed", "severity": "critical",
+                         "error": lane.refused[:1000], "source": lane.name})
+            return
         delay, opened = 0.5, 0.0
         pacer = Pacer(lane.pace_hz) if lane.pace_hz > 0 else None
         while not self._stop_capture.is_set():

@@ -299,3 +299,27 @@ def test_one_model_spelt_three_ways_is_one_model(tmp_path):
     assert keys[3] == ""  # the [model]'s own (the bundled classifier): its session
     assert keys[4] == str(bundled("defects") / "fp32.onnx")  # a bare .onnx is another model
     assert {lane.model for lane in d._lanes()} == {"", "defects", keys[4]}
+
+
+def test_a_corrupt_source_model_costs_its_source_not_the_daemon(tmp_path):
+    """A source's own model that cannot be loaded at start (here a corrupt .onnx) costs
+    that source: an error line naming source and model, a critical event, its health
+    state failed; the daemon serves the other sources (it used to exit at start-up)."""
+    bad = tmp_path / "broken.onnx"
+    bad.write_bytes(b"\x08\x07not an onnx model" * 10)
+    cfg = _two_models(tmp_path)
+    cfg.write_text(cfg.read_text().replace('model = "defects"\ntiling = true\n',
+                                           f'model = "{bad}"\n'))
+    d = Serve(tmp_path, cfg)
+    try:
+        wait(lambda: (h := last_health(d.outbox)) and h["pipeline"]["sources"]["cls"].get(
+            "results", 0) >= 5, 60, "results of the other source", d)
+        h = last_health(d.outbox)
+    finally:
+        assert d.stop() == 0
+    assert f"source det not inspected: model '{bad}'" in d.text()
+    assert h["pipeline"]["sources"]["det"]["state"] == "failed"
+    assert h["pipeline"]["sources"]["det"].get("results", 0) == 0
+    assert [m["key"] for m in h["models"]] == [""]  # the broken one is in no budget
+    assert h["models"][0]["sources"] == ["cls"]
+    assert h["models"][0]["target_ms"] == pytest.approx(100.0)  # one stream inspected
