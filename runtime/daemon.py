@@ -43,7 +43,7 @@ from runtime.measure import Measured, measure_first, measure_model
 from runtime.model_store import crash_point
 from runtime.multisource import aggregate, lanes, model_path, planned_rate, single
 from runtime.ota_device import DeviceOta
-from runtime.pipeline import Active, Pipeline
+from runtime.pipeline import Active, Pipeline, live_id
 from runtime.results_local import LocalResults
 from runtime.selector import Constraints, NoVariantError
 from runtime.sources import open_source
@@ -133,6 +133,7 @@ class Daemon:
         self.manifest: Any = None
         self.profiles: list = []
         self.by_id: dict = {}
+        self._by_live: dict = {}  # every model's profiles by pipeline.live_id
         self.idle_w = 0.0
         self.profile_temp: float | None = None
         self._loaders: dict = {}
@@ -152,7 +153,7 @@ class Daemon:
         self._last_problems: tuple[str, ...] = ()
         self._sensor_bad = 0  # invalid sensor reads so far
         self._sensor_said = -math.inf
-        self._live_energy: dict[str, float] = {}  # variant id -> J per inference, live
+        self._live_energy: dict[str, float] = {}  # live_id -> J per inference, live
         self._live_acc: dict[str, tuple[int, float]] = {}
         self._native_cpu = 0.0
         self._saved_slot: int | None = None
@@ -681,18 +682,20 @@ class Daemon:
         rungs, self.choice_reason = ladder_for(self.profiles, self._constraints())
         if why := self._target("")[1]:
             self.choice_reason += f"; {why}"
-        self.by_id = {p.variant_id: p for p in self.profiles}
+        self.by_id = {p.variant_id: p for p in self.profiles}  # the [model]'s
+        self._by_live = dict(self.by_id)  # every model's, by live_id (their ids may clash)
         built = {}
         for key, sm in self.source_models.items():  # each with its own target
             built[key] = ladder_for(sm.measured.profiles, self._constraints(key))
-            self.by_id.update({p.variant_id: p for p in sm.measured.profiles})
+            self._by_live.update({live_id(key, p.variant_id): p for p in sm.measured.profiles})
         if self.sim:
             # The simulated device is not this host: each rung's power there is its CPU time
             # here scaled by the device profile's perf_scale and active W per core.
             rungs = on_device(rungs, [self.by_id[r.variant_id].cpu_ms / 1e3 for r in rungs],
                               self.device.power)
-            built = {k: (on_device(r, [self.by_id[x.variant_id].cpu_ms / 1e3 for x in r],
-                                   self.device.power), why) for k, (r, why) in built.items()}
+            built = {k: (on_device(r, [self._by_live[live_id(k, x.variant_id)].cpu_ms / 1e3
+                                       for x in r], self.device.power), why)
+                     for k, (r, why) in built.items()}
         self._host_rungs = rungs
         self.rungs = self._live_rungs()
         log.info("choice: %s; ladder (rung 1 = cheapest): %s", self.choice_reason,
@@ -701,7 +704,7 @@ class Daemon:
         for key, (r, why) in built.items():
             sm = self.source_models[key]
             sm.host_rungs, sm.reason = r, why + (f"; {t}" if (t := self._target(key)[1]) else "")
-            sm.rungs = self._live_rungs(sm.host_rungs)
+            sm.rungs = self._live_rungs(sm.host_rungs, key)
             sm.current = min(sm.current, len(sm.rungs) - 1)
             log.info("model %s: choice: %s; ladder: %s", key, sm.reason, ", ".join(
                 f"{i + 1}: {x.variant_id} acc {x.accuracy:.3f} {x.energy_j * 1e3:.3f} mJ"
@@ -730,8 +733,10 @@ class Daemon:
             hold_invalid_s=g.hold_invalid_s, dwell_s=g.dwell_s,
             r_total_k_per_w=(th.model.r_die_case + th.model.r_case_amb) if th else None)
 
-    def _live_rungs(self, host: list[Rung] | None = None) -> list[Rung]:
-        return [replace(r, energy_j=self._live_energy.get(r.variant_id, r.energy_j))
+    def _live_rungs(self, host: list[Rung] | None = None, key: str = "") -> list[Rung]:
+        """Rungs (the [model]'s, or `host` of model `key`) with their live energies."""
+        return [replace(r, energy_j=self._live_energy.get(live_id(key, r.variant_id),
+                                                          r.energy_j))
                 for r in (self._host_rungs if host is None else host)]
 
     def _build_joint(self) -> None:
@@ -915,10 +920,10 @@ class Daemon:
             self._live_acc[vid] = (n0 + n, c0 + cpu + (d_native if vid == self._running_id()
                                                           else 0.0))
         for vid, (n, cpu) in list(self._live_acc.items()):
-            if n < LIVE_MIN_INFERENCES or vid not in self.by_id:
+            if n < LIVE_MIN_INFERENCES or vid not in self._by_live:
                 continue
             del self._live_acc[vid]
-            p = self.by_id[vid]
+            p = self._by_live[vid]
             j_per_cpu = (p.energy_mj / p.cpu_ms) if p.cpu_ms and p.energy_mj > 0 else \
                 self.device.power.active_w_per_core
             joules = cpu / n * j_per_cpu
@@ -927,7 +932,7 @@ class Daemon:
                 LIVE_ALPHA * joules + (1 - LIVE_ALPHA) * old)
         self.rungs = self._live_rungs()
         for sm in self.source_models.values():
-            sm.rungs = self._live_rungs(sm.host_rungs)
+            sm.rungs = self._live_rungs(sm.host_rungs, sm.key)
         if self.source_models:
             self._build_joint()
 

@@ -75,6 +75,13 @@ class Active:
     key: str = ""
 
 
+def live_id(key: str, variant_id: str) -> str:
+    """What a variant's inferences are counted under (`take_infer_cpu`, the daemon's live
+    energies): its id for the [model]'s model; for a source's own model its key too, as two
+    models may have the same variant ids (two files named best.onnx)."""
+    return f"{key}\x00{variant_id}" if key else variant_id
+
+
 class Pipeline:
     """See module docstring."""
 
@@ -240,8 +247,8 @@ class Pipeline:
         return now - self.heartbeat < max_age_s and (busy is None or now - busy < max_age_s)
 
     def take_infer_cpu(self) -> dict[str, tuple[int, float]]:
-        """(inferences, CPU seconds of the threads that ran them) per variant since the last
-        call. The engines' own pool threads are not in it (see power.cputime)."""
+        """(inferences, CPU seconds of the threads that ran them) per variant (by `live_id`)
+        since the last call. The engines' own pool threads are not in it (see power.cputime)."""
         with self._work:
             out, self._infer_cpu = self._infer_cpu, {}
         return out
@@ -475,10 +482,10 @@ class Pipeline:
             t0, c0 = time.perf_counter(), time.thread_time()
             out = infer_tiles(active.session, tensor)  # one tensor, or a tiled frame's
             ms = (time.perf_counter() - t0) * 1e3
-            n, cpu = self._infer_cpu.get(active.variant_id, (0, 0.0))
+            lid = live_id(active.key, active.variant_id)
+            n, cpu = self._infer_cpu.get(lid, (0, 0.0))
             # per inference: a tiled frame ran one per tile (live energies stay per inference)
-            self._infer_cpu[active.variant_id] = (n + _tiles(tensor),
-                                                  cpu + time.thread_time() - c0)
+            self._infer_cpu[lid] = (n + _tiles(tensor), cpu + time.thread_time() - c0)
         except Exception as e:
             self.busy_since = None
             self.counters["infer_errors"] += 1

@@ -177,6 +177,14 @@ def test_live_energy_counts_every_tile_as_an_inference(tmp_path):
      r"key 'sources': a and b both use model 'defects' but tile it differently"),
     ('[[sources]]\nname = "a"\nmodel = "defects"\ntile_overlap = 0.9\n',
      r":4: key 'sources.\[0\].tile_overlap': must be within 0..0.75"),
+    # hostile strings: a control character, a path longer than PATH_MAX, a name longer
+    # than a file name may be (it used to end in an OSError traceback)
+    ('[[sources]]\nname = "a"\nmodel = "defects\\n"\n',
+     r":3: key 'sources.\[0\].model': must be .* no control characters, got 'defects\\n'"),
+    ('[[sources]]\nname = "a"\nmodel = "' + "x" * 5000 + '"\n',
+     r":3: key 'sources.\[0\].model': must be a model's name or path of at most 4096"),
+    ('[[sources]]\nname = "a"\nmodel = "' + "x" * 300 + '"\n',
+     r":3: key 'sources.\[0\].model': 'x+': cannot look there: File name too long"),
 ])
 def test_bad_source_models_are_refused_with_file_line_and_key(tmp_path, toml, expected):
     f = tmp_path / "e.toml"
@@ -323,3 +331,36 @@ def test_a_corrupt_source_model_costs_its_source_not_the_daemon(tmp_path):
     assert [m["key"] for m in h["models"]] == [""]  # the broken one is in no budget
     assert h["models"][0]["sources"] == ["cls"]
     assert h["models"][0]["target_ms"] == pytest.approx(100.0)  # one stream inspected
+
+
+def test_two_models_with_the_same_variant_ids_keep_their_own_live_energies(tmp_path):
+    """Two different models in files of the same name (every YOLO export is best.onnx) have
+    the same manifest name, so the same variant ids. Their live energies (CPU time per
+    inference on this traffic) must stay each its own: they were kept by variant id, so
+    the detector's and the classifier's were one figure, averaged and billed to both."""
+    import shutil
+
+    for d, src in (("det", bundled("defects") / "fp32.onnx"),
+                   ("cls", bundled("inspection") / "fp32.onnx")):
+        (tmp_path / d).mkdir()
+        shutil.copy(src, tmp_path / d / "best.onnx")
+    cfg = write_config(tmp_path, tmp_path / "cache", source='kind = "synthetic"',
+                       latency_ms=200.0)
+    cfg.write_text(cfg.read_text().replace('[source]\nkind = "synthetic"\n', (
+        f'[[sources]]\nname = "a"\nrate_hz = 40\nsize = 96\nmodel = "{tmp_path}/det/best.onnx"\n'
+        f'[[sources]]\nname = "b"\nrate_hz = 40\nsize = 96\nmodel = "{tmp_path}/cls/best.onnx"\n'
+        '[[sources]]\nname = "c"\nrate_hz = 1\nsize = 64\n'))
+        .replace("accuracy_floor = 0.99\n", ""))
+    d = Serve(tmp_path, cfg)
+    try:
+        wait(lambda: (h := last_health(d.outbox)) and min(
+            h["pipeline"]["sources"][s].get("results", 0) for s in "ab") >= 400, 90,
+            "live energies of both", d)
+        h = last_health(d.outbox)
+    finally:
+        assert d.stop() == 0
+    m = {x["sources"][0]: x for x in h["models"] if x["key"]}
+    assert m["a"]["model"] == m["b"]["model"] == "best"
+    assert m["a"]["choice"] == m["b"]["choice"]  # the same variant id
+    # the detector costs several times the classifier per inference, live as profiled
+    assert m["a"]["rung_energy_mj"] > 2 * m["b"]["rung_energy_mj"], m
