@@ -175,6 +175,7 @@ class Daemon:
         self.joint: list[joint.JointRung] = []  # the box's ladder (several models)
         self.joint_current = 0
         self._off_chain = False  # the models run a combination the box's ladder lacks
+        self._keys: dict[tuple, tuple] = {}  # ids of (entry, [model]) -> (them, its key)
 
     # -- start-up --------------------------------------------------------------------------
 
@@ -512,10 +513,18 @@ class Daemon:
 
     def _model_key(self, s: Any) -> str:
         """The key of a `[[sources]]` entry's model: "" when it has none of its own, or names
-        the [model] section's own model, tiled the same way (they share its session)."""
+        the [model] section's own model, tiled the same way (they share its session).
+        Remembered: it resolves paths, and the budget asks for every source's key many times
+        a tick (64 sources on 64 models took seconds per health message)."""
         if not s.model:
             return ""
         m = self.cfg.model
+        memo = (id(s), id(m))  # hashing the entries costs more than the lookup saves
+        if (got := self._keys.get(memo)) is None or got[0] is not s or got[1] is not m:
+            got = self._keys[memo] = (s, m, self._find_model_key(s, m))  # held: ids stay theirs
+        return got[2]
+
+    def _find_model_key(self, s: Any, m: Any) -> str:
         default = Path(m.path).expanduser() if m.path else _bundled_model()
         if model_path(s.model).resolve() == default.resolve() and (
                 s.tiling, s.tile_size, s.tile_overlap) == (m.tiling, m.tile_size,
@@ -848,9 +857,12 @@ class Daemon:
                   for k, sm in self.source_models.items())), strict=True):
             a = self.pipeline.target_of(key) if self.pipeline else None
             r = rungs[min(cur, len(rungs) - 1)]
+            # a bare .onnx's accuracy is unknown (its rung takes it as 1.0): null, not 1.0
+            prof = self._by_live.get(live_id(key, r.variant_id))
+            acc = r.accuracy if prof is None or prof.accuracy is not None else None
             # a long path as key: its end (the schema allows 256 characters)
             out.append({"key": key[-256:], "model": name, "choice": a.variant_id if a else "",
-                        "rung": cur + 1, "rungs": len(rungs), "accuracy": r.accuracy,
+                        "rung": cur + 1, "rungs": len(rungs), "accuracy": acc,
                         "rung_energy_mj": round(r.energy_j * 1e3, 4),
                         "target_ms": round(self._target(key)[0], 4),
                         "infer_hz": round(ld.infer_hz, 3), "power_w": round(

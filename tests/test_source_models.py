@@ -362,5 +362,32 @@ def test_two_models_with_the_same_variant_ids_keep_their_own_live_energies(tmp_p
     m = {x["sources"][0]: x for x in h["models"] if x["key"]}
     assert m["a"]["model"] == m["b"]["model"] == "best"
     assert m["a"]["choice"] == m["b"]["choice"]  # the same variant id
+    # a bare .onnx: accuracy unknown, said as null (its rung takes it as 1.0)
+    assert m["a"]["accuracy"] is None and "accuracy unknown" in m["a"]["reason"]
+    assert h["models"][0]["accuracy"] == pytest.approx(h["accuracy"])  # the bundled one's
     # the detector costs several times the classifier per inference, live as profiled
     assert m["a"]["rung_energy_mj"] > 2 * m["b"]["rung_energy_mj"], m
+
+
+def test_64_sources_on_64_models_plan_in_milliseconds_not_seconds(tmp_path):
+    """The budget asks for every source's model key many times a tick (targets per model,
+    loads, health): each key resolves paths, so with 64 sources on 64 models a health
+    message took seconds and a SIGTERM waited for minutes of re-planning. Keys are
+    remembered: what health does (65 x the streams) stays well under a second."""
+    import shutil
+
+    from runtime.daemon import Daemon
+
+    srcs = []
+    for i in range(64):
+        (tmp_path / f"m{i}").mkdir()
+        shutil.copy(bundled("inspection") / "fp32.onnx", tmp_path / f"m{i}" / "model.onnx")
+        srcs.append({"name": f"cam{i}", "rate_hz": 1,
+                     "model": str(tmp_path / f"m{i}" / "model.onnx")})
+    d = Daemon(from_dict({"daemon": {"state_dir": str(tmp_path / "state")}, "sources": srcs}))
+    t0 = time.perf_counter()
+    for _ in range(65):
+        streams = d._streams()
+    took = time.perf_counter() - t0
+    assert len({s.model for s in streams}) == 64
+    assert took < 2.0, f"65 x the streams of 64 sources took {took:.2f} s"
