@@ -483,7 +483,12 @@ class Daemon:
                     self._model_key)
         for lane in out:  # a source whose model failed at start is never opened
             if lane.model in self.failed_models:
-                lane.refused, lane.model = self.failed_models[lane.model], ""
+                lane.refused, lane.model, lane.share = self.failed_models[lane.model], "", 0.0
+        # a combined rate cap is shared by the sources inspected (a refused one's share was
+        # lost: a 10 Hz cap over two 10 Hz cameras, one refused, gave the other 5 Hz)
+        total = sum(lane.share for lane in out)
+        for lane in out:
+            lane.share = lane.share / total if total > 0 else lane.share
         return out
 
     def _constraints(self, key: str = "") -> Constraints:
@@ -868,9 +873,9 @@ class Daemon:
                         "infer_hz": round(ld.infer_hz, 3), "power_w": round(
                             r.power_w(ld.infer_hz), 4),
                         "sources": [st.name for st in streams if st.model == key],
-                        "reason": reason[:4000]})
+                        "reason": reason})
         box = {"rung": self.joint_current + 1, "rungs": len(self.joint)} if self.joint else {}
-        return {"models": out, **({"box": box} if box else {})}
+        return {"models": share_reasons(out), **({"box": box} if box else {})}
 
     # -- control ------------------------------------------------------------------------------
 
@@ -1206,6 +1211,23 @@ class Daemon:
         self.outbox.close()
         log.info("stopped; %d results not yet acked stay in the outbox for the next start",
                  stats["results_held"])
+
+
+MODELS_REASON_CHARS = 8_000  # health's models[].reason, all models together
+
+
+def share_reasons(models: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """health's `models` with each reason cut to its share of MODELS_REASON_CHARS (at most
+    the schema's 4096): 65 models' reasons of ~1000 characters, with their keys and sources,
+    pushed health over the 64 KiB a coordinator admits (64 sources on 64 models with short
+    paths measured 54 KB even so: the rest is per-source and per-model figures). Cut at the
+    end: the choice and its target come first; the sources' share of the box, the same for
+    every model, is also in the top-level choice_reason."""
+    per = min(4000, MODELS_REASON_CHARS // max(len(models), 1))
+    for m in models:
+        if len(m["reason"]) > per:
+            m["reason"] = m["reason"][:per - 3] + "..."
+    return models
 
 
 def _bundled_model() -> Path:

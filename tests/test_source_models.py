@@ -391,3 +391,46 @@ def test_64_sources_on_64_models_plan_in_milliseconds_not_seconds(tmp_path):
     took = time.perf_counter() - t0
     assert len({s.model for s in streams}) == 64
     assert took < 2.0, f"65 x the streams of 64 sources took {took:.2f} s"
+
+
+def test_health_of_64_sources_on_64_models_fits_what_a_coordinator_admits():
+    """65 models (the [model] and 64 sources' own) with paths as a factory names them and long
+    reasons (a tiled detector's target explained, the box's share) and 64 sources' health:
+    under the 64 KiB a coordinator admits (each reason took up to 4000 characters)."""
+    import json
+
+    from runtime.daemon import share_reasons
+    from runtime.telemetry import payloads
+
+    models = [{"key": "" if i == 0 else f"/srv/edgerun/models/line-3/station-{i:02d}/"
+               "yolov8n-scratches-v2/best.onnx",
+               "model": "best", "choice": "best/int8@onnxruntime:CPU/t1,opt=all", "rung": 2,
+               "rungs": 3, "accuracy": None, "rung_energy_mj": 1.2345, "target_ms": 1.7361,
+               "infer_hz": 9.0, "power_w": 0.0111, "sources": [f"camera-{i:02d}"] if i else [],
+               "reason": "best/int8@onnxruntime:CPU/t1,opt=all: lowest energy ... " * 18}
+              for i in range(65)]
+    sources = {f"camera-{i:02d}": {"state": "running", "rate_hz": 1.0, "e2e_p95_ms": 12.345,
+                                   "backlog": 0, "model": "best", "tiles": 9,
+                                   "variant": "best/int8@onnxruntime:CPU/t1,opt=all",
+                                   "frames": 123456, "results": 123456, "dropped_stale": 12,
+                                   "skipped_rate": 1234, "source_errors": 0}
+               for i in range(64)}
+    body = json.dumps({"models": share_reasons(models), "pipeline": {"sources": sources}})
+    assert all(len(m["reason"]) <= 4096 for m in models)
+    assert len(body.encode()) + 8_000 < payloads.MAX_BYTES["health"], len(body)  # + the rest
+    assert models[1]["reason"].startswith("best/int8@onnxruntime:CPU/t1,opt=all: lowest")
+
+
+def test_a_refused_sources_share_of_the_rate_cap_goes_to_the_others(tmp_path):
+    """Two 10 Hz cameras, the second's own model failed at start: a combined cap is all
+    the first's (it got half, the refused source's half lost)."""
+    from runtime.daemon import Daemon
+
+    cfg = from_dict({"daemon": {"state_dir": str(tmp_path / "state")}, "sources": [
+        {"name": "a", "rate_hz": 10}, {"name": "b", "rate_hz": 10, "model": "defects"}]})
+    d = Daemon(cfg)
+    assert [lane.share for lane in d._lanes()] == [0.5, 0.5]
+    d.failed_models["defects"] = "model 'defects' cannot be used: ModelError: corrupt"
+    a, b = d._lanes()
+    assert (a.share, b.share) == (1.0, 0.0) and b.refused.startswith("model 'defects'")
+    assert [s.name for s in d._streams()] == ["a"]
