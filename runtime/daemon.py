@@ -356,7 +356,8 @@ class Daemon:
             self._model_gen += 1  # profiles of the model before are stale from now on
         self.manifest, self.profiles, self.idle_w = m.manifest, m.profiles, m.idle_w
         self._loaders, self.profile_temp = m.loaders, m.temp_c
-        self._live_energy.clear()
+        # the [model]'s live energies start afresh; the sources' own models did not change
+        self._live_energy = {k: v for k, v in self._live_energy.items() if "\x00" in k}
         self._build_ladder()
         if self.pipeline is not None:  # a new model brings its own preprocessing to measure
             # (another version with the same preprocessing keeps the measured choice: measuring

@@ -434,3 +434,26 @@ def test_a_refused_sources_share_of_the_rate_cap_goes_to_the_others(tmp_path):
     a, b = d._lanes()
     assert (a.share, b.share) == (1.0, 0.0) and b.refused.startswith("model 'defects'")
     assert [s.name for s in d._streams()] == ["a"]
+
+
+def test_a_new_model_measurement_keeps_the_other_models_live_energies(tmp_path):
+    """Installing a new measurement of the [model]'s model (an OTA swap, a re-profile when
+    the temperature moved) starts that model's live energies afresh; the sources' own models
+    did not change, so theirs (learnt from live traffic) are kept (they were all cleared)."""
+    from runtime.daemon import Daemon
+
+    d = Daemon(load(_two_models(tmp_path)))
+    d.start()
+    try:
+        def learnt() -> bool:
+            d.control_tick()
+            return any("\x00" in k for k in d._live_energy) and any(
+                "\x00" not in k for k in d._live_energy)
+
+        wait(learnt, 60, "live energies of both models")
+        theirs = {k: v for k, v in d._live_energy.items() if "\x00" in k}
+        d._install(d._measure_model(Path(d.manifest.root)))
+        assert {k: v for k, v in d._live_energy.items() if "\x00" in k} == theirs
+        assert not any("\x00" not in k for k in d._live_energy)  # the [model]'s: afresh
+    finally:
+        d.stop()
