@@ -43,7 +43,7 @@ from runtime.measure import Measured, measure_first, measure_model
 from runtime.model_store import crash_point
 from runtime.multisource import aggregate, lanes, model_path, planned_rate, single
 from runtime.ota_device import DeviceOta
-from runtime.pipeline import Active, Pipeline
+from runtime.pipeline import Active, Pipeline, live_id
 from runtime.results_local import LocalResults
 from runtime.selector import Constraints, NoVariantError, Profile
 from runtime.sources import open_source
@@ -133,6 +133,7 @@ class Daemon:
         self.manifest: Any = None
         self.profiles: list = []
         self.by_id: dict = {}
+        self._by_live: dict = {}  # every model's profiles by pipeline.live_id
         self.idle_w = 0.0
         self.profile_temp: float | None = None
         self._loaders: dict = {}
@@ -152,7 +153,7 @@ class Daemon:
         self._last_problems: tuple[str, ...] = ()
         self._sensor_bad = 0  # invalid sensor reads so far
         self._sensor_said = -math.inf
-        self._live_energy: dict[str, float] = {}  # variant id -> J per inference, live
+        self._live_energy: dict[str, float] = {}  # live_id -> J per inference, live
         self._live_acc: dict[str, tuple[int, float]] = {}
         self._native_cpu = 0.0
         self._saved_slot: int | None = None
@@ -167,10 +168,14 @@ class Daemon:
         self._reprofile_thread: threading.Thread | None = None
         # -- sources with their own model (runtime/joint.py) --
         self.source_models: dict[str, SourceModel] = {}  # by key
+        # models of sources that could not be loaded or measured at start: key -> why. Their
+        # sources are not inspected (health: state failed); the others run (docs/sources.md)
+        self.failed_models: dict[str, str] = {}
         self.tiles: dict[str, int] = {}  # source name -> tiles per frame planned with
         self.joint: list[joint.JointRung] = []  # the box's ladder (several models)
         self.joint_current = 0
         self._off_chain = False  # the models run a combination the box's ladder lacks
+        self._keys: dict[tuple, tuple] = {}  # ids of (entry, [model]) -> (them, its key)
 
     # -- start-up --------------------------------------------------------------------------
 
@@ -351,7 +356,8 @@ class Daemon:
             self._model_gen += 1  # profiles of the model before are stale from now on
         self.manifest, self.profiles, self.idle_w = m.manifest, m.profiles, m.idle_w
         self._loaders, self.profile_temp = m.loaders, m.temp_c
-        self._live_energy.clear()
+        # the [model]'s live energies start afresh; the sources' own models did not change
+        self._live_energy = {k: v for k, v in self._live_energy.items() if "\x00" in k}
         self._build_ladder()
         if self.pipeline is not None:  # a new model brings its own preprocessing to measure
             # (another version with the same preprocessing keeps the measured choice: measuring
@@ -473,9 +479,18 @@ class Daemon:
         if not cfg.sources:
             return single(cfg.source, lambda: open_source(
                 cfg.source, self.state_dir, cfg.telemetry.broker, self.device_id))
-        return lanes(cfg.sources, lambda s, i: open_source(
+        out = lanes(cfg.sources, lambda s, i: open_source(
             s, self.state_dir, cfg.telemetry.broker, f"{self.device_id}-{s.name}"),
-                     self._model_key)
+                    self._model_key)
+        for lane in out:  # a source whose model failed at start is never opened
+            if lane.model in self.failed_models:
+                lane.refused, lane.model, lane.share = self.failed_models[lane.model], "", 0.0
+        # a combined rate cap is shared by the sources inspected (a refused one's share was
+        # lost: a 10 Hz cap over two 10 Hz cameras, one refused, gave the other 5 Hz)
+        total = sum(lane.share for lane in out)
+        for lane in out:
+            lane.share = lane.share / total if total > 0 else lane.share
+        return out
 
     def _constraints(self, key: str = "") -> Constraints:
         """The selector's constraints for a model ("" = the [model]'s): with several sources
@@ -491,28 +506,41 @@ class Daemon:
         when every source names its own) gets the per-frame one."""
         c = self.cfg.constraints
         got = joint.targets(c.latency_ms, self._streams())
-        return got.get(key) or aggregate(c.latency_ms, [s.rate_hz for s in self.cfg.sources])
+        return got.get(key) or aggregate(c.latency_ms, [s.rate_hz for s in self._streams()])
 
     def _streams(self) -> list[joint.Stream]:
         """The sources as the budget sees them (model key, rate, tiles planned)."""
         if not self.cfg.sources:
             name = self.cfg.source.name or "main"
             return [joint.Stream(name, "", self.cfg.source.rate_hz, self.tiles.get(name, 1))]
-        return [joint.Stream(s.name, self._model_key(s), s.rate_hz, self.tiles.get(s.name, 1))
-                for s in self.cfg.sources]
+        return [joint.Stream(s.name, k, s.rate_hz, self.tiles.get(s.name, 1))
+                for s in self.cfg.sources
+                if (k := self._model_key(s)) not in self.failed_models]
 
     def _model_key(self, s: Any) -> str:
         """The key of a `[[sources]]` entry's model: "" when it has none of its own, or names
-        the [model] section's own model, tiled the same way (they share its session)."""
+        the [model] section's own model, tiled the same way (they share its session).
+        Remembered: it resolves paths, and the budget asks for every source's key many times
+        a tick (64 sources on 64 models took seconds per health message)."""
         if not s.model:
             return ""
         m = self.cfg.model
+        memo = (id(s), id(m))  # hashing the entries costs more than the lookup saves
+        if (got := self._keys.get(memo)) is None or got[0] is not s or got[1] is not m:
+            got = self._keys[memo] = (s, m, self._find_model_key(s, m))  # held: ids stay theirs
+        return got[2]
+
+    def _find_model_key(self, s: Any, m: Any) -> str:
         default = Path(m.path).expanduser() if m.path else _bundled_model()
         if model_path(s.model).resolve() == default.resolve() and (
                 s.tiling, s.tile_size, s.tile_overlap) == (m.tiling, m.tile_size,
                                                            m.tile_overlap):
             return ""
-        return s.model
+        # one key per model, however it is spelt (a bundled name, a path, a symlink): the
+        # first entry's spelling, so the sources share one session, ladder and measurement
+        here = model_path(s.model).resolve()
+        return next((x.model for x in self.cfg.sources
+                     if x.model and model_path(x.model).resolve() == here), s.model)
 
     def _install_source_models(self) -> None:
         """Measure the models `[[sources]]` name (once each; cached like the [model]'s), plan
@@ -524,13 +552,33 @@ class Daemon:
             section = replace(self.cfg.model, path=str(model_path(s.model)), tiling=s.tiling,
                               tile_size=s.tile_size, tile_overlap=s.tile_overlap, labels="",
                               preprocess="", input_shape=())
+            if key in self.failed_models:
+                continue
             sm = SourceModel(key, model_path(s.model), section)
             log.info("source %s: model %s (%s)", s.name, key, sm.path)
-            sm.measured = self._measure_model(sm.path, key=key, section=section)
+            try:
+                sm.measured = self._measure_model(sm.path, key=key, section=section)
+            except Stopping:
+                raise
+            except Exception as e:  # a corrupt or unusable model costs its sources only
+                self._source_model_failed(key, sm.path, e)
+                continue
             sm.pre = sm.measured.manifest.preprocess.apply
             self.source_models[key] = sm
         self._plan_tiles()
         self._build_ladder()
+
+    def _source_model_failed(self, key: str, path: Path, e: Exception) -> None:
+        """A source's own model cannot be used (corrupt, unreadable, no variant runs): its
+        sources are not inspected, the daemon and the other sources run on (an error line and
+        a critical `source_model_failed` event, and those sources' health says failed)."""
+        names = [s.name for s in self.cfg.sources if self._model_key(s) == key]
+        why = (f"model {key!r} ({path}) cannot be used: {type(e).__name__}: {e}")[:1000]
+        self.failed_models[key] = why
+        log.error("source%s %s not inspected: %s; the other sources run (fix the model and "
+                  "restart)", "s" if len(names) > 1 else "", ", ".join(names), why)
+        self.event("source_model_failed", "critical", model=key[-256:], sources=names,
+                   error=why)
 
     def _manifest_of(self, key: str) -> Any:
         return self.source_models[key].measured.manifest if key else self.manifest
@@ -649,18 +697,20 @@ class Daemon:
         rungs, self.choice_reason = ladder_for(self.profiles, self._constraints())
         if why := self._target("")[1]:
             self.choice_reason += f"; {why}"
-        self.by_id = {p.variant_id: p for p in self.profiles}
+        self.by_id = {p.variant_id: p for p in self.profiles}  # the [model]'s
+        self._by_live = dict(self.by_id)  # every model's, by live_id (their ids may clash)
         built = {}
         for key, sm in self.source_models.items():  # each with its own target
             built[key] = ladder_for(sm.measured.profiles, self._constraints(key))
-            self.by_id.update({p.variant_id: p for p in sm.measured.profiles})
+            self._by_live.update({live_id(key, p.variant_id): p for p in sm.measured.profiles})
         if self.sim:
             # The simulated device is not this host: each rung's power there is its CPU time
             # here scaled by the device profile's perf_scale and active W per core.
             rungs = on_device(rungs, [self.by_id[r.variant_id].cpu_ms / 1e3 for r in rungs],
                               self.device.power)
-            built = {k: (on_device(r, [self.by_id[x.variant_id].cpu_ms / 1e3 for x in r],
-                                   self.device.power), why) for k, (r, why) in built.items()}
+            built = {k: (on_device(r, [self._by_live[live_id(k, x.variant_id)].cpu_ms / 1e3
+                                       for x in r], self.device.power), why)
+                     for k, (r, why) in built.items()}
         self._host_rungs = rungs
         self.rungs = self._live_rungs()
         log.info("choice: %s; ladder (rung 1 = cheapest): %s", self.choice_reason,
@@ -669,7 +719,7 @@ class Daemon:
         for key, (r, why) in built.items():
             sm = self.source_models[key]
             sm.host_rungs, sm.reason = r, why + (f"; {t}" if (t := self._target(key)[1]) else "")
-            sm.rungs = self._live_rungs(sm.host_rungs)
+            sm.rungs = self._live_rungs(sm.host_rungs, key)
             sm.current = min(sm.current, len(sm.rungs) - 1)
             log.info("model %s: choice: %s; ladder: %s", key, sm.reason, ", ".join(
                 f"{i + 1}: {x.variant_id} acc {x.accuracy:.3f} {x.energy_j * 1e3:.3f} mJ"
@@ -692,14 +742,16 @@ class Daemon:
         self.ccfg = control.ControlConfig(
             governor=gcfg, energy=ecfg,
             # several sources: rung powers at their combined rate, so budgets are the box's
-            rate_hz=planned_rate(self.cfg.sources, g.rate_hz)
+            rate_hz=planned_rate(self._streams() if self.cfg.sources else (), g.rate_hz)
             or self._control_rungs()[-1].max_rate_hz(),
             min_rate_hz=g.min_rate_hz,
             hold_invalid_s=g.hold_invalid_s, dwell_s=g.dwell_s,
             r_total_k_per_w=(th.model.r_die_case + th.model.r_case_amb) if th else None)
 
-    def _live_rungs(self, host: list[Rung] | None = None) -> list[Rung]:
-        return [replace(r, energy_j=self._live_energy.get(r.variant_id, r.energy_j))
+    def _live_rungs(self, host: list[Rung] | None = None, key: str = "") -> list[Rung]:
+        """Rungs (the [model]'s, or `host` of model `key`) with their live energies."""
+        return [replace(r, energy_j=self._live_energy.get(live_id(key, r.variant_id),
+                                                          r.energy_j))
                 for r in (self._host_rungs if host is None else host)]
 
     def _build_joint(self) -> None:
@@ -811,17 +863,20 @@ class Daemon:
                   for k, sm in self.source_models.items())), strict=True):
             a = self.pipeline.target_of(key) if self.pipeline else None
             r = rungs[min(cur, len(rungs) - 1)]
+            # a bare .onnx's accuracy is unknown (its rung takes it as 1.0): null, not 1.0
+            prof = self._by_live.get(live_id(key, r.variant_id))
+            acc = r.accuracy if prof is None or prof.accuracy is not None else None
             # a long path as key: its end (the schema allows 256 characters)
             out.append({"key": key[-256:], "model": name, "choice": a.variant_id if a else "",
-                        "rung": cur + 1, "rungs": len(rungs), "accuracy": r.accuracy,
+                        "rung": cur + 1, "rungs": len(rungs), "accuracy": acc,
                         "rung_energy_mj": round(r.energy_j * 1e3, 4),
                         "target_ms": round(self._target(key)[0], 4),
                         "infer_hz": round(ld.infer_hz, 3), "power_w": round(
                             r.power_w(ld.infer_hz), 4),
                         "sources": [st.name for st in streams if st.model == key],
-                        "reason": reason[:4000]})
+                        "reason": reason})
         box = {"rung": self.joint_current + 1, "rungs": len(self.joint)} if self.joint else {}
-        return {"models": out, **({"box": box} if box else {})}
+        return {"models": share_reasons(out), **({"box": box} if box else {})}
 
     # -- control ------------------------------------------------------------------------------
 
@@ -888,10 +943,10 @@ class Daemon:
             n0, c0 = self._live_acc.get(vid, (0, 0.0))
             self._live_acc[vid] = (n0 + n, c0 + cpu + (d_native if vid == running else 0.0))
         for vid, (n, cpu) in list(self._live_acc.items()):
-            if n < LIVE_MIN_INFERENCES or vid not in self.by_id:
+            if n < LIVE_MIN_INFERENCES or vid not in self._by_live:
                 continue
             del self._live_acc[vid]
-            p = self.by_id[vid]
+            p = self._by_live[vid]
             j_per_cpu = (p.energy_mj / p.cpu_ms) if p.cpu_ms and p.energy_mj > 0 else \
                 self.device.power.active_w_per_core
             joules = cpu / n * j_per_cpu
@@ -900,7 +955,7 @@ class Daemon:
                 LIVE_ALPHA * joules + (1 - LIVE_ALPHA) * old)
         self.rungs = self._live_rungs()
         for sm in self.source_models.values():
-            sm.rungs = self._live_rungs(sm.host_rungs)
+            sm.rungs = self._live_rungs(sm.host_rungs, sm.key)
         if self.source_models:
             self._build_joint()
 
@@ -1162,6 +1217,23 @@ class Daemon:
         self.outbox.close()
         log.info("stopped; %d results not yet acked stay in the outbox for the next start",
                  stats["results_held"])
+
+
+MODELS_REASON_CHARS = 8_000  # health's models[].reason, all models together
+
+
+def share_reasons(models: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """health's `models` with each reason cut to its share of MODELS_REASON_CHARS (at most
+    the schema's 4096): 65 models' reasons of ~1000 characters, with their keys and sources,
+    pushed health over the 64 KiB a coordinator admits (64 sources on 64 models with short
+    paths measured 54 KB even so: the rest is per-source and per-model figures). Cut at the
+    end: the choice and its target come first; the sources' share of the box, the same for
+    every model, is also in the top-level choice_reason."""
+    per = min(4000, MODELS_REASON_CHARS // max(len(models), 1))
+    for m in models:
+        if len(m["reason"]) > per:
+            m["reason"] = m["reason"][:per - 3] + "..."
+    return models
 
 
 def _bundled_model() -> Path:

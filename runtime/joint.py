@@ -102,17 +102,29 @@ def accuracy(loads: Sequence[Load], picks: Sequence[int]) -> float:
                for ld, i in zip(loads, picks, strict=True)) / frames
 
 
+def below(ld: Load, i: int) -> int | None:
+    """The rung model `ld` steps down to from rung `i`: the richest rung under it that draws
+    no more power (None: none does). Live energies can make a cheaper rung cost more than the
+    one above it; stepping onto it would raise the box's power on a step *down*, so it is
+    skipped (budget levels and the thermal policy rely on power falling as the rung falls)."""
+    now = ld.rungs[i].power_w(ld.infer_hz)
+    return next((j for j in range(i - 1, -1, -1)
+                 if ld.rungs[j].power_w(ld.infer_hz) <= now), None)
+
+
 def step_down(loads: Sequence[Load], picks: Sequence[int]) -> int | None:
-    """Which model steps down next (its index), None when all are on their cheapest rung:
-    the step saving the most watts per unit of box accuracy lost. A step that loses no
-    accuracy is taken first (most watts first); one that saves nothing comes last."""
+    """Which model steps down next (its index), None when none can step down any more (each
+    on its cheapest rung, or on one every rung under which draws more): the step saving the
+    most watts per unit of box accuracy lost. A step that loses no accuracy is taken first
+    (most watts first); one that saves nothing comes last."""
     best: tuple | None = None
     frames = sum(ld.frames_hz for ld in loads) or 1.0
     for m, (ld, i) in enumerate(zip(loads, picks, strict=True)):
-        if i == 0:
+        j = below(ld, i) if i > 0 else None
+        if j is None:
             continue
-        saved = ld.rungs[i].power_w(ld.infer_hz) - ld.rungs[i - 1].power_w(ld.infer_hz)
-        lost = max(ld.rungs[i].accuracy - ld.rungs[i - 1].accuracy, 0.0) * ld.frames_hz / frames
+        saved = ld.rungs[i].power_w(ld.infer_hz) - ld.rungs[j].power_w(ld.infer_hz)
+        lost = max(ld.rungs[i].accuracy - ld.rungs[j].accuracy, 0.0) * ld.frames_hz / frames
         worth = math.inf if lost <= 1e-12 else saved / lost
         key = (saved > 0, worth, saved, ld.key)
         if best is None or key > best[0]:
@@ -121,13 +133,15 @@ def step_down(loads: Sequence[Load], picks: Sequence[int]) -> int | None:
 
 
 def joint_ladder(loads: Sequence[Load], combined_hz: float) -> list[JointRung]:
-    """The box's ladder, cheapest (every model on its cheapest rung) to the top (every model
-    on its selector's choice), as the greedy chain of the module doc. `combined_hz` is the
-    frame rate the control step plans at: each rung's energy is per frame at that rate."""
+    """The box's ladder, cheapest (every model on its cheapest rung, or the cheapest it can
+    step down to without drawing more) to the top (every model on its selector's choice), as
+    the greedy chain of the module doc: its power never rises from one rung to the next down.
+    `combined_hz` is the frame rate the control step plans at: each rung's energy is per
+    frame at that rate."""
     picks = [len(ld.rungs) - 1 for ld in loads]
     chain = [(tuple(picks), "")]
     while (m := step_down(loads, picks)) is not None:
-        picks[m] -= 1
+        picks[m] = below(loads[m], picks[m])  # type: ignore[assignment]
         chain.append((tuple(picks), loads[m].key))
     chain.reverse()
     # reversed, entry k holds the model whose step down led to it from k + 1: the one

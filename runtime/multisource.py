@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 UTILISATION_MAX = 0.8  # the share of the inference thread's time frames may fill
+MAX_MODEL_CHARS = 4096  # a [[sources]] model: a name or a path (PATH_MAX on Linux)
 MAX_SOURCES = 64  # health's pipeline.sources holds at most this many (payloads._HEALTH)
 
 
@@ -110,6 +111,7 @@ class Lane:
     rects: dict = field(default_factory=dict)  # (w, h) -> roi.Rect or roi.RoiError
     model: str = ""  # the key of its own model (runtime/joint.py); "": the [model]'s
     tiles: int = 0  # inferences its last frame cost (a tiled frame: one per tile; 0: none yet)
+    refused: str = ""  # why it is never opened (its own model failed at start): said once
 
     def stats(self, backlog: int, window_s: float = 30.0) -> dict[str, Any]:
         """Rate and capture-to-result p95 over the last `window_s`, frames waiting, counters."""
@@ -234,8 +236,18 @@ def check_model(s: Any) -> tuple[str, str] | None:
         return "tiling", ("tiles a model named in this entry; the [model] section's own model "
                           "is tiled by [model] tiling")
     if s.model:
+        # a hostile string must not reach the filesystem, the log or health unchecked
+        if len(s.model) > MAX_MODEL_CHARS or any(ord(c) < 32 or ord(c) == 127
+                                                 for c in s.model):
+            return "model", (f"must be a model's name or path of at most {MAX_MODEL_CHARS} "
+                             f"characters with no control characters, got "
+                             f"{s.model[:80]!r}{'...' if len(s.model) > 80 else ''}")
         p = model_path(s.model)
-        if not ((p / "manifest.json").is_file() or (p.suffix == ".onnx" and p.is_file())):
+        try:
+            found = (p / "manifest.json").is_file() or (p.suffix == ".onnx" and p.is_file())
+        except OSError as e:  # a name too long, a symlink loop: not there either
+            return "model", f"{s.model!r}: cannot look there: {e.strerror or e}"
+        if not found:
             from models import ROOT
 
             names = sorted(d.name for d in ROOT.iterdir() if (d / "manifest.json").is_file())

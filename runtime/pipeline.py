@@ -75,6 +75,13 @@ class Active:
     key: str = ""
 
 
+def live_id(key: str, variant_id: str) -> str:
+    """What a variant's inferences are counted under (`take_infer_cpu`, the daemon's live
+    energies): its id for the [model]'s model; for a source's own model its key too, as two
+    models may have the same variant ids (two files named best.onnx)."""
+    return f"{key}\x00{variant_id}" if key else variant_id
+
+
 class Pipeline:
     """See module docstring."""
 
@@ -240,8 +247,8 @@ class Pipeline:
         return now - self.heartbeat < max_age_s and (busy is None or now - busy < max_age_s)
 
     def take_infer_cpu(self) -> dict[str, tuple[int, float]]:
-        """(inferences, CPU seconds of the threads that ran them) per variant since the last
-        call. The engines' own pool threads are not in it (see power.cputime)."""
+        """(inferences, CPU seconds of the threads that ran them) per variant (by `live_id`)
+        since the last call. The engines' own pool threads are not in it (see power.cputime)."""
         with self._work:
             out, self._infer_cpu = self._infer_cpu, {}
         return out
@@ -278,6 +285,8 @@ class Pipeline:
 
     def _model_of(self, lane: Lane) -> dict[str, Any]:
         """A source's model, the variant it runs and its tiles per frame (for health)."""
+        if lane.refused:  # its model failed at start: it runs none
+            return {"model": "", "variant": "", "tiles": 0}
         a = self._extra.get(lane.model) if lane.model else self._active
         m = (a.manifest if a is not None else None) or self._manifest
         return {"model": m.name, "variant": a.variant_id if a else "", "tiles": lane.tiles}
@@ -285,6 +294,13 @@ class Pipeline:
     # -- threads -----------------------------------------------------------------------------
 
     def _capture(self, lane: Lane) -> None:
+        if lane.refused:  # its model could not be used: never opened, said once
+            lane.state = "failed"
+            self.counters["source_errors"] += 1
+            lane.counters["source_errors"] += 1
+            self._event({"type": "source_failed", "severity": "critical",
+                         "error": lane.refused[:1000], "source": lane.name})
+            return
         delay, opened = 0.5, 0.0
         pacer = Pacer(lane.pace_hz) if lane.pace_hz > 0 else None
         while not self._stop_capture.is_set():
@@ -466,10 +482,10 @@ class Pipeline:
             t0, c0 = time.perf_counter(), time.thread_time()
             out = infer_tiles(active.session, tensor)  # one tensor, or a tiled frame's
             ms = (time.perf_counter() - t0) * 1e3
-            n, cpu = self._infer_cpu.get(active.variant_id, (0, 0.0))
+            lid = live_id(active.key, active.variant_id)
+            n, cpu = self._infer_cpu.get(lid, (0, 0.0))
             # per inference: a tiled frame ran one per tile (live energies stay per inference)
-            self._infer_cpu[active.variant_id] = (n + _tiles(tensor),
-                                                  cpu + time.thread_time() - c0)
+            self._infer_cpu[lid] = (n + _tiles(tensor), cpu + time.thread_time() - c0)
         except Exception as e:
             self.busy_since = None
             self.counters["infer_errors"] += 1
@@ -477,7 +493,9 @@ class Pipeline:
             self._event({"type": "inference_failed", "severity": "warning",
                          "variant": active.variant_id, "error": str(e)[:300]})
             return None
-        if self.shadow is not None:
+        if self.shadow is not None and not key:
+            # probation compares the [model]'s model (what OTA swapped) with the old one: a
+            # source on its own model is not on probation, its frames are not compared
             self._shadow_i += 1
             if self.shadow is not active and self._shadow_i % self.shadow_every == 0:
                 # (the shadow is the running model until the swap reaches this thread)

@@ -75,7 +75,7 @@ class Sleeper:
                 return
         if self.cycle_t is None:
             self.cycle_t, self.n0 = t, self._results()
-        n = max(1, len(d.pipeline.lanes))
+        n = inspected(d.pipeline.lanes)
         if self.plan.mode == "stay_up":
             if t >= self.cycle_t + self.plan.period_s:  # a new period: the budget may allow
                 self.cycle_t = t  # a sleep now (plans are remade at every wake otherwise)
@@ -150,7 +150,7 @@ class Sleeper:
             forecast = duty_cycle.planning_forecast(d.cstate.energy, e)
             budget = duty_cycle.affordable_w(battery, t, forecast, e, self.cost)
         # a burst inspects every source: n inferences' energy and time per burst step
-        n = max(1, len(d.pipeline.lanes))
+        n = inspected(d.pipeline.lanes)
         self.plan = duty_cycle.plan(self.schedule, self.cost, n * rung.energy_j,
                                     n * rung.latency_s, budget, self.cfg.deliver_s,
                                     self.cfg.max_sleep_s)
@@ -225,6 +225,12 @@ class Sleeper:
                 "over_budget": bool(p and p.over_budget), "wakes": self.wakes,
                 "phase": self.phase, "reason": self.disabled or (p.reason if p else ""),
                 "next_wake": self.next_wake, "last_slept_s": num(self.last_slept_s)}
+
+
+def inspected(lanes: list) -> int:
+    """Sources a burst inspects (at least 1): a source whose own model failed at start is
+    never opened, so it neither costs a burst's energy nor gets a share of the cap."""
+    return max(1, sum(1 for lane in lanes if not getattr(lane, "refused", "")))
 
 
 def create(d: Daemon) -> Sleeper | None:

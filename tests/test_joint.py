@@ -156,3 +156,21 @@ def test_the_running_rungs_are_located_on_the_box_ladder_or_under_it():
     # no model richer than now is (1, 0); the daemon moves the detector down to it
     assert locate(lad, (1, 1)) == (1, False)
     assert locate(lad, (0, 1)) == (0, False)
+
+
+def test_no_step_down_the_box_ladder_raises_its_power():
+    """Live energies can make a model's cheaper rung cost more than the one above it (it ran
+    hot, the other was never run). Stepping onto it would raise the box's power on a step
+    *down*: the chain skips it (the model goes from 3 to 1), and power never rises going
+    down, whatever the mix (a table over reordered ladders)."""
+    hot = (Rung("h0", 0.80, 0.001, 0.001), Rung("h1", 0.90, 0.006, 0.001),
+           Rung("h2", 0.95, 0.004, 0.001))  # h1 ran hot: more than the top rung
+    lad = joint_ladder([Load("cls", CLS, 10, 10), Load("hot", hot, 10, 10)], 20)
+    assert all(j.picks[1] != 1 for j in lad)  # h1 is never stepped onto
+    for rungs in itertools.permutations([0.001, 0.006, 0.004, 0.002]):
+        odd = tuple(Rung(f"o{i}", 0.8 + 0.05 * i, e, 0.001) for i, e in enumerate(rungs))
+        loads = [Load("cls", CLS, 10, 10), Load("odd", odd, 30, 10)]
+        lad = joint_ladder(loads, 20)
+        watts = [power_w(loads, j.picks) for j in lad]
+        assert watts == sorted(watts), (rungs, watts)
+        assert lad[-1].picks == (len(CLS) - 1, len(odd) - 1)  # the top is the choice

@@ -495,3 +495,12 @@ def test_sleeper_stays_up_on_a_short_schedule_and_waits_out_a_long_cycle():
     assert board.sleeps == [] and s.phase == "wait" and d.pipeline.rate_cap_hz == 0.0
     tick(6.0)  # the next period: a new burst
     assert s.phase == "burst" and d.pipeline.rate_cap_hz == float("inf")
+
+
+def test_a_source_whose_model_failed_is_not_in_the_burst_plan():
+    """A source refused at start (its own model failed, runtime/daemon.py) is never opened:
+    the stay-up cap is the inspected sources' total, not one burst more (it was)."""
+    s, d, _, tick, _ = _cycle_daemon(10, burst=1, sources=("a", "b"))
+    d.pipeline.lanes[1].refused = "model 'x' cannot be used"
+    tick()
+    assert s.plan.mode == "stay_up" and d.pipeline.rate_cap_hz == pytest.approx(0.1)

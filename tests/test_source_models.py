@@ -177,6 +177,14 @@ def test_live_energy_counts_every_tile_as_an_inference(tmp_path):
      r"key 'sources': a and b both use model 'defects' but tile it differently"),
     ('[[sources]]\nname = "a"\nmodel = "defects"\ntile_overlap = 0.9\n',
      r":4: key 'sources.\[0\].tile_overlap': must be within 0..0.75"),
+    # hostile strings: a control character, a path longer than PATH_MAX, a name longer
+    # than a file name may be (it used to end in an OSError traceback)
+    ('[[sources]]\nname = "a"\nmodel = "defects\\n"\n',
+     r":3: key 'sources.\[0\].model': must be .* no control characters, got 'defects\\n'"),
+    ('[[sources]]\nname = "a"\nmodel = "' + "x" * 5000 + '"\n',
+     r":3: key 'sources.\[0\].model': must be a model's name or path of at most 4096"),
+    ('[[sources]]\nname = "a"\nmodel = "' + "x" * 300 + '"\n',
+     r":3: key 'sources.\[0\].model': 'x+': cannot look there: File name too long"),
 ])
 def test_bad_source_models_are_refused_with_file_line_and_key(tmp_path, toml, expected):
     f = tmp_path / "e.toml"
@@ -237,3 +245,215 @@ def test_a_cameras_tiles_are_learnt_from_its_frames_and_re_planned(tmp_path):
     assert "source main: 9 tiles per frame, planned 1" in d.text()
     assert h["models"][0]["target_ms"] == pytest.approx(10.0)
     assert "source main cuts each frame into 9 tiles" in h["choice_reason"]
+
+
+def _session(model, tmp_path):
+    """(Active, backend) of a model's fp32 variant on onnxruntime, one thread."""
+    bcfg = BackendsConfig(enabled=("onnxruntime",), threads=(1,),
+                          onnxruntime=OnnxRuntimeConfig(spinning=(False,),
+                                                        include_default=False))
+    (backend,) = discover(bcfg)
+    v = next(v for f in model_files(model) for v in backend.variants(f, bcfg, (1,))
+             if "fp32" in v.id)
+    return v, backend
+
+
+def test_probation_compares_only_the_frames_of_the_model_it_swapped(tmp_path):
+    """OTA swaps the [model]'s model and compares a sample of its frames with the old one
+    (the shadow). A source on its own model (here the detector) is not what was swapped:
+    its frames must not be compared with the old classifier (they disagreed on every
+    frame, dragging the new model's agreement down until probation rolled it back)."""
+    cls = configured_model(bundled("inspection"), ModelConfig())
+    det = configured_model(bundled("defects"), ModelConfig())
+    vc, bc = _session(cls, tmp_path)
+    vd, bd = _session(det, tmp_path)
+    out: list[dict] = []
+    srcs = [SourceConfig(kind="synthetic", name="cls", rate_hz=50, size=64),
+            SourceConfig(kind="synthetic", name="det", rate_hz=50, size=96, seed=1,
+                         model="defects")]
+    p = Pipeline(lanes(srcs, lambda c, i: open_source(c, tmp_path / "state"),
+                       lambda s: s.model), cls,
+                 lambda rs: out.extend(rs) or list(range(len(rs))), lambda e: None)
+    p.shadow_every = 1
+    p.shadow = Active(0, vc.id, bc.load(vc), vc.model.input_shape, cls)  # "the old model"
+    p.start(Active(0, vc.id, bc.load(vc), vc.model.input_shape, cls),
+            {"defects": Active(0, vd.id, bd.load(vd), vd.model.input_shape, det,
+                               det.preprocess.apply, key="defects")})
+    try:
+        wait(lambda: sum(r["source"] == "det" for r in out) >= 20
+             and sum(r["source"] == "cls" for r in out) >= 20, 30, "results of both")
+    finally:
+        p.stop()
+    n_cls = sum(r["source"] == "cls" for r in out)
+    assert 0 < p.shadow_counts[0] <= n_cls
+    assert p.shadow_counts[1] == p.shadow_counts[0]  # the same classifier agrees with itself
+
+
+def test_one_model_spelt_three_ways_is_one_model(tmp_path):
+    """A bundled name, its path and a symlink to it are one model: one key, so one
+    measurement, one session and one ladder (they were three, each measured and loaded, their
+    identical variant ids mixing their live energies)."""
+    from runtime.daemon import Daemon
+
+    link = tmp_path / "mine"
+    link.symlink_to(bundled("defects"))
+    cfg = from_dict({"daemon": {"state_dir": str(tmp_path / "state")}, "sources": [
+        {"name": "a", "model": "defects"}, {"name": "b", "model": str(bundled("defects"))},
+        {"name": "c", "model": str(link)}, {"name": "d", "model": "inspection"},
+        {"name": "e", "model": str(bundled("defects") / "fp32.onnx")}]})
+    d = Daemon(cfg)
+    keys = [d._model_key(s) for s in cfg.sources]
+    assert keys[:3] == ["defects"] * 3
+    assert keys[3] == ""  # the [model]'s own (the bundled classifier): its session
+    assert keys[4] == str(bundled("defects") / "fp32.onnx")  # a bare .onnx is another model
+    assert {lane.model for lane in d._lanes()} == {"", "defects", keys[4]}
+
+
+def test_a_corrupt_source_model_costs_its_source_not_the_daemon(tmp_path):
+    """A source's own model that cannot be loaded at start (here a corrupt .onnx) costs
+    that source: an error line naming source and model, a critical event, its health
+    state failed; the daemon serves the other sources (it used to exit at start-up)."""
+    bad = tmp_path / "broken.onnx"
+    bad.write_bytes(b"\x08\x07not an onnx model" * 10)
+    cfg = _two_models(tmp_path)
+    cfg.write_text(cfg.read_text().replace('model = "defects"\ntiling = true\n',
+                                           f'model = "{bad}"\n'))
+    d = Serve(tmp_path, cfg)
+    try:
+        wait(lambda: (h := last_health(d.outbox)) and h["pipeline"]["sources"]["cls"].get(
+            "results", 0) >= 5, 60, "results of the other source", d)
+        h = last_health(d.outbox)
+    finally:
+        assert d.stop() == 0
+    assert f"source det not inspected: model '{bad}'" in d.text()
+    assert h["pipeline"]["sources"]["det"]["state"] == "failed"
+    assert h["pipeline"]["sources"]["det"].get("results", 0) == 0
+    assert [m["key"] for m in h["models"]] == [""]  # the broken one is in no budget
+    assert h["models"][0]["sources"] == ["cls"]
+    assert h["models"][0]["target_ms"] == pytest.approx(100.0)  # one stream inspected
+
+
+def test_two_models_with_the_same_variant_ids_keep_their_own_live_energies(tmp_path):
+    """Two different models in files of the same name (every YOLO export is best.onnx) have
+    the same manifest name, so the same variant ids. Their live energies (CPU time per
+    inference on this traffic) must stay each its own: they were kept by variant id, so
+    the detector's and the classifier's were one figure, averaged and billed to both."""
+    import shutil
+
+    for d, src in (("det", bundled("defects") / "fp32.onnx"),
+                   ("cls", bundled("inspection") / "fp32.onnx")):
+        (tmp_path / d).mkdir()
+        shutil.copy(src, tmp_path / d / "best.onnx")
+    cfg = write_config(tmp_path, tmp_path / "cache", source='kind = "synthetic"',
+                       latency_ms=200.0)
+    cfg.write_text(cfg.read_text().replace('[source]\nkind = "synthetic"\n', (
+        f'[[sources]]\nname = "a"\nrate_hz = 40\nsize = 96\nmodel = "{tmp_path}/det/best.onnx"\n'
+        f'[[sources]]\nname = "b"\nrate_hz = 40\nsize = 96\nmodel = "{tmp_path}/cls/best.onnx"\n'
+        '[[sources]]\nname = "c"\nrate_hz = 1\nsize = 64\n'))
+        .replace("accuracy_floor = 0.99\n", ""))
+    d = Serve(tmp_path, cfg)
+    try:
+        wait(lambda: (h := last_health(d.outbox)) and min(
+            h["pipeline"]["sources"][s].get("results", 0) for s in "ab") >= 400, 90,
+            "live energies of both", d)
+        h = last_health(d.outbox)
+    finally:
+        assert d.stop() == 0
+    m = {x["sources"][0]: x for x in h["models"] if x["key"]}
+    assert m["a"]["model"] == m["b"]["model"] == "best"
+    assert m["a"]["choice"] == m["b"]["choice"]  # the same variant id
+    # a bare .onnx: accuracy unknown, said as null (its rung takes it as 1.0)
+    assert m["a"]["accuracy"] is None and "accuracy unknown" in m["a"]["reason"]
+    assert h["models"][0]["accuracy"] == pytest.approx(h["accuracy"])  # the bundled one's
+    # the detector costs several times the classifier per inference, live as profiled
+    assert m["a"]["rung_energy_mj"] > 2 * m["b"]["rung_energy_mj"], m
+
+
+def test_64_sources_on_64_models_plan_in_milliseconds_not_seconds(tmp_path):
+    """The budget asks for every source's model key many times a tick (targets per model,
+    loads, health): each key resolves paths, so with 64 sources on 64 models a health
+    message took seconds and a SIGTERM waited for minutes of re-planning. Keys are
+    remembered: what health does (65 x the streams) stays well under a second."""
+    import shutil
+
+    from runtime.daemon import Daemon
+
+    srcs = []
+    for i in range(64):
+        (tmp_path / f"m{i}").mkdir()
+        shutil.copy(bundled("inspection") / "fp32.onnx", tmp_path / f"m{i}" / "model.onnx")
+        srcs.append({"name": f"cam{i}", "rate_hz": 1,
+                     "model": str(tmp_path / f"m{i}" / "model.onnx")})
+    d = Daemon(from_dict({"daemon": {"state_dir": str(tmp_path / "state")}, "sources": srcs}))
+    t0 = time.perf_counter()
+    for _ in range(65):
+        streams = d._streams()
+    took = time.perf_counter() - t0
+    assert len({s.model for s in streams}) == 64
+    assert took < 2.0, f"65 x the streams of 64 sources took {took:.2f} s"
+
+
+def test_health_of_64_sources_on_64_models_fits_what_a_coordinator_admits():
+    """65 models (the [model] and 64 sources' own) with paths as a factory names them and long
+    reasons (a tiled detector's target explained, the box's share) and 64 sources' health:
+    under the 64 KiB a coordinator admits (each reason took up to 4000 characters)."""
+    import json
+
+    from runtime.daemon import share_reasons
+    from runtime.telemetry import payloads
+
+    models = [{"key": "" if i == 0 else f"/srv/edgerun/models/line-3/station-{i:02d}/"
+               "yolov8n-scratches-v2/best.onnx",
+               "model": "best", "choice": "best/int8@onnxruntime:CPU/t1,opt=all", "rung": 2,
+               "rungs": 3, "accuracy": None, "rung_energy_mj": 1.2345, "target_ms": 1.7361,
+               "infer_hz": 9.0, "power_w": 0.0111, "sources": [f"camera-{i:02d}"] if i else [],
+               "reason": "best/int8@onnxruntime:CPU/t1,opt=all: lowest energy ... " * 18}
+              for i in range(65)]
+    sources = {f"camera-{i:02d}": {"state": "running", "rate_hz": 1.0, "e2e_p95_ms": 12.345,
+                                   "backlog": 0, "model": "best", "tiles": 9,
+                                   "variant": "best/int8@onnxruntime:CPU/t1,opt=all",
+                                   "frames": 123456, "results": 123456, "dropped_stale": 12,
+                                   "skipped_rate": 1234, "source_errors": 0}
+               for i in range(64)}
+    body = json.dumps({"models": share_reasons(models), "pipeline": {"sources": sources}})
+    assert all(len(m["reason"]) <= 4096 for m in models)
+    assert len(body.encode()) + 8_000 < payloads.MAX_BYTES["health"], len(body)  # + the rest
+    assert models[1]["reason"].startswith("best/int8@onnxruntime:CPU/t1,opt=all: lowest")
+
+
+def test_a_refused_sources_share_of_the_rate_cap_goes_to_the_others(tmp_path):
+    """Two 10 Hz cameras, the second's own model failed at start: a combined cap is all
+    the first's (it got half, the refused source's half lost)."""
+    from runtime.daemon import Daemon
+
+    cfg = from_dict({"daemon": {"state_dir": str(tmp_path / "state")}, "sources": [
+        {"name": "a", "rate_hz": 10}, {"name": "b", "rate_hz": 10, "model": "defects"}]})
+    d = Daemon(cfg)
+    assert [lane.share for lane in d._lanes()] == [0.5, 0.5]
+    d.failed_models["defects"] = "model 'defects' cannot be used: ModelError: corrupt"
+    a, b = d._lanes()
+    assert (a.share, b.share) == (1.0, 0.0) and b.refused.startswith("model 'defects'")
+    assert [s.name for s in d._streams()] == ["a"]
+
+
+def test_a_new_model_measurement_keeps_the_other_models_live_energies(tmp_path):
+    """Installing a new measurement of the [model]'s model (an OTA swap, a re-profile when
+    the temperature moved) starts that model's live energies afresh; the sources' own models
+    did not change, so theirs (learnt from live traffic) are kept (they were all cleared)."""
+    from runtime.daemon import Daemon
+
+    d = Daemon(load(_two_models(tmp_path)))
+    d.start()
+    try:
+        def learnt() -> bool:
+            d.control_tick()
+            return any("\x00" in k for k in d._live_energy) and any(
+                "\x00" not in k for k in d._live_energy)
+
+        wait(learnt, 60, "live energies of both models")
+        theirs = {k: v for k, v in d._live_energy.items() if "\x00" in k}
+        d._install(d._measure_model(Path(d.manifest.root)))
+        assert {k: v for k, v in d._live_energy.items() if "\x00" in k} == theirs
+        assert not any("\x00" not in k for k in d._live_energy)  # the [model]'s: afresh
+    finally:
+        d.stop()
