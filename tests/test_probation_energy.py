@@ -169,7 +169,7 @@ def test_native_cpu_of_other_threads_is_not_billed_to_a_single_thread_onnxruntim
     prof = Profile("v", "m", "fp32", engine, "CPU", threads, energy_mj=6.0, cpu_ms=1.0)
     d = SimpleNamespace(sim=None, _native_cpu=1.0, _reprofiling=threading.Lock(),
                         pipeline=SimpleNamespace(take_infer_cpu=lambda: {"v": (50, 0.05)}),
-                        _live_acc={}, by_id={"v": prof}, _live_energy={},
+                        _live_acc={}, by_id={"v": prof}, _by_live={"v": prof}, _live_energy={},
                         _running_id=lambda: "v", _live_rungs=lambda *a: [], source_models={})
     dm.Daemon._update_live_energy(d)
     assert d._live_energy["v"] * 1e3 == pytest.approx(mj)  # 1 ms of CPU an inference, 6 W
