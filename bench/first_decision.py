@@ -2,17 +2,27 @@
 time to the final choice, and the final choice's energy against the exhaustive choice's.
 
     python bench/first_decision.py [--runs 3] [--latency-ms 20]     # the bundled model
+    python bench/first_decision.py --detector [--runs 2]    # a ~100 ms detector's ladder
     python bench/first_decision.py --heavy [--channels 48] [--runs 1]   # a conv net, 4 forms
 
 Each run starts cold (empty profile caches) and measures both schedules one after the other
 (the order alternates between runs, so drift on a shared machine does not favour one). Times
 are from the start of profiling (manifest, idle baseline, measuring) to the choice; engines
-are discovered once beforehand (reported).
+are discovered once beforehand (reported). Every line carries the 1-minute load average.
 
-Energy is compared on the exhaustive run's numbers: the fast schedule's final variant as the
-exhaustive run measured it, over the exhaustive choice's energy. Comparing each schedule's
-own measurement would add the run-to-run noise of two measurements of the same variant.
+Selection quality, side by side with the noise floor, per run:
 
+- the fast schedule's final variant's energy *as the exhaustive pass measured it*, over the
+  exhaustive choice's (one measurement of each, the same pass);
+- the same on the medians of `--repeats` + 1 full-length measurements of each (the
+  exhaustive pass's plus `--repeats` more, interleaved A B A B ...);
+- the noise floor: how far those repeated measurements of one variant spread, (max - min) /
+  median. A gap between two choices smaller than this is not a measurable difference.
+
+`--detector` generates a YOLOv8-shaped detector (`detector_model`: output [1, 7, 3549], 416 px,
+~100 ms fp32 ORT on one core of this EPYC when quiet), prepares it with the real `edgerun
+models prepare` on generated unlabelled images (fp32, fp16, int8; prepare makes no reduced
+form of a detector) and keeps both under `--cache` for the next run.
 `--heavy` builds a conv net (fp32 ORT on one EPYC core, p95 measured: 25.6 ms at the default
 24 channels, 29.1 ms at `--channels 48`; several times that on a loaded machine) and prepares
 its ladder (fp32, fp16, int8, reduced resolution) with `runtime.prepare` on generated images.
@@ -365,7 +375,8 @@ def main() -> int:
                     ex, t_ex = run_exhaustive(model, cfg_for("exhaustive"), backends, meter,
                                               device, c)
             first_id, t_first, final_id, t_final, n_full, n_all, fast_profiles = fast
-            ref = next((p for p in fast_profiles if p.ok and p.precision == "fp32"
+            measured = fast_profiles if args.no_exhaustive else ex.profiles
+            ref = next((p for p in measured if p.ok and p.precision == "fp32"
                         and p.engine == "onnxruntime" and p.threads == 1
                         and "-" not in p.model), None)  # the model's class: plain fp32, 1 core
             if ref is not None:
