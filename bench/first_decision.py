@@ -19,10 +19,10 @@ Selection quality, side by side with the noise floor, per run:
 - the noise floor: how far those repeated measurements of one variant spread, (max - min) /
   median. A gap between two choices smaller than this is not a measurable difference.
 
-`--detector` generates a YOLOv8-shaped detector (`detector_model`: output [1, 7, 3549], 416 px,
-~100 ms fp32 ORT on one core of this EPYC when quiet), prepares it with the real `edgerun
-models prepare` on generated unlabelled images (fp32, fp16, int8; prepare makes no reduced
-form of a detector) and keeps both under `--cache` for the next run.
+`--detector` generates a YOLOv8-shaped detector (`detector_model`: output [1, 7, 3549], 416
+px, 108 ms of CPU time per fp32 ORT inference on one core of this EPYC), prepares it with the
+real `edgerun models prepare` on generated unlabelled images (fp32, fp16, int8; prepare makes
+no reduced form of a detector) and keeps both under `--cache` for the next run.
 `--heavy` builds a conv net (fp32 ORT on one EPYC core, p95 measured: 25.6 ms at the default
 24 channels, 29.1 ms at `--channels 48`; several times that on a loaded machine) and prepares
 its ladder (fp32, fp16, int8, reduced resolution) with `runtime.prepare` on generated images.
