@@ -212,10 +212,12 @@ def finalists(profiles: Sequence[Profile], c: Constraints, floor: float = NOISE_
         return []
     ok = [p for p in profiles if p.ok and p.stage == "full"
           and effective_accuracy(p) is not None and not math.isnan(p.energy_mj)]
+    accs = [a for p in profiles if p.ok and (a := effective_accuracy(p)) is not None]
+    if not ok or not accs:
+        return []
     floor_acc = c.accuracy_floor
     if floor_acc is None:
-        floor_acc = max(effective_accuracy(p) for p in profiles  # type: ignore[type-var]
-                        if p.ok and effective_accuracy(p) is not None) - AUTO_TOLERANCE
+        floor_acc = max(accs) - AUTO_TOLERANCE
     cap = _bounds(choice.energy_mj, choice.energy_ci, floor)[1]
     near = [p for p in ok if p.variant_id != choice.variant_id
             and effective_accuracy(p) >= floor_acc  # type: ignore[operator]

@@ -199,6 +199,12 @@ FINAL = [
      [P("a", 5, 1.0), P("b", 20.5, 1.01)], Constraints(20), 0.05, 4, ["a", "b"]),
     ("no variant meets the target: the selector runs the fastest, nothing to settle",
      [P("a", 30, 1.0), P("b", 30.5, 1.01)], Constraints(20), 0.05, 4, []),
+    ("no accuracy known (bare non-fp32 forms): nothing to settle",
+     [P("a", 5, 1.0, acc=None, precision="fp16"), P("b", 5, 1.01, acc=None, precision="int8")],
+     Constraints(20), 0.05, 4, []),
+    ("a bare fp32 (accuracy taken as 1.0) and its thread variant tie",
+     [P("a", 5, 1.0, acc=None), P("b", 5, 1.01, acc=None)], Constraints(20), 0.05, 4,
+     ["a", "b"]),
     ("failed variants are not finalists",
      [P("a", 5, 1.0), P("b", 5, 1.01, ok=False)], Constraints(20), 0.05, 4, []),
 ]
