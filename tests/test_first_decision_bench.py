@@ -52,3 +52,19 @@ def test_noise_floor_arithmetic():
     assert bench.spread([1.0, 3.0, 2.0]) == "2.0 (1.0-3.0)"
     assert bench.spread([math.nan, 2.0]) == "2.0 (2.0-2.0)"
     assert bench.spread([math.nan]) == "n/a"
+
+
+def test_detector_ladder_is_prepared_by_the_cli_once_and_then_reused(tmp_path, capsys):
+    from runtime.manifest import load_manifest
+
+    bench = _bench()
+    out = bench.detector_ladder(tmp_path, hw=64, width=4, images=8)
+    printed = capsys.readouterr().out
+    assert "$ edgerun models prepare" in printed and "prepared in" in printed
+    m = load_manifest(out)
+    assert [v.precision for v in m.variants] == ["fp32", "fp16", "int8"]
+    assert all(v.accuracy is not None for v in m.variants)  # mAP against fp32's detections
+    doc = (out / "manifest.json").read_text()
+    assert '"task": "detect"' in doc and '"format": "yolov8"' in doc
+    again = bench.detector_ladder(tmp_path, hw=64, width=4, images=8)
+    assert again == out and "from the cache" in capsys.readouterr().out
