@@ -37,6 +37,8 @@ from runtime.onnx_model import file_sha256
 from runtime.refine import (
     NOISE_FLOOR,
     RoundSettings,
+    combine,
+    finalists,
     keep,
     mean_ci,
     observed_floor,
@@ -392,11 +394,14 @@ def refine(work: Work, profiles: Sequence[Profile], profiler: Profiler,
            constraints: Constraints,
            progress: Callable[[int, int, str], None] | None = None,
            pause: Callable[[], ContextManager] | None = None,
-           max_extra: int = 2) -> list[Profile]:
+           max_extra: int = 2, repeats: int = 1) -> list[Profile]:
     """The fast schedule's later rounds: each measures, longer, only the variants
     runtime.refine.keep still keeps; the last round is the full length. Then, while the kept
     set still holds variants not measured at full length (a full measurement moved the
-    picture), those are measured at full length too (at most `max_extra` times). Every
+    picture), those are measured at full length too (at most `max_extra` times). Last, the
+    near-ties for the choice (runtime.refine.finalists) are measured again at full length,
+    interleaved, `repeats` times, and each is judged on its combined measurements
+    (runtime.refine.combine): one measurement each would pick among them by noise. Every
     result is cached. Returns the profiles in `work` order."""
     by_id = {p.variant_id: p for p in profiles}
     where = {v.id: (b, d, v) for b, d, v in work}
@@ -435,5 +440,18 @@ def refine(work: Work, profiles: Sequence[Profile], profiler: Profiler,
             log.info("measurements moved by up to %.0f %% between rounds (beyond their spread): "
                      "comparing with that margin from now on", wider * 100)
             floor = wider
+    for _ in range(repeats):
+        ids = set(finalists(list(by_id.values()), constraints, floor))
+        todo = [v.id for _, _, v in work if v.id in ids]  # work order, as above
+        for i, vid in enumerate(todo, start=1):
+            if progress:
+                progress(i, len(todo), f"{vid} (again: a near-tie)")
+            b, d, v = where[vid]
+            p = profiler.measure(b, v, schedule[-1], pause)
+            if not p.ok:  # it ran twice before: not recorded as a failure
+                log.info("%s failed when measured again (%s); its first full-length "
+                         "measurement stands", vid, p.error)
+            by_id[vid] = combine(by_id[vid], p)
+            profiler.record(v, d, by_id[vid])
     log_failures(failed)
     return [by_id[v.id] for _, _, v in work if v.id in by_id]

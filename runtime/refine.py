@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from runtime.selector import (
     AUTO_TOLERANCE,
@@ -33,6 +33,7 @@ from runtime.selector import (
 NOISE_FLOOR = 0.05  # run-to-run variation of a measurement that its own spread does not show
 ROUND_GROWTH = 4  # each refinement round measures this many times longer than the last
 ROUNDS = 3  # quick (1/16 of the full length), 1/4, full
+FINALISTS = 4  # at most this many near-ties are measured again at the end (`finalists`)
 
 
 @dataclass(frozen=True)
@@ -189,3 +190,71 @@ def observed_floor(pairs: Sequence[tuple[Profile, Profile]], floor: float = NOIS
     excess.sort()
     q90 = excess[min(len(excess) - 1, math.ceil(0.9 * len(excess)) - 1)]
     return min(max(floor, q90), cap)
+
+
+def finalists(profiles: Sequence[Profile], c: Constraints, floor: float = NOISE_FLOOR,
+              n: int = FINALISTS) -> list[str]:
+    """Variant ids to measure again before the final choice: the selector's choice and the
+    variants that, measured at full length, could still be the choice within the noise band
+    (eligible, could meet the latency target, optimistic energy no higher than the choice's
+    pessimistic one), closest in energy first, at most `n`. One full-length measurement of
+    each decides between near-ties by noise (on a busy machine the same variant measured
+    twice differs by more than the gap), so these get a second one, interleaved, and are
+    compared on the combined numbers (`combine`). Empty when there is nothing to settle:
+    one candidate, a choice not measured at full length, or no variant meeting the target.
+    Pure."""
+    try:
+        sel = select(profiles, c)
+    except NoVariantError:
+        return []
+    choice = sel.profile
+    if not sel.met or choice.stage != "full":
+        return []
+    ok = [p for p in profiles if p.ok and p.stage == "full"
+          and effective_accuracy(p) is not None and not math.isnan(p.energy_mj)]
+    accs = [a for p in profiles if p.ok and (a := effective_accuracy(p)) is not None]
+    if not ok or not accs:
+        return []
+    floor_acc = c.accuracy_floor
+    if floor_acc is None:
+        floor_acc = max(accs) - AUTO_TOLERANCE
+    cap = _bounds(choice.energy_mj, choice.energy_ci, floor)[1]
+    near = [p for p in ok if p.variant_id != choice.variant_id
+            and effective_accuracy(p) >= floor_acc  # type: ignore[operator]
+            and _bounds(p.latency(c.percentile), p.latency_ci, floor)[0] <= c.latency_ms
+            and _bounds(p.energy_mj, p.energy_ci, floor)[0] <= cap]
+    if not near:
+        return []
+    near.sort(key=lambda p: abs(p.energy_mj - choice.energy_mj))
+    return [choice.variant_id] + [p.variant_id for p in near[:n - 1]]
+
+
+def combine(a: Profile, b: Profile) -> Profile:
+    """Two full-length measurements of one variant as one: run-weighted means of energy,
+    CPU time and latency percentiles; each interval the wider of what the two intervals give
+    for the mean and half the gap between the two values (what a second measurement shows
+    about run-to-run noise). A failed second measurement leaves the first. Pure."""
+    if not b.ok:
+        return a
+    if not a.ok:
+        return b
+    n = a.runs + b.runs
+    wa, wb = (a.runs / n, b.runs / n) if n else (0.5, 0.5)
+
+    def mix(x: float, y: float) -> float:
+        return wa * x + wb * y
+
+    def ci(x: float, cx: float, y: float, cy: float) -> float:
+        m = mix(x, y)
+        if not m > 0:
+            return math.inf
+        cx = math.inf if math.isnan(cx) else cx
+        cy = math.inf if math.isnan(cy) else cy
+        pooled = math.sqrt((wa * x * cx) ** 2 + (wb * y * cy) ** 2) / m
+        return max(pooled, abs(x - y) / 2 / m)
+
+    return replace(a, runs=n, energy_mj=mix(a.energy_mj, b.energy_mj),
+                   cpu_ms=mix(a.cpu_ms, b.cpu_ms), p50_ms=mix(a.p50_ms, b.p50_ms),
+                   p95_ms=mix(a.p95_ms, b.p95_ms), p99_ms=mix(a.p99_ms, b.p99_ms),
+                   energy_ci=ci(a.energy_mj, a.energy_ci, b.energy_mj, b.energy_ci),
+                   latency_ci=ci(a.p95_ms, a.latency_ci, b.p95_ms, b.latency_ci))

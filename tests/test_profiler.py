@@ -23,6 +23,7 @@ from runtime.profiler import (
     refine,
     to_refine,
 )
+from runtime.selector import Profile
 
 CFG = BackendsConfig(threads=(1,))
 
@@ -407,3 +408,55 @@ def test_measure_first_serves_early_and_rest_completes_the_schedule(tmp_path):
     # the exhaustive schedule: everything at full length before returning, nothing after
     m3, rest3 = first(cfg(schedule="exhaustive", cache_dir=str(tmp_path / "x")))
     assert rest3 is None and {p.stage for p in m3.profiles} == {"full"}
+
+
+class _Scripted:
+    """The profiler's measuring replaced by a script of energies per variant (the schedule's
+    decisions given measurements, not a timing test); caching as the real one."""
+
+    def __init__(self, real, script):
+        self._real, self.script, self.calls = real, script, []
+
+    @property
+    def cfg(self):
+        return self._real.cfg
+
+    def record(self, v, d, p):
+        self._real.record(v, d, p)
+
+    def lookup(self, v, d):
+        return self._real.lookup(v, d)
+
+    def measure(self, backend, v, s, pause=None):
+        self.calls.append((v.id, s.final))
+        energies = self.script.get(v.id, [3.0])
+        n = sum(1 for vid, _ in self.calls if vid == v.id)
+        mj = energies[min(n, len(energies)) - 1]
+        return Profile(v.id, v.model.name, v.precision, v.engine, v.device, v.threads,
+                       p50_ms=1.0, p95_ms=1.0, p99_ms=1.0, runs=30, energy_mj=mj,
+                       energy_source="estimated", accuracy=v.model.accuracy,
+                       options=dict(v.options), stage="full" if s.final else "quick",
+                       energy_ci=0.01, latency_ci=0.01)
+
+
+def test_refine_measures_near_ties_again_and_chooses_on_the_combined_numbers(
+        tiny_model, fast_profiler_cfg):
+    from runtime.selector import Constraints, select
+
+    work = _work(tiny_model)
+    assert len(work) >= 3
+    a, b = work[0][2].id, work[1][2].id
+    # quick, refined, full, full again: a looks cheaper once at full length (by 3 %, inside
+    # the noise band); measured again it is the dearer one
+    script = {a: [1.0, 1.0, 1.0, 1.3], b: [1.02, 1.02, 1.03, 1.0]}
+    prof = _Scripted(Profiler(fast_profiler_cfg, EstimatedMeter(5.0, 2.0), "test-device"),
+                     script)
+    c = Constraints(1000)
+    quick, _, _ = quick_pass(work, prof)
+    final = refine(work, quick, prof, c)
+    full = [vid for vid, final_len in prof.calls if final_len]
+    assert full.count(a) == 2 and full.count(b) == 2  # each finalist measured again once
+    assert all(full.count(v.id) == 0 for _, _, v in work[2:])  # the clear losers were not
+    choice = select(final, c).profile
+    assert choice.variant_id == b and choice.runs == 60
+    assert choice.energy_mj == pytest.approx(1.015)

@@ -8,6 +8,8 @@ import math
 import pytest
 
 from runtime.refine import (
+    combine,
+    finalists,
     first_decision_ready,
     keep,
     mean_ci,
@@ -18,11 +20,12 @@ from runtime.selector import Constraints, Profile, select
 
 
 def P(vid: str, p95: float, mj: float, acc: float | None = 0.9, ci: float = 0.0,
-      lat_ci: float = 0.0, ok: bool = True, model: str = "m", precision: str = "fp32"
-      ) -> Profile:
+      lat_ci: float = 0.0, ok: bool = True, model: str = "m", precision: str = "fp32",
+      stage: str = "full", runs: int = 10) -> Profile:
     return Profile(vid, model, precision, "e", "CPU", 1, status="ok" if ok else "failed",
-                   p50_ms=p95 * 0.8, p95_ms=p95, p99_ms=p95 * 1.2, runs=10, energy_mj=mj,
-                   energy_source="estimated", accuracy=acc, energy_ci=ci, latency_ci=lat_ci)
+                   p50_ms=p95 * 0.8, p95_ms=p95, p99_ms=p95 * 1.2, runs=runs, energy_mj=mj,
+                   energy_source="estimated", accuracy=acc, energy_ci=ci, latency_ci=lat_ci,
+                   stage=stage)
 
 
 KEEP = [
@@ -172,3 +175,81 @@ def test_a_wider_floor_keeps_what_a_noisy_round_would_have_pruned():
     profiles = [P("a", 5, 1.0), P("b", 5, 1.25)]
     assert keep(profiles, Constraints(20)) == {"a"}
     assert keep(profiles, Constraints(20), floor=0.2) == {"a", "b"}
+
+
+FINAL = [
+    # (name, profiles, constraints, floor, n, finalists in order)
+    ("a clear winner: nothing to settle",
+     [P("a", 5, 1.0), P("b", 5, 2.0)], Constraints(20), 0.05, 4, []),
+    ("a near-tie: the choice and its rival",
+     [P("a", 5, 1.0), P("b", 5, 1.06), P("c", 5, 2.0)], Constraints(20), 0.05, 4, ["a", "b"]),
+    ("the widened (observed) noise floor brings more in, closest first, at most n",
+     [P("a", 5, 1.0), P("d", 5, 1.5), P("b", 5, 1.1), P("c", 5, 1.3)], Constraints(20), 0.3,
+     3, ["a", "b", "c"]),
+    ("a rival measured only briefly is not a finalist (refine measured it at full length "
+     "if it was still in the race)",
+     [P("a", 5, 1.0), P("b", 5, 1.02, stage="refined")], Constraints(20), 0.05, 4, []),
+    ("a choice not measured at full length: nothing to settle here",
+     [P("a", 5, 1.0, stage="quick"), P("b", 5, 1.02)], Constraints(20), 0.05, 4, []),
+    ("a cheaper rival below the accuracy floor is a rung, not a finalist",
+     [P("a", 5, 1.0, acc=0.95), P("b", 5, 0.98, acc=0.80)], Constraints(20), 0.05, 4, []),
+    ("a rival surely missing the target is not a finalist",
+     [P("a", 5, 1.0), P("b", 40, 1.01)], Constraints(20), 0.05, 4, []),
+    ("a rival that could meet the target is",
+     [P("a", 5, 1.0), P("b", 20.5, 1.01)], Constraints(20), 0.05, 4, ["a", "b"]),
+    ("no variant meets the target: the selector runs the fastest, nothing to settle",
+     [P("a", 30, 1.0), P("b", 30.5, 1.01)], Constraints(20), 0.05, 4, []),
+    ("no accuracy known (bare non-fp32 forms): nothing to settle",
+     [P("a", 5, 1.0, acc=None, precision="fp16"), P("b", 5, 1.01, acc=None, precision="int8")],
+     Constraints(20), 0.05, 4, []),
+    ("a bare fp32 (accuracy taken as 1.0) and its thread variant tie",
+     [P("a", 5, 1.0, acc=None), P("b", 5, 1.01, acc=None)], Constraints(20), 0.05, 4,
+     ["a", "b"]),
+    ("failed variants are not finalists",
+     [P("a", 5, 1.0), P("b", 5, 1.01, ok=False)], Constraints(20), 0.05, 4, []),
+]
+
+
+@pytest.mark.parametrize(("name", "profiles", "c", "floor", "n", "want"), FINAL,
+                         ids=[f[0] for f in FINAL])
+def test_finalists(name, profiles, c, floor, n, want):
+    assert finalists(profiles, c, floor, n) == want
+
+
+@pytest.mark.parametrize(("name", "profiles", "c", "floor", "n", "want"), FINAL,
+                         ids=[f[0] for f in FINAL])
+def test_finalists_are_a_subset_of_what_the_race_keeps(name, profiles, c, floor, n, want):
+    # A near-tie measured again is never one the race itself would have pruned.
+    assert set(finalists(profiles, c, floor, n)) <= keep(profiles, c, floor)
+
+
+def test_combine_weights_by_runs_and_widens_the_interval_to_the_gap():
+    a = P("a", 10, 1.0, ci=0.01, lat_ci=0.02, runs=30)
+    b = P("a", 14, 2.0, ci=0.01, lat_ci=0.02, runs=10)
+    m = combine(a, b)
+    assert m.runs == 40 and m.variant_id == "a" and m.stage == "full"
+    assert m.energy_mj == pytest.approx(1.25) and m.p95_ms == pytest.approx(11.0)
+    # the two disagree far beyond their own intervals: the gap is the honest interval
+    assert m.energy_ci == pytest.approx(0.5 / 1.25)
+    assert m.latency_ci == pytest.approx(2.0 / 11.0)
+    # two agreeing measurements narrow it below either one's own
+    same = combine(P("a", 10, 1.0, ci=0.1, runs=10), P("a", 10, 1.0, ci=0.1, runs=10))
+    assert same.energy_ci == pytest.approx(0.1 / math.sqrt(2))
+
+
+def test_combine_keeps_the_good_measurement_when_one_failed():
+    a = P("a", 10, 1.0)
+    assert combine(a, P("a", 1, 0.1, ok=False)) is a
+    assert combine(P("a", 1, 0.1, ok=False), a) is a
+
+
+def test_a_noisy_pair_is_settled_by_the_combined_numbers():
+    # b looked cheaper on one measurement; measured again it is the dearer one. The selector
+    # on the combined numbers picks a.
+    c = Constraints(20)
+    first = [P("a", 5, 1.05, ci=0.01), P("b", 5, 1.0, ci=0.01)]
+    assert select(first, c).profile.variant_id == "b"
+    assert finalists(first, c) == ["b", "a"]
+    second = {"a": P("a", 5, 0.95, ci=0.01), "b": P("b", 5, 1.2, ci=0.01)}
+    final = [combine(p, second[p.variant_id]) for p in first]
+    assert select(final, c).profile.variant_id == "a"
