@@ -83,6 +83,13 @@ CREATE TABLE IF NOT EXISTS claims (device TEXT NOT NULL, what TEXT NOT NULL,
 """
 
 
+# Store.claim: a claim is won when its row is new, or holds another state, or the same state
+# from longer than the window ago (see Store.claim)
+_CLAIM = ("INSERT INTO claims VALUES (?,?,?,?) ON CONFLICT(device, what) DO UPDATE SET "
+          "state = excluded.state, t = excluded.t WHERE claims.state <> excluded.state "
+          "OR claims.t < excluded.t - ?")
+
+
 class SQLiteDialect:
     """One connection in WAL mode, serialised by a lock; `BEGIN IMMEDIATE` makes each write
     transaction exclusive, which is also what orders several coordinators on one file."""
@@ -171,6 +178,17 @@ class SQLiteDialect:
                           row).rowcount:
                 new.append(row)
         return new
+
+    def claim_rows(self, db: Any, rows: Sequence[tuple[str, str, str, float]], window_s: float
+                   ) -> set[tuple[str, str]]:
+        """Store.claim's statement for each (device, what, state, t), keys distinct, in one
+        transaction; returns the (device, what) this call won. In-process: a statement a row
+        costs no round trip."""
+        won = set()
+        for device, what, state, t in rows:
+            if db.execute(_CLAIM, (device, what, state, t, window_s)).rowcount == 1:
+                won.add((device, what))
+        return won
 
     def insert_rows(self, db: Any, table: str, cols: Sequence[str], types: Sequence[str],
                     rows: Sequence[tuple]) -> None:
@@ -370,6 +388,21 @@ class PostgresDialect:
                        "?::bigint[], ?::text[], ?::float8[], ?::float8[], ?::text[])",
                        tuple(list(x) for x in c))
         return fresh
+
+    def claim_rows(self, db: Any, rows: Sequence[tuple[str, str, str, float]], window_s: float
+                   ) -> set[tuple[str, str]]:
+        """As SQLiteDialect.claim_rows in one statement: the rows inserted or updated come
+        back (RETURNING leaves out those the WHERE kept), locked in (device, what) order."""
+        if not rows:
+            return set()
+        c = list(zip(*rows, strict=True))
+        return {(d, w) for d, w in db.execute(
+            "INSERT INTO claims SELECT * FROM unnest(?::text[], ?::text[], ?::text[], "
+            "?::float8[]) AS u(device, what, state, t) ORDER BY device, what "
+            "ON CONFLICT (device, what) DO UPDATE SET state = excluded.state, t = excluded.t "
+            "WHERE claims.state <> excluded.state OR claims.t < excluded.t - ? "
+            "RETURNING device, what",
+            (list(c[0]), list(c[1]), list(c[2]), list(c[3]), window_s)).fetchall()}
 
     def insert_rows(self, db: Any, table: str, cols: Sequence[str], types: Sequence[str],
                     rows: Sequence[tuple]) -> None:

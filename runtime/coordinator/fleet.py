@@ -108,6 +108,25 @@ def tick(view: DeviceView, now: float, cfg: FleetConfig) -> DeviceView:
     return view if status == view.status else replace(view, status=status)
 
 
+def next_change(view: DeviceView, cfg: FleetConfig) -> float:
+    """The time after which `tick` would give this view another status with no message
+    arriving: for `t <= next_change`, tick(view, t) keeps view.status (for t not before the
+    moment the view was made or ticked), and it changes just after. math.inf when only a
+    message can change it (offline), -math.inf when the status is already not tick's
+    (a view nobody ticked). A refresh ages only the devices whose time has come, so its cost
+    follows the devices changing, not the fleet (service.py, ageing.py)."""
+    if view.asleep:
+        return (view.wake_at + cfg.wake_margin_s if view.status == "asleep"
+                else math.inf if view.status == "offline" else -math.inf)
+    if not view.online:
+        return math.inf if view.status == "offline" else -math.inf
+    if view.status == "online":
+        return view.last_seen + min(cfg.stale_after_s, cfg.offline_after_s)
+    if view.status == "stale":
+        return view.last_seen + cfg.offline_after_s
+    return math.inf if view.status == "offline" else -math.inf
+
+
 def clock(t: float) -> str:
     """HH:MM of a wall-clock time, in the coordinator's local time."""
     return time.strftime("%H:%M", time.localtime(t))
@@ -118,11 +137,22 @@ def status_text(status: str, wake_at: float) -> str:
     return f"asleep (next wake {clock(wake_at)})" if status == "asleep" else status
 
 
+def version_of(view: DeviceView) -> str | None:
+    """The edgerun version a device reported (None when it did not)."""
+    v = view.versions.get("edgerun") if isinstance(view.versions, Mapping) else None
+    return str(v) if v else None
+
+
+def majority_of(counts: Mapping[str, int]) -> str | None:
+    """The version with the most devices in `counts` (version -> devices); a tie goes to the
+    highest version string, so the answer never depends on the order devices were seen."""
+    best = max(((n, ver) for ver, n in counts.items() if n > 0), default=None)
+    return best[1] if best else None
+
+
 def majority_version(views: Iterable[DeviceView]) -> str | None:
     """The edgerun version most devices run (None when no device reported one)."""
-    counts = Counter(str(v.versions.get("edgerun")) for v in views
-                     if isinstance(v.versions, Mapping) and v.versions.get("edgerun"))
-    return counts.most_common(1)[0][0] if counts else None
+    return majority_of(Counter(ver for v in views if (ver := version_of(v)) is not None))
 
 
 def _num(h: Mapping[str, Any], *path: str) -> float | None:
@@ -200,6 +230,20 @@ def refresh(views: Mapping[str, DeviceView], now: float, cfg: FleetConfig
     ticked = {k: tick(v, now, cfg) for k, v in views.items()}
     version = majority_version(ticked.values())
     return {k: replace(v, alerts=alerts(v, cfg, version)) for k, v in ticked.items()}
+
+
+def refresh_some(views: Mapping[str, DeviceView], devices: Iterable[str], now: float,
+                 cfg: FleetConfig, fleet_version: str | None) -> dict[str, DeviceView]:
+    """`refresh` of some devices only (those that changed, or whose `next_change` passed),
+    against the fleet's majority version counted elsewhere; devices not in `views` are
+    skipped."""
+    out = {}
+    for d in devices:
+        v = views.get(d)
+        if v is not None:
+            t = tick(v, now, cfg)
+            out[d] = replace(t, alerts=alerts(t, cfg, fleet_version))
+    return out
 
 
 def transitions(before: Mapping[str, DeviceView], after: Mapping[str, DeviceView]

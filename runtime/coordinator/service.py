@@ -32,6 +32,7 @@ from typing import Any
 import paho.mqtt.client as mqtt
 
 from runtime.coordinator import fleet, webhooks
+from runtime.coordinator.ageing import Ageing
 from runtime.coordinator.config import CoordinatorConfig
 from runtime.coordinator.store import Inbound, Store
 from runtime.telemetry import commands, payloads
@@ -80,7 +81,11 @@ class Coordinator:
         self._views_lock = threading.Lock()
         self._rlog = RateLimitedLog(log)
         self._device_keys: dict[str, tuple[float, Any]] = {}  # device -> (mtime, key or None)
-        self.views: dict[str, fleet.DeviceView] = self._restore_views()
+        # which views a refresh recomputes (touched, or due by silence) and the version counts
+        self._ageing = Ageing()
+        self._fleet_version: str | None = None
+        self._to_send: list[tuple[str, str, str, float, dict]] = []  # alerts for the webhook
+        self.views = self._restore_views()
         self._views_loaded = time.time()  # last full read of the store's `devices`
         self._inbox: queue.Queue = queue.Queue(maxsize=50_000)
         self._waiters: dict[str, tuple[threading.Event, list]] = {}
@@ -138,6 +143,17 @@ class Coordinator:
             self.store.quarantine([(d, f"(store) {w}", why, 0, now) for d, w, why in bad])
         # the shared `devices` table, written by every coordinator on this store, wins
         return fleet.refresh({**views, **self.store.views()}, now, self.fleet_cfg)
+
+    @property
+    def views(self) -> dict[str, fleet.DeviceView]:
+        """Every device's view (updated in place under the views lock)."""
+        return self._views
+
+    @views.setter
+    def views(self, value: dict[str, fleet.DeviceView]) -> None:
+        # replaced whole (at start, by tests): every device is due at the next refresh
+        self._views = value
+        self._ageing.reset(value)
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -279,12 +295,15 @@ class Coordinator:
                 except Exception as e:  # the view must survive any message
                     bad.append((m.device, sources[i][0], f"fleet view: {type(e).__name__}: {e}",
                                 sources[i][1], now))
+        first = self._first_for_births([(i, m) for i, m in enumerate(inbound)
+                                        if i not in refused_idx and m.kind == "state"
+                                        and m.msg.get("online")])
         for i, m in enumerate(inbound):
             if i not in refused_idx and m.kind in ("event", "state"):
                 try:  # model rollouts follow devices' events and returns
                     if m.kind == "event":
                         self.rollouts.on_event(m.device, m.msg)
-                    elif m.msg.get("online") and self._first_for_birth(m.device, m.msg):
+                    elif m.msg.get("online") and first.get(i, False):
                         self.rollouts.on_online(m.device, m.msg.get("model_version"))
                 except Exception:
                     log.exception("rollout bookkeeping for %s failed", m.device)
@@ -315,6 +334,7 @@ class Coordinator:
         return device, kind, msg
 
     def _update_view(self, m: Inbound, now: float) -> None:
+        self._ageing.touch(m.device)
         view = self.views.get(m.device) or fleet.DeviceView(m.device)
         if m.kind == "state":
             self.views[m.device] = fleet.on_state(view, m.msg, now)
@@ -394,13 +414,33 @@ class Coordinator:
         if full:
             self._views_loaded = now
         with self._views_lock:
-            before = self.views
-            self.views = fleet.refresh({**before, **shared}, now, self.fleet_cfg)
-            changes = fleet.transitions(before, self.views)
+            # Only the devices touched since the last refresh (a message here, a row from
+            # the store) and those whose silence threshold passed are aged and re-alerted
+            # (ageing.py): a refresh costs the devices changing, not the fleet.
+            views = self._views
+            before = {d: views[d] for d in shared if d in views}
+            views.update(shared)
+            due = self._ageing.take(now) | shared.keys()
+            for d in due:
+                if d in views:
+                    before.setdefault(d, views[d])
+                    self._ageing.count_version(d, views[d])
+            version = self._ageing.majority()
+            if version != self._fleet_version:  # every device's `version` alert may change
+                self._fleet_version = version
+                before = {**views, **before}
+                due = set(views)
+            after = fleet.refresh_some(views, sorted(due), now, self.fleet_cfg, version)
+            views.update(after)
+            self.counters["views_recomputed"] += len(after)
+            for d, v in after.items():
+                self._ageing.schedule(d, v, self.fleet_cfg)
+            changes = fleet.transitions(before, after)
             # under the lock: fleet_view() refreshes from HTTP threads too, and each
             # transition must be recorded and sent exactly once, in order
-            self._record_alerts(fleet.alert_changes(before, self.views), now)
+            self._record_alerts(fleet.alert_changes(before, after), now)
             self._settle_clears(now)
+            self._send_alerts()
         if len(changes) <= 20:
             for device, old, new in changes:
                 log.info("device %s: %s -> %s", device, old, new)
@@ -458,36 +498,46 @@ class Coordinator:
         else:
             quiet[(code, state)] += 1
         if self.webhook is not None and (not self.cfg.webhook_alerts
-                                         or code in self.cfg.webhook_alerts) \
-                and self._first_to_send(device, code, state, now):
-            self.webhook.submit(body)
+                                         or code in self.cfg.webhook_alerts):
+            self._to_send.append((device, code, state, now, body))  # by _send_alerts
 
-    def _first_for_birth(self, device: str, msg: dict) -> bool:
-        """Whether this coordinator re-sends a returning device its desired model and
-        settings: every coordinator of a share_group gets every birth (states are not
-        shared), and two `deploy`s make the device refuse the second ("busy"), which failed
-        its part of a rollout. The first to claim the birth in the store does it."""
-        if not self.cfg.share_group:
-            return True
+    def _send_alerts(self) -> None:
+        """Hand a refresh's alert transitions to the webhook. With several coordinators on
+        one store (share_group) each computes every transition from the shared view: only
+        those this one claims first are sent, all claimed in one store transaction (a fleet
+        going stale at once was one transaction an alert). A store error sends them all (a
+        duplicate is better than a lost alert). Under the views lock; submit never blocks."""
+        pending, self._to_send = self._to_send, []
+        if not pending or self.webhook is None:
+            return
+        won = [True] * len(pending)
+        if self.cfg.share_group:
+            try:
+                won = self.store.claim_many([(d, f"alert:{code}", state, t)
+                                             for d, code, state, t, _ in pending])
+            except Exception as e:
+                self._rlog.log("alert-claim", "could not check the store for alert duplicates "
+                               "(sending anyway): %s", e, level=logging.ERROR)
+        for (*_, body), first in zip(pending, won, strict=True):
+            if first:
+                self.webhook.submit(body)
+
+    def _first_for_births(self, births: list[tuple[int, Inbound]]) -> dict[int, bool]:
+        """Per (index, birth) of a batch, whether this coordinator re-sends the returning
+        device its desired model and settings: every coordinator of a share_group gets every
+        birth (states are not shared), and two `deploy`s make the device refuse the second
+        ("busy"), which failed its part of a rollout. The first to claim the birth in the
+        store does it; a batch's births are claimed in one transaction."""
+        if not self.cfg.share_group or not births:
+            return {i: True for i, _ in births}
         try:
-            return self.store.claim(device, "birth", f"{msg['boot']}@{msg['t']}", time.time())
+            won = self.store.claim_many([(m.device, "birth", f"{m.msg['boot']}@{m.msg['t']}",
+                                          time.time()) for _, m in births])
         except Exception as e:
             self._rlog.log("birth-claim", "could not check the store for another "
                            "coordinator's re-send (re-sending): %s", e, level=logging.ERROR)
-            return True
-
-    def _first_to_send(self, device: str, code: str, state: str, now: float) -> bool:
-        """With several coordinators on one store (share_group) each computes every alert
-        transition from the shared view: only the first to claim it in the store sends it.
-        A store error sends it anyway (a duplicate is better than a lost alert)."""
-        if not self.cfg.share_group:
-            return True
-        try:
-            return self.store.claim(device, f"alert:{code}", state, now)
-        except Exception as e:
-            self._rlog.log("alert-claim", "could not check the store for alert duplicates "
-                           "(sending anyway): %s", e, level=logging.ERROR)
-            return True
+            won = [True] * len(births)
+        return {i: w for (i, _), w in zip(births, won, strict=True)}
 
     def alerts_view(self, limit: int = 200) -> dict[str, Any]:
         """Active alerts of every device (with when each was raised, None when it was

@@ -364,13 +364,39 @@ class Store:
         or the device must get it once. The same state again within `window_s` is another
         coordinator's duplicate; after that it is a new one (e.g. an alert's clear was
         missed while every coordinator was down)."""
-        with self._d.transaction() as db:
-            cur = db.execute("INSERT INTO claims VALUES (?,?,?,?) ON CONFLICT(device, what) "
-                             "DO UPDATE SET state = excluded.state, t = excluded.t "
-                             "WHERE claims.state <> excluded.state "
-                             "OR claims.t < excluded.t - ?",
-                             (device, what, state, float(t), float(window_s)))
-            return cur.rowcount == 1
+        return self.claim_many([(device, what, state, t)], window_s)[0]
+
+    def claim_many(self, items: Sequence[tuple[str, str, str, float]], window_s: float = 60.0
+                   ) -> list[bool]:
+        """`claim` for many (device, what, state, t) in one transaction (a refresh's alert
+        transitions, a batch's births): for each, whether this coordinator is the first.
+        The same rule as `claim`, row by row; the rows are taken in (device, what) order so
+        two coordinators claiming overlapping sets cannot deadlock (retried if one does),
+        and an item repeated in the list is decided after the one before it."""
+        if not items:
+            return []
+        for attempt in range(3):
+            try:
+                with self._d.transaction() as db:
+                    won: list[bool] = [False] * len(items)
+                    pending = sorted(range(len(items)), key=lambda i: items[i][:2])
+                    while pending:  # rounds: a key at most once per statement
+                        seen: set[tuple[str, str]] = set()
+                        now_, later = [], []
+                        for i in pending:
+                            (later if items[i][:2] in seen else now_).append(i)
+                            seen.add(items[i][:2])
+                        rows = [(items[i][0], items[i][1], items[i][2], float(items[i][3]))
+                                for i in now_]
+                        got = self._d.claim_rows(db, rows, float(window_s))
+                        for i in now_:
+                            won[i] = items[i][:2] in got
+                        pending = later
+                    return won
+            except self._d.retryable:
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
 
     def update(self, sql: str, args: Sequence[Any]) -> int:
         """A portable single statement in one transaction; returns the rows it changed
