@@ -41,6 +41,8 @@ def test_status_table(events, now, status):
     for kind, msg, t in events:
         v = fleet.on_state(v, msg, t) if kind == "state" else fleet.on_activity(v, t)
     assert fleet.tick(v, now, CFG).status == status
+    # views are copied attribute by attribute (fleet._with): nothing but the fields
+    assert set(vars(fleet.tick(v, now, CFG))) == set(fleet.DeviceView.__dataclass_fields__)
 
 
 @pytest.mark.parametrize("health, codes", [

@@ -62,6 +62,17 @@ class DeviceView:
     wake_at: float = 0.0  # ... until then (the device's clock)
 
 
+def _with(view: DeviceView, changes: dict[str, Any]) -> DeviceView:
+    """`dataclasses.replace(view, **changes)` without its per-field machinery (it was the
+    largest single cost of ingest: 3-4 replaces a message, ~14 µs each). DeviceView has no
+    __post_init__, slots or init-only fields, so copying its attributes is the same thing."""
+    new = object.__new__(DeviceView)
+    d = new.__dict__
+    d.update(view.__dict__)
+    d.update(changes)
+    return new
+
+
 def on_state(view: DeviceView, msg: Mapping[str, Any], now: float) -> DeviceView:
     """A birth (online) or death (will / clean stop) message arrived."""
     if msg["t"] < view.state_t and msg["boot"] != view.boot:
@@ -69,29 +80,30 @@ def on_state(view: DeviceView, msg: Mapping[str, Any], now: float) -> DeviceView
     # Within one boot, arrival order is the truth: the will carries the connect time,
     # so it is older than the birth it follows.
     asleep = not msg["online"] and msg.get("asleep") is True and "wake_at" in msg
-    new = replace(view, online=msg["online"], boot=msg["boot"], state_t=msg["t"],
-                  reason=msg.get("reason", ""), last_seen=now if msg["online"] else view.last_seen,
-                  asleep=asleep, wake_at=float(msg["wake_at"]) if asleep else 0.0)
+    changes = dict(online=msg["online"], boot=msg["boot"], state_t=msg["t"],
+                   reason=msg.get("reason", ""),
+                   last_seen=now if msg["online"] else view.last_seen,
+                   asleep=asleep, wake_at=float(msg["wake_at"]) if asleep else 0.0,
+                   status="online" if msg["online"] else "asleep" if asleep else "offline")
     if msg["online"]:
-        new = replace(new, versions=msg.get("versions", view.versions),
-                      model=msg.get("model", view.model), choice=msg.get("choice", view.choice))
-    return replace(new, status="online" if msg["online"] else
-                   "asleep" if asleep else "offline")
+        changes.update(versions=msg.get("versions", view.versions),
+                       model=msg.get("model", view.model), choice=msg.get("choice", view.choice))
+    return _with(view, changes)
 
 
 def on_activity(view: DeviceView, now: float, health: Mapping[str, Any] | None = None
                 ) -> DeviceView:
     """A result, event or health message arrived: the device is alive."""
-    new = replace(view, last_seen=max(view.last_seen, now))
+    changes: dict[str, Any] = {"last_seen": max(view.last_seen, now), "status": "online"}
     if health is not None:
         choice = health.get("choice")
-        new = replace(new, health=health,
-                      choice=choice if isinstance(choice, str) else view.choice)
-    if not new.online:
+        changes["health"] = health
+        changes["choice"] = choice if isinstance(choice, str) else view.choice
+    if not view.online:
         # Traffic after a death message: the birth was lost or is still in flight (or, for a
         # sleeper, it woke and the traffic overtook its birth).
-        new = replace(new, online=True, asleep=False)
-    return replace(new, status="online")
+        changes["online"], changes["asleep"] = True, False
+    return _with(view, changes)
 
 
 def tick(view: DeviceView, now: float, cfg: FleetConfig) -> DeviceView:
@@ -99,13 +111,13 @@ def tick(view: DeviceView, now: float, cfg: FleetConfig) -> DeviceView:
     the announced wake is `wake_margin_s` past."""
     if view.asleep:
         status = "offline" if now > view.wake_at + cfg.wake_margin_s else "asleep"
-        return view if status == view.status else replace(view, status=status)
+        return view if status == view.status else _with(view, {"status": status})
     if not view.online:
-        return view if view.status == "offline" else replace(view, status="offline")
+        return view if view.status == "offline" else _with(view, {"status": "offline"})
     silent = now - view.last_seen
     status = ("offline" if silent > cfg.offline_after_s
               else "stale" if silent > cfg.stale_after_s else "online")
-    return view if status == view.status else replace(view, status=status)
+    return view if status == view.status else _with(view, {"status": status})
 
 
 def next_change(view: DeviceView, cfg: FleetConfig) -> float:
@@ -242,7 +254,7 @@ def refresh_some(views: Mapping[str, DeviceView], devices: Iterable[str], now: f
         v = views.get(d)
         if v is not None:
             t = tick(v, now, cfg)
-            out[d] = replace(t, alerts=alerts(t, cfg, fleet_version))
+            out[d] = _with(t, {"alerts": alerts(t, cfg, fleet_version)})
     return out
 
 
