@@ -186,3 +186,36 @@ def test_refusals_still_name_the_field_and_its_path():
     with pytest.raises(payloads.PayloadError, match=r"^ack: at \(top level\): 'seq' is a "
                                                     r"required property"):
         payloads.decode("ack", b'{"v": 1, "stream": "s", "from": 1}')
+
+
+@pytest.mark.parametrize("raw", [
+    b'"\\ud800"', b'{"\\udc00": 1}', b'{"a": ["x", {"b": "\\ud83d"}]}',  # lone surrogates
+    b'"\\ud83d\\ude00"', b'"\\\\ud800"', b'{"a": "\\u00e9"}',  # a pair, an escaped \\, é
+    "\"\ud800\"", "{\"a\": \"\udfff\"}",  # a str holding a lone surrogate as such
+    b"[" * 16 + b"]" * 16, b"[" * 17 + b"]" * 17, b'{"a":' * 16 + b"1" + b"}" * 16,
+    b'{"a":' * 17 + b"1" + b"}" * 17,
+    b'{"a": "' + b"[" * 40 + b'"}',  # brackets inside a string are not nesting
+    b'[' * 15 + b'"\\ud800"' + b']' * 15,  # deep and a surrogate
+])
+def test_safejson_shortcut_refuses_exactly_what_the_full_walk_refuses(raw):
+    """safejson.loads skips the tree walk when no `\\u` escape and too few brackets make a
+    failure impossible; it must refuse exactly what walking every node refuses."""
+    import json
+
+    from runtime.telemetry import safejson
+
+    def reference(raw):
+        text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+        obj = json.loads(text)
+        safejson._check_tree(obj, safejson.MAX_DEPTH)
+        return obj
+
+    try:
+        want = ("ok", reference(raw))
+    except safejson.JsonRejected as e:
+        want = ("refused", str(e))
+    try:
+        got = ("ok", safejson.loads(raw))
+    except safejson.JsonRejected as e:
+        got = ("refused", str(e))
+    assert got == want
