@@ -252,3 +252,28 @@ def test_health_timeline_and_history_on_both_backends(store_url):
     store.prune(keep_health_s=1, keep_events_s=1)
     assert store.health_series("d1", t0, t0 + 60, [("temp_c", "MAX")]) == []
     store.close()
+
+
+def test_bodies_with_every_awkward_character_come_back_as_sent(store_url):
+    """The batch's JSON bodies go to PostgreSQL as binary text arrays (dialect.sql: `%b`):
+    quotes, backslashes, braces, commas, the word NULL, non-ASCII and control characters in
+    labels, states and health come back byte for byte on both backends."""
+    odd = ['say "hi"', "back\\slash", "{brace},comma", "NULL", "", "é ü 中 😀", "tab\tnew\nline",
+           "\\u0000 not an escape", "\x01"]
+    batch = {"v": 1, "stream": "s", "boot": "b1", "floor": 1,
+             "results": [{"seq": i + 1, "t": 1.0, "label": label} for i, label in
+                         enumerate(odd)]}
+    health = {"v": 1, "t": time.time(), "boot": "b1", "choice": odd[0] + odd[1] + odd[5],
+              "sensor_problems": odd}
+    state = {**_state(True, time.time()), "reason": odd[2] + odd[6]}
+    store = Store(store_url)
+    try:
+        store.ingest([Inbound("d1", "result", batch), Inbound("d1", "health", health),
+                      Inbound("d1", "state", state)])
+        assert [r["label"] for r in store.results("d1")] == odd
+        assert store.latest_health()["d1"] == health
+        assert store.states()["d1"] == state
+        view = store.views()["d1"]
+        assert view.health == health and view.choice == health["choice"]
+    finally:
+        store.close()
