@@ -277,3 +277,27 @@ def test_bodies_with_every_awkward_character_come_back_as_sent(store_url):
         assert view.health == health and view.choice == health["choice"]
     finally:
         store.close()
+
+
+def test_changed_views_decodes_each_row_once_per_change(store_url):
+    """A refresh read every row changed in the last 3 s on every call (6,000 rows a second
+    at 10,000 devices). Store.changed_views skips rows whose `updated` stamp was already
+    merged, and Store.ingest's `written` hands the writer its own rows' stamps and views."""
+    s1, s2 = Store(store_url), Store(store_url)
+    try:
+        written: dict = {}
+        s1.ingest([Inbound("d1", "state", _state(True, time.time())),
+                   Inbound("d2", "state", _state(True, time.time()))], written)
+        assert sorted(written) == ["d1", "d2"] and written["d1"][1].online
+        mine = {d: u for d, (u, _) in written.items()}
+        assert s1.changed_views(None, mine) == {}  # the writer's own rows: nothing to decode
+        seen: dict = {}
+        got = s2.changed_views(None, seen)
+        assert sorted(got) == ["d1", "d2"] and got["d1"] == written["d1"][1]
+        assert s2.changed_views(None, seen) == {}  # unchanged since: not decoded again
+        s1.ingest([Inbound("d2", "state", _state(False, time.time()))])
+        again = s2.changed_views(None, seen)
+        assert list(again) == ["d2"] and not again["d2"].online
+    finally:
+        s1.close()
+        s2.close()

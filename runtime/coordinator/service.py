@@ -25,7 +25,7 @@ import os
 import queue
 import threading
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +84,7 @@ class Coordinator:
         # which views a refresh recomputes (touched, or due by silence) and the version counts
         self._ageing = Ageing()
         self._fleet_version: str | None = None
+        self._seen: dict[str, float] = {}  # device -> `updated` of its row merged here
         self._to_send: list[tuple[str, str, str, float, dict]] = []  # alerts for the webhook
         self.views = self._restore_views()
         self._views_loaded = time.time()  # last full read of the store's `devices`
@@ -275,7 +276,8 @@ class Coordinator:
             else:
                 inbound.append(Inbound(device, kind, msg))
                 sources.append((topic_name, len(raw)))
-        acks, refused = self.store.ingest(inbound)
+        written: dict[str, tuple[float, fleet.DeviceView]] = {}
+        acks, refused = self.store.ingest(inbound, written)
         for i, why in refused:
             bad.append((inbound[i].device, sources[i][0], why, sources[i][1], now))
         refused_idx = {i for i, _ in refused}
@@ -295,6 +297,12 @@ class Coordinator:
                 except Exception as e:  # the view must survive any message
                     bad.append((m.device, sources[i][0], f"fleet view: {type(e).__name__}: {e}",
                                 sources[i][1], now))
+            # The store's merged view (every coordinator's messages) replaces ours, keeping
+            # the alerts of the last refresh (its `before`); its row is then not read back.
+            for device, (updated, merged) in written.items():
+                held = self.views.get(device)
+                self.views[device] = replace(merged, alerts=held.alerts if held else ())
+                self._seen[device] = updated
         first = self._first_for_births([(i, m) for i, m in enumerate(inbound)
                                         if i not in refused_idx and m.kind == "state"
                                         and m.msg.get("online")])
@@ -407,10 +415,11 @@ class Coordinator:
         # The store's `devices` table is the truth (every coordinator sharing the store
         # writes it); this process's views fill in devices the table does not have yet.
         # Rows changed lately every call (3 s of margin for other hosts' clocks and long
-        # transactions), all of them every 30 s: decoding 10,000 views each second would cost
-        # a core's tenth.
+        # transactions), all of them every 30 s; only rows whose `updated` stamp is not the
+        # one merged here already are decoded (rows this process wrote never are): decoding
+        # the 6,000 rows a 10,000-device fleet changes in 3 s cost 130 ms a second.
         full = now - self._views_loaded >= 30
-        shared = self.store.views(None if full else now - 3)
+        shared = self.store.changed_views(None if full else now - 3, self._seen)
         if full:
             self._views_loaded = now
         with self._views_lock:

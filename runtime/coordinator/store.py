@@ -86,20 +86,25 @@ class Store:
         if self.backend == "sqlite":  # the raw connection, for tests that forge rows
             self.path, self._db, self._lock = self._d.path, self._d.db, self._d.lock
 
-    def ingest(self, messages: Sequence[Inbound]
+    def ingest(self, messages: Sequence[Inbound],
+               written: dict[str, tuple[float, fleet.DeviceView]] | None = None
                ) -> tuple[dict[tuple[str, str], list[Ack]], list[tuple[int, str]]]:
         """Store one batch in one transaction; a message the store refuses costs only itself.
 
         The batch is first tried without savepoints (one round trip less per message on a
         server); if any message is refused it is redone with one savepoint per message.
         Returns the acks per (device, stream) touched by results, and (index, reason) of each
-        message refused (the caller quarantines those; the rest of the batch stands)."""
+        message refused (the caller quarantines those; the rest of the batch stands).
+        `written`, when given, receives each stored device's merged view as written to
+        `devices` and its `updated` stamp (the coordinator then needs not read it back)."""
         if not messages:
             return {}, []
         for savepoints in (False, True):
             for attempt in range(3):
                 try:
-                    return self._ingest(messages, savepoints)
+                    if written is not None:
+                        written.clear()  # a retried attempt writes again
+                    return self._ingest(messages, savepoints, written)
                 except _Redo:
                     break
                 except self._d.retryable:
@@ -107,7 +112,8 @@ class Store:
                         raise
         raise AssertionError("unreachable")
 
-    def _ingest(self, messages: Sequence[Inbound], savepoints: bool
+    def _ingest(self, messages: Sequence[Inbound], savepoints: bool,
+                written: dict[str, tuple[float, fleet.DeviceView]] | None = None
                 ) -> tuple[dict[tuple[str, str], list[Ack]], list[tuple[int, str]]]:
         now = time.time()
         floors: dict[tuple[str, str], set[int]] = {}
@@ -144,7 +150,7 @@ class Store:
                 db.executemany("INSERT INTO result_counts VALUES (?,?) ON CONFLICT(device) "
                                "DO UPDATE SET n = result_counts.n + excluded.n",
                                sorted((d, n) for d, n in new_per_device.items() if n))
-            self._merge_views(db, stored, now)
+            self._merge_views(db, stored, now, written)
             acks = self._acks_batch(db, floors, tops)
         return {k: v for k, v in acks.items() if v}, refused
 
@@ -253,7 +259,9 @@ class Store:
             raise ValueError(f"cannot store a {m.kind!r} message")
         return 0
 
-    def _merge_views(self, db: Any, stored: Sequence[Inbound], now: float) -> None:
+    def _merge_views(self, db: Any, stored: Sequence[Inbound], now: float,
+                     written: dict[str, tuple[float, fleet.DeviceView]] | None = None
+                     ) -> None:
         """Apply the batch to the `devices` rows (locked by lock_devices) with fleet.py."""
         devices = sorted({m.device for m in stored})
         if not devices:
@@ -274,6 +282,8 @@ class Store:
                 v = fleet.on_activity(v, now)
             views[m.device] = v
         self._d.update_views(db, [(_view_to_json(views[d]), now, d) for d in devices])
+        if written is not None:
+            written.update((d, (now, views[d])) for d in devices)
 
     def _stored(self, db: Any, device: str, stream: str, seq: int) -> bool:
         return db.execute(f"SELECT 1 FROM {self._d.keys_table} WHERE device=? AND stream=? "
@@ -471,6 +481,23 @@ class Store:
             v = _view_from_json(d, body)
             if v is not None:
                 out[d] = v
+        return out
+
+    def changed_views(self, since: float | None, seen: dict[str, float]
+                      ) -> dict[str, fleet.DeviceView]:
+        """`views(since)` without the rows whose `updated` stamp is the one in `seen` (already
+        read, or written by this process: Store.ingest's `written`), so a refresh decodes
+        each row once per change, not on every read of its window; `seen` is updated."""
+        out = {}
+        where, args = ("WHERE updated > ?", (since,)) if since is not None else ("", ())
+        for d, updated, body in self._query(
+                f"SELECT device, updated, view FROM devices {where}", args):
+            if seen.get(d) == updated:
+                continue
+            v = _view_from_json(d, body)
+            if v is not None:
+                out[d] = v
+                seen[d] = updated
         return out
 
     def latest_health(self) -> dict[str, dict]:
