@@ -176,6 +176,9 @@ def run(tmp: Path, broker: Mosquitto, backend: str, pg: TempPostgres | None, sce
         "db_cpu_per_1k": (db1 - db0) / max(1, taken) * 1000 if pg_pid else None,
         "bytes_per_m_results": res_bytes / max(1, rows) * 1e6,
         "store_bytes_per_m_results": all_bytes / max(1, rows) * 1e6,
+        # messages waiting in the coordinators' inboxes at the end of the window: near 0 =
+        # the coordinators keep up, and any lag is before them (broker, devices)
+        "inbox_end": sum(s["inbox"] for s in st1),
         "inbox_full_dropped": sum(s["counters"].get("inbox_full_dropped", 0) for s in st2),
         "resent": sim.stats.resent, "load": (load0, os.getloadavg()[0]),
     }
@@ -187,6 +190,7 @@ def run(tmp: Path, broker: Mosquitto, backend: str, pg: TempPostgres | None, sce
           f"{row['msgs_per_s']:.0f} msg/s, health age p50 {row['age_p50']:.2f} s "
           f"p99 {row['age_p99']:.2f} s, coordinator CPU {row['coord_cpu_per_1k']:.3f} s/1k msg"
           + (f", db CPU {row['db_cpu_per_1k']:.3f} s/1k" if pg_pid else "")
+          + f", inbox {row['inbox_end']}"
           + f", {row['bytes_per_m_results'] / 2**20:.0f} MB/M results "
           f"({row['store_bytes_per_m_results'] / 2**20:.0f} MB/M with health), "
           f"re-sent {row['resent']}, load {row['load'][0]:.1f}->{row['load'][1]:.1f}",
