@@ -139,3 +139,25 @@ def test_a_refresh_claims_its_alert_transitions_in_one_transaction(tmp_path):
     finally:
         for c in coords:
             c.store.close()
+
+
+def test_stats_give_the_health_age_of_the_last_seconds_apart(tmp_path):
+    """`health_age_recent_s` leaves a start's backlog (ages taken more than RECENT_S ago)
+    out, so a bench's steady state is not the births' queue."""
+    from runtime.coordinator import service
+
+    c = _coordinator(tmp_path)
+    try:
+        now = time.time()
+        with c._views_lock:  # a backlog taken 60 s ago: 30 s old health
+            c.health_age_s.extend([30.0] * 100)
+            c._health_taken.extend([now - 60] * 100)
+        c._ingest([("edgerun/v1/f/d1/health", b'{"v":1,"t":%f,"boot":"b"}' % (now - 0.5),
+                    now)])
+        st = c.stats()
+        assert st["health_age_s"]["n"] == 101 and st["health_age_s"]["p50"] == 30.0
+        recent = st["health_age_recent_s"]
+        assert recent["n"] == 1 and 0.4 < recent["p50"] < 5
+        assert recent["window_s"] == service.RECENT_S
+    finally:
+        c.store.close()

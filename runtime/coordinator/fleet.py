@@ -73,6 +73,12 @@ def _with(view: DeviceView, changes: dict[str, Any]) -> DeviceView:
     return new
 
 
+def with_alerts(view: DeviceView, alerts: tuple[tuple[str, str], ...]) -> DeviceView:
+    """The view carrying `alerts` (a merged view from the store keeps the alerts of the
+    last refresh until the next one recomputes them)."""
+    return _with(view, {"alerts": alerts})
+
+
 def on_state(view: DeviceView, msg: Mapping[str, Any], now: float) -> DeviceView:
     """A birth (online) or death (will / clean stop) message arrived."""
     if msg["t"] < view.state_t and msg["boot"] != view.boot:

@@ -25,7 +25,7 @@ import os
 import queue
 import threading
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +44,7 @@ log = logging.getLogger("edgerun.coordinator")
 
 _INBOUND = ("state", "result", "health", "event", "cmd/reply")
 ALERT_LOG = 1000  # alert transitions kept in memory for the dashboard (GET /api/v1/alerts)
+RECENT_S = 10.0  # stats' health_age_recent_s: health taken in the last this many seconds
 
 
 class UnknownDevice(KeyError):
@@ -102,6 +103,7 @@ class Coordinator:
         self.connected = self._conn.subscribed  # set once subscribed: nothing is missed
         self.counters: collections.Counter = collections.Counter()
         self.health_age_s: collections.deque = collections.deque(maxlen=20_000)
+        self._health_taken: collections.deque = collections.deque(maxlen=20_000)  # when, each
         self._counts: tuple[float, float, dict[str, int] | None] = (0.0, 0.0, None)
         # Alert transitions, newest last, and when each active alert was raised; filled by
         # _refresh. Alerts active at start were raised before: they are not sent again.
@@ -301,7 +303,7 @@ class Coordinator:
             # the alerts of the last refresh (its `before`); its row is then not read back.
             for device, (updated, merged) in written.items():
                 held = self.views.get(device)
-                self.views[device] = replace(merged, alerts=held.alerts if held else ())
+                self.views[device] = fleet.with_alerts(merged, held.alerts if held else ())
                 self._seen[device] = updated
         first = self._first_for_births([(i, m) for i, m in enumerate(inbound)
                                         if i not in refused_idx and m.kind == "state"
@@ -349,7 +351,9 @@ class Coordinator:
         elif m.kind == "health":
             self.views[m.device] = fleet.on_activity(view, now, m.msg)
             # measured now, after the batch committed (`now` is from before it was stored)
-            self.health_age_s.append(time.time() - m.msg["t"])
+            taken = time.time()
+            self.health_age_s.append(taken - m.msg["t"])
+            self._health_taken.append(taken)
         else:
             self.views[m.device] = fleet.on_activity(view, now)
 
@@ -636,13 +640,20 @@ class Coordinator:
 
     def stats(self) -> dict[str, Any]:
         """Ingest counters and the health age distribution."""
-        ages = sorted(self.health_age_s)
-        def pct(q):
+        with self._views_lock:  # the two deques are appended together under it
+            ages_in, taken_in = list(self.health_age_s), list(self._health_taken)
+        ages = sorted(ages_in)
+        def pct(q, ages=ages):
             return (ages[min(len(ages) - 1, int(q * len(ages)))] if ages else None)
+        # the last RECENT_S only: a start's backlog (births, first wave) out of the figure
+        since = time.time() - RECENT_S
+        recent = sorted(a for a, t in zip(ages_in, taken_in, strict=True) if t >= since)
         q = self.store.quarantine_counts()
         return {"counters": dict(self.counters), "inbox": self._inbox.qsize(),
                 "quarantined": {"total": sum(q.values()), "by_device": q},
                 "health_age_s": {"p50": pct(0.5), "p99": pct(0.99), "n": len(ages)},
+                "health_age_recent_s": {"p50": pct(0.5, recent), "p99": pct(0.99, recent),
+                                        "n": len(recent), "window_s": RECENT_S},
                 "connected": self.connected.is_set(), "threads": self.threads_alive(),
                 "mqtt": asdict(self._conn.stats),
                 "webhook": self.webhook.stats() if self.webhook is not None else None}
