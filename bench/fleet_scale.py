@@ -10,13 +10,20 @@ synchronous=NORMAL in WAL mode, i.e. a power cut may lose the last commits, a cr
 
 Per run: results appended by the devices vs stored (COUNT(*) of the rows, so a duplicate would
 show) once every outbox has drained; health age p50/p99 (device `t` to committed and in the
-fleet view, the worst coordinator's); coordinator CPU (user+system of the coordinator
-processes) per 1,000 messages taken; database server CPU per 1,000 (PostgreSQL only: SQLite
-runs inside the coordinator); store bytes per million results (results with their keys and
-indexes; the whole store incl. health in brackets). Then a per-message cost profile in this
-process: JSON decoding, schema validation, and the store's SQL per message on each backend.
+fleet view, the worst coordinator's) over the whole run, and over the last 10 s of the
+measured window (`health_age_recent_s`: without the start-up backlog of 10,000 births);
+coordinator CPU (user+system of the coordinator processes) per 1,000 messages taken;
+database server CPU per 1,000 (PostgreSQL only: SQLite runs inside the coordinator); store
+bytes per million results (results with their keys and indexes; the whole store incl. health
+in brackets). Then a per-message cost profile in this process: JSON decoding, schema
+validation (compiled, and jsonschema's interpreter for reference), and the store's SQL per
+message on each backend.
+
+With `--runs N` every configuration runs N times and the summary table gives each figure as
+median [min-max] over the runs (the machine's load moves them; judge a change by the spread).
 
 Usage: python bench/fleet_scale.py [--seconds 20] [--only 10k] [--backends sqlite,postgresql]
+       [--coordinators 1,2] [--runs 3] [--json rows.json]
 """
 
 from __future__ import annotations
@@ -120,10 +127,10 @@ def sizes(store: Store) -> tuple[int, int]:
 
 
 def run(tmp: Path, broker: Mosquitto, backend: str, pg: TempPostgres | None, scenario: str,
-        ncoord: int, seconds: float) -> dict:
-    """One run; returns its row."""
+        ncoord: int, seconds: float, k: int = 0) -> dict:
+    """One run (the k-th of its configuration); returns its row."""
     devices, health_s, result_s = SCENARIOS[scenario]
-    name = f"{scenario}-{backend}-{ncoord}"
+    name = f"{scenario}-{backend}-{ncoord}-r{k}"
     url = (pg.create_database(name.replace("-", "_")) if backend == "postgresql"
            else str(tmp / f"{name}.db"))
     load0 = os.getloadavg()[0]
@@ -131,7 +138,7 @@ def run(tmp: Path, broker: Mosquitto, backend: str, pg: TempPostgres | None, sce
     pg_pid = int((pg.dir / "data" / "postmaster.pid").read_text().split()[0]) if (
         backend == "postgresql") else None
     sim = FleetSim("127.0.0.1", broker.port, devices, "bench", health_s, result_s,
-                   connections=8, ack_timeout_s=10.0, prefix=f"{scenario}{backend[0]}{ncoord}-")
+                   connections=8, ack_timeout_s=10.0, prefix=f"{scenario}{backend[0]}{ncoord}r{k}-")
     try:
         sim.start(60)
         time.sleep(min(5.0, seconds / 4))  # births and the first wave settle
@@ -160,18 +167,26 @@ def run(tmp: Path, broker: Mosquitto, backend: str, pg: TempPostgres | None, sce
     taken = sum(_taken(b) - _taken(a) for a, b in zip(st0, st1, strict=True))
     ages = [s["health_age_s"] for s in st2 if s["health_age_s"]["n"]]
     row = {
-        "scenario": scenario, "backend": backend, "coordinators": ncoord,
+        "scenario": scenario, "backend": backend, "coordinators": ncoord, "run": k,
         "appended": sim.stats.results_appended, "stored": rows, "drained": drained,
         "exactly_once": drained and rows == sim.stats.results_appended,
         "msgs_per_s": taken / seconds,
         "age_p50": max((a["p50"] for a in ages), default=float("nan")),
         "age_p99": max((a["p99"] for a in ages), default=float("nan")),
+        # the last 10 s of the measured window only (no start-up backlog): steady state
+        "steady_p50": max((s["health_age_recent_s"]["p50"] for s in st1
+                           if s.get("health_age_recent_s", {}).get("n")), default=float("nan")),
+        "steady_p99": max((s["health_age_recent_s"]["p99"] for s in st1
+                           if s.get("health_age_recent_s", {}).get("n")), default=float("nan")),
         "health_taken": sum(s["counters"].get("health", 0) for s in st2),
         "coord_cpu_per_1k": sum(b - a for a, b in zip(cpu0, cpu1, strict=True))
         / max(1, taken) * 1000,
         "db_cpu_per_1k": (db1 - db0) / max(1, taken) * 1000 if pg_pid else None,
         "bytes_per_m_results": res_bytes / max(1, rows) * 1e6,
         "store_bytes_per_m_results": all_bytes / max(1, rows) * 1e6,
+        # messages waiting in the coordinators' inboxes at the end of the window: near 0 =
+        # the coordinators keep up, and any lag is before them (broker, devices)
+        "inbox_end": sum(s["inbox"] for s in st1),
         "inbox_full_dropped": sum(s["counters"].get("inbox_full_dropped", 0) for s in st2),
         "resent": sim.stats.resent, "load": (load0, os.getloadavg()[0]),
     }
@@ -181,8 +196,10 @@ def run(tmp: Path, broker: Mosquitto, backend: str, pg: TempPostgres | None, sce
     print(f"  {scenario:>3} {backend:<10} x{ncoord}: stored {rows}/{row['appended']} "
           f"({verdict}), "
           f"{row['msgs_per_s']:.0f} msg/s, health age p50 {row['age_p50']:.2f} s "
-          f"p99 {row['age_p99']:.2f} s, coordinator CPU {row['coord_cpu_per_1k']:.3f} s/1k msg"
+          f"p99 {row['age_p99']:.2f} s (last 10 s of the window: p50 {row['steady_p50']:.2f} "
+          f"p99 {row['steady_p99']:.2f} s), coordinator CPU {row['coord_cpu_per_1k']:.3f} s/1k msg"
           + (f", db CPU {row['db_cpu_per_1k']:.3f} s/1k" if pg_pid else "")
+          + f", inbox {row['inbox_end']}"
           + f", {row['bytes_per_m_results'] / 2**20:.0f} MB/M results "
           f"({row['store_bytes_per_m_results'] / 2**20:.0f} MB/M with health), "
           f"re-sent {row['resent']}, load {row['load'][0]:.1f}->{row['load'][1]:.1f}",
@@ -217,10 +234,15 @@ def profile(pg: TempPostgres | None, backends: list[str], tmp: Path, n: int = 40
         t0 = time.process_time()
         objs = [safejson.loads(raws[k][1]) for _ in range(500)]
         out[f"JSON {kind}"] = (time.process_time() - t0) / 500 * 1e6
+        payloads.check(kind, objs[0])  # compiled on first use: not part of the per-message cost
         t0 = time.process_time()
         for o in objs:
             payloads.check(kind, o)
         out[f"schema {kind}"] = (time.process_time() - t0) / 500 * 1e6
+        t0 = time.process_time()  # the interpreter, which now only explains refusals
+        for o in objs:
+            list(payloads._VALIDATORS[kind].iter_errors(o))
+        out[f"jsonschema {kind}"] = (time.process_time() - t0) / 500 * 1e6
     inbound = [Inbound(t.split("/")[3], t.rsplit("/", 1)[1], json.loads(r)) for t, r, _ in raws]
     for backend in backends:
         for stage in ("store", "ingest"):
@@ -240,6 +262,46 @@ def profile(pg: TempPostgres | None, backends: list[str], tmp: Path, n: int = 40
     return out
 
 
+def _spread(values: list[float], fmt: str) -> str:
+    """One value, or median [min-max] of several."""
+    vals = sorted(v for v in values if v is not None and v == v)
+    if not vals:
+        return "-"
+    if len(vals) == 1:
+        return format(vals[0], fmt)
+    med = vals[len(vals) // 2] if len(vals) % 2 else (vals[len(vals) // 2 - 1]
+                                                       + vals[len(vals) // 2]) / 2
+    return f"{format(med, fmt)} [{format(vals[0], fmt)}-{format(vals[-1], fmt)}]"
+
+
+def summary(rows: list[dict]) -> str:
+    """The runs side by side (SQLite vs PostgreSQL, 1 vs 2 coordinators), a markdown table;
+    each figure median [min-max] over the runs of its configuration."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["scenario"], r["coordinators"], r["backend"]), []).append(r)
+    out = ["| fleet | store | coord. | runs stored exactly once | stored / appended | "
+           "taken msg/s | health age p50 s | p99 s | last 10 s: p50 | p99 | "
+           "coordinator CPU s per 1k msg | "
+           "DB CPU s per 1k | results MB per M (with health) |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for (scenario, ncoord, backend), rs in groups.items():
+        out.append(
+            f"| {scenario} | {backend} | {ncoord} | "
+            f"{sum(r['exactly_once'] for r in rs)}/{len(rs)} | "
+            + ", ".join(f"{r['stored']:,}/{r['appended']:,}" for r in rs) + " | "
+            f"{_spread([r['msgs_per_s'] for r in rs], '.0f')} | "
+            f"{_spread([r['age_p50'] for r in rs], '.2f')} | "
+            f"{_spread([r['age_p99'] for r in rs], '.2f')} | "
+            f"{_spread([r['steady_p50'] for r in rs], '.2f')} | "
+            f"{_spread([r['steady_p99'] for r in rs], '.2f')} | "
+            f"{_spread([r['coord_cpu_per_1k'] for r in rs], '.3f')} | "
+            f"{_spread([r['db_cpu_per_1k'] for r in rs], '.3f')} | "
+            f"{_spread([r['bytes_per_m_results'] / 2**20 for r in rs], '.0f')} "
+            f"({_spread([r['store_bytes_per_m_results'] / 2**20 for r in rs], '.0f')}) |")
+    return "\n".join(out)
+
+
 def main() -> None:
     """Run the scenarios (see the module docstring) and print one line each."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -247,6 +309,8 @@ def main() -> None:
     ap.add_argument("--only", choices=sorted(SCENARIOS), action="append")
     ap.add_argument("--backends", default="sqlite,postgresql")
     ap.add_argument("--coordinators", default="1,2")
+    ap.add_argument("--runs", type=int, default=1, help="runs of each configuration")
+    ap.add_argument("--no-profile", action="store_true", help="skip the per-stage profile")
     ap.add_argument("--json", default="", help="write the rows here")
     a = ap.parse_args()
     backends = a.backends.split(",")
@@ -263,9 +327,11 @@ def main() -> None:
             for scenario in a.only or ["1k", "10k"]:
                 for ncoord in (int(x) for x in a.coordinators.split(",")):
                     for backend in backends:
-                        rows.append(run(tmp, broker, backend, pg, scenario, ncoord,
-                                        a.seconds))
-            prof = profile(pg, backends, tmp)
+                        for k in range(a.runs):
+                            rows.append(run(tmp, broker, backend, pg, scenario, ncoord,
+                                            a.seconds, k))
+            print(summary(rows), flush=True)
+            prof = {} if a.no_profile else profile(pg, backends, tmp)
         finally:
             broker.stop()
             if pg:

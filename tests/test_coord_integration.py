@@ -407,3 +407,60 @@ def test_a_busy_refusal_does_not_fail_a_device_of_the_rollout(store_url):
         assert ro.get(r["id"])["devices"]["b"]["state"] == "failed"
     finally:
         s.close()
+
+
+def test_claim_many_decides_as_claim_does_in_one_transaction(store_url):
+    """Store.claim_many (a refresh's alert transitions at once) on both backends: the same
+    answers as claim one by one, a key repeated in one call decided after its predecessor."""
+    from runtime.coordinator.store import Store
+
+    s1, s2 = Store(store_url), Store(store_url)
+    try:
+        assert s1.claim_many([]) == []
+        assert s1.claim_many([("d", "alert:hot", "raised", 100.0),
+                              ("e", "alert:hot", "raised", 100.0)]) == [True, True]
+        assert s2.claim_many([("e", "alert:hot", "raised", 101.0),  # another's duplicates
+                              ("d", "alert:slo", "raised", 101.0),  # another code
+                              ("d", "alert:hot", "raised", 101.0)]) == [False, True, False]
+        assert s2.claim_many([("d", "alert:hot", "cleared", 102.0),
+                              ("d", "alert:hot", "raised", 103.0),  # back in the same call
+                              ("d", "alert:hot", "raised", 103.5)]) == [True, True, False]
+        assert s1.claim_many([("d", "alert:hot", "raised", 200.0)]) == [True]  # past the window
+        assert not s2.claim("d", "alert:hot", "raised", 201.0)  # claim is claim_many of one
+    finally:
+        s1.close()
+        s2.close()
+
+
+def test_two_coordinators_claiming_overlapping_batches_send_each_once(store_url):
+    """Two stores (two coordinators) claim the same 600 transitions at the same time, in
+    batches in opposite orders: every transition is won by exactly one of them (no
+    deadlock: rows are taken in key order; none lost, none twice)."""
+    import threading
+
+    from runtime.coordinator.store import Store
+
+    items = [(f"d{i:04d}", f"alert:{code}", "raised", 100.0)
+             for i in range(200) for code in ("hot", "stale", "slo")]
+    stores = [Store(store_url), Store(store_url)]
+    won: list[list[tuple]] = [[], []]
+
+    def run(k: int) -> None:
+        mine = items if k == 0 else items[::-1]
+        for j in range(0, len(mine), 50):
+            batch = mine[j:j + 50]
+            won[k] += [it for it, w in zip(batch, stores[k].claim_many(batch), strict=True)
+                       if w]
+
+    try:
+        threads = [threading.Thread(target=run, args=(k,)) for k in (0, 1)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not any(t.is_alive() for t in threads)
+        assert not set(won[0]) & set(won[1])
+        assert sorted(won[0] + won[1]) == sorted(items)
+    finally:
+        for s in stores:
+            s.close()

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
+
 import pytest
 
 from runtime.coordinator import fleet
@@ -38,6 +41,8 @@ def test_status_table(events, now, status):
     for kind, msg, t in events:
         v = fleet.on_state(v, msg, t) if kind == "state" else fleet.on_activity(v, t)
     assert fleet.tick(v, now, CFG).status == status
+    # views are copied attribute by attribute (fleet._with): nothing but the fields
+    assert set(vars(fleet.tick(v, now, CFG))) == set(fleet.DeviceView.__dataclass_fields__)
 
 
 @pytest.mark.parametrize("health, codes", [
@@ -62,3 +67,52 @@ def test_version_drift_against_majority():
     assert out["d0"].alerts == ()
     stale = fleet.refresh(out, 40, CFG)
     assert fleet.transitions(out, stale) == [(k, "online", "stale") for k in ("d0", "d1", "d2")]
+
+
+def _asleep(t, wake_at):
+    return {"v": 1, "online": False, "boot": "b1", "t": t, "reason": "sleep", "asleep": True,
+            "wake_at": wake_at}
+
+
+# (events, when the view is ticked, expected next_change); then the property: tick keeps the
+# status up to next_change and changes it right after (or never, for math.inf)
+@pytest.mark.parametrize("events, at, due", [
+    ([("state", _birth(0), 0)], 0, 30),                      # online: at the stale threshold
+    ([("state", _birth(0), 0), ("activity", None, 50)], 60, 80),  # ... from the last message
+    ([("state", _birth(0), 0)], 31, 120),                    # stale: at the offline threshold
+    ([("state", _birth(0), 0)], 121, math.inf),              # offline by silence: a message
+    ([("state", _birth(0), 0), ("state", _death(5), 5)], 6, math.inf),  # dead: a message
+    ([("state", _asleep(0, 1000), 0)], 10, 1300),            # asleep: wake + margin (300)
+    ([("state", _asleep(0, 1000), 0)], 1301, math.inf),      # missed its wake: offline
+    ([("state", _asleep(0, 1000), 0), ("activity", None, 900)], 901, 930),  # woke early
+])
+def test_next_change_table(events, at, due):
+    v = fleet.DeviceView("d")
+    for kind, msg, t in events:
+        v = fleet.on_state(v, msg, t) if kind == "state" else fleet.on_activity(v, t)
+    v = fleet.tick(v, at, CFG)
+    assert fleet.next_change(v, CFG) == due
+    if due == math.inf:
+        assert fleet.tick(v, 1e9, CFG).status == v.status
+    else:
+        assert fleet.tick(v, due, CFG).status == v.status
+        assert fleet.tick(v, due + 1e-6, CFG).status != v.status
+
+
+def test_next_change_of_a_view_nobody_ticked_is_now():
+    """A status tick would not give (a view restored or forged) is due at once."""
+    v = fleet.on_state(fleet.DeviceView("d"), _birth(0), 0)
+    assert fleet.next_change(replace(v, status="asleep"), CFG) == -math.inf
+    dead = fleet.on_state(v, _death(1), 1)
+    assert fleet.next_change(replace(dead, status="online"), CFG) == -math.inf
+    # stale_after_s above offline_after_s: online goes straight to offline
+    odd = fleet.FleetConfig(stale_after_s=200, offline_after_s=120)
+    assert fleet.next_change(v, odd) == 120 and fleet.tick(v, 120.1, odd).status == "offline"
+
+
+def test_majority_ties_do_not_depend_on_order():
+    a = [fleet.on_state(fleet.DeviceView(f"d{i}"), _birth(0, version=v), 0)
+         for i, v in enumerate(["1.0", "2.0"])]
+    assert fleet.majority_version(a) == fleet.majority_version(a[::-1]) == "2.0"
+    assert fleet.majority_of({"1.0": 3, "2.0": 1}) == "1.0"
+    assert fleet.majority_of({}) is None and fleet.majority_of({"1.0": 0}) is None

@@ -194,3 +194,30 @@ def test_thousands_of_transitions_log_one_line_per_kind(tmp_path, caplog):
                                                "device b: online -> stale"]
     assert sum("alert stale raised" in x for x in lines) == 2  # and their alerts, each
     c.store.close()
+
+
+def test_bench_summary_gives_the_spread_of_several_runs():
+    """bench/fleet_scale.py --runs N: each configuration's figures as median [min-max], the
+    configurations side by side, and how many runs stored everything exactly once."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "fleet_scale.py"
+    spec = importlib.util.spec_from_file_location("fleet_scale_bench", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    row = {"scenario": "10k", "backend": "postgresql", "coordinators": 2, "stored": 10,
+           "appended": 10, "exactly_once": True, "msgs_per_s": 2000.0, "age_p50": 0.5,
+           "age_p99": 1.0, "steady_p50": 0.4, "steady_p99": 0.9, "coord_cpu_per_1k": 0.3,
+           "db_cpu_per_1k": 0.05, "bytes_per_m_results": 400 * 2**20,
+           "store_bytes_per_m_results": 1000 * 2**20}
+    rows = [row, {**row, "age_p99": 3.0, "exactly_once": False, "stored": 9},
+            {**row, "age_p99": 2.0}, {**row, "backend": "sqlite", "db_cpu_per_1k": None}]
+    lines = bench.summary(rows).splitlines()
+    assert len(lines) == 4  # header, rule, one line per configuration
+    pg = next(x for x in lines if "| postgresql | 2 |" in x)
+    assert "| 2/3 |" in pg and "10/10, 9/10, 10/10" in pg
+    assert "| 2.00 [1.00-3.00] |" in pg  # p99: median [min-max]
+    assert "| 0.50 [0.50-0.50] |" in pg
+    sq = next(x for x in lines if "| sqlite | 2 |" in x)
+    assert "| 1/1 |" in sq and "| 1.00 |" in sq and "| - |" in sq  # one run; no DB CPU

@@ -32,7 +32,7 @@ import math
 import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -86,20 +86,25 @@ class Store:
         if self.backend == "sqlite":  # the raw connection, for tests that forge rows
             self.path, self._db, self._lock = self._d.path, self._d.db, self._d.lock
 
-    def ingest(self, messages: Sequence[Inbound]
+    def ingest(self, messages: Sequence[Inbound],
+               written: dict[str, tuple[float, fleet.DeviceView]] | None = None
                ) -> tuple[dict[tuple[str, str], list[Ack]], list[tuple[int, str]]]:
         """Store one batch in one transaction; a message the store refuses costs only itself.
 
         The batch is first tried without savepoints (one round trip less per message on a
         server); if any message is refused it is redone with one savepoint per message.
         Returns the acks per (device, stream) touched by results, and (index, reason) of each
-        message refused (the caller quarantines those; the rest of the batch stands)."""
+        message refused (the caller quarantines those; the rest of the batch stands).
+        `written`, when given, receives each stored device's merged view as written to
+        `devices` and its `updated` stamp (the coordinator then needs not read it back)."""
         if not messages:
             return {}, []
         for savepoints in (False, True):
             for attempt in range(3):
                 try:
-                    return self._ingest(messages, savepoints)
+                    if written is not None:
+                        written.clear()  # a retried attempt writes again
+                    return self._ingest(messages, savepoints, written)
                 except _Redo:
                     break
                 except self._d.retryable:
@@ -107,7 +112,8 @@ class Store:
                         raise
         raise AssertionError("unreachable")
 
-    def _ingest(self, messages: Sequence[Inbound], savepoints: bool
+    def _ingest(self, messages: Sequence[Inbound], savepoints: bool,
+                written: dict[str, tuple[float, fleet.DeviceView]] | None = None
                 ) -> tuple[dict[tuple[str, str], list[Ack]], list[tuple[int, str]]]:
         now = time.time()
         floors: dict[tuple[str, str], set[int]] = {}
@@ -144,7 +150,7 @@ class Store:
                 db.executemany("INSERT INTO result_counts VALUES (?,?) ON CONFLICT(device) "
                                "DO UPDATE SET n = result_counts.n + excluded.n",
                                sorted((d, n) for d, n in new_per_device.items() if n))
-            self._merge_views(db, stored, now)
+            self._merge_views(db, stored, now, written)
             acks = self._acks_batch(db, floors, tops)
         return {k: v for k, v in acks.items() if v}, refused
 
@@ -253,7 +259,9 @@ class Store:
             raise ValueError(f"cannot store a {m.kind!r} message")
         return 0
 
-    def _merge_views(self, db: Any, stored: Sequence[Inbound], now: float) -> None:
+    def _merge_views(self, db: Any, stored: Sequence[Inbound], now: float,
+                     written: dict[str, tuple[float, fleet.DeviceView]] | None = None
+                     ) -> None:
         """Apply the batch to the `devices` rows (locked by lock_devices) with fleet.py."""
         devices = sorted({m.device for m in stored})
         if not devices:
@@ -274,6 +282,8 @@ class Store:
                 v = fleet.on_activity(v, now)
             views[m.device] = v
         self._d.update_views(db, [(_view_to_json(views[d]), now, d) for d in devices])
+        if written is not None:
+            written.update((d, (now, views[d])) for d in devices)
 
     def _stored(self, db: Any, device: str, stream: str, seq: int) -> bool:
         return db.execute(f"SELECT 1 FROM {self._d.keys_table} WHERE device=? AND stream=? "
@@ -364,13 +374,39 @@ class Store:
         or the device must get it once. The same state again within `window_s` is another
         coordinator's duplicate; after that it is a new one (e.g. an alert's clear was
         missed while every coordinator was down)."""
-        with self._d.transaction() as db:
-            cur = db.execute("INSERT INTO claims VALUES (?,?,?,?) ON CONFLICT(device, what) "
-                             "DO UPDATE SET state = excluded.state, t = excluded.t "
-                             "WHERE claims.state <> excluded.state "
-                             "OR claims.t < excluded.t - ?",
-                             (device, what, state, float(t), float(window_s)))
-            return cur.rowcount == 1
+        return self.claim_many([(device, what, state, t)], window_s)[0]
+
+    def claim_many(self, items: Sequence[tuple[str, str, str, float]], window_s: float = 60.0
+                   ) -> list[bool]:
+        """`claim` for many (device, what, state, t) in one transaction (a refresh's alert
+        transitions, a batch's births): for each, whether this coordinator is the first.
+        The same rule as `claim`, row by row; the rows are taken in (device, what) order so
+        two coordinators claiming overlapping sets cannot deadlock (retried if one does),
+        and an item repeated in the list is decided after the one before it."""
+        if not items:
+            return []
+        for attempt in range(3):
+            try:
+                with self._d.transaction() as db:
+                    won: list[bool] = [False] * len(items)
+                    pending = sorted(range(len(items)), key=lambda i: items[i][:2])
+                    while pending:  # rounds: a key at most once per statement
+                        seen: set[tuple[str, str]] = set()
+                        now_, later = [], []
+                        for i in pending:
+                            (later if items[i][:2] in seen else now_).append(i)
+                            seen.add(items[i][:2])
+                        rows = [(items[i][0], items[i][1], items[i][2], float(items[i][3]))
+                                for i in now_]
+                        got = self._d.claim_rows(db, rows, float(window_s))
+                        for i in now_:
+                            won[i] = items[i][:2] in got
+                        pending = later
+                    return won
+            except self._d.retryable:
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
 
     def update(self, sql: str, args: Sequence[Any]) -> int:
         """A portable single statement in one transaction; returns the rows it changed
@@ -445,6 +481,23 @@ class Store:
             v = _view_from_json(d, body)
             if v is not None:
                 out[d] = v
+        return out
+
+    def changed_views(self, since: float | None, seen: dict[str, float]
+                      ) -> dict[str, fleet.DeviceView]:
+        """`views(since)` without the rows whose `updated` stamp is the one in `seen` (already
+        read, or written by this process: Store.ingest's `written`), so a refresh decodes
+        each row once per change, not on every read of its window; `seen` is updated."""
+        out = {}
+        where, args = ("WHERE updated > ?", (since,)) if since is not None else ("", ())
+        for d, updated, body in self._query(
+                f"SELECT device, updated, view FROM devices {where}", args):
+            if seen.get(d) == updated:
+                continue
+            v = _view_from_json(d, body)
+            if v is not None:
+                out[d] = v
+                seen[d] = updated
         return out
 
     def latest_health(self) -> dict[str, dict]:
@@ -637,10 +690,11 @@ def _view_from_json(device: str, body: str) -> fleet.DeviceView | None:
         d = json.loads(body)
         if not isinstance(d, dict) or not d:
             return None
-        fields = {k: d[k] for k in fleet.DeviceView.__dataclass_fields__
-                  if k in d and k not in ("status", "alerts", "device")}
-        v = fleet.DeviceView(device, **fields)
-        return replace(v, status="online" if v.online else "asleep" if v.asleep else "offline")
+        fields = {k: d[k] for k in _VIEW_FIELDS if k in d and k != "device"}
+        # the status from the fields (as `replace` after construction did, at half the cost:
+        # every refresh decodes the rows other coordinators wrote)
+        return fleet.DeviceView(device, status="online" if fields.get("online") else
+                                "asleep" if fields.get("asleep") else "offline", **fields)
     except (ValueError, TypeError):
         return None
 

@@ -40,19 +40,22 @@ def _float(text: str) -> float:
     return value
 
 
-def _check_tree(obj: Any, max_depth: int) -> None:
-    """Depth and text checks, iteratively (a recursive walk would itself be the bug)."""
+def _check_tree(obj: Any, max_depth: int, texts: bool = True) -> None:
+    """Depth and (with `texts`) text checks, iteratively (a recursive walk would itself be
+    the bug)."""
     stack: list[tuple[Any, int]] = [(obj, 1)]
     while stack:
         node, depth = stack.pop()
         if isinstance(node, str):
-            _check_text(node)
+            if texts:
+                _check_text(node)
         elif isinstance(node, dict | list):
             if depth > max_depth:
                 raise JsonRejected(f"nested deeper than {max_depth} levels")
             if isinstance(node, dict):
                 for k, v in node.items():
-                    _check_text(k)
+                    if texts:
+                        _check_text(k)
                     stack.append((v, depth + 1))
             else:
                 stack.extend((v, depth + 1) for v in node)
@@ -74,6 +77,8 @@ def loads(raw: bytes | str, max_bytes: int = MAX_BYTES, max_depth: int = MAX_DEP
             raw = bytes(raw).decode("utf-8")
         except UnicodeDecodeError as e:
             raise JsonRejected(f"not UTF-8 text: {e.reason} at byte {e.start}") from None
+    else:
+        _check_text(raw)  # a str may hold a lone surrogate as such (UTF-8 bytes cannot)
     # The C parser recurses once per bracket but guards it with the interpreter's recursion
     # limit, so very deep input is a RecursionError here, caught; the tree walk below then
     # enforces the real (much lower) depth limit.
@@ -83,5 +88,10 @@ def loads(raw: bytes | str, max_bytes: int = MAX_BYTES, max_depth: int = MAX_DEP
         raise
     except (ValueError, RecursionError, MemoryError) as e:
         raise JsonRejected(f"not JSON: {str(e)[:200]}") from None
-    _check_tree(obj, max_depth)
+    # The tree walk was a quarter of a coordinator's ingest: skip what cannot fail. After
+    # the check above, a lone surrogate can only come from a `\u` escape; and nesting is
+    # never deeper than the number of `{` and `[` in the text.
+    escapes = "\\u" in raw
+    if escapes or raw.count("{") + raw.count("[") > max_depth:
+        _check_tree(obj, max_depth, escapes)
     return obj
