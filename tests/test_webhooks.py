@@ -253,6 +253,8 @@ def test_coordinator_posts_offline_and_hot_transitions_through_failures(tmp_path
         dev.kill9()
         _wait(lambda: any(b["alert"] == "offline" for b in rx.bodies()), 15,
               "offline alert POSTed")
+        # the receiver keeps a body before it answers; the sender counts after the answer
+        _wait(lambda: coord.alerts_view()["webhook"]["sent"] == 3, 10, "3 POSTs counted")
         shown = coord.alerts_view()  # what the dashboard lists
         assert [(a["alert"], a["state"]) for a in shown["recent"][:3]] == [
             ("offline", "raised"), ("hot", "cleared"), ("hot", "raised")]
