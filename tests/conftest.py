@@ -32,6 +32,23 @@ def broker(tmp_path):
     b.stop()
 
 
+@pytest.fixture(scope="module")
+def profile_cache(tmp_path_factory):
+    """A profile cache shared by a module's daemons: each variant is measured once."""
+    return tmp_path_factory.mktemp("profiles")
+
+
+@pytest.fixture
+def fleet(tmp_path, profile_cache):
+    """Mosquitto + coordinator + API for over-the-air tests (tests/ota_harness.py); start
+    daemons with `fleet.device()`. Every daemon must exit 0 at the end."""
+    from ota_harness import Fleet
+
+    f = Fleet(tmp_path, profile_cache)
+    yield f
+    f.close()
+
+
 @pytest.fixture
 def fast_profiler_cfg(tmp_path):
     """Profiler settings that keep a test run short."""

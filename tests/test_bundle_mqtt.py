@@ -541,15 +541,6 @@ def test_acl_lines_for_devices_and_coordinators():
 
 # -- a real daemon whose HTTP route is unreachable ---------------------------------------------
 
-@pytest.fixture
-def fleet(tmp_path):
-    from ota_harness import Fleet
-
-    f = Fleet(tmp_path, tmp_path / "profiles")
-    yield f
-    f.close()
-
-
 MODELS = """probation_frames = 60
 shadow_every = 2
 fetch = "auto"

@@ -26,11 +26,6 @@ pytestmark = pytest.mark.skipif(not (bundled() / "manifest.json").exists(),
                                 reason="bundled model not built")
 
 
-@pytest.fixture(scope="module")
-def profile_cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("profiles")
-
-
 @pytest.fixture
 def broker(tmp_path):
     b = Mosquitto(tmp_path).start()

@@ -131,11 +131,6 @@ def slow_dir(where: Path, hw: int = 512) -> Path:
     return _manifest(where, "slow", where / "fp32.onnx", [1, 3, hw, hw])
 
 
-@pytest.fixture(scope="module")
-def profile_cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("profiles")
-
-
 @pytest.fixture
 def publisher(tmp_path):
     generate_keypair(tmp_path / "publisher.pem", tmp_path / "publisher.pub")
@@ -226,15 +221,6 @@ def test_kill_9_at_each_install_step_leaves_old_or_new_never_none(tmp_path, publ
 
 
 # -- deploy, probation and rollback in a real daemon -------------------------------------------
-
-@pytest.fixture
-def fleet(tmp_path, profile_cache):
-    from ota_harness import Fleet
-
-    f = Fleet(tmp_path, profile_cache)
-    yield f
-    f.close()
-
 
 PROBATION = """probation_frames = 60
 shadow_every = 2

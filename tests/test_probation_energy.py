@@ -81,20 +81,6 @@ def test_dear_model_answers_exactly_as_the_old_one(tmp_path):
     assert json.loads((d / "manifest.json").read_text())["name"] == "dear"
 
 
-@pytest.fixture(scope="module")
-def profile_cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("profiles")
-
-
-@pytest.fixture
-def fleet(tmp_path, profile_cache):
-    from ota_harness import Fleet
-
-    f = Fleet(tmp_path, profile_cache)
-    yield f
-    f.close()
-
-
 def test_a_model_dearer_per_inference_is_rolled_back_for_energy(tmp_path, fleet):
     key = load_private_key(tmp_path / "publisher.pem")
     v1 = inspection_dir(tmp_path / "models" / "inspection")

@@ -158,20 +158,6 @@ pytestmark_daemons = pytest.mark.skipif(not (bundled() / "manifest.json").exists
                                         reason="bundled model not built")
 
 
-@pytest.fixture(scope="module")
-def profile_cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("profiles")
-
-
-@pytest.fixture
-def fleet(tmp_path, profile_cache):
-    from ota_harness import Fleet
-
-    f = Fleet(tmp_path, profile_cache)
-    yield f
-    f.close()
-
-
 def _cli(fleet, *args: str) -> subprocess.CompletedProcess:
     from ota_harness import TOKEN
 
