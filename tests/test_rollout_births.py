@@ -86,8 +86,8 @@ def test_batched_births_decide_as_the_per_birth_path(store_url):
     got: list = []
     r, shelf_reads = _rollouts(store_url, got)
     reads: list = []
-    real_read = r._store.read
-    r._store.read = lambda sql, args=(): reads.append(sql) or real_read(sql, args)
+    real_query = r._store._query
+    r._store._query = lambda sql, args=(): reads.append(sql) or real_query(sql, args)
     r.on_online_many(BIRTHS)
     assert got == expected
     # the table's expectations, spelled out: what each returning device is sent
@@ -111,8 +111,8 @@ def test_births_beyond_one_query_chunk_are_all_read(store_url):
     r._store.write("INSERT INTO desired VALUES (?, ?)",
                    [(d, json.dumps({"settings": {"set_rate": {"fps": 1}}})) for d in devices])
     reads: list = []
-    real_read = r._store.read
-    r._store.read = lambda sql, args=(): reads.append(sql) or real_read(sql, args)
+    real_query = r._store._query
+    r._store._query = lambda sql, args=(): reads.append(sql) or real_query(sql, args)
     r.on_online_many([(d, "m@1") for d in reversed(devices)])
     assert sent == list(reversed(devices)) and len(reads) == 3
     r._store.close()
@@ -138,8 +138,8 @@ def test_ingest_reads_desired_state_once_per_batch_of_births(tmp_path):
     for d in devices:
         c.rollouts.record_setting(d, "set_rate", {"fps": 3})
     reads: list = []
-    real_read = c.store.read
-    c.store.read = lambda sql, args=(): reads.append(sql) or real_read(sql, args)
+    real_query = c.store._query
+    c.store._query = lambda sql, args=(): reads.append(sql) or real_query(sql, args)
     now = time.time()
     c._ingest([_birth(d, now) for d in devices])
     assert sent == [(d, "set_rate") for d in devices]

@@ -382,8 +382,8 @@ class Rollouts:
         with self._lock:
             for i in range(0, len(devices), chunk):
                 part = devices[i:i + chunk]
-                out.update(self._store.read("SELECT device, body FROM desired WHERE device IN "
-                                            f"({','.join('?' * len(part))})", part))
+                out.update(self._store.read_in("SELECT device, body FROM desired WHERE device",
+                                               part))
         return out
 
     def _resend(self, device: str, model_version: str | None, body: str | None,
