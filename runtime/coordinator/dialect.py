@@ -415,8 +415,8 @@ class PostgresDialect:
         devs = sorted(set(devices))
         db.execute("INSERT INTO devices (device) SELECT unnest(?::text[]) "
                    "ON CONFLICT (device) DO NOTHING", (devs,))
-        db.execute("SELECT device FROM devices WHERE device = ANY(?) ORDER BY device "
-                   "FOR UPDATE", (devs,))
+        db.execute("SELECT device FROM devices WHERE device = ANY(?::text[]) ORDER BY device "
+                   "FOR UPDATE", (devs,))  # ::text[]: the array goes in binary (sql())
 
     def insert_results(self, db: Any, rows: list[tuple]) -> list[tuple]:
         if not rows:
