@@ -23,7 +23,7 @@ import math
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -361,7 +361,7 @@ class Rollouts:
         version, and its operator settings (`on_online_many` of one)."""
         self.on_online_many([(device, model_version)])
 
-    def on_online_many(self, births: Sequence[tuple[str, str | None]]) -> None:
+    def on_online_many(self, births: list[tuple[str, str | None]]) -> None:
         """`on_online` for (device, model_version) births in order, with the desired state
         of all of them read in one query per 500 devices: a fleet's start brings every
         device's retained birth at once, and a query per birth was half their cost. A
