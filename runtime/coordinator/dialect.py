@@ -471,7 +471,7 @@ class PostgresDialect:
 
     def upsert_states(self, db: Any, rows: Sequence[tuple[str, str]]) -> None:
         """As SQLiteDialect.upsert_states in one statement (executemany is a statement a
-        row: a fleet's start of 10,000 births spent a fifth of its store time there). ON
+        row: 10,000 births spent about a third of their store time there, by cProfile). ON
         CONFLICT cannot touch a row twice in one statement: a device's last state only."""
         if rows:
             last = dict(rows)
