@@ -358,17 +358,53 @@ class Rollouts:
 
     def on_online(self, device: str, model_version: str | None) -> None:
         """A device came back (birth): re-send its desired model when it reports another
-        version, and its operator settings."""
-        doc = self.desired(device)
+        version, and its operator settings (`on_online_many` of one)."""
+        self.on_online_many([(device, model_version)])
+
+    def on_online_many(self, births: list[tuple[str, str | None]]) -> None:
+        """`on_online` for (device, model_version) births in order, with the desired state
+        of all of them read in one query per 500 devices: a fleet's start brings every
+        device's retained birth at once, and a query per birth was half their cost. A
+        device whose bookkeeping fails is logged and costs only its own re-send."""
+        if not births:
+            return
+        docs = self._desired_bodies(sorted({d for d, _ in births}))
+        fresh: dict[str, dict[str, Any] | None] = {}  # bundle -> deploy arguments
+        for device, model_version in births:
+            try:
+                self._resend(device, model_version, docs.get(device), fresh)
+            except Exception:
+                log.exception("re-sending %s its desired model and settings failed", device)
+
+    def _desired_bodies(self, devices: list[str], chunk: int = 500) -> dict[str, str]:
+        """device -> its stored desired body (JSON text), for those of `devices` with one."""
+        out: dict[str, str] = {}
+        with self._lock:
+            for i in range(0, len(devices), chunk):
+                part = devices[i:i + chunk]
+                out.update(self._store.read_in("SELECT device, body FROM desired WHERE device",
+                                               part))
+        return out
+
+    def _resend(self, device: str, model_version: str | None, body: str | None,
+                fresh: dict[str, dict[str, Any] | None]) -> None:
+        """One birth's decision from its desired body (`desired` read it the same way)."""
+        doc = json.loads(body) if body is not None else {}
         want = doc.get("model")
         if want and model_version is not None \
                 and model_version != f"{want['name']}@{want['version']}":
             log.info("device %s is back with model %s, desired %s@%s: deploying again",
                      device, model_version or "configured", want["name"], want["version"])
-            fresh = self._fresh_args(f"{want['name']}@{want['version']}", want)
+            bundle = f"{want['name']}@{want['version']}"
+            if bundle not in fresh:  # the shelf is read once per bundle a batch
+                try:
+                    fresh[bundle] = self._deploy_args(bundle)
+                except ValueError:  # not made here (_fresh_args): this device's stored ones
+                    fresh[bundle] = None
+            got = fresh[bundle] or want
             # the same bundle (size, sha256, token) only: never another file under its name
-            if all(fresh.get(k) == want.get(k) for k in ("size", "sha256", "token")):
-                want = fresh
+            if all(got.get(k) == want.get(k) for k in ("size", "sha256", "token")):
+                want = got
             self._try_send(device, "deploy", want)
         for cmd, args in (doc.get("settings") or {}).items():
             self._try_send(device, cmd, args)

@@ -332,15 +332,21 @@ class Coordinator:
         first = self._first_for_births([(i, m) for i, m in enumerate(inbound)
                                         if i not in refused_idx and m.kind == "state"
                                         and m.msg.get("online")])
+        # model rollouts follow devices' events and returns, in the batch's order; the births
+        # between two events are handed over together (one read of their desired state)
+        births: list[tuple[str, str | None]] = []
         for i, m in enumerate(inbound):
-            if i not in refused_idx and m.kind in ("event", "state"):
-                try:  # model rollouts follow devices' events and returns
-                    if m.kind == "event":
-                        self.rollouts.on_event(m.device, m.msg)
-                    elif m.msg.get("online") and first.get(i, False):
-                        self.rollouts.on_online(m.device, m.msg.get("model_version"))
+            if i in refused_idx:
+                continue
+            if m.kind == "state" and m.msg.get("online") and first.get(i, False):
+                births.append((m.device, m.msg.get("model_version")))
+            elif m.kind == "event":
+                self._births_to_rollouts(births)
+                try:
+                    self.rollouts.on_event(m.device, m.msg)
                 except Exception:
                     log.exception("rollout bookkeeping for %s failed", m.device)
+        self._births_to_rollouts(births)
         for device, reply, topic_name, size in replies:
             try:
                 self._on_reply(device, reply)
@@ -567,6 +573,19 @@ class Coordinator:
         except Exception as e:  # the dashboard's list must not cost the refresh
             self._rlog.log("alert-log", "could not record alert transitions in the store "
                            "(retrying at the next refresh): %s", e, level=logging.ERROR)
+
+    def _births_to_rollouts(self, births: list[tuple[str, str | None]]) -> None:
+        """Hand (device, model_version) births to the rollouts (re-sends) and empty the list."""
+        if not births:
+            return
+        try:
+            self.rollouts.on_online_many(births)
+        except Exception:
+            names = sorted({d for d, _ in births})
+            log.exception("rollout bookkeeping for the births of %s failed",
+                          ", ".join(names[:5])
+                          + (f" and {len(names) - 5} more" if len(names) > 5 else ""))
+        births.clear()
 
     def _first_for_births(self, births: list[tuple[int, Inbound]]) -> dict[int, bool]:
         """Per (index, birth) of a batch, whether this coordinator re-sends the returning

@@ -180,8 +180,7 @@ class Store:
             self._d.insert_rows(db, "events", ("device", "t", "type", "body"),
                                 ("text", "float8", "text", "text"), events)
         if states:
-            db.executemany("INSERT INTO states VALUES (?,?) ON CONFLICT(device) DO UPDATE "
-                           "SET body = excluded.body", states)
+            self._d.upsert_states(db, states)
         return Counter(r[0] for r in self._d.insert_results(db, results))
 
     def _acks_batch(self, db: Any, floors: dict[tuple[str, str], set[int]],
@@ -191,11 +190,10 @@ class Store:
         whose answer is not within that window falls back to `_acks` (exact, more queries)."""
         if not floors:
             return {}
-        devices = sorted({d for d, _ in floors})
-        marks = ",".join("?" * len(devices))
+        match, args = self._d.in_list(sorted({d for d, _ in floors}))
         rows = {(d, s): (lo, a) for d, s, lo, a in db.execute(
-            f"SELECT device, stream, lo, acked FROM streams WHERE device IN ({marks})",
-            devices).fetchall() if (d, s) in floors}
+            f"SELECT device, stream, lo, acked FROM streams WHERE device{match}",
+            args).fetchall() if (d, s) in floors}
         starts = {k: rows[k][1] + 1 if k in rows else min(fl) for k, fl in floors.items()}
         window = self._d.seqs_from(db, [(*k, st) for k, st in starts.items()], 512)
         out: dict[tuple[str, str], list[Ack]] = {}
@@ -266,9 +264,9 @@ class Store:
         devices = sorted({m.device for m in stored})
         if not devices:
             return
-        marks = ",".join("?" * len(devices))
+        match, args = self._d.in_list(devices)
         views = {d: _view_from_json(d, body) for d, body in db.execute(
-            f"SELECT device, view FROM devices WHERE device IN ({marks})", devices).fetchall()}
+            f"SELECT device, view FROM devices WHERE device{match}", args).fetchall()}
         for m in stored:
             v = views.get(m.device) or fleet.DeviceView(m.device)
             if m.kind == "state":
@@ -417,6 +415,12 @@ class Store:
     def read(self, sql: str, args: Iterable[Any] = ()) -> list[tuple]:
         """A portable query's rows."""
         return self._query(sql, args)
+
+    def read_in(self, sql: str, keys: Sequence[str]) -> list[tuple]:
+        """A portable query ending in a text column, matched against any of `keys` (one array
+        parameter on PostgreSQL, a parameter each on SQLite: keep `keys` to a few hundred)."""
+        match, args = self._d.in_list(keys)
+        return self._query(sql + match, args)
 
     def _query(self, sql: str, args: Iterable[Any] = ()) -> list[tuple]:
         with self._d.reader() as db:
