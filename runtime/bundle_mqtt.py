@@ -172,7 +172,9 @@ class MqttTransfer:
                         "rewrites it; docs/security.md)")
                 now = time.monotonic()
                 if conn.subscribed.is_set():  # type: ignore[attr-defined]
-                    while len(outstanding) < self.window and next_req < size:
+                    # what waits unwritten counts against the window too: behind a lost
+                    # head chunk, asking on would pull the whole bundle into memory
+                    while len(outstanding) + len(early) < self.window and next_req < size:
                         n = min(self.chunk, size - next_req)
                         outstanding[next_req] = [n, 0.0]
                         next_req += n

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from runtime.coordinator.canary_clock import note_sleep, overdue
+from runtime.coordinator.canary_clock import believed_wake, note_sleep, overdue
 
 if TYPE_CHECKING:
     from runtime.coordinator.store import Store
@@ -342,11 +342,14 @@ class Rollouts:
                         continue
                     sleep = self._sleeping(d)
                     if sleep is not None:
-                        noted |= note_sleep(st.setdefault("sleeps", []), sleep[0], sleep[1],
-                                            now)
+                        # a wake announced days ahead is credited a day (canary_clock.py)
+                        since = min(sleep[0], now)
+                        noted |= note_sleep(st.setdefault("sleeps", []), since,
+                                            believed_wake(since, sleep[1]), now)
                     why = overdue(st.get("sent", now), now, self.timeout_s,
                                   st.get("sleeps", []), None if sleep is None else sleep[1],
-                                  self.wake_margin_s)
+                                  self.wake_margin_s,
+                                  None if sleep is None else min(sleep[0], now))
                     if why is not None:
                         late.append((d, why))
                 for d, why in late:

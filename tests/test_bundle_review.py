@@ -1,0 +1,126 @@
+"""Review findings on bundles over MQTT, the store's shelf and the canary clock (issue 15):
+each test failed before its fix."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+import time
+
+from test_bundle_mqtt import Coord, _big_bundle, _fetch, _Shelf
+
+from runtime.bundle_mqtt import OK, encode_chunk
+
+
+def test_a_lost_head_chunk_does_not_pull_the_bundle_into_memory(tmp_path, broker):
+    """The answer to the first request is lost (the broker, a flooded coordinator): the
+    chunks after it wait in memory until it is asked again. The device must not keep
+    asking for more meanwhile: what it holds unwritten stays within window x chunk bytes
+    (it asked for the whole bundle within the re-request timeout before)."""
+    s = _Shelf(tmp_path / "shelf")
+    b = _big_bundle(tmp_path, 400_000)
+    with b.open("rb") as f:
+        held = s.receive(f, b.stat().st_size)
+    c = Coord(broker, s)
+    answer = c.server.answer
+    lock = threading.Lock()
+    head = {"answered": False, "dropped": 0, "furthest": 0}
+
+    def losing_the_head(device: str, raw: bytes) -> bytes:
+        req = json.loads(raw)
+        with lock:
+            if req["offset"] == 0 and not head["dropped"]:
+                head["dropped"] = 1  # lost: a chunk of no bundle, which the device ignores
+                return encode_chunk(OK, "other@1", 0, 1, b"x")
+            if not head["answered"]:
+                head["furthest"] = max(head["furthest"], req["offset"] + req["length"])
+            out = answer(device, raw)
+            if req["offset"] == 0:
+                head["answered"] = True
+            return out
+
+    c.server.answer = losing_the_head
+    chunk, window = 16 * 1024, 4
+    try:
+        got = _fetch(tmp_path, broker, held, chunk=chunk, window=window, timeout_s=1.0)
+        assert got.read_bytes() == b.read_bytes()
+        assert head["dropped"] == 1
+        # asked no further than one window past the missing head
+        assert head["furthest"] <= window * chunk, head
+    finally:
+        c.close()
+        s.close()
+
+
+
+# -- canary clock: hostile or late sleeps ------------------------------------------------------
+
+T, M = 100.0, 60.0  # rollout_timeout_s, wake_margin_s
+
+
+def test_overdue_believes_a_day_of_sleep_and_no_rescue_by_a_late_sleep():
+    from runtime.coordinator.canary_clock import MAX_SLEEP_S, overdue
+
+    far = 1e10 - 1  # the latest wake_at a state message may carry (payloads.T_MAX)
+    # a wake days ahead: asleep on purpose for a day, then failed
+    assert overdue(0, MAX_SLEEP_S, T, [[10, 10 + MAX_SLEEP_S]], far, M, 10) is None
+    why = overdue(0, 10 + MAX_SLEEP_S + M + 1, T, [[10, 10 + MAX_SLEEP_S]], far, M, 10)
+    assert why is not None and "not believed" in why, why
+    # a plausible wake is unchanged
+    assert overdue(0, 400, T, [[10, 500]], 500.0, M, 10) is None
+    # fell asleep after 150 s awake without a verdict: it was already out of time
+    why = overdue(0, 160, T, [[150, 5000]], 5000.0, M, 150)
+    assert why is not None and "went to sleep after 150 s awake" in why, why
+
+
+def test_a_canary_announcing_a_wake_in_the_year_2286_does_not_hold_its_rollout(
+        tmp_path, store_url):
+    """Old code: a canary whose state said `wake_at` = 1e10 (a clock gone wrong, or hostile)
+    held its rollout's canary stage until then; now its sleep is believed for a day."""
+    from runtime.coordinator.config import CoordinatorConfig
+    from runtime.coordinator.service import Coordinator
+    from runtime.telemetry import payloads
+
+    coord = Coordinator(CoordinatorConfig(fleet="f", store=store_url, rollout_timeout_s=T,
+                                          wake_margin_s=M, bundles_dir=str(tmp_path / "b")))
+    args = {"name": "m", "version": "2", "url": "http://x/api/v1/bundles/m@2", "size": 1,
+            "sha256": "0" * 64, "token": "t"}
+    coord.rollouts._send = lambda d, c, a: None
+    coord.rollouts._deploy_args = lambda b: args
+
+    def state(device, online, t, at, **extra):
+        coord._ingest([(payloads.topic("f", device, "state"), payloads.encode("state", {
+            "v": 1, "online": online, "boot": "b", "t": t, **extra}), at)])
+
+    try:
+        t0 = time.time()
+        for d in ("sun1", "grid1", "sun2", "grid2"):
+            state(d, True, t0, t0)
+        coord.rollouts.set_group("g", ["sun1", "grid1"])
+        r = coord.rollouts.start("m@2", "g", 50)
+        assert r["canary"] == ["grid1"]
+        state("grid1", False, t0 + 1, t0 + 1, asleep=True, wake_at=1e10 - 1)
+        coord.rollouts.tick(t0 + 3600)
+        assert coord.rollouts.get(r["id"])["state"] == "canary"  # asleep: clock stopped
+        coord.rollouts.tick(t0 + 86400 + M + 10)
+        got = coord.rollouts.get(r["id"])
+        assert got["state"] == "halted" and "not believed" in got["reason"], got["reason"]
+
+        # awake and silent past the timeout, then a sleep is announced before the tick that
+        # would have failed it: the sleep does not rescue it
+        coord.rollouts.set_group("h", ["sun2", "grid2"])
+        r2 = coord.rollouts.start("m@2", "h", 50)
+        assert r2["canary"] == ["grid2"]
+        sent = coord.rollouts.get(r2["id"])["devices"]["grid2"]["sent"]
+        state("grid2", False, sent + 151, sent + 151, asleep=True, wake_at=sent + 20000)
+        # last heard awake 150 s after the deploy (the view is stamped by the real clock)
+        coord.views["grid2"] = dataclasses.replace(coord.views["grid2"],
+                                                   last_seen=sent + 150)
+        coord.rollouts.tick(sent + 152)
+        got = coord.rollouts.get(r2["id"])
+        assert got["state"] == "halted" and "went to sleep after" in got["reason"], \
+            got["reason"]
+    finally:
+        coord.store.close()
+        coord.shelf.close()
