@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sqlite3
 import threading
 import time
 
@@ -124,3 +125,91 @@ def test_a_canary_announcing_a_wake_in_the_year_2286_does_not_hold_its_rollout(
     finally:
         coord.store.close()
         coord.shelf.close()
+
+
+def test_a_second_download_of_the_same_bundle_does_not_write_into_the_first_ones_part(
+        tmp_path, broker):
+    """Two downloads of one bundle into one downloads directory at once (the daemon's
+    deploy over MQTT and `edgerun models install`, say): old code let both append to the
+    same `.part`, each at the offset it believed, and the file was neither's (sha256
+    mismatch: both discarded). Now the second is refused at once and the first completes."""
+    import pytest
+
+    from runtime.download import DownloadError
+
+    s = _Shelf(tmp_path / "shelf")
+    b = _big_bundle(tmp_path, 300_000)
+    with b.open("rb") as f:
+        held = s.receive(f, b.stat().st_size)
+    c = Coord(broker, s)
+    answer = c.server.answer
+
+    def slow(device: str, raw: bytes) -> bytes:
+        time.sleep(0.03)
+        return answer(device, raw)
+
+    c.server.answer = slow
+    first: dict = {}
+
+    def run() -> None:
+        try:
+            first["got"] = _fetch(tmp_path, broker, held, chunk=8 * 1024, window=2)
+        except Exception as e:  # reported by the assertion below
+            first["error"] = e
+
+    t = threading.Thread(target=run)
+    t.start()
+    part = tmp_path / "dl" / "b.edgerun.part"
+    try:
+        deadline = time.monotonic() + 20
+        while not (part.exists() and part.stat().st_size > 0) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert part.exists(), "the first transfer never started"
+        with pytest.raises(DownloadError, match="another download of this bundle"):
+            _fetch(tmp_path, broker, held, chunk=8 * 1024, window=2, timeout_s=1.0)
+        t.join(60)
+        assert "error" not in first, first
+        assert first["got"].read_bytes() == b.read_bytes()
+        assert not list((tmp_path / "dl").glob("*.lock"))
+    finally:
+        t.join(60)
+        c.close()
+        s.close()
+
+
+# -- the shelf in the store --------------------------------------------------------------------
+
+def test_a_legacy_bundle_damaged_on_disk_is_not_imported(tmp_path):
+    """Old code imported a bundles_dir file under the sha256 its old index recorded without
+    hashing it: a file damaged since was served under that sha256, and every device fetched
+    all of it to refuse it at the end (again at each return). Now it is left out, and a
+    sound one next to it is imported."""
+    import hashlib
+
+    from runtime.coordinator.config import CoordinatorConfig
+    from runtime.coordinator.service import Coordinator
+
+    old = tmp_path / "coord" / "bundles"
+    old.mkdir(parents=True)
+    db = sqlite3.connect(old / "index.db")
+    db.execute("CREATE TABLE bundles (id TEXT PRIMARY KEY, body TEXT)")
+    for bid, damaged in (("m@1", True), ("m@2", False)):
+        (tmp_path / bid).mkdir()
+        data = _big_bundle(tmp_path / bid, 50_000).read_bytes()
+        body = {"id": bid, "name": "m", "version": bid[2:], "size": len(data),
+                "sha256": hashlib.sha256(data).hexdigest(), "token": "tok", "created": 1.0}
+        if damaged:  # one byte flipped on disk, same size
+            data = data[:1000] + bytes([data[1000] ^ 1]) + data[1001:]
+        (old / f"{bid}.edgerun").write_bytes(data)
+        db.execute("INSERT INTO bundles VALUES (?, ?)", (bid, json.dumps(body)))
+    db.commit()
+    db.close()
+    c = Coordinator(CoordinatorConfig(store=str(tmp_path / "coord" / "c.db")))
+    try:
+        assert c.shelf.get("m@1") is None
+        held = c.shelf.get("m@2")
+        assert held is not None and c.shelf.read(held, 0, held.size) == \
+            (old / "m@2.edgerun").read_bytes()
+    finally:
+        c.store.close()
+        c.shelf.close()

@@ -23,6 +23,7 @@ from __future__ import annotations
 import collections
 import hashlib
 import json
+import logging
 import re
 import secrets
 import sqlite3
@@ -38,6 +39,8 @@ from runtime.bundle import HEADER, VERSION
 
 if TYPE_CHECKING:
     from runtime.coordinator.store import Store
+
+log = logging.getLogger("edgerun.coordinator.bundles")
 
 _ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}@[A-Za-z0-9_][A-Za-z0-9_.+-]{0,63}$")
 _SHA = re.compile(r"^[0-9a-f]{64}$")
@@ -208,6 +211,18 @@ class Shelf:
             path = index.parent / f"{held.id}.edgerun" if held else None
             if held is None or path is None or not path.is_file() \
                     or path.stat().st_size != held.size or self.get(held.id) is not None:
+                continue
+            # the bytes must be the ones the old index names: a file damaged on disk since
+            # would be served under that sha256, and every device would fetch all of it only
+            # to refuse it
+            h = hashlib.sha256()
+            with path.open("rb") as f:
+                while block := f.read(CHUNK):
+                    h.update(block)
+            if h.hexdigest() != held.sha256:
+                log.error("bundle %s in %s: its bytes do not match the sha256 of its index "
+                          "entry (damaged on disk?): not imported; upload it again",
+                          held.id, index.parent)
                 continue
             held = replace(held, chunk=self.chunk_bytes)
             with path.open("rb") as f:
