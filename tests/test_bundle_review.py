@@ -213,3 +213,32 @@ def test_a_legacy_bundle_damaged_on_disk_is_not_imported(tmp_path):
     finally:
         c.store.close()
         c.shelf.close()
+
+
+def test_uploading_a_bundle_again_mends_rows_lost_from_the_store(tmp_path, store_url):
+    """A chunk row gone from the store (a partial restore, a hand-made DELETE): reading says
+    "upload the bundle again". Old code answered that upload 200 from the bundle's row
+    without looking at its rows, and the bundle stayed broken for good; now the upload
+    writes the rows again and the bundle reads whole."""
+    import pytest
+
+    from runtime.coordinator.bundles import BundleRefused, Shelf
+    from runtime.coordinator.store import Store
+
+    st = Store(store_url)
+    try:
+        shelf = Shelf(st, 64 << 20)
+        shelf.chunk_bytes = 16 * 1024
+        b = _big_bundle(tmp_path, 100_000)
+        data = b.read_bytes()
+        with b.open("rb") as f:
+            held = shelf.receive(f, len(data))
+        st.write("DELETE FROM bundle_chunks WHERE sha256=? AND idx=?", [(held.sha256, 2)])
+        with pytest.raises(BundleRefused, match="upload the bundle again"):
+            shelf.read(held, 0, held.size)
+        with b.open("rb") as f:
+            again = shelf.receive(f, len(data))
+        assert again.token == held.token  # the same bundle: devices' tokens still open it
+        assert shelf.read(again, 0, again.size) == data
+    finally:
+        st.close()

@@ -179,11 +179,24 @@ class Shelf:
             if old.sha256 != sha:
                 raise BundleRefused(f"{bundle_id} is already held with other contents; "
                                     "bundle it with a new --version", 409)
+            if not self._whole(old):
+                # rows lost from the store (a partial restore, a hand-made DELETE): reading
+                # it says "upload the bundle again", which must mend it
+                tmp.seek(0)
+                self._write_chunks(tmp, sha, length, old.chunk)
             return old
 
-    def _write_chunks(self, src: IO[bytes], sha: str, length: int) -> None:
-        """The bytes as rows of `chunk_bytes`, one short transaction each."""
-        step = self.chunk_bytes
+    def _whole(self, held: Held) -> bool:
+        """Whether every chunk row of `held` is in the store, of the right size."""
+        n, total = self._store.read("SELECT COUNT(*), COALESCE(SUM(LENGTH(data)), 0) FROM "
+                                    "bundle_chunks WHERE sha256=? AND idx < ?",
+                                    (held.sha256, -(-held.size // held.chunk)))[0]
+        return int(n) == -(-held.size // held.chunk) and int(total) == held.size
+
+    def _write_chunks(self, src: IO[bytes], sha: str, length: int,
+                      step: int | None = None) -> None:
+        """The bytes as rows of `step` (default `chunk_bytes`), one short transaction each."""
+        step = step or self.chunk_bytes
         for idx in range((length + step - 1) // step):
             data = src.read(step)
             self._store.write("INSERT INTO bundle_chunks (sha256, idx, data) VALUES (?,?,?) "
