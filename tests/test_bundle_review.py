@@ -242,3 +242,25 @@ def test_uploading_a_bundle_again_mends_rows_lost_from_the_store(tmp_path, store
         assert shelf.read(again, 0, again.size) == data
     finally:
         st.close()
+
+
+def test_a_wrong_token_does_not_tell_which_bundles_exist(tmp_path):
+    """Over HTTP a bad token gets 401 for a held bundle and an unknown one alike. Over MQTT
+    old code answered "forbidden" for a held bundle and "not found" for an unknown one, so
+    any enrolled device could list the shelf by guessing names with a bad token."""
+    from test_bundle_mqtt import _answer
+
+    s = _Shelf(tmp_path / "shelf")
+    b = _big_bundle(tmp_path, 20_000)
+    with b.open("rb") as f:
+        held = s.receive(f, b.stat().st_size)
+    try:
+        real = _answer(s, {"bundle": held.id, "offset": 0, "length": 10, "token": "guess"})
+        none = _answer(s, {"bundle": "nope@1", "offset": 0, "length": 10, "token": "guess"})
+        assert (real.status, real.total, real.reason.replace(held.id, "X")) == \
+            (none.status, none.total, none.reason.replace("nope@1", "X"))
+        # the right token still reads it
+        ok = _answer(s, {"bundle": held.id, "offset": 0, "length": 10, "token": held.token})
+        assert ok.status == OK and ok.body == b.read_bytes()[:10]
+    finally:
+        s.close()
