@@ -59,18 +59,18 @@ def overdue(sent: float, now: float, timeout_s: float, sleeps: list[list[float]]
     """Why a device sent a model at `sent` and without a verdict at `now` counts as failed,
     or None while it still has time. `asleep_until` is its announced wake when the fleet
     view says it sleeps now (None when awake), `asleep_since` when that sleep began (when
-    given, a wake more than MAX_SLEEP_S after it is believed only that far, and a device
-    already out of time when it fell asleep is not rescued by the sleep)."""
+    given, a wake more than MAX_SLEEP_S after it is believed only that far).
+
+    A device already out of time when it fell asleep (between two ticks, or while every
+    coordinator was down) is not failed before its wake: `asleep_since` may be the device's
+    own clock (a coordinator that has not heard it since its start), which must not fail it.
+    Its awake time before the sleep still counts, so it fails at its wake."""
     if asleep_until is not None and asleep_since is not None:
         wake = believed_wake(asleep_since, asleep_until)
         if wake < asleep_until and now > wake + wake_margin_s:
             return (f"announced a sleep until {_clock(asleep_until, True)}, more than "
                     f"{MAX_SLEEP_S / 3600:.0f} h after it was last heard awake: not believed "
                     f"past {_clock(wake, True)}, and not heard from since (no verdict)")
-        awake = asleep_since - sent - asleep_s(sent, asleep_since, sleeps)
-        if awake > timeout_s:
-            return (f"no verdict within {timeout_s:.0f} s of the deploy (it went to sleep "
-                    f"after {awake:.0f} s awake)")
     if asleep_until is not None and now > asleep_until + wake_margin_s:
         return (f"missed its wake: announced for {_clock(asleep_until)} and not heard from "
                 f"{wake_margin_s:.0f} s after it (no verdict)")

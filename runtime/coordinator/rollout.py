@@ -342,14 +342,13 @@ class Rollouts:
                         continue
                     sleep = self._sleeping(d)
                     if sleep is not None:
-                        # a wake announced days ahead is credited a day (canary_clock.py)
-                        since = min(sleep[0], now)
-                        noted |= note_sleep(st.setdefault("sleeps", []), since,
-                                            believed_wake(since, sleep[1]), now)
+                        # a wake announced days ahead is credited a day (canary_clock.py),
+                        # from the sleep's own start (constant while it sleeps: noted once)
+                        noted |= note_sleep(st.setdefault("sleeps", []), sleep[0],
+                                            believed_wake(sleep[0], sleep[1]), now)
                     why = overdue(st.get("sent", now), now, self.timeout_s,
                                   st.get("sleeps", []), None if sleep is None else sleep[1],
-                                  self.wake_margin_s,
-                                  None if sleep is None else min(sleep[0], now))
+                                  self.wake_margin_s, None if sleep is None else sleep[0])
                     if why is not None:
                         late.append((d, why))
                 for d, why in late:
