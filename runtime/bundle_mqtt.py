@@ -205,8 +205,13 @@ class MqttTransfer:
                                 raise DownloadError(f"{label}: {why[9:]}")
                 while have in early:
                     data = early.pop(have)
-                    out.write(data)
-                    out.flush()
+                    try:
+                        out.write(data)
+                        out.flush()
+                    except OSError as e:  # a full disk: the part stays a prefix (resumable)
+                        raise DownloadError(
+                            f"{label}: cannot write {part} after {have} of {size} bytes "
+                            f"({e}); the next attempt resumes") from None
                     have += len(data)
                     last_progress = time.monotonic()
                     crash_point("download")  # tests: kill -9 mid-transfer

@@ -3,11 +3,13 @@ each test failed before its fix."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 import threading
 import time
 
+import pytest
 from test_bundle_mqtt import Coord, _big_bundle, _fetch, _Shelf
 
 from runtime.bundle_mqtt import OK, encode_chunk
@@ -119,8 +121,6 @@ def test_a_second_download_of_the_same_bundle_does_not_write_into_the_first_ones
     deploy over MQTT and `edgerun models install`, say): old code let both append to the
     same `.part`, each at the offset it believed, and the file was neither's (sha256
     mismatch: both discarded). Now the second is refused at once and the first completes."""
-    import pytest
-
     from runtime.download import DownloadError
 
     s = _Shelf(tmp_path / "shelf")
@@ -206,8 +206,6 @@ def test_uploading_a_bundle_again_mends_rows_lost_from_the_store(tmp_path, store
     "upload the bundle again". Old code answered that upload 200 from the bundle's row
     without looking at its rows, and the bundle stayed broken for good; now the upload
     writes the rows again and the bundle reads whole."""
-    import pytest
-
     from runtime.coordinator.bundles import BundleRefused, Shelf
     from runtime.coordinator.store import Store
 
@@ -267,3 +265,73 @@ def test_a_far_wake_from_a_clock_running_ahead_is_noted_once_and_still_ends():
     end = since + MAX_SLEEP_S + M + 1
     why = overdue(1e6 - 10, end, T, sleeps, wake_at, M, since)
     assert why is not None and "not believed" in why, why
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 256 KiB tmpfs (root only: skipped where mounting is not allowed)."""
+    import subprocess
+
+    where = tmp_path / "small"
+    where.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(where)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    yield where
+    subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
+def test_a_disk_filling_mid_transfer_fails_saying_so_and_the_next_attempt_resumes(
+        tmp_path, broker, small_disk):
+    """Old code: the full disk's OSError left the MQTT transfer bare ("[Errno 28] No space
+    left on device", no file, no progress, not a DownloadError: unlike the HTTP route). Now
+    it says where and how far, the part stays a prefix, and once there is room the next
+    attempt resumes from it."""
+    from runtime.bundle_mqtt import fetch_over_mqtt
+    from runtime.download import DownloadError
+
+    s = _Shelf(tmp_path / "shelf")
+    b = _big_bundle(tmp_path, 150_000)
+    with b.open("rb") as f:
+        held = s.receive(f, b.stat().st_size)
+    c = Coord(broker, s)
+    answer = c.server.answer
+
+    def slow(device: str, raw: bytes) -> bytes:
+        time.sleep(0.02)
+        return answer(device, raw)
+
+    c.server.answer = slow
+    dest = small_disk / "dl" / "b.edgerun"
+    part = dest.with_name("b.edgerun.part")
+    filler = small_disk / "filler"
+
+    def fill() -> None:  # another writer takes the rest of the disk mid-transfer
+        deadline = time.monotonic() + 20
+        while not (part.exists() and part.stat().st_size > 20_000) \
+                and time.monotonic() < deadline:
+            time.sleep(0.005)
+        with contextlib.suppress(OSError), filler.open("wb", buffering=0) as f:
+            while True:
+                f.write(b"\0" * 4096)
+
+    def get():
+        return fetch_over_mqtt(dest, broker.device("t", "box1"), "t", "box1", held.id,
+                               held.size, held.sha256, held.token, 64 << 20, 0,
+                               chunk=8 * 1024, window=2, timeout_s=2.0)
+
+    filling = threading.Thread(target=fill, daemon=True)
+    filling.start()
+    try:
+        with pytest.raises(DownloadError, match=r"cannot write .*b\.edgerun\.part after \d+ "
+                                                r"of \d+ bytes .*No space left.*resumes"):
+            get()
+        filling.join(20)
+        data = b.read_bytes()
+        have = part.read_bytes()
+        assert 0 < len(have) < len(data) and data[:len(have)] == have  # a prefix
+        filler.unlink()
+        assert get().read_bytes() == data
+    finally:
+        c.close()
+        s.close()
