@@ -335,3 +335,30 @@ def test_a_disk_filling_mid_transfer_fails_saying_so_and_the_next_attempt_resume
     finally:
         c.close()
         s.close()
+
+
+def test_a_command_for_a_sleeper_with_a_far_wake_expires_within_a_day(tmp_path):
+    """Old code signed a command for a device asleep "until 2286" to expire then: valid (and
+    kept in the device's replay record) for centuries. Now it lives a day past the send at
+    most, plus the margin and the usual ttl."""
+    from runtime.coordinator.config import CoordinatorConfig
+    from runtime.coordinator.service import Coordinator
+    from runtime.telemetry import payloads
+    from runtime.telemetry.commands import generate_keypair
+
+    generate_keypair(tmp_path / "c.pem", tmp_path / "c.pub")
+    coord = Coordinator(CoordinatorConfig(fleet="f", store=str(tmp_path / "c.db"),
+                                          signing_key=str(tmp_path / "c.pem"),
+                                          wake_margin_s=M))
+    try:
+        now = time.time()
+        coord._ingest([(payloads.topic("f", "sun1", "state"), payloads.encode("state", {
+            "v": 1, "online": False, "boot": "b", "t": now, "asleep": True,
+            "wake_at": 1e10 - 1}), now)])
+        reply = coord.send_command("sun1", "ping", {}, ttl_s=60)
+        assert reply is not None and reply["status"] == "queued", reply
+        assert reply["expires_at"] <= time.time() + 86400 + M + 60, reply
+    finally:
+        coord.store.close()
+        coord.shelf.close()
+        coord._conn.stop(1.0)
