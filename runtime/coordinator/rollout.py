@@ -105,6 +105,7 @@ class Rollouts:
         # rollout id -> its body as last read or written here: a write replaces only that
         # body (compare and swap), so coordinators sharing the store never undo each other
         self._bodies: dict[str, str] = {}
+        self._finished: set[str] = set()  # rollouts done or halted (never active again)
 
     # -- groups and desired state -----------------------------------------------------------
 
@@ -181,6 +182,8 @@ class Rollouts:
             self._bodies.pop(r["id"], None)
             raise _Conflict(r["id"])
         self._bodies[r["id"]] = body
+        if r["state"] in ("done", "halted"):
+            self._finished.add(r["id"])
 
     def _retrying(self, what: Callable[[], None]) -> None:
         """Run a read-modify-write of rollouts again (from a fresh read) when another
@@ -209,7 +212,28 @@ class Rollouts:
             return out
 
     def _active(self) -> list[dict[str, Any]]:
-        return [r for r in self.list() if r["state"] in ("canary", "rolling")]
+        """The rollouts in progress, newest first (as `list`). Called every second (tick)
+        and at every event: a finished rollout (done, halted: never active again) is
+        remembered and not read again — reading and decoding every rollout ever made took
+        240-350 ms a tick with 50 finished rollouts of 5000 devices, on the ingest thread."""
+        with self._lock:
+            ids = [i for (i,) in self._store.read("SELECT id FROM rollouts ORDER BY created DESC")
+                   if i not in self._finished]
+            out = []
+            for k in range(0, len(ids), 500):
+                part = ids[k:k + 500]
+                rows = self._store.read(
+                    f"SELECT id, body FROM rollouts WHERE id IN ({','.join('?' * len(part))}) "
+                    "ORDER BY created DESC", part)
+                for rid, body in rows:
+                    r = json.loads(body)
+                    if r["state"] in ("canary", "rolling"):
+                        self._bodies[rid] = body
+                        out.append(r)
+                    else:
+                        self._finished.add(rid)
+                        self._bodies.pop(rid, None)
+            return out
 
     def _deploy(self, r: dict[str, Any], devices: list[str] | tuple[str, ...]
                 ) -> dict[str, Any]:
