@@ -411,3 +411,40 @@ def test_a_tick_does_not_read_finished_rollouts_again(store_url):
         assert bodies == []
     finally:
         st.close()
+
+
+def test_sending_the_rest_of_a_group_is_a_few_statements_not_two_a_device(store_url):
+    """When the canary passes, the rest of the group is sent from the event's thread (the
+    ingest thread). Old code read and wrote each device's desired state in a transaction of
+    its own (0.77 s for 5000 devices on SQLite, a round trip each on PostgreSQL); now it is
+    a few statements whatever the group's size, and each device's desired state is kept."""
+    from runtime.coordinator.rollout import Rollouts
+    from runtime.coordinator.store import Store
+
+    st = Store(store_url)
+    try:
+        devs = [f"d{i:04d}" for i in range(400)]
+        sent: list[tuple] = []
+        args = {"name": "m", "version": "1", "size": 1, "sha256": "0" * 64, "token": "t",
+                "url": "http://x/api/v1/bundles/m@1"}
+        r = Rollouts(st, lambda *a: sent.append(a), lambda b: dict(args), lambda: devs)
+        r.set_group("g", devs)
+        r.record_setting("d0399", "set_rate", {"hz": 2.0})  # kept beside the model
+        calls = {"write": 0, "read": 0}
+        for name in calls:
+            orig = getattr(st, name)
+
+            def counted(*a, _orig=orig, _name=name):
+                calls[_name] += 1
+                return _orig(*a)
+
+            setattr(st, name, counted)
+        ro = r.start("m@1", "g", 1)  # canary: 1 % of 400
+        for d in ro["canary"]:
+            r.on_event(d, {"type": "model_probation_passed", "version": "m@1"})
+        assert r.get(ro["id"])["state"] == "rolling"
+        assert len(sent) == 400
+        assert calls["write"] < 20 and calls["read"] < 40, calls
+        assert r.desired("d0399") == {"model": args, "settings": {"set_rate": {"hz": 2.0}}}
+    finally:
+        st.close()

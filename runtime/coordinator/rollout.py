@@ -156,11 +156,12 @@ class Rollouts:
         if not devices:
             raise ValueError(f"group {group!r} has no devices (`edgerun fleet group`)")
         canary, rest = split(devices, canary_pct)
+        before = self._desired_of(devices)
         r = {"id": uuid.uuid4().hex[:12], "bundle": bundle_id, "group": group,
              "canary_pct": canary_pct, "canary": canary, "rest": rest, "state": "canary",
              "reason": "", "created": time.time(), "version": f"{args['name']}@"
              f"{args['version']}", "args": args,
-             "devices": {d: {"state": WAITING, "before": self.desired(d).get("model")}
+             "devices": {d: {"state": WAITING, "before": before.get(d, {}).get("model")}
                          for d in devices}}
         with self._lock:
             self._save(r)
@@ -240,13 +241,33 @@ class Rollouts:
         """Mark `devices` sent (desired state, rollout) and return the deploy arguments; the
         caller sends them once the rollout is saved (a conflicting save sends nothing)."""
         args = self._fresh_args(r["bundle"], r.get("args"))
+        docs = self._desired_of(devices)
+        rows = []
         for d in devices:
-            doc = self.desired(d)
+            doc = docs.get(d, {})
             doc["model"] = args
-            self._set_desired(d, doc)
+            rows.append((d, json.dumps(doc)))
             r["devices"][d]["state"] = SENT
             r["devices"][d]["sent"] = time.time()
+        # one transaction for all (the rest of a group is sent from the ingest thread when
+        # its canary passes: two statements a device held it for seconds on a big group)
+        with self._lock:
+            self._store.write("INSERT INTO desired VALUES (?, ?) ON CONFLICT(device) DO "
+                              "UPDATE SET body = excluded.body", rows)
         return args
+
+    def _desired_of(self, devices: list[str] | tuple[str, ...]) -> dict[str, dict[str, Any]]:
+        """The desired state of each of `devices` that has one (a few queries in all)."""
+        out: dict[str, dict[str, Any]] = {}
+        devices = list(devices)
+        with self._lock:
+            for k in range(0, len(devices), 500):
+                part = devices[k:k + 500]
+                for d, body in self._store.read(
+                        f"SELECT device, body FROM desired WHERE device IN "
+                        f"({','.join('?' * len(part))})", part):
+                    out[d] = json.loads(body)
+        return out
 
     def _fresh_args(self, bundle_id: str, stored: dict[str, Any] | None) -> dict[str, Any]:
         """The deploy arguments with this coordinator's download URL (the shelf is in the
