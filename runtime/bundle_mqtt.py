@@ -172,7 +172,9 @@ class MqttTransfer:
                         "rewrites it; docs/security.md)")
                 now = time.monotonic()
                 if conn.subscribed.is_set():  # type: ignore[attr-defined]
-                    while len(outstanding) < self.window and next_req < size:
+                    # what waits unwritten counts against the window too: behind a lost
+                    # head chunk, asking on would pull the whole bundle into memory
+                    while len(outstanding) + len(early) < self.window and next_req < size:
                         n = min(self.chunk, size - next_req)
                         outstanding[next_req] = [n, 0.0]
                         next_req += n
@@ -203,8 +205,13 @@ class MqttTransfer:
                                 raise DownloadError(f"{label}: {why[9:]}")
                 while have in early:
                     data = early.pop(have)
-                    out.write(data)
-                    out.flush()
+                    try:
+                        out.write(data)
+                        out.flush()
+                    except OSError as e:  # a full disk: the part stays a prefix (resumable)
+                        raise DownloadError(
+                            f"{label}: cannot write {part} after {have} of {size} bytes "
+                            f"({e}); the next attempt resumes") from None
                     have += len(data)
                     last_progress = time.monotonic()
                     crash_point("download")  # tests: kill -9 mid-transfer

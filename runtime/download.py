@@ -10,13 +10,15 @@ unverified until runtime.bundle checks its signature and hashes.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import os
 import re
 import shutil
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from runtime.model_store import crash_point
@@ -52,8 +54,38 @@ def fetch(url: str, dest: Path, size: int, token: str = "", max_bytes: int = 0,
     if max_bytes and size > max_bytes:
         raise DownloadError(f"{url}: {size} bytes is over the cap of {max_bytes} "
                             "([models] max_bundle_mb)")
-    part = dest.with_name(dest.name + ".part")
     dest.parent.mkdir(parents=True, exist_ok=True)
+    with _only_fetcher(dest, url):
+        return _fetch(url, dest, size, token, max_bytes, min_free_bytes, sha256, timeout_s,
+                      via)
+
+
+@contextlib.contextmanager
+def _only_fetcher(dest: Path, url: str) -> Iterator[None]:
+    """Hold `<dest>.lock` for the download: two at once of the same bundle (the daemon's
+    deploy and `edgerun models install`, or an HTTP and an MQTT attempt) would both append
+    to one part file, each at the offset it believed, and leave a file of neither."""
+    lock = dest.with_name(dest.name + ".lock")
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise DownloadError(f"{url}: another download of this bundle into {dest.parent} "
+                                "is running (its part file is not touched)") from None
+        try:
+            yield
+        finally:
+            # unlinked while held: the next download makes a new one
+            with contextlib.suppress(OSError):
+                lock.unlink()
+    finally:
+        os.close(fd)
+
+
+def _fetch(url: str, dest: Path, size: int, token: str, max_bytes: int, min_free_bytes: int,
+           sha256: str, timeout_s: float, via: Transport | None) -> Path:
+    part = dest.with_name(dest.name + ".part")
     have = part.stat().st_size if part.exists() else 0
     if have > size:
         part.unlink()

@@ -211,14 +211,18 @@ class ChunkServer:
                                f"offset and length must be integers >= 0 (length >= 1), "
                                f"got {str(offset)[:20]}, {str(length)[:20]}")
         held = self.shelf.get(bundle)
+        # an unknown bundle and a wrong token get the same answer, as over HTTP (401 for
+        # both): a device must not learn which bundles exist by asking with a bad token;
+        # the log and the counters (refused_1 / refused_2) tell them apart for the operator
+        unopened = (f"no bundle {bundle} held by this coordinator, or not for this token "
+                    "(the deploy command's token is needed)")
         if held is None:
-            return self._error(device, NOT_FOUND, bundle, at, 0,
+            return self._error(device, NOT_FOUND, bundle, at, 0, unopened,
                                f"no bundle {bundle} held by this coordinator")
         if not isinstance(token, str) or not hmac.compare_digest(
                 token.encode(), held.token.encode()):
-            return self._error(device, FORBIDDEN, bundle, at, 0,
-                               f"the token does not open {bundle} (the deploy command's "
-                               "token is needed)")
+            return self._error(device, NOT_FOUND, bundle, at, 0, unopened,
+                               f"the token does not open {bundle}", counted=FORBIDDEN)
         if offset >= held.size:
             return self._error(device, BAD_RANGE, bundle, at, held.size,
                                f"offset {offset} is past the end of {bundle} "
@@ -238,10 +242,13 @@ class ChunkServer:
         return encode_chunk(OK, bundle, offset, size, data)
 
     def _error(self, device: str, status: int, bundle: str, offset: int, total: int,
-               why: str) -> bytes:
-        self.counters[f"refused_{status}"] += 1
-        self._rlog.log(f"refused-{device}-{status}", "device %s: bundle chunk request "
-                       "refused: %s", device, why, level=logging.WARNING)
+               why: str, logged: str = "", counted: int | None = None) -> bytes:
+        """An error answer saying `why` (the log says `logged` when given; counted under
+        `counted` when given, else `status`)."""
+        kind = status if counted is None else counted
+        self.counters[f"refused_{kind}"] += 1
+        self._rlog.log(f"refused-{device}-{kind}", "device %s: bundle chunk request "
+                       "refused: %s", device, logged or why, level=logging.WARNING)
         return encode_chunk(status, bundle, offset, total, why[:300].encode())
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import collections
 import hashlib
 import json
+import logging
 import re
 import secrets
 import sqlite3
@@ -38,6 +39,8 @@ from runtime.bundle import HEADER, VERSION
 
 if TYPE_CHECKING:
     from runtime.coordinator.store import Store
+
+log = logging.getLogger("edgerun.coordinator.bundles")
 
 _ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}@[A-Za-z0-9_][A-Za-z0-9_.+-]{0,63}$")
 _SHA = re.compile(r"^[0-9a-f]{64}$")
@@ -176,11 +179,24 @@ class Shelf:
             if old.sha256 != sha:
                 raise BundleRefused(f"{bundle_id} is already held with other contents; "
                                     "bundle it with a new --version", 409)
+            if not self._whole(old):
+                # rows lost from the store (a partial restore, a hand-made DELETE): reading
+                # it says "upload the bundle again", which must mend it
+                tmp.seek(0)
+                self._write_chunks(tmp, sha, length, old.chunk)
             return old
 
-    def _write_chunks(self, src: IO[bytes], sha: str, length: int) -> None:
-        """The bytes as rows of `chunk_bytes`, one short transaction each."""
-        step = self.chunk_bytes
+    def _whole(self, held: Held) -> bool:
+        """Whether every chunk row of `held` is in the store, of the right size."""
+        n, total = self._store.read("SELECT COUNT(*), COALESCE(SUM(LENGTH(data)), 0) FROM "
+                                    "bundle_chunks WHERE sha256=? AND idx < ?",
+                                    (held.sha256, -(-held.size // held.chunk)))[0]
+        return int(n) == -(-held.size // held.chunk) and int(total) == held.size
+
+    def _write_chunks(self, src: IO[bytes], sha: str, length: int,
+                      step: int | None = None) -> None:
+        """The bytes as rows of `step` (default `chunk_bytes`), one short transaction each."""
+        step = step or self.chunk_bytes
         for idx in range((length + step - 1) // step):
             data = src.read(step)
             self._store.write("INSERT INTO bundle_chunks (sha256, idx, data) VALUES (?,?,?) "
@@ -208,6 +224,18 @@ class Shelf:
             path = index.parent / f"{held.id}.edgerun" if held else None
             if held is None or path is None or not path.is_file() \
                     or path.stat().st_size != held.size or self.get(held.id) is not None:
+                continue
+            # the bytes must be the ones the old index names: a file damaged on disk since
+            # would be served under that sha256, and every device would fetch all of it only
+            # to refuse it
+            h = hashlib.sha256()
+            with path.open("rb") as f:
+                while block := f.read(CHUNK):
+                    h.update(block)
+            if h.hexdigest() != held.sha256:
+                log.error("bundle %s in %s: its bytes do not match the sha256 of its index "
+                          "entry (damaged on disk?): not imported; upload it again",
+                          held.id, index.parent)
                 continue
             held = replace(held, chunk=self.chunk_bytes)
             with path.open("rb") as f:

@@ -17,6 +17,16 @@ from __future__ import annotations
 import time
 
 MAX_SLEEPS = 64  # sleeps noted per device and rollout (a rollout lasting weeks of nights)
+# The longest sleep believed (a night and then some; a device's own cap, [sleep] max_sleep_s,
+# is an hour by default). A wake announced further ahead — a device clock running days fast,
+# a hostile `wake_at` up to the year 2286 — counts this much sleep and no more: it must not
+# hold a canary stage for ever.
+MAX_SLEEP_S = 86400.0
+
+
+def believed_wake(since: float, wake_at: float) -> float:
+    """The wake a sleep from `since` is credited up to: `wake_at`, at most MAX_SLEEP_S on."""
+    return min(wake_at, since + MAX_SLEEP_S)
 
 
 def note_sleep(sleeps: list[list[float]], since: float, wake_at: float, now: float) -> bool:
@@ -44,10 +54,23 @@ def asleep_s(sent: float, now: float, sleeps: list[list[float]]) -> float:
 
 
 def overdue(sent: float, now: float, timeout_s: float, sleeps: list[list[float]],
-            asleep_until: float | None, wake_margin_s: float) -> str | None:
+            asleep_until: float | None, wake_margin_s: float,
+            asleep_since: float | None = None) -> str | None:
     """Why a device sent a model at `sent` and without a verdict at `now` counts as failed,
     or None while it still has time. `asleep_until` is its announced wake when the fleet
-    view says it sleeps now (None when awake)."""
+    view says it sleeps now (None when awake), `asleep_since` when that sleep began (when
+    given, a wake more than MAX_SLEEP_S after it is believed only that far).
+
+    A device already out of time when it fell asleep (between two ticks, or while every
+    coordinator was down) is not failed before its wake: `asleep_since` may be the device's
+    own clock (a coordinator that has not heard it since its start), which must not fail it.
+    Its awake time before the sleep still counts, so it fails at its wake."""
+    if asleep_until is not None and asleep_since is not None:
+        wake = believed_wake(asleep_since, asleep_until)
+        if wake < asleep_until and now > wake + wake_margin_s:
+            return (f"announced a sleep until {_clock(asleep_until, True)}, more than "
+                    f"{MAX_SLEEP_S / 3600:.0f} h after it was last heard awake: not believed "
+                    f"past {_clock(wake, True)}, and not heard from since (no verdict)")
     if asleep_until is not None and now > asleep_until + wake_margin_s:
         return (f"missed its wake: announced for {_clock(asleep_until)} and not heard from "
                 f"{wake_margin_s:.0f} s after it (no verdict)")
@@ -60,5 +83,6 @@ def overdue(sent: float, now: float, timeout_s: float, sleeps: list[list[float]]
             + (f" (awake; {slept:.0f} s asleep not counted)" if slept > 0 else ""))
 
 
-def _clock(t: float) -> str:
-    return time.strftime("%H:%M:%S UTC", time.gmtime(t))
+def _clock(t: float, date: bool = False) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC" if date else "%H:%M:%S UTC",
+                         time.gmtime(min(max(t, 0.0), 1e11)))

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from runtime.coordinator.canary_clock import note_sleep, overdue
+from runtime.coordinator.canary_clock import believed_wake, note_sleep, overdue
 
 if TYPE_CHECKING:
     from runtime.coordinator.store import Store
@@ -105,6 +105,7 @@ class Rollouts:
         # rollout id -> its body as last read or written here: a write replaces only that
         # body (compare and swap), so coordinators sharing the store never undo each other
         self._bodies: dict[str, str] = {}
+        self._finished: set[str] = set()  # rollouts done or halted (never active again)
 
     # -- groups and desired state -----------------------------------------------------------
 
@@ -155,11 +156,12 @@ class Rollouts:
         if not devices:
             raise ValueError(f"group {group!r} has no devices (`edgerun fleet group`)")
         canary, rest = split(devices, canary_pct)
+        before = self._desired_of(devices)
         r = {"id": uuid.uuid4().hex[:12], "bundle": bundle_id, "group": group,
              "canary_pct": canary_pct, "canary": canary, "rest": rest, "state": "canary",
              "reason": "", "created": time.time(), "version": f"{args['name']}@"
              f"{args['version']}", "args": args,
-             "devices": {d: {"state": WAITING, "before": self.desired(d).get("model")}
+             "devices": {d: {"state": WAITING, "before": before.get(d, {}).get("model")}
                          for d in devices}}
         with self._lock:
             self._save(r)
@@ -181,6 +183,8 @@ class Rollouts:
             self._bodies.pop(r["id"], None)
             raise _Conflict(r["id"])
         self._bodies[r["id"]] = body
+        if r["state"] in ("done", "halted"):
+            self._finished.add(r["id"])
 
     def _retrying(self, what: Callable[[], None]) -> None:
         """Run a read-modify-write of rollouts again (from a fresh read) when another
@@ -209,20 +213,61 @@ class Rollouts:
             return out
 
     def _active(self) -> list[dict[str, Any]]:
-        return [r for r in self.list() if r["state"] in ("canary", "rolling")]
+        """The rollouts in progress, newest first (as `list`). Called every second (tick)
+        and at every event: a finished rollout (done, halted: never active again) is
+        remembered and not read again — reading and decoding every rollout ever made took
+        240-350 ms a tick with 50 finished rollouts of 5000 devices, on the ingest thread."""
+        with self._lock:
+            ids = [i for (i,) in self._store.read("SELECT id FROM rollouts ORDER BY created DESC")
+                   if i not in self._finished]
+            out = []
+            for k in range(0, len(ids), 500):
+                part = ids[k:k + 500]
+                rows = self._store.read(
+                    f"SELECT id, body FROM rollouts WHERE id IN ({','.join('?' * len(part))}) "
+                    "ORDER BY created DESC", part)
+                for rid, body in rows:
+                    r = json.loads(body)
+                    if r["state"] in ("canary", "rolling"):
+                        self._bodies[rid] = body
+                        out.append(r)
+                    else:
+                        self._finished.add(rid)
+                        self._bodies.pop(rid, None)
+            return out
 
     def _deploy(self, r: dict[str, Any], devices: list[str] | tuple[str, ...]
                 ) -> dict[str, Any]:
         """Mark `devices` sent (desired state, rollout) and return the deploy arguments; the
         caller sends them once the rollout is saved (a conflicting save sends nothing)."""
         args = self._fresh_args(r["bundle"], r.get("args"))
+        docs = self._desired_of(devices)
+        rows = []
         for d in devices:
-            doc = self.desired(d)
+            doc = docs.get(d, {})
             doc["model"] = args
-            self._set_desired(d, doc)
+            rows.append((d, json.dumps(doc)))
             r["devices"][d]["state"] = SENT
             r["devices"][d]["sent"] = time.time()
+        # one transaction for all (the rest of a group is sent from the ingest thread when
+        # its canary passes: two statements a device held it for seconds on a big group)
+        with self._lock:
+            self._store.write("INSERT INTO desired VALUES (?, ?) ON CONFLICT(device) DO "
+                              "UPDATE SET body = excluded.body", rows)
         return args
+
+    def _desired_of(self, devices: list[str] | tuple[str, ...]) -> dict[str, dict[str, Any]]:
+        """The desired state of each of `devices` that has one (a few queries in all)."""
+        out: dict[str, dict[str, Any]] = {}
+        devices = list(devices)
+        with self._lock:
+            for k in range(0, len(devices), 500):
+                part = devices[k:k + 500]
+                for d, body in self._store.read(
+                        f"SELECT device, body FROM desired WHERE device IN "
+                        f"({','.join('?' * len(part))})", part):
+                    out[d] = json.loads(body)
+        return out
 
     def _fresh_args(self, bundle_id: str, stored: dict[str, Any] | None) -> dict[str, Any]:
         """The deploy arguments with this coordinator's download URL (the shelf is in the
@@ -342,11 +387,13 @@ class Rollouts:
                         continue
                     sleep = self._sleeping(d)
                     if sleep is not None:
-                        noted |= note_sleep(st.setdefault("sleeps", []), sleep[0], sleep[1],
-                                            now)
+                        # a wake announced days ahead is credited a day (canary_clock.py),
+                        # from the sleep's own start (constant while it sleeps: noted once)
+                        noted |= note_sleep(st.setdefault("sleeps", []), sleep[0],
+                                            believed_wake(sleep[0], sleep[1]), now)
                     why = overdue(st.get("sent", now), now, self.timeout_s,
                                   st.get("sleeps", []), None if sleep is None else sleep[1],
-                                  self.wake_margin_s)
+                                  self.wake_margin_s, None if sleep is None else sleep[0])
                     if why is not None:
                         late.append((d, why))
                 for d, why in late:

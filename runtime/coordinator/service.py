@@ -778,7 +778,12 @@ class Coordinator:
         if view.asleep and view.status == "asleep":
             # Asleep on purpose: the broker holds the command in the device's persistent
             # session and delivers it at the next wake. It must outlive the sleep.
-            ttl = max(ttl_s, view.wake_at - now + self.cfg.wake_margin_s + ttl_s)
+            # (a wake believed a day ahead at most: canary_clock.MAX_SLEEP_S; a `wake_at` in
+            # 2286 made a command valid, and remembered by the device, for centuries)
+            from runtime.coordinator.canary_clock import MAX_SLEEP_S
+
+            wake = min(view.wake_at, now + MAX_SLEEP_S)
+            ttl = max(ttl_s, wake - now + self.cfg.wake_margin_s + ttl_s)
             env = commands.sign(self._key, device, name, args, ttl)
             self._conn.publish(payloads.topic(self.cfg.fleet, device, "cmd"),
                                payloads.encode("cmd", env))
