@@ -316,7 +316,6 @@ def main() -> None:
     backends = a.backends.split(",")
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        broker = Mosquitto(tmp, extra="max_queued_messages 0", auth=False).start()
         pg = (TempPostgres({"fsync": "on", "synchronous_commit": "off",
                             "full_page_writes": "on"}).start()
               if "postgresql" in backends else None)
@@ -328,12 +327,20 @@ def main() -> None:
                 for ncoord in (int(x) for x in a.coordinators.split(",")):
                     for backend in backends:
                         for k in range(a.runs):
-                            rows.append(run(tmp, broker, backend, pg, scenario, ncoord,
-                                            a.seconds, k))
+                            # a broker per run: the stopped coordinators' persistent sessions
+                            # (and their unbounded queues) must not load the next run's broker
+                            where = tmp / f"broker-{scenario}-{ncoord}-{backend}-{k}"
+                            where.mkdir()
+                            broker = Mosquitto(where, extra="max_queued_messages 0",
+                                               auth=False).start()
+                            try:
+                                rows.append(run(tmp, broker, backend, pg, scenario, ncoord,
+                                                a.seconds, k))
+                            finally:
+                                broker.stop()
             print(summary(rows), flush=True)
             prof = {} if a.no_profile else profile(pg, backends, tmp)
         finally:
-            broker.stop()
             if pg:
                 pg.stop()
         if a.json:
