@@ -234,6 +234,9 @@ class SleepConfig:
             return "every_s", "every_s, per_hour must be >= 0 and burst >= 1"
         if self.deliver_s < 0 or self.flush_timeout_s < 0 or self.max_sleep_s < 60:
             return "max_sleep_s", "deliver_s, flush_timeout_s >= 0 and max_sleep_s >= 60"
+        if self.max_sleep_s > 7 * 86400:  # coordinators believe a wake at most a week on
+            return "max_sleep_s", "at most 604800 (a week): a coordinator reports a device " \
+                "that announced a longer sleep as missed_wake after a week"
         if self.session_expiry_s < self.max_sleep_s:
             return "session_expiry_s", "must be at least max_sleep_s (queued commands)"
         return None

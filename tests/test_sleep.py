@@ -185,6 +185,12 @@ def _state(t, online, **kw):
     # a plain will (connection lost) is still offline at once
     ([("state", _state(0, True), 0), ("state", _state(5, False, reason="connection lost"), 5)],
      6, "offline", ["offline"]),
+    # a wake announced in the year 2286 (a clock gone wrong, a hostile state) is believed a
+    # week from its arrival: then offline with missed_wake (was: asleep for ever)
+    ([("state", _state(10, False, asleep=True, wake_at=1e10), 10)], 10 + 7 * 86400 + 299,
+     "asleep", []),
+    ([("state", _state(10, False, asleep=True, wake_at=1e10), 10)], 10 + 7 * 86400 + 301,
+     "offline", ["missed_wake"]),
     # asleep=true without a wake time is not a sleep announcement
     ([("state", _state(5, False, asleep=True), 5)], 6, "offline", ["offline"]),
 ])
@@ -370,6 +376,8 @@ def test_sleep_is_refused_loudly_where_the_board_cannot(tmp_path, profile, tree,
     ("enabled = true\n", "every_s"),
     ("enabled = true\nevery_s = 60\nper_hour = 10\n", "every_s"),
     ("enabled = true\nevery_s = 60\nmax_sleep_s = 10\n", "max_sleep_s"),
+    ("enabled = true\nevery_s = 60\nmax_sleep_s = 700000\nsession_expiry_s = 800000\n",
+     "max_sleep_s"),
     ("enabled = true\nevery_s = 60\nsession_expiry_s = 100\n", "session_expiry_s"),
 ])
 def test_sleep_config_is_validated(tmp_path, body, key):

@@ -79,6 +79,13 @@ def with_alerts(view: DeviceView, alerts: tuple[tuple[str, str], ...]) -> Device
     return _with(view, {"alerts": alerts})
 
 
+# The furthest wake believed, from the coordinator's clock when the announcement arrived (the
+# device's [sleep] max_sleep_s may not exceed it): a wake announced further ahead — a device
+# clock gone wrong, a hostile state — is believed this far, so a device that never returns
+# still turns offline with `missed_wake` instead of showing asleep until the year 2286.
+LONGEST_SLEEP_S = 7 * 86400.0
+
+
 def on_state(view: DeviceView, msg: Mapping[str, Any], now: float) -> DeviceView:
     """A birth (online) or death (will / clean stop) message arrived."""
     if msg["t"] < view.state_t and msg["boot"] != view.boot:
@@ -89,7 +96,8 @@ def on_state(view: DeviceView, msg: Mapping[str, Any], now: float) -> DeviceView
     changes = dict(online=msg["online"], boot=msg["boot"], state_t=msg["t"],
                    reason=msg.get("reason", ""),
                    last_seen=now if msg["online"] else view.last_seen,
-                   asleep=asleep, wake_at=float(msg["wake_at"]) if asleep else 0.0,
+                   asleep=asleep,
+                   wake_at=min(float(msg["wake_at"]), now + LONGEST_SLEEP_S) if asleep else 0.0,
                    status="online" if msg["online"] else "asleep" if asleep else "offline")
     if msg["online"]:
         changes.update(versions=msg.get("versions", view.versions),
