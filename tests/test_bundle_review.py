@@ -13,6 +13,7 @@ import pytest
 from test_bundle_mqtt import Coord, _big_bundle, _fetch, _Shelf
 
 from runtime.bundle_mqtt import OK, encode_chunk
+from runtime.coordinator.canary_clock import MAX_SLEEP_S
 
 
 def test_a_lost_head_chunk_does_not_pull_the_bundle_into_memory(tmp_path, broker):
@@ -61,11 +62,11 @@ def test_a_lost_head_chunk_does_not_pull_the_bundle_into_memory(tmp_path, broker
 T, M = 100.0, 60.0  # rollout_timeout_s, wake_margin_s
 
 
-def test_overdue_believes_a_day_of_sleep():
+def test_overdue_believes_the_longest_sleep_and_no_more():
     from runtime.coordinator.canary_clock import MAX_SLEEP_S, overdue
 
     far = 1e10 - 1  # the latest wake_at a state message may carry (payloads.T_MAX)
-    # a wake days ahead: asleep on purpose for a day, then failed
+    # a wake far ahead: asleep on purpose for the longest sleep believed, then failed
     assert overdue(0, MAX_SLEEP_S, T, [[10, 10 + MAX_SLEEP_S]], far, M, 10) is None
     why = overdue(0, 10 + MAX_SLEEP_S + M + 1, T, [[10, 10 + MAX_SLEEP_S]], far, M, 10)
     assert why is not None and "not believed" in why, why
@@ -80,7 +81,7 @@ def test_overdue_believes_a_day_of_sleep():
 def test_a_canary_announcing_a_wake_in_the_year_2286_does_not_hold_its_rollout(
         tmp_path, store_url):
     """Old code: a canary whose state said `wake_at` = 1e10 (a clock gone wrong, or hostile)
-    held its rollout's canary stage until then; now its sleep is believed for a day."""
+    held its rollout's canary stage until then; now its sleep is believed for a week."""
     from runtime.coordinator.config import CoordinatorConfig
     from runtime.coordinator.service import Coordinator
     from runtime.telemetry import payloads
@@ -106,7 +107,7 @@ def test_a_canary_announcing_a_wake_in_the_year_2286_does_not_hold_its_rollout(
         state("grid1", False, t0 + 1, t0 + 1, asleep=True, wake_at=1e10 - 1)
         coord.rollouts.tick(t0 + 3600)
         assert coord.rollouts.get(r["id"])["state"] == "canary"  # asleep: clock stopped
-        coord.rollouts.tick(t0 + 86400 + M + 10)
+        coord.rollouts.tick(t0 + MAX_SLEEP_S + M + 10)
         got = coord.rollouts.get(r["id"])
         assert got["state"] == "halted" and "not believed" in got["reason"], got["reason"]
 
@@ -339,7 +340,7 @@ def test_a_disk_filling_mid_transfer_fails_saying_so_and_the_next_attempt_resume
 
 def test_a_command_for_a_sleeper_with_a_far_wake_expires_within_a_day(tmp_path):
     """Old code signed a command for a device asleep "until 2286" to expire then: valid (and
-    kept in the device's replay record) for centuries. Now it lives a day past the send at
+    kept in the device's replay record) for centuries. Now it lives a week past the send at
     most, plus the margin and the usual ttl."""
     from runtime.coordinator.config import CoordinatorConfig
     from runtime.coordinator.service import Coordinator
@@ -357,7 +358,7 @@ def test_a_command_for_a_sleeper_with_a_far_wake_expires_within_a_day(tmp_path):
             "wake_at": 1e10 - 1}), now)])
         reply = coord.send_command("sun1", "ping", {}, ttl_s=60)
         assert reply is not None and reply["status"] == "queued", reply
-        assert reply["expires_at"] <= time.time() + 86400 + M + 60, reply
+        assert reply["expires_at"] <= time.time() + MAX_SLEEP_S + M + 60, reply
     finally:
         coord.store.close()
         coord.shelf.close()

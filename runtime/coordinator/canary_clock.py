@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import time
 
+from runtime.coordinator.fleet import LONGEST_SLEEP_S
+
 MAX_SLEEPS = 64  # sleeps noted per device and rollout (a rollout lasting weeks of nights)
-# The longest sleep believed (a night and then some; a device's own cap, [sleep] max_sleep_s,
-# is an hour by default). A wake announced further ahead — a device clock running days fast,
-# a hostile `wake_at` up to the year 2286 — counts this much sleep and no more: it must not
-# hold a canary stage for ever.
-MAX_SLEEP_S = 86400.0
+# The longest sleep believed, the fleet view's (a device's [sleep] max_sleep_s may not exceed
+# it). A wake announced further ahead — a device clock running days fast, a hostile `wake_at`
+# up to the year 2286 — counts this much sleep and no more: it must not hold a canary stage
+# for ever.
+MAX_SLEEP_S = LONGEST_SLEEP_S
 
 
 def believed_wake(since: float, wake_at: float) -> float:

@@ -778,7 +778,7 @@ class Coordinator:
         if view.asleep and view.status == "asleep":
             # Asleep on purpose: the broker holds the command in the device's persistent
             # session and delivers it at the next wake. It must outlive the sleep.
-            # (a wake believed a day ahead at most: canary_clock.MAX_SLEEP_S; a `wake_at` in
+            # (a wake believed a week ahead at most: canary_clock.MAX_SLEEP_S; a `wake_at` in
             # 2286 made a command valid, and remembered by the device, for centuries)
             from runtime.coordinator.canary_clock import MAX_SLEEP_S
 
