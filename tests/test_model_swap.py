@@ -427,8 +427,8 @@ def test_a_model_deployed_while_the_first_choice_is_refined_stays_served(tmp_pat
     cfg = fleet.config("box1", v1, PROBATION.replace("floor = 0.8", "floor = 0.0"))
     # many runs at full length: the slow model's refinement lasts seconds, the deployed
     # (0.2 ms) model's profile a fraction of one
-    cfg.write_text(cfg.read_text().replace("min_runs = 10", "min_runs = 150").replace(
-        "max_runs = 100", "max_runs = 150").replace("time_budget_s = 0.05",
+    cfg.write_text(cfg.read_text().replace("min_runs = 10", "min_runs = 600").replace(
+        "max_runs = 100", "max_runs = 600").replace("time_budget_s = 0.05",
                                                     "time_budget_s = 60"))
     d = fleet.device("box1", cfg)
     wait(lambda: d.ready(), 60, "ready", d)
@@ -486,8 +486,8 @@ def test_a_model_chosen_while_the_first_choice_is_refined_is_loaded_after_it(tmp
     v1 = slow_dir(tmp_path / "models" / "slow", 320)
     inspection_dir(tmp_path / "models" / "inspection")
     cfg = fleet.config("box1", v1, PROBATION)
-    cfg.write_text(cfg.read_text().replace("min_runs = 10", "min_runs = 150").replace(
-        "max_runs = 100", "max_runs = 150").replace("time_budget_s = 0.05",
+    cfg.write_text(cfg.read_text().replace("min_runs = 10", "min_runs = 600").replace(
+        "max_runs = 100", "max_runs = 600").replace("time_budget_s = 0.05",
                                                     "time_budget_s = 60"))
     d = fleet.device("box1", cfg)
     wait(lambda: d.ready(), 60, "ready", d)
@@ -518,8 +518,10 @@ def test_a_rollback_while_the_first_choice_is_refined_loads_the_old_model(tmp_pa
     assert _install(cfg, str(tmp_path / "b.edgerun")).returncode == 0  # probation begins
     # a cold cache for the daemon, and a refinement of seconds at full length
     cfg.write_text(cfg.read_text().replace(str(tmp_path / "cache"), str(tmp_path / "cold"))
-                   .replace("min_runs = 10", "min_runs = 100")
-                   .replace("time_budget_s = 0.05", "time_budget_s = 60"))
+                   .replace("min_runs = 10", "min_runs = 500")
+                   .replace("max_runs = 100", "max_runs = 500")  # ~5 s of a ~10 ms model:
+                   .replace("time_budget_s = 0.05", "time_budget_s = 60"))  # the probation
+    # of 20 frames fails first (at 100 runs a quiet machine refined in 1.8 s, before it)
     d = Serve(tmp_path, cfg)
     try:
         wait(lambda: events(d.outbox, "model_rolled_back"), 60, "the rollback", d)
