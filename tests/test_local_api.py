@@ -97,8 +97,10 @@ def test_serve_exposes_its_health_and_liveness(tmp_path, tmp_path_factory):
     d = Serve(tmp_path, cfg)
     try:
         wait(lambda: d.ready(), 120, "the daemon ready", d)
+        # the first health may come before the first sensor read: wait for both
         wait(lambda: gauges(get(port, "/metrics")[2]).get("edgerun_device_inference_rate_hz", 0)
-             > 0, 20, "a rate in /metrics", d)
+             > 0 and "edgerun_device_temperature_celsius" in gauges(get(port, "/metrics")[2]),
+             20, "a rate and a temperature in /metrics", d)
         status, _, text = get(port, "/metrics")
         g = gauges(text)
         assert status == 200 and g["edgerun_device_alive"] == 1

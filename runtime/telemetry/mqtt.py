@@ -354,6 +354,12 @@ class Connection:
                 if client.loop(timeout=0.05) != mqtt.MQTT_ERR_SUCCESS:
                     break
             client.disconnect()
-            client.loop(timeout=0.05)
+            # until the DISCONNECT is out and the socket closed (loop then reports no
+            # connection): one pass may leave it queued behind other packets, and a socket
+            # closed without it makes the broker publish the will ("connection lost")
+            deadline = time.monotonic() + 2.0
+            while time.monotonic() < deadline and client.loop(
+                    timeout=0.05) == mqtt.MQTT_ERR_SUCCESS:
+                pass
         self.connected.clear()
         self._client = None
