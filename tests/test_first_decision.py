@@ -88,11 +88,14 @@ def test_serves_at_once_refines_in_the_background_and_switches_without_losing_fr
     refined = next(ln for ln in lines if "refinement of inspection finished" in ln)
     first_id = first_choice.split("): ", 1)[1].split(": ", 1)[0]
     final_id = refined.split("): ", 1)[1].split(": ", 1)[0]
-    assert variants[0] == first_id  # served on the quick round's choice at once
+    # served at once on the quick round's choice, or — when the background refinement won the
+    # race to the folder's first frame on a quiet machine — on the final choice already
+    assert variants[0] in (first_id, final_id), (variants[0], first_id, final_id)
     switched = [ln for ln in lines if "(profiling refined)" in ln]
     if first_id != final_id:  # then served on the final choice after the switch
         assert switched and final_id in switched[0]
-        assert final_id in variants[variants.index(first_id):]
+        start = variants.index(first_id) if first_id in variants else 0
+        assert final_id in variants[start:]
     # failures: one WARNING line per kind on the cold start ...
     warn = [ln for ln in d.text().splitlines() if "WARNING" in ln and "opencv" in ln]
     assert warn and len(warn) <= 3, warn
