@@ -319,6 +319,14 @@ def run(duration_s: float = 0.0, device: str = "rpi5", scenario: str = "cabinet"
             daemon.terminate()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 daemon.wait(30)
+            if daemon.returncode is None:
+                print("the daemon did not stop within 30 s of SIGTERM: killed; see its log",
+                      flush=True)
+                daemon.kill()
+                daemon.wait()
+            elif daemon.returncode != 0:
+                print(f"the daemon exited with code {daemon.returncode} on stop; its log ends:\n"
+                      + daemon_log.read_text()[-2000:], flush=True)
         time.sleep(1.0)
         views = {v["device"]: v for v in coord.fleet_view()}
         if "demo-box" in views:

@@ -21,6 +21,15 @@ def _death(t, boot="b1"):
     return {"v": 1, "online": False, "boot": boot, "t": t, "reason": "connection lost"}
 
 
+def _bye(t, boot="b1"):
+    return {"v": 1, "online": False, "boot": boot, "t": t, "reason": "clean shutdown"}
+
+
+def _asleep(t, wake_at):
+    return {"v": 1, "online": False, "boot": "b1", "t": t, "reason": "sleep", "asleep": True,
+            "wake_at": wake_at}
+
+
 @pytest.mark.parametrize("events, now, status", [
     ([("state", _birth(0), 0)], 10, "online"),
     ([("state", _birth(0), 0)], 31, "stale"),
@@ -33,6 +42,13 @@ def _death(t, boot="b1"):
     ([("state", _birth(10, "b2"), 10), ("state", _death(5), 11)], 12, "online"),
     # a new boot's birth after a death
     ([("state", _death(5), 5), ("state", _birth(6, "b2"), 6)], 7, "online"),
+    # a will arriving after the same boot's farewell (its DISCONNECT was lost) changes nothing
+    ([("state", _birth(10), 10), ("state", _bye(20), 20), ("state", _death(10), 21)], 22,
+     "offline"),
+    ([("state", _birth(10), 10), ("state", _asleep(20, 500), 20), ("state", _death(10), 21)],
+     22, "asleep"),
+    # ... but the will of a connection made after the sleep (woke, then lost) is news
+    ([("state", _asleep(20, 500), 20), ("state", _death(30), 31)], 32, "offline"),
     # traffic after a death (lost birth) brings it back
     ([("state", _death(5), 5), ("activity", None, 8)], 9, "online"),
 ])
@@ -67,11 +83,6 @@ def test_version_drift_against_majority():
     assert out["d0"].alerts == ()
     stale = fleet.refresh(out, 40, CFG)
     assert fleet.transitions(out, stale) == [(k, "online", "stale") for k in ("d0", "d1", "d2")]
-
-
-def _asleep(t, wake_at):
-    return {"v": 1, "online": False, "boot": "b1", "t": t, "reason": "sleep", "asleep": True,
-            "wake_at": wake_at}
 
 
 # (events, when the view is ticked, expected next_change); then the property: tick keeps the
@@ -116,3 +127,14 @@ def test_majority_ties_do_not_depend_on_order():
     assert fleet.majority_version(a) == fleet.majority_version(a[::-1]) == "2.0"
     assert fleet.majority_of({"1.0": 3, "2.0": 1}) == "1.0"
     assert fleet.majority_of({}) is None and fleet.majority_of({"1.0": 0}) is None
+
+
+def test_will_after_farewell_keeps_the_farewell():
+    """The demo's clean stop read 'connection lost' in a CI run: the will outran nothing, it
+    followed the farewell because the DISCONNECT never reached the broker."""
+    v = fleet.on_state(fleet.DeviceView("d"), _birth(10), 10)
+    v = fleet.on_state(v, _bye(20), 20)
+    v = fleet.on_state(v, _death(10), 21)
+    assert (v.status, v.reason, v.state_t) == ("offline", "clean shutdown", 20)
+    # a will newer than the goodbye (a later connection of the same boot) is taken
+    assert fleet.on_state(v, _death(25), 26).reason == "connection lost"

@@ -90,6 +90,13 @@ def on_state(view: DeviceView, msg: Mapping[str, Any], now: float) -> DeviceView
     """A birth (online) or death (will / clean stop) message arrived."""
     if msg["t"] < view.state_t and msg["boot"] != view.boot:
         return view  # a previous boot's state arriving after the current one's
+    if (not msg["online"] and not view.online and msg["boot"] == view.boot
+            and msg["t"] < view.state_t):
+        # A will (stamped at its connection's start) after this boot's farewell (clean stop
+        # or sleep, stamped when said): the connection that said goodbye closed without its
+        # DISCONNECT reaching the broker (lost on the wire, or the process ended first), so the
+        # broker published the will. The goodbye is the truth; the will adds nothing.
+        return view
     # Within one boot, arrival order is the truth: the will carries the connect time,
     # so it is older than the birth it follows.
     asleep = not msg["online"] and msg.get("asleep") is True and "wake_at" in msg
