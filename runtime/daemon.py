@@ -20,6 +20,7 @@ import queue
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -1198,21 +1199,29 @@ class Daemon:
         """Drain in-flight frames (their results are stored), say offline, close."""
         self.notify.stopping()
         log.info("stopping: draining in-flight frames")
-        self.pipeline.stop()
+        steps: list[tuple[str, Callable[[], Any]]] = [("the pipeline", self.pipeline.stop)]
         if self.local:
-            self.local.stop()  # writes what the drained frames produced
+            steps.append(("local results", self.local.stop))  # what the drained frames made
         if self.local_api:
-            self.local_api.stop()
+            steps.append(("the local API", self.local_api.stop))
         if self._reprofile_thread is not None:
             # It stops at its next variant (progress raises Stopping); an engine call that is
             # still running when the interpreter exits aborts the process.
-            self._reprofile_thread.join(60)
+            steps.append(("re-profiling", lambda: self._reprofile_thread.join(60)))
         if self.ota is not None and self.ota.thread is not None:
-            self.ota.thread.join(60)  # a model install stops at its next variant, too
+            # a model install stops at its next variant, too
+            steps.append(("a model install", lambda: self.ota.thread.join(60)))
         if self.sim:
-            self.sim.stop()
+            steps.append(("the simulator", self.sim.stop))
         if self.publisher:
-            self.publisher.stop()
+            # last: the offline state and a clean DISCONNECT (else the broker publishes the
+            # will, "connection lost"), whatever failed before it
+            steps.append(("MQTT", self.publisher.stop))
+        for what, stop in steps:
+            try:
+                stop()
+            except Exception:
+                log.exception("stopping %s failed; going on with the rest of the stop", what)
         stats = self.outbox.stats()
         self.outbox.close()
         log.info("stopped; %d results not yet acked stay in the outbox for the next start",
