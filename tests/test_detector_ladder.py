@@ -351,3 +351,36 @@ def test_prepare_cli_prints_a_form_below_the_floor_as_skipped(tmp_path):
     assert [v["name"] for v in doc["variants"]] == ["fp32", "fp16", "int8"]
     bad = cli(tmp_path / "bad", "--min-accuracy-ratio", "1.5")
     assert bad.returncode == 2 and "must be within 0..1" in bad.stderr
+
+
+def test_the_bench_detector_as_a_dynamic_export_gets_a_reduced_rung(tmp_path, monkeypatch):
+    """bench/first_decision.py's YOLOv8-shaped detector (three strides, concatenated heads):
+    built with fixed reshapes its reduced form is skipped naming the head's Reshape; as a
+    dynamic-axes export (-1 candidates, box scale from the input's Shape) it gets one, whose
+    boxes are in its own input's pixels."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "bench"))
+    import first_decision as bench
+
+    from runtime.prepare import generated_frames
+
+    val = tmp_path / "val"
+    val.mkdir()
+    for i, img in enumerate(generated_frames((64, 64), 4, seed=2)):
+        cv2.imwrite(str(val / f"{i}.png"), img)
+    opts = PrepareOptions(name="d", preprocess=Preprocess(), min_accuracy_ratio=0.0,
+                          labels=tuple(bench.DETECTOR_CLASSES))
+    fixed = prepare(bench.detector_model(tmp_path / "fixed.onnx", hw=64, width=4), None, val,
+                    tmp_path / "fixed", opts)
+    (skip,) = [f for f in fixed["failed"] if f["variant"] == "reduced"]
+    assert "the graph does not run at 32x32" in skip["error"] and "Reshape" in skip["error"]
+    dyn = prepare(bench.detector_model(tmp_path / "dyn.onnx", hw=64, width=4, dynamic=True),
+                  None, val, tmp_path / "dyn", opts)
+    v = {e["name"]: e for e in dyn["variants"]}
+    assert v["fp32-r32"]["input_shape"] == [1, 3, 32, 32] and not dyn["failed"]
+    m = load_manifest(tmp_path / "dyn")
+    sess = ort.InferenceSession(str(m.path(m.variant("fp32-r32"))),
+                                providers=["CPUExecutionProvider"])
+    y = sess.run(None, {"images": np.zeros((1, 3, 32, 32), np.float32)})[0]
+    assert y.shape == (1, 7, 16 + 4 + 1)  # 4x4 + 2x2 + 1x1 cells at strides 8, 16, 32
+    # zero input, zero biases: every box value is sigmoid(0) x the input width, 0.5 x 32
+    assert np.allclose(y[0, :4], 16.0)
