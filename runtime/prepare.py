@@ -67,7 +67,7 @@ from runtime.onnx_model import ModelError, file_sha256, load_onnx, model_input
 log = logging.getLogger("edgerun.ladder")
 
 # A form measured below this fraction of its fp32 form's accuracy is not written as a rung:
-# its results are mostly wrong (seen: int8 of a poorly trained detector at mAP 0.056 of
+# its results are mostly wrong (seen: int8 of the random-weight bench detector at mAP 0.056 of
 # fp32's 1.0). The good rungs of the bundled models keep 0.87 (defects int8) and more of
 # fp32's; the weakest kept form measured anywhere here, PP-OCR's 32-px text-direction form,
 # keeps 0.525 (models/README.md), so 0.5 drops only what is close to useless.
