@@ -28,7 +28,7 @@ SIDE = 24  # object side in frame pixels
 
 
 def fcn_detector(path: Path, hw: tuple[int, int] = (96, 96), stride: int = 8,
-                 window: int = 48, classes: int = 2) -> Path:
+                 window: int = 48, classes: int = 2, fixed_scale: bool = False) -> Path:
     """A fully convolutional YOLOv8-form detector of coloured squares, as a dynamic-axes export
     is: it runs at any input size, its candidate count follows the size, and its boxes are in
     the input's pixels. Per pixel, class c's mask is sigmoid(20 * channel c - 10 * the others
@@ -36,7 +36,9 @@ def fcn_detector(path: Path, hw: tuple[int, int] = (96, 96), stride: int = 8,
     by its mask's mean over the cell; the box is the centroid and extent (uniform: w =
     sqrt(12 var)) of all classes' masks in a `window` around the cell. Pixel coordinates come
     from CumSum over a map of ones, the final reshape to [1, 4 + C, N] from Shape and -1:
-    nothing in the graph is fixed to the input's size."""
+    nothing in the graph is fixed to the input's size. `fixed_scale`: boxes in the pixels of
+    the `hw` input whatever size it runs at (x `hw` width / the input's width), as a model
+    that normalises and rescales by a constant would give them."""
     h, w = hw
     pad = (window - stride) // 2
     wc = np.full((classes, 3, 1, 1), -10.0, np.float32)
@@ -80,7 +82,19 @@ def fcn_detector(path: Path, hw: tuple[int, int] = (96, 96), stride: int = 8,
         n("Sqrt", ["vx12"], ["bw"]), n("Sqrt", ["vy12"], ["bh"]),
         n("AveragePool", ["mask"], ["cls"], kernel_shape=[stride, stride],
           strides=[stride, stride]),
-        n("Concat", ["cx", "cy", "bw", "bh", "cls"], ["grid"], axis=1),  # [1, 4 + C, gh, gw]
+        n("Concat", ["cx", "cy", "bw", "bh"], ["box_px"], axis=1),
+    ]
+    if fixed_scale:
+        inits += [numpy_helper.from_array(np.array(3, np.int64), "i3"),
+                  numpy_helper.from_array(np.array(float(w), f), "w_full")]
+        nodes += [n("Shape", ["x"], ["xs"]), n("Gather", ["xs", "i3"], ["w_in"]),
+                  n("Cast", ["w_in"], ["w_inf"], to=TensorProto.FLOAT),
+                  n("Div", ["w_full", "w_inf"], ["rescale"]),
+                  n("Mul", ["box_px", "rescale"], ["box"])]
+    else:
+        nodes.append(n("Identity", ["box_px"], ["box"]))
+    nodes += [
+        n("Concat", ["box", "cls"], ["grid"], axis=1),  # [1, 4 + C, gh, gw]
         n("Shape", ["x"], ["xshape"]), n("Slice", ["xshape", "i0", "i1"], ["batch"]),
         n("Concat", ["batch", "rows_rest"], ["target"], axis=0),
         n("Reshape", ["grid", "target"], ["y"]),
@@ -168,6 +182,20 @@ def test_a_fully_convolutional_detector_gets_a_measured_reduced_rung(ladder):
     assert sess.get_outputs()[0].shape == [1, 6, 64]  # 8x8 cells of stride 8, not 12x12
     y = sess.run(None, {"x": np.zeros((1, 3, 64, 64), np.float32)})[0]
     assert y.shape == (1, 6, 64)
+
+
+def test_a_reduced_form_whose_boxes_keep_the_full_input_scale_is_measured_off_the_ladder(
+        tmp_path):
+    """Runs at 64x64 and keeps the detector's form, but its boxes are in the 96 px input's
+    pixels: normalised by 64 they land at 1.5x their place. The measurement sees it (mAP
+    far below fp32's) and the floor keeps it off the ladder."""
+    doc = prepare(fcn_detector(tmp_path / "m.onnx", fixed_scale=True), None,
+                  _val(tmp_path / "val"), tmp_path / "out",
+                  PrepareOptions(name="s", preprocess=PIXELS, labels=LABELS))
+    v = {e["name"]: e for e in doc["variants"]}
+    assert v["fp32"]["accuracy"] > 0.9 and "fp32-r64" not in v
+    (f,) = [f for f in doc["failed"] if f["variant"] == "fp32-r64"]
+    assert f["step"] == "reduced" and f["accuracy"] < 0.2 and "below the floor" in f["error"]
 
 
 def test_the_reduced_rung_boxes_land_where_the_object_is(ladder):
