@@ -21,8 +21,11 @@ Selection quality, side by side with the noise floor, per run:
 
 `--detector` generates a YOLOv8-shaped detector (`detector_model`: output [1, 7, 3549], 416
 px, 108 ms of CPU time per fp32 ORT inference on one core of this EPYC), prepares it with the
-real `edgerun models prepare` on generated unlabelled images (fp32, fp16, int8; prepare makes
-no reduced form of a detector) and keeps both under `--cache` for the next run.
+real `edgerun models prepare` on generated unlabelled images (fp32, fp16, int8: its reshapes
+are fixed, so prepare skips the reduced form; `--min-accuracy-ratio 0` keeps int8, whose mAP
+against fp32 means nothing on random weights) and keeps both under `--cache` for the next run.
+(`detector_model(..., dynamic=True)` is the same detector as a dynamic-axes export, with a
+reduced rung: bench/detector_reduced.py.)
 `--heavy` builds a conv net (fp32 ORT on one EPYC core, p95 measured: 25.6 ms at the default
 24 channels, 29.1 ms at `--channels 48`; several times that on a loaded machine) and prepares
 its ladder (fp32, fp16, int8, reduced resolution) with `runtime.prepare` on generated images.
@@ -108,7 +111,8 @@ def heavy_ladder(root: Path, ch: int = 24) -> Path:
     for i, img in enumerate(generated_frames((160, 160), 48)):
         cv2.imwrite(str(val / f"{i:03d}.png"), img)
     out = root / "heavy"
-    prepare(src, None, val, out, PrepareOptions(name="heavy", preprocess=Preprocess()))
+    prepare(src, None, val, out, PrepareOptions(name="heavy", preprocess=Preprocess(),
+                                                min_accuracy_ratio=0.0))  # random weights
     return out
 
 
@@ -116,12 +120,14 @@ DETECTOR_CLASSES = ("scratch", "dent", "stain")
 DETECTOR_VERSION = 1  # bump when detector_model changes: the cache is keyed on it
 
 
-def _detector_graph(hw: int, width: int, classes: int, shift: float):
+def _detector_graph(hw: int, width: int, classes: int, shift: float, dynamic: bool = False):
     """A YOLOv8-shaped detector: a stride-32 conv backbone (3x3 convs, ReLU), a 3x3 + 1x1 head
     at strides 8, 16 and 32, outputs concatenated to `[1, 4 + classes, N]`; boxes are
     sigmoid x input size (cx, cy, w, h in input pixels), scores sigmoid(logit - shift). Random
     He-initialised weights from seed 0: deterministic, meaningless (this measures profiling
-    time, not accuracy)."""
+    time, not accuracy). `dynamic`: as an export with dynamic axes, the head reshapes to -1
+    candidates and the box scale is the input's width from its Shape, so the graph runs at
+    any input size (`models prepare` then makes its reduced-resolution rung)."""
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(0)
@@ -153,19 +159,26 @@ def _detector_graph(hw: int, width: int, classes: int, shift: float):
     heads = []
     for name, p, ch, stride in (("h3", p3, c[1], 8), ("h4", p4, c[2], 16), ("h5", p5, c[3], 32)):
         y = conv(conv(p, ch, ch, 3, 1, name + "s"), ch, 4 + classes, 1, 1, name + "o", False)
-        shape = const(name + "_shape", np.array([1, 4 + classes, (hw // stride) ** 2], np.int64))
+        shape = const(name + "_shape", np.array(
+            [1, 4 + classes, -1 if dynamic else (hw // stride) ** 2], np.int64))
         nodes.append(helper.make_node("Reshape", [y, shape], [name + "_r"]))
         heads.append(name + "_r")
     n = sum((hw // s) ** 2 for s in (8, 16, 32))
     lo, mid, hi = (const(f"cut{i}", np.array([v], np.int64))
                    for i, v in enumerate((0, 4, 4 + classes)))
     axis = const("axis", np.array([1], np.int64))
+    if dynamic:  # the input's width, from its shape: boxes in the pixels of any input size
+        nodes += [helper.make_node("Shape", ["images"], ["in_shape"]),
+                  helper.make_node("Gather", ["in_shape", const("w_axis", np.array(3, np.int64))],
+                                   ["in_w"]),
+                  helper.make_node("Cast", ["in_w"], ["size"], to=TensorProto.FLOAT)]
+    else:
+        const("size", np.array(float(hw), np.float32))
     nodes += [helper.make_node("Concat", heads, ["raw"], axis=2),
               helper.make_node("Slice", ["raw", lo, mid, axis], ["box_raw"]),
               helper.make_node("Slice", ["raw", mid, hi, axis], ["cls_raw"]),
               helper.make_node("Sigmoid", ["box_raw"], ["box_s"]),
-              helper.make_node("Mul", ["box_s", const("size", np.array(float(hw), np.float32))],
-                               ["box"]),
+              helper.make_node("Mul", ["box_s", "size"], ["box"]),
               helper.make_node("Sub", ["cls_raw", const("shift", np.array(shift, np.float32))],
                                ["cls_sh"]),
               helper.make_node("Sigmoid", ["cls_sh"], ["cls"]),
@@ -173,7 +186,8 @@ def _detector_graph(hw: int, width: int, classes: int, shift: float):
     graph = helper.make_graph(
         nodes, "detector",
         [helper.make_tensor_value_info("images", TensorProto.FLOAT, [1, 3, hw, hw])],
-        [helper.make_tensor_value_info("output0", TensorProto.FLOAT, [1, 4 + classes, n])],
+        [helper.make_tensor_value_info("output0", TensorProto.FLOAT,
+                                       [1, 4 + classes, "anchors" if dynamic else n])],
         inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
@@ -181,7 +195,7 @@ def _detector_graph(hw: int, width: int, classes: int, shift: float):
 
 
 def detector_model(path: Path, hw: int = 416, width: int = 76,
-                   classes: int = len(DETECTOR_CLASSES)) -> Path:
+                   classes: int = len(DETECTOR_CLASSES), dynamic: bool = False) -> Path:
     """Write the bench detector (`_detector_graph`) to `path`. The score shift is set so that
     ~0.3 % of the candidates of a generated frame score above 0.25 (a handful of boxes per
     frame after NMS, like a real detector on a plate): random weights put the logits anywhere.
@@ -192,13 +206,13 @@ def detector_model(path: Path, hw: int = 416, width: int = 76,
     from runtime.manifest import Preprocess
     from runtime.prepare import generated_frames
 
-    probe = _detector_graph(hw, width, classes, 0.0)
+    probe = _detector_graph(hw, width, classes, 0.0, dynamic)
     sess = ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
     x = Preprocess().apply(generated_frames((hw, hw), 1, seed=1)[0], (1, 3, hw, hw))
     scores = sess.run(None, {"images": x})[0][0, 4:].astype(np.float64).clip(1e-12, 1 - 1e-12)
     logits = np.log(scores / (1 - scores))
     shift = float(np.quantile(logits, 0.997)) + math.log(3)  # logit(0.25) = -log 3
-    model = _detector_graph(hw, width, classes, round(shift, 3))
+    model = _detector_graph(hw, width, classes, round(shift, 3), dynamic)
     onnx.checker.check_model(model)
     onnx.save(model, str(path))
     return path
@@ -237,7 +251,8 @@ def detector_ladder(cache: Path, hw: int = 416, width: int = 76, images: int = 3
         cv2.imwrite(str(val / f"{i:03d}.png"), img)
     (root / "labels.txt").write_text("\n".join(DETECTOR_CLASSES) + "\n")
     cmd = [sys.executable, "-m", "runtime.cli", "models", "prepare", str(src), "--val", str(val),
-           "--labels", str(root / "labels.txt"), "--name", "detector", "--out", str(out)]
+           "--labels", str(root / "labels.txt"), "--name", "detector", "--out", str(out),
+           "--min-accuracy-ratio", "0"]  # random weights: keep every rung (timing, not mAP)
     print("$ edgerun " + " ".join(cmd[3:]), flush=True)
     t = time.monotonic()
     env = {**os.environ, "PYTHONPATH": str(REPO)}

@@ -26,6 +26,16 @@ def _shape(text: str) -> tuple[int, ...]:
     return dims
 
 
+def _ratio(text: str) -> float:
+    try:
+        r = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number 0..1, got {text!r}") from None
+    if not 0 <= r <= 1:
+        raise argparse.ArgumentTypeError(f"must be within 0..1, got {text!r}")
+    return r
+
+
 def _threads(text: str) -> tuple[int, ...]:
     try:
         counts = tuple(int(x) for x in text.split(","))
@@ -248,7 +258,9 @@ def cmd_models(args: argparse.Namespace) -> int:
                           labels=labels, input_shape=args.input_shape or (), prefix=args.prefix,
                           output=args.output, reduced=not args.no_reduced, task=args.task,
                           format=args.format, score_threshold=args.score_threshold,
-                          iou_threshold=args.iou_threshold)
+                          iou_threshold=args.iou_threshold,
+                          **({} if args.min_accuracy_ratio is None else
+                             {"min_accuracy_ratio": args.min_accuracy_ratio}))
     try:
         doc = prepare(args.model, args.calib, args.val, args.out, opts,
                       progress=lambda m: print(f"[{m}]", file=sys.stderr, flush=True))
@@ -258,8 +270,9 @@ def cmd_models(args: argparse.Namespace) -> int:
         return error("manifest", str(e))
     print(f"{'VARIANT':<18} {'ACCURACY':>8} {'AGREE':>7} {'MAX|DIFF|':>10} {'KB':>7}")
     for v in doc["variants"]:
+        diff = "-" if v["max_abs_diff"] is None else f"{v['max_abs_diff']:.2e}"
         print(f"{v['name']:<18} {v['accuracy']:>8.4f} {v['agreement']:>7.4f} "
-              f"{v['max_abs_diff']:>10.2e} {v['size_bytes'] / 1024:>7.1f}")
+              f"{diff:>10} {v['size_bytes'] / 1024:>7.1f}")
     for f in doc["failed"]:
         what = "SKIPPED" if f.get("skipped") else "FAILED"
         print(f"{what} {args.model.name} {f['variant']} (step {f['step']}): {f['error']}")
@@ -546,6 +559,9 @@ def build_parser() -> argparse.ArgumentParser:
                     default="auto", help="a detector's output form")
     mp.add_argument("--score-threshold", type=float, default=0.25, help="detector boxes kept")
     mp.add_argument("--iou-threshold", type=float, default=0.45, help="detector NMS overlap")
+    mp.add_argument("--min-accuracy-ratio", type=_ratio, default=None,
+                    help="a form measured below this x fp32's accuracy is not written as a "
+                    "rung (default 0.5; 0 keeps every form)")
     from runtime.model_install import add_parsers as ota_parsers
 
     ota_parsers(msub, common)

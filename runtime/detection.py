@@ -124,6 +124,35 @@ def guess_format(shape: tuple[int | str, ...], classes: int | None = None) -> st
     return None
 
 
+def _yolov8_rows_first(a: int, b: int, n_classes: int | None) -> bool:
+    """Whether a yolov8 output [1, a, b] has its candidates as columns (what `decode` reads)."""
+    return (a == 4 + n_classes != b) if n_classes is not None else a < b
+
+
+def form_change(full: tuple[int, ...], other: tuple[int, ...], fmt: str,
+                n_classes: int | None = None) -> str | None:
+    """Why an output of shape `other` (the same detector at another input resolution) is not
+    the same detector form as `full`, or None when it is: the candidate count may differ,
+    nothing else (the per-candidate attributes, and for yolov8 which axis holds them, as
+    `decode` reads it)."""
+    if len(other) != len(full) or len(full) != 3 or other[0] != full[0]:
+        return f"output rank or batch changes ({list(full)} -> {list(other)})"
+    if fmt == "yolov8":
+        ra = _yolov8_rows_first(full[1], full[2], n_classes)
+        rb = _yolov8_rows_first(other[1], other[2], n_classes)
+        attrs_a, attrs_b = full[1 if ra else 2], other[1 if rb else 2]
+        if ra != rb:
+            return (f"yolov8 output {list(full)} -> {list(other)}: {min(other[1:])} "
+                    f"candidates, too few to tell them from the {attrs_a} box+class rows")
+        if attrs_a != attrs_b:
+            return (f"yolov8 output {list(full)} -> {list(other)}: the box+class rows change "
+                    f"({attrs_a} -> {attrs_b})")
+        return None
+    if other[2] != full[2]:  # yolov5 [1, N, 5 + C], nms-inside [1, K, 6]
+        return f"{fmt} output {list(full)} -> {list(other)}: the last axis changes"
+    return None
+
+
 def is_classifier_shape(shape: tuple[int | str, ...]) -> bool:
     """One score per class: [N, C], [C], or any shape whose other dims are all 1
     ([N, C, 1, 1], [1, 1, C])."""
@@ -152,9 +181,7 @@ def decode(out: np.ndarray, spec: DetectSpec, input_hw: tuple[int, int],
         raise ValueError(f"a {spec.format} output must be [1, rows, cols], got {list(out.shape)}")
     h, w = input_hw
     if spec.format == "yolov8":
-        rows_first = (a.shape[0] == 4 + n_classes != a.shape[1]) if n_classes is not None \
-            else a.shape[0] < a.shape[1]
-        if rows_first:  # [4 + C, N]: the candidates are the columns
+        if _yolov8_rows_first(a.shape[0], a.shape[1], n_classes):  # [4 + C, N]: columns
             a = a.T
         elif n_classes is not None and a.shape[1] != 4 + n_classes:
             raise ValueError(f"yolov8 output {list(out.shape)} has no axis of 4 + {n_classes} "

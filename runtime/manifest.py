@@ -98,8 +98,8 @@ class VariantEntry:
     input_shape: tuple[int, ...]
     accuracy: float | None  # against labels, or agreement with fp32; None: unknown (bare)
     agreement: float  # top-1 agreement with the source fp32
-    max_abs_diff: float
-    mean_abs_diff: float
+    max_abs_diff: float | None  # None: a detector at another resolution (other candidates)
+    mean_abs_diff: float | None
     size_bytes: int
     source: str  # which source model it was made from
 
@@ -124,6 +124,17 @@ class Manifest:
     def path(self, v: VariantEntry) -> Path:
         """Absolute path of a variant's file."""
         return self.root if self.bare else self.root / v.file
+
+    def tile_hw(self, input_shape: tuple[int, ...]) -> tuple[int, int]:
+        """The input (H, W) a variant's tiles are cut for: its source model's largest input
+        (the full-resolution form's), so every rung of a ladder cuts a frame into the same
+        tiles and a reduced-resolution rung resizes each tile down (fewer pixels, less work)
+        instead of cutting more, smaller tiles at the same cost per frame."""
+        shape = tuple(input_shape)
+        sources = {v.source for v in self.variants if tuple(v.input_shape) == shape}
+        sizes = [self.preprocess.hw(tuple(v.input_shape)) for v in self.variants
+                 if v.source in sources]
+        return max(sizes, key=lambda hw: hw[0] * hw[1], default=self.preprocess.hw(shape))
 
     def variant(self, name: str) -> VariantEntry:
         """The entry called `name`; ModelError listing the names otherwise."""
@@ -403,9 +414,9 @@ def frame_result(out: np.ndarray, manifest: Manifest, frame_hw: tuple[int, int],
         return {"label": label, "score": round(score, 5)}
     from runtime.detection import to_result
 
-    hw = manifest.preprocess.hw(input_shape)
+    hw = manifest.preprocess.hw(input_shape)  # boxes are normalised by this variant's input
     d = detect_frame(out, manifest.detect, manifest.tiling, frame_hw, hw,
-                     len(manifest.labels) or None)
+                     len(manifest.labels) or None, manifest.tile_hw(input_shape))
     return to_result(d, manifest.labels)
 
 

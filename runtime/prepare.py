@@ -8,19 +8,25 @@ Steps, each reported by name when it fails:
 3. int8       — static QDQ, per-channel weights, calibrated on --calib images; ORT's
                 pre-processing (symbolic shape inference) is tried and skipped with a warning
                 when it fails, as it does on many third-party graphs;
-4. reduced    — the fp32 graph at 2/3 input resolution, when the graph accepts it
-                (fully convolutional up to global pooling) and the output shape is unchanged;
+4. reduced    — the fp32 graph at 2/3 input resolution (folded at that size), when the graph
+                runs at it (fully convolutional, reshapes from Shape ops or -1) and its output
+                keeps its form: the same shape for a classifier; for a detector the same
+                per-candidate rows, the candidate count may change. A graph that does not
+                run at it (fixed reshape or anchor constants) is skipped, the failing node
+                named;
 5. measure    — every variant on the --val images against the fp32 outputs: top-1 agreement,
-                max/mean absolute output difference, and accuracy against labels when given.
+                max/mean absolute output difference, and accuracy against labels when given;
+6. floor      — a variant whose accuracy is below --min-accuracy-ratio (default 0.5) x its
+                fp32 form's is not written as a rung (listed as skipped, with both figures).
 A failed variant is reported and skipped; the others are still written with the manifest.
 
 Detectors (docs/detectors.md): the task and output form are declared (--task detect --format)
 or read from the output's shape; variants are measured by mAP@0.5 against YOLO label files
 beside the val images (`DIR/labels/x.txt` for `DIR/images/x.png`, or `x.txt` next to it), or,
-without label files, by the mAP of each variant's detections against fp32's ("agreement");
-the manifest gets a `postprocess` section. A model with separate boxes/scores/classes outputs
-(NMS inside) is merged to one `[1, K, 6]` output first. The reduced-resolution form is not
-made for a detector (its candidate count changes with the resolution).
+without label files, by the mAP of each variant's detections against fp32's ("agreement";
+fp32's at full resolution, for the reduced form too); boxes are normalised by each variant's
+own input size. The manifest gets a `postprocess` section. A model with separate
+boxes/scores/classes outputs (NMS inside) is merged to one `[1, K, 6]` output first.
 
 Images are optional (docs/manifest.md "Without labelled images"): with only --val, int8 is
 calibrated on the val images and accuracy is top-1 agreement with fp32; with no images at all,
@@ -34,6 +40,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -58,6 +65,13 @@ from runtime.manifest import (
 from runtime.onnx_model import ModelError, file_sha256, load_onnx, model_input
 
 log = logging.getLogger("edgerun.ladder")
+
+# A form measured below this fraction of its fp32 form's accuracy is not written as a rung:
+# its results are mostly wrong (seen: int8 of the random-weight bench detector at mAP 0.056 of
+# fp32's 1.0). The good rungs of the bundled models keep 0.87 (defects int8) and more of
+# fp32's; the weakest kept form measured anywhere here, PP-OCR's 32-px text-direction form,
+# keeps 0.525 (models/README.md), so 0.5 drops only what is close to useless.
+MIN_ACCURACY_RATIO = 0.5
 
 IMAGE_EXT = {".png", ".jpg", ".jpeg", ".bmp", ".ppm", ".pgm", ".tif", ".tiff", ".webp"}
 
@@ -97,6 +111,14 @@ class PrepareOptions:
     format: str = "auto"  # a detector's output form: auto | yolov8 | yolov5 | nms-inside
     score_threshold: float = 0.25
     iou_threshold: float = 0.45
+    min_accuracy_ratio: float = MIN_ACCURACY_RATIO  # a form below this x fp32's is no rung
+
+
+def below_floor(accuracy: float, reference: float, ratio: float) -> float | None:
+    """The accuracy floor a variant missed (`ratio` x its fp32 form's `reference` accuracy),
+    or None when it is at or above it. A ratio of 0 keeps everything."""
+    floor = ratio * reference
+    return floor if accuracy < floor else None
 
 
 def list_images(root: Path, limit: int) -> list[Path]:
@@ -119,9 +141,9 @@ def read_image(path: Path) -> np.ndarray:
     return img
 
 
-def _session(path: Path) -> ort.InferenceSession:
+def _session(path: Path, quiet: bool = False) -> ort.InferenceSession:
     so = ort.SessionOptions()
-    so.log_severity_level = 3
+    so.log_severity_level = 4 if quiet else 3
     return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
 
 
@@ -234,29 +256,86 @@ def make_int8(src: Path, dst: Path, batches: Callable[[], Iterator[np.ndarray]],
     return warnings
 
 
+class Skipped(StepError):
+    """A step this model cannot take (not an error of the model): listed in the manifest's
+    `failed` with `"skipped": true` and the reason."""
+
+
+def reduced_hw(hw: tuple[int, int], multiple: int = 8) -> tuple[int, int]:
+    """The reduced form's input (H, W): 2/3 of each side, rounded to `multiple` (at least
+    `multiple`, and at least 16)."""
+    return tuple(max(16, multiple, round(d * 2 / 3 / multiple) * multiple)  # type: ignore
+                 for d in hw)
+
+
+def _ort_failure(e: BaseException, proto: onnx.ModelProto) -> str:
+    """ONNX Runtime's error as one line naming the node that failed (by name, or by its
+    output when the exporter left it unnamed), without ORT's source path and assertion."""
+    text = " ".join(str(e).split())
+    m = re.search(r"running (\w+) node\. Name:'([^']*)' Status Message: (.*)", text) or \
+        re.search(r"Node \(([^)]*)\) Op \((\w+)\) (.*)", text)
+    if not m:
+        return text[:300]
+    op, name, why = (m[1], m[2], m[3]) if m.re.pattern.startswith("running") else (
+        m[2], m[1], m[3])
+    why = re.sub(r"^/\S+:\d+ .*? was false\.\s*", "", why)  # ORT's source line and assertion
+    if not name:
+        same = [n for n in proto.graph.node if n.op_type == op and not n.name]
+        name = (f"(unnamed, output '{same[0].output[0]}')" if len(same) == 1 else
+                f"(one of {len(same)} unnamed)")
+    else:
+        name = f"'{name}'"
+    return f"{op} node {name}: {why}"[:300]
+
+
 def make_reduced(src: Path, dst: Path, input_name: str, shape: tuple[int, ...],
-                 pre: Preprocess) -> tuple[int, ...]:
-    """Step 4; returns the reduced input shape or raises StepError when the graph forbids it."""
+                 pre: Preprocess, form: Callable[[tuple, tuple], str | None] | None = None,
+                 multiple: int = 8) -> tuple[int, ...]:
+    """Step 4; returns the reduced input shape, or raises Skipped when the graph does not run
+    at it or its output changes form. `src` is the normalised graph *before* ORT's constant
+    folding (folding at the full size would bake Shape-derived reshapes into constants); it
+    is folded here at the reduced size. `form(full, reduced)` (a detector's) says why two
+    output shapes are not the same form (None: they are: the candidate count may change);
+    without it the output shape must not change (a classifier's)."""
     h, w = pre.hw(shape)
-    nh, nw = (max(16, round(d * 2 / 3 / 8) * 8) for d in (h, w))
+    nh, nw = reduced_hw((h, w), multiple)
+    if nh >= h and nw >= w:
+        raise Skipped("reduced", f"skipped: the input {h}x{w} is already the smallest size "
+                      "a reduced form is made at")
     new = (shape[0], shape[1], nh, nw) if pre.layout == "NCHW" else (shape[0], nh, nw, shape[3])
     proto = onnx.load(str(src))
     for vi in list(proto.graph.value_info):
         proto.graph.value_info.remove(vi)  # shapes inferred at full size no longer hold
     proto = _set_input_shape(proto, input_name, new)
-    onnx.save(proto, str(dst))
-    try:
-        sess = _session(dst)
-        full = _session(src).run(None, {input_name: np.zeros(shape, np.float32)})[0]
-        out = sess.run(None, {input_name: np.zeros(new, np.float32)})[0]
-    except Exception as e:
+    with tempfile.TemporaryDirectory() as tmp:
+        staged = Path(tmp) / "reduced.onnx"
+        onnx.save(proto, str(staged))
+        try:
+            so = ort.SessionOptions()
+            so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+            so.optimized_model_filepath = str(dst)
+            so.log_severity_level = 4  # the failure is reported below, as one line
+            ort.InferenceSession(str(staged), so, providers=["CPUExecutionProvider"])
+            full = _session(src).run(None, {input_name: np.zeros(shape, np.float32)})[0]
+            out = _session(dst, quiet=True).run(None, {input_name: np.zeros(new, np.float32)})[0]
+        except Exception as e:
+            dst.unlink(missing_ok=True)
+            raise Skipped("reduced", f"skipped: the graph does not run at {nh}x{nw}: "
+                          f"{_ort_failure(e, proto)} (sizes fixed in the graph: export it with "
+                          "dynamic height and width for a reduced-resolution form)") from e
+    why = form(tuple(full.shape), tuple(out.shape)) if form is not None else (
+        None if out.shape == full.shape else
+        f"output shape changes with resolution ({full.shape} -> {out.shape})")
+    if why:
         dst.unlink(missing_ok=True)
-        raise StepError("reduced", f"the graph does not run at {nh}x{nw}: "
-                        f"{str(e).splitlines()[0][:200]}") from e
-    if out.shape != full.shape:
-        dst.unlink(missing_ok=True)
-        raise StepError("reduced", f"output shape changes with resolution ({full.shape} -> "
-                        f"{out.shape})")
+        raise Skipped("reduced", f"skipped: at {nh}x{nw} {why}")
+    if out.shape != full.shape:  # declare what it gives: engines may trust the declared shape
+        done = onnx.load(str(dst))
+        dims = done.graph.output[0].type.tensor_type.shape
+        dims.ClearField("dim")
+        for d in out.shape:
+            dims.dim.add().dim_value = int(d)
+        onnx.save(done, str(dst))
     return new
 
 
@@ -278,15 +357,20 @@ def measure_detector(path: Path, input_name: str, tensors: list[np.ndarray],
                      spec: detection.DetectSpec, hw: tuple[int, int], classes: int | None
                      ) -> dict[str, float]:
     """Step 5 for one detector variant: mAP@0.5 against the labels (accuracy) and against
-    fp32's detections (agreement), and the raw output difference from fp32. Candidates are
-    ranked down to a score of 0.001 (the usual mAP protocol), not cut at the serving
-    threshold."""
+    fp32's detections (agreement), and the raw output difference from fp32 (None for a form
+    at another resolution: its candidates are other ones). Boxes are normalised by this
+    variant's own input `hw`. Candidates are ranked down to a score of 0.001 (the usual mAP
+    protocol), not cut at the serving threshold."""
     sess = _session(path)
     outs = [sess.run(None, {input_name: t})[0] for t in tensors]
-    diff = np.abs(np.concatenate([o.reshape(1, -1) for o in outs]).astype(np.float64) - ref)
+    flat = np.concatenate([o.reshape(1, -1) for o in outs]).astype(np.float64)
     dets = [detection.detect(o, spec, hw, classes, score_threshold=0.001) for o in outs]
     agreement = detection.mean_ap(dets, [(d.boxes, d.classes) for d in ref_dets])
     acc = detection.mean_ap(dets, truth) if truth is not None else agreement
+    if flat.shape != ref.shape:  # another resolution: other candidates, nothing to subtract
+        return {"accuracy": acc, "agreement": agreement, "max_abs_diff": None,
+                "mean_abs_diff": None}
+    diff = np.abs(flat - ref)
     return {"accuracy": acc, "agreement": agreement, "max_abs_diff": float(diff.max()),
             "mean_abs_diff": float(diff.mean())}
 
@@ -514,20 +598,35 @@ def prepare(model: Path, calib: Path | None, val: Path | None, out: Path,
     entries: list[VariantEntry] = []
     failed: list[dict] = []
 
-    def add(name: str, precision: str, path: Path, shape_: tuple[int, ...],
+    metric = "top-1" if spec is None else "mAP@0.5"
+
+    def add(name: str, step: str, precision: str, path: Path, shape_: tuple[int, ...],
             inputs: list[np.ndarray]) -> None:
         progress(f"measure {name}")
         m = measure(path, input_name, inputs, ref, truth) if spec is None else \
-            measure_detector(path, input_name, inputs, ref, ref_dets, det_truth, spec, hw,
-                             n_classes)
+            measure_detector(path, input_name, inputs, ref, ref_dets, det_truth, spec,
+                             opts.preprocess.hw(shape_), n_classes)
+        diff = "n/a (other resolution)" if m["max_abs_diff"] is None else \
+            f"{m['max_abs_diff']:.2e}"
+        log.info("%s: accuracy %.4f, agreement %.4f, max |diff| %s", name, m["accuracy"],
+                 m["agreement"], diff)
+        floor = None if not entries else below_floor(m["accuracy"], entries[0].accuracy,
+                                                     opts.min_accuracy_ratio)
+        if floor is not None:  # mostly wrong results: not a rung the governor may step to
+            why = (f"skipped: {metric} {m['accuracy']:.4f} is below the floor {floor:.4f} "
+                   f"({opts.min_accuracy_ratio:g} x fp32's {entries[0].accuracy:.4f}, "
+                   "--min-accuracy-ratio): not written as a rung")
+            log.warning("%s: variant %s %s", model.name, name, why)
+            failed.append({"variant": name, "step": step, "error": why, "skipped": True,
+                           "accuracy": m["accuracy"], "floor": floor})
+            path.unlink(missing_ok=True)
+            return
         entries.append(VariantEntry(name=name, precision=precision, file=path.name,
                                     sha256=file_sha256(path), input_name=input_name,
                                     input_shape=tuple(shape_), size_bytes=path.stat().st_size,
                                     source=model.name, **m))
-        log.info("%s: accuracy %.4f, agreement %.4f, max |diff| %.2e", name, m["accuracy"],
-                 m["agreement"], m["max_abs_diff"])
 
-    add(f"{stem}fp32", "fp32", fp32, shape, full)
+    add(f"{stem}fp32", "fp32", "fp32", fp32, shape, full)
 
     def fp16(p: Path) -> tuple[tuple[int, ...], list[str]]:
         make_fp16(fp32, p)
@@ -537,7 +636,15 @@ def prepare(model: Path, calib: Path | None, val: Path | None, out: Path,
         return shape, make_int8(staged, p, calib_batches, input_name)
 
     def reduced(p: Path) -> tuple[tuple[int, ...], list[str]]:
-        return make_reduced(fp32, p, input_name, shape, opts.preprocess), []
+        if spec is None:
+            return make_reduced(staged, p, input_name, shape, opts.preprocess), []
+        # a detector: the candidate count may change, the form may not; YOLO-style graphs
+        # need a multiple of their largest stride (32) to run at all
+        hw_ = opts.preprocess.hw(shape)
+        multiple = 32 if all(d % 32 == 0 for d in hw_) and min(hw_) >= 64 else 8
+        return make_reduced(staged, p, input_name, shape, opts.preprocess,
+                            lambda a, b: detection.form_change(a, b, spec.format, n_classes),
+                            multiple), []
 
     steps = [("fp16", "fp16", fp16), ("int8", "int8", int8)]
     if opts.reduced:
@@ -545,10 +652,7 @@ def prepare(model: Path, calib: Path | None, val: Path | None, out: Path,
     skip = {}
     if not calib_files:
         skip["int8"] = "skipped: no images to calibrate on (give --calib DIR or --val DIR)"
-    if spec is not None:
-        skip["reduced"] = ("skipped: a detector's reduced-resolution form is not made (its "
-                           "candidate count and box scale change with the resolution)")
-    elif not val_files:
+    if not val_files:
         skip["reduced"] = ("skipped: no images to measure a lower resolution on (generated "
                            "inputs say nothing about detail lost; give --val DIR)")
     for step, precision, make in steps:
@@ -567,8 +671,13 @@ def prepare(model: Path, calib: Path | None, val: Path | None, out: Path,
             if step == "reduced":
                 name = f"{stem}fp32-r{opts.preprocess.hw(new_shape)[0]}"
                 path = path.rename(out / f"{name}.onnx")
-            add(name, precision, path, new_shape,
+            add(name, step, precision, path, new_shape,
                 tensors(new_shape) if new_shape != shape else full)
+        except Skipped as e:  # not possible for this graph: said why, not an error
+            log.warning("%s: variant %s%s %s", model.name, stem, step, e.message)
+            failed.append({"variant": f"{stem}{step}", "step": e.step, "error": e.message,
+                           "skipped": True})
+            path.unlink(missing_ok=True)
         except Exception as e:  # one variant failing must not lose the others
             err = e if isinstance(e, StepError) else StepError(
                 step, str(e).splitlines()[0][:300] if str(e) else type(e).__name__)
@@ -582,7 +691,7 @@ def prepare(model: Path, calib: Path | None, val: Path | None, out: Path,
         "preprocess": opts.preprocess.to_dict(), "output": opts.output,
         "accuracy_basis": "labels" if truth is not None or det_truth is not None else (
             "agreement" if val_files else "agreement-generated"),
-        "accuracy_metric": "top-1" if spec is None else "mAP@0.5",
+        "accuracy_metric": metric,
         "eval_images": len(val_images),
         "variants": [{**asdict(e), "input_shape": list(e.input_shape)} for e in entries],
         "failed": failed,

@@ -128,7 +128,9 @@ def merge(per_tile: list[Detections], tiles: list[Tile], frame_hw: tuple[int, in
 
 class Tiler:
     """Preprocessing for tiled frames: wraps the model's preprocessing (any callable of
-    (image, input shape) -> tensor) so a large frame becomes a batch of tile tensors."""
+    (image, input shape) -> tensor) so a large frame becomes a batch of tile tensors.
+    `input_hw(shape)` is the (H, W) tiles are cut for (Manifest.tile_hw: the same for every
+    rung of a ladder); each tile is then resized to the variant's own input."""
 
     def __init__(self, pre: Callable[[np.ndarray, tuple[int, ...]], Any], spec: TileSpec,
                  input_hw: Callable[[tuple[int, ...]], tuple[int, int]]):
@@ -152,11 +154,13 @@ def infer_tiles(session: Any, tensor: np.ndarray) -> np.ndarray:
 
 
 def detect_frame(out: np.ndarray, spec: DetectSpec, tiling: TileSpec | None,
-                 frame_hw: tuple[int, int], input_hw: tuple[int, int], n_classes: int | None
-                 ) -> Detections:
+                 frame_hw: tuple[int, int], input_hw: tuple[int, int], n_classes: int | None,
+                 tile_hw: tuple[int, int] | None = None) -> Detections:
     """A frame's detections from its output: one image, or one row per tile (in
-    `tile_grid`'s order) merged across tiles."""
-    tiles = tile_grid(frame_hw, input_hw, tiling) if tiling is not None else []
+    `tile_grid`'s order) merged across tiles. `input_hw` is the variant's input (boxes are
+    normalised by it); `tile_hw` what the tiles were cut for (Manifest.tile_hw; default
+    `input_hw`)."""
+    tiles = tile_grid(frame_hw, tile_hw or input_hw, tiling) if tiling is not None else []
     if len(tiles) <= 1:
         return detect(out, spec, input_hw, n_classes)
     rows = np.asarray(out)
@@ -172,4 +176,4 @@ def tiled(pre: Callable[[np.ndarray, tuple[int, ...]], Any], manifest: Any
     with tiling on; `pre` itself otherwise."""
     if getattr(manifest, "detect", None) is None or getattr(manifest, "tiling", None) is None:
         return pre
-    return Tiler(pre, manifest.tiling, manifest.preprocess.hw)
+    return Tiler(pre, manifest.tiling, manifest.tile_hw)
