@@ -21,11 +21,10 @@ Selection quality, side by side with the noise floor, per run:
 
 `--detector` generates a YOLOv8-shaped detector (`detector_model`: output [1, 7, 3549], 416
 px, 108 ms of CPU time per fp32 ORT inference on one core of this EPYC), prepares it with the
-real `edgerun models prepare` on generated unlabelled images (fp32, fp16, int8: its reshapes
-are fixed, so prepare skips the reduced form; `--min-accuracy-ratio 0` keeps int8, whose mAP
-against fp32 means nothing on random weights) and keeps both under `--cache` for the next run.
-(`detector_model(..., dynamic=True)` is the same detector as a dynamic-axes export, with a
-reduced rung: bench/detector_reduced.py.)
+real `edgerun models prepare` on generated unlabelled images — as a dynamic-axes export
+(`detector_model(..., dynamic=True)`), so the ladder has the issue's four forms: fp32, fp16,
+int8 and the reduced resolution (288 px); `--min-accuracy-ratio 0` keeps int8, whose mAP
+against fp32 means nothing on random weights — and keeps both under `--cache` for the next run.
 `--heavy` builds a conv net (fp32 ORT on one EPYC core, p95 measured: 25.6 ms at the default
 24 channels, 29.1 ms at `--channels 48`; several times that on a loaded machine) and prepares
 its ladder (fp32, fp16, int8, reduced resolution) with `runtime.prepare` on generated images.
@@ -117,7 +116,7 @@ def heavy_ladder(root: Path, ch: int = 24) -> Path:
 
 
 DETECTOR_CLASSES = ("scratch", "dent", "stain")
-DETECTOR_VERSION = 1  # bump when detector_model changes: the cache is keyed on it
+DETECTOR_VERSION = 2  # bump when detector_model changes: the cache is keyed on it
 
 
 def _detector_graph(hw: int, width: int, classes: int, shift: float, dynamic: bool = False):
@@ -221,7 +220,7 @@ def detector_model(path: Path, hw: int = 416, width: int = 76,
 def detector_ladder(cache: Path, hw: int = 416, width: int = 76, images: int = 32) -> Path:
     """The bench detector prepared by the real `edgerun models prepare` (a subprocess of this
     checkout) with unlabelled generated images as `--val` (and so as int8's calibration set):
-    fp32, fp16 and int8, accuracy = mAP@0.5 against fp32's detections. Cached under `cache`
+    fp32, fp16, int8 and reduced, accuracy = mAP@0.5 against fp32's detections. Cached under `cache`
     by its arguments (the model is ~50 MB and preparing it takes a minute): a second bench
     run reuses it."""
     import cv2
@@ -242,7 +241,7 @@ def detector_ladder(cache: Path, hw: int = 416, width: int = 76, images: int = 3
         shutil.rmtree(root)
     root.mkdir(parents=True)
     t = time.monotonic()
-    src = detector_model(root / "detector.onnx", hw, width)
+    src = detector_model(root / "detector.onnx", hw, width, dynamic=True)
     print(f"detector model written in {time.monotonic() - t:.1f} s: {src} "
           f"({src.stat().st_size / 2**20:.0f} MB, input {hw}x{hw}, width {width})")
     val = root / "val"

@@ -62,7 +62,8 @@ def test_detector_ladder_is_prepared_by_the_cli_once_and_then_reused(tmp_path, c
     printed = capsys.readouterr().out
     assert "$ edgerun models prepare" in printed and "prepared in" in printed
     m = load_manifest(out)
-    assert [v.precision for v in m.variants] == ["fp32", "fp16", "int8"]
+    assert [v.precision for v in m.variants] == ["fp32", "fp16", "int8", "fp32-reduced"]
+    assert m.variants[-1].input_shape[-1] < 64  # the reduced form: the issue's 4-rung ladder
     assert all(v.accuracy is not None for v in m.variants)  # mAP against fp32's detections
     doc = (out / "manifest.json").read_text()
     assert '"task": "detect"' in doc and '"format": "yolov8"' in doc
