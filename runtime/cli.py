@@ -590,6 +590,9 @@ def build_parser() -> argparse.ArgumentParser:
     fo = fsub.add_parser("rollouts", help="rollouts and their devices' states",
                          parents=[common, fleet_opts])
     fo.add_argument("id", nargs="?")
+    from runtime.coordinator.client import add_bundles_parser
+
+    add_bundles_parser(fsub, [common, fleet_opts])
     fe = fsub.add_parser("enroll", help="make a device's broker credential, keys and config",
                          description=cmd_enroll.__doc__,
                          parents=[common])

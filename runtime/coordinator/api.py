@@ -24,6 +24,8 @@ GET  /metrics                               Prometheus text exposition (docs/met
 POST /api/v1/devices/{id}/commands          {"cmd": ..., "args": {...}, "wait_s": 10}
 PUT  /api/v1/bundles                        upload a model bundle (body: the file, streamed)
 GET  /api/v1/bundles                        bundles held (no download tokens)
+DELETE /api/v1/bundles/{name@version}       remove a bundle (409 while a rollout or a device's
+                                            desired state needs it)
 GET  /api/v1/groups, POST /api/v1/groups     {"group": G, "devices": [...]}
 GET  /api/v1/rollouts[/{id}], POST /api/v1/rollouts
                                             {"bundle": "name@version", "to": G|"all",
@@ -380,6 +382,29 @@ def serve(coordinator: Coordinator, host: str, port: int, token: str | None = No
                 self._send(200, held.public())
             except Exception:
                 log.exception("API request PUT %s failed", self.path[:200])
+                self.close_connection = True
+                with contextlib.suppress(OSError):
+                    self._send(500, {"error": "internal error; see the coordinator's log"})
+
+        def do_DELETE(self) -> None:
+            try:
+                if not self._authorized():
+                    return
+                self._deadline.cancel()
+                if (self.headers.get("Content-Length") or "0").strip() != "0" \
+                        or self.headers.get("Transfer-Encoding"):
+                    self.close_connection = True  # a body is not read: never parse it
+                parts = [p for p in urlparse(self.path).path.split("/") if p]
+                if parts[:3] != ["api", "v1", "bundles"] or len(parts) != 4:
+                    return self._send(404, {"error": f"no such endpoint: {self.path[:200]}"})
+                try:
+                    done = coordinator.shelf.delete(parts[3])
+                except BundleRefused as e:
+                    return self._send(e.status, {"error": str(e)})
+                self._send(200, {"deleted": done["id"], "chunks": done["chunks"],
+                                 "freed_bytes": done["bytes"]})
+            except Exception:
+                log.exception("API request DELETE %s failed", self.path[:200])
                 self.close_connection = True
                 with contextlib.suppress(OSError):
                     self._send(500, {"error": "internal error; see the coordinator's log"})

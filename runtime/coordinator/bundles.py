@@ -15,7 +15,8 @@ every coordinator) in the signed `deploy` command and download with `Authorizati
 <token>` (valid for that bundle only), resuming with Range requests served from the rows.
 
 Read API (stable; the MQTT chunk server reads through it too): `get(bundle_id)` and
-`read(held, offset, length)`.
+`read(held, offset, length)`. `delete(bundle_id)` removes a bundle nothing needs any more
+(`DELETE /api/v1/bundles/{id}`, `edgerun fleet bundles rm ID`).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Any
 
 from runtime.bundle import HEADER, VERSION
 
@@ -203,6 +204,35 @@ class Shelf:
                               "ON CONFLICT(sha256, idx) DO UPDATE SET data = excluded.data",
                               [(sha, idx, data)])
 
+    def delete(self, bundle_id: str) -> dict[str, Any]:
+        """Remove bundle `bundle_id`: its row and its chunk rows (unless another bundle row
+        holds the same bytes) in one transaction, with the check that nothing needs it.
+        BundleRefused(404) when it is not held; BundleRefused(409), naming the rollout or the
+        devices, while an unfinished rollout (canary, rolling) deploys it or may put it back
+        on its canary (their model before), or while it is any device's desired model (the
+        coordinator re-sends that to a device returning with another). Returns {"id",
+        "chunks", "bytes"}: the chunk rows deleted and their bytes."""
+        check_id(bundle_id)
+        with self._store.transaction() as db:
+            row = db.execute("SELECT sha256 FROM bundles WHERE id=?", (bundle_id,)).fetchone()
+            if row is None:
+                raise BundleRefused(f"no bundle {bundle_id} held by this coordinator", 404)
+            sha = row[0]
+            if why := _in_use(db, bundle_id):
+                raise BundleRefused(why, 409)
+            db.execute("DELETE FROM bundles WHERE id=?", (bundle_id,))
+            n = freed = 0
+            if db.execute("SELECT 1 FROM bundles WHERE sha256=?", (sha,)).fetchone() is None:
+                n, freed = db.execute("SELECT COUNT(*), COALESCE(SUM(LENGTH(data)), 0) FROM "
+                                      "bundle_chunks WHERE sha256=?", (sha,)).fetchone()
+                db.execute("DELETE FROM bundle_chunks WHERE sha256=?", (sha,))
+        with self._lock:
+            for key in [k for k in self._cache if k[0] == sha]:
+                del self._cache[key]
+        log.info("bundle %s deleted: %d chunk rows, %.1f MB freed in the store", bundle_id,
+                 int(n), int(freed) / 2**20)
+        return {"id": bundle_id, "chunks": int(n), "bytes": int(freed)}
+
     def import_dir(self, directory: str | Path) -> list[str]:
         """Bundles of a shelf directory of an older coordinator (its `index.db` and
         `<id>.edgerun` files) into the store, keeping their download tokens (devices mid-way
@@ -251,6 +281,51 @@ class Shelf:
         """Drop the cached chunks (the store is the coordinator's to close)."""
         with self._lock:
             self._cache.clear()
+
+
+def _model_id(args: Any) -> str:
+    """`name@version` of a deploy command's arguments (a desired model), else ""."""
+    if isinstance(args, dict):
+        return f"{args.get('name')}@{args.get('version')}"
+    return ""
+
+
+def _in_use(db: Any, bundle_id: str) -> str:
+    """Why `bundle_id` must not be deleted now (see Shelf.delete), or "" when it may. The
+    rows are narrowed with LIKE on its version, then read as JSON (a row that is not is
+    skipped: it names no bundle)."""
+    like = f"%{bundle_id.rpartition('@')[2]}%"
+    for rid, body in db.execute("SELECT id, body FROM rollouts WHERE body LIKE ?",
+                                (like,)).fetchall():
+        try:
+            r = json.loads(body)
+            state, devices = r.get("state"), r.get("devices") or {}
+            if state not in ("canary", "rolling"):
+                continue
+            if r.get("bundle") == bundle_id:
+                return (f"{bundle_id} is in use: rollout {rid} deploys it ({state}); wait for "
+                        "it to finish or halt")
+            back = sorted(d for d, st in devices.items()
+                          if isinstance(st, dict) and _model_id(st.get("before")) == bundle_id)
+        except (ValueError, AttributeError, TypeError):
+            continue
+        if back:
+            return (f"{bundle_id} is in use: rollout {rid} ({state}) puts it back on "
+                    f"{', '.join(back[:5])}{' ...' if len(back) > 5 else ''} if it halts")
+    wanted = []
+    for device, body in db.execute("SELECT device, body FROM desired WHERE body LIKE ?",
+                                   (like,)).fetchall():
+        try:
+            if _model_id(json.loads(body).get("model")) == bundle_id:
+                wanted.append(device)
+        except (ValueError, AttributeError):
+            continue
+    if wanted:
+        wanted.sort()
+        return (f"{bundle_id} is in use: it is the desired model of {len(wanted)} device(s) "
+                f"({', '.join(wanted[:5])}{' ...' if len(wanted) > 5 else ''}); deploy "
+                "another version to them first")
+    return ""
 
 
 def _held(body: str) -> Held | None:
