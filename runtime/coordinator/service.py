@@ -74,8 +74,9 @@ class Coordinator:
         from runtime.coordinator.bundles import Shelf
 
         # bundles live in the store: every coordinator sharing it serves every bundle
-        self.shelf = Shelf(self.store, int(cfg.max_bundle_mb * 1024 * 1024))
+        self.shelf = Shelf(self.store, int(cfg.max_bundle_mb * 1024 * 1024), cfg.client_id)
         self._import_legacy_shelf(cfg)
+        self._sweep_shelf(at_start=True)  # what an upload killed with our last run left
         from runtime.coordinator.bundle_chunks import ChunkServer
 
         # bundles over MQTT for devices without a route to the API (its own connection)
@@ -139,6 +140,18 @@ class Coordinator:
         if done:
             log.info("imported %d bundles from %s into the store (%s); the directory is no "
                      "longer used", len(done), legacy, ", ".join(done))
+
+    def _sweep_shelf(self, at_start: bool = False) -> None:
+        """Chunk rows no bundle needs out of the store (Shelf.sweep logs what it removed);
+        a failure is logged, never stops a start or a retention pass."""
+        try:
+            got = self.shelf.sweep(at_start)
+        except Exception:
+            log.exception("could not sweep the bundle shelf's chunk rows; trying again at the "
+                          "next retention pass")
+            return
+        if hasattr(self, "counters"):
+            self.counters["bundle_rows_swept"] += got["rows"]
 
     def _restore_views(self) -> dict[str, fleet.DeviceView]:
         """The fleet view from the stored states and latest health. A stored row that is not
@@ -649,6 +662,7 @@ class Coordinator:
         if cap > 0:  # the bundles in the store are not what the cap is for: never make
             cap += self.shelf.stored_bytes()  # room for them by deleting results
         done = self.store.prune_results(cfg.retention_days * 86400, cap)
+        self._sweep_shelf()
         self.counters["retention_runs"] += 1
         for key, n in done.items():
             self.counters[f"pruned_{key}"] += n
