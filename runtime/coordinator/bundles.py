@@ -302,8 +302,9 @@ class Shelf:
             crash_point("bundle_upload")
 
     def delete(self, bundle_id: str) -> dict[str, Any]:
-        """Remove bundle `bundle_id`: its row and its chunk rows (unless another bundle row
-        holds the same bytes) in one transaction, with the check that nothing needs it.
+        """Remove bundle `bundle_id`: its row and its chunk rows (unless another bundle row,
+        or an upload in progress, holds the same bytes) in one transaction, with the check
+        that nothing needs it.
         BundleRefused(404) when it is not held; BundleRefused(409), naming the rollout or the
         devices, while an unfinished rollout (canary, rolling) deploys it or may put it back
         on its canary (their model before), or while it is any device's desired model (the
@@ -318,11 +319,10 @@ class Shelf:
             if why := _in_use(db, bundle_id):
                 raise BundleRefused(why, 409)
             db.execute("DELETE FROM bundles WHERE id=?", (bundle_id,))
-            n = freed = 0
-            if db.execute("SELECT 1 FROM bundles WHERE sha256=?", (sha,)).fetchone() is None:
-                n, freed = db.execute("SELECT COUNT(*), COALESCE(SUM(LENGTH(data)), 0) FROM "
-                                      "bundle_chunks WHERE sha256=?", (sha,)).fetchone()
-                db.execute("DELETE FROM bundle_chunks WHERE sha256=?", (sha,))
+            # its rows, unless another bundle row or an upload in progress has the same bytes
+            got = db.execute(_DELETE_ORPHAN + " RETURNING LENGTH(data)",
+                             (sha, sha, sha)).fetchall()
+            n, freed = len(got), sum(int(b) for (b,) in got)
         with self._lock:
             for key in [k for k in self._cache if k[0] == sha]:
                 del self._cache[key]
