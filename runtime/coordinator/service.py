@@ -196,7 +196,18 @@ class Coordinator:
     # -- lifecycle ----------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start the MQTT and ingest threads."""
+        """Start the MQTT and ingest threads (after bringing the broker's ACL up to date when
+        `broker_dir` is set)."""
+        if self.cfg.broker_dir:
+            from runtime.telemetry.brokerauth import BrokerAuth
+
+            try:
+                BrokerAuth(self.cfg.broker_dir).refresh_acl()  # logs when it rewrote it
+            except (OSError, ValueError) as e:
+                log.error("could not bring the broker ACL in %s up to date: %s (devices may "
+                          "be refused the topics added since it was written, e.g. bundles "
+                          "over MQTT; `edgerun fleet acl --broker-dir %s`)",
+                          self.cfg.broker_dir, e, self.cfg.broker_dir)
         self._conn.start()
         self.chunks.start()
         if self.webhook is not None:
