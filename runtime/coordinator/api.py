@@ -30,7 +30,8 @@ GET  /api/v1/groups, POST /api/v1/groups     {"group": G, "devices": [...]}
 GET  /api/v1/rollouts[/{id}], POST /api/v1/rollouts
                                             {"bundle": "name@version", "to": G|"all",
                                              "canary_pct": N}: a staged rollout
-GET  /api/v1/bundles/{name@version}         download; Range: bytes=N- resumes (206). Also
+GET  /api/v1/bundles/{name@version}         download; Range: bytes=N- resumes (206; ETag is
+                                            the sha256, If-Range honoured). Also
                                             accepts that bundle's own download token
 
 The dashboard's static files (`/`, `/static/...`; docs/dashboard.md) are the only paths
@@ -328,8 +329,13 @@ def serve(coordinator: Coordinator, host: str, port: int, token: str | None = No
                 if held is None and hmac.compare_digest(got, expected):
                     return self._send(404, {"error": f"no bundle {bundle_id[:80]!r}"})
                 return self._authorized()  # answers 401 (never says which bundles exist)
+            etag = f'"{held.sha256}"'  # the bytes' own name: a resume checks it (If-Range)
+            cond = self.headers.get("If-Range")
             try:
-                rng = byte_range(self.headers.get("Range"), held.size)
+                # If-Range naming other bytes (the id deleted and uploaded again with other
+                # contents): the whole bundle, not the rest of another file
+                rng = byte_range(self.headers.get("Range") if cond in (None, etag) else None,
+                                 held.size)
             except BundleRefused as e:
                 self.send_response(416)
                 self.send_header("Content-Range", f"bytes */{held.size}")
@@ -341,6 +347,7 @@ def serve(coordinator: Coordinator, host: str, port: int, token: str | None = No
             self.send_response(206 if rng else 200)
             self.send_header("Content-Type", "application/octet-stream")
             self.send_header("Accept-Ranges", "bytes")
+            self.send_header("ETag", etag)
             self.send_header("Content-Length", str(last - first + 1))
             if rng:
                 self.send_header("Content-Range", f"bytes {first}-{last}/{held.size}")
