@@ -122,3 +122,24 @@ def test_fleet_acl_command(tmp_path, capsys):
     (tmp_path / "other" / "acl").write_text("user admin\ntopic readwrite #\n")
     assert main(["fleet", "acl", "--broker-dir", str(tmp_path / "other")]) == 2
     assert (tmp_path / "other" / "acl").read_text() == "user admin\ntopic readwrite #\n"
+
+
+def test_a_broken_broker_directory_never_stops_the_coordinator(tmp_path, caplog):
+    from runtime.coordinator.config import CoordinatorConfig
+    from runtime.coordinator.service import Coordinator
+
+    old_broker_dir(tmp_path)
+    registry = tmp_path / "broker-auth" / "identities.json"
+    registry.write_text('{"f/d1": {"fleets": []}}')  # no role
+    before = (tmp_path / "broker-auth" / "acl").read_text()
+    c = Coordinator(CoordinatorConfig(fleet="f", store=str(tmp_path / "store.db"),
+                                      broker_dir=str(tmp_path / "broker-auth")))
+    caplog.set_level(logging.ERROR, "edgerun.coordinator")
+    c.start()
+    try:
+        assert c.threads_alive()["ingest"]
+        assert "could not bring the broker ACL" in caplog.text
+        assert "identities.json: not a list of identities (KeyError" in caplog.text
+        assert (tmp_path / "broker-auth" / "acl").read_text() == before
+    finally:
+        c.stop()

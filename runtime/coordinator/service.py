@@ -203,7 +203,7 @@ class Coordinator:
 
             try:
                 BrokerAuth(self.cfg.broker_dir).refresh_acl()  # logs when it rewrote it
-            except (OSError, ValueError) as e:
+            except Exception as e:  # the broker's files must never stop the coordinator
                 log.error("could not bring the broker ACL in %s up to date: %s (devices may "
                           "be refused the topics added since it was written, e.g. bundles "
                           "over MQTT; `edgerun fleet acl --broker-dir %s`)",

@@ -231,12 +231,11 @@ class BrokerAuth:
         no identities.json (an ACL edgerun did not generate is never touched)."""
         if not self._registry.exists():
             return False
+        want, have = self._acl_now()
+        if have == want:  # the usual case: no lock taken, nothing written
+            return False
         with self._locked():
-            want = acl_text(list(self.identities().values()))
-            try:
-                have = self.acl.read_text()
-            except FileNotFoundError:
-                have = None
+            want, have = self._acl_now()  # again: an enrolment may have just rewritten it
             if have == want:
                 return False
             _write_like(self.acl, want, 0o600)
@@ -249,6 +248,19 @@ class BrokerAuth:
                     self._registry.name, len(missing),
                     f", e.g. {missing[0]!r}" if missing else "")
         return True
+
+    def _acl_now(self) -> tuple[str, str | None]:
+        """(the ACL the identities give, the ACL file's text or None when there is none);
+        ValueError naming the file when identities.json is not readable as one."""
+        try:
+            want = acl_text(list(self.identities().values()))
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise ValueError(f"{self._registry}: not a list of identities "
+                             f"({type(e).__name__}: {e})") from None
+        try:
+            return want, self.acl.read_text()
+        except FileNotFoundError:
+            return want, None
 
     def conf_lines(self) -> str:
         """The mosquitto.conf lines that make the broker use these files."""
