@@ -206,12 +206,14 @@ class Shelf:
                 if not done:
                     self._abandon(upload, sha)
             old = self.get(bundle_id)
-            assert old is not None
+            if old is None:  # `delete` ran between our row and this read
+                raise BundleRefused(f"{bundle_id} was deleted while it was being uploaded; "
+                                    "upload it again", 409)
             if old.sha256 != sha:
                 self._abandon("", sha)  # lost the race for the id: our rows are nobody's
                 raise BundleRefused(f"{bundle_id} is already held with other contents; "
                                     "bundle it with a new --version", 409)
-            if not self._whole(old):  # a sweep that took them meanwhile (it cannot tell)
+            if not self._whole(old):  # rows taken meanwhile (by hand): written again
                 tmp.seek(0)
                 self._write_chunks(tmp, sha, length, old.chunk)
             return old
