@@ -99,7 +99,8 @@ def test_delete_refused_while_needed_then_removes_row_and_chunks(tmp_path, coord
     capsys.readouterr()
     assert main([*conf_args, "bundles", "rm", "m@1"]) == 0
     out = capsys.readouterr().out
-    assert f"deleted m@1: {-(-len(a) // 4096)} chunk rows" in out, out
+    assert f"deleted m@1: {-(-len(a) // 4096)} chunk rows, {len(a) / 1024:.1f} KB freed" \
+        in out, out
     assert c.shelf.get("m@1") is None and _rows(c, ha.sha256) == 0
     assert c.shelf.get("m@2") is not None and _rows(c, hb.sha256) == -(-len(b) // 4096)
     assert c.shelf.stored_bytes() == len(b)

@@ -72,7 +72,7 @@ def test_an_upload_killed_half_way_is_swept_at_the_next_start(tmp_path, store_ur
         assert c.store.read("SELECT id FROM bundle_uploads") == [("u2",)]
         assert _chunks(c.store, "b" * 64) == [0]
         logged = caplog.text
-        assert "removed 1 chunk rows no bundle needs, 0.00 MB freed" in logged, logged
+        assert "removed 1 chunk rows no bundle needs, 4096 bytes (0.0 MB) freed" in logged, logged
         assert f"{sha[:12]}... 1 rows (an upload that died)" in logged, logged
         # the other upload stops being refreshed: swept once stale, by any coordinator
         live = Shelf(c.store, 8 << 20, "c3")
@@ -146,7 +146,7 @@ def test_retention_sweeps_rows_of_no_bundle_and_past_a_bundles_end(tmp_path, sto
         assert c.shelf.read(held, 0, len(data)) == data
         assert c.shelf.stored_bytes() == len(data)
         assert c.counters["bundle_rows_swept"] == 5
-        assert "removed 5 chunk rows no bundle needs, 0.01 MB freed" in caplog.text
+        assert "removed 5 chunk rows no bundle needs, 14288 bytes (0.0 MB) freed" in caplog.text
         assert "2 rows past its bundle's last chunk" in caplog.text
         caplog.clear()
         c.run_retention()  # nothing more: nothing logged

@@ -275,8 +275,9 @@ class Shelf:
         if rows:
             with self._lock:
                 self._cache.clear()
-            log.warning("bundle shelf: removed %d chunk rows no bundle needs, %.2f MB freed "
-                        "in the store (%s)", rows, freed / 2**20, "; ".join(removed[:10]))
+            log.warning("bundle shelf: removed %d chunk rows no bundle needs, %d bytes "
+                        "(%.1f MB) freed in the store (%s)", rows, freed, freed / 2**20,
+                        "; ".join(removed[:10]))
         return {"uploads": len(dead), "rows": rows, "bytes": freed}
 
     def _whole(self, held: Held) -> bool:
@@ -328,8 +329,8 @@ class Shelf:
         with self._lock:
             for key in [k for k in self._cache if k[0] == sha]:
                 del self._cache[key]
-        log.info("bundle %s deleted: %d chunk rows, %.1f MB freed in the store", bundle_id,
-                 int(n), int(freed) / 2**20)
+        log.info("bundle %s deleted: %d chunk rows, %d bytes freed in the store", bundle_id,
+                 n, freed)
         return {"id": bundle_id, "chunks": int(n), "bytes": int(freed)}
 
     def import_dir(self, directory: str | Path) -> list[str]:

@@ -164,8 +164,10 @@ def bundles(args: argparse.Namespace, api: str, token: str) -> int:
         if args.json:
             print(json.dumps(done, indent=2))
         else:
-            print(f"deleted {done['deleted']}: {done['chunks']} chunk rows, "
-                  f"{done['freed_bytes'] / 2**20:.1f} MB freed in the store")
+            n = done["freed_bytes"]
+            print(f"deleted {done['deleted']}: {done['chunks']} chunk rows, " +
+                  (f"{n / 2**20:.1f} MB" if n >= 1 << 20 else f"{n / 1024:.1f} KB") +
+                  " freed in the store")
         return 0
     rows = _call(api, "/api/v1/bundles", token=token)
     if args.json:
