@@ -68,7 +68,7 @@ def test_an_upload_killed_half_way_is_swept_at_the_next_start(tmp_path, store_ur
     caplog.set_level(logging.INFO, "edgerun.coordinator.bundles")
     c = _coordinator(tmp_path, store_url, "c1")  # the same coordinator, restarted
     try:
-        assert _chunks(c.store, sha) == []
+        assert _chunks(c.store, sha) == [] and c.counters["bundle_rows_swept"] == 1
         assert c.store.read("SELECT id FROM bundle_uploads") == [("u2",)]
         assert _chunks(c.store, "b" * 64) == [0]
         logged = caplog.text

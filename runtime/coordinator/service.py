@@ -76,7 +76,6 @@ class Coordinator:
         # bundles live in the store: every coordinator sharing it serves every bundle
         self.shelf = Shelf(self.store, int(cfg.max_bundle_mb * 1024 * 1024), cfg.client_id)
         self._import_legacy_shelf(cfg)
-        self._sweep_shelf(at_start=True)  # what an upload killed with our last run left
         from runtime.coordinator.bundle_chunks import ChunkServer
 
         # bundles over MQTT for devices without a route to the API (its own connection)
@@ -106,6 +105,7 @@ class Coordinator:
             session_expiry_s=cfg.session_expiry_s, max_inflight=200)
         self.connected = self._conn.subscribed  # set once subscribed: nothing is missed
         self.counters: collections.Counter = collections.Counter()
+        self._sweep_shelf(at_start=True)  # what an upload killed with our last run left
         self.health_age_s: collections.deque = collections.deque(maxlen=20_000)
         self._health_taken: collections.deque = collections.deque(maxlen=20_000)  # when, each
         self._counts: tuple[float, float, dict[str, int] | None] = (0.0, 0.0, None)
@@ -150,8 +150,7 @@ class Coordinator:
             log.exception("could not sweep the bundle shelf's chunk rows; trying again at the "
                           "next retention pass")
             return
-        if hasattr(self, "counters"):
-            self.counters["bundle_rows_swept"] += got["rows"]
+        self.counters["bundle_rows_swept"] += got["rows"]
 
     def _restore_views(self) -> dict[str, fleet.DeviceView]:
         """The fleet view from the stored states and latest health. A stored row that is not
