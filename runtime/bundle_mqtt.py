@@ -168,8 +168,9 @@ class MqttTransfer:
                     raise DownloadError(
                         f"{label}: the broker refused the chunk request ({self.refused}): its "
                         f"ACL must let this device publish on {req_topic} (an ACL file written "
-                        "before bundles over MQTT lacks it: the next `edgerun fleet enroll` "
-                        "rewrites it; docs/security.md)")
+                        "before bundles over MQTT lacks it: `edgerun fleet acl --broker-dir "
+                        "DIR`, or the next `edgerun fleet enroll`, rewrites it; then reload "
+                        "the broker; docs/security.md)")
                 now = time.monotonic()
                 if conn.subscribed.is_set():  # type: ignore[attr-defined]
                     # what waits unwritten counts against the window too: behind a lost

@@ -354,6 +354,15 @@ def cmd_fleet(args: argparse.Namespace) -> int:
         return cmd_enroll(args)
     if args.fleet_command == "revoke":
         return cmd_revoke(args)
+    if args.fleet_command == "acl":
+        from runtime.coordinator.enroll import refresh_acl
+
+        try:
+            print(refresh_acl(args.broker_dir))
+        except (ValueError, OSError) as e:
+            print(f"edgerun fleet acl: {e}", file=sys.stderr)
+            return 2
+        return 0
     from runtime.coordinator.client import fleet_command
 
     return fleet_command(args)
@@ -606,6 +615,9 @@ def build_parser() -> argparse.ArgumentParser:
     fo = fsub.add_parser("rollouts", help="rollouts and their devices' states",
                          parents=[common, fleet_opts])
     fo.add_argument("id", nargs="?")
+    from runtime.coordinator.client import add_bundles_parser
+
+    add_bundles_parser(fsub, [common, fleet_opts])
     fe = fsub.add_parser("enroll", help="make a device's broker credential, keys and config",
                          description=cmd_enroll.__doc__,
                          parents=[common])
@@ -640,6 +652,9 @@ def build_parser() -> argparse.ArgumentParser:
     fr.add_argument("--fleet", default="default")
     fr.add_argument("--role", choices=("device", "coordinator", "client"), default="device")
     fr.add_argument("--broker-dir", type=Path, required=True)
+    fa = fsub.add_parser("acl", help="regenerate the broker ACL from the enrolled identities "
+                         "when an older version wrote it", parents=[common])
+    fa.add_argument("--broker-dir", type=Path, required=True)
     fl.set_defaults(func=cmd_fleet)
 
     rp = sub.add_parser("report", help="one device's day as PNG (and HTML): temperature, "

@@ -155,6 +155,11 @@ def cmd_install(args: argparse.Namespace) -> int:
         print(f"[verify] {bundle}", file=sys.stderr, flush=True)
         try:
             info = verify_step(store, mc, bundle)
+        except BaseException:
+            if bundle.parent == store.downloads:  # never resumed: the next try starts afresh
+                print(f"[verify] refused: the download {bundle.name} is discarded; the next "
+                      "attempt downloads it from the beginning", file=sys.stderr, flush=True)
+            raise
         finally:
             if bundle.parent == store.downloads:  # ours (a download), not the user's file
                 bundle.unlink(missing_ok=True)

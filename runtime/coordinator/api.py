@@ -24,11 +24,14 @@ GET  /metrics                               Prometheus text exposition (docs/met
 POST /api/v1/devices/{id}/commands          {"cmd": ..., "args": {...}, "wait_s": 10}
 PUT  /api/v1/bundles                        upload a model bundle (body: the file, streamed)
 GET  /api/v1/bundles                        bundles held (no download tokens)
+DELETE /api/v1/bundles/{name@version}       remove a bundle (409 while a rollout or a device's
+                                            desired state needs it)
 GET  /api/v1/groups, POST /api/v1/groups     {"group": G, "devices": [...]}
 GET  /api/v1/rollouts[/{id}], POST /api/v1/rollouts
                                             {"bundle": "name@version", "to": G|"all",
                                              "canary_pct": N}: a staged rollout
-GET  /api/v1/bundles/{name@version}         download; Range: bytes=N- resumes (206). Also
+GET  /api/v1/bundles/{name@version}         download; Range: bytes=N- resumes (206; ETag is
+                                            the sha256, If-Range honoured). Also
                                             accepts that bundle's own download token
 
 The dashboard's static files (`/`, `/static/...`; docs/dashboard.md) are the only paths
@@ -326,8 +329,13 @@ def serve(coordinator: Coordinator, host: str, port: int, token: str | None = No
                 if held is None and hmac.compare_digest(got, expected):
                     return self._send(404, {"error": f"no bundle {bundle_id[:80]!r}"})
                 return self._authorized()  # answers 401 (never says which bundles exist)
+            etag = f'"{held.sha256}"'  # the bytes' own name: a resume checks it (If-Range)
+            cond = self.headers.get("If-Range")
             try:
-                rng = byte_range(self.headers.get("Range"), held.size)
+                # If-Range naming other bytes (the id deleted and uploaded again with other
+                # contents): the whole bundle, not the rest of another file
+                rng = byte_range(self.headers.get("Range") if cond in (None, etag) else None,
+                                 held.size)
             except BundleRefused as e:
                 self.send_response(416)
                 self.send_header("Content-Range", f"bytes */{held.size}")
@@ -339,6 +347,7 @@ def serve(coordinator: Coordinator, host: str, port: int, token: str | None = No
             self.send_response(206 if rng else 200)
             self.send_header("Content-Type", "application/octet-stream")
             self.send_header("Accept-Ranges", "bytes")
+            self.send_header("ETag", etag)
             self.send_header("Content-Length", str(last - first + 1))
             if rng:
                 self.send_header("Content-Range", f"bytes {first}-{last}/{held.size}")
@@ -380,6 +389,29 @@ def serve(coordinator: Coordinator, host: str, port: int, token: str | None = No
                 self._send(200, held.public())
             except Exception:
                 log.exception("API request PUT %s failed", self.path[:200])
+                self.close_connection = True
+                with contextlib.suppress(OSError):
+                    self._send(500, {"error": "internal error; see the coordinator's log"})
+
+        def do_DELETE(self) -> None:
+            try:
+                if not self._authorized():
+                    return
+                self._deadline.cancel()
+                if (self.headers.get("Content-Length") or "0").strip() != "0" \
+                        or self.headers.get("Transfer-Encoding"):
+                    self.close_connection = True  # a body is not read: never parse it
+                parts = [p for p in urlparse(self.path).path.split("/") if p]
+                if parts[:3] != ["api", "v1", "bundles"] or len(parts) != 4:
+                    return self._send(404, {"error": f"no such endpoint: {self.path[:200]}"})
+                try:
+                    done = coordinator.shelf.delete(parts[3])
+                except BundleRefused as e:
+                    return self._send(e.status, {"error": str(e)})
+                self._send(200, {"deleted": done["id"], "chunks": done["chunks"],
+                                 "freed_bytes": done["bytes"]})
+            except Exception:
+                log.exception("API request DELETE %s failed", self.path[:200])
                 self.close_connection = True
                 with contextlib.suppress(OSError):
                     self._send(500, {"error": "internal error; see the coordinator's log"})

@@ -129,8 +129,9 @@ class ChunkServer:
         self.counters["refused_by_broker"] += 1
         self._rlog.log("broker-refused", "the broker refuses our bundle chunks (%s): its ACL "
                        "must let this coordinator publish on edgerun/v1/%s/+/%s (an ACL file "
-                       "written before bundles over MQTT lacks it: the next `edgerun fleet "
-                       "enroll` rewrites it)", reason, self.fleet, CHUNK, level=logging.ERROR)
+                       "written before bundles over MQTT lacks it: `edgerun fleet acl "
+                       "--broker-dir DIR` rewrites it, then reload the broker)", reason,
+                       self.fleet, CHUNK, level=logging.ERROR)
 
     def _on_message(self, client: Any, msg: Any) -> None:
         parts = msg.topic.split("/")

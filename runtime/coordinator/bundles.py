@@ -8,14 +8,19 @@ coordinator sharing the store holds every bundle: upload through one, download t
 The bytes are rows of at most CHUNK_BYTES (1 MiB) keyed by (sha256, index): content-addressed,
 written one row per transaction (an upload never holds the store's write lock for long) and
 before the bundle's row, which is what makes the bundle visible. An upload cut off halfway
-leaves no bundle; its rows are reused by the next upload of the same file.
+leaves no bundle. While it writes, an upload holds a row in `bundle_uploads` (refreshed with
+each chunk row); the bundle's row and the end of that one are one transaction. An upload that
+fails removes its rows; one that died (kill -9) leaves its rows under a stale upload row, and
+`sweep` (at the coordinator's start and in each retention pass) removes them, with any chunk
+rows of no bundle or past a bundle's end.
 
 Devices get the URL, size, sha256 and a random download token (one per bundle, the same on
 every coordinator) in the signed `deploy` command and download with `Authorization: Bearer
 <token>` (valid for that bundle only), resuming with Range requests served from the rows.
 
 Read API (stable; the MQTT chunk server reads through it too): `get(bundle_id)` and
-`read(held, offset, length)`.
+`read(held, offset, length)`. `delete(bundle_id)` removes a bundle nothing needs any more
+(`DELETE /api/v1/bundles/{id}`, `edgerun fleet bundles rm ID`).
 """
 
 from __future__ import annotations
@@ -33,9 +38,10 @@ import threading
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Any
 
 from runtime.bundle import HEADER, VERSION
+from runtime.model_store import crash_point
 
 if TYPE_CHECKING:
     from runtime.coordinator.store import Store
@@ -50,6 +56,12 @@ CHUNK = 1 << 16  # upload read size
 # rows rewritten (each bundle records the size it was written with: Held.chunk)
 CHUNK_BYTES = 1 << 20
 CACHE_CHUNKS = 8  # chunk rows kept in memory (small reads of one chunk: MQTT transfer)
+# an upload whose row has not been refreshed (a chunk written) for this long has died
+UPLOAD_STALE_S = 900.0
+# a bundle's chunk rows (sha256 ?) when no bundle row and no upload in progress holds them
+_DELETE_ORPHAN = ("DELETE FROM bundle_chunks WHERE sha256=? AND NOT EXISTS (SELECT 1 FROM "
+                  "bundles WHERE sha256=?) AND NOT EXISTS (SELECT 1 FROM bundle_uploads "
+                  "WHERE sha256=?)")
 
 
 class BundleRefused(ValueError):
@@ -83,9 +95,10 @@ class Held:
 class Shelf:
     """The bundles in the coordinator's store (tables `bundles`, `bundle_chunks`)."""
 
-    def __init__(self, store: Store, max_bytes: int):
+    def __init__(self, store: Store, max_bytes: int, owner: str = ""):
         self._store = store
         self.max_bytes = max_bytes
+        self.owner = owner  # whose uploads (the coordinator's client_id): see `sweep`
         self.chunk_bytes = CHUNK_BYTES  # rows written here; each bundle records its own
         self._lock = threading.Lock()
         self._cache: collections.OrderedDict[tuple[str, int, int], bytes] = \
@@ -163,28 +176,109 @@ class Shelf:
             name, version = _peek(tmp)
             bundle_id, sha = f"{name}@{version}", h.hexdigest()
             old = self.get(bundle_id)
-            if old is None:
-                tmp.seek(0)
-                self._write_chunks(tmp, sha, length)
-                held = Held(bundle_id, name, version, length, sha, secrets.token_urlsafe(24),
-                            time.time(), self.chunk_bytes)
-                # the row makes it visible; two coordinators taking the same id at once:
-                # the first row stays (ON CONFLICT DO NOTHING) and is compared below
-                self._store.write("INSERT INTO bundles (id, sha256, size, created, body) "
-                                  "VALUES (?,?,?,?,?) ON CONFLICT(id) DO NOTHING",
-                                  [(held.id, sha, length, held.created,
-                                    json.dumps(asdict(held)))])
-                old = self.get(bundle_id)
-                assert old is not None
-            if old.sha256 != sha:
+            if old is not None and old.sha256 != sha:
                 raise BundleRefused(f"{bundle_id} is already held with other contents; "
                                     "bundle it with a new --version", 409)
-            if not self._whole(old):
-                # rows lost from the store (a partial restore, a hand-made DELETE): reading
-                # it says "upload the bundle again", which must mend it
+            if old is not None and self._whole(old):
+                return old
+            # chunk rows first, under an upload row (refreshed with each chunk) that tells
+            # them from the rows of an upload that died; the bundle's row and the end of the
+            # upload's in one transaction. A failure here removes what it wrote (unless
+            # another bundle or upload has the same bytes); a kill -9 leaves them to `sweep`.
+            upload = secrets.token_hex(8)
+            done = False
+            try:
+                tmp.seek(0)
+                # rows lost from a held bundle (a partial restore, a hand-made DELETE): reading
+                # it says "upload the bundle again", which mends it with its own chunk size
+                self._write_chunks(tmp, sha, length, old.chunk if old else None, upload)
+                held = old or Held(bundle_id, name, version, length, sha,
+                                   secrets.token_urlsafe(24), time.time(), self.chunk_bytes)
+                with self._store.transaction() as db:
+                    # two coordinators taking the same id at once: the first row stays (ON
+                    # CONFLICT DO NOTHING) and is compared below
+                    db.execute("INSERT INTO bundles (id, sha256, size, created, body) "
+                               "VALUES (?,?,?,?,?) ON CONFLICT(id) DO NOTHING",
+                               (held.id, sha, length, held.created, json.dumps(asdict(held))))
+                    db.execute("DELETE FROM bundle_uploads WHERE id=?", (upload,))
+                done = True
+            finally:
+                if not done:
+                    self._abandon(upload, sha)
+            old = self.get(bundle_id)
+            if old is None:  # `delete` ran between our row and this read
+                raise BundleRefused(f"{bundle_id} was deleted while it was being uploaded; "
+                                    "upload it again", 409)
+            if old.sha256 != sha:
+                self._abandon("", sha)  # lost the race for the id: our rows are nobody's
+                raise BundleRefused(f"{bundle_id} is already held with other contents; "
+                                    "bundle it with a new --version", 409)
+            if not self._whole(old):  # rows taken meanwhile (by hand): written again
                 tmp.seek(0)
                 self._write_chunks(tmp, sha, length, old.chunk)
             return old
+
+    def _abandon(self, upload: str, sha: str) -> None:
+        """An upload that will not finish: its row, and its chunk rows unless a bundle or
+        another upload holds the same bytes (best effort: what is left, `sweep` removes)."""
+        try:
+            with self._store.transaction() as db:
+                db.execute("DELETE FROM bundle_uploads WHERE id=?", (upload,))
+                n = len(db.execute(_DELETE_ORPHAN + " RETURNING idx", (sha, sha, sha)
+                                   ).fetchall())
+            if n:
+                log.info("bundle upload %s... abandoned: removed its %d chunk rows", sha[:12],
+                         n)
+        except Exception as e:  # the store failing is likely why we are here
+            log.error("bundle upload %s... abandoned, and its chunk rows could not be "
+                      "removed now (%s): the next sweep (start, retention) removes them",
+                      sha[:12], e)
+
+    def sweep(self, at_start: bool = False, now: float | None = None) -> dict[str, int]:
+        """Remove chunk rows no bundle needs: those of an upload that died (its upload row
+        not refreshed for UPLOAD_STALE_S, or at start any of this coordinator's own, `owner`:
+        they died with its previous run), those of no bundle and no upload (written by an
+        older version, or a bundle's row deleted by hand), and those past a bundle's last
+        chunk. An upload in progress keeps its rows. Logs what it removed and the bytes
+        freed; returns {"uploads", "rows", "bytes"}."""
+        now = time.time() if now is None else now
+        sql, args = "DELETE FROM bundle_uploads WHERE t < ?", [now - UPLOAD_STALE_S]
+        if at_start:
+            sql, args = sql + " OR owner = ?", [*args, self.owner]
+        with self._store.transaction() as db:
+            dead = {sha for (sha,) in db.execute(sql + " RETURNING sha256", args).fetchall()}
+        orphans = self._store.read(
+            "SELECT sha256 FROM bundle_chunks c WHERE NOT EXISTS (SELECT 1 FROM bundles b "
+            "WHERE b.sha256 = c.sha256) AND NOT EXISTS (SELECT 1 FROM bundle_uploads u WHERE "
+            "u.sha256 = c.sha256) GROUP BY sha256")
+        removed: list[str] = []
+        rows = freed = 0
+        for (sha,) in orphans:
+            with self._store.transaction() as db:  # one bundle's rows a transaction
+                got = db.execute(_DELETE_ORPHAN + " RETURNING LENGTH(data)",
+                                 (sha, sha, sha)).fetchall()
+            if got:
+                rows, freed = rows + len(got), freed + sum(int(n) for (n,) in got)
+                removed.append(f"{sha[:12]}... {len(got)} rows"
+                               f"{' (an upload that died)' if sha in dead else ''}")
+        ends: dict[str, int] = {}
+        for held in self.list():
+            ends[held.sha256] = max(ends.get(held.sha256, 0), -(-held.size // held.chunk))
+        for sha, end in sorted(ends.items()):
+            with self._store.transaction() as db:
+                got = db.execute("DELETE FROM bundle_chunks WHERE sha256=? AND idx >= ? AND "
+                                 "NOT EXISTS (SELECT 1 FROM bundle_uploads WHERE sha256=?) "
+                                 "RETURNING LENGTH(data)", (sha, end, sha)).fetchall()
+            if got:
+                rows, freed = rows + len(got), freed + sum(int(n) for (n,) in got)
+                removed.append(f"{sha[:12]}... {len(got)} rows past its bundle's last chunk")
+        if rows:
+            with self._lock:
+                self._cache.clear()
+            log.warning("bundle shelf: removed %d chunk rows no bundle needs, %d bytes "
+                        "(%.1f MB) freed in the store (%s)", rows, freed, freed / 2**20,
+                        "; ".join(removed[:10]))
+        return {"uploads": len(dead), "rows": rows, "bytes": freed}
 
     def _whole(self, held: Held) -> bool:
         """Whether every chunk row of `held` is in the store, of the right size."""
@@ -194,14 +288,50 @@ class Shelf:
         return int(n) == -(-held.size // held.chunk) and int(total) == held.size
 
     def _write_chunks(self, src: IO[bytes], sha: str, length: int,
-                      step: int | None = None) -> None:
-        """The bytes as rows of `step` (default `chunk_bytes`), one short transaction each."""
+                      step: int | None = None, upload: str = "") -> None:
+        """The bytes as rows of `step` (default `chunk_bytes`), one short transaction each;
+        with `upload`, each also (re)writes that upload's row with the time (see `sweep`)."""
         step = step or self.chunk_bytes
         for idx in range((length + step - 1) // step):
             data = src.read(step)
-            self._store.write("INSERT INTO bundle_chunks (sha256, idx, data) VALUES (?,?,?) "
-                              "ON CONFLICT(sha256, idx) DO UPDATE SET data = excluded.data",
-                              [(sha, idx, data)])
+            with self._store.transaction() as db:
+                if upload:
+                    db.execute("INSERT INTO bundle_uploads (id, sha256, owner, t) VALUES "
+                               "(?,?,?,?) ON CONFLICT(id) DO UPDATE SET t = excluded.t",
+                               (upload, sha, self.owner, time.time()))
+                db.execute("INSERT INTO bundle_chunks (sha256, idx, data) VALUES (?,?,?) "
+                           "ON CONFLICT(sha256, idx) DO UPDATE SET data = excluded.data",
+                           (sha, idx, data))
+            crash_point("bundle_upload")
+
+    def delete(self, bundle_id: str) -> dict[str, Any]:
+        """Remove bundle `bundle_id`: its row and its chunk rows (unless another bundle row,
+        or an upload in progress, holds the same bytes) in one transaction, with the check
+        that nothing needs it.
+        BundleRefused(404) when it is not held; BundleRefused(409), naming the rollout or the
+        devices, while an unfinished rollout (canary, rolling) deploys it or may put it back
+        on its canary (their model before), or while it is any device's desired model (the
+        coordinator re-sends that to a device returning with another). Returns {"id",
+        "chunks", "bytes"}: the chunk rows deleted and their bytes."""
+        check_id(bundle_id)
+        with self._store.transaction() as db:
+            row = db.execute("SELECT sha256 FROM bundles WHERE id=?", (bundle_id,)).fetchone()
+            if row is None:
+                raise BundleRefused(f"no bundle {bundle_id} held by this coordinator", 404)
+            sha = row[0]
+            if why := _in_use(db, bundle_id):
+                raise BundleRefused(why, 409)
+            db.execute("DELETE FROM bundles WHERE id=?", (bundle_id,))
+            # its rows, unless another bundle row or an upload in progress has the same bytes
+            got = db.execute(_DELETE_ORPHAN + " RETURNING LENGTH(data)",
+                             (sha, sha, sha)).fetchall()
+            n, freed = len(got), sum(int(b) for (b,) in got)
+        with self._lock:
+            for key in [k for k in self._cache if k[0] == sha]:
+                del self._cache[key]
+        log.info("bundle %s deleted: %d chunk rows, %d bytes freed in the store", bundle_id,
+                 n, freed)
+        return {"id": bundle_id, "chunks": int(n), "bytes": int(freed)}
 
     def import_dir(self, directory: str | Path) -> list[str]:
         """Bundles of a shelf directory of an older coordinator (its `index.db` and
@@ -238,12 +368,20 @@ class Shelf:
                           held.id, index.parent)
                 continue
             held = replace(held, chunk=self.chunk_bytes)
-            with path.open("rb") as f:
-                self._write_chunks(f, held.sha256, held.size)
-            self._store.write("INSERT INTO bundles (id, sha256, size, created, body) "
-                              "VALUES (?,?,?,?,?) ON CONFLICT(id) DO NOTHING",
-                              [(held.id, held.sha256, held.size, held.created,
-                                json.dumps(asdict(held)))])
+            upload, finished = secrets.token_hex(8), False
+            try:
+                with path.open("rb") as f:
+                    self._write_chunks(f, held.sha256, held.size, upload=upload)
+                with self._store.transaction() as db:
+                    db.execute("INSERT INTO bundles (id, sha256, size, created, body) "
+                               "VALUES (?,?,?,?,?) ON CONFLICT(id) DO NOTHING",
+                               (held.id, held.sha256, held.size, held.created,
+                                json.dumps(asdict(held))))
+                    db.execute("DELETE FROM bundle_uploads WHERE id=?", (upload,))
+                finished = True
+            finally:
+                if not finished:
+                    self._abandon(upload, held.sha256)
             done.append(held.id)
         return done
 
@@ -251,6 +389,51 @@ class Shelf:
         """Drop the cached chunks (the store is the coordinator's to close)."""
         with self._lock:
             self._cache.clear()
+
+
+def _model_id(args: Any) -> str:
+    """`name@version` of a deploy command's arguments (a desired model), else ""."""
+    if isinstance(args, dict):
+        return f"{args.get('name')}@{args.get('version')}"
+    return ""
+
+
+def _in_use(db: Any, bundle_id: str) -> str:
+    """Why `bundle_id` must not be deleted now (see Shelf.delete), or "" when it may. The
+    rows are narrowed with LIKE on its version, then read as JSON (a row that is not is
+    skipped: it names no bundle)."""
+    like = f"%{bundle_id.rpartition('@')[2]}%"
+    for rid, body in db.execute("SELECT id, body FROM rollouts WHERE body LIKE ?",
+                                (like,)).fetchall():
+        try:
+            r = json.loads(body)
+            state, devices = r.get("state"), r.get("devices") or {}
+            if state not in ("canary", "rolling"):
+                continue
+            if r.get("bundle") == bundle_id:
+                return (f"{bundle_id} is in use: rollout {rid} deploys it ({state}); wait for "
+                        "it to finish or halt")
+            back = sorted(d for d, st in devices.items()
+                          if isinstance(st, dict) and _model_id(st.get("before")) == bundle_id)
+        except (ValueError, AttributeError, TypeError):
+            continue
+        if back:
+            return (f"{bundle_id} is in use: rollout {rid} ({state}) puts it back on "
+                    f"{', '.join(back[:5])}{' ...' if len(back) > 5 else ''} if it halts")
+    wanted = []
+    for device, body in db.execute("SELECT device, body FROM desired WHERE body LIKE ?",
+                                   (like,)).fetchall():
+        try:
+            if _model_id(json.loads(body).get("model")) == bundle_id:
+                wanted.append(device)
+        except (ValueError, AttributeError):
+            continue
+    if wanted:
+        wanted.sort()
+        return (f"{bundle_id} is in use: it is the desired model of {len(wanted)} device(s) "
+                f"({', '.join(wanted[:5])}{' ...' if len(wanted) > 5 else ''}); deploy "
+                "another version to them first")
+    return ""
 
 
 def _held(body: str) -> Held | None:

@@ -12,6 +12,7 @@ import json
 import os
 import sys
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -47,9 +48,9 @@ def read_token(path: Path) -> str:
 
 
 def _call(api: str, path: str, body: dict | None = None, timeout: float = 30,
-          token: str = "") -> Any:
+          token: str = "", method: str = "") -> Any:
     req = urllib.request.Request(
-        api.rstrip("/") + path, method="POST" if body is not None else "GET",
+        api.rstrip("/") + path, method=method or ("POST" if body is not None else "GET"),
         data=None if body is None else json.dumps(body).encode(),
         headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"})
     try:
@@ -142,12 +143,48 @@ def deploy(args: argparse.Namespace, api: str, token: str) -> int:
     return 1 if r["state"] == "halted" else 0
 
 
+def add_bundles_parser(fsub: Any, parents: list[argparse.ArgumentParser]) -> None:
+    """`edgerun fleet bundles [ls]` and `edgerun fleet bundles rm ID` (runtime.cli calls
+    this)."""
+    fb = fsub.add_parser("bundles", help="model bundles the coordinator holds; `rm ID` "
+                         "deletes one no rollout or device needs", parents=parents)
+    fb.add_argument("action", nargs="?", choices=("ls", "rm"), default="ls")
+    fb.add_argument("id", nargs="?", help="(rm) the bundle, NAME@VERSION")
+
+
+def bundles(args: argparse.Namespace, api: str, token: str) -> int:
+    """`fleet bundles [ls]`: a line per bundle; `fleet bundles rm ID`: delete it (exit 1
+    when the coordinator refuses: not held, or still needed, with the reason)."""
+    if args.action == "rm":
+        if not args.id:
+            raise SystemExit("edgerun fleet bundles rm: which bundle? (NAME@VERSION, see "
+                             "`edgerun fleet bundles`)")
+        done = _call(api, f"/api/v1/bundles/{urllib.parse.quote(args.id, safe='@')}",
+                     token=token, method="DELETE")
+        if args.json:
+            print(json.dumps(done, indent=2))
+        else:
+            n = done["freed_bytes"]
+            print(f"deleted {done['deleted']}: {done['chunks']} chunk rows, " +
+                  (f"{n / 2**20:.1f} MB" if n >= 1 << 20 else f"{n / 1024:.1f} KB") +
+                  " freed in the store")
+        return 0
+    rows = _call(api, "/api/v1/bundles", token=token)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    for b in rows if not args.json else ():
+        print(f"{b['id']:<40} {b['size']:>12} bytes  sha256 {b['sha256'][:16]}...")
+    return 0
+
+
 def fleet_command(args: argparse.Namespace) -> int:
     """Run one `fleet` action; prints a table or JSON. Exit 1 when a command is refused."""
     api, token_file = resolve(args)
     token = read_token(token_file)
     if args.fleet_command == "deploy":
         return deploy(args, api, token)
+    if args.fleet_command == "bundles":
+        return bundles(args, api, token)
     if args.fleet_command == "group":
         groups = _call(api, "/api/v1/groups", {"group": args.group, "devices": args.devices},
                        token=token)

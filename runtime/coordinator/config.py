@@ -60,6 +60,10 @@ class CoordinatorConfig:
     public_url: str = ""
     rollout_timeout_s: float = 3600.0  # a device without a probation verdict this long after
     # its deploy counts as failed (a silent canary halts the rollout)
+    # The broker directory (`edgerun fleet enroll --broker-dir`) when the coordinator runs
+    # beside the broker: its ACL is regenerated at start if an older version wrote it (it
+    # would lack topics added since: bundles over MQTT). Empty: not done here.
+    broker_dir: str = ""
 
     def validate(self) -> tuple[str, str] | None:
         if why := check_name("fleet", self.fleet):

@@ -98,6 +98,15 @@ CREATE INDEX IF NOT EXISTS alert_log_t ON alert_log (t);
 CREATE TABLE IF NOT EXISTS alert_counts (state TEXT PRIMARY KEY, n INTEGER NOT NULL);
 """
 
+# v6: bundle uploads in progress (runtime/coordinator/bundles.py): chunk rows are written
+# before their bundle's row; this row (refreshed with each chunk) tells them from the rows of
+# an upload that died, which the shelf's sweep removes
+_SQLITE_V6 = """
+CREATE TABLE IF NOT EXISTS bundle_uploads (id TEXT PRIMARY KEY, sha256 TEXT NOT NULL,
+                                           owner TEXT NOT NULL, t REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS bundle_uploads_sha ON bundle_uploads (sha256);
+"""
+
 
 # Store.claim: a claim is won when its row is new, or holds another state, or the same state
 # from longer than the window ago (see Store.claim)
@@ -157,6 +166,10 @@ class SQLiteDialect:
                     for stmt in _split(_SQLITE_V5):
                         self.db.execute(stmt)
                     self.db.execute("INSERT INTO schema_version VALUES (5)")
+                if have < 6:
+                    for stmt in _split(_SQLITE_V6):
+                        self.db.execute(stmt)
+                    self.db.execute("INSERT INTO schema_version VALUES (6)")
                 self.db.execute("COMMIT")
             except BaseException:
                 self.db.execute("ROLLBACK")
@@ -335,8 +348,16 @@ CREATE INDEX IF NOT EXISTS alert_log_t ON alert_log (t);
 CREATE TABLE IF NOT EXISTS alert_counts (state TEXT PRIMARY KEY, n BIGINT NOT NULL)
 """
 
+# bundle uploads in progress (as SQLite v6)
+_PG_V5 = """
+CREATE TABLE IF NOT EXISTS bundle_uploads (id TEXT PRIMARY KEY, sha256 TEXT NOT NULL,
+                                           owner TEXT NOT NULL, t DOUBLE PRECISION NOT NULL);
+CREATE INDEX IF NOT EXISTS bundle_uploads_sha ON bundle_uploads (sha256)
+"""
+
 # (version, statements): append, never edit, once released.
-PG_MIGRATIONS: list[tuple[int, str]] = [(1, _PG_V1), (2, _PG_V2), (3, _PG_V3), (4, _PG_V4)]
+PG_MIGRATIONS: list[tuple[int, str]] = [(1, _PG_V1), (2, _PG_V2), (3, _PG_V3), (4, _PG_V4),
+                                        (5, _PG_V5)]
 PARTITIONED = {"results": "received", "health": "t"}
 _MIGRATION_LOCK = 0x6564676572756E  # pg_advisory_xact_lock key ("edgerun")
 

@@ -115,3 +115,17 @@ def enroll_client(name: str, broker_dir: str | Path, out_dir: str | Path,
                            "passwd": str(BrokerAuth(broker_dir).passwd),
                            "acl": str(BrokerAuth(broker_dir).acl)},
                     f"# {name}: read {list(read)}, write {list(write)}\n")
+
+
+def refresh_acl(broker_dir: str | Path) -> str:
+    """`edgerun fleet acl --broker-dir D`: regenerate the ACL of a broker directory from its
+    identities when it differs (an older version's file lacks topics added since); what was
+    done, for the operator (run it after upgrading, or from the broker's unit:
+    `ExecStartPre=`)."""
+    auth = BrokerAuth(broker_dir)
+    if not (auth.dir / "identities.json").exists():
+        raise ValueError(f"{auth.dir}: no identities.json (not a broker directory made by "
+                         "`edgerun fleet enroll`); nothing to regenerate")
+    if auth.refresh_acl():
+        return f"rewrote {auth.acl} from the enrolled identities; next: {RELOAD_HINT}"
+    return f"{auth.acl} is up to date"

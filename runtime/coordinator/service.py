@@ -74,7 +74,7 @@ class Coordinator:
         from runtime.coordinator.bundles import Shelf
 
         # bundles live in the store: every coordinator sharing it serves every bundle
-        self.shelf = Shelf(self.store, int(cfg.max_bundle_mb * 1024 * 1024))
+        self.shelf = Shelf(self.store, int(cfg.max_bundle_mb * 1024 * 1024), cfg.client_id)
         self._import_legacy_shelf(cfg)
         from runtime.coordinator.bundle_chunks import ChunkServer
 
@@ -105,6 +105,7 @@ class Coordinator:
             session_expiry_s=cfg.session_expiry_s, max_inflight=200)
         self.connected = self._conn.subscribed  # set once subscribed: nothing is missed
         self.counters: collections.Counter = collections.Counter()
+        self._sweep_shelf(at_start=True)  # what an upload killed with our last run left
         self.health_age_s: collections.deque = collections.deque(maxlen=20_000)
         self._health_taken: collections.deque = collections.deque(maxlen=20_000)  # when, each
         self._counts: tuple[float, float, dict[str, int] | None] = (0.0, 0.0, None)
@@ -139,6 +140,17 @@ class Coordinator:
         if done:
             log.info("imported %d bundles from %s into the store (%s); the directory is no "
                      "longer used", len(done), legacy, ", ".join(done))
+
+    def _sweep_shelf(self, at_start: bool = False) -> None:
+        """Chunk rows no bundle needs out of the store (Shelf.sweep logs what it removed);
+        a failure is logged, never stops a start or a retention pass."""
+        try:
+            got = self.shelf.sweep(at_start)
+        except Exception:
+            log.exception("could not sweep the bundle shelf's chunk rows; trying again at the "
+                          "next retention pass")
+            return
+        self.counters["bundle_rows_swept"] += got["rows"]
 
     def _restore_views(self) -> dict[str, fleet.DeviceView]:
         """The fleet view from the stored states and latest health. A stored row that is not
@@ -183,7 +195,18 @@ class Coordinator:
     # -- lifecycle ----------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start the MQTT and ingest threads."""
+        """Start the MQTT and ingest threads (after bringing the broker's ACL up to date when
+        `broker_dir` is set)."""
+        if self.cfg.broker_dir:
+            from runtime.telemetry.brokerauth import BrokerAuth
+
+            try:
+                BrokerAuth(self.cfg.broker_dir).refresh_acl()  # logs when it rewrote it
+            except Exception as e:  # the broker's files must never stop the coordinator
+                log.error("could not bring the broker ACL in %s up to date: %s (devices may "
+                          "be refused the topics added since it was written, e.g. bundles "
+                          "over MQTT; `edgerun fleet acl --broker-dir %s`)",
+                          self.cfg.broker_dir, e, self.cfg.broker_dir)
         self._conn.start()
         self.chunks.start()
         if self.webhook is not None:
@@ -649,6 +672,7 @@ class Coordinator:
         if cap > 0:  # the bundles in the store are not what the cap is for: never make
             cap += self.shelf.stored_bytes()  # room for them by deleting results
         done = self.store.prune_results(cfg.retention_days * 86400, cap)
+        self._sweep_shelf()
         self.counters["retention_runs"] += 1
         for key, n in done.items():
             self.counters[f"pruned_{key}"] += n

@@ -31,7 +31,7 @@ import json
 import math
 import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -405,6 +405,14 @@ class Store:
                 if attempt == 2:
                     raise
         raise AssertionError("unreachable")
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[Any]:
+        """One write transaction for several portable statements (`?` placeholders;
+        `.execute(sql, args)` returns a cursor): committed when the block ends, rolled back
+        when it raises (the bundle shelf deletes a bundle's row and its chunk rows in one)."""
+        with self._d.transaction() as db:
+            yield db
 
     def update(self, sql: str, args: Sequence[Any]) -> int:
         """A portable single statement in one transaction; returns the rows it changed

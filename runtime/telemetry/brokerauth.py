@@ -22,6 +22,7 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import secrets
 from collections.abc import Iterator
@@ -29,6 +30,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from runtime.telemetry.config import check_name
+
+log = logging.getLogger("edgerun.brokerauth")
 
 PREFIX = "edgerun/v1"
 # bundle/req and bundle/chunk: model bundles over MQTT (runtime/bundle_mqtt.py)
@@ -210,10 +213,54 @@ class BrokerAuth:
             {u: {k: v for k, v in asdict(i).items() if k != "username"}
              for u, i in sorted(idents.items())}, indent=1) + "\n", 0o600)
 
-    def ensure(self) -> None:
-        """Create the (empty) files when missing, so a broker can start before enrolment."""
+    def ensure(self) -> bool:
+        """Create the (empty) files when missing, so a broker can start before enrolment, and
+        bring an existing ACL up to date (`refresh_acl`). True when the ACL was rewritten."""
         if not (self.passwd.exists() and self.acl.exists() and self._registry.exists()):
-            self._save(self.identities(), self._hashes())
+            with self._locked():
+                self._save(self.identities(), self._hashes())
+            return False
+        return self.refresh_acl()
+
+    def refresh_acl(self) -> bool:
+        """Regenerate the ACL from identities.json when it differs from what this version
+        writes (an ACL written by an older version lacks the topics added since, e.g. the
+        bundle topics of bundles over MQTT, until someone is enrolled again): atomically,
+        keeping the file's mode and group. True when it was rewritten (the broker reads it
+        at its next start or reload, SIGHUP); False when it is up to date, or when there is
+        no identities.json (an ACL edgerun did not generate is never touched)."""
+        if not self._registry.exists():
+            return False
+        want, have = self._acl_now()
+        if have == want:  # the usual case: no lock taken, nothing written
+            return False
+        with self._locked():
+            want, have = self._acl_now()  # again: an enrolment may have just rewritten it
+            if have == want:
+                return False
+            _write_like(self.acl, want, 0o600)
+        missing = sorted(set(want.splitlines()) - set((have or "").splitlines()) - {""})
+        log.warning("broker ACL %s %s: regenerated from %s (mode and group kept; %d lines "
+                    "added%s); the broker applies it at its next start or reload (`systemctl "
+                    "reload mosquitto`)",
+                    self.acl, "was missing" if have is None else
+                    "was out of date (written by an older version, or edited)",
+                    self._registry.name, len(missing),
+                    f", e.g. {missing[0]!r}" if missing else "")
+        return True
+
+    def _acl_now(self) -> tuple[str, str | None]:
+        """(the ACL the identities give, the ACL file's text or None when there is none);
+        ValueError naming the file when identities.json is not readable as one."""
+        try:
+            want = acl_text(list(self.identities().values()))
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise ValueError(f"{self._registry}: not a list of identities "
+                             f"({type(e).__name__}: {e})") from None
+        try:
+            return want, self.acl.read_text()
+        except FileNotFoundError:
+            return want, None
 
     def conf_lines(self) -> str:
         """The mosquitto.conf lines that make the broker use these files."""
