@@ -47,6 +47,7 @@ from runtime.pipeline import Active, Pipeline, live_id
 from runtime.results_local import LocalResults
 from runtime.selector import Constraints, NoVariantError, Profile
 from runtime.sources import open_source
+from runtime.switch_retry import Retries
 from runtime.systemd import Notifier
 from runtime.telemetry.client import Publisher, device_id
 from runtime.telemetry.commands import Command, loggable
@@ -176,6 +177,8 @@ class Daemon:
         self.joint_current = 0
         self._off_chain = False  # the models run a combination the box's ladder lacks
         self._keys: dict[tuple, tuple] = {}  # ids of (entry, [model]) -> (them, its key)
+        # a variant that will not load is retried with backoff, not every tick
+        self._retries = Retries()
 
     # -- start-up --------------------------------------------------------------------------
 
@@ -631,14 +634,14 @@ class Daemon:
             sm.current = rung
             return
         old = a.variant_id if a else sm.rungs[sm.current].variant_id
+        if not self._retries.due(sm.key, sm.rungs[rung].variant_id, time.monotonic()):
+            return  # it failed to load: retried when its backoff is over
         try:
             active = self._session_of(sm, rung)
         except Exception as e:  # a variant that will not load is reported; stay where we are
-            log.error("cannot switch %s to %s: %s; staying on %s", sm.key,
-                      sm.rungs[rung].variant_id, e, old)
-            self.event("switch_failed", "warning", variant=sm.rungs[rung].variant_id,
-                       error=str(e)[:300])
+            self._switch_failed(sm.key, sm.rungs[rung].variant_id, e, old)
             return
+        self._switch_worked(sm.key, active.variant_id)
         self.pipeline.switch(active)
         n = len(sm.rungs)
         log.info("model %s rung %s -> %s: %s -> %s (%s)", sm.key, rung_label(sm.current, n),
@@ -980,14 +983,14 @@ class Daemon:
             self.current = rung  # same variant, new index (the ladder was rebuilt)
             return
         old = a.variant_id if a else self.rungs[self.current].variant_id
+        if not self._retries.due("", self.rungs[rung].variant_id, time.monotonic()):
+            return  # it failed to load: retried when its backoff is over
         try:
             active = self._session(rung)
         except Exception as e:  # a variant that will not load is reported; stay where we are
-            log.error("cannot switch to %s: %s; staying on %s", self.rungs[rung].variant_id, e,
-                      old)
-            self.event("switch_failed", "warning", variant=self.rungs[rung].variant_id,
-                       error=str(e)[:300])
+            self._switch_failed("", self.rungs[rung].variant_id, e, old)
             return
+        self._switch_worked("", active.variant_id)
         self.pipeline.switch(active)
         log.info("rung %s -> %s: %s -> %s (%s)", rung_label(self.current, n),
                  rung_label(rung, n), old, active.variant_id, why)
@@ -997,6 +1000,36 @@ class Daemon:
         self.notify.status(self.status_line())
         if self.publisher:
             self.publisher.request_rebirth()
+
+    def _switch_failed(self, key: str, vid: str, e: Exception, running: str) -> None:
+        """A variant that would not load: stay on what runs and retry it with backoff
+        (runtime/switch_retry.py), saying so at the first failure and when the interval
+        reaches its longest, not at every tick."""
+        b, say = self._retries.failed(key, vid, time.monotonic())
+        model = f"model {key} " if key else ""
+        extra = {"model": key[-256:]} if key else {}
+        if say == "failing":
+            log.error("cannot switch %sto %s: %s; staying on %s and retrying in %g s, then at "
+                      "doubling intervals up to %g s (a command or a config reload retries at "
+                      "once)", model, vid, e, running, b.delay_s, self._retries.cap_s)
+            self.event("switch_failed", "warning", variant=vid, error=str(e)[:300],
+                       running=running, retry_s=b.delay_s, **extra)
+        elif say == "capped":
+            log.warning("switch of %sto %s still fails after %d attempts (%s); staying on %s, "
+                        "retrying every %g s", model, vid, b.failures, e, running, b.delay_s)
+            self.event("switch_failed", "warning", variant=vid, error=str(e)[:300],
+                       running=running, retry_s=b.delay_s, attempts=b.failures, **extra)
+        else:
+            log.debug("switch of %sto %s failed again (%d): %s; next try in %g s", model, vid,
+                      b.failures, e, b.delay_s)
+
+    def _switch_worked(self, key: str, vid: str) -> None:
+        """A switch that loaded: any backoff of this model ends (said once)."""
+        old, say = self._retries.succeeded(key)
+        if say == "recovered":
+            log.info("%sswitch to %s loaded; the switch to %s had failed %d time(s), the "
+                     "retries stop", f"model {key}: " if key else "", vid, old.target,
+                     old.attempts)
 
     def _check_conditions(self, temp: float | None) -> None:
         """Re-profile when the temperature moved far from the profiling one, or inference
@@ -1033,6 +1066,7 @@ class Daemon:
     def handle(self, cmd: Command) -> None:
         """Apply a verified command (the publisher already replied 'accepted')."""
         log.info("command %s %s", cmd.name, loggable(cmd.args))
+        self._retries.reset()  # an operator acted: a failing switch is tried again at once
         c = self.cfg.constraints
         if cmd.name == "set_latency_target":
             self._set_constraints(replace(c, latency_ms=cmd.args["ms"]))
@@ -1089,6 +1123,7 @@ class Daemon:
             log.warning("SIGHUP without --config: nothing to reload")
             return
         old = self.cfg
+        self._retries.reset()  # a new config: a failing switch is tried again at once
         try:
             new = load(self.config_path)
             new = replace(new, constraints=operator_settings.apply(new.constraints,
