@@ -40,6 +40,7 @@ from runtime.health_history import HealthHistory
 from runtime.ladder import Rung, ladder_for, on_device
 from runtime.local_api import LocalApi, start_local_api
 from runtime.measure import Measured, measure_first, measure_model
+from runtime.model_counts import model_id
 from runtime.model_store import crash_point
 from runtime.multisource import aggregate, lanes, model_path, planned_rate, single
 from runtime.ota_device import DeviceOta
@@ -1044,11 +1045,14 @@ class Daemon:
                 temp - self.profile_temp) > self.cfg.daemon.reprofile_temp_delta_c:
             why = f"temperature {temp:.1f} °C, profiled at {self.profile_temp:.1f} °C"
         a = self.pipeline.active
-        p95 = self.pipeline.stats()["latency_ms"]["p95"]
+        # the [model]'s own inferences (not another camera's model's, nor a tiled frame's
+        # whole time), over the last 30 s: what its profile's per-inference p95 measured
+        mine = self.pipeline.models.tally(model_id("", self.manifest), time.time() - 30)
+        p95 = float(np.percentile(mine.latencies_ms, 95)) if mine.latencies_ms else None
         prof = self.by_id.get(a.variant_id) if a else None
         # Both a ratio and an absolute margin: sub-millisecond models run a little slower
         # paced (cold caches) than profiled back to back, and that is not throttling.
-        if prof and p95 and len(self.pipeline.latencies) >= 50 and (
+        if prof and p95 and mine.results >= 50 and (
                 p95 > self.cfg.daemon.slow_factor * prof.latency(95)
                 and p95 - prof.latency(95) > 1.0):
             why = (f"p95 {p95:.2f} ms vs {prof.latency(95):.2f} ms profiled: the device is "
