@@ -1028,8 +1028,9 @@ class Daemon:
         """A switch that loaded: any backoff of this model ends (said once)."""
         old, say = self._retries.succeeded(key)
         if say == "recovered":
-            log.info("%sswitch to %s loaded; the switch to %s had failed %d time(s), the "
-                     "retries stop", f"model {key}: " if key else "", vid, old.target,
+            log.info("%sswitch to %s loaded%s after %d failed attempt(s); the retries stop",
+                     f"model {key}: " if key else "", vid,
+                     "" if old.target == vid else f" (it had been to {old.target})",
                      old.attempts)
 
     def _check_conditions(self, temp: float | None) -> None:

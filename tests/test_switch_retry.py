@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import time
@@ -109,8 +110,14 @@ def test_a_variant_that_will_not_load_is_retried_with_backoff_and_said_once(tmp_
     try:
         wait(lambda: "variants of inspection profiled in" in d.text(), 120,
              "the start-up refinement's end", d)
-        wait(lambda: (h := last_health(d.outbox)) and h.get("rungs", 0) >= 2
-             and h.get("choice"), 30, "a ladder of 2 rungs or more", d)
+
+        def refined() -> str:  # the refinement's choice (its ladder's top), once installed
+            after = d.text().split("variants of inspection profiled in")[-1]
+            got = re.findall(r"edgerun.daemon: choice: (\S+): ", after)
+            return got[0] if got else ""
+
+        wait(lambda: refined() and (h := last_health(d.outbox)) and h.get("rungs", 0) >= 2
+             and h.get("choice") == refined(), 30, "the refined top rung serving", d)
         h = last_health(d.outbox)
         top = h["choice"]
         assert h["rung"] == h["rungs"], h
