@@ -186,10 +186,11 @@ def _frames(where: Path, n: int, start: int) -> None:
     once."""
     rng = np.random.default_rng(start)
     for i in range(start, start + n):
-        p = where / f"f{i:05d}.png"
-        cv2.imwrite(str(where / f".f{i:05d}.tmp.png"), rng.integers(0, 255, (64, 64, 3),
-                                                                     np.uint8))
-        os.replace(where / f".f{i:05d}.tmp.png", p)
+        p, tmp = where / f"f{i:05d}.png", where / f".f{i:05d}.part"  # not an image name
+        ok, png = cv2.imencode(".png", rng.integers(0, 255, (64, 64, 3), np.uint8))
+        assert ok
+        tmp.write_bytes(png.tobytes())
+        os.replace(tmp, p)
         os.utime(p, (time.time() - 10, time.time() - 10))
 
 
@@ -278,3 +279,48 @@ model = "{slow}"
          "health says passed", d)
     pro = fleet.health("box1")["probation"]
     assert pro["target_ms"] == pytest.approx(10.0), pro
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (bundled("defects") / "manifest.json").exists(),
+                    reason="bundled detector not built")
+def test_a_good_model_model_passes_beside_a_tiled_detector_camera(tmp_path, fleet):
+    """The issue's box: a classifier camera on the [model] and a camera whose frames the
+    bundled defect detector inspects in 9 tiles, both running from the start. The
+    classifier's deploy is judged against its own target (20 ms / 2 streams), the detector's
+    tiles change the detector's target (10 ms / 9) and not the classifier's."""
+    key = load_private_key(tmp_path / "publisher.pem")
+    v1 = inspection_dir(tmp_path / "models" / "inspection")
+    make(inspection_dir(tmp_path / "src2"), key, tmp_path / "i2.edgerun", "2")
+    cfg = fleet.config("box1", v1, PROBATION.replace("probation_frames = 60",
+                                                     "probation_frames = 150"),
+                       latency_ms=20.0)
+    one = '[source]\nkind = "synthetic"\nrate_hz = 40\n'
+    cfg.write_text(cfg.read_text().replace(one, """[[sources]]
+name = "cls"
+rate_hz = 20
+size = 96
+[[sources]]
+name = "det"
+rate_hz = 5
+size = 192
+seed = 1
+model = "defects"
+tiling = true
+""").replace("accuracy_floor = 0.99\n", ""))
+    d = fleet.device("box1", cfg)
+    wait(lambda: fleet.health("box1").get("pipeline", {}).get("sources", {}).get(
+        "det", {}).get("tiles") == 9, 120, "the detector's tiled frames", d)
+    wait(lambda: {m["model"]: m["target_ms"] for m in fleet.health("box1")["models"]}
+         .get("defects", 99) < 2, 30, "the detector's per-inference target", d)
+    reply = fleet.coord.send_command("box1", "deploy", fleet.coord.deploy_args(
+        fleet.upload(tmp_path / "i2.edgerun")), wait_s=20)
+    assert reply["status"] == "accepted", reply
+    wait(lambda: fleet.events("box1", "model_probation_passed")
+         or fleet.events("box1", "model_rolled_back"), 180, "the verdict", d)
+    assert not fleet.events("box1", "model_rolled_back"), fleet.events("box1",
+                                                                      "model_rolled_back")
+    passed = fleet.events("box1", "model_probation_passed")[-1]
+    assert passed["target_ms"] == pytest.approx(10.0) and passed["errors"] == 0, passed
+    models = {m["model"]: m for m in fleet.health("box1")["models"]}
+    assert models["defects"]["target_ms"] == pytest.approx(10.0 / 9, rel=1e-3)
