@@ -41,6 +41,7 @@ from runtime.health_history import HealthHistory
 from runtime.ladder import Rung, ladder_for, on_device
 from runtime.local_api import LocalApi, start_local_api
 from runtime.measure import Measured, measure_first, measure_model
+from runtime.model_counts import model_id
 from runtime.model_store import crash_point
 from runtime.multisource import aggregate, lanes, model_path, planned_rate, single
 from runtime.ota_device import DeviceOta
@@ -48,6 +49,7 @@ from runtime.pipeline import Active, Pipeline, live_id
 from runtime.results_local import LocalResults
 from runtime.selector import Constraints, NoVariantError, Profile
 from runtime.sources import open_source
+from runtime.switch_retry import Retries
 from runtime.systemd import Notifier
 from runtime.telemetry.client import Publisher, device_id
 from runtime.telemetry.commands import Command, loggable
@@ -177,6 +179,8 @@ class Daemon:
         self.joint_current = 0
         self._off_chain = False  # the models run a combination the box's ladder lacks
         self._keys: dict[tuple, tuple] = {}  # ids of (entry, [model]) -> (them, its key)
+        # a variant that will not load is retried with backoff, not every tick
+        self._retries = Retries()
 
     # -- start-up --------------------------------------------------------------------------
 
@@ -632,14 +636,14 @@ class Daemon:
             sm.current = rung
             return
         old = a.variant_id if a else sm.rungs[sm.current].variant_id
+        if not self._retries.due(sm.key, sm.rungs[rung].variant_id, time.monotonic()):
+            return  # it failed to load: retried when its backoff is over
         try:
             active = self._session_of(sm, rung)
         except Exception as e:  # a variant that will not load is reported; stay where we are
-            log.error("cannot switch %s to %s: %s; staying on %s", sm.key,
-                      sm.rungs[rung].variant_id, e, old)
-            self.event("switch_failed", "warning", variant=sm.rungs[rung].variant_id,
-                       error=str(e)[:300])
+            self._switch_failed(sm.key, sm.rungs[rung].variant_id, e, old)
             return
+        self._switch_worked(sm.key, active.variant_id)
         self.pipeline.switch(active)
         n = len(sm.rungs)
         log.info("model %s rung %s -> %s: %s -> %s (%s)", sm.key, rung_label(sm.current, n),
@@ -981,14 +985,14 @@ class Daemon:
             self.current = rung  # same variant, new index (the ladder was rebuilt)
             return
         old = a.variant_id if a else self.rungs[self.current].variant_id
+        if not self._retries.due("", self.rungs[rung].variant_id, time.monotonic()):
+            return  # it failed to load: retried when its backoff is over
         try:
             active = self._session(rung)
         except Exception as e:  # a variant that will not load is reported; stay where we are
-            log.error("cannot switch to %s: %s; staying on %s", self.rungs[rung].variant_id, e,
-                      old)
-            self.event("switch_failed", "warning", variant=self.rungs[rung].variant_id,
-                       error=str(e)[:300])
+            self._switch_failed("", self.rungs[rung].variant_id, e, old)
             return
+        self._switch_worked("", active.variant_id)
         self.pipeline.switch(active)
         log.info("rung %s -> %s: %s -> %s (%s)", rung_label(self.current, n),
                  rung_label(rung, n), old, active.variant_id, why)
@@ -998,6 +1002,37 @@ class Daemon:
         self.notify.status(self.status_line())
         if self.publisher:
             self.publisher.request_rebirth()
+
+    def _switch_failed(self, key: str, vid: str, e: Exception, running: str) -> None:
+        """A variant that would not load: stay on what runs and retry it with backoff
+        (runtime/switch_retry.py), saying so at the first failure and when the interval
+        reaches its longest, not at every tick."""
+        b, say = self._retries.failed(key, vid, time.monotonic())
+        model = f"model {key} " if key else ""
+        extra = {"model": key[-256:]} if key else {}
+        if say == "failing":
+            log.error("cannot switch %sto %s: %s; staying on %s and retrying in %g s, then at "
+                      "doubling intervals up to %g s (a command or a config reload retries at "
+                      "once)", model, vid, e, running, b.delay_s, self._retries.cap_s)
+            self.event("switch_failed", "warning", variant=vid, error=str(e)[:300],
+                       running=running, retry_s=b.delay_s, **extra)
+        elif say == "capped":
+            log.warning("switch of %sto %s still fails after %d attempts (%s); staying on %s, "
+                        "retrying every %g s", model, vid, b.failures, e, running, b.delay_s)
+            self.event("switch_failed", "warning", variant=vid, error=str(e)[:300],
+                       running=running, retry_s=b.delay_s, attempts=b.failures, **extra)
+        else:
+            log.debug("switch of %sto %s failed again (%d): %s; next try in %g s", model, vid,
+                      b.failures, e, b.delay_s)
+
+    def _switch_worked(self, key: str, vid: str) -> None:
+        """A switch that loaded: any backoff of this model ends (said once)."""
+        old, say = self._retries.succeeded(key)
+        if say == "recovered":
+            log.info("%sswitch to %s loaded%s after %d failed attempt(s); the retries stop",
+                     f"model {key}: " if key else "", vid,
+                     "" if old.target == vid else f" (it had been to {old.target})",
+                     old.attempts)
 
     def _check_conditions(self, temp: float | None) -> None:
         """Re-profile when the temperature moved far from the profiling one, or inference
@@ -1012,11 +1047,14 @@ class Daemon:
                 temp - self.profile_temp) > self.cfg.daemon.reprofile_temp_delta_c:
             why = f"temperature {temp:.1f} °C, profiled at {self.profile_temp:.1f} °C"
         a = self.pipeline.active
-        p95 = self.pipeline.stats()["latency_ms"]["p95"]
+        # the [model]'s own inferences (not another camera's model's, nor a tiled frame's
+        # whole time), over the last 30 s: what its profile's per-inference p95 measured
+        mine = self.pipeline.models.tally(model_id("", self.manifest), time.time() - 30)
+        p95 = float(np.percentile(mine.latencies_ms, 95)) if mine.latencies_ms else None
         prof = self.by_id.get(a.variant_id) if a else None
         # Both a ratio and an absolute margin: sub-millisecond models run a little slower
         # paced (cold caches) than profiled back to back, and that is not throttling.
-        if prof and p95 and len(self.pipeline.latencies) >= 50 and (
+        if prof and p95 and mine.results >= 50 and (
                 p95 > self.cfg.daemon.slow_factor * prof.latency(95)
                 and p95 - prof.latency(95) > 1.0):
             why = (f"p95 {p95:.2f} ms vs {prof.latency(95):.2f} ms profiled: the device is "
@@ -1034,6 +1072,7 @@ class Daemon:
     def handle(self, cmd: Command) -> None:
         """Apply a verified command (the publisher already replied 'accepted')."""
         log.info("command %s %s", cmd.name, loggable(cmd.args))
+        self._retries.reset()  # an operator acted: a failing switch is tried again at once
         c = self.cfg.constraints
         if cmd.name == "set_latency_target":
             self._set_constraints(replace(c, latency_ms=cmd.args["ms"]))
@@ -1090,6 +1129,7 @@ class Daemon:
             log.warning("SIGHUP without --config: nothing to reload")
             return
         old = self.cfg
+        self._retries.reset()  # a new config: a failing switch is tried again at once
         try:
             new = load(self.config_path)
             new = replace(new, constraints=operator_settings.apply(new.constraints,

@@ -12,6 +12,11 @@
   model (a second session kept loaded) for top-1 agreement. Failed: back to the old model (kept
   in memory, so again between frames) and an event saying why; passed: an event, and the old
   model's session is closed.
+- The KPIs are the swapped model's own, not the box's: on a box where other sources run their
+  own models (runtime/joint.py), frames, errors and p95 count only the [model] section's model
+  (runtime/model_counts.py: by pipeline key and model directory, so the old version's frames
+  are not the new one's either), p95 is per inference and is compared with that model's own
+  per-inference target (`Daemon._target("")`: `[constraints] latency_ms` on a one-source box).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from runtime.model_counts import ModelId, Tally, model_id
 from runtime.model_store import ModelStore, crash_point
 from runtime.probation import Kpis, Limits, judge
 
@@ -45,7 +51,7 @@ class _Run:
     version: str | None
     baseline: Kpis | None
     since: float  # wall time of the swap
-    results0: int  # pipeline counters at the swap
+    results0: int  # the new model's own counts at the swap (runtime/model_counts.py)
     errors0: int
     prev: Any = None  # runtime.measure.Measured of the old model (None after a restart)
     state: str = "pending"
@@ -320,9 +326,8 @@ class DeviceOta:
 
     def _begin(self, baseline: Kpis | None, shadow: Active | None, prev: Any) -> None:
         p = self.d.pipeline
-        c = p.counters
-        self.probation = _Run(self.version, baseline, time.time(), c["results"],
-                              c["infer_errors"], prev)
+        t = p.models.tally(self._swapped())  # a version chosen again has counts already
+        self.probation = _Run(self.version, baseline, time.time(), t.results, t.errors, prev)
         p.shadow_counts = [0, 0]
         p.shadow_every = self.cfg.shadow_every
         p.shadow = shadow
@@ -345,20 +350,24 @@ class DeviceOta:
                         a.variant_id, e)
             return None
 
+    def _swapped(self) -> ModelId:
+        """The model OTA swaps and judges: the [model] section's, as the pipeline counts it."""
+        return model_id("", self.d.manifest)
+
     def kpis_now(self, since: float = 0.0, results0: int = 0, errors0: int = 0) -> Kpis:
-        """The running model's KPIs: frames and errors since the counters given, p95 of the
-        inferences stored since `since` (wall time), live energy per inference."""
+        """The [model] section's running model's own KPIs (not the other sources' models'):
+        frames and errors since the counts given, p95 per inference of its inferences stored
+        since `since` (wall time), live energy per inference."""
         d = self.d
-        c = d.pipeline.counters
-        results, errors = c["results"] - results0, c["infer_errors"] - errors0
-        ms = [m for t, m, _ in list(d.pipeline.latencies) if t >= since]
-        p95 = float(np.percentile(ms, 95)) if ms else None
         # Live energy only (CPU time per inference on this traffic, runtime.daemon): the
         # profiles of two models are measured at different times and loads, so comparing a
         # live figure with a profiled one blamed a copy of the same model for 8x the energy.
         # None until the running variant has its first live figure (or when simulating).
+        # Per model already: the [model]'s variants are keyed by their id alone, the
+        # sources' own models by key and id (pipeline.live_id).
         live = d._live_energy.get(d._running_id())
-        return Kpis(results + errors, errors, p95, live * 1e3 if live is not None else None)
+        return model_kpis(d.pipeline.models.tally(self._swapped(), since), results0, errors0,
+                          live)
 
     # -- probation (main thread, every control tick) ------------------------------------------
 
@@ -370,13 +379,16 @@ class DeviceOta:
         p = self.d.pipeline
         new = self.kpis_now(run.since, run.results0, run.errors0)
         compared, agreed = p.shadow_counts
-        lim = Limits(self.d.cfg.constraints.latency_ms, self.cfg.probation_frames,
+        # the swapped model's own per-inference target (runtime/joint.py): with other
+        # sources on their own models the box's frame target is not this model's
+        target = self.d._target("")[0]
+        lim = Limits(target, self.cfg.probation_frames,
                      self.cfg.agreement_floor, self.cfg.max_error_rate_increase,
                      self.cfg.energy_factor, min_shadow=20 if p.shadow is not None else 0)
         v = judge(run.baseline, new, compared, agreed, lim)
         run.kpis = {"frames": new.frames, "errors": new.errors, "p95_ms": new.p95_ms,
-                    "energy_mj": new.energy_mj, "shadow_compared": compared,
-                    "agreement": v.agreement}
+                    "target_ms": target, "energy_mj": new.energy_mj,
+                    "shadow_compared": compared, "agreement": v.agreement}
         self.last = {"version": run.version, "state": v.state, "reasons": list(v.reasons),
                      **run.kpis}
         if v.state == "passed":
@@ -428,6 +440,16 @@ class DeviceOta:
                 if self.last else None}
 
 
+def model_kpis(t: Tally, results0: int = 0, errors0: int = 0,
+               energy_j: float | None = None) -> Kpis:
+    """Probation's KPIs from one model's tally (runtime/model_counts.py): frames attempted
+    and errors since the counts `results0`/`errors0`, the p95 of the inference latencies in
+    the tally, and the live energy per inference (J, shown in mJ)."""
+    results, errors = t.results - results0, t.errors - errors0
+    p95 = float(np.percentile(t.latencies_ms, 95)) if t.latencies_ms else None
+    return Kpis(results + errors, errors, p95, energy_j * 1e3 if energy_j is not None else None)
+
+
 def _clean(d: dict[str, Any]) -> dict[str, Any]:
     """Rounded numbers, no None (events and health stay small and schema-valid)."""
     out = {}
@@ -438,4 +460,4 @@ def _clean(d: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-__all__ = ["DeviceOta", "crash_point"]
+__all__ = ["DeviceOta", "crash_point", "model_kpis"]

@@ -45,6 +45,7 @@ import numpy as np
 from runtime.backends.base import Session
 from runtime.badframes import BadFrames
 from runtime.manifest import Manifest, frame_result
+from runtime.model_counts import ModelCounts, ModelId, model_id
 from runtime.multisource import FairQueue, Lane, Pacer
 from runtime.results_local import LocalResults
 from runtime.roi import RoiError, crop, resolve
@@ -126,6 +127,9 @@ class Pipeline:
         self.labels: collections.Counter = collections.Counter()  # results per label
         self.bad = BadFrames(on_event)  # refused frames by kind; rate-limited frame_bad events
         self.latencies: collections.deque = collections.deque(maxlen=2000)  # (t, ms, met)
+        # the same per model (results, errors, ms per inference): what probation judges a
+        # swapped model by, not the box's totals (runtime/model_counts.py)
+        self.models = ModelCounts()
         self.latency_target_ms = float("inf")
         # Probation of a new model (runtime/ota_device.py): every `shadow_every`th frame is
         # also run on the old model; `shadow_counts` = [compared, agreed] top-1 labels.
@@ -489,6 +493,7 @@ class Pipeline:
         except Exception as e:
             self.busy_since = None
             self.counters["infer_errors"] += 1
+            self.models.error(self._model_id(active), time.time())
             log.error("inference failed on %s with %s: %s", frame.ref, active.variant_id, e)
             self._event({"type": "inference_failed", "severity": "warning",
                          "variant": active.variant_id, "error": str(e)[:300]})
@@ -500,7 +505,11 @@ class Pipeline:
             if self.shadow is not active and self._shadow_i % self.shadow_every == 0:
                 # (the shadow is the running model until the swap reaches this thread)
                 self._shadow_due.append((frame, out, active))
-        return frame, out, active, ms
+        return frame, out, active, ms, _tiles(tensor)
+
+    def _model_id(self, active: Active) -> ModelId:
+        """What `active`'s frames are counted under in `models`."""
+        return model_id(active.key, active.manifest or self._manifest)
 
     def _shadow_flush(self) -> None:
         """Run the sampled frames through the old model after their results are stored, so
@@ -555,13 +564,14 @@ class Pipeline:
 
     def _store(self, batch: list[tuple]) -> None:
         """Postprocess and persist a group in one outbox transaction, then mark frames done."""
-        results, made, owners = [], [], []
-        for frame, out, active, ms in batch:
+        results, made, owners, counted = [], [], [], []
+        for frame, out, active, ms, tiles in batch:
             manifest = active.manifest or self._manifest  # a swap: each frame its own model's
             try:  # label, score; a detector's boxes and counts too
                 fields = frame_result(out, manifest, frame.image.shape[:2], active.input_shape)
             except Exception as e:  # an output not of the declared form: this frame only
                 self.bad.record("postprocess_failed", frame.ref, str(e))
+                self.models.error(self._model_id(active), time.time())  # the model's fault
                 continue
             r = {"t": frame.t, "source": frame.source, "model": manifest.name,
                  "ref": frame.ref, **fields,
@@ -573,6 +583,7 @@ class Pipeline:
             results.append(r)
             made.append(frame)
             owners.append(manifest)
+            counted.append((self._model_id(active), ms / max(tiles, 1)))
         try:
             seqs = self._sink(results) if results else []
         except Exception as e:  # disk full, database broken: frames stay not-done
@@ -584,7 +595,9 @@ class Pipeline:
             self._event({"type": "store_failed", "severity": "critical", "error": str(e)})
             return
         now = time.time()
-        for frame, _, _, ms in batch:
+        for m, ms_each in counted:
+            self.models.result(m, now, ms_each)
+        for frame, _, _, ms, _ in batch:
             self.latencies.append((now, ms, ms <= self.latency_target_ms))
             lane = self._lane.get(frame.source)
             if lane is not None:

@@ -60,7 +60,9 @@ _HEALTH = _obj({
         "state": {"enum": ["pending", "passed", "failed", "rolled_back"]},
         "reasons": {"type": "array", "maxItems": 16, "items": _STR},
         "frames": _COUNT, "errors": _COUNT, "p95_ms": _NUM, "energy_mj": _NUM,
-        "shadow_compared": _COUNT, "agreement": _NUM}, "additionalProperties": False},
+        "shadow_compared": _COUNT, "agreement": _NUM,
+        # the swapped model's own per-inference target its p95 was judged against
+        "target_ms": _NUM}, "additionalProperties": False},
     "rung": {"type": "integer", "minimum": 0, "maximum": 10_000},
     "rungs": {"type": "integer", "minimum": 0, "maximum": 10_000},
     "accuracy": _NUM_OR_NULL, "energy_mj": _NUM_OR_NULL, "energy_source": _SHORT,

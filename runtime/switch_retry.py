@@ -1,0 +1,102 @@
+"""Backoff for a variant switch that keeps failing (a variant that will not load).
+
+The control step asks for its rung every tick (1 s by default). When loading that rung's
+session fails (a file corrupted or removed since it was profiled, out of memory) the daemon
+stays on what runs; before, it tried again every tick, for ever, with an error line and a
+`switch_failed` event each time. Now each model (by its pipeline key, "" = the [model]'s)
+retries the same failing variant after 1 s, then 2, 4, ... up to 5 minutes, and says so once
+per state change: the first failure (what failed, what runs, when it retries), reaching the
+longest interval, and the success that ends it. Asking for another variant, a command or a
+config reload (`reset`) tries at once.
+
+`due`, `failed` and `succeeded` are pure (tables in tests/test_switch_retry.py); `Retries`
+holds the state per model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Literal
+
+FIRST_S = 1.0
+CAP_S = 300.0
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """One model's failing switch: to which variant, how many failures, when to try again."""
+
+    target: str = ""  # the variant that failed to load ("": nothing failing)
+    failures: int = 0
+    delay_s: float = 0.0  # the interval now in force
+    next_at: float = 0.0  # monotonic time of the next attempt
+    before: int = 0  # failures before a reset (said when it finally loads)
+
+    @property
+    def attempts(self) -> int:
+        """Failed attempts in all, across resets."""
+        return self.failures + self.before
+
+
+Say = Literal["", "failing", "capped", "recovered"]
+
+
+def due(b: Backoff, target: str, now: float) -> bool:
+    """Try switching to `target` at `now`? Always for another variant than the failing one."""
+    return target != b.target or now >= b.next_at
+
+
+def failed(b: Backoff, target: str, now: float, first_s: float = FIRST_S,
+           cap_s: float = CAP_S) -> tuple[Backoff, Say]:
+    """The state after a failed switch to `target`, and what to say: "failing" at the first
+    failure of a variant, "capped" when the interval reaches `cap_s`, else nothing."""
+    if target != b.target or b.failures == 0:
+        delay = min(first_s, cap_s)
+        return Backoff(target, 1, delay, now + delay,
+                       b.before if target == b.target else 0), "failing"
+    delay = min(b.delay_s * 2, cap_s)
+    say: Say = "capped" if delay >= cap_s > b.delay_s else ""
+    return replace(b, failures=b.failures + 1, delay_s=delay, next_at=now + delay), say
+
+
+def succeeded(b: Backoff) -> tuple[Backoff, Say]:
+    """The state after a switch that worked: nothing failing; "recovered" when something
+    had been (before a reset too)."""
+    return Backoff(), "recovered" if b.attempts else ""
+
+
+def reset(b: Backoff) -> Backoff:
+    """A command or a config reload: try at once; a failure then starts the intervals
+    afresh (and is said again), a success still says what had failed."""
+    return Backoff(b.target, before=b.attempts) if b.attempts else Backoff()
+
+
+class Retries:
+    """The backoff of each model's switch (main thread only)."""
+
+    def __init__(self, first_s: float = FIRST_S, cap_s: float = CAP_S):
+        self.first_s, self.cap_s = first_s, cap_s
+        self.state: dict[str, Backoff] = {}
+
+    def due(self, key: str, target: str, now: float) -> bool:
+        """Whether model `key` may try switching to `target` now."""
+        return due(self.state.get(key, Backoff()), target, now)
+
+    def failed(self, key: str, target: str, now: float) -> tuple[Backoff, Say]:
+        """Record a failed switch of model `key`; the new state and what to say."""
+        b, say = failed(self.state.get(key, Backoff()), target, now, self.first_s,
+                        self.cap_s)
+        self.state[key] = b
+        return b, say
+
+    def succeeded(self, key: str) -> tuple[Backoff, Say]:
+        """Record a switch of model `key` that worked; the state it ended and what to say."""
+        old = self.state.pop(key, Backoff())
+        return old, succeeded(old)[1]
+
+    def reset(self) -> None:
+        """A command or a config reload: every model tries at once."""
+        self.state = {k: reset(b) for k, b in self.state.items()}
+
+
+__all__ = ["CAP_S", "FIRST_S", "Backoff", "Retries", "due", "failed", "reset", "succeeded"]

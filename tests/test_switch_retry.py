@@ -1,0 +1,151 @@
+"""A variant switch that keeps failing backs off (1 s doubling to 5 min) and is said once per
+state change, not at every control tick: the pure backoff with tables, then a real `edgerun
+serve` whose lower rungs' files are removed after profiling and which is then heated."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from daemon_harness import ZONE, Serve, events, last_health, wait, write_config
+
+from models import bundled
+from runtime.switch_retry import CAP_S, Backoff, Retries, due, failed, reset, succeeded
+
+# -- the pure backoff ------------------------------------------------------------------------
+
+
+def test_intervals_double_from_one_second_to_five_minutes_and_are_said_twice():
+    b, t, said, delays = Backoff(), 0.0, [], []
+    for _ in range(12):
+        b, say = failed(b, "v1", t)
+        delays.append(b.delay_s)
+        said.append(say)
+        t = b.next_at
+    assert delays == [1, 2, 4, 8, 16, 32, 64, 128, 256, 300, 300, 300]
+    # the first failure and reaching the longest interval: 2 lines, not 12 (nor one a tick)
+    assert said == ["failing"] + [""] * 8 + ["capped", "", ""]
+    assert b.failures == 12 and CAP_S == 300
+
+
+@pytest.mark.parametrize("b, target, now, want", [
+    (Backoff(), "v1", 0.0, True),                      # nothing failing: try
+    (Backoff("v1", 1, 1.0, 11.0), "v1", 10.0, False),  # failing, not yet
+    (Backoff("v1", 1, 1.0, 11.0), "v1", 11.0, True),   # its time
+    (Backoff("v1", 5, 16.0, 99.0), "v2", 10.0, True),  # another variant: at once
+])
+def test_due(b, target, now, want):
+    assert due(b, target, now) is want
+
+
+@pytest.mark.parametrize("b, target, want, say", [
+    # another variant failing starts afresh at 1 s (and is said)
+    (Backoff("v1", 7, 64.0, 0.0), "v2", Backoff("v2", 1, 1.0, 101.0), "failing"),
+    (Backoff("v1", 2, 2.0, 0.0), "v1", Backoff("v1", 3, 4.0, 104.0), ""),
+    (Backoff("v1", 9, 256.0, 0.0), "v1", Backoff("v1", 10, 300.0, 400.0), "capped"),
+    (Backoff("v1", 10, 300.0, 0.0), "v1", Backoff("v1", 11, 300.0, 400.0), ""),
+])
+def test_failed(b, target, want, say):
+    assert failed(b, target, 100.0) == (want, say)
+
+
+def test_success_ends_it_and_is_said_once():
+    assert succeeded(Backoff("v1", 3, 4.0, 9.0)) == (Backoff(), "recovered")
+    assert succeeded(Backoff()) == (Backoff(), "")
+
+
+def test_a_reset_tries_at_once_starts_afresh_and_remembers_for_the_success():
+    b = reset(Backoff("v1", 6, 32.0, 500.0))
+    assert due(b, "v1", 0.0) and b.attempts == 6
+    again, say = failed(b, "v1", 10.0)  # it still fails: 1 s again, said again
+    assert (again.delay_s, again.next_at, say, again.attempts) == (1.0, 11.0, "failing", 7)
+    assert succeeded(b) == (Backoff(), "recovered")
+    assert failed(b, "v2", 10.0)[0].attempts == 1  # another variant: its own count
+    assert reset(Backoff()) == Backoff()
+
+
+def test_retries_are_per_model_and_a_reset_tries_at_once():
+    r = Retries()
+    r.failed("", "v1", 0.0)
+    r.failed("det", "d1", 0.0)
+    r.failed("det", "d1", 1.0)  # det: 2 s from 1.0
+    assert not r.due("", "v1", 0.5) and r.due("", "v1", 1.0)
+    assert not r.due("det", "d1", 2.9) and r.due("det", "d1", 3.0)
+    old, say = r.succeeded("")
+    assert say == "recovered" and old.target == "v1" and old.failures == 1
+    assert r.due("", "v1", 0.0) and not r.due("det", "d1", 2.0)  # det's own goes on
+    r.reset()  # a command or a config reload
+    assert r.due("det", "d1", 2.0) and r.succeeded("det")[1] == "recovered"
+
+
+# -- a real daemon ---------------------------------------------------------------------------
+
+def _set_temp(root: Path, celsius: float) -> None:
+    tmp = root / ZONE / ".temp.tmp"
+    tmp.write_text(f"{round(celsius * 1000)}\n")
+    os.replace(tmp, root / ZONE / "temp")
+
+
+@pytest.mark.skipif(not (bundled() / "manifest.json").exists(), reason="bundled model not built")
+def test_a_variant_that_will_not_load_is_retried_with_backoff_and_said_once(tmp_path,
+                                                                            profile_cache):
+    """The model's files under its top rung are removed after profiling, then the box is
+    heated: the governor asks for a lower rung at every 0.2 s tick and its session will not
+    load. Old code: an error line and a switch_failed event at every tick (25 in 5 s). Now:
+    one line and one event, the top rung keeps serving, and a config reload (SIGHUP) after
+    the files are back tries at once and steps down."""
+    model = tmp_path / "model"
+    shutil.copytree(bundled(), model)
+    cfg = write_config(tmp_path, profile_cache, extra=f'[model]\npath = "{model}"\n')
+    # no re-profile (for the heat, or a slow machine): it would measure the files away
+    cfg.write_text(cfg.read_text().replace("[daemon]\n", "[daemon]\nreprofile_temp_delta_c = "
+                                           "1000.0\nslow_factor = 1000.0\n"))
+    d = Serve(tmp_path, cfg)
+    try:
+        wait(lambda: "variants of inspection profiled in" in d.text(), 120,
+             "the start-up refinement's end", d)
+
+        def refined() -> str:  # the refinement's choice (its ladder's top), once installed
+            after = d.text().split("variants of inspection profiled in")[-1]
+            got = re.findall(r"edgerun.daemon: choice: (\S+): ", after)
+            return got[0] if got else ""
+
+        wait(lambda: refined() and (h := last_health(d.outbox)) and h.get("rungs", 0) >= 2
+             and h.get("choice") == refined(), 30, "the refined top rung serving", d)
+        h = last_health(d.outbox)
+        top = h["choice"]
+        assert h["rung"] == h["rungs"], h
+        # the top rung's file stays (its session is loaded); the others go
+        name = top.split("/")[1].split("@")[0]  # e.g. inspection/large-fp32@onnxruntime:..
+        files = {v["name"]: v["file"] for v in json.loads((model / "manifest.json")
+                                                         .read_text())["variants"]}
+        aside = tmp_path / "aside"
+        aside.mkdir()
+        for f in model.glob("*.onnx"):
+            if f.name != files[name]:
+                shutil.move(f, aside / f.name)
+        _set_temp(tmp_path / "sysfs", 95.0)  # past the passive (80) and hot (90) trips
+        wait(lambda: "cannot switch to" in d.text(), 30, "the failed switch", d)
+        time.sleep(5.0)  # 25 control ticks
+        text = d.text()
+        assert text.count("cannot switch to") == 1, text[-3000:]
+        assert "retrying in 1 s, then at doubling intervals up to 300 s" in text
+        failed_ev = events(d.outbox, "switch_failed")
+        assert len(failed_ev) == 1 and failed_ev[0]["retry_s"] == 1.0, failed_ev
+        assert failed_ev[0]["running"] == top
+        assert last_health(d.outbox)["choice"] == top  # still serving, on the top rung
+        n = len(events(d.outbox, "rung_changed"))
+        for f in aside.iterdir():  # the files are back; a reload tries at once
+            shutil.move(f, model / f.name)
+        d.proc.send_signal(signal.SIGHUP)
+        wait(lambda: "the retries stop" in d.text(), 20, "the switch after the reload", d)
+        wait(lambda: len(events(d.outbox, "rung_changed")) > n, 10, "a rung change", d)
+        assert events(d.outbox, "rung_changed")[-1]["to"] != top
+    finally:
+        assert d.stop() == 0
