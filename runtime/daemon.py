@@ -363,6 +363,10 @@ class Daemon:
         self._loaders, self.profile_temp = m.loaders, m.temp_c
         # the [model]'s live energies start afresh; the sources' own models did not change
         self._live_energy = {k: v for k, v in self._live_energy.items() if "\x00" in k}
+        # ... and so does what was accumulating towards the next figure: two versions of one
+        # model share variant ids, so the old version's last inferences would be billed to
+        # the new version's first figure (the one probation's energy rule judges)
+        self._live_acc = {k: v for k, v in self._live_acc.items() if "\x00" in k}
         self._build_ladder()
         if self.pipeline is not None:  # a new model brings its own preprocessing to measure
             # (another version with the same preprocessing keeps the measured choice: measuring
