@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+
+import pytest
 from test_bundle_delete import TOKEN, _req, coord, small_bundle  # noqa: F401 (fixture)
 
 
@@ -21,3 +24,72 @@ def test_cli_rm_of_a_version_with_plus(tmp_path, coord, capsys):  # noqa: F811
     assert c.shelf.get("m@1.0+b2") is None
     # a path character, encoded or not, is still no bundle id
     assert _req(port, "DELETE", "/api/v1/bundles/m%2F..@1")[0] == 404
+
+
+def test_rollout_started_as_its_bundle_is_deleted(tmp_path, coord):  # noqa: F811
+    """Old code: `Rollouts.start` read the bundle, then stored the rollout; a delete in
+    between (another coordinator's, or this one's API) saw no rollout, removed the bundle, and
+    the rollout was stored and its canary sent a deploy of a bundle no coordinator holds (404
+    on download; the device's desired state named it). Now the rollout is refused, halted,
+    and nothing is sent."""
+    c, port = coord
+    assert _req(port, "PUT", "/api/v1/bundles", small_bundle(tmp_path, "m", "1"))[0] == 200
+    c.rollouts.set_group("g", ["d1", "d2"])
+    real, sent = c.rollouts._deploy_args, []
+
+    def args_then_deleted(bundle_id):
+        args = real(bundle_id)
+        c.shelf.delete(bundle_id)  # lands between the read and the rollout's row
+        return args
+
+    c.rollouts._deploy_args = args_then_deleted
+    c.rollouts._send = lambda device, cmd, args: sent.append((device, cmd))
+    with pytest.raises(ValueError, match="was deleted while the rollout was being created"):
+        c.rollouts.start("m@1", "g", 50)
+    assert c.shelf.get("m@1") is None and sent == []
+    assert [r["state"] for r in c.rollouts.list()] == ["halted"]
+    assert c.rollouts.desired("d1") == {} and c.rollouts.desired("d2") == {}
+    # through the API: 400 with the reason
+    c.rollouts._deploy_args = real
+    status, err = _req(port, "POST", "/api/v1/rollouts",
+                       json.dumps({"bundle": "m@1", "to": "g"}).encode())
+    assert status == 400 and "no bundle" in err["error"], err
+
+
+def test_held_now_waits_for_a_delete_under_way(tmp_path, coord):  # noqa: F811
+    """The read a rollout makes after storing itself must wait for a delete already past its
+    checks (PostgreSQL read committed would otherwise see the row the delete is removing and
+    let the rollout deploy it)."""
+    import threading
+
+    from runtime.coordinator import bundles
+    from runtime.coordinator.bundles import held_now
+
+    c, port = coord
+    assert _req(port, "PUT", "/api/v1/bundles", small_bundle(tmp_path, "m", "1"))[0] == 200
+    checked, go = threading.Event(), threading.Event()
+    real = bundles._in_use
+
+    def slow_check(db, bundle_id):
+        why = real(db, bundle_id)
+        checked.set()
+        assert go.wait(30)
+        return why
+
+    bundles._in_use = slow_check
+    try:
+        t = threading.Thread(target=c.shelf.delete, args=("m@1",))
+        t.start()
+        assert checked.wait(30)  # the delete found nothing needing it; not committed yet
+        got: list[bool] = []
+        reader = threading.Thread(target=lambda: got.append(held_now(c.store, "m@1")))
+        reader.start()
+        reader.join(0.5)
+        assert reader.is_alive() and not got  # waits for the delete
+        go.set()
+        t.join(30)
+        reader.join(30)
+        assert got == [False]
+    finally:
+        bundles._in_use = real
+        go.set()

@@ -315,7 +315,10 @@ class Shelf:
         "chunks", "bytes"}: the chunk rows deleted and their bytes."""
         check_id(bundle_id)
         with self._store.transaction() as db:
-            row = db.execute("SELECT sha256 FROM bundles WHERE id=?", (bundle_id,)).fetchone()
+            # PostgreSQL: the row locked first, so a rollout's `held_now` waits for this
+            # transaction (SQLite: BEGIN IMMEDIATE already excludes every other writer)
+            row = db.execute("SELECT sha256 FROM bundles WHERE id=?" + _lock(self._store, "UPDATE"),
+                             (bundle_id,)).fetchone()
             if row is None:
                 raise BundleRefused(f"no bundle {bundle_id} held by this coordinator", 404)
             sha = row[0]
@@ -389,6 +392,20 @@ class Shelf:
         """Drop the cached chunks (the store is the coordinator's to close)."""
         with self._lock:
             self._cache.clear()
+
+
+def _lock(store: Store, mode: str) -> str:
+    """` FOR <mode>` on PostgreSQL (read committed: a plain read does not wait for a writer);
+    nothing on SQLite, whose write transactions are serialised."""
+    return f" FOR {mode}" if store.backend == "postgresql" else ""
+
+
+def held_now(store: Store, bundle_id: str) -> bool:
+    """Whether `bundle_id` is held, read after any `Shelf.delete` of it under way has ended
+    (a rollout stored before this read is seen by every delete after it: rollout.py)."""
+    with store.transaction() as db:
+        return db.execute("SELECT 1 FROM bundles WHERE id=?" + _lock(store, "SHARE"),
+                          (bundle_id,)).fetchone() is not None
 
 
 def _model_id(args: Any) -> str:
