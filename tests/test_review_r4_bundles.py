@@ -93,3 +93,38 @@ def test_held_now_waits_for_a_delete_under_way(tmp_path, coord):  # noqa: F811
     finally:
         bundles._in_use = real
         go.set()
+
+
+def test_sweep_keeps_a_live_upload_of_a_host_whose_clock_is_behind(tmp_path, store_url,
+                                                                   monkeypatch):
+    """Old code: an upload's row was stamped with the uploading coordinator's clock and
+    judged stale by the sweeping one's: with two coordinators on one store whose clocks
+    differ by more than UPLOAD_STALE_S (15 min), every retention pass of the one ahead
+    removed the live uploads of the one behind (their chunk rows, mid-upload). The stamp and
+    the judgement are now both the store's clock."""
+    import hashlib
+    import io
+    import time as _time
+    from types import SimpleNamespace
+
+    from runtime.coordinator import bundles
+    from runtime.coordinator.bundles import Shelf
+    from runtime.coordinator.store import Store
+
+    store = Store(store_url)
+    try:
+        behind = Shelf(store, 8 << 20, "c-behind")
+        behind.chunk_bytes = 4096
+        data = small_bundle(tmp_path, "m", "1")
+        sha = hashlib.sha256(data).hexdigest()
+        monkeypatch.setattr(bundles, "time", SimpleNamespace(time=lambda: _time.time() - 3600))
+        # half of the upload written (the rest still to come), on the host an hour behind
+        behind._write_chunks(io.BytesIO(data[:8192]), sha, 8192, 4096, upload="u1")
+        monkeypatch.undo()
+        got = Shelf(store, 8 << 20, "c-ahead").sweep()
+        assert got["rows"] == 0 and got["uploads"] == 0, got
+        assert store.read("SELECT COUNT(*) FROM bundle_chunks WHERE sha256=?",
+                          (sha,))[0][0] == 2
+        assert store.read("SELECT id FROM bundle_uploads") == [("u1",)]
+    finally:
+        store.close()
