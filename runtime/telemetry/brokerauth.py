@@ -103,6 +103,23 @@ def _check_topic(topic: str) -> None:
         raise ValueError(f"not a usable topic filter: {topic!r}")
 
 
+def check_identity(ident: Identity) -> None:
+    """ValueError when `ident` is not one `enrol` accepts (its username, fleets and topics
+    go into the ACL file as they are)."""
+    if ident.role not in ROLES:
+        raise ValueError(f"role must be one of {ROLES}, got {ident.role!r}")
+    if ident.role == "device":
+        fleet, _, device = ident.username.partition("/")
+        device_username(fleet, device)  # validates both parts
+    elif why := check_name("username", ident.username):
+        raise ValueError(why)
+    for f in ident.fleets:
+        if why := check_name("fleet", f):
+            raise ValueError(why)
+    for t in (*ident.read, *ident.write):
+        _check_topic(t)
+
+
 def _write_like(path: Path, text: str, mode: int) -> None:
     """Replace `path` atomically, keeping the mode and group of the file it replaces (so a
     `root:mosquitto 0640` file stays readable by the broker)."""
@@ -133,13 +150,28 @@ class BrokerAuth:
         self._registry = self.dir / "identities.json"
 
     def identities(self) -> dict[str, Identity]:
-        """Everyone enrolled, by username."""
+        """Everyone enrolled, by username; each checked as `enrol` checks it (the ACL is made
+        from these: a name or topic with a newline, `#` or `+` where enrol never puts one
+        would widen what someone may read or write), ValueError naming the file otherwise."""
         if not self._registry.exists():
             return {}
         doc = json.loads(self._registry.read_text())
-        return {u: Identity(username=u, role=d["role"], fleets=tuple(d.get("fleets", ())),
-                            read=tuple(d.get("read", ())), write=tuple(d.get("write", ())))
-                for u, d in doc.items()}
+        out = {}
+        for u, d in doc.items():
+            lists = {k: d.get(k, []) for k in ("fleets", "read", "write")}
+            if any(not isinstance(v, list) or not all(isinstance(x, str) for x in v)
+                   for v in lists.values()):
+                raise ValueError(f"{self._registry}: {u!r}: fleets, read and write must be "
+                                 "lists of strings")
+            ident = Identity(username=u, role=d["role"], **{k: tuple(v) for k, v in
+                                                            lists.items()})
+            try:
+                check_identity(ident)
+            except ValueError as e:
+                raise ValueError(f"{self._registry}: {u[:80]!r} is not an identity `edgerun "
+                                 f"fleet enroll` makes ({e}); fix or remove it") from None
+            out[u] = ident
+        return out
 
     def _hashes(self) -> dict[str, str]:
         if not self.passwd.exists():
@@ -153,18 +185,7 @@ class BrokerAuth:
 
     def enrol(self, ident: Identity, password: str | None = None) -> str:
         """Add or replace `ident` with a new password (random unless given); returns it."""
-        if ident.role not in ROLES:
-            raise ValueError(f"role must be one of {ROLES}, got {ident.role!r}")
-        if ident.role == "device":
-            fleet, _, device = ident.username.partition("/")
-            device_username(fleet, device)  # validates both parts
-        elif why := check_name("username", ident.username):
-            raise ValueError(why)
-        for f in ident.fleets:
-            if why := check_name("fleet", f):
-                raise ValueError(why)
-        for t in (*ident.read, *ident.write):
-            _check_topic(t)
+        check_identity(ident)
         self.dir.mkdir(parents=True, exist_ok=True)
         password = password or new_password()
         with self._locked():
@@ -255,6 +276,8 @@ class BrokerAuth:
         try:
             want = acl_text(list(self.identities().values()))
         except (ValueError, KeyError, TypeError, AttributeError) as e:
+            if isinstance(e, ValueError) and str(self._registry) in str(e):
+                raise  # says already which identity and why
             raise ValueError(f"{self._registry}: not a list of identities "
                              f"({type(e).__name__}: {e})") from None
         try:
