@@ -263,8 +263,9 @@ class Skipped(StepError):
 
 def reduced_hw(hw: tuple[int, int], multiple: int = 8) -> tuple[int, int]:
     """The reduced form's input (H, W): 2/3 of each side, rounded to `multiple` (at least
-    `multiple`, and at least 16)."""
-    return tuple(max(16, multiple, round(d * 2 / 3 / multiple) * multiple)  # type: ignore
+    `multiple`, and at least 16), never more than the side itself (a side already that small
+    stays as it is: a "reduced" form must not grow a side)."""
+    return tuple(min(d, max(16, multiple, round(d * 2 / 3 / multiple) * multiple))  # type: ignore
                  for d in hw)
 
 
