@@ -42,3 +42,51 @@ def test_reduced_hw_never_grows_a_side(hw, multiple, want):
     a "reduced" rung taller (or wider) than the full-resolution form, named r16 for a 12 px
     model."""
     assert reduced_hw(hw, multiple) == want
+
+
+def _whole_frame_nms_detector(path):
+    """An NMS-inside detector ([1, K, 6], K fixed at 1) that runs at any input size and
+    finds the whole input: x1 y1 x2 y2 = 0 0 W H in the input's pixels, score 0.9, class 0."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper, save
+
+    n = helper.make_node
+    inits = [numpy_helper.from_array(np.array([2], np.int64), "s2"),
+             numpy_helper.from_array(np.array([4], np.int64), "s4"),
+             numpy_helper.from_array(np.array([1, 0], np.int64), "wh"),
+             numpy_helper.from_array(np.zeros(2, np.float32), "origin"),
+             numpy_helper.from_array(np.array([0.9, 0.0], np.float32), "tail"),
+             numpy_helper.from_array(np.array([1, 1, 6], np.int64), "out_shape")]
+    nodes = [n("Shape", ["x"], ["s"]), n("Slice", ["s", "s2", "s4"], ["hw_i"]),
+             n("Cast", ["hw_i"], ["hw_f"], to=TensorProto.FLOAT),
+             n("Gather", ["hw_f", "wh"], ["wh_f"]),
+             n("Concat", ["origin", "wh_f", "tail"], ["row"], axis=0),
+             n("Reshape", ["row", "out_shape"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "whole", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 96, 96])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 6])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 8
+    save(model, str(path))
+    return path
+
+
+def test_an_nms_inside_reduced_rung_has_no_raw_difference(tmp_path):
+    """Old code: the raw output difference from fp32 was left out only when the output's
+    shape changed; an NMS-inside model's [1, K, 6] keeps its shape at another resolution,
+    so its reduced rung was listed with fp32's 96 px boxes subtracted from its own 64 px
+    ones (max |diff| 32 for the very same detection, agreement 1.0)."""
+    from test_detector_ladder import PIXELS, _val
+
+    from runtime.prepare import PrepareOptions, prepare
+
+    doc = prepare(_whole_frame_nms_detector(tmp_path / "whole.onnx"), None,
+                  _val(tmp_path / "val", 6, labelled=False), tmp_path / "out",
+                  PrepareOptions(name="whole", preprocess=PIXELS, labels=("a",), task="detect",
+                                 format="nms-inside"))
+    rungs = {v["name"]: v for v in doc["variants"]}
+    assert "fp32-r64" in rungs, doc["failed"]
+    assert rungs["fp32-r64"]["agreement"] == 1.0
+    assert rungs["fp32-r64"]["max_abs_diff"] is None
+    assert rungs["fp32-r64"]["mean_abs_diff"] is None
+    assert rungs["fp32"]["max_abs_diff"] == 0.0
