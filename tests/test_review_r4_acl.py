@@ -56,3 +56,73 @@ def test_refresh_of_a_valid_registry_still_works(tmp_path):
     auth.acl.write_text("old\n")
     assert auth.refresh_acl() and auth.acl.read_text() == want
     assert not auth.refresh_acl()
+
+
+def _as_user(uid: int, gid: int, fn) -> tuple[int, str]:
+    """Run `fn()` in a forked child with only `uid`/`gid` (no supplementary groups): (exit
+    code 0 or 2, what it returned or raised)."""
+    import os
+
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        code = 2
+        try:
+            os.close(r)
+            os.setgroups([])
+            os.setgid(gid)
+            os.setuid(uid)
+            try:
+                out, code = str(fn()), 0
+            except Exception as e:
+                out = f"{type(e).__name__}: {e}"
+            os.write(w, out.encode()[:4000])
+        finally:
+            os._exit(code)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        out = f.read().decode()
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status), out
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "geteuid") or __import__("os").geteuid() != 0,
+                    reason="needs root to make a file of another group and drop to a user")
+def test_refresh_by_a_user_outside_the_files_group_leaves_it(tmp_path):
+    """Old code: the ACL replaced by a user who may write the directory but is not in the
+    file's group (the documented `chown ...:mosquitto; chmod 0640`) came out in that user's
+    own group, chown failing silently: the broker, reading it through its group, could no
+    longer read its ACL at the next reload or start. Now the file is left as it was and the
+    refresh fails saying why (the coordinator's start logs it and goes on)."""
+    import grp
+    import os
+    import shutil
+    import stat
+    import tempfile
+
+    try:
+        group = grp.getgrnam("mosquitto").gr_gid
+    except KeyError:
+        group = 105  # any group `nobody` is not in
+    nobody, nogroup = 65534, 65534
+    d = tempfile.mkdtemp(prefix="edgerun-acl-")
+    try:
+        auth = BrokerAuth(d)
+        auth.enrol(Identity("f/d1", "device"))
+        auth.acl.write_text("# an older version's ACL\n")
+        for p in (d, *(os.path.join(d, f) for f in os.listdir(d))):
+            os.chown(p, nobody, nogroup)
+        os.chown(auth.acl, nobody, group)
+        os.chmod(auth.acl, 0o640)
+        code, out = _as_user(nobody, nogroup, lambda: refresh_acl(d))
+        st = os.stat(auth.acl)
+        assert st.st_gid == group and stat.S_IMODE(st.st_mode) == 0o640, (code, out)
+        assert code == 2 and "group" in out and "not replaced" in out, out
+        assert auth.acl.read_text() == "# an older version's ACL\n"
+        assert not os.path.exists(os.path.join(d, "acl.tmp"))
+        # root (sudo edgerun fleet acl) keeps owner and group
+        assert "rewrote" in refresh_acl(d)
+        st = os.stat(auth.acl)
+        assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (nobody, group, 0o640)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)

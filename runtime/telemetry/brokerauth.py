@@ -132,12 +132,33 @@ def _write_like(path: Path, text: str, mode: int) -> None:
     if path.exists():
         st = path.stat()
         os.chmod(tmp, st.st_mode & 0o777)
-        # not root: chown fails and the file stays ours, which is what it was
-        with contextlib.suppress(PermissionError):
+        try:
             os.chown(tmp, st.st_uid, st.st_gid)
+        except PermissionError:  # not root: the file becomes ours; its group must stay
+            try:
+                os.chown(tmp, -1, st.st_gid)  # a group we are in
+            except PermissionError:
+                # the broker reads it through that group (docs/security.md: root:mosquitto
+                # 0640): a file of our group would lock it out at its next reload
+                tmp.unlink(missing_ok=True)
+                raise PermissionError(
+                    f"{path}: not replaced: it belongs to group {_group(st.st_gid)}, which "
+                    "this user is not in, and the new file would not (the broker reads it "
+                    "through its group); run this as root (`sudo edgerun fleet acl "
+                    "--broker-dir DIR`) or as a member of that group") from None
     else:
         os.chmod(tmp, mode)
     os.replace(tmp, path)
+
+
+def _group(gid: int) -> str:
+    """A group's name (its number when it has none)."""
+    import grp
+
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)
 
 
 class BrokerAuth:
