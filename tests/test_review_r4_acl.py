@@ -126,3 +126,23 @@ def test_refresh_by_a_user_outside_the_files_group_leaves_it(tmp_path):
         assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (nobody, group, 0o640)
     finally:
         shutil.rmtree(d, ignore_errors=True)
+
+
+def test_a_planted_tmp_symlink_is_not_followed(tmp_path):
+    """Old code: `<acl>.tmp` was opened with O_CREAT|O_TRUNC and then chmod/chown'ed by path:
+    a symlink of that name (left by anyone who may write the broker directory, e.g. the
+    coordinator's service user) made root's `fleet acl`/`enroll` overwrite the file it
+    pointed to and give it the ACL's mode and owner."""
+    import os
+
+    auth = BrokerAuth(tmp_path / "broker")
+    auth.enrol(Identity("f/d1", "device"))
+    auth.acl.write_text("old\n")
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    os.chmod(victim, 0o600)
+    os.symlink(victim, auth.acl.with_name("acl.tmp"))
+    assert auth.refresh_acl()
+    assert victim.read_text() == "precious\n" and (victim.stat().st_mode & 0o777) == 0o600
+    assert not auth.acl.is_symlink() and "pattern write" in auth.acl.read_text()
+    assert not auth.acl.with_name("acl.tmp").exists()
