@@ -72,7 +72,7 @@ class Coordinator:
         self.rollouts = Rollouts(self.store, self._send_async, self.deploy_args,
                                  lambda: list(self.views), cfg.rollout_timeout_s,
                                  self._sleep_of, cfg.wake_margin_s,
-                                 held=lambda b: held_now(self.store, b))
+                                 settle=lambda b: held_now(self.store, b))
         from runtime.coordinator.bundles import Shelf
 
         # bundles live in the store: every coordinator sharing it serves every bundle
