@@ -131,10 +131,19 @@ class Manifest:
         tiles and a reduced-resolution rung resizes each tile down (fewer pixels, less work)
         instead of cutting more, smaller tiles at the same cost per frame."""
         shape = tuple(input_shape)
+        own = self.preprocess.hw(shape)
         sources = {v.source for v in self.variants if tuple(v.input_shape) == shape}
-        sizes = [self.preprocess.hw(tuple(v.input_shape)) for v in self.variants
-                 if v.source in sources]
-        return max(sizes, key=lambda hw: hw[0] * hw[1], default=self.preprocess.hw(shape))
+        full = []  # each of those sources' full-resolution input
+        for src in sources:
+            full.append(max((self.preprocess.hw(tuple(v.input_shape)) for v in self.variants
+                             if v.source == src), key=lambda hw: hw[0] * hw[1]))
+        # the shape is the full-resolution input of one of them (a `--prefix` model made at
+        # the size another's reduced form has): that model's own tiles. The rung cannot be
+        # told from the reduced one by its shape, and a model cutting tiles larger than its
+        # input (measured whole, on val images) would see every tiled frame scaled down
+        if own in full:
+            return own
+        return max(full, key=lambda hw: hw[0] * hw[1], default=own)
 
     def variant(self, name: str) -> VariantEntry:
         """The entry called `name`; ModelError listing the names otherwise."""

@@ -263,8 +263,9 @@ class Skipped(StepError):
 
 def reduced_hw(hw: tuple[int, int], multiple: int = 8) -> tuple[int, int]:
     """The reduced form's input (H, W): 2/3 of each side, rounded to `multiple` (at least
-    `multiple`, and at least 16)."""
-    return tuple(max(16, multiple, round(d * 2 / 3 / multiple) * multiple)  # type: ignore
+    `multiple`, and at least 16), never more than the side itself (a side already that small
+    stays as it is: a "reduced" form must not grow a side)."""
+    return tuple(min(d, max(16, multiple, round(d * 2 / 3 / multiple) * multiple))  # type: ignore
                  for d in hw)
 
 
@@ -354,8 +355,8 @@ def measure(path: Path, input_name: str, tensors: list[np.ndarray], ref: np.ndar
 def measure_detector(path: Path, input_name: str, tensors: list[np.ndarray],
                      ref: np.ndarray, ref_dets: list[detection.Detections],
                      truth: list[tuple[np.ndarray, np.ndarray]] | None,
-                     spec: detection.DetectSpec, hw: tuple[int, int], classes: int | None
-                     ) -> dict[str, float]:
+                     spec: detection.DetectSpec, hw: tuple[int, int], classes: int | None,
+                     other_resolution: bool = False) -> dict[str, float]:
     """Step 5 for one detector variant: mAP@0.5 against the labels (accuracy) and against
     fp32's detections (agreement), and the raw output difference from fp32 (None for a form
     at another resolution: its candidates are other ones). Boxes are normalised by this
@@ -367,7 +368,9 @@ def measure_detector(path: Path, input_name: str, tensors: list[np.ndarray],
     dets = [detection.detect(o, spec, hw, classes, score_threshold=0.001) for o in outs]
     agreement = detection.mean_ap(dets, [(d.boxes, d.classes) for d in ref_dets])
     acc = detection.mean_ap(dets, truth) if truth is not None else agreement
-    if flat.shape != ref.shape:  # another resolution: other candidates, nothing to subtract
+    # another resolution: other candidates, or (a fixed count: NMS inside) boxes in other
+    # pixels; nothing to subtract
+    if other_resolution or flat.shape != ref.shape:
         return {"accuracy": acc, "agreement": agreement, "max_abs_diff": None,
                 "mean_abs_diff": None}
     diff = np.abs(flat - ref)
@@ -605,7 +608,8 @@ def prepare(model: Path, calib: Path | None, val: Path | None, out: Path,
         progress(f"measure {name}")
         m = measure(path, input_name, inputs, ref, truth) if spec is None else \
             measure_detector(path, input_name, inputs, ref, ref_dets, det_truth, spec,
-                             opts.preprocess.hw(shape_), n_classes)
+                             opts.preprocess.hw(shape_), n_classes,
+                             other_resolution=tuple(shape_) != tuple(shape))
         diff = "n/a (other resolution)" if m["max_abs_diff"] is None else \
             f"{m['max_abs_diff']:.2e}"
         log.info("%s: accuracy %.4f, agreement %.4f, max |diff| %s", name, m["accuracy"],

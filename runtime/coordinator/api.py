@@ -54,7 +54,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, urlparse
+from urllib.parse import parse_qsl, unquote, urlparse
 
 from runtime.coordinator import dashboard, metrics
 from runtime.coordinator.bundles import BundleRefused, byte_range, check_id
@@ -270,7 +270,9 @@ def serve(coordinator: Coordinator, host: str, port: int, token: str | None = No
                 return self._send(200, page[0], page[1], dashboard.SECURITY_HEADERS)
             parts = [p for p in url.path.split("/") if p]
             if parts[:3] == ["api", "v1", "bundles"] and len(parts) == 4:
-                return self._download(parts[3])
+                # a client may percent-encode the id (`fleet bundles rm` does: `+` of a
+                # version is %2B); check_id then refuses anything but an id's characters
+                return self._download(unquote(parts[3]))
             if not self._authorized():
                 return
             self._deadline.cancel()
@@ -405,7 +407,7 @@ def serve(coordinator: Coordinator, host: str, port: int, token: str | None = No
                 if parts[:3] != ["api", "v1", "bundles"] or len(parts) != 4:
                     return self._send(404, {"error": f"no such endpoint: {self.path[:200]}"})
                 try:
-                    done = coordinator.shelf.delete(parts[3])
+                    done = coordinator.shelf.delete(unquote(parts[3]))  # as GET does
                 except BundleRefused as e:
                     return self._send(e.status, {"error": str(e)})
                 self._send(200, {"deleted": done["id"], "chunks": done["chunks"],

@@ -241,8 +241,11 @@ class Shelf:
         older version, or a bundle's row deleted by hand), and those past a bundle's last
         chunk. An upload in progress keeps its rows. Logs what it removed and the bytes
         freed; returns {"uploads", "rows", "bytes"}."""
-        now = time.time() if now is None else now
-        sql, args = "DELETE FROM bundle_uploads WHERE t < ?", [now - UPLOAD_STALE_S]
+        # stale by the store's clock, which stamped the rows (another coordinator's clock
+        # behind this one's must not make its live uploads look dead); `now`: tests
+        sql, args = (f"DELETE FROM bundle_uploads WHERE t < {_now(self._store)} - ?",
+                     [UPLOAD_STALE_S]) if now is None else (
+            "DELETE FROM bundle_uploads WHERE t < ?", [now - UPLOAD_STALE_S])
         if at_start:
             sql, args = sql + " OR owner = ?", [*args, self.owner]
         with self._store.transaction() as db:
@@ -296,9 +299,10 @@ class Shelf:
             data = src.read(step)
             with self._store.transaction() as db:
                 if upload:
+                    # the store's clock, as `sweep` judges it: coordinators' clocks differ
                     db.execute("INSERT INTO bundle_uploads (id, sha256, owner, t) VALUES "
-                               "(?,?,?,?) ON CONFLICT(id) DO UPDATE SET t = excluded.t",
-                               (upload, sha, self.owner, time.time()))
+                               f"(?,?,?,{_now(self._store)}) ON CONFLICT(id) DO UPDATE SET "
+                               "t = excluded.t", (upload, sha, self.owner))
                 db.execute("INSERT INTO bundle_chunks (sha256, idx, data) VALUES (?,?,?) "
                            "ON CONFLICT(sha256, idx) DO UPDATE SET data = excluded.data",
                            (sha, idx, data))
@@ -315,7 +319,10 @@ class Shelf:
         "chunks", "bytes"}: the chunk rows deleted and their bytes."""
         check_id(bundle_id)
         with self._store.transaction() as db:
-            row = db.execute("SELECT sha256 FROM bundles WHERE id=?", (bundle_id,)).fetchone()
+            # PostgreSQL: the row locked first, so a rollout's `held_now` waits for this
+            # transaction (SQLite: BEGIN IMMEDIATE already excludes every other writer)
+            row = db.execute("SELECT sha256 FROM bundles WHERE id=?" + _lock(self._store, "UPDATE"),
+                             (bundle_id,)).fetchone()
             if row is None:
                 raise BundleRefused(f"no bundle {bundle_id} held by this coordinator", 404)
             sha = row[0]
@@ -389,6 +396,27 @@ class Shelf:
         """Drop the cached chunks (the store is the coordinator's to close)."""
         with self._lock:
             self._cache.clear()
+
+
+def _now(store: Store) -> str:
+    """SQL for the store's clock in Unix seconds (one clock for every coordinator on it)."""
+    if store.backend == "postgresql":
+        return "CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION)"
+    return "((julianday('now') - 2440587.5) * 86400.0)"
+
+
+def _lock(store: Store, mode: str) -> str:
+    """` FOR <mode>` on PostgreSQL (read committed: a plain read does not wait for a writer);
+    nothing on SQLite, whose write transactions are serialised."""
+    return f" FOR {mode}" if store.backend == "postgresql" else ""
+
+
+def held_now(store: Store, bundle_id: str) -> bool:
+    """Whether `bundle_id` is held, read after any `Shelf.delete` of it under way has ended
+    (a rollout stored before this read is seen by every delete after it: rollout.py)."""
+    with store.transaction() as db:
+        return db.execute("SELECT 1 FROM bundles WHERE id=?" + _lock(store, "SHARE"),
+                          (bundle_id,)).fetchone() is not None
 
 
 def _model_id(args: Any) -> str:

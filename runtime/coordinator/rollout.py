@@ -94,7 +94,10 @@ class Rollouts:
                  deploy_args: Callable[[str], dict], known: Callable[[], list[str]],
                  timeout_s: float = 3600.0,
                  sleeping: Callable[[str], tuple[float, float] | None] = lambda d: None,
-                 wake_margin_s: float = 300.0):
+                 wake_margin_s: float = 300.0, settle: Callable[[str], Any] | None = None):
+        # waits for a delete of a bundle under way (bundles.held_now), so that reading it
+        # again says whether it is still held
+        self._settle = settle
         self.timeout_s = timeout_s  # a device sent a model without a verdict this long: failed
         # (since, wake_at) of a device the fleet view says sleeps now, else None: its sleep
         # does not count against timeout_s (canary_clock.py)
@@ -165,6 +168,20 @@ class Rollouts:
                          for d in devices}}
         with self._lock:
             self._save(r)
+            # the bundle was read before the rollout was visible: a `Shelf.delete` (here or on
+            # another coordinator) may have removed it in between, having seen no rollout.
+            # Now that the rollout is stored, any later delete sees it and is refused; so one
+            # read (after a delete under way has ended) says whether the bundle is still there.
+            if self._settle is not None:
+                self._settle(bundle_id)
+            try:
+                self._deploy_args(bundle_id)
+            except ValueError:
+                r["state"], r["reason"] = "halted", "the bundle was deleted as it started"
+                self._save(r)
+                raise ValueError(f"bundle {bundle_id!r} was deleted while the rollout was "
+                                 f"being created (rollout {r['id']} halted, nothing sent)"
+                                 ) from None
             self._deploy(r, canary)
             self._save(r)
             self._send_all(canary, args)

@@ -65,12 +65,14 @@ class Coordinator:
                                            wake_margin_s=cfg.wake_margin_s)
         self.store = Store(cfg.store, cfg.fsync)
         self.api_url = cfg.public_url.rstrip("/")  # set by api.serve when empty
+        from runtime.coordinator.bundles import held_now
         from runtime.coordinator.rollout import Rollouts
 
         # groups, desired state, staged rollouts (own tables in the same database)
         self.rollouts = Rollouts(self.store, self._send_async, self.deploy_args,
                                  lambda: list(self.views), cfg.rollout_timeout_s,
-                                 self._sleep_of, cfg.wake_margin_s)
+                                 self._sleep_of, cfg.wake_margin_s,
+                                 settle=lambda b: held_now(self.store, b))
         from runtime.coordinator.bundles import Shelf
 
         # bundles live in the store: every coordinator sharing it serves every bundle

@@ -103,24 +103,71 @@ def _check_topic(topic: str) -> None:
         raise ValueError(f"not a usable topic filter: {topic!r}")
 
 
+def check_identity(ident: Identity) -> None:
+    """ValueError when `ident` is not one `enrol` accepts (its username, fleets and topics
+    go into the ACL file as they are)."""
+    if ident.role not in ROLES:
+        raise ValueError(f"role must be one of {ROLES}, got {ident.role!r}")
+    if ident.role == "device":
+        fleet, _, device = ident.username.partition("/")
+        device_username(fleet, device)  # validates both parts
+    elif why := check_name("username", ident.username):
+        raise ValueError(why)
+    for f in ident.fleets:
+        if why := check_name("fleet", f):
+            raise ValueError(why)
+    for t in (*ident.read, *ident.write):
+        _check_topic(t)
+
+
 def _write_like(path: Path, text: str, mode: int) -> None:
     """Replace `path` atomically, keeping the mode and group of the file it replaces (so a
-    `root:mosquitto 0640` file stays readable by the broker)."""
+    `root:mosquitto 0640` file stays readable by the broker). The temporary file is made
+    new (O_EXCL, O_NOFOLLOW) and set up through its descriptor: a `<path>.tmp` symlink left
+    in the directory is never followed (root running `fleet acl` or `enroll` would write,
+    chmod and chown whatever it points to)."""
     tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    if path.exists():
-        st = path.stat()
-        os.chmod(tmp, st.st_mode & 0o777)
-        # not root: chown fails and the file stays ours, which is what it was
-        with contextlib.suppress(PermissionError):
-            os.chown(tmp, st.st_uid, st.st_gid)
-    else:
-        os.chmod(tmp, mode)
+    tmp.unlink(missing_ok=True)  # a leftover (or planted) one: removed, not opened
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            if path.exists():
+                st = path.stat()
+                os.fchmod(f.fileno(), st.st_mode & 0o777)
+                try:
+                    os.fchown(f.fileno(), st.st_uid, st.st_gid)
+                except PermissionError:  # not root: the file becomes ours; its group stays
+                    try:
+                        os.fchown(f.fileno(), -1, st.st_gid)  # a group we are in
+                    except PermissionError:
+                        # the broker reads it through that group (docs/security.md:
+                        # root:mosquitto 0640): a file of our group would lock it out at
+                        # its next reload
+                        raise PermissionError(
+                            f"{path}: not replaced: it belongs to group "
+                            f"{_group(st.st_gid)}, which this user is not in, and the new "
+                            "file would not (the broker reads it through its group); run "
+                            "this as root (`sudo edgerun fleet acl --broker-dir DIR`) or as "
+                            "a member of that group") from None
+            else:
+                os.fchmod(f.fileno(), mode)
+            os.fsync(f.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     os.replace(tmp, path)
+
+
+def _group(gid: int) -> str:
+    """A group's name (its number when it has none)."""
+    import grp
+
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)
 
 
 class BrokerAuth:
@@ -133,13 +180,28 @@ class BrokerAuth:
         self._registry = self.dir / "identities.json"
 
     def identities(self) -> dict[str, Identity]:
-        """Everyone enrolled, by username."""
+        """Everyone enrolled, by username; each checked as `enrol` checks it (the ACL is made
+        from these: a name or topic with a newline, `#` or `+` where enrol never puts one
+        would widen what someone may read or write), ValueError naming the file otherwise."""
         if not self._registry.exists():
             return {}
         doc = json.loads(self._registry.read_text())
-        return {u: Identity(username=u, role=d["role"], fleets=tuple(d.get("fleets", ())),
-                            read=tuple(d.get("read", ())), write=tuple(d.get("write", ())))
-                for u, d in doc.items()}
+        out = {}
+        for u, d in doc.items():
+            lists = {k: d.get(k, []) for k in ("fleets", "read", "write")}
+            if any(not isinstance(v, list) or not all(isinstance(x, str) for x in v)
+                   for v in lists.values()):
+                raise ValueError(f"{self._registry}: {u!r}: fleets, read and write must be "
+                                 "lists of strings")
+            ident = Identity(username=u, role=d["role"], **{k: tuple(v) for k, v in
+                                                            lists.items()})
+            try:
+                check_identity(ident)
+            except ValueError as e:
+                raise ValueError(f"{self._registry}: {u[:80]!r} is not an identity `edgerun "
+                                 f"fleet enroll` makes ({e}); fix or remove it") from None
+            out[u] = ident
+        return out
 
     def _hashes(self) -> dict[str, str]:
         if not self.passwd.exists():
@@ -153,18 +215,7 @@ class BrokerAuth:
 
     def enrol(self, ident: Identity, password: str | None = None) -> str:
         """Add or replace `ident` with a new password (random unless given); returns it."""
-        if ident.role not in ROLES:
-            raise ValueError(f"role must be one of {ROLES}, got {ident.role!r}")
-        if ident.role == "device":
-            fleet, _, device = ident.username.partition("/")
-            device_username(fleet, device)  # validates both parts
-        elif why := check_name("username", ident.username):
-            raise ValueError(why)
-        for f in ident.fleets:
-            if why := check_name("fleet", f):
-                raise ValueError(why)
-        for t in (*ident.read, *ident.write):
-            _check_topic(t)
+        check_identity(ident)
         self.dir.mkdir(parents=True, exist_ok=True)
         password = password or new_password()
         with self._locked():
@@ -255,6 +306,8 @@ class BrokerAuth:
         try:
             want = acl_text(list(self.identities().values()))
         except (ValueError, KeyError, TypeError, AttributeError) as e:
+            if isinstance(e, ValueError) and str(self._registry) in str(e):
+                raise  # says already which identity and why
             raise ValueError(f"{self._registry}: not a list of identities "
                              f"({type(e).__name__}: {e})") from None
         try:
