@@ -319,10 +319,36 @@ class FolderSource:
         # same name is not inspected again until a restart; use done_dir for that workflow:
         # a name moved away is forgotten, so the next file of that name is inspected)
         self._backlog: collections.deque[tuple[Path, str]] = collections.deque()
+        # Files stamped in the future: name -> ((size, mtime_ns), monotonic time first seen so)
+        self._ahead: dict[str, tuple[tuple[int, int], float]] = {}
+        self._ahead_warned = False
+
+    def _settled_ahead(self, name: str, st: os.stat_result, now: float) -> bool:
+        """Whether a file stamped in the future has settled. Its mtime cannot say (it was
+        copied with its times kept from a clock ahead of this box's, or this box's clock is
+        behind: no RTC, before NTP), so it must be seen unchanged for SETTLE_S instead;
+        otherwise it would wait, silently, until this box's clock passed its stamp."""
+        sig = (st.st_size, st.st_mtime_ns)
+        seen = self._ahead.get(name)
+        mono = time.monotonic()
+        if seen is None or seen[0] != sig:
+            if seen is None and not self._ahead_warned:
+                self._ahead_warned = True  # once per process: every file may be ahead
+                log.warning("folder %s: %s is stamped %.0f s in the future (clock skew between "
+                            "its writer and this box?); inspecting it once it has stayed "
+                            "unchanged for %.1f s", self._dir, name.encode("unicode_escape")
+                            .decode("ascii"), st.st_mtime - now, self.SETTLE_S)
+            self._ahead[name] = (sig, mono)
+            return False
+        if mono - seen[1] < self.SETTLE_S:
+            return False
+        del self._ahead[name]
+        return True
 
     def _scan(self) -> None:
         now = time.time()
         fresh = []
+        looked: set[str] = set()  # future-stamped names met in this scan
         with os.scandir(self._dir) as it:
             for entry in it:
                 # Names already handled are skipped without a stat: a folder holding many
@@ -336,13 +362,22 @@ class FolderSource:
                     continue
                 # A file still being written changes size and mtime under us; wait until
                 # it has settled (writers that rename into place keep their old mtime).
-                if not entry.is_file() or now - st.st_mtime < self.SETTLE_S:
+                if not entry.is_file():
                     continue
+                age = now - st.st_mtime
+                if -self.SETTLE_S < age < self.SETTLE_S:
+                    continue  # written just now
+                if age <= -self.SETTLE_S:  # stamped in the future: watch it settle
+                    looked.add(entry.name)
+                    if not self._settled_ahead(entry.name, st, now):
+                        continue
                 key = f"{entry.name}|{st.st_size}|{st.st_mtime_ns}"
                 self._names.add(entry.name)
                 if key not in self._known:
                     self._known.add(key)
                     fresh.append((Path(entry.path), key))
+        for name in self._ahead.keys() - looked:  # gone since the last scan: forget it
+            del self._ahead[name]
         self._backlog.extend(sorted(fresh))
 
     def read(self, timeout_s: float) -> Frame | None:

@@ -1,0 +1,66 @@
+"""Review R3: a folder source and file times the box's clock disagrees with."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import cv2
+
+from models.synthetic import samples
+from runtime.sources import FolderSource, SourceConfig
+
+
+def _read_all(src: FolderSource, within_s: float) -> list[str]:
+    refs: list[str] = []
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        f = src.read(0.1)
+        if f is not None:
+            refs.append(f.ref)
+            src.done([f])
+    return refs
+
+
+def test_a_file_stamped_in_the_future_is_inspected_once_it_has_settled(tmp_path, monkeypatch,
+                                                                       caplog):
+    """A file copied with its times kept (`cp -p`, rsync -t, a camera's own clock) from a
+    clock an hour ahead, or any file while the box's clock is still behind (no RTC, before
+    NTP), has an mtime in the future: it used to wait (silently) until the box's clock
+    passed its mtime. Its settling is now observed instead: unchanged for SETTLE_S."""
+    monkeypatch.setattr(FolderSource, "SETTLE_S", 0.3)
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    img = next(iter(samples(seed=1, count=1))).image
+    cv2.imwrite(str(inbox / "ahead.png"), img)
+    ahead = time.time() + 3600
+    os.utime(inbox / "ahead.png", (ahead, ahead))
+    src = FolderSource(SourceConfig(kind="folder", path=str(inbox)), tmp_path / "state")
+    with caplog.at_level("WARNING", logger="edgerun.source"):
+        assert _read_all(src, 0.1) == []  # not yet: it must be seen unchanged first
+        assert _read_all(src, 2.0) == ["ahead.png"]
+    assert "in the future" in caplog.text and "ahead.png" in caplog.text
+    src.close()
+    src = FolderSource(SourceConfig(kind="folder", path=str(inbox)), tmp_path / "state")
+    assert _read_all(src, 1.0) == []  # remembered: once, across a restart
+    src.close()
+
+
+def test_a_future_file_still_growing_waits_until_it_stops(tmp_path, monkeypatch):
+    """Observed settling still waits for a writer: a size change restarts the wait."""
+    monkeypatch.setattr(FolderSource, "SETTLE_S", 0.5)
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    _, png = cv2.imencode(".png", next(iter(samples(seed=2, count=1))).image)
+    data = png.tobytes()
+    path = inbox / "slow.png"
+    ahead = time.time() + 3600
+    path.write_bytes(data[:100])
+    os.utime(path, (ahead, ahead))
+    src = FolderSource(SourceConfig(kind="folder", path=str(inbox)), tmp_path / "state")
+    assert _read_all(src, 0.3) == []
+    path.write_bytes(data)  # the rest arrives; the writer keeps its clock's stamp
+    os.utime(path, (ahead + 1, ahead + 1))
+    assert _read_all(src, 0.3) == []  # changed: the wait starts again
+    assert _read_all(src, 2.0) == ["slow.png"]  # and it is read whole (not refused)
+    src.close()
