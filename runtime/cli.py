@@ -278,9 +278,22 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Run the daemon: inspect frames, govern precision, publish results and health."""
+    _hold_sighup()
     from runtime.daemon import serve
 
-    return serve(args.config, print_results=args.print)
+    return serve(args.config, print_results=args.print, reload_pending=lambda: bool(_EARLY_HUP))
+
+
+_EARLY_HUP: list[int] = []
+
+
+def _hold_sighup() -> None:
+    """Remember a SIGHUP until the daemon installs its own handler. Its default action ends
+    the process, and the daemon's handler exists only after the engines are imported and the
+    config loaded (0.5 s here, seconds on a Pi): a `reload` then killed it without a word."""
+    import signal
+
+    signal.signal(signal.SIGHUP, lambda *_: _EARLY_HUP.append(1))
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -667,10 +680,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `edgerun` console script."""
+    args = build_parser().parse_args(argv)
+    if args.func is cmd_serve:
+        _hold_sighup()  # before the imports below: they load numpy and onnx
     from runtime.onnx_model import ModelError
     from runtime.selector import NoVariantError
 
-    args = build_parser().parse_args(argv)
     if journal.setup(logging.DEBUG if args.verbose else logging.INFO):
         # An uncaught exception's traceback is a crash: filed at CRIT, every line of it.
         sys.excepthook = lambda t, v, tb: logging.getLogger("edgerun").critical(
