@@ -32,6 +32,8 @@ from runtime.images import BadImage
 
 log = logging.getLogger("edgerun.source")
 
+MAX_SYNTHETIC_SIZE = 1024  # 256 parts x 3 MiB of pool at the most
+
 
 class SourceError(Exception):
     """The source failed; the message says what and where."""
@@ -103,6 +105,10 @@ class SourceConfig:
             return "defect_rate", f"must be within 0..1, got {self.defect_rate}"
         if self.rate_hz < 0:
             return "rate_hz", f"must be >= 0, got {self.rate_hz}"
+        # the synthetic conveyor keeps a pool of 256 rendered parts: 0 or less killed the
+        # capture thread at its first render, 5000 px would be 19 GB of pool
+        if not 1 <= self.size <= MAX_SYNTHETIC_SIZE:
+            return "size", f"must be 1..{MAX_SYNTHETIC_SIZE} pixels, got {self.size}"
         if self.open_timeout_s <= 0 or self.read_timeout_s <= 0:
             return "open_timeout_s", (f"open_timeout_s and read_timeout_s must be > 0, got "
                                       f"{self.open_timeout_s} and {self.read_timeout_s}")
