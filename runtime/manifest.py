@@ -138,12 +138,10 @@ def load_manifest(root: str | Path) -> Manifest:
     """Parse `root/manifest.json`; errors name the file and the field."""
     root = Path(root)
     path = root / MANIFEST
-    try:
-        doc = json.loads(path.read_text())
-    except OSError as e:
-        raise ModelError(f"{path}: cannot read the manifest: {e.strerror or e}") from e
-    except json.JSONDecodeError as e:
-        raise ModelError(f"{path}: line {e.lineno}: not valid JSON: {e.msg}") from e
+    doc = _read_json(path, "the manifest")
+    if not isinstance(doc, dict):
+        raise ModelError(f"{path}: the manifest must be a JSON object, got "
+                         f"{type(doc).__name__}")
     if doc.get("schema") != SCHEMA:
         raise ModelError(f"{path}: schema is {doc.get('schema')!r}, expected {SCHEMA!r}")
     try:
@@ -311,22 +309,41 @@ def load_model(path: str | Path, input_shape: tuple[int, ...] = (),
     return bare_manifest(path, input_shape, labels, preprocess, output, **detector)
 
 
+def _read_small(path: Path, what: str) -> str:
+    """The UTF-8 text of a regular file of at most 1 MiB (runtime.schema.read_text: a FIFO or
+    /dev/zero named here hung `check` and `serve`, reading without end); ModelError naming
+    the file otherwise."""
+    from runtime.schema import ConfigError, read_text
+
+    try:
+        return read_text(path)
+    except ConfigError as e:
+        msg = str(e)  # "<path>[:line]: cannot read: <why>" or "<path>:line: not UTF-8: ..."
+        raise ModelError(msg.replace(": cannot read:", f": cannot read {what}:", 1)
+                         if ": cannot read:" in msg else f"{msg} ({what})") from e
+
+
+def _read_json(path: Path, what: str) -> Any:
+    """`path` parsed as JSON; ModelError naming the file (deep nesting included)."""
+    text = _read_small(path, what)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ModelError(f"{path}: line {e.lineno}: not valid JSON ({what}): {e.msg}") from e
+    except RecursionError as e:
+        raise ModelError(f"{path}: not valid JSON ({what}): nested too deeply") from e
+
+
 def read_labels(path: str | Path) -> tuple[str, ...]:
     """Class names, one per line (blank lines skipped); ModelError naming the file."""
-    try:
-        return tuple(x.strip() for x in Path(path).read_text().splitlines() if x.strip())
-    except (OSError, UnicodeDecodeError) as e:
-        raise ModelError(f"{path}: cannot read labels: {getattr(e, 'strerror', None) or e}"
-                         ) from e
+    text = _read_small(Path(path), "labels")
+    return tuple(x.strip() for x in text.splitlines() if x.strip())
 
 
 def read_preprocess(path: str | Path) -> dict[str, Any]:
     """A preprocessing JSON (`{"preprocess": {...}}` or the object itself); ModelError naming
     the file."""
-    try:
-        doc = json.loads(Path(path).read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ModelError(f"{path}: cannot read preprocessing JSON: {e}") from e
+    doc = _read_json(Path(path), "preprocessing JSON")
     doc = doc.get("preprocess", doc) if isinstance(doc, dict) else doc
     if not isinstance(doc, dict):
         raise ModelError(f"{path}: preprocessing JSON must be an object")
