@@ -10,6 +10,7 @@ manifest of one fp32 form whose accuracy is unknown (`bare_manifest`, docs/manif
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +45,8 @@ class Preprocess:
     @classmethod
     def from_dict(cls, d: dict[str, Any], where: str) -> Preprocess:
         """Validate a manifest's `preprocess` object; errors name `where`."""
+        if not isinstance(d, dict):
+            raise ModelError(f"{where}: preprocess must be an object, got {type(d).__name__}")
         known = {"layout", "colour", "resize", "scale", "mean", "std"}
         if unknown := set(d) - known:
             raise ModelError(f"{where}: preprocess: unknown key(s) {sorted(unknown)}")
@@ -52,8 +55,16 @@ class Preprocess:
             raise ModelError(f"{where}: preprocess: layout must be NCHW/NHWC and colour RGB/BGR")
         if p.resize not in _RESIZE:
             raise ModelError(f"{where}: preprocess: resize must be one of {sorted(_RESIZE)}")
-        if len(p.mean) != 3 or len(p.std) != 3 or any(s == 0 for s in p.std):
-            raise ModelError(f"{where}: preprocess: mean and std need 3 values, std non-zero")
+        # numbers, finite, checked here: `check` said ok to {"scale": "x"} and `serve` then
+        # died in its warm-up with a numpy TypeError
+        if not (_finite(p.scale) and p.scale > 0):
+            raise ModelError(f"{where}: preprocess: scale must be a positive number, got "
+                             f"{p.scale!r}")
+        if not (isinstance(p.mean, tuple) and isinstance(p.std, tuple) and len(p.mean) == 3
+                and len(p.std) == 3 and all(map(_finite, (*p.mean, *p.std)))
+                and all(s != 0 for s in p.std)):
+            raise ModelError(f"{where}: preprocess: mean and std need 3 finite numbers each, "
+                             f"std non-zero; got mean {p.mean!r}, std {p.std!r}")
         return p
 
     def to_dict(self) -> dict[str, Any]:
@@ -152,7 +163,7 @@ def load_manifest(root: str | Path) -> Manifest:
                         variants, doc["accuracy_basis"], doc["eval_images"],
                         tuple(doc.get("failed", ())),
                         detect=DetectSpec.from_dict(doc.get("postprocess", {}), str(path)))
-    except (KeyError, TypeError) as e:
+    except (KeyError, TypeError, AttributeError) as e:
         raise ModelError(f"{path}: missing or invalid field: {e}") from e
 
 
@@ -307,6 +318,11 @@ def load_model(path: str | Path, input_shape: tuple[int, ...] = (),
     if not path.exists():
         raise ModelError(f"{path}: no such model file or directory ([model] path)")
     return bare_manifest(path, input_shape, labels, preprocess, output, **detector)
+
+
+def _finite(v: Any) -> bool:
+    """A real, finite number (not a bool, not a string)."""
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def _read_small(path: Path, what: str) -> str:

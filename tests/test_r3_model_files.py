@@ -60,3 +60,35 @@ def test_check_says_which_file_instead_of_a_traceback(tmp_path):
     assert r.returncode == 1, r.stderr
     assert "Traceback" not in r.stderr
     assert f"{model / 'manifest.json'}: the manifest must be a JSON object" in r.stderr
+
+
+@pytest.mark.parametrize("pre, match", [
+    ('{"scale": "x"}', "scale must be a positive number, got 'x'"),  # check ok, serve died
+    ('{"scale": true}', "scale must be a positive number"),
+    ('{"scale": 0}', "scale must be a positive number"),
+    ('{"mean": ["a", "b", "c"]}', "mean and std need 3 finite numbers"),
+    ('{"mean": [NaN, 0, 0]}', "mean and std need 3 finite numbers"),
+    ('{"std": 5}', "mean and std need 3 finite numbers"),
+])
+def test_check_refuses_preprocessing_serve_would_die_on(tmp_path, pre, match):
+    """`edgerun check` said ok to these and `serve` then died in its warm-up with a numpy
+    TypeError traceback (check promises to fail on what serve would fail on)."""
+    (tmp_path / "pre.json").write_text(pre)
+    cfg = tmp_path / "e.toml"
+    cfg.write_text(f'[model]\npath = "{BUNDLED / "fp32.onnx"}"\npreprocess = '
+                   f'"{tmp_path / "pre.json"}"\n[governor]\npolicy = "off"\n')
+    r = subprocess.run([sys.executable, "-m", "runtime.cli", "check", str(cfg)],
+                       capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 1 and match in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_a_manifest_preprocess_that_is_not_an_object_is_a_model_error(tmp_path):
+    import json
+
+    shutil.copytree(BUNDLED, tmp_path / "m")
+    doc = json.loads((tmp_path / "m" / "manifest.json").read_text())
+    doc["preprocess"] = []  # was AttributeError: 'list' object has no attribute 'items'
+    (tmp_path / "m" / "manifest.json").write_text(json.dumps(doc))
+    with pytest.raises(ModelError, match="preprocess must be an object"):
+        load_manifest(tmp_path / "m")
