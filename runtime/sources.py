@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import atexit
 import collections
+import contextlib
 import hashlib
 import logging
+import math
 import os
 import queue
 import re
@@ -299,6 +301,7 @@ class FolderSource:
 
     live = False
     SETTLE_S = 1.0
+    RESCAN_S = 2.0  # an unchanged directory is listed again this often
     _EXT = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".ppm", ".tif", ".tiff", ".webp"})
 
     def __init__(self, cfg: SourceConfig, state_dir: Path):
@@ -328,6 +331,13 @@ class FolderSource:
         # Files stamped in the future: name -> ((size, mtime_ns), monotonic time first seen so)
         self._ahead: dict[str, tuple[tuple[int, int], float]] = {}
         self._ahead_warned = False
+        # An idle folder is rescanned only when the directory changed (its mtime moves when a
+        # name is added, removed or renamed), while a file seen last time is still settling,
+        # or every RESCAN_S anyway (coarse directory times on FAT or NFS): a scan of 100,000
+        # inspected files costs ~37 ms of CPU, and every 20 ms that was 55 % of a core, idle.
+        self._dir_mtime_ns: int | None = None
+        self._last_scan = -math.inf
+        self._settling = False
 
     def _settled_ahead(self, name: str, st: os.stat_result, now: float) -> bool:
         """Whether a file stamped in the future has settled. Its mtime cannot say (it was
@@ -351,10 +361,27 @@ class FolderSource:
         del self._ahead[name]
         return True
 
+    def _changed(self) -> bool:
+        """Whether a scan could find something new (see `_dir_mtime_ns`)."""
+        try:
+            mtime = os.stat(self._dir).st_mtime_ns
+        except OSError:
+            return True  # the scan says what happened
+        # a directory changed within RESCAN_S is listed every time: its mtime is coarse (a
+        # name added in the same tick as the last listing would not move it)
+        return (mtime != self._dir_mtime_ns or self._settling
+                or time.time() - mtime / 1e9 < self.RESCAN_S
+                or time.monotonic() - self._last_scan >= self.RESCAN_S)
+
     def _scan(self) -> None:
         now = time.time()
         fresh = []
         looked: set[str] = set()  # future-stamped names met in this scan
+        settling = False
+        # before listing: a name added while the listing runs moves the mtime past this
+        with contextlib.suppress(OSError):
+            self._dir_mtime_ns = os.stat(self._dir).st_mtime_ns
+        self._last_scan = time.monotonic()
         with os.scandir(self._dir) as it:
             for entry in it:
                 # Names already handled are skipped without a stat: a folder holding many
@@ -372,10 +399,12 @@ class FolderSource:
                     continue
                 age = now - st.st_mtime
                 if -self.SETTLE_S < age < self.SETTLE_S:
+                    settling = True
                     continue  # written just now
                 if age <= -self.SETTLE_S:  # stamped in the future: watch it settle
                     looked.add(entry.name)
                     if not self._settled_ahead(entry.name, st, now):
+                        settling = True
                         continue
                 key = f"{entry.name}|{st.st_size}|{st.st_mtime_ns}"
                 self._names.add(entry.name)
@@ -384,13 +413,14 @@ class FolderSource:
                     fresh.append((Path(entry.path), key))
         for name in self._ahead.keys() - looked:  # gone since the last scan: forget it
             del self._ahead[name]
+        self._settling = settling
         self._backlog.extend(sorted(fresh))
 
     def read(self, timeout_s: float) -> Frame | None:
         """The next unseen file, oldest name first; None while the folder has nothing new."""
         deadline = time.monotonic() + timeout_s
         while True:
-            if not self._backlog:
+            if not self._backlog and self._changed():
                 self._scan()
             while self._backlog:
                 p, key = self._backlog.popleft()

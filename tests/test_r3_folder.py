@@ -64,3 +64,37 @@ def test_a_future_file_still_growing_waits_until_it_stops(tmp_path, monkeypatch)
     assert _read_all(src, 0.3) == []  # changed: the wait starts again
     assert _read_all(src, 2.0) == ["slow.png"]  # and it is read whole (not refused)
     src.close()
+
+
+def test_an_idle_folder_is_not_listed_fifty_times_a_second(tmp_path, monkeypatch):
+    """Every read() listed the whole directory every 20 ms while idle: a folder of 100,000
+    inspected files (no done_dir: they stay) cost 55 % of a core with nothing to do. An
+    unchanged directory is now listed every RESCAN_S; a new name is still picked up at once."""
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    img = next(iter(samples(seed=3, count=1))).image
+    for i in range(3):
+        cv2.imwrite(str(inbox / f"old{i}.png"), img)
+    old = time.time() - 3600
+    for f in [*inbox.iterdir(), inbox]:
+        os.utime(f, (old, old))
+    src = FolderSource(SourceConfig(kind="folder", path=str(inbox)), tmp_path / "state")
+    assert _read_all(src, 0.5) == ["old0.png", "old1.png", "old2.png"]
+    os.utime(inbox, (old, old))  # done: nothing changes from here
+    scans = []
+    real = src._scan
+    monkeypatch.setattr(src, "_scan", lambda: (scans.append(1), real())[1])
+    assert _read_all(src, 1.0) == []
+    assert len(scans) <= 2, f"{len(scans)} listings in 1 s of an unchanged folder"
+    # a camera that renames a finished file into place (it keeps its old mtime)
+    cv2.imwrite(str(tmp_path / "new.png"), img)
+    os.rename(tmp_path / "new.png", tmp_path / "new.png.tmp")
+    os.utime(tmp_path / "new.png.tmp", (old, old))
+    t0 = time.monotonic()
+    os.rename(tmp_path / "new.png.tmp", inbox / "new.png")
+    f = None
+    while f is None and time.monotonic() - t0 < 5:
+        f = src.read(0.05)
+    assert f is not None and f.ref == "new.png"
+    assert time.monotonic() - t0 < 0.5  # the listing every 20 ms while the directory changes
+    src.close()
