@@ -310,16 +310,17 @@ class FolderSource:
         if not self._dir.is_dir():
             raise SourceError(f"source.path {self._dir}: not a directory")
         self._done_dir = Path(cfg.done_dir).expanduser() if cfg.done_dir else None
-        if self._done_dir is not None:
-            self._done_dir.mkdir(parents=True, exist_ok=True)
-        state_dir.mkdir(parents=True, exist_ok=True)
+        # Anything raised here but a SourceError ended the capture thread: the daemon ran on,
+        # inspecting nothing, without a word. A SourceError is reported and retried.
+        try:
+            if self._done_dir is not None:
+                self._done_dir.mkdir(parents=True, exist_ok=True)
+            state_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise SourceError(f"source.done_dir {self._done_dir} or the state directory "
+                              f"{state_dir}: {e.strerror or e}") from e
         key = hashlib.sha256(str(self._dir.resolve()).encode()).hexdigest()[:12]
-        self._db = sqlite3.connect(state_dir / f"folder-{key}.db", check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        # NORMAL: survives a crash of the process; after a power loss the last few files may
-        # be inspected again (a new result each), never skipped.
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.execute("CREATE TABLE IF NOT EXISTS seen (key TEXT PRIMARY KEY, status TEXT)")
+        self._db = self._open_seen(state_dir / f"folder-{key}.db")
         self._lock = threading.Lock()
         # Every key remembered on disk or queued by this process: checked in memory so a
         # file being finished by the infer thread is never queued a second time.
@@ -338,6 +339,41 @@ class FolderSource:
         self._dir_mtime_ns: int | None = None
         self._last_scan = -math.inf
         self._settling = False
+
+    def _open_seen(self, path: Path) -> sqlite3.Connection:
+        """The seen-files table. A damaged file (power loss on an SD card) is moved aside and
+        the folder inspected again (a new result for each file still there: never skipped);
+        one that cannot be opened now (locked, I/O error) is a SourceError, retried."""
+        def connect() -> sqlite3.Connection:
+            db = sqlite3.connect(path, check_same_thread=False)
+            try:
+                db.execute("PRAGMA journal_mode=WAL")
+                # NORMAL: survives a crash of the process; after a power loss the last few
+                # files may be inspected again (a new result each), never skipped.
+                db.execute("PRAGMA synchronous=NORMAL")
+                db.execute("CREATE TABLE IF NOT EXISTS seen (key TEXT PRIMARY KEY, "
+                           "status TEXT)")
+                db.execute("SELECT COUNT(*) FROM seen").fetchone()
+            except BaseException:
+                db.close()
+                raise
+            return db
+
+        try:
+            return connect()
+        except sqlite3.OperationalError as e:
+            raise SourceError(f"folder state {path}: cannot open it ({e}); retrying") from e
+        except sqlite3.DatabaseError as e:
+            aside = path.with_name(f"{path.name}.corrupt-{int(time.time())}")
+            for suffix in ("", "-wal", "-shm"):
+                with contextlib.suppress(FileNotFoundError):
+                    Path(f"{path}{suffix}").rename(f"{aside}{suffix}")
+            log.error("folder state %s is damaged (%s); moved it to %s: every file in %s is "
+                      "inspected again", path, e, aside, self._dir)
+            try:
+                return connect()
+            except sqlite3.DatabaseError as e2:
+                raise SourceError(f"folder state {path}: cannot make a new one: {e2}") from e2
 
     def _settled_ahead(self, name: str, st: os.stat_result, now: float) -> bool:
         """Whether a file stamped in the future has settled. Its mtime cannot say (it was

@@ -1,14 +1,16 @@
-"""Review R3: a folder source and file times the box's clock disagrees with."""
+"""Review R3: the folder source: clocks, idle listing, damaged state, unusable paths."""
 
 from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import cv2
+import pytest
 
 from models.synthetic import samples
-from runtime.sources import FolderSource, SourceConfig
+from runtime.sources import FolderSource, SourceConfig, SourceError
 
 
 def _read_all(src: FolderSource, within_s: float) -> list[str]:
@@ -98,3 +100,35 @@ def test_an_idle_folder_is_not_listed_fifty_times_a_second(tmp_path, monkeypatch
     assert f is not None and f.ref == "new.png"
     assert time.monotonic() - t0 < 0.5  # the listing every 20 ms while the directory changes
     src.close()
+
+
+def test_a_damaged_seen_table_is_moved_aside_and_the_folder_inspected_again(tmp_path):
+    """A folder-<key>.db that is not a database (power loss on an SD card) raised
+    sqlite3.DatabaseError out of the source's open: the capture thread died and the daemon
+    inspected nothing, without a word. Now it is moved aside, logged, and nothing is skipped."""
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    cv2.imwrite(str(inbox / "a.png"), next(iter(samples(seed=4, count=1))).image)
+    old = time.time() - 3600
+    os.utime(inbox / "a.png", (old, old))
+    src = FolderSource(SourceConfig(kind="folder", path=str(inbox)), tmp_path / "state")
+    assert _read_all(src, 0.3) == ["a.png"]
+    src.close()
+    (db,) = (tmp_path / "state").glob("folder-*.db")
+    for suffix in ("-wal", "-shm"):
+        Path(f"{db}{suffix}").unlink(missing_ok=True)
+    db.write_bytes(b"garbage " * 100)
+    src = FolderSource(SourceConfig(kind="folder", path=str(inbox)), tmp_path / "state")
+    assert _read_all(src, 0.3) == ["a.png"]  # inspected again: never skipped
+    src.close()
+    assert list((tmp_path / "state").glob("folder-*.db.corrupt-*"))
+
+
+def test_an_unusable_done_dir_is_a_source_error_not_a_dead_thread(tmp_path):
+    """A done_dir that cannot be made (a file in its place, no permission) raised OSError
+    out of the open, which ended the capture thread; a SourceError is reported and retried."""
+    (tmp_path / "inbox").mkdir()
+    (tmp_path / "done").write_text("a file, not a directory")
+    with pytest.raises(SourceError, match="source.done_dir"):
+        FolderSource(SourceConfig(kind="folder", path=str(tmp_path / "inbox"),
+                                  done_dir=str(tmp_path / "done")), tmp_path / "state")
