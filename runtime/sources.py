@@ -457,7 +457,11 @@ class FolderSource:
         deadline = time.monotonic() + timeout_s
         while True:
             if not self._backlog and self._changed():
-                self._scan()
+                try:
+                    self._scan()
+                except OSError as e:  # unmounted, removed, no permission: retried, reported
+                    raise SourceError(f"source.path {self._dir}: cannot list it: "
+                                      f"{e.strerror or e}") from e
             while self._backlog:
                 p, key = self._backlog.popleft()
                 t0 = time.time()  # before decoding: end-to-end latency includes it
@@ -488,9 +492,16 @@ class FolderSource:
                         path, rejected, e, kind)
 
     def _remember(self, keys: list[str], status: str) -> None:
-        with self._lock, self._db:  # one transaction
-            self._db.executemany("INSERT OR REPLACE INTO seen VALUES (?,?)",
-                                 [(k, status) for k in keys])
+        try:
+            with self._lock, self._db:  # one transaction
+                self._db.executemany("INSERT OR REPLACE INTO seen VALUES (?,?)",
+                                     [(k, status) for k in keys])
+        except sqlite3.Error as e:
+            # Disk full or an I/O error: this process still knows them (`_known`), so
+            # nothing is inspected twice now; after a restart they are inspected again
+            # (never skipped). Raising here ended the capture or the infer thread.
+            log.error("folder state: could not record %d file(s) as %s (%s); they will be "
+                      "inspected again after a restart", len(keys), status, e)
 
     def done(self, frames: list[Frame]) -> None:
         """Remember the files (or move them to done_dir) now that their results are stored."""

@@ -132,3 +132,39 @@ def test_an_unusable_done_dir_is_a_source_error_not_a_dead_thread(tmp_path):
     with pytest.raises(SourceError, match="source.done_dir"):
         FolderSource(SourceConfig(kind="folder", path=str(tmp_path / "inbox"),
                                   done_dir=str(tmp_path / "done")), tmp_path / "state")
+
+
+def test_a_folder_that_disappears_is_a_source_error_and_comes_back(tmp_path):
+    """The watched folder unmounted or removed (a USB stick pulled, an NFS share gone): the
+    listing raised FileNotFoundError out of read(), which ended the capture thread. It is a
+    SourceError now (the pipeline reports it and re-opens with backoff)."""
+    import shutil
+
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    src = FolderSource(SourceConfig(kind="folder", path=str(inbox)), tmp_path / "state")
+    assert src.read(0.05) is None
+    shutil.rmtree(inbox)
+    with pytest.raises(SourceError, match="cannot list it"):
+        for _ in range(200):  # within RESCAN_S at the latest
+            src.read(0.05)
+    src.close()
+
+
+def test_a_seen_table_that_cannot_be_written_costs_a_log_line_not_the_thread(tmp_path,
+                                                                             caplog):
+    """`done()` runs on the infer thread: a full disk raised out of it."""
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    cv2.imwrite(str(inbox / "a.png"), next(iter(samples(seed=5, count=1))).image)
+    old = time.time() - 3600
+    os.utime(inbox / "a.png", (old, old))
+    src = FolderSource(SourceConfig(kind="folder", path=str(inbox)), tmp_path / "state")
+    f = src.read(0.5)
+    assert f is not None
+    src._db.close()  # any sqlite3 error from here on, as a full disk gives
+    src._db = __import__("sqlite3").connect(":memory:", check_same_thread=False)
+    with caplog.at_level("ERROR", logger="edgerun.source"):
+        src.done([f])
+    assert "could not record 1 file(s) as done" in caplog.text
+    assert src.read(0.1) is None  # still known to this process: not inspected twice
