@@ -706,7 +706,12 @@ def decode_payload(payload: bytes, max_pixels: int) -> np.ndarray:
             path = Path(payload.decode("utf-8").strip())
         except UnicodeDecodeError:
             path = None
-        if path is not None and str(path) not in ("", ".") and path.is_file():
+        try:  # a name the filesystem refuses (ENAMETOOLONG: any 256 bytes of text) raised
+            # OSError out of the trigger source, which ended its capture thread
+            is_file = path is not None and str(path) not in ("", ".") and path.is_file()
+        except (OSError, ValueError):
+            is_file = False
+        if is_file:
             return images.decode(images.read_file(path, max_pixels), max_pixels)
     return images.decode(payload, max_pixels)
 

@@ -1,0 +1,56 @@
+"""Review R3: one hostile trigger message costs that message, never the trigger source."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import cv2
+import numpy as np
+import paho.mqtt.client as mqtt
+import pytest
+
+from models.synthetic import samples
+from runtime.images import BadImage
+from runtime.sources import BadFrame, SourceConfig, decode_payload, open_source
+from runtime.telemetry.broker import Mosquitto
+
+
+@pytest.mark.parametrize("payload", [b"x" * 300, ("/" + "a" * 300 + "/b.png").encode(),
+                                     b"a\x00b" * 100])
+def test_a_payload_naming_no_possible_file_is_refused_as_a_bad_frame(payload):
+    """A text payload is tried as a path first: 256+ bytes without a '/' (a name the
+    filesystem refuses) raised OSError ENAMETOOLONG out of Path.is_file()."""
+    with pytest.raises(BadImage) as e:
+        decode_payload(payload, 40_000_000)
+    assert e.value.kind == "undecodable"
+
+
+def test_a_long_text_trigger_is_refused_and_the_next_image_still_arrives(tmp_path):
+    broker = Mosquitto(tmp_path).start()
+    try:
+        cfg = SourceConfig(kind="trigger", topic="plc/line1/trigger")
+        src = open_source(cfg, tmp_path, broker.device("f", "t", read=(cfg.topic,)), "t")
+        time.sleep(0.5)  # subscribed
+        img = next(samples(seed=1, count=1)).image
+        _, png = cv2.imencode(".png", img)
+        camera = broker.client("camera", write=(cfg.topic,))
+        pub = mqtt.Client(callback_api_version=mqtt.CallbackAPIVersion.VERSION2)
+        pub.username_pw_set(camera.username, Path(camera.password_file).read_text().strip())
+        pub.connect("127.0.0.1", broker.port)
+        pub.loop_start()
+        for payload in (b"x" * 300, png.tobytes()):
+            pub.publish(cfg.topic, payload, qos=1).wait_for_publish(5)
+        got, refused = None, []
+        deadline = time.monotonic() + 10
+        while got is None and time.monotonic() < deadline:
+            try:
+                got = src.read(0.2)
+            except BadFrame as e:  # was: OSError [Errno 36] File name too long
+                refused.append(e.kind)
+        assert refused == ["undecodable"]
+        assert got is not None and np.array_equal(got.image, img)
+        pub.loop_stop()
+        src.close()
+    finally:
+        broker.stop()
