@@ -572,7 +572,10 @@ class CaptureSource:
         self._target: int | str = int(cfg.path) if cfg.path.isdigit() else cfg.path
         self._url = isinstance(self._target, str) and "://" in self._target
         self._shown = redact(cfg.path)
-        self.live = not Path(str(self._target)).is_file()
+        try:  # a path the filesystem refuses (too long) raised OSError: a dead thread
+            self.live = not Path(str(self._target)).is_file()
+        except (OSError, ValueError):
+            self.live = True  # not a file: a camera or a stream (the open then says)
         self._loop = cfg.loop and not self.live
         quiet_ffmpeg()  # before FFmpeg's first use in this process: it reads its level once
         t0 = time.monotonic()

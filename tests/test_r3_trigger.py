@@ -54,3 +54,13 @@ def test_a_long_text_trigger_is_refused_and_the_next_image_still_arrives(tmp_pat
         src.close()
     finally:
         broker.stop()
+
+
+def test_a_capture_path_the_filesystem_refuses_is_a_source_error(tmp_path):
+    """`[source] path` of 256+ characters (a long RTSP URL with a token in it, say) raised
+    OSError ENAMETOOLONG from the open, which ended the capture thread."""
+    from runtime.sources import CaptureSource, SourceError
+
+    for path in ("x" * 5000, "rtsp://cam/" + "a" * 5000):
+        with pytest.raises(SourceError, match="cannot open"):
+            CaptureSource(SourceConfig(kind="capture", path=path, open_timeout_s=2))
