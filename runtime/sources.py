@@ -307,7 +307,11 @@ class FolderSource:
     def __init__(self, cfg: SourceConfig, state_dir: Path):
         self._dir = Path(cfg.path).expanduser()
         self._cfg = cfg
-        if not self._dir.is_dir():
+        try:
+            is_dir = self._dir.is_dir()
+        except (OSError, ValueError) as e:  # too long a name: OSError ended the thread
+            raise SourceError(f"source.path {str(self._dir)[:200]}: {e}"[:300]) from e
+        if not is_dir:
             raise SourceError(f"source.path {self._dir}: not a directory")
         self._done_dir = Path(cfg.done_dir).expanduser() if cfg.done_dir else None
         # Anything raised here but a SourceError ended the capture thread: the daemon ran on,

@@ -1,4 +1,5 @@
-"""Review R3: one hostile trigger message costs that message, never the trigger source."""
+"""Review R3: one hostile trigger message (or source path) costs that message or a source
+error, never the capture thread."""
 
 from __future__ import annotations
 
@@ -64,3 +65,10 @@ def test_a_capture_path_the_filesystem_refuses_is_a_source_error(tmp_path):
     for path in ("x" * 5000, "rtsp://cam/" + "a" * 5000):
         with pytest.raises(SourceError, match="cannot open"):
             CaptureSource(SourceConfig(kind="capture", path=path, open_timeout_s=2))
+
+
+def test_a_folder_path_the_filesystem_refuses_is_a_source_error(tmp_path):
+    from runtime.sources import FolderSource, SourceError
+
+    with pytest.raises(SourceError, match="File name too long"):
+        FolderSource(SourceConfig(kind="folder", path="x" * 5000), tmp_path / "state")
