@@ -129,7 +129,7 @@ class ModelStore:
             return {**empty, **doc}
         except FileNotFoundError:
             return empty
-        except (OSError, ValueError) as e:
+        except (OSError, ValueError, RecursionError) as e:  # deep nesting stopped every start
             bad = self.pointer.with_name(POINTER + ".bad")
             log.error("model pointer %s unreadable (%s): moved to %s; serving the configured "
                       "model", self.pointer, e, bad)
