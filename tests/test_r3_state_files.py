@@ -44,3 +44,17 @@ def test_a_deeply_nested_replay_record_is_moved_aside_and_says_so(tmp_path):
     side = Sidecar(path, lost_history=False)
     assert "unreadable" in side.problem and side.not_before > 0  # older commands refused
     assert list(tmp_path.glob("outbox.db.keep.json.corrupt-*"))
+
+
+def test_a_model_pointer_with_fields_of_the_wrong_type_is_moved_aside(tmp_path):
+    """{"current": 5} or {"probation": "x"} passed the version check and raised TypeError /
+    AttributeError in the daemon's start-up, at every start."""
+    import json
+
+    from runtime.model_store import VERSION, ModelStore
+
+    store = ModelStore(tmp_path)
+    for bad in ({"current": 5}, {"probation": "x"}, {"rejected": [1]}, {"previous": {}}):
+        store.pointer.write_text(json.dumps({"v": VERSION, **bad}))
+        assert store.read()["current"] is None
+        assert not store.pointer.exists()
