@@ -331,8 +331,14 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
         token = ensure_token(token_path(cfg))
     except OSError as e:  # unreadable, or readable by others (PermissionError)
         raise ConfigError(f"coordinator.api_token_file: {e}") from e
+    _check_listen(cfg.http_host, cfg.http_port)
     coordinator.start()
-    server = serve(coordinator, cfg.http_host, cfg.http_port, token=token)
+    try:
+        server = serve(coordinator, cfg.http_host, cfg.http_port, token=token)
+    except OSError as e:  # taken since the check above
+        coordinator.stop()
+        raise ConfigError(f"coordinator.http_port: cannot listen on {cfg.http_host}:"
+                          f"{cfg.http_port}: {e.strerror or e}") from e
     logging.getLogger("edgerun").info("coordinator API on http://%s:%d/api/v1/fleet, "
                                       "dashboard on / and Prometheus /metrics (token: %s)",
                                       *server.server_address[:2], token_path(cfg))
@@ -346,6 +352,25 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
     server.shutdown()
     coordinator.stop()
     return 0
+
+
+def _check_listen(host: str, port: int) -> None:
+    """ConfigError unless the API's address is free, checked before the coordinator logs in
+    to the broker: a second coordinator started on a busy port (the service already running)
+    took over the running one's MQTT session, then died with a traceback."""
+    import socket
+
+    if not port:
+        return
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        with socket.socket(infos[0][0], socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server does
+            s.bind(infos[0][4])
+    except OSError as e:
+        raise ConfigError(f"coordinator.http_port: cannot listen on {host}:{port}: "
+                          f"{e.strerror or e} (is another coordinator running?); nothing was "
+                          "started") from e
 
 
 def cmd_fleet(args: argparse.Namespace) -> int:
