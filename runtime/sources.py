@@ -12,12 +12,14 @@ from __future__ import annotations
 import atexit
 import collections
 import contextlib
+import errno
 import hashlib
 import logging
 import math
 import os
 import queue
 import re
+import shutil
 import sqlite3
 import threading
 import time
@@ -289,6 +291,27 @@ class SyntheticConveyor:
             self.pool.release()
 
 
+def _move(src: Path, dst: Path) -> None:
+    """Move a file, also to another filesystem (a done_dir on a USB disk or a NAS mount: a
+    rename fails there with EXDEV, and every file stayed where it was, with a warning each):
+    copied to a hidden name beside `dst`, renamed into place, then the original removed."""
+    try:
+        src.rename(dst)
+        return
+    except OSError as e:
+        if e.errno != errno.EXDEV:
+            raise
+    tmp = dst.with_name(f".{dst.name}.part")
+    try:
+        shutil.copy2(src, tmp)
+        os.replace(tmp, dst)
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    src.unlink()
+
+
 class FolderSource:
     """Images in a directory, each inspected exactly once, even across restarts.
 
@@ -489,7 +512,7 @@ class FolderSource:
         rejected = self._done_dir / "rejected"
         try:
             rejected.mkdir(exist_ok=True)
-            path.rename(rejected / path.name)
+            _move(path, rejected / path.name)
             self._names.discard(path.name)
         except OSError as e:
             log.warning("could not move refused %s to %s: %s; it stays, remembered as %s",
@@ -513,7 +536,7 @@ class FolderSource:
             _, path = frame.done  # type: ignore[misc]
             if self._done_dir is not None:
                 try:
-                    path.rename(self._done_dir / path.name)
+                    _move(path, self._done_dir / path.name)
                     self._names.discard(path.name)
                 except OSError as e:
                     log.warning("could not move %s to %s: %s; remembering it instead", path,

@@ -168,3 +168,45 @@ def test_a_seen_table_that_cannot_be_written_costs_a_log_line_not_the_thread(tmp
         src.done([f])
     assert "could not record 1 file(s) as done" in caplog.text
     assert src.read(0.1) is None  # still known to this process: not inspected twice
+
+
+def test_a_done_dir_on_another_filesystem_gets_the_files(tmp_path):
+    """A rename across filesystems fails with EXDEV: with the done_dir on a USB disk or a NAS
+    mount, nothing was ever moved (a warning for every file) and the inbox only grew."""
+    import shutil
+    import tempfile
+
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or shm.stat().st_dev == tmp_path.stat().st_dev:
+        pytest.skip("needs /dev/shm on another filesystem than the temporary directory")
+    done = Path(tempfile.mkdtemp(dir=shm, prefix="r3-done-"))
+    try:
+        inbox = tmp_path / "inbox"
+        inbox.mkdir()
+        img = next(iter(samples(seed=6, count=1))).image
+        old = time.time() - 3600
+        for name in ("a.png", "b.png"):
+            cv2.imwrite(str(inbox / name), img)
+            os.utime(inbox / name, (old, old))
+        (inbox / "bad.png").write_bytes(b"not an image")
+        os.utime(inbox / "bad.png", (old, old))
+        src = FolderSource(SourceConfig(kind="folder", path=str(inbox), done_dir=str(done)),
+                           tmp_path / "state")
+        got = []
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline and not (len(got) == 2 and (done / "rejected").exists()):
+            try:
+                f = src.read(0.1)
+            except Exception:  # the refused bad.png
+                continue
+            if f is not None:
+                got.append(f)
+                src.done([f])
+        src.close()
+        assert sorted(f.ref for f in got) == ["a.png", "b.png"]
+        assert sorted(p.name for p in done.iterdir()) == ["a.png", "b.png", "rejected"]
+        assert [p.name for p in (done / "rejected").iterdir()] == ["bad.png"]
+        assert list(inbox.iterdir()) == []
+        assert cv2.imread(str(done / "a.png")) is not None  # whole
+    finally:
+        shutil.rmtree(done)
