@@ -72,3 +72,16 @@ def test_a_folder_path_the_filesystem_refuses_is_a_source_error(tmp_path):
 
     with pytest.raises(SourceError, match="File name too long"):
         FolderSource(SourceConfig(kind="folder", path="x" * 5000), tmp_path / "state")
+
+
+def test_a_file_name_cannot_forge_a_log_line(caplog):
+    """A refused file named "x\\nCRITICAL edgerun.daemon: ..." printed a second log line of
+    the attacker's choosing (journald files each line as its own record)."""
+    from runtime.badframes import BadFrames
+
+    bad = BadFrames(lambda e: None)
+    with caplog.at_level("WARNING", logger="edgerun.pipeline"):
+        bad.record("undecodable", "x\nCRITICAL edgerun.daemon: all fine\r.png", "junk")
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "\n" not in line and "\r" not in line
+    assert "x\\x0aCRITICAL edgerun.daemon: all fine\\x0d.png" in line
