@@ -424,6 +424,17 @@ class FolderSource:
         del self._ahead[name]
         return True
 
+    def _note_subdir(self, name: str) -> None:
+        """Say once that a sub-directory is not looked into (a labelled val set copied in,
+        `inbox/dent/*.png`, was inspected by nobody, without a word)."""
+        self._names.add(name)  # once per process, and no is_dir for it again
+        if self._done_dir is not None and (self._dir / name).resolve() == \
+                self._done_dir.resolve():
+            return  # the done_dir kept inside the inbox: meant to be there
+        log.warning("folder %s: %s/ is a sub-directory; the folder source inspects only the "
+                    "files directly in %s (move its images up to have them inspected)",
+                    self._dir, name.encode("unicode_escape").decode("ascii"), self._dir)
+
     def _changed(self) -> bool:
         """Whether a scan could find something new (see `_dir_mtime_ns`)."""
         try:
@@ -451,6 +462,8 @@ class FolderSource:
                 # thousands of inspected files must not cost a syscall each per scan.
                 if entry.name in self._names or os.path.splitext(entry.name)[1].lower() \
                         not in self._EXT:
+                    if entry.name not in self._names and entry.is_dir(follow_symlinks=False):
+                        self._note_subdir(entry.name)
                     continue
                 try:
                     st = entry.stat()

@@ -210,3 +210,28 @@ def test_a_done_dir_on_another_filesystem_gets_the_files(tmp_path):
         assert cv2.imread(str(done / "a.png")) is not None  # whole
     finally:
         shutil.rmtree(done)
+
+
+def test_a_sub_directory_is_named_once_not_ignored_silently(tmp_path, caplog):
+    """A labelled set copied into the inbox (inbox/dent/*.png, as `models prepare --val`
+    wants them) was inspected by nobody and nothing said so."""
+    inbox = tmp_path / "inbox"
+    (inbox / "dent").mkdir(parents=True)
+    cv2.imwrite(str(inbox / "dent" / "a.png"), next(iter(samples(seed=7, count=1))).image)
+    src = FolderSource(SourceConfig(kind="folder", path=str(inbox)), tmp_path / "state")
+    with caplog.at_level("WARNING", logger="edgerun.source"):
+        assert _read_all(src, 0.3) == []
+    notes = [r.getMessage() for r in caplog.records if "sub-directory" in r.getMessage()]
+    assert len(notes) == 1 and "dent/ is a sub-directory" in notes[0]
+    src.close()
+
+
+def test_a_done_dir_inside_the_inbox_is_not_reported(tmp_path, caplog):
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    src = FolderSource(SourceConfig(kind="folder", path=str(inbox),
+                                    done_dir=str(inbox / "done")), tmp_path / "state")
+    with caplog.at_level("WARNING", logger="edgerun.source"):
+        assert _read_all(src, 0.3) == []
+    assert "sub-directory" not in caplog.text
+    src.close()
