@@ -294,7 +294,18 @@ class SyntheticConveyor:
 def _move(src: Path, dst: Path) -> None:
     """Move a file, also to another filesystem (a done_dir on a USB disk or a NAS mount: a
     rename fails there with EXDEV, and every file stayed where it was, with a warning each):
-    copied to a hidden name beside `dst`, renamed into place, then the original removed."""
+    copied to a hidden name beside `dst`, renamed into place, then the original removed.
+    A file of that name already in `dst`'s directory (a camera that always writes
+    `part.png`) is kept as `<stem>~<its mtime in ns><suffix>`: it was overwritten, and every
+    inspected image but the last was lost."""
+    if dst.exists():
+        st = dst.stat()
+        aside = dst.with_name(f"{dst.stem}~{st.st_mtime_ns}{dst.suffix}")
+        n = 1
+        while aside.exists():
+            aside = dst.with_name(f"{dst.stem}~{st.st_mtime_ns}-{n}{dst.suffix}")
+            n += 1
+        dst.rename(aside)
     try:
         src.rename(dst)
         return

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import cv2
+import numpy as np
 import pytest
 
 from models.synthetic import samples
@@ -235,3 +236,25 @@ def test_a_done_dir_inside_the_inbox_is_not_reported(tmp_path, caplog):
         assert _read_all(src, 0.3) == []
     assert "sub-directory" not in caplog.text
     src.close()
+
+
+def test_done_dir_keeps_every_inspected_image_of_a_reused_name(tmp_path):
+    """A camera that always writes part.png: each inspected part.png was moved over the
+    previous one in done_dir, so only the last image of the day was kept. The newest keeps
+    the name; the older ones are kept beside it, named with their mtime."""
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    done = tmp_path / "done"
+    src = FolderSource(SourceConfig(kind="folder", path=str(inbox), done_dir=str(done)),
+                       tmp_path / "state")
+    imgs = [s.image for s in samples(seed=8, count=3)]
+    for i, img in enumerate(imgs):
+        cv2.imwrite(str(inbox / "part.png"), img)
+        os.utime(inbox / "part.png", (1000 + i, 1000 + i))
+        assert _read_all(src, 0.3) == ["part.png"]
+    src.close()
+    names = sorted(p.name for p in done.iterdir())
+    assert names == ["part.png", "part~1000000000000.png", "part~1001000000000.png"]
+    kept = [cv2.imread(str(done / n)) for n in ("part~1000000000000.png",
+                                                 "part~1001000000000.png", "part.png")]
+    assert all(np.array_equal(k, img) for k, img in zip(kept, imgs, strict=True))
