@@ -135,6 +135,10 @@ def cmd_check(args: argparse.Namespace) -> int:
     print(redact(json.dumps(to_dict(cfg), indent=2)))
     bad = [what for what, rc in (("model", _check_model(cfg)), ("sensors", _check_sensors(cfg)))
            if rc]
+    from runtime.source_check import notes
+
+    for line in notes(cfg):  # never fatal: serve retries a source until it works
+        print(line, file=sys.stderr)
     print(f"{args.config}: " + (f"config ok, {' and '.join(bad)} NOT ok" if bad else "ok"),
           file=sys.stderr)
     return 1 if bad else 0
