@@ -5,6 +5,7 @@ from __future__ import annotations
 import sqlite3
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -53,3 +54,33 @@ def test_a_file_that_is_not_a_database_is_still_moved_aside(tmp_path):
     box = Outbox(OutboxConfig(path=str(path)))
     assert box.take_startup_event()["type"] == "outbox_corrupt"
     box.close()
+
+
+def test_an_outbox_it_may_not_write_is_one_line_not_a_traceback(tmp_path):
+    """Files left root-owned by a `sudo edgerun serve` and a service user that may only read
+    them: SQLite opens read-only and the first write, later in the constructor, raised
+    `attempt to write a readonly database` out of the daemon's start. Run as root without
+    CAP_DAC_OVERRIDE (setpriv) on a file owned by another user, which is the same thing."""
+    import os
+    import shutil
+
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        pytest.skip("needs root and setpriv to drop the capability that bypasses file modes")
+    path = tmp_path / "outbox.db"
+    box = Outbox(OutboxConfig(path=str(path)))
+    box.append({"t": 1.0, "ref": "r"})
+    box.close()
+    os.chown(path, 65534, -1)
+    os.chmod(path, 0o644)
+    tmp_path.chmod(0o777)
+    code = ("import sys; from runtime.telemetry.config import OutboxConfig\n"
+            "from runtime.telemetry.outbox import Outbox, OutboxUnavailable\n"
+            f"try: Outbox(OutboxConfig(path={str(path)!r}))\n"
+            "except OutboxUnavailable as e: print('UNAVAILABLE', e); sys.exit(0)\n"
+            "print('opened'); sys.exit(3)\n")
+    r = subprocess.run(["setpriv", "--inh-caps=-all", "--bounding-set=-all", "--",
+                        sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=60, env={**os.environ, "PYTHONPATH": str(Path(__file__)
+                                                                        .parent.parent)})
+    assert r.returncode == 0, r.stdout + r.stderr[-2000:]
+    assert "attempt to write a readonly database" in r.stdout

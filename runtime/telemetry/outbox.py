@@ -136,6 +136,14 @@ class Outbox:
             db.close()
             raise sqlite3.DatabaseError(f"quick_check: {ok}")
         db.executescript(_SCHEMA)
+        try:  # writable? (files left root-owned by a `sudo edgerun serve` open read-only, and
+            # the first write, later in __init__, raised a traceback instead of this)
+            db.execute("BEGIN IMMEDIATE")
+            db.execute("INSERT OR REPLACE INTO meta VALUES ('opened', ?)", (str(time.time()),))
+            db.execute("COMMIT")
+        except BaseException:
+            db.close()
+            raise
         return db
 
     def _meta(self, key: str) -> str | None:
