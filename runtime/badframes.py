@@ -71,7 +71,7 @@ class BadFrames:
 
     def _report(self, kind: str, ref: str, why: str, suppressed: int, total: int) -> None:
         more = f" ({suppressed} more of this kind since the last report)" if suppressed else ""
-        log.warning("frame %s refused (%s): %s; skipped%s", ref, kind, why, more)
+        log.warning("frame %s refused (%s): %s; skipped%s", printable(ref), kind, why, more)
         try:
             self._event({"type": "frame_bad", "severity": "warning", "kind": kind,
                          "ref": str(ref)[:200], "error": str(why)[:300],
@@ -85,3 +85,11 @@ class BadFrames:
             out = dict(self._counts)
         out["total"] = sum(out.values())
         return out
+
+
+def printable(ref: str) -> str:
+    """A frame's ref (a file name: from outside) for a log line: control characters and
+    whitespace other than a space escaped, so a name holding a newline cannot forge a
+    log line of its own (journald files each line as a record)."""
+    return "".join(c if c.isprintable() or c == " " else f"\\x{ord(c):02x}"
+                   for c in str(ref))[:300]

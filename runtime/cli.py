@@ -145,6 +145,10 @@ def cmd_check(args: argparse.Namespace) -> int:
     print(redact(json.dumps(to_dict(cfg), indent=2)))
     bad = [what for what, rc in (("model", _check_model(cfg)), ("sensors", _check_sensors(cfg)))
            if rc]
+    from runtime.source_check import notes
+
+    for line in notes(cfg):  # never fatal: serve retries a source until it works
+        print(line, file=sys.stderr)
     print(f"{args.config}: " + (f"config ok, {' and '.join(bad)} NOT ok" if bad else "ok"),
           file=sys.stderr)
     return 1 if bad else 0
@@ -291,9 +295,22 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Run the daemon: inspect frames, govern precision, publish results and health."""
+    _hold_sighup()
     from runtime.daemon import serve
 
-    return serve(args.config, print_results=args.print)
+    return serve(args.config, print_results=args.print, reload_pending=lambda: bool(_EARLY_HUP))
+
+
+_EARLY_HUP: list[int] = []
+
+
+def _hold_sighup() -> None:
+    """Remember a SIGHUP until the daemon installs its own handler. Its default action ends
+    the process, and the daemon's handler exists only after the engines are imported and the
+    config loaded (0.5 s here, seconds on a Pi): a `reload` then killed it without a word."""
+    import signal
+
+    signal.signal(signal.SIGHUP, lambda *_: _EARLY_HUP.append(1))
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -331,8 +348,14 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
         token = ensure_token(token_path(cfg))
     except OSError as e:  # unreadable, or readable by others (PermissionError)
         raise ConfigError(f"coordinator.api_token_file: {e}") from e
+    _check_listen(cfg.http_host, cfg.http_port)
     coordinator.start()
-    server = serve(coordinator, cfg.http_host, cfg.http_port, token=token)
+    try:
+        server = serve(coordinator, cfg.http_host, cfg.http_port, token=token)
+    except OSError as e:  # taken since the check above
+        coordinator.stop()
+        raise ConfigError(f"coordinator.http_port: cannot listen on {cfg.http_host}:"
+                          f"{cfg.http_port}: {e.strerror or e}") from e
     logging.getLogger("edgerun").info("coordinator API on http://%s:%d/api/v1/fleet, "
                                       "dashboard on / and Prometheus /metrics (token: %s)",
                                       *server.server_address[:2], token_path(cfg))
@@ -346,6 +369,25 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
     server.shutdown()
     coordinator.stop()
     return 0
+
+
+def _check_listen(host: str, port: int) -> None:
+    """ConfigError unless the API's address is free, checked before the coordinator logs in
+    to the broker: a second coordinator started on a busy port (the service already running)
+    took over the running one's MQTT session, then died with a traceback."""
+    import socket
+
+    if not port:
+        return
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        with socket.socket(infos[0][0], socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server does
+            s.bind(infos[0][4])
+    except OSError as e:
+        raise ConfigError(f"coordinator.http_port: cannot listen on {host}:{port}: "
+                          f"{e.strerror or e} (is another coordinator running?); nothing was "
+                          "started") from e
 
 
 def cmd_fleet(args: argparse.Namespace) -> int:
@@ -698,10 +740,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `edgerun` console script."""
+    args = build_parser().parse_args(argv)
+    if args.func is cmd_serve:
+        _hold_sighup()  # before the imports below: they load numpy and onnx
     from runtime.onnx_model import ModelError
     from runtime.selector import NoVariantError
 
-    args = build_parser().parse_args(argv)
     if journal.setup(logging.DEBUG if args.verbose else logging.INFO):
         # An uncaught exception's traceback is a crash: filed at CRIT, every line of it.
         sys.excepthook = lambda t, v, tb: logging.getLogger("edgerun").critical(

@@ -53,7 +53,8 @@ def load(path: Path) -> tuple[EnergyState | None, float]:
         return (_energy(e) if e is not None else None), rate
     except FileNotFoundError:
         return None, math.inf
-    except (OSError, ValueError, TypeError, KeyError) as e:
+    except (OSError, ValueError, TypeError, KeyError, RecursionError) as e:
+        # RecursionError: a deeply nested file stopped every start-up (a crash loop)
         bad = path.with_name(path.name + ".bad")
         log.warning("control state %s is unreadable (%s); moved to %s, starting fresh", path,
                     e, bad)

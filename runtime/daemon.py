@@ -1295,14 +1295,18 @@ def _bundled_model() -> Path:
     return bundled()
 
 
-def serve(config_path: Path | None, print_results: bool = False) -> int:
-    """Entry point of `edgerun serve` (`--print`: `print_results`)."""
+def serve(config_path: Path | None, print_results: bool = False,
+          reload_pending: Callable[[], bool] = lambda: False) -> int:
+    """Entry point of `edgerun serve` (`--print`: `print_results`; `reload_pending`: whether
+    a SIGHUP arrived before the daemon's handler was installed)."""
     cfg = load(config_path)
     if print_results:
         cfg = replace(cfg, results=replace(cfg.results, print=True))
     daemon = Daemon(cfg, config_path)
     daemon.print_results = print_results
     daemon.install_signal_handlers()
+    if reload_pending():
+        daemon._reload_requested = True  # as its handler would have done
     try:
         daemon.start()
     except Stopping as e:

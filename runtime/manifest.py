@@ -10,6 +10,7 @@ manifest of one fp32 form whose accuracy is unknown (`bare_manifest`, docs/manif
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +45,8 @@ class Preprocess:
     @classmethod
     def from_dict(cls, d: dict[str, Any], where: str) -> Preprocess:
         """Validate a manifest's `preprocess` object; errors name `where`."""
+        if not isinstance(d, dict):
+            raise ModelError(f"{where}: preprocess must be an object, got {type(d).__name__}")
         known = {"layout", "colour", "resize", "scale", "mean", "std"}
         if unknown := set(d) - known:
             raise ModelError(f"{where}: preprocess: unknown key(s) {sorted(unknown)}")
@@ -52,8 +55,16 @@ class Preprocess:
             raise ModelError(f"{where}: preprocess: layout must be NCHW/NHWC and colour RGB/BGR")
         if p.resize not in _RESIZE:
             raise ModelError(f"{where}: preprocess: resize must be one of {sorted(_RESIZE)}")
-        if len(p.mean) != 3 or len(p.std) != 3 or any(s == 0 for s in p.std):
-            raise ModelError(f"{where}: preprocess: mean and std need 3 values, std non-zero")
+        # numbers, finite, checked here: `check` said ok to {"scale": "x"} and `serve` then
+        # died in its warm-up with a numpy TypeError
+        if not (_finite(p.scale) and p.scale > 0):
+            raise ModelError(f"{where}: preprocess: scale must be a positive number, got "
+                             f"{p.scale!r}")
+        if not (isinstance(p.mean, tuple) and isinstance(p.std, tuple) and len(p.mean) == 3
+                and len(p.std) == 3 and all(map(_finite, (*p.mean, *p.std)))
+                and all(s != 0 for s in p.std)):
+            raise ModelError(f"{where}: preprocess: mean and std need 3 finite numbers each, "
+                             f"std non-zero; got mean {p.mean!r}, std {p.std!r}")
         return p
 
     def to_dict(self) -> dict[str, Any]:
@@ -158,12 +169,10 @@ def load_manifest(root: str | Path) -> Manifest:
     """Parse `root/manifest.json`; errors name the file and the field."""
     root = Path(root)
     path = root / MANIFEST
-    try:
-        doc = json.loads(path.read_text())
-    except OSError as e:
-        raise ModelError(f"{path}: cannot read the manifest: {e.strerror or e}") from e
-    except json.JSONDecodeError as e:
-        raise ModelError(f"{path}: line {e.lineno}: not valid JSON: {e.msg}") from e
+    doc = _read_json(path, "the manifest")
+    if not isinstance(doc, dict):
+        raise ModelError(f"{path}: the manifest must be a JSON object, got "
+                         f"{type(doc).__name__}")
     if doc.get("schema") != SCHEMA:
         raise ModelError(f"{path}: schema is {doc.get('schema')!r}, expected {SCHEMA!r}")
     try:
@@ -174,7 +183,7 @@ def load_manifest(root: str | Path) -> Manifest:
                         variants, doc["accuracy_basis"], doc["eval_images"],
                         tuple(doc.get("failed", ())),
                         detect=DetectSpec.from_dict(doc.get("postprocess", {}), str(path)))
-    except (KeyError, TypeError) as e:
+    except (KeyError, TypeError, AttributeError) as e:
         raise ModelError(f"{path}: missing or invalid field: {e}") from e
 
 
@@ -331,22 +340,46 @@ def load_model(path: str | Path, input_shape: tuple[int, ...] = (),
     return bare_manifest(path, input_shape, labels, preprocess, output, **detector)
 
 
+def _finite(v: Any) -> bool:
+    """A real, finite number (not a bool, not a string)."""
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _read_small(path: Path, what: str) -> str:
+    """The UTF-8 text of a regular file of at most 1 MiB (runtime.schema.read_text: a FIFO or
+    /dev/zero named here hung `check` and `serve`, reading without end); ModelError naming
+    the file otherwise."""
+    from runtime.schema import ConfigError, read_text
+
+    try:
+        return read_text(path)
+    except ConfigError as e:
+        msg = str(e)  # "<path>[:line]: cannot read: <why>" or "<path>:line: not UTF-8: ..."
+        raise ModelError(msg.replace(": cannot read:", f": cannot read {what}:", 1)
+                         if ": cannot read:" in msg else f"{msg} ({what})") from e
+
+
+def _read_json(path: Path, what: str) -> Any:
+    """`path` parsed as JSON; ModelError naming the file (deep nesting included)."""
+    text = _read_small(path, what)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ModelError(f"{path}: line {e.lineno}: not valid JSON ({what}): {e.msg}") from e
+    except RecursionError as e:
+        raise ModelError(f"{path}: not valid JSON ({what}): nested too deeply") from e
+
+
 def read_labels(path: str | Path) -> tuple[str, ...]:
     """Class names, one per line (blank lines skipped); ModelError naming the file."""
-    try:
-        return tuple(x.strip() for x in Path(path).read_text().splitlines() if x.strip())
-    except (OSError, UnicodeDecodeError) as e:
-        raise ModelError(f"{path}: cannot read labels: {getattr(e, 'strerror', None) or e}"
-                         ) from e
+    text = _read_small(Path(path), "labels")
+    return tuple(x.strip() for x in text.splitlines() if x.strip())
 
 
 def read_preprocess(path: str | Path) -> dict[str, Any]:
     """A preprocessing JSON (`{"preprocess": {...}}` or the object itself); ModelError naming
     the file."""
-    try:
-        doc = json.loads(Path(path).read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ModelError(f"{path}: cannot read preprocessing JSON: {e}") from e
+    doc = _read_json(Path(path), "preprocessing JSON")
     doc = doc.get("preprocess", doc) if isinstance(doc, dict) else doc
     if not isinstance(doc, dict):
         raise ModelError(f"{path}: preprocessing JSON must be an object")

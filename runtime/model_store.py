@@ -126,10 +126,16 @@ class ModelStore:
             doc = json.loads(self.pointer.read_text())
             if not isinstance(doc, dict) or doc.get("v") != VERSION:
                 raise ValueError("unknown version")
-            return {**empty, **doc}
+            doc = {**empty, **doc}
+            # a field of the wrong type raised TypeError/AttributeError at every start
+            for key, types in (("current", (str, type(None))), ("previous", (str, type(None))),
+                               ("probation", (dict, type(None))), ("rejected", (dict,))):
+                if not isinstance(doc[key], types):
+                    raise ValueError(f"{key} is a {type(doc[key]).__name__}")
+            return doc
         except FileNotFoundError:
             return empty
-        except (OSError, ValueError) as e:
+        except (OSError, ValueError, RecursionError) as e:  # deep nesting stopped every start
             bad = self.pointer.with_name(POINTER + ".bad")
             log.error("model pointer %s unreadable (%s): moved to %s; serving the configured "
                       "model", self.pointer, e, bad)

@@ -42,7 +42,7 @@ def load(state_dir: Path) -> dict[str, float]:
         return {k: float(v) for k, v in doc.items()}
     except FileNotFoundError:
         return {}
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, RecursionError) as e:  # deep nesting stopped every start
         log.warning("operator settings %s unreadable (%s); moved aside, the config's "
                     "constraints apply", path, e)
         with contextlib.suppress(OSError):

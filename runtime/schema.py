@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import codecs
 import dataclasses
+import math
 import os
 import re
 import stat
@@ -177,6 +178,11 @@ def _convert(tp: Any, value: Any, where: _Where) -> Any:
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise where.fail(f"expected a number, got {value!r}")
+        # TOML has nan and inf literals; every range check (`x <= 0`, `0 <= x <= 1`) lets
+        # nan through, and no setting means anything by them (a health interval of nan
+        # sent one health message and then none; latency_ms = nan crashed the first health)
+        if not math.isfinite(value):
+            raise where.fail(f"expected a finite number, got {value!r}")
         return float(value)
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):

@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import atexit
 import collections
+import contextlib
+import errno
 import hashlib
 import logging
+import math
 import os
 import queue
 import re
+import shutil
 import sqlite3
 import threading
 import time
@@ -31,6 +35,8 @@ from runtime import images, roi
 from runtime.images import BadImage
 
 log = logging.getLogger("edgerun.source")
+
+MAX_SYNTHETIC_SIZE = 1024  # 256 parts x 3 MiB of pool at the most
 
 
 class SourceError(Exception):
@@ -103,6 +109,10 @@ class SourceConfig:
             return "defect_rate", f"must be within 0..1, got {self.defect_rate}"
         if self.rate_hz < 0:
             return "rate_hz", f"must be >= 0, got {self.rate_hz}"
+        # the synthetic conveyor keeps a pool of 256 rendered parts: 0 or less killed the
+        # capture thread at its first render, 5000 px would be 19 GB of pool
+        if not 1 <= self.size <= MAX_SYNTHETIC_SIZE:
+            return "size", f"must be 1..{MAX_SYNTHETIC_SIZE} pixels, got {self.size}"
         if self.open_timeout_s <= 0 or self.read_timeout_s <= 0:
             return "open_timeout_s", (f"open_timeout_s and read_timeout_s must be > 0, got "
                                       f"{self.open_timeout_s} and {self.read_timeout_s}")
@@ -281,6 +291,38 @@ class SyntheticConveyor:
             self.pool.release()
 
 
+def _move(src: Path, dst: Path) -> None:
+    """Move a file, also to another filesystem (a done_dir on a USB disk or a NAS mount: a
+    rename fails there with EXDEV, and every file stayed where it was, with a warning each):
+    copied to a hidden name beside `dst`, renamed into place, then the original removed.
+    A file of that name already in `dst`'s directory (a camera that always writes
+    `part.png`) is kept as `<stem>~<its mtime in ns><suffix>`: it was overwritten, and every
+    inspected image but the last was lost."""
+    if dst.exists():
+        st = dst.stat()
+        aside = dst.with_name(f"{dst.stem}~{st.st_mtime_ns}{dst.suffix}")
+        n = 1
+        while aside.exists():
+            aside = dst.with_name(f"{dst.stem}~{st.st_mtime_ns}-{n}{dst.suffix}")
+            n += 1
+        dst.rename(aside)
+    try:
+        src.rename(dst)
+        return
+    except OSError as e:
+        if e.errno != errno.EXDEV:
+            raise
+    tmp = dst.with_name(f".{dst.name}.part")
+    try:
+        shutil.copy2(src, tmp)
+        os.replace(tmp, dst)
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    src.unlink()
+
+
 class FolderSource:
     """Images in a directory, each inspected exactly once, even across restarts.
 
@@ -293,24 +335,30 @@ class FolderSource:
 
     live = False
     SETTLE_S = 1.0
+    RESCAN_S = 2.0  # an unchanged directory is listed again this often
     _EXT = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".ppm", ".tif", ".tiff", ".webp"})
 
     def __init__(self, cfg: SourceConfig, state_dir: Path):
         self._dir = Path(cfg.path).expanduser()
         self._cfg = cfg
-        if not self._dir.is_dir():
+        try:
+            is_dir = self._dir.is_dir()
+        except (OSError, ValueError) as e:  # too long a name: OSError ended the thread
+            raise SourceError(f"source.path {str(self._dir)[:200]}: {e}"[:300]) from e
+        if not is_dir:
             raise SourceError(f"source.path {self._dir}: not a directory")
         self._done_dir = Path(cfg.done_dir).expanduser() if cfg.done_dir else None
-        if self._done_dir is not None:
-            self._done_dir.mkdir(parents=True, exist_ok=True)
-        state_dir.mkdir(parents=True, exist_ok=True)
+        # Anything raised here but a SourceError ended the capture thread: the daemon ran on,
+        # inspecting nothing, without a word. A SourceError is reported and retried.
+        try:
+            if self._done_dir is not None:
+                self._done_dir.mkdir(parents=True, exist_ok=True)
+            state_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise SourceError(f"source.done_dir {self._done_dir} or the state directory "
+                              f"{state_dir}: {e.strerror or e}") from e
         key = hashlib.sha256(str(self._dir.resolve()).encode()).hexdigest()[:12]
-        self._db = sqlite3.connect(state_dir / f"folder-{key}.db", check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        # NORMAL: survives a crash of the process; after a power loss the last few files may
-        # be inspected again (a new result each), never skipped.
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.execute("CREATE TABLE IF NOT EXISTS seen (key TEXT PRIMARY KEY, status TEXT)")
+        self._db = self._open_seen(state_dir / f"folder-{key}.db")
         self._lock = threading.Lock()
         # Every key remembered on disk or queued by this process: checked in memory so a
         # file being finished by the infer thread is never queued a second time.
@@ -319,16 +367,114 @@ class FolderSource:
         # same name is not inspected again until a restart; use done_dir for that workflow:
         # a name moved away is forgotten, so the next file of that name is inspected)
         self._backlog: collections.deque[tuple[Path, str]] = collections.deque()
+        # Files stamped in the future: name -> ((size, mtime_ns), monotonic time first seen so)
+        self._ahead: dict[str, tuple[tuple[int, int], float]] = {}
+        self._ahead_warned = False
+        # An idle folder is rescanned only when the directory changed (its mtime moves when a
+        # name is added, removed or renamed), while a file seen last time is still settling,
+        # or every RESCAN_S anyway (coarse directory times on FAT or NFS): a scan of 100,000
+        # inspected files costs ~37 ms of CPU, and every 20 ms that was 55 % of a core, idle.
+        self._dir_mtime_ns: int | None = None
+        self._last_scan = -math.inf
+        self._settling = False
+
+    def _open_seen(self, path: Path) -> sqlite3.Connection:
+        """The seen-files table. A damaged file (power loss on an SD card) is moved aside and
+        the folder inspected again (a new result for each file still there: never skipped);
+        one that cannot be opened now (locked, I/O error) is a SourceError, retried."""
+        def connect() -> sqlite3.Connection:
+            db = sqlite3.connect(path, check_same_thread=False)
+            try:
+                db.execute("PRAGMA journal_mode=WAL")
+                # NORMAL: survives a crash of the process; after a power loss the last few
+                # files may be inspected again (a new result each), never skipped.
+                db.execute("PRAGMA synchronous=NORMAL")
+                db.execute("CREATE TABLE IF NOT EXISTS seen (key TEXT PRIMARY KEY, "
+                           "status TEXT)")
+                db.execute("SELECT COUNT(*) FROM seen").fetchone()
+            except BaseException:
+                db.close()
+                raise
+            return db
+
+        try:
+            return connect()
+        except sqlite3.OperationalError as e:
+            raise SourceError(f"folder state {path}: cannot open it ({e}); retrying") from e
+        except sqlite3.DatabaseError as e:
+            aside = path.with_name(f"{path.name}.corrupt-{int(time.time())}")
+            for suffix in ("", "-wal", "-shm"):
+                with contextlib.suppress(FileNotFoundError):
+                    Path(f"{path}{suffix}").rename(f"{aside}{suffix}")
+            log.error("folder state %s is damaged (%s); moved it to %s: every file in %s is "
+                      "inspected again", path, e, aside, self._dir)
+            try:
+                return connect()
+            except sqlite3.DatabaseError as e2:
+                raise SourceError(f"folder state {path}: cannot make a new one: {e2}") from e2
+
+    def _settled_ahead(self, name: str, st: os.stat_result, now: float) -> bool:
+        """Whether a file stamped in the future has settled. Its mtime cannot say (it was
+        copied with its times kept from a clock ahead of this box's, or this box's clock is
+        behind: no RTC, before NTP), so it must be seen unchanged for SETTLE_S instead;
+        otherwise it would wait, silently, until this box's clock passed its stamp."""
+        sig = (st.st_size, st.st_mtime_ns)
+        seen = self._ahead.get(name)
+        mono = time.monotonic()
+        if seen is None or seen[0] != sig:
+            if seen is None and not self._ahead_warned:
+                self._ahead_warned = True  # once per process: every file may be ahead
+                log.warning("folder %s: %s is stamped %.0f s in the future (clock skew between "
+                            "its writer and this box?); inspecting it once it has stayed "
+                            "unchanged for %.1f s", self._dir, name.encode("unicode_escape")
+                            .decode("ascii"), st.st_mtime - now, self.SETTLE_S)
+            self._ahead[name] = (sig, mono)
+            return False
+        if mono - seen[1] < self.SETTLE_S:
+            return False
+        del self._ahead[name]
+        return True
+
+    def _note_subdir(self, name: str) -> None:
+        """Say once that a sub-directory is not looked into (a labelled val set copied in,
+        `inbox/dent/*.png`, was inspected by nobody, without a word)."""
+        self._names.add(name)  # once per process, and no is_dir for it again
+        if self._done_dir is not None and (self._dir / name).resolve() == \
+                self._done_dir.resolve():
+            return  # the done_dir kept inside the inbox: meant to be there
+        log.warning("folder %s: %s/ is a sub-directory; the folder source inspects only the "
+                    "files directly in %s (move its images up to have them inspected)",
+                    self._dir, name.encode("unicode_escape").decode("ascii"), self._dir)
+
+    def _changed(self) -> bool:
+        """Whether a scan could find something new (see `_dir_mtime_ns`)."""
+        try:
+            mtime = os.stat(self._dir).st_mtime_ns
+        except OSError:
+            return True  # the scan says what happened
+        # a directory changed within RESCAN_S is listed every time: its mtime is coarse (a
+        # name added in the same tick as the last listing would not move it)
+        return (mtime != self._dir_mtime_ns or self._settling
+                or time.time() - mtime / 1e9 < self.RESCAN_S
+                or time.monotonic() - self._last_scan >= self.RESCAN_S)
 
     def _scan(self) -> None:
         now = time.time()
         fresh = []
+        looked: set[str] = set()  # future-stamped names met in this scan
+        settling = False
+        # before listing: a name added while the listing runs moves the mtime past this
+        with contextlib.suppress(OSError):
+            self._dir_mtime_ns = os.stat(self._dir).st_mtime_ns
+        self._last_scan = time.monotonic()
         with os.scandir(self._dir) as it:
             for entry in it:
                 # Names already handled are skipped without a stat: a folder holding many
                 # thousands of inspected files must not cost a syscall each per scan.
                 if entry.name in self._names or os.path.splitext(entry.name)[1].lower() \
                         not in self._EXT:
+                    if entry.name not in self._names and entry.is_dir(follow_symlinks=False):
+                        self._note_subdir(entry.name)
                     continue
                 try:
                     st = entry.stat()
@@ -336,21 +482,37 @@ class FolderSource:
                     continue
                 # A file still being written changes size and mtime under us; wait until
                 # it has settled (writers that rename into place keep their old mtime).
-                if not entry.is_file() or now - st.st_mtime < self.SETTLE_S:
+                if not entry.is_file():
                     continue
+                age = now - st.st_mtime
+                if -self.SETTLE_S < age < self.SETTLE_S:
+                    settling = True
+                    continue  # written just now
+                if age <= -self.SETTLE_S:  # stamped in the future: watch it settle
+                    looked.add(entry.name)
+                    if not self._settled_ahead(entry.name, st, now):
+                        settling = True
+                        continue
                 key = f"{entry.name}|{st.st_size}|{st.st_mtime_ns}"
                 self._names.add(entry.name)
                 if key not in self._known:
                     self._known.add(key)
                     fresh.append((Path(entry.path), key))
+        for name in self._ahead.keys() - looked:  # gone since the last scan: forget it
+            del self._ahead[name]
+        self._settling = settling
         self._backlog.extend(sorted(fresh))
 
     def read(self, timeout_s: float) -> Frame | None:
         """The next unseen file, oldest name first; None while the folder has nothing new."""
         deadline = time.monotonic() + timeout_s
         while True:
-            if not self._backlog:
-                self._scan()
+            if not self._backlog and self._changed():
+                try:
+                    self._scan()
+                except OSError as e:  # unmounted, removed, no permission: retried, reported
+                    raise SourceError(f"source.path {self._dir}: cannot list it: "
+                                      f"{e.strerror or e}") from e
             while self._backlog:
                 p, key = self._backlog.popleft()
                 t0 = time.time()  # before decoding: end-to-end latency includes it
@@ -374,16 +536,23 @@ class FolderSource:
         rejected = self._done_dir / "rejected"
         try:
             rejected.mkdir(exist_ok=True)
-            path.rename(rejected / path.name)
+            _move(path, rejected / path.name)
             self._names.discard(path.name)
         except OSError as e:
             log.warning("could not move refused %s to %s: %s; it stays, remembered as %s",
                         path, rejected, e, kind)
 
     def _remember(self, keys: list[str], status: str) -> None:
-        with self._lock, self._db:  # one transaction
-            self._db.executemany("INSERT OR REPLACE INTO seen VALUES (?,?)",
-                                 [(k, status) for k in keys])
+        try:
+            with self._lock, self._db:  # one transaction
+                self._db.executemany("INSERT OR REPLACE INTO seen VALUES (?,?)",
+                                     [(k, status) for k in keys])
+        except sqlite3.Error as e:
+            # Disk full or an I/O error: this process still knows them (`_known`), so
+            # nothing is inspected twice now; after a restart they are inspected again
+            # (never skipped). Raising here ended the capture or the infer thread.
+            log.error("folder state: could not record %d file(s) as %s (%s); they will be "
+                      "inspected again after a restart", len(keys), status, e)
 
     def done(self, frames: list[Frame]) -> None:
         """Remember the files (or move them to done_dir) now that their results are stored."""
@@ -391,7 +560,7 @@ class FolderSource:
             _, path = frame.done  # type: ignore[misc]
             if self._done_dir is not None:
                 try:
-                    path.rename(self._done_dir / path.name)
+                    _move(path, self._done_dir / path.name)
                     self._names.discard(path.name)
                 except OSError as e:
                     log.warning("could not move %s to %s: %s; remembering it instead", path,
@@ -454,7 +623,10 @@ class CaptureSource:
         self._target: int | str = int(cfg.path) if cfg.path.isdigit() else cfg.path
         self._url = isinstance(self._target, str) and "://" in self._target
         self._shown = redact(cfg.path)
-        self.live = not Path(str(self._target)).is_file()
+        try:  # a path the filesystem refuses (too long) raised OSError: a dead thread
+            self.live = not Path(str(self._target)).is_file()
+        except (OSError, ValueError):
+            self.live = True  # not a file: a camera or a stream (the open then says)
         self._loop = cfg.loop and not self.live
         quiet_ffmpeg()  # before FFmpeg's first use in this process: it reads its level once
         t0 = time.monotonic()
@@ -588,7 +760,12 @@ def decode_payload(payload: bytes, max_pixels: int) -> np.ndarray:
             path = Path(payload.decode("utf-8").strip())
         except UnicodeDecodeError:
             path = None
-        if path is not None and str(path) not in ("", ".") and path.is_file():
+        try:  # a name the filesystem refuses (ENAMETOOLONG: any 256 bytes of text) raised
+            # OSError out of the trigger source, which ended its capture thread
+            is_file = path is not None and str(path) not in ("", ".") and path.is_file()
+        except (OSError, ValueError):
+            is_file = False
+        if is_file:
             return images.decode(images.read_file(path, max_pixels), max_pixels)
     return images.decode(payload, max_pixels)
 

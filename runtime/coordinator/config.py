@@ -93,6 +93,15 @@ class CoordinatorConfig:
                 and 0 <= self.webhook_backoff_s <= 3600 and 1 <= self.webhook_queue <= 10**6):
             return "webhook_url", ("webhook_timeout_s must be 0.1..300, webhook_attempts "
                                    "1..100, webhook_backoff_s 0..3600, webhook_queue 1..1e6")
+        # pruning deletes what is older than now - keep: 0 or less deleted every health
+        # message and event the store held, at start and every hour after
+        for key in ("keep_health_s", "keep_events_s"):
+            if getattr(self, key) < 60:
+                return key, f"must be >= 60 s, got {getattr(self, key)}"
+        if self.future_skew_s < 0:
+            return "future_skew_s", f"must be >= 0, got {self.future_skew_s}"
+        if self.stale_after_s <= 0:
+            return "stale_after_s", f"must be > 0, got {self.stale_after_s}"
         if self.offline_after_s < self.stale_after_s:
             return "offline_after_s", "must be >= stale_after_s"
         return None

@@ -118,6 +118,31 @@ def check_identity(ident: Identity) -> None:
             raise ValueError(why)
     for t in (*ident.read, *ident.write):
         _check_topic(t)
+    if ident.role != "coordinator":
+        # A camera's or a device's extra write topic reaching the fleet's own would let it
+        # publish results, health and acks as any device (the ACL patterns confine devices
+        # to their own; this would undo that).
+        for t in ident.write:
+            if reaches_fleet_topics(t):
+                raise ValueError(f"write topic {t!r} reaches the fleet's own topics "
+                                 f"({PREFIX}/<fleet>/<device>/...): {ident.username} could "
+                                 "publish results, health and acks as any device; give it a "
+                                 "topic of its own (e.g. plc/line1/trigger)")
+
+
+def reaches_fleet_topics(topic: str) -> bool:
+    """Whether an ACL filter can match a topic under `edgerun/v1/<fleet>/<device>/` ('#',
+    'edgerun/#', '+/v1/+/+/result', ...)."""
+    levels = topic.split("/")
+    for want in (*PREFIX.split("/"), "+", "+"):  # fleet and device levels: anything
+        if not levels:
+            return False  # the filter ends above the device topics
+        level = levels.pop(0)
+        if level == "#":
+            return True
+        if level not in ("+", want) and want != "+":
+            return False
+    return bool(levels)
 
 
 def _write_like(path: Path, text: str, mode: int) -> None:
@@ -236,6 +261,13 @@ class BrokerAuth:
     def _enrol_locked(self, ident: Identity, password: str) -> None:
         idents = self.identities()
         old = idents.get(ident.username)
+        if old and old.role != ident.role:
+            # e.g. a camera enrolled as `coordinator` replaced the coordinator's password and
+            # ACL: after the broker's reload the fleet had no coordinator
+            raise ValueError(f"{ident.username!r} is already enrolled as a {old.role}; "
+                             f"enrolling it as a {ident.role} would replace its password and "
+                             f"ACL. Choose another name, or revoke it first (`edgerun fleet "
+                             f"revoke {ident.username}`)")
         if old and old.role == "coordinator" and ident.role == "coordinator":
             ident = Identity(ident.username, "coordinator",
                              tuple(dict.fromkeys(old.fleets + ident.fleets)),

@@ -97,4 +97,11 @@ class TelemetryConfig:
                                 f"got {self.batch_max}, {self.inflight}")
         if self.ack_timeout_s <= 0 or self.health_interval_s <= 0:
             return "ack_timeout_s", "ack_timeout_s and health_interval_s must be > 0"
+        # Either below refused every command (too small, or "issued in the future" for all):
+        # a device no one can command, roll back or re-deploy remotely.
+        if not 1024 <= self.max_command_bytes <= 1 << 20:
+            return "max_command_bytes", ("must be 1024..1048576 (a signed deploy is ~1 KiB), "
+                                         f"got {self.max_command_bytes}")
+        if self.clock_skew_s < 0:
+            return "clock_skew_s", f"must be >= 0, got {self.clock_skew_s}"
         return None

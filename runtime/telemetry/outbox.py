@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from runtime.schema import ConfigError
 from runtime.telemetry.config import OutboxConfig
 from runtime.telemetry.sidecar import Sidecar
 
@@ -43,6 +44,11 @@ CREATE TABLE IF NOT EXISTS other (id INTEGER PRIMARY KEY AUTOINCREMENT, kind TEX
 CREATE INDEX IF NOT EXISTS other_kind ON other (kind, id);
 CREATE TABLE IF NOT EXISTS seen_commands (id TEXT PRIMARY KEY, expires REAL NOT NULL);
 """
+
+
+class OutboxUnavailable(ConfigError):
+    """The outbox exists but cannot be opened now (locked, I/O error, not writable); it is
+    kept as it is. A ConfigError so `edgerun serve` exits with this one line."""
 
 
 @dataclass(frozen=True)
@@ -98,7 +104,16 @@ class Outbox:
     def _open(self) -> sqlite3.Connection:
         try:
             return self._connect()
-        except sqlite3.DatabaseError as e:
+        except sqlite3.OperationalError as e:
+            # Locked by another process past the busy timeout, an I/O error, cannot be opened
+            # or written: none says the file is damaged, and moving a whole outbox aside
+            # stranded its unacked results in a .corrupt file no one sends (a lock held 30 s
+            # did that). Stop, keep it, say why; systemd starts the daemon again to retry.
+            raise OutboxUnavailable(
+                f"telemetry.outbox.path {self.path}: cannot open the outbox ({e}); it was left "
+                "as it is (not moved aside: this is not corruption); exiting so it is retried"
+            ) from e
+        except sqlite3.DatabaseError as e:  # not a database, malformed, failed quick_check
             # A corrupt outbox must not keep the device from running: keep the file for
             # forensics, start an empty one, and say so loudly.
             aside = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time())}")
@@ -121,6 +136,14 @@ class Outbox:
             db.close()
             raise sqlite3.DatabaseError(f"quick_check: {ok}")
         db.executescript(_SCHEMA)
+        try:  # writable? (files left root-owned by a `sudo edgerun serve` open read-only, and
+            # the first write, later in __init__, raised a traceback instead of this)
+            db.execute("BEGIN IMMEDIATE")
+            db.execute("INSERT OR REPLACE INTO meta VALUES ('opened', ?)", (str(time.time()),))
+            db.execute("COMMIT")
+        except BaseException:
+            db.close()
+            raise
         return db
 
     def _meta(self, key: str) -> str | None:

@@ -42,7 +42,8 @@ class Sidecar:
                 self.evicted_total = int(data["evicted_total"])
                 self.not_before = float(data.get("not_before", 0.0))
                 self.seen = {str(k): float(v) for k, v in data["seen_commands"].items()}
-            except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            except (OSError, ValueError, KeyError, TypeError, AttributeError,
+                    RecursionError) as e:  # deep nesting too: it stopped every start
                 aside = path.with_name(f"{path.name}.corrupt-{int(time.time())}")
                 path.rename(aside)
                 self.problem = f"{path} was unreadable ({e}); moved to {aside}"

@@ -1,0 +1,52 @@
+"""Review R3: config values that validated but broke the daemon or the coordinator."""
+
+from __future__ import annotations
+
+import pytest
+
+from runtime.config import ConfigError, load
+
+
+@pytest.mark.parametrize("section,key,value", [
+    ("constraints", "latency_ms", "nan"),        # ready, then a traceback at the first health
+    ("telemetry", "health_interval_s", "nan"),   # one health message, then none, silently
+    ("governor", "tick_s", "inf"),
+    ("source", "rate_hz", "nan"),
+    ("coordinator", "keep_health_s", "inf"),
+    ("profiler", "time_budget_s", "-inf"),
+])
+def test_nan_and_inf_are_refused_naming_file_line_and_key(tmp_path, section, key, value):
+    cfg = tmp_path / "e.toml"
+    cfg.write_text(f"# comment\n[{section}]\n{key} = {value}\n")
+    with pytest.raises(ConfigError) as e:
+        load(cfg)
+    assert f"e.toml:3: key '{section}.{key}': expected a finite number, got {value}" in str(e.value)
+
+
+@pytest.mark.parametrize("section,key,value,why", [
+    ("source", "size", "0", "must be 1..1024 pixels"),       # the capture thread died
+    ("source", "size", "-1", "must be 1..1024 pixels"),
+    ("source", "size", "5000", "must be 1..1024 pixels"),    # 19 GB of pool
+    ("telemetry", "max_command_bytes", "-1", "must be 1024..1048576"),  # every command refused
+    ("telemetry", "clock_skew_s", "-1", "must be >= 0"),     # every command "in the future"
+    ("coordinator", "keep_health_s", "0", "must be >= 60 s"),  # pruned every health message
+    ("coordinator", "keep_events_s", "-1", "must be >= 60 s"),  # and every event
+    ("coordinator", "future_skew_s", "-1", "must be >= 0"),
+    ("coordinator", "stale_after_s", "0", "must be > 0"),
+])
+def test_values_that_broke_a_thread_or_stored_data_are_refused(tmp_path, section, key, value,
+                                                               why):
+    cfg = tmp_path / "e.toml"
+    cfg.write_text(f"[{section}]\n{key} = {value}\n")
+    with pytest.raises(ConfigError) as e:
+        load(cfg)
+    assert f"e.toml:2: key '{section}.{key}': {why}" in str(e.value)
+
+
+def test_the_bounds_keep_what_the_docs_and_tests_use(tmp_path):
+    cfg = tmp_path / "e.toml"
+    cfg.write_text("[source]\nsize = 192\n[telemetry]\nmax_command_bytes = 8192\n"
+                   "clock_skew_s = 0\n[coordinator]\nkeep_health_s = 3600\nstale_after_s = 1\n"
+                   "offline_after_s = 2\n")
+    c = load(cfg)
+    assert c.source.size == 192 and c.coordinator.keep_health_s == 3600

@@ -1,0 +1,260 @@
+"""Review R3: the folder source: clocks, idle listing, damaged state, unusable paths."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+
+from models.synthetic import samples
+from runtime.sources import FolderSource, SourceConfig, SourceError
+
+
+def _read_all(src: FolderSource, within_s: float) -> list[str]:
+    refs: list[str] = []
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        f = src.read(0.1)
+        if f is not None:
+            refs.append(f.ref)
+            src.done([f])
+    return refs
+
+
+def test_a_file_stamped_in_the_future_is_inspected_once_it_has_settled(tmp_path, monkeypatch,
+                                                                       caplog):
+    """A file copied with its times kept (`cp -p`, rsync -t, a camera's own clock) from a
+    clock an hour ahead, or any file while the box's clock is still behind (no RTC, before
+    NTP), has an mtime in the future: it used to wait (silently) until the box's clock
+    passed its mtime. Its settling is now observed instead: unchanged for SETTLE_S."""
+    monkeypatch.setattr(FolderSource, "SETTLE_S", 0.3)
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    img = next(iter(samples(seed=1, count=1))).image
+    cv2.imwrite(str(inbox / "ahead.png"), img)
+    ahead = time.time() + 3600
+    os.utime(inbox / "ahead.png", (ahead, ahead))
+    src = FolderSource(SourceConfig(kind="folder", path=str(inbox)), tmp_path / "state")
+    with caplog.at_level("WARNING", logger="edgerun.source"):
+        assert _read_all(src, 0.1) == []  # not yet: it must be seen unchanged first
+        assert _read_all(src, 2.0) == ["ahead.png"]
+    assert "in the future" in caplog.text and "ahead.png" in caplog.text
+    src.close()
+    src = FolderSource(SourceConfig(kind="folder", path=str(inbox)), tmp_path / "state")
+    assert _read_all(src, 1.0) == []  # remembered: once, across a restart
+    src.close()
+
+
+def test_a_future_file_still_growing_waits_until_it_stops(tmp_path, monkeypatch):
+    """Observed settling still waits for a writer: a size change restarts the wait."""
+    monkeypatch.setattr(FolderSource, "SETTLE_S", 0.5)
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    _, png = cv2.imencode(".png", next(iter(samples(seed=2, count=1))).image)
+    data = png.tobytes()
+    path = inbox / "slow.png"
+    ahead = time.time() + 3600
+    path.write_bytes(data[:100])
+    os.utime(path, (ahead, ahead))
+    src = FolderSource(SourceConfig(kind="folder", path=str(inbox)), tmp_path / "state")
+    assert _read_all(src, 0.3) == []
+    path.write_bytes(data)  # the rest arrives; the writer keeps its clock's stamp
+    os.utime(path, (ahead + 1, ahead + 1))
+    assert _read_all(src, 0.3) == []  # changed: the wait starts again
+    assert _read_all(src, 2.0) == ["slow.png"]  # and it is read whole (not refused)
+    src.close()
+
+
+def test_an_idle_folder_is_not_listed_fifty_times_a_second(tmp_path, monkeypatch):
+    """Every read() listed the whole directory every 20 ms while idle: a folder of 100,000
+    inspected files (no done_dir: they stay) cost 55 % of a core with nothing to do. An
+    unchanged directory is now listed every RESCAN_S; a new name is still picked up at once."""
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    img = next(iter(samples(seed=3, count=1))).image
+    for i in range(3):
+        cv2.imwrite(str(inbox / f"old{i}.png"), img)
+    old = time.time() - 3600
+    for f in [*inbox.iterdir(), inbox]:
+        os.utime(f, (old, old))
+    src = FolderSource(SourceConfig(kind="folder", path=str(inbox)), tmp_path / "state")
+    assert _read_all(src, 0.5) == ["old0.png", "old1.png", "old2.png"]
+    os.utime(inbox, (old, old))  # done: nothing changes from here
+    scans = []
+    real = src._scan
+    monkeypatch.setattr(src, "_scan", lambda: (scans.append(1), real())[1])
+    assert _read_all(src, 1.0) == []
+    assert len(scans) <= 2, f"{len(scans)} listings in 1 s of an unchanged folder"
+    # a camera that renames a finished file into place (it keeps its old mtime)
+    cv2.imwrite(str(tmp_path / "new.png"), img)
+    os.rename(tmp_path / "new.png", tmp_path / "new.png.tmp")
+    os.utime(tmp_path / "new.png.tmp", (old, old))
+    t0 = time.monotonic()
+    os.rename(tmp_path / "new.png.tmp", inbox / "new.png")
+    f = None
+    while f is None and time.monotonic() - t0 < 5:
+        f = src.read(0.05)
+    assert f is not None and f.ref == "new.png"
+    assert time.monotonic() - t0 < 0.5  # the listing every 20 ms while the directory changes
+    src.close()
+
+
+def test_a_damaged_seen_table_is_moved_aside_and_the_folder_inspected_again(tmp_path):
+    """A folder-<key>.db that is not a database (power loss on an SD card) raised
+    sqlite3.DatabaseError out of the source's open: the capture thread died and the daemon
+    inspected nothing, without a word. Now it is moved aside, logged, and nothing is skipped."""
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    cv2.imwrite(str(inbox / "a.png"), next(iter(samples(seed=4, count=1))).image)
+    old = time.time() - 3600
+    os.utime(inbox / "a.png", (old, old))
+    src = FolderSource(SourceConfig(kind="folder", path=str(inbox)), tmp_path / "state")
+    assert _read_all(src, 0.3) == ["a.png"]
+    src.close()
+    (db,) = (tmp_path / "state").glob("folder-*.db")
+    for suffix in ("-wal", "-shm"):
+        Path(f"{db}{suffix}").unlink(missing_ok=True)
+    db.write_bytes(b"garbage " * 100)
+    src = FolderSource(SourceConfig(kind="folder", path=str(inbox)), tmp_path / "state")
+    assert _read_all(src, 0.3) == ["a.png"]  # inspected again: never skipped
+    src.close()
+    assert list((tmp_path / "state").glob("folder-*.db.corrupt-*"))
+
+
+def test_an_unusable_done_dir_is_a_source_error_not_a_dead_thread(tmp_path):
+    """A done_dir that cannot be made (a file in its place, no permission) raised OSError
+    out of the open, which ended the capture thread; a SourceError is reported and retried."""
+    (tmp_path / "inbox").mkdir()
+    (tmp_path / "done").write_text("a file, not a directory")
+    with pytest.raises(SourceError, match="source.done_dir"):
+        FolderSource(SourceConfig(kind="folder", path=str(tmp_path / "inbox"),
+                                  done_dir=str(tmp_path / "done")), tmp_path / "state")
+
+
+def test_a_folder_that_disappears_is_a_source_error_and_comes_back(tmp_path):
+    """The watched folder unmounted or removed (a USB stick pulled, an NFS share gone): the
+    listing raised FileNotFoundError out of read(), which ended the capture thread. It is a
+    SourceError now (the pipeline reports it and re-opens with backoff)."""
+    import shutil
+
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    src = FolderSource(SourceConfig(kind="folder", path=str(inbox)), tmp_path / "state")
+    assert src.read(0.05) is None
+    shutil.rmtree(inbox)
+    with pytest.raises(SourceError, match="cannot list it"):
+        for _ in range(200):  # within RESCAN_S at the latest
+            src.read(0.05)
+    src.close()
+
+
+def test_a_seen_table_that_cannot_be_written_costs_a_log_line_not_the_thread(tmp_path,
+                                                                             caplog):
+    """`done()` runs on the infer thread: a full disk raised out of it."""
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    cv2.imwrite(str(inbox / "a.png"), next(iter(samples(seed=5, count=1))).image)
+    old = time.time() - 3600
+    os.utime(inbox / "a.png", (old, old))
+    src = FolderSource(SourceConfig(kind="folder", path=str(inbox)), tmp_path / "state")
+    f = src.read(0.5)
+    assert f is not None
+    src._db.close()  # any sqlite3 error from here on, as a full disk gives
+    src._db = __import__("sqlite3").connect(":memory:", check_same_thread=False)
+    with caplog.at_level("ERROR", logger="edgerun.source"):
+        src.done([f])
+    assert "could not record 1 file(s) as done" in caplog.text
+    assert src.read(0.1) is None  # still known to this process: not inspected twice
+
+
+def test_a_done_dir_on_another_filesystem_gets_the_files(tmp_path):
+    """A rename across filesystems fails with EXDEV: with the done_dir on a USB disk or a NAS
+    mount, nothing was ever moved (a warning for every file) and the inbox only grew."""
+    import shutil
+    import tempfile
+
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or shm.stat().st_dev == tmp_path.stat().st_dev:
+        pytest.skip("needs /dev/shm on another filesystem than the temporary directory")
+    done = Path(tempfile.mkdtemp(dir=shm, prefix="r3-done-"))
+    try:
+        inbox = tmp_path / "inbox"
+        inbox.mkdir()
+        img = next(iter(samples(seed=6, count=1))).image
+        old = time.time() - 3600
+        for name in ("a.png", "b.png"):
+            cv2.imwrite(str(inbox / name), img)
+            os.utime(inbox / name, (old, old))
+        (inbox / "bad.png").write_bytes(b"not an image")
+        os.utime(inbox / "bad.png", (old, old))
+        src = FolderSource(SourceConfig(kind="folder", path=str(inbox), done_dir=str(done)),
+                           tmp_path / "state")
+        got = []
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline and not (len(got) == 2 and (done / "rejected").exists()):
+            try:
+                f = src.read(0.1)
+            except Exception:  # the refused bad.png
+                continue
+            if f is not None:
+                got.append(f)
+                src.done([f])
+        src.close()
+        assert sorted(f.ref for f in got) == ["a.png", "b.png"]
+        assert sorted(p.name for p in done.iterdir()) == ["a.png", "b.png", "rejected"]
+        assert [p.name for p in (done / "rejected").iterdir()] == ["bad.png"]
+        assert list(inbox.iterdir()) == []
+        assert cv2.imread(str(done / "a.png")) is not None  # whole
+    finally:
+        shutil.rmtree(done)
+
+
+def test_a_sub_directory_is_named_once_not_ignored_silently(tmp_path, caplog):
+    """A labelled set copied into the inbox (inbox/dent/*.png, as `models prepare --val`
+    wants them) was inspected by nobody and nothing said so."""
+    inbox = tmp_path / "inbox"
+    (inbox / "dent").mkdir(parents=True)
+    cv2.imwrite(str(inbox / "dent" / "a.png"), next(iter(samples(seed=7, count=1))).image)
+    src = FolderSource(SourceConfig(kind="folder", path=str(inbox)), tmp_path / "state")
+    with caplog.at_level("WARNING", logger="edgerun.source"):
+        assert _read_all(src, 0.3) == []
+    notes = [r.getMessage() for r in caplog.records if "sub-directory" in r.getMessage()]
+    assert len(notes) == 1 and "dent/ is a sub-directory" in notes[0]
+    src.close()
+
+
+def test_a_done_dir_inside_the_inbox_is_not_reported(tmp_path, caplog):
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    src = FolderSource(SourceConfig(kind="folder", path=str(inbox),
+                                    done_dir=str(inbox / "done")), tmp_path / "state")
+    with caplog.at_level("WARNING", logger="edgerun.source"):
+        assert _read_all(src, 0.3) == []
+    assert "sub-directory" not in caplog.text
+    src.close()
+
+
+def test_done_dir_keeps_every_inspected_image_of_a_reused_name(tmp_path):
+    """A camera that always writes part.png: each inspected part.png was moved over the
+    previous one in done_dir, so only the last image of the day was kept. The newest keeps
+    the name; the older ones are kept beside it, named with their mtime."""
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    done = tmp_path / "done"
+    src = FolderSource(SourceConfig(kind="folder", path=str(inbox), done_dir=str(done)),
+                       tmp_path / "state")
+    imgs = [s.image for s in samples(seed=8, count=3)]
+    for i, img in enumerate(imgs):
+        cv2.imwrite(str(inbox / "part.png"), img)
+        os.utime(inbox / "part.png", (1000 + i, 1000 + i))
+        assert _read_all(src, 0.3) == ["part.png"]
+    src.close()
+    names = sorted(p.name for p in done.iterdir())
+    assert names == ["part.png", "part~1000000000000.png", "part~1001000000000.png"]
+    kept = [cv2.imread(str(done / n)) for n in ("part~1000000000000.png",
+                                                 "part~1001000000000.png", "part.png")]
+    assert all(np.array_equal(k, img) for k, img in zip(kept, imgs, strict=True))

@@ -1,0 +1,86 @@
+"""Review R3: an outbox that cannot be opened *now* is not a corrupt one."""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from runtime.telemetry.config import OutboxConfig
+from runtime.telemetry.outbox import Outbox, OutboxUnavailable
+
+
+def test_a_locked_outbox_is_kept_with_its_results_not_moved_aside(tmp_path, monkeypatch):
+    """Another process holding the outbox locked past the busy timeout (an operator's sqlite3
+    shell, a backup) made the daemon declare it corrupt, move it aside and start empty: its
+    unacked results were never sent. Now: a clear error, the file untouched, and the next
+    start (systemd restarts the daemon) finds every result."""
+    path = tmp_path / "outbox.db"
+    box = Outbox(OutboxConfig(path=str(path)))
+    box.append_many([{"t": 1.0, "ref": f"r{i}"} for i in range(50)])
+    box.close()
+    holder = subprocess.Popen([sys.executable, "-c", f"""
+import sqlite3, sys
+c = sqlite3.connect({str(path)!r}, isolation_level=None)
+c.execute('PRAGMA locking_mode=EXCLUSIVE'); c.execute('BEGIN EXCLUSIVE')
+c.execute("INSERT INTO meta VALUES ('lock', '1')")
+print('locked', flush=True); sys.stdin.readline()
+c.execute('ROLLBACK')
+"""], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        real = sqlite3.connect
+        monkeypatch.setattr(sqlite3, "connect",  # the 30 s busy timeout, shortened
+                            lambda *a, **k: real(*a, **{**k, "timeout": 0.2}))
+        with pytest.raises(OutboxUnavailable) as e:
+            Outbox(OutboxConfig(path=str(path)))
+        assert "database is locked" in str(e.value) and "not moved aside" in str(e.value)
+        assert str(path) in str(e.value)
+    finally:
+        holder.communicate("\n", timeout=30)
+    assert not [p for p in tmp_path.iterdir() if ".corrupt-" in p.name]
+    monkeypatch.undo()
+    box = Outbox(OutboxConfig(path=str(path)))
+    assert box.stats()["results_held"] == 50 and box.take_startup_event() is None
+    box.close()
+
+
+def test_a_file_that_is_not_a_database_is_still_moved_aside(tmp_path):
+    path = tmp_path / "outbox.db"
+    path.write_bytes(b"this is not sqlite" * 100)
+    box = Outbox(OutboxConfig(path=str(path)))
+    assert box.take_startup_event()["type"] == "outbox_corrupt"
+    box.close()
+
+
+def test_an_outbox_it_may_not_write_is_one_line_not_a_traceback(tmp_path):
+    """Files left root-owned by a `sudo edgerun serve` and a service user that may only read
+    them: SQLite opens read-only and the first write, later in the constructor, raised
+    `attempt to write a readonly database` out of the daemon's start. Run as root without
+    CAP_DAC_OVERRIDE (setpriv) on a file owned by another user, which is the same thing."""
+    import os
+    import shutil
+
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        pytest.skip("needs root and setpriv to drop the capability that bypasses file modes")
+    path = tmp_path / "outbox.db"
+    box = Outbox(OutboxConfig(path=str(path)))
+    box.append({"t": 1.0, "ref": "r"})
+    box.close()
+    os.chown(path, 65534, -1)
+    os.chmod(path, 0o644)
+    tmp_path.chmod(0o777)
+    code = ("import sys; from runtime.telemetry.config import OutboxConfig\n"
+            "from runtime.telemetry.outbox import Outbox, OutboxUnavailable\n"
+            f"try: Outbox(OutboxConfig(path={str(path)!r}))\n"
+            "except OutboxUnavailable as e: print('UNAVAILABLE', e); sys.exit(0)\n"
+            "print('opened'); sys.exit(3)\n")
+    r = subprocess.run(["setpriv", "--inh-caps=-all", "--bounding-set=-all", "--",
+                        sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=60, env={**os.environ, "PYTHONPATH": str(Path(__file__)
+                                                                        .parent.parent)})
+    assert r.returncode == 0, r.stdout + r.stderr[-2000:]
+    assert "attempt to write a readonly database" in r.stdout

@@ -1,0 +1,87 @@
+"""Review R3: one hostile trigger message (or source path) costs that message or a source
+error, never the capture thread."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import cv2
+import numpy as np
+import paho.mqtt.client as mqtt
+import pytest
+
+from models.synthetic import samples
+from runtime.images import BadImage
+from runtime.sources import BadFrame, SourceConfig, decode_payload, open_source
+from runtime.telemetry.broker import Mosquitto
+
+
+@pytest.mark.parametrize("payload", [b"x" * 300, ("/" + "a" * 300 + "/b.png").encode(),
+                                     b"a\x00b" * 100])
+def test_a_payload_naming_no_possible_file_is_refused_as_a_bad_frame(payload):
+    """A text payload is tried as a path first: 256+ bytes without a '/' (a name the
+    filesystem refuses) raised OSError ENAMETOOLONG out of Path.is_file()."""
+    with pytest.raises(BadImage) as e:
+        decode_payload(payload, 40_000_000)
+    assert e.value.kind == "undecodable"
+
+
+def test_a_long_text_trigger_is_refused_and_the_next_image_still_arrives(tmp_path):
+    broker = Mosquitto(tmp_path).start()
+    try:
+        cfg = SourceConfig(kind="trigger", topic="plc/line1/trigger")
+        src = open_source(cfg, tmp_path, broker.device("f", "t", read=(cfg.topic,)), "t")
+        time.sleep(0.5)  # subscribed
+        img = next(samples(seed=1, count=1)).image
+        _, png = cv2.imencode(".png", img)
+        camera = broker.client("camera", write=(cfg.topic,))
+        pub = mqtt.Client(callback_api_version=mqtt.CallbackAPIVersion.VERSION2)
+        pub.username_pw_set(camera.username, Path(camera.password_file).read_text().strip())
+        pub.connect("127.0.0.1", broker.port)
+        pub.loop_start()
+        for payload in (b"x" * 300, png.tobytes()):
+            pub.publish(cfg.topic, payload, qos=1).wait_for_publish(5)
+        got, refused = None, []
+        deadline = time.monotonic() + 10
+        while got is None and time.monotonic() < deadline:
+            try:
+                got = src.read(0.2)
+            except BadFrame as e:  # was: OSError [Errno 36] File name too long
+                refused.append(e.kind)
+        assert refused == ["undecodable"]
+        assert got is not None and np.array_equal(got.image, img)
+        pub.loop_stop()
+        src.close()
+    finally:
+        broker.stop()
+
+
+def test_a_capture_path_the_filesystem_refuses_is_a_source_error(tmp_path):
+    """`[source] path` of 256+ characters (a long RTSP URL with a token in it, say) raised
+    OSError ENAMETOOLONG from the open, which ended the capture thread."""
+    from runtime.sources import CaptureSource, SourceError
+
+    for path in ("x" * 5000, "rtsp://cam/" + "a" * 5000):
+        with pytest.raises(SourceError, match="cannot open"):
+            CaptureSource(SourceConfig(kind="capture", path=path, open_timeout_s=2))
+
+
+def test_a_folder_path_the_filesystem_refuses_is_a_source_error(tmp_path):
+    from runtime.sources import FolderSource, SourceError
+
+    with pytest.raises(SourceError, match="File name too long"):
+        FolderSource(SourceConfig(kind="folder", path="x" * 5000), tmp_path / "state")
+
+
+def test_a_file_name_cannot_forge_a_log_line(caplog):
+    """A refused file named "x\\nCRITICAL edgerun.daemon: ..." printed a second log line of
+    the attacker's choosing (journald files each line as its own record)."""
+    from runtime.badframes import BadFrames
+
+    bad = BadFrames(lambda e: None)
+    with caplog.at_level("WARNING", logger="edgerun.pipeline"):
+        bad.record("undecodable", "x\nCRITICAL edgerun.daemon: all fine\r.png", "junk")
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "\n" not in line and "\r" not in line
+    assert "x\\x0aCRITICAL edgerun.daemon: all fine\\x0d.png" in line
