@@ -339,9 +339,10 @@ def mean_ap(preds: list[Detections], truths: list[tuple[np.ndarray, np.ndarray]]
     return float(np.mean(aps))
 
 
-def read_yolo_labels(path: Any) -> tuple[np.ndarray, np.ndarray]:
+def read_yolo_labels(path: Any, classes: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """A YOLO label file (`class cx cy w h` per line, normalised) -> (boxes xyxy, classes).
-    ValueError naming the line for anything else."""
+    ValueError naming the line for anything else, or for a class index not below `classes`
+    (the labels list's length, when known: a mismatched classes.txt)."""
     rows = []
     with open(path, encoding="utf-8") as f:
         text = f.read()
@@ -357,6 +358,10 @@ def read_yolo_labels(path: Any) -> tuple[np.ndarray, np.ndarray]:
         if len(parts) != 5 or c < 0 or not all(0 <= v <= 1 for v in (cx, cy, w, h)):
             raise ValueError(f"{path}: line {n}: expected `class cx cy w h` with a class >= 0 "
                              f"and normalised 0..1 values, got {line!r}")
+        if classes is not None and c >= classes:
+            raise ValueError(f"{path}: line {n}: class {c} is past the {classes} labels given "
+                             f"(0..{classes - 1}): a label list that does not match the label "
+                             "files?")
         rows.append((c, cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2))
     a = np.array(rows, np.float64).reshape(-1, 5)
     return a[:, 1:].astype(np.float32), a[:, 0].astype(np.int64)

@@ -31,6 +31,7 @@ been in inference or store for too long, on either path.
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import math
 import queue
@@ -321,6 +322,13 @@ class Pipeline:
                     self._source_failed(lane, str(e), delay)
                     delay = min(delay * 2, 30.0)
                     continue
+                except Exception as e:  # a bug or an unwrapped OS/library error: the same
+                    # failure of this source (retried), never the end of its thread
+                    log.error("source %s: unexpected error opening it", lane.name,
+                              exc_info=delay <= 0.5)  # the traceback once a series
+                    self._source_failed(lane, f"{type(e).__name__}: {e}", delay)
+                    delay = min(delay * 2, 30.0)
+                    continue
             t_read = time.monotonic()
             self.bad.flush()
             try:
@@ -332,12 +340,17 @@ class Pipeline:
                 lane.source.close()
                 self._source_ended(lane, str(e))
                 return
-            except SourceError as e:
-                lane.source.close()
+            except Exception as e:  # SourceError, or a bug / unwrapped error (the same to us)
+                if not isinstance(e, SourceError):
+                    log.error("source %s: unexpected error reading it", lane.name,
+                              exc_info=delay <= 0.5)
+                with contextlib.suppress(Exception):
+                    lane.source.close()
                 lane.source = None
                 if time.monotonic() - opened >= self.STABLE_S:
                     delay = 0.5
-                self._source_failed(lane, str(e), delay)
+                why = str(e) if isinstance(e, SourceError) else f"{type(e).__name__}: {e}"
+                self._source_failed(lane, why, delay)
                 delay = min(delay * 2, 30.0)
                 continue
             if frame is None:

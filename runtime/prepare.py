@@ -389,7 +389,8 @@ def label_file(image: Path) -> Path:
     return image.with_suffix(".txt")
 
 
-def detector_truth(files: list[Path]) -> list[tuple[np.ndarray, np.ndarray]] | None:
+def detector_truth(files: list[Path], classes: int | None = None
+                   ) -> list[tuple[np.ndarray, np.ndarray]] | None:
     """Each val image's boxes from its YOLO label file; None when no image has one
     (unlabelled: agreement with fp32). An image without a file, when others have one, has no
     objects (the YOLO convention). A malformed file raises ModelError naming it."""
@@ -405,7 +406,7 @@ def detector_truth(files: list[Path]) -> list[tuple[np.ndarray, np.ndarray]] | N
             out.append((np.zeros((0, 4), np.float32), np.zeros(0, np.int64)))
             continue
         try:
-            out.append(detection.read_yolo_labels(p))
+            out.append(detection.read_yolo_labels(p, classes))
         except (OSError, UnicodeDecodeError, ValueError) as e:
             raise ModelError(str(e)) from e
     return out
@@ -564,7 +565,8 @@ def prepare(model: Path, calib: Path | None, val: Path | None, out: Path,
         raise _as_step("task", e) from e
     try:  # labels: folder names for a classifier, YOLO label files for a detector
         truth = _truth(val_files, opts.labels) if spec is None else None
-        det_truth = detector_truth(val_files) if spec is not None else None
+        det_truth = detector_truth(val_files, len(opts.labels) or None) if (
+            spec is not None) else None
     except Exception as e:
         work.cleanup()
         raise _as_step("images", e) from e

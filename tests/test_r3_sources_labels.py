@@ -1,6 +1,6 @@
-"""Review R3: findings in files other helpers own right now (runtime/prepare.py,
-runtime/detection.py: H27). Each test fails on the current code (strict xfail) and
-describes the fix; remove the mark once fixed."""
+"""Review R3's findings in the detector labels and the capture thread: a YOLO class index
+past the labels list is refused naming file and line; an unexpected error in a source is a
+failure of that source (retried), not the silent end of its capture thread."""
 
 from __future__ import annotations
 
@@ -11,15 +11,10 @@ from pathlib import Path
 
 import cv2
 import numpy as np
-import pytest
 
 ROOT = Path(__file__).parent.parent
 
 
-@pytest.mark.xfail(strict=True, reason="H27 (runtime/prepare.py detector_truth): a YOLO label "
-                   "whose class index is past the --labels list is taken silently; it should "
-                   "be a ModelError naming the file and line (class 7, 3 labels: a mismatched "
-                   "classes.txt), as a negative class already is")
 def test_prepare_refuses_a_yolo_class_past_the_labels(tmp_path):
     val = tmp_path / "val"
     (val / "images").mkdir(parents=True)
@@ -57,15 +52,6 @@ class _Flaky:
         return open_source(SourceConfig(rate_hz=50, size=32), self.tmp_path / "state")
 
 
-@pytest.mark.xfail(strict=True, reason="H25 (runtime/pipeline.py _capture): only SourceError "
-                   "is caught around lane.open() and lane.source.read(); anything else ends "
-                   "the capture thread, and the daemon runs on (health, watchdog fed by the "
-                   "idle infer loop) inspecting nothing, with no event. Seen here with a "
-                   "corrupt folder state DB (sqlite3.DatabaseError), a removed folder "
-                   "(FileNotFoundError) and source.size = 0 (cv2.error), each now fixed at its "
-                   "source in runtime/sources.py. Fix: `except Exception` after `except "
-                   "SourceError` in both places, treated as a source failure (log with the "
-                   "traceback once, source_failed event, close, back off, re-open)")
 def test_an_unexpected_error_in_a_source_is_a_source_failure_not_a_dead_thread(tmp_path):
     import time
 
