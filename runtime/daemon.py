@@ -49,7 +49,7 @@ from runtime.pipeline import Active, Pipeline, live_id
 from runtime.results_local import LocalResults
 from runtime.selector import Constraints, NoVariantError, Profile
 from runtime.sources import open_source
-from runtime.switch_retry import Retries
+from runtime.switch_retry import Retries, candidates
 from runtime.systemd import Notifier
 from runtime.telemetry.client import Publisher, device_id
 from runtime.telemetry.commands import Command, loggable
@@ -640,16 +640,15 @@ class Daemon:
             sm.current = rung
             return
         old = a.variant_id if a else sm.rungs[sm.current].variant_id
-        if not self._retries.due(sm.key, sm.rungs[rung].variant_id, time.monotonic()):
-            return  # it failed to load: retried when its backoff is over
-        try:
-            active = self._session_of(sm, rung)
-        except Exception as e:  # a variant that will not load is reported; stay where we are
-            self._switch_failed(sm.key, sm.rungs[rung].variant_id, e, old)
-            return
-        self._switch_worked(sm.key, active.variant_id)
+        n, wanted = len(sm.rungs), rung
+        got = self._load_first(sm.key, [r.variant_id for r in sm.rungs], wanted, sm.current,
+                               old, lambda i: self._session_of(sm, i))
+        if got is None:
+            return  # nothing loaded: stay where we are (each retried with its backoff)
+        rung, active = got
+        if rung != wanted:
+            why += f"; rung {rung_label(wanted, n)} ({sm.rungs[wanted].variant_id}) will not load"
         self.pipeline.switch(active)
-        n = len(sm.rungs)
         log.info("model %s rung %s -> %s: %s -> %s (%s)", sm.key, rung_label(sm.current, n),
                  rung_label(rung, n), old, active.variant_id, why)
         self.event("rung_changed", "info", **{"from": old, "to": active.variant_id,
@@ -989,14 +988,14 @@ class Daemon:
             self.current = rung  # same variant, new index (the ladder was rebuilt)
             return
         old = a.variant_id if a else self.rungs[self.current].variant_id
-        if not self._retries.due("", self.rungs[rung].variant_id, time.monotonic()):
-            return  # it failed to load: retried when its backoff is over
-        try:
-            active = self._session(rung)
-        except Exception as e:  # a variant that will not load is reported; stay where we are
-            self._switch_failed("", self.rungs[rung].variant_id, e, old)
-            return
-        self._switch_worked("", active.variant_id)
+        wanted = rung
+        got = self._load_first("", [r.variant_id for r in self.rungs], wanted, self.current,
+                               old, self._session)
+        if got is None:
+            return  # nothing loaded: stay where we are (each retried with its backoff)
+        rung, active = got
+        if rung != wanted:
+            why += f"; rung {rung_label(wanted, n)} ({self.rungs[wanted].variant_id}) will not load"
         self.pipeline.switch(active)
         log.info("rung %s -> %s: %s -> %s (%s)", rung_label(self.current, n),
                  rung_label(rung, n), old, active.variant_id, why)
@@ -1006,6 +1005,32 @@ class Daemon:
         self.notify.status(self.status_line())
         if self.publisher:
             self.publisher.request_rebirth()
+
+    def _load_first(self, key: str, vids: list[str], wanted: int, current: int, running: str,
+                    session: Callable[[int], Active]) -> tuple[int, Active] | None:
+        """Load the session of rung `wanted` of model `key` (`vids`: its ladder's variant
+        ids); when that is a step down and it will not load, of the next cheaper rung that
+        does (runtime.switch_retry.candidates: a hot box must not stay on the hotter rung).
+        Rungs in backoff are skipped; None when nothing loaded (or the running variant is
+        reached first: nothing to switch)."""
+        for r in candidates(wanted, current):
+            vid = vids[r]
+            if r != wanted and vid == running:
+                return None  # the fallback reached what runs
+            if not self._retries.due(key, vid, time.monotonic()):
+                continue  # it failed to load: retried when its backoff is over
+            try:
+                active = session(r)
+            except Exception as e:  # a variant that will not load is reported
+                self._switch_failed(key, vid, e, running)
+                continue
+            self._switch_worked(key, active.variant_id)
+            if r != wanted:
+                log.warning("%s%s will not load; stepped down to rung %s (%s) instead, cheaper "
+                            "than the one asked for", f"model {key}: " if key else "",
+                            vids[wanted], rung_label(r, len(vids)), vid)
+            return r, active
+        return None
 
     def _switch_failed(self, key: str, vid: str, e: Exception, running: str) -> None:
         """A variant that would not load: stay on what runs and retry it with backoff
@@ -1031,7 +1056,7 @@ class Daemon:
 
     def _switch_worked(self, key: str, vid: str) -> None:
         """A switch that loaded: any backoff of this model ends (said once)."""
-        old, say = self._retries.succeeded(key)
+        old, say = self._retries.succeeded(key, vid)
         if say == "recovered":
             log.info("%sswitch to %s loaded%s after %d failed attempt(s); the retries stop",
                      f"model {key}: " if key else "", vid,
