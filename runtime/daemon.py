@@ -641,8 +641,8 @@ class Daemon:
             return
         old = a.variant_id if a else sm.rungs[sm.current].variant_id
         n, wanted = len(sm.rungs), rung
-        got = self._load_first(sm.key, [r.variant_id for r in sm.rungs], wanted, sm.current,
-                               old, lambda i: self._session_of(sm, i))
+        got = self._load_first(sm.key, sm.path, [r.variant_id for r in sm.rungs], wanted,
+                               sm.current, old, lambda i: self._session_of(sm, i))
         if got is None:
             return  # nothing loaded: stay where we are (each retried with its backoff)
         rung, active = got
@@ -989,8 +989,8 @@ class Daemon:
             return
         old = a.variant_id if a else self.rungs[self.current].variant_id
         wanted = rung
-        got = self._load_first("", [r.variant_id for r in self.rungs], wanted, self.current,
-                               old, self._session)
+        got = self._load_first("", self.manifest.root, [r.variant_id for r in self.rungs],
+                               wanted, self.current, old, self._session)
         if got is None:
             return  # nothing loaded: stay where we are (each retried with its backoff)
         rung, active = got
@@ -1006,25 +1006,29 @@ class Daemon:
         if self.publisher:
             self.publisher.request_rebirth()
 
-    def _load_first(self, key: str, vids: list[str], wanted: int, current: int, running: str,
-                    session: Callable[[int], Active]) -> tuple[int, Active] | None:
-        """Load the session of rung `wanted` of model `key` (`vids`: its ladder's variant
-        ids); when that is a step down and it will not load, of the next cheaper rung that
-        does (runtime.switch_retry.candidates: a hot box must not stay on the hotter rung).
-        Rungs in backoff are skipped; None when nothing loaded (or the running variant is
-        reached first: nothing to switch)."""
+    def _load_first(self, key: str, root: Any, vids: list[str], wanted: int, current: int,
+                    running: str, session: Callable[[int], Active]) -> tuple[int, Active] | None:
+        """Load the session of rung `wanted` of model `key` (in directory `root`; `vids`: its
+        ladder's variant ids); when that is a step down and it will not load, of the next
+        cheaper rung that does (runtime.switch_retry.candidates: a hot box must not stay on
+        the hotter rung). Rungs in backoff are skipped; None when nothing loaded (or the
+        running variant is reached first: nothing to switch)."""
+        # Backoff per model directory too: two versions of the [model] share variant ids, and
+        # the failed file of one (a new version's) must not hold back the other's (the
+        # rollback's switch back was skipped: the failed version's session kept running)
+        rkey = f"{key}\x00{root}"
         for r in candidates(wanted, current):
             vid = vids[r]
             if r != wanted and vid == running:
                 return None  # the fallback reached what runs
-            if not self._retries.due(key, vid, time.monotonic()):
+            if not self._retries.due(rkey, vid, time.monotonic()):
                 continue  # it failed to load: retried when its backoff is over
             try:
                 active = session(r)
             except Exception as e:  # a variant that will not load is reported
-                self._switch_failed(key, vid, e, running)
+                self._switch_failed(key, vid, e, running, rkey)
                 continue
-            self._switch_worked(key, active.variant_id)
+            self._switch_worked(key, active.variant_id, rkey)
             if r != wanted:
                 log.warning("%s%s will not load; stepped down to rung %s (%s) instead, cheaper "
                             "than the one asked for", f"model {key}: " if key else "",
@@ -1032,11 +1036,12 @@ class Daemon:
             return r, active
         return None
 
-    def _switch_failed(self, key: str, vid: str, e: Exception, running: str) -> None:
+    def _switch_failed(self, key: str, vid: str, e: Exception, running: str,
+                       rkey: str | None = None) -> None:
         """A variant that would not load: stay on what runs and retry it with backoff
         (runtime/switch_retry.py), saying so at the first failure and when the interval
-        reaches its longest, not at every tick."""
-        b, say = self._retries.failed(key, vid, time.monotonic())
+        reaches its longest, not at every tick (`rkey`: its backoff's key, default `key`)."""
+        b, say = self._retries.failed(key if rkey is None else rkey, vid, time.monotonic())
         model = f"model {key} " if key else ""
         extra = {"model": key[-256:]} if key else {}
         if say == "failing":
@@ -1054,9 +1059,9 @@ class Daemon:
             log.debug("switch of %sto %s failed again (%d): %s; next try in %g s", model, vid,
                       b.failures, e, b.delay_s)
 
-    def _switch_worked(self, key: str, vid: str) -> None:
+    def _switch_worked(self, key: str, vid: str, rkey: str | None = None) -> None:
         """A switch that loaded: any backoff of this model ends (said once)."""
-        old, say = self._retries.succeeded(key, vid)
+        old, say = self._retries.succeeded(key if rkey is None else rkey, vid)
         if say == "recovered":
             log.info("%sswitch to %s loaded%s after %d failed attempt(s); the retries stop",
                      f"model {key}: " if key else "", vid,

@@ -181,13 +181,11 @@ def test_two_failing_variants_of_one_model_keep_their_own_backoff():
     assert not r.due("", "v2", 4.0) and r.due("", "v2", 11.0)
 
 
-@pytest.mark.skipif(not (bundled() / "manifest.json").exists(), reason="bundled model not built")
-def test_a_hot_box_whose_lower_rung_will_not_load_steps_further_down(tmp_path):
-    """The governor steps a hot box down from its top rung to the middle one, whose model file
-    is gone (corrupted or removed since profiling). Old code: the switch failed and the box
-    stayed on the top, hottest rung, retrying the middle one with backoff for up to 5 min.
-    Now: the cheapest rung, which loads, runs at once, and the middle one is not retried at
-    every tick after."""
+def _daemon(tmp_path: Path, *models: Path):
+    """An unstarted Daemon whose [model] is the first of `models` (copies of the bundled
+    inspection model), on a three-rung ladder of real ONNX Runtime variants, its pipeline not
+    running (a switch is taken at its next frame: `target` shows it); `use(i)` makes the
+    i-th model the [model] (as an OTA swap or a rollback installs it). Events are kept."""
     from runtime.backends import discover
     from runtime.config import BackendsConfig, ModelConfig, OnnxRuntimeConfig, load
     from runtime.daemon import Daemon
@@ -197,26 +195,43 @@ def test_a_hot_box_whose_lower_rung_will_not_load_steps_further_down(tmp_path):
     from runtime.pipeline import Pipeline
     from runtime.sources import SourceConfig, open_source
 
-    model = tmp_path / "model"
-    shutil.copytree(bundled("inspection"), model)
-    m = configured_model(model, ModelConfig())
     bcfg = BackendsConfig(enabled=("onnxruntime",), threads=(1,),
                           onnxruntime=OnnxRuntimeConfig(spinning=(False,),
                                                         include_default=False))
     (backend,) = discover(bcfg)
-    by_file = {f.path.name: v for f in model_files(m) for v in backend.variants(f, bcfg, (1,))}
-    chosen = [by_file["small-int8.onnx"], by_file["fp32.onnx"], by_file["large-fp32.onnx"]]
     cfg = tmp_path / "c.toml"
     cfg.write_text(f'[daemon]\nstate_dir = "{tmp_path / "state"}"\n')
     d = Daemon(load(cfg))
-    d.manifest = m
-    d._loaders = {v.id: (backend, v) for v in chosen}
-    d.rungs = [Rung(v.id, 0.9, 0.001 * (i + 1), 0.01) for i, v in enumerate(chosen)]
+    said: list = []
+    d.event = lambda type_, severity="info", **f: said.append((type_, f))
+
+    def use(i: int) -> list:
+        m = configured_model(models[i], ModelConfig())
+        by_file = {f.path.name: v for f in model_files(m)
+                   for v in backend.variants(f, bcfg, (1,))}
+        chosen = [by_file[n] for n in ("small-int8.onnx", "fp32.onnx", "large-fp32.onnx")]
+        d.manifest = m
+        d._loaders = {v.id: (backend, v) for v in chosen}
+        d.rungs = [Rung(v.id, 0.9, 0.001 * (k + 1), 0.01) for k, v in enumerate(chosen)]
+        return chosen
+
+    chosen = use(0)
     d.pipeline = Pipeline(lanes([SourceConfig(kind="synthetic", size=64)],
                                 lambda c, i: open_source(c, tmp_path / "state"),
-                                lambda s: s.model), m, lambda rs: [], lambda e: None)
-    said = []
-    d.event = lambda type_, severity="info", **f: said.append((type_, f))
+                                lambda s: s.model), d.manifest, lambda rs: [], lambda e: None)
+    return d, said, chosen, use
+
+
+@pytest.mark.skipif(not (bundled() / "manifest.json").exists(), reason="bundled model not built")
+def test_a_hot_box_whose_lower_rung_will_not_load_steps_further_down(tmp_path):
+    """The governor steps a hot box down from its top rung to the middle one, whose model file
+    is gone (corrupted or removed since profiling). Old code: the switch failed and the box
+    stayed on the top, hottest rung, retrying the middle one with backoff for up to 5 min.
+    Now: the cheapest rung, which loads, runs at once, and the middle one is not retried at
+    every tick after."""
+    model = tmp_path / "model"
+    shutil.copytree(bundled("inspection"), model)
+    d, said, chosen, _ = _daemon(tmp_path, model)
     d.current = 2
     d.pipeline.switch(d._session(2))  # the top rung runs
     (model / "fp32.onnx").unlink()  # the middle rung's file is gone
@@ -226,3 +241,24 @@ def test_a_hot_box_whose_lower_rung_will_not_load_steps_further_down(tmp_path):
     assert said[1][1]["to"] == chosen[0].id and "will not load" in said[1][1]["reason"]
     d._move(1, 0.0, "cooler")  # a step up to the broken rung right after: in its backoff
     assert d.current == 0 and len(said) == 2
+
+
+@pytest.mark.skipif(not (bundled() / "manifest.json").exists(), reason="bundled model not built")
+def test_a_variant_failing_in_one_version_does_not_hold_back_another_versions(tmp_path):
+    """Two versions of the [model] share variant ids. The new version's top rung will not
+    load (its file is broken) and is in backoff; the rollback installs the old version and
+    asks for its top rung, whose file is fine. Old code: the backoff (by variant id) skipped
+    it, so the failed version's session kept running under the old version's ladder."""
+    new, old = tmp_path / "v2", tmp_path / "v1"
+    shutil.copytree(bundled("inspection"), new)
+    shutil.copytree(bundled("inspection"), old)
+    d, said, chosen, use = _daemon(tmp_path, new, old)
+    d.current = 1
+    d.pipeline.switch(d._session(1))  # the new version runs its middle rung
+    (new / "large-fp32.onnx").write_bytes(b"broken")
+    d._move(2, 0.0, "budget")
+    assert d.current == 1 and [t for t, _ in said] == ["switch_failed"]
+    use(1)  # the rollback installs the old version, whose files are intact
+    d._move(2, 0.0, "rollback of v2")
+    a = d.pipeline.target
+    assert a.variant_id == chosen[2].id and a.manifest.root == old and d.current == 2, said
