@@ -59,6 +59,10 @@ from runtime.telemetry.outbox import Outbox
 log = logging.getLogger("edgerun.daemon")
 
 LIVE_MIN_INFERENCES = 50  # inferences per live energy update of the running rung
+# Commands after which a variant switch in backoff is tried again at once: the ones that may
+# have mended what would not load (files measured or replaced). Any command did, so a stream of
+# settings commands (a dashboard slider, a script) loaded the broken file, and said so, at each.
+RETRY_COMMANDS = frozenset({"reprofile", "deploy", "choose_model"})
 LIVE_ALPHA = 0.3  # EWMA weight of each live update
 PROGRESS_LOG_S = 2.0  # profiling progress on the terminal: at most one line this often
 
@@ -1046,8 +1050,9 @@ class Daemon:
         extra = {"model": key[-256:]} if key else {}
         if say == "failing":
             log.error("cannot switch %sto %s: %s; staying on %s and retrying in %g s, then at "
-                      "doubling intervals up to %g s (a command or a config reload retries at "
-                      "once)", model, vid, e, running, b.delay_s, self._retries.cap_s)
+                      "doubling intervals up to %g s (a reprofile, deploy or choose_model "
+                      "command or a config reload retries at once)", model, vid, e, running,
+                      b.delay_s, self._retries.cap_s)
             self.event("switch_failed", "warning", variant=vid, error=str(e)[:300],
                        running=running, retry_s=b.delay_s, **extra)
         elif say == "capped":
@@ -1106,7 +1111,8 @@ class Daemon:
     def handle(self, cmd: Command) -> None:
         """Apply a verified command (the publisher already replied 'accepted')."""
         log.info("command %s %s", cmd.name, loggable(cmd.args))
-        self._retries.reset()  # an operator acted: a failing switch is tried again at once
+        if cmd.name in RETRY_COMMANDS:  # a failing switch is tried again at once
+            self._retries.reset()
         c = self.cfg.constraints
         if cmd.name == "set_latency_target":
             self._set_constraints(replace(c, latency_ms=cmd.args["ms"]))

@@ -262,3 +262,27 @@ def test_a_variant_failing_in_one_version_does_not_hold_back_another_versions(tm
     d._move(2, 0.0, "rollback of v2")
     a = d.pipeline.target
     assert a.variant_id == chosen[2].id and a.manifest.root == old and d.current == 2, said
+
+
+@pytest.mark.skipif(not (bundled() / "manifest.json").exists(), reason="bundled model not built")
+def test_a_stream_of_settings_commands_does_not_defeat_the_backoff(tmp_path):
+    """Any command reset the backoff: a dashboard slider or a script sending `set_rate` every
+    second loaded the broken file (a session load and warm-up on the main loop) and said so
+    (an error line, a switch_failed event) at each. A reprofile still tries at once."""
+    from runtime.telemetry.commands import Command
+
+    model = tmp_path / "model"
+    shutil.copytree(bundled("inspection"), model)
+    d, said, _, _ = _daemon(tmp_path, model)
+    d.current = 1
+    d.pipeline.switch(d._session(1))
+    (model / "large-fp32.onnx").write_bytes(b"broken")
+    d._move(2, 0.0, "budget")
+    for k in range(5):
+        d.handle(Command(f"cmd{k:05d}", "set_rate", {"fps": 5 + k}))
+        d._move(2, 0.0, "budget")
+    assert [t for t, _ in said].count("switch_failed") == 1, said
+    d.reprofile = lambda why: None  # (measuring is not what this test is about)
+    d.handle(Command("cmd-reprofile", "reprofile", {}))
+    d._move(2, 0.0, "budget")
+    assert [t for t, _ in said].count("switch_failed") == 2, said
