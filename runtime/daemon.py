@@ -49,7 +49,7 @@ from runtime.pipeline import Active, Pipeline, live_id
 from runtime.results_local import LocalResults
 from runtime.selector import Constraints, NoVariantError, Profile
 from runtime.sources import open_source
-from runtime.switch_retry import Retries
+from runtime.switch_retry import Retries, candidates
 from runtime.systemd import Notifier
 from runtime.telemetry.client import Publisher, device_id
 from runtime.telemetry.commands import Command, loggable
@@ -59,6 +59,10 @@ from runtime.telemetry.outbox import Outbox
 log = logging.getLogger("edgerun.daemon")
 
 LIVE_MIN_INFERENCES = 50  # inferences per live energy update of the running rung
+# Commands after which a variant switch in backoff is tried again at once: the ones that may
+# have mended what would not load (files measured or replaced). Any command did, so a stream of
+# settings commands (a dashboard slider, a script) loaded the broken file, and said so, at each.
+RETRY_COMMANDS = frozenset({"reprofile", "deploy", "choose_model"})
 LIVE_ALPHA = 0.3  # EWMA weight of each live update
 PROGRESS_LOG_S = 2.0  # profiling progress on the terminal: at most one line this often
 
@@ -640,16 +644,15 @@ class Daemon:
             sm.current = rung
             return
         old = a.variant_id if a else sm.rungs[sm.current].variant_id
-        if not self._retries.due(sm.key, sm.rungs[rung].variant_id, time.monotonic()):
-            return  # it failed to load: retried when its backoff is over
-        try:
-            active = self._session_of(sm, rung)
-        except Exception as e:  # a variant that will not load is reported; stay where we are
-            self._switch_failed(sm.key, sm.rungs[rung].variant_id, e, old)
-            return
-        self._switch_worked(sm.key, active.variant_id)
+        n, wanted = len(sm.rungs), rung
+        got = self._load_first(sm.key, sm.path, [r.variant_id for r in sm.rungs], wanted,
+                               sm.current, old, lambda i: self._session_of(sm, i))
+        if got is None:
+            return  # nothing loaded: stay where we are (each retried with its backoff)
+        rung, active = got
+        if rung != wanted:
+            why += f"; rung {rung_label(wanted, n)} ({sm.rungs[wanted].variant_id}) will not load"
         self.pipeline.switch(active)
-        n = len(sm.rungs)
         log.info("model %s rung %s -> %s: %s -> %s (%s)", sm.key, rung_label(sm.current, n),
                  rung_label(rung, n), old, active.variant_id, why)
         self.event("rung_changed", "info", **{"from": old, "to": active.variant_id,
@@ -989,14 +992,14 @@ class Daemon:
             self.current = rung  # same variant, new index (the ladder was rebuilt)
             return
         old = a.variant_id if a else self.rungs[self.current].variant_id
-        if not self._retries.due("", self.rungs[rung].variant_id, time.monotonic()):
-            return  # it failed to load: retried when its backoff is over
-        try:
-            active = self._session(rung)
-        except Exception as e:  # a variant that will not load is reported; stay where we are
-            self._switch_failed("", self.rungs[rung].variant_id, e, old)
-            return
-        self._switch_worked("", active.variant_id)
+        wanted = rung
+        got = self._load_first("", self.manifest.root, [r.variant_id for r in self.rungs],
+                               wanted, self.current, old, self._session)
+        if got is None:
+            return  # nothing loaded: stay where we are (each retried with its backoff)
+        rung, active = got
+        if rung != wanted:
+            why += f"; rung {rung_label(wanted, n)} ({self.rungs[wanted].variant_id}) will not load"
         self.pipeline.switch(active)
         log.info("rung %s -> %s: %s -> %s (%s)", rung_label(self.current, n),
                  rung_label(rung, n), old, active.variant_id, why)
@@ -1007,17 +1010,49 @@ class Daemon:
         if self.publisher:
             self.publisher.request_rebirth()
 
-    def _switch_failed(self, key: str, vid: str, e: Exception, running: str) -> None:
+    def _load_first(self, key: str, root: Any, vids: list[str], wanted: int, current: int,
+                    running: str, session: Callable[[int], Active]) -> tuple[int, Active] | None:
+        """Load the session of rung `wanted` of model `key` (in directory `root`; `vids`: its
+        ladder's variant ids); when that is a step down and it will not load, of the next
+        cheaper rung that does (runtime.switch_retry.candidates: a hot box must not stay on
+        the hotter rung). Rungs in backoff are skipped; None when nothing loaded (or the
+        running variant is reached first: nothing to switch)."""
+        # Backoff per model directory too: two versions of the [model] share variant ids, and
+        # the failed file of one (a new version's) must not hold back the other's (the
+        # rollback's switch back was skipped: the failed version's session kept running)
+        rkey = f"{key}\x00{root}"
+        for r in candidates(wanted, current):
+            vid = vids[r]
+            if r != wanted and vid == running:
+                return None  # the fallback reached what runs
+            if not self._retries.due(rkey, vid, time.monotonic()):
+                continue  # it failed to load: retried when its backoff is over
+            try:
+                active = session(r)
+            except Exception as e:  # a variant that will not load is reported
+                self._switch_failed(key, vid, e, running, rkey)
+                continue
+            self._switch_worked(key, active.variant_id, rkey)
+            if r != wanted:
+                log.warning("%s%s will not load; stepped down to rung %s (%s) instead, cheaper "
+                            "than the one asked for", f"model {key}: " if key else "",
+                            vids[wanted], rung_label(r, len(vids)), vid)
+            return r, active
+        return None
+
+    def _switch_failed(self, key: str, vid: str, e: Exception, running: str,
+                       rkey: str | None = None) -> None:
         """A variant that would not load: stay on what runs and retry it with backoff
         (runtime/switch_retry.py), saying so at the first failure and when the interval
-        reaches its longest, not at every tick."""
-        b, say = self._retries.failed(key, vid, time.monotonic())
+        reaches its longest, not at every tick (`rkey`: its backoff's key, default `key`)."""
+        b, say = self._retries.failed(key if rkey is None else rkey, vid, time.monotonic())
         model = f"model {key} " if key else ""
         extra = {"model": key[-256:]} if key else {}
         if say == "failing":
             log.error("cannot switch %sto %s: %s; staying on %s and retrying in %g s, then at "
-                      "doubling intervals up to %g s (a command or a config reload retries at "
-                      "once)", model, vid, e, running, b.delay_s, self._retries.cap_s)
+                      "doubling intervals up to %g s (a reprofile, deploy or choose_model "
+                      "command or a config reload retries at once)", model, vid, e, running,
+                      b.delay_s, self._retries.cap_s)
             self.event("switch_failed", "warning", variant=vid, error=str(e)[:300],
                        running=running, retry_s=b.delay_s, **extra)
         elif say == "capped":
@@ -1029,9 +1064,9 @@ class Daemon:
             log.debug("switch of %sto %s failed again (%d): %s; next try in %g s", model, vid,
                       b.failures, e, b.delay_s)
 
-    def _switch_worked(self, key: str, vid: str) -> None:
+    def _switch_worked(self, key: str, vid: str, rkey: str | None = None) -> None:
         """A switch that loaded: any backoff of this model ends (said once)."""
-        old, say = self._retries.succeeded(key)
+        old, say = self._retries.succeeded(key if rkey is None else rkey, vid)
         if say == "recovered":
             log.info("%sswitch to %s loaded%s after %d failed attempt(s); the retries stop",
                      f"model {key}: " if key else "", vid,
@@ -1076,7 +1111,8 @@ class Daemon:
     def handle(self, cmd: Command) -> None:
         """Apply a verified command (the publisher already replied 'accepted')."""
         log.info("command %s %s", cmd.name, loggable(cmd.args))
-        self._retries.reset()  # an operator acted: a failing switch is tried again at once
+        if cmd.name in RETRY_COMMANDS:  # a failing switch is tried again at once
+            self._retries.reset()
         c = self.cfg.constraints
         if cmd.name == "set_latency_target":
             self._set_constraints(replace(c, latency_ms=cmd.args["ms"]))

@@ -20,10 +20,17 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from runtime.multisource import MAX_SOURCES
+
 ModelId = tuple[str, str]  # (pipeline key, model directory)
 
 RING = 2000  # inference latencies kept per model (the pipeline's own ring is 2000 frames)
-MAX_MODELS = 16  # models counted at once; the one silent longest is forgotten first
+# Models counted at once; the one silent longest is forgotten first. Every model the box may
+# run at once must fit: each of the MAX_SOURCES sources on a model of its own, the [model]'s,
+# and its old version during a swap. With 16, a box of 17+ models served in turn forgot each
+# one before its next frame (LRU in a round robin): the [model]'s count restarted at 1, so
+# probation never reached its frames and the throttling check never its 50 results.
+MAX_MODELS = MAX_SOURCES + 2
 
 
 def model_id(key: str, manifest: Any) -> ModelId:

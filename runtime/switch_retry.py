@@ -7,7 +7,8 @@ stays on what runs; before, it tried again every tick, for ever, with an error l
 retries the same failing variant after 1 s, then 2, 4, ... up to 5 minutes, and says so once
 per state change: the first failure (what failed, what runs, when it retries), reaching the
 longest interval, and the success that ends it. Asking for another variant, a command or a
-config reload (`reset`) tries at once.
+config reload (`reset`) tries at once. A step down whose rung will not load falls back to the
+next cheaper rung that does (`candidates`): a hot box must get off the hotter rung.
 
 `due`, `failed` and `succeeded` are pure (tables in tests/test_switch_retry.py); `Retries`
 holds the state per model.
@@ -71,27 +72,40 @@ def reset(b: Backoff) -> Backoff:
     return Backoff(b.target, before=b.attempts) if b.attempts else Backoff()
 
 
+def candidates(wanted: int, running: int) -> list[int]:
+    """The rungs to try, in order, when the control step asks for `wanted` while `running`
+    runs (rung 0 = the cheapest): a step down (heat, energy) falls back to each cheaper rung
+    in turn, since a rung that will not load must not keep a hot box on the hotter one it
+    was leaving (every cheaper rung fits the budget too); a step up tries only `wanted`."""
+    return list(range(wanted, -1, -1)) if wanted < running else [wanted]
+
+
 class Retries:
-    """The backoff of each model's switch (main thread only)."""
+    """The backoff of each model's switch to each variant (main thread only): two variants
+    of one model failing in turn (a step down falling back, a budget see-sawing) each keep
+    their own interval, rather than restarting each other's at 1 s every tick."""
 
     def __init__(self, first_s: float = FIRST_S, cap_s: float = CAP_S):
         self.first_s, self.cap_s = first_s, cap_s
-        self.state: dict[str, Backoff] = {}
+        self.state: dict[tuple[str, str], Backoff] = {}  # (model key, variant) -> backoff
 
     def due(self, key: str, target: str, now: float) -> bool:
         """Whether model `key` may try switching to `target` now."""
-        return due(self.state.get(key, Backoff()), target, now)
+        return due(self.state.get((key, target), Backoff()), target, now)
 
     def failed(self, key: str, target: str, now: float) -> tuple[Backoff, Say]:
         """Record a failed switch of model `key`; the new state and what to say."""
-        b, say = failed(self.state.get(key, Backoff()), target, now, self.first_s,
+        b, say = failed(self.state.get((key, target), Backoff()), target, now, self.first_s,
                         self.cap_s)
-        self.state[key] = b
+        self.state[(key, target)] = b
         return b, say
 
-    def succeeded(self, key: str) -> tuple[Backoff, Say]:
-        """Record a switch of model `key` that worked; the state it ended and what to say."""
-        old = self.state.pop(key, Backoff())
+    def succeeded(self, key: str, target: str | None = None) -> tuple[Backoff, Say]:
+        """Record a switch of model `key` to `target` that worked (None: any switch of it,
+        every variant's backoff ends); the state it ended and what to say."""
+        gone = [k for k in self.state if k[0] == key and target in (None, k[1])]
+        olds = [self.state.pop(k) for k in gone]
+        old = max(olds, key=lambda b: b.attempts, default=Backoff())
         return old, succeeded(old)[1]
 
     def reset(self) -> None:
@@ -99,4 +113,5 @@ class Retries:
         self.state = {k: reset(b) for k, b in self.state.items()}
 
 
-__all__ = ["CAP_S", "FIRST_S", "Backoff", "Retries", "due", "failed", "reset", "succeeded"]
+__all__ = ["CAP_S", "FIRST_S", "Backoff", "Retries", "candidates", "due", "failed", "reset",
+           "succeeded"]

@@ -101,6 +101,25 @@ def test_model_counts_are_bounded_and_forget_the_longest_silent_model():
     assert c.tally(("", "a"), since=17.0).latencies_ms == (7.0, 8.0)
 
 
+def test_every_model_a_full_box_runs_keeps_its_counts_when_served_in_turn():
+    """64 cameras each on a model of its own, the [model]'s and its old version during a
+    swap, each counted in turn (the fair queue serves them so): none is forgotten. With room
+    for 16, a box of 17 or more models forgot each before its next frame, so the [model]'s
+    count never passed 1: probation never reached its frames, the throttling check never its
+    50 results."""
+    from runtime.multisource import MAX_SOURCES
+
+    c = ModelCounts()
+    models = [(f"cam{i}", f"/m/{i}") for i in range(MAX_SOURCES)] + [("", "/m/v2"),
+                                                                     ("", "/m/v1")]
+    for rnd in range(60):
+        for k, m in enumerate(models):
+            c.result(m, rnd * 100.0 + k, 2.0)
+    for m in models:
+        t = c.tally(m)
+        assert t.results == 60 and len(t.latencies_ms) == 60, (m, t.results)
+
+
 def test_model_id_separates_versions_of_the_same_key():
     class M:
         def __init__(self, root: str):

@@ -49,3 +49,50 @@ def test_own_topics_and_reading_the_fleet_stay_possible(tmp_path):
     acl = (tmp_path / "bd" / "acl").read_text()
     assert "topic write plc/line1/trigger" in acl
     assert "topic read edgerun/v1/+/+/result/each" in acl
+
+
+def test_a_client_an_older_version_enrolled_with_the_fleets_topics_can_be_revoked(tmp_path,
+                                                                                  capsys):
+    """A camera enrolled by an older version with `--write 'edgerun/#'` is refused now, and
+    the refusal says to remove it; `edgerun fleet revoke` itself refused (it read every
+    identity through the same check), so the only way out was editing identities.json by
+    hand. Each is revoked now (a revocation only narrows the ACL), one at a time."""
+    import json
+
+    bd = tmp_path / "bd"
+    assert _enroll(tmp_path, "--role", "client", "--write", "plc/x", "cam1") == 0
+    assert _enroll(tmp_path, "--role", "client", "--write", "plc/y", "cam2") == 0
+    reg = bd / "identities.json"
+    doc = json.loads(reg.read_text())
+    doc["cam1"]["write"] = ["edgerun/#"]  # as the older version wrote it
+    doc["cam2"]["write"] = ["#"]
+    reg.write_text(json.dumps(doc))
+    capsys.readouterr()
+    assert main(["fleet", "revoke", "--role", "client", "cam1", "--broker-dir", str(bd)]) == 0, \
+        capsys.readouterr().err
+    assert "cam1" not in json.loads(reg.read_text())
+    assert "cam1" not in (bd / "passwd").read_text()
+    assert "cam1" not in (bd / "acl").read_text() and "cam2" in (bd / "acl").read_text()
+    with pytest.raises(ValueError, match="'cam2' is not an identity"):
+        BrokerAuth(bd).identities()  # the other is still refused, until revoked too
+    assert main(["fleet", "revoke", "--role", "client", "cam2", "--broker-dir", str(bd)]) == 0
+    assert BrokerAuth(bd).identities() == {}
+    assert "edgerun/#" not in (bd / "acl").read_text()
+
+
+def test_a_revocation_still_refuses_a_hand_edited_identity_that_would_inject_acl_lines(
+        tmp_path):
+    """Revoking skips only the write-topic rule older versions lacked: a name or topic no
+    enrolment ever wrote (a newline: an ACL line of its own) still stops it."""
+    import json
+
+    bd = tmp_path / "bd"
+    assert _enroll(tmp_path, "--role", "client", "--write", "plc/x", "cam1") == 0
+    assert _enroll(tmp_path, "--role", "client", "--write", "plc/y", "cam2") == 0
+    reg = bd / "identities.json"
+    doc = json.loads(reg.read_text())
+    doc["cam2"]["read"] = ["plc/y\ntopic readwrite #"]
+    reg.write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match="'cam2' is not an identity"):
+        BrokerAuth(bd).remove("cam1")
+    assert "topic readwrite #" not in (bd / "acl").read_text()

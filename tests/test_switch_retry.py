@@ -16,7 +16,7 @@ import pytest
 from daemon_harness import ZONE, Serve, events, last_health, wait, write_config
 
 from models import bundled
-from runtime.switch_retry import CAP_S, Backoff, Retries, due, failed, reset, succeeded
+from runtime.switch_retry import CAP_S, Backoff, Retries, candidates, due, failed, reset, succeeded
 
 # -- the pure backoff ------------------------------------------------------------------------
 
@@ -134,11 +134,14 @@ def test_a_variant_that_will_not_load_is_retried_with_backoff_and_said_once(tmp_
         wait(lambda: "cannot switch to" in d.text(), 30, "the failed switch", d)
         time.sleep(5.0)  # 25 control ticks
         text = d.text()
-        assert text.count("cannot switch to") == 1, text[-3000:]
+        # each rung that will not load is said once (a step down falls back to each cheaper
+        # rung in turn: every one of them is gone here)
+        tried = re.findall(r"cannot switch to (\S+): ", text)
+        assert tried and len(tried) == len(set(tried)), text[-3000:]
         assert "retrying in 1 s, then at doubling intervals up to 300 s" in text
         failed_ev = events(d.outbox, "switch_failed")
-        assert len(failed_ev) == 1 and failed_ev[0]["retry_s"] == 1.0, failed_ev
-        assert failed_ev[0]["running"] == top
+        assert len(failed_ev) == len(tried), failed_ev
+        assert all(e["retry_s"] == 1.0 and e["running"] == top for e in failed_ev), failed_ev
         assert last_health(d.outbox)["choice"] == top  # still serving, on the top rung
         n = len(events(d.outbox, "rung_changed"))
         for f in aside.iterdir():  # the files are back; a reload tries at once
@@ -149,3 +152,137 @@ def test_a_variant_that_will_not_load_is_retried_with_backoff_and_said_once(tmp_
         assert events(d.outbox, "rung_changed")[-1]["to"] != top
     finally:
         assert d.stop() == 0
+
+
+# -- a step down whose rung will not load ----------------------------------------------------
+
+@pytest.mark.parametrize("wanted, running, want", [
+    (1, 3, [1, 0]),  # a step down: each cheaper rung in turn
+    (0, 2, [0]),
+    (2, 1, [2]),  # a step up: only the one asked for
+    (2, 2, [2]),
+])
+def test_a_step_down_falls_back_to_each_cheaper_rung(wanted, running, want):
+    assert candidates(wanted, running) == want
+
+
+def test_two_failing_variants_of_one_model_keep_their_own_backoff():
+    """A step down that falls back (or a budget see-sawing between two rungs) asks for two
+    failing variants in turn. One state per model restarted the other's interval at 1 s each
+    time: both were loaded, and said, at every tick."""
+    r = Retries()
+    for k in range(4):  # both fail, in turn, four times
+        r.failed("", "v2", float(k))
+        r.failed("", "v1", float(k))
+    assert r.state[("", "v2")].delay_s == 8.0 and r.state[("", "v1")].delay_s == 8.0
+    assert not r.due("", "v2", 4.0) and not r.due("", "v1", 4.0)
+    old, say = r.succeeded("", "v1")  # v1 loads: v2's backoff goes on
+    assert say == "recovered" and old.target == "v1"
+    assert not r.due("", "v2", 4.0) and r.due("", "v2", 11.0)
+
+
+def _daemon(tmp_path: Path, *models: Path):
+    """An unstarted Daemon whose [model] is the first of `models` (copies of the bundled
+    inspection model), on a three-rung ladder of real ONNX Runtime variants, its pipeline not
+    running (a switch is taken at its next frame: `target` shows it); `use(i)` makes the
+    i-th model the [model] (as an OTA swap or a rollback installs it). Events are kept."""
+    from runtime.backends import discover
+    from runtime.config import BackendsConfig, ModelConfig, OnnxRuntimeConfig, load
+    from runtime.daemon import Daemon
+    from runtime.ladder import Rung
+    from runtime.manifest import configured_model, model_files
+    from runtime.multisource import lanes
+    from runtime.pipeline import Pipeline
+    from runtime.sources import SourceConfig, open_source
+
+    bcfg = BackendsConfig(enabled=("onnxruntime",), threads=(1,),
+                          onnxruntime=OnnxRuntimeConfig(spinning=(False,),
+                                                        include_default=False))
+    (backend,) = discover(bcfg)
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[daemon]\nstate_dir = "{tmp_path / "state"}"\n')
+    d = Daemon(load(cfg))
+    said: list = []
+    d.event = lambda type_, severity="info", **f: said.append((type_, f))
+
+    def use(i: int) -> list:
+        m = configured_model(models[i], ModelConfig())
+        by_file = {f.path.name: v for f in model_files(m)
+                   for v in backend.variants(f, bcfg, (1,))}
+        chosen = [by_file[n] for n in ("small-int8.onnx", "fp32.onnx", "large-fp32.onnx")]
+        d.manifest = m
+        d._loaders = {v.id: (backend, v) for v in chosen}
+        d.rungs = [Rung(v.id, 0.9, 0.001 * (k + 1), 0.01) for k, v in enumerate(chosen)]
+        return chosen
+
+    chosen = use(0)
+    d.pipeline = Pipeline(lanes([SourceConfig(kind="synthetic", size=64)],
+                                lambda c, i: open_source(c, tmp_path / "state"),
+                                lambda s: s.model), d.manifest, lambda rs: [], lambda e: None)
+    return d, said, chosen, use
+
+
+@pytest.mark.skipif(not (bundled() / "manifest.json").exists(), reason="bundled model not built")
+def test_a_hot_box_whose_lower_rung_will_not_load_steps_further_down(tmp_path):
+    """The governor steps a hot box down from its top rung to the middle one, whose model file
+    is gone (corrupted or removed since profiling). Old code: the switch failed and the box
+    stayed on the top, hottest rung, retrying the middle one with backoff for up to 5 min.
+    Now: the cheapest rung, which loads, runs at once, and the middle one is not retried at
+    every tick after."""
+    model = tmp_path / "model"
+    shutil.copytree(bundled("inspection"), model)
+    d, said, chosen, _ = _daemon(tmp_path, model)
+    d.current = 2
+    d.pipeline.switch(d._session(2))  # the top rung runs
+    (model / "fp32.onnx").unlink()  # the middle rung's file is gone
+    d._move(1, 0.0, "hot")
+    assert d.pipeline.target.variant_id == chosen[0].id and d.current == 0, said
+    assert [t for t, _ in said] == ["switch_failed", "rung_changed"]
+    assert said[1][1]["to"] == chosen[0].id and "will not load" in said[1][1]["reason"]
+    d._move(1, 0.0, "cooler")  # a step up to the broken rung right after: in its backoff
+    assert d.current == 0 and len(said) == 2
+
+
+@pytest.mark.skipif(not (bundled() / "manifest.json").exists(), reason="bundled model not built")
+def test_a_variant_failing_in_one_version_does_not_hold_back_another_versions(tmp_path):
+    """Two versions of the [model] share variant ids. The new version's top rung will not
+    load (its file is broken) and is in backoff; the rollback installs the old version and
+    asks for its top rung, whose file is fine. Old code: the backoff (by variant id) skipped
+    it, so the failed version's session kept running under the old version's ladder."""
+    new, old = tmp_path / "v2", tmp_path / "v1"
+    shutil.copytree(bundled("inspection"), new)
+    shutil.copytree(bundled("inspection"), old)
+    d, said, chosen, use = _daemon(tmp_path, new, old)
+    d.current = 1
+    d.pipeline.switch(d._session(1))  # the new version runs its middle rung
+    (new / "large-fp32.onnx").write_bytes(b"broken")
+    d._move(2, 0.0, "budget")
+    assert d.current == 1 and [t for t, _ in said] == ["switch_failed"]
+    use(1)  # the rollback installs the old version, whose files are intact
+    d._move(2, 0.0, "rollback of v2")
+    a = d.pipeline.target
+    assert a.variant_id == chosen[2].id and a.manifest.root == old and d.current == 2, said
+
+
+@pytest.mark.skipif(not (bundled() / "manifest.json").exists(), reason="bundled model not built")
+def test_a_stream_of_settings_commands_does_not_defeat_the_backoff(tmp_path):
+    """Any command reset the backoff: a dashboard slider or a script sending `set_rate` every
+    second loaded the broken file (a session load and warm-up on the main loop) and said so
+    (an error line, a switch_failed event) at each. A reprofile still tries at once."""
+    from runtime.telemetry.commands import Command
+
+    model = tmp_path / "model"
+    shutil.copytree(bundled("inspection"), model)
+    d, said, _, _ = _daemon(tmp_path, model)
+    d.current = 1
+    d.pipeline.switch(d._session(1))
+    (model / "large-fp32.onnx").write_bytes(b"broken")
+    d._move(2, 0.0, "budget")
+    for k in range(5):
+        d.handle(Command(f"cmd{k:05d}", "set_rate", {"fps": 5 + k}))
+        d._move(2, 0.0, "budget")
+    assert [t for t, _ in said].count("switch_failed") == 1, said
+    d.reprofile = lambda why: None  # (measuring is not what this test is about)
+    d.handle(Command("cmd-reprofile", "reprofile", {}))
+    d._move(2, 0.0, "budget")
+    assert [t for t, _ in said].count("switch_failed") == 2, said

@@ -103,9 +103,10 @@ def _check_topic(topic: str) -> None:
         raise ValueError(f"not a usable topic filter: {topic!r}")
 
 
-def check_identity(ident: Identity) -> None:
+def check_identity(ident: Identity, policy: bool = True) -> None:
     """ValueError when `ident` is not one `enrol` accepts (its username, fleets and topics
-    go into the ACL file as they are)."""
+    go into the ACL file as they are). `policy=False`: its names and topics only, not the
+    rule an older version did not have (a write topic reaching the fleet's)."""
     if ident.role not in ROLES:
         raise ValueError(f"role must be one of {ROLES}, got {ident.role!r}")
     if ident.role == "device":
@@ -118,7 +119,7 @@ def check_identity(ident: Identity) -> None:
             raise ValueError(why)
     for t in (*ident.read, *ident.write):
         _check_topic(t)
-    if ident.role != "coordinator":
+    if policy and ident.role != "coordinator":
         # A camera's or a device's extra write topic reaching the fleet's own would let it
         # publish results, health and acks as any device (the ACL patterns confine devices
         # to their own; this would undo that).
@@ -204,10 +205,13 @@ class BrokerAuth:
         self.acl = self.dir / "acl"
         self._registry = self.dir / "identities.json"
 
-    def identities(self) -> dict[str, Identity]:
+    def identities(self, policy: bool = True) -> dict[str, Identity]:
         """Everyone enrolled, by username; each checked as `enrol` checks it (the ACL is made
         from these: a name or topic with a newline, `#` or `+` where enrol never puts one
-        would widen what someone may read or write), ValueError naming the file otherwise."""
+        would widen what someone may read or write), ValueError naming the file otherwise.
+        `policy=False`: names and topics checked, not the write-topic rule (for a revocation,
+        which only narrows the ACL: one an older version enrolled and this one refuses is
+        what to revoke)."""
         if not self._registry.exists():
             return {}
         doc = json.loads(self._registry.read_text())
@@ -221,7 +225,7 @@ class BrokerAuth:
             ident = Identity(username=u, role=d["role"], **{k: tuple(v) for k, v in
                                                             lists.items()})
             try:
-                check_identity(ident)
+                check_identity(ident, policy)
             except ValueError as e:
                 raise ValueError(f"{self._registry}: {u[:80]!r} is not an identity `edgerun "
                                  f"fleet enroll` makes ({e}); fix or remove it") from None
@@ -281,7 +285,10 @@ class BrokerAuth:
     def remove(self, username: str) -> bool:
         """Revoke a user (password and ACL lines); True when it existed."""
         with self._locked():
-            idents, hashes = self.identities(), self._hashes()
+            # without the write-topic rule: a revocation only narrows the ACL, and an identity
+            # an older version enrolled and this one refuses (a write topic reaching the
+            # fleet's) is what the refusal says to remove, it and any other such one
+            idents, hashes = self.identities(policy=False), self._hashes()
             had_ident = idents.pop(username, None) is not None
             had_hash = hashes.pop(username, None) is not None
             self._save(idents, hashes)
