@@ -237,16 +237,20 @@ class Outsider:
             self.c.username_pw_set(cfg.username,
                                    Path(cfg.password_file).read_text().strip())
         self.c.on_message = lambda c, u, m: self.got.append((m.topic, m.payload))
+        self.subacks: set[int] = set()
+        self.c.on_subscribe = lambda c, u, mid, codes, p: self.subacks.add(mid)
         self.c.connect(cfg.host, cfg.port)
         self.c.loop_start()
 
     def sub(self, topic: str) -> None:
-        self.c.subscribe(topic, 1)
-        time.sleep(0.2)
+        """Subscribe and wait for the SUBACK (was: a 0.2 s sleep; a publish right after,
+        e.g. the command the forger must answer, could overtake the SUBSCRIBE)."""
+        _, mid = self.c.subscribe(topic, 1)
+        _wait(lambda: mid in self.subacks, 30, f"the SUBACK for {topic}")
 
     def pub(self, topic: str, body: bytes | dict, retain: bool = False) -> None:
         raw = body if isinstance(body, bytes) else json.dumps(body).encode()
-        self.c.publish(topic, raw, qos=1, retain=retain).wait_for_publish(5)
+        self.c.publish(topic, raw, qos=1, retain=retain).wait_for_publish(30)
 
     def close(self) -> None:
         self.c.loop_stop()
@@ -377,7 +381,7 @@ def test_forged_command_replies_are_quarantined_not_reported(tmp_path, open_brok
         reply = coord.send_command("dev1", "ping")
         assert reply["verified"] is True and reply["reason"] == "pong"
     # the forged replies are quarantined by the ingest thread, maybe after the real one won
-    _wait(lambda: coord.fleet_view()[0]["quarantined"] >= 6, 10, "forged replies quarantined")
+    _wait(lambda: coord.fleet_view()[0]["quarantined"] >= 6, 30, "forged replies quarantined")
     out.close()
 
     # Without the device's public key nothing is proven: never reported as done.
