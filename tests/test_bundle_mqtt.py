@@ -248,8 +248,10 @@ def test_a_transfer_resumes_from_the_part_and_survives_a_broker_restart(tmp_path
     def recording(device: str, raw: bytes) -> bytes:
         offsets.append(json.loads(raw)["offset"])
         if len(offsets) == 4:  # mid-way: the broker goes down for a second
-            threading.Thread(target=_bounce, args=(broker,), daemon=True).start()
-            time.sleep(0.3)
+            # down before this thread answers on (was: stopped by another thread within a
+            # 0.3 s sleep here; later, the rest could be served before the broker went away)
+            broker.stop()
+            threading.Thread(target=_restart, args=(broker,), daemon=True).start()
         return answer(device, raw)
 
     c.server.answer = recording
@@ -265,8 +267,7 @@ def test_a_transfer_resumes_from_the_part_and_survives_a_broker_restart(tmp_path
         s.close()
 
 
-def _bounce(broker) -> None:
-    broker.stop()
+def _restart(broker) -> None:
     time.sleep(1.0)
     broker.start()
 
@@ -288,8 +289,10 @@ def test_a_coordinator_restart_mid_transfer(tmp_path, broker, shelf):
     def dying(device: str, raw: bytes) -> bytes:
         n.append(1)
         if len(n) == 3:
+            # this answer is its last (was: stopped by another thread within a 0.2 s sleep
+            # here; later, the old server could serve the whole bundle before it went away)
+            c.server._stop.set()
             threading.Thread(target=restart, daemon=True).start()
-            time.sleep(0.2)
         return answer(device, raw)
 
     c.server.answer = dying
