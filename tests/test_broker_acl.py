@@ -239,7 +239,7 @@ def test_forged_results_and_health_never_reach_a_real_coordinator(tmp_path, secu
     coord = Coordinator(CoordinatorConfig(fleet="f1", broker=b.coordinator("f1"),
                                           store=str(tmp_path / "c.db")))
     coord.start()
-    assert coord.connected.wait(10)
+    assert coord.connected.wait(30)
 
     def result(seq: int) -> bytes:
         return json.dumps({"v": 1, "stream": "s1", "boot": "b", "floor": 1,

@@ -201,7 +201,7 @@ class Coord:
     def __init__(self, broker, shelf: Shelf):
         self.server = ChunkServer(FLEET, shelf, broker.coordinator(FLEET), "coord")
         self.server.start()
-        wait(lambda: self.server._conn.subscribed.is_set(), 10, "chunk server subscribed")
+        wait(lambda: self.server._conn.subscribed.is_set(), 30, "chunk server subscribed")
 
     def close(self) -> None:
         self.server.stop()
@@ -381,7 +381,7 @@ def test_a_share_group_where_one_coordinator_lacks_the_bundle(tmp_path, broker, 
                for i, s in enumerate((shelf, empty))]
     for srv in servers:
         srv.start()
-        wait(lambda srv=srv: srv._conn.subscribed.is_set(), 10, "subscribed")
+        wait(lambda srv=srv: srv._conn.subscribed.is_set(), 30, "subscribed")
     try:
         got = _fetch(tmp_path, broker, held, chunk=8 * 1024, timeout_s=3.0)
         assert hashlib.sha256(got.read_bytes()).hexdigest() == held.sha256
@@ -502,7 +502,7 @@ def test_acl_a_device_cannot_ask_or_read_for_another(tmp_path, broker, shelf):
                     encode_request(held.id, 0, 100, held.token), qos=1)
         spy.publish(topic(FLEET, "box2", "bundle/req"),
                     encode_request(held.id, 0, 100, held.token), qos=1)
-        wait(lambda: got, 10, "box2's own chunk")
+        wait(lambda: got, 30, "box2's own chunk")
         time.sleep(0.5)
         assert got == [topic(FLEET, "box2", "bundle/chunk")]
         assert c.server.counters["chunks"] == 1

@@ -200,7 +200,7 @@ def test_kill_9_at_each_install_step_leaves_old_or_new_never_none(tmp_path, publ
         d = Serve(tmp_path, cfg)
         try:
             wait(lambda: len(results(d.outbox)) >= 20, 90, "results", d)
-            wait(lambda: (h := last_health(d.outbox)) and "model_version" in h, 10, "health",
+            wait(lambda: (h := last_health(d.outbox)) and "model_version" in h, 30, "health",
                  d)
             h = last_health(d.outbox)
             assert h["model_version"] == (vid or "")

@@ -241,7 +241,7 @@ def test_daemon_sleeps_announces_and_gets_commands_at_wake(tmp_path, broker):
         signing_key=str(tmp_path / "k.pem"), device_keys=str(tmp_path / "keys"),
         wake_margin_s=30.0))
     coord.start()
-    assert coord.connected.wait(10)
+    assert coord.connected.wait(30)
     cfg = write_config(tmp_path, broker, tmp_path / "cache")
     text = cfg.read_text().replace('profile = "generic-x86"', 'profile = "solar-node"')
     text = text.replace("[telemetry]\n", f'[telemetry]\ntrusted_keys = ["{tmp_path / "k.pub"}"]\n')

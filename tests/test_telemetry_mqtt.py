@@ -28,7 +28,7 @@ def _coordinator(tmp_path, broker: Mosquitto, **kw) -> Coordinator:
                             store=str(tmp_path / "coord.db"), **kw)
     c = Coordinator(cfg)
     c.start()
-    assert c.connected.wait(10)
+    assert c.connected.wait(30)
     return c
 
 
