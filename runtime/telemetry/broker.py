@@ -146,7 +146,7 @@ class Mosquitto:
         when this returns (was: not yet, for a caller that checked at once)."""
         if self.proc is None or self.proc.poll() is not None:
             return
-        before = self._reloads()
+        before = 0 if username else self._reloads()
         self.proc.send_signal(signal.SIGHUP)
         if not username:
             deadline = time.monotonic() + timeout_s
