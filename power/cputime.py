@@ -9,8 +9,9 @@ pipeline runs is what made every in-daemon profile read 0 mJ.
 `inference_cpu_s()` = CPU time of the calling thread + CPU time of every thread Python did not
 start. Use it as a difference over a window in one thread. While a multi-threaded session of
 the pipeline runs at the same time, its pool threads are counted too (an overestimate, never
-an underestimate). Threads that exit during a window drop out of the sum, so a negative
-difference is possible and callers clamp.
+an underestimate). A thread that exits keeps its last reading in the sum (a dropped session's
+pool threads exit: taking their CPU time off made the window of whatever was measured
+meanwhile negative, billed 0 mJ), so the sum never decreases.
 """
 
 from __future__ import annotations
@@ -36,23 +37,37 @@ def _thread_cpu_s(tid: str) -> float:
     return (int(fields[11]) + int(fields[12])) / _TICK  # stat fields 14 and 15
 
 
+_lock = threading.Lock()
+_seen: dict[int, float] = {}  # native thread id -> its last reading
+_gone_s = 0.0  # the last readings of native threads that have exited
+
+
 def native_threads_cpu_s() -> float:
-    """CPU seconds of this process's threads that Python did not start; 0 where /proc is not
-    available."""
+    """CPU seconds of this process's threads that Python did not start, including the last
+    reading of those that have exited (see module doc); 0 where /proc is not available."""
+    global _gone_s
     python = {t.native_id for t in threading.enumerate()}
-    total = 0.0
-    try:
-        tids = os.listdir(_TASKS)
-    except OSError:
-        return 0.0
-    for tid in tids:
-        if not tid.isdigit() or int(tid) in python:
-            continue
+    # read and account under one lock: a reading older than the last one accounted would
+    # look like a thread that exited
+    with _lock:
         try:
-            total += _thread_cpu_s(tid)
-        except (OSError, ValueError, IndexError):
-            continue  # the thread exited between listdir and open
-    return total
+            tids = os.listdir(_TASKS)
+        except OSError:
+            return 0.0
+        now: dict[int, float] = {}
+        for tid in tids:
+            if not tid.isdigit() or int(tid) in python:
+                continue
+            try:
+                now[int(tid)] = _thread_cpu_s(tid)
+            except (OSError, ValueError, IndexError):
+                continue  # the thread exited between listdir and open
+        for tid, last in _seen.items():
+            if now.get(tid, -1.0) < last:  # exited (or its id now names a new thread)
+                _gone_s += last
+        _seen.clear()
+        _seen.update(now)
+        return _gone_s + sum(now.values())
 
 
 def inference_cpu_s() -> float:

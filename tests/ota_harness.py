@@ -34,7 +34,7 @@ class Fleet:
             store=str(tmp_path / "coord" / "c.db"), signing_key=str(tmp_path / "command.pem"),
             device_keys=str(tmp_path / "device-keys"), stale_after_s=5, offline_after_s=10))
         self.coord.start()
-        assert self.coord.connected.wait(10)
+        assert self.coord.connected.wait(30)
         self.api = serve(self.coord, "127.0.0.1", 0, token=TOKEN)
         self.devices: dict[str, Serve] = {}
 

@@ -201,7 +201,7 @@ class Coord:
     def __init__(self, broker, shelf: Shelf):
         self.server = ChunkServer(FLEET, shelf, broker.coordinator(FLEET), "coord")
         self.server.start()
-        wait(lambda: self.server._conn.subscribed.is_set(), 10, "chunk server subscribed")
+        wait(lambda: self.server._conn.subscribed.is_set(), 30, "chunk server subscribed")
 
     def close(self) -> None:
         self.server.stop()
@@ -248,8 +248,10 @@ def test_a_transfer_resumes_from_the_part_and_survives_a_broker_restart(tmp_path
     def recording(device: str, raw: bytes) -> bytes:
         offsets.append(json.loads(raw)["offset"])
         if len(offsets) == 4:  # mid-way: the broker goes down for a second
-            threading.Thread(target=_bounce, args=(broker,), daemon=True).start()
-            time.sleep(0.3)
+            # down before this thread answers on (was: stopped by another thread within a
+            # 0.3 s sleep here; later, the rest could be served before the broker went away)
+            broker.stop()
+            threading.Thread(target=_restart, args=(broker,), daemon=True).start()
         return answer(device, raw)
 
     c.server.answer = recording
@@ -265,8 +267,7 @@ def test_a_transfer_resumes_from_the_part_and_survives_a_broker_restart(tmp_path
         s.close()
 
 
-def _bounce(broker) -> None:
-    broker.stop()
+def _restart(broker) -> None:
     time.sleep(1.0)
     broker.start()
 
@@ -288,8 +289,10 @@ def test_a_coordinator_restart_mid_transfer(tmp_path, broker, shelf):
     def dying(device: str, raw: bytes) -> bytes:
         n.append(1)
         if len(n) == 3:
+            # this answer is its last (was: stopped by another thread within a 0.2 s sleep
+            # here; later, the old server could serve the whole bundle before it went away)
+            c.server._stop.set()
             threading.Thread(target=restart, daemon=True).start()
-            time.sleep(0.2)
         return answer(device, raw)
 
     c.server.answer = dying
@@ -378,7 +381,7 @@ def test_a_share_group_where_one_coordinator_lacks_the_bundle(tmp_path, broker, 
                for i, s in enumerate((shelf, empty))]
     for srv in servers:
         srv.start()
-        wait(lambda srv=srv: srv._conn.subscribed.is_set(), 10, "subscribed")
+        wait(lambda srv=srv: srv._conn.subscribed.is_set(), 30, "subscribed")
     try:
         got = _fetch(tmp_path, broker, held, chunk=8 * 1024, timeout_s=3.0)
         assert hashlib.sha256(got.read_bytes()).hexdigest() == held.sha256
@@ -487,17 +490,19 @@ def test_acl_a_device_cannot_ask_or_read_for_another(tmp_path, broker, shelf):
     creds = broker.device(FLEET, "box2")
     spy.username_pw_set(creds.username, Path(creds.password_file).read_text().strip())
     spy.on_message = lambda cl, u, m: got.append(m.topic)
+    subacks: list[int] = []
+    spy.on_subscribe = lambda cl, u, mid, codes, p: subacks.append(mid)
     spy.connect("127.0.0.1", broker.port)
     spy.loop_start()
     try:
-        spy.subscribe(topic(FLEET, "box1", "bundle/chunk"), 1)
-        spy.subscribe(topic(FLEET, "box2", "bundle/chunk"), 1)
-        time.sleep(0.3)
+        mids = [spy.subscribe(topic(FLEET, b, "bundle/chunk"), 1)[1] for b in ("box1", "box2")]
+        # box2's own chunk would be lost if its request overtook the SUBSCRIBE
+        wait(lambda: set(mids) <= set(subacks), 30, "the spy's SUBACKs")
         spy.publish(topic(FLEET, "box1", "bundle/req"),
                     encode_request(held.id, 0, 100, held.token), qos=1)
         spy.publish(topic(FLEET, "box2", "bundle/req"),
                     encode_request(held.id, 0, 100, held.token), qos=1)
-        wait(lambda: got, 10, "box2's own chunk")
+        wait(lambda: got, 30, "box2's own chunk")
         time.sleep(0.5)
         assert got == [topic(FLEET, "box2", "bundle/chunk")]
         assert c.server.counters["chunks"] == 1
@@ -516,8 +521,7 @@ def test_an_acl_without_the_bundle_topics_fails_fast_naming_the_fix(tmp_path, br
     acl = broker.auth.acl
     acl.write_text("".join(line + "\n" for line in acl.read_text().splitlines()
                            if "bundle/" not in line))
-    broker.reload()
-    time.sleep(0.5)  # the reload is asynchronous
+    broker.reload()  # returns once the broker has reloaded (was: a 0.5 s sleep, a guess)
     try:
         t0 = time.monotonic()
         with pytest.raises(DownloadError, match="the broker refused the chunk request .*"

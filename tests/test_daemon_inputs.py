@@ -38,7 +38,7 @@ def _serving(d: Serve, timeout_s: float = 120) -> dict:
     return mine()  # type: ignore[return-value]
 
 
-def _growing(d: Serve, n: int = 10, timeout_s: float = 10) -> None:
+def _growing(d: Serve, n: int = 10, timeout_s: float = 30) -> None:
     start = len(result_seqs(d.outbox))
     wait(lambda: len(result_seqs(d.outbox)) >= start + n, timeout_s, f"{n} more results", d)
 
@@ -209,7 +209,7 @@ def _one_lifetime(d: Serve, cfg: Path, good: str, variants: list[str], broken: l
     cfg.write_text(good.replace("latency_ms = 100.0", f"latency_ms = {ms}"))
     d.proc.send_signal(signal.SIGHUP)
     wait(lambda ms=ms, d=d: (last_health(d.outbox) or {}).get("slo", {}).get("target_ms") == ms,
-         10, f"reload to {ms} ms after the storm", d)
+         30, f"reload to {ms} ms after the storm", d)
     _growing(d, 5)
     # SIGTERM right after a SIGHUP (mid-reload) or after a random pause
     if rng.random() < 0.5:

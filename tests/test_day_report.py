@@ -178,7 +178,7 @@ def test_report_from_the_coordinator_history(tmp_path, broker):
         fleet="test", broker=broker.coordinator("test", keepalive_s=5),
         device_keys=str(tmp_path / "keys"), store=str(tmp_path / "coord.db")))
     coord.start()
-    assert coord.connected.wait(10)
+    assert coord.connected.wait(30)
     token = ensure_token(tmp_path / "token")
     server = serve(coord, "127.0.0.1", 0, token)
     api = f"http://127.0.0.1:{server.server_address[1]}"

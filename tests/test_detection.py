@@ -419,7 +419,7 @@ def coordinator(tmp_path, broker):
     c = Coordinator(CoordinatorConfig(fleet="sys", broker=broker.coordinator("sys"),
                                       store=str(tmp_path / "coord.db")))
     c.start()
-    assert c.connected.wait(10)
+    assert c.connected.wait(30)
     yield c
     c.stop()
 

@@ -56,10 +56,7 @@ def test_enroll_device_then_coordinator_log_in_with_what_was_written(tmp_path, c
         assert main(["fleet", "revoke", "dev1", "--fleet", "f1", "--broker-dir",
                      str(b.auth.dir)]) == 0
         assert "f1/dev1" not in b.auth.passwd.read_text()
-        b.reload()
-        deadline = time.monotonic() + 5
-        while can_login(b.port, "f1/dev1", password) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        b.reload()  # returns once the broker has reloaded: the revocation is in force
         assert not can_login(b.port, "f1/dev1", password)
         assert main(["fleet", "revoke", "dev1", "--fleet", "f1", "--broker-dir",
                      str(b.auth.dir)]) == 1

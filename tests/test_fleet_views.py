@@ -104,8 +104,8 @@ def test_fleet_cli_end_to_end_at_80_and_200_columns(tmp_path, broker, monkeypatc
             probe.pub(device, "event", {"v": 1, "t": now, "type": "rung_changed",
                                         "severity": "info", "from": "a", "to": "b"})
         _wait(lambda: all(coord.views.get(d) is not None and coord.views[d].health.get("rung")
-                          == 2 for d in ("dev2", LONG)), 10, "both devices' health")
-        _wait(lambda: coord.store.events("dev2", 5), 10, "dev2's event")
+                          == 2 for d in ("dev2", LONG)), 30, "both devices' health")
+        _wait(lambda: coord.store.events("dev2", 5), 30, "dev2's event")
         base = ["fleet", "--api", api, "--token-file", str(tmp_path / "tok")]
         for width in (80, 200):
             monkeypatch.setenv("COLUMNS", str(width))

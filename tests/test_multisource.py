@@ -357,7 +357,7 @@ def test_results_at_the_coordinator_name_their_source(tmp_path):
     coord.start()
     d = None
     try:
-        assert coord.connected.wait(10)
+        assert coord.connected.wait(30)
         creds = broker.device("t", "box1")
         extra = (f'[telemetry.broker]\nhost = "127.0.0.1"\nport = {broker.port}\n'
                  f'username = "{creds.username}"\npassword_file = "{creds.password_file}"\n')

@@ -66,7 +66,7 @@ def test_two_sources_on_two_models_reach_the_coordinator_and_share_one_budget(tm
     coord.start()
     d = None
     try:
-        assert coord.connected.wait(10)
+        assert coord.connected.wait(30)
         creds = broker.device("t", "box1")
         cfg = _two_models(tmp_path, f'[telemetry.broker]\nhost = "127.0.0.1"\nport = '
                           f'{broker.port}\nusername = "{creds.username}"\npassword_file = '

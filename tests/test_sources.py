@@ -56,7 +56,8 @@ def test_trigger_source_takes_image_bytes_and_paths_and_skips_garbage(tmp_path):
         cfg = SourceConfig(kind="trigger", topic="plc/line1/trigger")
         # the device may read its trigger topic; the camera (a plain client) may write it
         src = open_source(cfg, tmp_path, broker.device("f", "t", read=(cfg.topic,)), "t")
-        time.sleep(0.5)  # subscribed
+        # the SUBACK (was: a 0.5 s sleep; a trigger published before the SUBSCRIBE is lost)
+        assert src._conn.subscribed.wait(30), "the trigger source never subscribed"
         img = next(samples(seed=1, count=1)).image
         _, png = cv2.imencode(".png", img)
         path = tmp_path / "part.png"

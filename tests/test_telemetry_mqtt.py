@@ -28,7 +28,7 @@ def _coordinator(tmp_path, broker: Mosquitto, **kw) -> Coordinator:
                             store=str(tmp_path / "coord.db"), **kw)
     c = Coordinator(cfg)
     c.start()
-    assert c.connected.wait(10)
+    assert c.connected.wait(30)
     return c
 
 
@@ -164,10 +164,14 @@ def test_commands_through_coordinator_and_raw(tmp_path, broker):
     raw = broker.coordinator("test", "raw")  # may command: the device's own checks are tested
     cli.username_pw_set(raw.username, Path(raw.password_file).read_text().strip())
     cli.on_message = lambda c, u, m: replies.append(json.loads(m.payload))
+    subacks: list[int] = []
+    cli.on_subscribe = lambda c, u, mid, codes, p: subacks.append(mid)
     cli.connect("127.0.0.1", broker.port)
-    cli.subscribe(payloads.topic("test", "dev1", "cmd/reply"), 1)
+    _, mid = cli.subscribe(payloads.topic("test", "dev1", "cmd/reply"), 1)
     cli.loop_start()
-    time.sleep(0.3)
+    # the first reply would be lost if its command overtook the SUBSCRIBE (a fixed 0.3 s
+    # sleep was a guess)
+    _wait(lambda: mid in subacks, 30, "the SUBACK of cmd/reply")
     good_key = commands.load_private_key(tmp_path / "k.pem")
     evil_key = commands.load_private_key(tmp_path / "evil.pem")
     valid = commands.sign(good_key, "dev1", "ping")
@@ -186,7 +190,7 @@ def test_commands_through_coordinator_and_raw(tmp_path, broker):
         body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
         n = len(replies)
         cli.publish(payloads.topic("test", "dev1", "cmd"), body, qos=1)
-        _wait(lambda n=n: len(replies) > n, 10, f"reply to {expect}")
+        _wait(lambda n=n: len(replies) > n, 30, f"reply to {expect}")
         got = replies[-1]
         assert expect in (got.get("reason") or "") or got["status"] == expect, got
     cli.loop_stop()
@@ -214,7 +218,7 @@ def test_birth_death_after_kill9_and_clean_stop(tmp_path, broker):
     dev.start()
     _wait(lambda: coord.views["dev1"].status == "online", 20, "rebirth")
     dev.term()
-    _wait(lambda: coord.views["dev1"].status == "offline", 5, "clean offline")
+    _wait(lambda: coord.views["dev1"].status == "offline", 30, "clean offline")
     assert coord.views["dev1"].reason == "clean shutdown"
     coord.stop()
 

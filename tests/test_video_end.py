@@ -80,7 +80,10 @@ def test_a_video_file_is_inspected_once_and_the_end_is_reported_once(tmp_path):
     p = _Pipe(tmp_path, SourceConfig(kind="capture", path=str(_video(tmp_path / "v.avi"))))
     try:
         p.until(lambda: p.of("source_ended"), 20, "the end of the video")
-        time.sleep(1.5)  # the old capture loop re-opened the file every 0.5 s
+        # the end is read before the last frames are inspected: wait for those, then longer
+        # than the old capture loop's re-open period (0.5 s) for any extra
+        p.until(lambda: len(p.results) >= 30, 30, "the last frames' results")
+        time.sleep(1.5)
         assert len(p.results) == 30
         assert [r["ref"] for r in p.results] == [f"frame-{i}" for i in range(1, 31)]
         (ended,) = p.of("source_ended")
@@ -153,7 +156,7 @@ def test_serve_on_a_video_file_stops_inspecting_at_its_end_and_keeps_running(tmp
     try:
         wait(lambda: events(d.outbox, "source_ended"), 120, "the source_ended event", d)
         t_end = time.time()
-        wait(lambda: (last_health(d.outbox) or {}).get("t", 0) > t_end + 1, 10,
+        wait(lambda: (last_health(d.outbox) or {}).get("t", 0) > t_end + 1, 30,
              "health after the end", d)  # the daemon still runs and reports
         assert d.proc.poll() is None
         assert len(results(d.outbox)) == 30

@@ -168,11 +168,17 @@ def test_queue_is_bounded_drops_the_oldest_and_submit_never_blocks(receiver):
 
 def test_stop_counts_what_was_not_delivered(receiver):
     rx = receiver([0])
-    hook = Webhook(rx.url, None, timeout_s=0.5, attempts=1).start()
+    # the POST in flight ends only after the stop is asked (was: a 0.5 s POST timeout; a test
+    # thread late by that much let the sender take the second alert first: 0 left at stop)
+    hook = Webhook(rx.url, None, timeout_s=30, attempts=1).start()
     hook.submit(_alert(0))
-    _wait(lambda: len(rx.got) == 1, 10, "in flight")
+    _wait(lambda: len(rx.got) == 1, 30, "in flight")
     hook.submit(_alert(1))
-    hook.stop()
+    stopper = threading.Thread(target=hook.stop)
+    stopper.start()
+    _wait(hook._stop.is_set, 30, "the stop asked")
+    rx.release.set()
+    stopper.join(30)
     assert hook.stats()["dropped_at_stop"] == 1 and not hook.alive()
 
 

@@ -139,12 +139,21 @@ class Mosquitto:
         return self.credentials(Identity(name, "client", read=read, write=write), keepalive_s)
 
     def reload(self, username: str = "", password: str = "", timeout_s: float = 10.0) -> None:
-        """SIGHUP: Mosquitto re-reads its password and ACL files. With a username, wait until
-        that login is accepted (the reload is asynchronous)."""
+        """SIGHUP: Mosquitto re-reads its password and ACL files. The reload is asynchronous:
+        with a username, wait until that login is accepted; without one, until the broker's
+        log says it reloaded (it logs before reloading, on its one thread: a packet it reads
+        after that line meets the new files). A revocation or an ACL change is then in force
+        when this returns (was: not yet, for a caller that checked at once)."""
         if self.proc is None or self.proc.poll() is not None:
             return
+        before = 0 if username else self._reloads()
         self.proc.send_signal(signal.SIGHUP)
         if not username:
+            deadline = time.monotonic() + timeout_s
+            while self._reloads() <= before:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"mosquitto did not reload {timeout_s} s after SIGHUP")
+                time.sleep(0.02)
             return
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -152,6 +161,13 @@ class Mosquitto:
                 return
             time.sleep(0.05)
         raise TimeoutError(f"mosquitto did not accept {username!r} {timeout_s} s after SIGHUP")
+
+    def _reloads(self) -> int:
+        """How many reloads the broker's log (-v) records."""
+        try:
+            return self.log.read_bytes().count(b"Reloading config.")
+        except OSError:
+            return 0
 
     def start(self) -> Mosquitto:
         """Start and wait until it accepts connections."""
