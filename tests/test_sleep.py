@@ -310,20 +310,18 @@ flush_timeout_s = 10.0
         until(lambda: any(e["type"] == "command_applied" and e.get("id") == reply["id"]
                           for e in coord.store.events("box1", 50)), 30,
               "the queued command applied after the wake")
-        # the simulator thread steps the plant across the sleep at its first tick after the
-        # wake; the command and a health can come before that tick (suspended_h 0.0026 h, the
-        # part stepped before the stop, failed a loaded full run): wait for both
-        until(lambda: row()["health"].get("operator_rate_hz") == 3.0
-              and row()["health"].get("simulated", {}).get("suspended_h", 0) > 0.1, 30,
-              "health after the command, with the sleep simulated")
+        until(lambda: row()["health"].get("operator_rate_hz") == 3.0, 30,
+              "health after the command")
         h = row()["health"]
         assert h["sleep"]["wakes"] >= 1 and h["sleep"]["mode"] == "sleep"
         assert h["mqtt"]["connects"] >= 2  # counted across the sleep's reconnect
 
         def caught_up():
             # The simulated board was suspended for the whole sleep. Its thread steps the
-            # stopped time in one step after the wake, and a health sent right after the wake
-            # (the queued command's) may come before that step: 17 s of a 571 s sleep then.
+            # stopped time at its first tick after the wake, and a health sent right after the
+            # wake (the queued command's) may come before that step: 17 s of a 571 s sleep
+            # then. The sleep's length is the period less what the start and the burst took,
+            # so on a loaded box it can be short: compared with the sleep the daemon reports.
             h = row()["health"]
             return (h["simulated"]["suspends"] >= 1 and h["simulated"]["suspended_h"] * 3600
                     >= 0.9 * h["sleep"]["last_slept_s"] > 0)
