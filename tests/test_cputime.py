@@ -3,12 +3,8 @@ the bug was every profile made inside the running daemon reading 0 mJ."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 
@@ -22,26 +18,7 @@ def _burn(stop: threading.Event) -> None:
         x += 1  # a pipeline thread busy with something else
 
 
-def _isolated(case: str) -> None:
-    """Run `case` of this module in a fresh interpreter: in the suite's process, native threads
-    of earlier tests (engine pools winding down) exit or spin during the window, and their
-    CPU time leaves or joins the sum (c1 < c0 was seen in a full run)."""
-    here = Path(__file__).parent
-    r = subprocess.run([sys.executable, "-c", f"import test_cputime as t; t.{case}()"],
-                       cwd=here, capture_output=True, text=True, timeout=120,
-                       env={**os.environ, "PYTHONPATH": f"{here.parent}{os.pathsep}{here}"})
-    assert r.returncode == 0, r.stdout + r.stderr
-
-
 def test_another_busy_python_thread_is_not_billed():
-    _isolated("_case_not_billed")
-
-
-def test_work_in_this_thread_is_billed_and_never_zero():
-    _isolated("_case_billed")
-
-
-def _case_not_billed() -> None:
     stop = threading.Event()
     t = threading.Thread(target=_burn, args=(stop,), daemon=True)
     t.start()
@@ -57,7 +34,7 @@ def _case_not_billed() -> None:
     assert e1 - e0 < idle + 5.0 * 0.05  # at most a sliver of CPU billed, not 0.5 s of a core
 
 
-def _case_billed() -> None:
+def test_work_in_this_thread_is_billed_and_never_zero():
     meter = EstimatedMeter(idle_w=0.0, active_w_per_core=5.0)
     a = np.random.default_rng(0).standard_normal((300, 300))
     c0, e0 = inference_cpu_s(), meter.energy_j()
