@@ -20,10 +20,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import statistics
-import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -34,44 +33,11 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def ladder(cache: Path, hw: int, width: int, images: int) -> Path:
-    """The dynamic bench detector prepared by `edgerun models prepare` (cached)."""
-    import cv2
-    from first_decision import DETECTOR_CLASSES, DETECTOR_VERSION, detector_model
+    """The dynamic bench detector prepared by `edgerun models prepare` (cached): the same
+    ladder as `first_decision.py --detector`'s."""
+    from first_decision import detector_ladder
 
-    from runtime.manifest import load_manifest
-    from runtime.prepare import generated_frames
-
-    root = cache / f"detector-dynamic-v{DETECTOR_VERSION}-{hw}px-w{width}-i{images}"
-    out = root / "detector"
-    if (out / "manifest.json").exists():
-        try:
-            load_manifest(out)
-            print(f"detector ladder from the cache: {out}")
-            return out
-        except (OSError, ValueError) as e:
-            print(f"cached detector ladder unusable ({e}); preparing it again")
-    if root.exists():
-        shutil.rmtree(root)
-    root.mkdir(parents=True)
-    src = detector_model(root / "detector.onnx", hw, width, dynamic=True)
-    val = root / "val"
-    val.mkdir()
-    for i, img in enumerate(generated_frames((hw, hw), images, seed=2)):
-        cv2.imwrite(str(val / f"{i:03d}.png"), img)
-    (root / "labels.txt").write_text("\n".join(DETECTOR_CLASSES) + "\n")
-    cmd = [sys.executable, "-m", "runtime.cli", "models", "prepare", str(src), "--val", str(val),
-           "--labels", str(root / "labels.txt"), "--name", "detector", "--out", str(out),
-           "--min-accuracy-ratio", "0"]
-    print("$ edgerun " + " ".join(cmd[3:]), flush=True)
-    t = time.monotonic()
-    done = subprocess.run(cmd, env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO,
-                          capture_output=True, text=True)
-    print(done.stdout, end="")
-    if done.returncode != 0:
-        print(done.stderr, end="", file=sys.stderr)
-        raise SystemExit(f"models prepare failed (exit {done.returncode})")
-    print(f"prepared in {time.monotonic() - t:.1f} s")
-    return out
+    return detector_ladder(cache, hw, width, images)
 
 
 def main() -> int:
@@ -80,8 +46,9 @@ def main() -> int:
     ap.add_argument("--n", type=int, default=15, help="timed inferences per form and run")
     ap.add_argument("--size", type=int, default=416)
     ap.add_argument("--width", type=int, default=76)
-    ap.add_argument("--images", type=int, default=16, help="generated val images")
-    ap.add_argument("--cache", type=Path, default=Path("/tmp/edgerun-bench"))
+    ap.add_argument("--images", type=int, default=32, help="generated val images")
+    ap.add_argument("--cache", type=Path,
+                    default=Path(tempfile.gettempdir()) / "edgerun-bench-first-decision")
     args = ap.parse_args()
 
     import onnxruntime as ort
