@@ -361,11 +361,19 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
                                       *server.server_address[:2], token_path(cfg))
     # The handler only sets a flag: Event.set() in a handler can deadlock against the main
     # thread's own Event.wait (both take the same lock).
-    stop = [False]
+    stop, hup = [False], [False]
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.__setitem__(0, True))
+    # SIGHUP's default action ends the process: a `kill -HUP` (or a reload habit) took the
+    # fleet's coordinator down. It has no reload; say so and carry on.
+    signal.signal(signal.SIGHUP, lambda *_: hup.__setitem__(0, True))
     while not stop[0]:
         time.sleep(0.1)
+        if hup[0]:
+            hup[0] = False
+            logging.getLogger("edgerun").warning(
+                "SIGHUP: the coordinator does not reload its config; still running with the "
+                "one it started with (restart it to apply changes)")
     server.shutdown()
     coordinator.stop()
     return 0

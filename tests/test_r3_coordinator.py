@@ -1,4 +1,4 @@
-"""Review R3: a second coordinator on a busy API port."""
+"""Review R3: a second coordinator on a busy API port; SIGHUP to a running coordinator."""
 
 from __future__ import annotations
 
@@ -43,3 +43,48 @@ password_file = "{creds.password_file}"
     assert f"coordinator.http_port: cannot listen on 127.0.0.1:{port}" in r.stderr
     assert "Traceback" not in r.stderr
     assert "r3-second-coordinator" not in broker.log.read_text()  # never logged in
+
+
+def test_sighup_does_not_stop_the_coordinator(tmp_path, broker):
+    """SIGHUP's default action ended `edgerun coordinator` (R3): it now says it does not
+    reload and keeps serving; SIGTERM still stops it cleanly."""
+    import signal
+    import time
+    import urllib.request
+
+    creds = broker.coordinator("t")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = tmp_path / "coord.toml"
+    cfg.write_text(f"""[coordinator]
+fleet = "t"
+store = "{tmp_path / 'c.db'}"
+http_port = {port}
+[coordinator.broker]
+host = "127.0.0.1"
+port = {broker.port}
+username = "{creds.username}"
+password_file = "{creds.password_file}"
+""")
+    log = tmp_path / "coord.log"
+    with log.open("w") as out:
+        p = subprocess.Popen([sys.executable, "-m", "runtime.cli", "coordinator", "--config",
+                              str(cfg)], stdout=out, stderr=subprocess.STDOUT,
+                             env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        deadline = time.monotonic() + 60
+        while "coordinator API on" not in log.read_text():
+            assert p.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
+            time.sleep(0.1)
+        p.send_signal(signal.SIGHUP)
+        while "does not reload" not in log.read_text():
+            assert p.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
+            time.sleep(0.1)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10) as r:
+            assert r.status == 200  # still serving
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(30) == 0, log.read_text()[-2000:]
+    finally:
+        if p.poll() is None:
+            p.kill()
