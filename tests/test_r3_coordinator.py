@@ -11,28 +11,33 @@ from pathlib import Path
 ROOT = Path(__file__).parent.parent
 
 
-def test_a_busy_api_port_stops_start_up_before_the_broker_login(tmp_path, broker):
-    """`edgerun coordinator` while one already runs (same config): it logged in to the broker
-    first, with the fleet's fixed client id, which took over the running coordinator's MQTT
-    session (it was disconnected), and then died with a traceback on the port. Now the port
-    is checked first: one line, exit 2, no login."""
+def _config(tmp_path: Path, broker, port: int, extra: str = "") -> Path:
+    """A coordinator config on the test broker with its API on `port`."""
     creds = broker.coordinator("t")
-    busy = socket.socket()
-    busy.bind(("127.0.0.1", 0))
-    busy.listen()
-    port = busy.getsockname()[1]
     cfg = tmp_path / "coord.toml"
     cfg.write_text(f"""[coordinator]
 fleet = "t"
 store = "{tmp_path / 'c.db'}"
 http_port = {port}
-client_id = "r3-second-coordinator"
-[coordinator.broker]
+{extra}[coordinator.broker]
 host = "127.0.0.1"
 port = {broker.port}
 username = "{creds.username}"
 password_file = "{creds.password_file}"
 """)
+    return cfg
+
+
+def test_a_busy_api_port_stops_start_up_before_the_broker_login(tmp_path, broker):
+    """`edgerun coordinator` while one already runs (same config): it logged in to the broker
+    first, with the fleet's fixed client id, which took over the running coordinator's MQTT
+    session (it was disconnected), and then died with a traceback on the port. Now the port
+    is checked first: one line, exit 2, no login."""
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    port = busy.getsockname()[1]
+    cfg = _config(tmp_path, broker, port, 'client_id = "r3-second-coordinator"\n')
     try:
         r = subprocess.run([sys.executable, "-m", "runtime.cli", "coordinator", "--config",
                             str(cfg)], capture_output=True, text=True, timeout=60,
@@ -52,21 +57,10 @@ def test_sighup_does_not_stop_the_coordinator(tmp_path, broker):
     import time
     import urllib.request
 
-    creds = broker.coordinator("t")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cfg = tmp_path / "coord.toml"
-    cfg.write_text(f"""[coordinator]
-fleet = "t"
-store = "{tmp_path / 'c.db'}"
-http_port = {port}
-[coordinator.broker]
-host = "127.0.0.1"
-port = {broker.port}
-username = "{creds.username}"
-password_file = "{creds.password_file}"
-""")
+    cfg = _config(tmp_path, broker, port)
     log = tmp_path / "coord.log"
     with log.open("w") as out:
         p = subprocess.Popen([sys.executable, "-m", "runtime.cli", "coordinator", "--config",
