@@ -1,5 +1,5 @@
 """Bundle transfer throughput: HTTP (the coordinator's API, Range-resumable) vs MQTT chunks
-through Mosquitto (runtime/bundle_mqtt.py), in one run on this machine.
+through Mosquitto (runtime/ota/bundle_mqtt.py), in one run on this machine.
 
     python bench/bundle_transfer.py [--repeats 3] [--big-mb 32] [--nodelay]
 
@@ -26,14 +26,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from models import bundled
-from runtime.bundle import HEADER, make
-from runtime.bundle_mqtt import fetch_over_mqtt
+from runtime.config.coordinator import CoordinatorConfig
 from runtime.coordinator.api import serve
-from runtime.coordinator.config import CoordinatorConfig
 from runtime.coordinator.service import Coordinator
-from runtime.download import fetch
-from runtime.telemetry.broker import Mosquitto
-from runtime.telemetry.commands import generate_keypair, load_private_key
+from runtime.ota.bundle import HEADER, make
+from runtime.ota.bundle_mqtt import fetch_over_mqtt
+from runtime.ota.download import fetch
+from runtime.wire.broker import Mosquitto
+from runtime.wire.commands import generate_keypair, load_private_key
 
 FLEET = "bench"
 

@@ -53,8 +53,8 @@ def main() -> int:
 
     import onnxruntime as ort
 
-    from runtime.manifest import load_manifest
-    from runtime.prepare import generated_frames
+    from runtime.engine.manifest import load_manifest
+    from runtime.engine.prepare import generated_frames
 
     out = ladder(args.cache, args.size, args.width, args.images)
     m = load_manifest(out)

@@ -18,9 +18,9 @@ import onnxruntime as ort
 
 from models import bundled
 from models.recipes.defects.data import mosaic
-from runtime.detection import mean_ap
-from runtime.manifest import load_manifest
-from runtime.tiling import TileSpec, detect_frame, infer_tiles, tiled
+from runtime.engine.detection import mean_ap
+from runtime.engine.manifest import load_manifest
+from runtime.engine.tiling import TileSpec, detect_frame, infer_tiles, tiled
 
 
 def main() -> None:

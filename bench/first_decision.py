@@ -27,7 +27,7 @@ int8 and the reduced resolution (288 px); `--min-accuracy-ratio 0` keeps int8, w
 against fp32 means nothing on random weights — and keeps both under `--cache` for the next run.
 `--heavy` builds a conv net (fp32 ORT on one EPYC core, p95 measured: 25.6 ms at the default
 24 channels, 29.1 ms at `--channels 48`; several times that on a loaded machine) and prepares
-its ladder (fp32, fp16, int8, reduced resolution) with `runtime.prepare` on generated images.
+its ladder (fp32, fp16, int8, reduced resolution) with `runtime.engine.prepare` on generated images.
 """
 
 from __future__ import annotations
@@ -51,13 +51,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from power.device import load_profile
 from power.sensors import detect_meter
-from runtime.backends import discover
+from runtime.choice.measure import Measured, measure_first, measure_model
+from runtime.choice.profiler import Profiler, full_settings
+from runtime.choice.refine import keep
+from runtime.choice.selector import Constraints, select
 from runtime.config import Config
 from runtime.config import load as load_config
-from runtime.measure import Measured, measure_first, measure_model
-from runtime.profiler import Profiler, full_settings
-from runtime.refine import keep
-from runtime.selector import Constraints, select
+from runtime.engine.backends import discover
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -101,8 +101,8 @@ def heavy_ladder(root: Path, ch: int = 24) -> Path:
     images as its accuracy basis)."""
     import cv2
 
-    from runtime.manifest import Preprocess
-    from runtime.prepare import PrepareOptions, generated_frames, prepare
+    from runtime.engine.manifest import Preprocess
+    from runtime.engine.prepare import PrepareOptions, generated_frames, prepare
 
     src = heavy_model(root / "heavy.onnx", ch=ch)
     val = root / "val"
@@ -202,8 +202,8 @@ def detector_model(path: Path, hw: int = 416, width: int = 76,
     import onnx
     import onnxruntime as ort
 
-    from runtime.manifest import Preprocess
-    from runtime.prepare import generated_frames
+    from runtime.engine.manifest import Preprocess
+    from runtime.engine.prepare import generated_frames
 
     probe = _detector_graph(hw, width, classes, 0.0, dynamic)
     sess = ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
@@ -225,8 +225,8 @@ def detector_ladder(cache: Path, hw: int = 416, width: int = 76, images: int = 3
     run reuses it."""
     import cv2
 
-    from runtime.manifest import load_manifest
-    from runtime.prepare import generated_frames
+    from runtime.engine.manifest import load_manifest
+    from runtime.engine.prepare import generated_frames
 
     root = cache / f"detector-v{DETECTOR_VERSION}-{hw}px-w{width}-i{images}"
     out = root / "detector"
@@ -419,7 +419,7 @@ def main() -> int:
             floor = max(rel_spread(again[v]) for v in ids)
             e_rep = (statistics.median(again[final_id])
                      / statistics.median(again[ex_choice.variant_id]) - 1)
-            # Within the exhaustive run's own noise: would its own race (runtime.refine.keep,
+            # Within the exhaustive run's own noise: would its own race (runtime.choice.refine.keep,
             # each measurement's interval + the noise floor) still keep the final choice?
             tied = final_id in keep(ex_profiles, c)
             rows.append((t_first, t_final, t_ex, e_first, e_final, e_rep, floor, float(tied),

@@ -1,6 +1,6 @@
 """Fleet scale: simulated fleets into 1 and 2 coordinators, SQLite vs PostgreSQL, in one run.
 
-Scenarios (runtime/fleetsim.py drives the devices from this process, one local Mosquitto):
+Scenarios (runtime/tools/fleetsim.py drives the devices from this process, one local Mosquitto):
   1k   1,000 devices, health every 1 s and a result every 1 s each   (2,000 messages/s)
   10k  10,000 devices, health every 10 s and a result every 10 s each (2,000 messages/s)
 each into 1 then 2 `edgerun coordinator` processes (2 = one MQTT 5 shared subscription group),
@@ -43,8 +43,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from runtime.coordinator.pgserver import TempPostgres
 from runtime.coordinator.store import Store
-from runtime.fleetsim import FleetSim
-from runtime.telemetry.broker import Mosquitto, free_port, wait_port
+from runtime.tools.fleetsim import FleetSim
+from runtime.wire.broker import Mosquitto, free_port, wait_port
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = {"1k": (1000, 1.0, 1.0), "10k": (10000, 10.0, 10.0)}
@@ -214,10 +214,10 @@ def profile(pg: TempPostgres | None, backends: list[str], tmp: Path, n: int = 40
     (Store.ingest of decoded messages) and the whole ingest path (Coordinator._ingest: admit,
     store, in-memory view, ack encoding) on n raw messages, half health, half one-result
     batches of 1,000 devices, in batches of 500."""
-    from runtime.coordinator.config import CoordinatorConfig
+    from runtime.config.coordinator import CoordinatorConfig
     from runtime.coordinator.service import Coordinator
     from runtime.coordinator.store import Inbound
-    from runtime.telemetry import payloads, safejson
+    from runtime.wire import payloads, safejson
 
     raws = []
     for i in range(n // 2):

@@ -19,7 +19,7 @@ the constraint's 20 ms. For each device x scenario, side by side on the same sim
 
 and checks the targets (docs/power.md). Scenarios where idle power alone keeps the die above
 the trip are reported as physics-bounded, not counted as wins. `--daemon` also runs the real
-daemon against the plant (runtime/simloop.py) for --daemon-cases x both policies and prints
+daemon against the plant (runtime/tools/simloop.py) for --daemon-cases x both policies and prints
 its figures next to the pure simulation's (target: within 10 %).
 """
 
@@ -37,10 +37,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from power.closed_loop import RunResult, simulate
 from power.device import DeviceProfile, load_profile
 from power.plant import SCENARIOS, ambient
-from runtime import simloop
-from runtime.ladder import Rung, ladder_for, on_device
-from runtime.measure import recorded_profiles
-from runtime.selector import Constraints
+from runtime.choice.ladders import Rung, ladder_for, on_device
+from runtime.choice.measure import recorded_profiles
+from runtime.choice.selector import Constraints
+from runtime.tools import simloop
 
 HERE = Path(__file__).parent
 PROFILES = HERE.parent / "models" / "inspection" / "reference-profiles.json"
@@ -51,7 +51,7 @@ GOVERNORS = ("step_wise", "power_allocator")
 
 
 def device_rungs(profiles: Path, dev: DeviceProfile) -> list[Rung]:
-    """The daemon's ladder from recorded profiles (runtime.ladder.ladder_for), on `dev`."""
+    """The daemon's ladder from recorded profiles (runtime.choice.ladders.ladder_for), on `dev`."""
     ps = recorded_profiles(profiles)
     rungs, _ = ladder_for(list(ps.values()), Constraints(LATENCY_MS))
     return on_device(rungs, [ps[r.variant_id].cpu_ms / 1e3 for r in rungs], dev.power)

@@ -2,7 +2,7 @@
 
 Feeds `Coordinator._ingest` (admit: topic, JSON, compiled schema; store; view; acks) the raw
 MQTT payloads of N devices sending a health and a one-result batch each (what
-runtime/fleetsim.py sends), in batches of `ingest_batch`, with `_refresh` once per simulated
+runtime/tools/fleetsim.py sends), in batches of `ingest_batch`, with `_refresh` once per simulated
 second as the ingest loop does, on SQLite and/or a throw-away PostgreSQL; prints CPU per
 message and, with --profile, cProfile's top functions (cProfile inflates deep call trees,
 so read the ranking, not the absolute numbers).
@@ -33,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from runtime.coordinator.config import CoordinatorConfig
+from runtime.config.coordinator import CoordinatorConfig
 from runtime.coordinator.dialect import SQLiteDialect
 from runtime.coordinator.service import Coordinator
 

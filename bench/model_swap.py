@@ -34,13 +34,13 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from models import bundled
-from runtime.bundle import make
+from runtime.config.coordinator import CoordinatorConfig
 from runtime.coordinator.api import serve
-from runtime.coordinator.config import CoordinatorConfig
 from runtime.coordinator.service import Coordinator
-from runtime.onnx_model import file_sha256
-from runtime.telemetry.broker import Mosquitto
-from runtime.telemetry.commands import generate_keypair, load_private_key
+from runtime.engine.onnx_model import file_sha256
+from runtime.ota.bundle import make
+from runtime.wire.broker import Mosquitto
+from runtime.wire.commands import generate_keypair, load_private_key
 
 FLEET, DEVICE = "bench", "box1"
 

@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from power.device import load_profile
 from power.sensors import detect_meter
-from runtime.backends import discover
+from runtime.choice.profiler import Profiler, plan
 from runtime.config import (
     BackendsConfig,
     OnnxRuntimeConfig,
@@ -24,8 +24,8 @@ from runtime.config import (
     OpenVinoConfig,
     ProfilerConfig,
 )
-from runtime.manifest import load_manifest, model_files
-from runtime.profiler import Profiler, plan
+from runtime.engine.backends import discover
+from runtime.engine.manifest import load_manifest, model_files
 
 
 def main() -> None:

@@ -4,7 +4,7 @@ For each source count N (every source at `--rate` Hz, so N x rate combined):
 - the variant is chosen as the daemon chooses it: the bundled model's variants profiled on
   this host (ONNX Runtime, the profile cache is shared with `edgerun profile`), the ladder
   built for the per-inference target that keeps each stream within `--latency-ms` at the
-  combined rate (runtime.multisource.aggregate);
+  combined rate (runtime.frames.multisource.aggregate);
 - a real Pipeline (the daemon's: fair lanes, one preprocess and one infer thread, results
   committed to a real SQLite outbox) runs N synthetic conveyors for `--seconds` after a
   warm-up; every result's capture-to-result latency is recorded per stream;
@@ -20,7 +20,7 @@ Mixed models (`--mixed`, on by default): two sources, the bundled classifier on 
 bundled defect detector (`models/defects`) on the other (`2 mixed`: a 96-pixel frame, one
 inference; `2 mixed-tiled`: a 192-pixel frame cut into 9 tiles), side by side with `2`
 (both sources on the classifier). Each model's variant is chosen for its own per-inference
-target (runtime.joint.targets: the frame's share over its tiles), the sessions run in one
+target (runtime.choice.joint.targets: the frame's share over its tiles), the sessions run in one
 Pipeline as the daemon runs them, and the planned W is idle + the sum over models of
 inferences/s x J per inference of its top rung.
 
@@ -46,15 +46,15 @@ from dataclasses import replace
 from models import bundled
 from power.device import load_profile
 from power.sensors import detect_meter
-from runtime import joint
-from runtime.backends import discover
+from runtime.choice import joint
+from runtime.choice.ladders import ladder_for
+from runtime.choice.measure import measure_model
+from runtime.choice.selector import Constraints
 from runtime.config import ModelConfig, from_dict
-from runtime.ladder import ladder_for
-from runtime.measure import measure_model
-from runtime.multisource import lanes
-from runtime.pipeline import Active, Pipeline
-from runtime.selector import Constraints
-from runtime.sources import SourceConfig, SyntheticConveyor, open_source
+from runtime.engine.backends import discover
+from runtime.frames.multisource import lanes
+from runtime.frames.pipeline import Active, Pipeline
+from runtime.frames.sources import SourceConfig, SyntheticConveyor, open_source
 from runtime.telemetry.outbox import Outbox
 
 

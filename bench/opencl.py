@@ -23,10 +23,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from power.device import load_profile
 from power.sensors import detect_meter
-from runtime.backends import discover
+from runtime.choice.profiler import Profiler, plan
 from runtime.config import BackendsConfig, OnnxRuntimeConfig, OpenVinoConfig, ProfilerConfig
-from runtime.manifest import load_manifest, model_files
-from runtime.profiler import Profiler, plan
+from runtime.engine.backends import discover
+from runtime.engine.manifest import load_manifest, model_files
 
 
 def main() -> None:
@@ -68,7 +68,7 @@ def main() -> None:
                   f"{ratio:>6.1f}x" if p.ok else f"{vid:<58} failed: {p.error}")
         print()
 
-    from runtime.backends.opencl import OpenClBackend, OpenClPreprocessor
+    from runtime.engine.backends.opencl import OpenClBackend, OpenClPreprocessor
 
     ocl = next((b for b in backends if b.name == "opencl"), None)
     if ocl is None:

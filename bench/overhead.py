@@ -36,11 +36,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from models import bundled
 from models.synthetic import samples
-from runtime.backends import discover
+from runtime.choice.profiler import plan
 from runtime.config import load
-from runtime.manifest import load_manifest, model_files
-from runtime.profiler import plan
-from runtime.telemetry.broker import Mosquitto
+from runtime.engine.backends import discover
+from runtime.engine.manifest import load_manifest, model_files
+from runtime.wire.broker import Mosquitto
 
 CONFIG = """
 [model]

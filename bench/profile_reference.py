@@ -21,11 +21,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from power.device import load_profile
 from power.sensors import detect_meter
-from runtime.backends import discover
+from runtime.choice.profiler import Profiler, default_threads, model_files, profile_all
+from runtime.choice.report import profile_table
+from runtime.choice.selector import Constraints, frontier, select
 from runtime.config import BackendsConfig, ModelConfig, ProfilerConfig
-from runtime.profiler import Profiler, default_threads, model_files, profile_all
-from runtime.report import profile_table
-from runtime.selector import Constraints, frontier, select
+from runtime.engine.backends import discover
 
 LIGHT = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
 MODELS = ("squeezenet", "shufflenet", "resnet50")

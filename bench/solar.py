@@ -172,11 +172,11 @@ def run_duty(dev: DeviceProfile, irr: np.ndarray, policy: str, schedule: dc.Sche
 
 
 def sleep_daemon_bench(args: argparse.Namespace) -> int:
-    """The shipped daemon in the loop (runtime/simloop.py) on the simulated node without sun,
+    """The shipped daemon in the loop (runtime/tools/simloop.py) on the simulated node without sun,
     awake and with `[sleep]`: battery used, time suspended, wakes, inferences."""
     import tempfile
 
-    from runtime import simloop
+    from runtime.tools import simloop
 
     dev = load_profile(args.device)
     cap = dev.battery.capacity_wh

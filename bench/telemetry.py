@@ -29,10 +29,10 @@ import paho.mqtt.client as mqtt
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from runtime.telemetry.broker import Mosquitto, free_port, wait_port
+from runtime.config.telemetry import BrokerConfig, OutboxConfig, TelemetryConfig
 from runtime.telemetry.client import Publisher
-from runtime.telemetry.config import BrokerConfig, OutboxConfig, TelemetryConfig
 from runtime.telemetry.outbox import Outbox
+from runtime.wire.broker import Mosquitto, free_port, wait_port
 
 _COUNTER = """
 import sys, time, paho.mqtt.client as mqtt

@@ -1,4 +1,4 @@
-"""A tiled frame's inferences: one call per tile (what the pipeline does, runtime.tiling.
+"""A tiled frame's inferences: one call per tile (what the pipeline does, runtime.engine.tiling.
 infer_tiles) against one call with the tiles batched, on the bundled defect detector.
 
 The bundled variants have a fixed batch of 1. This bench makes a dynamic-batch copy of each
@@ -26,7 +26,7 @@ import onnxruntime as ort
 from onnx import numpy_helper
 
 from models import bundled
-from runtime.manifest import load_manifest
+from runtime.engine.manifest import load_manifest
 
 
 def dynamic_batch(path: Path) -> bytes:

@@ -22,7 +22,7 @@ from power import governor as gov
 from power.device import DeviceProfile
 from power.plant import Plant
 from power.sensors import Reading
-from runtime.ladder import Rung
+from runtime.choice.ladders import Rung
 
 THERMAL_POLICIES = ("kernel", "cheapest", "step_wise", "power_allocator")
 
@@ -52,7 +52,7 @@ def run_load(plant: Plant, rung: Rung, offered_hz: float, latency_target_s: floa
              res: RunResult) -> tuple[float, float]:
     """Step the plant by `dt` with `rung` offered frames at `offered_hz`, and tally what was
     delivered in `res`; returns (inferences/s delivered, latency s). The one load model of
-    this harness and of the daemon's in-process simulator (runtime/simdevice.py)."""
+    this harness and of the daemon's in-process simulator (runtime/device/simdevice.py)."""
     th = plant.device.thermal
     assert th is not None
     s = plant.s

@@ -19,7 +19,7 @@ What the core owns (so the policies in power/governor.py and power/energy.py sta
   step down describe a load that is gone, and a fit across the step would report "still
   rising" for half a window and escalate again and again. Until `settle_samples` readings of
   the new regime exist the slope is taken as 0: the policies hold instead of guessing.
-- **Budget -> rung**: the most accurate rung whose power fits (`runtime.ladder`), with the
+- **Budget -> rung**: the most accurate rung whose power fits (`runtime.choice.ladders`), with the
   rung hold against flapping; the step_wise levels are recomputed from the rungs every step,
   so rungs whose energy is kept current by the running pipeline move the levels with them.
 - **Upgrade guard**: a step up (a richer rung or a higher rate cap) is taken only if the extra
@@ -46,7 +46,7 @@ from power import energy as energy_mod
 from power import governor as gov
 from power.device import DeviceProfile
 from power.sensors import Reading
-from runtime.ladder import Rung, RungHold, budget_levels, hold, select_for_budget
+from runtime.choice.ladders import Rung, RungHold, budget_levels, hold, select_for_budget
 
 
 @dataclass(frozen=True)

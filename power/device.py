@@ -7,7 +7,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Literal
 
-from runtime.schema import ConfigError, load_toml
+from runtime.config.schema import ConfigError, load_toml
 
 
 @dataclass(frozen=True)

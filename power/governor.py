@@ -1,7 +1,7 @@
 """Pure thermal policies: `step(state, trend, cfg) -> (state, decision)`.
 
 A decision is a power budget for the inference load (watts of dynamic power, above idle) and
-an optional rate cap; `runtime.ladder.select_for_budget` turns it into the most accurate
+an optional rate cap; `runtime.choice.ladders.select_for_budget` turns it into the most accurate
 ladder rung whose power fits. Like the kernel's governors, the policies are tiny and the core
 (`power.control`) owns sensing and trend: a policy sees a filtered temperature and its slope
 in device time. Two policies, both predictive (they act on the trend before a trip is reached):

@@ -10,8 +10,8 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from runtime import __version__, journal
-from runtime.report import json_safe, profile_table
-from runtime.schema import ConfigError, to_dict
+from runtime.choice.report import json_safe, profile_table
+from runtime.config.schema import ConfigError, to_dict
 
 PROFILE_JSON_SCHEMA = "edgerun.profile/1"
 
@@ -52,9 +52,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
     from power.device import load_profile
     from power.sensors import detect_meter
     from runtime import config as config_mod
-    from runtime.backends import discover
-    from runtime.profiler import Profiler, default_threads, model_files, profile_all
-    from runtime.selector import Constraints, NoVariantError, frontier, select
+    from runtime.choice.profiler import Profiler, default_threads, model_files, profile_all
+    from runtime.choice.selector import Constraints, NoVariantError, frontier, select
+    from runtime.engine.backends import discover
 
     cfg = config_mod.load(args.config)
     if bad := sorted(set(args.engine or ()) - set(config_mod.ENGINES)):
@@ -138,14 +138,14 @@ def cmd_check(args: argparse.Namespace) -> int:
     sensors the daemon would use (stderr); exit 1 when the model cannot be loaded or the
     governor is on and no temperature sensor is found."""
     from runtime import config as config_mod
-    from runtime.sources import redact
+    from runtime.frames.sources import redact
 
     cfg = config_mod.load(args.config)
     # stream URLs may carry a camera's password: the printed config is for screens and tickets
     print(redact(json.dumps(to_dict(cfg), indent=2)))
     bad = [what for what, rc in (("model", _check_model(cfg)), ("sensors", _check_sensors(cfg)))
            if rc]
-    from runtime.source_check import notes
+    from runtime.frames.source_check import notes
 
     for line in notes(cfg):  # never fatal: serve retries a source until it works
         print(line, file=sys.stderr)
@@ -158,8 +158,8 @@ def _check_model(cfg) -> int:
     """Load the configured model as `serve` would (manifest and sha256 of every variant, or a
     bare .onnx with its input shape, labels and preprocessing) and say what was found, on
     stderr. 1 when `serve` would fail on it."""
-    from runtime.manifest import configured_model, model_files
-    from runtime.onnx_model import ModelError
+    from runtime.engine.manifest import configured_model, model_files
+    from runtime.engine.onnx_model import ModelError
 
     def say(line: str) -> None:
         print(line, file=sys.stderr)
@@ -241,11 +241,11 @@ def _check_sensors(cfg) -> int:
 def cmd_models(args: argparse.Namespace) -> int:
     """Make a model's precision ladder (fp16, int8, reduced resolution) with measured accuracy.
     Every failure is one error line naming the model and the step (exit 2)."""
-    if getattr(args, "ota", None):  # bundle / verify / install / ls (runtime/model_install.py)
+    if getattr(args, "ota", None):  # bundle / verify / install / ls (runtime/ota/install.py)
         return args.ota(args)
-    from runtime.manifest import Preprocess, read_labels, read_preprocess
-    from runtime.onnx_model import ModelError
-    from runtime.prepare import PrepareOptions, StepError, prepare
+    from runtime.engine.manifest import Preprocess, read_labels, read_preprocess
+    from runtime.engine.onnx_model import ModelError
+    from runtime.engine.prepare import PrepareOptions, StepError, prepare
 
     def error(step: str, message: str) -> int:
         print(f"edgerun models prepare: ERROR: {args.model}: step {step}: {message}",
@@ -296,7 +296,7 @@ def cmd_models(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     """Run the daemon: inspect frames, govern precision, publish results and health."""
     _hold_sighup()
-    from runtime.daemon import serve
+    from runtime.device.daemon import serve
 
     return serve(args.config, print_results=args.print, reload_pending=lambda: bool(_EARLY_HUP))
 
@@ -315,7 +315,7 @@ def _hold_sighup() -> None:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """Broker, coordinator and daemon on the bundled model with a simulated hot device."""
-    from runtime.demo import run
+    from runtime.tools.demo import run
 
     return run(duration_s=args.duration, device=args.device, scenario=args.scenario,
                speed=args.speed, start_hour=args.start_hour, rate=args.rate)
@@ -421,7 +421,7 @@ def cmd_fleet(args: argparse.Namespace) -> int:
 def cmd_revoke(args: argparse.Namespace) -> int:
     """Remove a broker user (its password and ACL lines) from the broker directory."""
     from runtime.coordinator.enroll import RELOAD_HINT
-    from runtime.telemetry.brokerauth import BrokerAuth, device_username
+    from runtime.wire.brokerauth import BrokerAuth, device_username
 
     name = args.name if args.role != "device" else device_username(args.fleet, args.name)
     if not BrokerAuth(args.broker_dir).remove(name):
@@ -472,14 +472,14 @@ def cmd_report(args: argparse.Namespace) -> int:
     """Render one device's timeline (temperature and trips, rung, rate, latency, energy,
     battery) to PNG and optionally HTML, from the coordinator or the device's own state
     (docs/report.md). Needs matplotlib: pip install 'edgerun[report]'."""
-    from runtime.day_report import command
+    from runtime.tools.day_report import command
 
     return command(args)
 
 
 def cmd_schemas(args: argparse.Namespace) -> int:
     """Print the MQTT payload JSON Schemas (v1), keyed by message kind."""
-    from runtime.telemetry.payloads import SCHEMAS
+    from runtime.wire.payloads import SCHEMAS
 
     print(json.dumps(SCHEMAS, indent=2))
     return 0
@@ -489,7 +489,7 @@ def cmd_keys(args: argparse.Namespace) -> int:
     """Make an Ed25519 key pair for signing commands (private key mode 0600). An existing key
     file is never replaced without --force: the devices trusting it would refuse every
     command signed by the new one."""
-    from runtime.telemetry.commands import generate_keypair
+    from runtime.wire.commands import generate_keypair
 
     existing = [str(f) for f in (args.private, args.public) if f.exists() or f.is_symlink()]
     if existing and not args.force:
@@ -621,7 +621,7 @@ def build_parser() -> argparse.ArgumentParser:
     mp.add_argument("--min-accuracy-ratio", type=_ratio, default=None,
                     help="a form measured below this x fp32's accuracy is not written as a "
                     "rung (default 0.5; 0 keeps every form)")
-    from runtime.model_install import add_parsers as ota_parsers
+    from runtime.ota.install import add_parsers as ota_parsers
 
     ota_parsers(msub, common)
     mo.set_defaults(func=cmd_models)
@@ -751,8 +751,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.func is cmd_serve:
         _hold_sighup()  # before the imports below: they load numpy and onnx
-    from runtime.onnx_model import ModelError
-    from runtime.selector import NoVariantError
+    from runtime.choice.selector import NoVariantError
+    from runtime.engine.onnx_model import ModelError
 
     if journal.setup(logging.DEBUG if args.verbose else logging.INFO):
         # An uncaught exception's traceback is a crash: filed at CRIT, every line of it.

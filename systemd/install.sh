@@ -4,4 +4,4 @@
 # Options: see `systemd/install.sh --help` (e.g. --enable, --extras demo, --prefix DIR).
 set -eu
 cd "$(dirname "$0")/.."
-exec python3 -m runtime.install "$@"
+exec python3 -m runtime.tools.install "$@"

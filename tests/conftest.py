@@ -25,7 +25,7 @@ def broker(tmp_path):
     (anonymous refused). Log in with `broker.device(fleet, device)`,
     `broker.coordinator(fleet[, name])` or `broker.client(name, read=..., write=...)`: each
     enrols the identity (reloading the broker) and returns the BrokerConfig to connect with."""
-    from runtime.telemetry.broker import Mosquitto
+    from runtime.wire.broker import Mosquitto
 
     b = Mosquitto(tmp_path).start()
     yield b

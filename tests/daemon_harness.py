@@ -138,9 +138,9 @@ def results(db: Path) -> list[dict]:
 
 def admitted(kind: str, body: str) -> dict:
     """`body` parsed, failing the test unless the coordinator would admit it: a field the
-    daemon sends but the closed wire schema (runtime/telemetry/payloads.py) does not declare
+    daemon sends but the closed wire schema (runtime/wire/payloads.py) does not declare
     is quarantined at the coordinator, so the operator would never see it."""
-    from runtime.telemetry import payloads
+    from runtime.wire import payloads
 
     msg = json.loads(body)
     try:

@@ -17,8 +17,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from runtime.config.telemetry import BrokerConfig, OutboxConfig, TelemetryConfig
 from runtime.telemetry.client import Publisher
-from runtime.telemetry.config import BrokerConfig, OutboxConfig, TelemetryConfig
 from runtime.telemetry.outbox import Outbox
 
 

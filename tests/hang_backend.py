@@ -7,7 +7,7 @@ import os
 import threading
 from pathlib import Path
 
-from runtime.backends.onnxruntime import OnnxRuntimeBackend
+from runtime.engine.backends.onnxruntime import OnnxRuntimeBackend
 
 
 class HangSession:

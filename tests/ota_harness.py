@@ -9,11 +9,11 @@ from pathlib import Path
 
 from daemon_harness import Serve, wait, write_config
 
+from runtime.config.coordinator import CoordinatorConfig
 from runtime.coordinator.api import serve
-from runtime.coordinator.config import CoordinatorConfig
 from runtime.coordinator.service import Coordinator
-from runtime.telemetry.broker import Mosquitto
-from runtime.telemetry.commands import generate_keypair
+from runtime.wire.broker import Mosquitto
+from runtime.wire.commands import generate_keypair
 
 FLEET = "t"  # daemon_harness.write_config's fleet
 TOKEN = "a" * 32

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import time
 
-from runtime.coordinator.config import CoordinatorConfig
-from runtime.telemetry import payloads
+from runtime.config.coordinator import CoordinatorConfig
+from runtime.wire import payloads
 
 
 def _coord(store_url: str, k: int):

@@ -13,8 +13,8 @@ import urllib.request
 
 import pytest
 
+from runtime.config.coordinator import CoordinatorConfig
 from runtime.coordinator.api import ensure_token, serve
-from runtime.coordinator.config import CoordinatorConfig
 from runtime.coordinator.service import Coordinator
 from runtime.coordinator.store import Inbound
 
@@ -185,7 +185,7 @@ def test_bad_command_bodies_are_400_not_a_dead_thread(api):
 def test_fleet_cli_finds_api_and_token_from_the_coordinator_config(tmp_path, capsys):
     from runtime import config as config_mod
     from runtime.cli import main
-    from runtime.telemetry.broker import free_port
+    from runtime.wire.broker import free_port
 
     port = free_port()
     conf = tmp_path / "coordinator.toml"

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from modelgen import tiny_cnn
 
-from runtime.backends import BackendError, ModelFile, discover
-from runtime.backends.onnxruntime import OnnxRuntimeBackend
 from runtime.config import BackendsConfig
-from runtime.onnx_model import ModelError, load_onnx, model_input
+from runtime.engine.backends import BackendError, ModelFile, discover
+from runtime.engine.backends.onnxruntime import OnnxRuntimeBackend
+from runtime.engine.onnx_model import ModelError, load_onnx, model_input
 
 BACKENDS = discover(BackendsConfig())
 NAMES = [b.name for b in BACKENDS]

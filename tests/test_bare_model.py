@@ -14,10 +14,10 @@ from daemon_harness import Serve, last_health, results, wait, write_config
 from modelgen import tiny_cnn
 from onnx import TensorProto, helper, save
 
-from runtime.ladder import budget_levels, ladder_for, select_for_budget
-from runtime.manifest import load_model, model_files, postprocess
-from runtime.onnx_model import ModelError
-from runtime.selector import Constraints, Profile
+from runtime.choice.ladders import budget_levels, ladder_for, select_for_budget
+from runtime.choice.selector import Constraints, Profile
+from runtime.engine.manifest import load_model, model_files, postprocess
+from runtime.engine.onnx_model import ModelError
 
 BOARD = Path(__file__).parent / "fixtures/sysfs/x86-coretemp"
 
@@ -153,8 +153,8 @@ def test_serve_runs_a_bare_onnx_end_to_end(tmp_path):
 @pytest.mark.parametrize("images", ["unlabelled", "none"])
 def test_serve_runs_a_ladder_prepared_without_labelled_images(tmp_path, images):
     from models.synthetic import write_folder
-    from runtime.manifest import Preprocess
-    from runtime.prepare import PrepareOptions, prepare
+    from runtime.engine.manifest import Preprocess
+    from runtime.engine.prepare import PrepareOptions, prepare
 
     val = None
     if images == "unlabelled":
@@ -183,8 +183,8 @@ def test_replayed_profiles_take_the_accuracy_of_the_model_now(tmp_path):
     from dataclasses import asdict
 
     from power.sensors import EstimatedMeter
+    from runtime.choice.measure import measure_model
     from runtime.config import from_dict
-    from runtime.measure import measure_model
 
     model = tiny_cnn(tmp_path / "mine.onnx")
     cfg = from_dict({"backends": {"enabled": ["onnxruntime"], "threads": [1],
@@ -201,6 +201,6 @@ def test_replayed_profiles_take_the_accuracy_of_the_model_now(tmp_path):
 
 
 def discover_backends(cfg):
-    from runtime.backends import discover
+    from runtime.engine.backends import discover
 
     return discover(cfg.backends)

@@ -10,8 +10,8 @@ from pathlib import Path
 import paho.mqtt.client as mqtt
 import pytest
 
-from runtime.telemetry.brokerauth import BrokerAuth, Identity, acl_text, hash_password
-from runtime.telemetry.config import BrokerConfig
+from runtime.config.telemetry import BrokerConfig
+from runtime.wire.brokerauth import BrokerAuth, Identity, acl_text, hash_password
 
 
 class Probe:
@@ -199,7 +199,7 @@ def test_revoked_device_is_refused_after_reload(secure_broker):
 
 def test_demo_fallback_broker_amqtt_is_authenticated_too(tmp_path):
     pytest.importorskip("amqtt")
-    from runtime.demo import EmbeddedBroker
+    from runtime.tools.demo import EmbeddedBroker
 
     b = EmbeddedBroker(tmp_path)
     dev_cfg, coord_cfg = b.device("demo", "box"), b.coordinator("demo")
@@ -232,7 +232,7 @@ def test_forged_results_and_health_never_reach_a_real_coordinator(tmp_path, secu
     broker; the coordinator stores only the device's own traffic."""
     import json
 
-    from runtime.coordinator.config import CoordinatorConfig
+    from runtime.config.coordinator import CoordinatorConfig
     from runtime.coordinator.service import Coordinator
 
     b = secure_broker

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from test_broker_acl import Probe, _wait
 
-from runtime.telemetry.brokerauth import BrokerAuth, Identity, acl_text, write_secret
-from runtime.telemetry.config import BrokerConfig
+from runtime.config.telemetry import BrokerConfig
+from runtime.wire.brokerauth import BrokerAuth, Identity, acl_text, write_secret
 
 
 def old_broker_dir(workdir: Path) -> dict[str, BrokerConfig]:
@@ -61,9 +61,9 @@ def test_the_coordinator_brings_an_old_acl_up_to_date_at_start(tmp_path, caplog)
     """Old code: the ACL stayed without the bundle lines until a device was enrolled again,
     and the broker silently dropped every bundle chunk request (the device's
     `bundle/req` never reached the coordinator)."""
-    from runtime.coordinator.config import CoordinatorConfig
+    from runtime.config.coordinator import CoordinatorConfig
     from runtime.coordinator.service import Coordinator
-    from runtime.telemetry.broker import Mosquitto
+    from runtime.wire.broker import Mosquitto
 
     logins = old_broker_dir(tmp_path)
     acl = tmp_path / "broker-auth" / "acl"
@@ -94,9 +94,9 @@ def test_the_coordinator_brings_an_old_acl_up_to_date_at_start(tmp_path, caplog)
 
 
 def test_a_broker_started_on_an_old_directory_brings_it_up_to_date(tmp_path, caplog):
-    """The broker the tests and `edgerun demo` start (runtime/telemetry/broker.py) owns its
+    """The broker the tests and `edgerun demo` start (runtime/wire/broker.py) owns its
     directory: an old one is refreshed before Mosquitto reads it."""
-    from runtime.telemetry.broker import Mosquitto
+    from runtime.wire.broker import Mosquitto
 
     logins = old_broker_dir(tmp_path)
     caplog.set_level(logging.WARNING, "edgerun.brokerauth")
@@ -125,7 +125,7 @@ def test_fleet_acl_command(tmp_path, capsys):
 
 
 def test_a_broken_broker_directory_never_stops_the_coordinator(tmp_path, caplog):
-    from runtime.coordinator.config import CoordinatorConfig
+    from runtime.config.coordinator import CoordinatorConfig
     from runtime.coordinator.service import Coordinator
 
     old_broker_dir(tmp_path)

@@ -1,5 +1,5 @@
-"""Signed model bundles (runtime/bundle.py) and the on-device store's pointer
-(runtime/model_store.py): real files, real keys, the real CLI."""
+"""Signed model bundles (runtime/ota/bundle.py) and the on-device store's pointer
+(runtime/ota/store.py): real files, real keys, the real CLI."""
 
 from __future__ import annotations
 
@@ -13,16 +13,16 @@ from pathlib import Path
 import pytest
 from modelgen import tiny_cnn
 
-from runtime.bundle import BundleError, make, read_info, unpack
-from runtime.model_store import ModelStore
-from runtime.telemetry.commands import generate_keypair, load_private_key, load_public_keys
+from runtime.ota.bundle import BundleError, make, read_info, unpack
+from runtime.ota.store import ModelStore
+from runtime.wire.commands import generate_keypair, load_private_key, load_public_keys
 
 ROOT = Path(__file__).parents[1]
 
 
 def model_dir(where: Path, name: str = "m", seed: int = 0) -> Path:
     """A one-variant prepared model directory (manifest + fp32.onnx)."""
-    from runtime.onnx_model import file_sha256
+    from runtime.engine.onnx_model import file_sha256
 
     where.mkdir(parents=True)
     f = tiny_cnn(where / "fp32.onnx", batch=1, seed=seed)

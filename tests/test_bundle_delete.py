@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from test_bundle import model_dir
 
-from runtime.bundle import make
-from runtime.telemetry.commands import generate_keypair, load_private_key
+from runtime.ota.bundle import make
+from runtime.wire.commands import generate_keypair, load_private_key
 
 TOKEN = "t" * 24
 
@@ -45,8 +45,8 @@ def _req(port: int, method: str, path: str, body: bytes | None = None
 @pytest.fixture
 def coord(tmp_path, store_url):
     """A coordinator on `store_url` with its API; chunk rows of 4 KiB (several a bundle)."""
+    from runtime.config.coordinator import CoordinatorConfig
     from runtime.coordinator.api import serve
-    from runtime.coordinator.config import CoordinatorConfig
     from runtime.coordinator.service import Coordinator
 
     c = Coordinator(CoordinatorConfig(fleet="f", store=store_url, max_bundle_mb=8,

@@ -1,4 +1,4 @@
-"""Bundles over MQTT (runtime/bundle_mqtt.py, runtime/coordinator/bundle_chunks.py): the wire
+"""Bundles over MQTT (runtime/ota/bundle_mqtt.py, runtime/coordinator/bundle_chunks.py): the wire
 format, hostile requests at the coordinator, transfers through a real Mosquitto (complete,
 broker dropped mid-way, tampered), the ACL, and a real daemon whose HTTP route is unreachable
 getting its model over MQTT across a `kill -9`."""
@@ -16,8 +16,11 @@ import paho.mqtt.client as mqtt
 import pytest
 from daemon_harness import wait
 
-from runtime.bundle import make
-from runtime.bundle_mqtt import (
+from runtime.config.telemetry import BrokerConfig
+from runtime.coordinator.bundle_chunks import ChunkServer
+from runtime.coordinator.bundles import Shelf
+from runtime.ota.bundle import make
+from runtime.ota.bundle_mqtt import (
     BAD_RANGE,
     BAD_REQUEST,
     HEADER,
@@ -30,12 +33,9 @@ from runtime.bundle_mqtt import (
     fetch_over_mqtt,
     topic,
 )
-from runtime.coordinator.bundle_chunks import ChunkServer
-from runtime.coordinator.bundles import Shelf
-from runtime.download import DownloadError
-from runtime.telemetry.broker import free_port
-from runtime.telemetry.commands import generate_keypair, load_private_key
-from runtime.telemetry.config import BrokerConfig
+from runtime.ota.download import DownloadError
+from runtime.wire.broker import free_port
+from runtime.wire.commands import generate_keypair, load_private_key
 
 FLEET = "t"
 
@@ -96,7 +96,7 @@ def _big_bundle(tmp_path: Path, size: int) -> Path:
     import io
     import tarfile
 
-    from runtime.bundle import HEADER as BUNDLE_HEADER
+    from runtime.ota.bundle import HEADER as BUNDLE_HEADER
 
     out = tmp_path / "big.edgerun"
     with tarfile.open(out, "w") as tar:
@@ -335,9 +335,9 @@ def test_a_tampered_chunk_with_a_matching_sha256_is_refused_by_verify(tmp_path, 
                                                                       shelf):
     """A coordinator that also signs a deploy with the tampered file's sha256 (its command key
     is not a publisher key): the bundle's signed hashes refuse it, nothing is installed."""
-    from runtime.bundle import BundleError
-    from runtime.model_install import verify_step
-    from runtime.model_store import ModelsConfig, ModelStore
+    from runtime.ota.bundle import BundleError
+    from runtime.ota.install import verify_step
+    from runtime.ota.store import ModelsConfig, ModelStore
 
     held = shelf.list()[0]
     c = Coord(broker, shelf)
@@ -534,7 +534,7 @@ def test_an_acl_without_the_bundle_topics_fails_fast_naming_the_fix(tmp_path, br
 
 
 def test_acl_lines_for_devices_and_coordinators():
-    from runtime.telemetry.brokerauth import Identity, acl_text
+    from runtime.wire.brokerauth import Identity, acl_text
 
     text = acl_text([Identity("c1", "coordinator", fleets=("f1",))])
     assert "pattern write edgerun/v1/%u/bundle/req" in text
@@ -561,7 +561,7 @@ def test_deploy_without_an_http_route_arrives_over_mqtt_across_kill_9_and_swaps(
     from daemon_harness import Serve
     from test_model_swap import inspection_dir
 
-    from runtime.model_store import ModelStore
+    from runtime.ota.store import ModelStore
 
     key = load_private_key(tmp_path / "publisher.pem")
     v1 = inspection_dir(tmp_path / "models" / "inspection")
@@ -624,10 +624,10 @@ def test_deploy_without_an_http_route_arrives_over_mqtt_across_kill_9_and_swaps(
 def test_only_a_failed_connection_counts_as_unreachable(tmp_path, shelf):
     """`[models] fetch = "auto"` switches to MQTT on DownloadError.unreachable only: nobody
     listening is; an answer from the API (404, 401) is not."""
+    from runtime.config.coordinator import CoordinatorConfig
     from runtime.coordinator.api import serve
-    from runtime.coordinator.config import CoordinatorConfig
     from runtime.coordinator.service import Coordinator
-    from runtime.download import fetch
+    from runtime.ota.download import fetch
 
     with pytest.raises(DownloadError) as e:
         fetch(f"http://127.0.0.1:{free_port()}/x", tmp_path / "a", 10)

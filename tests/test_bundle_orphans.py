@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from test_bundle_delete import small_bundle
 
+from runtime.config.coordinator import CoordinatorConfig
 from runtime.coordinator.bundles import UPLOAD_STALE_S, Shelf
-from runtime.coordinator.config import CoordinatorConfig
 from runtime.coordinator.service import Coordinator
 from runtime.coordinator.store import Store
 

@@ -12,8 +12,8 @@ import time
 import pytest
 from test_bundle_mqtt import Coord, _big_bundle, _fetch, _Shelf
 
-from runtime.bundle_mqtt import OK, encode_chunk
 from runtime.coordinator.canary_clock import MAX_SLEEP_S
+from runtime.ota.bundle_mqtt import OK, encode_chunk
 
 
 def test_a_lost_head_chunk_does_not_pull_the_bundle_into_memory(tmp_path, broker):
@@ -82,9 +82,9 @@ def test_a_canary_announcing_a_wake_in_the_year_2286_does_not_hold_its_rollout(
         tmp_path, store_url):
     """Old code: a canary whose state said `wake_at` = 1e10 (a clock gone wrong, or hostile)
     held its rollout's canary stage until then; now its sleep is believed for a week."""
-    from runtime.coordinator.config import CoordinatorConfig
+    from runtime.config.coordinator import CoordinatorConfig
     from runtime.coordinator.service import Coordinator
-    from runtime.telemetry import payloads
+    from runtime.wire import payloads
 
     coord = Coordinator(CoordinatorConfig(fleet="f", store=store_url, rollout_timeout_s=T,
                                           wake_margin_s=M, bundles_dir=str(tmp_path / "b")))
@@ -122,7 +122,7 @@ def test_a_second_download_of_the_same_bundle_does_not_write_into_the_first_ones
     deploy over MQTT and `edgerun models install`, say): old code let both append to the
     same `.part`, each at the offset it believed, and the file was neither's (sha256
     mismatch: both discarded). Now the second is refused at once and the first completes."""
-    from runtime.download import DownloadError
+    from runtime.ota.download import DownloadError
 
     s = _Shelf(tmp_path / "shelf")
     b = _big_bundle(tmp_path, 300_000)
@@ -173,7 +173,7 @@ def test_a_legacy_bundle_damaged_on_disk_is_not_imported(tmp_path):
     sound one next to it is imported."""
     import hashlib
 
-    from runtime.coordinator.config import CoordinatorConfig
+    from runtime.config.coordinator import CoordinatorConfig
     from runtime.coordinator.service import Coordinator
 
     old = tmp_path / "coord" / "bundles"
@@ -288,8 +288,8 @@ def test_a_disk_filling_mid_transfer_fails_saying_so_and_the_next_attempt_resume
     left on device", no file, no progress, not a DownloadError: unlike the HTTP route). Now
     it says where and how far, the part stays a prefix, and once there is room the next
     attempt resumes from it."""
-    from runtime.bundle_mqtt import fetch_over_mqtt
-    from runtime.download import DownloadError
+    from runtime.ota.bundle_mqtt import fetch_over_mqtt
+    from runtime.ota.download import DownloadError
 
     s = _Shelf(tmp_path / "shelf")
     b = _big_bundle(tmp_path, 150_000)
@@ -342,10 +342,10 @@ def test_a_command_for_a_sleeper_with_a_far_wake_expires_within_a_day(tmp_path):
     """Old code signed a command for a device asleep "until 2286" to expire then: valid (and
     kept in the device's replay record) for centuries. Now it lives a week past the send at
     most, plus the margin and the usual ttl."""
-    from runtime.coordinator.config import CoordinatorConfig
+    from runtime.config.coordinator import CoordinatorConfig
     from runtime.coordinator.service import Coordinator
-    from runtime.telemetry import payloads
-    from runtime.telemetry.commands import generate_keypair
+    from runtime.wire import payloads
+    from runtime.wire.commands import generate_keypair
 
     generate_keypair(tmp_path / "c.pem", tmp_path / "c.pub")
     coord = Coordinator(CoordinatorConfig(fleet="f", store=str(tmp_path / "c.db"),

@@ -15,9 +15,9 @@ import pytest
 from test_bundle import model_dir
 from test_rollout import _get
 
-from runtime.bundle import make, unpack
-from runtime.download import fetch
-from runtime.telemetry.commands import generate_keypair, load_private_key, load_public_keys
+from runtime.ota.bundle import make, unpack
+from runtime.ota.download import fetch
+from runtime.wire.commands import generate_keypair, load_private_key, load_public_keys
 
 TOKEN = "t" * 24
 
@@ -52,8 +52,8 @@ def _put(port: int, body: bytes) -> tuple[int, dict]:
 def two(tmp_path, store_url):
     """Two coordinators on one store (share_group), each with its API; on two hosts (their
     own bundles_dir: the old per-coordinator shelf)."""
+    from runtime.config.coordinator import CoordinatorConfig
     from runtime.coordinator.api import serve
-    from runtime.coordinator.config import CoordinatorConfig
     from runtime.coordinator.service import Coordinator
 
     coords, servers = [], []
@@ -152,7 +152,7 @@ def test_range_reads_over_small_chunk_rows(tmp_path, monkeypatch, store_url):
 def test_a_bundle_shelf_directory_of_an_older_coordinator_is_imported(tmp_path):
     """An upgraded coordinator's bundles (bundles_dir with index.db) go into the store with
     their tokens, so devices mid-way through a rollout still download."""
-    from runtime.coordinator.config import CoordinatorConfig
+    from runtime.config.coordinator import CoordinatorConfig
     from runtime.coordinator.service import Coordinator
 
     generate_keypair(tmp_path / "k.pem", tmp_path / "k.pub")
@@ -206,7 +206,7 @@ def test_bundles_do_not_make_retention_delete_results(tmp_path):
     """The shelf moved into the store, and max_store_mb measures the store: a 2.5 MiB bundle
     in a store capped at 1.5 MB made every retention pass delete acked results (and health,
     events) for room the results never took."""
-    from runtime.coordinator.config import CoordinatorConfig
+    from runtime.config.coordinator import CoordinatorConfig
     from runtime.coordinator.service import Coordinator
     from runtime.coordinator.store import Inbound
 

@@ -106,7 +106,7 @@ def test_keys_force_replaces_and_keeps_0600(tmp_path, capsys):
 
 
 def test_generate_keypair_exclusive_leaves_no_half_pair(tmp_path):
-    from runtime.telemetry.commands import generate_keypair
+    from runtime.wire.commands import generate_keypair
 
     priv, pub = tmp_path / "cmd.pem", tmp_path / "cmd.pub"
     pub.write_bytes(b"someone else's")

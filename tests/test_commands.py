@@ -7,7 +7,7 @@ import json
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from runtime.telemetry import commands, payloads
+from runtime.wire import commands, payloads
 
 NOW = 1_800_000_000.0
 KEY = Ed25519PrivateKey.generate()
@@ -134,7 +134,7 @@ def test_a_device_key_read_half_copied_is_read_again(tmp_path):
     granularity) was cached as unusable: every reply of that device stayed unverified."""
     import os
 
-    from runtime.coordinator.config import CoordinatorConfig
+    from runtime.config.coordinator import CoordinatorConfig
     from runtime.coordinator.service import Coordinator
 
     commands.generate_keypair(tmp_path / "d.pem", tmp_path / "d.pub")
@@ -161,7 +161,7 @@ def test_a_device_key_read_half_copied_is_read_again(tmp_path):
     ("3.1.1", ["failed", "failed"], "3.1.1"),  # asked for 3.1.1: never tries 5
 ])
 def test_protocol_probe(configured, events, want):
-    from runtime.telemetry.mqtt import ProtocolProbe
+    from runtime.wire.mqtt import ProtocolProbe
 
     probe = ProtocolProbe(configured)
     for e in events:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from runtime import config
-from runtime.schema import ConfigError
+from runtime.config.schema import ConfigError
 
 
 def write(tmp_path, text: str):

@@ -14,7 +14,7 @@ from power import energy as energy_mod
 from power.device import load_profile
 from power.governor import Decision
 from power.sensors import Reading
-from runtime.ladder import Rung
+from runtime.choice.ladders import Rung
 
 RUNGS = [Rung("small", 0.80, 0.010, 0.005), Rung("mid", 0.90, 0.030, 0.010),
          Rung("big", 0.98, 0.100, 0.020)]

@@ -1,5 +1,5 @@
 """What the control loop learned survives restarts: the harvest forecast (a solar node learns it
-over days) and the operator's rate cap (runtime/control_store.py)."""
+over days) and the operator's rate cap (runtime/device/control_store.py)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from power import energy as energy_mod
 from power.device import load_profile
 from power.plant import solar_trace
 from power.sensors import Reading
-from runtime import control_store
-from runtime.ladder import Rung
+from runtime.choice.ladders import Rung
+from runtime.device import control_store
 
 RUNGS = [Rung("small", 0.80, 0.2, 0.005), Rung("big", 0.98, 0.6, 0.010)]  # 2 W and 6 W at 10 Hz
 

@@ -13,7 +13,7 @@ def test_bundles_of_a_postgres_coordinator_are_not_kept_under_the_working_direct
     """With a PostgreSQL URL as the store and no bundles_dir, the shelf went to
     `Path(url).parent / "bundles"`: a directory `postgresql:/...` under whatever directory the
     coordinator was started in. The shelf is in the store now: no directory at all."""
-    from runtime.coordinator.config import CoordinatorConfig
+    from runtime.config.coordinator import CoordinatorConfig
     from runtime.coordinator.service import Coordinator
 
     cwd, home = tmp_path / "cwd", tmp_path / "home"
@@ -119,8 +119,8 @@ def test_two_coordinators_on_postgres_serve_dashboard_sleepers_and_fleet_ls(
     from test_fleet_scale import ROOT, CoordinatorProc, _wait
     from test_webhooks import Receiver
 
-    from runtime.telemetry import payloads
-    from runtime.telemetry.broker import Mosquitto
+    from runtime.wire import payloads
+    from runtime.wire.broker import Mosquitto
 
     broker = Mosquitto(tmp_path, auth=False).start()
     url = postgres.create_database("integration")
@@ -262,9 +262,9 @@ def test_a_returning_device_is_sent_its_desired_model_once_by_two_coordinators(
     back with another model than its desired one was sent `deploy` by each; the device
     refuses the second ("busy: another model install is running"), and that rejection failed
     its part of the rollout. Two coordinators on one store, the real admission path."""
-    from runtime.coordinator.config import CoordinatorConfig
+    from runtime.config.coordinator import CoordinatorConfig
     from runtime.coordinator.service import Coordinator
-    from runtime.telemetry import payloads
+    from runtime.wire import payloads
 
     args = {"name": "m", "version": "2", "url": "http://one/api/v1/bundles/m@2", "size": 1,
             "sha256": "0" * 64, "token": "t"}
@@ -348,10 +348,10 @@ def test_metrics_of_an_asleep_device(tmp_path, store_url):
     exported as a current reading (its temperature an hour ago shown as now)."""
     from test_metrics import TOKEN, dev, samples, scrape
 
+    from runtime.config.coordinator import CoordinatorConfig
     from runtime.coordinator.api import serve
-    from runtime.coordinator.config import CoordinatorConfig
     from runtime.coordinator.service import Coordinator
-    from runtime.telemetry import payloads
+    from runtime.wire import payloads
 
     coord = Coordinator(CoordinatorConfig(fleet="f", store=store_url,
                                           bundles_dir=str(tmp_path / "b")))

@@ -15,9 +15,9 @@ import pytest
 
 from models import bundled
 from models.synthetic import samples
-from runtime.coordinator.config import CoordinatorConfig
+from runtime.config.coordinator import CoordinatorConfig
 from runtime.coordinator.service import Coordinator
-from runtime.telemetry.broker import Mosquitto
+from runtime.wire.broker import Mosquitto
 
 TESTS = Path(__file__).parent
 ZONE = "sys/class/thermal/thermal_zone0"
@@ -302,7 +302,7 @@ def test_choose_model_command_switches_in_the_background(tmp_path, broker, profi
     import json
     import shutil
 
-    from runtime.telemetry.commands import generate_keypair
+    from runtime.wire.commands import generate_keypair
 
     root = tmp_path / "models"
     shutil.copytree(bundled(), root / "inspection")

@@ -1,5 +1,5 @@
 """Daemon in the loop: the real `edgerun serve` process against the simulated plant
-(runtime/simloop.py), compared with the pure simulation of the same scenario. Both call the one
+(tools/simloop.py), compared with the pure simulation of the same scenario. Both call the one
 control step (power/control.py); this proves the daemon actually acts on it."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from models import bundled
 from power.closed_loop import simulate
 from power.device import load_profile
 from power.plant import SCENARIOS, ambient
-from runtime import simloop
-from runtime.ladder import ladder_for, on_device
-from runtime.measure import recorded_profiles
-from runtime.selector import Constraints
+from runtime.choice.ladders import ladder_for, on_device
+from runtime.choice.measure import recorded_profiles
+from runtime.choice.selector import Constraints
+from runtime.tools import simloop
 
 PROFILES = bundled() / "reference-profiles.json"
 
@@ -54,7 +54,7 @@ def test_the_reference_profiles_match_what_the_daemon_plans():
     the recording must cover the ladder the daemon builds."""
     import tomllib
 
-    from runtime.simloop import REFERENCE_BACKENDS
+    from runtime.tools.simloop import REFERENCE_BACKENDS
 
     root = Path(__file__).resolve().parents[1]
     recorded = tomllib.loads((root / "bench" / "data" / "ladder-profile.toml").read_text())

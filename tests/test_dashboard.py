@@ -11,12 +11,12 @@ import urllib.request
 
 import pytest
 
+from runtime.config.coordinator import CoordinatorConfig
 from runtime.coordinator import dashboard
 from runtime.coordinator.api import serve
-from runtime.coordinator.config import CoordinatorConfig
 from runtime.coordinator.service import Coordinator
 from runtime.coordinator.store import Inbound
-from runtime.telemetry import payloads
+from runtime.wire import payloads
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ from test_telemetry_mqtt import Device, _coordinator, _read_lines
 from webdriver import Browser, find_browser
 
 from runtime.coordinator.api import serve
-from runtime.telemetry import commands, payloads
+from runtime.wire import commands, payloads
 
 BROWSER = find_browser()
 pytestmark = pytest.mark.skipif(

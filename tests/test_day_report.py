@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 from daemon_harness import Serve, wait, write_config
 
-from runtime import day_report, health_history
 from runtime.coordinator.api import BadRequest, health_query
+from runtime.tools import day_report
+from runtime.wire import health_history
 
 # the tests that draw need matplotlib (the [report] extra; the [test] extra has it too)
 needs_mpl = pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None,
@@ -164,13 +165,13 @@ def test_report_refuses_an_empty_window(tmp_path):
 def test_report_from_the_coordinator_history(tmp_path, broker):
     """Health published by a device over a real broker, stored by a real coordinator, read
     back through the API's health endpoint and drawn, with a gap where it was silent."""
+    from runtime.config.coordinator import CoordinatorConfig
+    from runtime.config.telemetry import OutboxConfig, TelemetryConfig
     from runtime.coordinator.api import ensure_token, serve
-    from runtime.coordinator.config import CoordinatorConfig
     from runtime.coordinator.service import Coordinator
-    from runtime.telemetry import commands
     from runtime.telemetry.client import Publisher
-    from runtime.telemetry.config import OutboxConfig, TelemetryConfig
     from runtime.telemetry.outbox import Outbox
+    from runtime.wire import commands
 
     (tmp_path / "keys").mkdir()
     commands.generate_keypair(tmp_path / "device.key", tmp_path / "keys" / "dev1.pub")

@@ -91,7 +91,7 @@ def test_demo_without_any_broker_says_what_to_install(tmp_path):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     # sys.modules[name] = None is how Python spells "not installed": `import amqtt` raises;
     # and no mosquitto on PATH nor in the sbin directories.
-    code = ("import sys; sys.modules['amqtt'] = None; import runtime.telemetry.broker as b; "
+    code = ("import sys; sys.modules['amqtt'] = None; import runtime.wire.broker as b; "
             f"b.SBIN_DIRS = {str(tmp_path)!r}; from runtime.cli import main; "
             "sys.exit(main(['demo', '--duration', '5']))")
     env = {**os.environ, "PATH": str(tmp_path), "PYTHONPATH": root, "HOME": str(tmp_path)}
@@ -108,8 +108,8 @@ def test_demo_broker_lookup_finds_amqtt_off_path(tmp_path, monkeypatch):
     """A venv's bin/ is often not on PATH (`/opt/edgerun/venv/bin/edgerun demo`): amqtt
     counts when it imports, and starts through this interpreter, whatever PATH says."""
     pytest.importorskip("amqtt")
-    from runtime import demo
-    from runtime.telemetry.broker import wait_port
+    from runtime.tools import demo
+    from runtime.wire.broker import wait_port
 
     monkeypatch.setenv("PATH", str(tmp_path))
     assert demo.amqtt_available() and demo.broker_available()
@@ -128,8 +128,8 @@ def test_mosquitto_in_sbin_counts_without_it_on_path(monkeypatch):
     lacks: the demo must still use it, not ask to install it."""
     if not os.path.exists("/usr/sbin/mosquitto"):
         pytest.skip("mosquitto is not in /usr/sbin here")
-    from runtime import demo
-    from runtime.telemetry.broker import mosquitto_path
+    from runtime.tools import demo
+    from runtime.wire.broker import mosquitto_path
 
     monkeypatch.setenv("PATH", "/usr/local/bin:/usr/bin:/bin")  # Debian's default user PATH
     assert mosquitto_path() == "/usr/sbin/mosquitto"

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from modelgen import blob_frame, tiny_cnn, tiny_detector
 
-from runtime.detection import (
+from runtime.engine.detection import (
     Detections,
     DetectSpec,
     average_precision,
@@ -24,10 +24,10 @@ from runtime.detection import (
     read_yolo_labels,
     to_result,
 )
-from runtime.manifest import Preprocess, frame_result, load_manifest, load_model
-from runtime.onnx_model import ModelError
-from runtime.prepare import PrepareOptions, label_file, prepare
-from runtime.telemetry.payloads import check
+from runtime.engine.manifest import Preprocess, frame_result, load_manifest, load_model
+from runtime.engine.onnx_model import ModelError
+from runtime.engine.prepare import PrepareOptions, label_file, prepare
+from runtime.wire.payloads import check
 
 V8, V5, NMS = (DetectSpec(format=f) for f in ("yolov8", "yolov5", "nms-inside"))
 
@@ -315,7 +315,7 @@ def test_prepare_reads_the_issues_detector_shape_as_yolov5_not_a_classifier(tmp_
 
 
 def test_prepare_refuses_a_detector_declared_a_classifier(tmp_path):
-    from runtime.prepare import StepError
+    from runtime.engine.prepare import StepError
 
     with pytest.raises(StepError, match=r"task: .*\[1, 6, 16\] is not a classifier's"):
         prepare(tiny_detector(tmp_path / "m.onnx"), None, _val(tmp_path / "val"),
@@ -348,11 +348,11 @@ def test_an_output_not_of_the_declared_form_costs_that_frame_only(tmp_path):
     import time
     from dataclasses import replace
 
-    from runtime.backends import discover
     from runtime.config import BackendsConfig, OnnxRuntimeConfig
-    from runtime.manifest import model_files
-    from runtime.pipeline import Active, Pipeline
-    from runtime.sources import SourceConfig, open_source
+    from runtime.engine.backends import discover
+    from runtime.engine.manifest import model_files
+    from runtime.frames.pipeline import Active, Pipeline
+    from runtime.frames.sources import SourceConfig, open_source
 
     inbox = tmp_path / "inbox"
     inbox.mkdir()
@@ -395,7 +395,7 @@ def test_an_output_not_of_the_declared_form_costs_that_frame_only(tmp_path):
 
 def test_bundled_defect_detector_manifest():
     from models import bundled
-    from runtime.manifest import model_files
+    from runtime.engine.manifest import model_files
 
     root = bundled("defects")
     if not (root / "manifest.json").exists():
@@ -413,7 +413,7 @@ def test_bundled_defect_detector_manifest():
 
 @pytest.fixture
 def coordinator(tmp_path, broker):
-    from runtime.coordinator.config import CoordinatorConfig
+    from runtime.config.coordinator import CoordinatorConfig
     from runtime.coordinator.service import Coordinator
 
     c = Coordinator(CoordinatorConfig(fleet="sys", broker=broker.coordinator("sys"),

@@ -17,10 +17,10 @@ import pytest
 from modelgen import tiny_detector
 from onnx import TensorProto, helper, numpy_helper, save
 
-from runtime.detection import form_change
-from runtime.manifest import Preprocess, frame_result, load_manifest
-from runtime.prepare import PrepareOptions, below_floor, prepare
-from runtime.tiling import Tiler, TileSpec, infer_tiles, tile_grid
+from runtime.engine.detection import form_change
+from runtime.engine.manifest import Preprocess, frame_result, load_manifest
+from runtime.engine.prepare import PrepareOptions, below_floor, prepare
+from runtime.engine.tiling import Tiler, TileSpec, infer_tiles, tile_grid
 
 PIXELS = Preprocess(mean=(0, 0, 0), std=(1, 1, 1))  # pixels / 255, RGB: what the models expect
 LABELS = ("red", "green")
@@ -389,7 +389,7 @@ def test_the_bench_detector_as_a_dynamic_export_gets_a_reduced_rung(tmp_path, mo
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "bench"))
     import first_decision as bench
 
-    from runtime.prepare import generated_frames
+    from runtime.engine.prepare import generated_frames
 
     val = tmp_path / "val"
     val.mkdir()

@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 from test_bundle import model_dir
 
-from runtime.bundle import make
-from runtime.download import DownloadError
-from runtime.model_install import obtain, verify_step
-from runtime.model_store import ModelsConfig, ModelStore
-from runtime.telemetry.commands import generate_keypair, load_private_key
+from runtime.ota.bundle import make
+from runtime.ota.download import DownloadError
+from runtime.ota.install import obtain, verify_step
+from runtime.ota.store import ModelsConfig, ModelStore
+from runtime.wire.commands import generate_keypair, load_private_key
 
 
 class Site:
@@ -208,8 +208,8 @@ def test_the_coordinator_names_its_bundle_bytes_for_resumes(tmp_path, two_versio
 
     from test_rollout import _get
 
+    from runtime.config.coordinator import CoordinatorConfig
     from runtime.coordinator.api import serve
-    from runtime.coordinator.config import CoordinatorConfig
     from runtime.coordinator.service import Coordinator
 
     a, b, _pub = two_versions
@@ -224,7 +224,7 @@ def test_the_coordinator_names_its_bundle_bytes_for_resumes(tmp_path, two_versio
         # a resume through the coordinator, no sha256: checked by its ETag, and resumed
         dest = tmp_path / "dl" / "x.edgerun"
         dest.parent.mkdir()
-        from runtime.download import _Record, fetch
+        from runtime.ota.download import _Record, fetch
 
         part = dest.with_name("x.edgerun.part")
         part.write_bytes(a[:5000])

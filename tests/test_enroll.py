@@ -12,8 +12,8 @@ import pytest
 
 from runtime import config as config_mod
 from runtime.cli import main
-from runtime.telemetry import commands
-from runtime.telemetry.broker import Mosquitto, can_login
+from runtime.wire import commands
+from runtime.wire.broker import Mosquitto, can_login
 
 
 def test_enroll_device_then_coordinator_log_in_with_what_was_written(tmp_path, capsys):
@@ -81,11 +81,11 @@ def test_security_md_walkthrough_tls_enrol_reload_then_results_flow(tmp_path):
     a device configured from what enrol wrote exchange results and acks over TLS."""
     from dataclasses import replace
 
+    from runtime.config.telemetry import OutboxConfig, TlsConfig
     from runtime.coordinator.service import Coordinator
-    from runtime.telemetry.broker import free_port
     from runtime.telemetry.client import Publisher
-    from runtime.telemetry.config import OutboxConfig, TlsConfig
     from runtime.telemetry.outbox import Outbox
+    from runtime.wire.broker import free_port
 
     pki = tmp_path / "pki"
     pki.mkdir()

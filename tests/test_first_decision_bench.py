@@ -10,9 +10,9 @@ from pathlib import Path
 
 import onnxruntime as ort
 
-from runtime import detection
-from runtime.manifest import Preprocess
-from runtime.prepare import generated_frames
+from runtime.engine import detection
+from runtime.engine.manifest import Preprocess
+from runtime.engine.prepare import generated_frames
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -55,7 +55,7 @@ def test_noise_floor_arithmetic():
 
 
 def test_detector_ladder_is_prepared_by_the_cli_once_and_then_reused(tmp_path, capsys):
-    from runtime.manifest import load_manifest
+    from runtime.engine.manifest import load_manifest
 
     bench = _bench()
     out = bench.detector_ladder(tmp_path, hw=64, width=4, images=8)

@@ -9,8 +9,8 @@ from __future__ import annotations
 import random
 import time
 
+from runtime.config.coordinator import CoordinatorConfig
 from runtime.coordinator import fleet
-from runtime.coordinator.config import CoordinatorConfig
 from runtime.coordinator.service import Coordinator
 from runtime.coordinator.store import Inbound
 

@@ -1,5 +1,5 @@
 """Coordinators on several hosts: two `edgerun coordinator` processes in one MQTT 5 shared
-subscription group on one PostgreSQL store, a simulated fleet (runtime/fleetsim.py) and a real
+subscription group on one PostgreSQL store, a simulated fleet (runtime/tools/fleetsim.py) and a real
 device process; kill -9 of one coordinator mid-stream loses and duplicates nothing, and
 commands work through either coordinator."""
 
@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from runtime.coordinator.store import Store
-from runtime.fleetsim import FleetSim
-from runtime.telemetry import commands
-from runtime.telemetry.broker import Mosquitto, free_port, wait_port
+from runtime.tools.fleetsim import FleetSim
+from runtime.wire import commands
+from runtime.wire.broker import Mosquitto, free_port, wait_port
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -173,8 +173,8 @@ def test_thousands_of_transitions_log_one_line_per_kind(tmp_path, caplog):
     coordinator's CPU on it): more than 20 changes are summarised per kind."""
     import logging
 
+    from runtime.config.coordinator import CoordinatorConfig
     from runtime.coordinator import fleet
-    from runtime.coordinator.config import CoordinatorConfig
     from runtime.coordinator.service import Coordinator
 
     c = Coordinator(CoordinatorConfig(fleet="f", store=str(tmp_path / "c.db")))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
-from runtime.fleetsim import FleetSim
+from runtime.tools.fleetsim import FleetSim
 
 
 def _ack(sim: FleetSim, dev, seq: int, first: int, stream: str | None = None) -> None:

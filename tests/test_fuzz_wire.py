@@ -31,9 +31,9 @@ import paho.mqtt.client as mqtt
 from test_telemetry_mqtt import Device, _coordinator, _wait
 from test_trust_wire import _held, _key, _stream_of
 
+from runtime.config.telemetry import BrokerConfig
 from runtime.coordinator.api import serve
-from runtime.telemetry import payloads
-from runtime.telemetry.config import BrokerConfig
+from runtime.wire import payloads
 
 N = int(os.environ.get("EDGERUN_FUZZ_N", "10000"))
 DEVICE_TOPICS = ("ack", "cmd")

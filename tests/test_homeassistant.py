@@ -20,12 +20,10 @@ import pytest
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from runtime.config import from_dict
-from runtime.coordinator.config import CoordinatorConfig
+from runtime.config.coordinator import CoordinatorConfig
+from runtime.config.telemetry import OutboxConfig, TelemetryConfig
 from runtime.coordinator.service import Coordinator
-from runtime.telemetry import commands, payloads
-from runtime.telemetry.brokerauth import DEVICE_PUBLISHES, PREFIX, Identity, device_username
 from runtime.telemetry.client import Publisher
-from runtime.telemetry.config import OutboxConfig, TelemetryConfig
 from runtime.telemetry.homeassistant import (
     DeviceInfo,
     Discovery,
@@ -36,6 +34,8 @@ from runtime.telemetry.homeassistant import (
     node_id,
 )
 from runtime.telemetry.outbox import Outbox
+from runtime.wire import commands, payloads
+from runtime.wire.brokerauth import DEVICE_PUBLISHES, PREFIX, Identity, device_username
 
 # Configuration variables of https://www.home-assistant.io/integrations/sensor.mqtt/ and
 # https://www.home-assistant.io/integrations/binary_sensor.mqtt/ (home-assistant.io,
@@ -402,7 +402,7 @@ def test_a_real_daemon_announces_its_model_labels_and_each_result(tmp_path, brok
     running model's labels and the device profile, and results arrive one a message."""
     from daemon_harness import Serve, wait, write_config
 
-    from runtime.manifest import load_manifest
+    from runtime.engine.manifest import load_manifest
 
     creds = broker.credentials(Identity(device_username("t", "box1"), "device",
                                         write=config_topics("homeassistant", "t", "box1")))

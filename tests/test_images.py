@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 
 from models.synthetic import samples
-from runtime import images
-from runtime.badframes import FRAME_KINDS, BadFrames
-from runtime.images import BadImage
-from runtime.sources import BadFrame, FolderSource, SourceConfig, decode_payload
+from runtime.frames import images
+from runtime.frames.badframes import FRAME_KINDS, BadFrames
+from runtime.frames.images import BadImage
+from runtime.frames.sources import BadFrame, FolderSource, SourceConfig, decode_payload
 
 FORMATS = (".png", ".jpg", ".bmp", ".ppm", ".pgm", ".pbm", ".tiff", ".webp")
 
@@ -131,7 +131,7 @@ def test_oversized_headers_are_refused_before_decoding(fmt):
 _RSS_CHILD = r"""
 import json, resource, sys, time
 from pathlib import Path
-from runtime.sources import BadFrame, FolderSource, SourceConfig
+from runtime.frames.sources import BadFrame, FolderSource, SourceConfig
 src = FolderSource(SourceConfig(kind="folder", path=sys.argv[1], watch=False), Path(sys.argv[2]))
 FolderSource.SETTLE_S = 0
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -1,5 +1,5 @@
 """The service install path (issue 14, item 7): a venv under /opt/edgerun made by
-`python3 -m runtime.install`, units whose ExecStart is that venv's script and that pass
+`python3 -m runtime.tools.install`, units whose ExecStart is that venv's script and that pass
 `systemd-analyze verify`, the edgerun user, /etc/edgerun; idempotent; never the system pip.
 
 The fast version builds the venv in a temp root with --system-site-packages and installs a
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime import install
+from runtime.tools import install
 
 ROOT = Path(__file__).resolve().parents[1]
 EXE = "/opt/edgerun/venv/bin/edgerun"
@@ -29,7 +29,8 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="chown to the edgerun 
 
 def _install(root: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "runtime.install", "--root", str(root), *args],
+    return subprocess.run([sys.executable, "-m", "runtime.tools.install", "--root", str(root),
+                           *args],
                           capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
 
 
@@ -72,7 +73,7 @@ def test_the_venv_runs_this_checkouts_edgerun(installed):
                          env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
     assert out.returncode == 0 and out.stdout.strip().startswith("edgerun "), out.stderr
     where = subprocess.run([str(root / "opt/edgerun/venv/bin/python"), "-c",
-                            "import runtime.install as m; print(m.__file__)"],
+                            "import runtime.tools.install as m; print(m.__file__)"],
                            capture_output=True, text=True, timeout=60, cwd="/",
                            env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
     assert where.stdout.startswith(str(root / "opt/edgerun/venv/lib")), where.stdout
@@ -148,7 +149,7 @@ def test_rerun_changes_nothing_and_keeps_the_operators_config(installed, wheel):
 
 def test_install_module_needs_only_the_standard_library():
     """It runs with Debian's bare python3 before anything is installed (-S: no site-packages)."""
-    out = subprocess.run([sys.executable, "-S", "-c", "import runtime.install"],
+    out = subprocess.run([sys.executable, "-S", "-c", "import runtime.tools.install"],
                          capture_output=True, text=True, timeout=60,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert out.returncode == 0, out.stderr

@@ -1,4 +1,4 @@
-"""Several models, one budget (runtime/joint.py): per-model targets with tiles, the box's
+"""Several models, one budget (runtime/choice/joint.py): per-model targets with tiles, the box's
 joint ladder and which model steps, as tables; and the control step driving it."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from power import control
 from power.governor import Decision
 from power.sensors import Reading
-from runtime.joint import (
+from runtime.choice.joint import (
     Load,
     Stream,
     accuracy,
@@ -22,7 +22,7 @@ from runtime.joint import (
     step_down,
     targets,
 )
-from runtime.ladder import Rung
+from runtime.choice.ladders import Rung
 
 # -- per-inference targets --------------------------------------------------------------------
 

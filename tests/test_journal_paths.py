@@ -15,12 +15,12 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = """
 import logging, sys, threading, warnings
 from runtime import journal
-from runtime.backends import discover
+from runtime.engine.backends import discover
 from runtime.config import BackendsConfig
 
 journal.setup(logging.INFO)
-# a real submodule path: runtime.backends warns (logger "runtime.backends") that a plugin
-# backend cannot be imported and is disabled
+# a real submodule path: runtime.engine.backends warns (logger "runtime.engine.backends")
+# that a plugin backend cannot be imported and is disabled
 discover(BackendsConfig(enabled=(), plugins=("no_such_vendor_sdk:Backend",)))
 warnings.warn("a library's runtime warning", RuntimeWarning)
 t = threading.Thread(target=lambda: 1 / 0, name="worker-7")
@@ -48,7 +48,7 @@ def test_every_path_carries_its_priority_on_the_journal(tmp_path):
     lines = _run(tmp_path, on_journal=True)
     assert lines and all(line[:3] in ("<2>", "<4>", "<6>") for line in lines), lines
     backend = [x for x in lines if "no_such_vendor_sdk" in x]
-    assert backend and backend[0].startswith("<4>WARNING runtime.backends: backend "), lines
+    assert backend and backend[0].startswith("<4>WARNING runtime.engine.backends: backend "), lines
     warned = [x for x in lines if "a library's runtime warning" in x]
     assert warned and warned[0].startswith("<4>WARNING py.warnings: "), lines
     died = [i for i, x in enumerate(lines) if "thread worker-7 died" in x]
@@ -61,6 +61,6 @@ def test_every_path_carries_its_priority_on_the_journal(tmp_path):
 def test_off_the_journal_python_writes_as_usual(tmp_path):
     lines = _run(tmp_path, on_journal=False)
     assert not any(re.match(r"<\d>", line) for line in lines), lines
-    assert any(x.startswith("WARNING runtime.backends: backend ") for x in lines), lines
+    assert any(x.startswith("WARNING runtime.engine.backends: backend ") for x in lines), lines
     assert any("RuntimeWarning: a library's runtime warning" in x for x in lines), lines
     assert any(x.startswith("Exception in thread worker-7") for x in lines), lines

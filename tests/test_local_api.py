@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from models import bundled
 from runtime.config import ConfigError, from_dict
-from runtime.local_api import LocalApi, LocalApiConfig, start_local_api
+from runtime.device.local_api import LocalApi, LocalApiConfig, start_local_api
 
 
 def get(port: int, path: str) -> tuple[int, str, str]:

@@ -17,12 +17,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from test_telemetry_mqtt import Device, _coordinator, _wait
 
-from runtime import metrics
+from runtime.config.coordinator import CoordinatorConfig
+from runtime.config.telemetry import BrokerConfig
 from runtime.coordinator.api import serve
-from runtime.coordinator.config import CoordinatorConfig
 from runtime.coordinator.service import Coordinator
-from runtime.telemetry import payloads
-from runtime.telemetry.config import BrokerConfig
+from runtime.wire import metrics, payloads
 
 TOKEN = "t" * 32
 

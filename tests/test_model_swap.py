@@ -19,11 +19,11 @@ from modelgen import tiny_cnn
 from onnx import TensorProto, helper, numpy_helper, save
 
 from models import bundled
-from runtime.bundle import make
-from runtime.model_store import ModelStore
-from runtime.onnx_model import file_sha256
-from runtime.probation import Kpis, Limits, judge
-from runtime.telemetry.commands import generate_keypair, load_private_key
+from runtime.engine.onnx_model import file_sha256
+from runtime.ota.bundle import make
+from runtime.ota.probation import Kpis, Limits, judge
+from runtime.ota.store import ModelStore
+from runtime.wire.commands import generate_keypair, load_private_key
 
 ROOT = Path(__file__).parents[1]
 pytestmark = pytest.mark.skipif(not (bundled() / "manifest.json").exists(),
@@ -150,8 +150,8 @@ agreement_floor = 0.8
 
 def _coordinator_api(tmp_path: Path):
     """The coordinator's API alone (no broker needed to serve bundles)."""
+    from runtime.config.coordinator import CoordinatorConfig
     from runtime.coordinator.api import serve
-    from runtime.coordinator.config import CoordinatorConfig
     from runtime.coordinator.service import Coordinator
 
     c = Coordinator(CoordinatorConfig(store=str(tmp_path / "coord" / "c.db")))

@@ -15,10 +15,10 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from runtime.telemetry.broker import Mosquitto
+from runtime.config.telemetry import BrokerConfig, OutboxConfig, TelemetryConfig, TlsConfig
 from runtime.telemetry.client import Publisher
-from runtime.telemetry.config import BrokerConfig, OutboxConfig, TelemetryConfig, TlsConfig
 from runtime.telemetry.outbox import Outbox
+from runtime.wire.broker import Mosquitto
 
 
 def _publisher(tmp_path: Path, broker: BrokerConfig) -> tuple[Publisher, Outbox]:

@@ -20,11 +20,12 @@ from modelgen import tiny_cnn
 
 from models import bundled
 from models.synthetic import samples
-from runtime.backends import discover
+from runtime.choice.ladders import ladder_for
+from runtime.choice.selector import Constraints, Profile
 from runtime.config import BackendsConfig, ConfigError, OnnxRuntimeConfig, from_dict
-from runtime.ladder import ladder_for
-from runtime.manifest import load_model, model_files
-from runtime.multisource import (
+from runtime.engine.backends import discover
+from runtime.engine.manifest import load_model, model_files
+from runtime.frames.multisource import (
     UTILISATION_MAX,
     FairQueue,
     aggregate,
@@ -32,9 +33,8 @@ from runtime.multisource import (
     planned_rate,
     shares,
 )
-from runtime.pipeline import Active, Pipeline
-from runtime.selector import Constraints, Profile
-from runtime.sources import SourceConfig, open_source
+from runtime.frames.pipeline import Active, Pipeline
+from runtime.frames.sources import SourceConfig, open_source
 
 # -- the aggregate load (pure) ---------------------------------------------------------------
 
@@ -347,9 +347,9 @@ def test_a_failing_camera_is_retried_while_the_other_sources_go_on(tmp_path):
 def test_results_at_the_coordinator_name_their_source(tmp_path):
     """Through Mosquitto to a coordinator: each stored result says which camera it is from
     (the field is declared in the result schema; an undeclared one would be quarantined)."""
-    from runtime.coordinator.config import CoordinatorConfig
+    from runtime.config.coordinator import CoordinatorConfig
     from runtime.coordinator.service import Coordinator
-    from runtime.telemetry.broker import Mosquitto
+    from runtime.wire.broker import Mosquitto
 
     broker = Mosquitto(tmp_path).start()
     coord = Coordinator(CoordinatorConfig(fleet="t", broker=broker.coordinator("t"),
@@ -466,7 +466,7 @@ def test_a_camera_faster_than_its_rate_is_read_fresh_and_inspected_at_its_rate(t
 
 
 def test_printed_results_say_which_camera():
-    from runtime.results_local import print_line
+    from runtime.frames.results_local import print_line
 
     r = {"t": 1.7e9, "ref": "part-12", "label": "ok", "score": 0.9, "variant": "v", "rung": 1}
     assert print_line({**r, "source": "line1-top"}).split()[1] == "line1-top/part-12"

@@ -11,11 +11,11 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper, save
 
-from runtime.backends.base import BackendError, ModelFile, Variant
-from runtime.manifest import Preprocess
+from runtime.engine.backends.base import BackendError, ModelFile, Variant
+from runtime.engine.manifest import Preprocess
 
 cl = pytest.importorskip("pyopencl")
-from runtime.backends.opencl import OpenClBackend, OpenClPreprocessor  # noqa: E402
+from runtime.engine.backends.opencl import OpenClBackend, OpenClPreprocessor  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -226,7 +226,7 @@ def test_mobilenet_style_model(backend, tmp_path, storage, tol):
 @pytest.mark.parametrize("storage, tol", [("fp32", 1e-4), ("fp16", 3e-3)])
 def test_bundled_model_variants(backend, storage, tol):
     from models import bundled
-    from runtime.manifest import load_manifest
+    from runtime.engine.manifest import load_manifest
 
     man = load_manifest(bundled())
     forms = [v for v in man.variants if v.precision in ("fp32", "fp32-reduced")]
@@ -261,7 +261,8 @@ def test_devices_report_limits(backend):
 
 def test_no_platform_disables_backend_with_one_line(tmp_path):
     code = ("import logging; logging.basicConfig(level=logging.INFO)\n"
-            "from runtime.config import BackendsConfig\nfrom runtime.backends import discover\n"
+            "from runtime.config import BackendsConfig\n"
+            "from runtime.engine.backends import discover\n"
             "print([b.name for b in discover(BackendsConfig(enabled=('opencl',)))])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env={**os.environ, "OCL_ICD_VENDORS": str(tmp_path / "none")})
@@ -323,7 +324,7 @@ def test_preprocessing_fp16_output(backend):
 
 def test_preprocess_chooser_measures_both_paths_and_caches(backend):
     from power.sensors import EstimatedMeter
-    from runtime.preprocessing import PreprocessChooser
+    from runtime.engine.preprocessing import PreprocessChooser
 
     pre = Preprocess()
     meter = EstimatedMeter(idle_w=5.0, active_w_per_core=6.0)
@@ -346,7 +347,7 @@ def test_preprocess_chooser_measures_both_paths_and_caches(backend):
 
 def test_preprocess_chooser_falls_back_to_cpu():
     from power.sensors import EstimatedMeter
-    from runtime.preprocessing import PreprocessChooser
+    from runtime.engine.preprocessing import PreprocessChooser
 
     def broken(shape):
         raise RuntimeError("no OpenCL device")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.telemetry.config import OutboxConfig
+from runtime.config.telemetry import OutboxConfig
 from runtime.telemetry.outbox import Outbox
 
 
@@ -133,7 +133,7 @@ def test_lost_replay_record_refuses_commands_issued_before(tmp_path):
 _WRITER = """
 import sys, time
 sys.path.insert(0, {root!r})
-from runtime.telemetry.config import OutboxConfig
+from runtime.config.telemetry import OutboxConfig
 from runtime.telemetry.outbox import Outbox
 box = Outbox(OutboxConfig(path={path!r}, fsync={fsync!r}))
 while True:

@@ -20,7 +20,7 @@ from typing import Any
 import fastjsonschema
 import pytest
 
-from runtime.telemetry import payloads
+from runtime.wire import payloads
 
 JUNK: tuple[Any, ...] = (
     None, True, False, 0, -1, 1, 1.5, -0.0, 2 ** 62, 2 ** 63 - 1, -(2 ** 63) + 1, 10 ** 30,
@@ -202,7 +202,7 @@ def test_safejson_shortcut_refuses_exactly_what_the_full_walk_refuses(raw):
     failure impossible; it must refuse exactly what walking every node refuses."""
     import json
 
-    from runtime.telemetry import safejson
+    from runtime.wire import safejson
 
     def reference(raw):
         text = raw.decode("utf-8") if isinstance(raw, bytes) else raw

@@ -11,7 +11,7 @@ from power.closed_loop import simulate
 from power.device import ThermalModel, load_profile
 from power.plant import Plant, ambient, rc_step, solar_trace
 from power.sensors import SensorSet, read_trips
-from runtime.ladder import Rung, on_device
+from runtime.choice.ladders import Rung, on_device
 
 
 def test_rc_step_matches_closed_form():

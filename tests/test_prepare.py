@@ -14,9 +14,9 @@ import pytest
 from modelgen import tiny_cnn
 
 from models.synthetic import CLASSES, write_folder
-from runtime.manifest import Preprocess, load_manifest, postprocess, verify
-from runtime.onnx_model import ModelError
-from runtime.prepare import PrepareOptions, list_images, prepare, read_image
+from runtime.engine.manifest import Preprocess, load_manifest, postprocess, verify
+from runtime.engine.onnx_model import ModelError
+from runtime.engine.prepare import PrepareOptions, list_images, prepare, read_image
 
 PRE = Preprocess(mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25))
 
@@ -59,8 +59,8 @@ def test_prepare_makes_every_variant_and_its_numbers_are_true(tmp_path, images):
 
 
 def test_corrupted_variant_is_refused_by_sha256(tmp_path, images):
+    from runtime.choice.profiler import model_files
     from runtime.config import ModelConfig
-    from runtime.profiler import model_files
 
     model = tiny_cnn(tmp_path / "m.onnx", hw=(32, 32))
     prepare(model, images / "calib", images / "val", tmp_path / "out", _opts(reduced=False))
@@ -169,7 +169,7 @@ def test_prepare_with_only_unlabelled_val_images_measures_agreement(tmp_path, im
 
 
 def test_prepare_with_no_images_makes_fp16_on_generated_inputs_and_says_why_not_int8(tmp_path):
-    from runtime.prepare import generated_frames
+    from runtime.engine.prepare import generated_frames
 
     model = tiny_cnn(tmp_path / "m.onnx", hw=(32, 32))
     doc = prepare(model, None, None, tmp_path / "out", _opts(labels=()))

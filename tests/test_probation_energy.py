@@ -17,9 +17,9 @@ from onnx import helper, numpy_helper
 from test_model_swap import PROBATION, _manifest, inspection_dir
 
 from models import bundled
-from runtime.bundle import make
-from runtime.model_store import ModelStore
-from runtime.telemetry.commands import load_private_key
+from runtime.ota.bundle import make
+from runtime.ota.store import ModelStore
+from runtime.wire.commands import load_private_key
 
 pytestmark = pytest.mark.skipif(not (bundled() / "manifest.json").exists(),
                                 reason="bundled model not built")
@@ -125,7 +125,7 @@ def test_a_model_dearer_per_inference_is_rolled_back_for_energy(tmp_path, fleet)
     (None, 30, None, "passed"),   # no baseline figure: nothing to wait for
 ])
 def test_judge_waits_for_the_new_models_live_energy(old_mj, frames, new_mj, state):
-    from runtime.probation import Kpis, Limits, judge
+    from runtime.ota.probation import Kpis, Limits, judge
 
     lim = Limits(latency_ms=100.0, min_frames=20, min_shadow=0)
     v = judge(Kpis(1000, 0, 1.0, old_mj), Kpis(frames, 0, 1.0, new_mj), 0, 0, lim)
@@ -148,8 +148,8 @@ def test_native_cpu_of_other_threads_is_not_billed_to_a_single_thread_onnxruntim
     import threading
     from types import SimpleNamespace
 
-    from runtime import daemon as dm
-    from runtime.selector import Profile
+    from runtime.choice.selector import Profile
+    from runtime.device import daemon as dm
 
     monkeypatch.setattr(dm, "native_threads_cpu_s", lambda: 1.5)  # 0.5 s since the last
     prof = Profile("v", "m", "fp32", engine, "CPU", threads, energy_mj=6.0, cpu_ms=1.0)

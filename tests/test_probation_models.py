@@ -1,4 +1,4 @@
-"""Probation on a box with several models (runtime/joint.py): the swapped model is judged on
+"""Probation on a box with several models (runtime/choice/joint.py): the swapped model is judged on
 its own frames, errors and per-inference latency against its own target, not on the box's
 totals. Pure tables for the counting and the KPIs, a pipeline with a model that fails every
 inference beside a healthy one, and a real `edgerun serve` with two cameras, one on a slow
@@ -19,11 +19,11 @@ from daemon_harness import wait
 from test_model_swap import PROBATION, inspection_dir, slow_dir
 
 from models import bundled
-from runtime.bundle import make
-from runtime.model_counts import ModelCounts, Tally, model_id
-from runtime.ota_device import model_kpis
-from runtime.probation import Kpis
-from runtime.telemetry.commands import load_private_key
+from runtime.device.ota import model_kpis
+from runtime.frames.model_counts import ModelCounts, Tally, model_id
+from runtime.ota.bundle import make
+from runtime.ota.probation import Kpis
+from runtime.wire.commands import load_private_key
 
 pytestmark = pytest.mark.skipif(not (bundled() / "manifest.json").exists(),
                                 reason="bundled model not built")
@@ -68,7 +68,7 @@ def test_a_failing_new_version_is_not_diluted_by_another_cameras_healthy_frames(
     """A new version failing 3 % of its frames beside a healthy detector camera with 9x its
     frames: judged on its own frames it fails; on the box's totals (the old code) its errors
     were 0.3 % of the frames and it passed."""
-    from runtime.probation import Limits, judge
+    from runtime.ota.probation import Limits, judge
 
     c = ModelCounts()
     for i in range(300):
@@ -107,7 +107,7 @@ def test_every_model_a_full_box_runs_keeps_its_counts_when_served_in_turn():
     for 16, a box of 17 or more models forgot each before its next frame, so the [model]'s
     count never passed 1: probation never reached its frames, the throttling check never its
     50 results."""
-    from runtime.multisource import MAX_SOURCES
+    from runtime.frames.multisource import MAX_SOURCES
 
     c = ModelCounts()
     models = [(f"cam{i}", f"/m/{i}") for i in range(MAX_SOURCES)] + [("", "/m/v2"),
@@ -140,9 +140,9 @@ def test_model_id_separates_versions_of_the_same_key():
      'model = "defects"\ntiling = true\n', {"det": 9}, 20.0),
 ])
 def test_the_target_probation_judges_the_model_model_by(tmp_path, sources, tiles, want):
-    """`Daemon._target("")`: the [model]'s per-inference target from runtime/joint.py."""
+    """`Daemon._target("")`: the [model]'s per-inference target from runtime/choice/joint.py."""
     from runtime.config import load
-    from runtime.daemon import Daemon
+    from runtime.device.daemon import Daemon
 
     cfg = tmp_path / "c.toml"
     cfg.write_text(f'[constraints]\nlatency_ms = 40\n[daemon]\nstate_dir = "{tmp_path}"\n'
@@ -161,10 +161,10 @@ def test_a_pipeline_counts_each_models_frames_and_errors_apart(tmp_path):
     from test_source_models import _session
 
     from runtime.config import ModelConfig
-    from runtime.manifest import configured_model
-    from runtime.multisource import lanes
-    from runtime.pipeline import Active, Pipeline
-    from runtime.sources import SourceConfig, open_source
+    from runtime.engine.manifest import configured_model
+    from runtime.frames.multisource import lanes
+    from runtime.frames.pipeline import Active, Pipeline
+    from runtime.frames.sources import SourceConfig, open_source
 
     cls = configured_model(bundled("inspection"), ModelConfig())
     det = configured_model(bundled("defects"), ModelConfig())

@@ -11,9 +11,7 @@ import pytest
 from modelgen import tiny_cnn
 
 from power.sensors import EstimatedMeter
-from runtime.backends import discover
-from runtime.config import BackendsConfig, ModelConfig
-from runtime.profiler import (
+from runtime.choice.profiler import (
     Profiler,
     model_files,
     plan,
@@ -23,7 +21,9 @@ from runtime.profiler import (
     refine,
     to_refine,
 )
-from runtime.selector import Profile
+from runtime.choice.selector import Profile
+from runtime.config import BackendsConfig, ModelConfig
+from runtime.engine.backends import discover
 
 CFG = BackendsConfig(threads=(1,))
 
@@ -145,7 +145,7 @@ def test_a_cached_profile_takes_the_accuracy_of_the_manifest_now(tiny_model, fas
     # a prepared ladder's health said "accuracy unknown" after a bare run had filled the cache).
     from dataclasses import replace
 
-    from runtime.backends import ModelFile
+    from runtime.engine.backends import ModelFile
 
     bcfg = BackendsConfig(enabled=("onnxruntime",), threads=(1,))
     (backend,) = discover(bcfg)
@@ -171,7 +171,7 @@ def test_failures_are_recorded_and_skipped_with_one_line_per_kind(tmp_path, fast
                                                                   caplog):
     import logging
 
-    from runtime.report import failure_kinds
+    from runtime.choice.report import failure_kinds
 
     path = _odd_model(tmp_path)
     bcfg = BackendsConfig(enabled=("onnxruntime", "opencv"), threads=(1, 2))
@@ -182,7 +182,7 @@ def test_failures_are_recorded_and_skipped_with_one_line_per_kind(tmp_path, fast
         profiler = Profiler(cfg, EstimatedMeter(5.0, 2.0), "test-device")
         return profile_all(backends, models, (1, 2), bcfg, profiler, fresh=fresh)
 
-    caplog.set_level(logging.DEBUG, logger="runtime.profiler")
+    caplog.set_level(logging.DEBUG, logger="runtime.choice.profiler")
     first = run(path, fast_profiler_cfg)
     failed = [p for p in first if not p.ok]
     assert len(failed) > 1 and all(p.stage != "known-failure" for p in failed)
@@ -232,8 +232,8 @@ def _work(model_path, bcfg=CFG):
 
 def test_quick_round_then_refinement_measures_the_choice_at_full_length(tiny_model,
                                                                         fast_profiler_cfg):
-    from runtime.refine import keep
-    from runtime.selector import Constraints, select
+    from runtime.choice.refine import keep
+    from runtime.choice.selector import Constraints, select
 
     c = Constraints(1000)
     work = _work(tiny_model)
@@ -309,7 +309,7 @@ def test_every_inference_runs_inside_the_pause_gate(tiny_model, fast_profiler_cf
     # between chunks (or a served frame would wait for the whole measurement).
     import threading
 
-    from runtime.refine import rounds
+    from runtime.choice.refine import rounds
 
     bcfg = BackendsConfig(enabled=("onnxruntime",), threads=(1,))
     ((b, _d, v), *_) = _work(tiny_model, bcfg)
@@ -333,9 +333,9 @@ def test_a_background_reprofile_measures_every_round_inside_the_gate(tmp_path, t
     # round too, not only the refinement (an inference outside the gate fails its variant).
     import threading
 
+    from runtime.choice.measure import measure_model
+    from runtime.choice.selector import Constraints
     from runtime.config import from_dict
-    from runtime.measure import measure_model
-    from runtime.selector import Constraints
 
     cfg = from_dict({"backends": {"enabled": ["onnxruntime"], "threads": [1]},
                      "profiler": {"idle_baseline_s": 0.05, "cache_dir": str(tmp_path / "c"),
@@ -374,9 +374,9 @@ def test_a_fresh_reprofile_measures_again_but_does_not_retry_known_failures(tmp_
 
 def test_measure_first_serves_early_and_rest_completes_the_schedule(tmp_path):
     from models import bundled
+    from runtime.choice.measure import measure_first
+    from runtime.choice.selector import Constraints
     from runtime.config import from_dict
-    from runtime.measure import measure_first
-    from runtime.selector import Constraints
 
     if not (bundled() / "manifest.json").exists():
         pytest.skip("bundled model not built")
@@ -441,7 +441,7 @@ class _Scripted:
 
 def test_refine_measures_near_ties_again_and_chooses_on_the_combined_numbers(
         tiny_model, fast_profiler_cfg):
-    from runtime.selector import Constraints, select
+    from runtime.choice.selector import Constraints, select
 
     work = _work(tiny_model)
     assert len(work) >= 3

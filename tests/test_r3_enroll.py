@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from runtime.cli import main
-from runtime.telemetry.brokerauth import BrokerAuth
+from runtime.wire.brokerauth import BrokerAuth
 
 
 def _enroll(tmp_path, *args: str) -> int:

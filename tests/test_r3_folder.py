@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from models.synthetic import samples
-from runtime.sources import FolderSource, SourceConfig, SourceError
+from runtime.frames.sources import FolderSource, SourceConfig, SourceError
 
 
 def _read_all(src: FolderSource, within_s: float) -> list[str]:

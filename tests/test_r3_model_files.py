@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from runtime.manifest import load_manifest, read_labels, read_preprocess
-from runtime.onnx_model import ModelError
+from runtime.engine.manifest import load_manifest, read_labels, read_preprocess
+from runtime.engine.onnx_model import ModelError
 
 ROOT = Path(__file__).parent.parent
 BUNDLED = ROOT / "models" / "inspection"

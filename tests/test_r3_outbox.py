@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.telemetry.config import OutboxConfig
+from runtime.config.telemetry import OutboxConfig
 from runtime.telemetry.outbox import Outbox, OutboxUnavailable
 
 
@@ -73,7 +73,7 @@ def test_an_outbox_it_may_not_write_is_one_line_not_a_traceback(tmp_path):
     os.chown(path, 65534, -1)
     os.chmod(path, 0o644)
     tmp_path.chmod(0o777)
-    code = ("import sys; from runtime.telemetry.config import OutboxConfig\n"
+    code = ("import sys; from runtime.config.telemetry import OutboxConfig\n"
             "from runtime.telemetry.outbox import Outbox, OutboxUnavailable\n"
             f"try: Outbox(OutboxConfig(path={str(path)!r}))\n"
             "except OutboxUnavailable as e: print('UNAVAILABLE', e); sys.exit(0)\n"

@@ -44,7 +44,7 @@ class _Flaky:
         self.tmp_path, self.calls = tmp_path, 0
 
     def __call__(self):
-        from runtime.sources import SourceConfig, open_source
+        from runtime.frames.sources import SourceConfig, open_source
 
         self.calls += 1
         if self.calls == 1:
@@ -57,10 +57,10 @@ def test_an_unexpected_error_in_a_source_is_a_source_failure_not_a_dead_thread(t
 
     from modelgen import tiny_cnn
 
-    from runtime.backends import discover
     from runtime.config import BackendsConfig, OnnxRuntimeConfig
-    from runtime.manifest import load_model, model_files
-    from runtime.pipeline import Active, Pipeline
+    from runtime.engine.backends import discover
+    from runtime.engine.manifest import load_model, model_files
+    from runtime.frames.pipeline import Active, Pipeline
 
     m = load_model(tiny_cnn(tmp_path / "tiny.onnx", hw=(32, 32)))
     bcfg = BackendsConfig(enabled=("onnxruntime",), threads=(1,),

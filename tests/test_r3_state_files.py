@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from runtime import control_store
+from runtime.device import control_store
 
 
 def test_a_deeply_nested_control_state_is_moved_aside_not_a_crash_loop(tmp_path):
@@ -20,14 +20,14 @@ DEEP = "[" * 100_000
 
 
 def test_a_deeply_nested_operator_settings_file_is_moved_aside(tmp_path):
-    from runtime import operator_settings
+    from runtime.device import operator_settings
 
     (tmp_path / operator_settings.FILE).write_text(DEEP)
     assert operator_settings.load(tmp_path) == {}
 
 
 def test_a_deeply_nested_model_pointer_is_moved_aside(tmp_path):
-    from runtime.model_store import ModelStore
+    from runtime.ota.store import ModelStore
 
     store = ModelStore(tmp_path)
     store.pointer.parent.mkdir(parents=True, exist_ok=True)
@@ -51,7 +51,7 @@ def test_a_model_pointer_with_fields_of_the_wrong_type_is_moved_aside(tmp_path):
     AttributeError in the daemon's start-up, at every start."""
     import json
 
-    from runtime.model_store import VERSION, ModelStore
+    from runtime.ota.store import VERSION, ModelStore
 
     store = ModelStore(tmp_path)
     for bad in ({"current": 5}, {"probation": "x"}, {"rejected": [1]}, {"previous": {}}):

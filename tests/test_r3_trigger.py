@@ -12,9 +12,9 @@ import paho.mqtt.client as mqtt
 import pytest
 
 from models.synthetic import samples
-from runtime.images import BadImage
-from runtime.sources import BadFrame, SourceConfig, decode_payload, open_source
-from runtime.telemetry.broker import Mosquitto
+from runtime.frames.images import BadImage
+from runtime.frames.sources import BadFrame, SourceConfig, decode_payload, open_source
+from runtime.wire.broker import Mosquitto
 
 
 @pytest.mark.parametrize("payload", [b"x" * 300, ("/" + "a" * 300 + "/b.png").encode(),
@@ -60,7 +60,7 @@ def test_a_long_text_trigger_is_refused_and_the_next_image_still_arrives(tmp_pat
 def test_a_capture_path_the_filesystem_refuses_is_a_source_error(tmp_path):
     """`[source] path` of 256+ characters (a long RTSP URL with a token in it, say) raised
     OSError ENAMETOOLONG from the open, which ended the capture thread."""
-    from runtime.sources import CaptureSource, SourceError
+    from runtime.frames.sources import CaptureSource, SourceError
 
     for path in ("x" * 5000, "rtsp://cam/" + "a" * 5000):
         with pytest.raises(SourceError, match="cannot open"):
@@ -68,7 +68,7 @@ def test_a_capture_path_the_filesystem_refuses_is_a_source_error(tmp_path):
 
 
 def test_a_folder_path_the_filesystem_refuses_is_a_source_error(tmp_path):
-    from runtime.sources import FolderSource, SourceError
+    from runtime.frames.sources import FolderSource, SourceError
 
     with pytest.raises(SourceError, match="File name too long"):
         FolderSource(SourceConfig(kind="folder", path="x" * 5000), tmp_path / "state")
@@ -77,7 +77,7 @@ def test_a_folder_path_the_filesystem_refuses_is_a_source_error(tmp_path):
 def test_a_file_name_cannot_forge_a_log_line(caplog):
     """A refused file named "x\\nCRITICAL edgerun.daemon: ..." printed a second log line of
     the attacker's choosing (journald files each line as its own record)."""
-    from runtime.badframes import BadFrames
+    from runtime.frames.badframes import BadFrames
 
     bad = BadFrames(lambda e: None)
     with caplog.at_level("WARNING", logger="edgerun.pipeline"):

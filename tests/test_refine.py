@@ -1,4 +1,4 @@
-"""Table tests for the fast schedule's pure decisions (runtime.refine)."""
+"""Table tests for the fast schedule's pure decisions (runtime.choice.refine)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from runtime.refine import (
+from runtime.choice.refine import (
     combine,
     finalists,
     first_decision_ready,
@@ -16,7 +16,7 @@ from runtime.refine import (
     percentile_ci,
     rounds,
 )
-from runtime.selector import Constraints, Profile, select
+from runtime.choice.selector import Constraints, Profile, select
 
 
 def P(vid: str, p95: float, mj: float, acc: float | None = 0.9, ci: float = 0.0,
@@ -166,7 +166,7 @@ FLOOR = [
 
 @pytest.mark.parametrize(("name", "pairs", "want"), FLOOR, ids=[f[0] for f in FLOOR])
 def test_observed_floor(name, pairs, want):
-    from runtime.refine import observed_floor
+    from runtime.choice.refine import observed_floor
 
     assert observed_floor(pairs) == pytest.approx(want)
 

@@ -7,8 +7,8 @@ import json
 import subprocess
 import sys
 
-from runtime.report import failure_kinds, profile_table
-from runtime.selector import Constraints, Profile, frontier, select
+from runtime.choice.report import failure_kinds, profile_table
+from runtime.choice.selector import Constraints, Profile, frontier, select
 
 
 def _ok(i: int, energy: float, acc: float, opts: str = "") -> Profile:

@@ -16,7 +16,8 @@ from daemon_harness import Serve, last_health, result_seqs, results, wait, write
 
 from models import bundled
 from runtime import config as config_mod
-from runtime.results_local import (
+from runtime.config.schema import ConfigError
+from runtime.frames.results_local import (
     MAX_PENDING_IMAGES,
     QUEUE_GROUPS,
     Jsonl,
@@ -28,8 +29,7 @@ from runtime.results_local import (
     print_line,
     snapshot_labels,
 )
-from runtime.schema import ConfigError
-from runtime.sources import Frame
+from runtime.frames.sources import Frame
 
 LABELS = ("ok", "scratch", "dent", "stain", "missing_part")
 LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z (\S+) (\S+) (\d\.\d{4}) (\S+) "
@@ -262,9 +262,9 @@ def test_serve_prints_writes_jsonl_keeps_snapshots_and_counts_labels(tmp_path):
 
 
 def test_label_counters_are_bounded_and_admitted_by_the_health_schema():
-    from runtime.manifest import Manifest, Preprocess
-    from runtime.pipeline import MAX_LABELS, OTHER_LABEL, Active, Pipeline
-    from runtime.telemetry import payloads
+    from runtime.engine.manifest import Manifest, Preprocess
+    from runtime.frames.pipeline import MAX_LABELS, OTHER_LABEL, Active, Pipeline
+    from runtime.wire import payloads
 
     n = MAX_LABELS + 44
     m = Manifest(Path("."), "many", tuple(f"class{i}" for i in range(n)), Preprocess(),

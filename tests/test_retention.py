@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 
-from runtime.coordinator.config import CoordinatorConfig
+from runtime.config.coordinator import CoordinatorConfig
 from runtime.coordinator.service import Coordinator
 from runtime.coordinator.store import Inbound, Store
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from runtime.coordinator.enroll import refresh_acl
-from runtime.telemetry.brokerauth import BrokerAuth, Identity
+from runtime.wire.brokerauth import BrokerAuth, Identity
 
 
 @pytest.mark.parametrize("edit", [

@@ -11,7 +11,7 @@ from test_bundle_delete import TOKEN, _req, coord, small_bundle  # noqa: F401 (f
 def test_cli_rm_of_a_version_with_plus(tmp_path, coord, capsys):  # noqa: F811
     """Old code: `edgerun fleet bundles rm m@1.0+b2` sent `m@1.0%2Bb2` (quoted) and the
     server, which never unquoted the path, answered 404 "not a bundle id": a bundle whose
-    version has a `+` (allowed by runtime.bundle.VERSION) could not be deleted by the CLI."""
+    version has a `+` (allowed by runtime.ota.bundle.VERSION) could not be deleted by the CLI."""
     from runtime.cli import main
 
     c, port = coord

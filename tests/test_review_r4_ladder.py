@@ -7,8 +7,8 @@ from dataclasses import replace
 import pytest
 from test_detector_ladder import ladder  # noqa: F401 (fixture)
 
-from runtime.manifest import load_manifest
-from runtime.prepare import reduced_hw
+from runtime.engine.manifest import load_manifest
+from runtime.engine.prepare import reduced_hw
 
 
 def test_a_prefix_model_at_the_reduced_size_cuts_its_own_tiles(ladder):  # noqa: F811
@@ -78,7 +78,7 @@ def test_an_nms_inside_reduced_rung_has_no_raw_difference(tmp_path):
     ones (max |diff| 32 for the very same detection, agreement 1.0)."""
     from test_detector_ladder import PIXELS, _val
 
-    from runtime.prepare import PrepareOptions, prepare
+    from runtime.engine.prepare import PrepareOptions, prepare
 
     doc = prepare(_whole_frame_nms_detector(tmp_path / "whole.onnx"), None,
                   _val(tmp_path / "val", 6, labelled=False), tmp_path / "out",

@@ -19,11 +19,11 @@ from test_bundle import model_dir
 from test_model_swap import PROBATION, constant_dir, inspection_dir
 
 from models import bundled
-from runtime.bundle import make
 from runtime.coordinator.rollout import FAILED, PASSED, SENT, WAITING, advance, split
-from runtime.download import DownloadError, fetch
-from runtime.model_store import ModelStore
-from runtime.telemetry.commands import generate_keypair, load_private_key
+from runtime.ota.bundle import make
+from runtime.ota.download import DownloadError, fetch
+from runtime.ota.store import ModelStore
+from runtime.wire.commands import generate_keypair, load_private_key
 
 ROOT = Path(__file__).parents[1]
 
@@ -67,8 +67,8 @@ def test_advance(r, state, send):
 
 @pytest.fixture
 def api(tmp_path):
+    from runtime.config.coordinator import CoordinatorConfig
     from runtime.coordinator.api import serve
-    from runtime.coordinator.config import CoordinatorConfig
     from runtime.coordinator.service import Coordinator
 
     c = Coordinator(CoordinatorConfig(store=str(tmp_path / "coord" / "c.db"),

@@ -127,7 +127,7 @@ def _birth(device: str, t: float, model_version: str = "m@1") -> tuple[str, byte
 def test_ingest_reads_desired_state_once_per_batch_of_births(tmp_path):
     """10 births in one ingest batch: one read of the desired table (it was one per birth),
     and each returning device still gets its settings."""
-    from runtime.coordinator.config import CoordinatorConfig
+    from runtime.config.coordinator import CoordinatorConfig
     from runtime.coordinator.service import Coordinator
 
     c = Coordinator(CoordinatorConfig(fleet="b", store=str(tmp_path / "c.db")))
@@ -150,7 +150,7 @@ def test_ingest_reads_desired_state_once_per_batch_of_births(tmp_path):
 def test_ingest_keeps_births_and_events_in_order(tmp_path):
     """An event between births splits them: the births before it are decided before the
     event changes any desired state, those after it after."""
-    from runtime.coordinator.config import CoordinatorConfig
+    from runtime.config.coordinator import CoordinatorConfig
     from runtime.coordinator.service import Coordinator
 
     c = Coordinator(CoordinatorConfig(fleet="b", store=str(tmp_path / "c.db")))
@@ -169,7 +169,7 @@ def test_ingest_keeps_births_and_events_in_order(tmp_path):
 
 @pytest.mark.parametrize("fail", ["read", "decision"])
 def test_a_failing_batch_or_device_costs_only_its_own_resends(tmp_path, fail):
-    from runtime.coordinator.config import CoordinatorConfig
+    from runtime.config.coordinator import CoordinatorConfig
     from runtime.coordinator.service import Coordinator
 
     c = Coordinator(CoordinatorConfig(fleet="b", store=str(tmp_path / "c.db")))

@@ -53,9 +53,9 @@ def test_a_sleeping_canary_holds_the_rollout_until_it_wakes_and_a_missed_wake_ha
         tmp_path, store_url):
     """Old code: the canary asleep for longer than rollout_timeout_s halted its rollout
     ('no verdict within 100 s'), though the coordinator knew it was asleep until later."""
-    from runtime.coordinator.config import CoordinatorConfig
+    from runtime.config.coordinator import CoordinatorConfig
     from runtime.coordinator.service import Coordinator
-    from runtime.telemetry import payloads
+    from runtime.wire import payloads
 
     coord = Coordinator(CoordinatorConfig(fleet="f", store=store_url, rollout_timeout_s=T,
                                           wake_margin_s=M, bundles_dir=str(tmp_path / "b")))

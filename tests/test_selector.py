@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from runtime.selector import Constraints, NoVariantError, Profile, frontier, select
+from runtime.choice.selector import Constraints, NoVariantError, Profile, frontier, select
 
 
 def P(vid: str, p95: float, mj: float, precision: str = "fp32", acc: float | None = None,

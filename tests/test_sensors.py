@@ -327,7 +327,7 @@ def test_profile_named_sensor_is_the_only_one_tried(tmp_path):
     ({"zone_type": "a", "hwmon_name": "b"}, "key 'zone_type': name either"),
 ])
 def test_thermal_selector_validation(selector, msg):
-    from runtime.schema import ConfigError, build
+    from runtime.config.schema import ConfigError, build
 
     data = {"trips": [{"temp_c": t.temp_c, "type": t.type} for t in PROFILE_TRIPS],
             "model": {"r_die_case": 1.0, "c_die": 1.0, "r_case_amb": 1.0, "c_case": 1.0}}

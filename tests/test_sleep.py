@@ -18,8 +18,8 @@ from power.closed_loop import RunResult, run_load
 from power.device import load_profile
 from power.plant import Plant, ambient
 from power.suspend import SimulatedSuspend, SuspendError, SysfsSuspend
+from runtime.choice.ladders import Rung
 from runtime.coordinator import fleet
-from runtime.ladder import Rung
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -229,9 +229,9 @@ def test_daemon_sleeps_announces_and_gets_commands_at_wake(tmp_path, broker):
     from test_daemon import Serve, write_config
 
     from models import bundled
-    from runtime.coordinator.config import CoordinatorConfig
+    from runtime.config.coordinator import CoordinatorConfig
     from runtime.coordinator.service import Coordinator
-    from runtime.telemetry.commands import generate_keypair
+    from runtime.wire.commands import generate_keypair
 
     if not (bundled() / "manifest.json").exists():
         pytest.skip("bundled model not built")
@@ -367,7 +367,7 @@ def _fake_daemon(tmp_path, profile, **sleep):
     ("solar-node", True, ""),
 ])
 def test_sleep_is_refused_loudly_where_the_board_cannot(tmp_path, profile, tree, why):
-    from runtime import sleep as sleep_mod
+    from runtime.device import sleep as sleep_mod
 
     if tree:
         fake_sysfs(tmp_path)
@@ -437,8 +437,8 @@ def _cycle_daemon(every_s, burst=2, sources=("main",)):
     from power import control
     from power.sensors import Reading
     from runtime.config import Config, SleepConfig
-    from runtime.multisource import Lane
-    from runtime.sleep import Sleeper
+    from runtime.device.sleep import Sleeper
+    from runtime.frames.multisource import Lane
 
     clock = {"t": 1000.0}
     notes, events = [], []
@@ -517,7 +517,7 @@ def test_sleeper_stays_up_on_a_short_schedule_and_waits_out_a_long_cycle():
 
 
 def test_a_source_whose_model_failed_is_not_in_the_burst_plan():
-    """A source refused at start (its own model failed, runtime/daemon.py) is never opened:
+    """A source refused at start (its own model failed, runtime/device/daemon.py) is never opened:
     the stay-up cap is the inspected sources' total, not one burst more (it was)."""
     s, d, _, tick, _ = _cycle_daemon(10, burst=1, sources=("a", "b"))
     d.pipeline.lanes[1].refused = "model 'x' cannot be used"

@@ -1,4 +1,4 @@
-"""A model per source under one budget (runtime/joint.py, docs/sources.md): `edgerun serve`
+"""A model per source under one budget (runtime/choice/joint.py, docs/sources.md): `edgerun serve`
 with the bundled classifier on one camera and the bundled defect detector (tiled) on another,
 results at a coordinator through Mosquitto naming source and model, the box stepping down
 under heat; a tiled [model] on one source; tiles counted per inference; config errors."""
@@ -13,7 +13,6 @@ import pytest
 from daemon_harness import ZONE, Serve, last_health, wait, write_config
 
 from models import bundled
-from runtime.backends import discover
 from runtime.config import (
     BackendsConfig,
     ConfigError,
@@ -22,10 +21,11 @@ from runtime.config import (
     from_dict,
     load,
 )
-from runtime.manifest import configured_model, model_files
-from runtime.multisource import lanes
-from runtime.pipeline import Active, Pipeline
-from runtime.sources import SourceConfig, open_source
+from runtime.engine.backends import discover
+from runtime.engine.manifest import configured_model, model_files
+from runtime.frames.multisource import lanes
+from runtime.frames.pipeline import Active, Pipeline
+from runtime.frames.sources import SourceConfig, open_source
 
 pytestmark = pytest.mark.skipif(
     not ((bundled() / "manifest.json").exists() and (bundled("defects") / "manifest.json")
@@ -56,9 +56,9 @@ def test_two_sources_on_two_models_reach_the_coordinator_and_share_one_budget(tm
     """The classifier's camera and the tiled detector's camera, each result naming both; the
     detector's per-inference target counts its 9 tiles; health shows each model's rung and
     the box's; heat steps the box down (one model at a time) and the results follow."""
-    from runtime.coordinator.config import CoordinatorConfig
+    from runtime.config.coordinator import CoordinatorConfig
     from runtime.coordinator.service import Coordinator
-    from runtime.telemetry.broker import Mosquitto
+    from runtime.wire.broker import Mosquitto
 
     broker = Mosquitto(tmp_path).start()
     coord = Coordinator(CoordinatorConfig(fleet="t", broker=broker.coordinator("t"),
@@ -203,8 +203,8 @@ def test_a_source_may_name_a_model_by_path_or_bundled_name(tmp_path):
 def test_choose_model_is_refused_when_every_source_has_its_own_model(tmp_path):
     """OTA swaps the [model] section's model; with no source using it, a choose_model or
     deploy would change nothing: it is refused, saying why."""
-    from runtime.daemon import Daemon
-    from runtime.telemetry.commands import Command
+    from runtime.device.daemon import Daemon
+    from runtime.wire.commands import Command
 
     cfg = from_dict({"daemon": {"state_dir": str(tmp_path / "state")}, "sources": [
         {"name": "a", "model": "defects"}, {"name": "b", "model": "defects"}]})
@@ -293,7 +293,7 @@ def test_one_model_spelt_three_ways_is_one_model(tmp_path):
     """A bundled name, its path and a symlink to it are one model: one key, so one
     measurement, one session and one ladder (they were three, each measured and loaded, their
     identical variant ids mixing their live energies)."""
-    from runtime.daemon import Daemon
+    from runtime.device.daemon import Daemon
 
     link = tmp_path / "mine"
     link.symlink_to(bundled("defects"))
@@ -376,7 +376,7 @@ def test_64_sources_on_64_models_plan_in_milliseconds_not_seconds(tmp_path):
     remembered: what health does (65 x the streams) stays well under a second."""
     import shutil
 
-    from runtime.daemon import Daemon
+    from runtime.device.daemon import Daemon
 
     srcs = []
     for i in range(64):
@@ -399,8 +399,8 @@ def test_health_of_64_sources_on_64_models_fits_what_a_coordinator_admits():
     under the 64 KiB a coordinator admits (each reason took up to 4000 characters)."""
     import json
 
-    from runtime.daemon import share_reasons
-    from runtime.telemetry import payloads
+    from runtime.device.daemon import share_reasons
+    from runtime.wire import payloads
 
     models = [{"key": "" if i == 0 else f"/srv/edgerun/models/line-3/station-{i:02d}/"
                "yolov8n-scratches-v2/best.onnx",
@@ -424,7 +424,7 @@ def test_health_of_64_sources_on_64_models_fits_what_a_coordinator_admits():
 def test_a_refused_sources_share_of_the_rate_cap_goes_to_the_others(tmp_path):
     """Two 10 Hz cameras, the second's own model failed at start: a combined cap is all
     the first's (it got half, the refused source's half lost)."""
-    from runtime.daemon import Daemon
+    from runtime.device.daemon import Daemon
 
     cfg = from_dict({"daemon": {"state_dir": str(tmp_path / "state")}, "sources": [
         {"name": "a", "rate_hz": 10}, {"name": "b", "rate_hz": 10, "model": "defects"}]})
@@ -440,7 +440,7 @@ def test_a_new_model_measurement_keeps_the_other_models_live_energies(tmp_path):
     """Installing a new measurement of the [model]'s model (an OTA swap, a re-profile when
     the temperature moved) starts that model's live energies afresh; the sources' own models
     did not change, so theirs (learnt from live traffic) are kept (they were all cleared)."""
-    from runtime.daemon import Daemon
+    from runtime.device.daemon import Daemon
 
     d = Daemon(load(_two_models(tmp_path)))
     d.start()

@@ -22,13 +22,13 @@ import pytest
 from modelgen import tiny_cnn
 
 from models.synthetic import samples
-from runtime import roi
-from runtime.backends import discover
 from runtime.config import BackendsConfig, ConfigError, OnnxRuntimeConfig, from_dict
-from runtime.manifest import load_model, model_files
-from runtime.multisource import single
-from runtime.pipeline import Active, Pipeline
-from runtime.sources import (
+from runtime.engine.backends import discover
+from runtime.engine.manifest import load_model, model_files
+from runtime.frames import roi
+from runtime.frames.multisource import single
+from runtime.frames.pipeline import Active, Pipeline
+from runtime.frames.sources import (
     BadFrame,
     CaptureSource,
     SourceConfig,
@@ -36,7 +36,7 @@ from runtime.sources import (
     SourceError,
     open_source,
 )
-from runtime.telemetry.broker import Mosquitto
+from runtime.wire.broker import Mosquitto
 
 ROOT = Path(__file__).parent.parent
 
@@ -373,7 +373,7 @@ def test_ffmpeg_and_opencv_noise_stays_off_the_terminal(tmp_path, silent_server)
     code = f"""
 import logging, sys
 logging.basicConfig(level=logging.INFO)
-from runtime.sources import CaptureSource, SourceConfig, SourceError
+from runtime.frames.sources import CaptureSource, SourceConfig, SourceError
 for url in ("rtsp://127.0.0.1:1/x", "http://127.0.0.1:{silent_server}/x"):
     try:
         CaptureSource(SourceConfig(kind="capture", path=url, open_timeout_s=1))

@@ -16,7 +16,16 @@ import pytest
 from daemon_harness import ZONE, Serve, events, last_health, wait, write_config
 
 from models import bundled
-from runtime.switch_retry import CAP_S, Backoff, Retries, candidates, due, failed, reset, succeeded
+from runtime.device.switch_retry import (
+    CAP_S,
+    Backoff,
+    Retries,
+    candidates,
+    due,
+    failed,
+    reset,
+    succeeded,
+)
 
 # -- the pure backoff ------------------------------------------------------------------------
 
@@ -186,14 +195,14 @@ def _daemon(tmp_path: Path, *models: Path):
     inspection model), on a three-rung ladder of real ONNX Runtime variants, its pipeline not
     running (a switch is taken at its next frame: `target` shows it); `use(i)` makes the
     i-th model the [model] (as an OTA swap or a rollback installs it). Events are kept."""
-    from runtime.backends import discover
+    from runtime.choice.ladders import Rung
     from runtime.config import BackendsConfig, ModelConfig, OnnxRuntimeConfig, load
-    from runtime.daemon import Daemon
-    from runtime.ladder import Rung
-    from runtime.manifest import configured_model, model_files
-    from runtime.multisource import lanes
-    from runtime.pipeline import Pipeline
-    from runtime.sources import SourceConfig, open_source
+    from runtime.device.daemon import Daemon
+    from runtime.engine.backends import discover
+    from runtime.engine.manifest import configured_model, model_files
+    from runtime.frames.multisource import lanes
+    from runtime.frames.pipeline import Pipeline
+    from runtime.frames.sources import SourceConfig, open_source
 
     bcfg = BackendsConfig(enabled=("onnxruntime",), threads=(1,),
                           onnxruntime=OnnxRuntimeConfig(spinning=(False,),
@@ -269,7 +278,7 @@ def test_a_stream_of_settings_commands_does_not_defeat_the_backoff(tmp_path):
     """Any command reset the backoff: a dashboard slider or a script sending `set_rate` every
     second loaded the broken file (a session load and warm-up on the main loop) and said so
     (an error line, a switch_failed event) at each. A reprofile still tries at once."""
-    from runtime.telemetry.commands import Command
+    from runtime.wire.commands import Command
 
     model = tmp_path / "model"
     shutil.copytree(bundled("inspection"), model)

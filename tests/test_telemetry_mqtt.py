@@ -13,10 +13,10 @@ from pathlib import Path
 import paho.mqtt.client as mqtt
 import pytest
 
-from runtime.coordinator.config import CoordinatorConfig
+from runtime.config.coordinator import CoordinatorConfig
 from runtime.coordinator.service import Coordinator
-from runtime.telemetry import commands, payloads
-from runtime.telemetry.broker import Mosquitto
+from runtime.wire import commands, payloads
+from runtime.wire.broker import Mosquitto
 
 DEVICE_PROC = str(Path(__file__).parent / "device_proc.py")
 

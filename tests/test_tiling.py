@@ -11,9 +11,9 @@ import onnxruntime as ort
 import pytest
 from modelgen import blob_frame, tiny_detector
 
-from runtime.detection import Detections
-from runtime.manifest import configured_model, frame_result, load_model
-from runtime.tiling import (
+from runtime.engine.detection import Detections
+from runtime.engine.manifest import configured_model, frame_result, load_model
+from runtime.engine.tiling import (
     MAX_TILES,
     Tiler,
     TileSpec,

@@ -19,13 +19,13 @@ import paho.mqtt.client as mqtt
 import pytest
 from test_telemetry_mqtt import Device, _assert_exactly_once, _coordinator, _wait
 
+from runtime.config.coordinator import CoordinatorConfig
+from runtime.config.telemetry import BrokerConfig
 from runtime.coordinator import fleet
-from runtime.coordinator.config import CoordinatorConfig
 from runtime.coordinator.service import Coordinator
 from runtime.coordinator.store import Inbound, Store
-from runtime.telemetry import commands, payloads, safejson
-from runtime.telemetry.broker import Mosquitto
-from runtime.telemetry.config import BrokerConfig
+from runtime.wire import commands, payloads, safejson
+from runtime.wire.broker import Mosquitto
 
 # -- parser and schemas -----------------------------------------------------------------------
 
@@ -93,8 +93,8 @@ def test_health_schema_declares_every_field_the_daemon_sends():
 
 
 def test_publisher_health_section_matches_the_schema(tmp_path):
+    from runtime.config.telemetry import OutboxConfig, TelemetryConfig
     from runtime.telemetry.client import Publisher
-    from runtime.telemetry.config import OutboxConfig, TelemetryConfig
     from runtime.telemetry.outbox import Outbox
 
     cfg = TelemetryConfig(fleet="f", device="d", outbox=OutboxConfig(path=str(tmp_path / "o.db")))
@@ -182,7 +182,7 @@ def test_results_keep_the_boot_that_produced_them(store_url):
 
 
 def test_outbox_labels_results_with_their_boot(tmp_path):
-    from runtime.telemetry.config import OutboxConfig
+    from runtime.config.telemetry import OutboxConfig
     from runtime.telemetry.outbox import Outbox
 
     box = Outbox(OutboxConfig(path=str(tmp_path / "o.db")))
@@ -400,8 +400,8 @@ def test_a_takeover_of_the_client_id_is_an_event(tmp_path, broker):
     ACLs on: a stranger is refused (tests/test_broker_acl.py), but Mosquitto hands a session
     to whoever logs in with its client id, whatever the username, so any enrolled identity
     (another device, a leaked login) can still do it; the thief here is such a client."""
+    from runtime.config.telemetry import OutboxConfig, TelemetryConfig
     from runtime.telemetry.client import Publisher
-    from runtime.telemetry.config import OutboxConfig, TelemetryConfig
     from runtime.telemetry.outbox import Outbox
 
     cfg = TelemetryConfig(fleet="test", device="dev9", broker=broker.device("test", "dev9"),
@@ -433,7 +433,7 @@ def test_a_takeover_of_the_client_id_is_an_event(tmp_path, broker):
 def test_quarantine_log_is_one_line_per_kind_per_minute(caplog):
     import logging
 
-    from runtime.telemetry.quarantine import RateLimitedLog
+    from runtime.wire.quarantine import RateLimitedLog
 
     rl = RateLimitedLog(logging.getLogger("t.rl"), every_s=60)
     with caplog.at_level(logging.WARNING, logger="t.rl"):
@@ -448,7 +448,7 @@ def test_quarantine_log_is_one_line_per_kind_per_minute(caplog):
 def test_connection_contains_every_callback_failure(tmp_path, broker):
     """One connection class for the publisher, the coordinator and the trigger source: a
     handler that raises costs that message, never the thread."""
-    from runtime.telemetry.mqtt import Connection
+    from runtime.wire.mqtt import Connection
 
     errors: list[tuple[str, str]] = []
     got: list[bytes] = []

@@ -16,11 +16,11 @@ import pytest
 from daemon_harness import Serve, events, last_health, results, wait, write_config
 from modelgen import tiny_cnn
 
-from runtime.backends import discover
 from runtime.config import BackendsConfig, OnnxRuntimeConfig
-from runtime.manifest import load_model, model_files
-from runtime.pipeline import Active, Pipeline
-from runtime.sources import CaptureSource, SourceConfig, SourceEnded, open_source
+from runtime.engine.backends import discover
+from runtime.engine.manifest import load_model, model_files
+from runtime.frames.pipeline import Active, Pipeline
+from runtime.frames.sources import CaptureSource, SourceConfig, SourceEnded, open_source
 
 
 def _video(path: Path, frames: int = 30, size: int = 64) -> Path:

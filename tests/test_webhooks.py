@@ -17,10 +17,10 @@ import paho.mqtt.client as mqtt
 import pytest
 from test_telemetry_mqtt import Device, _coordinator, _wait
 
+from runtime.config.coordinator import CoordinatorConfig
 from runtime.coordinator import fleet, metrics
-from runtime.coordinator.config import CoordinatorConfig
 from runtime.coordinator.webhooks import SecretError, Webhook, check_url, load_secret
-from runtime.telemetry import payloads
+from runtime.wire import payloads
 
 SECRET = b"s3cret-shared-with-the-receiver"
 

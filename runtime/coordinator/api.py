@@ -56,12 +56,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlparse
 
+from runtime.config.coordinator import CoordinatorConfig
 from runtime.coordinator import dashboard, metrics
 from runtime.coordinator.bundles import BundleRefused, byte_range, check_id
-from runtime.coordinator.config import CoordinatorConfig
 from runtime.coordinator.dialect import is_url
 from runtime.coordinator.service import Coordinator, UnknownDevice
-from runtime.httpserver import BoundedHTTPServer
+from runtime.wire.httpserver import BoundedHTTPServer
 
 log = logging.getLogger("edgerun.api")
 
@@ -420,7 +420,7 @@ def serve(coordinator: Coordinator, host: str, port: int, token: str | None = No
 
         def _rollout_post(self, what: str, raw: bytes) -> None:
             """POST groups / rollouts (docs/ota.md)."""
-            from runtime.telemetry.config import check_name
+            from runtime.config.telemetry import check_name
 
             try:
                 req = json.loads(raw or b"{}")

@@ -2,7 +2,7 @@
 
 A device that cannot reach the HTTP API asks for its bundle in pieces on its own
 `edgerun/v1/<fleet>/<device>/bundle/req` topic; this answers each request on
-`.../<device>/bundle/chunk` (wire format: runtime/bundle_mqtt.py). It runs its own MQTT
+`.../<device>/bundle/chunk` (wire format: runtime/ota/bundle_mqtt.py). It runs its own MQTT
 connection (client id `<client_id>-bundles`, clean session: an unanswered request is simply
 asked again), so megabytes of chunks never delay the acks and commands of the main one. With
 `share_group` the request topic is a shared subscription: one coordinator of the group
@@ -29,7 +29,9 @@ import threading
 import time
 from typing import Any
 
-from runtime.bundle_mqtt import (
+from runtime.config.telemetry import check_name
+from runtime.coordinator.bundles import BundleRefused, Shelf, check_id
+from runtime.ota.bundle_mqtt import (
     BAD_RANGE,
     BAD_REQUEST,
     CHUNK,
@@ -43,10 +45,8 @@ from runtime.bundle_mqtt import (
     nodelay,
     topic,
 )
-from runtime.coordinator.bundles import BundleRefused, Shelf, check_id
-from runtime.telemetry import safejson
-from runtime.telemetry.config import check_name
-from runtime.telemetry.quarantine import RateLimitedLog
+from runtime.wire import safejson
+from runtime.wire.quarantine import RateLimitedLog
 
 log = logging.getLogger("edgerun.coordinator.bundles")
 
@@ -70,7 +70,7 @@ class ChunkServer:
 
     def __init__(self, fleet: str, shelf: Shelf, broker: Any, client_id: str,
                  share_group: str = ""):
-        from runtime.telemetry.mqtt import Connection
+        from runtime.wire.mqtt import Connection
 
         self.fleet, self.shelf = fleet, shelf
         base = f"edgerun/v1/{fleet}/+/{REQ}"

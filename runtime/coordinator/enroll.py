@@ -2,7 +2,7 @@
 
 For a device D of fleet F it
   1. enrols broker user `F/D` with a random password in the broker directory (Mosquitto's
-     `passwd` and `acl` files, see runtime/telemetry/brokerauth.py),
+     `passwd` and `acl` files, see runtime/wire/brokerauth.py),
   2. makes the device's Ed25519 key pair (replies to commands are signed with it): the private
      key stays in the device's output directory, the public key goes to the coordinator's
      `device_keys` directory as `<device>.pub`,
@@ -18,9 +18,9 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from runtime.telemetry import commands
-from runtime.telemetry.brokerauth import BrokerAuth, Identity, device_username, write_secret
 from runtime.telemetry.homeassistant import config_topics
+from runtime.wire import commands
+from runtime.wire.brokerauth import BrokerAuth, Identity, device_username, write_secret
 
 RELOAD_HINT = ("reload the broker so it reads the new password/ACL files: "
                "`sudo systemctl reload mosquitto` (or `kill -HUP <mosquitto pid>`)")

@@ -2,7 +2,7 @@
 
 A custom collector reads the fleet view and stats at scrape time, so nothing is counted per
 message and a scrape always shows the current view: per-device gauges from each device's
-latest health (runtime/metrics.py; left out while the device is offline or asleep, so a dead box
+latest health (wire/metrics.py; left out while the device is offline or asleep, so a dead box
 does not show its last temperature as current), its status, alerts, stored results and quarantined
 messages, and fleet-wide figures. Device values are hostile: one that is missing or odd is
 skipped; a device whose view cannot be read at all is left out of this scrape and logged.
@@ -22,9 +22,9 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from runtime import metrics
 from runtime.coordinator.service import _INBOUND, Coordinator
-from runtime.telemetry.quarantine import RateLimitedLog
+from runtime.wire import metrics
+from runtime.wire.quarantine import RateLimitedLog
 
 log = logging.getLogger("edgerun.metrics")
 

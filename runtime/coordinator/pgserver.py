@@ -17,7 +17,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from runtime.telemetry.broker import free_port
+from runtime.wire.broker import free_port
 
 
 def pg_bindir() -> Path | None:

@@ -31,14 +31,14 @@ from typing import Any
 
 import paho.mqtt.client as mqtt
 
+from runtime.config.coordinator import CoordinatorConfig
+from runtime.config.telemetry import check_name
 from runtime.coordinator import fleet, webhooks
 from runtime.coordinator.ageing import Ageing
-from runtime.coordinator.config import CoordinatorConfig
 from runtime.coordinator.store import Inbound, Store
-from runtime.telemetry import commands, payloads
-from runtime.telemetry.config import check_name
-from runtime.telemetry.mqtt import Connection
-from runtime.telemetry.quarantine import RateLimitedLog
+from runtime.wire import commands, payloads
+from runtime.wire.mqtt import Connection
+from runtime.wire.quarantine import RateLimitedLog
 
 log = logging.getLogger("edgerun.coordinator")
 
@@ -200,7 +200,7 @@ class Coordinator:
         """Start the MQTT and ingest threads (after bringing the broker's ACL up to date when
         `broker_dir` is set)."""
         if self.cfg.broker_dir:
-            from runtime.telemetry.brokerauth import BrokerAuth
+            from runtime.wire.brokerauth import BrokerAuth
 
             try:
                 BrokerAuth(self.cfg.broker_dir).refresh_acl()  # logs when it rewrote it
@@ -749,7 +749,7 @@ class Coordinator:
                 "webhook": self.webhook.stats() if self.webhook is not None else None}
 
     def deploy_args(self, bundle_id: str) -> dict[str, Any]:
-        """The `deploy` command's arguments for a bundle held here (runtime/ota_device.py)."""
+        """The `deploy` command's arguments for a bundle held here (runtime/device/ota.py)."""
         held = self.shelf.get(bundle_id)
         if held is None:
             raise ValueError(f"no bundle {bundle_id!r} held by this coordinator")

@@ -522,9 +522,9 @@ class Store:
     def health_history(self, device: str, since: float, until: float, limit: int
                        ) -> list[dict]:
         """A device's health in [since, until], oldest first, as the reduced records
-        `edgerun report` plots (runtime/health_history.record); more than `limit` are thinned
+        `edgerun report` plots (runtime/wire/health_history.record); more than `limit` are thinned
         to `limit` evenly spread ones (a day at 5 s is 17 280)."""
-        from runtime.health_history import record
+        from runtime.wire.health_history import record
 
         rows = self._query("SELECT body FROM health WHERE device=? AND t >= ? AND t <= ? "
                            "ORDER BY t", (device, since, until))

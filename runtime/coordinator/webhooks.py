@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from runtime.telemetry.quarantine import RateLimitedLog
+from runtime.wire.quarantine import RateLimitedLog
 
 log = logging.getLogger("edgerun.webhook")
 

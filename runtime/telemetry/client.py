@@ -40,12 +40,12 @@ from typing import Any
 
 import paho.mqtt.client as mqtt
 
-from runtime.telemetry import commands, payloads, safejson
-from runtime.telemetry.config import TelemetryConfig
+from runtime.config.telemetry import TelemetryConfig
 from runtime.telemetry.homeassistant import Discovery
-from runtime.telemetry.mqtt import Connection
 from runtime.telemetry.outbox import Outbox
-from runtime.telemetry.quarantine import RateLimitedLog
+from runtime.wire import commands, payloads, safejson
+from runtime.wire.mqtt import Connection
+from runtime.wire.quarantine import RateLimitedLog
 
 log = logging.getLogger("edgerun.mqtt")
 
@@ -305,7 +305,7 @@ class Publisher:
         except (payloads.PayloadError, safejson.JsonRejected) as e:
             self._rlog.log(f"own-{kind}", "this device's own %s does not match its schema (%s); "
                            "the coordinator will quarantine it: declare the field in "
-                           "runtime/telemetry/payloads.py", kind, e, level=logging.ERROR)
+                           "runtime/wire/payloads.py", kind, e, level=logging.ERROR)
 
     def _on_publish(self, mid: int) -> None:
         if self._ha is not None:

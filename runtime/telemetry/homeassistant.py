@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runtime.telemetry import payloads
+from runtime.wire import payloads
 
 log = logging.getLogger("edgerun.homeassistant")
 

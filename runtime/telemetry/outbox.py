@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runtime.schema import ConfigError
-from runtime.telemetry.config import OutboxConfig
+from runtime.config.schema import ConfigError
+from runtime.config.telemetry import OutboxConfig
 from runtime.telemetry.sidecar import Sidecar
 
 log = logging.getLogger("edgerun.outbox")

@@ -68,7 +68,7 @@ class Sidecar:
             if command_id in self.seen:
                 return False
             if len(self.seen) >= MAX_IDS:  # refuse rather than forget: forgetting allows replays
-                from runtime.telemetry.commands import CommandRefused
+                from runtime.wire.commands import CommandRefused
 
                 raise CommandRefused(f"{MAX_IDS} unexpired command ids are remembered already; "
                                      "refused rather than forgetting one (send shorter TTLs)")

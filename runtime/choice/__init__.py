@@ -1,0 +1,1 @@
+"""Choosing what runs: profiling, refinement, the selector, ladders from profiles."""

@@ -1,0 +1,142 @@
+"""Pure choice of a variant from measured profiles. No I/O, no clocks: tested with tables.
+
+Nothing here assumes that a lower precision costs less: every decision reads the measured
+energy per inference and latency of each variant.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Profile:
+    """What was measured for one variant on this device."""
+
+    variant_id: str
+    model: str
+    precision: str
+    engine: str
+    device: str  # requested device id
+    threads: int
+    status: str = "ok"  # ok | failed
+    error: str = ""
+    actual_device: str = ""
+    p50_ms: float = math.nan
+    p95_ms: float = math.nan
+    p99_ms: float = math.nan
+    runs: int = 0
+    energy_mj: float = math.nan  # per inference, idle baseline subtracted
+    energy_source: str = ""  # rapl | hwmon | battery | estimated
+    cpu_ms: float = math.nan  # process CPU time per inference
+    accuracy: float | None = None  # from the ladder manifest
+    options: dict[str, str] = field(default_factory=dict)
+    # How far it was measured: full (the profiler's full length), quick or refined (a fast
+    # cold start's shorter rounds, runtime.choice.refine), known-failure (skipped: a cached failure)
+    stage: str = "full"
+    # relative half-widths of ~95 % intervals from the samples' spread (runtime.choice.refine)
+    energy_ci: float = math.nan  # of the energy per inference (a mean)
+    latency_ci: float = math.nan  # of the p95 latency
+
+    @property
+    def ok(self) -> bool:
+        """True when the variant loaded and ran."""
+        return self.status == "ok"
+
+    def latency(self, percentile: int) -> float:
+        """Latency in ms at 50, 95 or 99."""
+        return {50: self.p50_ms, 95: self.p95_ms, 99: self.p99_ms}[percentile]
+
+
+@dataclass(frozen=True)
+class Constraints:
+    """What the operator asks for."""
+
+    latency_ms: float
+    percentile: int = 95
+    accuracy_floor: float | None = None  # None: the best measured accuracy minus AUTO_TOLERANCE
+
+
+AUTO_TOLERANCE = 0.02  # what the automatic floor gives up, at most, against the best variant
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The variant picked, whether it meets the constraints, and why, in one line."""
+
+    profile: Profile
+    met: bool
+    reason: str
+
+
+class NoVariantError(RuntimeError):
+    """No profiled variant can be run at all."""
+
+
+def effective_accuracy(p: Profile) -> float | None:
+    """Accuracy from the manifest; without one, fp32 is the reference (1.0), others unknown."""
+    if p.accuracy is not None:
+        return p.accuracy
+    return 1.0 if p.precision == "fp32" else None
+
+
+def _energy_key(p: Profile) -> float:
+    # Rounded so that sub-microjoule noise counts as a tie, which latency then breaks.
+    return round(p.energy_mj, 4) if not math.isnan(p.energy_mj) else math.inf
+
+
+def select(profiles: Sequence[Profile], c: Constraints) -> Choice:
+    """Lowest energy per inference among variants meeting latency and accuracy; ties by latency.
+
+    If none meets the latency target, the fastest accurate-enough variant, and the reason says
+    so. If none reaches the accuracy floor, the most accurate one, and the reason says so.
+    """
+    runnable = [p for p in profiles if p.ok]
+    if not runnable:
+        raise NoVariantError(f"none of {len(profiles)} variants could be loaded and run")
+    known = [p for p in runnable if effective_accuracy(p) is not None]
+    if not known:
+        raise NoVariantError(
+            "no runnable variant has a known accuracy (no manifest, and no fp32 variant ran)")
+    pct = f"p{c.percentile}"
+    floor = c.accuracy_floor
+    if floor is None:  # without an operator's floor, never trade more than a little accuracy
+        floor = max(effective_accuracy(p) for p in known) - AUTO_TOLERANCE  # type: ignore[type-var]
+    eligible = [p for p in known if effective_accuracy(p) >= floor]  # type: ignore[operator]
+    if not eligible:
+        best = max(known, key=lambda p: (effective_accuracy(p), -p.latency(c.percentile)))
+        return Choice(best, False,
+                      f"no variant reaches the accuracy floor {floor:.3f}; running the "
+                      f"most accurate, {best.variant_id} ({effective_accuracy(best):.3f})")
+    meeting = [p for p in eligible if p.latency(c.percentile) <= c.latency_ms]
+    if not meeting:
+        fastest = min(eligible, key=lambda p: (p.latency(c.percentile), _energy_key(p)))
+        return Choice(fastest, False,
+                      f"no variant meets {pct} <= {c.latency_ms:g} ms; running the fastest, "
+                      f"{fastest.variant_id} ({pct} {fastest.latency(c.percentile):.2f} ms)")
+    best = min(meeting, key=lambda p: (_energy_key(p), p.latency(c.percentile), p.variant_id))
+    return Choice(best, True,
+                  f"{best.variant_id}: lowest energy ({best.energy_mj:.3f} mJ/inference, "
+                  f"{best.energy_source}) of {len(meeting)} variants meeting {pct} <= "
+                  f"{c.latency_ms:g} ms ({pct} {best.latency(c.percentile):.2f} ms)")
+
+
+def frontier(profiles: Sequence[Profile]) -> list[Profile]:
+    """Pareto frontier of (accuracy up, energy down), ordered by energy: the governor's ladder.
+
+    A variant is on it when no other is at least as accurate for less energy.
+    """
+    known = [p for p in profiles if p.ok and effective_accuracy(p) is not None
+             and not math.isnan(p.energy_mj)]
+    ordered = sorted(known, key=lambda p: (_energy_key(p), -effective_accuracy(p),  # type: ignore[operator]
+                                           p.p95_ms, p.variant_id))
+    out: list[Profile] = []
+    best = -math.inf
+    for p in ordered:
+        acc = effective_accuracy(p)
+        if acc is not None and acc > best:
+            out.append(p)
+            best = acc
+    return out

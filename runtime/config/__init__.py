@@ -1,0 +1,286 @@
+"""edgerun's configuration: one TOML file, validated once into typed sections.
+
+Each component is handed only its own section (`cfg.profiler`, `cfg.backends`, ...).
+Defaults are chosen so that `edgerun profile MODEL` works with no file at all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from runtime.config.coordinator import CoordinatorConfig
+from runtime.config.schema import ConfigError, build, load_toml
+from runtime.config.telemetry import TelemetryConfig
+from runtime.device.local_api import LocalApiConfig
+from runtime.frames.results_local import ResultsConfig
+from runtime.frames.sources import SourceConfig
+from runtime.ota.store import ModelsConfig
+from runtime.telemetry.homeassistant import HomeAssistantConfig
+
+ENGINES = ("onnxruntime", "openvino", "opencv", "opencl")
+
+
+@dataclass(frozen=True)
+class DeviceConfig:
+    """Which device profile describes this box, and where its sysfs lives."""
+
+    profile: str = "generic-x86"  # a name under firmware_config/devices/ or a path to a .toml
+    sysfs_root: str = "/"  # tests and the simulator point this at a fake tree
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The model to run: an .onnx file or a directory with a variant manifest. `labels`,
+    `preprocess` and `output` describe a bare .onnx (a manifest declares its own)."""
+
+    path: str = ""
+    input_shape: tuple[int, ...] = ()  # fixes dynamic dimensions, e.g. [1, 3, 224, 224]
+    labels: str = ""  # a text file of class names, one per line; empty: class_0, class_1, ...
+    preprocess: str = ""  # a JSON file (layout/colour/resize/scale/mean/std); empty: RGB,
+    # layout from the input, bilinear resize, pixels / 255 (docs/manifest.md "A bare .onnx")
+    output: Literal["scores", "probabilities", "logits"] = "scores"
+    # Detectors (docs/detectors.md): task/format/thresholds describe a bare .onnx ("auto":
+    # from the output's shape); tiling applies to any detector.
+    task: Literal["auto", "classify", "detect"] = "auto"
+    format: Literal["auto", "yolov8", "yolov5", "nms-inside"] = "auto"
+    score_threshold: float = 0.25
+    iou_threshold: float = 0.45
+    tiling: bool = False
+    tile_size: int = 0  # frame pixels per tile side; 0: the model input's size
+    tile_overlap: float = 0.2
+
+    def validate(self) -> tuple[str, str] | None:
+        if any(d <= 0 for d in self.input_shape):
+            return "input_shape", f"every dimension must be positive, got {list(self.input_shape)}"
+        for key in ("score_threshold", "iou_threshold"):
+            if not 0.0 <= getattr(self, key) <= 1.0:
+                return key, f"must be within 0..1, got {getattr(self, key)}"
+        if not 0 <= self.tile_size <= 16384:
+            return "tile_size", ("must be 0 (the model input's size) or up to 16384 pixels, "
+                                 f"got {self.tile_size}")
+        if not 0.0 <= self.tile_overlap <= 0.75:
+            return "tile_overlap", f"must be within 0..0.75, got {self.tile_overlap}"
+        return None
+
+
+@dataclass(frozen=True)
+class ConstraintsConfig:
+    """What the operator asks of inference."""
+
+    latency_ms: float = 20.0
+    percentile: Literal[50, 95, 99] = 95
+    accuracy_floor: float | None = None  # unset: the best variant's accuracy minus 0.02
+
+    def validate(self) -> tuple[str, str] | None:
+        if self.latency_ms <= 0:
+            return "latency_ms", f"must be > 0, got {self.latency_ms}"
+        if self.accuracy_floor is not None and not 0.0 <= self.accuracy_floor <= 1.0:
+            return "accuracy_floor", f"must be within 0..1, got {self.accuracy_floor}"
+        return None
+
+
+@dataclass(frozen=True)
+class ProfilerConfig:
+    """How long and how hard each variant is measured."""
+
+    warmup_runs: int = 5
+    min_runs: int = 30
+    max_runs: int = 2000
+    time_budget_s: float = 2.0  # per variant, after warm-up
+    idle_baseline_s: float = 0.5
+    cache_dir: str = "~/.cache/edgerun/profiles"
+    # fast: a quick round over every variant, serve on its choice, refine the candidates in
+    # the background (choice/refine.py); exhaustive: every variant at full length before serving
+    schedule: Literal["fast", "exhaustive"] = "fast"
+    # fast: serve once the quick round has run this long and its choice meets the
+    # constraints; the rest of the quick round goes on in the background
+    first_decision_s: float = 2.0
+
+    def validate(self) -> tuple[str, str] | None:
+        if self.min_runs < 1:
+            return "min_runs", f"must be >= 1, got {self.min_runs}"
+        if self.max_runs < self.min_runs:
+            return "max_runs", f"must be >= min_runs ({self.min_runs}), got {self.max_runs}"
+        if self.time_budget_s <= 0:
+            return "time_budget_s", f"must be > 0, got {self.time_budget_s}"
+        if not self.first_decision_s >= 0:
+            return "first_decision_s", f"must be >= 0, got {self.first_decision_s}"
+        return None
+
+
+@dataclass(frozen=True)
+class OnnxRuntimeConfig:
+    """ONNX Runtime variant knobs (each list is one axis of the grid)."""
+
+    spinning: tuple[bool, ...] = (False, True)
+    graph_optimization: tuple[Literal["basic", "extended", "all"], ...] = ("all",)
+    include_default: bool = True  # also profile ORT's default session options, for comparison
+
+
+@dataclass(frozen=True)
+class OpenVinoConfig:
+    """OpenVINO variant knobs."""
+
+    performance_hint: tuple[Literal["LATENCY", "THROUGHPUT"], ...] = ("LATENCY",)
+    precision_hints: tuple[Literal["f32", "bf16", "f16"], ...] = ("f32", "bf16", "f16")
+    cache_dir: str = ""  # compiled-model cache; empty = no cache
+
+
+@dataclass(frozen=True)
+class OpenCvConfig:
+    """OpenCV DNN variant knobs."""
+
+    engines: tuple[Literal["new", "classic"], ...] = ("new", "classic")
+    fp16_target: bool = True  # also try DNN_TARGET_CPU_FP16 where it exists
+
+
+@dataclass(frozen=True)
+class BackendsConfig:
+    """Which engines to try and the shared thread axis."""
+
+    enabled: tuple[Literal["onnxruntime", "openvino", "opencv", "opencl"], ...] = ENGINES
+    threads: tuple[int, ...] = ()  # empty: 1 and every core
+    plugins: tuple[str, ...] = ()  # extra backends as "module:Class" (vendor SDKs, tests)
+    onnxruntime: OnnxRuntimeConfig = field(default_factory=OnnxRuntimeConfig)
+    openvino: OpenVinoConfig = field(default_factory=OpenVinoConfig)
+    opencv: OpenCvConfig = field(default_factory=OpenCvConfig)
+
+    def validate(self) -> tuple[str, str] | None:
+        if any(t < 1 for t in self.threads):
+            return "threads", f"every entry must be >= 1, got {list(self.threads)}"
+        bad = [p for p in self.plugins if p.count(":") != 1]
+        if bad:
+            return "plugins", f"each entry must be 'module:Class', got {bad}"
+        return None
+
+
+@dataclass(frozen=True)
+class GovernorSection:
+    """How the daemon trades precision for thermal headroom and energy."""
+
+    policy: Literal["step_wise", "power_allocator", "off"] = "step_wise"
+    tick_s: float = 1.0
+    rate_hz: float = 10.0  # the rate frames are offered at; rung powers are computed at it
+    # (0 = as fast as the top rung can run: a folder backlog, a free-running camera)
+    energy: bool = True  # battery devices: also run the energy-neutral budget
+    min_rate_hz: float = 0.2  # minimum duty when no rung fits the budget (0 = pause capture)
+    hold_invalid_s: float = 30.0  # an invalid reading holds the last valid one this long
+    dwell_s: float = 60.0  # an upgrade waits this long (doubles when undone, up to 900 s)
+
+    def validate(self) -> tuple[str, str] | None:
+        if self.tick_s <= 0 or self.rate_hz < 0:
+            return "tick_s", "tick_s must be > 0 and rate_hz >= 0"
+        if self.min_rate_hz < 0 or (self.rate_hz and self.min_rate_hz > self.rate_hz):
+            return "min_rate_hz", f"must be within 0..rate_hz, got {self.min_rate_hz}"
+        if self.hold_invalid_s < 0 or self.dwell_s < 0:
+            return "hold_invalid_s", "hold_invalid_s and dwell_s must be >= 0"
+        return None
+
+
+@dataclass(frozen=True)
+class SimulatorConfig:
+    """Run the device simulator in-process: it writes the sysfs tree the sensors read."""
+
+    enabled: bool = False
+    scenario: Literal["cool", "warm", "hot", "sun", "cabinet"] = "sun"
+    speed: float = 1.0  # simulated seconds per real second
+    start_hour: float = 9.0  # simulated time of day at start
+    root: str = ""  # where to write the tree; empty = <state_dir>/sim-sysfs
+    profiles: str = ""  # recorded profiles (edgerun profile --json) replayed instead of
+    # measured, so simulated runs repeat; empty = measure on this host
+
+    def validate(self) -> tuple[str, str] | None:
+        if self.speed <= 0:
+            return "speed", f"must be > 0, got {self.speed}"
+        return None
+
+
+@dataclass(frozen=True)
+class DaemonConfig:
+    """`edgerun serve` itself."""
+
+    state_dir: str = "~/.local/state/edgerun"  # outbox, folder state, simulator tree
+    queue_size: int = 4
+    reprofile_temp_delta_c: float = 15.0  # re-profile when this far from the profiling temp
+    slow_factor: float = 1.5  # p95 this many times the profile's: report throttling
+
+    def validate(self) -> tuple[str, str] | None:
+        if self.queue_size < 1:
+            return "queue_size", f"must be >= 1, got {self.queue_size}"
+        return None
+
+
+@dataclass(frozen=True)
+class SleepConfig:
+    """`[sleep]`: duty cycling on an inspection schedule (docs/sleep.md; runtime/device/sleep.py).
+    Off unless enabled; the device profile must be able to suspend ([states])."""
+
+    enabled: bool = False
+    every_s: float = 0.0  # one burst every this many seconds (device time), or
+    per_hour: float = 0.0  # at least this many inferences an hour
+    burst: int = 1  # inferences per inspection
+    deliver_s: float = 10.0  # planned time connected per wake (results out, commands in)
+    flush_timeout_s: float = 20.0  # wall seconds at most spent waiting for acks before a sleep
+    max_sleep_s: float = 3600.0  # the longest sleep (the check-in when energy is short)
+    session_expiry_s: int = 86400  # the broker keeps the MQTT session (queued commands) so long
+    rtc: str = "rtc0"  # <sysfs_root>/sys/class/rtc/<rtc>/wakealarm
+
+    def validate(self) -> tuple[str, str] | None:
+        if self.enabled and (self.every_s > 0) == (self.per_hour > 0):
+            return "every_s", "give exactly one of every_s and per_hour (> 0)"
+        if self.every_s < 0 or self.per_hour < 0 or self.burst < 1:
+            return "every_s", "every_s, per_hour must be >= 0 and burst >= 1"
+        if self.deliver_s < 0 or self.flush_timeout_s < 0 or self.max_sleep_s < 60:
+            return "max_sleep_s", "deliver_s, flush_timeout_s >= 0 and max_sleep_s >= 60"
+        if self.max_sleep_s > 7 * 86400:  # coordinators believe a wake at most a week on
+            return "max_sleep_s", "at most 604800 (a week): a coordinator reports a device " \
+                "that announced a longer sleep as missed_wake after a week"
+        if self.session_expiry_s < self.max_sleep_s:
+            return "session_expiry_s", "must be at least max_sleep_s (queued commands)"
+        return None
+
+
+@dataclass(frozen=True)
+class Config:
+    """The whole file."""
+
+    device: DeviceConfig = field(default_factory=DeviceConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    constraints: ConstraintsConfig = field(default_factory=ConstraintsConfig)
+    profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
+    backends: BackendsConfig = field(default_factory=BackendsConfig)
+    telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
+    coordinator: CoordinatorConfig = field(default_factory=CoordinatorConfig)
+    source: SourceConfig = field(default_factory=SourceConfig)
+    # several cameras on one box: [[sources]] tables replace [source] (frames/multisource.py)
+    sources: tuple[SourceConfig, ...] = ()
+    governor: GovernorSection = field(default_factory=GovernorSection)
+    simulator: SimulatorConfig = field(default_factory=SimulatorConfig)
+    daemon: DaemonConfig = field(default_factory=DaemonConfig)
+    results: ResultsConfig = field(default_factory=ResultsConfig)  # print, JSONL, snapshots
+    local_api: LocalApiConfig = field(default_factory=LocalApiConfig)
+    sleep: SleepConfig = field(default_factory=SleepConfig)  # duty cycling (docs/sleep.md)
+    homeassistant: HomeAssistantConfig = field(default_factory=HomeAssistantConfig)
+    models: ModelsConfig = field(default_factory=ModelsConfig)  # OTA: bundles, probation
+
+    def validate(self) -> tuple[str, str] | None:
+        from runtime.frames.multisource import check_sources
+
+        return check_sources(self.sources, self.source != SourceConfig())
+
+
+def load(path: str | Path | None) -> Config:
+    """Load and validate a config file; None gives the defaults."""
+    if path is None:
+        return Config()
+    return load_toml(Path(path), Config)
+
+
+def from_dict(data: dict, source: str = "<config>") -> Config:
+    """Validate an already-parsed mapping (used by tests and command overrides)."""
+    return build(Config, data, source=source)
+
+
+__all__ = ["Config", "ConfigError", "from_dict", "load"]

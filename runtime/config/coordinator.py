@@ -1,0 +1,107 @@
+"""The `[coordinator]` section."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from runtime.config.telemetry import BrokerConfig, check_name
+
+
+@dataclass(frozen=True)
+class CoordinatorConfig:
+    """Where the coordinator listens, stores and which key it signs commands with."""
+
+    fleet: str = "default"
+    broker: BrokerConfig = field(default_factory=BrokerConfig)
+    client_id: str = "edgerun-coordinator"  # fixed: the broker keeps its session while it is down
+    session_expiry_s: int = 7 * 24 * 3600  # MQTT 5: how long the broker queues for it
+    share_group: str = ""  # non-empty: $share/<group>/... so several coordinators split the load
+    # An SQLite file, or a PostgreSQL URL (postgresql://user@host/db; pip install
+    # 'edgerun[postgres]') that coordinators on several hosts share (docs/fleet-scale.md).
+    store: str = "~/.local/state/edgerun/coordinator.db"
+    fsync: Literal["full", "normal"] = "normal"
+    signing_key: str = ""  # Ed25519 private key (PEM) for `fleet send`; empty = cannot command
+    # Directory of `<device>.pub` (Ed25519, PEM or raw): a command reply counts only when it is
+    # signed by its device's key; empty = no reply can be verified (commands report unverified).
+    device_keys: str = ""
+    future_skew_s: float = 300.0  # state/health stamped further ahead than this is refused
+    http_host: str = "127.0.0.1"
+    http_port: int = 8787  # 0 = pick a free port (tests)
+    api_token_file: str = ""  # empty = `api-token` next to the store; made 0600 at first start
+    http_timeout_s: float = 10.0  # an idle or slow HTTP connection is closed after this
+    retention_days: float = 90.0  # results older than this are pruned (0 = keep by age)
+    max_store_mb: float = 2048.0  # past this the oldest results are pruned (0 = no cap)
+    retention_interval_s: float = 600.0  # how often retention runs
+    stale_after_s: float = 30.0
+    offline_after_s: float = 120.0
+    wake_margin_s: float = 300.0  # a sleeper this late past its announced wake: missed_wake
+    backlog_alert: int = 1000
+    slo_alert: float = 0.95
+    keep_health_s: float = 7 * 24 * 3600
+    keep_events_s: float = 30 * 24 * 3600
+    # Alert transitions POSTed as JSON (runtime/coordinator/webhooks.py); empty url = off.
+    webhook_url: str = ""
+    webhook_secret_file: str = ""  # HMAC-SHA256 key for X-Edgerun-Signature (mode 0600)
+    webhook_timeout_s: float = 5.0  # per POST
+    webhook_attempts: int = 8  # tries per alert (connection errors, 408, 429, 5xx)
+    webhook_backoff_s: float = 1.0  # first retry delay, doubled per retry up to 60 s
+    webhook_queue: int = 1000  # alerts waiting; past this the oldest is dropped and counted
+    webhook_alerts: tuple[str, ...] = ()  # alert codes sent (docs/dashboard.md); empty = all
+    alert_clear_s: float = 30.0  # an alert is reported cleared once away this long
+    ingest_batch: int = 500  # messages per store transaction
+    ingest_delay_s: float = 0.0  # artificial slowness per batch, for fault tests only
+    # Model bundles (docs/ota.md): kept in the store; bundles_dir is only the directory an
+    # older coordinator kept them in, imported once at start (empty: `bundles/` next to an
+    # SQLite store); their size cap, and the API address devices download from (empty:
+    # http://http_host:http_port; set it when devices reach the API by another name).
+    bundles_dir: str = ""
+    max_bundle_mb: float = 512.0
+    public_url: str = ""
+    rollout_timeout_s: float = 3600.0  # a device without a probation verdict this long after
+    # its deploy counts as failed (a silent canary halts the rollout)
+    # The broker directory (`edgerun fleet enroll --broker-dir`) when the coordinator runs
+    # beside the broker: its ACL is regenerated at start if an older version wrote it (it
+    # would lack topics added since: bundles over MQTT). Empty: not done here.
+    broker_dir: str = ""
+
+    def validate(self) -> tuple[str, str] | None:
+        if why := check_name("fleet", self.fleet):
+            return "fleet", why
+        if self.share_group and (why := check_name("share_group", self.share_group)):
+            return "share_group", why
+        if not 0 <= self.http_port < 65536:
+            return "http_port", f"must be 0..65535, got {self.http_port}"
+        if not 0.1 <= self.http_timeout_s <= 3600:
+            return "http_timeout_s", f"must be 0.1..3600, got {self.http_timeout_s}"
+        if self.retention_days < 0 or self.max_store_mb < 0:
+            return "retention_days", "retention_days and max_store_mb must be >= 0 (0 = off)"
+        if self.retention_interval_s < 1:
+            return "retention_interval_s", f"must be >= 1, got {self.retention_interval_s}"
+        if self.webhook_url:
+            from runtime.coordinator.webhooks import check_url
+
+            if why := check_url(self.webhook_url):
+                return "webhook_url", why
+        from runtime.coordinator.fleet import ALERT_CODES
+
+        if unknown := sorted(set(self.webhook_alerts) - set(ALERT_CODES)):
+            return "webhook_alerts", f"unknown alert code(s) {unknown}; known: {ALERT_CODES}"
+        if not 0 <= self.alert_clear_s <= 86400:
+            return "alert_clear_s", f"must be 0..86400, got {self.alert_clear_s}"
+        if not (0.1 <= self.webhook_timeout_s <= 300 and 1 <= self.webhook_attempts <= 100
+                and 0 <= self.webhook_backoff_s <= 3600 and 1 <= self.webhook_queue <= 10**6):
+            return "webhook_url", ("webhook_timeout_s must be 0.1..300, webhook_attempts "
+                                   "1..100, webhook_backoff_s 0..3600, webhook_queue 1..1e6")
+        # pruning deletes what is older than now - keep: 0 or less deleted every health
+        # message and event the store held, at start and every hour after
+        for key in ("keep_health_s", "keep_events_s"):
+            if getattr(self, key) < 60:
+                return key, f"must be >= 60 s, got {getattr(self, key)}"
+        if self.future_skew_s < 0:
+            return "future_skew_s", f"must be >= 0, got {self.future_skew_s}"
+        if self.stale_after_s <= 0:
+            return "stale_after_s", f"must be > 0, got {self.stale_after_s}"
+        if self.offline_after_s < self.stale_after_s:
+            return "offline_after_s", "must be >= stale_after_s"
+        return None

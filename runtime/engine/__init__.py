@@ -1,0 +1,1 @@
+"""Engines and model files: backends, manifests, pre/post-processing, `models prepare`."""

@@ -1,0 +1,86 @@
+"""ONNX Runtime backend: every execution provider present; threads, spinning, graph level."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+
+from runtime.config import BackendsConfig
+from runtime.engine.backends.base import BackendError, Device, ModelFile, Variant, summarize_error
+
+# Providers that are not a local device (Azure calls a remote endpoint).
+_NOT_DEVICES = {"AzureExecutionProvider"}
+_LEVELS = {
+    "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+    "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+}
+
+
+def _device_id(provider: str) -> str:
+    return provider.removesuffix("ExecutionProvider")
+
+
+class OnnxRuntimeSession:
+    """An ORT InferenceSession on one provider."""
+
+    def __init__(self, sess: ort.InferenceSession, input_name: str):
+        self._sess, self._input = sess, input_name
+        self.actual_device = _device_id(sess.get_providers()[0])
+
+    def infer(self, batch: np.ndarray) -> np.ndarray:
+        return self._sess.run(None, {self._input: batch})[0]
+
+    def close(self) -> None:
+        self._sess = None  # type: ignore[assignment]
+
+
+class OnnxRuntimeBackend:
+    """ONNX Runtime."""
+
+    name = "onnxruntime"
+
+    def devices(self) -> list[Device]:
+        return [
+            Device(self.name, _device_id(p), p, {"version": ort.__version__})
+            for p in ort.get_available_providers()
+            if p not in _NOT_DEVICES
+        ]
+
+    def variants(self, model: ModelFile, cfg: BackendsConfig,
+                 threads: tuple[int, ...]) -> list[Variant]:
+        knobs = cfg.onnxruntime
+        out = []
+        for dev in self.devices():
+            if knobs.include_default:  # what a user gets with InferenceSession(path)
+                out.append(Variant(model, model.precision, self.name, dev.id, 0))
+            for t in threads:
+                for spin in knobs.spinning if t > 1 else (False,):
+                    for level in knobs.graph_optimization:
+                        opts = (("opt", level),) + ((("spin", "on" if spin else "off"),)
+                                                    if t > 1 else ())
+                        out.append(Variant(model, model.precision, self.name, dev.id, t, opts))
+        return out
+
+    def load(self, variant: Variant) -> OnnxRuntimeSession:
+        so = ort.SessionOptions()
+        so.log_severity_level = 3  # errors only: warnings go to our log via exceptions
+        if variant.threads:
+            so.intra_op_num_threads = variant.threads
+            so.inter_op_num_threads = 1
+            so.add_session_config_entry(
+                "session.intra_op.allow_spinning", "1" if variant.option("spin") == "on" else "0"
+            )
+        if variant.option("opt"):
+            so.graph_optimization_level = _LEVELS[variant.option("opt")]
+        provider = variant.device + "ExecutionProvider"
+        try:
+            sess = ort.InferenceSession(str(variant.model.path), so, providers=[provider])
+        except Exception as e:  # ORT raises several private exception types
+            raise BackendError(self.name, variant.model.path, summarize_error(e)) from e
+        session = OnnxRuntimeSession(sess, variant.model.input_name)
+        if session.actual_device != variant.device:
+            raise BackendError(self.name, variant.model.path,
+                               f"asked for {variant.device}, ORT placed it on "
+                               f"{session.actual_device}")
+        return session

@@ -1,0 +1,104 @@
+"""OpenCV DNN backend: the new and classic engines on CPU; OpenCL targets on non-CPU devices.
+
+OpenCV ignores CPU OpenCL devices and falls back to the CPU silently (shared REFERENCE.md),
+so an OpenCL target is offered only for a GPU-type OpenCL device, and the fp16 CPU
+target only on ARMv8, the one CPU it runs on (elsewhere it falls back to fp32).
+"""
+
+from __future__ import annotations
+
+import platform
+
+import cv2
+import numpy as np
+
+from runtime.config import BackendsConfig
+from runtime.engine.backends.base import BackendError, Device, ModelFile, Variant, summarize_error
+from runtime.engine.onnx_model import ModelError, load_onnx, model_input, with_fixed_input
+
+# Errors reach the operator through BackendError; OpenCV's own console output would
+# only duplicate them without the model's name.
+cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_SILENT)
+
+_ENGINES = {"new": cv2.dnn.ENGINE_NEW, "classic": cv2.dnn.ENGINE_CLASSIC}
+
+
+class OpenCvSession:
+    """A cv2.dnn.Net. OpenCV's thread count is process-wide, so it is set per call."""
+
+    def __init__(self, net: cv2.dnn.Net, threads: int, device: str):
+        self._net, self._threads = net, threads
+        self.actual_device = device
+
+    def infer(self, batch: np.ndarray) -> np.ndarray:
+        if self._threads and cv2.getNumThreads() != self._threads:
+            cv2.setNumThreads(self._threads)
+        self._net.setInput(batch)
+        return self._net.forward()
+
+    def close(self) -> None:
+        self._net = None  # type: ignore[assignment]
+
+
+def _gpu_opencl() -> str | None:
+    if not cv2.ocl.haveOpenCL():
+        return None
+    dev = cv2.ocl.Device.getDefault()
+    if dev.available() and dev.type() != cv2.ocl.Device_TYPE_CPU:
+        return dev.name()
+    return None
+
+
+class OpenCvBackend:
+    """OpenCV's DNN module."""
+
+    name = "opencv"
+
+    def devices(self) -> list[Device]:
+        out = [Device(self.name, "CPU", platform.processor() or platform.machine(),
+                      {"version": cv2.__version__})]
+        gpu = _gpu_opencl()
+        if gpu:
+            out.append(Device(self.name, "OpenCL", gpu, {"version": cv2.__version__}))
+        return out
+
+    def variants(self, model: ModelFile, cfg: BackendsConfig,
+                 threads: tuple[int, ...]) -> list[Variant]:
+        knobs = cfg.opencv
+        arm = platform.machine().lower() in ("aarch64", "arm64")
+        out = []
+        for dev in self.devices():
+            if dev.id == "OpenCL":  # only the classic engine has non-CPU targets
+                out.append(Variant(model, model.precision, self.name, "OpenCL", 0,
+                                   (("engine", "classic"),)))
+                continue
+            for engine in knobs.engines:
+                for t in threads:
+                    out.append(Variant(model, model.precision, self.name, "CPU", t,
+                                       (("engine", engine),)))
+                    if arm and engine == "classic" and knobs.fp16_target \
+                            and model.precision == "fp32":
+                        out.append(Variant(model, "fp16", self.name, "CPU", t,
+                                           (("engine", engine), ("target", "cpu_fp16"))))
+        return out
+
+    def load(self, variant: Variant) -> OpenCvSession:
+        m = variant.model
+        try:
+            proto = load_onnx(m.path)
+            inp = model_input(proto, m.path, m.input_shape)
+            buf = np.frombuffer(with_fixed_input(proto, inp), dtype=np.uint8)
+            net = cv2.dnn.readNetFromONNX(buf, _ENGINES[variant.option("engine", "new")])
+            if net.empty():
+                raise BackendError(self.name, m.path, f"OpenCV's {variant.option('engine')} "
+                                   "engine could not build the graph (an op it does not support)")
+            if variant.device == "OpenCL":
+                net.setPreferableTarget(cv2.dnn.DNN_TARGET_OPENCL)
+            elif variant.option("target") == "cpu_fp16":
+                net.setPreferableTarget(cv2.dnn.DNN_TARGET_CPU_FP16)
+            session = OpenCvSession(net, variant.threads, variant.device)
+            # OpenCV builds its layers lazily: run once so unsupported ops fail here.
+            session.infer(np.zeros(m.input_shape, dtype=np.float32))
+        except (cv2.error, ModelError) as e:
+            raise BackendError(self.name, m.path, summarize_error(e)) from e
+        return session

@@ -1,0 +1,1 @@
+"""Frames from outside to stored results: sources, images, ROI, the pipeline."""

@@ -1,0 +1,282 @@
+"""Several sources in one daemon: their lanes, a fair queue between them, the aggregate load.
+
+One model session serves every source (`[[sources]]` share `[model]`), so the sources compete
+for one inference thread. Three rules keep that honest:
+
+- **Fairness**: each source has its own bounded lane in the raw-frame queue (`FairQueue`); the
+  preprocess thread takes from the lanes in turn. A busy camera drops its *own* stale frames
+  (latest wins) and never pushes out another source's frame; folder and trigger lanes block
+  their own capture thread instead and never drop.
+- **Latency at the combined rate** (`aggregate`): the operator's `latency_ms` is what each
+  stream must see. In the worst case one frame from every stream arrives at once and the last
+  one waits for the other n - 1 inferences, so a variant qualifies only if n x its latency
+  fits the target; and the one inference thread must keep up with the sum of the rates, so
+  its latency x the combined rate must stay under `UTILISATION_MAX`. The selector and the
+  ladder are handed the stricter of the two as the per-inference target.
+- **Energy per second of the box**: the control step plans rung powers at the combined rate
+  (the sum of the sources' rates), so a budget in watts is the whole box's; a rate cap it
+  sets is shared out in proportion to each source's rate (`shares`).
+
+Pure apart from `FairQueue` (a thread-safe container).
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+UTILISATION_MAX = 0.8  # the share of the inference thread's time frames may fill
+MAX_MODEL_CHARS = 4096  # a [[sources]] model: a name or a path (PATH_MAX on Linux)
+MAX_SOURCES = 64  # health's pipeline.sources holds at most this many (payloads._HEALTH)
+
+
+def aggregate(latency_ms: float, rates_hz: Sequence[float]) -> tuple[float, str]:
+    """(per-inference latency target in ms, why) for streams at `rates_hz` sharing one
+    inference thread, each needing `latency_ms` (see module doc). One stream: unchanged."""
+    n = len(rates_hz)
+    if n <= 1:
+        return latency_ms, ""
+    total = sum(rates_hz)
+    burst = latency_ms / n
+    capacity = UTILISATION_MAX * 1e3 / total if total > 0 else float("inf")
+    target = min(burst, capacity)
+    bound = (f"{n} streams x latency <= {latency_ms:g} ms" if burst <= capacity else
+             f"{total:g} Hz combined x latency <= {UTILISATION_MAX:g} of the inference thread")
+    return target, (f"{n} sources at {total:g} Hz combined share one inference thread: each "
+                    f"inference must take <= {target:.3g} ms ({bound})")
+
+
+def planned_rate(sources: Sequence[Any], governor_rate_hz: float) -> float:
+    """The rate the control step plans rung powers at: the sum of `[[sources]]` rates (the
+    whole box's load), else `[governor] rate_hz` (0: as fast as the top rung runs)."""
+    return sum(s.rate_hz for s in sources) or governor_rate_hz
+
+
+def shares(rates_hz: Sequence[float]) -> list[float]:
+    """Each source's part of the combined rate (a combined rate cap is split by these)."""
+    total = sum(rates_hz)
+    if total <= 0:
+        return [1.0 / len(rates_hz)] * len(rates_hz)
+    return [r / total for r in rates_hz]
+
+
+class Pacer:
+    """A source's own rate in `[[sources]]`. A live source (camera, stream) keeps being read
+    (its buffer must not fill with ever older frames) and frames before their slot are
+    skipped; another kind waits for its slot (its frames are never skipped). Slots are
+    phase-locked (due += period) so a camera whose frames arrive just before their slot is
+    not halved: a frame within a quarter period of its slot takes it."""
+
+    def __init__(self, hz: float):
+        self.period = 1.0 / hz
+        self.due = -float("inf")
+
+    def ready(self, now: float) -> bool:
+        """A live frame arriving at `now` may be taken."""
+        return now >= self.due - self.period / 4
+
+    def wait_s(self, now: float) -> float:
+        """How long a non-live source waits before handing over its frame."""
+        return max(0.0, self.due - now)
+
+    def taken(self, now: float) -> None:
+        """A frame was handed over at `now`: the next slot."""
+        late = now - self.due >= self.period  # stalled (or first): start afresh from now
+        self.due = now + self.period if late else self.due + self.period
+
+
+@dataclass
+class Lane:
+    """One source as the pipeline runs it: how to open it, its pace and ROI, its state and
+    its own counters (health's `pipeline.sources`)."""
+
+    name: str
+    open: Callable[[], Any]  # () -> runtime.frames.sources.Source; SourceError when it cannot
+    share: float = 1.0  # of the combined rate cap
+    pace_hz: float = 0.0  # capture no faster than this (0: as the source delivers)
+    roi: tuple[float, ...] = ()
+    roi_units: str = "pixels"
+    roi_key: str = "source.roi"  # the config key named in ROI errors
+    source: Any = None
+    state: str = "opening"  # opening | running | failed | ended
+    counters: collections.Counter = field(default_factory=collections.Counter)
+    e2e: collections.deque = field(default_factory=lambda: collections.deque(maxlen=1000))
+    rects: dict = field(default_factory=dict)  # (w, h) -> roi.Rect or roi.RoiError
+    model: str = ""  # the key of its own model (runtime/choice/joint.py); "": the [model]'s
+    tiles: int = 0  # inferences its last frame cost (a tiled frame: one per tile; 0: none yet)
+    refused: str = ""  # why it is never opened (its own model failed at start): said once
+
+    def stats(self, backlog: int, window_s: float = 30.0) -> dict[str, Any]:
+        """Rate and capture-to-result p95 over the last `window_s`, frames waiting, counters."""
+        now = time.time()
+        recent = [(t, ms) for t, ms in list(self.e2e) if now - t <= window_s]
+        span = recent[-1][0] - recent[0][0] if len(recent) > 1 else 0.0
+        p95 = float(np.percentile([m for _, m in recent], 95)) if recent else None
+        return {"state": self.state, "rate_hz": round((len(recent) - 1) / span, 3)
+                if span > 0 else 0.0, "e2e_p95_ms": round(p95, 3) if p95 is not None else None,
+                "backlog": backlog, **{k: int(v) for k, v in self.counters.items()}}
+
+
+class FairQueue:
+    """Bounded per-lane FIFOs, served round-robin (see module doc)."""
+
+    def __init__(self, lanes: Sequence[str], maxsize: int):
+        self._q = {name: collections.deque() for name in lanes}
+        self._order = list(lanes)
+        self._next = 0
+        self._max = maxsize
+        self._cond = threading.Condition()
+
+    def put(self, lane: str, item: Any, live: bool, stop: threading.Event) -> bool:
+        """Queue `item` on its lane. A live lane that is full drops its own oldest item
+        (True is returned); another lane blocks until there is room or `stop` is set."""
+        with self._cond:
+            q = self._q[lane]
+            dropped = False
+            while len(q) >= self._max:
+                if live:
+                    q.popleft()
+                    dropped = True
+                    break
+                if stop.is_set():
+                    return False
+                self._cond.wait(0.2)
+            q.append(item)
+            self._cond.notify_all()
+            return dropped
+
+    def get(self, timeout: float) -> Any | None:
+        """The next item, taking lanes in turn; None when nothing came within `timeout`."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                for i in range(len(self._order)):
+                    k = (self._next + i) % len(self._order)
+                    q = self._q[self._order[k]]
+                    if q:
+                        self._next = (k + 1) % len(self._order)
+                        item = q.popleft()
+                        self._cond.notify_all()
+                        return item
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self._cond.wait(left)
+
+    def empty(self) -> bool:
+        """Nothing waits on any lane."""
+        with self._cond:
+            return not any(self._q.values())
+
+    def qsize(self, lane: str) -> int:
+        """Items waiting on one lane."""
+        with self._cond:
+            return len(self._q[lane])
+
+
+def check_sources(sources: Sequence[Any], single_given: bool) -> tuple[str, str] | None:
+    """What is wrong with a `[[sources]]` list as a whole (None when nothing is): each entry
+    has a unique name and a rate (the combined rate sizes the latency target and the energy
+    budget), and `[source]` is not given as well."""
+    if not sources:
+        return None
+    if single_given:
+        return "sources", "give either one [source] or several [[sources]], not both"
+    if len(sources) > MAX_SOURCES:
+        return "sources", (f"at most {MAX_SOURCES} sources per daemon (health reports each), "
+                           f"got {len(sources)}")
+    names = [s.name for s in sources]
+    for i, s in enumerate(sources):
+        if not s.name:
+            return "sources", (f"entry {i + 1} ({s.kind}) needs a name: results and health "
+                               "name their source")
+        if s.rate_hz <= 0:
+            return "sources", (f"{s.name}: rate_hz must be > 0 with several sources (the "
+                               f"combined rate sizes the latency target and the energy "
+                               f"budget), got {s.rate_hz}")
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        return "sources", f"names must be unique, {', '.join(dup)} is used more than once"
+    tiling: dict[Path, Any] = {}
+    for s in sources:  # one session per model: a model is tiled one way
+        if not s.model:
+            continue
+        p = model_path(s.model).resolve()
+        first = tiling.setdefault(p, s)
+        if (first.tiling, first.tile_size, first.tile_overlap) != (
+                s.tiling, s.tile_size, s.tile_overlap):
+            return "sources", (f"{first.name} and {s.name} both use model {s.model!r} but tile "
+                               "it differently (tiling, tile_size, tile_overlap): the sources "
+                               "of a model share its session, so they must agree")
+    return None
+
+
+def model_path(name: str) -> Path:
+    """Where a `[[sources]] model` is: a path (it has a '/' or ends in .onnx; '~' expanded),
+    else the name of a bundled model (models/<name>)."""
+    if "/" in name or name.endswith(".onnx"):
+        return Path(name).expanduser()
+    from models import ROOT
+
+    return ROOT / name
+
+
+def check_model(s: Any) -> tuple[str, str] | None:
+    """What is wrong with one entry's `model` and tiling keys (None when nothing is): the
+    model exists (a directory with a manifest, or an .onnx file) and the tile options are in
+    range; tiling is set with the model it tiles (the [model]'s own is tiled in [model])."""
+    if s.tiling and not s.model:
+        return "tiling", ("tiles a model named in this entry; the [model] section's own model "
+                          "is tiled by [model] tiling")
+    if s.model:
+        # a hostile string must not reach the filesystem, the log or health unchecked
+        if len(s.model) > MAX_MODEL_CHARS or any(ord(c) < 32 or ord(c) == 127
+                                                 for c in s.model):
+            return "model", (f"must be a model's name or path of at most {MAX_MODEL_CHARS} "
+                             f"characters with no control characters, got "
+                             f"{s.model[:80]!r}{'...' if len(s.model) > 80 else ''}")
+        p = model_path(s.model)
+        try:
+            found = (p / "manifest.json").is_file() or (p.suffix == ".onnx" and p.is_file())
+        except OSError as e:  # a name too long, a symlink loop: not there either
+            return "model", f"{s.model!r}: cannot look there: {e.strerror or e}"
+        if not found:
+            from models import ROOT
+
+            names = sorted(d.name for d in ROOT.iterdir() if (d / "manifest.json").is_file())
+            return "model", (f"{s.model!r}: no model there ({p} is neither a directory with a "
+                             f"manifest.json nor an .onnx file); bundled models: "
+                             f"{', '.join(names)}")
+    if not 0 <= s.tile_size <= 16384:
+        return "tile_size", ("must be 0 (the model input's size) or up to 16384 pixels, "
+                             f"got {s.tile_size}")
+    if not 0.0 <= s.tile_overlap <= 0.75:
+        return "tile_overlap", f"must be within 0..0.75, got {s.tile_overlap}"
+    return None
+
+
+def lanes(sources: Sequence[Any], opener: Callable[[Any, int], Any],
+          model_of: Callable[[Any], str] | None = None) -> list[Lane]:
+    """Lanes for `[[sources]]` entries: `opener(cfg, i)` opens entry i; `model_of(cfg)` is the
+    key of its model ("" = the [model]'s; default: none of its own). A synthetic source
+    paces itself at its rate; every other kind is paced by its lane."""
+    part = shares([s.rate_hz for s in sources])
+    return [Lane(s.name, (lambda s=s, i=i: opener(s, i)), share=part[i],
+                 pace_hz=0.0 if s.kind == "synthetic" else s.rate_hz, roi=tuple(s.roi),
+                 roi_units=s.roi_units, roi_key=f'[[sources]] name = "{s.name}": roi',
+                 model=model_of(s) if model_of else "")
+            for i, s in enumerate(sources)]
+
+
+def single(cfg: Any, opener: Callable[[], Any]) -> list[Lane]:
+    """The one lane of a `[source]` section: named `name` or "main", unpaced (as before
+    several sources existed: a synthetic source paces itself, others deliver as they do)."""
+    return [Lane(cfg.name or "main", opener, roi=tuple(cfg.roi), roi_units=cfg.roi_units,
+                 roi_key="[source] roi")]

@@ -1,0 +1,648 @@
+"""capture -> preprocess -> infer+store, on three named threads with bounded queues.
+
+- `capture` reads (and decodes) frames from the source and crops its region of interest
+  (runtime/frames/roi.py). Live sources drop the oldest queued frame when the pipeline is behind
+  (counted); folder and trigger sources block instead (never dropped). A failing source is
+  re-opened with backoff and reported; the other threads keep running. With several sources
+  (runtime/frames/multisource.py) each has its own capture thread and its own lane in the raw queue,
+  served in turn; one preprocess and one infer thread serve them all.
+- `preprocess` makes the input tensor for the active variant's shape (CPU or OpenCL,
+  whichever measured cheaper). Decoding and preprocessing in separate threads is what lets
+  the pipeline beat a sequential loop: OpenCV, numpy and the engines release the GIL.
+- `infer` runs the active session, maps outputs to label and score and appends the results
+  to the outbox with adaptive group commit: while more frames are waiting it keeps inferring
+  and stores the group in one transaction (up to 64); with nothing waiting it stores at once.
+  Only after the commit is the source told the frames are done.
+
+Idle fast path: a frame the capture thread had to wait for (so nothing is queued or in flight)
+is preprocessed, inferred and stored by the capture thread itself, under the same `_work`
+lock the infer thread takes: two thread wake-ups fewer, which is most of the latency on a
+sub-millisecond model. A frame that was ready at once (a backlog) takes the queues, so the
+stages overlap.
+
+Switching variant: the caller loads and warms the new session first, then `switch()` hands it
+over; the infer thread swaps between two frames and closes the old one. No frame waits for a
+model load. Each result records the variant and rung that produced it.
+
+`alive()` feeds the systemd watchdog: the infer loop's heartbeat is fresh and no frame has
+been in inference or store for too long, on either path.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import math
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from runtime.engine.backends.base import Session
+from runtime.engine.manifest import Manifest, frame_result
+from runtime.engine.tiling import infer_tiles, tiled
+from runtime.frames.badframes import BadFrames
+from runtime.frames.model_counts import ModelCounts, ModelId, model_id
+from runtime.frames.multisource import FairQueue, Lane, Pacer
+from runtime.frames.results_local import LocalResults
+from runtime.frames.roi import RoiError, crop, resolve
+from runtime.frames.sources import BadFrame, Frame, Source, SourceEnded, SourceError
+
+log = logging.getLogger("edgerun.pipeline")
+
+MAX_LABELS = 256  # per-label counters in health; further labels are counted together
+OTHER_LABEL = "_other"
+
+
+@dataclass
+class Active:
+    """The variant the infer thread runs."""
+
+    rung: int
+    variant_id: str
+    session: Session
+    input_shape: tuple[int, ...]
+    # The model it belongs to, and that model's preprocessing: a model swap hands over a
+    # session with its own, so no frame is ever preprocessed or labelled for another model.
+    # None: the pipeline's (set_manifest).
+    manifest: Manifest | None = None
+    pre: Callable[[Any, tuple[int, ...]], Any] | None = None
+    # "" for the [model] section's model; else the key of a source's own model
+    # ([[sources]] model, runtime/choice/joint.py): the lanes of that key run on it
+    key: str = ""
+
+
+def live_id(key: str, variant_id: str) -> str:
+    """What a variant's inferences are counted under (`take_infer_cpu`, the daemon's live
+    energies): its id for the [model]'s model; for a source's own model its key too, as two
+    models may have the same variant ids (two files named best.onnx)."""
+    return f"{key}\x00{variant_id}" if key else variant_id
+
+
+class Pipeline:
+    """See module docstring."""
+
+    INLINE_AFTER_WAIT_S = 0.002
+    STABLE_S = 60.0  # a source that ran this long before failing starts its backoff afresh
+
+    def __init__(self, open_source: Callable[[], Source] | list[Lane], manifest: Manifest,
+                 sink: Callable[[list[dict[str, Any]]], list[int]],
+                 on_event: Callable[[dict], None], queue_size: int = 4,
+                 preprocess: Callable[[Any, tuple[int, ...]], Any] | None = None,
+                 local: LocalResults | None = None):
+        # one callable: a single source named "main"; a list of lanes: several sources
+        self.lanes = [Lane("main", open_source)] if callable(open_source) else list(open_source)
+        self._lane = {lane.name: lane for lane in self.lanes}
+        self._manifest = manifest
+        # (frame, input shape) -> tensor; the daemon passes a PreprocessChooser
+        self._pre = tiled(preprocess or manifest.preprocess.apply, manifest)
+        self._tilers: dict[int, tuple[Any, Any, Callable]] = {}  # see _pre_of
+        self._sink = sink
+        self._local = local  # print/JSONL/snapshots, after the outbox commit
+        self._event = on_event
+        self._raw = FairQueue([lane.name for lane in self.lanes], queue_size)  # decoded frames
+        self._frames: queue.Queue = queue.Queue(maxsize=queue_size)  # (frame, tensor, shape)
+        self.preprocessing = False
+        self._active: Active | None = None
+        self._next: Active | None = None
+        # sources with their own model: key -> running / pending Active (see Active.key)
+        self._extra: dict[str, Active] = {}
+        self._extra_next: dict[str, Active] = {}
+        self._key = {lane.name: lane.model for lane in self.lanes}
+        self._lock = threading.Lock()  # guards _active/_next
+        self._work = threading.Lock()  # held while a frame is inferred and stored
+        self._stop_capture = threading.Event()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.heartbeat = time.monotonic()
+        self.busy_since: float | None = None  # set from taking a frame until its result is stored
+        # Set by the control loop: math.inf = no cap; 0 = paused (minimum duty of 0 Hz).
+        self.rate_cap_hz = math.inf
+        self._infer_cpu: dict[str, tuple[int, float]] = {}  # variant -> (n, thread CPU s)
+        self.counters: collections.Counter = collections.Counter()
+        self.labels: collections.Counter = collections.Counter()  # results per label
+        self.bad = BadFrames(on_event)  # refused frames by kind; rate-limited frame_bad events
+        self.latencies: collections.deque = collections.deque(maxlen=2000)  # (t, ms, met)
+        # the same per model (results, errors, ms per inference): what probation judges a
+        # swapped model by, not the box's totals (runtime/frames/model_counts.py)
+        self.models = ModelCounts()
+        self.latency_target_ms = float("inf")
+        # Probation of a new model (runtime/device/ota.py): every `shadow_every`th frame is
+        # also run on the old model; `shadow_counts` = [compared, agreed] top-1 labels.
+        self.shadow: Active | None = None
+        self.shadow_every = 5
+        self.shadow_counts = [0, 0]
+        self._shadow_i = 0
+        self._shadow_due: list[tuple[Frame, Any, Active]] = []  # compared after the store
+
+    # -- control (any thread) -------------------------------------------------------------
+
+    def start(self, active: Active, extra: dict[str, Active] | None = None) -> None:
+        """Start the threads running `active` (and `extra`: the sessions of the models that
+        sources name in `[[sources]] model`, by key)."""
+        self._active = active
+        self._extra = dict(extra or {})
+        missing = {lane.model for lane in self.lanes if lane.model} - set(self._extra)
+        if missing:
+            raise ValueError(f"no session for the model(s) {sorted(missing)} of the sources")
+        one = len(self.lanes) == 1
+        work: list[tuple[str, Callable[[], None]]] = [
+            ("capture" if one else f"capture-{lane.name}",
+             lambda lane=lane: self._capture(lane)) for lane in self.lanes]
+        for name, fn in (*work, ("preprocess", self._preprocess), ("infer", self._infer)):
+            t = threading.Thread(target=fn, name=name, daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    @property
+    def source(self) -> Source | None:
+        """The first (with one source: the) source, while it is open."""
+        return self.lanes[0].source
+
+    @property
+    def active(self) -> Active | None:
+        """The variant running now (the pending one once it has been swapped in)."""
+        return self._active
+
+    @property
+    def target(self) -> Active | None:
+        """The variant the pipeline is running or about to run (a pending switch included)."""
+        with self._lock:
+            return self._next or self._active
+
+    def switch(self, new: Active) -> None:
+        """Hand over an already loaded and warmed session; swapped between frames. One with a
+        `key` replaces that source model's session (runtime/choice/joint.py), else the [model]'s."""
+        with self._lock:
+            if new.key:
+                if (pending := self._extra_next.get(new.key)) is not None:
+                    pending.session.close()
+                self._extra_next[new.key] = new
+                return
+            if self._next is not None:  # superseded before it was swapped in
+                self._next.session.close()
+            self._next = new
+
+    def target_of(self, key: str) -> Active | None:
+        """The variant a model (by key, "" = the [model]'s) is running or about to run."""
+        if not key:
+            return self.target
+        with self._lock:
+            return self._extra_next.get(key) or self._extra.get(key)
+
+    def _for(self, source: str) -> Active | None:
+        """The Active a frame of `source` is to be preprocessed for (a pending one first)."""
+        key = self._key.get(source, "")
+        if not key:
+            return self._next or self._active
+        return self._extra_next.get(key) or self._extra.get(key)
+
+    def _pre_of(self, a: Active) -> Callable[[Any, tuple[int, ...]], Any]:
+        """The preprocessing of `a`'s model, tiled when that model tiles (one wrapper per
+        model, so frames in flight are not preprocessed again at every rung change)."""
+        if a.pre is None:
+            return self._pre
+        got = self._tilers.get(id(a.pre))
+        if got is None or got[0] is not a.pre or got[1] is not a.manifest:
+            got = (a.pre, a.manifest, tiled(a.pre, a.manifest or self._manifest))
+            self._tilers = {**self._tilers, id(a.pre): got}  # replaced whole: thread-safe reads
+        return got[2]
+
+    def exclusive(self) -> threading.Lock:
+        """The lock held while a frame is inferred and stored: whoever holds it runs between
+        two frames, with no inference of the pipeline beside it (background profiling
+        measures under it, in short chunks)."""
+        return self._work
+
+    def set_manifest(self, manifest: Manifest,
+                     preprocess: Callable[[Any, tuple[int, ...]], Any] | None = None) -> None:
+        """Use another model's pre/post-processing (call `switch` with its session next)."""
+        self._manifest = manifest
+        self._pre = tiled(preprocess or manifest.preprocess.apply, manifest)
+
+    def stop(self, drain_timeout_s: float = 10.0) -> None:
+        """Stop capturing, let queued frames finish (their results are stored), stop."""
+        self._stop_capture.set()
+        deadline = time.monotonic() + drain_timeout_s
+        while time.monotonic() < deadline and (not self._raw.empty() or self.preprocessing
+                                               or not self._frames.empty() or self.busy_since):
+            time.sleep(0.02)
+        self._stop.set()
+        for t in self._threads:
+            t.join(2)
+        with self._lock:
+            for a in {id(x): x for x in (self._active, self._next, self.shadow,
+                                         *self._extra.values(), *self._extra_next.values())
+                      if x is not None}.values():
+                a.session.close()
+        for lane in self.lanes:
+            if lane.source is not None:
+                lane.source.close()
+
+    def alive(self, max_age_s: float) -> bool:
+        """The infer loop is turning and no frame has been in inference/store for longer
+        than `max_age_s` (covers a hang on either the queued or the inline path)."""
+        now = time.monotonic()
+        busy = self.busy_since
+        return now - self.heartbeat < max_age_s and (busy is None or now - busy < max_age_s)
+
+    def take_infer_cpu(self) -> dict[str, tuple[int, float]]:
+        """(inferences, CPU seconds of the threads that ran them) per variant (by `live_id`)
+        since the last call. The engines' own pool threads are not in it (see power.cputime)."""
+        with self._work:
+            out, self._infer_cpu = self._infer_cpu, {}
+        return out
+
+    def _recent(self) -> list[tuple[float, float, bool]]:
+        now = time.time()
+        return [x for x in list(self.latencies) if now - x[0] <= 30]
+
+    def rate_hz(self, recent: list | None = None) -> float:
+        """Results per second over the last 30 s."""
+        recent = self._recent() if recent is None else recent
+        span = (time.time() - recent[0][0]) if len(recent) > 1 else 0.0
+        return (len(recent) - 1) / span if span > 0 else 0.0
+
+    def stats(self) -> dict[str, Any]:
+        """Counters, recent rate and latency percentiles, SLO compliance."""
+        recent = self._recent()
+        ms = np.array([m for _, m, _ in recent]) if recent else np.array([])
+        return {
+            **dict(self.counters),
+            **(self._local.stats() if self._local else {}),
+            "labels": dict(self.labels),
+            "frames_bad": self.bad.counts(),
+            "rate_hz": self.rate_hz(recent),
+            "latency_ms": {"p50": float(np.percentile(ms, 50)) if len(ms) else None,
+                           "p95": float(np.percentile(ms, 95)) if len(ms) else None},
+            # per source: state, rate, capture-to-result p95, frames waiting, counters
+            "sources": {lane.name: {**lane.stats(self._raw.qsize(lane.name)),
+                                    **self._model_of(lane)} for lane in self.lanes},
+            "slo": {"target_ms": self.latency_target_ms,
+                    "compliance": (sum(1 for *_, met in recent if met) / len(recent))
+                    if recent else None},
+        }
+
+    def _model_of(self, lane: Lane) -> dict[str, Any]:
+        """A source's model, the variant it runs and its tiles per frame (for health)."""
+        if lane.refused:  # its model failed at start: it runs none
+            return {"model": "", "variant": "", "tiles": 0}
+        a = self._extra.get(lane.model) if lane.model else self._active
+        m = (a.manifest if a is not None else None) or self._manifest
+        return {"model": m.name, "variant": a.variant_id if a else "", "tiles": lane.tiles}
+
+    # -- threads -----------------------------------------------------------------------------
+
+    def _capture(self, lane: Lane) -> None:
+        if lane.refused:  # its model could not be used: never opened, said once
+            lane.state = "failed"
+            self.counters["source_errors"] += 1
+            lane.counters["source_errors"] += 1
+            self._event({"type": "source_failed", "severity": "critical",
+                         "error": lane.refused[:1000], "source": lane.name})
+            return
+        delay, opened = 0.5, 0.0
+        pacer = Pacer(lane.pace_hz) if lane.pace_hz > 0 else None
+        while not self._stop_capture.is_set():
+            if self.rate_cap_hz <= 0:  # paused by the control loop: read nothing
+                self._stop_capture.wait(0.2)
+                continue
+            if lane.source is None:
+                try:
+                    lane.source = lane.open()
+                    lane.state = "running"
+                    opened = time.monotonic()  # no reset here: a stream that opens and
+                    # fails at once must still back off to 30 s
+                except SourceError as e:
+                    self._source_failed(lane, str(e), delay)
+                    delay = min(delay * 2, 30.0)
+                    continue
+                except Exception as e:  # a bug or an unwrapped OS/library error: the same
+                    # failure of this source (retried), never the end of its thread
+                    log.error("source %s: unexpected error opening it", lane.name,
+                              exc_info=delay <= 0.5)  # the traceback once a series
+                    self._source_failed(lane, f"{type(e).__name__}: {e}", delay)
+                    delay = min(delay * 2, 30.0)
+                    continue
+            t_read = time.monotonic()
+            self.bad.flush()
+            try:
+                frame = lane.source.read(0.5)
+            except BadFrame as e:  # one refused input; the source itself is fine
+                self.bad.record(e.kind, e.ref, e.why)
+                continue
+            except SourceEnded as e:  # a video file's last frame: nothing to retry
+                lane.source.close()
+                self._source_ended(lane, str(e))
+                return
+            except Exception as e:  # SourceError, or a bug / unwrapped error (the same to us)
+                if not isinstance(e, SourceError):
+                    log.error("source %s: unexpected error reading it", lane.name,
+                              exc_info=delay <= 0.5)
+                with contextlib.suppress(Exception):
+                    lane.source.close()
+                lane.source = None
+                if time.monotonic() - opened >= self.STABLE_S:
+                    delay = 0.5
+                why = str(e) if isinstance(e, SourceError) else f"{type(e).__name__}: {e}"
+                self._source_failed(lane, why, delay)
+                delay = min(delay * 2, 30.0)
+                continue
+            if frame is None:
+                continue
+            if pacer is not None:  # its own rate_hz in [[sources]]
+                now = time.monotonic()
+                if lane.source.live and not pacer.ready(now):
+                    lane.counters["skipped_rate"] += 1  # read to keep the stream fresh
+                    continue
+                if not lane.source.live and self._stop_capture.wait(pacer.wait_s(now)):
+                    return  # stopping: the frame is not handed over (not marked done)
+                pacer.taken(time.monotonic())
+            self.counters["frames"] += 1
+            lane.counters["frames"] += 1
+            frame.source = lane.name
+            if lane.roi and not self._crop(lane, frame):
+                continue
+            # A frame that had to be waited for arrived at an idle pipeline: run it inline.
+            # One that was ready at once is part of a backlog: queue it so stages overlap.
+            waited = time.monotonic() - t_read >= self.INLINE_AFTER_WAIT_S
+            # (latest wins on a live source: its own oldest waiting frame is dropped)
+            if not (waited and self._inline(frame)) and self._raw.put(
+                    lane.name, frame, lane.source.live, self._stop):
+                self.counters["dropped_stale"] += 1
+                lane.counters["dropped_stale"] += 1
+            cap = self.rate_cap_hz * lane.share
+            if 0 < cap < math.inf:
+                self._stop_capture.wait(1.0 / cap)
+
+    def _crop(self, lane: Lane, frame: Frame) -> bool:
+        """Cut the lane's region of interest out of the frame (before preprocessing). A frame
+        the ROI does not fit is counted as `roi_outside` and skipped (False); the rectangle
+        is resolved once per frame size."""
+        h, w = frame.image.shape[:2]
+        rect = lane.rects.get((w, h))
+        if rect is None:
+            try:
+                rect = resolve(lane.roi, lane.roi_units, w, h, lane.roi_key)  # type: ignore[arg-type]
+            except RoiError as e:
+                rect = e
+            if len(lane.rects) < 64:  # a folder of many sizes must not grow this unbounded
+                lane.rects[(w, h)] = rect
+        if isinstance(rect, RoiError):
+            self.bad.record("roi_outside", frame.ref, str(rect))
+            return False
+        frame.image = crop(frame.image, rect)
+        return True
+
+    def _preprocess(self) -> None:
+        while not self._stop.is_set():
+            frame = self._raw.get(timeout=0.2)
+            if frame is None:
+                continue
+            self.preprocessing = True
+            made = self._tensor(frame)
+            if made is not None:
+                self._put(self._frames, (frame, *made))
+            self.preprocessing = False
+
+    def _tensor(self, frame: Frame) -> tuple[Any, Active] | None:
+        """(tensor, the Active it was made for) for the variant about to run; a broken frame
+        is counted, logged and skipped (None), never fatal."""
+        target = self._for(frame.source)
+        assert target is not None
+        try:
+            tensor = self._pre_of(target)(frame.image, target.input_shape)
+            lane = self._lane.get(frame.source)
+            if lane is not None:  # a tiled frame is a batch of its tiles
+                lane.tiles = _tiles(tensor)
+            return tensor, target
+        except Exception as e:
+            self.bad.record("preprocess_failed", frame.ref, str(e))
+            return None
+
+    def _source_ended(self, lane: Lane, why: str) -> None:
+        """Said once: the capture thread ends, the rest keeps running (queued frames finish,
+        health goes on); a restart or a new [source] starts capturing again."""
+        self.counters["source_ended"] += 1
+        lane.counters["source_ended"] += 1
+        lane.state = "ended"
+        log.info("source ended: %s; no more frames%s, the daemon keeps running", why,
+                 "" if len(self.lanes) == 1 else f" from source {lane.name}")
+        self._event({"type": "source_ended", "severity": "info", "reason": why,
+                     "source": lane.name})
+
+    def _source_failed(self, lane: Lane, why: str, delay: float) -> None:
+        self.counters["source_errors"] += 1
+        lane.counters["source_errors"] += 1
+        lane.state = "failed"
+        log.warning("source %sfailed: %s; retrying in %.1f s (the daemon keeps running)",
+                    "" if len(self.lanes) == 1 else f"{lane.name} ", why, delay)
+        self._event({"type": "source_failed", "severity": "warning", "error": why,
+                     "retry_s": round(delay, 1), "source": lane.name})
+        self._stop_capture.wait(delay)
+
+    def _put(self, q: queue.Queue, item: Any) -> None:
+        while not self._stop.is_set():
+            try:
+                q.put(item, timeout=0.2)
+                return
+            except queue.Full:
+                continue
+
+    def _infer(self) -> None:
+        pending: list[tuple] = []  # inferred, not yet stored
+        while not self._stop.is_set() or pending:
+            self.heartbeat = time.monotonic()
+            if pending and (self._frames.empty() or len(pending) >= 64 or self._stop.is_set()):
+                # Group commit: one outbox transaction for everything inferred while more
+                # frames were waiting; with nothing waiting, store at once (lowest latency).
+                with self._work:
+                    self._store(pending)
+                pending = []
+                continue
+            try:
+                frame, tensor, made_for = self._frames.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            self.busy_since = time.monotonic()  # first: the capture thread checks it
+            with self._work:
+                done = self._run(frame, tensor, made_for)
+            if done is not None:
+                pending.append(done)
+
+    def _run(self, frame: Frame, tensor: Any, made_for: Active) -> tuple | None:
+        """Infer one frame on the active variant (swapping in a pending one first); the caller
+        holds `_work`. Returns what `_store` needs, or None after a reported failure."""
+        key = self._key.get(frame.source, "")
+        with self._lock:
+            if key and key in self._extra_next:  # a source's own model changes rung
+                old, self._extra[key] = self._extra.get(key), self._extra_next.pop(key)
+                if old is not None:
+                    old.session.close()
+            elif not key and self._next is not None:
+                old, self._active, self._next = self._active, self._next, None
+                if old is not None and old is not self.shadow:  # the shadow lives on
+                    old.session.close()
+        active = self._extra[key] if key else self._active
+        assert active is not None
+        self.busy_since = time.monotonic()
+        try:
+            if made_for is not active and (made_for.input_shape != active.input_shape
+                                           or made_for.pre is not active.pre):
+                # preprocessed for the variant just replaced (another size or model)
+                tensor = self._pre_of(active)(frame.image, active.input_shape)
+            t0, c0 = time.perf_counter(), time.thread_time()
+            out = infer_tiles(active.session, tensor)  # one tensor, or a tiled frame's
+            ms = (time.perf_counter() - t0) * 1e3
+            lid = live_id(active.key, active.variant_id)
+            n, cpu = self._infer_cpu.get(lid, (0, 0.0))
+            # per inference: a tiled frame ran one per tile (live energies stay per inference)
+            self._infer_cpu[lid] = (n + _tiles(tensor), cpu + time.thread_time() - c0)
+        except Exception as e:
+            self.busy_since = None
+            self.counters["infer_errors"] += 1
+            self.models.error(self._model_id(active), time.time())
+            log.error("inference failed on %s with %s: %s", frame.ref, active.variant_id, e)
+            self._event({"type": "inference_failed", "severity": "warning",
+                         "variant": active.variant_id, "error": str(e)[:300]})
+            return None
+        if self.shadow is not None and not key:
+            # probation compares the [model]'s model (what OTA swapped) with the old one: a
+            # source on its own model is not on probation, its frames are not compared
+            self._shadow_i += 1
+            if self.shadow is not active and self._shadow_i % self.shadow_every == 0:
+                # (the shadow is the running model until the swap reaches this thread)
+                self._shadow_due.append((frame, out, active))
+        return frame, out, active, ms, _tiles(tensor)
+
+    def _model_id(self, active: Active) -> ModelId:
+        """What `active`'s frames are counted under in `models`."""
+        return model_id(active.key, active.manifest or self._manifest)
+
+    def _shadow_flush(self) -> None:
+        """Run the sampled frames through the old model after their results are stored, so
+        the comparison adds nothing to their latency (the caller holds `_work`)."""
+        due, self._shadow_due = self._shadow_due, []
+        for frame, out, active in due:
+            self._shadow_compare(frame, out, active)
+
+    def _shadow_compare(self, frame: Frame, out: Any, active: Active) -> None:
+        """Probation: a frame also through the old model, counting top-1 agreement by label
+        (the two models may order their classes differently). A failure of the old model
+        costs the comparison, not the frame."""
+        shadow = self.shadow
+        if shadow is None:
+            return
+        try:
+            old = infer_tiles(shadow.session, self._pre_of(shadow)(frame.image,
+                                                                        shadow.input_shape))
+            hw = frame.image.shape[:2]  # a detector's label is its best box's
+            new_label = frame_result(out, active.manifest or self._manifest, hw,
+                                     active.input_shape)["label"]
+            old_label = frame_result(old, shadow.manifest or self._manifest, hw,
+                                     shadow.input_shape)["label"]
+        except Exception as e:
+            log.warning("shadow inference on the old model failed: %s", e)
+            return
+        self.shadow_counts[0] += 1
+        self.shadow_counts[1] += new_label == old_label
+
+    def _inline(self, frame: Frame) -> bool:
+        """Idle fast path: with nothing queued or in flight, the capture thread runs the frame
+        through preprocess, infer and store itself, saving two thread wake-ups. True when the
+        frame was consumed."""
+        if (self.busy_since is not None or self.preprocessing or not self._raw.empty()
+                or not self._frames.empty() or not self._work.acquire(blocking=False)):
+            return False
+        try:
+            if self.busy_since is not None or not self._frames.empty():
+                return False  # the infer thread took a frame meanwhile
+            self.busy_since = time.monotonic()
+            made = self._tensor(frame)
+            if made is None:
+                self.busy_since = None
+                return True
+            done = self._run(frame, *made)
+            if done is not None:
+                self._store([done])
+            self.counters["inline"] += 1
+            return True
+        finally:
+            self._work.release()
+
+    def _store(self, batch: list[tuple]) -> None:
+        """Postprocess and persist a group in one outbox transaction, then mark frames done."""
+        results, made, owners, counted = [], [], [], []
+        for frame, out, active, ms, tiles in batch:
+            manifest = active.manifest or self._manifest  # a swap: each frame its own model's
+            try:  # label, score; a detector's boxes and counts too
+                fields = frame_result(out, manifest, frame.image.shape[:2], active.input_shape)
+            except Exception as e:  # an output not of the declared form: this frame only
+                self.bad.record("postprocess_failed", frame.ref, str(e))
+                self.models.error(self._model_id(active), time.time())  # the model's fault
+                continue
+            r = {"t": frame.t, "source": frame.source, "model": manifest.name,
+                 "ref": frame.ref, **fields,
+                 "variant": active.variant_id, "rung": active.rung + 1,  # 1 = cheapest
+                 "latency_ms": round(ms, 3),  # inference alone
+                 "e2e_ms": round((time.time() - frame.t) * 1e3, 3)}  # capture to result
+            if frame.truth is not None:
+                r["truth"] = frame.truth
+            results.append(r)
+            made.append(frame)
+            owners.append(manifest)
+            counted.append((self._model_id(active), ms / max(tiles, 1)))
+        try:
+            seqs = self._sink(results) if results else []
+        except Exception as e:  # disk full, database broken: frames stay not-done
+            self.busy_since = None
+            self._shadow_due.clear()  # bounded: no comparisons pile up while storing fails
+            self.counters["store_errors"] += len(results)
+            log.error("could not store %d results: %s; their frames are not marked done",
+                      len(results), e)
+            self._event({"type": "store_failed", "severity": "critical", "error": str(e)})
+            return
+        now = time.time()
+        for m, ms_each in counted:
+            self.models.result(m, now, ms_each)
+        for frame, _, _, ms, _ in batch:
+            self.latencies.append((now, ms, ms <= self.latency_target_ms))
+            lane = self._lane.get(frame.source)
+            if lane is not None:
+                lane.e2e.append((now, (now - frame.t) * 1e3))
+                lane.counters["results"] += 1
+        for lane in self.lanes:
+            done = [f for f, *_ in batch if f.done is not None and f.source == lane.name]
+            if done and lane.source is not None:
+                lane.source.done(done)
+        self.counters["results"] += len(results)
+        for r in results:
+            label = r["label"]
+            # bounded: a many-class model must not grow health without limit
+            self.labels[label if label in self.labels or len(self.labels) < MAX_LABELS
+                        else OTHER_LABEL] += 1
+        if self._local is not None and results:
+            # one submit per model (sources may run different models, with their own labels)
+            groups: dict[int, list[int]] = {}
+            for i, m in enumerate(owners):
+                groups.setdefault(id(m), []).append(i)
+            for idx in groups.values():
+                m = owners[idx[0]]
+                # a detector's ok result is "none" (nothing found), not its first class:
+                # snapshots by default keep every label but the first
+                self._local.submit([made[i] for i in idx], [results[i] for i in idx],
+                                   [seqs[i] for i in idx] if seqs else [],
+                                   ("none", *m.labels) if m.detect else m.labels)
+        self.busy_since = None
+        if self._shadow_due:
+            self._shadow_flush()
+
+
+def _tiles(tensor: Any) -> int:
+    """Inferences a preprocessed frame costs: a tiled frame is a batch of its tiles."""
+    return int(getattr(tensor, "shape", (1,))[0] or 1)

@@ -1,0 +1,43 @@
+"""What `edgerun check` says about the configured sources: the problems `serve` would only
+report after start-up, as a `source_failed` retried with backoff for ever (a folder that does
+not exist, a video file that is not there, a trigger source without a broker)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def notes(cfg: Any) -> list[str]:
+    """One line per source (`[source]` or each `[[sources]]` entry): what it reads and, with
+    "note:", why `serve` would not get frames from it now."""
+    out = []
+    entries = list(cfg.sources) if cfg.sources else [cfg.source]
+    for src in entries:
+        name = src.name or "main"
+        why = _problem(src, bool(cfg.telemetry.broker.host))
+        out.append(f"source {name}: {src.kind}" + (f" {_shown(src.path)}" if src.path else "")
+                   + (f"; note: {why} (serve starts and retries it with backoff)" if why
+                      else ""))
+    return out
+
+
+def _shown(path: str) -> str:
+    from runtime.frames.sources import redact
+
+    return redact(path)
+
+
+def _problem(src: Any, has_broker: bool) -> str:
+    try:
+        if src.kind == "folder":
+            p = Path(src.path).expanduser()
+            return "" if p.is_dir() else f"{p} is not a directory (yet?)"
+        if src.kind == "capture" and "://" not in src.path and not src.path.isdigit():
+            p = Path(src.path).expanduser()
+            return "" if p.exists() else f"{p} does not exist (yet?)"
+        if src.kind == "trigger" and not has_broker:
+            return "a trigger source needs telemetry.broker.host (it is empty)"
+    except (OSError, ValueError) as e:  # a name the filesystem refuses
+        return str(e)
+    return ""

@@ -1,0 +1,783 @@
+"""Frame sources: synthetic conveyor, image folder (watch mode), OpenCV capture, MQTT trigger.
+
+Every source yields `Frame`s from `read(timeout)` (None when nothing arrived in time) and
+raises `SourceError` for a failure worth reporting (camera unplugged, stream down); the
+pipeline's capture thread retries with backoff and reports an event, the rest of the daemon
+keeps running. `live` sources may have stale frames dropped by the pipeline (latest wins);
+folder and trigger sources are never dropped.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import contextlib
+import errno
+import hashlib
+import logging
+import math
+import os
+import queue
+import re
+import shutil
+import sqlite3
+import threading
+import time
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar, Literal, Protocol
+
+import cv2
+import numpy as np
+
+from runtime.frames import images, roi
+from runtime.frames.images import BadImage
+
+log = logging.getLogger("edgerun.source")
+
+MAX_SYNTHETIC_SIZE = 1024  # 256 parts x 3 MiB of pool at the most
+
+
+class SourceError(Exception):
+    """The source failed; the message says what and where."""
+
+
+class SourceEnded(SourceError):
+    """The source has nothing more to give (a video file's last frame was read, no loop):
+    not an error and not retried; the daemon keeps running and says so once."""
+
+
+class BadFrame(Exception):
+    """One input was refused (the source itself is fine): `kind` is one of
+    runtime.frames.images.KINDS, `ref` names the file or trigger, the message says why. The pipeline
+    counts it (`frames_bad`) and reports it as a rate-limited `frame_bad` event."""
+
+    def __init__(self, ref: str, kind: str, why: str):
+        super().__init__(f"{ref}: {why}")
+        self.ref, self.kind, self.why = ref, kind, why
+
+
+NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")  # a source's name goes into results and topics
+
+
+@dataclass(frozen=True)
+class SourceConfig:
+    """The `[source]` section (or one `[[sources]]` entry, see runtime/frames/multisource.py)."""
+
+    kind: Literal["synthetic", "folder", "capture", "trigger"] = "synthetic"
+    # results name their source; empty: "main" for a single [source] ([[sources]] need one)
+    name: str = ""
+    rate_hz: float = 10.0  # synthetic: frames per second (0 = as fast as possible);
+    # in [[sources]]: the rate this source is inspected at, whatever its kind
+    seed: int = 0
+    defect_rate: float = 0.2  # synthetic: share of parts with a defect
+    size: int = 96  # synthetic: frame size in pixels
+    path: str = ""  # folder: directory; capture: device index, file or URL
+    loop: bool = False  # capture of a video file: play it again after its last frame
+    # (default: the source ends there; the daemon keeps running and reports it once)
+    watch: bool = True  # folder: keep watching for new files
+    done_dir: str = ""  # folder: move inspected files here (empty: remember them instead)
+    topic: str = ""  # trigger: MQTT topic; payload = image bytes (PNG/JPEG) or a file path
+    # folder/trigger: images larger than this are refused from their header, before decoding
+    max_pixels: int = images.DEFAULT_MAX_PIXELS
+    # region of interest [x, y, w, h] cropped before preprocessing (empty: the whole frame)
+    roi: tuple[float, ...] = ()
+    roi_units: roi.Units = "pixels"  # or "fraction" (of the frame's width and height)
+    # capture of an RTSP/HTTP URL: RTSP over TCP (or "udp"; "auto": FFmpeg's default)
+    transport: Literal["tcp", "udp", "auto"] = "tcp"
+    open_timeout_s: float = 10.0  # capture of a URL: give up connecting after this long
+    read_timeout_s: float = 5.0  # capture of a URL: a stream silent this long has failed
+    # [[sources]] only (runtime/choice/joint.py, docs/sources.md): the model inspecting this source,
+    # a bundled model's name or a path ("": the [model] section's), and that model's tiling
+    model: str = ""
+    tiling: bool = False
+    tile_size: int = 0  # frame pixels per tile side; 0: the model input's size
+    tile_overlap: float = 0.2
+
+    def validate(self) -> tuple[str, str] | None:
+        if self.name and not NAME.match(self.name):
+            return "name", (f"must be 1-64 letters, digits, '_', '.' or '-', got "
+                            f"{self.name!r}")
+        if self.max_pixels < 1:
+            return "max_pixels", f"must be >= 1, got {self.max_pixels}"
+        if self.kind in ("folder", "capture") and not self.path:
+            return "path", f"source kind {self.kind!r} needs a path"
+        if self.kind == "trigger" and not self.topic:
+            return "topic", "source kind 'trigger' needs an MQTT topic"
+        if not 0 <= self.defect_rate <= 1:
+            return "defect_rate", f"must be within 0..1, got {self.defect_rate}"
+        if self.rate_hz < 0:
+            return "rate_hz", f"must be >= 0, got {self.rate_hz}"
+        # the synthetic conveyor keeps a pool of 256 rendered parts: 0 or less killed the
+        # capture thread at its first render, 5000 px would be 19 GB of pool
+        if not 1 <= self.size <= MAX_SYNTHETIC_SIZE:
+            return "size", f"must be 1..{MAX_SYNTHETIC_SIZE} pixels, got {self.size}"
+        if self.open_timeout_s <= 0 or self.read_timeout_s <= 0:
+            return "open_timeout_s", (f"open_timeout_s and read_timeout_s must be > 0, got "
+                                      f"{self.open_timeout_s} and {self.read_timeout_s}")
+        if self.model or self.tiling:
+            from runtime.frames.multisource import check_model
+
+            if problem := check_model(self):
+                return problem
+        if problem := roi.check(self.roi, self.roi_units):
+            return "roi", problem
+        if self.roi and self.kind == "synthetic":  # its frame size is known now
+            try:
+                roi.resolve(self.roi, self.roi_units, self.size, self.size, "roi")
+            except roi.RoiError as e:
+                return "roi", str(e)
+        return None
+
+
+@dataclass
+class Frame:
+    """One image to inspect."""
+
+    image: np.ndarray  # HxWx3 uint8 BGR
+    ref: str  # where it came from: file name, frame number, trigger id
+    t: float = field(default_factory=time.time)
+    truth: str | None = None  # synthetic frames know their class (for live accuracy)
+    done: object = None  # folder: callback key, marked done once the result is stored
+    source: str = ""  # the name of the source it came from (set by the pipeline)
+
+
+class Source(Protocol):
+    """What the pipeline needs from a source."""
+
+    live: bool
+
+    def read(self, timeout_s: float) -> Frame | None:
+        """The next frame, or None when nothing arrived within the timeout."""
+        ...
+
+    def done(self, frames: list[Frame]) -> None:
+        """These frames' results are durable (folder sources remember them then)."""
+        ...
+
+    def close(self) -> None:
+        """Release the device, file or subscription."""
+        ...
+
+
+class _PartPool:
+    """Rendered parts, shared by every synthetic source of the same seed, size and defect
+    rate in the process, filled by one background thread.
+
+    Rendering one part costs ~20 ms of CPU (~80 ms wall on a loaded two-core box), more than
+    a fast line or several cameras allow, and it is the simulated camera's cost, not the
+    inspection's: so the first part is rendered at once, the rest of the `n` parts in the
+    background while sources already draw from what exists. One part is rendered per frame
+    drawn (`drawn`), as the sources used to render their own: the CPU spent is the same,
+    only no frame waits for it."""
+
+    _pools: ClassVar[dict[tuple, _PartPool]] = {}
+    _lock = threading.Lock()
+
+    def __init__(self, seed: int, size: int, defect_rate: float, n: int):
+        from models.synthetic import CLASSES, render
+
+        self._render, self.classes = render, CLASSES
+        self._rng = np.random.default_rng(seed)
+        self._size, self._defect_rate, self._n = size, defect_rate, n
+        self.parts: list[tuple[np.ndarray, str]] = [self._one()]
+        self.ready = threading.Event()  # every part rendered
+        self._users = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._credits = threading.Semaphore(0)  # frames drawn, not yet matched by a render
+
+    @classmethod
+    def acquire(cls, seed: int, size: int, defect_rate: float, n: int) -> _PartPool:
+        """The pool for these settings (made on first use), filling while anyone uses it."""
+        with cls._lock:
+            key = (seed, size, defect_rate, n)
+            pool = cls._pools.get(key)
+            if pool is None:
+                pool = cls._pools[key] = cls(seed, size, defect_rate, n)
+            pool._users += 1
+            if not pool.ready.is_set() and pool._thread is None:
+                pool._stop.clear()
+                pool._thread = threading.Thread(target=pool._fill, name="synthetic-render",
+                                                daemon=True)
+                pool._thread.start()
+            return pool
+
+    def release(self) -> None:
+        """One user fewer; the last one stops the filling thread and waits for it (a thread
+        still inside OpenCV when the interpreter exits aborts the process)."""
+        with self._lock:
+            self._users -= 1
+            thread = self._thread if self._users == 0 else None
+            if thread is not None:
+                self._stop.set()
+                self._thread = None
+        if thread is not None:
+            thread.join(10)
+
+    @classmethod
+    def stop_all(cls) -> None:
+        """At exit: stop every filling thread, even of sources nobody closed."""
+        with cls._lock:
+            pools = list(cls._pools.values())
+        for pool in pools:
+            pool._stop.set()
+            if pool._thread is not None:
+                pool._thread.join(10)
+
+    def _one(self) -> tuple[np.ndarray, str]:
+        defect = self._rng.random() < self._defect_rate
+        label = int(self._rng.integers(1, len(self.classes))) if defect else 0
+        return self._render(self._rng, label, self._size), self.classes[label]
+
+    def drawn(self) -> None:
+        """A source drew a part: one more may be rendered."""
+        if not self.ready.is_set():
+            self._credits.release()
+
+    def _fill(self) -> None:
+        while len(self.parts) < self._n and not self._stop.is_set():
+            if self._credits.acquire(timeout=0.2):
+                self.parts.append(self._one())  # list.append is atomic; readers see a prefix
+        if len(self.parts) >= self._n:
+            self.ready.set()
+
+
+atexit.register(_PartPool.stop_all)
+
+
+class SyntheticConveyor:
+    """Parts from the bundled model's dataset generator at a steady rate (a simulated camera).
+
+    Parts come from a pool of `POOL` rendered parts (see _PartPool), drawn at random by each
+    source's own generator (seeded by `seed` and the source's name, so two cameras on the same
+    line do not show the same sequence)."""
+
+    live = True
+    POOL = 256
+
+    def __init__(self, cfg: SourceConfig):
+        self._cfg = cfg
+        self.pool = _PartPool.acquire(cfg.seed, cfg.size, cfg.defect_rate, self.POOL)
+        self._closed = False
+        self._rng = np.random.default_rng([cfg.seed, zlib.crc32(cfg.name.encode())])
+        self._n = 0
+        self._next_t = time.monotonic()
+
+    def read(self, timeout_s: float) -> Frame | None:
+        """The next part; paced to `rate_hz`."""
+        if self._cfg.rate_hz > 0:
+            wait = self._next_t - time.monotonic()
+            if wait > timeout_s:
+                time.sleep(timeout_s)
+                return None
+            if wait > 0:
+                time.sleep(wait)
+            self._next_t = max(self._next_t + 1 / self._cfg.rate_hz, time.monotonic() - 1)
+        self._n += 1
+        parts = self.pool.parts
+        img, truth = parts[int(self._rng.integers(len(parts)))]
+        self.pool.drawn()
+        return Frame(img.copy(), f"part-{self._n}", truth=truth)
+
+    def done(self, frames: list[Frame]) -> None:
+        """Nothing to remember."""
+
+    def close(self) -> None:
+        """Let go of the pool (its parts stay for the next source of the same settings)."""
+        if not self._closed:
+            self._closed = True
+            self.pool.release()
+
+
+def _move(src: Path, dst: Path) -> None:
+    """Move a file, also to another filesystem (a done_dir on a USB disk or a NAS mount: a
+    rename fails there with EXDEV, and every file stayed where it was, with a warning each):
+    copied to a hidden name beside `dst`, renamed into place, then the original removed.
+    A file of that name already in `dst`'s directory (a camera that always writes
+    `part.png`) is kept as `<stem>~<its mtime in ns><suffix>`: it was overwritten, and every
+    inspected image but the last was lost."""
+    if dst.exists():
+        st = dst.stat()
+        aside = dst.with_name(f"{dst.stem}~{st.st_mtime_ns}{dst.suffix}")
+        n = 1
+        while aside.exists():
+            aside = dst.with_name(f"{dst.stem}~{st.st_mtime_ns}-{n}{dst.suffix}")
+            n += 1
+        dst.rename(aside)
+    try:
+        src.rename(dst)
+        return
+    except OSError as e:
+        if e.errno != errno.EXDEV:
+            raise
+    tmp = dst.with_name(f".{dst.name}.part")
+    try:
+        shutil.copy2(src, tmp)
+        os.replace(tmp, dst)
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    src.unlink()
+
+
+class FolderSource:
+    """Images in a directory, each inspected exactly once, even across restarts.
+
+    Seen files are remembered in a small SQLite table (path + size + mtime) after their result
+    is durable; with `done_dir` they are moved there instead. A file that is refused
+    (frames/images.py: too large, truncated, corrupt, not an image, unreadable) is remembered
+    as bad with its kind, moved to `<done_dir>/rejected/` when there is a done_dir, and raised
+    as BadFrame once; it is never retried (not even after a restart: the table knows it).
+    """
+
+    live = False
+    SETTLE_S = 1.0
+    RESCAN_S = 2.0  # an unchanged directory is listed again this often
+    _EXT = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".ppm", ".tif", ".tiff", ".webp"})
+
+    def __init__(self, cfg: SourceConfig, state_dir: Path):
+        self._dir = Path(cfg.path).expanduser()
+        self._cfg = cfg
+        try:
+            is_dir = self._dir.is_dir()
+        except (OSError, ValueError) as e:  # too long a name: OSError ended the thread
+            raise SourceError(f"source.path {str(self._dir)[:200]}: {e}"[:300]) from e
+        if not is_dir:
+            raise SourceError(f"source.path {self._dir}: not a directory")
+        self._done_dir = Path(cfg.done_dir).expanduser() if cfg.done_dir else None
+        # Anything raised here but a SourceError ended the capture thread: the daemon ran on,
+        # inspecting nothing, without a word. A SourceError is reported and retried.
+        try:
+            if self._done_dir is not None:
+                self._done_dir.mkdir(parents=True, exist_ok=True)
+            state_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise SourceError(f"source.done_dir {self._done_dir} or the state directory "
+                              f"{state_dir}: {e.strerror or e}") from e
+        key = hashlib.sha256(str(self._dir.resolve()).encode()).hexdigest()[:12]
+        self._db = self._open_seen(state_dir / f"folder-{key}.db")
+        self._lock = threading.Lock()
+        # Every key remembered on disk or queued by this process: checked in memory so a
+        # file being finished by the infer thread is never queued a second time.
+        self._known: set[str] = {k for (k,) in self._db.execute("SELECT key FROM seen")}
+        self._names: set[str] = set()  # names seen by this process (a replaced file with the
+        # same name is not inspected again until a restart; use done_dir for that workflow:
+        # a name moved away is forgotten, so the next file of that name is inspected)
+        self._backlog: collections.deque[tuple[Path, str]] = collections.deque()
+        # Files stamped in the future: name -> ((size, mtime_ns), monotonic time first seen so)
+        self._ahead: dict[str, tuple[tuple[int, int], float]] = {}
+        self._ahead_warned = False
+        # An idle folder is rescanned only when the directory changed (its mtime moves when a
+        # name is added, removed or renamed), while a file seen last time is still settling,
+        # or every RESCAN_S anyway (coarse directory times on FAT or NFS): a scan of 100,000
+        # inspected files costs ~37 ms of CPU, and every 20 ms that was 55 % of a core, idle.
+        self._dir_mtime_ns: int | None = None
+        self._last_scan = -math.inf
+        self._settling = False
+
+    def _open_seen(self, path: Path) -> sqlite3.Connection:
+        """The seen-files table. A damaged file (power loss on an SD card) is moved aside and
+        the folder inspected again (a new result for each file still there: never skipped);
+        one that cannot be opened now (locked, I/O error) is a SourceError, retried."""
+        def connect() -> sqlite3.Connection:
+            db = sqlite3.connect(path, check_same_thread=False)
+            try:
+                db.execute("PRAGMA journal_mode=WAL")
+                # NORMAL: survives a crash of the process; after a power loss the last few
+                # files may be inspected again (a new result each), never skipped.
+                db.execute("PRAGMA synchronous=NORMAL")
+                db.execute("CREATE TABLE IF NOT EXISTS seen (key TEXT PRIMARY KEY, "
+                           "status TEXT)")
+                db.execute("SELECT COUNT(*) FROM seen").fetchone()
+            except BaseException:
+                db.close()
+                raise
+            return db
+
+        try:
+            return connect()
+        except sqlite3.OperationalError as e:
+            raise SourceError(f"folder state {path}: cannot open it ({e}); retrying") from e
+        except sqlite3.DatabaseError as e:
+            aside = path.with_name(f"{path.name}.corrupt-{int(time.time())}")
+            for suffix in ("", "-wal", "-shm"):
+                with contextlib.suppress(FileNotFoundError):
+                    Path(f"{path}{suffix}").rename(f"{aside}{suffix}")
+            log.error("folder state %s is damaged (%s); moved it to %s: every file in %s is "
+                      "inspected again", path, e, aside, self._dir)
+            try:
+                return connect()
+            except sqlite3.DatabaseError as e2:
+                raise SourceError(f"folder state {path}: cannot make a new one: {e2}") from e2
+
+    def _settled_ahead(self, name: str, st: os.stat_result, now: float) -> bool:
+        """Whether a file stamped in the future has settled. Its mtime cannot say (it was
+        copied with its times kept from a clock ahead of this box's, or this box's clock is
+        behind: no RTC, before NTP), so it must be seen unchanged for SETTLE_S instead;
+        otherwise it would wait, silently, until this box's clock passed its stamp."""
+        sig = (st.st_size, st.st_mtime_ns)
+        seen = self._ahead.get(name)
+        mono = time.monotonic()
+        if seen is None or seen[0] != sig:
+            if seen is None and not self._ahead_warned:
+                self._ahead_warned = True  # once per process: every file may be ahead
+                log.warning("folder %s: %s is stamped %.0f s in the future (clock skew between "
+                            "its writer and this box?); inspecting it once it has stayed "
+                            "unchanged for %.1f s", self._dir, name.encode("unicode_escape")
+                            .decode("ascii"), st.st_mtime - now, self.SETTLE_S)
+            self._ahead[name] = (sig, mono)
+            return False
+        if mono - seen[1] < self.SETTLE_S:
+            return False
+        del self._ahead[name]
+        return True
+
+    def _note_subdir(self, name: str) -> None:
+        """Say once that a sub-directory is not looked into (a labelled val set copied in,
+        `inbox/dent/*.png`, was inspected by nobody, without a word)."""
+        self._names.add(name)  # once per process, and no is_dir for it again
+        if self._done_dir is not None and (self._dir / name).resolve() == \
+                self._done_dir.resolve():
+            return  # the done_dir kept inside the inbox: meant to be there
+        log.warning("folder %s: %s/ is a sub-directory; the folder source inspects only the "
+                    "files directly in %s (move its images up to have them inspected)",
+                    self._dir, name.encode("unicode_escape").decode("ascii"), self._dir)
+
+    def _changed(self) -> bool:
+        """Whether a scan could find something new (see `_dir_mtime_ns`)."""
+        try:
+            mtime = os.stat(self._dir).st_mtime_ns
+        except OSError:
+            return True  # the scan says what happened
+        # a directory changed within RESCAN_S is listed every time: its mtime is coarse (a
+        # name added in the same tick as the last listing would not move it)
+        return (mtime != self._dir_mtime_ns or self._settling
+                or time.time() - mtime / 1e9 < self.RESCAN_S
+                or time.monotonic() - self._last_scan >= self.RESCAN_S)
+
+    def _scan(self) -> None:
+        now = time.time()
+        fresh = []
+        looked: set[str] = set()  # future-stamped names met in this scan
+        settling = False
+        # before listing: a name added while the listing runs moves the mtime past this
+        with contextlib.suppress(OSError):
+            self._dir_mtime_ns = os.stat(self._dir).st_mtime_ns
+        self._last_scan = time.monotonic()
+        with os.scandir(self._dir) as it:
+            for entry in it:
+                # Names already handled are skipped without a stat: a folder holding many
+                # thousands of inspected files must not cost a syscall each per scan.
+                if entry.name in self._names or os.path.splitext(entry.name)[1].lower() \
+                        not in self._EXT:
+                    if entry.name not in self._names and entry.is_dir(follow_symlinks=False):
+                        self._note_subdir(entry.name)
+                    continue
+                try:
+                    st = entry.stat()
+                except FileNotFoundError:
+                    continue
+                # A file still being written changes size and mtime under us; wait until
+                # it has settled (writers that rename into place keep their old mtime).
+                if not entry.is_file():
+                    continue
+                age = now - st.st_mtime
+                if -self.SETTLE_S < age < self.SETTLE_S:
+                    settling = True
+                    continue  # written just now
+                if age <= -self.SETTLE_S:  # stamped in the future: watch it settle
+                    looked.add(entry.name)
+                    if not self._settled_ahead(entry.name, st, now):
+                        settling = True
+                        continue
+                key = f"{entry.name}|{st.st_size}|{st.st_mtime_ns}"
+                self._names.add(entry.name)
+                if key not in self._known:
+                    self._known.add(key)
+                    fresh.append((Path(entry.path), key))
+        for name in self._ahead.keys() - looked:  # gone since the last scan: forget it
+            del self._ahead[name]
+        self._settling = settling
+        self._backlog.extend(sorted(fresh))
+
+    def read(self, timeout_s: float) -> Frame | None:
+        """The next unseen file, oldest name first; None while the folder has nothing new."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if not self._backlog and self._changed():
+                try:
+                    self._scan()
+                except OSError as e:  # unmounted, removed, no permission: retried, reported
+                    raise SourceError(f"source.path {self._dir}: cannot list it: "
+                                      f"{e.strerror or e}") from e
+            while self._backlog:
+                p, key = self._backlog.popleft()
+                t0 = time.time()  # before decoding: end-to-end latency includes it
+                try:
+                    img = images.decode(images.read_file(p, self._cfg.max_pixels),
+                                        self._cfg.max_pixels)
+                except BadImage as e:
+                    self._reject(p, key, e.kind)
+                    raise BadFrame(p.name, e.kind, str(e)) from e
+                return Frame(img, p.name, t=t0, done=(key, p))
+            if not self._cfg.watch or time.monotonic() >= deadline:
+                return None
+            time.sleep(min(0.02, max(0.0, deadline - time.monotonic())))
+
+    def _reject(self, path: Path, key: str, kind: str) -> None:
+        """Remember a refused file first (so it is never retried, even if the move fails),
+        then move it out of the way when there is a done_dir."""
+        self._remember([key], kind)
+        if self._done_dir is None:
+            return
+        rejected = self._done_dir / "rejected"
+        try:
+            rejected.mkdir(exist_ok=True)
+            _move(path, rejected / path.name)
+            self._names.discard(path.name)
+        except OSError as e:
+            log.warning("could not move refused %s to %s: %s; it stays, remembered as %s",
+                        path, rejected, e, kind)
+
+    def _remember(self, keys: list[str], status: str) -> None:
+        try:
+            with self._lock, self._db:  # one transaction
+                self._db.executemany("INSERT OR REPLACE INTO seen VALUES (?,?)",
+                                     [(k, status) for k in keys])
+        except sqlite3.Error as e:
+            # Disk full or an I/O error: this process still knows them (`_known`), so
+            # nothing is inspected twice now; after a restart they are inspected again
+            # (never skipped). Raising here ended the capture or the infer thread.
+            log.error("folder state: could not record %d file(s) as %s (%s); they will be "
+                      "inspected again after a restart", len(keys), status, e)
+
+    def done(self, frames: list[Frame]) -> None:
+        """Remember the files (or move them to done_dir) now that their results are stored."""
+        for frame in frames:
+            _, path = frame.done  # type: ignore[misc]
+            if self._done_dir is not None:
+                try:
+                    _move(path, self._done_dir / path.name)
+                    self._names.discard(path.name)
+                except OSError as e:
+                    log.warning("could not move %s to %s: %s; remembering it instead", path,
+                                self._done_dir, e)
+        self._remember([f.done[0] for f in frames], "done")  # type: ignore[index]
+
+    def close(self) -> None:
+        """Close the seen-files table."""
+        with self._lock:
+            self._db.close()
+
+
+_FFMPEG_OPTIONS = "OPENCV_FFMPEG_CAPTURE_OPTIONS"
+_FFMPEG_LEVEL = "OPENCV_FFMPEG_LOGLEVEL"
+# The capture options travel in the environment, read by FFmpeg during the open: one open
+# at a time (OpenCV itself serialises FFmpeg opens in a process, with a lock of its own).
+_env_lock = threading.Lock()
+_quieted = False
+
+
+def redact(url: str) -> str:
+    """A URL fit for logs and events: `user:password@` becomes `***@`."""
+    return re.sub(r"(?<=://)[^/@\s]*@", "***@", url)
+
+
+def quiet_ffmpeg(debug: bool | None = None) -> None:
+    """Keep FFmpeg's and OpenCV's own lines off the terminal and the journal.
+
+    FFmpeg (inside OpenCV) writes from C straight to the process's stdout/stderr; OpenCV
+    offers Python no per-message hook, so those lines cannot be turned into log records. What
+    can be set is their level: FFmpeg's is read from OPENCV_FFMPEG_LOGLEVEL when OpenCV first
+    uses FFmpeg, OpenCV's own (its VIDEOIO warnings) with cv2.utils.logging. Unless the
+    operator set those variables, both are silenced, except with `-v` (debug logging), where
+    FFmpeg's warnings appear on stdout prefixed `[OPENCV:FFMPEG:24]`. The daemon says itself
+    what failed (open or read timeout, refused), see CaptureSource. Once per process."""
+    global _quieted
+    if _quieted:
+        return
+    _quieted = True
+    if debug is None:
+        debug = logging.getLogger("edgerun").isEnabledFor(logging.DEBUG)
+    if _FFMPEG_LEVEL not in os.environ:
+        os.environ[_FFMPEG_LEVEL] = "24" if debug else "-8"  # AV_LOG_WARNING / AV_LOG_QUIET
+    if "OPENCV_LOG_LEVEL" not in os.environ and not debug:
+        cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_ERROR)
+
+
+class CaptureSource:
+    """cv2.VideoCapture on a V4L2 device index, a video file or an RTSP/HTTP URL. A video file
+    ends after its last frame (SourceEnded), or starts again with `loop`; a camera or stream
+    that stops delivering raises SourceError (the pipeline re-opens it with backoff).
+
+    A URL is opened through FFmpeg with `open_timeout_s` and `read_timeout_s` (OpenCV's
+    CAP_PROP_OPEN/READ_TIMEOUT_MSEC) and, for RTSP, the `transport` (FFmpeg's
+    `rtsp_transport` through OPENCV_FFMPEG_CAPTURE_OPTIONS; an operator's own value of that
+    variable is kept and wins)."""
+
+    def __init__(self, cfg: SourceConfig):
+        self._cfg = cfg
+        self._target: int | str = int(cfg.path) if cfg.path.isdigit() else cfg.path
+        self._url = isinstance(self._target, str) and "://" in self._target
+        self._shown = redact(cfg.path)
+        try:  # a path the filesystem refuses (too long) raised OSError: a dead thread
+            self.live = not Path(str(self._target)).is_file()
+        except (OSError, ValueError):
+            self.live = True  # not a file: a camera or a stream (the open then says)
+        self._loop = cfg.loop and not self.live
+        quiet_ffmpeg()  # before FFmpeg's first use in this process: it reads its level once
+        t0 = time.monotonic()
+        self._cap = self._open()
+        if not self._cap.isOpened():
+            took = time.monotonic() - t0
+            if self._url and took >= cfg.open_timeout_s * 0.9:
+                raise SourceError(f"source.path {self._shown!r}: no stream within "
+                                  f"{cfg.open_timeout_s:g} s (open_timeout_s): the server "
+                                  "does not answer")
+            raise SourceError(f"source.path {self._shown!r}: cannot open (no such camera, "
+                              "file or stream, or the server refused)")
+        self._n = 0
+        self._pass_n = 0  # frames read since the file was (re)opened
+
+    def _open(self) -> cv2.VideoCapture:
+        if not self._url:
+            return cv2.VideoCapture(self._target)
+        cfg = self._cfg
+        params = [cv2.CAP_PROP_OPEN_TIMEOUT_MSEC, int(cfg.open_timeout_s * 1000),
+                  cv2.CAP_PROP_READ_TIMEOUT_MSEC, int(cfg.read_timeout_s * 1000)]
+        with _env_lock:
+            before = os.environ.get(_FFMPEG_OPTIONS)
+            opts = before or ""
+            if (str(self._target).lower().startswith("rtsp") and cfg.transport != "auto"
+                    and "rtsp_transport" not in opts):
+                opts = "|".join(x for x in (opts, f"rtsp_transport;{cfg.transport}") if x)
+            if opts:
+                os.environ[_FFMPEG_OPTIONS] = opts
+            try:  # FFmpeg reads the variable during this call
+                return cv2.VideoCapture(self._target, cv2.CAP_FFMPEG, params)
+            finally:
+                if before is None:
+                    os.environ.pop(_FFMPEG_OPTIONS, None)
+                else:
+                    os.environ[_FFMPEG_OPTIONS] = before
+
+    def _next(self) -> np.ndarray | None:
+        t0 = time.monotonic()
+        ok, img = self._cap.read()
+        if ok and img is not None:
+            return img
+        if self.live:
+            if self._url and time.monotonic() - t0 >= self._cfg.read_timeout_s * 0.9:
+                raise SourceError(f"{self._shown}: no frame for {self._cfg.read_timeout_s:g} s "
+                                  "(read_timeout_s): the stream stalled")
+            raise SourceError(f"{self._shown}: no frame (camera unplugged or stream down)")
+        if not self._loop:
+            raise SourceEnded(f"{self._target}: end of the video file after {self._n} frames; "
+                              "the source has ended (set [source] loop = true to play it "
+                              "again)")
+        if self._pass_n == 0:  # a looped file that gives nothing would spin
+            raise SourceError(f"{self._target}: no frame from the start of the video file")
+        self._cap.release()  # rewind by re-opening: seeking is unreliable across containers
+        self._cap, self._pass_n = self._open(), 0
+        ok, img = self._cap.read()
+        if not ok or img is None:
+            raise SourceError(f"{self._target}: no frame after re-opening the video file to "
+                              "loop it")
+        return img
+
+    def read(self, timeout_s: float) -> Frame | None:
+        """The next decoded frame; SourceEnded after a video file's last frame (unless it
+        loops), SourceError when the device or stream stops delivering."""
+        t0 = time.time()
+        img = self._next()
+        self._n += 1
+        self._pass_n += 1
+        if img.ndim == 2:
+            img = cv2.cvtColor(img, cv2.COLOR_GRAY2BGR)
+        return Frame(img, f"frame-{self._n}", t=t0)
+
+    def done(self, frames: list[Frame]) -> None:
+        """Nothing to remember."""
+
+    def close(self) -> None:
+        """Release the capture."""
+        self._cap.release()
+
+
+class TriggerSource:
+    """Inspect on an MQTT message (e.g. from a PLC bridge). The payload is the image itself
+    (PNG/JPEG bytes) or a path to one. Messages are queued, never dropped; the subscription
+    is a persistent QoS 1 session so triggers sent while the daemon restarts still arrive."""
+
+    live = False
+
+    def __init__(self, cfg: SourceConfig, broker, client_id: str):
+        from runtime.wire.mqtt import Connection
+
+        self._q: queue.Queue = queue.Queue()
+        self._cfg = cfg
+        self._topic = cfg.topic
+        # The shared connection thread (backoff, protocol probe, exception containment); a
+        # fixed client id with a persistent session, so triggers sent while the daemon
+        # restarts are queued by the broker.
+        self._conn = Connection(
+            broker, client_id, name="trigger-mqtt", subscriptions=[(self._topic, 1)],
+            on_message=lambda c, m: self._q.put((m.payload, m.mid)), clean=False,
+            session_expiry_s=7 * 24 * 3600,
+            on_takeover=lambda why: log.error("trigger source: %s", why)).start()
+        self._n = 0
+
+    def read(self, timeout_s: float) -> Frame | None:
+        """The next triggered image; a refused payload raises BadFrame (counted, skipped)."""
+        try:
+            payload, _ = self._q.get(timeout=timeout_s)
+        except queue.Empty:
+            return None
+        self._n += 1
+        ref = f"trigger-{self._n}"
+        try:
+            img = decode_payload(bytes(payload), self._cfg.max_pixels)
+        except BadImage as e:
+            raise BadFrame(ref, e.kind, f"on {self._topic}: {e}") from e
+        return Frame(img, ref)
+
+    def done(self, frames: list[Frame]) -> None:
+        """Nothing to remember."""
+
+    def close(self) -> None:
+        """Stop the trigger's MQTT connection."""
+        self._conn.stop()
+
+
+def decode_payload(payload: bytes, max_pixels: int) -> np.ndarray:
+    """A trigger payload: image bytes (any format frames/images.py checks) or, when it is not
+    one, a short UTF-8 path to an image file. BadImage when it is neither."""
+    if images.sniff(payload) is None and 0 < len(payload) < 4096:
+        try:
+            path = Path(payload.decode("utf-8").strip())
+        except UnicodeDecodeError:
+            path = None
+        try:  # a name the filesystem refuses (ENAMETOOLONG: any 256 bytes of text) raised
+            # OSError out of the trigger source, which ended its capture thread
+            is_file = path is not None and str(path) not in ("", ".") and path.is_file()
+        except (OSError, ValueError):
+            is_file = False
+        if is_file:
+            return images.decode(images.read_file(path, max_pixels), max_pixels)
+    return images.decode(payload, max_pixels)
+
+
+def open_source(cfg: SourceConfig, state_dir: Path, broker=None, client_id: str = "") -> Source:
+    """The configured source; SourceError when it cannot be opened right now."""
+    if cfg.kind == "synthetic":
+        return SyntheticConveyor(cfg)
+    if cfg.kind == "folder":
+        return FolderSource(cfg, state_dir)
+    if cfg.kind == "capture":
+        return CaptureSource(cfg)
+    if broker is None or not broker.host:
+        raise SourceError("source kind 'trigger' needs telemetry.broker.host")
+    return TriggerSource(cfg, broker, f"{client_id}-trigger")

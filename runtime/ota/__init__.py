@@ -1,0 +1,1 @@
+"""Model updates: bundles, their download and install, the on-device model store."""

@@ -1,0 +1,290 @@
+"""On-device model versions: side by side in the state directory, one atomic `current` pointer.
+
+    <state_dir>/models/
+        versions/<name>@<version>/   verified model directories (manifest + variants)
+        staging/                     bundles being unpacked (removed at start)
+        downloads/                   partial and complete downloads (resumed)
+        current.json                 {"current": id, "previous": id|null, "probation": {...}|null,
+                                      "rejected": {id: reason}}
+
+An install runs download -> verify (unpack into staging, fsync, rename into versions/) ->
+profile -> swap. The swap is the only step that changes what is served: the new pointer is
+written to a temporary file, fsynced, renamed over `current.json` and the directory fsynced,
+so after a `kill -9` or power cut at any point the pointer names either the old version or the
+new one, and each names a complete verified directory (a version directory appears only by
+rename after every file was checked and fsynced). Nothing is served from staging. The previous
+version is kept for rollback; older ones are removed.
+
+`EDGERUN_CRASH_AT=<step>` (tests only) makes the process SIGKILL itself at that step:
+`download`, `verify`, `profile`, `swap` (new pointer written, not yet renamed), `swapped`,
+and `serving` (the daemon at start, once it chose what to serve: a crash loop).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # runtime.config imports this module: bundle/manifest are imported late
+    from runtime.ota.bundle import BundleInfo
+
+log = logging.getLogger("edgerun.models")
+
+MANIFEST = "manifest.json"  # runtime.engine.manifest.MANIFEST (not imported: see above)
+POINTER = "current.json"
+VERSION = 1
+
+
+@dataclass(frozen=True)
+class ModelsConfig:
+    """The `[models]` section: who may publish models, and how a new one is judged."""
+
+    publisher_keys: tuple[str, ...] = ()  # Ed25519 public keys (PEM) trusted to sign bundles
+    max_bundle_mb: float = 512.0  # a bundle (download or header) over this is refused
+    min_free_mb: float = 64.0  # free space that must remain in the state dir after a download
+    probation_frames: int = 200  # frames on the new model before it is judged
+    agreement_floor: float = 0.8  # top-1 agreement with the old model on the shadow sample
+    shadow_every: int = 5  # every Nth frame is also run on the old model during probation
+    max_error_rate_increase: float = 0.01  # inference errors per frame, over the old model's
+    energy_factor: float = 1.5  # energy per inference may be at most this times the old one
+    crash_boots: int = 3  # starts in probation without passing: a crash loop, roll back
+    # How a deployed bundle is fetched (runtime/ota/bundle_mqtt.py): "http" from the coordinator's
+    # API, "mqtt" in chunks through the broker, "auto" HTTP and MQTT when the API is unreachable
+    fetch: str = "auto"
+    mqtt_chunk_kb: int = 128  # bytes asked per MQTT request (a coordinator sends <= 256 KiB)
+    mqtt_window: int = 8  # MQTT requests outstanding at once (a coordinator queues <= 16)
+    mqtt_timeout_s: float = 10.0  # re-ask a chunk unanswered this long; 4x without data: fail
+
+    def validate(self) -> tuple[str, str] | None:
+        if self.max_bundle_mb <= 0 or self.min_free_mb < 0:
+            return "max_bundle_mb", "max_bundle_mb must be > 0 and min_free_mb >= 0"
+        if not 0.0 <= self.agreement_floor <= 1.0:
+            return "agreement_floor", f"must be within 0..1, got {self.agreement_floor}"
+        if self.probation_frames < 1 or self.shadow_every < 1 or self.crash_boots < 1:
+            return "probation_frames", "probation_frames, shadow_every, crash_boots must be >= 1"
+        if self.fetch not in ("auto", "http", "mqtt"):
+            return "fetch", f"must be \"auto\", \"http\" or \"mqtt\", got {self.fetch!r}"
+        if not 1 <= self.mqtt_chunk_kb <= 256 or not 1 <= self.mqtt_window <= 16 \
+                or self.mqtt_timeout_s <= 0:
+            return "mqtt_chunk_kb", ("need 1 <= mqtt_chunk_kb <= 256, 1 <= mqtt_window <= 16, "
+                                     "mqtt_timeout_s > 0")
+        if self.energy_factor < 1.0 or self.max_error_rate_increase < 0:
+            return "energy_factor", "energy_factor must be >= 1, max_error_rate_increase >= 0"
+        return None
+
+
+def crash_point(step: str) -> None:
+    """Tests only: SIGKILL this process when $EDGERUN_CRASH_AT names `step`."""
+    if os.environ.get("EDGERUN_CRASH_AT") == step:
+        log.warning("EDGERUN_CRASH_AT=%s: killing this process (test hook)", step)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+
+def write_atomic(path: Path, doc: Any) -> None:
+    """Write JSON to `path` so that a crash leaves the old or the new file, never a mix:
+    temp file, fsync, rename, fsync the directory."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with tmp.open("w") as f:
+        f.write(json.dumps(doc, indent=1))
+        f.flush()
+        os.fsync(f.fileno())
+    if path.name == POINTER:
+        crash_point("swap")
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+class ModelStore:
+    """The versions in `<state_dir>/models` and the pointer to the one to serve."""
+
+    def __init__(self, state_dir: str | Path):
+        self.root = Path(state_dir).expanduser() / "models"
+        self.versions = self.root / "versions"
+        self.staging = self.root / "staging"
+        self.downloads = self.root / "downloads"
+        for d in (self.versions, self.staging, self.downloads):
+            d.mkdir(parents=True, exist_ok=True)
+        self.pointer = self.root / POINTER
+
+    # -- the pointer --------------------------------------------------------------------------
+
+    def read(self) -> dict[str, Any]:
+        """The pointer document (empty fields when none was ever written). An unreadable one
+        is moved aside and logged: the configured model is served, never a guess."""
+        empty = {"v": VERSION, "current": None, "previous": None, "probation": None,
+                 "rejected": {}}
+        try:
+            doc = json.loads(self.pointer.read_text())
+            if not isinstance(doc, dict) or doc.get("v") != VERSION:
+                raise ValueError("unknown version")
+            doc = {**empty, **doc}
+            # a field of the wrong type raised TypeError/AttributeError at every start
+            for key, types in (("current", (str, type(None))), ("previous", (str, type(None))),
+                               ("probation", (dict, type(None))), ("rejected", (dict,))):
+                if not isinstance(doc[key], types):
+                    raise ValueError(f"{key} is a {type(doc[key]).__name__}")
+            return doc
+        except FileNotFoundError:
+            return empty
+        except (OSError, ValueError, RecursionError) as e:  # deep nesting stopped every start
+            bad = self.pointer.with_name(POINTER + ".bad")
+            log.error("model pointer %s unreadable (%s): moved to %s; serving the configured "
+                      "model", self.pointer, e, bad)
+            with contextlib.suppress(OSError):
+                os.replace(self.pointer, bad)
+            return empty
+
+    def _write(self, doc: dict[str, Any]) -> None:
+        write_atomic(self.pointer, doc)
+
+    def path(self, vid: str | None) -> Path | None:
+        """The directory of version `vid` when it is complete (has its manifest)."""
+        if not vid:
+            return None
+        p = self.versions / vid
+        return p if (p / MANIFEST).is_file() else None
+
+    def serving(self) -> tuple[str | None, Path | None]:
+        """(version id, directory) to serve: the pointer's current, else its previous (a
+        current that vanished is logged), else (None, None): the configured model."""
+        doc = self.read()
+        for key in ("current", "previous"):
+            p = self.path(doc.get(key))
+            if p is not None:
+                if key == "previous":
+                    log.error("model version %s named by %s is missing; serving the previous "
+                              "version %s", doc.get("current"), self.pointer, doc["previous"])
+                return doc[key], p
+        return None, None
+
+    def has(self, vid: str) -> bool:
+        """A complete version `vid` is on disk."""
+        return self.path(vid) is not None
+
+    def ids(self) -> list[str]:
+        """Complete versions on disk."""
+        return sorted(p.name for p in self.versions.iterdir() if (p / MANIFEST).is_file())
+
+    def switch(self, vid: str, baseline: dict[str, Any] | None = None) -> None:
+        """Make `vid` current (atomic), keeping the one it replaces as `previous`, and start
+        its probation (`baseline`: the old model's KPIs, see runtime.ota.probation)."""
+        if not self.has(vid):
+            from runtime.ota.bundle import BundleError
+
+            raise BundleError(f"model version {vid} is not on this device")
+        doc = self.read()
+        old = doc.get("current")
+        if old == vid:
+            return
+        # previous None: the configured model ([model] path) is the one to go back to
+        doc.update(current=vid, previous=old,
+                   probation={"since": time.time(), "boots": 0, "baseline": baseline or {}})
+        self._write(doc)
+        crash_point("swapped")
+        self.prune()
+
+    def set_current(self, vid: str | None) -> None:
+        """Record the version served now without probation (the first one, or a choose)."""
+        doc = self.read()
+        if doc.get("current") != vid:
+            doc.update(current=vid, previous=doc.get("current"), probation=None)
+            self._write(doc)
+
+    def passed(self) -> None:
+        """Probation passed: the current version stays, no more boot counting."""
+        doc = self.read()
+        if doc.get("probation") is not None:
+            doc["probation"] = None
+            self._write(doc)
+
+    def rollback(self, reason: str) -> str | None:
+        """Back to the previous version (atomic); the failed one is remembered as rejected
+        with `reason` so it is not installed again. Returns the version now current."""
+        doc = self.read()
+        failed, prev = doc.get("current"), doc.get("previous")
+        if failed:
+            doc["rejected"] = {**doc.get("rejected", {}), failed: reason[:500]}
+        doc.update(current=prev if self.has(prev or "") else None, previous=None,
+                   probation=None)
+        self._write(doc)
+        return doc["current"]
+
+    def boot(self, crash_boots: int) -> str | None:
+        """At daemon start: count a start made during probation; at `crash_boots` the version
+        never passed in that many starts (a crash loop) and is rolled back. Returns the reason
+        of such a rollback, else None. Also clears staging left by a killed install."""
+        for p in self.staging.iterdir():
+            shutil.rmtree(p, ignore_errors=True)
+        doc = self.read()
+        pro = doc.get("probation")
+        if not pro:
+            return None
+        boots = int(pro.get("boots", 0)) + 1
+        if boots >= crash_boots:
+            why = (f"crash loop: {boots} starts while {doc['current']} was in probation "
+                   "without passing it")
+            self.rollback(why)
+            return why
+        doc["probation"] = {**pro, "boots": boots}
+        self._write(doc)
+        return None
+
+    def rejected(self, vid: str) -> str | None:
+        """Why `vid` was rolled back on this device, or None."""
+        return self.read().get("rejected", {}).get(vid)
+
+    # -- installing ---------------------------------------------------------------------------
+
+    def add(self, bundle: Path, trusted: Any, max_bytes: int = 0) -> BundleInfo:
+        """Verify and unpack a bundle into versions/ (unless that version is already there).
+        Raises BundleError with the reason; nothing refused stays on disk."""
+        from runtime.ota.bundle import BundleError, read_info, unpack
+
+        info = read_info(bundle, trusted)
+        if self.has(info.id):
+            return info
+        tmp = self.staging / f"{info.id}.{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+
+        def step(name: str) -> None:
+            crash_point("verify")
+
+        got = unpack(bundle, tmp, trusted, max_bytes, step)
+        if got.id != info.id:  # the bundle changed under us between the two reads
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise BundleError(f"{bundle}: changed while it was being verified")
+        final = self.versions / info.id
+        shutil.rmtree(final, ignore_errors=True)  # an incomplete leftover (no manifest)
+        os.replace(tmp, final)
+        fsync_dir(self.versions)
+        return got
+
+    def prune(self) -> None:
+        """Remove versions other than current and previous (and downloads of them)."""
+        doc = self.read()
+        keep = {doc.get("current"), doc.get("previous")}
+        for p in self.versions.iterdir():
+            if p.name not in keep:
+                shutil.rmtree(p, ignore_errors=True)
+
+
+__all__ = ["ModelStore", "ModelsConfig", "crash_point", "write_atomic"]
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename or a new entry in directory `path` durable (a power cut after a rename
+    can otherwise bring back the old name)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

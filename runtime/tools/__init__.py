@@ -1,0 +1,1 @@
+"""Tools around the product: the demo, simulators, installers, the day report."""

@@ -1,0 +1,396 @@
+"""`edgerun report`: a picture of one device's day, as PNG and HTML.
+
+The timeline comes from the coordinator (`GET /api/v1/devices/{id}/health`, the health it
+stored) or, for a device that is offline or has no coordinator, from the device's own state
+directory (`health-history.jsonl`, see runtime/wire/health_history.py, and `control.json`). Six
+panels share a wall-clock time axis: die temperature with the trip points and the throttled
+spans shaded, the rung, the inference rate, p95 latency against its target, power with the
+energy used since the start of the window, and the battery. A gap of more than three typical
+health intervals (the device was off or unreachable) breaks the lines instead of joining
+across it. The HTML page embeds the PNG (base64) and a table per hour.
+
+matplotlib is an optional extra (`pip install 'edgerun[report]'`); without it the command
+says so and exits 2. It is imported only here, never by the daemon.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import html
+import io
+import itertools
+import json
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from runtime.wire import health_history
+
+PANELS = ("temperature", "rung", "rate", "latency", "power", "battery")
+WIDTH_PX, HEIGHT_PX, DPI = 1400, 1600, 100
+
+
+class MissingExtra(RuntimeError):
+    """matplotlib is not installed."""
+
+
+@dataclass
+class Timeline:
+    """What a report draws: health records (health_history.record), oldest first."""
+
+    device: str
+    source: str  # where the records came from, for the caption
+    records: list[dict[str, Any]]
+    events: list[dict[str, Any]] = field(default_factory=list)  # {"t", "type", "severity"}
+    notes: dict[str, str] = field(default_factory=dict)  # extra facts for the HTML table
+    simulated: bool = False  # `t` is a simulated device's clock (drawn as UTC, labelled so)
+
+
+def _device_clock(tl: Timeline) -> Timeline:
+    """A simulated device (every record has `sim_t`) is drawn on its own clock, a day that
+    runs many times faster than the wall's: records are re-timed to the simulated time of
+    day on the date of the first record, and the caption says so."""
+    if not tl.records or any(r.get("sim_t") is None for r in tl.records):
+        return tl
+    sims = [r["sim_t"] for r in sorted(tl.records, key=lambda r: r["t"])]
+    if any(b < a for a, b in itertools.pairwise(sims)):
+        return tl  # the simulator restarted (a new run): only the wall clock is monotonic
+    day = dt.datetime.fromtimestamp(tl.records[0]["t"], dt.UTC).replace(
+        hour=0, minute=0, second=0, microsecond=0).timestamp()
+    import numpy as np
+
+    tl.records = sorted(({**r, "wall_t": r["t"], "t": day + r["sim_t"]} for r in tl.records),
+                        key=lambda r: r["wall_t"])
+    walls = [r["wall_t"] for r in tl.records]
+    sims = [r["t"] for r in tl.records]
+    tl.events = [{**e, "t": float(np.interp(e["t"], walls, sims))} for e in tl.events]
+    tl.notes["clock"] = "simulated device clock (the simulator runs faster than the wall)"
+    tl.simulated = True
+    return tl
+
+
+def from_state_dir(state_dir: Path, device: str, since: float, until: float) -> Timeline:
+    """The device's own history (health-history.jsonl) and control state."""
+    state_dir = Path(state_dir).expanduser()
+    records = health_history.read(state_dir, since, until)
+    notes = {}
+    control = state_dir / "control.json"
+    try:
+        doc = json.loads(control.read_text())
+        if isinstance(doc, dict) and isinstance(doc.get("operator_rate_hz"), int | float):
+            notes["operator rate cap"] = f"{doc['operator_rate_hz']:g} Hz"
+    except (OSError, ValueError):
+        pass
+    return _device_clock(Timeline(device, f"state directory {state_dir}", records,
+                                  notes=notes))
+
+
+def from_api(api: str, token: str, device: str, since: float, until: float,
+             limit: int = 5000) -> Timeline:
+    """The health the coordinator stored for `device`, and its recent warning/critical
+    events (SystemExit with the reason when the coordinator refuses or is unreachable)."""
+    from urllib.parse import quote
+
+    from runtime.coordinator.client import _call
+
+    path = f"/api/v1/devices/{quote(device, safe='')}"
+    view = _call(api, path, token=token)
+    got = _call(api, f"{path}/health?since={int(since)}&until={math.ceil(until)}"
+                f"&limit={limit}", token=token)
+    records = health_history._records(json.dumps(r) for r in got.get("health", []))
+    events = [e for e in view.get("events", []) if isinstance(e, dict)
+              and isinstance(e.get("t"), int | float) and since <= e["t"] <= until
+              and e.get("severity") in ("warning", "critical")]
+    return _device_clock(Timeline(device, f"coordinator {api}", records, events))
+
+
+def _series(records: Sequence[dict[str, Any]], key: str, scale: float = 1.0) -> list[float]:
+    return [r[key] * scale if r.get(key) is not None else math.nan for r in records]
+
+
+def typical_step(records: Sequence[dict[str, Any]]) -> float:
+    """The median time between consecutive records (s), 0 for fewer than two."""
+    steps = [b["t"] - a["t"] for a, b in itertools.pairwise(records)]
+    return statistics.median(steps) if steps else 0.0
+
+
+def _break_gaps(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Insert an empty record inside every gap longer than 3 typical intervals, so lines
+    stop where the device was silent instead of drawing a slope across hours."""
+    if len(records) < 3:
+        return records
+    typical = typical_step(records) or 1.0
+    out = [records[0]]
+    for prev, r in itertools.pairwise(records):
+        if r["t"] - prev["t"] > 3 * typical:
+            out.append({"t": (prev["t"] + r["t"]) / 2})
+        out.append(r)
+    return out
+
+
+def energy_wh(records: Sequence[dict[str, Any]]) -> list[float]:
+    """Energy used since the first record (Wh): power integrated over time (trapezoids),
+    not across gaps longer than 3 typical intervals (nothing is known there)."""
+    out, total = [], 0.0
+    typical = typical_step(records)
+    for i, r in enumerate(records):
+        if i:
+            prev, dt_s = records[i - 1], r["t"] - records[i - 1]["t"]
+            p0, p1 = prev.get("power_w"), r.get("power_w")
+            if p0 is not None and p1 is not None and dt_s <= 3 * typical:
+                total += (p0 + p1) / 2 * dt_s / 3600
+        out.append(total)
+    return out
+
+
+def _times(records: Sequence[dict[str, Any]], utc: bool | None) -> list[dt.datetime]:
+    tz = None if utc is False else dt.UTC
+    return [dt.datetime.fromtimestamp(r["t"], tz).replace(tzinfo=None) for r in records]
+
+
+def _tz_name(t: float, utc: bool | None) -> str:
+    if utc is None:
+        return "simulated device clock"
+    return "UTC" if utc else (dt.datetime.fromtimestamp(t).astimezone().tzname() or "local")
+
+
+def render_png(tl: Timeline, utc: bool = False, width_px: int = WIDTH_PX,
+               height_px: int = HEIGHT_PX, dpi: int = DPI) -> bytes:
+    """The six panels as PNG bytes (`width_px` x `height_px`). Raises MissingExtra without
+    matplotlib and ValueError when there is nothing to draw."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")  # no display on a device or in CI
+        import matplotlib.dates as mdates
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        raise MissingExtra("`edgerun report` draws with matplotlib, which is not installed: "
+                           "pip install 'edgerun[report]' (or pip install matplotlib)") from e
+    if not tl.records:
+        raise ValueError(f"no health records for {tl.device} in that window ({tl.source})")
+    recs = _break_gaps(tl.records)
+    utc = None if tl.simulated else utc  # None: UTC times labelled as the simulated clock
+    x = _times(recs, utc)
+    fig, axes = plt.subplots(len(PANELS), 1, sharex=True, figsize=(width_px / dpi,
+                                                                   height_px / dpi), dpi=dpi)
+    ax = dict(zip(PANELS, axes, strict=True))
+    t0, t1 = tl.records[0]["t"], tl.records[-1]["t"]
+    fig.suptitle(f"edgerun {tl.device}: {_fmt_time(t0, utc)} to {_fmt_time(t1, utc)} "
+                 f"({_tz_name(t0, utc)}), from the {tl.source}", fontsize=11)
+
+    a = ax["temperature"]
+    a.plot(x, _series(recs, "temp_c"), color="tab:red", lw=1.2, label="die temperature")
+    trips: dict[str, float] = {}
+    for r in tl.records:
+        trips.update(r.get("trips") or {})
+    for (name, temp), style in zip(sorted(trips.items(), key=lambda kv: kv[1]),
+                                   ("--", "-.", ":", (0, (5, 1))), strict=False):
+        a.axhline(temp, color="black", ls=style, lw=0.9, label=f"{name} trip {temp:g} °C")
+    hot = [bool(r.get("throttled")) for r in recs]
+    if any(hot):
+        a.fill_between(x, 0, 1, where=hot, transform=a.get_xaxis_transform(), color="tab:red",
+                       alpha=0.12, step="mid", label="throttled")
+    for e in tl.events:
+        a.axvline(_times([e], utc)[0], color="tab:purple" if e.get("severity") == "critical"
+                  else "tab:orange", lw=0.8, alpha=0.7)
+    a.set_ylabel("temperature (°C)")
+    a.legend(loc="upper left", fontsize=8, ncol=4)
+
+    a = ax["rung"]
+    a.step(x, _series(recs, "rung"), where="post", color="tab:blue", lw=1.2)
+    rungs = max((r["rungs"] for r in tl.records if r.get("rungs")), default=None)
+    if rungs:
+        a.set_ylim(0.5, rungs + 0.5)
+        a.set_yticks(range(1, int(rungs) + 1))
+    a.set_ylabel("rung (1 = cheapest)")
+
+    a = ax["rate"]
+    a.plot(x, _series(recs, "rate_hz"), color="tab:green", lw=1.0)
+    a.set_ylabel("rate (inferences/s)")
+
+    a = ax["latency"]
+    a.plot(x, _series(recs, "p95_ms"), color="tab:brown", lw=1.0, label="p95")
+    a.plot(x, _series(recs, "target_ms"), color="black", ls="--", lw=0.9, label="target")
+    a.set_ylabel("latency (ms)")
+    a.legend(loc="upper left", fontsize=8)
+
+    a = ax["power"]
+    a.plot(x, _series(recs, "power_w"), color="tab:olive", lw=1.0, label="power")
+    a.set_ylabel("power (W)")
+    e = a.twinx()
+    e.plot(_times(tl.records, utc), energy_wh(tl.records), color="tab:gray", lw=1.2,
+           label="energy since start")
+    e.set_ylabel("energy (Wh)")
+    a.legend(loc="upper left", fontsize=8)
+    e.legend(loc="upper right", fontsize=8)
+
+    a = ax["battery"]
+    battery = _series(recs, "battery_frac", 100.0)
+    if any(not math.isnan(b) for b in battery):
+        a.plot(x, battery, color="tab:cyan", lw=1.2)
+        a.set_ylim(0, 100)
+    else:
+        a.text(0.5, 0.5, "no battery on this device", transform=a.transAxes, ha="center",
+               va="center", color="gray")
+    a.set_ylabel("battery (%)")
+    a.set_xlabel(f"time ({_tz_name(t0, utc)})")
+    span_h = (t1 - t0) / 3600
+    fmt = "%H:%M" if span_h <= 36 else "%m-%d %H:%M"
+    a.xaxis.set_major_formatter(mdates.DateFormatter(fmt))
+    for a in axes:
+        a.grid(True, alpha=0.3)
+    fig.align_ylabels(axes)
+    fig.tight_layout(rect=(0, 0, 1, 0.98))
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def _fmt_time(t: float, utc: bool | None) -> str:
+    return _times([{"t": t}], utc)[0].strftime("%Y-%m-%d %H:%M")
+
+
+def _mean(xs: list[float]) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return sum(xs) / len(xs) if xs else None
+
+
+def hourly(tl: Timeline, utc: bool = False) -> list[dict[str, Any]]:
+    """One row per clock hour: temperature mean/max, minutes throttled, mean rung, rate and
+    p95, energy (Wh) and the battery at the end of the hour."""
+    utc = None if tl.simulated else utc
+    wh = energy_wh(tl.records)
+    rows: dict[dt.datetime, dict[str, Any]] = {}
+    times = _times(tl.records, utc)
+    for i, (r, when) in enumerate(zip(tl.records, times, strict=True)):
+        hour = when.replace(minute=0, second=0, microsecond=0)
+        row = rows.setdefault(hour, {"hour": hour, "recs": [], "wh": 0.0})
+        row["recs"].append(r)
+        row["wh"] += wh[i] - wh[i - 1] if i else 0.0  # the interval ending here
+    out = []
+    step = typical_step(tl.records)
+    for hour, row in sorted(rows.items()):
+        recs = row["recs"]
+        temps = [r["temp_c"] for r in recs if r.get("temp_c") is not None]
+        bat = [r["battery_frac"] for r in recs if r.get("battery_frac") is not None]
+        out.append({"hour": hour.strftime("%Y-%m-%d %H:00"),
+                    "temp_mean_c": _mean(temps), "temp_max_c": max(temps, default=None),
+                    "throttled_min": sum(1 for r in recs if r.get("throttled")) * step / 60,
+                    "rung_mean": _mean([r.get("rung") for r in recs]),
+                    "rate_hz": _mean([r.get("rate_hz") for r in recs]),
+                    "p95_ms": _mean([r.get("p95_ms") for r in recs]),
+                    "energy_wh": row["wh"],
+                    "battery_pct": bat[-1] * 100 if bat else None})
+    return out
+
+
+_COLUMNS = (("hour", "hour", ""), ("temp_mean_c", "temp mean (°C)", ".1f"),
+            ("temp_max_c", "temp max (°C)", ".1f"), ("throttled_min", "throttled (min)", ".1f"),
+            ("rung_mean", "rung mean", ".2f"), ("rate_hz", "rate (/s)", ".2f"),
+            ("p95_ms", "p95 (ms)", ".2f"), ("energy_wh", "energy (Wh)", ".3f"),
+            ("battery_pct", "battery end (%)", ".0f"))
+
+
+def render_html(tl: Timeline, png: bytes, utc: bool = False) -> str:
+    """A self-contained page: the PNG (base64) and the hourly table, every value escaped."""
+    def cell(v: Any, fmt: str) -> str:
+        if v is None:
+            return "–"
+        return html.escape(format(v, fmt) if fmt else str(v))
+
+    utc = None if tl.simulated else utc
+    head = "".join(f"<th>{html.escape(title)}</th>" for _, title, _ in _COLUMNS)
+    body = "".join("<tr>" + "".join(f"<td>{cell(row[k], f)}</td>" for k, _, f in _COLUMNS)
+                   + "</tr>" for row in hourly(tl, utc))
+    t0, t1 = tl.records[0]["t"], tl.records[-1]["t"]
+    facts = {"device": tl.device, "source": tl.source,
+             "window": f"{_fmt_time(t0, utc)} to {_fmt_time(t1, utc)} ({_tz_name(t0, utc)})",
+             "health records": str(len(tl.records)),
+             "energy": f"{energy_wh(tl.records)[-1]:.3f} Wh", **tl.notes}
+    facts_html = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>"
+                         for k, v in facts.items())
+    events = "".join(f"<li>{html.escape(_fmt_time(e['t'], utc))} "
+                     f"{html.escape(str(e.get('severity', '')))}: "
+                     f"{html.escape(str(e.get('type', '')))}</li>" for e in tl.events)
+    title = html.escape(f"edgerun report: {tl.device}")
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>{title}</title>
+<style>body{{font-family:sans-serif;margin:1em 2em}}table{{border-collapse:collapse}}
+td,th{{border:1px solid #ccc;padding:2px 8px;text-align:right}}img{{max-width:100%}}</style>
+</head><body><h1>{title}</h1>
+<table>{facts_html}</table>
+<p><img alt="timeline of {html.escape(tl.device)}" src="data:image/png;base64,{
+base64.b64encode(png).decode()}"></p>
+{f"<h2>Warnings and critical events</h2><ul>{events}</ul>" if events else ""}
+<h2>Per hour</h2>
+<table><tr>{head}</tr>{body}</table>
+</body></html>
+"""
+
+
+def parse_when(text: str, now: float) -> float:
+    """`24h`, `90m`, `2d`, `600s` (that long before now), seconds since the epoch, or an
+    ISO 8601 time (local time unless it names its zone)."""
+    text = text.strip()
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    try:
+        if text[-1:] in units and float(text[:-1]) >= 0:
+            return now - float(text[:-1]) * units[text[-1]]
+        if text.replace(".", "", 1).isdigit():
+            return float(text)
+        return dt.datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        raise ValueError(f"not a time: {text!r} (use 24h, 90m, 2d, epoch seconds or "
+                         "2026-05-01T08:00)") from None
+
+
+def command(args: Any) -> int:
+    """`edgerun report` (runtime/cli.py parses the arguments)."""
+    import sys
+    import time
+
+    from runtime.coordinator import client
+
+    now = time.time()
+    try:
+        since, until = parse_when(args.since, now), parse_when(args.until, now) if \
+            args.until else now
+    except ValueError as e:
+        print(f"edgerun report: {e}", file=sys.stderr)
+        return 2
+    if args.local:
+        from runtime import config as config_mod
+        from runtime.telemetry.client import device_id
+
+        cfg = config_mod.load(args.config) if args.config else config_mod.Config()
+        state_dir = args.state_dir or Path(cfg.daemon.state_dir).expanduser()
+        tl = from_state_dir(state_dir, args.device or device_id(cfg.telemetry), since, until)
+    else:
+        if not args.device:
+            print("edgerun report: name the device (or --local for this box's own history)",
+                  file=sys.stderr)
+            return 2
+        api, token_file = client.resolve(args)
+        try:
+            tl = from_api(api, client.read_token(token_file), args.device, since, until)
+        except SystemExit as e:  # the fleet client's message, said as this command's
+            print(f"edgerun report: {str(e).removeprefix('edgerun fleet: ')}", file=sys.stderr)
+            return 1
+    try:
+        png = render_png(tl, args.utc)
+    except (MissingExtra, ValueError) as e:
+        print(f"edgerun report: {e}", file=sys.stderr)
+        return 2
+    out = Path(args.out or f"{tl.device}-report.png")
+    out.write_bytes(png)
+    print(f"wrote {out}: {tl.device}, {len(tl.records)} health records from the {tl.source}")
+    if args.html:
+        Path(args.html).write_text(render_html(tl, png, args.utc))
+        print(f"wrote {args.html}")
+    return 0

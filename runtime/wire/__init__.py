@@ -1,0 +1,1 @@
+"""What the device and the coordinator share: payloads, commands, MQTT, the broker."""

@@ -1,0 +1,289 @@
+"""Signed commands: Ed25519 envelopes with id, issue time and expiry; typed on the device.
+
+Signing uses `cryptography` (pyca, audited and maintained; Ed25519 is not in the standard
+library). The signature covers the canonical JSON of every envelope field except `sig`
+(sorted keys, no spaces), so a tampered field, a different device or a stretched expiry all
+break it. Verification is a pure function of (envelope, trusted keys, now, seen-ids check);
+the MQTT thread calls it and hands the typed command to the daemon through a queue.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from runtime.wire import payloads
+
+
+class CommandRefused(Exception):
+    """A command was not accepted; the message is the reason sent back in the reply."""
+
+
+@dataclass(frozen=True)
+class Command:
+    """A verified command: what to do, with its validated arguments."""
+
+    id: str
+    name: str
+    args: dict[str, Any]
+
+
+def _number(lo: float, hi: float) -> Callable[[Any], float]:
+    def check(v: Any) -> float:
+        if isinstance(v, bool) or not isinstance(v, int | float) or not lo <= v <= hi:
+            raise CommandRefused(f"expected a number in {lo}..{hi}, got {v!r}")
+        return float(v)
+    return check
+
+
+def _name(v: Any) -> str:
+    if not isinstance(v, str) or not 0 < len(v) <= 128 or "/" in v or v.startswith("."):
+        raise CommandRefused(f"expected a model name (no '/', not starting with '.'), got {v!r}")
+    return v
+
+
+def _version(v: Any) -> str:
+    import re
+
+    if not isinstance(v, str) or not re.match(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]{0,63}$", v):
+        raise CommandRefused(f"expected a version (1-64 of A-Z a-z 0-9 _ . + -), got {v!r}")
+    return v
+
+
+def _url(v: Any) -> str:
+    if not isinstance(v, str) or len(v) > 1024 or not v.startswith(("http://", "https://")):
+        raise CommandRefused(f"expected an http(s) URL of at most 1024 characters, got "
+                             f"{str(v)[:60]!r}")
+    return v
+
+
+def _sha256(v: Any) -> str:
+    if not isinstance(v, str) or len(v) != 64 or any(c not in "0123456789abcdef" for c in v):
+        raise CommandRefused("expected 64 lowercase hex digits")
+    return v
+
+
+def _token(v: Any) -> str:
+    if not isinstance(v, str) or len(v) > 256:
+        raise CommandRefused("expected a download token of at most 256 characters")
+    return v
+
+
+def _size(v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 < v <= 1 << 40:
+        raise CommandRefused(f"expected a size in bytes, got {v!r}")
+    return v
+
+
+# command -> {argument: validator}; every argument is required.
+COMMANDS: dict[str, dict[str, Callable[[Any], Any]]] = {
+    "set_latency_target": {"ms": _number(0.1, 60_000)},
+    "set_accuracy_floor": {"value": _number(0.0, 1.0)},
+    "set_rate": {"fps": _number(0.0, 1000.0)},  # 0 = as fast as the source delivers
+    "choose_model": {"name": _name},
+    # A signed bundle to download, verify, profile and swap to (runtime/device/ota.py).
+    "deploy": {"name": _name, "version": _version, "url": _url, "size": _size,
+               "sha256": _sha256, "token": _token},
+    "reprofile": {},
+    "rebirth": {},
+    "ping": {},
+}
+
+
+def loggable(args: Mapping[str, Any]) -> dict[str, Any]:
+    """Arguments for logs and events: a `deploy`'s download token masked."""
+    return {k: ("***" if k == "token" else v) for k, v in args.items()}
+
+
+def canonical(envelope: Mapping[str, Any]) -> bytes:
+    """The signed bytes: every field except `sig`, canonical JSON."""
+    body = {k: v for k, v in envelope.items() if k != "sig"}
+    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+
+def key_id(public: Ed25519PublicKey) -> str:
+    """Short stable id of a public key (first 16 hex of sha256 of its raw bytes)."""
+    raw = public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return hashlib.sha256(raw).hexdigest()[:16]
+
+
+def sign(private: Ed25519PrivateKey, device: str, name: str, args: dict[str, Any] | None = None,
+         ttl_s: float = 60.0, now: float | None = None) -> dict[str, Any]:
+    """A signed command envelope for `device`."""
+    issued = time.time() if now is None else now
+    env: dict[str, Any] = {
+        "v": payloads.VERSION, "id": uuid.uuid4().hex, "device": device, "cmd": name,
+        "args": args or {}, "issued_at": issued, "expires_at": issued + ttl_s,
+        "key_id": key_id(private.public_key()),
+    }
+    env["sig"] = base64.b64encode(private.sign(canonical(env))).decode()
+    return env
+
+
+def verify(envelope: dict[str, Any], device: str, trusted: Mapping[str, Ed25519PublicKey],
+           now: float, skew_s: float, remember: Callable[[str, float], bool],
+           not_before: float = 0.0) -> Command:
+    """Check an already schema-valid envelope; returns the typed command or raises
+    CommandRefused with the reason. `remember(id, expires)` is False for a replayed id;
+    commands issued before `not_before` (when the device lost its replay record) are refused."""
+    if envelope["device"] != device:
+        raise CommandRefused(f"addressed to device {envelope['device']!r}, this is {device!r}")
+    public = trusted.get(envelope["key_id"])
+    if public is None:
+        raise CommandRefused(f"unknown signing key {envelope['key_id']!r}")
+    try:
+        public.verify(base64.b64decode(envelope["sig"], validate=True), canonical(envelope))
+    except (InvalidSignature, ValueError):
+        raise CommandRefused("bad signature") from None
+    if envelope["expires_at"] < now:
+        raise CommandRefused(f"expired {now - envelope['expires_at']:.0f} s ago")
+    if envelope["issued_at"] > now + skew_s:
+        raise CommandRefused("issued in the future (clock skew beyond the allowed "
+                             f"{skew_s:.0f} s)")
+    if envelope["issued_at"] < not_before:
+        raise CommandRefused("issued before this device lost its replay record; "
+                             "send it again")
+    spec = COMMANDS.get(envelope["cmd"])
+    if spec is None:
+        raise CommandRefused(f"unknown command {envelope['cmd']!r} (known: {', '.join(COMMANDS)})")
+    args = envelope["args"]
+    extra = set(args) - set(spec)
+    if extra:
+        raise CommandRefused(f"{envelope['cmd']}: unknown argument(s) {sorted(extra)}")
+    typed = {}
+    for arg, check in spec.items():
+        if arg not in args:
+            raise CommandRefused(f"{envelope['cmd']}: missing argument {arg!r}")
+        try:
+            typed[arg] = check(args[arg])
+        except CommandRefused as e:
+            raise CommandRefused(f"{envelope['cmd']}: {arg}: {e}") from None
+    # Last, so a refused command does not burn its id.
+    if not remember(envelope["id"], envelope["expires_at"]):
+        raise CommandRefused("replayed: this command id was already accepted")
+    return Command(envelope["id"], envelope["cmd"], typed)
+
+
+def load_public_keys(paths: tuple[str, ...] | list[str]) -> dict[str, Ed25519PublicKey]:
+    """Trusted keys from PEM files, by key id; a bad file is an error naming it."""
+    keys = {}
+    for p in paths:
+        path = Path(p).expanduser()
+        try:
+            key = serialization.load_pem_public_key(path.read_bytes())
+        except (OSError, ValueError) as e:
+            raise ValueError(f"{path}: not a readable PEM public key: {e}") from e
+        if not isinstance(key, Ed25519PublicKey):
+            raise ValueError(f"{path}: not an Ed25519 public key")
+        keys[key_id(key)] = key
+    return keys
+
+
+def load_private_key(path: str | Path) -> Ed25519PrivateKey:
+    """An Ed25519 private key from a PEM file or a raw 32-byte file."""
+    path = Path(path).expanduser()
+    try:
+        data = path.read_bytes()
+        key = (Ed25519PrivateKey.from_private_bytes(data) if len(data) == 32
+               else serialization.load_pem_private_key(data, password=None))
+    except (OSError, ValueError, TypeError) as e:
+        raise ValueError(f"{path}: not a readable PEM private key: {e}") from e
+    if not isinstance(key, Ed25519PrivateKey):
+        raise ValueError(f"{path}: not an Ed25519 private key")
+    return key
+
+
+def load_public_key(path: str | Path) -> Ed25519PublicKey:
+    """An Ed25519 public key from a PEM file or a raw 32-byte file."""
+    path = Path(path).expanduser()
+    try:
+        data = path.read_bytes()
+        key = (Ed25519PublicKey.from_public_bytes(data) if len(data) == 32
+               else serialization.load_pem_public_key(data))
+    except (OSError, ValueError, TypeError) as e:
+        raise ValueError(f"{path}: not a readable public key: {e}") from e
+    if not isinstance(key, Ed25519PublicKey):
+        raise ValueError(f"{path}: not an Ed25519 public key")
+    return key
+
+
+def device_key(configured: str, default: Path) -> Ed25519PrivateKey:
+    """The device's reply-signing key: `configured` (must exist) or, when empty, `default`,
+    made at first start (mode 0600) with its public half next to it as `<name>.pub`, which
+    the coordinator needs as `coordinator.device_keys/<device>.pub`."""
+    if configured:
+        return load_private_key(configured)
+    if not default.exists():
+        generate_keypair(default, default.with_suffix(".pub"))
+    return load_private_key(default)
+
+
+def sign_reply(private: Ed25519PrivateKey, reply: dict[str, Any]) -> dict[str, Any]:
+    """`reply` with `key_id` and `sig` (Ed25519 over the canonical JSON of every other field,
+    which includes the command id and the device, so a reply cannot be moved to another
+    command or device)."""
+    signed = {**reply, "key_id": key_id(private.public_key())}
+    signed["sig"] = base64.b64encode(private.sign(canonical(signed))).decode()
+    return signed
+
+
+def reply_signed_by(reply: Mapping[str, Any], public: Ed25519PublicKey) -> bool:
+    """True when `reply` carries a valid signature of `public`."""
+    sig = reply.get("sig")
+    if not isinstance(sig, str):
+        return False
+    try:
+        public.verify(base64.b64decode(sig, validate=True), canonical(reply))
+    except (InvalidSignature, ValueError):
+        return False
+    return True
+
+
+def generate_keypair(private_path: Path, public_path: Path, overwrite: bool = True) -> str:
+    """Write a new Ed25519 key pair (private file mode 0600); returns the key id. With
+    `overwrite` False an existing file (either one) raises FileExistsError and nothing is
+    written."""
+    key = Ed25519PrivateKey.generate()
+    private_pem = key.private_bytes(serialization.Encoding.PEM,
+                                    serialization.PrivateFormat.PKCS8,
+                                    serialization.NoEncryption())
+    public_pem = key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    private_path.parent.mkdir(parents=True, exist_ok=True)
+    public_path.parent.mkdir(parents=True, exist_ok=True)
+    if not overwrite:
+        # O_EXCL: created here or refused, even if the file appeared a moment ago
+        fd = os.open(private_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(private_pem)
+        # the public file appears whole or not at all: tools (and coordinators) copy it as
+        # soon as it exists, and a copy taken mid-write would hold half a key
+        tmp = public_path.with_name(f".{public_path.name}.{os.getpid()}.tmp")
+        tmp.write_bytes(public_pem)
+        try:
+            os.link(tmp, public_path)  # refuses an existing file, like O_EXCL
+        except FileExistsError:
+            private_path.unlink()  # never leave half a pair behind
+            raise
+        finally:
+            tmp.unlink()
+        return key_id(key.public_key())
+    private_path.touch(mode=0o600)
+    private_path.chmod(0o600)  # touch keeps the mode of an existing file
+    private_path.write_bytes(private_pem)
+    tmp = public_path.with_name(f".{public_path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(public_pem)
+    tmp.replace(public_path)
+    return key_id(key.public_key())
