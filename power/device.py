@@ -7,6 +7,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Literal
 
+from power.accelerators import AcceleratorPower
 from runtime.config.schema import ConfigError, load_toml
 
 
@@ -170,6 +171,8 @@ class DeviceProfile:
     solar: Solar | None = None
     backends: tuple[str, ...] = ("onnxruntime", "openvino", "opencv")
     states: PowerStates | None = None  # [states]: suspend and wake; None: never sleeps
+    # [[accelerators]]: GPUs/NPUs and what they draw (power/accelerators.py); none: CPU only
+    accelerators: tuple[AcceleratorPower, ...] = ()
 
     def validate(self) -> tuple[str, str] | None:
         st = self.states

@@ -90,8 +90,11 @@ def cmd_profile(args: argparse.Namespace) -> int:
     def progress(i: int, n: int, vid: str) -> None:
         print(f"[{i}/{n}] {vid}", file=sys.stderr, flush=True)
 
+    from power.nvml import gpu_meters
+
     profiler = Profiler(prof_cfg, meter, device.name,
-                        active_w_per_core=device.power.active_w_per_core)
+                        active_w_per_core=device.power.active_w_per_core,
+                        accelerators=device.accelerators, gpu_meters=gpu_meters())
     profiles = profile_all(backends, models, threads, cfg.backends, profiler,
                            fresh=args.fresh, progress=progress)
     front = frontier(profiles)
@@ -229,6 +232,13 @@ def _check_sensors(cfg) -> int:
         say(f"  now: {now.temp_c:g} °C" if now.valid else f"  now: {'; '.join(now.problems)}")
     meter = detect_meter(root, device)
     say(f"power: {meter.source}: {meter.where}")
+    from power.nvml import gpu_meters
+
+    for gpu in gpu_meters():
+        say(f"power: nvml: {gpu.where}")
+    for a in device.accelerators:
+        say(f"accelerator: '{a.match}' ({a.kind}): {a.idle_w:g} W idle, {a.active_w:g} W busy "
+            f"({a.basis}), the bill of its variants where no meter covers it")
     battery = device.sensors.battery or (device.battery.path if device.battery else "")
     solar = device.solar.path if device.solar else ""
     if battery or solar:

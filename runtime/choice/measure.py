@@ -16,11 +16,13 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager as ContextManager
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
+from power.accelerators import AcceleratorPower
+from power.nvml import NvmlMeter
 from power.sensors import PowerMeter
 from runtime.choice.ladders import ladder_for
 from runtime.choice.profiler import (
@@ -82,13 +84,16 @@ def measure_model(path: Path, cfg: Config, backends: list[Backend], meter: Power
                                                                               None],
                   constraints: Constraints, fresh: bool = False,
                   recorded: Path | None = None,
-                  pause: Callable[[], ContextManager] | None = None) -> Measured:
+                  pause: Callable[[], ContextManager] | None = None,
+                  accelerators: Sequence[AcceleratorPower] = (),
+                  gpu_meters: Sequence[NvmlMeter] = ()) -> Measured:
     """Manifest, verified forms and their profiles (cached unless `fresh`), the whole
     schedule (`[profiler] schedule`) at once. Raises NoVariantError before anything changes
     when nothing can run."""
     first, rest = measure_first(path, cfg, backends, meter, device_name, active_w_per_core,
                                 temp_c, on_refused, progress, constraints, fresh, recorded,
-                                pause)
+                                pause, accelerators=accelerators,
+                                gpu_meters=gpu_meters)
     return rest(pause) if rest is not None else first
 
 
@@ -98,7 +103,9 @@ def measure_first(path: Path, cfg: Config, backends: list[Backend], meter: Power
                                                                               None],
                   constraints: Constraints, fresh: bool = False,
                   recorded: Path | None = None,
-                  pause: Callable[[], ContextManager] | None = None
+                  pause: Callable[[], ContextManager] | None = None,
+                  accelerators: Sequence[AcceleratorPower] = (),
+                  gpu_meters: Sequence[NvmlMeter] = ()
                   ) -> tuple[Measured, Rest | None]:
     """The first decision: with the fast schedule, every variant measured briefly (or read
     from the cache) and a `rest(pause)` that refines the candidates and returns the final
@@ -117,7 +124,8 @@ def measure_first(path: Path, cfg: Config, backends: list[Backend], meter: Power
     forms = model_files(manifest, lambda v, e: on_refused(v.name, str(e)))
     threads = cfg.backends.threads or default_threads()
     work = plan(backends, forms, threads, cfg.backends)
-    profiler = Profiler(cfg.profiler, meter, device_name, active_w_per_core=active_w_per_core)
+    profiler = Profiler(cfg.profiler, meter, device_name, active_w_per_core=active_w_per_core,
+                        accelerators=accelerators, gpu_meters=gpu_meters)
     loaders = {v.id: (b, v) for b, _, v in work}
     idle_w = profiler.idle_w()
     t0 = time.monotonic()

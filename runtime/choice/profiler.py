@@ -28,7 +28,9 @@ from pathlib import Path
 
 import numpy as np
 
+from power import accelerators as accel_mod
 from power.cputime import inference_cpu_s
+from power.nvml import NvmlMeter, meter_for
 from power.sensors import PowerMeter, SensorError
 from runtime import __version__
 from runtime.choice.refine import (
@@ -88,8 +90,14 @@ class Profiler:
 
     def __init__(self, cfg: ProfilerConfig, meter: PowerMeter, device_profile: str,
                  progress: Callable[[str], None] | None = None,
-                 active_w_per_core: float = 1.0):
+                 active_w_per_core: float = 1.0,
+                 accelerators: Sequence[accel_mod.AcceleratorPower] = (),
+                 gpu_meters: Sequence[NvmlMeter] = ()):
         self._cfg, self._meter = cfg, meter
+        # a variant on an accelerator is billed host CPU + the accelerator (power/accelerators)
+        self._accelerators = tuple(accelerators)
+        self._gpu_meters = list(gpu_meters)
+        self._gpu_idle_w: dict[int, float] = {}
         # W per CPU-second for the estimate (and a real meter's fallback): the estimated
         # meter's own coefficient when that is the meter
         self._active_w = getattr(meter, "active_w_per_core", active_w_per_core)
@@ -170,6 +178,21 @@ class Profiler:
             self._idle_w = (self._meter.energy_j() - e0) / (time.perf_counter() - t0)
         return self._idle_w
 
+    def _gpu_meter(self, actual_device: str) -> NvmlMeter | None:
+        """The meter covering the accelerator a session runs on (None: on the host, or no
+        meter covers it), with that GPU's idle power measured once per run."""
+        if accel_mod.on_host(actual_device) or not self._gpu_meters:
+            return None
+        m = meter_for(self._gpu_meters, actual_device)
+        if m is not None and id(m) not in self._gpu_idle_w:
+            t0, e0 = time.perf_counter(), m.energy_j()
+            end = t0 + self._cfg.idle_baseline_s
+            while time.perf_counter() < end:
+                time.sleep(0.05)
+                m.energy_j()  # an integrating meter needs samples
+            self._gpu_idle_w[id(m)] = (m.energy_j() - e0) / (time.perf_counter() - t0)
+        return m
+
     def profile(self, backend: Backend, device: Device, v: Variant,
                 fresh: bool = False, retry_failed: bool = True) -> Profile:
         """Measure one variant at full length (or return its cached full profile; a cached
@@ -217,12 +240,14 @@ class Profiler:
         if not np.all(np.isfinite(out)):
             raise BackendError(v.engine, v.model.path, "output has NaN or Inf values")
         lat_ns: list[int] = []
-        wall = cpu = energy = 0.0
+        wall = cpu = energy = gpu_energy = 0.0
+        gpu = self._gpu_meter(session.actual_device)
         done = False
         while not done:
             with gate():
                 try:
                     e0 = self._meter.energy_j()
+                    g0 = gpu.energy_j() if gpu is not None else 0.0
                 except SensorError as e:
                     raise BackendError(v.engine, v.model.path,
                                        f"power meter failed: {e}") from e
@@ -233,6 +258,8 @@ class Profiler:
                     lat_ns.append(time.perf_counter_ns() - t)
                     if self._poll:
                         self._meter.energy_j()
+                    if gpu is not None and gpu.needs_samples:
+                        gpu.energy_j()  # an integrating GPU meter needs samples
                     n, now = len(lat_ns), time.perf_counter()
                     elapsed = wall + now - t0  # measuring time only, not the gaps
                     if n >= s.max_runs or (n >= s.min_runs and elapsed >= s.time_budget_s) \
@@ -244,6 +271,8 @@ class Profiler:
                 wall += time.perf_counter() - t0
                 cpu += max(inference_cpu_s() - c0, 0.0)
                 energy += self._meter.energy_j() - e0
+                if gpu is not None:
+                    gpu_energy += gpu.energy_j() - g0
             if not done:
                 time.sleep(GAP_S)
         n = len(lat_ns)
@@ -263,6 +292,13 @@ class Profiler:
             # never free. Fall back to the CPU-time estimate, labelled as such.
             per_inf_mj = cpu / n * self._active_w * 1e3
             source = f"{source}+estimated"
+        b = accel_mod.bill(n, per_inf_mj * n, source, session.actual_device, busy_s=wall,
+                           accelerators=self._accelerators,
+                           metered_j=gpu_energy if gpu is not None else None,
+                           meter_idle_w=self._gpu_idle_w.get(id(gpu)), wall_s=wall)
+        if b.energy_mj is None:  # never billed as free: left out of the choice, saying why
+            raise BackendError(v.engine, v.model.path, b.reason)
+        per_inf_mj, source = b.energy_mj, b.source
         stage = "full" if s.final else "quick"
         return Profile(
             v.id, v.model.name, v.precision, v.engine, v.device, v.threads,
