@@ -20,6 +20,7 @@ import json
 import sys
 import tempfile
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -156,7 +157,7 @@ def main() -> int:
                   f"{best_c.variant_id})")
         else:
             print("energy GPU/CPU: n/a (no accelerator variant ran with a known energy)")
-        out += [dict(model=label, **p.__dict__) for p in rows]
+        out += [{"bench_model": label, **asdict(p)} for p in rows]
     if a.json:
         a.json.write_text(json.dumps(out, indent=1, default=str))
     print(f"\ntook {time.monotonic() - t_start:.0f} s")
