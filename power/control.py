@@ -45,8 +45,8 @@ from dataclasses import dataclass, field, replace
 from power import energy as energy_mod
 from power import governor as gov
 from power.device import DeviceProfile
+from power.rungs import Rung, RungHold, budget_levels, hold, select_for_budget
 from power.sensors import Reading
-from runtime.choice.ladders import Rung, RungHold, budget_levels, hold, select_for_budget
 
 
 @dataclass(frozen=True)
