@@ -32,6 +32,7 @@ import cv2
 
 from runtime.config.results import JsonlConfig, ResultsConfig, SnapshotConfig
 from runtime.config.schema import ConfigError
+from runtime.wire.events import EventType
 
 log = logging.getLogger("edgerun.results")
 
@@ -293,6 +294,6 @@ class LocalResults:
                 self._said[sink] = now
                 log.warning("local results: %s failed: %s (results stay in the outbox; "
                             "retrying with the next ones)", sink, e)
-                self._event({"type": "local_results_failed", "severity": "warning",
+                self._event({"type": EventType.LOCAL_RESULTS_FAILED, "severity": "warning",
                              "sink": sink, "error": str(e)[:300]})
             return False
