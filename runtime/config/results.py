@@ -20,6 +20,7 @@ class JsonlConfig:
             return "keep", f"must be within 0..1000, got {self.keep}"
         return None
 
+
 @dataclass(frozen=True)
 class SnapshotConfig:
     """`[results.snapshots]`: JPEGs of frames whose label is not the ok one."""
@@ -38,6 +39,7 @@ class SnapshotConfig:
         if not 1 <= self.quality <= 100:
             return "quality", f"must be within 1..100, got {self.quality}"
         return None
+
 
 @dataclass(frozen=True)
 class ResultsConfig:

@@ -14,8 +14,10 @@ from typing import Literal
 
 Units = Literal["pixels", "fraction"]
 
+
 class RoiError(ValueError):
     """The ROI does not fit a frame; the message names the config key and the frame size."""
+
 
 @dataclass(frozen=True)
 class Rect:
@@ -26,9 +28,11 @@ class Rect:
     w: int
     h: int
 
+
 def _show(roi: Sequence[float]) -> str:
     """An ROI as the operator wrote it: [10, 20, 30, 40], [0.5, 0, 0.5, 1]."""
     return "[" + ", ".join(f"{v:g}" for v in roi) + "]"
+
 
 def check(roi: Sequence[float], units: Units) -> str | None:
     """What is wrong with an ROI's shape on its own (None when nothing is): four values,
@@ -52,6 +56,7 @@ def check(roi: Sequence[float], units: Units) -> str | None:
     if x + w > 1 + 1e-9 or y + h > 1 + 1e-9:
         return (f"x + w and y + h must be <= 1 (fractions of the frame), got {_show(roi)}")
     return None
+
 
 def resolve(roi: Sequence[float], units: Units, width: int, height: int,
             key: str = "source.roi") -> Rect:
