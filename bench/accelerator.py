@@ -28,7 +28,6 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from power.accelerators import on_host
-from power.device import load_profile
 from power.nvml import gpu_meters
 from power.sensors import detect_meter
 from runtime.choice.profiler import Profiler, model_files, plan
@@ -40,6 +39,7 @@ from runtime.config import (
     OpenVinoConfig,
     ProfilerConfig,
 )
+from runtime.device.profiles import load_profile
 from runtime.engine.backends import discover
 
 REPO = Path(__file__).resolve().parents[1]

@@ -49,7 +49,6 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
-from power.device import load_profile
 from power.sensors import detect_meter
 from runtime.choice.measure import Measured, measure_first, measure_model
 from runtime.choice.profiler import Profiler, full_settings
@@ -57,6 +56,7 @@ from runtime.choice.refine import keep
 from runtime.choice.selector import Constraints, select
 from runtime.config import Config
 from runtime.config import load as load_config
+from runtime.device.profiles import load_profile
 from runtime.engine.backends import discover
 
 REPO = Path(__file__).resolve().parents[1]

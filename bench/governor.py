@@ -35,11 +35,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
 from power.closed_loop import RunResult, simulate
-from power.device import DeviceProfile, load_profile
+from power.device import DeviceProfile
 from power.plant import SCENARIOS, ambient
-from runtime.choice.ladders import Rung, ladder_for, on_device
+from power.rungs import Rung, on_device
+from runtime.choice.ladders import ladder_for
 from runtime.choice.measure import recorded_profiles
 from runtime.choice.selector import Constraints
+from runtime.device.profiles import load_profile
 from runtime.tools import simloop
 
 HERE = Path(__file__).parent

@@ -14,7 +14,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from power.device import load_profile
 from power.sensors import detect_meter
 from runtime.choice.profiler import Profiler, plan
 from runtime.config import (
@@ -24,6 +23,7 @@ from runtime.config import (
     OpenVinoConfig,
     ProfilerConfig,
 )
+from runtime.device.profiles import load_profile
 from runtime.engine.backends import discover
 from runtime.engine.manifest import load_manifest, model_files
 

@@ -44,13 +44,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from dataclasses import replace
 
 from models import bundled
-from power.device import load_profile
 from power.sensors import detect_meter
 from runtime.choice import joint
 from runtime.choice.ladders import ladder_for
 from runtime.choice.measure import measure_model
 from runtime.choice.selector import Constraints
 from runtime.config import ModelConfig, from_dict
+from runtime.device.profiles import load_profile
 from runtime.engine.backends import discover
 from runtime.frames.multisource import lanes
 from runtime.frames.pipeline import Active, Pipeline

@@ -19,12 +19,12 @@ import onnx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
-from power.device import load_profile
 from power.sensors import detect_meter
 from runtime.choice.profiler import Profiler, default_threads, model_files, profile_all
 from runtime.choice.report import profile_table
 from runtime.choice.selector import Constraints, frontier, select
 from runtime.config import BackendsConfig, ModelConfig, ProfilerConfig
+from runtime.device.profiles import load_profile
 from runtime.engine.backends import discover
 
 LIGHT = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"

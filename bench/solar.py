@@ -29,9 +29,10 @@ from governor import PROFILES, device_rungs
 from power import duty_cycle as dc
 from power import energy as energy_mod
 from power.closed_loop import simulate
-from power.device import DeviceProfile, load_profile
+from power.device import DeviceProfile
 from power.plant import DAY, Plant, ambient, solar_trace
 from power.sensors import Reading
+from runtime.device.profiles import load_profile
 
 STEP = 300.0  # irradiance step, s
 

@@ -21,8 +21,8 @@ from power import energy as energy_mod
 from power import governor as gov
 from power.device import DeviceProfile
 from power.plant import Plant
+from power.rungs import Rung
 from power.sensors import Reading
-from runtime.choice.ladders import Rung
 
 THERMAL_POLICIES = ("kernel", "cheapest", "step_wise", "power_allocator")
 

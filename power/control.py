@@ -41,12 +41,13 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from typing import Literal
 
 from power import energy as energy_mod
 from power import governor as gov
 from power.device import DeviceProfile
+from power.rungs import Rung, RungHold, budget_levels, hold, select_for_budget
 from power.sensors import Reading
-from runtime.choice.ladders import Rung, RungHold, budget_levels, hold, select_for_budget
 
 
 @dataclass(frozen=True)
@@ -95,11 +96,17 @@ class ControlState:
     bounded: bool = False
 
 
+# The event types the control step emits: members of runtime/wire/events.py `EventType`,
+# named here because power/ imports nothing of runtime/ (tests/test_events.py checks both).
+ControlEventType = Literal["governor", "energy", "sensor_hold", "physics_bounded",
+                           "physics_bounded_cleared"]
+
+
 @dataclass(frozen=True)
 class ControlEvent:
     """Something the operator should see (the daemon logs it and queues it as an event)."""
 
-    type: str  # governor | energy | sensor_hold | physics_bounded | physics_bounded_cleared
+    type: ControlEventType
     severity: str  # info | warning | critical
     detail: str
 

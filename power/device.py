@@ -1,14 +1,15 @@
-"""Device profiles: what a kind of box has (sensors, power model), from firmware_config/devices."""
+"""Device profiles: what a kind of box has (sensors, power model), from firmware_config/devices.
+
+The typed data only: runtime/device/profiles.py reads a profile's TOML into these classes
+(with the config schema), so power/ imports nothing of runtime/.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from importlib import resources
-from pathlib import Path
 from typing import Literal
 
 from power.accelerators import AcceleratorPower
-from runtime.config.schema import ConfigError, load_toml
 
 
 @dataclass(frozen=True)
@@ -185,24 +186,3 @@ class DeviceProfile:
     def active_w(self) -> float:
         """Full-load power of the model: idle + every core busy."""
         return self.power.idle_w + self.power.cores * self.power.active_w_per_core
-
-
-def profile_path(name_or_path: str) -> Path:
-    """Resolve a profile name (bundled) or a path to a .toml file."""
-    p = Path(name_or_path)
-    if p.suffix == ".toml" or p.exists():
-        return p
-    bundled = resources.files("firmware_config") / "devices" / f"{name_or_path}.toml"
-    path = Path(str(bundled))
-    if not path.exists():
-        known = sorted(x.name.removesuffix(".toml") for x in path.parent.glob("*.toml"))
-        raise ConfigError(
-            f"device profile '{name_or_path}' not found (bundled profiles: {', '.join(known)};"
-            " or give a path to a .toml file)"
-        )
-    return path
-
-
-def load_profile(name_or_path: str) -> DeviceProfile:
-    """Load and validate a device profile."""
-    return load_toml(profile_path(name_or_path), DeviceProfile)

@@ -49,11 +49,11 @@ def _threads(text: str) -> tuple[int, ...]:
 
 def cmd_profile(args: argparse.Namespace) -> int:
     """Profile every variant of a model and pick the lowest-energy one meeting the target."""
-    from power.device import load_profile
     from power.sensors import detect_meter
     from runtime import config as config_mod
     from runtime.choice.profiler import Profiler, default_threads, model_files, profile_all
     from runtime.choice.selector import Constraints, NoVariantError, frontier, select
+    from runtime.device.profiles import load_profile
     from runtime.engine.backends import discover
 
     cfg = config_mod.load(args.config)
@@ -200,8 +200,8 @@ def _check_model(cfg) -> int:
 def _check_sensors(cfg) -> int:
     """Probe the sensors under the config's sysfs root and print what was found, on stderr so
     stdout stays the resolved config. 1 when the governor would run without a thermometer."""
-    from power.device import load_profile
     from power.sensors import SensorError, SensorSet, detect_meter, discover_thermal
+    from runtime.device.profiles import load_profile
 
     def say(line: str) -> None:
         print(line, file=sys.stderr)

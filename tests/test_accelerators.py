@@ -12,11 +12,11 @@ from modelgen import tiny_cnn
 
 from power import nvml as nvml_mod
 from power.accelerators import AcceleratorPower, bill, find, on_host
-from power.device import load_profile
 from power.sensors import EstimatedMeter, SensorError
 from runtime.choice.profiler import Profiler, model_files, profile_all
 from runtime.choice.selector import Constraints, select
 from runtime.config import BackendsConfig, ModelConfig
+from runtime.device.profiles import load_profile
 from runtime.engine.backends.onnxruntime import OnnxRuntimeBackend
 
 L4 = AcceleratorPower("NVIDIA", "GPU", idle_w=16.0, active_w=72.0, basis="cited")

@@ -14,7 +14,8 @@ from daemon_harness import Serve, last_health, results, wait, write_config
 from modelgen import tiny_cnn
 from onnx import TensorProto, helper, save
 
-from runtime.choice.ladders import budget_levels, ladder_for, select_for_budget
+from power.rungs import budget_levels, select_for_budget
+from runtime.choice.ladders import ladder_for
 from runtime.choice.selector import Constraints, Profile
 from runtime.engine.manifest import load_model, model_files, postprocess
 from runtime.engine.onnx_model import ModelError

@@ -100,14 +100,14 @@ def test_check_command(tmp_path):
 
 
 def test_bundled_device_profiles_load():
-    from power.device import load_profile, profile_path
+    from runtime.device.profiles import load_profile, profile_path
 
     for f in profile_path("generic-x86").parent.glob("*.toml"):
         assert load_profile(str(f)).name == f.stem
 
 
 def test_unknown_device_profile():
-    from power.device import load_profile
+    from runtime.device.profiles import load_profile
 
     with pytest.raises(ConfigError, match="bundled profiles: .*generic-x86"):
         load_profile("no-such-board")

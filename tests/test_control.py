@@ -11,10 +11,10 @@ import pytest
 
 from power import control
 from power import energy as energy_mod
-from power.device import load_profile
 from power.governor import Decision
+from power.rungs import Rung
 from power.sensors import Reading
-from runtime.choice.ladders import Rung
+from runtime.device.profiles import load_profile
 
 RUNGS = [Rung("small", 0.80, 0.010, 0.005), Rung("mid", 0.90, 0.030, 0.010),
          Rung("big", 0.98, 0.100, 0.020)]

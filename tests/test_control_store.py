@@ -11,11 +11,11 @@ from daemon_harness import Serve, events, last_health, wait, write_config
 
 from power import control
 from power import energy as energy_mod
-from power.device import load_profile
 from power.plant import solar_trace
+from power.rungs import Rung
 from power.sensors import Reading
-from runtime.choice.ladders import Rung
 from runtime.device import control_store
+from runtime.device.profiles import load_profile
 
 RUNGS = [Rung("small", 0.80, 0.2, 0.005), Rung("big", 0.98, 0.6, 0.010)]  # 2 W and 6 W at 10 Hz
 

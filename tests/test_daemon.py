@@ -183,7 +183,7 @@ def test_health_power_is_what_runs_not_what_is_planned(tmp_path, broker, coordin
                                                       profile_cache):
     """A real device's health power is idle + the rung at the rate achieved: an empty watched
     folder inspects nothing, so it draws idle only, not the planned 40 Hz (the old figure)."""
-    from power.device import load_profile
+    from runtime.device.profiles import load_profile
 
     folder = tmp_path / "inbox"
     folder.mkdir()

@@ -10,11 +10,12 @@ import pytest
 
 from models import bundled
 from power.closed_loop import simulate
-from power.device import load_profile
 from power.plant import SCENARIOS, ambient
-from runtime.choice.ladders import ladder_for, on_device
+from power.rungs import on_device
+from runtime.choice.ladders import ladder_for
 from runtime.choice.measure import recorded_profiles
 from runtime.choice.selector import Constraints
+from runtime.device.profiles import load_profile
 from runtime.tools import simloop
 
 PROFILES = bundled() / "reference-profiles.json"

@@ -8,7 +8,7 @@ import pytest
 
 from power import duty_cycle as dc
 from power import energy as energy_mod
-from power.device import load_profile
+from runtime.device.profiles import load_profile
 
 SOLAR = dc.WakeCost.of(load_profile("solar-node"))
 E, TI, D = 0.5, 0.2, 10.0  # J and s per inference, s connected per wake

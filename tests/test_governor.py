@@ -10,8 +10,8 @@ import pytest
 
 from power import energy
 from power.governor import Decision, GovernorConfig, GovernorState, Trend, combine, step
+from power.rungs import Rung, RungHold, hold, select_for_budget
 from power.sensors import Reading
-from runtime.choice.ladders import Rung, RungHold, hold, select_for_budget
 
 LEVELS = (math.inf, 6.0, 3.0, 1.5)
 SW = GovernorConfig(control_c=80, critical_c=100, sustainable_w=4.0, max_w=10.0,

@@ -10,6 +10,7 @@ import pytest
 
 from power import control
 from power.governor import Decision
+from power.rungs import Rung
 from power.sensors import Reading
 from runtime.choice.joint import (
     Load,
@@ -22,7 +23,6 @@ from runtime.choice.joint import (
     step_down,
     targets,
 )
-from runtime.choice.ladders import Rung
 
 # -- per-inference targets --------------------------------------------------------------------
 

@@ -8,10 +8,11 @@ from dataclasses import replace
 import pytest
 
 from power.closed_loop import simulate
-from power.device import ThermalModel, load_profile
+from power.device import ThermalModel
 from power.plant import Plant, ambient, rc_step, solar_trace
+from power.rungs import Rung, on_device
 from power.sensors import SensorSet, read_trips
-from runtime.choice.ladders import Rung, on_device
+from runtime.device.profiles import load_profile
 
 
 def test_rc_step_matches_closed_form():

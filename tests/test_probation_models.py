@@ -107,7 +107,7 @@ def test_every_model_a_full_box_runs_keeps_its_counts_when_served_in_turn():
     for 16, a box of 17 or more models forgot each before its next frame, so the [model]'s
     count never passed 1: probation never reached its frames, the throttling check never its
     50 results."""
-    from runtime.frames.multisource import MAX_SOURCES
+    from runtime.config.source import MAX_SOURCES
 
     c = ModelCounts()
     models = [(f"cam{i}", f"/m/{i}") for i in range(MAX_SOURCES)] + [("", "/m/v2"),

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from power.device import DeviceProfile, PowerModel, SensorPaths, load_profile
+from power.device import DeviceProfile, PowerModel, SensorPaths
 from power.sensors import (
     EstimatedMeter,
     HwmonEnergyMeter,
@@ -25,6 +25,7 @@ from power.sensors import (
     read_int,
 )
 from power.sysfs import rel
+from runtime.device.profiles import load_profile
 
 
 def put(root: Path, rel: str, value) -> Path:

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 
 from power.closed_loop import RunResult, run_load
-from power.device import load_profile
 from power.plant import Plant, ambient
+from power.rungs import Rung
 from power.suspend import SimulatedSuspend, SuspendError, SysfsSuspend
-from runtime.choice.ladders import Rung
 from runtime.coordinator import fleet
+from runtime.device.profiles import load_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -103,7 +103,7 @@ def test_plant_bills_suspended_power_and_infers_nothing():
 
 CHILD = textwrap.dedent("""
     import json, threading, time
-    from power.device import load_profile
+    from runtime.device.profiles import load_profile
     from power.plant import Plant, ambient
     from power.suspend import SimulatedSuspend
     plant = Plant(load_profile("solar-node"), ambient("constant", 20.0), battery_frac=0.5)

@@ -195,7 +195,7 @@ def _daemon(tmp_path: Path, *models: Path):
     inspection model), on a three-rung ladder of real ONNX Runtime variants, its pipeline not
     running (a switch is taken at its next frame: `target` shows it); `use(i)` makes the
     i-th model the [model] (as an OTA swap or a rollback installs it). Events are kept."""
-    from runtime.choice.ladders import Rung
+    from power.rungs import Rung
     from runtime.config import BackendsConfig, ModelConfig, OnnxRuntimeConfig, load
     from runtime.device.daemon import Daemon
     from runtime.engine.backends import discover

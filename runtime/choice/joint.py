@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from runtime.choice.ladders import Rung
+from power.rungs import Rung
 from runtime.frames.multisource import aggregate
 
 

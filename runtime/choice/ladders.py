@@ -1,39 +1,19 @@
-"""The ladder the governor climbs: its rungs, budget -> rung, and the rung hold. Pure.
+"""The ladder the governor climbs, built from profiles. Pure.
 
-One home for everything about rungs. The top rung is the selector's choice (lowest energy
-meeting the latency target and the accuracy floor); below it, the cheaper variants on the
-(accuracy, energy) frontier that still meet the latency target: the governor trades accuracy
-below the operator's floor only to protect the device. A rung's energy is *measured* (profiling,
-then kept current from the running pipeline), never assumed from its precision.
+The top rung is the selector's choice (lowest energy meeting the latency target and the
+accuracy floor); below it, the cheaper variants on the (accuracy, energy) frontier that still
+meet the latency target: the governor trades accuracy below the operator's floor only to
+protect the device. A rung's energy is *measured* (profiling, then kept current from the
+running pipeline), never assumed from its precision. The rung vocabulary itself (`Rung`,
+budget -> rung, the hold, `on_device`) is power/rungs.py: power owns it.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
-from typing import Any
 
+from power.rungs import Rung
 from runtime.choice.selector import Constraints, Profile, effective_accuracy, frontier, select
-
-
-@dataclass(frozen=True)
-class Rung:
-    """One ladder step: a frontier variant with its dynamic energy and latency."""
-
-    variant_id: str
-    accuracy: float
-    energy_j: float  # dynamic energy per inference (idle excluded)
-    latency_s: float
-    parallel: int = 1  # sessions running side by side (one per core on a multi-core device)
-
-    def max_rate_hz(self) -> float:
-        """Back-to-back inferences per second."""
-        return self.parallel / self.latency_s
-
-    def power_w(self, rate_hz: float) -> float:
-        """Dynamic power at a rate (capped at what the rung can sustain)."""
-        return self.energy_j * min(rate_hz, self.max_rate_hz())
 
 
 def ladder(profiles: Sequence[Profile], percentile: int = 95) -> list[Rung]:
@@ -57,77 +37,3 @@ def ladder_for(profiles: Sequence[Profile], c: Constraints) -> tuple[list[Rung],
     if len(rungs) == 1:
         reason += "; a one-rung ladder: the governor can only cap the frame rate"
     return rungs, reason
-
-
-def on_device(rungs: Sequence[Rung], cpu_s: Sequence[float], power: Any) -> list[Rung]:
-    """Rungs measured on this host as they would run on a device with power model `power`
-    (power.device.PowerModel): latency and CPU time scaled by its `perf_scale`, energy =
-    CPU-seconds x `active_w_per_core`, one session per core."""
-    return [replace(r, latency_s=r.latency_s * power.perf_scale,
-                    energy_j=c * power.perf_scale * power.active_w_per_core,
-                    parallel=power.cores)
-            for r, c in zip(rungs, cpu_s, strict=True)]
-
-
-def budget_levels(rungs: Sequence[Rung], rate_hz: float,
-                  min_rate_hz: float = 0.0) -> tuple[float, ...]:
-    """step_wise's budget per level: level 0 unrestricted, then each rung below the top at full
-    rate, then the cheapest rung at 1/2, 1/4 and 1/8 of the rate, and last at the minimum duty
-    `min_rate_hz` (the bottom: fail-safe, and where a device that stays hot ends up)."""
-    levels = [math.inf] + [r.power_w(rate_hz) for r in reversed(rungs[:-1])]
-    levels += [rungs[0].power_w(rate_hz) / 2 ** k for k in (1, 2, 3)]
-    return (*levels, rungs[0].power_w(min(min_rate_hz, rate_hz / 8)))
-
-
-def select_for_budget(rungs: Sequence[Rung], budget_w: float, rate_hz: float,
-                      current: int | None = None, up_margin: float = 0.1) -> tuple[int, float]:
-    """(rung index, rate): the most accurate rung whose power at `rate_hz` fits the budget.
-
-    Moving up to a more accurate rung than `current` needs `up_margin` of headroom, so a
-    budget hovering at a threshold does not flap. If even the cheapest rung does not fit,
-    it runs at the rate the budget allows (possibly 0; the caller applies minimum duty).
-    """
-    fits = [i for i, r in enumerate(rungs) if r.power_w(rate_hz) <= budget_w]
-    if not fits:
-        cheapest = rungs[0]
-        rate = budget_w / cheapest.energy_j if cheapest.energy_j > 0 else rate_hz
-        return 0, max(0.0, min(rate_hz, rate))
-    best = max(fits)
-    if current is not None and best > current:
-        roomy = [i for i in fits if i <= current
-                 or rungs[i].power_w(rate_hz) * (1 + up_margin) <= budget_w]
-        # Nothing at or below `current` fits and nothing has the margin (live energies need
-        # not rise with the index): a forced move, to the fitting rung with the most headroom.
-        best = max(roomy) if roomy else min(fits, key=lambda i: rungs[i].power_w(rate_hz))
-    return best, rate_hz
-
-
-@dataclass(frozen=True)
-class RungHold:
-    """What the rung chooser remembers: when the rung last changed and how long an upgrade
-    must wait now (doubles when an upgrade is undone within its dwell: no limit cycles)."""
-
-    rung: int | None = None
-    last_change_t: float = -math.inf
-    last_up_t: float = -math.inf
-    dwell_s: float | None = None
-
-
-def hold(state: RungHold, proposed: int, t: float, base_dwell_s: float,
-         max_dwell_s: float = 900.0) -> RungHold:
-    """Step down at once; step up one rung only after the dwell. A step down that undoes an
-    upgrade younger than four dwells doubles the dwell (up to `max_dwell_s`): the upgrade did
-    not hold, so the next one waits longer. Four dwells without a change bring it back to
-    `base_dwell_s`."""
-    dwell = state.dwell_s if state.dwell_s is not None else base_dwell_s
-    if state.rung is None:
-        return RungHold(proposed, t, -math.inf, dwell)
-    if t - state.last_change_t >= 4 * dwell:
-        dwell = base_dwell_s
-    if proposed < state.rung:
-        if t - state.last_up_t < 4 * dwell:
-            dwell = min(max_dwell_s, dwell * 2)
-        return RungHold(proposed, t, state.last_up_t, dwell)
-    if proposed > state.rung and t - state.last_change_t >= dwell:
-        return RungHold(state.rung + 1, t, t, dwell)
-    return replace(state, dwell_s=dwell)

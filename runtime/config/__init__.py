@@ -2,6 +2,12 @@
 
 Each component is handed only its own section (`cfg.profiler`, `cfg.backends`, ...).
 Defaults are chosen so that `edgerun profile MODEL` works with no file at all.
+
+A leaf package: its modules import the standard library and each other, nothing else of the
+project (tests/test_config_leaf.py), so any module can import its section without pulling in
+the component that uses it. A module per section that has a component of its own
+(`source`, `backends`, `telemetry`, `coordinator`, `models`, `results`, `local_api`,
+`homeassistant`); the small daemon-wide sections are here.
 """
 
 from __future__ import annotations
@@ -10,16 +16,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from runtime.config.backends import (
+    ENGINES,
+    BackendsConfig,
+    OnnxRuntimeConfig,
+    OpenCvConfig,
+    OpenVinoConfig,
+)
 from runtime.config.coordinator import CoordinatorConfig
+from runtime.config.homeassistant import HomeAssistantConfig
+from runtime.config.local_api import LocalApiConfig
+from runtime.config.models import ModelsConfig
+from runtime.config.results import ResultsConfig
 from runtime.config.schema import ConfigError, build, load_toml
+from runtime.config.source import SourceConfig, check_sources
 from runtime.config.telemetry import TelemetryConfig
-from runtime.device.local_api import LocalApiConfig
-from runtime.frames.results_local import ResultsConfig
-from runtime.frames.sources import SourceConfig
-from runtime.ota.store import ModelsConfig
-from runtime.telemetry.homeassistant import HomeAssistantConfig
-
-ENGINES = ("onnxruntime", "openvino", "opencv", "opencl")
 
 
 @dataclass(frozen=True)
@@ -107,52 +118,6 @@ class ProfilerConfig:
             return "time_budget_s", f"must be > 0, got {self.time_budget_s}"
         if not self.first_decision_s >= 0:
             return "first_decision_s", f"must be >= 0, got {self.first_decision_s}"
-        return None
-
-
-@dataclass(frozen=True)
-class OnnxRuntimeConfig:
-    """ONNX Runtime variant knobs (each list is one axis of the grid)."""
-
-    spinning: tuple[bool, ...] = (False, True)
-    graph_optimization: tuple[Literal["basic", "extended", "all"], ...] = ("all",)
-    include_default: bool = True  # also profile ORT's default session options, for comparison
-
-
-@dataclass(frozen=True)
-class OpenVinoConfig:
-    """OpenVINO variant knobs."""
-
-    performance_hint: tuple[Literal["LATENCY", "THROUGHPUT"], ...] = ("LATENCY",)
-    precision_hints: tuple[Literal["f32", "bf16", "f16"], ...] = ("f32", "bf16", "f16")
-    cache_dir: str = ""  # compiled-model cache; empty = no cache
-
-
-@dataclass(frozen=True)
-class OpenCvConfig:
-    """OpenCV DNN variant knobs."""
-
-    engines: tuple[Literal["new", "classic"], ...] = ("new", "classic")
-    fp16_target: bool = True  # also try DNN_TARGET_CPU_FP16 where it exists
-
-
-@dataclass(frozen=True)
-class BackendsConfig:
-    """Which engines to try and the shared thread axis."""
-
-    enabled: tuple[Literal["onnxruntime", "openvino", "opencv", "opencl"], ...] = ENGINES
-    threads: tuple[int, ...] = ()  # empty: 1 and every core
-    plugins: tuple[str, ...] = ()  # extra backends as "module:Class" (vendor SDKs, tests)
-    onnxruntime: OnnxRuntimeConfig = field(default_factory=OnnxRuntimeConfig)
-    openvino: OpenVinoConfig = field(default_factory=OpenVinoConfig)
-    opencv: OpenCvConfig = field(default_factory=OpenCvConfig)
-
-    def validate(self) -> tuple[str, str] | None:
-        if any(t < 1 for t in self.threads):
-            return "threads", f"every entry must be >= 1, got {list(self.threads)}"
-        bad = [p for p in self.plugins if p.count(":") != 1]
-        if bad:
-            return "plugins", f"each entry must be 'module:Class', got {bad}"
         return None
 
 
@@ -266,8 +231,6 @@ class Config:
     models: ModelsConfig = field(default_factory=ModelsConfig)  # OTA: bundles, probation
 
     def validate(self) -> tuple[str, str] | None:
-        from runtime.frames.multisource import check_sources
-
         return check_sources(self.sources, self.source != SourceConfig())
 
 
@@ -283,4 +246,7 @@ def from_dict(data: dict, source: str = "<config>") -> Config:
     return build(Config, data, source=source)
 
 
-__all__ = ["Config", "ConfigError", "from_dict", "load"]
+__all__ = ["ENGINES", "BackendsConfig", "Config", "ConfigError", "CoordinatorConfig",
+           "HomeAssistantConfig", "LocalApiConfig", "ModelsConfig", "OnnxRuntimeConfig",
+           "OpenCvConfig", "OpenVinoConfig", "ResultsConfig", "SourceConfig", "TelemetryConfig",
+           "from_dict", "load"]

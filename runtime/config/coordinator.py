@@ -1,11 +1,37 @@
-"""The `[coordinator]` section."""
+"""The `[coordinator]` section, with the checks it needs: a webhook URL, the alert codes."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Literal
+from urllib.parse import urlparse
 
 from runtime.config.telemetry import BrokerConfig, check_name
+
+# Every code the coordinator's alerts can raise (runtime/coordinator/fleet.py `alerts`;
+# coordinator.webhook_alerts is checked against it).
+ALERT_CODES = ("governor_disabled", "offline", "stale", "throttled", "hot", "sensor",
+               "failsafe", "slo", "backlog", "evicted", "version", "missed_wake")
+
+
+def check_url(url: str) -> str | None:
+    """Why `url` cannot be a webhook target, or None when it is an http(s) URL with a host."""
+    parts = urlparse(url)
+    try:
+        parts.port  # noqa: B018 - raises on a port that is not a number in range
+    except ValueError:
+        return f"has a bad port: {url[:80]!r}"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return f"must be an http:// or https:// URL with a host, got {redacted_url(url)[:80]!r}"
+    return None
+
+
+def redacted_url(url: str) -> str:
+    """The URL without credentials or query (either may hold a token) for logs and stats."""
+    p = urlparse(url)
+    host = p.hostname or ""
+    port = f":{p.port}" if p.port else ""
+    return f"{p.scheme}://{host}{port}{p.path}"
 
 
 @dataclass(frozen=True)
@@ -78,13 +104,8 @@ class CoordinatorConfig:
             return "retention_days", "retention_days and max_store_mb must be >= 0 (0 = off)"
         if self.retention_interval_s < 1:
             return "retention_interval_s", f"must be >= 1, got {self.retention_interval_s}"
-        if self.webhook_url:
-            from runtime.coordinator.webhooks import check_url
-
-            if why := check_url(self.webhook_url):
-                return "webhook_url", why
-        from runtime.coordinator.fleet import ALERT_CODES
-
+        if self.webhook_url and (why := check_url(self.webhook_url)):
+            return "webhook_url", why
         if unknown := sorted(set(self.webhook_alerts) - set(ALERT_CODES)):
             return "webhook_alerts", f"unknown alert code(s) {unknown}; known: {ALERT_CODES}"
         if not 0 <= self.alert_clear_s <= 86400:

@@ -25,9 +25,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-# Every code `alerts` can raise (coordinator.webhook_alerts is checked against it).
-ALERT_CODES = ("governor_disabled", "offline", "stale", "throttled", "hot", "sensor",
-               "failsafe", "slo", "backlog", "evicted", "version", "missed_wake")
+# every code `alerts` can raise: with the [coordinator] section, which checks webhook_alerts
+from runtime.config.coordinator import ALERT_CODES as ALERT_CODES
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from runtime.coordinator.canary_clock import believed_wake, note_sleep, overdue
+from runtime.wire.events import MODEL_EVENTS, EventType
 
 if TYPE_CHECKING:
     from runtime.coordinator.store import Store
@@ -314,26 +315,26 @@ class Rollouts:
     def on_event(self, device: str, ev: dict[str, Any]) -> None:
         """Advance rollouts from a device's model events."""
         kind = ev.get("type")
-        if kind not in ("model_swapped", "model_probation_passed", "model_rolled_back",
-                        "model_deploy_failed", "model_deployed"):
+        if kind not in MODEL_EVENTS:
             return
-        self._retrying(lambda: self._on_event(device, kind, ev))
+        self._retrying(lambda: self._on_event(device, EventType(kind), ev))
 
-    def _on_event(self, device: str, kind: str, ev: dict[str, Any]) -> None:
+    def _on_event(self, device: str, kind: EventType, ev: dict[str, Any]) -> None:
         with self._lock:
             for r in self._active():
                 st = r["devices"].get(device)
                 if st is None or st["state"] not in (SENT, SWAPPED):
                     continue
                 version = r["version"]
-                if kind == "model_swapped" and ev.get("to") == version:
+                if kind == EventType.MODEL_SWAPPED and ev.get("to") == version:
                     st["state"] = SWAPPED
-                elif kind in ("model_probation_passed", "model_deployed") and \
+                elif kind in (EventType.MODEL_PROBATION_PASSED, EventType.MODEL_DEPLOYED) and \
                         ev.get("version") == version:
                     st["state"] = PASSED
-                elif kind == "model_rolled_back" and ev.get("version") == version:
+                elif kind == EventType.MODEL_ROLLED_BACK and ev.get("version") == version:
                     st.update(state=FAILED, reason=f"rolled back: {ev.get('reason', '')}")
-                elif kind == "model_deploy_failed" and version in str(ev.get("reason", "")) \
+                elif kind == EventType.MODEL_DEPLOY_FAILED \
+                        and version in str(ev.get("reason", "")) \
                         and ev.get("error") != "another model install is running":
                     st.update(state=FAILED, reason=f"deploy failed at "
                               f"{ev.get('step', '?')}: {ev.get('error', '')}")

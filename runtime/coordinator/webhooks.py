@@ -30,8 +30,8 @@ import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
+from runtime.config.coordinator import check_url, redacted_url
 from runtime.wire.quarantine import RateLimitedLog
 
 log = logging.getLogger("edgerun.webhook")
@@ -39,18 +39,6 @@ log = logging.getLogger("edgerun.webhook")
 BACKOFF_MAX_S = 60.0
 SIGNATURE_HEADER = "X-Edgerun-Signature"
 _RETRY_STATUS = {408, 429}
-
-
-def check_url(url: str) -> str | None:
-    """Why `url` cannot be a webhook target, or None when it is an http(s) URL with a host."""
-    parts = urlparse(url)
-    try:
-        parts.port  # noqa: B018 - raises on a port that is not a number in range
-    except ValueError:
-        return f"has a bad port: {url[:80]!r}"
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        return f"must be an http:// or https:// URL with a host, got {_redacted(url)[:80]!r}"
-    return None
 
 
 class SecretError(ValueError):
@@ -159,7 +147,7 @@ class Webhook:
         """Delivery counters, queue depth and the last error (for the API's stats)."""
         with self._cond:
             depth = len(self._queue)
-        return {"url": _redacted(self.url), "queue": depth, "queue_max": self._queue_max,
+        return {"url": redacted_url(self.url), "queue": depth, "queue_max": self._queue_max,
                 **{k: self.counters.get(k, 0) for k in
                    ("queued", "sent", "retries", "failed", "dropped", "dropped_at_stop")},
                 "last_error": self.last_error, "alive": self.alive()}
@@ -214,15 +202,7 @@ class Webhook:
                 return False, None
         except urllib.error.HTTPError as e:
             retry = e.code >= 500 or e.code in _RETRY_STATUS
-            return retry, f"{_redacted(self.url)} answered HTTP {e.code}"
+            return retry, f"{redacted_url(self.url)} answered HTTP {e.code}"
         except (urllib.error.URLError, OSError, ValueError) as e:
             reason = getattr(e, "reason", e)
-            return True, f"{_redacted(self.url)} unreachable: {reason}"
-
-
-def _redacted(url: str) -> str:
-    """The URL without credentials or query (either may hold a token) for logs and stats."""
-    p = urlparse(url)
-    host = p.hostname or ""
-    port = f":{p.port}" if p.port else ""
-    return f"{p.scheme}://{host}{port}{p.path}"
+            return True, f"{redacted_url(self.url)} unreachable: {reason}"

@@ -30,24 +30,27 @@ import numpy as np
 from power import control
 from power import energy as energy_mod
 from power.cputime import native_threads_cpu_s
-from power.device import DeviceProfile, load_profile
+from power.device import DeviceProfile
+from power.rungs import Rung, on_device
 from power.sensors import Reading, SensorError, SensorSet, detect_meter
 from power.thermal_source import ThermalSource, discover_thermal
 from runtime import __version__
 from runtime.choice import joint
-from runtime.choice.ladders import Rung, ladder_for, on_device
+from runtime.choice.ladders import ladder_for
 from runtime.choice.measure import Measured, measure_first, measure_model
 from runtime.choice.selector import Constraints, NoVariantError, Profile
 from runtime.config import Config, ConfigError, load
+from runtime.config.source import model_path
 from runtime.device import control_store, operator_settings
 from runtime.device.health import health
 from runtime.device.local_api import LocalApi, start_local_api
 from runtime.device.ota import DeviceOta
+from runtime.device.profiles import load_profile
 from runtime.device.switch_retry import Retries, candidates
 from runtime.device.systemd import Notifier
 from runtime.engine.backends import discover
 from runtime.frames.model_counts import model_id
-from runtime.frames.multisource import aggregate, lanes, model_path, planned_rate, single
+from runtime.frames.multisource import aggregate, lanes, planned_rate, single
 from runtime.frames.pipeline import Active, Pipeline, live_id
 from runtime.frames.results_local import LocalResults
 from runtime.frames.sources import open_source

@@ -35,6 +35,7 @@ import numpy as np
 from runtime.frames.model_counts import ModelId, Tally, model_id
 from runtime.ota.probation import Kpis, Limits, judge
 from runtime.ota.store import ModelStore, crash_point
+from runtime.wire.events import EventType
 
 if TYPE_CHECKING:
     from runtime.device.daemon import Daemon
@@ -86,7 +87,7 @@ class DeviceOta:
         why = self.store.boot(self.cfg.crash_boots)
         if why:
             log.critical("model rolled back: %s", why)
-            self.d.event("model_rolled_back", "critical", reason=why,
+            self.d.event(EventType.MODEL_ROLLED_BACK, "critical", reason=why,
                          to=self.store.read().get("current") or "configured")
         vid, path = self.store.serving()
         self.version = vid
@@ -116,7 +117,7 @@ class DeviceOta:
                 path = served or self.configured
                 log.critical("model %s rolled back: %s; serving %s", failed, why,
                              self.version or "the configured model")
-                self.d.event("model_rolled_back", "critical", version=failed,
+                self.d.event(EventType.MODEL_ROLLED_BACK, "critical", version=failed,
                              to=self.version or "configured", reason=why[:1000])
 
     def started(self) -> None:
@@ -177,7 +178,8 @@ class DeviceOta:
         if not self.store.has(name):
             return False
         if name == self.version:
-            self.d.event("model_deployed", "info", version=name, detail="already serving it")
+            self.d.event(EventType.MODEL_DEPLOYED, "info", version=name,
+                         detail="already serving it")
             return True
         path = self.store.path(name)
         assert path is not None
@@ -189,7 +191,7 @@ class DeviceOta:
         a = cmd.args
         vid = f"{a['name']}@{a['version']}"
         if vid == self.version:
-            self.d.event("model_deployed", "info", version=vid, detail="already serving it")
+            self.d.event(EventType.MODEL_DEPLOYED, "info", version=vid, detail="already serving it")
             return
 
         def fetch() -> tuple[Path, str]:
@@ -250,7 +252,7 @@ class DeviceOta:
 
     def _start(self, obtain: Any, why: str) -> None:
         if not self._busy.acquire(blocking=False):
-            self.d.event("model_deploy_failed", "warning", reason=why,
+            self.d.event(EventType.MODEL_DEPLOY_FAILED, "warning", reason=why,
                          error="another model install is running")
             return
         log.info("%s: download, verify and profile in the background", why)
@@ -273,7 +275,7 @@ class DeviceOta:
                     return
                 log.error("%s failed at step %s: %s; still serving %s", why, self._step, e,
                           self.version or "the configured model")
-                self.d.event("model_deploy_failed", "warning", reason=why, step=self._step,
+                self.d.event(EventType.MODEL_DEPLOY_FAILED, "warning", reason=why, step=self._step,
                              error=str(e)[:500])
             finally:
                 self._busy.release()
@@ -318,8 +320,8 @@ class DeviceOta:
         log.info("model %s -> %s (%s); probation: %d frames, agreement floor %.0f%%",
                  old or "configured", vid, why, self.cfg.probation_frames,
                  self.cfg.agreement_floor * 100)
-        d.event("model_swapped", "info", **{"from": old or "configured", "to": vid,
-                                            "reason": why})
+        d.event(EventType.MODEL_SWAPPED, "info", **{"from": old or "configured", "to": vid,
+                                                     "reason": why})
         self._begin(baseline, shadow, prev)
         if d.publisher:
             d.publisher.request_rebirth()
@@ -396,7 +398,7 @@ class DeviceOta:
             self._drop_shadow()
             self.store.passed()
             log.info("model %s passed probation: %s", run.version, run.kpis)
-            self.d.event("model_probation_passed", "info", version=run.version or "",
+            self.d.event(EventType.MODEL_PROBATION_PASSED, "info", version=run.version or "",
                          **_clean(run.kpis))
         elif v.state == "failed":
             self.rollback("; ".join(v.reasons))
@@ -417,7 +419,7 @@ class DeviceOta:
         self.version = now
         log.critical("model %s rolled back to %s: %s", failed, now or "the configured model",
                      reason)
-        self.d.event("model_rolled_back", "critical", version=failed or "",
+        self.d.event(EventType.MODEL_ROLLED_BACK, "critical", version=failed or "",
                      to=now or "configured", reason=reason[:1000],
                      **_clean(run.kpis if run else {}))
         self.last = {"version": failed, "state": "rolled_back", "reasons": [reason[:1000]]}

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from power.closed_loop import RunResult, run_load
 from power.device import DeviceProfile
 from power.plant import SCENARIOS, Plant, ambient
-from runtime.choice.ladders import Rung
+from power.rungs import Rung
 
 log = logging.getLogger("edgerun.sim")
 

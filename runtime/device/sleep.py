@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from power import duty_cycle
 from power.suspend import SimulatedSuspend, Suspender, SuspendError, SysfsSuspend
+from runtime.wire.events import EventType
 
 if TYPE_CHECKING:
     from runtime.device.daemon import Daemon
@@ -170,7 +171,7 @@ class Sleeper:
         when = time.strftime("%H:%M:%S", time.gmtime(self.next_wake))
         why = f"sleeping until {when} UTC ({away:.0f} s): {plan.reason}"
         log.info("%s", why)
-        d.event("sleeping", "info", until=round(self.next_wake, 3), seconds=round(away, 1),
+        d.event(EventType.SLEEPING, "info", until=round(self.next_wake, 3), seconds=round(away, 1),
                 plan=plan.reason)
         wd = d.notify.watchdog_s
         if wd:  # stretch the watchdog over the disconnect and the sleep (docs/sleep.md)
@@ -198,13 +199,13 @@ class Sleeper:
         if failed:
             log.error("could not suspend: %s; staying awake and trying again next cycle",
                       failed)
-            d.event("sleep_failed", "warning", error=failed[:500])
+            d.event(EventType.SLEEP_FAILED, "warning", error=failed[:500])
             self.phase = "wait"
             return
         now = d.sensors.read().t
         log.info("woke after %.0f s (asked %.0f s)%s", woke.slept_s, away,
                  ": early" if woke.early else "")
-        d.event("woke", "info", slept_s=round(woke.slept_s, 1), asked_s=round(away, 1),
+        d.event(EventType.WOKE, "info", slept_s=round(woke.slept_s, 1), asked_s=round(away, 1),
                 wakes=self.wakes)
         self.cycle_t, self.phase = now, "warmup"
         self._replan(now)
@@ -256,5 +257,5 @@ def create(d: Daemon) -> Sleeper | None:
         s.disabled = ("sleep is configured but the board cannot sleep: " + "; ".join(problems)
                       + "; running awake")
         log.critical("%s", s.disabled)
-        d.event("sleep_disabled", "critical", reason=s.disabled[:1000])
+        d.event(EventType.SLEEP_DISABLED, "critical", reason=s.disabled[:1000])
     return s

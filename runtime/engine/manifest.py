@@ -19,6 +19,7 @@ from typing import Any
 import cv2
 import numpy as np
 
+from runtime.config.schema import ConfigError, read_text
 from runtime.engine.backends.base import ModelFile
 from runtime.engine.detection import FORMATS, DetectSpec, guess_format, is_classifier_shape
 from runtime.engine.onnx_model import ModelError, file_sha256
@@ -349,8 +350,6 @@ def _read_small(path: Path, what: str) -> str:
     """The UTF-8 text of a regular file of at most 1 MiB (runtime.config.schema.read_text: a FIFO or
     /dev/zero named here hung `check` and `serve`, reading without end); ModelError naming
     the file otherwise."""
-    from runtime.config.schema import ConfigError, read_text
-
     try:
         return read_text(path)
     except ConfigError as e:

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 
 from runtime.frames.images import KINDS
+from runtime.wire.events import EventType
 
 log = logging.getLogger("edgerun.pipeline")
 
@@ -73,7 +74,7 @@ class BadFrames:
         more = f" ({suppressed} more of this kind since the last report)" if suppressed else ""
         log.warning("frame %s refused (%s): %s; skipped%s", printable(ref), kind, why, more)
         try:
-            self._event({"type": "frame_bad", "severity": "warning", "kind": kind,
+            self._event({"type": EventType.FRAME_BAD, "severity": "warning", "kind": kind,
                          "ref": str(ref)[:200], "error": str(why)[:300],
                          "suppressed": suppressed, "total": total})
         except Exception as e:  # reporting must never take the capture thread down

@@ -34,8 +34,9 @@ from pathlib import Path
 import cv2
 import numpy as np
 
+from runtime.config.source import DEFAULT_MAX_PIXELS
+
 KINDS = ("too_large", "truncated", "corrupt", "undecodable", "unreadable")
-DEFAULT_MAX_PIXELS = 40_000_000
 
 
 class BadImage(Exception):

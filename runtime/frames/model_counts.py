@@ -20,7 +20,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from runtime.frames.multisource import MAX_SOURCES
+from runtime.config.source import MAX_SOURCES
 
 ModelId = tuple[str, str]  # (pipeline key, model directory)
 

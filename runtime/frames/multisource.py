@@ -27,14 +27,11 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 UTILISATION_MAX = 0.8  # the share of the inference thread's time frames may fill
-MAX_MODEL_CHARS = 4096  # a [[sources]] model: a name or a path (PATH_MAX on Linux)
-MAX_SOURCES = 64  # health's pipeline.sources holds at most this many (payloads._HEALTH)
 
 
 def aggregate(latency_ms: float, rates_hz: Sequence[float]) -> tuple[float, str]:
@@ -179,87 +176,6 @@ class FairQueue:
         """Items waiting on one lane."""
         with self._cond:
             return len(self._q[lane])
-
-
-def check_sources(sources: Sequence[Any], single_given: bool) -> tuple[str, str] | None:
-    """What is wrong with a `[[sources]]` list as a whole (None when nothing is): each entry
-    has a unique name and a rate (the combined rate sizes the latency target and the energy
-    budget), and `[source]` is not given as well."""
-    if not sources:
-        return None
-    if single_given:
-        return "sources", "give either one [source] or several [[sources]], not both"
-    if len(sources) > MAX_SOURCES:
-        return "sources", (f"at most {MAX_SOURCES} sources per daemon (health reports each), "
-                           f"got {len(sources)}")
-    names = [s.name for s in sources]
-    for i, s in enumerate(sources):
-        if not s.name:
-            return "sources", (f"entry {i + 1} ({s.kind}) needs a name: results and health "
-                               "name their source")
-        if s.rate_hz <= 0:
-            return "sources", (f"{s.name}: rate_hz must be > 0 with several sources (the "
-                               f"combined rate sizes the latency target and the energy "
-                               f"budget), got {s.rate_hz}")
-    dup = sorted({n for n in names if names.count(n) > 1})
-    if dup:
-        return "sources", f"names must be unique, {', '.join(dup)} is used more than once"
-    tiling: dict[Path, Any] = {}
-    for s in sources:  # one session per model: a model is tiled one way
-        if not s.model:
-            continue
-        p = model_path(s.model).resolve()
-        first = tiling.setdefault(p, s)
-        if (first.tiling, first.tile_size, first.tile_overlap) != (
-                s.tiling, s.tile_size, s.tile_overlap):
-            return "sources", (f"{first.name} and {s.name} both use model {s.model!r} but tile "
-                               "it differently (tiling, tile_size, tile_overlap): the sources "
-                               "of a model share its session, so they must agree")
-    return None
-
-
-def model_path(name: str) -> Path:
-    """Where a `[[sources]] model` is: a path (it has a '/' or ends in .onnx; '~' expanded),
-    else the name of a bundled model (models/<name>)."""
-    if "/" in name or name.endswith(".onnx"):
-        return Path(name).expanduser()
-    from models import ROOT
-
-    return ROOT / name
-
-
-def check_model(s: Any) -> tuple[str, str] | None:
-    """What is wrong with one entry's `model` and tiling keys (None when nothing is): the
-    model exists (a directory with a manifest, or an .onnx file) and the tile options are in
-    range; tiling is set with the model it tiles (the [model]'s own is tiled in [model])."""
-    if s.tiling and not s.model:
-        return "tiling", ("tiles a model named in this entry; the [model] section's own model "
-                          "is tiled by [model] tiling")
-    if s.model:
-        # a hostile string must not reach the filesystem, the log or health unchecked
-        if len(s.model) > MAX_MODEL_CHARS or any(ord(c) < 32 or ord(c) == 127
-                                                 for c in s.model):
-            return "model", (f"must be a model's name or path of at most {MAX_MODEL_CHARS} "
-                             f"characters with no control characters, got "
-                             f"{s.model[:80]!r}{'...' if len(s.model) > 80 else ''}")
-        p = model_path(s.model)
-        try:
-            found = (p / "manifest.json").is_file() or (p.suffix == ".onnx" and p.is_file())
-        except OSError as e:  # a name too long, a symlink loop: not there either
-            return "model", f"{s.model!r}: cannot look there: {e.strerror or e}"
-        if not found:
-            from models import ROOT
-
-            names = sorted(d.name for d in ROOT.iterdir() if (d / "manifest.json").is_file())
-            return "model", (f"{s.model!r}: no model there ({p} is neither a directory with a "
-                             f"manifest.json nor an .onnx file); bundled models: "
-                             f"{', '.join(names)}")
-    if not 0 <= s.tile_size <= 16384:
-        return "tile_size", ("must be 0 (the model input's size) or up to 16384 pixels, "
-                             f"got {s.tile_size}")
-    if not 0.0 <= s.tile_overlap <= 0.75:
-        return "tile_overlap", f"must be within 0..0.75, got {s.tile_overlap}"
-    return None
 
 
 def lanes(sources: Sequence[Any], opener: Callable[[Any, int], Any],

@@ -52,6 +52,7 @@ from runtime.frames.multisource import FairQueue, Lane, Pacer
 from runtime.frames.results_local import LocalResults
 from runtime.frames.roi import RoiError, crop, resolve
 from runtime.frames.sources import BadFrame, Frame, Source, SourceEnded, SourceError
+from runtime.wire.events import EventType
 
 log = logging.getLogger("edgerun.pipeline")
 
@@ -303,7 +304,7 @@ class Pipeline:
             lane.state = "failed"
             self.counters["source_errors"] += 1
             lane.counters["source_errors"] += 1
-            self._event({"type": "source_failed", "severity": "critical",
+            self._event({"type": EventType.SOURCE_FAILED, "severity": "critical",
                          "error": lane.refused[:1000], "source": lane.name})
             return
         delay, opened = 0.5, 0.0
@@ -433,7 +434,7 @@ class Pipeline:
         lane.state = "ended"
         log.info("source ended: %s; no more frames%s, the daemon keeps running", why,
                  "" if len(self.lanes) == 1 else f" from source {lane.name}")
-        self._event({"type": "source_ended", "severity": "info", "reason": why,
+        self._event({"type": EventType.SOURCE_ENDED, "severity": "info", "reason": why,
                      "source": lane.name})
 
     def _source_failed(self, lane: Lane, why: str, delay: float) -> None:
@@ -442,7 +443,7 @@ class Pipeline:
         lane.state = "failed"
         log.warning("source %sfailed: %s; retrying in %.1f s (the daemon keeps running)",
                     "" if len(self.lanes) == 1 else f"{lane.name} ", why, delay)
-        self._event({"type": "source_failed", "severity": "warning", "error": why,
+        self._event({"type": EventType.SOURCE_FAILED, "severity": "warning", "error": why,
                      "retry_s": round(delay, 1), "source": lane.name})
         self._stop_capture.wait(delay)
 
@@ -508,7 +509,7 @@ class Pipeline:
             self.counters["infer_errors"] += 1
             self.models.error(self._model_id(active), time.time())
             log.error("inference failed on %s with %s: %s", frame.ref, active.variant_id, e)
-            self._event({"type": "inference_failed", "severity": "warning",
+            self._event({"type": EventType.INFERENCE_FAILED, "severity": "warning",
                          "variant": active.variant_id, "error": str(e)[:300]})
             return None
         if self.shadow is not None and not key:
@@ -605,7 +606,7 @@ class Pipeline:
             self.counters["store_errors"] += len(results)
             log.error("could not store %d results: %s; their frames are not marked done",
                       len(results), e)
-            self._event({"type": "store_failed", "severity": "critical", "error": str(e)})
+            self._event({"type": EventType.STORE_FAILED, "severity": "critical", "error": str(e)})
             return
         now = time.time()
         for m, ms_each in counted:

@@ -26,17 +26,16 @@ import time
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar, Literal, Protocol
+from typing import ClassVar, Protocol
 
 import cv2
 import numpy as np
 
-from runtime.frames import images, roi
+from runtime.config.source import SourceConfig
+from runtime.frames import images
 from runtime.frames.images import BadImage
 
 log = logging.getLogger("edgerun.source")
-
-MAX_SYNTHETIC_SIZE = 1024  # 256 parts x 3 MiB of pool at the most
 
 
 class SourceError(Exception):
@@ -56,79 +55,6 @@ class BadFrame(Exception):
     def __init__(self, ref: str, kind: str, why: str):
         super().__init__(f"{ref}: {why}")
         self.ref, self.kind, self.why = ref, kind, why
-
-
-NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")  # a source's name goes into results and topics
-
-
-@dataclass(frozen=True)
-class SourceConfig:
-    """The `[source]` section (or one `[[sources]]` entry, see runtime/frames/multisource.py)."""
-
-    kind: Literal["synthetic", "folder", "capture", "trigger"] = "synthetic"
-    # results name their source; empty: "main" for a single [source] ([[sources]] need one)
-    name: str = ""
-    rate_hz: float = 10.0  # synthetic: frames per second (0 = as fast as possible);
-    # in [[sources]]: the rate this source is inspected at, whatever its kind
-    seed: int = 0
-    defect_rate: float = 0.2  # synthetic: share of parts with a defect
-    size: int = 96  # synthetic: frame size in pixels
-    path: str = ""  # folder: directory; capture: device index, file or URL
-    loop: bool = False  # capture of a video file: play it again after its last frame
-    # (default: the source ends there; the daemon keeps running and reports it once)
-    watch: bool = True  # folder: keep watching for new files
-    done_dir: str = ""  # folder: move inspected files here (empty: remember them instead)
-    topic: str = ""  # trigger: MQTT topic; payload = image bytes (PNG/JPEG) or a file path
-    # folder/trigger: images larger than this are refused from their header, before decoding
-    max_pixels: int = images.DEFAULT_MAX_PIXELS
-    # region of interest [x, y, w, h] cropped before preprocessing (empty: the whole frame)
-    roi: tuple[float, ...] = ()
-    roi_units: roi.Units = "pixels"  # or "fraction" (of the frame's width and height)
-    # capture of an RTSP/HTTP URL: RTSP over TCP (or "udp"; "auto": FFmpeg's default)
-    transport: Literal["tcp", "udp", "auto"] = "tcp"
-    open_timeout_s: float = 10.0  # capture of a URL: give up connecting after this long
-    read_timeout_s: float = 5.0  # capture of a URL: a stream silent this long has failed
-    # [[sources]] only (runtime/choice/joint.py, docs/sources.md): the model inspecting this source,
-    # a bundled model's name or a path ("": the [model] section's), and that model's tiling
-    model: str = ""
-    tiling: bool = False
-    tile_size: int = 0  # frame pixels per tile side; 0: the model input's size
-    tile_overlap: float = 0.2
-
-    def validate(self) -> tuple[str, str] | None:
-        if self.name and not NAME.match(self.name):
-            return "name", (f"must be 1-64 letters, digits, '_', '.' or '-', got "
-                            f"{self.name!r}")
-        if self.max_pixels < 1:
-            return "max_pixels", f"must be >= 1, got {self.max_pixels}"
-        if self.kind in ("folder", "capture") and not self.path:
-            return "path", f"source kind {self.kind!r} needs a path"
-        if self.kind == "trigger" and not self.topic:
-            return "topic", "source kind 'trigger' needs an MQTT topic"
-        if not 0 <= self.defect_rate <= 1:
-            return "defect_rate", f"must be within 0..1, got {self.defect_rate}"
-        if self.rate_hz < 0:
-            return "rate_hz", f"must be >= 0, got {self.rate_hz}"
-        # the synthetic conveyor keeps a pool of 256 rendered parts: 0 or less killed the
-        # capture thread at its first render, 5000 px would be 19 GB of pool
-        if not 1 <= self.size <= MAX_SYNTHETIC_SIZE:
-            return "size", f"must be 1..{MAX_SYNTHETIC_SIZE} pixels, got {self.size}"
-        if self.open_timeout_s <= 0 or self.read_timeout_s <= 0:
-            return "open_timeout_s", (f"open_timeout_s and read_timeout_s must be > 0, got "
-                                      f"{self.open_timeout_s} and {self.read_timeout_s}")
-        if self.model or self.tiling:
-            from runtime.frames.multisource import check_model
-
-            if problem := check_model(self):
-                return problem
-        if problem := roi.check(self.roi, self.roi_units):
-            return "roi", problem
-        if self.roi and self.kind == "synthetic":  # its frame size is known now
-            try:
-                roi.resolve(self.roi, self.roi_units, self.size, self.size, "roi")
-            except roi.RoiError as e:
-                return "roi", str(e)
-        return None
 
 
 @dataclass

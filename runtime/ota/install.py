@@ -66,10 +66,10 @@ def verify_step(store: ModelStore, cfg: ModelsConfig, bundle: Path) -> BundleInf
 def profile_offline(cfg: Any, path: Path, progress: Callable[[int, int, str], None]) -> Any:
     """Step `profile` outside the daemon: measure every form as `serve` would (same cache, so
     the daemon's next start reuses the profiles). Returns runtime.choice.measure.Measured."""
-    from power.device import load_profile
     from power.sensors import detect_meter
     from runtime.choice.measure import measure_model
     from runtime.choice.selector import Constraints
+    from runtime.device.profiles import load_profile
     from runtime.engine.backends import discover
 
     device = load_profile(cfg.device.profile)

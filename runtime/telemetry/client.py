@@ -44,6 +44,7 @@ from runtime.config.telemetry import TelemetryConfig
 from runtime.telemetry.homeassistant import Discovery
 from runtime.telemetry.outbox import Outbox
 from runtime.wire import commands, payloads, safejson
+from runtime.wire.events import EventType
 from runtime.wire.mqtt import Connection
 from runtime.wire.quarantine import RateLimitedLog
 
@@ -132,7 +133,7 @@ class Publisher:
             on_message=self._on_message, on_connected=self._on_connected, on_tick=self._drain,
             on_publish=self._on_publish, on_error=self._callback_failed, will=self._will,
             on_refused=self._on_refused,
-            on_takeover=lambda why: self._event("mqtt_takeover", "critical", why,
+            on_takeover=lambda why: self._event(EventType.MQTT_TAKEOVER, "critical", why,
                                                 client_id=self._stats.client_id),
             clean=self.session_expiry_s == 0, session_expiry_s=self.session_expiry_s,
             max_inflight=100)  # our own window (cfg.inflight) bounds results
@@ -349,7 +350,7 @@ class Publisher:
         self._stats.quarantined += 1
         self._rlog.log(kind, "quarantined a %s message: %s", kind, reason[:300])
 
-    def _event(self, type_: str, severity: str, text: str, **fields: Any) -> None:
+    def _event(self, type_: EventType, severity: str, text: str, **fields: Any) -> None:
         """An event for the operator (outbox -> coordinator), at most one per type a minute."""
         now = time.monotonic()
         if now - self._event_last.get(type_, -1e18) < 60:
@@ -386,7 +387,7 @@ class Publisher:
             self._stats.acks_refused += 1
             self._quarantine("ack", f"refused an ack {why}")
             if suspicious:
-                self._event("ack_refused", "warning", f"refused an ack {why}; nothing was "
+                self._event(EventType.ACK_REFUSED, "warning", f"refused an ack {why}; nothing was "
                             "deleted", stream=ack["stream"], seq=ack["seq"])
             return
         self._seen_changes = -1  # the window opened: look at the outbox again

@@ -33,28 +33,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from runtime.config.homeassistant import HomeAssistantConfig
 from runtime.wire import payloads
 
 log = logging.getLogger("edgerun.homeassistant")
 
-_PREFIX = re.compile(r"^[A-Za-z0-9_-]{1,64}(/[A-Za-z0-9_-]{1,64}){0,3}$")
 _ID_UNSAFE = re.compile(r"[^a-zA-Z0-9_-]")
 MAX_LABEL_ENTITIES = 64  # counters for the first 64 labels; the rest stay in health only
 RECORD = "homeassistant.json"
-
-
-@dataclass(frozen=True)
-class HomeAssistantConfig:
-    """The `[homeassistant]` section."""
-
-    enabled: bool = False
-    discovery_prefix: str = "homeassistant"  # HA's default; change it only if HA's is changed
-
-    def validate(self) -> tuple[str, str] | None:
-        if not _PREFIX.match(self.discovery_prefix):
-            return "discovery_prefix", ("must be topic levels of A-Z a-z 0-9 _ - separated by "
-                                        f"'/', no wildcards, got {self.discovery_prefix!r}")
-        return None
 
 
 @dataclass(frozen=True)

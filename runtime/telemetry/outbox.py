@@ -33,6 +33,7 @@ from typing import Any
 from runtime.config.schema import ConfigError
 from runtime.config.telemetry import OutboxConfig
 from runtime.telemetry.sidecar import Sidecar
+from runtime.wire.events import EventType
 
 log = logging.getLogger("edgerun.outbox")
 
@@ -88,7 +89,8 @@ class Outbox:
         if self.evicted_total != self.sidecar.evicted_total:
             self.sidecar.set_evicted_total(self.evicted_total)
         if self.sidecar.problem and self._startup_event is None:
-            self._startup_event = {"type": "replay_record_lost", "error": self.sidecar.problem}
+            self._startup_event = {"type": EventType.REPLAY_RECORD_LOST,
+                                   "error": self.sidecar.problem}
         self._bytes = self._db.execute("SELECT COALESCE(SUM(LENGTH(body)),0) FROM results"
                                        ).fetchone()[0]
 
@@ -123,7 +125,8 @@ class Outbox:
                     src.rename(str(aside) + suffix)
             log.error("outbox %s is corrupt (%s); moved it to %s and started an empty outbox",
                       self.path, e, aside)
-            self._startup_event = {"type": "outbox_corrupt", "path": str(aside), "error": str(e)}
+            self._startup_event = {"type": EventType.OUTBOX_CORRUPT, "path": str(aside),
+                                   "error": str(e)}
             return self._connect()
 
     def _connect(self) -> sqlite3.Connection:
@@ -187,7 +190,7 @@ class Outbox:
             log.warning("outbox over %d bytes: evicted %d oldest unacked results (seq %d-%d); "
                         "the coordinator has not acked them",
                         self.cfg.max_bytes, count, first, last)
-            self._on_event({"type": "outbox_evicting", "count": count, "first_seq": first,
+            self._on_event({"type": EventType.OUTBOX_EVICTING, "count": count, "first_seq": first,
                             "last_seq": last, "evicted_total": self.evicted_total})
         return seqs  # type: ignore[return-value]
 

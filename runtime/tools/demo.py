@@ -38,8 +38,13 @@ from runtime.wire.brokerauth import (
     write_secret,
 )
 from runtime.wire.commands import generate_keypair
+from runtime.wire.events import EventType
 
 log = logging.getLogger("edgerun.demo")
+
+# the events the demo prints besides a rung change: what the governor and sensors decide
+SHOWN = (EventType.GOVERNOR, EventType.SENSOR_INVALID, EventType.SENSOR_HOLD,
+         EventType.REPROFILE, EventType.PHYSICS_BOUNDED, EventType.GOVERNOR_DISABLED)
 
 DEMO_CONFIG = """\
 [device]
@@ -301,12 +306,11 @@ def run(duration_s: float = 0.0, device: str = "rpi5", scenario: str = "cabinet"
                 print(live_line(view, view["results_stored"]), flush=True)
                 events = coord.store.events("demo-box", 200)
                 for ev in reversed(events[: max(0, len(events) - seen_events)]):
-                    if ev["type"] == "rung_changed":
+                    if ev["type"] == EventType.RUNG_CHANGED:
                         print(f"  rung -> {ev.get('rung')}/{ev.get('rungs')}: "
                               f"{ev['from'].split('@')[0]} -> {ev['to'].split('@')[0]} "
                               f"({ev.get('reason', '')})", flush=True)
-                    elif ev["type"] in ("governor", "sensor_invalid", "sensor_hold", "reprofile",
-                                        "physics_bounded", "governor_disabled"):
+                    elif ev["type"] in SHOWN:
                         detail = ev.get("detail") or ev.get("reason") or ev.get("problems")
                         print(f"  {ev['type']}: {detail}", flush=True)
                 seen_events = len(events)

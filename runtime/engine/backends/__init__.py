@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import importlib
 import logging
+from typing import TYPE_CHECKING
 
-from runtime.config import BackendsConfig
 from runtime.engine.backends.base import Backend, BackendError, Device, ModelFile, Session, Variant
+
+if TYPE_CHECKING:  # annotations only: importing the protocol loads no config
+    from runtime.config.backends import BackendsConfig
 
 log = logging.getLogger(__name__)
 

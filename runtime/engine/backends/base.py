@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from runtime.config import BackendsConfig
+if TYPE_CHECKING:  # a name in signatures only: the protocol file imports no project module
+    from runtime.config.backends import BackendsConfig
 
 
 class BackendError(RuntimeError):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime as ort
 
-from runtime.config import BackendsConfig
+from runtime.config.backends import BackendsConfig, OnnxRuntimeConfig
 from runtime.engine.backends.base import BackendError, Device, ModelFile, Variant, summarize_error
 
 # Providers that are not a local device (Azure calls a remote endpoint).
@@ -39,6 +39,7 @@ class OnnxRuntimeBackend:
     """ONNX Runtime."""
 
     name = "onnxruntime"
+    config_class = OnnxRuntimeConfig  # its knobs: [backends.onnxruntime]
 
     def devices(self) -> list[Device]:
         return [

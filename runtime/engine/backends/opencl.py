@@ -28,7 +28,7 @@ import pyopencl as cl
 import pyopencl.cltypes as clt
 from onnx import numpy_helper
 
-from runtime.config import BackendsConfig
+from runtime.config.backends import BackendsConfig
 from runtime.engine.backends.base import BackendError, Device, ModelFile, Variant
 
 log = logging.getLogger(__name__)

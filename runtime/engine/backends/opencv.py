@@ -12,7 +12,7 @@ import platform
 import cv2
 import numpy as np
 
-from runtime.config import BackendsConfig
+from runtime.config.backends import BackendsConfig, OpenCvConfig
 from runtime.engine.backends.base import BackendError, Device, ModelFile, Variant, summarize_error
 from runtime.engine.onnx_model import ModelError, load_onnx, model_input, with_fixed_input
 
@@ -53,6 +53,7 @@ class OpenCvBackend:
     """OpenCV's DNN module."""
 
     name = "opencv"
+    config_class = OpenCvConfig  # its knobs: [backends.opencv]
 
     def devices(self) -> list[Device]:
         out = [Device(self.name, "CPU", platform.processor() or platform.machine(),

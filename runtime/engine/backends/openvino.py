@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import openvino as ov
 
-from runtime.config import BackendsConfig
+from runtime.config.backends import BackendsConfig, OpenVinoConfig
 from runtime.engine.backends.base import BackendError, Device, ModelFile, Variant, summarize_error
 
 # inference precision hint -> (capability the device must report, variant precision name)
@@ -33,6 +33,7 @@ class OpenVinoBackend:
     """Intel OpenVINO."""
 
     name = "openvino"
+    config_class = OpenVinoConfig  # its knobs: [backends.openvino]
 
     def __init__(self, cache_dir: str = ""):
         self._core = ov.Core()

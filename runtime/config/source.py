@@ -1,0 +1,168 @@
+"""The `[source]` section and the `[[sources]]` entries, with their checks. Standard library.
+
+An entry's `model` is a path or the name of a bundled model: `BUNDLED_MODELS` is where the
+`models` package lies beside `runtime` (in a checkout and in site-packages alike; the config
+imports no project code, and tests/test_config_leaf.py checks it is `models.ROOT`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from runtime.config import roi
+
+BUNDLED_MODELS = Path(__file__).resolve().parents[2] / "models"
+DEFAULT_MAX_PIXELS = 40_000_000  # folder/trigger images larger than this are refused
+MAX_SYNTHETIC_SIZE = 1024  # 256 parts x 3 MiB of pool at the most
+MAX_MODEL_CHARS = 4096  # a [[sources]] model: a name or a path (PATH_MAX on Linux)
+MAX_SOURCES = 64  # health's pipeline.sources holds at most this many (payloads._HEALTH)
+NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")  # a source's name goes into results and topics
+
+
+@dataclass(frozen=True)
+class SourceConfig:
+    """The `[source]` section (or one `[[sources]]` entry, see runtime/frames/multisource.py)."""
+
+    kind: Literal["synthetic", "folder", "capture", "trigger"] = "synthetic"
+    # results name their source; empty: "main" for a single [source] ([[sources]] need one)
+    name: str = ""
+    rate_hz: float = 10.0  # synthetic: frames per second (0 = as fast as possible);
+    # in [[sources]]: the rate this source is inspected at, whatever its kind
+    seed: int = 0
+    defect_rate: float = 0.2  # synthetic: share of parts with a defect
+    size: int = 96  # synthetic: frame size in pixels
+    path: str = ""  # folder: directory; capture: device index, file or URL
+    loop: bool = False  # capture of a video file: play it again after its last frame
+    # (default: the source ends there; the daemon keeps running and reports it once)
+    watch: bool = True  # folder: keep watching for new files
+    done_dir: str = ""  # folder: move inspected files here (empty: remember them instead)
+    topic: str = ""  # trigger: MQTT topic; payload = image bytes (PNG/JPEG) or a file path
+    # folder/trigger: images larger than this are refused from their header, before decoding
+    max_pixels: int = DEFAULT_MAX_PIXELS
+    # region of interest [x, y, w, h] cropped before preprocessing (empty: the whole frame)
+    roi: tuple[float, ...] = ()
+    roi_units: roi.Units = "pixels"  # or "fraction" (of the frame's width and height)
+    # capture of an RTSP/HTTP URL: RTSP over TCP (or "udp"; "auto": FFmpeg's default)
+    transport: Literal["tcp", "udp", "auto"] = "tcp"
+    open_timeout_s: float = 10.0  # capture of a URL: give up connecting after this long
+    read_timeout_s: float = 5.0  # capture of a URL: a stream silent this long has failed
+    # [[sources]] only (runtime/choice/joint.py, docs/sources.md): the model inspecting this source,
+    # a bundled model's name or a path ("": the [model] section's), and that model's tiling
+    model: str = ""
+    tiling: bool = False
+    tile_size: int = 0  # frame pixels per tile side; 0: the model input's size
+    tile_overlap: float = 0.2
+
+    def validate(self) -> tuple[str, str] | None:
+        if self.name and not NAME.match(self.name):
+            return "name", (f"must be 1-64 letters, digits, '_', '.' or '-', got "
+                            f"{self.name!r}")
+        if self.max_pixels < 1:
+            return "max_pixels", f"must be >= 1, got {self.max_pixels}"
+        if self.kind in ("folder", "capture") and not self.path:
+            return "path", f"source kind {self.kind!r} needs a path"
+        if self.kind == "trigger" and not self.topic:
+            return "topic", "source kind 'trigger' needs an MQTT topic"
+        if not 0 <= self.defect_rate <= 1:
+            return "defect_rate", f"must be within 0..1, got {self.defect_rate}"
+        if self.rate_hz < 0:
+            return "rate_hz", f"must be >= 0, got {self.rate_hz}"
+        # the synthetic conveyor keeps a pool of 256 rendered parts: 0 or less killed the
+        # capture thread at its first render, 5000 px would be 19 GB of pool
+        if not 1 <= self.size <= MAX_SYNTHETIC_SIZE:
+            return "size", f"must be 1..{MAX_SYNTHETIC_SIZE} pixels, got {self.size}"
+        if self.open_timeout_s <= 0 or self.read_timeout_s <= 0:
+            return "open_timeout_s", (f"open_timeout_s and read_timeout_s must be > 0, got "
+                                      f"{self.open_timeout_s} and {self.read_timeout_s}")
+        if (self.model or self.tiling) and (problem := check_model(self)):
+            return problem
+        if problem := roi.check(self.roi, self.roi_units):
+            return "roi", problem
+        if self.roi and self.kind == "synthetic":  # its frame size is known now
+            try:
+                roi.resolve(self.roi, self.roi_units, self.size, self.size, "roi")
+            except roi.RoiError as e:
+                return "roi", str(e)
+        return None
+
+
+def check_sources(sources: Sequence[Any], single_given: bool) -> tuple[str, str] | None:
+    """What is wrong with a `[[sources]]` list as a whole (None when nothing is): each entry
+    has a unique name and a rate (the combined rate sizes the latency target and the energy
+    budget), and `[source]` is not given as well."""
+    if not sources:
+        return None
+    if single_given:
+        return "sources", "give either one [source] or several [[sources]], not both"
+    if len(sources) > MAX_SOURCES:
+        return "sources", (f"at most {MAX_SOURCES} sources per daemon (health reports each), "
+                           f"got {len(sources)}")
+    names = [s.name for s in sources]
+    for i, s in enumerate(sources):
+        if not s.name:
+            return "sources", (f"entry {i + 1} ({s.kind}) needs a name: results and health "
+                               "name their source")
+        if s.rate_hz <= 0:
+            return "sources", (f"{s.name}: rate_hz must be > 0 with several sources (the "
+                               f"combined rate sizes the latency target and the energy "
+                               f"budget), got {s.rate_hz}")
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        return "sources", f"names must be unique, {', '.join(dup)} is used more than once"
+    tiling: dict[Path, Any] = {}
+    for s in sources:  # one session per model: a model is tiled one way
+        if not s.model:
+            continue
+        p = model_path(s.model).resolve()
+        first = tiling.setdefault(p, s)
+        if (first.tiling, first.tile_size, first.tile_overlap) != (
+                s.tiling, s.tile_size, s.tile_overlap):
+            return "sources", (f"{first.name} and {s.name} both use model {s.model!r} but tile "
+                               "it differently (tiling, tile_size, tile_overlap): the sources "
+                               "of a model share its session, so they must agree")
+    return None
+
+
+def model_path(name: str) -> Path:
+    """Where a `[[sources]] model` is: a path (it has a '/' or ends in .onnx; '~' expanded),
+    else the name of a bundled model (models/<name>)."""
+    if "/" in name or name.endswith(".onnx"):
+        return Path(name).expanduser()
+    return BUNDLED_MODELS / name
+
+
+def check_model(s: Any) -> tuple[str, str] | None:
+    """What is wrong with one entry's `model` and tiling keys (None when nothing is): the
+    model exists (a directory with a manifest, or an .onnx file) and the tile options are in
+    range; tiling is set with the model it tiles (the [model]'s own is tiled in [model])."""
+    if s.tiling and not s.model:
+        return "tiling", ("tiles a model named in this entry; the [model] section's own model "
+                          "is tiled by [model] tiling")
+    if s.model:
+        # a hostile string must not reach the filesystem, the log or health unchecked
+        if len(s.model) > MAX_MODEL_CHARS or any(ord(c) < 32 or ord(c) == 127
+                                                 for c in s.model):
+            return "model", (f"must be a model's name or path of at most {MAX_MODEL_CHARS} "
+                             f"characters with no control characters, got "
+                             f"{s.model[:80]!r}{'...' if len(s.model) > 80 else ''}")
+        p = model_path(s.model)
+        try:
+            found = (p / "manifest.json").is_file() or (p.suffix == ".onnx" and p.is_file())
+        except OSError as e:  # a name too long, a symlink loop: not there either
+            return "model", f"{s.model!r}: cannot look there: {e.strerror or e}"
+        if not found:
+            names = sorted(d.name for d in BUNDLED_MODELS.iterdir()
+                           if (d / "manifest.json").is_file())
+            return "model", (f"{s.model!r}: no model there ({p} is neither a directory with a "
+                             f"manifest.json nor an .onnx file); bundled models: "
+                             f"{', '.join(names)}")
+    if not 0 <= s.tile_size <= 16384:
+        return "tile_size", ("must be 0 (the model input's size) or up to 16384 pixels, "
+                             f"got {s.tile_size}")
+    if not 0.0 <= s.tile_overlap <= 0.75:
+        return "tile_overlap", f"must be within 0..0.75, got {s.tile_overlap}"
+    return None
