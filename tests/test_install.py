@@ -2,9 +2,11 @@
 `python3 -m runtime.tools.install`, units whose ExecStart is that venv's script and that pass
 `systemd-analyze verify`, the edgerun user, /etc/edgerun; idempotent; never the system pip.
 
-The fast version builds the venv in a temp root with --system-site-packages and installs a
-wheel of this checkout with --no-index (offline, ~30 s); the slow one installs from the
-checkout with pip's build isolation and the index, as an operator would."""
+The fast version installs a wheel of this checkout with --no-index (offline, ~30 s) into a
+venv in a temp root that sees the test environment's dependencies (a .pth file: works from a
+venv, where --system-site-packages would see the base interpreter's packages instead); the
+slow one installs from the checkout with pip's build isolation and the index, as an operator
+would."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from wheel_build import build_wheel
 
 from runtime.tools import install
 
@@ -43,12 +46,31 @@ def _gid(root: Path, name: str) -> int:
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
-    """This checkout as a wheel (built with the installed setuptools: no network)."""
-    out = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
-                    "--no-build-isolation", "-w", str(out), str(ROOT)],
-                   check=True, capture_output=True, timeout=300)
-    return next(out.glob("edgerun-*.whl"))
+    """This checkout as a wheel (offline where the environment has the build requirements:
+    tests/wheel_build.py)."""
+    return build_wheel(tmp_path_factory.mktemp("wheel"))
+
+
+def _dependency_dirs() -> list[str]:
+    """Where this test run imports its dependencies from: every site directory on sys.path
+    (a venv's site-packages, or the system's dist-packages), not the checkout."""
+    dirs = []
+    for entry in sys.path:
+        p = Path(entry or ".").resolve()
+        if p.is_dir() and p.name in ("site-packages", "dist-packages") and str(p) not in dirs:
+            dirs.append(str(p))
+    return dirs
+
+
+def _venv_seeing_our_dependencies(root: Path) -> None:
+    """The target's venv made up front (the installer keeps a working one), with a .pth that
+    appends this run's site directories: pip then finds the dependencies installed and
+    needs no index; edgerun itself goes into the venv's own site-packages, which come first."""
+    venv = root / "opt/edgerun/venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True,
+                   timeout=300)
+    site = next(venv.glob("lib/python3*/site-packages"))
+    (site / "edgerun-test-deps.pth").write_text("".join(d + "\n" for d in _dependency_dirs()))
 
 
 @pytest.fixture(scope="module")
@@ -59,8 +81,8 @@ def installed(tmp_path_factory, wheel) -> tuple[Path, subprocess.CompletedProces
     if os.geteuid() != 0:
         pytest.skip("chown to the edgerun group needs root")
     root = tmp_path_factory.mktemp("root")
-    out = _install(root, "--system-site-packages", "--source", str(wheel),
-                   "--pip-arg=--no-index")
+    _venv_seeing_our_dependencies(root)
+    out = _install(root, "--source", str(wheel), "--pip-arg=--no-index")
     assert out.returncode == 0, out.stdout + out.stderr
     return root, out
 
@@ -130,8 +152,8 @@ def test_rerun_changes_nothing_and_keeps_the_operators_config(installed, wheel):
     cfg = root / "etc/edgerun/edgerun.toml"
     cfg.write_text(cfg.read_text() + "# the operator's edit\n")
     units = {u: (root / "etc/systemd/system" / u).read_text() for u in install.UNITS}
-    out = _install(root, "--system-site-packages", "--source", str(wheel),
-                   "--pip-arg=--no-index", "--enable", "--without", "opencl")
+    out = _install(root, "--source", str(wheel), "--pip-arg=--no-index", "--enable",
+                   "--without", "opencl")
     assert out.returncode == 0, out.stdout + out.stderr
     assert "(already there)" in out.stdout and "(kept as it is)" in out.stdout
     # the requirements named one by one, the engine left out removed from the venv (here it
