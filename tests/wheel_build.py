@@ -5,13 +5,18 @@ index, but only where that setuptools meets pyproject's `[build-system] requires
 make wheels (setuptools 70.1+ on its own, older ones with the `wheel` package): the `test`
 extra installs both. A fresh venv on Debian 12 has setuptools 65.5 and no `wheel`; there
 pip builds in isolation instead, fetching setuptools from the index, and a failure says
-which of the two to fix."""
+which of the two to fix.
+
+It builds from a clean copy of the checkout (git's files, tracked or new, never ignored
+ones): setuptools reuses a `build/` folder left in the source tree, so a wheel built in place
+can carry files that pyproject no longer ships, or modules since deleted."""
 
 from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
 import re
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -42,9 +47,32 @@ def builds_offline() -> bool:
     return have >= (70, 1) or importlib.util.find_spec("wheel") is not None
 
 
+_BUILD_OUTPUTS = shutil.ignore_patterns(".git", "build", "dist", "*.egg-info", "__pycache__",
+                                        ".venv", ".pytest_cache", ".ruff_cache")
+
+
+def clean_copy(dest: Path) -> Path:
+    """The checkout's files as a clean clone plus uncommitted work would have them, in
+    `dest`: git's tracked and untracked-but-not-ignored files, or (no git) the tree without
+    build outputs and caches."""
+    r = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z", "-co", "--exclude-standard"],
+                       capture_output=True, text=True, timeout=60)
+    if r.returncode != 0 or not r.stdout:
+        shutil.copytree(ROOT, dest, ignore=_BUILD_OUTPUTS, symlinks=True)
+        return dest
+    for name in filter(None, r.stdout.split("\0")):
+        src = ROOT / name
+        if src.is_file():  # a deleted file git still tracks is not there to copy
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / name)
+    return dest
+
+
 def build_wheel(out: Path) -> Path:
-    """This checkout as a wheel in `out` (`pip wheel --no-deps`); returns its path."""
-    cmd = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(ROOT)]
+    """This checkout as a wheel in `out` (`pip wheel --no-deps`, from a clean copy); returns
+    its path."""
+    src = clean_copy(out / "src")
+    cmd = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(src)]
     if builds_offline():
         cmd.insert(4, "--no-build-isolation")
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
