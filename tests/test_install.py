@@ -81,6 +81,9 @@ def installed(tmp_path_factory, wheel) -> tuple[Path, subprocess.CompletedProces
     if os.geteuid() != 0:
         pytest.skip("chown to the edgerun group needs root")
     root = tmp_path_factory.mktemp("root")
+    # the machine says it is a Pi 4 (as its device tree does): the config names that profile
+    (root / "proc/device-tree").mkdir(parents=True)
+    (root / "proc/device-tree/model").write_bytes(b"Raspberry Pi 4 Model B Rev 1.4\0")
     _venv_seeing_our_dependencies(root)
     out = _install(root, "--source", str(wheel), "--pip-arg=--no-index")
     assert out.returncode == 0, out.stdout + out.stderr
@@ -140,6 +143,10 @@ def test_user_config_dir_and_config(installed):
     st = cfg_file.stat()
     assert (stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid) == (0o640, 0, gid)
     cfg = config_mod.load(cfg_file)  # valid, and pointed at the unit's directories
+    assert cfg.device.profile == "rpi4"  # what the (fake) device tree says
+    _, out = installed
+    assert "device profile: rpi4 (the device tree says 'Raspberry Pi 4 Model B Rev 1.4')" in (
+        out.stdout)
     assert cfg.daemon.state_dir == "/var/lib/edgerun"
     assert cfg.telemetry.outbox.path == "/var/lib/edgerun/outbox.db"
     assert cfg.profiler.cache_dir == "/var/cache/edgerun/profiles"
@@ -160,6 +167,7 @@ def test_rerun_changes_nothing_and_keeps_the_operators_config(installed, wheel):
     # is the system's, which pip leaves alone: outside the environment)
     assert "left out: opencl (pyopencl, pocl-binary-distribution, pytools, siphash24)" in out.stdout
     assert "wrote " not in out.stdout  # no unit, sysusers or tmpfiles file rewritten
+    assert "has device profile" not in out.stdout  # the kept config's is this machine's
     assert cfg.read_text().endswith("# the operator's edit\n")
     assert {u: (root / "etc/systemd/system" / u).read_text() for u in install.UNITS} == units
     passwd = (root / "etc/passwd").read_text()
@@ -221,6 +229,69 @@ def test_a_wheels_requirements_are_the_checkouts(wheel):
             want = install.requirements(ROOT, extras, without)
             norm = lambda rs: sorted(r.replace(" ", "").replace("'", '"') for r in rs)  # noqa: E731
             assert norm(got) == norm(want), (extras, without)
+
+
+@pytest.mark.parametrize(("model", "dmi", "want"), [
+    ("Raspberry Pi 5 Model B Rev 1.0", {}, "rpi5"),
+    ("Raspberry Pi Compute Module 5 Rev 1.0", {}, "rpi5"),
+    ("Raspberry Pi 4 Model B Rev 1.4", {}, "rpi4"),
+    ("Raspberry Pi 400 Rev 1.0", {}, "rpi4"),
+    ("Raspberry Pi Compute Module 4 Rev 1.0", {}, "rpi4"),
+    ("NVIDIA Jetson Orin Nano Developer Kit", {}, "jetson-orin-nano"),
+    ("NVIDIA Jetson Orin Nano Engineering Reference Developer Kit Super", {}, "jetson-orin-nano"),
+    ("Raspberry Pi 3 Model B Plus Rev 1.3", {}, "generic-x86"),  # no profile: the fallback
+    ("Raspberry Pi 40 Rev 1.0", {}, "generic-x86"),  # a word boundary, not a prefix
+    (None, {"sys_vendor": "Intel(R) Client Systems", "product_name": "NUC11TNHi5"},
+     "generic-x86"),
+    (None, {}, "generic-x86"),
+])
+def test_pick_profile_from_what_the_machine_says(model, dmi, want):
+    got, why = install.pick_profile(model, dmi)
+    assert got == want
+    assert got in install.bundled_profiles()
+    if model and got != install.FALLBACK_PROFILE:
+        assert model in why
+    elif dmi:
+        assert "NUC11TNHi5" in why and "a PC" in why
+    else:
+        assert "check it" in why  # a guess says so
+
+
+def test_every_board_profile_is_bundled():
+    assert {p for _, p in install.BOARD_PROFILES} | {install.FALLBACK_PROFILE} <= set(
+        install.bundled_profiles())
+
+
+def test_machine_profile_reads_under_the_root(tmp_path):
+    o = install.Options(root=tmp_path, log=lambda _: None)
+    assert install.machine_profile(o)[0] == "generic-x86"  # nothing there: the fallback
+    dmi = tmp_path / "sys/class/dmi/id"
+    dmi.mkdir(parents=True)
+    (dmi / "sys_vendor").write_text("LENOVO\n")
+    (dmi / "product_name").write_bytes(b"\xff\x1b[31m20XW\n")  # hostile bytes: dropped
+    profile, why = install.machine_profile(o)
+    assert profile == "generic-x86" and "LENOVO" in why and "\x1b" not in why
+    (tmp_path / "proc/device-tree").mkdir(parents=True)  # a device tree wins over DMI
+    (tmp_path / "proc/device-tree/model").write_bytes(b"Raspberry Pi 5 Model B Rev 1.0\0")
+    assert install.machine_profile(o) == ("rpi5", "the device tree says "
+                                          "'Raspberry Pi 5 Model B Rev 1.0'")
+
+
+def test_set_profile_writes_a_loadable_config(tmp_path):
+    from runtime import config as config_mod
+
+    example = (ROOT / "firmware_config/examples/edgerun.toml").read_text()
+    assert install.config_profile(example) == "generic-x86"
+    text = install.set_profile(install.render_config(example), "rpi4")
+    assert install.config_profile(text) == "rpi4"
+    assert text.count("\n") == example.count("\n")  # one value changed, nothing else
+    (tmp_path / "e.toml").write_text(text)
+    assert config_mod.load(tmp_path / "e.toml").device.profile == "rpi4"
+    with pytest.raises(install.InstallError, match="profile"):
+        install.set_profile("[model]\npath = ''\n", "rpi4")
+    for bad in ("no-such-board", 'x".toml', "a\nb.toml"):
+        with pytest.raises(SystemExit):
+            install.main(["--root", str(tmp_path), "--profile", bad])
 
 
 def test_extras_go_where_pip_reads_them(tmp_path):
