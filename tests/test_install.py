@@ -303,6 +303,26 @@ def test_extras_go_where_pip_reads_them(tmp_path):
     assert install.with_extras("edgerun", ()) == "edgerun"
 
 
+def test_a_kept_config_is_not_changed_but_a_profile_mismatch_is_said(tmp_path):
+    example = ROOT / "firmware_config/examples/edgerun.toml"
+    dest = tmp_path / "etc/edgerun/edgerun.toml"
+    dest.parent.mkdir(parents=True)
+    dest.write_text(example.read_text())  # the operator's, naming generic-x86
+    (tmp_path / "proc/device-tree").mkdir(parents=True)
+    (tmp_path / "proc/device-tree/model").write_bytes(b"Raspberry Pi 5 Model B Rev 1.0\0")
+    for profile, says in (("", "looks like 'rpi5' (the device tree says"),
+                          ("rpi4", "--profile rpi4 is not applied to a kept config")):
+        said: list[str] = []
+        install.install_config(install.Options(root=tmp_path, log=said.append,
+                                               profile=profile), example)
+        assert dest.read_text() == example.read_text()
+        assert any("has device profile 'generic-x86'" in x and says in x for x in said), said
+    dest.write_text(install.set_profile(example.read_text(), "rpi5"))
+    said = []
+    install.install_config(install.Options(root=tmp_path, log=said.append), example)
+    assert not any("device profile" in x for x in said), said  # it matches: nothing to say
+
+
 def test_link_leaves_a_foreign_edgerun_alone(tmp_path):
     said = []
     o = install.Options(root=tmp_path, log=said.append)

@@ -426,8 +426,10 @@ def install_config(o: Options, example: Path) -> None:
                   "start will say it is disabled (remove it from backends.enabled)")
         has = config_profile(text)
         if has is not None and has != profile:
-            o.log(f"note: {dest} has device profile {has!r}; this machine looks like "
-                  f"{profile!r} ({why}): change [device] profile if it is wrong")
+            said = (f"--profile {profile} is not applied to a kept config" if o.profile else
+                    f"this machine looks like {profile!r} ({why})")
+            o.log(f"note: {dest} has device profile {has!r}; {said}: change [device] "
+                  "profile there if it is wrong")
         return
     _write(dest, set_profile(render_config(example.read_text(), o.without), profile), 0o640)
     os.chown(dest, 0, _gid(o, "edgerun"))
