@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -62,11 +63,30 @@ def _session_members(sid: int) -> list[int]:
     return pids
 
 
-def test_sigterm_stops_the_demo_and_everything_it_started(tmp_path):
+def _kill_session(sid: int) -> None:
+    """SIGKILL what is left of a failed run: every process of the session, since the demo
+    puts the daemon and the broker in process groups of their own."""
+    for pid in _session_members(sid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def sessions():
+    """Session ids of demos a test started: whatever of them is still running at teardown
+    (a failed test) is killed, so no daemon or broker outlives it."""
+    sids: list[int] = []
+    yield sids
+    for sid in sids:
+        _kill_session(sid)
+
+
+def test_sigterm_stops_the_demo_and_everything_it_started(tmp_path, sessions):
     env = {**os.environ, "HOME": str(tmp_path)}
     p = subprocess.Popen([sys.executable, "-m", "runtime.cli", "demo", "--duration", "300"],
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                          start_new_session=True)
+    sessions.append(p.pid)
     seen = []
     try:
         for line in p.stdout:  # wait for the first live line: broker, coordinator, daemon up
@@ -77,7 +97,7 @@ def test_sigterm_stops_the_demo_and_everything_it_started(tmp_path):
         rest, _ = p.communicate(timeout=90)
     finally:
         if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
+            _kill_session(p.pid)
     text = "".join(seen) + rest
     assert p.returncode == 0, text[-3000:]
     assert "results stored by the coordinator" in text, text[-3000:]
@@ -86,11 +106,11 @@ def test_sigterm_stops_the_demo_and_everything_it_started(tmp_path):
         time.sleep(0.2)
     left = _session_members(p.pid)
     if left:
-        os.killpg(p.pid, signal.SIGKILL)
+        _kill_session(p.pid)
     assert not left, f"left running after SIGTERM: {left}"
 
 
-def test_ctrl_c_stops_everything_in_order_and_replies_are_verified(tmp_path):
+def test_ctrl_c_stops_everything_in_order_and_replies_are_verified(tmp_path, sessions):
     """One Ctrl-C (SIGINT to the terminal's whole foreground group) stops the daemon, the
     coordinator and the broker in that order: a clean goodbye, every result acked, no MQTT
     error, no crash report, no temp dir left. A `fleet send ... ping` while it runs comes back
@@ -101,6 +121,7 @@ def test_ctrl_c_stops_everything_in_order_and_replies_are_verified(tmp_path):
     p = subprocess.Popen([sys.executable, "-m", "runtime.cli", "demo", "--duration", "300"],
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                          start_new_session=True)
+    sessions.append(p.pid)
     seen = []
     try:
         for line in p.stdout:
@@ -121,7 +142,7 @@ def test_ctrl_c_stops_everything_in_order_and_replies_are_verified(tmp_path):
         rest, _ = p.communicate(timeout=90)
     finally:
         if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
+            _kill_session(p.pid)
     text = "".join(seen) + rest
     assert p.returncode == 0, text[-3000:]
     assert re.search(r"results stored by the coordinator: \d+; device offline \(clean "
@@ -140,7 +161,7 @@ def test_ctrl_c_stops_everything_in_order_and_replies_are_verified(tmp_path):
         time.sleep(0.2)
     left = _session_members(p.pid)
     if left:
-        os.killpg(p.pid, signal.SIGKILL)
+        _kill_session(p.pid)
     assert not left, f"left running after Ctrl-C: {left}"
 
 
