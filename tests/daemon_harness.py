@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import sqlite3
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from under_test import child_env
 
 TESTS = Path(__file__).parent
 ZONE = "sys/class/thermal/thermal_zone0"
@@ -80,9 +81,7 @@ class Serve:
             [sys.executable, "-m", "runtime.cli", "serve", "--config", str(cfg), *args],
             stdout=stdout.open("a") if stdout else err,
             stderr=err if stdout else subprocess.STDOUT,
-            env={**os.environ, **(env or {}),
-                 "PYTHONPATH": os.pathsep.join([str(TESTS.parent), str(TESTS),
-                                                os.environ.get("PYTHONPATH", "")])})
+            env=child_env(TESTS, **(env or {})))
 
     def text(self) -> str:
         """This process's part of the log."""

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import tarfile
@@ -12,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from modelgen import tiny_cnn
+from under_test import child_env
 
 from runtime.ota.bundle import BundleError, make, read_info, unpack
 from runtime.ota.store import ModelStore
@@ -150,7 +150,7 @@ def test_corrupt_model_directory_is_never_signed(tmp_path, keys):
 
 def test_cli_bundle_then_verify(tmp_path, keys):
     src = model_dir(tmp_path / "src", name="inspect")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = child_env()
     out = subprocess.run([sys.executable, "-m", "runtime.cli", "models", "bundle", str(src),
                           "--sign", str(tmp_path / "pub.pem"), "--version", "2.1"],
                          cwd=tmp_path, capture_output=True, text=True, env=env, timeout=60)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from test_bundle_delete import small_bundle
+from under_test import child_env
 
 from runtime.config.coordinator import CoordinatorConfig
 from runtime.coordinator.bundles import UPLOAD_STALE_S, Shelf
@@ -49,7 +49,7 @@ def test_an_upload_killed_half_way_is_swept_at_the_next_start(tmp_path, store_ur
     data = small_bundle(tmp_path, "m", "1")
     (tmp_path / "b.edgerun").write_bytes(data)
     sha = hashlib.sha256(data).hexdigest()
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "EDGERUN_CRASH_AT": "bundle_upload"}
+    env = child_env(EDGERUN_CRASH_AT="bundle_upload")
     p = subprocess.run([sys.executable, "-c", UPLOAD, store_url, "c1",
                         str(tmp_path / "b.edgerun")], env=env, capture_output=True,
                        timeout=60)

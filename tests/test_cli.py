@@ -3,13 +3,13 @@ overwrites a key without --force."""
 
 from __future__ import annotations
 
-import os
 import stat
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from under_test import child_env
 
 from runtime.cli import build_parser, main
 
@@ -56,7 +56,7 @@ def test_fleet_options_before_or_after_the_action():
 def test_verbose_after_the_subcommand_turns_on_debug_logging():
     code = ("import logging, sys; from runtime.cli import main; main(sys.argv[1:]); "
             "print(logging.getLogger().level)")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = child_env()
     for argv, level in ((["schemas", "-v"], "10"), (["schemas"], "20")):
         out = subprocess.run([sys.executable, "-c", code, *argv], env=env, check=True,
                              capture_output=True, text=True, timeout=60).stdout

@@ -177,3 +177,32 @@ def test_expensive_result_counts_are_reused_cheap_ones_are_not(api):
     coord.fleet_view()
     coord.fleet_view()
     assert len(calls) == 4
+
+
+@pytest.mark.parametrize("clear_s", [3600.0, 0.0])
+def test_an_alert_gone_but_not_settled_is_listed_as_clearing(tmp_path, clear_s):
+    """Between the alert leaving the device's view and its clear being recorded
+    (alert_clear_s later) it is listed under `clearing`, with when it settles; once settled
+    it is a `cleared` transition and in neither list."""
+    coord = Coordinator(CoordinatorConfig(fleet="f", store=str(tmp_path / "c.db"),
+                                          alert_clear_s=clear_s))
+    try:
+        t = time.time()
+        _feed(coord, "d3", [{"v": 1, "t": t, "boot": "b1", "temp_c": 84.0,
+                             "passive_trip_c": 85.0}])
+        coord.fleet_view()
+        _feed(coord, "d3", [{"v": 1, "t": t + 1, "boot": "b1", "temp_c": 50.0,
+                             "passive_trip_c": 85.0}])
+        coord.fleet_view()  # the alert leaves the view: the clear starts settling
+        view = coord.alerts_view()
+        assert view["active"] == []
+        states = [a["state"] for a in view["recent"]]
+        if clear_s:
+            [c] = view["clearing"]
+            assert (c["device"], c["alert"], c["status"]) == ("d3", "hot", "online")
+            assert c["settles_at"] == pytest.approx(c["gone_at"] + clear_s)
+            assert c["since"] == view["recent"][0]["t"] and states == ["raised"]
+        else:  # settled at once: recorded as cleared, no longer clearing
+            assert view["clearing"] == [] and states == ["cleared", "raised"]
+    finally:
+        coord.stop()

@@ -203,3 +203,43 @@ def test_device_page_draws_timelines_and_shows_hostile_text_as_text(tmp_path, br
     finally:
         api.shutdown()
         coord.stop()
+
+
+def test_an_alert_that_stopped_shows_clearing_until_it_settles(tmp_path, broker, browser):
+    """The Active list keeps an alert that has left the device's view as "clearing" until
+    coordinator.alert_clear_s has passed and its clear is recorded; then it is gone from
+    Active and listed as a `cleared` transition."""
+    clear_s = 8.0
+    coord = _coordinator(tmp_path, broker, alert_clear_s=clear_s)
+    api = serve(coord, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{api.server_address[1]}/"
+    token = (tmp_path / "api-token").read_text().strip()
+    b = browser
+    row = "#alerts-active tr[data-device='box3'][data-alert='hot']"
+
+    def state() -> str:
+        return b.js(f"const r = document.querySelector(\"{row}\"); "
+                    "return r ? r.dataset.state : '';")
+
+    try:
+        now = time.time()
+        _publish(broker, "box3", [
+            ("state", {"v": 1, "online": True, "boot": "b1", "t": now}),
+            ("health", {"v": 1, "t": now, "boot": "b1", "temp_c": 84.0,
+                        "passive_trip_c": 85.0})])
+        _login(b, url, token)
+        b.wait(lambda: state() == "active", 20, "hot alert active")
+        _publish(broker, "box3", [("health", {"v": 1, "t": time.time(), "boot": "b1",
+                                              "temp_c": 50.0, "passive_trip_c": 85.0})])
+        b.wait(lambda: state() == "clearing", FLEET_POLL_S * 3, "hot alert clearing")
+        shown = b.text(row)
+        assert "clearing (settles in" in shown, shown
+        recent = b.text("#alerts-recent tbody")
+        assert "raised" in recent and "cleared" not in recent, recent
+        _keep(b, tmp_path, "dashboard-clearing.png")
+        b.wait(lambda: state() == "", clear_s + FLEET_POLL_S * 3, "hot alert settled")
+        b.wait(lambda: "cleared" in b.text("#alerts-recent tbody"), FLEET_POLL_S * 3,
+               "cleared transition listed")
+    finally:
+        api.shutdown()
+        coord.stop()

@@ -6,16 +6,15 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-import os
 import struct
 import subprocess
 import sys
 import time
 import urllib.request
-from pathlib import Path
 
 import pytest
 from daemon_harness import Serve, wait, write_config
+from under_test import child_env
 
 from runtime.coordinator.api import BadRequest, health_query
 from runtime.tools import day_report
@@ -142,7 +141,7 @@ def test_report_of_a_real_daemon_run_from_its_state_dir(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "runtime.cli", "report", "--local", "--config",
                            str(cfg), "--since", "1h", "--out", str(out), "--html", str(page),
                            "--utc"], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)})
+                          env=child_env())
     assert proc.returncode == 0, proc.stderr
     assert "box1" in proc.stdout and f"{len(recs)} health records" in proc.stdout
     assert png_size(out.read_bytes()) == (day_report.WIDTH_PX, day_report.HEIGHT_PX)
@@ -157,7 +156,7 @@ def test_report_refuses_an_empty_window(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "runtime.cli", "report", "--local", "dev",
                            "--state-dir", str(tmp_path), "--since", "1h"],
                           capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)})
+                          env=child_env())
     assert proc.returncode == 2 and "no health records for dev" in proc.stderr
 
 

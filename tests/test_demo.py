@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import re
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
+from under_test import child_env
 
 
 def test_demo_runs_and_reports(tmp_path):
@@ -59,11 +63,30 @@ def _session_members(sid: int) -> list[int]:
     return pids
 
 
-def test_sigterm_stops_the_demo_and_everything_it_started(tmp_path):
+def _kill_session(sid: int) -> None:
+    """SIGKILL what is left of a failed run: every process of the session, since the demo
+    puts the daemon and the broker in process groups of their own."""
+    for pid in _session_members(sid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def sessions():
+    """Session ids of demos a test started: whatever of them is still running at teardown
+    (a failed test) is killed, so no daemon or broker outlives it."""
+    sids: list[int] = []
+    yield sids
+    for sid in sids:
+        _kill_session(sid)
+
+
+def test_sigterm_stops_the_demo_and_everything_it_started(tmp_path, sessions):
     env = {**os.environ, "HOME": str(tmp_path)}
     p = subprocess.Popen([sys.executable, "-m", "runtime.cli", "demo", "--duration", "300"],
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                          start_new_session=True)
+    sessions.append(p.pid)
     seen = []
     try:
         for line in p.stdout:  # wait for the first live line: broker, coordinator, daemon up
@@ -74,7 +97,7 @@ def test_sigterm_stops_the_demo_and_everything_it_started(tmp_path):
         rest, _ = p.communicate(timeout=90)
     finally:
         if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
+            _kill_session(p.pid)
     text = "".join(seen) + rest
     assert p.returncode == 0, text[-3000:]
     assert "results stored by the coordinator" in text, text[-3000:]
@@ -83,18 +106,74 @@ def test_sigterm_stops_the_demo_and_everything_it_started(tmp_path):
         time.sleep(0.2)
     left = _session_members(p.pid)
     if left:
-        os.killpg(p.pid, signal.SIGKILL)
+        _kill_session(p.pid)
     assert not left, f"left running after SIGTERM: {left}"
+
+
+def test_ctrl_c_stops_everything_in_order_and_replies_are_verified(tmp_path, sessions):
+    """One Ctrl-C (SIGINT to the terminal's whole foreground group) stops the daemon, the
+    coordinator and the broker in that order: a clean goodbye, every result acked, no MQTT
+    error, no crash report, no temp dir left. A `fleet send ... ping` while it runs comes back
+    verified (the coordinator holds the device's key)."""
+    env = {**os.environ, "HOME": str(tmp_path)}
+    # its own session and group, as a shell puts a foreground job: killpg is the terminal's
+    # Ctrl-C
+    p = subprocess.Popen([sys.executable, "-m", "runtime.cli", "demo", "--duration", "300"],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                         start_new_session=True)
+    sessions.append(p.pid)
+    seen = []
+    try:
+        for line in p.stdout:
+            seen.append(line)
+            if re.search(r"rung \d+/\d+ inspection/", line):
+                break
+        text = "".join(seen)
+        api = re.search(r"--api (\S+) --token-file (\S+) ls", text)
+        assert api, text[-3000:]
+        ping = subprocess.run([sys.executable, "-m", "runtime.cli", "fleet", "--api",
+                               api.group(1), "--token-file", api.group(2), "send", "demo-box",
+                               "ping", "--json"], capture_output=True, text=True, timeout=60,
+                              env=env)
+        assert ping.returncode == 0, ping.stdout + ping.stderr
+        reply = json.loads(ping.stdout[ping.stdout.index("{"):])
+        assert reply["verified"] is True and reply["ok"] is True, reply
+        os.killpg(p.pid, signal.SIGINT)
+        rest, _ = p.communicate(timeout=90)
+    finally:
+        if p.poll() is None:
+            _kill_session(p.pid)
+    text = "".join(seen) + rest
+    assert p.returncode == 0, text[-3000:]
+    assert re.search(r"results stored by the coordinator: \d+; device offline \(clean "
+                     r"shutdown\)", text), text[-3000:] + _daemon_log_tail(text)
+    assert re.search(r"device outbox: \d+ results made, every result acked", text), text[-3000:]
+    assert "exited with code" not in text and "its log" not in text, text[-3000:]
+    log = re.search(r"daemon log: (\S+)", text)
+    with open(log.group(1)) as f:
+        daemon_log = f.read()
+    for said in (text, daemon_log):
+        assert "Unspecified error" not in said and "Traceback" not in said, said[-3000:]
+    workdir = Path(re.search(r"log: (\S+)/daemon\.log;", text).group(1))
+    assert not workdir.exists(), f"{workdir} left behind"
+    deadline = time.monotonic() + 10
+    while _session_members(p.pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = _session_members(p.pid)
+    if left:
+        _kill_session(p.pid)
+    assert not left, f"left running after Ctrl-C: {left}"
+
+
 def test_demo_without_any_broker_says_what_to_install(tmp_path):
     """Neither Mosquitto on PATH nor amqtt (the `[demo]` extra) importable: one line that
     names both ways out, exit 2, and nothing started."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     # sys.modules[name] = None is how Python spells "not installed": `import amqtt` raises;
     # and no mosquitto on PATH nor in the sbin directories.
     code = ("import sys; sys.modules['amqtt'] = None; import runtime.wire.broker as b; "
             f"b.SBIN_DIRS = {str(tmp_path)!r}; from runtime.cli import main; "
             "sys.exit(main(['demo', '--duration', '5']))")
-    env = {**os.environ, "PATH": str(tmp_path), "PYTHONPATH": root, "HOME": str(tmp_path)}
+    env = child_env(PATH=str(tmp_path), HOME=str(tmp_path))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60, env=env)
     assert out.returncode == 2, out.stdout + out.stderr

@@ -15,6 +15,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from under_test import child_env
 
 from runtime.coordinator.store import Store
 from runtime.tools.fleetsim import FleetSim
@@ -44,7 +45,7 @@ class CoordinatorProc:
     def start(self) -> CoordinatorProc:
         self.proc = subprocess.Popen([sys.executable, "-m", "runtime.cli", "coordinator",
                                       "--config", str(self.conf)], cwd=ROOT,
-                                     env={**os.environ, "PYTHONPATH": str(ROOT)},
+                                     env=child_env(),
                                      stdout=self.log, stderr=subprocess.STDOUT)
         wait_port(self.http, 60)
         return self

@@ -15,6 +15,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
+from under_test import child_env
 
 from models.synthetic import samples
 from runtime.frames import images
@@ -158,7 +159,7 @@ def test_a_20000_by_20000_png_costs_no_memory(tmp_path):
     os.utime(inbox / "huge.png", (0, 0))  # settled
     r = subprocess.run([sys.executable, "-c", _RSS_CHILD, str(inbox), str(tmp_path / "st")],
                        capture_output=True, text=True, timeout=120,
-                       env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
+                       env=child_env())
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out.get("refused") == "too_large", out

@@ -2,9 +2,11 @@
 `python3 -m runtime.tools.install`, units whose ExecStart is that venv's script and that pass
 `systemd-analyze verify`, the edgerun user, /etc/edgerun; idempotent; never the system pip.
 
-The fast version builds the venv in a temp root with --system-site-packages and installs a
-wheel of this checkout with --no-index (offline, ~30 s); the slow one installs from the
-checkout with pip's build isolation and the index, as an operator would."""
+The fast version installs a wheel of this checkout with --no-index (offline, ~30 s) into a
+venv in a temp root that sees the test environment's dependencies (a .pth file: works from a
+venv, where --system-site-packages would see the base interpreter's packages instead); the
+slow one installs from the checkout with pip's build isolation and the index, as an operator
+would."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from wheel_build import build_wheel
 
 from runtime.tools import install
 
@@ -43,12 +46,31 @@ def _gid(root: Path, name: str) -> int:
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
-    """This checkout as a wheel (built with the installed setuptools: no network)."""
-    out = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
-                    "--no-build-isolation", "-w", str(out), str(ROOT)],
-                   check=True, capture_output=True, timeout=300)
-    return next(out.glob("edgerun-*.whl"))
+    """This checkout as a wheel (offline where the environment has the build requirements:
+    tests/wheel_build.py)."""
+    return build_wheel(tmp_path_factory.mktemp("wheel"))
+
+
+def _dependency_dirs() -> list[str]:
+    """Where this test run imports its dependencies from: every site directory on sys.path
+    (a venv's site-packages, or the system's dist-packages), not the checkout."""
+    dirs = []
+    for entry in sys.path:
+        p = Path(entry or ".").resolve()
+        if p.is_dir() and p.name in ("site-packages", "dist-packages") and str(p) not in dirs:
+            dirs.append(str(p))
+    return dirs
+
+
+def _venv_seeing_our_dependencies(root: Path) -> None:
+    """The target's venv made up front (the installer keeps a working one), with a .pth that
+    appends this run's site directories: pip then finds the dependencies installed and
+    needs no index; edgerun itself goes into the venv's own site-packages, which come first."""
+    venv = root / "opt/edgerun/venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True,
+                   timeout=300)
+    site = next(venv.glob("lib/python3*/site-packages"))
+    (site / "edgerun-test-deps.pth").write_text("".join(d + "\n" for d in _dependency_dirs()))
 
 
 @pytest.fixture(scope="module")
@@ -59,8 +81,11 @@ def installed(tmp_path_factory, wheel) -> tuple[Path, subprocess.CompletedProces
     if os.geteuid() != 0:
         pytest.skip("chown to the edgerun group needs root")
     root = tmp_path_factory.mktemp("root")
-    out = _install(root, "--system-site-packages", "--source", str(wheel),
-                   "--pip-arg=--no-index")
+    # the machine says it is a Pi 4 (as its device tree does): the config names that profile
+    (root / "proc/device-tree").mkdir(parents=True)
+    (root / "proc/device-tree/model").write_bytes(b"Raspberry Pi 4 Model B Rev 1.4\0")
+    _venv_seeing_our_dependencies(root)
+    out = _install(root, "--source", str(wheel), "--pip-arg=--no-index")
     assert out.returncode == 0, out.stdout + out.stderr
     return root, out
 
@@ -118,6 +143,10 @@ def test_user_config_dir_and_config(installed):
     st = cfg_file.stat()
     assert (stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid) == (0o640, 0, gid)
     cfg = config_mod.load(cfg_file)  # valid, and pointed at the unit's directories
+    assert cfg.device.profile == "rpi4"  # what the (fake) device tree says
+    _, out = installed
+    assert "device profile: rpi4 (the device tree says 'Raspberry Pi 4 Model B Rev 1.4')" in (
+        out.stdout)
     assert cfg.daemon.state_dir == "/var/lib/edgerun"
     assert cfg.telemetry.outbox.path == "/var/lib/edgerun/outbox.db"
     assert cfg.profiler.cache_dir == "/var/cache/edgerun/profiles"
@@ -130,14 +159,15 @@ def test_rerun_changes_nothing_and_keeps_the_operators_config(installed, wheel):
     cfg = root / "etc/edgerun/edgerun.toml"
     cfg.write_text(cfg.read_text() + "# the operator's edit\n")
     units = {u: (root / "etc/systemd/system" / u).read_text() for u in install.UNITS}
-    out = _install(root, "--system-site-packages", "--source", str(wheel),
-                   "--pip-arg=--no-index", "--enable", "--without", "opencl")
+    out = _install(root, "--source", str(wheel), "--pip-arg=--no-index", "--enable",
+                   "--without", "opencl")
     assert out.returncode == 0, out.stdout + out.stderr
     assert "(already there)" in out.stdout and "(kept as it is)" in out.stdout
     # the requirements named one by one, the engine left out removed from the venv (here it
     # is the system's, which pip leaves alone: outside the environment)
     assert "left out: opencl (pyopencl, pocl-binary-distribution, pytools, siphash24)" in out.stdout
     assert "wrote " not in out.stdout  # no unit, sysusers or tmpfiles file rewritten
+    assert "has device profile" not in out.stdout  # the kept config's is this machine's
     assert cfg.read_text().endswith("# the operator's edit\n")
     assert {u: (root / "etc/systemd/system" / u).read_text() for u in install.UNITS} == units
     passwd = (root / "etc/passwd").read_text()
@@ -201,6 +231,69 @@ def test_a_wheels_requirements_are_the_checkouts(wheel):
             assert norm(got) == norm(want), (extras, without)
 
 
+@pytest.mark.parametrize(("model", "dmi", "want"), [
+    ("Raspberry Pi 5 Model B Rev 1.0", {}, "rpi5"),
+    ("Raspberry Pi Compute Module 5 Rev 1.0", {}, "rpi5"),
+    ("Raspberry Pi 4 Model B Rev 1.4", {}, "rpi4"),
+    ("Raspberry Pi 400 Rev 1.0", {}, "rpi4"),
+    ("Raspberry Pi Compute Module 4 Rev 1.0", {}, "rpi4"),
+    ("NVIDIA Jetson Orin Nano Developer Kit", {}, "jetson-orin-nano"),
+    ("NVIDIA Jetson Orin Nano Engineering Reference Developer Kit Super", {}, "jetson-orin-nano"),
+    ("Raspberry Pi 3 Model B Plus Rev 1.3", {}, "generic-x86"),  # no profile: the fallback
+    ("Raspberry Pi 40 Rev 1.0", {}, "generic-x86"),  # a word boundary, not a prefix
+    (None, {"sys_vendor": "Intel(R) Client Systems", "product_name": "NUC11TNHi5"},
+     "generic-x86"),
+    (None, {}, "generic-x86"),
+])
+def test_pick_profile_from_what_the_machine_says(model, dmi, want):
+    got, why = install.pick_profile(model, dmi)
+    assert got == want
+    assert got in install.bundled_profiles()
+    if model and got != install.FALLBACK_PROFILE:
+        assert model in why
+    elif dmi:
+        assert "NUC11TNHi5" in why and "a PC" in why
+    else:
+        assert "check it" in why  # a guess says so
+
+
+def test_every_board_profile_is_bundled():
+    assert {p for _, p in install.BOARD_PROFILES} | {install.FALLBACK_PROFILE} <= set(
+        install.bundled_profiles())
+
+
+def test_machine_profile_reads_under_the_root(tmp_path):
+    o = install.Options(root=tmp_path, log=lambda _: None)
+    assert install.machine_profile(o)[0] == "generic-x86"  # nothing there: the fallback
+    dmi = tmp_path / "sys/class/dmi/id"
+    dmi.mkdir(parents=True)
+    (dmi / "sys_vendor").write_text("LENOVO\n")
+    (dmi / "product_name").write_bytes(b"\xff\x1b[31m20XW\n")  # hostile bytes: dropped
+    profile, why = install.machine_profile(o)
+    assert profile == "generic-x86" and "LENOVO" in why and "\x1b" not in why
+    (tmp_path / "proc/device-tree").mkdir(parents=True)  # a device tree wins over DMI
+    (tmp_path / "proc/device-tree/model").write_bytes(b"Raspberry Pi 5 Model B Rev 1.0\0")
+    assert install.machine_profile(o) == ("rpi5", "the device tree says "
+                                          "'Raspberry Pi 5 Model B Rev 1.0'")
+
+
+def test_set_profile_writes_a_loadable_config(tmp_path):
+    from runtime import config as config_mod
+
+    example = (ROOT / "firmware_config/examples/edgerun.toml").read_text()
+    assert install.config_profile(example) == "generic-x86"
+    text = install.set_profile(install.render_config(example), "rpi4")
+    assert install.config_profile(text) == "rpi4"
+    assert text.count("\n") == example.count("\n")  # one value changed, nothing else
+    (tmp_path / "e.toml").write_text(text)
+    assert config_mod.load(tmp_path / "e.toml").device.profile == "rpi4"
+    with pytest.raises(install.InstallError, match="profile"):
+        install.set_profile("[model]\npath = ''\n", "rpi4")
+    for bad in ("no-such-board", 'x".toml', "a\nb.toml"):
+        with pytest.raises(SystemExit):
+            install.main(["--root", str(tmp_path), "--profile", bad])
+
+
 def test_extras_go_where_pip_reads_them(tmp_path):
     wheel = tmp_path / "edgerun-0.1.0-py3-none-any.whl"
     wheel.write_bytes(b"")
@@ -208,6 +301,26 @@ def test_extras_go_where_pip_reads_them(tmp_path):
     assert install.with_extras(str(wheel), ("demo", "x")) == f"{wheel}[demo,x]"
     assert install.with_extras("edgerun==0.1.0", ("demo",)) == "edgerun[demo]==0.1.0"
     assert install.with_extras("edgerun", ()) == "edgerun"
+
+
+def test_a_kept_config_is_not_changed_but_a_profile_mismatch_is_said(tmp_path):
+    example = ROOT / "firmware_config/examples/edgerun.toml"
+    dest = tmp_path / "etc/edgerun/edgerun.toml"
+    dest.parent.mkdir(parents=True)
+    dest.write_text(example.read_text())  # the operator's, naming generic-x86
+    (tmp_path / "proc/device-tree").mkdir(parents=True)
+    (tmp_path / "proc/device-tree/model").write_bytes(b"Raspberry Pi 5 Model B Rev 1.0\0")
+    for profile, says in (("", "looks like 'rpi5' (the device tree says"),
+                          ("rpi4", "--profile rpi4 is not applied to a kept config")):
+        said: list[str] = []
+        install.install_config(install.Options(root=tmp_path, log=said.append,
+                                               profile=profile), example)
+        assert dest.read_text() == example.read_text()
+        assert any("has device profile 'generic-x86'" in x and says in x for x in said), said
+    dest.write_text(install.set_profile(example.read_text(), "rpi5"))
+    said = []
+    install.install_config(install.Options(root=tmp_path, log=said.append), example)
+    assert not any("device profile" in x for x in said), said  # it matches: nothing to say
 
 
 def test_link_leaves_a_foreign_edgerun_alone(tmp_path):

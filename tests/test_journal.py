@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from daemon_harness import Serve, wait, write_config
+from under_test import child_env
 
 from models import bundled
 from runtime import journal
@@ -42,8 +43,7 @@ def _run(tmp_path: Path, journal_stream: str | None) -> list[str]:
     """SCRIPT's stderr lines, stderr being a file and JOURNAL_STREAM as given."""
     err = tmp_path / "stderr.txt"
     err.write_text("")
-    env = {k: v for k, v in os.environ.items() if k != "JOURNAL_STREAM"}
-    env["PYTHONPATH"] = str(ROOT)
+    env = {k: v for k, v in child_env().items() if k != "JOURNAL_STREAM"}
     if journal_stream is not None:
         env["JOURNAL_STREAM"] = journal_stream.replace("SELF", _stream_id(err))
     with err.open("w") as f:
@@ -83,7 +83,7 @@ def test_a_refused_config_is_an_error_line(tmp_path):
     bad.write_text("[daemon]\nqueue_size = 0\n")
     err = tmp_path / "stderr.txt"
     err.write_text("")
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "JOURNAL_STREAM": _stream_id(err)}
+    env = child_env(JOURNAL_STREAM=_stream_id(err))
     with err.open("w") as f:
         rc = subprocess.run([sys.executable, "-m", "runtime.cli", "check", str(bad)],
                             stderr=f, stdout=subprocess.DEVNULL, env=env, timeout=60).returncode

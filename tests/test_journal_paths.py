@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from under_test import child_env
+
 ROOT = Path(__file__).resolve().parents[1]
 
 SCRIPT = """
@@ -34,8 +36,7 @@ def _run(tmp_path: Path, on_journal: bool) -> list[str]:
     err = tmp_path / "stderr.txt"
     err.write_text("")
     st = os.stat(err)
-    env = {k: v for k, v in os.environ.items() if k != "JOURNAL_STREAM"}
-    env["PYTHONPATH"] = str(ROOT)
+    env = {k: v for k, v in child_env().items() if k != "JOURNAL_STREAM"}
     if on_journal:
         env["JOURNAL_STREAM"] = f"{st.st_dev}:{st.st_ino}"
     with err.open("w") as f:

@@ -5,7 +5,6 @@ at every step."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -17,6 +16,7 @@ import pytest
 from daemon_harness import Serve, events, last_health, results, wait, write_config
 from modelgen import tiny_cnn
 from onnx import TensorProto, helper, numpy_helper, save
+from under_test import child_env
 
 from models import bundled
 from runtime.engine.onnx_model import file_sha256
@@ -163,7 +163,7 @@ def _install(cfg: Path, source: str, env: dict | None = None, *extra: str):
     return subprocess.run(
         [sys.executable, "-m", "runtime.cli", "models", "install", source, "--config",
          str(cfg), *extra], capture_output=True, text=True, timeout=300,
-        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
+        env=child_env(**(env or {})))
 
 
 STEPS = ["download", "verify", "profile", "swap", "swapped"]

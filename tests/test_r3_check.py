@@ -3,10 +3,11 @@ sources (as source_failed, retried for ever)."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
+
+from under_test import child_env
 
 ROOT = Path(__file__).parent.parent
 
@@ -16,7 +17,7 @@ def _check(tmp_path: Path, source: str) -> subprocess.CompletedProcess:
     cfg.write_text(f'[governor]\npolicy = "off"\n{source}')
     return subprocess.run([sys.executable, "-m", "runtime.cli", "check", str(cfg)],
                           capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+                          env=child_env())
 
 
 def test_check_notes_sources_serve_could_not_read(tmp_path):

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import sys
 from pathlib import Path
+
+from under_test import child_env
 
 ROOT = Path(__file__).parent.parent
 
@@ -41,7 +42,7 @@ def test_a_busy_api_port_stops_start_up_before_the_broker_login(tmp_path, broker
     try:
         r = subprocess.run([sys.executable, "-m", "runtime.cli", "coordinator", "--config",
                             str(cfg)], capture_output=True, text=True, timeout=60,
-                           env={**os.environ, "PYTHONPATH": str(ROOT)})
+                           env=child_env())
     finally:
         busy.close()
     assert r.returncode == 2, r.stderr[-2000:]
@@ -65,7 +66,7 @@ def test_sighup_does_not_stop_the_coordinator(tmp_path, broker):
     with log.open("w") as out:
         p = subprocess.Popen([sys.executable, "-m", "runtime.cli", "coordinator", "--config",
                               str(cfg)], stdout=out, stderr=subprocess.STDOUT,
-                             env={**os.environ, "PYTHONPATH": str(ROOT)})
+                             env=child_env())
     try:
         deadline = time.monotonic() + 60
         while "coordinator API on" not in log.read_text():

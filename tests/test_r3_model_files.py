@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from under_test import child_env
 
 from runtime.engine.manifest import load_manifest, read_labels, read_preprocess
 from runtime.engine.onnx_model import ModelError
@@ -56,7 +57,7 @@ def test_check_says_which_file_instead_of_a_traceback(tmp_path):
     cfg.write_text(f'[model]\npath = "{model}"\n[governor]\npolicy = "off"\n')
     r = subprocess.run([sys.executable, "-m", "runtime.cli", "check", str(cfg)],
                        capture_output=True, text=True, timeout=120,
-                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+                       env=child_env())
     assert r.returncode == 1, r.stderr
     assert "Traceback" not in r.stderr
     assert f"{model / 'manifest.json'}: the manifest must be a JSON object" in r.stderr
@@ -79,7 +80,7 @@ def test_check_refuses_preprocessing_serve_would_die_on(tmp_path, pre, match):
                    f'"{tmp_path / "pre.json"}"\n[governor]\npolicy = "off"\n')
     r = subprocess.run([sys.executable, "-m", "runtime.cli", "check", str(cfg)],
                        capture_output=True, text=True, timeout=120,
-                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+                       env=child_env())
     assert r.returncode == 1 and match in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import sqlite3
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from under_test import child_env
 
 from runtime.config.telemetry import OutboxConfig
 from runtime.telemetry.outbox import Outbox, OutboxUnavailable
@@ -80,7 +80,6 @@ def test_an_outbox_it_may_not_write_is_one_line_not_a_traceback(tmp_path):
             "print('opened'); sys.exit(3)\n")
     r = subprocess.run(["setpriv", "--inh-caps=-all", "--bounding-set=-all", "--",
                         sys.executable, "-c", code], capture_output=True, text=True,
-                       timeout=60, env={**os.environ, "PYTHONPATH": str(Path(__file__)
-                                                                        .parent.parent)})
+                       timeout=60, env=child_env())
     assert r.returncode == 0, r.stdout + r.stderr[-2000:]
     assert "attempt to write a readonly database" in r.stdout

@@ -4,13 +4,13 @@ failure of that source (retried), not the silent end of its capture thread."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import cv2
 import numpy as np
+from under_test import child_env
 
 ROOT = Path(__file__).parent.parent
 
@@ -31,7 +31,7 @@ def test_prepare_refuses_a_yolo_class_past_the_labels(tmp_path):
                         "--labels", str(tmp_path / "classes.txt"), "--out",
                         str(tmp_path / "out"), "--task", "detect", "--format", "yolov8"],
                        capture_output=True, text=True, timeout=300,
-                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+                       env=child_env())
     assert r.returncode == 2, r.stderr[-2000:]
     assert "x3.txt: line 1" in r.stderr
 

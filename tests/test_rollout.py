@@ -5,7 +5,6 @@ rest and a device that comes back with another model is sent its desired one aga
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ import pytest
 from daemon_harness import Serve, wait
 from test_bundle import model_dir
 from test_model_swap import PROBATION, constant_dir, inspection_dir
+from under_test import child_env
 
 from models import bundled
 from runtime.coordinator.rollout import FAILED, PASSED, SENT, WAITING, advance, split
@@ -166,7 +166,7 @@ def _cli(fleet, *args: str) -> subprocess.CompletedProcess:
         [sys.executable, "-m", "runtime.cli", "fleet", *args, "--api",
          f"http://127.0.0.1:{fleet.api.server_address[1]}", "--token-file",
          str(fleet.tmp / "api-token")], capture_output=True, text=True, timeout=600,
-        env={**os.environ, "PYTHONPATH": str(ROOT)})
+        env=child_env())
 
 
 @pytestmark_daemons

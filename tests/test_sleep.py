@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from under_test import child_env
 
 from power.closed_loop import RunResult, run_load
 from power.plant import Plant, ambient
@@ -123,7 +124,7 @@ CHILD = textwrap.dedent("""
 
 
 def test_simulated_suspend_really_stops_the_process():
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = child_env()
     p = subprocess.Popen([sys.executable, "-c", CHILD], stdout=subprocess.PIPE, text=True,
                          env=env, cwd=ROOT)
     try:

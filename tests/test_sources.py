@@ -20,6 +20,7 @@ import numpy as np
 import paho.mqtt.client as mqtt
 import pytest
 from modelgen import tiny_cnn
+from under_test import child_env
 
 from models.synthetic import samples
 from runtime.config import BackendsConfig, ConfigError, OnnxRuntimeConfig, from_dict
@@ -381,7 +382,7 @@ for url in ("rtsp://127.0.0.1:1/x", "http://127.0.0.1:{silent_server}/x"):
         print("edgerun:", e)
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                         timeout=60, env=child_env())
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("edgerun: ") == 2, out.stdout
     text = out.stdout + out.stderr

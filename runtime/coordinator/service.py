@@ -631,7 +631,9 @@ class Coordinator:
 
     def alerts_view(self, limit: int = 200) -> dict[str, Any]:
         """Active alerts of every device (with when each was raised, None when it was
-        already active at start) and the newest alert transitions, newest first."""
+        already active at start), those clearing (gone, but not for alert_clear_s yet: the
+        clear is recorded at `settles_at` unless they come back first) and the newest alert
+        transitions, newest first."""
         self._refresh(time.time())
         try:  # the store's log: the same on every coordinator sharing it
             recent, raised, counts = (self.alert_store.recent(limit),
@@ -647,9 +649,14 @@ class Coordinator:
                        or raised.get((v.device, code))}
                       for v in sorted(self.views.values(), key=lambda v: v.device)
                       for code, msg in v.alerts]
+            clearing = [{"device": d, "alert": code, "message": msg,
+                         "status": self.views[d].status if d in self.views else "unknown",
+                         "since": self.alert_since.get((d, code)) or raised.get((d, code)),
+                         "gone_at": went, "settles_at": went + self.cfg.alert_clear_s}
+                        for (d, code), (went, msg) in sorted(self._clearing.items())]
             if recent is None:
                 recent = list(self.alert_log)[-limit:][::-1]
-        return {"active": active, "recent": recent, "counts": counts,
+        return {"active": active, "clearing": clearing, "recent": recent, "counts": counts,
                 "webhook": self.webhook.stats() if self.webhook is not None else None}
 
     # -- retention thread (store size and age; see Store.prune_results) ----------------------

@@ -7,6 +7,11 @@ is installed, otherwise the pure-Python amqtt broker of the `[demo]` extra), the
 conveyor, on a simulated Raspberry Pi 5 in a cabinet that gets the midday sun (time accelerated).
 The live view prints one line per second from what the coordinator received; watch the rung
 step down as the die heats towards its trip point and back up as it cools. Ctrl-C stops it all.
+
+Processes: the broker and the daemon run in their own process groups and the coordinator in
+this process, so a Ctrl-C (SIGINT to the terminal's foreground group) reaches only this
+process, which stops them in order: the daemon (its outbox drained to the coordinator), the
+coordinator, the broker. SIGTERM and SIGHUP (a closed terminal) stop it the same way.
 """
 
 from __future__ import annotations
@@ -152,8 +157,9 @@ class EmbeddedBroker:
         return self._enrol(name, [f"{PREFIX}/{fleet}/+/cmd", f"{PREFIX}/{fleet}/+/ack"],
                            [f"{PREFIX}/{fleet}/+/#"])
 
-    def start(self) -> EmbeddedBroker:
-        """Write the config and password file, start it and wait for the port."""
+    def start(self, own_group: bool = False) -> EmbeddedBroker:
+        """Write the config and password file, start it and wait for the port; `own_group`:
+        in its own process group (see Mosquitto.start)."""
         if not amqtt_available():
             raise RuntimeError(MISSING_BROKER)
         write_secret(self.passwd, "\n".join(f"{u}:{h}" for u, (h, _, _) in self._users.items()))
@@ -172,7 +178,8 @@ class EmbeddedBroker:
         # Through this interpreter, not the `amqtt` script: a venv's bin/ is often not on PATH
         # (`/opt/edgerun/venv/bin/edgerun demo`), but its packages are importable here.
         self.proc = subprocess.Popen([sys.executable, "-c", _AMQTT_MAIN, "-c", str(self.conf)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                     process_group=0 if own_group else None)
         wait_port(self.port, 20)
         return self
 
@@ -228,6 +235,71 @@ def live_line(view: dict, stored: int) -> str:
             f"{lat.get('p95') or 0:6.2f} ms  stored {stored}")
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def _on_stop_signals(flag: list[int]) -> dict[int, object]:
+    """Make SIGINT (Ctrl-C), SIGTERM (kill, systemd) and SIGHUP (the terminal closed) append
+    to `flag` (a plain list: a handler that takes a lock can deadlock), so the demo's loop
+    stops and the stop runs to the end even through a second Ctrl-C. Returns the previous
+    handlers; nothing is changed off the main thread (signals are delivered there only)."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {sig: signal.signal(sig, lambda signum, _frame: flag.append(signum))
+            for sig in STOP_SIGNALS}
+
+
+def _device_keys(state: Path, device: str) -> Path:
+    """The device's reply-signing key made before its first start, where its daemon looks
+    (`state/device.key`), and its public half in a coordinator device_keys directory, so the
+    first command's reply comes back verified. Returns that directory."""
+    keys = state / "device-keys"
+    generate_keypair(state / "device.key", state / "device.pub")
+    keys.mkdir(exist_ok=True)
+    shutil.copyfile(state / "device.pub", keys / f"{device}.pub")
+    return keys
+
+
+def outbox_backlog(path: Path) -> tuple[int, int]:
+    """(results the device made, results not yet acked by the coordinator) of a stopped
+    daemon's outbox."""
+    from runtime.config.telemetry import OutboxConfig
+    from runtime.telemetry.outbox import Outbox
+
+    box = Outbox(OutboxConfig(path=str(path)))
+    try:
+        return box.last_seq(), box.stats()["results_held"]
+    finally:
+        box.close()
+
+
+def _stop_daemon(daemon: subprocess.Popen, daemon_log: Path) -> None:
+    """SIGTERM and wait: the daemon drains its outbox to the coordinator and says goodbye."""
+    if daemon.poll() is None:
+        daemon.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            daemon.wait(30)
+        if daemon.returncode is None:
+            print("the daemon did not stop within 30 s of SIGTERM: killed; see its log",
+                  flush=True)
+            daemon.kill()
+            daemon.wait()
+        elif daemon.returncode != 0:
+            print(f"the daemon exited with code {daemon.returncode} on stop; its log ends:\n"
+                  + daemon_log.read_text()[-2000:], flush=True)
+
+
+def _goodbye_seen(coord: Coordinator, device: str, timeout_s: float = 10.0) -> dict | None:
+    """The device's view once the coordinator has taken in its goodbye (status no longer
+    online), or its last view after `timeout_s`; None if it was never heard from."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        view = {v["device"]: v for v in coord.fleet_view()}.get(device)
+        if view is None or view["status"] != "online" or time.monotonic() > deadline:
+            return view
+        time.sleep(0.1)
+
+
 def run(duration_s: float = 0.0, device: str = "rpi5", scenario: str = "cabinet",
         speed: float = 480.0, start_hour: float = 10.0, rate: float = 100.0,
         workdir: Path | None = None) -> int:
@@ -246,52 +318,55 @@ def run(duration_s: float = 0.0, device: str = "rpi5", scenario: str = "cabinet"
     # confines it (see docs/security.md); enrolled before start (amqtt cannot reload).
     device_login = broker.device("demo", "demo-box")
     coord_login = broker.coordinator("demo")
-    broker.start()
-    print(f"broker: {type(broker).__name__} on 127.0.0.1:{broker.port} (authenticated, ACL on)",
-          flush=True)
-    generate_keypair(state / "command.pem", state / "command.pub")
-    cfg_path = workdir / "edgerun.toml"
-    cfg_path.write_text(DEMO_CONFIG.format(
-        device=device, state=state, rate=rate, scenario=scenario, speed=speed,
-        profiles=bundled() / "reference-profiles.json", backends=REFERENCE_BACKENDS,
-        start_hour=start_hour, port=broker.port, username=device_login.username,
-        password_file=device_login.password_file))
-    coord = Coordinator(CoordinatorConfig(
-        fleet="demo", broker=coord_login,
-        store=str(state / "coordinator.db"), signing_key=str(state / "command.pem"),
-        stale_after_s=5, offline_after_s=15))
-    coord.start()
-    from runtime.coordinator.api import serve
-
-    api = serve(coord, "127.0.0.1", 0)
-    url = f"http://127.0.0.1:{api.server_address[1]}"
-    print(f"coordinator API: {url}/api/v1/fleet (try: edgerun fleet --api {url} --token-file "
-          f"{state / 'api-token'} ls)", flush=True)
-    print(f"dashboard: {url}/ (token: the content of {state / 'api-token'})", flush=True)
+    terminated: list[int] = []
+    previous = _on_stop_signals(terminated)
+    coord: Coordinator | None = None
+    api = None
+    daemon: subprocess.Popen | None = None
     daemon_log = workdir / "daemon.log"
     kept_log = (Path("~/.cache/edgerun/demo").expanduser()
                 / time.strftime("daemon-%Y%m%d-%H%M%S.log"))
-    print(f"daemon: edgerun serve --config {cfg_path} (log: {daemon_log}; kept afterwards as "
-          f"{kept_log})", flush=True)
-    print(f"simulated {device}, scenario {scenario}, {speed:g}x from {start_hour:g}:00: the "
-          "simulated camera offers frames as fast as the top rung runs on all cores; the live "
-          "view's frames/s is this host's real pipeline", flush=True)
-    print("the simulated device's ladder: the bundled model's reference profiles (CI machine, "
-          "scaled to the device profile), so the demo repeats; `edgerun profile "
-          "models/inspection` measures this host", flush=True)
-    daemon = subprocess.Popen([sys.executable, "-m", "runtime.cli", "serve", "--config",
-                               str(cfg_path)], stdout=daemon_log.open("w"),
-                              stderr=subprocess.STDOUT)
-    terminated: list[int] = []  # a plain flag: a handler that takes a lock can deadlock
-    if threading.current_thread() is threading.main_thread():
-        # SIGTERM (kill, systemd) stops the demo like Ctrl-C: the `finally` below takes the
-        # daemon, the coordinator and the broker down with it instead of leaving them running.
-        signal.signal(signal.SIGTERM, lambda signum, _frame: terminated.append(signum))
-    started = time.monotonic()
-    seen_events = 0
     code = 0
     try:
-        while True:
+        broker.start(own_group=True)
+        print(f"broker: {type(broker).__name__} on 127.0.0.1:{broker.port} (authenticated, "
+              "ACL on)", flush=True)
+        generate_keypair(state / "command.pem", state / "command.pub")
+        cfg_path = workdir / "edgerun.toml"
+        cfg_path.write_text(DEMO_CONFIG.format(
+            device=device, state=state, rate=rate, scenario=scenario, speed=speed,
+            profiles=bundled() / "reference-profiles.json", backends=REFERENCE_BACKENDS,
+            start_hour=start_hour, port=broker.port, username=device_login.username,
+            password_file=device_login.password_file))
+        coord = Coordinator(CoordinatorConfig(
+            fleet="demo", broker=coord_login,
+            store=str(state / "coordinator.db"), signing_key=str(state / "command.pem"),
+            device_keys=str(_device_keys(state, "demo-box")),
+            stale_after_s=5, offline_after_s=15))
+        coord.start()
+        from runtime.coordinator.api import serve
+
+        api = serve(coord, "127.0.0.1", 0)
+        url = f"http://127.0.0.1:{api.server_address[1]}"
+        print(f"coordinator API: {url}/api/v1/fleet (try: edgerun fleet --api {url} "
+              f"--token-file {state / 'api-token'} ls)", flush=True)
+        print(f"dashboard: {url}/ (token: the content of {state / 'api-token'})", flush=True)
+        print(f"daemon: edgerun serve --config {cfg_path} (log: {daemon_log}; kept afterwards "
+              f"as {kept_log})", flush=True)
+        print(f"simulated {device}, scenario {scenario}, {speed:g}x from {start_hour:g}:00: "
+              "the simulated camera offers frames as fast as the top rung runs on all cores; "
+              "the live view's frames/s is this host's real pipeline", flush=True)
+        print("the simulated device's ladder: the bundled model's reference profiles (CI "
+              "machine, scaled to the device profile), so the demo repeats; `edgerun profile "
+              "models/inspection` measures this host", flush=True)
+        if not terminated:  # a Ctrl-C during the start: nothing more to start
+            daemon = subprocess.Popen([sys.executable, "-m", "runtime.cli", "serve",
+                                       "--config", str(cfg_path)],
+                                      stdout=daemon_log.open("w"), stderr=subprocess.STDOUT,
+                                      process_group=0)
+        started = time.monotonic()
+        seen_events = 0
+        while daemon is not None and not terminated:
             time.sleep(1.0)
             if terminated:
                 break
@@ -316,37 +391,39 @@ def run(duration_s: float = 0.0, device: str = "rpi5", scenario: str = "cabinet"
                 seen_events = len(events)
             if duration_s and time.monotonic() - started > duration_s:
                 break
-    except KeyboardInterrupt:
-        print("\nstopping...", flush=True)
     finally:
-        if daemon.poll() is None:
-            daemon.terminate()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                daemon.wait(30)
-            if daemon.returncode is None:
-                print("the daemon did not stop within 30 s of SIGTERM: killed; see its log",
-                      flush=True)
-                daemon.kill()
-                daemon.wait()
-            elif daemon.returncode != 0:
-                print(f"the daemon exited with code {daemon.returncode} on stop; its log ends:\n"
-                      + daemon_log.read_text()[-2000:], flush=True)
-        time.sleep(1.0)
-        views = {v["device"]: v for v in coord.fleet_view()}
-        if "demo-box" in views:
-            v = views["demo-box"]
-            print(f"results stored by the coordinator: {v['results_stored']}; device "
-                  f"{v['status']} ({v['reason'] or 'running'})", flush=True)
-        api.shutdown()
-        coord.stop()
+        if terminated:
+            print("\nstopping: the daemon, then the coordinator, then the broker...", flush=True)
+        # In order: the daemon first, while the coordinator and the broker are there to take
+        # its last results and its goodbye; then the coordinator; the broker last.
+        if daemon is not None:
+            _stop_daemon(daemon, daemon_log)
+        if coord is not None:
+            v = _goodbye_seen(coord, "demo-box")
+            if v is not None:
+                print(f"results stored by the coordinator: {v['results_stored']}; device "
+                      f"{v['status']} ({v['reason'] or 'running'})", flush=True)
+            if daemon is not None and (state / "outbox.db").exists():
+                made, held = outbox_backlog(state / "outbox.db")
+                print(f"device outbox: {made} results made, "
+                      + ("every result acked" if held == 0 else
+                         f"{held} not acked (kept in {state / 'outbox.db'})"), flush=True)
+                code = code or int(held > 0)
+        if api is not None:
+            api.shutdown()
+        if coord is not None:
+            coord.stop()
         broker.stop()
-        with contextlib.suppress(OSError):
-            kept_log.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(daemon_log, kept_log)
-            print(f"daemon log: {kept_log}", flush=True)
+        if daemon is not None:
+            with contextlib.suppress(OSError):
+                kept_log.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(daemon_log, kept_log)
+                print(f"daemon log: {kept_log}", flush=True)
         if tmp is not None:
             if code:
                 print(f"(kept {workdir} for inspection)")
             else:
                 tmp.cleanup()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
     return code

@@ -15,8 +15,9 @@ PREFIX/venv, so the unit's ExecStart is one stable path: PREFIX/venv/bin/edgerun
 target sees them, and uses systemctl only offline (--root). It is for tests: the venv's
 scripts name their interpreter by its path under DIR, so the tree is not relocatable.
 Steps (each safe to repeat): venv -> pip install -> /usr/local/bin/edgerun symlink -> units,
-sysusers and tmpfiles -> service user -> /etc/edgerun/edgerun.toml (only if absent) ->
-daemon-reload (-> enable --now).
+sysusers and tmpfiles -> service user -> /etc/edgerun/edgerun.toml (only if absent; its
+device profile picked from what the machine says it is, or --profile) -> daemon-reload
+(-> enable --now).
 """
 
 from __future__ import annotations
@@ -58,6 +59,20 @@ _ENGINE_PACKAGE = {"openvino": "openvino", "opencl": "pyopencl"}
 
 # `enabled = [...]` of the [backends] section (the first key after its header).
 _ENABLED = re.compile(r"^\[backends\]\s*\n(?:[^\[\n].*\n|\n)*?enabled = \[(.*)\]", re.M)
+# `profile = "..."` of the [device] section.
+_PROFILE = re.compile(r'^(\[device\]\s*\n(?:[^\[\n].*\n|\n)*?profile = )"([^"]*)"', re.M)
+
+# What a board's device tree calls it (/proc/device-tree/model, NUL-terminated) -> the bundled
+# profile (firmware_config/devices/) for it; the first match wins. The strings are the boards'
+# own: "Raspberry Pi 5 Model B Rev 1.0", "Raspberry Pi 4 Model B Rev 1.4", "Raspberry Pi 400
+# Rev 1.0", "Raspberry Pi Compute Module 4 Rev 1.0", "NVIDIA Jetson Orin Nano Developer Kit".
+BOARD_PROFILES = (
+    (re.compile(r"^Raspberry Pi (5|Compute Module 5)\b"), "rpi5"),
+    (re.compile(r"^Raspberry Pi (4|400|Compute Module 4)\b"), "rpi4"),
+    (re.compile(r"\bJetson Orin Nano\b"), "jetson-orin-nano"),
+)
+FALLBACK_PROFILE = "generic-x86"  # the example config's, and what a PC (DMI) gets
+DMI_KEYS = ("sys_vendor", "product_name", "board_name")
 
 
 class InstallError(RuntimeError):
@@ -78,6 +93,7 @@ class Options:
     enable: bool = False
     without: tuple[str, ...] = ()  # keys of OPTIONAL_ENGINES not to install
     link: bool = True  # /usr/local/bin/edgerun -> the venv's, for operators' shells
+    profile: str = ""  # the device profile to write; empty: picked from the machine
     log: Callable[[str], None] = field(default=print)
 
     def at(self, path: str | Path) -> Path:
@@ -344,21 +360,81 @@ def _gid(o: Options, name: str) -> int:
     raise InstallError(f"no group {name!r} in {o.at('/etc/group')}")
 
 
+def pick_profile(model: str | None, dmi: dict[str, str]) -> tuple[str, str]:
+    """(profile, why) for a machine that says it is `model` (its device tree's, None when it
+    has none) with DMI fields `dmi` (sys_vendor, product_name, ...; empty when absent).
+    A known board gets its profile; a PC (DMI, no device tree) and anything unknown get
+    FALLBACK_PROFILE, with a why that says to check it."""
+    if model:
+        for pattern, profile in BOARD_PROFILES:
+            if pattern.search(model):
+                return profile, f"the device tree says {model!r}"
+        return FALLBACK_PROFILE, (f"no bundled profile for {model!r} (device tree): "
+                                  "check it, or write one (docs/install.md)")
+    said = " ".join(v for k in DMI_KEYS if (v := dmi.get(k, "")))
+    if said:
+        return FALLBACK_PROFILE, f"a PC (DMI says {said!r})"
+    return FALLBACK_PROFILE, ("neither a device tree model nor DMI found: check it "
+                              "(docs/install.md)")
+
+
+def _read_id(path: Path) -> str | None:
+    """A short identification file (device-tree model, DMI field), printable text only;
+    None when absent or unreadable (DMI's serial files are root-only, a container has none)."""
+    try:
+        raw = path.read_bytes()[:256]
+    except OSError:
+        return None
+    text = "".join(c for c in raw.decode("utf-8", "replace") if c.isprintable()).strip()
+    return text or None
+
+
+def machine_profile(o: Options) -> tuple[str, str]:
+    """(profile, why) for the target machine, from what it says it is under the install root:
+    `/proc/device-tree/model`, then DMI (`/sys/class/dmi/id/*`)."""
+    model = _read_id(o.at("/proc/device-tree/model"))
+    dmi = {k: v for k in DMI_KEYS if (v := _read_id(o.at(f"/sys/class/dmi/id/{k}")))}
+    return pick_profile(model, dmi)
+
+
+def set_profile(text: str, profile: str) -> str:
+    """The config text with `[device] profile` set to `profile` (its comment kept)."""
+    m = _PROFILE.search(text)
+    if m is None:
+        raise InstallError("the example config has no [device] profile line to set")
+    return text[:m.start(2) - 1] + f'"{profile}"' + text[m.end(2) + 1:]
+
+
+def config_profile(text: str) -> str | None:
+    """The `[device] profile` a config file names, None when it names none."""
+    m = _PROFILE.search(text)
+    return m.group(2) if m else None
+
+
 def install_config(o: Options, example: Path) -> None:
     """/etc/edgerun/edgerun.toml from the example, root:edgerun 0640 — only when absent: an
     operator's config is never replaced."""
     dest = o.at("/etc/edgerun/edgerun.toml")
+    profile, why = (o.profile, "--profile") if o.profile else machine_profile(o)
     if dest.exists():
         o.log(f"config: {dest} (kept as it is)")
-        m = _ENABLED.search(dest.read_text())
+        text = dest.read_text()
+        m = _ENABLED.search(text)
         named = [e for e in o.without if m and f'"{e}"' in m.group(1)]
         if named:
             o.log(f"note: {dest} enables {', '.join(named)}, which is not installed: each "
                   "start will say it is disabled (remove it from backends.enabled)")
+        has = config_profile(text)
+        if has is not None and has != profile:
+            said = (f"--profile {profile} is not applied to a kept config" if o.profile else
+                    f"this machine looks like {profile!r} ({why})")
+            o.log(f"note: {dest} has device profile {has!r}; {said}: change [device] "
+                  "profile there if it is wrong")
         return
-    _write(dest, render_config(example.read_text(), o.without), 0o640)
+    _write(dest, set_profile(render_config(example.read_text(), o.without), profile), 0o640)
     os.chown(dest, 0, _gid(o, "edgerun"))
     o.log(f"config: {dest} (from {example}; edit it: model, source, [telemetry])")
+    o.log(f"device profile: {profile} ({why}); [device] profile in {dest} changes it")
 
 
 def systemd_reload(o: Options) -> None:
@@ -378,6 +454,11 @@ def systemd_reload(o: Options) -> None:
     elif o.enable:
         _run(["systemctl", *_root_args(o), "enable", "edgerun.service"], "enabling edgerun")
         o.log(f"enabled edgerun.service under {o.root}")
+
+
+def bundled_profiles() -> list[str]:
+    """The names of the device profiles shipped in firmware_config/devices/."""
+    return sorted(p.stem for p in (SOURCE / "firmware_config" / "devices").glob("*.toml"))
 
 
 def install(o: Options) -> None:
@@ -422,11 +503,20 @@ def main(argv: list[str] | None = None) -> int:
                    help="do not link /usr/local/bin/edgerun to the venv's script")
     p.add_argument("--enable", action="store_true",
                    help="systemctl enable --now edgerun.service when done")
+    p.add_argument("--profile", default="", metavar="NAME",
+                   help="the device profile a new config names (one of "
+                   f"{', '.join(bundled_profiles())}, or a .toml path); default: picked from "
+                   "/proc/device-tree/model or DMI")
     a = p.parse_args(argv)
     without = tuple(x for x in a.without.split(",") if x)
     if bad := [x for x in without if x not in OPTIONAL_ENGINES]:
         p.error(f"--without {', '.join(bad)}: not an optional engine (one of "
                 f"{', '.join(OPTIONAL_ENGINES)})")
+    if a.profile and not (a.profile in bundled_profiles() or (
+            a.profile.endswith(".toml") and a.profile.isprintable()
+            and not set(a.profile) & set('"\\'))):  # it goes into a TOML string
+        p.error(f"--profile {a.profile!r}: not a bundled profile (one of "
+                f"{', '.join(bundled_profiles())}) nor a path to a .toml")
     if a.root == Path("/") and os.geteuid() != 0:
         print("edgerun install: run as root (sudo python3 -m runtime.tools.install), or pass "
               "--root DIR to install into a directory (tests)", file=sys.stderr)
@@ -434,7 +524,7 @@ def main(argv: list[str] | None = None) -> int:
     opts = Options(root=a.root.resolve(), prefix=a.prefix, source=a.source,
                    extras=tuple(x for x in a.extras.split(",") if x),
                    system_site_packages=a.system_site_packages, pip_args=tuple(a.pip_arg),
-                   enable=a.enable, without=without, link=not a.no_link)
+                   enable=a.enable, without=without, link=not a.no_link, profile=a.profile)
     try:
         install(opts)
     except InstallError as e:

@@ -169,10 +169,12 @@ class Mosquitto:
         except OSError:
             return 0
 
-    def start(self) -> Mosquitto:
-        """Start and wait until it accepts connections."""
+    def start(self, own_group: bool = False) -> Mosquitto:
+        """Start and wait until it accepts connections; `own_group`: in its own process
+        group, so a terminal's Ctrl-C reaches only its parent, which stops it in order."""
         self.proc = subprocess.Popen([self.exe, "-c", str(self.conf), "-v"],
-                                     stdout=self.log.open("ab"), stderr=subprocess.STDOUT)
+                                     stdout=self.log.open("ab"), stderr=subprocess.STDOUT,
+                                     process_group=0 if own_group else None)
         wait_port(self.port)
         return self
 

@@ -156,16 +156,27 @@ async function refreshFleet() {
   renderAlerts(alerts);
 }
 
+// An active alert, or one clearing: gone from the device's view but not yet for
+// coordinator.alert_clear_s, when the coordinator records it cleared (unless it comes back
+// first: then it stays the same alert). Without this row it would be neither here nor in
+// the transitions for that long.
+function alertRow(a, state) {
+  const tr = el("tr", null, state === "clearing" ? "clearing" : null);
+  tr.dataset.device = a.device;
+  tr.dataset.alert = a.alert;
+  tr.dataset.state = state;
+  const settles = num(a.settles_at);
+  const shown = state === "clearing" && settles !== null
+    ? `clearing (settles in ${Math.max(0, settles - nowServer()).toFixed(0)} s)` : state;
+  tr.append(el("td", a.device), el("td", a.alert), el("td", a.since ? ago(a.since) : "before start"),
+            el("td", shown, "state"), el("td", a.message, "msg"));
+  return tr;
+}
+
 function renderAlerts(alerts) {
   const active = $("#alerts-active tbody");
-  active.replaceChildren(...(alerts.active || []).map((a) => {
-    const tr = el("tr");
-    tr.dataset.device = a.device;
-    tr.dataset.alert = a.alert;
-    tr.append(el("td", a.device), el("td", a.alert), el("td", a.since ? ago(a.since) : "before start"),
-              el("td", a.message, "msg"));
-    return tr;
-  }));
+  active.replaceChildren(...(alerts.active || []).map((a) => alertRow(a, "active")),
+                         ...(alerts.clearing || []).map((a) => alertRow(a, "clearing")));
   const recent = $("#alerts-recent tbody");
   recent.replaceChildren(...(alerts.recent || []).slice(0, 50).map((a) => {
     const tr = el("tr");
