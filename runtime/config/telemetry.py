@@ -86,6 +86,10 @@ class TelemetryConfig:
     device_key: str = ""
     max_command_bytes: int = 8192
     clock_skew_s: float = 300.0  # commands issued this far in the future are still accepted
+    # the longest command lifetime (expires_at - issued_at) accepted, and so how long an id is
+    # remembered against replay; a sleeper's cap is raised to cover its broker session
+    # ([sleep] session_expiry_s + 1 h), so commands queued for its wake still fit
+    max_command_ttl_s: float = 86400.0
 
     def validate(self) -> tuple[str, str] | None:
         for key in ("fleet", "device"):
@@ -104,4 +108,9 @@ class TelemetryConfig:
                                          f"got {self.max_command_bytes}")
         if self.clock_skew_s < 0:
             return "clock_skew_s", f"must be >= 0, got {self.clock_skew_s}"
+        # below a minute refuses the coordinator's own 60 s commands; a month is already far
+        # more than any command needs (a sleeper gets its session on top, see above)
+        if not 60 <= self.max_command_ttl_s <= 30 * 86400:
+            return "max_command_ttl_s", ("must be 60..2592000 s (a minute to 30 days), got "
+                                         f"{self.max_command_ttl_s}")
         return None

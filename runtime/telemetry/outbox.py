@@ -269,6 +269,10 @@ class Outbox:
         Kept in the sidecar file, so it survives the outbox being reset."""
         return self.sidecar.remember(command_id, expires)
 
+    def bound_command_memory(self, keep_s: float) -> None:
+        """Remember command ids at most `keep_s` ahead (runtime.wire.commands.memory_bound)."""
+        self.sidecar.bound(keep_s)
+
     @property
     def commands_not_before(self) -> float:
         """Commands issued before this time are refused (the replay record was lost then)."""
