@@ -55,10 +55,18 @@ class OutboxConfig:
     max_bytes: int = 256 * 1024 * 1024  # results past this evict the oldest (event + counter)
     health_keep: int = 20  # only the latest N health messages wait for the broker
     event_keep: int = 1000
+    # while the disk refuses writes (full): results wait in memory up to this many bytes of
+    # JSON (past it new ones are refused, counted) and a write is retried every retry_s
+    memory_max_bytes: int = 16 * 1024 * 1024
+    retry_s: float = 5.0
 
     def validate(self) -> tuple[str, str] | None:
         if self.max_bytes < 64 * 1024:
             return "max_bytes", f"must be >= 65536, got {self.max_bytes}"
+        if self.memory_max_bytes < 0 or not 0.1 <= self.retry_s <= 3600:
+            return "memory_max_bytes", ("need memory_max_bytes >= 0 and retry_s within "
+                                        f"0.1..3600, got {self.memory_max_bytes}, "
+                                        f"{self.retry_s}")
         if self.health_keep < 1 or self.event_keep < 1:
             return "health_keep", "health_keep and event_keep must be >= 1"
         return None

@@ -20,6 +20,7 @@ refused (a captured one can no longer be replayed); new commands work at once.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -65,7 +66,10 @@ class Sidecar:
         if self.problem:
             log.error("command replay record lost: %s; commands issued before now are refused",
                       self.problem)
-        self._write()
+        try:
+            self._write()
+        except OSError as e:  # a full disk at start: written with the next change
+            log.error("cannot write %s (%s); the replay record is kept in memory", path, e)
 
     def _reset_history(self) -> None:
         self.seen = {}
@@ -82,7 +86,8 @@ class Sidecar:
                 log.info("dropped %d remembered command ids expiring more than %.0f s ahead "
                          "(commands living that long are refused)", before - len(self.seen),
                          keep_s)
-                self._write()
+                with contextlib.suppress(OSError):  # written again with the next id
+                    self._write()
 
     def remember(self, command_id: str, expires: float) -> bool:
         """Record an accepted command id until it expires; False when already seen. An id
@@ -103,14 +108,25 @@ class Sidecar:
                 raise CommandRefused(f"{MAX_IDS} unexpired command ids are remembered already; "
                                      "refused rather than forgetting one (send shorter TTLs)")
             self.seen[command_id] = expires
-            self._write()
+            try:
+                self._write()
+            except OSError as e:  # refused, not forgotten: a restart would allow a replay
+                del self.seen[command_id]
+                from runtime.wire.commands import CommandRefused
+
+                raise CommandRefused(f"cannot record the command id in {self.path} ({e}); "
+                                     "send it again when the device's disk has room") from e
             return True
 
     def set_evicted_total(self, value: int) -> None:
         """Persist the eviction counter (monotonic)."""
         with self._lock:
             self.evicted_total = max(self.evicted_total, value)
-            self._write()
+            try:
+                self._write()
+            except OSError as e:  # the outbox's meta row has it too; written at the next one
+                log.error("cannot write %s (%s): evicted_total %d kept in memory", self.path,
+                          e, self.evicted_total)
 
     def _write(self) -> None:
         tmp = self.path.with_name(self.path.name + ".tmp")
