@@ -28,14 +28,20 @@ class Body:
     """The request body as a blocking file-like reader (`read(n)`), fed from the event loop.
     Reads return short (b"") once the body ended or the client went away."""
 
-    def __init__(self, receive: Callable[[], Any], loop: asyncio.AbstractEventLoop):
-        self._receive, self._loop = receive, loop
+    def __init__(self, receive: Callable[[], Any], loop: asyncio.AbstractEventLoop,
+                 wait_s: float):
+        self._receive, self._loop, self._wait_s = receive, loop, wait_s
         self._buf = bytearray()
         self._more = True
         self.disconnected = False
 
     def _pull(self) -> None:
-        msg = asyncio.run_coroutine_threadsafe(self._receive(), self._loop).result()
+        future = asyncio.run_coroutine_threadsafe(self._receive(), self._loop)
+        try:  # the server cuts a slow body itself; this bounds a server that stopped
+            msg = future.result(self._wait_s)
+        except (TimeoutError, RuntimeError):
+            future.cancel()
+            msg = {"type": "http.disconnect"}
         if msg["type"] == "http.disconnect":
             self._more, self.disconnected = False, True
             return
@@ -121,7 +127,7 @@ class App:
         req = Request(scope["method"], target, urlsplit(raw.decode("latin-1")).path, query,
                       [(k.decode("latin-1").lower(), v.decode("latin-1"))
                        for k, v in scope["headers"]],
-                      (scope.get("client") or ("?", 0))[0], Body(receive, loop))
+                      (scope.get("client") or ("?", 0))[0], Body(receive, loop, self.stall_s))
         resp = await loop.run_in_executor(self.pool, self._safe, req)
         await self._send(resp, send, loop, req)
 

@@ -55,6 +55,7 @@ class Limits:
     open_by_client: dict[str, int] = field(default_factory=dict)
     cut_slow: int = 0
     refused_busy: int = 0
+    malformed: int = 0  # requests h11 refused (answered 400)
     _said: float = 0.0
 
     def say(self, what: str, peer: str) -> None:
@@ -124,6 +125,7 @@ def guarded_protocol(limits: Limits) -> type[H11Protocol]:
         def send_400_response(self, msg: str) -> None:
             # h11 refused the request (a malformed Content-Length, header line...): the same
             # JSON error body as every other refusal of the API
+            limits.malformed += 1
             body = b'{"error": "malformed HTTP request: ' + msg.encode("ascii", "replace") \
                 + b'"}'
             event = h11.Response(status_code=400, reason=b"Bad Request", headers=[
@@ -194,6 +196,12 @@ class Server:
                         access_log=False, server_header=False, date_header=True,
                         timeout_keep_alive=max(1, round(limits.idle_s)),
                         timeout_graceful_shutdown=2, backlog=1024, ws="none")
+        # uvicorn logs each malformed request as a warning: a flood would fill the log; ours
+        # are counted (Limits.malformed). An operator's own level for it is kept.
+        quiet = logging.getLogger("uvicorn.error")
+        if quiet.level == logging.NOTSET:
+            quiet.setLevel(logging.ERROR)
+        self._app = app
         self._uvicorn = Uvicorn(config)
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
@@ -210,6 +218,8 @@ class Server:
         self._thread.join(10)
         with contextlib.suppress(OSError):
             self.sock.close()
+        if callable(close := getattr(self._app, "close", None)):
+            close()  # the app's thread pool
 
     def server_close(self) -> None:
         """Close the listening socket (shutdown does; kept for the old server's callers)."""
