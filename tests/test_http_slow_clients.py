@@ -160,3 +160,25 @@ def test_the_operator_is_answered_during_a_slowloris_of_300_sockets(api):
         t.join(5)
         for s in slow:
             s.close()
+
+
+def test_keep_alive_and_pipelined_requests_are_served_whole(api):
+    """The deadline restarts after each answer, and a pipelined request that arrived whole
+    is not given one: three requests on one connection, two of them in one packet."""
+    _, port, token = api
+    one = (f"GET /api/v1/stats HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}"
+           "\r\n\r\n").encode()
+    s = _connect(port, "127.0.0.1")
+    try:
+        s.sendall(one)
+        got = b""
+        while got.count(b"HTTP/1.1 200") < 1:
+            got += s.recv(65536)
+        s.sendall(one + one)
+        s.settimeout(5)
+        while got.count(b"HTTP/1.1 200") < 3:
+            chunk = s.recv(65536)
+            assert chunk, got
+            got += chunk
+    finally:
+        s.close()

@@ -109,10 +109,7 @@ def guarded_protocol(limits: Limits) -> type[H11Protocol]:
                 return
             state = self.conn.their_state
             if state is h11.SEND_BODY and not self._in_body:
-                self._in_body = True  # headers are in: the body gets time by its length
-                length = dict(self.headers or []).get(b"content-length", b"0")
-                with contextlib.suppress(ValueError):
-                    self._deadline += min(int(length), 1 << 40) / limits.min_body_bps
+                self._begin_body()
             elif state in (h11.DONE, h11.MUST_CLOSE, h11.CLOSED):
                 self._deadline = None  # received in full: the app answers in its own time
                 self._disarm()
@@ -140,11 +137,25 @@ def guarded_protocol(limits: Limits) -> type[H11Protocol]:
         # -- the deadline -------------------------------------------------------------------
 
         def _expect_request(self) -> None:
+            """Start the deadline of the next request: at connect, after each response. A
+            pipelined request already in whole (uvicorn handled it) has no deadline."""
             now = time.monotonic()
             self._last = now
+            self._disarm()
+            if self.conn.their_state in (h11.DONE, h11.MUST_CLOSE, h11.CLOSED):
+                self._deadline = None
+                return
             self._deadline = now + limits.request_s
             self._in_body = False
+            if self.conn.their_state is h11.SEND_BODY:
+                self._begin_body()
             self._arm(now)
+
+        def _begin_body(self) -> None:
+            self._in_body = True  # headers are in: the body gets time by its length
+            length = dict(self.headers or []).get(b"content-length", b"0")
+            with contextlib.suppress(ValueError):
+                self._deadline += min(int(length), 1 << 40) / limits.min_body_bps  # type: ignore[operator]
 
         def _arm(self, now: float) -> None:
             self._disarm()
