@@ -223,13 +223,15 @@ class Outbox:
                         seqs: list[int] | None = None) -> list[int]:
         """Insert result bodies (with the given seqs, else new ones) in one transaction,
         evicting past max_bytes; rolled back whole on any error."""
+        done: list[dict] = []  # an eviction rolled back with the rest says nothing
         self._db.execute("BEGIN IMMEDIATE")
         try:
-            out = self._insert_rows(bodies, events, seqs)
+            out = self._insert_rows(bodies, done, seqs)
             self._db.execute("COMMIT")
         except BaseException:
             self._rollback()
             raise
+        events.extend(done)
         return out
 
     def _insert_rows(self, bodies: list[str], events: list[dict],
@@ -290,6 +292,7 @@ class Outbox:
         if not self._held.due():
             return False
         h = self._held
+        done: list[dict] = []
         try:
             self._db.execute("BEGIN IMMEDIATE")
             try:
@@ -299,7 +302,7 @@ class Outbox:
                     self._db.executemany("DELETE FROM other WHERE id=?",
                                          [(i,) for i in sorted(h.removed)])
                 if h.results:
-                    self._insert_rows([b for _, b in h.results], events,
+                    self._insert_rows([b for _, b in h.results], done,
                                       [q for q, _ in h.results])
                 for rowid, kind, body in h.other_rows():
                     self._db.execute("INSERT INTO other (id, kind, body) VALUES (?,?,?)",
@@ -318,12 +321,15 @@ class Outbox:
                 raise
             h.failed_again(e)
             return False
-        done = h.clear()
+        events.extend(done)
+        self._bytes = self._db.execute(  # the acks applied here freed bytes too
+            "SELECT COALESCE(SUM(LENGTH(body)),0) FROM results").fetchone()[0]
+        cleared = h.clear()
         self.changes += 1
         log.warning("outbox %s: the disk takes writes again; %d results held in memory are "
                     "stored (%.0f s unwritable, %d results refused past the memory bound)",
-                    self.path, done["results"], done["down_s"], done["refused_total"])
-        events.append({"type": "outbox_disk_recovered", "severity": "info", **done})
+                    self.path, cleared["results"], cleared["down_s"], cleared["refused_total"])
+        events.append({"type": "outbox_disk_recovered", "severity": "info", **cleared})
         return True
 
     def retry(self) -> bool:
