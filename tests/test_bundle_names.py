@@ -193,3 +193,14 @@ def test_store_paths_are_proven_inside_the_store(tmp_path):
         with pytest.raises(BundleError, match="not on this device"):
             store.switch(vid)
     assert store.read()["current"] is None
+
+
+def test_install_refuses_a_sha256_that_would_name_a_path(tmp_path):
+    """`models install URL --sha256 X`: X names the download file, so it must be hex."""
+    state = tmp_path / "state"
+    cfg = tmp_path / "edgerun.toml"
+    cfg.write_text(f'[daemon]\nstate_dir = "{state}"\n')
+    got = _cli("install", "http://127.0.0.1:9/b.edgerun", "--size", "10", "--sha256",
+               "../../../../escaped", "--config", str(cfg))
+    assert got.returncode == 1 and "64 lowercase hex" in got.stderr, got.stderr
+    assert not list(tmp_path.rglob("escaped*"))
