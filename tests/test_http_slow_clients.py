@@ -28,7 +28,7 @@ TIMEOUT_S = 1.0  # idle cut; a request is due whole within 3 x this
 def api(tmp_path):
     coord = Coordinator(CoordinatorConfig(fleet="f", store=str(tmp_path / "c.db")))
     server = serve(coord, "127.0.0.1", 0, token="t" * 32, timeout_s=TIMEOUT_S)
-    yield server, server.server_address[1], "t" * 32
+    yield server, server.server_address[1], "t" * 32, coord
     server.shutdown()
     coord.stop()
 
@@ -67,7 +67,7 @@ def _closed_by_server(s: socket.socket, within_s: float) -> float | None:
 def test_a_trickled_body_is_cut_at_its_deadline(api):
     """Headers in time, then the body one byte at a time within the idle timeout: cut when
     the request deadline (3 x timeout, plus time for 20 bytes at 64 KiB/s) passes."""
-    _, port, token = api
+    _, port, token, _ = api
     s = _connect(port, "127.0.0.1")
     try:
         s.sendall(b"POST /api/v1/devices/d/commands HTTP/1.1\r\nHost: x\r\n"
@@ -87,7 +87,7 @@ def test_a_trickled_body_is_cut_at_its_deadline(api):
 
 
 def test_an_idle_keep_alive_connection_is_closed_after_the_idle_timeout(api):
-    _, port, token = api
+    _, port, token, _ = api
     s = _connect(port, "127.0.0.1")
     try:
         s.sendall(f"GET /api/v1/stats HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}"
@@ -100,7 +100,7 @@ def test_an_idle_keep_alive_connection_is_closed_after_the_idle_timeout(api):
 
 
 def test_one_address_past_its_limit_is_refused_at_once_others_are_not(api):
-    server, port, token = api
+    server, port, token, _ = api
     held = [_connect(port, "127.0.0.2") for _ in range(MAX_PER_CLIENT)]
     extra = []
     try:
@@ -120,12 +120,23 @@ def test_one_address_past_its_limit_is_refused_at_once_others_are_not(api):
             s.close()
 
 
-def test_the_operator_is_answered_during_a_slowloris_of_300_sockets(api):
+def test_the_operator_is_answered_during_a_slowloris_of_300_sockets(api, tmp_path):
     """300 sockets from 10 addresses each send half a request line and then a byte every
     TIMEOUT_S / 3 (never idle long enough to be cut for silence): the operator's 12 requests
-    are all answered, fast, while they are held, and every slow socket is cut by the request
-    deadline."""
-    server, port, token = api
+    and a device's bundle download (with the bundle's own token) are all answered, fast,
+    while they are held, and every slow socket is cut by the request deadline."""
+    from test_bundle import model_dir
+
+    from runtime.ota.bundle import make
+    from runtime.wire.commands import generate_keypair, load_private_key
+
+    server, port, token, coord = api
+    generate_keypair(tmp_path / "pub.pem", tmp_path / "pub.pub")
+    make(model_dir(tmp_path / "m"), load_private_key(tmp_path / "pub.pem"),
+         tmp_path / "b.edgerun", "1")
+    blob = (tmp_path / "b.edgerun").read_bytes()
+    with (tmp_path / "b.edgerun").open("rb") as f:
+        held = coord.shelf.receive(f, len(blob))
     sources = [f"127.0.0.{i}" for i in range(2, 12)]
     slow = [_connect(port, sources[i % len(sources)]) for i in range(300)]
     stop = threading.Event()
@@ -147,6 +158,10 @@ def test_the_operator_is_answered_during_a_slowloris_of_300_sockets(api):
             time.sleep(0.01)
         t_attack = time.monotonic()
         answers = [_get(port, token) for _ in range(12)]
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/api/v1/bundles/{held.id}",
+                                     headers={"Authorization": f"Bearer {held.token}"})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            assert r.status == 200 and r.read() == blob
         during = time.monotonic() - t_attack
         assert during < 3 * TIMEOUT_S, "the operator's requests outlasted the slow sockets"
         assert [a[0] for a in answers] == [200] * 12
@@ -165,7 +180,7 @@ def test_the_operator_is_answered_during_a_slowloris_of_300_sockets(api):
 def test_keep_alive_and_pipelined_requests_are_served_whole(api):
     """The deadline restarts after each answer, and a pipelined request that arrived whole
     is not given one: three requests on one connection, two of them in one packet."""
-    _, port, token = api
+    _, port, token, _ = api
     one = (f"GET /api/v1/stats HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}"
            "\r\n\r\n").encode()
     s = _connect(port, "127.0.0.1")
