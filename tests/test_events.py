@@ -76,11 +76,14 @@ def used_types(tree: ast.AST) -> list[tuple[int, str]]:
     return sorted(found.values())
 
 
+ASGI = ("http", "lifespan", "websocket")  # ASGI scope and message types (wire/httpapp.py)
+
+
 def unknown(tree: ast.AST, where: str) -> list[str]:
     values = {e.value for e in EventType}
     return [f"{where}:{line}: {t!r} is not in runtime/wire/events.py EventType"
             for line, t in used_types(tree)
-            if not (t in values or (t.startswith("EventType.") and
+            if not (t in values or t.startswith(ASGI) or (t.startswith("EventType.") and
                                     t.removeprefix("EventType.") in EventType.__members__))]
 
 

@@ -55,10 +55,18 @@ class OutboxConfig:
     max_bytes: int = 256 * 1024 * 1024  # results past this evict the oldest (event + counter)
     health_keep: int = 20  # only the latest N health messages wait for the broker
     event_keep: int = 1000
+    # while the disk refuses writes (full): results wait in memory up to this many bytes of
+    # JSON (past it new ones are refused, counted) and a write is retried every retry_s
+    memory_max_bytes: int = 16 * 1024 * 1024
+    retry_s: float = 5.0
 
     def validate(self) -> tuple[str, str] | None:
         if self.max_bytes < 64 * 1024:
             return "max_bytes", f"must be >= 65536, got {self.max_bytes}"
+        if self.memory_max_bytes < 0 or not 0.1 <= self.retry_s <= 3600:
+            return "memory_max_bytes", ("need memory_max_bytes >= 0 and retry_s within "
+                                        f"0.1..3600, got {self.memory_max_bytes}, "
+                                        f"{self.retry_s}")
         if self.health_keep < 1 or self.event_keep < 1:
             return "health_keep", "health_keep and event_keep must be >= 1"
         return None
@@ -86,6 +94,10 @@ class TelemetryConfig:
     device_key: str = ""
     max_command_bytes: int = 8192
     clock_skew_s: float = 300.0  # commands issued this far in the future are still accepted
+    # the longest command lifetime (expires_at - issued_at) accepted, and so how long an id is
+    # remembered against replay; a sleeper's cap is raised to cover its broker session
+    # ([sleep] session_expiry_s + 1 h), so commands queued for its wake still fit
+    max_command_ttl_s: float = 86400.0
 
     def validate(self) -> tuple[str, str] | None:
         for key in ("fleet", "device"):
@@ -104,4 +116,9 @@ class TelemetryConfig:
                                          f"got {self.max_command_bytes}")
         if self.clock_skew_s < 0:
             return "clock_skew_s", f"must be >= 0, got {self.clock_skew_s}"
+        # below a minute refuses the coordinator's own 60 s commands; a month is already far
+        # more than any command needs (a sleeper gets its session on top, see above)
+        if not 60 <= self.max_command_ttl_s <= 30 * 86400:
+            return "max_command_ttl_s", ("must be 60..2592000 s (a minute to 30 days), got "
+                                         f"{self.max_command_ttl_s}")
         return None

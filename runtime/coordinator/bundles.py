@@ -40,7 +40,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from runtime.ota.bundle import HEADER, VERSION
+from runtime.ota.bundle import HEADER, BundleError, model_id, parse_id
 from runtime.ota.store import crash_point
 
 if TYPE_CHECKING:
@@ -48,7 +48,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("edgerun.coordinator.bundles")
 
-_ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}@[A-Za-z0-9_][A-Za-z0-9_.+-]{0,63}$")
 _SHA = re.compile(r"^[0-9a-f]{64}$")
 _RANGE = re.compile(r"^bytes=(\d{1,18})-(\d{0,18})$")
 CHUNK = 1 << 16  # upload read size
@@ -473,11 +472,19 @@ def _held(body: str) -> Held | None:
         return None
     ints = all(isinstance(x, int) and not isinstance(x, bool) and x > 0
                for x in (h.size, h.chunk))
-    if not ints or not isinstance(h.id, str) or not _ID.match(h.id) \
+    if not ints or not _valid_id(h.id) \
             or not isinstance(h.sha256, str) or not _SHA.match(h.sha256) \
             or not isinstance(h.token, str) or not h.token:
         return None
     return h
+
+
+def _valid_id(bundle_id: Any) -> bool:
+    try:
+        parse_id(bundle_id)
+    except BundleError:
+        return False
+    return True
 
 
 def _peek(src: IO[bytes]) -> tuple[str, str]:
@@ -495,9 +502,10 @@ def _peek(src: IO[bytes]) -> tuple[str, str]:
         if isinstance(e, BundleRefused):
             raise
         raise BundleRefused(f"not an edgerun bundle: {e}") from None
-    if not isinstance(name, str) or not isinstance(version, str) \
-            or not _ID.match(f"{name}@{version}") or not VERSION.match(version):
-        raise BundleRefused(f"bundle names an unusable model {name!r} / version {version!r}")
+    try:  # the devices' own rule (runtime.ota.bundle.model_id): one function, both sides
+        model_id(name, version)
+    except BundleError as e:
+        raise BundleRefused(f"bundle names an unusable model: {e}") from None
     return name, version
 
 
@@ -519,6 +527,8 @@ def byte_range(header: str | None, size: int) -> tuple[int, int] | None:
 
 def check_id(bundle_id: str) -> str:
     """A `name@version` from a URL; BundleRefused otherwise."""
-    if not _ID.match(bundle_id):
-        raise BundleRefused(f"not a bundle id (name@version): {bundle_id[:80]!r}", 404)
+    try:
+        parse_id(bundle_id)
+    except BundleError:
+        raise BundleRefused(f"not a bundle id (name@version): {bundle_id[:80]!r}", 404) from None
     return bundle_id

@@ -807,7 +807,7 @@ class Daemon:
             log.error("could not queue event %s: %s", type_, e)
 
     def _outbox_event(self, ev: dict) -> None:
-        self.event(ev.pop("type"), "warning", **ev)
+        self.event(ev.pop("type"), ev.pop("severity", "warning"), **ev)
 
     def _pipeline_event(self, ev: dict) -> None:
         self.event(ev.pop("type"), ev.pop("severity", "warning"), **ev)

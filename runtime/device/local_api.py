@@ -6,19 +6,17 @@ GET /healthz   200 {"status": "ok", ...} while the inference loop turns, 503 oth
 
 Off by default (`[local_api] port = 0`). It has no authentication, so it binds 127.0.0.1
 unless `host` says otherwise (a warning is logged then); it only reads, it never commands.
-Requests are bounded: a few concurrent connections, a short socket timeout, GET only.
+Requests are bounded: GET only, served by uvicorn (runtime/wire/httpserver.py) with a
+connection silent for `timeout_s` closed, a request due whole within 3 x `timeout_s`, and at
+most MAX_PER_CLIENT connections per address (MAX_CONNECTIONS in all).
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import (
     CollectorRegistry,
@@ -30,11 +28,16 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from runtime.config.local_api import LocalApiConfig
 from runtime.config.schema import ConfigError
 from runtime.wire import metrics
-from runtime.wire.httpserver import BoundedHTTPServer
+
+if TYPE_CHECKING:  # the server (uvicorn) is imported at start, not by `edgerun check`
+    from runtime.wire.httpapp import Request, Response
+    from runtime.wire.httpserver import Server
 
 log = logging.getLogger("edgerun.local_api")
 
-MAX_CONNECTIONS = 8
+MAX_CONNECTIONS = 64  # in all (each idle one costs a socket, not a thread)
+MAX_PER_CLIENT = 16
+WORKERS = 4  # threads answering requests (a scrape takes milliseconds)
 _LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
@@ -90,7 +93,7 @@ class LocalApi:
         self.registry = CollectorRegistry()
         self.registry.register(HealthCollector(health, alive, device))
         ProcessCollector(registry=self.registry)
-        self.server: ThreadingHTTPServer | None = None
+        self.server: Server | None = None
 
     @property
     def port(self) -> int:
@@ -110,17 +113,39 @@ class LocalApi:
             body["rate_hz"] = (h.get("pipeline") or {}).get("rate_hz")
         return (200 if alive else 503), body
 
+    def dispatch(self, req: Request) -> Response:
+        """GET /metrics, GET /healthz; 404 for any other path, 501 for any other method.
+        Every answer closes its connection (a scraper opens one per scrape anyway)."""
+        from runtime.wire.httpapp import Response, json_response
+
+        if req.method != "GET":
+            return json_response(501, {"error": f"unsupported method {req.method[:20]!r}"},
+                                 close=True)
+        if req.path == "/metrics":
+            return Response(200, generate_latest(self.registry), metrics.CONTENT_TYPE,
+                            close=True)
+        if req.path == "/healthz":
+            return json_response(*self.healthz(), close=True)
+        return json_response(404, {"error": f"no such endpoint: {req.path[:100]}; try "
+                                            "/metrics or /healthz"}, close=True)
+
     def start(self, port: int | None = None) -> LocalApi:
         """Bind `cfg.host:cfg.port` (or `port`) and serve. A port that cannot be bound raises
         ConfigError naming the address, so `serve` fails at start-up instead of running blind."""
+        from runtime.wire.httpapp import App
+        from runtime.wire.httpserver import Limits, Server
+
         addr = (self.cfg.host, self.cfg.port if port is None else port)
+        t = self.cfg.timeout_s
         try:
-            self.server = BoundedHTTPServer(addr, _handler(self), MAX_CONNECTIONS)
+            self.server = Server(App(self.dispatch, WORKERS, stall_s=3 * t, name="local-api"),
+                                 addr[0], addr[1],
+                                 Limits(request_s=3 * t, idle_s=t,
+                                        max_connections=MAX_CONNECTIONS,
+                                        per_client=MAX_PER_CLIENT), name="local-api")
         except OSError as e:  # a config problem for the operator, not a crash
             raise ConfigError(f"local_api: cannot listen on {addr[0]}:{addr[1]}: {e} "
                               "(choose another port, or port = 0 to turn it off)") from e
-        threading.Thread(target=self.server.serve_forever, name="local-api",
-                         daemon=True).start()
         if self.cfg.host not in _LOOPBACK:
             log.warning("local API on %s:%d has no authentication: anyone who can reach this "
                         "address reads the device's health", self.cfg.host, self.port)
@@ -131,7 +156,6 @@ class LocalApi:
         """Stop serving and close the socket."""
         if self.server is not None:
             self.server.shutdown()
-            self.server.server_close()
             self.server = None
 
 
@@ -141,46 +165,3 @@ def start_local_api(cfg: LocalApiConfig, health: Callable[[], dict[str, Any]],
     if cfg.port == 0:
         return None
     return LocalApi(cfg, health, alive, device).start()
-
-
-    def process_request_thread(self, request, client_address) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._slots.release()
-
-
-def _handler(api: LocalApi) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        timeout = api.cfg.timeout_s  # applied to the socket: idle or trickling clients leave
-
-        def log_message(self, fmt: str, *args: Any) -> None:
-            log.debug("%s " + fmt, self.address_string(), *args)
-
-        def _send(self, status: int, data: bytes, content_type: str) -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(data)))
-            self.send_header("Connection", "close")
-            self.end_headers()
-            self.wfile.write(data)
-
-        def _json(self, status: int, body: Any) -> None:
-            self._send(status, json.dumps(body, default=str).encode(), "application/json")
-
-        def do_GET(self) -> None:
-            self.close_connection = True
-            try:
-                path = self.path.split("?", 1)[0]
-                if path == "/metrics":
-                    return self._send(200, generate_latest(api.registry), metrics.CONTENT_TYPE)
-                if path == "/healthz":
-                    return self._json(*api.healthz())
-                self._json(404, {"error": f"no such endpoint: {path[:100]}; "
-                                          "try /metrics or /healthz"})
-            except Exception:  # a bug costs this request, never the daemon
-                log.exception("local API request GET %s failed", self.path[:200])
-                with contextlib.suppress(OSError):
-                    self._json(500, {"error": "internal error; see the daemon's log"})
-
-    return Handler

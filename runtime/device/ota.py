@@ -144,7 +144,12 @@ class DeviceOta:
             return (f"no model {name!r} on this device (have: {', '.join(have) or 'none'}); "
                     "send a bundle with `edgerun fleet deploy`")
         if cmd.name == "deploy":
-            vid = f"{cmd.args['name']}@{cmd.args['version']}"
+            from runtime.ota.bundle import BundleError, model_id
+
+            try:  # the rule the bundle itself and the coordinator's shelf are held to
+                vid = model_id(cmd.args["name"], cmd.args["version"])
+            except BundleError as e:
+                return str(e)
             if not self.trusted:
                 return ("this device trusts no publisher keys ([models] publisher_keys): it "
                         "cannot verify any bundle")

@@ -46,7 +46,11 @@ SIG = "edgerun-bundle.sig"
 SUFFIX = ".edgerun"
 MAX_HEADER = 1 << 20  # a header listing a few hundred files is a few KB
 _FILE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")  # flat names only: no paths
-VERSION = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]{0,63}$")
+# A model name and a version become one directory name, `name@version`, in the device's model
+# store and the coordinator's shelf: a single plain path component (fullmatch: `$` alone lets a
+# trailing newline through), no separator, no `..`, bounded. The one rule both sides apply.
+NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+VERSION = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,63}")
 CHUNK = 1 << 16
 
 
@@ -75,12 +79,44 @@ class BundleInfo:
         return sum(f["size"] for f in self.files)
 
 
-def check_version(version: str) -> str:
+def check_name(name: Any) -> str:
+    """A model name safe as part of a directory name; BundleError otherwise."""
+    if not isinstance(name, str) or not NAME.fullmatch(name) or ".." in name:
+        raise BundleError(f"model name must be 1-128 characters of A-Z a-z 0-9 _ . - (not "
+                          f"starting with . or -, no '..'), got {str(name)[:160]!r}")
+    return name
+
+
+def check_version(version: Any) -> str:
     """A version string safe as part of a directory name; BundleError otherwise."""
-    if not isinstance(version, str) or not VERSION.match(version):
+    if not isinstance(version, str) or not VERSION.fullmatch(version) or ".." in version:
         raise BundleError(f"version must be 1-64 characters of A-Z a-z 0-9 _ . + - "
-                          f"(not starting with . + -), got {version!r}")
+                          f"(not starting with . + -, no '..'), got {str(version)[:100]!r}")
     return version
+
+
+def model_id(name: Any, version: Any) -> str:
+    """`name@version` after both are checked (check_name, check_version): the directory name
+    a version gets on a device and on the coordinator's shelf. BundleError otherwise."""
+    return f"{check_name(name)}@{check_version(version)}"
+
+
+def parse_id(vid: Any) -> tuple[str, str]:
+    """(name, version) of a `name@version` string, both checked; BundleError otherwise."""
+    if not isinstance(vid, str) or vid.count("@") != 1:
+        raise BundleError(f"not a model version id (name@version): {str(vid)[:200]!r}")
+    name, version = vid.split("@")
+    return check_name(name), check_version(version)
+
+
+def inside(root: Path, name: str) -> Path:
+    """`root / name` when it resolves to a path strictly inside `root` (links followed);
+    BundleError otherwise. Every directory an install writes goes through this."""
+    base = root.resolve()
+    p = (root / name).resolve()
+    if p == base or not p.is_relative_to(base):
+        raise BundleError(f"{root / name} is not inside {base}: refused")
+    return p
 
 
 def make(model_dir: str | Path, key: Ed25519PrivateKey, out: str | Path,
@@ -102,6 +138,7 @@ def make(model_dir: str | Path, key: Ed25519PrivateKey, out: str | Path,
     files = [{"name": n, "size": (model_dir / n).stat().st_size,
               "sha256": file_sha256(model_dir / n)} for n in dict.fromkeys(names)]
     version = check_version(version or files[0]["sha256"][:12])
+    check_name(manifest.name)  # a name no device would accept is never signed
     header = {"schema": SCHEMA, "name": manifest.name, "version": version,
               "created": time.time(), "files": files}
     raw = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
@@ -186,7 +223,8 @@ def _header(raw: bytes, sig_raw: bytes, trusted: Mapping[str, Ed25519PublicKey],
             raise ValueError("file names must be unique plain names")
         if any(f["size"] < 0 for f in files):
             raise ValueError("negative size")
-        return BundleInfo(str(h["name"]), check_version(h["version"]), kid, files,
+        model_id(h["name"], h["version"])
+        return BundleInfo(h["name"], h["version"], kid, files,
                           float(h.get("created", 0)))
     except (ValueError, KeyError, TypeError, BundleError) as e:
         raise BundleError(f"{path}: signed header is malformed: {e}") from None
@@ -293,4 +331,5 @@ def _check_manifest(info: BundleInfo, dest: Path, path: Path) -> None:
                               "with the manifest's sha256")
 
 
-__all__ = ["BundleError", "BundleInfo", "make", "read_info", "unpack"]
+__all__ = ["BundleError", "BundleInfo", "check_name", "check_version", "inside", "make",
+           "model_id", "parse_id", "read_info", "unpack"]

@@ -13,6 +13,7 @@ import argparse
 import hashlib
 import json
 import logging
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -26,6 +27,7 @@ if TYPE_CHECKING:  # imported late: `edgerun --help` must not load OpenCV and nu
 log = logging.getLogger("edgerun.models")
 
 MB = 1024 * 1024
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 def trusted_keys(cfg: ModelsConfig) -> dict[str, Any]:
@@ -42,12 +44,16 @@ def obtain(store: ModelStore, cfg: ModelsConfig, source: str, size: int = 0,
            sha256: str = "", token: str = "") -> Path:
     """Step `download`: a local bundle path as it is, an http(s) URL downloaded (resumably)
     into the store's downloads directory."""
+    from runtime.ota.bundle import inside
     from runtime.ota.download import fetch
 
     if not source.startswith(("http://", "https://")):
         return Path(source)
+    if sha256 and not _SHA256.fullmatch(sha256):  # it names the download file: never a path
+        raise ValueError(f"the expected sha256 must be 64 lowercase hex digits, got "
+                         f"{sha256[:80]!r}")
     name = sha256[:24] if sha256 else hashlib.sha256(source.encode()).hexdigest()[:24]
-    return fetch(source, store.downloads / f"{name}.edgerun", size, token,
+    return fetch(source, inside(store.downloads, f"{name}.edgerun"), size, token,
                  int(cfg.max_bundle_mb * MB), int(cfg.min_free_mb * MB), sha256)
 
 

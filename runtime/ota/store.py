@@ -109,11 +109,25 @@ class ModelStore:
         write_atomic(self.pointer, doc)
 
     def path(self, vid: str | None) -> Path | None:
-        """The directory of version `vid` when it is complete (has its manifest)."""
+        """The directory of version `vid` when it is complete (has its manifest); None also
+        for anything that is not a `name@version` naming a directory inside versions/."""
         if not vid:
             return None
-        p = self.versions / vid
+        from runtime.ota.bundle import BundleError
+
+        try:
+            p = self.version_dir(vid)
+        except BundleError:
+            return None
         return p if (p / MANIFEST).is_file() else None
+
+    def version_dir(self, vid: str) -> Path:
+        """versions/<vid> for a valid `name@version` (runtime.ota.bundle.parse_id), proven
+        inside versions/ once resolved; BundleError otherwise."""
+        from runtime.ota.bundle import inside, parse_id
+
+        parse_id(vid)
+        return inside(self.versions, vid)
 
     def serving(self) -> tuple[str | None, Path | None]:
         """(version id, directory) to serve: the pointer's current, else its previous (a
@@ -209,12 +223,13 @@ class ModelStore:
     def add(self, bundle: Path, trusted: Any, max_bytes: int = 0) -> BundleInfo:
         """Verify and unpack a bundle into versions/ (unless that version is already there).
         Raises BundleError with the reason; nothing refused stays on disk."""
-        from runtime.ota.bundle import BundleError, read_info, unpack
+        from runtime.ota.bundle import BundleError, inside, read_info, unpack
 
         info = read_info(bundle, trusted)
         if self.has(info.id):
             return info
-        tmp = self.staging / f"{info.id}.{os.getpid()}"
+        final = self.version_dir(info.id)  # the signed name is checked before any write
+        tmp = inside(self.staging, f"{info.id}.{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
 
         def step(name: str) -> None:
@@ -224,7 +239,6 @@ class ModelStore:
         if got.id != info.id:  # the bundle changed under us between the two reads
             shutil.rmtree(tmp, ignore_errors=True)
             raise BundleError(f"{bundle}: changed while it was being verified")
-        final = self.versions / info.id
         shutil.rmtree(final, ignore_errors=True)  # an incomplete leftover (no manifest)
         os.replace(tmp, final)
         fsync_dir(self.versions)

@@ -122,6 +122,9 @@ class Publisher:
         # session_expiry_s > 0 (a device that sleeps): a persistent session (clean start off,
         # the broker keeps it that long), so commands sent while it sleeps wait at the broker.
         self.session_expiry_s = session_expiry_s
+        # signed lifetimes are capped, and the replay record with them (runtime/wire/commands.py)
+        self.max_ttl_s = commands.lifetime_cap(cfg.max_command_ttl_s, session_expiry_s)
+        outbox.bound_command_memory(commands.memory_bound(self.max_ttl_s, cfg.clock_skew_s))
         self._asleep: dict | None = None  # the retained state announced before a sleep
         self._slept_connects = (0, 0)  # connects, takeovers of the connections before a sleep
         self._conn = self._connection()
@@ -405,7 +408,7 @@ class Publisher:
             cmd_id = env["id"]
             cmd = commands.verify(env, self.device, self._trusted, time.time(),
                                   self.cfg.clock_skew_s, self.outbox.remember_command,
-                                  self.outbox.commands_not_before)
+                                  self.outbox.commands_not_before, self.max_ttl_s)
         except (payloads.PayloadError, commands.CommandRefused) as e:
             if isinstance(e, payloads.PayloadError):
                 self._quarantine("cmd", str(e))

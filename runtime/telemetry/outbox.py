@@ -15,10 +15,17 @@ not a flood of duplicates. `boot` is new on every open (one per process start).
 
 One connection guarded by a lock: the pipeline appends, the publisher thread reads and deletes.
 SQLite's WAL gives atomic commits, so kill -9 at any point leaves either the whole append or none.
+
+A disk that refuses writes (full, I/O error: held.py `unwritable`) does not end the device:
+writes wait in memory, bounded (held.py), with an `outbox_disk_full` critical event and
+`backlog.disk_full` in health; every `retry_s` the next write tries to flush them, and when it
+succeeds an `outbox_disk_recovered` event says how long it lasted. Only results past the memory
+bound are lost (refused with OutboxFull, counted); the process keeps inferring throughout.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import sqlite3
@@ -32,6 +39,7 @@ from typing import Any
 
 from runtime.config.schema import ConfigError
 from runtime.config.telemetry import OutboxConfig
+from runtime.telemetry.held import Held, OutboxFull, unwritable
 from runtime.telemetry.sidecar import Sidecar
 from runtime.wire.events import EventType
 
@@ -75,10 +83,11 @@ class Outbox:
         self._on_event = on_event or (lambda e: None)
         self._startup_event: dict | None = None
         self.changes = 0  # bumped on every append/put: readers skip queries when unchanged
+        self._held = Held(cfg.memory_max_bytes, cfg.retry_s)  # while the disk refuses writes
         existed = self.path.exists()
         self._db = self._open()
         self.boot = uuid.uuid4().hex[:12]
-        self.stream = self._meta("stream") or self._set_meta("stream", uuid.uuid4().hex[:12])
+        self.stream = self._meta("stream") or self._new_stream()
         keep = self.path.with_name(self.path.name + ".keep.json")
         self.sidecar = Sidecar(keep, lost_history=existed and not keep.exists()
                                and self._startup_event is not None)
@@ -101,7 +110,11 @@ class Outbox:
                                              ).fetchall():
             if expires >= now and cid not in self.sidecar.seen:
                 self.sidecar.remember(cid, expires)
-        self._db.execute("DELETE FROM seen_commands")
+        try:
+            self._db.execute("DELETE FROM seen_commands")
+        except sqlite3.OperationalError as e:  # a full disk: moved at a later start
+            if not unwritable(e):
+                raise
 
     def _open(self) -> sqlite3.Connection:
         try:
@@ -144,10 +157,32 @@ class Outbox:
             db.execute("BEGIN IMMEDIATE")
             db.execute("INSERT OR REPLACE INTO meta VALUES ('opened', ?)", (str(time.time()),))
             db.execute("COMMIT")
+        except sqlite3.OperationalError as e:
+            if not unwritable(e):  # read-only, locked: OutboxUnavailable (see _open)
+                db.close()
+                raise
+            # a full disk at start: serve from memory until it takes writes (held.py), not a
+            # restart loop for as long as it stays full
+            with contextlib.suppress(sqlite3.OperationalError):
+                db.execute("ROLLBACK")
+            events: list[dict] = []
+            self._disk_refused(e, events)
+            self._startup_event = self._startup_event or events[0]
         except BaseException:
             db.close()
             raise
         return db
+
+    def _new_stream(self) -> str:
+        """A new outbox's stream id, stored; a disk too full to create it is one line."""
+        try:
+            return self._set_meta("stream", uuid.uuid4().hex[:12])
+        except sqlite3.OperationalError as e:
+            if not unwritable(e):
+                raise
+            self._db.close()
+            raise OutboxUnavailable(f"telemetry.outbox.path {self.path}: cannot create the "
+                                    f"outbox ({e}); free space in {self.path.parent}") from e
 
     def _meta(self, key: str) -> str | None:
         row = self._db.execute("SELECT v FROM meta WHERE k=?", (key,)).fetchone()
@@ -169,30 +204,146 @@ class Outbox:
         Each result is labelled with this process's `boot` (unless it has one), so a result
         re-sent by a later process is still stored with the boot that produced it."""
         bodies = [_dumps(r if "boot" in r else {**r, "boot": self.boot}) for r in results]
-        evicted: tuple[int, int, int] | None = None
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                seqs = [self._db.execute("INSERT INTO results (body) VALUES (?)", (b,)).lastrowid
-                        for b in bodies]
-                self._bytes += sum(len(b) for b in bodies)
-                if self._bytes > self.cfg.max_bytes:
-                    evicted = self._evict()
-                self._db.execute("COMMIT")
+        events: list[dict] = []
+        try:
+            with self._lock:
+                if self._held.active and not self._flush(events):
+                    return self._hold_results(bodies)
+                try:
+                    seqs = self._insert_results(bodies, events)
+                except (sqlite3.OperationalError, OSError) as e:
+                    if not unwritable(e):
+                        raise
+                    self._disk_refused(e, events)
+                    return self._hold_results(bodies)
                 self.changes += 1
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                self._bytes = self._db.execute(
-                    "SELECT COALESCE(SUM(LENGTH(body)),0) FROM results").fetchone()[0]
-                raise
-        if evicted:
-            count, first, last = evicted
+                return seqs
+        finally:
+            for ev in events:  # outside the lock: the handler queues an event (put)
+                self._on_event(ev)
+
+    def _insert_results(self, bodies: list[str], events: list[dict],
+                        seqs: list[int] | None = None) -> list[int]:
+        """Insert result bodies (with the given seqs, else new ones) in one transaction,
+        evicting past max_bytes; rolled back whole on any error."""
+        done: list[dict] = []  # an eviction rolled back with the rest says nothing
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            out = self._insert_rows(bodies, done, seqs)
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._rollback()
+            raise
+        events.extend(done)
+        return out
+
+    def _insert_rows(self, bodies: list[str], events: list[dict],
+                     seqs: list[int] | None = None) -> list[int]:
+        """The inserts of _insert_results, inside the caller's transaction."""
+        if seqs is None:
+            out = [self._db.execute("INSERT INTO results (body) VALUES (?)", (b,)).lastrowid
+                   for b in bodies]
+        else:
+            for q, b in zip(seqs, bodies, strict=True):
+                self._db.execute("INSERT INTO results (seq, body) VALUES (?,?)", (q, b))
+            out = list(seqs)
+        self._bytes += sum(len(b) for b in bodies)
+        if self._bytes > self.cfg.max_bytes:
+            count, first, last = self._evict()
             log.warning("outbox over %d bytes: evicted %d oldest unacked results (seq %d-%d); "
                         "the coordinator has not acked them",
                         self.cfg.max_bytes, count, first, last)
-            self._on_event({"type": EventType.OUTBOX_EVICTING, "count": count, "first_seq": first,
-                            "last_seq": last, "evicted_total": self.evicted_total})
-        return seqs  # type: ignore[return-value]
+            events.append({"type": EventType.OUTBOX_EVICTING, "count": count, "first_seq": first,
+                           "last_seq": last, "evicted_total": self.evicted_total})
+        return out  # type: ignore[return-value]
+
+    def _rollback(self) -> None:
+        """Undo the open transaction (an I/O error may have ended it already) and recount."""
+        # "no transaction is active": SQLite rolled back itself (it does on some I/O errors)
+        with contextlib.suppress(sqlite3.OperationalError):
+            self._db.execute("ROLLBACK")
+        self._bytes = self._db.execute(
+            "SELECT COALESCE(SUM(LENGTH(body)),0) FROM results").fetchone()[0]
+
+    # -- a disk that refuses writes (held.py) ------------------------------------------------
+
+    def _disk_refused(self, e: BaseException, events: list[dict]) -> None:
+        """The disk refused a write: hold in memory from now on (caller holds the lock)."""
+        if self._held.start(e, time.time()):
+            log.critical("outbox %s: the disk refuses writes (%s); results wait in memory (up "
+                         "to %d bytes), health and events are sent from memory; retrying "
+                         "every %.1f s", self.path, e, self.cfg.memory_max_bytes,
+                         self.cfg.retry_s)
+            events.append({"type": EventType.OUTBOX_DISK_FULL, "severity": "critical",
+                           "path": str(self.path), "error": str(e)[:300],
+                           "memory_max_bytes": self.cfg.memory_max_bytes})
+
+    def _hold_results(self, bodies: list[str]) -> list[int]:
+        """Keep results in memory with their seqs, or refuse them past the bound."""
+        if not self._held.room(bodies):
+            self._held.refused_total += len(bodies)
+            raise OutboxFull(f"outbox {self.path}: the disk refuses writes "
+                             f"({self._held.error}) and {self._held.bytes} bytes of results "
+                             "already wait in memory ([telemetry.outbox] memory_max_bytes = "
+                             f"{self.cfg.memory_max_bytes}): {len(bodies)} results not kept")
+        first = max(self._held.last_seq(), self._last_seq_db()) + 1
+        return self._held.add_results(first, bodies)
+
+    def _flush(self, events: list[dict]) -> bool:
+        """Try to write what waits in memory (caller holds the lock); True when the disk took
+        it all and the outbox is back to normal."""
+        if not self._held.due():
+            return False
+        h = self._held
+        done: list[dict] = []
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                if h.acked_upto:
+                    self._db.execute("DELETE FROM results WHERE seq <= ?", (h.acked_upto,))
+                if h.removed:
+                    self._db.executemany("DELETE FROM other WHERE id=?",
+                                         [(i,) for i in sorted(h.removed)])
+                if h.results:
+                    self._insert_rows([b for _, b in h.results], done,
+                                      [q for q, _ in h.results])
+                for rowid, kind, body in h.other_rows():
+                    self._db.execute("INSERT INTO other (id, kind, body) VALUES (?,?,?)",
+                                     (rowid, kind, body))
+                for kind in h.others:
+                    keep = self.cfg.health_keep if kind == "health" else self.cfg.event_keep
+                    self._db.execute("DELETE FROM other WHERE kind=? AND id NOT IN (SELECT id "
+                                     "FROM other WHERE kind=? ORDER BY id DESC LIMIT ?)",
+                                     (kind, kind, keep))
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._rollback()
+                raise
+        except (sqlite3.OperationalError, OSError) as e:
+            if not unwritable(e):
+                raise
+            h.failed_again(e)
+            return False
+        events.extend(done)
+        self._bytes = self._db.execute(  # the acks applied here freed bytes too
+            "SELECT COALESCE(SUM(LENGTH(body)),0) FROM results").fetchone()[0]
+        cleared = h.clear()
+        self.changes += 1
+        log.warning("outbox %s: the disk takes writes again; %d results held in memory are "
+                    "stored (%.0f s unwritable, %d results refused past the memory bound)",
+                    self.path, cleared["results"], cleared["down_s"], cleared["refused_total"])
+        events.append({"type": EventType.OUTBOX_DISK_RECOVERED, "severity": "info", **cleared})
+        return True
+
+    def retry(self) -> bool:
+        """Try the disk again now if a retry is due; True when nothing waits in memory."""
+        events: list[dict] = []
+        try:
+            with self._lock:
+                return not self._held.active or self._flush(events)
+        finally:
+            for ev in events:
+                self._on_event(ev)
 
     def _evict(self) -> tuple[int, int, int]:
         """Delete oldest results down to 90% of the cap (inside the caller's transaction)."""
@@ -225,19 +376,34 @@ class Outbox:
         return row if row is not None else self.last_seq() + 1
 
     def last_seq(self) -> int:
-        """The highest seq ever appended (0 for a new outbox)."""
+        """The highest seq ever stored on disk (0 for a new outbox); results held in memory
+        (a full disk) come after it and are not published yet."""
         with self._lock:
-            row = self._db.execute("SELECT seq FROM sqlite_sequence WHERE name='results'"
-                                   ).fetchone()
+            return self._last_seq_db()
+
+    def _last_seq_db(self) -> int:
+        row = self._db.execute("SELECT seq FROM sqlite_sequence WHERE name='results'"
+                               ).fetchone()
         return row[0] if row else 0
 
     def ack(self, seq: int) -> int:
         """The coordinator stored everything up to `seq`: drop those; returns how many."""
+        events: list[dict] = []
         with self._lock:
-            cur = self._db.execute("DELETE FROM results WHERE seq <= ? RETURNING LENGTH(body)",
-                                   (seq,))
-            sizes = cur.fetchall()
-        self._bytes -= sum(s for (s,) in sizes)
+            try:
+                cur = self._db.execute("DELETE FROM results WHERE seq <= ? "
+                                       "RETURNING LENGTH(body)", (seq,))
+                sizes = cur.fetchall()
+            except sqlite3.OperationalError as e:  # a delete needs journal space too
+                if not unwritable(e):
+                    raise
+                self._disk_refused(e, events)
+                self._held.acked_upto = max(self._held.acked_upto, seq)
+                sizes = []
+            else:
+                self._bytes -= sum(s for (s,) in sizes)
+        for ev in events:
+            self._on_event(ev)
         return len(sizes)
 
     # -- health and events ---------------------------------------------------------------------
@@ -245,25 +411,65 @@ class Outbox:
     def put(self, kind: str, message: dict) -> int:
         """Queue a health or event message (bounded per kind); returns its id."""
         keep = self.cfg.health_keep if kind == "health" else self.cfg.event_keep
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
+        body = _dumps(message)
+        events: list[dict] = []
+        try:
+            with self._lock:
+                if not self._held.active or self._flush(events):
+                    try:
+                        return self._insert_other(kind, body, keep)
+                    except sqlite3.OperationalError as e:
+                        if not unwritable(e):
+                            raise
+                        self._disk_refused(e, events)
+                rowid = max(self._held.last_other(), self._last_other_db()) + 1
+                self._held.add_other(rowid, kind, body, keep)
+                self.changes += 1
+                return rowid
+        finally:
+            for ev in events:
+                self._on_event(ev)
+
+    def _insert_other(self, kind: str, body: str, keep: int) -> int:
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
             rowid = self._db.execute("INSERT INTO other (kind, body) VALUES (?,?)",
-                                     (kind, _dumps(message))).lastrowid
+                                     (kind, body)).lastrowid
             self._db.execute("DELETE FROM other WHERE kind=? AND id <= ?", (kind, rowid - keep))
             self._db.execute("COMMIT")
-            self.changes += 1
+        except BaseException:
+            self._rollback()
+            raise
+        self.changes += 1
         return rowid  # type: ignore[return-value]
+
+    def _last_other_db(self) -> int:
+        row = self._db.execute("SELECT seq FROM sqlite_sequence WHERE name='other'").fetchone()
+        return row[0] if row else 0
 
     def others(self, limit: int) -> list[tuple[int, str, str]]:
         """Queued (id, kind, json) health/event messages, oldest first."""
         with self._lock:
-            return self._db.execute("SELECT id, kind, body FROM other ORDER BY id LIMIT ?",
+            rows = self._db.execute("SELECT id, kind, body FROM other ORDER BY id LIMIT ?",
                                     (limit,)).fetchall()
+            if self._held.removed:  # sent, but the disk refused the delete
+                rows = [r for r in rows if r[0] not in self._held.removed]
+            return (rows + self._held.other_rows())[:limit]
 
     def remove(self, ids: Sequence[int]) -> None:
         """The broker accepted these health/event messages."""
+        events: list[dict] = []
         with self._lock:
-            self._db.executemany("DELETE FROM other WHERE id=?", [(i,) for i in ids])
+            rest = self._held.drop_others(set(ids))
+            try:
+                self._db.executemany("DELETE FROM other WHERE id=?", [(i,) for i in rest])
+            except sqlite3.OperationalError as e:
+                if not unwritable(e):
+                    raise
+                self._disk_refused(e, events)
+                self._held.removed |= rest
+        for ev in events:
+            self._on_event(ev)
 
     # -- command replay protection (sidecar file, see sidecar.py) ----------------------------
 
@@ -271,6 +477,10 @@ class Outbox:
         """Record a command id until it expires; False when it was already seen (a replay).
         Kept in the sidecar file, so it survives the outbox being reset."""
         return self.sidecar.remember(command_id, expires)
+
+    def bound_command_memory(self, keep_s: float) -> None:
+        """Remember command ids at most `keep_s` ahead (runtime.wire.commands.memory_bound)."""
+        self.sidecar.bound(keep_s)
 
     @property
     def commands_not_before(self) -> float:
@@ -283,8 +493,9 @@ class Outbox:
         """Backlog figures for health: held results, bytes, evictions, next seq."""
         with self._lock:
             held, oldest = self._db.execute("SELECT COUNT(*), MIN(seq) FROM results").fetchone()
-        return {"results_held": held, "bytes": self._bytes, "oldest_seq": oldest,
-                "evicted_total": self.evicted_total}
+            memory = self._held.status()
+        return {"results_held": held + memory["held_in_memory"], "bytes": self._bytes,
+                "oldest_seq": oldest, "evicted_total": self.evicted_total, **memory}
 
     def take_startup_event(self) -> dict | None:
         """An event about what happened while opening (e.g. a corrupt file moved aside)."""

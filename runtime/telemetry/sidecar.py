@@ -7,6 +7,12 @@ again and the operator's record of lost results would restart at 0. So they live
 small JSON file next to the outbox (`<outbox>.keep.json`), rewritten atomically (temp file,
 fsync, rename) on the rare occasions they change: an accepted command, an eviction.
 
+The record is bounded twice: by count (MAX_IDS) and by time. A device refuses a command whose
+lifetime is over its cap (runtime/wire/commands.py verify), so no accepted id needs keeping
+past `now + keep_s` (`bound(keep_s)`: the cap plus the allowed clock skew); an id claiming to
+expire later (written by an older version, which capped nothing) is dropped at that bound and
+never written again: the command it names is refused on its lifetime anyway.
+
 When the file itself is unreadable or missing while an older outbox existed, the ids seen
 before are unknown: `not_before` is set to now, so every command issued before this moment is
 refused (a captured one can no longer be replayed); new commands work at once.
@@ -14,6 +20,7 @@ refused (a captured one can no longer be replayed); new commands work at once.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -36,12 +43,17 @@ class Sidecar:
         self.not_before = 0.0
         self.seen: dict[str, float] = {}
         self.problem = ""  # why the history was reset, for an event
+        # how far ahead an id is remembered; set by the publisher (bound), which knows the
+        # device's lifetime cap. Not guessed before: a guess below a sleeper's cap would drop
+        # ids of commands it still accepts.
+        self.keep_s = float("inf")
         if path.exists():
             try:
                 data = json.loads(path.read_text())
                 self.evicted_total = int(data["evicted_total"])
                 self.not_before = float(data.get("not_before", 0.0))
-                self.seen = {str(k): float(v) for k, v in data["seen_commands"].items()}
+                self.seen = prune({str(k): float(v) for k, v in data["seen_commands"].items()},
+                                  time.time(), self.keep_s)
             except (OSError, ValueError, KeyError, TypeError, AttributeError,
                     RecursionError) as e:  # deep nesting too: it stopped every start
                 aside = path.with_name(f"{path.name}.corrupt-{int(time.time())}")
@@ -54,33 +66,67 @@ class Sidecar:
         if self.problem:
             log.error("command replay record lost: %s; commands issued before now are refused",
                       self.problem)
-        self._write()
+        try:
+            self._write()
+        except OSError as e:  # a full disk at start: written with the next change
+            log.error("cannot write %s (%s); the replay record is kept in memory", path, e)
 
     def _reset_history(self) -> None:
         self.seen = {}
         self.not_before = time.time()
 
+    def bound(self, keep_s: float) -> None:
+        """Remember ids at most `keep_s` from now (commands.memory_bound of the device's
+        lifetime cap and clock skew); ids past it are dropped now."""
+        with self._lock:
+            self.keep_s = keep_s
+            before = len(self.seen)
+            self.seen = prune(self.seen, time.time(), keep_s)
+            if len(self.seen) != before:
+                log.info("dropped %d remembered command ids expiring more than %.0f s ahead "
+                         "(commands living that long are refused)", before - len(self.seen),
+                         keep_s)
+                with contextlib.suppress(OSError):  # written again with the next id
+                    self._write()
+
     def remember(self, command_id: str, expires: float) -> bool:
-        """Record an accepted command id until it expires; False when already seen."""
+        """Record an accepted command id until it expires; False when already seen. An id
+        claiming to expire past the bound is refused (verify caps lifetimes first)."""
         with self._lock:
             now = time.time()
-            self.seen = {k: v for k, v in self.seen.items() if v >= now}
+            self.seen = prune(self.seen, now, self.keep_s)
             if command_id in self.seen:
                 return False
+            if not expires <= now + self.keep_s:
+                from runtime.wire.commands import CommandRefused
+
+                raise CommandRefused(f"expires {expires - now:.0f} s from now, past the "
+                                     f"{self.keep_s:.0f} s this device remembers ids for")
             if len(self.seen) >= MAX_IDS:  # refuse rather than forget: forgetting allows replays
                 from runtime.wire.commands import CommandRefused
 
                 raise CommandRefused(f"{MAX_IDS} unexpired command ids are remembered already; "
                                      "refused rather than forgetting one (send shorter TTLs)")
             self.seen[command_id] = expires
-            self._write()
+            try:
+                self._write()
+            except OSError as e:  # refused, not forgotten: a restart would allow a replay
+                del self.seen[command_id]
+                from runtime.wire.commands import CommandRefused
+
+                raise CommandRefused(f"cannot record the command id in {self.path} ({e}); "
+                                     "send it again when the device's disk has room") from e
             return True
 
     def set_evicted_total(self, value: int) -> None:
         """Persist the eviction counter (monotonic)."""
         with self._lock:
             self.evicted_total = max(self.evicted_total, value)
-            self._write()
+            try:
+                self._write()
+            except OSError as e:  # the outbox's meta row has it too; written at the next one
+                log.error("cannot write %s (%s): evicted_total %d kept in memory", self.path,
+                          e, self.evicted_total)
 
     def _write(self) -> None:
         tmp = self.path.with_name(self.path.name + ".tmp")
@@ -93,3 +139,9 @@ class Sidecar:
         finally:
             os.close(fd)
         os.replace(tmp, self.path)
+
+
+def prune(seen: dict[str, float], now: float, keep_s: float) -> dict[str, float]:
+    """The ids of `seen` still to remember at `now`: not yet expired, and not claiming to
+    expire more than `keep_s` ahead (see the module docstring)."""
+    return {k: v for k, v in seen.items() if now <= v <= now + keep_s}

@@ -26,6 +26,22 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from runtime.wire import payloads
 
+# The longest lifetime (expires_at - issued_at) a device accepts by default: a day. A command
+# signed for a century was answered (issue 25) and its id had to be remembered as long.
+DEFAULT_MAX_TTL_S = 86400.0
+# A sleeping device's commands wait in its broker session (up to session_expiry_s) and carry
+# the coordinator's wake margin on top (runtime/coordinator/service.py send_command).
+SLEEP_MARGIN_S = 3600.0
+
+
+def lifetime_cap(configured_s: float, session_expiry_s: float = 0.0) -> float:
+    """The longest command lifetime a device accepts: `[telemetry] max_command_ttl_s`, raised
+    for a device whose broker session holds commands longer (a sleeper: `[sleep]
+    session_expiry_s`, plus SLEEP_MARGIN_S), so a command queued for its wake still fits."""
+    if session_expiry_s > 0:
+        return max(configured_s, session_expiry_s + SLEEP_MARGIN_S)
+    return configured_s
+
 
 class CommandRefused(Exception):
     """A command was not accepted; the message is the reason sent back in the reply."""
@@ -134,10 +150,12 @@ def sign(private: Ed25519PrivateKey, device: str, name: str, args: dict[str, Any
 
 def verify(envelope: dict[str, Any], device: str, trusted: Mapping[str, Ed25519PublicKey],
            now: float, skew_s: float, remember: Callable[[str, float], bool],
-           not_before: float = 0.0) -> Command:
+           not_before: float = 0.0, max_ttl_s: float = DEFAULT_MAX_TTL_S) -> Command:
     """Check an already schema-valid envelope; returns the typed command or raises
     CommandRefused with the reason. `remember(id, expires)` is False for a replayed id;
-    commands issued before `not_before` (when the device lost its replay record) are refused."""
+    commands issued before `not_before` (when the device lost its replay record) are refused,
+    and so is one whose lifetime (expires_at - issued_at) exceeds `max_ttl_s`: an id then
+    never needs remembering longer than `memory_bound(max_ttl_s, skew_s)` from now."""
     if envelope["device"] != device:
         raise CommandRefused(f"addressed to device {envelope['device']!r}, this is {device!r}")
     public = trusted.get(envelope["key_id"])
@@ -147,6 +165,10 @@ def verify(envelope: dict[str, Any], device: str, trusted: Mapping[str, Ed25519P
         public.verify(base64.b64decode(envelope["sig"], validate=True), canonical(envelope))
     except (InvalidSignature, ValueError):
         raise CommandRefused("bad signature") from None
+    lifetime = envelope["expires_at"] - envelope["issued_at"]
+    if not lifetime <= max_ttl_s:  # `not <=`: a NaN lifetime is refused too
+        raise CommandRefused(f"lifetime {lifetime:.0f} s is over this device's cap of "
+                             f"{max_ttl_s:.0f} s ([telemetry] max_command_ttl_s)")
     if envelope["expires_at"] < now:
         raise CommandRefused(f"expired {now - envelope['expires_at']:.0f} s ago")
     if envelope["issued_at"] > now + skew_s:
@@ -174,6 +196,13 @@ def verify(envelope: dict[str, Any], device: str, trusted: Mapping[str, Ed25519P
     if not remember(envelope["id"], envelope["expires_at"]):
         raise CommandRefused("replayed: this command id was already accepted")
     return Command(envelope["id"], envelope["cmd"], typed)
+
+
+def memory_bound(max_ttl_s: float, skew_s: float) -> float:
+    """Seconds from now past which no accepted command can still be valid: it was issued at
+    most `skew_s` ahead and lives at most `max_ttl_s`. A replay record needs no id that
+    expires later (verify refuses such a command before asking about its id)."""
+    return max_ttl_s + skew_s
 
 
 def load_public_keys(paths: tuple[str, ...] | list[str]) -> dict[str, Ed25519PublicKey]:

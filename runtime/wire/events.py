@@ -52,6 +52,10 @@ class EventType(StrEnum):
     REPLAY_RECORD_LOST = ("replay_record_lost", "the outbox's keep file (seen command ids, "
                           "evicted_total) was lost: commands issued before now are refused")
     OUTBOX_EVICTING = ("outbox_evicting", "the outbox is full: the oldest results are evicted")
+    OUTBOX_DISK_FULL = ("outbox_disk_full", "the state disk refuses writes: results wait in "
+                        "memory up to a bound, health and events go out from memory")
+    OUTBOX_DISK_RECOVERED = ("outbox_disk_recovered", "the state disk takes writes again: what "
+                             "waited in memory is stored")
     # -- control (power/control.py through the daemon) ------------------------------------------
     GOVERNOR = ("governor", "the thermal governor changed its level or failed safe")
     ENERGY = ("energy", "the energy-neutral budget changed (battery, harvest forecast)")

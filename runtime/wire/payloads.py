@@ -104,7 +104,10 @@ _HEALTH = _obj({
     "box": _obj({"rung": {"type": "integer", "minimum": 0, "maximum": 10_000},
                  "rungs": {"type": "integer", "minimum": 0, "maximum": 10_000}}),
     "backlog": _obj({"results_held": _COUNT, "bytes": _COUNT, "oldest_seq": _COUNT_OR_NULL,
-                     "evicted_total": _COUNT}),
+                     "evicted_total": _COUNT,
+                     # the disk refuses writes: what waits in memory (telemetry/held.py)
+                     "disk_full": _BOOL, "held_in_memory": _COUNT, "held_bytes": _COUNT,
+                     "refused_full_total": _COUNT}),
     "mqtt": _obj({"connected": _BOOL, "acked_seq": _COUNT, "resends": _COUNT,
                   "commands_ok": _COUNT, "commands_refused": _COUNT, "quarantined": _COUNT,
                   "acks_refused": _COUNT, "connects": _COUNT, "takeovers": _COUNT,

@@ -1,0 +1,210 @@
+"""A full disk degrades, it does not crash (runtime/telemetry/held.py, outbox.py).
+
+The disk is real: a small tmpfs mounted for the test (root only; the tests skip elsewhere,
+saying so), filled with a file until it refuses writes (ENOSPC), then freed. First the outbox
+alone, then a real `edgerun serve` whose state directory is on that tmpfs."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from daemon_harness import Serve, events, result_seqs, wait, write_config
+from test_local_api import free_port, gauges
+
+from models import bundled
+from runtime.config.telemetry import OutboxConfig
+from runtime.telemetry.held import OutboxFull, unwritable
+from runtime.telemetry.outbox import Outbox
+
+
+class Disk:
+    """A tmpfs of `size_mb` at `path`; `fill()` takes every free byte, `free()` gives it back."""
+
+    def __init__(self, path: Path, size_mb: int):
+        self.path = path
+        path.mkdir(parents=True)
+        if os.geteuid() != 0:
+            pytest.skip("mounting a tmpfs (a real full disk) needs root")
+        got = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mb}m", "tmpfs",
+                              str(path)], capture_output=True, text=True)
+        if got.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {got.stderr.strip()}")
+        self.filler = path / "filler"
+
+    def fill(self) -> None:
+        """Write until the file system says ENOSPC (unbuffered: every byte is really asked
+        for), in big blocks then small ones, so not even a page is left."""
+        with self.filler.open("ab", buffering=0) as f:
+            for size in (1 << 20, 64 << 10, 4096, 512, 1):
+                block = b"\0" * size
+                try:
+                    while f.write(block):
+                        pass
+                except OSError as e:
+                    assert e.errno == errno.ENOSPC, e
+
+    def free(self) -> None:
+        self.filler.unlink()
+
+    def unmount(self) -> None:
+        subprocess.run(["umount", "-l", str(self.path)], check=False)
+
+
+@pytest.fixture
+def disk(tmp_path):
+    d = Disk(tmp_path / "disk", 8)
+    yield d
+    d.unmount()
+
+
+def _result(i: int) -> dict:
+    return {"t": 1.0 + i, "label": "ok", "score": 0.5, "pad": "x" * 200}
+
+
+def test_unwritable_table():
+    import sqlite3
+
+    full = sqlite3.OperationalError("database or disk is full")
+    full.sqlite_errorcode = 13
+    ioerr = sqlite3.OperationalError("disk I/O error")
+    ioerr.sqlite_errorcode = 778  # SQLITE_IOERR_WRITE (extended)
+    locked = sqlite3.OperationalError("database is locked")
+    locked.sqlite_errorcode = 5
+    assert unwritable(full) and unwritable(ioerr) and not unwritable(locked)
+    assert unwritable(OSError(errno.ENOSPC, "full")) and unwritable(OSError(errno.EFBIG, "big"))
+    assert not unwritable(OSError(errno.EACCES, "denied")) and not unwritable(ValueError("x"))
+
+
+def test_outbox_holds_in_memory_and_flushes_when_space_returns(disk):
+    seen: list[dict] = []
+    ob = Outbox(OutboxConfig(path=str(disk.path / "outbox.db"), memory_max_bytes=64 << 10,
+                             retry_s=0.1), on_event=seen.append)
+    first = ob.append_many([_result(i) for i in range(10)])
+    assert first == list(range(1, 11))
+    disk.fill()
+    seqs, i = [], 10
+    while not ob.stats()["disk_full"]:  # the WAL may have room left for a few more
+        seqs += ob.append_many([_result(i)])
+        i += 1
+        assert i < 100_000, "the full disk never refused a write"
+    assert [e["type"] for e in seen] == ["outbox_disk_full"]
+    assert seen[0]["severity"] == "critical" and "full" in seen[0]["error"]
+    on_disk = ob.last_seq()
+    # results keep getting seqs, in order, held in memory up to the bound
+    while True:
+        try:
+            seqs += ob.append_many([_result(i)])
+        except OutboxFull as e:
+            assert "memory_max_bytes" in str(e)
+            break
+        i += 1
+    assert seqs == list(range(11, seqs[-1] + 1)) and seqs[-1] > on_disk
+    st = ob.stats()
+    assert st["held_in_memory"] == seqs[-1] - on_disk and st["refused_full_total"] == 1
+    assert 0 < st["held_bytes"] <= 64 << 10
+    # nothing held is published before it is on disk
+    assert [p.seq for p in ob.pending(0, 10_000)][-1] == on_disk
+    # health and events are sent from memory meanwhile (the operator hears of it at once)
+    hid = ob.put("health", {"v": 1, "t": 2.0})
+    assert (hid, "health") in [(r[0], r[1]) for r in ob.others(64)]
+    ob.remove([hid])
+    assert hid not in [r[0] for r in ob.others(64)]
+    ob.ack(3)  # the coordinator acked: applied now or with the flush
+    assert ob.retry() is False  # still full
+
+    disk.free()
+    deadline_tries = 200
+    while not ob.retry():
+        deadline_tries -= 1
+        assert deadline_tries, "the outbox never wrote again after space returned"
+        time.sleep(0.05)
+    assert seen[-1]["type"] == "outbox_disk_recovered" and seen[-1]["results"] > 0
+    st = ob.stats()
+    assert not st["disk_full"] and st["held_in_memory"] == 0
+    held = [p.seq for p in ob.pending(0, 100_000)]
+    assert held == list(range(4, seqs[-1] + 1))  # contiguous, the ack applied, nothing lost
+    assert json.loads(ob.pending(seqs[-2], 1)[0].json)["t"] == 1.0 + seqs[-1] - 1
+    assert ob.append_many([_result(0)]) == [seqs[-1] + 1]  # back to normal
+    ob.close()
+    reopened = Outbox(OutboxConfig(path=str(disk.path / "outbox.db")))
+    assert reopened.last_seq() == seqs[-1] + 1
+    reopened.close()
+
+
+def test_outbox_opened_on_a_full_disk_starts_degraded(disk):
+    """A restart (the old process killed: its WAL files are still there) on a full disk runs
+    degraded instead of exiting. (One whose WAL files are gone cannot even open the database
+    on a full disk: it exits with one line, OutboxUnavailable, and systemd retries.)"""
+    path = disk.path / "outbox.db"
+    killed = Outbox(OutboxConfig(path=str(path)))  # left open: as after kill -9
+    killed.append_many([_result(0)])
+    disk.fill()
+    seen: list[dict] = []
+    ob = Outbox(OutboxConfig(path=str(path), retry_s=0.1), on_event=seen.append)
+    start = ob.take_startup_event()
+    assert start is not None and start["type"] == "outbox_disk_full", start
+    assert ob.stats()["disk_full"] and ob.append_many([_result(1)]) == [2]
+    disk.free()
+    tries = 200
+    while not ob.retry():
+        tries -= 1
+        assert tries
+        time.sleep(0.05)
+    assert [p.seq for p in ob.pending(0, 10)] == [1, 2]
+    ob.close()
+    killed.close()
+
+
+def _metrics(port: int) -> dict:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        return gauges(r.read().decode())
+
+
+@pytest.mark.skipif(not (bundled() / "manifest.json").exists(), reason="bundled model not built")
+def test_a_daemon_survives_its_state_disk_filling_up(tmp_path, tmp_path_factory):
+    """`edgerun serve` with its state directory on a tmpfs: filled while it runs, it keeps
+    inferring (results_total grows), says so (critical event, health's disk_full), and when
+    the space returns it stores what it held, contiguous; no traceback, no restart."""
+    disk = Disk(tmp_path / "state", 16)
+    try:
+        port = free_port()
+        cfg = write_config(tmp_path, tmp_path_factory.mktemp("profiles"),
+                           extra=f"retry_s = 0.2\nmemory_max_bytes = 4194304\n"
+                                 f"[local_api]\nport = {port}\n")
+        d = Serve(tmp_path, cfg)
+        try:
+            wait(lambda: d.ready() and len(result_seqs(d.outbox)) > 20, 120,
+                 "the daemon storing results", d)
+            disk.fill()
+            wait(lambda: "the disk refuses writes" in d.text(), 60, "the outbox degrading", d)
+            wait(lambda: _metrics(port).get("edgerun_device_outbox_disk_full") == 1, 30,
+                 "disk_full in health", d)
+            stored = len(result_seqs(d.outbox))
+            before = _metrics(port)["edgerun_device_results_total"]
+            wait(lambda: _metrics(port)["edgerun_device_results_total"] > before + 20, 30,
+                 "inference going on while the disk is full", d)
+            assert _metrics(port)["edgerun_device_backlog_results"] > stored
+            disk.free()
+            wait(lambda: "the disk takes writes again" in d.text(), 60, "the outbox recovering",
+                 d)
+            wait(lambda: _metrics(port).get("edgerun_device_outbox_disk_full") == 0, 30,
+                 "disk_full cleared in health", d)
+            seqs = result_seqs(d.outbox)
+            assert len(seqs) > stored and seqs == list(range(seqs[0], seqs[-1] + 1))
+            full = events(d.outbox, "outbox_disk_full")
+            assert full and full[0]["severity"] == "critical"
+            assert events(d.outbox, "outbox_disk_recovered")
+            assert d.proc.poll() is None  # the same process throughout
+            assert d.stop() == 0
+            assert "Traceback" not in d.text(), d.text()[-3000:]
+        finally:
+            d.stop()
+    finally:
+        disk.unmount()
