@@ -1,0 +1,116 @@
+"""A model and its ladder, as the daemon serves it: the [model] section's model and each model a
+`[[sources]]` entry names (runtime/choice/joint.py) are one kind of thing.
+
+A `ServedModel` holds a measurement (manifest, profiles, how to load each variant), the ladder
+built from it for its latency target (as profiled, and with live energies), the rung it runs
+and how to load and warm a rung's session. Switching rungs is runtime/device/rung_switch.py's;
+which rung to run, the control step's (power/control.py).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from runtime.choice.ladders import Rung, ladder_for, on_device
+from runtime.choice.measure import Measured
+from runtime.choice.selector import Constraints, Profile
+from runtime.frames.pipeline import Active, live_id
+
+log = logging.getLogger("edgerun.daemon")  # the journal's name for the ladder lines
+
+
+class ServedModel:
+    """One model the pipeline runs (`key` "" = the [model] section's; else the `model` value
+    of the sources that use it, the pipeline's Active.key)."""
+
+    def __init__(self, key: str = "", path: Path | None = None, section: Any = None):
+        self.key = key
+        self.path = path  # a source's model directory (None: the [model]'s, its manifest's)
+        self.section = section  # a runtime.config.ModelConfig for a source's model
+        self.manifest: Any = None  # runtime.engine.manifest.Manifest, once measured
+        self.profiles: list[Profile] = []
+        self.idle_w = 0.0
+        self.loaders: dict = {}  # variant id -> (backend, variant)
+        self.temp_c: float | None = None  # temperature while profiled
+        self.by_id: dict[str, Profile] = {}
+        self.host_rungs: list[Rung] = []  # as profiled (scaled to a simulated device)
+        self.rungs: list[Rung] = []  # with live energies: what the control step uses
+        self.current = 0  # index into rungs (shown 1-based, rung_label)
+        self.reason = ""  # why the ladder is what it is (the choice, its target)
+        self.pre: Any = None  # its preprocessing (None: the pipeline's own)
+
+    @property
+    def root(self) -> Any:
+        """Its model directory: what a variant's backoff is keyed by, with the key (two
+        versions of the [model] share variant ids, not files)."""
+        return self.path if self.path is not None else self.manifest.root
+
+    def install(self, m: Measured) -> None:
+        """Take a new measurement (the ladder is rebuilt by the caller, `ladder`, `take`)."""
+        self.manifest, self.profiles, self.idle_w = m.manifest, m.profiles, m.idle_w
+        self.loaders, self.temp_c = m.loaders, m.temp_c
+
+    def measured(self) -> Measured:
+        """The measurement installed (a rollback installs the previous one again)."""
+        return Measured(self.manifest, self.profiles, self.idle_w, self.loaders, self.temp_c)
+
+    def ladder(self, constraints: Constraints, target_why: str) -> tuple[list[Rung], str]:
+        """Its ladder for `constraints` and why (`target_why`: how its latency target was
+        derived); raises NoVariantError when no variant fits. Changes nothing (`take`)."""
+        rungs, why = ladder_for(self.profiles, constraints)
+        return rungs, why + (f"; {target_why}" if target_why else "")
+
+    def take(self, rungs: list[Rung], reason: str, sim_power: Any,
+             live_energy: dict[str, float]) -> None:
+        """Run on the ladder `rungs` (`sim_power`: the simulated device's power model, whose
+        rungs cost this host's CPU time scaled, or None on a real device), with the live
+        energies learnt so far."""
+        self.reason = reason
+        self.by_id = {p.variant_id: p for p in self.profiles}
+        if sim_power is not None:
+            rungs = on_device(rungs, [self.by_id[r.variant_id].cpu_ms / 1e3 for r in rungs],
+                              sim_power)
+        self.host_rungs = rungs
+        self.rungs = self.live_rungs(live_energy)
+        self.current = min(self.current, len(self.rungs) - 1)
+        ladder = ", ".join(f"{i + 1}: {r.variant_id} acc {r.accuracy:.3f} "
+                           f"{r.energy_j * 1e3:.3f} mJ" for i, r in enumerate(self.rungs))
+        if self.key:
+            log.info("model %s: choice: %s; ladder: %s", self.key, self.reason, ladder)
+        else:
+            log.info("choice: %s; ladder (rung 1 = cheapest): %s", self.reason, ladder)
+
+    def live_rungs(self, live_energy: dict[str, float]) -> list[Rung]:
+        """Its rungs as profiled with the live energies per inference learnt so far."""
+        return [replace(r, energy_j=live_energy.get(live_id(self.key, r.variant_id),
+                                                    r.energy_j))
+                for r in self.host_rungs]
+
+    def by_live(self) -> dict[str, Profile]:
+        """Its profiles by the id its inferences are counted under (pipeline.live_id)."""
+        return {live_id(self.key, p.variant_id): p for p in self.profiles}
+
+    def session(self, rung: int) -> Active:
+        """Load and warm the session of a rung (the caller swaps it in)."""
+        vid = self.rungs[rung].variant_id
+        backend, variant = self.loaders[vid]
+        session = backend.load(variant)
+        pre, shape = self.manifest.preprocess, variant.model.input_shape
+        warm = pre.apply(np.full((*pre.hw(shape), 3), 128, np.uint8), shape)  # mid-grey
+        for _ in range(3):
+            session.infer(warm)
+        return Active(rung, vid, session, shape, self.manifest, self.pre, key=self.key)
+
+    def second_session(self, a: Active | None) -> Active | None:
+        """Another session of the variant `a` runs (OTA's shadow sample), unwarmed; None
+        when it is not one of this model's variants; raises when it will not load."""
+        if a is None or a.variant_id not in self.loaders:
+            return None
+        backend, variant = self.loaders[a.variant_id]
+        return Active(a.rung, a.variant_id, backend.load(variant), a.input_shape,
+                      a.manifest or self.manifest, a.pre or self.pre)
