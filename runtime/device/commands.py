@@ -1,5 +1,5 @@
 """The daemon's answer to each verified command (the publisher already replied "accepted"):
-one handler per command name, in a table (`HANDLERS`).
+one handler per command name, in a table (`HANDLERS`); and to SIGHUP (`reload`).
 
 A command not in the table (`ping`, `rebirth`: the publisher answers those itself) is only
 recorded as applied. After any applied command the settings ones are kept across restarts and
@@ -14,6 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from runtime.config import ConfigError, load
 from runtime.wire.commands import Command, loggable
 
 log = logging.getLogger("edgerun.daemon")
@@ -22,6 +23,9 @@ log = logging.getLogger("edgerun.daemon")
 # have mended what would not load (files measured or replaced). Any command did, so a stream of
 # settings commands (a dashboard slider, a script) loaded the broken file, and said so, at each.
 RETRY_COMMANDS = frozenset({"reprofile", "deploy", "choose_model"})
+RESTART_SECTIONS = ("device", "model", "source", "sources", "telemetry", "simulator", "daemon",
+                    "backends", "profiler", "results", "local_api", "homeassistant", "sleep",
+                    "models")  # what a reload cannot apply: their changes need a restart
 
 
 class CommandHost(Protocol):
@@ -54,6 +58,9 @@ class CommandHost(Protocol):
     def load_in_background(self, path: Path, fresh: bool, why: str,
                            wait: bool = False) -> None:
         """Profile `path` in the background and install it."""
+
+    def restore_config(self, old: Any) -> None:
+        """Back to config `old` after a reload failed half-way through applying it."""
 
     def event(self, type_: str, severity: str = "info", **fields: Any) -> None:
         """Record an event for the operator."""
@@ -134,4 +141,32 @@ def handle(d: CommandHost, cmd: Command) -> None:
             args=loggable(cmd.args), id=cmd.id)
 
 
-__all__ = ["HANDLERS", "RETRY_COMMANDS", "CommandHost", "handle"]
+def reload(d: CommandHost, path: Path, print_results: bool) -> None:
+    """SIGHUP: re-read the config at `path` and apply constraints and governor (the operator's
+    settings on top; `print_results`: `serve --print` outlives reloads, as settings do). Any
+    failure, of any kind, is logged and reported (`config_reload_failed`) and the old config
+    stays."""
+    old = d.cfg
+    d.retry_switches_now()  # a new config: a failing switch is tried again at once
+    try:
+        new = load(path)
+        new = replace(new, constraints=d.operator.constraints(new.constraints))
+        if print_results:
+            new = replace(new, results=replace(new.results, print=True))
+        restart = [k for k in RESTART_SECTIONS if getattr(new, k) != getattr(old, k)]
+        d.set_constraints(new.constraints, "config reloaded", new.governor)
+    except Exception as e:  # ConfigError, NoVariantError (as ValueError), or anything else
+        if d.cfg is not old:  # failed half-way through applying: back to the old one
+            d.restore_config(old)
+        expected = isinstance(e, ConfigError | ValueError)
+        why = str(e) if expected else f"{type(e).__name__}: {e}"
+        log.error("config reload refused, still running with the previous config: %s", why,
+                  exc_info=not expected)  # an unexpected one is a bug: keep its traceback
+        d.event("config_reload_failed", "warning", path=str(path), error=why[:500])
+        return
+    log.info("config reloaded (constraints and governor applied)%s",
+             f"; changes to {', '.join(restart)} need a restart" if restart else "")
+    d.event("config_reloaded", "info", needs_restart=restart)
+
+
+__all__ = ["HANDLERS", "RESTART_SECTIONS", "RETRY_COMMANDS", "CommandHost", "handle", "reload"]

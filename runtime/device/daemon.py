@@ -24,7 +24,6 @@ import logging
 import math
 import queue
 import signal
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -34,33 +33,39 @@ from typing import Any
 import numpy as np
 
 from power import control
-from power import energy as energy_mod
 from power.cputime import native_threads_cpu_s
 from power.device import DeviceProfile, load_profile
-from power.sensors import Reading, SensorError, SensorSet, detect_meter
-from power.thermal_source import ThermalSource, discover_thermal
+from power.sensors import Reading, SensorSet, detect_meter
+from power.thermal_source import ThermalSource
 from runtime import __version__
-from runtime.choice import joint
 from runtime.choice.ladders import Rung, ladder_for
 from runtime.choice.measure import Measured, measure_first, measure_model
-from runtime.choice.selector import Constraints, NoVariantError, Profile
+from runtime.choice.selector import Constraints, NoVariantError
 from runtime.config import Config, ConfigError, load
 from runtime.device import commands
+from runtime.device.box import Box
 from runtime.device.health import health, share_reasons, versions
 from runtime.device.host import Install, Stopping
+from runtime.device.live_energy import fold, has_native_pool
 from runtime.device.local_api import LocalApi, start_local_api
 from runtime.device.operator_state import OperatorState
 from runtime.device.ota import DeviceOta
+from runtime.device.profiling import (
+    REPROFILE_EVERY_S,
+    Profiler,
+    progress_reporter,
+    reprofile_reason,
+)
 from runtime.device.rung_switch import RungSwitch, rung_label
-from runtime.device.served_model import ServedModel
+from runtime.device.sensing import SensorWatch, control_config, open_sensors
+from runtime.device.served_model import ServedModel, preprocess_chooser
 from runtime.device.source_plan import SourcePlan, bundled_model
 from runtime.device.systemd import Notifier
 from runtime.engine.backends import discover
 from runtime.frames.model_counts import model_id
-from runtime.frames.multisource import model_path, planned_rate
+from runtime.frames.multisource import planned_rate
 from runtime.frames.pipeline import Active, Pipeline, live_id
 from runtime.frames.results_local import LocalResults
-from runtime.ota.store import crash_point
 from runtime.telemetry.client import Publisher, device_id
 from runtime.telemetry.homeassistant import DeviceInfo, Discovery
 from runtime.telemetry.outbox import Outbox
@@ -69,12 +74,19 @@ from runtime.wire.health_history import HealthHistory
 
 log = logging.getLogger("edgerun.daemon")
 
-LIVE_MIN_INFERENCES = 50  # inferences per live energy update of the running rung
-LIVE_ALPHA = 0.3  # EWMA weight of each live update
-PROGRESS_LOG_S = 2.0  # profiling progress on the terminal: at most one line this often
-RESTART_SECTIONS = ("device", "model", "source", "sources", "telemetry", "simulator", "daemon",
-                    "backends", "profiler", "results", "local_api", "homeassistant", "sleep",
-                    "models")  # what a SIGHUP cannot apply: changes need a restart
+
+class _Via:
+    """A daemon attribute that is one of its parts' (`part.name`): reads and writes go to the
+    part, so the state has one home and the parts and tests keep their names for it."""
+
+    def __init__(self, part: str, name: str):
+        self.part, self.name = part, name
+
+    def __get__(self, obj: Any, owner: Any = None) -> Any:
+        return self if obj is None else getattr(getattr(obj, self.part), self.name)
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        setattr(getattr(obj, self.part), self.name, value)
 
 
 class Daemon:
@@ -109,14 +121,10 @@ class Daemon:
         self.pipeline: Pipeline | None = None
         self.local: LocalResults | None = None  # [results]: print, JSONL, snapshots
         # -- the models and their ladders --
-        self.model = ServedModel()  # the [model] section's (install_model)
-        self.source_models: dict[str, ServedModel] = {}  # [[sources]]' own models, by key
-        self.plan = SourcePlan(lambda: self.cfg)  # model keys, tiles, targets of the sources
-        self._by_live: dict = {}  # every model's profiles by pipeline.live_id
+        # model keys, tiles and targets of the sources
+        self.plan = SourcePlan(lambda: self.cfg, self.state_dir)
+        self.box = Box(self.plan)  # every served model and the box's ladder over them
         self.switch = RungSwitch(lambda *a, **kw: self.event(*a, **kw))  # the actuator
-        self.joint: list[joint.JointRung] = []  # the box's ladder (several models)
-        self.joint_current = 0
-        self._off_chain = False  # the models run a combination the box's ladder lacks
         # -- control --
         self.ccfg: control.ControlConfig | None = None
         self.cstate = control.ControlState()
@@ -124,94 +132,48 @@ class Daemon:
         self.reading: Reading | None = None
         self.trips: dict[str, float] = {}
         self.thermal_disabled = ""  # why the thermal governor is off despite the config
-        self.thermal: ThermalSource | None = None
-        self._last_problems: tuple[str, ...] = ()
-        self._sensor_bad = 0  # invalid sensor reads so far
-        self._sensor_said = -math.inf
+        self.thermal: ThermalSource | None = None  # (runtime.device.sensing)
+        self.sensor_watch = SensorWatch()  # says when readings go bad, not at each
         self._live_energy: dict[str, float] = {}  # live_id -> J per inference, live
         self._live_acc: dict[str, tuple[int, float]] = {}
         self._native_cpu = 0.0
         self._saved_slot: int | None = None
         self.history = HealthHistory(self.state_dir)  # for `edgerun report` when offline
         # -- background profiling --
-        self._reprofiling = threading.Lock()
         self._installs: queue.Queue[Install] = queue.Queue()
+        self.profiler = Profiler(lambda *a, **kw: self.event(*a, **kw), self.queue_install)
         self.print_results = False  # `serve --print` (serve() sets it; reload keeps it)
         self._model_gen = 0  # bumped when another model is installed: older jobs are stale
-        self._last_reprofile = -math.inf
-        self._reprofile_thread: threading.Thread | None = None
 
-    # -- the [model]'s model, as the parts and tests name it -------------------------------
+    # -- the parts' state under the names the parts and tests use ------------------------
 
-    @property
-    def manifest(self) -> Any:
-        """The [model] section's model now served."""
-        return self.model.manifest
-
-    @manifest.setter
-    def manifest(self, m: Any) -> None:
-        self.model.manifest = m
-
-    @property
-    def rungs(self) -> list[Rung]:
-        """The [model]'s ladder, with live energies (what the control step uses)."""
-        return self.model.rungs
-
-    @rungs.setter
-    def rungs(self, rungs: list[Rung]) -> None:
-        self.model.rungs = rungs
-
-    @property
-    def current(self) -> int:
-        """The [model]'s rung (index into rungs; shown as rung_label, 1-based)."""
-        return self.model.current
-
-    @current.setter
-    def current(self, i: int) -> None:
-        self.model.current = i
-
-    @property
-    def _loaders(self) -> dict:
-        return self.model.loaders
-
-    @_loaders.setter
-    def _loaders(self, loaders: dict) -> None:
-        self.model.loaders = loaders
-
-    @property
-    def by_id(self) -> dict[str, Profile]:
-        """The [model]'s profiles by variant id."""
-        return self.model.by_id
-
-    @property
-    def choice_reason(self) -> str:
-        """Why the [model]'s ladder is what it is."""
-        return self.model.reason
-
-    @property
-    def preprocess(self) -> Any:
-        """The [model]'s preprocessing (runtime.engine.preprocessing.PreprocessChooser)."""
-        return self.model.pre
-
-    @property
-    def operator_rate_hz(self) -> float:
-        """The operator's rate cap (`set_rate`; inf: none); governor caps come on top."""
-        return self.operator.rate_hz
-
-    @property
-    def models(self) -> list[ServedModel]:
-        """Every model served: the [model]'s first, then the sources' own."""
-        return [self.model, *self.source_models.values()]
-
-    @property
-    def failed_models(self) -> dict[str, str]:
-        """Models of sources that could not be loaded or measured at start: key -> why."""
-        return self.plan.failed
-
-    @property
-    def tiles(self) -> dict[str, int]:
-        """Tiles per frame each source is planned with, by source name."""
-        return self.plan.tiles
+    model = _Via("box", "model")  # the [model] section's model (a ServedModel)
+    source_models = _Via("box", "source_models")  # [[sources]]' own models, by key
+    models = _Via("box", "models")  # every served model, the [model]'s first
+    joint = _Via("box", "joint")  # the box's ladder (several models)
+    joint_current = _Via("box", "joint_current")
+    _by_live = _Via("box", "by_live")  # every model's profiles by pipeline.live_id
+    manifest = _Via("model", "manifest")  # the [model]'s, now served
+    rungs = _Via("model", "rungs")  # the [model]'s ladder, live energies
+    current = _Via("model", "current")  # the [model]'s rung (shown 1-based, rung_label)
+    _loaders = _Via("model", "loaders")
+    by_id = _Via("model", "by_id")  # the [model]'s profiles by variant id
+    choice_reason = _Via("model", "reason")
+    preprocess = _Via("model", "pre")  # runtime.engine.preprocessing.PreprocessChooser
+    operator_rate_hz = _Via("operator", "rate_hz")  # `set_rate` (inf: none)
+    failed_models = _Via("plan", "failed")  # sources' models refused at start: key -> why
+    tiles = _Via("plan", "tiles")  # tiles per frame each source is planned with
+    _reprofiling = _Via("profiler", "lock")  # held while a profiling job runs
+    # ... and calls
+    _lanes = _Via("plan", "lanes")  # the pipeline's sources
+    _streams = _Via("plan", "streams")  # the sources as the budget sees them
+    _target = _Via("plan", "target")  # (per-inference target ms, why) of a model, by key
+    _model_key = _Via("plan", "model_key")  # the key of a [[sources]] entry's model
+    model_used = _Via("plan", "model_used")  # does a source run the [model]'s model?
+    _session = _Via("model", "session")  # load and warm a [model] rung's session
+    served = _Via("model", "measured")  # the [model]'s measurement, installed
+    retry_switches_now = _Via("switch", "retry_now")  # a command may have mended them
+    queue_install = _Via("_installs", "put")  # an Install for the main loop (any thread)
 
     # -- start-up --------------------------------------------------------------------------
 
@@ -227,7 +189,8 @@ class Daemon:
         self.notify.ready(self.status_line())
         log.info("ready in %.2f s: %s", time.monotonic() - self.started, self.status_line())
         if rest is not None:  # the fast schedule: serve on the first choice, refine meanwhile
-            self._background(lambda: rest(self.pipeline.exclusive), "profiling refined")
+            self.profiler.run(lambda: rest(self.pipeline.exclusive), "profiling refined",
+                              self._model_gen)
 
     def _restore_operator_state(self) -> None:
         """Commands sent earlier outlive restarts (and the config file's [constraints]); so
@@ -260,7 +223,10 @@ class Daemon:
                                        self._sim_load, cfg.constraints.latency_ms / 1e3)
             log.info("simulated %s, scenario %s at %gx, sysfs tree %s", self.device.name,
                      cfg.simulator.scenario, cfg.simulator.speed, root)
-        self._open_sensors(root)
+        clock = (lambda: self.sim.plant.s.t) if self.sim else time.time
+        found = open_sensors(root, self.device, cfg.governor.policy, clock)
+        self.sensors, self.thermal, self.trips = found.sensors, found.thermal, found.trips
+        self.thermal_disabled = found.disabled
         self.meter = detect_meter(root, self.device)
 
     def _open_outbox(self) -> None:
@@ -348,37 +314,6 @@ class Daemon:
                 log.warning("homeassistant.enabled / telemetry.result_per_message need a broker "
                             "(telemetry.broker.host); nothing is published")
 
-    def _open_sensors(self, root: Path) -> None:
-        """Thermal sensor and trips discovered on the device (power.thermal_source; trips from
-        sysfs where present, the profile's otherwise), battery and solar. A configured governor
-        whose sensor cannot be found or read at start-up runs disabled with a critical event
-        and health saying why: inspection goes on at full precision, the operator is told."""
-        th = self.device.thermal
-        clock = (lambda: self.sim.plant.s.t) if self.sim else time.time
-        battery = self.device.sensors.battery or (
-            self.device.battery.path if self.device.battery else "")
-        solar = self.device.solar.path if self.device.solar else ""
-        off = "the thermal governor is off and nothing protects the device from overheating"
-        if th is not None and self.cfg.governor.policy != "off":
-            try:
-                self.thermal = discover_thermal(root, self.device)
-                for line in self.thermal.describe():
-                    log.info("%s", line)
-            except SensorError as e:
-                self.thermal_disabled = f"no thermal sensor found ({e}): {off}"
-                log.critical("%s", self.thermal_disabled)
-        self.sensors = SensorSet(root, self.thermal.temp_file if self.thermal else "", battery,
-                                 solar, clock)
-        if self.thermal is not None:
-            self.trips = {t.type: t.temp_c for t in self.thermal.trips}
-            r = self.sensors.read()
-            if r.temp_c is None:
-                self.thermal_disabled = (f"thermal sensor {self.thermal.label} unreadable at "
-                                         f"start-up ({'; '.join(r.problems)}): {off}")
-                log.critical("%s", self.thermal_disabled)
-        elif th is not None:
-            self.trips = {t.type: t.temp_c for t in th.trips}
-
     # -- measuring and installing models ---------------------------------------------------
 
     def _measure_model(self, path: Path, fresh: bool = False, first_only: bool = False,
@@ -391,38 +326,18 @@ class Daemon:
                                                     and cfg.simulator.profiles) else None
         args = (path, cfg, self.backends, self.meter, self.device.name,
                 self.device.power.active_w_per_core, self.sensors.read().temp_c,
-                self._variant_refused, self._progress(), self._constraints(key), fresh,
+                self._variant_refused, progress_reporter(self.notify, self.stopping),
+                self._constraints(key), fresh,
                 recorded)
         if first_only:
             return measure_first(*args)
         return measure_model(*args, pause=self.pipeline.exclusive if self.pipeline else None)
 
+    measure_model = _measure_model  # OtaHost's: the whole schedule of a [model] directory
+
     def _variant_refused(self, variant: str, error: str) -> None:
         log.error("variant %s refused: %s; running on the others", variant, error)
         self.event("variant_refused", "critical", variant=variant, error=error)
-
-    def _progress(self) -> Callable[[int, int, str], None]:
-        """A profiling run's progress callback: stops it on a stop request, keeps systemd's
-        start timeout moving and tells the terminal how far it got."""
-        said = [-math.inf, ""]  # when and what the terminal was last told
-
-        def progress(i: int, n: int, name: str) -> None:
-            if self._stop_requested:
-                raise Stopping(f"stop requested while profiling {name} ({i}/{n})")
-            if threading.current_thread().name == "model-install":
-                crash_point("profile")  # tests: kill -9 while a new version is profiled
-            # A cold first start profiles every variant (minutes): keep systemd's start
-            # timeout moving and say how far it got.
-            self.notify.send("EXTEND_TIMEOUT_USEC=120000000",
-                             f"STATUS=profiling {name}: variant {i}/{n}")
-            # ... and the terminal (the log, stderr): a phase's first and last variant, and
-            # at most one line every PROGRESS_LOG_S in between.
-            now = time.monotonic()
-            if i == n or name != said[1] or now - said[0] >= PROGRESS_LOG_S:
-                said[:] = [now, name]
-                log.info("profiling %s: variant %d/%d", name, i, n)
-
-        return progress
 
     def _install(self, m: Measured) -> None:
         """Make measured profiles current (main thread only) and rebuild the ladder."""
@@ -451,19 +366,15 @@ class Daemon:
             key = self._model_key(s)
             if not key or key in self.source_models or key in self.failed_models:
                 continue
-            section = replace(self.cfg.model, path=str(model_path(s.model)), tiling=s.tiling,
-                              tile_size=s.tile_size, tile_overlap=s.tile_overlap, labels="",
-                              preprocess="", input_shape=())
-            sm = ServedModel(key, model_path(s.model), section)
+            sm = ServedModel.of_source(key, s, self.cfg.model)
             log.info("source %s: model %s (%s)", s.name, key, sm.path)
             try:
-                sm.install(self._measure_model(sm.path, key=key, section=section))
+                sm.install(self._measure_model(sm.path, key=key, section=sm.section))
             except Stopping:
                 raise
             except Exception as e:  # a corrupt or unusable model costs its sources only
                 self._source_model_failed(key, sm.path, e)
                 continue
-            sm.pre = sm.manifest.preprocess.apply
             self.source_models[key] = sm
         self.plan.plan_tiles({k: m.manifest for k, m in self.source_models.items()},
                              self.manifest)
@@ -479,68 +390,19 @@ class Daemon:
         self.event("source_model_failed", "critical", model=key[-256:], sources=names,
                    error=why)
 
-    def _preprocess_chooser(self):
-        """CPU or OpenCL preprocessing, measured per frame size (engine/preprocessing.py)."""
-        from runtime.engine.preprocessing import PreprocessChooser
-
-        ocl = next((b for b in self.backends if b.name == "opencl" and b.devices()), None)
-        factory, name = None, "opencl"
-        pre = self.manifest.preprocess
-        if ocl is not None and pre.layout == "NCHW" and pre.resize in ("bilinear", "nearest"):
-            from runtime.engine.backends.opencl import OpenClPreprocessor
-
-            dev = ocl.devices()[0].id
-            name = f"opencl:{dev}"
-            cache: dict = {}
-
-            def factory(shape, ocl=ocl, dev=dev, cache=cache):
-                if shape not in cache:
-                    cache[shape] = OpenClPreprocessor(ocl, dev, pre, shape)
-                return cache[shape]
-
-        self.model.pre = PreprocessChooser(pre, self.meter, self.model.idle_w, factory, name)
+    def _preprocess_chooser(self) -> Any:
+        """A new preprocessing choice for the [model] (CPU or OpenCL, measured per size)."""
+        self.model.pre = preprocess_chooser(self.backends, self.manifest, self.meter,
+                                            self.model.idle_w)
         return self.model.pre
 
     # -- background profiling ----------------------------------------------------------------
 
     def load_in_background(self, path: Path, fresh: bool, why: str,
                            wait: bool = False) -> None:
-        """Profile in a thread (minutes on a cold cache must not stall the main loop and its
-        watchdog beats); the main loop installs the result between ticks. `wait`: after the
-        profiling under way (another model chosen), instead of skipped (a re-profile)."""
-        if self._reprofiling.locked() and not wait:  # only the main thread starts one
-            self.event("reprofile_skipped", "info", reason=f"{why}: already profiling")
-            return
-        self._last_reprofile = time.monotonic()
-        log.info("profiling in the background: %s%s", why, ", after the profiling under way"
-                 if self._reprofiling.locked() else "")
-        self.event("reprofile", "info", reason=why)
-        self._background(lambda: self._measure_model(path, fresh), why, wait)
-
-    def _background(self, job: Callable[[], Measured], why: str, wait: bool = False) -> None:
-        """Run a profiling job (returning a Measured) on the reprofile thread; the main loop
-        installs its result between ticks. Skipped while another one runs, unless `wait`."""
-        if not wait and not self._reprofiling.acquire(blocking=False):
-            self.event("reprofile_skipped", "info", reason=f"{why}: already profiling")
-            return
-        gen = self._model_gen
-
-        def work() -> None:
-            if wait:
-                self._reprofiling.acquire()
-            try:
-                self.queue_install(Install(job(), why, gen=gen))
-            except Stopping:
-                log.info("background profiling abandoned: the daemon is stopping")
-            except Exception as e:
-                log.exception("profiling failed (%s); keeping the current model and profiles",
-                              why)
-                self.event("reprofile_failed", "warning", reason=why, error=str(e)[:300])
-            finally:
-                self._reprofiling.release()
-
-        self._reprofile_thread = threading.Thread(target=work, name="reprofile", daemon=True)
-        self._reprofile_thread.start()
+        """Profile `path` on the reprofile thread (runtime.device.profiling); the main loop
+        installs the result between ticks. `wait`: after the profiling under way."""
+        self.profiler.load(lambda: self._measure_model(path, fresh), why, self._model_gen, wait)
 
     def _apply_installs(self) -> None:
         while True:
@@ -562,27 +424,15 @@ class Daemon:
         """Whether a stop was requested."""
         return self._stop_requested
 
-    def measure_model(self, path: Path) -> Measured:
-        """Profile a model directory for the [model] (background threads)."""
-        return self._measure_model(path)
-
-    def queue_install(self, install: Install) -> None:
-        """Hand a measured model to the main loop (any thread)."""
-        self._installs.put(install)
-
     def install_model(self, measured: Measured, why: str) -> float:
         """Install a measured [model] and go to its top rung, or stay down (_after_rebuild);
         the seconds the ladder took (the rest loaded and warmed the session)."""
-        held = self._held_down()
+        held = self.box.held_down()
         t0 = time.perf_counter()
         self._install(measured)
         took = time.perf_counter() - t0
         self._after_rebuild(why, held)
         return took
-
-    def served(self) -> Measured:
-        """The [model]'s model as installed."""
-        return self.model.measured()
 
     def live_energy_j(self) -> float | None:
         """The running [model] variant's live energy per inference (None: none yet)."""
@@ -603,31 +453,11 @@ class Daemon:
 
     # -- the sources' plan (runtime.device.source_plan) --------------------------------------
 
-    def _lanes(self) -> list:
-        """The pipeline's sources (a source whose model failed at start is never opened)."""
-        return self.plan.lanes(self.state_dir)
-
     def _constraints(self, key: str = "") -> Constraints:
         """The selector's constraints for a model ("" = the [model]'s)."""
         c = self.cfg.constraints
         return Constraints(latency_ms=self._target(key)[0], percentile=c.percentile,
                            accuracy_floor=c.accuracy_floor)
-
-    def _target(self, key: str) -> tuple[float, str]:
-        """(per-inference target ms, why) of a model (runtime.choice.joint.targets)."""
-        return self.plan.target(key)
-
-    def _streams(self) -> list[joint.Stream]:
-        """The sources as the budget sees them (model key, rate, tiles planned)."""
-        return self.plan.streams()
-
-    def _model_key(self, s: Any) -> str:
-        """The key of a `[[sources]]` entry's model ("": the [model]'s)."""
-        return self.plan.model_key(s)
-
-    def model_used(self) -> bool:
-        """Whether any source runs the [model] section's model (OTA swaps only that one)."""
-        return self.plan.model_used()
 
     def _check_tiles(self) -> None:
         """A source whose frames cost another number of tiles than planned (a camera's size
@@ -636,7 +466,7 @@ class Daemon:
         if not why:
             return
         log.info("%s: latency targets and the ladders re-planned", why)
-        held = self._held_down()
+        held = self.box.held_down()
         try:
             self._build_ladder()
         except NoVariantError as e:
@@ -649,92 +479,21 @@ class Daemon:
     def _build_ladder(self) -> None:
         """Each model's rungs from its profiles (scaled to the simulated device when
         simulating, kept current from the running pipeline otherwise), the box's ladder with
-        several models, and the control settings for them."""
-        # every ladder first: one that cannot be built (NoVariantError) changes none of them
-        built = [(m, m.ladder(self._constraints(m.key), self._target(m.key)[1]))
-                 for m in self.models]  # each with its own target
-        sim_power = self.device.power if self.sim else None
-        self._by_live = {}
-        for m, (rungs, why) in built:
-            m.take(rungs, why, sim_power, self._live_energy)
-            self._by_live.update(m.by_live())  # every model's, by live_id (ids may clash)
-        self._build_joint()
-        self.ccfg = self._control_config()
-
-    def _control_config(self) -> control.ControlConfig:
-        """The control step's settings: the governor for the thermal trips found, the energy
-        budget for the battery, the rate rung powers are planned at."""
+        several models (runtime.device.box), and the control settings for them."""
+        self.box.build(self._constraints, self.device.power if self.sim else None,
+                       self._live_energy)
         g = self.cfg.governor
-        th = self.device.thermal
-        gcfg = None
-        if self.thermal is not None and g.policy != "off" and not self.thermal_disabled:
-            trips = self.thermal
-            gcfg = control.governor_config(self.device, g.policy,
-                                           control_c=trips.trip("passive").temp_c,
-                                           critical_c=trips.trip("critical").temp_c,
-                                           hyst_c=trips.trip("passive").hyst_c)
-        ecfg = None
-        if self.device.battery is not None and g.energy:
-            b = self.device.battery
-            ecfg = energy_mod.EnergyConfig(b.capacity_wh, self.device.power.idle_w, math.inf,
-                                           b.reserve_frac, b.charge_efficiency)
-        return control.ControlConfig(
-            governor=gcfg, energy=ecfg,
+        self.ccfg = control_config(
+            self.device, g, self.thermal if not self.thermal_disabled else None,
             # several sources: rung powers at their combined rate, so budgets are the box's
-            rate_hz=planned_rate(self._streams() if self.cfg.sources else (), g.rate_hz)
-            or self._control_rungs()[-1].max_rate_hz(),
-            min_rate_hz=g.min_rate_hz,
-            hold_invalid_s=g.hold_invalid_s, dwell_s=g.dwell_s,
-            r_total_k_per_w=(th.model.r_die_case + th.model.r_case_amb) if th else None)
+            planned_rate(self._streams() if self.cfg.sources else (), g.rate_hz)
+            or self.box.control_rungs()[-1].max_rate_hz())
 
     def _live_rungs(self, host: list[Rung] | None = None, key: str = "") -> list[Rung]:
         """Rungs (the [model]'s, or `host` of model `key`) with their live energies."""
         return [replace(r, energy_j=self._live_energy.get(live_id(key, r.variant_id),
                                                           r.energy_j))
                 for r in (self.model.host_rungs if host is None else host)]
-
-    def _build_joint(self) -> None:
-        """The box's ladder over every model's live rungs (several models only)."""
-        if not self.source_models:
-            self.joint = []
-            return
-        loads = self._loads()
-        self.joint = joint.joint_ladder(loads, sum(s.rate_hz for s in self._streams()))
-        # off the chain (live energies reordered it): the next tick moves the models onto it
-        self.joint_current, on = joint.locate(self.joint, tuple(m.current for m in self.models))
-        self._off_chain = not on
-        log.debug("the box's ladder: %s", joint.describe(loads, self.joint))
-
-    def _loads(self) -> list[joint.Load]:
-        """Each model's ladder (per inference) and the inferences and frames per second its
-        sources ask of it: the [model]'s first, then the sources' own models."""
-        streams = self._streams()
-        out = []
-        for m in self.models:
-            mine = [s for s in streams if s.model == m.key]
-            out.append(joint.Load(m.key or "[model]", tuple(m.rungs),
-                                  sum(s.rate_hz * s.tiles for s in mine),
-                                  sum(s.rate_hz for s in mine)))
-        return out
-
-    def _control_rungs(self) -> list[Rung]:
-        """The ladder the control step climbs, per frame at the combined frame rate: the
-        [model]'s rungs (x its tiles per frame), or the box's joint ladder with several
-        models (runtime.choice.joint)."""
-        if self.joint:
-            return [j.rung for j in self.joint]
-        streams = self._streams()
-        frames = sum(s.rate_hz for s in streams)
-        tiles = (sum(s.rate_hz * s.tiles for s in streams) / frames) if frames > 0 else \
-            max((s.tiles for s in streams), default=1)
-        return joint.per_frame(self.rungs, tiles)
-
-    def _control_current(self) -> int:
-        return self.joint_current if self.joint else self.current
-
-    def _held_down(self) -> bool:
-        """The control loop holds a rung under the top (hot, or short of energy)."""
-        return bool(self.rungs) and self._control_current() < len(self._control_rungs()) - 1
 
     def _after_rebuild(self, why: str, held: bool) -> None:
         """After the ladder was rebuilt: its top rung when nothing held the device down;
@@ -750,21 +509,10 @@ class Daemon:
                      0) if held else top
             m.current = min(m.current, top)
             self._move_model(m, i, why)
-        self._build_joint()
+        self.box.build_joint()
         self.cstate = replace(self.cstate, hold=replace(self.cstate.hold,
-                                                        rung=self._control_current(),
+                                                        rung=self.box.control_current(),
                                                         dwell_s=None))
-
-    def _apply_control_rung(self, rung: int, why: str) -> None:
-        """Run the control step's rung: the [model]'s, or each model's part of a box rung."""
-        picks = self.joint[rung].picks if self.joint else (rung,)
-        for m, i in zip(self.models, picks, strict=True):
-            if i != m.current or not self.joint:
-                self._move_model(m, i, why)
-        if self.joint:  # a failed switch: keep what runs
-            k, on = joint.locate(self.joint, tuple(m.current for m in self.models))
-            self.joint_current, self._off_chain = (k, False) if on else (self.joint_current,
-                                                                         True)
 
     def _move_model(self, m: ServedModel, rung: int, why: str) -> None:
         """Switch one model to a rung of its ladder (an event); the [model]'s also updates
@@ -772,10 +520,6 @@ class Daemon:
         if self.switch.move(m, rung, why, self.pipeline) and m is self.model:
             self.notify.status(self.status_line())
             self.rebirth()
-
-    def _session(self, rung: int) -> Active:
-        """Load and warm the session of a [model] rung (the caller swaps it in)."""
-        return self.model.session(rung)
 
     def _move(self, rung: int, t: float, why: str) -> None:
         """Switch the [model] to `rung` (`t`: the reading's time, unused)."""
@@ -805,10 +549,7 @@ class Daemon:
     def frame_rung(self) -> Rung | None:
         """The running rung per frame of any source (tiles and several models counted):
         what one frame costs in energy and time now."""
-        if self.pipeline is None or not self.rungs:
-            return None
-        rungs = self._control_rungs()
-        return rungs[min(self._control_current(), len(rungs) - 1)]
+        return None if self.pipeline is None or not self.rungs else self.box.frame_rung()
 
     def _sim_load(self) -> tuple[Rung | None, float]:
         """The rung running and the rate it is offered (what the simulated device heats
@@ -855,28 +596,8 @@ class Daemon:
         return health(self)
 
     def models_health(self) -> dict[str, Any]:
-        """health's `models`: each model the sources use, its ladder position and target,
-        and with several models the box's rung (runtime/choice/joint.py)."""
-        streams = self._streams()
-        out = []
-        for ld, m in zip(self._loads(), self.models, strict=True):
-            a = self.pipeline.target_of(m.key) if self.pipeline else None
-            r = m.rungs[min(m.current, len(m.rungs) - 1)]
-            # a bare .onnx's accuracy is unknown (its rung takes it as 1.0): null, not 1.0
-            prof = self._by_live.get(live_id(m.key, r.variant_id))
-            acc = r.accuracy if prof is None or prof.accuracy is not None else None
-            # a long path as key: its end (the schema allows 256 characters)
-            out.append({"key": m.key[-256:], "model": m.manifest.name,
-                        "choice": a.variant_id if a else "",
-                        "rung": m.current + 1, "rungs": len(m.rungs), "accuracy": acc,
-                        "rung_energy_mj": round(r.energy_j * 1e3, 4),
-                        "target_ms": round(self._target(m.key)[0], 4),
-                        "infer_hz": round(ld.infer_hz, 3), "power_w": round(
-                            r.power_w(ld.infer_hz), 4),
-                        "sources": [st.name for st in streams if st.model == m.key],
-                        "reason": m.reason})
-        box = {"rung": self.joint_current + 1, "rungs": len(self.joint)} if self.joint else {}
-        return {"models": share_reasons(out), **({"box": box} if box else {})}
+        """health's `models` (and `box`): runtime.device.box."""
+        return self.box.health(self.pipeline)
 
     # -- control ------------------------------------------------------------------------------
 
@@ -884,46 +605,32 @@ class Daemon:
         """Read sensors, run the one control step, apply its rung and rate cap."""
         r = self.sensors.read()
         self.reading = r
-        self._note_sensor_problems(r)
+        if (said := self.sensor_watch.read(r, self.cfg.governor.hold_invalid_s)) is not None:
+            self.event("sensor_invalid", "warning", problems=list(r.problems), bad_reads=said)
         self._update_live_energy()
         assert self.ccfg is not None
         self._check_tiles()
-        self.cstate, out = control.step(self.cstate, r, self._control_rungs(), self.ccfg,
-                                        self._control_current(), self.operator_rate_hz)
+        box = self.box
+        self.cstate, out = control.step(self.cstate, r, box.control_rungs(), self.ccfg,
+                                        box.control_current(), self.operator_rate_hz)
         self.control_out = out
         for e in out.events:
             (log.critical if e.severity == "critical" else log.warning)("%s: %s", e.type,
                                                                          e.detail)
             self.event(e.type, e.severity, detail=e.detail)
         self.pipeline.rate_cap_hz = out.rate_cap_hz
-        if out.rung != self._control_current() or self._off_chain:
-            self._apply_control_rung(out.rung, out.reason or "budget")
-        if self._control_current() != out.rung:  # the switch failed: keep what runs
+        if out.rung != box.control_current() or box.off_chain:
+            for m, i in box.picks(out.rung):  # the [model]'s rung, or each model's part
+                self._move_model(m, i, out.reason or "budget")
+            box.relocate()
+        if box.control_current() != out.rung:  # the switch failed: keep what runs
             self.cstate = replace(self.cstate, hold=replace(self.cstate.hold,
-                                                            rung=self._control_current()))
+                                                            rung=box.control_current()))
         self._persist()
         self._check_conditions(r.temp_c)
         self.ota.tick()  # probation of a new model version
         if self.sleeper:  # duty cycling: the schedule's cap, and the sleep between bursts
             self.sleeper.after_control()
-
-    def _note_sensor_problems(self, r: Reading) -> None:
-        """A sensor read that went bad (or good again): said at most once a minute, with a
-        count (a flaky file must not flood the log)."""
-        if bool(r.problems) == bool(self._last_problems):
-            return
-        now = time.monotonic()
-        if r.problems:
-            self._sensor_bad += 1
-            if now - self._sensor_said >= 60:
-                self._sensor_said = now
-                log.warning("sensor problem: %s (the last valid value is held for %g s, "
-                            "then the governor fails safe; %d bad reads so far)",
-                            "; ".join(r.problems), self.cfg.governor.hold_invalid_s,
-                            self._sensor_bad)
-                self.event("sensor_invalid", "warning", problems=list(r.problems),
-                           bad_reads=self._sensor_bad)
-        self._last_problems = r.problems
 
     def _update_live_energy(self) -> None:
         """Keep the running rung's energy per inference current: the inference threads' CPU
@@ -940,30 +647,18 @@ class Daemon:
             self.pipeline.take_infer_cpu()
             return
         running = self._running_id()
-        if not _has_native_pool(self.by_id.get(running)):
+        if not has_native_pool(self.by_id.get(running)):
             # its inference all ran in the timed thread: the process's native threads (OpenCV,
             # BLAS, ...) did other work, 2-9 ms a control tick in the first seconds after a
             # start, which billed to it made a 0.3 ms model read 2-4x its cost (docs/ota.md)
             d_native = 0.0
-        for vid, (n, cpu) in self.pipeline.take_infer_cpu().items():
-            n0, c0 = self._live_acc.get(vid, (0, 0.0))
-            self._live_acc[vid] = (n0 + n, c0 + cpu + (d_native if vid == running else 0.0))
-        for vid, (n, cpu) in list(self._live_acc.items()):
-            if n < LIVE_MIN_INFERENCES or vid not in self._by_live:
-                continue
-            del self._live_acc[vid]
-            p = self._by_live[vid]
-            j_per_cpu = (p.energy_mj / p.cpu_ms) if p.cpu_ms and p.energy_mj > 0 else \
-                self.device.power.active_w_per_core
-            joules = cpu / n * j_per_cpu
-            old = self._live_energy.get(vid)
-            self._live_energy[vid] = joules if old is None else (
-                LIVE_ALPHA * joules + (1 - LIVE_ALPHA) * old)
+        fold(self._live_acc, self._live_energy, self.pipeline.take_infer_cpu(), self._by_live,
+             running, d_native, lambda: self.device.power.active_w_per_core)
         self.rungs = self._live_rungs()
         for sm in self.source_models.values():
             sm.rungs = self._live_rungs(sm.host_rungs, sm.key)
         if self.source_models:
-            self._build_joint()
+            self.box.build_joint()
 
     def _running_id(self) -> str:
         a = self.pipeline.active
@@ -980,29 +675,22 @@ class Daemon:
     def _check_conditions(self, temp: float | None) -> None:
         """Re-profile when the temperature moved far from the profiling one, or inference
         became slower than profiled (throttling); at most once per 10 minutes. Never for a
-        simulated device: its temperature is not this host's."""
-        if self.sim or time.monotonic() - self._last_reprofile < 600:
+        simulated device: its temperature is not this host's; nor during the start-up
+        refinement: asked again when it ends."""
+        if self.sim or time.monotonic() - self.profiler.last < REPROFILE_EVERY_S or (
+                self.profiler.busy()):
             return
-        if self._reprofiling.locked():  # the start-up refinement: asked again when it ends
-            return
-        why = None
-        profiled = self.model.temp_c
-        if temp is not None and profiled is not None and abs(
-                temp - profiled) > self.cfg.daemon.reprofile_temp_delta_c:
-            why = f"temperature {temp:.1f} °C, profiled at {profiled:.1f} °C"
         a = self.pipeline.active
         # the [model]'s own inferences (not another camera's model's, nor a tiled frame's
         # whole time), over the last 30 s: what its profile's per-inference p95 measured
         mine = self.pipeline.models.tally(model_id("", self.manifest), time.time() - 30)
         p95 = float(np.percentile(mine.latencies_ms, 95)) if mine.latencies_ms else None
         prof = self.by_id.get(a.variant_id) if a else None
-        # Both a ratio and an absolute margin: sub-millisecond models run a little slower
-        # paced (cold caches) than profiled back to back, and that is not throttling.
-        if prof and p95 and mine.results >= 50 and (
-                p95 > self.cfg.daemon.slow_factor * prof.latency(95)
-                and p95 - prof.latency(95) > 1.0):
-            why = (f"p95 {p95:.2f} ms vs {prof.latency(95):.2f} ms profiled: the device is "
-                   "slower than when profiled (throttling?)")
+        d = self.cfg.daemon
+        why, slow = reprofile_reason(temp, self.model.temp_c, d.reprofile_temp_delta_c, p95,
+                                     prof.latency(95) if prof else None, mine.results,
+                                     d.slow_factor)
+        if slow:
             self.event("slow_inference", "warning", variant=a.variant_id, p95_ms=p95)
         if why:
             self.reprofile(why)
@@ -1013,7 +701,7 @@ class Daemon:
 
     def reprofile_now(self, why: str) -> None:
         """Re-profile, however recently the last one ran (an operator's command)."""
-        self._last_reprofile = -math.inf
+        self.profiler.last = -math.inf
         self.reprofile(why)
 
     # -- commands and reload ------------------------------------------------------------------
@@ -1022,15 +710,11 @@ class Daemon:
         """Apply a verified command (runtime.device.commands)."""
         commands.handle(self, cmd)
 
-    def retry_switches_now(self) -> None:
-        """A switch in backoff is tried again at once (a command that may have mended it)."""
-        self.switch.retry_now()
-
     def set_constraints(self, c, why: str = "new constraints", governor=None) -> None:
         """Rebuild the ladder for new constraints (and governor settings) and go to its top
         (or stay down, see _after_rebuild); on NoVariantError everything stays as it was."""
         old = self.cfg
-        held = self._held_down()
+        held = self.box.held_down()
         self.cfg = replace(self.cfg, constraints=c, governor=governor or self.cfg.governor)
         try:
             self._build_ladder()
@@ -1042,41 +726,21 @@ class Daemon:
         self._after_rebuild(why, held)
 
     def reload(self) -> None:
-        """SIGHUP: re-read the config and apply constraints and governor. Any failure, of any
-        kind, is logged and reported (`config_reload_failed`) and the old config stays."""
+        """SIGHUP: re-read the config and apply constraints and governor; a failure of any
+        kind is reported and the old config stays (runtime.device.commands.reload)."""
         if self.config_path is None:
             log.warning("SIGHUP without --config: nothing to reload")
             return
-        old = self.cfg
-        self.switch.retry_now()  # a new config: a failing switch is tried again at once
-        try:
-            new = load(self.config_path)
-            new = replace(new, constraints=self.operator.constraints(new.constraints))
-            if self.print_results:  # `serve --print` outlives reloads, as settings do
-                new = replace(new, results=replace(new.results, print=True))
-            restart = [k for k in RESTART_SECTIONS if getattr(new, k) != getattr(old, k)]
-            self.set_constraints(new.constraints, "config reloaded", new.governor)
-        except Exception as e:  # ConfigError, NoVariantError (as ValueError), or anything else
-            self._reload_failed(old, e)
-            return
-        log.info("config reloaded (constraints and governor applied)%s",
-                 f"; changes to {', '.join(restart)} need a restart" if restart else "")
-        self.event("config_reloaded", "info", needs_restart=restart)
+        commands.reload(self, self.config_path, self.print_results)
 
-    def _reload_failed(self, old: Config, e: Exception) -> None:
-        if self.cfg is not old:  # failed half-way through applying: back to the old one
-            self.cfg = old
-            try:
-                self._build_ladder()
-                self.pipeline.latency_target_ms = old.constraints.latency_ms
-            except Exception:
-                log.exception("could not rebuild the ladder of the previous config")
-        expected = isinstance(e, ConfigError | ValueError)
-        why = str(e) if expected else f"{type(e).__name__}: {e}"
-        log.error("config reload refused, still running with the previous config: %s", why,
-                  exc_info=not expected)  # an unexpected one is a bug: keep its traceback
-        self.event("config_reload_failed", "warning", path=str(self.config_path),
-                   error=why[:500])
+    def restore_config(self, old: Config) -> None:
+        """Back to `old` after a reload failed half-way through applying it."""
+        self.cfg = old
+        try:
+            self._build_ladder()
+            self.pipeline.latency_target_ms = old.constraints.latency_ms
+        except Exception:
+            log.exception("could not rebuild the ladder of the previous config")
 
     # -- main loop ----------------------------------------------------------------------------
 
@@ -1137,6 +801,10 @@ class Daemon:
         self._stop_requested = True  # only a flag: no locks, no I/O in a signal handler
 
     def _on_reload_signal(self, *_: Any) -> None:
+        self.request_reload()
+
+    def request_reload(self) -> None:
+        """Reload the config at the main loop's next turn (only a flag: signal-safe)."""
         self._reload_requested = True
 
     def _drain_commands(self) -> None:
@@ -1168,10 +836,10 @@ class Daemon:
             steps.append(("local results", self.local.stop))  # what the drained frames made
         if self.local_api:
             steps.append(("the local API", self.local_api.stop))
-        if self._reprofile_thread is not None:
+        if self.profiler.thread is not None:
             # It stops at its next variant (progress raises Stopping); an engine call that is
             # still running when the interpreter exits aborts the process.
-            steps.append(("re-profiling", lambda: self._reprofile_thread.join(60)))
+            steps.append(("re-profiling", lambda: self.profiler.thread.join(60)))
         if self.ota is not None and self.ota.thread is not None:
             # a model install stops at its next variant, too
             steps.append(("a model install", lambda: self.ota.thread.join(60)))
@@ -1203,7 +871,7 @@ def serve(config_path: Path | None, print_results: bool = False,
     daemon.print_results = print_results
     daemon.install_signal_handlers()
     if reload_pending():
-        daemon._reload_requested = True  # as its handler would have done
+        daemon.request_reload()  # as its handler would have done
     try:
         daemon.start()
     except Stopping as e:
@@ -1219,10 +887,3 @@ def serve(config_path: Path | None, print_results: bool = False,
 __all__ = ["Daemon", "Stopping", "ladder_for", "rung_label", "serve", "share_reasons",
            "versions"]
 
-
-def _has_native_pool(profile: Profile | None) -> bool:
-    """Whether a variant's engine may run inference on native threads of its own (then their
-    CPU is its cost): not ONNX Runtime with one intra-op thread (its backend sets one inter-op
-    thread too), which runs every node in the calling thread. Unknown: assumed it may."""
-    return not (profile is not None and profile.engine == "onnxruntime"
-                and profile.threads == 1)

@@ -19,6 +19,7 @@ import numpy as np
 from runtime.choice.ladders import Rung, ladder_for, on_device
 from runtime.choice.measure import Measured
 from runtime.choice.selector import Constraints, Profile
+from runtime.frames.multisource import model_path
 from runtime.frames.pipeline import Active, live_id
 
 log = logging.getLogger("edgerun.daemon")  # the journal's name for the ladder lines
@@ -44,6 +45,15 @@ class ServedModel:
         self.reason = ""  # why the ladder is what it is (the choice, its target)
         self.pre: Any = None  # its preprocessing (None: the pipeline's own)
 
+    @classmethod
+    def of_source(cls, key: str, s: Any, model: Any) -> ServedModel:
+        """The model of `[[sources]]` entry `s` (key `key`), with a [model]-like section made
+        from `model` (runtime.config.ModelConfig) and the entry's path and tiling."""
+        path = model_path(s.model)
+        return cls(key, path, replace(model, path=str(path), tiling=s.tiling,
+                                      tile_size=s.tile_size, tile_overlap=s.tile_overlap,
+                                      labels="", preprocess="", input_shape=()))
+
     @property
     def root(self) -> Any:
         """Its model directory: what a variant's backoff is keyed by, with the key (two
@@ -51,9 +61,13 @@ class ServedModel:
         return self.path if self.path is not None else self.manifest.root
 
     def install(self, m: Measured) -> None:
-        """Take a new measurement (the ladder is rebuilt by the caller, `ladder`, `take`)."""
+        """Take a new measurement (the ladder is rebuilt by the caller, `ladder`, `take`). A
+        source's model preprocesses with its own manifest's (the [model]'s: the daemon's
+        chooser, set apart)."""
         self.manifest, self.profiles, self.idle_w = m.manifest, m.profiles, m.idle_w
         self.loaders, self.temp_c = m.loaders, m.temp_c
+        if self.key:
+            self.pre = m.manifest.preprocess.apply  # one bound method: the pipeline caches
 
     def measured(self) -> Measured:
         """The measurement installed (a rollback installs the previous one again)."""
@@ -114,3 +128,27 @@ class ServedModel:
         backend, variant = self.loaders[a.variant_id]
         return Active(a.rung, a.variant_id, backend.load(variant), a.input_shape,
                       a.manifest or self.manifest, a.pre or self.pre)
+
+
+def preprocess_chooser(backends: list, manifest: Any, meter: Any, idle_w: float) -> Any:
+    """CPU or OpenCL preprocessing for `manifest`, measured per frame size
+    (runtime.engine.preprocessing.PreprocessChooser): OpenCL where a device has it and the
+    model's preprocessing is one it implements."""
+    from runtime.engine.preprocessing import PreprocessChooser
+
+    ocl = next((b for b in backends if b.name == "opencl" and b.devices()), None)
+    factory, name = None, "opencl"
+    pre = manifest.preprocess
+    if ocl is not None and pre.layout == "NCHW" and pre.resize in ("bilinear", "nearest"):
+        from runtime.engine.backends.opencl import OpenClPreprocessor
+
+        dev = ocl.devices()[0].id
+        name = f"opencl:{dev}"
+        cache: dict = {}
+
+        def factory(shape, ocl=ocl, dev=dev, cache=cache):
+            if shape not in cache:
+                cache[shape] = OpenClPreprocessor(ocl, dev, pre, shape)
+            return cache[shape]
+
+    return PreprocessChooser(pre, meter, idle_w, factory, name)

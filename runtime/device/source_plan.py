@@ -29,8 +29,9 @@ class SourcePlan:
     """The plan of one daemon's sources; `config()` is its configuration now (a reload or a
     command changes the constraints, never the sources)."""
 
-    def __init__(self, config: Callable[[], Any]):
+    def __init__(self, config: Callable[[], Any], state_dir: Path):
         self.config = config  # -> runtime.config.Config
+        self.state_dir = state_dir  # where a source keeps its state (a trigger's replay)
         self.device_id = ""  # the telemetry client id the triggers' ids derive from
         self.tiles: dict[str, int] = {}  # source name -> tiles per frame planned with
         # models of sources that could not be loaded or measured at start: key -> why. Their
@@ -87,15 +88,16 @@ class SourcePlan:
         got = joint.targets(c.latency_ms, streams)
         return got.get(key) or aggregate(c.latency_ms, [s.rate_hz for s in streams])
 
-    def lanes(self, state_dir: Path) -> list:
+    def lanes(self) -> list:
         """The pipeline's sources: one `[source]`, or each of `[[sources]]` (a trigger gets a
         client id of its own so two do not take over each other's session)."""
         cfg = self.config()
         if not cfg.sources:
             return single(cfg.source, lambda: open_source(
-                cfg.source, state_dir, cfg.telemetry.broker, self.device_id))
+                cfg.source, self.state_dir, cfg.telemetry.broker, self.device_id))
         out = lanes(cfg.sources, lambda s, i: open_source(
-            s, state_dir, cfg.telemetry.broker, f"{self.device_id}-{s.name}"), self.model_key)
+            s, self.state_dir, cfg.telemetry.broker, f"{self.device_id}-{s.name}"),
+                    self.model_key)
         for lane in out:  # a source whose model failed at start is never opened
             if lane.model in self.failed:
                 lane.refused, lane.model, lane.share = self.failed[lane.model], "", 0.0
