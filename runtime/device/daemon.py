@@ -11,11 +11,13 @@ The main thread then runs the control loop: governor + energy budget every `gove
 signals: SIGTERM drains in-flight frames and stops; SIGHUP reloads the config (an invalid file
 is reported and the old config kept).
 
-`Daemon` is the composition root: it wires the parts and loops. A model and its ladder is
-runtime/device/served_model.py (the [model]'s and each source's own alike), switching rungs
-runtime/device/rung_switch.py, the commands runtime/device/commands.py, the operator's state
-runtime/device/operator_state.py, the sources' plan runtime/device/source_plan.py; OTA, sleep
-and health reach the daemon through the Protocols of runtime/device/host.py.
+`Daemon` is the composition root: `start()` names its steps, `run()` is the main loop, and the
+work lives in its parts (runtime/device/): a model and its ladder `served_model.py` (the
+[model]'s and each source's own alike), the models and the box's ladder `box.py`, the sources'
+keys, tiles and targets `source_plan.py`, switching rungs `rung_switch.py`, the commands and
+SIGHUP `commands.py`, the operator's state `operator_state.py`, background profiling
+`profiling.py`, sensors `sensing.py`, live energy `live_energy.py`. OTA, sleep and health
+reach the daemon through the Protocols of `host.py`.
 """
 
 from __future__ import annotations
@@ -29,8 +31,6 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from power import control
 from power.cputime import native_threads_cpu_s
@@ -51,10 +51,8 @@ from runtime.device.local_api import LocalApi, start_local_api
 from runtime.device.operator_state import OperatorState
 from runtime.device.ota import DeviceOta
 from runtime.device.profiling import (
-    REPROFILE_EVERY_S,
     Profiler,
     progress_reporter,
-    reprofile_reason,
 )
 from runtime.device.rung_switch import RungSwitch, rung_label
 from runtime.device.sensing import SensorWatch, control_config, open_sensors
@@ -62,7 +60,6 @@ from runtime.device.served_model import ServedModel, preprocess_chooser
 from runtime.device.source_plan import SourcePlan, bundled_model
 from runtime.device.systemd import Notifier
 from runtime.engine.backends import discover
-from runtime.frames.model_counts import model_id
 from runtime.frames.multisource import planned_rate
 from runtime.frames.pipeline import Active, Pipeline, live_id
 from runtime.frames.results_local import LocalResults
@@ -137,7 +134,6 @@ class Daemon:
         self._live_energy: dict[str, float] = {}  # live_id -> J per inference, live
         self._live_acc: dict[str, tuple[int, float]] = {}
         self._native_cpu = 0.0
-        self._saved_slot: int | None = None
         self.history = HealthHistory(self.state_dir)  # for `edgerun report` when offline
         # -- background profiling --
         self._installs: queue.Queue[Install] = queue.Queue()
@@ -196,18 +192,10 @@ class Daemon:
         """Commands sent earlier outlive restarts (and the config file's [constraints]); so
         do the harvest forecast learnt and the operator's rate cap."""
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        energy_state = self.operator.load()
+        self.cstate = replace(self.cstate, energy=self.operator.load())
         if self.operator.settings:
-            log.info("operator settings from %s override [constraints]: %s",
-                     self.operator.settings_file, self.operator.settings)
             self.cfg = replace(self.cfg, constraints=self.operator.constraints(
                 self.cfg.constraints))
-        self.cstate = replace(self.cstate, energy=energy_state)
-        rate = self.operator.rate_hz
-        if energy_state is not None or math.isfinite(rate):
-            log.info("control state restored from %s (harvest forecast %s, operator rate cap "
-                     "%s)", self.operator.control_file, "kept" if energy_state else "none",
-                     f"{rate:g} Hz" if math.isfinite(rate) else "none")
 
     def _open_device(self) -> None:
         """The device profile, the simulator (if enabled), the sensors and the power meter."""
@@ -626,7 +614,7 @@ class Daemon:
         if box.control_current() != out.rung:  # the switch failed: keep what runs
             self.cstate = replace(self.cstate, hold=replace(self.cstate.hold,
                                                             rung=box.control_current()))
-        self._persist()
+        self.operator.keep_energy(self.cstate.energy)  # when an hour slot closed
         self._check_conditions(r.temp_c)
         self.ota.tick()  # probation of a new model version
         if self.sleeper:  # duty cycling: the schedule's cap, and the sleep between bursts
@@ -664,34 +652,14 @@ class Daemon:
         a = self.pipeline.active
         return a.variant_id if a else ""
 
-    def _persist(self) -> None:
-        """Save the harvest forecast when an hour slot closes (and caps when they change)."""
-        e = self.cstate.energy
-        slot = e.slot_index if e is not None else None
-        if slot != self._saved_slot:
-            self._saved_slot = slot
-            self.operator.save_control(e)
-
     def _check_conditions(self, temp: float | None) -> None:
-        """Re-profile when the temperature moved far from the profiling one, or inference
-        became slower than profiled (throttling); at most once per 10 minutes. Never for a
-        simulated device: its temperature is not this host's; nor during the start-up
-        refinement: asked again when it ends."""
-        if self.sim or time.monotonic() - self.profiler.last < REPROFILE_EVERY_S or (
-                self.profiler.busy()):
+        """Re-profile when the device asks for it (runtime.device.profiling.Profiler.due);
+        never for a simulated device: its temperature is not this host's."""
+        if self.sim:
             return
-        a = self.pipeline.active
-        # the [model]'s own inferences (not another camera's model's, nor a tiled frame's
-        # whole time), over the last 30 s: what its profile's per-inference p95 measured
-        mine = self.pipeline.models.tally(model_id("", self.manifest), time.time() - 30)
-        p95 = float(np.percentile(mine.latencies_ms, 95)) if mine.latencies_ms else None
-        prof = self.by_id.get(a.variant_id) if a else None
-        d = self.cfg.daemon
-        why, slow = reprofile_reason(temp, self.model.temp_c, d.reprofile_temp_delta_c, p95,
-                                     prof.latency(95) if prof else None, mine.results,
-                                     d.slow_factor)
+        why, slow = self.profiler.due(temp, self.pipeline, self.model, self.cfg.daemon)
         if slow:
-            self.event("slow_inference", "warning", variant=a.variant_id, p95_ms=p95)
+            self.event("slow_inference", "warning", **slow)
         if why:
             self.reprofile(why)
 

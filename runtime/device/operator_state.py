@@ -46,6 +46,7 @@ class OperatorState:
         self.dir = Path(state_dir)
         self.settings: dict[str, float] = {}  # constraints field -> value
         self.rate_hz = math.inf  # `set_rate`; inf: no operator cap
+        self._saved_slot: int | None = None  # the energy state's slot last saved
 
     @property
     def control_file(self) -> Path:
@@ -58,9 +59,18 @@ class OperatorState:
         return self.dir / SETTINGS_FILE
 
     def load(self) -> EnergyState | None:
-        """Read both files (start-up); the learnt energy state, None when there is none."""
+        """Read both files (start-up), saying what they restore; the learnt energy state,
+        None when there is none."""
         self.settings = load_settings(self.dir)
-        energy, self.rate_hz = load_control(self.control_file)
+        if self.settings:
+            log.info("operator settings from %s override [constraints]: %s",
+                     self.settings_file, self.settings)
+        energy, rate = load_control(self.control_file)
+        self.rate_hz = rate
+        if energy is not None or math.isfinite(rate):
+            log.info("control state restored from %s (harvest forecast %s, operator rate cap "
+                     "%s)", self.control_file, "kept" if energy else "none",
+                     f"{rate:g} Hz" if math.isfinite(rate) else "none")
         return energy
 
     def constraints(self, constraints: Any) -> Any:
@@ -77,6 +87,13 @@ class OperatorState:
         """`set_rate`: the operator's cap (0 = none), kept with the energy state."""
         self.rate_hz = fps or math.inf
         self.save_control(energy)
+
+    def keep_energy(self, energy: EnergyState | None) -> None:
+        """Save the harvest forecast when an hour slot closed (every control tick)."""
+        slot = energy.slot_index if energy is not None else None
+        if slot != self._saved_slot:
+            self._saved_slot = slot
+            self.save_control(energy)
 
     def save_control(self, energy: EnergyState | None) -> None:
         """Keep the energy state (an hour slot closed) with the operator's cap."""

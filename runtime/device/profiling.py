@@ -16,8 +16,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from runtime.choice.measure import Measured
 from runtime.device.host import Install, Stopping
+from runtime.frames.model_counts import model_id
 from runtime.ota.store import crash_point
 
 log = logging.getLogger("edgerun.daemon")  # the journal's name for these lines
@@ -103,6 +106,26 @@ class Profiler:
 
         self.thread = threading.Thread(target=work, name="reprofile", daemon=True)
         self.thread.start()
+
+    def due(self, temp: float | None, pipeline: Any, model: Any,
+            daemon_cfg: Any) -> tuple[str | None, dict[str, Any] | None]:
+        """(why a re-profile of the [model] is due or None, the `slow_inference` event's
+        fields when it runs slower than profiled): the temperature `temp` moved far from the
+        profiling one, or inference became slower than profiled (throttling); at most once
+        per REPROFILE_EVERY_S, and not while a job runs (the start-up refinement: asked again
+        when it ends). `model`: the [model]'s ServedModel; `daemon_cfg`: [daemon]."""
+        if time.monotonic() - self.last < REPROFILE_EVERY_S or self.busy():
+            return None, None
+        a = pipeline.active
+        # the [model]'s own inferences (not another camera's model's, nor a tiled frame's
+        # whole time), over the last 30 s: what its profile's per-inference p95 measured
+        mine = pipeline.models.tally(model_id("", model.manifest), time.time() - 30)
+        p95 = float(np.percentile(mine.latencies_ms, 95)) if mine.latencies_ms else None
+        prof = model.by_id.get(a.variant_id) if a else None
+        why, slow = reprofile_reason(temp, model.temp_c, daemon_cfg.reprofile_temp_delta_c,
+                                     p95, prof.latency(95) if prof else None, mine.results,
+                                     daemon_cfg.slow_factor)
+        return why, {"variant": a.variant_id, "p95_ms": p95} if slow else None
 
 
 def reprofile_reason(temp: float | None, profiled_temp: float | None, delta_c: float,
