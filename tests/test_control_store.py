@@ -1,5 +1,5 @@
 """What the control loop learned survives restarts: the harvest forecast (a solar node learns it
-over days) and the operator's rate cap (runtime/device/control_store.py)."""
+over days) and the operator's rate cap (runtime/device/operator_state.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from power import energy as energy_mod
 from power.plant import solar_trace
 from power.rungs import Rung
 from power.sensors import Reading
-from runtime.device import control_store
+from runtime.device import operator_state
 from runtime.device.profiles import load_profile
 
 RUNGS = [Rung("small", 0.80, 0.2, 0.005), Rung("big", 0.98, 0.6, 0.010)]  # 2 W and 6 W at 10 Hz
@@ -42,8 +42,8 @@ def test_a_restart_mid_trace_keeps_the_forecast(tmp_path):
         s, budgets = control.ControlState(), []
         for i, r in enumerate(readings):
             if restart and i == half:
-                control_store.save(tmp_path / "control.json", s.energy, 2.0)
-                energy, rate = control_store.load(tmp_path / "control.json")
+                operator_state.save_control(tmp_path / "control.json", s.energy, 2.0)
+                energy, rate = operator_state.load_control(tmp_path / "control.json")
                 assert rate == 2.0
                 s = control.ControlState(energy=energy)  # everything else starts afresh
             s, out = control.step(s, r, RUNGS, cfg, 1)
@@ -53,7 +53,7 @@ def test_a_restart_mid_trace_keeps_the_forecast(tmp_path):
     straight, restarted = run(False), run(True)
     assert any(0 < b < math.inf for b in straight[half:])  # the forecast matters after half
     assert restarted == straight
-    energy, _ = control_store.load(tmp_path / "control.json")
+    energy, _ = operator_state.load_control(tmp_path / "control.json")
     s = control.ControlState()  # without the file: the forecast starts from zero again
     for r in readings[half:half + 10]:
         s, _ = control.step(s, r, RUNGS, cfg, 1)
@@ -66,7 +66,7 @@ def test_a_restart_mid_trace_keeps_the_forecast(tmp_path):
 def test_a_broken_file_is_moved_aside_and_the_loop_starts_fresh(tmp_path, content):
     f = tmp_path / "control.json"
     f.write_text(content)
-    assert control_store.load(f) == (None, math.inf)
+    assert operator_state.load_control(f) == (None, math.inf)
     assert (tmp_path / "control.json.bad").read_text() == content and not f.exists()
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from runtime.device import control_store
+from runtime.device import operator_state
 
 
 def test_a_deeply_nested_control_state_is_moved_aside_not_a_crash_loop(tmp_path):
@@ -12,7 +12,7 @@ def test_a_deeply_nested_control_state_is_moved_aside_not_a_crash_loop(tmp_path)
     and `serve` died at every start."""
     path = tmp_path / "control.json"
     path.write_text("[" * 100_000)
-    assert control_store.load(path) == (None, math.inf)
+    assert operator_state.load_control(path) == (None, math.inf)
     assert (tmp_path / "control.json.bad").exists() and not path.exists()
 
 
@@ -20,10 +20,10 @@ DEEP = "[" * 100_000
 
 
 def test_a_deeply_nested_operator_settings_file_is_moved_aside(tmp_path):
-    from runtime.device import operator_settings
+    from runtime.device import operator_state
 
-    (tmp_path / operator_settings.FILE).write_text(DEEP)
-    assert operator_settings.load(tmp_path) == {}
+    (tmp_path / operator_state.SETTINGS_FILE).write_text(DEEP)
+    assert operator_state.load_settings(tmp_path) == {}
 
 
 def test_a_deeply_nested_model_pointer_is_moved_aside(tmp_path):

@@ -9,18 +9,18 @@ from __future__ import annotations
 
 import math
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from runtime.device.daemon import Daemon
+from runtime import __version__
+from runtime.device.host import HealthHost
 
 
 def _num(x: float | None, nd: int = 3) -> float | None:
     return None if x is None or not math.isfinite(x) else round(x, nd)
 
 
-def health(d: Daemon) -> dict[str, Any]:
-    """One health message for daemon `d`."""
+def health(d: HealthHost) -> dict[str, Any]:
+    """One health message from the daemon `d`."""
     r = d.reading
     out = d.control_out
     a = d.pipeline.active
@@ -66,6 +66,35 @@ def health(d: Daemon) -> dict[str, Any]:
         h["mqtt"] = d.publisher.health()
     if d.sim:
         h["simulated"] = d.sim.report()
-    if getattr(d, "sleeper", None):
+    if d.sleeper:
         h["sleep"] = d.sleeper.health()
     return h
+
+
+def versions() -> dict[str, str]:
+    """Versions of edgerun and the engines, for birth and health."""
+    out = {"edgerun": __version__}
+    for mod, name in (("onnxruntime", "onnxruntime"), ("openvino", "openvino"),
+                      ("cv2", "opencv")):
+        try:
+            out[name] = str(__import__(mod).__version__)
+        except Exception:  # an engine that is not installed has no version to report
+            continue
+    return out
+
+
+MODELS_REASON_CHARS = 8_000  # health's models[].reason, all models together
+
+
+def share_reasons(models: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """health's `models` with each reason cut to its share of MODELS_REASON_CHARS (at most
+    the schema's 4096): 65 models' reasons of ~1000 characters, with their keys and sources,
+    pushed health over the 64 KiB a coordinator admits (64 sources on 64 models with short
+    paths measured 54 KB even so: the rest is per-source and per-model figures). Cut at the
+    end: the choice and its target come first; the sources' share of the box, the same for
+    every model, is also in the top-level choice_reason."""
+    per = min(4000, MODELS_REASON_CHARS // max(len(models), 1))
+    for m in models:
+        if len(m["reason"]) > per:
+            m["reason"] = m["reason"][:per - 3] + "..."
+    return models

@@ -16,7 +16,9 @@
   own models (choice/joint.py), frames, errors and p95 count only the [model] section's model
   (runtime/frames/model_counts.py: by pipeline key and model directory, so the old version's frames
   are not the new one's either), p95 is per inference and is compared with that model's own
-  per-inference target (`Daemon._target("")`: `[constraints] latency_ms` on a one-source box).
+  per-inference target (`OtaHost.target_ms`: `[constraints] latency_ms` on a one-source box).
+
+The daemon is reached through runtime.device.host.OtaHost, the few calls this module needs.
 """
 
 from __future__ import annotations
@@ -32,13 +34,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from runtime.device.host import Install, OtaHost, Stopping
 from runtime.frames.model_counts import ModelId, Tally, model_id
 from runtime.ota.probation import Kpis, Limits, judge
 from runtime.ota.store import ModelStore, crash_point
 from runtime.wire.events import EventType
 
 if TYPE_CHECKING:
-    from runtime.device.daemon import Daemon
     from runtime.frames.pipeline import Active
     from runtime.wire.commands import Command
 
@@ -64,12 +66,16 @@ class DeviceOta:
     """See module docstring. One per daemon; `apply`, `tick` and `rollback` run on the main
     thread, `precheck` on the MQTT thread, the download/verify/profile on its own thread."""
 
-    def __init__(self, d: Daemon):
+    def __init__(self, d: OtaHost, cfg: Any, telemetry: Any, state_dir: Path,
+                 device_id: str):
+        """`cfg`: the [models] section; `telemetry`: the [telemetry] section (the broker a
+        bundle may come through); `device_id`: this device's telemetry id."""
         from runtime.ota.install import trusted_keys
 
         self.d = d
-        self.cfg = d.cfg.models
-        self.store = ModelStore(d.state_dir)
+        self.cfg = cfg
+        self.telemetry, self.device_id = telemetry, device_id
+        self.store = ModelStore(state_dir)
         self.trusted = trusted_keys(self.cfg)  # ValueError naming a bad key file
         self.version: str | None = None  # store version served; None: the configured model
         self.configured: Path | None = None
@@ -226,7 +232,7 @@ class DeviceOta:
         reason to switch). Both write the same part file: either resumes the other's."""
         from runtime.ota.download import DownloadError
 
-        mode, tel = self.cfg.fetch, self.d.cfg.telemetry
+        mode, tel = self.cfg.fetch, self.telemetry
         if mode != "mqtt":
             try:
                 return obtain(self.store, self.cfg, a["url"], a["size"], a["sha256"],
@@ -239,17 +245,16 @@ class DeviceOta:
         if not tel.broker.host:
             raise DownloadError('[models] fetch = "mqtt" needs a broker ([telemetry.broker] '
                                 "host)")
-        from runtime.device.daemon import Stopping
         from runtime.ota.bundle_mqtt import fetch_over_mqtt
 
         def check_stop() -> None:
-            if self.d._stop_requested:
+            if self.d.stopping():
                 raise Stopping("stop requested during the bundle download (the part is kept)")
 
         c = self.cfg
         # the file name runtime.ota.install.obtain gives it: one part file for both routes
         dest = self.store.downloads / f"{a['sha256'][:24]}.edgerun"
-        return fetch_over_mqtt(dest, tel.broker, tel.fleet, self.d.device_id,
+        return fetch_over_mqtt(dest, tel.broker, tel.fleet, self.device_id,
                                f"{a['name']}@{a['version']}", a["size"], a["sha256"],
                                a["token"], int(c.max_bundle_mb * 1024 * 1024),
                                int(c.min_free_mb * 1024 * 1024), c.mqtt_chunk_kb * 1024,
@@ -271,13 +276,11 @@ class DeviceOta:
             try:
                 path, vid = obtain()
                 self._step = "profile"
-                measured = self.d._measure_model(path)
-                self.d._installs.put((measured, why, vid))
+                measured = self.d.measure_model(path)
+                self.d.queue_install(Install(measured, why, version=vid))
+            except Stopping:
+                return
             except Exception as e:
-                from runtime.device.daemon import Stopping
-
-                if isinstance(e, Stopping):
-                    return
                 log.error("%s failed at step %s: %s; still serving %s", why, self._step, e,
                           self.version or "the configured model")
                 self.d.event(EventType.MODEL_DEPLOY_FAILED, "warning", reason=why, step=self._step,
@@ -293,8 +296,6 @@ class DeviceOta:
     def apply(self, measured: Any, why: str, vid: str) -> None:
         """Switch the pointer to `vid` and the pipeline to its session between two frames;
         probation starts, against the model that was running."""
-        from runtime.choice.measure import Measured
-
         d = self.d
         baseline = self.kpis_now()
         # The running session becomes the shadow: the pipeline keeps it open after the swap
@@ -303,15 +304,12 @@ class DeviceOta:
         if shadow is not None and shadow.manifest is None:
             shadow = self._second_session()  # a session without its model: load one
         d.pipeline.shadow = shadow
-        prev = Measured(d.manifest, d.profiles, d.idle_w, d._loaders, d.profile_temp)
+        prev = d.served()
         old = self.version
         t0 = time.perf_counter()
         self.store.switch(vid, baseline.to_dict())  # atomic: a restart now serves `vid`
         t1 = time.perf_counter()
-        held = d._held_down()
-        d._install(measured)
-        t2 = time.perf_counter()
-        d._after_rebuild(why, held)
+        t2 = t1 + d.install_model(measured, why)  # the ladder; the rest, the session
         t3 = time.perf_counter()
         self.version = vid
         log.info("swap to %s prepared on the main loop in %.1f ms (pointer %.1f, ladder %.1f, "
@@ -328,8 +326,7 @@ class DeviceOta:
         d.event(EventType.MODEL_SWAPPED, "info", **{"from": old or "configured", "to": vid,
                                                      "reason": why})
         self._begin(baseline, shadow, prev)
-        if d.publisher:
-            d.publisher.request_rebirth()
+        d.rebirth()
 
     def _begin(self, baseline: Kpis | None, shadow: Active | None, prev: Any) -> None:
         p = self.d.pipeline
@@ -342,19 +339,12 @@ class DeviceOta:
     def _second_session(self) -> Active | None:
         """A second session of the running variant, for the shadow sample (None when it will
         not load: probation then goes without agreement)."""
-        from runtime.frames.pipeline import Active
-
-        d = self.d
-        a = d.pipeline.active
-        if a is None or a.variant_id not in d._loaders:
-            return None
         try:
-            backend, variant = d._loaders[a.variant_id]
-            return Active(a.rung, a.variant_id, backend.load(variant), a.input_shape,
-                          a.manifest or d.manifest, a.pre or d.preprocess)
+            return self.d.second_session()
         except Exception as e:
+            a = self.d.pipeline.active
             log.warning("cannot load a second session of %s for the shadow sample: %s",
-                        a.variant_id, e)
+                        a.variant_id if a else "-", e)
             return None
 
     def _swapped(self) -> ModelId:
@@ -365,16 +355,15 @@ class DeviceOta:
         """The [model] section's running model's own KPIs (not the other sources' models'):
         frames and errors since the counts given, p95 per inference of its inferences stored
         since `since` (wall time), live energy per inference."""
-        d = self.d
         # Live energy only (CPU time per inference on this traffic, runtime.device.daemon): the
         # profiles of two models are measured at different times and loads, so comparing a
         # live figure with a profiled one blamed a copy of the same model for 8x the energy.
         # None until the running variant has its first live figure (or when simulating).
         # Per model already: the [model]'s variants are keyed by their id alone, the
         # sources' own models by key and id (pipeline.live_id).
-        live = d._live_energy.get(d._running_id())
-        return model_kpis(d.pipeline.models.tally(self._swapped(), since), results0, errors0,
-                          live)
+        live = self.d.live_energy_j()
+        return model_kpis(self.d.pipeline.models.tally(self._swapped(), since), results0,
+                          errors0, live)
 
     # -- probation (main thread, every control tick) ------------------------------------------
 
@@ -388,7 +377,7 @@ class DeviceOta:
         compared, agreed = p.shadow_counts
         # the swapped model's own per-inference target (runtime/choice/joint.py): with other
         # sources on their own models the box's frame target is not this model's
-        target = self.d._target("")[0]
+        target = self.d.target_ms()
         lim = Limits(target, self.cfg.probation_frames,
                      self.cfg.agreement_floor, self.cfg.max_error_rate_increase,
                      self.cfg.energy_factor, min_shadow=20 if p.shadow is not None else 0)
@@ -409,11 +398,7 @@ class DeviceOta:
             self.rollback("; ".join(v.reasons))
 
     def _drop_shadow(self) -> None:
-        p = self.d.pipeline
-        with p._work, p._lock:  # not while the infer thread is using it
-            shadow, p.shadow = p.shadow, None
-            if shadow is not None and shadow is not p._active and shadow is not p._next:
-                shadow.session.close()
+        self.d.pipeline.drop_shadow()
 
     def rollback(self, reason: str) -> None:
         """Back to the previous version (pointer, then pipeline between two frames)."""
@@ -430,15 +415,12 @@ class DeviceOta:
         self.last = {"version": failed, "state": "rolled_back", "reasons": [reason[:1000]]}
         d = self.d
         if run is not None and run.prev is not None:
-            held = d._held_down()
-            d._install(run.prev)
-            d._after_rebuild(f"rollback of {failed}", held)
+            d.install_model(run.prev, f"rollback of {failed}")
         else:
             path = self.store.path(now) or self.configured
             # after a profiling under way (the cold start's refinement), never skipped
-            d._load_in_background(path, False, f"rollback of {failed}", wait=True)
-        if d.publisher:
-            d.publisher.request_rebirth()
+            d.load_in_background(path, False, f"rollback of {failed}", wait=True)
+        d.rebirth()
 
     def health(self) -> dict[str, Any]:
         """`model_version` and `probation` for the health message."""

@@ -16,6 +16,8 @@ Sleeping, each cycle runs through phases:
              systemd watchdog over the sleep, suspend (power/suspend.py), restore the watchdog,
              reconnect, re-plan
 
+The daemon is reached through runtime.device.host.SleepHost (public fields and calls only).
+
 Timestamps stay honest for free: results and health carry the wall clock of their making,
 sequence numbers come from the outbox's AUTOINCREMENT (a sleep changes neither).
 """
@@ -26,14 +28,12 @@ import logging
 import math
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from power import duty_cycle
 from power.suspend import SimulatedSuspend, Suspender, SuspendError, SysfsSuspend
+from runtime.device.host import SleepHost
 from runtime.wire.events import EventType
-
-if TYPE_CHECKING:
-    from runtime.device.daemon import Daemon
 
 log = logging.getLogger("edgerun.sleep")
 
@@ -43,7 +43,7 @@ WATCHDOG_MARGIN_S = 60.0  # on top of a sleep's wall-clock length, for the resum
 class Sleeper:
     """Duty cycling for one daemon (module doc)."""
 
-    def __init__(self, d: Daemon, suspender: Suspender, speed: float = 1.0):
+    def __init__(self, d: SleepHost, suspender: Suspender, speed: float = 1.0):
         self.d, self.cfg = d, d.cfg.sleep
         self.suspender, self.speed = suspender, speed
         self.cost = duty_cycle.WakeCost.of(d.device)
@@ -234,7 +234,7 @@ def inspected(lanes: list) -> int:
     return max(1, sum(1 for lane in lanes if not getattr(lane, "refused", "")))
 
 
-def create(d: Daemon) -> Sleeper | None:
+def create(d: SleepHost) -> Sleeper | None:
     """The daemon's sleeper when `[sleep] enabled`; a board that cannot suspend (or whose
     sysfs files are missing or not writable) runs awake with a critical event saying why."""
     cfg = d.cfg.sleep

@@ -189,6 +189,14 @@ class Pipeline:
                 self._next.session.close()
             self._next = new
 
+    def drop_shadow(self) -> None:
+        """Stop sampling the shadow session (OTA probation ended) and close it, between two
+        frames; a shadow that is also the running or pending session stays open."""
+        with self._work, self._lock:  # not while the infer thread is using it
+            shadow, self.shadow = self.shadow, None
+            if shadow is not None and shadow is not self._active and shadow is not self._next:
+                shadow.session.close()
+
     def target_of(self, key: str) -> Active | None:
         """The variant a model (by key, "" = the [model]'s) is running or about to run."""
         if not key:

@@ -14,8 +14,9 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 MIN_SHADOW = 20  # shadow comparisons before agreement is judged (1 of 20 = 5% resolution)
-# A verdict waits for the new model's live energy (made from 50 inferences, runtime/device/daemon.py
-# LIVE_MIN_INFERENCES) until this many frames, or twice min_frames when that is more
+# A verdict waits for the new model's live energy (made from 50 inferences,
+# runtime/device/live_energy.py LIVE_MIN_INFERENCES) until this many frames, or twice
+# min_frames when that is more
 ENERGY_WAIT_FRAMES = 200
 
 

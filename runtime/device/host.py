@@ -1,0 +1,186 @@
+"""What the daemon's parts may ask of it, typed: the install record its queue carries, the
+exception a long step raises when a stop is requested, and one Protocol per part (OTA, sleep,
+health) naming the few calls and public fields that part uses.
+
+The parts import this module, never runtime/device/daemon.py (no import cycle, not even a
+function-level one), and never read the daemon's private attributes; the daemon satisfies each
+Protocol structurally, and a test may hand a part a small fake that does too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from power import control
+    from power.device import DeviceProfile
+    from power.rungs import Rung
+    from power.sensors import Reading, SensorSet
+    from runtime.choice.measure import Measured
+    from runtime.config import Config
+    from runtime.device.systemd import Notifier
+    from runtime.engine.manifest import Manifest
+    from runtime.frames.pipeline import Active, Pipeline
+    from runtime.telemetry.client import Publisher
+    from runtime.telemetry.outbox import Outbox
+
+
+class Stopping(Exception):
+    """A stop was requested while a long step (profiling, a bundle download) was running."""
+
+
+@dataclass(frozen=True)
+class Install:
+    """A measured model waiting on the install queue for the main loop (background threads
+    put, the main loop takes between ticks).
+
+    `version`: a model-store version (an OTA deploy or choose_model): the pointer is switched
+    and probation starts. Otherwise a re-measurement of a model directory made while the model
+    generation was `gen`: dropped when another model was installed since it began."""
+
+    measured: Measured
+    why: str
+    version: str | None = None
+    gen: int | None = None
+
+
+class OtaHost(Protocol):
+    """What runtime/device/ota.py needs of the daemon."""
+
+    pipeline: Pipeline
+
+    @property
+    def manifest(self) -> Manifest:
+        """The [model] section's model now served."""
+        ...
+
+    def event(self, type_: str, severity: str = "info", **fields: Any) -> None:
+        """Record an event for the operator."""
+
+    def stopping(self) -> bool:
+        """Whether a stop was requested (long steps then raise Stopping)."""
+        ...
+
+    def measure_model(self, path: Path) -> Measured:
+        """Profile a model directory (a background thread; raises Stopping on a stop)."""
+        ...
+
+    def queue_install(self, install: Install) -> None:
+        """Hand a measured model to the main loop (any thread)."""
+
+    def install_model(self, measured: Measured, why: str) -> float:
+        """Make `measured` the [model]'s model now and rebuild its ladder (main thread); the
+        seconds the ladder took."""
+        ...
+
+    def served(self) -> Measured:
+        """The [model]'s model as installed (a rollback reinstalls it)."""
+        ...
+
+    def load_in_background(self, path: Path, fresh: bool, why: str,
+                           wait: bool = False) -> None:
+        """Profile `path` on the reprofile thread and install it when done."""
+
+    def live_energy_j(self) -> float | None:
+        """The running [model] variant's live energy per inference (None: none yet)."""
+        ...
+
+    def target_ms(self) -> float:
+        """The [model]'s per-inference latency target."""
+        ...
+
+    def second_session(self) -> Active | None:
+        """Another session of the running [model] variant (None: it will not load)."""
+        ...
+
+    def rebirth(self) -> None:
+        """Ask the publisher to send a new birth message (the model or its rung changed)."""
+
+
+class SleepHost(Protocol):
+    """What runtime/device/sleep.py needs of the daemon (its fields are read each tick)."""
+
+    cfg: Config
+    device: DeviceProfile
+    sim: Any  # runtime.device.simdevice.SimulatedDevice or None
+    reading: Reading | None
+    ccfg: control.ControlConfig | None
+    cstate: control.ControlState
+    pipeline: Pipeline
+    publisher: Publisher | None
+    outbox: Outbox
+    notify: Notifier
+    sensors: SensorSet
+
+    def frame_rung(self) -> Rung | None:
+        """The running rung per frame of any source."""
+        ...
+
+    def health(self) -> dict[str, Any]:
+        """The health message now."""
+        ...
+
+    def event(self, type_: str, severity: str = "info", **fields: Any) -> None:
+        """Record an event for the operator."""
+
+
+class HealthHost(Protocol):
+    """What runtime/device/health.py assembles the health message from."""
+
+    cfg: Config
+    device: DeviceProfile
+    sim: Any
+    reading: Reading | None
+    control_out: control.Output | None
+    cstate: control.ControlState
+    pipeline: Pipeline
+    publisher: Publisher | None
+    outbox: Outbox
+    started: float  # monotonic time of the start
+    trips: dict[str, float]
+    thermal_disabled: str
+    meter: Any  # power.sensors.PowerMeter
+    devices: list[dict]
+    by_id: dict[str, Any]  # the [model]'s profiles by variant id
+    ota: Any  # runtime.device.ota.DeviceOta or None
+    sleeper: Any  # runtime.device.sleep.Sleeper or None
+
+    @property
+    def manifest(self) -> Manifest:
+        """The [model] section's model."""
+        ...
+
+    @property
+    def rungs(self) -> list[Rung]:
+        """The [model]'s ladder (live energies)."""
+        ...
+
+    @property
+    def current(self) -> int:
+        """The [model]'s rung (index into rungs)."""
+        ...
+
+    @property
+    def choice_reason(self) -> str:
+        """Why the [model]'s ladder is what it is."""
+        ...
+
+    @property
+    def operator_rate_hz(self) -> float:
+        """The operator's rate cap (inf: none)."""
+        ...
+
+    @property
+    def preprocess(self) -> Any:
+        """The [model]'s preprocessing chooser (its `report`)."""
+        ...
+
+    def load_w(self) -> float:
+        """Dynamic power of the inference load."""
+        ...
+
+    def models_health(self) -> dict[str, Any]:
+        """health's `models` (and `box` with several models)."""
+        ...

@@ -1,0 +1,49 @@
+"""Live energy per inference of the running variants, learnt from the traffic they serve.
+
+Every control tick the pipeline reports, per variant (by pipeline.live_id), the inferences it
+ran and the CPU seconds of the threads that ran them (power.cputime); once a variant has
+LIVE_MIN_INFERENCES of them they become one figure, converted at the joules per CPU-second its
+profile measured, folded into an EWMA (`fold`). The daemon bills the process's other native
+threads to the running variant only when its engine may run inference on threads of its own
+(`has_native_pool`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from runtime.choice.selector import Profile
+
+LIVE_MIN_INFERENCES = 50  # inferences per live energy update of the running rung
+LIVE_ALPHA = 0.3  # EWMA weight of each live update
+
+
+def fold(acc: dict[str, tuple[int, float]], live: dict[str, float],
+         taken: Mapping[str, tuple[int, float]], profiles: Mapping[str, Any], running: str,
+         d_native: float, default_j_per_cpu: Callable[[], float]) -> None:
+    """Add `taken` ((inferences, CPU s) per live id; `d_native`: other native threads' CPU,
+    billed to `running`) to `acc`, and turn each variant's that reached LIVE_MIN_INFERENCES
+    into its next live figure in `live` (J per inference). `profiles`: by live id (a variant
+    without one is not learnt); `default_j_per_cpu`: for a profile without CPU time."""
+    for vid, (n, cpu) in taken.items():
+        n0, c0 = acc.get(vid, (0, 0.0))
+        acc[vid] = (n0 + n, c0 + cpu + (d_native if vid == running else 0.0))
+    for vid, (n, cpu) in list(acc.items()):
+        if n < LIVE_MIN_INFERENCES or vid not in profiles:
+            continue
+        del acc[vid]
+        p = profiles[vid]
+        j_per_cpu = (p.energy_mj / p.cpu_ms) if p.cpu_ms and p.energy_mj > 0 else \
+            default_j_per_cpu()
+        joules = cpu / n * j_per_cpu
+        old = live.get(vid)
+        live[vid] = joules if old is None else LIVE_ALPHA * joules + (1 - LIVE_ALPHA) * old
+
+
+def has_native_pool(profile: Profile | None) -> bool:
+    """Whether a variant's engine may run inference on native threads of its own (then their
+    CPU is its cost): not ONNX Runtime with one intra-op thread (its backend sets one inter-op
+    thread too), which runs every node in the calling thread. Unknown: assumed it may."""
+    return not (profile is not None and profile.engine == "onnxruntime"
+                and profile.threads == 1)

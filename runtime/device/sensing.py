@@ -1,0 +1,119 @@
+"""The device's sensors as the daemon opens them at start-up: the thermal sensor and trips
+(power.thermal_source; trips from sysfs where present, the profile's otherwise), battery and
+solar; and the control step's settings they allow (`control_config`).
+
+A configured governor whose sensor cannot be found or read at start-up runs disabled, saying
+why (a critical line here; the daemon adds the event and health): inspection goes on at full
+precision, and the operator is told.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from power import control
+from power import energy as energy_mod
+from power.device import DeviceProfile
+from power.sensors import SensorError, SensorSet
+from power.thermal_source import ThermalSource, discover_thermal
+
+log = logging.getLogger("edgerun.daemon")
+
+_OFF = "the thermal governor is off and nothing protects the device from overheating"
+
+
+@dataclass
+class Sensing:
+    """What `open_sensors` found."""
+
+    sensors: SensorSet
+    thermal: ThermalSource | None = None
+    trips: dict[str, float] = field(default_factory=dict)  # trip type -> °C
+    disabled: str = ""  # why the thermal governor is off despite the config
+
+
+def open_sensors(root: Path, device: DeviceProfile, policy: str,
+                 clock: Callable[[], float]) -> Sensing:
+    """Open the sensors of `device` under sysfs `root` (`policy`: [governor] policy;
+    `clock`: the readings' time)."""
+    th = device.thermal
+    battery = device.sensors.battery or (device.battery.path if device.battery else "")
+    solar = device.solar.path if device.solar else ""
+    thermal, disabled = None, ""
+    if th is not None and policy != "off":
+        try:
+            thermal = discover_thermal(root, device)
+            for line in thermal.describe():
+                log.info("%s", line)
+        except SensorError as e:
+            disabled = f"no thermal sensor found ({e}): {_OFF}"
+            log.critical("%s", disabled)
+    sensors = SensorSet(root, thermal.temp_file if thermal else "", battery, solar, clock)
+    trips: dict[str, float] = {}
+    if thermal is not None:
+        trips = {t.type: t.temp_c for t in thermal.trips}
+        r = sensors.read()
+        if r.temp_c is None:
+            disabled = (f"thermal sensor {thermal.label} unreadable at start-up "
+                        f"({'; '.join(r.problems)}): {_OFF}")
+            log.critical("%s", disabled)
+    elif th is not None:
+        trips = {t.type: t.temp_c for t in th.trips}
+    return Sensing(sensors, thermal, trips, disabled)
+
+
+def control_config(device: DeviceProfile, g: Any, thermal: ThermalSource | None,
+                   rate_hz: float) -> control.ControlConfig:
+    """The control step's settings: the thermal governor on the trips of `thermal` (None: no
+    usable sensor, no governor), the energy budget for the battery, `g` the [governor]
+    section, `rate_hz` the rate rung powers are planned at."""
+    th = device.thermal
+    gcfg = None
+    if thermal is not None and g.policy != "off":
+        gcfg = control.governor_config(device, g.policy,
+                                       control_c=thermal.trip("passive").temp_c,
+                                       critical_c=thermal.trip("critical").temp_c,
+                                       hyst_c=thermal.trip("passive").hyst_c)
+    ecfg = None
+    if device.battery is not None and g.energy:
+        b = device.battery
+        ecfg = energy_mod.EnergyConfig(b.capacity_wh, device.power.idle_w, math.inf,
+                                       b.reserve_frac, b.charge_efficiency)
+    return control.ControlConfig(
+        governor=gcfg, energy=ecfg, rate_hz=rate_hz, min_rate_hz=g.min_rate_hz,
+        hold_invalid_s=g.hold_invalid_s, dwell_s=g.dwell_s,
+        r_total_k_per_w=(th.model.r_die_case + th.model.r_case_amb) if th else None)
+
+
+class SensorWatch:
+    """Says when sensor readings go bad: at the first bad read after good ones, at most once
+    a minute (a flaky file must not flood the log), with a count of the bad reads so far."""
+
+    def __init__(self) -> None:
+        self.last: tuple[str, ...] = ()  # the last reading's problems
+        self.bad = 0  # invalid reads so far
+        self.said = -math.inf  # monotonic time it was last said
+
+    def read(self, r: Any, hold_s: float) -> int | None:
+        """Note reading `r` (`hold_s`: how long the governor holds the last valid value);
+        the count of bad reads when it is to be said (an event), else None."""
+        if bool(r.problems) == bool(self.last):
+            return None
+        self.last = r.problems
+        if not r.problems:
+            return None
+        self.bad += 1
+        now = time.monotonic()
+        if now - self.said < 60:
+            return None
+        self.said = now
+        log.warning("sensor problem: %s (the last valid value is held for %g s, then the "
+                    "governor fails safe; %d bad reads so far)", "; ".join(r.problems), hold_s,
+                    self.bad)
+        return self.bad

@@ -1,0 +1,132 @@
+"""The daemon's parts taken out of it (runtime/device/): operator state files written by the
+modules it replaced still load, the command table covers the wire's commands, and the pure
+decisions (re-profile triggers, live energy folding, sensor warnings) keep their rules."""
+
+from __future__ import annotations
+
+import json
+import math
+from types import SimpleNamespace
+
+import pytest
+
+from power.energy import EnergyState
+from runtime.choice.selector import Profile
+from runtime.config import ConstraintsConfig
+from runtime.device import commands, live_energy, operator_state
+from runtime.device.profiling import reprofile_reason
+from runtime.device.sensing import SensorWatch
+from runtime.wire.commands import COMMANDS
+
+
+def test_state_files_of_the_old_modules_load(tmp_path):
+    """The bytes control_store.py and operator_settings.py wrote (formats unchanged)."""
+    (tmp_path / "settings.json").write_text('{"latency_ms": 25.0, "accuracy_floor": 0.9}')
+    (tmp_path / "control.json").write_text(json.dumps({
+        "v": 1, "operator_rate_hz": 2.5,
+        "energy": {"forecast_wh": [0.0, 1.5], "seen": [False, True]}}))
+    st = operator_state.OperatorState(tmp_path)
+    energy = st.load()
+    assert st.settings == {"latency_ms": 25.0, "accuracy_floor": 0.9}
+    assert st.rate_hz == 2.5 and energy.forecast_wh == (0.0, 1.5) and energy.seen == (False, True)
+    c = st.constraints(ConstraintsConfig())
+    assert (c.latency_ms, c.accuracy_floor) == (25.0, 0.9)
+
+
+def test_one_writer_keeps_both_files_in_their_formats(tmp_path):
+    st = operator_state.OperatorState(tmp_path)
+    st.record("set_latency_target", {"ms": 40})
+    st.record("set_rate", {"fps": 3})  # not a settings command: the rate is set_rate's
+    energy = EnergyState((1.0,), (True,), slot_index=7, slot_wh=0.5)
+    st.set_rate(0.0, energy)  # 0: no cap
+    assert json.loads((tmp_path / "settings.json").read_text()) == {"latency_ms": 40.0}
+    doc = json.loads((tmp_path / "control.json").read_text())
+    assert doc["v"] == 1 and doc["operator_rate_hz"] is None
+    assert doc["energy"]["forecast_wh"] == [1.0] and doc["energy"]["slot_index"] == 7
+    again = operator_state.OperatorState(tmp_path)
+    assert again.load() == energy and again.rate_hz == math.inf
+    assert again.settings == {"latency_ms": 40.0}
+    assert not list(tmp_path.glob(".*.tmp"))  # written atomically: no temp file left
+
+
+def test_every_wire_command_the_daemon_acts_on_has_a_handler():
+    """ping and rebirth are the publisher's own answers; every other command is applied
+    by a handler of the table."""
+    assert set(commands.HANDLERS) == set(COMMANDS) - {"ping", "rebirth"}
+    assert set(commands.HANDLERS) >= commands.RETRY_COMMANDS
+
+
+@pytest.mark.parametrize("temp, profiled, p95, prof95, n, want, slow", [
+    (None, 40.0, None, None, 0, None, False),
+    (60.0, 40.0, None, None, 0, "temperature 60.0 °C, profiled at 40.0 °C", False),
+    (45.0, 40.0, None, None, 0, None, False),  # within the delta (10 °C)
+    (40.0, 40.0, 9.0, 3.0, 100, "p95 9.00 ms vs 3.00 ms profiled", True),
+    (40.0, 40.0, 9.0, 3.0, 49, None, False),  # too few inferences to judge
+    (40.0, 40.0, 0.9, 0.3, 100, None, False),  # 3x, but under 1 ms more: not throttling
+    (60.0, 40.0, 9.0, 3.0, 100, "p95 9.00 ms vs 3.00 ms profiled", True),  # slow says why
+])
+def test_reprofile_reason(temp, profiled, p95, prof95, n, want, slow):
+    why, is_slow = reprofile_reason(temp, profiled, 10.0, p95, prof95, n, 2.0)
+    assert is_slow is slow
+    assert (why is None) if want is None else why.startswith(want)
+
+
+def _profile(vid, engine="onnxruntime", threads=1, energy_mj=6.0, cpu_ms=1.0):
+    return Profile(vid, "m", "fp32", engine, "CPU", threads, energy_mj=energy_mj,
+                   cpu_ms=cpu_ms)
+
+
+def test_live_energy_folds_after_enough_inferences():
+    acc, live = {}, {}
+    profiles = {"v": _profile("v")}
+    live_energy.fold(acc, live, {"v": (30, 0.03)}, profiles, "v", 0.0, lambda: 1.0)
+    assert live == {} and acc == {"v": (30, 0.03)}  # under LIVE_MIN_INFERENCES: kept
+    live_energy.fold(acc, live, {"v": (20, 0.02)}, profiles, "v", 0.0, lambda: 1.0)
+    assert live["v"] == pytest.approx(0.006) and acc == {}  # 1 ms CPU x 6 J per CPU-s
+    live_energy.fold(acc, live, {"v": (50, 0.1)}, profiles, "v", 0.0, lambda: 1.0)
+    assert live["v"] == pytest.approx(0.3 * 0.012 + 0.7 * 0.006)  # the EWMA
+    live_energy.fold(acc, live, {"w": (50, 0.1)}, profiles, "v", 0.0, lambda: 1.0)
+    assert "w" not in live  # a variant without a profile is not learnt
+
+
+def test_only_the_running_variant_is_billed_other_native_threads():
+    acc, live = {}, {}
+    profiles = {"v": _profile("v"), "w": _profile("w")}
+    live_energy.fold(acc, live, {"v": (50, 0.05), "w": (50, 0.05)}, profiles, "v", 0.05,
+                     lambda: 1.0)
+    assert live["v"] == pytest.approx(2 * live["w"])
+    assert live_energy.has_native_pool(_profile("x", threads=2))
+    assert not live_energy.has_native_pool(_profile("x", threads=1))
+    assert live_energy.has_native_pool(_profile("x", engine="openvino", threads=1))
+    assert live_energy.has_native_pool(None)
+
+
+def test_sensor_problems_are_said_once_a_minute_with_a_count(monkeypatch):
+    now = [1000.0]
+    monkeypatch.setattr("runtime.device.sensing.time.monotonic", lambda: now[0])
+    w, bad, good = SensorWatch(), SimpleNamespace(problems=("stale",)), SimpleNamespace(
+        problems=())
+    assert w.read(bad, 5.0) == 1  # the first bad read after good ones: said
+    assert w.read(bad, 5.0) is None  # still bad: not a new episode
+    assert w.read(good, 5.0) is None
+    now[0] += 10
+    assert w.read(bad, 5.0) is None and w.bad == 2  # a new episode within the minute
+    w.read(good, 5.0)
+    now[0] += 60
+    assert w.read(bad, 5.0) == 3
+
+
+def test_the_daemon_offers_every_call_its_parts_ask_for(tmp_path):
+    """OTA, sleep, health and the commands reach the daemon through Protocols only
+    (runtime/device/host.py, commands.CommandHost): a member one of them names that the
+    daemon lacks would fail at run time, on a device."""
+    from runtime.config import from_dict
+    from runtime.device.daemon import Daemon
+    from runtime.device.host import HealthHost, OtaHost, SleepHost
+
+    d = Daemon(from_dict({"daemon": {"state_dir": str(tmp_path / "state")}}))
+    for proto in (OtaHost, SleepHost, HealthHost, commands.CommandHost):
+        names = {n for n in vars(proto) if not n.startswith("_")} | set(
+            proto.__annotations__)
+        missing = sorted(n for n in names if not hasattr(d, n))
+        assert not missing, (proto.__name__, missing)
