@@ -35,6 +35,7 @@ from typing import Any
 from power import control
 from power.cputime import native_threads_cpu_s
 from power.device import DeviceProfile
+from power.nvml import gpu_meters
 from power.rungs import Rung
 from power.sensors import Reading, SensorSet, detect_meter
 from power.thermal_source import ThermalSource
@@ -218,6 +219,7 @@ class Daemon:
         self.sensors, self.thermal, self.trips = found.sensors, found.thermal, found.trips
         self.thermal_disabled = found.disabled
         self.meter = detect_meter(root, self.device)
+        self.gpu_meters = gpu_meters()  # a GPU variant is billed its own meter (power/nvml.py)
 
     def _open_outbox(self) -> None:
         """The outbox, and the events that waited for it (its own start-up, the governor)."""
@@ -319,9 +321,11 @@ class Daemon:
                 self._variant_refused, progress_reporter(self.notify, self.stopping),
                 self._constraints(key), fresh,
                 recorded)
+        billing = {"accelerators": self.device.accelerators, "gpu_meters": self.gpu_meters}
         if first_only:
-            return measure_first(*args)
-        return measure_model(*args, pause=self.pipeline.exclusive if self.pipeline else None)
+            return measure_first(*args, **billing)
+        return measure_model(*args, pause=self.pipeline.exclusive if self.pipeline else None,
+                             **billing)
 
     measure_model = _measure_model  # OtaHost's: the whole schedule of a [model] directory
 

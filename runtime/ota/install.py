@@ -72,6 +72,7 @@ def verify_step(store: ModelStore, cfg: ModelsConfig, bundle: Path) -> BundleInf
 def profile_offline(cfg: Any, path: Path, progress: Callable[[int, int, str], None]) -> Any:
     """Step `profile` outside the daemon: measure every form as `serve` would (same cache, so
     the daemon's next start reuses the profiles). Returns runtime.choice.measure.Measured."""
+    from power.nvml import gpu_meters
     from power.sensors import detect_meter
     from runtime.choice.measure import measure_model
     from runtime.choice.selector import Constraints
@@ -84,7 +85,8 @@ def profile_offline(cfg: Any, path: Path, progress: Callable[[int, int, str], No
     return measure_model(path, cfg, discover(cfg.backends), meter, device.name,
                          device.power.active_w_per_core, None,
                          lambda v, e: log.error("variant %s refused: %s", v, e), progress,
-                         Constraints(c.latency_ms, c.percentile, c.accuracy_floor))
+                         Constraints(c.latency_ms, c.percentile, c.accuracy_floor),
+                         accelerators=device.accelerators, gpu_meters=gpu_meters())
 
 
 # -- the commands ---------------------------------------------------------------------------
