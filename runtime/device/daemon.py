@@ -491,11 +491,13 @@ class Daemon:
         """The pipeline's sources: one `[source]`, or each of `[[sources]]` (a trigger gets a
         client id of its own so two do not take over each other's session)."""
         cfg = self.cfg
+        clock = self.sim.clock if self.sim else None  # a synthetic camera's frames per
+        # simulated second when simulating
         if not cfg.sources:
             return single(cfg.source, lambda: open_source(
-                cfg.source, self.state_dir, cfg.telemetry.broker, self.device_id))
+                cfg.source, self.state_dir, cfg.telemetry.broker, self.device_id, clock))
         out = lanes(cfg.sources, lambda s, i: open_source(
-            s, self.state_dir, cfg.telemetry.broker, f"{self.device_id}-{s.name}"),
+            s, self.state_dir, cfg.telemetry.broker, f"{self.device_id}-{s.name}", clock),
                     self._model_key)
         for lane in out:  # a source whose model failed at start is never opened
             if lane.model in self.failed_models:
@@ -1214,28 +1216,31 @@ class Daemon:
     def run(self) -> int:
         """Run until SIGTERM/SIGINT; returns the exit code."""
         self.install_signal_handlers()
-        # tick_s is device time: with an accelerated simulator the step runs that much more
-        # often in wall time, so the trend keeps its resolution (ticks shorter than horizon).
-        speed = self.cfg.simulator.speed if self.sim else 1.0
-        tick = max(self.cfg.governor.tick_s / speed, 0.01)
+        # tick_s is device time. Simulating, the loop is the simulated board's clock
+        # (lockstep, runtime/device/simdevice.py): each tick moves the plant by exactly
+        # tick_s, paced to [simulator] speed when the host keeps up, slower when it cannot.
+        tick = self.cfg.governor.tick_s
         nap = min(0.05, tick)
         next_tick = next_health = last_beat = 0.0
         status = ""
         while not self._stop_requested:
-            time.sleep(nap)
+            time.sleep(min(nap, self.sim.due_in(tick)) if self.sim else nap)
             now = time.monotonic()
             if self._reload_requested:
                 self._reload_requested = False
                 self.reload()
             self._drain_commands()
             self._apply_installs()
-            if now >= next_tick:
+            # simulating, the ticks that are overdue run back to back (a batch: no nap)
+            for _ in range(self.sim.ticks_due(tick) if self.sim else int(now >= next_tick)):
                 next_tick = now + tick
                 try:
                     self.control_tick()
                 except Exception as e:  # the control loop must survive its own bugs
                     log.exception("control tick failed")
                     self.event("control_failed", "critical", error=str(e)[:300])
+                if self.sim:
+                    self.sim.advance(tick)  # the plant runs the decision just taken
             if now >= next_health:
                 next_health = now + self.cfg.telemetry.health_interval_s
                 h = self.health()
