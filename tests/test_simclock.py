@@ -124,3 +124,16 @@ def test_ticks_due_counts_the_overdue_ticks_bounded(tmp_path):
     assert sim.ticks_due(1.0) == 5
     wall.t += 10
     assert sim.ticks_due(1.0) == 20  # the loop's other duties get their turn
+
+
+def test_the_clock_stops_after_the_hours_asked_even_in_a_batch(tmp_path):
+    wall = FakeWall()
+    sim = SimulatedDevice(load_profile("rpi5"), tmp_path, "hot", 100.0, 8.0,
+                          lambda: (None, 0.0), 0.02, wall=wall, duration_s=5.0)
+    sim.start()
+    wall.t += 60  # far behind: 20 ticks due, but only 5 s are left
+    assert sim.ticks_due(1.0) == 5
+    for _ in range(5):
+        sim.advance(1.0)
+    assert sim.finished and sim.ticks_due(1.0) == 0
+    assert sim.report()["elapsed_s"] == 5.0

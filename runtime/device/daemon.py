@@ -208,7 +208,8 @@ class Daemon:
             root = Path(cfg.simulator.root or self.state_dir / "sim-sysfs")
             self.sim = SimulatedDevice(self.device, root, cfg.simulator.scenario,
                                        cfg.simulator.speed, cfg.simulator.start_hour,
-                                       self._sim_load, cfg.constraints.latency_ms / 1e3)
+                                       self._sim_load, cfg.constraints.latency_ms / 1e3,
+                                       duration_s=cfg.simulator.hours * 3600 or math.inf)
             log.info("simulated %s, scenario %s at %gx, sysfs tree %s", self.device.name,
                      cfg.simulator.scenario, cfg.simulator.speed, root)
         self._open_sensors(root)

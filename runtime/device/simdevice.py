@@ -35,7 +35,8 @@ class SimulatedDevice:
 
     def __init__(self, device: DeviceProfile, root, scenario: str, speed: float,
                  start_hour: float, load: Callable[[], tuple[Rung | None, float]],
-                 latency_target_s: float, wall: Callable[[], float] = time.monotonic):
+                 latency_target_s: float, wall: Callable[[], float] = time.monotonic,
+                 duration_s: float = math.inf):
         kind, base, swing = SCENARIOS[scenario]
         self.root = root
         self.plant = Plant(device, ambient(kind, base, swing), t0=start_hour * 3600)
@@ -45,6 +46,7 @@ class SimulatedDevice:
         self.pace = Pace(speed, self.t0, wall())
         self.tally = RunResult("daemon")
         self._load, self._target, self._wall = load, latency_target_s, wall
+        self.duration_s = duration_s  # simulated time after which the clock stops
         self._last_rung: str | None = None
 
     def start(self) -> None:
@@ -58,11 +60,21 @@ class SimulatedDevice:
 
     def ticks_due(self, tick_s: float, most: int = 20) -> int:
         """How many ticks of `tick_s` are due now (at most `most`: the loop's other duties,
-        commands and health, get their turn in between); 0 when the next is not yet due."""
+        commands and health, get their turn in between); 0 when the next is not yet due,
+        and for good once `duration_s` has been simulated (the tally is final)."""
+        if self.finished:
+            return 0
         late = self.pace.late_s(self.clock.now() + tick_s, self._wall())
         if late < 0:
             return 0
-        return min(most, 1 + int(late * self.pace.speed / tick_s))
+        left = self.duration_s - (self.clock.now() - self.t0)  # never past the end
+        return min(most, 1 + int(late * self.pace.speed / tick_s),
+                   max(1, math.ceil(left / tick_s - 1e-9)) if math.isfinite(left) else most)
+
+    @property
+    def finished(self) -> bool:
+        """True once `duration_s` of simulated time has passed."""
+        return self.clock.now() - self.t0 >= self.duration_s - 1e-9
 
     def advance(self, dt: float) -> None:
         """Step the plant by exactly `dt` simulated seconds with the load running now (in
@@ -86,6 +98,9 @@ class SimulatedDevice:
         line = self.pace.reached(self.plant.s.t, self._wall())
         if line:
             log.warning("%s", line)
+        if self.finished:
+            log.info("simulated %.4g h: the simulated clock stops here ([simulator] hours); "
+                     "the control loop holds", (self.clock.now() - self.t0) / 3600)
 
     def report(self) -> dict:
         """What the simulated run delivered so far (for health), and its pace."""
