@@ -137,3 +137,36 @@ def test_the_clock_stops_after_the_hours_asked_even_in_a_batch(tmp_path):
         sim.advance(1.0)
     assert sim.finished and sim.ticks_due(1.0) == 0
     assert sim.report()["elapsed_s"] == 5.0
+
+
+@pytest.mark.parametrize("body, key", [
+    ("speed = 0\n", "speed"),
+    ("speed = -3\n", "speed"),
+    ("speed = inf\n", "speed"),
+    ("hours = -1\n", "hours"),
+    ("hours = inf\n", "hours"),
+])
+def test_simulator_config_is_validated(tmp_path, body, key):
+    from runtime.config import ConfigError, load
+
+    p = tmp_path / "c.toml"
+    p.write_text("[simulator]\n" + body)
+    with pytest.raises(ConfigError, match=f"simulator.{key}"):
+        load(p)
+    p.write_text("[simulator]\nspeed = 480\nhours = 1.5\n")
+    assert load(p).simulator.hours == 1.5
+
+
+def test_the_demo_says_once_when_the_simulation_slows_and_once_when_it_is_back():
+    from runtime.tools.demo import PaceNotice
+
+    n = PaceNotice()
+    seen = [n.seen(sim) for sim in (
+        {}, {"slowed": False, "speed": 480.0, "speed_x": 480.0},
+        {"slowed": True, "speed": 480.0, "speed_x": 102.4},
+        {"slowed": True, "speed": 480.0, "speed_x": 95.0},
+        {"slowed": False, "speed": 480.0, "speed_x": 470.0}, {"slowed": False})]
+    assert seen[:2] == [None, None] and seen[3] is None and seen[5] is None
+    assert seen[2] == ("  pace: this host is too busy for 480x: the simulation runs at 102x "
+                       "(slower, same decisions)")
+    assert seen[4] == "  pace: back at 480x"
