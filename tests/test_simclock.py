@@ -170,3 +170,13 @@ def test_the_demo_says_once_when_the_simulation_slows_and_once_when_it_is_back()
     assert seen[2] == ("  pace: this host is too busy for 480x: the simulation runs at 102x "
                        "(slower, same decisions)")
     assert seen[4] == "  pace: back at 480x"
+
+
+def test_a_failing_load_still_moves_the_clock_by_the_tick(tmp_path):
+    def broken():
+        raise RuntimeError("the daemon's load is broken")
+
+    sim = SimulatedDevice(load_profile("rpi5"), tmp_path, "hot", 100.0, 8.0, broken, 0.02,
+                          wall=FakeWall())
+    sim.advance(2.0)
+    assert sim.clock.now() == sim.t0 + 2.0 == sim.plant.s.t

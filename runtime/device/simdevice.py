@@ -14,6 +14,7 @@ the operator (and bench/governor.py --daemon) in health["simulated"].
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -79,6 +80,7 @@ class SimulatedDevice:
     def advance(self, dt: float) -> None:
         """Step the plant by exactly `dt` simulated seconds with the load running now (in
         steps of at most MAX_STEP_S), tally it, write the tree, move the clock."""
+        end = self.plant.s.t + dt
         try:
             rung, offered = self._load()
             n = max(1, math.ceil(dt / MAX_STEP_S - 1e-9))
@@ -93,7 +95,10 @@ class SimulatedDevice:
                 self._last_rung = rung.variant_id
             self.plant.write_sysfs(self.root)
         except Exception:  # the simulator failing must not stop the daemon
-            log.exception("simulator step failed")
+            log.exception("simulator step failed: the rest of this step is idle")
+            with contextlib.suppress(Exception):  # time still moves by exactly dt
+                if end - self.plant.s.t > 1e-9:
+                    self.plant.step(end - self.plant.s.t, 0.0)
         self.clock.advance_to(self.plant.s.t)
         line = self.pace.reached(self.plant.s.t, self._wall())
         if line:
