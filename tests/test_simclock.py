@@ -136,6 +136,7 @@ def test_the_clock_stops_after_the_hours_asked_even_in_a_batch(tmp_path):
     for _ in range(5):
         sim.advance(1.0)
     assert sim.finished and sim.ticks_due(1.0) == 0
+    assert sim.due_in(1.0) == float("inf")  # the loop naps as usual: no spinning
     assert sim.report()["elapsed_s"] == 5.0
 
 

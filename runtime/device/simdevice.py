@@ -56,7 +56,10 @@ class SimulatedDevice:
         self.pace.restart(self.clock.now(), self._wall())
 
     def due_in(self, tick_s: float) -> float:
-        """Wall seconds until the next tick of `tick_s` simulated seconds is due."""
+        """Wall seconds until the next tick of `tick_s` simulated seconds is due (inf once
+        the simulated run is over)."""
+        if self.finished:
+            return math.inf
         return self.pace.due_in(self.clock.now() + tick_s, self._wall())
 
     def ticks_due(self, tick_s: float, most: int = 20) -> int:
