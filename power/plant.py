@@ -118,6 +118,7 @@ class Plant:
         self._hot = self._th.trip("hot")
         self._critical = self._th.trip("critical")
         self.suspended_until = -math.inf  # simulated time the board sleeps until
+        self._written: dict[Path, dict[str, str]] = {}  # per tree: what each file holds
 
     def suspend(self, until_t: float) -> None:
         """The board suspends now until `until_t` (simulated time): it draws the profile's
@@ -202,9 +203,12 @@ class Plant:
         return s
 
     # -- sysfs -----------------------------------------------------------------------------------
-    def write_sysfs(self) -> None:
-        """Write the files a kernel would expose for this state (atomically, file by file)."""
-        assert self.root is not None
+    def write_sysfs(self, root: Path | None = None) -> None:
+        """Write the files a kernel would expose for this state (atomically, file by file)
+        under `root` (default: the plant's own, which every step writes to)."""
+        root = root if root is not None else self.root
+        if root is None:
+            raise ValueError("write_sysfs needs a root: the plant was made without one")
         s, zone = self.s, self._th.zone
         files = {f"{zone}/temp": round(s.die_c * 1000), f"{zone}/type": "edgerun-sim"}
         for k, trip in enumerate(self._th.trips):
@@ -223,9 +227,15 @@ class Plant:
             files[f"{self.device.solar.path}/type"] = "Mains"
         for f in self.device.sensors.hwmon_power:
             files[f] = round(s.power_w * 1e6)
+        written = self._written.setdefault(root, {})
         for rel, value in files.items():
-            p = self.root / rel
-            p.parent.mkdir(parents=True, exist_ok=True)
+            text = f"{value}\n"
+            if written.get(rel) == text:
+                continue  # unchanged: a rename costs ~1 ms on a busy disk, 11 files a step
+            p = root / rel
+            if rel not in written:
+                p.parent.mkdir(parents=True, exist_ok=True)
             tmp = p.with_name(f".{p.name}.tmp")
-            tmp.write_text(f"{value}\n")
+            tmp.write_text(text)
             os.replace(tmp, p)
+            written[rel] = text

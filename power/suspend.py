@@ -15,8 +15,9 @@ root or a udev rule/tmpfiles.d entry gives the service's group write access to t
 Simulator (`SimulatedSuspend`): the plant bills the profile's suspended power until the wake
 time, and the daemon process is really stopped: a helper process sends it SIGSTOP, waits the
 sleep's wall-clock length (simulated seconds / speed) and sends SIGCONT. Every thread stops,
-the broker's keepalive runs out, and on SIGCONT the simulator's clock jumps by the time the
-process was stopped, the way a real resume looks to the rest of the stack.
+the broker's keepalive runs out, and on SIGCONT the simulated clock moves on by exactly the
+sleep asked for (lockstep: `advance`, the simulated board's, steps the suspended plant through
+it; how long the host took to stop and continue the process changes nothing simulated).
 
     python -m power.suspend PID DEADLINE   (the helper: CLOCK_MONOTONIC; not for operators)
 """
@@ -44,7 +45,8 @@ class SuspendError(Exception):
 
 @dataclass(frozen=True)
 class Woke:
-    """How a sleep went: asked for `asked_s`, away `slept_s` (by the wall clock)."""
+    """How a sleep went: asked for `asked_s`, away `slept_s` (by the board's clock: the wall
+    clock on a real board, the simulated clock in the simulator)."""
 
     asked_s: float
     slept_s: float
@@ -128,9 +130,13 @@ class SysfsSuspend:
 class SimulatedSuspend:
     """The simulator's board: the plant sleeps, the process is stopped (module doc)."""
 
-    def __init__(self, plant, speed: float, pid: int | None = None):
+    def __init__(self, plant, speed: float, pid: int | None = None,
+                 advance: Callable[[float], None] | None = None):
         self.plant, self.speed = plant, speed
         self.pid = os.getpid() if pid is None else pid
+        # what moves simulated time through the sleep: the daemon's simulated board
+        # (runtime/device/simdevice.py), or the bare plant
+        self.advance = advance if advance is not None else (lambda dt: plant.step(dt, 0.0))
 
     def problems(self) -> list[str]:
         """The simulated profile must be able to suspend."""
@@ -139,7 +145,8 @@ class SimulatedSuspend:
             f"device profile {self.plant.device.name} cannot suspend ([states] can_suspend)"]
 
     def suspend_for(self, seconds: float) -> Woke:
-        """Stop this process for `seconds / speed` of wall time; the plant sleeps as long."""
+        """Stop this process for `seconds / speed` of wall time; the plant sleeps `seconds`
+        of simulated time (slept_s is simulated)."""
         problems = self.problems()
         if problems:
             raise SuspendError("; ".join(problems))
@@ -153,7 +160,8 @@ class SimulatedSuspend:
                                    f"{start + seconds / self.speed:.6f}"],
                                   stdin=subprocess.DEVNULL)
         helper.wait()  # it stops us, waits, continues us, exits: returns after the "resume"
-        return Woke(seconds, (time.monotonic() - start) * self.speed)
+        self.advance(seconds)  # the board slept exactly that long in simulated time
+        return Woke(seconds, self.plant.s.t - t0)
 
 
 def _helper(argv: list[str]) -> int:

@@ -27,12 +27,13 @@ def test_demo_runs_and_reports(tmp_path):
                        r"shutdown\)", text)
     assert stored and int(stored.group(1)) > 50, text[-3000:] + _daemon_log_tail(text)
     # the governor acts in the shipped daemon: a step down, predicted before the 78 °C trip
-    # (the first rung change is a step down, taken at or under the trip: predicted from the
-    # trend on a quiet machine; a loaded one delays the ticks by a few simulated seconds)
+    # (the first rung change is a step down, taken under the trip: the simulated board runs
+    # in lockstep with the control loop, so a loaded machine slows it, never delays a tick;
+    # tests/test_lockstep.py runs it beside CPU hogs)
     down = re.search(r"rung -> \d+/\d+: .*\(([\d.]+) °C (rising|not falling) ", text)
     first = re.search(r"rung -> .*", text)
     assert down and first and first.start() == down.start(), text[-3000:]
-    assert float(down.group(1)) <= 78.5, text[-3000:]
+    assert float(down.group(1)) < 78.0, text[-3000:]
     log = re.search(r"daemon log: (\S+)", text)
     with open(log.group(1)) as f:  # the daemon's log outlives the demo
         assert re.search(r"rung (\d+)/\1 -> ", f.read())

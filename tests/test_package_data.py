@@ -67,7 +67,7 @@ for ref in [*refs, "/static/vendor/uplot/LICENSE", "/static/vendor/uplot/VERSION
     assert dashboard.static_file(ref), ref
 
 # device profiles: every bundled one loads by name, the default one included
-from power.device import load_profile
+from runtime.device.profiles import load_profile
 from runtime.config import DeviceConfig, load
 names = sorted(p.name.removesuffix(".toml")
                for p in (resources.files("firmware_config") / "devices").iterdir()

@@ -12,6 +12,7 @@ the component that uses it. A module per section that has a component of its own
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -150,15 +151,22 @@ class SimulatorConfig:
 
     enabled: bool = False
     scenario: Literal["cool", "warm", "hot", "sun", "cabinet"] = "sun"
-    speed: float = 1.0  # simulated seconds per real second
+    # simulated seconds per wall second, the pace kept when the host can: the plant moves in
+    # lockstep with the control loop (exactly governor.tick_s a tick), so a busy host runs
+    # slower with the same decisions (health.simulated.slowed; docs/power.md)
+    speed: float = 1.0
     start_hour: float = 9.0  # simulated time of day at start
+    hours: float = 0.0  # simulated hours after which the clock stops (0: never); the daemon
+    # keeps serving with its control loop held, and health's tally covers exactly that long
     root: str = ""  # where to write the tree; empty = <state_dir>/sim-sysfs
     profiles: str = ""  # recorded profiles (edgerun profile --json) replayed instead of
     # measured, so simulated runs repeat; empty = measure on this host
 
     def validate(self) -> tuple[str, str] | None:
-        if self.speed <= 0:
-            return "speed", f"must be > 0, got {self.speed}"
+        if not 0 < self.speed < math.inf:
+            return "speed", f"must be > 0 and finite, got {self.speed}"
+        if not 0 <= self.hours < math.inf:
+            return "hours", f"must be >= 0 (0: no end), got {self.hours}"
         return None
 
 

@@ -73,6 +73,7 @@ from runtime.wire.commands import Command
 from runtime.wire.health_history import HealthHistory
 
 log = logging.getLogger("edgerun.daemon")
+STOP_FLUSH_S = 5.0  # a clean stop waits this long at most for the last results' acks
 
 
 class _Via:
@@ -211,7 +212,8 @@ class Daemon:
             root = Path(cfg.simulator.root or self.state_dir / "sim-sysfs")
             self.sim = SimulatedDevice(self.device, root, cfg.simulator.scenario,
                                        cfg.simulator.speed, cfg.simulator.start_hour,
-                                       self._sim_load, cfg.constraints.latency_ms / 1e3)
+                                       self._sim_load, cfg.constraints.latency_ms / 1e3,
+                                       duration_s=cfg.simulator.hours * 3600 or math.inf)
             log.info("simulated %s, scenario %s at %gx, sysfs tree %s", self.device.name,
                      cfg.simulator.scenario, cfg.simulator.speed, root)
         clock = (lambda: self.sim.plant.s.t) if self.sim else time.time
@@ -278,7 +280,8 @@ class Daemon:
         if cfg.results.enabled:
             self.local = LocalResults(cfg.results, self._pipeline_event)
             self.local.start()
-        self.pipeline = Pipeline(self._lanes(), self.manifest, self.outbox.append_many,
+        lanes = self._lanes(self.sim.clock if self.sim else None)
+        self.pipeline = Pipeline(lanes, self.manifest, self.outbox.append_many,
                                  self._pipeline_event, cfg.daemon.queue_size,
                                  self._preprocess_chooser(), self.local)
         self.pipeline.latency_target_ms = cfg.constraints.latency_ms
@@ -728,24 +731,27 @@ class Daemon:
     def run(self) -> int:
         """Run until SIGTERM/SIGINT; returns the exit code."""
         self.install_signal_handlers()
-        # tick_s is device time: with an accelerated simulator the step runs that much more
-        # often in wall time, so the trend keeps its resolution (ticks shorter than horizon).
-        speed = self.cfg.simulator.speed if self.sim else 1.0
-        tick = max(self.cfg.governor.tick_s / speed, 0.01)
+        # tick_s is device time. Simulating, the loop is the simulated board's clock
+        # (lockstep, runtime/device/simdevice.py): each tick moves the plant by exactly
+        # tick_s, paced to [simulator] speed when the host keeps up, slower when it cannot.
+        tick = self.cfg.governor.tick_s
         nap = min(0.05, tick)
         next_tick = next_health = last_beat = 0.0
         status = ""
         while not self._stop_requested:
-            time.sleep(nap)
+            time.sleep(min(nap, self.sim.due_in(tick)) if self.sim else nap)
             now = time.monotonic()
             if self._reload_requested:
                 self._reload_requested = False
                 self.reload()
             self._drain_commands()
             self._apply_installs()
-            if now >= next_tick:
+            # simulating, the ticks that are overdue run back to back (a batch: no nap)
+            for _ in range(self.sim.ticks_due(tick) if self.sim else int(now >= next_tick)):
                 next_tick = now + tick
                 self._safe_tick()
+                if self.sim:
+                    self.sim.advance(tick)  # the plant runs the decision just taken
             if now >= next_health:
                 next_health = now + self.cfg.telemetry.health_interval_s
                 self._send_health()
@@ -801,6 +807,14 @@ class Daemon:
         if self.outbox is not None:
             self.outbox.close()
 
+    def _await_acks(self, timeout_s: float = STOP_FLUSH_S) -> None:
+        """Wait, at most `timeout_s`, until the coordinator has acked every stored result;
+        at once when the broker is not reached (they stay in the outbox for the next start)."""
+        deadline = time.monotonic() + timeout_s
+        while (self.publisher is not None and self.publisher.session_ready
+               and self.outbox.stats()["results_held"] and time.monotonic() < deadline):
+            time.sleep(0.05)
+
     def stop(self) -> None:
         """Drain in-flight frames (their results are stored), say offline, close."""
         self.notify.stopping()
@@ -820,8 +834,10 @@ class Daemon:
         if self.sim:
             steps.append(("the simulator", self.sim.stop))
         if self.publisher:
-            # last: the offline state and a clean DISCONNECT (else the broker publishes the
-            # will, "connection lost"), whatever failed before it
+            # the drained frames' results out and acked while the link is up (bounded), so
+            # a clean stop leaves nothing to re-send; then, last, the offline state and a
+            # clean DISCONNECT (else the broker publishes the will, "connection lost")
+            steps.append(("the last acks", self._await_acks))
             steps.append(("MQTT", self.publisher.stop))
         for what, stop in steps:
             try:

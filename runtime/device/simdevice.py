@@ -1,5 +1,10 @@
-"""The device simulator as a thread: steps power.plant.Plant with the daemon's actual rung and
-rate, and writes the sysfs tree the daemon's sensors read (the hardware boundary stays files).
+"""The simulated board in lockstep with the daemon's control loop: the plant (power.plant)
+moves only in `advance`, by exactly the simulated time the loop has ticked, heated by the rung
+and rate the daemon runs at that moment; then it writes the sysfs tree the daemon's sensors
+read (the hardware boundary stays files). One clock (power.simclock.SimClock) carries the
+simulated time to everything else that reads it: the sensors' timestamps, the synthetic
+camera's frame slots, the simulated suspend. A busy host slows the simulation; it does not
+change what the controller saw or decided (docs/power.md, "Daemon in the loop").
 
 The load model and the tally are the simulator harness's own (power.closed_loop.run_load), so
 a daemon-in-the-loop run and a pure simulation of the same scenario count the same things:
@@ -9,8 +14,9 @@ the operator (and bench/governor.py --daemon) in health["simulated"].
 
 from __future__ import annotations
 
+import contextlib
 import logging
-import threading
+import math
 import time
 from collections.abc import Callable
 
@@ -18,53 +24,96 @@ from power.closed_loop import RunResult, run_load
 from power.device import DeviceProfile
 from power.plant import SCENARIOS, Plant, ambient
 from power.rungs import Rung
+from power.simclock import Pace, SimClock
 
 log = logging.getLogger("edgerun.sim")
 
+MAX_STEP_S = 1.0  # the plant's step (the pure simulation's dt): throttling and trips per step
+
 
 class SimulatedDevice:
-    """Steps the plant by about one simulated second per step (at most 4 steps per wall
-    second), so the sensors move as finely as the control loop reads them."""
+    """The plant, its clock and its pace against wall time (module doc)."""
 
     def __init__(self, device: DeviceProfile, root, scenario: str, speed: float,
                  start_hour: float, load: Callable[[], tuple[Rung | None, float]],
-                 latency_target_s: float):
+                 latency_target_s: float, wall: Callable[[], float] = time.monotonic,
+                 duration_s: float = math.inf):
         kind, base, swing = SCENARIOS[scenario]
-        self.plant = Plant(device, ambient(kind, base, swing), t0=start_hour * 3600, root=root)
-        self.plant.write_sysfs()
+        self.root = root
+        self.plant = Plant(device, ambient(kind, base, swing), t0=start_hour * 3600)
+        self.plant.write_sysfs(root)
         self.t0 = self.plant.s.t
+        self.clock = SimClock(self.t0)
+        self.pace = Pace(speed, self.t0, wall())
         self.tally = RunResult("daemon")
-        self._speed, self._load, self._target = speed, load, latency_target_s
-        self._period = min(0.25, max(0.005, 1.0 / speed))
+        self._load, self._target, self._wall = load, latency_target_s, wall
+        self.duration_s = duration_s  # simulated time after which the clock stops
         self._last_rung: str | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="simulator", daemon=True)
 
     def start(self) -> None:
-        """Start stepping."""
-        self._thread.start()
+        """Serving starts: the pace counts from now (start-up and profiling took wall time,
+        not simulated time)."""
+        self.pace.restart(self.clock.now(), self._wall())
 
-    def _run(self) -> None:
-        last = time.monotonic()
-        while not self._stop.wait(self._period):
-            now = time.monotonic()
-            try:
-                rung, offered = self._load()
-                dt = (now - last) * self._speed
+    def due_in(self, tick_s: float) -> float:
+        """Wall seconds until the next tick of `tick_s` simulated seconds is due (inf once
+        the simulated run is over)."""
+        if self.finished:
+            return math.inf
+        return self.pace.due_in(self.clock.now() + tick_s, self._wall())
+
+    def ticks_due(self, tick_s: float, most: int = 20) -> int:
+        """How many ticks of `tick_s` are due now (at most `most`: the loop's other duties,
+        commands and health, get their turn in between); 0 when the next is not yet due,
+        and for good once `duration_s` has been simulated (the tally is final)."""
+        if self.finished:
+            return 0
+        late = self.pace.late_s(self.clock.now() + tick_s, self._wall())
+        if late < 0:
+            return 0
+        left = self.duration_s - (self.clock.now() - self.t0)  # never past the end
+        return min(most, 1 + int(late * self.pace.speed / tick_s),
+                   max(1, math.ceil(left / tick_s - 1e-9)) if math.isfinite(left) else most)
+
+    @property
+    def finished(self) -> bool:
+        """True once `duration_s` of simulated time has passed."""
+        return self.clock.now() - self.t0 >= self.duration_s - 1e-9
+
+    def advance(self, dt: float) -> None:
+        """Step the plant by exactly `dt` simulated seconds with the load running now (in
+        steps of at most MAX_STEP_S), tally it, write the tree, move the clock."""
+        end = self.plant.s.t + dt
+        try:
+            rung, offered = self._load()
+            n = max(1, math.ceil(dt / MAX_STEP_S - 1e-9))
+            for _ in range(n):
                 if rung is None:
-                    self.plant.step(dt, 0.0)
+                    self.plant.step(dt / n, 0.0)
                 else:
-                    if self._last_rung is not None and rung.variant_id != self._last_rung:
-                        self.tally.rung_changes += 1
-                    self._last_rung = rung.variant_id
-                    run_load(self.plant, rung, offered, self._target, dt, self.tally)
-            except Exception:  # the simulator failing must not stop the daemon
-                log.exception("simulator step failed")
-            last = now
+                    run_load(self.plant, rung, offered, self._target, dt / n, self.tally)
+            if rung is not None:
+                if self._last_rung is not None and rung.variant_id != self._last_rung:
+                    self.tally.rung_changes += 1
+                self._last_rung = rung.variant_id
+            self.plant.write_sysfs(self.root)
+        except Exception:  # the simulator failing must not stop the daemon
+            log.exception("simulator step failed: the rest of this step is idle")
+            with contextlib.suppress(Exception):  # time still moves by exactly dt
+                if end - self.plant.s.t > 1e-9:
+                    self.plant.step(end - self.plant.s.t, 0.0)
+        self.clock.advance_to(self.plant.s.t)
+        line = self.pace.reached(self.plant.s.t, self._wall())
+        if line:
+            log.warning("%s", line)
+        if self.finished:
+            log.info("simulated %.4g h: the simulated clock stops here ([simulator] hours); "
+                     "the control loop holds", (self.clock.now() - self.t0) / 3600)
 
     def report(self) -> dict:
-        """What the simulated run delivered so far (for health)."""
+        """What the simulated run delivered so far (for health), and its pace."""
         p, r = self.plant, self.tally
+        speed = self.pace.speed_x()
         return {"t": p.s.t, "ambient_c": round(p.ambient_c(p.s.t), 2),
                 "elapsed_s": round(p.s.t - self.t0, 1), "critical_trips": p.s.critical_trips,
                 "throttled_min": round(p.s.throttled_s / 60, 2),
@@ -72,9 +121,10 @@ class SimulatedDevice:
                 "rung_changes": r.rung_changes, "energy_wh": round(r.energy_wh, 4),
                 "suspended_h": round(p.s.suspended_s / 3600, 4), "suspends": p.s.suspends,
                 "battery_frac": round(p.s.battery_wh / p.device.battery.capacity_wh, 4)
-                if p.s.battery_wh is not None and p.device.battery else None}
+                if p.s.battery_wh is not None and p.device.battery else None,
+                "speed": self.pace.speed, "speed_x": round(speed, 1) if speed else None,
+                "slowed": self.pace.slowed, "slowdowns": self.pace.slowdowns}
 
     def stop(self) -> None:
-        """Stop stepping (the tree keeps its last values)."""
-        self._stop.set()
-        self._thread.join(2)
+        """Stop: whoever waits for simulated time is released (the tree keeps its values)."""
+        self.clock.close()

@@ -243,7 +243,8 @@ def create(d: SleepHost) -> Sleeper | None:
     st = d.device.states
     suspender: Suspender
     if d.sim is not None:
-        suspender = SimulatedSuspend(d.sim.plant, d.cfg.simulator.speed)
+        suspender = SimulatedSuspend(d.sim.plant, d.cfg.simulator.speed,
+                                     advance=d.sim.advance)  # the one simulated clock
         speed = d.cfg.simulator.speed
     else:
         suspender = SysfsSuspend(Path(d.cfg.device.sysfs_root), cfg.rtc,

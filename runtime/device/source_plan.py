@@ -16,7 +16,7 @@ from typing import Any
 from runtime.choice import joint
 from runtime.config.source import model_path
 from runtime.frames.multisource import aggregate, lanes, single
-from runtime.frames.sources import open_source
+from runtime.frames.sources import Clock, open_source
 
 
 def bundled_model() -> Path:
@@ -89,15 +89,16 @@ class SourcePlan:
         got = joint.targets(c.latency_ms, streams)
         return got.get(key) or aggregate(c.latency_ms, [s.rate_hz for s in streams])
 
-    def lanes(self) -> list:
+    def lanes(self, clock: Clock | None = None) -> list:
         """The pipeline's sources: one `[source]`, or each of `[[sources]]` (a trigger gets a
-        client id of its own so two do not take over each other's session)."""
+        client id of its own so two do not take over each other's session). `clock`: the
+        simulated board's, so a synthetic camera offers frames per simulated second."""
         cfg = self.config()
         if not cfg.sources:
             return single(cfg.source, lambda: open_source(
-                cfg.source, self.state_dir, cfg.telemetry.broker, self.device_id))
+                cfg.source, self.state_dir, cfg.telemetry.broker, self.device_id, clock))
         out = lanes(cfg.sources, lambda s, i: open_source(
-            s, self.state_dir, cfg.telemetry.broker, f"{self.device_id}-{s.name}"),
+            s, self.state_dir, cfg.telemetry.broker, f"{self.device_id}-{s.name}", clock),
                     self.model_key)
         for lane in out:  # a source whose model failed at start is never opened
             if lane.model in self.failed:

@@ -31,6 +31,7 @@ from typing import ClassVar, Protocol
 import cv2
 import numpy as np
 
+from power.simclock import WallClock
 from runtime.config.source import SourceConfig
 from runtime.frames import images
 from runtime.frames.images import BadImage
@@ -173,34 +174,41 @@ class _PartPool:
 atexit.register(_PartPool.stop_all)
 
 
+class Clock(Protocol):
+    """What paces a synthetic camera: power.simclock's SimClock (the simulated board's
+    seconds, in lockstep with the daemon) or WallClock (this host's)."""
+
+    def now(self) -> float: ...
+    def wait_until(self, t: float, timeout_s: float) -> bool: ...
+
+
 class SyntheticConveyor:
     """Parts from the bundled model's dataset generator at a steady rate (a simulated camera).
 
     Parts come from a pool of `POOL` rendered parts (see _PartPool), drawn at random by each
     source's own generator (seeded by `seed` and the source's name, so two cameras on the same
-    line do not show the same sequence)."""
+    line do not show the same sequence). `rate_hz` is per second of `clock`: with the
+    simulator, per simulated second (a slowed simulation offers fewer frames a wall second)."""
 
     live = True
     POOL = 256
 
-    def __init__(self, cfg: SourceConfig):
+    def __init__(self, cfg: SourceConfig, clock: Clock | None = None):
         self._cfg = cfg
+        self._clock: Clock = clock if clock is not None else WallClock()
         self.pool = _PartPool.acquire(cfg.seed, cfg.size, cfg.defect_rate, self.POOL)
         self._closed = False
         self._rng = np.random.default_rng([cfg.seed, zlib.crc32(cfg.name.encode())])
         self._n = 0
-        self._next_t = time.monotonic()
+        self._next_t = self._clock.now()
 
     def read(self, timeout_s: float) -> Frame | None:
-        """The next part; paced to `rate_hz`."""
+        """The next part; paced to `rate_hz` on its clock."""
         if self._cfg.rate_hz > 0:
-            wait = self._next_t - time.monotonic()
-            if wait > timeout_s:
-                time.sleep(timeout_s)
+            if not self._clock.wait_until(self._next_t, timeout_s):
                 return None
-            if wait > 0:
-                time.sleep(wait)
-            self._next_t = max(self._next_t + 1 / self._cfg.rate_hz, time.monotonic() - 1)
+            # a slot missed by over a second is dropped, not made up in a burst
+            self._next_t = max(self._next_t + 1 / self._cfg.rate_hz, self._clock.now() - 1)
         self._n += 1
         parts = self.pool.parts
         img, truth = parts[int(self._rng.integers(len(parts)))]
@@ -696,10 +704,12 @@ def decode_payload(payload: bytes, max_pixels: int) -> np.ndarray:
     return images.decode(payload, max_pixels)
 
 
-def open_source(cfg: SourceConfig, state_dir: Path, broker=None, client_id: str = "") -> Source:
-    """The configured source; SourceError when it cannot be opened right now."""
+def open_source(cfg: SourceConfig, state_dir: Path, broker=None, client_id: str = "",
+                clock: Clock | None = None) -> Source:
+    """The configured source; SourceError when it cannot be opened right now. `clock` paces
+    a synthetic camera (default: this host's)."""
     if cfg.kind == "synthetic":
-        return SyntheticConveyor(cfg)
+        return SyntheticConveyor(cfg, clock)
     if cfg.kind == "folder":
         return FolderSource(cfg, state_dir)
     if cfg.kind == "capture":

@@ -70,7 +70,7 @@ cache_dir = "{state}/profiles"
 {backends}
 [source]
 kind = "synthetic"
-rate_hz = {rate}
+rate_hz = {rate}               # per simulated second: the conveyor's --rate a wall second at pace
 
 [governor]
 policy = "step_wise"
@@ -220,6 +220,26 @@ def _clock(sim_t: float | None) -> str:
     return f"{int(h):02d}:{int(h % 1 * 60):02d}"
 
 
+class PaceNotice:
+    """One line when the simulation falls behind its speed (the host is too busy) and one
+    when it is back, from health["simulated"] (runtime/device/simdevice.py)."""
+
+    def __init__(self) -> None:
+        self.slowed = False
+
+    def seen(self, sim: dict) -> str | None:
+        """The line to print for this health's pace, if it changed."""
+        slowed = bool(sim.get("slowed"))
+        if slowed == self.slowed:
+            return None
+        self.slowed = slowed
+        target, got = sim.get("speed"), sim.get("speed_x")
+        if slowed:
+            return (f"  pace: this host is too busy for {target or 0:g}x: the simulation runs "
+                    f"at {got or 0:.0f}x (slower, same decisions)")
+        return f"  pace: back at {target or 0:g}x"
+
+
 def live_line(view: dict, stored: int) -> str:
     """One line of the live view from a device's view in the coordinator."""
     h = view.get("health") or {}
@@ -334,7 +354,8 @@ def run(duration_s: float = 0.0, device: str = "rpi5", scenario: str = "cabinet"
         generate_keypair(state / "command.pem", state / "command.pub")
         cfg_path = workdir / "edgerun.toml"
         cfg_path.write_text(DEMO_CONFIG.format(
-            device=device, state=state, rate=rate, scenario=scenario, speed=speed,
+            device=device, state=state, rate=f"{rate / speed:.6g}", scenario=scenario,
+            speed=speed,
             profiles=bundled() / "reference-profiles.json", backends=REFERENCE_BACKENDS,
             start_hour=start_hour, port=broker.port, username=device_login.username,
             password_file=device_login.password_file))
@@ -353,9 +374,11 @@ def run(duration_s: float = 0.0, device: str = "rpi5", scenario: str = "cabinet"
         print(f"dashboard: {url}/ (token: the content of {state / 'api-token'})", flush=True)
         print(f"daemon: edgerun serve --config {cfg_path} (log: {daemon_log}; kept afterwards "
               f"as {kept_log})", flush=True)
-        print(f"simulated {device}, scenario {scenario}, {speed:g}x from {start_hour:g}:00: "
-              "the simulated camera offers frames as fast as the top rung runs on all cores; "
-              "the live view's frames/s is this host's real pipeline", flush=True)
+        print(f"simulated {device}, scenario {scenario}, {speed:g}x from {start_hour:g}:00, "
+              "in lockstep with the daemon's control loop (a busy host slows the simulation "
+              "down, it does not change what the governor sees): the simulated camera offers "
+              "frames as fast as the top rung runs on all cores; the live view's frames/s is "
+              "this host's real pipeline", flush=True)
         print("the simulated device's ladder: the bundled model's reference profiles (CI "
               "machine, scaled to the device profile), so the demo repeats; `edgerun profile "
               "models/inspection` measures this host", flush=True)
@@ -366,6 +389,7 @@ def run(duration_s: float = 0.0, device: str = "rpi5", scenario: str = "cabinet"
                                       process_group=0)
         started = time.monotonic()
         seen_events = 0
+        pace = PaceNotice()
         while daemon is not None and not terminated:
             time.sleep(1.0)
             if terminated:
@@ -379,6 +403,8 @@ def run(duration_s: float = 0.0, device: str = "rpi5", scenario: str = "cabinet"
             view = views.get("demo-box")
             if view and view.get("health"):
                 print(live_line(view, view["results_stored"]), flush=True)
+                if (line := pace.seen(view["health"].get("simulated", {}))) is not None:
+                    print(line, flush=True)
                 events = coord.store.events("demo-box", 200)
                 for ev in reversed(events[: max(0, len(events) - seen_events)]):
                     if ev["type"] == EventType.RUNG_CHANGED:

@@ -1,10 +1,13 @@
 """Daemon in the loop: the real `edgerun serve` process against the simulated plant.
 
-The daemon runs with its in-process simulator (runtime/device/simdevice.py) at accelerated time: the
-plant is heated by the rung and rate the daemon actually chose, the sensors read the sysfs tree
-the plant writes, and the control step is the shipped one. Profiles are replayed from a
-recording (`simulator.profiles`) so runs repeat; the sessions are real. The tally arrives in
-the daemon's own health messages (health["simulated"]), read here from its outbox.
+The daemon runs with its in-process simulator (runtime/device/simdevice.py) in lockstep: the
+plant moves only as the daemon's control loop ticks (exactly tick_s a tick, paced to `speed`
+when the host keeps up), it is heated by the rung and rate the daemon actually chose, the
+sensors read the sysfs tree the plant writes, and the control step is the shipped one.
+Profiles are replayed from a recording (`simulator.profiles`) so runs repeat; the sessions are
+real. So the decisions do not depend on how busy the host is, only the wall time does. The
+tally arrives in the daemon's own health messages (health["simulated"]), read here from its
+outbox.
 
 Used by bench/governor.py --daemon and tests/test_daemon_loop.py.
 """
@@ -62,6 +65,7 @@ enabled = true
 scenario = "{scenario}"
 speed = {speed}
 start_hour = {start_hour}
+hours = {hours}
 profiles = "{profiles}"
 
 [daemon]
@@ -105,19 +109,25 @@ def run(workdir: Path, device: str, scenario: str, policy: str, hours: float, ra
         profiles: Path, speed: float = 300.0, start_hour: float = 8.0, tick_s: float = 1.0,
         latency_ms: float = 20.0, min_rate_hz: float = 0.2, source_hz: float = 20.0,
         timeout_s: float | None = None, extra: str = "") -> LoopResult:
-    """Run `edgerun serve` until `hours` of simulated time have passed; SIGTERM; the tally.
-    `extra` is appended to the config (e.g. a `[sleep]` section)."""
+    """Run `edgerun serve` until `hours` of simulated time have passed (its simulated clock
+    stops there: [simulator] hours); SIGTERM; the tally, of exactly `hours`.
+    `source_hz`: the synthetic camera's frames per wall second at `speed` (it offers them per
+    simulated second, source_hz / speed: a slowed run offers fewer). `extra` is appended to
+    the config (e.g. a `[sleep]` section)."""
     state = workdir / "state"
     state.mkdir(parents=True, exist_ok=True)
     cfg = workdir / "edgerun.toml"
     cfg.write_text(CONFIG.format(device=device, scenario=scenario, policy=policy, speed=speed,
+                                 hours=hours,
                                  start_hour=start_hour, profiles=profiles.resolve(),
                                  state=state, rate_hz=rate_hz, tick_s=tick_s,
                                  latency_ms=latency_ms, min_rate_hz=min_rate_hz,
-                                 source_hz=source_hz, backends=REFERENCE_BACKENDS) + extra)
+                                 source_hz=source_hz / speed,
+                                 backends=REFERENCE_BACKENDS) + extra)
     log = workdir / "daemon.log"
     t0 = time.monotonic()
-    limit = timeout_s if timeout_s is not None else 120 + 3 * hours * 3600 / speed
+    # lockstep: a busy host runs slower than `speed` (never differently); 50x counted on
+    limit = timeout_s if timeout_s is not None else 120 + 3 * hours * 3600 / min(speed, 50.0)
     with log.open("w") as out:
         proc = subprocess.Popen([sys.executable, "-m", "runtime.cli", "serve", "--config",
                                  str(cfg)], stdout=out, stderr=subprocess.STDOUT)

@@ -123,7 +123,10 @@ _HEALTH = _obj({
                        "critical_trips": _COUNT, "throttled_min": _NUM, "good": _NUM,
                        "good_weighted": _NUM, "rung_changes": _COUNT, "energy_wh": _NUM,
                        "suspended_h": _NUM, "suspends": _COUNT,
-                       "battery_frac": _NUM_OR_NULL}),
+                       "battery_frac": _NUM_OR_NULL,
+                       # the lockstep pace (power/simclock.py): target, achieved, slowed
+                       "speed": _NUM, "speed_x": _NUM_OR_NULL, "slowed": _BOOL,
+                       "slowdowns": _COUNT}),
     # duty cycling (runtime/device/sleep.py, docs/sleep.md)
     "sleep": _obj({"mode": {"enum": ["stay_up", "sleep", "disabled"]}, "period_s": _NUM_OR_NULL,
                    "per_hour": _NUM_OR_NULL, "requested_per_hour": _NUM_OR_NULL,
