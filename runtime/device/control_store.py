@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from power.energy import EnergyState
+from runtime.durable import write_atomic
 
 log = logging.getLogger("edgerun.control_store")
 
@@ -29,10 +30,8 @@ def save(path: Path, energy: EnergyState | None, operator_rate_hz: float) -> Non
     doc: dict[str, Any] = {"v": VERSION, "operator_rate_hz": (
         None if math.isinf(operator_rate_hz) else operator_rate_hz),
         "energy": asdict(energy) if energy is not None else None}
-    tmp = path.with_name(f".{path.name}.tmp")
     try:
-        tmp.write_text(json.dumps(doc))
-        os.replace(tmp, path)
+        write_atomic(path, json.dumps(doc))
     except OSError as e:
         log.warning("cannot save the control state to %s (%s); it will be relearned after a "
                     "restart", path, e)

@@ -17,6 +17,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from runtime.durable import write_atomic
+
 log = logging.getLogger("edgerun.settings")
 
 FILE = "settings.json"
@@ -53,13 +55,8 @@ def load(state_dir: Path) -> dict[str, float]:
 def save(state_dir: Path, settings: dict[str, float]) -> None:
     """Write the overrides atomically (temp + fsync + rename); errors are logged."""
     path = Path(state_dir) / FILE
-    tmp = path.with_name(f".{FILE}.tmp")
     try:
-        with tmp.open("w") as f:
-            f.write(json.dumps(settings))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        write_atomic(path, json.dumps(settings))
     except OSError as e:
         log.warning("cannot save operator settings to %s (%s); they last until a restart",
                     path, e)
