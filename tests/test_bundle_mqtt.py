@@ -20,7 +20,10 @@ from runtime.config.telemetry import BrokerConfig
 from runtime.coordinator.bundle_chunks import ChunkServer
 from runtime.coordinator.bundles import Shelf
 from runtime.ota.bundle import make
-from runtime.ota.bundle_mqtt import (
+from runtime.ota.bundle_mqtt import fetch_over_mqtt
+from runtime.ota.download import DownloadError
+from runtime.wire.broker import free_port
+from runtime.wire.bundle_chunks import (
     BAD_RANGE,
     BAD_REQUEST,
     HEADER,
@@ -30,11 +33,8 @@ from runtime.ota.bundle_mqtt import (
     decode_chunk,
     encode_chunk,
     encode_request,
-    fetch_over_mqtt,
     topic,
 )
-from runtime.ota.download import DownloadError
-from runtime.wire.broker import free_port
 from runtime.wire.commands import generate_keypair, load_private_key
 
 FLEET = "t"

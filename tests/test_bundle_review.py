@@ -13,7 +13,7 @@ import pytest
 from test_bundle_mqtt import Coord, _big_bundle, _fetch, _Shelf
 
 from runtime.coordinator.canary_clock import MAX_SLEEP_S
-from runtime.ota.bundle_mqtt import OK, encode_chunk
+from runtime.wire.bundle_chunks import OK, encode_chunk
 
 
 def test_a_lost_head_chunk_does_not_pull_the_bundle_into_memory(tmp_path, broker):

@@ -157,3 +157,29 @@ def test_files_that_are_not_configs_are_config_errors(tmp_path, what):
     with pytest.raises(ConfigError, match=match) as e:
         config.load(p)
     assert str(e.value).startswith(str(p))
+
+
+# -- config as a leaf (its imports: tests/test_layering.py) ----------------------------------
+
+def test_bundled_models_is_where_the_models_package_is():
+    import models
+    from runtime.config.source import BUNDLED_MODELS
+
+    assert BUNDLED_MODELS == models.ROOT
+
+
+@pytest.mark.parametrize("name", ["onnxruntime", "openvino", "opencv"])
+def test_each_backend_names_its_own_config_class(name):
+    """[backends.<name>] is typed by the class the backend's own file names."""
+    import dataclasses
+    import importlib
+    import typing
+
+    from runtime.config.backends import BackendsConfig
+    from runtime.engine.backends import REGISTRY
+
+    module, cls = REGISTRY[name]
+    backend = getattr(importlib.import_module(module), cls)
+    hints = typing.get_type_hints(BackendsConfig)
+    assert hints[name] is backend.config_class
+    assert dataclasses.is_dataclass(backend.config_class)

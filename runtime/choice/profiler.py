@@ -47,6 +47,7 @@ from runtime.choice.refine import (
 from runtime.choice.report import failure_kinds
 from runtime.choice.selector import Constraints, Profile
 from runtime.config import ModelConfig, ProfilerConfig
+from runtime.durable import write_atomic
 from runtime.engine.backends import Backend, BackendError, Device, ModelFile, Variant
 from runtime.engine.onnx_model import file_sha256
 
@@ -142,9 +143,7 @@ class Profiler:
     def _store(self, key: str, p: Profile) -> None:
         try:
             self._cache.mkdir(parents=True, exist_ok=True)
-            tmp = self._cache / f".{key}.tmp"
-            tmp.write_text(json.dumps(asdict(p)))
-            tmp.replace(self._cache / f"{key}.json")  # atomic: a crash leaves old or new
+            write_atomic(self._cache / f"{key}.json", json.dumps(asdict(p)))
         except OSError as e:
             log.warning("cannot write profile cache %s (%s); profiles will be measured "
                         "again next start", self._cache, e)

@@ -4,7 +4,7 @@ Each component is handed only its own section (`cfg.profiler`, `cfg.backends`, .
 Defaults are chosen so that `edgerun profile MODEL` works with no file at all.
 
 A leaf package: its modules import the standard library and each other, nothing else of the
-project (tests/test_config_leaf.py), so any module can import its section without pulling in
+project (tests/test_layering.py), so any module can import its section without pulling in
 the component that uses it. A module per section that has a component of its own
 (`source`, `backends`, `telemetry`, `coordinator`, `models`, `results`, `local_api`,
 `homeassistant`); the small daemon-wide sections are here.

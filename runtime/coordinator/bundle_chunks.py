@@ -2,7 +2,7 @@
 
 A device that cannot reach the HTTP API asks for its bundle in pieces on its own
 `edgerun/v1/<fleet>/<device>/bundle/req` topic; this answers each request on
-`.../<device>/bundle/chunk` (wire format: runtime/ota/bundle_mqtt.py). It runs its own MQTT
+`.../<device>/bundle/chunk` (wire format: runtime/wire/bundle_chunks.py). It runs its own MQTT
 connection (client id `<client_id>-bundles`, clean session: an unanswered request is simply
 asked again), so megabytes of chunks never delay the acks and commands of the main one. With
 `share_group` the request topic is a shared subscription: one coordinator of the group
@@ -31,7 +31,8 @@ from typing import Any
 
 from runtime.config.telemetry import check_name
 from runtime.coordinator.bundles import BundleRefused, Shelf, check_id
-from runtime.ota.bundle_mqtt import (
+from runtime.wire import safejson
+from runtime.wire.bundle_chunks import (
     BAD_RANGE,
     BAD_REQUEST,
     CHUNK,
@@ -45,7 +46,6 @@ from runtime.ota.bundle_mqtt import (
     nodelay,
     topic,
 )
-from runtime.wire import safejson
 from runtime.wire.quarantine import RateLimitedLog
 
 log = logging.getLogger("edgerun.coordinator.bundles")

@@ -40,8 +40,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from runtime.durable import crash_point
 from runtime.ota.bundle import HEADER, BundleError, model_id, parse_id
-from runtime.ota.store import crash_point
 
 if TYPE_CHECKING:
     from runtime.coordinator.store import Store

@@ -18,9 +18,9 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from runtime.telemetry.homeassistant import config_topics
 from runtime.wire import commands
 from runtime.wire.brokerauth import BrokerAuth, Identity, device_username, write_secret
+from runtime.wire.ha_discovery import config_topics
 
 RELOAD_HINT = ("reload the broker so it reads the new password/ACL files: "
                "`sudo systemctl reload mosquitto` (or `kill -HUP <mosquitto pid>`)")

@@ -22,7 +22,7 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from runtime.coordinator.service import _INBOUND, Coordinator
+from runtime.coordinator.service import INBOUND, Coordinator
 from runtime.wire import metrics
 from runtime.wire.quarantine import RateLimitedLog
 
@@ -132,7 +132,7 @@ class FleetCollector:
         msgs = CounterMetricFamily("edgerun_coordinator_messages_total",
                                    "Messages admitted since the coordinator started, by kind",
                                    labels=["kind"])
-        for kind in _INBOUND:
+        for kind in INBOUND:
             msgs.add_metric([kind], counters.get(kind, 0))
         yield msgs
         yield CounterMetricFamily("edgerun_coordinator_quarantined_total",

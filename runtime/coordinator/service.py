@@ -42,7 +42,8 @@ from runtime.wire.quarantine import RateLimitedLog
 
 log = logging.getLogger("edgerun.coordinator")
 
-_INBOUND = ("state", "result", "health", "event", "cmd/reply")
+INBOUND = (  # the device topics the coordinator subscribes to; metrics counts them
+    "state", "result", "health", "event", "cmd/reply")
 ALERT_LOG = 1000  # alert transitions kept in memory for the dashboard (GET /api/v1/alerts)
 RECENT_S = 10.0  # stats' health_age_recent_s: health taken in the last this many seconds
 
@@ -243,7 +244,7 @@ class Coordinator:
 
     def _filters(self) -> list[tuple[str, int]]:
         out = []
-        for kind in _INBOUND:
+        for kind in INBOUND:
             base = f"{payloads.PREFIX}/{self.cfg.fleet}/+/{kind}"
             # Retained messages are not delivered on shared subscriptions, so every
             # coordinator sees every state (idempotent); command replies go to every
@@ -385,7 +386,7 @@ class Coordinator:
         if parsed is None or parsed[0] != self.cfg.fleet:
             raise Refused("not a topic of this fleet")
         _, device, kind = parsed
-        if kind not in _INBOUND:
+        if kind not in INBOUND:
             raise Refused(f"devices do not publish {kind!r}")
         if check_name("device", device):
             raise Refused("device id is not 1-64 characters of A-Z a-z 0-9 _ . -")

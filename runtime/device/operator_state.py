@@ -10,8 +10,9 @@ Two small JSON files, formats unchanged from the two modules this one replaces
   it away) and the operator's `set_rate` cap (it must not silently lapse):
   `{"v": 1, "operator_rate_hz": 2.0 | null, "energy": {...} | null}`.
 
-Both are written atomically (temp file, fsync, rename); an unreadable file is moved aside
-(`.bad`) with a warning, and the config's values (or a fresh start) apply.
+Both are written atomically (runtime.durable: temp file, fsync, rename, fsync dir); an
+unreadable file is moved aside (`.bad`) with a warning, and the config's values (or a fresh
+start) apply.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from power.energy import EnergyState
+from runtime.durable import write_atomic
 
 log = logging.getLogger("edgerun.operator_state")
 
@@ -101,15 +103,10 @@ class OperatorState:
 
 
 def _write(path: Path, text: str, failed: str) -> None:
-    """The one atomic write of this module (temp + fsync + rename); an error is logged with
-    `failed` (what it means for the operator), never raised: the loop goes on."""
-    tmp = path.with_name(f".{path.name}.tmp")
+    """Write atomically (runtime.durable); an error is logged with `failed` (what it means
+    for the operator), never raised: the loop goes on."""
     try:
-        with tmp.open("w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        write_atomic(path, text)
     except OSError as e:
         log.warning("cannot save %s (%s); %s", path, e, failed)
 

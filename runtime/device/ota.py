@@ -35,9 +35,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from runtime.device.host import Install, OtaHost, Stopping
+from runtime.durable import crash_point
 from runtime.frames.model_counts import ModelId, Tally, model_id
 from runtime.ota.probation import Kpis, Limits, judge
-from runtime.ota.store import ModelStore, crash_point
+from runtime.ota.store import ModelStore
 from runtime.wire.events import EventType
 
 if TYPE_CHECKING:

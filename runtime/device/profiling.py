@@ -20,8 +20,8 @@ import numpy as np
 
 from runtime.choice.measure import Measured
 from runtime.device.host import Install, Stopping
+from runtime.durable import crash_point
 from runtime.frames.model_counts import model_id
-from runtime.ota.store import crash_point
 
 log = logging.getLogger("edgerun.daemon")  # the journal's name for these lines
 

@@ -35,9 +35,9 @@ from typing import IO, Any
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from runtime.durable import fsync_dir
 from runtime.engine.manifest import MANIFEST, load_manifest
 from runtime.engine.onnx_model import ModelError, file_sha256
-from runtime.ota.store import fsync_dir
 from runtime.wire.commands import key_id
 
 SCHEMA = "edgerun.bundle/1"

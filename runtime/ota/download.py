@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from runtime.ota.store import crash_point
+from runtime.durable import crash_point, write_atomic
 
 log = logging.getLogger("edgerun.download")
 
@@ -175,9 +175,7 @@ class _Record:
     def write(self, headers: Any) -> None:
         """Record the copy a response is of (before its bytes are written)."""
         self.doc = {"url": self.url, "size": self.size, **_validators(headers)}
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text(json.dumps(self.doc))
-        os.replace(tmp, self.path)
+        write_atomic(self.path, json.dumps(self.doc))
 
 
 def _validators(headers: Any) -> dict[str, str]:

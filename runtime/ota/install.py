@@ -19,7 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from runtime.ota.store import ModelsConfig, ModelStore, crash_point
+from runtime.durable import crash_point
+from runtime.ota.store import ModelsConfig, ModelStore
 
 if TYPE_CHECKING:  # imported late: `edgerun --help` must not load OpenCV and numpy
     from runtime.ota.bundle import BundleInfo

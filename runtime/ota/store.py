@@ -27,14 +27,14 @@ import json
 import logging
 import os
 import shutil
-import signal
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from runtime.config.models import ModelsConfig
+from runtime.durable import crash_point, fsync_dir, write_atomic
 
-if TYPE_CHECKING:  # bundle imports this module (fsync_dir): bundle is imported late
+if TYPE_CHECKING:  # bundle is imported late: it loads the model-file code (numpy)
     from runtime.ota.bundle import BundleInfo
 
 log = logging.getLogger("edgerun.models")
@@ -42,27 +42,6 @@ log = logging.getLogger("edgerun.models")
 MANIFEST = "manifest.json"  # runtime.engine.manifest.MANIFEST (not imported: cv2, numpy)
 POINTER = "current.json"
 VERSION = 1
-
-
-def crash_point(step: str) -> None:
-    """Tests only: SIGKILL this process when $EDGERUN_CRASH_AT names `step`."""
-    if os.environ.get("EDGERUN_CRASH_AT") == step:
-        log.warning("EDGERUN_CRASH_AT=%s: killing this process (test hook)", step)
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
-def write_atomic(path: Path, doc: Any) -> None:
-    """Write JSON to `path` so that a crash leaves the old or the new file, never a mix:
-    temp file, fsync, rename, fsync the directory."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with tmp.open("w") as f:
-        f.write(json.dumps(doc, indent=1))
-        f.flush()
-        os.fsync(f.fileno())
-    if path.name == POINTER:
-        crash_point("swap")
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
 
 
 class ModelStore:
@@ -106,7 +85,8 @@ class ModelStore:
             return empty
 
     def _write(self, doc: dict[str, Any]) -> None:
-        write_atomic(self.pointer, doc)
+        # crash_at "swap": the new pointer is written and fsynced, not yet renamed
+        write_atomic(self.pointer, json.dumps(doc, indent=1), crash_at="swap")
 
     def path(self, vid: str | None) -> Path | None:
         """The directory of version `vid` when it is complete (has its manifest); None also
@@ -253,14 +233,5 @@ class ModelStore:
                 shutil.rmtree(p, ignore_errors=True)
 
 
-__all__ = ["ModelStore", "ModelsConfig", "crash_point", "write_atomic"]
+__all__ = ["ModelStore", "ModelsConfig"]
 
-
-def fsync_dir(path: Path) -> None:
-    """Make a rename or a new entry in directory `path` durable (a power cut after a rename
-    can otherwise bring back the old name)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

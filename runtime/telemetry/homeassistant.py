@@ -25,7 +25,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import re
 import threading
 from collections.abc import Callable
@@ -34,11 +33,13 @@ from pathlib import Path
 from typing import Any
 
 from runtime.config.homeassistant import HomeAssistantConfig
+from runtime.durable import write_atomic
 from runtime.wire import payloads
+from runtime.wire.ha_discovery import ID_UNSAFE, config_topic, node_id
+from runtime.wire.ha_discovery import config_topics as config_topics  # the device's ACL lines
 
 log = logging.getLogger("edgerun.homeassistant")
 
-_ID_UNSAFE = re.compile(r"[^a-zA-Z0-9_-]")
 MAX_LABEL_ENTITIES = 64  # counters for the first 64 labels; the rest stay in health only
 RECORD = "homeassistant.json"
 
@@ -53,22 +54,10 @@ class DeviceInfo:
     battery: bool = False  # the device has a battery gauge
 
 
-def node_id(fleet: str, device: str) -> str:
-    """The HA node id of a device: `edgerun_<fleet>_<device>` in HA's id alphabet."""
-    return _ID_UNSAFE.sub("_", f"edgerun_{fleet}_{device}")
-
-
-def config_topics(prefix: str, fleet: str, device: str) -> tuple[str, ...]:
-    """Topic filters this device's broker identity must be allowed to publish (ACL lines)."""
-    node = node_id(fleet, device)
-    return tuple(f"{prefix}/{component}/{node}/+/config"
-                 for component in ("sensor", "binary_sensor"))
-
-
 def _object_id(text: str) -> str:
     """An object id for a label: itself when already in HA's alphabet, else a safe form
     plus a hash of the original, so two labels never share an id."""
-    safe = _ID_UNSAFE.sub("_", text)[:40]
+    safe = ID_UNSAFE.sub("_", text)[:40]
     if safe == text:
         return safe
     return f"{safe}_{hashlib.sha1(text.encode()).hexdigest()[:8]}"
@@ -186,10 +175,8 @@ class Discovery:
             return set()
 
     def _save(self) -> None:
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
         try:
-            tmp.write_text(json.dumps({"topics": sorted(self._published)}))
-            os.replace(tmp, self.path)
+            write_atomic(self.path, json.dumps({"topics": sorted(self._published)}))
         except OSError as e:
             log.warning("cannot record the Home Assistant discovery topics in %s (%s); a later "
                         "start may leave stale entities behind", self.path, e)
@@ -201,8 +188,8 @@ class Discovery:
             info = self._info()
             for (component, obj), body in entities(self.fleet, self.device, info,
                                                    self.result_each).items():
-                topic = (f"{self.cfg.discovery_prefix}/{component}/"
-                         f"{node_id(self.fleet, self.device)}/{obj}/config")
+                topic = config_topic(self.cfg.discovery_prefix, component, self.fleet,
+                                     self.device, obj)
                 want[topic] = json.dumps(body, separators=(",", ":")).encode()
         for topic in self._published - set(want):
             want[topic] = b""

@@ -23,10 +23,11 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import threading
 import time
 from pathlib import Path
+
+from runtime.durable import write_atomic
 
 log = logging.getLogger("edgerun.outbox")
 
@@ -129,16 +130,9 @@ class Sidecar:
                           e, self.evicted_total)
 
     def _write(self) -> None:
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        data = json.dumps({"evicted_total": self.evicted_total, "not_before": self.not_before,
-                           "seen_commands": self.seen})
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            os.write(fd, data.encode())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
+        write_atomic(self.path, json.dumps({
+            "evicted_total": self.evicted_total, "not_before": self.not_before,
+            "seen_commands": self.seen}), mode=0o600)
 
 
 def prune(seen: dict[str, float], now: float, keep_s: float) -> dict[str, float]:

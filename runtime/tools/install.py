@@ -33,6 +33,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from runtime.durable import write_atomic
+
 SOURCE = Path(__file__).resolve().parents[2]  # the checkout this module runs from
 UNITS = ("edgerun.service", "edgerun-coordinator.service")
 # The path the shipped units name; rendered to PREFIX/venv/bin/edgerun for another prefix.
@@ -291,10 +293,7 @@ def _write(path: Path, text: str, mode: int) -> bool:
         path.chmod(mode)
         return False
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.chmod(mode)
-    tmp.replace(path)
+    write_atomic(path, text, mode=mode)
     return True
 
 
@@ -328,10 +327,7 @@ def install_docs(o: Options, checkout: Path) -> list[Path]:
         if dest.exists() and dest.read_bytes() == data:
             continue
         dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dest.with_name(dest.name + ".tmp")
-        tmp.write_bytes(data)
-        tmp.chmod(0o644)
-        tmp.replace(dest)
+        write_atomic(dest, data, mode=0o644)
         changed.append(dest)
     return changed
 

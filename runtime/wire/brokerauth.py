@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from runtime.config.telemetry import check_name
+from runtime.durable import write_atomic
 
 log = logging.getLogger("edgerun.brokerauth")
 
@@ -147,43 +148,34 @@ def reaches_fleet_topics(topic: str) -> bool:
 
 
 def _write_like(path: Path, text: str, mode: int) -> None:
-    """Replace `path` atomically, keeping the mode and group of the file it replaces (so a
-    `root:mosquitto 0640` file stays readable by the broker). The temporary file is made
-    new (O_EXCL, O_NOFOLLOW) and set up through its descriptor: a `<path>.tmp` symlink left
-    in the directory is never followed (root running `fleet acl` or `enroll` would write,
-    chmod and chown whatever it points to)."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.unlink(missing_ok=True)  # a leftover (or planted) one: removed, not opened
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            if path.exists():
-                st = path.stat()
-                os.fchmod(f.fileno(), st.st_mode & 0o777)
-                try:
-                    os.fchown(f.fileno(), st.st_uid, st.st_gid)
-                except PermissionError:  # not root: the file becomes ours; its group stays
-                    try:
-                        os.fchown(f.fileno(), -1, st.st_gid)  # a group we are in
-                    except PermissionError:
-                        # the broker reads it through that group (docs/security.md:
-                        # root:mosquitto 0640): a file of our group would lock it out at
-                        # its next reload
-                        raise PermissionError(
-                            f"{path}: not replaced: it belongs to group "
-                            f"{_group(st.st_gid)}, which this user is not in, and the new "
-                            "file would not (the broker reads it through its group); run "
-                            "this as root (`sudo edgerun fleet acl --broker-dir DIR`) or as "
-                            "a member of that group") from None
-            else:
-                os.fchmod(f.fileno(), mode)
-            os.fsync(f.fileno())
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    os.replace(tmp, path)
+    """Replace `path` atomically (runtime.durable: a `<path>.tmp` symlink left in the
+    directory is never followed), keeping the mode and group of the file it replaces (so a
+    `root:mosquitto 0640` file stays readable by the broker). The temporary file is set up
+    through its descriptor: root running `fleet acl` or `enroll` never chmods or chowns a
+    path someone else could have swapped."""
+
+    def like_the_old(fd: int) -> None:
+        if not path.exists():
+            os.fchmod(fd, mode)
+            return
+        st = path.stat()
+        os.fchmod(fd, st.st_mode & 0o777)
+        try:
+            os.fchown(fd, st.st_uid, st.st_gid)
+        except PermissionError:  # not root: the file becomes ours; its group stays
+            try:
+                os.fchown(fd, -1, st.st_gid)  # a group we are in
+            except PermissionError:
+                # the broker reads it through that group (docs/security.md:
+                # root:mosquitto 0640): a file of our group would lock it out at its next
+                # reload
+                raise PermissionError(
+                    f"{path}: not replaced: it belongs to group {_group(st.st_gid)}, which "
+                    "this user is not in, and the new file would not (the broker reads it "
+                    "through its group); run this as root (`sudo edgerun fleet acl "
+                    "--broker-dir DIR`) or as a member of that group") from None
+
+    write_atomic(path, text, setup=like_the_old, tmp=path.with_name(path.name + ".tmp"))
 
 
 def _group(gid: int) -> str:

@@ -24,6 +24,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from runtime.durable import write_atomic
 from runtime.wire import payloads
 
 # The longest lifetime (expires_at - issued_at) a device accepts by default: a day. A command
@@ -309,10 +310,8 @@ def generate_keypair(private_path: Path, public_path: Path, overwrite: bool = Tr
         finally:
             tmp.unlink()
         return key_id(key.public_key())
-    private_path.touch(mode=0o600)
-    private_path.chmod(0o600)  # touch keeps the mode of an existing file
-    private_path.write_bytes(private_pem)
-    tmp = public_path.with_name(f".{public_path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(public_pem)
-    tmp.replace(public_path)
+    # a crash leaves the old pair's file or the new one, never half a key
+    write_atomic(private_path, private_pem, mode=0o600)
+    write_atomic(public_path, public_pem,
+                 tmp=public_path.with_name(f".{public_path.name}.{os.getpid()}.tmp"))
     return key_id(key.public_key())
