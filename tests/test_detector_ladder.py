@@ -300,7 +300,9 @@ def test_a_fixed_reshape_detector_gets_the_skip_reason_naming_the_node(tmp_path)
         cv2.imwrite(str(val / "images" / f"{i}.png"), np.full((64, 64, 3), 40 * i, np.uint8))
     doc = prepare(tiny_detector(tmp_path / "fixed.onnx", hw=(96, 96)), None, val,
                   tmp_path / "out", PrepareOptions(name="fixed", preprocess=PIXELS,
-                                                   labels=LABELS))
+                                                   labels=LABELS,
+                                                   # flat grey images: a constant output
+                                                   check_reference=False))
     assert "fp32-r64" not in [v["name"] for v in doc["variants"]]
     (skip,) = [f for f in doc["failed"] if f["variant"] == "reduced"]
     assert skip["skipped"] is True and skip["step"] == "reduced"
@@ -396,7 +398,8 @@ def test_the_bench_detector_as_a_dynamic_export_gets_a_reduced_rung(tmp_path, mo
     for i, img in enumerate(generated_frames((64, 64), 4, seed=2)):
         cv2.imwrite(str(val / f"{i}.png"), img)
     opts = PrepareOptions(name="d", preprocess=Preprocess(), min_accuracy_ratio=0.0,
-                          labels=tuple(bench.DETECTOR_CLASSES))
+                          labels=tuple(bench.DETECTOR_CLASSES),
+                          check_reference=False)  # random weights: no box on 4 images
     fixed = prepare(bench.detector_model(tmp_path / "fixed.onnx", hw=64, width=4), None, val,
                     tmp_path / "fixed", opts)
     (skip,) = [f for f in fixed["failed"] if f["variant"] == "reduced"]

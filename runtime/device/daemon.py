@@ -888,7 +888,8 @@ class Daemon:
                         "infer_hz": round(ld.infer_hz, 3), "power_w": round(
                             r.power_w(ld.infer_hz), 4),
                         "sources": [st.name for st in streams if st.model == key],
-                        "reason": reason})
+                        "reason": reason, "blind": self.pipeline.sight.blind.get(name)
+                        if self.pipeline else None})
         box = {"rung": self.joint_current + 1, "rungs": len(self.joint)} if self.joint else {}
         return {"models": share_reasons(out), **({"box": box} if box else {})}
 

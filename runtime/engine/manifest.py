@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -145,6 +145,9 @@ class Manifest:
     # `check` and `serve` to say
     preprocess_source: str = "manifest"
     labels_source: str = "manifest"
+    # per source model: its kept validation images (`eval` in the manifest), what engines
+    # measure their own precisions on (runtime/choice/hint_accuracy.py)
+    eval_sets: dict[str, dict] = field(default_factory=dict)
 
     def path(self, v: VariantEntry) -> Path:
         """Absolute path of a variant's file."""
@@ -201,7 +204,10 @@ def load_manifest(root: str | Path) -> Manifest:
                         preprocess_source=f"manifest (from {made['preprocess']})"
                         if isinstance(made.get("preprocess"), str) else "manifest",
                         labels_source=f"manifest (from {made['labels']})"
-                        if isinstance(made.get("labels"), str) else "manifest")
+                        if isinstance(made.get("labels"), str) else "manifest",
+                        eval_sets={k: v for k, v in doc.get("eval", {}).items()
+                                   if isinstance(v, dict)}
+                        if isinstance(doc.get("eval"), dict) else {})
     except (KeyError, TypeError, AttributeError) as e:
         raise ModelError(f"{path}: missing or invalid field: {e}") from e
 

@@ -105,3 +105,31 @@ class FirstFrames:
             judge(outs, top1=self._counts)
         self._rows.clear()
         return self.verdict
+
+
+class Watch:
+    """Every served model's first frames (one FirstFrames per model file), for the pipeline:
+    `see` returns a `model_blind` event dict once, when a model's first frames look
+    degenerate; `blind` holds what was seen, by model name, for health."""
+
+    def __init__(self, n: int = FIRST_FRAMES):
+        self._n = n
+        self._by: dict[tuple[str, str], FirstFrames] = {}
+        self.blind: dict[str, str] = {}
+
+    def see(self, manifest, output: np.ndarray, result: dict) -> dict | None:
+        """One frame of `manifest`'s model (runtime.engine.manifest.Manifest)."""
+        key = (manifest.name, str(manifest.root))
+        ff = self._by.get(key)
+        if ff is None:
+            ff = self._by[key] = FirstFrames(manifest.detect is not None, self._n)
+            self.blind.pop(manifest.name, None)  # a new file of that name starts afresh
+        v = ff.see(output, result)
+        if v is None or not v.blind:
+            return None
+        self.blind[manifest.name] = f"{v.kind}: {v.seen}"
+        return {"type": "model_blind", "severity": "warning", "model": manifest.name,
+                "kind": v.kind, "seen": v.seen, "frames": self._n,
+                "preprocess": manifest.preprocess_source,
+                "hint": "its outputs over its first frames look degenerate: check the "
+                        "preprocessing (`edgerun check` prints it and where it came from)"}
