@@ -52,7 +52,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     from power.device import load_profile
     from power.sensors import detect_meter
     from runtime import config as config_mod
-    from runtime.choice.profiler import Profiler, default_threads, model_files, profile_all
+    from runtime.choice.profiler import Profiler, default_threads, profile_all
     from runtime.choice.selector import Constraints, NoVariantError, frontier, select
     from runtime.engine.backends import discover
 
@@ -80,7 +80,12 @@ def cmd_profile(args: argparse.Namespace) -> int:
         prof_cfg = replace(prof_cfg, time_budget_s=args.time_budget)
     device = load_profile(cfg.device.profile)
     meter = detect_meter(Path(cfg.device.sysfs_root), device)
-    models = model_files(model_cfg)
+    from runtime.choice import hint_accuracy
+    from runtime.engine.manifest import configured_model
+    from runtime.engine.manifest import model_files as forms_of
+
+    manifest = configured_model(model_cfg.path, model_cfg)
+    models = forms_of(manifest)
     backends = discover(cfg.backends)
     if not backends:
         print("edgerun: no inference backend is usable on this machine", file=sys.stderr)
@@ -93,7 +98,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
     profiler = Profiler(prof_cfg, meter, device.name,
                         active_w_per_core=device.power.active_w_per_core)
     profiles = profile_all(backends, models, threads, cfg.backends, profiler,
-                           fresh=args.fresh, progress=progress)
+                           fresh=args.fresh, progress=progress,
+                           screen=lambda w: hint_accuracy.apply(w, manifest,
+                                                                prof_cfg.cache_dir, args.fresh))
     front = frontier(profiles)
     try:
         choice = select(profiles, constraints)
