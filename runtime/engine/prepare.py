@@ -233,11 +233,20 @@ def make_int8(src: Path, dst: Path, batches: Callable[[], Iterator[np.ndarray]],
             return None if x is None else {input_name: x}
 
     warnings: list[str] = []
+    import importlib.util
+
+    # symbolic shape inference imports sympy (a dependency of edgerun since issue 24): when an
+    # install lacks it, that pass is skipped on purpose, said once, not tried and warned about
+    symbolic = importlib.util.find_spec("sympy") is not None
+    if not symbolic:
+        warnings.append("int8: sympy is not installed, so ORT's symbolic shape inference is "
+                        "skipped (pip install sympy; it is in edgerun's dependencies)")
     with tempfile.TemporaryDirectory() as tmp:
         for skip_opt in (False, True):
             pre = Path(tmp) / f"pre{int(skip_opt)}.onnx"
             try:
-                quant_pre_process(str(src), str(pre), skip_optimization=skip_opt)
+                quant_pre_process(str(src), str(pre), skip_optimization=skip_opt,
+                                  skip_symbolic_shape=not symbolic)
             except Exception as e:
                 warnings.append(f"int8: symbolic shape inference failed ({type(e).__name__}: "
                                 f"{e}); skipped it")
