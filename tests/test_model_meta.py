@@ -204,3 +204,19 @@ def test_unreadable_val_images_name_the_file_and_leave_out_alone(tmp_path):
     with pytest.raises(StepError, match=r"images: .*05\.png: not a readable image"):
         prepare(model, None, shots, out, PrepareOptions(name="y"))
     assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]
+
+
+def test_int8_runs_symbolic_shape_inference(tmp_path, caplog):
+    """sympy is a dependency (issue 24: every int8 attempt warned that it was missing)."""
+    import logging
+
+    from models.synthetic import CLASSES, write_folder
+
+    write_folder(tmp_path / "val", seed=2, count=10, size=32)
+    with caplog.at_level(logging.WARNING):
+        doc = prepare(tiny_cnn(tmp_path / "m.onnx", hw=(32, 32)), None, tmp_path / "val",
+                      tmp_path / "out", PrepareOptions(name="m", labels=CLASSES,
+                                                       reduced=False))
+    assert "int8" in [v["name"] for v in doc["variants"]] + [f["variant"] for f in
+                                                              doc["failed"]]
+    assert "sympy" not in caplog.text and "symbolic shape inference" not in caplog.text

@@ -434,6 +434,11 @@ def configured_model(path: str | Path, cfg: Any) -> Manifest:
                    task=getattr(cfg, "task", "auto"), fmt=getattr(cfg, "format", "auto"),
                    score_threshold=getattr(cfg, "score_threshold", 0.25),
                    iou_threshold=getattr(cfg, "iou_threshold", 0.45))
+    if m.bare and (cfg.labels or cfg.preprocess):  # name the files, not only the keys
+        m = replace(m, labels_source=f"file {cfg.labels} ([model] labels)" if cfg.labels
+                    else m.labels_source,
+                    preprocess_source=f"file {cfg.preprocess} ([model] preprocess)"
+                    if cfg.preprocess else m.preprocess_source)
     if getattr(cfg, "tiling", False):
         if m.detect is None:
             logging.getLogger("edgerun.model").warning(
