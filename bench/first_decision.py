@@ -117,7 +117,7 @@ def heavy_ladder(root: Path, ch: int = 24) -> Path:
 
 
 DETECTOR_CLASSES = ("scratch", "dent", "stain")
-DETECTOR_VERSION = 2  # bump when detector_model changes: the cache is keyed on it
+DETECTOR_VERSION = 3  # bump when detector_model changes: the cache is keyed on it
 
 
 def _detector_graph(hw: int, width: int, classes: int, shift: float, dynamic: bool = False):

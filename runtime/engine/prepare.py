@@ -270,6 +270,64 @@ def make_int8(src: Path, dst: Path, batches: Callable[[], Iterator[np.ndarray]],
     return warnings
 
 
+def int8_base(src: Path, dst: Path) -> list[str]:
+    """ORT's pre-quantization processing of `src` into `dst`, every node named (the int8
+    search excludes nodes by name); returns warnings."""
+    import importlib.util
+
+    from onnxruntime.quantization import quant_pre_process
+
+    from runtime.engine.int8_search import name_nodes
+
+    warnings: list[str] = []
+    symbolic = importlib.util.find_spec("sympy") is not None
+    if not symbolic:
+        warnings.append("int8: sympy is not installed, so ORT's symbolic shape inference is "
+                        "skipped (pip install sympy; it is in edgerun's dependencies)")
+    try:
+        quant_pre_process(str(src), str(dst), skip_symbolic_shape=not symbolic)
+    except Exception as e:
+        warnings.append(f"int8: ORT's pre-processing failed ({type(e).__name__}: {e}); "
+                        "quantizing the graph as it is")
+        shutil.copy(src, dst)
+    proto = onnx.load(str(dst))
+    if name_nodes(proto):
+        onnx.save(proto, str(dst))
+    return warnings
+
+
+def quantize_to(pre: Path, dst: Path, batches: Callable[[], Iterator[np.ndarray]],
+                input_name: str, exclude: list[str], method: str) -> None:
+    """Static QDQ int8 of `pre` (from int8_base) into `dst`: per-channel weights, `exclude`d
+    nodes left in float, calibrated by `method` (MinMax | Percentile | Entropy); raises
+    StepError when the result does not load."""
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        CalibrationMethod,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self._it = batches()
+
+        def get_next(self):
+            x = next(self._it, None)
+            return None if x is None else {input_name: x}
+
+    quantize_static(str(pre), str(dst), Reader(), quant_format=QuantFormat.QDQ,
+                    per_channel=True, activation_type=QuantType.QUInt8,
+                    weight_type=QuantType.QInt8, nodes_to_exclude=list(exclude),
+                    calibrate_method=getattr(CalibrationMethod, method))
+    try:
+        _session(dst)
+    except Exception as e:
+        raise StepError("int8", f"the quantized graph does not load: "
+                        f"{str(e).splitlines()[0][:200]}") from e
+
+
 class Skipped(StepError):
     """A step this model cannot take (not an error of the model): listed in the manifest's
     `failed` with `"skipped": true` and the reason."""
@@ -281,6 +339,21 @@ def reduced_hw(hw: tuple[int, int], multiple: int = 8) -> tuple[int, int]:
     stays as it is: a "reduced" form must not grow a side)."""
     return tuple(min(d, max(16, multiple, round(d * 2 / 3 / multiple) * multiple))  # type: ignore
                  for d in hw)
+
+
+DETECTOR_SCALES = (0.8, 0.7, 0.5)  # a detector's reduced rungs: 320 -> 256, 224, 160
+
+
+def detector_sizes(hw: tuple[int, int], multiple: int) -> list[tuple[int, int]]:
+    """A detector's reduced input sizes, largest first: each side at DETECTOR_SCALES of its
+    own, rounded to `multiple` (its stride), smaller than the input on both sides and at
+    least 2 x `multiple` (and 16): 320 at stride 32 -> 256, 224, 160."""
+    out: list[tuple[int, int]] = []
+    for f in DETECTOR_SCALES:
+        size = tuple(max(16, 2 * multiple, round(d * f / multiple) * multiple) for d in hw)
+        if all(n < d for n, d in zip(size, hw, strict=True)) and size not in out:
+            out.append(size)  # type: ignore[arg-type]
+    return out
 
 
 def _ort_failure(e: BaseException, proto: onnx.ModelProto) -> str:
@@ -305,7 +378,7 @@ def _ort_failure(e: BaseException, proto: onnx.ModelProto) -> str:
 
 def make_reduced(src: Path, dst: Path, input_name: str, shape: tuple[int, ...],
                  pre: Preprocess, form: Callable[[tuple, tuple], str | None] | None = None,
-                 multiple: int = 8) -> tuple[int, ...]:
+                 multiple: int = 8, size: tuple[int, int] | None = None) -> tuple[int, ...]:
     """Step 4; returns the reduced input shape, or raises Skipped when the graph does not run
     at it or its output changes form. `src` is the normalised graph *before* ORT's constant
     folding (folding at the full size would bake Shape-derived reshapes into constants); it
@@ -313,7 +386,7 @@ def make_reduced(src: Path, dst: Path, input_name: str, shape: tuple[int, ...],
     output shapes are not the same form (None: they are: the candidate count may change);
     without it the output shape must not change (a classifier's)."""
     h, w = pre.hw(shape)
-    nh, nw = reduced_hw((h, w), multiple)
+    nh, nw = size or reduced_hw((h, w), multiple)
     if nh >= h and nw >= w:
         raise Skipped("reduced", f"skipped: the input {h}x{w} is already the smallest size "
                       "a reduced form is made at")
@@ -789,23 +862,56 @@ def _prepare(model: Path, calib_files: list[Path], val_files: list[Path],
         make_fp16(fp32, p)
         return shape, []
 
-    def int8(p: Path) -> tuple[tuple[int, ...], list[str]]:
-        return shape, make_int8(staged, p, calib_batches, input_name)
+    search_log: list[dict] = []
 
-    def reduced(p: Path) -> tuple[tuple[int, ...], list[str]]:
+    def int8(p: Path) -> tuple[tuple[int, ...], list[str]]:
+        if spec is None:
+            return shape, make_int8(staged, p, calib_batches, input_name)
+        # a detector: its box decoding left in float as far as measurement says it must be
+        from runtime.engine import int8_search
+
+        base = scratch / "int8-base.onnx"
+        warns = int8_base(staged, base)
+        tail, head = int8_search.decode_tail(onnx.load(str(base)))
+        cands = scratch / "int8"
+        cands.mkdir(exist_ok=True)
+
+        def acc(path: Path) -> float:
+            return measure_detector(path, input_name, full, ref, ref_dets, det_truth, spec,
+                                    hw, n_classes)["accuracy"]
+
+        best, tried = int8_search.search(
+            lambda dst, nodes, method: quantize_to(base, dst, calib_batches, input_name,
+                                                   nodes, method),
+            acc, tail, head, entries[0].accuracy, cands,
+            log=lambda m: log.info("%s: %s", model.name, m))
+        search_log.extend(c.to_dict() for c in tried)
+        if best is None:
+            raise StepError("int8", "every int8 candidate failed: " + "; ".join(
+                f"{c.exclude}/{c.method}: {c.error}" for c in tried))
+        shutil.copy(best, p)
+        return shape, warns
+
+    # a detector: the candidate count may change, the form may not; YOLO-style graphs need a
+    # multiple of their largest stride (32) to run at all
+    multiple = meta.stride or (32 if all(d % 32 == 0 for d in hw) and min(hw) >= 64 else 8)
+
+    def reduced(p: Path, size: tuple[int, int] | None = None
+                ) -> tuple[tuple[int, ...], list[str]]:
         if spec is None:
             return make_reduced(staged, p, input_name, shape, pre), []
-        # a detector: the candidate count may change, the form may not; YOLO-style graphs
-        # need a multiple of their largest stride (32) to run at all
-        multiple = meta.stride or (32 if all(d % 32 == 0 for d in hw) and min(hw) >= 64
-                                   else 8)
         return make_reduced(staged, p, input_name, shape, pre,
                             lambda a, b: detection.form_change(a, b, spec.format, n_classes),
-                            multiple), []
+                            multiple, size), []
 
-    steps = [("fp16", "fp16", fp16), ("int8", "int8", int8)]
-    if opts.reduced:
+    steps: list[tuple[str, str, Callable]] = [("fp16", "fp16", fp16), ("int8", "int8", int8)]
+    if opts.reduced and spec is not None and (sizes := detector_sizes(hw, multiple)):
+        # several resolutions, each a rung the governor can step to (issue 24)
+        steps += [("reduced", "fp32-reduced", lambda p, sz=sz: reduced(p, sz))
+                  for sz in sizes]
+    elif opts.reduced:
         steps.append(("reduced", "fp32-reduced", reduced))
+    blocked = False  # a graph that does not run at one reduced size runs at none
     skip = {}
     if not calib_files:
         skip["int8"] = "skipped: no images to calibrate on (give --calib DIR or --val DIR)"
@@ -813,7 +919,10 @@ def _prepare(model: Path, calib_files: list[Path], val_files: list[Path],
         skip["reduced"] = ("skipped: no images to measure a lower resolution on (generated "
                            "inputs say nothing about detail lost; give --val DIR)")
     for step, precision, make in steps:
+        if step == "reduced" and blocked:
+            continue
         if step in skip:
+            blocked = blocked or step == "reduced"  # said once for every size
             log.warning("%s: variant %s%s %s", model.name, stem, step, skip[step])
             failed.append({"variant": f"{stem}{step}", "step": step, "error": skip[step],
                            "skipped": True})
@@ -831,6 +940,8 @@ def _prepare(model: Path, calib_files: list[Path], val_files: list[Path],
             add(name, step, precision, path, new_shape,
                 tensors(new_shape) if new_shape != shape else full)
         except Skipped as e:  # not possible for this graph: said why, not an error
+            blocked = blocked or "does not run at" in e.message or "already the smallest" \
+                in e.message
             log.warning("%s: variant %s%s %s", model.name, stem, step, e.message)
             failed.append({"variant": f"{stem}{step}", "step": e.step, "error": e.message,
                            "skipped": True})
@@ -867,6 +978,8 @@ def _prepare(model: Path, calib_files: list[Path], val_files: list[Path],
     }
     if spec is not None:
         doc["postprocess"] = spec.to_dict()
+    if search_log:  # every int8 candidate of a detector, measured (runtime/engine/int8_search.py)
+        doc["int8_search"] = {model.name: search_log}
     if existing and existing.get("postprocess") != doc.get("postprocess"):
         raise ModelError(f"{dest / MANIFEST}: postprocessing differs from this model's "
                          f"({existing.get('postprocess')} vs {doc.get('postprocess')}); "
@@ -880,5 +993,8 @@ def _prepare(model: Path, calib_files: list[Path], val_files: list[Path],
         doc["eval"] = {**{k: v for k, v in existing.get("eval", {}).items()
                           if k != model.name}, **evals}
         doc["made_with"] = existing.get("made_with", doc["made_with"])
+        if search_log or existing.get("int8_search"):
+            doc["int8_search"] = {**existing.get("int8_search", {}),
+                                  **doc.get("int8_search", {})}
     (out / MANIFEST).write_text(json.dumps(doc, indent=2) + "\n")
     return doc
