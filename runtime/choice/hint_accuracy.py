@@ -69,10 +69,19 @@ class Measured:
 class EvalSet:
     """The validation images a ladder keeps (runtime/engine/prepare.py `_eval_set`)."""
 
-    images: np.ndarray  # [N, H, W, 3] BGR uint8 at the source model's full input size
+    images: np.ndarray  # [N, H, W, 3] BGR uint8 at the source model's full input size (decoded)
     truth: np.ndarray | None  # classifier labels
     det_truth: list[tuple[np.ndarray, np.ndarray]] | None  # detector boxes, classes
     sha256: str
+
+
+def _decode(buf: np.ndarray, path: Path) -> np.ndarray:
+    import cv2
+
+    img = cv2.imdecode(buf, cv2.IMREAD_COLOR)
+    if img is None:
+        raise ValueError(f"{path}: an image that does not decode")
+    return img
 
 
 def load_eval(manifest: Manifest, source: str) -> EvalSet | str:
@@ -89,7 +98,8 @@ def load_eval(manifest: Manifest, source: str) -> EvalSet | str:
         if digest != entry.get("sha256"):
             return f"{path}: sha256 does not match the manifest's"
         with np.load(path, allow_pickle=False) as z:
-            images = z["images"]
+            data, off = z["jpeg"], z["jpeg_offsets"]
+            images = np.stack([_decode(data[a:b], path) for a, b in itertools.pairwise(off)])
             truth = z.get("truth", None)
             det = None
             if "offsets" in z:
@@ -97,8 +107,8 @@ def load_eval(manifest: Manifest, source: str) -> EvalSet | str:
                 det = [(boxes[a:b], classes[a:b]) for a, b in itertools.pairwise(off)]
     except (OSError, ValueError, KeyError) as e:
         return f"{path}: unreadable ({e})"
-    if images.ndim != 4 or images.shape[3] != 3 or images.dtype != np.uint8 or not len(images):
-        return f"{path}: 'images' is not [N, H, W, 3] uint8"
+    if images.ndim != 4 or images.shape[3] != 3 or not len(images):
+        return f"{path}: its images are not colour frames"
     return EvalSet(images, truth, det, digest)
 
 

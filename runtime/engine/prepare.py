@@ -317,10 +317,14 @@ def quantize_to(pre: Path, dst: Path, batches: Callable[[], Iterator[np.ndarray]
             x = next(self._it, None)
             return None if x is None else {input_name: x}
 
-    quantize_static(str(pre), str(dst), Reader(), quant_format=QuantFormat.QDQ,
-                    per_channel=True, activation_type=QuantType.QUInt8,
-                    weight_type=QuantType.QInt8, nodes_to_exclude=list(exclude),
-                    calibrate_method=getattr(CalibrationMethod, method))
+    import contextlib
+    import io
+
+    with contextlib.redirect_stdout(io.StringIO()):  # the calibrators print their progress
+        quantize_static(str(pre), str(dst), Reader(), quant_format=QuantFormat.QDQ,
+                        per_channel=True, activation_type=QuantType.QUInt8,
+                        weight_type=QuantType.QInt8, nodes_to_exclude=list(exclude),
+                        calibrate_method=getattr(CalibrationMethod, method))
     try:
         _session(dst)
     except Exception as e:
@@ -614,16 +618,27 @@ EVAL_IMAGES = 64  # val images kept in the ladder for engines to measure their o
 
 def _eval_set(images: list[np.ndarray], hw: tuple[int, int], pre: Preprocess,
               truth: np.ndarray | None, det_truth: list | None, path: Path) -> int:
-    """Write up to EVAL_IMAGES val images (BGR uint8 at the fp32 input size, evenly spread)
+    """Write up to EVAL_IMAGES val images (JPEG, at the fp32 input size, evenly spread)
     and their labels into `path` (npz): what runtime/choice/hint_accuracy.py measures an
     engine's own precision (OpenVINO bf16, OpenCV fp16) on. Returns how many."""
     from runtime.engine.manifest import _RESIZE
 
     idx = np.linspace(0, len(images) - 1, min(EVAL_IMAGES, len(images))).astype(int)
     h, w = hw
-    arrays: dict[str, np.ndarray] = {"images": np.stack([
-        cv2.resize(images[i], (w, h), interpolation=_RESIZE[pre.resize])
-        if images[i].shape[:2] != (h, w) else images[i] for i in idx])}
+    # JPEG (quality 95): 64 frames of 320 px as raw pixels were 16 MB in a ladder that ships
+    # over the air; lossy is fine here, as the engine and its reference both see the decoded
+    # image (runtime/choice/hint_accuracy.py compares them on the same pixels)
+    jpegs = []
+    for i in idx:
+        img = cv2.resize(images[i], (w, h), interpolation=_RESIZE[pre.resize]) \
+            if images[i].shape[:2] != (h, w) else images[i]
+        ok, buf = cv2.imencode(".jpg", img, [cv2.IMWRITE_JPEG_QUALITY, 95])
+        if not ok:
+            raise StepError("eval", f"cannot encode val image {int(i)} as JPEG")
+        jpegs.append(buf.reshape(-1))
+    arrays: dict[str, np.ndarray] = {
+        "jpeg": np.concatenate(jpegs).astype(np.uint8),
+        "jpeg_offsets": np.cumsum([0, *(len(b) for b in jpegs)]).astype(np.int64)}
     if truth is not None:
         arrays["truth"] = truth[idx].astype(np.int64)
     if det_truth is not None:
