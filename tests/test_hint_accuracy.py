@@ -153,3 +153,17 @@ def test_the_profile_command_uses_the_measured_accuracy(tmp_path, ladder):
         entry = m.variant("fp32")  # hints lower only the fp32 file
         assert p["accuracy"] == pytest.approx(_by_hand(m, entry, "bf16"))
         assert p["accuracy"] < 0.5  # bf16's own figure, not fp32's 1.0 copied
+
+
+def test_a_signed_bundle_carries_the_eval_images(tmp_path, ladder):
+    """A ladder shipped over the air keeps what its engines' own precisions are measured on."""
+    from runtime.ota.bundle import make, unpack
+    from runtime.wire.commands import generate_keypair, load_private_key, load_public_keys
+
+    generate_keypair(tmp_path / "k.pem", tmp_path / "k.pub")
+    info = make(ladder, load_private_key(tmp_path / "k.pem"), tmp_path / "b.edgerun", "1")
+    assert "eval.npz" in [f["name"] for f in info.files]
+    unpack(tmp_path / "b.edgerun", tmp_path / "got", load_public_keys([str(tmp_path / "k.pub")]))
+    got = load_manifest(tmp_path / "got")
+    ev = hint_accuracy.load_eval(got, "m.onnx")
+    assert not isinstance(ev, str) and len(ev.images) == 24
