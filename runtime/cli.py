@@ -51,7 +51,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     """Profile every variant of a model and pick the lowest-energy one meeting the target."""
     from power.sensors import detect_meter
     from runtime import config as config_mod
-    from runtime.choice.profiler import Profiler, default_threads, model_files, profile_all
+    from runtime.choice.profiler import Profiler, default_threads, profile_all
     from runtime.choice.selector import Constraints, NoVariantError, frontier, select
     from runtime.device.profiles import load_profile
     from runtime.engine.backends import discover
@@ -80,7 +80,12 @@ def cmd_profile(args: argparse.Namespace) -> int:
         prof_cfg = replace(prof_cfg, time_budget_s=args.time_budget)
     device = load_profile(cfg.device.profile)
     meter = detect_meter(Path(cfg.device.sysfs_root), device)
-    models = model_files(model_cfg)
+    from runtime.choice import hint_accuracy
+    from runtime.engine.manifest import configured_model
+    from runtime.engine.manifest import model_files as forms_of
+
+    manifest = configured_model(model_cfg.path, model_cfg)
+    models = forms_of(manifest)
     backends = discover(cfg.backends)
     if not backends:
         print("edgerun: no inference backend is usable on this machine", file=sys.stderr)
@@ -96,7 +101,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
                         active_w_per_core=device.power.active_w_per_core,
                         accelerators=device.accelerators, gpu_meters=gpu_meters())
     profiles = profile_all(backends, models, threads, cfg.backends, profiler,
-                           fresh=args.fresh, progress=progress)
+                           fresh=args.fresh, progress=progress,
+                           screen=lambda w: hint_accuracy.apply(w, manifest,
+                                                                prof_cfg.cache_dir, args.fresh))
     front = frontier(profiles)
     try:
         choice = select(profiles, constraints)
@@ -162,6 +169,7 @@ def _check_model(cfg) -> int:
     bare .onnx with its input shape, labels and preprocessing) and say what was found, on
     stderr. 1 when `serve` would fail on it."""
     from runtime.engine.manifest import configured_model, model_files
+    from runtime.engine.model_meta import describe
     from runtime.engine.onnx_model import ModelError
 
     def say(line: str) -> None:
@@ -188,6 +196,8 @@ def _check_model(cfg) -> int:
         if ignored or cfg.model.output != "scores":
             say(f"  note: [model] {', '.join(ignored or ['output'])} apply to a bare .onnx only;"
                 " the manifest declares its own")
+    say(f"  preprocess: {describe(m.preprocess.to_dict())} (from {m.preprocess_source}); "
+        f"labels: {len(m.labels)} (from {m.labels_source})")
     if m.detect is not None:  # docs/detectors.md
         d = m.detect
         say(f"  detector: {d.format} output, score >= {d.score_threshold}, NMS IoU "
@@ -254,6 +264,7 @@ def cmd_models(args: argparse.Namespace) -> int:
     if getattr(args, "ota", None):  # bundle / verify / install / ls (runtime/ota/install.py)
         return args.ota(args)
     from runtime.engine.manifest import Preprocess, read_labels, read_preprocess
+    from runtime.engine.model_meta import describe
     from runtime.engine.onnx_model import ModelError
     from runtime.engine.prepare import PrepareOptions, StepError, prepare
 
@@ -262,13 +273,16 @@ def cmd_models(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
 
-    try:
-        pre = read_preprocess(args.preprocess) if args.preprocess else {}
+    try:  # without --preprocess: the model's metadata, else the one default (prepare says)
+        preprocess = Preprocess.from_dict(read_preprocess(args.preprocess), str(
+            args.preprocess)) if args.preprocess else None
         labels = read_labels(args.labels) if args.labels else ()
-        preprocess = Preprocess.from_dict(pre, str(args.preprocess or "defaults"))
     except (ModelError, TypeError) as e:
         return error("options", str(e))
     opts = PrepareOptions(name=args.name or args.out.name, preprocess=preprocess,
+                          preprocess_source=f"file {args.preprocess}",
+                          labels_source=f"file {args.labels}",
+                          check_reference=not args.no_reference_check,
                           labels=labels, input_shape=args.input_shape or (), prefix=args.prefix,
                           output=args.output, reduced=not args.no_reduced, task=args.task,
                           format=args.format, score_threshold=args.score_threshold,
@@ -298,6 +312,10 @@ def cmd_models(args: argparse.Namespace) -> int:
                  "agreement": "mAP@0.5 against fp32's detections on the val images",
                  "agreement-generated": "mAP@0.5 against fp32's detections on generated "
                                         "inputs, not images"}
+    made = doc.get("made_with", {})
+    print(f"preprocess: {describe(doc['preprocess'])} (from {made.get('preprocess', '?')}); "
+          f"labels: {len(doc['labels'])} (from {made.get('labels', '?')}); fp32 reference: "
+          f"{made.get('reference', {}).get('seen', '?')}")
     print(f"manifest: {args.out / 'manifest.json'} (accuracy basis: {doc['accuracy_basis']}: "
           f"{basis.get(doc['accuracy_basis'], '')}, {doc['eval_images']} inputs)")
     return 0
@@ -619,7 +637,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="add this model's variants to the manifest in --out as PREFIX-...")
     mp.add_argument("--input-shape", type=_shape, help="fix dynamic dims, e.g. 1,3,224,224")
     mp.add_argument("--preprocess", type=Path,
-                    help="JSON with layout/colour/resize/scale/mean/std (ImageNet defaults)")
+                    help="JSON with layout/colour/resize/scale/mean/std (default: what the "
+                    "model's metadata says, else RGB pixels / 255, as for a bare .onnx)")
     mp.add_argument("--output", choices=("probabilities", "logits"), default="probabilities")
     mp.add_argument("--no-reduced", action="store_true", help="skip the reduced-resolution form")
     mp.add_argument("--task", choices=("auto", "classify", "detect"), default="auto",
@@ -628,6 +647,9 @@ def build_parser() -> argparse.ArgumentParser:
                     default="auto", help="a detector's output form")
     mp.add_argument("--score-threshold", type=float, default=0.25, help="detector boxes kept")
     mp.add_argument("--iou-threshold", type=float, default=0.45, help="detector NMS overlap")
+    mp.add_argument("--no-reference-check", action="store_true",
+                    help="write the ladder even when the fp32 reference looks blind on the "
+                    "val images (no boxes, one class, constant or NaN outputs)")
     mp.add_argument("--min-accuracy-ratio", type=_ratio, default=None,
                     help="a form measured below this x fp32's accuracy is not written as a "
                     "rung (default 0.5; 0 keeps every form)")

@@ -308,7 +308,8 @@ def test_prepare_reads_the_issues_detector_shape_as_yolov5_not_a_classifier(tmp_
     model = _raw_output_model(tmp_path / "issue.onnx", [1, 1024, 8])
     with caplog.at_level(logging.INFO):
         doc = prepare(model, None, None, tmp_path / "out",
-                      PrepareOptions(name="issue", preprocess=PIXELS, generated=8))
+                      PrepareOptions(name="issue", preprocess=PIXELS, generated=8,
+                                     check_reference=False))  # its output is constant
     assert doc["postprocess"]["format"] == "yolov5" and doc["accuracy_metric"] == "mAP@0.5"
     assert doc["accuracy_basis"] == "agreement-generated"
     assert "[1, 1024, 8] looks like a yolov5 detector" in caplog.text

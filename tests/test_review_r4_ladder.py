@@ -83,7 +83,8 @@ def test_an_nms_inside_reduced_rung_has_no_raw_difference(tmp_path):
     doc = prepare(_whole_frame_nms_detector(tmp_path / "whole.onnx"), None,
                   _val(tmp_path / "val", 6, labelled=False), tmp_path / "out",
                   PrepareOptions(name="whole", preprocess=PIXELS, labels=("a",), task="detect",
-                                 format="nms-inside"))
+                                 format="nms-inside",
+                                 check_reference=False))  # one box, the same for all
     rungs = {v["name"]: v for v in doc["variants"]}
     assert "fp32-r64" in rungs, doc["failed"]
     assert rungs["fp32-r64"]["agreement"] == 1.0

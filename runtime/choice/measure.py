@@ -24,6 +24,7 @@ from pathlib import Path
 from power.accelerators import AcceleratorPower
 from power.nvml import NvmlMeter
 from power.sensors import PowerMeter
+from runtime.choice import hint_accuracy
 from runtime.choice.ladders import ladder_for
 from runtime.choice.profiler import (
     Profiler,
@@ -40,6 +41,7 @@ from runtime.choice.selector import Constraints, Profile
 from runtime.config import Config
 from runtime.engine.backends import Backend, Variant
 from runtime.engine.manifest import Manifest, configured_model, model_files
+from runtime.engine.model_meta import describe
 
 log = logging.getLogger("edgerun.measure")
 
@@ -121,9 +123,15 @@ def measure_first(path: Path, cfg: Config, backends: list[Backend], meter: Power
                  path, list(v.input_shape), manifest.preprocess.to_dict(), manifest.output,
                  ", ".join(manifest.labels[:5]) + (" ..." if len(manifest.labels) > 5 else "")
                  if manifest.labels else "class index")
+    log.info("%s: preprocessing %s (from %s); labels: %d (from %s)", manifest.name,
+             describe(manifest.preprocess.to_dict()), manifest.preprocess_source,
+             len(manifest.labels), manifest.labels_source)
     forms = model_files(manifest, lambda v, e: on_refused(v.name, str(e)))
     threads = cfg.backends.threads or default_threads()
-    work = plan(backends, forms, threads, cfg.backends)
+    # an engine's own lower precision (OpenVINO bf16/f16, OpenCV fp16) is measured through it
+    # on the ladder's eval images first, or left out of the choice
+    work = hint_accuracy.apply(plan(backends, forms, threads, cfg.backends), manifest,
+                               cfg.profiler.cache_dir, fresh)
     profiler = Profiler(cfg.profiler, meter, device_name, active_w_per_core=active_w_per_core,
                         accelerators=accelerators, gpu_meters=gpu_meters)
     loaders = {v.id: (b, v) for b, _, v in work}

@@ -340,10 +340,15 @@ def log_failures(profiles: Sequence[Profile]) -> None:
 
 def profile_all(backends: list[Backend], models: list[ModelFile], threads: tuple[int, ...],
                 backends_cfg, profiler: Profiler, fresh: bool = False,
-                progress: Callable[[int, int, str], None] | None = None) -> list[Profile]:
+                progress: Callable[[int, int, str], None] | None = None,
+                screen: Callable[[Work], Work] | None = None) -> list[Profile]:
     """Profile every variant of every model form on every backend at full length; failures
-    are profiles too (summarised in the log, one line per kind)."""
+    are profiles too (summarised in the log, one line per kind). `screen` filters the plan
+    first (runtime/choice/hint_accuracy.py: an engine's own lower precision measured, or
+    left out)."""
     work = plan(backends, models, threads, backends_cfg)
+    if screen is not None:
+        work = screen(work)
     out = []
     for i, (b, d, v) in enumerate(work, start=1):
         if progress:

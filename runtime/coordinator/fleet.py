@@ -241,6 +241,10 @@ def alerts(view: DeviceView, cfg: FleetConfig, fleet_version: str | None
     reason = _get(h, "governor", "reason")
     if isinstance(reason, str) and reason.startswith("fail-safe"):
         out.append(("failsafe", f"control is failing safe (lowest rung): {reason[:200]}"))
+    for m in h.get("models") or ():  # a model whose first frames looked degenerate
+        if isinstance(m, Mapping) and isinstance(m.get("blind"), str) and m["blind"]:
+            out.append(("model_blind", f"model {str(m.get('model'))[:64]} looks blind: "
+                        f"{m['blind'][:200]} (check its preprocessing)"))
     compliance = _num(h, "slo", "compliance")
     if compliance is not None and compliance < cfg.slo_alert:
         out.append(("slo", f"latency SLO met by {compliance:.1%} of inferences"))

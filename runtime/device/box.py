@@ -143,6 +143,9 @@ class Box:
                         "infer_hz": round(ld.infer_hz, 3),
                         "power_w": round(r.power_w(ld.infer_hz), 4),
                         "sources": [st.name for st in streams if st.model == m.key],
-                        "reason": m.reason})
+                        "reason": m.reason,
+                        # model_blind: its first frames' outputs looked degenerate
+                        "blind": pipeline.sight.blind.get(m.manifest.name)
+                        if pipeline else None})
         box = {"rung": self.joint_current + 1, "rungs": len(self.joint)} if self.joint else {}
         return {"models": share_reasons(out), **({"box": box} if box else {})}

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,15 @@ import numpy as np
 from runtime.config.schema import ConfigError, read_text
 from runtime.engine.backends.base import ModelFile
 from runtime.engine.detection import FORMATS, DetectSpec, guess_format, is_classifier_shape
+from runtime.engine.model_meta import (
+    DEFAULT_PREPROCESS,
+    check_against,
+    choose_labels,
+    choose_preprocess,
+    default_input_shape,
+    read_meta,
+    task_from_meta,
+)
 from runtime.engine.onnx_model import ModelError, file_sha256
 from runtime.engine.tiling import TileSpec, detect_frame
 
@@ -40,8 +49,9 @@ class Preprocess:
     colour: str = "RGB"  # RGB | BGR
     resize: str = "bilinear"
     scale: float = 1 / 255
-    mean: tuple[float, ...] = (0.485, 0.456, 0.406)
-    std: tuple[float, ...] = (0.229, 0.224, 0.225)
+    # the one default (runtime.engine.model_meta.DEFAULT_PREPROCESS): pixels / 255, no mean/std
+    mean: tuple[float, ...] = (0.0, 0.0, 0.0)
+    std: tuple[float, ...] = (1.0, 1.0, 1.0)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], where: str) -> Preprocess:
@@ -132,6 +142,13 @@ class Manifest:
     bare: bool = False  # root is a bare .onnx file, not a directory (accuracy unknown)
     detect: DetectSpec | None = None  # a detector's postprocessing; None: a classifier
     tiling: TileSpec | None = None  # from [model] tiling (detectors only), not the manifest
+    # where the preprocessing and the labels came from (file, flag, metadata, default), for
+    # `check` and `serve` to say
+    preprocess_source: str = "manifest"
+    labels_source: str = "manifest"
+    # per source model: its kept validation images (`eval` in the manifest), what engines
+    # measure their own precisions on (runtime/choice/hint_accuracy.py)
+    eval_sets: dict[str, dict] = field(default_factory=dict)
 
     def path(self, v: VariantEntry) -> Path:
         """Absolute path of a variant's file."""
@@ -179,19 +196,26 @@ def load_manifest(root: str | Path) -> Manifest:
     try:
         variants = tuple(
             VariantEntry(**{**v, "input_shape": tuple(v["input_shape"])}) for v in doc["variants"])
+        made = doc.get("made_with", {}) if isinstance(doc.get("made_with"), dict) else {}
         return Manifest(root, doc["name"], tuple(doc["labels"]),
                         Preprocess.from_dict(doc["preprocess"], str(path)), doc["output"],
                         variants, doc["accuracy_basis"], doc["eval_images"],
                         tuple(doc.get("failed", ())),
-                        detect=DetectSpec.from_dict(doc.get("postprocess", {}), str(path)))
+                        detect=DetectSpec.from_dict(doc.get("postprocess", {}), str(path)),
+                        preprocess_source=f"manifest (from {made['preprocess']})"
+                        if isinstance(made.get("preprocess"), str) else "manifest",
+                        labels_source=f"manifest (from {made['labels']})"
+                        if isinstance(made.get("labels"), str) else "manifest",
+                        eval_sets={k: v for k, v in doc.get("eval", {}).items()
+                                   if isinstance(v, dict)}
+                        if isinstance(doc.get("eval"), dict) else {})
     except (KeyError, TypeError, AttributeError) as e:
         raise ModelError(f"{path}: missing or invalid field: {e}") from e
 
 
-# What a bare .onnx is assumed to want (docs/manifest.md "A bare .onnx"): pixels scaled to
-# 0..1 and nothing else, the most common export convention; `[model] preprocess` overrides it.
-BARE_PREPROCESS = {"colour": "RGB", "resize": "bilinear", "scale": 1 / 255,
-                   "mean": (0.0, 0.0, 0.0), "std": (1.0, 1.0, 1.0)}
+# What a bare .onnx is assumed to want (docs/manifest.md "A bare .onnx"): the one default,
+# the same `models prepare` uses; the model's metadata or `[model] preprocess` override it.
+BARE_PREPROCESS = DEFAULT_PREPROCESS
 OUTPUTS = ("scores", "probabilities", "logits")
 
 
@@ -298,8 +322,12 @@ def bare_manifest(path: str | Path, input_shape: tuple[int, ...] = (),
     if output not in OUTPUTS:
         raise ModelError(f"{path}: output must be one of {', '.join(OUTPUTS)}, got {output!r}")
     proto = load_onnx(path)
-    inp = model_input(proto, path, input_shape)
-    pre = {**BARE_PREPROCESS, "layout": _layout(inp.shape, path), **(preprocess or {})}
+    meta = read_meta(proto, path)
+    inp = model_input(proto, path, default_input_shape(proto, input_shape, meta)[0])
+    pre_chosen = choose_preprocess(preprocess, "file ([model] preprocess)", meta)
+    lab_chosen = choose_labels(labels, "file ([model] labels)", meta)
+    labels = lab_chosen.value
+    pre = {**pre_chosen.value, "layout": _layout(inp.shape, path), **(preprocess or {})}
     pre = Preprocess.from_dict({k: list(v) if isinstance(v, tuple) else v
                                 for k, v in pre.items()}, f"{path}: [model] preprocess")
     if pre.layout != _layout(inp.shape, path):
@@ -307,6 +335,7 @@ def bare_manifest(path: str | Path, input_shape: tuple[int, ...] = (),
                          f"{list(inp.shape)} has its colour channels "
                          f"{'second (NCHW)' if inp.shape[1] == 3 else 'last (NHWC)'}")
     outputs = _output_dims(proto)
+    task = task_from_meta(meta, path, task)
     fmt_ = model_task(path, outputs, task, fmt, labels)
     detect = None
     if fmt_ is not None:
@@ -316,6 +345,11 @@ def bare_manifest(path: str | Path, input_shape: tuple[int, ...] = (),
         classes = _detector_classes(fmt_, outputs[0][1], labels)
     else:
         classes = _output_classes(proto)
+    dynamic_hw = any(isinstance(d, str) for d in inp.declared[1:])
+    if lab_chosen.source.startswith("metadata"):
+        check_against(meta, path, pre.hw(inp.shape), classes, dynamic_hw)
+    else:
+        check_against(replace(meta, names=None), path, pre.hw(inp.shape), classes, dynamic_hw)
     if labels and classes is not None and len(labels) != classes:
         raise ModelError(f"{path}: {len(labels)} labels given but the output "
                          f"'{proto.graph.output[0].name}' has {classes} classes")
@@ -324,7 +358,8 @@ def bare_manifest(path: str | Path, input_shape: tuple[int, ...] = (),
     entry = VariantEntry("fp32", "fp32", path.name, file_sha256(path), inp.name, inp.shape,
                          None, 1.0, 0.0, 0.0, path.stat().st_size, path.name)
     return Manifest(path, path.stem, labels, pre, output, (entry,), "unknown", 0, (), True,
-                    detect)
+                    detect, preprocess_source=pre_chosen.source,
+                    labels_source=lab_chosen.source if lab_chosen.value else "none (class_N)")
 
 
 def load_model(path: str | Path, input_shape: tuple[int, ...] = (),
@@ -398,6 +433,11 @@ def configured_model(path: str | Path, cfg: Any) -> Manifest:
                    task=getattr(cfg, "task", "auto"), fmt=getattr(cfg, "format", "auto"),
                    score_threshold=getattr(cfg, "score_threshold", 0.25),
                    iou_threshold=getattr(cfg, "iou_threshold", 0.45))
+    if m.bare and (cfg.labels or cfg.preprocess):  # name the files, not only the keys
+        m = replace(m, labels_source=f"file {cfg.labels} ([model] labels)" if cfg.labels
+                    else m.labels_source,
+                    preprocess_source=f"file {cfg.preprocess} ([model] preprocess)"
+                    if cfg.preprocess else m.preprocess_source)
     if getattr(cfg, "tiling", False):
         if m.detect is None:
             logging.getLogger("edgerun.model").warning(

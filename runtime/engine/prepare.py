@@ -52,12 +52,14 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from runtime.engine import detection
+from runtime.engine import detection, model_meta, sanity
 from runtime.engine.manifest import (
     MANIFEST,
     SCHEMA,
     Preprocess,
     VariantEntry,
+    _detector_classes,
+    _layout,
     _output_dims,
     load_manifest,
     model_task,
@@ -98,8 +100,11 @@ class PrepareOptions:
     """What `models prepare` was asked for."""
 
     name: str
-    preprocess: Preprocess
-    labels: tuple[str, ...] = ()
+    preprocess: Preprocess | None = None  # None: the model's metadata, else the one default
+    labels: tuple[str, ...] = ()  # (): the model's metadata names, else none
+    preprocess_source: str = "given"  # where `preprocess` came from, for the operator
+    labels_source: str = "given"  # where `labels` came from (a labels file's path)
+    check_reference: bool = True  # refuse a blind fp32 reference (runtime/engine/sanity.py)
     input_shape: tuple[int, ...] = ()
     prefix: str = ""  # non-empty: add this model's variants to an existing manifest
     output: str = "probabilities"
@@ -228,11 +233,20 @@ def make_int8(src: Path, dst: Path, batches: Callable[[], Iterator[np.ndarray]],
             return None if x is None else {input_name: x}
 
     warnings: list[str] = []
+    import importlib.util
+
+    # symbolic shape inference imports sympy (a dependency of edgerun since issue 24): when an
+    # install lacks it, that pass is skipped on purpose, said once, not tried and warned about
+    symbolic = importlib.util.find_spec("sympy") is not None
+    if not symbolic:
+        warnings.append("int8: sympy is not installed, so ORT's symbolic shape inference is "
+                        "skipped (pip install sympy; it is in edgerun's dependencies)")
     with tempfile.TemporaryDirectory() as tmp:
         for skip_opt in (False, True):
             pre = Path(tmp) / f"pre{int(skip_opt)}.onnx"
             try:
-                quant_pre_process(str(src), str(pre), skip_optimization=skip_opt)
+                quant_pre_process(str(src), str(pre), skip_optimization=skip_opt,
+                                  skip_symbolic_shape=not symbolic)
             except Exception as e:
                 warnings.append(f"int8: symbolic shape inference failed ({type(e).__name__}: "
                                 f"{e}); skipped it")
@@ -256,6 +270,68 @@ def make_int8(src: Path, dst: Path, batches: Callable[[], Iterator[np.ndarray]],
     return warnings
 
 
+def int8_base(src: Path, dst: Path) -> list[str]:
+    """ORT's pre-quantization processing of `src` into `dst`, every node named (the int8
+    search excludes nodes by name); returns warnings."""
+    import importlib.util
+
+    from onnxruntime.quantization import quant_pre_process
+
+    from runtime.engine.int8_search import name_nodes
+
+    warnings: list[str] = []
+    symbolic = importlib.util.find_spec("sympy") is not None
+    if not symbolic:
+        warnings.append("int8: sympy is not installed, so ORT's symbolic shape inference is "
+                        "skipped (pip install sympy; it is in edgerun's dependencies)")
+    try:
+        quant_pre_process(str(src), str(dst), skip_symbolic_shape=not symbolic)
+    except Exception as e:
+        warnings.append(f"int8: ORT's pre-processing failed ({type(e).__name__}: {e}); "
+                        "quantizing the graph as it is")
+        shutil.copy(src, dst)
+    proto = onnx.load(str(dst))
+    if name_nodes(proto):
+        onnx.save(proto, str(dst))
+    return warnings
+
+
+def quantize_to(pre: Path, dst: Path, batches: Callable[[], Iterator[np.ndarray]],
+                input_name: str, exclude: list[str], method: str) -> None:
+    """Static QDQ int8 of `pre` (from int8_base) into `dst`: per-channel weights, `exclude`d
+    nodes left in float, calibrated by `method` (MinMax | Percentile | Entropy); raises
+    StepError when the result does not load."""
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        CalibrationMethod,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self._it = batches()
+
+        def get_next(self):
+            x = next(self._it, None)
+            return None if x is None else {input_name: x}
+
+    import contextlib
+    import io
+
+    with contextlib.redirect_stdout(io.StringIO()):  # the calibrators print their progress
+        quantize_static(str(pre), str(dst), Reader(), quant_format=QuantFormat.QDQ,
+                        per_channel=True, activation_type=QuantType.QUInt8,
+                        weight_type=QuantType.QInt8, nodes_to_exclude=list(exclude),
+                        calibrate_method=getattr(CalibrationMethod, method))
+    try:
+        _session(dst)
+    except Exception as e:
+        raise StepError("int8", f"the quantized graph does not load: "
+                        f"{str(e).splitlines()[0][:200]}") from e
+
+
 class Skipped(StepError):
     """A step this model cannot take (not an error of the model): listed in the manifest's
     `failed` with `"skipped": true` and the reason."""
@@ -267,6 +343,21 @@ def reduced_hw(hw: tuple[int, int], multiple: int = 8) -> tuple[int, int]:
     stays as it is: a "reduced" form must not grow a side)."""
     return tuple(min(d, max(16, multiple, round(d * 2 / 3 / multiple) * multiple))  # type: ignore
                  for d in hw)
+
+
+DETECTOR_SCALES = (0.8, 0.7, 0.5)  # a detector's reduced rungs: 320 -> 256, 224, 160
+
+
+def detector_sizes(hw: tuple[int, int], multiple: int) -> list[tuple[int, int]]:
+    """A detector's reduced input sizes, largest first: each side at DETECTOR_SCALES of its
+    own, rounded to `multiple` (its stride), smaller than the input on both sides and at
+    least 2 x `multiple` (and 16): 320 at stride 32 -> 256, 224, 160."""
+    out: list[tuple[int, int]] = []
+    for f in DETECTOR_SCALES:
+        size = tuple(max(16, 2 * multiple, round(d * f / multiple) * multiple) for d in hw)
+        if all(n < d for n, d in zip(size, hw, strict=True)) and size not in out:
+            out.append(size)  # type: ignore[arg-type]
+    return out
 
 
 def _ort_failure(e: BaseException, proto: onnx.ModelProto) -> str:
@@ -291,7 +382,7 @@ def _ort_failure(e: BaseException, proto: onnx.ModelProto) -> str:
 
 def make_reduced(src: Path, dst: Path, input_name: str, shape: tuple[int, ...],
                  pre: Preprocess, form: Callable[[tuple, tuple], str | None] | None = None,
-                 multiple: int = 8) -> tuple[int, ...]:
+                 multiple: int = 8, size: tuple[int, int] | None = None) -> tuple[int, ...]:
     """Step 4; returns the reduced input shape, or raises Skipped when the graph does not run
     at it or its output changes form. `src` is the normalised graph *before* ORT's constant
     folding (folding at the full size would bake Shape-derived reshapes into constants); it
@@ -299,7 +390,7 @@ def make_reduced(src: Path, dst: Path, input_name: str, shape: tuple[int, ...],
     output shapes are not the same form (None: they are: the candidate count may change);
     without it the output shape must not change (a classifier's)."""
     h, w = pre.hw(shape)
-    nh, nw = reduced_hw((h, w), multiple)
+    nh, nw = size or reduced_hw((h, w), multiple)
     if nh >= h and nw >= w:
         raise Skipped("reduced", f"skipped: the input {h}x{w} is already the smallest size "
                       "a reduced form is made at")
@@ -505,18 +596,87 @@ def _truth(files: list[Path], labels: tuple[str, ...]) -> np.ndarray | None:
     return np.array([index[f.parent.name] for f in files])
 
 
+def _labels_against(labels: tuple[str, ...], where: str, classes: int | None,
+                    model: Path) -> None:
+    """StepError naming the labels' source when their count is not the output's classes."""
+    if labels and classes is not None and len(labels) != classes:
+        more = "too many" if len(labels) > classes else "too few"
+        raise StepError("options", f"{where}: {len(labels)} labels ({more}) but the output of "
+                        f"{model} scores {classes} classes: one label per line, in output order")
+
+
+def _dynamic_hw(proto: onnx.ModelProto) -> bool:
+    """Whether the model's image input has a dynamic dimension after the batch one."""
+    inits = {i.name for i in proto.graph.initializer}
+    inputs = [i for i in proto.graph.input if i.name not in inits]
+    return bool(inputs) and any(not (d.HasField("dim_value") and d.dim_value > 0) for d in
+                                list(inputs[0].type.tensor_type.shape.dim)[1:])
+
+
+EVAL_IMAGES = 64  # val images kept in the ladder for engines to measure their own precisions
+
+
+def _eval_set(images: list[np.ndarray], hw: tuple[int, int], pre: Preprocess,
+              truth: np.ndarray | None, det_truth: list | None, path: Path) -> int:
+    """Write up to EVAL_IMAGES val images (JPEG, at the fp32 input size, evenly spread)
+    and their labels into `path` (npz): what runtime/choice/hint_accuracy.py measures an
+    engine's own precision (OpenVINO bf16, OpenCV fp16) on. Returns how many."""
+    from runtime.engine.manifest import _RESIZE
+
+    idx = np.linspace(0, len(images) - 1, min(EVAL_IMAGES, len(images))).astype(int)
+    h, w = hw
+    # JPEG (quality 95): 64 frames of 320 px as raw pixels were 16 MB in a ladder that ships
+    # over the air; lossy is fine here, as the engine and its reference both see the decoded
+    # image (runtime/choice/hint_accuracy.py compares them on the same pixels)
+    jpegs = []
+    for i in idx:
+        img = cv2.resize(images[i], (w, h), interpolation=_RESIZE[pre.resize]) \
+            if images[i].shape[:2] != (h, w) else images[i]
+        ok, buf = cv2.imencode(".jpg", img, [cv2.IMWRITE_JPEG_QUALITY, 95])
+        if not ok:
+            raise StepError("eval", f"cannot encode val image {int(i)} as JPEG")
+        jpegs.append(buf.reshape(-1))
+    arrays: dict[str, np.ndarray] = {
+        "jpeg": np.concatenate(jpegs).astype(np.uint8),
+        "jpeg_offsets": np.cumsum([0, *(len(b) for b in jpegs)]).astype(np.int64)}
+    if truth is not None:
+        arrays["truth"] = truth[idx].astype(np.int64)
+    if det_truth is not None:
+        chosen = [det_truth[i] for i in idx]
+        arrays["boxes"] = np.concatenate([b for b, _ in chosen] or [np.zeros((0, 4))]
+                                         ).astype(np.float32).reshape(-1, 4)
+        arrays["classes"] = np.concatenate([c for _, c in chosen] or [np.zeros(0)]
+                                           ).astype(np.int64)
+        arrays["offsets"] = np.cumsum([0, *(len(c) for _, c in chosen)]).astype(np.int64)
+    with path.open("wb") as f:
+        np.savez_compressed(f, **arrays)
+    return len(idx)
+
+
+def _judge_reference(raw: list[np.ndarray], ref: np.ndarray, ref_dets: list | None,
+                     generated: bool) -> sanity.Verdict:
+    """The fp32 reference's verdict (runtime/engine/sanity.py): on generated inputs only
+    NaN and constant outputs count (no class share or box rate means anything on them)."""
+    if generated:
+        return sanity.judge(ref)
+    if ref_dets is not None:
+        return sanity.judge(ref, boxes=[len(d) for d in ref_dets])
+    return sanity.judge(ref, top1=[int(i) for i in ref.argmax(1)])
+
+
 def prepare(model: Path, calib: Path | None, val: Path | None, out: Path,
             opts: PrepareOptions, progress: Callable[[str], None] = lambda m: None) -> dict:
     """Run every step; write variants and the manifest into `out`; returns the manifest dict.
-    `calib` and `val` are optional (module doc). Raises StepError when no manifest can be
-    made (its step named), ModelError for a bad `--prefix` manifest."""
-    out.mkdir(parents=True, exist_ok=True)
+    `calib` and `val` are optional (module doc). Every file is made in a scratch folder and
+    moved into `out` only once the manifest is whole: a failure leaves `out` as it was.
+    Raises StepError when no manifest can be made (its step named), ModelError for a bad
+    `--prefix` manifest."""
     existing = None
-    if opts.prefix:
-        existing = json.loads((out / MANIFEST).read_text()) if (out / MANIFEST).exists() else None
-        if existing and existing["preprocess"] != opts.preprocess.to_dict():
-            raise ModelError(f"{out / MANIFEST}: preprocessing differs from this model's; "
-                             "variants in one manifest must share it")
+    if opts.prefix and (out / MANIFEST).exists():
+        try:
+            existing = json.loads((out / MANIFEST).read_text())
+        except (OSError, ValueError) as e:
+            raise ModelError(f"{out / MANIFEST}: cannot read the manifest to add to: {e}") from e
     stem = f"{opts.prefix}-" if opts.prefix else ""
     try:
         val_files = list_images(val, opts.max_val) if val else []
@@ -530,65 +690,127 @@ def prepare(model: Path, calib: Path | None, val: Path | None, out: Path,
         val_images = [read_image(f) for f in val_files]
     except Exception as e:
         raise _as_step("images", e) from e
-
-    fp32 = out / f"{stem}fp32.onnx"
     work = tempfile.TemporaryDirectory(prefix="edgerun-prepare-")
-    staged = Path(work.name) / "staged.onnx"
+    try:
+        stage = Path(work.name) / "out"
+        stage.mkdir()
+        doc = _prepare(model, calib_files, val_files, val_images, stage, Path(work.name), opts,
+                       existing, stem, progress, val, out)
+        out.mkdir(parents=True, exist_ok=True)
+        for f in sorted(stage.iterdir()):  # variants first, the manifest last
+            if f.name != MANIFEST:
+                shutil.move(str(f), str(out / f.name))
+        tmp = out / f".{MANIFEST}.tmp"
+        shutil.move(str(stage / MANIFEST), str(tmp))
+        tmp.replace(out / MANIFEST)
+    finally:
+        work.cleanup()
+    load_manifest(out)  # what we wrote must load
+    return doc
+
+
+def _prepare(model: Path, calib_files: list[Path], val_files: list[Path],
+             val_images: list[np.ndarray], out: Path, scratch: Path, opts: PrepareOptions,
+             existing: dict | None, stem: str, progress: Callable[[str], None],
+             val: Path | None, dest: Path) -> dict:
+    """prepare()'s steps, writing into the scratch folder `out` (`dest`: where it goes)."""
+    fp32 = out / f"{stem}fp32.onnx"
+    staged = scratch / "staged.onnx"
     progress("normalise")
     try:
         src = model
-        outputs = _output_dims(load_onnx(model))
-        if (len(outputs) > 1 and opts.task != "classify"
+        proto0 = load_onnx(model)
+        meta = model_meta.read_meta(proto0, model)
+        task = model_meta.task_from_meta(meta, model, opts.task)
+        outputs = _output_dims(proto0)
+        if (len(outputs) > 1 and task != "classify"
                 and opts.format in ("auto", "nms-inside")):
-            src = Path(work.name) / "merged.onnx"
+            src = scratch / "merged.onnx"
             used = merge_nms_outputs(model, src)
             log.warning("%s: %d outputs taken as a detector with NMS inside (boxes %s, scores "
                         "%s, classes %s): merged into one [1, K, 6] output", model.name,
                         len(outputs), *used)
-            opts = replace(opts, task="detect", format="nms-inside")
-        input_name, shape, warnings = normalise(src, fp32, opts.input_shape, staged)
+            opts = replace(opts, format="nms-inside")
+            task = "detect"
+        given_shape, shape_from = model_meta.default_input_shape(proto0, opts.input_shape,
+                                                                  meta)
+        input_name, shape, warnings = normalise(src, fp32, given_shape, staged)
     except Exception as e:
-        work.cleanup()
         raise _as_step("normalise", e) from e
     for w in warnings:
         log.warning("%s: %s", model.name, w)
+    if shape_from.startswith("metadata"):
+        log.info("%s: input fixed at %s from its %s", model.name, list(shape), shape_from)
+    try:  # preprocessing and labels: given, else the model's metadata, else the one default
+        layout = _layout(shape, model)
+        if opts.preprocess is None:
+            chosen = model_meta.choose_preprocess(None, "", meta)
+            pre = Preprocess.from_dict({**{k: list(v) if isinstance(v, tuple) else v
+                                           for k, v in chosen.value.items()},
+                                        "layout": layout}, f"{model}: preprocess")
+            pre_source = chosen.source
+        else:
+            pre, pre_source = opts.preprocess, opts.preprocess_source
+        labels_chosen = model_meta.choose_labels(opts.labels, opts.labels_source, meta)
+        labels, labels_source = labels_chosen.value, labels_chosen.source
+    except ModelError as e:
+        raise _as_step("options", e) from e
+    opts = replace(opts, preprocess=pre, labels=labels)
+    log.info("%s: preprocessing %s (from %s); labels: %s", model.name,
+             model_meta.describe(pre.to_dict()), pre_source,
+             f"{len(labels)} from {labels_source}" if labels else "none")
+    progress(f"preprocess {model_meta.describe(pre.to_dict())} (from {pre_source})")
+    if existing and existing["preprocess"] != pre.to_dict():
+        raise ModelError(f"{dest / MANIFEST}: preprocessing differs from this model's "
+                         f"({existing['preprocess']} vs {pre.to_dict()}); variants in one "
+                         "manifest must share it")
     try:  # classifier or detector: declared, or read from the output's real shape
         probe = _session(fp32)
         out_shape = probe.run(None, {input_name: np.zeros(shape, np.float32)})[0].shape
-        fmt = model_task(model, [(probe.get_outputs()[0].name, tuple(out_shape))], opts.task,
-                         opts.format, opts.labels)
+        dims = [(probe.get_outputs()[0].name, tuple(out_shape))]
+        fmt = model_task(model, dims, task, opts.format, labels)
         spec = None if fmt is None else detection.DetectSpec.from_dict(
             {"task": "detect", "format": fmt, "score_threshold": opts.score_threshold,
              "iou_threshold": opts.iou_threshold}, f"{model}: options")
+        classes = (int(np.prod(out_shape[1:])) if fmt is None else
+                   _detector_classes(fmt, tuple(out_shape), labels))
+        dynamic_hw = _dynamic_hw(proto0)
+        if labels_source.startswith("metadata"):
+            model_meta.check_against(meta, model, pre.hw(shape), classes, dynamic_hw)
+        else:
+            model_meta.check_against(replace(meta, names=None), model, pre.hw(shape), classes,
+                                     dynamic_hw)
+            _labels_against(labels, labels_source, classes, model)
+    except StepError:
+        raise
     except Exception as e:
-        work.cleanup()
         raise _as_step("task", e) from e
     try:  # labels: folder names for a classifier, YOLO label files for a detector
-        truth = _truth(val_files, opts.labels) if spec is None else None
-        det_truth = detector_truth(val_files, len(opts.labels) or None) if (
+        truth = _truth(val_files, labels) if spec is None else None
+        det_truth = detector_truth(val_files, len(labels) or None) if (
             spec is not None) else None
     except Exception as e:
-        work.cleanup()
         raise _as_step("images", e) from e
-    hw = opts.preprocess.hw(shape)
+    hw = pre.hw(shape)
     n_classes = None
     if spec is not None and spec.format != "nms-inside":
-        n_classes = len(opts.labels) or None
+        n_classes = len(labels) or None
         log.info("%s: a %s detector, output %s; measured by mAP@0.5 %s", model.name,
                  spec.format, list(out_shape), "against the label files" if det_truth
                  is not None else "against fp32's detections")
-    if not val_images:
-        val_images = generated_frames(opts.preprocess.hw(shape), opts.generated)
+    generated = not val_images
+    if generated:
+        val_images = generated_frames(hw, opts.generated)
         log.warning("%s: no images: only fp16 is made, measured against fp32 on %d generated "
                     "inputs; give --val DIR (unlabelled is fine) for int8 and a measured "
                     "agreement", model.name, len(val_images))
 
     def tensors(shape_: tuple[int, ...]) -> list[np.ndarray]:
-        return [opts.preprocess.apply(img, shape_) for img in val_images]
+        return [pre.apply(img, shape_) for img in val_images]
 
     def calib_batches() -> Iterator[np.ndarray]:
         for f in calib_files:
-            yield opts.preprocess.apply(read_image(f), shape)
+            yield pre.apply(read_image(f), shape)
 
     try:
         full = tensors(shape)
@@ -598,8 +820,25 @@ def prepare(model: Path, calib: Path | None, val: Path | None, out: Path,
         ref_dets = [] if spec is None else [detection.detect(r, spec, hw, n_classes)
                                             for r in raw]
     except Exception as e:
-        work.cleanup()
         raise _as_step("measure", e) from e
+    verdict = _judge_reference(raw, ref, ref_dets if spec is not None else None, generated)
+    labelled = truth is not None or det_truth is not None
+    where = f"{len(val_images)} {'generated inputs' if generated else f'images in {val}'}"
+    if verdict.blind:
+        what = (f"the fp32 reference looks blind on {where}: {verdict.seen} (preprocessing "
+                f"{model_meta.describe(pre.to_dict())}, from {pre_source})")
+        if labelled and verdict.kind in ("no-boxes", "one-class"):
+            log.warning("%s: %s; the images are labelled, so the accuracy below is the real "
+                        "one against the labels", model.name, what)
+        elif opts.check_reference:
+            raise StepError("reference", f"{what}: agreement with it would mean nothing. Check "
+                            "the preprocessing (--preprocess) and the images; with labels the "
+                            "real accuracy is measured instead; --no-reference-check writes "
+                            "the ladder anyway")
+        else:
+            log.warning("%s: %s; written anyway (--no-reference-check)", model.name, what)
+    else:
+        log.info("%s: fp32 reference on %s: %s", model.name, where, verdict.seen)
     entries: list[VariantEntry] = []
     failed: list[dict] = []
 
@@ -610,7 +849,7 @@ def prepare(model: Path, calib: Path | None, val: Path | None, out: Path,
         progress(f"measure {name}")
         m = measure(path, input_name, inputs, ref, truth) if spec is None else \
             measure_detector(path, input_name, inputs, ref, ref_dets, det_truth, spec,
-                             opts.preprocess.hw(shape_), n_classes,
+                             pre.hw(shape_), n_classes,
                              other_resolution=tuple(shape_) != tuple(shape))
         diff = "n/a (other resolution)" if m["max_abs_diff"] is None else \
             f"{m['max_abs_diff']:.2e}"
@@ -638,23 +877,56 @@ def prepare(model: Path, calib: Path | None, val: Path | None, out: Path,
         make_fp16(fp32, p)
         return shape, []
 
+    search_log: list[dict] = []
+
     def int8(p: Path) -> tuple[tuple[int, ...], list[str]]:
-        return shape, make_int8(staged, p, calib_batches, input_name)
-
-    def reduced(p: Path) -> tuple[tuple[int, ...], list[str]]:
         if spec is None:
-            return make_reduced(staged, p, input_name, shape, opts.preprocess), []
-        # a detector: the candidate count may change, the form may not; YOLO-style graphs
-        # need a multiple of their largest stride (32) to run at all
-        hw_ = opts.preprocess.hw(shape)
-        multiple = 32 if all(d % 32 == 0 for d in hw_) and min(hw_) >= 64 else 8
-        return make_reduced(staged, p, input_name, shape, opts.preprocess,
-                            lambda a, b: detection.form_change(a, b, spec.format, n_classes),
-                            multiple), []
+            return shape, make_int8(staged, p, calib_batches, input_name)
+        # a detector: its box decoding left in float as far as measurement says it must be
+        from runtime.engine import int8_search
 
-    steps = [("fp16", "fp16", fp16), ("int8", "int8", int8)]
-    if opts.reduced:
+        base = scratch / "int8-base.onnx"
+        warns = int8_base(staged, base)
+        tail, head = int8_search.decode_tail(onnx.load(str(base)))
+        cands = scratch / "int8"
+        cands.mkdir(exist_ok=True)
+
+        def acc(path: Path) -> float:
+            return measure_detector(path, input_name, full, ref, ref_dets, det_truth, spec,
+                                    hw, n_classes)["accuracy"]
+
+        best, tried = int8_search.search(
+            lambda dst, nodes, method: quantize_to(base, dst, calib_batches, input_name,
+                                                   nodes, method),
+            acc, tail, head, entries[0].accuracy, cands,
+            log=lambda m: log.info("%s: %s", model.name, m))
+        search_log.extend(c.to_dict() for c in tried)
+        if best is None:
+            raise StepError("int8", "every int8 candidate failed: " + "; ".join(
+                f"{c.exclude}/{c.method}: {c.error}" for c in tried))
+        shutil.copy(best, p)
+        return shape, warns
+
+    # a detector: the candidate count may change, the form may not; YOLO-style graphs need a
+    # multiple of their largest stride (32) to run at all
+    multiple = meta.stride or (32 if all(d % 32 == 0 for d in hw) and min(hw) >= 64 else 8)
+
+    def reduced(p: Path, size: tuple[int, int] | None = None
+                ) -> tuple[tuple[int, ...], list[str]]:
+        if spec is None:
+            return make_reduced(staged, p, input_name, shape, pre), []
+        return make_reduced(staged, p, input_name, shape, pre,
+                            lambda a, b: detection.form_change(a, b, spec.format, n_classes),
+                            multiple, size), []
+
+    steps: list[tuple[str, str, Callable]] = [("fp16", "fp16", fp16), ("int8", "int8", int8)]
+    if opts.reduced and spec is not None and (sizes := detector_sizes(hw, multiple)):
+        # several resolutions, each a rung the governor can step to (issue 24)
+        steps += [("reduced", "fp32-reduced", lambda p, sz=sz: reduced(p, sz))
+                  for sz in sizes]
+    elif opts.reduced:
         steps.append(("reduced", "fp32-reduced", reduced))
+    blocked = False  # a graph that does not run at one reduced size runs at none
     skip = {}
     if not calib_files:
         skip["int8"] = "skipped: no images to calibrate on (give --calib DIR or --val DIR)"
@@ -662,7 +934,10 @@ def prepare(model: Path, calib: Path | None, val: Path | None, out: Path,
         skip["reduced"] = ("skipped: no images to measure a lower resolution on (generated "
                            "inputs say nothing about detail lost; give --val DIR)")
     for step, precision, make in steps:
+        if step == "reduced" and blocked:
+            continue
         if step in skip:
+            blocked = blocked or step == "reduced"  # said once for every size
             log.warning("%s: variant %s%s %s", model.name, stem, step, skip[step])
             failed.append({"variant": f"{stem}{step}", "step": step, "error": skip[step],
                            "skipped": True})
@@ -675,11 +950,13 @@ def prepare(model: Path, calib: Path | None, val: Path | None, out: Path,
                 log.warning("%s: %s", model.name, w)
             name = f"{stem}{step}"
             if step == "reduced":
-                name = f"{stem}fp32-r{opts.preprocess.hw(new_shape)[0]}"
+                name = f"{stem}fp32-r{pre.hw(new_shape)[0]}"
                 path = path.rename(out / f"{name}.onnx")
             add(name, step, precision, path, new_shape,
                 tensors(new_shape) if new_shape != shape else full)
         except Skipped as e:  # not possible for this graph: said why, not an error
+            blocked = blocked or "does not run at" in e.message or "already the smallest" \
+                in e.message
             log.warning("%s: variant %s%s %s", model.name, stem, step, e.message)
             failed.append({"variant": f"{stem}{step}", "step": e.step, "error": e.message,
                            "skipped": True})
@@ -692,20 +969,34 @@ def prepare(model: Path, calib: Path | None, val: Path | None, out: Path,
             failed.append({"variant": f"{stem}{step}", "step": err.step, "error": str(err)})
             path.unlink(missing_ok=True)
 
+    evals: dict[str, dict] = {}
+    if not generated:  # real images for engines to measure their own precisions on
+        ev = out / f"{stem}eval.npz"
+        n = _eval_set(val_images, hw, pre, truth, det_truth, ev)
+        evals[model.name] = {"file": ev.name, "sha256": file_sha256(ev), "images": n,
+                             "basis": "labels" if labelled else "agreement"}
     doc = {
-        "schema": SCHEMA, "name": opts.name, "labels": list(opts.labels),
-        "preprocess": opts.preprocess.to_dict(), "output": opts.output,
-        "accuracy_basis": "labels" if truth is not None or det_truth is not None else (
+        "schema": SCHEMA, "name": opts.name, "labels": list(labels),
+        "preprocess": pre.to_dict(),
+        "output": opts.output if spec is None else "detections",
+        "accuracy_basis": "labels" if labelled else (
             "agreement" if val_files else "agreement-generated"),
         "accuracy_metric": metric,
         "eval_images": len(val_images),
+        "made_with": {"preprocess": pre_source, "labels": labels_source,
+                      "input_shape": shape_from,
+                      "reference": {"blind": verdict.blind, "kind": verdict.kind,
+                                    "seen": verdict.seen}},
         "variants": [{**asdict(e), "input_shape": list(e.input_shape)} for e in entries],
         "failed": failed,
+        "eval": evals,
     }
     if spec is not None:
         doc["postprocess"] = spec.to_dict()
+    if search_log:  # every int8 candidate of a detector, measured (runtime/engine/int8_search.py)
+        doc["int8_search"] = {model.name: search_log}
     if existing and existing.get("postprocess") != doc.get("postprocess"):
-        raise ModelError(f"{out / MANIFEST}: postprocessing differs from this model's "
+        raise ModelError(f"{dest / MANIFEST}: postprocessing differs from this model's "
                          f"({existing.get('postprocess')} vs {doc.get('postprocess')}); "
                          "variants in one manifest must share it")
     if existing:
@@ -714,7 +1005,11 @@ def prepare(model: Path, calib: Path | None, val: Path | None, out: Path,
         doc["failed"] = [f for f in existing.get("failed", []) if not f["variant"].startswith(
             stem)] + failed
         doc["name"] = existing["name"]
+        doc["eval"] = {**{k: v for k, v in existing.get("eval", {}).items()
+                          if k != model.name}, **evals}
+        doc["made_with"] = existing.get("made_with", doc["made_with"])
+        if search_log or existing.get("int8_search"):
+            doc["int8_search"] = {**existing.get("int8_search", {}),
+                                  **doc.get("int8_search", {})}
     (out / MANIFEST).write_text(json.dumps(doc, indent=2) + "\n")
-    work.cleanup()
-    load_manifest(out)  # what we wrote must load
     return doc

@@ -45,6 +45,7 @@ import numpy as np
 
 from runtime.engine.backends.base import Session
 from runtime.engine.manifest import Manifest, frame_result
+from runtime.engine.sanity import Watch
 from runtime.engine.tiling import infer_tiles, tiled
 from runtime.frames.badframes import BadFrames
 from runtime.frames.model_counts import ModelCounts, ModelId, model_id
@@ -128,6 +129,7 @@ class Pipeline:
         self.counters: collections.Counter = collections.Counter()
         self.labels: collections.Counter = collections.Counter()  # results per label
         self.bad = BadFrames(on_event)  # refused frames by kind; rate-limited frame_bad events
+        self.sight = Watch()  # each model's first frames judged: a model_blind event
         self.latencies: collections.deque = collections.deque(maxlen=2000)  # (t, ms, met)
         # the same per model (results, errors, ms per inference): what probation judges a
         # swapped model by, not the box's totals (runtime/frames/model_counts.py)
@@ -595,6 +597,8 @@ class Pipeline:
                 self.bad.record("postprocess_failed", frame.ref, str(e))
                 self.models.error(self._model_id(active), time.time())  # the model's fault
                 continue
+            if (ev := self.sight.see(manifest, out, fields)) is not None:
+                self._event(ev)  # runtime/engine/sanity.py
             r = {"t": frame.t, "source": frame.source, "model": manifest.name,
                  "ref": frame.ref, **fields,
                  "variant": active.variant_id, "rung": active.rung + 1,  # 1 = cheapest

@@ -127,6 +127,9 @@ def make(model_dir: str | Path, key: Ed25519PrivateKey, out: str | Path,
     model_dir = Path(model_dir)
     manifest = load_manifest(model_dir)  # ModelError naming the file when it is not one
     names = [MANIFEST] + [v.file for v in manifest.variants]
+    # the kept val images engines measure their own precisions on (docs/manifest.md `eval`)
+    names += [e["file"] for e in manifest.eval_sets.values() if isinstance(e.get("file"), str)
+              and _FILE.match(e["file"]) and (model_dir / e["file"]).is_file()]
     for v in manifest.variants:
         if not _FILE.match(v.file):
             raise BundleError(f"{model_dir / MANIFEST}: variant file {v.file!r} is not a plain "

@@ -74,6 +74,8 @@ class EventType(StrEnum):
                      "retried with backoff")
     VARIANT_REFUSED = ("variant_refused", "a variant failed during profiling; the others run")
     SLOW_INFERENCE = ("slow_inference", "p95 latency well above the profile's (throttling?)")
+    MODEL_BLIND = ("model_blind", "a served model's outputs over its first frames look "
+                   "degenerate (no boxes, one class, constant or NaN): check its preprocessing")
     REPROFILE = ("reprofile", "profiling again (temperature drift, command, reload)")
     REPROFILE_SKIPPED = ("reprofile_skipped", "a re-profile was asked while one runs")
     REPROFILE_FAILED = ("reprofile_failed", "a re-profile failed; the old ladder stays")

@@ -100,7 +100,9 @@ _HEALTH = _obj({
         "rungs": {"type": "integer", "minimum": 0, "maximum": 10_000},
         "accuracy": _NUM_OR_NULL, "rung_energy_mj": _NUM_OR_NULL, "target_ms": _NUM_OR_NULL,
         "infer_hz": _NUM, "power_w": _NUM_OR_NULL,
-        "sources": {"type": "array", "maxItems": 64, "items": _ID}, "reason": _STR})},
+        "sources": {"type": "array", "maxItems": 64, "items": _ID}, "reason": _STR,
+        # what its first frames looked like when degenerate (runtime/engine/sanity.py)
+        "blind": {"type": ["string", "null"], "maxLength": 4096}})},
     "box": _obj({"rung": {"type": "integer", "minimum": 0, "maximum": 10_000},
                  "rungs": {"type": "integer", "minimum": 0, "maximum": 10_000}}),
     "backlog": _obj({"results_held": _COUNT, "bytes": _COUNT, "oldest_seq": _COUNT_OR_NULL,
