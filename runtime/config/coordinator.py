@@ -33,6 +33,15 @@ class CoordinatorConfig:
     retention_days: float = 90.0  # results older than this are pruned (0 = keep by age)
     max_store_mb: float = 2048.0  # past this the oldest results are pruned (0 = no cap)
     retention_interval_s: float = 600.0  # how often retention runs
+    # Fair shares (docs/fleet-scale.md, "Fair shares"): max_store_mb is shared equally by the
+    # devices holding data; a device past its share may borrow while the store holds less
+    # than the cap plus store_margin of it, then its messages are refused until retention
+    # (woken at most every retention_wake_s) has taken back what it borrowed.
+    store_margin: float = 0.25
+    retention_wake_s: float = 5.0
+    # a stream whose ack has not moved for this long since its floor was first not stored
+    # has its rows above the ack deleted (the device still holds them), with an event
+    floor_wait_s: float = 900.0
     stale_after_s: float = 30.0
     offline_after_s: float = 120.0
     wake_margin_s: float = 300.0  # a sleeper this late past its announced wake: missed_wake
@@ -78,6 +87,12 @@ class CoordinatorConfig:
             return "retention_days", "retention_days and max_store_mb must be >= 0 (0 = off)"
         if self.retention_interval_s < 1:
             return "retention_interval_s", f"must be >= 1, got {self.retention_interval_s}"
+        if not 0 <= self.store_margin <= 10:
+            return "store_margin", f"must be 0..10, got {self.store_margin}"
+        if not 0.1 <= self.retention_wake_s <= 86400:
+            return "retention_wake_s", f"must be 0.1..86400, got {self.retention_wake_s}"
+        if not 1 <= self.floor_wait_s <= 30 * 86400:
+            return "floor_wait_s", f"must be 1..2592000 s, got {self.floor_wait_s}"
         if self.webhook_url:
             from runtime.coordinator.webhooks import check_url
 

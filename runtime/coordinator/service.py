@@ -63,7 +63,7 @@ class Coordinator:
         self.fleet_cfg = fleet.FleetConfig(cfg.stale_after_s, cfg.offline_after_s,
                                            cfg.backlog_alert, cfg.slo_alert,
                                            wake_margin_s=cfg.wake_margin_s)
-        self.store = Store(cfg.store, cfg.fsync)
+        self.store = Store(cfg.store, cfg.fsync, cfg.store_margin)
         self.api_url = cfg.public_url.rstrip("/")  # set by api.serve when empty
         from runtime.coordinator.bundles import held_now
         from runtime.coordinator.rollout import Rollouts
@@ -97,6 +97,7 @@ class Coordinator:
         self._inbox: queue.Queue = queue.Queue(maxsize=50_000)
         self._waiters: dict[str, tuple[threading.Event, list]] = {}
         self._stop = threading.Event()
+        self._retention_due = threading.Event()  # set by ingest when the store is full
         self._threads: list[threading.Thread] = []
         # Persistent session (fixed id, clean off, MQTT 5 expiry): the broker queues for us
         # while we restart. A takeover of that id is logged and counted.
@@ -108,6 +109,7 @@ class Coordinator:
         self.connected = self._conn.subscribed  # set once subscribed: nothing is missed
         self.counters: collections.Counter = collections.Counter()
         self._sweep_shelf(at_start=True)  # what an upload killed with our last run left
+        self._set_cap()  # the devices' fair shares (quotas.py) from the first batch on
         self.health_age_s: collections.deque = collections.deque(maxlen=20_000)
         self._health_taken: collections.deque = collections.deque(maxlen=20_000)  # when, each
         self._counts: tuple[float, float, dict[str, int] | None] = (0.0, 0.0, None)
@@ -221,6 +223,7 @@ class Coordinator:
     def stop(self) -> None:
         """Stop the threads (stored data is already committed) and close the store."""
         self._stop.set()
+        self._retention_due.set()  # the retention loop sees the stop at once
         self._conn.stop()
         for t in self._threads:
             t.join(5)
@@ -325,10 +328,12 @@ class Coordinator:
             if kind == "cmd/reply":
                 replies.append((device, msg, topic_name, len(raw)))
             else:
-                inbound.append(Inbound(device, kind, msg))
+                inbound.append(Inbound(device, kind, msg, len(raw)))
                 sources.append((topic_name, len(raw)))
         written: dict[str, tuple[float, fleet.DeviceView]] = {}
         acks, refused = self.store.ingest(inbound, written)
+        if self.store.over_budget:
+            self._retention_due.set()  # the retention loop takes back what was borrowed
         for i, why in refused:
             bad.append((inbound[i].device, sources[i][0], why, sources[i][1], now))
         refused_idx = {i for i, _ in refused}
@@ -655,7 +660,17 @@ class Coordinator:
     # -- retention thread (store size and age; see Store.prune_results) ----------------------
 
     def _retention_loop(self) -> None:
-        while not self._stop.wait(self.cfg.retention_interval_s):
+        last = time.monotonic()
+        while not self._stop.is_set():
+            # every retention_interval_s, or sooner when ingest found the store full (at most
+            # every retention_wake_s: a store that cannot shrink must not spin this loop)
+            self._retention_due.wait(max(0.0, self.cfg.retention_interval_s
+                                         - (time.monotonic() - last)))
+            if self._stop.wait(max(0.0, self.cfg.retention_wake_s
+                                   - (time.monotonic() - last))):
+                return
+            self._retention_due.clear()
+            last = time.monotonic()
             try:
                 self.run_retention()
             except Exception:  # a failed pass is retried next interval; ingest is unaffected
@@ -671,13 +686,29 @@ class Coordinator:
         cfg = self.cfg
         self.store.maintain()  # PostgreSQL: the coming days' partitions
         cap = int(cfg.max_store_mb * 1024 * 1024)
+        shelf = self.shelf.stored_bytes() if cap > 0 else 0
         if cap > 0:  # the bundles in the store are not what the cap is for: never make
-            cap += self.shelf.stored_bytes()  # room for them by deleting results
-        done = self.store.prune_results(cfg.retention_days * 86400, cap)
+            cap += shelf  # room for them by deleting results
+        done = self.store.prune_results(cfg.retention_days * 86400, cap, reserved=shelf)
+        stalled = self.store.quarantine_stalled(cfg.floor_wait_s)
         self._sweep_shelf()
         self.counters["retention_runs"] += 1
         for key, n in done.items():
             self.counters[f"pruned_{key}"] += n
+        for device, got in sorted(self.store.reclaimed.items()):
+            self.counters["reclaimed_over_share"] += 1
+            log.warning("retention: device %s was over its share of max_store_mb (it held "
+                        "%.2f MB, now %.2f); deleted %d of its acked results, %d unacked (it "
+                        "re-sends them), %d health, %d events", device, got["before"] / 2**20,
+                        got["after"] / 2**20, got["results"], got["unacked"], got["health"],
+                        got["events"])
+        for st in stalled:
+            self.counters["streams_quarantined"] += 1
+            log.warning("device %s: stream %r quarantined: its ack stayed at %d for %.0f s "
+                        "(floor_wait_s %g), so the %d results above it (%.2f MB) were "
+                        "deleted; the device still holds them and may re-send from its floor",
+                        st.device, st.stream, st.acked, time.time() - st.since,
+                        cfg.floor_wait_s, st.rows, st.bytes / 2**20)
         if done["results_by_age"]:
             log.info("retention: deleted %d acked results older than %g days",
                      done["results_by_age"], cfg.retention_days)
@@ -688,6 +719,15 @@ class Coordinator:
                         ", ".join(f"{n} {k.split('_')[0]}" for k, n in by_size.items()),
                         self.store.used_bytes() / 2**20)
         return done
+
+    def _set_cap(self) -> None:
+        """Give the store its cap for the fair shares (bundle bytes are not the devices')."""
+        cap = int(self.cfg.max_store_mb * 1024 * 1024)
+        try:
+            shelf = self.shelf.stored_bytes() if cap > 0 else 0
+            self.store.set_cap(cap + shelf if cap > 0 else 0, shelf)
+        except Exception as e:  # the shares then start with the first retention pass
+            log.error("could not measure the store for its fair shares: %s", e)
 
     # -- queries and commands (any thread) ----------------------------------------------------
 
