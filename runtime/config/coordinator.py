@@ -59,6 +59,14 @@ class CoordinatorConfig:
     webhook_alerts: tuple[str, ...] = ()  # alert codes sent (docs/dashboard.md); empty = all
     alert_clear_s: float = 30.0  # an alert is reported cleared once away this long
     ingest_batch: int = 500  # messages per store transaction
+    # Bounded work per message (docs/fleet-scale.md, "Bounded work per message"): a device's
+    # healths, and its identical events, within coalesce_s are one (the latest wins, stored at
+    # the window's end); a returning device is re-sent its desired state once per boot and at
+    # most once per resend_window_s (births in between: the latest is answered at its end);
+    # at most max_pending_replies command replies are awaited at once.
+    coalesce_s: float = 1.0
+    resend_window_s: float = 60.0
+    max_pending_replies: int = 10_000
     ingest_delay_s: float = 0.0  # artificial slowness per batch, for fault tests only
     # Model bundles (docs/ota.md): kept in the store; bundles_dir is only the directory an
     # older coordinator kept them in, imported once at start (empty: `bundles/` next to an
@@ -91,6 +99,10 @@ class CoordinatorConfig:
             return "store_margin", f"must be 0..10, got {self.store_margin}"
         if not 0.1 <= self.retention_wake_s <= 86400:
             return "retention_wake_s", f"must be 0.1..86400, got {self.retention_wake_s}"
+        if not (0 <= self.coalesce_s <= 3600 and 0 <= self.resend_window_s <= 86400):
+            return "coalesce_s", "coalesce_s must be 0..3600 and resend_window_s 0..86400"
+        if not 1 <= self.max_pending_replies <= 10**6:
+            return "max_pending_replies", f"must be 1..1e6, got {self.max_pending_replies}"
         if not 1 <= self.floor_wait_s <= 30 * 86400:
             return "floor_wait_s", f"must be 1..2592000 s, got {self.floor_wait_s}"
         if self.webhook_url:

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import hashlib
+import json
 import logging
 import os
 import queue
@@ -35,6 +37,7 @@ from runtime.config.coordinator import CoordinatorConfig
 from runtime.config.telemetry import check_name
 from runtime.coordinator import fleet, webhooks
 from runtime.coordinator.ageing import Ageing
+from runtime.coordinator.coalesce import Coalescer
 from runtime.coordinator.store import Inbound, Store
 from runtime.wire import commands, payloads
 from runtime.wire.mqtt import Connection
@@ -96,6 +99,15 @@ class Coordinator:
         self._views_loaded = time.time()  # last full read of the store's `devices`
         self._inbox: queue.Queue = queue.Queue(maxsize=50_000)
         self._waiters: dict[str, tuple[threading.Event, list]] = {}
+        # Bounded work per message: a command sent without waiting (a rollout's, a re-send)
+        # is remembered until its reply or its expiry (no thread waits for it); births,
+        # healths and repeated events coalesce per device (coalesce.py)
+        self._pending: collections.OrderedDict[str, tuple[str, str, dict, float]] = (
+            collections.OrderedDict())
+        self._pending_lock = threading.Lock()
+        self._births = Coalescer(cfg.resend_window_s)
+        self._healths = Coalescer(cfg.coalesce_s)
+        self._events = Coalescer(cfg.coalesce_s, max_keys=10_000)  # keys: distinct events
         self._stop = threading.Event()
         self._retention_due = threading.Event()  # set by ingest when the store is full
         self._threads: list[threading.Thread] = []
@@ -283,7 +295,7 @@ class Coordinator:
                     batch.append(self._inbox.get_nowait())
             except queue.Empty:
                 pass
-            if batch:
+            if batch or self._healths.held() or self._events.held():
                 try:
                     self._ingest(batch)
                 except Exception:  # the store failing must not kill ingest; devices re-send
@@ -298,6 +310,8 @@ class Coordinator:
                     last_refresh = now
                     self._refresh(now)
                     self.rollouts.tick(now)
+                    self._expire_pending(now)
+                    self._births_to_rollouts([v for _, v in self._births.due(now)])
                 if now - last_prune >= 3600:
                     last_prune = now
                     self.store.prune(self.cfg.keep_health_s, self.cfg.keep_events_s)
@@ -327,9 +341,21 @@ class Coordinator:
             self.counters[kind] += 1
             if kind == "cmd/reply":
                 replies.append((device, msg, topic_name, len(raw)))
+            elif kind == "health" and not self._healths.offer(
+                    device, (topic_name, len(raw), msg), received):
+                self.counters["health_coalesced"] += 1  # the latest is stored at the window end
+            elif kind == "event" and not self._events.offer(
+                    (device, _event_key(msg)), (topic_name, len(raw), msg), received):
+                self.counters["events_coalesced"] += 1
             else:
                 inbound.append(Inbound(device, kind, msg, len(raw)))
                 sources.append((topic_name, len(raw)))
+        for (key, (topic_name, size, msg)) in (*self._healths.due(now),
+                                               *self._events.due(now)):
+            device = key if isinstance(key, str) else key[0]
+            inbound.append(Inbound(device, "event" if topic_name.endswith("/event")
+                                   else "health", msg, size))
+            sources.append((topic_name, size))
         written: dict[str, tuple[float, fleet.DeviceView]] = {}
         acks, refused = self.store.ingest(inbound, written)
         if self.store.over_budget:
@@ -369,7 +395,14 @@ class Coordinator:
             if i in refused_idx:
                 continue
             if m.kind == "state" and m.msg.get("online") and first.get(i, False):
-                births.append((m.device, m.msg.get("model_version")))
+                # one re-send a boot, at most one a resend_window_s (the latest birth of a
+                # burst is answered at the window's end): 300 forged births were 300 threads
+                # and 300 commands
+                if self._births.offer(m.device, (m.device, m.msg.get("model_version")),
+                                      now, same=m.msg.get("boot")):
+                    births.append((m.device, m.msg.get("model_version")))
+                else:
+                    self.counters["births_coalesced"] += 1
             elif m.kind == "event":
                 self._births_to_rollouts(births)
                 try:
@@ -420,7 +453,9 @@ class Coordinator:
     def _on_reply(self, device: str, reply: dict) -> None:
         """Hand a command reply to its waiter when it is proven to come from `device`."""
         waiter = self._waiters.get(reply["id"] or "")
-        if waiter is None and self.cfg.share_group:
+        with self._pending_lock:
+            pending = self._pending.get(reply["id"] or "")
+        if waiter is None and pending is None and self.cfg.share_group:
             return  # every coordinator of the group sees every reply: not our command
         key = self._device_key(device)
         verified = (key is not None and reply.get("device") == device
@@ -428,6 +463,11 @@ class Coordinator:
         if key is not None and not verified:
             raise Refused(f"cmd/reply for command {str(reply['id'])[:64]}: not signed by "
                           f"{device}'s key (forged or from another device)")
+        if pending is not None and pending[0] == device:
+            with self._pending_lock:
+                self._pending.pop(reply["id"], None)
+            self._on_async_reply(pending, reply, verified)
+            return
         if waiter is None or waiter[0].is_set():
             return  # a late, repeated or unrequested reply
         if not verified:
@@ -780,6 +820,11 @@ class Coordinator:
         recent = sorted(a for a, t in zip(ages_in, taken_in, strict=True) if t >= since)
         q = self.store.quarantine_counts()
         return {"counters": dict(self.counters), "inbox": self._inbox.qsize(),
+                "queues": self.queues(),
+                "store_usage": {"budget_bytes": self.store.budget_bytes,
+                                "overhead": self.store.overhead,
+                                "by_device": self.store.usage(),
+                                "refused_over_share": dict(self.store.refused_over_share)},
                 "quarantined": {"total": sum(q.values()), "by_device": q},
                 "health_age_s": {"p50": pct(0.5), "p99": pct(0.99), "n": len(ages)},
                 "health_age_recent_s": {"p50": pct(0.5, recent), "p99": pct(0.99, recent),
@@ -787,6 +832,20 @@ class Coordinator:
                 "connected": self.connected.is_set(), "threads": self.threads_alive(),
                 "mqtt": asdict(self._conn.stats), "bundle_chunks": self.chunks.stats(),
                 "webhook": self.webhook.stats() if self.webhook is not None else None}
+
+    def queues(self) -> dict[str, dict[str, int]]:
+        """Every queue and table of held work with its bound and what passed it: the inbox,
+        the replies awaited, and the coalescers of births, healths and events."""
+        with self._pending_lock:
+            pending = len(self._pending)
+        c = self.counters
+        return {"inbox": {"size": self._inbox.qsize(), "max": self._inbox.maxsize,
+                          "dropped": c["inbox_full_dropped"]},
+                "pending_replies": {"size": pending, "max": self.cfg.max_pending_replies,
+                                    "dropped": c["pending_replies_dropped"],
+                                    "expired": c["pending_replies_expired"]},
+                "births": self._births.stats(), "healths": self._healths.stats(),
+                "events": self._events.stats()}
 
     def deploy_args(self, bundle_id: str) -> dict[str, Any]:
         """The `deploy` command's arguments for a bundle held here (runtime/device/ota.py)."""
@@ -810,21 +869,89 @@ class Coordinator:
             return None
         return (view.last_seen or view.state_t, view.wake_at)
 
-    def _send_async(self, device: str, name: str, args: dict[str, Any]) -> None:
+    def _send_async(self, device: str, name: str, args: dict[str, Any],
+                    ttl_s: float = 60.0, wait_s: float = 30.0) -> None:
         """Send a command for a rollout or a returning device without blocking the caller
-        (the ingest thread); the reply goes to the rollouts."""
+        (the ingest thread) and without a thread: its reply, when it comes within `wait_s`,
+        goes to the rollouts from the ingest thread (_on_async_reply). At most
+        max_pending_replies are awaited; past that the oldest is forgotten (counted)."""
         with self._views_lock:
             if device not in self.views:
                 raise UnknownDevice(device)
+        env = self._publish_command(device, name, args, ttl_s)
+        if env is None:
+            return  # held by the broker for a sleeper: its events give the verdict
+        self.counters["commands_sent_async"] += 1
+        with self._pending_lock:
+            self._pending[env["id"]] = (device, name, args, time.time() + wait_s)
+            while len(self._pending) > self.cfg.max_pending_replies:
+                self._pending.popitem(last=False)
+                self.counters["pending_replies_dropped"] += 1
 
-        def run() -> None:
-            try:
-                reply = self.send_command(device, name, args, wait_s=30)
-                self.rollouts.on_reply(device, name, reply)
-            except Exception as e:
-                log.warning("%s to %s failed: %s", name, device, e)
+    def _expire_pending(self, now: float) -> None:
+        """Forget the awaited replies whose wait is over (a device that never answers)."""
+        with self._pending_lock:
+            late = [i for i, (_, _, _, until) in self._pending.items() if until <= now]
+            for i in late:
+                del self._pending[i]
+        self.counters["pending_replies_expired"] += len(late)
 
-        threading.Thread(target=run, name=f"send-{name}", daemon=True).start()
+    def _on_async_reply(self, pending: tuple[str, str, dict, float], reply: dict,
+                        verified: bool) -> None:
+        """A reply to a command sent by _send_async: to the rollouts, and a verified
+        accepted setting kept as desired (as send_command does)."""
+        device, name, args, _ = pending
+        if not verified:
+            reply = {**reply, "ok": False, "status": "unverified",
+                     "device_status": reply["status"]}
+        reply = {**reply, "verified": verified}
+        if reply.get("ok") and verified:
+            self.rollouts.record_setting(device, name, args or {})
+        try:
+            self.rollouts.on_reply(device, name, reply)
+        except Exception:
+            log.exception("rollout bookkeeping for the %s reply of %s failed", name, device)
+
+    def _publish_command(self, device: str, name: str, args: dict[str, Any] | None,
+                         ttl_s: float) -> dict[str, Any] | None:
+        """Sign and publish a command to an awake device and return its envelope; None when
+        the device is asleep (the command, made to outlive the sleep, is then held by the
+        broker in the device's session and delivered at its next wake)."""
+        if self._key is None:
+            raise PermissionError("no signing_key configured: this coordinator cannot command")
+        with self._views_lock:
+            view = self.views.get(device)
+            if view is None:
+                raise UnknownDevice(device)
+        if view.asleep and view.status == "asleep":
+            self._publish_for_sleeper(view, name, args, ttl_s)
+            return None
+        env = commands.sign(self._key, device, name, args, ttl_s)
+        self._conn.publish(payloads.topic(self.cfg.fleet, device, "cmd"),
+                           payloads.encode("cmd", env))
+        return env
+
+    def _publish_for_sleeper(self, view: fleet.DeviceView, name: str,
+                             args: dict[str, Any] | None, ttl_s: float) -> dict[str, Any]:
+        """Publish a command for a device asleep on purpose; returns the `queued` reply."""
+        # The broker holds the command in the device's persistent session and delivers it at
+        # the next wake. It must outlive the sleep. (a wake believed a week ahead at most:
+        # canary_clock.MAX_SLEEP_S; a `wake_at` in 2286 made a command valid, and remembered
+        # by the device, for centuries)
+        from runtime.coordinator.canary_clock import MAX_SLEEP_S
+
+        now, device = time.time(), view.device
+        wake = min(view.wake_at, now + MAX_SLEEP_S)
+        ttl = max(ttl_s, wake - now + self.cfg.wake_margin_s + ttl_s)
+        env = commands.sign(self._key, device, name, args, ttl)
+        self._conn.publish(payloads.topic(self.cfg.fleet, device, "cmd"),
+                           payloads.encode("cmd", env))
+        return {"v": payloads.VERSION, "id": env["id"], "ok": True, "status": "queued",
+                "deliver_at": view.wake_at, "expires_at": env["expires_at"],
+                "reason": f"{device} is asleep until {fleet.clock(view.wake_at)}: the "
+                          "broker holds the command and delivers it at its next wake "
+                          f"(it expires at {fleet.clock(env['expires_at'])})",
+                "t": now, "verified": False}
 
     def send_command(self, device: str, name: str, args: dict[str, Any] | None = None,
                      ttl_s: float = 60.0, wait_s: float = 10.0) -> dict[str, Any] | None:
@@ -840,25 +967,8 @@ class Coordinator:
             view = self.views.get(device)
             if view is None:
                 raise UnknownDevice(device)
-        now = time.time()
         if view.asleep and view.status == "asleep":
-            # Asleep on purpose: the broker holds the command in the device's persistent
-            # session and delivers it at the next wake. It must outlive the sleep.
-            # (a wake believed a week ahead at most: canary_clock.MAX_SLEEP_S; a `wake_at` in
-            # 2286 made a command valid, and remembered by the device, for centuries)
-            from runtime.coordinator.canary_clock import MAX_SLEEP_S
-
-            wake = min(view.wake_at, now + MAX_SLEEP_S)
-            ttl = max(ttl_s, wake - now + self.cfg.wake_margin_s + ttl_s)
-            env = commands.sign(self._key, device, name, args, ttl)
-            self._conn.publish(payloads.topic(self.cfg.fleet, device, "cmd"),
-                               payloads.encode("cmd", env))
-            return {"v": payloads.VERSION, "id": env["id"], "ok": True, "status": "queued",
-                    "deliver_at": view.wake_at, "expires_at": env["expires_at"],
-                    "reason": f"{device} is asleep until {fleet.clock(view.wake_at)}: the "
-                              "broker holds the command and delivers it at its next wake "
-                              f"(it expires at {fleet.clock(env['expires_at'])})",
-                    "t": now, "verified": False}
+            return self._publish_for_sleeper(view, name, args, ttl_s)
         env = commands.sign(self._key, device, name, args, ttl_s)
         event, box = threading.Event(), []
         self._waiters[env["id"]] = (event, box)
@@ -872,6 +982,14 @@ class Coordinator:
         if reply and reply.get("ok") and reply.get("verified"):
             self.rollouts.record_setting(device, name, args or {})  # desired state
         return reply
+
+
+def _event_key(msg: dict) -> str:
+    """What makes two events the same (coalesced): everything but their stamp (a digest:
+    the coalescer remembers keys up to its bound)."""
+    text = json.dumps({k: v for k, v in msg.items() if k != "t"}, sort_keys=True,
+                      separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 def _topic_device(topic_name: str) -> str:

@@ -672,6 +672,11 @@ class Store:
             "SELECT device, bytes FROM device_usage WHERE bytes > 0")}
 
     @property
+    def budget_bytes(self) -> int:
+        """The devices' logical budget (set_cap; 0 = no cap)."""
+        return self._budget
+
+    @property
     def overhead(self) -> float:
         """The store's bytes per logical byte as last measured (quotas.overhead)."""
         return self._ratio
