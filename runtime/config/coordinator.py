@@ -60,9 +60,11 @@ class CoordinatorConfig:
     alert_clear_s: float = 30.0  # an alert is reported cleared once away this long
     ingest_batch: int = 500  # messages per store transaction
     # Bounded work per message (docs/fleet-scale.md, "Bounded work per message"): a device's
-    # healths, and its identical events, within coalesce_s are one (the latest wins, stored at
-    # the window's end); a returning device is re-sent its desired state once per boot and at
-    # most once per resend_window_s (births in between: the latest is answered at its end);
+    # healths stamped within one coalesce_s of its clock, and its identical events, arriving
+    # within coalesce_s are one (the latest wins, stored at the window's end; a burst of its
+    # history, one health a window, is all kept); a returning device is re-sent its desired
+    # state once per boot and at most once per resend_window_s (births in between: the
+    # latest is answered at its end);
     # at most max_pending_replies command replies are awaited at once.
     coalesce_s: float = 1.0
     resend_window_s: float = 60.0

@@ -37,6 +37,7 @@ from runtime.config.coordinator import CoordinatorConfig
 from runtime.config.telemetry import check_name
 from runtime.coordinator import fleet, webhooks
 from runtime.coordinator.ageing import Ageing
+from runtime.coordinator.alerts import AlertStates, Told
 from runtime.coordinator.coalesce import Coalescer
 from runtime.coordinator.store import Inbound, Store
 from runtime.wire import commands, payloads
@@ -131,10 +132,8 @@ class Coordinator:
         from runtime.coordinator.alert_log import AlertLog
 
         self.alert_store = AlertLog(self.store)  # what every coordinator's dashboard lists
-        self.alert_since: dict[tuple[str, str], float] = {}
-        # (device, code) -> (when it went, message): a clear is sent once the code has stayed
-        # away for alert_clear_s, so a flapping sensor or link is one alert, not a stream
-        self._clearing: dict[tuple[str, str], tuple[float, str]] = {}
+        # each (device, code)'s state: raised at once, cleared once away alert_clear_s
+        self._alerts = AlertStates()
         self.webhook = (webhooks.Webhook(
             cfg.webhook_url,
             webhooks.load_secret(cfg.webhook_secret_file) if cfg.webhook_secret_file else None,
@@ -342,7 +341,8 @@ class Coordinator:
             if kind == "cmd/reply":
                 replies.append((device, msg, topic_name, len(raw)))
             elif kind == "health" and not self._healths.offer(
-                    device, (topic_name, len(raw), msg), received):
+                    (device, _bucket(msg["t"], self.cfg.coalesce_s)),
+                    (topic_name, len(raw), msg), received):
                 self.counters["health_coalesced"] += 1  # the latest is stored at the window end
             elif kind == "event" and not self._events.offer(
                     (device, _event_key(msg)), (topic_name, len(raw), msg), received):
@@ -352,7 +352,7 @@ class Coordinator:
                 sources.append((topic_name, len(raw)))
         for (key, (topic_name, size, msg)) in (*self._healths.due(now),
                                                *self._events.due(now)):
-            device = key if isinstance(key, str) else key[0]
+            device = key[0]
             inbound.append(Inbound(device, "event" if topic_name.endswith("/event")
                                    else "health", msg, size))
             sources.append((topic_name, size))
@@ -570,42 +570,37 @@ class Coordinator:
                      ", ".join(devices[:10]), ", ..." if len(devices) > 10 else "")
 
     def _record_alerts(self, changes: list[tuple[str, str, str, str]], now: float) -> None:
-        """Turn alert changes into transitions: a raise at once (unless the alert is only
-        back from a clear still settling), a clear after alert_clear_s. Under the views
+        """Turn alert changes into transitions (alerts.py: a raise at once unless it is only
+        back from a clear still settling; a clear after alert_clear_s). Under the views
         lock; Webhook.submit never blocks."""
-        # many at once (a fleet going stale): one line a kind, not a line a device
-        quiet: collections.Counter = collections.Counter()
-        for device, code, state, message in changes:
-            if state == "cleared":
-                self._clearing[(device, code)] = (now, message)
-            elif self._clearing.pop((device, code), None) is not None:
-                self.counters["alert_flaps"] += 1  # back within alert_clear_s: still raised
-            else:
-                self._emit_alert(device, code, "raised", message, now,
-                                 quiet if len(changes) > 20 else None)
-        _log_quiet(quiet)
+        flaps = self._alerts.flaps
+        # stamped as the raise's payload is (webhooks.alert_payload: ms), so a clear's
+        # raised_t and the dashboard's `since` equal the raise's `t`
+        self._tell(self._alerts.apply(changes, round(now, 3)), now, many=len(changes) > 20)
+        self.counters["alert_flaps"] += self._alerts.flaps - flaps
 
     def _settle_clears(self, now: float) -> None:
         """Send the clears of alerts that have stayed away for alert_clear_s."""
-        due = [(k, m) for k, (went, m) in self._clearing.items()
-               if now - went >= self.cfg.alert_clear_s]
+        told = self._alerts.settle(now, self.cfg.alert_clear_s)
+        self._tell(told, now, many=len(told) > 20)
+
+    def _tell(self, told: list[Told], now: float, many: bool) -> None:
+        """Emit each transition; many at once (a fleet going stale): one line a kind."""
         quiet: collections.Counter = collections.Counter()
-        for key, message in due:
-            del self._clearing[key]
-            self._emit_alert(*key, "cleared", message, now, quiet if len(due) > 20 else None)
+        for t in told:
+            self._emit_alert(t, now, quiet if many else None)
         _log_quiet(quiet)
 
-    def _emit_alert(self, device: str, code: str, state: str, message: str, now: float,
-                    quiet: collections.Counter | None = None) -> None:
+    def _emit_alert(self, t: Told, now: float, quiet: collections.Counter | None = None
+                    ) -> None:
         """One alert transition: logged (or counted into `quiet` for one summary line),
         kept for the dashboard, queued for the webhook."""
+        device, code, state, message = t.device, t.code, t.state, t.message
         status = self.views[device].status if device in self.views else "unknown"
         body = webhooks.alert_payload(self.cfg.fleet, device, code, state, message,
                                       status, now)
-        if state == "raised":
-            self.alert_since[(device, code)] = body["t"]
-        else:
-            body["raised_t"] = self.alert_since.pop((device, code), None)
+        if state == "cleared":
+            body["raised_t"] = t.raised_t
         self.alert_log.append(body)
         self.counters[f"alerts_{state}"] += 1
         if quiet is None:
@@ -688,7 +683,7 @@ class Coordinator:
             recent, raised, counts = None, {}, None
         with self._views_lock:
             active = [{"device": v.device, "alert": code, "message": msg, "status": v.status,
-                       "since": self.alert_since.get((v.device, code))
+                       "since": self._alerts.raised_at(v.device, code)
                        or raised.get((v.device, code))}
                       for v in sorted(self.views.values(), key=lambda v: v.device)
                       for code, msg in v.alerts]
@@ -982,6 +977,12 @@ class Coordinator:
         if reply and reply.get("ok") and reply.get("verified"):
             self.rollouts.record_setting(device, name, args or {})  # desired state
         return reply
+
+
+def _bucket(t: float, width_s: float) -> int:
+    """The device-clock window of a health stamped `t`: healths of one window coalesce, so a
+    burst of a device's history (its outbox after an outage) is kept, one a window."""
+    return int(t // width_s) if width_s > 0 else 0
 
 
 def _event_key(msg: dict) -> str:
