@@ -119,3 +119,14 @@ def test_300_forged_births_cost_a_bounded_number_of_threads_and_commands(broker,
         dev.loop_stop()
         dev.disconnect()
         coord.stop()
+
+
+def test_flush_takes_the_held_offers_of_the_keys_it_selects_now():
+    """A device's state flushes what it said before (a held health must not act after the
+    device went to sleep and make it look awake)."""
+    c = Coalescer(window_s=1.0)
+    assert c.offer(("d", 1), "h1", 0.0) and c.offer(("e", 1), "x1", 0.0)
+    assert not c.offer(("d", 1), "h2", 0.2) and not c.offer(("e", 1), "x2", 0.2)
+    assert c.flush(lambda k: k[0] == "d") == [(("d", 1), "h2")]
+    assert c.held() == 1 and c.due(5.0) == [(("e", 1), "x2")]
+    assert c.flush(lambda k: True) == [] and c.acted + c.coalesced == 4

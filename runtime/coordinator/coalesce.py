@@ -14,6 +14,7 @@ Pure: time is passed in; the coordinator's ingest thread is its only caller.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,6 +76,20 @@ class Coalescer:
                 k.acted_at, k.acted, k.pending, k.has_pending = now, same, None, False
                 del self.waiting[key]
                 out.append((key, value))
+        self.acted += len(out)
+        return out
+
+    def flush(self, which: Callable[[Any], bool]) -> list[tuple[Any, Any]]:
+        """(key, value) of every held offer whose key `which` selects, now (their windows
+        cut short: what the device said before a change of its state must not act after
+        it)."""
+        out = []
+        for key in [k for k in self.waiting if which(k)]:
+            k = self.keys[key]
+            value, same = k.pending
+            k.acted, k.pending, k.has_pending = same, None, False
+            del self.waiting[key]
+            out.append((key, value))
         self.acted += len(out)
         return out
 

@@ -325,6 +325,15 @@ class Coordinator:
         replies: list[tuple[str, dict, str, int]] = []
         bad: list[tuple[str, str, str, int, float]] = []
         now = time.time()
+
+        def held(items: list) -> None:
+            """Coalesced messages whose turn came: before what arrived after them."""
+            for key, (topic_name, size, msg) in items:
+                inbound.append(Inbound(key[0], "event" if topic_name.endswith("/event")
+                                       else "health", msg, size))
+                sources.append((topic_name, size))
+
+        held([*self._healths.due(now), *self._events.due(now)])
         for topic_name, raw, received in batch:
             device = ""
             try:
@@ -338,6 +347,10 @@ class Coordinator:
                             f"internal error: {type(e).__name__}: {e}", len(raw), received))
                 continue
             self.counters[kind] += 1
+            if kind == "state":  # what the device said before its state goes before it (a
+                # health held back must not make a device that went to sleep look awake)
+                held([*self._healths.flush(lambda k, d=device: k[0] == d),
+                      *self._events.flush(lambda k, d=device: k[0] == d)])
             if kind == "cmd/reply":
                 replies.append((device, msg, topic_name, len(raw)))
             elif kind == "health" and not self._healths.offer(
@@ -350,12 +363,6 @@ class Coordinator:
             else:
                 inbound.append(Inbound(device, kind, msg, len(raw)))
                 sources.append((topic_name, len(raw)))
-        for (key, (topic_name, size, msg)) in (*self._healths.due(now),
-                                               *self._events.due(now)):
-            device = key[0]
-            inbound.append(Inbound(device, "event" if topic_name.endswith("/event")
-                                   else "health", msg, size))
-            sources.append((topic_name, size))
         written: dict[str, tuple[float, fleet.DeviceView]] = {}
         acks, refused = self.store.ingest(inbound, written)
         if self.store.over_budget:
