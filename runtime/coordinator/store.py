@@ -218,7 +218,9 @@ class Store:
             mine = have.get(m.device, 0)
             why = quotas.admit(mine, size, total, held + (mine <= 0), self._budget,
                                self.margin)
-            if why is None or m.kind == "state":  # a state is one row a device, replaced
+            if m.kind == "state":  # one row a device, replaced: not charged
+                admitted.append(i)
+            elif why is None:
                 admitted.append(i)
                 if mine <= 0 < size:
                     held += 1
