@@ -206,6 +206,8 @@ def test_a_flood_by_one_identity_leaves_every_other_devices_rows_and_the_cap(
                                      blob=100))
             b.pub("health", {"v": 1, "t": time.time(), "boot": "b1"})
         assert _until(lambda: coord.store.acks().get(("B", "s")) == 500, 60)
+        # B's healths stamped alike are coalesced (the latest stored at its window's end)
+        assert _until(lambda: coord.queues()["healths"]["held"] == 0, 30)
         b_rows = coord.store.result_seqs("B")
         b_health = coord.store.health_history("B", 0, time.time() + 10, 100)
         peak = [0]

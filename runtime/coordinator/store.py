@@ -816,7 +816,9 @@ class Store:
                 mine["health"] += n
                 out["health_by_size"] += n
             elif n := self._delete_rows("events", f"{oc} IN (SELECT {oc} FROM events WHERE "
-                                        "device = ? ORDER BY t LIMIT ?)", (device, chunk)):
+                                        "device = ? AND type <> 'stream_quarantined' ORDER BY "
+                                        "t LIMIT ?)", (device, chunk)):
+                # (the record of a quarantine stays: it is what the operator needs to see)
                 mine["events"] += n
                 out["events_by_size"] += n
             elif others and (n := self._delete_results(
