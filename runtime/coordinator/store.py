@@ -18,6 +18,11 @@ and what differs — connections, DDL and migrations, exactly-once insert of res
 time partitions, size — is in dialect.py. A method added here in portable SQL works on both;
 tests/test_store_backends.py runs the store tests against both.
 
+Fair shares (quotas.py): `device_usage` keeps each device's logical bytes, maintained by ingest
+and every delete; with a cap (`set_cap`) a device past its share is refused while the store is
+full, retention reclaims from the device most over its share before anyone else's data, and a
+stream whose ack never moves is quarantined (`quarantine_stalled`). docs/fleet-scale.md.
+
 Fleet views live in tables, so every coordinator sharing the store answers the same:
 `devices` (the merged view of each device, updated in the storing transaction with the pure
 functions of fleet.py) and `result_counts` (results per device, maintained by ingest and
@@ -116,7 +121,8 @@ class Store:
         The batch is first tried without savepoints (one round trip less per message on a
         server); if any message is refused it is redone with one savepoint per message.
         Returns the acks per (device, stream) touched by results, and (index, reason) of each
-        message refused (the caller quarantines those; the rest of the batch stands).
+        message refused (the caller quarantines those; the rest of the batch stands): by the
+        store, or by the fair shares (a device over its share of a full store).
         `written`, when given, receives each stored device's merged view as written to
         `devices` and its `updated` stamp (the coordinator then needs not read it back)."""
         if not messages:
