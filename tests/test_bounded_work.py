@@ -130,3 +130,15 @@ def test_flush_takes_the_held_offers_of_the_keys_it_selects_now():
     assert c.flush(lambda k: k[0] == "d") == [(("d", 1), "h2")]
     assert c.held() == 1 and c.due(5.0) == [(("e", 1), "x2")]
     assert c.flush(lambda k: True) == [] and c.acted + c.coalesced == 4
+
+
+def test_pending_replies_are_bounded_and_expire():
+    from runtime.coordinator.replies import Awaited, PendingReplies
+
+    p = PendingReplies(max_size=3)
+    for k in range(5):
+        p.add(f"c{k}", Awaited("d", "set_rate", {"fps": k}, until=10.0 + k))
+    assert len(p) == 3 and p.dropped == 2 and p.get("c0") is None  # the oldest forgotten
+    assert p.pop("c3").args == {"fps": 3} and p.pop("c3") is None  # its reply came
+    assert p.expire(12.0) == 1 and p.expired == 1 and p.get("c2") is None
+    assert p.get("c4").until == 14.0 and p.expire(14.0) == 1 and len(p) == 0

@@ -39,6 +39,7 @@ from runtime.coordinator import fleet, webhooks
 from runtime.coordinator.ageing import Ageing
 from runtime.coordinator.alerts import AlertStates, Told
 from runtime.coordinator.coalesce import Coalescer
+from runtime.coordinator.replies import Awaited, PendingReplies
 from runtime.coordinator.store import Inbound, Store
 from runtime.wire import commands, payloads
 from runtime.wire.mqtt import Connection
@@ -103,9 +104,7 @@ class Coordinator:
         # Bounded work per message: a command sent without waiting (a rollout's, a re-send)
         # is remembered until its reply or its expiry (no thread waits for it); births,
         # healths and repeated events coalesce per device (coalesce.py)
-        self._pending: collections.OrderedDict[str, tuple[str, str, dict, float]] = (
-            collections.OrderedDict())
-        self._pending_lock = threading.Lock()
+        self._pending = PendingReplies(cfg.max_pending_replies)
         self._births = Coalescer(cfg.resend_window_s)
         self._healths = Coalescer(cfg.coalesce_s)
         self._events = Coalescer(cfg.coalesce_s, max_keys=10_000)  # keys: distinct events
@@ -461,8 +460,7 @@ class Coordinator:
     def _on_reply(self, device: str, reply: dict) -> None:
         """Hand a command reply to its waiter when it is proven to come from `device`."""
         waiter = self._waiters.get(reply["id"] or "")
-        with self._pending_lock:
-            pending = self._pending.get(reply["id"] or "")
+        pending = self._pending.get(reply["id"] or "")
         if waiter is None and pending is None and self.cfg.share_group:
             return  # every coordinator of the group sees every reply: not our command
         key = self._device_key(device)
@@ -471,9 +469,8 @@ class Coordinator:
         if key is not None and not verified:
             raise Refused(f"cmd/reply for command {str(reply['id'])[:64]}: not signed by "
                           f"{device}'s key (forged or from another device)")
-        if pending is not None and pending[0] == device:
-            with self._pending_lock:
-                self._pending.pop(reply["id"], None)
+        if pending is not None and pending.device == device:
+            self._pending.pop(reply["id"])
             self._on_async_reply(pending, reply, verified)
             return
         if waiter is None or waiter[0].is_set():
@@ -853,14 +850,11 @@ class Coordinator:
     def queues(self) -> dict[str, dict[str, int]]:
         """Every queue and table of held work with its bound and what passed it: the inbox,
         the replies awaited, and the coalescers of births, healths and events."""
-        with self._pending_lock:
-            pending = len(self._pending)
-        c = self.counters
+        c, p = self.counters, self._pending
         return {"inbox": {"size": self._inbox.qsize(), "max": self._inbox.maxsize,
                           "dropped": c["inbox_full_dropped"]},
-                "pending_replies": {"size": pending, "max": self.cfg.max_pending_replies,
-                                    "dropped": c["pending_replies_dropped"],
-                                    "expired": c["pending_replies_expired"]},
+                "pending_replies": {"size": len(p), "max": p.max_size, "dropped": p.dropped,
+                                    "expired": p.expired},
                 "births": self._births.stats(), "healths": self._healths.stats(),
                 "events": self._events.stats()}
 
@@ -899,25 +893,16 @@ class Coordinator:
         if env is None:
             return  # held by the broker for a sleeper: its events give the verdict
         self.counters["commands_sent_async"] += 1
-        with self._pending_lock:
-            self._pending[env["id"]] = (device, name, args, time.time() + wait_s)
-            while len(self._pending) > self.cfg.max_pending_replies:
-                self._pending.popitem(last=False)
-                self.counters["pending_replies_dropped"] += 1
+        self._pending.add(env["id"], Awaited(device, name, args, time.time() + wait_s))
 
     def _expire_pending(self, now: float) -> None:
         """Forget the awaited replies whose wait is over (a device that never answers)."""
-        with self._pending_lock:
-            late = [i for i, (_, _, _, until) in self._pending.items() if until <= now]
-            for i in late:
-                del self._pending[i]
-        self.counters["pending_replies_expired"] += len(late)
+        self._pending.expire(now)
 
-    def _on_async_reply(self, pending: tuple[str, str, dict, float], reply: dict,
-                        verified: bool) -> None:
+    def _on_async_reply(self, pending: Awaited, reply: dict, verified: bool) -> None:
         """A reply to a command sent by _send_async: to the rollouts, and a verified
         accepted setting kept as desired (as send_command does)."""
-        device, name, args, _ = pending
+        device, name, args = pending.device, pending.name, pending.args
         if not verified:
             reply = {**reply, "ok": False, "status": "unverified",
                      "device_status": reply["status"]}
