@@ -44,6 +44,19 @@ def event_bytes(device: str, kind: str, body: str) -> int:
     return len(device) + len(kind) + len(body) + 8
 
 
+def message_bytes(device: str, kind: str, msg: dict, raw: int) -> int:
+    """What storing a message of `raw` bytes on the wire charges its device, estimated from
+    above without serialising it again: a result message's rows repeat the device, stream
+    and boot and add their numbers (RESULT_BYTES_SQL); a health adds its timeline row."""
+    if kind == "result":
+        per_row = len(device) + len(str(msg.get("stream", ""))) + 24 + len(
+            str(msg.get("boot", "")))
+        return raw + per_row * len(msg.get("results") or ())
+    if kind == "health":
+        return raw + 2 * len(device) + 112
+    return raw + len(device) + 8 + len(str(msg.get("type", "")))
+
+
 def overhead(used_bytes: int, logical_bytes: int, cap_bytes: int, before: float) -> float:
     """The store's bytes per logical byte, measured (`before` when there is too little data
     to measure: under MEASURE_MIN_FRACTION of the cap), clamped to [1, MAX_OVERHEAD]."""

@@ -220,7 +220,8 @@ class Store:
             ).fetchone())
         admitted, refused = [], []
         for i, m in enumerate(messages):
-            size = m.size or len(json.dumps(m.msg, separators=(",", ":")))
+            size = quotas.message_bytes(m.device, m.kind, m.msg, m.size or len(
+                json.dumps(m.msg, separators=(",", ":"))))
             mine = have.get(m.device, 0)
             why = quotas.admit(mine, size, total, held + (mine <= 0), self._budget,
                                self.margin)
