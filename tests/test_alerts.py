@@ -66,3 +66,14 @@ def test_raised_at_while_active_or_clearing_then_forgotten():
     (clear,) = a.settle(140.0, 30)
     assert clear.message == "gone" and clear.raised_t == 100.0
     assert a.state("d", "hot") is None and a.raised_at("d", "hot") is None
+
+
+def test_a_clear_with_no_wait_settles_in_the_same_refresh_whatever_the_stamp():
+    """The raise is told with a stamp rounded to the ms (the payload's); the clock of the
+    clear must stay `now`'s, or a clear with alert_clear_s 0 waited for the next refresh
+    whenever the stamp rounded up."""
+    a = AlertStates()
+    a.apply([("d", "hot", RAISED, "m")], 100.0004, stamp=100.0)
+    a.apply([("d", "hot", CLEARED, "gone")], 100.0006, stamp=100.001)
+    (clear,) = a.settle(100.0006, clear_s=0)
+    assert clear.raised_t == 100.0

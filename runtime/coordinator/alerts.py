@@ -74,9 +74,11 @@ class AlertStates:
         self._entries: dict[tuple[str, str], _Entry] = {}
         self.flaps = 0  # alerts back within alert_clear_s (one alert, not two)
 
-    def apply(self, changes: Iterable[tuple[str, str, str, str]], now: float) -> list[Told]:
+    def apply(self, changes: Iterable[tuple[str, str, str, str]], now: float,
+              stamp: float | None = None) -> list[Told]:
         """Feed (device, code, "raised" | "cleared", message) changes; returns what to tell
-        now (the raises)."""
+        now (the raises). `stamp`: the raise's time as told (default `now`); the clock of
+        `settle` is `now`'s."""
         out = []
         for device, code, state, message in changes:
             key = (device, code)
@@ -87,7 +89,7 @@ class AlertStates:
             if state == CLEARED and entry.state != CLEARING:
                 entry.went, entry.message = now, message
             if told == RAISED:
-                entry.raised_t = now
+                entry.raised_t = now if stamp is None else stamp
                 out.append(Told(device, code, RAISED, message))
             entry.state = nxt
             self._entries[key] = entry

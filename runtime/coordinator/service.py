@@ -581,7 +581,8 @@ class Coordinator:
         flaps = self._alerts.flaps
         # stamped as the raise's payload is (webhooks.alert_payload: ms), so a clear's
         # raised_t and the dashboard's `since` equal the raise's `t`
-        self._tell(self._alerts.apply(changes, round(now, 3)), now, many=len(changes) > 20)
+        self._tell(self._alerts.apply(changes, now, stamp=round(now, 3)), now,
+                   many=len(changes) > 20)
         self.counters["alert_flaps"] += self._alerts.flaps - flaps
 
     def _settle_clears(self, now: float) -> None:
