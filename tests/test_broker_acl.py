@@ -185,7 +185,12 @@ def test_acl_file_layout_and_revocation(tmp_path):
         auth.enrol(Identity("f1/de+v", "device"))
     with pytest.raises(ValueError):
         auth.enrol(Identity("a/b", "coordinator"))  # only devices have a '/' in their name
-    assert "user" not in acl_text([Identity("f1/d", "device")])
+    # a device's own connection needs no user block (the patterns); its bundle connection
+    # is an identity of its own with exactly its two topics (client ids bound to usernames)
+    assert "user f1/d\n" not in acl_text([Identity("f1/d", "device")])
+    assert acl_text([Identity("f1/d", "device")]).split("\n\n")[-1].splitlines() == [
+        "user f1/d+bundles", "topic write edgerun/v1/f1/d/bundle/req",
+        "topic read edgerun/v1/f1/d/bundle/chunk"]
 
 
 def test_revoked_device_is_refused_after_reload(secure_broker):
@@ -279,4 +284,6 @@ def test_concurrent_enrolments_lose_no_user(tmp_path):
     for t in threads:
         t.join()
     assert set(auth.identities()) == {f"f1/d{i}" for i in range(12)}
-    assert len(auth.passwd.read_text().splitlines()) == 12
+    users = [line.split(":")[0] for line in auth.passwd.read_text().splitlines()]
+    assert len([u for u in users if "+" not in u]) == 12  # and each one's connections:
+    assert len(users) == 12 * 3  # +bundles, +trigger

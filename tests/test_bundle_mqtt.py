@@ -376,8 +376,8 @@ def test_a_share_group_where_one_coordinator_lacks_the_bundle(tmp_path, broker, 
     transfer completes."""
     held = shelf.list()[0]
     empty = _Shelf(tmp_path / "empty-shelf")
-    creds = broker.coordinator(FLEET)
-    servers = [ChunkServer(FLEET, s, creds, f"coord{i}", "g")
+    # one identity each: client ids are bound to usernames (docs/security.md)
+    servers = [ChunkServer(FLEET, s, broker.coordinator(FLEET, f"coord{i}"), f"coord{i}", "g")
                for i, s in enumerate((shelf, empty))]
     for srv in servers:
         srv.start()

@@ -270,7 +270,7 @@ def test_a_returning_device_is_sent_its_desired_model_once_by_two_coordinators(
             "sha256": "0" * 64, "token": "t"}
     sent = []
     coords = [Coordinator(CoordinatorConfig(fleet="f", store=store_url, share_group="g",
-                                            client_id=f"c{k}",
+                                            client_id=f"c{k}", resend_window_s=0,
                                             bundles_dir=str(tmp_path / f"b{k}")))
               for k in (1, 2)]
     try:
@@ -286,12 +286,19 @@ def test_a_returning_device_is_sent_its_desired_model_once_by_two_coordinators(
         assert sorted(cmd for _, _, cmd in sent) == ["deploy", "set_rate"], sent
         assert len({who for who, _, _ in sent}) == 1
         sent.clear()
-        later = (birth[0], payloads.encode("state", {  # the next birth (a reconnect): again
+        later = (birth[0], payloads.encode("state", {  # a reconnect of the same boot: its
             "v": 1, "online": True, "boot": "b1", "t": now + 5, "model_version": "m@1"}),
-            now + 5)
+            now + 5)  # re-send was made (one a boot: issue 25, bounded work per message)
         for c in coords:
             c._ingest([later])
+        assert sent == []
+        reboot = (birth[0], payloads.encode("state", {  # the next boot: again, once
+            "v": 1, "online": True, "boot": "b2", "t": now + 6, "model_version": "m@1"}),
+            now + 6)
+        for c in coords:
+            c._ingest([reboot])
         assert sorted(cmd for _, _, cmd in sent) == ["deploy", "set_rate"], sent
+        assert len({who for who, _, _ in sent}) == 1
     finally:
         for c in coords:
             c.store.close()

@@ -5,8 +5,10 @@ Afterwards: 0 results lost, 0 duplicated, every thread alive, both sides answeri
 With ACLs on a stranger cannot publish at all (tests/test_broker_acl.py), so the fuzz comes
 from what is left: enrolled identities that are broken or compromised. Each message is
 published by the identity the ACL lets publish on its topic: a second coordinator of the
-fleet on the device's `ack` and `cmd`, the device's own login on its topics (a broken
-firmware, a leaked password), enrolled devices `fuzz0`..`fuzz4` on theirs. The final counts
+fleet on the device's `ack` and `cmd`, an identity granted the device's topics on its topics
+(a broken ACL; the device's own login would take over its session, since the broker binds
+client ids to usernames: tests/test_client_ids.py), enrolled devices `fuzz0`..`fuzz4` on
+theirs. The final counts
 check that the broker delivered the fuzz (nothing was silently refused by the ACL).
 
 Forged but *well-formed* traffic for the real device's own stream (an ack with a plausible
@@ -34,6 +36,7 @@ from test_trust_wire import _held, _key, _stream_of
 from runtime.config.telemetry import BrokerConfig
 from runtime.coordinator.api import serve
 from runtime.wire import payloads
+from runtime.wire.brokerauth import Identity
 
 N = int(os.environ.get("EDGERUN_FUZZ_N", "10000"))
 DEVICE_TOPICS = ("ack", "cmd")
@@ -148,13 +151,16 @@ def test_fuzz_every_inbound_topic_while_streaming(tmp_path, broker):
                  stats=stats).start()
     # One fuzzing client per identity (see the module docstring), keyed by the device whose
     # topics it may publish on; None: the coordinator side (ack, cmd).
-    logins = {None: broker.coordinator("test", "fuzzer"), "dev1": broker.device("test", "dev1"),
+    misgranted = Identity("fuzz-dev1", "coordinator", fleets=("test",),
+                          write=("edgerun/v1/test/dev1/#",))
+    logins = {None: broker.coordinator("test", "fuzzer"), "dev1": broker.credentials(misgranted),
               **{f"fuzz{k}": broker.device("test", f"fuzz{k}") for k in range(5)}}
     fuzzers = {who: _client(cfg, f"fuzz-{who}") for who, cfg in logins.items()}
     try:
         from test_trust_wire import Outsider
 
-        probe = Outsider(logins[None])
+        probe = Outsider(broker.coordinator("test", "probe"))  # its own: one identity a
+        # connection (the fuzzer's login would take over the fuzzer's session)
         stream = _stream_of(probe)
         probe.close()
         sent: dict[str, int] = {}

@@ -397,9 +397,10 @@ def test_a_takeover_of_the_client_id_is_an_event(tmp_path, broker):
     """Finding 5 (the part on the wire): fixed client ids let anyone kick a device off
     silently. Ids carry the boot now, and a takeover is counted and reported.
 
-    ACLs on: a stranger is refused (tests/test_broker_acl.py), but Mosquitto hands a session
-    to whoever logs in with its client id, whatever the username, so any enrolled identity
-    (another device, a leaked login) can still do it; the thief here is such a client."""
+    ACLs on: a stranger is refused (tests/test_broker_acl.py), and the broker edgerun
+    configures binds client ids to usernames (`use_username_as_clientid`: another enrolled
+    identity gets its own session, tests/test_client_ids.py), so what is left is a leaked
+    login of the device itself; the thief here is such a client."""
     from runtime.config.telemetry import OutboxConfig, TelemetryConfig
     from runtime.telemetry.client import Publisher
     from runtime.telemetry.outbox import Outbox
@@ -415,7 +416,7 @@ def test_a_takeover_of_the_client_id_is_an_event(tmp_path, broker):
     watcher.sub(payloads.topic("test", "dev9", "event"))
     thief = mqtt.Client(callback_api_version=mqtt.CallbackAPIVersion.VERSION2,
                         client_id=pub.stats.client_id, protocol=mqtt.MQTTv5)
-    login = broker.client("thief")  # may publish and read nothing: only the client id matters
+    login = cfg.broker  # the device's own login, leaked: its client id is its username
     thief.username_pw_set(login.username, Path(login.password_file).read_text().strip())
     thief.connect("127.0.0.1", broker.port)
     thief.loop_start()

@@ -59,6 +59,15 @@ class CoordinatorConfig:
     retention_days: float = 90.0  # results older than this are pruned (0 = keep by age)
     max_store_mb: float = 2048.0  # past this the oldest results are pruned (0 = no cap)
     retention_interval_s: float = 600.0  # how often retention runs
+    # Fair shares (docs/fleet-scale.md, "Fair shares"): max_store_mb is shared equally by the
+    # devices holding data; a device past its share may borrow while the store holds less
+    # than the cap plus store_margin of it, then its messages are refused until retention
+    # (woken at most every retention_wake_s) has taken back what it borrowed.
+    store_margin: float = 0.25
+    retention_wake_s: float = 5.0
+    # a stream whose ack has not moved for this long since its floor was first not stored
+    # has its rows above the ack deleted (the device still holds them), with an event
+    floor_wait_s: float = 900.0
     stale_after_s: float = 30.0
     offline_after_s: float = 120.0
     wake_margin_s: float = 300.0  # a sleeper this late past its announced wake: missed_wake
@@ -76,6 +85,16 @@ class CoordinatorConfig:
     webhook_alerts: tuple[str, ...] = ()  # alert codes sent (docs/dashboard.md); empty = all
     alert_clear_s: float = 30.0  # an alert is reported cleared once away this long
     ingest_batch: int = 500  # messages per store transaction
+    # Bounded work per message (docs/fleet-scale.md, "Bounded work per message"): a device's
+    # healths stamped within one coalesce_s of its clock, and its identical events, arriving
+    # within coalesce_s are one (the latest wins, stored at the window's end; a burst of its
+    # history, one health a window, is all kept); a returning device is re-sent its desired
+    # state once per boot and at most once per resend_window_s (births in between: the
+    # latest is answered at its end);
+    # at most max_pending_replies command replies are awaited at once.
+    coalesce_s: float = 1.0
+    resend_window_s: float = 60.0
+    max_pending_replies: int = 10_000
     ingest_delay_s: float = 0.0  # artificial slowness per batch, for fault tests only
     # Model bundles (docs/ota.md): kept in the store; bundles_dir is only the directory an
     # older coordinator kept them in, imported once at start (empty: `bundles/` next to an
@@ -104,6 +123,16 @@ class CoordinatorConfig:
             return "retention_days", "retention_days and max_store_mb must be >= 0 (0 = off)"
         if self.retention_interval_s < 1:
             return "retention_interval_s", f"must be >= 1, got {self.retention_interval_s}"
+        if not 0 <= self.store_margin <= 10:
+            return "store_margin", f"must be 0..10, got {self.store_margin}"
+        if not 0.1 <= self.retention_wake_s <= 86400:
+            return "retention_wake_s", f"must be 0.1..86400, got {self.retention_wake_s}"
+        if not (0 <= self.coalesce_s <= 3600 and 0 <= self.resend_window_s <= 86400):
+            return "coalesce_s", "coalesce_s must be 0..3600 and resend_window_s 0..86400"
+        if not 1 <= self.max_pending_replies <= 10**6:
+            return "max_pending_replies", f"must be 1..1e6, got {self.max_pending_replies}"
+        if not 1 <= self.floor_wait_s <= 30 * 86400:
+            return "floor_wait_s", f"must be 1..2592000 s, got {self.floor_wait_s}"
         if self.webhook_url and (why := check_url(self.webhook_url)):
             return "webhook_url", why
         if unknown := sorted(set(self.webhook_alerts) - set(ALERT_CODES)):

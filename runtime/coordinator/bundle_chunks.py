@@ -32,6 +32,7 @@ from typing import Any
 from runtime.config.telemetry import check_name
 from runtime.coordinator.bundles import BundleRefused, Shelf, check_id
 from runtime.wire import safejson
+from runtime.wire.brokerauth import for_connection
 from runtime.wire.bundle_chunks import (
     BAD_RANGE,
     BAD_REQUEST,
@@ -83,7 +84,9 @@ class ChunkServer:
         self._unacked = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._conn = Connection(broker, f"{client_id}-bundles", name="bundle-chunks",
+        # its own broker identity (<username>+bundles): client ids are bound to usernames
+        self._conn = Connection(for_connection(broker, "bundles"), f"{client_id}-bundles",
+                                name="bundle-chunks",
                                 subscriptions=[(self.filter, 1)], on_message=self._on_message,
                                 on_connected=self._on_connected, on_publish=self._on_publish,
                                 on_refused=self._on_refused, clean=True,

@@ -26,6 +26,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from runtime.coordinator.quotas import EVENT_BYTES_SQL, HEALTH_BYTES_SQL, RESULT_BYTES_SQL
+
 DAY = 86400.0
 
 # -- SQLite ---------------------------------------------------------------------------------
@@ -107,6 +109,21 @@ CREATE TABLE IF NOT EXISTS bundle_uploads (id TEXT PRIMARY KEY, sha256 TEXT NOT 
 CREATE INDEX IF NOT EXISTS bundle_uploads_sha ON bundle_uploads (sha256);
 """
 
+# v7: fair shares of the store (runtime/coordinator/quotas.py): the logical bytes each device
+# holds, maintained by ingest and every delete; streams whose ack stopped (`stalls`: since
+# when, at which ack), quarantined by retention after coordinator.floor_wait_s
+_SQLITE_V7 = f"""
+CREATE TABLE IF NOT EXISTS device_usage (device TEXT PRIMARY KEY, bytes INTEGER NOT NULL);
+INSERT INTO device_usage SELECT device, SUM(n) FROM (
+    SELECT device, SUM({RESULT_BYTES_SQL}) AS n FROM results GROUP BY device
+    UNION ALL SELECT device, SUM({HEALTH_BYTES_SQL}) FROM health GROUP BY device
+    UNION ALL SELECT device, SUM({EVENT_BYTES_SQL}) FROM events GROUP BY device) u
+    GROUP BY device ON CONFLICT(device) DO NOTHING;
+CREATE TABLE IF NOT EXISTS stalls (device TEXT NOT NULL, stream TEXT NOT NULL,
+                                   since REAL NOT NULL, acked INTEGER NOT NULL,
+                                   PRIMARY KEY (device, stream));
+"""
+
 
 # Store.claim: a claim is won when its row is new, or holds another state, or the same state
 # from longer than the window ago (see Store.claim)
@@ -170,6 +187,10 @@ class SQLiteDialect:
                     for stmt in _split(_SQLITE_V6):
                         self.db.execute(stmt)
                     self.db.execute("INSERT INTO schema_version VALUES (6)")
+                if have < 7:
+                    for stmt in _split(_SQLITE_V7):
+                        self.db.execute(stmt)
+                    self.db.execute("INSERT INTO schema_version VALUES (7)")
                 self.db.execute("COMMIT")
             except BaseException:
                 self.db.execute("ROLLBACK")
@@ -260,11 +281,13 @@ class SQLiteDialect:
     def maintain(self) -> None:
         """Nothing to create ahead in SQLite."""
 
-    def drop_partitions(self, table: str, before: float, acked_only: bool) -> dict[str, int]:
+    def drop_partitions(self, table: str, before: float, acked_only: bool
+                        ) -> dict[str, tuple[int, int]]:
         """SQLite has no partitions: retention deletes rows (see Store.prune_results)."""
         return {}
 
-    def oldest_partition(self, table: str, acked_only: bool) -> dict[str, int] | None:
+    def oldest_partition(self, table: str, acked_only: bool
+                         ) -> dict[str, tuple[int, int]] | None:
         return None
 
     def after_prune(self) -> None:
@@ -355,9 +378,22 @@ CREATE TABLE IF NOT EXISTS bundle_uploads (id TEXT PRIMARY KEY, sha256 TEXT NOT 
 CREATE INDEX IF NOT EXISTS bundle_uploads_sha ON bundle_uploads (sha256)
 """
 
+# fair shares and stalled streams (as SQLite v7)
+_PG_V6 = f"""
+CREATE TABLE IF NOT EXISTS device_usage (device TEXT PRIMARY KEY, bytes BIGINT NOT NULL);
+INSERT INTO device_usage SELECT device, SUM(n) FROM (
+    SELECT device, SUM({RESULT_BYTES_SQL}) AS n FROM results GROUP BY device
+    UNION ALL SELECT device, SUM({HEALTH_BYTES_SQL}) FROM health GROUP BY device
+    UNION ALL SELECT device, SUM({EVENT_BYTES_SQL}) FROM events GROUP BY device) u
+    GROUP BY device ON CONFLICT (device) DO NOTHING;
+CREATE TABLE IF NOT EXISTS stalls (device TEXT NOT NULL, stream TEXT NOT NULL,
+                                   since DOUBLE PRECISION NOT NULL, acked BIGINT NOT NULL,
+                                   PRIMARY KEY (device, stream))
+"""
+
 # (version, statements): append, never edit, once released.
 PG_MIGRATIONS: list[tuple[int, str]] = [(1, _PG_V1), (2, _PG_V2), (3, _PG_V3), (4, _PG_V4),
-                                        (5, _PG_V5)]
+                                        (5, _PG_V5), (6, _PG_V6)]
 PARTITIONED = {"results": "received", "health": "t"}
 _MIGRATION_LOCK = 0x6564676572756E  # pg_advisory_xact_lock key ("edgerun")
 
@@ -566,9 +602,9 @@ class PostgresDialect:
         return sorted(out, key=lambda x: x[1])
 
     def _drop(self, db: Any, table: str, name: str, end: float, acked_only: bool
-              ) -> dict[str, int] | None:
+              ) -> dict[str, tuple[int, int]] | None:
         """Drop one partition; for results only when every row in it is at or below its
-        stream's ack (else None). Returns the rows it held per device."""
+        stream's ack (else None). Returns the (rows, logical bytes) it held per device."""
         # coordinators sharing the store run retention at the same times: one drops at a
         # time, and a partition another one dropped since the list was read is skipped
         db.execute("SELECT pg_advisory_xact_lock(?)", (_MIGRATION_LOCK,))
@@ -579,19 +615,22 @@ class PostgresDialect:
                 "s.stream = r.stream WHERE s.acked IS NULL OR r.seq > s.acked LIMIT 1"
                 ).fetchone():
             return None
-        per_device = dict(db.execute(f"SELECT device, COUNT(*) FROM {name} GROUP BY device"
-                                     ).fetchall()) if table == "results" else {}
+        size = RESULT_BYTES_SQL if table == "results" else HEALTH_BYTES_SQL
+        per_device = {d: (int(n), int(b)) for d, n, b in db.execute(
+            f"SELECT device, COUNT(*), SUM({size}) FROM {name} GROUP BY device").fetchall()}
         db.execute(f"DROP TABLE {name}")
         if table == "results":
             db.execute("DELETE FROM result_keys WHERE received < ? AND received >= ?",
                        (end, end - DAY))
+        elif table == "health":  # the timeline goes with the health it was copied from
+            db.execute("DELETE FROM health_points WHERE t < ? AND t >= ?", (end, end - DAY))
         return per_device
 
     def drop_partitions(self, table: str, before: float, acked_only: bool
-                        ) -> dict[str, int]:
+                        ) -> dict[str, tuple[int, int]]:
         """Drop every day partition of `table` that ends at or before `before`; returns
-        rows dropped per device (results) or {"": n partitions} (others)."""
-        out: dict[str, int] = {}
+        (rows, logical bytes) dropped per device."""
+        out: dict[str, tuple[int, int]] = {}
         with self.reader() as db:
             parts = self._partitions(db, table)
         for name, end in parts:
@@ -599,14 +638,15 @@ class PostgresDialect:
                 break
             with self.transaction() as db:
                 got = self._drop(db, table, name, end, acked_only)
-            if got is not None:
-                for k, n in (got if table == "results" else {"": 1}).items():
-                    out[k] = out.get(k, 0) + n
+            for k, (n, b) in (got or {}).items():
+                n0, b0 = out.get(k, (0, 0))
+                out[k] = (n0 + n, b0 + b)
         return out
 
-    def oldest_partition(self, table: str, acked_only: bool) -> dict[str, int] | None:
+    def oldest_partition(self, table: str, acked_only: bool
+                         ) -> dict[str, tuple[int, int]] | None:
         """Drop the oldest droppable day partition that is not today's (size retention);
-        returns what it held per device, or None when there is none."""
+        returns (rows, logical bytes) it held per device, or None when there is none."""
         today = (dt.datetime.now(dt.UTC).timestamp() // DAY) * DAY
         with self.reader() as db:
             parts = [p for p in self._partitions(db, table) if p[1] <= today]
@@ -614,7 +654,7 @@ class PostgresDialect:
             with self.transaction() as db:
                 got = self._drop(db, table, name, end, acked_only)
             if got is not None:
-                return got if table == "results" else {"": 1}
+                return got
         return None
 
     def after_prune(self) -> None:

@@ -158,6 +158,7 @@ class FleetCollector:
             if isinstance(value, int | float):
                 age.add_metric([quantile], float(value))
         yield age
+        yield from _queues(stats)
         hook = stats.get("webhook")
         if isinstance(hook, Mapping):  # configured: delivery outcomes of the alert webhook
             sent = CounterMetricFamily("edgerun_coordinator_webhook_deliveries_total",
@@ -170,6 +171,47 @@ class FleetCollector:
             yield GaugeMetricFamily("edgerun_coordinator_webhook_queue",
                                     "Alerts waiting for the webhook receiver",
                                     value=_count(hook.get("queue")))
+
+
+def _queues(stats: Mapping[str, Any]) -> Iterator[Metric]:
+    """Every bounded queue's depth, bound and overflow; coalesced work; the store's shares."""
+    queues = stats.get("queues") or {}
+    size = GaugeMetricFamily("edgerun_coordinator_queue_size", "Items held in each bounded "
+                             "queue (inbox, replies awaited, coalescers' keys)",
+                             labels=["queue"])
+    bound = GaugeMetricFamily("edgerun_coordinator_queue_bound", "Each queue's bound",
+                              labels=["queue"])
+    over = CounterMetricFamily("edgerun_coordinator_queue_overflow_total", "Items dropped at "
+                               "a queue's bound since start", labels=["queue"])
+    merged = CounterMetricFamily("edgerun_coordinator_coalesced_total", "Messages folded "
+                                 "into a later one of the same device (latest wins)",
+                                 labels=["kind"])
+    for name, q in sorted(queues.items()) if isinstance(queues, Mapping) else ():
+        if not isinstance(q, Mapping):
+            continue
+        size.add_metric([name], _count(q.get("size", q.get("keys"))))
+        bound.add_metric([name], _count(q.get("max", q.get("max_keys"))))
+        over.add_metric([name], _count(q.get("dropped", q.get("forgotten"))))
+        if "coalesced" in q:
+            merged.add_metric([name], _count(q.get("coalesced")))
+    yield from (size, bound, over, merged)
+    usage = stats.get("store_usage") or {}
+    held = GaugeMetricFamily("edgerun_device_store_bytes", "Logical bytes of the device's "
+                             "rows in the coordinator's store (its fair share: "
+                             "edgerun_coordinator_store_budget_bytes / devices)",
+                             labels=["device"])
+    refused = CounterMetricFamily("edgerun_device_refused_over_share_total", "Messages of "
+                                  "the device refused while it was over its share of a full "
+                                  "store", labels=["device"])
+    if isinstance(usage, Mapping):
+        for device, n in sorted((usage.get("by_device") or {}).items()):
+            held.add_metric([str(device)], _count(n))
+        for device, n in sorted((usage.get("refused_over_share") or {}).items()):
+            refused.add_metric([str(device)], _count(n))
+        yield GaugeMetricFamily("edgerun_coordinator_store_budget_bytes", "The devices' "
+                                "logical budget under max_store_mb (0: no cap)",
+                                value=_count(usage.get("budget_bytes")))
+    yield from (held, refused)
 
 
 def _count(value: Any) -> float:

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import hashlib
+import json
 import logging
 import os
 import queue
@@ -35,6 +37,9 @@ from runtime.config.coordinator import CoordinatorConfig
 from runtime.config.telemetry import check_name
 from runtime.coordinator import fleet, webhooks
 from runtime.coordinator.ageing import Ageing
+from runtime.coordinator.alerts import AlertStates, Told
+from runtime.coordinator.coalesce import Coalescer
+from runtime.coordinator.replies import Awaited, PendingReplies
 from runtime.coordinator.store import Inbound, Store
 from runtime.wire import commands, payloads
 from runtime.wire.mqtt import Connection
@@ -64,7 +69,7 @@ class Coordinator:
         self.fleet_cfg = fleet.FleetConfig(cfg.stale_after_s, cfg.offline_after_s,
                                            cfg.backlog_alert, cfg.slo_alert,
                                            wake_margin_s=cfg.wake_margin_s)
-        self.store = Store(cfg.store, cfg.fsync)
+        self.store = Store(cfg.store, cfg.fsync, cfg.store_margin)
         self.api_url = cfg.public_url.rstrip("/")  # set by api.serve when empty
         from runtime.coordinator.bundles import held_now
         from runtime.coordinator.rollout import Rollouts
@@ -97,7 +102,16 @@ class Coordinator:
         self._views_loaded = time.time()  # last full read of the store's `devices`
         self._inbox: queue.Queue = queue.Queue(maxsize=50_000)
         self._waiters: dict[str, tuple[threading.Event, list]] = {}
+        # Bounded work per message: a command sent without waiting (a rollout's, a re-send)
+        # is remembered until its reply or its expiry (no thread waits for it); births,
+        # healths and repeated events coalesce per device (coalesce.py)
+        self._pending = PendingReplies(cfg.max_pending_replies)
+        self._births = Coalescer(cfg.resend_window_s)
+        self._healths = Coalescer(cfg.coalesce_s)
+        self._events = Coalescer(cfg.coalesce_s, max_keys=10_000)  # keys: distinct events
         self._stop = threading.Event()
+        self._retention_due = threading.Event()  # set by ingest when the store is full
+        self._retention_lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         # Persistent session (fixed id, clean off, MQTT 5 expiry): the broker queues for us
         # while we restart. A takeover of that id is logged and counted.
@@ -109,6 +123,7 @@ class Coordinator:
         self.connected = self._conn.subscribed  # set once subscribed: nothing is missed
         self.counters: collections.Counter = collections.Counter()
         self._sweep_shelf(at_start=True)  # what an upload killed with our last run left
+        self._set_cap()  # the devices' fair shares (quotas.py) from the first batch on
         self.health_age_s: collections.deque = collections.deque(maxlen=20_000)
         self._health_taken: collections.deque = collections.deque(maxlen=20_000)  # when, each
         self._counts: tuple[float, float, dict[str, int] | None] = (0.0, 0.0, None)
@@ -118,10 +133,8 @@ class Coordinator:
         from runtime.coordinator.alert_log import AlertLog
 
         self.alert_store = AlertLog(self.store)  # what every coordinator's dashboard lists
-        self.alert_since: dict[tuple[str, str], float] = {}
-        # (device, code) -> (when it went, message): a clear is sent once the code has stayed
-        # away for alert_clear_s, so a flapping sensor or link is one alert, not a stream
-        self._clearing: dict[tuple[str, str], tuple[float, str]] = {}
+        # each (device, code)'s state: raised at once, cleared once away alert_clear_s
+        self._alerts = AlertStates()
         self.webhook = (webhooks.Webhook(
             cfg.webhook_url,
             webhooks.load_secret(cfg.webhook_secret_file) if cfg.webhook_secret_file else None,
@@ -222,6 +235,7 @@ class Coordinator:
     def stop(self) -> None:
         """Stop the threads (stored data is already committed) and close the store."""
         self._stop.set()
+        self._retention_due.set()  # the retention loop sees the stop at once
         self._conn.stop()
         for t in self._threads:
             t.join(5)
@@ -281,7 +295,7 @@ class Coordinator:
                     batch.append(self._inbox.get_nowait())
             except queue.Empty:
                 pass
-            if batch:
+            if batch or self._healths.held() or self._events.held():
                 try:
                     self._ingest(batch)
                 except Exception:  # the store failing must not kill ingest; devices re-send
@@ -296,6 +310,8 @@ class Coordinator:
                     last_refresh = now
                     self._refresh(now)
                     self.rollouts.tick(now)
+                    self._expire_pending(now)
+                    self._births_to_rollouts([v for _, v in self._births.due(now)])
                 if now - last_prune >= 3600:
                     last_prune = now
                     self.store.prune(self.cfg.keep_health_s, self.cfg.keep_events_s)
@@ -310,6 +326,15 @@ class Coordinator:
         replies: list[tuple[str, dict, str, int]] = []
         bad: list[tuple[str, str, str, int, float]] = []
         now = time.time()
+
+        def held(items: list) -> None:
+            """Coalesced messages whose turn came: before what arrived after them."""
+            for key, (topic_name, size, msg) in items:
+                inbound.append(Inbound(key[0], "event" if topic_name.endswith("/event")
+                                       else "health", msg, size))
+                sources.append((topic_name, size))
+
+        held([*self._healths.due(now), *self._events.due(now)])
         for topic_name, raw, received in batch:
             device = ""
             try:
@@ -323,13 +348,26 @@ class Coordinator:
                             f"internal error: {type(e).__name__}: {e}", len(raw), received))
                 continue
             self.counters[kind] += 1
+            if kind == "state":  # what the device said before its state goes before it (a
+                # health held back must not make a device that went to sleep look awake)
+                held([*self._healths.flush(lambda k, d=device: k[0] == d),
+                      *self._events.flush(lambda k, d=device: k[0] == d)])
             if kind == "cmd/reply":
                 replies.append((device, msg, topic_name, len(raw)))
+            elif kind == "health" and not self._healths.offer(
+                    (device, _bucket(msg["t"], self.cfg.coalesce_s)),
+                    (topic_name, len(raw), msg), received):
+                self.counters["health_coalesced"] += 1  # the latest is stored at the window end
+            elif kind == "event" and not self._events.offer(
+                    (device, _event_key(msg)), (topic_name, len(raw), msg), received):
+                self.counters["events_coalesced"] += 1
             else:
-                inbound.append(Inbound(device, kind, msg))
+                inbound.append(Inbound(device, kind, msg, len(raw)))
                 sources.append((topic_name, len(raw)))
         written: dict[str, tuple[float, fleet.DeviceView]] = {}
         acks, refused = self.store.ingest(inbound, written)
+        if self.store.over_budget:
+            self._retention_due.set()  # the retention loop takes back what was borrowed
         for i, why in refused:
             bad.append((inbound[i].device, sources[i][0], why, sources[i][1], now))
         refused_idx = {i for i, _ in refused}
@@ -365,7 +403,14 @@ class Coordinator:
             if i in refused_idx:
                 continue
             if m.kind == "state" and m.msg.get("online") and first.get(i, False):
-                births.append((m.device, m.msg.get("model_version")))
+                # one re-send a boot, at most one a resend_window_s (the latest birth of a
+                # burst is answered at the window's end): 300 forged births were 300 threads
+                # and 300 commands
+                if self._births.offer(m.device, (m.device, m.msg.get("model_version")),
+                                      now, same=m.msg.get("boot")):
+                    births.append((m.device, m.msg.get("model_version")))
+                else:
+                    self.counters["births_coalesced"] += 1
             elif m.kind == "event":
                 self._births_to_rollouts(births)
                 try:
@@ -416,7 +461,8 @@ class Coordinator:
     def _on_reply(self, device: str, reply: dict) -> None:
         """Hand a command reply to its waiter when it is proven to come from `device`."""
         waiter = self._waiters.get(reply["id"] or "")
-        if waiter is None and self.cfg.share_group:
+        pending = self._pending.get(reply["id"] or "")
+        if waiter is None and pending is None and self.cfg.share_group:
             return  # every coordinator of the group sees every reply: not our command
         key = self._device_key(device)
         verified = (key is not None and reply.get("device") == device
@@ -424,6 +470,10 @@ class Coordinator:
         if key is not None and not verified:
             raise Refused(f"cmd/reply for command {str(reply['id'])[:64]}: not signed by "
                           f"{device}'s key (forged or from another device)")
+        if pending is not None and pending.device == device:
+            self._pending.pop(reply["id"])
+            self._on_async_reply(pending, reply, verified)
+            return
         if waiter is None or waiter[0].is_set():
             return  # a late, repeated or unrequested reply
         if not verified:
@@ -526,42 +576,38 @@ class Coordinator:
                      ", ".join(devices[:10]), ", ..." if len(devices) > 10 else "")
 
     def _record_alerts(self, changes: list[tuple[str, str, str, str]], now: float) -> None:
-        """Turn alert changes into transitions: a raise at once (unless the alert is only
-        back from a clear still settling), a clear after alert_clear_s. Under the views
+        """Turn alert changes into transitions (alerts.py: a raise at once unless it is only
+        back from a clear still settling; a clear after alert_clear_s). Under the views
         lock; Webhook.submit never blocks."""
-        # many at once (a fleet going stale): one line a kind, not a line a device
-        quiet: collections.Counter = collections.Counter()
-        for device, code, state, message in changes:
-            if state == "cleared":
-                self._clearing[(device, code)] = (now, message)
-            elif self._clearing.pop((device, code), None) is not None:
-                self.counters["alert_flaps"] += 1  # back within alert_clear_s: still raised
-            else:
-                self._emit_alert(device, code, "raised", message, now,
-                                 quiet if len(changes) > 20 else None)
-        _log_quiet(quiet)
+        flaps = self._alerts.flaps
+        # stamped as the raise's payload is (webhooks.alert_payload: ms), so a clear's
+        # raised_t and the dashboard's `since` equal the raise's `t`
+        self._tell(self._alerts.apply(changes, now, stamp=round(now, 3)), now,
+                   many=len(changes) > 20)
+        self.counters["alert_flaps"] += self._alerts.flaps - flaps
 
     def _settle_clears(self, now: float) -> None:
         """Send the clears of alerts that have stayed away for alert_clear_s."""
-        due = [(k, m) for k, (went, m) in self._clearing.items()
-               if now - went >= self.cfg.alert_clear_s]
+        told = self._alerts.settle(now, self.cfg.alert_clear_s)
+        self._tell(told, now, many=len(told) > 20)
+
+    def _tell(self, told: list[Told], now: float, many: bool) -> None:
+        """Emit each transition; many at once (a fleet going stale): one line a kind."""
         quiet: collections.Counter = collections.Counter()
-        for key, message in due:
-            del self._clearing[key]
-            self._emit_alert(*key, "cleared", message, now, quiet if len(due) > 20 else None)
+        for t in told:
+            self._emit_alert(t, now, quiet if many else None)
         _log_quiet(quiet)
 
-    def _emit_alert(self, device: str, code: str, state: str, message: str, now: float,
-                    quiet: collections.Counter | None = None) -> None:
+    def _emit_alert(self, t: Told, now: float, quiet: collections.Counter | None = None
+                    ) -> None:
         """One alert transition: logged (or counted into `quiet` for one summary line),
         kept for the dashboard, queued for the webhook."""
+        device, code, state, message = t.device, t.code, t.state, t.message
         status = self.views[device].status if device in self.views else "unknown"
         body = webhooks.alert_payload(self.cfg.fleet, device, code, state, message,
                                       status, now)
-        if state == "raised":
-            self.alert_since[(device, code)] = body["t"]
-        else:
-            body["raised_t"] = self.alert_since.pop((device, code), None)
+        if state == "cleared":
+            body["raised_t"] = t.raised_t
         self.alert_log.append(body)
         self.counters[f"alerts_{state}"] += 1
         if quiet is None:
@@ -646,7 +692,7 @@ class Coordinator:
             recent, raised, counts = None, {}, None
         with self._views_lock:
             active = [{"device": v.device, "alert": code, "message": msg, "status": v.status,
-                       "since": self.alert_since.get((v.device, code))
+                       "since": self._alerts.raised_at(v.device, code)
                        or raised.get((v.device, code))}
                       for v in sorted(self.views.values(), key=lambda v: v.device)
                       for code, msg in v.alerts]
@@ -663,7 +709,17 @@ class Coordinator:
     # -- retention thread (store size and age; see Store.prune_results) ----------------------
 
     def _retention_loop(self) -> None:
-        while not self._stop.wait(self.cfg.retention_interval_s):
+        last = time.monotonic()
+        while not self._stop.is_set():
+            # every retention_interval_s, or sooner when ingest found the store full (at most
+            # every retention_wake_s: a store that cannot shrink must not spin this loop)
+            self._retention_due.wait(max(0.0, self.cfg.retention_interval_s
+                                         - (time.monotonic() - last)))
+            if self._stop.wait(max(0.0, self.cfg.retention_wake_s
+                                   - (time.monotonic() - last))):
+                return
+            self._retention_due.clear()
+            last = time.monotonic()
             try:
                 self.run_retention()
             except Exception:  # a failed pass is retried next interval; ingest is unaffected
@@ -675,27 +731,66 @@ class Coordinator:
 
     def run_retention(self) -> dict[str, int]:
         """One retention pass: results past `retention_days`, then the oldest data while the
-        store uses more than `max_store_mb`. Logs what it deleted and counts it in stats."""
+        store uses more than `max_store_mb`. Logs what it deleted and counts it in stats.
+        One pass at a time (the retention thread, a caller): two would each reclaim from
+        what the other already took."""
+        with self._retention_lock:
+            return self._run_retention()
+
+    def _run_retention(self) -> dict[str, int]:
         cfg = self.cfg
         self.store.maintain()  # PostgreSQL: the coming days' partitions
         cap = int(cfg.max_store_mb * 1024 * 1024)
+        shelf = self.shelf.stored_bytes() if cap > 0 else 0
         if cap > 0:  # the bundles in the store are not what the cap is for: never make
-            cap += self.shelf.stored_bytes()  # room for them by deleting results
-        done = self.store.prune_results(cfg.retention_days * 86400, cap)
+            cap += shelf  # room for them by deleting results
+        done = self.store.prune_results(cfg.retention_days * 86400, cap, reserved=shelf)
+        stalled = self.store.quarantine_stalled(cfg.floor_wait_s)
         self._sweep_shelf()
         self.counters["retention_runs"] += 1
         for key, n in done.items():
             self.counters[f"pruned_{key}"] += n
+        for device, got in sorted(self.store.reclaimed.items()):
+            self.counters["reclaimed_over_share"] += 1
+            log.warning("retention: device %s was over its share of max_store_mb (it held "
+                        "%.2f MB, now %.2f); deleted %d of its acked results, %d unacked (it "
+                        "re-sends them), %d health, %d events", device, got["before"] / 2**20,
+                        got["after"] / 2**20, got["results"], got["unacked"], got["health"],
+                        got["events"])
+        for st in stalled:
+            self.counters["streams_quarantined"] += 1
+            log.warning("device %s: stream %r quarantined: its ack stayed at %d for %.0f s "
+                        "(floor_wait_s %g), so the %d results above it (%.2f MB) were "
+                        "deleted; the device still holds them and may re-send from its floor",
+                        st.device, st.stream, st.acked, time.time() - st.since,
+                        cfg.floor_wait_s, st.rows, st.bytes / 2**20)
         if done["results_by_age"]:
             log.info("retention: deleted %d acked results older than %g days",
                      done["results_by_age"], cfg.retention_days)
-        by_size = {k: n for k, n in done.items() if k.endswith("by_size") and n}
+        # what the size cap took beyond the devices over their share (named above)
+        fair = {"results": 0, "health": 0, "events": 0}
+        for got in self.store.reclaimed.values():
+            fair["results"] += got["results"] + got["unacked"]
+            fair["health"] += got["health"]
+            fair["events"] += got["events"]
+        by_size = {k: n - fair[k.split("_")[0]] for k, n in done.items()
+                   if k.endswith("by_size") and n - fair[k.split("_")[0]]}
         if by_size:
-            log.warning("retention: the store was over max_store_mb = %g; deleted the oldest "
-                        "%s (now %.1f MB)", cfg.max_store_mb,
+            log.warning("retention: the store was over max_store_mb = %g with no device over "
+                        "its share; deleted the oldest %s of all devices (now %.1f MB)",
+                        cfg.max_store_mb,
                         ", ".join(f"{n} {k.split('_')[0]}" for k, n in by_size.items()),
                         self.store.used_bytes() / 2**20)
         return done
+
+    def _set_cap(self) -> None:
+        """Give the store its cap for the fair shares (bundle bytes are not the devices')."""
+        cap = int(self.cfg.max_store_mb * 1024 * 1024)
+        try:
+            shelf = self.shelf.stored_bytes() if cap > 0 else 0
+            self.store.set_cap(cap + shelf if cap > 0 else 0, shelf)
+        except Exception as e:  # the shares then start with the first retention pass
+            log.error("could not measure the store for its fair shares: %s", e)
 
     # -- queries and commands (any thread) ----------------------------------------------------
 
@@ -748,6 +843,11 @@ class Coordinator:
         recent = sorted(a for a, t in zip(ages_in, taken_in, strict=True) if t >= since)
         q = self.store.quarantine_counts()
         return {"counters": dict(self.counters), "inbox": self._inbox.qsize(),
+                "queues": self.queues(),
+                "store_usage": {"budget_bytes": self.store.budget_bytes,
+                                "overhead": self.store.overhead,
+                                "by_device": self.store.usage(),
+                                "refused_over_share": dict(self.store.refused_over_share)},
                 "quarantined": {"total": sum(q.values()), "by_device": q},
                 "health_age_s": {"p50": pct(0.5), "p99": pct(0.99), "n": len(ages)},
                 "health_age_recent_s": {"p50": pct(0.5, recent), "p99": pct(0.99, recent),
@@ -755,6 +855,17 @@ class Coordinator:
                 "connected": self.connected.is_set(), "threads": self.threads_alive(),
                 "mqtt": asdict(self._conn.stats), "bundle_chunks": self.chunks.stats(),
                 "webhook": self.webhook.stats() if self.webhook is not None else None}
+
+    def queues(self) -> dict[str, dict[str, int]]:
+        """Every queue and table of held work with its bound and what passed it: the inbox,
+        the replies awaited, and the coalescers of births, healths and events."""
+        c, p = self.counters, self._pending
+        return {"inbox": {"size": self._inbox.qsize(), "max": self._inbox.maxsize,
+                          "dropped": c["inbox_full_dropped"]},
+                "pending_replies": {"size": len(p), "max": p.max_size, "dropped": p.dropped,
+                                    "expired": p.expired},
+                "births": self._births.stats(), "healths": self._healths.stats(),
+                "events": self._events.stats()}
 
     def deploy_args(self, bundle_id: str) -> dict[str, Any]:
         """The `deploy` command's arguments for a bundle held here (runtime/device/ota.py)."""
@@ -778,21 +889,80 @@ class Coordinator:
             return None
         return (view.last_seen or view.state_t, view.wake_at)
 
-    def _send_async(self, device: str, name: str, args: dict[str, Any]) -> None:
+    def _send_async(self, device: str, name: str, args: dict[str, Any],
+                    ttl_s: float = 60.0, wait_s: float = 30.0) -> None:
         """Send a command for a rollout or a returning device without blocking the caller
-        (the ingest thread); the reply goes to the rollouts."""
+        (the ingest thread) and without a thread: its reply, when it comes within `wait_s`,
+        goes to the rollouts from the ingest thread (_on_async_reply). At most
+        max_pending_replies are awaited; past that the oldest is forgotten (counted)."""
         with self._views_lock:
             if device not in self.views:
                 raise UnknownDevice(device)
+        env = self._publish_command(device, name, args, ttl_s)
+        if env is None:
+            return  # held by the broker for a sleeper: its events give the verdict
+        self.counters["commands_sent_async"] += 1
+        self._pending.add(env["id"], Awaited(device, name, args, time.time() + wait_s))
 
-        def run() -> None:
-            try:
-                reply = self.send_command(device, name, args, wait_s=30)
-                self.rollouts.on_reply(device, name, reply)
-            except Exception as e:
-                log.warning("%s to %s failed: %s", name, device, e)
+    def _expire_pending(self, now: float) -> None:
+        """Forget the awaited replies whose wait is over (a device that never answers)."""
+        self._pending.expire(now)
 
-        threading.Thread(target=run, name=f"send-{name}", daemon=True).start()
+    def _on_async_reply(self, pending: Awaited, reply: dict, verified: bool) -> None:
+        """A reply to a command sent by _send_async: to the rollouts, and a verified
+        accepted setting kept as desired (as send_command does)."""
+        device, name, args = pending.device, pending.name, pending.args
+        if not verified:
+            reply = {**reply, "ok": False, "status": "unverified",
+                     "device_status": reply["status"]}
+        reply = {**reply, "verified": verified}
+        if reply.get("ok") and verified:
+            self.rollouts.record_setting(device, name, args or {})
+        try:
+            self.rollouts.on_reply(device, name, reply)
+        except Exception:
+            log.exception("rollout bookkeeping for the %s reply of %s failed", name, device)
+
+    def _publish_command(self, device: str, name: str, args: dict[str, Any] | None,
+                         ttl_s: float) -> dict[str, Any] | None:
+        """Sign and publish a command to an awake device and return its envelope; None when
+        the device is asleep (the command, made to outlive the sleep, is then held by the
+        broker in the device's session and delivered at its next wake)."""
+        if self._key is None:
+            raise PermissionError("no signing_key configured: this coordinator cannot command")
+        with self._views_lock:
+            view = self.views.get(device)
+            if view is None:
+                raise UnknownDevice(device)
+        if view.asleep and view.status == "asleep":
+            self._publish_for_sleeper(view, name, args, ttl_s)
+            return None
+        env = commands.sign(self._key, device, name, args, ttl_s)
+        self._conn.publish(payloads.topic(self.cfg.fleet, device, "cmd"),
+                           payloads.encode("cmd", env))
+        return env
+
+    def _publish_for_sleeper(self, view: fleet.DeviceView, name: str,
+                             args: dict[str, Any] | None, ttl_s: float) -> dict[str, Any]:
+        """Publish a command for a device asleep on purpose; returns the `queued` reply."""
+        # The broker holds the command in the device's persistent session and delivers it at
+        # the next wake. It must outlive the sleep. (a wake believed a week ahead at most:
+        # canary_clock.MAX_SLEEP_S; a `wake_at` in 2286 made a command valid, and remembered
+        # by the device, for centuries)
+        from runtime.coordinator.canary_clock import MAX_SLEEP_S
+
+        now, device = time.time(), view.device
+        wake = min(view.wake_at, now + MAX_SLEEP_S)
+        ttl = max(ttl_s, wake - now + self.cfg.wake_margin_s + ttl_s)
+        env = commands.sign(self._key, device, name, args, ttl)
+        self._conn.publish(payloads.topic(self.cfg.fleet, device, "cmd"),
+                           payloads.encode("cmd", env))
+        return {"v": payloads.VERSION, "id": env["id"], "ok": True, "status": "queued",
+                "deliver_at": view.wake_at, "expires_at": env["expires_at"],
+                "reason": f"{device} is asleep until {fleet.clock(view.wake_at)}: the "
+                          "broker holds the command and delivers it at its next wake "
+                          f"(it expires at {fleet.clock(env['expires_at'])})",
+                "t": now, "verified": False}
 
     def send_command(self, device: str, name: str, args: dict[str, Any] | None = None,
                      ttl_s: float = 60.0, wait_s: float = 10.0) -> dict[str, Any] | None:
@@ -808,25 +978,8 @@ class Coordinator:
             view = self.views.get(device)
             if view is None:
                 raise UnknownDevice(device)
-        now = time.time()
         if view.asleep and view.status == "asleep":
-            # Asleep on purpose: the broker holds the command in the device's persistent
-            # session and delivers it at the next wake. It must outlive the sleep.
-            # (a wake believed a week ahead at most: canary_clock.MAX_SLEEP_S; a `wake_at` in
-            # 2286 made a command valid, and remembered by the device, for centuries)
-            from runtime.coordinator.canary_clock import MAX_SLEEP_S
-
-            wake = min(view.wake_at, now + MAX_SLEEP_S)
-            ttl = max(ttl_s, wake - now + self.cfg.wake_margin_s + ttl_s)
-            env = commands.sign(self._key, device, name, args, ttl)
-            self._conn.publish(payloads.topic(self.cfg.fleet, device, "cmd"),
-                               payloads.encode("cmd", env))
-            return {"v": payloads.VERSION, "id": env["id"], "ok": True, "status": "queued",
-                    "deliver_at": view.wake_at, "expires_at": env["expires_at"],
-                    "reason": f"{device} is asleep until {fleet.clock(view.wake_at)}: the "
-                              "broker holds the command and delivers it at its next wake "
-                              f"(it expires at {fleet.clock(env['expires_at'])})",
-                    "t": now, "verified": False}
+            return self._publish_for_sleeper(view, name, args, ttl_s)
         env = commands.sign(self._key, device, name, args, ttl_s)
         event, box = threading.Event(), []
         self._waiters[env["id"]] = (event, box)
@@ -840,6 +993,20 @@ class Coordinator:
         if reply and reply.get("ok") and reply.get("verified"):
             self.rollouts.record_setting(device, name, args or {})  # desired state
         return reply
+
+
+def _bucket(t: float, width_s: float) -> int:
+    """The device-clock window of a health stamped `t`: healths of one window coalesce, so a
+    burst of a device's history (its outbox after an outage) is kept, one a window."""
+    return int(t // width_s) if width_s > 0 else 0
+
+
+def _event_key(msg: dict) -> str:
+    """What makes two events the same (coalesced): everything but their stamp (a digest:
+    the coalescer remembers keys up to its bound)."""
+    text = json.dumps({k: v for k, v in msg.items() if k != "t"}, sort_keys=True,
+                      separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 def _topic_device(topic_name: str) -> str:

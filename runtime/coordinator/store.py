@@ -18,6 +18,11 @@ and what differs — connections, DDL and migrations, exactly-once insert of res
 time partitions, size — is in dialect.py. A method added here in portable SQL works on both;
 tests/test_store_backends.py runs the store tests against both.
 
+Fair shares (quotas.py): `device_usage` keeps each device's logical bytes, maintained by ingest
+and every delete; with a cap (`set_cap`) a device past its share is refused while the store is
+full, retention reclaims from the device most over its share before anyone else's data, and a
+stream whose ack never moves is quarantined (`quarantine_stalled`). docs/fleet-scale.md.
+
 Fleet views live in tables, so every coordinator sharing the store answers the same:
 `devices` (the merged view of each device, updated in the storing transaction with the pure
 functions of fleet.py) and `result_counts` (results per device, maintained by ingest and
@@ -36,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runtime.coordinator import fleet
+from runtime.coordinator import fleet, quotas
 from runtime.coordinator.dialect import open_dialect
 
 # The dashboard's timeline (health_points): column <- path in the health message. Numbers
@@ -62,6 +67,20 @@ class Inbound:
     device: str
     kind: str  # result | health | event | state
     msg: dict
+    size: int = 0  # its bytes on the wire (0: estimated from msg when a quota needs it)
+
+
+@dataclass(frozen=True)
+class Stalled:
+    """A stream quarantined by retention: its ack stopped and its rows above it were
+    deleted (the device still holds them: it deletes only what an ack covers)."""
+
+    device: str
+    stream: str
+    acked: int
+    rows: int
+    bytes: int
+    since: float
 
 
 @dataclass(frozen=True)
@@ -80,9 +99,17 @@ class _Redo(Exception):
 class Store:
     """The coordinator's store on SQLite (a path) or PostgreSQL (a URL); thread-safe."""
 
-    def __init__(self, path: str | Path, fsync: str = "normal"):
+    def __init__(self, path: str | Path, fsync: str = "normal", margin: float = 0.25):
         self._d = open_dialect(path, fsync)
+        self.margin = margin  # quotas.admit: what devices over their share may borrow
+        self.over_budget = False  # the last batch found the devices over their budget
         self.backend = self._d.name
+        # fair shares (quotas.py): the devices' logical budget, 0 = no cap; set_cap sets it
+        self._budget, self._ratio = 0, 1.0
+        self.refused_over_share: Counter = Counter()  # messages refused, per device
+        # what the last prune_results reclaimed from devices over their share: device ->
+        # {"results": n, "unacked": n, "health": n, "events": n, "before": B, "after": B}
+        self.reclaimed: dict[str, dict[str, int]] = {}
         if self.backend == "sqlite":  # the raw connection, for tests that forge rows
             self.path, self._db, self._lock = self._d.path, self._d.db, self._d.lock
 
@@ -94,7 +121,8 @@ class Store:
         The batch is first tried without savepoints (one round trip less per message on a
         server); if any message is refused it is redone with one savepoint per message.
         Returns the acks per (device, stream) touched by results, and (index, reason) of each
-        message refused (the caller quarantines those; the rest of the batch stands).
+        message refused (the caller quarantines those; the rest of the batch stands): by the
+        store, or by the fair shares (a device over its share of a full store).
         `written`, when given, receives each stored device's merged view as written to
         `devices` and its `updated` stamp (the coordinator then needs not read it back)."""
         if not messages:
@@ -120,27 +148,38 @@ class Store:
         tops: dict[tuple[str, str], int] = {}  # highest seq received per stream in this batch
         refused: list[tuple[int, str]] = []
         new_per_device: Counter = Counter()
+        bytes_per_device: Counter = Counter()
         stored: list[Inbound] = []
         with self._d.transaction() as db:
             # Serialises this batch's devices against other coordinators (PostgreSQL) so
             # their acks and views see every committed result.
             self._d.lock_devices(db, [m.device for m in messages])
+            admitted, refused = self._admit(db, messages)
+            over_share = list(refused)
             if not savepoints:
                 try:
-                    new_per_device = self._store_all(db, messages, now)
+                    new_per_device, bytes_per_device = self._store_all(
+                        db, [messages[i] for i in admitted], now)
                 except (*self._d.errors, ValueError, TypeError, KeyError, OverflowError) as e:
                     raise _Redo from e
-                stored = list(messages)
-            for i, m in enumerate(messages if savepoints else ()):
+                stored = [messages[i] for i in admitted]
+            for i in admitted if savepoints else ():
+                m = messages[i]
                 db.execute("SAVEPOINT msg")
                 try:
-                    new_per_device[m.device] += self._store_one(db, m, now)
+                    new, size = self._store_one(db, m, now)
                 except (*self._d.errors, ValueError, TypeError, KeyError, OverflowError) as e:
                     db.execute("ROLLBACK TO SAVEPOINT msg")
                     refused.append((i, f"store refused it: {type(e).__name__}: {e}"[:300]))
                 else:
+                    new_per_device[m.device] += new
+                    bytes_per_device[m.device] += size
                     stored.append(m)
                 db.execute("RELEASE SAVEPOINT msg")
+            if bytes_per_device:
+                db.executemany("INSERT INTO device_usage VALUES (?,?) ON CONFLICT(device) "
+                               "DO UPDATE SET bytes = device_usage.bytes + excluded.bytes",
+                               sorted((d, n) for d, n in bytes_per_device.items() if n))
             for m in stored:
                 if m.kind == "result":
                     key = (m.device, m.msg["stream"])
@@ -152,21 +191,71 @@ class Store:
                                sorted((d, n) for d, n in new_per_device.items() if n))
             self._merge_views(db, stored, now, written)
             acks = self._acks_batch(db, floors, tops)
-        return {k: v for k, v in acks.items() if v}, refused
+            # a stream whose floor is not stored has not moved its ack: remembered from the
+            # first such batch on, so retention can quarantine one that never moves again
+            # (quarantine_stalled); the first stall's time and ack are kept
+            stalled = sorted(k for k, v in acks.items() if not v)
+            if stalled:
+                db.executemany("INSERT INTO stalls VALUES (?, ?, ?, COALESCE((SELECT acked "
+                               "FROM streams WHERE device = ? AND stream = ?), 0)) "
+                               "ON CONFLICT(device, stream) DO NOTHING",
+                               [(d, st, now, d, st) for d, st in stalled])
+        for i, _ in over_share:  # counted once the batch is committed (not per retry)
+            self.refused_over_share[messages[i].device] += 1
+        return {k: v for k, v in acks.items() if v}, sorted(refused)
 
-    def _store_all(self, db: Any, messages: Sequence[Inbound], now: float) -> Counter:
+    def _admit(self, db: Any, messages: Sequence[Inbound]
+               ) -> tuple[list[int], list[tuple[int, str]]]:
+        """(indexes admitted, (index, reason) refused) under the fair shares of quotas.py;
+        everything when there is no cap. Reads the usage of the batch's devices (locked by
+        lock_devices) and the store's total in the storing transaction."""
+        if self._budget <= 0:
+            return list(range(len(messages))), []
+        devices = sorted({m.device for m in messages})
+        match, args = self._d.in_list(devices)
+        have = {d: int(b) for d, b in db.execute(
+            f"SELECT device, bytes FROM device_usage WHERE device{match}", args).fetchall()}
+        total, held = (int(x) for x in db.execute(
+            "SELECT COALESCE(SUM(bytes), 0), COUNT(*) FROM device_usage WHERE bytes > 0"
+            ).fetchone())
+        admitted, refused = [], []
+        for i, m in enumerate(messages):
+            size = quotas.message_bytes(m.device, m.kind, m.msg, m.size or len(
+                json.dumps(m.msg, separators=(",", ":"))))
+            mine = have.get(m.device, 0)
+            why = quotas.admit(mine, size, total, held + (mine <= 0), self._budget,
+                               self.margin)
+            if m.kind == "state":  # one row a device, replaced: not charged
+                admitted.append(i)
+            elif why is None:
+                admitted.append(i)
+                if mine <= 0 < size:
+                    held += 1
+                have[m.device], total = mine + size, total + size
+            else:
+                refused.append((i, f"device {m.device}: {why}"))
+        self.over_budget = total > self._budget
+        return admitted, refused
+
+    def _store_all(self, db: Any, messages: Sequence[Inbound], now: float
+                   ) -> tuple[Counter, Counter]:
         """The whole batch in a few statements (one per kind; the dialect inserts results
-        in one or two); returns new results per device. Raises on the first bad message."""
+        in one or two); returns new results and their logical bytes (quotas.py) per device.
+        Raises on the first bad message."""
         results, health, events, states, timeline = [], [], [], [], []
+        size: Counter = Counter()
         for m in messages:
             msg = m.msg
             if m.kind == "result":
                 results.extend(_result_rows(m, now))
             elif m.kind == "health":
-                health.append((m.device, float(msg["t"]), json.dumps(msg)))
+                health.append((m.device, float(msg["t"]), body := json.dumps(msg)))
                 timeline.append(_timeline_row(m.device, msg))
+                size[m.device] += quotas.health_bytes(m.device, body)
             elif m.kind == "event":
-                events.append((m.device, float(msg["t"]), msg["type"], json.dumps(msg)))
+                events.append((m.device, float(msg["t"]), msg["type"],
+                               body := json.dumps(msg)))
+                size[m.device] += quotas.event_bytes(m.device, msg["type"], body)
             elif m.kind == "state":
                 states.append((m.device, json.dumps(msg)))
             else:
@@ -181,7 +270,10 @@ class Store:
                                 ("text", "float8", "text", "text"), events)
         if states:
             self._d.upsert_states(db, states)
-        return Counter(r[0] for r in self._d.insert_results(db, results))
+        new = self._d.insert_results(db, results)
+        for r in new:
+            size[r[0]] += quotas.result_bytes(r[0], r[1], r[3], r[6])
+        return Counter(r[0] for r in new), size
 
     def _acks_batch(self, db: Any, floors: dict[tuple[str, str], set[int]],
                     tops: dict[tuple[str, str], int]) -> dict[tuple[str, str], list[Ack]]:
@@ -237,25 +329,27 @@ class Store:
                            "lo = excluded.lo", writes)
         return out
 
-    def _store_one(self, db: Any, m: Inbound, now: float) -> int:
-        """Store one message; returns how many results were new."""
+    def _store_one(self, db: Any, m: Inbound, now: float) -> tuple[int, int]:
+        """Store one message; returns how many results were new and their logical bytes."""
         msg = m.msg
         if m.kind == "result":
-            return len(self._d.insert_results(db, _result_rows(m, now)))
+            new = self._d.insert_results(db, _result_rows(m, now))
+            return len(new), sum(quotas.result_bytes(r[0], r[1], r[3], r[6]) for r in new)
         if m.kind == "health":
             db.execute("INSERT INTO health (device, t, body) VALUES (?,?,?)",
-                       (m.device, float(msg["t"]), json.dumps(msg)))
+                       (m.device, float(msg["t"]), body := json.dumps(msg)))
             db.execute(f"INSERT INTO health_points ({_TIMELINE_SQL}) VALUES "
                        f"(?,?{',?' * len(TIMELINE)})", _timeline_row(m.device, msg))
-        elif m.kind == "event":
+            return 0, quotas.health_bytes(m.device, body)
+        if m.kind == "event":
             db.execute("INSERT INTO events (device, t, type, body) VALUES (?,?,?,?)",
-                       (m.device, float(msg["t"]), msg["type"], json.dumps(msg)))
-        elif m.kind == "state":
+                       (m.device, float(msg["t"]), msg["type"], body := json.dumps(msg)))
+            return 0, quotas.event_bytes(m.device, msg["type"], body)
+        if m.kind == "state":
             db.execute("INSERT INTO states VALUES (?,?) ON CONFLICT(device) DO UPDATE "
                        "SET body = excluded.body", (m.device, json.dumps(msg)))
-        else:
-            raise ValueError(f"cannot store a {m.kind!r} message")
-        return 0
+            return 0, 0
+        raise ValueError(f"cannot store a {m.kind!r} message")
 
     def _merge_views(self, db: Any, stored: Sequence[Inbound], now: float,
                      written: dict[str, tuple[float, fleet.DeviceView]] | None = None
@@ -563,53 +657,100 @@ class Store:
         """Drop health and events older than their retention (results are never pruned here).
         On PostgreSQL whole day partitions of health go first; rows left are deleted."""
         now = time.time()
-        self._d.drop_partitions("health", now - keep_health_s, acked_only=False)
+        self._unuse(self._d.drop_partitions("health", now - keep_health_s, acked_only=False),
+                    results=False)
         with self._d.transaction() as db:
-            db.execute("DELETE FROM health WHERE t < ?", (now - keep_health_s,))
-            db.execute("DELETE FROM events WHERE t < ?", (now - keep_events_s,))
+            gone: Counter = Counter()
+            for sql, keep in ((f"DELETE FROM health WHERE t < ? RETURNING device, "
+                               f"{quotas.HEALTH_BYTES_SQL}", keep_health_s),
+                              (f"DELETE FROM events WHERE t < ? RETURNING device, "
+                               f"{quotas.EVENT_BYTES_SQL}", keep_events_s)):
+                for d, n in db.execute(sql, (now - keep,)).fetchall():
+                    gone[d] += int(n)
             db.execute("DELETE FROM health_points WHERE t < ?", (now - keep_health_s,))
+            _uncharge(db, gone)
 
     def used_bytes(self) -> int:
         """Bytes of the database in use (SQLite: pages minus free pages; PostgreSQL: this
         schema's tables with indexes and TOAST)."""
         return self._d.used_bytes()
 
+    def usage(self) -> dict[str, int]:
+        """The logical bytes each device holds (quotas.py; devices holding nothing left out)."""
+        return {d: int(b) for d, b in self._query(
+            "SELECT device, bytes FROM device_usage WHERE bytes > 0")}
+
+    @property
+    def budget_bytes(self) -> int:
+        """The devices' logical budget (set_cap; 0 = no cap)."""
+        return self._budget
+
+    @property
+    def overhead(self) -> float:
+        """The store's bytes per logical byte as last measured (quotas.overhead)."""
+        return self._ratio
+
+    def set_cap(self, max_bytes: int, reserved: int = 0) -> int:
+        """Share `max_bytes` (0 = no cap) among the devices from now on (ingest refuses what
+        a device over its share sends while the store is full): `reserved` of the store's
+        bytes are not the devices' (the bundle shelf). The store's overhead per logical byte
+        is measured here (quotas.overhead). Returns the devices' logical budget."""
+        cap = max(0, max_bytes - reserved)
+        if max_bytes <= 0:
+            self._budget = 0
+            return 0
+        logical = sum(self.usage().values())
+        self._ratio = quotas.overhead(self.used_bytes() - reserved, logical, cap, self._ratio)
+        self._budget = quotas.budget(cap, self._ratio)
+        return self._budget
+
     def maintain(self) -> None:
         """Create the time partitions ahead (PostgreSQL; run at least daily)."""
         self._d.maintain()
 
     def prune_results(self, max_age_s: float = 0.0, max_bytes: int = 0, chunk: int = 2000,
-                      now: float | None = None) -> dict[str, int]:
+                      now: float | None = None, reserved: int = 0) -> dict[str, int]:
         """Retention: delete results received more than `max_age_s` ago, then, while the
-        store uses more than `max_bytes`, the oldest results, health and events. 0 = off.
+        store uses more than `max_bytes`, first what devices over their fair share hold
+        (quotas.py; `self.reclaimed` says from whom), then the oldest results, health and
+        events. 0 = off. `reserved`: bytes of the store that are not the devices' (the
+        bundle shelf), left out of the shares.
 
-        Only results at or below their stream's ack are ever deleted: the ack is kept in
-        `streams`, apart from the rows, so pruning cannot lower it, and rows above it are
-        still needed to close gaps (deleting them would stall the ack and make the device
-        re-send). Works in chunks, each its own short transaction, so ingest is never held
-        off for long. On PostgreSQL whole day partitions are dropped when every row in them
-        is acked (the rest is deleted by row), and the size cap drops only whole partitions
-        (row deletes there free space for reuse but do not shrink the files). Returns counts
-        of what it deleted."""
+        Only results at or below their stream's ack are deleted for age or for the oldest:
+        the ack is kept in `streams`, apart from the rows, so pruning cannot lower it, and
+        rows above it are still needed to close gaps (deleting them would stall the ack and
+        make the device re-send). The one exception is a device over its share when other
+        devices hold data: once its acked rows, health and events are gone its newest
+        unacked rows go too (it still holds them and re-sends them; the alternative is
+        deleting another device's acked data for it). Works in chunks, each its own short
+        transaction, so ingest is never held off for long. On PostgreSQL whole day
+        partitions are dropped when every row in them is acked (the rest is deleted by row),
+        and the size cap drops only whole partitions past the shares (row deletes there free
+        space for reuse but do not shrink the files). Returns counts of what it deleted."""
         now = time.time() if now is None else now
         out = {"results_by_age": 0, "results_by_size": 0, "health_by_size": 0,
                "events_by_size": 0}
+        self.reclaimed = {}
         eligible = ("SELECT r.device, r.stream, r.seq FROM results r JOIN streams s "
                     "ON s.device = r.device AND s.stream = r.stream WHERE r.seq <= s.acked")
         if max_age_s > 0:
             self._maintain_quietly()
             dropped = self._d.drop_partitions("results", now - max_age_s, acked_only=True)
-            self._uncount(dropped)
-            out["results_by_age"] += sum(dropped.values())
+            self._unuse(dropped, results=True)
+            out["results_by_age"] += sum(n for n, _ in dropped.values())
             while n := self._delete_results(f"{eligible} AND r.received < ? LIMIT ?",
                                             (now - max_age_s, chunk)):
                 out["results_by_age"] += n
+        if max_bytes > 0:
+            self.set_cap(max_bytes, reserved)
+            self._reclaim(max_bytes, chunk, out)
         if max_bytes > 0 and self.backend != "sqlite":
             while self.used_bytes() > max_bytes:
                 if (got := self._d.oldest_partition("results", acked_only=True)) is not None:
-                    self._uncount(got)
-                    out["results_by_size"] += sum(got.values())
-                elif self._d.oldest_partition("health", acked_only=False) is not None:
+                    self._unuse(got, results=True)
+                    out["results_by_size"] += sum(n for n, _ in got.values())
+                elif (got := self._d.oldest_partition("health", acked_only=False)) is not None:
+                    self._unuse(got, results=False)
                     out["health_by_size"] += 1  # partitions (days), not rows
                 else:
                     break
@@ -626,14 +767,14 @@ class Store:
                 if n := self._delete_results(f"{eligible} ORDER BY r.received LIMIT ?",
                                              (share,)):
                     out["results_by_size"] += n
-                elif n := self._delete(f"DELETE FROM health WHERE {oc} IN (SELECT {oc} FROM "
-                                       f"health ORDER BY {oc} LIMIT ?)", (chunk,)):
+                elif n := self._delete_rows("health", f"{oc} IN (SELECT {oc} FROM health "
+                                            f"ORDER BY {oc} LIMIT ?)", (chunk,)):
                     out["health_by_size"] += n
                     # the timeline goes with the health it was copied from (same order)
                     self._delete(f"DELETE FROM health_points WHERE {oc} IN (SELECT {oc} FROM "
                                  f"health_points ORDER BY {oc} LIMIT ?)", (n,))
-                elif n := self._delete(f"DELETE FROM events WHERE {oc} IN (SELECT {oc} FROM "
-                                       f"events ORDER BY {oc} LIMIT ?)", (chunk,)):
+                elif n := self._delete_rows("events", f"{oc} IN (SELECT {oc} FROM events "
+                                            f"ORDER BY {oc} LIMIT ?)", (chunk,)):
                     out["events_by_size"] += n
                 else:
                     break  # only unacked results left: they are kept, whatever the size
@@ -641,29 +782,153 @@ class Store:
             self._d.after_prune()
         return out
 
+    def _over_cap(self, max_bytes: int) -> bool:
+        """Whether the store is over its cap: its file (SQLite), or the devices' logical
+        bytes over their budget (PostgreSQL: row deletes do not shrink its files)."""
+        if self.backend == "sqlite":
+            return self.used_bytes() > max_bytes
+        return sum(self.usage().values()) > self._budget
+
+    def _reclaim(self, max_bytes: int, chunk: int, out: dict[str, int]) -> None:
+        """While the store is over its cap, delete from the device most over its share (its
+        oldest acked results, then its oldest health, then events, then, when other devices
+        hold data, its newest unacked results) until none is over or the store fits."""
+        oc = self._d.order_col
+        for _ in range(10_000):
+            if not self._over_cap(max_bytes):
+                return
+            usage = self.usage()
+            over = quotas.over_share(usage, self._budget)
+            if not over:
+                return
+            device, excess = over[0]
+            others = any(b > 0 for d, b in usage.items() if d != device)
+            counts = self.counts()
+            per_row = max(1, usage[device] // max(1, counts.get(device, 1)))
+            rows = min(chunk, max(1, excess // per_row + 1))
+            mine = self.reclaimed.setdefault(device, {"results": 0, "unacked": 0, "health": 0,
+                                                      "events": 0, "before": usage[device],
+                                                      "after": usage[device]})
+            if n := self._delete_results(
+                    "SELECT r.device, r.stream, r.seq FROM results r JOIN streams s ON "
+                    "s.device = r.device AND s.stream = r.stream WHERE r.device = ? AND "
+                    "r.seq <= s.acked ORDER BY r.received LIMIT ?", (device, rows)):
+                mine["results"] += n
+                out["results_by_size"] += n
+            elif n := self._delete_rows("health", f"{oc} IN (SELECT {oc} FROM health WHERE "
+                                        "device = ? ORDER BY t LIMIT ?)", (device, chunk)):
+                self._delete(f"DELETE FROM health_points WHERE {oc} IN (SELECT {oc} FROM "
+                             "health_points WHERE device = ? ORDER BY t LIMIT ?)",
+                             (device, n))
+                mine["health"] += n
+                out["health_by_size"] += n
+            elif n := self._delete_rows("events", f"{oc} IN (SELECT {oc} FROM events WHERE "
+                                        "device = ? AND type <> 'stream_quarantined' ORDER BY "
+                                        "t LIMIT ?)", (device, chunk)):
+                # (the record of a quarantine stays: it is what the operator needs to see)
+                mine["events"] += n
+                out["events_by_size"] += n
+            elif others and (n := self._delete_results(
+                    "SELECT r.device, r.stream, r.seq FROM results r LEFT JOIN streams s ON "
+                    "s.device = r.device AND s.stream = r.stream WHERE r.device = ? AND "
+                    "(s.acked IS NULL OR r.seq > s.acked) ORDER BY r.received DESC, r.seq DESC "
+                    "LIMIT ?", (device, rows), lock=device)):
+                mine["unacked"] += n
+                out["results_by_size"] += n
+            else:
+                return  # nothing of it may go (its unacked rows, alone in the store)
+            mine["after"] = self.usage().get(device, 0)
+
+    def quarantine_stalled(self, wait_s: float, now: float | None = None) -> list[Stalled]:
+        """Streams whose ack has not moved for `wait_s` since a batch's floor was first not
+        stored (the floor is never sent, or never stored): their rows above the ack are
+        deleted and an event `stream_quarantined` is stored for the device. Nothing a
+        device still needs is lost: it deletes only what an ack covers, so it still holds
+        these and re-sends them; a stream that moved meanwhile is only forgotten."""
+        now = time.time() if now is None else now
+        out = []
+        for device, stream, since, then in self._query(
+                "SELECT device, stream, since, acked FROM stalls WHERE since < ? "
+                "ORDER BY device, stream", (now - wait_s,)):
+            with self._d.transaction() as db:
+                self._d.lock_devices(db, [device])  # ingest of this device waits
+                row = db.execute("SELECT acked FROM streams WHERE device=? AND stream=?",
+                                 (device, stream)).fetchone()
+                acked = int(row[0]) if row else 0
+                db.execute("DELETE FROM stalls WHERE device=? AND stream=?", (device, stream))
+                if acked > then:
+                    continue  # it moved: not stalled (a new stall is noted by ingest)
+                gone = self._delete_in(db, "SELECT device, stream, seq FROM results WHERE "
+                                       "device = ? AND stream = ? AND seq > ?",
+                                       (device, stream, acked))
+                if not gone:
+                    continue
+                rows, size = len(gone), sum(b for *_, b in gone)
+                body = json.dumps({"v": 1, "type": "stream_quarantined", "t": now,
+                                   "stream": stream, "acked": acked, "rows": rows,
+                                   "bytes": size, "since": since,
+                                   "reason": f"no ack for {now - since:.0f} s (floor_wait_s "
+                                             f"{wait_s:g}): its floor was never stored"})
+                db.execute("INSERT INTO events (device, t, type, body) VALUES (?,?,?,?)",
+                           (device, now, "stream_quarantined", body))
+                _uncharge(db, Counter({device: -quotas.event_bytes(
+                    device, "stream_quarantined", body)}))
+                out.append(Stalled(device, stream, acked, rows, size, since))
+        if out:
+            self._d.after_prune()
+        return out
+
     def _maintain_quietly(self) -> None:
         with contextlib.suppress(self._d.errors):  # tomorrow's partition can wait a pass
             self._d.maintain()
 
-    def _delete_results(self, which: str, args: tuple) -> int:
-        """Delete the results `which` selects (device, stream, seq), their keys (PostgreSQL)
-        and their counts, in one transaction; returns how many."""
+    def _delete_results(self, which: str, args: tuple, lock: str | None = None) -> int:
+        """Delete the results `which` selects (device, stream, seq), their keys (PostgreSQL),
+        counts and usage, in one transaction (with `lock`'s device row locked first: rows
+        above an ack are deleted only where no ingest of that device runs); how many."""
         with self._d.transaction() as db:
-            gone = db.execute("DELETE FROM results WHERE (device, stream, seq) IN "
-                              f"({which}) RETURNING device, stream, seq", args).fetchall()
-            if gone and self._d.keys_table != "results":
-                db.executemany("DELETE FROM result_keys WHERE device=? AND stream=? AND seq=?",
-                               [tuple(r) for r in gone])
-            per = Counter(r[0] for r in gone)
-            db.executemany("UPDATE result_counts SET n = n - ? WHERE device = ?",
-                           [(n, d) for d, n in sorted(per.items())])
+            if lock is not None:
+                self._d.lock_devices(db, [lock])
+            return len(self._delete_in(db, which, args))
+
+    def _delete_in(self, db: Any, which: str, args: tuple) -> list[tuple]:
+        """_delete_results inside a transaction; the (device, stream, seq, bytes) deleted."""
+        gone = [tuple(r) for r in db.execute(
+            "DELETE FROM results WHERE (device, stream, seq) IN "
+            f"({which}) RETURNING device, stream, seq, {quotas.RESULT_BYTES_SQL}",
+            args).fetchall()]
+        if gone and self._d.keys_table != "results":
+            db.executemany("DELETE FROM result_keys WHERE device=? AND stream=? AND seq=?",
+                           [r[:3] for r in gone])
+        per = Counter(r[0] for r in gone)
+        db.executemany("UPDATE result_counts SET n = n - ? WHERE device = ?",
+                       [(n, d) for d, n in sorted(per.items())])
+        size: Counter = Counter()
+        for r in gone:
+            size[r[0]] += int(r[3])
+        _uncharge(db, size)
+        return gone
+
+    def _delete_rows(self, table: str, where: str, args: tuple) -> int:
+        """Delete rows of health or events matching `where`, and their usage; how many."""
+        size_sql = quotas.HEALTH_BYTES_SQL if table == "health" else quotas.EVENT_BYTES_SQL
+        with self._d.transaction() as db:
+            gone = db.execute(f"DELETE FROM {table} WHERE {where} RETURNING device, "
+                              f"{size_sql}", args).fetchall()
+            size: Counter = Counter()
+            for d, n in gone:
+                size[d] += int(n)
+            _uncharge(db, size)
         return len(gone)
 
-    def _uncount(self, per_device: dict[str, int]) -> None:
+    def _unuse(self, per_device: dict[str, tuple[int, int]], results: bool) -> None:
+        """Take dropped partitions' (rows, bytes) per device off the counts and usage."""
         if per_device:
             with self._d.transaction() as db:
-                db.executemany("UPDATE result_counts SET n = n - ? WHERE device = ?",
-                               [(n, d) for d, n in sorted(per_device.items()) if d])
+                if results:
+                    db.executemany("UPDATE result_counts SET n = n - ? WHERE device = ?",
+                                   [(n, d) for d, (n, _) in sorted(per_device.items()) if d])
+                _uncharge(db, Counter({d: b for d, (_, b) in per_device.items() if d}))
 
     def _delete(self, sql: str, args: tuple) -> int:
         with self._d.transaction() as db:
@@ -672,6 +937,13 @@ class Store:
     def close(self) -> None:
         """Close the database (or the connection pool)."""
         self._d.close()
+
+
+def _uncharge(db: Any, size: Counter) -> None:
+    """Take logical bytes deleted off each device's usage (a negative value adds)."""
+    if size:
+        db.executemany("UPDATE device_usage SET bytes = bytes - ? WHERE device = ?",
+                       [(int(n), d) for d, n in sorted(size.items()) if n])
 
 
 def _result_rows(m: Inbound, now: float) -> list[tuple]:

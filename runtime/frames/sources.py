@@ -649,6 +649,7 @@ class TriggerSource:
     live = False
 
     def __init__(self, cfg: SourceConfig, broker, client_id: str):
+        from runtime.wire.brokerauth import for_connection
         from runtime.wire.mqtt import Connection
 
         self._q: queue.Queue = queue.Queue()
@@ -657,8 +658,9 @@ class TriggerSource:
         # The shared connection thread (backoff, protocol probe, exception containment); a
         # fixed client id with a persistent session, so triggers sent while the daemon
         # restarts are queued by the broker.
-        self._conn = Connection(
-            broker, client_id, name="trigger-mqtt", subscriptions=[(self._topic, 1)],
+        self._conn = Connection(  # its own broker identity (client ids bound to usernames)
+            for_connection(broker, "trigger"), client_id, name="trigger-mqtt",
+            subscriptions=[(self._topic, 1)],
             on_message=lambda c, m: self._q.put((m.payload, m.mid)), clean=False,
             session_expiry_s=7 * 24 * 3600,
             on_takeover=lambda why: log.error("trigger source: %s", why)).start()

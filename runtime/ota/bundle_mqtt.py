@@ -72,10 +72,12 @@ class MqttTransfer:
         self.refused = ""  # the broker refused a request (its reason)
 
     def __call__(self, part: Path, have: int, size: int) -> None:
+        from runtime.wire.brokerauth import for_connection
         from runtime.wire.mqtt import Connection
 
-        conn = Connection(
-            self.broker, f"edgerun-{self.fleet}-{self.device}-bundle-{secrets.token_hex(3)}",
+        conn = Connection(  # its own broker identity: client ids are bound to usernames
+            for_connection(self.broker, "bundles"),
+            f"edgerun-{self.fleet}-{self.device}-bundle-{secrets.token_hex(3)}",
             name="bundle-mqtt", subscriptions=[(topic(self.fleet, self.device, CHUNK), 1)],
             on_message=self._on_message, on_connected=nodelay, on_refused=self._on_refused,
             clean=True, max_inflight=max(20, 2 * self.window))

@@ -38,6 +38,7 @@ from runtime.wire.brokerauth import (
     DEVICE_PUBLISHES,
     DEVICE_SUBSCRIBES,
     PREFIX,
+    connection_username,
     device_username,
     new_password,
     write_secret,
@@ -131,7 +132,8 @@ class EmbeddedBroker:
         self._users: dict[str, tuple[str, list[str], list[str]]] = {}  # hash, publish, subscribe
         self.proc: subprocess.Popen | None = None
 
-    def _enrol(self, username: str, publish: list[str], subscribe: list[str]) -> BrokerConfig:
+    def _enrol(self, username: str, publish: list[str], subscribe: list[str],
+               extra: tuple[tuple[str, list[str], list[str]], ...] = ()) -> BrokerConfig:
         if self.proc is not None:
             raise RuntimeError("amqtt cannot reload its users: enrol before start()")
         from pwdlib.hashers.argon2 import Argon2Hasher
@@ -140,6 +142,10 @@ class EmbeddedBroker:
         # The password is 256 random bits: argon2's cost only slows each login down.
         hashed = Argon2Hasher(time_cost=1, memory_cost=8192, parallelism=1).hash(password)
         self._users[username] = (hashed, publish, subscribe)
+        # its extra connections (brokerauth.connection_username), same password; amqtt
+        # cannot bind client ids to usernames, so this only lets them log in
+        for purpose, pub, sub in extra:
+            self._users[connection_username(username, purpose)] = (hashed, pub, sub)
         pw_file = write_secret(self.workdir / "broker-creds" /
                                (username.replace("/", "__") + ".password"), password)
         return BrokerConfig(host="127.0.0.1", port=self.port, username=username,
@@ -150,12 +156,15 @@ class EmbeddedBroker:
         base = f"{PREFIX}/{device_username(fleet, device)}"
         return self._enrol(device_username(fleet, device),
                            [f"{base}/{k}" for k in DEVICE_PUBLISHES],
-                           [f"{base}/{k}" for k in DEVICE_SUBSCRIBES])
+                           [f"{base}/{k}" for k in DEVICE_SUBSCRIBES],
+                           (("bundles", [f"{base}/bundle/req"], [f"{base}/bundle/chunk"]),))
 
     def coordinator(self, fleet: str, name: str = "coordinator") -> BrokerConfig:
         """Credentials of a coordinator of `fleet`."""
         return self._enrol(name, [f"{PREFIX}/{fleet}/+/cmd", f"{PREFIX}/{fleet}/+/ack"],
-                           [f"{PREFIX}/{fleet}/+/#"])
+                           [f"{PREFIX}/{fleet}/+/#"],
+                           (("bundles", [f"{PREFIX}/{fleet}/+/bundle/chunk"],
+                             [f"{PREFIX}/{fleet}/+/bundle/req"]),))
 
     def start(self, own_group: bool = False) -> EmbeddedBroker:
         """Write the config and password file, start it and wait for the port; `own_group`:

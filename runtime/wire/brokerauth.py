@@ -13,6 +13,14 @@ Username convention: a device D of fleet F logs in as `F/D`, so one set of `patt
 only for usernames containing `+` or `#`, which names never do (see `check_name`). Coordinators
 and other clients log in with a name without `/` (their pattern expansions are not topics the
 fleet uses) and get explicit `user` blocks.
+
+Client ids are bound to identities: the broker configuration (`conf_lines`) sets Mosquitto's
+`use_username_as_clientid`, so every connection's client id is its username and nobody can
+take over another identity's session (a device connecting with the coordinator's client id
+gets its own session, `F/D`). A process that keeps more than one connection gives each its
+own identity, `<username>+<purpose>` (`connection_username`): same password, a `user` block
+with exactly the topics of that connection (a `+` in a username also turns Mosquitto's `%u`
+patterns off for it). docs/security.md says why this and not dynamic security or `%c`.
 """
 
 from __future__ import annotations
@@ -26,10 +34,10 @@ import logging
 import os
 import secrets
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from runtime.config.telemetry import check_name
+from runtime.config.telemetry import BrokerConfig, check_name
 from runtime.durable import write_atomic
 
 log = logging.getLogger("edgerun.brokerauth")
@@ -40,6 +48,11 @@ DEVICE_PUBLISHES = ("state", "result", "health", "event", "cmd/reply", "result/e
                     "bundle/req")
 DEVICE_SUBSCRIBES = ("cmd", "ack", "bundle/chunk")
 ROLES = ("device", "coordinator", "client")
+# the extra connections each role keeps, by purpose (connection_username): a device's bundle
+# download over MQTT and its MQTT trigger source; a coordinator's bundle chunk server; a
+# client's credentials given to a device's trigger source
+PURPOSES = {"device": ("bundles", "trigger"), "coordinator": ("bundles",),
+            "client": ("trigger",)}
 _PBKDF2_ITERATIONS = 1000  # passwords are 256-bit random: iterations only slow the broker
 
 
@@ -49,6 +62,20 @@ def device_username(fleet: str, device: str) -> str:
         if why := check_name(what, value):
             raise ValueError(why)
     return f"{fleet}/{device}"
+
+
+def connection_username(username: str, purpose: str = "") -> str:
+    """The broker username of one connection of `username`: itself for its main connection,
+    `<username>+<purpose>` for another (PURPOSES; enrolled with the same password)."""
+    return f"{username}+{purpose}" if purpose else username
+
+
+def for_connection(broker: BrokerConfig, purpose: str) -> BrokerConfig:
+    """`broker` logging in as the `purpose` connection of its identity (unchanged when it
+    logs in anonymously: an open test broker)."""
+    if not broker.username:
+        return broker
+    return replace(broker, username=connection_username(broker.username, purpose))
 
 
 def new_password() -> str:
@@ -96,7 +123,35 @@ def acl_text(identities: list[Identity]) -> str:
         block += [f"topic write {t}" for t in ident.write]
         if block:
             lines += ["", f"user {ident.username}", *block]
+        for purpose, grants in _connection_grants(ident).items():
+            if grants:
+                lines += ["", f"user {connection_username(ident.username, purpose)}",
+                          *grants]
     return "\n".join(lines) + "\n"
+
+
+def _connection_grants(ident: Identity) -> dict[str, list[str]]:
+    """The ACL lines of each extra connection of `ident` (PURPOSES): exactly its topics."""
+    if ident.role == "device":
+        own = f"{PREFIX}/{ident.username}"
+        return {"bundles": [f"topic write {own}/bundle/req", f"topic read {own}/bundle/chunk"],
+                "trigger": [f"topic read {t}" for t in ident.read]}
+    if ident.role == "coordinator":
+        return {"bundles": [line for fleet in ident.fleets for line in (
+            f"topic read {PREFIX}/{fleet}/+/bundle/req",
+            f"topic write {PREFIX}/{fleet}/+/bundle/chunk")]}
+    return {"trigger": [f"topic read {t}" for t in ident.read]}
+
+
+def passwd_text(identities: dict[str, Identity], hashes: dict[str, str]) -> str:
+    """The password file: each user's hash, and the same hash for each of its connections'
+    usernames (connection_username), so one password logs in every connection."""
+    rows = dict(hashes)
+    for u, ident in identities.items():
+        if u in hashes:
+            for purpose in PURPOSES.get(ident.role, ()):
+                rows[connection_username(u, purpose)] = hashes[u]
+    return "".join(f"{u}:{h}\n" for u, h in sorted(rows.items()))
 
 
 def _check_topic(topic: str) -> None:
@@ -225,12 +280,14 @@ class BrokerAuth:
         return out
 
     def _hashes(self) -> dict[str, str]:
+        """The password file's users and hashes, without the connections' usernames (they
+        are written from their identity's: passwd_text)."""
         if not self.passwd.exists():
             return {}
         out = {}
         for line in self.passwd.read_text().splitlines():
             user, sep, h = line.partition(":")
-            if sep and user and not line.startswith("#"):
+            if sep and user and not line.startswith("#") and "+" not in user:
                 out[user] = h
         return out
 
@@ -288,8 +345,7 @@ class BrokerAuth:
 
     def _save(self, idents: dict[str, Identity], hashes: dict[str, str]) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
-        _write_like(self.passwd, "".join(f"{u}:{h}\n" for u, h in sorted(hashes.items())),
-                    0o600)
+        _write_like(self.passwd, passwd_text(idents, hashes), 0o600)
         _write_like(self.acl, acl_text(list(idents.values())), 0o600)
         _write_like(self._registry, json.dumps(
             {u: {k: v for k, v in asdict(i).items() if k != "username"}
@@ -313,6 +369,7 @@ class BrokerAuth:
         no identities.json (an ACL edgerun did not generate is never touched)."""
         if not self._registry.exists():
             return False
+        self._refresh_passwd()
         want, have = self._acl_now()
         if have == want:  # the usual case: no lock taken, nothing written
             return False
@@ -331,6 +388,26 @@ class BrokerAuth:
                     f", e.g. {missing[0]!r}" if missing else "")
         return True
 
+    def _refresh_passwd(self) -> None:
+        """Give the connections' usernames (connection_username) their identity's hash when
+        a password file written by an older version lacks them; mode and group kept."""
+        if not self.passwd.exists():
+            return
+        try:
+            want = passwd_text(self.identities(), self._hashes())
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return  # _acl_now names what is wrong with identities.json
+        if self.passwd.read_text() == want:
+            return
+        with self._locked():
+            want = passwd_text(self.identities(), self._hashes())
+            if self.passwd.read_text() != want:
+                _write_like(self.passwd, want, 0o600)
+                log.warning("broker password file %s: added the usernames of the identities' "
+                            "extra connections (<username>+bundles, +trigger: each connection "
+                            "is its own identity, docs/security.md); the broker reads it at its "
+                            "next start or reload", self.passwd)
+
     def _acl_now(self) -> tuple[str, str | None]:
         """(the ACL the identities give, the ACL file's text or None when there is none);
         ValueError naming the file when identities.json is not readable as one."""
@@ -348,8 +425,9 @@ class BrokerAuth:
 
     def conf_lines(self) -> str:
         """The mosquitto.conf lines that make the broker use these files."""
+        # use_username_as_clientid: a client id is usable by its owner only (module docstring)
         return (f"allow_anonymous false\npassword_file {self.passwd}\n"
-                f"acl_file {self.acl}\n")
+                f"acl_file {self.acl}\nuse_username_as_clientid true\n")
 
 
 def write_secret(path: str | Path, secret: str) -> Path:
