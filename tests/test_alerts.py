@@ -77,3 +77,14 @@ def test_a_clear_with_no_wait_settles_in_the_same_refresh_whatever_the_stamp():
     a.apply([("d", "hot", CLEARED, "gone")], 100.0006, stamp=100.001)
     (clear,) = a.settle(100.0006, clear_s=0)
     assert clear.raised_t == 100.0
+
+
+def test_clearing_lists_what_went_until_it_settles_or_comes_back():
+    s = AlertStates()
+    s.apply([("b", "hot", RAISED, "hot"), ("a", "offline", RAISED, "off")], now=0.0)
+    s.apply([("b", "hot", CLEARED, "cool again"), ("a", "offline", CLEARED, "back")], now=5.0)
+    assert s.clearing() == [("a", "offline", 5.0, "back"), ("b", "hot", 5.0, "cool again")]
+    s.apply([("a", "offline", RAISED, "off")], now=6.0)  # a flap: active again, not clearing
+    assert s.clearing() == [("b", "hot", 5.0, "cool again")]
+    s.settle(now=40.0, clear_s=30.0)
+    assert s.clearing() == []

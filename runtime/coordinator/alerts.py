@@ -115,6 +115,12 @@ class AlertStates:
         entry = self._entries.get((device, code))
         return entry.raised_t if entry is not None else None
 
+    def clearing(self) -> list[tuple[str, str, float, str]]:
+        """(device, code, when it went, its message) of every alert gone but not settled yet
+        (the dashboard shows them as "clearing" until `settle` tells the clear)."""
+        return sorted((*key, e.went, e.message) for key, e in self._entries.items()
+                      if e.state == CLEARING)
+
     def state(self, device: str, code: str) -> str | None:
         """ACTIVE, CLEARING or None (not tracked)."""
         entry = self._entries.get((device, code))

@@ -698,9 +698,9 @@ class Coordinator:
                       for code, msg in v.alerts]
             clearing = [{"device": d, "alert": code, "message": msg,
                          "status": self.views[d].status if d in self.views else "unknown",
-                         "since": self.alert_since.get((d, code)) or raised.get((d, code)),
+                         "since": self._alerts.raised_at(d, code) or raised.get((d, code)),
                          "gone_at": went, "settles_at": went + self.cfg.alert_clear_s}
-                        for (d, code), (went, msg) in sorted(self._clearing.items())]
+                        for d, code, went, msg in self._alerts.clearing()]
             if recent is None:
                 recent = list(self.alert_log)[-limit:][::-1]
         return {"active": active, "clearing": clearing, "recent": recent, "counts": counts,
