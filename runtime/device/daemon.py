@@ -14,10 +14,12 @@ is reported and the old config kept).
 
 from __future__ import annotations
 
+import importlib.metadata
 import logging
 import math
 import queue
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -72,10 +74,12 @@ PROGRESS_LOG_S = 2.0  # profiling progress on the terminal: at most one line thi
 def versions() -> dict[str, str]:
     """Versions of edgerun and the engines, for birth and health."""
     out = {"edgerun": __version__}
-    for mod, name in (("onnxruntime", "onnxruntime"), ("openvino", "openvino"),
-                      ("cv2", "opencv")):
-        try:
-            out[name] = str(__import__(mod).__version__)
+    for mod, name, dist in (("onnxruntime", "onnxruntime", "onnxruntime"),
+                            ("openvino", "openvino", "openvino"),
+                            ("cv2", "opencv", "opencv-python-headless")):
+        try:  # an engine not in use is not imported for this (openvino: ~10 MB resident)
+            out[name] = (str(sys.modules[mod].__version__) if mod in sys.modules
+                         else importlib.metadata.version(dist))
         except Exception:  # an engine that is not installed has no version to report
             continue
     return out
