@@ -69,8 +69,12 @@ def read_file(path: str | Path, max_pixels: int = DEFAULT_MAX_PIXELS) -> bytes:
         if st.st_size > limit:
             raise BadImage("too_large", f"{st.st_size} bytes, more than the {limit} allowed "
                                         f"for source.max_pixels = {max_pixels}")
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            data = f.read(limit + 1)
+        # os.read straight into one bytes object: a file object around the descriptor cost
+        # more than the read itself for a small PNG; a short read (a pipe-like file system)
+        # goes on until EOF or the limit
+        data = os.read(fd, min(st.st_size, limit) + 1)
+        while len(data) <= limit and (more := os.read(fd, limit + 1 - len(data))):
+            data += more
     except OSError as e:
         raise BadImage("unreadable", f"cannot read: {e.strerror or e}") from e
     finally:

@@ -501,7 +501,7 @@ class FolderSource:
         for name in self._ahead.keys() - looked:  # gone since the last scan: forget it
             del self._ahead[name]
         self._settling = settling
-        self._backlog.extend(sorted(fresh))
+        self._backlog.extend(sorted(fresh, key=lambda f: f[0].name))  # str, not Path, order
 
     def read(self, timeout_s: float) -> Frame | None:
         """The next unseen file, oldest name first; None while the folder has nothing new."""
