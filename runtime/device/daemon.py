@@ -31,7 +31,8 @@ import numpy as np
 
 from power import control
 from power import energy as energy_mod
-from power.cputime import native_threads_cpu_s
+from power.box_energy import BoxEnergy
+from power.cputime import named_threads_cpu_s, native_threads_cpu_s
 from power.device import DeviceProfile, load_profile
 from power.sensors import Reading, SensorError, SensorSet, detect_meter
 from power.thermal_source import ThermalSource, discover_thermal
@@ -217,6 +218,9 @@ class Daemon:
                      cfg.simulator.scenario, cfg.simulator.speed, root)
         self._open_sensors(root)
         self.meter = detect_meter(root, self.device)
+        self.box = BoxEnergy(self.meter, self.device.power.idle_w,
+                             self.device.power.active_w_per_core,
+                             lambda t, sev, f: self.event(t, sev, **f))
         self.outbox = Outbox(cfg.telemetry.outbox, on_event=self._outbox_event)
         if (ev := self.outbox.take_startup_event()) is not None:
             self.event(ev.pop("type"), "critical", **ev)
@@ -916,6 +920,8 @@ class Daemon:
                                bad_reads=self._sensor_bad)
             self._last_problems = r.problems
         self._update_live_energy()
+        self.box.sample(time.monotonic(), *self.pipeline.take_stage_cpu(),
+                        named_threads_cpu_s("mqtt"))
         assert self.ccfg is not None
         self._check_tiles()
         self.cstate, out = control.step(self.cstate, r, self._control_rungs(), self.ccfg,

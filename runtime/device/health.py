@@ -60,6 +60,8 @@ def health(d: Daemon) -> dict[str, Any]:
     }
     h["slo"] = h["pipeline"].pop("slo")
     h.update(d.models_health())  # each model's rung and target (runtime/choice/joint.py)
+    if getattr(d, "box", None) is not None:  # energy per frame: the box's and the model's
+        h["box_energy"] = d.box.report()
     if d.ota is not None:
         h.update(d.ota.health())
     if d.publisher:

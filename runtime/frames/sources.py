@@ -141,6 +141,9 @@ class Frame:
     truth: str | None = None  # synthetic frames know their class (for live accuracy)
     done: object = None  # folder: callback key, marked done once the result is stored
     source: str = ""  # the name of the source it came from (set by the pipeline)
+    # CPU seconds its decoding took in the reading thread, where the source can tell it
+    # from the read (file and trigger sources); None: inside the capture (a camera's read)
+    decode_cpu_s: float | None = None
 
 
 class Source(Protocol):
@@ -517,12 +520,14 @@ class FolderSource:
                 p, key = self._backlog.popleft()
                 t0 = time.time()  # before decoding: end-to-end latency includes it
                 try:
-                    img = images.decode(images.read_file(p, self._cfg.max_pixels),
-                                        self._cfg.max_pixels)
+                    data = images.read_file(p, self._cfg.max_pixels)
+                    c0 = time.thread_time()
+                    img = images.decode(data, self._cfg.max_pixels)
                 except BadImage as e:
                     self._reject(p, key, e.kind)
                     raise BadFrame(p.name, e.kind, str(e)) from e
-                return Frame(img, p.name, t=t0, done=(key, p))
+                return Frame(img, p.name, t=t0, done=(key, p),
+                             decode_cpu_s=time.thread_time() - c0)
             if not self._cfg.watch or time.monotonic() >= deadline:
                 return None
             time.sleep(min(0.02, max(0.0, deadline - time.monotonic())))
@@ -738,11 +743,12 @@ class TriggerSource:
             return None
         self._n += 1
         ref = f"trigger-{self._n}"
+        c0 = time.thread_time()
         try:
             img = decode_payload(bytes(payload), self._cfg.max_pixels)
         except BadImage as e:
             raise BadFrame(ref, e.kind, f"on {self._topic}: {e}") from e
-        return Frame(img, ref)
+        return Frame(img, ref, decode_cpu_s=time.thread_time() - c0)
 
     def done(self, frames: list[Frame]) -> None:
         """Nothing to remember."""
