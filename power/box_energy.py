@@ -37,7 +37,8 @@ MODEL_STAGE = "infer"
 MAX_PLAUSIBLE_W = 2000.0  # more than this from an edge box's meter is a bad reading
 MIN_FIT_WINDOWS = 5  # windows before the regression's split is used
 MIN_CPU_SPREAD = 0.1  # relative spread of CPU per second across windows needed for a fit
-KEEP_WINDOWS = 60  # ~a minute of control ticks
+KEEP_WINDOWS = 60  # ~a minute of windows
+MIN_WINDOW_S = 1.0  # a window spans at least this much wall time
 # A window the meter did not move in is left out (a counter updated less often than the
 # control tick); this many in a row is a stuck meter, dropped (a running box draws power)
 STUCK_WINDOWS = 10
@@ -163,6 +164,8 @@ class BoxEnergy:
         self._t: float | None = None  # when the last window closed (monotonic)
         self._publish: float | None = None  # the publisher thread's CPU total then
         self._still = 0  # windows in a row the meter did not move in
+        self._pending_frames = 0  # counted since the window opened
+        self._pending_cpu: dict[str, float | None] = {}
 
     def _read(self) -> float | None:
         if self._meter is None:
@@ -201,19 +204,32 @@ class BoxEnergy:
         self._windows.append(Window(t_s, frames, dict(cpu_s), meter_j))
 
     def sample(self, now: float, frames: int, cpu_s: Mapping[str, float | None],
-               publish_cpu_total: float | None) -> None:
-        """The control tick's call: close the window since the last call (the first call
-        only starts one) with the pipeline's stage CPU and the publisher thread's CPU total
-        (None: no publisher, or it could not be read: publish is then unmeasured)."""
+               publish_cpu: Callable[[], float | None]) -> None:
+        """The control tick's call, with what the pipeline counted since the last one. A
+        window closes once MIN_WINDOW_S has passed (an accelerated simulator ticks every few
+        ms: no /proc or meter reads at that rate); `publish_cpu()` is then asked for the
+        publisher thread's CPU total (None: no publisher, or it could not be read: publish
+        is unmeasured in that window). The first call only starts a window."""
+        self._pending_frames += frames
+        for k, v in cpu_s.items():
+            if v is not None:
+                self._pending_cpu[k] = (self._pending_cpu.get(k) or 0.0) + v
+            else:
+                self._pending_cpu.setdefault(k, None)
+        if self._t is not None and now - self._t < MIN_WINDOW_S:
+            return
         prev_t, prev_pub = self._t, self._publish
-        self._t, self._publish = now, publish_cpu_total
-        if prev_t is None or now <= prev_t:
+        pub_total = publish_cpu()
+        self._t, self._publish = now, pub_total
+        n, cpu = self._pending_frames, self._pending_cpu
+        self._pending_frames, self._pending_cpu = 0, {}
+        if prev_t is None:
             if self._meter is not None:
                 self._last_j = self._read()
             return
-        pub = (publish_cpu_total - prev_pub if publish_cpu_total is not None
-               and prev_pub is not None and publish_cpu_total >= prev_pub else None)
-        self.tick(now - prev_t, frames, {**cpu_s, "publish": pub})
+        pub = (pub_total - prev_pub if pub_total is not None and prev_pub is not None
+               and pub_total >= prev_pub else None)
+        self.tick(now - prev_t, n, {**cpu, "publish": pub})
 
     def report(self) -> dict[str, Any]:
         """Energy per frame over the kept windows (`per_frame`), for health."""

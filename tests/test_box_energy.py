@@ -143,13 +143,24 @@ def test_no_meter_is_the_estimate():
 def test_sample_makes_windows_from_the_control_ticks_and_the_publisher_total():
     box = BoxEnergy(None, 3.0, 2.0, lambda *a: None)
     cpu = {s: 0.001 for s in STAGES if s != "publish"}
-    box.sample(10.0, 0, cpu, 5.0)  # starts the first window
+    totals = iter([5.0, 5.002, None])
+    asked = []
+
+    def publish():
+        asked.append(1)
+        return next(totals)
+
+    box.sample(10.0, 0, cpu, publish)  # starts the first window
     assert box.report()["reason"].startswith("no frames")
-    box.sample(11.0, 100, cpu, 5.002)
+    for k in range(1, 10):  # a fast (simulated) tick: accumulated, the publisher not read
+        box.sample(10.0 + k * 0.1, 10, cpu, publish)
+    assert len(asked) == 1
+    box.sample(11.0, 10, cpu, publish)  # 1 s: the window closes with all 100 frames
     r = box.report()
+    assert r["frames"] == 100 and r["window_s"] == 1.0 and len(asked) == 2
     assert r["stages_mj"]["publish"] == pytest.approx(0.002 * 2.0 / 100 * 1e3)
-    assert r["window_s"] == 1.0 and r["frames"] == 100
-    box.sample(12.0, 100, cpu, None)  # the publisher gone: publish unmeasured, not 0
+    assert r["stages_mj"]["infer"] == pytest.approx(0.010 * 2.0 / 100 * 1e3)
+    box.sample(12.0, 100, cpu, publish)  # the publisher gone: publish unmeasured, not 0
     r = box.report()
     assert r["stages_mj"]["publish"] is None and "publish" in r["unmeasured"]
 

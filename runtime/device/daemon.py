@@ -921,7 +921,7 @@ class Daemon:
             self._last_problems = r.problems
         self._update_live_energy()
         self.box.sample(time.monotonic(), *self.pipeline.take_stage_cpu(),
-                        named_threads_cpu_s("mqtt"))
+                        lambda: named_threads_cpu_s("mqtt"))
         assert self.ccfg is not None
         self._check_tiles()
         self.cstate, out = control.step(self.cstate, r, self._control_rungs(), self.ccfg,
