@@ -254,6 +254,9 @@ class Figures:
         return [s / h for h, s in self.p95]
 
 
+WARMUP = 100  # frames each side runs before the timed rounds
+
+
 def serve_fps(results: list[dict]) -> float:
     """Results per second from the first capture to the last result."""
     t_first = min(r["t"] for r in results)
@@ -274,7 +277,7 @@ def measure(n_bulk: int, n_single: int, rounds: int = 3, budget_s: float = 0.3) 
         pool = [s.image for s in samples(seed=11, count=200)]
         blocks = []
         i = 0
-        for size in [n_bulk] * rounds + [n_single] * rounds:
+        for size in [WARMUP] + [n_bulk] * rounds + [n_single] * rounds:
             block = []
             for _ in range(size):
                 p = work / f"f{i:05d}.png"
@@ -296,16 +299,18 @@ def measure(n_bulk: int, n_single: int, rounds: int = 3, budget_s: float = 0.3) 
             proc.wait(30)
             serve = Serve(cfg, work, folder)
             fig.ready_warm, fig.idle_rss = serve.ready_s, serve.idle_rss
-            for r, block in enumerate(blocks):
+            # warm-up, not timed: the first frames choose the preprocessing path (CPU or
+            # OpenCL, measured on them) and fill caches, as the hand loop's warm-up does
+            warm = serve.run(blocks.pop(0), False)
+            fig.variant = warm[0]["variant"]
+            hand = HandLoop(fig.variant, cfg)
+            hand.run(warm_files(warm, folder))
+            for k, block in enumerate(blocks):
                 fig.load.append(os.getloadavg()[0])
-                paced = r >= rounds
+                paced = k >= rounds
                 if paced and not block:
                     continue
                 results = serve.run(block, paced)
-                if hand is None:
-                    fig.variant = results[0]["variant"]
-                    hand = HandLoop(fig.variant, cfg)
-                    hand.run([folder / p.name for p in block[:50]])  # its warm-up
                 moved = [folder / p.name for p in block]
                 if not paced:
                     fig.throughput.append((hand.run(moved)[0], serve_fps(results)))
@@ -325,6 +330,11 @@ def measure(n_bulk: int, n_single: int, rounds: int = 3, budget_s: float = 0.3) 
                 serve.stop()
             broker.stop()
     return fig
+
+
+def warm_files(results: list[dict], folder: Path) -> list[Path]:
+    """The files of the warm-up round, from its results' refs."""
+    return [folder / r["ref"] for r in results]
 
 
 def spread(xs: list[float]) -> str:

@@ -24,6 +24,10 @@ Switching variant: the caller loads and warms the new session first, then `switc
 over; the infer thread swaps between two frames and closes the old one. No frame waits for a
 model load. Each result records the variant and rung that produced it.
 
+Every stage's thread CPU time (capture, decode, crop, preprocess, infer, postprocess, persist)
+is counted on whichever thread ran it, one clock read per stage boundary; `take_stage_cpu()`
+hands the counts to the box's energy per frame (power/box_energy.py).
+
 `alive()` feeds the systemd watchdog: the infer loop's heartbeat is fresh and no frame has
 been in inference or store for too long, on either path.
 """
@@ -56,11 +60,11 @@ from runtime.frames.sources import BadFrame, Frame, Source, SourceEnded, SourceE
 log = logging.getLogger("edgerun.pipeline")
 
 MAX_LABELS = 256  # per-label counters in health; further labels are counted together
+OTHER_LABEL = "_other"
 # the stages the pipeline's own threads run (publish runs on the MQTT thread: power.cputime)
 STAGE_CPU_ZERO: dict[str, float | None] = {
     "capture": 0.0, "decode": None, "crop": 0.0, "preprocess": 0.0, "infer": 0.0,
     "postprocess": 0.0, "persist": 0.0}
-OTHER_LABEL = "_other"
 
 
 @dataclass
