@@ -8,12 +8,20 @@ daemon chose, loaded through the same backend):
   outbox and publishing it to a local Mosquitto.
 Throughput = N / (last result - first capture); latency = per frame, decode to result
 (`e2e_ms` for the daemon), measured with frames handed over one at a time so queueing
-behind a backlog does not count as latency. No coordinator runs here (it would compete for the same
-two cores); the daemon publishes every result to the broker and keeps it in its outbox.
+behind a backlog does not count as latency. Side by side: one warm daemon serves `--rounds`
+blocks of frames, and after each block the hand loop runs the same files, so both sides of
+every ratio see the same moment of a shared machine's load; each figure is printed per round
+with its median and spread, and the load average beside it. CPU time per frame (the daemon's
+whole process against the hand loop's) is printed too: on a machine shared with other work a
+multi-threaded process gets more of the CPU than a one-thread loop, which flatters the
+throughput ratio; CPU per frame does not depend on that. No coordinator runs here (it would
+compete for the same two cores); the daemon publishes every result to the broker and keeps it
+in its outbox.
 Also prints the daemon's steady-state RSS and the time from
 process start to READY=1 with a warm profile cache (second start).
 
-Usage: python bench/overhead.py [--n 3000]
+Usage: python bench/overhead.py [--n 3000] [--single 300] [--rounds 3]
+(tests/test_overhead_guard.py runs a short version of it in CI.)
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import cv2
@@ -49,7 +58,7 @@ path = "{model}"
 latency_ms = 50.0
 accuracy_floor = 0.97
 [profiler]
-time_budget_s = 0.3
+time_budget_s = {budget}
 cache_dir = "{work}/profiles"
 [backends]
 enabled = ["onnxruntime"]
@@ -93,6 +102,22 @@ def start_serve(cfg: Path, work: Path, notify: str) -> tuple[subprocess.Popen, f
     return proc, ready
 
 
+def wait_refined(log: Path, timeout_s: float = 300.0) -> None:
+    """Until the daemon's log says the profiling schedule closed (`N variants of M profiled
+    in`, written once the background refinement has cached its last profile)."""
+    deadline = time.monotonic() + timeout_s
+    while " profiled in " not in log.read_text(errors="replace"):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{log}: no 'profiled in' line within {timeout_s:.0f} s")
+        time.sleep(0.2)
+
+
+def cpu_s(pid: int) -> float:
+    """A process's CPU seconds, all its threads (exited ones included), user + system."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def rss_mb(pid: int) -> float:
     """Resident set size of a process."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -133,96 +158,220 @@ def feed(files: list[Path], folder: Path, one_at_a_time: bool) -> None:
             time.sleep(0.03)
 
 
-def run_serve(cfg: Path, work: Path, files: list[Path], folder: Path, one_at_a_time: bool,
-              tag: str) -> tuple[list[dict], float, float, float]:
-    """One daemon run over `files`; returns (results, seconds to READY, idle RSS, peak RSS)."""
-    db = work / "state" / "outbox.db"
-    before = count(db)
-    proc, ready = start_serve(cfg, work, str(work / f"notify-{tag}"))
-    time.sleep(1.0)
-    idle = peak = rss_mb(proc.pid)
-    feed(files, folder, one_at_a_time)
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline and count(db) < before + len(files):
-        peak = max(peak, rss_mb(proc.pid))
-        time.sleep(0.2)
-    proc.terminate()
-    proc.wait(30)
-    return outbox_results(db)[before:], ready, idle, peak
+class Serve:
+    """A warm `edgerun serve` fed block by block; results read back from its outbox."""
+
+    def __init__(self, cfg: Path, work: Path, folder: Path):
+        self.db = work / "state" / "outbox.db"
+        self.folder = folder
+        self.proc, self.ready_s = start_serve(cfg, work, str(work / "notify-warm"))
+        time.sleep(1.0)
+        self.idle_rss = self.peak_rss = rss_mb(self.proc.pid)
+
+    def run(self, files: list[Path], one_at_a_time: bool) -> list[dict]:
+        """Move `files` into the watched folder and wait for all their results (the
+        process's CPU seconds meanwhile in `self.cpu`)."""
+        before = count(self.db)
+        c0 = cpu_s(self.proc.pid)
+        feed(files, self.folder, one_at_a_time)
+        deadline = time.monotonic() + 600
+        while count(self.db) < before + len(files):
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                raise RuntimeError(f"edgerun serve: {count(self.db) - before} of {len(files)} "
+                                   "results (see daemon.log)")
+            self.peak_rss = max(self.peak_rss, rss_mb(self.proc.pid))
+            time.sleep(0.05)
+        self.cpu = cpu_s(self.proc.pid) - c0
+        return outbox_results(self.db)[before:]
+
+    def stop(self) -> None:
+        """SIGTERM and wait."""
+        self.proc.terminate()
+        self.proc.wait(30)
 
 
-def hand_loop(variant: str, cfg: Path, files: list[Path], gap_s: float = 0.0
-              ) -> tuple[float, list]:
-    """decode + preprocess + infer with the daemon's variant; (frames/s, latencies ms).
-    `gap_s` idles between frames the way one-at-a-time arrivals do (cold caches count for
-    both sides)."""
-    cfgd = load(cfg)
-    man = load_manifest(bundled())
-    items = plan(discover(cfgd.backends), model_files(man), (1,), cfgd.backends)
-    backend, v = next((b, v) for b, _, v in items if v.id == variant)
-    session = backend.load(v)
-    shape = v.model.input_shape
-    lat = []
-    t0 = time.perf_counter()
-    for p in files:
-        if gap_s:
-            time.sleep(gap_s)
-        s = time.perf_counter()
-        session.infer(man.preprocess.apply(cv2.imread(str(p), cv2.IMREAD_COLOR), shape))
-        lat.append((time.perf_counter() - s) * 1e3)
-    fps = len(files) / (time.perf_counter() - t0)
-    session.close()
-    return fps, lat
+class HandLoop:
+    """decode + preprocess + infer with the daemon's variant, in one thread."""
+
+    def __init__(self, variant: str, cfg: Path):
+        cfgd = load(cfg)
+        self.man = load_manifest(bundled())
+        items = plan(discover(cfgd.backends), model_files(self.man), (1,), cfgd.backends)
+        backend, v = next((b, v) for b, _, v in items if v.id == variant)
+        self.session = backend.load(v)
+        self.shape = v.model.input_shape
+
+    def run(self, files: list[Path], gap_s: float = 0.0) -> tuple[float, list[float]]:
+        """(frames/s, latencies ms) over `files`; `gap_s` idles between frames the way
+        one-at-a-time arrivals do (cold caches count for both sides). CPU seconds in
+        `self.cpu`."""
+        lat = []
+        c0, t0 = time.process_time(), time.perf_counter()
+        for p in files:
+            if gap_s:
+                time.sleep(gap_s)
+            s = time.perf_counter()
+            self.session.infer(self.man.preprocess.apply(cv2.imread(str(p), cv2.IMREAD_COLOR),
+                                                         self.shape))
+            lat.append((time.perf_counter() - s) * 1e3)
+        wall = time.perf_counter() - t0
+        self.cpu = time.process_time() - c0
+        return len(files) / wall, lat
+
+    def close(self) -> None:
+        """Release the session."""
+        self.session.close()
 
 
-def main() -> None:
-    """Run both and print the ratios."""
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--n", type=int, default=3000)
-    ap.add_argument("--single", type=int, default=300, help="frames in the latency phase")
-    a = ap.parse_args()
+@dataclass
+class Figures:
+    """One run's figures: per round, side by side."""
+
+    variant: str = ""
+    throughput: list[tuple[float, float]] = field(default_factory=list)  # (hand, serve) /s
+    p95: list[tuple[float, float]] = field(default_factory=list)  # (hand, serve) ms
+    cpu_ms: list[tuple[float, float]] = field(default_factory=list)  # per frame (hand, serve)
+    gap_ms: float = float("nan")
+    idle_rss: float = float("nan")
+    peak_rss: float = float("nan")
+    ready_warm: float = float("nan")
+    ready_cold: float = float("nan")
+    load: list[float] = field(default_factory=list)  # 1-min load average before each round
+
+    @property
+    def fps_ratios(self) -> list[float]:
+        """serve / hand-loop throughput per round."""
+        return [s / h for h, s in self.throughput]
+
+    @property
+    def cpu_ratios(self) -> list[float]:
+        """serve / hand-loop CPU time per frame, back to back, per round."""
+        return [s / h for h, s in self.cpu_ms]
+
+    @property
+    def p95_ratios(self) -> list[float]:
+        """serve / hand-loop p95 latency per round."""
+        return [s / h for h, s in self.p95]
+
+
+WARMUP = 100  # frames each side runs before the timed rounds
+
+
+def serve_fps(results: list[dict]) -> float:
+    """Results per second from the first capture to the last result."""
+    t_first = min(r["t"] for r in results)
+    t_last = max(r["t"] + r["e2e_ms"] / 1e3 for r in results)
+    return len(results) / (t_last - t_first)
+
+
+def measure(n_bulk: int, n_single: int, rounds: int = 3, budget_s: float = 0.3) -> Figures:
+    """The whole bench: `rounds` blocks of `n_bulk` frames back to back and `rounds` blocks
+    of `n_single` frames one at a time, each block served by the daemon and then run by the
+    hand loop on the same files. `budget_s`: the profiler's time per variant (the first
+    start's profiling and refinement; shorter for CI)."""
+    fig = Figures()
     with tempfile.TemporaryDirectory() as d:
         work = Path(d)
         folder = work / "frames"
         folder.mkdir()
         pool = [s.image for s in samples(seed=11, count=200)]
-        files = []
-        for i in range(a.n + a.single):
-            p = work / f"f{i:05d}.png"
-            cv2.imwrite(str(p), pool[i % len(pool)])
-            files.append(p)
-        bulk, paced = files[: a.n], files[a.n:]
+        blocks = []
+        i = 0
+        for size in [WARMUP] + [n_bulk] * rounds + [n_single] * rounds:
+            block = []
+            for _ in range(size):
+                p = work / f"f{i:05d}.png"
+                cv2.imwrite(str(p), pool[i % len(pool)])
+                block.append(p)
+                i += 1
+            blocks.append(block)
         broker = Mosquitto(work, auth=False).start()
         cfg = work / "edgerun.toml"
-        cfg.write_text(CONFIG.format(model=bundled(), work=work, folder=folder, port=broker.port))
+        cfg.write_text(CONFIG.format(model=bundled(), work=work, folder=folder, port=broker.port,
+                                     budget=budget_s))
+        serve = hand = None
         try:
-            # First start fills the profile cache; later starts are the warm ones we time.
-            proc, cold = start_serve(cfg, work, str(work / "notify-cold"))
+            # First start fills the profile cache (its background refinement included, so
+            # the timed start serves from a full cache); the second is the warm one.
+            proc, fig.ready_cold = start_serve(cfg, work, str(work / "notify-cold"))
+            wait_refined(work / "daemon.log")
             proc.terminate()
             proc.wait(30)
-            results, warm, idle_rss, peak_rss = run_serve(cfg, work, bulk, folder, False, "bulk")
-            variant = results[0]["variant"]
-            t_first = min(r["t"] for r in results)
-            t_last = max(r["t"] + r["e2e_ms"] / 1e3 for r in results)
-            serve_fps = len(results) / (t_last - t_first)
-            hand_fps, _ = hand_loop(variant, cfg, [folder / p.name for p in bulk])
-            single, *_ = run_serve(cfg, work, paced, folder, True, "single")
-            serve_p95 = float(np.percentile([r["e2e_ms"] for r in single], 95))
-            gaps = np.diff(sorted(r["t"] for r in single))
-            _, lat = hand_loop(variant, cfg, [folder / p.name for p in paced],
-                               float(np.median(gaps)))
-            hand_p95 = float(np.percentile(lat, 95))
+            serve = Serve(cfg, work, folder)
+            fig.ready_warm, fig.idle_rss = serve.ready_s, serve.idle_rss
+            # warm-up, not timed: the first frames choose the preprocessing path (CPU or
+            # OpenCL, measured on them) and fill caches, as the hand loop's warm-up does
+            warm = serve.run(blocks.pop(0), False)
+            fig.variant = warm[0]["variant"]
+            hand = HandLoop(fig.variant, cfg)
+            hand.run(warm_files(warm, folder))
+            for k, block in enumerate(blocks):
+                fig.load.append(os.getloadavg()[0])
+                paced = k >= rounds
+                if paced and not block:
+                    continue
+                results = serve.run(block, paced)
+                moved = [folder / p.name for p in block]
+                if not paced:
+                    fig.throughput.append((hand.run(moved)[0], serve_fps(results)))
+                    fig.cpu_ms.append((hand.cpu / len(block) * 1e3,
+                                       serve.cpu / len(block) * 1e3))
+                    continue
+                gaps = np.diff(sorted(r["t"] for r in results))
+                fig.gap_ms = float(np.median(gaps)) * 1e3
+                _, lat = hand.run(moved, fig.gap_ms / 1e3)
+                fig.p95.append((float(np.percentile(lat, 95)),
+                                float(np.percentile([x["e2e_ms"] for x in results], 95))))
+            fig.peak_rss = serve.peak_rss
         finally:
+            if hand is not None:
+                hand.close()
+            if serve is not None:
+                serve.stop()
             broker.stop()
-        print(f"variant {variant}; {len(results)} frames back to back, then {len(paced)} "
-              "one at a time (latency without queueing)")
-        print(f"throughput : hand-written {hand_fps:7.0f}/s, edgerun serve {serve_fps:7.0f}/s "
-              f"-> {serve_fps / hand_fps:.2f}x (target >= 1.0)")
-        print(f"latency p95: hand-written {hand_p95:.3f} ms, edgerun serve {serve_p95:.3f} ms "
-              f"-> {serve_p95 / hand_p95:.2f}x (target <= 1.10); decode to durable result, "
-              f"frames {float(np.median(gaps)) * 1e3:.0f} ms apart on both sides")
-        print(f"daemon RSS : {idle_rss:.0f} MB idle, {peak_rss:.0f} MB peak (target <= 250)")
-        print(f"to READY   : {warm:.2f} s warm profile cache (target <= 3), {cold:.2f} s cold")
+    return fig
+
+
+def warm_files(results: list[dict], folder: Path) -> list[Path]:
+    """The files of the warm-up round, from its results' refs."""
+    return [folder / r["ref"] for r in results]
+
+
+def spread(xs: list[float]) -> str:
+    """median (min-max) of a list of figures."""
+    if not xs:
+        return "n/a"
+    return f"{float(np.median(xs)):.2f} ({min(xs):.2f}-{max(xs):.2f})"
+
+
+def main() -> None:
+    """Run the bench and print the ratios, per round and as median (spread)."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--n", type=int, default=3000, help="frames back to back, all rounds")
+    ap.add_argument("--single", type=int, default=300, help="frames one at a time, all rounds")
+    ap.add_argument("--rounds", type=int, default=3)
+    a = ap.parse_args()
+    f = measure(a.n // a.rounds, a.single // a.rounds, a.rounds)
+    print(f"variant {f.variant}; {a.rounds} rounds of {a.n // a.rounds} frames back to back, "
+          f"then {a.rounds} of {a.single // a.rounds} one at a time (latency without queueing); "
+          f"load average {spread(f.load)} (1 min, before each round, 2 cores)")
+    for (h, s), ratio in zip(f.throughput, f.fps_ratios, strict=True):
+        print(f"  throughput round: hand-written {h:6.0f}/s, edgerun serve {s:6.0f}/s "
+              f"-> {ratio:.2f}x")
+    for (h, s), ratio in zip(f.cpu_ms, f.cpu_ratios, strict=True):
+        print(f"  CPU per frame   : hand-written {h:6.3f} ms, edgerun serve {s:6.3f} ms "
+              f"-> {ratio:.2f}x")
+    for (h, s), ratio in zip(f.p95, f.p95_ratios, strict=True):
+        print(f"  p95 round       : hand-written {h:6.2f} ms, edgerun serve {s:6.2f} ms "
+              f"-> {ratio:.2f}x")
+    print(f"throughput : edgerun serve / hand-written {spread(f.fps_ratios)}x (target >= 1.0)")
+    print(f"CPU/frame  : edgerun serve / hand-written {spread(f.cpu_ratios)}x (the daemon also "
+          "persists and publishes every result)")
+    print(f"latency p95: edgerun serve / hand-written {spread(f.p95_ratios)}x (target <= 1.10);"
+          f" decode to result, frames {f.gap_ms:.0f} ms apart on both sides")
+    print(f"daemon RSS : {f.idle_rss:.0f} MB idle (target <= 130), {f.peak_rss:.0f} MB peak")
+    print(f"to READY   : {f.ready_warm:.2f} s warm profile cache (target <= 3), "
+          f"{f.ready_cold:.2f} s cold")
 
 
 if __name__ == "__main__":

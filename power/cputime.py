@@ -73,3 +73,15 @@ def native_threads_cpu_s() -> float:
 def inference_cpu_s() -> float:
     """CPU seconds of the calling thread plus the engines' native threads (see module doc)."""
     return time.thread_time() + native_threads_cpu_s()
+
+
+def named_threads_cpu_s(name: str) -> float | None:
+    """CPU seconds of this process's running Python threads called `name` (the publisher's
+    "mqtt"), from schedstat per thread; None when no such thread runs or /proc cannot say."""
+    ids = [t.native_id for t in threading.enumerate() if t.name == name and t.native_id]
+    if not ids:
+        return None
+    try:
+        return sum(_thread_cpu_s(str(i)) for i in ids)
+    except (OSError, ValueError, IndexError):
+        return None  # it exited between enumerate and the read

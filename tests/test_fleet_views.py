@@ -127,3 +127,14 @@ def test_fleet_cli_end_to_end_at_80_and_200_columns(tmp_path, broker, monkeypatc
             probe.close()
         server.shutdown()
         coord.stop()
+
+
+def test_device_summary_shows_the_boxs_energy_a_frame_beside_the_models():
+    box = {"box_mj": 6.25, "model_mj": 0.102, "idle_mj": 4.1, "source": "rapl",
+           "stages_mj": {}, "reason": None}
+    flat = " ".join(views.device_summary(_view(box_energy=box), width=200, now=1004.0).split())
+    assert "a frame: box 6.25 mJ, model 0.102 mJ, idle share 4.10 mJ (source rapl)" in flat
+    none = {"box_mj": None, "model_mj": None, "idle_mj": None, "source": "estimated",
+            "reason": "no frames in the last 60 s"}
+    flat = " ".join(views.device_summary(_view(box_energy=none), width=200, now=1004.0).split())
+    assert "a frame: box -, model -, idle share - (source estimated): no frames" in flat

@@ -460,3 +460,54 @@ def test_refine_measures_near_ties_again_and_chooses_on_the_combined_numbers(
     choice = select(final, c).profile
     assert choice.variant_id == b and choice.runs == 60
     assert choice.energy_mj == pytest.approx(1.015)
+
+
+def test_a_finished_refinement_is_not_run_again_on_a_warm_start(tmp_path):
+    # The background refinement re-measured the near-ties at full length on every start,
+    # beside the frames, even with every profile cached: once it has finished against the
+    # same variants and constraints, a warm start is final. Its record is keyed by every
+    # variant's cache key and the constraints: another target refines again.
+    from models import bundled
+    from runtime.choice.measure import measure_first
+    from runtime.choice.selector import Constraints
+    from runtime.config import from_dict
+
+    if not (bundled() / "manifest.json").exists():
+        pytest.skip("bundled model not built")
+    conf = from_dict({
+        "backends": {"enabled": ["onnxruntime"], "threads": [1],
+                     "onnxruntime": {"spinning": [False], "include_default": False}},
+        "profiler": {"idle_baseline_s": 0.05, "cache_dir": str(tmp_path / "c"),
+                     "warmup_runs": 2, "min_runs": 5, "max_runs": 80, "time_budget_s": 0.05,
+                     "first_decision_s": 0}})
+    backends = discover(conf.backends)
+    meter = EstimatedMeter(5.0, 2.0)
+
+    def first(c):
+        return measure_first(bundled(), conf, backends, meter, "generic-x86", 2.0, None,
+                             lambda *a: None, lambda *a: None, c)
+
+    c = Constraints(1000)
+    _, rest = first(c)
+    assert rest is not None
+    final = rest(None)
+    # a cache as a finished refinement can leave it: the choice's entry not at full length
+    # (so `to_refine` alone would refine again)
+    profiler = Profiler(conf.profiler, meter, "generic-x86", active_w_per_core=2.0)
+    work = plan(backends, model_files(ModelConfig(path=str(bundled()))), (1,), conf.backends)
+    choice = min((p for p in final.profiles if p.ok), key=lambda p: p.energy_mj)
+    _b, d, v = next(w for w in work if w[2].id == choice.variant_id)
+    cached = profiler.lookup(v, d)
+    assert cached is not None
+    profiler.record(v, d, Profile(**{**cached.__dict__, "stage": "quick"}))
+    assert to_refine([profiler.lookup(v_, d_) for _b, d_, v_ in work], c) > 0
+    m2, rest2 = first(c)
+    assert rest2 is None and len(m2.profiles) == len(final.profiles)
+    # another latency target: not the refinement that finished
+    _, rest3 = first(Constraints(500))
+    assert rest3 is not None
+    # the record gone (a cache cleared by hand): refined again
+    for f in (tmp_path / "c").glob("refined-*.done"):
+        f.unlink()
+    _, rest4 = first(c)
+    assert rest4 is not None

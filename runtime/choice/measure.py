@@ -167,12 +167,18 @@ def measure_first(path: Path, cfg: Config, backends: list[Backend], meter: Power
     _, reason = ladder_for(quick, constraints)  # raises NoVariantError before any change
     first = Measured(manifest, quick, idle_w, loaders, temp_c)
     pending = len(later) + to_refine(quick, constraints)
+    done_key = profiler.refined_key(work, constraints)
+    # Every profile from the cache and a refinement against these constraints ran to the end
+    # on them: running it again would re-measure the near-ties at full length on every start,
+    # on the CPU the frames need, for the same result.
+    refined_before = pending and not fresh and hits == len(work) and profiler.refined(done_key)
     log.info("first choice for %s after %.1f s (%d of %d variants: %d measured briefly, %d "
              "from the cache): %s%s", manifest.name, time.monotonic() - t0, len(quick),
              len(work), len(quick) - hits, hits, reason,
-             f"; {len(later)} more to measure briefly and the candidates to refine next"
+             "; final (refined on an earlier start)" if refined_before
+             else f"; {len(later)} more to measure briefly and the candidates to refine next"
              if later else f"; refining {pending} candidates next" if pending else "; final")
-    if not pending:
+    if not pending or refined_before:
         _profiled(quick, manifest.name, t0)
         return first, None
 
@@ -189,6 +195,7 @@ def measure_first(path: Path, cfg: Config, backends: list[Backend], meter: Power
                  sum(1 for p in final if p.ok and p.stage == "full"),
                  sum(1 for p in final if p.ok and p.stage != "full"), why)
         _profiled(final, manifest.name, t0)
+        profiler.mark_refined(done_key)
         return Measured(manifest, final, idle_w, loaders, temp_c)
 
     return first, rest

@@ -164,6 +164,29 @@ class Profiler:
         """Cache a profile or a failure record."""
         self._store(self.cache_key(v, device), p)
 
+    def refined_key(self, work: Work, constraints: Constraints) -> str:
+        """The key of a finished refinement: every variant's cache key (so any change to a
+        model file, engine or profiler setting invalidates it) and the constraints it was
+        refined against (another target keeps other candidates)."""
+        parts = [sorted(self.cache_key(v, d) for _b, d, v in work),
+                 [constraints.latency_ms, constraints.percentile, constraints.accuracy_floor]]
+        return "refined-" + hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:32]
+
+    def refined(self, key: str) -> bool:
+        """Whether the refinement with this key finished (`mark_refined`) on an earlier run:
+        its results are all in the cache, so measuring again would only repeat it."""
+        return (self._cache / f"{key}.done").is_file()
+
+    def mark_refined(self, key: str) -> None:
+        """Record that a refinement finished (after its profiles were cached). A cache that
+        cannot be written only costs a refinement on the next start."""
+        try:
+            self._cache.mkdir(parents=True, exist_ok=True)
+            (self._cache / f"{key}.done").write_text(json.dumps({"t": time.time()}))
+        except OSError as e:
+            log.warning("cannot write profile cache %s (%s); the refinement runs again next "
+                        "start", self._cache, e)
+
     # -- measuring -----------------------------------------------------------------------
     def idle_w(self) -> float:
         """Idle power of the device, measured once per run (sampled every 50 ms)."""

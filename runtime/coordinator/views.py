@@ -205,6 +205,13 @@ def device_summary(view: Mapping[str, Any], width: int | None = None, now: float
     field("power", f"{_fmt(h.get('power_w'), '.2f', ' W')} (source "
           f"{clean(h.get('energy_source') or '-')}); energy a result "
           f"{_fmt(h.get('energy_mj'), '.2f', ' mJ')}; battery {row['batt']}")
+    box = h.get("box_energy") if isinstance(h.get("box_energy"), Mapping) else {}
+    if box:  # the box's energy a frame beside the model's share (power/box_energy.py)
+        field("energy", f"a frame: box {_fmt(box.get('box_mj'), '.2f', ' mJ')}, model "
+              f"{_fmt(box.get('model_mj'), '.3f', ' mJ')}, idle share "
+              f"{_fmt(box.get('idle_mj'), '.2f', ' mJ')} (source "
+              f"{clean(box.get('source') or '-')})"
+              + (f": {clean(box['reason'])}" if box.get("reason") else ""))
     backlog = h.get("backlog") if isinstance(h.get("backlog"), Mapping) else {}
     mqtt = h.get("mqtt") if isinstance(h.get("mqtt"), Mapping) else {}
     field("backlog", f"{row['backlog']} results held "

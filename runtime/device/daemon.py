@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from power import control
-from power.cputime import native_threads_cpu_s
+from power.box_energy import BoxEnergy
+from power.cputime import named_threads_cpu_s, native_threads_cpu_s
 from power.device import DeviceProfile
 from power.nvml import gpu_meters
 from power.rungs import Rung
@@ -115,6 +116,7 @@ class Daemon:
         self.device: DeviceProfile | None = None
         self.sensors: SensorSet | None = None
         self.meter: Any = None  # power.sensors.PowerMeter
+        self.box_energy: BoxEnergy | None = None  # the box's energy per frame
         self.outbox: Outbox | None = None
         self.device_id = ""
         self.backends: list = []
@@ -221,6 +223,9 @@ class Daemon:
         self.sensors, self.thermal, self.trips = found.sensors, found.thermal, found.trips
         self.thermal_disabled = found.disabled
         self.meter = detect_meter(root, self.device)
+        self.box_energy = BoxEnergy(self.meter, self.device.power.idle_w,
+                                    self.device.power.active_w_per_core,
+                                    lambda t, sev, f: self.event(t, sev, **f))
         self.gpu_meters = gpu_meters()  # a GPU variant is billed its own meter (power/nvml.py)
 
     def _open_outbox(self) -> None:
@@ -605,6 +610,9 @@ class Daemon:
         if (said := self.sensor_watch.read(r, self.cfg.governor.hold_invalid_s)) is not None:
             self.event("sensor_invalid", "warning", problems=list(r.problems), bad_reads=said)
         self._update_live_energy()
+        if self.box_energy is not None:
+            self.box_energy.sample(time.monotonic(), *self.pipeline.take_stage_cpu(),
+                                   lambda: named_threads_cpu_s("mqtt"))
         assert self.ccfg is not None
         self._check_tiles()
         box = self.box

@@ -7,7 +7,9 @@ choice), the same way in logs, status, results and the demo.
 
 from __future__ import annotations
 
+import importlib.metadata
 import math
+import sys
 import time
 from typing import Any
 
@@ -60,6 +62,8 @@ def health(d: HealthHost) -> dict[str, Any]:
     }
     h["slo"] = h["pipeline"].pop("slo")
     h.update(d.models_health())  # each model's rung and target (runtime/choice/joint.py)
+    if d.box_energy is not None:  # energy per frame: the box's and the model's
+        h["box_energy"] = d.box_energy.report()
     if d.ota is not None:
         h.update(d.ota.health())
     if d.publisher:
@@ -74,10 +78,12 @@ def health(d: HealthHost) -> dict[str, Any]:
 def versions() -> dict[str, str]:
     """Versions of edgerun and the engines, for birth and health."""
     out = {"edgerun": __version__}
-    for mod, name in (("onnxruntime", "onnxruntime"), ("openvino", "openvino"),
-                      ("cv2", "opencv")):
-        try:
-            out[name] = str(__import__(mod).__version__)
+    for mod, name, dist in (("onnxruntime", "onnxruntime", "onnxruntime"),
+                            ("openvino", "openvino", "openvino"),
+                            ("cv2", "opencv", "opencv-python-headless")):
+        try:  # an engine not in use is not imported for this (openvino: ~10 MB resident)
+            out[name] = (str(sys.modules[mod].__version__) if mod in sys.modules
+                         else importlib.metadata.version(dist))
         except Exception:  # an engine that is not installed has no version to report
             continue
     return out

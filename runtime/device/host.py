@@ -142,6 +142,7 @@ class HealthHost(Protocol):
     trips: dict[str, float]
     thermal_disabled: str
     meter: Any  # power.sensors.PowerMeter
+    box_energy: Any  # power.box_energy.BoxEnergy (None before start): energy per frame
     devices: list[dict]
     by_id: dict[str, Any]  # the [model]'s profiles by variant id
     ota: Any  # runtime.device.ota.DeviceOta or None

@@ -9,9 +9,10 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import onnx
-from google.protobuf.message import DecodeError
+if TYPE_CHECKING:  # imported where a model is parsed: onnx costs ~18 MB and ~2 s to import,
+    import onnx  # and a daemon serving on ONNX Runtime from a manifest never parses one
 
 
 class ModelError(ValueError):
@@ -29,6 +30,9 @@ class ModelInput:
 
 def load_onnx(path: Path) -> onnx.ModelProto:
     """Parse an ONNX file, turning every parse failure into a ModelError naming it."""
+    import onnx
+    from google.protobuf.message import DecodeError
+
     try:
         data = path.read_bytes()
     except OSError as e:
@@ -96,7 +100,7 @@ def with_fixed_input(model: onnx.ModelProto, inp: ModelInput) -> bytes:
     """Serialized copy of `model` whose input dims are `inp.shape` (for engines that need it)."""
     if all(isinstance(d, int) for d in inp.declared):
         return model.SerializeToString()
-    fixed = onnx.ModelProto()
+    fixed = type(model)()
     fixed.CopyFrom(model)
     for vi in fixed.graph.input:
         if vi.name == inp.name:

@@ -129,12 +129,17 @@ class FairQueue:
         self._order = list(lanes)
         self._next = 0
         self._max = maxsize
-        self._cond = threading.Condition()
+        # Two conditions on one lock, each notified only when it can matter (queue.Queue's
+        # way): a notify_all on every put and get woke every capture thread and the
+        # preprocess thread per frame, each wake-up a context switch and a GIL hand-over.
+        self._lock = threading.Lock()
+        self._items = threading.Condition(self._lock)  # the consumer waits for an item
+        self._room = threading.Condition(self._lock)  # producers wait for room on a lane
 
     def put(self, lane: str, item: Any, live: bool, stop: threading.Event) -> bool:
         """Queue `item` on its lane. A live lane that is full drops its own oldest item
         (True is returned); another lane blocks until there is room or `stop` is set."""
-        with self._cond:
+        with self._lock:
             q = self._q[lane]
             dropped = False
             while len(q) >= self._max:
@@ -144,37 +149,37 @@ class FairQueue:
                     break
                 if stop.is_set():
                     return False
-                self._cond.wait(0.2)
+                self._room.wait(0.2)
             q.append(item)
-            self._cond.notify_all()
+            self._items.notify()
             return dropped
 
     def get(self, timeout: float) -> Any | None:
         """The next item, taking lanes in turn; None when nothing came within `timeout`."""
         deadline = time.monotonic() + timeout
-        with self._cond:
+        with self._lock:
             while True:
                 for i in range(len(self._order)):
                     k = (self._next + i) % len(self._order)
                     q = self._q[self._order[k]]
                     if q:
                         self._next = (k + 1) % len(self._order)
-                        item = q.popleft()
-                        self._cond.notify_all()
-                        return item
+                        if len(q) >= self._max:  # a producer of this lane may wait for room
+                            self._room.notify_all()  # (the lanes' producers share it)
+                        return q.popleft()
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return None
-                self._cond.wait(left)
+                self._items.wait(left)
 
     def empty(self) -> bool:
         """Nothing waits on any lane."""
-        with self._cond:
+        with self._lock:
             return not any(self._q.values())
 
     def qsize(self, lane: str) -> int:
         """Items waiting on one lane."""
-        with self._cond:
+        with self._lock:
             return len(self._q[lane])
 
 

@@ -24,6 +24,10 @@ Switching variant: the caller loads and warms the new session first, then `switc
 over; the infer thread swaps between two frames and closes the old one. No frame waits for a
 model load. Each result records the variant and rung that produced it.
 
+Every stage's thread CPU time (capture, decode, crop, preprocess, infer, postprocess, persist)
+is counted on whichever thread ran it, one clock read per stage boundary; `take_stage_cpu()`
+hands the counts to the box's energy per frame (power/box_energy.py).
+
 `alive()` feeds the systemd watchdog: the infer loop's heartbeat is fresh and no frame has
 been in inference or store for too long, on either path.
 """
@@ -59,6 +63,10 @@ log = logging.getLogger("edgerun.pipeline")
 
 MAX_LABELS = 256  # per-label counters in health; further labels are counted together
 OTHER_LABEL = "_other"
+# the stages the pipeline's own threads run (publish runs on the MQTT thread: power.cputime)
+STAGE_CPU_ZERO: dict[str, float | None] = {
+    "capture": 0.0, "decode": None, "crop": 0.0, "preprocess": 0.0, "infer": 0.0,
+    "postprocess": 0.0, "persist": 0.0}
 
 
 @dataclass
@@ -126,6 +134,11 @@ class Pipeline:
         # Set by the control loop: math.inf = no cap; 0 = paused (minimum duty of 0 Hz).
         self.rate_cap_hz = math.inf
         self._infer_cpu: dict[str, tuple[int, float]] = {}  # variant -> (n, thread CPU s)
+        # CPU seconds per stage of the frames stored since the last `take_stage_cpu` (the box's
+        # energy per frame, power/box_energy.py); decode None until a source timed one
+        self._stage_cpu: dict[str, float | None] = dict(STAGE_CPU_ZERO)
+        self._stage_frames = 0
+        self._stage_lock = threading.Lock()
         self.counters: collections.Counter = collections.Counter()
         self.labels: collections.Counter = collections.Counter()  # results per label
         self.bad = BadFrames(on_event)  # refused frames by kind; rate-limited frame_bad events
@@ -269,6 +282,21 @@ class Pipeline:
             out, self._infer_cpu = self._infer_cpu, {}
         return out
 
+    def take_stage_cpu(self) -> tuple[int, dict[str, float | None]]:
+        """(results stored, CPU seconds per stage) since the last call: capture (the source's
+        read, its polling included), decode (None: no source could time it apart from the
+        read), crop, preprocess, infer, postprocess (results built), persist (outbox commit,
+        the source's done, local results)."""
+        with self._stage_lock:
+            out, self._stage_cpu = self._stage_cpu, dict(STAGE_CPU_ZERO)
+            n, self._stage_frames = self._stage_frames, 0
+        return n, out
+
+    def _cpu(self, stage: str, seconds: float) -> None:
+        """Add CPU seconds to a stage (any thread)."""
+        with self._stage_lock:
+            self._stage_cpu[stage] = (self._stage_cpu[stage] or 0.0) + seconds
+
     def _recent(self) -> list[tuple[float, float, bool]]:
         now = time.time()
         return [x for x in list(self.latencies) if now - x[0] <= 30]
@@ -342,6 +370,7 @@ class Pipeline:
                     continue
             t_read = time.monotonic()
             self.bad.flush()
+            c_read = time.thread_time()
             try:
                 frame = lane.source.read(0.5)
             except BadFrame as e:  # one refused input; the source itself is fine
@@ -364,8 +393,16 @@ class Pipeline:
                 self._source_failed(lane, why, delay)
                 delay = min(delay * 2, 30.0)
                 continue
+            spent = time.thread_time() - c_read  # reading, decoding, polling a folder
             if frame is None:
+                self._cpu("capture", spent)
                 continue
+            with self._stage_lock:
+                dec = frame.decode_cpu_s
+                st = self._stage_cpu
+                st["capture"] = (st["capture"] or 0.0) + spent - (dec or 0.0)
+                if dec is not None:
+                    st["decode"] = (st["decode"] or 0.0) + dec
             if pacer is not None:  # its own rate_hz in [[sources]]
                 now = time.monotonic()
                 if lane.source.live and not pacer.ready(now):
@@ -377,8 +414,12 @@ class Pipeline:
             self.counters["frames"] += 1
             lane.counters["frames"] += 1
             frame.source = lane.name
-            if lane.roi and not self._crop(lane, frame):
-                continue
+            if lane.roi:
+                c0 = time.thread_time()
+                kept = self._crop(lane, frame)
+                self._cpu("crop", time.thread_time() - c0)
+                if not kept:
+                    continue
             # A frame that had to be waited for arrived at an idle pipeline: run it inline.
             # One that was ready at once is part of a backlog: queue it so stages overlap.
             waited = time.monotonic() - t_read >= self.INLINE_AFTER_WAIT_S
@@ -427,7 +468,9 @@ class Pipeline:
         target = self._for(frame.source)
         assert target is not None
         try:
+            c0 = time.thread_time()
             tensor = self._pre_of(target)(frame.image, target.input_shape)
+            self._cpu("preprocess", time.thread_time() - c0)
             lane = self._lane.get(frame.source)
             if lane is not None:  # a tiled frame is a batch of its tiles
                 lane.tiles = _tiles(tensor)
@@ -506,14 +549,18 @@ class Pipeline:
             if made_for is not active and (made_for.input_shape != active.input_shape
                                            or made_for.pre is not active.pre):
                 # preprocessed for the variant just replaced (another size or model)
+                c0 = time.thread_time()
                 tensor = self._pre_of(active)(frame.image, active.input_shape)
+                self._cpu("preprocess", time.thread_time() - c0)
             t0, c0 = time.perf_counter(), time.thread_time()
             out = infer_tiles(active.session, tensor)  # one tensor, or a tiled frame's
             ms = (time.perf_counter() - t0) * 1e3
             lid = live_id(active.key, active.variant_id)
             n, cpu = self._infer_cpu.get(lid, (0, 0.0))
+            spent = time.thread_time() - c0
             # per inference: a tiled frame ran one per tile (live energies stay per inference)
-            self._infer_cpu[lid] = (n + _tiles(tensor), cpu + time.thread_time() - c0)
+            self._infer_cpu[lid] = (n + _tiles(tensor), cpu + spent)
+            self._cpu("infer", spent)
         except Exception as e:
             self.busy_since = None
             self.counters["infer_errors"] += 1
@@ -588,6 +635,7 @@ class Pipeline:
 
     def _store(self, batch: list[tuple]) -> None:
         """Postprocess and persist a group in one outbox transaction, then mark frames done."""
+        c_post = time.thread_time()
         results, made, owners, counted = [], [], [], []
         for frame, out, active, ms, tiles in batch:
             manifest = active.manifest or self._manifest  # a swap: each frame its own model's
@@ -610,6 +658,8 @@ class Pipeline:
             made.append(frame)
             owners.append(manifest)
             counted.append((self._model_id(active), ms / max(tiles, 1)))
+        c_persist = time.thread_time()
+        self._cpu("postprocess", c_persist - c_post)
         try:
             seqs = self._sink(results) if results else []
         except Exception as e:  # disk full, database broken: frames stay not-done
@@ -651,6 +701,10 @@ class Pipeline:
                 self._local.submit([made[i] for i in idx], [results[i] for i in idx],
                                    [seqs[i] for i in idx] if seqs else [],
                                    ("none", *m.labels) if m.detect else m.labels)
+        with self._stage_lock:
+            self._stage_cpu["persist"] = ((self._stage_cpu["persist"] or 0.0)
+                                          + time.thread_time() - c_persist)
+            self._stage_frames += len(results)
         self.busy_since = None
         if self._shadow_due:
             self._shadow_flush()

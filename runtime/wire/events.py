@@ -74,6 +74,8 @@ class EventType(StrEnum):
                      "retried with backoff")
     VARIANT_REFUSED = ("variant_refused", "a variant failed during profiling; the others run")
     SLOW_INFERENCE = ("slow_inference", "p95 latency well above the profile's (throttling?)")
+    ENERGY_METER_LOST = ("energy_meter_lost", "the power meter failed or read garbage: the box's "
+                         "energy per frame falls back to the CPU-time estimate")
     MODEL_BLIND = ("model_blind", "a served model's outputs over its first frames look "
                    "degenerate (no boxes, one class, constant or NaN): check its preprocessing")
     REPROFILE = ("reprofile", "profiling again (temperature drift, command, reload)")

@@ -73,6 +73,18 @@ _HEALTH = _obj({
                       "temp_filtered_c": _NUM_OR_NULL, "slope_c_per_min": _NUM_OR_NULL,
                       "physics_bounded": _BOOL}),
     "rate_cap_hz": _NUM_OR_NULL, "operator_rate_hz": _NUM_OR_NULL,
+    # the box's energy per frame (power/box_energy.py): every stage + the idle floor's share,
+    # the model's share beside it; null with `reason` where nothing could be measured
+    "box_energy": _obj({
+        "box_mj": _NUM_OR_NULL, "model_mj": _NUM_OR_NULL, "idle_mj": _NUM_OR_NULL,
+        "stages_mj": _obj({s: _NUM_OR_NULL for s in (
+            "capture", "decode", "crop", "preprocess", "infer", "postprocess", "persist",
+            "publish")}),
+        "source": _SHORT, "split": {"type": ["string", "null"], "maxLength": 4096},
+        "frames": _COUNT, "window_s": _NUM,
+        "reason": {"type": ["string", "null"], "maxLength": 4096},
+        "unmeasured": {"type": "array", "maxItems": 16, "items": _SHORT},
+        "meter_lost": _STR}),
     "pipeline": _obj({"rate_hz": _NUM_OR_NULL,
                       "latency_ms": _obj({"p50": _NUM_OR_NULL, "p95": _NUM_OR_NULL}),
                       "frames_bad": _obj({}, extra=_COUNT),
