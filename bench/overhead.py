@@ -21,7 +21,7 @@ Also prints the daemon's steady-state RSS and the time from
 process start to READY=1 with a warm profile cache (second start).
 
 Usage: python bench/overhead.py [--n 3000] [--single 300] [--rounds 3]
-(tests/test_overhead_guard.py runs a short version of it in CI.)
+(tests/frames/test_overhead_guard.py runs a short version of it in CI.)
 """
 
 from __future__ import annotations

@@ -97,7 +97,7 @@ class ControlState:
 
 
 # The event types the control step emits: members of runtime/wire/events.py `EventType`,
-# named here because power/ imports nothing of runtime/ (tests/test_events.py checks both).
+# named here because power/ imports nothing of runtime/ (tests/wire/test_events.py checks both).
 ControlEventType = Literal["governor", "energy", "sensor_hold", "physics_bounded",
                            "physics_bounded_cleared"]
 

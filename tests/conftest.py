@@ -8,9 +8,17 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
+# The support modules (modelgen, daemon_harness, ...) live here, beside the test folders that
+# mirror the packages (tests/engine, tests/device, ...). Some tests share a helper another
+# subject's test file defines (test_bundle.model_dir, test_publisher.Probe...): every folder is
+# on the path, so those imports do not depend on which folder pytest collected first. Test
+# file names are unique across folders.
+_HERE = Path(__file__).parent
+sys.path.insert(0, str(_HERE))
+sys.path[1:1] = sorted(str(d) for d in _HERE.iterdir()
+                       if d.is_dir() and any(d.glob("test_*.py")))
 
-from modelgen import tiny_cnn
+from modelgen import tiny_cnn  # noqa: E402 (after the path it is found on)
 
 
 @pytest.fixture(scope="session")

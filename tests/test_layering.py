@@ -10,7 +10,7 @@ a module, else `a.b`. A failure names the offending import as file:line.
   library;
 - the coordinator imports no device-only module, and the device side no coordinator module;
 - `import runtime.cli` loads neither numpy nor cv2 (its early SIGHUP handler must be in place
-  before anything slow is imported: tests/test_r3_signals.py);
+  before anything slow is imported: tests/device/test_signals.py);
 - importing the backend protocol (runtime/engine/backends/base.py) loads almost nothing.
 """
 

@@ -1,8 +1,8 @@
 """Several models, one budget: each model's per-inference target, and the box's joint ladder.
 
-Pure (tables in tests/test_joint.py). `runtime.frames.multisource` shares one model between sources;
-this module is for sources that name different models (`[[sources]] model`), and for tiled
-frames (a tiled frame costs one inference per tile).
+Pure (tables in tests/choice/test_joint.py). `runtime.frames.multisource` shares one model
+between sources; this module is for sources that name different models (`[[sources]]
+model`), and for tiled frames (a tiled frame costs one inference per tile).
 
 - **Latency per stream, per model** (`targets`): every stream gets the same share of the box
   as with one model, `multisource.aggregate`'s per-frame target (n streams x latency within

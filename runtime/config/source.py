@@ -2,7 +2,7 @@
 
 An entry's `model` is a path or the name of a bundled model: `BUNDLED_MODELS` is where the
 `models` package lies beside `runtime` (in a checkout and in site-packages alike; the config
-imports no project code, and tests/test_config.py checks it is `models.ROOT`).
+imports no project code, and tests/config/test_config.py checks it is `models.ROOT`).
 """
 
 from __future__ import annotations

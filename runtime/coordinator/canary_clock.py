@@ -9,7 +9,8 @@ expected awake: each sleep the coordinator saw is noted on the device's part of 
 `[since, wake_at]`, and that time is taken off. A sleeper still asleep `wake_margin_s` past its
 announced wake (the fleet view's `missed_wake`) fails at once: it may never come back.
 
-Pure functions (tested with tables in tests/test_rollout_sleep.py); rollout.py calls them.
+Pure functions (tested with tables in tests/coordinator/test_rollout_sleep.py); rollout.py
+calls them.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ The same class speaks SQLite (a path; the embedded default) and PostgreSQL (a
 `postgresql://` URL): the SQL here is written once, portably (`?` placeholders, `ON CONFLICT`),
 and what differs — connections, DDL and migrations, exactly-once insert of results, locking,
 time partitions, size — is in dialect.py. A method added here in portable SQL works on both;
-tests/test_store_backends.py runs the store tests against both.
+tests/coordinator/test_store_backends.py runs the store tests against both.
 
 Fair shares (quotas.py): `device_usage` keeps each device's logical bytes, maintained by ingest
 and every delete; with a cap (`set_cap`) a device past its share is refused while the store is

@@ -10,7 +10,7 @@ longest interval, and the success that ends it. Asking for another variant, a co
 config reload (`reset`) tries at once. A step down whose rung will not load falls back to the
 next cheaper rung that does (`candidates`): a hot box must get off the hotter rung.
 
-`due`, `failed` and `succeeded` are pure (tables in tests/test_switch_retry.py); `Retries`
+`due`, `failed` and `succeeded` are pure (tables in tests/device/test_switch_retry.py); `Retries`
 holds the state per model.
 """
 

@@ -3,7 +3,7 @@
 Profiled like a variant knob: the first time a (frame size, input shape) pair is seen, both
 paths run on that frame and the one with the lower energy per frame (idle baseline
 subtracted, same meter as the profiler) is used from then on; the measurement is kept for
-health. Both produce the same tensor within one 8-bit step (tests/test_opencl.py).
+health. Both produce the same tensor within one 8-bit step (tests/engine/test_opencl.py).
 """
 
 from __future__ import annotations

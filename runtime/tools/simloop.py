@@ -9,7 +9,7 @@ real. So the decisions do not depend on how busy the host is, only the wall time
 tally arrives in the daemon's own health messages (health["simulated"]), read here from its
 outbox.
 
-Used by bench/governor.py --daemon and tests/test_daemon_loop.py.
+Used by bench/governor.py --daemon and tests/tools/test_daemon_loop.py.
 """
 
 from __future__ import annotations

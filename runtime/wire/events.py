@@ -10,7 +10,7 @@ show them. Both sides import this module, so a type is written once, here.
 of an older version sends. The coordinator raises alerts, not events (their codes are
 runtime/config/coordinator.py `ALERT_CODES`). power/ emits five of these types from its
 control step and imports nothing of runtime/: power/control.py names them in a `Literal`,
-which tests/test_events.py checks against this list, as it checks every type the product
+which tests/wire/test_events.py checks against this list, as it checks every type the product
 code emits.
 """
 

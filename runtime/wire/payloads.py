@@ -296,7 +296,7 @@ def check(kind: str, obj: Any) -> None:
     one (jsonschema's best match and its path). Where the two differ the stricter wins: the
     compiled `pattern` anchors `$` at the very end (`\\Z`), the interpreter lets one trailing
     newline through (Python's `$`), so an id "dev1\\n" is refused
-    (tests/test_payload_conformance.py).
+    (tests/wire/test_payload_conformance.py).
     """
     try:
         _compiled(kind)(obj)

@@ -1,0 +1,85 @@
+"""Review R3: a second coordinator on a busy API port; SIGHUP to a running coordinator."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from under_test import child_env
+
+ROOT = Path(__file__).parents[2]
+
+
+def _config(tmp_path: Path, broker, port: int, extra: str = "") -> Path:
+    """A coordinator config on the test broker with its API on `port`."""
+    creds = broker.coordinator("t")
+    cfg = tmp_path / "coord.toml"
+    cfg.write_text(f"""[coordinator]
+fleet = "t"
+store = "{tmp_path / 'c.db'}"
+http_port = {port}
+{extra}[coordinator.broker]
+host = "127.0.0.1"
+port = {broker.port}
+username = "{creds.username}"
+password_file = "{creds.password_file}"
+""")
+    return cfg
+
+
+def test_a_busy_api_port_stops_start_up_before_the_broker_login(tmp_path, broker):
+    """`edgerun coordinator` while one already runs (same config): it logged in to the broker
+    first, with the fleet's fixed client id, which took over the running coordinator's MQTT
+    session (it was disconnected), and then died with a traceback on the port. Now the port
+    is checked first: one line, exit 2, no login."""
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    port = busy.getsockname()[1]
+    cfg = _config(tmp_path, broker, port, 'client_id = "r3-second-coordinator"\n')
+    try:
+        r = subprocess.run([sys.executable, "-m", "runtime.cli", "coordinator", "--config",
+                            str(cfg)], capture_output=True, text=True, timeout=60,
+                           env=child_env())
+    finally:
+        busy.close()
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert f"coordinator.http_port: cannot listen on 127.0.0.1:{port}" in r.stderr
+    assert "Traceback" not in r.stderr
+    assert "r3-second-coordinator" not in broker.log.read_text()  # never logged in
+
+
+def test_sighup_does_not_stop_the_coordinator(tmp_path, broker):
+    """SIGHUP's default action ended `edgerun coordinator` (R3): it now says it does not
+    reload and keeps serving; SIGTERM still stops it cleanly."""
+    import signal
+    import time
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = _config(tmp_path, broker, port)
+    log = tmp_path / "coord.log"
+    with log.open("w") as out:
+        p = subprocess.Popen([sys.executable, "-m", "runtime.cli", "coordinator", "--config",
+                              str(cfg)], stdout=out, stderr=subprocess.STDOUT,
+                             env=child_env())
+    try:
+        deadline = time.monotonic() + 60
+        while "coordinator API on" not in log.read_text():
+            assert p.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
+            time.sleep(0.1)
+        p.send_signal(signal.SIGHUP)
+        while "does not reload" not in log.read_text():
+            assert p.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
+            time.sleep(0.1)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10) as r:
+            assert r.status == 200  # still serving
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(30) == 0, log.read_text()[-2000:]
+    finally:
+        if p.poll() is None:
+            p.kill()

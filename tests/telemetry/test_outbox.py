@@ -1,0 +1,169 @@
+"""The durable outbox: seq, retention, eviction, crash safety."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from runtime.config.telemetry import OutboxConfig
+from runtime.telemetry.outbox import Outbox
+
+
+def _box(tmp_path, **kw) -> Outbox:
+    return Outbox(OutboxConfig(path=str(tmp_path / "o.db"), **kw))
+
+
+def test_seq_is_monotonic_and_survives_reopen(tmp_path):
+    box = _box(tmp_path)
+    assert box.append_many([{"a": 1}, {"a": 2}]) == [1, 2]
+    stream, boot = box.stream, box.boot
+    assert box.ack(2) == 2  # everything acked: the table is empty
+    box.close()
+    box = _box(tmp_path)
+    assert box.append({"a": 3}) == 3  # not reused after a restart with an empty table
+    assert box.stream == stream and box.boot != boot
+    assert box.floor() == 3 and box.last_seq() == 3
+
+
+def test_pending_carries_seq_and_ack_drops_prefix(tmp_path):
+    box = _box(tmp_path)
+    box.append_many([{"i": i} for i in range(5)])
+    pend = box.pending(0, 3)
+    assert [p.seq for p in pend] == [1, 2, 3]
+    assert pend[0].json == f'{{"seq":1,"i":0,"boot":"{box.boot}"}}'  # the producing boot
+    assert box.ack(2) == 2
+    assert box.floor() == 3
+    assert [p.seq for p in box.pending(0, 10)] == [3, 4, 5]
+    assert box.stats()["results_held"] == 3
+
+
+def test_eviction_past_byte_cap_is_counted_and_reported(tmp_path):
+    events = []
+    box = Outbox(OutboxConfig(path=str(tmp_path / "o.db"), max_bytes=65536), events.append)
+    big = "x" * 1000
+    for _ in range(100):
+        box.append({"blob": big})
+    stats = box.stats()
+    assert stats["bytes"] <= 65536
+    assert stats["evicted_total"] > 0 and events
+    assert events[0]["type"] == "outbox_evicting"
+    assert box.floor() == stats["oldest_seq"] > 1  # the floor tells the coordinator to skip
+    assert box.last_seq() == 100
+    box.close()
+    assert _box(tmp_path).evicted_total == stats["evicted_total"]  # persistent counter
+
+
+def test_health_keeps_only_latest_n(tmp_path):
+    box = _box(tmp_path, health_keep=3)
+    for i in range(10):
+        box.put("health", {"i": i})
+    box.put("event", {"type": "x"})
+    rows = box.others(100)
+    assert [r[1] for r in rows] == ["health"] * 3 + ["event"]
+    assert '"i":9' in rows[2][2]
+    box.remove([rows[0][0]])
+    assert len(box.others(100)) == 3
+
+
+def test_command_ids_are_remembered_until_expiry(tmp_path):
+    box = _box(tmp_path)
+    assert box.remember_command("abc", time.time() + 60)
+    assert not box.remember_command("abc", time.time() + 60)
+    box.close()
+    box = _box(tmp_path)
+    assert not box.remember_command("abc", time.time() + 60)  # replay across a restart
+    assert box.remember_command("old", time.time() - 1)
+    assert box.remember_command("new", time.time() + 1)  # purges expired ids
+    assert box.remember_command("old", time.time() + 1)
+
+
+def test_corrupt_file_is_moved_aside_not_fatal(tmp_path):
+    path = tmp_path / "o.db"
+    path.write_bytes(b"this is not sqlite" * 100)
+    box = Outbox(OutboxConfig(path=str(path)))
+    assert box.append({"a": 1}) == 1
+    event = box.take_startup_event()
+    assert event and event["type"] == "outbox_corrupt"
+    assert any(p.name.startswith("o.db.corrupt-") for p in tmp_path.iterdir())
+
+
+def test_replay_record_and_evicted_total_survive_a_corrupt_outbox(tmp_path):
+    """Finding 15: a corrupt outbox moved aside must not reset replay protection or the
+    eviction counter."""
+    path = tmp_path / "o.db"
+    box = Outbox(OutboxConfig(path=str(path), max_bytes=65536))
+    for _ in range(100):
+        box.append({"pad": "x" * 1000})
+    evicted = box.evicted_total
+    assert evicted > 0
+    assert box.remember_command("captured-cmd-1", time.time() + 3600)
+    box.close()
+    for suffix in ("", "-wal", "-shm"):
+        Path(str(path) + suffix).unlink(missing_ok=True)
+    path.write_bytes(b"this is not sqlite" * 100)
+    box = Outbox(OutboxConfig(path=str(path), max_bytes=65536))
+    assert box.take_startup_event()["type"] == "outbox_corrupt"
+    assert not box.remember_command("captured-cmd-1", time.time() + 3600)  # still a replay
+    assert box.evicted_total == evicted and box.stats()["evicted_total"] == evicted
+    assert box.commands_not_before == 0.0  # nothing was lost: no horizon
+    box.close()
+
+
+def test_lost_replay_record_refuses_commands_issued_before(tmp_path):
+    path = tmp_path / "o.db"
+    box = Outbox(OutboxConfig(path=str(path)))
+    box.remember_command("captured-cmd-1", time.time() + 3600)
+    box.close()
+    Path(str(path) + ".keep.json").write_text("{not json")
+    t0 = time.time()
+    box = Outbox(OutboxConfig(path=str(path)))
+    assert box.take_startup_event()["type"] == "replay_record_lost"
+    assert box.commands_not_before >= t0  # the captured command was issued before: refused
+    box.close()
+    assert Outbox(OutboxConfig(path=str(path))).commands_not_before == box.commands_not_before
+
+
+_WRITER = """
+import sys, time
+sys.path.insert(0, {root!r})
+from runtime.config.telemetry import OutboxConfig
+from runtime.telemetry.outbox import Outbox
+box = Outbox(OutboxConfig(path={path!r}, fsync={fsync!r}))
+while True:
+    seqs = box.append_many([{{"t": time.time(), "pad": "y" * 200}}] * 3)
+    print(seqs[-1], flush=True)
+"""
+
+
+@pytest.mark.parametrize("fsync", ["normal", "full"])
+def test_kill_9_at_any_point_loses_no_appended_message(tmp_path, fsync):
+    path = str(tmp_path / "o.db")
+    root = str(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    confirmed = 0
+    for round_ in range(6):
+        proc = subprocess.Popen([sys.executable, "-c", _WRITER.format(root=root, path=path,
+                                                                      fsync=fsync)],
+                                stdout=subprocess.PIPE, text=True)
+        lines = []
+        deadline = time.monotonic() + 0.3 + round_ * 0.07
+        while time.monotonic() < deadline:
+            lines.append(proc.stdout.readline())
+        os.kill(proc.pid, signal.SIGKILL)
+        rest = proc.stdout.read()
+        proc.wait()
+        printed = [int(x) for x in [*lines, *rest.splitlines()] if x.strip()]
+        confirmed = max([confirmed, *printed])
+        db = sqlite3.connect(path)
+        assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        seqs = [s for (s,) in db.execute("SELECT seq FROM results ORDER BY seq")]
+        db.close()
+        assert seqs == list(range(1, len(seqs) + 1)), "a gap or a duplicate after kill -9"
+        assert len(seqs) >= confirmed, "an append that returned was lost"
+        assert len(seqs) % 3 == 0, "a transaction was half applied"
