@@ -928,12 +928,7 @@ class Coordinator:
         """Sign and publish a command to an awake device and return its envelope; None when
         the device is asleep (the command, made to outlive the sleep, is then held by the
         broker in the device's session and delivered at its next wake)."""
-        if self._key is None:
-            raise PermissionError("no signing_key configured: this coordinator cannot command")
-        with self._views_lock:
-            view = self.views.get(device)
-            if view is None:
-                raise UnknownDevice(device)
+        view = self._commandable(device)
         if view.asleep and view.status == "asleep":
             self._publish_for_sleeper(view, name, args, ttl_s)
             return None
@@ -941,6 +936,17 @@ class Coordinator:
         self._conn.publish(payloads.topic(self.cfg.fleet, device, "cmd"),
                            payloads.encode("cmd", env))
         return env
+
+    def _commandable(self, device: str) -> fleet.DeviceView:
+        """The view of a device this coordinator may command: PermissionError without a
+        signing key, UnknownDevice for a device it has never heard from."""
+        if self._key is None:
+            raise PermissionError("no signing_key configured: this coordinator cannot command")
+        with self._views_lock:
+            view = self.views.get(device)
+        if view is None:
+            raise UnknownDevice(device)
+        return view
 
     def _publish_for_sleeper(self, view: fleet.DeviceView, name: str,
                              args: dict[str, Any] | None, ttl_s: float) -> dict[str, Any]:
@@ -972,12 +978,7 @@ class Coordinator:
         (`device_keys/<device>.pub`); replies with a bad signature are quarantined and never
         returned. Without a key on file the first reply comes back with `verified: False`,
         `ok: False` and `status: "unverified"` (the device's own status in `device_status`)."""
-        if self._key is None:
-            raise PermissionError("no signing_key configured: this coordinator cannot command")
-        with self._views_lock:
-            view = self.views.get(device)
-            if view is None:
-                raise UnknownDevice(device)
+        view = self._commandable(device)
         if view.asleep and view.status == "asleep":
             return self._publish_for_sleeper(view, name, args, ttl_s)
         env = commands.sign(self._key, device, name, args, ttl_s)

@@ -46,6 +46,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import cv2
 import numpy as np
@@ -211,18 +212,9 @@ def make_fp16(src: Path, dst: Path) -> None:
     onnx.save(model, str(dst))
 
 
-def make_int8(src: Path, dst: Path, batches: Callable[[], Iterator[np.ndarray]],
-              input_name: str) -> list[str]:
-    """Step 3; returns warnings. ORT's pre-processing optimises the graph first; some of its
-    fusions quantize into invalid graphs (a DequantizeLinear over an int32 fused bias, seen on
-    a PaddlePaddle export), so an int8 model that does not load is rebuilt without them."""
-    from onnxruntime.quantization import (
-        CalibrationDataReader,
-        QuantFormat,
-        QuantType,
-        quant_pre_process,
-        quantize_static,
-    )
+def _reader(batches: Callable[[], Iterator[np.ndarray]], input_name: str) -> Any:
+    """ORT's calibration feed over `batches()` (one pass), as its quantizer asks for it."""
+    from onnxruntime.quantization import CalibrationDataReader
 
     class Reader(CalibrationDataReader):
         def __init__(self) -> None:
@@ -231,6 +223,21 @@ def make_int8(src: Path, dst: Path, batches: Callable[[], Iterator[np.ndarray]],
         def get_next(self):
             x = next(self._it, None)
             return None if x is None else {input_name: x}
+
+    return Reader()
+
+
+def make_int8(src: Path, dst: Path, batches: Callable[[], Iterator[np.ndarray]],
+              input_name: str) -> list[str]:
+    """Step 3; returns warnings. ORT's pre-processing optimises the graph first; some of its
+    fusions quantize into invalid graphs (a DequantizeLinear over an int32 fused bias, seen on
+    a PaddlePaddle export), so an int8 model that does not load is rebuilt without them."""
+    from onnxruntime.quantization import (
+        QuantFormat,
+        QuantType,
+        quant_pre_process,
+        quantize_static,
+    )
 
     warnings: list[str] = []
     import importlib.util
@@ -255,9 +262,9 @@ def make_int8(src: Path, dst: Path, batches: Callable[[], Iterator[np.ndarray]],
                                       skip_symbolic_shape=True)
                 except Exception:
                     shutil.copy(src, pre)
-            quantize_static(str(pre), str(dst), Reader(), quant_format=QuantFormat.QDQ,
-                            per_channel=True, activation_type=QuantType.QUInt8,
-                            weight_type=QuantType.QInt8)
+            quantize_static(str(pre), str(dst), _reader(batches, input_name),
+                            quant_format=QuantFormat.QDQ, per_channel=True,
+                            activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
             try:
                 _session(dst)
                 return warnings
@@ -301,29 +308,21 @@ def quantize_to(pre: Path, dst: Path, batches: Callable[[], Iterator[np.ndarray]
     """Static QDQ int8 of `pre` (from int8_base) into `dst`: per-channel weights, `exclude`d
     nodes left in float, calibrated by `method` (MinMax | Percentile | Entropy); raises
     StepError when the result does not load."""
+    import contextlib
+    import io
+
     from onnxruntime.quantization import (
-        CalibrationDataReader,
         CalibrationMethod,
         QuantFormat,
         QuantType,
         quantize_static,
     )
 
-    class Reader(CalibrationDataReader):
-        def __init__(self) -> None:
-            self._it = batches()
-
-        def get_next(self):
-            x = next(self._it, None)
-            return None if x is None else {input_name: x}
-
-    import contextlib
-    import io
-
     with contextlib.redirect_stdout(io.StringIO()):  # the calibrators print their progress
-        quantize_static(str(pre), str(dst), Reader(), quant_format=QuantFormat.QDQ,
-                        per_channel=True, activation_type=QuantType.QUInt8,
-                        weight_type=QuantType.QInt8, nodes_to_exclude=list(exclude),
+        quantize_static(str(pre), str(dst), _reader(batches, input_name),
+                        quant_format=QuantFormat.QDQ, per_channel=True,
+                        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
+                        nodes_to_exclude=list(exclude),
                         calibrate_method=getattr(CalibrationMethod, method))
     try:
         _session(dst)
