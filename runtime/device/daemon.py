@@ -674,7 +674,8 @@ class Daemon:
         never for a simulated device: its temperature is not this host's."""
         if self.sim:
             return
-        why, slow = self.profiler.due(temp, self.pipeline, self.model, self.cfg.daemon)
+        why, slow = self.profiler.due(temp, self.pipeline, self.model, self.cfg.daemon,
+                                       self.live_energy_j())
         if slow:
             self.event("slow_inference", "warning", **slow)
         if why:

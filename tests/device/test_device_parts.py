@@ -14,7 +14,7 @@ from power.energy import EnergyState
 from runtime.choice.selector import Profile
 from runtime.config import ConstraintsConfig
 from runtime.device import commands, live_energy, operator_state
-from runtime.device.profiling import reprofile_reason
+from runtime.device.profiling import cpu_ratio, reprofile_reason
 from runtime.device.sensing import SensorWatch
 from runtime.wire.commands import COMMANDS
 
@@ -69,6 +69,29 @@ def test_reprofile_reason(temp, profiled, p95, prof95, n, want, slow):
     why, is_slow = reprofile_reason(temp, profiled, 10.0, p95, prof95, n, 2.0)
     assert is_slow is slow
     assert (why is None) if want is None else why.startswith(want)
+
+
+@pytest.mark.parametrize("cpu, want, slow", [
+    (None, "p95 9.00 ms", True),  # no CPU figure to tell: latency alone judges
+    (2.5, "p95 9.00 ms", True),  # the same work costs 2.5x the CPU time: throttled
+    (1.0, None, False),  # 3x late in wall time, the CPU time as profiled: it waited for a core
+    (0.0, None, False),  # no live figure learnt yet: wait for one
+])
+def test_reprofile_reason_tells_throttling_from_waiting_for_the_cpu(cpu, want, slow):
+    why, is_slow = reprofile_reason(40.0, 40.0, 10.0, 9.0, 3.0, 100, 2.0, cpu)
+    assert is_slow is slow
+    assert (why is None) if want is None else why.startswith(want)
+
+
+@pytest.mark.parametrize("cpu_ms, energy_mj, live_j, want", [
+    (1.0, 6.0, 0.012, 2.0),  # 12 mJ live against 6 mJ profiled: twice the CPU time
+    (1.0, 6.0, None, 0.0),  # nothing learnt yet
+    (math.nan, 6.0, 0.012, None),  # no CPU time in the profile: cannot tell
+    (1.0, math.nan, 0.012, None),
+])
+def test_cpu_ratio_from_live_and_profiled_energy(cpu_ms, energy_mj, live_j, want):
+    got = cpu_ratio(_profile("v", energy_mj=energy_mj, cpu_ms=cpu_ms), live_j)
+    assert got == pytest.approx(want) if want is not None else got is None
 
 
 def _profile(vid, engine="onnxruntime", threads=1, energy_mj=6.0, cpu_ms=1.0):
