@@ -333,9 +333,7 @@ class Rollouts:
                     st["state"] = PASSED
                 elif kind == EventType.MODEL_ROLLED_BACK and ev.get("version") == version:
                     st.update(state=FAILED, reason=f"rolled back: {ev.get('reason', '')}")
-                elif kind == EventType.MODEL_DEPLOY_FAILED \
-                        and version in str(ev.get("reason", "")) \
-                        and ev.get("error") != "another model install is running":
+                elif kind == EventType.MODEL_DEPLOY_FAILED and _failed_deploy_of(ev, version):
                     st.update(state=FAILED, reason=f"deploy failed at "
                               f"{ev.get('step', '?')}: {ev.get('error', '')}")
                 else:
@@ -473,3 +471,14 @@ class Rollouts:
             self._try_send(device, "deploy", want)
         for cmd, args in (doc.get("settings") or {}).items():
             self._try_send(device, cmd, args)
+
+
+def _failed_deploy_of(ev: dict[str, Any], version: str) -> bool:
+    """Whether a `model_deploy_failed` event ends `version`'s deploy on its device: the
+    event's own `version` field; a device of an older release names it only inside its
+    `reason` text, and says "busy" (another install running, this one not started, it is
+    asked again) only by the error's wording."""
+    if "version" in ev:
+        return ev["version"] == version and ev.get("busy") is not True
+    return (version in str(ev.get("reason", ""))
+            and ev.get("error") != "another model install is running")

@@ -195,7 +195,7 @@ class DeviceOta:
             return True
         path = self.store.path(name)
         assert path is not None
-        self._start(lambda: (path, name), f"model {name} chosen")
+        self._start(lambda: (path, name), f"model {name} chosen", name)
         return True
 
     def deploy(self, cmd: Command) -> None:
@@ -224,7 +224,7 @@ class DeviceOta:
             assert path is not None
             return path, vid
 
-        self._start(fetch, f"model {vid} deployed")
+        self._start(fetch, f"model {vid} deployed", vid)
 
     def _download(self, a: dict[str, Any], obtain: Any) -> Path:
         """The `deploy`'s bundle, by the route `[models] fetch` says: over HTTP from the
@@ -261,10 +261,12 @@ class DeviceOta:
                                int(c.min_free_mb * 1024 * 1024), c.mqtt_chunk_kb * 1024,
                                c.mqtt_window, c.mqtt_timeout_s, check_stop)
 
-    def _start(self, obtain: Any, why: str) -> None:
+    def _start(self, obtain: Any, why: str, version: str) -> None:
+        """Obtain `version` (name@version) with `obtain` and profile it on a thread of its
+        own; a second install while one runs is refused (`busy` in its event)."""
         if not self._busy.acquire(blocking=False):
-            self.d.event(EventType.MODEL_DEPLOY_FAILED, "warning", reason=why,
-                         error="another model install is running")
+            self.d.event(EventType.MODEL_DEPLOY_FAILED, "warning", reason=why, version=version,
+                         busy=True, error="another model install is running")
             return
         log.info("%s: download, verify and profile in the background", why)
 
@@ -284,8 +286,8 @@ class DeviceOta:
             except Exception as e:
                 log.error("%s failed at step %s: %s; still serving %s", why, self._step, e,
                           self.version or "the configured model")
-                self.d.event(EventType.MODEL_DEPLOY_FAILED, "warning", reason=why, step=self._step,
-                             error=str(e)[:500])
+                self.d.event(EventType.MODEL_DEPLOY_FAILED, "warning", reason=why,
+                             version=version, step=self._step, error=str(e)[:500])
             finally:
                 self._busy.release()
 

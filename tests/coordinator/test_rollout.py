@@ -276,3 +276,20 @@ def test_rollouts_persist_and_a_silent_canary_halts_after_the_timeout(store_url)
     sent.clear()
     r2.on_online("c", "m@2")  # already there: nothing to send
     assert sent == []
+
+
+@pytest.mark.parametrize("ev, ends", [
+    ({"version": "m@2", "reason": "model m@2 deployed", "error": "x"}, True),
+    ({"version": "m@20", "reason": "model m@20 deployed", "error": "x"}, False),  # not m@2's
+    ({"version": "m@2", "busy": True, "error": "another model install is running"}, False),
+    ({"version": "m@1", "reason": "model m@1 chosen"}, False),
+    # a device of an older release: no version field, the reason's text decides
+    ({"reason": "model m@2 deployed", "error": "x"}, True),
+    ({"reason": "model m@2 deployed", "error": "another model install is running"}, False),
+])
+def test_a_failed_deploy_event_ends_only_its_own_version(ev, ends):
+    """model_deploy_failed is matched by its `version` field (a substring of the reason
+    text took m@20's failure for m@2's); older devices' events by the reason text."""
+    from runtime.coordinator.rollout import _failed_deploy_of
+
+    assert _failed_deploy_of(ev, "m@2") is ends
