@@ -113,6 +113,7 @@ class ConnectionStats:
     callback_errors: int = 0
     protocol: str = ""
     last_error: str = ""
+    dropped_outgoing: int = 0  # queued while disconnected, dropped oldest-first over the cap
 
 
 class Connection:
@@ -156,6 +157,7 @@ class Connection:
         self._backoff = Backoff()
         self._stop = threading.Event()
         self._outgoing: queue.Queue = queue.Queue()
+        self._said_dropped = False  # the drop warning, once per outage
         self._client: mqtt.Client | None = None
         self._thread: threading.Thread | None = None
         self._disconnects: collections.deque = collections.deque(maxlen=3)
@@ -169,8 +171,25 @@ class Connection:
         self._thread.start()
         return self
 
+    MAX_OUTGOING = 10_000  # messages queued while the broker is away
+
     def publish(self, topic: str, body: bytes, qos: int = 1, retain: bool = False) -> None:
-        """Queue a message; the connection's thread publishes it once connected."""
+        """Queue a message; the connection's thread publishes it once connected. While the
+        broker is away at most MAX_OUTGOING wait: beyond that the oldest is dropped (counted
+        in `stats.dropped_outgoing`, said once per outage) so a long outage cannot grow the
+        process without bound; what must survive one (results, a rollout's deploys) is kept
+        and re-sent by its owner, not by this queue."""
+        while self._outgoing.qsize() >= self.MAX_OUTGOING:
+            try:
+                self._outgoing.get_nowait()
+            except queue.Empty:
+                break
+            self.stats.dropped_outgoing += 1
+            if not self._said_dropped:
+                self._said_dropped = True
+                log.warning("%s: the broker has been away for %d queued messages; dropping "
+                            "the oldest (their owners re-send what must arrive)", self.name,
+                            self.MAX_OUTGOING)
         self._outgoing.put((topic, body, qos, retain))
 
     def stop(self, timeout_s: float = 5.0,
@@ -291,6 +310,7 @@ class Connection:
             self._drop(f"broker refused connection: {reason_code}")
             return
         self.stats.connects += 1
+        self._said_dropped = False
         self.stats.protocol = self._proto.current
         self._proto.succeeded()
         self._backoff.reset()

@@ -479,3 +479,25 @@ def test_connection_contains_every_callback_failure(tmp_path, broker):
     out.close()
     conn.stop()
     assert not conn.alive()
+
+
+def test_connection_bounds_what_waits_for_the_broker(broker):
+    """Messages queued while the broker is away (here: before the thread connects) are
+    capped at MAX_OUTGOING, the oldest dropped and counted; the newest arrive."""
+    from runtime.wire.mqtt import Connection
+
+    login = broker.client("bound-test", read=("x/y",), write=("x/z",))
+    conn = Connection(login, "bound-test", name="test-mqtt", on_tick=lambda c: None)
+    conn.MAX_OUTGOING = 3
+    for i in range(5):
+        conn.publish("x/z", b"m%d" % i)
+    assert conn.stats.dropped_outgoing == 2
+    out = Outsider(broker.client("outsider2", read=("x/z",), write=("x/y",)))
+    out.sub("x/z")
+    conn.start()
+    try:
+        _wait(lambda: len(out.got) >= 3, 30, "the three newest messages")
+        assert [p for _, p in out.got] == [b"m2", b"m3", b"m4"]
+    finally:
+        out.close()
+        conn.stop()
