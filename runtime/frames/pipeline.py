@@ -58,6 +58,7 @@ from runtime.frames.results_local import LocalResults
 from runtime.frames.roi import RoiError, crop, resolve
 from runtime.frames.sources import BadFrame, Frame, Source, SourceEnded, SourceError
 from runtime.wire.events import EventType
+from runtime.wire.quarantine import RateLimitedLog
 
 log = logging.getLogger("edgerun.pipeline")
 
@@ -155,6 +156,8 @@ class Pipeline:
         self.shadow_counts = [0, 0]
         self._shadow_i = 0
         self._shadow_due: list[tuple[Frame, Any, Active]] = []  # compared after the store
+        self._store_log = RateLimitedLog(log)
+        self._store_failing = False  # between a failed store and the next that works
 
     # -- control (any thread) -------------------------------------------------------------
 
@@ -666,10 +669,20 @@ class Pipeline:
             self.busy_since = None
             self._shadow_due.clear()  # bounded: no comparisons pile up while storing fails
             self.counters["store_errors"] += len(results)
-            log.error("could not store %d results: %s; their frames are not marked done",
-                      len(results), e)
-            self._event({"type": EventType.STORE_FAILED, "severity": "critical", "error": str(e)})
+            # a full disk fails every batch: one line a minute (with how many more), one
+            # event an outage, not one each per frame into the outbox that is failing
+            self._store_log.log("store", "could not store %d results: %s; their frames are not "
+                                "marked done (inspected again after a restart)", len(results),
+                                e, level=logging.ERROR)
+            if not self._store_failing:
+                self._store_failing = True
+                self._event({"type": EventType.STORE_FAILED, "severity": "critical",
+                             "error": str(e)})
             return
+        if self._store_failing:
+            self._store_failing = False
+            log.warning("results are stored again (%d could not be stored meanwhile)",
+                        self.counters["store_errors"])
         now = time.time()
         for m, ms_each in counted:
             self.models.result(m, now, ms_each)

@@ -1,0 +1,60 @@
+"""The pipeline's store step when the outbox fails (a full disk): said once an outage."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+from modelgen import tiny_cnn
+
+from runtime.config import BackendsConfig, OnnxRuntimeConfig
+from runtime.engine.backends import discover
+from runtime.engine.manifest import load_model, model_files
+from runtime.frames.pipeline import Active, Pipeline
+from runtime.frames.sources import SourceConfig, open_source
+
+
+def test_a_failing_store_is_one_event_and_one_line_an_outage(tmp_path, caplog):
+    """A sink failing every batch (disk full) raised a critical store_failed event and an
+    error line per batch, each into the outbox that was failing; now one event and one line
+    a minute while it lasts, and a line when results are stored again."""
+    src = Path(tmp_path)
+    m = load_model(tiny_cnn(src / "tiny.onnx", hw=(32, 32)))
+    bcfg = BackendsConfig(enabled=("onnxruntime",), threads=(1,),
+                          onnxruntime=OnnxRuntimeConfig(spinning=(False,),
+                                                        include_default=False))
+    (backend,) = discover(bcfg)
+    v = backend.variants(model_files(m)[0], bcfg, (1,))[0]
+    full = [True]
+    stored: list[dict] = []
+    events: list[dict] = []
+
+    def sink(rs: list[dict]) -> list[int]:
+        if full[0]:
+            raise OSError(28, "No space left on device")
+        stored.extend(rs)
+        return list(range(len(rs)))
+
+    p = Pipeline(lambda: open_source(SourceConfig(rate_hz=200, size=32), src / "state"), m,
+                 sink, events.append)
+
+    def until(what, timeout_s: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not what():
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+
+    with caplog.at_level(logging.WARNING, logger="edgerun.pipeline"):
+        p.start(Active(0, v.id, backend.load(v), v.model.input_shape))
+        try:
+            until(lambda: p.counters["store_errors"] >= 20)
+            full[0] = False
+            until(lambda: len(stored) >= 5)
+        finally:
+            p.stop()
+    failed = [e for e in events if e["type"] == "store_failed"]
+    assert len(failed) == 1 and "No space left" in failed[0]["error"]
+    lines = [r.getMessage() for r in caplog.records]
+    assert sum("could not store" in x for x in lines) == 1, lines
+    assert any("stored again" in x for x in lines), lines
