@@ -1,4 +1,4 @@
-"""capture -> preprocess -> infer+store, on three named threads with bounded queues.
+"""capture -> preprocess -> infer+store, on named threads with bounded queues.
 
 - `capture` reads (and decodes) frames from the source and crops its region of interest
   (runtime/frames/roi.py). Live sources drop the oldest queued frame when the pipeline is behind
@@ -8,10 +8,14 @@
   served in turn; one preprocess and one infer thread serve them all.
 - `preprocess` makes the input tensor for the active variant's shape (CPU or OpenCL,
   whichever measured cheaper). Decoding and preprocessing in separate threads is what lets
-  the pipeline beat a sequential loop: OpenCV, numpy and the engines release the GIL.
+  the pipeline beat a sequential loop: OpenCV, numpy and the engines release the GIL. (Making
+  the tensor on the capture thread saves a thread handoff, ~12 % of the CPU a frame on a
+  loaded 2-core box, but measured 0.83-0.93x a hand loop's throughput against 0.96-1.08x
+  split, docs/benchmarks.md: the single decode+preprocess thread was the limit.)
 - `infer` runs the active session, maps outputs to label and score and appends the results
-  to the outbox with adaptive group commit: while more frames are waiting it keeps inferring
-  and stores the group in one transaction (up to 64); with nothing waiting it stores at once.
+  to the outbox with adaptive group commit: while more frames are on their way (queued,
+  being preprocessed, or a backlog being read) it keeps inferring and stores the group in one
+  transaction (up to 64, or after GROUP_WAIT_S); with nothing on its way it stores at once.
   Only after the commit is the source told the frames are done.
 
 Idle fast path: a frame the capture thread had to wait for (so nothing is queued or in flight)
@@ -156,6 +160,7 @@ class Pipeline:
         self.shadow_counts = [0, 0]
         self._shadow_i = 0
         self._shadow_due: list[tuple[Frame, Any, Active]] = []  # compared after the store
+        self._in_backlog = False  # the last frame read was ready at once (see _infer)
         self._store_log = RateLimitedLog(log)
         self._store_failing = False  # between a failed store and the next that works
 
@@ -398,6 +403,7 @@ class Pipeline:
                 continue
             spent = time.thread_time() - c_read  # reading, decoding, polling a folder
             if frame is None:
+                self._in_backlog = False  # nothing more right now: store what is pending
                 self._cpu("capture", spent)
                 continue
             with self._stage_lock:
@@ -426,6 +432,7 @@ class Pipeline:
             # A frame that had to be waited for arrived at an idle pipeline: run it inline.
             # One that was ready at once is part of a backlog: queue it so stages overlap.
             waited = time.monotonic() - t_read >= self.INLINE_AFTER_WAIT_S
+            self._in_backlog = not waited
             # (latest wins on a live source: its own oldest waiting frame is dropped)
             if not (waited and self._inline(frame)) and self._raw.put(
                     lane.name, frame, lane.source.live, self._stop):
@@ -457,13 +464,16 @@ class Pipeline:
     def _preprocess(self) -> None:
         while not self._stop.is_set():
             frame = self._raw.get(timeout=0.2)
-            if frame is None:
-                continue
-            self.preprocessing = True
-            made = self._tensor(frame)
-            if made is not None:
-                self._put(self._frames, (frame, *made))
-            self.preprocessing = False
+            if frame is not None:
+                self._tensor_to_infer(frame)
+
+    def _tensor_to_infer(self, frame: Frame) -> None:
+        """Preprocess a frame for the variant about to run and queue it for inference."""
+        self.preprocessing = True
+        made = self._tensor(frame)
+        if made is not None:
+            self._put(self._frames, (frame, *made))
+        self.preprocessing = False
 
     def _tensor(self, frame: Frame) -> tuple[Any, Active] | None:
         """(tensor, the Active it was made for) for the variant about to run; a broken frame
@@ -511,26 +521,42 @@ class Pipeline:
             except queue.Full:
                 continue
 
+    GROUP_WAIT_S = 0.005  # longest a result waits for the next frame to share its commit
+
     def _infer(self) -> None:
         pending: list[tuple] = []  # inferred, not yet stored
+        since = 0.0  # when the oldest pending result was inferred
         while not self._stop.is_set() or pending:
             self.heartbeat = time.monotonic()
-            if pending and (self._frames.empty() or len(pending) >= 64 or self._stop.is_set()):
+            if pending and (len(pending) >= 64 or self._stop.is_set() or (
+                    self._frames.empty() and not self._upstream_busy())
+                    or time.monotonic() - since >= self.GROUP_WAIT_S):
                 # Group commit: one outbox transaction for everything inferred while more
-                # frames were waiting; with nothing waiting, store at once (lowest latency).
+                # frames were on their way (queued, or being preprocessed: in a backlog the
+                # next is a fraction of a millisecond off, and a commit a frame cost more
+                # than the frame's inference on a small model); with nothing on its way,
+                # store at once (lowest latency).
                 with self._work:
                     self._store(pending)
                 pending = []
                 continue
             try:
-                frame, tensor, made_for = self._frames.get(timeout=0.2)
+                frame, tensor, made_for = self._frames.get(
+                    timeout=self.GROUP_WAIT_S if pending else 0.2)
             except queue.Empty:
                 continue
+            if not pending:
+                since = time.monotonic()
             self.busy_since = time.monotonic()  # first: the capture thread checks it
             with self._work:
                 done = self._run(frame, tensor, made_for)
             if done is not None:
                 pending.append(done)
+
+    def _upstream_busy(self) -> bool:
+        """The next tensor is on its way: a frame is being preprocessed, decoded frames wait
+        for it, or the last frame read was ready at once (a backlog being read)."""
+        return self.preprocessing or not self._raw.empty() or self._in_backlog
 
     def _run(self, frame: Frame, tensor: Any, made_for: Active) -> tuple | None:
         """Infer one frame on the active variant (swapping in a pending one first); the caller
