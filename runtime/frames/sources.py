@@ -35,6 +35,7 @@ import numpy as np
 from power.simclock import WallClock
 from runtime.config.source import SourceConfig
 from runtime.frames import images
+from runtime.frames.dirwatch import DirWatch
 from runtime.frames.images import BadImage
 
 log = logging.getLogger("edgerun.source")
@@ -316,6 +317,14 @@ class FolderSource:
         self._dir_mtime_ns: int | None = None
         self._last_scan = -math.inf
         self._settling = False
+        # With an inotify watch (runtime/frames/dirwatch.py) only the names it reports are
+        # looked at between full listings (every RESCAN_S, and whenever it lost track); the
+        # names still settling or stamped ahead are looked at again each scan.
+        self._watch: DirWatch | None = None
+        self._events: set[str] = set()
+        self._recheck: set[str] = set()
+        self._full_due = True  # the next scan lists the whole folder
+        self._said_no_watch = False
 
     def _open_seen(self, path: Path) -> sqlite3.Connection:
         """The seen-files table. A damaged file (power loss on an SD card) is moved aside and
@@ -386,7 +395,17 @@ class FolderSource:
                     self._dir, name.encode("unicode_escape").decode("ascii"), self._dir)
 
     def _changed(self) -> bool:
-        """Whether a scan could find something new (see `_dir_mtime_ns`)."""
+        """Whether a scan could find something new (see `_dir_mtime_ns`, `_watch`)."""
+        if time.monotonic() - self._last_scan >= self.RESCAN_S:
+            self._full_due = True
+        if self._watch is not None and not self._full_due:
+            got = self._watch.take()
+            if got is None:  # the kernel dropped events: list to know
+                self._watch = None
+                self._full_due = True
+                return True
+            self._events |= got
+            return bool(self._events or self._recheck)
         try:
             mtime = os.stat(self._dir).st_mtime_ns
         except OSError:
@@ -405,13 +424,20 @@ class FolderSource:
         # before listing: a name added while the listing runs moves the mtime past this
         with contextlib.suppress(OSError):
             self._dir_mtime_ns = os.stat(self._dir).st_mtime_ns
-        self._last_scan = time.monotonic()
-        # The names in C (listdir), the ones already handled taken off as sets: a folder
-        # holding thousands of inspected files is listed on every poll while files keep
-        # arriving, and a Python loop over every entry cost ~1.5 ms of CPU (and the GIL)
-        # each time, 50 times a second.
-        names = os.listdir(self._dir)
-        self._other.intersection_update(names)  # forget names that are gone
+        full = self._full_due or self._watch is None
+        if full:
+            self._last_scan = time.monotonic()
+            self._full_due = False
+            self._arm_watch()  # before listing: no name falls between the two
+            # The names in C (listdir), the ones already handled taken off as sets: a
+            # Python loop over every entry cost ~1.5 ms of CPU (and the GIL) a listing.
+            names = os.listdir(self._dir)
+            self._other.intersection_update(names)  # forget names that are gone
+            self._events.clear()
+        else:  # what the watch reported, and what was still settling last time
+            names = list(self._events | self._recheck)
+            self._events.clear()
+        self._recheck.clear()
         for name in set(names).difference(self._names, self._other):
             path = self._dir / name
             if os.path.splitext(name)[1].lower() not in self._EXT:
@@ -435,11 +461,13 @@ class FolderSource:
             age = now - st.st_mtime
             if -self.SETTLE_S < age < self.SETTLE_S:
                 settling = True
+                self._recheck.add(name)
                 continue  # written just now
             if age <= -self.SETTLE_S:  # stamped in the future: watch it settle
                 looked.add(name)
                 if not self._settled_ahead(name, st, now):
                     settling = True
+                    self._recheck.add(name)
                     continue
             key = f"{name}|{st.st_size}|{st.st_mtime_ns}"
             self._names.add(name)
@@ -447,7 +475,7 @@ class FolderSource:
                 self._known.add(key)
                 fresh.append((path, key))
         for name in self._ahead.keys() - looked:  # gone since the last scan: forget it
-            del self._ahead[name]
+            del self._ahead[name]  # (a partial scan looks at every such name: _recheck)
         self._settling = settling
         self._backlog.extend(sorted(fresh, key=lambda f: f[0].name))  # str, not Path, order
 
@@ -517,8 +545,23 @@ class FolderSource:
                                 self._done_dir, e)
         self._remember([f.done[0] for f in frames], "done")  # type: ignore[index]
 
+    def _arm_watch(self) -> None:
+        """Watch the folder with inotify where this system has it (else: list on change)."""
+        if self._watch is not None:
+            return
+        try:
+            self._watch = DirWatch(self._dir)
+        except OSError as e:
+            if not self._said_no_watch:
+                self._said_no_watch = True
+                log.info("folder %s: no inotify watch (%s); listing it whenever it changes",
+                         self._dir, e)
+
     def close(self) -> None:
-        """Close the seen-files table."""
+        """Close the seen-files table and the watch."""
+        if self._watch is not None:
+            self._watch.close()
+            self._watch = None
         with self._lock:
             self._db.close()
 
