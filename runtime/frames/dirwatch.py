@@ -74,7 +74,8 @@ class DirWatch:
             return None
         names: set[str] = set()
         lost = False
-        while True:
+        for _ in range(16):  # at most 1 MiB a call: a writer flooding the folder with names
+            # cannot keep this loop (and the capture thread) from returning
             try:
                 buf = os.read(self._fd, 65536)
             except BlockingIOError:
