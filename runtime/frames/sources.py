@@ -261,6 +261,17 @@ def _move(src: Path, dst: Path) -> None:
     src.unlink()
 
 
+def text_name(name: str) -> str:
+    """A file name as valid text. A name that is not UTF-8 (a camera writing Latin-1) is
+    listed with lone surrogates, which SQLite refuses to bind and the coordinator refuses in
+    a result: its odd bytes are written as `\\xNN` escapes instead."""
+    try:
+        name.encode("utf-8")
+        return name
+    except UnicodeEncodeError:
+        return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
 class FolderSource:
     """Images in a directory, each inspected exactly once, even across restarts.
 
@@ -441,7 +452,7 @@ class FolderSource:
                 if not self._settled_ahead(name, st, now):
                     settling = True
                     continue
-            key = f"{name}|{st.st_size}|{st.st_mtime_ns}"
+            key = f"{text_name(name)}|{st.st_size}|{st.st_mtime_ns}"
             self._names.add(name)
             if key not in self._known:
                 self._known.add(key)
@@ -470,8 +481,8 @@ class FolderSource:
                     img = images.decode(data, self._cfg.max_pixels)
                 except BadImage as e:
                     self._reject(p, key, e.kind)
-                    raise BadFrame(p.name, e.kind, str(e)) from e
-                return Frame(img, p.name, t=t0, done=(key, p),
+                    raise BadFrame(text_name(p.name), e.kind, str(e)) from e
+                return Frame(img, text_name(p.name), t=t0, done=(key, p),
                              decode_cpu_s=time.thread_time() - c0)
             if not self._cfg.watch or time.monotonic() >= deadline:
                 return None
