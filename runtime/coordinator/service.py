@@ -119,7 +119,8 @@ class Coordinator:
             cfg.broker, cfg.client_id, name="mqtt", subscriptions=self._filters(),
             on_message=self._on_message, on_connected=self._on_connected,
             on_takeover=self._on_takeover, clean=False,
-            session_expiry_s=cfg.session_expiry_s, max_inflight=200)
+            session_expiry_s=cfg.session_expiry_s, max_inflight=200,
+            max_packet_bytes=payloads.MAX_PACKET)  # a device's 256 MB message: not ours
         self.connected = self._conn.subscribed  # set once subscribed: nothing is missed
         self.counters: collections.Counter = collections.Counter()
         self._sweep_shelf(at_start=True)  # what an upload killed with our last run left
