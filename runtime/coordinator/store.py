@@ -57,6 +57,9 @@ _TIMELINE_COLS = {name for name, _ in TIMELINE}
 _TIMELINE_SQL = ", ".join(("device", "t", *(name for name, _ in TIMELINE)))
 _AGGREGATES = {"MIN", "MAX", "AVG"}
 QUARANTINE_KEEP = 10_000  # rows of detail kept; the per-device counts are kept for ever
+# and of one device's: a device flooding refused messages erases only its own record (was:
+# every other device's too, past QUARANTINE_KEEP)
+QUARANTINE_PER_DEVICE = 1000
 SEQ_LIMIT = 1 << 62
 
 
@@ -421,7 +424,8 @@ class Store:
 
     def quarantine(self, rows: Sequence[tuple[str, str, str, int, float]]) -> None:
         """Record refused messages: (device or "", topic, reason, size in bytes, time).
-        Detail rows are capped at QUARANTINE_KEEP (newest kept); counts are kept for ever."""
+        Detail rows are capped at QUARANTINE_PER_DEVICE per device and QUARANTINE_KEEP in
+        all (newest kept); counts are kept for ever."""
         if not rows:
             return
         per_device: dict[str, int] = {}
@@ -437,8 +441,13 @@ class Store:
                 "INSERT INTO quarantine_counts VALUES (?,?) "
                 "ON CONFLICT(device) DO UPDATE SET n = quarantine_counts.n + excluded.n",
                 sorted(per_device.items()))
-            db.execute(f"DELETE FROM quarantine WHERE {oc} <= "
-                       f"(SELECT MAX({oc}) FROM quarantine) - ?", (QUARANTINE_KEEP,))
+            for device in sorted(per_device):  # each device's own newest, first
+                db.execute(f"DELETE FROM quarantine WHERE device = ? AND {oc} <= (SELECT {oc} "
+                           f"FROM quarantine WHERE device = ? ORDER BY {oc} DESC LIMIT 1 "
+                           "OFFSET ?)", (device, device, QUARANTINE_PER_DEVICE))
+            # by count, not by id distance: the trims above leave holes in the ids
+            db.execute(f"DELETE FROM quarantine WHERE {oc} <= (SELECT {oc} FROM quarantine "
+                       f"ORDER BY {oc} DESC LIMIT 1 OFFSET ?)", (QUARANTINE_KEEP,))
 
     def quarantine_counts(self) -> dict[str, int]:
         """Quarantined messages per device ("" = topic named no valid device)."""

@@ -274,3 +274,26 @@ def test_a_messages_charge_is_estimated_from_above(n, blob):
     rows = sum(quotas.result_bytes("dev", "stream-1", "b1", json.dumps(r, separators=(",", ":")))
                for r in msg["results"])
     assert rows <= quotas.message_bytes("dev", "result", msg, raw) <= rows + raw // 10 + 64
+
+
+def test_one_devices_quarantine_flood_keeps_the_others_quarantine_detail(store_url):
+    """The quarantine's detail rows were capped at QUARANTINE_KEEP for all devices together,
+    newest kept: device A, sending 12,000 refused messages on its own topics, erased the
+    record of device B's refused messages (what an operator needs to see why B's data is
+    missing). Each device's detail is now capped on its own (QUARANTINE_PER_DEVICE); the
+    per-device counts were and are kept for ever."""
+    from runtime.coordinator.store import QUARANTINE_PER_DEVICE
+
+    store = Store(store_url)
+    try:
+        now = time.time()
+        store.quarantine([("B", "edgerun/v1/f/B/result", f"bad {i}", 10, now) for i in range(5)])
+        for _ in range(12):
+            store.quarantine([("A", "edgerun/v1/f/A/result", "flood", 10, now)] * 1000)
+        assert [q["reason"] for q in store.quarantined("B")] == [f"bad {i}"
+                                                                  for i in range(4, -1, -1)]
+        kept_a = store.read("SELECT COUNT(*) FROM quarantine WHERE device = 'A'")[0][0]
+        assert kept_a == QUARANTINE_PER_DEVICE
+        assert store.quarantine_counts() == {"A": 12_000, "B": 5}
+    finally:
+        store.close()
