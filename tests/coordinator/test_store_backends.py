@@ -301,3 +301,40 @@ def test_changed_views_decodes_each_row_once_per_change(store_url):
     finally:
         s1.close()
         s2.close()
+
+
+class _FullAtCommit:
+    """An SQLite connection whose next COMMIT meets a full disk: SQLite then rolls the
+    transaction back itself (SQLITE_FULL), as it did on a 4 MB tmpfs in the attack run."""
+
+    def __init__(self, db: sqlite3.Connection):
+        self._db, self.full = db, True
+
+    def execute(self, sql: str, *args):
+        if sql == "COMMIT" and self.full:
+            self.full = False
+            self._db.execute("ROLLBACK")
+            raise sqlite3.OperationalError("database or disk is full")
+        return self._db.execute(sql, *args)
+
+    def __getattr__(self, name: str):
+        return getattr(self._db, name)
+
+
+def test_a_commit_refused_by_a_full_disk_raises_that_error_and_the_store_goes_on(tmp_path):
+    """SQLite rolls a transaction back itself when its COMMIT meets a full disk; the
+    dialect then ran ROLLBACK, which raised 'cannot rollback - no transaction is active'
+    and hid the disk-full error (the coordinator logged that, twice chained, for every
+    batch). Now the original error is raised, and the next batch stores."""
+    store = Store(str(tmp_path / "c.db"))
+    try:
+        store._d.db = _FullAtCommit(store._d.db)
+        batch = [Inbound("a", "result", {"v": 1, "stream": "s", "boot": "b", "floor": 1,
+                                         "results": [{"seq": 1, "t": time.time()}]})]
+        with pytest.raises(sqlite3.OperationalError, match="disk is full"):
+            store.ingest(batch)
+        _, refused = store.ingest(batch)  # space again: stored once
+        assert refused == [] and store.acks() == {("a", "s"): 1}
+    finally:
+        store._d.db = store._d.db._db
+        store.close()
