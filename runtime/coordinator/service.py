@@ -299,10 +299,12 @@ class Coordinator:
             if batch or self._healths.held() or self._events.held():
                 try:
                     self._ingest(batch)
-                except Exception:  # the store failing must not kill ingest; devices re-send
+                except Exception as e:  # the store failing must not kill ingest; devices re-send
                     self.counters["ingest_errors"] += 1
-                    log.exception("storing a batch of %d messages failed; devices will re-send",
-                                  len(batch))
+                    # once a minute: a full disk fails every batch (a traceback each filled it)
+                    self._rlog.log("ingest", "storing a batch of %d messages failed (%s); "
+                                   "devices will re-send", len(batch), e, level=logging.ERROR,
+                                   exc_info=True)
                 if self.cfg.ingest_delay_s:
                     time.sleep(self.cfg.ingest_delay_s)
             now = time.time()

@@ -338,3 +338,41 @@ def test_a_commit_refused_by_a_full_disk_raises_that_error_and_the_store_goes_on
     finally:
         store._d.db = store._d.db._db
         store.close()
+
+
+def test_a_store_that_refuses_every_batch_is_logged_once_a_minute(tmp_path, caplog):
+    """A full store disk fails every batch: each failure was logged with its traceback,
+    so the coordinator's log grew as fast as devices sent (462 tracebacks, 300 KB, in 45 s
+    of the attack run), on a box whose disk is already full. Once a minute now, with the
+    error and how many more there were; every failure is still counted."""
+    import logging
+
+    from runtime.config.coordinator import CoordinatorConfig
+    from runtime.coordinator.service import Coordinator
+
+    coord = Coordinator(CoordinatorConfig(fleet="f", store=str(tmp_path / "c.db")))
+
+    def full(*a, **k):
+        raise sqlite3.OperationalError("database or disk is full")
+
+    coord.store.ingest = full
+    body = b'{"v":1,"stream":"s","boot":"b","floor":1,"results":[{"seq":1,"t":%f}]}' % time.time()
+    loop = threading.Thread(target=coord._ingest_loop)
+    try:
+        with caplog.at_level(logging.ERROR, logger="edgerun.coordinator"):
+            loop.start()
+            for _ in range(50):
+                coord._inbox.put(("edgerun/v1/f/a/result", body, time.time()))
+                deadline = time.monotonic() + 10
+                while coord._inbox.qsize() and time.monotonic() < deadline:
+                    time.sleep(0.005)
+            deadline = time.monotonic() + 10
+            while coord.counters["ingest_errors"] < 50 and time.monotonic() < deadline:
+                time.sleep(0.01)
+    finally:
+        coord._stop.set()
+        loop.join(10)
+        coord.store.close()
+    assert coord.counters["ingest_errors"] >= 50
+    lines = [r for r in caplog.records if "storing a batch" in r.getMessage()]
+    assert len(lines) == 1 and "disk is full" in lines[0].getMessage()
