@@ -222,6 +222,10 @@ class Connection:
                     self._flush(client)
                     if self._on_tick:
                         self._on_tick(client)
+            except ConnectionError as e:  # a publish found the link gone: the network
+                log.warning("%s: %s; reconnecting", self.name, e)  # (no traceback)
+                self._drop(f"{type(e).__name__}: {e}")
+                next_attempt = time.monotonic() + self._backoff.next_delay()
             except Exception as e:  # a bug or a DB error must not end the connection for good
                 log.exception("%s: %s; reconnecting", self.name, e)
                 self._drop(f"{type(e).__name__}: {e}")
