@@ -47,6 +47,7 @@ from runtime.wire.bundle_chunks import (
     nodelay,
     topic,
 )
+from runtime.wire.payloads import MAX_PACKET
 from runtime.wire.quarantine import RateLimitedLog
 
 log = logging.getLogger("edgerun.coordinator.bundles")
@@ -90,7 +91,7 @@ class ChunkServer:
                                 subscriptions=[(self.filter, 1)], on_message=self._on_message,
                                 on_connected=self._on_connected, on_publish=self._on_publish,
                                 on_refused=self._on_refused, clean=True,
-                                max_inflight=MAX_UNACKED)
+                                max_inflight=MAX_UNACKED, max_packet_bytes=MAX_PACKET)
 
     def start(self) -> None:
         """Connect and start serving."""

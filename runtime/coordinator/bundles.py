@@ -42,6 +42,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from runtime.durable import crash_point
 from runtime.ota.bundle import HEADER, BundleError, model_id, parse_id
+from runtime.wire import safejson
 
 if TYPE_CHECKING:
     from runtime.coordinator.store import Store
@@ -496,7 +497,7 @@ def _peek(src: IO[bytes]) -> tuple[str, str]:
                 raise BundleRefused(f"not an edgerun bundle (no {HEADER} first)")
             f = tar.extractfile(m)
             assert f is not None
-            header = json.loads(f.read())
+            header = safejson.loads(f.read())  # hostile bytes: RecursionError, NaN...
         name, version = header["name"], header["version"]
     except (tarfile.TarError, ValueError, KeyError, TypeError, EOFError) as e:
         if isinstance(e, BundleRefused):

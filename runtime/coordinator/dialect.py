@@ -193,7 +193,8 @@ class SQLiteDialect:
                     self.db.execute("INSERT INTO schema_version VALUES (7)")
                 self.db.execute("COMMIT")
             except BaseException:
-                self.db.execute("ROLLBACK")
+                if self.db.in_transaction:  # not after a COMMIT SQLite rolled back itself
+                    self.db.execute("ROLLBACK")
                 raise
 
     @contextlib.contextmanager
@@ -205,7 +206,10 @@ class SQLiteDialect:
                 yield self.db
                 self.db.execute("COMMIT")
             except BaseException:
-                self.db.execute("ROLLBACK")
+                # a COMMIT that met a full disk was rolled back by SQLite itself: a second
+                # ROLLBACK raised "no transaction is active" and hid the real error
+                if self.db.in_transaction:
+                    self.db.execute("ROLLBACK")
                 raise
 
     @contextlib.contextmanager

@@ -12,7 +12,6 @@ Handlers are plain functions on the app's thread pool (runtime/wire/httpapp.py).
 from __future__ import annotations
 
 import hmac
-import json
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from runtime.coordinator import dashboard, metrics
 from runtime.coordinator.bundles import BundleRefused, byte_range, check_id
 from runtime.coordinator.queries import INT, BadRequest, health_query, result_query
 from runtime.coordinator.service import Coordinator, UnknownDevice
+from runtime.wire import safejson
 from runtime.wire.httpapp import Request, Response, json_response
 
 log = logging.getLogger("edgerun.api")
@@ -260,7 +260,7 @@ class Api:
 
         what = parts[2]
         try:
-            body = json.loads(req.body.read() or b"{}")
+            body = safejson.loads(req.body.read() or b"{}")  # as a device parses
             if not isinstance(body, dict):
                 raise ValueError("body must be a JSON object")
             if what == "groups":
@@ -285,7 +285,7 @@ class Api:
 
     def post_command(self, req: Request, parts: list[str]) -> Response:
         try:
-            body = json.loads(req.body.read() or b"{}")
+            body = safejson.loads(req.body.read() or b"{}")  # as a device parses
             if not isinstance(body, dict) or not isinstance(body.get("cmd"), str):
                 return _error(400, 'body must be {"cmd": NAME, "args": {...}}')
             args, wait_s = body.get("args", {}), body.get("wait_s", 10)

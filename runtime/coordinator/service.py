@@ -119,7 +119,8 @@ class Coordinator:
             cfg.broker, cfg.client_id, name="mqtt", subscriptions=self._filters(),
             on_message=self._on_message, on_connected=self._on_connected,
             on_takeover=self._on_takeover, clean=False,
-            session_expiry_s=cfg.session_expiry_s, max_inflight=200)
+            session_expiry_s=cfg.session_expiry_s, max_inflight=200,
+            max_packet_bytes=payloads.MAX_PACKET)  # a device's 256 MB message: not ours
         self.connected = self._conn.subscribed  # set once subscribed: nothing is missed
         self.counters: collections.Counter = collections.Counter()
         self._sweep_shelf(at_start=True)  # what an upload killed with our last run left
@@ -298,10 +299,12 @@ class Coordinator:
             if batch or self._healths.held() or self._events.held():
                 try:
                     self._ingest(batch)
-                except Exception:  # the store failing must not kill ingest; devices re-send
+                except Exception as e:  # the store failing must not kill ingest; devices re-send
                     self.counters["ingest_errors"] += 1
-                    log.exception("storing a batch of %d messages failed; devices will re-send",
-                                  len(batch))
+                    # once a minute: a full disk fails every batch (a traceback each filled it)
+                    self._rlog.log("ingest", "storing a batch of %d messages failed (%s); "
+                                   "devices will re-send", len(batch), e, level=logging.ERROR,
+                                   exc_info=True)
                 if self.cfg.ingest_delay_s:
                     time.sleep(self.cfg.ingest_delay_s)
             now = time.time()

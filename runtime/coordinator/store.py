@@ -57,6 +57,13 @@ _TIMELINE_COLS = {name for name, _ in TIMELINE}
 _TIMELINE_SQL = ", ".join(("device", "t", *(name for name, _ in TIMELINE)))
 _AGGREGATES = {"MIN", "MAX", "AVG"}
 QUARANTINE_KEEP = 10_000  # rows of detail kept; the per-device counts are kept for ever
+# and of one device's: a device flooding refused messages erases only its own record (was:
+# every other device's too, past QUARANTINE_KEEP)
+QUARANTINE_PER_DEVICE = 1000
+# A device's streams (one per outbox it ever had: a new one after a reinstall or a damaged
+# outbox): rows never deleted and outside its fair share, so bounded here. Past this a
+# result on a new stream is refused (quarantined, naming the device).
+MAX_STREAMS_PER_DEVICE = 256
 SEQ_LIMIT = 1 << 62
 
 
@@ -107,6 +114,9 @@ class Store:
         # fair shares (quotas.py): the devices' logical budget, 0 = no cap; set_cap sets it
         self._budget, self._ratio = 0, 1.0
         self.refused_over_share: Counter = Counter()  # messages refused, per device
+        # streams known to exist, per device (bounded by MAX_STREAMS_PER_DEVICE each): a
+        # result on one of these needs no query to check the cap
+        self._streams_seen: dict[str, set[str]] = {}
         # what the last prune_results reclaimed from devices over their share: device ->
         # {"results": n, "unacked": n, "health": n, "events": n, "before": B, "after": B}
         self.reclaimed: dict[str, dict[str, int]] = {}
@@ -156,6 +166,7 @@ class Store:
             self._d.lock_devices(db, [m.device for m in messages])
             admitted, refused = self._admit(db, messages)
             over_share = list(refused)
+            admitted = self._cap_streams(db, messages, admitted, refused)
             if not savepoints:
                 try:
                     new_per_device, bytes_per_device = self._store_all(
@@ -236,6 +247,35 @@ class Store:
                 refused.append((i, f"device {m.device}: {why}"))
         self.over_budget = total > self._budget
         return admitted, refused
+
+    def _cap_streams(self, db: Any, messages: Sequence[Inbound], admitted: list[int],
+                     refused: list[tuple[int, str]]) -> list[int]:
+        """`admitted` less the results on a new stream of a device that has
+        MAX_STREAMS_PER_DEVICE already (appended to `refused` with the reason)."""
+        seen = self._streams_seen
+        devices = sorted({m.device for i in admitted if (m := messages[i]).kind == "result"
+                          and m.msg["stream"] not in seen.get(m.device, ())})
+        if not devices:  # the usual batch: every stream known already
+            return admitted
+        match, args = self._d.in_list(devices)
+        have: dict[str, set[str]] = {d: set() for d in devices}
+        for d, st in db.execute(  # acked streams, and those still waiting for their floor
+                f"SELECT device, stream FROM streams WHERE device{match} UNION "
+                f"SELECT device, stream FROM stalls WHERE device{match}", args + args).fetchall():
+            have[d].add(st)
+        seen.update(have)
+        keep = []
+        for i in admitted:
+            m = messages[i]
+            if m.kind == "result" and m.device in have and \
+                    m.msg["stream"] not in (known := have[m.device]):
+                if len(known) >= MAX_STREAMS_PER_DEVICE:
+                    refused.append((i, f"device {m.device}: has {len(known)} streams, the "
+                                       f"most a device may; a result on a new one is refused"))
+                    continue
+                known.add(m.msg["stream"])
+            keep.append(i)
+        return keep
 
     def _store_all(self, db: Any, messages: Sequence[Inbound], now: float
                    ) -> tuple[Counter, Counter]:
@@ -421,7 +461,8 @@ class Store:
 
     def quarantine(self, rows: Sequence[tuple[str, str, str, int, float]]) -> None:
         """Record refused messages: (device or "", topic, reason, size in bytes, time).
-        Detail rows are capped at QUARANTINE_KEEP (newest kept); counts are kept for ever."""
+        Detail rows are capped at QUARANTINE_PER_DEVICE per device and QUARANTINE_KEEP in
+        all (newest kept); counts are kept for ever."""
         if not rows:
             return
         per_device: dict[str, int] = {}
@@ -437,8 +478,13 @@ class Store:
                 "INSERT INTO quarantine_counts VALUES (?,?) "
                 "ON CONFLICT(device) DO UPDATE SET n = quarantine_counts.n + excluded.n",
                 sorted(per_device.items()))
-            db.execute(f"DELETE FROM quarantine WHERE {oc} <= "
-                       f"(SELECT MAX({oc}) FROM quarantine) - ?", (QUARANTINE_KEEP,))
+            for device in sorted(per_device):  # each device's own newest, first
+                db.execute(f"DELETE FROM quarantine WHERE device = ? AND {oc} <= (SELECT {oc} "
+                           f"FROM quarantine WHERE device = ? ORDER BY {oc} DESC LIMIT 1 "
+                           "OFFSET ?)", (device, device, QUARANTINE_PER_DEVICE))
+            # by count, not by id distance: the trims above leave holes in the ids
+            db.execute(f"DELETE FROM quarantine WHERE {oc} <= (SELECT {oc} FROM quarantine "
+                       f"ORDER BY {oc} DESC LIMIT 1 OFFSET ?)", (QUARANTINE_KEEP,))
 
     def quarantine_counts(self) -> dict[str, int]:
         """Quarantined messages per device ("" = topic named no valid device)."""

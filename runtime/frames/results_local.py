@@ -156,7 +156,12 @@ class Snapshots:
     def _write(path: Path, data: bytes) -> None:
         tmp = path.with_name(f".{path.name}.tmp")
         try:
-            tmp.write_bytes(data)
+            # a new file: the name is known in advance, and a link planted there (the
+            # directory is often a share) must be replaced, not written through
+            tmp.unlink(missing_ok=True)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
             os.replace(tmp, path)
         except OSError:
             tmp.unlink(missing_ok=True)  # a full disk leaves no half-written file behind

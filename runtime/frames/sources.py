@@ -262,6 +262,17 @@ def _move(src: Path, dst: Path) -> None:
     src.unlink()
 
 
+def text_name(name: str) -> str:
+    """A file name as valid text. A name that is not UTF-8 (a camera writing Latin-1) is
+    listed with lone surrogates, which SQLite refuses to bind and the coordinator refuses in
+    a result: its odd bytes are written as `\\xNN` escapes instead."""
+    try:
+        name.encode("utf-8")
+        return name
+    except UnicodeEncodeError:
+        return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
 class FolderSource:
     """Images in a directory, each inspected exactly once, even across restarts.
 
@@ -469,7 +480,7 @@ class FolderSource:
                     settling = True
                     self._recheck.add(name)
                     continue
-            key = f"{name}|{st.st_size}|{st.st_mtime_ns}"
+            key = f"{text_name(name)}|{st.st_size}|{st.st_mtime_ns}"
             self._names.add(name)
             if key not in self._known:
                 self._known.add(key)
@@ -498,8 +509,8 @@ class FolderSource:
                     img = images.decode(data, self._cfg.max_pixels)
                 except BadImage as e:
                     self._reject(p, key, e.kind)
-                    raise BadFrame(p.name, e.kind, str(e)) from e
-                return Frame(img, p.name, t=t0, done=(key, p),
+                    raise BadFrame(text_name(p.name), e.kind, str(e)) from e
+                return Frame(img, text_name(p.name), t=t0, done=(key, p),
                              decode_cpu_s=time.thread_time() - c0)
             if not self._cfg.watch or time.monotonic() >= deadline:
                 return None
@@ -702,35 +713,63 @@ class CaptureSource:
 
 class TriggerSource:
     """Inspect on an MQTT message (e.g. from a PLC bridge). The payload is the image itself
-    (PNG/JPEG bytes) or a path to one. Messages are queued, never dropped; the subscription
-    is a persistent QoS 1 session so triggers sent while the daemon restarts still arrive."""
+    (PNG/JPEG bytes) or a path to one. The subscription is a persistent QoS 1 session so
+    triggers sent while the daemon restarts still arrive. Messages are queued up to
+    MAX_QUEUED of them and MAX_QUEUED_BYTES: past either (a publisher faster than the
+    device, for longer than the queue covers) a new one is dropped, counted and logged, so
+    a flood from the publisher's identity costs its own triggers, not the daemon's memory."""
 
     live = False
+    MAX_QUEUED = 1000
+    MAX_QUEUED_BYTES = 256 << 20
 
     def __init__(self, cfg: SourceConfig, broker, client_id: str):
         from runtime.wire.brokerauth import for_connection
         from runtime.wire.mqtt import Connection
+        from runtime.wire.quarantine import RateLimitedLog
 
         self._q: queue.Queue = queue.Queue()
         self._cfg = cfg
         self._topic = cfg.topic
+        self.received = self.dropped = 0  # counts (read by tests and the log)
+        self._bytes = 0  # payload bytes queued
+        self._bytes_lock = threading.Lock()
+        self._said = RateLimitedLog(log)
         # The shared connection thread (backoff, protocol probe, exception containment); a
         # fixed client id with a persistent session, so triggers sent while the daemon
         # restarts are queued by the broker.
         self._conn = Connection(  # its own broker identity (client ids bound to usernames)
             for_connection(broker, "trigger"), client_id, name="trigger-mqtt",
             subscriptions=[(self._topic, 1)],
-            on_message=lambda c, m: self._q.put((m.payload, m.mid)), clean=False,
+            on_message=lambda c, m: self._queue(m.payload), clean=False,
             session_expiry_s=7 * 24 * 3600,
             on_takeover=lambda why: log.error("trigger source: %s", why)).start()
         self._n = 0
 
+    def _queue(self, payload: bytes) -> None:
+        """On the connection's thread: queue a message, or drop it past the bounds."""
+        self.received += 1
+        with self._bytes_lock:
+            full = self._q.qsize() >= self.MAX_QUEUED or \
+                self._bytes + len(payload) > self.MAX_QUEUED_BYTES
+            if not full:
+                self._bytes += len(payload)
+                self._q.put(payload)
+                return
+        self.dropped += 1
+        self._said.log("full", "trigger source: %d messages (%d MB) queued on %s, its bound; "
+                       "dropped a trigger (%d dropped so far): they arrive faster than this "
+                       "device inspects them", self._q.qsize(), self._bytes >> 20,
+                       self._topic, self.dropped)
+
     def read(self, timeout_s: float) -> Frame | None:
         """The next triggered image; a refused payload raises BadFrame (counted, skipped)."""
         try:
-            payload, _ = self._q.get(timeout=timeout_s)
+            payload = self._q.get(timeout=timeout_s)
         except queue.Empty:
             return None
+        with self._bytes_lock:
+            self._bytes -= len(payload)
         self._n += 1
         ref = f"trigger-{self._n}"
         c0 = time.thread_time()

@@ -200,7 +200,7 @@ def _header(raw: bytes, sig_raw: bytes, trusted: Mapping[str, Ed25519PublicKey],
         kid, sig_b64 = sig["key_id"], sig["sig"]
         if not isinstance(kid, str) or not isinstance(sig_b64, str):
             raise TypeError("key_id and sig must be strings")
-    except (ValueError, KeyError, TypeError) as e:
+    except (ValueError, KeyError, TypeError, RecursionError) as e:  # deep `[[[`: Recursion
         raise BundleError(f"{path}: unsigned: {SIG} is not a signature ({e})") from None
     public = trusted.get(kid)
     if public is None:
@@ -229,7 +229,7 @@ def _header(raw: bytes, sig_raw: bytes, trusted: Mapping[str, Ed25519PublicKey],
         model_id(h["name"], h["version"])
         return BundleInfo(h["name"], h["version"], kid, files,
                           float(h.get("created", 0)))
-    except (ValueError, KeyError, TypeError, BundleError) as e:
+    except (ValueError, KeyError, TypeError, RecursionError, BundleError) as e:
         raise BundleError(f"{path}: signed header is malformed: {e}") from None
 
 

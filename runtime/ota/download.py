@@ -23,6 +23,7 @@ import logging
 import os
 import re
 import shutil
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -34,6 +35,11 @@ from runtime.durable import crash_point, write_atomic
 log = logging.getLogger("edgerun.download")
 
 CHUNK = 1 << 14  # small enough that a bundle arrives in several (the crash hook fires mid-way)
+# The slowest average rate a download may keep after its first timeout_s: the socket timeout
+# bounds each read, not the whole, so a server trickling a byte at a time held the update
+# (and, by the part's lock, every later attempt) for as long as it liked. Cut off, the part
+# is kept and the next attempt resumes: a slow link still gets there.
+MIN_BPS = 1024
 _RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
 
 
@@ -242,9 +248,12 @@ def _get(url: str, part: Path, have: int, size: int, token: str, timeout_s: floa
         if record is not None and not have:  # a fresh start (or the server's restart)
             record.write(resp.headers)  # before a byte: the part is of this copy
         written = have
+        started = time.monotonic()
+        deadline = started + timeout_s + (size - have) / MIN_BPS
         try:
             with part.open(mode) as out:
-                while chunk := resp.read(CHUNK):
+                # read1: what has arrived (read(n) waits for all n bytes, however slowly)
+                while chunk := resp.read1(CHUNK):
                     written += len(chunk)
                     if written > size:
                         raise DownloadError(f"{url}: the server sent more than the declared "
@@ -252,6 +261,11 @@ def _get(url: str, part: Path, have: int, size: int, token: str, timeout_s: floa
                     out.write(chunk)
                     out.flush()
                     crash_point("download")
+                    if time.monotonic() > deadline and written < size:
+                        raise DownloadError(
+                            f"{url}: too slow: {written - have} bytes in "
+                            f"{time.monotonic() - started:.0f} s, under {MIN_BPS} bytes/s on "
+                            f"average; {written} of {size} kept, the next attempt resumes")
                 os.fsync(out.fileno())
         except (OSError, TimeoutError) as e:
             raise DownloadError(f"{url}: interrupted after {written} of {size} bytes ({e}); "

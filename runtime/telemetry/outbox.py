@@ -69,7 +69,27 @@ class Pending:
 
 
 def _dumps(obj: Any) -> str:
-    return json.dumps(obj, separators=(",", ":"), allow_nan=False)
+    text = json.dumps(obj, separators=(",", ":"), allow_nan=False)
+    if "\\ud" in text:  # a surrogate escape: a pair (valid) or a lone one; rare, so walk then
+        text = json.dumps(_valid_text(obj), separators=(",", ":"), allow_nan=False)
+    return text
+
+
+def _valid_text(obj: Any) -> Any:
+    """`obj` with every lone surrogate written as a `\\udcff` escape. The coordinator refuses
+    text that is not valid Unicode (runtime/wire/safejson.py): stored as it was, such a
+    result was refused at every retry and the stream stalled behind it."""
+    if isinstance(obj, str):
+        try:
+            obj.encode("utf-8")
+            return obj
+        except UnicodeEncodeError:
+            return obj.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(obj, dict):
+        return {_valid_text(k): _valid_text(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_valid_text(v) for v in obj]
+    return obj
 
 
 class Outbox:

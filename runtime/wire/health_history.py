@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -85,7 +86,11 @@ class HealthHistory:
                 self.path.replace(self.path.with_name(NAME + ".1"))
             if size and _ends_mid_line(self.path):
                 line = "\n" + line  # a power cut cut the last line: do not join onto it
-            with self.path.open("a") as f:
+            # O_NOFOLLOW: a link planted in its place would have the daemon append to
+            # whatever file it names (as every state file refuses, runtime/durable.py)
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW,
+                         0o644)
+            with os.fdopen(fd, "a") as f:
                 f.write(line)
         except (OSError, ValueError) as e:
             self.errors += 1

@@ -48,8 +48,10 @@ def make_client(broker: BrokerConfig, client_id: str, protocol: str,
 
 
 def connect(client: mqtt.Client, broker: BrokerConfig, protocol: str, clean: bool = True,
-            session_expiry_s: int = 0) -> None:
-    """Open the TCP/TLS connection and send CONNECT (CONNACK arrives through the loop)."""
+            session_expiry_s: int = 0, max_packet_bytes: int = 0) -> None:
+    """Open the TCP/TLS connection and send CONNECT (CONNACK arrives through the loop).
+    `max_packet_bytes` (MQTT 5, 0 = none): the broker drops larger messages for this client
+    rather than sending them (paho would read each whole into memory)."""
     if protocol == "5":
         from paho.mqtt.packettypes import PacketTypes
         from paho.mqtt.properties import Properties
@@ -57,6 +59,8 @@ def connect(client: mqtt.Client, broker: BrokerConfig, protocol: str, clean: boo
         props = Properties(PacketTypes.CONNECT)
         if session_expiry_s:
             props.SessionExpiryInterval = session_expiry_s
+        if max_packet_bytes:
+            props.MaximumPacketSize = max_packet_bytes
         client.connect(broker.host, broker.port, broker.keepalive_s, clean_start=clean,
                        properties=props)
     else:
@@ -141,7 +145,7 @@ class Connection:
                  on_error: Callable[[str, str], None] | None = None,
                  will: Callable[[], tuple[str, bytes]] | None = None,
                  clean: bool = True, session_expiry_s: int = 0, max_inflight: int = 100,
-                 connect_timeout_s: float = 10.0):
+                 connect_timeout_s: float = 10.0, max_packet_bytes: int = 0):
         self.broker, self.client_id, self.name = broker, client_id, name
         self.subscriptions = list(subscriptions)
         self._on_message, self._on_connected = on_message, on_connected
@@ -150,6 +154,7 @@ class Connection:
         self._on_takeover, self._on_error = on_takeover, on_error
         self._will, self.clean, self.session_expiry_s = will, clean, session_expiry_s
         self.max_inflight, self.connect_timeout_s = max_inflight, connect_timeout_s
+        self.max_packet_bytes = max_packet_bytes  # MQTT 5: larger ones are never sent to us
         self.stats = ConnectionStats()
         self.connected = threading.Event()  # CONNACK accepted
         self.subscribed = threading.Event()  # SUBACK received: nothing published is missed
@@ -236,6 +241,10 @@ class Connection:
                     self._flush(client)
                     if self._on_tick:
                         self._on_tick(client)
+            except ConnectionError as e:  # a publish found the link gone: the network
+                log.warning("%s: %s; reconnecting", self.name, e)  # (no traceback)
+                self._drop(f"{type(e).__name__}: {e}")
+                next_attempt = time.monotonic() + self._backoff.next_delay()
             except Exception as e:  # a bug or a DB error must not end the connection for good
                 log.exception("%s: %s; reconnecting", self.name, e)
                 self._drop(f"{type(e).__name__}: {e}")
@@ -256,7 +265,8 @@ class Connection:
             client.on_publish = self._cb_publish
             client.on_subscribe = self._cb_subscribe
             connect(client, b, self._proto.current, clean=self.clean,
-                    session_expiry_s=self.session_expiry_s)
+                    session_expiry_s=self.session_expiry_s,
+                    max_packet_bytes=self.max_packet_bytes)
         except (OSError, ValueError) as e:
             self.stats.last_error = f"connect to {b.host}:{b.port}: {e}"
             if self._backoff.attempts % 10 == 0:

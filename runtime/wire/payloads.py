@@ -275,6 +275,10 @@ def parse_topic(name: str) -> tuple[str, str, str] | None:
 
 MAX_BYTES = {"result": 1 << 20, "health": 64 << 10, "state": 16 << 10, "event": 16 << 10,
              "cmd": 8 << 10, "cmd/reply": 64 << 10, "ack": 1 << 10, "result/each": 64 << 10}
+# The largest MQTT packet a coordinator takes (its MQTT 5 Maximum Packet Size): the largest
+# payload above plus room for the fixed header, the topic and properties. The broker drops
+# a larger message for it instead of making it receive and hold one of up to 256 MB.
+MAX_PACKET = max(MAX_BYTES.values()) + (16 << 10)
 
 
 def decode(kind: str, raw: bytes, max_bytes: int | None = None) -> dict:

@@ -23,8 +23,10 @@ class RateLimitedLog:
         self._suppressed: collections.Counter = collections.Counter()
         self._lock = threading.Lock()
 
-    def log(self, kind: str, fmt: str, *args: object, level: int = logging.WARNING) -> bool:
-        """Log unless `kind` was logged within `every_s`; True when a line was written."""
+    def log(self, kind: str, fmt: str, *args: object, level: int = logging.WARNING,
+            exc_info: bool = False) -> bool:
+        """Log unless `kind` was logged within `every_s`; True when a line was written.
+        `exc_info`: with the traceback of the exception being handled."""
         now = time.monotonic()
         with self._lock:
             if now - self._last.get(kind, -1e18) < self.every_s:
@@ -33,5 +35,5 @@ class RateLimitedLog:
             self._last[kind] = now
             suppressed = self._suppressed.pop(kind, 0)
         more = f" ({suppressed} more like it since the last report)" if suppressed else ""
-        self._log.log(level, fmt + "%s", *args, more)
+        self._log.log(level, fmt + "%s", *args, more, exc_info=exc_info)
         return True

@@ -182,6 +182,27 @@ def test_bad_command_bodies_are_400_not_a_dead_thread(api):
     assert _get(port, "/api/v1/stats", token)[0] == 200
 
 
+@pytest.mark.parametrize("body, why", [
+    (b'{"cmd": "set_rate", "args": {"hz": NaN}}', "NaN is not a JSON number"),
+    (b'{"cmd": "ping", "args": {"s": "\\ud800"}}', "lone surrogate"),
+    (b'{"cmd": "ping", "args": {"n": ' + b"9" * 400 + b"}}", "out of range"),
+    (b'{"cmd": "ping", "args": {"x": 1e999}}', "overflows a double"),
+    (b'{"cmd": "ping", "args": ' + b'{"a": ' * 40 + b"1" + b"}" * 41, "nested deeper"),
+])
+def test_a_command_body_no_device_would_accept_is_400_naming_why(api, body, why):
+    """Bodies json.loads takes but no device does (the device parses with runtime/wire/
+    safejson): a lone surrogate or a 400-digit integer in args was signed and sent, the
+    device dropped it unparsed, and the operator waited wait_s for a 504 that did not say
+    why. Now refused at the API with the reason, before any device is looked up."""
+    _, port, token = api
+    head = (b"POST /api/v1/devices/d/commands HTTP/1.1\r\nHost: x\r\n"
+            + f"Authorization: Bearer {token}\r\nContent-Length: {len(body)}\r\n"
+              "Connection: close\r\n\r\n".encode())
+    answer = _raw(port, head + body)
+    assert answer.split(b" ")[1] == b"400", answer[:300]
+    assert why in json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"]
+
+
 def test_fleet_cli_finds_api_and_token_from_the_coordinator_config(tmp_path, capsys):
     from runtime import config as config_mod
     from runtime.cli import main

@@ -142,3 +142,37 @@ def test_pending_replies_are_bounded_and_expire():
     assert p.pop("c3").args == {"fps": 3} and p.pop("c3") is None  # its reply came
     assert p.expire(12.0) == 1 and p.expired == 1 and p.get("c2") is None
     assert p.get("c4").until == 14.0 and p.expire(14.0) == 1 and len(p) == 0
+
+
+def test_a_device_message_over_every_payload_limit_never_reaches_the_coordinator(broker,
+                                                                                 tmp_path):
+    """The broker config sets no packet limit (Mosquitto's default is 256 MB), so device A,
+    on its own result topic, made the coordinator receive and hold 60 MB messages (its RSS
+    96 -> 302 MB for three of them) only to quarantine each one unparsed. The coordinator
+    now declares an MQTT 5 Maximum Packet Size just over the largest payload it admits
+    (payloads.MAX_PACKET): the broker drops larger ones for it. A small refused message
+    after it still arrives, so the big one, sent first on the same topic, was dropped."""
+    from runtime.wire import payloads
+
+    coord = Coordinator(CoordinatorConfig(fleet="f", broker=broker.coordinator("f"),
+                                          store=str(tmp_path / "c.db")))
+    cfg = broker.device("f", "A")
+    dev = mqtt.Client(callback_api_version=mqtt.CallbackAPIVersion.VERSION2,
+                      client_id="edgerun-f-A-test", protocol=mqtt.MQTTv5)
+    dev.username_pw_set(cfg.username, Path(cfg.password_file).read_text().strip())
+    coord.start()
+    try:
+        assert coord.connected.wait(30)
+        dev.connect("127.0.0.1", broker.port, 30)
+        dev.loop_start()
+        big = b'{"v": 1, "x": "' + b"a" * (2 * payloads.MAX_PACKET) + b'"}'
+        dev.publish("edgerun/v1/f/A/result", big, qos=1).wait_for_publish(30)
+        dev.publish("edgerun/v1/f/A/result", b"{}", qos=1).wait_for_publish(30)
+        assert _until(lambda: coord.store.quarantine_counts().get("A", 0) >= 1, 30)
+        time.sleep(0.5)  # anything else on its way lands too
+        reasons = [q["reason"] for q in coord.store.quarantined("A")]
+        assert len(reasons) == 1 and "exceeds" not in reasons[0], reasons
+    finally:
+        dev.loop_stop()
+        dev.disconnect()
+        coord.stop()

@@ -17,7 +17,7 @@ from test_bundle_delete import small_bundle
 from under_test import child_env
 
 from runtime.config.coordinator import CoordinatorConfig
-from runtime.coordinator.bundles import UPLOAD_STALE_S, Shelf
+from runtime.coordinator.bundles import UPLOAD_STALE_S, BundleRefused, Shelf
 from runtime.coordinator.service import Coordinator
 from runtime.coordinator.store import Store
 
@@ -153,3 +153,27 @@ def test_retention_sweeps_rows_of_no_bundle_and_past_a_bundles_end(tmp_path, sto
         assert "removed" not in caplog.text
     finally:
         c.store.close()
+
+
+def test_an_upload_whose_header_is_nested_too_deeply_is_refused_and_leaves_nothing(tmp_path):
+    """An upload whose edgerun-bundle.json is 200,000 `[`: json.loads raised RecursionError,
+    which the shelf's header peek did not catch: the API answered 500 with a traceback in
+    the log, not the 400 saying what is wrong. Parsed with runtime/wire/safejson now."""
+    import io
+    import tarfile
+
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w") as tar:
+        info = tarfile.TarInfo("edgerun-bundle.json")
+        info.size = 200_000
+        tar.addfile(info, io.BytesIO(b"[" * info.size))
+    data = raw.getvalue()
+    store = Store(str(tmp_path / "c.db"))
+    shelf = Shelf(store, 8 << 20, "c1")
+    try:
+        with pytest.raises(BundleRefused, match="not an edgerun bundle: not JSON") as e:
+            shelf.receive(io.BytesIO(data), len(data))
+        assert e.value.status == 400
+        assert store.read("SELECT COUNT(*) FROM bundle_uploads")[0][0] == 0
+    finally:
+        store.close()

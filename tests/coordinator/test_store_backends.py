@@ -301,3 +301,78 @@ def test_changed_views_decodes_each_row_once_per_change(store_url):
     finally:
         s1.close()
         s2.close()
+
+
+class _FullAtCommit:
+    """An SQLite connection whose next COMMIT meets a full disk: SQLite then rolls the
+    transaction back itself (SQLITE_FULL), as it did on a 4 MB tmpfs in the attack run."""
+
+    def __init__(self, db: sqlite3.Connection):
+        self._db, self.full = db, True
+
+    def execute(self, sql: str, *args):
+        if sql == "COMMIT" and self.full:
+            self.full = False
+            self._db.execute("ROLLBACK")
+            raise sqlite3.OperationalError("database or disk is full")
+        return self._db.execute(sql, *args)
+
+    def __getattr__(self, name: str):
+        return getattr(self._db, name)
+
+
+def test_a_commit_refused_by_a_full_disk_raises_that_error_and_the_store_goes_on(tmp_path):
+    """SQLite rolls a transaction back itself when its COMMIT meets a full disk; the
+    dialect then ran ROLLBACK, which raised 'cannot rollback - no transaction is active'
+    and hid the disk-full error (the coordinator logged that, twice chained, for every
+    batch). Now the original error is raised, and the next batch stores."""
+    store = Store(str(tmp_path / "c.db"))
+    try:
+        store._d.db = _FullAtCommit(store._d.db)
+        batch = [Inbound("a", "result", {"v": 1, "stream": "s", "boot": "b", "floor": 1,
+                                         "results": [{"seq": 1, "t": time.time()}]})]
+        with pytest.raises(sqlite3.OperationalError, match="disk is full"):
+            store.ingest(batch)
+        _, refused = store.ingest(batch)  # space again: stored once
+        assert refused == [] and store.acks() == {("a", "s"): 1}
+    finally:
+        store._d.db = store._d.db._db
+        store.close()
+
+
+def test_a_store_that_refuses_every_batch_is_logged_once_a_minute(tmp_path, caplog):
+    """A full store disk fails every batch: each failure was logged with its traceback,
+    so the coordinator's log grew as fast as devices sent (462 tracebacks, 300 KB, in 45 s
+    of the attack run), on a box whose disk is already full. Once a minute now, with the
+    error and how many more there were; every failure is still counted."""
+    import logging
+
+    from runtime.config.coordinator import CoordinatorConfig
+    from runtime.coordinator.service import Coordinator
+
+    coord = Coordinator(CoordinatorConfig(fleet="f", store=str(tmp_path / "c.db")))
+
+    def full(*a, **k):
+        raise sqlite3.OperationalError("database or disk is full")
+
+    coord.store.ingest = full
+    body = b'{"v":1,"stream":"s","boot":"b","floor":1,"results":[{"seq":1,"t":%f}]}' % time.time()
+    loop = threading.Thread(target=coord._ingest_loop)
+    try:
+        with caplog.at_level(logging.ERROR, logger="edgerun.coordinator"):
+            loop.start()
+            for _ in range(50):
+                coord._inbox.put(("edgerun/v1/f/a/result", body, time.time()))
+                deadline = time.monotonic() + 10
+                while coord._inbox.qsize() and time.monotonic() < deadline:
+                    time.sleep(0.005)
+            deadline = time.monotonic() + 10
+            while coord.counters["ingest_errors"] < 50 and time.monotonic() < deadline:
+                time.sleep(0.01)
+    finally:
+        coord._stop.set()
+        loop.join(10)
+        coord.store.close()
+    assert coord.counters["ingest_errors"] >= 50
+    lines = [r for r in caplog.records if "storing a batch" in r.getMessage()]
+    assert len(lines) == 1 and "disk is full" in lines[0].getMessage()

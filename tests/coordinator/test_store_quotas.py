@@ -274,3 +274,57 @@ def test_a_messages_charge_is_estimated_from_above(n, blob):
     rows = sum(quotas.result_bytes("dev", "stream-1", "b1", json.dumps(r, separators=(",", ":")))
                for r in msg["results"])
     assert rows <= quotas.message_bytes("dev", "result", msg, raw) <= rows + raw // 10 + 64
+
+
+def test_one_devices_quarantine_flood_keeps_the_others_quarantine_detail(store_url):
+    """The quarantine's detail rows were capped at QUARANTINE_KEEP for all devices together,
+    newest kept: device A, sending 12,000 refused messages on its own topics, erased the
+    record of device B's refused messages (what an operator needs to see why B's data is
+    missing). Each device's detail is now capped on its own (QUARANTINE_PER_DEVICE); the
+    per-device counts were and are kept for ever."""
+    from runtime.coordinator.store import QUARANTINE_PER_DEVICE
+
+    store = Store(store_url)
+    try:
+        now = time.time()
+        store.quarantine([("B", "edgerun/v1/f/B/result", f"bad {i}", 10, now) for i in range(5)])
+        for _ in range(12):
+            store.quarantine([("A", "edgerun/v1/f/A/result", "flood", 10, now)] * 1000)
+        assert [q["reason"] for q in store.quarantined("B")] == [f"bad {i}"
+                                                                  for i in range(4, -1, -1)]
+        kept_a = store.read("SELECT COUNT(*) FROM quarantine WHERE device = 'A'")[0][0]
+        assert kept_a == QUARANTINE_PER_DEVICE
+        assert store.quarantine_counts() == {"A": 12_000, "B": 5}
+    finally:
+        store.close()
+
+
+def test_a_device_cannot_make_streams_without_bound(store_url):
+    """Every new stream id in a result made a `streams` row, never deleted, outside the
+    device's fair share: device A sending one result on each of thousands of made-up
+    streams grew the table (and its own fleet view's `acked` map, 32 KB for 2,600
+    streams) without bound, and `acks()` loads every row. Past MAX_STREAMS_PER_DEVICE a
+    result on a new stream is refused, naming the device; its known streams and every
+    other device's still store."""
+    from runtime.coordinator.store import MAX_STREAMS_PER_DEVICE
+
+    store = Store(store_url)
+    try:
+        n = MAX_STREAMS_PER_DEVICE + 20
+        batch = [Inbound("a", "result", _results(f"s{k}", [1], 1)) for k in range(n)]
+        _, refused = store.ingest(batch[:n // 2])
+        assert refused == []
+        _, refused = store.ingest([
+            *batch[n // 2:], Inbound("a", "result", _results("s0", [2], 1)),
+            Inbound("b", "result", _results("s0", [1], 1))])
+        assert len(refused) == 20
+        assert all("device a" in why and "streams" in why for _, why in refused)
+        acks = store.acks()
+        assert sum(1 for d, _ in acks if d == "a") == MAX_STREAMS_PER_DEVICE
+        assert acks[("a", "s0")] == 2 and acks[("b", "s0")] == 1
+        # streams whose floor never arrives (no ack, a stall row each) count too
+        _, refused = store.ingest([Inbound("c", "result", _results(f"w{k}", [7], 5))
+                                   for k in range(n)])
+        assert len(refused) == 20
+    finally:
+        store.close()

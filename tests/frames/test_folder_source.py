@@ -362,3 +362,28 @@ def test_a_file_still_settling_is_looked_at_again_without_a_new_event(tmp_path, 
     got = _read_all(src, 1.5)
     src.close()
     assert got == ["fresh.png"] and time.monotonic() - t0 >= 0.3
+
+
+def test_a_file_name_that_is_not_utf8_is_inspected_once_and_named_as_text(tmp_path):
+    """A camera wrote `bad\\xff.png` (a name in Latin-1, not UTF-8): Python lists it with a
+    lone surrogate, which SQLite refused to bind when the infer thread recorded it as done
+    (UnicodeEncodeError: the infer thread died, the daemon went stalled and, restarted by
+    its watchdog, met the same file again), and which the coordinator refuses in a result
+    (the device's result stream stalled behind it). The name is text, with the odd byte
+    written as an escape, and the file is remembered across a restart."""
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    name = os.fsencode(inbox) + b"/bad\xff.png"
+    _, png = cv2.imencode(".png", next(iter(samples(seed=7, count=1))).image)
+    with open(name, "wb") as f:
+        f.write(png.tobytes())
+    old = time.time() - 3600
+    os.utime(name, (old, old))
+    src = FolderSource(SourceConfig(kind="folder", path=str(inbox)), tmp_path / "state")
+    refs = _read_all(src, 0.5)  # done() runs as the infer thread runs it
+    src.close()
+    assert refs == ["bad\\xff.png"]
+    refs[0].encode("utf-8")  # valid text: a result naming it is one the coordinator admits
+    src = FolderSource(SourceConfig(kind="folder", path=str(inbox)), tmp_path / "state")
+    assert _read_all(src, 0.5) == []  # remembered: once, across a restart
+    src.close()

@@ -284,3 +284,26 @@ def test_label_counters_are_bounded_and_admitted_by_the_health_schema():
     stats["labels"]["one_too_many"] = 1
     with pytest.raises(payloads.PayloadError, match="labels"):
         payloads.check("health", {"v": 1, "t": time.time(), "boot": "b", "pipeline": stats})
+
+
+def test_a_symlink_planted_at_a_snapshots_temporary_name_is_not_written_through(tmp_path):
+    """A snapshot is written to `.<name>.tmp` and renamed; the temporary name is known in
+    advance (time, seq, label), and it was opened with a plain write: a link planted there
+    by anyone who can write to the snapshot directory (often a share) had the daemon
+    overwrite the file it named. The temporary file is made new (O_EXCL|O_NOFOLLOW), so the
+    link is replaced, the target untouched, and the snapshot written."""
+    snaps = Snapshots(SnapshotConfig(dir=str(tmp_path / "snaps")))
+    image = np.zeros((8, 8, 3), np.uint8)
+    r = {"t": time.time(), "seq": 7, "label": "dent", "ref": "a.png"}
+    snaps.save(image, r)
+    names = sorted(p.name for p in snaps.dir.iterdir())
+    for name in names:
+        (snaps.dir / name).unlink()
+    victim = tmp_path / "victim"
+    victim.write_text("keep me\n")
+    for name in names:
+        (snaps.dir / f".{name}.tmp").symlink_to(victim)
+    snaps.save(image, r)
+    assert victim.read_bytes() == b"keep me\n"  # was: the JPEG
+    assert sorted(p.name for p in snaps.dir.iterdir()) == names
+    assert json.loads((snaps.dir / names[1]).read_text())["seq"] == 7

@@ -85,3 +85,40 @@ def test_a_file_name_cannot_forge_a_log_line(caplog):
     (line,) = [r.getMessage() for r in caplog.records]
     assert "\n" not in line and "\r" not in line
     assert "x\\x0aCRITICAL edgerun.daemon: all fine\\x0d.png" in line
+
+
+def test_a_trigger_flood_is_held_within_a_bound_not_all_in_memory(tmp_path, monkeypatch):
+    """Every trigger message was put on an unbounded queue (acked at receipt, so the broker
+    sends as fast as the publisher): a camera or PLC identity publishing faster than the
+    device inspects (or a stuck pipeline) grew the daemon's memory until it was killed,
+    losing every queued trigger with it. Past MAX_QUEUED messages (or MAX_QUEUED_BYTES)
+    a new one is dropped and counted, and said in the log; the queued ones still arrive."""
+    from runtime.frames.sources import TriggerSource
+
+    monkeypatch.setattr(TriggerSource, "MAX_QUEUED", 50)
+    broker = Mosquitto(tmp_path).start()
+    try:
+        cfg = SourceConfig(kind="trigger", topic="plc/line1/trigger")
+        src = open_source(cfg, tmp_path, broker.device("f", "t", read=(cfg.topic,)), "t")
+        time.sleep(0.5)  # subscribed
+        _, png = cv2.imencode(".png", next(samples(seed=2, count=1)).image)
+        camera = broker.client("camera", write=(cfg.topic,))
+        pub = mqtt.Client(callback_api_version=mqtt.CallbackAPIVersion.VERSION2)
+        pub.username_pw_set(camera.username, Path(camera.password_file).read_text().strip())
+        pub.connect("127.0.0.1", broker.port)
+        pub.loop_start()
+        for _ in range(200):  # nobody reads meanwhile: a pipeline that stopped taking frames
+            pub.publish(cfg.topic, png.tobytes(), qos=1)
+        deadline = time.monotonic() + 20
+        while src.received < 200 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert src.received == 200
+        assert src.dropped == 150  # what arrived past the bound
+        frames = 0
+        while src.read(0.5) is not None:
+            frames += 1
+        assert frames == 50
+        pub.loop_stop()
+        src.close()
+    finally:
+        broker.stop()

@@ -200,3 +200,24 @@ def test_unreadable_pointer_falls_back_to_the_configured_model(tmp_path):
     store.pointer.write_text("{not json")
     assert store.serving() == (None, None)
     assert (store.root / "current.json.bad").exists()
+
+
+def test_a_signature_nested_too_deeply_is_refused_not_a_traceback(tmp_path, keys):
+    """`edgerun-bundle.sig` of 200,000 `[`: json.loads raised RecursionError, which the
+    signature check did not catch (only ValueError, KeyError, TypeError): read_info and
+    unpack, and so `edgerun models verify` and the device's verify step, ended in a
+    traceback instead of refusing an unsigned bundle. Checked before any key is."""
+    import io
+
+    bad = tmp_path / "deep.edgerun"
+    with tarfile.open(bad, "w") as tar:
+        for name, data in (("edgerun-bundle.json", b'{"schema": "edgerun.bundle/1"}'),
+                           ("edgerun-bundle.sig", b"[" * 200_000)):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    for check in (lambda: read_info(bad, keys["trusted"]),
+                  lambda: unpack(bad, tmp_path / "out", keys["trusted"])):
+        with pytest.raises(BundleError, match="unsigned"):
+            check()
+    assert not (tmp_path / "out").exists()

@@ -167,3 +167,21 @@ def test_kill_9_at_any_point_loses_no_appended_message(tmp_path, fsync):
         assert seqs == list(range(1, len(seqs) + 1)), "a gap or a duplicate after kill -9"
         assert len(seqs) >= confirmed, "an append that returned was lost"
         assert len(seqs) % 3 == 0, "a transaction was half applied"
+
+
+def test_text_no_coordinator_admits_is_made_valid_before_it_is_stored(tmp_path):
+    """A lone surrogate in a result (a frame named after a file whose name was not UTF-8,
+    a label or source name from anywhere) was stored as a `\\udcff` escape: the coordinator
+    refused every retry of it (not valid Unicode text), so the stream's floor never moved
+    and everything after it waited behind it. The outbox stores valid text, whatever a
+    producer hands it; ordinary text, escapes and all, is stored as it was."""
+    from runtime.wire import safejson
+
+    box = _box(tmp_path)
+    box.append_many([{"ref": "bad\udcff.png", "label": "ok"}, {"ref": "caf\u00e9 \\ud800"}])
+    box.put("event", {"type": "bad_frame", "ref": "x\ud800y", "n": ["\udfff"]})
+    bodies = [p.json for p in box.pending(0, 10)] + [body for _, _, body in box.others(10)]
+    docs = [safejson.loads(b) for b in bodies]  # raised JsonRejected: lone surrogate
+    assert docs[0]["ref"] == "bad\\udcff.png" and docs[0]["label"] == "ok"
+    assert docs[1]["ref"] == "caf\u00e9 \\ud800"  # a backslash in the text stays a backslash
+    assert docs[2]["ref"] == "x\\ud800y" and docs[2]["n"] == ["\\udfff"]
