@@ -117,7 +117,7 @@ class Commander:
         return key
 
     def send_async(self, device: str, name: str, args: dict[str, Any],
-                    ttl_s: float = 60.0, wait_s: float = 30.0) -> None:
+                   ttl_s: float = 60.0, wait_s: float = 30.0) -> None:
         """Send a command for a rollout or a returning device without blocking the caller
         (the ingest thread) and without a thread: its reply, when it comes within `wait_s`,
         goes to the rollouts from the ingest thread (on_reply, then _on_async_reply). At most

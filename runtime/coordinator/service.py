@@ -43,6 +43,7 @@ from runtime.coordinator.bundles import Shelf, held_now
 from runtime.coordinator.coalesce import Coalescer
 from runtime.coordinator.commander import Commander, Refused, UnknownDevice
 from runtime.coordinator.dialect import is_url
+from runtime.coordinator.retention import Retention
 from runtime.coordinator.rollout import Rollouts
 from runtime.coordinator.store import Inbound, Store
 from runtime.wire import payloads
@@ -106,8 +107,6 @@ class Coordinator:
         self._healths = Coalescer(cfg.coalesce_s)
         self._events = Coalescer(cfg.coalesce_s, max_keys=10_000)  # keys: distinct events
         self._stop = threading.Event()
-        self._retention_due = threading.Event()  # set by ingest when the store is full
-        self._retention_lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         # Persistent session (fixed id, clean off, MQTT 5 expiry): the broker queues for us
         # while we restart. A takeover of that id is logged and counted.
@@ -117,8 +116,10 @@ class Coordinator:
             on_takeover=self._on_takeover, clean=False,
             session_expiry_s=cfg.session_expiry_s, max_inflight=200)
         self.connected = self._conn.subscribed  # set once subscribed: nothing is missed
-        self._sweep_shelf(at_start=True)  # what an upload killed with our last run left
-        self._set_cap()  # the devices' fair shares (quotas.py) from the first batch on
+        # results by age and by size, stalled streams, the shelf's orphans (retention.py)
+        self.retention = Retention(cfg, self.store, self.shelf, self.counters, self._stop)
+        self.retention.sweep_shelf(at_start=True)  # what an upload killed last run left
+        self.retention.set_cap()  # the fair shares (quotas.py) from the first batch on
         self.health_age_s: collections.deque = collections.deque(maxlen=20_000)
         self._health_taken: collections.deque = collections.deque(maxlen=20_000)  # when, each
         self._counts: tuple[float, float, dict[str, int] | None] = (0.0, 0.0, None)
@@ -147,17 +148,6 @@ class Coordinator:
         if done:
             log.info("imported %d bundles from %s into the store (%s); the directory is no "
                      "longer used", len(done), legacy, ", ".join(done))
-
-    def _sweep_shelf(self, at_start: bool = False) -> None:
-        """Chunk rows no bundle needs out of the store (Shelf.sweep logs what it removed);
-        a failure is logged, never stops a start or a retention pass."""
-        try:
-            got = self.shelf.sweep(at_start)
-        except Exception:
-            log.exception("could not sweep the bundle shelf's chunk rows; trying again at the "
-                          "next retention pass")
-            return
-        self.counters["bundle_rows_swept"] += got["rows"]
 
     def _restore_views(self) -> dict[str, fleet.DeviceView]:
         """The fleet view from the stored states and latest health. A stored row that is not
@@ -216,7 +206,7 @@ class Coordinator:
         self.chunks.start()
         if self.webhook is not None:
             self.webhook.start()
-        for name, target in (("ingest", self._ingest_loop), ("retention", self._retention_loop)):
+        for name, target in (("ingest", self._ingest_loop), ("retention", self.retention.loop)):
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()
             self._threads.append(t)
@@ -224,7 +214,7 @@ class Coordinator:
     def stop(self) -> None:
         """Stop the threads (stored data is already committed) and close the store."""
         self._stop.set()
-        self._retention_due.set()  # the retention loop sees the stop at once
+        self.retention.due.set()  # the retention loop sees the stop at once
         self._conn.stop()
         for t in self._threads:
             t.join(5)
@@ -318,7 +308,7 @@ class Coordinator:
         written: dict[str, tuple[float, fleet.DeviceView]] = {}
         acks, refused = self.store.ingest(inbound, written)
         if self.store.over_budget:
-            self._retention_due.set()  # the retention loop takes back what was borrowed
+            self.retention.due.set()  # the retention loop takes back what was borrowed
         for i, why in refused:
             bad.append((inbound[i].device, sources[i][0], why, sources[i][1], now))
         refused_idx = {i for i, _ in refused}
@@ -666,89 +656,9 @@ class Coordinator:
 
     # -- retention thread (store size and age; see Store.prune_results) ----------------------
 
-    def _retention_loop(self) -> None:
-        last = time.monotonic()
-        while not self._stop.is_set():
-            # every retention_interval_s, or sooner when ingest found the store full (at most
-            # every retention_wake_s: a store that cannot shrink must not spin this loop)
-            self._retention_due.wait(max(0.0, self.cfg.retention_interval_s
-                                         - (time.monotonic() - last)))
-            if self._stop.wait(max(0.0, self.cfg.retention_wake_s
-                                   - (time.monotonic() - last))):
-                return
-            self._retention_due.clear()
-            last = time.monotonic()
-            try:
-                self.run_retention()
-            except Exception:  # a failed pass is retried next interval; ingest is unaffected
-                if self._stop.is_set():
-                    return
-                self.counters["retention_errors"] += 1
-                log.exception("retention pass failed; retrying in %.0f s",
-                              self.cfg.retention_interval_s)
-
     def run_retention(self) -> dict[str, int]:
-        """One retention pass: results past `retention_days`, then the oldest data while the
-        store uses more than `max_store_mb`. Logs what it deleted and counts it in stats.
-        One pass at a time (the retention thread, a caller): two would each reclaim from
-        what the other already took."""
-        with self._retention_lock:
-            return self._run_retention()
-
-    def _run_retention(self) -> dict[str, int]:
-        cfg = self.cfg
-        self.store.maintain()  # PostgreSQL: the coming days' partitions
-        cap = int(cfg.max_store_mb * 1024 * 1024)
-        shelf = self.shelf.stored_bytes() if cap > 0 else 0
-        if cap > 0:  # the bundles in the store are not what the cap is for: never make
-            cap += shelf  # room for them by deleting results
-        done = self.store.prune_results(cfg.retention_days * 86400, cap, reserved=shelf)
-        stalled = self.store.quarantine_stalled(cfg.floor_wait_s)
-        self._sweep_shelf()
-        self.counters["retention_runs"] += 1
-        for key, n in done.items():
-            self.counters[f"pruned_{key}"] += n
-        for device, got in sorted(self.store.reclaimed.items()):
-            self.counters["reclaimed_over_share"] += 1
-            log.warning("retention: device %s was over its share of max_store_mb (it held "
-                        "%.2f MB, now %.2f); deleted %d of its acked results, %d unacked (it "
-                        "re-sends them), %d health, %d events", device, got["before"] / 2**20,
-                        got["after"] / 2**20, got["results"], got["unacked"], got["health"],
-                        got["events"])
-        for st in stalled:
-            self.counters["streams_quarantined"] += 1
-            log.warning("device %s: stream %r quarantined: its ack stayed at %d for %.0f s "
-                        "(floor_wait_s %g), so the %d results above it (%.2f MB) were "
-                        "deleted; the device still holds them and may re-send from its floor",
-                        st.device, st.stream, st.acked, time.time() - st.since,
-                        cfg.floor_wait_s, st.rows, st.bytes / 2**20)
-        if done["results_by_age"]:
-            log.info("retention: deleted %d acked results older than %g days",
-                     done["results_by_age"], cfg.retention_days)
-        # what the size cap took beyond the devices over their share (named above)
-        fair = {"results": 0, "health": 0, "events": 0}
-        for got in self.store.reclaimed.values():
-            fair["results"] += got["results"] + got["unacked"]
-            fair["health"] += got["health"]
-            fair["events"] += got["events"]
-        by_size = {k: n - fair[k.split("_")[0]] for k, n in done.items()
-                   if k.endswith("by_size") and n - fair[k.split("_")[0]]}
-        if by_size:
-            log.warning("retention: the store was over max_store_mb = %g with no device over "
-                        "its share; deleted the oldest %s of all devices (now %.1f MB)",
-                        cfg.max_store_mb,
-                        ", ".join(f"{n} {k.split('_')[0]}" for k, n in by_size.items()),
-                        self.store.used_bytes() / 2**20)
-        return done
-
-    def _set_cap(self) -> None:
-        """Give the store its cap for the fair shares (bundle bytes are not the devices')."""
-        cap = int(self.cfg.max_store_mb * 1024 * 1024)
-        try:
-            shelf = self.shelf.stored_bytes() if cap > 0 else 0
-            self.store.set_cap(cap + shelf if cap > 0 else 0, shelf)
-        except Exception as e:  # the shares then start with the first retention pass
-            log.error("could not measure the store for its fair shares: %s", e)
+        """One retention pass now (Retention.run): what it deleted, by kind."""
+        return self.retention.run()
 
     # -- queries and commands (any thread) ----------------------------------------------------
 
