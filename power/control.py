@@ -188,15 +188,22 @@ def _held(h: Held, value: float | None, t: float, hold_s: float) -> tuple[Held, 
     return h, (h.value if t - h.t <= hold_s else None)
 
 
-def step(state: ControlState, r: Reading, rungs: Sequence[Rung], cfg: ControlConfig,
-         current: int | None = None, operator_rate_hz: float = math.inf,
-         extra: gov.Decision | None = None) -> tuple[ControlState, Output]:
-    """One control tick (see module doc). `current` is the rung actually running (a switch can
-    fail); `operator_rate_hz` is the operator's own cap (math.inf = none); `extra` is one more
-    budget to respect (a bench's baseline energy policy), the stricter wins."""
+@dataclass(frozen=True)
+class _Sensed:
+    """What one tick's sensing hands the policies."""
+
+    temp_c: float | None  # the median acted on; None once the hold has run out
+    slope: float  # °C/s, 0 until the regime has settled
+    problem: str  # the reading's problems, "; "-joined
+    battery_wh: float | None  # held
+    battery_frac: float | None  # held
+
+
+def _sense(state: ControlState, r: Reading, cfg: ControlConfig,
+           events: list[ControlEvent]) -> tuple[ControlState, _Sensed]:
+    """Sensing hygiene: hold the last valid values for a bounded time, the trend window, the
+    median temperature (module doc: Holding, Temperature, Trend)."""
     t = r.t
-    events: list[ControlEvent] = []
-    # -- sensing: hold the last valid value for a bounded time --------------------------------
     temp_h, temp = _held(state.temp, r.temp_c, t, cfg.hold_invalid_s)
     bwh_h, bwh = _held(state.battery_wh, r.battery_wh, t, cfg.hold_invalid_s)
     bfr_h, bfr = _held(state.battery_frac, r.battery_frac, t, cfg.hold_invalid_s)
@@ -225,25 +232,51 @@ def step(state: ControlState, r: Reading, rungs: Sequence[Rung], cfg: ControlCon
     temp_now = statistics.median(recent) if recent and temp is not None else None
     s = replace(state, temp=temp_h, battery_wh=bwh_h, battery_frac=bfr_h, samples=samples,
                 holding=holding, recent=recent, hold_said_t=said)
-    # -- policies ---------------------------------------------------------------------------
+    return s, _Sensed(temp_now, slope, problem, bwh, bfr)
+
+
+def _policies(s: ControlState, r: Reading, seen: _Sensed, rungs: Sequence[Rung],
+              cfg: ControlConfig, extra: gov.Decision | None,
+              events: list[ControlEvent]) -> tuple[ControlState, gov.Decision]:
+    """The thermal policy, the energy budget and `extra`, combined: the stricter wins."""
     rate = cfg.rate_hz
     decision = gov.Decision(math.inf, reason="")
     if cfg.governor is not None:
         gcfg = replace(cfg.governor, levels_w=budget_levels(rungs, rate, cfg.min_rate_hz),
                        max_w=rungs[-1].power_w(rate))
-        g, decision = gov.step(s.governor, gov.Trend(t, temp_now, slope, problem), gcfg)
+        g, decision = gov.step(s.governor, gov.Trend(r.t, seen.temp_c, seen.slope,
+                                                     seen.problem), gcfg)
         s = replace(s, governor=g)
         events += [ControlEvent("governor", "warning", e) for e in decision.events]
     if cfg.energy is not None:
         ecfg = replace(cfg.energy, max_w=rungs[-1].power_w(rate))
         est = s.energy if s.energy is not None else energy_mod.initial_state(ecfg)
-        est, edec = energy_mod.step(est, replace(r, battery_wh=bwh, battery_frac=bfr), ecfg)
+        est, edec = energy_mod.step(est, replace(r, battery_wh=seen.battery_wh,
+                                                 battery_frac=seen.battery_frac), ecfg)
         s = replace(s, energy=est)
         events += [ControlEvent("energy", "warning", e) for e in edec.events]
         decision = gov.combine(decision, edec)
     if extra is not None:
         decision = gov.combine(decision, extra)
-    # -- budget -> rung and rate --------------------------------------------------------------
+    return s, decision
+
+
+@dataclass(frozen=True)
+class _Actuation:
+    """A proposed rung and rate cap, with the rung hold and the reason that go with them."""
+
+    rung: int
+    cap: float
+    hold: RungHold
+    reason: str
+
+
+def _budget_to_rung(s: ControlState, rungs: Sequence[Rung], cfg: ControlConfig,
+                    decision: gov.Decision, current: int | None, t: float
+                    ) -> tuple[int, _Actuation]:
+    """(the rung running now, what the budget asks for): the most accurate rung that fits,
+    held against flapping, and the rate cap (module doc: Budget -> rung, Minimum duty)."""
+    rate = cfg.rate_hz
     now = current if current is not None else (s.hold.rung if s.hold.rung is not None
                                                 else len(rungs) - 1)
     now = min(now, len(rungs) - 1)
@@ -253,45 +286,59 @@ def step(state: ControlState, r: Reading, rungs: Sequence[Rung], cfg: ControlCon
     cap = min(decision.rate_cap_hz, fit_rate if fit_rate < rate else math.inf)
     if math.isfinite(cap):
         cap = max(cap, cfg.min_rate_hz)  # minimum duty, never "uncapped" and never below it
+    return now, _Actuation(new_rung, cap, h, decision.reason)
+
+
+def _guard_upgrade(s: ControlState, rungs: Sequence[Rung], cfg: ControlConfig,
+                   decision: gov.Decision, temp_now: float | None, now: int,
+                   want: _Actuation) -> _Actuation:
+    """The upgrade guard (module doc): a step up only when its extra power would settle under
+    the control trip; else the smaller step, else hold everything."""
     g = cfg.governor
-    reason = decision.reason
-    if (s.actuation is not None and g is not None and temp_now is not None
-            and cfg.r_total_k_per_w is not None):
-        old_rung, old_cap = s.actuation
-        old_rung = min(old_rung, len(rungs) - 1)
-        limit = g.control_c - cfg.guard_margin_c
+    if (s.actuation is None or g is None or temp_now is None
+            or cfg.r_total_k_per_w is None):
+        return want
+    rate = cfg.rate_hz
+    r_total = cfg.r_total_k_per_w
+    old_rung, old_cap = s.actuation
+    old_rung = min(old_rung, len(rungs) - 1)
+    limit = g.control_c - cfg.guard_margin_c
 
-        def settles(r: int, c: float) -> tuple[float, float]:
-            extra = rungs[r].power_w(min(rate, c)) - rungs[old_rung].power_w(min(rate, old_cap))
-            return extra, temp_now + extra * cfg.r_total_k_per_w
+    def settles(r: int, c: float) -> tuple[float, float]:
+        extra = rungs[r].power_w(min(rate, c)) - rungs[old_rung].power_w(min(rate, old_cap))
+        return extra, temp_now + extra * r_total
 
-        extra, settle = settles(new_rung, cap)
-        if extra > 0 and settle >= limit:
-            # Too big a step: try the smaller one (the rung running now at the rate the
-            # budget allows it), else hold everything.
-            budget = decision.budget_w
-            fit_old = budget / rungs[old_rung].energy_j if rungs[old_rung].energy_j > 0 \
-                else math.inf
-            cap_old = min(decision.rate_cap_hz, fit_old if fit_old < rate else math.inf)
-            cap_old = max(cap_old, cfg.min_rate_hz) if math.isfinite(cap_old) else cap_old
-            small, small_settle = settles(old_rung, cap_old)
-            if small > 0 and small_settle < limit:
-                cap = cap_old
-            else:
-                cap = old_cap
-                reason = (f"{temp_now:.1f} °C; {extra:.2f} W more would settle near "
-                          f"{settle:.1f} °C, over {limit:g} °C: holding")
-            new_rung, h = old_rung, replace(s.hold, rung=now)
-        elif new_rung > old_rung:
-            reason = (f"{temp_now:.1f} °C: room for a richer rung (settles near {settle:.1f} "
-                      f"°C, under {limit:g} °C)")
-    act = (new_rung, cap)
-    if s.actuation is not None and act != s.actuation:  # a new regime: restart the trend
-        s = replace(s, samples=s.samples[-1:])
-    s = replace(s, hold=h, actuation=act)
-    cap = min(cap, operator_rate_hz)
-    # -- physics-bounded: minimum duty and still above the control temperature ----------------
-    at_bottom = new_rung == 0 and cap <= cfg.min_rate_hz * 1.001
+    extra, settle = settles(want.rung, want.cap)
+    if extra > 0 and settle >= limit:
+        # Too big a step: try the smaller one (the rung running now at the rate the
+        # budget allows it), else hold everything.
+        budget = decision.budget_w
+        fit_old = budget / rungs[old_rung].energy_j if rungs[old_rung].energy_j > 0 \
+            else math.inf
+        cap_old = min(decision.rate_cap_hz, fit_old if fit_old < rate else math.inf)
+        cap_old = max(cap_old, cfg.min_rate_hz) if math.isfinite(cap_old) else cap_old
+        small, small_settle = settles(old_rung, cap_old)
+        reason = want.reason
+        if small > 0 and small_settle < limit:
+            cap = cap_old
+        else:
+            cap = old_cap
+            reason = (f"{temp_now:.1f} °C; {extra:.2f} W more would settle near "
+                      f"{settle:.1f} °C, over {limit:g} °C: holding")
+        return _Actuation(old_rung, cap, replace(s.hold, rung=now), reason)
+    if want.rung > old_rung:
+        return replace(want, reason=(f"{temp_now:.1f} °C: room for a richer rung (settles "
+                                     f"near {settle:.1f} °C, under {limit:g} °C)"))
+    return want
+
+
+def _physics_bounded(s: ControlState, cfg: ControlConfig, rung: int, cap: float,
+                     temp_now: float | None, t: float,
+                     events: list[ControlEvent]) -> ControlState:
+    """Minimum duty and still above the control temperature for `bounded_after_s`: one
+    critical event; one info event when the die is back under control."""
+    g = cfg.governor
+    at_bottom = rung == 0 and cap <= cfg.min_rate_hz * 1.001
     if g is not None and temp_now is not None and at_bottom and temp_now >= g.control_c:
         since = s.bottom_since if s.bottom_since is not None else t
         s = replace(s, bottom_since=since)
@@ -307,5 +354,24 @@ def step(state: ControlState, r: Reading, rungs: Sequence[Rung], cfg: ControlCon
             events.append(ControlEvent("physics_bounded_cleared", "info",
                                        "the die is back under control"))
         s = replace(s, bottom_since=None, bounded=False)
-    return s, Output(new_rung, cap, decision.budget_w, decision.level, reason, temp_now,
-                     slope * 60, tuple(events))
+    return s
+
+
+def step(state: ControlState, r: Reading, rungs: Sequence[Rung], cfg: ControlConfig,
+         current: int | None = None, operator_rate_hz: float = math.inf,
+         extra: gov.Decision | None = None) -> tuple[ControlState, Output]:
+    """One control tick (see module doc). `current` is the rung actually running (a switch can
+    fail); `operator_rate_hz` is the operator's own cap (math.inf = none); `extra` is one more
+    budget to respect (a bench's baseline energy policy), the stricter wins."""
+    events: list[ControlEvent] = []
+    s, seen = _sense(state, r, cfg, events)
+    s, decision = _policies(s, r, seen, rungs, cfg, extra, events)
+    now, want = _budget_to_rung(s, rungs, cfg, decision, current, r.t)
+    act = _guard_upgrade(s, rungs, cfg, decision, seen.temp_c, now, want)
+    if s.actuation is not None and (act.rung, act.cap) != s.actuation:
+        s = replace(s, samples=s.samples[-1:])  # a new regime: restart the trend
+    s = replace(s, hold=act.hold, actuation=(act.rung, act.cap))
+    cap = min(act.cap, operator_rate_hz)
+    s = _physics_bounded(s, cfg, act.rung, cap, seen.temp_c, r.t, events)
+    return s, Output(act.rung, cap, decision.budget_w, decision.level, act.reason, seen.temp_c,
+                     seen.slope * 60, tuple(events))

@@ -23,7 +23,6 @@ import contextlib
 import hashlib
 import json
 import logging
-import os
 import queue
 import threading
 import time
@@ -37,11 +36,18 @@ from runtime.config.coordinator import CoordinatorConfig
 from runtime.config.telemetry import check_name
 from runtime.coordinator import fleet, webhooks
 from runtime.coordinator.ageing import Ageing
+from runtime.coordinator.alert_log import AlertLog
 from runtime.coordinator.alerts import AlertStates, Told
+from runtime.coordinator.bundle_chunks import ChunkServer
+from runtime.coordinator.bundles import Shelf, held_now
 from runtime.coordinator.coalesce import Coalescer
-from runtime.coordinator.replies import Awaited, PendingReplies
+from runtime.coordinator.commander import Commander, Refused, UnknownDevice
+from runtime.coordinator.dialect import is_url
+from runtime.coordinator.retention import Retention
+from runtime.coordinator.rollout import Rollouts
 from runtime.coordinator.store import Inbound, Store
-from runtime.wire import commands, payloads
+from runtime.wire import payloads
+from runtime.wire.brokerauth import BrokerAuth
 from runtime.wire.mqtt import Connection
 from runtime.wire.quarantine import RateLimitedLog
 
@@ -51,14 +57,6 @@ INBOUND = (  # the device topics the coordinator subscribes to; metrics counts t
     "state", "result", "health", "event", "cmd/reply")
 ALERT_LOG = 1000  # alert transitions kept in memory for the dashboard (GET /api/v1/alerts)
 RECENT_S = 10.0  # stats' health_age_recent_s: health taken in the last this many seconds
-
-
-class UnknownDevice(KeyError):
-    """A command was addressed to a device the coordinator has never heard from."""
-
-
-class Refused(Exception):
-    """An inbound message is not admitted; the text is the quarantine reason."""
 
 
 class Coordinator:
@@ -71,28 +69,30 @@ class Coordinator:
                                            wake_margin_s=cfg.wake_margin_s)
         self.store = Store(cfg.store, cfg.fsync, cfg.store_margin)
         self.api_url = cfg.public_url.rstrip("/")  # set by api.serve when empty
-        from runtime.coordinator.bundles import held_now
-        from runtime.coordinator.rollout import Rollouts
-
-        # groups, desired state, staged rollouts (own tables in the same database)
-        self.rollouts = Rollouts(self.store, self._send_async, self.deploy_args,
+        # groups, desired state, staged rollouts (own tables in the same database); their
+        # commands go out through the commander, made below
+        self.rollouts = Rollouts(self.store,
+                                 lambda *a, **k: self.commander.send_async(*a, **k),
+                                 self.deploy_args,
                                  lambda: list(self.views), cfg.rollout_timeout_s,
                                  self._sleep_of, cfg.wake_margin_s,
                                  settle=lambda b: held_now(self.store, b))
-        from runtime.coordinator.bundles import Shelf
-
         # bundles live in the store: every coordinator sharing it serves every bundle
         self.shelf = Shelf(self.store, int(cfg.max_bundle_mb * 1024 * 1024), cfg.client_id)
         self._import_legacy_shelf(cfg)
-        from runtime.coordinator.bundle_chunks import ChunkServer
-
         # bundles over MQTT for devices without a route to the API (its own connection)
         self.chunks = ChunkServer(cfg.fleet, self.shelf, cfg.broker, cfg.client_id,
                                   cfg.share_group)
-        self._key = commands.load_private_key(cfg.signing_key) if cfg.signing_key else None
         self._views_lock = threading.Lock()
         self._rlog = RateLimitedLog(log)
-        self._device_keys: dict[str, tuple[float, Any]] = {}  # device -> (mtime, key or None)
+        self.counters: collections.Counter = collections.Counter()
+        # signed commands out, their replies awaited and verified (commander.py); the
+        # publish is looked up at each call (tests and benches replace it)
+        self.commander = Commander(
+            cfg, lambda topic, body: self._conn.publish(topic, body), self._view,
+            self.counters, self._rlog,
+            on_setting=lambda d, n, a: self.rollouts.record_setting(d, n, a),
+            on_reply=lambda d, n, r: self.rollouts.on_reply(d, n, r))
         # which views a refresh recomputes (touched, or due by silence) and the version counts
         self._ageing = Ageing()
         self._fleet_version: str | None = None
@@ -101,17 +101,12 @@ class Coordinator:
         self.views = self._restore_views()
         self._views_loaded = time.time()  # last full read of the store's `devices`
         self._inbox: queue.Queue = queue.Queue(maxsize=50_000)
-        self._waiters: dict[str, tuple[threading.Event, list]] = {}
-        # Bounded work per message: a command sent without waiting (a rollout's, a re-send)
-        # is remembered until its reply or its expiry (no thread waits for it); births,
-        # healths and repeated events coalesce per device (coalesce.py)
-        self._pending = PendingReplies(cfg.max_pending_replies)
+        # Bounded work per message: births, healths and repeated events coalesce per device
+        # (coalesce.py); commands sent without waiting are the commander's
         self._births = Coalescer(cfg.resend_window_s)
         self._healths = Coalescer(cfg.coalesce_s)
         self._events = Coalescer(cfg.coalesce_s, max_keys=10_000)  # keys: distinct events
         self._stop = threading.Event()
-        self._retention_due = threading.Event()  # set by ingest when the store is full
-        self._retention_lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         # Persistent session (fixed id, clean off, MQTT 5 expiry): the broker queues for us
         # while we restart. A takeover of that id is logged and counted.
@@ -122,17 +117,16 @@ class Coordinator:
             session_expiry_s=cfg.session_expiry_s, max_inflight=200,
             max_packet_bytes=payloads.MAX_PACKET)  # a device's 256 MB message: not ours
         self.connected = self._conn.subscribed  # set once subscribed: nothing is missed
-        self.counters: collections.Counter = collections.Counter()
-        self._sweep_shelf(at_start=True)  # what an upload killed with our last run left
-        self._set_cap()  # the devices' fair shares (quotas.py) from the first batch on
+        # results by age and by size, stalled streams, the shelf's orphans (retention.py)
+        self.retention = Retention(cfg, self.store, self.shelf, self.counters, self._stop)
+        self.retention.sweep_shelf(at_start=True)  # what an upload killed last run left
+        self.retention.set_cap()  # the fair shares (quotas.py) from the first batch on
         self.health_age_s: collections.deque = collections.deque(maxlen=20_000)
         self._health_taken: collections.deque = collections.deque(maxlen=20_000)  # when, each
         self._counts: tuple[float, float, dict[str, int] | None] = (0.0, 0.0, None)
         # Alert transitions, newest last, and when each active alert was raised; filled by
         # _refresh. Alerts active at start were raised before: they are not sent again.
         self.alert_log: collections.deque = collections.deque(maxlen=ALERT_LOG)
-        from runtime.coordinator.alert_log import AlertLog
-
         self.alert_store = AlertLog(self.store)  # what every coordinator's dashboard lists
         # each (device, code)'s state: raised at once, cleared once away alert_clear_s
         self._alerts = AlertStates()
@@ -145,8 +139,6 @@ class Coordinator:
     def _import_legacy_shelf(self, cfg: CoordinatorConfig) -> None:
         """Bundles an older coordinator kept in `bundles_dir` (its own directory and index)
         go into the store once, tokens kept, so rollouts under way still download."""
-        from runtime.coordinator.dialect import is_url
-
         legacy = cfg.bundles_dir or ("" if is_url(cfg.store) else
                                      str(Path(cfg.store).expanduser().parent / "bundles"))
         try:
@@ -157,17 +149,6 @@ class Coordinator:
         if done:
             log.info("imported %d bundles from %s into the store (%s); the directory is no "
                      "longer used", len(done), legacy, ", ".join(done))
-
-    def _sweep_shelf(self, at_start: bool = False) -> None:
-        """Chunk rows no bundle needs out of the store (Shelf.sweep logs what it removed);
-        a failure is logged, never stops a start or a retention pass."""
-        try:
-            got = self.shelf.sweep(at_start)
-        except Exception:
-            log.exception("could not sweep the bundle shelf's chunk rows; trying again at the "
-                          "next retention pass")
-            return
-        self.counters["bundle_rows_swept"] += got["rows"]
 
     def _restore_views(self) -> dict[str, fleet.DeviceView]:
         """The fleet view from the stored states and latest health. A stored row that is not
@@ -215,8 +196,6 @@ class Coordinator:
         """Start the MQTT and ingest threads (after bringing the broker's ACL up to date when
         `broker_dir` is set)."""
         if self.cfg.broker_dir:
-            from runtime.wire.brokerauth import BrokerAuth
-
             try:
                 BrokerAuth(self.cfg.broker_dir).refresh_acl()  # logs when it rewrote it
             except Exception as e:  # the broker's files must never stop the coordinator
@@ -228,7 +207,7 @@ class Coordinator:
         self.chunks.start()
         if self.webhook is not None:
             self.webhook.start()
-        for name, target in (("ingest", self._ingest_loop), ("retention", self._retention_loop)):
+        for name, target in (("ingest", self._ingest_loop), ("retention", self.retention.loop)):
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()
             self._threads.append(t)
@@ -236,7 +215,7 @@ class Coordinator:
     def stop(self) -> None:
         """Stop the threads (stored data is already committed) and close the store."""
         self._stop.set()
-        self._retention_due.set()  # the retention loop sees the stop at once
+        self.retention.due.set()  # the retention loop sees the stop at once
         self._conn.stop()
         for t in self._threads:
             t.join(5)
@@ -313,7 +292,7 @@ class Coordinator:
                     last_refresh = now
                     self._refresh(now)
                     self.rollouts.tick(now)
-                    self._expire_pending(now)
+                    self.commander.expire_pending(now)
                     self._births_to_rollouts([v for _, v in self._births.due(now)])
                 if now - last_prune >= 3600:
                     last_prune = now
@@ -324,11 +303,40 @@ class Coordinator:
                                level=logging.ERROR)
 
     def _ingest(self, batch: list[tuple[str, bytes, float]]) -> None:
+        """Admit, store and ack one batch, then update the views and the rollouts from what
+        was stored; everything refused on the way is quarantined."""
+        bad: list[tuple[str, str, str, int, float]] = []
+        now = time.time()
+        inbound, sources, replies = self._admit_batch(batch, now, bad)
+        written: dict[str, tuple[float, fleet.DeviceView]] = {}
+        acks, refused = self.store.ingest(inbound, written)
+        if self.store.over_budget:
+            self.retention.due.set()  # the retention loop takes back what was borrowed
+        for i, why in refused:
+            bad.append((inbound[i].device, sources[i][0], why, sources[i][1], now))
+        refused_idx = {i for i, _ in refused}
+        self._ack(acks)
+        self.counters["results_stored_msgs"] += sum(
+            1 for i, m in enumerate(inbound) if m.kind == "result" and i not in refused_idx)
+        stored = [(i, m) for i, m in enumerate(inbound) if i not in refused_idx]
+        self._into_views(stored, sources, written, now, bad)
+        self._to_rollouts(stored, now)
+        for device, reply, topic_name, size in replies:
+            try:
+                self.commander.on_reply(device, reply)
+            except Refused as e:
+                bad.append((device, topic_name, str(e), size, now))
+        self._quarantine(bad)
+
+    def _admit_batch(self, batch: list[tuple[str, bytes, float]], now: float,
+              bad: list[tuple[str, str, str, int, float]]
+              ) -> tuple[list[Inbound], list[tuple[str, int]], list[tuple[str, dict, str, int]]]:
+        """(what to store, its (topic, size) each for quarantine, the command replies): the
+        batch admitted, healths and repeated events coalesced, the coalesced ones whose turn
+        came put first; the refused appended to `bad`."""
         inbound: list[Inbound] = []
         sources: list[tuple[str, int]] = []  # (topic, size) per inbound, for quarantine
         replies: list[tuple[str, dict, str, int]] = []
-        bad: list[tuple[str, str, str, int, float]] = []
-        now = time.time()
 
         def held(items: list) -> None:
             """Coalesced messages whose turn came: before what arrived after them."""
@@ -367,24 +375,22 @@ class Coordinator:
             else:
                 inbound.append(Inbound(device, kind, msg, len(raw)))
                 sources.append((topic_name, len(raw)))
-        written: dict[str, tuple[float, fleet.DeviceView]] = {}
-        acks, refused = self.store.ingest(inbound, written)
-        if self.store.over_budget:
-            self._retention_due.set()  # the retention loop takes back what was borrowed
-        for i, why in refused:
-            bad.append((inbound[i].device, sources[i][0], why, sources[i][1], now))
-        refused_idx = {i for i, _ in refused}
+        return inbound, sources, replies
+
+    def _ack(self, acks: dict) -> None:
+        """Publish the acks of what the batch committed."""
         for (device, _stream), per_floor in acks.items():
             for ack in per_floor:
                 body = payloads.encode("ack", {"v": payloads.VERSION, "stream": ack.stream,
                                                "seq": ack.seq, "from": ack.first})
                 self._conn.publish(payloads.topic(self.cfg.fleet, device, "ack"), body)
-        self.counters["results_stored_msgs"] += sum(
-            1 for i, m in enumerate(inbound) if m.kind == "result" and i not in refused_idx)
+
+    def _into_views(self, stored: list[tuple[int, Inbound]], sources: list[tuple[str, int]],
+                    written: dict[str, tuple[float, fleet.DeviceView]], now: float,
+                    bad: list[tuple[str, str, str, int, float]]) -> None:
+        """The stored messages into the fleet view, then the store's merged rows over it."""
         with self._views_lock:
-            for i, m in enumerate(inbound):
-                if i in refused_idx:
-                    continue
+            for i, m in stored:
                 try:
                     self._update_view(m, now)
                 except Exception as e:  # the view must survive any message
@@ -396,15 +402,14 @@ class Coordinator:
                 held = self.views.get(device)
                 self.views[device] = fleet.with_alerts(merged, held.alerts if held else ())
                 self._seen[device] = updated
-        first = self._first_for_births([(i, m) for i, m in enumerate(inbound)
-                                        if i not in refused_idx and m.kind == "state"
-                                        and m.msg.get("online")])
-        # model rollouts follow devices' events and returns, in the batch's order; the births
-        # between two events are handed over together (one read of their desired state)
+
+    def _to_rollouts(self, stored: list[tuple[int, Inbound]], now: float) -> None:
+        """Model rollouts follow devices' events and returns, in the batch's order; the births
+        between two events are handed over together (one read of their desired state)."""
+        first = self._first_for_births([(i, m) for i, m in stored
+                                        if m.kind == "state" and m.msg.get("online")])
         births: list[tuple[str, str | None]] = []
-        for i, m in enumerate(inbound):
-            if i in refused_idx:
-                continue
+        for i, m in stored:
             if m.kind == "state" and m.msg.get("online") and first.get(i, False):
                 # one re-send a boot, at most one a resend_window_s (the latest birth of a
                 # burst is answered at the window's end): 300 forged births were 300 threads
@@ -421,12 +426,6 @@ class Coordinator:
                 except Exception:
                     log.exception("rollout bookkeeping for %s failed", m.device)
         self._births_to_rollouts(births)
-        for device, reply, topic_name, size in replies:
-            try:
-                self._on_reply(device, reply)
-            except Refused as e:
-                bad.append((device, topic_name, str(e), size, now))
-        self._quarantine(bad)
 
     def _admit(self, topic_name: str, raw: bytes, now: float) -> tuple[str, str, dict]:
         """(device, kind, payload) of an acceptable message; raises Refused saying why not."""
@@ -460,57 +459,6 @@ class Coordinator:
             self._health_taken.append(taken)
         else:
             self.views[m.device] = fleet.on_activity(view, now)
-
-    def _on_reply(self, device: str, reply: dict) -> None:
-        """Hand a command reply to its waiter when it is proven to come from `device`."""
-        waiter = self._waiters.get(reply["id"] or "")
-        pending = self._pending.get(reply["id"] or "")
-        if waiter is None and pending is None and self.cfg.share_group:
-            return  # every coordinator of the group sees every reply: not our command
-        key = self._device_key(device)
-        verified = (key is not None and reply.get("device") == device
-                    and commands.reply_signed_by(reply, key))
-        if key is not None and not verified:
-            raise Refused(f"cmd/reply for command {str(reply['id'])[:64]}: not signed by "
-                          f"{device}'s key (forged or from another device)")
-        if pending is not None and pending.device == device:
-            self._pending.pop(reply["id"])
-            self._on_async_reply(pending, reply, verified)
-            return
-        if waiter is None or waiter[0].is_set():
-            return  # a late, repeated or unrequested reply
-        if not verified:
-            # No key on file for this device: nothing can be proven, so never report success.
-            reply = {**reply, "ok": False, "status": "unverified", "device_status":
-                     reply["status"], "reason": f"reply not verified: no {device}.pub in "
-                     f"coordinator.device_keys; the device said: {reply['status']}: "
-                     f"{reply.get('reason', '')}"}
-        waiter[1].append({**reply, "verified": verified})
-        waiter[0].set()
-
-    def _device_key(self, device: str) -> Any:
-        """The device's reply-signing public key from `device_keys/<device>.pub` (re-read when
-        the file changes, so enrolling needs no restart), or None."""
-        if not self.cfg.device_keys:
-            return None
-        path = Path(self.cfg.device_keys).expanduser() / f"{device}.pub"
-        try:
-            mtime = os.stat(path).st_mtime
-        except OSError:
-            return None
-        cached = self._device_keys.get(device)
-        if cached and cached[0] == mtime:
-            return cached[1]
-        try:
-            key = commands.load_public_key(path)
-        except ValueError as e:
-            # not cached: a file being copied in reads short once and whole a moment later,
-            # possibly with the same mtime (the clock's granularity)
-            self._rlog.log(f"key-{device}", "device key %s unusable: %s; replies from %s stay "
-                           "unverified until it is", path, e, device, level=logging.ERROR)
-            return None
-        self._device_keys[device] = (mtime, key)
-        return key
 
     def _quarantine(self, bad: list[tuple[str, str, str, int, float]]) -> None:
         if not bad:
@@ -711,89 +659,9 @@ class Coordinator:
 
     # -- retention thread (store size and age; see Store.prune_results) ----------------------
 
-    def _retention_loop(self) -> None:
-        last = time.monotonic()
-        while not self._stop.is_set():
-            # every retention_interval_s, or sooner when ingest found the store full (at most
-            # every retention_wake_s: a store that cannot shrink must not spin this loop)
-            self._retention_due.wait(max(0.0, self.cfg.retention_interval_s
-                                         - (time.monotonic() - last)))
-            if self._stop.wait(max(0.0, self.cfg.retention_wake_s
-                                   - (time.monotonic() - last))):
-                return
-            self._retention_due.clear()
-            last = time.monotonic()
-            try:
-                self.run_retention()
-            except Exception:  # a failed pass is retried next interval; ingest is unaffected
-                if self._stop.is_set():
-                    return
-                self.counters["retention_errors"] += 1
-                log.exception("retention pass failed; retrying in %.0f s",
-                              self.cfg.retention_interval_s)
-
     def run_retention(self) -> dict[str, int]:
-        """One retention pass: results past `retention_days`, then the oldest data while the
-        store uses more than `max_store_mb`. Logs what it deleted and counts it in stats.
-        One pass at a time (the retention thread, a caller): two would each reclaim from
-        what the other already took."""
-        with self._retention_lock:
-            return self._run_retention()
-
-    def _run_retention(self) -> dict[str, int]:
-        cfg = self.cfg
-        self.store.maintain()  # PostgreSQL: the coming days' partitions
-        cap = int(cfg.max_store_mb * 1024 * 1024)
-        shelf = self.shelf.stored_bytes() if cap > 0 else 0
-        if cap > 0:  # the bundles in the store are not what the cap is for: never make
-            cap += shelf  # room for them by deleting results
-        done = self.store.prune_results(cfg.retention_days * 86400, cap, reserved=shelf)
-        stalled = self.store.quarantine_stalled(cfg.floor_wait_s)
-        self._sweep_shelf()
-        self.counters["retention_runs"] += 1
-        for key, n in done.items():
-            self.counters[f"pruned_{key}"] += n
-        for device, got in sorted(self.store.reclaimed.items()):
-            self.counters["reclaimed_over_share"] += 1
-            log.warning("retention: device %s was over its share of max_store_mb (it held "
-                        "%.2f MB, now %.2f); deleted %d of its acked results, %d unacked (it "
-                        "re-sends them), %d health, %d events", device, got["before"] / 2**20,
-                        got["after"] / 2**20, got["results"], got["unacked"], got["health"],
-                        got["events"])
-        for st in stalled:
-            self.counters["streams_quarantined"] += 1
-            log.warning("device %s: stream %r quarantined: its ack stayed at %d for %.0f s "
-                        "(floor_wait_s %g), so the %d results above it (%.2f MB) were "
-                        "deleted; the device still holds them and may re-send from its floor",
-                        st.device, st.stream, st.acked, time.time() - st.since,
-                        cfg.floor_wait_s, st.rows, st.bytes / 2**20)
-        if done["results_by_age"]:
-            log.info("retention: deleted %d acked results older than %g days",
-                     done["results_by_age"], cfg.retention_days)
-        # what the size cap took beyond the devices over their share (named above)
-        fair = {"results": 0, "health": 0, "events": 0}
-        for got in self.store.reclaimed.values():
-            fair["results"] += got["results"] + got["unacked"]
-            fair["health"] += got["health"]
-            fair["events"] += got["events"]
-        by_size = {k: n - fair[k.split("_")[0]] for k, n in done.items()
-                   if k.endswith("by_size") and n - fair[k.split("_")[0]]}
-        if by_size:
-            log.warning("retention: the store was over max_store_mb = %g with no device over "
-                        "its share; deleted the oldest %s of all devices (now %.1f MB)",
-                        cfg.max_store_mb,
-                        ", ".join(f"{n} {k.split('_')[0]}" for k, n in by_size.items()),
-                        self.store.used_bytes() / 2**20)
-        return done
-
-    def _set_cap(self) -> None:
-        """Give the store its cap for the fair shares (bundle bytes are not the devices')."""
-        cap = int(self.cfg.max_store_mb * 1024 * 1024)
-        try:
-            shelf = self.shelf.stored_bytes() if cap > 0 else 0
-            self.store.set_cap(cap + shelf if cap > 0 else 0, shelf)
-        except Exception as e:  # the shares then start with the first retention pass
-            log.error("could not measure the store for its fair shares: %s", e)
+        """One retention pass now (Retention.run): what it deleted, by kind."""
+        return self.retention.run()
 
     # -- queries and commands (any thread) ----------------------------------------------------
 
@@ -862,13 +730,24 @@ class Coordinator:
     def queues(self) -> dict[str, dict[str, int]]:
         """Every queue and table of held work with its bound and what passed it: the inbox,
         the replies awaited, and the coalescers of births, healths and events."""
-        c, p = self.counters, self._pending
+        c, p = self.counters, self.commander.pending
         return {"inbox": {"size": self._inbox.qsize(), "max": self._inbox.maxsize,
                           "dropped": c["inbox_full_dropped"]},
                 "pending_replies": {"size": len(p), "max": p.max_size, "dropped": p.dropped,
                                     "expired": p.expired},
                 "births": self._births.stats(), "healths": self._healths.stats(),
                 "events": self._events.stats()}
+
+    def _view(self, device: str) -> fleet.DeviceView | None:
+        """One device's view, read under the views lock (the commander's look-up)."""
+        with self._views_lock:
+            return self.views.get(device)
+
+    def send_command(self, device: str, name: str, args: dict[str, Any] | None = None,
+                     ttl_s: float = 60.0, wait_s: float = 10.0) -> dict[str, Any] | None:
+        """Sign and publish a command; the device's reply, or None on timeout
+        (Commander.send_command says what a reply carries)."""
+        return self.commander.send_command(device, name, args, ttl_s, wait_s)
 
     def deploy_args(self, bundle_id: str) -> dict[str, Any]:
         """The `deploy` command's arguments for a bundle held here (runtime/device/ota.py)."""
@@ -891,112 +770,6 @@ class Coordinator:
         if view is None or not view.asleep:
             return None
         return (view.last_seen or view.state_t, view.wake_at)
-
-    def _send_async(self, device: str, name: str, args: dict[str, Any],
-                    ttl_s: float = 60.0, wait_s: float = 30.0) -> None:
-        """Send a command for a rollout or a returning device without blocking the caller
-        (the ingest thread) and without a thread: its reply, when it comes within `wait_s`,
-        goes to the rollouts from the ingest thread (_on_async_reply). At most
-        max_pending_replies are awaited; past that the oldest is forgotten (counted)."""
-        with self._views_lock:
-            if device not in self.views:
-                raise UnknownDevice(device)
-        env = self._publish_command(device, name, args, ttl_s)
-        if env is None:
-            return  # held by the broker for a sleeper: its events give the verdict
-        self.counters["commands_sent_async"] += 1
-        self._pending.add(env["id"], Awaited(device, name, args, time.time() + wait_s))
-
-    def _expire_pending(self, now: float) -> None:
-        """Forget the awaited replies whose wait is over (a device that never answers)."""
-        self._pending.expire(now)
-
-    def _on_async_reply(self, pending: Awaited, reply: dict, verified: bool) -> None:
-        """A reply to a command sent by _send_async: to the rollouts, and a verified
-        accepted setting kept as desired (as send_command does)."""
-        device, name, args = pending.device, pending.name, pending.args
-        if not verified:
-            reply = {**reply, "ok": False, "status": "unverified",
-                     "device_status": reply["status"]}
-        reply = {**reply, "verified": verified}
-        if reply.get("ok") and verified:
-            self.rollouts.record_setting(device, name, args or {})
-        try:
-            self.rollouts.on_reply(device, name, reply)
-        except Exception:
-            log.exception("rollout bookkeeping for the %s reply of %s failed", name, device)
-
-    def _publish_command(self, device: str, name: str, args: dict[str, Any] | None,
-                         ttl_s: float) -> dict[str, Any] | None:
-        """Sign and publish a command to an awake device and return its envelope; None when
-        the device is asleep (the command, made to outlive the sleep, is then held by the
-        broker in the device's session and delivered at its next wake)."""
-        view = self._commandable(device)
-        if view.asleep and view.status == "asleep":
-            self._publish_for_sleeper(view, name, args, ttl_s)
-            return None
-        env = commands.sign(self._key, device, name, args, ttl_s)
-        self._conn.publish(payloads.topic(self.cfg.fleet, device, "cmd"),
-                           payloads.encode("cmd", env))
-        return env
-
-    def _commandable(self, device: str) -> fleet.DeviceView:
-        """The view of a device this coordinator may command: PermissionError without a
-        signing key, UnknownDevice for a device it has never heard from."""
-        if self._key is None:
-            raise PermissionError("no signing_key configured: this coordinator cannot command")
-        with self._views_lock:
-            view = self.views.get(device)
-        if view is None:
-            raise UnknownDevice(device)
-        return view
-
-    def _publish_for_sleeper(self, view: fleet.DeviceView, name: str,
-                             args: dict[str, Any] | None, ttl_s: float) -> dict[str, Any]:
-        """Publish a command for a device asleep on purpose; returns the `queued` reply."""
-        # The broker holds the command in the device's persistent session and delivers it at
-        # the next wake. It must outlive the sleep. (a wake believed a week ahead at most:
-        # canary_clock.MAX_SLEEP_S; a `wake_at` in 2286 made a command valid, and remembered
-        # by the device, for centuries)
-        from runtime.coordinator.canary_clock import MAX_SLEEP_S
-
-        now, device = time.time(), view.device
-        wake = min(view.wake_at, now + MAX_SLEEP_S)
-        ttl = max(ttl_s, wake - now + self.cfg.wake_margin_s + ttl_s)
-        env = commands.sign(self._key, device, name, args, ttl)
-        self._conn.publish(payloads.topic(self.cfg.fleet, device, "cmd"),
-                           payloads.encode("cmd", env))
-        return {"v": payloads.VERSION, "id": env["id"], "ok": True, "status": "queued",
-                "deliver_at": view.wake_at, "expires_at": env["expires_at"],
-                "reason": f"{device} is asleep until {fleet.clock(view.wake_at)}: the "
-                          "broker holds the command and delivers it at its next wake "
-                          f"(it expires at {fleet.clock(env['expires_at'])})",
-                "t": now, "verified": False}
-
-    def send_command(self, device: str, name: str, args: dict[str, Any] | None = None,
-                     ttl_s: float = 60.0, wait_s: float = 10.0) -> dict[str, Any] | None:
-        """Sign and publish a command; returns the device's reply, or None on timeout.
-
-        The reply has `verified: True` when it carries a valid signature of the device's key
-        (`device_keys/<device>.pub`); replies with a bad signature are quarantined and never
-        returned. Without a key on file the first reply comes back with `verified: False`,
-        `ok: False` and `status: "unverified"` (the device's own status in `device_status`)."""
-        view = self._commandable(device)
-        if view.asleep and view.status == "asleep":
-            return self._publish_for_sleeper(view, name, args, ttl_s)
-        env = commands.sign(self._key, device, name, args, ttl_s)
-        event, box = threading.Event(), []
-        self._waiters[env["id"]] = (event, box)
-        try:
-            self._conn.publish(payloads.topic(self.cfg.fleet, device, "cmd"),
-                               payloads.encode("cmd", env))
-            event.wait(wait_s)
-        finally:
-            self._waiters.pop(env["id"], None)
-        reply = box[0] if box else None
-        if reply and reply.get("ok") and reply.get("verified"):
-            self.rollouts.record_setting(device, name, args or {})  # desired state
-        return reply
 
 
 def _bucket(t: float, width_s: float) -> int:

@@ -9,6 +9,7 @@ reloads (runtime/device/operator_state.py), and a `command_applied` event says s
 from __future__ import annotations
 
 import logging
+import queue
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -141,6 +142,21 @@ def handle(d: CommandHost, cmd: Command) -> None:
             args=loggable(cmd.args), id=cmd.id)
 
 
+def drain(d: CommandHost, waiting: queue.Queue[Command]) -> None:
+    """Apply every command waiting (the main loop's turn); one that fails is logged and
+    reported (`command_failed`): a command must never take the daemon down."""
+    while True:
+        try:
+            cmd = waiting.get_nowait()
+        except queue.Empty:
+            return
+        try:
+            handle(d, cmd)
+        except Exception as e:
+            log.error("command %s failed: %s", cmd.name, e)
+            d.event("command_failed", "warning", command=cmd.name, error=str(e)[:300])
+
+
 def reload(d: CommandHost, path: Path, print_results: bool) -> None:
     """SIGHUP: re-read the config at `path` and apply constraints and governor (the operator's
     settings on top; `print_results`: `serve --print` outlives reloads, as settings do). Any
@@ -169,4 +185,5 @@ def reload(d: CommandHost, path: Path, print_results: bool) -> None:
     d.event("config_reloaded", "info", needs_restart=restart)
 
 
-__all__ = ["HANDLERS", "RESTART_SECTIONS", "RETRY_COMMANDS", "CommandHost", "handle", "reload"]
+__all__ = ["HANDLERS", "RESTART_SECTIONS", "RETRY_COMMANDS", "CommandHost", "drain", "handle",
+           "reload"]

@@ -16,7 +16,8 @@ work lives in its parts (runtime/device/): a model and its ladder `served_model.
 [model]'s and each source's own alike), the models and the box's ladder `box.py`, the sources'
 keys, tiles and targets `source_plan.py`, switching rungs `rung_switch.py`, the commands and
 SIGHUP `commands.py`, the operator's state `operator_state.py`, background profiling
-`profiling.py`, sensors `sensing.py`, live energy `live_energy.py`. OTA, sleep and health
+`profiling.py`, sensors `sensing.py`, live energy `live_energy.py`, the STATUS= line and birth
+fields `status.py`, the stop's order `shutdown.py`. OTA, sleep, health, status and the stop
 reach the daemon through the Protocols of `host.py`.
 """
 
@@ -34,13 +35,12 @@ from typing import Any
 
 from power import control
 from power.box_energy import BoxEnergy
-from power.cputime import named_threads_cpu_s, native_threads_cpu_s
+from power.cputime import named_threads_cpu_s
 from power.device import DeviceProfile
 from power.nvml import gpu_meters
 from power.rungs import Rung
 from power.sensors import Reading, SensorSet, detect_meter
 from power.thermal_source import ThermalSource
-from runtime import __version__
 from runtime.choice.ladders import ladder_for
 from runtime.choice.measure import Measured, measure_first, measure_model
 from runtime.choice.selector import Constraints, NoVariantError
@@ -49,7 +49,7 @@ from runtime.device import commands
 from runtime.device.box import Box
 from runtime.device.health import health, share_reasons, versions
 from runtime.device.host import Install, Stopping
-from runtime.device.live_energy import fold, has_native_pool
+from runtime.device.live_energy import LiveEnergy
 from runtime.device.local_api import LocalApi, start_local_api
 from runtime.device.operator_state import OperatorState
 from runtime.device.ota import DeviceOta
@@ -61,20 +61,21 @@ from runtime.device.profiling import (
 from runtime.device.rung_switch import RungSwitch, rung_label
 from runtime.device.sensing import SensorWatch, control_config, open_sensors
 from runtime.device.served_model import ServedModel, preprocess_chooser
+from runtime.device.shutdown import stop_steps
 from runtime.device.source_plan import SourcePlan, bundled_model
+from runtime.device.status import birth, ha_info, status_line
 from runtime.device.systemd import Notifier
 from runtime.engine.backends import discover
 from runtime.frames.multisource import planned_rate
-from runtime.frames.pipeline import Active, Pipeline, live_id
+from runtime.frames.pipeline import Active, Pipeline
 from runtime.frames.results_local import LocalResults
 from runtime.telemetry.client import Publisher, device_id
-from runtime.telemetry.homeassistant import DeviceInfo, Discovery
+from runtime.telemetry.homeassistant import Discovery
 from runtime.telemetry.outbox import Outbox
 from runtime.wire.commands import Command
 from runtime.wire.health_history import HealthHistory
 
 log = logging.getLogger("edgerun.daemon")
-STOP_FLUSH_S = 5.0  # a clean stop waits this long at most for the last results' acks
 
 
 class _Via:
@@ -137,9 +138,7 @@ class Daemon:
         self.thermal_disabled = ""  # why the thermal governor is off despite the config
         self.thermal: ThermalSource | None = None  # (runtime.device.sensing)
         self.sensor_watch = SensorWatch()  # says when readings go bad, not at each
-        self._live_energy: dict[str, float] = {}  # live_id -> J per inference, live
-        self._live_acc: dict[str, tuple[int, float]] = {}
-        self._native_cpu = 0.0
+        self.energy = LiveEnergy()  # each running variant's J per inference, learnt live
         self.history = HealthHistory(self.state_dir)  # for `edgerun report` when offline
         # -- background profiling --
         self._installs: queue.Queue[Install] = queue.Queue()
@@ -166,6 +165,7 @@ class Daemon:
     failed_models = _Via("plan", "failed")  # sources' models refused at start: key -> why
     tiles = _Via("plan", "tiles")  # tiles per frame each source is planned with
     _reprofiling = _Via("profiler", "lock")  # held while a profiling job runs
+    _live_energy = _Via("energy", "live")  # live_id -> J per inference, live
     # ... and calls
     _lanes = _Via("plan", "lanes")  # the pipeline's sources
     _streams = _Via("plan", "streams")  # the sources as the budget sees them
@@ -230,7 +230,7 @@ class Daemon:
 
     def _open_outbox(self) -> None:
         """The outbox, and the events that waited for it (its own start-up, the governor)."""
-        self.outbox = Outbox(self.cfg.telemetry.outbox, on_event=self._outbox_event)
+        self.outbox = Outbox(self.cfg.telemetry.outbox, on_event=self._event_of)
         if (ev := self.outbox.take_startup_event()) is not None:
             self.event(ev.pop("type"), "critical", **ev)
         if self.thermal_disabled:
@@ -253,8 +253,9 @@ class Daemon:
             return
         try:
             ha = Discovery(cfg.homeassistant, cfg.telemetry.fleet, self.device_id,
-                           self.state_dir, self._ha_info, cfg.telemetry.result_per_message)
-            self.publisher = Publisher(cfg.telemetry, self.outbox, self._birth,
+                           self.state_dir, lambda: ha_info(self),
+                           cfg.telemetry.result_per_message)
+            self.publisher = Publisher(cfg.telemetry, self.outbox, lambda: birth(self),
                                        state_dir=self.state_dir, homeassistant=ha,
                                        session_expiry_s=(cfg.sleep.session_expiry_s
                                                          if cfg.sleep.enabled else 0),
@@ -283,11 +284,11 @@ class Daemon:
         """Local results, the pipeline, each model on its top rung."""
         cfg = self.cfg
         if cfg.results.enabled:
-            self.local = LocalResults(cfg.results, self._pipeline_event)
+            self.local = LocalResults(cfg.results, self._event_of)
             self.local.start()
         lanes = self._lanes(self.sim.clock if self.sim else None)
         self.pipeline = Pipeline(lanes, self.manifest, self.outbox.append_many,
-                                 self._pipeline_event, cfg.daemon.queue_size,
+                                 self._event_of, cfg.daemon.queue_size,
                                  self._preprocess_chooser(), self.local)
         self.pipeline.latency_target_ms = cfg.constraints.latency_ms
         for m in self.models:
@@ -347,12 +348,7 @@ class Daemon:
         if old is not None and Path(m.manifest.root) != Path(old.root):
             self._model_gen += 1  # profiles of the model before are stale from now on
         self.model.install(m)
-        # the [model]'s live energies start afresh; the sources' own models did not change
-        self._live_energy = {k: v for k, v in self._live_energy.items() if "\x00" in k}
-        # ... and so does what was accumulating towards the next figure: two versions of one
-        # model share variant ids, so the old version's last inferences would be billed to
-        # the new version's first figure (the one probation's energy rule judges)
-        self._live_acc = {k: v for k, v in self._live_acc.items() if "\x00" in k}
+        self.energy.forget_model()  # the sources' own models did not change
         self._build_ladder()
         if self.pipeline is not None:  # a new model brings its own preprocessing to measure
             # (another version with the same preprocessing keeps the measured choice: measuring
@@ -491,12 +487,6 @@ class Daemon:
             planned_rate(self._streams() if self.cfg.sources else (), g.rate_hz)
             or self.box.control_rungs()[-1].max_rate_hz())
 
-    def _live_rungs(self, host: list[Rung] | None = None, key: str = "") -> list[Rung]:
-        """Rungs (the [model]'s, or `host` of model `key`) with their live energies."""
-        return [replace(r, energy_j=self._live_energy.get(live_id(key, r.variant_id),
-                                                          r.energy_j))
-                for r in (self.model.host_rungs if host is None else host)]
-
     def _after_rebuild(self, why: str, held: bool) -> None:
         """After the ladder was rebuilt: its top rung when nothing held the device down;
         otherwise the running variant's rung on the new ladder (the cheapest if it is gone):
@@ -537,10 +527,8 @@ class Daemon:
         except Exception as e:  # the outbox itself failing is logged, never raised here
             log.error("could not queue event %s: %s", type_, e)
 
-    def _outbox_event(self, ev: dict) -> None:
-        self.event(ev.pop("type"), ev.pop("severity", "warning"), **ev)
-
-    def _pipeline_event(self, ev: dict) -> None:
+    def _event_of(self, ev: dict) -> None:
+        """An event a part made whole (the outbox's, the pipeline's, local results')."""
         self.event(ev.pop("type"), ev.pop("severity", "warning"), **ev)
 
     def offered_rate_hz(self) -> float:
@@ -569,29 +557,9 @@ class Daemon:
             return 0.0
         return rung.power_w(rate if self.sim else self.pipeline.rate_hz())
 
-    def _birth(self) -> dict[str, Any]:
-        a = self.pipeline.active
-        return {"versions": versions(), "model": self.manifest.name,
-                "choice": a.variant_id if a else "",
-                "model_version": (self.ota.version or "") if self.ota else ""}
-
-    def _ha_info(self) -> DeviceInfo:
-        """What Home Assistant's entities describe (called on the MQTT thread)."""
-        return DeviceInfo(labels=self.manifest.labels if self.manifest else (),
-                          model=self.device.name, sw_version=__version__,
-                          battery=bool(self.device.sensors.battery or self.device.battery))
-
     def status_line(self) -> str:
-        """One line for systemd STATUS= and the log."""
-        a = self.pipeline.active
-        out = self.control_out
-        temp = self.reading.temp_c if self.reading else None
-        return (f"{a.variant_id if a else '-'} rung {rung_label(self.current, len(self.rungs))}"
-                + (f", box rung {rung_label(self.joint_current, len(self.joint))} over "
-                   f"{len(self.joint and self.joint[0].picks)} models" if self.joint else "")
-                + (f", {temp:.1f} °C" if temp is not None else "")
-                + (f", {out.reason}" if out and out.reason else "")
-                + (", GOVERNOR OFF: no thermal sensor" if self.thermal_disabled else ""))
+        """One line for systemd STATUS= and the log (runtime.device.status)."""
+        return status_line(self)
 
     def health(self) -> dict[str, Any]:
         """The health message (runtime.device.health)."""
@@ -646,22 +614,14 @@ class Daemon:
         if self.sim:  # no /proc reads at the simulator's tick rate (every 10 ms at 300x)
             self.pipeline.take_infer_cpu()
             return
-        native = native_threads_cpu_s()
-        d_native, self._native_cpu = max(native - self._native_cpu, 0.0), native
-        if self._reprofiling.locked():
-            self.pipeline.take_infer_cpu()
-            return
         running = self._running_id()
-        if not has_native_pool(self.by_id.get(running)):
-            # its inference all ran in the timed thread: the process's native threads (OpenCV,
-            # BLAS, ...) did other work, 2-9 ms a control tick in the first seconds after a
-            # start, which billed to it made a 0.3 ms model read 2-4x its cost (docs/ota.md)
-            d_native = 0.0
-        fold(self._live_acc, self._live_energy, self.pipeline.take_infer_cpu(), self._by_live,
-             running, d_native, lambda: self.device.power.active_w_per_core)
-        self.rungs = self._live_rungs()
-        for sm in self.source_models.values():
-            sm.rungs = self._live_rungs(sm.host_rungs, sm.key)
+        if not self.energy.update(self.pipeline.take_infer_cpu, running,
+                                  self.by_id.get(running), self._by_live,
+                                  self._reprofiling.locked(),
+                                  lambda: self.device.power.active_w_per_core):
+            return
+        for m in self.models:  # the [model]'s first, then each source's own
+            m.rungs = m.live_rungs(self._live_energy)
         if self.source_models:
             self.box.build_joint()
 
@@ -797,18 +757,8 @@ class Daemon:
         self._reload_requested = True
 
     def _drain_commands(self) -> None:
-        if self.publisher is None:
-            return
-        while True:
-            try:
-                cmd = self.publisher.commands.get_nowait()
-            except queue.Empty:
-                return
-            try:
-                self.handle(cmd)
-            except Exception as e:  # a command must never take the daemon down
-                log.error("command %s failed: %s", cmd.name, e)
-                self.event("command_failed", "warning", command=cmd.name, error=str(e)[:300])
+        if self.publisher is not None:
+            commands.drain(self, self.publisher.commands)
 
     def close_partial(self) -> None:
         """After start-up was abandoned while profiling (nothing had started threads yet):
@@ -816,39 +766,12 @@ class Daemon:
         if self.outbox is not None:
             self.outbox.close()
 
-    def _await_acks(self, timeout_s: float = STOP_FLUSH_S) -> None:
-        """Wait, at most `timeout_s`, until the coordinator has acked every stored result;
-        at once when the broker is not reached (they stay in the outbox for the next start)."""
-        deadline = time.monotonic() + timeout_s
-        while (self.publisher is not None and self.publisher.session_ready
-               and self.outbox.stats()["results_held"] and time.monotonic() < deadline):
-            time.sleep(0.05)
-
     def stop(self) -> None:
-        """Drain in-flight frames (their results are stored), say offline, close."""
+        """Drain in-flight frames (their results are stored), say offline, close
+        (runtime.device.shutdown says in which order)."""
         self.notify.stopping()
         log.info("stopping: draining in-flight frames")
-        steps: list[tuple[str, Callable[[], Any]]] = [("the pipeline", self.pipeline.stop)]
-        if self.local:
-            steps.append(("local results", self.local.stop))  # what the drained frames made
-        if self.local_api:
-            steps.append(("the local API", self.local_api.stop))
-        if self.profiler.thread is not None:
-            # It stops at its next variant (progress raises Stopping); an engine call that is
-            # still running when the interpreter exits aborts the process.
-            steps.append(("re-profiling", lambda: self.profiler.thread.join(60)))
-        if self.ota is not None and self.ota.thread is not None:
-            # a model install stops at its next variant, too
-            steps.append(("a model install", lambda: self.ota.thread.join(60)))
-        if self.sim:
-            steps.append(("the simulator", self.sim.stop))
-        if self.publisher:
-            # the drained frames' results out and acked while the link is up (bounded), so
-            # a clean stop leaves nothing to re-send; then, last, the offline state and a
-            # clean DISCONNECT (else the broker publishes the will, "connection lost")
-            steps.append(("the last acks", self._await_acks))
-            steps.append(("MQTT", self.publisher.stop))
-        for what, stop in steps:
+        for what, stop in stop_steps(self):
             try:
                 stop()
             except Exception:

@@ -185,3 +185,52 @@ class HealthHost(Protocol):
     def models_health(self) -> dict[str, Any]:
         """health's `models` (and `box` with several models)."""
         ...
+
+
+class StatusHost(Protocol):
+    """What runtime/device/status.py reads of the daemon (its STATUS= line, birth fields)."""
+
+    device: DeviceProfile
+    pipeline: Pipeline
+    reading: Reading | None
+    control_out: control.Output | None
+    thermal_disabled: str
+    ota: Any  # runtime.device.ota.DeviceOta or None
+
+    @property
+    def manifest(self) -> Manifest:
+        """The [model] section's model."""
+        ...
+
+    @property
+    def rungs(self) -> list[Rung]:
+        """The [model]'s ladder."""
+        ...
+
+    @property
+    def current(self) -> int:
+        """The [model]'s rung (index into rungs)."""
+        ...
+
+    @property
+    def joint(self) -> list[Any]:
+        """The box's ladder over several models (empty with one)."""
+        ...
+
+    @property
+    def joint_current(self) -> int:
+        """The box's rung (index into joint)."""
+        ...
+
+
+class StopHost(Protocol):
+    """What runtime/device/shutdown.py stops, in its order."""
+
+    pipeline: Pipeline
+    local: Any  # runtime.frames.results_local.LocalResults or None
+    local_api: Any  # runtime.device.local_api.LocalApi or None
+    profiler: Any  # runtime.device.profiling.Profiler (its `thread`)
+    ota: Any  # runtime.device.ota.DeviceOta or None (its `thread`)
+    sim: Any  # runtime.device.simdevice.SimulatedDevice or None
+    publisher: Publisher | None
+    outbox: Outbox

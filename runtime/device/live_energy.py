@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from power.cputime import native_threads_cpu_s
 from runtime.choice.selector import Profile
 
 LIVE_MIN_INFERENCES = 50  # inferences per live energy update of the running rung
@@ -47,3 +48,43 @@ def has_native_pool(profile: Profile | None) -> bool:
     thread too), which runs every node in the calling thread. Unknown: assumed it may."""
     return not (profile is not None and profile.engine == "onnxruntime"
                 and profile.threads == 1)
+
+
+class LiveEnergy:
+    """The live figures (J per inference by pipeline.live_id) and what accumulates towards
+    the next ones; the daemon calls `update` every control tick."""
+
+    def __init__(self) -> None:
+        self.live: dict[str, float] = {}  # live id -> J per inference, live
+        self.acc: dict[str, tuple[int, float]] = {}  # live id -> (inferences, CPU s) so far
+        self.native_cpu = 0.0  # the process's native threads' CPU s at the last update
+
+    def update(self, take_infer_cpu: Callable[[], Mapping[str, tuple[int, float]]],
+               running: str, profile: Profile | None, profiles: Mapping[str, Any],
+               profiling: bool, default_j_per_cpu: Callable[[], float]) -> bool:
+        """Fold what the pipeline ran since the last call (`take_infer_cpu`, read after the
+        native threads' CPU) into the figures; the native threads' CPU is billed to `running`
+        (its `profile`) when its engine may use them (`has_native_pool`). `profiling`: the
+        profiler's work would be billed to it, so nothing is learnt. Returns whether the
+        figures were updated."""
+        native = native_threads_cpu_s()
+        d_native, self.native_cpu = max(native - self.native_cpu, 0.0), native
+        if profiling:
+            take_infer_cpu()
+            return False
+        if not has_native_pool(profile):
+            # its inference all ran in the timed thread: the process's native threads (OpenCV,
+            # BLAS, ...) did other work, 2-9 ms a control tick in the first seconds after a
+            # start, which billed to it made a 0.3 ms model read 2-4x its cost (docs/ota.md)
+            d_native = 0.0
+        fold(self.acc, self.live, take_infer_cpu(), profiles, running, d_native,
+             default_j_per_cpu)
+        return True
+
+    def forget_model(self) -> None:
+        """The [model]'s figures start afresh (another measurement of it was installed); the
+        sources' own models' (live ids with a key) are kept. What was accumulating goes too:
+        two versions of one model share variant ids, so the old version's last inferences
+        would be billed to the new version's first figure (the one probation judges)."""
+        self.live = {k: v for k, v in self.live.items() if "\x00" in k}
+        self.acc = {k: v for k, v in self.acc.items() if "\x00" in k}

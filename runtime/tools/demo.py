@@ -2,16 +2,16 @@
 
 Everything a new user needs, started by one command: a local MQTT broker (Mosquitto when it
 is installed, otherwise the pure-Python amqtt broker of the `[demo]` extra), the coordinator
-(in this process), and
-`edgerun serve` as a child process running the bundled inspection model on the synthetic
-conveyor, on a simulated Raspberry Pi 5 in a cabinet that gets the midday sun (time accelerated).
-The live view prints one line per second from what the coordinator received; watch the rung
-step down as the die heats towards its trip point and back up as it cools. Ctrl-C stops it all.
+(`edgerun coordinator`), and `edgerun serve` running the bundled inspection model on the
+synthetic conveyor, on a simulated Raspberry Pi 5 in a cabinet that gets the midday sun (time
+accelerated). The live view prints one line per second from what the coordinator received
+(through its API, as `edgerun fleet` reads it); watch the rung step down as the die heats
+towards its trip point and back up as it cools. Ctrl-C stops it all.
 
-Processes: the broker and the daemon run in their own process groups and the coordinator in
-this process, so a Ctrl-C (SIGINT to the terminal's foreground group) reaches only this
-process, which stops them in order: the daemon (its outbox drained to the coordinator), the
-coordinator, the broker. SIGTERM and SIGHUP (a closed terminal) stop it the same way.
+Processes: the broker, the coordinator and the daemon each run in a process group of their
+own, so a Ctrl-C (SIGINT to the terminal's foreground group) reaches only this process, which
+stops them in order: the daemon (its outbox drained to the coordinator), the coordinator, the
+broker. SIGTERM and SIGHUP (a closed terminal) stop it the same way.
 """
 
 from __future__ import annotations
@@ -26,12 +26,13 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
+from typing import Any
 
 from models import bundled
-from runtime.config.coordinator import CoordinatorConfig
 from runtime.config.telemetry import BrokerConfig
-from runtime.coordinator.service import Coordinator
 from runtime.tools.simloop import REFERENCE_BACKENDS
 from runtime.wire.broker import Mosquitto, free_port, mosquitto_path, wait_port
 from runtime.wire.brokerauth import (
@@ -105,6 +106,24 @@ password_file = "{password_file}"
 path = "{state}/outbox.db"
 """
 
+
+COORDINATOR_CONFIG = """\
+[coordinator]
+fleet = "demo"
+store = "{state}/coordinator.db"
+signing_key = "{state}/command.pem"
+device_keys = "{device_keys}"
+stale_after_s = 5
+offline_after_s = 15
+http_host = "127.0.0.1"
+http_port = {http_port}
+
+[coordinator.broker]
+host = "127.0.0.1"
+port = {port}
+username = "{username}"
+password_file = "{password_file}"
+"""
 
 # One line an operator can act on, when neither broker is there (amqtt is the `[demo]` extra:
 # a fleet device has no use for it, and it pulls in typer, rich and pydantic).
@@ -302,31 +321,255 @@ def outbox_backlog(path: Path) -> tuple[int, int]:
         box.close()
 
 
-def _stop_daemon(daemon: subprocess.Popen, daemon_log: Path) -> None:
-    """SIGTERM and wait: the daemon drains its outbox to the coordinator and says goodbye."""
-    if daemon.poll() is None:
-        daemon.terminate()
+def _stop_child(proc: subprocess.Popen, what: str, log_file: Path) -> None:
+    """SIGTERM and wait: the daemon drains its outbox to the coordinator and says goodbye; the
+    coordinator commits what it took in and closes its store."""
+    if proc.poll() is None:
+        proc.terminate()
         with contextlib.suppress(subprocess.TimeoutExpired):
-            daemon.wait(30)
-        if daemon.returncode is None:
-            print("the daemon did not stop within 30 s of SIGTERM: killed; see its log",
+            proc.wait(30)
+        if proc.returncode is None:
+            print(f"the {what} did not stop within 30 s of SIGTERM: killed; see its log",
                   flush=True)
-            daemon.kill()
-            daemon.wait()
-        elif daemon.returncode != 0:
-            print(f"the daemon exited with code {daemon.returncode} on stop; its log ends:\n"
-                  + daemon_log.read_text()[-2000:], flush=True)
+            proc.kill()
+            proc.wait()
+        elif proc.returncode != 0:
+            print(f"the {what} exited with code {proc.returncode} on stop; its log ends:\n"
+                  + log_file.read_text()[-2000:], flush=True)
 
 
-def _goodbye_seen(coord: Coordinator, device: str, timeout_s: float = 10.0) -> dict | None:
+class CoordinatorProcess:
+    """`edgerun coordinator` in a process group of its own, and the API calls the demo makes
+    of it (the fleet view, a device's events), with its API token."""
+
+    def __init__(self, cfg_path: Path, log_file: Path, token_file: Path, http_port: int):
+        self.cfg_path, self.log_file, self.token_file = cfg_path, log_file, token_file
+        self.url = f"http://127.0.0.1:{http_port}"
+        self.http_port = http_port
+        self.proc: subprocess.Popen | None = None
+        self._token = ""
+
+    def start(self, timeout_s: float = 60.0) -> None:
+        """Start it and wait until its API answers and it is subscribed to the fleet's
+        topics; RuntimeError (with its log's end) when it exits or does not get there."""
+        self.proc = subprocess.Popen([sys.executable, "-m", "runtime.cli", "coordinator",
+                                      "--config", str(self.cfg_path)],
+                                     stdout=self.log_file.open("w"), stderr=subprocess.STDOUT,
+                                     process_group=0)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                break
+            try:  # read again each time: the first read may catch the file half-written
+                self._token = self.token_file.read_text().strip()
+                if self.get("/api/v1/stats").get("connected"):
+                    return
+            except (OSError, ValueError):  # not listening yet, or the token not yet written
+                pass
+            time.sleep(0.1)
+        raise RuntimeError("the coordinator did not start (code "
+                           f"{self.proc.poll()}); its log ends:\n"
+                           + self.log_file.read_text()[-2000:])
+
+    def alive(self) -> bool:
+        """Whether its process runs."""
+        return self.proc is not None and self.proc.poll() is None
+
+    def get(self, path: str) -> Any:
+        """GET one API path, decoded (OSError when it cannot be reached)."""
+        req = urllib.request.Request(self.url + path,
+                                     headers={"Authorization": f"Bearer {self._token}"})
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return json.loads(resp.read())
+
+    def fleet_view(self) -> list[dict]:
+        """Every device's view (GET /api/v1/fleet)."""
+        return self.get("/api/v1/fleet")
+
+    def events(self, device: str) -> list[dict]:
+        """The device's latest events, newest first (its detail view's)."""
+        return self.get(f"/api/v1/devices/{device}")["events"]
+
+    def stop(self) -> None:
+        """SIGTERM and wait (see _stop_child)."""
+        if self.proc is not None:
+            _stop_child(self.proc, "coordinator", self.log_file)
+
+
+def _goodbye_seen(coord: CoordinatorProcess, device: str,
+                  timeout_s: float = 10.0) -> dict | None:
     """The device's view once the coordinator has taken in its goodbye (status no longer
     online), or its last view after `timeout_s`; None if it was never heard from."""
     deadline = time.monotonic() + timeout_s
     while True:
-        view = {v["device"]: v for v in coord.fleet_view()}.get(device)
+        try:
+            view = {v["device"]: v for v in coord.fleet_view()}.get(device)
+        except (OSError, ValueError):  # the coordinator is gone: nothing more to learn
+            return None
         if view is None or view["status"] != "online" or time.monotonic() > deadline:
             return view
         time.sleep(0.1)
+
+
+def _new_events(events: list[dict], last: str | None) -> list[dict]:
+    """The events (newest first) after the one printed last (its JSON), oldest first."""
+    keys = [json.dumps(ev, sort_keys=True) for ev in events]
+    fresh = events[:keys.index(last)] if last in keys else events
+    return list(reversed(fresh))
+
+
+def event_line(ev: dict) -> str | None:
+    """The live view's line for one event: a rung change or one of SHOWN; None otherwise."""
+    if ev["type"] == EventType.RUNG_CHANGED:
+        return (f"  rung -> {ev.get('rung')}/{ev.get('rungs')}: "
+                f"{ev['from'].split('@')[0]} -> {ev['to'].split('@')[0]} "
+                f"({ev.get('reason', '')})")
+    if ev["type"] in SHOWN:
+        detail = ev.get("detail") or ev.get("reason") or ev.get("problems")
+        return f"  {ev['type']}: {detail}"
+    return None
+
+
+class _Demo:
+    """One demo's processes and files, started and stopped in order (see module docstring)."""
+
+    DEVICE = "demo-box"
+
+    def __init__(self, workdir: Path, terminated: list[int]):
+        self.workdir, self.state = workdir, workdir / "state"
+        self.state.mkdir(parents=True, exist_ok=True)
+        self.terminated = terminated
+        self.broker = make_broker(workdir)
+        # Authenticated like a real fleet: each side logs in as itself and the broker's ACL
+        # confines it (see docs/security.md); enrolled before start (amqtt cannot reload).
+        self.device_login = self.broker.device("demo", self.DEVICE)
+        self.coord_login = self.broker.coordinator("demo")
+        self.coord: CoordinatorProcess | None = None
+        self.daemon: subprocess.Popen | None = None
+        self.daemon_log = workdir / "daemon.log"
+        self.kept_log = (Path("~/.cache/edgerun/demo").expanduser()
+                         / time.strftime("daemon-%Y%m%d-%H%M%S.log"))
+
+    def start(self, device: str, scenario: str, speed: float, start_hour: float,
+              rate: float) -> None:
+        """The broker, the coordinator, then the daemon (unless a stop came meanwhile)."""
+        self.broker.start(own_group=True)
+        print(f"broker: {type(self.broker).__name__} on 127.0.0.1:{self.broker.port} "
+              "(authenticated, ACL on)", flush=True)
+        state = self.state
+        generate_keypair(state / "command.pem", state / "command.pub")
+        cfg_path = self.workdir / "edgerun.toml"
+        cfg_path.write_text(DEMO_CONFIG.format(
+            device=device, state=state, rate=f"{rate / speed:.6g}", scenario=scenario,
+            speed=speed,
+            profiles=bundled() / "reference-profiles.json", backends=REFERENCE_BACKENDS,
+            start_hour=start_hour, port=self.broker.port,
+            username=self.device_login.username,
+            password_file=self.device_login.password_file))
+        self._start_coordinator()
+        url = self.coord.url  # type: ignore[union-attr]
+        print(f"coordinator API: {url}/api/v1/fleet (try: edgerun fleet --api {url} "
+              f"--token-file {state / 'api-token'} ls)", flush=True)
+        print(f"dashboard: {url}/ (token: the content of {state / 'api-token'})", flush=True)
+        print(f"daemon: edgerun serve --config {cfg_path} (log: {self.daemon_log}; kept "
+              f"afterwards as {self.kept_log})", flush=True)
+        print(f"simulated {device}, scenario {scenario}, {speed:g}x from {start_hour:g}:00, "
+              "in lockstep with the daemon's control loop (a busy host slows the simulation "
+              "down, it does not change what the governor sees): the simulated camera offers "
+              "frames as fast as the top rung runs on all cores; the live view's frames/s is "
+              "this host's real pipeline", flush=True)
+        print("the simulated device's ladder: the bundled model's reference profiles (CI "
+              "machine, scaled to the device profile), so the demo repeats; `edgerun profile "
+              "models/inspection` measures this host", flush=True)
+        if not self.terminated:  # a Ctrl-C during the start: nothing more to start
+            self.daemon = subprocess.Popen([sys.executable, "-m", "runtime.cli", "serve",
+                                            "--config", str(cfg_path)],
+                                           stdout=self.daemon_log.open("w"),
+                                           stderr=subprocess.STDOUT, process_group=0)
+
+    def _start_coordinator(self) -> None:
+        http_port = free_port()
+        cfg_path = self.workdir / "coordinator.toml"
+        cfg_path.write_text(COORDINATOR_CONFIG.format(
+            state=self.state, device_keys=_device_keys(self.state, self.DEVICE),
+            http_port=http_port, port=self.broker.port, username=self.coord_login.username,
+            password_file=self.coord_login.password_file))
+        self.coord = CoordinatorProcess(cfg_path, self.workdir / "coordinator.log",
+                                        self.state / "api-token", http_port)
+        self.coord.start()
+
+    def watch(self, duration_s: float) -> int:
+        """The live view, a line a second, until a stop signal, `duration_s` (when > 0) or a
+        child's exit (1)."""
+        started = time.monotonic()
+        last: str | None = None
+        pace = PaceNotice()
+        coord = self.coord
+        while self.daemon is not None and coord is not None and not self.terminated:
+            time.sleep(1.0)
+            if self.terminated:
+                break
+            if self.daemon.poll() is not None:
+                print(f"the daemon exited with code {self.daemon.returncode}; its log:\n"
+                      + self.daemon_log.read_text()[-3000:], flush=True)
+                return 1
+            if not coord.alive():
+                print(f"the coordinator exited with code {coord.proc.poll()}; its log:\n"
+                      + coord.log_file.read_text()[-3000:], flush=True)
+                return 1
+            try:
+                last = self._show(coord, pace, last)
+            except (OSError, ValueError) as e:  # a slow answer: the next second tries again
+                log.debug("live view: the coordinator API did not answer: %s", e)
+            if duration_s and time.monotonic() - started > duration_s:
+                break
+        return 0
+
+    def _show(self, coord: CoordinatorProcess, pace: PaceNotice, last: str | None
+              ) -> str | None:
+        """One second of the live view: the device's line, a pace notice, its new events.
+        Returns the newest event shown (the next call's `last`)."""
+        view = {v["device"]: v for v in coord.fleet_view()}.get(self.DEVICE)
+        if not view or not view.get("health"):
+            return last
+        print(live_line(view, view["results_stored"]), flush=True)
+        if (line := pace.seen(view["health"].get("simulated", {}))) is not None:
+            print(line, flush=True)
+        events = coord.events(self.DEVICE)
+        for ev in _new_events(events, last):
+            if (line := event_line(ev)) is not None:
+                print(line, flush=True)
+        return json.dumps(events[0], sort_keys=True) if events else last
+
+    def stop(self, code: int) -> int:
+        """Stop everything in order: the daemon first, while the coordinator and the broker
+        are there to take its last results and its goodbye; then the coordinator; the broker
+        last. Returns the demo's exit code (1 when a result was left unacked)."""
+        if self.terminated:
+            print("\nstopping: the daemon, then the coordinator, then the broker...",
+                  flush=True)
+        if self.daemon is not None:
+            _stop_child(self.daemon, "daemon", self.daemon_log)
+        if self.coord is not None and self.coord.alive():
+            v = _goodbye_seen(self.coord, self.DEVICE)
+            if v is not None:
+                print(f"results stored by the coordinator: {v['results_stored']}; device "
+                      f"{v['status']} ({v['reason'] or 'running'})", flush=True)
+        if self.daemon is not None and (self.state / "outbox.db").exists():
+            made, held = outbox_backlog(self.state / "outbox.db")
+            print(f"device outbox: {made} results made, "
+                  + ("every result acked" if held == 0 else
+                     f"{held} not acked (kept in {self.state / 'outbox.db'})"), flush=True)
+            code = code or int(held > 0)
+        if self.coord is not None:
+            self.coord.stop()
+        self.broker.stop()
+        if self.daemon is not None:
+            with contextlib.suppress(OSError):
+                self.kept_log.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(self.daemon_log, self.kept_log)
+                print(f"daemon log: {self.kept_log}", flush=True)
+        return code
 
 
 def run(duration_s: float = 0.0, device: str = "rpi5", scenario: str = "cabinet",
@@ -340,120 +583,15 @@ def run(duration_s: float = 0.0, device: str = "rpi5", scenario: str = "cabinet"
     if workdir is None:
         tmp = tempfile.TemporaryDirectory(prefix="edgerun-demo-")
         workdir = Path(tmp.name)
-    state = workdir / "state"
-    state.mkdir(parents=True, exist_ok=True)
-    broker = make_broker(workdir)
-    # Authenticated like a real fleet: each side logs in as itself and the broker's ACL
-    # confines it (see docs/security.md); enrolled before start (amqtt cannot reload).
-    device_login = broker.device("demo", "demo-box")
-    coord_login = broker.coordinator("demo")
     terminated: list[int] = []
+    demo = _Demo(workdir, terminated)
     previous = _on_stop_signals(terminated)
-    coord: Coordinator | None = None
-    api = None
-    daemon: subprocess.Popen | None = None
-    daemon_log = workdir / "daemon.log"
-    kept_log = (Path("~/.cache/edgerun/demo").expanduser()
-                / time.strftime("daemon-%Y%m%d-%H%M%S.log"))
     code = 0
     try:
-        broker.start(own_group=True)
-        print(f"broker: {type(broker).__name__} on 127.0.0.1:{broker.port} (authenticated, "
-              "ACL on)", flush=True)
-        generate_keypair(state / "command.pem", state / "command.pub")
-        cfg_path = workdir / "edgerun.toml"
-        cfg_path.write_text(DEMO_CONFIG.format(
-            device=device, state=state, rate=f"{rate / speed:.6g}", scenario=scenario,
-            speed=speed,
-            profiles=bundled() / "reference-profiles.json", backends=REFERENCE_BACKENDS,
-            start_hour=start_hour, port=broker.port, username=device_login.username,
-            password_file=device_login.password_file))
-        coord = Coordinator(CoordinatorConfig(
-            fleet="demo", broker=coord_login,
-            store=str(state / "coordinator.db"), signing_key=str(state / "command.pem"),
-            device_keys=str(_device_keys(state, "demo-box")),
-            stale_after_s=5, offline_after_s=15))
-        coord.start()
-        from runtime.coordinator.api import serve
-
-        api = serve(coord, "127.0.0.1", 0)
-        url = f"http://127.0.0.1:{api.server_address[1]}"
-        print(f"coordinator API: {url}/api/v1/fleet (try: edgerun fleet --api {url} "
-              f"--token-file {state / 'api-token'} ls)", flush=True)
-        print(f"dashboard: {url}/ (token: the content of {state / 'api-token'})", flush=True)
-        print(f"daemon: edgerun serve --config {cfg_path} (log: {daemon_log}; kept afterwards "
-              f"as {kept_log})", flush=True)
-        print(f"simulated {device}, scenario {scenario}, {speed:g}x from {start_hour:g}:00, "
-              "in lockstep with the daemon's control loop (a busy host slows the simulation "
-              "down, it does not change what the governor sees): the simulated camera offers "
-              "frames as fast as the top rung runs on all cores; the live view's frames/s is "
-              "this host's real pipeline", flush=True)
-        print("the simulated device's ladder: the bundled model's reference profiles (CI "
-              "machine, scaled to the device profile), so the demo repeats; `edgerun profile "
-              "models/inspection` measures this host", flush=True)
-        if not terminated:  # a Ctrl-C during the start: nothing more to start
-            daemon = subprocess.Popen([sys.executable, "-m", "runtime.cli", "serve",
-                                       "--config", str(cfg_path)],
-                                      stdout=daemon_log.open("w"), stderr=subprocess.STDOUT,
-                                      process_group=0)
-        started = time.monotonic()
-        seen_events = 0
-        pace = PaceNotice()
-        while daemon is not None and not terminated:
-            time.sleep(1.0)
-            if terminated:
-                break
-            if daemon.poll() is not None:
-                print(f"the daemon exited with code {daemon.returncode}; its log:\n"
-                      + daemon_log.read_text()[-3000:], flush=True)
-                code = 1
-                break
-            views = {v["device"]: v for v in coord.fleet_view()}
-            view = views.get("demo-box")
-            if view and view.get("health"):
-                print(live_line(view, view["results_stored"]), flush=True)
-                if (line := pace.seen(view["health"].get("simulated", {}))) is not None:
-                    print(line, flush=True)
-                events = coord.store.events("demo-box", 200)
-                for ev in reversed(events[: max(0, len(events) - seen_events)]):
-                    if ev["type"] == EventType.RUNG_CHANGED:
-                        print(f"  rung -> {ev.get('rung')}/{ev.get('rungs')}: "
-                              f"{ev['from'].split('@')[0]} -> {ev['to'].split('@')[0]} "
-                              f"({ev.get('reason', '')})", flush=True)
-                    elif ev["type"] in SHOWN:
-                        detail = ev.get("detail") or ev.get("reason") or ev.get("problems")
-                        print(f"  {ev['type']}: {detail}", flush=True)
-                seen_events = len(events)
-            if duration_s and time.monotonic() - started > duration_s:
-                break
+        demo.start(device, scenario, speed, start_hour, rate)
+        code = demo.watch(duration_s)
     finally:
-        if terminated:
-            print("\nstopping: the daemon, then the coordinator, then the broker...", flush=True)
-        # In order: the daemon first, while the coordinator and the broker are there to take
-        # its last results and its goodbye; then the coordinator; the broker last.
-        if daemon is not None:
-            _stop_daemon(daemon, daemon_log)
-        if coord is not None:
-            v = _goodbye_seen(coord, "demo-box")
-            if v is not None:
-                print(f"results stored by the coordinator: {v['results_stored']}; device "
-                      f"{v['status']} ({v['reason'] or 'running'})", flush=True)
-            if daemon is not None and (state / "outbox.db").exists():
-                made, held = outbox_backlog(state / "outbox.db")
-                print(f"device outbox: {made} results made, "
-                      + ("every result acked" if held == 0 else
-                         f"{held} not acked (kept in {state / 'outbox.db'})"), flush=True)
-                code = code or int(held > 0)
-        if api is not None:
-            api.shutdown()
-        if coord is not None:
-            coord.stop()
-        broker.stop()
-        if daemon is not None:
-            with contextlib.suppress(OSError):
-                kept_log.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(daemon_log, kept_log)
-                print(f"daemon log: {kept_log}", flush=True)
+        code = demo.stop(code)
         if tmp is not None:
             if code:
                 print(f"(kept {workdir} for inspection)")

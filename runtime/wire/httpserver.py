@@ -9,7 +9,7 @@ uvicorn's own `timeout_keep_alive` only covers idle time between requests and is
 every byte, so a client trickling a request would hold its connection for ever (the same is
 true of aiohttp's keepalive_timeout, and neither has a request-receipt deadline); uvicorn
 takes a protocol class (`Config(http=...)`), so the deadlines are added there, by subclassing
-its H11Protocol (`guarded_protocol`):
+its H11Protocol (`GuardedH11Protocol`):
 
 - a request (line, headers and body) must arrive within `request_s` of the connection opening
   or of the previous response ending, plus the time its Content-Length needs at
@@ -68,122 +68,128 @@ class Limits:
                         self.refused_busy)
 
 
-def guarded_protocol(limits: Limits) -> type[H11Protocol]:
-    """uvicorn's H11Protocol with a request-receipt deadline and connection limits."""
+class GuardedH11Protocol(H11Protocol):
+    """uvicorn's H11Protocol with a request-receipt deadline and connection limits; the
+    `limits` of one server are set on a subclass of it (`guarded_protocol`): uvicorn makes a
+    protocol instance from the class it is given, with its own arguments."""
 
-    class Guarded(H11Protocol):
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            self._guard: asyncio.TimerHandle | None = None
-            self._deadline: float | None = None
-            self._last, self._in_body, self._counted = time.monotonic(), False, False
-            super().connection_made(transport)
-            peer = self.client[0] if self.client else "?"
-            self._peer = peer
-            total = sum(limits.open_by_client.values())
-            if total >= limits.max_connections or \
-                    limits.open_by_client.get(peer, 0) >= limits.per_client:
-                limits.refused_busy += 1
-                limits.say(f"closed a connection over the limits ({limits.per_client} per "
-                           f"client, {limits.max_connections} in all)", peer)
-                transport.close()
-                return
-            limits.open_by_client[peer] = limits.open_by_client.get(peer, 0) + 1
-            self._counted = True
+    limits: Limits
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        self._guard: asyncio.TimerHandle | None = None
+        self._deadline: float | None = None
+        self._last, self._in_body, self._counted = time.monotonic(), False, False
+        super().connection_made(transport)
+        peer = self.client[0] if self.client else "?"
+        self._peer = peer
+        total = sum(self.limits.open_by_client.values())
+        if total >= self.limits.max_connections or \
+                self.limits.open_by_client.get(peer, 0) >= self.limits.per_client:
+            self.limits.refused_busy += 1
+            self.limits.say(f"closed a connection over the limits ({self.limits.per_client} "
+                            f"per client, {self.limits.max_connections} in all)", peer)
+            transport.close()
+            return
+        self.limits.open_by_client[peer] = self.limits.open_by_client.get(peer, 0) + 1
+        self._counted = True
+        self._expect_request()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._counted:
+            self._counted = False
+            left = self.limits.open_by_client.get(self._peer, 1) - 1
+            if left > 0:
+                self.limits.open_by_client[self._peer] = left
+            else:
+                self.limits.open_by_client.pop(self._peer, None)
+        self._disarm()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        self._last = time.monotonic()
+        super().data_received(data)
+        if self._deadline is None or self.transport.is_closing():
+            return
+        state = self.conn.their_state
+        if state is h11.SEND_BODY and not self._in_body:
+            self._begin_body()
+        elif state in (h11.DONE, h11.MUST_CLOSE, h11.CLOSED):
+            self._deadline = None  # received in full: the app answers in its own time
+            self._disarm()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing():
             self._expect_request()
 
-        def connection_lost(self, exc: Exception | None) -> None:
-            if self._counted:
-                self._counted = False
-                left = limits.open_by_client.get(self._peer, 1) - 1
-                if left > 0:
-                    limits.open_by_client[self._peer] = left
-                else:
-                    limits.open_by_client.pop(self._peer, None)
-            self._disarm()
-            super().connection_lost(exc)
+    def send_400_response(self, msg: str) -> None:
+        # h11 refused the request (a malformed Content-Length, header line...): the same
+        # JSON error body as every other refusal of the API
+        self.limits.malformed += 1
+        body = b'{"error": "malformed HTTP request: ' + msg.encode("ascii", "replace") \
+            + b'"}'
+        event = h11.Response(status_code=400, reason=b"Bad Request", headers=[
+            (b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)),
+            (b"connection", b"close")])
+        with contextlib.suppress(h11.LocalProtocolError):
+            self.transport.write(self.conn.send(event))
+            self.transport.write(self.conn.send(h11.Data(data=body)))
+            self.transport.write(self.conn.send(h11.EndOfMessage()))
+        self.transport.close()
 
-        def data_received(self, data: bytes) -> None:
-            self._last = time.monotonic()
-            super().data_received(data)
-            if self._deadline is None or self.transport.is_closing():
-                return
-            state = self.conn.their_state
-            if state is h11.SEND_BODY and not self._in_body:
-                self._begin_body()
-            elif state in (h11.DONE, h11.MUST_CLOSE, h11.CLOSED):
-                self._deadline = None  # received in full: the app answers in its own time
-                self._disarm()
+    # -- the deadline -------------------------------------------------------------------
 
-        def on_response_complete(self) -> None:
-            super().on_response_complete()
-            if not self.transport.is_closing():
-                self._expect_request()
+    def _expect_request(self) -> None:
+        """Start the deadline of the next request: at connect, after each response. A
+        pipelined request already in whole (uvicorn handled it) has no deadline."""
+        now = time.monotonic()
+        self._last = now
+        self._disarm()
+        if self.conn.their_state in (h11.DONE, h11.MUST_CLOSE, h11.CLOSED):
+            self._deadline = None
+            return
+        self._deadline = now + self.limits.request_s
+        self._in_body = False
+        if self.conn.their_state is h11.SEND_BODY:
+            self._begin_body()
+        self._arm(now)
 
-        def send_400_response(self, msg: str) -> None:
-            # h11 refused the request (a malformed Content-Length, header line...): the same
-            # JSON error body as every other refusal of the API
-            limits.malformed += 1
-            body = b'{"error": "malformed HTTP request: ' + msg.encode("ascii", "replace") \
-                + b'"}'
-            event = h11.Response(status_code=400, reason=b"Bad Request", headers=[
-                (b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)),
-                (b"connection", b"close")])
-            with contextlib.suppress(h11.LocalProtocolError):
-                self.transport.write(self.conn.send(event))
-                self.transport.write(self.conn.send(h11.Data(data=body)))
-                self.transport.write(self.conn.send(h11.EndOfMessage()))
-            self.transport.close()
+    def _begin_body(self) -> None:
+        self._in_body = True  # headers are in: the body gets time by its length
+        length = dict(self.headers or []).get(b"content-length", b"0")
+        with contextlib.suppress(ValueError):
+            self._deadline += min(int(length), 1 << 40) / self.limits.min_body_bps  # type: ignore[operator]
 
-        # -- the deadline -------------------------------------------------------------------
+    def _arm(self, now: float) -> None:
+        self._disarm()
+        if self._deadline is None:
+            return
+        at = min(self._deadline, self._last + self.limits.idle_s)
+        self._guard = self.loop.call_later(max(0.0, at - now), self._check)
 
-        def _expect_request(self) -> None:
-            """Start the deadline of the next request: at connect, after each response. A
-            pipelined request already in whole (uvicorn handled it) has no deadline."""
-            now = time.monotonic()
-            self._last = now
-            self._disarm()
-            if self.conn.their_state in (h11.DONE, h11.MUST_CLOSE, h11.CLOSED):
-                self._deadline = None
-                return
-            self._deadline = now + limits.request_s
-            self._in_body = False
-            if self.conn.their_state is h11.SEND_BODY:
-                self._begin_body()
-            self._arm(now)
-
-        def _begin_body(self) -> None:
-            self._in_body = True  # headers are in: the body gets time by its length
-            length = dict(self.headers or []).get(b"content-length", b"0")
-            with contextlib.suppress(ValueError):
-                self._deadline += min(int(length), 1 << 40) / limits.min_body_bps  # type: ignore[operator]
-
-        def _arm(self, now: float) -> None:
-            self._disarm()
-            if self._deadline is None:
-                return
-            at = min(self._deadline, self._last + limits.idle_s)
-            self._guard = self.loop.call_later(max(0.0, at - now), self._check)
-
-        def _disarm(self) -> None:
-            if self._guard is not None:
-                self._guard.cancel()
-                self._guard = None
-
-        def _check(self) -> None:
+    def _disarm(self) -> None:
+        if self._guard is not None:
+            self._guard.cancel()
             self._guard = None
-            if self._deadline is None or self.transport.is_closing():
-                return
-            now = time.monotonic()
-            if now >= self._deadline or now - self._last >= limits.idle_s:
-                limits.cut_slow += 1
-                limits.say("closed a slow or idle connection (request not received in time)",
-                           self._peer)
-                self._deadline = None
-                self.transport.close()
-                return
-            self._arm(now)
 
-    return Guarded
+    def _check(self) -> None:
+        self._guard = None
+        if self._deadline is None or self.transport.is_closing():
+            return
+        now = time.monotonic()
+        if now >= self._deadline or now - self._last >= self.limits.idle_s:
+            self.limits.cut_slow += 1
+            self.limits.say("closed a slow or idle connection (request not received in "
+                            "time)", self._peer)
+            self._deadline = None
+            self.transport.close()
+            return
+        self._arm(now)
+
+
+def guarded_protocol(limits: Limits) -> type[H11Protocol]:
+    """The protocol class of one server: GuardedH11Protocol bound to its `limits`."""
+    return type("Guarded", (GuardedH11Protocol,), {"limits": limits})
 
 
 class Server:

@@ -145,17 +145,12 @@ def test_native_cpu_of_other_threads_is_not_billed_to_a_single_thread_onnxruntim
     first seconds after a start that was 2-9 ms per 0.2 s tick (OpenCV/BLAS pools and the
     like), 1-4x a small model's own 0.27 ms per inference, and its live energy (probation's
     baseline) read 2-4x too high. /proc is the boundary faked here."""
-    import threading
-    from types import SimpleNamespace
-
     from runtime.choice.selector import Profile
-    from runtime.device import daemon as dm
+    from runtime.device import live_energy as le
 
-    monkeypatch.setattr(dm, "native_threads_cpu_s", lambda: 1.5)  # 0.5 s since the last
+    monkeypatch.setattr(le, "native_threads_cpu_s", lambda: 1.5)  # 0.5 s since the last
     prof = Profile("v", "m", "fp32", engine, "CPU", threads, energy_mj=6.0, cpu_ms=1.0)
-    d = SimpleNamespace(sim=None, _native_cpu=1.0, _reprofiling=threading.Lock(),
-                        pipeline=SimpleNamespace(take_infer_cpu=lambda: {"v": (50, 0.05)}),
-                        _live_acc={}, by_id={"v": prof}, _by_live={"v": prof}, _live_energy={},
-                        _running_id=lambda: "v", _live_rungs=lambda *a: [], source_models={})
-    dm.Daemon._update_live_energy(d)
-    assert d._live_energy["v"] * 1e3 == pytest.approx(mj)  # 1 ms of CPU an inference, 6 W
+    energy = le.LiveEnergy()
+    energy.native_cpu = 1.0
+    assert energy.update(lambda: {"v": (50, 0.05)}, "v", prof, {"v": prof}, False, lambda: 0.0)
+    assert energy.live["v"] * 1e3 == pytest.approx(mj)  # 1 ms of CPU an inference, 6 W

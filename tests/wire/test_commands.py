@@ -145,10 +145,10 @@ def test_a_device_key_read_half_copied_is_read_again(tmp_path):
     try:
         (keys / "box1.pub").write_bytes(b"")
         os.utime(keys / "box1.pub", ns=(1_000_000_000, 1_000_000_000))
-        assert coord._device_key("box1") is None
+        assert coord.commander.device_key("box1") is None
         (keys / "box1.pub").write_bytes((tmp_path / "d.pub").read_bytes())
         os.utime(keys / "box1.pub", ns=(1_000_000_000, 1_000_000_000))
-        assert coord._device_key("box1") is not None
+        assert coord.commander.device_key("box1") is not None
     finally:
         coord.stop()
 

@@ -217,77 +217,100 @@ def _compile(s: OpenClSession, proto: onnx.ModelProto, input_name: str,
         if i in fused:
             continue
         op, a = n.op_type, _attrs(n)
-        if op in ("Identity", "Dropout", "Flatten", "Reshape"):
-            src = T[n.input[0]]
-            if op == "Flatten":
-                ax = a.get("axis", 1) % max(1, len(src.shape))
-                shape = (int(np.prod(src.shape[:ax])), int(np.prod(src.shape[ax:])))
-            elif op == "Reshape":
-                want = [int(d) for d in T[n.input[1]].const]
-                want = [src.shape[k] if d == 0 else d for k, d in enumerate(want)]
-                if -1 in want:
-                    known = int(np.prod([d for d in want if d != -1]))
-                    want[want.index(-1)] = int(np.prod(src.shape)) // known
-                shape = tuple(want)
-            else:
-                shape = src.shape
-            if src.buf is None and src.const is not None:
-                T[n.output[0]] = _Tensor(shape, const=src.const.reshape(shape))
-            else:
-                T[n.output[0]] = _Tensor(shape, buf=dev(n.input[0]))
-            continue
-        if op in ("Conv", "BatchNormalization"):
-            i = _conv(s, g, n, a, nodes, i, single_next, fused, dev, new)
-            continue
-        if op in _ACT:
-            x = T[n.input[0]]
-            count = int(np.prod(x.shape))
-            p1, p2 = _act_params(n, a, T)
-            y = new(n.output[0], x.shape)
-            g.steps.append(_Step(op, "act_map", (count,), None,
-                                 [dev(n.input[0]), y, np.int32(count), np.int32(_ACT[op]),
-                                  np.float32(p1), np.float32(p2)]))
-        elif op in ("MaxPool", "AveragePool"):
-            _pool(s, g, n, a, dev, new)
-        elif op == "GlobalAveragePool":
-            N, C, H, W = T[n.input[0]].shape
-            ls = 1 << int(math.log2(max(1, min(256, s.max_wg(), H * W))))
-            y = new(n.output[0], (N, C, 1, 1))
-            g.steps.append(_Step(op, "global_avg", (N * C * ls,), (ls,),
-                                 [dev(n.input[0]), y, np.int32(H * W),
-                                  s._cl.LocalMemory(4 * ls)]))
-        elif op in ("Add", "Mul"):
-            _binary(s, g, n, dev, new, 0 if op == "Add" else 1)
-        elif op == "Concat":
-            shapes = [T[x].shape for x in n.input]
-            ax = a["axis"] % len(shapes[0])
-            out_shape = list(shapes[0])
-            out_shape[ax] = sum(sh[ax] for sh in shapes)
-            y = new(n.output[0], tuple(out_shape))
-            outer = int(np.prod(out_shape[:ax]))
-            total = int(np.prod(out_shape[ax:]))
-            off = 0
-            for name, sh in zip(n.input, shapes, strict=True):
-                inner = int(np.prod(sh[ax:]))
-                g.steps.append(_Step(op, "concat_copy", (outer * inner,), None,
-                                     [dev(name), y, np.int32(outer), np.int32(inner),
-                                      np.int32(total), np.int32(off)]))
-                off += inner
-        elif op in ("Gemm", "MatMul"):
-            _gemm(s, g, n, a, dev, new)
-        elif op == "Softmax":
-            shape = T[n.input[0]].shape
-            ax = a.get("axis", -1) % len(shape)
-            if ax != len(shape) - 1:
-                raise UnsupportedGraph("opencl", n.name, "Softmax only over the last axis")
-            cols = shape[-1]
-            rows = int(np.prod(shape[:-1]))
-            y = new(n.output[0], shape)
-            g.steps.append(_Step(op, "softmax", (rows,), None,
-                                 [dev(n.input[0]), y, np.int32(rows), np.int32(cols)]))
+        if op in _VIEWS:
+            _view(g, n, a, dev)
+        elif op in ("Conv", "BatchNormalization"):
+            _conv(s, g, n, a, nodes, i, single_next, fused, dev, new)
+        elif op in _ACT:
+            _act(s, g, n, a, dev, new)
+        elif (emit := _EMIT.get(op)) is not None:
+            emit(s, g, n, a, dev, new)
         else:  # pragma: no cover - unsupported_ops() refused it already
             raise UnsupportedGraph("opencl", n.name, f"unsupported op {op}")
     return g
+
+
+# ops that only rename or reshape a tensor: no kernel, the same buffer (or constant)
+_VIEWS = ("Identity", "Dropout", "Flatten", "Reshape")
+
+
+def _view(g: _Compiled, n: onnx.NodeProto, a: dict, dev) -> None:
+    """Identity, Dropout, Flatten, Reshape: the output shares the input's buffer."""
+    T = g.tensors
+    op = n.op_type
+    src = T[n.input[0]]
+    if op == "Flatten":
+        ax = a.get("axis", 1) % max(1, len(src.shape))
+        shape = (int(np.prod(src.shape[:ax])), int(np.prod(src.shape[ax:])))
+    elif op == "Reshape":
+        want = [int(d) for d in T[n.input[1]].const]
+        want = [src.shape[k] if d == 0 else d for k, d in enumerate(want)]
+        if -1 in want:
+            known = int(np.prod([d for d in want if d != -1]))
+            want[want.index(-1)] = int(np.prod(src.shape)) // known
+        shape = tuple(want)
+    else:
+        shape = src.shape
+    if src.buf is None and src.const is not None:
+        T[n.output[0]] = _Tensor(shape, const=src.const.reshape(shape))
+    else:
+        T[n.output[0]] = _Tensor(shape, buf=dev(n.input[0]))
+
+
+def _act(s, g, n, a, dev, new) -> None:
+    """An elementwise activation (_ACT) as one act_map launch."""
+    T = g.tensors
+    x = T[n.input[0]]
+    count = int(np.prod(x.shape))
+    p1, p2 = _act_params(n, a, T)
+    y = new(n.output[0], x.shape)
+    g.steps.append(_Step(n.op_type, "act_map", (count,), None,
+                         [dev(n.input[0]), y, np.int32(count), np.int32(_ACT[n.op_type]),
+                          np.float32(p1), np.float32(p2)]))
+
+
+def _global_avg(s, g, n, a, dev, new) -> None:
+    """GlobalAveragePool: one work-group per (image, channel), a local-memory reduction."""
+    T = g.tensors
+    N, C, H, W = T[n.input[0]].shape
+    ls = 1 << int(math.log2(max(1, min(256, s.max_wg(), H * W))))
+    y = new(n.output[0], (N, C, 1, 1))
+    g.steps.append(_Step(n.op_type, "global_avg", (N * C * ls,), (ls,),
+                         [dev(n.input[0]), y, np.int32(H * W),
+                          s._cl.LocalMemory(4 * ls)]))
+
+
+def _concat(s, g, n, a, dev, new) -> None:
+    """Concat: one copy launch per input into its slice of the output."""
+    T = g.tensors
+    shapes = [T[x].shape for x in n.input]
+    ax = a["axis"] % len(shapes[0])
+    out_shape = list(shapes[0])
+    out_shape[ax] = sum(sh[ax] for sh in shapes)
+    y = new(n.output[0], tuple(out_shape))
+    outer = int(np.prod(out_shape[:ax]))
+    total = int(np.prod(out_shape[ax:]))
+    off = 0
+    for name, sh in zip(n.input, shapes, strict=True):
+        inner = int(np.prod(sh[ax:]))
+        g.steps.append(_Step(n.op_type, "concat_copy", (outer * inner,), None,
+                             [dev(name), y, np.int32(outer), np.int32(inner),
+                              np.int32(total), np.int32(off)]))
+        off += inner
+
+
+def _softmax(s, g, n, a, dev, new) -> None:
+    """Softmax over the last axis, one launch per row."""
+    T = g.tensors
+    shape = T[n.input[0]].shape
+    ax = a.get("axis", -1) % len(shape)
+    if ax != len(shape) - 1:
+        raise UnsupportedGraph("opencl", n.name, "Softmax only over the last axis")
+    cols = shape[-1]
+    rows = int(np.prod(shape[:-1]))
+    y = new(n.output[0], shape)
+    g.steps.append(_Step(n.op_type, "softmax", (rows,), None,
+                         [dev(n.input[0]), y, np.int32(rows), np.int32(cols)]))
 
 
 def _act_params(n: onnx.NodeProto, a: dict, T: dict) -> tuple[float, float]:
@@ -464,6 +487,21 @@ def _gemm(s, g, n, a, dev, new) -> None:
                           np.int32(K), np.int32(ta), np.int32(tb),
                           np.float32(a.get("alpha", 1.0)), np.float32(a.get("beta", 1.0)),
                           np.int32(cmode)]))
+
+
+# the other ops' emitters, by op type (Conv/BatchNormalization fuse with what follows, the
+# views and activations are above)
+_EMIT = {
+    "MaxPool": _pool,
+    "AveragePool": _pool,
+    "GlobalAveragePool": _global_avg,
+    "Add": lambda s, g, n, a, dev, new: _binary(s, g, n, dev, new, 0),
+    "Mul": lambda s, g, n, a, dev, new: _binary(s, g, n, dev, new, 1),
+    "Concat": _concat,
+    "Gemm": _gemm,
+    "MatMul": _gemm,
+    "Softmax": _softmax,
+}
 
 
 class OpenClBackend:

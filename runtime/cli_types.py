@@ -1,0 +1,54 @@
+"""Argument types and the registration signature the per-package CLI modules share.
+
+Each package's `cli` module registers its own subcommands (`add_*(sub, common)`) with the
+parser `runtime/cli.py` builds; the types of its options that more than one package uses live
+here, so no package's CLI imports another's.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any, Protocol
+
+
+class Subparsers(Protocol):
+    """What a package's CLI needs of argparse's subparsers action (a private class)."""
+
+    def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser:
+        """A new subcommand's parser."""
+        ...
+
+
+def shape(text: str) -> tuple[int, ...]:
+    """Input dims like 1,3,224,224 (or 1x3x224x224), every one positive."""
+    try:
+        dims = tuple(int(x) for x in text.replace("x", ",").split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected dims like 1,3,224,224, got {text!r}") from None
+    if any(d <= 0 for d in dims):
+        raise argparse.ArgumentTypeError(f"every dimension must be positive, got {text!r}")
+    return dims
+
+
+def ratio(text: str) -> float:
+    """A number within 0..1."""
+    try:
+        r = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number 0..1, got {text!r}") from None
+    if not 0 <= r <= 1:
+        raise argparse.ArgumentTypeError(f"must be within 0..1, got {text!r}")
+    return r
+
+
+def threads(text: str) -> tuple[int, ...]:
+    """Thread counts like 1,4, every one >= 1."""
+    try:
+        counts = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected thread counts like 1,4, got {text!r}"
+                                         ) from None
+    if any(t < 1 for t in counts):
+        raise argparse.ArgumentTypeError(f"every thread count must be >= 1, got {text!r}")
+    return counts
+

@@ -1,0 +1,168 @@
+"""`edgerun check` and `edgerun serve`: the device's own commands."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from runtime.cli_types import Subparsers
+from runtime.config.schema import to_dict
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """Validate a config file, print it resolved (stdout, JSON) and report the model and the
+    sensors the daemon would use (stderr); exit 1 when the model cannot be loaded or the
+    governor is on and no temperature sensor is found."""
+    from runtime import config as config_mod
+    from runtime.frames.sources import redact
+
+    cfg = config_mod.load(args.config)
+    # stream URLs may carry a camera's password: the printed config is for screens and tickets
+    print(redact(json.dumps(to_dict(cfg), indent=2)))
+    bad = [what for what, rc in (("model", _check_model(cfg)), ("sensors", _check_sensors(cfg)))
+           if rc]
+    from runtime.frames.source_check import notes
+
+    for line in notes(cfg):  # never fatal: serve retries a source until it works
+        print(line, file=sys.stderr)
+    print(f"{args.config}: " + (f"config ok, {' and '.join(bad)} NOT ok" if bad else "ok"),
+          file=sys.stderr)
+    return 1 if bad else 0
+
+
+def _check_model(cfg) -> int:
+    """Load the configured model as `serve` would (manifest and sha256 of every variant, or a
+    bare .onnx with its input shape, labels and preprocessing) and say what was found, on
+    stderr. 1 when `serve` would fail on it."""
+    from runtime.engine.manifest import configured_model, model_files
+    from runtime.engine.model_meta import describe
+    from runtime.engine.onnx_model import ModelError
+
+    def say(line: str) -> None:
+        print(line, file=sys.stderr)
+
+    if not cfg.model.path:
+        say("model: the bundled models/inspection")
+        return 0
+    try:
+        m = configured_model(cfg.model.path, cfg.model)
+        forms = model_files(m)
+    except ModelError as e:
+        say(f"ERROR: model: {e}")
+        return 1
+    if m.bare:
+        say(f"model: {m.root}: a bare .onnx, one fp32 form, input {list(forms[0].input_shape)}, "
+            f"accuracy unknown (the governor can only cap the frame rate); output "
+            f"{m.output}, {len(m.labels) or 'no'} labels, preprocess {m.preprocess.to_dict()}")
+    else:
+        names = ", ".join(f.precision for f in forms)
+        say(f"model: {m.root}: {m.name}, {len(forms)} variants ({names}), accuracy basis "
+            f"{m.accuracy_basis}")
+        ignored = [k for k in ("labels", "preprocess") if getattr(cfg.model, k)]
+        if ignored or cfg.model.output != "scores":
+            say(f"  note: [model] {', '.join(ignored or ['output'])} apply to a bare .onnx only;"
+                " the manifest declares its own")
+    say(f"  preprocess: {describe(m.preprocess.to_dict())} (from {m.preprocess_source}); "
+        f"labels: {len(m.labels)} (from {m.labels_source})")
+    if m.detect is not None:  # docs/detectors.md
+        d = m.detect
+        say(f"  detector: {d.format} output, score >= {d.score_threshold}, NMS IoU "
+            f"{d.iou_threshold}; results carry boxes and counts; tiling "
+            + (f"on (tile {m.tiling.size or 'input'} px, overlap {m.tiling.overlap})"
+               if m.tiling else "off"))
+    return 0
+
+
+def _check_sensors(cfg) -> int:
+    """Probe the sensors under the config's sysfs root and print what was found, on stderr so
+    stdout stays the resolved config. 1 when the governor would run without a thermometer."""
+    from power.sensors import SensorError, SensorSet, detect_meter, discover_thermal
+    from runtime.device.profiles import load_profile
+
+    def say(line: str) -> None:
+        print(line, file=sys.stderr)
+
+    if cfg.simulator.enabled:
+        say("sensors: not probed (simulator.enabled: the simulator writes the sysfs tree)")
+        return 0
+    device = load_profile(cfg.device.profile)
+    root = Path(cfg.device.sysfs_root)
+    say(f"sensors under {root} for device profile '{device.name}':")
+    rc = 0
+    try:
+        src = discover_thermal(root, device)
+    except SensorError as e:
+        if cfg.governor.policy != "off":
+            say(f"ERROR: governor.policy is '{cfg.governor.policy}' but no temperature sensor "
+                f"was found, so the governor could not protect this device: {e}")
+            say("  fix: point device.sysfs_root at the real tree, name the sensor in the device "
+                "profile ([thermal] zone_type, or hwmon_name + hwmon_label), or set "
+                "governor.policy = \"off\"")
+            rc = 1
+        else:
+            say(f"thermal: none (governor.policy is 'off', so none is needed): {e}")
+    else:
+        for line in src.describe():
+            say(line)
+        now = SensorSet(root, src.temp_file).read()
+        say(f"  now: {now.temp_c:g} °C" if now.valid else f"  now: {'; '.join(now.problems)}")
+    meter = detect_meter(root, device)
+    say(f"power: {meter.source}: {meter.where}")
+    from power.nvml import gpu_meters
+
+    for gpu in gpu_meters():
+        say(f"power: nvml: {gpu.where}")
+    for a in device.accelerators:
+        say(f"accelerator: '{a.match}' ({a.kind}): {a.idle_w:g} W idle, {a.active_w:g} W busy "
+            f"({a.basis}), the bill of its variants where no meter covers it")
+    battery = device.sensors.battery or (device.battery.path if device.battery else "")
+    solar = device.solar.path if device.solar else ""
+    if battery or solar:
+        r = SensorSet(root, "", battery, solar).read()
+        say(f"battery/solar: {battery or '-'} / {solar or '-'}: "
+            + ("ok" if r.valid else "; ".join(r.problems)))
+    return rc
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Run the daemon: inspect frames, govern precision, publish results and health."""
+    hold_sighup()
+    from runtime.device.daemon import serve
+
+    return serve(args.config, print_results=args.print, reload_pending=lambda: bool(_EARLY_HUP))
+
+
+_EARLY_HUP: list[int] = []
+
+
+def hold_sighup() -> None:
+    """Remember a SIGHUP until the daemon installs its own handler. Its default action ends
+    the process, and the daemon's handler exists only after the engines are imported and the
+    config loaded (0.5 s here, seconds on a Pi): a `reload` then killed it without a word."""
+    import signal
+
+    signal.signal(signal.SIGHUP, lambda *_: _EARLY_HUP.append(1))
+
+
+
+def add_check(sub: Subparsers, common: argparse.ArgumentParser) -> None:
+    """`edgerun check CONFIG`."""
+    ck = sub.add_parser("check", help="validate a config file, print it resolved and report "
+                        "the sensors the daemon would use (exit 1: governor on, no thermometer)",
+                        description=cmd_check.__doc__,
+                        parents=[common])
+    ck.add_argument("config", type=Path)
+    ck.set_defaults(func=cmd_check)
+
+
+def add_serve(sub: Subparsers, common: argparse.ArgumentParser) -> None:
+    """`edgerun serve`."""
+    se = sub.add_parser("serve", help="run the daemon", description=cmd_serve.__doc__,
+                        parents=[common])
+    se.add_argument("--config", type=Path, help="edgerun TOML config (embedded defaults "
+                    "otherwise: bundled model, synthetic frames, no broker)")
+    se.add_argument("--print", action="store_true", help="one line a result on stdout: UTC "
+                    "time, source ref, label, score, variant, rung (also [results] print)")
+    se.set_defaults(func=cmd_serve)

@@ -1,0 +1,49 @@
+"""The order a clean stop takes the daemon's parts down in, and the wait for the last acks.
+
+Drain in-flight frames first (their results are stored), then what consumes them (local
+results), the local API, the background jobs (they stop at their next variant), the
+simulator, and, last, the link: the drained frames' results out and acked while the link is
+up (bounded), then the offline state and a clean DISCONNECT (else the broker publishes the
+will, "connection lost"). Read from the daemon through `host.StopHost`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from runtime.device.host import StopHost
+
+STOP_FLUSH_S = 5.0  # a clean stop waits this long at most for the last results' acks
+
+
+def await_acks(d: StopHost, timeout_s: float = STOP_FLUSH_S) -> None:
+    """Wait, at most `timeout_s`, until the coordinator has acked every stored result; at
+    once when the broker is not reached (they stay in the outbox for the next start)."""
+    deadline = time.monotonic() + timeout_s
+    while (d.publisher is not None and d.publisher.session_ready
+           and d.outbox.stats()["results_held"] and time.monotonic() < deadline):
+        time.sleep(0.05)
+
+
+def stop_steps(d: StopHost) -> list[tuple[str, Callable[[], Any]]]:
+    """(what, how to stop it) for every part running, in the order they stop."""
+    steps: list[tuple[str, Callable[[], Any]]] = [("the pipeline", d.pipeline.stop)]
+    if d.local:
+        steps.append(("local results", d.local.stop))  # what the drained frames made
+    if d.local_api:
+        steps.append(("the local API", d.local_api.stop))
+    if d.profiler.thread is not None:
+        # It stops at its next variant (progress raises Stopping); an engine call that is
+        # still running when the interpreter exits aborts the process.
+        steps.append(("re-profiling", lambda: d.profiler.thread.join(60)))
+    if d.ota is not None and d.ota.thread is not None:
+        # a model install stops at its next variant, too
+        steps.append(("a model install", lambda: d.ota.thread.join(60)))
+    if d.sim:
+        steps.append(("the simulator", d.sim.stop))
+    if d.publisher:
+        steps.append(("the last acks", lambda: await_acks(d)))
+        steps.append(("MQTT", d.publisher.stop))
+    return steps
