@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import sqlite3
 import threading
 import time
@@ -42,8 +43,10 @@ from runtime.config.telemetry import OutboxConfig
 from runtime.telemetry.held import Held, OutboxFull, unwritable
 from runtime.telemetry.sidecar import Sidecar
 from runtime.wire.events import EventType
+from runtime.wire.quarantine import RateLimitedLog
 
 log = logging.getLogger("edgerun.outbox")
+_rlog = RateLimitedLog(log)  # a bug writing NaN would write it every message
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT NOT NULL);
@@ -69,10 +72,32 @@ class Pending:
 
 
 def _dumps(obj: Any) -> str:
-    text = json.dumps(obj, separators=(",", ":"), allow_nan=False)
+    try:
+        text = json.dumps(obj, separators=(",", ":"), allow_nan=False)
+    except ValueError:  # a NaN or an infinity somewhere: JSON has neither
+        bad: list[str] = []
+        obj = _finite(obj, "", bad)
+        _rlog.log("nonfinite", "a message held a non-finite number at %s (a bug: a figure that "
+                  "cannot be measured is null); stored with null there", ", ".join(bad[:5]),
+                  level=logging.ERROR)
+        text = json.dumps(obj, separators=(",", ":"), allow_nan=False)
     if "\\ud" in text:  # a surrogate escape: a pair (valid) or a lone one; rare, so walk then
         text = json.dumps(_valid_text(obj), separators=(",", ":"), allow_nan=False)
     return text
+
+
+def _finite(obj: Any, path: str, bad: list[str]) -> Any:
+    """`obj` with every NaN or infinite float replaced by None, their paths in `bad`. Health
+    or a result dying in json.dumps ended the thread that wrote it (a daemon stopped on
+    health after its power meter went away)."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        bad.append(path or "/")
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite(v, f"{path}/{k}", bad) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_finite(v, f"{path}/{i}", bad) for i, v in enumerate(obj)]
+    return obj
 
 
 def _valid_text(obj: Any) -> Any:

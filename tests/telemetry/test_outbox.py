@@ -185,3 +185,25 @@ def test_text_no_coordinator_admits_is_made_valid_before_it_is_stored(tmp_path):
     assert docs[0]["ref"] == "bad\\udcff.png" and docs[0]["label"] == "ok"
     assert docs[1]["ref"] == "caf\u00e9 \\ud800"  # a backslash in the text stays a backslash
     assert docs[2]["ref"] == "x\\ud800y" and docs[2]["n"] == ["\\udfff"]
+
+
+def test_a_non_finite_number_is_stored_as_null_not_a_dead_writer(tmp_path, caplog):
+    """json.dumps(allow_nan=False) raised on a NaN in health (the box's energy after its
+    meter went away) and the daemon died writing it. The message is stored with null there,
+    and the log names the field: it is still a bug to write NaN."""
+    import json
+    import logging
+
+    ob = Outbox(OutboxConfig(path=str(tmp_path / "o.db")))
+    with caplog.at_level(logging.ERROR, logger="edgerun.outbox"):
+        ob.put("health", {"t": 1.0, "box_energy": {"box_mj": float("nan"),
+                                                  "stages_mj": [1.0, float("inf")]}})
+        seq = ob.append({"t": 2.0, "score": float("-inf"), "label": "ok"})
+    (_, kind, body), = ob.others(10)
+    assert kind == "health"
+    assert json.loads(body)["box_energy"] == {"box_mj": None, "stages_mj": [1.0, None]}
+    (stored,) = ob.pending(seq - 1, 10)
+    assert json.loads(stored.json)["score"] is None
+    text = " ".join(r.getMessage() for r in caplog.records)
+    assert "/box_energy/box_mj" in text and "/box_energy/stages_mj/1" in text
+    ob.close()
