@@ -1,0 +1,149 @@
+"""What one frame costs the box in each configuration, from measured parts. Pure.
+
+The selector (runtime/choice/selector.py) used to rank variants by the model's energy per
+inference and judge them on inference latency alone. A frame costs the box more: capture,
+decoding, cropping, preprocessing, inference, building the result, persisting and publishing
+it (power/box_energy.py accounts every stage of the running pipeline), plus the share of the
+box's idle floor that the frame rate implies. Here a *configuration* is a variant (engine,
+precision, threads: a Profile) together with the pipeline's own choice for it, the
+preprocessing path (CPU, or OpenCL where a device has it) for its input size, and:
+
+    box mJ/frame  = tiles x (model mJ + preprocess mJ) + other stages mJ + idle share
+    idle share    = idle W / the frame rate (the offered rate, or what the configuration
+                    sustains when that is less; rate 0, a backlog: what it sustains)
+    sustained     = 1000 / the slowest thread's ms per frame (capture and the other stages,
+                    preprocessing, inference run on their own threads: they overlap)
+    end to end    = other stages ms + tiles x (preprocess ms + inference ms at the percentile)
+
+The pipeline's other choices are not traded for energy: tiling is the operator's (`[model]
+tiling`: it decides which objects a detector can see), so it enters as the tiles per frame
+it costs; the sources decode every frame at full size (there is no decode-size choice to
+make, runtime/frames/images.py); the reduced-resolution variants are the ladder's own
+(their smaller input makes preprocessing and inference cheaper, measured here per form).
+
+A part nobody measured (the other stages before the first frames, a form's preprocessing
+before its first frame) is None in the figure and named in `unmeasured`, never 0: the box
+figure is then the sum of what was measured, and says so.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+class Measured(Protocol):
+    """What a figure needs of a profile (runtime.choice.selector.Profile)."""
+
+    variant_id: str
+    model: str
+    energy_mj: float
+    p50_ms: float
+
+    def latency(self, percentile: int) -> float:
+        """Inference latency in ms at the percentile."""
+        ...
+
+
+@dataclass(frozen=True)
+class PrePath:
+    """One way to make a form's input tensor from a frame (or a tile), as measured."""
+
+    name: str  # cpu | opencl:<device>
+    mj: float  # energy per tensor
+    ms: float  # wall time per tensor
+
+
+@dataclass(frozen=True)
+class FrameCosts:
+    """The measured cost of the stages around inference, and the rate frames come at."""
+
+    idle_w: float  # the box's idle floor
+    rate_hz: float  # frames offered per second; 0: a backlog (as fast as it sustains)
+    other_mj: float | None = None  # per frame: capture, decode, crop, postprocess, persist,
+    # publish (power/box_energy.py's stages but infer and preprocess); None: not measured yet
+    other_ms: float | None = None  # the latency they add to a frame at the percentile
+    pre: Mapping[str, tuple[PrePath, ...]] = field(default_factory=dict)  # by form name
+    tiles: int = 1  # inferences per frame ([model] tiling)
+    source: str = "estimated"  # of the energies: estimated | rapl | hwmon | ...
+
+
+@dataclass(frozen=True)
+class BoxFigure:
+    """One configuration's cost per frame (mJ) and its latencies (ms)."""
+
+    variant_id: str
+    pre_path: str  # "" when no path was measured for its form
+    box_mj: float  # what was measured of the sum (see `unmeasured`)
+    model_mj: float  # tiles x energy per inference
+    pre_mj: float | None
+    other_mj: float | None
+    idle_mj: float
+    rate_hz: float  # the frame rate the idle share is taken at
+    infer_ms: float  # tiles x inference at the percentile (the reported figure)
+    e2e_ms: float  # other stages + tiles x (preprocess + inference), of what was measured
+    unmeasured: tuple[str, ...] = ()  # parts missing from box_mj and e2e_ms
+
+
+def sustained_hz(infer_ms: float, pre_ms: float | None, other_ms: float | None) -> float:
+    """Frames per second the slowest thread allows (stages on their own threads overlap)."""
+    slowest = max(x for x in (infer_ms, pre_ms or 0.0, other_ms or 0.0))
+    return 1000.0 / slowest if slowest > 0 else math.inf
+
+
+def figure(p: Measured, costs: FrameCosts, percentile: int,
+           path: PrePath | None = None) -> BoxFigure:
+    """The cost per frame of running `p` with preprocessing `path` (None: the form's cheapest
+    measured path, or unmeasured when it has none) under `costs` (see module doc)."""
+    tiles = max(costs.tiles, 1)
+    if path is None:
+        path = cheapest(costs.pre.get(p.model, ()))
+    unmeasured = []
+    if path is None:
+        unmeasured.append("preprocess")
+    if costs.other_mj is None or costs.other_ms is None:
+        unmeasured.append("other stages")
+    model_mj = tiles * p.energy_mj
+    pre_mj = tiles * path.mj if path is not None else None
+    pre_ms = tiles * path.ms if path is not None else None
+    infer_ms = tiles * p.latency(percentile)
+    rate = sustained_hz(tiles * p.p50_ms, pre_ms, costs.other_ms)
+    if costs.rate_hz > 0:
+        rate = min(rate, costs.rate_hz)
+    idle_mj = costs.idle_w / rate * 1e3 if rate > 0 and math.isfinite(rate) else 0.0
+    box = model_mj + (pre_mj or 0.0) + (costs.other_mj or 0.0) + idle_mj
+    e2e = infer_ms + (pre_ms or 0.0) + (costs.other_ms or 0.0)
+    return BoxFigure(p.variant_id, path.name if path is not None else "", box, model_mj,
+                     pre_mj, costs.other_mj, idle_mj, rate, infer_ms, e2e, tuple(unmeasured))
+
+
+def cheapest(paths: Sequence[PrePath]) -> PrePath | None:
+    """The path with the least energy per tensor, ties by time then name (None: none)."""
+    return min(paths, key=lambda q: (round(q.mj, 4), q.ms, q.name), default=None)
+
+
+def configurations(p: Measured, costs: FrameCosts, percentile: int) -> list[BoxFigure]:
+    """Every configuration of `p`: one per measured preprocessing path of its form (one with
+    preprocessing unmeasured when its form has none)."""
+    paths = costs.pre.get(p.model, ())
+    return [figure(p, costs, percentile, q) for q in paths] or [figure(p, costs, percentile)]
+
+
+def energy_key(f: BoxFigure) -> float:
+    """Box energy rounded so that sub-microjoule noise is a tie (latency breaks it)."""
+    return round(f.box_mj, 4) if not math.isnan(f.box_mj) else math.inf
+
+
+def describe(f: BoxFigure, costs: FrameCosts) -> str:
+    """One line: the box's energy per frame and its parts, the latencies, what is missing."""
+    parts = [f"model {f.model_mj:.3f}"]
+    if f.pre_mj is not None:
+        parts.append(f"preprocess {f.pre_mj:.3f} ({f.pre_path})")
+    if f.other_mj is not None:
+        parts.append(f"other stages {f.other_mj:.3f}")
+    parts.append(f"idle share {f.idle_mj:.3f} at {f.rate_hz:.3g} Hz")
+    missing = f"; not measured yet: {', '.join(f.unmeasured)}" if f.unmeasured else ""
+    return (f"{f.box_mj:.3f} mJ/frame box ({', '.join(parts)}; {costs.source}), end to end "
+            f"{f.e2e_ms:.2f} ms, inference {f.infer_ms:.2f} ms{missing}")

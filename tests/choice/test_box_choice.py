@@ -1,0 +1,135 @@
+"""Table tests for choosing the whole per-frame configuration by the box's energy per frame
+(runtime/choice/box.py and the box branch of runtime/choice/selector.py)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from runtime.choice.box import FrameCosts, PrePath, figure, sustained_hz
+from runtime.choice.selector import Constraints, Profile, select
+from runtime.config import ConfigError, ConstraintsConfig, build
+
+
+def P(vid: str, form: str, p95: float, mj: float, acc: float = 0.97) -> Profile:
+    return Profile(vid, form, "fp32", "onnxruntime", "CPU", 1, p50_ms=p95 * 0.8, p95_ms=p95,
+                   p99_ms=p95 * 1.2, runs=100, energy_mj=mj, energy_source="estimated",
+                   accuracy=acc)
+
+
+CPU_BIG = PrePath("cpu", 2.0, 1.0)  # a large input's preprocessing
+CPU_SMALL = PrePath("cpu", 0.5, 0.3)
+OCL = PrePath("opencl:0", 0.2, 2.5)  # less CPU energy, more wall time (a slow iGPU queue)
+
+CASES = [
+    # (name, profiles, constraints, expected (variant, pre path), met, phrase in the reason)
+    ("the model's cheapest loses to a cheaper frame: preprocessing counts",
+     [P("big", "full", 4, 1.0), P("small", "reduced", 5, 1.5)],
+     Constraints(20, frame=FrameCosts(0.0, 10.0, 3.0, 2.0,
+                                      {"full": (CPU_BIG,), "reduced": (CPU_SMALL,)})),
+     ("small", "cpu"), True, "lowest box energy"),
+    ("an end-to-end target excludes what meets the inference one",
+     [P("slow", "m", 12, 1.0), P("fast", "m", 6, 2.0)],
+     Constraints(20, end_to_end_ms=15,
+                 frame=FrameCosts(0.0, 10.0, 3.0, 4.0, {"m": (CPU_SMALL,)})),
+     ("fast", "cpu"), True, "end to end <= 15 ms"),
+    ("the same without the end-to-end target: inference alone is judged",
+     [P("slow", "m", 12, 1.0), P("fast", "m", 6, 2.0)],
+     Constraints(20, frame=FrameCosts(0.0, 10.0, 3.0, 4.0, {"m": (CPU_SMALL,)})),
+     ("slow", "cpu"), True, "inference <= 20 ms"),
+    ("a backlog: the idle floor favours the faster variant",
+     [P("slow", "m", 10, 1.0), P("fast", "m", 2, 2.0)],
+     Constraints(50, frame=FrameCosts(5.0, 0.0, 0.1, 0.1, {"m": (CPU_SMALL,)})),
+     ("fast", "cpu"), True, "idle share"),
+    ("a fixed rate both sustain: the idle share is the same, the model decides",
+     [P("slow", "m", 10, 1.0), P("fast", "m", 2, 2.0)],
+     Constraints(50, frame=FrameCosts(5.0, 10.0, 0.1, 0.1, {"m": (CPU_SMALL,)})),
+     ("slow", "cpu"), True, "idle share"),
+    ("the cheaper preprocessing path is chosen with the variant",
+     [P("a", "m", 4, 1.0)],
+     Constraints(20, frame=FrameCosts(0.0, 10.0, 1.0, 1.0, {"m": (CPU_SMALL, OCL)})),
+     ("a", "opencl:0"), True, "preprocess opencl:0"),
+    ("the end-to-end target can need the faster, dearer path",
+     [P("a", "m", 4, 1.0)],
+     Constraints(20, end_to_end_ms=6.0,
+                 frame=FrameCosts(0.0, 10.0, 1.0, 1.0, {"m": (CPU_SMALL, OCL)})),
+     ("a", "cpu"), True, "end to end <= 6 ms"),
+    ("tiles multiply inference and preprocessing: the target is per frame",
+     [P("a", "m", 4, 1.0), P("b", "m", 1.5, 3.0)],
+     Constraints(20, end_to_end_ms=15,
+                 frame=FrameCosts(0.0, 2.0, 1.0, 1.0, {"m": (CPU_SMALL,)}, tiles=4)),
+     ("b", "cpu"), True, "end to end <= 15 ms"),
+    ("nothing meets the end-to-end target: the fastest, and it says so",
+     [P("a", "m", 9, 1.0), P("b", "m", 7, 3.0)],
+     Constraints(20, end_to_end_ms=5, frame=FrameCosts(0.0, 10.0, 1.0, 2.0)),
+     ("b", ""), False, "no configuration meets p95 end to end <= 5 ms"),
+    ("an end-to-end target before any frame: stages not measured, named",
+     [P("a", "m", 4, 1.0), P("b", "m", 3, 2.0)],
+     Constraints(20, end_to_end_ms=10),
+     ("a", ""), True, "not measured yet: preprocess, other stages"),
+    ("the accuracy floor still applies first",
+     [P("fp32", "m", 8, 3.0, 0.97), P("int8", "m", 3, 1.0, 0.90)],
+     Constraints(20, accuracy_floor=0.95, end_to_end_ms=30,
+                 frame=FrameCosts(0.0, 10.0, 1.0, 1.0)),
+     ("fp32", ""), True, "lowest box energy"),
+]
+
+
+@pytest.mark.parametrize("name,profiles,c,want,met,phrase", CASES, ids=[c[0] for c in CASES])
+def test_box_choice(name, profiles, c, want, met, phrase):
+    choice = select(profiles, c)
+    assert choice.box is not None
+    assert (choice.profile.variant_id, choice.box.pre_path) == want
+    assert choice.met is met
+    assert phrase in choice.reason
+
+
+def test_the_model_alone_without_box_constraints():
+    """No frame costs and no end-to-end target: the selector as it always was."""
+    c = select([P("a", "m", 4, 1.0), P("b", "m", 3, 2.0)], Constraints(20))
+    assert c.box is None and c.profile.variant_id == "a" and "mJ/inference" in c.reason
+
+
+FIGURES = [
+    # (profile, costs, pre path, box mJ, idle mJ, e2e ms, rate Hz, unmeasured)
+    (P("a", "m", 10, 1.0), FrameCosts(4.0, 10.0, 3.0, 2.0), CPU_SMALL,
+     1.0 + 0.5 + 3.0 + 400.0, 400.0, 10 + 0.3 + 2.0, 10.0, ()),
+    # a backlog: the rate is what the slowest thread sustains (inference p50 8 ms)
+    (P("a", "m", 10, 1.0), FrameCosts(4.0, 0.0, 3.0, 2.0), CPU_SMALL,
+     1.0 + 0.5 + 3.0 + 32.0, 32.0, 12.3, 125.0, ()),
+    # tiles: 3 inferences and 3 tensors per frame; the offered rate is more than it sustains
+    (P("a", "m", 10, 1.0), FrameCosts(4.0, 100.0, 3.0, 2.0, tiles=3), CPU_SMALL,
+     3.0 + 1.5 + 3.0 + 96.0, 96.0, 30 + 0.9 + 2.0, 1000 / 24, ()),
+    (P("a", "m", 10, 1.0), FrameCosts(4.0, 10.0), None, 1.0 + 400.0, 400.0, 10.0, 10.0,
+     ("preprocess", "other stages")),
+]
+
+
+@pytest.mark.parametrize("p,costs,path,box,idle,e2e,rate,missing", FIGURES)
+def test_figure_arithmetic(p, costs, path, box, idle, e2e, rate, missing):
+    f = figure(p, costs, 95, path)
+    assert f.box_mj == pytest.approx(box)
+    assert f.idle_mj == pytest.approx(idle)
+    assert f.e2e_ms == pytest.approx(e2e)
+    assert f.rate_hz == pytest.approx(rate)
+    assert f.unmeasured == missing
+    assert (f.pre_mj is None) == (path is None) and (f.other_mj is None) == ("other stages"
+                                                                              in missing)
+
+
+def test_sustained_rate_is_the_slowest_thread():
+    assert sustained_hz(5.0, 2.0, 10.0) == pytest.approx(100.0)
+    assert sustained_hz(5.0, None, None) == pytest.approx(200.0)
+    assert sustained_hz(0.0, None, None) == math.inf
+
+
+def test_an_old_config_keeps_latency_ms_as_inference():
+    cfg = build(ConstraintsConfig, {"latency_ms": 30.0}, "constraints")
+    assert cfg.latency_ms == 30.0 and cfg.end_to_end_ms is None
+
+
+@pytest.mark.parametrize("bad", [0.0, -5.0, math.inf])
+def test_end_to_end_target_must_be_positive_and_finite(bad):
+    with pytest.raises(ConfigError, match="end_to_end_ms"):
+        build(ConstraintsConfig, {"end_to_end_ms": bad}, "constraints")
