@@ -11,15 +11,17 @@ preprocessing path (CPU, or OpenCL where a device has it) for its input size, an
     box mJ/frame  = tiles x (model mJ + preprocess mJ) + other stages mJ + idle share
     idle share    = idle W / the frame rate (the offered rate, or what the configuration
                     sustains when that is less; rate 0, a backlog: what it sustains)
-    sustained     = 1000 / the slowest thread's ms per frame (capture and the other stages,
-                    preprocessing, inference run on their own threads: they overlap)
+    sustained     = 1000 / the slowest thread's ms per frame (capture with decode and crop,
+                    preprocessing, and inference with postprocess and persist run on their
+                    own threads: they overlap), and no more than the cores allow for the
+                    sum of the three
     end to end    = other stages ms + tiles x (preprocess ms + inference ms at the percentile)
 
 The pipeline's other choices are not traded for energy: tiling is the operator's (`[model]
 tiling`: it decides which objects a detector can see), so it enters as the tiles per frame
 it costs; the sources decode every frame at full size (there is no decode-size choice to
 make, runtime/frames/images.py); the reduced-resolution variants are the ladder's own
-(their smaller input makes preprocessing and inference cheaper, measured here per form).
+(their smaller input makes preprocessing and inference cheaper, measured per variant).
 
 A part nobody measured (the other stages before the first frames, a form's preprocessing
 before its first frame) is None in the figure and named in `unmeasured`, never 0: the box
@@ -38,7 +40,6 @@ class Measured(Protocol):
     """What a figure needs of a profile (runtime.choice.selector.Profile)."""
 
     variant_id: str
-    model: str
     energy_mj: float
     p50_ms: float
 
@@ -65,9 +66,17 @@ class FrameCosts:
     other_mj: float | None = None  # per frame: capture, decode, crop, postprocess, persist,
     # publish (power/box_energy.py's stages but infer and preprocess); None: not measured yet
     other_ms: float | None = None  # the latency they add to a frame at the percentile
-    pre: Mapping[str, tuple[PrePath, ...]] = field(default_factory=dict)  # by form name
+    # by variant id: the paths measured for its input size (the caller maps each variant to
+    # its input shape: forms of one model share a name, not a size)
+    pre: Mapping[str, tuple[PrePath, ...]] = field(default_factory=dict)
     tiles: int = 1  # inferences per frame ([model] tiling)
     source: str = "estimated"  # of the energies: estimated | rapl | hwmon | ...
+    # per frame, for the rate a backlog is cleared at: the capture thread's time (read,
+    # decode, crop) and what the inference thread runs besides inference (postprocess,
+    # persist); 0: not known, left out of the bound
+    capture_ms: float = 0.0
+    store_ms: float = 0.0
+    cores: float = math.inf  # CPUs the stages share; inf: no bound from their sum
 
 
 @dataclass(frozen=True)
@@ -87,10 +96,15 @@ class BoxFigure:
     unmeasured: tuple[str, ...] = ()  # parts missing from box_mj and e2e_ms
 
 
-def sustained_hz(infer_ms: float, pre_ms: float | None, other_ms: float | None) -> float:
-    """Frames per second the slowest thread allows (stages on their own threads overlap)."""
-    slowest = max(x for x in (infer_ms, pre_ms or 0.0, other_ms or 0.0))
-    return 1000.0 / slowest if slowest > 0 else math.inf
+def sustained_hz(infer_ms: float, pre_ms: float | None, costs: FrameCosts) -> float:
+    """Frames per second the slowest thread allows (stages on their own threads overlap),
+    and the cores allow for all of them together (see module doc)."""
+    threads = (infer_ms + costs.store_ms, pre_ms or 0.0, costs.capture_ms)
+    slowest = max(threads)
+    rate = 1000.0 / slowest if slowest > 0 else math.inf
+    if math.isfinite(costs.cores) and sum(threads) > 0:
+        rate = min(rate, costs.cores * 1000.0 / sum(threads))
+    return rate
 
 
 def figure(p: Measured, costs: FrameCosts, percentile: int,
@@ -99,7 +113,7 @@ def figure(p: Measured, costs: FrameCosts, percentile: int,
     measured path, or unmeasured when it has none) under `costs` (see module doc)."""
     tiles = max(costs.tiles, 1)
     if path is None:
-        path = cheapest(costs.pre.get(p.model, ()))
+        path = cheapest(costs.pre.get(p.variant_id, ()))
     unmeasured = []
     if path is None:
         unmeasured.append("preprocess")
@@ -109,7 +123,7 @@ def figure(p: Measured, costs: FrameCosts, percentile: int,
     pre_mj = tiles * path.mj if path is not None else None
     pre_ms = tiles * path.ms if path is not None else None
     infer_ms = tiles * p.latency(percentile)
-    rate = sustained_hz(tiles * p.p50_ms, pre_ms, costs.other_ms)
+    rate = sustained_hz(tiles * p.p50_ms, pre_ms, costs)
     if costs.rate_hz > 0:
         rate = min(rate, costs.rate_hz)
     idle_mj = costs.idle_w / rate * 1e3 if rate > 0 and math.isfinite(rate) else 0.0
@@ -125,9 +139,9 @@ def cheapest(paths: Sequence[PrePath]) -> PrePath | None:
 
 
 def configurations(p: Measured, costs: FrameCosts, percentile: int) -> list[BoxFigure]:
-    """Every configuration of `p`: one per measured preprocessing path of its form (one with
-    preprocessing unmeasured when its form has none)."""
-    paths = costs.pre.get(p.model, ())
+    """Every configuration of `p`: one per preprocessing path measured for its input (one
+    with preprocessing unmeasured when none was)."""
+    paths = costs.pre.get(p.variant_id, ())
     return [figure(p, costs, percentile, q) for q in paths] or [figure(p, costs, percentile)]
 
 

@@ -22,43 +22,48 @@ CPU_BIG = PrePath("cpu", 2.0, 1.0)  # a large input's preprocessing
 CPU_SMALL = PrePath("cpu", 0.5, 0.3)
 OCL = PrePath("opencl:0", 0.2, 2.5)  # less CPU energy, more wall time (a slow iGPU queue)
 
+def pre(*paths: PrePath) -> dict[str, tuple[PrePath, ...]]:
+    """The same measured paths for every variant a case names."""
+    return {v: paths for v in ("a", "b", "slow", "fast", "fp32", "int8")}
+
+
 CASES = [
     # (name, profiles, constraints, expected (variant, pre path), met, phrase in the reason)
     ("the model's cheapest loses to a cheaper frame: preprocessing counts",
      [P("big", "full", 4, 1.0), P("small", "reduced", 5, 1.5)],
      Constraints(20, frame=FrameCosts(0.0, 10.0, 3.0, 2.0,
-                                      {"full": (CPU_BIG,), "reduced": (CPU_SMALL,)})),
+                                      {"big": (CPU_BIG,), "small": (CPU_SMALL,)})),
      ("small", "cpu"), True, "lowest box energy"),
     ("an end-to-end target excludes what meets the inference one",
      [P("slow", "m", 12, 1.0), P("fast", "m", 6, 2.0)],
      Constraints(20, end_to_end_ms=15,
-                 frame=FrameCosts(0.0, 10.0, 3.0, 4.0, {"m": (CPU_SMALL,)})),
+                 frame=FrameCosts(0.0, 10.0, 3.0, 4.0, pre(CPU_SMALL))),
      ("fast", "cpu"), True, "end to end <= 15 ms"),
     ("the same without the end-to-end target: inference alone is judged",
      [P("slow", "m", 12, 1.0), P("fast", "m", 6, 2.0)],
-     Constraints(20, frame=FrameCosts(0.0, 10.0, 3.0, 4.0, {"m": (CPU_SMALL,)})),
+     Constraints(20, frame=FrameCosts(0.0, 10.0, 3.0, 4.0, pre(CPU_SMALL))),
      ("slow", "cpu"), True, "inference <= 20 ms"),
     ("a backlog: the idle floor favours the faster variant",
      [P("slow", "m", 10, 1.0), P("fast", "m", 2, 2.0)],
-     Constraints(50, frame=FrameCosts(5.0, 0.0, 0.1, 0.1, {"m": (CPU_SMALL,)})),
+     Constraints(50, frame=FrameCosts(5.0, 0.0, 0.1, 0.1, pre(CPU_SMALL))),
      ("fast", "cpu"), True, "idle share"),
     ("a fixed rate both sustain: the idle share is the same, the model decides",
      [P("slow", "m", 10, 1.0), P("fast", "m", 2, 2.0)],
-     Constraints(50, frame=FrameCosts(5.0, 10.0, 0.1, 0.1, {"m": (CPU_SMALL,)})),
+     Constraints(50, frame=FrameCosts(5.0, 10.0, 0.1, 0.1, pre(CPU_SMALL))),
      ("slow", "cpu"), True, "idle share"),
     ("the cheaper preprocessing path is chosen with the variant",
      [P("a", "m", 4, 1.0)],
-     Constraints(20, frame=FrameCosts(0.0, 10.0, 1.0, 1.0, {"m": (CPU_SMALL, OCL)})),
+     Constraints(20, frame=FrameCosts(0.0, 10.0, 1.0, 1.0, pre(CPU_SMALL, OCL))),
      ("a", "opencl:0"), True, "preprocess opencl:0"),
     ("the end-to-end target can need the faster, dearer path",
      [P("a", "m", 4, 1.0)],
      Constraints(20, end_to_end_ms=6.0,
-                 frame=FrameCosts(0.0, 10.0, 1.0, 1.0, {"m": (CPU_SMALL, OCL)})),
+                 frame=FrameCosts(0.0, 10.0, 1.0, 1.0, pre(CPU_SMALL, OCL))),
      ("a", "cpu"), True, "end to end <= 6 ms"),
     ("tiles multiply inference and preprocessing: the target is per frame",
      [P("a", "m", 4, 1.0), P("b", "m", 1.5, 3.0)],
      Constraints(20, end_to_end_ms=15,
-                 frame=FrameCosts(0.0, 2.0, 1.0, 1.0, {"m": (CPU_SMALL,)}, tiles=4)),
+                 frame=FrameCosts(0.0, 2.0, 1.0, 1.0, pre(CPU_SMALL), tiles=4)),
      ("b", "cpu"), True, "end to end <= 15 ms"),
     ("nothing meets the end-to-end target: the fastest, and it says so",
      [P("a", "m", 9, 1.0), P("b", "m", 7, 3.0)],
@@ -118,10 +123,20 @@ def test_figure_arithmetic(p, costs, path, box, idle, e2e, rate, missing):
                                                                               in missing)
 
 
-def test_sustained_rate_is_the_slowest_thread():
-    assert sustained_hz(5.0, 2.0, 10.0) == pytest.approx(100.0)
-    assert sustained_hz(5.0, None, None) == pytest.approx(200.0)
-    assert sustained_hz(0.0, None, None) == math.inf
+RATES = [
+    # (inference ms, preprocess ms, costs, frames/s)
+    (5.0, 2.0, FrameCosts(0.0, 0.0, capture_ms=10.0), 100.0),  # capture is the slowest
+    (5.0, 2.0, FrameCosts(0.0, 0.0, store_ms=3.0), 125.0),  # persist runs on the infer thread
+    (5.0, None, FrameCosts(0.0, 0.0), 200.0),
+    (0.0, None, FrameCosts(0.0, 0.0), math.inf),
+    # one core for 5 + 2 + 3 ms of threads: 100 frames/s, not the slowest thread's 200
+    (5.0, 2.0, FrameCosts(0.0, 0.0, capture_ms=3.0, cores=1.0), 100.0),
+]
+
+
+@pytest.mark.parametrize("infer,pre,costs,rate", RATES)
+def test_sustained_rate_is_the_slowest_thread_within_the_cores(infer, pre, costs, rate):
+    assert sustained_hz(infer, pre, costs) == pytest.approx(rate)
 
 
 def test_an_old_config_keeps_latency_ms_as_inference():
