@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 
 class Measured(Protocol):
@@ -161,3 +161,42 @@ def describe(f: BoxFigure, costs: FrameCosts) -> str:
     missing = f"; not measured yet: {', '.join(f.unmeasured)}" if f.unmeasured else ""
     return (f"{f.box_mj:.3f} mJ/frame box ({', '.join(parts)}; {costs.source}), end to end "
             f"{f.e2e_ms:.2f} ms, inference {f.infer_ms:.2f} ms{missing}")
+
+
+# the box's stages (power/box_energy.py STAGES) that run whatever the configuration: the
+# frame's read, decode and crop before, and its result built, persisted and published after
+AROUND = ("capture", "decode", "crop", "postprocess", "persist", "publish")
+
+
+def live_costs(report: Mapping[str, Any] | None, pre_report: Mapping[str, Sequence[Mapping]],
+               shapes: Mapping[str, tuple[int, ...]], idle_w: float, rate_hz: float,
+               tiles: int = 1, e2e_p95_ms: float | None = None,
+               infer_p95_ms: float | None = None, running: str = "") -> FrameCosts:
+    """FrameCosts from what a serving daemon measured: `report` is power/box_energy.py's
+    per-frame report (None, or no box figure yet: the other stages unmeasured); `pre_report`
+    the preprocessing chooser's (runtime.engine.preprocessing.PreprocessChooser.report:
+    "WxH->wxh" -> the paths measured, ms and mJ per tensor); `shapes` each variant's input
+    shape (its paths are those measured for its input size); the end-to-end and inference
+    p95 per frame of the frames served on variant `running` (the other stages' latency is
+    what end to end adds to its inference and preprocessing; None: unmeasured). Pure."""
+    other_mj: float | None = None
+    if report is not None and report.get("box_mj") is not None:
+        stages = report.get("stages_mj") or {}
+        # a stage without counters (decode inside a camera's read, publish without a broker)
+        # is in another stage's figure or not run: left out, not counted as 0 work
+        known = [stages.get(s) for s in AROUND if stages.get(s) is not None]
+        other_mj = float(sum(known)) if known else None
+    by_size: dict[str, tuple[PrePath, ...]] = {}
+    for label, rows in pre_report.items():
+        size = label.rsplit("->", 1)[-1]
+        by_size[size] = tuple(PrePath(str(r["path"]), float(r["mj"]), float(r["ms"]))
+                              for r in rows)
+    pre = {vid: by_size[f"{s[-1]}x{s[-2]}"] for vid, s in shapes.items()
+           if len(s) >= 2 and f"{s[-1]}x{s[-2]}" in by_size}
+    other_ms: float | None = None
+    if e2e_p95_ms is not None and infer_p95_ms is not None:
+        path = cheapest(pre.get(running, ()))  # the path the chooser runs it on
+        other_ms = max(e2e_p95_ms - infer_p95_ms - tiles * (path.ms if path else 0.0), 0.0)
+    return FrameCosts(idle_w=idle_w, rate_hz=rate_hz, other_mj=other_mj, other_ms=other_ms,
+                      pre=pre, tiles=tiles,
+                      source=str(report.get("source", "estimated")) if report else "estimated")

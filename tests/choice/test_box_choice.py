@@ -148,3 +148,41 @@ def test_an_old_config_keeps_latency_ms_as_inference():
 def test_end_to_end_target_must_be_positive_and_finite(bad):
     with pytest.raises(ConfigError, match="end_to_end_ms"):
         build(ConstraintsConfig, {"end_to_end_ms": bad}, "constraints")
+
+
+REPORT = {"box_mj": 9.0, "source": "estimated", "stages_mj": {
+    "capture": 0.1, "decode": None, "crop": 0.05, "preprocess": 0.5, "infer": 0.3,
+    "postprocess": 0.2, "persist": 1.0, "publish": 0.4}}
+PRE_REPORT = {"640x480->96x96": [{"path": "cpu", "ms": 0.4, "mj": 0.6, "chosen": True},
+                                 {"path": "opencl:0", "ms": 0.9, "mj": 0.8, "chosen": False}],
+              "640x480->64x64": [{"path": "cpu", "ms": 0.2, "mj": 0.3, "chosen": True}]}
+SHAPES = {"fp32": (1, 3, 96, 96), "r64": (1, 3, 64, 64), "odd": (1, 3, 80, 80)}
+
+LIVE = [
+    # (report, e2e p95, inference p95, tiles, other mJ, other ms, variants with paths)
+    (REPORT, 12.0, 3.0, 1, 1.75, 12.0 - 3.0 - 0.4, {"fp32", "r64"}),
+    # tiles: the inference p95 is already per frame; preprocessing runs once per tile
+    (REPORT, 12.0, 3.0, 2, 1.75, 12.0 - 3.0 - 0.8, {"fp32", "r64"}),
+    # no box figure yet (no frames): the other stages unmeasured, never 0
+    ({**REPORT, "box_mj": None}, None, None, 1, None, None, {"fp32", "r64"}),
+    (None, 12.0, 3.0, 1, None, 8.6, {"fp32", "r64"}),
+    # end to end under inference + preprocessing (a p95 of fewer frames): never negative
+    (REPORT, 2.0, 3.0, 1, 1.75, 0.0, {"fp32", "r64"}),
+]
+
+
+@pytest.mark.parametrize("report,e2e,infer,tiles,other_mj,other_ms,with_paths", LIVE)
+def test_live_costs_from_what_the_daemon_measured(report, e2e, infer, tiles, other_mj,
+                                                  other_ms, with_paths):
+    from runtime.choice.box import live_costs
+
+    c = live_costs(report, PRE_REPORT, SHAPES, 8.0, 10.0, tiles, e2e, infer, running="fp32")
+    assert (c.other_mj is None) == (other_mj is None)
+    if other_mj is not None:  # the stages around inference; decode has no counter here
+        assert c.other_mj == pytest.approx(other_mj)
+    assert (c.other_ms is None) == (other_ms is None)
+    if other_ms is not None:
+        assert c.other_ms == pytest.approx(other_ms)
+    assert set(c.pre) == with_paths  # 80x80 was never measured: its preprocessing unknown
+    assert [q.name for q in c.pre["fp32"]] == ["cpu", "opencl:0"]
+    assert c.tiles == tiles and c.idle_w == 8.0 and c.rate_hz == 10.0
