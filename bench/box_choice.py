@@ -57,7 +57,7 @@ from bench.first_decision import heavy_model
 from models import bundled
 from models.synthetic import samples
 from power.sensors import EstimatedMeter
-from runtime.choice.box import FrameCosts, PrePath
+from runtime.choice.box import FrameCosts, PrePath, figure
 from runtime.choice.profiler import Profiler, plan
 from runtime.choice.refine import RoundSettings
 from runtime.choice.selector import Constraints, effective_accuracy, select
@@ -283,7 +283,8 @@ class Bench:
 
 def choose(bn: Bench, tmp: Path):
     """What the daemon would do: profile briefly, serve on the model-alone choice (the
-    calibration), then choose by the box. Returns (eligible, pre, alone, box, calibration)."""
+    calibration), then choose by the box. Returns (eligible, pre, alone, box, calibration,
+    the FrameCosts it chose with)."""
     meter = EstimatedMeter(bn.pw.idle_w, bn.pw.w_per_core)
     prof = Profiler(ProfilerConfig(cache_dir=str(tmp / "cache"), idle_baseline_s=0.2), meter,
                     "bench", active_w_per_core=bn.pw.w_per_core)
@@ -301,7 +302,7 @@ def choose(bn: Bench, tmp: Path):
     box = select(eligible, Constraints(latency_ms=bn.e2e_ms, end_to_end_ms=bn.e2e_ms,
                                        frame=costs))
     assert box.box is not None
-    return eligible, pre, alone, box, cal
+    return eligible, pre, alone, box, cal, costs
 
 
 FINALISTS = 3  # the oracle's best this many, and the choice, are measured twice more
@@ -310,7 +311,7 @@ FINALISTS = 3  # the oracle's best this many, and the choice, are measured twice
 def one_repeat(bn: Bench, tmp: Path) -> dict:
     """Choose, then run every configuration end to end (the oracle), in the same run."""
     tmp.mkdir(parents=True)
-    eligible, pre, alone, box, cal = choose(bn, tmp)
+    eligible, pre, alone, box, cal, costs = choose(bn, tmp)
     runs = {(p.variant_id, q.name): bn.run(p.variant_id, q.name, tmp)
             for p in eligible for q in pre[p.variant_id]}
     chosen_key = (box.profile.variant_id, box.box.pre_path)
@@ -333,8 +334,11 @@ def one_repeat(bn: Bench, tmp: Path) -> dict:
                      for q in pre[alone.profile.variant_id]), key=lambda r: r.dyn_mj)
     b, v = next((b, v) for b, _d, v in bn.work if v.id == box.profile.variant_id)
     hand = hand_loop(bn.manifest, b, v, bn.blobs, bn.pw)
+    po = next(p for p in eligible if p.variant_id == oracle_key[0])
+    predicted_o = figure(po, costs, 95,
+                         next(q for q in pre[oracle_key[0]] if q.name == oracle_key[1]))
     _print(bn, eligible, runs, box, chosen, o, oracle_key, cal, alone, alone_run, ort_run,
-           hand)
+           hand, predicted_o.box_mj - predicted_o.idle_mj)
     nan = math.nan
     return {"oracle": bn.box(chosen) / bn.box(o), "oracle_dyn": chosen.dyn_mj / o.dyn_mj,
             "ort": bn.box(chosen) / bn.box(ort_run) if ort_run else nan,
@@ -345,7 +349,7 @@ def one_repeat(bn: Bench, tmp: Path) -> dict:
 
 
 def _print(bn: Bench, eligible, runs, box, chosen: Run, o: Run, oracle_key, cal: Run, alone,
-           alone_run: Run, ort_run: Run | None, hand: Run) -> None:
+           alone_run: Run, ort_run: Run | None, hand: Run, o_pred: float) -> None:
     pred = box.box
     print(f"  [{bn.name}] {len(eligible)} variants within the accuracy floor, {len(runs)} "
           f"configurations, load {os.getloadavg()[0]:.2f}")
@@ -359,7 +363,8 @@ def _print(bn: Bench, eligible, runs, box, chosen: Run, o: Run, oracle_key, cal:
           f"{pred.rate_hz:.0f} frames/s; calibration on {alone.profile.variant_id}, stage CPU "
           "ms/frame " + ", ".join(f"{k} {v:.2f}" for k, v in cal.stage_cpu_ms.items()))
     print(f"    oracle  {oracle_key[0]} + {oracle_key[1]}: {bn.box(o):.2f} mJ/frame (less idle "
-          f"{o.dyn_mj:.3f}), e2e p95 {o.e2e_p95:.2f} ms, {o.fps:.0f} frames/s")
+          f"{o.dyn_mj:.3f}, predicted {o_pred:.3f}), e2e p95 {o.e2e_p95:.2f} ms, "
+          f"{o.fps:.0f} frames/s")
     ort = f"{bn.box(ort_run):.2f} ({ort_run.dyn_mj:.3f})" if ort_run else "null (no variant)"
     print(f"    model-alone choice {alone.profile.variant_id}: {bn.box(alone_run):.2f} "
           f"({alone_run.dyn_mj:.3f}); ORT default {ort}; hand loop {bn.box(hand):.2f} "

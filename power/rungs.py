@@ -64,6 +64,14 @@ def on_device(rungs: Sequence[Rung], cpu_s: Sequence[float], power: PowerModel) 
             for r, c in zip(rungs, cpu_s, strict=True)]
 
 
+def with_other(rungs: Sequence[Rung], other_j: float | None) -> list[Rung]:
+    """The rungs with the stages around their inference costing `other_j` each (J per
+    frame, for rungs per frame; None: not measured, the rungs as they are)."""
+    if other_j is None:
+        return list(rungs)
+    return [replace(r, other_j=other_j) for r in rungs]
+
+
 def budget_levels(rungs: Sequence[Rung], rate_hz: float, min_rate_hz: float = 0.0,
                   floor_w: float = 0.0) -> tuple[float, ...]:
     """step_wise's budget per level, in box watts (`floor_w` + dynamic): level 0

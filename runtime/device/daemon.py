@@ -37,7 +37,7 @@ from power.box_energy import BoxEnergy
 from power.cputime import named_threads_cpu_s, native_threads_cpu_s
 from power.device import DeviceProfile
 from power.nvml import gpu_meters
-from power.rungs import Rung
+from power.rungs import Rung, with_other
 from power.sensors import Reading, SensorSet, detect_meter
 from power.thermal_source import ThermalSource
 from runtime import __version__
@@ -637,7 +637,12 @@ class Daemon:
         assert self.ccfg is not None
         self._check_tiles()
         box = self.box
-        self.cstate, out = control.step(self.cstate, r, box.control_rungs(), self.ccfg,
+        rungs = box.control_rungs()
+        if not self.sim and self.box_energy is not None:
+            # budgets are box watts: the stages around inference draw power too (a simulated
+            # plant heats with its rungs alone, so a simulation leaves them out)
+            rungs = with_other(rungs, self.box_energy.around_j())
+        self.cstate, out = control.step(self.cstate, r, rungs, self.ccfg,
                                         box.control_current(), self.operator_rate_hz)
         self.control_out = out
         for e in out.events:

@@ -131,3 +131,20 @@ def test_an_energy_budget_joins_the_thermal_one_in_box_watts():
         assert x.rung == y.rung and x.rate_cap_hz == pytest.approx(y.rate_cap_hz)
         assert (math.isinf(x.budget_w) and math.isinf(y.budget_w)) or \
             x.budget_w == pytest.approx(y.budget_w + FLOOR)
+
+
+def test_the_stages_around_inference_join_every_rung_once_measured():
+    from power.box_energy import BoxEnergy
+    from power.rungs import with_other
+
+    be = BoxEnergy(None, idle_w=FLOOR, w_per_cpu_s=5.0, on_event=lambda *a: None)
+    assert be.around_j() is None  # no frames yet: not measured, the rungs as they are
+    assert with_other(RUNGS, be.around_j()) == RUNGS
+    # 10 frames in 1 s: 0.02 CPU s of decode and 0.01 of persist (5 W per CPU s) beside the
+    # 0.05 s of inference: 15 mJ a frame around it
+    be.tick(1.0, 10, {"capture": 0.0, "decode": 0.02, "crop": 0.0, "preprocess": 0.0,
+                      "infer": 0.05, "postprocess": 0.0, "persist": 0.01, "publish": None})
+    assert be.around_j() == pytest.approx(0.015)
+    got = with_other(RUNGS, be.around_j())
+    assert [r.other_j for r in got] == [pytest.approx(0.015)] * 3
+    assert got[0].power_w(10.0) == pytest.approx((0.010 + 0.015) * 10)
