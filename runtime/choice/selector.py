@@ -163,12 +163,18 @@ def _select_box(eligible: Sequence[Profile], c: Constraints) -> Choice:
 
         def latency(p: Profile, f: BoxFigure) -> float:
             return p.latency(c.percentile)
-    meeting = [(p, f) for p, f in configs if latency(p, f) <= target]
+    # a configuration that cannot keep up with the offered rate queues frames without end:
+    # it meets no latency target, whatever one frame alone takes
+    keeps_up = [(p, f) for p, f in configs
+                if costs.rate_hz <= 0 or f.rate_hz >= costs.rate_hz * (1 - 1e-9)]
+    meeting = [(p, f) for p, f in keeps_up if latency(p, f) <= target]
     if not meeting:
-        p, f = min(configs, key=lambda x: (latency(*x), energy_key(x[1]), x[0].variant_id))
+        p, f = min(keeps_up or configs,
+                   key=lambda x: (latency(*x), energy_key(x[1]), x[0].variant_id))
+        short = "" if keeps_up else f" (none keeps up with {costs.rate_hz:g} frames/s)"
         return Choice(p, False,
-                      f"no configuration meets {pct} {what} <= {target:g} ms; running the "
-                      f"fastest, {_name(f)}: {describe(f, costs)}", f)
+                      f"no configuration meets {pct} {what} <= {target:g} ms{short}; running "
+                      f"the fastest, {_name(f)}: {describe(f, costs)}", f)
     p, f = min(meeting, key=lambda x: (energy_key(x[1]), latency(*x), x[0].variant_id,
                                        x[1].pre_path))
     return Choice(p, True,
