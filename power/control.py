@@ -195,6 +195,54 @@ def _held(h: Held, value: float | None, t: float, hold_s: float) -> tuple[Held, 
     return h, (h.value if t - h.t <= hold_s else None)
 
 
+def _policies(s: ControlState, trend: gov.Trend, held: Reading, rungs: Sequence[Rung],
+              cfg: ControlConfig, floor: float, events: list[ControlEvent]
+              ) -> tuple[ControlState, gov.Decision]:
+    """The thermal policy and the energy budget, the stricter winning, in box watts (`held`:
+    the reading with the battery's held values; their events are appended to `events`)."""
+    rate = cfg.rate_hz
+    decision = gov.Decision(math.inf, reason="")
+    if cfg.governor is not None:
+        gcfg = replace(cfg.governor, levels_w=budget_levels(rungs, rate, cfg.min_rate_hz, floor),
+                       max_w=rungs[-1].box_w(rate, floor), floor_w=floor)
+        g, decision = gov.step(s.governor, trend, gcfg)
+        s = replace(s, governor=g)
+        events += [ControlEvent("governor", "warning", e) for e in decision.events]
+    if cfg.energy is not None:
+        ecfg = replace(cfg.energy, max_w=rungs[-1].power_w(rate))
+        est = s.energy if s.energy is not None else energy_mod.initial_state(ecfg)
+        est, edec = energy_mod.step(est, held, ecfg)
+        s = replace(s, energy=est)
+        events += [ControlEvent("energy", "warning", e) for e in edec.events]
+        if math.isfinite(edec.budget_w):  # its budget is dynamic power: in box watts here
+            edec = replace(edec, budget_w=edec.budget_w + floor)
+        decision = gov.combine(decision, edec)
+    return s, decision
+
+
+def _bounded(s: ControlState, temp_now: float | None, at_bottom: bool, t: float,
+             cfg: ControlConfig, events: list[ControlEvent]) -> ControlState:
+    """Physics-bounded: at minimum duty and still above the control temperature for
+    `bounded_after_s` (one critical event), and cleared once back under control."""
+    g = cfg.governor
+    if g is not None and temp_now is not None and at_bottom and temp_now >= g.control_c:
+        since = s.bottom_since if s.bottom_since is not None else t
+        s = replace(s, bottom_since=since)
+        if not s.bounded and t - since >= cfg.bounded_after_s:
+            s = replace(s, bounded=True)
+            events.append(ControlEvent("physics_bounded", "critical", (
+                f"{temp_now:.1f} °C at minimum duty ({cfg.min_rate_hz:g} Hz on the cheapest "
+                f"rung) for {t - since:.0f} s, above the {g.control_c:g} °C trip: idle power "
+                "alone keeps the die above it at this ambient; edgerun cannot hold it below "
+                "(cooling or a lower ambient is needed)")))
+    elif temp_now is None or g is None or temp_now < g.control_c - g.hyst_c or not at_bottom:
+        if s.bounded:
+            events.append(ControlEvent("physics_bounded_cleared", "info",
+                                       "the die is back under control"))
+        s = replace(s, bottom_since=None, bounded=False)
+    return s
+
+
 def step(state: ControlState, r: Reading, rungs: Sequence[Rung], cfg: ControlConfig,
          current: int | None = None, operator_rate_hz: float = math.inf,
          extra: gov.Decision | None = None) -> tuple[ControlState, Output]:
@@ -236,22 +284,9 @@ def step(state: ControlState, r: Reading, rungs: Sequence[Rung], cfg: ControlCon
     rate = cfg.rate_hz
     floor = cfg.floor_w if cfg.floor_w is not None else (
         cfg.governor.floor_w if cfg.governor is not None else 0.0)
-    decision = gov.Decision(math.inf, reason="")
-    if cfg.governor is not None:
-        gcfg = replace(cfg.governor, levels_w=budget_levels(rungs, rate, cfg.min_rate_hz, floor),
-                       max_w=rungs[-1].box_w(rate, floor), floor_w=floor)
-        g, decision = gov.step(s.governor, gov.Trend(t, temp_now, slope, problem), gcfg)
-        s = replace(s, governor=g)
-        events += [ControlEvent("governor", "warning", e) for e in decision.events]
-    if cfg.energy is not None:
-        ecfg = replace(cfg.energy, max_w=rungs[-1].power_w(rate))
-        est = s.energy if s.energy is not None else energy_mod.initial_state(ecfg)
-        est, edec = energy_mod.step(est, replace(r, battery_wh=bwh, battery_frac=bfr), ecfg)
-        s = replace(s, energy=est)
-        events += [ControlEvent("energy", "warning", e) for e in edec.events]
-        if math.isfinite(edec.budget_w):  # its budget is dynamic power: in box watts here
-            edec = replace(edec, budget_w=edec.budget_w + floor)
-        decision = gov.combine(decision, edec)
+    s, decision = _policies(s, gov.Trend(t, temp_now, slope, problem),
+                            replace(r, battery_wh=bwh, battery_frac=bfr), rungs, cfg, floor,
+                            events)
     if extra is not None:
         decision = gov.combine(decision, extra)
     # -- budget -> rung and rate --------------------------------------------------------------
@@ -302,20 +337,6 @@ def step(state: ControlState, r: Reading, rungs: Sequence[Rung], cfg: ControlCon
     cap = min(cap, operator_rate_hz)
     # -- physics-bounded: minimum duty and still above the control temperature ----------------
     at_bottom = new_rung == 0 and cap <= cfg.min_rate_hz * 1.001
-    if g is not None and temp_now is not None and at_bottom and temp_now >= g.control_c:
-        since = s.bottom_since if s.bottom_since is not None else t
-        s = replace(s, bottom_since=since)
-        if not s.bounded and t - since >= cfg.bounded_after_s:
-            s = replace(s, bounded=True)
-            events.append(ControlEvent("physics_bounded", "critical", (
-                f"{temp_now:.1f} °C at minimum duty ({cfg.min_rate_hz:g} Hz on the cheapest "
-                f"rung) for {t - since:.0f} s, above the {g.control_c:g} °C trip: idle power "
-                "alone keeps the die above it at this ambient; edgerun cannot hold it below "
-                "(cooling or a lower ambient is needed)")))
-    elif temp_now is None or g is None or temp_now < g.control_c - g.hyst_c or not at_bottom:
-        if s.bounded:
-            events.append(ControlEvent("physics_bounded_cleared", "info",
-                                       "the die is back under control"))
-        s = replace(s, bottom_since=None, bounded=False)
+    s = _bounded(s, temp_now, at_bottom, t, cfg, events)
     return s, Output(new_rung, cap, decision.budget_w, decision.level, reason, temp_now,
                      slope * 60, tuple(events))
