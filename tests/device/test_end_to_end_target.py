@@ -32,9 +32,10 @@ def test_an_end_to_end_target_chooses_by_the_box_on_what_serving_measured(tmp_pa
     try:
         wait(lambda: len(result_seqs(d.outbox)) >= 20, 120, "20 results", d)
         h = last_health(d.outbox)
+        # (the first choice, before any frame, names the stages it has not measured yet, but
+        # the background refinement may rebuild the ladder once frames flow: not asserted
+        # here; tests/choice/test_box_choice.py has it as a table row)
         assert h is not None and "end to end <= 500 ms" in h["choice_reason"]
-        # before any frame: the stages around inference were not measured, and it says so
-        assert "not measured yet" in h["choice_reason"]
         cfg.write_text(_with_target(plain, 400.0))
         d.proc.send_signal(signal.SIGHUP)
 
