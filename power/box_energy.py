@@ -166,6 +166,7 @@ class BoxEnergy:
         self._still = 0  # windows in a row the meter did not move in
         self._pending_frames = 0  # counted since the window opened
         self._pending_cpu: dict[str, float | None] = {}
+        self._around: tuple[float | None] | None = None  # around_j's, until the next window
 
     def _read(self) -> float | None:
         if self._meter is None:
@@ -202,6 +203,7 @@ class BoxEnergy:
                     meter_j = delta
             self._last_j = now
         self._windows.append(Window(t_s, frames, dict(cpu_s), meter_j))
+        self._around = None
 
     def sample(self, now: float, frames: int, cpu_s: Mapping[str, float | None],
                publish_cpu: Callable[[], float | None]) -> None:
@@ -230,6 +232,17 @@ class BoxEnergy:
         pub = (pub_total - prev_pub if pub_total is not None and prev_pub is not None
                and pub_total >= prev_pub else None)
         self.tick(now - prev_t, n, {**cpu, "publish": pub})
+
+    def around_j(self) -> float | None:
+        """Joules a frame costs beyond inference and the idle floor (every measured stage but
+        `infer`): what a rung's `other_j` adds to its power (power/rungs.py). None before a
+        window with frames. Recomputed once per window, not per call (the control tick asks
+        every tick; an accelerated simulator ticks every few ms)."""
+        if self._around is None:
+            r = self.report()
+            stages = [v for k, v in r["stages_mj"].items() if k != MODEL_STAGE and v is not None]
+            self._around = (sum(stages) / 1e3 if r["box_mj"] is not None and stages else None,)
+        return self._around[0]
 
     def report(self) -> dict[str, Any]:
         """Energy per frame over the kept windows (`per_frame`), for health."""

@@ -67,6 +67,9 @@ class ControlConfig:
     bounded_after_s: float = 300.0
     r_total_k_per_w: float | None = None  # die to ambient; None: no upgrade guard
     guard_margin_c: float = 1.0  # an upgrade must settle this far under the control trip
+    # the box's idle floor: budgets are box watts, this + the rungs' dynamic power (None:
+    # the governor's floor_w, 0 without a governor)
+    floor_w: float | None = None
 
 
 @dataclass(frozen=True)
@@ -129,17 +132,21 @@ def governor_config(device: DeviceProfile, policy: str, control_c: float | None 
                     critical_c: float | None = None, hyst_c: float | None = None,
                     design_ambient_c: float = 25.0) -> gov.GovernorConfig:
     """Thermal policy settings from the device profile; trips found on the device (sysfs)
-    override the profile's. `levels_w`/`max_w` are filled in by `step` from the live rungs."""
+    override the profile's. Powers in box watts: the floor is the profile's idle power, the
+    sustainable power what the die-to-ambient resistance lets the box dissipate at the trip
+    (the headroom above the floor at least 0.1 W). `levels_w`/`max_w` are filled in by
+    `step` from the live rungs."""
     th = device.thermal
     assert th is not None
     m = th.model
     control = control_c if control_c is not None else th.trip("passive").temp_c
-    sustainable = max(0.1, (control - design_ambient_c) / (m.r_die_case + m.r_case_amb)
-                      - device.power.idle_w)
+    floor = device.power.idle_w
+    sustainable = floor + max(0.1, (control - design_ambient_c) / (m.r_die_case + m.r_case_amb)
+                              - floor)
     return gov.GovernorConfig(
         control_c=control,
         critical_c=critical_c if critical_c is not None else th.trip("critical").temp_c,
-        sustainable_w=sustainable, max_w=math.inf, levels_w=(math.inf,),
+        sustainable_w=sustainable, max_w=math.inf, levels_w=(math.inf,), floor_w=floor,
         policy=policy,  # type: ignore[arg-type]
         hyst_c=hyst_c if hyst_c is not None else th.trip("passive").hyst_c)
 
@@ -235,15 +242,24 @@ def _sense(state: ControlState, r: Reading, cfg: ControlConfig,
     return s, _Sensed(temp_now, slope, problem, bwh, bfr)
 
 
+def _floor(cfg: ControlConfig) -> float:
+    """The box's idle floor in W: budgets are box watts, this plus the rungs' dynamic power
+    (`floor_w`, else the governor's, 0 without a governor)."""
+    if cfg.floor_w is not None:
+        return cfg.floor_w
+    return cfg.governor.floor_w if cfg.governor is not None else 0.0
+
+
 def _policies(s: ControlState, r: Reading, seen: _Sensed, rungs: Sequence[Rung],
               cfg: ControlConfig, extra: gov.Decision | None,
               events: list[ControlEvent]) -> tuple[ControlState, gov.Decision]:
     """The thermal policy, the energy budget and `extra`, combined: the stricter wins."""
     rate = cfg.rate_hz
+    floor = _floor(cfg)
     decision = gov.Decision(math.inf, reason="")
     if cfg.governor is not None:
-        gcfg = replace(cfg.governor, levels_w=budget_levels(rungs, rate, cfg.min_rate_hz),
-                       max_w=rungs[-1].power_w(rate))
+        gcfg = replace(cfg.governor, levels_w=budget_levels(rungs, rate, cfg.min_rate_hz, floor),
+                       max_w=rungs[-1].box_w(rate, floor), floor_w=floor)
         g, decision = gov.step(s.governor, gov.Trend(r.t, seen.temp_c, seen.slope,
                                                      seen.problem), gcfg)
         s = replace(s, governor=g)
@@ -255,6 +271,8 @@ def _policies(s: ControlState, r: Reading, seen: _Sensed, rungs: Sequence[Rung],
                                                  battery_frac=seen.battery_frac), ecfg)
         s = replace(s, energy=est)
         events += [ControlEvent("energy", "warning", e) for e in edec.events]
+        if math.isfinite(edec.budget_w):  # its budget is dynamic power: in box watts here
+            edec = replace(edec, budget_w=edec.budget_w + floor)
         decision = gov.combine(decision, edec)
     if extra is not None:
         decision = gov.combine(decision, extra)
@@ -280,7 +298,8 @@ def _budget_to_rung(s: ControlState, rungs: Sequence[Rung], cfg: ControlConfig,
     now = current if current is not None else (s.hold.rung if s.hold.rung is not None
                                                 else len(rungs) - 1)
     now = min(now, len(rungs) - 1)
-    proposed, fit_rate = select_for_budget(rungs, decision.budget_w, rate, now)
+    proposed, fit_rate = select_for_budget(rungs, decision.budget_w, rate, now,
+                                           floor_w=_floor(cfg))
     h = hold(replace(s.hold, rung=now), proposed, t, cfg.dwell_s, cfg.max_dwell_s)
     new_rung = h.rung if h.rung is not None else now
     cap = min(decision.rate_cap_hz, fit_rate if fit_rate < rate else math.inf)
@@ -313,8 +332,7 @@ def _guard_upgrade(s: ControlState, rungs: Sequence[Rung], cfg: ControlConfig,
         # Too big a step: try the smaller one (the rung running now at the rate the
         # budget allows it), else hold everything.
         budget = decision.budget_w
-        fit_old = budget / rungs[old_rung].energy_j if rungs[old_rung].energy_j > 0 \
-            else math.inf
+        fit_old = rungs[old_rung].rate_for(budget, _floor(cfg))
         cap_old = min(decision.rate_cap_hz, fit_old if fit_old < rate else math.inf)
         cap_old = max(cap_old, cfg.min_rate_hz) if math.isfinite(cap_old) else cap_old
         small, small_settle = settles(old_rung, cap_old)

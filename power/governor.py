@@ -1,18 +1,23 @@
 """Pure thermal policies: `step(state, trend, cfg) -> (state, decision)`.
 
-A decision is a power budget for the inference load (watts of dynamic power, above idle) and
-an optional rate cap; `runtime.choice.ladders.select_for_budget` turns it into the most accurate
-ladder rung whose power fits. Like the kernel's governors, the policies are tiny and the core
-(`power.control`) owns sensing and trend: a policy sees a filtered temperature and its slope
-in device time. Two policies, both predictive (they act on the trend before a trip is reached):
+A decision is a power budget in box watts (what the whole box may draw: its idle floor
+`floor_w` plus the dynamic power of inference and the stages around it) and an optional rate
+cap; `power.rungs.select_for_budget` turns it into the most accurate ladder rung whose box
+power fits. With `floor_w` = 0 the figures are dynamic power alone (the old meaning: a
+config built by hand without a floor behaves exactly as before). Like the kernel's
+governors, the policies are tiny and the core (`power.control`) owns sensing and trend: a
+policy sees a filtered temperature and its slope in device time. Two policies, both
+predictive (they act on the trend before a trip is reached):
 
 - step_wise (after drivers/thermal/gov_step_wise.c and thermald): a level per tick up while
   hot and rising (and one per `settle_s` while above the trip and not falling), held while hot
   and falling, released one level at a time after a dwell
   once below trip - hysteresis.
 - power_allocator (after drivers/thermal/gov_power_allocator.c, IPA): PID on
-  e = T_control - T, budget = clamp(S + p + i, 0, max), with the kernel's default gains
-  k_po = S/(T_control - T_on), k_pu = 2S/(T_control - T_on), k_i = k_pu/10, k_d = 0.
+  e = T_control - T over the headroom above the floor, H = S - floor:
+  budget = floor + clamp(H + p + i, 0, max - floor), with the kernel's default gains
+  k_po = H/(T_control - T_on), k_pu = 2H/(T_control - T_on), k_i = k_pu/10, k_d = 0 (the
+  kernel's S is the power it can allocate: the floor is drawn whatever the governor does).
   Below T_on the PID resets and the load gets full power.
 
 No valid temperature (the core already held the last one as long as it may) fails safe: the
@@ -28,12 +33,12 @@ from typing import Literal
 
 @dataclass(frozen=True)
 class GovernorConfig:
-    """Thresholds in °C, powers in W of dynamic (inference) power."""
+    """Thresholds in °C, powers in box watts (the idle floor `floor_w` included)."""
 
     control_c: float  # the passive trip: the temperature edgerun holds the die below
     critical_c: float
-    sustainable_w: float  # dynamic power the device dissipates at control_c (IPA's S)
-    max_w: float  # dynamic power of the top rung at full rate
+    sustainable_w: float  # box power the device dissipates at control_c (IPA's S + floor)
+    max_w: float  # box power with the top rung at full rate
     levels_w: tuple[float, ...]  # step_wise: budget per level; levels_w[0] = inf (no limit)
     policy: Literal["step_wise", "power_allocator"] = "step_wise"
     hyst_c: float = 3.0
@@ -43,6 +48,7 @@ class GovernorConfig:
     dwell_s: float = 60.0  # minimum time at a level before releasing one
     max_dwell_s: float = 900.0  # the dwell doubles after each release that had to be undone
     critical_margin_c: float = 3.0  # go to the bottom this close to the critical trip
+    floor_w: float = 0.0  # the box's idle floor: drawn whatever runs (0: dynamic watts)
 
 
 @dataclass(frozen=True)
@@ -62,7 +68,7 @@ class GovernorState:
 class Decision:
     """Power budget and rate cap for the inference load, with the reason and any events."""
 
-    budget_w: float  # math.inf = unrestricted
+    budget_w: float  # box watts; math.inf = unrestricted
     rate_cap_hz: float = math.inf
     level: int = 0
     reason: str = ""
@@ -156,21 +162,23 @@ def _power_allocator(s: GovernorState, temp: float, slope: float, t: float, dt: 
                      cfg: GovernorConfig):
     t_on = cfg.switch_on_c if cfg.switch_on_c is not None else cfg.control_c - 10.0
     predicted = temp + slope * cfg.horizon_s
+    floor = cfg.floor_w
     if temp >= cfg.critical_c - cfg.critical_margin_c:
         s = replace(s, integral=0.0)
-        budget, why = 0.0, f"{temp:.1f} °C is within {cfg.critical_margin_c:g} °C of critical"
+        budget, why = floor, f"{temp:.1f} °C is within {cfg.critical_margin_c:g} °C of critical"
     elif temp < t_on and predicted < t_on:
         s = replace(s, integral=0.0)
         budget, why = math.inf, f"{temp:.1f} °C below switch-on {t_on:g} °C: full power"
     else:
-        S = cfg.sustainable_w
+        S = cfg.sustainable_w - floor  # the headroom the policy can allocate
+        top = cfg.max_w - floor
         span = max(cfg.control_c - t_on, 1e-6)
         k_po, k_pu = S / span, 2 * S / span
         k_i = k_pu / 10
         e = cfg.control_c - predicted
         p = (k_po if e < 0 else k_pu) * e
-        integral = min(max(s.integral + k_i * e * dt, -cfg.max_w), cfg.max_w)
-        budget = max(S + p + integral, 0.0)
+        integral = min(max(s.integral + k_i * e * dt, -top), top)
+        budget = floor + max(S + p + integral, 0.0)
         budget = math.inf if budget >= cfg.max_w else budget  # the top rung fits: no limit
         s = replace(s, integral=integral)
         why = (f"PID: predicted {predicted:.1f} °C vs control {cfg.control_c:g} °C -> "
@@ -184,7 +192,8 @@ def _power_allocator(s: GovernorState, temp: float, slope: float, t: float, dt: 
 
 
 def combine(*decisions: Decision) -> Decision:
-    """Thermal and energy decisions together: the stricter budget and rate win."""
+    """Thermal and energy decisions together: the stricter budget and rate win (every
+    budget in box watts, the same floor)."""
     budget = min(d.budget_w for d in decisions)
     rate = min(d.rate_cap_hz for d in decisions)
     strict = min(decisions, key=lambda d: (d.budget_w, d.rate_cap_hz))

@@ -28,6 +28,7 @@ from runtime.choice import hint_accuracy
 from runtime.choice.ladders import ladder_for
 from runtime.choice.profiler import (
     Profiler,
+    Work,
     default_threads,
     log_failures,
     plan,
@@ -99,6 +100,48 @@ def measure_model(path: Path, cfg: Config, backends: list[Backend], meter: Power
     return rest(pause) if rest is not None else first
 
 
+def _describe(path: Path, manifest: Manifest) -> None:
+    """The log lines that say what is about to be measured: a bare .onnx's assumptions, the
+    preprocessing and the labels, and where each came from."""
+    if manifest.bare:
+        v = manifest.variants[0]
+        log.info("%s is a bare .onnx (no manifest): profiled as one fp32 form, input %s, "
+                 "accuracy unknown (its fp32 form is the reference, 1.0), so the ladder has one "
+                 "rung and the governor can only cap the frame rate; preprocess %s, output %s, "
+                 "labels %s. `edgerun models prepare` makes a ladder with measured accuracy",
+                 path, list(v.input_shape), manifest.preprocess.to_dict(), manifest.output,
+                 ", ".join(manifest.labels[:5]) + (" ..." if len(manifest.labels) > 5 else "")
+                 if manifest.labels else "class index")
+    log.info("%s: preprocessing %s (from %s); labels: %d (from %s)", manifest.name,
+             describe(manifest.preprocess.to_dict()), manifest.preprocess_source,
+             len(manifest.labels), manifest.labels_source)
+
+
+def _replayed(recorded: Path, work: Work, name: str,
+              progress: Callable[[int, int, str], None]) -> list[Profile]:
+    """The recorded profiles of the planned variants (the simulator's repeatable mode), each
+    with the manifest's accuracy now, not the recording's."""
+    replay = recorded_profiles(recorded)
+    profiles = []
+    for i, (_b, _d, v) in enumerate(work, start=1):
+        progress(i, len(work), name)
+        if v.id in replay:
+            profiles.append(replace(replay[v.id], accuracy=v.model.accuracy))
+    log.info("%d variants of %s replayed from %s", len(profiles), name, recorded)
+    return profiles
+
+
+def _exhaustive(work: Work, profiler: Profiler, fresh: bool, name: str,
+                progress: Callable[[int, int, str], None]) -> list[Profile]:
+    """Every variant at full length (`[profiler] schedule = "exhaustive"`)."""
+    profiles = []
+    for i, (b, d, v) in enumerate(work, start=1):
+        progress(i, len(work), name)
+        profiles.append(profiler.profile(b, d, v, fresh=fresh, retry_failed=False))
+    log_failures(profiles)
+    return profiles
+
+
 def measure_first(path: Path, cfg: Config, backends: list[Backend], meter: PowerMeter,
                   device_name: str, active_w_per_core: float, temp_c: float | None,
                   on_refused: Callable[[str, str], None], progress: Callable[[int, int, str],
@@ -114,18 +157,7 @@ def measure_first(path: Path, cfg: Config, backends: list[Backend], meter: Power
     Measured (None when nothing is left to refine: a warm cache, the exhaustive schedule, a
     recording). Raises NoVariantError before anything changes when nothing can run."""
     manifest = configured_model(path, cfg.model)
-    if manifest.bare:
-        v = manifest.variants[0]
-        log.info("%s is a bare .onnx (no manifest): profiled as one fp32 form, input %s, "
-                 "accuracy unknown (its fp32 form is the reference, 1.0), so the ladder has one "
-                 "rung and the governor can only cap the frame rate; preprocess %s, output %s, "
-                 "labels %s. `edgerun models prepare` makes a ladder with measured accuracy",
-                 path, list(v.input_shape), manifest.preprocess.to_dict(), manifest.output,
-                 ", ".join(manifest.labels[:5]) + (" ..." if len(manifest.labels) > 5 else "")
-                 if manifest.labels else "class index")
-    log.info("%s: preprocessing %s (from %s); labels: %d (from %s)", manifest.name,
-             describe(manifest.preprocess.to_dict()), manifest.preprocess_source,
-             len(manifest.labels), manifest.labels_source)
+    _describe(path, manifest)
     forms = model_files(manifest, lambda v, e: on_refused(v.name, str(e)))
     threads = cfg.backends.threads or default_threads()
     # an engine's own lower precision (OpenVINO bf16/f16, OpenCV fp16) is measured through it
@@ -137,35 +169,32 @@ def measure_first(path: Path, cfg: Config, backends: list[Backend], meter: Power
     loaders = {v.id: (b, v) for b, _, v in work}
     idle_w = profiler.idle_w()
     t0 = time.monotonic()
-    if recorded is not None:
-        replay = recorded_profiles(recorded)
-        profiles = []
-        for i, (_b, _d, v) in enumerate(work, start=1):
-            progress(i, len(work), manifest.name)
-            if v.id in replay:  # the accuracy is the manifest's now, not the recording's
-                profiles.append(replace(replay[v.id], accuracy=v.model.accuracy))
-        log.info("%d variants of %s replayed from %s", len(profiles), manifest.name, recorded)
+    if recorded is not None or cfg.profiler.schedule == "exhaustive":
+        if recorded is not None:
+            profiles = _replayed(recorded, work, manifest.name, progress)
+        else:
+            profiles = _exhaustive(work, profiler, fresh, manifest.name, progress)
+            _profiled(profiles, manifest.name, t0)
         ladder_for(profiles, constraints)  # raises NoVariantError before any change
         return Measured(manifest, profiles, idle_w, loaders, temp_c), None
-    if cfg.profiler.schedule == "exhaustive":
-        profiles = []
-        for i, (b, d, v) in enumerate(work, start=1):
-            progress(i, len(work), manifest.name)
-            profiles.append(profiler.profile(b, d, v, fresh=fresh, retry_failed=False))
-        log_failures(profiles)
-        _profiled(profiles, manifest.name, t0)
-        ladder_for(profiles, constraints)
-        return Measured(manifest, profiles, idle_w, loaders, temp_c), None
+    return _fast(work, profiler, manifest, Measured(manifest, [], idle_w, loaders, temp_c),
+                 constraints, fresh, progress, pause, cfg.profiler.first_decision_s, t0)
 
+
+def _fast(work: Work, profiler: Profiler, manifest: Manifest, base: Measured,
+          constraints: Constraints, fresh: bool, progress: Callable[[int, int, str], None],
+          pause: Callable[[], ContextManager] | None, first_decision_s: float,
+          t0: float) -> tuple[Measured, Rest | None]:
+    """The fast schedule (see `measure_first`): the quick round, the first decision, and the
+    refinement left to `rest` unless the cache says it already ran to the end."""
     forms_names = sorted({v.model.name for _, _, v in work})
     quick, hits, later = quick_pass(
         quick_order(work), profiler, fresh,
         lambda i, n, _vid: progress(i, n, f"{manifest.name} (quick round)"), pause,
         enough=lambda ps: first_decision_ready(ps, forms_names, constraints,
-                                               time.monotonic() - t0,
-                                               cfg.profiler.first_decision_s))
+                                               time.monotonic() - t0, first_decision_s))
     _, reason = ladder_for(quick, constraints)  # raises NoVariantError before any change
-    first = Measured(manifest, quick, idle_w, loaders, temp_c)
+    first = replace(base, profiles=quick)
     pending = len(later) + to_refine(quick, constraints)
     done_key = profiler.refined_key(work, constraints)
     # Every profile from the cache and a refinement against these constraints ran to the end
@@ -196,6 +225,6 @@ def measure_first(path: Path, cfg: Config, backends: list[Backend], meter: Power
                  sum(1 for p in final if p.ok and p.stage != "full"), why)
         _profiled(final, manifest.name, t0)
         profiler.mark_refined(done_key)
-        return Measured(manifest, final, idle_w, loaders, temp_c)
+        return replace(base, profiles=final)
 
     return first, rest

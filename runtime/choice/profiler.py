@@ -168,8 +168,10 @@ class Profiler:
         """The key of a finished refinement: every variant's cache key (so any change to a
         model file, engine or profiler setting invalidates it) and the constraints it was
         refined against (another target keeps other candidates)."""
-        parts = [sorted(self.cache_key(v, d) for _b, d, v in work),
-                 [constraints.latency_ms, constraints.percentile, constraints.accuracy_floor]]
+        target = [constraints.latency_ms, constraints.percentile, constraints.accuracy_floor]
+        if constraints.end_to_end_ms is not None:  # only then: earlier keys stay valid
+            target.append(constraints.end_to_end_ms)
+        parts = [sorted(self.cache_key(v, d) for _b, d, v in work), target]
         return "refined-" + hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:32]
 
     def refined(self, key: str) -> bool:

@@ -2,6 +2,17 @@
 
 Nothing here assumes that a lower precision costs less: every decision reads the measured
 energy per inference and latency of each variant.
+
+Two ways to judge a variant, by what `Constraints` carries:
+- the model alone (no `frame`, no `end_to_end_ms`; what every earlier config meant): lowest
+  energy per inference among variants whose inference latency at the percentile is within
+  `latency_ms`;
+- the box (`frame`, the measured cost of the stages around inference, and/or
+  `end_to_end_ms`): every configuration (a variant with a preprocessing path for its form,
+  runtime/choice/box.py) ranked by the box's energy per frame, judged on its end-to-end
+  latency (frame in to durable result) against `end_to_end_ms` when that is set, else on
+  inference latency against `latency_ms`. Inference latency stays in the reason and in
+  `Choice.box` as a reported figure.
 """
 
 from __future__ import annotations
@@ -9,6 +20,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+from runtime.choice.box import BoxFigure, FrameCosts, configurations, describe, energy_key
 
 
 @dataclass(frozen=True)
@@ -54,9 +67,17 @@ class Profile:
 class Constraints:
     """What the operator asks for."""
 
-    latency_ms: float
+    latency_ms: float  # inference latency at the percentile (per inference)
     percentile: int = 95
     accuracy_floor: float | None = None  # None: the best measured accuracy minus AUTO_TOLERANCE
+    # frame in to durable result at the percentile, per frame; None: judged on latency_ms
+    end_to_end_ms: float | None = None
+    frame: FrameCosts | None = None  # the stages around inference; None: the model alone
+
+    @property
+    def by_box(self) -> bool:
+        """Whether the choice is by the box's energy per frame (see module doc)."""
+        return self.frame is not None or self.end_to_end_ms is not None
 
 
 AUTO_TOLERANCE = 0.02  # what the automatic floor gives up, at most, against the best variant
@@ -69,6 +90,7 @@ class Choice:
     profile: Profile
     met: bool
     reason: str
+    box: BoxFigure | None = None  # the configuration's cost per frame, when chosen by the box
 
 
 class NoVariantError(RuntimeError):
@@ -110,6 +132,8 @@ def select(profiles: Sequence[Profile], c: Constraints) -> Choice:
         return Choice(best, False,
                       f"no variant reaches the accuracy floor {floor:.3f}; running the "
                       f"most accurate, {best.variant_id} ({effective_accuracy(best):.3f})")
+    if c.by_box:
+        return _select_box(eligible, c)
     meeting = [p for p in eligible if p.latency(c.percentile) <= c.latency_ms]
     if not meeting:
         fastest = min(eligible, key=lambda p: (p.latency(c.percentile), _energy_key(p)))
@@ -121,6 +145,45 @@ def select(profiles: Sequence[Profile], c: Constraints) -> Choice:
                   f"{best.variant_id}: lowest energy ({best.energy_mj:.3f} mJ/inference, "
                   f"{best.energy_source}) of {len(meeting)} variants meeting {pct} <= "
                   f"{c.latency_ms:g} ms ({pct} {best.latency(c.percentile):.2f} ms)")
+
+
+def _select_box(eligible: Sequence[Profile], c: Constraints) -> Choice:
+    """`select` by the box (module doc): lowest box energy per frame among the configurations
+    meeting the latency target; none meeting it, the fastest."""
+    costs = c.frame or FrameCosts(idle_w=0.0, rate_hz=0.0)
+    configs = [(p, f) for p in eligible for f in configurations(p, costs, c.percentile)]
+    pct = f"p{c.percentile}"
+    if c.end_to_end_ms is not None:
+        target, what = c.end_to_end_ms, "end to end"
+
+        def latency(p: Profile, f: BoxFigure) -> float:
+            return f.e2e_ms
+    else:
+        target, what = c.latency_ms, "inference"
+
+        def latency(p: Profile, f: BoxFigure) -> float:
+            return p.latency(c.percentile)
+    # a configuration that cannot keep up with the offered rate queues frames without end:
+    # it meets no latency target, whatever one frame alone takes
+    keeps_up = [(p, f) for p, f in configs
+                if costs.rate_hz <= 0 or f.rate_hz >= costs.rate_hz * (1 - 1e-9)]
+    meeting = [(p, f) for p, f in keeps_up if latency(p, f) <= target]
+    if not meeting:
+        p, f = min(keeps_up or configs,
+                   key=lambda x: (latency(*x), energy_key(x[1]), x[0].variant_id))
+        short = "" if keeps_up else f" (none keeps up with {costs.rate_hz:g} frames/s)"
+        return Choice(p, False,
+                      f"no configuration meets {pct} {what} <= {target:g} ms{short}; running "
+                      f"the fastest, {_name(f)}: {describe(f, costs)}", f)
+    p, f = min(meeting, key=lambda x: (energy_key(x[1]), latency(*x), x[0].variant_id,
+                                       x[1].pre_path))
+    return Choice(p, True,
+                  f"{_name(f)}: lowest box energy of {len(meeting)} configurations meeting "
+                  f"{pct} {what} <= {target:g} ms: {describe(f, costs)}", f)
+
+
+def _name(f: BoxFigure) -> str:
+    return f"{f.variant_id} + preprocess {f.pre_path}" if f.pre_path else f.variant_id
 
 
 def frontier(profiles: Sequence[Profile]) -> list[Profile]:

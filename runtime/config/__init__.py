@@ -79,15 +79,22 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class ConstraintsConfig:
-    """What the operator asks of inference."""
+    """What the operator asks of inference. `latency_ms` is inference latency (one
+    inference, at the percentile): what it has always meant. `end_to_end_ms`, when set, is the
+    target instead: frame in to durable result (decode to the outbox commit) at the
+    percentile, per frame; the selector then ranks whole configurations by the box's energy
+    per frame against it, and inference latency is only reported (runtime/choice/selector.py)."""
 
     latency_ms: float = 20.0
     percentile: Literal[50, 95, 99] = 95
     accuracy_floor: float | None = None  # unset: the best variant's accuracy minus 0.02
+    end_to_end_ms: float | None = None  # unset: the target is latency_ms, inference alone
 
     def validate(self) -> tuple[str, str] | None:
         if self.latency_ms <= 0:
             return "latency_ms", f"must be > 0, got {self.latency_ms}"
+        if self.end_to_end_ms is not None and not 0 < self.end_to_end_ms < math.inf:
+            return "end_to_end_ms", f"must be > 0 and finite, got {self.end_to_end_ms}"
         if self.accuracy_floor is not None and not 0.0 <= self.accuracy_floor <= 1.0:
             return "accuracy_floor", f"must be within 0..1, got {self.accuracy_floor}"
         return None

@@ -38,9 +38,10 @@ from power.box_energy import BoxEnergy
 from power.cputime import named_threads_cpu_s
 from power.device import DeviceProfile
 from power.nvml import gpu_meters
-from power.rungs import Rung
+from power.rungs import Rung, with_other
 from power.sensors import Reading, SensorSet, detect_meter
 from power.thermal_source import ThermalSource
+from runtime.choice.box import FrameCosts, live_costs
 from runtime.choice.ladders import ladder_for
 from runtime.choice.measure import Measured, measure_first, measure_model
 from runtime.choice.selector import Constraints, NoVariantError
@@ -454,8 +455,28 @@ class Daemon:
     def _constraints(self, key: str = "") -> Constraints:
         """The selector's constraints for a model ("" = the [model]'s)."""
         c = self.cfg.constraints
-        return Constraints(latency_ms=self._target(key)[0], percentile=c.percentile,
-                           accuracy_floor=c.accuracy_floor)
+        # with an end-to-end target, inference alone must fit in it: the ladder's lower
+        # rungs keep that bound (runtime/choice/selector.py judges the frame end to end,
+        # by the box's energy per frame, on what serving has measured so far)
+        return Constraints(latency_ms=c.end_to_end_ms or self._target(key)[0],
+                           percentile=c.percentile, accuracy_floor=c.accuracy_floor,
+                           end_to_end_ms=c.end_to_end_ms,
+                           frame=self._frame_costs() if c.end_to_end_ms and not key else None)
+
+    def _frame_costs(self) -> FrameCosts | None:
+        """The [model]'s stages around inference as served so far (None: not serving yet)."""
+        p, m = self.pipeline, self.model
+        if p is None or self.box_energy is None:
+            return None
+        st = p.stats()
+        e2e = [s["e2e_p95_ms"] for s in st["sources"].values() if s.get("e2e_p95_ms")]
+        a = p.active
+        return live_costs(self.box_energy.report(), getattr(m.pre, "report", {}),
+                          {vid: v.model.input_shape for vid, (_b, v) in m.loaders.items()},
+                          self.device.power.idle_w, self.cfg.governor.rate_hz,
+                          max([lane.tiles for lane in p.lanes if not lane.model] + [1]),
+                          max(e2e) if e2e else None, st["latency_ms"]["p95"],
+                          a.variant_id if a else "")
 
     def _check_tiles(self) -> None:
         """A source whose frames cost another number of tiles than planned (a camera's size
@@ -584,7 +605,12 @@ class Daemon:
         assert self.ccfg is not None
         self._check_tiles()
         box = self.box
-        self.cstate, out = control.step(self.cstate, r, box.control_rungs(), self.ccfg,
+        rungs = box.control_rungs()
+        if not self.sim and self.box_energy is not None:
+            # budgets are box watts: the stages around inference draw power too (a simulated
+            # plant heats with its rungs alone, so a simulation leaves them out)
+            rungs = with_other(rungs, self.box_energy.around_j())
+        self.cstate, out = control.step(self.cstate, r, rungs, self.ccfg,
                                         box.control_current(), self.operator_rate_hz)
         self.control_out = out
         for e in out.events:

@@ -248,7 +248,10 @@ def test_a_serving_daemon_reports_every_stage_and_falls_back_when_its_meter_goes
             assert st[s] is not None and st[s] > 0, (s, b)
         assert st["publish"] is None and "publish" in b["unmeasured"]  # no broker here
         assert b["box_mj"] > b["model_mj"] > 0
-        # the meter goes away: one event, the estimate from then on (never 0 mJ)
+        # the meter goes away: one event, the estimate from then on (never 0 mJ); the
+        # "hardware" stops first, or its next write races the removal (Directory not empty)
+        stop.set()
+        hw.join(10)
         for f in zone.iterdir():
             f.unlink()
         zone.rmdir()
