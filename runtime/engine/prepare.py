@@ -1041,7 +1041,7 @@ def _variant_steps(run: _Run) -> list[tuple[str, str, Callable]]:
 
     steps: list[tuple[str, str, Callable]] = [
         ("fp16", "fp16", fp16), ("int8", "int8", lambda p: _make_int8(run, p))]
-    sizes = (given_sizes(hw, run.opts.sizes) if run.opts.sizes else
+    sizes = (given_sizes(hw, run.opts.sizes, multiple) if run.opts.sizes else
              detector_sizes(hw, multiple) if spec is not None else [])
     if run.opts.reduced and sizes:
         # several resolutions, each a rung the governor can step to (issue 24)
