@@ -17,7 +17,10 @@ the constraint's 20 ms. For each device x scenario, side by side on the same sim
   step_wise / power_alloc   edgerun, clean sensor; then with 0.3 °C noise + 1 % dropped
                  readings and with 1 °C noise + 5 % dropped readings, over --seeds seeds
 
-and checks the targets (docs/power.md). Scenarios where idle power alone keeps the die above
+and checks the targets (docs/power.md): where kernel-only throttles, >= 1.2x its
+accuracy-weighted good inferences, or, where it loses too little for any policy to reach 1.2x
+(every frame at the top rung's accuracy, printed per case, below 1.2x), half of what it loses
+won back. Scenarios where idle power alone keeps the die above
 the trip are reported as physics-bounded, not counted as wins. `--daemon` also runs the real
 daemon against the plant (runtime/tools/simloop.py) for --daemon-cases x both policies and prints
 its figures next to the pure simulation's (target: within 10 %).
@@ -72,6 +75,34 @@ def physics_bounded(dev: DeviceProfile, scen: str, hours: float) -> bool:
     return hottest + dev.power.idle_w * r_total >= passive.temp_c - passive.hyst_c
 
 
+def ladder_line(dev: str, rungs: list[Rung]) -> str:
+    """The ladder the runs below climb, cheapest first: each rung's accuracy and energy per
+    inference on the device, and the energy span top / bottom."""
+    span = rungs[-1].energy_j / rungs[0].energy_j if rungs[0].energy_j > 0 else float("nan")
+    steps = ", ".join(f"{r.variant_id.split('/')[1].split('@')[0]} {r.accuracy:.3f} "
+                      f"{r.energy_j * 1e3:.2f} mJ" for r in rungs)
+    return f"ladder on {dev}: {len(rungs)} rungs ({steps}); energy span {span:.2f}x"
+
+
+TARGET = 1.2  # accuracy-weighted good inferences vs kernel-only, where kernel-only throttles
+
+
+def perfect_ratio(rungs: list[Rung], rate: float, hours: float, a: RunResult) -> float:
+    """What no policy can beat, against kernel-only `a`: every offered frame delivered at
+    the top rung's accuracy (the top rung never throttled)."""
+    return rate * hours * 3600 * rungs[-1].accuracy / a.good_weighted
+
+
+def clean_need(throttles: bool, perfect: float) -> float:
+    """The clean run's target against kernel-only: within 2 % where kernel-only does not
+    throttle; TARGET where it does and TARGET is reachable at all; where kernel-only loses
+    too little for any policy to reach TARGET (`perfect` below it: generic-x86 in the sun
+    throttles under an hour of six), half of what kernel-only loses must be won back."""
+    if not throttles:
+        return 0.98
+    return TARGET if perfect >= TARGET else 1 + (perfect - 1) / 2
+
+
 def per_hour(x: float, hours: float) -> float:
     return x / hours
 
@@ -115,6 +146,7 @@ def main() -> int:
         dev = load_profile(dev_name)
         rungs = device_rungs(args.profiles, dev)
         rate = rungs[-1].max_rate_hz()
+        print(ladder_line(dev.name, rungs))
         for scen in args.scenario:
             amb = ambient(*SCENARIOS[scen])
             common = dict(duration_s=args.hours * 3600, rate_hz=rate,
@@ -123,6 +155,7 @@ def main() -> int:
             b = simulate(dev, rungs, amb, "cheapest", **common)
             bounded = physics_bounded(dev, scen, args.hours)
             throttles = a.critical_trips > 0 or a.throttled_min > 0
+            perfect = perfect_ratio(rungs, rate, args.hours, a)
             for name, r in (("kernel", a), ("cheapest", b)):
                 row(dev.name, scen, name, "-", [r], a, args.hours)
             for pol in GOVERNORS:
@@ -147,12 +180,12 @@ def main() -> int:
                                             "rung changes/h")
                     ceiling = b.good_weighted / a.good_weighted
                     if label == "clean":
-                        need = 1.2 if throttles else 0.98
+                        need = clean_need(throttles, perfect)
                         if min(ratios) < need:
                             bound = (f" (ladder-bounded: B cheapest-only reaches {ceiling:.3f}x; "
                                      "no rung mix on this ladder reaches 1.2x)"
                                      if throttles and min(ratios) >= 0.98 * ceiling else "")
-                            failures.append(f"{case}: {min(ratios):.3f}x A (need {need}x)"
+                            failures.append(f"{case}: {min(ratios):.3f}x A (need {need:.3f}x)"
                                             + bound)
                     else:
                         # where A throttles: never below kernel-only; where it does not, the
@@ -164,6 +197,10 @@ def main() -> int:
                             rel = min(r.good_weighted for r in runs) / clean.good_weighted
                             if rel < 0.95:
                                 failures.append(f"{case}: {rel:.3f}x the clean run")
+            if throttles and not bounded:
+                print(f"  {dev.name}/{scen}: kernel-only throttles {a.throttled_min:.0f} min; "
+                      f"every frame at the top rung's accuracy would be {perfect:.3f}x A "
+                      f"(the most any policy can reach); need {clean_need(True, perfect):.3f}x")
             if bounded:
                 print(f"  {dev.name}/{scen}: PHYSICS-BOUNDED (idle {dev.power.idle_w:g} W alone "
                       "settles above the release temperature at the hottest ambient): reported, "

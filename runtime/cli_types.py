@@ -41,6 +41,18 @@ def ratio(text: str) -> float:
     return r
 
 
+def sizes(text: str) -> tuple[int, ...]:
+    """`--sizes 80,64,48`: input heights of reduced-resolution forms, each at least 16."""
+    try:
+        out = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected input heights like 80,64,48, got {text!r}"
+                                         ) from None
+    if any(n < 16 for n in out):
+        raise argparse.ArgumentTypeError(f"every size must be at least 16, got {text!r}")
+    return out
+
+
 def threads(text: str) -> tuple[int, ...]:
     """Thread counts like 1,4, every one >= 1."""
     try:

@@ -37,7 +37,8 @@ def cmd_models(args: argparse.Namespace) -> int:
                           labels_source=f"file {args.labels}",
                           check_reference=not args.no_reference_check,
                           labels=labels, input_shape=args.input_shape or (), prefix=args.prefix,
-                          output=args.output, reduced=not args.no_reduced, task=args.task,
+                          output=args.output, reduced=not args.no_reduced,
+                          sizes=tuple(args.sizes or ()), task=args.task,
                           format=args.format, score_threshold=args.score_threshold,
                           iou_threshold=args.iou_threshold,
                           **({} if args.min_accuracy_ratio is None else
@@ -101,6 +102,9 @@ def add_models(sub: Subparsers, common: argparse.ArgumentParser) -> None:
                     "model's metadata says, else RGB pixels / 255, as for a bare .onnx)")
     mp.add_argument("--output", choices=("probabilities", "logits"), default="probabilities")
     mp.add_argument("--no-reduced", action="store_true", help="skip the reduced-resolution form")
+    mp.add_argument("--sizes", type=cli_types.sizes, help="reduced-resolution forms at these "
+                    "input heights, e.g. 80,64,48 (default: one at 2/3 for a classifier, "
+                    "0.8/0.7/0.5 of the input for a detector)")
     mp.add_argument("--task", choices=("auto", "classify", "detect"), default="auto",
                     help="auto: from the output's shape (docs/detectors.md)")
     mp.add_argument("--format", choices=("auto", "yolov8", "yolov5", "nms-inside"),

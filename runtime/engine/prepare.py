@@ -44,7 +44,7 @@ import re
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +112,9 @@ class PrepareOptions:
     max_calib: int = 200
     max_val: int = 2000
     reduced: bool = True
+    # reduced-resolution forms at these input heights (largest first; the width keeps the
+    # aspect ratio); (): a detector's DETECTOR_SCALES, a classifier's one form at 2/3
+    sizes: tuple[int, ...] = ()
     generated: int = 64  # inputs generated to measure on when there are no images
     task: str = "auto"  # auto | classify | detect (auto: from the output's shape)
     format: str = "auto"  # a detector's output form: auto | yolov8 | yolov5 | nms-inside
@@ -356,6 +359,22 @@ def detector_sizes(hw: tuple[int, int], multiple: int) -> list[tuple[int, int]]:
         size = tuple(max(16, 2 * multiple, round(d * f / multiple) * multiple) for d in hw)
         if all(n < d for n, d in zip(size, hw, strict=True)) and size not in out:
             out.append(size)  # type: ignore[arg-type]
+    return out
+
+
+def given_sizes(hw: tuple[int, int], sizes: tuple[int, ...], multiple: int = 8
+                ) -> list[tuple[int, int]]:
+    """`--sizes`' input sizes (H, W), largest first: each asked height with the width that
+    keeps the aspect ratio (rounded to `multiple`). Raises StepError ("options") for a size
+    that is not smaller than the input or below 16: a reduced form must be reduced."""
+    h, w = hw
+    out: list[tuple[int, int]] = []
+    for n in sorted(set(sizes), reverse=True):
+        if not 16 <= n < h:
+            raise StepError("options", f"--sizes {n}: a reduced input must be at least 16 and "
+                            f"smaller than the model's {h}x{w}")
+        nw = n if w == h else max(16, round(w * n / h / multiple) * multiple)
+        out.append((n, min(nw, w)))
     return out
 
 
@@ -708,238 +727,350 @@ def prepare(model: Path, calib: Path | None, val: Path | None, out: Path,
     return doc
 
 
+@dataclass
+class _Run:
+    """What the steps of one `_prepare` share: the model, its options (updated as steps
+    settle the format, preprocessing and labels) and what each step found."""
+
+    model: Path
+    opts: PrepareOptions
+    out: Path  # the scratch folder the variants and the manifest are written into
+    scratch: Path
+    stem: str
+    calib_files: list[Path]
+    val_files: list[Path]
+    val_images: list[np.ndarray]
+    fp32: Path = Path()
+    staged: Path = Path()
+    meta: Any = None
+    input_name: str = ""
+    shape: tuple[int, ...] = ()
+    shape_from: str = ""
+    dynamic_hw: bool = False  # the model's image input has dynamic height/width
+    pre: Preprocess = field(default_factory=Preprocess)
+    pre_source: str = ""
+    labels_source: str = ""
+    spec: detection.DetectSpec | None = None
+    out_shape: tuple[int, ...] = ()
+    n_classes: int | None = None
+    truth: np.ndarray | None = None
+    det_truth: list | None = None
+    generated: bool = False
+    full: list[np.ndarray] = field(default_factory=list)
+    ref: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    ref_dets: list = field(default_factory=list)
+    verdict: sanity.Verdict | None = None
+    entries: list[VariantEntry] = field(default_factory=list)
+    failed: list[dict] = field(default_factory=list)
+    search_log: list[dict] = field(default_factory=list)
+
+    @property
+    def hw(self) -> tuple[int, int]:
+        """The fp32 form's input (H, W)."""
+        return self.pre.hw(self.shape)
+
+    @property
+    def labelled(self) -> bool:
+        """Whether the val images carry labels (folder names, or YOLO label files)."""
+        return self.truth is not None or self.det_truth is not None
+
+    def tensors(self, shape: tuple[int, ...]) -> list[np.ndarray]:
+        """The val images preprocessed for an input of `shape`."""
+        return [self.pre.apply(img, shape) for img in self.val_images]
+
+    def calib_batches(self) -> Iterator[np.ndarray]:
+        """The calibration images, one preprocessed tensor each, read as they are used."""
+        for f in self.calib_files:
+            yield self.pre.apply(read_image(f), self.shape)
+
+
 def _prepare(model: Path, calib_files: list[Path], val_files: list[Path],
              val_images: list[np.ndarray], out: Path, scratch: Path, opts: PrepareOptions,
              existing: dict | None, stem: str, progress: Callable[[str], None],
              val: Path | None, dest: Path) -> dict:
     """prepare()'s steps, writing into the scratch folder `out` (`dest`: where it goes)."""
-    fp32 = out / f"{stem}fp32.onnx"
-    staged = scratch / "staged.onnx"
+    run = _Run(model, opts, out, scratch, stem, calib_files, val_files, val_images,
+               fp32=out / f"{stem}fp32.onnx", staged=scratch / "staged.onnx")
     progress("normalise")
+    _step_normalise(run)
+    _step_preprocess(run, existing, dest)
+    progress(f"preprocess {model_meta.describe(run.pre.to_dict())} (from {run.pre_source})")
+    _step_task(run)
+    _step_reference(run, val)
+    _add_variant(run, f"{stem}fp32", "fp32", "fp32", run.fp32, run.shape, run.full, progress)
+    _step_variants(run, progress)
+    doc = _manifest_doc(run)
+    if existing:
+        doc = _merge_existing(doc, existing, run, dest)
+    (out / MANIFEST).write_text(json.dumps(doc, indent=2) + "\n")
+    return doc
+
+
+def _step_normalise(run: _Run) -> None:
+    """Step 1: read the model's metadata and task, merge NMS-inside outputs, fix the input
+    shape and write the clean fp32 graph."""
+    model = run.model
     try:
         src = model
         proto0 = load_onnx(model)
-        meta = model_meta.read_meta(proto0, model)
-        task = model_meta.task_from_meta(meta, model, opts.task)
+        run.meta = model_meta.read_meta(proto0, model)
+        task = model_meta.task_from_meta(run.meta, model, run.opts.task)
         outputs = _output_dims(proto0)
         if (len(outputs) > 1 and task != "classify"
-                and opts.format in ("auto", "nms-inside")):
-            src = scratch / "merged.onnx"
+                and run.opts.format in ("auto", "nms-inside")):
+            src = run.scratch / "merged.onnx"
             used = merge_nms_outputs(model, src)
             log.warning("%s: %d outputs taken as a detector with NMS inside (boxes %s, scores "
                         "%s, classes %s): merged into one [1, K, 6] output", model.name,
                         len(outputs), *used)
-            opts = replace(opts, format="nms-inside")
+            run.opts = replace(run.opts, format="nms-inside")
             task = "detect"
-        given_shape, shape_from = model_meta.default_input_shape(proto0, opts.input_shape,
-                                                                  meta)
-        input_name, shape, warnings = normalise(src, fp32, given_shape, staged)
+        run.opts = replace(run.opts, task=task)
+        given_shape, run.shape_from = model_meta.default_input_shape(
+            proto0, run.opts.input_shape, run.meta)
+        run.input_name, run.shape, warnings = normalise(src, run.fp32, given_shape, run.staged)
+        run.dynamic_hw = _dynamic_hw(proto0)
     except Exception as e:
         raise _as_step("normalise", e) from e
     for w in warnings:
         log.warning("%s: %s", model.name, w)
-    if shape_from.startswith("metadata"):
-        log.info("%s: input fixed at %s from its %s", model.name, list(shape), shape_from)
-    try:  # preprocessing and labels: given, else the model's metadata, else the one default
-        layout = _layout(shape, model)
+    if run.shape_from.startswith("metadata"):
+        log.info("%s: input fixed at %s from its %s", model.name, list(run.shape),
+                 run.shape_from)
+
+
+def _step_preprocess(run: _Run, existing: dict | None, dest: Path) -> None:
+    """Preprocessing and labels: given, else the model's metadata, else the one default;
+    refused when they differ from the manifest added to."""
+    model, opts = run.model, run.opts
+    try:
+        layout = _layout(run.shape, model)
         if opts.preprocess is None:
-            chosen = model_meta.choose_preprocess(None, "", meta)
+            chosen = model_meta.choose_preprocess(None, "", run.meta)
             pre = Preprocess.from_dict({**{k: list(v) if isinstance(v, tuple) else v
                                            for k, v in chosen.value.items()},
                                         "layout": layout}, f"{model}: preprocess")
-            pre_source = chosen.source
+            run.pre_source = chosen.source
         else:
-            pre, pre_source = opts.preprocess, opts.preprocess_source
-        labels_chosen = model_meta.choose_labels(opts.labels, opts.labels_source, meta)
-        labels, labels_source = labels_chosen.value, labels_chosen.source
+            pre, run.pre_source = opts.preprocess, opts.preprocess_source
+        labels_chosen = model_meta.choose_labels(opts.labels, opts.labels_source, run.meta)
+        labels, run.labels_source = labels_chosen.value, labels_chosen.source
     except ModelError as e:
         raise _as_step("options", e) from e
-    opts = replace(opts, preprocess=pre, labels=labels)
+    run.pre = pre
+    run.opts = replace(opts, preprocess=pre, labels=labels)
     log.info("%s: preprocessing %s (from %s); labels: %s", model.name,
-             model_meta.describe(pre.to_dict()), pre_source,
-             f"{len(labels)} from {labels_source}" if labels else "none")
-    progress(f"preprocess {model_meta.describe(pre.to_dict())} (from {pre_source})")
+             model_meta.describe(pre.to_dict()), run.pre_source,
+             f"{len(labels)} from {run.labels_source}" if labels else "none")
     if existing and existing["preprocess"] != pre.to_dict():
         raise ModelError(f"{dest / MANIFEST}: preprocessing differs from this model's "
                          f"({existing['preprocess']} vs {pre.to_dict()}); variants in one "
                          "manifest must share it")
-    try:  # classifier or detector: declared, or read from the output's real shape
-        probe = _session(fp32)
-        out_shape = probe.run(None, {input_name: np.zeros(shape, np.float32)})[0].shape
+
+
+def _step_task(run: _Run) -> None:
+    """Classifier or detector: declared, or read from the output's real shape; the labels and
+    the metadata checked against the output; the val images' labels read."""
+    model, opts, labels = run.model, run.opts, run.opts.labels
+    try:
+        probe = _session(run.fp32)
+        out_shape = probe.run(None, {run.input_name: np.zeros(run.shape, np.float32)})[0].shape
         dims = [(probe.get_outputs()[0].name, tuple(out_shape))]
-        fmt = model_task(model, dims, task, opts.format, labels)
-        spec = None if fmt is None else detection.DetectSpec.from_dict(
+        fmt = model_task(model, dims, opts.task, opts.format, labels)
+        run.spec = None if fmt is None else detection.DetectSpec.from_dict(
             {"task": "detect", "format": fmt, "score_threshold": opts.score_threshold,
              "iou_threshold": opts.iou_threshold}, f"{model}: options")
         classes = (int(np.prod(out_shape[1:])) if fmt is None else
                    _detector_classes(fmt, tuple(out_shape), labels))
-        dynamic_hw = _dynamic_hw(proto0)
-        if labels_source.startswith("metadata"):
-            model_meta.check_against(meta, model, pre.hw(shape), classes, dynamic_hw)
+        if run.labels_source.startswith("metadata"):
+            model_meta.check_against(run.meta, model, run.hw, classes, run.dynamic_hw)
         else:
-            model_meta.check_against(replace(meta, names=None), model, pre.hw(shape), classes,
-                                     dynamic_hw)
-            _labels_against(labels, labels_source, classes, model)
+            model_meta.check_against(replace(run.meta, names=None), model, run.hw, classes,
+                                     run.dynamic_hw)
+            _labels_against(labels, run.labels_source, classes, model)
     except StepError:
         raise
     except Exception as e:
         raise _as_step("task", e) from e
+    run.out_shape = tuple(out_shape)
     try:  # labels: folder names for a classifier, YOLO label files for a detector
-        truth = _truth(val_files, labels) if spec is None else None
-        det_truth = detector_truth(val_files, len(labels) or None) if (
-            spec is not None) else None
+        run.truth = _truth(run.val_files, labels) if run.spec is None else None
+        run.det_truth = detector_truth(run.val_files, len(labels) or None) if (
+            run.spec is not None) else None
     except Exception as e:
         raise _as_step("images", e) from e
-    hw = pre.hw(shape)
-    n_classes = None
-    if spec is not None and spec.format != "nms-inside":
-        n_classes = len(labels) or None
+    if run.spec is not None and run.spec.format != "nms-inside":
+        run.n_classes = len(labels) or None
         log.info("%s: a %s detector, output %s; measured by mAP@0.5 %s", model.name,
-                 spec.format, list(out_shape), "against the label files" if det_truth
+                 run.spec.format, list(out_shape), "against the label files" if run.det_truth
                  is not None else "against fp32's detections")
-    generated = not val_images
-    if generated:
-        val_images = generated_frames(hw, opts.generated)
+
+
+def _step_reference(run: _Run, val: Path | None) -> None:
+    """The fp32 reference's outputs on the val images (generated inputs without any), and
+    its verdict: a blind reference is refused unless the images are labelled or the check
+    is off (runtime/engine/sanity.py)."""
+    model, pre = run.model, run.pre
+    run.generated = not run.val_images
+    if run.generated:
+        run.val_images = generated_frames(run.hw, run.opts.generated)
         log.warning("%s: no images: only fp16 is made, measured against fp32 on %d generated "
                     "inputs; give --val DIR (unlabelled is fine) for int8 and a measured "
-                    "agreement", model.name, len(val_images))
-
-    def tensors(shape_: tuple[int, ...]) -> list[np.ndarray]:
-        return [pre.apply(img, shape_) for img in val_images]
-
-    def calib_batches() -> Iterator[np.ndarray]:
-        for f in calib_files:
-            yield pre.apply(read_image(f), shape)
-
+                    "agreement", model.name, len(run.val_images))
     try:
-        full = tensors(shape)
-        ref_sess = _session(fp32)
-        raw = [ref_sess.run(None, {input_name: t})[0] for t in full]
-        ref = np.concatenate([r.reshape(1, -1) for r in raw]).astype(np.float64)
-        ref_dets = [] if spec is None else [detection.detect(r, spec, hw, n_classes)
-                                            for r in raw]
+        run.full = run.tensors(run.shape)
+        ref_sess = _session(run.fp32)
+        raw = [ref_sess.run(None, {run.input_name: t})[0] for t in run.full]
+        run.ref = np.concatenate([r.reshape(1, -1) for r in raw]).astype(np.float64)
+        run.ref_dets = [] if run.spec is None else [
+            detection.detect(r, run.spec, run.hw, run.n_classes) for r in raw]
     except Exception as e:
         raise _as_step("measure", e) from e
-    verdict = _judge_reference(raw, ref, ref_dets if spec is not None else None, generated)
-    labelled = truth is not None or det_truth is not None
-    where = f"{len(val_images)} {'generated inputs' if generated else f'images in {val}'}"
-    if verdict.blind:
-        what = (f"the fp32 reference looks blind on {where}: {verdict.seen} (preprocessing "
-                f"{model_meta.describe(pre.to_dict())}, from {pre_source})")
-        if labelled and verdict.kind in ("no-boxes", "one-class"):
-            log.warning("%s: %s; the images are labelled, so the accuracy below is the real "
-                        "one against the labels", model.name, what)
-        elif opts.check_reference:
-            raise StepError("reference", f"{what}: agreement with it would mean nothing. Check "
-                            "the preprocessing (--preprocess) and the images; with labels the "
-                            "real accuracy is measured instead; --no-reference-check writes "
-                            "the ladder anyway")
-        else:
-            log.warning("%s: %s; written anyway (--no-reference-check)", model.name, what)
-    else:
+    verdict = _judge_reference(raw, run.ref, run.ref_dets if run.spec is not None else None,
+                               run.generated)
+    run.verdict = verdict
+    where = (f"{len(run.val_images)} "
+             f"{'generated inputs' if run.generated else f'images in {val}'}")
+    if not verdict.blind:
         log.info("%s: fp32 reference on %s: %s", model.name, where, verdict.seen)
-    entries: list[VariantEntry] = []
-    failed: list[dict] = []
+        return
+    what = (f"the fp32 reference looks blind on {where}: {verdict.seen} (preprocessing "
+            f"{model_meta.describe(pre.to_dict())}, from {run.pre_source})")
+    if run.labelled and verdict.kind in ("no-boxes", "one-class"):
+        log.warning("%s: %s; the images are labelled, so the accuracy below is the real "
+                    "one against the labels", model.name, what)
+    elif run.opts.check_reference:
+        raise StepError("reference", f"{what}: agreement with it would mean nothing. Check "
+                        "the preprocessing (--preprocess) and the images; with labels the "
+                        "real accuracy is measured instead; --no-reference-check writes "
+                        "the ladder anyway")
+    else:
+        log.warning("%s: %s; written anyway (--no-reference-check)", model.name, what)
 
-    metric = "top-1" if spec is None else "mAP@0.5"
 
-    def add(name: str, step: str, precision: str, path: Path, shape_: tuple[int, ...],
-            inputs: list[np.ndarray]) -> None:
-        progress(f"measure {name}")
-        m = measure(path, input_name, inputs, ref, truth) if spec is None else \
-            measure_detector(path, input_name, inputs, ref, ref_dets, det_truth, spec,
-                             pre.hw(shape_), n_classes,
-                             other_resolution=tuple(shape_) != tuple(shape))
-        diff = "n/a (other resolution)" if m["max_abs_diff"] is None else \
-            f"{m['max_abs_diff']:.2e}"
-        log.info("%s: accuracy %.4f, agreement %.4f, max |diff| %s", name, m["accuracy"],
-                 m["agreement"], diff)
-        floor = None if not entries else below_floor(m["accuracy"], entries[0].accuracy,
-                                                     opts.min_accuracy_ratio)
-        if floor is not None:  # mostly wrong results: not a rung the governor may step to
-            why = (f"skipped: {metric} {m['accuracy']:.4f} is below the floor {floor:.4f} "
-                   f"({opts.min_accuracy_ratio:g} x fp32's {entries[0].accuracy:.4f}, "
-                   "--min-accuracy-ratio): not written as a rung")
-            log.warning("%s: variant %s %s", model.name, name, why)
-            failed.append({"variant": name, "step": step, "error": why, "skipped": True,
+def _metric(run: _Run) -> str:
+    return "top-1" if run.spec is None else "mAP@0.5"
+
+
+def _add_variant(run: _Run, name: str, step: str, precision: str, path: Path,
+                 shape: tuple[int, ...], inputs: list[np.ndarray],
+                 progress: Callable[[str], None]) -> None:
+    """Step 5 and 6 for one variant: measure it; keep it as a rung, or list it as skipped
+    (and delete its file) when it falls below the accuracy floor."""
+    progress(f"measure {name}")
+    m = measure(path, run.input_name, inputs, run.ref, run.truth) if run.spec is None else \
+        measure_detector(path, run.input_name, inputs, run.ref, run.ref_dets, run.det_truth,
+                         run.spec, run.pre.hw(shape), run.n_classes,
+                         other_resolution=tuple(shape) != tuple(run.shape))
+    diff = "n/a (other resolution)" if m["max_abs_diff"] is None else \
+        f"{m['max_abs_diff']:.2e}"
+    log.info("%s: accuracy %.4f, agreement %.4f, max |diff| %s", name, m["accuracy"],
+             m["agreement"], diff)
+    entries, opts = run.entries, run.opts
+    floor = None if not entries else below_floor(m["accuracy"], entries[0].accuracy,
+                                                 opts.min_accuracy_ratio)
+    if floor is not None:  # mostly wrong results: not a rung the governor may step to
+        why = (f"skipped: {_metric(run)} {m['accuracy']:.4f} is below the floor {floor:.4f} "
+               f"({opts.min_accuracy_ratio:g} x fp32's {entries[0].accuracy:.4f}, "
+               "--min-accuracy-ratio): not written as a rung")
+        log.warning("%s: variant %s %s", run.model.name, name, why)
+        run.failed.append({"variant": name, "step": step, "error": why, "skipped": True,
                            "accuracy": m["accuracy"], "floor": floor})
-            path.unlink(missing_ok=True)
-            return
-        entries.append(VariantEntry(name=name, precision=precision, file=path.name,
-                                    sha256=file_sha256(path), input_name=input_name,
-                                    input_shape=tuple(shape_), size_bytes=path.stat().st_size,
-                                    source=model.name, **m))
+        path.unlink(missing_ok=True)
+        return
+    entries.append(VariantEntry(name=name, precision=precision, file=path.name,
+                                sha256=file_sha256(path), input_name=run.input_name,
+                                input_shape=tuple(shape), size_bytes=path.stat().st_size,
+                                source=run.model.name, **m))
 
-    add(f"{stem}fp32", "fp32", "fp32", fp32, shape, full)
+
+def _make_int8(run: _Run, p: Path) -> tuple[tuple[int, ...], list[str]]:
+    """Step 3: a classifier's static QDQ int8; a detector's with its box decoding left in
+    float as far as measurement says it must be (runtime/engine/int8_search.py)."""
+    if run.spec is None:
+        return run.shape, make_int8(run.staged, p, run.calib_batches, run.input_name)
+    from runtime.engine import int8_search
+
+    spec = run.spec
+    base = run.scratch / "int8-base.onnx"
+    warns = int8_base(run.staged, base)
+    tail, head = int8_search.decode_tail(onnx.load(str(base)))
+    cands = run.scratch / "int8"
+    cands.mkdir(exist_ok=True)
+
+    def acc(path: Path) -> float:
+        return measure_detector(path, run.input_name, run.full, run.ref, run.ref_dets,
+                                run.det_truth, spec, run.hw, run.n_classes)["accuracy"]
+
+    best, tried = int8_search.search(
+        lambda dst, nodes, method: quantize_to(base, dst, run.calib_batches, run.input_name,
+                                               nodes, method),
+        acc, tail, head, run.entries[0].accuracy, cands,
+        log=lambda m: log.info("%s: %s", run.model.name, m))
+    run.search_log.extend(c.to_dict() for c in tried)
+    if best is None:
+        raise StepError("int8", "every int8 candidate failed: " + "; ".join(
+            f"{c.exclude}/{c.method}: {c.error}" for c in tried))
+    shutil.copy(best, p)
+    return run.shape, warns
+
+
+def _variant_steps(run: _Run) -> list[tuple[str, str, Callable]]:
+    """(step, precision, make) for every form after fp32: fp16, int8, then the reduced
+    resolutions (several for a detector, or where --sizes asks; else one at 2/3)."""
+    spec, pre, shape = run.spec, run.pre, run.shape
 
     def fp16(p: Path) -> tuple[tuple[int, ...], list[str]]:
-        make_fp16(fp32, p)
+        make_fp16(run.fp32, p)
         return shape, []
-
-    search_log: list[dict] = []
-
-    def int8(p: Path) -> tuple[tuple[int, ...], list[str]]:
-        if spec is None:
-            return shape, make_int8(staged, p, calib_batches, input_name)
-        # a detector: its box decoding left in float as far as measurement says it must be
-        from runtime.engine import int8_search
-
-        base = scratch / "int8-base.onnx"
-        warns = int8_base(staged, base)
-        tail, head = int8_search.decode_tail(onnx.load(str(base)))
-        cands = scratch / "int8"
-        cands.mkdir(exist_ok=True)
-
-        def acc(path: Path) -> float:
-            return measure_detector(path, input_name, full, ref, ref_dets, det_truth, spec,
-                                    hw, n_classes)["accuracy"]
-
-        best, tried = int8_search.search(
-            lambda dst, nodes, method: quantize_to(base, dst, calib_batches, input_name,
-                                                   nodes, method),
-            acc, tail, head, entries[0].accuracy, cands,
-            log=lambda m: log.info("%s: %s", model.name, m))
-        search_log.extend(c.to_dict() for c in tried)
-        if best is None:
-            raise StepError("int8", "every int8 candidate failed: " + "; ".join(
-                f"{c.exclude}/{c.method}: {c.error}" for c in tried))
-        shutil.copy(best, p)
-        return shape, warns
 
     # a detector: the candidate count may change, the form may not; YOLO-style graphs need a
     # multiple of their largest stride (32) to run at all
-    multiple = meta.stride or (32 if all(d % 32 == 0 for d in hw) and min(hw) >= 64 else 8)
+    hw = run.hw
+    multiple = run.meta.stride or (32 if all(d % 32 == 0 for d in hw) and min(hw) >= 64
+                                   else 8)
 
     def reduced(p: Path, size: tuple[int, int] | None = None
                 ) -> tuple[tuple[int, ...], list[str]]:
         if spec is None:
-            return make_reduced(staged, p, input_name, shape, pre), []
-        return make_reduced(staged, p, input_name, shape, pre,
-                            lambda a, b: detection.form_change(a, b, spec.format, n_classes),
+            return make_reduced(run.staged, p, run.input_name, shape, pre, size=size), []
+        return make_reduced(run.staged, p, run.input_name, shape, pre,
+                            lambda a, b: detection.form_change(a, b, spec.format,
+                                                               run.n_classes),
                             multiple, size), []
 
-    steps: list[tuple[str, str, Callable]] = [("fp16", "fp16", fp16), ("int8", "int8", int8)]
-    if opts.reduced and spec is not None and (sizes := detector_sizes(hw, multiple)):
+    steps: list[tuple[str, str, Callable]] = [
+        ("fp16", "fp16", fp16), ("int8", "int8", lambda p: _make_int8(run, p))]
+    sizes = (given_sizes(hw, run.opts.sizes, multiple) if run.opts.sizes else
+             detector_sizes(hw, multiple) if spec is not None else [])
+    if run.opts.reduced and sizes:
         # several resolutions, each a rung the governor can step to (issue 24)
         steps += [("reduced", "fp32-reduced", lambda p, sz=sz: reduced(p, sz))
                   for sz in sizes]
-    elif opts.reduced:
+    elif run.opts.reduced:
         steps.append(("reduced", "fp32-reduced", reduced))
+    return steps
+
+
+def _step_variants(run: _Run, progress: Callable[[str], None]) -> None:
+    """Steps 2-4 with 5-6 for each form: make it, measure it, keep it or list why not. One
+    form failing never loses the others."""
+    model, stem, out = run.model, run.stem, run.out
     blocked = False  # a graph that does not run at one reduced size runs at none
     skip = {}
-    if not calib_files:
+    if not run.calib_files:
         skip["int8"] = "skipped: no images to calibrate on (give --calib DIR or --val DIR)"
-    if not val_files:
+    if not run.val_files:
         skip["reduced"] = ("skipped: no images to measure a lower resolution on (generated "
                            "inputs say nothing about detail lost; give --val DIR)")
-    for step, precision, make in steps:
+    for step, precision, make in _variant_steps(run):
         if step == "reduced" and blocked:
             continue
         if step in skip:
             blocked = blocked or step == "reduced"  # said once for every size
             log.warning("%s: variant %s%s %s", model.name, stem, step, skip[step])
-            failed.append({"variant": f"{stem}{step}", "step": step, "error": skip[step],
-                           "skipped": True})
+            run.failed.append({"variant": f"{stem}{step}", "step": step, "error": skip[step],
+                               "skipped": True})
             continue
         progress(step)
         path = out / f"{stem}{step}.onnx"
@@ -949,66 +1080,78 @@ def _prepare(model: Path, calib_files: list[Path], val_files: list[Path],
                 log.warning("%s: %s", model.name, w)
             name = f"{stem}{step}"
             if step == "reduced":
-                name = f"{stem}fp32-r{pre.hw(new_shape)[0]}"
+                name = f"{stem}fp32-r{run.pre.hw(new_shape)[0]}"
                 path = path.rename(out / f"{name}.onnx")
-            add(name, step, precision, path, new_shape,
-                tensors(new_shape) if new_shape != shape else full)
+            _add_variant(run, name, step, precision, path, new_shape,
+                         run.tensors(new_shape) if new_shape != run.shape else run.full,
+                         progress)
         except Skipped as e:  # not possible for this graph: said why, not an error
             blocked = blocked or "does not run at" in e.message or "already the smallest" \
                 in e.message
             log.warning("%s: variant %s%s %s", model.name, stem, step, e.message)
-            failed.append({"variant": f"{stem}{step}", "step": e.step, "error": e.message,
-                           "skipped": True})
+            run.failed.append({"variant": f"{stem}{step}", "step": e.step, "error": e.message,
+                               "skipped": True})
             path.unlink(missing_ok=True)
         except Exception as e:  # one variant failing must not lose the others
             err = e if isinstance(e, StepError) else StepError(
                 step, str(e).splitlines()[0][:300] if str(e) else type(e).__name__)
             log.error("%s: variant %s%s failed at step %s: %s; the other variants are kept",
                       model.name, stem, step, err.step, err.message)
-            failed.append({"variant": f"{stem}{step}", "step": err.step, "error": str(err)})
+            run.failed.append({"variant": f"{stem}{step}", "step": err.step,
+                               "error": str(err)})
             path.unlink(missing_ok=True)
 
+
+def _manifest_doc(run: _Run) -> dict:
+    """This model's manifest: its variants, what failed, its eval set and how it was made."""
     evals: dict[str, dict] = {}
-    if not generated:  # real images for engines to measure their own precisions on
-        ev = out / f"{stem}eval.npz"
-        n = _eval_set(val_images, hw, pre, truth, det_truth, ev)
-        evals[model.name] = {"file": ev.name, "sha256": file_sha256(ev), "images": n,
-                             "basis": "labels" if labelled else "agreement"}
+    if not run.generated:  # real images for engines to measure their own precisions on
+        ev = run.out / f"{run.stem}eval.npz"
+        n = _eval_set(run.val_images, run.hw, run.pre, run.truth, run.det_truth, ev)
+        evals[run.model.name] = {"file": ev.name, "sha256": file_sha256(ev), "images": n,
+                                 "basis": "labels" if run.labelled else "agreement"}
+    verdict = run.verdict
+    assert verdict is not None  # _step_reference ran
     doc = {
-        "schema": SCHEMA, "name": opts.name, "labels": list(labels),
-        "preprocess": pre.to_dict(),
-        "output": opts.output if spec is None else "detections",
-        "accuracy_basis": "labels" if labelled else (
-            "agreement" if val_files else "agreement-generated"),
-        "accuracy_metric": metric,
-        "eval_images": len(val_images),
-        "made_with": {"preprocess": pre_source, "labels": labels_source,
-                      "input_shape": shape_from,
+        "schema": SCHEMA, "name": run.opts.name, "labels": list(run.opts.labels),
+        "preprocess": run.pre.to_dict(),
+        "output": run.opts.output if run.spec is None else "detections",
+        "accuracy_basis": "labels" if run.labelled else (
+            "agreement" if run.val_files else "agreement-generated"),
+        "accuracy_metric": _metric(run),
+        "eval_images": len(run.val_images),
+        "made_with": {"preprocess": run.pre_source, "labels": run.labels_source,
+                      "input_shape": run.shape_from,
                       "reference": {"blind": verdict.blind, "kind": verdict.kind,
                                     "seen": verdict.seen}},
-        "variants": [{**asdict(e), "input_shape": list(e.input_shape)} for e in entries],
-        "failed": failed,
+        "variants": [{**asdict(e), "input_shape": list(e.input_shape)} for e in run.entries],
+        "failed": run.failed,
         "eval": evals,
     }
-    if spec is not None:
-        doc["postprocess"] = spec.to_dict()
-    if search_log:  # every int8 candidate of a detector, measured (runtime/engine/int8_search.py)
-        doc["int8_search"] = {model.name: search_log}
-    if existing and existing.get("postprocess") != doc.get("postprocess"):
+    if run.spec is not None:
+        doc["postprocess"] = run.spec.to_dict()
+    if run.search_log:  # every int8 candidate of a detector, measured (int8_search.py)
+        doc["int8_search"] = {run.model.name: run.search_log}
+    return doc
+
+
+def _merge_existing(doc: dict, existing: dict, run: _Run, dest: Path) -> dict:
+    """`doc` (a --prefix model's) added to the manifest it extends: that manifest's other
+    variants, failures and eval sets kept, its name and provenance kept."""
+    if existing.get("postprocess") != doc.get("postprocess"):
         raise ModelError(f"{dest / MANIFEST}: postprocessing differs from this model's "
                          f"({existing.get('postprocess')} vs {doc.get('postprocess')}); "
                          "variants in one manifest must share it")
-    if existing:
-        keep = [v for v in existing["variants"] if not v["name"].startswith(stem)]
-        doc["variants"] = keep + doc["variants"]
-        doc["failed"] = [f for f in existing.get("failed", []) if not f["variant"].startswith(
-            stem)] + failed
-        doc["name"] = existing["name"]
-        doc["eval"] = {**{k: v for k, v in existing.get("eval", {}).items()
-                          if k != model.name}, **evals}
-        doc["made_with"] = existing.get("made_with", doc["made_with"])
-        if search_log or existing.get("int8_search"):
-            doc["int8_search"] = {**existing.get("int8_search", {}),
-                                  **doc.get("int8_search", {})}
-    (out / MANIFEST).write_text(json.dumps(doc, indent=2) + "\n")
+    stem = run.stem
+    keep = [v for v in existing["variants"] if not v["name"].startswith(stem)]
+    doc["variants"] = keep + doc["variants"]
+    doc["failed"] = [f for f in existing.get("failed", []) if not f["variant"].startswith(
+        stem)] + doc["failed"]
+    doc["name"] = existing["name"]
+    doc["eval"] = {**{k: v for k, v in existing.get("eval", {}).items()
+                      if k != run.model.name}, **doc["eval"]}
+    doc["made_with"] = existing.get("made_with", doc["made_with"])
+    if run.search_log or existing.get("int8_search"):
+        doc["int8_search"] = {**existing.get("int8_search", {}),
+                              **doc.get("int8_search", {})}
     return doc

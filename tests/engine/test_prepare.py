@@ -222,3 +222,41 @@ def test_prepare_cli_errors_name_the_model_and_the_step(tmp_path, images):
     assert r.returncode == 0, r.stderr
     assert "SKIPPED dyn.onnx int8 (step int8): skipped: no images to calibrate on" in r.stdout
     assert "accuracy basis: agreement-generated" in r.stdout
+
+
+@pytest.mark.parametrize("hw, sizes, want", [
+    ((96, 96), (48, 80, 64), [(80, 80), (64, 64), (48, 48)]),  # largest first
+    ((96, 96), (64, 64), [(64, 64)]),  # a repeated size once
+    ((96, 128), (48,), [(48, 64)]),  # the width keeps the aspect ratio, to a multiple of 8
+    ((32, 32), (24,), [(24, 24)]),
+])
+def test_sizes_become_reduced_inputs(hw, sizes, want):
+    from runtime.engine.prepare import given_sizes
+
+    assert given_sizes(hw, sizes) == want
+
+
+@pytest.mark.parametrize("size", [96, 120, 8])
+def test_a_size_that_reduces_nothing_is_refused(size):
+    from runtime.engine.prepare import StepError, given_sizes
+
+    with pytest.raises(StepError, match=f"--sizes {size}: a reduced input must be"):
+        given_sizes((96, 96), (size,))
+
+
+def test_sizes_make_one_classifier_rung_per_resolution(tmp_path, images):
+    model = tiny_cnn(tmp_path / "m.onnx", hw=(32, 32))
+    doc = prepare(model, images / "calib", images / "val", tmp_path / "out",
+                  _opts(sizes=(16, 24), min_accuracy_ratio=0.0))
+    names = [v["name"] for v in doc["variants"]]
+    assert names == ["fp32", "fp16", "int8", "fp32-r24", "fp32-r16"], doc["failed"]
+    man = load_manifest(tmp_path / "out")
+    assert man.variant("fp32-r16").input_shape == (1, 3, 16, 16)
+    assert all(v.accuracy is not None for v in man.variants)
+
+
+def test_cli_sizes_refuses_a_size_below_16(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "runtime.cli", "models", "prepare",
+                        str(tmp_path / "m.onnx"), "--out", str(tmp_path / "o"), "--sizes",
+                        "64,8"], capture_output=True, text=True)
+    assert r.returncode == 2 and "every size must be at least 16" in r.stderr, r.stderr
