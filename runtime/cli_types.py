@@ -41,26 +41,23 @@ def ratio(text: str) -> float:
     return r
 
 
-def sizes(text: str) -> tuple[int, ...]:
-    """`--sizes 80,64,48`: input heights of reduced-resolution forms, each at least 16."""
+def _ints(text: str, expected: str, each: str, least: int) -> tuple[int, ...]:
+    """A comma-separated list of integers, every one >= `least`."""
     try:
         out = tuple(int(x) for x in text.split(","))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected input heights like 80,64,48, got {text!r}"
-                                         ) from None
-    if any(n < 16 for n in out):
-        raise argparse.ArgumentTypeError(f"every size must be at least 16, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+    if any(n < least for n in out):
+        raise argparse.ArgumentTypeError(f"every {each} must be at least {least}, got {text!r}")
     return out
+
+
+def sizes(text: str) -> tuple[int, ...]:
+    """`--sizes 80,64,48`: input heights of reduced-resolution forms, each at least 16."""
+    return _ints(text, "input heights like 80,64,48", "size", 16)
 
 
 def threads(text: str) -> tuple[int, ...]:
     """Thread counts like 1,4, every one >= 1."""
-    try:
-        counts = tuple(int(x) for x in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected thread counts like 1,4, got {text!r}"
-                                         ) from None
-    if any(t < 1 for t in counts):
-        raise argparse.ArgumentTypeError(f"every thread count must be >= 1, got {text!r}")
-    return counts
+    return _ints(text, "thread counts like 1,4", "thread count", 1)
 

@@ -126,7 +126,26 @@ class SleepHost(Protocol):
         """Record an event for the operator."""
 
 
-class HealthHost(Protocol):
+class LadderView(Protocol):
+    """The [model]'s model, ladder and rung, as health and status read them."""
+
+    @property
+    def manifest(self) -> Manifest:
+        """The [model] section's model."""
+        ...
+
+    @property
+    def rungs(self) -> list[Rung]:
+        """The [model]'s ladder (live energies)."""
+        ...
+
+    @property
+    def current(self) -> int:
+        """The [model]'s rung (index into rungs)."""
+        ...
+
+
+class HealthHost(LadderView, Protocol):
     """What runtime/device/health.py assembles the health message from."""
 
     cfg: Config
@@ -147,21 +166,6 @@ class HealthHost(Protocol):
     by_id: dict[str, Any]  # the [model]'s profiles by variant id
     ota: Any  # runtime.device.ota.DeviceOta or None
     sleeper: Any  # runtime.device.sleep.Sleeper or None
-
-    @property
-    def manifest(self) -> Manifest:
-        """The [model] section's model."""
-        ...
-
-    @property
-    def rungs(self) -> list[Rung]:
-        """The [model]'s ladder (live energies)."""
-        ...
-
-    @property
-    def current(self) -> int:
-        """The [model]'s rung (index into rungs)."""
-        ...
 
     @property
     def choice_reason(self) -> str:
@@ -187,7 +191,7 @@ class HealthHost(Protocol):
         ...
 
 
-class StatusHost(Protocol):
+class StatusHost(LadderView, Protocol):
     """What runtime/device/status.py reads of the daemon (its STATUS= line, birth fields)."""
 
     device: DeviceProfile
@@ -196,21 +200,6 @@ class StatusHost(Protocol):
     control_out: control.Output | None
     thermal_disabled: str
     ota: Any  # runtime.device.ota.DeviceOta or None
-
-    @property
-    def manifest(self) -> Manifest:
-        """The [model] section's model."""
-        ...
-
-    @property
-    def rungs(self) -> list[Rung]:
-        """The [model]'s ladder."""
-        ...
-
-    @property
-    def current(self) -> int:
-        """The [model]'s rung (index into rungs)."""
-        ...
 
     @property
     def joint(self) -> list[Any]:
