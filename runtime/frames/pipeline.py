@@ -293,8 +293,9 @@ class Pipeline:
     def take_stage_cpu(self) -> tuple[int, dict[str, float | None]]:
         """(results stored, CPU seconds per stage) since the last call: capture (the source's
         read, its polling included), decode (None: no source could time it apart from the
-        read), crop, preprocess, infer, postprocess (results built), persist (outbox commit,
-        the source's done, local results)."""
+        read), crop, preprocess, infer (added with its frame's store, so it is these frames'
+        own), postprocess (results built), persist (outbox commit, the source's done, local
+        results)."""
         with self._stage_lock:
             out, self._stage_cpu = self._stage_cpu, dict(STAGE_CPU_ZERO)
             n, self._stage_frames = self._stage_frames, 0
@@ -589,7 +590,6 @@ class Pipeline:
             spent = time.thread_time() - c0
             # per inference: a tiled frame ran one per tile (live energies stay per inference)
             self._infer_cpu[lid] = (n + _tiles(tensor), cpu + spent)
-            self._cpu("infer", spent)
         except Exception as e:
             self.busy_since = None
             self.counters["infer_errors"] += 1
@@ -605,7 +605,7 @@ class Pipeline:
             if self.shadow is not active and self._shadow_i % self.shadow_every == 0:
                 # (the shadow is the running model until the swap reaches this thread)
                 self._shadow_due.append((frame, out, active))
-        return frame, out, active, ms, _tiles(tensor)
+        return frame, out, active, ms, _tiles(tensor), spent
 
     def _model_id(self, active: Active) -> ModelId:
         """What `active`'s frames are counted under in `models`."""
@@ -666,7 +666,12 @@ class Pipeline:
         """Postprocess and persist a group in one outbox transaction, then mark frames done."""
         c_post = time.thread_time()
         results, made, owners, counted = [], [], [], []
-        for frame, out, active, ms, tiles in batch:
+        infer_s = 0.0
+        for frame, out, active, ms, tiles, spent in batch:
+            # counted with the frame's store, so a window's inference CPU is its own frames'
+            # (counted at inference, a window could hold frames inferred in the one before:
+            # a model share of 0 mJ beside a box figure)
+            infer_s += spent
             manifest = active.manifest or self._manifest  # a swap: each frame its own model's
             try:  # label, score; a detector's boxes and counts too
                 fields = frame_result(out, manifest, frame.image.shape[:2], active.input_shape)
@@ -694,6 +699,7 @@ class Pipeline:
         except Exception as e:  # disk full, database broken: frames stay not-done
             self.busy_since = None
             self._shadow_due.clear()  # bounded: no comparisons pile up while storing fails
+            self._cpu("infer", infer_s)  # spent all the same
             self.counters["store_errors"] += len(results)
             # a full disk fails every batch: one line a minute (with how many more), one
             # event an outage, not one each per frame into the outbox that is failing
@@ -712,7 +718,7 @@ class Pipeline:
         now = time.time()
         for m, ms_each in counted:
             self.models.result(m, now, ms_each)
-        for frame, _, _, ms, _ in batch:
+        for frame, _, _, ms, *_ in batch:
             self.latencies.append((now, ms, ms <= self.latency_target_ms))
             lane = self._lane.get(frame.source)
             if lane is not None:
@@ -743,6 +749,7 @@ class Pipeline:
         with self._stage_lock:
             self._stage_cpu["persist"] = ((self._stage_cpu["persist"] or 0.0)
                                           + time.thread_time() - c_persist)
+            self._stage_cpu["infer"] = (self._stage_cpu["infer"] or 0.0) + infer_s
             self._stage_frames += len(results)
         self.busy_since = None
         if self._shadow_due:

@@ -36,6 +36,12 @@ def test_an_end_to_end_target_chooses_by_the_box_on_what_serving_measured(tmp_pa
         # the background refinement may rebuild the ladder once frames flow: not asserted
         # here; tests/choice/test_box_choice.py has it as a table row)
         assert h is not None and "end to end <= 500 ms" in h["choice_reason"]
+
+        def box_measured() -> bool:  # a control window with frames: the box figure exists
+            b = (last_health(d.outbox) or {}).get("box_energy") or {}
+            return b.get("box_mj") is not None
+
+        wait(box_measured, 60, "a health message with the box's energy per frame", d)
         cfg.write_text(_with_target(plain, 400.0))
         d.proc.send_signal(signal.SIGHUP)
 
