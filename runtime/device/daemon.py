@@ -41,7 +41,6 @@ from power.nvml import gpu_meters
 from power.rungs import Rung, with_other
 from power.sensors import Reading, SensorSet, detect_meter
 from power.thermal_source import ThermalSource
-from runtime.choice.box import FrameCosts, live_costs
 from runtime.choice.ladders import ladder_for
 from runtime.choice.measure import Measured, measure_first, measure_model
 from runtime.choice.selector import Constraints, NoVariantError
@@ -461,22 +460,10 @@ class Daemon:
         return Constraints(latency_ms=c.end_to_end_ms or self._target(key)[0],
                            percentile=c.percentile, accuracy_floor=c.accuracy_floor,
                            end_to_end_ms=c.end_to_end_ms,
-                           frame=self._frame_costs() if c.end_to_end_ms and not key else None)
-
-    def _frame_costs(self) -> FrameCosts | None:
-        """The [model]'s stages around inference as served so far (None: not serving yet)."""
-        p, m = self.pipeline, self.model
-        if p is None or self.box_energy is None:
-            return None
-        st = p.stats()
-        e2e = [s["e2e_p95_ms"] for s in st["sources"].values() if s.get("e2e_p95_ms")]
-        a = p.active
-        return live_costs(self.box_energy.report(), getattr(m.pre, "report", {}),
-                          {vid: v.model.input_shape for vid, (_b, v) in m.loaders.items()},
-                          self.device.power.idle_w, self.cfg.governor.rate_hz,
-                          max([lane.tiles for lane in p.lanes if not lane.model] + [1]),
-                          max(e2e) if e2e else None, st["latency_ms"]["p95"],
-                          a.variant_id if a else "")
+                           frame=self.model.frame_costs(self.pipeline, self.box_energy,
+                                                         self.device.power.idle_w,
+                                                         self.cfg.governor.rate_hz)
+                           if c.end_to_end_ms and not key else None)
 
     def _check_tiles(self) -> None:
         """A source whose frames cost another number of tiles than planned (a camera's size

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from power.rungs import Rung, on_device
+from runtime.choice.box import FrameCosts, live_costs
 from runtime.choice.ladders import ladder_for
 from runtime.choice.measure import Measured
 from runtime.choice.selector import Constraints, Profile
@@ -99,6 +100,22 @@ class ServedModel:
             log.info("model %s: choice: %s; ladder: %s", self.key, self.reason, ladder)
         else:
             log.info("choice: %s; ladder (rung 1 = cheapest): %s", self.reason, ladder)
+
+    def frame_costs(self, pipeline: Any, box_energy: Any, idle_w: float,
+                    rate_hz: float) -> FrameCosts | None:
+        """The stages around this ([model]'s) inference as `pipeline` served them so far,
+        from `box_energy` (power.box_energy.BoxEnergy; None: not serving yet)."""
+        if pipeline is None or box_energy is None:
+            return None
+        st = pipeline.stats()
+        e2e = [s["e2e_p95_ms"] for s in st["sources"].values() if s.get("e2e_p95_ms")]
+        a = pipeline.active
+        return live_costs(box_energy.report(), getattr(self.pre, "report", {}),
+                          {vid: v.model.input_shape for vid, (_b, v) in self.loaders.items()},
+                          idle_w, rate_hz,
+                          max([lane.tiles for lane in pipeline.lanes if not lane.model] + [1]),
+                          max(e2e) if e2e else None, st["latency_ms"]["p95"],
+                          a.variant_id if a else "")
 
     def live_rungs(self, live_energy: dict[str, float]) -> list[Rung]:
         """Its rungs as profiled with the live energies per inference learnt so far."""
