@@ -274,7 +274,9 @@ def _policies(s: ControlState, r: Reading, seen: _Sensed, rungs: Sequence[Rung],
         if math.isfinite(edec.budget_w):  # its budget is dynamic power: in box watts here
             edec = replace(edec, budget_w=edec.budget_w + floor)
         decision = gov.combine(decision, edec)
-    if extra is not None:
+    if extra is not None:  # a dynamic-watts budget (a bench's baseline): in box watts here
+        if math.isfinite(extra.budget_w):
+            extra = replace(extra, budget_w=extra.budget_w + floor)
         decision = gov.combine(decision, extra)
     return s, decision
 
@@ -380,7 +382,8 @@ def step(state: ControlState, r: Reading, rungs: Sequence[Rung], cfg: ControlCon
          extra: gov.Decision | None = None) -> tuple[ControlState, Output]:
     """One control tick (see module doc). `current` is the rung actually running (a switch can
     fail); `operator_rate_hz` is the operator's own cap (math.inf = none); `extra` is one more
-    budget to respect (a bench's baseline energy policy), the stricter wins."""
+    budget to respect (a bench's baseline energy policy, in dynamic watts: the floor is added),
+    the stricter wins."""
     events: list[ControlEvent] = []
     s, seen = _sense(state, r, cfg, events)
     s, decision = _policies(s, r, seen, rungs, cfg, extra, events)

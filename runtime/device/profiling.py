@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from power.accelerators import on_host
 from runtime.choice.measure import Measured
 from runtime.device.host import Install, Stopping
 from runtime.durable import crash_point
@@ -134,8 +135,11 @@ def cpu_ratio(prof: Any, live_j: float | None) -> float | None:
     """The running variant's CPU time per inference now over the profiled one (live energy
     is CPU time at the profile's own joules per CPU-second, so the ratio of the energies is
     the ratio of the CPU times); 0.0 while no live figure is learnt yet; None when the
-    profile has no CPU time (an engine whose work is not host CPU: latency alone judges)."""
+    profile has no CPU time or the variant runs on an accelerator (its work is not host CPU
+    time: latency alone judges)."""
     if prof is None or not (prof.cpu_ms > 0 and prof.energy_mj > 0):  # nan compares False
+        return None
+    if not on_host(prof.actual_device or prof.device):  # a GPU's throttling is not host CPU
         return None
     return live_j * 1e3 / prof.energy_mj if live_j else 0.0
 

@@ -433,7 +433,8 @@ class Pipeline:
             # A frame that had to be waited for arrived at an idle pipeline: run it inline.
             # One that was ready at once is part of a backlog: queue it so stages overlap.
             waited = time.monotonic() - t_read >= self.INLINE_AFTER_WAIT_S
-            self._in_backlog = not waited
+            # (a live source's next frame comes at the camera's pace: never waited for)
+            self._in_backlog = not waited and not lane.source.live
             # (latest wins on a live source: its own oldest waiting frame is dropped)
             if not (waited and self._inline(frame)) and self._raw.put(
                     lane.name, frame, lane.source.live, self._stop):
@@ -522,37 +523,41 @@ class Pipeline:
             except queue.Full:
                 continue
 
-    GROUP_WAIT_S = 0.005  # longest a result waits for the next frame to share its commit
+    GROUP_WAIT_S = 0.005  # longest the inference thread waits for the next frame before it
+    # stores what it has (a frame on its way shares the commit)
 
     def _infer(self) -> None:
         pending: list[tuple] = []  # inferred, not yet stored
-        since = 0.0  # when the oldest pending result was inferred
         while not self._stop.is_set() or pending:
             self.heartbeat = time.monotonic()
             if pending and (len(pending) >= 64 or self._stop.is_set() or (
-                    self._frames.empty() and not self._upstream_busy())
-                    or time.monotonic() - since >= self.GROUP_WAIT_S):
+                    self._frames.empty() and not self._upstream_busy())):
                 # Group commit: one outbox transaction for everything inferred while more
-                # frames were on their way (queued, or being preprocessed: in a backlog the
-                # next is a fraction of a millisecond off, and a commit a frame cost more
-                # than the frame's inference on a small model); with nothing on its way,
-                # store at once (lowest latency).
-                with self._work:
-                    self._store(pending)
+                # frames were on their way (queued, being preprocessed, or a folder's backlog
+                # being read: the next is a fraction of a millisecond off, and a commit a
+                # frame cost more than the frame's inference on a small model); with nothing
+                # on its way, store at once (lowest latency).
+                self._store_pending(pending)
                 pending = []
                 continue
             try:
                 frame, tensor, made_for = self._frames.get(
                     timeout=self.GROUP_WAIT_S if pending else 0.2)
             except queue.Empty:
+                if pending:  # the next frame did not come within GROUP_WAIT_S: store now
+                    self._store_pending(pending)
+                    pending = []
                 continue
-            if not pending:
-                since = time.monotonic()
             self.busy_since = time.monotonic()  # first: the capture thread checks it
             with self._work:
                 done = self._run(frame, tensor, made_for)
             if done is not None:
                 pending.append(done)
+
+    def _store_pending(self, pending: list[tuple]) -> None:
+        """Store a group of inferred frames under `_work` (see _store)."""
+        with self._work:
+            self._store(pending)
 
     def _upstream_busy(self) -> bool:
         """The next tensor is on its way: a frame is being preprocessed, decoded frames wait

@@ -336,6 +336,7 @@ class FolderSource:
         self._recheck: set[str] = set()
         self._full_due = True  # the next scan lists the whole folder
         self._said_no_watch = False
+        self._closed = False
 
     def _open_seen(self, path: Path) -> sqlite3.Connection:
         """The seen-files table. A damaged file (power loss on an SD card) is moved aside and
@@ -558,7 +559,7 @@ class FolderSource:
 
     def _arm_watch(self) -> None:
         """Watch the folder with inotify where this system has it (else: list on change)."""
-        if self._watch is not None:
+        if self._watch is not None or self._closed:  # a read racing close(): no new fd
             return
         try:
             self._watch = DirWatch(self._dir)
@@ -570,6 +571,7 @@ class FolderSource:
 
     def close(self) -> None:
         """Close the seen-files table and the watch."""
+        self._closed = True
         if self._watch is not None:
             self._watch.close()
             self._watch = None
@@ -720,7 +722,7 @@ class TriggerSource:
     a flood from the publisher's identity costs its own triggers, not the daemon's memory."""
 
     live = False
-    MAX_QUEUED = 1000
+    MAX_QUEUED = 20_000  # a broker's replay of a weekend's triggers (persistent session)
     MAX_QUEUED_BYTES = 256 << 20
 
     def __init__(self, cfg: SourceConfig, broker, client_id: str):

@@ -184,7 +184,7 @@ class Connection:
         in `stats.dropped_outgoing`, said once per outage) so a long outage cannot grow the
         process without bound; what must survive one (results, a rollout's deploys) is kept
         and re-sent by its owner, not by this queue."""
-        while self._outgoing.qsize() >= self.MAX_OUTGOING:
+        while not self.connected.is_set() and self._outgoing.qsize() >= self.MAX_OUTGOING:
             try:
                 self._outgoing.get_nowait()
             except queue.Empty:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -92,6 +93,14 @@ def test_reprofile_reason_tells_throttling_from_waiting_for_the_cpu(cpu, want, s
 def test_cpu_ratio_from_live_and_profiled_energy(cpu_ms, energy_mj, live_j, want):
     got = cpu_ratio(_profile("v", energy_mj=energy_mj, cpu_ms=cpu_ms), live_j)
     assert got == pytest.approx(want) if want is not None else got is None
+
+
+def test_cpu_ratio_cannot_tell_for_a_variant_on_an_accelerator():
+    """An OpenCL GPU or CUDA variant's host CPU time stays flat while the GPU throttles:
+    latency alone judges it."""
+    gpu = replace(_profile("v"), actual_device="opencl:0 (NVIDIA CUDA: NVIDIA H200)")
+    assert cpu_ratio(gpu, 0.012) is None
+    assert cpu_ratio(replace(_profile("v"), actual_device="CPU"), 0.012) == pytest.approx(2.0)
 
 
 def _profile(vid, engine="onnxruntime", threads=1, energy_mj=6.0, cpu_ms=1.0):
