@@ -16,17 +16,22 @@ from runtime.frames.pipeline import Active, Pipeline
 from runtime.frames.sources import SourceConfig, open_source
 
 
+def _tiny(folder: Path):
+    """A tiny classifier, ONNX Runtime and its one-thread CPU variant."""
+    m = load_model(tiny_cnn(folder / "tiny.onnx", hw=(32, 32)))
+    bcfg = BackendsConfig(enabled=("onnxruntime",), threads=(1,),
+                          onnxruntime=OnnxRuntimeConfig(spinning=(False,),
+                                                        include_default=False))
+    (backend,) = discover(bcfg)
+    return m, backend, backend.variants(model_files(m)[0], bcfg, (1,))[0]
+
+
 def test_a_failing_store_is_one_event_and_one_line_an_outage(tmp_path, caplog):
     """A sink failing every batch (disk full) raised a critical store_failed event and an
     error line per batch, each into the outbox that was failing; now one event and one line
     a minute while it lasts, and a line when results are stored again."""
     src = Path(tmp_path)
-    m = load_model(tiny_cnn(src / "tiny.onnx", hw=(32, 32)))
-    bcfg = BackendsConfig(enabled=("onnxruntime",), threads=(1,),
-                          onnxruntime=OnnxRuntimeConfig(spinning=(False,),
-                                                        include_default=False))
-    (backend,) = discover(bcfg)
-    v = backend.variants(model_files(m)[0], bcfg, (1,))[0]
+    m, backend, v = _tiny(src)
     full = [True]
     stored: list[dict] = []
     events: list[dict] = []
@@ -91,12 +96,7 @@ def test_a_backlog_on_a_slow_model_shares_commits(tmp_path):
     for i in range(40):
         cv2.imwrite(str(folder / f"f{i:02d}.png"), img)
         os.utime(folder / f"f{i:02d}.png", (old, old))
-    m = load_model(tiny_cnn(src / "tiny.onnx", hw=(32, 32)))
-    bcfg = BackendsConfig(enabled=("onnxruntime",), threads=(1,),
-                          onnxruntime=OnnxRuntimeConfig(spinning=(False,),
-                                                        include_default=False))
-    (backend,) = discover(bcfg)
-    v = backend.variants(model_files(m)[0], bcfg, (1,))[0]
+    m, backend, v = _tiny(src)
     batches: list[int] = []
 
     def sink(rs: list[dict]) -> list[int]:
