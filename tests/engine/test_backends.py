@@ -123,3 +123,19 @@ def test_ort_reports_device_and_rejects_missing_provider(tiny_model):
 
     with pytest.raises(BackendError):
         b.load(replace(v, device="NoSuchDevice"))
+
+
+@pytest.mark.parametrize("names, want", [
+    # OpenCV 4.10-4.x: both engines
+    ({"ENGINE_NEW": 3, "ENGINE_CLASSIC": 1, "ENGINE_AUTO": 0}, {"new": 3, "classic": 1}),
+    # OpenCV 5.x: the new engine is ENGINE_OPENCV; classic (and its targets) gone
+    ({"ENGINE_OPENCV": 2, "ENGINE_ORT": 4, "ENGINE_AUTO": 0}, {"new": 2}),
+    # older than 4.10: no engine switch at all
+    ({}, {}),
+])
+def test_opencv_engines_are_found_by_what_the_installed_opencv_names(names, want):
+    from types import SimpleNamespace
+
+    from runtime.engine.backends.opencv import engines_of
+
+    assert engines_of(SimpleNamespace(**names)) == want

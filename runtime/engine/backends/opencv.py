@@ -7,6 +7,7 @@ target only on ARMv8, the one CPU it runs on (elsewhere it falls back to fp32).
 
 from __future__ import annotations
 
+import logging
 import platform
 
 import cv2
@@ -19,8 +20,24 @@ from runtime.engine.onnx_model import ModelError, load_onnx, model_input, with_f
 # Errors reach the operator through BackendError; OpenCV's own console output would
 # only duplicate them without the model's name.
 cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_SILENT)
+log = logging.getLogger(__name__)
 
-_ENGINES = {"new": cv2.dnn.ENGINE_NEW, "classic": cv2.dnn.ENGINE_CLASSIC}
+
+
+def engines_of(dnn: object) -> dict[str, int]:
+    """The DNN engines this OpenCV has, by edgerun's names. OpenCV 4.10-4.x has both
+    (ENGINE_NEW, ENGINE_CLASSIC); 5.x calls the new engine ENGINE_OPENCV and has dropped the
+    classic one, and with it the non-CPU targets and the fp16 CPU target."""
+    out = {}
+    new = getattr(dnn, "ENGINE_NEW", getattr(dnn, "ENGINE_OPENCV", None))
+    if new is not None:
+        out["new"] = new
+    if hasattr(dnn, "ENGINE_CLASSIC"):
+        out["classic"] = dnn.ENGINE_CLASSIC
+    return out
+
+
+_ENGINES = engines_of(cv2.dnn)
 
 
 class OpenCvSession:
@@ -58,10 +75,19 @@ class OpenCvBackend:
     def devices(self) -> list[Device]:
         out = [Device(self.name, "CPU", platform.processor() or platform.machine(),
                       {"version": cv2.__version__})]
-        gpu = _gpu_opencl()
+        gpu = _gpu_opencl() if "classic" in _ENGINES else None
         if gpu:
             out.append(Device(self.name, "OpenCL", gpu, {"version": cv2.__version__}))
         return out
+
+    def __init__(self) -> None:
+        self._missing_said: set[str] = set()
+
+    def _say_missing(self, engine: str) -> None:
+        if engine not in self._missing_said:
+            self._missing_said.add(engine)
+            log.info("opencv: OpenCV %s has no %s engine (5.x dropped it); its variants are "
+                     "not offered", cv2.__version__, engine)
 
     def variants(self, model: ModelFile, cfg: BackendsConfig,
                  threads: tuple[int, ...]) -> list[Variant]:
@@ -74,6 +100,9 @@ class OpenCvBackend:
                                    (("engine", "classic"),)))
                 continue
             for engine in knobs.engines:
+                if engine not in _ENGINES:
+                    self._say_missing(engine)
+                    continue
                 for t in threads:
                     out.append(Variant(model, model.precision, self.name, "CPU", t,
                                        (("engine", engine),)))
