@@ -126,12 +126,12 @@ def test_ort_reports_device_and_rejects_missing_provider(tiny_model):
 
 
 @pytest.mark.parametrize("names, want", [
-    # OpenCV 4.10-4.x: both engines
+    # OpenCV 5.0: both engines
     ({"ENGINE_NEW": 3, "ENGINE_CLASSIC": 1, "ENGINE_AUTO": 0}, {"new": 3, "classic": 1}),
-    # OpenCV 5.x: the new engine is ENGINE_OPENCV; classic (and its targets) gone
+    # 5.1: the new engine is ENGINE_OPENCV; classic (and its targets) gone
     ({"ENGINE_OPENCV": 2, "ENGINE_ORT": 4, "ENGINE_AUTO": 0}, {"new": 2}),
-    # older than 4.10: no engine switch at all
-    ({}, {}),
+    # 4.x: the classic engine alone, no switch
+    ({"DNN_BACKEND_INFERENCE_ENGINE": 2}, {"classic": None}),
 ])
 def test_opencv_engines_are_found_by_what_the_installed_opencv_names(names, want):
     from types import SimpleNamespace

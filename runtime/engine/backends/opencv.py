@@ -24,17 +24,16 @@ log = logging.getLogger(__name__)
 
 
 
-def engines_of(dnn: object) -> dict[str, int]:
-    """The DNN engines this OpenCV has, by edgerun's names. OpenCV 4.10-4.x has both
-    (ENGINE_NEW, ENGINE_CLASSIC); 5.x calls the new engine ENGINE_OPENCV and has dropped the
-    classic one, and with it the non-CPU targets and the fp16 CPU target."""
-    out = {}
-    new = getattr(dnn, "ENGINE_NEW", getattr(dnn, "ENGINE_OPENCV", None))
-    if new is not None:
-        out["new"] = new
+def engines_of(dnn: object) -> dict[str, int | None]:
+    """The DNN engines this OpenCV has, by edgerun's names (None: the only engine, loaded
+    without choosing). 5.0 has both (ENGINE_NEW, ENGINE_CLASSIC); 4.x has the classic engine
+    alone and no switch; 5.1 calls the new engine ENGINE_OPENCV and has dropped the classic
+    one with its non-CPU and fp16 targets."""
     if hasattr(dnn, "ENGINE_CLASSIC"):
-        out["classic"] = dnn.ENGINE_CLASSIC
-    return out
+        return {"new": dnn.ENGINE_NEW, "classic": dnn.ENGINE_CLASSIC}
+    if hasattr(dnn, "ENGINE_OPENCV"):
+        return {"new": dnn.ENGINE_OPENCV}
+    return {"classic": None}
 
 
 _ENGINES = engines_of(cv2.dnn)
@@ -86,8 +85,8 @@ class OpenCvBackend:
     def _say_missing(self, engine: str) -> None:
         if engine not in self._missing_said:
             self._missing_said.add(engine)
-            log.info("opencv: OpenCV %s has no %s engine (5.x dropped it); its variants are "
-                     "not offered", cv2.__version__, engine)
+            log.info("opencv: OpenCV %s has no %s DNN engine; its variants are not offered",
+                     cv2.__version__, engine)
 
     def variants(self, model: ModelFile, cfg: BackendsConfig,
                  threads: tuple[int, ...]) -> list[Variant]:
@@ -118,7 +117,9 @@ class OpenCvBackend:
             proto = load_onnx(m.path)
             inp = model_input(proto, m.path, m.input_shape)
             buf = np.frombuffer(with_fixed_input(proto, inp), dtype=np.uint8)
-            net = cv2.dnn.readNetFromONNX(buf, _ENGINES[variant.option("engine", "new")])
+            engine = _ENGINES[variant.option("engine", "new")]
+            net = cv2.dnn.readNetFromONNX(buf) if engine is None \
+                else cv2.dnn.readNetFromONNX(buf, engine)
             if net.empty():
                 raise BackendError(self.name, m.path, f"OpenCV's {variant.option('engine')} "
                                    "engine could not build the graph (an op it does not support)")
