@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from wheel_build import build_wheel
+from support.wheel_build import build_wheel
 
 from runtime.tools import install
 
@@ -47,7 +47,7 @@ def _gid(root: Path, name: str) -> int:
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     """This checkout as a wheel (offline where the environment has the build requirements:
-    tests/wheel_build.py)."""
+    tests/support/wheel_build.py)."""
     return build_wheel(tmp_path_factory.mktemp("wheel"))
 
 
