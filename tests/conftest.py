@@ -8,17 +8,12 @@ from pathlib import Path
 
 import pytest
 
-# The support modules (modelgen, daemon_harness, ...) live here, beside the test folders that
-# mirror the packages (tests/engine, tests/device, ...). Some tests share a helper another
-# subject's test file defines (test_bundle.model_dir, test_publisher.Probe...): every folder is
-# on the path, so those imports do not depend on which folder pytest collected first. Test
-# file names are unique across folders.
+# What tests share lives in tests/support/ (a package: `from support.modelgen import ...`);
+# test files never import each other. tests/ is on the path for it.
 _HERE = Path(__file__).parent
 sys.path.insert(0, str(_HERE))
-sys.path[1:1] = sorted(str(d) for d in _HERE.iterdir()
-                       if d.is_dir() and any(d.glob("test_*.py")))
 
-from modelgen import tiny_cnn  # noqa: E402 (after the path it is found on)
+from support.modelgen import tiny_cnn  # noqa: E402 (after the path it is found on)
 
 
 @pytest.fixture(scope="session")
@@ -48,9 +43,9 @@ def profile_cache(tmp_path_factory):
 
 @pytest.fixture
 def fleet(tmp_path, profile_cache):
-    """Mosquitto + coordinator + API for over-the-air tests (tests/ota_harness.py); start
+    """Mosquitto + coordinator + API for over-the-air tests (tests/support/ota_harness.py); start
     daemons with `fleet.device()`. Every daemon must exit 0 at the end."""
-    from ota_harness import Fleet
+    from support.ota_harness import Fleet
 
     f = Fleet(tmp_path, profile_cache)
     yield f

@@ -10,7 +10,8 @@ import time
 
 import cv2
 import pytest
-from daemon_harness import Serve, events, results, wait, write_config
+from support.daemon_harness import Serve, events, results, write_config
+from support.waiting import wait
 
 from models import bundled
 from models.synthetic import samples

@@ -12,7 +12,7 @@ import numpy as np
 import onnxruntime as ort
 import openvino as ov
 import pytest
-from modelgen import tiny_cnn
+from support.modelgen import tiny_cnn
 
 from models.synthetic import write_folder
 from runtime.choice import hint_accuracy

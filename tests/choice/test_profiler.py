@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from modelgen import tiny_cnn
+from support.modelgen import tiny_cnn
 
 from power.sensors import EstimatedMeter
 from runtime.choice.profiler import (

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from under_test import child_env
+from support.under_test import child_env
 
 from runtime.cli import build_parser, main
 

@@ -9,8 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from daemon_harness import Serve, wait, write_config
-from under_test import child_env
+from support.daemon_harness import Serve, write_config
+from support.under_test import child_env
+from support.waiting import wait
 
 from models import bundled
 from runtime import journal

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from under_test import child_env
+from support.under_test import child_env
 
 ROOT = Path(__file__).resolve().parents[2]
 

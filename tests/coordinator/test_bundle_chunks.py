@@ -10,7 +10,8 @@ import threading
 import time
 
 import pytest
-from test_bundle_mqtt import Coord, _big_bundle, _fetch, _Shelf
+from support.bundle_api import Coord, StoreShelf, fetch
+from support.models import big_bundle
 
 from runtime.coordinator.canary_clock import MAX_SLEEP_S
 from runtime.wire.bundle_chunks import OK, encode_chunk
@@ -21,8 +22,8 @@ def test_a_lost_head_chunk_does_not_pull_the_bundle_into_memory(tmp_path, broker
     chunks after it wait in memory until it is asked again. The device must not keep
     asking for more meanwhile: what it holds unwritten stays within window x chunk bytes
     (it asked for the whole bundle within the re-request timeout before)."""
-    s = _Shelf(tmp_path / "shelf")
-    b = _big_bundle(tmp_path, 400_000)
+    s = StoreShelf(tmp_path / "shelf")
+    b = big_bundle(tmp_path, 400_000)
     with b.open("rb") as f:
         held = s.receive(f, b.stat().st_size)
     c = Coord(broker, s)
@@ -46,7 +47,7 @@ def test_a_lost_head_chunk_does_not_pull_the_bundle_into_memory(tmp_path, broker
     c.server.answer = losing_the_head
     chunk, window = 16 * 1024, 4
     try:
-        got = _fetch(tmp_path, broker, held, chunk=chunk, window=window, timeout_s=1.0)
+        got = fetch(tmp_path, broker, held, chunk=chunk, window=window, timeout_s=1.0)
         assert got.read_bytes() == b.read_bytes()
         assert head["dropped"] == 1
         # asked no further than one window past the missing head
@@ -124,8 +125,8 @@ def test_a_second_download_of_the_same_bundle_does_not_write_into_the_first_ones
     mismatch: both discarded). Now the second is refused at once and the first completes."""
     from runtime.ota.download import DownloadError
 
-    s = _Shelf(tmp_path / "shelf")
-    b = _big_bundle(tmp_path, 300_000)
+    s = StoreShelf(tmp_path / "shelf")
+    b = big_bundle(tmp_path, 300_000)
     with b.open("rb") as f:
         held = s.receive(f, b.stat().st_size)
     c = Coord(broker, s)
@@ -140,7 +141,7 @@ def test_a_second_download_of_the_same_bundle_does_not_write_into_the_first_ones
 
     def run() -> None:
         try:
-            first["got"] = _fetch(tmp_path, broker, held, chunk=8 * 1024, window=2)
+            first["got"] = fetch(tmp_path, broker, held, chunk=8 * 1024, window=2)
         except Exception as e:  # reported by the assertion below
             first["error"] = e
 
@@ -153,7 +154,7 @@ def test_a_second_download_of_the_same_bundle_does_not_write_into_the_first_ones
             time.sleep(0.01)
         assert part.exists(), "the first transfer never started"
         with pytest.raises(DownloadError, match="another download of this bundle"):
-            _fetch(tmp_path, broker, held, chunk=8 * 1024, window=2, timeout_s=1.0)
+            fetch(tmp_path, broker, held, chunk=8 * 1024, window=2, timeout_s=1.0)
         t.join(60)
         assert "error" not in first, first
         assert first["got"].read_bytes() == b.read_bytes()
@@ -182,7 +183,7 @@ def test_a_legacy_bundle_damaged_on_disk_is_not_imported(tmp_path):
     db.execute("CREATE TABLE bundles (id TEXT PRIMARY KEY, body TEXT)")
     for bid, damaged in (("m@1", True), ("m@2", False)):
         (tmp_path / bid).mkdir()
-        data = _big_bundle(tmp_path / bid, 50_000).read_bytes()
+        data = big_bundle(tmp_path / bid, 50_000).read_bytes()
         body = {"id": bid, "name": "m", "version": bid[2:], "size": len(data),
                 "sha256": hashlib.sha256(data).hexdigest(), "token": "tok", "created": 1.0}
         if damaged:  # one byte flipped on disk, same size
@@ -214,7 +215,7 @@ def test_uploading_a_bundle_again_mends_rows_lost_from_the_store(tmp_path, store
     try:
         shelf = Shelf(st, 64 << 20)
         shelf.chunk_bytes = 16 * 1024
-        b = _big_bundle(tmp_path, 100_000)
+        b = big_bundle(tmp_path, 100_000)
         data = b.read_bytes()
         with b.open("rb") as f:
             held = shelf.receive(f, len(data))
@@ -233,19 +234,19 @@ def test_a_wrong_token_does_not_tell_which_bundles_exist(tmp_path):
     """Over HTTP a bad token gets 401 for a held bundle and an unknown one alike. Over MQTT
     old code answered "forbidden" for a held bundle and "not found" for an unknown one, so
     any enrolled device could list the shelf by guessing names with a bad token."""
-    from test_bundle_mqtt import _answer
+    from support.bundle_api import answer
 
-    s = _Shelf(tmp_path / "shelf")
-    b = _big_bundle(tmp_path, 20_000)
+    s = StoreShelf(tmp_path / "shelf")
+    b = big_bundle(tmp_path, 20_000)
     with b.open("rb") as f:
         held = s.receive(f, b.stat().st_size)
     try:
-        real = _answer(s, {"bundle": held.id, "offset": 0, "length": 10, "token": "guess"})
-        none = _answer(s, {"bundle": "nope@1", "offset": 0, "length": 10, "token": "guess"})
+        real = answer(s, {"bundle": held.id, "offset": 0, "length": 10, "token": "guess"})
+        none = answer(s, {"bundle": "nope@1", "offset": 0, "length": 10, "token": "guess"})
         assert (real.status, real.total, real.reason.replace(held.id, "X")) == \
             (none.status, none.total, none.reason.replace("nope@1", "X"))
         # the right token still reads it
-        ok = _answer(s, {"bundle": held.id, "offset": 0, "length": 10, "token": held.token})
+        ok = answer(s, {"bundle": held.id, "offset": 0, "length": 10, "token": held.token})
         assert ok.status == OK and ok.body == b.read_bytes()[:10]
     finally:
         s.close()
@@ -291,8 +292,8 @@ def test_a_disk_filling_mid_transfer_fails_saying_so_and_the_next_attempt_resume
     from runtime.ota.bundle_mqtt import fetch_over_mqtt
     from runtime.ota.download import DownloadError
 
-    s = _Shelf(tmp_path / "shelf")
-    b = _big_bundle(tmp_path, 150_000)
+    s = StoreShelf(tmp_path / "shelf")
+    b = big_bundle(tmp_path, 150_000)
     with b.open("rb") as f:
         held = s.receive(f, b.stat().st_size)
     c = Coord(broker, s)

@@ -7,56 +7,10 @@ from __future__ import annotations
 
 import http.client
 import json
-from pathlib import Path
 
 import pytest
-from test_bundle import model_dir
-
-from runtime.ota.bundle import make
-from runtime.wire.commands import generate_keypair, load_private_key
-
-TOKEN = "t" * 24
-
-
-def small_bundle(tmp_path: Path, name: str, version: str, seed: int = 0) -> bytes:
-    """A signed bundle file's bytes (about 10 KB)."""
-    d = model_dir(tmp_path / f"src-{name}-{version}", name, seed)
-    key = tmp_path / "k.pem"
-    if not key.exists():
-        generate_keypair(key, tmp_path / "k.pub")
-    out = tmp_path / f"{name}-{version}.edgerun"
-    make(d, load_private_key(key), out, version)
-    return out.read_bytes()
-
-
-def _req(port: int, method: str, path: str, body: bytes | None = None
-         ) -> tuple[int, dict]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-    headers = {"Authorization": f"Bearer {TOKEN}"}
-    if body is not None:
-        headers["Content-Length"] = str(len(body))
-    conn.request(method, path, body=body, headers=headers)
-    resp = conn.getresponse()
-    raw = resp.read()
-    conn.close()
-    return resp.status, json.loads(raw) if raw else {}
-
-
-@pytest.fixture
-def coord(tmp_path, store_url):
-    """A coordinator on `store_url` with its API; chunk rows of 4 KiB (several a bundle)."""
-    from runtime.config.coordinator import CoordinatorConfig
-    from runtime.coordinator.api import serve
-    from runtime.coordinator.service import Coordinator
-
-    c = Coordinator(CoordinatorConfig(fleet="f", store=store_url, max_bundle_mb=8,
-                                      bundles_dir=str(tmp_path / "none")))
-    c.shelf.chunk_bytes = 4096
-    server = serve(c, "127.0.0.1", 0, token=TOKEN)
-    yield c, server.server_address[1]
-    server.shutdown()
-    c.store.close()
-    c.shelf.close()
+from support.bundle_api import TOKEN, req
+from support.models import small_bundle
 
 
 def _rows(c, sha: str) -> int:
@@ -69,25 +23,25 @@ def test_delete_refused_while_needed_then_removes_row_and_chunks(tmp_path, coord
 
     c, port = coord
     a, b = small_bundle(tmp_path, "m", "1"), small_bundle(tmp_path, "m", "2", seed=1)
-    assert _req(port, "PUT", "/api/v1/bundles", a)[0] == 200
-    assert _req(port, "PUT", "/api/v1/bundles", b)[0] == 200
+    assert req(port, "PUT", "/api/v1/bundles", a)[0] == 200
+    assert req(port, "PUT", "/api/v1/bundles", b)[0] == 200
     ha, hb = c.shelf.get("m@1"), c.shelf.get("m@2")
     assert _rows(c, ha.sha256) == -(-len(a) // 4096) > 1
     # a rollout of m@1 under way (canary d1, d2 waits): refused, the rollout named
     c.rollouts.set_group("g", ["d1", "d2"])
     r = c.rollouts.start("m@1", "g", 50)
-    status, err = _req(port, "DELETE", "/api/v1/bundles/m@1")
+    status, err = req(port, "DELETE", "/api/v1/bundles/m@1")
     assert status == 409 and r["id"] in err["error"] and "canary" in err["error"], err
     # the rollout is over, but m@1 is still d1's desired model (re-sent when it returns)
     c.store.update("UPDATE rollouts SET body = ? WHERE id = ?",
                    (json.dumps({**r, "state": "done"}), r["id"]))
-    status, err = _req(port, "DELETE", "/api/v1/bundles/m@1")
+    status, err = req(port, "DELETE", "/api/v1/bundles/m@1")
     assert status == 409 and "desired model of 1 device(s) (d1)" in err["error"], err
     assert c.shelf.get("m@1") is not None and _rows(c, ha.sha256) > 1  # nothing touched
     # d1 moves on to m@2 (a new rollout: d1's model before is m@1, kept while it may halt)
     c.rollouts.set_group("h", ["d1"])
     r2 = c.rollouts.start("m@2", "h", 100)
-    status, err = _req(port, "DELETE", "/api/v1/bundles/m@1")
+    status, err = req(port, "DELETE", "/api/v1/bundles/m@1")
     assert status == 409 and r2["id"] in err["error"] and "puts it back on d1" in \
         err["error"], err
     c.store.update("UPDATE rollouts SET body = ? WHERE id = ?",
@@ -104,7 +58,7 @@ def test_delete_refused_while_needed_then_removes_row_and_chunks(tmp_path, coord
     assert c.shelf.get("m@1") is None and _rows(c, ha.sha256) == 0
     assert c.shelf.get("m@2") is not None and _rows(c, hb.sha256) == -(-len(b) // 4096)
     assert c.shelf.stored_bytes() == len(b)
-    assert _req(port, "DELETE", "/api/v1/bundles/m@1")[0] == 404
+    assert req(port, "DELETE", "/api/v1/bundles/m@1")[0] == 404
     with pytest.raises(SystemExit, match=r"no bundle m@1 .*\(HTTP 404\)"):
         main([*conf_args, "bundles", "rm", "m@1"])
     # m@2 is d1's desired model: the CLI says why and fails
@@ -113,7 +67,7 @@ def test_delete_refused_while_needed_then_removes_row_and_chunks(tmp_path, coord
     assert main([*conf_args, "bundles"]) == 0
     assert "m@2" in capsys.readouterr().out
     # and the same file can be uploaded again afterwards (its rows are written anew)
-    assert _req(port, "PUT", "/api/v1/bundles", a)[0] == 200
+    assert req(port, "PUT", "/api/v1/bundles", a)[0] == 200
     assert c.shelf.read(c.shelf.get("m@1"), 0, len(a)) == a
 
 
@@ -123,4 +77,4 @@ def test_delete_needs_the_api_token(coord):
     conn.request("DELETE", "/api/v1/bundles/m@1", headers={"Authorization": "Bearer nope"})
     assert conn.getresponse().status == 401
     conn.close()
-    assert _req(port, "DELETE", "/api/v1/bundles/not-an-id")[0] == 404
+    assert req(port, "DELETE", "/api/v1/bundles/not-an-id")[0] == 404

@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
-from test_bundle_delete import small_bundle
-from under_test import child_env
+from support.models import small_bundle
+from support.under_test import child_env
 
 from runtime.config.coordinator import CoordinatorConfig
 from runtime.coordinator.bundles import UPLOAD_STALE_S, BundleRefused, Shelf

@@ -12,8 +12,8 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from test_bundle import model_dir
-from test_rollout import _get
+from support.http import http_get
+from support.models import model_dir
 
 from runtime.ota.bundle import make, unpack
 from runtime.ota.download import fetch
@@ -88,11 +88,11 @@ def test_upload_through_one_coordinator_download_with_range_through_another(tmp_
     for rng, want in ((f"bytes=10-{mib - 11}", data[10:mib - 10]),
                       (f"bytes={mib - 5}-{mib + 4}", data[mib - 5:mib + 5]),
                       (f"bytes={2 * mib + 3}-", data[2 * mib + 3:])):
-        status, _h, body = _get(url, got.token, rng)
+        status, _h, body = http_get(url, got.token, rng)
         assert status == 206 and body == want, (rng, status, len(body))
-    status, _, body = _get(url, got.token)
+    status, _, body = http_get(url, got.token)
     assert status == 200 and body == data
-    assert _get(url, got.token, f"bytes={len(data)}-")[0] == 416
+    assert http_get(url, got.token, f"bytes={len(data)}-")[0] == 416
     # a device's resumable download through B, then verified as a device does
     dest = tmp_path / "dl" / "b.edgerun"
     dest.parent.mkdir()

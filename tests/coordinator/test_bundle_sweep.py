@@ -5,17 +5,18 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_bundle_delete import TOKEN, _req, coord, small_bundle  # noqa: F401 (fixture)
+from support.bundle_api import TOKEN, req
+from support.models import small_bundle
 
 
-def test_cli_rm_of_a_version_with_plus(tmp_path, coord, capsys):  # noqa: F811
+def test_cli_rm_of_a_version_with_plus(tmp_path, coord, capsys):
     """Old code: `edgerun fleet bundles rm m@1.0+b2` sent `m@1.0%2Bb2` (quoted) and the
     server, which never unquoted the path, answered 404 "not a bundle id": a bundle whose
     version has a `+` (allowed by runtime.ota.bundle.VERSION) could not be deleted by the CLI."""
     from runtime.cli import main
 
     c, port = coord
-    assert _req(port, "PUT", "/api/v1/bundles", small_bundle(tmp_path, "m", "1.0+b2"))[0] == 200
+    assert req(port, "PUT", "/api/v1/bundles", small_bundle(tmp_path, "m", "1.0+b2"))[0] == 200
     assert c.shelf.get("m@1.0+b2") is not None
     (tmp_path / "tok").write_text(TOKEN + "\n")
     conf = ["fleet", "--api", f"http://127.0.0.1:{port}", "--token-file", str(tmp_path / "tok")]
@@ -23,17 +24,17 @@ def test_cli_rm_of_a_version_with_plus(tmp_path, coord, capsys):  # noqa: F811
     assert "deleted m@1.0+b2" in capsys.readouterr().out
     assert c.shelf.get("m@1.0+b2") is None
     # a path character, encoded or not, is still no bundle id
-    assert _req(port, "DELETE", "/api/v1/bundles/m%2F..@1")[0] == 404
+    assert req(port, "DELETE", "/api/v1/bundles/m%2F..@1")[0] == 404
 
 
-def test_rollout_started_as_its_bundle_is_deleted(tmp_path, coord):  # noqa: F811
+def test_rollout_started_as_its_bundle_is_deleted(tmp_path, coord):
     """Old code: `Rollouts.start` read the bundle, then stored the rollout; a delete in
     between (another coordinator's, or this one's API) saw no rollout, removed the bundle, and
     the rollout was stored and its canary sent a deploy of a bundle no coordinator holds (404
     on download; the device's desired state named it). Now the rollout is refused, halted,
     and nothing is sent."""
     c, port = coord
-    assert _req(port, "PUT", "/api/v1/bundles", small_bundle(tmp_path, "m", "1"))[0] == 200
+    assert req(port, "PUT", "/api/v1/bundles", small_bundle(tmp_path, "m", "1"))[0] == 200
     c.rollouts.set_group("g", ["d1", "d2"])
     real, sent = c.rollouts._deploy_args, []
 
@@ -51,12 +52,12 @@ def test_rollout_started_as_its_bundle_is_deleted(tmp_path, coord):  # noqa: F81
     assert c.rollouts.desired("d1") == {} and c.rollouts.desired("d2") == {}
     # through the API: 400 with the reason
     c.rollouts._deploy_args = real
-    status, err = _req(port, "POST", "/api/v1/rollouts",
+    status, err = req(port, "POST", "/api/v1/rollouts",
                        json.dumps({"bundle": "m@1", "to": "g"}).encode())
     assert status == 400 and "no bundle" in err["error"], err
 
 
-def test_held_now_waits_for_a_delete_under_way(tmp_path, coord):  # noqa: F811
+def test_held_now_waits_for_a_delete_under_way(tmp_path, coord):
     """The read a rollout makes after storing itself must wait for a delete already past its
     checks (PostgreSQL read committed would otherwise see the row the delete is removing and
     let the rollout deploy it)."""
@@ -66,7 +67,7 @@ def test_held_now_waits_for_a_delete_under_way(tmp_path, coord):  # noqa: F811
     from runtime.coordinator.bundles import held_now
 
     c, port = coord
-    assert _req(port, "PUT", "/api/v1/bundles", small_bundle(tmp_path, "m", "1"))[0] == 200
+    assert req(port, "PUT", "/api/v1/bundles", small_bundle(tmp_path, "m", "1"))[0] == 200
     checked, go = threading.Event(), threading.Event()
     real = bundles._in_use
 

@@ -116,8 +116,9 @@ def test_two_coordinators_on_postgres_serve_dashboard_sleepers_and_fleet_ls(
     import subprocess
     import sys
 
-    from test_fleet_scale import ROOT, CoordinatorProc, _wait
-    from test_webhooks import Receiver
+    from support.fleet import CoordinatorProc, Receiver
+    from support.under_test import ROOT
+    from support.waiting import wait
 
     from runtime.wire import payloads
     from runtime.wire.broker import Mosquitto
@@ -145,10 +146,10 @@ def test_two_coordinators_on_postgres_serve_dashboard_sleepers_and_fleet_ls(
             send("hot1", "health", {"v": 1, "t": now - 20 + i, "boot": "b1", "temp_c": 84.0,
                                     "passive_trip_c": 85.0, "rung": 2, "rungs": 3})
         for c in coords:
-            _wait(lambda c=c: {r["device"]: r["status"] for r in c.api("/api/v1/fleet")}
+            wait(lambda c=c: {r["device"]: r["status"] for r in c.api("/api/v1/fleet")}
                   == {"hot1": "online", "nap1": "asleep"}, 30, f"{c.name}'s fleet view")
         for c in coords:
-            _wait(lambda c=c: len(c.api("/api/v1/devices/hot1/health")["health"]) == 20, 30,
+            wait(lambda c=c: len(c.api("/api/v1/devices/hot1/health")["health"]) == 20, 30,
                   f"{c.name}'s report history")
             hist = c.api("/api/v1/devices/hot1/history?window_s=600")
             assert max(hist["temp_c"]) == 84.0 and min(hist["rung"]) == 2, (c.name, hist)
@@ -176,7 +177,7 @@ def test_two_coordinators_on_postgres_serve_dashboard_sleepers_and_fleet_ls(
                             text=True, timeout=60)
         assert {r["device"] for r in json.loads(js.stdout)} == {"hot1", "nap1"}
         # the webhook: each coordinator computes alerts from the shared view (see the report)
-        _wait(lambda: any(b["device"] == "hot1" for b in rx.bodies()), 30, "the hot webhook")
+        wait(lambda: any(b["device"] == "hot1" for b in rx.bodies()), 30, "the hot webhook")
         time.sleep(1.0)
         hot = [b for b in rx.bodies() if (b["device"], b["alert"]) == ("hot1", "hot")]
         assert [b["state"] for b in hot] == ["raised"], hot
@@ -353,7 +354,7 @@ def test_metrics_of_an_asleep_device(tmp_path, store_url):
     """/metrics knew online, stale and offline only: a sleeper had no status sample set, the
     fleet's devices-by-status did not add up, and its last health before the sleep was
     exported as a current reading (its temperature an hour ago shown as now)."""
-    from test_metrics import TOKEN, dev, samples, scrape
+    from support.http import TOKEN, dev, samples, scrape
 
     from runtime.config.coordinator import CoordinatorConfig
     from runtime.coordinator.api import serve

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from under_test import child_env
+from support.under_test import child_env
 
 ROOT = Path(__file__).parents[2]
 

@@ -1,5 +1,5 @@
 """The dashboard in a real headless Chromium (Debian's chromium + chromedriver, driven over
-WebDriver by tests/webdriver.py), against a real coordinator, a real Mosquitto and a device
+WebDriver by tests/support/webdriver.py), against a real coordinator, a real Mosquitto and a device
 process: devices appear in the table, a killed device turns offline within its keepalive, a
 command goes button -> coordinator -> device -> signed reply shown, a device page draws its
 timelines and shows hostile event text as text.
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import paho.mqtt.client as mqtt
 import pytest
-from test_publisher import Device, _coordinator, _read_lines
-from webdriver import Browser, find_browser
+from support.fleet import Device, read_lines, start_coordinator
+from support.webdriver import Browser, find_browser
 
 from runtime.coordinator.api import serve
 from runtime.wire import commands, payloads
@@ -62,7 +62,7 @@ def _login(b: Browser, url: str, token: str) -> None:
 def test_devices_appear_a_killed_one_goes_offline_and_a_command_round_trips(
         tmp_path, broker, browser):
     commands.generate_keypair(tmp_path / "k.pem", tmp_path / "k.pub")
-    coord = _coordinator(tmp_path, broker, signing_key=str(tmp_path / "k.pem"))
+    coord = start_coordinator(tmp_path, broker, signing_key=str(tmp_path / "k.pem"))
     api = serve(coord, "127.0.0.1", 0)
     url = f"http://127.0.0.1:{api.server_address[1]}/"
     token = (tmp_path / "api-token").read_text().strip()
@@ -94,7 +94,7 @@ def test_devices_appear_a_killed_one_goes_offline_and_a_command_round_trips(
         b.click("button[data-cmd='set_latency_target']")
         b.wait(lambda: b.text("#cmd-result").startswith("set_latency_target: accepted"), 15,
                "set_latency_target accepted")
-        b.wait(lambda: "cmd set_latency_target" in _read_lines(tmp_path / "device.out"), 30,
+        b.wait(lambda: "cmd set_latency_target" in read_lines(tmp_path / "device.out"), 30,
                "the device process received the typed command")
         b.type("#arg-fps", "-3")  # the device refuses it; the page says so
         b.click("button[data-cmd='set_rate']")
@@ -168,7 +168,7 @@ def _day(now: float, n: int = 240) -> list[tuple[str, dict]]:
 
 
 def test_device_page_draws_timelines_and_shows_hostile_text_as_text(tmp_path, broker, browser):
-    coord = _coordinator(tmp_path, broker)
+    coord = start_coordinator(tmp_path, broker)
     api = serve(coord, "127.0.0.1", 0)
     url = f"http://127.0.0.1:{api.server_address[1]}/"
     token = (tmp_path / "api-token").read_text().strip()
@@ -210,7 +210,7 @@ def test_an_alert_that_stopped_shows_clearing_until_it_settles(tmp_path, broker,
     coordinator.alert_clear_s has passed and its clear is recorded; then it is gone from
     Active and listed as a `cleared` transition."""
     clear_s = 8.0
-    coord = _coordinator(tmp_path, broker, alert_clear_s=clear_s)
+    coord = start_coordinator(tmp_path, broker, alert_clear_s=clear_s)
     api = serve(coord, "127.0.0.1", 0)
     url = f"http://127.0.0.1:{api.server_address[1]}/"
     token = (tmp_path / "api-token").read_text().strip()

@@ -5,71 +5,23 @@ commands work through either coordinator."""
 
 from __future__ import annotations
 
-import json
-import os
-import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
-from under_test import child_env
+from support.fleet import CoordinatorProc
 
 from runtime.coordinator.store import Store
 from runtime.tools.fleetsim import FleetSim
 from runtime.wire import commands
-from runtime.wire.broker import Mosquitto, free_port, wait_port
+from runtime.wire.broker import Mosquitto
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-class CoordinatorProc:
-    """`python -m runtime.cli coordinator` with its own config (one host's coordinator)."""
-
-    def __init__(self, tmp: Path, name: str, broker_port: int, store: str,
-                 fleet: str = "bench", **extra: str):
-        self.name, self.http = name, free_port()
-        self.token_file = tmp / f"{name}.token"
-        lines = ["[coordinator]", f'fleet = "{fleet}"', f'store = "{store}"',
-                 f'client_id = "{name}"', f"http_port = {self.http}",
-                 f'api_token_file = "{self.token_file}"', 'share_group = "coords"',
-                 *(f"{k} = {v}" for k, v in extra.items()),
-                 "[coordinator.broker]", 'host = "127.0.0.1"', f"port = {broker_port}"]
-        self.conf = tmp / f"{name}.toml"
-        self.conf.write_text("\n".join(lines) + "\n")
-        self.log = (tmp / f"{name}.log").open("a")
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> CoordinatorProc:
-        self.proc = subprocess.Popen([sys.executable, "-m", "runtime.cli", "coordinator",
-                                      "--config", str(self.conf)], cwd=ROOT,
-                                     env=child_env(),
-                                     stdout=self.log, stderr=subprocess.STDOUT)
-        wait_port(self.http, 60)
-        return self
-
-    def api(self, path: str, body: dict | None = None, timeout: float = 30) -> dict | list:
-        req = urllib.request.Request(
-            f"http://127.0.0.1:{self.http}{path}", method="POST" if body else "GET",
-            data=json.dumps(body).encode() if body else None,
-            headers={"Authorization": "Bearer " + self.token_file.read_text().strip(),
-                     "Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return json.loads(r.read())
-
-    def kill9(self) -> None:
-        os.kill(self.proc.pid, signal.SIGKILL)
-        self.proc.wait()
-
-    def term(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(20)
-
-
-def _wait(cond, timeout_s: float, what: str) -> None:
+def wait(cond, timeout_s: float, what: str) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if cond():
@@ -96,7 +48,7 @@ def test_kill9_one_of_two_coordinators_on_postgres_loses_and_duplicates_nothing(
                    connections=2, ack_timeout_s=2.0).start()
     store = Store(url)
     try:
-        _wait(lambda: store.total_results() > 200, 60, "results flowing")
+        wait(lambda: store.total_results() > 200, 60, "results flowing")
         time.sleep(1.0)
         coords[1].kill9()  # mid-stream: its in-flight batches are never acked
         killed_at = store.total_results()
@@ -143,7 +95,7 @@ def test_commands_reach_the_device_whichever_coordinator_gets_the_reply(tmp_path
     coords = [CoordinatorProc(tmp_path, f"c{k}", open_broker.port, url, fleet="test",
                               signing_key=f'"{tmp_path / "k.pem"}"',
                               device_keys=f'"{tmp_path / "keys"}"').start() for k in (1, 2)]
-    dev = subprocess.Popen([sys.executable, str(ROOT / "tests" / "device_proc.py"),
+    dev = subprocess.Popen([sys.executable, str(ROOT / "tests" / "support" / "device_proc.py"),
                             "--outbox", str(tmp_path / "dev.db"), "--port",
                             str(open_broker.port), "--total", "300", "--rate", "100",
                             "--trusted-key", str(tmp_path / "k.pub")],
@@ -151,13 +103,13 @@ def test_commands_reach_the_device_whichever_coordinator_gets_the_reply(tmp_path
     store = Store(url)
     try:
         for c in coords:
-            _wait(lambda c=c: any(r["device"] == "dev1" for r in c.api("/api/v1/fleet")), 30,
+            wait(lambda c=c: any(r["device"] == "dev1" for r in c.api("/api/v1/fleet")), 30,
                   f"{c.name} knows dev1")
         for _ in range(3):
             for c in coords:
                 reply = c.api("/api/v1/devices/dev1/commands", {"cmd": "ping", "wait_s": 15})
                 assert reply["status"] == "done" and reply["verified"], (c.name, reply)
-        _wait(lambda: store.counts().get("dev1", 0) >= 300, 60, "all results stored")
+        wait(lambda: store.counts().get("dev1", 0) >= 300, 60, "all results stored")
         assert [q for _, q in store.result_seqs("dev1")] == list(range(1, 301))
         stats = [c.api("/api/v1/stats")["counters"] for c in coords]
         assert all(s.get("result", 0) > 0 for s in stats), stats  # both took results

@@ -9,8 +9,9 @@ import json
 import time
 
 import pytest
-from test_metrics import RICH, Probe
-from test_publisher import _coordinator, _wait
+from support.fleet import start_coordinator
+from support.mqtt_probe import RICH_HEALTH, Sender
+from support.waiting import wait
 
 from runtime.cli import main
 from runtime.coordinator import views
@@ -25,7 +26,7 @@ def _view(device: str = "dev1", **health) -> dict:
     return {"device": device, "online": True, "status": "online", "boot": "b1",
             "last_seen": 1000.0, "state_t": 990.0, "reason": "", "versions": {"edgerun": "0.1"},
             "model": "inspection", "choice": "inspection/fp32@onnxruntime:cpu:t4",
-            "health": {"v": 1, "t": 999.0, "boot": "b1", **RICH, **health},
+            "health": {"v": 1, "t": 999.0, "boot": "b1", **RICH_HEALTH, **health},
             "alerts": [["backlog", "1500 results held on the device (over 1000)"]],
             "results_stored": 123456, "quarantined": 0}
 
@@ -86,26 +87,26 @@ def test_device_summary_is_short_wrapped_and_complete():
 
 
 def test_fleet_cli_end_to_end_at_80_and_200_columns(tmp_path, broker, monkeypatch, capsys):
-    coord = _coordinator(tmp_path, broker)
+    coord = start_coordinator(tmp_path, broker)
     server = serve(coord, "127.0.0.1", 0, token=TOKEN, timeout_s=2)
     api = f"http://127.0.0.1:{server.server_address[1]}"
     (tmp_path / "tok").write_text(TOKEN)
     probes = []
     try:
         for device in ("dev2", LONG):
-            probe = Probe(broker.device("test", device))
+            probe = Sender(broker.device("test", device))
             probes.append(probe)
             now = time.time()
             probe.pub(device, "state", {"v": 1, "online": True, "boot": "b2", "t": now,
                                         "model": "inspection",
                                         "choice": "inspection/fp32@onnxruntime:cpu:t4",
                                         "versions": {"edgerun": "9.9"}})
-            probe.pub(device, "health", {"v": 1, "t": now, "boot": "b2", **RICH})
+            probe.pub(device, "health", {"v": 1, "t": now, "boot": "b2", **RICH_HEALTH})
             probe.pub(device, "event", {"v": 1, "t": now, "type": "rung_changed",
                                         "severity": "info", "from": "a", "to": "b"})
-        _wait(lambda: all(coord.views.get(d) is not None and coord.views[d].health.get("rung")
+        wait(lambda: all(coord.views.get(d) is not None and coord.views[d].health.get("rung")
                           == 2 for d in ("dev2", LONG)), 30, "both devices' health")
-        _wait(lambda: coord.store.events("dev2", 5), 30, "dev2's event")
+        wait(lambda: coord.store.events("dev2", 5), 30, "dev2's event")
         base = ["fleet", "--api", api, "--token-file", str(tmp_path / "tok")]
         for width in (80, 200):
             monkeypatch.setenv("COLUMNS", str(width))

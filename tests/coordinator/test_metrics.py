@@ -7,75 +7,20 @@ from __future__ import annotations
 import json
 import re
 import time
-import urllib.error
-import urllib.request
 from dataclasses import replace
 from pathlib import Path
 
-import paho.mqtt.client as mqtt
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from test_publisher import Device, _coordinator, _wait
+from support.fleet import Device, start_coordinator
+from support.http import TOKEN, dev, samples, scrape
+from support.mqtt_probe import RICH_HEALTH, Sender
+from support.waiting import wait
 
 from runtime.config.coordinator import CoordinatorConfig
-from runtime.config.telemetry import BrokerConfig
 from runtime.coordinator.api import serve
 from runtime.coordinator.service import Coordinator
 from runtime.wire import metrics, payloads
-
-TOKEN = "t" * 32
-
-
-def scrape(port: int, token: str | None = TOKEN) -> tuple[int, str]:
-    """(status, body) of GET /metrics."""
-    headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/metrics", headers=headers)
-    try:
-        with urllib.request.urlopen(req, timeout=10) as r:
-            assert r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
-
-
-def samples(text: str) -> dict[tuple[str, frozenset], float]:
-    """{(sample name, labels): value} parsed by prometheus_client's parser."""
-    out = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            out[(s.name, frozenset(s.labels.items()))] = s.value
-    return out
-
-
-def dev(name: str, device: str, **labels: str) -> tuple[str, frozenset]:
-    return name, frozenset({"device": device, **labels}.items())
-
-
-class Probe:
-    """A device identity publishing hand-made messages over MQTT (what a device could send)."""
-
-    def __init__(self, cfg: BrokerConfig):
-        self.c = mqtt.Client(callback_api_version=mqtt.CallbackAPIVersion.VERSION2)
-        self.c.username_pw_set(cfg.username, Path(cfg.password_file).read_text().strip())
-        self.c.connect(cfg.host, cfg.port)
-        self.c.loop_start()
-
-    def pub(self, device: str, kind: str, body: dict) -> None:
-        self.c.publish(payloads.topic("test", device, kind), json.dumps(body).encode(),
-                       qos=1).wait_for_publish(5)
-
-    def close(self) -> None:
-        self.c.loop_stop()
-        self.c.disconnect()
-
-
-RICH = {"temp_c": 61.5, "passive_trip_c": 70.0, "throttled": False, "battery_frac": 0.42,
-        "rung": 2, "rungs": 3, "accuracy": 0.91, "power_w": 3.25, "rung_energy_mj": 12.5,
-        "governor": {"enabled": True, "level": 1},
-        "pipeline": {"rate_hz": 8.0, "latency_ms": {"p50": 10.0, "p95": 18.0},
-                     "frames_bad": {"total": 2}, "frames": 100, "results": 98},
-        "slo": {"target_ms": 20.0, "compliance": 0.97},
-        "backlog": {"results_held": 1500, "bytes": 4096, "oldest_seq": 3, "evicted_total": 0}}
 
 # Valid by the wire schema, odd for a gauge: nulls, a level that is a string, extremes.
 ODD = {"temp_c": None, "passive_trip_c": None, "accuracy": None, "battery_frac": None,
@@ -87,10 +32,10 @@ ODD = {"temp_c": None, "passive_trip_c": None, "accuracy": None, "battery_frac":
 
 
 def test_metrics_after_real_devices_over_mqtt(tmp_path, broker):
-    coord = _coordinator(tmp_path, broker)
+    coord = start_coordinator(tmp_path, broker)
     server = serve(coord, "127.0.0.1", 0, token=TOKEN, timeout_s=2)
     port = server.server_address[1]
-    probe = Probe(broker.device("test", "dev2"))
+    probe = Sender(broker.device("test", "dev2"))
     device = Device(tmp_path, broker, 120, rate=400).start()
     try:
         assert scrape(port, None)[0] == 401  # authenticated like the rest of the API
@@ -99,9 +44,9 @@ def test_metrics_after_real_devices_over_mqtt(tmp_path, broker):
         probe.pub("dev2", "state", {"v": 1, "online": True, "boot": "b2", "t": now,
                                     "model": "inspect", "choice": "ort-f32",
                                     "versions": {"edgerun": "9.9"}})
-        probe.pub("dev2", "health", {"v": 1, "t": now, "boot": "b2", **RICH})
-        _wait(lambda: coord.store.counts().get("dev1", 0) >= 120, 30, "dev1's results")
-        _wait(lambda: (coord.views.get("dev2") is not None
+        probe.pub("dev2", "health", {"v": 1, "t": now, "boot": "b2", **RICH_HEALTH})
+        wait(lambda: coord.store.counts().get("dev1", 0) >= 120, 30, "dev1's results")
+        wait(lambda: (coord.views.get("dev2") is not None
                        and coord.views["dev2"].health.get("rung") == 2), 30, "dev2's health")
 
         status, text = scrape(port)
@@ -132,8 +77,8 @@ def test_metrics_after_real_devices_over_mqtt(tmp_path, broker):
         # number is absent, and the refused message is counted where the operator looks.
         probe.pub("dev2", "health", {"v": 1, "t": time.time(), "boot": "b2", **ODD})
         probe.pub("dev2", "health", {"v": 1, "t": time.time(), "boot": "b2", "temp_c": "hot"})
-        _wait(lambda: coord.views["dev2"].health.get("power_w") == 1e308, 30, "the odd health")
-        _wait(lambda: coord.stats()["quarantined"]["total"] >= 1, 30, "the quarantine")
+        wait(lambda: coord.views["dev2"].health.get("power_w") == 1e308, 30, "the odd health")
+        wait(lambda: coord.stats()["quarantined"]["total"] >= 1, 30, "the quarantine")
         status, text = scrape(port)
         assert status == 200, text
         got = samples(text)
@@ -219,7 +164,7 @@ def test_every_name_in_the_grafana_dashboard_is_exposed(api):
     with coord._views_lock:
         coord.views["d1"] = replace(fleet.DeviceView("d1", online=True, status="online",
                                                      last_seen=time.time()),
-                                    health={**RICH, "rate_cap_hz": 5.0})
+                                    health={**RICH_HEALTH, "rate_cap_hz": 5.0})
     status, text = scrape(port)
     assert status == 200
     exposed = set()

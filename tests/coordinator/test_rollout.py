@@ -13,10 +13,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from daemon_harness import Serve, wait
-from test_bundle import model_dir
-from test_model_swap import PROBATION, constant_dir, inspection_dir
-from under_test import child_env
+from support.daemon_harness import Serve
+from support.http import http_get
+from support.models import PROBATION, constant_dir, inspection_dir, model_dir
+from support.under_test import child_env
+from support.waiting import wait
 
 from models import bundled
 from runtime.coordinator.rollout import FAILED, PASSED, SENT, WAITING, advance, split
@@ -85,27 +86,16 @@ def api(tmp_path):
     c.shelf.close()
 
 
-def _get(url: str, token: str, rng: str = "") -> tuple[int, dict, bytes]:
-    headers = {"Authorization": f"Bearer {token}"}
-    if rng:
-        headers["Range"] = rng
-    try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers)) as r:
-            return r.status, dict(r.headers), r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, dict(e.headers), e.read()
-
-
 def test_range_requests_resume_a_download(tmp_path, api):
     _c, held, base = api
     url = f"{base}/api/v1/bundles/{held.id}"
     data = (tmp_path / "b.edgerun").read_bytes()
-    status, headers, body = _get(url, held.token, "bytes=1000-")
+    status, headers, body = http_get(url, held.token, "bytes=1000-")
     assert status == 206 and body == data[1000:]
     assert headers["Content-Range"] == f"bytes 1000-{len(data) - 1}/{len(data)}"
-    assert _get(url, held.token, "bytes=10-19")[2] == data[10:20]
-    assert _get(url, held.token, f"bytes={len(data)}-")[0] == 416
-    assert _get(url, held.token, "bytes=0-1,5-6")[0] == 416  # one range only
+    assert http_get(url, held.token, "bytes=10-19")[2] == data[10:20]
+    assert http_get(url, held.token, f"bytes={len(data)}-")[0] == 416
+    assert http_get(url, held.token, "bytes=0-1,5-6")[0] == 416  # one range only
     # a device resumes its partial file and ends with the same bytes
     dest = tmp_path / "dl" / "b.edgerun"
     dest.parent.mkdir()
@@ -116,11 +106,11 @@ def test_range_requests_resume_a_download(tmp_path, api):
 
 def test_download_tokens_are_scoped_to_their_bundle(tmp_path, api):
     _c, held, base = api
-    assert _get(f"{base}/api/v1/bundles/{held.id}", "wrong")[0] == 401
-    assert _get(f"{base}/api/v1/bundles/nope@1", held.token)[0] == 401  # says nothing
-    assert _get(f"{base}/api/v1/fleet", held.token)[0] == 401  # not an API token
-    assert _get(f"{base}/api/v1/bundles/{held.id}", "t" * 24)[0] == 200  # the operator may
-    listed = _get(f"{base}/api/v1/bundles", "t" * 24)[2]
+    assert http_get(f"{base}/api/v1/bundles/{held.id}", "wrong")[0] == 401
+    assert http_get(f"{base}/api/v1/bundles/nope@1", held.token)[0] == 401  # says nothing
+    assert http_get(f"{base}/api/v1/fleet", held.token)[0] == 401  # not an API token
+    assert http_get(f"{base}/api/v1/bundles/{held.id}", "t" * 24)[0] == 200  # the operator may
+    listed = http_get(f"{base}/api/v1/bundles", "t" * 24)[2]
     assert held.token not in listed.decode()
 
 
@@ -159,7 +149,7 @@ pytestmark_daemons = pytest.mark.skipif(not (bundled() / "manifest.json").exists
 
 
 def _cli(fleet, *args: str) -> subprocess.CompletedProcess:
-    from ota_harness import TOKEN
+    from support.ota_harness import TOKEN
 
     (fleet.tmp / "api-token").write_text(TOKEN)
     return subprocess.run(

@@ -6,16 +6,15 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 import os
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import paho.mqtt.client as mqtt
 import pytest
-from test_publisher import Device, _coordinator, _wait
+from support.fleet import Device, Receiver, start_coordinator
+from support.waiting import wait
 
 from runtime.config.coordinator import CoordinatorConfig
 from runtime.coordinator import fleet, metrics
@@ -23,48 +22,6 @@ from runtime.coordinator.webhooks import SecretError, Webhook, check_url, load_s
 from runtime.wire import payloads
 
 SECRET = b"s3cret-shared-with-the-receiver"
-
-
-class Receiver:
-    """A local HTTP server answering each POST from a script of statuses (the last repeats);
-    status 0 = hold the request until `release` is set. Records (time, headers, body)."""
-
-    def __init__(self, script: list[int], location: str = ""):
-        self.script, self.location = list(script), location
-        self.got: list[tuple[float, dict, bytes]] = []
-        self.release = threading.Event()
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *a):
-                pass
-
-            def do_POST(self):
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                n = len(outer.got)
-                outer.got.append((time.monotonic(), dict(self.headers), body))
-                status = outer.script[min(n, len(outer.script) - 1)]
-                if status == 0:
-                    outer.release.wait(30)
-                    status = 200
-                self.send_response(status)
-                if outer.location:
-                    self.send_header("Location", outer.location)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook?token=x"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def bodies(self) -> list[dict]:
-        return [json.loads(b) for _, _, b in self.got]
-
-    def close(self) -> None:
-        self.release.set()
-        self.server.shutdown()
-        self.server.server_close()
 
 
 @pytest.fixture
@@ -89,7 +46,7 @@ def test_retries_with_doubling_backoff_until_the_receiver_takes_it(receiver):
     hook = Webhook(rx.url, SECRET, backoff_s=0.2).start()
     try:
         hook.submit(_alert())
-        _wait(lambda: hook.stats()["sent"] == 1, 10, "delivered")
+        wait(lambda: hook.stats()["sent"] == 1, 10, "delivered")
     finally:
         hook.stop()
     assert len(rx.got) == 3 and len({b for _, _, b in rx.got}) == 1  # the same alert, 3 tries
@@ -110,7 +67,7 @@ def test_gives_up_after_the_attempts_and_goes_on_with_the_next(receiver):
     try:
         hook.submit(_alert(1))
         hook.submit(_alert(2))
-        _wait(lambda: hook.stats()["sent"] == 1, 10, "the second delivered")
+        wait(lambda: hook.stats()["sent"] == 1, 10, "the second delivered")
     finally:
         hook.stop()
     assert [b["n"] for b in rx.bodies()] == [1, 1, 1, 2]
@@ -125,7 +82,7 @@ def test_a_refusal_or_redirect_is_not_retried_nor_followed(receiver, status):
     hook = Webhook(rx.url, None, backoff_s=0.05).start()
     try:
         hook.submit(_alert())
-        _wait(lambda: hook.stats()["failed"] == 1, 10, "given up")
+        wait(lambda: hook.stats()["failed"] == 1, 10, "given up")
         time.sleep(0.3)
     finally:
         hook.stop()
@@ -140,7 +97,7 @@ def test_unreachable_receiver_is_retried(receiver):
     hook = Webhook(url, None, attempts=3, backoff_s=0.05, timeout_s=1).start()
     try:
         hook.submit(_alert())
-        _wait(lambda: hook.stats()["failed"] == 1, 10, "given up")
+        wait(lambda: hook.stats()["failed"] == 1, 10, "given up")
     finally:
         hook.stop()
     assert hook.stats()["retries"] == 2 and "unreachable" in hook.stats()["last_error"]
@@ -151,7 +108,7 @@ def test_queue_is_bounded_drops_the_oldest_and_submit_never_blocks(receiver):
     hook = Webhook(rx.url, None, queue_max=3, timeout_s=30).start()
     try:
         hook.submit(_alert(0))
-        _wait(lambda: len(rx.got) == 1, 10, "first POST in flight")
+        wait(lambda: len(rx.got) == 1, 10, "first POST in flight")
         t0 = time.perf_counter()
         for i in range(1, 1001):
             hook.submit(_alert(i))
@@ -160,7 +117,7 @@ def test_queue_is_bounded_drops_the_oldest_and_submit_never_blocks(receiver):
         s = hook.stats()
         assert s["queue"] == 3 and s["dropped"] == 997
         rx.release.set()
-        _wait(lambda: hook.stats()["sent"] == 4, 10, "the rest delivered")
+        wait(lambda: hook.stats()["sent"] == 4, 10, "the rest delivered")
     finally:
         hook.stop()
     assert [b["n"] for b in rx.bodies()] == [0, 998, 999, 1000]  # newest kept, in order
@@ -172,11 +129,11 @@ def test_stop_counts_what_was_not_delivered(receiver):
     # thread late by that much let the sender take the second alert first: 0 left at stop)
     hook = Webhook(rx.url, None, timeout_s=30, attempts=1).start()
     hook.submit(_alert(0))
-    _wait(lambda: len(rx.got) == 1, 30, "in flight")
+    wait(lambda: len(rx.got) == 1, 30, "in flight")
     hook.submit(_alert(1))
     stopper = threading.Thread(target=hook.stop)
     stopper.start()
-    _wait(hook._stop.is_set, 30, "the stop asked")
+    wait(hook._stop.is_set, 30, "the stop asked")
     rx.release.set()
     stopper.join(30)
     assert hook.stats()["dropped_at_stop"] == 1 and not hook.alive()
@@ -244,23 +201,23 @@ def test_coordinator_posts_offline_and_hot_transitions_through_failures(tmp_path
     secret = tmp_path / "hook-secret"
     secret.write_bytes(SECRET)
     os.chmod(secret, 0o600)
-    coord = _coordinator(tmp_path, broker, webhook_url=rx.url,
+    coord = start_coordinator(tmp_path, broker, webhook_url=rx.url,
                          webhook_secret_file=str(secret), webhook_backoff_s=0.1,
                          alert_clear_s=0.5)
     dev = Device(tmp_path, broker, 1, keepalive=2).start()
     try:
-        _wait(lambda: coord.views.get("dev1") and coord.views["dev1"].status == "online", 20,
+        wait(lambda: coord.views.get("dev1") and coord.views["dev1"].status == "online", 20,
               "dev1 online")
         _publish_as(broker, "dev1", "health", _health("b1", 83.0))
-        _wait(lambda: any(b["alert"] == "hot" for b in rx.bodies()), 15, "hot alert POSTed")
+        wait(lambda: any(b["alert"] == "hot" for b in rx.bodies()), 15, "hot alert POSTed")
         _publish_as(broker, "dev1", "health", _health("b1", 50.0))
-        _wait(lambda: any(b["alert"] == "hot" and b["state"] == "cleared"
+        wait(lambda: any(b["alert"] == "hot" and b["state"] == "cleared"
                           for b in rx.bodies()), 15, "hot cleared POSTed")
         dev.kill9()
-        _wait(lambda: any(b["alert"] == "offline" for b in rx.bodies()), 15,
+        wait(lambda: any(b["alert"] == "offline" for b in rx.bodies()), 15,
               "offline alert POSTed")
         # the receiver keeps a body before it answers; the sender counts after the answer
-        _wait(lambda: coord.alerts_view()["webhook"]["sent"] == 3, 10, "3 POSTs counted")
+        wait(lambda: coord.alerts_view()["webhook"]["sent"] == 3, 10, "3 POSTs counted")
         shown = coord.alerts_view()  # what the dashboard lists
         assert [(a["alert"], a["state"]) for a in shown["recent"][:3]] == [
             ("offline", "raised"), ("hot", "cleared"), ("hot", "raised")]
@@ -289,13 +246,13 @@ def test_coordinator_posts_offline_and_hot_transitions_through_failures(tmp_path
 
 def test_webhook_alerts_filters_the_codes_sent(tmp_path, broker, receiver):
     rx = receiver([200])
-    coord = _coordinator(tmp_path, broker, webhook_url=rx.url, webhook_alerts=("offline",))
+    coord = start_coordinator(tmp_path, broker, webhook_url=rx.url, webhook_alerts=("offline",))
     try:
         _publish_as(broker, "warm1", "health", _health("b1", 84.0))
-        _wait(lambda: coord.alerts_view()["active"], 15, "hot raised")
+        wait(lambda: coord.alerts_view()["active"], 15, "hot raised")
         _publish_as(broker, "warm1", "state", payloads.encode("state", {
             "v": 1, "online": False, "boot": "b1", "t": time.time(), "reason": "test"}))
-        _wait(lambda: rx.got, 15, "offline POSTed")
+        wait(lambda: rx.got, 15, "offline POSTed")
         time.sleep(0.5)
         assert [(b["device"], b["alert"]) for b in rx.bodies()] == [("warm1", "offline")]
         assert {a["alert"] for a in coord.alerts_view()["recent"]} == {"hot", "offline"}
@@ -335,12 +292,12 @@ def test_a_flapping_alert_is_one_alert_and_clears_after_it_settles(tmp_path):
 
 def test_a_hanging_receiver_never_holds_up_mqtt_ingest(tmp_path, broker, receiver):
     rx = receiver([0])  # every POST hangs until the test ends
-    coord = _coordinator(tmp_path, broker, webhook_url=rx.url, webhook_timeout_s=60)
+    coord = start_coordinator(tmp_path, broker, webhook_url=rx.url, webhook_timeout_s=60)
     try:
         _publish_as(broker, "hot1", "health", _health("b1", 84.0))
-        _wait(lambda: len(rx.got) == 1, 15, "the webhook thread stuck in a POST")
+        wait(lambda: len(rx.got) == 1, 15, "the webhook thread stuck in a POST")
         dev = Device(tmp_path, broker, 300).start()
-        _wait(lambda: coord.store.counts().get("dev1", 0) == 300, 30,
+        wait(lambda: coord.store.counts().get("dev1", 0) == 300, 30,
               "all results stored while the webhook hangs")
         dev.term()
         view = coord.alerts_view()

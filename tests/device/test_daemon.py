@@ -2,25 +2,21 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import cv2
 import pytest
+from support.daemon_harness import Serve, set_temp, write_broker_config
+from support.waiting import wait
 
 from models import bundled
 from models.synthetic import samples
 from runtime.config.coordinator import CoordinatorConfig
 from runtime.coordinator.service import Coordinator
 from runtime.wire.broker import Mosquitto
-
-TESTS = Path(__file__).parents[1]
-ZONE = "sys/class/thermal/thermal_zone0"
 
 pytestmark = pytest.mark.skipif(not (bundled() / "manifest.json").exists(),
                                 reason="bundled model not built")
@@ -43,109 +39,9 @@ def coordinator(tmp_path, broker):
     c.stop()
 
 
-def set_temp(root: Path, celsius: float) -> None:
-    zone = root / ZONE
-    zone.mkdir(parents=True, exist_ok=True)
-    tmp = zone / ".temp.tmp"
-    tmp.write_text(f"{round(celsius * 1000)}\n")
-    os.replace(tmp, zone / "temp")
-
-
-def write_config(tmp_path: Path, broker: Mosquitto, cache: Path, source: str = "",
-                 backends: str = "", extra: str = "") -> Path:
-    root = tmp_path / "sysfs"
-    if not (root / ZONE / "temp").exists():
-        set_temp(root, 40.0)
-    source = source or 'kind = "synthetic"\nrate_hz = 40'
-    backends = backends or 'enabled = ["onnxruntime"]'
-    creds = broker.device("sys", "box1")
-    cfg = tmp_path / "edgerun.toml"
-    cfg.write_text(f"""
-[device]
-profile = "generic-x86"
-sysfs_root = "{root}"
-[constraints]
-latency_ms = 100.0
-# 0.99: the top rung is a `large` variant (3-5x the CPU of the others), so the ladder has
-# rungs below it however noisy this machine's sub-0.1 ms measurements are (fp32 and
-# fp32-r64 differ by less than the run-to-run noise here)
-accuracy_floor = 0.99
-[profiler]
-warmup_runs = 2
-min_runs = 10
-max_runs = 1000
-time_budget_s = 0.1
-idle_baseline_s = 0.05
-cache_dir = "{cache}"
-[backends]
-{backends}
-threads = [1]
-[backends.onnxruntime]
-spinning = [false]
-include_default = false
-[source]
-{source}
-[governor]
-policy = "step_wise"
-tick_s = 0.2
-rate_hz = 40
-[daemon]
-state_dir = "{tmp_path / 'state'}"
-[telemetry]
-fleet = "sys"
-device = "box1"
-health_interval_s = 0.5
-ack_timeout_s = 1.0
-[telemetry.broker]
-host = "127.0.0.1"
-port = {broker.port}
-keepalive_s = 5
-username = "{creds.username}"
-password_file = "{creds.password_file}"
-[telemetry.outbox]
-path = "{tmp_path / 'state' / 'outbox.db'}"
-{extra}
-""")
-    return cfg
-
-
-class Serve:
-    """`edgerun serve --config` as a child process."""
-
-    def __init__(self, tmp_path: Path, cfg: Path, env: dict | None = None):
-        self.log = tmp_path / "daemon.log"
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "runtime.cli", "serve", "--config", str(cfg)],
-            stdout=self.log.open("a"), stderr=subprocess.STDOUT,
-            env={**os.environ, **(env or {}),
-                 "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])})
-
-    def text(self) -> str:
-        return self.log.read_text()
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            return self.proc.wait(30)
-        return self.proc.returncode
-
-
-def wait(cond, timeout_s, what, proc: Serve | None = None):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        if proc is not None and proc.proc.poll() is not None:
-            raise AssertionError(f"daemon exited ({proc.proc.returncode}) waiting for {what}:\n"
-                                 + proc.text()[-3000:])
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}"
-                         + (f"\n{proc.text()[-3000:]}" if proc else ""))
-
-
 def test_results_flow_and_rising_temperature_steps_down(tmp_path, broker, coordinator,
                                                         profile_cache):
-    cfg = write_config(tmp_path, broker, profile_cache)
+    cfg = write_broker_config(tmp_path, broker, profile_cache)
     # No re-profile at 95 °C here: re-measured on a loaded machine the ladder may come back
     # with one rung, and then there is no lower rung to step to (re-profiling while hot is
     # tested in test_daemon_inputs.py).
@@ -187,7 +83,7 @@ def test_health_power_is_what_runs_not_what_is_planned(tmp_path, broker, coordin
 
     folder = tmp_path / "inbox"
     folder.mkdir()
-    cfg = write_config(tmp_path, broker, profile_cache,
+    cfg = write_broker_config(tmp_path, broker, profile_cache,
                        source=f'kind = "folder"\npath = "{folder}"\nwatch = true')
     d = Serve(tmp_path, cfg)
     try:
@@ -211,7 +107,7 @@ def test_folder_source_sigterm_and_restart_inspect_each_file_once(tmp_path, brok
         cv2.imwrite(str(p), s.image)
         files.append(p.name)
     (folder / "broken.png").write_bytes(b"not an image")
-    cfg = write_config(tmp_path, broker, profile_cache,
+    cfg = write_broker_config(tmp_path, broker, profile_cache,
                        source=f'kind = "folder"\npath = "{folder}"\nwatch = true')
     d = Serve(tmp_path, cfg)
     wait(lambda: coordinator.store.counts().get("box1", 0) >= 10, 120, "first results", d)
@@ -252,8 +148,8 @@ def _messages(sock: socket.socket, seconds: float) -> list[str]:
 def test_notify_ready_watchdog_and_hung_backend_stops_beats(tmp_path, broker, profile_cache):
     sock, path = _notify_socket(tmp_path)
     flag = tmp_path / "hang-now"
-    cfg = write_config(tmp_path, broker, profile_cache,
-                       backends='enabled = []\nplugins = ["hang_backend:HangBackend"]')
+    cfg = write_broker_config(tmp_path, broker, profile_cache,
+                       backends='enabled = []\nplugins = ["support.hang_backend:HangBackend"]')
     d = Serve(tmp_path, cfg, env={"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "1000000",
                                   "EDGERUN_TEST_HANG": str(flag)})
     try:
@@ -283,7 +179,7 @@ def test_corrupt_variant_is_refused_and_the_daemon_runs_on_the_rest(tmp_path, br
     data = bytearray(target.read_bytes())
     data[len(data) // 2] ^= 0xFF
     target.write_bytes(bytes(data))
-    cfg = write_config(tmp_path, broker, profile_cache,
+    cfg = write_broker_config(tmp_path, broker, profile_cache,
                        extra=f'[model]\npath = "{model}"\n')
     d = Serve(tmp_path, cfg)
     try:
@@ -314,7 +210,7 @@ def test_choose_model_command_switches_in_the_background(tmp_path, broker, profi
         store=str(tmp_path / "coord.db"),
         signing_key=str(tmp_path / "k.pem"), device_keys=str(tmp_path / "keys")))
     coord.start()
-    cfg = write_config(tmp_path, broker, profile_cache,
+    cfg = write_broker_config(tmp_path, broker, profile_cache,
                        extra=f'[model]\npath = "{root / "inspection"}"\n')
     cfg.write_text(cfg.read_text().replace(
         '[telemetry]\n', f'[telemetry]\ntrusted_keys = ["{tmp_path / "k.pub"}"]\n'))

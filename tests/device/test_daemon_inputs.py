@@ -13,7 +13,8 @@ from pathlib import Path
 
 import cv2
 import pytest
-from daemon_harness import Serve, events, last_health, result_seqs, results, wait, write_config
+from support.daemon_harness import Serve, events, last_health, result_seqs, results, write_config
+from support.waiting import wait
 
 from models import bundled
 from models.synthetic import samples

@@ -7,7 +7,8 @@ from __future__ import annotations
 import signal
 
 import pytest
-from daemon_harness import Serve, last_health, result_seqs, wait, write_config
+from support.daemon_harness import Serve, last_health, result_seqs, write_config
+from support.waiting import wait
 
 from models import bundled
 

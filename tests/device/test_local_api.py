@@ -9,8 +9,9 @@ import urllib.error
 import urllib.request
 
 import pytest
-from daemon_harness import Serve, wait, write_config
-from prometheus_client.parser import text_string_to_metric_families
+from support.daemon_harness import Serve, write_config
+from support.http import gauges
+from support.waiting import wait
 
 from models import bundled
 from runtime.config import ConfigError, from_dict
@@ -24,12 +25,6 @@ def get(port: int, path: str) -> tuple[int, str, str]:
             return r.status, r.headers["Content-Type"], r.read().decode()
     except urllib.error.HTTPError as e:
         return e.code, e.headers["Content-Type"], e.read().decode()
-
-
-def gauges(text: str) -> dict[str, float]:
-    """{sample name: value} of an exposition with one device, parsed by prometheus_client."""
-    return {s.name: s.value for fam in text_string_to_metric_families(text)
-            for s in fam.samples if s.labels.get("device") == "box1"}
 
 
 def free_port() -> int:

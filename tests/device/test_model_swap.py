@@ -11,15 +11,18 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
-from daemon_harness import Serve, events, last_health, results, wait, write_config
-from modelgen import tiny_cnn
-from onnx import TensorProto, helper, numpy_helper, save
-from under_test import child_env
+from support.daemon_harness import Serve, events, last_health, results, write_config
+from support.models import (
+    PROBATION,
+    constant_dir,
+    inspection_dir,
+    slow_dir,
+)
+from support.under_test import child_env
+from support.waiting import wait
 
 from models import bundled
-from runtime.engine.onnx_model import file_sha256
 from runtime.ota.bundle import make
 from runtime.ota.probation import Kpis, Limits, judge
 from runtime.ota.store import ModelStore
@@ -77,58 +80,6 @@ def test_all_reasons_are_listed():
 
 
 # -- model directories ------------------------------------------------------------------------
-
-def _manifest(where: Path, name: str, onnx: Path, shape: list[int]) -> Path:
-    base = json.loads((bundled() / "manifest.json").read_text())
-    (where / "manifest.json").write_text(json.dumps({
-        **base, "name": name, "failed": [], "variants": [{
-            "name": "fp32", "precision": "fp32", "file": onnx.name,
-            "sha256": file_sha256(onnx), "input_name": _input_name(onnx), "input_shape": shape,
-            "accuracy": 0.99, "agreement": 1.0, "max_abs_diff": 0.0, "mean_abs_diff": 0.0,
-            "size_bytes": onnx.stat().st_size, "source": onnx.name}]}))
-    return where
-
-
-def _input_name(onnx_path: Path) -> str:
-    import onnx
-
-    return onnx.load(str(onnx_path)).graph.input[0].name
-
-
-def inspection_dir(where: Path, name: str = "inspection") -> Path:
-    """The bundled inspection model's fp32 form alone (one rung: fast to profile)."""
-    where.mkdir(parents=True)
-    shutil.copy(bundled() / "fp32.onnx", where / "fp32.onnx")
-    return _manifest(where, name, where / "fp32.onnx", [1, 3, 96, 96])
-
-
-def constant_dir(where: Path, cls: int = 1) -> Path:
-    """A model that answers class `cls` ("scratch") whatever the frame."""
-    where.mkdir(parents=True)
-    onehot = np.zeros((1, 5), np.float32)
-    onehot[0, cls] = 1.0
-    nodes = [helper.make_node("ReduceMean", ["x"], ["m"], axes=[1, 2, 3], keepdims=0),
-             helper.make_node("Reshape", ["m", "shape"], ["m2"]),
-             helper.make_node("Mul", ["m2", "zero"], ["z"]),
-             helper.make_node("Add", ["z", "onehot"], ["y"])]
-    graph = helper.make_graph(
-        nodes, "constant", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
-                                                          [1, 3, 96, 96])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 5])],
-        [numpy_helper.from_array(np.array([1, 1], np.int64), "shape"),
-         numpy_helper.from_array(np.zeros((1, 5), np.float32), "zero"),
-         numpy_helper.from_array(onehot, "onehot")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    save(model, str(where / "fp32.onnx"))
-    return _manifest(where, "constant", where / "fp32.onnx", [1, 3, 96, 96])
-
-
-def slow_dir(where: Path, hw: int = 512) -> Path:
-    """A real CNN at a large input: many milliseconds per frame on this machine."""
-    where.mkdir(parents=True)
-    tiny_cnn(where / "fp32.onnx", batch=1, hw=(hw, hw))
-    return _manifest(where, "slow", where / "fp32.onnx", [1, 3, hw, hw])
 
 
 @pytest.fixture
@@ -221,11 +172,6 @@ def test_kill_9_at_each_install_step_leaves_old_or_new_never_none(tmp_path, publ
 
 
 # -- deploy, probation and rollback in a real daemon -------------------------------------------
-
-PROBATION = """probation_frames = 60
-shadow_every = 2
-agreement_floor = 0.8
-"""
 
 
 def _deploy(fleet, device: str, bundle_id: str) -> dict:

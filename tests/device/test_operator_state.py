@@ -7,7 +7,8 @@ import json
 import math
 
 import pytest
-from daemon_harness import Serve, events, last_health, wait, write_config
+from support.daemon_harness import Serve, events, last_health, write_config
+from support.waiting import wait
 
 from power import control
 from power import energy as energy_mod

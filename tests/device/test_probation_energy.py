@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from daemon_harness import wait
 from onnx import helper, numpy_helper
-from test_model_swap import PROBATION, _manifest, inspection_dir
+from support.models import PROBATION, inspection_dir, write_manifest
+from support.waiting import wait
 
 from models import bundled
 from runtime.ota.bundle import make
@@ -51,7 +51,7 @@ def dear_dir(where: Path, layers: int = 6, channels: int = 32) -> Path:
                    helper.make_node("Add", [f"{out}_orig", "heavy_z"], [out])])
     onnx.checker.check_model(m)
     onnx.save(m, str(where / "fp32.onnx"))
-    return _manifest(where, "dear", where / "fp32.onnx", [1, 3, 96, 96])
+    return write_manifest(where, "dear", where / "fp32.onnx", [1, 3, 96, 96])
 
 
 def test_dear_model_answers_exactly_as_the_old_one(tmp_path):

@@ -6,7 +6,8 @@ import os
 import signal
 import time
 
-from daemon_harness import Serve, events, wait, write_config
+from support.daemon_harness import Serve, events, write_config
+from support.waiting import wait
 
 
 def _loading_engines(pid: int) -> bool:

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from under_test import child_env
+from support.under_test import child_env
 
 from power.closed_loop import RunResult, run_load
 from power.plant import Plant, ambient
@@ -229,7 +229,7 @@ def test_daemon_sleeps_announces_and_gets_commands_at_wake(tmp_path, broker):
     import socket
     import threading
 
-    from test_daemon import Serve, write_config
+    from support.daemon_harness import Serve, write_broker_config
 
     from models import bundled
     from runtime.config.coordinator import CoordinatorConfig
@@ -245,7 +245,7 @@ def test_daemon_sleeps_announces_and_gets_commands_at_wake(tmp_path, broker):
         wake_margin_s=30.0))
     coord.start()
     assert coord.connected.wait(30)
-    cfg = write_config(tmp_path, broker, tmp_path / "cache")
+    cfg = write_broker_config(tmp_path, broker, tmp_path / "cache")
     text = cfg.read_text().replace('profile = "generic-x86"', 'profile = "solar-node"')
     # the synthetic camera offers frames per simulated second: 40 a wall second at 100x
     text = text.replace('kind = "synthetic"\nrate_hz = 40', 'kind = "synthetic"\nrate_hz = 0.4')

@@ -10,7 +10,8 @@ import time
 from pathlib import Path
 
 import pytest
-from daemon_harness import ZONE, Serve, last_health, wait, write_config
+from support.daemon_harness import ZONE, Serve, last_health, session_of, write_config
+from support.waiting import wait
 
 from models import bundled
 from runtime.config import (
@@ -247,17 +248,6 @@ def test_a_cameras_tiles_are_learnt_from_its_frames_and_re_planned(tmp_path):
     assert "source main cuts each frame into 9 tiles" in h["choice_reason"]
 
 
-def _session(model, tmp_path):
-    """(Active, backend) of a model's fp32 variant on onnxruntime, one thread."""
-    bcfg = BackendsConfig(enabled=("onnxruntime",), threads=(1,),
-                          onnxruntime=OnnxRuntimeConfig(spinning=(False,),
-                                                        include_default=False))
-    (backend,) = discover(bcfg)
-    v = next(v for f in model_files(model) for v in backend.variants(f, bcfg, (1,))
-             if "fp32" in v.id)
-    return v, backend
-
-
 def test_probation_compares_only_the_frames_of_the_model_it_swapped(tmp_path):
     """OTA swaps the [model]'s model and compares a sample of its frames with the old one
     (the shadow). A source on its own model (here the detector) is not what was swapped:
@@ -265,8 +255,8 @@ def test_probation_compares_only_the_frames_of_the_model_it_swapped(tmp_path):
     frame, dragging the new model's agreement down until probation rolled it back)."""
     cls = configured_model(bundled("inspection"), ModelConfig())
     det = configured_model(bundled("defects"), ModelConfig())
-    vc, bc = _session(cls, tmp_path)
-    vd, bd = _session(det, tmp_path)
+    vc, bc = session_of(cls, tmp_path)
+    vd, bd = session_of(det, tmp_path)
     out: list[dict] = []
     srcs = [SourceConfig(kind="synthetic", name="cls", rate_hz=50, size=64),
             SourceConfig(kind="synthetic", name="det", rate_hz=50, size=96, seed=1,

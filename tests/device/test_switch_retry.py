@@ -13,7 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
-from daemon_harness import ZONE, Serve, events, last_health, wait, write_config
+from support.daemon_harness import ZONE, Serve, events, last_health, write_config
+from support.waiting import wait
 
 from models import bundled
 from runtime.device.switch_retry import (

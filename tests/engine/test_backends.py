@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from modelgen import tiny_cnn
+from support.modelgen import tiny_cnn
 
 from runtime.config import BackendsConfig
 from runtime.engine.backends import BackendError, ModelFile, discover

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from daemon_harness import Serve, last_health, results, wait, write_config
-from modelgen import tiny_cnn
 from onnx import TensorProto, helper, save
+from support.daemon_harness import Serve, last_health, results, write_config
+from support.modelgen import tiny_cnn
+from support.waiting import wait
 
 from power.rungs import budget_levels, select_for_budget
 from runtime.choice.ladders import ladder_for

@@ -11,7 +11,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
-from modelgen import blob_frame, tiny_cnn, tiny_detector
+from support.modelgen import blob_frame, tiny_cnn, tiny_detector
 
 from runtime.engine.detection import (
     Detections,
@@ -429,7 +429,8 @@ def test_a_prepared_yolo_detector_runs_from_prepare_to_boxes_at_the_coordinator(
         tmp_path, broker, coordinator):
     """prepare (mAP rungs) -> serve a folder of frames twice the input, tiled -> results with
     boxes in frame coordinates and per-label counts, stored by the coordinator."""
-    from test_daemon import Serve, wait, write_config
+    from support.daemon_harness import Serve, write_broker_config
+    from support.waiting import wait
 
     out = tmp_path / "blobs"
     doc = prepare(tiny_detector(tmp_path / "blobs.onnx"), None, _val(tmp_path / "val"), out,
@@ -441,7 +442,7 @@ def test_a_prepared_yolo_detector_runs_from_prepare_to_boxes_at_the_coordinator(
         [[(1, 1, 0), (6, 5, 1)], [], [(7, 7, 1), (0, 4, 0), (3, 6, 0)]] * 4)}
     for name, cells in scenes.items():  # 128x128 frames, 16 px blobs: found only when tiled
         cv2.imwrite(str(inbox / name), blob_frame((128, 128), cells))
-    cfg = write_config(tmp_path, broker, tmp_path / "cache",
+    cfg = write_broker_config(tmp_path, broker, tmp_path / "cache",
                        source=f'kind = "folder"\npath = "{inbox}"\nwatch = true',
                        extra=f'[model]\npath = "{out}"\ntiling = true\ntile_overlap = 0.25\n')
     d = Serve(tmp_path, cfg)
@@ -475,7 +476,8 @@ def test_the_bundled_detector_tiled_on_two_sources_with_rois_prints_and_snapshot
     import os
     import time
 
-    from daemon_harness import Serve, results, wait, write_config
+    from support.daemon_harness import Serve, results, write_config
+    from support.waiting import wait
 
     from models import bundled
     from models.recipes.defects.data import mosaic

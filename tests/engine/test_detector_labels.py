@@ -10,7 +10,7 @@ from pathlib import Path
 
 import cv2
 import numpy as np
-from under_test import child_env
+from support.under_test import child_env
 
 ROOT = Path(__file__).parents[2]
 
@@ -55,7 +55,7 @@ class _Flaky:
 def test_an_unexpected_error_in_a_source_is_a_source_failure_not_a_dead_thread(tmp_path):
     import time
 
-    from modelgen import tiny_cnn
+    from support.modelgen import tiny_cnn
 
     from runtime.config import BackendsConfig, OnnxRuntimeConfig
     from runtime.engine.backends import discover

@@ -13,8 +13,8 @@ import cv2
 import numpy as np
 import onnx
 import pytest
-from modelgen import blob_frame, tiny_cnn
-from ultralytics_export import ultralytics_detector
+from support.modelgen import blob_frame, tiny_cnn
+from support.ultralytics_export import ultralytics_detector
 
 from runtime.engine.manifest import Preprocess, load_manifest, load_model
 from runtime.engine.model_meta import (
@@ -151,7 +151,7 @@ def test_a_mis_normalised_detector_is_refused_naming_what_it_saw(tmp_path):
 
 
 def test_check_prints_the_preprocessing_and_where_it_came_from(tmp_path):
-    from daemon_harness import write_config
+    from support.daemon_harness import write_config
 
     model = ultralytics_detector(tmp_path / "y.onnx")
     cfg = write_config(tmp_path, tmp_path / "cache", extra=f'[model]\npath = "{model}"\n')

@@ -8,9 +8,10 @@ import json
 import cv2
 import numpy as np
 import pytest
-from daemon_harness import Serve, events, last_health, results, wait, write_config
-from modelgen import blob_frame
-from ultralytics_export import ultralytics_detector
+from support.daemon_harness import Serve, events, last_health, results, write_config
+from support.modelgen import blob_frame
+from support.ultralytics_export import ultralytics_detector
+from support.waiting import wait
 
 from runtime.engine.sanity import FirstFrames, judge
 

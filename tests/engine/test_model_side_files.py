@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from under_test import child_env
+from support.under_test import child_env
 
 from runtime.engine.manifest import load_manifest, read_labels, read_preprocess
 from runtime.engine.onnx_model import ModelError

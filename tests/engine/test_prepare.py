@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from modelgen import tiny_cnn
+from support.modelgen import tiny_cnn
 
 from models.synthetic import CLASSES, write_folder
 from runtime.engine.manifest import Preprocess, load_manifest, postprocess, verify

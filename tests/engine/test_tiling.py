@@ -9,7 +9,7 @@ from dataclasses import replace
 import numpy as np
 import onnxruntime as ort
 import pytest
-from modelgen import blob_frame, tiny_detector
+from support.modelgen import blob_frame, tiny_detector
 
 from runtime.engine.detection import Detections
 from runtime.engine.manifest import configured_model, frame_result, load_model
@@ -130,7 +130,7 @@ def test_a_detector_finds_small_objects_in_a_large_frame_only_when_tiled(tmp_pat
 
 
 def test_tiling_config_applies_to_detectors_only(tmp_path, caplog):
-    from modelgen import tiny_cnn
+    from support.modelgen import tiny_cnn
 
     from runtime.config import from_dict
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
-from under_test import child_env
+from support.under_test import child_env
 
 from models.synthetic import samples
 from runtime.frames import images

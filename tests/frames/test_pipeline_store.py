@@ -7,7 +7,7 @@ import os
 import time
 from pathlib import Path
 
-from modelgen import tiny_cnn
+from support.modelgen import tiny_cnn
 
 from runtime.config import BackendsConfig, OnnxRuntimeConfig
 from runtime.engine.backends import discover

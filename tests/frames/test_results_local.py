@@ -12,7 +12,8 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
-from daemon_harness import Serve, last_health, result_seqs, results, wait, write_config
+from support.daemon_harness import Serve, last_health, result_seqs, results, write_config
+from support.waiting import wait
 
 from models import bundled
 from runtime import config as config_mod

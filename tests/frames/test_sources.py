@@ -19,8 +19,8 @@ import cv2
 import numpy as np
 import paho.mqtt.client as mqtt
 import pytest
-from modelgen import tiny_cnn
-from under_test import child_env
+from support.modelgen import tiny_cnn
+from support.under_test import child_env
 
 from models.synthetic import samples
 from runtime.config import BackendsConfig, ConfigError, OnnxRuntimeConfig, from_dict

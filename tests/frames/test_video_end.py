@@ -13,8 +13,9 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
-from daemon_harness import Serve, events, last_health, results, wait, write_config
-from modelgen import tiny_cnn
+from support.daemon_harness import Serve, events, last_health, results, write_config
+from support.modelgen import tiny_cnn
+from support.waiting import wait
 
 from runtime.config import BackendsConfig, OnnxRuntimeConfig
 from runtime.engine.backends import discover

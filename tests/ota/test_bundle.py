@@ -3,38 +3,20 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import tarfile
 from pathlib import Path
 
 import pytest
-from modelgen import tiny_cnn
-from under_test import child_env
+from support.models import model_dir
+from support.under_test import child_env
 
 from runtime.ota.bundle import BundleError, make, read_info, unpack
 from runtime.ota.store import ModelStore
 from runtime.wire.commands import generate_keypair, load_private_key, load_public_keys
 
 ROOT = Path(__file__).parents[2]
-
-
-def model_dir(where: Path, name: str = "m", seed: int = 0) -> Path:
-    """A one-variant prepared model directory (manifest + fp32.onnx)."""
-    from runtime.engine.onnx_model import file_sha256
-
-    where.mkdir(parents=True)
-    f = tiny_cnn(where / "fp32.onnx", batch=1, seed=seed)
-    (where / "manifest.json").write_text(json.dumps({
-        "schema": "edgerun.manifest/1", "name": name, "labels": list("abcde"),
-        "preprocess": {}, "output": "probabilities", "accuracy_basis": "agreement",
-        "eval_images": 0, "variants": [{
-            "name": "fp32", "precision": "fp32", "file": "fp32.onnx",
-            "sha256": file_sha256(f), "input_name": "x", "input_shape": [1, 3, 32, 32],
-            "accuracy": 1.0, "agreement": 1.0, "max_abs_diff": 0.0, "mean_abs_diff": 0.0,
-            "size_bytes": f.stat().st_size, "source": "tiny"}]}))
-    return where
 
 
 @pytest.fixture

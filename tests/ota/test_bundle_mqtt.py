@@ -14,11 +14,12 @@ from pathlib import Path
 
 import paho.mqtt.client as mqtt
 import pytest
-from daemon_harness import wait
+from support.bundle_api import Coord, StoreShelf, answer, fetch
+from support.models import big_bundle
+from support.waiting import wait
 
 from runtime.config.telemetry import BrokerConfig
 from runtime.coordinator.bundle_chunks import ChunkServer
-from runtime.coordinator.bundles import Shelf
 from runtime.ota.bundle import make
 from runtime.ota.bundle_mqtt import fetch_over_mqtt
 from runtime.ota.download import DownloadError
@@ -82,7 +83,7 @@ def publisher(tmp_path):
 
 def _bundle(tmp_path: Path, key, version: str = "2") -> Path:
     """A real signed bundle of the bundled inspection model's fp32 form."""
-    from test_model_swap import inspection_dir
+    from support.models import inspection_dir
 
     src = inspection_dir(tmp_path / f"src{version}")
     out = tmp_path / f"inspection-{version}.edgerun"
@@ -90,45 +91,9 @@ def _bundle(tmp_path: Path, key, version: str = "2") -> Path:
     return out
 
 
-def _big_bundle(tmp_path: Path, size: int) -> Path:
-    """A file the shelf takes for a bundle (its header first) of about `size` bytes: for
-    transfer tests, which never verify what they fetched."""
-    import io
-    import tarfile
-
-    from runtime.ota.bundle import HEADER as BUNDLE_HEADER
-
-    out = tmp_path / "big.edgerun"
-    with tarfile.open(out, "w") as tar:
-        for name, body in ((BUNDLE_HEADER, json.dumps({"name": "big", "version": "1"})
-                            .encode()), ("pad.bin", bytes(range(256)) * (size // 256))):
-            info = tarfile.TarInfo(name)
-            info.size = len(body)
-            tar.addfile(info, io.BytesIO(body))
-    return out
-
-
-class _Shelf(Shelf):
-    """A shelf in a store of its own (the coordinator's: runtime/coordinator/store.py);
-    `close` closes both. `bytes_of(held)` is the bundle as stored."""
-
-    def __init__(self, where: Path):
-        from runtime.coordinator.store import Store
-
-        self.store = Store(str(where / "c.db"))
-        super().__init__(self.store, 64 << 20)
-
-    def bytes_of(self, held) -> bytes:
-        return self.read(held, 0, held.size)
-
-    def close(self) -> None:
-        super().close()
-        self.store.close()
-
-
 @pytest.fixture
 def shelf(tmp_path, publisher):
-    s = _Shelf(tmp_path / "shelf")
+    s = StoreShelf(tmp_path / "shelf")
     b = _bundle(tmp_path, publisher)
     with b.open("rb") as f:
         s.receive(f, b.stat().st_size)
@@ -136,23 +101,17 @@ def shelf(tmp_path, publisher):
     s.close()
 
 
-def _answer(shelf: Shelf, req) -> object:
-    server = ChunkServer(FLEET, shelf, BrokerConfig(), "c")  # not started: answer() only
-    raw = req if isinstance(req, bytes) else json.dumps(req).encode()
-    return decode_chunk(server.answer("box1", raw))
-
-
 def test_answers_a_request_with_the_bytes_asked(shelf):
     held = shelf.list()[0]
     data = shelf.bytes_of(held)
-    c = _answer(shelf, {"bundle": held.id, "offset": 100, "length": 1000, "token": held.token})
+    c = answer(shelf, {"bundle": held.id, "offset": 100, "length": 1000, "token": held.token})
     assert (c.status, c.offset, c.total, c.body) == (OK, 100, held.size, data[100:1100])
     # the last bytes: less than asked
-    c = _answer(shelf, {"bundle": held.id, "offset": held.size - 10, "length": 1000,
+    c = answer(shelf, {"bundle": held.id, "offset": held.size - 10, "length": 1000,
                         "token": held.token})
     assert c.status == OK and c.body == data[-10:]
     # a huge length is served short, at MAX_CHUNK
-    c = _answer(shelf, {"bundle": held.id, "offset": 0, "length": 1 << 40,
+    c = answer(shelf, {"bundle": held.id, "offset": 0, "length": 1 << 40,
                         "token": held.token})
     assert c.status == OK and c.body == data[:MAX_CHUNK]
 
@@ -188,38 +147,19 @@ def test_hostile_requests_are_answered_with_an_error_and_the_reason(shelf, req, 
     if isinstance(req, dict):
         req = {k: {"BID": held.id, "TOKEN": held.token, "SIZE": held.size}.get(v, v)
                if isinstance(v, str) else v for k, v in req.items()}
-    c = _answer(shelf, req)
+    c = answer(shelf, req)
     assert c.status == status and why in c.reason, c.reason
     assert c.status != OK
 
 
 # -- through a real Mosquitto ----------------------------------------------------------------
 
-class Coord:
-    """The coordinator's chunk server alone, logged in as the coordinator identity."""
-
-    def __init__(self, broker, shelf: Shelf):
-        self.server = ChunkServer(FLEET, shelf, broker.coordinator(FLEET), "coord")
-        self.server.start()
-        wait(lambda: self.server._conn.subscribed.is_set(), 30, "chunk server subscribed")
-
-    def close(self) -> None:
-        self.server.stop()
-
-
-def _fetch(tmp_path: Path, broker, held, **kw) -> Path:
-    args = dict(chunk=16 * 1024, window=4, timeout_s=3.0)
-    args.update(kw)
-    return fetch_over_mqtt(tmp_path / "dl" / "b.edgerun", broker.device(FLEET, "box1"), FLEET,
-                           "box1", held.id, held.size, held.sha256, held.token, 64 << 20, 0,
-                           **args)
-
 
 def test_a_bundle_arrives_whole_over_mqtt(tmp_path, broker, shelf):
     held = shelf.list()[0]
     c = Coord(broker, shelf)
     try:
-        got = _fetch(tmp_path, broker, held)
+        got = fetch(tmp_path, broker, held)
         assert hashlib.sha256(got.read_bytes()).hexdigest() == held.sha256
         assert not list(got.parent.glob("*.part"))
         n = -(-held.size // (16 * 1024))
@@ -233,8 +173,8 @@ def test_a_transfer_resumes_from_the_part_and_survives_a_broker_restart(tmp_path
     asked for; the broker is stopped and restarted mid-way (the coordinator's serving thread
     is held meanwhile, so most of the bundle moves after the restart): the transfer
     reconnects, asks again for what was lost, and the result is whole."""
-    s = _Shelf(tmp_path / "shelf2")
-    b = _big_bundle(tmp_path, 400_000)
+    s = StoreShelf(tmp_path / "shelf2")
+    b = big_bundle(tmp_path, 400_000)
     with b.open("rb") as f:
         held = s.receive(f, b.stat().st_size)
     data = b.read_bytes()
@@ -256,7 +196,7 @@ def test_a_transfer_resumes_from_the_part_and_survives_a_broker_restart(tmp_path
 
     c.server.answer = recording
     try:
-        got = _fetch(tmp_path, broker, held, timeout_s=3.0)
+        got = fetch(tmp_path, broker, held, timeout_s=3.0)
         assert got.read_bytes() == data
         assert min(offsets) == 50_000  # resumed from the part's length, not from 0
         # the broker really went away mid-transfer (what was in flight then is either asked
@@ -297,7 +237,7 @@ def test_a_coordinator_restart_mid_transfer(tmp_path, broker, shelf):
 
     c.server.answer = dying
     try:
-        got = _fetch(tmp_path, broker, held, chunk=8 * 1024, timeout_s=1.0)
+        got = fetch(tmp_path, broker, held, chunk=8 * 1024, timeout_s=1.0)
         assert hashlib.sha256(got.read_bytes()).hexdigest() == held.sha256
         assert later and later[0].server.counters["chunks"] > 0  # the new one finished it
     finally:
@@ -325,7 +265,7 @@ def test_a_tampered_chunk_is_refused_and_nothing_is_kept(tmp_path, broker, shelf
     c.server.answer = _Flipper(c.server.answer)
     try:
         with pytest.raises(DownloadError, match="sha256 of the download does not match"):
-            _fetch(tmp_path, broker, held)
+            fetch(tmp_path, broker, held)
         assert not list((tmp_path / "dl").iterdir())  # the part is discarded, not resumed
     finally:
         c.close()
@@ -375,7 +315,7 @@ def test_a_share_group_where_one_coordinator_lacks_the_bundle(tmp_path, broker, 
     other does not and answers "not found"; the refused requests are asked again and the
     transfer completes."""
     held = shelf.list()[0]
-    empty = _Shelf(tmp_path / "empty-shelf")
+    empty = StoreShelf(tmp_path / "empty-shelf")
     # one identity each: client ids are bound to usernames (docs/security.md)
     servers = [ChunkServer(FLEET, s, broker.coordinator(FLEET, f"coord{i}"), f"coord{i}", "g")
                for i, s in enumerate((shelf, empty))]
@@ -383,7 +323,7 @@ def test_a_share_group_where_one_coordinator_lacks_the_bundle(tmp_path, broker, 
         srv.start()
         wait(lambda srv=srv: srv._conn.subscribed.is_set(), 30, "subscribed")
     try:
-        got = _fetch(tmp_path, broker, held, chunk=8 * 1024, timeout_s=3.0)
+        got = fetch(tmp_path, broker, held, chunk=8 * 1024, timeout_s=3.0)
         assert hashlib.sha256(got.read_bytes()).hexdigest() == held.sha256
         assert servers[1].counters["refused_1"] > 0  # the other one was asked, and said no
         assert servers[0].counters["chunks"] >= -(-held.size // (8 * 1024))
@@ -400,7 +340,7 @@ def test_no_coordinator_answering_fails_after_the_stall_and_keeps_the_part(tmp_p
     part.parent.mkdir()
     part.write_bytes(b"x" * 100)
     with pytest.raises(DownloadError, match="nothing arrived for 2 s after 100 of"):
-        _fetch(tmp_path, broker, held, timeout_s=0.5)
+        fetch(tmp_path, broker, held, timeout_s=0.5)
     assert part.stat().st_size == 100  # kept for the next attempt
 
 
@@ -447,7 +387,7 @@ def test_a_flood_of_requests_costs_that_device_and_the_coordinator_keeps_serving
                     encode_request(held.id, 0, 1 << 40, held.token) if i % 3 == 1 else
                     encode_request("nope@1", i, 10, "t"))
             flood.publish(req, body, qos=0)
-        got = _fetch(tmp_path, broker, held)
+        got = fetch(tmp_path, broker, held)
         assert hashlib.sha256(got.read_bytes()).hexdigest() == held.sha256
         wait(lambda: c.server.stats()["waiting"] == 0, 30, "the flood drained")
         st = c.server.stats()
@@ -473,7 +413,7 @@ def test_an_internal_error_costs_that_request_only(tmp_path, broker, shelf):
 
     shelf.get = failing_once
     try:
-        got = _fetch(tmp_path, broker, held, timeout_s=1.0)
+        got = fetch(tmp_path, broker, held, timeout_s=1.0)
         assert hashlib.sha256(got.read_bytes()).hexdigest() == held.sha256
         assert c.server.counters["internal_errors"] == 1 and c.server.alive()
     finally:
@@ -558,8 +498,8 @@ def test_deploy_without_an_http_route_arrives_over_mqtt_across_kill_9_and_swaps(
     First through a coordinator that flips a byte: refused with the reason, nothing
     installed, still serving. Then killed (-9) after the first chunk: the part is kept; the
     restarted daemon resumes from its length and swaps to the model."""
-    from daemon_harness import Serve
-    from test_model_swap import inspection_dir
+    from support.daemon_harness import Serve
+    from support.models import inspection_dir
 
     from runtime.ota.store import ModelStore
 

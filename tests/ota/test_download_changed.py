@@ -15,7 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from test_bundle import model_dir
+from support.models import model_dir
 
 from runtime.ota.bundle import make
 from runtime.ota.download import DownloadError
@@ -206,7 +206,7 @@ def test_the_coordinator_names_its_bundle_bytes_for_resumes(tmp_path, two_versio
     Range was always answered from the new bytes)."""
     import io
 
-    from test_rollout import _get
+    from support.http import http_get
 
     from runtime.config.coordinator import CoordinatorConfig
     from runtime.coordinator.api import serve
@@ -219,7 +219,7 @@ def test_the_coordinator_names_its_bundle_bytes_for_resumes(tmp_path, two_versio
     try:
         held = c.shelf.receive(io.BytesIO(a), len(a))
         url = f"http://127.0.0.1:{server.server_address[1]}/api/v1/bundles/m@1"
-        status, headers, body = _get(url, held.token)
+        status, headers, body = http_get(url, held.token)
         assert status == 200 and headers["ETag"] == f'"{held.sha256}"' and body == a
         # a resume through the coordinator, no sha256: checked by its ETag, and resumed
         dest = tmp_path / "dl" / "x.edgerun"

@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 
 import pytest
-from modelgen import tiny_cnn
+from support.modelgen import tiny_cnn
 
 from power import nvml as nvml_mod
 from power.accelerators import AcceleratorPower, bill, find, on_host

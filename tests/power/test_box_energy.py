@@ -198,7 +198,8 @@ def test_a_serving_daemon_reports_every_stage_and_falls_back_when_its_meter_goes
     import time
 
     import cv2
-    from daemon_harness import Serve, events, last_health, wait, write_config
+    from support.daemon_harness import Serve, events, last_health, write_config
+    from support.waiting import wait
 
     from models import bundled
     from models.synthetic import samples

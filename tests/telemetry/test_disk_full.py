@@ -15,13 +15,15 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from daemon_harness import Serve, events, result_seqs, wait, write_config
-from test_local_api import free_port, gauges
+from support.daemon_harness import Serve, events, result_seqs, write_config
+from support.http import gauges
+from support.waiting import wait
 
 from models import bundled
 from runtime.config.telemetry import OutboxConfig
 from runtime.telemetry.held import OutboxFull, unwritable
 from runtime.telemetry.outbox import Outbox
+from runtime.wire.broker import free_port
 
 
 class Disk:

@@ -401,7 +401,8 @@ def test_enrol_with_homeassistant_grants_exactly_the_config_topics(tmp_path):
 def test_a_real_daemon_announces_its_model_labels_and_each_result(tmp_path, broker):
     """`edgerun serve` with [homeassistant] and result_per_message: discovery names the
     running model's labels and the device profile, and results arrive one a message."""
-    from daemon_harness import Serve, wait, write_config
+    from support.daemon_harness import Serve, write_config
+    from support.waiting import wait
 
     from runtime.engine.manifest import load_manifest
 

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from under_test import child_env
+from support.under_test import child_env
 
 from runtime.config.telemetry import OutboxConfig
 from runtime.telemetry.outbox import Outbox, OutboxUnavailable

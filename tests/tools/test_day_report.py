@@ -13,8 +13,9 @@ import time
 import urllib.request
 
 import pytest
-from daemon_harness import Serve, wait, write_config
-from under_test import child_env
+from support.daemon_harness import Serve, write_config
+from support.under_test import child_env
+from support.waiting import wait
 
 from runtime.coordinator.api import BadRequest, health_query
 from runtime.tools import day_report

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from under_test import child_env
+from support.under_test import child_env
 
 
 def test_demo_runs_and_reports(tmp_path):

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
-from wheel_build import build_wheel
+from support.wheel_build import build_wheel
 
 from runtime.tools import install
 
@@ -48,7 +48,7 @@ def _gid(root: Path, name: str) -> int:
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     """This checkout as a wheel (offline where the environment has the build requirements:
-    tests/wheel_build.py)."""
+    tests/support/wheel_build.py)."""
     return build_wheel(tmp_path_factory.mktemp("wheel"))
 
 

@@ -2,7 +2,7 @@
 from its own packages (OpenCL kernels, dashboard files, bundled models, device profiles, the
 example config), and a CI run imports the installed wheel, not this checkout.
 
-The wheel is built here (`pip wheel --no-deps`, tests/wheel_build.py). Two checks: every
+The wheel is built here (`pip wheel --no-deps`, tests/support/wheel_build.py). Two checks: every
 module and data file of the package tree is in it (a file pyproject's package-data misses, a
 folder without __init__.py), and the code, imported from the unpacked wheel alone, finds each
 file it opens through its own paths (a path the code builds that the tree does not match)."""
@@ -17,8 +17,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from under_test import INSTALLED, ROOT, child_env
-from wheel_build import build_wheel
+from support.under_test import INSTALLED, ROOT, child_env
+from support.wheel_build import build_wheel
 
 PACKAGES = ("runtime", "power", "firmware_config", "models")
 # Files in the package tree that are for readers of the checkout, not for the code.
@@ -33,7 +33,7 @@ def wheel(tmp_path_factory) -> Path:
 
 def _tree_files(src: Path) -> set[str]:
     """Every file of the product packages in the clean copy the wheel was built from (git's
-    files, tracked or new: tests/wheel_build.py)."""
+    files, tracked or new: tests/support/wheel_build.py)."""
     return {str(p.relative_to(src)) for pkg in PACKAGES for p in (src / pkg).rglob("*")
             if p.is_file() and "__pycache__" not in p.parts and ".egg-info" not in str(p)}
 

@@ -7,61 +7,14 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import paho.mqtt.client as mqtt
 import pytest
+from support.mqtt_probe import Probe
 
 from runtime.config.telemetry import BrokerConfig
 from runtime.wire.brokerauth import BrokerAuth, Identity, acl_text, hash_password
 
 
-class Probe:
-    """A raw paho client logging in with a BrokerConfig (or anonymously) for ACL checks."""
-
-    def __init__(self, port: int, cfg: BrokerConfig | None = None, client_id: str = "",
-                 v5: bool = True):
-        self.got: list[tuple[str, bytes]] = []
-        self.connack: list = []
-        self.disconnects: list = []
-        self.client = mqtt.Client(callback_api_version=mqtt.CallbackAPIVersion.VERSION2,
-                                  client_id=client_id,
-                                  protocol=mqtt.MQTTv5 if v5 else mqtt.MQTTv311)
-        if cfg is not None and cfg.username:
-            self.client.username_pw_set(cfg.username,
-                                        Path(cfg.password_file).read_text().strip())
-        self.client.on_connect = self._on_connect
-        self.client.on_disconnect = lambda c, u, f, rc, p: self.disconnects.append(rc)
-        self.client.on_message = lambda c, u, m: self.got.append((m.topic, m.payload))
-        self.subacks: set[int] = set()
-        self.client.on_subscribe = lambda c, u, mid, codes, p: self.subacks.add(mid)
-        self.client.connect("127.0.0.1", port, 30)
-        self.client.loop_start()
-        _wait(lambda: self.connack, 30)  # a loaded box: seconds
-
-    def _on_connect(self, client, userdata, flags, reason_code, properties) -> None:
-        self.connack.append(reason_code)
-        if reason_code.is_failure:
-            # no retries: paho's reconnect wait would hold close() up for a second
-            client.disconnect()
-
-    @property
-    def accepted(self) -> bool:
-        return bool(self.connack) and not self.connack[0].is_failure
-
-    def sub(self, topic: str) -> None:
-        """Subscribe and wait for the broker's SUBACK (granted or refused): a publish from
-        another connection right after would otherwise race the subscription."""
-        _, mid = self.client.subscribe(topic, 1)
-        assert _wait(lambda: mid in self.subacks, 30), f"no SUBACK for {topic} in 30 s"
-
-    def pub(self, topic: str, body: bytes = b"{}", retain: bool = False) -> None:
-        self.client.publish(topic, body, qos=1, retain=retain).wait_for_publish(30)
-
-    def close(self) -> None:
-        self.client.loop_stop()
-        self.client.disconnect()
-
-
-def _wait(cond, timeout_s: float) -> bool:
+def until(cond, timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if cond():
@@ -125,7 +78,7 @@ def test_device_is_confined_to_its_own_topics_and_the_coordinator_does_its_job(s
     coord.pub("edgerun/v1/f1/dev2/ack", b"ack2")
     coord.pub("edgerun/v1/f1/dev2/cmd", b"cmd2")
     coord.pub("edgerun/v1/f1/dev1/ack", b"ack1")
-    assert _wait(lambda: len(coord.got) >= 3 and len(dev2.got) >= 2 and dev1.got, 30)
+    assert until(lambda: len(coord.got) >= 3 and len(dev2.got) >= 2 and dev1.got, 30)
     time.sleep(0.5)
     assert sorted(coord.got) == sorted([("edgerun/v1/f1/dev1/result", b"mine"),
                                         ("edgerun/v1/f1/dev1/state", b"mine"),
@@ -199,7 +152,7 @@ def test_revoked_device_is_refused_after_reload(secure_broker):
     assert Probe(b.port, cfg).accepted
     b.auth.remove("f1/dev1")
     b.reload()
-    assert _wait(lambda: not Probe(b.port, cfg).accepted, 30)  # the reload is asynchronous
+    assert until(lambda: not Probe(b.port, cfg).accepted, 30)  # the reload is asynchronous
 
 
 def test_demo_fallback_broker_amqtt_is_authenticated_too(tmp_path):
@@ -221,7 +174,7 @@ def test_demo_fallback_broker_amqtt_is_authenticated_too(tmp_path):
         dev.pub("edgerun/v1/demo/box/ack", b"forged ack")
         dev.pub("edgerun/v1/demo/box/result", b"mine")
         coord.pub("edgerun/v1/demo/box/ack", b"ack")
-        assert _wait(lambda: coord.got and dev.got, 10)
+        assert until(lambda: coord.got and dev.got, 10)
         time.sleep(0.5)
         assert coord.got == [("edgerun/v1/demo/box/result", b"mine")]
         assert dev.got == [("edgerun/v1/demo/box/ack", b"ack")]
@@ -262,7 +215,7 @@ def test_forged_results_and_health_never_reach_a_real_coordinator(tmp_path, secu
         rogue.pub(f"edgerun/v1/f1/{device}/health", health)
     rogue.pub("edgerun/v1/f1/dev2/ack", b'{"v":1,"stream":"s1","seq":1000000000}')
     rogue.pub("edgerun/v1/f1/dev1/result", result(1))  # its own: stored
-    assert _wait(lambda: coord.store.counts().get("dev1") == 1, 10)
+    assert until(lambda: coord.store.counts().get("dev1") == 1, 10)
     time.sleep(0.5)
     assert coord.store.counts() == {"dev1": 1}
     assert set(coord.store.latest_health()) == set()

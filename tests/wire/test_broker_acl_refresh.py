@@ -10,7 +10,8 @@ import os
 import stat
 from pathlib import Path
 
-from test_broker_acl import Probe, _wait
+from support.mqtt_probe import Probe
+from support.waiting import until
 
 from runtime.config.telemetry import BrokerConfig
 from runtime.wire.brokerauth import BrokerAuth, Identity, acl_text, write_secret
@@ -43,13 +44,13 @@ def _bundle_topics_work(port: int, logins: dict[str, BrokerConfig]) -> None:
         coord.sub("edgerun/v1/f/+/bundle/req")
         d1.sub("edgerun/v1/f/d1/bundle/chunk")
         d1.sub("edgerun/v1/f/d2/bundle/chunk")  # another device's: must never arrive
-        _wait(lambda: False, 0.3)  # the SUBACKs
+        until(lambda: False, 0.3)  # the SUBACKs
         d1.pub("edgerun/v1/f/d1/bundle/req", b"mine")
         d1.pub("edgerun/v1/f/d2/bundle/req", b"forged")
         coord.pub("edgerun/v1/f/d1/bundle/chunk", b"chunk-1")
         coord.pub("edgerun/v1/f/d2/bundle/chunk", b"chunk-2")
-        assert _wait(lambda: coord.got and d1.got, 5), (coord.got, d1.got)
-        _wait(lambda: False, 0.5)  # anything that should not arrive has had time to
+        assert until(lambda: coord.got and d1.got, 5), (coord.got, d1.got)
+        until(lambda: False, 0.5)  # anything that should not arrive has had time to
         assert coord.got == [("edgerun/v1/f/d1/bundle/req", b"mine")]
         assert d1.got == [("edgerun/v1/f/d1/bundle/chunk", b"chunk-1")]
     finally:

@@ -8,7 +8,8 @@ from __future__ import annotations
 import json
 import time
 
-from test_broker_acl import Probe, _wait
+from support.mqtt_probe import Probe
+from support.waiting import until
 
 from runtime.config.coordinator import CoordinatorConfig
 from runtime.coordinator.service import Coordinator
@@ -70,13 +71,13 @@ def test_a_device_using_the_coordinators_client_id_gets_its_own_session_only(
         b.pub("edgerun/v1/f/B/result", json.dumps(
             {"v": 1, "stream": "s", "boot": "b1", "floor": 1,
              "results": [{"seq": 1, "t": time.time()}]}).encode())
-        assert _wait(lambda: b.got, 30), "the coordinator did not ack B's result"
+        assert until(lambda: b.got, 30), "the coordinator did not ack B's result"
         assert json.loads(b.got[0][1])["seq"] == 1
         assert coord.counters["takeovers"] == 0 and coord.connected.is_set()
         assert coord.stats()["mqtt"]["takeovers"] == 0
         # the five connections of A took over one another (one session, A's own): all but
         # the last were disconnected by the broker
-        assert _wait(lambda: all(p.disconnects for p in probes[:4]), 30)
+        assert until(lambda: all(p.disconnects for p in probes[:4]), 30)
         assert not probes[4].disconnects
     finally:
         for p in probes:
@@ -98,7 +99,7 @@ def test_a_connection_identity_is_confined_to_its_connections_topics(broker):
     assert p.accepted
     p.pub("edgerun/v1/f/A/result", b"forged")  # not this connection's topic: dropped
     p.pub("edgerun/v1/f/A/bundle/req", b"ask")
-    assert _wait(lambda: watcher.got, 30)
+    assert until(lambda: watcher.got, 30)
     # one client's QoS 1 messages are delivered in order: the forged one, sent first, would
     # be here by now
     assert [t for t, _ in watcher.got] == ["edgerun/v1/f/A/bundle/req"]

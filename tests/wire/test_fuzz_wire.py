@@ -30,8 +30,9 @@ import urllib.request
 from pathlib import Path
 
 import paho.mqtt.client as mqtt
-from test_publisher import Device, _coordinator, _wait
-from test_trust_wire import _held, _key, _stream_of
+from support.fleet import Device, key_of, outbox_count, start_coordinator
+from support.mqtt_probe import stream_of
+from support.waiting import wait
 
 from runtime.config.telemetry import BrokerConfig
 from runtime.coordinator.api import serve
@@ -144,7 +145,7 @@ def _client(cfg: BrokerConfig, client_id: str) -> mqtt.Client:
 def test_fuzz_every_inbound_topic_while_streaming(tmp_path, broker):
     total = 1500
     rng = random.Random(12)
-    coord = _coordinator(tmp_path, broker, signing_key=_key(tmp_path))
+    coord = start_coordinator(tmp_path, broker, signing_key=key_of(tmp_path))
     api = serve(coord, "127.0.0.1", 0)
     stats = tmp_path / "device-stats.json"
     dev = Device(tmp_path, broker, total, rate=300, trusted_key=tmp_path / "k.pub",
@@ -157,11 +158,11 @@ def test_fuzz_every_inbound_topic_while_streaming(tmp_path, broker):
               **{f"fuzz{k}": broker.device("test", f"fuzz{k}") for k in range(5)}}
     fuzzers = {who: _client(cfg, f"fuzz-{who}") for who, cfg in logins.items()}
     try:
-        from test_trust_wire import Outsider
+        from support.mqtt_probe import Outsider
 
         probe = Outsider(broker.coordinator("test", "probe"))  # its own: one identity a
         # connection (the fuzzer's login would take over the fuzzer's session)
-        stream = _stream_of(probe)
+        stream = stream_of(probe)
         probe.close()
         sent: dict[str, int] = {}
         last: dict[str | None, mqtt.MQTTMessageInfo] = {}
@@ -181,9 +182,9 @@ def test_fuzz_every_inbound_topic_while_streaming(tmp_path, broker):
         def real() -> list[int]:  # the device's own stream (fuzz adds invented ones to dev1)
             return [q for s, q in coord.store.result_seqs("dev1") if s == stream]
 
-        _wait(lambda: len(real()) >= total, 90, "every result stored")
+        wait(lambda: len(real()) >= total, 90, "every result stored")
         assert real() == list(range(1, total + 1))  # 0 lost, 0 duplicated, no gap
-        _wait(lambda: _held(tmp_path) == 0, 30, "device outbox drained")
+        wait(lambda: outbox_count(tmp_path) == 0, 30, "device outbox drained")
         reply = coord.send_command("dev1", "ping")
         assert reply["status"] == "done" and reply["verified"] is True  # device answers
         url = f"http://127.0.0.1:{api.server_address[1]}/api/v1/fleet"

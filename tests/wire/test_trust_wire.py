@@ -11,16 +11,16 @@ refused, tests/wire/test_broker_acl.py). Everything else runs with ACLs on, as i
 from __future__ import annotations
 
 import json
-import sqlite3
 import time
 from pathlib import Path
 
 import paho.mqtt.client as mqtt
 import pytest
-from test_publisher import Device, _assert_exactly_once, _coordinator, _wait
+from support.fleet import Device, assert_exactly_once, key_of, outbox_count, start_coordinator
+from support.mqtt_probe import Outsider, stream_of
+from support.waiting import wait
 
 from runtime.config.coordinator import CoordinatorConfig
-from runtime.config.telemetry import BrokerConfig
 from runtime.coordinator import fleet
 from runtime.coordinator.service import Coordinator
 from runtime.coordinator.store import Inbound, Store
@@ -226,62 +226,16 @@ def open_broker(tmp_path):
     b.stop()
 
 
-class Outsider:
-    """A plain MQTT client logging in as `cfg` says (anonymously when it has no username):
-    what anyone could publish on an open broker, or what an enrolled identity may."""
-
-    def __init__(self, cfg: BrokerConfig):
-        self.got: list[tuple[str, bytes]] = []
-        self.c = mqtt.Client(callback_api_version=mqtt.CallbackAPIVersion.VERSION2)
-        if cfg.username:
-            self.c.username_pw_set(cfg.username,
-                                   Path(cfg.password_file).read_text().strip())
-        self.c.on_message = lambda c, u, m: self.got.append((m.topic, m.payload))
-        self.subacks: set[int] = set()
-        self.c.on_subscribe = lambda c, u, mid, codes, p: self.subacks.add(mid)
-        self.c.connect(cfg.host, cfg.port)
-        self.c.loop_start()
-
-    def sub(self, topic: str) -> None:
-        """Subscribe and wait for the SUBACK (was: a 0.2 s sleep; a publish right after,
-        e.g. the command the forger must answer, could overtake the SUBSCRIBE)."""
-        _, mid = self.c.subscribe(topic, 1)
-        _wait(lambda: mid in self.subacks, 30, f"the SUBACK for {topic}")
-
-    def pub(self, topic: str, body: bytes | dict, retain: bool = False) -> None:
-        raw = body if isinstance(body, bytes) else json.dumps(body).encode()
-        self.c.publish(topic, raw, qos=1, retain=retain).wait_for_publish(30)
-
-    def close(self) -> None:
-        self.c.loop_stop()
-        self.c.disconnect()
-
-
-def _held(tmp_path) -> int:
-    db = sqlite3.connect(tmp_path / "dev.db")
-    try:
-        return db.execute("SELECT COUNT(*) FROM results").fetchone()[0]
-    finally:
-        db.close()
-
-
-def _stream_of(out: Outsider, device="dev1") -> str:
-    state_topic = payloads.topic("test", device, "state")
-    out.sub(state_topic)
-    _wait(lambda: any(t == state_topic for t, _ in out.got), 30, "retained state")
-    return json.loads([p for t, p in out.got if t == state_topic][-1])["stream"]
-
-
 def test_spoofed_acks_delete_nothing_and_poison_does_not_kill_the_device(tmp_path, open_broker):
     """Findings 1 and 4: with the coordinator down, a spoofed ack deleted 840 held results;
     8 KB of `[` on ack or cmd (retained) killed the device's MQTT thread."""
     total = 300
     # The coordinator's persistent session exists, but it is down while this happens.
-    _coordinator(tmp_path, open_broker, signing_key=_key(tmp_path)).stop()
+    start_coordinator(tmp_path, open_broker, signing_key=key_of(tmp_path)).stop()
     dev = Device(tmp_path, open_broker, total, trusted_key=tmp_path / "k.pub").start()
     out = Outsider(open_broker.client("stranger"))  # anonymous: the broker is open
-    stream = _stream_of(out)
-    _wait(lambda: "appended" in (tmp_path / "device.out").read_text(), 30, "results appended")
+    stream = stream_of(out)
+    wait(lambda: "appended" in (tmp_path / "device.out").read_text(), 30, "results appended")
     ack, cmd = payloads.topic("test", "dev1", "ack"), payloads.topic("test", "dev1", "cmd")
     out.pub(ack, b"[" * 8192, retain=True)
     out.pub(cmd, b"[" * 8192, retain=True)
@@ -291,18 +245,18 @@ def test_spoofed_acks_delete_nothing_and_poison_does_not_kill_the_device(tmp_pat
     out.pub(ack, {"v": 1, "stream": "otherstream", "seq": 5, "from": 1})
     time.sleep(1.0)
     # Nothing beyond what the device has sent (inflight 100, no coordinator) was deleted.
-    assert _held(tmp_path) >= total - 100
+    assert outbox_count(tmp_path) >= total - 100
     # A restarted device gets the retained poison at once when it subscribes: still alive.
     dev.kill9()
     dev.start()
     time.sleep(1.0)
-    coord = _coordinator(tmp_path, open_broker, signing_key=_key(tmp_path))
-    _wait(lambda: coord.store.counts().get("dev1", 0) >= total, 60, "every result stored")
-    _assert_exactly_once(coord, total)
-    _wait(lambda: _held(tmp_path) == 0, 20, "outbox drained by real acks")
+    coord = start_coordinator(tmp_path, open_broker, signing_key=key_of(tmp_path))
+    wait(lambda: coord.store.counts().get("dev1", 0) >= total, 60, "every result stored")
+    assert_exactly_once(coord, total)
+    wait(lambda: outbox_count(tmp_path) == 0, 20, "outbox drained by real acks")
     reply = coord.send_command("dev1", "ping")  # the device's MQTT thread is alive
     assert reply["status"] == "done" and reply["verified"] is True
-    _wait(lambda: any(e["type"] == "ack_refused" for e in coord.store.events("dev1", 1000)),
+    wait(lambda: any(e["type"] == "ack_refused" for e in coord.store.events("dev1", 1000)),
           10, "the refused acks as an event the operator sees")
     assert dev.proc.poll() is None
     out.pub(ack, b"", retain=True)
@@ -312,17 +266,11 @@ def test_spoofed_acks_delete_nothing_and_poison_does_not_kill_the_device(tmp_pat
     coord.stop()
 
 
-def _key(tmp_path) -> str:
-    if not (tmp_path / "k.pem").exists():
-        commands.generate_keypair(tmp_path / "k.pem", tmp_path / "k.pub")
-    return str(tmp_path / "k.pem")
-
-
 def test_hostile_messages_are_quarantined_and_ingest_goes_on(tmp_path, open_broker):
     """Findings 3, 9, 2, 11 at the coordinator: a string in health stopped ingest for good;
     seq 2^63 rolled back whole batches; floor 1e9 froze the ack; a retained forged state
     hid a real device's death."""
-    coord = _coordinator(tmp_path, open_broker)
+    coord = start_coordinator(tmp_path, open_broker)
     out = Outsider(open_broker.client("stranger"))  # anonymous: the broker is open
     t = payloads.topic
     now = time.time()
@@ -337,20 +285,20 @@ def test_hostile_messages_are_quarantined_and_ingest_goes_on(tmp_path, open_brok
                                          "t": now + 3600}, retain=True)
     out.pub(t("test", "dev1", "event"), b"[" * 8192)
     out.pub(t("test", "ev il", "health"), {"v": 1, "t": now, "boot": "x"})
-    _wait(lambda: coord.stats()["quarantined"]["total"] >= 7, 30, "quarantine")
+    wait(lambda: coord.stats()["quarantined"]["total"] >= 7, 30, "quarantine")
     assert "dev1" not in coord.views  # nothing of it was admitted
 
     total = 200
     dev = Device(tmp_path, open_broker, total, keepalive=2).start()
-    _wait(lambda: coord.store.counts().get("dev1", 0) >= total, 60, "results after the poison")
-    _assert_exactly_once(coord, total)
-    _wait(lambda: _held(tmp_path) == 0, 20, "outbox drained")
+    wait(lambda: coord.store.counts().get("dev1", 0) >= total, 60, "results after the poison")
+    assert_exactly_once(coord, total)
+    wait(lambda: outbox_count(tmp_path) == 0, 20, "outbox drained")
     row = next(r for r in coord.fleet_view() if r["device"] == "dev1")
     assert row["quarantined"] >= 6 and row["status"] == "online"
     assert all(coord.threads_alive().values())
     # The real device dies: its will wins over the forged future state.
     dev.kill9()
-    _wait(lambda: coord.views["dev1"].status == "offline", 30, "death seen")
+    wait(lambda: coord.views["dev1"].status == "offline", 30, "death seen")
     stored = coord.device_view("dev1")["quarantine"]
     assert any("ahead of the coordinator's clock" in q["reason"] for q in stored)
     assert all({"t", "topic", "reason", "size", "device"} <= set(q) for q in stored)
@@ -361,9 +309,9 @@ def test_hostile_messages_are_quarantined_and_ingest_goes_on(tmp_path, open_brok
 
 def test_forged_command_replies_are_quarantined_not_reported(tmp_path, open_broker):
     """Finding 6: an outsider on `cmd` answered first and `fleet send` printed it as done."""
-    coord = _coordinator(tmp_path, open_broker, signing_key=_key(tmp_path))
+    coord = start_coordinator(tmp_path, open_broker, signing_key=key_of(tmp_path))
     dev = Device(tmp_path, open_broker, 5, trusted_key=tmp_path / "k.pub").start()
-    _wait(lambda: "dev1" in coord.views, 20, "device known")
+    wait(lambda: "dev1" in coord.views, 20, "device known")
     out = Outsider(open_broker.client("stranger"))  # anonymous: the broker is open
     out.sub(payloads.topic("test", "dev1", "cmd"))
     reply_topic = payloads.topic("test", "dev1", "cmd/reply")
@@ -381,7 +329,7 @@ def test_forged_command_replies_are_quarantined_not_reported(tmp_path, open_brok
         reply = coord.send_command("dev1", "ping")
         assert reply["verified"] is True and reply["reason"] == "pong"
     # the forged replies are quarantined by the ingest thread, maybe after the real one won
-    _wait(lambda: coord.fleet_view()[0]["quarantined"] >= 6, 30, "forged replies quarantined")
+    wait(lambda: coord.fleet_view()[0]["quarantined"] >= 6, 30, "forged replies quarantined")
     out.close()
 
     # Without the device's public key nothing is proven: never reported as done.
@@ -410,7 +358,7 @@ def test_a_takeover_of_the_client_id_is_an_event(tmp_path, broker):
     outbox = Outbox(cfg.outbox)
     pub = Publisher(cfg, outbox)
     pub.start()
-    _wait(lambda: pub.stats.connected, 30, "connected")
+    wait(lambda: pub.stats.connected, 30, "connected")
     assert pub.stats.client_id.endswith(outbox.boot[:8])
     watcher = Outsider(broker.coordinator("test", "watcher"))
     watcher.sub(payloads.topic("test", "dev9", "event"))
@@ -420,9 +368,9 @@ def test_a_takeover_of_the_client_id_is_an_event(tmp_path, broker):
     thief.username_pw_set(login.username, Path(login.password_file).read_text().strip())
     thief.connect("127.0.0.1", broker.port)
     thief.loop_start()
-    _wait(lambda: pub.stats.takeovers == 1, 30, "the takeover noticed")
+    wait(lambda: pub.stats.takeovers == 1, 30, "the takeover noticed")
     thief.loop_stop()
-    _wait(lambda: any(json.loads(b)["type"] == "mqtt_takeover" for _, b in watcher.got), 15,
+    wait(lambda: any(json.loads(b)["type"] == "mqtt_takeover" for _, b in watcher.got), 15,
           "the takeover event, delivered once the device is back")
     watcher.close()
     payloads.check("health", {"v": 1, "t": 1.0, "boot": outbox.boot, "mqtt": pub.health()})
@@ -469,13 +417,13 @@ def test_connection_contains_every_callback_failure(tmp_path, broker):
     for i in range(5):
         out.pub("x/y", b"bad %d" % i)
     out.pub("x/y", b"good")
-    _wait(lambda: got == [b"good"], 30, "the good message after five bad ones")
+    wait(lambda: got == [b"good"], 30, "the good message after five bad ones")
     assert conn.alive() and conn.stats.callback_errors == 5
     assert errors[0][0] == "message" and "RecursionError" in errors[0][1]
     conn.publish("x/z", b"queued from another thread")  # published by the connection's thread
     out.sub("x/z")
     conn.publish("x/z", b"hello")
-    _wait(lambda: any(p == b"hello" for _, p in out.got), 30, "a queued publish")
+    wait(lambda: any(p == b"hello" for _, p in out.got), 30, "a queued publish")
     out.close()
     conn.stop()
     assert not conn.alive()
@@ -496,7 +444,7 @@ def test_connection_bounds_what_waits_for_the_broker(broker):
     out.sub("x/z")
     conn.start()
     try:
-        _wait(lambda: len(out.got) >= 3, 30, "the three newest messages")
+        wait(lambda: len(out.got) >= 3, 30, "the three newest messages")
         assert [p for _, p in out.got] == [b"m2", b"m3", b"m4"]
     finally:
         out.close()

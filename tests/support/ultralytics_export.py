@@ -1,6 +1,6 @@
 """A small real detector in Ultralytics' export format, built with onnx.helper.
 
-The graph is tests/modelgen.py's colour-blob detector (YOLOv8 output [1, 4+C, N], one
+The graph is tests/support/modelgen.py's colour-blob detector (YOLOv8 output [1, 4+C, N], one
 candidate per 16x16 cell) with one change that makes it care about normalisation the way a
 trained YOLO does: a cell whose pooled pixel values leave 0..1 (beyond 1.05, as ImageNet
 mean/std makes bright pixels) has its class scores pushed down to nothing. So with RGB
@@ -15,8 +15,9 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from modelgen import tiny_detector
 from onnx import helper, numpy_helper
+
+from support.modelgen import tiny_detector
 
 
 def ultralytics_detector(path: Path, names: dict | str | None = None,

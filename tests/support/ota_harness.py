@@ -7,13 +7,13 @@ import shutil
 import time
 from pathlib import Path
 
-from daemon_harness import Serve, wait, write_config
-
 from runtime.config.coordinator import CoordinatorConfig
 from runtime.coordinator.api import serve
 from runtime.coordinator.service import Coordinator
 from runtime.wire.broker import Mosquitto
 from runtime.wire.commands import generate_keypair
+from support.daemon_harness import Serve, write_config
+from support.waiting import wait
 
 FLEET = "t"  # daemon_harness.write_config's fleet
 TOKEN = "a" * 32

@@ -15,7 +15,7 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from runtime.config.telemetry import BrokerConfig, OutboxConfig, TelemetryConfig
 from runtime.telemetry.client import Publisher

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sqlite3
 import subprocess
@@ -10,9 +11,16 @@ import sys
 import time
 from pathlib import Path
 
-from under_test import child_env
+from runtime.config import (
+    BackendsConfig,
+    OnnxRuntimeConfig,
+)
+from runtime.engine.backends import discover
+from runtime.engine.manifest import model_files
+from runtime.wire.broker import Mosquitto
+from support.under_test import child_env
 
-TESTS = Path(__file__).parent
+TESTS = Path(__file__).parents[1]
 ZONE = "sys/class/thermal/thermal_zone0"
 
 
@@ -65,6 +73,75 @@ path = "{tmp_path / 'state' / 'outbox.db'}"
     return cfg
 
 
+def set_temp(root: Path, celsius: float) -> None:
+    """Set the fake thermal zone under `root` to `celsius` (atomically, as sysfs reads)."""
+    zone = root / ZONE
+    zone.mkdir(parents=True, exist_ok=True)
+    tmp = zone / ".temp.tmp"
+    tmp.write_text(f"{round(celsius * 1000)}\n")
+    os.replace(tmp, zone / "temp")
+
+
+def write_broker_config(tmp_path: Path, broker: Mosquitto, cache: Path, source: str = "",
+                 backends: str = "", extra: str = "") -> Path:
+    """A config for `serve` that publishes to `broker` as device box1 of fleet "sys"
+    (test_daemon's Coordinator listens there), with a fake sysfs at 40 °C."""
+    root = tmp_path / "sysfs"
+    if not (root / ZONE / "temp").exists():
+        set_temp(root, 40.0)
+    source = source or 'kind = "synthetic"\nrate_hz = 40'
+    backends = backends or 'enabled = ["onnxruntime"]'
+    creds = broker.device("sys", "box1")
+    cfg = tmp_path / "edgerun.toml"
+    cfg.write_text(f"""
+[device]
+profile = "generic-x86"
+sysfs_root = "{root}"
+[constraints]
+latency_ms = 100.0
+# 0.99: the top rung is a `large` variant (3-5x the CPU of the others), so the ladder has
+# rungs below it however noisy this machine's sub-0.1 ms measurements are (fp32 and
+# fp32-r64 differ by less than the run-to-run noise here)
+accuracy_floor = 0.99
+[profiler]
+warmup_runs = 2
+min_runs = 10
+max_runs = 1000
+time_budget_s = 0.1
+idle_baseline_s = 0.05
+cache_dir = "{cache}"
+[backends]
+{backends}
+threads = [1]
+[backends.onnxruntime]
+spinning = [false]
+include_default = false
+[source]
+{source}
+[governor]
+policy = "step_wise"
+tick_s = 0.2
+rate_hz = 40
+[daemon]
+state_dir = "{tmp_path / 'state'}"
+[telemetry]
+fleet = "sys"
+device = "box1"
+health_interval_s = 0.5
+ack_timeout_s = 1.0
+[telemetry.broker]
+host = "127.0.0.1"
+port = {broker.port}
+keepalive_s = 5
+username = "{creds.username}"
+password_file = "{creds.password_file}"
+[telemetry.outbox]
+path = "{tmp_path / 'state' / 'outbox.db'}"
+{extra}
+""")
+    return cfg
+
+
 class Serve:
     """`edgerun serve --config` as a child process, logging to a file."""
 
@@ -97,20 +174,6 @@ class Serve:
             self.proc.send_signal(signal.SIGTERM)
             return self.proc.wait(timeout_s)
         return self.proc.returncode
-
-
-def wait(cond, timeout_s: float, what: str, proc: Serve | None = None) -> None:
-    """Poll `cond` until true; fail naming `what` (with the log tail) on timeout or exit."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        if proc is not None and proc.proc.poll() is not None:
-            raise AssertionError(f"daemon exited ({proc.proc.returncode}) waiting for {what}:\n"
-                                 + proc.text()[-3000:])
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}"
-                         + (f"\n{proc.text()[-3000:]}" if proc else ""))
 
 
 def _query(db: Path, sql: str) -> list[tuple]:
@@ -162,3 +225,14 @@ def last_health(db: Path) -> dict | None:
     """The newest health message in the outbox (one the coordinator admits)."""
     rows = _query(db, "SELECT body FROM other WHERE kind='health' ORDER BY id DESC LIMIT 1")
     return admitted("health", rows[0][0]) if rows else None
+
+
+def session_of(model, tmp_path):
+    """(Active, backend) of a model's fp32 variant on onnxruntime, one thread."""
+    bcfg = BackendsConfig(enabled=("onnxruntime",), threads=(1,),
+                          onnxruntime=OnnxRuntimeConfig(spinning=(False,),
+                                                        include_default=False))
+    (backend,) = discover(bcfg)
+    v = next(v for f in model_files(model) for v in backend.variants(f, bcfg, (1,))
+             if "fp32" in v.id)
+    return v, backend

@@ -1,0 +1,15 @@
+"""What the tests share, in one place (tests import these, never each other):
+
+- `under_test`: which edgerun a run exercises (checkout or installed wheel) and the
+  environment for subprocesses that import it;
+- `waiting`: polling a condition with a deadline;
+- `modelgen`, `ultralytics_export`: small ONNX models made on the spot;
+- `models`: prepared model directories (manifest + variants) and bundles;
+- `daemon_harness`, `ota_harness`: `edgerun serve` as a child process, a fleet for OTA;
+- `fleet`: a coordinator in-process or as a child, a publishing device process
+  (`device_proc`), a webhook receiver;
+- `mqtt_probe`: a raw MQTT client for ACL checks;
+- `http`: small HTTP helpers for the local and coordinator APIs;
+- `hang_backend`: a backend plugin that hangs, for the watchdog;
+- `webdriver`, `wheel_build`: the browser and the wheel under test.
+"""
