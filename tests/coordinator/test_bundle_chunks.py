@@ -11,7 +11,7 @@ import time
 
 import pytest
 from support.bundle_api import Coord, StoreShelf, fetch
-from support.models import big_bundle
+from support.model_dirs import big_bundle
 
 from runtime.coordinator.canary_clock import MAX_SLEEP_S
 from runtime.wire.bundle_chunks import OK, encode_chunk

@@ -10,7 +10,7 @@ import json
 
 import pytest
 from support.bundle_api import TOKEN, req
-from support.models import small_bundle
+from support.model_dirs import small_bundle
 
 
 def _rows(c, sha: str) -> int:

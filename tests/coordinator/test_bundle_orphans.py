@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from support.models import small_bundle
+from support.model_dirs import small_bundle
 from support.under_test import child_env
 
 from runtime.config.coordinator import CoordinatorConfig

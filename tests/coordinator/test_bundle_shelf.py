@@ -12,8 +12,8 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from support.http import http_get
-from support.models import model_dir
+from support.model_dirs import model_dir
+from support.web import http_get
 
 from runtime.ota.bundle import make, unpack
 from runtime.ota.download import fetch

@@ -6,7 +6,7 @@ import json
 
 import pytest
 from support.bundle_api import TOKEN, req
-from support.models import small_bundle
+from support.model_dirs import small_bundle
 
 
 def test_cli_rm_of_a_version_with_plus(tmp_path, coord, capsys):

@@ -354,7 +354,7 @@ def test_metrics_of_an_asleep_device(tmp_path, store_url):
     """/metrics knew online, stale and offline only: a sleeper had no status sample set, the
     fleet's devices-by-status did not add up, and its last health before the sleep was
     exported as a current reading (its temperature an hour ago shown as now)."""
-    from support.http import TOKEN, dev, samples, scrape
+    from support.web import TOKEN, dev, samples, scrape
 
     from runtime.config.coordinator import CoordinatorConfig
     from runtime.coordinator.api import serve

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from support.fleet import Device, start_coordinator
-from support.http import TOKEN, dev, samples, scrape
 from support.mqtt_probe import RICH_HEALTH, Sender
 from support.waiting import wait
+from support.web import TOKEN, dev, samples, scrape
 
 from runtime.config.coordinator import CoordinatorConfig
 from runtime.coordinator.api import serve

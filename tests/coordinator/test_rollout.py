@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 from support.daemon_harness import Serve
-from support.http import http_get
-from support.models import PROBATION, constant_dir, inspection_dir, model_dir
+from support.model_dirs import PROBATION, constant_dir, inspection_dir, model_dir
 from support.under_test import child_env
 from support.waiting import wait
+from support.web import http_get
 
 from models import bundled
 from runtime.coordinator.rollout import FAILED, PASSED, SENT, WAITING, advance, split

@@ -10,8 +10,8 @@ import urllib.request
 
 import pytest
 from support.daemon_harness import Serve, write_config
-from support.http import gauges
 from support.waiting import wait
+from support.web import gauges
 
 from models import bundled
 from runtime.config import ConfigError, from_dict

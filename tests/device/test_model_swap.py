@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from support.daemon_harness import Serve, events, last_health, results, write_config
-from support.models import (
+from support.model_dirs import (
     PROBATION,
     constant_dir,
     inspection_dir,

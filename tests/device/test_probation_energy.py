@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import helper, numpy_helper
-from support.models import PROBATION, inspection_dir, write_manifest
+from support.model_dirs import PROBATION, inspection_dir, write_manifest
 from support.waiting import wait
 
 from models import bundled

@@ -15,7 +15,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
-from support.models import PROBATION, inspection_dir, slow_dir
+from support.model_dirs import PROBATION, inspection_dir, slow_dir
 from support.waiting import wait
 
 from models import bundled

@@ -9,7 +9,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from support.models import model_dir
+from support.model_dirs import model_dir
 from support.under_test import child_env
 
 from runtime.ota.bundle import BundleError, make, read_info, unpack

@@ -15,7 +15,7 @@ from pathlib import Path
 import paho.mqtt.client as mqtt
 import pytest
 from support.bundle_api import Coord, StoreShelf, answer, fetch
-from support.models import big_bundle
+from support.model_dirs import big_bundle
 from support.waiting import wait
 
 from runtime.config.telemetry import BrokerConfig
@@ -83,7 +83,7 @@ def publisher(tmp_path):
 
 def _bundle(tmp_path: Path, key, version: str = "2") -> Path:
     """A real signed bundle of the bundled inspection model's fp32 form."""
-    from support.models import inspection_dir
+    from support.model_dirs import inspection_dir
 
     src = inspection_dir(tmp_path / f"src{version}")
     out = tmp_path / f"inspection-{version}.edgerun"
@@ -499,7 +499,7 @@ def test_deploy_without_an_http_route_arrives_over_mqtt_across_kill_9_and_swaps(
     installed, still serving. Then killed (-9) after the first chunk: the part is kept; the
     restarted daemon resumes from its length and swaps to the model."""
     from support.daemon_harness import Serve
-    from support.models import inspection_dir
+    from support.model_dirs import inspection_dir
 
     from runtime.ota.store import ModelStore
 

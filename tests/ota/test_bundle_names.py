@@ -16,7 +16,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from support.models import model_dir
+from support.model_dirs import model_dir
 
 from runtime.coordinator.bundles import BundleRefused, _peek, check_id
 from runtime.ota.bundle import (

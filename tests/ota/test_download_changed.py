@@ -15,7 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from support.models import model_dir
+from support.model_dirs import model_dir
 
 from runtime.ota.bundle import make
 from runtime.ota.download import DownloadError
@@ -206,7 +206,7 @@ def test_the_coordinator_names_its_bundle_bytes_for_resumes(tmp_path, two_versio
     Range was always answered from the new bytes)."""
     import io
 
-    from support.http import http_get
+    from support.web import http_get
 
     from runtime.config.coordinator import CoordinatorConfig
     from runtime.coordinator.api import serve

@@ -4,12 +4,15 @@
   environment for subprocesses that import it;
 - `waiting`: polling a condition with a deadline;
 - `modelgen`, `ultralytics_export`: small ONNX models made on the spot;
-- `models`: prepared model directories (manifest + variants) and bundles;
+- `model_dirs`: prepared model directories (manifest + variants) and bundles;
 - `daemon_harness`, `ota_harness`: `edgerun serve` as a child process, a fleet for OTA;
 - `fleet`: a coordinator in-process or as a child, a publishing device process
   (`device_proc`), a webhook receiver;
 - `mqtt_probe`: a raw MQTT client for ACL checks;
-- `http`: small HTTP helpers for the local and coordinator APIs;
+- `web`: small HTTP helpers for the local and coordinator APIs;
 - `hang_backend`: a backend plugin that hangs, for the watchdog;
 - `webdriver`, `wheel_build`: the browser and the wheel under test.
+
+No module here may share a name with the standard library or a project package (`http`,
+`models`...): device_proc.py runs as a script, with this folder first on sys.path.
 """

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 from support.daemon_harness import Serve, events, result_seqs, write_config
-from support.http import gauges
 from support.waiting import wait
+from support.web import gauges
 
 from models import bundled
 from runtime.config.telemetry import OutboxConfig

@@ -125,7 +125,7 @@ def test_the_operator_is_answered_during_a_slowloris_of_300_sockets(api, tmp_pat
     TIMEOUT_S / 3 (never idle long enough to be cut for silence): the operator's 12 requests
     and a device's bundle download (with the bundle's own token) are all answered, fast,
     while they are held, and every slow socket is cut by the request deadline."""
-    from support.models import model_dir
+    from support.model_dirs import model_dir
 
     from runtime.ota.bundle import make
     from runtime.wire.commands import generate_keypair, load_private_key
