@@ -5,7 +5,7 @@ against a local Mosquitto and an in-process coordinator with its API. After a st
 --swaps signed bundles are deployed one after the other through the coordinator (download over
 the API, verify, profile in the background with the cache, swap between frames, probation with
 the shadow sample); each waits for its probation verdict. Versions alternate between the
-bundled inspection model's fp32 (96x96) and fp32-r64 (64x64) forms, so every swap changes the
+bundled inspection model's fp32 (96x96) and fp32-r60 (60x60) forms, so every swap changes the
 input shape and the preprocessing the frames need.
 
 Per swap it prints: frames lost (capture counters: frames dropped because the pipeline was
@@ -46,7 +46,7 @@ FLEET, DEVICE = "bench", "box1"
 
 
 def model_dir(where: Path, form: str) -> Path:
-    """A one-variant copy of the bundled model's `form` (fp32 or fp32-r64)."""
+    """A one-variant copy of the bundled model's `form` (fp32 or fp32-r60)."""
     base = json.loads((bundled() / "manifest.json").read_text())
     v = next(x for x in base["variants"] if x["name"] == form)
     where.mkdir(parents=True)
@@ -143,7 +143,7 @@ def main() -> int:
     coord.start()
     api = serve(coord, "127.0.0.1", 0, token="b" * 32)
     key = load_private_key(tmp / "publisher.pem")
-    forms = ["fp32-r64", "fp32"]
+    forms = ["fp32-r60", "fp32"]
     bundles = []
     for i in range(a.swaps):
         d = model_dir(tmp / f"src{i}", forms[i % 2])

@@ -72,14 +72,24 @@ def with_other(rungs: Sequence[Rung], other_j: float | None) -> list[Rung]:
     return [replace(r, other_j=other_j) for r in rungs]
 
 
+# The cheapest rung's rates below its full rate, as shares of it: four steps per halving
+# (2^-1/4 apart, ~16 % each) down to 1/8. Halvings alone (1/2, 1/4, 1/8) threw half the rate
+# away wherever the cheapest rung at full rate was a little over what the device sustains: on
+# a narrow ladder step_wise then delivered less than the cheapest rung run unmanaged
+# (rpi5/hot, 0.63x kernel-only against 1.11x; issue 24). Like cpufreq's cooling states,
+# small steps let it settle near the sustainable power (0.86x there; finer steps gained
+# nothing more and take longer to climb back).
+RATE_STEPS = tuple(2 ** (-k / 4) for k in range(1, 13))
+
+
 def budget_levels(rungs: Sequence[Rung], rate_hz: float, min_rate_hz: float = 0.0,
                   floor_w: float = 0.0) -> tuple[float, ...]:
     """step_wise's budget per level, in box watts (`floor_w` + dynamic): level 0
-    unrestricted, then each rung below the top at full rate, then the cheapest rung at 1/2,
-    1/4 and 1/8 of the rate, and last at the minimum duty `min_rate_hz` (the bottom:
-    fail-safe, and where a device that stays hot ends up)."""
+    unrestricted, then each rung below the top at full rate, then the cheapest rung at each
+    of RATE_STEPS of the rate (0.84, 0.71, 0.59, 1/2, ... 1/8), and last at the minimum duty
+    `min_rate_hz` (the bottom: fail-safe, and where a device that stays hot ends up)."""
     levels = [math.inf] + [r.box_w(rate_hz, floor_w) for r in reversed(rungs[:-1])]
-    levels += [floor_w + rungs[0].power_w(rate_hz) / 2 ** k for k in (1, 2, 3)]
+    levels += [floor_w + rungs[0].power_w(rate_hz) * k for k in RATE_STEPS]
     return (*levels, rungs[0].box_w(min(min_rate_hz, rate_hz / 8), floor_w))
 
 

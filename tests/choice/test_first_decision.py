@@ -109,7 +109,7 @@ def test_serves_at_once_refines_in_the_background_and_switches_without_losing_fr
         log2 = d2.text()
         # nothing measured before serving (a slow-inference re-profile interrupted by the
         # stop above may have left candidates to refine: those resume in the background)
-        assert "0 measured briefly, 30 from the cache" in log2
+        assert "0 measured briefly, 27 from the cache" in log2  # 9 variants x 3 engines
         assert "profiling inspection (quick round)" not in log2
         assert "known to fail" in log2
         assert not [ln for ln in log2.splitlines() if "WARNING" in ln and "opencv" in ln]

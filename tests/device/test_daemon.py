@@ -175,7 +175,7 @@ def test_corrupt_variant_is_refused_and_the_daemon_runs_on_the_rest(tmp_path, br
 
     model = tmp_path / "inspection"
     shutil.copytree(bundled(), model)
-    target = model / "large-fp32.onnx"
+    target = model / "small-fp32.onnx"
     data = bytearray(target.read_bytes())
     data[len(data) // 2] ^= 0xFF
     target.write_bytes(bytes(data))
@@ -187,8 +187,8 @@ def test_corrupt_variant_is_refused_and_the_daemon_runs_on_the_rest(tmp_path, br
         wait(lambda: any(e["type"] == "variant_refused"
                          for e in coordinator.store.events("box1")), 30, "event", d)
         refused = [e for e in coordinator.store.events("box1") if e["type"] == "variant_refused"]
-        assert refused[0]["variant"] == "large-fp32" and "sha256" in refused[0]["error"]
-        assert all("large-fp32" not in r["variant"]
+        assert refused[0]["variant"] == "small-fp32" and "sha256" in refused[0]["error"]
+        assert all("small-fp32" not in r["variant"]
                    for r in coordinator.store.results("box1", 0, 50))
     finally:
         assert d.stop() == 0

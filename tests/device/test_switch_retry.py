@@ -132,7 +132,7 @@ def test_a_variant_that_will_not_load_is_retried_with_backoff_and_said_once(tmp_
         top = h["choice"]
         assert h["rung"] == h["rungs"], h
         # the top rung's file stays (its session is loaded); the others go
-        name = top.split("/")[1].split("@")[0]  # e.g. inspection/large-fp32@onnxruntime:..
+        name = top.split("/")[1].split("@")[0]  # e.g. inspection/fp16@onnxruntime:..
         files = {v["name"]: v["file"] for v in json.loads((model / "manifest.json")
                                                          .read_text())["variants"]}
         aside = tmp_path / "aside"
@@ -219,7 +219,7 @@ def _daemon(tmp_path: Path, *models: Path):
         m = configured_model(models[i], ModelConfig())
         by_file = {f.path.name: v for f in model_files(m)
                    for v in backend.variants(f, bcfg, (1,))}
-        chosen = [by_file[n] for n in ("small-int8.onnx", "fp32.onnx", "large-fp32.onnx")]
+        chosen = [by_file[n] for n in ("small-int8.onnx", "fp32.onnx", "fp16.onnx")]
         d.manifest = m
         d._loaders = {v.id: (backend, v) for v in chosen}
         d.rungs = [Rung(v.id, 0.9, 0.001 * (k + 1), 0.01) for k, v in enumerate(chosen)]
@@ -265,7 +265,7 @@ def test_a_variant_failing_in_one_version_does_not_hold_back_another_versions(tm
     d, said, chosen, use = _daemon(tmp_path, new, old)
     d.current = 1
     d.pipeline.switch(d._session(1))  # the new version runs its middle rung
-    (new / "large-fp32.onnx").write_bytes(b"broken")
+    (new / "fp16.onnx").write_bytes(b"broken")
     d._move(2, 0.0, "budget")
     assert d.current == 1 and [t for t, _ in said] == ["switch_failed"]
     use(1)  # the rollback installs the old version, whose files are intact
@@ -286,7 +286,7 @@ def test_a_stream_of_settings_commands_does_not_defeat_the_backoff(tmp_path):
     d, said, _, _ = _daemon(tmp_path, model)
     d.current = 1
     d.pipeline.switch(d._session(1))
-    (model / "large-fp32.onnx").write_bytes(b"broken")
+    (model / "fp16.onnx").write_bytes(b"broken")
     d._move(2, 0.0, "budget")
     for k in range(5):
         d.handle(Command(f"cmd{k:05d}", "set_rate", {"fps": 5 + k}))

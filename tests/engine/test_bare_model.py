@@ -15,7 +15,7 @@ from support.daemon_harness import Serve, last_health, results, write_config
 from support.modelgen import tiny_cnn
 from support.waiting import wait
 
-from power.rungs import budget_levels, select_for_budget
+from power.rungs import RATE_STEPS, budget_levels, select_for_budget
 from runtime.choice.ladders import ladder_for
 from runtime.choice.selector import Constraints, Profile
 from runtime.engine.manifest import load_model, model_files, postprocess
@@ -96,7 +96,8 @@ def test_one_rung_ladder_says_accuracy_unknown_and_the_governor_only_caps_the_ra
     assert rungs[0].accuracy == 1.0
     assert "accuracy unknown" in reason and "only cap the frame rate" in reason
     levels = budget_levels(rungs, rate_hz=40, min_rate_hz=0.2)
-    assert levels[0] == math.inf and len(levels) == 5  # full, 1/2, 1/4, 1/8, minimum duty
+    # full, the rate steps down to 1/8, minimum duty
+    assert levels[0] == math.inf and len(levels) == 2 + len(RATE_STEPS)
     for budget in levels[1:]:  # every level below the top is a rate cap on the same rung
         rung, rate = select_for_budget(rungs, budget, 40)
         assert rung == 0 and rate < 40

@@ -341,7 +341,7 @@ def test_detector_form_at_another_resolution(full, other, fmt, classes, why):
 @pytest.mark.parametrize("acc, ref, ratio, floor", [
     (0.056, 1.0, 0.5, 0.5),  # the random-weight bench detector's int8: off
     (0.6143, 0.7032, 0.5, None),  # the bundled detector's int8 (0.87 of fp32): kept
-    (0.9130, 0.9785, 0.5, None),  # the bundled classifier's fp32-r64 (0.93): kept
+    (0.8635, 0.9900, 0.5, None),  # the bundled classifier's fp32-r52 (0.87): kept
     (0.5225, 0.9950, 0.5, None),  # PP-OCR's 32 px form (0.525): kept, just
     (0.35, 0.70, 0.5, None),  # exactly at the floor: kept
     (0.3499, 0.70, 0.5, 0.35),

@@ -3,7 +3,7 @@
 Recipe, not runtime: needs torch (`pip install '.[train]'`, CPU build is enough). Deterministic
 by seed up to torch's CPU kernels. Usage:
 
-    python -m models.recipes.inspection.train --out build/inspection [--arch base|large|small]
+    python -m models.recipes.inspection.train --out build/inspection [--arch base|mid|large|small]
 
 Writes `<out>/<arch>.onnx` (input `image` [1,3,S,S] float32 RGB normalised per PREPROCESS,
 output `scores` [1,5] softmax probabilities) and `<out>/<arch>.train.json` (recipe settings and
@@ -36,8 +36,16 @@ SEEDS = {"train": 1000, "val": 2000, "test": 3000}
 ARCHS = {
     "small": ([12], [(24, 2), (32, 2), (48, 2), (64, 1)], 64),
     "base": ([16], [(32, 2), (48, 2), (64, 1), (96, 2)], 96),
+    "mid": ([24], [(40, 2), (64, 1), (96, 2), (128, 2), (192, 1)], 96),
     "large": ([32], [(48, 2), (64, 1), (96, 2), (128, 1), (160, 2)], 96),
 }
+# Multi-scale batches: (share of batches, sizes drawn from). `base` keeps its one reduced
+# size (64). `mid` is the bundled ladder's model (issue 24): trained mostly at 96 and sometimes
+# at 48-80, so every reduced-resolution rung `models prepare --sizes` makes stays useful and
+# accuracy falls gradually with the input size instead of at a cliff (40 px, never seen in
+# training, fell to 0.72).
+MULTI_SCALE = {"base": (0.3, (64,)), "large": (0.3, (64,)),
+               "mid": (0.35, (48, 56, 64, 72, 80))}
 
 
 def _chunk(args: tuple[int, int, int]) -> tuple[np.ndarray, np.ndarray]:
@@ -127,8 +135,20 @@ def train(arch: str, out: Path, n_train: int, epochs: int, seed: int, workers: i
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=3e-3, total_steps=steps)
     loss_fn = nn.CrossEntropyLoss(label_smoothing=0.05)
     rng = np.random.default_rng(seed)
-    best, best_state = -1.0, None
-    for epoch in range(epochs):
+    best, best_state, start, before_s = -1.0, None, 0, 0.0
+    share, scales = MULTI_SCALE.get(arch, (0.0, ()))
+    ckpt = cache / f"ckpt-{arch}-{seed}-{n_train}-{epochs}.pt"
+    if ckpt.exists():  # resume: a long run on a busy machine survives being stopped
+        c = torch.load(ckpt, weights_only=False)
+        model.load_state_dict(c["model"])
+        opt.load_state_dict(c["opt"])
+        sched.load_state_dict(c["sched"])
+        rng.bit_generator.state = c["rng"]
+        torch.set_rng_state(c["torch_rng"])
+        best, best_state, start = c["best"], c["best_state"], c["epoch"]
+        before_s = c.get("train_s", 0.0)
+        print(f"{arch}: resumed after epoch {start} (val {best:.4f})", flush=True)
+    for epoch in range(start, epochs):
         model.train()
         order = rng.permutation(len(xtr_t))
         for i in range(0, len(order) - 63, 64):
@@ -136,10 +156,11 @@ def train(arch: str, out: Path, n_train: int, epochs: int, seed: int, workers: i
             xb = torch.from_numpy(xtr_t[idx])
             if rng.random() < 0.5:  # flips are label-preserving for every class here
                 xb = xb.flip(3)
-            if size == 96 and rng.random() < 0.3:
-                # Multi-scale: the reduced-resolution rung (64 px) made by `models prepare`
-                # then keeps most of the accuracy instead of being a different model.
-                xb = torch.nn.functional.interpolate(xb, size=(64, 64), mode="bilinear",
+            if scales and rng.random() < share:
+                # Multi-scale: the reduced-resolution rungs made by `models prepare` then
+                # keep most of the accuracy instead of being a different model.
+                s = int(scales[rng.integers(len(scales))]) if len(scales) > 1 else scales[0]
+                xb = torch.nn.functional.interpolate(xb, size=(s, s), mode="bilinear",
                                                      align_corners=False)
             opt.zero_grad()
             loss = loss_fn(model(xb), torch.from_numpy(ytr[idx]))
@@ -150,8 +171,17 @@ def train(arch: str, out: Path, n_train: int, epochs: int, seed: int, workers: i
         print(f"{arch} epoch {epoch + 1}/{epochs} loss {loss.item():.3f} val {acc:.4f}", flush=True)
         if acc >= best:
             best, best_state = acc, {k: v.clone() for k, v in model.state_dict().items()}
+        torch.save({"model": model.state_dict(), "opt": opt.state_dict(),
+                    "sched": sched.state_dict(), "rng": rng.bit_generator.state,
+                    "torch_rng": torch.get_rng_state(), "best": best,
+                    "best_state": best_state, "epoch": epoch + 1,
+                    "train_s": before_s + time.time() - t0 - gen_s}, ckpt)
     model.load_state_dict(best_state)
     test_acc = evaluate(model, xte_t, yte)
+    # held-out accuracy at reduced sizes, every 4 px from 40 (the split resized as the
+    # manifest's preprocessing would): which `--sizes` make a gradual ladder (build.py)
+    by_size = {str(s): round(evaluate(model, to_tensor(xte, s), yte), 4)
+               for s in range(size - 4, 39, -4)} if scales else {}
 
     out.mkdir(parents=True, exist_ok=True)
     onnx_path = out / f"{arch}.onnx"
@@ -162,8 +192,11 @@ def train(arch: str, out: Path, n_train: int, epochs: int, seed: int, workers: i
     record = {
         "arch": arch, "input_size": size, "train_images": n_train, "epochs": epochs,
         "seed": seed, "seeds": SEEDS, "val_accuracy": best, "test_accuracy": test_acc,
+        "multi_scale": {"share": share, "sizes": list(scales)} if scales else None,
+        "test_accuracy_by_size": by_size,
         "test_images": len(yte), "params": sum(p.numel() for p in model.parameters()),
-        "data_generation_s": round(gen_s, 1), "train_s": round(time.time() - t0 - gen_s, 1),
+        "data_generation_s": round(gen_s, 1),
+        "train_s": round(before_s + time.time() - t0 - gen_s, 1),
         "torch": torch.__version__, "preprocess": PREPROCESS, "classes": list(CLASSES),
     }
     (out / f"{arch}.train.json").write_text(json.dumps(record, indent=2) + "\n")
