@@ -11,6 +11,7 @@ from pathlib import Path
 
 import paho.mqtt.client as mqtt
 import pytest
+from support.waiting import until
 
 from runtime.config.coordinator import CoordinatorConfig
 from runtime.coordinator.coalesce import Coalescer
@@ -48,15 +49,6 @@ def test_coalescer_forgets_the_oldest_keys_at_its_bound():
     assert list(c.keys) == ["d7", "d8", "d9"]
 
 
-def _until(cond, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.02)
-    return False
-
-
 def _birth(boot: str) -> dict:
     return {"v": 1, "online": True, "boot": boot, "t": time.time(),
             "versions": {"edgerun": "1.0"}, "reason": ""}
@@ -86,33 +78,33 @@ def test_300_forged_births_cost_a_bounded_number_of_threads_and_commands(broker,
         coord.rollouts.record_setting("A", "set_rate", {"fps": 5})  # its desired setting
         dev.publish("edgerun/v1/f/A/state", json.dumps(_birth("boot0")), qos=1
                     ).wait_for_publish(30)
-        assert _until(lambda: coord.counters["commands_sent_async"] == 1, 30)  # re-sent
+        assert until(lambda: coord.counters["commands_sent_async"] == 1, 30)  # re-sent
         threads_before = threading.active_count()
         t0 = time.monotonic()
         for k in range(300):  # forged births, each a new boot, as fast as paho sends them
             dev.publish("edgerun/v1/f/A/state", json.dumps(_birth(f"forged{k}")), qos=1)
-        assert _until(lambda: coord.counters["state"] == 301, 60)
+        assert until(lambda: coord.counters["state"] == 301, 60)
         burst_s = time.monotonic() - t0
         peak_threads = threading.active_count()
         # the burst's latest birth is answered once its window is over, then nothing more
-        assert _until(lambda: coord.queues()["births"]["held"] == 0, 30)
+        assert until(lambda: coord.queues()["births"]["held"] == 0, 30)
         sent = coord.counters["commands_sent_async"]
         # one re-send a window at most: boot0's, then at most one per window the burst
         # spanned, the last being the latest birth's (was: 300 commands)
         assert 2 <= sent <= 2 + int(burst_s / 1.0), (sent, burst_s)
-        assert _until(lambda: len(got) == sent, 30)
+        assert until(lambda: len(got) == sent, 30)
         assert all(c["cmd"] == "set_rate" and c["args"] == {"fps": 5} for c in got)
         assert peak_threads <= threads_before + 1  # was +300 (a thread a birth, 30 s each)
         assert threading.active_count() <= threads_before + 1
         q = coord.queues()
         assert q["births"]["coalesced"] >= 300 - (sent - 1)
         assert q["pending_replies"]["size"] <= sent  # nobody answers: awaited, bounded
-        assert _until(lambda: coord.queues()["pending_replies"]["size"] == 0, 60)  # expired
+        assert until(lambda: coord.queues()["pending_replies"]["size"] == 0, 60)  # expired
         # the latest boot again, its window over: answered already, so nothing is sent
         before = q["births"]["coalesced"]
         dev.publish("edgerun/v1/f/A/state", json.dumps(_birth("forged299")), qos=1
                     ).wait_for_publish(30)
-        assert _until(lambda: coord.queues()["births"]["coalesced"] == before + 1, 30)
+        assert until(lambda: coord.queues()["births"]["coalesced"] == before + 1, 30)
         assert coord.counters["commands_sent_async"] == sent
         assert coord.stats()["queues"]["inbox"]["max"] == 50_000
     finally:
@@ -168,7 +160,7 @@ def test_a_device_message_over_every_payload_limit_never_reaches_the_coordinator
         big = b'{"v": 1, "x": "' + b"a" * (2 * payloads.MAX_PACKET) + b'"}'
         dev.publish("edgerun/v1/f/A/result", big, qos=1).wait_for_publish(30)
         dev.publish("edgerun/v1/f/A/result", b"{}", qos=1).wait_for_publish(30)
-        assert _until(lambda: coord.store.quarantine_counts().get("A", 0) >= 1, 30)
+        assert until(lambda: coord.store.quarantine_counts().get("A", 0) >= 1, 30)
         time.sleep(0.5)  # anything else on its way lands too
         reasons = [q["reason"] for q in coord.store.quarantined("A")]
         assert len(reasons) == 1 and "exceeds" not in reasons[0], reasons

@@ -9,18 +9,10 @@ from pathlib import Path
 
 import pytest
 from support.mqtt_probe import Probe
+from support.waiting import until
 
 from runtime.config.telemetry import BrokerConfig
 from runtime.wire.brokerauth import BrokerAuth, Identity, acl_text, hash_password
-
-
-def until(cond, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 @pytest.fixture
