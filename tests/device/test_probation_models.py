@@ -158,7 +158,7 @@ def test_a_pipeline_counts_each_models_frames_and_errors_apart(tmp_path):
     """The classifier camera on the [model] and a detector camera on a model whose every
     inference fails (a real ONNX Runtime error: fed the wrong input size). The box's totals
     carry the detector's errors; the classifier's own counts do not."""
-    from support.daemon_harness import session_of
+    from support.daemon_harness import fp32_variant
 
     from runtime.config import ModelConfig
     from runtime.engine.manifest import configured_model
@@ -168,8 +168,8 @@ def test_a_pipeline_counts_each_models_frames_and_errors_apart(tmp_path):
 
     cls = configured_model(bundled("inspection"), ModelConfig())
     det = configured_model(bundled("defects"), ModelConfig())
-    vc, bc = session_of(cls, tmp_path)
-    vd, bd = session_of(det, tmp_path)
+    vc, bc = fp32_variant(cls)
+    vd, bd = fp32_variant(det)
     srcs = [SourceConfig(kind="synthetic", name="cls", rate_hz=40, size=64),
             SourceConfig(kind="synthetic", name="det", rate_hz=40, size=96, seed=1,
                          model="defects")]

@@ -10,20 +10,17 @@ import time
 from pathlib import Path
 
 import pytest
-from support.daemon_harness import ZONE, Serve, last_health, session_of, write_config
+from support.daemon_harness import ZONE, Serve, fp32_variant, last_health, write_config
 from support.waiting import wait
 
 from models import bundled
 from runtime.config import (
-    BackendsConfig,
     ConfigError,
     ModelConfig,
-    OnnxRuntimeConfig,
     from_dict,
     load,
 )
-from runtime.engine.backends import discover
-from runtime.engine.manifest import configured_model, model_files
+from runtime.engine.manifest import configured_model
 from runtime.frames.multisource import lanes
 from runtime.frames.pipeline import Active, Pipeline
 from runtime.frames.sources import SourceConfig, open_source
@@ -146,12 +143,7 @@ def test_live_energy_counts_every_tile_as_an_inference(tmp_path):
     """The pipeline's inference count (what live energies divide the CPU time by) is per
     inference: a 9-tile frame is 9 of them, not 1 (energy per inference was 9x too high)."""
     m = configured_model(bundled("defects"), ModelConfig(tiling=True))
-    bcfg = BackendsConfig(enabled=("onnxruntime",), threads=(1,),
-                          onnxruntime=OnnxRuntimeConfig(spinning=(False,),
-                                                        include_default=False))
-    (backend,) = discover(bcfg)
-    v = next(v for f in model_files(m) for v in backend.variants(f, bcfg, (1,))
-             if "fp32" in v.id)
+    v, backend = fp32_variant(m)
     out: list[dict] = []
     p = Pipeline(lanes([SourceConfig(name="big", rate_hz=20, size=192)],
                        lambda c, i: open_source(c, tmp_path / "state")), m,
@@ -255,8 +247,8 @@ def test_probation_compares_only_the_frames_of_the_model_it_swapped(tmp_path):
     frame, dragging the new model's agreement down until probation rolled it back)."""
     cls = configured_model(bundled("inspection"), ModelConfig())
     det = configured_model(bundled("defects"), ModelConfig())
-    vc, bc = session_of(cls, tmp_path)
-    vd, bd = session_of(det, tmp_path)
+    vc, bc = fp32_variant(cls)
+    vd, bd = fp32_variant(det)
     out: list[dict] = []
     srcs = [SourceConfig(kind="synthetic", name="cls", rate_hz=50, size=64),
             SourceConfig(kind="synthetic", name="det", rate_hz=50, size=96, seed=1,

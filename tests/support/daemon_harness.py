@@ -228,8 +228,8 @@ def last_health(db: Path) -> dict | None:
     return admitted("health", rows[0][0]) if rows else None
 
 
-def session_of(model, tmp_path):
-    """(Active, backend) of a model's fp32 variant on onnxruntime, one thread."""
+def fp32_variant(model):
+    """(variant, backend) of a model's fp32 variant on onnxruntime, one thread, unspinning."""
     bcfg = BackendsConfig(enabled=("onnxruntime",), threads=(1,),
                           onnxruntime=OnnxRuntimeConfig(spinning=(False,),
                                                         include_default=False))
