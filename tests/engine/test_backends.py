@@ -139,3 +139,14 @@ def test_opencv_engines_are_found_by_what_the_installed_opencv_names(names, want
     from runtime.engine.backends.opencv import engines_of
 
     assert engines_of(SimpleNamespace(**names)) == want
+
+
+def test_an_opencv_variant_for_an_engine_this_opencv_lacks_is_a_clear_error(tiny_model):
+    """A variant named elsewhere (an older cache, another OpenCV) for an engine the installed
+    OpenCV has not: a BackendError naming the engine, not a KeyError from the load."""
+    from runtime.engine.backends import Variant
+    from runtime.engine.backends.opencv import OpenCvBackend
+
+    v = Variant(model_file(tiny_model), "fp32", "opencv", "CPU", 1, (("engine", "nosuch"),))
+    with pytest.raises(BackendError, match="no nosuch DNN engine"):
+        OpenCvBackend().load(v)

@@ -23,7 +23,6 @@ cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_SILENT)
 log = logging.getLogger(__name__)
 
 
-
 def engines_of(dnn: object) -> dict[str, int | None]:
     """The DNN engines this OpenCV has, by edgerun's names (None: the only engine, loaded
     without choosing). 5.0 has both (ENGINE_NEW, ENGINE_CLASSIC); 4.x has the classic engine
@@ -71,14 +70,6 @@ class OpenCvBackend:
     name = "opencv"
     config_class = OpenCvConfig  # its knobs: [backends.opencv]
 
-    def devices(self) -> list[Device]:
-        out = [Device(self.name, "CPU", platform.processor() or platform.machine(),
-                      {"version": cv2.__version__})]
-        gpu = _gpu_opencl() if "classic" in _ENGINES else None
-        if gpu:
-            out.append(Device(self.name, "OpenCL", gpu, {"version": cv2.__version__}))
-        return out
-
     def __init__(self) -> None:
         self._missing_said: set[str] = set()
 
@@ -87,6 +78,14 @@ class OpenCvBackend:
             self._missing_said.add(engine)
             log.info("opencv: OpenCV %s has no %s DNN engine; its variants are not offered",
                      cv2.__version__, engine)
+
+    def devices(self) -> list[Device]:
+        out = [Device(self.name, "CPU", platform.processor() or platform.machine(),
+                      {"version": cv2.__version__})]
+        gpu = _gpu_opencl() if "classic" in _ENGINES else None
+        if gpu:
+            out.append(Device(self.name, "OpenCL", gpu, {"version": cv2.__version__}))
+        return out
 
     def variants(self, model: ModelFile, cfg: BackendsConfig,
                  threads: tuple[int, ...]) -> list[Variant]:
@@ -117,7 +116,11 @@ class OpenCvBackend:
             proto = load_onnx(m.path)
             inp = model_input(proto, m.path, m.input_shape)
             buf = np.frombuffer(with_fixed_input(proto, inp), dtype=np.uint8)
-            engine = _ENGINES[variant.option("engine", "new")]
+            name = variant.option("engine", "new")
+            if name not in _ENGINES:  # a variant named from elsewhere (a cache, a command)
+                raise BackendError(self.name, m.path, f"OpenCV {cv2.__version__} has no "
+                                   f"{name} DNN engine")
+            engine = _ENGINES[name]
             net = cv2.dnn.readNetFromONNX(buf) if engine is None \
                 else cv2.dnn.readNetFromONNX(buf, engine)
             if net.empty():
