@@ -94,18 +94,24 @@ class Preprocess:
         h, w = self.hw(input_shape)
         if isinstance(frames, np.ndarray) and frames.ndim == 3:
             frames = [frames]
-        out = np.empty((len(frames), h, w, 3), np.float32)
+        nchw = self.layout == "NCHW"
+        out = np.empty((len(frames), 3, h, w) if nchw else (len(frames), h, w, 3), np.float32)
         mean = np.asarray(self.mean, np.float32) / self.scale
         inv = (self.scale / np.asarray(self.std, np.float32)).astype(np.float32)
+        order = (2, 1, 0) if self.colour == "RGB" else (0, 1, 2)  # source channel of each
         for i, f in enumerate(frames):
             if f.ndim != 3 or f.shape[2] != 3 or f.dtype != np.uint8:
                 raise ValueError(f"expected an HxWx3 uint8 frame, got {f.shape} {f.dtype}")
             if f.shape[:2] != (h, w):
                 f = cv2.resize(f, (w, h), interpolation=_RESIZE[self.resize])
-            if self.colour == "RGB":
-                f = f[..., ::-1]
-            np.multiply(np.subtract(f, mean, dtype=np.float32), inv, out=out[i])
-        return np.ascontiguousarray(out.transpose(0, 3, 1, 2)) if self.layout == "NCHW" else out
+            # One channel plane at a time, written straight into its place in the layout: a
+            # ufunc broadcasting the 3 means over the last axis runs an inner loop of 3
+            # elements, ~7x slower on a 96x96 frame (0.2 ms, the size of the inference).
+            for c, src in enumerate(order):
+                plane = out[i, c] if nchw else out[i, :, :, c]
+                np.subtract(f[:, :, src], mean[c], out=plane, dtype=np.float32)
+                plane *= inv[c]
+        return out
 
 
 @dataclass(frozen=True)
