@@ -128,6 +128,9 @@ class Publisher:
         self._asleep: dict | None = None  # the retained state announced before a sleep
         self._slept_connects = (0, 0)  # connects, takeovers of the connections before a sleep
         self._conn = self._connection()
+        # new rows go out now, not at the connection's next idle tick (the connection is
+        # replaced after a sleep: looked up at each change)
+        outbox.listen(lambda: self._conn.wake())
 
     def _connection(self) -> Connection:
         return Connection(
@@ -174,6 +177,7 @@ class Publisher:
     def request_rebirth(self) -> None:
         """Re-publish the retained birth (e.g. after the model or choice changed)."""
         self._rebirth.set()
+        self._conn.wake()
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Publish the offline state, disconnect cleanly and join the thread."""

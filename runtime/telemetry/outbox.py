@@ -128,6 +128,7 @@ class Outbox:
         self._on_event = on_event or (lambda e: None)
         self._startup_event: dict | None = None
         self.changes = 0  # bumped on every append/put: readers skip queries when unchanged
+        self._listeners: list[Callable[[], None]] = []
         self._held = Held(cfg.memory_max_bytes, cfg.retry_s)  # while the disk refuses writes
         existed = self.path.exists()
         self._db = self._open()
@@ -239,6 +240,16 @@ class Outbox:
 
     # -- results -------------------------------------------------------------------------------
 
+    def listen(self, fn: Callable[[], None]) -> None:
+        """Call `fn()` after every append and put, on the writer's thread, once its rows
+        can be read (the publisher's connection wakes on it instead of polling; `fn` must be
+        quick and never raise)."""
+        self._listeners.append(fn)
+
+    def _tell(self) -> None:
+        for fn in self._listeners:  # outside the lock: a listener may read the outbox
+            fn()
+
     def append(self, result: dict) -> int:
         """Store one result durably; returns its seq."""
         return self.append_many([result])[0]
@@ -266,6 +277,7 @@ class Outbox:
         finally:
             for ev in events:  # outside the lock: the handler queues an event (put)
                 self._on_event(ev)
+            self._tell()
 
     def _insert_results(self, bodies: list[str], events: list[dict],
                         seqs: list[int] | None = None) -> list[int]:
@@ -474,6 +486,7 @@ class Outbox:
         finally:
             for ev in events:
                 self._on_event(ev)
+            self._tell()
 
     def _insert_other(self, kind: str, body: str, keep: int) -> int:
         self._db.execute("BEGIN IMMEDIATE")

@@ -8,6 +8,8 @@ import contextlib
 import logging
 import queue
 import random
+import select
+import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -128,6 +130,9 @@ class Connection:
     until a connection has worked), reconnects with capped jittered backoff, subscribes on
     every CONNACK, and between network loops publishes what other threads queued with
     `publish` and calls `on_tick` (paho is not thread-safe: every paho call happens here).
+    It sleeps until the socket has something, another thread calls `wake` (`publish` does),
+    or IDLE_TICK_S passes: a thread polling paho every 10 ms took the GIL 100 times a second
+    (~0.1 ms each), and every frame that met one of those waited for it.
     Every callback contains its own exceptions: a failure is reported to `on_error(what,
     reason)` and costs that message, never the thread. A takeover — MQTT 5 says the session
     was handed to another client with our id; 3.1.1 only drops us, so 3 unexpected
@@ -167,14 +172,30 @@ class Connection:
         self._thread: threading.Thread | None = None
         self._disconnects: collections.deque = collections.deque(maxlen=3)
         self._farewell: Callable[[mqtt.Client], Any] | None = None
+        self._wake_r: socket.socket | None = None  # the thread's wake-up pair (start)
+        self._wake_w: socket.socket | None = None
 
     # -- any thread -----------------------------------------------------------------------------
 
     def start(self) -> Connection:
         """Start the thread (it connects in the background and keeps reconnecting)."""
+        self._wake_r, self._wake_w = socket.socketpair()
+        for s in (self._wake_r, self._wake_w):
+            s.setblocking(False)
         self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
         self._thread.start()
         return self
+
+    def wake(self) -> None:
+        """Have the thread look at its queue and call `on_tick` now, not at its next idle
+        tick (any thread; e.g. the outbox has new rows). A wake-up before `start` or after
+        the thread ended does nothing."""
+        w = self._wake_w
+        if w is not None:
+            # a socket, not a raw fd: once closed, send raises instead of writing to
+            # whatever file reused the number; a full buffer already means "wake"
+            with contextlib.suppress(OSError):
+                w.send(b"\0")
 
     MAX_OUTGOING = 10_000  # messages queued while the broker is away
 
@@ -196,6 +217,7 @@ class Connection:
                             "the oldest (their owners re-send what must arrive)", self.name,
                             self.MAX_OUTGOING)
         self._outgoing.put((topic, body, qos, retain))
+        self.wake()
 
     def stop(self, timeout_s: float = 5.0,
              farewell: Callable[[mqtt.Client], Any] | None = None) -> None:
@@ -203,6 +225,7 @@ class Connection:
         for up to 3 s), then disconnect cleanly and join the thread."""
         self._farewell = farewell
         self._stop.set()
+        self.wake()
         if self._thread:
             self._thread.join(timeout_s + 4)
 
@@ -229,7 +252,7 @@ class Connection:
                     self._drop(f"no CONNACK within {self.connect_timeout_s:.0f} s")
                     next_attempt = time.monotonic() + self._backoff.next_delay()
                     continue
-                rc = client.loop(timeout=0.01)
+                rc = self._loop(client)
                 if self._client is None:  # refused or dropped in a callback, which said why
                     next_attempt = time.monotonic() + self._backoff.next_delay()
                     continue
@@ -250,6 +273,30 @@ class Connection:
                 self._drop(f"{type(e).__name__}: {e}")
                 next_attempt = time.monotonic() + self._backoff.next_delay()
         self._shutdown()
+        for s in (self._wake_w, self._wake_r):
+            if s is not None:
+                s.close()
+
+    IDLE_TICK_S = 0.1  # longest the thread sleeps with nothing to do: on_tick's clocks (ack
+    # timeouts) and the CONNACK deadline are checked at least this often
+
+    def _loop(self, client: mqtt.Client) -> int:
+        """One pass of paho's loop, after sleeping until the socket is readable, `wake` is
+        called or IDLE_TICK_S passes; no sleep while paho has bytes to write or TLS holds
+        decrypted bytes a select cannot see."""
+        sock, wake = client.socket(), self._wake_r
+        if sock is None or wake is None:
+            return client.loop(timeout=0.01)
+        pending = getattr(sock, "pending", None)
+        if not client.want_write() and not (pending is not None and pending() > 0):
+            try:
+                ready, _, _ = select.select([sock, wake], [], [], self.IDLE_TICK_S)
+            except (OSError, ValueError):  # the socket closed under us: paho says so
+                ready = []
+            if wake in ready:
+                with contextlib.suppress(OSError):
+                    wake.recv(4096)
+        return client.loop(timeout=0)
 
     def _try_connect(self) -> bool:
         b = self.broker

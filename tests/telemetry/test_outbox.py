@@ -207,3 +207,17 @@ def test_a_non_finite_number_is_stored_as_null_not_a_dead_writer(tmp_path, caplo
     text = " ".join(r.getMessage() for r in caplog.records)
     assert "/box_energy/box_mj" in text and "/box_energy/stages_mj/1" in text
     ob.close()
+
+
+def test_listeners_hear_every_change_after_it_is_visible(tmp_path):
+    """The publisher's connection sleeps until told (runtime/wire/mqtt.py): every append and
+    put calls the listeners, after `changes` moved and the rows can be read."""
+    box = _box(tmp_path)
+    seen: list[tuple[int, int]] = []
+    box.listen(lambda: seen.append((box.changes, len(box.pending(0, 100)))))
+    box.append({"label": "ok"})
+    box.append_many([{"label": "a"}, {"label": "b"}])
+    box.put("health", {"t": 1.0})
+    assert [n for n, _ in seen] == [1, 2, 3]
+    assert [rows for _, rows in seen] == [1, 3, 3]
+    box.close()

@@ -32,3 +32,57 @@ def test_a_publish_that_finds_the_link_gone_reconnects_without_a_traceback(broke
     assert conn.stats.connects >= 2  # reconnected
     mine = [r for r in caplog.records if "connection was lost" in r.getMessage()]
     assert mine and all(r.exc_info is None and r.levelno == logging.WARNING for r in mine)
+
+
+def test_a_queued_message_goes_out_at_once_not_at_the_idle_tick(broker, monkeypatch):
+    """The thread sleeps between network events (a 10 ms poll took the GIL 100 times a
+    second, and a frame in flight waited for it): `publish` and `stop` must wake it. With an
+    idle tick of a minute, a message still arrives and stop returns within seconds."""
+    monkeypatch.setattr(Connection, "IDLE_TICK_S", 60.0)
+    got: list[bytes] = []
+    rx = Connection(broker.client("rx", read=("t/#",)), "rx", name="rx",
+                    subscriptions=[("t/#", 1)],
+                    on_message=lambda client, msg: got.append(msg.payload))
+    tx = Connection(broker.client("tx", write=("t/#",)), "tx", name="tx")
+    rx.start()
+    tx.start()
+    try:
+        assert rx.subscribed.wait(20) and tx.connected.wait(20)
+        for k in range(3):  # each one wakes the sleeping thread, not only the first
+            tx.publish(f"t/{k}", f"m{k}".encode())
+            deadline = time.monotonic() + 10
+            while len(got) <= k and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert got == [f"m{i}".encode() for i in range(k + 1)]
+    finally:
+        t0 = time.monotonic()
+        tx.stop()
+        rx.stop()
+        stopped_s = time.monotonic() - t0
+    assert stopped_s < 10  # not the 60 s tick
+    assert not tx.alive() and not rx.alive()
+    tx.wake()  # after the thread ended: nothing to wake, no error
+
+
+def test_on_tick_runs_when_woken(broker, monkeypatch):
+    """What on_tick polls for (the publisher's outbox rows) arrives from other threads:
+    `wake` runs it now rather than at the next idle tick."""
+    monkeypatch.setattr(Connection, "IDLE_TICK_S", 60.0)
+    ticks = {"n": 0}
+    conn = Connection(broker.client("probe"), "probe", name="probe",
+                      on_tick=lambda client: ticks.__setitem__("n", ticks["n"] + 1))
+    conn.wake()  # before start: nothing to wake, no error
+    conn.start()
+    try:
+        assert conn.connected.wait(20)
+        time.sleep(0.3)  # the CONNACK's own wake-ups pass
+        before = ticks["n"]
+        for _ in range(3):
+            conn.wake()
+            deadline = time.monotonic() + 10
+            while ticks["n"] == before and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert ticks["n"] > before
+            before = ticks["n"]
+    finally:
+        conn.stop()
