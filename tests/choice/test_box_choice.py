@@ -249,3 +249,13 @@ def test_live_costs_from_what_the_daemon_measured(report, e2e, infer, tiles, oth
     assert [q.name for q in c.pre["fp32"]] == ["cpu", "opencl:0"]
     assert c.tiles == tiles and c.idle_w == 8.0 and c.rate_hz == 10.0
 
+
+def test_live_costs_take_the_path_the_chooser_runs_not_the_cheapest():
+    """A rung pinned to the dearer path (the box choice's): its time is what end to end holds."""
+    from runtime.choice.box import live_costs
+
+    pinned = {**PRE_REPORT, "640x480->96x96": [
+        {**PRE_REPORT["640x480->96x96"][0], "chosen": False},
+        {**PRE_REPORT["640x480->96x96"][1], "chosen": True, "why": "selected by the box choice"}]}
+    c = live_costs(REPORT, pinned, SHAPES, 8.0, 10.0, 1, 12.0, 3.0, running="fp32")
+    assert c.other_ms == pytest.approx(12.0 - 3.0 - 0.9)
