@@ -187,16 +187,27 @@ def live_costs(report: Mapping[str, Any] | None, pre_report: Mapping[str, Sequen
         known = [stages.get(s) for s in AROUND if stages.get(s) is not None]
         other_mj = float(sum(known)) if known else None
     by_size: dict[str, tuple[PrePath, ...]] = {}
+    used: dict[str, PrePath] = {}  # by size: the path the chooser runs (its chosen row)
     for label, rows in pre_report.items():
         size = label.rsplit("->", 1)[-1]
         by_size[size] = tuple(PrePath(str(r["path"]), float(r["mj"]), float(r["ms"]))
                               for r in rows)
-    pre = {vid: by_size[f"{s[-1]}x{s[-2]}"] for vid, s in shapes.items()
-           if len(s) >= 2 and f"{s[-1]}x{s[-2]}" in by_size}
+        chosen = [q for q, r in zip(by_size[size], rows, strict=True) if r.get("chosen")]
+        if chosen:
+            used[size] = chosen[0]
+    pre = {vid: by_size[_size(s)] for vid, s in shapes.items() if _size(s) in by_size}
     other_ms: float | None = None
     if e2e_p95_ms is not None and infer_p95_ms is not None:
-        path = cheapest(pre.get(running, ()))  # the path the chooser runs it on
+        # the path the running variant's frames were preprocessed on (the cheapest when the
+        # report marks none), so that the other stages are what is left of end to end
+        s = shapes.get(running, ())
+        path = used.get(_size(s)) or cheapest(pre.get(running, ()))
         other_ms = max(e2e_p95_ms - infer_p95_ms - tiles * (path.ms if path else 0.0), 0.0)
     return FrameCosts(idle_w=idle_w, rate_hz=rate_hz, other_mj=other_mj, other_ms=other_ms,
                       pre=pre, tiles=tiles,
                       source=str(report.get("source", "estimated")) if report else "estimated")
+
+
+def _size(shape: Sequence[int]) -> str:
+    """An input shape as the preprocessing report names its size (WxH; "" when not 2-D)."""
+    return f"{shape[-1]}x{shape[-2]}" if len(shape) >= 2 else ""

@@ -150,36 +150,53 @@ def select(profiles: Sequence[Profile], c: Constraints) -> Choice:
 def _select_box(eligible: Sequence[Profile], c: Constraints) -> Choice:
     """`select` by the box (module doc): lowest box energy per frame among the configurations
     meeting the latency target; none meeting it, the fastest."""
-    costs = c.frame or FrameCosts(idle_w=0.0, rate_hz=0.0)
+    costs = box_costs(c)
     configs = [(p, f) for p in eligible for f in configurations(p, costs, c.percentile)]
     pct = f"p{c.percentile}"
-    if c.end_to_end_ms is not None:
-        target, what = c.end_to_end_ms, "end to end"
-
-        def latency(p: Profile, f: BoxFigure) -> float:
-            return f.e2e_ms
-    else:
-        target, what = c.latency_ms, "inference"
-
-        def latency(p: Profile, f: BoxFigure) -> float:
-            return p.latency(c.percentile)
-    # a configuration that cannot keep up with the offered rate queues frames without end:
-    # it meets no latency target, whatever one frame alone takes
-    keeps_up = [(p, f) for p, f in configs
-                if costs.rate_hz <= 0 or f.rate_hz >= costs.rate_hz * (1 - 1e-9)]
-    meeting = [(p, f) for p, f in keeps_up if latency(p, f) <= target]
+    target, what = box_target(c)
+    keeps = [(p, f) for p, f in configs if keeps_up(f, costs)]
+    meeting = [(p, f) for p, f in keeps if box_latency(p, f, c) <= target]
     if not meeting:
-        p, f = min(keeps_up or configs,
-                   key=lambda x: (latency(*x), energy_key(x[1]), x[0].variant_id))
-        short = "" if keeps_up else f" (none keeps up with {costs.rate_hz:g} frames/s)"
+        p, f = min(keeps or configs,
+                   key=lambda x: (box_latency(*x, c), energy_key(x[1]), x[0].variant_id))
+        short = "" if keeps else f" (none keeps up with {costs.rate_hz:g} frames/s)"
         return Choice(p, False,
                       f"no configuration meets {pct} {what} <= {target:g} ms{short}; running "
                       f"the fastest, {_name(f)}: {describe(f, costs)}", f)
-    p, f = min(meeting, key=lambda x: (energy_key(x[1]), latency(*x), x[0].variant_id,
+    p, f = min(meeting, key=lambda x: (energy_key(x[1]), box_latency(*x, c), x[0].variant_id,
                                        x[1].pre_path))
     return Choice(p, True,
                   f"{_name(f)}: lowest box energy of {len(meeting)} configurations meeting "
                   f"{pct} {what} <= {target:g} ms: {describe(f, costs)}", f)
+
+
+def box_costs(c: Constraints) -> FrameCosts:
+    """The frame costs a box choice is figured on (none measured: no idle, a backlog)."""
+    return c.frame or FrameCosts(idle_w=0.0, rate_hz=0.0)
+
+
+def box_target(c: Constraints) -> tuple[float, str]:
+    """The latency target a box choice judges against (ms) and what it bounds: end to end
+    when `end_to_end_ms` is set, else inference."""
+    if c.end_to_end_ms is not None:
+        return c.end_to_end_ms, "end to end"
+    return c.latency_ms, "inference"
+
+
+def box_latency(p: Profile, f: BoxFigure, c: Constraints) -> float:
+    """The latency of configuration `f` of `p` that `box_target` bounds."""
+    return f.e2e_ms if c.end_to_end_ms is not None else p.latency(c.percentile)
+
+
+def keeps_up(f: BoxFigure, costs: FrameCosts) -> bool:
+    """Whether `f` sustains the offered rate: one that cannot queues frames without end and
+    meets no latency target, whatever one frame alone takes."""
+    return costs.rate_hz <= 0 or f.rate_hz >= costs.rate_hz * (1 - 1e-9)
+
+
+def meets_box(p: Profile, f: BoxFigure, c: Constraints) -> bool:
+    """Whether configuration `f` of `p` meets the box choice's target and keeps up."""
+    return keeps_up(f, box_costs(c)) and box_latency(p, f, c) <= box_target(c)[0]
 
 
 def _name(f: BoxFigure) -> str:

@@ -49,8 +49,8 @@ class Box:
         built = [(m, m.ladder(constraints(m.key), self.plan.target(m.key)[1]))
                  for m in self.models]
         self.by_live = {}
-        for m, (rungs, why) in built:
-            m.take(rungs, why, sim_power, live_energy)
+        for m, ladder in built:
+            m.take(ladder, sim_power, live_energy)
             self.by_live.update(m.by_live())  # ids of two models may clash: live ids do not
         self.build_joint()
 

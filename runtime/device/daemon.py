@@ -391,7 +391,7 @@ class Daemon:
     def _preprocess_chooser(self) -> Any:
         """A new preprocessing choice for the [model] (CPU or OpenCL, measured per size)."""
         self.model.pre = preprocess_chooser(self.backends, self.manifest, self.meter,
-                                            self.model.idle_w)
+                                            self.model.idle_w, self.model.pre_paths)
         return self.model.pre
 
     # -- background profiling ----------------------------------------------------------------

@@ -18,7 +18,7 @@ import numpy as np
 
 from power.rungs import Rung, on_device
 from runtime.choice.box import FrameCosts, live_costs
-from runtime.choice.ladders import ladder_for
+from runtime.choice.ladders import Ladder, build_ladder
 from runtime.choice.measure import Measured
 from runtime.choice.selector import Constraints, Profile
 from runtime.config.source import model_path
@@ -46,6 +46,8 @@ class ServedModel:
         self.current = 0  # index into rungs (shown 1-based, rung_label)
         self.reason = ""  # why the ladder is what it is (the choice, its target)
         self.pre: Any = None  # its preprocessing (None: the pipeline's own)
+        # variant id -> the preprocessing path the box judged its rung on (Ladder.pre_paths)
+        self.pre_paths: dict[str, str] = {}
 
     @classmethod
     def of_source(cls, key: str, s: Any, model: Any) -> ServedModel:
@@ -75,18 +77,19 @@ class ServedModel:
         """The measurement installed (a rollback installs the previous one again)."""
         return Measured(self.manifest, self.profiles, self.idle_w, self.loaders, self.temp_c)
 
-    def ladder(self, constraints: Constraints, target_why: str) -> tuple[list[Rung], str]:
+    def ladder(self, constraints: Constraints, target_why: str) -> Ladder:
         """Its ladder for `constraints` and why (`target_why`: how its latency target was
         derived); raises NoVariantError when no variant fits. Changes nothing (`take`)."""
-        rungs, why = ladder_for(self.profiles, constraints)
-        return rungs, why + (f"; {target_why}" if target_why else "")
+        built = build_ladder(self.profiles, constraints)
+        return replace(built, reason=built.reason + (f"; {target_why}" if target_why else ""))
 
-    def take(self, rungs: list[Rung], reason: str, sim_power: Any,
-             live_energy: dict[str, float]) -> None:
-        """Run on the ladder `rungs` (`sim_power`: the simulated device's power model, whose
+    def take(self, built: Ladder, sim_power: Any, live_energy: dict[str, float]) -> None:
+        """Run on the ladder `built` (`sim_power`: the simulated device's power model, whose
         rungs cost this host's CPU time scaled, or None on a real device), with the live
-        energies learnt so far."""
-        self.reason = reason
+        energies learnt so far; its preprocessing runs each rung on the path the box judged
+        it on (runtime/engine/preprocessing.py)."""
+        rungs, self.reason, self.pre_paths = built.rungs, built.reason, built.pre_paths
+        self.pin_paths()
         self.by_id = {p.variant_id: p for p in self.profiles}
         if sim_power is not None:
             rungs = on_device(rungs, [self.by_id[r.variant_id].cpu_ms / 1e3 for r in rungs],
@@ -117,6 +120,19 @@ class ServedModel:
                           max(e2e) if e2e else None, st["latency_ms"]["p95"],
                           a.variant_id if a else "")
 
+    def pin_paths(self) -> None:
+        """Hand the rungs' preprocessing paths to its chooser (a source's model has none: the
+        box choice is the [model]'s)."""
+        pin = getattr(self.pre, "pin", None)
+        if pin is not None:
+            pin(self.pre_paths)
+
+    def session_pre(self, variant_id: str) -> Any:
+        """The preprocessing a session of `variant_id` runs: the chooser's view for that
+        variant (its pinned path), or the model's own preprocessing."""
+        view = getattr(self.pre, "for_variant", None)
+        return view(variant_id) if view is not None else self.pre
+
     def live_rungs(self, live_energy: dict[str, float]) -> list[Rung]:
         """Its rungs as profiled with the live energies per inference learnt so far."""
         return [replace(r, energy_j=live_energy.get(live_id(self.key, r.variant_id),
@@ -136,7 +152,8 @@ class ServedModel:
         warm = pre.apply(np.full((*pre.hw(shape), 3), 128, np.uint8), shape)  # mid-grey
         for _ in range(3):
             session.infer(warm)
-        return Active(rung, vid, session, shape, self.manifest, self.pre, key=self.key)
+        return Active(rung, vid, session, shape, self.manifest, self.session_pre(vid),
+                      key=self.key)
 
     def second_session(self, a: Active | None) -> Active | None:
         """Another session of the variant `a` runs (OTA's shadow sample), unwarmed; None
@@ -145,13 +162,14 @@ class ServedModel:
             return None
         backend, variant = self.loaders[a.variant_id]
         return Active(a.rung, a.variant_id, backend.load(variant), a.input_shape,
-                      a.manifest or self.manifest, a.pre or self.pre)
+                      a.manifest or self.manifest, a.pre or self.session_pre(a.variant_id))
 
 
-def preprocess_chooser(backends: list, manifest: Any, meter: Any, idle_w: float) -> Any:
+def preprocess_chooser(backends: list, manifest: Any, meter: Any, idle_w: float,
+                       pins: dict[str, str] | None = None) -> Any:
     """CPU or OpenCL preprocessing for `manifest`, measured per frame size
     (runtime.engine.preprocessing.PreprocessChooser): OpenCL where a device has it and the
-    model's preprocessing is one it implements."""
+    model's preprocessing is one it implements; `pins`: each rung's path (Ladder.pre_paths)."""
     from runtime.engine.preprocessing import PreprocessChooser
 
     ocl = next((b for b in backends if b.name == "opencl" and b.devices()), None)
@@ -169,4 +187,4 @@ def preprocess_chooser(backends: list, manifest: Any, meter: Any, idle_w: float)
                 cache[shape] = OpenClPreprocessor(ocl, dev, pre, shape)
             return cache[shape]
 
-    return PreprocessChooser(pre, meter, idle_w, factory, name)
+    return PreprocessChooser(pre, meter, idle_w, factory, name, pins)

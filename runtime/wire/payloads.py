@@ -132,7 +132,9 @@ _HEALTH = _obj({
                               extra={"type": ["string", "number", "boolean", "null"]})},
     "preprocess": {"type": "object", "maxProperties": 64,
                    "additionalProperties": {"type": "array", "maxItems": 16, "items": _obj(
-                       {"path": _SHORT, "ms": _NUM, "mj": _NUM, "chosen": _BOOL})}},
+                       # the chosen row says why (runtime/engine/preprocessing.py)
+                       {"path": _SHORT, "ms": _NUM, "mj": _NUM, "chosen": _BOOL,
+                        "why": _SHORT})}},
     "simulated": _obj({"t": _NUM, "ambient_c": _NUM, "elapsed_s": _NUM,
                        "critical_trips": _COUNT, "throttled_min": _NUM, "good": _NUM,
                        "good_weighted": _NUM, "rung_changes": _COUNT, "energy_wh": _NUM,

@@ -1,5 +1,6 @@
 """Table tests for choosing the whole per-frame configuration by the box's energy per frame
-(runtime/choice/box.py and the box branch of runtime/choice/selector.py)."""
+(runtime/choice/box.py, the box branch of runtime/choice/selector.py, and the ladder below a
+top chosen by the box, runtime/choice/ladders.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import math
 import pytest
 
 from runtime.choice.box import FrameCosts, PrePath, figure, sustained_hz
+from runtime.choice.ladders import build_ladder
 from runtime.choice.selector import Constraints, Profile, select
 from runtime.config import ConfigError, ConstraintsConfig, build
 
@@ -24,7 +26,7 @@ OCL = PrePath("opencl:0", 0.2, 2.5)  # less CPU energy, more wall time (a slow i
 
 def pre(*paths: PrePath) -> dict[str, tuple[PrePath, ...]]:
     """The same measured paths for every variant a case names."""
-    return {v: paths for v in ("a", "b", "slow", "fast", "fp32", "int8")}
+    return {v: paths for v in ("a", "b", "slow", "fast", "fp32", "int8", "hi", "lo")}
 
 
 CASES = [
@@ -102,6 +104,58 @@ def test_the_model_alone_without_box_constraints():
     """No frame costs and no end-to-end target: the selector as it always was."""
     c = select([P("a", "m", 4, 1.0), P("b", "m", 3, 2.0)], Constraints(20))
     assert c.box is None and c.profile.variant_id == "a" and "mJ/inference" in c.reason
+
+
+SIZES = {"fp32": (CPU_SMALL,), "int8s": (CPU_SMALL,), "int8b": (CPU_BIG,)}
+BOTH = {v: (CPU_SMALL, OCL) for v in ("hi", "lo")}
+
+LADDERS = [
+    # (name, profiles, constraints, rungs cheapest first, their paths)
+    ("by the model alone: every cheaper variant per inference is a rung",
+     [P("fp32", "m", 5, 1.5), P("int8s", "m", 4, 1.2, 0.92), P("int8b", "m", 3, 1.0, 0.90)],
+     Constraints(20),
+     ["int8b", "int8s", "fp32"], {}),
+    ("by the box: cheaper per inference but dearer per frame is no rung",
+     [P("fp32", "m", 5, 1.5), P("int8s", "m", 4, 1.2, 0.92), P("int8b", "m", 3, 1.0, 0.90)],
+     Constraints(20, frame=FrameCosts(0.0, 10.0, 1.0, 1.0, SIZES)),
+     ["int8s", "fp32"], {"fp32": "cpu", "int8s": "cpu"}),
+    ("by the box: a lower rung must meet the end-to-end target too",
+     [P("hi", "m", 4, 2.0), P("lo", "m", 14, 1.0, 0.90)],
+     Constraints(20, end_to_end_ms=15,
+                 frame=FrameCosts(0.0, 10.0, 1.0, 2.0, pre(CPU_SMALL))),
+     ["hi"], {"hi": "cpu"}),
+    ("by the box: each rung on the path that meets the target, not the cheapest per tensor",
+     [P("hi", "m", 4, 2.0), P("lo", "m", 8, 1.0, 0.90)],
+     Constraints(20, end_to_end_ms=10, frame=FrameCosts(0.0, 10.0, 1.0, 1.0, BOTH)),
+     ["lo", "hi"], {"lo": "cpu", "hi": "opencl:0"}),
+    ("by the box: a lower rung that cannot keep up with the offered rate is no rung",
+     [P("hi", "m", 10, 2.0), P("lo", "m", 30, 1.0, 0.90)],  # lo: p50 24 ms, 41 frames/s
+     Constraints(100, frame=FrameCosts(0.0, 50.0, 1.0, 1.0, pre(CPU_SMALL))),
+     ["hi"], {"hi": "cpu"}),
+    ("by the box: the frontier and its order are by energy per frame, not per inference",
+     [P("fp32", "m", 5, 2.5), P("int8s", "m", 4, 1.2, 0.90), P("int8b", "m", 3, 0.8, 0.92),
+      P("worse", "m", 3, 1.9, 0.89)],  # dearer per frame than int8s and less accurate
+     Constraints(20, frame=FrameCosts(0.0, 10.0, 1.0, 1.0, {**SIZES, "worse": (CPU_SMALL,)})),
+     ["int8s", "int8b", "fp32"], {"fp32": "cpu", "int8s": "cpu", "int8b": "cpu"}),
+    ("by the box, no variant reaches the floor: the most accurate on its cheapest path on top",
+     [P("hi", "m", 4, 2.0, 0.9), P("lo", "m", 8, 1.0, 0.85)],
+     Constraints(20, accuracy_floor=0.99, frame=FrameCosts(0.0, 10.0, 1.0, 1.0, BOTH)),
+     ["lo", "hi"], {"lo": "opencl:0", "hi": "opencl:0"}),
+    ("by the box, before any frame: no path measured, none pinned",
+     [P("hi", "m", 4, 2.0), P("lo", "m", 8, 1.0, 0.90)],
+     Constraints(20, end_to_end_ms=30),
+     ["lo", "hi"], {}),
+]
+
+
+@pytest.mark.parametrize("name,profiles,c,want,paths", LADDERS, ids=[x[0] for x in LADDERS])
+def test_ladder_below_the_top(name, profiles, c, want, paths):
+    built = build_ladder(profiles, c)
+    assert [r.variant_id for r in built.rungs] == want
+    assert built.pre_paths == paths
+    by_id = {p.variant_id: p for p in profiles}
+    for r in built.rungs:  # the rungs' energy stays the dynamic energy per inference
+        assert r.energy_j == pytest.approx(by_id[r.variant_id].energy_mj / 1e3)
 
 
 FIGURES = [
@@ -194,3 +248,14 @@ def test_live_costs_from_what_the_daemon_measured(report, e2e, infer, tiles, oth
     assert set(c.pre) == with_paths  # 80x80 was never measured: its preprocessing unknown
     assert [q.name for q in c.pre["fp32"]] == ["cpu", "opencl:0"]
     assert c.tiles == tiles and c.idle_w == 8.0 and c.rate_hz == 10.0
+
+
+def test_live_costs_take_the_path_the_chooser_runs_not_the_cheapest():
+    """A rung pinned to the dearer path (the box choice's): its time is what end to end holds."""
+    from runtime.choice.box import live_costs
+
+    pinned = {**PRE_REPORT, "640x480->96x96": [
+        {**PRE_REPORT["640x480->96x96"][0], "chosen": False},
+        {**PRE_REPORT["640x480->96x96"][1], "chosen": True, "why": "selected by the box choice"}]}
+    c = live_costs(REPORT, pinned, SHAPES, 8.0, 10.0, 1, 12.0, 3.0, running="fp32")
+    assert c.other_ms == pytest.approx(12.0 - 3.0 - 0.9)

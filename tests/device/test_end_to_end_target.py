@@ -1,6 +1,7 @@
 """`[constraints] end_to_end_ms` in a serving daemon: the choice is made by the box's energy
 per frame against the end-to-end target, on the stages serving has measured (the ladder is
-rebuilt on a reload: by then frames have been served)."""
+rebuilt on a reload: by then frames have been served), and the preprocessing runs on the path
+the choice was figured with."""
 
 from __future__ import annotations
 
@@ -55,5 +56,12 @@ def test_an_end_to_end_target_chooses_by_the_box_on_what_serving_measured(tmp_pa
         # frames were served: the other stages and the preprocessing are in the box figure
         assert "mJ/frame box" in reason and "other stages" in reason
         assert "not measured yet" not in reason, reason
+
+        def pinned() -> bool:  # the box chose the path too: the preprocessing runs on it
+            rows = [r for rs in ((last_health(d.outbox) or {}).get("preprocess") or {}).values()
+                    for r in rs if r["chosen"]]
+            return any(r.get("why") == "selected by the box choice" for r in rows)
+
+        wait(pinned, 30, "the preprocessing on the box choice's path", d)
     finally:
         assert d.stop() == 0, d.text()[-3000:]
