@@ -90,6 +90,13 @@ class ConstraintsConfig:
     accuracy_floor: float | None = None  # unset: the best variant's accuracy minus 0.02
     end_to_end_ms: float | None = None  # unset: the target is latency_ms, inference alone
 
+    def in_force(self) -> tuple[float, bool]:
+        """The latency target in force (ms), and whether it is end to end: what the choice
+        is judged on, the SLO compliance counts and `set_latency_target` changes."""
+        if self.end_to_end_ms is not None:
+            return self.end_to_end_ms, True
+        return self.latency_ms, False
+
     def validate(self) -> tuple[str, str] | None:
         if self.latency_ms <= 0:
             return "latency_ms", f"must be > 0, got {self.latency_ms}"

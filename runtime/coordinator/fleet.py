@@ -247,7 +247,10 @@ def alerts(view: DeviceView, cfg: FleetConfig, fleet_version: str | None
                         f"{m['blind'][:200]} (check its preprocessing)"))
     compliance = _num(h, "slo", "compliance")
     if compliance is not None and compliance < cfg.slo_alert:
-        out.append(("slo", f"latency SLO met by {compliance:.1%} of inferences"))
+        slo = h.get("slo")
+        what = ("frames end to end" if isinstance(slo, Mapping) and slo.get("of") == "end_to_end"
+                else "inferences")  # a device before the field judged inferences
+        out.append(("slo", f"latency SLO met by {compliance:.1%} of {what}"))
     held, evicted = _num(h, "backlog", "results_held"), _num(h, "backlog", "evicted_total")
     if held is not None and held > cfg.backlog_alert:
         out.append(("backlog", f"{held:.0f} results waiting on the device"))

@@ -119,8 +119,18 @@ def choose_model(d: CommandHost, cmd: Command) -> bool:
     return True
 
 
+def set_latency_target(d: CommandHost, cmd: Command) -> bool:
+    """The latency target in force from the command's `ms`: `[constraints] end_to_end_ms`
+    when the device judges frames end to end, else `latency_ms` (changing the inference
+    bound there would change nothing the operator sees)."""
+    c = d.cfg.constraints
+    field = "end_to_end_ms" if c.in_force()[1] else "latency_ms"
+    d.set_constraints(replace(c, **{field: cmd.args["ms"]}))
+    return True
+
+
 HANDLERS: dict[str, Callable[[CommandHost, Command], bool]] = {
-    "set_latency_target": _constraint("latency_ms", "ms"),
+    "set_latency_target": set_latency_target,
     "set_accuracy_floor": _constraint("accuracy_floor", "value"),
     "set_rate": set_rate,
     "reprofile": reprofile,

@@ -290,7 +290,7 @@ class Daemon:
         self.pipeline = Pipeline(lanes, self.manifest, self.outbox.append_many,
                                  self._event_of, cfg.daemon.queue_size,
                                  self._preprocess_chooser(), self.local)
-        self.pipeline.latency_target_ms = cfg.constraints.latency_ms
+        self.pipeline.set_slo(*cfg.constraints.in_force())
         for m in self.models:
             m.current = len(m.rungs) - 1
         self.joint_current = len(self.joint) - 1
@@ -681,7 +681,7 @@ class Daemon:
             self.cfg = old
             self._build_ladder()
             raise ValueError(str(e)) from e
-        self.pipeline.latency_target_ms = c.latency_ms
+        self.pipeline.set_slo(*c.in_force())
         self._after_rebuild(why, held)
 
     def reload(self) -> None:
@@ -697,7 +697,7 @@ class Daemon:
         self.cfg = old
         try:
             self._build_ladder()
-            self.pipeline.latency_target_ms = old.constraints.latency_ms
+            self.pipeline.set_slo(*old.constraints.in_force())
         except Exception:
             log.exception("could not rebuild the ladder of the previous config")
 

@@ -152,7 +152,8 @@ class Pipeline:
         # the same per model (results, errors, ms per inference): what probation judges a
         # swapped model by, not the box's totals (runtime/frames/model_counts.py)
         self.models = ModelCounts()
-        self.latency_target_ms = float("inf")
+        self.latency_target_ms = float("inf")  # the SLO (set_slo)
+        self.slo_end_to_end = False  # whether it bounds frame in to result, not inference
         # Probation of a new model (runtime/device/ota.py): every `shadow_every`th frame is
         # also run on the old model; `shadow_counts` = [compared, agreed] top-1 labels.
         self.shadow: Active | None = None
@@ -306,6 +307,11 @@ class Pipeline:
         with self._stage_lock:
             self._stage_cpu[stage] = (self._stage_cpu[stage] or 0.0) + seconds
 
+    def set_slo(self, target_ms: float, end_to_end: bool) -> None:
+        """The latency the SLO compliance is judged on: each frame's capture to durable result
+        (`end_to_end`, the [constraints] end_to_end_ms target) or its inference."""
+        self.latency_target_ms, self.slo_end_to_end = target_ms, end_to_end
+
     def _recent(self) -> list[tuple[float, float, bool]]:
         now = time.time()
         return [x for x in list(self.latencies) if now - x[0] <= 30]
@@ -332,6 +338,7 @@ class Pipeline:
             "sources": {lane.name: {**lane.stats(self._raw.qsize(lane.name)),
                                     **self._model_of(lane)} for lane in self.lanes},
             "slo": {"target_ms": self.latency_target_ms,
+                    "of": "end_to_end" if self.slo_end_to_end else "inference",
                     "compliance": (sum(1 for *_, met in recent if met) / len(recent))
                     if recent else None},
         }
@@ -724,10 +731,12 @@ class Pipeline:
         for m, ms_each in counted:
             self.models.result(m, now, ms_each)
         for frame, _, _, ms, *_ in batch:
-            self.latencies.append((now, ms, ms <= self.latency_target_ms))
+            e2e_ms = (now - frame.t) * 1e3
+            judged = e2e_ms if self.slo_end_to_end else ms
+            self.latencies.append((now, ms, judged <= self.latency_target_ms))
             lane = self._lane.get(frame.source)
             if lane is not None:
-                lane.e2e.append((now, (now - frame.t) * 1e3))
+                lane.e2e.append((now, e2e_ms))
                 lane.counters["results"] += 1
         for lane in self.lanes:
             done = [f for f, *_ in batch if f.done is not None and f.source == lane.name]

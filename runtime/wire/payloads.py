@@ -103,7 +103,8 @@ _HEALTH = _obj({
                                        "model": _SHORT, "variant": _SHORT, "tiles": _COUNT},
                                       extra=_COUNT)}},
                      extra=_COUNT),  # the pipeline's counters (frames, results, inline...)
-    "slo": _obj({"target_ms": _NUM_OR_NULL, "compliance": _NUM_OR_NULL}),
+    "slo": _obj({"target_ms": _NUM_OR_NULL, "compliance": _NUM_OR_NULL,
+                 "of": {"enum": ["inference", "end_to_end"]}}),
     # each model the sources use (key "" = the [model] section's) and, with several, the
     # box's rung on their joint ladder (runtime/choice/joint.py, docs/sources.md)
     "models": {"type": "array", "maxItems": 65, "items": _obj({

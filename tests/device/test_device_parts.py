@@ -162,3 +162,20 @@ def test_the_daemon_offers_every_call_its_parts_ask_for(tmp_path):
             proto.__annotations__)
         missing = sorted(n for n in names if not hasattr(d, n))
         assert not missing, (proto.__name__, missing)
+
+
+@pytest.mark.parametrize("configured, want", [
+    (ConstraintsConfig(latency_ms=20.0), ConstraintsConfig(latency_ms=7.5)),
+    # judged end to end: the command changes that target (changing the inference bound
+    # under it would change nothing the operator sees)
+    (ConstraintsConfig(latency_ms=20.0, end_to_end_ms=40.0),
+     ConstraintsConfig(latency_ms=20.0, end_to_end_ms=7.5)),
+])
+def test_set_latency_target_sets_the_target_in_force(configured, want):
+    got: list[ConstraintsConfig] = []
+    host = SimpleNamespace(cfg=SimpleNamespace(constraints=configured),
+                           set_constraints=got.append)
+    cmd = SimpleNamespace(name="set_latency_target", args={"ms": 7.5})
+    assert commands.HANDLERS["set_latency_target"](host, cmd) is True
+    assert got == [want]
+    assert want.in_force() == (7.5, configured.end_to_end_ms is not None)

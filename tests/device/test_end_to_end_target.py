@@ -38,6 +38,8 @@ def test_an_end_to_end_target_chooses_by_the_box_on_what_serving_measured(tmp_pa
         # the background refinement may rebuild the ladder once frames flow: not asserted
         # here; tests/choice/test_box_choice.py has it as a table row)
         assert h is not None and "end to end <= 500 ms" in h["choice_reason"]
+        # the SLO judges what the target bounds: each frame's capture to durable result
+        assert h["slo"]["target_ms"] == 500.0 and h["slo"]["of"] == "end_to_end", h["slo"]
 
         def box_measured() -> bool:  # a control window with frames: the box figure exists
             b = (last_health(d.outbox) or {}).get("box_energy") or {}
@@ -63,5 +65,22 @@ def test_an_end_to_end_target_chooses_by_the_box_on_what_serving_measured(tmp_pa
             return any(r.get("why") == "selected by the box choice" for r in rows)
 
         wait(pinned, 30, "the preprocessing on the box choice's path", d)
+    finally:
+        assert d.stop() == 0, d.text()[-3000:]
+
+
+def test_the_slo_counts_frames_against_the_end_to_end_target(tmp_path, cache):
+    """A target no frame can meet end to end (10 µs from capture to durable result), with
+    inference's own bound far away: compliance is 0, where judging inference gave 1."""
+    cfg = write_config(tmp_path, cache)
+    cfg.write_text(_with_target(cfg.read_text(), 0.01))
+    d = Serve(tmp_path, cfg)
+    try:
+        wait(lambda: len(result_seqs(d.outbox)) >= 20, 120, "20 results", d)
+        wait(lambda: ((last_health(d.outbox) or {}).get("slo") or {}).get("compliance")
+             is not None, 60, "a health message with the SLO's compliance", d)
+        h = last_health(d.outbox)
+        assert h["slo"] == {"target_ms": 0.01, "of": "end_to_end", "compliance": 0.0}, h["slo"]
+        assert "no configuration meets p95 end to end <= 0.01 ms" in h["choice_reason"]
     finally:
         assert d.stop() == 0, d.text()[-3000:]
