@@ -21,12 +21,17 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from runtime.choice.box import configurations
 from runtime.choice.selector import (
     AUTO_TOLERANCE,
     Constraints,
     NoVariantError,
     Profile,
+    box_costs,
+    box_latency,
+    box_target,
     effective_accuracy,
+    keeps_up,
     select,
 )
 
@@ -106,6 +111,44 @@ def _bounds(value: float, ci: float, floor: float) -> tuple[float, float]:
     return value * (1 - m), value * (1 + m)
 
 
+Bounds = tuple[float, float]  # (optimistic, pessimistic)
+
+
+def judged(p: Profile, c: Constraints, floor: float = NOISE_FLOOR) -> tuple[Bounds, Bounds]:
+    """(latency, energy) bounds of `p` as the selector judges it (module doc): inference
+    latency at the percentile and energy per inference; by the box, the best configuration's
+    latency that the target bounds (infinite when it cannot keep up with the offered rate)
+    and its box energy per frame, each figured at the optimistic and at the pessimistic end
+    of the measurement's intervals."""
+    lat = _bounds(p.latency(c.percentile), p.latency_ci, floor)
+    en = _bounds(p.energy_mj, p.energy_ci, floor)
+    if not c.by_box:
+        return lat, en
+    costs = box_costs(c)
+    scale = [x / p.latency(c.percentile) if p.latency(c.percentile) > 0 else 1.0 for x in lat]
+    ends = []
+    for k in (0, 1):  # optimistic, pessimistic: faster and cheaper, slower and dearer
+        q = replace(p, energy_mj=en[k], p50_ms=p.p50_ms * scale[k],
+                    p95_ms=p.p95_ms * scale[k], p99_ms=p.p99_ms * scale[k])
+        figs = configurations(q, costs, c.percentile)
+        ends.append((min((box_latency(q, f, c) if keeps_up(f, costs) else math.inf)
+                         for f in figs), min(f.box_mj for f in figs)))
+    return (ends[0][0], ends[1][0]), (ends[0][1], ends[1][1])
+
+
+def _energy(p: Profile, c: Constraints) -> float:
+    """The energy the selector ranks `p` by, as measured: per inference, or by the box per
+    frame of its cheapest configuration."""
+    if not c.by_box:
+        return p.energy_mj
+    return min(f.box_mj for f in configurations(p, box_costs(c), c.percentile))
+
+
+def _target(c: Constraints) -> float:
+    """The latency the selector's target bounds (`judged`'s latency is against it)."""
+    return box_target(c)[0] if c.by_box else c.latency_ms
+
+
 def keep(profiles: Sequence[Profile], c: Constraints, floor: float = NOISE_FLOOR) -> set[str]:
     """Variant ids worth measuring longer: every variant that, within its confidence, could be
     the selector's choice (cheapest meeting the latency target at the accuracy floor, or the
@@ -120,14 +163,16 @@ def keep(profiles: Sequence[Profile], c: Constraints, floor: float = NOISE_FLOOR
     floor_acc = c.accuracy_floor
     if floor_acc is None:
         floor_acc = max(acc.values()) - AUTO_TOLERANCE  # type: ignore[type-var]
-    lat = {p.variant_id: _bounds(p.latency(c.percentile), p.latency_ci, floor) for p in known}
-    en = {p.variant_id: _bounds(p.energy_mj, p.energy_ci, floor) for p in known}
+    bounds = {p.variant_id: judged(p, c, floor) for p in known}
+    lat = {vid: b[0] for vid, b in bounds.items()}
+    en = {vid: b[1] for vid, b in bounds.items()}
+    target = _target(c)
     eligible = [p for p in known if acc[p.variant_id] >= floor_acc]  # type: ignore[operator]
     if not eligible:  # the selector runs the most accurate: accuracy is exact, keep the ties
         top = max(acc.values())  # type: ignore[type-var]
         return {p.variant_id for p in known if acc[p.variant_id] == top}
-    could = [p for p in eligible if lat[p.variant_id][0] <= c.latency_ms]
-    surely = [p for p in eligible if lat[p.variant_id][1] <= c.latency_ms]
+    could = [p for p in eligible if lat[p.variant_id][0] <= target]
+    surely = [p for p in eligible if lat[p.variant_id][1] <= target]
     out: set[str] = set()
     if not surely:
         # Maybe none meets the target: the selector would run the fastest. Keep every variant
@@ -142,8 +187,8 @@ def keep(profiles: Sequence[Profile], c: Constraints, floor: float = NOISE_FLOOR
     # Rungs below the choice: any variant that could meet the target, could be cheaper than
     # the choice, and is not surely dominated (another, surely meeting the target, at least
     # as accurate and surely cheaper).
-    meet_any = [p for p in known if lat[p.variant_id][0] <= c.latency_ms]
-    meet_sure = [p for p in known if lat[p.variant_id][1] <= c.latency_ms]
+    meet_any = [p for p in known if lat[p.variant_id][0] <= target]
+    meet_sure = [p for p in known if lat[p.variant_id][1] <= target]
     for p in meet_any:
         lo = en[p.variant_id][0]
         if lo > cap or p.variant_id in out:
@@ -218,14 +263,15 @@ def finalists(profiles: Sequence[Profile], c: Constraints, floor: float = NOISE_
     floor_acc = c.accuracy_floor
     if floor_acc is None:
         floor_acc = max(accs) - AUTO_TOLERANCE
-    cap = _bounds(choice.energy_mj, choice.energy_ci, floor)[1]
+    cap = judged(choice, c, floor)[1][1]
+    target = _target(c)
     near = [p for p in ok if p.variant_id != choice.variant_id
             and effective_accuracy(p) >= floor_acc  # type: ignore[operator]
-            and _bounds(p.latency(c.percentile), p.latency_ci, floor)[0] <= c.latency_ms
-            and _bounds(p.energy_mj, p.energy_ci, floor)[0] <= cap]
+            and (b := judged(p, c, floor))[0][0] <= target and b[1][0] <= cap]
     if not near:
         return []
-    near.sort(key=lambda p: abs(p.energy_mj - choice.energy_mj))
+    at = _energy(choice, c)
+    near.sort(key=lambda p: abs(_energy(p, c) - at))
     return [choice.variant_id] + [p.variant_id for p in near[:n - 1]]
 
 

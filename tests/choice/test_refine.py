@@ -7,6 +7,7 @@ import math
 
 import pytest
 
+from runtime.choice.box import FrameCosts
 from runtime.choice.refine import (
     combine,
     finalists,
@@ -17,6 +18,13 @@ from runtime.choice.refine import (
     rounds,
 )
 from runtime.choice.selector import Constraints, Profile, select
+
+# choosing by the box (runtime/choice/box.py): a backlog on a box idling at 2 W, where a frame
+# costs its inference plus the idle floor for as long as it takes (p50 = 0.8 x p95 here)
+BACKLOG = Constraints(20, frame=FrameCosts(idle_w=2.0, rate_hz=0.0))
+# 10 frames/s, the stages around inference adding 10 ms to each frame; 14 ms end to end
+E2E = Constraints(14, end_to_end_ms=14,
+                  frame=FrameCosts(idle_w=1.0, rate_hz=10.0, other_mj=5.0, other_ms=10.0))
 
 
 def P(vid: str, p95: float, mj: float, acc: float | None = 0.9, ci: float = 0.0,
@@ -66,6 +74,15 @@ KEEP = [
      [P("a", 5, 1.0), P("b", 5, 1.01)], Constraints(20), 0.0, {"a"}),
     ("an unknown interval (an old profile) counts as wide open",
      [P("a", 5, 1.0), P("b", 5, 5.0, ci=math.nan)], Constraints(20), 0.05, {"a", "b"}),
+    # by the box: pruned by what the selector ranks, the box's energy per frame
+    ("by the box on a backlog: the faster one, dearer per inference, is the choice and stays",
+     [P("a", 5, 1.0), P("b", 2, 1.5)], BACKLOG, 0.05, {"b"}),
+    ("by the box, the same two measured per inference: the other way round",
+     [P("a", 5, 1.0), P("b", 2, 1.5)], Constraints(20), 0.05, {"a"}),
+    ("by the box end to end: a variant whose frame surely misses the target goes",
+     [P("a", 5, 1.0), P("b", 3, 1.5)], E2E, 0.05, {"b"}),
+    ("by the box end to end: one that could meet it stays",
+     [P("a", 4.1, 1.0), P("b", 3, 1.5)], E2E, 0.05, {"a", "b"}),
 ]
 
 
@@ -207,6 +224,8 @@ FINAL = [
      ["a", "b"]),
     ("failed variants are not finalists",
      [P("a", 5, 1.0), P("b", 5, 1.01, ok=False)], Constraints(20), 0.05, 4, []),
+    ("by the box: near-ties per frame, though 1.5x apart per inference",
+     [P("a", 5, 1.0), P("b", 2, 1.5), P("c", 2.1, 1.45)], BACKLOG, 0.05, 4, ["b", "c"]),
 ]
 
 
