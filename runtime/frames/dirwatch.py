@@ -7,6 +7,10 @@ full 50 times a second: 1.4 ms of CPU a listing at 3,300 files, more than a fram
 lists the folder in full only at start, every `FolderSource.RESCAN_S` (inotify does not see
 writes made on another NFS/SMB client) and when the kernel's queue overflowed.
 
+`wait(timeout_s)` sleeps until the kernel reports something (or the timeout): the source's
+idle poll was a 20 ms sleep, 50 wake-ups a second on a quiet folder and up to 20 ms between a
+file's arrival and its read.
+
 `DirWatch(path)` raises OSError where inotify is missing or refused (not Linux, no instances
 left: `fs.inotify.max_user_instances`); the source then lists on every change, as before.
 """
@@ -16,7 +20,9 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
+import select
 import struct
+import threading
 
 # <sys/inotify.h>
 IN_ATTRIB = 0x004  # a touch: a file's mtime set after it was written
@@ -65,19 +71,47 @@ class DirWatch:
             os.close(fd)
             raise OSError(e, f"inotify_add_watch {os.fspath(path)}: {os.strerror(e)}")
         self._fd: int | None = fd
+        # the descriptor is closed by whoever is last: a close() from another thread while
+        # `wait` selects on it leaves it to the waiter (closed under select, its number could
+        # be reused by another file and read as events)
+        self._lock = threading.Lock()
+        self._waiting = False
+        self._close_due = False
+
+    def wait(self, timeout_s: float) -> None:
+        """Until the kernel has something to report, or `timeout_s` passed (at once when
+        closed)."""
+        with self._lock:
+            fd = self._fd
+            if fd is None or self._close_due:
+                return
+            self._waiting = True
+        try:
+            select.select([fd], [], [], max(0.0, timeout_s))
+        except (OSError, ValueError):  # `take` says what happened
+            pass
+        finally:
+            with self._lock:
+                self._waiting = False
+                if self._close_due:
+                    self._close_now()
 
     def take(self) -> set[str] | None:
         """The names reported since the last call (empty: nothing happened); None when
         track was lost (the kernel's queue overflowed, the directory went away): list the
         directory to know."""
-        if self._fd is None:
-            return None
+        with self._lock:
+            if self._fd is None or self._close_due:
+                return None
+            return self._take(self._fd)
+
+    def _take(self, fd: int) -> set[str] | None:
         names: set[str] = set()
         lost = False
         for _ in range(16):  # at most 1 MiB a call: a writer flooding the folder with names
             # cannot keep this loop (and the capture thread) from returning
             try:
-                buf = os.read(self._fd, 65536)
+                buf = os.read(fd, 65536)
             except BlockingIOError:
                 break
             except OSError:
@@ -95,12 +129,20 @@ class DirWatch:
                 if raw:
                     names.add(os.fsdecode(raw.rstrip(b"\0")))
         if lost:
-            self.close()  # re-armed by the caller's next DirWatch, if it wants one
+            self._close_now()  # re-armed by the caller's next DirWatch, if it wants one
             return None
         return names
 
     def close(self) -> None:
-        """Stop watching."""
+        """Stop watching (from any thread: during a `wait`, the waiter closes it)."""
+        with self._lock:
+            if self._waiting:
+                self._close_due = True
+            else:
+                self._close_now()
+
+    def _close_now(self) -> None:
+        """Close the descriptor (the caller holds the lock)."""
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None

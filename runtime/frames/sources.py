@@ -515,7 +515,20 @@ class FolderSource:
                              decode_cpu_s=time.thread_time() - c0)
             if not self._cfg.watch or time.monotonic() >= deadline:
                 return None
-            time.sleep(min(0.02, max(0.0, deadline - time.monotonic())))
+            self._idle(deadline)
+
+    def _idle(self, deadline: float) -> None:
+        """Wait for the folder to change: on the inotify watch until it reports something
+        (a new file is read at once, and a quiet folder costs a wake-up per read timeout,
+        not 50 a second), at most until the next full listing is due; polling every 20 ms
+        without one, or while a file is still settling (nothing reports it settled)."""
+        now = time.monotonic()
+        left = max(0.0, deadline - now)
+        watch = self._watch
+        if watch is None or self._recheck or self._settling or self._full_due:
+            time.sleep(min(0.02, left))
+            return
+        watch.wait(min(left, max(0.0, self._last_scan + self.RESCAN_S - now)))
 
     def _reject(self, path: Path, key: str, kind: str) -> None:
         """Remember a refused file first (so it is never retried, even if the move fails),

@@ -387,3 +387,67 @@ def test_a_file_name_that_is_not_utf8_is_inspected_once_and_named_as_text(tmp_pa
     src = FolderSource(SourceConfig(kind="folder", path=str(inbox)), tmp_path / "state")
     assert _read_all(src, 0.5) == []  # remembered: once, across a restart
     src.close()
+
+
+def test_a_quiet_watched_folder_sleeps_on_the_watch(tmp_path, monkeypatch):
+    """An idle read slept 20 ms at a time: 50 wake-ups a second on a quiet folder. With the
+    watch it sleeps until the kernel reports a name, or the read's timeout."""
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    src = FolderSource(SourceConfig(kind="folder", path=str(inbox)), tmp_path / "state")
+    assert src.read(0.1) is None and src._watch is not None  # listed once, watch armed
+    monkeypatch.setattr(FolderSource, "RESCAN_S", 60.0)
+    looks = []
+    real = src._changed
+    monkeypatch.setattr(src, "_changed", lambda: (looks.append(1), real())[1])
+    assert src.read(1.0) is None
+    assert len(looks) <= 3, f"{len(looks)} looks at a quiet folder in one 1 s read"
+    src.close()
+
+
+def test_a_file_arriving_during_a_read_wakes_it(tmp_path, monkeypatch):
+    """The read sleeping on the watch wakes for a new name: with the next full listing a
+    minute away, a file handed over while the read waits is returned by that read."""
+    import threading
+
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    img = next(iter(samples(seed=5, count=1))).image
+    src = FolderSource(SourceConfig(kind="folder", path=str(inbox)), tmp_path / "state")
+    assert src.read(0.1) is None and src._watch is not None
+    monkeypatch.setattr(FolderSource, "RESCAN_S", 60.0)
+    calls = _listings(monkeypatch)
+    waiting = threading.Event()
+    real_idle = src._idle
+    monkeypatch.setattr(src, "_idle", lambda d: (waiting.set(), real_idle(d))[1])
+    t = threading.Thread(target=lambda: (waiting.wait(10),
+                                         _hand_over(tmp_path, inbox, "new.png", img, "rename")))
+    t.start()
+    f = src.read(10.0)
+    t.join()
+    assert f is not None and f.ref == "new.png"
+    assert calls == []  # found through the watch, not a listing
+    src.close()
+
+
+def test_a_watch_closed_while_a_read_waits_on_it_is_closed_by_the_waiter(tmp_path):
+    """close() from another thread during `wait` (a source closed on stop while its read
+    sleeps): the descriptor stays open until the select returns (a number closed under it
+    could be reused by another file and read as events), then it is closed."""
+    import threading
+
+    from runtime.frames.dirwatch import DirWatch
+
+    w = DirWatch(tmp_path)
+    t = threading.Thread(target=w.wait, args=(0.5,))
+    t.start()
+    deadline = time.monotonic() + 5
+    while not w._waiting and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert w._waiting
+    w.close()
+    assert w._fd is not None  # still the waiter's
+    t.join()
+    assert w._fd is None and w.take() is None
+    w.wait(10.0)  # closed: returns at once
+    w.close()  # twice: nothing to do
