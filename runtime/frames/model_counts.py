@@ -47,6 +47,9 @@ class Tally:
     results: int = 0
     errors: int = 0
     latencies_ms: tuple[float, ...] = ()
+    # of those, the inferences that ran alone (the inline path: no other stage of the
+    # pipeline beside them, so their wall time is the model's, not a wait for a core)
+    alone_ms: tuple[float, ...] = ()
 
 
 class ModelCounts:
@@ -57,7 +60,7 @@ class ModelCounts:
         self._lock = threading.Lock()
         self._ring, self._max = ring, max_models
         self._n: dict[ModelId, list[int]] = {}  # [results, errors]
-        self._ms: dict[ModelId, collections.deque] = {}  # (wall time, ms per inference)
+        self._ms: dict[ModelId, collections.deque] = {}  # (wall time, ms per inference, alone)
         self._seen: dict[ModelId, float] = {}  # last counted (wall time)
 
     def _slot(self, m: ModelId, now: float) -> list[int]:
@@ -71,11 +74,12 @@ class ModelCounts:
         self._seen[m] = now
         return got
 
-    def result(self, m: ModelId, now: float, ms_per_inference: float) -> None:
-        """One result of model `m` stored at wall time `now`."""
+    def result(self, m: ModelId, now: float, ms_per_inference: float,
+               alone: bool = False) -> None:
+        """One result of model `m` stored at wall time `now` (`alone`: see Tally)."""
         with self._lock:
             self._slot(m, now)[0] += 1
-            self._ms[m].append((now, ms_per_inference))
+            self._ms[m].append((now, ms_per_inference, alone))
 
     def error(self, m: ModelId, now: float) -> None:
         """One frame model `m` failed (inference raised, or its output was refused)."""
@@ -88,7 +92,9 @@ class ModelCounts:
             n = self._n.get(m)
             if n is None:
                 return Tally()
-            return Tally(n[0], n[1], tuple(ms for t, ms in self._ms[m] if t >= since))
+            recent = [x for x in self._ms[m] if x[0] >= since]
+            return Tally(n[0], n[1], tuple(ms for _, ms, _ in recent),
+                         tuple(ms for _, ms, alone in recent if alone))
 
 
 __all__ = ["MAX_MODELS", "RING", "ModelCounts", "ModelId", "Tally", "model_id"]

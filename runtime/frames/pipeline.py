@@ -571,9 +571,11 @@ class Pipeline:
         for it, or the last frame read was ready at once (a backlog being read)."""
         return self.preprocessing or not self._raw.empty() or self._in_backlog
 
-    def _run(self, frame: Frame, tensor: Any, made_for: Active) -> tuple | None:
+    def _run(self, frame: Frame, tensor: Any, made_for: Active, alone: bool = False
+             ) -> tuple | None:
         """Infer one frame on the active variant (swapping in a pending one first); the caller
-        holds `_work`. Returns what `_store` needs, or None after a reported failure."""
+        holds `_work`; `alone`: on the inline path, no other stage running beside it. Returns
+        what `_store` needs, or None after a reported failure."""
         key = self._key.get(frame.source, "")
         with self._lock:
             if key and key in self._extra_next:  # a source's own model changes rung
@@ -617,7 +619,7 @@ class Pipeline:
             if self.shadow is not active and self._shadow_i % self.shadow_every == 0:
                 # (the shadow is the running model until the swap reaches this thread)
                 self._shadow_due.append((frame, out, active))
-        return frame, out, active, ms, _tiles(tensor), spent
+        return frame, out, active, ms, _tiles(tensor), spent, alone
 
     def _model_id(self, active: Active) -> ModelId:
         """What `active`'s frames are counted under in `models`."""
@@ -666,7 +668,7 @@ class Pipeline:
             if made is None:
                 self.busy_since = None
                 return True
-            done = self._run(frame, *made)
+            done = self._run(frame, *made, alone=True)
             if done is not None:
                 self._store([done])
             self.counters["inline"] += 1
@@ -679,7 +681,7 @@ class Pipeline:
         c_post = time.thread_time()
         results, made, owners, counted = [], [], [], []
         infer_s = 0.0
-        for frame, out, active, ms, tiles, spent in batch:
+        for frame, out, active, ms, tiles, spent, alone in batch:
             # counted with the frame's store, so a window's inference CPU is its own frames'
             # (counted at inference, a window could hold frames inferred in the one before:
             # a model share of 0 mJ beside a box figure)
@@ -703,7 +705,7 @@ class Pipeline:
             results.append(r)
             made.append(frame)
             owners.append(manifest)
-            counted.append((self._model_id(active), ms / max(tiles, 1)))
+            counted.append((self._model_id(active), ms / max(tiles, 1), alone))
         c_persist = time.thread_time()
         self._cpu("postprocess", c_persist - c_post)
         try:
@@ -728,8 +730,8 @@ class Pipeline:
             log.warning("results are stored again (%d could not be stored meanwhile)",
                         self.counters["store_errors"])
         now = time.time()
-        for m, ms_each in counted:
-            self.models.result(m, now, ms_each)
+        for m, ms_each, alone in counted:
+            self.models.result(m, now, ms_each, alone)
         for frame, _, _, ms, *_ in batch:
             e2e_ms = (now - frame.t) * 1e3
             judged = e2e_ms if self.slo_end_to_end else ms
