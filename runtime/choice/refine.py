@@ -124,24 +124,30 @@ def judged(p: Profile, c: Constraints, floor: float = NOISE_FLOOR) -> tuple[Boun
     en = _bounds(p.energy_mj, p.energy_ci, floor)
     if not c.by_box:
         return lat, en
-    costs = box_costs(c)
     scale = [x / p.latency(c.percentile) if p.latency(c.percentile) > 0 else 1.0 for x in lat]
     ends = []
     for k in (0, 1):  # optimistic, pessimistic: faster and cheaper, slower and dearer
-        q = replace(p, energy_mj=en[k], p50_ms=p.p50_ms * scale[k],
-                    p95_ms=p.p95_ms * scale[k], p99_ms=p.p99_ms * scale[k])
-        figs = configurations(q, costs, c.percentile)
-        ends.append((min((box_latency(q, f, c) if keeps_up(f, costs) else math.inf)
-                         for f in figs), min(f.box_mj for f in figs)))
+        ends.append(_best(replace(p, energy_mj=en[k], p50_ms=p.p50_ms * scale[k],
+                                  p95_ms=p.p95_ms * scale[k], p99_ms=p.p99_ms * scale[k]), c))
     return (ends[0][0], ends[1][0]), (ends[0][1], ends[1][1])
+
+
+def _best(q: Profile, c: Constraints) -> tuple[float, float]:
+    """(the least latency the target bounds, infinite for a configuration that cannot keep
+    up; the least box mJ/frame of a configuration meeting the target, of any when none does)
+    over `q`'s configurations: a cheaper path that misses the target is not a figure the
+    selector could run it at."""
+    costs, target = box_costs(c), box_target(c)[0]
+    late = [(box_latency(q, f, c) if keeps_up(f, costs) else math.inf, f)
+            for f in configurations(q, costs, c.percentile)]
+    fits = [f for t, f in late if t <= target] or [f for _, f in late]
+    return min(t for t, _ in late), min(f.box_mj for f in fits)
 
 
 def _energy(p: Profile, c: Constraints) -> float:
     """The energy the selector ranks `p` by, as measured: per inference, or by the box per
-    frame of its cheapest configuration."""
-    if not c.by_box:
-        return p.energy_mj
-    return min(f.box_mj for f in configurations(p, box_costs(c), c.percentile))
+    frame of its best configuration (`_best`)."""
+    return _best(p, c)[1] if c.by_box else p.energy_mj
 
 
 def _target(c: Constraints) -> float:

@@ -13,7 +13,7 @@ the component that uses it. A module per section that has a component of its own
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
@@ -96,6 +96,11 @@ class ConstraintsConfig:
         if self.end_to_end_ms is not None:
             return self.end_to_end_ms, True
         return self.latency_ms, False
+
+    def with_target(self, ms: float) -> ConstraintsConfig:
+        """These constraints with the latency target in force set to `ms` (`in_force`):
+        what `set_latency_target` means, applied and restored after a restart."""
+        return replace(self, **{"end_to_end_ms" if self.in_force()[1] else "latency_ms": ms})
 
     def validate(self) -> tuple[str, str] | None:
         if self.latency_ms <= 0:

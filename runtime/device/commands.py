@@ -120,12 +120,11 @@ def choose_model(d: CommandHost, cmd: Command) -> bool:
 
 
 def set_latency_target(d: CommandHost, cmd: Command) -> bool:
-    """The latency target in force from the command's `ms`: `[constraints] end_to_end_ms`
-    when the device judges frames end to end, else `latency_ms` (changing the inference
-    bound there would change nothing the operator sees)."""
-    c = d.cfg.constraints
-    field = "end_to_end_ms" if c.in_force()[1] else "latency_ms"
-    d.set_constraints(replace(c, **{field: cmd.args["ms"]}))
+    """The latency target in force from the command's `ms` (ConstraintsConfig.with_target):
+    `[constraints] end_to_end_ms` when the device judges frames end to end, else
+    `latency_ms` (changing the inference bound there would change nothing the operator
+    sees)."""
+    d.set_constraints(d.cfg.constraints.with_target(cmd.args["ms"]))
     return True
 
 

@@ -5,7 +5,8 @@ Two small JSON files, formats unchanged from the two modules this one replaces
 (`operator_settings.py`, `control_store.py`), so a device's existing files still load:
 
 - `settings.json`: `set_latency_target` and `set_accuracy_floor` override the config file's
-  `[constraints]` until the operator sends another value (`{"latency_ms": 25.0, ...}`).
+  `[constraints]` until the operator sends another value (`{"latency_ms": 25.0, ...}`; the
+  saved `latency_ms` is the target in force: `end_to_end_ms` where the config sets one).
 - `control.json`: the harvest forecast a solar node learns over days (a restart must not throw
   it away) and the operator's `set_rate` cap (it must not silently lapse):
   `{"v": 1, "operator_rate_hz": 2.0 | null, "energy": {...} | null}`.
@@ -150,8 +151,13 @@ def save_settings(state_dir: Path, settings: dict[str, float]) -> None:
 
 
 def apply(constraints: Any, settings: dict[str, float]) -> Any:
-    """`constraints` (runtime.config.ConstraintsConfig) with the overrides applied."""
-    return replace(constraints, **settings) if settings else constraints
+    """`constraints` (runtime.config.ConstraintsConfig) with the overrides applied. The saved
+    `latency_ms` is the operator's latency target: it sets the target in force
+    (`with_target`: `end_to_end_ms` when the config judges frames end to end), as the command
+    did."""
+    rest = {k: v for k, v in settings.items() if k != "latency_ms"}
+    out = replace(constraints, **rest) if rest else constraints
+    return out.with_target(settings["latency_ms"]) if "latency_ms" in settings else out
 
 
 def record(settings: dict[str, float], command: str, args: dict[str, Any]) -> dict[str, float]:

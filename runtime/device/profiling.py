@@ -28,6 +28,7 @@ log = logging.getLogger("edgerun.daemon")  # the journal's name for these lines
 
 PROGRESS_LOG_S = 2.0  # profiling progress on the terminal: at most one line this often
 REPROFILE_EVERY_S = 600.0  # conditions ask for a re-profile at most this often
+ALONE_SAMPLES = 200  # the throttle check's inferences: the most recent that ran alone
 
 
 def progress_reporter(notify: Any, stopping: Callable[[], bool]) -> Callable[[int, int, str],
@@ -121,15 +122,18 @@ class Profiler:
             return None, None
         a = pipeline.active
         # the [model]'s own inferences (not another camera's model's, nor a tiled frame's
-        # whole time), over the last 30 s, that ran alone: what its profile measured, one
-        # inference with nothing beside it. One that shared the box's cores with the
+        # whole time), the last ALONE_SAMPLES that ran alone within REPROFILE_EVERY_S (the
+        # last seconds on a busy camera, minutes on a slow one: it needs 50), whose wall
+        # time is what its profile measured, one inference with nothing beside it. One
+        # that shared the box's cores with the
         # pipeline's capture and preprocessing (a backlog) is slower in wall time and in CPU
         # time (caches, a sibling hyperthread), and re-profiling cannot change that: the
         # re-profile measured the same figures again, on the cores the frames needed
         # (throughput 0.3x the hand loop for seconds, bench/overhead.py). A box that never
         # runs a frame alone (a continuous backlog) is judged by its temperature.
-        mine = pipeline.models.tally(model_id("", model.manifest), time.time() - 30)
-        alone = mine.alone_ms
+        mine = pipeline.models.tally(model_id("", model.manifest),
+                                     time.time() - REPROFILE_EVERY_S)
+        alone = mine.alone_ms[-ALONE_SAMPLES:]
         p95 = float(np.percentile(alone, 95)) if alone else None
         prof = model.by_id.get(a.variant_id) if a else None
         why, slow = reprofile_reason(temp, model.temp_c, daemon_cfg.reprofile_temp_delta_c,

@@ -122,7 +122,7 @@ class PreprocessChooser:
         if rows is None:
             rows = self._measured[key] = self._measure(frame, shape)
         usable = [r for r in rows if (key, r[2]) not in self._failed]
-        cpu: Path_ = lambda f: self._pre.apply(f, shape)  # noqa: E731
+        cpu = self._cpu(shape)
         if pin:
             got = next((r for r in usable if r[2] == pin), None)
             if got is not None:
@@ -140,9 +140,13 @@ class PreprocessChooser:
         _mj, _ms, name, fn = min(usable, key=lambda r: (r[0], r[1]))
         return name, fn, CHEAPEST
 
+    def _cpu(self, shape: tuple[int, ...]) -> Path_:
+        """The CPU path for an input shape (OpenCV + numpy, the manifest's preprocessing)."""
+        return lambda f: self._pre.apply(f, shape)
+
     def _measure(self, frame: np.ndarray, shape: tuple[int, ...]) -> list[_Row]:
         """Each path's cost on this frame (a path that fails is left out, said once)."""
-        cpu: Path_ = lambda f: self._pre.apply(f, shape)  # noqa: E731
+        cpu = self._cpu(shape)
         paths = [(CPU, cpu)]
         if self._opencl is not None and frame.ndim == 3 and frame.dtype == np.uint8:
             try:

@@ -23,6 +23,7 @@ import os
 import select
 import struct
 import threading
+import time
 
 # <sys/inotify.h>
 IN_ATTRIB = 0x004  # a touch: a file's mtime set after it was written
@@ -86,10 +87,12 @@ class DirWatch:
             if fd is None or self._close_due:
                 return
             self._waiting = True
-        try:
-            select.select([fd], [], [], max(0.0, timeout_s))
+        try:  # poll, not select: select refuses a descriptor numbered 1024 or more
+            poller = select.poll()
+            poller.register(fd, select.POLLIN)
+            poller.poll(max(0.0, timeout_s) * 1e3)
         except (OSError, ValueError):  # `take` says what happened
-            pass
+            time.sleep(min(0.02, max(0.0, timeout_s)))  # never a spin
         finally:
             with self._lock:
                 self._waiting = False

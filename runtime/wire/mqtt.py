@@ -272,25 +272,30 @@ class Connection:
                 log.exception("%s: %s; reconnecting", self.name, e)
                 self._drop(f"{type(e).__name__}: {e}")
                 next_attempt = time.monotonic() + self._backoff.next_delay()
-        self._shutdown()
-        for s in (self._wake_w, self._wake_r):
-            if s is not None:
-                s.close()
+        try:
+            self._shutdown()
+        finally:
+            pair, self._wake_w, self._wake_r = (self._wake_w, self._wake_r), None, None
+            for s in pair:  # taken away first: a late wake() finds None, not a closed socket
+                if s is not None:
+                    s.close()
 
     IDLE_TICK_S = 0.1  # longest the thread sleeps with nothing to do: on_tick's clocks (ack
     # timeouts) and the CONNACK deadline are checked at least this often
 
     def _loop(self, client: mqtt.Client) -> int:
-        """One pass of paho's loop, after sleeping until the socket is readable, `wake` is
-        called or IDLE_TICK_S passes; no sleep while paho has bytes to write or TLS holds
-        decrypted bytes a select cannot see."""
+        """One pass of paho's loop, after sleeping until the socket is readable (or writable,
+        while paho has bytes to write: a full send buffer must not spin the thread), `wake`
+        is called or IDLE_TICK_S passes; no sleep while TLS holds decrypted bytes a select
+        cannot see."""
         sock, wake = client.socket(), self._wake_r
         if sock is None or wake is None:
             return client.loop(timeout=0.01)
         pending = getattr(sock, "pending", None)
-        if not client.want_write() and not (pending is not None and pending() > 0):
+        if not (pending is not None and pending() > 0):
             try:
-                ready, _, _ = select.select([sock, wake], [], [], self.IDLE_TICK_S)
+                ready, _, _ = select.select([sock, wake], [sock] if client.want_write() else [],
+                                            [], self.IDLE_TICK_S)
             except (OSError, ValueError):  # the socket closed under us: paho says so
                 ready = []
             if wake in ready:

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from runtime.choice.box import FrameCosts
+from runtime.choice.box import FrameCosts, PrePath
 from runtime.choice.refine import (
     combine,
     finalists,
@@ -25,6 +25,11 @@ BACKLOG = Constraints(20, frame=FrameCosts(idle_w=2.0, rate_hz=0.0))
 # 10 frames/s, the stages around inference adding 10 ms to each frame; 14 ms end to end
 E2E = Constraints(14, end_to_end_ms=14,
                   frame=FrameCosts(idle_w=1.0, rate_hz=10.0, other_mj=5.0, other_ms=10.0))
+# a's OpenCL path is free per tensor but misses 14 ms end to end; its CPU path costs 3 mJ
+PATHS = Constraints(14, end_to_end_ms=14, frame=FrameCosts(
+    idle_w=1.0, rate_hz=10.0, other_mj=5.0, other_ms=2.0,
+    pre={"a": (PrePath("cpu", 3.0, 0.1), PrePath("opencl:0", 0.0, 30.0)),
+         "b": (PrePath("cpu", 1.5, 0.1),)}))
 
 
 def P(vid: str, p95: float, mj: float, acc: float | None = 0.9, ci: float = 0.0,
@@ -83,6 +88,8 @@ KEEP = [
      [P("a", 5, 1.0), P("b", 3, 1.5)], E2E, 0.05, {"b"}),
     ("by the box end to end: one that could meet it stays",
      [P("a", 4.1, 1.0), P("b", 3, 1.5)], E2E, 0.05, {"a", "b"}),
+    ("by the box: a cheaper path that misses the target is not the variant's figure",
+     [P("a", 5, 1.0), P("b", 5, 1.0)], PATHS, 0.05, {"b"}),
 ]
 
 

@@ -224,3 +224,21 @@ def test_a_tally_keeps_which_inferences_ran_alone():
         c.result(("", "m"), 100.0 + k, float(k), alone)
     t = c.tally(("", "m"), 100.5)
     assert (t.results, t.latencies_ms, t.alone_ms) == (3, (1.0, 2.0), (2.0,))
+
+
+@pytest.mark.parametrize("config, want", [
+    (ConstraintsConfig(latency_ms=20.0), ConstraintsConfig(latency_ms=7.5, accuracy_floor=0.9)),
+    # judged end to end: the saved target is restored onto end_to_end_ms, as the command set it
+    (ConstraintsConfig(latency_ms=20.0, end_to_end_ms=40.0),
+     ConstraintsConfig(latency_ms=20.0, end_to_end_ms=7.5, accuracy_floor=0.9)),
+])
+def test_a_saved_latency_target_is_restored_onto_the_target_in_force(tmp_path, config, want):
+    """set_latency_target, then a restart: the operator's target outlives it on the field the
+    command changed (it was saved as latency_ms and restored there, so an end-to-end
+    device's target silently went back to the config's)."""
+    st = operator_state.OperatorState(tmp_path)
+    st.record("set_latency_target", {"ms": 7.5})
+    st.record("set_accuracy_floor", {"value": 0.9})
+    again = operator_state.OperatorState(tmp_path)
+    again.load()
+    assert again.constraints(config) == want

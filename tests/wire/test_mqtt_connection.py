@@ -86,3 +86,48 @@ def test_on_tick_runs_when_woken(broker, monkeypatch):
             before = ticks["n"]
     finally:
         conn.stop()
+
+
+def test_a_full_send_buffer_sleeps_instead_of_spinning(monkeypatch):
+    """While paho has bytes to write (want_write) and the socket's send buffer is full (a slow
+    uplink after an outage), one pass must wait for the socket to take more, not return at
+    once: it skipped the select then, and the thread went round again and again (327,188
+    passes in 0.2 s, a review found), holding the GIL the frames need."""
+    import socket
+
+    from runtime.config.telemetry import BrokerConfig
+
+    monkeypatch.setattr(Connection, "IDLE_TICK_S", 0.2)
+    full, peer = socket.socketpair()
+    full.setblocking(False)
+    try:
+        while True:
+            full.send(b"x" * 65536)
+    except BlockingIOError:
+        pass
+    passes = []
+
+    class Client:  # paho's surface that a pass uses
+        def socket(self):
+            return full
+
+        def want_write(self):
+            return True
+
+        def loop(self, timeout):
+            passes.append(timeout)
+            return 0
+
+    conn = Connection(BrokerConfig(host="127.0.0.1", port=1), "c", name="c")
+    conn._wake_r, conn._wake_w = socket.socketpair()
+    try:
+        t0 = time.monotonic()
+        conn._loop(Client())
+        assert time.monotonic() - t0 >= 0.15  # slept on the socket (up to the idle tick)
+        assert passes == [0]
+        peer.recv(1 << 20)  # the uplink drains: the next pass writes
+        conn._loop(Client())
+        assert passes == [0, 0]
+    finally:
+        for s in (full, peer, conn._wake_r, conn._wake_w):
+            s.close()
