@@ -74,6 +74,37 @@ def test_alerts_table(health, codes):
     assert [c for c, _ in fleet.alerts(v, CFG, "1.0")] == codes
 
 
+@pytest.mark.parametrize("slo, says", [
+    ({"compliance": 0.5, "of": "end_to_end"}, "of frames end to end"),
+    ({"compliance": 0.5, "of": "inference"}, "of inferences"),
+    ({"compliance": 0.5}, "of inferences"),  # a device from before the field
+    # hostile or broken: never a traceback, never echoed
+    ({"compliance": 0.5, "of": {"x": [1] * 1000}}, "of inferences"),
+    ({"compliance": 0.5, "of": "end_to_end" * 10_000}, "of inferences"),
+])
+def test_the_slo_alert_says_what_was_judged(slo, says):
+    v = fleet.on_activity(fleet.on_state(fleet.DeviceView("d"), _birth(0), 0), 1, {"slo": slo})
+    (code, text), = fleet.alerts(v, CFG, "1.0")
+    assert code == "slo" and text.endswith(says) and len(text) < 100, text
+
+
+@pytest.mark.parametrize("of, admitted", [
+    ("inference", True), ("end_to_end", True), ("frames", False), (7, False), (None, False),
+    ({"deep": {"er": []}}, False), ("x" * 100_000, False),
+])
+def test_the_health_schema_admits_only_the_two_slo_kinds(of, admitted):
+    from runtime.wire import payloads
+
+    body = {"v": 1, "t": 1.0, "boot": "b", "slo": {"target_ms": 20.0, "compliance": 1.0,
+                                                   "of": of}}
+    try:
+        payloads.check("health", body)
+        ok = True
+    except payloads.PayloadError:
+        ok = False
+    assert ok is admitted
+
+
 def test_version_drift_against_majority():
     views = {}
     for i, ver in enumerate(["1.0", "1.0", "0.9"]):
