@@ -10,9 +10,12 @@ policy sees a filtered temperature and its slope in device time. Two policies, b
 predictive (they act on the trend before a trip is reached):
 
 - step_wise (after drivers/thermal/gov_step_wise.c and thermald): a level per tick up while
-  hot and rising (and one per `settle_s` while above the trip and not falling), held while hot
-  and falling, released one level at a time after a dwell
-  once below trip - hysteresis.
+  hot and rising (and one per `settle_s` while hot and not falling), held while hot and
+  falling, released one level at a time after a dwell once below trip - hysteresis. "Hot" is
+  within `guard_c` of the trip, or predicted there within `horizon_s`: the trip is a ceiling,
+  not a set point. Acting at the trip itself let a slow creep (a rising ambient under the
+  cheapest rung, the trend blind for a few readings after each step) settle onto it and cross
+  by a few hundredths (the demo's scenario, pure simulation: 78.01 °C; with the guard 77.49).
 - power_allocator (after drivers/thermal/gov_power_allocator.c, IPA): PID on
   e = T_control - T over the headroom above the floor, H = S - floor:
   budget = floor + clamp(H + p + i, 0, max - floor), with the kernel's default gains
@@ -48,6 +51,7 @@ class GovernorConfig:
     dwell_s: float = 60.0  # minimum time at a level before releasing one
     max_dwell_s: float = 900.0  # the dwell doubles after each release that had to be undone
     critical_margin_c: float = 3.0  # go to the bottom this close to the critical trip
+    guard_c: float = 0.5  # step_wise acts this far under the trip (module doc)
     floor_w: float = 0.0  # the box's idle floor: drawn whatever runs (0: dynamic watts)
 
 
@@ -118,21 +122,23 @@ def step(state: GovernorState, tr: Trend, cfg: GovernorConfig) -> tuple[Governor
 def _step_wise(s: GovernorState, temp: float, slope: float, t: float, cfg: GovernorConfig):
     bottom = len(cfg.levels_w) - 1
     predicted = temp + max(slope, 0.0) * cfg.horizon_s
+    guard = cfg.control_c - cfg.guard_c
     dwell = s.dwell_s or cfg.dwell_s
     if t - s.last_release_t > 2 * cfg.max_dwell_s:
         dwell = cfg.dwell_s  # long settled: forget the back-off
     level, why = s.level, "holding"
     if temp >= cfg.critical_c - cfg.critical_margin_c:
         level, why = bottom, f"{temp:.1f} °C is within {cfg.critical_margin_c:g} °C of critical"
-    elif ((temp >= cfg.control_c or predicted >= cfg.control_c) and slope > 0) or (
-            temp >= cfg.control_c and slope >= 0 and t - s.last_change_t >= cfg.settle_s):
+    elif ((temp >= guard or predicted >= guard) and slope > 0) or (
+            temp >= guard and slope >= 0 and t - s.last_change_t >= cfg.settle_s):
         if level < bottom and t - s.last_release_t < 2 * dwell:
             dwell = min(2 * dwell, cfg.max_dwell_s)  # the last release was too early
         level = min(level + 1, bottom)
         why = (f"{temp:.1f} °C {'rising' if slope > 0 else 'not falling'} "
                f"{slope * 60:+.1f} °C/min, trip {cfg.control_c:g} °C "
                + ("crossed" if temp >= cfg.control_c else
-                  f"due in {(cfg.control_c - temp) / slope:.0f} s"))
+                  f"due in {(cfg.control_c - temp) / slope:.0f} s" if slope > 0 else
+                  f"{cfg.control_c - temp:.1f} °C away"))
     elif temp < cfg.control_c - cfg.hyst_c and level > 0:
         if t - s.last_change_t >= dwell:
             level -= 1
