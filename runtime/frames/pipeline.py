@@ -47,7 +47,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -97,6 +97,18 @@ def live_id(key: str, variant_id: str) -> str:
     energies): its id for the [model]'s model; for a source's own model its key too, as two
     models may have the same variant ids (two files named best.onnx)."""
     return f"{key}\x00{variant_id}" if key else variant_id
+
+
+class Inferred(NamedTuple):
+    """A frame through its model, on its way to `_store`."""
+
+    frame: Frame
+    out: Any  # the session's outputs (a tiled frame's, merged)
+    active: Active  # the variant it ran on
+    ms: float  # inference wall time
+    tiles: int  # inferences it took
+    spent: float  # inference CPU s
+    alone: bool  # on the inline path: no other stage ran beside it (Tally.alone_ms)
 
 
 class Pipeline:
@@ -534,7 +546,7 @@ class Pipeline:
     # stores what it has (a frame on its way shares the commit)
 
     def _infer(self) -> None:
-        pending: list[tuple] = []  # inferred, not yet stored
+        pending: list[Inferred] = []  # inferred, not yet stored
         while not self._stop.is_set() or pending:
             self.heartbeat = time.monotonic()
             if pending and (len(pending) >= 64 or self._stop.is_set() or (
@@ -561,7 +573,7 @@ class Pipeline:
             if done is not None:
                 pending.append(done)
 
-    def _store_pending(self, pending: list[tuple]) -> None:
+    def _store_pending(self, pending: list[Inferred]) -> None:
         """Store a group of inferred frames under `_work` (see _store)."""
         with self._work:
             self._store(pending)
@@ -572,7 +584,7 @@ class Pipeline:
         return self.preprocessing or not self._raw.empty() or self._in_backlog
 
     def _run(self, frame: Frame, tensor: Any, made_for: Active, alone: bool = False
-             ) -> tuple | None:
+             ) -> Inferred | None:
         """Infer one frame on the active variant (swapping in a pending one first); the caller
         holds `_work`; `alone`: on the inline path, no other stage running beside it. Returns
         what `_store` needs, or None after a reported failure."""
@@ -619,7 +631,7 @@ class Pipeline:
             if self.shadow is not active and self._shadow_i % self.shadow_every == 0:
                 # (the shadow is the running model until the swap reaches this thread)
                 self._shadow_due.append((frame, out, active))
-        return frame, out, active, ms, _tiles(tensor), spent, alone
+        return Inferred(frame, out, active, ms, _tiles(tensor), spent, alone)
 
     def _model_id(self, active: Active) -> ModelId:
         """What `active`'s frames are counted under in `models`."""
@@ -676,7 +688,7 @@ class Pipeline:
         finally:
             self._work.release()
 
-    def _store(self, batch: list[tuple]) -> None:
+    def _store(self, batch: list[Inferred]) -> None:
         """Postprocess and persist a group in one outbox transaction, then mark frames done."""
         c_post = time.thread_time()
         results, made, owners, counted = [], [], [], []
@@ -732,16 +744,18 @@ class Pipeline:
         now = time.time()
         for m, ms_each, alone in counted:
             self.models.result(m, now, ms_each, alone)
-        for frame, _, _, ms, *_ in batch:
+        for done in batch:
+            frame = done.frame
             e2e_ms = (now - frame.t) * 1e3
-            judged = e2e_ms if self.slo_end_to_end else ms
-            self.latencies.append((now, ms, judged <= self.latency_target_ms))
+            judged = e2e_ms if self.slo_end_to_end else done.ms
+            self.latencies.append((now, done.ms, judged <= self.latency_target_ms))
             lane = self._lane.get(frame.source)
             if lane is not None:
                 lane.e2e.append((now, e2e_ms))
                 lane.counters["results"] += 1
         for lane in self.lanes:
-            done = [f for f, *_ in batch if f.done is not None and f.source == lane.name]
+            done = [i.frame for i in batch if i.frame.done is not None
+                    and i.frame.source == lane.name]
             if done and lane.source is not None:
                 lane.source.done(done)
         self.counters["results"] += len(results)

@@ -264,7 +264,7 @@ def test_serve_prints_writes_jsonl_keeps_snapshots_and_counts_labels(tmp_path):
 
 def test_label_counters_are_bounded_and_admitted_by_the_health_schema():
     from runtime.engine.manifest import Manifest, Preprocess
-    from runtime.frames.pipeline import MAX_LABELS, OTHER_LABEL, Active, Pipeline
+    from runtime.frames.pipeline import MAX_LABELS, OTHER_LABEL, Active, Inferred, Pipeline
     from runtime.wire import payloads
 
     n = MAX_LABELS + 44
@@ -272,8 +272,8 @@ def test_label_counters_are_bounded_and_admitted_by_the_health_schema():
                  "probabilities", (), "labels", 0)
     p = Pipeline(lambda: None, m, lambda rs: list(range(1, len(rs) + 1)), lambda e: None)
     active = Active(0, "v", None, (1, 3, 8, 8))
-    batch = [(_frame(i), np.eye(n, dtype=np.float32)[i:i + 1], active, 1.0, 1, 0.0, False)
-             for i in range(n)]
+    batch = [Inferred(_frame(i), np.eye(n, dtype=np.float32)[i:i + 1], active, 1.0, 1, 0.0,
+                      False) for i in range(n)]
     p._store(batch[:10])
     p._store(batch)  # the first 10 labels twice, the rest once
     labels = p.stats()["labels"]
