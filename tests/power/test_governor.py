@@ -48,10 +48,10 @@ STEP_WISE = [
     ("over the trip but falling: hold (no release above trip - hyst)",
      [79, 82, 84, 81, 80.5, 80.5, 80.5, 80.5], [0, 1, 2, 2, 2, 2, 2, 2]),
     ("near critical: straight to the bottom", [60, 98], [0, 3]),
-    ("creeping inside the guard band: acts before the trip the horizon does not reach",
-     [(79.0, 0.01), (79.6, 0.01), (79.7, 0.01)], [0, 1, 2]),
-    ("flat inside the guard band: one level per settle_s",
-     [(79.6, 0.0)] * 12, [1] * 10 + [2, 2]),
+    ("creeping inside the band under the trip, too slowly for the horizon: one level per "
+     "settle_s before the trip", [(79.0, 0.01)] + [(79.85, 0.005)] * 11, [0] + [1] * 10 + [2]),
+    ("flat inside the band: one level per settle_s", [(79.85, 0.0)] * 12, [1] * 10 + [2, 2]),
+    ("flat under the band: hold", [(79.7, 0.0)] * 12, [0] * 12),
 ]
 
 
