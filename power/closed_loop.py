@@ -108,7 +108,10 @@ def simulate(device: DeviceProfile, rungs: Sequence[Rung], ambient_c: Callable[[
     steps = int(duration_s / dt)
     for i in range(steps):
         s = plant.s
-        temp: float | None = s.die_c + (rng.normal(0, noise_c) if noise_c else 0.0)
+        # read as sysfs gives it, in whole millidegrees (what the daemon in the loop reads: a
+        # decision on a threshold must not differ between the two by a rounding)
+        temp: float | None = round((s.die_c + (rng.normal(0, noise_c) if noise_c else 0.0))
+                                   * 1000) / 1000
         problems: tuple[str, ...] = ()
         if drop_frac and rng.random() < drop_frac:
             temp, problems = None, ("temp: cannot read (simulated dropout)",)
