@@ -65,6 +65,7 @@ from runtime.device.shutdown import stop_steps
 from runtime.device.source_plan import SourcePlan, bundled_model
 from runtime.device.status import birth, ha_info, status_line
 from runtime.device.systemd import Notifier
+from runtime.device.wakeup import Wakeup, WakingQueue
 from runtime.engine.backends import discover
 from runtime.frames.multisource import planned_rate
 from runtime.frames.pipeline import Active, Pipeline
@@ -76,6 +77,10 @@ from runtime.wire.commands import Command
 from runtime.wire.health_history import HealthHistory
 
 log = logging.getLogger("edgerun.daemon")
+
+# The main loop sleeps until its next duty; at most this long, so the status line and a
+# watchdog beat held back by a stalled pipeline are looked at again soon.
+MAX_SLEEP_S = 1.0
 
 
 class _Via:
@@ -107,6 +112,7 @@ class Daemon:
         # that takes a lock (Event.set) can deadlock against the main thread's own wait.
         self._stop_requested = False
         self._reload_requested = False
+        self.wakeup = Wakeup()  # the main loop sleeps on it (runtime/device/wakeup.py)
         self.sim: Any = None  # runtime.device.simdevice.SimulatedDevice when simulating
         self.publisher: Publisher | None = None
         self.local_api: LocalApi | None = None  # opt-in /metrics and /healthz ([local_api])
@@ -141,7 +147,7 @@ class Daemon:
         self.energy = LiveEnergy()  # each running variant's J per inference, learnt live
         self.history = HealthHistory(self.state_dir)  # for `edgerun report` when offline
         # -- background profiling --
-        self._installs: queue.Queue[Install] = queue.Queue()
+        self._installs: queue.Queue[Install] = WakingQueue(self.wakeup.set)
         self.profiler = Profiler(lambda *a, **kw: self.event(*a, **kw), self.queue_install)
         self.print_results = False  # `serve --print` (serve() sets it; reload keeps it)
         self._model_gen = 0  # bumped when another model is installed: older jobs are stale
@@ -259,7 +265,8 @@ class Daemon:
                                        state_dir=self.state_dir, homeassistant=ha,
                                        session_expiry_s=(cfg.sleep.session_expiry_s
                                                          if cfg.sleep.enabled else 0),
-                                       precheck=self.ota.precheck)
+                                       precheck=self.ota.precheck,
+                                       command_queue=WakingQueue(self.wakeup.set, 100))
         except ValueError as e:  # an unreadable trusted key or device key file
             raise ConfigError(str(e)) from e
 
@@ -709,6 +716,7 @@ class Daemon:
         signal.signal(signal.SIGTERM, self._on_stop_signal)
         signal.signal(signal.SIGINT, self._on_stop_signal)
         signal.signal(signal.SIGHUP, self._on_reload_signal)
+        self.wakeup.take_signals()  # a signal also ends the main loop's sleep
 
     def run(self) -> int:
         """Run until SIGTERM/SIGINT; returns the exit code."""
@@ -721,7 +729,13 @@ class Daemon:
         next_tick = next_health = last_beat = 0.0
         status = ""
         while not self._stop_requested:
-            time.sleep(min(nap, self.sim.due_in(tick)) if self.sim else nap)
+            if self.sim:
+                self.wakeup.wait(min(nap, self.sim.due_in(tick)))
+            else:  # until the next duty; signals, commands and installs wake it earlier
+                now, wd = time.monotonic(), self.notify.watchdog_s
+                beat = last_beat + wd / 4 if wd else math.inf
+                due = min(next_tick, next_health, beat if beat > now else math.inf)
+                self.wakeup.wait(min(MAX_SLEEP_S, due - now))
             now = time.monotonic()
             if self._reload_requested:
                 self._reload_requested = False
@@ -763,11 +777,13 @@ class Daemon:
         self._stop_requested = True  # only a flag: no locks, no I/O in a signal handler
 
     def _on_reload_signal(self, *_: Any) -> None:
-        self.request_reload()
+        self._reload_requested = True  # only a flag (the wake-up fd woke the loop)
 
     def request_reload(self) -> None:
-        """Reload the config at the main loop's next turn (only a flag: signal-safe)."""
+        """Reload the config at the main loop's next turn (a flag, then a wake-up: the
+        signal handler calls it too, and a send on a non-blocking socket takes no lock)."""
         self._reload_requested = True
+        self.wakeup.set()
 
     def _drain_commands(self) -> None:
         if self.publisher is not None:
@@ -778,6 +794,7 @@ class Daemon:
         close the outbox, which keeps its data."""
         if self.outbox is not None:
             self.outbox.close()
+        self.wakeup.close()
 
     def stop(self) -> None:
         """Drain in-flight frames (their results are stored), say offline, close
@@ -791,6 +808,7 @@ class Daemon:
                 log.exception("stopping %s failed; going on with the rest of the stop", what)
         stats = self.outbox.stats()
         self.outbox.close()
+        self.wakeup.close()
         log.info("stopped; %d results not yet acked stay in the outbox for the next start",
                  stats["results_held"])
 

@@ -1,0 +1,77 @@
+"""The main loop's sleep, cut short by whatever has work for it.
+
+The loop used to nap 50 ms at a time to notice signals, commands and installs: 20 wake-ups a
+second on an idle box, half of its idle CPU. It now sleeps until its next deadline (the
+control tick, health, the watchdog) on one socket pair that is written to by:
+- a signal: the interpreter's C-level handler writes the signal number to it
+  (`signal.set_wakeup_fd`), so the Python handler still only sets a flag;
+- a command or an install queued by another thread (`WakingQueue`);
+- a reload asked from another thread (`Wakeup.set`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import select
+import signal
+import socket
+import threading
+from collections.abc import Callable
+from typing import Any
+
+
+class Wakeup:
+    """A socket pair one thread sleeps on and any thread (or a signal) wakes."""
+
+    def __init__(self) -> None:
+        self._r, self._w = socket.socketpair()
+        self._r.setblocking(False)
+        self._w.setblocking(False)
+        self._signals = False
+
+    def set(self) -> None:
+        """Wake the sleeper (any thread; a no-op once closed). A full buffer already holds
+        a wake-up."""
+        with contextlib.suppress(OSError):  # BlockingIOError: one is pending; closed: stopped
+            self._w.send(b"\0")
+
+    def wait(self, timeout_s: float) -> None:
+        """Sleep until woken or `timeout_s` passed; take every pending wake-up."""
+        try:
+            poller = select.poll()
+            poller.register(self._r, select.POLLIN)
+            if poller.poll(max(0.0, timeout_s) * 1e3):
+                while self._r.recv(4096):
+                    pass
+        except (BlockingIOError, InterruptedError):
+            pass  # drained
+        except (OSError, ValueError):  # closed: the loop is stopping
+            pass
+
+    def take_signals(self) -> None:
+        """Let signals wake the sleeper (main thread only, like signal.signal)."""
+        if threading.current_thread() is threading.main_thread():
+            signal.set_wakeup_fd(self._w.fileno(), warn_on_full_buffer=False)
+            self._signals = True
+
+    def close(self) -> None:
+        """Give the signal wake-up back and close the pair."""
+        if self._signals and threading.current_thread() is threading.main_thread():
+            signal.set_wakeup_fd(-1)  # before the close: its number may be reused
+            self._signals = False
+        self._r.close()
+        self._w.close()
+
+
+class WakingQueue(queue.Queue):
+    """A queue whose every put wakes a sleeper (the main loop's commands and installs)."""
+
+    def __init__(self, wake: Callable[[], None], maxsize: int = 0):
+        super().__init__(maxsize)
+        self._wake = wake
+
+    def put(self, item: Any, block: bool = True, timeout: float | None = None) -> None:
+        """queue.Queue.put, then wake (put_nowait comes here too)."""
+        super().put(item, block, timeout)
+        self._wake()

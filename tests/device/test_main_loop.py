@@ -1,0 +1,104 @@
+"""The daemon's main loop sleeps until its next duty (runtime/device/wakeup.py): a signal, a
+queued command or install wakes it; an idle box wakes it about once a tick, not 20 times a
+second."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from support.daemon_harness import Serve, write_config
+from support.waiting import wait
+
+from models import bundled
+from runtime.device.wakeup import Wakeup, WakingQueue
+
+
+def _woken_within(w: Wakeup, poke, limit_s: float = 30.0) -> float:
+    """Seconds a `wait(limit_s)` took when `poke()` runs once the waiter sleeps."""
+    took: list[float] = []
+    t = threading.Thread(target=lambda: (t0 := time.monotonic(), w.wait(limit_s),
+                                         took.append(time.monotonic() - t0)))
+    t.start()
+    time.sleep(0.05)  # (if the poke comes before the sleep, the pending byte ends it at once)
+    poke()
+    t.join(limit_s + 5)
+    return took[0]
+
+
+def test_a_set_from_another_thread_ends_the_sleep():
+    w = Wakeup()
+    assert _woken_within(w, w.set) < 10
+    w.close()
+
+
+def test_a_put_on_a_waking_queue_ends_the_sleep():
+    w = Wakeup()
+    q = WakingQueue(w.set, maxsize=2)
+    assert _woken_within(w, lambda: q.put_nowait("cmd")) < 10
+    assert q.get_nowait() == "cmd"
+    w.close()
+
+
+def test_pending_wake_ups_are_taken_by_one_wait():
+    w = Wakeup()
+    for _ in range(10_000):  # more than the buffer holds: the rest are dropped, not raised
+        w.set()
+    w.wait(5.0)  # returns at once, and takes them all
+    t0 = time.monotonic()
+    w.wait(0.2)
+    assert time.monotonic() - t0 >= 0.15  # nothing left pending: it slept
+    w.close()
+    w.set()  # closed: a no-op (a thread still holding the queue during the stop)
+    w.wait(1.0)  # closed: returns
+
+
+def test_a_signal_ends_the_sleep_and_its_handler_only_sets_a_flag():
+    w = Wakeup()
+    seen = []
+    old = signal.signal(signal.SIGUSR1, lambda *_: seen.append(1))
+    try:
+        w.take_signals()
+        assert _woken_within(w, lambda: os.kill(os.getpid(), signal.SIGUSR1)) < 10
+        assert seen == [1]
+    finally:
+        w.close()  # gives the wake-up fd back
+        signal.signal(signal.SIGUSR1, old)
+    assert signal.set_wakeup_fd(-1) == -1
+
+
+def _voluntary_switches(pid: int) -> int:
+    """Times the process's main thread went to sleep (the kernel's count)."""
+    text = Path(f"/proc/{pid}/task/{pid}/status").read_text()
+    for line in text.splitlines():
+        if line.startswith("voluntary_ctxt_switches:"):
+            return int(line.split()[1])
+    raise AssertionError("no voluntary_ctxt_switches")
+
+
+@pytest.mark.skipif(not (bundled() / "manifest.json").exists(),
+                    reason="bundled model not built")
+def test_an_idle_daemon_wakes_its_main_loop_about_once_a_tick(tmp_path, profile_cache):
+    """A quiet watched folder: the main thread slept 50 ms at a time (~20 wake-ups a
+    second); now until its next tick (1 s) or health."""
+    folder = tmp_path / "inbox"
+    folder.mkdir()
+    cfg = write_config(tmp_path, profile_cache,
+                       source=f'kind = "folder"\npath = "{folder}"\nwatch = true')
+    cfg.write_text(cfg.read_text().replace("tick_s = 0.2", "tick_s = 1.0")  # the defaults
+                   .replace("health_interval_s = 0.3", "health_interval_s = 5.0"))
+    d = Serve(tmp_path, cfg)
+    try:
+        wait(d.ready, 120, "ready", d)
+        time.sleep(2.0)  # start-up's last work (first health, the first ticks) done
+        n0 = _voluntary_switches(d.proc.pid)
+        time.sleep(4.0)
+        woke = _voluntary_switches(d.proc.pid) - n0
+        # ~1 a second for the tick, a few for health and the GIL; the old loop: >= 80
+        assert woke <= 24, f"the main thread slept {woke} times in 4 s idle"
+    finally:
+        assert d.stop() == 0
