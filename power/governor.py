@@ -10,15 +10,16 @@ policy sees a filtered temperature and its slope in device time. Two policies, b
 predictive (they act on the trend before a trip is reached):
 
 - step_wise (after drivers/thermal/gov_step_wise.c and thermald): a level per tick up while
-  rising past the trip or predicted to reach it within `horizon_s`, one per `settle_s` while
-  within `guard_c` under it (or above) and not falling, held while hot and falling, released
-  one level at a time after a dwell once below trip - hysteresis. The band catches a creep
-  the horizon does not see: after a small step the trend is blind for a few readings, then
-  fitted across the bend, and the die crept onto the trip and over it (the demo's scenario,
-  pure simulation: 78.01 °C at 0.5 °C/min; with the band 77.89). It is sized to exceed two
-  settle periods of that creep (0.09 °C each); every tenth of a degree lower costs output
-  where the die rides the trip (rpi5/sun: 0.952x kernel-only with no band, 0.900x with 0.2,
-  0.872x with 0.5 °C).
+  rising past the trip or predicted to reach it within `horizon_s`; one per `settle_s` while
+  above the trip and not falling, or rising (a measured slope > 0) within `guard_c` under it;
+  held while hot and falling; released one level at a time after a dwell once below trip -
+  hysteresis. The band catches a creep the horizon misses: after a small step the trend is
+  blind for a few readings, then fitted across the bend and shrunk, and on the demo's
+  scenario the die crept onto the trip at 0.5 °C/min and over it (pure simulation: 78.01 °C;
+  with a 0.3 °C band 77.86, with 0.2 77.94). A slope of 0 in the band (no trend yet, or one
+  too small to see) holds: the die is under its trip. Every tenth of a degree of band costs
+  output where the die rides the trip for hours (rpi5/sun: 0.952x kernel-only without a
+  band, 0.890x with 0.3 °C); elsewhere it moves the bench by 0.001-0.004.
 - power_allocator (after drivers/thermal/gov_power_allocator.c, IPA): PID on
   e = T_control - T over the headroom above the floor, H = S - floor:
   budget = floor + clamp(H + p + i, 0, max - floor), with the kernel's default gains
@@ -50,11 +51,12 @@ class GovernorConfig:
     hyst_c: float = 3.0
     switch_on_c: float | None = None  # IPA's T_on; default control_c - 10
     horizon_s: float = 20.0  # predictive: act when the trend reaches the trip within this
-    settle_s: float = 10.0  # above the trip and not falling this long after a change: +1 level
+    settle_s: float = 10.0  # above the trip and not falling (or in the band under it and
+    # rising) this long after a change: +1 level
     dwell_s: float = 60.0  # minimum time at a level before releasing one
     max_dwell_s: float = 900.0  # the dwell doubles after each release that had to be undone
     critical_margin_c: float = 3.0  # go to the bottom this close to the critical trip
-    guard_c: float = 0.2  # step_wise's band under the trip (module doc)
+    guard_c: float = 0.3  # step_wise's band under the trip (module doc)
     floor_w: float = 0.0  # the box's idle floor: drawn whatever runs (0: dynamic watts)
 
 
@@ -125,7 +127,7 @@ def step(state: GovernorState, tr: Trend, cfg: GovernorConfig) -> tuple[Governor
 def _step_wise(s: GovernorState, temp: float, slope: float, t: float, cfg: GovernorConfig):
     bottom = len(cfg.levels_w) - 1
     predicted = temp + max(slope, 0.0) * cfg.horizon_s
-    guard = cfg.control_c - cfg.guard_c
+    guard = cfg.control_c - min(cfg.guard_c, cfg.hyst_c / 2)  # never into the release zone
     dwell = s.dwell_s or cfg.dwell_s
     if t - s.last_release_t > 2 * cfg.max_dwell_s:
         dwell = cfg.dwell_s  # long settled: forget the back-off
@@ -133,9 +135,15 @@ def _step_wise(s: GovernorState, temp: float, slope: float, t: float, cfg: Gover
     if temp >= cfg.critical_c - cfg.critical_margin_c:
         level, why = bottom, f"{temp:.1f} °C is within {cfg.critical_margin_c:g} °C of critical"
     elif ((temp >= cfg.control_c or predicted >= cfg.control_c) and slope > 0) or (
-            temp >= guard and slope >= 0 and t - s.last_change_t >= cfg.settle_s):
-        if level < bottom and t - s.last_release_t < 2 * dwell:
-            dwell = min(2 * dwell, cfg.max_dwell_s)  # the last release was too early
+            # not falling: above the trip a slope of 0 counts (unknown, or too small to see);
+            # in the band under it only a rise the trend has measured does
+            (slope >= 0 if temp >= cfg.control_c else temp >= guard and slope > 0)
+            and t - s.last_change_t >= cfg.settle_s):
+        if (level < bottom and t - s.last_release_t < 2 * dwell
+                and s.last_change_t <= s.last_release_t):
+            # the last release was too early: doubled once for it, at the first step up
+            # after it (not at each step of the same climb)
+            dwell = min(2 * dwell, cfg.max_dwell_s)
         level = min(level + 1, bottom)
         why = (f"{temp:.1f} °C {'rising' if slope > 0 else 'not falling'} "
                f"{slope * 60:+.1f} °C/min, trip {cfg.control_c:g} °C "

@@ -780,8 +780,8 @@ class Daemon:
         self._reload_requested = True  # only a flag (the wake-up fd woke the loop)
 
     def request_reload(self) -> None:
-        """Reload the config at the main loop's next turn (a flag, then a wake-up: the
-        signal handler calls it too, and a send on a non-blocking socket takes no lock)."""
+        """Reload the config at the main loop's next turn (a flag, then a wake-up; any
+        thread but a signal handler, which sets the flag alone)."""
         self._reload_requested = True
         self.wakeup.set()
 

@@ -28,13 +28,16 @@ class Wakeup:
         self._r, self._w = socket.socketpair()
         self._r.setblocking(False)
         self._w.setblocking(False)
-        self._signals = False
+        self._lock = threading.Lock()  # a late set() never sends on a number closed under it
+        self._closed = False
+        self._old_fd: int | None = None  # the signal wake-up fd before ours (None: not ours)
 
     def set(self) -> None:
-        """Wake the sleeper (any thread; a no-op once closed). A full buffer already holds
-        a wake-up."""
-        with contextlib.suppress(OSError):  # BlockingIOError: one is pending; closed: stopped
-            self._w.send(b"\0")
+        """Wake the sleeper (any thread, never a signal handler; a no-op once closed). A
+        full buffer already holds a wake-up."""
+        with self._lock, contextlib.suppress(OSError):  # BlockingIOError: one is pending
+            if not self._closed:
+                self._w.send(b"\0")
 
     def wait(self, timeout_s: float) -> None:
         """Sleep until woken or `timeout_s` passed; take every pending wake-up."""
@@ -52,16 +55,24 @@ class Wakeup:
     def take_signals(self) -> None:
         """Let signals wake the sleeper (main thread only, like signal.signal)."""
         if threading.current_thread() is threading.main_thread():
-            signal.set_wakeup_fd(self._w.fileno(), warn_on_full_buffer=False)
-            self._signals = True
+            old = signal.set_wakeup_fd(self._w.fileno(), warn_on_full_buffer=False)
+            if self._old_fd is None:
+                self._old_fd = old
 
     def close(self) -> None:
-        """Give the signal wake-up back and close the pair."""
-        if self._signals and threading.current_thread() is threading.main_thread():
-            signal.set_wakeup_fd(-1)  # before the close: its number may be reused
-            self._signals = False
-        self._r.close()
-        self._w.close()
+        """Give the signal wake-up back (the one before ours) and close the pair. Off the
+        main thread with signals taken, the pair stays open: the process's wake-up fd
+        still names it, and a closed number could be reused by another file."""
+        on_main = threading.current_thread() is threading.main_thread()
+        if self._old_fd is not None:
+            if not on_main:
+                return
+            signal.set_wakeup_fd(self._old_fd)  # before the close
+            self._old_fd = None
+        with self._lock:
+            self._closed = True
+            self._r.close()
+            self._w.close()
 
 
 class WakingQueue(queue.Queue):

@@ -50,8 +50,10 @@ STEP_WISE = [
     ("near critical: straight to the bottom", [60, 98], [0, 3]),
     ("creeping inside the band under the trip, too slowly for the horizon: one level per "
      "settle_s before the trip", [(79.0, 0.01)] + [(79.85, 0.005)] * 11, [0] + [1] * 10 + [2]),
-    ("flat inside the band: one level per settle_s", [(79.85, 0.0)] * 12, [1] * 10 + [2, 2]),
-    ("flat under the band: hold", [(79.7, 0.0)] * 12, [0] * 12),
+    ("no trend inside the band (blind after a step, or too small to see): hold",
+     [(79.85, 0.0)] * 12, [0] * 12),
+    ("falling slowly inside the band: hold", [(79.85, -0.001)] * 12, [0] * 12),
+    ("no trend above the trip: one level per settle_s", [(80.2, 0.0)] * 12, [1] * 10 + [2, 2]),
 ]
 
 
@@ -80,6 +82,22 @@ def test_step_wise_flapping_input_backs_off():
     changes = sum(1 for a, b in itertools.pairwise(levels) if a != b)
     naive = 20 * 2  # one escalation and one release per bounce
     assert changes < naive
+
+
+def test_a_climb_after_an_early_release_doubles_the_dwell_once():
+    """Back-off is per release undone, not per step of the climb that undoes it: five steps
+    up right after a release made one early release cost the longest dwell."""
+    s = GovernorState(level=1, last_change_t=-5.0, last_release_t=-5.0, dwell_s=30.0)
+    s, levels, _, _ = run(SW, [(80.5, 0.5)] * 3, state=replace(s, last_t=None))
+    assert levels == [2, 3, 3] and s.dwell_s == 60.0
+
+
+def test_the_band_never_reaches_into_the_release_zone():
+    """A profile's hysteresis under the band: the band shrinks to half of it (a level
+    stepped up in the band is never also released there)."""
+    cfg = replace(SW, hyst_c=0.2)
+    _, levels, _, _ = run(cfg, [(79.85, 0.001)] * 12)  # under 80 - 0.1: not in the band
+    assert levels == [0] * 12
 
 
 def test_invalid_sensor_fails_safe_then_recovers():
