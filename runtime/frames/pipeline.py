@@ -744,18 +744,18 @@ class Pipeline:
         now = time.time()
         for m, ms_each, alone in counted:
             self.models.result(m, now, ms_each, alone)
-        for done in batch:
-            frame = done.frame
+        for item in batch:
+            frame = item.frame
             e2e_ms = (now - frame.t) * 1e3
-            judged = e2e_ms if self.slo_end_to_end else done.ms
-            self.latencies.append((now, done.ms, judged <= self.latency_target_ms))
+            judged = e2e_ms if self.slo_end_to_end else item.ms
+            self.latencies.append((now, item.ms, judged <= self.latency_target_ms))
             lane = self._lane.get(frame.source)
             if lane is not None:
                 lane.e2e.append((now, e2e_ms))
                 lane.counters["results"] += 1
         for lane in self.lanes:
-            done = [i.frame for i in batch if i.frame.done is not None
-                    and i.frame.source == lane.name]
+            done = [item.frame for item in batch if item.frame.done is not None
+                    and item.frame.source == lane.name]
             if done and lane.source is not None:
                 lane.source.done(done)
         self.counters["results"] += len(results)
