@@ -130,7 +130,8 @@ class Output:
 
 def governor_config(device: DeviceProfile, policy: str, control_c: float | None = None,
                     critical_c: float | None = None, hyst_c: float | None = None,
-                    design_ambient_c: float = 25.0) -> gov.GovernorConfig:
+                    design_ambient_c: float = 25.0,
+                    band_c: float = gov.GovernorConfig.band_c) -> gov.GovernorConfig:
     """Thermal policy settings from the device profile; trips found on the device (sysfs)
     override the profile's. Powers in box watts: the floor is the profile's idle power, the
     sustainable power what the die-to-ambient resistance lets the box dissipate at the trip
@@ -148,7 +149,7 @@ def governor_config(device: DeviceProfile, policy: str, control_c: float | None 
         critical_c=critical_c if critical_c is not None else th.trip("critical").temp_c,
         sustainable_w=sustainable, max_w=math.inf, levels_w=(math.inf,), floor_w=floor,
         policy=policy,  # type: ignore[arg-type]
-        hyst_c=hyst_c if hyst_c is not None else th.trip("passive").hyst_c)
+        hyst_c=hyst_c if hyst_c is not None else th.trip("passive").hyst_c, band_c=band_c)
 
 
 def robust_trend(samples: Sequence[tuple[float, float]], t: float) -> tuple[float, float]:

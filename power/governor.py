@@ -11,7 +11,7 @@ predictive (they act on the trend before a trip is reached):
 
 - step_wise (after drivers/thermal/gov_step_wise.c and thermald): a level per tick up while
   rising past the trip or predicted to reach it within `horizon_s`; one per `settle_s` while
-  above the trip and not falling, or rising (a measured slope > 0) within `guard_c` under it;
+  above the trip and not falling, or rising (a measured slope > 0) within `band_c` under it;
   held while hot and falling; released one level at a time after a dwell once below trip -
   hysteresis. The band catches a creep the horizon misses: after a small step the trend is
   blind for a few readings, then fitted across the bend and shrunk, and on the demo's
@@ -56,7 +56,7 @@ class GovernorConfig:
     dwell_s: float = 60.0  # minimum time at a level before releasing one
     max_dwell_s: float = 900.0  # the dwell doubles after each release that had to be undone
     critical_margin_c: float = 3.0  # go to the bottom this close to the critical trip
-    guard_c: float = 0.3  # step_wise's band under the trip (module doc)
+    band_c: float = 0.3  # step_wise's band under the trip (module doc; [governor] band_c)
     floor_w: float = 0.0  # the box's idle floor: drawn whatever runs (0: dynamic watts)
 
 
@@ -127,7 +127,7 @@ def step(state: GovernorState, tr: Trend, cfg: GovernorConfig) -> tuple[Governor
 def _step_wise(s: GovernorState, temp: float, slope: float, t: float, cfg: GovernorConfig):
     bottom = len(cfg.levels_w) - 1
     predicted = temp + max(slope, 0.0) * cfg.horizon_s
-    guard = cfg.control_c - min(cfg.guard_c, cfg.hyst_c / 2)  # never into the release zone
+    band = cfg.control_c - min(cfg.band_c, cfg.hyst_c / 2)  # never into the release zone
     dwell = s.dwell_s or cfg.dwell_s
     if t - s.last_release_t > 2 * cfg.max_dwell_s:
         dwell = cfg.dwell_s  # long settled: forget the back-off
@@ -137,7 +137,7 @@ def _step_wise(s: GovernorState, temp: float, slope: float, t: float, cfg: Gover
     elif ((temp >= cfg.control_c or predicted >= cfg.control_c) and slope > 0) or (
             # not falling: above the trip a slope of 0 counts (unknown, or too small to see);
             # in the band under it only a rise the trend has measured does
-            (slope >= 0 if temp >= cfg.control_c else temp >= guard and slope > 0)
+            (slope >= 0 if temp >= cfg.control_c else temp >= band and slope > 0)
             and t - s.last_change_t >= cfg.settle_s):
         if (level < bottom and t - s.last_release_t < 2 * dwell
                 and s.last_change_t <= s.last_release_t):

@@ -153,6 +153,9 @@ class GovernorSection:
     min_rate_hz: float = 0.2  # minimum duty when no rung fits the budget (0 = pause capture)
     hold_invalid_s: float = 30.0  # an invalid reading holds the last valid one this long
     dwell_s: float = 60.0  # an upgrade waits this long (doubles when undone, up to 900 s)
+    # step_wise steps on a measured rise this far under the passive trip (power/governor.py):
+    # lower lets the die ride nearer the trip, for more inferences where it sits there
+    band_c: float = 0.3
 
     def validate(self) -> tuple[str, str] | None:
         if self.tick_s <= 0 or self.rate_hz < 0:
@@ -161,6 +164,8 @@ class GovernorSection:
             return "min_rate_hz", f"must be within 0..rate_hz, got {self.min_rate_hz}"
         if self.hold_invalid_s < 0 or self.dwell_s < 0:
             return "hold_invalid_s", "hold_invalid_s and dwell_s must be >= 0"
+        if not 0 <= self.band_c <= 5:
+            return "band_c", f"must be within 0..5 °C, got {self.band_c}"
         return None
 
 

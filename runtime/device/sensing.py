@@ -79,7 +79,8 @@ def control_config(device: DeviceProfile, g: Any, thermal: ThermalSource | None,
         gcfg = control.governor_config(device, g.policy,
                                        control_c=thermal.trip("passive").temp_c,
                                        critical_c=thermal.trip("critical").temp_c,
-                                       hyst_c=thermal.trip("passive").hyst_c)
+                                       hyst_c=thermal.trip("passive").hyst_c,
+                                       band_c=g.band_c)
     ecfg = None
     if device.battery is not None and g.energy:
         b = device.battery

@@ -55,6 +55,10 @@ precision_hints = ["f32"]
     ("[bogus]\nx = 1\n", ":1: key 'bogus'", "known keys here"),
     ("[model]\ninput_shape = [1, 0, 3]\n", ":2: key 'model.input_shape'", "positive"),
     ("[device]\nsysfs_root = 5\n", ":2: key 'device.sysfs_root'", "expected a string"),
+    ("[governor]\nband_c = -0.1\n", ":2: key 'governor.band_c'", "within 0..5"),
+    ("[governor]\nband_c = 1e9\n", ":2: key 'governor.band_c'", "within 0..5"),
+    ("[governor]\nband_c = nan\n", ":2: key 'governor.band_c'", "finite"),
+    ("[governor]\nband_c = 'low'\n", ":2: key 'governor.band_c'", "expected a number"),
 ])
 def test_errors_name_file_line_key(tmp_path, text, where, what):
     p = write(tmp_path, text)

@@ -242,3 +242,21 @@ def test_a_saved_latency_target_is_restored_onto_the_target_in_force(tmp_path, c
     again = operator_state.OperatorState(tmp_path)
     again.load()
     assert again.constraints(config) == want
+
+
+def test_the_governor_section_s_band_reaches_the_governor():
+    """[governor] band_c is the band step_wise acts in (power/governor.py), on the trips the
+    sensor found."""
+    from power.device import TripPoint
+    from power.thermal_source import ThermalSource
+    from runtime.config import GovernorSection
+    from runtime.device.profiles import load_profile
+    from runtime.device.sensing import control_config
+
+    trips = (TripPoint(70.0, "passive", 2.0), TripPoint(80.0, "hot"),
+             TripPoint(90.0, "critical"))
+    thermal = ThermalSource("t", "zone", trips, "sysfs")
+    dev = load_profile("rpi5")
+    assert control_config(dev, GovernorSection(), thermal, 10.0).governor.band_c == 0.3
+    g = control_config(dev, GovernorSection(band_c=0.05), thermal, 10.0).governor
+    assert (g.band_c, g.control_c, g.hyst_c) == (0.05, 70.0, 2.0)
