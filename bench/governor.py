@@ -120,6 +120,8 @@ def main() -> int:
     ap.add_argument("--daemon-cases", nargs="+",
                     default=["rpi5/hot", "generic-x86/sun", "fanless-box/sun"],
                     help="device/scenario pairs the daemon runs in the loop (each ~6 h / speed)")
+    ap.add_argument("--band-c", type=float, default=0.3,
+                    help="step_wise's band under the trip, °C ([governor] band_c)")
     ap.add_argument("--record", action="store_true",
                     help="measure the bundled model's profiles on this machine first")
     args = ap.parse_args()
@@ -149,7 +151,7 @@ def main() -> int:
         print(ladder_line(dev.name, rungs))
         for scen in args.scenario:
             amb = ambient(*SCENARIOS[scen])
-            common = dict(duration_s=args.hours * 3600, rate_hz=rate,
+            common = dict(duration_s=args.hours * 3600, rate_hz=rate, band_c=args.band_c,
                           latency_target_s=LATENCY_MS / 1e3, t0=START_HOUR * 3600)
             a = simulate(dev, rungs, amb, "kernel", **common)
             b = simulate(dev, rungs, amb, "cheapest", **common)
@@ -213,7 +215,8 @@ def main() -> int:
                         with tempfile.TemporaryDirectory() as d:
                             res = simloop.run(Path(d), dev.name, scen, pol, args.hours, rate,
                                               args.profiles, speed=args.daemon_speed,
-                                              start_hour=START_HOUR, latency_ms=LATENCY_MS)
+                                              start_hour=START_HOUR, latency_ms=LATENCY_MS,
+                                              band_c=args.band_c)
                         s = res.simulated
                         scale = args.hours * 3600 / s["elapsed_s"]
                         gw.append(s["good_weighted"] * scale)

@@ -17,8 +17,9 @@ multi-threaded process gets more of the CPU than a one-thread loop, which flatte
 throughput ratio; CPU per frame does not depend on that. No coordinator runs here (it would
 compete for the same two cores); the daemon publishes every result to the broker and keeps it
 in its outbox.
-Also prints the daemon's steady-state RSS and the time from
-process start to READY=1 with a warm profile cache (second start).
+Also prints the daemon's steady-state RSS, its CPU and its main thread's wake-ups while idle
+(a quiet watched folder, connected to the broker, `--idle-s` after the warm start), and the
+time from process start to READY=1 with a warm profile cache (second start).
 
 Usage: python bench/overhead.py [--n 3000] [--single 300] [--rounds 3]
 (tests/frames/test_overhead_guard.py runs a short version of it in CI.)
@@ -126,6 +127,14 @@ def rss_mb(pid: int) -> float:
     return float("nan")
 
 
+def voluntary_switches(pid: int) -> int:
+    """Times a process's main thread went to sleep (the kernel's count)."""
+    for line in Path(f"/proc/{pid}/task/{pid}/status").read_text().splitlines():
+        if line.startswith("voluntary_ctxt_switches:"):
+            return int(line.split()[1])
+    return 0
+
+
 def outbox_results(db: Path) -> list[dict]:
     """Results the daemon persisted (no coordinator acks them here, so all stay)."""
     con = sqlite3.connect(db, timeout=30)
@@ -161,12 +170,19 @@ def feed(files: list[Path], folder: Path, one_at_a_time: bool) -> None:
 class Serve:
     """A warm `edgerun serve` fed block by block; results read back from its outbox."""
 
-    def __init__(self, cfg: Path, work: Path, folder: Path):
+    def __init__(self, cfg: Path, work: Path, folder: Path, idle_s: float = 0.0):
         self.db = work / "state" / "outbox.db"
         self.folder = folder
         self.proc, self.ready_s = start_serve(cfg, work, str(work / "notify-warm"))
         time.sleep(1.0)
         self.idle_rss = self.peak_rss = rss_mb(self.proc.pid)
+        self.idle_cpu_pct = self.idle_wakeups_hz = float("nan")
+        if idle_s > 0:  # nothing to inspect yet: what the daemon costs waiting
+            pid = self.proc.pid
+            c0, n0 = cpu_s(pid), voluntary_switches(pid)
+            time.sleep(idle_s)
+            self.idle_cpu_pct = (cpu_s(pid) - c0) / idle_s * 100
+            self.idle_wakeups_hz = (voluntary_switches(pid) - n0) / idle_s
 
     def run(self, files: list[Path], one_at_a_time: bool) -> list[dict]:
         """Move `files` into the watched folder and wait for all their results (the
@@ -234,6 +250,8 @@ class Figures:
     gap_ms: float = float("nan")
     idle_rss: float = float("nan")
     peak_rss: float = float("nan")
+    idle_cpu_pct: float = float("nan")  # of one core
+    idle_wakeups_hz: float = float("nan")  # the main thread's sleeps a second
     ready_warm: float = float("nan")
     ready_cold: float = float("nan")
     load: list[float] = field(default_factory=list)  # 1-min load average before each round
@@ -264,11 +282,13 @@ def serve_fps(results: list[dict]) -> float:
     return len(results) / (t_last - t_first)
 
 
-def measure(n_bulk: int, n_single: int, rounds: int = 3, budget_s: float = 0.3) -> Figures:
+def measure(n_bulk: int, n_single: int, rounds: int = 3, budget_s: float = 0.3,
+            idle_s: float = 0.0) -> Figures:
     """The whole bench: `rounds` blocks of `n_bulk` frames back to back and `rounds` blocks
     of `n_single` frames one at a time, each block served by the daemon and then run by the
     hand loop on the same files. `budget_s`: the profiler's time per variant (the first
-    start's profiling and refinement; shorter for CI)."""
+    start's profiling and refinement; shorter for CI); `idle_s`: how long the warm daemon's
+    idle cost is measured before the first frame (0: not)."""
     fig = Figures()
     with tempfile.TemporaryDirectory() as d:
         work = Path(d)
@@ -297,8 +317,9 @@ def measure(n_bulk: int, n_single: int, rounds: int = 3, budget_s: float = 0.3) 
             wait_refined(work / "daemon.log")
             proc.terminate()
             proc.wait(30)
-            serve = Serve(cfg, work, folder)
+            serve = Serve(cfg, work, folder, idle_s)
             fig.ready_warm, fig.idle_rss = serve.ready_s, serve.idle_rss
+            fig.idle_cpu_pct, fig.idle_wakeups_hz = serve.idle_cpu_pct, serve.idle_wakeups_hz
             # warm-up, not timed: the first frames choose the preprocessing path (CPU or
             # OpenCL, measured on them) and fill caches, as the hand loop's warm-up does
             warm = serve.run(blocks.pop(0), False)
@@ -350,8 +371,9 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=3000, help="frames back to back, all rounds")
     ap.add_argument("--single", type=int, default=300, help="frames one at a time, all rounds")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--idle-s", type=float, default=20.0, help="idle cost measured this long")
     a = ap.parse_args()
-    f = measure(a.n // a.rounds, a.single // a.rounds, a.rounds)
+    f = measure(a.n // a.rounds, a.single // a.rounds, a.rounds, idle_s=a.idle_s)
     print(f"variant {f.variant}; {a.rounds} rounds of {a.n // a.rounds} frames back to back, "
           f"then {a.rounds} of {a.single // a.rounds} one at a time (latency without queueing); "
           f"load average {spread(f.load)} (1 min, before each round, 2 cores)")
@@ -370,6 +392,8 @@ def main() -> None:
     print(f"latency p95: edgerun serve / hand-written {spread(f.p95_ratios)}x (target <= 1.10);"
           f" decode to result, frames {f.gap_ms:.0f} ms apart on both sides")
     print(f"daemon RSS : {f.idle_rss:.0f} MB idle (target <= 130), {f.peak_rss:.0f} MB peak")
+    print(f"idle daemon: {f.idle_cpu_pct:.2f} % of a core, main thread {f.idle_wakeups_hz:.1f} "
+          f"wake-ups/s ({a.idle_s:g} s, quiet folder, connected to the broker)")
     print(f"to READY   : {f.ready_warm:.2f} s warm profile cache (target <= 3), "
           f"{f.ready_cold:.2f} s cold")
 

@@ -78,7 +78,8 @@ def simulate(device: DeviceProfile, rungs: Sequence[Rung], ambient_c: Callable[[
              fixed_w: float | None = None, oracle_forecast: np.ndarray | None = None,
              oracle_days: int = 3, battery_frac: float = 1.0, noise_c: float = 0.0,
              drop_frac: float = 0.0, seed: int = 0,
-             min_rate_hz: float = 0.2) -> RunResult:
+             min_rate_hz: float = 0.2,
+             band_c: float = gov.GovernorConfig.band_c) -> RunResult:
     """Run one policy; see module doc. `energy_policy`: none | energy (edgerun's budget) |
     greedy (full power above reserve) | fixed (constant `fixed_w`) | oracle (the planner fed the
     true future harvest per slot, `oracle_forecast`, `oracle_days` ahead). `noise_c` (Gaussian
@@ -94,7 +95,8 @@ def simulate(device: DeviceProfile, rungs: Sequence[Rung], ambient_c: Callable[[
         ecfg = energy_mod.EnergyConfig(b.capacity_wh, device.power.idle_w, math.inf,
                                        b.reserve_frac, b.charge_efficiency)
     ccfg = control.ControlConfig(
-        governor=control.governor_config(device, policy) if thermal else None, energy=ecfg,
+        governor=control.governor_config(device, policy, band_c=band_c) if thermal else None,
+        energy=ecfg,
         rate_hz=rate_hz, min_rate_hz=min_rate_hz,
         r_total_k_per_w=device.thermal.model.r_die_case + device.thermal.model.r_case_amb
         if device.thermal else None)

@@ -23,6 +23,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from power.governor import GovernorConfig
+
 # The backends the reference profiles (models/inspection/reference-profiles.json) were recorded
 # with (bench/data/ladder-profile.toml): a replay finds a variant only under the same id.
 REFERENCE_BACKENDS = """\
@@ -59,6 +61,7 @@ policy = "{policy}"
 tick_s = {tick_s}
 rate_hz = {rate_hz}
 min_rate_hz = {min_rate_hz}
+band_c = {band_c}
 
 [simulator]
 enabled = true
@@ -108,7 +111,8 @@ def latest_health(outbox: Path) -> dict | None:
 def run(workdir: Path, device: str, scenario: str, policy: str, hours: float, rate_hz: float,
         profiles: Path, speed: float = 300.0, start_hour: float = 8.0, tick_s: float = 1.0,
         latency_ms: float = 20.0, min_rate_hz: float = 0.2, source_hz: float = 20.0,
-        timeout_s: float | None = None, extra: str = "") -> LoopResult:
+        timeout_s: float | None = None, extra: str = "",
+        band_c: float = GovernorConfig.band_c) -> LoopResult:
     """Run `edgerun serve` until `hours` of simulated time have passed (its simulated clock
     stops there: [simulator] hours); SIGTERM; the tally, of exactly `hours`.
     `source_hz`: the synthetic camera's frames per wall second at `speed` (it offers them per
@@ -121,7 +125,7 @@ def run(workdir: Path, device: str, scenario: str, policy: str, hours: float, ra
                                  hours=hours,
                                  start_hour=start_hour, profiles=profiles.resolve(),
                                  state=state, rate_hz=rate_hz, tick_s=tick_s,
-                                 latency_ms=latency_ms, min_rate_hz=min_rate_hz,
+                                 latency_ms=latency_ms, min_rate_hz=min_rate_hz, band_c=band_c,
                                  source_hz=source_hz / speed,
                                  backends=REFERENCE_BACKENDS) + extra)
     log = workdir / "daemon.log"
