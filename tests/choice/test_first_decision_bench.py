@@ -4,25 +4,18 @@ noise-floor arithmetic the bench prints."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
-from pathlib import Path
 
 import onnxruntime as ort
+from support.benches import load_bench
 
 from runtime.engine import detection
 from runtime.engine.manifest import Preprocess
 from runtime.engine.prepare import generated_frames
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("first_decision_bench",
-                                                  ROOT / "bench" / "first_decision.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("first_decision")
 
 
 def test_detector_is_deterministic_yolov8_shaped_and_detects_a_few_boxes(tmp_path):

@@ -155,13 +155,9 @@ def test_thousands_of_transitions_log_one_line_per_kind(tmp_path, caplog):
 def test_bench_summary_gives_the_spread_of_several_runs():
     """bench/fleet_scale.py --runs N: each configuration's figures as median [min-max], the
     configurations side by side, and how many runs stored everything exactly once."""
-    import importlib.util
-    from pathlib import Path
+    from support.benches import load_bench
 
-    path = Path(__file__).resolve().parents[2] / "bench" / "fleet_scale.py"
-    spec = importlib.util.spec_from_file_location("fleet_scale_bench", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_bench("fleet_scale")
     row = {"scenario": "10k", "backend": "postgresql", "coordinators": 2, "stored": 10,
            "appended": 10, "exactly_once": True, "msgs_per_s": 2000.0, "age_p50": 0.5,
            "age_p99": 1.0, "steady_p50": 0.4, "steady_p99": 0.9, "coord_cpu_per_1k": 0.3,

@@ -8,9 +8,9 @@ import os
 import signal
 import threading
 import time
-from pathlib import Path
 
 import pytest
+from support.benches import load_bench
 from support.daemon_harness import Serve, write_config
 from support.waiting import wait
 
@@ -75,15 +75,6 @@ def test_a_signal_ends_the_sleep_and_its_handler_only_sets_a_flag():
     assert signal.set_wakeup_fd(-1) == before
 
 
-def _voluntary_switches(pid: int) -> int:
-    """Times the process's main thread went to sleep (the kernel's count)."""
-    text = Path(f"/proc/{pid}/task/{pid}/status").read_text()
-    for line in text.splitlines():
-        if line.startswith("voluntary_ctxt_switches:"):
-            return int(line.split()[1])
-    raise AssertionError("no voluntary_ctxt_switches")
-
-
 @pytest.mark.skipif(not (bundled() / "manifest.json").exists(),
                     reason="bundled model not built")
 def test_an_idle_daemon_wakes_its_main_loop_about_once_a_tick(tmp_path, profile_cache):
@@ -99,9 +90,10 @@ def test_an_idle_daemon_wakes_its_main_loop_about_once_a_tick(tmp_path, profile_
     try:
         wait(d.ready, 120, "ready", d)
         time.sleep(2.0)  # start-up's last work (first health, the first ticks) done
-        n0 = _voluntary_switches(d.proc.pid)
+        switches = load_bench("overhead").voluntary_switches  # what the bench counts
+        n0 = switches(d.proc.pid)
         time.sleep(4.0)
-        woke = _voluntary_switches(d.proc.pid) - n0
+        woke = switches(d.proc.pid) - n0
         # ~1 a second for the tick, a few for health and the GIL; the old loop: >= 80
         assert woke <= 24, f"the main thread slept {woke} times in 4 s idle"
     finally:

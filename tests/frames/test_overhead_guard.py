@@ -39,26 +39,18 @@ Deselect it only on purpose: `-m "not overhead_guard"` or EDGERUN_SKIP_OVERHEAD_
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
-from pathlib import Path
 
 import pytest
+from support.benches import load_bench
 
-ROOT = Path(__file__).resolve().parents[2]
 MIN_THROUGHPUT = 0.7
 MAX_CPU = 2.3
 MAX_IDLE_RSS_MB = 130.0
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("overhead_bench", ROOT / "bench" / "overhead.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # its dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("overhead")
 
 
 @pytest.mark.overhead_guard
