@@ -98,8 +98,7 @@ def simulate(device: DeviceProfile, rungs: Sequence[Rung], ambient_c: Callable[[
         governor=control.governor_config(device, policy, band_c=band_c) if thermal else None,
         energy=ecfg,
         rate_hz=rate_hz, min_rate_hz=min_rate_hz,
-        r_total_k_per_w=device.thermal.model.r_die_case + device.thermal.model.r_case_amb
-        if device.thermal else None)
+        **control.guard_settings(device.thermal.model if device.thermal else None))
     cstate = control.ControlState()
     res = RunResult(policy)
     current = len(ladder_) - 1

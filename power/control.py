@@ -45,7 +45,7 @@ from typing import Literal
 
 from power import energy as energy_mod
 from power import governor as gov
-from power.device import DeviceProfile
+from power.device import DeviceProfile, ThermalModel
 from power.rungs import Rung, RungHold, budget_levels, hold, select_for_budget
 from power.sensors import Reading
 
@@ -67,6 +67,11 @@ class ControlConfig:
     bounded_after_s: float = 300.0
     r_total_k_per_w: float | None = None  # die to ambient; None: no upgrade guard
     guard_margin_c: float = 1.0  # an upgrade must settle this far under the control trip
+    # Excursions (module doc): the die's share of r_total and the case's time constant;
+    # None: the guard admits steady-state upgrades only
+    r_die_case_k_per_w: float = 0.0
+    case_tau_s: float | None = None
+    excursion_s: float = 300.0  # an excursion must keep the die under the guard this long
     # the box's idle floor: budgets are box watts, this + the rungs' dynamic power (None:
     # the governor's floor_w, 0 without a governor)
     floor_w: float | None = None
@@ -97,6 +102,8 @@ class ControlState:
     hold_said_t: float = -math.inf  # when the last sensor_hold event was raised
     bottom_since: float | None = None  # at minimum duty and above control since
     bounded: bool = False
+    # on an excursion (module doc): the (rung, rate cap) it came from and when it began
+    excursion: tuple[int, float, float] | None = None
 
 
 # The event types the control step emits: members of runtime/wire/events.py `EventType`,
@@ -126,6 +133,7 @@ class Output:
     temp_c: float | None  # filtered
     slope_c_per_min: float
     events: tuple[ControlEvent, ...] = ()
+    refused: str = ""  # why a richer rung or rate the budget allows is not taken now ("": none)
 
 
 def governor_config(device: DeviceProfile, policy: str, control_c: float | None = None,
@@ -290,13 +298,15 @@ class _Actuation:
     cap: float
     hold: RungHold
     reason: str
+    excursion: bool = False  # a step up its steady state would not allow (module doc)
 
 
 def _budget_to_rung(s: ControlState, rungs: Sequence[Rung], cfg: ControlConfig,
                     decision: gov.Decision, current: int | None, t: float
-                    ) -> tuple[int, _Actuation]:
-    """(the rung running now, what the budget asks for): the most accurate rung that fits,
-    held against flapping, and the rate cap (module doc: Budget -> rung, Minimum duty)."""
+                    ) -> tuple[int, _Actuation, int]:
+    """(the rung running now, what the budget asks for, the rung the budget alone would
+    pick): the most accurate rung that fits, held against flapping, and the rate cap
+    (module doc: Budget -> rung, Minimum duty)."""
     rate = cfg.rate_hz
     now = current if current is not None else (s.hold.rung if s.hold.rung is not None
                                                 else len(rungs) - 1)
@@ -308,18 +318,90 @@ def _budget_to_rung(s: ControlState, rungs: Sequence[Rung], cfg: ControlConfig,
     cap = min(decision.rate_cap_hz, fit_rate if fit_rate < rate else math.inf)
     if math.isfinite(cap):
         cap = max(cap, cfg.min_rate_hz)  # minimum duty, never "uncapped" and never below it
-    return now, _Actuation(new_rung, cap, h, decision.reason)
+    return now, _Actuation(new_rung, cap, h, decision.reason), proposed
+
+
+def guard_settings(model: ThermalModel | None) -> dict[str, float | None]:
+    """The upgrade guard's thermal figures from a device's two-node model (ControlConfig's
+    r_total_k_per_w, r_die_case_k_per_w, case_tau_s): None without a model."""
+    if model is None:
+        return {"r_total_k_per_w": None}
+    return {"r_total_k_per_w": model.r_die_case + model.r_case_amb,
+            "r_die_case_k_per_w": model.r_die_case,
+            "case_tau_s": model.r_case_amb * model.c_case}
+
+
+def time_under(temp_c: float, extra_w: float, limit_c: float, r_die_case: float,
+               r_total: float, case_tau_s: float) -> float:
+    """Seconds the die stays under `limit_c` after drawing `extra_w` more, from `temp_c` at
+    steady state: it jumps by extra x r_die_case at once (its own time constant is
+    seconds), then the case creeps towards the rest of extra x r_total with `case_tau_s`."""
+    jump = temp_c + extra_w * r_die_case
+    if jump >= limit_c:
+        return 0.0
+    creep = extra_w * (r_total - r_die_case)
+    if creep <= 0 or limit_c - jump >= creep:
+        return math.inf
+    return -case_tau_s * math.log(1 - (limit_c - jump) / creep)
+
+
+def _cap_for(rung: Rung, decision: gov.Decision, cfg: ControlConfig) -> float:
+    """The rate cap a budget sets for one rung (inf: none), never below minimum duty."""
+    fit = rung.rate_for(decision.budget_w, _floor(cfg))
+    cap = min(decision.rate_cap_hz, fit if fit < cfg.rate_hz else math.inf)
+    return max(cap, cfg.min_rate_hz) if math.isfinite(cap) else cap
+
+
+def _excursion(s: ControlState, rungs: Sequence[Rung], cfg: ControlConfig,
+               decision: gov.Decision, temp_now: float, proposed: int, t: float
+               ) -> _Actuation | None:
+    """An excursion (module doc): from the rung running now to the richer rung the budget
+    allows that buys the most accuracy-weighted inferences per extra watt, among those that
+    keep the die under the guard for at least `excursion_s`; None when none does."""
+    g, tau = cfg.governor, cfg.case_tau_s
+    if g is None or tau is None or cfg.r_total_k_per_w is None or s.actuation is None:
+        return None
+    rate, limit = cfg.rate_hz, g.control_c - cfg.guard_margin_c
+    old_rung, old_cap = s.actuation
+    old_rung = min(old_rung, len(rungs) - 1)
+
+    def served(r: Rung, cap: float) -> float:
+        return r.accuracy * min(rate, cap, r.max_rate_hz())
+
+    base_w, base_g = rungs[old_rung].power_w(min(rate, old_cap)), served(rungs[old_rung],
+                                                                          old_cap)
+    best, best_gain = None, 0.0
+    for j in range(old_rung + 1, min(proposed, len(rungs) - 1) + 1):
+        cap = _cap_for(rungs[j], decision, cfg)
+        extra = rungs[j].power_w(min(rate, cap)) - base_w
+        gain = served(rungs[j], cap) - base_g
+        if gain <= 0:
+            continue
+        if extra > 0 and time_under(temp_now, extra, limit, cfg.r_die_case_k_per_w,
+                                    cfg.r_total_k_per_w, tau) < cfg.excursion_s:
+            continue
+        per_w = gain / extra if extra > 0 else math.inf
+        if best is None or per_w > best_gain:
+            best, best_gain = (j, cap, extra), per_w
+    if best is None:
+        return None
+    j, cap, extra = best
+    return _Actuation(j, cap, RungHold(j, t, t, s.hold.dwell_s), excursion=True, reason=(
+        f"{temp_now:.1f} °C: an excursion to a richer rung for at least "
+        f"{cfg.excursion_s:.0f} s ({extra:.2f} W more keeps the die under {limit:g} °C that "
+        "long; it steps back when the governor asks)"))
 
 
 def _guard_upgrade(s: ControlState, rungs: Sequence[Rung], cfg: ControlConfig,
                    decision: gov.Decision, temp_now: float | None, now: int,
-                   want: _Actuation) -> _Actuation:
+                   want: _Actuation, proposed: int, t: float) -> tuple[_Actuation, str]:
     """The upgrade guard (module doc): a step up only when its extra power would settle under
-    the control trip; else the smaller step, else hold everything."""
+    the control trip; else an excursion, else the smaller step, else hold everything.
+    Returns the actuation and, when an upgrade the budget allows is not taken, why."""
     g = cfg.governor
     if (s.actuation is None or g is None or temp_now is None
             or cfg.r_total_k_per_w is None):
-        return want
+        return want, ""
     rate = cfg.rate_hz
     r_total = cfg.r_total_k_per_w
     old_rung, old_cap = s.actuation
@@ -332,12 +414,15 @@ def _guard_upgrade(s: ControlState, rungs: Sequence[Rung], cfg: ControlConfig,
 
     extra, settle = settles(want.rung, want.cap)
     if extra > 0 and settle >= limit:
+        refused = (f"{rungs[want.rung].variant_id} would settle near {settle:.1f} °C, over "
+                   f"{limit:g} °C")
+        if s.excursion is None and want.rung > old_rung:
+            trip = _excursion(s, rungs, cfg, decision, temp_now, proposed, t)
+            if trip is not None:
+                return trip, ""
         # Too big a step: try the smaller one (the rung running now at the rate the
         # budget allows it), else hold everything.
-        budget = decision.budget_w
-        fit_old = rungs[old_rung].rate_for(budget, _floor(cfg))
-        cap_old = min(decision.rate_cap_hz, fit_old if fit_old < rate else math.inf)
-        cap_old = max(cap_old, cfg.min_rate_hz) if math.isfinite(cap_old) else cap_old
+        cap_old = _cap_for(rungs[old_rung], decision, cfg)
         small, small_settle = settles(old_rung, cap_old)
         reason = want.reason
         if small > 0 and small_settle < limit:
@@ -346,11 +431,48 @@ def _guard_upgrade(s: ControlState, rungs: Sequence[Rung], cfg: ControlConfig,
             cap = old_cap
             reason = (f"{temp_now:.1f} °C; {extra:.2f} W more would settle near "
                       f"{settle:.1f} °C, over {limit:g} °C: holding")
-        return _Actuation(old_rung, cap, replace(s.hold, rung=now), reason)
+        return _Actuation(old_rung, cap, replace(s.hold, rung=now), reason), refused
     if want.rung > old_rung:
         return replace(want, reason=(f"{temp_now:.1f} °C: room for a richer rung (settles "
-                                     f"near {settle:.1f} °C, under {limit:g} °C)"))
-    return want
+                                     f"near {settle:.1f} °C, under {limit:g} °C)")), ""
+    return want, ""
+
+
+def _refused_by_hold(s: ControlState, rungs: Sequence[Rung], proposed: int, now: int,
+                     want: _Actuation, t: float) -> str:
+    """Why the rung hold keeps a richer rung the budget allows from running yet ("": it
+    does not)."""
+    if proposed <= now or want.rung > now:
+        return ""
+    if s.excursion is not None:
+        return "on an excursion: no richer rung until it ends"
+    h = want.hold
+    dwell = h.dwell_s if h.dwell_s is not None else 0.0
+    left = h.last_change_t + dwell - t
+    return (f"rung hold: {rungs[min(now + 1, len(rungs) - 1)].variant_id} in {left:.0f} s "
+            f"(dwell {dwell:.0f} s)") if left > 0 else ""
+
+
+def _end_excursion(s: ControlState, rungs: Sequence[Rung], cfg: ControlConfig,
+                   decision: gov.Decision, want: _Actuation, t: float
+                   ) -> tuple[ControlState, _Actuation]:
+    """On an excursion: back to where it came from in one step as soon as the budget no
+    longer fits what runs (the governor asks down), or over once the die has settled on it
+    (three case time constants: it is safe at steady state, no longer an excursion)."""
+    if s.excursion is None or s.actuation is None:
+        return s, want
+    rung_from, _cap_from, since = s.excursion
+    now_rung, now_cap = s.actuation
+    if want.rung < now_rung or want.cap < now_cap:
+        back = min(want.rung, rung_from)
+        act = _Actuation(back, _cap_for(rungs[back], decision, cfg),
+                         hold(replace(s.hold, rung=now_rung), back, t, cfg.dwell_s,
+                              cfg.max_dwell_s),
+                         f"excursion over: {want.reason}")
+        return replace(s, excursion=None), act
+    if cfg.case_tau_s is not None and t - since >= 3 * cfg.case_tau_s:
+        return replace(s, excursion=None), want
+    return s, want
 
 
 def _physics_bounded(s: ControlState, cfg: ControlConfig, rung: int, cap: float,
@@ -388,12 +510,18 @@ def step(state: ControlState, r: Reading, rungs: Sequence[Rung], cfg: ControlCon
     events: list[ControlEvent] = []
     s, seen = _sense(state, r, cfg, events)
     s, decision = _policies(s, r, seen, rungs, cfg, extra, events)
-    now, want = _budget_to_rung(s, rungs, cfg, decision, current, r.t)
-    act = _guard_upgrade(s, rungs, cfg, decision, seen.temp_c, now, want)
+    now, want, proposed = _budget_to_rung(s, rungs, cfg, decision, current, r.t)
+    s, want = _end_excursion(s, rungs, cfg, decision, want, r.t)
+    refused = _refused_by_hold(s, rungs, proposed, now, want, r.t)
+    act, why_not = _guard_upgrade(s, rungs, cfg, decision, seen.temp_c, now, want, proposed,
+                                  r.t)
+    refused = why_not or refused
+    if act.excursion and s.actuation is not None:
+        s = replace(s, excursion=(*s.actuation, r.t))
     if s.actuation is not None and (act.rung, act.cap) != s.actuation:
         s = replace(s, samples=s.samples[-1:])  # a new regime: restart the trend
     s = replace(s, hold=act.hold, actuation=(act.rung, act.cap))
     cap = min(act.cap, operator_rate_hz)
     s = _physics_bounded(s, cfg, act.rung, cap, seen.temp_c, r.t, events)
     return s, Output(act.rung, cap, decision.budget_w, decision.level, act.reason, seen.temp_c,
-                     seen.slope * 60, tuple(events))
+                     seen.slope * 60, tuple(events), refused)

@@ -90,7 +90,7 @@ def control_config(device: DeviceProfile, g: Any, thermal: ThermalSource | None,
         governor=gcfg, energy=ecfg, rate_hz=rate_hz, min_rate_hz=g.min_rate_hz,
         floor_w=device.power.idle_w,  # budgets in box watts with or without a governor
         hold_invalid_s=g.hold_invalid_s, dwell_s=g.dwell_s,
-        r_total_k_per_w=(th.model.r_die_case + th.model.r_case_amb) if th else None)
+        **control.guard_settings(th.model if th else None))
 
 
 class SensorWatch:
