@@ -8,6 +8,7 @@ here, so no package's CLI imports another's.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any, Protocol
 
 
@@ -17,6 +18,23 @@ class Subparsers(Protocol):
     def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser:
         """A new subcommand's parser."""
         ...
+
+
+def model(text: str) -> Path:
+    """A model on the command line: a path that exists (an .onnx file or a model directory),
+    else the name of a bundled model (`inspection`, `defects`), so it is found from any
+    directory. A missing one is an argparse error naming the argument."""
+    from runtime.config.source import BUNDLED_MODELS, bundled_names
+
+    p = Path(text).expanduser()
+    if p.exists():
+        return p
+    names = bundled_names()
+    if text in names:
+        return BUNDLED_MODELS / text
+    raise argparse.ArgumentTypeError(
+        f"{text!r}: no such file or directory, nor a bundled model "
+        f"({', '.join(names) or 'none installed'})")
 
 
 def shape(text: str) -> tuple[int, ...]:

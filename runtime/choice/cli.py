@@ -12,6 +12,7 @@ from runtime import __version__, cli_types
 from runtime.choice.report import json_safe, profile_table
 from runtime.cli_types import Subparsers
 from runtime.config.schema import ConfigError
+from runtime.config.source import bundled_names
 
 PROFILE_JSON_SCHEMA = "edgerun.profile/1"
 
@@ -60,18 +61,17 @@ def cmd_profile(args: argparse.Namespace) -> int:
         return 2
     threads = cfg.backends.threads or default_threads()
 
-    def progress(i: int, n: int, vid: str) -> None:
-        print(f"[{i}/{n}] {vid}", file=sys.stderr, flush=True)
-
     from power.nvml import gpu_meters
+    from runtime.choice.progress import Progress
 
     profiler = Profiler(prof_cfg, meter, device.name,
                         active_w_per_core=device.power.active_w_per_core,
                         accelerators=device.accelerators, gpu_meters=gpu_meters())
-    profiles = profile_all(backends, models, threads, cfg.backends, profiler,
-                           fresh=args.fresh, progress=progress,
-                           screen=lambda w: hint_accuracy.apply(w, manifest,
-                                                                prof_cfg.cache_dir, args.fresh))
+    with Progress() as progress:  # a bar on a terminal, a line a variant when piped
+        profiles = profile_all(backends, models, threads, cfg.backends, profiler,
+                               fresh=args.fresh, progress=progress,
+                               screen=lambda w: hint_accuracy.apply(
+                                   w, manifest, prof_cfg.cache_path(), args.fresh))
     front = frontier(profiles)
     try:
         choice = select(profiles, constraints)
@@ -116,7 +116,9 @@ def add_profile(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     pr = sub.add_parser("profile", help="profile every variant of a model and pick one",
                         description=cmd_profile.__doc__,
                         parents=[common])
-    pr.add_argument("model", type=Path, help="an .onnx file or a model directory with a manifest")
+    pr.add_argument("model", type=cli_types.model,
+                    help="an .onnx file, a model directory with a manifest, or the name of a "
+                    f"bundled model ({', '.join(bundled_names())}), from any directory")
     pr.add_argument("--config", type=Path, help="edgerun TOML config (defaults otherwise)")
     pr.add_argument("--latency-ms", type=float, help="latency target (default 20)")
     pr.add_argument("--percentile", type=int, choices=(50, 95, 99), help="default 95")

@@ -191,7 +191,7 @@ def _store(cache: Path, key: str, m: Measured) -> None:
         log.warning("cannot cache a measured accuracy in %s (%s)", cache, e)
 
 
-def apply(work: list[tuple[Backend, Device, Variant]], manifest: Manifest, cache_dir: str,
+def apply(work: list[tuple[Backend, Device, Variant]], manifest: Manifest, cache_dir: str | Path,
           fresh: bool = False) -> list[tuple[Backend, Device, Variant]]:
     """`work` with every engine-lowered variant either carrying its measured accuracy or left
     out (one log line per engine, precision and reason). The other variants pass as they are."""

@@ -163,7 +163,7 @@ def measure_first(path: Path, cfg: Config, backends: list[Backend], meter: Power
     # an engine's own lower precision (OpenVINO bf16/f16, OpenCV fp16) is measured through it
     # on the ladder's eval images first, or left out of the choice
     work = hint_accuracy.apply(plan(backends, forms, threads, cfg.backends), manifest,
-                               cfg.profiler.cache_dir, fresh)
+                               cfg.profiler.cache_path(), fresh)
     profiler = Profiler(cfg.profiler, meter, device_name, active_w_per_core=active_w_per_core,
                         accelerators=accelerators, gpu_meters=gpu_meters)
     loaders = {v.id: (b, v) for b, _, v in work}

@@ -1,8 +1,10 @@
 """Measures each variant: latency percentiles, energy per inference, the device that ran it.
 
-Results are cached on disk, keyed by model hash + variant + device profile + library
-versions (each engine's version is in its device's details) + input shape + profiler settings,
-so a restart does not re-profile. Failures are cached too (a failure record): a variant that
+Results are cached on disk (`[profiler] cache_dir`, by default the user's cache:
+$XDG_CACHE_HOME/edgerun/profiles), keyed by the model file's content (sha256), never its path,
++ variant + device profile + library versions (each engine's version is in its device's
+details) + input shape + profiler settings, so a restart does not re-profile and two copies
+of a model share their entries. Failures are cached too (a failure record): a variant that
 could not be loaded or run is skipped on later starts, with one log line per kind of failure,
 until the engine version or the model file changes (both are in the key) or `--fresh`.
 
@@ -55,7 +57,11 @@ log = logging.getLogger(__name__)
 
 # 3: energy and cpu_ms from inference CPU time (ns), never process-wide
 # 4: stage, energy_ci and latency_ci; failures are recorded
-CACHE_SCHEMA = 4
+# 5: a failure's error names the model file as MODEL_PATH (issue 32: an entry is keyed by the
+#    file's content, so a cache shared by two checkouts reported the other one's path); a
+#    schema 4 entry has another key, so it is a miss, measured again
+CACHE_SCHEMA = 5
+MODEL_PATH = "{model file}"  # stands for the model file's path in a cached failure's error
 KNOWN_FAILURE = "known-failure"  # the stage of a failure read back from the cache
 STAGES = ("quick", "refined", "full")  # by round of runtime.choice.refine.rounds
 CHUNK_S = 0.02  # with a pause gate: longest a serving frame waits for one measuring chunk
@@ -106,7 +112,7 @@ class Profiler:
         self._progress = progress or (lambda _msg: None)
         self._idle_w: float | None = None
         self._hashes: dict[Path, str] = {}
-        self._cache = Path(os.path.expanduser(cfg.cache_dir))
+        self._cache = cfg.cache_path()
         self._poll = meter.source in ("hwmon", "battery")  # integrating meters need samples
 
     @property
@@ -154,6 +160,8 @@ class Profiler:
         hit = self._cached(self.cache_key(v, device))
         if hit is None:
             return None
+        if hit.error:  # the failure as this copy of the model would say it
+            hit = replace(hit, error=hit.error.replace(MODEL_PATH, str(v.model.path)))
         # Accuracy belongs to the manifest, not to the measurement: the same file profiled
         # bare (unknown) and then from a prepared manifest, or re-prepared on other images,
         # must not carry the cached run's accuracy.
@@ -161,7 +169,10 @@ class Profiler:
         return hit if hit.ok else replace(hit, stage=KNOWN_FAILURE)
 
     def record(self, v: Variant, device: Device, p: Profile) -> None:
-        """Cache a profile or a failure record."""
+        """Cache a profile or a failure record (its error naming the model file as
+        MODEL_PATH: the entry stands for the file's content wherever a copy of it lies)."""
+        if p.error:
+            p = replace(p, error=p.error.replace(str(v.model.path), MODEL_PATH))
         self._store(self.cache_key(v, device), p)
 
     def refined_key(self, work: Work, constraints: Constraints) -> str:

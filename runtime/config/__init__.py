@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
+from runtime.config import paths
 from runtime.config.backends import (
     ENGINES,
     BackendsConfig,
@@ -121,13 +122,18 @@ class ProfilerConfig:
     max_runs: int = 2000
     time_budget_s: float = 2.0  # per variant, after warm-up
     idle_baseline_s: float = 0.5
-    cache_dir: str = "~/.cache/edgerun/profiles"
+    # empty: the user's cache, $XDG_CACHE_HOME/edgerun/profiles (~/.cache/edgerun/profiles)
+    cache_dir: str = ""
     # fast: a quick round over every variant, serve on its choice, refine the candidates in
     # the background (choice/refine.py); exhaustive: every variant at full length before serving
     schedule: Literal["fast", "exhaustive"] = "fast"
     # fast: serve once the quick round has run this long and its choice meets the
     # constraints; the rest of the quick round goes on in the background
     first_decision_s: float = 2.0
+
+    def cache_path(self) -> Path:
+        """The profile cache directory: `cache_dir` (`~` expanded), or the user's cache."""
+        return paths.cache_dir(self.cache_dir, "profiles")
 
     def validate(self) -> tuple[str, str] | None:
         if self.min_runs < 1:

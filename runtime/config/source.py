@@ -135,6 +135,15 @@ def model_path(name: str) -> Path:
     return BUNDLED_MODELS / name
 
 
+def bundled_names() -> list[str]:
+    """The bundled models (directories of models/ with a manifest), sorted."""
+    try:
+        return sorted(d.name for d in BUNDLED_MODELS.iterdir()
+                      if (d / "manifest.json").is_file())
+    except OSError:  # an install without the models package data
+        return []
+
+
 def check_model(s: Any) -> tuple[str, str] | None:
     """What is wrong with one entry's `model` and tiling keys (None when nothing is): the
     model exists (a directory with a manifest, or an .onnx file) and the tile options are in
@@ -155,11 +164,9 @@ def check_model(s: Any) -> tuple[str, str] | None:
         except OSError as e:  # a name too long, a symlink loop: not there either
             return "model", f"{s.model!r}: cannot look there: {e.strerror or e}"
         if not found:
-            names = sorted(d.name for d in BUNDLED_MODELS.iterdir()
-                           if (d / "manifest.json").is_file())
             return "model", (f"{s.model!r}: no model there ({p} is neither a directory with a "
                              f"manifest.json nor an .onnx file); bundled models: "
-                             f"{', '.join(names)}")
+                             f"{', '.join(bundled_names())}")
     if not 0 <= s.tile_size <= 16384:
         return "tile_size", ("must be 0 (the model input's size) or up to 16384 pixels, "
                              f"got {s.tile_size}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from runtime.cli_types import Subparsers
@@ -19,39 +20,48 @@ def cmd_check(args: argparse.Namespace) -> int:
     from runtime.frames.sources import redact
 
     cfg = config_mod.load(args.config)
+    details: list[str] = []  # stderr, after the resolved config
+    found = (("model", _check_model(cfg, details.append)),
+             ("sensors", _check_sensors(cfg, details.append)))
+    fixes = [fix for _, fix in found if fix]
+    if fixes:  # up front, before the long resolved config: what to change (details below)
+        print(f"{args.config}: would NOT run on this machine; change:", file=sys.stderr)
+        for fix in fixes:
+            print(f"  - {fix}", file=sys.stderr)
+        print("  (details after the resolved config)", file=sys.stderr, flush=True)
     # stream URLs may carry a camera's password: the printed config is for screens and tickets
-    print(redact(json.dumps(to_dict(cfg), indent=2)))
-    bad = [what for what, rc in (("model", _check_model(cfg)), ("sensors", _check_sensors(cfg)))
-           if rc]
+    print(redact(json.dumps(to_dict(cfg), indent=2)), flush=True)
+    for line in details:
+        print(line, file=sys.stderr)
     from runtime.frames.source_check import notes
 
     for line in notes(cfg):  # never fatal: serve retries a source until it works
         print(line, file=sys.stderr)
+    bad = [what for what, fix in found if fix]
     print(f"{args.config}: " + (f"config ok, {' and '.join(bad)} NOT ok" if bad else "ok"),
           file=sys.stderr)
     return 1 if bad else 0
 
 
-def _check_model(cfg) -> int:
+def _check_model(cfg, say: Callable[[str], None]) -> str | None:
     """Load the configured model as `serve` would (manifest and sha256 of every variant, or a
-    bare .onnx with its input shape, labels and preprocessing) and say what was found, on
-    stderr. 1 when `serve` would fail on it."""
+    bare .onnx with its input shape, labels and preprocessing) and `say` what was found. What
+    to change when `serve` would fail on it, else None."""
     from runtime.engine.manifest import configured_model, model_files
     from runtime.engine.model_meta import describe
     from runtime.engine.onnx_model import ModelError
 
-    def say(line: str) -> None:
-        print(line, file=sys.stderr)
-
     if not cfg.model.path:
         say("model: the bundled models/inspection")
-        return 0
+        return None
     try:
         m = configured_model(cfg.model.path, cfg.model)
         forms = model_files(m)
     except ModelError as e:
         say(f"ERROR: model: {e}")
-        return 1
+        return (f"[model] path = {cfg.model.path!r}: the model cannot be loaded ({e}); point "
+                "it at an .onnx file or a model directory, or leave it empty for the bundled "
+                "inspection model")
     if m.bare:
         say(f"model: {m.root}: a bare .onnx, one fp32 form, input {list(forms[0].input_shape)}, "
             f"accuracy unknown (the governor can only cap the frame rate); output "
@@ -72,25 +82,22 @@ def _check_model(cfg) -> int:
             f"{d.iou_threshold}; results carry boxes and counts; tiling "
             + (f"on (tile {m.tiling.size or 'input'} px, overlap {m.tiling.overlap})"
                if m.tiling else "off"))
-    return 0
+    return None
 
 
-def _check_sensors(cfg) -> int:
-    """Probe the sensors under the config's sysfs root and print what was found, on stderr so
-    stdout stays the resolved config. 1 when the governor would run without a thermometer."""
+def _check_sensors(cfg, say: Callable[[str], None]) -> str | None:
+    """Probe the sensors under the config's sysfs root and `say` what was found. What to
+    change when the governor would run without a thermometer, else None."""
     from power.sensors import SensorError, SensorSet, detect_meter, discover_thermal
     from runtime.device.profiles import load_profile
 
-    def say(line: str) -> None:
-        print(line, file=sys.stderr)
-
     if cfg.simulator.enabled:
         say("sensors: not probed (simulator.enabled: the simulator writes the sysfs tree)")
-        return 0
+        return None
     device = load_profile(cfg.device.profile)
     root = Path(cfg.device.sysfs_root)
     say(f"sensors under {root} for device profile '{device.name}':")
-    rc = 0
+    fix = None
     try:
         src = discover_thermal(root, device)
     except SensorError as e:
@@ -100,7 +107,11 @@ def _check_sensors(cfg) -> int:
             say("  fix: point device.sysfs_root at the real tree, name the sensor in the device "
                 "profile ([thermal] zone_type, or hwmon_name + hwmon_label), or set "
                 "governor.policy = \"off\"")
-            rc = 1
+            fix = (f"[governor] policy = \"{cfg.governor.policy}\" needs a thermometer and none "
+                   f"was found under {root} for device profile '{device.name}': name the "
+                   "sensor (the device profile's [thermal] zone_type, or hwmon_name + "
+                   "hwmon_label; or [device] sysfs_root), or, where nothing can overheat, "
+                   "set [governor] policy = \"off\"")
         else:
             say(f"thermal: none (governor.policy is 'off', so none is needed): {e}")
     else:
@@ -123,7 +134,7 @@ def _check_sensors(cfg) -> int:
         r = SensorSet(root, "", battery, solar).read()
         say(f"battery/solar: {battery or '-'} / {solar or '-'}: "
             + ("ok" if r.valid else "; ".join(r.problems)))
-    return rc
+    return fix
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -283,7 +283,9 @@ class Daemon:
                         for b in self.backends for d in b.devices()]  # fixed for the process
         first, rest = self.ota.first_model(
             path, lambda p: self._measure_model(p, first_only=True))
-        self._install(first)
+        # one ladder, built once every model is in: building it here too logged the start-up
+        # `choice:` line twice (issue 32)
+        self._install(first, ladder=False)
         self._install_source_models()
         return rest
 
@@ -349,14 +351,16 @@ class Daemon:
         log.error("variant %s refused: %s; running on the others", variant, error)
         self.event("variant_refused", "critical", variant=variant, error=error)
 
-    def _install(self, m: Measured) -> None:
-        """Make measured profiles current (main thread only) and rebuild the ladder."""
+    def _install(self, m: Measured, ladder: bool = True) -> None:
+        """Make measured profiles current (main thread only) and rebuild the ladder (`ladder`
+        False: the caller builds it, at start-up once the sources' own models are in)."""
         old = self.manifest
         if old is not None and Path(m.manifest.root) != Path(old.root):
             self._model_gen += 1  # profiles of the model before are stale from now on
         self.model.install(m)
         self.energy.forget_model()  # the sources' own models did not change
-        self._build_ladder()
+        if ladder:
+            self._build_ladder()
         if self.pipeline is not None:  # a new model brings its own preprocessing to measure
             # (another version with the same preprocessing keeps the measured choice: measuring
             # again runs 21 preprocessings inline on the first frame after the swap)

@@ -29,6 +29,7 @@ from power.simclock import Pace, SimClock
 log = logging.getLogger("edgerun.sim")
 
 MAX_STEP_S = 1.0  # the plant's step (the pure simulation's dt): throttling and trips per step
+MAX_RUNGS = 64  # rung_s in health: the longest-run rungs, at most this many (payloads.py)
 
 
 class SimulatedDevice:
@@ -49,6 +50,10 @@ class SimulatedDevice:
         self._load, self._target, self._wall = load, latency_target_s, wall
         self.duration_s = duration_s  # simulated time after which the clock stops
         self._last_rung: str | None = None
+        # what the demo's summary says (runtime/tools/demo.py): the hottest the die got, and
+        # simulated seconds on each rung (by variant id; "" while nothing ran)
+        self.die_max_c = self.plant.s.die_c
+        self.rung_s: dict[str, float] = {}
 
     def start(self) -> None:
         """Serving starts: the pace counts from now (start-up and profiling took wall time,
@@ -92,6 +97,9 @@ class SimulatedDevice:
                     self.plant.step(dt / n, 0.0)
                 else:
                     run_load(self.plant, rung, offered, self._target, dt / n, self.tally)
+                self.die_max_c = max(self.die_max_c, self.plant.s.die_c)
+            vid = rung.variant_id if rung is not None else ""
+            self.rung_s[vid] = self.rung_s.get(vid, 0.0) + dt
             if rung is not None:
                 if self._last_rung is not None and rung.variant_id != self._last_rung:
                     self.tally.rung_changes += 1
@@ -123,7 +131,10 @@ class SimulatedDevice:
                 "battery_frac": round(p.s.battery_wh / p.device.battery.capacity_wh, 4)
                 if p.s.battery_wh is not None and p.device.battery else None,
                 "speed": self.pace.speed, "speed_x": round(speed, 1) if speed else None,
-                "slowed": self.pace.slowed, "slowdowns": self.pace.slowdowns}
+                "slowed": self.pace.slowed, "slowdowns": self.pace.slowdowns,
+                "die_max_c": round(self.die_max_c, 2),
+                "rung_s": {k: round(v, 1) for k, v in
+                           sorted(self.rung_s.items(), key=lambda kv: -kv[1])[:MAX_RUNGS]}}
 
     def stop(self) -> None:
         """Stop: whoever waits for simulated time is released (the tree keeps its values)."""

@@ -31,13 +31,20 @@ def add_demo(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     de = sub.add_parser("demo", help="everything on one machine, with a live view",
                         description=cmd_demo.__doc__,
                         parents=[common])
-    de.add_argument("--duration", type=float, default=0.0, help="seconds (default: until ^C)")
-    de.add_argument("--device", default="rpi5", help="simulated device profile")
+    # every default said in --help: a new user decides from it how long and how hot to run
+    de.add_argument("--duration", type=float, default=0.0,
+                    help="seconds to run, then stop (default: %(default)g, until Ctrl-C)")
+    de.add_argument("--device", default="rpi5",
+                    help="simulated device profile (default: %(default)s)")
     de.add_argument("--scenario", default="cabinet",
-                    choices=("cool", "warm", "hot", "sun", "cabinet"))
-    de.add_argument("--speed", type=float, default=480.0, help="simulated seconds per second")
-    de.add_argument("--start-hour", type=float, default=10.0, help="simulated time of day")
-    de.add_argument("--rate", type=float, default=100.0, help="conveyor frames per second")
+                    choices=("cool", "warm", "hot", "sun", "cabinet"),
+                    help="the simulated weather and enclosure (default: %(default)s)")
+    de.add_argument("--speed", type=float, default=480.0,
+                    help="simulated seconds per second (default: %(default)g)")
+    de.add_argument("--start-hour", type=float, default=10.0,
+                    help="simulated time of day at the start (default: %(default)g)")
+    de.add_argument("--rate", type=float, default=100.0,
+                    help="conveyor frames per second (default: %(default)g)")
     de.set_defaults(func=cmd_demo)
 
 

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from models import bundled
+from runtime.config.paths import user_cache
 from runtime.config.telemetry import BrokerConfig
 from runtime.tools.simloop import REFERENCE_BACKENDS
 from runtime.wire.broker import Mosquitto, free_port, mosquitto_path, wait_port
@@ -48,6 +49,8 @@ from runtime.wire.commands import generate_keypair
 from runtime.wire.events import EventType
 
 log = logging.getLogger("edgerun.demo")
+
+KEEP_LOGS = 5  # daemon logs of past demos kept in the user's cache (the oldest go first)
 
 # the events the demo prints besides a rung change: what the governor and sensors decide
 SHOWN = (EventType.GOVERNOR, EventType.SENSOR_INVALID, EventType.SENSOR_HOLD,
@@ -430,6 +433,51 @@ def event_line(ev: dict) -> str | None:
     return None
 
 
+def span(seconds: float) -> str:
+    """Simulated time for the summary: `6h10m`, `12m`, `40s`."""
+    s = round(seconds)
+    if s >= 3600:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 60}m" if s >= 60 else f"{s}s"
+
+
+def summary_lines(health: dict, rung_of: dict[str, int]) -> list[str]:
+    """The demo's closing summary from the device's last health: the highest die
+    temperature against the passive trip, and the simulated time on each rung (top rung
+    first; `rung_of`: the rung number of each variant the live view saw, by variant id)."""
+    sim = health.get("simulated") or {}
+    elapsed, peak = sim.get("elapsed_s"), sim.get("die_max_c")
+    if elapsed is None or peak is None:
+        return ["summary: the device sent no simulated tally (an older daemon?)"]
+    trip, rungs = health.get("passive_trip_c"), health.get("rungs", 0)
+    against = (f"{trip - peak:.1f} °C under the {trip:.0f} °C trip" if peak < trip
+               else f"{peak - trip:.1f} °C over the {trip:.0f} °C trip") \
+        if trip is not None else "no passive trip known"
+    out = [f"summary: {span(elapsed)} simulated (up to the last health); highest die "
+           f"{peak:.1f} °C, {against}; {sim.get('critical_trips', 0)} critical trips, "
+           f"{sim.get('rung_changes', 0)} rung changes"]
+    runs = sorted((sim.get("rung_s") or {}).items(),
+                  key=lambda kv: (-rung_of.get(kv[0], 0), kv[0]))
+    for vid, secs in runs:
+        if not vid:
+            out.append(f"  no rung (paused): {span(secs)}")
+            continue
+        n = rung_of.get(vid)
+        out.append(f"  rung {n if n is not None else '?'}/{rungs} {vid.split('@')[0]}: "
+                   f"{span(secs)}")
+    return out
+
+
+def keep_last(folder: Path, pattern: str, keep: int) -> list[Path]:
+    """Delete all but the newest `keep` files of `folder` matching `pattern` (by name: the
+    names carry their time); returns those deleted."""
+    old = sorted(folder.glob(pattern))[:-keep] if keep > 0 else sorted(folder.glob(pattern))
+    for f in old:
+        with contextlib.suppress(OSError):
+            f.unlink()
+    return old
+
+
 class _Demo:
     """One demo's processes and files, started and stopped in order (see module docstring)."""
 
@@ -447,8 +495,9 @@ class _Demo:
         self.coord: CoordinatorProcess | None = None
         self.daemon: subprocess.Popen | None = None
         self.daemon_log = workdir / "daemon.log"
-        self.kept_log = (Path("~/.cache/edgerun/demo").expanduser()
-                         / time.strftime("daemon-%Y%m%d-%H%M%S.log"))
+        self.kept_log = user_cache("demo") / time.strftime("daemon-%Y%m%d-%H%M%S.log")
+        self.rung_of: dict[str, int] = {}  # each variant's rung, as the live view saw them
+        self.why_stop = "the demo ended"
 
     def start(self, device: str, scenario: str, speed: float, start_hour: float,
               rate: float) -> None:
@@ -472,7 +521,8 @@ class _Demo:
               f"--token-file {state / 'api-token'} ls)", flush=True)
         print(f"dashboard: {url}/ (token: the content of {state / 'api-token'})", flush=True)
         print(f"daemon: edgerun serve --config {cfg_path} (log: {self.daemon_log}; kept "
-              f"afterwards as {self.kept_log})", flush=True)
+              f"afterwards as {self.kept_log}, with the last {KEEP_LOGS} demos' logs)",
+              flush=True)
         print(f"simulated {device}, scenario {scenario}, {speed:g}x from {start_hour:g}:00, "
               "in lockstep with the daemon's control loop (a busy host slows the simulation "
               "down, it does not change what the governor sees): the simulated camera offers "
@@ -480,7 +530,7 @@ class _Demo:
               "this host's real pipeline", flush=True)
         print("the simulated device's ladder: the bundled model's reference profiles (CI "
               "machine, scaled to the device profile), so the demo repeats; `edgerun profile "
-              "models/inspection` measures this host", flush=True)
+              "inspection` measures this host", flush=True)
         if not self.terminated:  # a Ctrl-C during the start: nothing more to start
             self.daemon = subprocess.Popen([sys.executable, "-m", "runtime.cli", "serve",
                                             "--config", str(cfg_path)],
@@ -510,10 +560,12 @@ class _Demo:
             if self.terminated:
                 break
             if self.daemon.poll() is not None:
+                self.why_stop = "the daemon exited"
                 print(f"the daemon exited with code {self.daemon.returncode}; its log:\n"
                       + self.daemon_log.read_text()[-3000:], flush=True)
                 return 1
             if not coord.alive():
+                self.why_stop = "the coordinator exited"
                 print(f"the coordinator exited with code {coord.proc.poll()}; its log:\n"
                       + coord.log_file.read_text()[-3000:], flush=True)
                 return 1
@@ -522,6 +574,7 @@ class _Demo:
             except (OSError, ValueError) as e:  # a slow answer: the next second tries again
                 log.debug("live view: the coordinator API did not answer: %s", e)
             if duration_s and time.monotonic() - started > duration_s:
+                self.why_stop = f"--duration {duration_s:g} s reached"
                 break
         return 0
 
@@ -532,11 +585,16 @@ class _Demo:
         view = {v["device"]: v for v in coord.fleet_view()}.get(self.DEVICE)
         if not view or not view.get("health"):
             return last
+        h = view["health"]
+        if h.get("choice"):  # a rung change's event says it for sure (health may lag a tick)
+            self.rung_of.setdefault(h["choice"], h.get("rung", 0))
         print(live_line(view, view["results_stored"]), flush=True)
         if (line := pace.seen(view["health"].get("simulated", {}))) is not None:
             print(line, flush=True)
         events = coord.events(self.DEVICE)
         for ev in _new_events(events, last):
+            if ev["type"] == EventType.RUNG_CHANGED and ev.get("to"):
+                self.rung_of[ev["to"]] = ev.get("rung", 0)
             if (line := event_line(ev)) is not None:
                 print(line, flush=True)
         return json.dumps(events[0], sort_keys=True) if events else last
@@ -545,9 +603,10 @@ class _Demo:
         """Stop everything in order: the daemon first, while the coordinator and the broker
         are there to take its last results and its goodbye; then the coordinator; the broker
         last. Returns the demo's exit code (1 when a result was left unacked)."""
-        if self.terminated:
-            print("\nstopping: the daemon, then the coordinator, then the broker...",
-                  flush=True)
+        # said whatever stops it (a signal, --duration, a child's exit), terminal or not
+        why = (signal.Signals(self.terminated[0]).name if self.terminated else self.why_stop)
+        print(f"\nstopping ({why}): the daemon, then the coordinator, then the broker...",
+              flush=True)
         if self.daemon is not None:
             _stop_child(self.daemon, "daemon", self.daemon_log)
         if self.coord is not None and self.coord.alive():
@@ -555,6 +614,8 @@ class _Demo:
             if v is not None:
                 print(f"results stored by the coordinator: {v['results_stored']}; device "
                       f"{v['status']} ({v['reason'] or 'running'})", flush=True)
+                if v.get("health"):
+                    print("\n".join(summary_lines(v["health"], self.rung_of)), flush=True)
         if self.daemon is not None and (self.state / "outbox.db").exists():
             made, held = outbox_backlog(self.state / "outbox.db")
             print(f"device outbox: {made} results made, "
@@ -568,7 +629,10 @@ class _Demo:
             with contextlib.suppress(OSError):
                 self.kept_log.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(self.daemon_log, self.kept_log)
-                print(f"daemon log: {self.kept_log}", flush=True)
+                gone = keep_last(self.kept_log.parent, "daemon-*.log", KEEP_LOGS)
+                print(f"daemon log: {self.kept_log} (the last {KEEP_LOGS} demos' logs are "
+                      f"kept in {self.kept_log.parent}"
+                      + (f"; {len(gone)} older removed)" if gone else ")"), flush=True)
         return code
 
 

@@ -45,7 +45,9 @@ SHIPPED_DOC = "file:///opt/edgerun/doc/"  # the units' Documentation=, rendered 
 # put them (the service's HOME is /var/lib/edgerun, so `~` would land there too; spelled out
 # so an operator reading /etc/edgerun/edgerun.toml sees the real place).
 SERVICE_PATHS = (
-    ('cache_dir = "~/.cache/edgerun/profiles"', 'cache_dir = "/var/cache/edgerun/profiles"'),
+    # [profiler]'s (empty there: the user's cache); [backends.openvino]'s has no comment
+    ('cache_dir = ""                 # empty = the user\'s cache',
+     'cache_dir = "/var/cache/edgerun/profiles"  # empty = the user\'s cache'),
     ('state_dir = "~/.local/state/edgerun"', 'state_dir = "/var/lib/edgerun"'),
     ('path = "~/.local/state/edgerun/outbox.db"', 'path = "/var/lib/edgerun/outbox.db"'),
 )

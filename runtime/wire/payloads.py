@@ -143,7 +143,13 @@ _HEALTH = _obj({
                        "battery_frac": _NUM_OR_NULL,
                        # the lockstep pace (power/simclock.py): target, achieved, slowed
                        "speed": _NUM, "speed_x": _NUM_OR_NULL, "slowed": _BOOL,
-                       "slowdowns": _COUNT}),
+                       "slowdowns": _COUNT,
+                       # the hottest the simulated die got; simulated seconds per rung (by
+                       # variant id, "" while none ran): the demo's closing summary
+                       "die_max_c": _NUM,
+                       "rung_s": {"type": "object", "maxProperties": 64,
+                                  "propertyNames": {"maxLength": 256},
+                                  "additionalProperties": _NUM}}),
     # duty cycling (runtime/device/sleep.py, docs/sleep.md)
     "sleep": _obj({"mode": {"enum": ["stay_up", "sleep", "disabled"]}, "period_s": _NUM_OR_NULL,
                    "per_hour": _NUM_OR_NULL, "requested_per_hour": _NUM_OR_NULL,

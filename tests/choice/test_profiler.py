@@ -511,3 +511,72 @@ def test_a_finished_refinement_is_not_run_again_on_a_warm_start(tmp_path):
         f.unlink()
     _, rest4 = first(c)
     assert rest4 is not None
+
+
+def test_the_cache_is_keyed_by_content_and_a_failure_names_this_copy(tmp_path,
+                                                                     fast_profiler_cfg):
+    """Two checkouts sharing one cache: the second copy of a model takes the first copy's
+    entries (same bytes, same key) and its known failures name its own path, not the
+    other checkout's (issue 32)."""
+    import shutil
+
+    bcfg = BackendsConfig(enabled=("onnxruntime", "opencv"), threads=(1,))
+    (tmp_path / "checkout-a").mkdir()
+    first = _odd_model(tmp_path / "checkout-a")
+    second = tmp_path / "checkout-b" / "odd.onnx"
+    second.parent.mkdir()
+    shutil.copyfile(first, second)
+
+    def failures(path):
+        profiler = Profiler(fast_profiler_cfg, EstimatedMeter(5.0, 2.0), "test-device")
+        out, hits, _ = quick_pass(_work(path, bcfg), profiler)
+        return [p for p in out if not p.ok], hits
+
+    measured, hits = failures(first)
+    assert measured and hits == 0 and all(str(first) in p.error for p in measured)
+    known, hits = failures(second)
+    assert hits == len(_work(second, bcfg))  # every entry shared: keyed by content
+    assert known and all(p.stage == "known-failure" for p in known)
+    for p in known:
+        assert str(second) in p.error and "checkout-a" not in p.error, p.error
+    # on disk the entry names neither copy
+    stored = [json.loads(f.read_text()) for f in Path(fast_profiler_cfg.cache_dir).glob("*.json")]
+    assert any(d["error"] for d in stored)
+    assert not any("checkout-" in d["error"] for d in stored)
+
+
+def test_an_entry_of_the_previous_cache_format_is_a_miss(tmp_path, fast_profiler_cfg):
+    """Upgrading edgerun with a cache of schema-4 entries: they are not read (another key),
+    so each variant is measured again, never misread."""
+    from runtime.choice import profiler as profiler_mod
+
+    work = _work(_odd_model(tmp_path), BackendsConfig(enabled=("onnxruntime",), threads=(1,)))
+    old = Profiler(fast_profiler_cfg, EstimatedMeter(5.0, 2.0), "test-device")
+    b, d, v = work[0]
+    try:
+        profiler_mod.CACHE_SCHEMA = 4
+        old_key = old.cache_key(v, d)
+    finally:
+        profiler_mod.CACHE_SCHEMA = 5
+    cache = Path(fast_profiler_cfg.cache_dir)
+    cache.mkdir(parents=True, exist_ok=True)
+    p = old.measure(b, v, profiler_mod.full_settings(fast_profiler_cfg))
+    (cache / f"{old_key}.json").write_text(json.dumps(
+        {**p.__dict__, "error": f"cannot run {v.model.path}", "status": "failed"}))
+    assert old.cache_key(v, d) != old_key and old.lookup(v, d) is None
+    _, hits, _ = quick_pass(work, Profiler(fast_profiler_cfg, EstimatedMeter(5.0, 2.0), "t"))
+    assert hits == 0
+
+
+def test_the_default_cache_is_under_xdg_cache_home(tmp_path, monkeypatch):
+    from runtime.config import ProfilerConfig
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert ProfilerConfig().cache_path() == tmp_path / "xdg" / "edgerun" / "profiles"
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative/dir")  # the XDG spec: ignored
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert ProfilerConfig().cache_path() == tmp_path / "home/.cache/edgerun/profiles"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert ProfilerConfig().cache_path() == tmp_path / "home/.cache/edgerun/profiles"
+    # a configured directory wins, `~` expanded
+    assert ProfilerConfig(cache_dir="~/p").cache_path() == tmp_path / "home/p"

@@ -181,3 +181,26 @@ def test_a_failing_load_still_moves_the_clock_by_the_tick(tmp_path):
                           wall=FakeWall())
     sim.advance(2.0)
     assert sim.clock.now() == sim.t0 + 2.0 == sim.plant.s.t
+
+
+def test_the_report_tallies_the_hottest_die_and_time_on_each_rung(tmp_path):
+    """What the demo's summary says: simulated seconds per rung (by variant, "" for none)
+    summing to the time simulated, and the die's maximum over every plant step."""
+    dev = load_profile("rpi5")
+    top = Rung("m/top@e:CPU/t1", 0.9, 0.02, 0.005)
+    low = Rung("m/low@e:CPU/t1", 0.8, 0.005, 0.002)
+    running: list = [top]
+    wall = FakeWall()
+    sim = SimulatedDevice(dev, tmp_path, "hot", 100.0, 13.0, lambda: (running[0], 200.0),
+                          0.02, wall=wall)
+    sim.start()
+    temps = [sim.plant.s.die_c]
+    for rung, ticks in ((top, 300), (low, 100), (None, 50), (top, 20)):
+        running[0] = rung
+        for _ in range(ticks):
+            sim.advance(2.0)  # two plant steps a tick: the maximum is over steps, not ticks
+            temps.append(sim.plant.s.die_c)
+    r = sim.report()
+    assert r["rung_s"] == {"m/top@e:CPU/t1": 640.0, "m/low@e:CPU/t1": 200.0, "": 100.0}
+    assert sum(r["rung_s"].values()) == pytest.approx(r["elapsed_s"])
+    assert max(temps) <= r["die_max_c"] + 0.005 and r["die_max_c"] > temps[0] + 5

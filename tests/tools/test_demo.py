@@ -17,7 +17,12 @@ from support.under_test import child_env
 
 
 def test_demo_runs_and_reports(tmp_path):
-    env = {**os.environ, "HOME": str(tmp_path)}  # its own profile cache: a first run
+    xdg = tmp_path / "xdg-cache"  # the user's cache, as XDG_CACHE_HOME names it
+    logs = xdg / "edgerun" / "demo"
+    logs.mkdir(parents=True)
+    for day in range(1, 7):  # six earlier demos' logs: the oldest two go, four stay
+        (logs / f"daemon-2020010{day}-120000.log").write_text("old\n")
+    env = {**os.environ, "HOME": str(tmp_path), "XDG_CACHE_HOME": str(xdg)}
     out = subprocess.run([sys.executable, "-m", "runtime.cli", "demo", "--duration", "40"],
                          capture_output=True, text=True, timeout=240, env=env)
     text = out.stdout + out.stderr
@@ -34,9 +39,82 @@ def test_demo_runs_and_reports(tmp_path):
     first = re.search(r"rung -> .*", text)
     assert down and first and first.start() == down.start(), text[-3000:]
     assert float(down.group(1)) < 78.0, text[-3000:]
-    log = re.search(r"daemon log: (\S+)", text)
+    # stopped by --duration, with no terminal: it says so, as it does for a Ctrl-C
+    assert "stopping (--duration 40 s reached): the daemon, then" in text, text[-3000:]
+    # the summary: the hottest die against the trip, and simulated time on each rung, the
+    # top rung (where it starts) among them
+    peak = re.search(r"summary: (\S+) simulated .*; highest die ([\d.]+) °C, ([\d.]+) °C "
+                     r"(under|over) the 78 °C trip; (\d+) critical trips", text)
+    assert peak, text[-3000:]
+    assert abs(78.0 - float(peak.group(2)) - float(peak.group(3))
+               * (1 if peak.group(4) == "under" else -1)) < 0.06
+    assert float(peak.group(2)) >= float(down.group(1))  # it got at least as hot as the step
+    rungs = re.findall(r"^  rung (\d+)/(\d+) inspection/\S+: (\d+h\d\dm|\d+m|\d+s)$", text,
+                       re.M)
+    assert rungs and rungs[0][0] == rungs[0][1], text[-3000:]  # the top rung's time first
+    log = re.search(r"daemon log: (\S+) \(the last 5 demos' logs are kept in (\S+); "
+                    r"2 older removed\)", text)
+    assert log and Path(log.group(2)) == logs, text[-3000:]
+    assert sorted(p.name for p in logs.iterdir()) == [
+        *(f"daemon-2020010{day}-120000.log" for day in range(3, 7)), Path(log.group(1)).name]
     with open(log.group(1)) as f:  # the daemon's log outlives the demo
-        assert re.search(r"rung (\d+)/\1 -> ", f.read())
+        daemon_log = f.read()
+    assert re.search(r"rung (\d+)/\1 -> ", daemon_log)
+    # one choice line at start-up (the ladder was built, and logged, twice: issue 32)
+    start = daemon_log.split("ready in", 1)[0]
+    assert len(re.findall(r"edgerun.daemon: choice: ", start)) == 1, start[-3000:]
+
+
+def test_demo_help_says_every_default():
+    out = subprocess.run([sys.executable, "-m", "runtime.cli", "demo", "--help"],
+                         capture_output=True, text=True, timeout=60, env=child_env())
+    assert out.returncode == 0, out.stderr
+    said = " ".join(out.stdout.split())  # argparse wraps lines
+    for default in ("--duration DURATION seconds to run, then stop (default: 0, until Ctrl-C)",
+                    "(default: rpi5)", "(default: cabinet)", "(default: 480)",
+                    "(default: 10)", "(default: 100)"):
+        assert default in said, out.stdout
+
+
+@pytest.mark.parametrize(("health", "rung_of", "expected"), [
+    # under the trip, three rungs, the top rung first whatever the order they came in
+    ({"passive_trip_c": 78.0, "rungs": 3,
+      "simulated": {"elapsed_s": 22245.0, "die_max_c": 77.94, "critical_trips": 0,
+                    "rung_changes": 2, "rung_s": {"m/small@ort:CPU/t1": 45.0,
+                                                  "m/fp32@ort:CPU/t1": 21600.0,
+                                                  "m/mid@ort:CPU/t1": 600.0}}},
+     {"m/fp32@ort:CPU/t1": 3, "m/mid@ort:CPU/t1": 2, "m/small@ort:CPU/t1": 1},
+     ["summary: 6h10m simulated (up to the last health); highest die 77.9 °C, 0.1 °C under "
+      "the 78 °C trip; 0 critical trips, 2 rung changes",
+      "  rung 3/3 m/fp32: 6h00m", "  rung 2/3 m/mid: 10m", "  rung 1/3 m/small: 45s"]),
+    # over the trip; a rung the live view never saw; time paused (no rung)
+    ({"passive_trip_c": 70.0, "rungs": 2,
+      "simulated": {"elapsed_s": 120.0, "die_max_c": 71.26, "critical_trips": 1,
+                    "rung_changes": 0, "rung_s": {"m/a@x:CPU/t1": 100.0, "": 20.0}}},
+     {}, ["summary: 2m simulated (up to the last health); highest die 71.3 °C, 1.3 °C over "
+          "the 70 °C trip; 1 critical trips, 0 rung changes",
+          "  no rung (paused): 20s", "  rung ?/2 m/a: 1m"]),
+    # a daemon without the tally
+    ({"passive_trip_c": 70.0, "simulated": {"elapsed_s": 1.0}}, {},
+     ["summary: the device sent no simulated tally (an older daemon?)"]),
+])
+def test_summary_says_the_peak_against_the_trip_and_time_per_rung(health, rung_of, expected):
+    from runtime.tools.demo import summary_lines
+
+    assert summary_lines(health, rung_of) == expected
+
+
+def test_keep_last_removes_the_oldest_logs_only(tmp_path):
+    from runtime.tools.demo import keep_last
+
+    names = [f"daemon-2024010{d}-000000.log" for d in range(1, 8)]
+    for n in names:
+        (tmp_path / n).write_text("x")
+    (tmp_path / "notes.txt").write_text("mine")  # not a demo log: never touched
+    gone = keep_last(tmp_path, "daemon-*.log", 5)
+    assert [p.name for p in gone] == names[:2]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*names[2:], "notes.txt"])
+    assert keep_last(tmp_path, "daemon-*.log", 5) == []
 
 
 def _daemon_log_tail(text: str) -> str:
