@@ -7,7 +7,7 @@ A leaf package: its modules import the standard library and each other, nothing 
 project (tests/test_layering.py), so any module can import its section without pulling in
 the component that uses it. A module per section that has a component of its own
 (`source`, `backends`, `telemetry`, `coordinator`, `models`, `results`, `local_api`,
-`homeassistant`); the small daemon-wide sections are here.
+`homeassistant`, `sparkplug`); the small daemon-wide sections are here.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from runtime.config.models import ModelsConfig
 from runtime.config.results import ResultsConfig
 from runtime.config.schema import ConfigError, build, load_toml
 from runtime.config.source import SourceConfig, check_sources
+from runtime.config.sparkplug import SparkplugConfig
 from runtime.config.telemetry import TelemetryConfig
 
 
@@ -267,6 +268,7 @@ class Config:
     sleep: SleepConfig = field(default_factory=SleepConfig)  # duty cycling (docs/sleep.md)
     homeassistant: HomeAssistantConfig = field(default_factory=HomeAssistantConfig)
     models: ModelsConfig = field(default_factory=ModelsConfig)  # OTA: bundles, probation
+    sparkplug: SparkplugConfig = field(default_factory=SparkplugConfig)  # docs/sparkplug.md
 
     def validate(self) -> tuple[str, str] | None:
         return check_sources(self.sources, self.source != SourceConfig())
@@ -286,5 +288,6 @@ def from_dict(data: dict, source: str = "<config>") -> Config:
 
 __all__ = ["ENGINES", "BackendsConfig", "Config", "ConfigError", "CoordinatorConfig",
            "HomeAssistantConfig", "LocalApiConfig", "ModelsConfig", "OnnxRuntimeConfig",
-           "OpenCvConfig", "OpenVinoConfig", "ResultsConfig", "SourceConfig", "TelemetryConfig",
+           "OpenCvConfig", "OpenVinoConfig", "ResultsConfig", "SourceConfig", "SparkplugConfig",
+           "TelemetryConfig",
            "from_dict", "load"]

@@ -73,6 +73,7 @@ from runtime.frames.results_local import LocalResults
 from runtime.telemetry.client import Publisher, device_id
 from runtime.telemetry.homeassistant import Discovery
 from runtime.telemetry.outbox import Outbox
+from runtime.telemetry.sparkplug.node import SparkplugNode, sparkplug_node
 from runtime.wire.commands import Command
 from runtime.wire.health_history import HealthHistory
 
@@ -115,6 +116,7 @@ class Daemon:
         self.wakeup = Wakeup()  # the main loop sleeps on it (runtime/device/wakeup.py)
         self.sim: Any = None  # runtime.device.simdevice.SimulatedDevice when simulating
         self.publisher: Publisher | None = None
+        self.sparkplug: SparkplugNode | None = None  # opt-in Sparkplug B edge node
         self.local_api: LocalApi | None = None  # opt-in /metrics and /healthz ([local_api])
         self.sleeper: Any = None  # runtime.device.sleep.Sleeper when [sleep] is enabled
         self.ota: DeviceOta | None = None  # model versions, deploy, probation ([models])
@@ -269,6 +271,8 @@ class Daemon:
                                        command_queue=WakingQueue(self.wakeup.set, 100))
         except ValueError as e:  # an unreadable trusted key or device key file
             raise ConfigError(str(e)) from e
+        self.sparkplug = sparkplug_node(cfg.sparkplug, cfg.telemetry, self.device_id,
+                                        self.outbox, self.state_dir, self.event)
 
     def _install_models(self) -> Callable | None:
         """The engines (discovered once per process), the [model]'s model (the version OTA
@@ -316,12 +320,16 @@ class Daemon:
         from runtime.device import sleep as sleep_mod
 
         self.sleeper = sleep_mod.create(self)
+        if self.sparkplug:
+            self.sparkplug.start()
         if self.publisher:
             self.publisher.start()
         else:
             log.info("no telemetry.broker.host: results are kept in the outbox only")
-            if self.cfg.homeassistant.enabled or self.cfg.telemetry.result_per_message:
-                log.warning("homeassistant.enabled / telemetry.result_per_message need a broker "
+            if (self.cfg.homeassistant.enabled or self.cfg.telemetry.result_per_message
+                    or self.cfg.sparkplug.enabled):
+                log.warning("homeassistant.enabled / telemetry.result_per_message / "
+                            "sparkplug.enabled need a broker "
                             "(telemetry.broker.host); nothing is published")
 
     # -- measuring and installing models ---------------------------------------------------
@@ -775,6 +783,8 @@ class Daemon:
     def _send_health(self) -> None:
         h = self.health()
         self.outbox.put("health", h)
+        if self.sparkplug:  # births and NDATA are made from the health snapshot
+            self.sparkplug.feed(h)
         self.history.append(h, self.trips)
 
     def _on_stop_signal(self, *_: Any) -> None:

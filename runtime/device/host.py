@@ -222,4 +222,5 @@ class StopHost(Protocol):
     ota: Any  # runtime.device.ota.DeviceOta or None (its `thread`)
     sim: Any  # runtime.device.simdevice.SimulatedDevice or None
     publisher: Publisher | None
+    sparkplug: Any  # runtime.telemetry.sparkplug.node.SparkplugNode or None
     outbox: Outbox

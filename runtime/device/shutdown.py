@@ -43,6 +43,8 @@ def stop_steps(d: StopHost) -> list[tuple[str, Callable[[], Any]]]:
         steps.append(("a model install", lambda: d.ota.thread.join(60)))
     if d.sim:
         steps.append(("the simulator", d.sim.stop))
+    if d.sparkplug:  # its NDEATH, after the drained frames' results went out
+        steps.append(("Sparkplug", d.sparkplug.stop))
     if d.publisher:
         steps.append(("the last acks", lambda: await_acks(d)))
         steps.append(("MQTT", d.publisher.stop))

@@ -50,8 +50,9 @@ DEVICE_SUBSCRIBES = ("cmd", "ack", "bundle/chunk")
 ROLES = ("device", "coordinator", "client")
 # the extra connections each role keeps, by purpose (connection_username): a device's bundle
 # download over MQTT and its MQTT trigger source; a coordinator's bundle chunk server; a
-# client's credentials given to a device's trigger source
-PURPOSES = {"device": ("bundles", "trigger"), "coordinator": ("bundles",),
+# client's credentials given to a device's trigger source; a device's Sparkplug B edge node
+# (its own will, the NDEATH: runtime/telemetry/sparkplug/)
+PURPOSES = {"device": ("bundles", "trigger", "sparkplug"), "coordinator": ("bundles",),
             "client": ("trigger",)}
 _PBKDF2_ITERATIONS = 1000  # passwords are 256-bit random: iterations only slow the broker
 
@@ -134,8 +135,13 @@ def _connection_grants(ident: Identity) -> dict[str, list[str]]:
     """The ACL lines of each extra connection of `ident` (PURPOSES): exactly its topics."""
     if ident.role == "device":
         own = f"{PREFIX}/{ident.username}"
+        fleet, _, device = ident.username.partition("/")
+        spb = f"spBv1.0/{fleet}"  # group id = fleet, edge node id = device ([sparkplug])
         return {"bundles": [f"topic write {own}/bundle/req", f"topic read {own}/bundle/chunk"],
-                "trigger": [f"topic read {t}" for t in ident.read]}
+                "trigger": [f"topic read {t}" for t in ident.read],
+                "sparkplug": [f"topic write {spb}/+/{device}", f"topic write {spb}/+/{device}/+",
+                              f"topic read {spb}/NCMD/{device}",
+                              f"topic read {spb}/DCMD/{device}/+", "topic read spBv1.0/STATE/+"]}
     if ident.role == "coordinator":
         return {"bundles": [line for fleet in ident.fleets for line in (
             f"topic read {PREFIX}/{fleet}/+/bundle/req",

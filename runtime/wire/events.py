@@ -47,6 +47,9 @@ class EventType(StrEnum):
                      "took its session")
     ACK_REFUSED = ("ack_refused", "a suspicious ack (beyond what was sent, or vouching for "
                    "results still held) was refused; nothing was deleted")
+    SPARKPLUG_REFUSED = ("sparkplug_refused", "the Sparkplug edge node refused an NCMD/DCMD "
+                         "(unknown metric, wrong datatype, too large, not a payload) or a "
+                         "malformed primary host STATE; nothing changed (docs/sparkplug.md)")
     OUTBOX_CORRUPT = ("outbox_corrupt", "the outbox database was unreadable at start: moved "
                       "aside, a new one begun")
     REPLAY_RECORD_LOST = ("replay_record_lost", "the outbox's keep file (seen command ids, "

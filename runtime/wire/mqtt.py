@@ -126,7 +126,8 @@ class Connection:
     """One MQTT connection owned by one thread: the publisher, the coordinator and the MQTT
     trigger source each run one.
 
-    The thread connects (TLS/credentials from config, will, MQTT 5 with a 3.1.1 fallback
+    The thread connects (TLS/credentials from config, will (`will()` is asked at every
+    attempt, so each connection may carry its own), MQTT 5 with a 3.1.1 fallback
     until a connection has worked), reconnects with capped jittered backoff, subscribes on
     every CONNACK, and between network loops publishes what other threads queued with
     `publish` and calls `on_tick` (paho is not thread-safe: every paho call happens here).
@@ -150,7 +151,8 @@ class Connection:
                  on_error: Callable[[str, str], None] | None = None,
                  will: Callable[[], tuple[str, bytes]] | None = None,
                  clean: bool = True, session_expiry_s: int = 0, max_inflight: int = 100,
-                 connect_timeout_s: float = 10.0, max_packet_bytes: int = 0):
+                 connect_timeout_s: float = 10.0, max_packet_bytes: int = 0,
+                 will_retain: bool = True):
         self.broker, self.client_id, self.name = broker, client_id, name
         self.subscriptions = list(subscriptions)
         self._on_message, self._on_connected = on_message, on_connected
@@ -158,6 +160,8 @@ class Connection:
         self._on_refused = on_refused  # MQTT 5: a PUBACK with a failure reason (e.g. the ACL)
         self._on_takeover, self._on_error = on_takeover, on_error
         self._will, self.clean, self.session_expiry_s = will, clean, session_expiry_s
+        # the device's state will is retained; Sparkplug's NDEATH must not be (the spec)
+        self.will_retain = will_retain
         self.max_inflight, self.connect_timeout_s = max_inflight, connect_timeout_s
         self.max_packet_bytes = max_packet_bytes  # MQTT 5: larger ones are never sent to us
         self.stats = ConnectionStats()
@@ -310,7 +314,7 @@ class Connection:
             client.max_inflight_messages_set(self.max_inflight)
             if self._will:
                 topic, body = self._will()
-                client.will_set(topic, body, qos=1, retain=True)
+                client.will_set(topic, body, qos=1, retain=self.will_retain)
             client.on_connect = self._cb_connect
             client.on_disconnect = self._cb_disconnect
             client.on_message = self._cb_message

@@ -133,9 +133,15 @@ def test_acl_file_layout_and_revocation(tmp_path):
     # a device's own connection needs no user block (the patterns); its bundle connection
     # is an identity of its own with exactly its two topics (client ids bound to usernames)
     assert "user f1/d\n" not in acl_text([Identity("f1/d", "device")])
-    assert acl_text([Identity("f1/d", "device")]).split("\n\n")[-1].splitlines() == [
+    blocks = acl_text([Identity("f1/d", "device")]).split("\n\n")
+    assert blocks[-2].splitlines() == [
         "user f1/d+bundles", "topic write edgerun/v1/f1/d/bundle/req",
         "topic read edgerun/v1/f1/d/bundle/chunk"]
+    # its Sparkplug edge node: group f1, edge node d, and every primary host's STATE
+    assert blocks[-1].splitlines() == [
+        "user f1/d+sparkplug", "topic write spBv1.0/f1/+/d", "topic write spBv1.0/f1/+/d/+",
+        "topic read spBv1.0/f1/NCMD/d", "topic read spBv1.0/f1/DCMD/d/+",
+        "topic read spBv1.0/STATE/+"]
 
 
 def test_revoked_device_is_refused_after_reload(secure_broker):

@@ -35,7 +35,8 @@ def test_the_acl_and_password_file_give_each_connection_its_own_identity(tmp_pat
                                             "topic write edgerun/v1/f/+/bundle/chunk"]
     text = passwd_text({i.username: i for i in idents}, {"f/d1": "$7$h1", "coord": "$7$h2"})
     assert text.splitlines() == ["coord:$7$h2", "coord+bundles:$7$h2", "f/d1:$7$h1",
-                                 "f/d1+bundles:$7$h1", "f/d1+trigger:$7$h1"]
+                                 "f/d1+bundles:$7$h1", "f/d1+sparkplug:$7$h1",
+                                 "f/d1+trigger:$7$h1"]
     assert connection_username("f/d1") == "f/d1"
     assert "use_username_as_clientid true" in BrokerAuth(tmp_path).conf_lines()
 
@@ -48,7 +49,7 @@ def test_an_older_password_file_gets_the_connections_usernames(tmp_path):
     auth.passwd.write_text(old)
     auth.refresh_acl()
     users = [line.split(":")[0] for line in auth.passwd.read_text().splitlines()]
-    assert users == ["f/d1", "f/d1+bundles", "f/d1+trigger"]
+    assert users == ["f/d1", "f/d1+bundles", "f/d1+sparkplug", "f/d1+trigger"]
 
 
 def test_a_device_using_the_coordinators_client_id_gets_its_own_session_only(
