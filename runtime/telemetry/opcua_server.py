@@ -127,9 +127,10 @@ class _Users:
                 return User(role=UserRole.User, name=username)
             return None
         if certificate is not None and self._secrets.trusted:
+            from cryptography.hazmat.primitives.serialization import Encoding
+
             der = certificate if isinstance(certificate, bytes) else certificate.public_bytes(
-                __import__("cryptography.hazmat.primitives.serialization",
-                           fromlist=["Encoding"]).Encoding.DER)
+                Encoding.DER)
             if der in self._secrets.trusted:
                 return User(role=UserRole.User, name="certificate")
         return None
@@ -351,6 +352,7 @@ class PlcServer:
                             # a refused request is logged per request by asyncua: a client
                             # could fill the journal; edgerun says it, rate-limited
                             ("asyncua.server.uaprocessor", logging.CRITICAL),
+                            ("asyncua.server.internal_session", logging.CRITICAL),
                             ("asyncua.server.address_space", logging.ERROR),
                             ("asyncua.server.binary_server_asyncio", logging.ERROR)):
             logging.getLogger(name).setLevel(level)
@@ -365,9 +367,10 @@ class PlcServer:
             server.set_security_policy([ua.SecurityPolicyType.NoSecurity])
             server.set_identity_tokens([ua.AnonymousIdentityToken])
         else:
-            await server.load_certificate(self._secrets.certificate, _fmt(cfg.certificate))
+            await server.load_certificate(self._secrets.certificate,
+                                          _fmt(self._secrets.certificate))
             await server.load_private_key(self._secrets.private_key, None,
-                                          _fmt(cfg.private_key))
+                                          _fmt(self._secrets.private_key))
             server.set_security_policy([ua.SecurityPolicyType.Basic256Sha256_SignAndEncrypt])
             server.set_identity_tokens(
                 ([ua.UserNameIdentityToken] if cfg.username else [])
@@ -509,10 +512,9 @@ def _arg(name: str, type_id: int, doc: str) -> ua.Argument:
     return a
 
 
-def _fmt(path: str) -> str | None:
-    """asyncua's format hint from a file name (it loads bytes without one as DER)."""
-    suffix = Path(path).suffix.lower()
-    return ".pem" if suffix in (".pem", ".crt", ".key") else None
+def _fmt(content: bytes) -> str:
+    """asyncua's format hint for a key or certificate file's bytes (PEM is text)."""
+    return "pem" if content.lstrip().startswith(b"-----") else "der"
 
 
 def open_plc(cfg: Any) -> PlcServer | None:
