@@ -7,7 +7,7 @@ A leaf package: its modules import the standard library and each other, nothing 
 project (tests/test_layering.py), so any module can import its section without pulling in
 the component that uses it. A module per section that has a component of its own
 (`source`, `backends`, `telemetry`, `coordinator`, `models`, `results`, `local_api`,
-`homeassistant`, `sparkplug`); the small daemon-wide sections are here.
+`homeassistant`, `sparkplug`, `opcua`); the small daemon-wide sections are here.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from runtime.config.coordinator import CoordinatorConfig
 from runtime.config.homeassistant import HomeAssistantConfig
 from runtime.config.local_api import LocalApiConfig
 from runtime.config.models import ModelsConfig
+from runtime.config.opcua import OpcUaConfig
 from runtime.config.results import ResultsConfig
 from runtime.config.schema import ConfigError, build, load_toml
 from runtime.config.source import SourceConfig, check_sources
@@ -269,8 +270,13 @@ class Config:
     homeassistant: HomeAssistantConfig = field(default_factory=HomeAssistantConfig)
     models: ModelsConfig = field(default_factory=ModelsConfig)  # OTA: bundles, probation
     sparkplug: SparkplugConfig = field(default_factory=SparkplugConfig)  # docs/sparkplug.md
+    opcua: OpcUaConfig = field(default_factory=OpcUaConfig)  # the PLC's server (docs/plc.md)
 
     def validate(self) -> tuple[str, str] | None:
+        if not self.opcua.enabled and any(s.trigger == "opcua"
+                                          for s in (self.source, *self.sources)):
+            return "opcua", ('a source with trigger = "opcua" needs [opcua] enabled = true '
+                             "(the PLC's edges arrive through it)")
         return check_sources(self.sources, self.source != SourceConfig())
 
 
@@ -288,6 +294,5 @@ def from_dict(data: dict, source: str = "<config>") -> Config:
 
 __all__ = ["ENGINES", "BackendsConfig", "Config", "ConfigError", "CoordinatorConfig",
            "HomeAssistantConfig", "LocalApiConfig", "ModelsConfig", "OnnxRuntimeConfig",
-           "OpenCvConfig", "OpenVinoConfig", "ResultsConfig", "SourceConfig", "SparkplugConfig",
-           "TelemetryConfig",
-           "from_dict", "load"]
+           "OpcUaConfig", "OpenCvConfig", "OpenVinoConfig", "ResultsConfig", "SourceConfig",
+           "SparkplugConfig", "TelemetryConfig", "from_dict", "load"]

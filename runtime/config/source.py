@@ -41,6 +41,9 @@ class SourceConfig:
     watch: bool = True  # folder: keep watching for new files
     done_dir: str = ""  # folder: move inspected files here (empty: remember them instead)
     topic: str = ""  # trigger: MQTT topic; payload = image bytes (PNG/JPEG) or a file path
+    # synthetic/capture: what starts a capture. "": the source's own pace; "opcua": one frame
+    # per rising edge of the PLC (Trigger() or PartPresent false->true; docs/plc.md)
+    trigger: Literal["", "opcua"] = ""
     # folder/trigger: images larger than this are refused from their header, before decoding
     max_pixels: int = DEFAULT_MAX_PIXELS
     # region of interest [x, y, w, h] cropped before preprocessing (empty: the whole frame)
@@ -65,6 +68,9 @@ class SourceConfig:
             return "max_pixels", f"must be >= 1, got {self.max_pixels}"
         if self.kind in ("folder", "capture") and not self.path:
             return "path", f"source kind {self.kind!r} needs a path"
+        if self.trigger and self.kind not in ("synthetic", "capture"):
+            return "trigger", (f"a PLC trigger captures from a camera: kind must be "
+                               f"'synthetic' or 'capture', got {self.kind!r}")
         if self.kind == "trigger" and not self.topic:
             return "topic", "source kind 'trigger' needs an MQTT topic"
         if not 0 <= self.defect_rate <= 1:

@@ -118,6 +118,7 @@ class Daemon:
         self.publisher: Publisher | None = None
         self.sparkplug: SparkplugNode | None = None  # opt-in Sparkplug B edge node
         self.local_api: LocalApi | None = None  # opt-in /metrics and /healthz ([local_api])
+        self.plc: Any = None  # runtime.telemetry.opcua_server.PlcServer ([opcua], docs/plc.md)
         self.sleeper: Any = None  # runtime.device.sleep.Sleeper when [sleep] is enabled
         self.ota: DeviceOta | None = None  # model versions, deploy, probation ([models])
         self.operator = OperatorState(self.state_dir)  # overrides and learnt state, kept
@@ -255,7 +256,12 @@ class Daemon:
         try:
             self.ota = DeviceOta(self, cfg.models, cfg.telemetry, self.state_dir,
                                  self.device_id)
-        except ValueError as e:  # an unreadable publisher key file
+            if cfg.opcua.enabled:  # [opcua]: certificates read now; PLC edges for the sources
+                from runtime.telemetry.opcua_server import open_plc
+
+                self.plc = open_plc(cfg)
+                self.plan.edges = self.plc.edges
+        except (ValueError, ImportError) as e:  # a key file, an [opcua] file or asyncua
             raise ConfigError(str(e)) from e
         if not cfg.telemetry.broker.host:
             return
@@ -300,7 +306,8 @@ class Daemon:
             self.local = LocalResults(cfg.results, self._event_of)
             self.local.start()
         lanes = self._lanes(self.sim.clock if self.sim else None)
-        self.pipeline = Pipeline(lanes, self.manifest, self.outbox.append_many,
+        sink = self.plc.tap(self.outbox.append_many) if self.plc else self.outbox.append_many
+        self.pipeline = Pipeline(lanes, self.manifest, sink,
                                  self._event_of, cfg.daemon.queue_size,
                                  self._preprocess_chooser(), self.local)
         self.pipeline.set_slo(*cfg.constraints.in_force())
@@ -322,6 +329,11 @@ class Daemon:
         self.sleeper = sleep_mod.create(self)
         if self.sparkplug:
             self.sparkplug.start()
+        if self.plc:
+            try:
+                self.plc.start(self.health)
+            except ValueError as e:  # the port taken, a certificate asyncua refuses
+                raise ConfigError(str(e)) from e
         if self.publisher:
             self.publisher.start()
         else:

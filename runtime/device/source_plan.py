@@ -34,6 +34,7 @@ class SourcePlan:
         self.config = config  # -> runtime.config.Config
         self.state_dir = state_dir  # where a source keeps its state (a trigger's replay)
         self.device_id = ""  # the telemetry client id the triggers' ids derive from
+        self.edges: Any = None  # runtime.frames.edges.EdgeBoard of the PLC ([opcua]), or None
         self.tiles: dict[str, int] = {}  # source name -> tiles per frame planned with
         # models of sources that could not be loaded or measured at start: key -> why. Their
         # sources are not inspected (health: state failed); the others run (docs/sources.md)
@@ -96,10 +97,11 @@ class SourcePlan:
         cfg = self.config()
         if not cfg.sources:
             return single(cfg.source, lambda: open_source(
-                cfg.source, self.state_dir, cfg.telemetry.broker, self.device_id, clock))
+                cfg.source, self.state_dir, cfg.telemetry.broker, self.device_id, clock,
+                self.edges))
         out = lanes(cfg.sources, lambda s, i: open_source(
-            s, self.state_dir, cfg.telemetry.broker, f"{self.device_id}-{s.name}", clock),
-                    self.model_key)
+            s, self.state_dir, cfg.telemetry.broker, f"{self.device_id}-{s.name}", clock,
+            self.edges), self.model_key)
         for lane in out:  # a source whose model failed at start is never opened
             if lane.model in self.failed:
                 lane.refused, lane.model, lane.share = self.failed[lane.model], "", 0.0

@@ -1,4 +1,5 @@
-"""Frame sources: synthetic conveyor, image folder (watch mode), OpenCV capture, MQTT trigger.
+"""Frame sources: synthetic conveyor, image folder (watch mode), OpenCV capture, MQTT trigger,
+and a camera triggered by the PLC's edges (`trigger = "opcua"`).
 
 Every source yields `Frame`s from `read(timeout)` (None when nothing arrived in time) and
 raises `SourceError` for a failure worth reporting (camera unplugged, stream down); the
@@ -25,7 +26,7 @@ import stat
 import threading
 import time
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import ClassVar, Protocol
 
@@ -36,6 +37,7 @@ from power.simclock import WallClock
 from runtime.config.source import SourceConfig
 from runtime.frames import images
 from runtime.frames.dirwatch import DirWatch
+from runtime.frames.edges import EdgeBoard
 from runtime.frames.images import BadImage
 
 log = logging.getLogger("edgerun.source")
@@ -802,6 +804,45 @@ class TriggerSource:
         self._conn.stop()
 
 
+class EdgeTriggered:
+    """One frame of a camera (or the synthetic conveyor) per PLC edge (runtime/frames/edges.py):
+    the capture thread waits for the next edge of this source, reads one frame and hands it
+    over as `plc-<n>`, stamped with the edge's time (so its e2e is trigger to verdict).
+    Never dropped (not live); an edge whose capture failed is put back first and the failure
+    raised as a SourceError (the pipeline reopens the camera and the edge is captured then)."""
+
+    live = False
+    CAPTURE_TIMEOUT_S = 5.0  # a camera that gives no frame this long after an edge failed
+
+    def __init__(self, camera: Source, edges: EdgeBoard, name: str):
+        self._camera, self._edges, self._name = camera, edges, name
+
+    def read(self, timeout_s: float) -> Frame | None:
+        """The frame of the next edge, or None when no edge came within the timeout."""
+        edge = self._edges.take(self._name, timeout_s)
+        if edge is None:
+            return None
+        try:
+            frame = self._camera.read(self.CAPTURE_TIMEOUT_S)
+        except BaseException:
+            self._edges.put_back(self._name, edge)
+            raise
+        if frame is None:
+            self._edges.put_back(self._name, edge)
+            raise SourceError(f"no frame from the camera within {self.CAPTURE_TIMEOUT_S:g} s "
+                              f"of PLC edge {edge.n} (kept; captured once the camera is back)")
+        frame.ref, frame.t = edge.ref, edge.t
+        return frame
+
+    def done(self, frames: list[Frame]) -> None:
+        """The camera's own bookkeeping."""
+        self._camera.done(frames)
+
+    def close(self) -> None:
+        """Close the camera (the pending edges stay on the board)."""
+        self._camera.close()
+
+
 def decode_payload(payload: bytes, max_pixels: int) -> np.ndarray:
     """A trigger payload: image bytes (any format frames/images.py checks) or, when it is not
     one, a short UTF-8 path to an image file. BadImage when it is neither."""
@@ -821,9 +862,18 @@ def decode_payload(payload: bytes, max_pixels: int) -> np.ndarray:
 
 
 def open_source(cfg: SourceConfig, state_dir: Path, broker=None, client_id: str = "",
-                clock: Clock | None = None) -> Source:
+                clock: Clock | None = None, edges: EdgeBoard | None = None) -> Source:
     """The configured source; SourceError when it cannot be opened right now. `clock` paces
-    a synthetic camera (default: this host's)."""
+    a synthetic camera (default: this host's); `edges`: the PLC's, for `trigger = "opcua"`."""
+    if cfg.trigger:
+        name = cfg.name or "main"
+        if edges is None or name not in edges.sources:
+            raise SourceError(f"source {name}: trigger = {cfg.trigger!r} but no OPC UA server "
+                              "hands it edges ([opcua] enabled)")
+        # captured on the edge, at once: a synthetic camera is not paced to its rate_hz
+        camera = open_source(replace(cfg, trigger="", rate_hz=0.0 if cfg.kind == "synthetic"
+                                     else cfg.rate_hz), state_dir, clock=clock)
+        return EdgeTriggered(camera, edges, name)
     if cfg.kind == "synthetic":
         return SyntheticConveyor(cfg, clock)
     if cfg.kind == "folder":

@@ -1,0 +1,189 @@
+"""PLC-triggered inspection: trigger to verdict through OPC UA, side by side with the daemon's
+own MQTT trigger.
+
+Each run starts `edgerun serve` twice (a child process, the bundled model `models/inspection`,
+ONNX Runtime, a fake sysfs at 40 °C; the profile cache is shared between runs) with [opcua]
+enabled on loopback:
+- `opcua`: `[source] kind = "synthetic"`, `trigger = "opcua"`. A real asyncua client acting as
+  the PLC calls `main/Trigger()` `--parts` times at `--rate` parts a second; the part's
+  FrameId comes back from the call.
+- `mqtt`: `[source] kind = "trigger"` on a real Mosquitto; the same PLC client publishes each
+  part's PNG (a rendered part, as a PLC bridge to a camera would) at the same rate; its frames
+  are `trigger-<n>`.
+In both the verdict is read the same way, a PLC's way: a subscription (10 ms publishing
+interval, a queue per item so no change is coalesced away) on `main/LastResult/FrameId`.
+Trigger to verdict is from just before the call (or the publish) to the notification of its
+FrameId. Lost: a part whose verdict never came (5 s after the last); duplicated: a FrameId
+notified twice, or a ref stored twice in the outbox (the durable record, checked too).
+
+Usage: python bench/plc_trigger.py [--runs 3] [--parts 100] [--rate 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+from support.daemon_harness import Serve, results, write_config  # noqa: E402
+
+from runtime.wire.broker import Mosquitto  # noqa: E402
+
+TOPIC = "line1/camera/trigger"
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(tmp: Path, cache: Path, source: str, port: int, extra: str = "") -> Serve:
+    """`edgerun serve` with [opcua] on `port`; returns once it is ready."""
+    cfg = write_config(tmp, cache, source=source,
+                       extra=f"[opcua]\nenabled = true\nport = {port}\n{extra}")
+    d = Serve(tmp, cfg)
+    deadline = time.monotonic() + 300
+    while not d.ready():
+        if d.proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"serve did not start:\n{d.text()[-3000:]}")
+        time.sleep(0.1)
+    return d
+
+
+async def drive(port: int, parts: int, rate: float, fire) -> tuple[dict, dict]:
+    """Fire `parts` triggers at `rate`/s through `fire(client, idx, i)` (returns the FrameId
+    to expect, or None when it is known only from the order); collect the verdicts."""
+    from asyncua import Client, ua
+
+    sent: dict[str, float] = {}
+    seen: dict[str, list[float]] = collections.defaultdict(list)
+    async with Client(f"opc.tcp://127.0.0.1:{port}/", timeout=10) as c:
+        idx = await c.get_namespace_index("urn:edgerun:plc")
+
+        class Handler:
+            def datachange_notification(self, node, val, data):
+                if val:
+                    seen[val].append(time.perf_counter())
+
+        sub = await c.create_subscription(10, Handler())
+        await sub.subscribe_data_change(c.get_node(ua.NodeId("main.LastResult.FrameId", idx)),
+                                        queuesize=1000)
+        await asyncio.sleep(0.5)
+        t0 = time.perf_counter()
+        for i in range(parts):
+            await asyncio.sleep(max(0.0, t0 + i / rate - time.perf_counter()))
+            t = time.perf_counter()
+            ref = await fire(c, idx, i)
+            sent[ref] = t
+        deadline = time.perf_counter() + 5
+        while time.perf_counter() < deadline and not all(r in seen for r in sent):
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.3)  # a late duplicate would show now
+        await sub.delete()
+    return sent, dict(seen)
+
+
+def measure(kind: str, tmp: Path, cache: Path, parts: int, rate: float) -> dict:
+    port = free_port()
+    broker = None
+    if kind == "opcua":
+        d = start(tmp, cache, 'kind = "synthetic"\ntrigger = "opcua"', port)
+
+        async def fire(c, idx, i):
+            from asyncua import ua
+
+            return await c.get_node(ua.NodeId("main", idx)).call_method(
+                ua.NodeId("main.Trigger", idx))
+    else:
+        import cv2
+        import paho.mqtt.client as mqtt
+
+        from models.synthetic import samples
+
+        broker = Mosquitto(tmp, auth=False).start()
+        d = start(tmp, cache, f'kind = "trigger"\ntopic = "{TOPIC}"', port,
+                  f'[telemetry.broker]\nhost = "127.0.0.1"\nport = {broker.port}\n')
+        pngs = [cv2.imencode(".png", s.image)[1].tobytes()
+                for s in samples(seed=3, count=16)]
+        pub = mqtt.Client(callback_api_version=mqtt.CallbackAPIVersion.VERSION2)
+        pub.connect("127.0.0.1", broker.port)
+        pub.loop_start()
+        time.sleep(1.0)  # the daemon's trigger subscription is in place
+
+        async def fire(c, idx, i):
+            pub.publish(TOPIC, pngs[i % len(pngs)], qos=1)
+            return f"trigger-{i + 1}"
+    try:
+        sent, seen = asyncio.run(drive(port, parts, rate, fire))
+    finally:
+        d.stop()
+        if broker is not None:
+            pub.loop_stop()
+            broker.stop()
+    stored = collections.Counter(r["ref"] for r in results(tmp / "state" / "outbox.db"))
+    ms = [(seen[r][0] - t) * 1e3 for r, t in sent.items() if r in seen]
+    return {"p50": float(np.percentile(ms, 50)) if ms else None,
+            "p99": float(np.percentile(ms, 99)) if ms else None,
+            "lost": sum(1 for r in sent if r not in seen),
+            "duplicated": sum(1 for r in sent if len(seen.get(r, ())) > 1)
+            + sum(1 for r in sent if stored[r] > 1),
+            "stored": sum(1 for r in sent if stored[r] >= 1), "parts": len(sent)}
+
+
+def spread(xs: list[float]) -> str:
+    return (f"{statistics.median(xs):7.2f} [{min(xs):.2f}..{max(xs):.2f}]"
+            if xs else "    n/a")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--parts", type=int, default=100)
+    ap.add_argument("--rate", type=float, default=5.0)
+    a = ap.parse_args()
+    import logging
+
+    logging.getLogger("asyncua").setLevel(logging.ERROR)  # the client's revised-value notes
+    out: dict[str, list[dict]] = {"opcua": [], "mqtt": []}
+    with tempfile.TemporaryDirectory(prefix="plc-bench-") as td:
+        cache = Path(td) / "profiles"
+        for run in range(a.runs):
+            for kind in (("opcua", "mqtt") if run % 2 == 0 else ("mqtt", "opcua")):
+                tmp = Path(td) / f"{kind}-{run}"
+                tmp.mkdir()
+                r = measure(kind, tmp, cache, a.parts, a.rate)
+                out[kind].append(r)
+                print(f"run {run + 1} {kind:5s}: p50 {r['p50']:.2f} ms  p99 {r['p99']:.2f} ms"
+                      f"  lost {r['lost']}  duplicated {r['duplicated']}  stored "
+                      f"{r['stored']}/{r['parts']}", flush=True)
+    print(f"\n{a.parts} parts at {a.rate:g}/s, {a.runs} runs: median [min..max] of the runs")
+    print(f"{'trigger':8s} {'p50 ms':>22s} {'p99 ms':>22s}  lost  duplicated")
+    for kind, rs in out.items():
+        print(f"{kind:8s} {spread([r['p50'] for r in rs if r['p50'] is not None]):>22s} "
+              f"{spread([r['p99'] for r in rs if r['p99'] is not None]):>22s}  "
+              f"{sum(r['lost'] for r in rs):4d}  {sum(r['duplicated'] for r in rs):10d}")
+    o, m = out["opcua"], out["mqtt"]
+    ratio = [x["p99"] / y["p99"] for x, y in zip(o, m, strict=True) if x["p99"] and y["p99"]]
+    if ratio:
+        print(f"p99 opcua/mqtt per run: {', '.join(f'{x:.2f}' for x in ratio)}")
+    ok = all(r["p99"] is not None and r["p99"] <= 50 and not r["lost"] and not r["duplicated"]
+             for r in o)
+    print(f"target (opcua p99 <= 50 ms, 0 lost, 0 duplicated): {'met' if ok else 'NOT met'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
