@@ -122,6 +122,7 @@ class Commander:
         (the ingest thread) and without a thread: its reply, when it comes within `wait_s`,
         goes to the rollouts from the ingest thread (on_reply, then _on_async_reply). At most
         max_pending_replies are awaited; past that the oldest is forgotten (counted)."""
+        args = commands.check_args(name, args or {})  # CommandRefused: never sent
         if self._view_of(device) is None:
             raise UnknownDevice(device)
         env = self._publish_command(device, name, args, ttl_s)
@@ -200,7 +201,10 @@ class Commander:
         The reply has `verified: True` when it carries a valid signature of the device's key
         (`device_keys/<device>.pub`); replies with a bad signature are quarantined and never
         returned. Without a key on file the first reply comes back with `verified: False`,
-        `ok: False` and `status: "unverified"` (the device's own status in `device_status`)."""
+        `ok: False` and `status: "unverified"` (the device's own status in `device_status`).
+        Arguments every device would refuse raise CommandRefused (commands.check_args, the
+        devices' own gate) before anything is signed or sent."""
+        commands.check_args(name, args or {})
         view = self._commandable(device)
         if view.asleep and view.status == "asleep":
             return self._publish_for_sleeper(view, name, args, ttl_s)

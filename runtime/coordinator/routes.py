@@ -22,7 +22,7 @@ from runtime.coordinator import dashboard, metrics
 from runtime.coordinator.bundles import BundleRefused, byte_range, check_id
 from runtime.coordinator.queries import INT, BadRequest, health_query, result_query
 from runtime.coordinator.service import Coordinator, UnknownDevice
-from runtime.wire import safejson
+from runtime.wire import commands, safejson
 from runtime.wire.httpapp import Request, Response, json_response
 
 log = logging.getLogger("edgerun.api")
@@ -122,6 +122,8 @@ class Api:
     def _guarded(self, route: Route, req: Request, parts: list[str]) -> Response:
         try:
             return getattr(self, route.handler)(req, parts)
+        except commands.CommandRefused as e:  # what every device would refuse
+            return _error(400, str(e)[:300])
         except UnknownDevice as e:
             return _error(404, f"unknown device {e.args[0]!r}")
         except BadRequest as e:
@@ -295,6 +297,8 @@ class Api:
                     or not 0 <= wait_s <= 300:
                 return _error(400, "wait_s must be a number in [0, 300]")
             reply = self.c.send_command(parts[3], body["cmd"], args, wait_s=float(wait_s))
+        except commands.CommandRefused as e:  # what every device would refuse
+            return _error(400, str(e)[:300])
         except UnknownDevice as e:
             return _error(404, f"unknown device {e.args[0]!r}")
         except PermissionError as e:

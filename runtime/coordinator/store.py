@@ -790,40 +790,17 @@ class Store:
         if max_bytes > 0:
             self.set_cap(max_bytes, reserved)
             self._reclaim(max_bytes, chunk, out)
-        if max_bytes > 0 and self.backend != "sqlite":
-            while self.used_bytes() > max_bytes:
-                if (got := self._d.oldest_partition("results", acked_only=True)) is not None:
-                    self._unuse(got, results=True)
-                    out["results_by_size"] += sum(n for n, _ in got.values())
-                elif (got := self._d.oldest_partition("health", acked_only=False)) is not None:
-                    self._unuse(got, results=False)
-                    out["health_by_size"] += 1  # partitions (days), not rows
-                else:
-                    break
-        elif max_bytes > 0:
-            oc = self._d.order_col
-            for _ in range(10_000):
-                used = self.used_bytes()
-                if used <= max_bytes:
-                    break
-                # delete about the share of rows that is over, so a few big rows are not
-                # over-pruned in one chunk (the loop re-measures after each)
-                total = self.total_results()
-                share = min(chunk, max(1, int(total * (used - max_bytes) / used) + 1))
-                if n := self._delete_results(f"{eligible} ORDER BY r.received LIMIT ?",
-                                             (share,)):
-                    out["results_by_size"] += n
-                elif n := self._delete_rows("health", f"{oc} IN (SELECT {oc} FROM health "
-                                            f"ORDER BY {oc} LIMIT ?)", (chunk,)):
-                    out["health_by_size"] += n
-                    # the timeline goes with the health it was copied from (same order)
-                    self._delete(f"DELETE FROM health_points WHERE {oc} IN (SELECT {oc} FROM "
-                                 f"health_points ORDER BY {oc} LIMIT ?)", (n,))
-                elif n := self._delete_rows("events", f"{oc} IN (SELECT {oc} FROM events "
-                                            f"ORDER BY {oc} LIMIT ?)", (chunk,)):
-                    out["events_by_size"] += n
-                else:
-                    break  # only unacked results left: they are kept, whatever the size
+            if self.backend == "sqlite" and self._over_cap(max_bytes):
+                # still over with no device over its share: the overhead per logical byte
+                # was measured on another mix of rows; measured again, the budget shrinks
+                # and the devices holding most are over their share again. Nothing of a
+                # device within its share is deleted, ever (issue 36: the oldest health of
+                # every device went, a day's partition of it on PostgreSQL). (PostgreSQL's
+                # cap is the logical budget: its files do not shrink by row deletes.)
+                self._ratio = max(self._ratio, min(quotas.MAX_OVERHEAD, (
+                    self.used_bytes() - reserved) / max(1, sum(self.usage().values()))))
+                self._budget = quotas.budget(max(0, max_bytes - reserved), self._ratio)
+                self._reclaim(max_bytes, chunk, out)
         if any(out.values()):
             self._d.after_prune()
         return out

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from runtime.config import ConfigError, load
-from runtime.wire.commands import Command, loggable
+from runtime.wire.commands import Command, CommandRefused, check_args, loggable
 
 log = logging.getLogger("edgerun.daemon")
 
@@ -140,6 +140,12 @@ HANDLERS: dict[str, Callable[[CommandHost, Command], bool]] = {
 
 def handle(d: CommandHost, cmd: Command) -> None:
     """Apply a verified command; raises (ValueError) when it cannot be applied."""
+    # the one gate (runtime/wire/commands.check_args), again here: no handler sees a command
+    # whose arguments it did not pass, whoever made the Command
+    try:
+        cmd = replace(cmd, args=check_args(cmd.name, cmd.args))
+    except CommandRefused as e:
+        raise ValueError(str(e)) from None
     log.info("command %s %s", cmd.name, loggable(cmd.args))
     if cmd.name in RETRY_COMMANDS:  # a failing switch is tried again at once
         d.retry_switches_now()

@@ -382,6 +382,28 @@ def load_model(path: str | Path, input_shape: tuple[int, ...] = (),
     return bare_manifest(path, input_shape, labels, preprocess, output, **detector)
 
 
+def hashed_files(root: str | Path) -> list[tuple[str, str, str]]:
+    """(where in the manifest, file, sha256) of every file `root/manifest.json` names with a
+    hash: its variants, its eval images (`eval`), any side file, wherever an object holds a
+    string `file` and a string `sha256`. A bundle is checked against all of them
+    (runtime/ota/bundle.py): what the manifest hashes decides what is served and how
+    accurate it looks, so none of it may differ from what the publisher measured."""
+    out: list[tuple[str, str, str]] = []
+
+    def walk(node: Any, where: str) -> None:
+        if isinstance(node, dict):
+            if isinstance(node.get("file"), str) and isinstance(node.get("sha256"), str):
+                out.append((where or "(top)", node["file"], node["sha256"]))
+            for k, v in node.items():
+                walk(v, f"{where}.{k}" if where else str(k))
+        elif isinstance(node, list):
+            for i, v in enumerate(node):
+                walk(v, f"{where}[{i}]")
+
+    walk(_read_json(Path(root) / MANIFEST, "the manifest"), "")
+    return out
+
+
 def _finite(v: Any) -> bool:
     """A real, finite number (not a bool, not a string)."""
     return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)

@@ -36,7 +36,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from runtime.durable import fsync_dir
-from runtime.engine.manifest import MANIFEST, load_manifest
+from runtime.engine.manifest import MANIFEST, hashed_files, load_manifest
 from runtime.engine.onnx_model import ModelError, file_sha256
 from runtime.wire.commands import key_id
 
@@ -122,22 +122,26 @@ def inside(root: Path, name: str) -> Path:
 def make(model_dir: str | Path, key: Ed25519PrivateKey, out: str | Path,
          version: str = "") -> BundleInfo:
     """Pack a prepared model directory (its manifest and the variant files it lists) into a
-    signed bundle at `out`. Every variant is sha256-checked against the manifest first, so a
+    signed bundle at `out`, with the eval images and side files the manifest names with a
+    hash. Every one of them is sha256-checked against the manifest first, so a
     corrupt directory is never signed. `version` defaults to the manifest's sha256 (12 hex)."""
     model_dir = Path(model_dir)
     manifest = load_manifest(model_dir)  # ModelError naming the file when it is not one
     names = [MANIFEST] + [v.file for v in manifest.variants]
     # the kept val images engines measure their own precisions on (docs/manifest.md `eval`)
-    names += [e["file"] for e in manifest.eval_sets.values() if isinstance(e.get("file"), str)
-              and _FILE.match(e["file"]) and (model_dir / e["file"]).is_file()]
+    # and every other file the manifest names with a hash (side files), when present
+    hashed = hashed_files(model_dir)
+    names += [f for _, f, _ in hashed if _FILE.match(f) and (model_dir / f).is_file()]
     for v in manifest.variants:
         if not _FILE.match(v.file):
             raise BundleError(f"{model_dir / MANIFEST}: variant file {v.file!r} is not a plain "
                               "file name in the model directory")
-        got = file_sha256(model_dir / v.file)
-        if got != v.sha256:
-            raise BundleError(f"{model_dir / v.file}: sha256 does not match the manifest: "
-                              "refusing to sign a corrupt model directory")
+    # every file the manifest hashes that is carried (variants, eval images, side files) is
+    # checked before signing, as the devices will check it (_check_manifest)
+    for where, file, sha in hashed:
+        if file in names and file_sha256(model_dir / file) != sha:
+            raise BundleError(f"{model_dir / file}: sha256 does not match the manifest "
+                              f"({where}): refusing to sign a corrupt model directory")
     files = [{"name": n, "size": (model_dir / n).stat().st_size,
               "sha256": file_sha256(model_dir / n)} for n in dict.fromkeys(names)]
     version = check_version(version or files[0]["sha256"][:12])
@@ -318,20 +322,33 @@ def _copy(src: IO[bytes], to: Path, size: int) -> str:
 
 
 def _check_manifest(info: BundleInfo, dest: Path, path: Path) -> None:
-    """The manifest (already hash-checked) names the bundle's model and lists exactly the
-    signed variant files with the signed hashes: a signature covers what is served."""
+    """The manifest (already hash-checked) names the bundle's model, and every file it names
+    with a hash (variants, eval images, side files: manifest.hashed_files) is in the signed
+    list with that hash: a signature covers what is served and what it is measured on. (Eval
+    images were not checked: a bundle whose eval.npz differed from the manifest's sha256,
+    re-signed over the new bytes, verified and deployed.)"""
     try:
         manifest = load_manifest(dest)
+        named = hashed_files(dest)
     except ModelError as e:
         raise BundleError(f"{path}: {e}") from None
     if manifest.name != info.name:
         raise BundleError(f"{path}: the header names model {info.name!r}, the manifest "
                           f"{manifest.name!r}")
     listed = {f["name"]: f["sha256"] for f in info.files}
-    for v in manifest.variants:
-        if listed.get(v.file) != v.sha256:
-            raise BundleError(f"{path}: variant {v.name}: {v.file} is not in the signed list "
-                              "with the manifest's sha256")
+    variants = {v.file for v in manifest.variants}
+    for where, file, sha in named:
+        if file not in listed:
+            if file not in variants:
+                # an eval set left out (`make` packs only those present): the device has no
+                # images to measure an engine's own precision on, so it does not use one
+                continue
+            raise BundleError(f"{path}: manifest {where} names {file[:100]!r}, which the "
+                              "bundle does not carry")
+        if listed[file] != sha:
+            raise BundleError(f"{path}: manifest {where}: {file} has sha256 "
+                              f"{listed[file][:16]}..., the manifest says {sha[:16]}...: "
+                              "tampered or not the files the manifest was made with")
 
 
 __all__ = ["BundleError", "BundleInfo", "check_name", "check_version", "inside", "make",

@@ -178,25 +178,36 @@ def verify(envelope: dict[str, Any], device: str, trusted: Mapping[str, Ed25519P
     if envelope["issued_at"] < not_before:
         raise CommandRefused("issued before this device lost its replay record; "
                              "send it again")
-    spec = COMMANDS.get(envelope["cmd"])
-    if spec is None:
-        raise CommandRefused(f"unknown command {envelope['cmd']!r} (known: {', '.join(COMMANDS)})")
-    args = envelope["args"]
-    extra = set(args) - set(spec)
-    if extra:
-        raise CommandRefused(f"{envelope['cmd']}: unknown argument(s) {sorted(extra)}")
-    typed = {}
-    for arg, check in spec.items():
-        if arg not in args:
-            raise CommandRefused(f"{envelope['cmd']}: missing argument {arg!r}")
-        try:
-            typed[arg] = check(args[arg])
-        except CommandRefused as e:
-            raise CommandRefused(f"{envelope['cmd']}: {arg}: {e}") from None
+    typed = check_args(envelope["cmd"], envelope["args"])
     # Last, so a refused command does not burn its id.
     if not remember(envelope["id"], envelope["expires_at"]):
         raise CommandRefused("replayed: this command id was already accepted")
     return Command(envelope["id"], envelope["cmd"], typed)
+
+
+def check_args(name: str, args: Mapping[str, Any]) -> dict[str, Any]:
+    """The one gate every command passes before anything acts on it: `name` is a known
+    command and `args` exactly its arguments, each in range (COMMANDS). Returns the typed
+    arguments or raises CommandRefused naming the command and the argument. The device runs
+    it in `verify` (and again before a handler sees a command), the coordinator before it
+    signs one, so its API answers 400 for what every device would refuse."""
+    spec = COMMANDS.get(name)
+    if spec is None:
+        raise CommandRefused(f"unknown command {name!r} (known: {', '.join(COMMANDS)})")
+    if not isinstance(args, Mapping):
+        raise CommandRefused(f"{name}: arguments must be an object")
+    extra = set(args) - set(spec)
+    if extra:
+        raise CommandRefused(f"{name}: unknown argument(s) {sorted(map(str, extra))}")
+    typed = {}
+    for arg, check in spec.items():
+        if arg not in args:
+            raise CommandRefused(f"{name}: missing argument {arg!r}")
+        try:
+            typed[arg] = check(args[arg])
+        except CommandRefused as e:
+            raise CommandRefused(f"{name}: {arg}: {e}") from None
+    return typed
 
 
 def memory_bound(max_ttl_s: float, skew_s: float) -> float:

@@ -91,7 +91,9 @@ def test_commands_through_coordinator_and_raw(tmp_path, broker):
     assert reply["ok"] and reply["status"] == "accepted"
     wait(lambda: "cmd set_latency_target" in read_lines(tmp_path / "device.out"), 10,
           "the daemon side received the typed command")
-    assert not coord.send_command("dev1", "set_rate", {"fps": -3})["ok"]
+    # the coordinator holds a command to the devices' gate before signing it
+    with pytest.raises(commands.CommandRefused, match="set_rate: fps:"):
+        coord.send_command("dev1", "set_rate", {"fps": -3})
     with pytest.raises(KeyError):
         coord.send_command("nosuchdevice", "ping")
 
@@ -117,8 +119,10 @@ def test_commands_through_coordinator_and_raw(tmp_path, broker):
     unsigned = {k: v for k, v in commands.sign(good_key, "dev1", "ping").items() if k != "sig"}
     wrong_key = dict(commands.sign(evil_key, "dev1", "ping"), key_id=kid)
     other_device = commands.sign(good_key, "dev9", "ping")
+    out_of_range = commands.sign(good_key, "dev1", "set_rate", {"fps": -3})
     cases = [
-        (valid, "done"), (valid, "replayed"), (tampered, "bad signature"),
+        (valid, "done"), (out_of_range, "set_rate: fps: expected a number"),
+        (valid, "replayed"), (tampered, "bad signature"),
         (expired, "expired"), (unsigned, "sig"), (wrong_key, "bad signature"),
         (other_device, "addressed to device"), (b"{not json", "not JSON"),
         (b"{" + b" " * 9000 + b"}", "exceeds"),
@@ -183,8 +187,9 @@ def test_fleet_cli_over_the_api(tmp_path, broker, capsys):
         assert main(["fleet", "--api", url, *token, "send", "dev1", "set_latency_target",
                      "ms=15"]) == 0
         assert capsys.readouterr().out.startswith("accepted")
-        assert main(["fleet", "--api", url, *token, "send", "dev1", "set_rate", "fps=-1"]) == 1
-        assert "refused" in capsys.readouterr().out
+        # refused by the coordinator's API (400 naming the argument), never sent
+        with pytest.raises(SystemExit, match=r"set_rate: fps: .* got -1 \(HTTP 400\)"):
+            main(["fleet", "--api", url, *token, "send", "dev1", "set_rate", "fps=-1"])
         with pytest.raises(SystemExit, match="unknown device"):
             main(["fleet", "--api", url, *token, "send", "nobody", "ping"])
     finally:
