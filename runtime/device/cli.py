@@ -27,6 +27,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     for line in notes(cfg):  # never fatal: serve retries a source until it works
         print(line, file=sys.stderr)
+    _check_opencl(cfg)
     print(f"{args.config}: " + (f"config ok, {' and '.join(bad)} NOT ok" if bad else "ok"),
           file=sys.stderr)
     return 1 if bad else 0
@@ -73,6 +74,27 @@ def _check_model(cfg) -> int:
             + (f"on (tile {m.tiling.size or 'input'} px, overlap {m.tiling.overlap})"
                if m.tiling else "off"))
     return 0
+
+
+def _check_opencl(cfg) -> None:
+    """Build the OpenCL kernels on each device (when the engine is enabled) and name, on
+    stderr, each device whose driver refuses them and what to do. Never fatal: the daemon
+    leaves such a device out and runs on the others."""
+    if "opencl" not in cfg.backends.enabled:
+        return
+    try:
+        from runtime.engine.backends.opencl import OpenClBackend
+    except ImportError as e:  # installed --without opencl: the engine disables itself
+        print(f"opencl: not installed ({e})", file=sys.stderr)
+        return
+    backend = OpenClBackend()
+    refused = backend.probe()
+    for d in backend.devices():
+        if d.id in refused:
+            print(f"opencl: {d.id} REFUSED: {refused[d.id]}", file=sys.stderr)
+            print(f"  what to do: {backend.refused_hint}", file=sys.stderr)
+        else:
+            print(f"opencl: {d.id} ({d.name}): builds the kernels", file=sys.stderr)
 
 
 def _check_sensors(cfg) -> int:
