@@ -12,9 +12,9 @@ from runtime.config.schema import to_dict
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    """Validate a config file, print it resolved (stdout, JSON) and report the model and the
-    sensors the daemon would use (stderr); exit 1 when the model cannot be loaded or the
-    governor is on and no temperature sensor is found."""
+    """Validate a config file, print it resolved (stdout, JSON) and report the model, the
+    sensors and the OpenCL devices the daemon would use (stderr); exit 1 when the model cannot
+    be loaded or the governor is on and no temperature sensor is found."""
     from runtime import config as config_mod
     from runtime.frames.sources import redact
 
