@@ -454,3 +454,30 @@ def test_check_names_each_device_and_what_to_do_for_a_refusing_one(device, tmp_p
     assert f"opencl: {device} REFUSED: device {device} (" in err
     assert "error: <source>:" in err and "what to do: its variants are left out" in err
     assert "pocl-opencl-icd" in err
+
+
+STATUS = "clBuildProgram failed: BUILD_PROGRAM_FAILURE"
+
+
+@pytest.mark.parametrize("message, want", [
+    # pip's pocl 3.0 on a recent AMD EPYC (issue 32): the log's line, not the status thrice
+    (f"{STATUS} - {STATUS} - {STATUS}\n\nBuild on <pyopencl.Device 'pthread-AMD EPYC' on "
+     "'Portable Computing Language'>:\n\nerror: unknown target CPU 'generic'\nnote: valid "
+     "target CPU values are: ...\n\n(options: -I /x/pyopencl/cl)",
+     "error: unknown target CPU 'generic'"),
+    # pocl names a fresh temporary file: the same failure reads the same on every build
+    (f"{STATUS}\n\nBuild on <dev>:\n\nerror: /root/.cache/pocl/kcache/tempfile_YVzVdd.cl:1:43: "
+     "use of undeclared identifier 'q'\n1 error generated.",
+     "error: <source>:1:43: use of undeclared identifier 'q'"),
+    # NVIDIA's compiler puts the place first
+    (f"{STATUS}\n\nBuild on <dev>:\n\n<kernel>:3:5: error: expected ';'\n",
+     "<kernel>:3:5: error: expected ';'"),
+    # no log at all: the status, once
+    (f"{STATUS} - {STATUS} - {STATUS}", STATUS),
+    ("clCreateContext failed: DEVICE_NOT_AVAILABLE",) * 2,
+    ("", "RuntimeError"),
+])
+def test_build_failure_is_the_logs_first_error_line(message, want):
+    from runtime.engine.backends.opencl import build_failure
+
+    assert build_failure(RuntimeError(message)) == want
