@@ -9,7 +9,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from runtime import __version__, cli_types
-from runtime.choice.report import json_safe, profile_table
+from runtime.choice.report import json_safe, profile_table, refused_devices
 from runtime.cli_types import Subparsers
 from runtime.config.schema import ConfigError
 from runtime.config.source import bundled_names
@@ -105,6 +105,11 @@ def cmd_profile(args: argparse.Namespace) -> int:
         print(profile_table(profiles, choice, {p.variant_id for p in front},
                             all_rows=args.all))
         print("choice: " + (choice.reason if choice else failure))
+        hints = {b.name: getattr(b, "refused_hint", "") for b in backends}
+        for (engine, _dev), why in refused_devices(profiles).items():
+            print(f"refused: {engine} {why}")  # why names the device
+            if hints.get(engine):
+                print(f"  what to do: {hints[engine]}")
         if choice and choice.profile.accuracy is None:
             print("accuracy: unknown (a bare .onnx: its fp32 form is the reference; "
                   "`edgerun models prepare` measures a ladder)")

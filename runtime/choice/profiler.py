@@ -50,7 +50,14 @@ from runtime.choice.report import failure_kinds
 from runtime.choice.selector import Constraints, Profile
 from runtime.config import ModelConfig, ProfilerConfig
 from runtime.durable import write_atomic
-from runtime.engine.backends import Backend, BackendError, Device, ModelFile, Variant
+from runtime.engine.backends import (
+    Backend,
+    BackendError,
+    Device,
+    DeviceRefused,
+    ModelFile,
+    Variant,
+)
 from runtime.engine.onnx_model import file_sha256
 
 log = logging.getLogger(__name__)
@@ -81,9 +88,9 @@ def default_threads() -> tuple[int, ...]:
     return tuple(sorted({1, os.cpu_count() or 1}))
 
 
-def _failed(v: Variant, error: str) -> Profile:
+def _failed(v: Variant, error: str, status: str = "failed") -> Profile:
     return Profile(v.id, v.model.name, v.precision, v.engine, v.device, v.threads,
-                   status="failed", error=error, accuracy=v.model.accuracy,
+                   status=status, error=error, accuracy=v.model.accuracy,
                    options=dict(v.options))
 
 
@@ -253,6 +260,9 @@ class Profiler:
         idle_w = self.idle_w()
         try:
             session = backend.load(v)
+        except DeviceRefused as e:  # the device's, not the model's: recorded as refused
+            log.debug("%s: %s", v.id, e)
+            return _failed(v, str(e), status="refused")
         except BackendError as e:
             log.debug("%s: %s", v.id, e)
             return _failed(v, str(e))

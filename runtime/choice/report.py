@@ -38,23 +38,31 @@ def failure_kinds(profiles) -> list[tuple[str, str, list[str]]]:
     without the "<engine> cannot run <file>: " prefix that differs only by file."""
     groups: dict[tuple[str, str], list[str]] = {}
     for p in profiles:
-        if p.ok:
-            continue
-        cause = (p.error or "unknown error").splitlines()[0]
-        for marker in (" cannot run ", " failed while running "):
-            head, sep, rest = cause.partition(marker)
-            if sep and head == p.engine and ": " in rest:
-                cause = rest.split(": ", 1)[1]
-                break
-        groups.setdefault((p.engine, cause), []).append(p.variant_id)
+        if not p.ok:
+            groups.setdefault((p.engine, _cause(p)), []).append(p.variant_id)
     return sorted(((e, c, ids) for (e, c), ids in groups.items()), key=lambda g: -len(g[2]))
+
+
+def _cause(p) -> str:
+    cause = (p.error or "unknown error").splitlines()[0]
+    for marker in (" cannot run ", " failed while running "):
+        head, sep, rest = cause.partition(marker)
+        if sep and head == p.engine and ": " in rest:
+            return rest.split(": ", 1)[1]
+    return cause
+
+
+def refused_devices(profiles) -> dict[tuple[str, str], str]:
+    """(engine, device id) -> why, for each device that refused to run its engine (profile
+    status `refused`: its driver would not build the engine's kernels)."""
+    return {(p.engine, p.device): _cause(p) for p in profiles if p.status == "refused"}
 
 
 def _row(p, mark: str) -> dict[str, str]:
     return dict(zip(_HEAD, (mark, p.variant_id, _fmt(p.p50_ms), _fmt(p.p95_ms), _fmt(p.p99_ms),
                             _fmt(p.energy_mj, 3), p.energy_source or "-", _fmt(p.cpu_ms),
                             _fmt(p.accuracy, 3) if p.accuracy is not None else "-",
-                            p.actual_device or "-", "ok" if p.ok else "failed"), strict=True))
+                            p.actual_device or "-", p.status), strict=True))
 
 
 def _render(rows: list[dict[str, str]], cols: list[str], width: int) -> list[str]:
@@ -121,13 +129,15 @@ def profile_table(profiles, choice, front_ids: set[str], all_rows: bool = False,
         lines.append(f"  ... {hidden} more variants that ran, dearer than these (--all lists "
                      "them)")
     if all_rows:
-        lines += [_clip(f"  failed {p.variant_id}: {p.error}", width) for p in failed]
+        lines += [_clip(f"  {p.status} {p.variant_id}: {p.error}", width) for p in failed]
     else:
         known = {p.variant_id for p in failed if p.stage == "known-failure"}
+        refused = {p.variant_id for p in failed if p.status == "refused"}
         for engine, cause, ids in failure_kinds(profiles):
             # a failure record from the cache was not tried again: say so, and how to retry
             again = " [known from the cache; --fresh tries again]" if set(ids) <= known else ""
-            lines.append(_clip(f"  failed: {len(ids)} {engine} variant"
+            word = "refused" if set(ids) <= refused else "failed"
+            lines.append(_clip(f"  {word}: {len(ids)} {engine} variant"
                                f"{'s' if len(ids) > 1 else ''} ({ids[0]}"
                                f"{', ...' if len(ids) > 1 else ''}){again}: {cause}", width))
     lines.append(f"{len(ok)} of {len(profiles)} variants ran"

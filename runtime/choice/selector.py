@@ -34,7 +34,7 @@ class Profile:
     engine: str
     device: str  # requested device id
     threads: int
-    status: str = "ok"  # ok | failed
+    status: str = "ok"  # ok | failed | refused (the device cannot run the engine at all)
     error: str = ""
     actual_device: str = ""
     p50_ms: float = math.nan

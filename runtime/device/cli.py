@@ -13,9 +13,9 @@ from runtime.config.schema import to_dict
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    """Validate a config file, print it resolved (stdout, JSON) and report the model and the
-    sensors the daemon would use (stderr); exit 1 when the model cannot be loaded or the
-    governor is on and no temperature sensor is found."""
+    """Validate a config file, print it resolved (stdout, JSON) and report the model, the
+    sensors and the OpenCL devices the daemon would use (stderr); exit 1 when the model cannot
+    be loaded or the governor is on and no temperature sensor is found."""
     from runtime import config as config_mod
     from runtime.frames.sources import redact
 
@@ -37,6 +37,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     for line in notes(cfg):  # never fatal: serve retries a source until it works
         print(line, file=sys.stderr)
+    _check_opencl(cfg)
     bad = [what for what, fix in found if fix]
     print(f"{args.config}: " + (f"config ok, {' and '.join(bad)} NOT ok" if bad else "ok"),
           file=sys.stderr)
@@ -83,6 +84,27 @@ def _check_model(cfg, say: Callable[[str], None]) -> str | None:
             + (f"on (tile {m.tiling.size or 'input'} px, overlap {m.tiling.overlap})"
                if m.tiling else "off"))
     return None
+
+
+def _check_opencl(cfg) -> None:
+    """Build the OpenCL kernels on each device (when the engine is enabled) and name, on
+    stderr, each device whose driver refuses them and what to do. Never fatal: the daemon
+    leaves such a device out and runs on the others."""
+    if "opencl" not in cfg.backends.enabled:
+        return
+    try:
+        from runtime.engine.backends.opencl import OpenClBackend
+    except ImportError as e:  # installed --without opencl: the engine disables itself
+        print(f"opencl: not installed ({e})", file=sys.stderr)
+        return
+    backend = OpenClBackend()
+    refused = backend.probe()
+    for d in backend.devices():
+        if d.id in refused:
+            print(f"opencl: {d.id} REFUSED: {refused[d.id]}", file=sys.stderr)
+            print(f"  what to do: {backend.refused_hint}", file=sys.stderr)
+        else:
+            print(f"opencl: {d.id} ({d.name}): builds the kernels", file=sys.stderr)
 
 
 def _check_sensors(cfg, say: Callable[[str], None]) -> str | None:

@@ -1,13 +1,15 @@
-"""Every backend loads and runs a small ONNX model and agrees with ORT fp32."""
+"""Every backend loads and runs a small ONNX model and agrees with ORT fp32 (OpenCL: on each
+device that works, tests/support/opencl_devices.py)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from support import opencl_devices
 from support.modelgen import tiny_cnn
 
 from runtime.config import BackendsConfig
-from runtime.engine.backends import BackendError, ModelFile, discover
+from runtime.engine.backends import BackendError, DeviceRefused, ModelFile, discover
 from runtime.engine.backends.onnxruntime import OnnxRuntimeBackend
 from runtime.engine.onnx_model import ModelError, load_onnx, model_input
 
@@ -19,6 +21,14 @@ TOL = {"fp32": 1e-4, "bf16": 3e-2, "fp16": 5e-3}
 
 def model_file(path, shape=(1, 3, 32, 32)) -> ModelFile:
     return ModelFile("tiny", "fp32", path, "x", shape)
+
+
+def first_that_runs(variants):
+    """The first variant on a device that works here (tests/support/opencl_devices.py)."""
+    v = next((v for v in variants if opencl_devices.runs(v)), None)
+    if v is None:
+        pytest.skip(f"no OpenCL device works here: {opencl_devices.broken()}")
+    return v
 
 
 def reference(path, x):
@@ -39,6 +49,13 @@ def test_every_variant_agrees_with_ort(backend, tiny_model):
     variants = backend.variants(model_file(tiny_model), BackendsConfig(), (1, 2))
     assert variants
     for v in variants:
+        if v.engine == "opencl" and v.device in opencl_devices.broken():
+            # a device whose driver cannot build kernels refuses, naming itself and why
+            with pytest.raises(DeviceRefused, match=f"device {v.device} .* cannot build the "):
+                backend.load(v)
+            continue
+        if not opencl_devices.runs(v):  # EDGERUN_TEST_OPENCL_DEVICE names another device
+            continue
         s = backend.load(v)
         try:
             got = s.infer(x)
@@ -53,8 +70,8 @@ def test_every_variant_agrees_with_ort(backend, tiny_model):
 def test_dynamic_hw_model_runs_with_fixed_shape(backend, tmp_path):
     path = tiny_cnn(tmp_path / "dyn.onnx", hw=("H", "W"))
     inp = model_input(load_onnx(path), path, (1, 3, 40, 24))
-    v = backend.variants(ModelFile("dyn", "fp32", path, inp.name, inp.shape),
-                         BackendsConfig(), (1,))[0]
+    v = first_that_runs(backend.variants(ModelFile("dyn", "fp32", path, inp.name, inp.shape),
+                                         BackendsConfig(), (1,)))
     x = np.ones(inp.shape, np.float32)
     np.testing.assert_allclose(backend.load(v).infer(x).reshape(1, 5), reference(path, x),
                                atol=1e-4)
@@ -64,7 +81,7 @@ def test_dynamic_hw_model_runs_with_fixed_shape(backend, tmp_path):
 def test_truncated_model_is_a_clear_error(backend, tiny_model, tmp_path):
     bad = tmp_path / "truncated.onnx"
     bad.write_bytes(tiny_model.read_bytes()[:300])
-    v = backend.variants(model_file(bad), BackendsConfig(), (1,))[0]
+    v = first_that_runs(backend.variants(model_file(bad), BackendsConfig(), (1,)))
     with pytest.raises(BackendError) as e:
         backend.load(v)
     assert str(bad) in str(e.value) and backend.name in str(e.value)
@@ -75,7 +92,7 @@ def test_unsupported_op_fails_only_where_unsupported(tmp_path):
     path = tiny_cnn(tmp_path / "odd.onnx", extra_op="RandomUniformLike")
     results = {}
     for b in BACKENDS:
-        for v in b.variants(model_file(path), BackendsConfig(), (1,)):
+        for v in filter(opencl_devices.runs, b.variants(model_file(path), BackendsConfig(), (1,))):
             try:
                 b.load(v).infer(np.ones((1, 3, 32, 32), np.float32))
                 results[v.id] = "ok"

@@ -1,4 +1,5 @@
-"""The OpenCL backend on pocl: every op against ONNX Runtime, whole models, preprocessing."""
+"""The OpenCL backend on each OpenCL device that works (tests/support/opencl_devices.py): every
+op against ONNX Runtime, whole models, preprocessing, and a device that refuses the kernels."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper, save
+from support import opencl_devices
 
 from runtime.engine.backends.base import BackendError, ModelFile, Variant
 from runtime.engine.manifest import Preprocess
@@ -18,12 +20,15 @@ cl = pytest.importorskip("pyopencl")
 from runtime.engine.backends.opencl import OpenClBackend, OpenClPreprocessor  # noqa: E402
 
 
+@pytest.fixture(scope="module", params=opencl_devices.params())
+def device(request) -> str:
+    """Each OpenCL device that works, by id (or the one EDGERUN_TEST_OPENCL_DEVICE names)."""
+    return opencl_devices.require(request.param)
+
+
 @pytest.fixture(scope="module")
 def backend():
-    b = OpenClBackend()
-    if not b.devices():
-        pytest.skip("no OpenCL device (pocl-binary-distribution provides one)")
-    return b
+    return OpenClBackend()
 
 
 def _model(tmp_path, nodes, inputs, output_shape, inits=(), name="m"):
@@ -38,13 +43,12 @@ def _model(tmp_path, nodes, inputs, output_shape, inits=(), name="m"):
     return path
 
 
-def _run_both(backend, path, shape, storage="fp32", seed=0):
+def _run_both(backend, device, path, shape, storage="fp32", seed=0):
     x = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
     ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(
         None, {"x": x})[0]
     mf = ModelFile("t", "fp32", path, "x", tuple(shape))
-    s = backend.load(Variant(mf, "fp32", "opencl", backend.devices()[0].id, 0,
-                             (("storage", storage),)))
+    s = backend.load(Variant(mf, "fp32", "opencl", device, 0, (("storage", storage),)))
     try:
         got = s.infer(x)
     finally:
@@ -70,7 +74,7 @@ CONV_CASES = [
 
 @pytest.mark.parametrize("C, OC, H, W, k, attrs", CONV_CASES)
 @pytest.mark.parametrize("act", [None, "Relu"])
-def test_conv_matches_ort(backend, tmp_path, C, OC, H, W, k, attrs, act):
+def test_conv_matches_ort(backend, device, tmp_path, C, OC, H, W, k, attrs, act):
     rng = np.random.default_rng(1)
     g = attrs.get("group", 1)
     inits = [_w(rng, "w", (OC, C // g, k, k)), _w(rng, "b", (OC,))]
@@ -79,7 +83,7 @@ def test_conv_matches_ort(backend, tmp_path, C, OC, H, W, k, attrs, act):
     if act:
         nodes.append(helper.make_node(act, ["c"], ["y"]))
     path = _model(tmp_path, nodes, {"x": (1, C, H, W)}, ["N", OC, "H", "W"], inits)
-    got, ref = _run_both(backend, path, (1, C, H, W))
+    got, ref = _run_both(backend, device, path, (1, C, H, W))
     assert got.shape == ref.shape
     np.testing.assert_allclose(got, ref, atol=1e-4, rtol=1e-4)
 
@@ -90,7 +94,7 @@ ACTS = [("Relu", {}), ("LeakyRelu", {"alpha": 0.07}), ("Sigmoid", {}),
 
 @pytest.mark.parametrize("op, attrs", ACTS)
 @pytest.mark.parametrize("after_conv", [False, True])
-def test_activations(backend, tmp_path, op, attrs, after_conv):
+def test_activations(backend, device, tmp_path, op, attrs, after_conv):
     rng = np.random.default_rng(2)
     inits, nodes, src = [], [], "x"
     if after_conv:
@@ -105,7 +109,7 @@ def test_activations(backend, tmp_path, op, attrs, after_conv):
         nodes.append(helper.make_node(op, [src], ["y"], **attrs))
     C = 4 if after_conv else 3
     path = _model(tmp_path, nodes, {"x": (1, 3, 7, 9)}, [1, C, 7, 9], inits)
-    got, ref = _run_both(backend, path, (1, 3, 7, 9))
+    got, ref = _run_both(backend, device, path, (1, 3, 7, 9))
     np.testing.assert_allclose(got, ref, atol=1e-5, rtol=1e-5)
 
 
@@ -117,26 +121,26 @@ def test_activations(backend, tmp_path, op, attrs, after_conv):
                      "count_include_pad": 1}),
     ("GlobalAveragePool", {}),
 ])
-def test_pools(backend, tmp_path, op, attrs):
+def test_pools(backend, device, tmp_path, op, attrs):
     path = _model(tmp_path, [helper.make_node(op, ["x"], ["y"], **attrs)],
                   {"x": (2, 3, 11, 9)}, ["N", 3, "H", "W"])
-    got, ref = _run_both(backend, path, (2, 3, 11, 9))
+    got, ref = _run_both(backend, device, path, (2, 3, 11, 9))
     assert got.shape == ref.shape
     np.testing.assert_allclose(got, ref, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("op", ["Add", "Mul"])
 @pytest.mark.parametrize("other", [(1, 4, 5, 6), (1, 4, 1, 1), (1,), (6,)])
-def test_binary_broadcast(backend, tmp_path, op, other):
+def test_binary_broadcast(backend, device, tmp_path, op, other):
     rng = np.random.default_rng(3)
     inits = [_w(rng, "z", other, 1.0)]
     path = _model(tmp_path, [helper.make_node(op, ["x", "z"], ["y"])], {"x": (1, 4, 5, 6)},
                   [1, 4, 5, 6], inits)
-    got, ref = _run_both(backend, path, (1, 4, 5, 6))
+    got, ref = _run_both(backend, device, path, (1, 4, 5, 6))
     np.testing.assert_allclose(got, ref, atol=1e-5, rtol=1e-5)
 
 
-def test_batchnorm_standalone_concat_reshape_matmul_softmax(backend, tmp_path):
+def test_batchnorm_standalone_concat_reshape_matmul_softmax(backend, device, tmp_path):
     rng = np.random.default_rng(4)
     inits = [
         numpy_helper.from_array(rng.uniform(0.5, 1.5, 3).astype(np.float32), "s"),
@@ -153,11 +157,11 @@ def test_batchnorm_standalone_concat_reshape_matmul_softmax(backend, tmp_path):
         helper.make_node("Softmax", ["logits"], ["y"], axis=-1),
     ]
     path = _model(tmp_path, nodes, {"x": (1, 3, 5, 4)}, [1, 7], inits)
-    got, ref = _run_both(backend, path, (1, 3, 5, 4))
+    got, ref = _run_both(backend, device, path, (1, 3, 5, 4))
     np.testing.assert_allclose(got, ref, atol=1e-5, rtol=1e-4)
 
 
-def test_gemm_variants(backend, tmp_path):
+def test_gemm_variants(backend, device, tmp_path):
     rng = np.random.default_rng(5)
     inits = [_w(rng, "b1", (6, 10)), _w(rng, "c1", (6,)), _w(rng, "b2", (6, 3)),
              _w(rng, "c2", (1, 3))]
@@ -167,7 +171,7 @@ def test_gemm_variants(backend, tmp_path):
         helper.make_node("Gemm", ["g1", "b2", "c2"], ["y"]),
     ]
     path = _model(tmp_path, nodes, {"x": (1, 10, 1, 1)}, [1, 3], inits)
-    got, ref = _run_both(backend, path, (1, 10, 1, 1))
+    got, ref = _run_both(backend, device, path, (1, 10, 1, 1))
     np.testing.assert_allclose(got, ref, atol=1e-5, rtol=1e-4)
 
 
@@ -218,13 +222,13 @@ def mobilenet_style(tmp_path, seed=0):
 
 
 @pytest.mark.parametrize("storage, tol", [("fp32", 1e-4), ("fp16", 3e-3)])
-def test_mobilenet_style_model(backend, tmp_path, storage, tol):
-    got, ref = _run_both(backend, mobilenet_style(tmp_path), (1, 3, 33, 29), storage)
+def test_mobilenet_style_model(backend, device, tmp_path, storage, tol):
+    got, ref = _run_both(backend, device, mobilenet_style(tmp_path), (1, 3, 33, 29), storage)
     np.testing.assert_allclose(got, ref, atol=tol)
 
 
 @pytest.mark.parametrize("storage, tol", [("fp32", 1e-4), ("fp16", 3e-3)])
-def test_bundled_model_variants(backend, storage, tol):
+def test_bundled_model_variants(backend, device, storage, tol):
     from models import bundled
     from runtime.engine.manifest import load_manifest
 
@@ -236,13 +240,13 @@ def test_bundled_model_variants(backend, storage, tol):
         ref = ort.InferenceSession(str(man.path(v)), providers=["CPUExecutionProvider"]).run(
             None, {v.input_name: x})[0]
         mf = ModelFile("inspection", v.name, man.path(v), v.input_name, v.input_shape)
-        s = backend.load(Variant(mf, v.name, "opencl", "CPU.0", 0, (("storage", storage),)))
+        s = backend.load(Variant(mf, v.name, "opencl", device, 0, (("storage", storage),)))
         got = s.infer(x)
         s.close()
         np.testing.assert_allclose(got, ref, atol=tol, err_msg=v.name)
 
 
-def test_unsupported_graph_is_refused_with_the_op_list(backend, tmp_path):
+def test_unsupported_graph_is_refused_with_the_op_list(backend, device, tmp_path):
     nodes = [helper.make_node("Hardmax", ["x"], ["h"]), helper.make_node("Erf", ["h"], ["y"])]
     path = _model(tmp_path, nodes, {"x": (1, 4)}, [1, 4])
     mf = ModelFile("t", "fp32", path, "x", (1, 4))
@@ -250,11 +254,11 @@ def test_unsupported_graph_is_refused_with_the_op_list(backend, tmp_path):
 
     assert backend.variants(mf, BackendsConfig(), (1,)) == []  # never offered
     with pytest.raises(BackendError, match="unsupported ops: Erf, Hardmax"):
-        backend.load(Variant(mf, "fp32", "opencl", "CPU.0", 0, (("storage", "fp32"),)))
+        backend.load(Variant(mf, "fp32", "opencl", device, 0, (("storage", "fp32"),)))
 
 
-def test_devices_report_limits(backend):
-    d = backend.devices()[0]
+def test_devices_report_limits(backend, device):
+    d = next(x for x in backend.devices() if x.id == device)
     for key in ("platform", "compute_units", "global_mem_mb", "max_work_group", "fp16"):
         assert d.details[key]
 
@@ -294,12 +298,12 @@ def _bilinear_ref(img: np.ndarray, oh: int, ow: int) -> np.ndarray:
 @pytest.mark.parametrize("resize", ["bilinear", "nearest"])
 @pytest.mark.parametrize("src_hw, colour", [((120, 90), "RGB"), ((64, 64), "BGR"),
                                              ((37, 151), "RGB")])
-def test_preprocessing_kernel_matches_reference(backend, resize, src_hw, colour):
+def test_preprocessing_kernel_matches_reference(backend, device, resize, src_hw, colour):
     rng = np.random.default_rng(8)
     frame = rng.integers(0, 256, (*src_hw, 3), dtype=np.uint8)
     pre = Preprocess(colour=colour, resize=resize, mean=(0.4, 0.5, 0.6), std=(0.2, 0.25, 0.3))
     shape = (1, 3, 48, 64)
-    got = OpenClPreprocessor(backend, "CPU.0", pre, shape)(frame)
+    got = OpenClPreprocessor(backend, device, pre, shape)(frame)
     cv_ref = pre.apply(frame, shape)  # what the CPU path feeds the model (cv2, uint8 resize)
     step = 1 / 255 / min(pre.std)  # one 8-bit step after normalisation
     # cv2 rounds the resized image to uint8 (fixed-point weights): within one step of it ...
@@ -315,29 +319,29 @@ def test_preprocessing_kernel_matches_reference(backend, resize, src_hw, colour)
         assert np.abs(got - cv_ref).max() < 1e-5  # nearest picks the same pixels as cv2
 
 
-def test_preprocessing_fp16_output(backend):
+def test_preprocessing_fp16_output(backend, device):
     frame = np.random.default_rng(9).integers(0, 256, (50, 70, 3), dtype=np.uint8)
     pre = Preprocess()
-    got = OpenClPreprocessor(backend, "CPU.0", pre, (1, 3, 32, 32), half=True)(frame)
+    got = OpenClPreprocessor(backend, device, pre, (1, 3, 32, 32), half=True)(frame)
     np.testing.assert_allclose(got, pre.apply(frame, (1, 3, 32, 32)), atol=2e-2)
 
 
-def test_preprocess_chooser_measures_both_paths_and_caches(backend):
+def test_preprocess_chooser_measures_both_paths_and_caches(backend, device):
     from power.sensors import EstimatedMeter
     from runtime.engine.preprocessing import PreprocessChooser
 
     pre = Preprocess()
     meter = EstimatedMeter(idle_w=5.0, active_w_per_core=6.0)
     chooser = PreprocessChooser(pre, meter, 5.0,
-                                lambda shape: OpenClPreprocessor(backend, "CPU.0", pre, shape),
-                                "opencl:CPU.0")
+                                lambda shape: OpenClPreprocessor(backend, device, pre, shape),
+                                f"opencl:{device}")
     frame = np.random.default_rng(10).integers(0, 256, (120, 160, 3), dtype=np.uint8)
     shape = (1, 3, 48, 64)
     got = chooser(frame, shape)
     assert np.abs(got - pre.apply(frame, shape)).max() <= 1 / 255 / min(pre.std) + 1e-5
     (label, rows), = chooser.report.items()
     assert label == "160x120->64x48"
-    assert {r["path"] for r in rows} == {"cpu", "opencl:CPU.0"}
+    assert {r["path"] for r in rows} == {"cpu", f"opencl:{device}"}
     assert sum(r["chosen"] for r in rows) == 1
     chosen = next(r for r in rows if r["chosen"])
     assert chosen["mj"] == min(r["mj"] for r in rows)
@@ -357,3 +361,123 @@ def test_preprocess_chooser_falls_back_to_cpu():
     frame = np.zeros((20, 30, 3), np.uint8)
     np.testing.assert_array_equal(chooser(frame, (1, 3, 8, 8)), pre.apply(frame, (1, 3, 8, 8)))
     assert [r["path"] for r in next(iter(chooser.report.values()))] == ["cpu"]
+
+
+# -- a device whose driver refuses the kernels (tests/support/refusing_opencl.py: the real
+# kernels plus a line no compiler accepts, built by the real driver) ---------------------------
+
+def test_a_refused_build_names_the_device_and_the_logs_error_line_once(device, tiny_model,
+                                                                      monkeypatch):
+    from support.refusing_opencl import BROKEN_LINE, RefusingOpenCl
+
+    from runtime.engine.backends import DeviceRefused
+    from runtime.engine.backends import opencl as opencl_mod
+
+    line = opencl_mod.kernel_source().count("\n") + 2  # the line appended after the kernels
+    col = BROKEN_LINE.index("undeclared_thing") + 1
+    builds = []
+    real = opencl_mod.build_program
+    monkeypatch.setattr(opencl_mod, "build_program", lambda *a: builds.append(a) or real(*a))
+    b = RefusingOpenCl()
+    name = next(d.name for d in b.devices() if d.id == device)
+    mf = ModelFile("tiny", "fp32", tiny_model, "x", (1, 3, 32, 32))
+    for storage in ("fp32", "fp16", "fp32"):
+        with pytest.raises(DeviceRefused) as e:
+            b.load(Variant(mf, "fp32", "opencl", device, 0, (("storage", storage),)))
+        msg = str(e.value)
+        assert e.value.device == device
+        assert msg.startswith(f"opencl cannot run {tiny_model}: device {device} ({name}; ")
+        # the build log's own line, once; not pyopencl's status thrice
+        assert msg.endswith(f"cannot build the kernels: error: <source>:{line}:{col}: use of "
+                            "undeclared identifier 'undeclared_thing'"), msg
+        assert msg.count("error:") == 1 and "BUILD_PROGRAM_FAILURE" not in msg
+    assert len(builds) == 2  # fp32 and fp16 tried once each: a refusal is remembered
+    assert device in b.probe()
+    with pytest.raises(DeviceRefused, match=f"^opencl: device {device} "):
+        OpenClPreprocessor(b, device, Preprocess(), (1, 3, 8, 8))
+
+
+def test_the_profiler_records_a_refusing_device_as_refused(device, tiny_model,
+                                                           fast_profiler_cfg):
+    from support.refusing_opencl import RefusingOpenCl
+
+    from power.sensors import EstimatedMeter
+    from runtime.choice.profiler import Profiler, model_files, plan, profile_all
+    from runtime.choice.report import profile_table, refused_devices
+    from runtime.config import BackendsConfig, ModelConfig
+
+    b = RefusingOpenCl()
+    models = model_files(ModelConfig(path=str(tiny_model)))
+    cfg = BackendsConfig(threads=(1,))
+
+    def profile(fresh=False):
+        profiler = Profiler(fast_profiler_cfg, EstimatedMeter(5.0, 2.0), "test-device")
+        work = [w for w in plan([b], models, (1,), cfg) if w[2].device == device]
+        return [profiler.profile(bk, d, v, fresh=fresh) for bk, d, v in work]
+
+    first = profile()
+    assert [p.status for p in first] == ["refused", "refused"]  # fp32 and fp16 storage
+    for p in first:
+        assert f"device {device} (" in p.error and "undeclared_thing" in p.error
+        assert p.stage == "full" and p.runs == 0
+    why, = refused_devices(first).values()
+    assert refused_devices(first) == {("opencl", device): why}
+    assert why.startswith(f"device {device} (") and "error: <source>:" in why
+    table = profile_table(first, None, set(), width=400)
+    assert f"refused: 2 opencl variants ({first[0].variant_id}, ...): {why}" in table
+    assert "0 of 2 variants ran" in table
+    # recorded: the next run reads the refusal back, built nothing, and says so
+    again = profile()
+    assert [(p.status, p.stage, p.error) for p in again] == [
+        ("refused", "known-failure", p.error) for p in first]
+    # a whole profiling run (every engine's variants) goes on past it
+    everything = profile_all([b], models, (1,), cfg, Profiler(
+        fast_profiler_cfg, EstimatedMeter(5.0, 2.0), "test-device"), fresh=True)
+    assert {p.status for p in everything} == {"refused"}
+
+
+def test_check_names_each_device_and_what_to_do_for_a_refusing_one(device, tmp_path,
+                                                                   monkeypatch, capsys):
+    from support.refusing_opencl import RefusingOpenCl
+
+    from runtime import config as config_mod
+    from runtime.device.cli import _check_opencl
+    from runtime.engine.backends import opencl as opencl_mod
+
+    cfg = config_mod.load(None)
+    _check_opencl(cfg)
+    err = capsys.readouterr().err
+    assert f"opencl: {device} (" in err and "builds the kernels" in err
+    monkeypatch.setattr(opencl_mod, "OpenClBackend", RefusingOpenCl)
+    _check_opencl(cfg)
+    err = capsys.readouterr().err
+    assert f"opencl: {device} REFUSED: device {device} (" in err
+    assert "error: <source>:" in err and "what to do: its variants are left out" in err
+    assert "pocl-opencl-icd" in err
+
+
+STATUS = "clBuildProgram failed: BUILD_PROGRAM_FAILURE"
+
+
+@pytest.mark.parametrize("message, want", [
+    # pip's pocl 3.0 on a recent AMD EPYC (issue 32): the log's line, not the status thrice
+    (f"{STATUS} - {STATUS} - {STATUS}\n\nBuild on <pyopencl.Device 'pthread-AMD EPYC' on "
+     "'Portable Computing Language'>:\n\nerror: unknown target CPU 'generic'\nnote: valid "
+     "target CPU values are: ...\n\n(options: -I /x/pyopencl/cl)",
+     "error: unknown target CPU 'generic'"),
+    # pocl names a fresh temporary file: the same failure reads the same on every build
+    (f"{STATUS}\n\nBuild on <dev>:\n\nerror: /root/.cache/pocl/kcache/tempfile_YVzVdd.cl:1:43: "
+     "use of undeclared identifier 'q'\n1 error generated.",
+     "error: <source>:1:43: use of undeclared identifier 'q'"),
+    # NVIDIA's compiler puts the place first
+    (f"{STATUS}\n\nBuild on <dev>:\n\n<kernel>:3:5: error: expected ';'\n",
+     "<kernel>:3:5: error: expected ';'"),
+    # no log at all: the status, once
+    (f"{STATUS} - {STATUS} - {STATUS}", STATUS),
+    ("clCreateContext failed: DEVICE_NOT_AVAILABLE",) * 2,
+    ("", "RuntimeError"),
+])
+def test_build_failure_is_the_logs_first_error_line(message, want):
+    from runtime.engine.backends.opencl import build_failure
+
+    assert build_failure(RuntimeError(message)) == want

@@ -6,7 +6,15 @@ import importlib
 import logging
 from typing import TYPE_CHECKING
 
-from runtime.engine.backends.base import Backend, BackendError, Device, ModelFile, Session, Variant
+from runtime.engine.backends.base import (
+    Backend,
+    BackendError,
+    Device,
+    DeviceRefused,
+    ModelFile,
+    Session,
+    Variant,
+)
 
 if TYPE_CHECKING:  # annotations only: importing the protocol loads no config
     from runtime.config.backends import BackendsConfig
@@ -42,5 +50,5 @@ def discover(cfg: BackendsConfig) -> list[Backend]:
     return found
 
 
-__all__ = ["REGISTRY", "Backend", "BackendError", "Device", "ModelFile", "Session", "Variant",
-           "discover"]
+__all__ = ["REGISTRY", "Backend", "BackendError", "Device", "DeviceRefused", "ModelFile",
+           "Session", "Variant", "discover"]

@@ -20,6 +20,18 @@ class BackendError(RuntimeError):
         self.backend, self.model, self.cause = backend, str(model), cause
 
 
+class DeviceRefused(BackendError):
+    """The device cannot run the engine at all (its driver refused to build the engine's
+    kernels): every variant on it fails alike, whatever the model, so the profiler records it
+    as refused, not as the model's failure. `cause` names the device and the driver's reason."""
+
+    def __init__(self, backend: str, model: Path | str, device: str, cause: str):
+        super().__init__(backend, model, cause)
+        self.device = device
+        if not model:  # refused before any model asked for it (a probe, the preprocessor)
+            self.args = (f"{backend}: {cause}",)
+
+
 @dataclass(frozen=True)
 class Device:
     """One device a backend can run on."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,7 @@ import pyopencl.cltypes as clt
 from onnx import numpy_helper
 
 from runtime.config.backends import BackendsConfig
-from runtime.engine.backends.base import BackendError, Device, ModelFile, Variant
+from runtime.engine.backends.base import BackendError, Device, DeviceRefused, ModelFile, Variant
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +41,15 @@ SUPPORTED = frozenset({
 })
 _ACT = {"Relu": 1, "Clip": 2, "LeakyRelu": 3, "Sigmoid": 4, "HardSigmoid": 5, "HardSwish": 6}
 _KERNELS = Path(__file__).with_name("opencl_kernels.cl")
+# What to do about a device that refuses the kernels (`edgerun check` and `edgerun profile`
+# print it under the refusal; docs/install.md says what was measured)
+REFUSED_HINT = ("its variants are left out; another OpenCL driver for the device may build "
+                "them: where pip's pocl (pocl-binary-distribution) does not know the CPU "
+                "(`unknown target CPU`), the distribution's `pocl-opencl-icd` may "
+                "(docs/install.md, \"An OpenCL device that refuses the kernels\")")
+# a compiler's name for the source it was handed: pocl writes it to a fresh temporary file, so
+# the same failure would read differently on every build (and be grouped as many kinds)
+_SOURCE_PATH = re.compile(r"\S+\.cl(?=:\d+:\d+:)")
 
 
 class UnsupportedGraph(BackendError):
@@ -56,10 +66,28 @@ def _attrs(node: onnx.NodeProto) -> dict[str, Any]:
     return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
 
 
-def build_program(ctx, half: bool):
-    """Compile the kernel source for a context and storage precision."""
-    return cl.Program(ctx, _KERNELS.read_text()).build(
-        options=[f"-DSTORE_HALF={int(half)}", "-DOCB=4"])
+def kernel_source() -> str:
+    """edgerun's OpenCL kernels (opencl_kernels.cl), as the driver is handed them."""
+    return _KERNELS.read_text()
+
+
+def build_program(ctx, half: bool, source: str | None = None):
+    """Compile the kernel source (edgerun's own unless `source` is given) for a context and
+    storage precision."""
+    text = kernel_source() if source is None else source
+    return cl.Program(ctx, text).build(options=[f"-DSTORE_HALF={int(half)}", "-DOCB=4"])
+
+
+def build_failure(e: Exception) -> str:
+    """Why a build (or a context) failed, in one line: the first `error:` line of the build
+    log that pyopencl's message carries (pocl: `error: unknown target CPU 'generic'`; NVIDIA:
+    `<kernel>:3:5: error: ...`), else the status line with pyopencl's repeats of it dropped."""
+    text = str(e).strip()
+    for line in text.splitlines():
+        if "error:" in line:
+            return _SOURCE_PATH.sub("<source>", line.strip())[:300]
+    first = text.splitlines()[0] if text else type(e).__name__
+    return " - ".join(dict.fromkeys(first.split(" - ")))[:300]
 
 
 def _platforms():
@@ -508,11 +536,15 @@ class OpenClBackend:
     """OpenCL through pyopencl, with edgerun's own kernels."""
 
     name = "opencl"
+    refused_hint = REFUSED_HINT
 
-    def __init__(self) -> None:
+    def __init__(self, kernel_source: str | None = None) -> None:
+        self._source = kernel_source  # None: opencl_kernels.cl (tests hand in a broken one)
         self._devices: dict[str, Any] = {}
         self._contexts: dict[str, Any] = {}
         self._programs: dict[tuple[str, bool], Any] = {}
+        # (device, fp16 storage) -> why its driver refused the kernels: asked once per backend
+        self._refused: dict[tuple[str, bool], str] = {}
         for p in _platforms():
             try:
                 devs = p.get_devices()
@@ -558,26 +590,55 @@ class OpenClBackend:
         return self._contexts[device_id]
 
     def program(self, device_id: str, half: bool):
-        """The kernels built once per device and storage precision."""
+        """The kernels built once per device and storage precision. A device whose driver
+        refuses them raises DeviceRefused (naming the device and the build log's `error:`
+        line), at once on later calls: the build is not tried again."""
         key = (device_id, half)
-        if key not in self._programs:
-            self._programs[key] = build_program(self.context(device_id), half)
+        if key not in self._programs and key not in self._refused:
+            try:
+                self._programs[key] = build_program(self.context(device_id), half,
+                                                    self._source)
+            except cl.Error as e:
+                d = self._devices[device_id]
+                driver = " ".join(d.platform.version.split(",")[0].split())
+                # the same words for both storage precisions (the log line says what differs):
+                # a device's refusal is then one kind of failure, not two
+                self._refused[key] = (f"device {device_id} ({d.name.strip()}; {driver}) cannot "
+                                      f"build the kernels: {build_failure(e)}")
+                log.debug("opencl: %s", self._refused[key])
+        if key in self._refused:
+            raise DeviceRefused(self.name, "", device_id, self._refused[key])
         return self._programs[key]
+
+    def probe(self) -> dict[str, str]:
+        """Build the kernels (fp32 storage) on every device; the devices whose driver refuses
+        them, with why (what `edgerun check` reports)."""
+        out = {}
+        for did in self._devices:
+            try:
+                self.program(did, False)
+            except DeviceRefused as e:
+                out[did] = e.cause
+        return out
 
     def load(self, variant: Variant, profile: bool = False) -> OpenClSession:
         """Compile the graph for the variant's device and storage precision."""
         m = variant.model
         if variant.device not in self._devices:
             raise BackendError(self.name, m.path, f"no OpenCL device {variant.device}")
+        half = variant.option("storage") == "fp16"
         try:
-            half = variant.option("storage") == "fp16"
+            program = self.program(variant.device, half)
+        except DeviceRefused as e:  # the same refusal, now naming the model it stops
+            raise DeviceRefused(self.name, m.path, e.device, e.cause) from e
+        try:
             return OpenClSession(self.context(variant.device), self._devices[variant.device],
                                  variant.device, m.path, m.input_name, m.input_shape, half,
-                                 profile, self.program(variant.device, half))
+                                 profile, program)
         except BackendError:
             raise
         except Exception as e:  # build logs, out-of-resources, malformed graphs
-            raise BackendError(self.name, m.path, str(e).strip().splitlines()[0][:300]) from e
+            raise BackendError(self.name, m.path, build_failure(e)) from e
 
 
 class OpenClPreprocessor:
