@@ -1,12 +1,14 @@
 """Fair shares of the coordinator's store: no device can cost another one its stored data.
 
-The store counts, per device, the logical bytes it holds (`device_usage`: results, health
-with its timeline row, events; the byte sizes below are the rows' own contents, so the sum
-is what the devices sent, not what the database spends on it). The size cap, turned into a
-logical budget with the store's measured overhead (`budget`), is shared equally among the
-devices holding data; a device may go past its share only while the store has room
-(borrowing), and what it borrowed is what retention takes back first (`reclaim_order`):
-another device's data is never deleted to make room while any device is over its share.
+The store counts, per device and pool (results; health with its timeline row; events), the
+logical bytes it holds (`pool_usage`; the byte sizes below are the rows' own contents, so the
+sum is what the devices sent, not what the database spends on it). The size cap, turned into
+a logical budget with the store's measured overhead (`budget`), is shared equally among the
+devices holding data, and each device's share among its pools by POOLS. While the store has
+room anyone may borrow past a quota; in a full store a device past its quota of a pool sheds
+its own oldest rows of that pool before writing (`admit`), and retention takes back what was
+borrowed pool by pool, most over first (`over_share`): a pool within its quota is never taken
+from, so another device's data is never deleted to make room for one device's flood.
 
 Everything here is pure: store.py applies it inside its transactions, on SQLite and
 PostgreSQL alike.

@@ -18,10 +18,12 @@ and what differs — connections, DDL and migrations, exactly-once insert of res
 time partitions, size — is in dialect.py. A method added here in portable SQL works on both;
 tests/coordinator/test_store_backends.py runs the store tests against both.
 
-Fair shares (quotas.py): `device_usage` keeps each device's logical bytes, maintained by ingest
-and every delete; with a cap (`set_cap`) a device past its share is refused while the store is
-full, retention reclaims from the device most over its share before anyone else's data, and a
-stream whose ack never moves is quarantined (`quarantine_stalled`). docs/fleet-scale.md.
+Fair shares (quotas.py): `pool_usage` keeps each device's logical bytes per pool (results,
+health, events), maintained by ingest and every delete; with a cap (`set_cap`) a device past
+its quota of a pool in a full store sheds its own oldest rows of it before its batch is
+written (or the message is refused), retention reclaims from the pool most over its quota
+before anyone else's data, and a stream whose ack never moves is quarantined
+(`quarantine_stalled`). docs/fleet-scale.md.
 
 Fleet views live in tables, so every coordinator sharing the store answers the same:
 `devices` (the merged view of each device, updated in the storing transaction with the pure

@@ -118,6 +118,10 @@ def test_one_device_flooding_keeps_every_other_devices_rows_and_the_store_its_ca
     assert worst <= cap + one_batch, (
         f"the store reached {worst / 2**20:.2f} MB against max_store_mb = {CAP_MB} plus one "
         f"batch ({one_batch / 2**20:.2f} MB)")
+    gone = {k: n for k, n in counters.items() if k.startswith(("shed", "pruned"))}
+    print(f"[{store.backend}] max {worst / 2**20:.2f} MB against {CAP_MB} MB + one batch "
+          f"{one_batch / 2**20:.2f} MB; A refused {refused}, shed/pruned {gone}, "
+          f"B {len(sent['B'][1])} health kept")
     # the flood was a flood: A's rows went somewhere other than the store
     flood_bytes = sum(len(json.dumps(m.msg)) for m in _flood(0)) * STEPS
     assert flood_bytes > 2 * cap
