@@ -125,6 +125,21 @@ CREATE TABLE IF NOT EXISTS stalls (device TEXT NOT NULL, stream TEXT NOT NULL,
 """
 
 
+# v8: a pool per device and kind of row (issue 36: results, health and events each with their
+# quota, runtime/coordinator/quotas.py); device_usage, one total per device, is replaced
+_POOL_USAGE = f"""
+CREATE TABLE IF NOT EXISTS pool_usage (device TEXT NOT NULL, pool TEXT NOT NULL,
+                                       bytes {{int}} NOT NULL, PRIMARY KEY (device, pool));
+INSERT INTO pool_usage SELECT device, pool, n FROM (
+    SELECT device, 'results' AS pool, SUM({RESULT_BYTES_SQL}) AS n FROM results GROUP BY device
+    UNION ALL SELECT device, 'health', SUM({HEALTH_BYTES_SQL}) FROM health GROUP BY device
+    UNION ALL SELECT device, 'events', SUM({EVENT_BYTES_SQL}) FROM events GROUP BY device) u
+    WHERE n > 0 ON CONFLICT (device, pool) DO NOTHING;
+DROP TABLE IF EXISTS device_usage
+"""
+_SQLITE_V8 = _POOL_USAGE.replace("{int}", "INTEGER")
+
+
 # Store.claim: a claim is won when its row is new, or holds another state, or the same state
 # from longer than the window ago (see Store.claim)
 _CLAIM = ("INSERT INTO claims VALUES (?,?,?,?) ON CONFLICT(device, what) DO UPDATE SET "
@@ -191,6 +206,10 @@ class SQLiteDialect:
                     for stmt in _split(_SQLITE_V7):
                         self.db.execute(stmt)
                     self.db.execute("INSERT INTO schema_version VALUES (7)")
+                if have < 8:
+                    for stmt in _split(_SQLITE_V8):
+                        self.db.execute(stmt)
+                    self.db.execute("INSERT INTO schema_version VALUES (8)")
                 self.db.execute("COMMIT")
             except BaseException:
                 if self.db.in_transaction:  # not after a COMMIT SQLite rolled back itself
@@ -397,7 +416,8 @@ CREATE TABLE IF NOT EXISTS stalls (device TEXT NOT NULL, stream TEXT NOT NULL,
 
 # (version, statements): append, never edit, once released.
 PG_MIGRATIONS: list[tuple[int, str]] = [(1, _PG_V1), (2, _PG_V2), (3, _PG_V3), (4, _PG_V4),
-                                        (5, _PG_V5), (6, _PG_V6)]
+                                        (5, _PG_V5), (6, _PG_V6),
+                                        (7, _POOL_USAGE.replace("{int}", "BIGINT"))]
 PARTITIONED = {"results": "received", "health": "t"}
 _MIGRATION_LOCK = 0x6564676572756E  # pg_advisory_xact_lock key ("edgerun")
 

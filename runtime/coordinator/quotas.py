@@ -1,12 +1,14 @@
 """Fair shares of the coordinator's store: no device can cost another one its stored data.
 
-The store counts, per device, the logical bytes it holds (`device_usage`: results, health
-with its timeline row, events; the byte sizes below are the rows' own contents, so the sum
-is what the devices sent, not what the database spends on it). The size cap, turned into a
-logical budget with the store's measured overhead (`budget`), is shared equally among the
-devices holding data; a device may go past its share only while the store has room
-(borrowing), and what it borrowed is what retention takes back first (`reclaim_order`):
-another device's data is never deleted to make room while any device is over its share.
+The store counts, per device and pool (results; health with its timeline row; events), the
+logical bytes it holds (`pool_usage`; the byte sizes below are the rows' own contents, so the
+sum is what the devices sent, not what the database spends on it). The size cap, turned into
+a logical budget with the store's measured overhead (`budget`), is shared equally among the
+devices holding data, and each device's share among its pools by POOLS. While the store has
+room anyone may borrow past a quota; in a full store a device past its quota of a pool sheds
+its own oldest rows of that pool before writing (`admit`), and retention takes back what was
+borrowed pool by pool, most over first (`over_share`): a pool within its quota is never taken
+from, so another device's data is never deleted to make room for one device's flood.
 
 Everything here is pure: store.py applies it inside its transactions, on SQLite and
 PostgreSQL alike.
@@ -27,6 +29,14 @@ EVENT_BYTES_SQL = "(length(device) + length(type) + length(body) + 8)"
 # much data the measurement is mostly the empty schema's pages, so it is not taken
 MEASURE_MIN_FRACTION = 0.05
 MAX_OVERHEAD = 8.0  # a measured ratio is clamped to [1, MAX_OVERHEAD]
+
+# The pools: every kind of row the store keeps of a device, each with its quota, the weight
+# here times the device's equal share of the budget (a policy, not a measurement: results are
+# what devices exist for; health is the dashboard's history; events are rare). A pool past
+# its quota is what retention and admission take from, and only from that device.
+POOLS = {"results": 0.6, "health": 0.3, "events": 0.1}
+POOL_BYTES_SQL = {"results": RESULT_BYTES_SQL, "health": HEALTH_BYTES_SQL,
+                  "events": EVENT_BYTES_SQL}
 
 
 def result_bytes(device: str, stream: str, boot: str, body: str) -> int:
@@ -75,28 +85,49 @@ def share(budget_bytes: int, devices: int) -> float:
     return budget_bytes / max(1, devices)
 
 
-def admit(device_bytes: int, incoming: int, total: int, devices: int, budget_bytes: int,
-          margin: float) -> str | None:
-    """Whether a device holding `device_bytes` may store `incoming` more, with `total` held
-    by the `devices` (this one counted) holding data: None when it may, else why not.
-
-    Within its share it always may (retention then makes room from whoever is over theirs);
-    past it only while the store holds less than the budget plus `margin` of it (what a
-    device over its share borrows until the retention pass this wakes takes it back)."""
-    if budget_bytes <= 0 or incoming <= 0:
-        return None
-    mine = share(budget_bytes, devices)
-    if device_bytes + incoming <= mine or total < budget_bytes * (1 + margin):
-        return None
-    return (f"over its share of the store: it holds {device_bytes / 2**20:.2f} MB, its share "
-            f"is {mine / 2**20:.2f} MB (max_store_mb shared by {devices} devices) and the "
-            "store is full; it may re-send once retention has made room")
+def pool_of(kind: str) -> str | None:
+    """The pool a message of `kind` is charged to (None: not charged, a device's state)."""
+    return {"result": "results", "health": "health", "event": "events"}.get(kind)
 
 
-def over_share(usage: Mapping[str, int], budget_bytes: int) -> list[tuple[str, int]]:
-    """(device, bytes over its share) of every device past its share, most over first, ties
-    by name (the order retention reclaims in)."""
-    held = {d: b for d, b in usage.items() if b > 0}
-    mine = share(budget_bytes, len(held))
-    over = [(d, int(b - mine)) for d, b in held.items() if b > mine]
-    return sorted(over, key=lambda x: (-x[1], x[0]))
+def pool_share(budget_bytes: int, devices: int, pool: str) -> float:
+    """One device's quota of one pool: its share of the budget times the pool's weight."""
+    return share(budget_bytes, devices) * POOLS[pool]
+
+
+def admit(pool_bytes: int, incoming: int, total: int, devices: int, budget_bytes: int,
+          pool: str) -> int:
+    """Admission before write: how many of its own bytes of `pool` a device holding
+    `pool_bytes` there must shed before `incoming` more is written, with `total` held by
+    the `devices` (this one counted) holding data; 0 when it is written as is.
+
+    While the store has room anyone may write (borrowing past its quota). In a full store a
+    device within its quota of the pool still writes (retention takes back what those over
+    theirs borrowed); one past it sheds its own oldest rows of that pool: enough to bring
+    the store back to its budget, never more than what takes it past its quota. So no
+    device's writes push the store past its budget, and none sheds for another's."""
+    if budget_bytes <= 0 or incoming <= 0 or total + incoming <= budget_bytes:
+        return 0
+    over = pool_bytes + incoming - pool_share(budget_bytes, devices, pool)
+    if over <= 0:
+        return 0
+    return int(min(over, total + incoming - budget_bytes)) + 1
+
+
+def refusal(device: str, pool: str, pool_bytes: int, budget_bytes: int, devices: int) -> str:
+    """Why a message is refused when its device had too little of `pool` to shed."""
+    mine = pool_share(budget_bytes, devices, pool)
+    return (f"device {device}: over its quota of {pool} in a full store: it holds "
+            f"{pool_bytes / 2**20:.2f} MB of {pool}, its quota is {mine / 2**20:.2f} MB "
+            f"(max_store_mb shared by {devices} devices) and nothing of it may be shed; "
+            "it may re-send once its rows are acked")
+
+
+def over_share(usage: Mapping[tuple[str, str], int], budget_bytes: int
+               ) -> list[tuple[str, str, int]]:
+    """(device, pool, bytes over its quota) of every pool of a device past its quota, most
+    over first, ties by name (the order retention reclaims in)."""
+    devices = len({d for (d, _), b in usage.items() if b > 0})
+    over = [(d, p, int(b - pool_share(budget_bytes, devices, p)))
+            for (d, p), b in usage.items() if b > pool_share(budget_bytes, devices, p)]
+    return sorted(over, key=lambda x: (-x[2], x[0], x[1]))

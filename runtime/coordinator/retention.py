@@ -82,6 +82,11 @@ class Retention:
                         "re-sends them), %d health, %d events", device, got["before"] / 2**20,
                         got["after"] / 2**20, got["results"], got["unacked"], got["health"],
                         got["events"])
+        for (device, pool), n in sorted(self.store.take_shed().items()):
+            self._counters[f"shed_{pool}"] += n
+            log.warning("retention: device %s was over its quota of %s in a full store; "
+                        "admission deleted %d of its oldest %s before writing its new ones",
+                        device, pool, n, "acked results" if pool == "results" else pool)
         for st in stalled:
             self._counters["streams_quarantined"] += 1
             log.warning("device %s: stream %r quarantined: its ack stayed at %d for %.0f s "

@@ -18,10 +18,12 @@ and what differs — connections, DDL and migrations, exactly-once insert of res
 time partitions, size — is in dialect.py. A method added here in portable SQL works on both;
 tests/coordinator/test_store_backends.py runs the store tests against both.
 
-Fair shares (quotas.py): `device_usage` keeps each device's logical bytes, maintained by ingest
-and every delete; with a cap (`set_cap`) a device past its share is refused while the store is
-full, retention reclaims from the device most over its share before anyone else's data, and a
-stream whose ack never moves is quarantined (`quarantine_stalled`). docs/fleet-scale.md.
+Fair shares (quotas.py): `pool_usage` keeps each device's logical bytes per pool (results,
+health, events), maintained by ingest and every delete; with a cap (`set_cap`) a device past
+its quota of a pool in a full store sheds its own oldest rows of it before its batch is
+written (or the message is refused), retention reclaims from the pool most over its quota
+before anyone else's data, and a stream whose ack never moves is quarantined
+(`quarantine_stalled`). docs/fleet-scale.md.
 
 Fleet views live in tables, so every coordinator sharing the store answers the same:
 `devices` (the merged view of each device, updated in the storing transaction with the pure
@@ -34,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
@@ -65,6 +68,10 @@ QUARANTINE_PER_DEVICE = 1000
 # result on a new stream is refused (quarantined, naming the device).
 MAX_STREAMS_PER_DEVICE = 256
 SEQ_LIMIT = 1 << 62
+# a device's oldest acked results (device, limit): what admission and retention take first
+_ACKED_OLDEST = ("SELECT r.device, r.stream, r.seq FROM results r JOIN streams s ON "
+                 "s.device = r.device AND s.stream = r.stream WHERE r.device = ? AND "
+                 "r.seq <= s.acked ORDER BY r.received LIMIT ?")
 
 
 @dataclass(frozen=True)
@@ -108,12 +115,21 @@ class Store:
 
     def __init__(self, path: str | Path, fsync: str = "normal", margin: float = 0.25):
         self._d = open_dialect(path, fsync)
-        self.margin = margin  # quotas.admit: what devices over their share may borrow
+        # (was: what devices over their share might borrow past the budget; admission now
+        # sheds before write, so nothing is borrowed past it: kept for callers' signature)
+        self.margin = margin
         self.over_budget = False  # the last batch found the devices over their budget
         self.backend = self._d.name
         # fair shares (quotas.py): the devices' logical budget, 0 = no cap; set_cap sets it
         self._budget, self._ratio = 0, 1.0
+        # set_cap: the cap, the bundle shelf's bytes in it, whether a ratio was measured
+        self._cap, self._reserved, self._measured = 0, 0, False
         self.refused_over_share: Counter = Counter()  # messages refused, per device
+        # rows admission shed before writing, per (device, pool) (read and reset by retention)
+        self.shed: Counter = Counter()
+        self._batch_shed: Counter = Counter()
+        self._shed_lock = threading.Lock()
+        self._total = 0  # the devices' logical bytes after the last batch admitted
         # streams known to exist, per device (bounded by MAX_STREAMS_PER_DEVICE each): a
         # result on one of these needs no query to check the cap
         self._streams_seen: dict[str, set[str]] = {}
@@ -184,13 +200,10 @@ class Store:
                     refused.append((i, f"store refused it: {type(e).__name__}: {e}"[:300]))
                 else:
                     new_per_device[m.device] += new
-                    bytes_per_device[m.device] += size
+                    bytes_per_device[m.device, quotas.pool_of(m.kind)] += size
                     stored.append(m)
                 db.execute("RELEASE SAVEPOINT msg")
-            if bytes_per_device:
-                db.executemany("INSERT INTO device_usage VALUES (?,?) ON CONFLICT(device) "
-                               "DO UPDATE SET bytes = device_usage.bytes + excluded.bytes",
-                               sorted((d, n) for d, n in bytes_per_device.items() if n))
+            _charge(db, bytes_per_device)
             for m in stored:
                 if m.kind == "result":
                     key = (m.device, m.msg["stream"])
@@ -213,40 +226,119 @@ class Store:
                                [(d, st, now, d, st) for d, st in stalled])
         for i, _ in over_share:  # counted once the batch is committed (not per retry)
             self.refused_over_share[messages[i].device] += 1
+        if self._batch_shed:
+            with self._shed_lock:
+                self.shed.update(self._batch_shed)
+        if self._budget > 0 and (self.backend == "sqlite" or not self._measured):
+            # the file's bytes per logical byte move with the rows' mix and with the pages
+            # deletes leave part-filled: measured after each batch (three PRAGMAs), so the
+            # next batch is admitted against the file as it is, not as the last pass saw it
+            self._measure(self._total)
         return {k: v for k, v in acks.items() if v}, sorted(refused)
 
     def _admit(self, db: Any, messages: Sequence[Inbound]
                ) -> tuple[list[int], list[tuple[int, str]]]:
-        """(indexes admitted, (index, reason) refused) under the fair shares of quotas.py;
-        everything when there is no cap. Reads the usage of the batch's devices (locked by
-        lock_devices) and the store's total in the storing transaction."""
+        """(indexes admitted, (index, reason) refused) under the pools of quotas.py, decided
+        before anything of the batch is written: a device past its quota of a pool in a full
+        store sheds its own oldest rows of that pool first (`_shed`, in this transaction),
+        and a message it cannot make room for (its results not yet acked) is refused.
+        Everything is admitted when there is no cap. Reads the pools of the batch's devices
+        (locked by lock_devices) and the store's total in the storing transaction."""
         if self._budget <= 0:
             return list(range(len(messages))), []
         devices = sorted({m.device for m in messages})
         match, args = self._d.in_list(devices)
-        have = {d: int(b) for d, b in db.execute(
-            f"SELECT device, bytes FROM device_usage WHERE device{match}", args).fetchall()}
+        have: Counter = Counter({(d, p): int(b) for d, p, b in db.execute(
+            f"SELECT device, pool, bytes FROM pool_usage WHERE device{match}", args).fetchall()})
         total, held = (int(x) for x in db.execute(
-            "SELECT COALESCE(SUM(bytes), 0), COUNT(*) FROM device_usage WHERE bytes > 0"
-            ).fetchone())
+            "SELECT COALESCE(SUM(bytes), 0), COUNT(DISTINCT device) FROM pool_usage "
+            "WHERE bytes > 0").fetchone())
+        holding = {d for (d, _), b in have.items() if b > 0}
+        self._batch_shed = Counter()  # added to `shed` once the batch is committed
         admitted, refused = [], []
         for i, m in enumerate(messages):
-            size = quotas.message_bytes(m.device, m.kind, m.msg, m.size or len(
-                json.dumps(m.msg, separators=(",", ":"))))
-            mine = have.get(m.device, 0)
-            why = quotas.admit(mine, size, total, held + (mine <= 0), self._budget,
-                               self.margin)
-            if m.kind == "state":  # one row a device, replaced: not charged
+            pool = quotas.pool_of(m.kind)
+            if pool is None:  # a state: one row a device, replaced, not charged
                 admitted.append(i)
-            elif why is None:
-                admitted.append(i)
-                if mine <= 0 < size:
-                    held += 1
-                have[m.device], total = mine + size, total + size
-            else:
-                refused.append((i, f"device {m.device}: {why}"))
-        self.over_budget = total > self._budget
+                continue
+            size = self._charge_of(m)
+            devices_n = held + (m.device not in holding)
+            shed = quotas.admit(have[m.device, pool], size, total, devices_n, self._budget,
+                                pool)
+            if shed > 0:
+                rows, freed = self._shed(db, m.device, pool, shed)
+                have[m.device, pool] -= freed
+                total -= freed
+                self._batch_shed[m.device, pool] += rows
+                if freed < shed:
+                    refused.append((i, quotas.refusal(m.device, pool, have[m.device, pool],
+                                                      self._budget, devices_n)))
+                    continue
+            admitted.append(i)
+            if m.device not in holding:
+                holding.add(m.device)
+                held += 1
+            have[m.device, pool] += size
+            total += size
+        self.over_budget, self._total = total > self._budget, total
         return admitted, refused
+
+    def _charge_of(self, m: Inbound) -> int:
+        """What storing `m` charges its device's pool, from above (results: quotas.py's
+        estimate; health and events: exactly, their bodies as stored)."""
+        if m.kind == "health":
+            return quotas.health_bytes(m.device, json.dumps(m.msg))
+        if m.kind == "event":
+            return quotas.event_bytes(m.device, str(m.msg.get("type", "")), json.dumps(m.msg))
+        return quotas.message_bytes(m.device, m.kind, m.msg, m.size or len(
+            json.dumps(m.msg, separators=(",", ":"))))
+
+    def _shed(self, db: Any, device: str, pool: str, need: int) -> tuple[int, int]:
+        """Delete `device`'s oldest rows of `pool` inside the storing transaction until `need`
+        logical bytes are freed or nothing more may go (results: only acked ones; events:
+        never the record of a quarantine); returns (rows, bytes) deleted."""
+        rows = freed = 0
+        while freed < need:
+            per_row = max(1, self._pool_row_bytes(db, device, pool))
+            limit = min(2000, (need - freed) // per_row + 1)
+            if pool == "results":
+                gone = [int(r[3]) for r in self._delete_in(db, _ACKED_OLDEST, (device, limit))]
+            else:
+                gone = self._delete_oldest(db, pool, device, limit)
+            if not gone:
+                break
+            rows, freed = rows + len(gone), freed + sum(gone)
+        return rows, freed
+
+    def _pool_row_bytes(self, db: Any, device: str, pool: str) -> int:
+        """The mean logical bytes of a row of `device`'s `pool` (from the maintained counts
+        where there are any; else one row's, read)."""
+        if pool == "results":
+            row = db.execute("SELECT u.bytes, c.n FROM pool_usage u JOIN result_counts c ON "
+                             "c.device = u.device WHERE u.device = ? AND u.pool = 'results'",
+                             (device,)).fetchone()
+            if row and row[1]:
+                return int(row[0]) // int(row[1])
+        table = "results" if pool == "results" else pool
+        row = db.execute(f"SELECT {quotas.POOL_BYTES_SQL[pool]} FROM {table} WHERE device = ? "
+                         "LIMIT 1", (device,)).fetchone()
+        return int(row[0]) if row else 1
+
+    def _delete_oldest(self, db: Any, pool: str, device: str, limit: int) -> list[int]:
+        """Delete `device`'s `limit` oldest health rows (with their timeline rows) or events
+        (never a `stream_quarantined`: the operator needs it) in `db`; their logical bytes."""
+        oc = self._d.order_col
+        keep = " AND type <> 'stream_quarantined'" if pool == "events" else ""
+        gone = [int(n) for (n,) in db.execute(
+            f"DELETE FROM {pool} WHERE {oc} IN (SELECT {oc} FROM {pool} WHERE device = ?{keep} "
+            f"ORDER BY t LIMIT ?) RETURNING {quotas.POOL_BYTES_SQL[pool]}",
+            (device, limit)).fetchall()]
+        if gone and pool == "health":
+            db.execute(f"DELETE FROM health_points WHERE {oc} IN (SELECT {oc} FROM "
+                       "health_points WHERE device = ? ORDER BY t LIMIT ?)",
+                       (device, len(gone)))
+        _uncharge(db, Counter({(device, pool): sum(gone)}))
+        return gone
 
     def _cap_streams(self, db: Any, messages: Sequence[Inbound], admitted: list[int],
                      refused: list[tuple[int, str]]) -> list[int]:
@@ -291,11 +383,11 @@ class Store:
             elif m.kind == "health":
                 health.append((m.device, float(msg["t"]), body := json.dumps(msg)))
                 timeline.append(_timeline_row(m.device, msg))
-                size[m.device] += quotas.health_bytes(m.device, body)
+                size[m.device, "health"] += quotas.health_bytes(m.device, body)
             elif m.kind == "event":
                 events.append((m.device, float(msg["t"]), msg["type"],
                                body := json.dumps(msg)))
-                size[m.device] += quotas.event_bytes(m.device, msg["type"], body)
+                size[m.device, "events"] += quotas.event_bytes(m.device, msg["type"], body)
             elif m.kind == "state":
                 states.append((m.device, json.dumps(msg)))
             else:
@@ -312,7 +404,7 @@ class Store:
             self._d.upsert_states(db, states)
         new = self._d.insert_results(db, results)
         for r in new:
-            size[r[0]] += quotas.result_bytes(r[0], r[1], r[3], r[6])
+            size[r[0], "results"] += quotas.result_bytes(r[0], r[1], r[3], r[6])
         return Counter(r[0] for r in new), size
 
     def _acks_batch(self, db: Any, floors: dict[tuple[str, str], set[int]],
@@ -707,12 +799,11 @@ class Store:
                     results=False)
         with self._d.transaction() as db:
             gone: Counter = Counter()
-            for sql, keep in ((f"DELETE FROM health WHERE t < ? RETURNING device, "
-                               f"{quotas.HEALTH_BYTES_SQL}", keep_health_s),
-                              (f"DELETE FROM events WHERE t < ? RETURNING device, "
-                               f"{quotas.EVENT_BYTES_SQL}", keep_events_s)):
-                for d, n in db.execute(sql, (now - keep,)).fetchall():
-                    gone[d] += int(n)
+            for pool, keep in (("health", keep_health_s), ("events", keep_events_s)):
+                for d, n in db.execute(f"DELETE FROM {pool} WHERE t < ? RETURNING device, "
+                                       f"{quotas.POOL_BYTES_SQL[pool]}",
+                                       (now - keep,)).fetchall():
+                    gone[d, pool] += int(n)
             db.execute("DELETE FROM health_points WHERE t < ?", (now - keep_health_s,))
             _uncharge(db, gone)
 
@@ -724,7 +815,21 @@ class Store:
     def usage(self) -> dict[str, int]:
         """The logical bytes each device holds (quotas.py; devices holding nothing left out)."""
         return {d: int(b) for d, b in self._query(
-            "SELECT device, bytes FROM device_usage WHERE bytes > 0")}
+            "SELECT device, SUM(bytes) FROM pool_usage GROUP BY device HAVING SUM(bytes) > 0")}
+
+    def pools(self) -> dict[tuple[str, str], int]:
+        """The logical bytes of each (device, pool) holding any (quotas.POOLS)."""
+        return {(d, p): int(b) for d, p, b in self._query(
+            "SELECT device, pool, bytes FROM pool_usage WHERE bytes > 0")}
+
+    def size_bytes(self) -> int:
+        """The store's size as held against max_store_mb: SQLite, the file's pages in use;
+        PostgreSQL, the devices' logical bytes times the overhead measured while the files
+        grew, plus the bundle shelf (row deletes there leave space for reuse, never a smaller
+        file, so pg_total_relation_size stays at its high-water mark: see set_cap)."""
+        if self.backend == "sqlite":
+            return self.used_bytes()
+        return int(sum(self.usage().values()) * self._ratio) + self._reserved
 
     @property
     def budget_bytes(self) -> int:
@@ -736,17 +841,36 @@ class Store:
         """The store's bytes per logical byte as last measured (quotas.overhead)."""
         return self._ratio
 
+    def take_shed(self) -> Counter:
+        """The rows admission shed since the last call, per (device, pool); reset."""
+        with self._shed_lock:
+            out, self.shed = self.shed, Counter()
+        return out
+
     def set_cap(self, max_bytes: int, reserved: int = 0) -> int:
         """Share `max_bytes` (0 = no cap) among the devices from now on (ingest refuses what
         a device over its share sends while the store is full): `reserved` of the store's
         bytes are not the devices' (the bundle shelf). The store's overhead per logical byte
         is measured here (quotas.overhead). Returns the devices' logical budget."""
-        cap = max(0, max_bytes - reserved)
+        self._cap, self._reserved = max(0, max_bytes), reserved
         if max_bytes <= 0:
             self._budget = 0
             return 0
-        logical = sum(self.usage().values())
-        self._ratio = quotas.overhead(self.used_bytes() - reserved, logical, cap, self._ratio)
+        return self._measure(sum(self.usage().values()))
+
+    def _measure(self, logical: int) -> int:
+        """The overhead measured with the devices holding `logical` bytes, and the budget
+        from it (set_cap; after each batch on SQLite, and on PostgreSQL until measured)."""
+        cap, reserved = max(0, self._cap - self._reserved), self._reserved
+        ratio = quotas.overhead(self.used_bytes() - reserved, logical, cap, self._ratio)
+        if self.backend != "sqlite" and self._measured:
+            # PostgreSQL's files keep their high-water mark: after deletes the same bytes
+            # hold fewer live rows, and measuring them again would raise the ratio until the
+            # budget collapsed (every device "over its share"). The lowest ratio measured is
+            # the one of rows packed as inserted; later inserts reuse the freed space.
+            ratio = min(ratio, self._ratio)
+        self._measured = self._measured or logical >= cap * quotas.MEASURE_MIN_FRACTION
+        self._ratio = ratio
         self._budget = quotas.budget(cap, self._ratio)
         return self._budget
 
@@ -801,7 +925,7 @@ class Store:
                     self.used_bytes() - reserved) / max(1, sum(self.usage().values()))))
                 self._budget = quotas.budget(max(0, max_bytes - reserved), self._ratio)
                 self._reclaim(max_bytes, chunk, out)
-        if any(out.values()):
+        if any(out.values()) or self.shed:  # (admission's deletes count too)
             self._d.after_prune()
         return out
 
@@ -813,53 +937,45 @@ class Store:
         return sum(self.usage().values()) > self._budget
 
     def _reclaim(self, max_bytes: int, chunk: int, out: dict[str, int]) -> None:
-        """While the store is over its cap, delete from the device most over its share (its
-        oldest acked results, then its oldest health, then events, then, when other devices
-        hold data, its newest unacked results) until none is over or the store fits."""
-        oc = self._d.order_col
+        """While the store is over its cap, delete from the pool (device and kind of row) most
+        over its quota: its oldest acked results, oldest health or oldest events, and for
+        results, when other devices hold data and nothing acked is left, its newest unacked
+        ones. A pool within its quota is never taken from."""
+        skip: set[tuple[str, str]] = set()  # pools over quota with nothing that may go
         for _ in range(10_000):
             if not self._over_cap(max_bytes):
                 return
-            usage = self.usage()
-            over = quotas.over_share(usage, self._budget)
+            pools = self.pools()
+            over = [o for o in quotas.over_share(pools, self._budget) if o[:2] not in skip]
             if not over:
                 return
-            device, excess = over[0]
-            others = any(b > 0 for d, b in usage.items() if d != device)
-            counts = self.counts()
-            per_row = max(1, usage[device] // max(1, counts.get(device, 1)))
-            rows = min(chunk, max(1, excess // per_row + 1))
+            device, pool, excess = over[0]
+            others = any(b > 0 for (d, _), b in pools.items() if d != device)
+            held = self.usage().get(device, 0)
             mine = self.reclaimed.setdefault(device, {"results": 0, "unacked": 0, "health": 0,
-                                                      "events": 0, "before": usage[device],
-                                                      "after": usage[device]})
-            if n := self._delete_results(
-                    "SELECT r.device, r.stream, r.seq FROM results r JOIN streams s ON "
-                    "s.device = r.device AND s.stream = r.stream WHERE r.device = ? AND "
-                    "r.seq <= s.acked ORDER BY r.received LIMIT ?", (device, rows)):
-                mine["results"] += n
-                out["results_by_size"] += n
-            elif n := self._delete_rows("health", f"{oc} IN (SELECT {oc} FROM health WHERE "
-                                        "device = ? ORDER BY t LIMIT ?)", (device, chunk)):
-                self._delete(f"DELETE FROM health_points WHERE {oc} IN (SELECT {oc} FROM "
-                             "health_points WHERE device = ? ORDER BY t LIMIT ?)",
-                             (device, n))
-                mine["health"] += n
-                out["health_by_size"] += n
-            elif n := self._delete_rows("events", f"{oc} IN (SELECT {oc} FROM events WHERE "
-                                        "device = ? AND type <> 'stream_quarantined' ORDER BY "
-                                        "t LIMIT ?)", (device, chunk)):
-                # (the record of a quarantine stays: it is what the operator needs to see)
-                mine["events"] += n
-                out["events_by_size"] += n
-            elif others and (n := self._delete_results(
+                                                      "events": 0, "before": held,
+                                                      "after": held})
+            with self._d.transaction() as db:
+                rows = min(chunk, max(1, excess // max(1, self._pool_row_bytes(
+                    db, device, pool)) + 1))
+                if pool != "results":
+                    n = len(self._delete_oldest(db, pool, device, rows))
+                    key = pool
+                elif n := len(self._delete_in(db, _ACKED_OLDEST, (device, rows))):
+                    key = "results"
+                else:
+                    n, key = 0, "unacked"
+            if not n and key == "unacked" and others:
+                n = self._delete_results(
                     "SELECT r.device, r.stream, r.seq FROM results r LEFT JOIN streams s ON "
                     "s.device = r.device AND s.stream = r.stream WHERE r.device = ? AND "
                     "(s.acked IS NULL OR r.seq > s.acked) ORDER BY r.received DESC, r.seq DESC "
-                    "LIMIT ?", (device, rows), lock=device)):
-                mine["unacked"] += n
-                out["results_by_size"] += n
-            else:
-                return  # nothing of it may go (its unacked rows, alone in the store)
+                    "LIMIT ?", (device, rows), lock=device)
+            if not n:
+                skip.add((device, pool))  # its unacked rows, alone in the store
+                continue
+            mine[key] += n
+            out[f"{'results' if key == 'unacked' else key}_by_size"] += n
             mine["after"] = self.usage().get(device, 0)
 
     def quarantine_stalled(self, wait_s: float, now: float | None = None) -> list[Stalled]:
@@ -894,7 +1010,7 @@ class Store:
                                              f"{wait_s:g}): its floor was never stored"})
                 db.execute("INSERT INTO events (device, t, type, body) VALUES (?,?,?,?)",
                            (device, now, "stream_quarantined", body))
-                _uncharge(db, Counter({device: -quotas.event_bytes(
+                _charge(db, Counter({(device, "events"): quotas.event_bytes(
                     device, "stream_quarantined", body)}))
                 out.append(Stalled(device, stream, acked, rows, size, since))
         if out:
@@ -928,7 +1044,7 @@ class Store:
                        [(n, d) for d, n in sorted(per.items())])
         size: Counter = Counter()
         for r in gone:
-            size[r[0]] += int(r[3])
+            size[r[0], "results"] += int(r[3])
         _uncharge(db, size)
         return gone
 
@@ -940,7 +1056,7 @@ class Store:
                               f"{size_sql}", args).fetchall()
             size: Counter = Counter()
             for d, n in gone:
-                size[d] += int(n)
+                size[d, table] += int(n)
             _uncharge(db, size)
         return len(gone)
 
@@ -951,7 +1067,8 @@ class Store:
                 if results:
                     db.executemany("UPDATE result_counts SET n = n - ? WHERE device = ?",
                                    [(n, d) for d, (n, _) in sorted(per_device.items()) if d])
-                _uncharge(db, Counter({d: b for d, (_, b) in per_device.items() if d}))
+                pool = "results" if results else "health"
+                _uncharge(db, Counter({(d, pool): b for d, (_, b) in per_device.items() if d}))
 
     def _delete(self, sql: str, args: tuple) -> int:
         with self._d.transaction() as db:
@@ -962,11 +1079,18 @@ class Store:
         self._d.close()
 
 
+def _charge(db: Any, size: Counter) -> None:
+    """Add logical bytes stored to each (device, pool) of `size`."""
+    if rows := sorted((d, p, int(n)) for (d, p), n in size.items() if n):
+        db.executemany("INSERT INTO pool_usage VALUES (?,?,?) ON CONFLICT(device, pool) "
+                       "DO UPDATE SET bytes = pool_usage.bytes + excluded.bytes", rows)
+
+
 def _uncharge(db: Any, size: Counter) -> None:
-    """Take logical bytes deleted off each device's usage (a negative value adds)."""
+    """Take logical bytes deleted off each (device, pool) of `size`."""
     if size:
-        db.executemany("UPDATE device_usage SET bytes = bytes - ? WHERE device = ?",
-                       [(int(n), d) for d, n in sorted(size.items()) if n])
+        db.executemany("UPDATE pool_usage SET bytes = bytes - ? WHERE device = ? AND pool = ?",
+                       [(int(n), d, p) for (d, p), n in sorted(size.items()) if n])
 
 
 def _result_rows(m: Inbound, now: float) -> list[tuple]:

@@ -21,29 +21,32 @@ from runtime.coordinator.store import Inbound, Store
 MB = 2**20
 
 
-@pytest.mark.parametrize("device, incoming, total, devices, budget, margin, admitted", [
-    (0, 10, 0, 1, 0, 0.25, True),  # no cap: everything
-    (0, 0, 999, 2, 100, 0.25, True),  # nothing to store
-    (40, 10, 120, 2, 100, 0.25, True),  # within its share (50) although the store is full
-    (50, 10, 80, 2, 100, 0.25, True),  # past its share, the store has room
-    (50, 10, 124, 2, 100, 0.25, True),  # past its share, borrowing within the margin
-    (50, 10, 125, 2, 100, 0.25, False),  # past its share and the margin: refused
-    (100, 1, 100, 1, 100, 0.0, False),  # alone and full without a margin: refused
-    (0, 60, 125, 2, 100, 0.25, False),  # a new device's message larger than its share
+# pool quotas with budget 1000 and 2 devices: results 300, health 150, events 50
+@pytest.mark.parametrize("pool_bytes, incoming, total, devices, budget, pool, shed", [
+    (0, 10, 0, 1, 0, "results", 0),  # no cap: everything
+    (0, 0, 9999, 2, 1000, "results", 0),  # nothing to store
+    (200, 10, 1200, 2, 1000, "results", 0),  # within its quota although the store is full
+    (500, 10, 800, 2, 1000, "results", 0),  # past its quota, the store has room
+    (500, 10, 995, 2, 1000, "results", 5 + 1),  # past it, full: sheds to the budget only
+    (500, 10, 1300, 2, 1000, "results", 210 + 1),  # never below its own quota
+    (140, 20, 1000, 2, 1000, "health", 10 + 1),  # health: 150 a device
+    (140, 20, 1000, 2, 1000, "results", 0),  # the same bytes are within its results quota
+    (1000, 5, 1000, 1, 1000, "results", 5 + 1),  # alone and full: it rotates its own rows
+    (0, 400, 1000, 2, 1000, "events", 350 + 1),  # a message larger than its quota
 ])
-def test_admit_table(device, incoming, total, devices, budget, margin, admitted):
-    why = quotas.admit(device, incoming, total, devices, budget, margin)
-    assert (why is None) == admitted, why
-    if why is not None:
-        assert "share" in why and "full" in why
+def test_admit_table(pool_bytes, incoming, total, devices, budget, pool, shed):
+    assert quotas.admit(pool_bytes, incoming, total, devices, budget, pool) == shed
 
 
 @pytest.mark.parametrize("usage, budget, want", [
     ({}, 100, []),
-    ({"a": 10, "b": 10}, 100, []),
-    ({"a": 80, "b": 10}, 100, [("a", 30)]),
-    ({"a": 80, "b": 70, "c": 0}, 100, [("a", 30), ("b", 20)]),  # c holds nothing
-    ({"b": 60, "a": 60}, 100, [("a", 10), ("b", 10)]),  # ties by name
+    ({("a", "results"): 10, ("b", "results"): 10}, 100, []),
+    ({("a", "results"): 80, ("b", "results"): 10}, 100, [("a", "results", 50)]),
+    # c holds nothing (not counted among the devices); a's health is over, its results not
+    ({("a", "health"): 40, ("a", "results"): 20, ("b", "events"): 30, ("c", "events"): 0},
+     100, [("a", "health", 25), ("b", "events", 25)]),  # ties by name
+    ({("b", "results"): 60, ("a", "results"): 60}, 100, [("a", "results", 30),
+                                                         ("b", "results", 30)]),  # by name
 ])
 def test_over_share_table(usage, budget, want):
     assert quotas.over_share(usage, budget) == want
@@ -127,8 +130,11 @@ def test_a_stream_whose_floor_is_never_stored_is_quarantined_after_the_wait(stor
     store.close()
 
 
-def test_a_device_over_its_share_is_refused_while_the_store_is_full(store_url):
-    store = Store(store_url, margin=0.0)
+def test_a_device_over_its_quota_in_a_full_store_sheds_its_own_or_is_refused(store_url):
+    """Admission before write: A's results are never acked (nothing of them may be shed),
+    so once the store is full they are refused, counted, and the store stays within its
+    budget plus one message; B within its quota is stored whatever the store holds."""
+    store = Store(store_url)
     store.ingest([Inbound("b", "result", _results("s", range(1, 101), 1, blob=2000))])
     budget = store.set_cap(3 * store.used_bytes())  # 3x what b holds, overhead measured
     assert budget > 2 * store.usage()["b"]
@@ -138,12 +144,12 @@ def test_a_device_over_its_share_is_refused_while_the_store_is_full(store_url):
                                                                             k * 10 + 12),
                                                                1, blob=2000))])
         refused += bad
-    assert refused and all("device a: over its share" in why for _, why in refused)
+    assert refused and all("device a: over its quota of results" in why for _, why in refused)
     assert store.refused_over_share["a"] == len(refused)
     a_msg = len(json.dumps(_results("s", range(2, 12), 1, blob=2000)))
-    assert sum(store.usage().values()) <= budget + a_msg  # margin 0: one message over
+    assert sum(store.usage().values()) <= store.budget_bytes + a_msg
     # b within its share is stored whatever the store holds
-    acks, bad = store.ingest([Inbound("b", "result", _results("s", range(11, 13), 11))])
+    acks, bad = store.ingest([Inbound("b", "result", _results("s", range(101, 103), 101))])
     assert not bad and acks
     store.close()
 
