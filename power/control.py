@@ -413,10 +413,14 @@ def _guard_upgrade(s: ControlState, rungs: Sequence[Rung], cfg: ControlConfig,
         return extra, temp_now + extra * r_total
 
     extra, settle = settles(want.rung, want.cap)
+    if extra > 0 and s.excursion is not None:
+        # what runs is not safe at steady state: a step up from it is not judged from it
+        return (_Actuation(old_rung, old_cap, replace(s.hold, rung=now), want.reason),
+                "on an excursion: no richer rung or rate until it ends")
     if extra > 0 and settle >= limit:
         refused = (f"{rungs[want.rung].variant_id} would settle near {settle:.1f} °C, over "
                    f"{limit:g} °C")
-        if s.excursion is None and want.rung > old_rung:
+        if want.rung > old_rung:
             trip = _excursion(s, rungs, cfg, decision, temp_now, proposed, t)
             if trip is not None:
                 return trip, ""

@@ -79,7 +79,7 @@ def with_other(rungs: Sequence[Rung], other_j: float | None) -> list[Rung]:
 # (rpi5/hot, 0.63x kernel-only against 1.11x; issue 24). Like cpufreq's cooling states,
 # small steps let it settle near the sustainable power (0.86x there; finer steps gained
 # nothing more and take longer to climb back).
-RATE_STEPS = tuple(2 ** (-k / 4) for k in range(1, 13))
+RATE_STEPS = tuple(2 ** (-k / 4) for k in range(1, 21))
 
 
 def budget_levels(rungs: Sequence[Rung], rate_hz: float, min_rate_hz: float = 0.0,
