@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,56 @@ import pytest
 _HERE = Path(__file__).parent
 sys.path.insert(0, str(_HERE))
 
-from support.modelgen import tiny_cnn  # noqa: E402 (after the path it is found on)
+from support import children  # noqa: E402 (after the path it is found on)
+from support.modelgen import tiny_cnn  # noqa: E402
+
+
+def pytest_configure(config):
+    """Every process a test starts dies with the pytest process that runs the test, even one
+    that crashes or is killed (tests/support/children.py)."""
+    children.install()
+
+
+def _runs_the_session(session) -> bool:
+    """True in the process that leads the run: the xdist controller, or pytest alone (not in
+    an xdist worker)."""
+    return not hasattr(session.config, "workerinput")
+
+
+def pytest_sessionstart(session):
+    """Stop and remove the PostgreSQL clusters an earlier run's dead workers left behind."""
+    if _runs_the_session(session):
+        from runtime.coordinator.pgserver import reap_orphans
+
+        reap_orphans()
+
+
+def pytest_unconfigure(config):
+    """Once every worker has ended: stop and remove the clusters of any that died (a worker
+    that ends normally stops its own in the `postgres` fixture's teardown)."""
+    if not hasattr(config, "workerinput"):
+        from runtime.coordinator.pgserver import reap_orphans
+
+        reap_orphans()
+    children.uninstall()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """With EDGERUN_TEST_RUNNING_DIR set (.ci/run), each process running tests keeps the test
+    it runs (from its setup to its teardown) in a file of that folder named for it (gw0, gw1;
+    `main` without xdist), empty between tests: what .ci/run prints when its wall limit
+    ends a run that did not finish."""
+    folder = os.environ.get("EDGERUN_TEST_RUNNING_DIR")
+    if not folder:
+        return (yield)
+    name = Path(folder) / os.environ.get("PYTEST_XDIST_WORKER", "main")
+    name.write_text(f"{item.nodeid}  (pid {os.getpid()}, since "
+                    f"{time.strftime('%H:%M:%S')})\n")
+    try:
+        return (yield)
+    finally:
+        name.write_text("")
 
 
 @pytest.fixture(scope="session")
