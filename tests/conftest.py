@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import faulthandler
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -20,8 +22,24 @@ from support.modelgen import tiny_cnn  # noqa: E402
 
 def pytest_configure(config):
     """Every process a test starts dies with the pytest process that runs the test, even one
-    that crashes or is killed (tests/support/children.py)."""
+    that crashes or is killed (tests/support/children.py). With EDGERUN_TEST_RUNNING_DIR set
+    (.ci/run), a SIGINT (what .ci/run's wall limit sends) first writes the stack of each of
+    this process's threads to `<that folder>/<gw0|gw1|main>.stacks`, which .ci/run prints."""
     children.install()
+    folder = os.environ.get("EDGERUN_TEST_RUNNING_DIR")
+    if folder:
+        stacks = (Path(folder) / f"{_process_name()}.stacks").open("w")
+        _KEEP_OPEN.append(stacks)  # faulthandler writes to its fd: it must outlive this call
+        faulthandler.register(signal.SIGINT, file=stacks, all_threads=True, chain=True)
+
+
+_KEEP_OPEN: list = []
+
+
+def _process_name() -> str:
+    """This pytest process's name in EDGERUN_TEST_RUNNING_DIR: its xdist worker id, or
+    `main` (pytest alone, or the xdist controller, which runs no test)."""
+    return os.environ.get("PYTEST_XDIST_WORKER", "main")
 
 
 def _runs_the_session(session) -> bool:
@@ -51,19 +69,18 @@ def pytest_unconfigure(config):
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     """With EDGERUN_TEST_RUNNING_DIR set (.ci/run), each process running tests keeps the test
-    it runs (from its setup to its teardown) in a file of that folder named for it (gw0, gw1;
-    `main` without xdist), empty between tests: what .ci/run prints when its wall limit
-    ends a run that did not finish."""
+    it runs (from its setup to its teardown) in `<that folder>/<gw0|gw1|main>.test`, emptied
+    when the test ends and kept when it is interrupted: what .ci/run prints when its wall
+    limit ends a run that did not finish."""
     folder = os.environ.get("EDGERUN_TEST_RUNNING_DIR")
     if not folder:
         return (yield)
-    name = Path(folder) / os.environ.get("PYTEST_XDIST_WORKER", "main")
+    name = Path(folder) / f"{_process_name()}.test"
     name.write_text(f"{item.nodeid}  (pid {os.getpid()}, since "
                     f"{time.strftime('%H:%M:%S')})\n")
-    try:
-        return (yield)
-    finally:
-        name.write_text("")
+    result = yield  # (an interruption raises here: the name stays)
+    name.write_text("")
+    return result
 
 
 @pytest.fixture(scope="session")

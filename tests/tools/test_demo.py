@@ -16,6 +16,7 @@ import pytest
 from support.under_test import child_env
 
 
+@pytest.mark.timeout(300)  # 43 s on a loaded 2-core box (docs/testing-timing.md)
 def test_demo_runs_and_reports(tmp_path):
     env = {**os.environ, "HOME": str(tmp_path)}  # its own profile cache: a first run
     out = subprocess.run([sys.executable, "-m", "runtime.cli", "demo", "--duration", "40"],
