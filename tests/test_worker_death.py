@@ -2,10 +2,11 @@
 worker leaked a running PostgreSQL cluster, 488 MB in /tmp).
 
 The worker here is a real pytest process with tests/conftest.py as its plugin, running a test
-that holds the `postgres` and `broker` fixtures; it is SIGKILLed mid-test, so no teardown runs.
-Its Mosquitto ends by its parent-death signal (tests/support/children.py); the cluster, which
-pg_ctl daemonized, by the reaper the next run (or the run's controller) calls
-(runtime/coordinator/pgserver.py `reap_orphans`)."""
+that holds the `postgres` and `broker` fixtures and (where installed) a chromium with its
+chromedriver; it is SIGKILLed mid-test, so no teardown runs. Its children end by their
+parent-death signal (tests/support/children.py); the cluster, which pg_ctl daemonized, by the
+reaper the next run (or the run's controller) calls (runtime/coordinator/pgserver.py
+`reap_orphans`)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from pathlib import Path
 import pytest
 from support.under_test import child_env
 from support.waiting import wait
+from support.webdriver import find_browser
 
 from runtime.coordinator.pgserver import pg_bindir, reap_orphans
 from runtime.wire.broker import mosquitto_path
@@ -29,12 +31,31 @@ HOLDER = '''
 import json, os, time
 from pathlib import Path
 
-def test_holds_its_servers(postgres, broker):
+from support.webdriver import Browser, find_browser
+
+def test_holds_its_servers(postgres, broker, tmp_path):
     pm = int((postgres.dir / "data" / "postmaster.pid").read_text().split()[0])
-    Path(os.environ["HOLDER_OUT"]).write_text(json.dumps({
-        "cluster": str(postgres.dir), "postmaster": pm, "mosquitto": broker.proc.pid}))
+    servers = {"cluster": str(postgres.dir), "postmaster": pm, "mosquitto": broker.proc.pid}
+    if find_browser():
+        b = Browser(*find_browser(), tmp_path)
+        servers.update(chromium=b.browser.pid, chromedriver=b.proc.pid,
+                       profile=str(tmp_path / "chromium-profile"))
+    Path(os.environ["HOLDER_OUT"]).write_text(json.dumps(servers))
     time.sleep(600)
 '''
+
+
+def _using(path: str) -> list[int]:
+    """Live processes whose command line names `path` (a chromium profile: the browser
+    and every helper process it started)."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        try:
+            if d.name.isdigit() and path in (d / "cmdline").read_text() and _alive(int(d.name)):
+                pids.append(int(d.name))
+        except OSError:
+            continue
+    return pids
 
 
 def _alive(pid: int) -> bool:
@@ -63,10 +84,16 @@ def test_a_killed_worker_leaves_no_server_and_no_cluster_behind(tmp_path):
         wait(lambda: out.exists() or worker.poll() is not None, deadline_s, "the servers")
         assert out.exists(), f"the worker exited {worker.returncode}: {worker.stdout.read()}"
         servers = json.loads(out.read_text())
-        assert _alive(servers["postmaster"]) and _alive(servers["mosquitto"])
+        assert ("chromium" in servers) == (find_browser() is not None)
+        children = [servers[k] for k in ("mosquitto", "chromium", "chromedriver")
+                    if k in servers]
+        assert all(_alive(pid) for pid in [servers["postmaster"], *children])
         worker.send_signal(signal.SIGKILL)  # no teardown, no atexit: as a crashed worker
         worker.wait()
-        wait(lambda: not _alive(servers["mosquitto"]), 60, "Mosquitto's end")
+        wait(lambda: not any(_alive(pid) for pid in children), 60,
+             f"the end of the worker's children {children}")
+        if "profile" in servers:  # chromium's helpers (zygotes, renderers) go with it
+            wait(lambda: not _using(servers["profile"]), 60, "the end of chromium's helpers")
         # pg_ctl's server is nobody's child: it outlives the worker until the reaper runs
         assert _alive(servers["postmaster"])
         assert Path(servers["cluster"]) in reap_orphans()
