@@ -20,16 +20,21 @@ from support import children  # noqa: E402 (after the path it is found on)
 from support.modelgen import tiny_cnn  # noqa: E402
 
 
+@pytest.hookimpl(trylast=True)  # after pytest's faulthandler plugin, whose file this replaces
 def pytest_configure(config):
     """Every process a test starts dies with the pytest process that runs the test, even one
-    that crashes or is killed (tests/support/children.py). With EDGERUN_TEST_RUNNING_DIR set
-    (.ci/run), a SIGINT (what .ci/run's wall limit sends) first writes the stack of each of
-    this process's threads to `<that folder>/<gw0|gw1|main>.stacks`, which .ci/run prints."""
+    that crashes or is killed (tests/support/children.py).
+
+    With EDGERUN_TEST_RUNNING_DIR set (.ci/run), this process's threads' stacks go to
+    `<that folder>/<gw0|gw1|main>.stacks`, which .ci/run prints: on a fatal signal (a crash
+    in native code; an xdist worker's stderr, where pytest sends them, is never shown) and
+    on SIGINT (what .ci/run's wall limit sends) before the KeyboardInterrupt."""
     children.install()
     folder = os.environ.get("EDGERUN_TEST_RUNNING_DIR")
     if folder:
         stacks = (Path(folder) / f"{_process_name()}.stacks").open("w")
         _KEEP_OPEN.append(stacks)  # faulthandler writes to its fd: it must outlive this call
+        faulthandler.enable(file=stacks, all_threads=True)
         faulthandler.register(signal.SIGINT, file=stacks, all_threads=True, chain=True)
 
 
