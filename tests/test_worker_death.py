@@ -73,11 +73,14 @@ def _alive(pid: int) -> bool:
 def test_a_killed_worker_leaves_no_server_and_no_cluster_behind(tmp_path):
     (tmp_path / "test_holder.py").write_text(HOLDER)
     out = tmp_path / "servers.json"
+    env = child_env(TESTS, HOLDER_OUT=str(out))
+    for own in ("EDGERUN_TEST_RUNNING_DIR", "PYTEST_XDIST_WORKER"):  # this run's, not its
+        env.pop(own, None)
     worker = subprocess.Popen(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "-p", "no:cacheprovider",
          "-p", "conftest", "-c", os.devnull, "--rootdir", str(tmp_path),
          "--basetemp", str(tmp_path / "basetemp"), str(tmp_path / "test_holder.py")],
-        cwd=tmp_path, env=child_env(TESTS, HOLDER_OUT=str(out)), text=True,
+        cwd=tmp_path, env=env, text=True,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         deadline_s = 180
