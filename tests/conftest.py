@@ -47,15 +47,15 @@ def _process_name() -> str:
     return os.environ.get("PYTEST_XDIST_WORKER", "main")
 
 
-def _runs_the_session(session) -> bool:
+def _leads_the_run(config) -> bool:
     """True in the process that leads the run: the xdist controller, or pytest alone (not in
     an xdist worker)."""
-    return not hasattr(session.config, "workerinput")
+    return not hasattr(config, "workerinput")
 
 
 def pytest_sessionstart(session):
     """Stop and remove the PostgreSQL clusters an earlier run's dead workers left behind."""
-    if _runs_the_session(session):
+    if _leads_the_run(session.config):
         from runtime.coordinator.pgserver import reap_orphans
 
         reap_orphans()
@@ -64,7 +64,7 @@ def pytest_sessionstart(session):
 def pytest_unconfigure(config):
     """Once every worker has ended: stop and remove the clusters of any that died (a worker
     that ends normally stops its own in the `postgres` fixture's teardown)."""
-    if not hasattr(config, "workerinput"):
+    if _leads_the_run(config):
         from runtime.coordinator.pgserver import reap_orphans
 
         reap_orphans()
