@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import faulthandler
 import os
+import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -13,7 +16,76 @@ import pytest
 _HERE = Path(__file__).parent
 sys.path.insert(0, str(_HERE))
 
-from support.modelgen import tiny_cnn  # noqa: E402 (after the path it is found on)
+from support import children  # noqa: E402 (after the path it is found on)
+from support.modelgen import tiny_cnn  # noqa: E402
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's faulthandler plugin, whose file this replaces
+def pytest_configure(config):
+    """Every process a test starts dies with the pytest process that runs the test, even one
+    that crashes or is killed (tests/support/children.py).
+
+    With EDGERUN_TEST_RUNNING_DIR set (.ci/run), this process's threads' stacks go to
+    `<that folder>/<gw0|gw1|main>.stacks`, which .ci/run prints: on a fatal signal (a crash
+    in native code; an xdist worker's stderr, where pytest sends them, is never shown) and
+    on SIGINT (what .ci/run's wall limit sends) before the KeyboardInterrupt."""
+    children.install()
+    folder = os.environ.get("EDGERUN_TEST_RUNNING_DIR")
+    if folder:
+        stacks = (Path(folder) / f"{_process_name()}.stacks").open("w")
+        _KEEP_OPEN.append(stacks)  # faulthandler writes to its fd: it must outlive this call
+        faulthandler.enable(file=stacks, all_threads=True)
+        faulthandler.register(signal.SIGINT, file=stacks, all_threads=True, chain=True)
+
+
+_KEEP_OPEN: list = []
+
+
+def _process_name() -> str:
+    """This pytest process's name in EDGERUN_TEST_RUNNING_DIR: its xdist worker id, or
+    `main` (pytest alone, or the xdist controller, which runs no test)."""
+    return os.environ.get("PYTEST_XDIST_WORKER", "main")
+
+
+def _leads_the_run(config) -> bool:
+    """True in the process that leads the run: the xdist controller, or pytest alone (not in
+    an xdist worker)."""
+    return not hasattr(config, "workerinput")
+
+
+def pytest_sessionstart(session):
+    """Stop and remove the PostgreSQL clusters an earlier run's dead workers left behind."""
+    if _leads_the_run(session.config):
+        from runtime.coordinator.pgserver import reap_orphans
+
+        reap_orphans()
+
+
+def pytest_unconfigure(config):
+    """Once every worker has ended: stop and remove the clusters of any that died (a worker
+    that ends normally stops its own in the `postgres` fixture's teardown)."""
+    if _leads_the_run(config):
+        from runtime.coordinator.pgserver import reap_orphans
+
+        reap_orphans()
+    children.uninstall()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """With EDGERUN_TEST_RUNNING_DIR set (.ci/run), each process running tests keeps the test
+    it runs (from its setup to its teardown) in `<that folder>/<gw0|gw1|main>.test`, emptied
+    when the test ends and kept when it is interrupted: what .ci/run prints when its wall
+    limit ends a run that did not finish."""
+    folder = os.environ.get("EDGERUN_TEST_RUNNING_DIR")
+    if not folder:
+        return (yield)
+    name = Path(folder) / f"{_process_name()}.test"
+    name.write_text(f"{item.nodeid}  (pid {os.getpid()}, since "
+                    f"{time.strftime('%H:%M:%S')})\n")
+    result = yield  # (an interruption raises here: the name stays)
+    name.write_text("")
+    return result
 
 
 @pytest.fixture(scope="session")

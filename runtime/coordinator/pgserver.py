@@ -5,16 +5,25 @@ on PATH). PostgreSQL refuses to run as root, so when we are root the cluster is 
 as the `postgres` user (`runuser`), in a temp dir owned by that user. It listens on a free
 loopback port (trust authentication: loopback only, throw-away data) and keeps its unix
 socket in the temp dir, so it touches nothing of a system cluster.
+
+pg_ctl daemonizes the server: its parent is not the process that started it, so nothing
+stops it when that process dies without `stop()` (a crashed test worker leaked a 488 MB
+cluster; issue 32). Each cluster dir holds an `owner` file (pid and start time of the process
+that made it); `reap_orphans()` stops and removes every cluster whose owner is gone (the test
+run calls it when it starts and ends: tests/conftest.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import pwd
 import shutil
+import signal
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 from runtime.wire.broker import free_port
@@ -27,6 +36,70 @@ def pg_bindir() -> Path | None:
         return Path(os.path.realpath(found)).parent
     dirs = sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=lambda p: int(p.split("/")[-2]))
     return Path(dirs[-1]) if dirs and (Path(dirs[-1]) / "initdb").exists() else None
+
+
+PREFIX = "edgerun-pg-"  # a cluster dir's name in the temp dir: what reap_orphans() looks at
+OWNER = "owner"  # the file in a cluster dir naming the process that made it
+
+
+def _started(pid: int) -> str | None:
+    """A live process's start time (clock ticks since boot, /proc/PID/stat field 22), which
+    tells it apart from a later process given the same pid; None when no such process runs
+    (or only its zombie is left)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()  # after the name, which may hold ")"
+    return None if fields[0] in "ZX" else fields[19]
+
+
+def _owner_alive(cluster: Path) -> bool | None:
+    """Whether the process named in `cluster`'s owner file still runs (None: no owner file
+    readable, e.g. a cluster made before there were owner files: left alone)."""
+    try:
+        pid, started = (cluster / OWNER).read_text().split()
+        return _started(int(pid)) == started
+    except (OSError, ValueError):
+        return None
+
+
+def _postmaster(cluster: Path) -> int | None:
+    """The pid of the server running on `cluster`'s data, if one runs (its postmaster.pid
+    names it; a server works in its data dir, which tells it from a later process given the
+    same pid)."""
+    data = cluster / "data"
+    try:
+        pid = int((data / "postmaster.pid").read_text().split()[0])
+        cwd = os.readlink(f"/proc/{pid}/cwd")
+    except (OSError, ValueError, IndexError):
+        return None
+    return pid if Path(cwd) == data.resolve() and _started(pid) else None
+
+
+def reap_orphans(tmpdir: str | None = None, timeout_s: float = 30.0) -> list[Path]:
+    """Stop the server of every cluster in the temp dir whose owner process is gone
+    (immediate shutdown: SIGQUIT, then SIGKILL) and remove its directory; returns those
+    removed. Clusters of a live owner, or without an owner file, are left alone."""
+    reaped = []
+    for cluster in sorted(Path(tmpdir or tempfile.gettempdir()).glob(PREFIX + "*")):
+        if _owner_alive(cluster) is not False:
+            continue
+        pid = _postmaster(cluster)
+        for sig in (signal.SIGQUIT, signal.SIGKILL):
+            if pid is None:
+                break
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+            deadline = time.monotonic() + timeout_s
+            while _started(pid) is not None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if _started(pid) is None:
+                pid = None
+        shutil.rmtree(cluster, ignore_errors=True)
+        if not cluster.exists():
+            reaped.append(cluster)
+    return reaped
 
 
 class TempPostgres:
@@ -58,7 +131,8 @@ class TempPostgres:
     def start(self) -> TempPostgres:
         """initdb (once) and start on a free port; waits until it accepts connections."""
         if self.dir is None:
-            self.dir = Path(tempfile.mkdtemp(prefix="edgerun-pg-"))
+            self.dir = Path(tempfile.mkdtemp(prefix=PREFIX))
+            (self.dir / OWNER).write_text(f"{os.getpid()} {_started(os.getpid())}\n")
             if self.as_user:
                 pw = pwd.getpwnam(self.as_user)
                 os.chown(self.dir, pw.pw_uid, pw.pw_gid)

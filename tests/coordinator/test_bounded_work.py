@@ -54,6 +54,7 @@ def _birth(boot: str) -> dict:
             "versions": {"edgerun": "1.0"}, "reason": ""}
 
 
+@pytest.mark.timeout(240)  # 32 s on a loaded 2-core box (docs/testing-timing.md)
 def test_300_forged_births_cost_a_bounded_number_of_threads_and_commands(broker, tmp_path):
     key = tmp_path / "command.pem"
     commands.generate_keypair(key, tmp_path / "command.pub")

@@ -4,18 +4,24 @@ second."""
 
 from __future__ import annotations
 
-import os
+import json
 import signal
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from support.benches import load_bench
 from support.daemon_harness import Serve, write_config
+from support.under_test import child_env
 from support.waiting import wait
 
 from models import bundled
 from runtime.device.wakeup import Wakeup, WakingQueue
+
+SUPPORT = Path(__file__).resolve().parents[1] / "support"
 
 
 def _woken_within(w: Wakeup, poke, limit_s: float = 30.0) -> float:
@@ -60,19 +66,23 @@ def test_pending_wake_ups_are_taken_by_one_wait():
 
 
 def test_a_signal_ends_the_sleep_and_its_handler_only_sets_a_flag():
-    w = Wakeup()
-    seen = []
-    before = signal.set_wakeup_fd(-1)  # whatever the test runner has (restored below)
-    signal.set_wakeup_fd(before)
-    old = signal.signal(signal.SIGUSR1, lambda *_: seen.append(1))
+    """In a process of its own (tests/support/signal_sleeper.py), signalled by its pid once
+    its handler is in place: a test that signalled its own process could end the test runner
+    (SIGUSR1's default action; issue 32)."""
+    p = subprocess.Popen([sys.executable, str(SUPPORT / "signal_sleeper.py")], text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=child_env())
     try:
-        w.take_signals()
-        assert _woken_within(w, lambda: os.kill(os.getpid(), signal.SIGUSR1)) < 10
-        assert seen == [1]
+        assert p.stdout.readline() == "ready\n", p.stderr.read()
+        p.send_signal(signal.SIGUSR1)
+        out, err = p.communicate(timeout=120)
     finally:
-        w.close()  # gives the wake-up fd back: the one before it
-        signal.signal(signal.SIGUSR1, old)
-    assert signal.set_wakeup_fd(-1) == before
+        p.kill()
+        p.wait()
+    assert p.returncode == 0, f"exit {p.returncode}: {err}"
+    got = json.loads(out)
+    assert got["took_s"] < 10  # woken by the signal, not the 60 s limit
+    assert got["seen"] == [signal.SIGUSR1]
+    assert got["fd_given_back"]
 
 
 @pytest.mark.skipif(not (bundled() / "manifest.json").exists(),

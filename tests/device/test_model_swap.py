@@ -361,6 +361,7 @@ def test_crash_loop_in_probation_rolls_back_by_itself(tmp_path, publisher, profi
         assert d.stop() == 0
 
 
+@pytest.mark.timeout(300)  # 43 s on a loaded 2-core box (docs/testing-timing.md)
 def test_a_model_deployed_while_the_first_choice_is_refined_stays_served(tmp_path, fleet):
     """A cold start serves on the quick round and refines the configured model in the
     background; a model deployed meanwhile is swapped in first. When the refinement of the
@@ -455,6 +456,7 @@ def test_a_model_chosen_while_the_first_choice_is_refined_is_loaded_after_it(tmp
     assert not fleet.events("box1", "reprofile_skipped")
 
 
+@pytest.mark.timeout(420)  # 69 s on a loaded 2-core box (docs/testing-timing.md)
 def test_a_rollback_while_the_first_choice_is_refined_loads_the_old_model(tmp_path, publisher):
     """A restart during the probation of a slow version (cold profile cache): the daemon
     serves it after the quick round and refines it in the background; probation fails on

@@ -43,6 +43,7 @@ def trickle():
     server.shutdown()
 
 
+@pytest.mark.timeout(300)  # 47 s with its teardown on a loaded 2-core box (docs/testing-timing.md)
 def test_a_trickling_server_is_cut_off_and_the_part_kept_for_a_resume(tmp_path, trickle,
                                                                        monkeypatch):
     """urlopen's timeout bounds each read, not the whole: a server sending a byte every

@@ -44,14 +44,25 @@ class WebDriverError(RuntimeError):
 
 
 class Browser:
-    """One headless chromium session through a chromedriver child process."""
+    """One headless chromium session through chromedriver. Chromium is started here, as a
+    child of the test's process, and chromedriver attaches to it: chromium started by
+    chromedriver outlived a killed test worker (its parent, chromedriver, died of the
+    worker's parent-death signal and chromium went on; tests/support/children.py)."""
 
     def __init__(self, chromium: str, chromedriver: str, workdir: Path):
+        self.log = (workdir / "chromedriver.log").open("w")
+        self.browser_log = (workdir / "chromium.log").open("w")
+        profile = workdir / "chromium-profile"
+        # --remote-debugging-port=0: chromium picks a free port and writes it to
+        # DevToolsActivePort in its profile dir
+        self.browser = subprocess.Popen(
+            [chromium, *CHROMIUM_ARGS, f"--user-data-dir={profile}",
+             "--remote-debugging-port=0", "about:blank"],
+            stdout=self.browser_log, stderr=subprocess.STDOUT)
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         self.base = f"http://127.0.0.1:{port}"
-        self.log = (workdir / "chromedriver.log").open("w")
         self.proc = subprocess.Popen([chromedriver, f"--port={port}"], stdout=self.log,
                                      stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 30
@@ -65,9 +76,14 @@ class Browser:
                 self.quit()
                 raise RuntimeError(f"chromedriver did not start; see {workdir}/chromedriver.log")
             time.sleep(0.1)
+        devtools = profile / "DevToolsActivePort"
+        while not devtools.exists() or not devtools.read_text().strip():
+            if time.monotonic() > deadline or self.browser.poll() is not None:
+                self.quit()
+                raise RuntimeError(f"chromium did not start; see {workdir}/chromium.log")
+            time.sleep(0.1)
         caps = {"browserName": "chrome", "goog:chromeOptions": {
-            "binary": chromium,
-            "args": [*CHROMIUM_ARGS, f"--user-data-dir={workdir / 'chromium-profile'}"]}}
+            "debuggerAddress": f"127.0.0.1:{devtools.read_text().split()[0]}"}}
         try:
             self.session = self._call("POST", "/session",
                                       {"capabilities": {"alwaysMatch": caps}})["sessionId"]
@@ -146,15 +162,17 @@ class Browser:
         self._s("POST", "/window/rect", {"width": width, "height": height})
 
     def quit(self) -> None:
-        """End the session and chromedriver."""
+        """End the session, chromedriver and chromium."""
         if getattr(self, "session", None):
             with contextlib.suppress(OSError, WebDriverError):
                 self._s("DELETE", "")
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        for proc in (self.proc, self.browser):
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
         self.log.close()
+        self.browser_log.close()

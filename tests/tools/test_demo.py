@@ -16,6 +16,7 @@ import pytest
 from support.under_test import child_env
 
 
+@pytest.mark.timeout(300)  # 43 s on a loaded 2-core box (docs/testing-timing.md)
 def test_demo_runs_and_reports(tmp_path):
     xdg = tmp_path / "xdg-cache"  # the user's cache, as XDG_CACHE_HOME names it
     logs = xdg / "edgerun" / "demo"

@@ -23,6 +23,10 @@ from support.wheel_build import build_wheel
 
 from runtime.tools import install
 
+# The module's venv and install (its fixtures) land on whichever test first asks for them:
+# 36 s of setup on a loaded 2-core box (docs/testing-timing.md)
+pytestmark = pytest.mark.timeout(300)
+
 ROOT = Path(__file__).resolve().parents[2]
 EXE = "/opt/edgerun/venv/bin/edgerun"
 needs_systemd = pytest.mark.skipif(
