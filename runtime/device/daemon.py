@@ -467,6 +467,9 @@ class Daemon:
         return Constraints(latency_ms=c.end_to_end_ms or self._target(key)[0],
                            percentile=c.percentile, accuracy_floor=c.accuracy_floor,
                            end_to_end_ms=c.end_to_end_ms,
+                           # accelerators ranked at the rate frames are offered, not back to
+                           # back (runtime/choice/at_rate.py)
+                           rate_hz=self.cfg.governor.rate_hz,
                            frame=self.model.frame_costs(self.pipeline, self.box_energy,
                                                          self.device.power.idle_w,
                                                          self.cfg.governor.rate_hz)
