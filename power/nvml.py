@@ -14,6 +14,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
+from power.accel_throttle import DeviceState, from_nvml_reasons
 from power.meter_resolution import NVML_POWER_AVERAGING_S, Resolution, measure_period
 from power.sensors import IntegratingMeter, SensorError
 
@@ -73,6 +74,21 @@ class NvmlMeter:
             return float(self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._handle))
         except self._nvml.NVMLError as e:
             raise SensorError(f"NVML reading of GPU {self.index} ({self.name}): {e}") from e
+
+    def clock_state(self) -> DeviceState | None:
+        """Whether the GPU's clocks are held down now (power/accel_throttle.py), from NVML's
+        clock-event reasons (the older name, clocks throttle reasons, on older bindings);
+        None when NVML cannot say."""
+        for name in ("nvmlDeviceGetCurrentClocksEventReasons",
+                     "nvmlDeviceGetCurrentClocksThrottleReasons"):
+            fn = getattr(self._nvml, name, None)
+            if fn is None:
+                continue
+            try:
+                return from_nvml_reasons(int(fn(self._handle)))
+            except self._nvml.NVMLError:
+                return None
+        return None
 
     def energy_j(self) -> float:
         """Cumulative joules; SensorError when NVML stops answering."""

@@ -37,7 +37,7 @@ from power import control
 from power.box_energy import BoxEnergy
 from power.cputime import named_threads_cpu_s
 from power.device import DeviceProfile
-from power.nvml import gpu_meters
+from power.nvml import gpu_meters, meter_for
 from power.rungs import Rung, with_other
 from power.sensors import Reading, SensorSet, detect_meter
 from power.thermal_source import ThermalSource
@@ -658,11 +658,17 @@ class Daemon:
         if self.sim:
             return
         why, slow = self.profiler.due(temp, self.pipeline, self.model, self.cfg.daemon,
-                                       self.live_energy_j())
+                                       self.live_energy_j(), self._device_state)
         if slow:
             self.event("slow_inference", "warning", **slow)
         if why:
             self.reprofile(why)
+
+    def _device_state(self, actual_device: str) -> Any:
+        """What the accelerator a session reports says of its clocks (NVML's clock-event
+        reasons; power/accel_throttle.py), or None when no meter covers it."""
+        m = meter_for(self.gpu_meters, actual_device)
+        return m.clock_state() if m is not None else None
 
     def reprofile(self, why: str) -> None:
         """Measure every variant again in the background and rebuild the ladder."""
