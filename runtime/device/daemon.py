@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from power import control
+from power.accel_throttle import read_devfreq
 from power.box_energy import BoxEnergy
 from power.cputime import named_threads_cpu_s
 from power.device import DeviceProfile
@@ -666,9 +667,12 @@ class Daemon:
 
     def _device_state(self, actual_device: str) -> Any:
         """What the accelerator a session reports says of its clocks (NVML's clock-event
-        reasons; power/accel_throttle.py), or None when no meter covers it."""
+        reasons, else the profile's GPU devfreq; power/accel_throttle.py), or None."""
         m = meter_for(self.gpu_meters, actual_device)
-        return m.clock_state() if m is not None else None
+        if m is not None:
+            return m.clock_state()
+        devfreq = self.device.sensors.gpu_devfreq if self.device else ""  # a SoC GPU: devfreq
+        return read_devfreq(Path(self.cfg.device.sysfs_root) / devfreq) if devfreq else None
 
     def reprofile(self, why: str) -> None:
         """Measure every variant again in the background and rebuild the ladder."""
