@@ -10,7 +10,16 @@ estimated; neither: left out, saying why). Prints the selector's choice at a tig
 latency target and the energy ratio GPU/CPU (best variant of each) per model. Side by side in
 one run; bounded (about 1-3 minutes on 2 cores, well under 8 on a GPU server).
 
+Per variant it prints the back-to-back energy, the energy at 5 and 20 Hz (back to back +
+the device's measured gap power x the gap, runtime/choice/at_rate.py) and the meter's
+resolution, then the choice at each target at each rate.
+
+`--fake-gpu` (no GPU here): the OpenCL device (pocl on the CPU) stands in for a GPU behind
+the tests' fake NVML (counter ticking every 100 ms, 40 W above idle held for 5 s after a
+kernel): it checks the plumbing, not a GPU's numbers. The real-GPU run is still to do.
+
 Usage: python bench/accelerator.py [--profile NAME] [--time-budget 0.5] [--json OUT]
+       [--fake-gpu]
 """
 
 from __future__ import annotations
@@ -27,9 +36,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from power.accelerators import on_host
+from power.accelerators import AcceleratorPower, on_host
 from power.nvml import gpu_meters
 from power.sensors import detect_meter
+from runtime.choice import at_rate
 from runtime.choice.profiler import Profiler, model_files, plan
 from runtime.choice.selector import Constraints, NoVariantError, select
 from runtime.config import (
@@ -86,6 +96,28 @@ def conv_net(path: Path, hw: int = 224, width: int = 32, blocks: int = 4) -> Pat
     return path
 
 
+def _fake_gpu():
+    """(fake pynvml, fake GPU) from the tests' support (the hardware boundary)."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from support.fake_gpu import FakeGpu, FakeNvml
+
+    gpu = FakeGpu(idle_w=20.0, busy_w=65.0, hold_w=60.0, hold_s=5.0, tick_s=0.1)
+    return FakeNvml([gpu]), gpu
+
+
+def _on_fake(backend, gpu):
+    """`backend` whose sessions run as kernels of the fake GPU (pocl does the work)."""
+    from support.fake_gpu import GpuSession
+
+    class OnFake(type(backend)):
+        def load(self, variant):
+            return GpuSession(backend.load(variant), gpu)
+
+    b = OnFake.__new__(OnFake)
+    b.__dict__.update(backend.__dict__)
+    return b
+
+
 def main() -> int:
     """List devices and meters, profile both models everywhere, print choices and ratios."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -93,18 +125,25 @@ def main() -> int:
                     "when NVML finds a GPU, else generic-x86)")
     ap.add_argument("--time-budget", type=float, default=0.5, help="seconds per variant")
     ap.add_argument("--json", type=Path, help="also write every profile here")
+    ap.add_argument("--fake-gpu", action="store_true", help="pocl's OpenCL device behind the "
+                    "tests' fake NVML (module doc): the plumbing, not a GPU's numbers")
     a = ap.parse_args()
     t_start = time.monotonic()
-    gpus = gpu_meters()
+    fake = _fake_gpu() if a.fake_gpu else None
+    gpus = gpu_meters(fake[0]) if fake else gpu_meters()
     device = load_profile(a.profile or ("x86-nvidia-gpu" if gpus else "generic-x86"))
     host = detect_meter(Path("/"), device)
     cfg = BackendsConfig(enabled=("onnxruntime", "openvino", "opencl"),
                          onnxruntime=OnnxRuntimeConfig(spinning=(False,), include_default=False),
                          openvino=OpenVinoConfig(precision_hints=("f32",)))
     backends = discover(cfg)
+    accelerators = device.accelerators
+    if fake:
+        backends = [_on_fake(b, fake[1]) if b.name == "opencl" else b for b in backends]
+        accelerators = (AcceleratorPower("NVIDIA", "GPU", 20.0, 65.0, "assumed"),)
     print(f"device profile: {device.name}; host meter: {host.source} ({host.where})")
     for g in gpus:
-        print(f"GPU meter: nvml: {g.where}")
+        print(f"GPU meter: nvml: {g.where}; {g.resolution().describe()}")
     if not gpus:
         print("GPU meter: none (no NVML or no NVIDIA GPU): GPU variants are billed the "
               "profile's [[accelerators]] busy power, or left out")
@@ -124,18 +163,24 @@ def main() -> int:
     prof = Profiler(ProfilerConfig(time_budget_s=a.time_budget, min_runs=10, max_runs=2000,
                                    cache_dir=str(tmp / "cache")), host, device.name,
                     active_w_per_core=device.power.active_w_per_core,
-                    accelerators=device.accelerators, gpu_meters=gpus)
+                    accelerators=accelerators, gpu_meters=gpus)
     out = []
     for label, mcfg in models.items():
         forms = [f for f in model_files(mcfg) if f.precision == "fp32"]
         rows = [prof.profile(b, d, v, fresh=True) for b, d, v in plan(backends, forms,
                                                                      threads, cfg)]
         print(f"\n== {label}")
-        print(f"{'variant':<58} {'device':<34} {'p95 ms':>8} {'mJ/inf':>9}  source")
+        print(f"{'variant':<58} {'device':<34} {'p95 ms':>8} {'mJ b2b':>9} {'@5 Hz':>9} "
+              f"{'@20 Hz':>9}  source; gap power; meter error")
         for p in sorted(rows, key=lambda p: (not p.ok, p.energy_mj)):
             if p.ok:
+                gap = (f"{p.gap_w:.1f} W ({p.gap_source})" if p.gap_w == p.gap_w
+                       else "host: idles between frames" if on_host(p.actual_device)
+                       else "gap power unknown")
+                q = f"{p.energy_q:.1%}" if p.energy_q == p.energy_q else "n/a"
                 print(f"{p.variant_id:<58} {p.actual_device[:34]:<34} {p.p95_ms:>8.2f} "
-                      f"{p.energy_mj:>9.3f}  {p.energy_source}")
+                      f"{p.energy_mj:>9.3f} {at_rate.per_inference_mj(p, 5.0):>9.3f} "
+                      f"{at_rate.per_inference_mj(p, 20.0):>9.3f}  {p.energy_source}; {gap}; {q}")
             else:
                 print(f"{p.variant_id:<58} left out: {p.error}")
         ok = [p for p in rows if p.ok]
@@ -143,12 +188,14 @@ def main() -> int:
         gpu = [p for p in ok if not on_host(p.actual_device)]
         fastest = min((p.p95_ms for p in ok), default=0.0)
         for name, target in (("tight", fastest * 1.2), ("loose", fastest * 10)):
-            try:
-                c = select(rows, Constraints(latency_ms=max(target, 0.01)))
-                print(f"choice at {name} target {target:.2f} ms: {c.profile.variant_id} "
-                      f"({c.profile.actual_device}): {c.reason}")
-            except NoVariantError as e:
-                print(f"choice at {name} target {target:.2f} ms: none ({e})")
+            for rate in (0.0, 5.0, 20.0):
+                at = f"{rate:g} Hz" if rate else "back to back"
+                try:
+                    c = select(rows, Constraints(latency_ms=max(target, 0.01), rate_hz=rate))
+                    print(f"choice at {name} target {target:.2f} ms, {at}: "
+                          f"{c.profile.variant_id} ({c.profile.actual_device}): {c.reason}")
+                except NoVariantError as e:
+                    print(f"choice at {name} target {target:.2f} ms, {at}: none ({e})")
         if cpu and gpu:
             best_c = min(cpu, key=lambda p: p.energy_mj)
             best_g = min(gpu, key=lambda p: p.energy_mj)

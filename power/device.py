@@ -41,6 +41,12 @@ class SensorPaths:
     # INA3221 channel label of the board's input rail (P = V*I); empty: probe "VDD_IN"
     # (Jetson Orin) then "POM_5V_IN" (Jetson Nano).
     ina3221_rail: str = ""
+    # INA3221 rails reported one by one (power/ina3221.py), e.g. VDD_IN, VDD_CPU_GPU_CV,
+    # VDD_SOC on Jetson Orin; empty: none
+    ina3221_rails: tuple[str, ...] = ()
+    # the GPU's devfreq directory (cur_freq/max_freq, Hz; power/accel_throttle.py), e.g.
+    # "sys/class/devfreq/17000000.gpu"; empty: none
+    gpu_devfreq: str = ""
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,8 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
+from power.accel_throttle import DeviceState, from_nvml_reasons
+from power.meter_resolution import NVML_POWER_AVERAGING_S, Resolution, measure_period
 from power.sensors import IntegratingMeter, SensorError
 
 log = logging.getLogger(__name__)
@@ -40,12 +42,53 @@ class NvmlMeter:
         # an integrating meter is only as good as how often it is read: read it per inference
         self.needs_samples = self._integrating is not None
         self.where = f"GPU {index} ({self.name}): {self.counter}"
+        self._clock = clock
+        self._resolution: Resolution | None = None
 
     def _power_w(self) -> float:
         try:
             return self._nvml.nvmlDeviceGetPowerUsage(self._handle) / 1e3
         except self._nvml.NVMLError as e:
             raise SensorError(f"NVML power of GPU {self.index} ({self.name}): {e}") from e
+
+    def resolution(self) -> Resolution:
+        """How fine this meter is, measured once (power/meter_resolution.py): the counter's
+        update period by polling it (~0.5 s on a 100 ms counter); for power samples, the
+        reading's update period by polling it, plus NVML's documented 1 s averaging."""
+        if self._resolution is None:
+            if self._integrating is None:
+                self._resolution = measure_period(self.counter_mj, clock=self._clock)
+            else:
+                r = measure_period(self._power_w, clock=self._clock)
+                self._resolution = Resolution(
+                    r.period_s, NVML_POWER_AVERAGING_S, "measured",
+                    f"{r.note}; averaging documented (NVML, Ampere and later)")
+        return self._resolution
+
+    def counter_mj(self) -> float:
+        """The raw reading that changes when the device updates it: the energy counter in mJ,
+        or (power samples) the power in mW. SensorError when NVML stops answering."""
+        try:
+            if self._integrating is not None:
+                return float(self._nvml.nvmlDeviceGetPowerUsage(self._handle))
+            return float(self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._handle))
+        except self._nvml.NVMLError as e:
+            raise SensorError(f"NVML reading of GPU {self.index} ({self.name}): {e}") from e
+
+    def clock_state(self) -> DeviceState | None:
+        """Whether the GPU's clocks are held down now (power/accel_throttle.py), from NVML's
+        clock-event reasons (the older name, clocks throttle reasons, on older bindings);
+        None when NVML cannot say."""
+        for name in ("nvmlDeviceGetCurrentClocksEventReasons",
+                     "nvmlDeviceGetCurrentClocksThrottleReasons"):
+            fn = getattr(self._nvml, name, None)
+            if fn is None:
+                continue
+            try:
+                return from_nvml_reasons(int(fn(self._handle)))
+            except self._nvml.NVMLError:
+                return None
+        return None
 
     def energy_j(self) -> float:
         """Cumulative joules; SensorError when NVML stops answering."""

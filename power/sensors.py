@@ -21,7 +21,8 @@ from typing import Protocol
 
 from power.cputime import inference_cpu_s
 from power.device import DeviceProfile
-from power.sysfs import SensorError, hwmon_dirs, read_int, read_str, rel
+from power.ina3221 import channels
+from power.sysfs import SensorError, read_int, rel
 from power.thermal_source import ThermalSource, discover_thermal
 
 # Names other modules import from here although they live in power.sysfs / thermal_source.
@@ -125,19 +126,9 @@ def find_ina3221_rail(root: Path, rails: tuple[str, ...] = INA3221_RAILS) -> tup
     raises SensorError naming the devices and labels seen."""
     seen: list[str] = []
     chans: dict[str, tuple[Path, int]] = {}
-    for d in hwmon_dirs(root):
-        try:
-            if read_str(d / "name") != "ina3221":
-                continue
-        except SensorError:
-            continue
-        for n in (1, 2, 3):  # in[123]_label: the three channels (in4..7 are shunt voltages)
-            try:
-                label = read_str(d / f"in{n}_label")
-            except SensorError:
-                continue
-            seen.append(f"{rel(root, d)} in{n} {label}")
-            chans.setdefault(label, (d, n))
+    for label, d, n in channels(root):
+        seen.append(f"{rel(root, d)} in{n} {label}")
+        chans.setdefault(label, (d, n))
     for rail in rails:
         if rail in chans:
             d, n = chans[rail]

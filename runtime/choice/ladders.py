@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from power.rungs import Rung
+from runtime.choice import at_rate
 from runtime.choice.box import BoxFigure, configurations, energy_key
 from runtime.choice.selector import (
     Choice,
@@ -34,6 +35,7 @@ from runtime.choice.selector import (
     box_latency,
     effective_accuracy,
     frontier,
+    inference_rate,
     meets_box,
     select,
 )
@@ -70,6 +72,8 @@ def ladder_for(profiles: Sequence[Profile], c: Constraints) -> tuple[list[Rung],
 def build_ladder(profiles: Sequence[Profile], c: Constraints) -> Ladder:
     """The ladder for `c` (see module doc) with each rung's preprocessing path when the box
     chose it. Raises NoVariantError when nothing can run."""
+    # every rung at the served rate, as the selector ranks (runtime/choice/at_rate.py)
+    profiles = at_rate.served(profiles, inference_rate(c))
     choice = select(profiles, c)
     if c.by_box:
         rungs, paths = _box_rungs(profiles, c, choice)

@@ -35,6 +35,7 @@ from power.cputime import inference_cpu_s
 from power.nvml import NvmlMeter, meter_for
 from power.sensors import PowerMeter, SensorError
 from runtime import __version__
+from runtime.choice.accel_window import MAX_WINDOW_S, AccelWindow
 from runtime.choice.refine import (
     NOISE_FLOOR,
     RoundSettings,
@@ -67,7 +68,8 @@ log = logging.getLogger(__name__)
 # 5: a failure's error names the model file as MODEL_PATH (issue 32: an entry is keyed by the
 #    file's content, so a cache shared by two checkouts reported the other one's path); a
 #    schema 4 entry has another key, so it is a miss, measured again
-CACHE_SCHEMA = 5
+# 6: accelerator windows sized to the meter's resolution; gap_w, energy_q (issue 34)
+CACHE_SCHEMA = 6
 MODEL_PATH = "{model file}"  # stands for the model file's path in a cached failure's error
 KNOWN_FAILURE = "known-failure"  # the stage of a failure read back from the cache
 STAGES = ("quick", "refined", "full")  # by round of runtime.choice.refine.rounds
@@ -106,12 +108,16 @@ class Profiler:
                  progress: Callable[[str], None] | None = None,
                  active_w_per_core: float = 1.0,
                  accelerators: Sequence[accel_mod.AcceleratorPower] = (),
-                 gpu_meters: Sequence[NvmlMeter] = ()):
+                 gpu_meters: Sequence[NvmlMeter] = (),
+                 on_event: Callable[[str, str, dict], None] | None = None):
         self._cfg, self._meter = cfg, meter
         # a variant on an accelerator is billed host CPU + the accelerator (power/accelerators)
         self._accelerators = tuple(accelerators)
         self._gpu_meters = list(gpu_meters)
         self._gpu_idle_w: dict[int, float] = {}
+        # per GPU: W above idle in the gap after a kernel, and how it was obtained
+        self._gpu_gap: dict[int, tuple[float | None, str]] = {}
+        self._event = on_event or (lambda kind, level, data: log.warning("%s: %s", kind, data))
         # W per CPU-second for the estimate (and a real meter's fallback): the estimated
         # meter's own coefficient when that is the meter
         self._active_w = getattr(meter, "active_w_per_core", active_w_per_core)
@@ -209,15 +215,29 @@ class Profiler:
 
     # -- measuring -----------------------------------------------------------------------
     def idle_w(self) -> float:
-        """Idle power of the device, measured once per run (sampled every 50 ms)."""
+        """Idle power of the device, measured once per run (sampled every 50 ms), with every
+        GPU meter's idle power over the same window, before any variant ran (a GPU keeps its
+        active-idle power for seconds after a kernel: measured after one, its "idle" was the
+        active-idle power). The window is long enough for each GPU meter's resolution
+        (power/meter_resolution.py; measured here first)."""
         if self._idle_w is None:
+            span = self._cfg.idle_baseline_s
+            for m in self._gpu_meters:
+                span = max(span, min(m.resolution().min_window_s(), MAX_WINDOW_S))
             t0, e0 = time.perf_counter(), self._meter.energy_j()
-            end = t0 + self._cfg.idle_baseline_s
+            g0 = [m.energy_j() for m in self._gpu_meters]
+            end = t0 + span
             while time.perf_counter() < end:
                 time.sleep(0.05)
                 if self._poll:
                     self._meter.energy_j()
-            self._idle_w = (self._meter.energy_j() - e0) / (time.perf_counter() - t0)
+                for m in self._gpu_meters:
+                    if m.needs_samples:
+                        m.energy_j()
+            t1 = time.perf_counter()
+            self._idle_w = (self._meter.energy_j() - e0) / (t1 - t0)
+            for m, e in zip(self._gpu_meters, g0, strict=True):
+                self._gpu_idle_w[id(m)] = (m.energy_j() - e) / (t1 - t0)
         return self._idle_w
 
     def _gpu_meter(self, actual_device: str) -> NvmlMeter | None:
@@ -227,12 +247,8 @@ class Profiler:
             return None
         m = meter_for(self._gpu_meters, actual_device)
         if m is not None and id(m) not in self._gpu_idle_w:
-            t0, e0 = time.perf_counter(), m.energy_j()
-            end = t0 + self._cfg.idle_baseline_s
-            while time.perf_counter() < end:
-                time.sleep(0.05)
-                m.energy_j()  # an integrating meter needs samples
-            self._gpu_idle_w[id(m)] = (m.energy_j() - e0) / (time.perf_counter() - t0)
+            self._idle_w = None
+            self.idle_w()  # a meter added after the baseline: measured again, all together
         return m
 
     def profile(self, backend: Backend, device: Device, v: Variant,
@@ -285,14 +301,20 @@ class Profiler:
         if not np.all(np.isfinite(out)):
             raise BackendError(v.engine, v.model.path, "output has NaN or Inf values")
         lat_ns: list[int] = []
-        wall = cpu = energy = gpu_energy = 0.0
+        wall = cpu = energy = 0.0
         gpu = self._gpu_meter(session.actual_device)
+        # the GPU's window spans every chunk, sized to its meter and aligned to its ticks
+        win = AccelWindow(gpu) if gpu is not None else None
         done = False
+        try:
+            if win is not None:
+                win.start()
+        except SensorError as e:
+            raise BackendError(v.engine, v.model.path, f"power meter failed: {e}") from e
         while not done:
             with gate():
                 try:
                     e0 = self._meter.energy_j()
-                    g0 = gpu.energy_j() if gpu is not None else 0.0
                 except SensorError as e:
                     raise BackendError(v.engine, v.model.path,
                                        f"power meter failed: {e}") from e
@@ -303,12 +325,12 @@ class Profiler:
                     lat_ns.append(time.perf_counter_ns() - t)
                     if self._poll:
                         self._meter.energy_j()
-                    if gpu is not None and gpu.needs_samples:
-                        gpu.energy_j()  # an integrating GPU meter needs samples
+                    long_enough = win is None or win.enough()
                     n, now = len(lat_ns), time.perf_counter()
                     elapsed = wall + now - t0  # measuring time only, not the gaps
-                    if n >= s.max_runs or (n >= s.min_runs and elapsed >= s.time_budget_s) \
-                            or (elapsed >= 4 * s.time_budget_s and n >= 3):
+                    if long_enough and (
+                            n >= s.max_runs or (n >= s.min_runs and elapsed >= s.time_budget_s)
+                            or (elapsed >= 4 * s.time_budget_s and n >= 3)):
                         done = True
                         break
                     if now - t0 >= chunk_s:
@@ -316,8 +338,6 @@ class Profiler:
                 wall += time.perf_counter() - t0
                 cpu += max(inference_cpu_s() - c0, 0.0)
                 energy += self._meter.energy_j() - e0
-                if gpu is not None:
-                    gpu_energy += gpu.energy_j() - g0
             if not done:
                 time.sleep(GAP_S)
         n = len(lat_ns)
@@ -337,21 +357,58 @@ class Profiler:
             # never free. Fall back to the CPU-time estimate, labelled as such.
             per_inf_mj = cpu / n * self._active_w * 1e3
             source = f"{source}+estimated"
+        metered = self._metered(win, v) if win is not None else None
+        gpu_j, gpu_wall = metered if metered is not None else (None, wall)
         b = accel_mod.bill(n, per_inf_mj * n, source, session.actual_device, busy_s=wall,
-                           accelerators=self._accelerators,
-                           metered_j=gpu_energy if gpu is not None else None,
-                           meter_idle_w=self._gpu_idle_w.get(id(gpu)), wall_s=wall)
+                           accelerators=self._accelerators, metered_j=gpu_j,
+                           meter_idle_w=self._gpu_idle_w.get(id(gpu)), wall_s=gpu_wall)
         if b.energy_mj is None:  # never billed as free: left out of the choice, saying why
             raise BackendError(v.engine, v.model.path, b.reason)
         per_inf_mj, source = b.energy_mj, b.source
         stage = "full" if s.final else "quick"
+        gap_w, gap_source = self._gap(win, gpu) if metered is not None else (math.nan, "")
+        q = win.error() if metered is not None else math.nan
+        ci = mean_ci(samples)
         return Profile(
             v.id, v.model.name, v.precision, v.engine, v.device, v.threads,
             actual_device=session.actual_device, p50_ms=p50, p95_ms=p95, p99_ms=p99, runs=n,
             energy_mj=per_inf_mj, energy_source=source, cpu_ms=cpu / n * 1e3,
             accuracy=v.model.accuracy, options=dict(v.options), stage=stage,
-            energy_ci=mean_ci(samples), latency_ci=percentile_ci(samples, 95),
+            energy_ci=ci + q if q == q else ci, latency_ci=percentile_ci(samples, 95),
+            gap_w=gap_w, gap_source=gap_source, energy_q=q,
         )
+
+    def _metered(self, win: AccelWindow, v: Variant) -> tuple[float, float] | None:
+        """(J, s) over the accelerator's window, or None when its readings cannot be
+        trusted (power/meter_trust.py): then the bill falls back to the labelled estimate,
+        with one event."""
+        try:
+            got = win.finish()
+            why = win.problem()
+        except SensorError as e:
+            got, why = None, str(e)
+        if why is None:
+            return got
+        self._event("accelerator_meter_distrusted", "warning",
+                    {"meter": win.meter.where, "variant": v.id, "error": why[:300],
+                     "detail": "billed the estimate ([[accelerators]]) instead"})
+        return None
+
+    def _gap(self, win: AccelWindow, gpu: NvmlMeter | None) -> tuple[float, str]:
+        """The GPU's power above idle in the gap after a kernel, measured once per GPU
+        right after its first trusted window (NaN with a label when it could not be)."""
+        key = id(gpu)
+        if key not in self._gpu_gap:
+            try:
+                w = win.gap_w(self._gpu_idle_w[key])
+            except SensorError as e:
+                w = None
+                log.info("gap power of %s not measured: %s", win.meter.where, e)
+            how = (f"nvml: measured over {win.need_s:.1f} s after a kernel"
+                   if w is not None else "unknown: the meter did not move after a kernel")
+            self._gpu_gap[key] = (w, how)
+        w, how = self._gpu_gap[key]
+        return (w if w is not None else math.nan), how
 
 
 Work = list[tuple[Backend, Device, Variant]]

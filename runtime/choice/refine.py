@@ -21,6 +21,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from runtime.choice import at_rate
 from runtime.choice.box import configurations
 from runtime.choice.selector import (
     AUTO_TOLERANCE,
@@ -31,6 +32,7 @@ from runtime.choice.selector import (
     box_latency,
     box_target,
     effective_accuracy,
+    inference_rate,
     keeps_up,
     select,
 )
@@ -161,6 +163,7 @@ def keep(profiles: Sequence[Profile], c: Constraints, floor: float = NOISE_FLOOR
     fastest when none surely meets it) or a ladder rung below it (on the accuracy/energy
     frontier, meeting the target, no dearer than the choice). Failed variants and those of
     unknown accuracy are never kept: the selector cannot pick them. Pure."""
+    profiles = at_rate.served(profiles, inference_rate(c))  # ranked as the selector ranks
     known = [p for p in profiles if p.ok and effective_accuracy(p) is not None
              and not math.isnan(p.energy_mj)]
     if not known:
@@ -254,6 +257,7 @@ def finalists(profiles: Sequence[Profile], c: Constraints, floor: float = NOISE_
     compared on the combined numbers (`combine`). Empty when there is nothing to settle:
     one candidate, a choice not measured at full length, or no variant meeting the target.
     Pure."""
+    profiles = at_rate.served(profiles, inference_rate(c))
     try:
         sel = select(profiles, c)
     except NoVariantError:

@@ -21,6 +21,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from runtime.choice import at_rate, provisional
 from runtime.choice.box import BoxFigure, FrameCosts, configurations, describe, energy_key
 
 
@@ -52,6 +53,16 @@ class Profile:
     # relative half-widths of ~95 % intervals from the samples' spread (runtime.choice.refine)
     energy_ci: float = math.nan  # of the energy per inference (a mean)
     latency_ci: float = math.nan  # of the p95 latency
+    # accelerators (issue 34): W above the device's idle floor in the gap after a kernel,
+    # which a frame at a cadence pays for the gap's length (runtime/choice/at_rate.py), and
+    # how it was obtained; NaN on the host CPU (its cores idle between frames) or unknown
+    gap_w: float = math.nan
+    gap_source: str = ""
+    energy_q: float = math.nan  # the meter's quantisation error of energy_mj (relative)
+    # set by runtime/choice/at_rate.py: energy_mj is per inference at this rate (0: back to
+    # back, as measured) and the back-to-back figure it was derived from
+    at_rate_hz: float = 0.0
+    back_to_back_mj: float = math.nan
 
     @property
     def ok(self) -> bool:
@@ -73,6 +84,9 @@ class Constraints:
     # frame in to durable result at the percentile, per frame; None: judged on latency_ms
     end_to_end_ms: float | None = None
     frame: FrameCosts | None = None  # the stages around inference; None: the model alone
+    # frames offered per second (0: not known, or a backlog): accelerators are ranked by
+    # their energy at this rate (runtime/choice/at_rate.py); `frame.rate_hz` when frame is set
+    rate_hz: float = 0.0
 
     @property
     def by_box(self) -> bool:
@@ -115,7 +129,7 @@ def select(profiles: Sequence[Profile], c: Constraints) -> Choice:
     If none meets the latency target, the fastest accurate-enough variant, and the reason says
     so. If none reaches the accuracy floor, the most accurate one, and the reason says so.
     """
-    runnable = [p for p in profiles if p.ok]
+    runnable = at_rate.served([p for p in profiles if p.ok], inference_rate(c))
     if not runnable:
         raise NoVariantError(f"none of {len(profiles)} variants could be loaded and run")
     known = [p for p in runnable if effective_accuracy(p) is not None]
@@ -141,10 +155,18 @@ def select(profiles: Sequence[Profile], c: Constraints) -> Choice:
                       f"no variant meets {pct} <= {c.latency_ms:g} ms; running the fastest, "
                       f"{fastest.variant_id} ({pct} {fastest.latency(c.percentile):.2f} ms)")
     best = min(meeting, key=lambda p: (_energy_key(p), p.latency(c.percentile), p.variant_id))
+    best, note = provisional.settle(best, meeting, lambda p: p, lambda p: p.energy_mj)
     return Choice(best, True,
                   f"{best.variant_id}: lowest energy ({best.energy_mj:.3f} mJ/inference, "
-                  f"{best.energy_source}) of {len(meeting)} variants meeting {pct} <= "
-                  f"{c.latency_ms:g} ms ({pct} {best.latency(c.percentile):.2f} ms)")
+                  f"{at_rate.label(best)}) of {len(meeting)} variants meeting {pct} <= "
+                  f"{c.latency_ms:g} ms ({pct} {best.latency(c.percentile):.2f} ms){note}")
+
+
+def inference_rate(c: Constraints) -> float:
+    """Inferences per second the constraints' offered rate implies (0: back to back)."""
+    rate = c.frame.rate_hz if c.frame is not None and c.frame.rate_hz > 0 else c.rate_hz
+    tiles = max(c.frame.tiles, 1) if c.frame is not None else 1
+    return rate * tiles if rate > 0 else 0.0
 
 
 def _select_box(eligible: Sequence[Profile], c: Constraints) -> Choice:
@@ -165,9 +187,13 @@ def _select_box(eligible: Sequence[Profile], c: Constraints) -> Choice:
                       f"the fastest, {_name(f)}: {describe(f, costs)}", f)
     p, f = min(meeting, key=lambda x: (energy_key(x[1]), box_latency(*x, c), x[0].variant_id,
                                        x[1].pre_path))
+    # a provisional accelerator figure's interval is taken on the whole box figure: wider
+    # than its model share's, so it leans to the CPU, as it should until refined
+    (p, f), note = provisional.settle((p, f), meeting, lambda x: x[0], lambda x: x[1].box_mj)
     return Choice(p, True,
                   f"{_name(f)}: lowest box energy of {len(meeting)} configurations meeting "
-                  f"{pct} {what} <= {target:g} ms: {describe(f, costs)}", f)
+                  f"{pct} {what} <= {target:g} ms: {describe(f, costs)}; model "
+                  f"{at_rate.label(p)}{note}", f)
 
 
 def box_costs(c: Constraints) -> FrameCosts:

@@ -34,10 +34,11 @@ from pathlib import Path
 from typing import Any
 
 from power import control
+from power.accel_throttle import read_devfreq
 from power.box_energy import BoxEnergy
 from power.cputime import named_threads_cpu_s
 from power.device import DeviceProfile
-from power.nvml import gpu_meters
+from power.nvml import gpu_meters, meter_for
 from power.rungs import Rung, with_other
 from power.sensors import Reading, SensorSet, detect_meter
 from power.thermal_source import ThermalSource
@@ -491,6 +492,9 @@ class Daemon:
         return Constraints(latency_ms=c.end_to_end_ms or self._target(key)[0],
                            percentile=c.percentile, accuracy_floor=c.accuracy_floor,
                            end_to_end_ms=c.end_to_end_ms,
+                           # accelerators ranked at the rate frames are offered, not back to
+                           # back (runtime/choice/at_rate.py)
+                           rate_hz=self.cfg.governor.rate_hz,
                            frame=self.model.frame_costs(self.pipeline, self.box_energy,
                                                          self.device.power.idle_w,
                                                          self.cfg.governor.rate_hz)
@@ -679,11 +683,20 @@ class Daemon:
         if self.sim:
             return
         why, slow = self.profiler.due(temp, self.pipeline, self.model, self.cfg.daemon,
-                                       self.live_energy_j())
+                                       self.live_energy_j(), self._device_state)
         if slow:
             self.event("slow_inference", "warning", **slow)
         if why:
             self.reprofile(why)
+
+    def _device_state(self, actual_device: str) -> Any:
+        """What the accelerator a session reports says of its clocks (NVML's clock-event
+        reasons, else the profile's GPU devfreq; power/accel_throttle.py), or None."""
+        m = meter_for(self.gpu_meters, actual_device)
+        if m is not None:
+            return m.clock_state()
+        devfreq = self.device.sensors.gpu_devfreq if self.device else ""  # a SoC GPU: devfreq
+        return read_devfreq(Path(self.cfg.device.sysfs_root) / devfreq) if devfreq else None
 
     def reprofile(self, why: str) -> None:
         """Measure every variant again in the background and rebuild the ladder."""

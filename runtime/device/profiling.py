@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from power.accel_throttle import DeviceState
 from power.accelerators import on_host
 from runtime.choice.measure import Measured
 from runtime.device.host import Install, Stopping
@@ -110,14 +111,17 @@ class Profiler:
         self.thread.start()
 
     def due(self, temp: float | None, pipeline: Any, model: Any, daemon_cfg: Any,
-            live_j: float | None = None) -> tuple[str | None, dict[str, Any] | None]:
+            live_j: float | None = None,
+            device_state: Callable[[str], DeviceState | None] | None = None
+            ) -> tuple[str | None, dict[str, Any] | None]:
         """(why a re-profile of the [model] is due or None, the `slow_inference` event's
         fields when it runs slower than profiled): the temperature `temp` moved far from the
         profiling one, or inference became slower than profiled (throttling); at most once
         per REPROFILE_EVERY_S, and not while a job runs (the start-up refinement: asked again
         when it ends). `model`: the [model]'s ServedModel; `daemon_cfg`: [daemon]; `live_j`:
         the running variant's live energy per inference (runtime.device.live_energy), from
-        which its CPU time per inference against the profiled one follows."""
+        which its CPU time per inference against the profiled one follows; `device_state`:
+        what the accelerator a session reports says of its clocks (None: nothing to ask)."""
         if time.monotonic() - self.last < REPROFILE_EVERY_S or self.busy():
             return None, None
         a = pipeline.active
@@ -136,9 +140,13 @@ class Profiler:
         alone = mine.alone_ms[-ALONE_SAMPLES:]
         p95 = float(np.percentile(alone, 95)) if alone else None
         prof = model.by_id.get(a.variant_id) if a else None
+        dev = None
+        if prof is not None and device_state is not None \
+                and not on_host(prof.actual_device or prof.device):
+            dev = device_state(prof.actual_device or prof.device)
         why, slow = reprofile_reason(temp, model.temp_c, daemon_cfg.reprofile_temp_delta_c,
                                      p95, prof.latency(95) if prof else None, len(alone),
-                                     daemon_cfg.slow_factor, cpu_ratio(prof, live_j))
+                                     daemon_cfg.slow_factor, cpu_ratio(prof, live_j), dev)
         return why, {"variant": a.variant_id, "p95_ms": p95} if slow else None
 
 
@@ -157,11 +165,14 @@ def cpu_ratio(prof: Any, live_j: float | None) -> float | None:
 
 def reprofile_reason(temp: float | None, profiled_temp: float | None, delta_c: float,
                      p95_ms: float | None, profiled_p95_ms: float | None, results: int,
-                     slow_factor: float, cpu: float | None = None) -> tuple[str | None, bool]:
+                     slow_factor: float, cpu: float | None = None,
+                     device: DeviceState | None = None) -> tuple[str | None, bool]:
     """(why a re-profile is due or None, whether inference is slower than profiled): the
     temperature moved more than `delta_c` from the profiling one, or the model's own p95 over
     `results` recent inferences is `slow_factor` x its profiled p95 (throttling). `cpu`: its
-    CPU time per inference over the profiled one (`cpu_ratio`; None: not known)."""
+    CPU time per inference over the profiled one (`cpu_ratio`; None: not known). `device`: on
+    an accelerator, what the device says of its clocks (power/accel_throttle.py): slow
+    inference on a device not held down is queueing, not throttling."""
     why = None
     if temp is not None and profiled_temp is not None and abs(temp - profiled_temp) > delta_c:
         why = f"temperature {temp:.1f} °C, profiled at {profiled_temp:.1f} °C"
@@ -175,8 +186,13 @@ def reprofile_reason(temp: float | None, profiled_temp: float | None, delta_c: f
     # same figures again, on the CPU the frames need.
     if slow and cpu is not None and cpu <= slow_factor:
         slow = False
+    # an accelerator's clocks say it: not held down, the frames queued (a GPU at 3-4 %
+    # utilisation serving 20 Hz was 1.6x its back-to-back p95, at full clock)
+    if slow and device is not None and not device.throttled:
+        slow = False
     if slow:
         why = (f"p95 {p95_ms:.2f} ms vs {profiled_p95_ms:.2f} ms profiled"
                + (f", CPU time per inference {cpu:.1f}x" if cpu is not None else "")
-               + ": the device is slower than when profiled (throttling?)")
+               + (f": the device is throttled ({device.why})" if device is not None
+                  else ": the device is slower than when profiled (throttling?)"))
     return why, slow

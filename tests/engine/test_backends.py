@@ -167,3 +167,25 @@ def test_an_opencv_variant_for_an_engine_this_opencv_lacks_is_a_clear_error(tiny
     v = Variant(model_file(tiny_model), "fp32", "opencv", "CPU", 1, (("engine", "nosuch"),))
     with pytest.raises(BackendError, match="no nosuch DNN engine"):
         OpenCvBackend().load(v)
+
+
+@pytest.mark.parametrize("device, entries", [
+    ("CPU", {}), ("cpu", {}),
+    ("CUDA", {"session.disable_cpu_ep_fallback": "1"}),
+    ("TensorRT", {"session.disable_cpu_ep_fallback": "1"}),
+    ("OpenVINO", {"session.disable_cpu_ep_fallback": "1"}),
+])
+def test_ort_sessions_off_the_cpu_never_fall_back_to_it(device, entries):
+    from runtime.engine.backends.onnxruntime import no_fallback
+
+    assert no_fallback(device) == entries
+
+
+def test_an_ort_provider_that_cannot_take_the_graph_is_refused_with_the_reason(tiny_model):
+    b = OnnxRuntimeBackend()
+    v = b.variants(model_file(tiny_model), BackendsConfig(), (1,))[0]
+    from dataclasses import replace
+
+    # a provider this ORT lacks: with fallback disabled, no CPU session stands in for it
+    with pytest.raises(BackendError, match="NoSuchDevice"):
+        b.load(replace(v, device="NoSuchDevice"))

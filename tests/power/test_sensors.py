@@ -476,3 +476,37 @@ def test_hwmon_listed_once_when_class_and_i2c_paths_link_the_same_device(tmp_pat
     (tmp_path / "sys/bus/i2c/drivers/ina3221").mkdir(parents=True)
     (tmp_path / "sys/bus/i2c/drivers/ina3221/1-0040").symlink_to(dev)
     assert [rel(tmp_path, d) for d in hwmon_dirs(tmp_path)] == ["sys/class/hwmon/hwmon1"]
+
+
+def test_ina3221_rails_one_by_one_on_the_orin_fixture(tmp_path):
+    """Every Orin rail read on its own, P = mV x mA, with the driver's update interval as the
+    rails' resolution; a rail the board lacks is named, never read as 0."""
+    from power.ina3221 import Rails
+
+    root = tmp_path / "j"
+    shutil.copytree(FIXTURES / "jetson-orin-nano", root)
+    dev = load_profile("jetson-orin-nano")
+    rails = Rails(root, dev.sensors.ina3221_rails)
+    assert rails.watts() == pytest.approx({"VDD_IN": 5.064 * 1.120,
+                                           "VDD_CPU_GPU_CV": 5.064 * 0.280,
+                                           "VDD_SOC": 5.064 * 0.432})
+    assert rails.where["VDD_SOC"] == f"{INA}/in3_input x curr3_input"
+    res = rails.resolution()
+    assert res is not None and res.period_s == pytest.approx(0.008) and res.basis == "documented"
+    put(root, f"{INA}/in2_label", "VDD_5V0")
+    partial = Rails(root, dev.sensors.ina3221_rails)
+    assert partial.missing == ("VDD_CPU_GPU_CV",) and "VDD_CPU_GPU_CV" not in partial.watts()
+    with pytest.raises(SensorError, match="no INA3221 channel labelled VDD_GPU"):
+        Rails(root, ("VDD_GPU",))
+
+
+def test_the_orin_gpu_devfreq_from_its_profile(tmp_path):
+    from power.accel_throttle import read_devfreq
+
+    root = tmp_path / "j"
+    shutil.copytree(FIXTURES / "jetson-orin-nano", root)
+    dev = load_profile("jetson-orin-nano")
+    s = read_devfreq(root / dev.sensors.gpu_devfreq)
+    assert s is not None and s.throttled and "306 of 625 MHz" in s.why
+    put(root, f"{dev.sensors.gpu_devfreq}/cur_freq", 624750000)
+    assert not read_devfreq(root / dev.sensors.gpu_devfreq).throttled

@@ -17,6 +17,19 @@ _LEVELS = {
 }
 
 
+# onnxruntime_session_options_config_keys.h, kOrtSessionOptionsDisableCPUEPFallback: "1"
+# makes session creation fail when a node would be assigned to the CPU EP (invalid together
+# with an explicit CPU EP, which edgerun never adds to a non-CPU session)
+DISABLE_CPU_FALLBACK = "session.disable_cpu_ep_fallback"
+
+
+def no_fallback(device: str) -> dict[str, str]:
+    """Session config entries for a provider: on any provider but the CPU, no silent
+    fallback of nodes to the CPU (issue 34: `actual_device` names the first provider only,
+    so a CUDA session running half its nodes on the CPU reported CUDA)."""
+    return {} if device.upper() == "CPU" else {DISABLE_CPU_FALLBACK: "1"}
+
+
 def _device_id(provider: str) -> str:
     return provider.removesuffix("ExecutionProvider")
 
@@ -75,10 +88,17 @@ class OnnxRuntimeBackend:
         if variant.option("opt"):
             so.graph_optimization_level = _LEVELS[variant.option("opt")]
         provider = variant.device + "ExecutionProvider"
+        for k, v in no_fallback(variant.device).items():
+            so.add_session_config_entry(k, v)
         try:
             sess = ort.InferenceSession(str(variant.model.path), so, providers=[provider])
         except Exception as e:  # ORT raises several private exception types
-            raise BackendError(self.name, variant.model.path, summarize_error(e)) from e
+            why = summarize_error(e)
+            if no_fallback(variant.device):
+                why = (f"{variant.device} cannot take the whole graph and CPU fallback is "
+                       f"disabled (a GPU variant running nodes on the CPU would be billed and "
+                       f"reported as the GPU): {why}")
+            raise BackendError(self.name, variant.model.path, why) from e
         session = OnnxRuntimeSession(sess, variant.model.input_name)
         if session.actual_device != variant.device:
             raise BackendError(self.name, variant.model.path,
