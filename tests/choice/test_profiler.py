@@ -591,18 +591,19 @@ def test_the_cache_is_keyed_by_content_and_a_failure_names_this_copy(tmp_path,
 
 
 def test_an_entry_of_the_previous_cache_format_is_a_miss(tmp_path, fast_profiler_cfg):
-    """Upgrading edgerun with a cache of schema-4 entries: they are not read (another key),
+    """Upgrading edgerun with a cache of the previous schema's entries: they are not read (another key),
     so each variant is measured again, never misread."""
     from runtime.choice import profiler as profiler_mod
 
     work = _work(_odd_model(tmp_path), BackendsConfig(enabled=("onnxruntime",), threads=(1,)))
     old = Profiler(fast_profiler_cfg, EstimatedMeter(5.0, 2.0), "test-device")
     b, d, v = work[0]
+    now = profiler_mod.CACHE_SCHEMA
     try:
-        profiler_mod.CACHE_SCHEMA = 4
+        profiler_mod.CACHE_SCHEMA = now - 1
         old_key = old.cache_key(v, d)
     finally:
-        profiler_mod.CACHE_SCHEMA = 5
+        profiler_mod.CACHE_SCHEMA = now
     cache = Path(fast_profiler_cfg.cache_dir)
     cache.mkdir(parents=True, exist_ok=True)
     p = old.measure(b, v, profiler_mod.full_settings(fast_profiler_cfg))
