@@ -79,12 +79,14 @@ def simulate(device: DeviceProfile, rungs: Sequence[Rung], ambient_c: Callable[[
              oracle_days: int = 3, battery_frac: float = 1.0, noise_c: float = 0.0,
              drop_frac: float = 0.0, seed: int = 0,
              min_rate_hz: float = 0.2,
-             band_c: float = gov.GovernorConfig.band_c) -> RunResult:
+             band_c: float = gov.GovernorConfig.band_c,
+             sensor: Callable[[float, float], float | None] | None = None) -> RunResult:
     """Run one policy; see module doc. `energy_policy`: none | energy (edgerun's budget) |
     greedy (full power above reserve) | fixed (constant `fixed_w`) | oracle (the planner fed the
     true future harvest per slot, `oracle_forecast`, `oracle_days` ahead). `noise_c` (Gaussian
     sd) and `drop_frac` (share of unreadable temperature files) make the sensor behave like a
-    real one; `seed` makes that repeatable."""
+    real one; `seed` makes that repeatable. `sensor(t, die °C)` is what the sensor reads
+    instead (None: unreadable): a stuck, jumping or dead sensor."""
     plant = Plant(device, ambient_c, t0=t0, irradiance=irradiance, battery_frac=battery_frac)
     rng = np.random.default_rng(seed)
     thermal = policy in ("step_wise", "power_allocator")
@@ -116,6 +118,9 @@ def simulate(device: DeviceProfile, rungs: Sequence[Rung], ambient_c: Callable[[
         problems: tuple[str, ...] = ()
         if drop_frac and rng.random() < drop_frac:
             temp, problems = None, ("temp: cannot read (simulated dropout)",)
+        if sensor is not None and temp is not None:
+            temp = sensor(s.t, temp)
+            problems = () if temp is not None else ("temp: cannot read (simulated fault)",)
         r = Reading(s.t, temp_c=temp, battery_wh=s.battery_wh, harvest_w=s.harvest_w,
                     problems=problems)
         extra = None

@@ -71,7 +71,7 @@ class ControlConfig:
     # None: the guard admits steady-state upgrades only
     r_die_case_k_per_w: float = 0.0
     case_tau_s: float | None = None
-    excursion_s: float = 300.0  # an excursion must keep the die under the guard this long
+    excursion_s: float = 400.0  # an excursion must keep the die under the guard this long
     # the box's idle floor: budgets are box watts, this + the rungs' dynamic power (None:
     # the governor's floor_w, 0 without a governor)
     floor_w: float | None = None

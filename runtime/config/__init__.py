@@ -193,8 +193,13 @@ class SimulatorConfig:
     root: str = ""  # where to write the tree; empty = <state_dir>/sim-sysfs
     profiles: str = ""  # recorded profiles (edgerun profile --json) replayed instead of
     # measured, so simulated runs repeat; empty = measure on this host
+    # with [governor] rate_hz = 0: the simulated camera offers this share of what the top rung
+    # can take on all cores (1: as fast as it runs; a line's camera has a fixed rate below it)
+    offered_share: float = 1.0
 
     def validate(self) -> tuple[str, str] | None:
+        if not 0 < self.offered_share <= 1:
+            return "offered_share", f"must be in (0, 1], got {self.offered_share}"
         if not 0 < self.speed < math.inf:
             return "speed", f"must be > 0 and finite, got {self.speed}"
         if not 0 <= self.hours < math.inf:

@@ -60,7 +60,7 @@ from runtime.device.profiling import (
     progress_reporter,
 )
 from runtime.device.rung_switch import RungSwitch, rung_label
-from runtime.device.sensing import SensorWatch, control_config, open_sensors
+from runtime.device.sensing import RefusalWatch, SensorWatch, control_config, open_sensors
 from runtime.device.served_model import ServedModel, preprocess_chooser
 from runtime.device.shutdown import stop_steps
 from runtime.device.source_plan import SourcePlan, bundled_model
@@ -147,6 +147,7 @@ class Daemon:
         self.trips: dict[str, float] = {}
         self.thermal_disabled = ""  # why the thermal governor is off despite the config
         self.thermal: ThermalSource | None = None  # (runtime.device.sensing)
+        self.refusals = RefusalWatch()  # says why the rung is not stepping up, not at each tick
         self.sensor_watch = SensorWatch()  # says when readings go bad, not at each
         self.energy = LiveEnergy()  # each running variant's J per inference, learnt live
         self.history = HealthHistory(self.state_dir)  # for `edgerun report` when offline
@@ -528,7 +529,8 @@ class Daemon:
             self.device, g, self.thermal if not self.thermal_disabled else None,
             # several sources: rung powers at their combined rate, so budgets are the box's
             planned_rate(self._streams() if self.cfg.sources else (), g.rate_hz)
-            or self.box.control_rungs()[-1].max_rate_hz())
+            or self.box.control_rungs()[-1].max_rate_hz()
+            * (self.cfg.simulator.offered_share if self.sim else 1.0))
 
     def _after_rebuild(self, why: str, held: bool) -> None:
         """After the ladder was rebuilt: its top rung when nothing held the device down;
@@ -635,6 +637,9 @@ class Daemon:
         self.cstate, out = control.step(self.cstate, r, rungs, self.ccfg,
                                         box.control_current(), self.operator_rate_hz)
         self.control_out = out
+        if self.refusals.due(out.refused, r.t):
+            log.info("not stepping up: %s (rung %d/%d)", out.refused, box.control_current() + 1,
+                     len(rungs))
         for e in out.events:
             (log.critical if e.severity == "critical" else log.warning)("%s: %s", e.type,
                                                                          e.detail)

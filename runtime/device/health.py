@@ -53,6 +53,9 @@ def health(d: HealthHost) -> dict[str, Any]:
             "temp_filtered_c": _num(out.temp_c, 2) if out else None,
             "slope_c_per_min": _num(out.slope_c_per_min, 2) if out else None,
             "physics_bounded": d.cstate.bounded,
+            # why a richer rung or rate the budget allows is not taken now (None: nothing is
+            # held back): the guard's predicted settle temperature, the rung hold, an excursion
+            "refused": (out.refused or None) if out else None,
         },
         "rate_cap_hz": _num(d.pipeline.rate_cap_hz),
         "operator_rate_hz": _num(d.operator_rate_hz),

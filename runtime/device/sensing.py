@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -119,3 +120,31 @@ class SensorWatch:
                     "governor fails safe; %d bad reads so far)", "; ".join(r.problems), hold_s,
                     self.bad)
         return self.bad
+
+
+def refusal_kind(refused: str) -> str:
+    """What a refused upgrade is about, without its changing figures: the words before the
+    first number (`"rung hold"`, `"on an excursion"`, a variant and `would settle near`)."""
+    return re.split(r"[-+]?\d", refused, maxsplit=1)[0].strip(" :(")
+
+
+class RefusalWatch:
+    """Says why the governor does not step up (control.Output.refused): when the reason's
+    kind changes, else at most once per `every_s` of device time, so the log explains a
+    rung held low without a line a tick."""
+
+    def __init__(self, every_s: float = 300.0) -> None:
+        self.every_s = every_s
+        self.kind = ""
+        self.said_t = -math.inf
+
+    def due(self, refused: str, t: float) -> bool:
+        """True when `refused` (device time `t`) is to be said now."""
+        kind = refusal_kind(refused)
+        if not refused:
+            self.kind = ""
+            return False
+        if kind == self.kind and t - self.said_t < self.every_s:
+            return False
+        self.kind, self.said_t = kind, t
+        return True

@@ -46,6 +46,7 @@ profile = "{device}"
 
 [constraints]
 latency_ms = {latency_ms}
+{floor_line}
 
 {backends}
 [profiler]
@@ -70,6 +71,7 @@ speed = {speed}
 start_hour = {start_hour}
 hours = {hours}
 profiles = "{profiles}"
+offered_share = {offered_share}
 
 [daemon]
 state_dir = "{state}"
@@ -112,12 +114,14 @@ def run(workdir: Path, device: str, scenario: str, policy: str, hours: float, ra
         profiles: Path, speed: float = 300.0, start_hour: float = 8.0, tick_s: float = 1.0,
         latency_ms: float = 20.0, min_rate_hz: float = 0.2, source_hz: float = 20.0,
         timeout_s: float | None = None, extra: str = "",
-        band_c: float = GovernorConfig.band_c) -> LoopResult:
+        band_c: float = GovernorConfig.band_c, accuracy_floor: float | None = None,
+        offered_share: float = 1.0) -> LoopResult:
     """Run `edgerun serve` until `hours` of simulated time have passed (its simulated clock
     stops there: [simulator] hours); SIGTERM; the tally, of exactly `hours`.
     `source_hz`: the synthetic camera's frames per wall second at `speed` (it offers them per
     simulated second, source_hz / speed: a slowed run offers fewer). `extra` is appended to
-    the config (e.g. a `[sleep]` section)."""
+    the config (e.g. a `[sleep]` section). `accuracy_floor`: [constraints]'s (None: its
+    default; the demo's is 0.95); `offered_share`: [simulator]'s, with `rate_hz` 0."""
     state = workdir / "state"
     state.mkdir(parents=True, exist_ok=True)
     cfg = workdir / "edgerun.toml"
@@ -126,6 +130,9 @@ def run(workdir: Path, device: str, scenario: str, policy: str, hours: float, ra
                                  start_hour=start_hour, profiles=profiles.resolve(),
                                  state=state, rate_hz=rate_hz, tick_s=tick_s,
                                  latency_ms=latency_ms, min_rate_hz=min_rate_hz, band_c=band_c,
+                                 offered_share=offered_share,
+                                 floor_line="" if accuracy_floor is None else
+                                 f"accuracy_floor = {accuracy_floor}",
                                  source_hz=source_hz / speed,
                                  backends=REFERENCE_BACKENDS) + extra)
     log = workdir / "daemon.log"

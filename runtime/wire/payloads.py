@@ -71,7 +71,8 @@ _HEALTH = _obj({
                       "budget_w": _NUM_OR_NULL, "reason": _STR, "enabled": _BOOL,
                       "disabled_reason": {"type": ["string", "null"], "maxLength": 4096},
                       "temp_filtered_c": _NUM_OR_NULL, "slope_c_per_min": _NUM_OR_NULL,
-                      "physics_bounded": _BOOL}),
+                      "physics_bounded": _BOOL,
+                      "refused": {"type": ["string", "null"], "maxLength": 4096}}),
     "rate_cap_hz": _NUM_OR_NULL, "operator_rate_hz": _NUM_OR_NULL,
     # the box's energy per frame (power/box_energy.py): every stage + the idle floor's share,
     # the model's share beside it; null with `reason` where nothing could be measured
