@@ -591,8 +591,8 @@ def test_the_cache_is_keyed_by_content_and_a_failure_names_this_copy(tmp_path,
 
 
 def test_an_entry_of_the_previous_cache_format_is_a_miss(tmp_path, fast_profiler_cfg):
-    """Upgrading edgerun with a cache of the previous schema's entries: they are not read (another key),
-    so each variant is measured again, never misread."""
+    """Upgrading edgerun with a cache of the previous schema's entries: they are not read
+    (another key), so each variant is measured again, never misread."""
     from runtime.choice import profiler as profiler_mod
 
     work = _work(_odd_model(tmp_path), BackendsConfig(enabled=("onnxruntime",), threads=(1,)))
