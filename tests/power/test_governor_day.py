@@ -9,28 +9,15 @@ from __future__ import annotations
 import math
 
 import pytest
+from support.governor_day import DEMO_SHARE, ladder
 
-from models import bundled
 from power import control
 from power.closed_loop import simulate
 from power.oracle import Resolution, best_schedule, resolution_spread
 from power.plant import SCENARIOS, Plant, ambient
-from power.rungs import on_device
-from runtime.choice.ladders import ladder_for
-from runtime.choice.measure import recorded_profiles
-from runtime.choice.selector import Constraints
 from runtime.device.profiles import load_profile
 
-PROFILES = bundled() / "reference-profiles.json"
 TARGET_S = 0.020
-DEMO_SHARE = 0.6  # runtime/tools/demo.py's OFFERED_SHARE
-
-
-def ladder(dev, floor: float | None = None):
-    """The daemon's ladder from the bundled model's reference profiles, on `dev`."""
-    ps = recorded_profiles(PROFILES)
-    rungs, _ = ladder_for(list(ps.values()), Constraints(20.0, accuracy_floor=floor))
-    return on_device(rungs, [ps[r.variant_id].cpu_ms / 1e3 for r in rungs], dev.power)
 
 
 def demo_day(policy: str = "step_wise", hours: float = 20.0, **kw):
