@@ -73,12 +73,13 @@ def with_other(rungs: Sequence[Rung], other_j: float | None) -> list[Rung]:
 
 
 # The cheapest rung's rates below its full rate, as shares of it: four steps per halving
-# (2^-1/4 apart, ~16 % each) down to 1/8. Halvings alone (1/2, 1/4, 1/8) threw half the rate
+# (2^-1/4 apart, ~16 % each) down to 1/32. Halvings alone (1/2, 1/4, 1/8) threw half the rate
 # away wherever the cheapest rung at full rate was a little over what the device sustains: on
 # a narrow ladder step_wise then delivered less than the cheapest rung run unmanaged
 # (rpi5/hot, 0.63x kernel-only against 1.11x; issue 24). Like cpufreq's cooling states,
-# small steps let it settle near the sustainable power (0.86x there; finer steps gained
-# nothing more and take longer to climb back).
+# small steps let it settle near the sustainable power. Down to 1/32, not 1/8: where idle
+# alone comes near the trip (rpi5/sun at 13:00) the step from 1/8 to minimum duty gave away
+# what the hindsight oracle serves there (0.921 -> 0.953 of it; issue 33).
 RATE_STEPS = tuple(2 ** (-k / 4) for k in range(1, 21))
 
 
@@ -86,7 +87,7 @@ def budget_levels(rungs: Sequence[Rung], rate_hz: float, min_rate_hz: float = 0.
                   floor_w: float = 0.0) -> tuple[float, ...]:
     """step_wise's budget per level, in box watts (`floor_w` + dynamic): level 0
     unrestricted, then each rung below the top at full rate, then the cheapest rung at each
-    of RATE_STEPS of the rate (0.84, 0.71, 0.59, 1/2, ... 1/8), and last at the minimum duty
+    of RATE_STEPS of the rate (0.84, 0.71, 0.59, 1/2, ... 1/32), and last at the minimum duty
     `min_rate_hz` (the bottom: fail-safe, and where a device that stays hot ends up)."""
     levels = [math.inf] + [r.box_w(rate_hz, floor_w) for r in reversed(rungs[:-1])]
     levels += [floor_w + rungs[0].power_w(rate_hz) * k for k in RATE_STEPS]

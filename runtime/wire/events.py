@@ -82,6 +82,10 @@ class EventType(StrEnum):
     MODEL_BLIND = ("model_blind", "a served model's outputs over its first frames look "
                    "degenerate (no boxes, one class, constant or NaN): check its preprocessing")
     REPROFILE = ("reprofile", "profiling again (temperature drift, command, reload)")
+    ACCELERATOR_METER_DISTRUSTED = (
+        "accelerator_meter_distrusted", "an accelerator's energy counter stuck, went backwards "
+        "or jumped impossibly during a measuring window: the variant is billed the labelled "
+        "estimate ([[accelerators]]), never 0 (power/meter_trust.py)")
     REPROFILE_SKIPPED = ("reprofile_skipped", "a re-profile was asked while one runs")
     REPROFILE_FAILED = ("reprofile_failed", "a re-profile failed; the old ladder stays")
     SOURCE_MODEL_FAILED = ("source_model_failed", "a [[sources]] model cannot be used: its "

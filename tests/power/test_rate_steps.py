@@ -21,13 +21,13 @@ from runtime.device.profiles import load_profile
 RPI = load_profile("rpi5")  # passive 78 °C, 8 K/W die to ambient, 2.7 W idle
 
 
-def test_the_levels_below_the_cheapest_rung_are_small_rate_steps_down_to_an_eighth():
+def test_the_levels_below_the_cheapest_rung_are_small_rate_steps_down_to_a_32nd():
     rungs = [Rung("small", 0.8, 0.010, 0.005), Rung("big", 0.98, 0.100, 0.020)]
     levels = budget_levels(rungs, 10.0, 0.5)
     assert levels[:2] == (math.inf, pytest.approx(0.1))  # unrestricted, then small at 10 Hz
     rates = [select_for_budget(rungs, w, 10.0)[1] for w in levels[2:]]
     assert rates == pytest.approx([10.0 * k for k in RATE_STEPS] + [0.5])
-    assert RATE_STEPS[-1] == pytest.approx(1 / 8)
+    assert RATE_STEPS[-1] == pytest.approx(1 / 32)
     assert all(0.8 < b / a < 0.85 for a, b in zip((1.0, *RATE_STEPS[:-1]), RATE_STEPS, strict=True))
 
 

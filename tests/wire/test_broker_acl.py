@@ -237,4 +237,4 @@ def test_concurrent_enrolments_lose_no_user(tmp_path):
     assert set(auth.identities()) == {f"f1/d{i}" for i in range(12)}
     users = [line.split(":")[0] for line in auth.passwd.read_text().splitlines()]
     assert len([u for u in users if "+" not in u]) == 12  # and each one's connections:
-    assert len(users) == 12 * 3  # +bundles, +trigger
+    assert len(users) == 12 * 4  # +bundles, +trigger, +sparkplug
