@@ -202,10 +202,12 @@ def test_choose_model_is_refused_when_every_source_has_its_own_model(tmp_path):
     cfg = from_dict({"daemon": {"state_dir": str(tmp_path / "state")}, "sources": [
         {"name": "a", "model": "defects"}, {"name": "b", "model": "defects"}]})
     d = Daemon(cfg)
-    for name in ("choose_model", "deploy"):
+    deploy = {"name": "other", "version": "2", "url": "http://127.0.0.1:9/b",
+              "size": 1, "sha256": "0" * 64, "token": ""}  # well-formed: past the args gate
+    for name, args in (("choose_model", {"name": "other"}), ("deploy", deploy)):
         with pytest.raises(ValueError, match="every \\[\\[sources\\]\\] entry names its own "
                                              "model, which cannot be swapped over the air"):
-            d.handle(Command("c" * 8, name, {"name": "other"}))
+            d.handle(Command("c" * 8, name, args))
 
 
 def test_a_cameras_tiles_are_learnt_from_its_frames_and_re_planned(tmp_path):

@@ -367,8 +367,10 @@ async function sendCommand(button) {
   } catch (e) {
     if (e instanceof Unauthorized) return showLogin(e.message);
     out.className = "cmd-result bad";
-    out.dataset.status = "error";
-    out.textContent = `${cmd}: ${e.message}`;
+    // 400: the coordinator refused it before signing, by the schema every device holds
+    out.dataset.status = e.status === 400 ? "refused" : "error";
+    out.textContent = e.status === 400 ? `${cmd}: refused by the coordinator — ${e.message}`
+      : `${cmd}: ${e.message}`;
   } finally {
     buttons.forEach((b) => { b.disabled = false; });
   }
