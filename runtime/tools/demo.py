@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import shutil
 import signal
 import subprocess
@@ -50,6 +51,17 @@ from runtime.wire.commands import generate_keypair
 from runtime.wire.events import EventType
 
 log = logging.getLogger("edgerun.demo")
+
+
+def say(*args: Any, **kw: Any) -> None:
+    """say(), but a terminal that went away (SSH dropped, `edgerun demo | head`) must not
+    stop the stop half-way, leaving the broker, the coordinator and the daemon running: after
+    the first broken pipe the rest of the view goes nowhere."""
+    try:
+        print(*args, **kw)
+    except (BrokenPipeError, ValueError):  # ValueError: stdout already closed
+        with contextlib.suppress(OSError):
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (for the rest of the process)
 
 KEEP_LOGS = 5  # daemon logs of past demos kept in the user's cache (the oldest go first)
 
@@ -341,12 +353,12 @@ def _stop_child(proc: subprocess.Popen, what: str, log_file: Path) -> None:
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(30)
         if proc.returncode is None:
-            print(f"the {what} did not stop within 30 s of SIGTERM: killed; see its log",
+            say(f"the {what} did not stop within 30 s of SIGTERM: killed; see its log",
                   flush=True)
             proc.kill()
             proc.wait()
         elif proc.returncode != 0:
-            print(f"the {what} exited with code {proc.returncode} on stop; its log ends:\n"
+            say(f"the {what} exited with code {proc.returncode} on stop; its log ends:\n"
                   + log_file.read_text()[-2000:], flush=True)
 
 
@@ -513,7 +525,7 @@ class _Demo:
               rate: float) -> None:
         """The broker, the coordinator, then the daemon (unless a stop came meanwhile)."""
         self.broker.start(own_group=True)
-        print(f"broker: {type(self.broker).__name__} on 127.0.0.1:{self.broker.port} "
+        say(f"broker: {type(self.broker).__name__} on 127.0.0.1:{self.broker.port} "
               "(authenticated, ACL on)", flush=True)
         state = self.state
         generate_keypair(state / "command.pem", state / "command.pub")
@@ -527,19 +539,19 @@ class _Demo:
             password_file=self.device_login.password_file))
         self._start_coordinator()
         url = self.coord.url  # type: ignore[union-attr]
-        print(f"coordinator API: {url}/api/v1/fleet (try: edgerun fleet --api {url} "
+        say(f"coordinator API: {url}/api/v1/fleet (try: edgerun fleet --api {url} "
               f"--token-file {state / 'api-token'} ls)", flush=True)
-        print(f"dashboard: {url}/ (token: the content of {state / 'api-token'})", flush=True)
-        print(f"daemon: edgerun serve --config {cfg_path} (log: {self.daemon_log}; kept "
+        say(f"dashboard: {url}/ (token: the content of {state / 'api-token'})", flush=True)
+        say(f"daemon: edgerun serve --config {cfg_path} (log: {self.daemon_log}; kept "
               f"afterwards as {self.kept_log}, with the last {KEEP_LOGS} demos' logs)",
               flush=True)
-        print(f"simulated {device}, scenario {scenario}, {speed:g}x from {start_hour:g}:00, "
+        say(f"simulated {device}, scenario {scenario}, {speed:g}x from {start_hour:g}:00, "
               "in lockstep with the daemon's control loop (a busy host slows the simulation "
               "down, it does not change what the governor sees): the simulated camera offers "
               f"frames at {OFFERED_SHARE:.0%} of what the top rung can take on all cores (a "
               "line's fixed rate); the live view's frames/s is "
               "this host's real pipeline", flush=True)
-        print("the simulated device's ladder: the bundled model's reference profiles (CI "
+        say("the simulated device's ladder: the bundled model's reference profiles (CI "
               "machine, scaled to the device profile), so the demo repeats; `edgerun profile "
               "inspection` measures this host", flush=True)
         if not self.terminated:  # a Ctrl-C during the start: nothing more to start
@@ -572,12 +584,12 @@ class _Demo:
                 break
             if self.daemon.poll() is not None:
                 self.why_stop = "the daemon exited"
-                print(f"the daemon exited with code {self.daemon.returncode}; its log:\n"
+                say(f"the daemon exited with code {self.daemon.returncode}; its log:\n"
                       + self.daemon_log.read_text()[-3000:], flush=True)
                 return 1
             if not coord.alive():
                 self.why_stop = "the coordinator exited"
-                print(f"the coordinator exited with code {coord.proc.poll()}; its log:\n"
+                say(f"the coordinator exited with code {coord.proc.poll()}; its log:\n"
                       + coord.log_file.read_text()[-3000:], flush=True)
                 return 1
             try:
@@ -599,18 +611,18 @@ class _Demo:
         h = view["health"]
         if h.get("choice"):  # a rung change's event says it for sure (health may lag a tick)
             self.rung_of.setdefault(h["choice"], h.get("rung", 0))
-        print(live_line(view, view["results_stored"]), flush=True)
+        say(live_line(view, view["results_stored"]), flush=True)
         if (line := pace.seen(view["health"].get("simulated", {}))) is not None:
-            print(line, flush=True)
+            say(line, flush=True)
         refused = (h.get("governor") or {}).get("refused") or ""
         if self.refusals.due(refused, time.monotonic()):  # a new reason, or every 30 s
-            print(f"  not stepping up: {refused}", flush=True)
+            say(f"  not stepping up: {refused}", flush=True)
         events = coord.events(self.DEVICE)
         for ev in _new_events(events, last):
             if ev["type"] == EventType.RUNG_CHANGED and ev.get("to"):
                 self.rung_of[ev["to"]] = ev.get("rung", 0)
             if (line := event_line(ev)) is not None:
-                print(line, flush=True)
+                say(line, flush=True)
         return json.dumps(events[0], sort_keys=True) if events else last
 
     def stop(self, code: int) -> int:
@@ -619,20 +631,20 @@ class _Demo:
         last. Returns the demo's exit code (1 when a result was left unacked)."""
         # said whatever stops it (a signal, --duration, a child's exit), terminal or not
         why = (signal.Signals(self.terminated[0]).name if self.terminated else self.why_stop)
-        print(f"\nstopping ({why}): the daemon, then the coordinator, then the broker...",
+        say(f"\nstopping ({why}): the daemon, then the coordinator, then the broker...",
               flush=True)
         if self.daemon is not None:
             _stop_child(self.daemon, "daemon", self.daemon_log)
         if self.coord is not None and self.coord.alive():
             v = _goodbye_seen(self.coord, self.DEVICE)
             if v is not None:
-                print(f"results stored by the coordinator: {v['results_stored']}; device "
+                say(f"results stored by the coordinator: {v['results_stored']}; device "
                       f"{v['status']} ({v['reason'] or 'running'})", flush=True)
                 if v.get("health"):
-                    print("\n".join(summary_lines(v["health"], self.rung_of)), flush=True)
+                    say("\n".join(summary_lines(v["health"], self.rung_of)), flush=True)
         if self.daemon is not None and (self.state / "outbox.db").exists():
             made, held = outbox_backlog(self.state / "outbox.db")
-            print(f"device outbox: {made} results made, "
+            say(f"device outbox: {made} results made, "
                   + ("every result acked" if held == 0 else
                      f"{held} not acked (kept in {self.state / 'outbox.db'})"), flush=True)
             code = code or int(held > 0)
@@ -644,7 +656,7 @@ class _Demo:
                 self.kept_log.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(self.daemon_log, self.kept_log)
                 gone = keep_last(self.kept_log.parent, "daemon-*.log", KEEP_LOGS)
-                print(f"daemon log: {self.kept_log} (the last {KEEP_LOGS} demos' logs are "
+                say(f"daemon log: {self.kept_log} (the last {KEEP_LOGS} demos' logs are "
                       f"kept in {self.kept_log.parent}"
                       + (f"; {len(gone)} older removed)" if gone else ")"), flush=True)
         return code
@@ -655,7 +667,7 @@ def run(duration_s: float = 0.0, device: str = "rpi5", scenario: str = "cabinet"
         workdir: Path | None = None) -> int:
     """Run the demo until Ctrl-C (or `duration_s` when > 0)."""
     if not broker_available():
-        print(MISSING_BROKER, file=sys.stderr, flush=True)
+        say(MISSING_BROKER, file=sys.stderr, flush=True)
         return 2
     tmp = None
     if workdir is None:
@@ -672,7 +684,7 @@ def run(duration_s: float = 0.0, device: str = "rpi5", scenario: str = "cabinet"
         code = demo.stop(code)
         if tmp is not None:
             if code:
-                print(f"(kept {workdir} for inspection)")
+                say(f"(kept {workdir} for inspection)")
             else:
                 tmp.cleanup()
         for sig, handler in previous.items():

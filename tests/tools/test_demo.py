@@ -293,3 +293,23 @@ def test_mosquitto_in_sbin_counts_without_it_on_path(monkeypatch):
     monkeypatch.setenv("PATH", "/usr/local/bin:/usr/bin:/bin")  # Debian's default user PATH
     assert mosquitto_path() == "/usr/sbin/mosquitto"
     assert demo.broker_available()
+
+
+def test_a_terminal_that_went_away_does_not_stop_the_stop(monkeypatch):
+    """`edgerun demo | head`, or an SSH session dropped: the first print after the reader
+    left raises BrokenPipeError; the stop must still run to the end (the children stopped)."""
+    from runtime.tools import demo
+
+    class Gone:
+        def write(self, _):
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def flush(self):
+            raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr("sys.stdout", Gone())
+    demo.say("stopping: the daemon, then the coordinator, then the broker...", flush=True)
+    demo.say("results stored by the coordinator: 12", flush=True)  # no longer raises
+    import sys
+
+    assert not isinstance(sys.stdout, Gone)
