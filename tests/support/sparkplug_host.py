@@ -129,6 +129,23 @@ class Host:
             return [m for m in self.messages if m.kind == kind and
                     (not device or m.device == device)]
 
+    def by_seq(self, device: str) -> dict[int, dict[str, Any]]:
+        """The device's metrics as a host holds them (births set them, data updates them: a
+        data message carries only what changed) at the first message of each result's
+        `Last Result/Seq`, with `historical`: whether that message's Seq was historical."""
+        with self.lock:
+            messages = [m for m in self.messages if m.device == device]
+        held: dict[str, Any] = {}
+        out: dict[int, dict[str, Any]] = {}
+        for m in messages:
+            ms = m.metrics()
+            held.update({k: value(v) for k, v in ms.items()})
+            if "Last Result/Seq" in ms and held["Last Result/Seq"] is not None:
+                # the first message of a result (a live DDATA after history may repeat it)
+                out.setdefault(held["Last Result/Seq"], {
+                    **held, "historical": ms["Last Result/Seq"].is_historical})
+        return out
+
 
 def state(online: bool, ts_ms: int) -> bytes:
     """A 3.0 primary host STATE payload."""

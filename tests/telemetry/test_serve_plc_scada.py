@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from support.daemon_harness import Serve, results_by_seq, write_broker_config
-from support.sparkplug_host import Host, PrimaryHost, value
+from support.sparkplug_host import PrimaryHost, value
 from support.waiting import wait
 
 from models import bundled
@@ -56,24 +56,6 @@ def trigger(port: int, parts: int) -> list[dict[str, Any]]:
     return asyncio.run(asyncio.wait_for(go(), 120))
 
 
-def by_seq(h: Host, device: str) -> dict[int, dict[str, Any]]:
-    """The device's metrics as a host holds them (births set, data updates: a data message
-    carries only what changed), at the first message of each result's `Last Result/Seq`,
-    with whether that message was historical."""
-    held: dict[str, Any] = {}
-    out = {}
-    with h.lock:
-        messages = [m for m in h.messages if m.device == device]
-    for m in messages:
-        ms = m.metrics()
-        held.update({k: value(v) for k, v in ms.items()})
-        if "Last Result/Seq" in ms and held["Last Result/Seq"] is not None:
-            # the first message of a result (a live DDATA after the history may repeat it)
-            out.setdefault(held["Last Result/Seq"], {
-                **held, "historical": ms["Last Result/Seq"].is_historical})
-    return out
-
-
 def test_a_plc_triggers_parts_and_scada_sees_every_verdict_across_a_broker_restart(
         tmp_path, broker, profile_cache):
     port = free_port()
@@ -102,7 +84,7 @@ def test_a_plc_triggers_parts_and_scada_sees_every_verdict_across_a_broker_resta
         # ... and SCADA gets births, then the held parts as history, then live ones
         wait(lambda: len(h.of("DBIRTH", "main")) >= 2, 60, "births after the restart", d)
         after = trigger(port, 2)
-        wait(lambda: max(by_seq(h, "main"), default=0) >= max(results_by_seq(outbox)), 30,
+        wait(lambda: max(h.by_seq("main"), default=0) >= max(results_by_seq(outbox)), 30,
              "DDATA of every part", d)
     finally:
         assert d.stop() == 0
@@ -114,7 +96,7 @@ def test_a_plc_triggers_parts_and_scada_sees_every_verdict_across_a_broker_resta
     plc = parts + during + after
     assert [p["ref"] for p in plc] == [f"plc-{i}" for i in range(1, 11)]
     assert len(stored) == 10 and set(stored) == {p["ref"] for p in plc}
-    seen = by_seq(h, "main")
+    seen = h.by_seq("main")
     for p in plc:
         r = stored[p["ref"]]
         assert p["class"] == r["label"], p
