@@ -93,13 +93,16 @@ path = "{work}/state/outbox.db"
 # (docs/sparkplug.md, docs/plc.md): a Sparkplug B edge node on the same broker, and the
 # PLC's OPC UA server on loopback (port 0: any free one); nobody subscribes to either, so
 # what is measured is what the daemon itself spends on them.
-INTEGRATIONS = """
+SPARKPLUG = """
 [sparkplug]
 enabled = true
+"""
+OPCUA = """
 [opcua]
 enabled = true
 port = 0
 """
+INTEGRATIONS = {"off": "", "on": SPARKPLUG + OPCUA, "sparkplug": SPARKPLUG, "opcua": OPCUA}
 
 
 def start_serve(cfg: Path, work: Path, notify: str) -> tuple[subprocess.Popen, float]:
@@ -299,13 +302,13 @@ def serve_fps(results: list[dict]) -> float:
 
 
 def measure(n_bulk: int, n_single: int, rounds: int = 3, budget_s: float = 0.3,
-            idle_s: float = 0.0, integrations: bool = False) -> Figures:
+            idle_s: float = 0.0, integrations: str = "off") -> Figures:
     """The whole bench: `rounds` blocks of `n_bulk` frames back to back and `rounds` blocks
     of `n_single` frames one at a time, each block served by the daemon and then run by the
     hand loop on the same files. `budget_s`: the profiler's time per variant (the first
     start's profiling and refinement; shorter for CI); `idle_s`: how long the warm daemon's
-    idle cost is measured before the first frame (0: not); `integrations`: the daemon runs
-    with [sparkplug] and [opcua] on (INTEGRATIONS)."""
+    idle cost is measured before the first frame (0: not); `integrations`: "on" runs the
+    daemon with [sparkplug] and [opcua] on, "sparkplug" or "opcua" one of them (INTEGRATIONS)."""
     fig = Figures()
     with tempfile.TemporaryDirectory() as d:
         work = Path(d)
@@ -326,7 +329,7 @@ def measure(n_bulk: int, n_single: int, rounds: int = 3, budget_s: float = 0.3,
         cfg = work / "edgerun.toml"
         cfg.write_text(CONFIG.format(model=bundled(), work=work, folder=folder, port=broker.port,
                                      budget=budget_s,
-                                     extra=INTEGRATIONS if integrations else ""))
+                                     extra=INTEGRATIONS[integrations]))
         serve = hand = None
         try:
             # First start fills the profile cache (its background refinement included, so
@@ -418,20 +421,23 @@ def main() -> None:
     ap.add_argument("--single", type=int, default=300, help="frames one at a time, all rounds")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--idle-s", type=float, default=20.0, help="idle cost measured this long")
-    ap.add_argument("--integrations", choices=("off", "on", "both"), default="off",
-                    help="the daemon with [sparkplug] and [opcua] on; both: off, then on")
+    ap.add_argument("--integrations", choices=("off", "on", "both", "sparkplug", "opcua"),
+                    default="off", help="the daemon with [sparkplug] and [opcua] on; both: "
+                    "off, then on; sparkplug or opcua: that one alone")
     ap.add_argument("--on-first", action="store_true",
                     help="with --integrations both: on, then off (alternate runs' order)")
     a = ap.parse_args()
-    modes = {"off": (False,), "on": (True,),
-             "both": (True, False) if a.on_first else (False, True)}[a.integrations]
+    modes = {"both": ("on", "off") if a.on_first else ("off", "on")}.get(
+        a.integrations, (a.integrations,))
+    titles = {"off": "plain (no integrations)", "on": "with [sparkplug] and [opcua]",
+              "sparkplug": "with [sparkplug]", "opcua": "with [opcua]"}
     figs = {}
-    for on in modes:
-        f = figs[on] = measure(a.n // a.rounds, a.single // a.rounds, a.rounds,
-                               idle_s=a.idle_s, integrations=on)
-        report(f, a, "with [sparkplug] and [opcua]" if on else "plain (no integrations)")
+    for mode in modes:
+        f = figs[mode] = measure(a.n // a.rounds, a.single // a.rounds, a.rounds,
+                                 idle_s=a.idle_s, integrations=mode)
+        report(f, a, titles[mode])
     if len(figs) == 2:
-        off, on = figs[False], figs[True]
+        off, on = figs["off"], figs["on"]
         print("\nside by side, median of rounds: plain -> with [sparkplug] and [opcua]")
         for name, x, y in (("throughput ratio", off.fps_ratios, on.fps_ratios),
                            ("CPU/frame ratio ", off.cpu_ratios, on.cpu_ratios),

@@ -70,8 +70,10 @@ def rebirth() -> bytes:
     return p.SerializeToString()
 
 
-def soak(work: Path, minutes: float, restarts: int, rate: float, down_s: float) -> int:
-    """Run it; print the figures; the number of rule violations."""
+def soak(work: Path, minutes: float, restarts: int, rate: float, down_s: float
+         ) -> dict[str, int]:
+    """Run it; print the figures and return them (violations, parts triggered, stored,
+    triggered without a result, stored twice, not seen by SCADA; the daemon's exit code)."""
     broker = Mosquitto(work).start()
     port = free_port()
     cfg = write_broker_config(work, broker, work / "profiles",
@@ -151,7 +153,10 @@ def soak(work: Path, minutes: float, restarts: int, rate: float, down_s: float) 
           + (f" (seqs {missing[:20]})" if missing else ""))
     print(f"violations: {len(h.violations)}" + "".join(f"\n  {v}" for v in h.violations[:20]))
     print(f"target (0 violations): {'met' if not h.violations else 'NOT met'}")
-    return len(h.violations)
+    return {"violations": len(h.violations), "triggered": len(refs), "stored": len(stored),
+            "without_result": sum(1 for r in plc_refs if stored_refs[r] == 0),
+            "stored_twice": sum(1 for n in stored_refs.values() if n > 1),
+            "not_seen": len(missing), "births": len(bd), "exit": -1 if rc is None else rc}
 
 
 def main() -> int:
@@ -165,7 +170,7 @@ def main() -> int:
 
     logging.getLogger("asyncua").setLevel(logging.ERROR)
     with tempfile.TemporaryDirectory(prefix="spb-soak-") as td:
-        return 1 if soak(Path(td), a.minutes, a.restarts, a.rate, a.down_s) else 0
+        return 1 if soak(Path(td), a.minutes, a.restarts, a.rate, a.down_s)["violations"] else 0
 
 
 if __name__ == "__main__":

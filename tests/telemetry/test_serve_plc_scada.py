@@ -120,3 +120,15 @@ def test_a_plc_triggers_parts_and_scada_sees_every_verdict_across_a_broker_resta
     assert bd1 != bd0
     assert value(h.of("NDEATH")[-1].metrics()["bdSeq"]) == bd1
     assert h.violations == []
+
+
+@pytest.mark.slow
+def test_a_two_minute_soak_with_two_broker_restarts_breaks_no_rule(tmp_path):
+    """bench/sparkplug_soak.py, shortened (the bench's 10 minutes: docs/sparkplug.md)."""
+    from support.benches import load_bench
+
+    f = load_bench("sparkplug_soak").soak(tmp_path, minutes=2, restarts=2, rate=5, down_s=3)
+    assert f["violations"] == 0, f
+    assert f["exit"] == 0 and f["births"] >= 1 + 2 + 1, f  # a rebirth halfway too
+    assert f["triggered"] >= 500 and f["stored"] == f["triggered"], f
+    assert f["without_result"] == 0 and f["stored_twice"] == 0, f
