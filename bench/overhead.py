@@ -21,7 +21,11 @@ Also prints the daemon's steady-state RSS, its CPU and its main thread's wake-up
 (a quiet watched folder, connected to the broker, `--idle-s` after the warm start), and the
 time from process start to READY=1 with a warm profile cache (second start).
 
-Usage: python bench/overhead.py [--n 3000] [--single 300] [--rounds 3]
+`--integrations on` runs the daemon with [sparkplug] (on the same broker) and [opcua]
+(loopback) enabled, nobody listening to either; `both` measures the plain daemon and then
+that one in the same run (`--on-first`: the other order) and prints the ratios side by side.
+
+Usage: python bench/overhead.py [--n 3000] [--single 300] [--rounds 3] [--integrations both]
 (tests/frames/test_overhead_guard.py runs a short version of it in CI.)
 """
 
@@ -83,7 +87,22 @@ host = "127.0.0.1"
 port = {port}
 [telemetry.outbox]
 path = "{work}/state/outbox.db"
+{extra}"""
+
+# --integrations on: the factory floor's two opt-in integrations beside the native tree
+# (docs/sparkplug.md, docs/plc.md): a Sparkplug B edge node on the same broker, and the
+# PLC's OPC UA server on loopback (port 0: any free one); nobody subscribes to either, so
+# what is measured is what the daemon itself spends on them.
+SPARKPLUG = """
+[sparkplug]
+enabled = true
 """
+OPCUA = """
+[opcua]
+enabled = true
+port = 0
+"""
+INTEGRATIONS = {"off": "", "on": SPARKPLUG + OPCUA, "sparkplug": SPARKPLUG, "opcua": OPCUA}
 
 
 def start_serve(cfg: Path, work: Path, notify: str) -> tuple[subprocess.Popen, float]:
@@ -283,12 +302,13 @@ def serve_fps(results: list[dict]) -> float:
 
 
 def measure(n_bulk: int, n_single: int, rounds: int = 3, budget_s: float = 0.3,
-            idle_s: float = 0.0) -> Figures:
+            idle_s: float = 0.0, integrations: str = "off") -> Figures:
     """The whole bench: `rounds` blocks of `n_bulk` frames back to back and `rounds` blocks
     of `n_single` frames one at a time, each block served by the daemon and then run by the
     hand loop on the same files. `budget_s`: the profiler's time per variant (the first
     start's profiling and refinement; shorter for CI); `idle_s`: how long the warm daemon's
-    idle cost is measured before the first frame (0: not)."""
+    idle cost is measured before the first frame (0: not); `integrations`: "on" runs the
+    daemon with [sparkplug] and [opcua] on, "sparkplug" or "opcua" one of them (INTEGRATIONS)."""
     fig = Figures()
     with tempfile.TemporaryDirectory() as d:
         work = Path(d)
@@ -308,7 +328,8 @@ def measure(n_bulk: int, n_single: int, rounds: int = 3, budget_s: float = 0.3,
         broker = Mosquitto(work, auth=False).start()
         cfg = work / "edgerun.toml"
         cfg.write_text(CONFIG.format(model=bundled(), work=work, folder=folder, port=broker.port,
-                                     budget=budget_s))
+                                     budget=budget_s,
+                                     extra=INTEGRATIONS[integrations]))
         serve = hand = None
         try:
             # First start fills the profile cache (its background refinement included, so
@@ -365,18 +386,11 @@ def spread(xs: list[float]) -> str:
     return f"{float(np.median(xs)):.2f} ({min(xs):.2f}-{max(xs):.2f})"
 
 
-def main() -> None:
-    """Run the bench and print the ratios, per round and as median (spread)."""
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--n", type=int, default=3000, help="frames back to back, all rounds")
-    ap.add_argument("--single", type=int, default=300, help="frames one at a time, all rounds")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--idle-s", type=float, default=20.0, help="idle cost measured this long")
-    a = ap.parse_args()
-    f = measure(a.n // a.rounds, a.single // a.rounds, a.rounds, idle_s=a.idle_s)
-    print(f"variant {f.variant}; {a.rounds} rounds of {a.n // a.rounds} frames back to back, "
-          f"then {a.rounds} of {a.single // a.rounds} one at a time (latency without queueing); "
-          f"load average {spread(f.load)} (1 min, before each round, 2 cores)")
+def report(f: Figures, a: argparse.Namespace, title: str) -> None:
+    """Print one measurement's figures, per round and as median (spread)."""
+    print(f"{title}: variant {f.variant}; {a.rounds} rounds of {a.n // a.rounds} frames back "
+          f"to back, then {a.rounds} of {a.single // a.rounds} one at a time (latency without "
+          f"queueing); load average {spread(f.load)} (1 min, before each round, 2 cores)")
     for (h, s), ratio in zip(f.throughput, f.fps_ratios, strict=True):
         print(f"  throughput round: hand-written {h:6.0f}/s, edgerun serve {s:6.0f}/s "
               f"-> {ratio:.2f}x")
@@ -396,6 +410,41 @@ def main() -> None:
           f"wake-ups/s ({a.idle_s:g} s, quiet folder, connected to the broker)")
     print(f"to READY   : {f.ready_warm:.2f} s warm profile cache (target <= 3), "
           f"{f.ready_cold:.2f} s cold")
+
+
+def main() -> None:
+    """Run the bench and print the ratios, per round and as median (spread); with
+    `--integrations both`, the plain daemon and the one with [sparkplug] and [opcua] one
+    after the other in this run, and their ratios side by side."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--n", type=int, default=3000, help="frames back to back, all rounds")
+    ap.add_argument("--single", type=int, default=300, help="frames one at a time, all rounds")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--idle-s", type=float, default=20.0, help="idle cost measured this long")
+    ap.add_argument("--integrations", choices=("off", "on", "both", "sparkplug", "opcua"),
+                    default="off", help="the daemon with [sparkplug] and [opcua] on; both: "
+                    "off, then on; sparkplug or opcua: that one alone")
+    ap.add_argument("--on-first", action="store_true",
+                    help="with --integrations both: on, then off (alternate runs' order)")
+    a = ap.parse_args()
+    modes = {"both": ("on", "off") if a.on_first else ("off", "on")}.get(
+        a.integrations, (a.integrations,))
+    titles = {"off": "plain (no integrations)", "on": "with [sparkplug] and [opcua]",
+              "sparkplug": "with [sparkplug]", "opcua": "with [opcua]"}
+    figs = {}
+    for mode in modes:
+        f = figs[mode] = measure(a.n // a.rounds, a.single // a.rounds, a.rounds,
+                                 idle_s=a.idle_s, integrations=mode)
+        report(f, a, titles[mode])
+    if len(figs) == 2:
+        off, on = figs["off"], figs["on"]
+        print("\nside by side, median of rounds: plain -> with [sparkplug] and [opcua]")
+        for name, x, y in (("throughput ratio", off.fps_ratios, on.fps_ratios),
+                           ("CPU/frame ratio ", off.cpu_ratios, on.cpu_ratios),
+                           ("p95 ratio       ", off.p95_ratios, on.p95_ratios)):
+            print(f"  {name}: {spread(x)}x -> {spread(y)}x")
+        print(f"  idle RSS        : {off.idle_rss:.0f} -> {on.idle_rss:.0f} MB; idle CPU "
+              f"{off.idle_cpu_pct:.2f} -> {on.idle_cpu_pct:.2f} % of a core")
 
 
 if __name__ == "__main__":

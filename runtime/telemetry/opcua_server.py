@@ -453,17 +453,27 @@ class PlcServer:
                               SourceTimestamp=datetime.now(UTC)))
 
     async def _write_results(self) -> None:
-        """The one writer of LastResult and the result counters, in the results' order."""
+        """The one writer of LastResult and the result counters, in the results' order. What
+        piled up meanwhile is taken at once: every result is counted, LastResult shows what
+        view.to_show says (a free-running source's newest), the counters once a source."""
         assert self._results is not None
         types = view.SOURCE_VARIABLES
         while True:
-            items = await self._results.get()
+            items = list(await self._results.get())
+            while not self._results.empty():
+                items.extend(self._results.get_nowait())
             try:
-                for source, ref, label, score, t, e2e_ms in items:
+                show = view.to_show([it[0] for it in items], self._guard.present)
+                touched: dict[str, None] = {}
+                for (source, ref, label, score, t, e2e_ms), shown in zip(items, show,
+                                                                         strict=True):
                     word, ok = view.verdict(label, self.cfg.ok_labels)
                     c = self._counts[source]
                     c["Results"] += 1
                     c["Ok" if ok else "Nok"] += 1
+                    touched[source] = None
+                    if not shown:
+                        continue
                     p = f"{source}.LastResult."
                     for leaf, value in (("Verdict", word), ("Ok", ok), ("Class", label),
                                         ("Score", score),
@@ -471,11 +481,13 @@ class PlcServer:
                                         ("E2eMs", e2e_ms)):
                         await self._set(p + leaf, value, types["LastResult." + leaf], True)
                     await self._set(p + "FrameId", ref, "String", True)  # last: all in place
+                for source in touched:
+                    c = self._counts[source]
                     for k in ("Results", "Ok", "Nok"):
                         await self._set(f"{source}.Counts.{k}", c[k], "UInt64")
                     if source in self._guard.present:
                         await self._edge_counts(source)
-            except Exception:  # one bad item costs itself, never the writer
+            except Exception:  # one bad batch costs itself, never the writer
                 self._said.log("write", "OPC UA: could not show a result", exc_info=True)
 
     async def _edge_counts(self, source: str) -> None:

@@ -96,6 +96,17 @@ def verdict(label: str, ok_labels: Iterable[str]) -> tuple[str, bool]:
     return ("OK" if ok else "NOK"), ok
 
 
+def to_show(sources: list[str], triggered: Iterable[str]) -> list[bool]:
+    """Which results of a backlog (their sources, oldest first) LastResult shows: every one
+    of a PLC-triggered source (each part's verdict is the PLC's to read), only the newest of
+    any other (a free-running camera's LastResult is its latest; its Counts count every
+    result). A server that showed each of 1,000 results a second cost the frame path a
+    third of its throughput (docs/benchmarks.md); at a line's rate nothing piles up."""
+    trig = set(triggered)
+    newest = {s: i for i, s in enumerate(sources)}
+    return [s in trig or newest[s] == i for i, s in enumerate(sources)]
+
+
 def _num(x: Any) -> float:
     """A health number as a Double (NaN for null: OPC UA has no null Double)."""
     return float(x) if isinstance(x, int | float) and math.isfinite(x) else math.nan

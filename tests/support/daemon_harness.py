@@ -199,6 +199,12 @@ def results(db: Path) -> list[dict]:
     return [json.loads(b) for (b,) in _query(db, "SELECT body FROM results ORDER BY seq")]
 
 
+def results_by_seq(db: Path) -> dict[int, dict]:
+    """The results held in the outbox by their seq (the seq the native tree and Sparkplug's
+    `Last Result/Seq` carry)."""
+    return {s: json.loads(b) for s, b in _query(db, "SELECT seq, body FROM results")}
+
+
 def admitted(kind: str, body: str) -> dict:
     """`body` parsed, failing the test unless the coordinator would admit it: a field the
     daemon sends but the closed wire schema (runtime/wire/payloads.py) does not declare

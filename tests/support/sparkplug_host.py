@@ -129,7 +129,70 @@ class Host:
             return [m for m in self.messages if m.kind == kind and
                     (not device or m.device == device)]
 
+    def by_seq(self, device: str) -> dict[int, dict[str, Any]]:
+        """The device's metrics as a host holds them (births set them, data updates them: a
+        data message carries only what changed) at the first message of each result's
+        `Last Result/Seq`, with `historical`: whether that message's Seq was historical."""
+        with self.lock:
+            messages = [m for m in self.messages if m.device == device]
+        held: dict[str, Any] = {}
+        out: dict[int, dict[str, Any]] = {}
+        for m in messages:
+            ms = m.metrics()
+            held.update({k: value(v) for k, v in ms.items()})
+            if "Last Result/Seq" in ms and held["Last Result/Seq"] is not None:
+                # the first message of a result (a live DDATA after history may repeat it)
+                out.setdefault(held["Last Result/Seq"], {
+                    **held, "historical": ms["Last Result/Seq"].is_historical})
+        return out
+
 
 def state(online: bool, ts_ms: int) -> bytes:
     """A 3.0 primary host STATE payload."""
     return json.dumps({"online": online, "timestamp": ts_ms}).encode()
+
+
+class PrimaryHost:
+    """A 3.0 primary host application on a real broker (tests and bench/sparkplug_soak.py):
+    its will is STATE offline; on every (re)connect it subscribes to spBv1.0/# and then says
+    STATE online (retained, a newer timestamp each time), so a node gated on it
+    (`primary_host_id`) births only once this host is listening (no birth missed across a
+    broker restart). Every message goes to `host` (a Host) for the rules."""
+
+    def __init__(self, broker: Any, group: str, node: str, host_id: str = "scada"):
+        import time
+
+        import paho.mqtt.client as mqtt
+
+        cfg = broker.client(host_id, read=("spBv1.0/#",),
+                            write=(f"spBv1.0/STATE/{host_id}", f"spBv1.0/{group}/NCMD/{node}"))
+        self.host, self.topic = Host(), f"spBv1.0/STATE/{host_id}"
+        self._time = time
+        self.connects = 0
+        self.c = mqtt.Client(callback_api_version=mqtt.CallbackAPIVersion.VERSION2,
+                             client_id=f"{host_id}-{time.monotonic_ns()}",
+                             protocol=mqtt.MQTTv311)
+        self.c.username_pw_set(cfg.username, Path(cfg.password_file).read_text().strip())
+        self.c.will_set(self.topic, state(False, self._now()), qos=1, retain=True)
+        self.c.reconnect_delay_set(0.1, 0.5)
+        self.c.on_connect = self._on_connect
+        self.c.on_message = lambda c, u, m: self.host.on_message(m.topic, m.payload)
+        self.c.connect("127.0.0.1", broker.port, 5)
+        self.c.loop_start()
+
+    def _now(self) -> int:
+        return self._time.time_ns() // 1_000_000
+
+    def _on_connect(self, c: Any, userdata: Any, flags: Any, rc: Any, props: Any) -> None:
+        if rc.is_failure:
+            return
+        c.subscribe("spBv1.0/#", 1)  # before STATE, on the same connection: in this order
+        c.publish(self.topic, state(True, self._now()), qos=1, retain=True)
+        self.connects += 1
+
+    def close(self) -> None:
+        """Say offline and disconnect."""
+        self.c.publish(self.topic, state(False, self._now()), qos=1,
+                       retain=True).wait_for_publish(5)
+        self.c.disconnect()
+        self.c.loop_stop()

@@ -6,7 +6,14 @@ import math
 
 import pytest
 
-from runtime.telemetry.opcua_view import check_write, device_values, rising, source_values, verdict
+from runtime.telemetry.opcua_view import (
+    check_write,
+    device_values,
+    rising,
+    source_values,
+    to_show,
+    verdict,
+)
 
 
 @pytest.mark.parametrize(("path", "type_name", "value", "want"), [
@@ -59,3 +66,14 @@ def test_device_values_from_health():
     assert v == {"Device.TempC": 61.0, "Device.Throttled": True, "Device.GovernorLevel": 2,
                  "Device.UptimeS": 3.5, "Device.Sessions": 7}
     assert math.isnan(device_values({}, 0)["Device.TempC"])
+
+
+@pytest.mark.parametrize(("sources", "want"), [
+    ([], []),
+    (["cam2"], [True]),
+    (["cam2", "cam2", "cam2"], [False, False, True]),  # free-running: the newest only
+    (["main", "main", "main"], [True, True, True]),  # PLC-triggered: every verdict
+    (["cam2", "main", "cam2", "cam3", "main"], [False, True, True, True, True]),
+])
+def test_a_backlog_shows_every_triggered_verdict_and_the_newest_of_the_rest(sources, want):
+    assert to_show(sources, {"main"}) == want
