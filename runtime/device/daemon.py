@@ -74,7 +74,6 @@ from runtime.frames.results_local import LocalResults
 from runtime.telemetry.client import Publisher, device_id
 from runtime.telemetry.homeassistant import Discovery
 from runtime.telemetry.outbox import Outbox
-from runtime.telemetry.sparkplug.node import SparkplugNode, sparkplug_node
 from runtime.wire.commands import Command
 from runtime.wire.health_history import HealthHistory
 
@@ -117,7 +116,7 @@ class Daemon:
         self.wakeup = Wakeup()  # the main loop sleeps on it (runtime/device/wakeup.py)
         self.sim: Any = None  # runtime.device.simdevice.SimulatedDevice when simulating
         self.publisher: Publisher | None = None
-        self.sparkplug: SparkplugNode | None = None  # opt-in Sparkplug B edge node
+        self.sparkplug: Any = None  # runtime.telemetry.sparkplug.node.SparkplugNode ([sparkplug])
         self.local_api: LocalApi | None = None  # opt-in /metrics and /healthz ([local_api])
         self.plc: Any = None  # runtime.telemetry.opcua_server.PlcServer ([opcua], docs/plc.md)
         self.sleeper: Any = None  # runtime.device.sleep.Sleeper when [sleep] is enabled
@@ -279,6 +278,9 @@ class Daemon:
                                        command_queue=WakingQueue(self.wakeup.set, 100))
         except ValueError as e:  # an unreadable trusted key or device key file
             raise ConfigError(str(e)) from e
+        # imported only when asked for: protobuf and the schema cost an idle daemon ~3 MB
+        from runtime.telemetry.sparkplug.node import sparkplug_node
+
         self.sparkplug = sparkplug_node(cfg.sparkplug, cfg.telemetry, self.device_id,
                                         self.outbox, self.state_dir, self.event)
 

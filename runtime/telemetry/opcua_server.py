@@ -163,12 +163,21 @@ class _Server(InternalServer):
         super().__init__(user_manager=users)  # type: ignore[arg-type]
         self.max_sessions, self.guard = max_sessions, guard
         self.sessions: set[int] = set()  # ids of the client sessions open now
+        self.by_peer: dict[str, InternalSession] = {}  # a connection's session now
         self.refused_sessions = 0
         self.max_connections = max_sessions + 10  # sockets too (a few mid-handshake)
+        # asyncua's 600 s default kept a dropped PLC's slot for ten minutes: a PLC that
+        # rebooted a few times locked itself out
+        self.max_session_timeout_ms = 60_000
 
     def create_session(self, name: str, user: User = User(role=UserRole.Anonymous),  # noqa: B008
                        external: bool = False) -> InternalSession:
         """A new session; BadTooManySessions past max_sessions (external ones only)."""
+        if external and (old := self.by_peer.pop(name, None)) is not None:
+            # asyncua replaces a connection's session on each CreateSession without closing
+            # the one before: closed here, or one client could hold every slot for good
+            self.unregister_external_session(old)
+            asyncio.get_running_loop().create_task(old.close_session(delete_subs=True))
         if external and len(self.sessions) >= self.max_sessions:
             self.refused_sessions += 1
             self.guard.said.log("sessions", "OPC UA: refused a session from %s: %d are open, "
@@ -179,6 +188,7 @@ class _Server(InternalServer):
         s = _GuardedSession(self, self.aspace, self.subscription_service, name, user=user,
                             external=True)
         s.guard = self.guard
+        self.by_peer[name] = s
         return s
 
     def register_external_session(self, session: InternalSession) -> None:
@@ -190,6 +200,8 @@ class _Server(InternalServer):
         """Closed (asyncua calls this once per session)."""
         super().unregister_external_session(session)
         self.sessions.discard(id(session))
+        if self.by_peer.get(session.name) is session:
+            del self.by_peer[session.name]
 
 
 class _Guard:

@@ -251,6 +251,33 @@ def _cert(tmp_path: Path, name: str, uri: str) -> tuple[Path, Path]:
     return c, k
 
 
+def test_sessions_a_client_abandons_free_their_slot_for_the_plc():
+    """asyncua replaces a connection's session on each CreateSession without closing the one
+    before: three on one connection, never activated, then a disconnect, held two of three
+    slots for good (the review's reproduction), and a PLC was refused until a restart."""
+    async def go(srv):
+        c = Client(srv.endpoint, timeout=20)
+        await c.connect_socket()
+        await c.send_hello()
+        await c.open_secure_channel()
+        for _ in range(3):
+            await c.create_session()  # never activated, the same connection
+        assert srv.stats()["sessions"] == 1
+        await c.close_secure_channel()
+        c.disconnect_socket()
+        for _ in range(200):
+            if srv.stats()["sessions"] == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert srv.stats()["sessions"] == 0
+        plc = Client(srv.endpoint, timeout=20)
+        await plc.connect()  # the PLC gets in
+        await plc.disconnect()
+
+    with serving(OpcUaConfig(enabled=True, port=0, max_sessions=3)) as srv:
+        run(go(srv))
+
+
 def test_basic256sha256_with_a_password_admits_the_right_login_only(tmp_path):
     cert, key = _cert(tmp_path, "server", "urn:edgerun:opcua")
     ccert, ckey = _cert(tmp_path, "plc", "urn:plc:client")
