@@ -315,9 +315,7 @@ def _budget_to_rung(s: ControlState, rungs: Sequence[Rung], cfg: ControlConfig,
                                            floor_w=_floor(cfg))
     h = hold(replace(s.hold, rung=now), proposed, t, cfg.dwell_s, cfg.max_dwell_s)
     new_rung = h.rung if h.rung is not None else now
-    cap = min(decision.rate_cap_hz, fit_rate if fit_rate < rate else math.inf)
-    if math.isfinite(cap):
-        cap = max(cap, cfg.min_rate_hz)  # minimum duty, never "uncapped" and never below it
+    cap = _capped(min(decision.rate_cap_hz, fit_rate if fit_rate < rate else math.inf), cfg)
     return now, _Actuation(new_rung, cap, h, decision.reason), proposed
 
 
@@ -345,22 +343,27 @@ def time_under(temp_c: float, extra_w: float, limit_c: float, r_die_case: float,
     return -case_tau_s * math.log(1 - (limit_c - jump) / creep)
 
 
-def _cap_for(rung: Rung, decision: gov.Decision, cfg: ControlConfig) -> float:
-    """The rate cap a budget sets for one rung (inf: none), never below minimum duty."""
-    fit = rung.rate_for(decision.budget_w, _floor(cfg))
-    cap = min(decision.rate_cap_hz, fit if fit < cfg.rate_hz else math.inf)
+def _capped(cap: float, cfg: ControlConfig) -> float:
+    """Minimum duty: a finite cap is never below `min_rate_hz` ("uncapped" only as inf)."""
     return max(cap, cfg.min_rate_hz) if math.isfinite(cap) else cap
 
 
+def _cap_for(rung: Rung, decision: gov.Decision, cfg: ControlConfig) -> float:
+    """The rate cap a budget sets for one rung (inf: none), never below minimum duty."""
+    fit = rung.rate_for(decision.budget_w, _floor(cfg))
+    return _capped(min(decision.rate_cap_hz, fit if fit < cfg.rate_hz else math.inf), cfg)
+
+
 def _excursion(s: ControlState, rungs: Sequence[Rung], cfg: ControlConfig,
-               decision: gov.Decision, temp_now: float, proposed: int, t: float
+               decision: gov.Decision, temp_now: float, slope: float, proposed: int, t: float
                ) -> _Actuation | None:
     """An excursion (module doc): from the rung running now to the richer rung the budget
     allows that buys the most accuracy-weighted inferences per extra watt, among those that
     keep the die under the guard for at least `excursion_s`; None when none does."""
     g, tau = cfg.governor, cfg.case_tau_s
-    if g is None or tau is None or cfg.r_total_k_per_w is None or s.actuation is None:
-        return None
+    if (g is None or tau is None or cfg.r_total_k_per_w is None or s.actuation is None
+            or s.holding or slope > 0):
+        return None  # time_under starts from a die at rest, read now
     rate, limit = cfg.rate_hz, g.control_c - cfg.guard_margin_c
     old_rung, old_cap = s.actuation
     old_rung = min(old_rung, len(rungs) - 1)
@@ -393,7 +396,7 @@ def _excursion(s: ControlState, rungs: Sequence[Rung], cfg: ControlConfig,
 
 
 def _guard_upgrade(s: ControlState, rungs: Sequence[Rung], cfg: ControlConfig,
-                   decision: gov.Decision, temp_now: float | None, now: int,
+                   decision: gov.Decision, temp_now: float | None, slope: float, now: int,
                    want: _Actuation, proposed: int, t: float) -> tuple[_Actuation, str]:
     """The upgrade guard (module doc): a step up only when its extra power would settle under
     the control trip; else an excursion, else the smaller step, else hold everything.
@@ -421,7 +424,7 @@ def _guard_upgrade(s: ControlState, rungs: Sequence[Rung], cfg: ControlConfig,
         refused = (f"{rungs[want.rung].variant_id} would settle near {settle:.1f} °C, over "
                    f"{limit:g} °C")
         if want.rung > old_rung:
-            trip = _excursion(s, rungs, cfg, decision, temp_now, proposed, t)
+            trip = _excursion(s, rungs, cfg, decision, temp_now, slope, proposed, t)
             if trip is not None:
                 return trip, ""
         # Too big a step: try the smaller one (the rung running now at the rate the
@@ -517,15 +520,17 @@ def step(state: ControlState, r: Reading, rungs: Sequence[Rung], cfg: ControlCon
     now, want, proposed = _budget_to_rung(s, rungs, cfg, decision, current, r.t)
     s, want = _end_excursion(s, rungs, cfg, decision, want, r.t)
     refused = _refused_by_hold(s, rungs, proposed, now, want, r.t)
-    act, why_not = _guard_upgrade(s, rungs, cfg, decision, seen.temp_c, now, want, proposed,
-                                  r.t)
+    act, why_not = _guard_upgrade(s, rungs, cfg, decision, seen.temp_c, seen.slope, now, want,
+                                  proposed, r.t)
     refused = why_not or refused
     if act.excursion and s.actuation is not None:
         s = replace(s, excursion=(*s.actuation, r.t))
-    if s.actuation is not None and (act.rung, act.cap) != s.actuation:
-        s = replace(s, samples=s.samples[-1:])  # a new regime: restart the trend
-    s = replace(s, hold=act.hold, actuation=(act.rung, act.cap))
     cap = min(act.cap, operator_rate_hz)
+    # what runs, the operator's cap included: the guard judges the next step from it, so
+    # lifting that cap is a step up like any other
+    if s.actuation is not None and (act.rung, cap) != s.actuation:
+        s = replace(s, samples=s.samples[-1:])  # a new regime: restart the trend
+    s = replace(s, hold=act.hold, actuation=(act.rung, cap))
     s = _physics_bounded(s, cfg, act.rung, cap, seen.temp_c, r.t, events)
     return s, Output(act.rung, cap, decision.budget_w, decision.level, act.reason, seen.temp_c,
                      seen.slope * 60, tuple(events), refused)

@@ -106,6 +106,9 @@ def best_schedule(device: DeviceProfile, rungs: Sequence[Rung],
     mids = [t0 + (j + 0.5) * dt for j in range(n)]
     ambs = np.array([ambient_c(t) for t in mids])
     lo = min(float(ambs.min()), ambient_c(t0)) - 1.0
+    if lo + 1.0 >= limit:
+        raise ValueError(f"the ambient ({lo + 1:.1f} °C) reaches the {limit:g} °C limit: no "
+                         "schedule keeps the die under it")
     grid = np.arange(lo, limit + res.grid_c, res.grid_c)
     decay = math.exp(-dt / (m.r_case_amb * m.c_case))
     cheapest = int(np.argmin(power))
@@ -124,7 +127,7 @@ def best_schedule(device: DeviceProfile, rungs: Sequence[Rung],
         policy[j] = best
         value = total[rows, best]
     # Forward: run the schedule from the plant's start (die = case = ambient) on the same
-    # one-node model, acting at the nearest grid point's choice.
+    # one-node model, acting at the choice of the grid point at or above it (the safe side).
     case = ambient_c(t0)
     chosen_r, chosen_hz = [], []
     good = good_w = bounded = 0.0

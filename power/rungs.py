@@ -90,8 +90,11 @@ def budget_levels(rungs: Sequence[Rung], rate_hz: float, min_rate_hz: float = 0.
     of RATE_STEPS of the rate (0.84, 0.71, 0.59, 1/2, ... 1/32), and last at the minimum duty
     `min_rate_hz` (the bottom: fail-safe, and where a device that stays hot ends up)."""
     levels = [math.inf] + [r.box_w(rate_hz, floor_w) for r in reversed(rungs[:-1])]
-    levels += [floor_w + rungs[0].power_w(rate_hz) * k for k in RATE_STEPS]
-    return (*levels, rungs[0].box_w(min(min_rate_hz, rate_hz / 8), floor_w))
+    # only the steps above minimum duty: one below it would run at minimum duty anyway (a
+    # level that changes nothing costs a settle_s on the way down and a dwell on the way up)
+    levels += [floor_w + rungs[0].power_w(rate_hz) * k for k in RATE_STEPS
+               if rate_hz * k > min_rate_hz]
+    return (*levels, rungs[0].box_w(min(min_rate_hz, rate_hz), floor_w))
 
 
 def select_for_budget(rungs: Sequence[Rung], budget_w: float, rate_hz: float,

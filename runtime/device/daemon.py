@@ -549,9 +549,12 @@ class Daemon:
             m.current = min(m.current, top)
             self._move_model(m, i, why)
         self.box.build_joint()
+        # the indices of the old ladder mean nothing on the new one: no actuation to judge a
+        # step from, no excursion to come back from
         self.cstate = replace(self.cstate, hold=replace(self.cstate.hold,
                                                         rung=self.box.control_current(),
-                                                        dwell_s=None))
+                                                        dwell_s=None),
+                              actuation=None, excursion=None)
 
     def _move_model(self, m: ServedModel, rung: int, why: str) -> None:
         """Switch one model to a rung of its ladder (an event); the [model]'s also updates

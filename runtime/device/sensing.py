@@ -141,6 +141,8 @@ class RefusalWatch:
     def due(self, refused: str, t: float) -> bool:
         """True when `refused` (device time `t`) is to be said now."""
         kind = refusal_kind(refused)
+        if t < self.said_t:  # device time went back (NTP at boot): start again
+            self.said_t = -math.inf
         if not refused:
             self.kind = ""
             return False
