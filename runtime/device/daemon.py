@@ -278,11 +278,11 @@ class Daemon:
                                        command_queue=WakingQueue(self.wakeup.set, 100))
         except ValueError as e:  # an unreadable trusted key or device key file
             raise ConfigError(str(e)) from e
-        # imported only when asked for: protobuf and the schema cost an idle daemon ~3 MB
-        from runtime.telemetry.sparkplug.node import sparkplug_node
+        if cfg.sparkplug.enabled:  # imported only then: protobuf and the schema cost ~3 MB
+            from runtime.telemetry.sparkplug.node import sparkplug_node
 
-        self.sparkplug = sparkplug_node(cfg.sparkplug, cfg.telemetry, self.device_id,
-                                        self.outbox, self.state_dir, self.event)
+            self.sparkplug = sparkplug_node(cfg.sparkplug, cfg.telemetry, self.device_id,
+                                            self.outbox, self.state_dir, self.event)
 
     def _install_models(self) -> Callable | None:
         """The engines (discovered once per process), the [model]'s model (the version OTA
