@@ -55,7 +55,10 @@ class Coalescer:
                 k.pending, k.has_pending = (value, same), True
                 self.waiting[key] = None
                 return False
+            if k.has_pending:  # its window ended and `due` has not run yet: this one is
+                self.coalesced += 1  # newer, acts now, and the held one never does
             k.acted_at, k.acted, k.pending, k.has_pending = now, same, None, False
+            self.waiting.pop(key, None)
             self.acted += 1
             return True
         self.keys[key] = _Key(now, same)

@@ -30,6 +30,10 @@ from runtime.wire import commands
     # `same` as what acted last: dropped, even after the window (one per boot)
     ([("a", 1, 0.0, "boot1"), ("a", 2, 0.5, "boot1"), ("a", 3, 9.0, "boot1")], 20, [1], []),
     ([("a", 1, 0.0, "boot1"), ("a", 2, 0.5, "boot2")], 1.0, [1], [("a", 2)]),
+    # held, its window over, and a newer offer before `due` ran: the newer acts at once and
+    # the held one never does (it stayed "waiting" with nothing held, and every later `due`
+    # raised: the coordinator's ingest stopped storing, seen under load in the fuzz test)
+    ([("a", 1, 0.0, None), ("a", 2, 0.5, None), ("a", 3, 1.5, None)], 5, [1, 3], []),
 ])
 def test_coalescer_table(offers, t_due, now_want, due_want):
     c = Coalescer(window_s=1.0)
