@@ -37,6 +37,8 @@ def problem(readings: Sequence[tuple[float, float]], period_s: float | None,
         if v1 < v0:
             return f"the counter went back by {v0 - v1:.3f} J"
         dt = t1 - t0
+        if dt <= 0 and v1 > v0:  # energy with no time to spend it in: no power is plausible
+            return f"the counter rose {v1 - v0:.1f} J between two readings at {t1:.3f} s"
         if dt > 0 and (v1 - v0) / dt > max_w:
             return (f"the counter rose {v1 - v0:.1f} J in {dt * 1e3:.0f} ms "
                     f"({(v1 - v0) / dt:.0f} W, more than {max_w:.0f} W)")

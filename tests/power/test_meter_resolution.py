@@ -64,6 +64,7 @@ def test_hwmon_update_interval(tmp_path):
     ([(0.0, 0.0), (0.1, 6.0), (1.5, 6.0)], 0.1, None),  # under 20 periods
     ([(0.0, 0.0), (0.1, float("nan"))], 0.1, "read nan"),
     ([(0.0, 0.0), (30.0, 0.0)], None, "did not move for 30.0 s"),
+    ([(0.0, 0.0), (0.0, 6.0)], 0.1, "rose 6.0 J between two readings"),  # in no time
 ])
 def test_a_counter_is_distrusted(readings, period, why):
     got = meter_trust.problem(readings, period)
