@@ -218,9 +218,11 @@ def _schema_keys(cls: type, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...
     import dataclasses
     import typing
 
+    from runtime.config.schema import keys_of
+
     hints = typing.get_type_hints(cls)
     out = []
-    for f in dataclasses.fields(cls):
+    for f in keys_of(cls).values():
         path = (*prefix, f.name)
         out.append(path)
         if dataclasses.is_dataclass(hints[f.name]):
