@@ -11,6 +11,7 @@ from pathlib import Path
 from runtime import __version__, cli_types
 from runtime.choice.report import json_safe, profile_table, refused_devices
 from runtime.cli_types import Subparsers
+from runtime.config.constraints import latency_target_problem
 from runtime.config.schema import ConfigError
 from runtime.config.source import bundled_names
 
@@ -21,7 +22,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     from power.sensors import detect_meter
     from runtime import config as config_mod
     from runtime.choice.profiler import Profiler, default_threads, profile_all
-    from runtime.choice.selector import Constraints, NoVariantError, frontier, select
+    from runtime.choice.selector import NoVariantError, frontier, select
     from runtime.device.profiles import load_profile
     from runtime.engine.backends import discover
 
@@ -39,7 +40,10 @@ def cmd_profile(args: argparse.Namespace) -> int:
     model_cfg = replace(cfg.model, path=str(args.model),
                         input_shape=args.input_shape or cfg.model.input_shape)
     cons = cfg.constraints
-    constraints = Constraints(
+    if args.latency_ms is not None and (why := latency_target_problem(args.latency_ms)):
+        raise ConfigError(f"--latency-ms: {why}")
+    constraints = replace(  # the command line's over the config's; inference alone
+        cons, end_to_end_ms=None,
         latency_ms=args.latency_ms if args.latency_ms is not None else cons.latency_ms,
         percentile=args.percentile if args.percentile is not None else cons.percentile,
         accuracy_floor=(args.accuracy_floor if args.accuracy_floor is not None

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from runtime.choice import at_rate, provisional
 from runtime.choice.box import BoxFigure, FrameCosts, configurations, describe, energy_key
+from runtime.config.constraints import Constraints  # the one type: config, commands, here
 
 
 @dataclass(frozen=True)
@@ -72,26 +73,6 @@ class Profile:
     def latency(self, percentile: int) -> float:
         """Latency in ms at 50, 95 or 99."""
         return {50: self.p50_ms, 95: self.p95_ms, 99: self.p99_ms}[percentile]
-
-
-@dataclass(frozen=True)
-class Constraints:
-    """What the operator asks for."""
-
-    latency_ms: float  # inference latency at the percentile (per inference)
-    percentile: int = 95
-    accuracy_floor: float | None = None  # None: the best measured accuracy minus AUTO_TOLERANCE
-    # frame in to durable result at the percentile, per frame; None: judged on latency_ms
-    end_to_end_ms: float | None = None
-    frame: FrameCosts | None = None  # the stages around inference; None: the model alone
-    # frames offered per second (0: not known, or a backlog): accelerators are ranked by
-    # their energy at this rate (runtime/choice/at_rate.py); `frame.rate_hz` when frame is set
-    rate_hz: float = 0.0
-
-    @property
-    def by_box(self) -> bool:
-        """Whether the choice is by the box's energy per frame (see module doc)."""
-        return self.frame is not None or self.end_to_end_ms is not None
 
 
 AUTO_TOLERANCE = 0.02  # what the automatic floor gives up, at most, against the best variant

@@ -13,7 +13,7 @@ the component that uses it. A module per section that has a component of its own
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -25,6 +25,7 @@ from runtime.config.backends import (
     OpenCvConfig,
     OpenVinoConfig,
 )
+from runtime.config.constraints import Constraints
 from runtime.config.coordinator import CoordinatorConfig
 from runtime.config.homeassistant import HomeAssistantConfig
 from runtime.config.local_api import LocalApiConfig
@@ -77,41 +78,6 @@ class ModelConfig:
                                  f"got {self.tile_size}")
         if not 0.0 <= self.tile_overlap <= 0.75:
             return "tile_overlap", f"must be within 0..0.75, got {self.tile_overlap}"
-        return None
-
-
-@dataclass(frozen=True)
-class ConstraintsConfig:
-    """What the operator asks of inference. `latency_ms` is inference latency (one
-    inference, at the percentile): what it has always meant. `end_to_end_ms`, when set, is the
-    target instead: frame in to durable result (decode to the outbox commit) at the
-    percentile, per frame; the selector then ranks whole configurations by the box's energy
-    per frame against it, and inference latency is only reported (runtime/choice/selector.py)."""
-
-    latency_ms: float = 20.0
-    percentile: Literal[50, 95, 99] = 95
-    accuracy_floor: float | None = None  # unset: the best variant's accuracy minus 0.02
-    end_to_end_ms: float | None = None  # unset: the target is latency_ms, inference alone
-
-    def in_force(self) -> tuple[float, bool]:
-        """The latency target in force (ms), and whether it is end to end: what the choice
-        is judged on, the SLO compliance counts and `set_latency_target` changes."""
-        if self.end_to_end_ms is not None:
-            return self.end_to_end_ms, True
-        return self.latency_ms, False
-
-    def with_target(self, ms: float) -> ConstraintsConfig:
-        """These constraints with the latency target in force set to `ms` (`in_force`):
-        what `set_latency_target` means, applied and restored after a restart."""
-        return replace(self, **{"end_to_end_ms" if self.in_force()[1] else "latency_ms": ms})
-
-    def validate(self) -> tuple[str, str] | None:
-        if self.latency_ms <= 0:
-            return "latency_ms", f"must be > 0, got {self.latency_ms}"
-        if self.end_to_end_ms is not None and not 0 < self.end_to_end_ms < math.inf:
-            return "end_to_end_ms", f"must be > 0 and finite, got {self.end_to_end_ms}"
-        if self.accuracy_floor is not None and not 0.0 <= self.accuracy_floor <= 1.0:
-            return "accuracy_floor", f"must be within 0..1, got {self.accuracy_floor}"
         return None
 
 
@@ -258,7 +224,7 @@ class Config:
 
     device: DeviceConfig = field(default_factory=DeviceConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
-    constraints: ConstraintsConfig = field(default_factory=ConstraintsConfig)
+    constraints: Constraints = field(default_factory=Constraints)
     profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
     backends: BackendsConfig = field(default_factory=BackendsConfig)
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
@@ -297,7 +263,7 @@ def from_dict(data: dict, source: str = "<config>") -> Config:
     return build(Config, data, source=source)
 
 
-__all__ = ["ENGINES", "BackendsConfig", "Config", "ConfigError", "CoordinatorConfig",
+__all__ = ["ENGINES", "BackendsConfig", "Config", "ConfigError", "Constraints", "CoordinatorConfig",
            "HomeAssistantConfig", "LocalApiConfig", "ModelsConfig", "OnnxRuntimeConfig",
            "OpcUaConfig", "OpenCvConfig", "OpenVinoConfig", "ResultsConfig", "SourceConfig",
            "SparkplugConfig", "TelemetryConfig", "from_dict", "load"]

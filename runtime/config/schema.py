@@ -27,6 +27,16 @@ class ConfigError(ValueError):
     """A config or profile file is invalid; the message says where and why."""
 
 
+# dataclass field metadata of a field that is no key of its section (a value the program
+# sets, e.g. `Constraints.frame`): a file naming it gets "unknown key", and to_dict leaves it out
+NOT_A_KEY = {"config_key": False}
+
+
+def keys_of(cls: Any) -> dict[str, dataclasses.Field]:
+    """The fields of dataclass `cls` (or of an instance) that are keys of its section."""
+    return {f.name: f for f in dataclasses.fields(cls) if f.metadata.get("config_key", True)}
+
+
 MAX_FILE_BYTES = 1 << 20  # a config or profile is a few KiB; anything near this is a mistake
 
 
@@ -203,7 +213,7 @@ def _convert(tp: Any, value: Any, where: _Where) -> Any:
 
 def _build(cls: Any, data: dict[str, Any], where: _Where) -> Any:
     hints = get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
+    fields = keys_of(cls)
     unknown = sorted(set(data) - set(fields))
     if unknown:
         raise where.child(unknown[0]).fail(
@@ -228,7 +238,7 @@ def _build(cls: Any, data: dict[str, Any], where: _Where) -> Any:
 def to_dict(obj: Any) -> Any:
     """A dataclass tree as plain TOML/JSON-friendly values (tuples become lists)."""
     if dataclasses.is_dataclass(obj):
-        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        return {name: to_dict(getattr(obj, name)) for name in keys_of(obj)}
     if isinstance(obj, tuple | list):
         return [to_dict(v) for v in obj]
     return obj

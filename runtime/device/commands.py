@@ -120,7 +120,7 @@ def choose_model(d: CommandHost, cmd: Command) -> bool:
 
 
 def set_latency_target(d: CommandHost, cmd: Command) -> bool:
-    """The latency target in force from the command's `ms` (ConstraintsConfig.with_target):
+    """The latency target in force from the command's `ms` (Constraints.with_target):
     `[constraints] end_to_end_ms` when the device judges frames end to end, else
     `latency_ms` (changing the inference bound there would change nothing the operator
     sees)."""

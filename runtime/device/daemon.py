@@ -492,16 +492,14 @@ class Daemon:
         # with an end-to-end target, inference alone must fit in it: the ladder's lower
         # rungs keep that bound (runtime/choice/selector.py judges the frame end to end,
         # by the box's energy per frame, on what serving has measured so far)
-        return Constraints(latency_ms=c.end_to_end_ms or self._target(key)[0],
-                           percentile=c.percentile, accuracy_floor=c.accuracy_floor,
-                           end_to_end_ms=c.end_to_end_ms,
-                           # accelerators ranked at the rate frames are offered, not back to
-                           # back (runtime/choice/at_rate.py)
-                           rate_hz=self.cfg.governor.rate_hz,
-                           frame=self.model.frame_costs(self.pipeline, self.box_energy,
-                                                         self.device.power.idle_w,
-                                                         self.cfg.governor.rate_hz)
-                           if c.end_to_end_ms and not key else None)
+        return replace(c, latency_ms=c.end_to_end_ms or self._target(key)[0],
+                       # accelerators ranked at the rate frames are offered, not back to
+                       # back (runtime/choice/at_rate.py)
+                       rate_hz=self.cfg.governor.rate_hz,
+                       frame=self.model.frame_costs(self.pipeline, self.box_energy,
+                                                    self.device.power.idle_w,
+                                                    self.cfg.governor.rate_hz)
+                       if c.end_to_end_ms and not key else None)
 
     def _check_tiles(self) -> None:
         """A source whose frames cost another number of tiles than planned (a camera's size

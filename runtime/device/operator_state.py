@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from power.energy import EnergyState
+from runtime.config.constraints import RULES
 from runtime.durable import write_atomic
 
 log = logging.getLogger("edgerun.operator_state")
@@ -38,7 +39,6 @@ CONTROL_VERSION = 1
 # command -> (constraints field, command argument)
 COMMANDS = {"set_latency_target": ("latency_ms", "ms"),
             "set_accuracy_floor": ("accuracy_floor", "value")}
-_RANGES = {"latency_ms": (0.1, 60_000.0), "accuracy_floor": (0.0, 1.0)}
 
 
 class OperatorState:
@@ -77,7 +77,7 @@ class OperatorState:
         return energy
 
     def constraints(self, constraints: Any) -> Any:
-        """`constraints` (runtime.config.ConstraintsConfig) with the overrides applied."""
+        """`constraints` (runtime.config.Constraints) with the overrides applied."""
         return apply(constraints, self.settings)
 
     def record(self, command: str, args: dict[str, Any]) -> None:
@@ -126,14 +126,12 @@ def load_settings(state_dir: Path) -> dict[str, float]:
     path = Path(state_dir) / SETTINGS_FILE
     try:
         doc = json.loads(path.read_text())
-        if not isinstance(doc, dict) or set(doc) - set(_RANGES):
-            raise ValueError(f"unknown keys {sorted(set(doc) - set(_RANGES))}"
+        if not isinstance(doc, dict) or set(doc) - set(RULES):
+            raise ValueError(f"unknown keys {sorted(set(doc) - set(RULES))}"
                              if isinstance(doc, dict) else "not an object")
-        for k, v in doc.items():
-            lo, hi = _RANGES[k]
-            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) \
-                    or not lo <= v <= hi:
-                raise ValueError(f"{k} = {v!r} is outside {lo}..{hi}")
+        for k, v in doc.items():  # the config's rule for the field (one per field)
+            if (problem := RULES[k](v)) is not None:
+                raise ValueError(f"{k}: {problem}")
         return {k: float(v) for k, v in doc.items()}
     except FileNotFoundError:
         return {}
@@ -151,7 +149,7 @@ def save_settings(state_dir: Path, settings: dict[str, float]) -> None:
 
 
 def apply(constraints: Any, settings: dict[str, float]) -> Any:
-    """`constraints` (runtime.config.ConstraintsConfig) with the overrides applied. The saved
+    """`constraints` (runtime.config.Constraints) with the overrides applied. The saved
     `latency_ms` is the operator's latency target: it sets the target in force
     (`with_target`: `end_to_end_ms` when the config judges frames end to end), as the command
     did."""

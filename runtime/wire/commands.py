@@ -24,6 +24,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from runtime.config.constraints import accuracy_floor_problem, latency_target_problem
 from runtime.durable import write_atomic
 from runtime.wire import payloads
 
@@ -61,6 +62,16 @@ def _number(lo: float, hi: float) -> Callable[[Any], float]:
     def check(v: Any) -> float:
         if isinstance(v, bool) or not isinstance(v, int | float) or not lo <= v <= hi:
             raise CommandRefused(f"expected a number in {lo}..{hi}, got {v!r}")
+        return float(v)
+    return check
+
+
+def _by(rule: Callable[[Any], str | None]) -> Callable[[Any], float]:
+    """A validator from a constraints rule (runtime/config/constraints.py): the values the
+    config accepts for the field the command sets, no other."""
+    def check(v: Any) -> float:
+        if (problem := rule(v)) is not None:
+            raise CommandRefused(problem)
         return float(v)
     return check
 
@@ -106,8 +117,8 @@ def _size(v: Any) -> int:
 
 # command -> {argument: validator}; every argument is required.
 COMMANDS: dict[str, dict[str, Callable[[Any], Any]]] = {
-    "set_latency_target": {"ms": _number(0.1, 60_000)},
-    "set_accuracy_floor": {"value": _number(0.0, 1.0)},
+    "set_latency_target": {"ms": _by(latency_target_problem)},
+    "set_accuracy_floor": {"value": _by(accuracy_floor_problem)},
     "set_rate": {"fps": _number(0.0, 1000.0)},  # 0 = as fast as the source delivers
     "choose_model": {"name": _name},
     # A signed bundle to download, verify, profile and swap to (runtime/device/ota.py).

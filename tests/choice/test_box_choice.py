@@ -11,7 +11,7 @@ import pytest
 from runtime.choice.box import FrameCosts, PrePath, figure, sustained_hz
 from runtime.choice.ladders import build_ladder
 from runtime.choice.selector import Constraints, Profile, select
-from runtime.config import ConfigError, ConstraintsConfig, build
+from runtime.config import ConfigError, build
 
 
 def P(vid: str, form: str, p95: float, mj: float, acc: float = 0.97) -> Profile:
@@ -202,14 +202,14 @@ def test_sustained_rate_is_the_slowest_thread_within_the_cores(infer, pre, costs
 
 
 def test_an_old_config_keeps_latency_ms_as_inference():
-    cfg = build(ConstraintsConfig, {"latency_ms": 30.0}, "constraints")
+    cfg = build(Constraints, {"latency_ms": 30.0}, "constraints")
     assert cfg.latency_ms == 30.0 and cfg.end_to_end_ms is None
 
 
 @pytest.mark.parametrize("bad", [0.0, -5.0, math.inf])
 def test_end_to_end_target_must_be_positive_and_finite(bad):
     with pytest.raises(ConfigError, match="end_to_end_ms"):
-        build(ConstraintsConfig, {"end_to_end_ms": bad}, "constraints")
+        build(Constraints, {"end_to_end_ms": bad}, "constraints")
 
 
 REPORT = {"box_mj": 9.0, "source": "estimated", "stages_mj": {

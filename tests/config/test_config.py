@@ -172,21 +172,45 @@ def test_bundled_models_is_where_the_models_package_is():
     assert BUNDLED_MODELS == models.ROOT
 
 
-@pytest.mark.parametrize("name", ["onnxruntime", "openvino", "opencv"])
+@pytest.mark.parametrize("name", config.ENGINES)
 def test_each_backend_names_its_own_config_class(name):
-    """[backends.<name>] is typed by the class the backend's own file names."""
+    """[backends.<name>] is typed by the class the backend's own file names, and the
+    backend's name is its registry line's (runtime/config/backends.py REGISTRY)."""
     import dataclasses
     import importlib
     import typing
 
-    from runtime.config.backends import BackendsConfig
-    from runtime.engine.backends import REGISTRY
+    from runtime.config.backends import BY_NAME, BackendsConfig
 
-    module, cls = REGISTRY[name]
+    module, cls = BY_NAME[name].backend.split(":")
     backend = getattr(importlib.import_module(module), cls)
+    assert backend.name == name
+    assert backend.config_class is BY_NAME[name].knobs
     hints = typing.get_type_hints(BackendsConfig)
+    if backend.config_class is None:  # an engine without knobs has no section
+        assert name not in hints
+        return
     assert hints[name] is backend.config_class
     assert dataclasses.is_dataclass(backend.config_class)
+
+
+def test_the_backends_section_is_derived_from_the_registry():
+    """`enabled` accepts the registry's names, and each engine with knobs has its section:
+    adding an engine is its module and one registry line."""
+    import typing
+
+    from runtime.config.backends import REGISTRY, BackendsConfig
+
+    hints = typing.get_type_hints(BackendsConfig)
+    (name_type, _) = typing.get_args(hints["enabled"])
+    assert typing.get_args(name_type) == tuple(e.name for e in REGISTRY) == config.ENGINES
+    assert {k for k in hints if k not in ("enabled", "threads", "plugins")} == {
+        e.name for e in REGISTRY if e.knobs}
+    with pytest.raises(ConfigError, match="'backends.enabled.\\[0\\]': expected 'onnxruntime' "
+                       "or 'openvino' or 'opencv' or 'opencl', got 'tflite'"):
+        config.from_dict({"backends": {"enabled": ["tflite"]}})
+    with pytest.raises(ConfigError, match="'backends.opencl': unknown key"):
+        config.from_dict({"backends": {"opencl": {}}})
 
 
 def _schema_keys(cls: type, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
@@ -194,9 +218,11 @@ def _schema_keys(cls: type, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...
     import dataclasses
     import typing
 
+    from runtime.config.schema import keys_of
+
     hints = typing.get_type_hints(cls)
     out = []
-    for f in dataclasses.fields(cls):
+    for f in keys_of(cls).values():
         path = (*prefix, f.name)
         out.append(path)
         if dataclasses.is_dataclass(hints[f.name]):

@@ -13,7 +13,7 @@ import pytest
 
 from power.energy import EnergyState
 from runtime.choice.selector import Profile
-from runtime.config import ConstraintsConfig
+from runtime.config import Constraints
 from runtime.device import commands, live_energy, operator_state
 from runtime.device.profiling import cpu_ratio, reprofile_reason
 from runtime.device.sensing import SensorWatch
@@ -30,7 +30,7 @@ def test_state_files_of_the_old_modules_load(tmp_path):
     energy = st.load()
     assert st.settings == {"latency_ms": 25.0, "accuracy_floor": 0.9}
     assert st.rate_hz == 2.5 and energy.forecast_wh == (0.0, 1.5) and energy.seen == (False, True)
-    c = st.constraints(ConstraintsConfig())
+    c = st.constraints(Constraints())
     assert (c.latency_ms, c.accuracy_floor) == (25.0, 0.9)
 
 
@@ -165,14 +165,14 @@ def test_the_daemon_offers_every_call_its_parts_ask_for(tmp_path):
 
 
 @pytest.mark.parametrize("configured, want", [
-    (ConstraintsConfig(latency_ms=20.0), ConstraintsConfig(latency_ms=7.5)),
+    (Constraints(latency_ms=20.0), Constraints(latency_ms=7.5)),
     # judged end to end: the command changes that target (changing the inference bound
     # under it would change nothing the operator sees)
-    (ConstraintsConfig(latency_ms=20.0, end_to_end_ms=40.0),
-     ConstraintsConfig(latency_ms=20.0, end_to_end_ms=7.5)),
+    (Constraints(latency_ms=20.0, end_to_end_ms=40.0),
+     Constraints(latency_ms=20.0, end_to_end_ms=7.5)),
 ])
 def test_set_latency_target_sets_the_target_in_force(configured, want):
-    got: list[ConstraintsConfig] = []
+    got: list[Constraints] = []
     host = SimpleNamespace(cfg=SimpleNamespace(constraints=configured),
                            set_constraints=got.append)
     cmd = SimpleNamespace(name="set_latency_target", args={"ms": 7.5})
@@ -227,10 +227,10 @@ def test_a_tally_keeps_which_inferences_ran_alone():
 
 
 @pytest.mark.parametrize("config, want", [
-    (ConstraintsConfig(latency_ms=20.0), ConstraintsConfig(latency_ms=7.5, accuracy_floor=0.9)),
+    (Constraints(latency_ms=20.0), Constraints(latency_ms=7.5, accuracy_floor=0.9)),
     # judged end to end: the saved target is restored onto end_to_end_ms, as the command set it
-    (ConstraintsConfig(latency_ms=20.0, end_to_end_ms=40.0),
-     ConstraintsConfig(latency_ms=20.0, end_to_end_ms=7.5, accuracy_floor=0.9)),
+    (Constraints(latency_ms=20.0, end_to_end_ms=40.0),
+     Constraints(latency_ms=20.0, end_to_end_ms=7.5, accuracy_floor=0.9)),
 ])
 def test_a_saved_latency_target_is_restored_onto_the_target_in_force(tmp_path, config, want):
     """set_latency_target, then a restart: the operator's target outlives it on the field the

@@ -189,3 +189,16 @@ def test_an_ort_provider_that_cannot_take_the_graph_is_refused_with_the_reason(t
     # a provider this ORT lacks: with fallback disabled, no CPU session stands in for it
     with pytest.raises(BackendError, match="NoSuchDevice"):
         b.load(replace(v, device="NoSuchDevice"))
+
+
+def test_discover_hands_each_backend_its_own_section(tmp_path):
+    """A built-in backend is built with its `[backends.<name>]` (no special case per engine):
+    OpenVINO's compiled-model cache is set from `[backends.openvino] cache_dir`."""
+    pytest.importorskip("openvino")
+    from runtime.config.backends import OpenVinoConfig
+
+    cfg = BackendsConfig(enabled=("openvino",), openvino=OpenVinoConfig(cache_dir=str(tmp_path)))
+    (ov,) = discover(cfg)
+    assert ov._core.get_property("CACHE_DIR") == str(tmp_path)
+    (plain,) = discover(BackendsConfig(enabled=("openvino",)))
+    assert plain._core.get_property("CACHE_DIR") == ""

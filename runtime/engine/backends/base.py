@@ -94,9 +94,13 @@ class Session(Protocol):
 
 
 class Backend(Protocol):
-    """One inference engine."""
+    """One inference engine. A built-in one is listed in runtime/config/backends.py
+    (`REGISTRY`: name, "module:Class", knobs class), which its `name` and `config_class`
+    repeat (tests/config/test_config.py holds them to it); `discover` builds it as
+    `Class(knobs)` with its `[backends.<name>]` section, or `Class()` when it has none."""
 
     name: str
+    config_class: type | None  # the dataclass of [backends.<name>]; None: no knobs
 
     def devices(self) -> list[Device]:
         """Devices this engine can use here; never raises for missing hardware."""

@@ -54,6 +54,10 @@ class OnnxRuntimeBackend:
     name = "onnxruntime"
     config_class = OnnxRuntimeConfig  # its knobs: [backends.onnxruntime]
 
+    def __init__(self, knobs: OnnxRuntimeConfig | None = None) -> None:
+        """Built by `discover` with its knobs; they are all per variant (variants() reads
+        them from the config it is handed), so none is kept here."""
+
     def devices(self) -> list[Device]:
         return [
             Device(self.name, _device_id(p), p, {"version": ort.__version__})

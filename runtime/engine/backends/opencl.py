@@ -536,6 +536,7 @@ class OpenClBackend:
     """OpenCL through pyopencl, with edgerun's own kernels."""
 
     name = "opencl"
+    config_class = None  # no knobs of its own: no [backends.opencl]
     refused_hint = REFUSED_HINT
 
     def __init__(self, kernel_source: str | None = None) -> None:

@@ -70,7 +70,9 @@ class OpenCvBackend:
     name = "opencv"
     config_class = OpenCvConfig  # its knobs: [backends.opencv]
 
-    def __init__(self) -> None:
+    def __init__(self, knobs: OpenCvConfig | None = None) -> None:
+        """Built by `discover` with its knobs; they are all per variant (variants() reads
+        them from the config it is handed), so none is kept here."""
         self._missing_said: set[str] = set()
 
     def _say_missing(self, engine: str) -> None:

@@ -35,8 +35,9 @@ class OpenVinoBackend:
     name = "openvino"
     config_class = OpenVinoConfig  # its knobs: [backends.openvino]
 
-    def __init__(self, cache_dir: str = ""):
+    def __init__(self, knobs: OpenVinoConfig | None = None):
         self._core = ov.Core()
+        cache_dir = (knobs or OpenVinoConfig()).cache_dir
         if cache_dir:
             self._core.set_property({"CACHE_DIR": cache_dir})
 
