@@ -10,8 +10,6 @@ import struct
 from collections.abc import Iterator
 
 import pytest
-
-pytest.importorskip("pymodbus")  # the `modbus` extra (in `test`)
 from pymodbus.client import AsyncModbusTcpClient
 from pymodbus.exceptions import ModbusException
 
