@@ -1,5 +1,5 @@
-"""PLC-triggered inspection: trigger to verdict through OPC UA, side by side with the daemon's
-own MQTT trigger.
+"""PLC-triggered inspection: trigger to verdict through OPC UA and Modbus TCP, side by side
+with the daemon's own MQTT trigger.
 
 Each run starts `edgerun serve` twice (a child process, the bundled model `models/inspection`,
 ONNX Runtime, a fake sysfs at 40 °C; the profile cache is shared between runs) with [opcua]
@@ -10,11 +10,17 @@ enabled on loopback:
 - `mqtt`: `[source] kind = "trigger"` on a real Mosquitto; the same PLC client publishes each
   part's PNG (a rendered part, as a PLC bridge to a camera would) at the same rate; its frames
   are `trigger-<n>`.
-In both the verdict is read the same way, a PLC's way: a subscription (10 ms publishing
-interval, a queue per item so no change is coalesced away) on `main/LastResult/FrameId`.
-Trigger to verdict is from just before the call (or the publish) to the notification of its
-FrameId. Lost: a part whose verdict never came (5 s after the last); duplicated: a FrameId
-notified twice, or a ref stored twice in the outbox (the durable record, checked too).
+- `modbus`: `[source] trigger = "modbus"`, [modbus] enabled on loopback too. A pymodbus
+  client acting as the PLC writes the part's number into PartSeq (holding register 0) and
+  polls registers 0..9 every `--modbus-poll-ms` (2) until VerdictSeq (register 1) echoes it,
+  as a PLC's scan would; its frames are `plc-<n>`, n the part's number.
+In the first two the verdict is read the same way, a PLC's way: a subscription (10 ms
+publishing interval, a queue per item so no change is coalesced away) on
+`main/LastResult/FrameId`. Trigger to verdict is from just before the call (the publish, the
+register write) to the notification of its FrameId (the poll that saw its VerdictSeq).
+Lost: a part whose verdict never came (5 s after the last; Modbus: 5 s after its write);
+duplicated: a FrameId notified twice, a ref stored twice in the outbox (the durable record,
+checked for all three), or (Modbus) a Results register past the parts written.
 
 `--warmup N` triggers N parts (20/s) before the measured ones and waits for their verdicts:
 a daemon on a line has run before the parts that count; `--opcua-health-s` sets the
@@ -22,6 +28,7 @@ server's health refresh; each run prints its three slowest parts (their number a
 a tail made of the first parts shows as such.
 
 Usage: python bench/plc_trigger.py [--runs 3] [--parts 100] [--rate 5] [--warmup 0]
+       [--only opcua|modbus|mqtt]
 """
 
 from __future__ import annotations
@@ -113,12 +120,69 @@ async def drive(port: int, parts: int, rate: float, fire, warmup: int = 0
     return sent, dict(seen), order
 
 
+async def drive_modbus(port: int, parts: int, rate: float, warmup: int = 0, poll_s: float = 0.002
+                       ) -> tuple[dict, dict, list[str], int]:
+    """As `drive`, the PLC on Modbus: part n's number written into PartSeq, registers 0..9
+    polled until VerdictSeq is n (one part at a time: the next is written at its time or
+    once this one's verdict came or timed out). Returns also the Results register at the end."""
+    from pymodbus.client import AsyncModbusTcpClient
+
+    sent: dict[str, float] = {}
+    seen: dict[str, list[float]] = collections.defaultdict(list)
+    order: list[str] = []
+    c = AsyncModbusTcpClient("127.0.0.1", port=port, timeout=5, retries=0)
+    if not await c.connect():
+        raise RuntimeError(f"no Modbus server on port {port}")
+
+    async def part(n: int, timeout_s: float) -> float | None:
+        t = time.perf_counter()
+        r = await c.write_register(0, n & 0xFFFF, device_id=1)
+        if r.isError():
+            raise RuntimeError(f"part {n}: the write was refused: {r}")
+        while time.perf_counter() - t < timeout_s:
+            regs = (await c.read_holding_registers(0, count=10, device_id=1)).registers
+            if regs[1] == n & 0xFFFF:
+                return time.perf_counter()
+            await asyncio.sleep(poll_s)
+        return None
+
+    try:
+        for i in range(warmup):
+            await asyncio.sleep(0.05)
+            await part(i + 1, 30)
+        await asyncio.sleep(1.0 if warmup else 0.0)
+        t0 = time.perf_counter()
+        for i in range(parts):
+            await asyncio.sleep(max(0.0, t0 + i / rate - time.perf_counter()))
+            n = warmup + i + 1
+            ref = f"plc-{n}"
+            sent[ref] = time.perf_counter()
+            order.append(ref)
+            if (at := await part(n, 5)) is not None:
+                seen[ref].append(at)
+        results_reg = (await c.read_holding_registers(8, count=1, device_id=1)).registers[0]
+    finally:
+        c.close()
+    return sent, dict(seen), order, (results_reg - warmup) & 0xFFFF
+
+
 def measure(kind: str, tmp: Path, cache: Path, parts: int, rate: float, warmup: int = 0,
-            opcua_health_s: float = 1.0) -> dict:
+            opcua_health_s: float = 1.0, poll_s: float = 0.002) -> dict:
     port = free_port()
     broker = None
     extra = f"health_interval_s = {opcua_health_s}\n"
-    if kind == "opcua":
+    over = 0  # verdicts past the parts written (Modbus's Results register)
+    if kind == "modbus":
+        mport = free_port()
+        d = start(tmp, cache, 'kind = "synthetic"\ntrigger = "modbus"', port,
+                  f"{extra}[modbus]\nenabled = true\nport = {mport}\n")
+        try:
+            sent, seen, order, verdicts = asyncio.run(
+                drive_modbus(mport, parts, rate, warmup, poll_s))
+            over = max(0, verdicts - parts)
+        finally:
+            d.stop()
+    elif kind == "opcua":
         d = start(tmp, cache, 'kind = "synthetic"\ntrigger = "opcua"', port, extra)
 
         async def fire(c, idx, i):
@@ -145,13 +209,14 @@ def measure(kind: str, tmp: Path, cache: Path, parts: int, rate: float, warmup: 
         async def fire(c, idx, i):
             pub.publish(TOPIC, pngs[i % len(pngs)], qos=1)
             return f"trigger-{i + 1}"
-    try:
-        sent, seen, order = asyncio.run(drive(port, parts, rate, fire, warmup))
-    finally:
-        d.stop()
-        if broker is not None:
-            pub.loop_stop()
-            broker.stop()
+    if kind != "modbus":
+        try:
+            sent, seen, order = asyncio.run(drive(port, parts, rate, fire, warmup))
+        finally:
+            d.stop()
+            if broker is not None:
+                pub.loop_stop()
+                broker.stop()
     stored = collections.Counter(r["ref"] for r in results(tmp / "state" / "outbox.db"))
     ms = [(seen[r][0] - t) * 1e3 for r, t in sent.items() if r in seen]
     by_part = sorted(((seen[r][0] - sent[r]) * 1e3, k) for k, r in enumerate(order)
@@ -161,7 +226,7 @@ def measure(kind: str, tmp: Path, cache: Path, parts: int, rate: float, warmup: 
             "p99": float(np.percentile(ms, 99)) if ms else None,
             "lost": sum(1 for r in sent if r not in seen),
             "duplicated": sum(1 for r in sent if len(seen.get(r, ())) > 1)
-            + sum(1 for r in sent if stored[r] > 1),
+            + sum(1 for r in sent if stored[r] > 1) + over,
             "stored": sum(1 for r in sent if stored[r] >= 1), "parts": len(sent)}
 
 
@@ -179,40 +244,50 @@ def main() -> int:
                     help="parts triggered (20/s) and awaited before the measured ones")
     ap.add_argument("--opcua-health-s", type=float, default=1.0,
                     help="[opcua] health_interval_s (the server's health refresh)")
-    ap.add_argument("--only", choices=("opcua", "mqtt"), default="",
+    ap.add_argument("--modbus-poll-ms", type=float, default=2.0,
+                    help="the Modbus PLC's poll of VerdictSeq (its scan)")
+    ap.add_argument("--only", choices=("opcua", "modbus", "mqtt"), default="",
                     help="one trigger only (diagnosis; no side-by-side ratio)")
     a = ap.parse_args()
     import logging
 
     logging.getLogger("asyncua").setLevel(logging.ERROR)  # the client's revised-value notes
-    out: dict[str, list[dict]] = {"opcua": [], "mqtt": []}
+    out: dict[str, list[dict]] = {"opcua": [], "modbus": [], "mqtt": []}
     with tempfile.TemporaryDirectory(prefix="plc-bench-") as td:
         cache = Path(td) / "profiles"
         for run in range(a.runs):
-            kinds = ("opcua", "mqtt") if run % 2 == 0 else ("mqtt", "opcua")
+            kinds = (("opcua", "modbus", "mqtt") if run % 2 == 0
+                     else ("mqtt", "modbus", "opcua"))
             for kind in (a.only,) if a.only else kinds:
                 tmp = Path(td) / f"{kind}-{run}"
                 tmp.mkdir()
-                r = measure(kind, tmp, cache, a.parts, a.rate, a.warmup, a.opcua_health_s)
+                r = measure(kind, tmp, cache, a.parts, a.rate, a.warmup, a.opcua_health_s,
+                            a.modbus_poll_ms / 1e3)
                 out[kind].append(r)
                 slow = ", ".join(f"#{k + 1} {ms:.0f}" for ms, k in r["slowest"])
-                print(f"run {run + 1} {kind:5s}: p50 {r['p50']:.2f} ms  p99 {r['p99']:.2f} ms"
+                print(f"run {run + 1} {kind:6s}: p50 {r['p50']:.2f} ms  p99 {r['p99']:.2f} ms"
                       f"  lost {r['lost']}  duplicated {r['duplicated']}  stored "
                       f"{r['stored']}/{r['parts']}  slowest parts (ms): {slow}", flush=True)
     print(f"\n{a.parts} parts at {a.rate:g}/s after {a.warmup} warm-up parts, [opcua] "
-          f"health_interval_s {a.opcua_health_s:g}, {a.runs} runs: median [min..max] of the runs")
+          f"health_interval_s {a.opcua_health_s:g}, Modbus poll {a.modbus_poll_ms:g} ms, "
+          f"{a.runs} runs: median [min..max] of the runs")
     print(f"{'trigger':8s} {'p50 ms':>22s} {'p99 ms':>22s}  lost  duplicated")
     for kind, rs in out.items():
         print(f"{kind:8s} {spread([r['p50'] for r in rs if r['p50'] is not None]):>22s} "
               f"{spread([r['p99'] for r in rs if r['p99'] is not None]):>22s}  "
               f"{sum(r['lost'] for r in rs):4d}  {sum(r['duplicated'] for r in rs):10d}")
-    o, m = out["opcua"], out["mqtt"]
-    ratio = [x["p99"] / y["p99"] for x, y in zip(o, m, strict=False) if x["p99"] and y["p99"]]
-    if ratio:
-        print(f"p99 opcua/mqtt per run: {', '.join(f'{x:.2f}' for x in ratio)}")
-    ok = bool(o) and all(r["p99"] is not None and r["p99"] <= 50 and not r["lost"]
-                         and not r["duplicated"] for r in o)
-    print(f"target (opcua p99 <= 50 ms, 0 lost, 0 duplicated): {'met' if ok else 'NOT met'}")
+    m = out["mqtt"]
+    for kind in ("opcua", "modbus"):
+        o = out[kind]
+        ratio = [x["p99"] / y["p99"] for x, y in zip(o, m, strict=False)
+                 if x["p99"] and y["p99"]]
+        if ratio:
+            print(f"p99 {kind}/mqtt per run: {', '.join(f'{x:.2f}' for x in ratio)}")
+        if o:
+            ok = all(r["p99"] is not None and r["p99"] <= 50 and not r["lost"]
+                     and not r["duplicated"] for r in o)
+            print(f"target ({kind} p99 <= 50 ms, 0 lost, 0 duplicated): "
+                  f"{'met' if ok else 'NOT met'}")
     return 0
 
 

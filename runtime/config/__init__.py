@@ -29,6 +29,7 @@ from runtime.config.constraints import Constraints
 from runtime.config.coordinator import CoordinatorConfig
 from runtime.config.homeassistant import HomeAssistantConfig
 from runtime.config.local_api import LocalApiConfig
+from runtime.config.modbus import ModbusConfig
 from runtime.config.models import ModelsConfig
 from runtime.config.opcua import OpcUaConfig
 from runtime.config.results import ResultsConfig
@@ -242,12 +243,19 @@ class Config:
     models: ModelsConfig = field(default_factory=ModelsConfig)  # OTA: bundles, probation
     sparkplug: SparkplugConfig = field(default_factory=SparkplugConfig)  # docs/sparkplug.md
     opcua: OpcUaConfig = field(default_factory=OpcUaConfig)  # the PLC's server (docs/plc.md)
+    modbus: ModbusConfig = field(default_factory=ModbusConfig)  # the PLC's, on Modbus TCP
 
     def validate(self) -> tuple[str, str] | None:
         if not self.opcua.enabled and any(s.trigger == "opcua"
                                           for s in (self.source, *self.sources)):
             return "opcua", ('a source with trigger = "opcua" needs [opcua] enabled = true '
                              "(the PLC's edges arrive through it)")
+        on_modbus = sum(s.trigger == "modbus" for s in (self.source, *self.sources))
+        if on_modbus and not self.modbus.enabled:
+            return "modbus", ('a source with trigger = "modbus" needs [modbus] enabled = true '
+                              "(the PLC's edges arrive through it)")
+        if self.modbus.enabled and (problem := self.modbus.fits(on_modbus)):
+            return f"modbus.{problem[0]}", problem[1]
         return check_sources(self.sources, self.source != SourceConfig())
 
 
@@ -264,6 +272,6 @@ def from_dict(data: dict, source: str = "<config>") -> Config:
 
 
 __all__ = ["ENGINES", "BackendsConfig", "Config", "ConfigError", "Constraints", "CoordinatorConfig",
-           "HomeAssistantConfig", "LocalApiConfig", "ModelsConfig", "OnnxRuntimeConfig",
-           "OpcUaConfig", "OpenCvConfig", "OpenVinoConfig", "ResultsConfig", "SourceConfig",
-           "SparkplugConfig", "TelemetryConfig", "from_dict", "load"]
+           "HomeAssistantConfig", "LocalApiConfig", "ModbusConfig", "ModelsConfig",
+           "OnnxRuntimeConfig", "OpcUaConfig", "OpenCvConfig", "OpenVinoConfig", "ResultsConfig",
+           "SourceConfig", "SparkplugConfig", "TelemetryConfig", "from_dict", "load"]

@@ -42,8 +42,9 @@ class SourceConfig:
     done_dir: str = ""  # folder: move inspected files here (empty: remember them instead)
     topic: str = ""  # trigger: MQTT topic; payload = image bytes (PNG/JPEG) or a file path
     # synthetic/capture: what starts a capture. "": the source's own pace; "opcua": one frame
-    # per rising edge of the PLC (Trigger() or PartPresent false->true; docs/plc.md)
-    trigger: Literal["", "opcua"] = ""
+    # per rising edge of the PLC (Trigger() or PartPresent false->true; docs/plc.md);
+    # "modbus": the same over Modbus TCP (a PartPresent coil or a new part counter value)
+    trigger: Literal["", "opcua", "modbus"] = ""
     # folder/trigger: images larger than this are refused from their header, before decoding
     max_pixels: int = DEFAULT_MAX_PIXELS
     # region of interest [x, y, w, h] cropped before preprocessing (empty: the whole frame)

@@ -118,7 +118,7 @@ class Daemon:
         self.publisher: Publisher | None = None
         self.sparkplug: Any = None  # runtime.telemetry.sparkplug.node.SparkplugNode ([sparkplug])
         self.local_api: LocalApi | None = None  # opt-in /metrics and /healthz ([local_api])
-        self.plc: Any = None  # runtime.telemetry.opcua_server.PlcServer ([opcua], docs/plc.md)
+        self.plc: Any = None  # runtime.telemetry.plc.PlcServers ([opcua], [modbus]; docs/plc.md)
         self.sleeper: Any = None  # runtime.device.sleep.Sleeper when [sleep] is enabled
         self.ota: DeviceOta | None = None  # model versions, deploy, probation ([models])
         self.operator = OperatorState(self.state_dir)  # overrides and learnt state, kept
@@ -257,8 +257,8 @@ class Daemon:
         try:
             self.ota = DeviceOta(self, cfg.models, cfg.telemetry, self.state_dir,
                                  self.device_id)
-            if cfg.opcua.enabled:  # [opcua]: certificates read now; PLC edges for the sources
-                from runtime.telemetry.opcua_server import open_plc
+            if cfg.opcua.enabled or cfg.modbus.enabled:  # certificates read now; PLC edges
+                from runtime.telemetry.plc import open_plc
 
                 self.plc = open_plc(cfg)
                 self.plan.edges = self.plc.edges

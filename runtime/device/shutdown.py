@@ -34,8 +34,8 @@ def stop_steps(d: StopHost) -> list[tuple[str, Callable[[], Any]]]:
         steps.append(("local results", d.local.stop))  # what the drained frames made
     if d.local_api:
         steps.append(("the local API", d.local_api.stop))
-    if getattr(d, "plc", None):  # [opcua]: after the pipeline, so the last verdicts are shown
-        steps.append(("the OPC UA server", d.plc.stop))
+    if getattr(d, "plc", None):  # [opcua], [modbus]: after the pipeline (the last verdicts)
+        steps.append(("the PLC servers", d.plc.stop))
     if d.profiler.thread is not None:
         # It stops at its next variant (progress raises Stopping); an engine call that is
         # still running when the interpreter exits aborts the process.

@@ -1,5 +1,5 @@
 """Frame sources: synthetic conveyor, image folder (watch mode), OpenCV capture, MQTT trigger,
-and a camera triggered by the PLC's edges (`trigger = "opcua"`).
+and a camera triggered by the PLC's edges (`trigger = "opcua"` or `"modbus"`).
 
 Every source yields `Frame`s from `read(timeout)` (None when nothing arrived in time) and
 raises `SourceError` for a failure worth reporting (camera unplugged, stream down); the
@@ -37,7 +37,7 @@ from power.simclock import WallClock
 from runtime.config.source import SourceConfig
 from runtime.frames import images
 from runtime.frames.dirwatch import DirWatch
-from runtime.frames.edges import EdgeBoard
+from runtime.frames.edges import EdgeBoard, EdgeBoards
 from runtime.frames.images import BadImage
 
 log = logging.getLogger("edgerun.source")
@@ -820,7 +820,7 @@ class EdgeTriggered:
     live = False
     CAPTURE_TIMEOUT_S = 5.0  # a camera that gives no frame this long after an edge failed
 
-    def __init__(self, camera: Source, edges: EdgeBoard, name: str):
+    def __init__(self, camera: Source, edges: EdgeBoard | EdgeBoards, name: str):
         self._camera, self._edges, self._name = camera, edges, name
 
     def read(self, timeout_s: float) -> Frame | None:
@@ -868,14 +868,16 @@ def decode_payload(payload: bytes, max_pixels: int) -> np.ndarray:
 
 
 def open_source(cfg: SourceConfig, state_dir: Path, broker=None, client_id: str = "",
-                clock: Clock | None = None, edges: EdgeBoard | None = None) -> Source:
+                clock: Clock | None = None, edges: EdgeBoard | EdgeBoards | None = None
+                ) -> Source:
     """The configured source; SourceError when it cannot be opened right now. `clock` paces
-    a synthetic camera (default: this host's); `edges`: the PLC's, for `trigger = "opcua"`."""
+    a synthetic camera (default: this host's); `edges`: the PLC's, for `trigger = "opcua"` or
+    `"modbus"`."""
     if cfg.trigger:
         name = cfg.name or "main"
         if edges is None or name not in edges.sources:
-            raise SourceError(f"source {name}: trigger = {cfg.trigger!r} but no OPC UA server "
-                              "hands it edges ([opcua] enabled)")
+            raise SourceError(f"source {name}: trigger = {cfg.trigger!r} but no PLC server "
+                              f"hands it edges ([{cfg.trigger}] enabled)")
         # captured on the edge, at once: a synthetic camera is not paced to its rate_hz
         camera = open_source(replace(cfg, trigger="", rate_hz=0.0 if cfg.kind == "synthetic"
                                      else cfg.rate_hz), state_dir, clock=clock)

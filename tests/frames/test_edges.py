@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from runtime.config.source import SourceConfig
-from runtime.frames.edges import EdgeBoard
+from runtime.frames.edges import EdgeBoard, EdgeBoards, new_count, rising
 from runtime.frames.sources import EdgeTriggered, Frame, SourceError, open_source
 
 
@@ -66,6 +66,33 @@ def test_an_edge_whose_capture_fails_is_kept_for_the_next_try(tmp_path):
     assert b.pending("main") == 1 and b.take("main", 0).ref == "plc-1"
 
 
-def test_a_plc_trigger_without_the_server_is_a_source_error(tmp_path):
-    with pytest.raises(SourceError, match="no OPC UA server"):
-        open_source(SourceConfig(kind="synthetic", trigger="opcua"), tmp_path)
+@pytest.mark.parametrize("via", ["opcua", "modbus"])
+def test_a_plc_trigger_without_the_server_is_a_source_error(tmp_path, via):
+    with pytest.raises(SourceError, match=rf"no PLC server.*\[{via}\] enabled"):
+        open_source(SourceConfig(kind="synthetic", trigger=via), tmp_path)
+
+
+@pytest.mark.parametrize(("old", "new", "edge"), [
+    (False, True, True), (False, False, False), (True, True, False), (True, False, False)])
+def test_part_present_rises_only_from_false_to_true(old, new, edge):
+    assert rising(old, new) is edge
+
+
+@pytest.mark.parametrize(("old", "new", "edge"), [
+    (0, 1, True), (7, 8, True), (65535, 0, True),  # counting up, wrapping
+    (5, 5, False),  # written again: the same part
+    (8, 3, True)])  # any new value (a PLC that restarted its count)
+def test_a_part_counter_makes_an_edge_on_every_new_value(old, new, edge):
+    assert new_count(old, new) is edge
+
+
+def test_several_boards_look_like_one_to_the_sources():
+    opcua, modbus = EdgeBoard(["a"], 10), EdgeBoard(["b"], 10)
+    both = EdgeBoards([opcua, modbus])
+    assert both.sources == ["a", "b"]
+    modbus.push("b", "PartSeq")
+    assert both.pending("b") == 1 and both.pending("a") == 0
+    e = both.take("b", 0)
+    assert e is not None and e.ref == "plc-1" and both.take("a", 0) is None
+    both.put_back("b", e)
+    assert modbus.pending("b") == 1
