@@ -9,6 +9,7 @@ from dataclasses import replace
 import pytest
 
 from runtime.choice import at_rate, rerank
+from runtime.choice.box import FrameCosts
 from runtime.choice.ladders import ladder_for
 from runtime.choice.selector import Constraints, Profile, select
 
@@ -76,11 +77,14 @@ def test_an_at_rate_profile_is_replaced_from_its_back_to_back_figure():
 
 
 @pytest.mark.parametrize("gpu", [GPU, GPU_UNKNOWN])
-def test_the_choice_made_again_on_the_measured_figure(gpu):
+@pytest.mark.parametrize("c", [
+    Constraints(latency_ms=6.0, rate_hz=20.0),  # by the model's energy
+    Constraints(latency_ms=6.0, frame=FrameCosts(idle_w=81.0, rate_hz=20.0)),  # by the box's
+])
+def test_the_choice_made_again_on_the_measured_figure(gpu, c):
     """At 20 Hz the GPU was chosen on a profile that says its gap costs nothing (or does not
     know); serving measures 40 W x 46 ms on top; the same selector, with the replacement,
-    chooses the CPU, and the ladder's top follows."""
-    c = Constraints(latency_ms=6.0, rate_hz=20.0)
+    chooses the CPU (by the model's energy and by the box's), and the ladder's top follows."""
     assert select([gpu, CPU], c).profile.variant_id == "m@gpu"
     d = rerank.check(gpu, 20.0, 2210.0, 0.05)
     profiles = rerank.swap([gpu, CPU], d.replacement)
