@@ -17,7 +17,8 @@ step's rungs), and when it is above the profile's at-rate figure by more than th
 error the profile's figure is replaced by it and the choice made again, through the path a
 background re-profile's result takes (`install_model`), with one `rerank` event: the two
 figures, the error and the outcome. At most one re-rank per variant every
-`[daemon] rerank_every_s`.
+`[daemon] rerank_every_s`. Only the [model]'s variant is watched, and not while a
+`[[sources]]` model runs on the same accelerator (its energy would be billed to the frames).
 """
 
 from __future__ import annotations
@@ -84,6 +85,16 @@ class ServedWindow:
         return Figure(variant_id, dn / dt, host_mj + accel_mj, error_of(dt), dt, dn)
 
 
+def _shared(d: Any, meter: Any) -> bool:
+    """Whether a `[[sources]]` model's running variant is on the same accelerator: its
+    energy would be billed to the [model]'s frames (not watched then)."""
+    for m in d.source_models.values():
+        q = m.by_id.get(m.rungs[m.current].variant_id) if m.rungs else None
+        if q is not None and meter_for(d.gpu_meters, q.actual_device or q.device) is meter:
+            return True
+    return False
+
+
 class ServingDrift:
     """The daemon's watch on its running [model] variant (module doc)."""
 
@@ -104,7 +115,8 @@ class ServingDrift:
         meter = meter_for(d.gpu_meters, device) if p is not None and not on_host(device) \
             else None
         idle = d.model.gpu_idle_w.get(meter.where) if meter is not None else None
-        if p is None or meter is None or idle is None or d.profiler.busy():
+        if p is None or meter is None or idle is None or d.profiler.busy() \
+                or _shared(d, meter):
             self.window.reset()
             return
         n, cpu = d.energy.served.get(live_id("", p.variant_id), (0, 0.0))
