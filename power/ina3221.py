@@ -7,12 +7,13 @@ sys/class/hwmon), with `inN_label` naming the rail, `inN_input` the bus voltage 
 power file). The board's meter is the VDD_IN rail (power/sensors.py `detect_meter`); the
 other rails say where the power goes (the GPU is on VDD_CPU_GPU_CV with the CPU and the
 vision engines, so no rail is the GPU's alone). The driver's `update_interval` (ms) is the
-rails' resolution (power/meter_resolution.py).
+rails' resolution (power/meter_resolution.py). `report` is health's `power_rails`.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from power.meter_resolution import Resolution, hwmon_interval
 from power.sysfs import SensorError, hwmon_dirs, read_int, read_str, rel
@@ -68,3 +69,20 @@ class Rails:
         dirs = {d for d, _ in self._chan.values()}
         got = [r for r in (hwmon_interval(d) for d in dirs) if r is not None]
         return max(got, key=lambda r: r.period_s or 0.0) if got else None
+
+
+def report(root: Path, rails: tuple[str, ...]) -> dict[str, Any] | None:
+    """Health's `power_rails`: each named rail's power now (W, rounded to mW; null where its
+    files could not be read), the rails the board lacks, and their resolution. None when the
+    device profile names no rails ([sensors] ina3221_rails); no channel at all under `root`
+    is said in `reason`, never read as 0 W."""
+    if not rails:
+        return None
+    try:
+        r = Rails(root, rails)
+    except SensorError as e:
+        return {"watts": {}, "missing": list(rails), "resolution": None, "reason": str(e)}
+    res = r.resolution()
+    return {"watts": {k: None if w is None else round(w, 3) for k, w in r.watts().items()},
+            "missing": list(r.missing), "resolution": res.describe() if res else None,
+            "reason": None}

@@ -18,7 +18,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager as ContextManager
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from power.accelerators import AcceleratorPower
@@ -56,6 +56,9 @@ class Measured:
     idle_w: float
     loaders: dict[str, tuple[Backend, Variant]]
     temp_c: float | None  # temperature while profiling (re-profile when it moves far)
+    # each GPU meter's idle floor (W, by its `where`) measured with the host's: what serving
+    # bills an accelerator above (runtime/device/serving_drift.py)
+    gpu_idle_w: dict[str, float] = field(default_factory=dict)
 
 
 def recorded_profiles(path: Path) -> dict[str, Profile]:
@@ -168,6 +171,7 @@ def measure_first(path: Path, cfg: Config, backends: list[Backend], meter: Power
                         accelerators=accelerators, gpu_meters=gpu_meters)
     loaders = {v.id: (b, v) for b, _, v in work}
     idle_w = profiler.idle_w()
+    gpu_idle = profiler.gpu_idle_w()
     t0 = time.monotonic()
     if recorded is not None or cfg.profiler.schedule == "exhaustive":
         if recorded is not None:
@@ -176,8 +180,9 @@ def measure_first(path: Path, cfg: Config, backends: list[Backend], meter: Power
             profiles = _exhaustive(work, profiler, fresh, manifest.name, progress)
             _profiled(profiles, manifest.name, t0)
         ladder_for(profiles, constraints)  # raises NoVariantError before any change
-        return Measured(manifest, profiles, idle_w, loaders, temp_c), None
-    return _fast(work, profiler, manifest, Measured(manifest, [], idle_w, loaders, temp_c),
+        return Measured(manifest, profiles, idle_w, loaders, temp_c, gpu_idle), None
+    return _fast(work, profiler, manifest,
+                 Measured(manifest, [], idle_w, loaders, temp_c, gpu_idle),
                  constraints, fresh, progress, pause, cfg.profiler.first_decision_s, t0)
 
 

@@ -240,6 +240,12 @@ class Profiler:
                 self._gpu_idle_w[id(m)] = (m.energy_j() - e) / (t1 - t0)
         return self._idle_w
 
+    def gpu_idle_w(self) -> dict[str, float]:
+        """Each GPU meter's idle floor (W) by its `where`, as `idle_w` measured it."""
+        self.idle_w()
+        return {m.where: self._gpu_idle_w[id(m)] for m in self._gpu_meters
+                if id(m) in self._gpu_idle_w}
+
     def _gpu_meter(self, actual_device: str) -> NvmlMeter | None:
         """The meter covering the accelerator a session runs on (None: on the host, or no
         meter covers it), with that GPU's idle power measured once per run."""

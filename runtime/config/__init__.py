@@ -182,10 +182,18 @@ class DaemonConfig:
     queue_size: int = 4
     reprofile_temp_delta_c: float = 15.0  # re-profile when this far from the profiling temp
     slow_factor: float = 1.5  # p95 this many times the profile's: report throttling
+    # at most one re-rank of a variant on its served energy this often (runtime/device/
+    # serving_drift.py)
+    rerank_every_s: float = 600.0
 
     def validate(self) -> tuple[str, str] | None:
         if self.queue_size < 1:
             return "queue_size", f"must be >= 1, got {self.queue_size}"
+        if not 60.0 <= self.rerank_every_s < math.inf:
+            # a window is at most 10 s: more often, a variant dearer than every profile says
+            # would have the choice made again at every window
+            return "rerank_every_s", (f"must be a number of seconds >= 60, got "
+                                      f"{self.rerank_every_s}")
         return None
 
 

@@ -62,6 +62,7 @@ from runtime.device.profiling import (
 from runtime.device.rung_switch import RungSwitch, rung_label
 from runtime.device.sensing import RefusalWatch, SensorWatch, control_config, open_sensors
 from runtime.device.served_model import ServedModel, preprocess_chooser
+from runtime.device.serving_drift import ServingDrift
 from runtime.device.shutdown import stop_steps
 from runtime.device.source_plan import SourcePlan, bundled_model
 from runtime.device.status import birth, ha_info, status_line
@@ -149,6 +150,7 @@ class Daemon:
         self.refusals = RefusalWatch()  # says why the rung is not stepping up, not at each tick
         self.sensor_watch = SensorWatch()  # says when readings go bad, not at each
         self.energy = LiveEnergy()  # each running variant's J per inference, learnt live
+        self.drift = ServingDrift()  # an accelerator variant's, on its meter; re-ranks
         self.history = HealthHistory(self.state_dir)  # for `edgerun report` when offline
         # -- background profiling --
         self._installs: queue.Queue[Install] = WakingQueue(self.wakeup.set)
@@ -626,6 +628,7 @@ class Daemon:
         if (said := self.sensor_watch.read(r, self.cfg.governor.hold_invalid_s)) is not None:
             self.event("sensor_invalid", "warning", problems=list(r.problems), bad_reads=said)
         self._update_live_energy()
+        self.drift.tick(self)
         if self.box_energy is not None:
             self.box_energy.sample(time.monotonic(), *self.pipeline.take_stage_cpu(),
                                    lambda: named_threads_cpu_s("mqtt"))

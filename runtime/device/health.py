@@ -11,8 +11,10 @@ import importlib.metadata
 import math
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
+from power import ina3221
 from runtime import __version__
 from runtime.device.host import HealthHost
 
@@ -62,6 +64,9 @@ def health(d: HealthHost) -> dict[str, Any]:
         "pipeline": d.pipeline.stats(), "backlog": d.outbox.stats(),
         "devices": d.devices,
         "preprocess": d.preprocess.report,
+        # a simulated device's rails are not this host's
+        "power_rails": None if d.sim else ina3221.report(Path(d.cfg.device.sysfs_root),
+                                                         d.device.sensors.ina3221_rails),
     }
     h["slo"] = h["pipeline"].pop("slo")
     h.update(d.models_health())  # each model's rung and target (runtime/choice/joint.py)

@@ -5,7 +5,11 @@ ran and the CPU seconds of the threads that ran them (power.cputime); once a var
 LIVE_MIN_INFERENCES of them they become one figure, converted at the joules per CPU-second its
 profile measured, folded into an EWMA (`fold`). The daemon bills the process's other native
 threads to the running variant only when its engine may run inference on threads of its own
-(`has_native_pool`).
+(`has_native_pool`). A variant on an accelerator is not learnt from CPU time (its work is not
+the host's: converted at its profile's joules per CPU-second, a GPU's figure read its
+back-to-back energy whatever it drew between frames); its live figure is its own meter's
+while serving (runtime/device/serving_drift.py). `served` counts every variant's inferences
+and CPU seconds since the start, for that meter's windows.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from power.accelerators import on_host
 from power.cputime import native_threads_cpu_s
 from runtime.choice.selector import Profile
 
@@ -35,6 +40,8 @@ def fold(acc: dict[str, tuple[int, float]], live: dict[str, float],
             continue
         del acc[vid]
         p = profiles[vid]
+        if not on_host(p.actual_device or p.device):  # metered while serving instead
+            continue
         j_per_cpu = (p.energy_mj / p.cpu_ms) if p.cpu_ms and p.energy_mj > 0 else \
             default_j_per_cpu()
         joules = cpu / n * j_per_cpu
@@ -58,6 +65,7 @@ class LiveEnergy:
         self.live: dict[str, float] = {}  # live id -> J per inference, live
         self.acc: dict[str, tuple[int, float]] = {}  # live id -> (inferences, CPU s) so far
         self.native_cpu = 0.0  # the process's native threads' CPU s at the last update
+        self.served: dict[str, tuple[int, float]] = {}  # live id -> (inferences, CPU s), all
 
     def update(self, take_infer_cpu: Callable[[], Mapping[str, tuple[int, float]]],
                running: str, profile: Profile | None, profiles: Mapping[str, Any],
@@ -77,8 +85,11 @@ class LiveEnergy:
             # BLAS, ...) did other work, 2-9 ms a control tick in the first seconds after a
             # start, which billed to it made a 0.3 ms model read 2-4x its cost (docs/ota.md)
             d_native = 0.0
-        fold(self.acc, self.live, take_infer_cpu(), profiles, running, d_native,
-             default_j_per_cpu)
+        taken = take_infer_cpu()
+        for vid, (n, cpu) in taken.items():
+            n0, c0 = self.served.get(vid, (0, 0.0))
+            self.served[vid] = (n0 + n, c0 + cpu)
+        fold(self.acc, self.live, taken, profiles, running, d_native, default_j_per_cpu)
         return True
 
     def forget_model(self) -> None:

@@ -38,6 +38,7 @@ class ServedModel:
         self.manifest: Any = None  # runtime.engine.manifest.Manifest, once measured
         self.profiles: list[Profile] = []
         self.idle_w = 0.0
+        self.gpu_idle_w: dict[str, float] = {}  # each GPU meter's idle floor (Measured)
         self.loaders: dict = {}  # variant id -> (backend, variant)
         self.temp_c: float | None = None  # temperature while profiled
         self.by_id: dict[str, Profile] = {}
@@ -69,13 +70,14 @@ class ServedModel:
         source's model preprocesses with its own manifest's (the [model]'s: the daemon's
         chooser, set apart)."""
         self.manifest, self.profiles, self.idle_w = m.manifest, m.profiles, m.idle_w
-        self.loaders, self.temp_c = m.loaders, m.temp_c
+        self.loaders, self.temp_c, self.gpu_idle_w = m.loaders, m.temp_c, m.gpu_idle_w
         if self.key:
             self.pre = m.manifest.preprocess.apply  # one bound method: the pipeline caches
 
     def measured(self) -> Measured:
         """The measurement installed (a rollback installs the previous one again)."""
-        return Measured(self.manifest, self.profiles, self.idle_w, self.loaders, self.temp_c)
+        return Measured(self.manifest, self.profiles, self.idle_w, self.loaders, self.temp_c,
+                        self.gpu_idle_w)
 
     def ladder(self, constraints: Constraints, target_why: str) -> Ladder:
         """Its ladder for `constraints` and why (`target_why`: how its latency target was

@@ -86,6 +86,10 @@ class EventType(StrEnum):
         "accelerator_meter_distrusted", "an accelerator's energy counter stuck, went backwards "
         "or jumped impossibly during a measuring window: the variant is billed the labelled "
         "estimate ([[accelerators]]), never 0 (power/meter_trust.py)")
+    RERANK = ("rerank", "a variant served on an accelerator cost more per inference than its "
+              "profile's at-rate figure, beyond the meter's error: the measured figure "
+              "replaced it and the choice was made again (profiled_mj, live_mj, error, "
+              "outcome; runtime/device/serving_drift.py)")
     REPROFILE_SKIPPED = ("reprofile_skipped", "a re-profile was asked while one runs")
     REPROFILE_FAILED = ("reprofile_failed", "a re-profile failed; the old ladder stays")
     SOURCE_MODEL_FAILED = ("source_model_failed", "a [[sources]] model cannot be used: its "

@@ -86,6 +86,14 @@ _HEALTH = _obj({
         "reason": {"type": ["string", "null"], "maxLength": 4096},
         "unmeasured": {"type": "array", "maxItems": 16, "items": _SHORT},
         "meter_lost": _STR}),
+    # a Jetson's INA3221 rails one by one (power/ina3221.py `report`); null: none named
+    "power_rails": {"type": ["object", "null"], "properties": {
+        "watts": {**_obj({}, extra=_NUM_OR_NULL), "maxProperties": 8,
+                  "propertyNames": {"maxLength": 64}},
+        "missing": {"type": "array", "maxItems": 8, "items": _SHORT},
+        "resolution": {"type": ["string", "null"], "maxLength": 4096},
+        "reason": {"type": ["string", "null"], "maxLength": 4096}},
+        "additionalProperties": False},
     "pipeline": _obj({"rate_hz": _NUM_OR_NULL,
                       "latency_ms": _obj({"p50": _NUM_OR_NULL, "p95": _NUM_OR_NULL}),
                       "frames_bad": _obj({}, extra=_COUNT),

@@ -59,6 +59,10 @@ precision_hints = ["f32"]
     ("[governor]\nband_c = 1e9\n", ":2: key 'governor.band_c'", "within 0..5"),
     ("[governor]\nband_c = nan\n", ":2: key 'governor.band_c'", "finite"),
     ("[governor]\nband_c = 'low'\n", ":2: key 'governor.band_c'", "expected a number"),
+    # re-ranks on served energy: a storm of them is refused, as is "never" spelt inf
+    ("[daemon]\nrerank_every_s = 10\n", ":2: key 'daemon.rerank_every_s'", ">= 60"),
+    ("[daemon]\nrerank_every_s = inf\n", "key 'daemon.rerank_every_s'", "finite"),
+    ("[daemon]\nrerank_every_s = nan\n", "key 'daemon.rerank_every_s'", "finite"),
 ])
 def test_errors_name_file_line_key(tmp_path, text, where, what):
     p = write(tmp_path, text)
