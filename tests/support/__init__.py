@@ -5,6 +5,7 @@
 - `waiting`: polling a condition with a deadline;
 - `modelgen`, `ultralytics_export`: small ONNX models made on the spot;
 - `model_dirs`: prepared model directories (manifest + variants) and bundles;
+- `tiny_ort`: a tiny classifier's ONNX Runtime variant (and loaded session), fast;
 - `daemon_harness`, `ota_harness`: `edgerun serve` as a child process, a fleet for OTA;
 - `fleet`: a coordinator in-process or as a child, a publishing device process
   (`device_proc`), a webhook receiver;
