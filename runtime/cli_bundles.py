@@ -19,7 +19,7 @@ from typing import Any
 
 from runtime.durable import crash_point
 from runtime.ota.install import MB, obtain, trusted_keys, verify_step
-from runtime.ota.store import ModelsConfig, ModelStore
+from runtime.ota.model_store import ModelsConfig, ModelStore
 
 log = logging.getLogger("edgerun.models")
 

@@ -39,7 +39,7 @@ BASE_CLOSURE_MAX = 4
 # and the OTA steps that run on the device. runtime.ota.bundle (the signed bundle format) is
 # shared on purpose: the coordinator checks and serves the bundles the devices install.
 DEVICE_ONLY = ("runtime.device", "runtime.frames", "runtime.engine", "runtime.choice",
-               "runtime.telemetry", "power", "runtime.ota.store", "runtime.ota.install",
+               "runtime.telemetry", "power", "runtime.ota.model_store", "runtime.ota.install",
                "runtime.ota.download", "runtime.ota.bundle_mqtt", "runtime.ota.probation")
 COORDINATOR = ("runtime.coordinator",)
 # The device side: the packages above, less the bundle format they share with the coordinator.

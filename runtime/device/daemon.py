@@ -71,9 +71,9 @@ from runtime.engine.backends import discover
 from runtime.frames.multisource import planned_rate
 from runtime.frames.pipeline import Active, Pipeline
 from runtime.frames.results_local import LocalResults
-from runtime.telemetry.client import Publisher, device_id
 from runtime.telemetry.homeassistant import Discovery
 from runtime.telemetry.outbox import Outbox
+from runtime.telemetry.publisher import Publisher, device_id
 from runtime.wire.commands import Command
 from runtime.wire.health_history import HealthHistory
 

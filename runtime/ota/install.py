@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from runtime.ota.store import ModelsConfig, ModelStore
+from runtime.ota.model_store import ModelsConfig, ModelStore
 
 if TYPE_CHECKING:  # imported late: `edgerun --help` must not load OpenCV and numpy
     from runtime.ota.bundle import BundleInfo

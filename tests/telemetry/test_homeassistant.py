@@ -24,7 +24,6 @@ from runtime.config import from_dict
 from runtime.config.coordinator import CoordinatorConfig
 from runtime.config.telemetry import OutboxConfig, TelemetryConfig
 from runtime.coordinator.service import Coordinator
-from runtime.telemetry.client import Publisher
 from runtime.telemetry.homeassistant import (
     DeviceInfo,
     Discovery,
@@ -35,6 +34,7 @@ from runtime.telemetry.homeassistant import (
     node_id,
 )
 from runtime.telemetry.outbox import Outbox
+from runtime.telemetry.publisher import Publisher
 from runtime.wire import commands, payloads
 from runtime.wire.brokerauth import DEVICE_PUBLISHES, PREFIX, Identity, device_username
 
