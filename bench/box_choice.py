@@ -57,7 +57,7 @@ from bench.first_decision import heavy_model
 from models import bundled
 from models.synthetic import samples
 from power.sensors import EstimatedMeter
-from runtime.choice.box import FrameCosts, PrePath, figure
+from runtime.choice.frame_cost import FrameCosts, PrePath, figure
 from runtime.choice.profiler import Profiler, plan
 from runtime.choice.refine import RoundSettings
 from runtime.choice.selector import Constraints, effective_accuracy, select

@@ -31,7 +31,10 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the config writer
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
+
+from support.daemon_toml import daemon_toml
 
 from models import bundled
 from runtime.config.coordinator import CoordinatorConfig
@@ -62,51 +65,21 @@ def config(tmp: Path, broker: Mosquitto, model: Path, rate: float) -> Path:
     zone.mkdir(parents=True)
     (zone / "temp").write_text("40000\n")
     cfg = tmp / "edgerun.toml"
-    cfg.write_text(f"""
-[device]
-sysfs_root = "{tmp / 'sysfs'}"
-[model]
-path = "{model}"
-[models]
-publisher_keys = ["{tmp / 'publisher.pub'}"]
-probation_frames = 200
-agreement_floor = 0.5
-[constraints]
-latency_ms = 50.0
-[profiler]
-warmup_runs = 5
-min_runs = 30
-max_runs = 300
-time_budget_s = 0.3
-idle_baseline_s = 0.1
-cache_dir = "{tmp / 'profiles'}"
-[backends]
-enabled = ["onnxruntime"]
-threads = [1]
-[backends.onnxruntime]
-spinning = [false]
-include_default = false
-[source]
-kind = "synthetic"
-rate_hz = {rate}
-[governor]
-policy = "off"
-rate_hz = {rate}
-[daemon]
-state_dir = "{tmp / 'state'}"
-[telemetry]
-fleet = "{FLEET}"
-device = "{DEVICE}"
-health_interval_s = 0.5
-trusted_keys = ["{tmp / 'command.pub'}"]
-[telemetry.broker]
-host = "127.0.0.1"
-port = {broker.port}
-username = "{creds.username}"
-password_file = "{creds.password_file}"
-[telemetry.outbox]
-path = "{tmp / 'state' / 'outbox.db'}"
-""")
+    cfg.write_text(daemon_toml(tmp / "state", {
+        "device": {"sysfs_root": tmp / "sysfs"},
+        "model": {"path": model},
+        "models": {"publisher_keys": [tmp / "publisher.pub"], "probation_frames": 200,
+                   "agreement_floor": 0.5},
+        "constraints": {"latency_ms": 50.0},
+        "profiler": {"warmup_runs": 5, "min_runs": 30, "max_runs": 300, "time_budget_s": 0.3,
+                     "idle_baseline_s": 0.1, "cache_dir": tmp / "profiles"},
+        "source": {"kind": "synthetic", "rate_hz": rate},
+        "governor": {"policy": "off", "rate_hz": rate},
+        "telemetry": {"fleet": FLEET, "device": DEVICE, "health_interval_s": 0.5,
+                      "trusted_keys": [tmp / "command.pub"]},
+        "telemetry.broker": {"host": "127.0.0.1", "port": broker.port,
+                             "username": creds.username, "password_file": creds.password_file},
+    }))
     return cfg
 
 

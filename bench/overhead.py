@@ -46,7 +46,10 @@ from pathlib import Path
 import cv2
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the config writer
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from support.daemon_toml import daemon_toml
 
 from models import bundled
 from models.synthetic import samples
@@ -56,38 +59,20 @@ from runtime.engine.backends import discover
 from runtime.engine.manifest import load_manifest, model_files
 from runtime.wire.broker import Mosquitto
 
-CONFIG = """
-[model]
-path = "{model}"
-[constraints]
-latency_ms = 50.0
-accuracy_floor = 0.97
-[profiler]
-time_budget_s = {budget}
-cache_dir = "{work}/profiles"
-[backends]
-enabled = ["onnxruntime"]
-threads = [1]
-[backends.onnxruntime]
-spinning = [false]
-include_default = false
-[source]
-kind = "folder"
-path = "{folder}"
-watch = true
-[governor]
-policy = "off"
-[daemon]
-state_dir = "{work}/state"
-[telemetry]
-fleet = "bench"
-device = "overhead"
-[telemetry.broker]
-host = "127.0.0.1"
-port = {port}
-[telemetry.outbox]
-path = "{work}/state/outbox.db"
-{extra}"""
+
+def config_text(work: Path, model: Path, folder: Path, port: int, budget: float,
+                extra: str) -> str:
+    """The daemon's config: the bundled model on a watched image folder, no governor, the
+    profiler's own defaults but its time budget."""
+    return daemon_toml(work / "state", {
+        "model": {"path": model},
+        "constraints": {"latency_ms": 50.0, "accuracy_floor": 0.97},
+        "profiler": {"time_budget_s": budget, "cache_dir": work / "profiles"},
+        "source": {"kind": "folder", "path": folder, "watch": True},
+        "governor": {"policy": "off"},
+        "telemetry": {"fleet": "bench", "device": "overhead"},
+        "telemetry.broker": {"host": "127.0.0.1", "port": port},
+    }, extra=extra)
 
 # --integrations on: the factory floor's two opt-in integrations beside the native tree
 # (docs/sparkplug.md, docs/plc.md): a Sparkplug B edge node on the same broker, and the
@@ -327,9 +312,8 @@ def measure(n_bulk: int, n_single: int, rounds: int = 3, budget_s: float = 0.3,
             blocks.append(block)
         broker = Mosquitto(work, auth=False).start()
         cfg = work / "edgerun.toml"
-        cfg.write_text(CONFIG.format(model=bundled(), work=work, folder=folder, port=broker.port,
-                                     budget=budget_s,
-                                     extra=INTEGRATIONS[integrations]))
+        cfg.write_text(config_text(work, bundled(), folder, broker.port, budget_s,
+                                   INTEGRATIONS[integrations]))
         serve = hand = None
         try:
             # First start fills the profile cache (its background refinement included, so

@@ -30,8 +30,8 @@ import paho.mqtt.client as mqtt
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from runtime.config.telemetry import BrokerConfig, OutboxConfig, TelemetryConfig
-from runtime.telemetry.client import Publisher
 from runtime.telemetry.outbox import Outbox
+from runtime.telemetry.publisher import Publisher
 from runtime.wire.broker import Mosquitto, free_port, wait_port
 
 _COUNTER = """

@@ -13,22 +13,20 @@ import argparse
 import logging
 import sys
 
-from runtime import __version__, journal
-from runtime.choice import cli as choice_cli
+from runtime import __version__, cli_models, cli_profile, journal
 from runtime.config.schema import ConfigError
 from runtime.coordinator import cli as coordinator_cli
 from runtime.device import cli as device_cli
-from runtime.engine import cli as engine_cli
 from runtime.tools import cli as tools_cli
 from runtime.wire import cli as wire_cli
 
 # Every command's registration, in the order `edgerun -h` lists them.
 COMMANDS = (
-    choice_cli.add_profile,
+    cli_profile.add_profile,
     device_cli.add_check,
     device_cli.add_serve,
     tools_cli.add_demo,
-    engine_cli.add_models,
+    cli_models.add_models,
     coordinator_cli.add_coordinator,
     coordinator_cli.add_fleet,
     tools_cli.add_report,

@@ -12,7 +12,7 @@ a symlink planted there is never followed, so root running `fleet acl` cannot be
 through it.
 
 `EDGERUN_CRASH_AT=<step>` (tests only) makes `crash_point(step)` SIGKILL the process; the
-steps are listed in runtime/ota/store.py and runtime/coordinator/bundles.py.
+steps are listed in runtime/ota/model_store.py and runtime/coordinator/bundles.py.
 
 Imports nothing of the project: both sides (device and coordinator) and every package use it.
 """

@@ -107,6 +107,21 @@ def broker(tmp_path):
     b.stop()
 
 
+@pytest.fixture
+def coordinator(tmp_path, broker):
+    """A Coordinator of fleet "sys" on `broker` (connected), storing to tmp_path/coord.db:
+    where the harness's broker configs (support.daemon_harness) publish."""
+    from runtime.config.coordinator import CoordinatorConfig
+    from runtime.coordinator.service import Coordinator
+
+    c = Coordinator(CoordinatorConfig(fleet="sys", broker=broker.coordinator("sys"),
+                                      store=str(tmp_path / "coord.db")))
+    c.start()
+    assert c.connected.wait(30)
+    yield c
+    c.stop()
+
+
 @pytest.fixture(scope="module")
 def profile_cache(tmp_path_factory):
     """A profile cache shared by a module's daemons: each variant is measured once."""

@@ -6,6 +6,8 @@ never run). An import names the module it loads: `from a.b import c` is `a.b.c` 
 a module, else `a.b`. A failure names the offending import as file:line.
 
 - no import cycle among the product modules (runtime/, power/);
+- runtime's packages (and its top-level modules) stand in one order, PACKAGE_ORDER: each imports
+  only those below it, function-level imports included, so the packages form a DAG;
 - power/ imports nothing of runtime/; runtime/config/ imports only itself and the standard
   library;
 - the coordinator imports no device-only module, and the device side no coordinator module;
@@ -37,12 +39,30 @@ BASE_CLOSURE_MAX = 4
 # and the OTA steps that run on the device. runtime.ota.bundle (the signed bundle format) is
 # shared on purpose: the coordinator checks and serves the bundles the devices install.
 DEVICE_ONLY = ("runtime.device", "runtime.frames", "runtime.engine", "runtime.choice",
-               "runtime.telemetry", "power", "runtime.ota.store", "runtime.ota.install",
+               "runtime.telemetry", "power", "runtime.ota.model_store", "runtime.ota.install",
                "runtime.ota.download", "runtime.ota.bundle_mqtt", "runtime.ota.probation")
 COORDINATOR = ("runtime.coordinator",)
 # The device side: the packages above, less the bundle format they share with the coordinator.
 DEVICE_SIDE = ("runtime.device", "runtime.frames", "runtime.engine", "runtime.choice",
                "runtime.telemetry", "runtime.ota", "power")
+
+# runtime's packages and top-level modules, and power/, from the top down: each may import only
+# what stands in a later layer (never its own layer's others, never an earlier one). The entry
+# point and the commands that reach across packages on top; the contract (wire) and the leaves
+# at the bottom. docs/architecture.md ("Layering") says why each is where it is.
+PACKAGE_ORDER: tuple[tuple[str, ...], ...] = (
+    ("runtime.cli",),
+    ("runtime.cli_profile", "runtime.cli_models"),
+    ("runtime.cli_bundles", "runtime.tools"),
+    ("runtime.coordinator", "runtime.device"),
+    ("runtime.telemetry", "runtime.ota"),
+    ("runtime.choice",),
+    ("runtime.frames",),
+    ("runtime.engine",),
+    ("runtime.wire",),
+    ("runtime.cli_types", "runtime.journal", "runtime.durable", "power"),
+    ("runtime.config", "runtime"),
+)
 
 # Import edges (importer, imported) left out of the cycle check: none. (While the Daemon was
 # split, runtime/device/ could hold entries here; nothing else may ever be allowlisted.)
@@ -178,6 +198,26 @@ def under(*prefixes: str) -> typing.Callable[[str], bool]:
     return lambda m: any(m == p or m.startswith(p + ".") for p in prefixes)
 
 
+def package(module: str) -> str:
+    """The unit PACKAGE_ORDER places a module in: `runtime.choice.selector` ->
+    `runtime.choice`, a top-level `runtime.cli_types` -> itself, `power.rungs` -> `power`."""
+    parts = module.split(".")
+    return "power" if parts[0] == "power" else ".".join(parts[:2])
+
+
+def against_the_order(root: Path, order: typing.Sequence[typing.Sequence[str]]) -> list[str]:
+    """"file:line: a imports b" for every import (function-level ones included) from a
+    package to one in its own layer or above it; a package the order lacks is named too."""
+    layer = {pkg: i for i, names in enumerate(order) for pkg in names}
+    g = graph(root)
+    bad = sorted(f"{package(m)}: not in the package order" for m in g
+                 if package(m) not in layer)
+    return sorted(set(bad)) + [
+        f"{where(root, a, ln)}: {a} imports {b}" for a, es in sorted(g.items()) for ln, b in es
+        if package(a) != package(b) and package(a) in layer and package(b) in layer
+        and layer[package(b)] <= layer[package(a)]]
+
+
 def chain(root: Path, start: str, lib: str) -> list[str]:
     """The module-level imports by which importing `start` loads library `lib`
     (["file:line: a imports b", ...]; [] when none does)."""
@@ -201,6 +241,16 @@ def chain(root: Path, start: str, lib: str) -> list[str]:
 
 def test_no_import_cycle_among_product_modules():
     assert cycles(ROOT, ALLOWED_CYCLE_EDGES) == []
+
+
+def test_packages_import_only_those_below_them_in_the_order():
+    assert against_the_order(ROOT, PACKAGE_ORDER) == []
+
+
+def test_the_package_order_names_only_packages_that_exist():
+    """A stale entry would keep a place for a package that left (and hide a rename)."""
+    placed = {p for names in PACKAGE_ORDER for p in names}
+    assert placed == {package(m) for m in product_modules(ROOT)}
 
 
 def test_the_cycle_allowlist_is_only_the_daemon_split_and_still_needed():
@@ -291,6 +341,24 @@ def test_a_wrong_way_import_is_named(tmp_path):
         "power/control.py:1: imports runtime.choice"]
     assert offences(root, under("runtime.config"), lambda m: m == "numpy") == [
         "runtime/config/__init__.py:1: imports numpy"]
+
+
+def test_an_import_against_the_package_order_is_named(tmp_path):
+    root = _tree(tmp_path, {
+        "runtime/engine/__init__.py": "",
+        "runtime/engine/cli.py": "def f():\n    from runtime.ota import install\n",
+        "runtime/ota/__init__.py": "",
+        "runtime/ota/install.py": "from runtime.engine import cli\n",
+        "runtime/ota/store.py": "",
+        "runtime/wire/__init__.py": "",
+        "runtime/wire/x.py": "from runtime.ota import store\n",
+        "runtime/new/__init__.py": "",
+    })
+    order = (("runtime.ota",), ("runtime.engine", "runtime.wire"), ("runtime", "power"))
+    assert against_the_order(root, order) == [
+        "runtime.new: not in the package order",
+        "runtime/engine/cli.py:2: runtime.engine.cli imports runtime.ota.install",
+        "runtime/wire/x.py:1: runtime.wire.x imports runtime.ota.store"]
 
 
 def test_the_chain_to_a_library_names_each_import(tmp_path):

@@ -11,7 +11,7 @@ So a frame at rate r on an accelerator costs
 where `gap_w` is the device's power above its idle floor in the gap after a kernel
 (runtime/choice/accel_window.py measures it with the device's own meter; the profile says
 how, `gap_source`). On the host CPU the gap costs nothing beyond the box's idle share (its
-cores idle between frames; runtime/choice/box.py adds the idle share): unchanged. A variant
+cores idle between frames; runtime/choice/frame_cost.py adds the idle share): unchanged. A variant
 whose gap power is unknown keeps its back-to-back figure, labelled so.
 
 `served` applies this to profiles for a rate (idempotent: a profile already at that rate is

@@ -7,7 +7,7 @@ protect the device. A rung's energy is *measured* (profiling, then kept current 
 running pipeline), never assumed from its precision. The rung vocabulary itself (`Rung`,
 budget -> rung, the hold, `on_device`) is power/rungs.py: power owns it.
 
-When the top is chosen by the box (`Constraints.by_box`, runtime/choice/box.py), the rungs
+When the top is chosen by the box (`Constraints.by_box`, runtime/choice/frame_cost.py), the rungs
 below it are judged the same way: each variant in its best configuration (the preprocessing
 path with the least box energy per frame among those meeting the same target the selector
 used, keeping up with the offered rate), on the (accuracy, box energy per frame) frontier,
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from power.rungs import Rung
 from runtime.choice import at_rate
-from runtime.choice.box import BoxFigure, configurations, energy_key
+from runtime.choice.frame_cost import BoxFigure, configurations, energy_key
 from runtime.choice.selector import (
     Choice,
     Constraints,

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from runtime.choice import at_rate
-from runtime.choice.box import configurations
+from runtime.choice.frame_cost import configurations
 from runtime.choice.selector import (
     AUTO_TOLERANCE,
     Constraints,

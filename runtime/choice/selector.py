@@ -9,7 +9,7 @@ Two ways to judge a variant, by what `Constraints` carries:
   `latency_ms`;
 - the box (`frame`, the measured cost of the stages around inference, and/or
   `end_to_end_ms`): every configuration (a variant with a preprocessing path for its form,
-  runtime/choice/box.py) ranked by the box's energy per frame, judged on its end-to-end
+  runtime/choice/frame_cost.py) ranked by the box's energy per frame, judged on its end-to-end
   latency (frame in to durable result) against `end_to_end_ms` when that is set, else on
   inference latency against `latency_ms`. Inference latency stays in the reason and in
   `Choice.box` as a reported figure.
@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from runtime.choice import at_rate, provisional
-from runtime.choice.box import BoxFigure, FrameCosts, configurations, describe, energy_key
+from runtime.choice.frame_cost import BoxFigure, FrameCosts, configurations, describe, energy_key
 from runtime.config.constraints import Constraints  # the one type: config, commands, here
 
 

@@ -103,7 +103,7 @@ def cmd_fleet(args: argparse.Namespace) -> int:
             print(f"edgerun fleet acl: {e}", file=sys.stderr)
             return 2
         return 0
-    from runtime.coordinator.client import fleet_command
+    from runtime.coordinator.api_client import fleet_command
 
     return fleet_command(args)
 
@@ -220,7 +220,7 @@ def add_fleet(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     fo = fsub.add_parser("rollouts", help="rollouts and their devices' states",
                          parents=[common, fleet_opts])
     fo.add_argument("id", nargs="?")
-    from runtime.coordinator.client import add_bundles_parser
+    from runtime.coordinator.api_client import add_bundles_parser
 
     add_bundles_parser(fsub, [common, fleet_opts])
     fe = fsub.add_parser("enroll", help="make a device's broker credential, keys and config",

@@ -47,11 +47,11 @@ from runtime.choice.measure import Measured, measure_first, measure_model
 from runtime.choice.selector import Constraints, NoVariantError
 from runtime.config import Config, ConfigError, load
 from runtime.device import commands
-from runtime.device.box import Box
 from runtime.device.health import health, share_reasons, versions
 from runtime.device.host import Install, Stopping
 from runtime.device.live_energy import LiveEnergy
 from runtime.device.local_api import LocalApi, start_local_api
+from runtime.device.model_ladder import Box
 from runtime.device.operator_state import OperatorState
 from runtime.device.ota import DeviceOta
 from runtime.device.profiles import load_profile
@@ -72,9 +72,9 @@ from runtime.engine.backends import discover
 from runtime.frames.multisource import planned_rate
 from runtime.frames.pipeline import Active, Pipeline
 from runtime.frames.results_local import LocalResults
-from runtime.telemetry.client import Publisher, device_id
 from runtime.telemetry.homeassistant import Discovery
 from runtime.telemetry.outbox import Outbox
+from runtime.telemetry.publisher import Publisher, device_id
 from runtime.wire.commands import Command
 from runtime.wire.health_history import HealthHistory
 

@@ -23,8 +23,8 @@ if TYPE_CHECKING:
     from runtime.device.systemd import Notifier
     from runtime.engine.manifest import Manifest
     from runtime.frames.pipeline import Active, Pipeline
-    from runtime.telemetry.client import Publisher
     from runtime.telemetry.outbox import Outbox
+    from runtime.telemetry.publisher import Publisher
 
 
 class Stopping(Exception):

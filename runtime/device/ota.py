@@ -1,7 +1,7 @@
 """The daemon's side of model updates: deploy, swap between frames, probation, rollback.
 
 - At start (`model_path`): count a start made in probation (a crash loop rolls back, see
-  runtime/ota/store.py) and serve the version the pointer names, else the configured model.
+  runtime/ota/model_store.py) and serve the version the pointer names, else the configured model.
 - `precheck` answers a `choose_model`/`deploy` command before it is accepted: a name or
   version that is not on the device (or was rolled back here) is `rejected` with the reason.
 - `deploy`: download, verify and profile on a background thread (cached profiles reused);
@@ -37,8 +37,8 @@ import numpy as np
 from runtime.device.host import Install, OtaHost, Stopping
 from runtime.durable import crash_point
 from runtime.frames.model_counts import ModelId, Tally, model_id
+from runtime.ota.model_store import ModelStore
 from runtime.ota.probation import Kpis, Limits, judge
-from runtime.ota.store import ModelStore
 from runtime.wire.events import EventType
 
 if TYPE_CHECKING:

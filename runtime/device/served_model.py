@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from power.rungs import Rung, on_device
-from runtime.choice.box import FrameCosts, live_costs
+from runtime.choice.frame_cost import FrameCosts, live_costs
 from runtime.choice.ladders import Ladder, build_ladder
 from runtime.choice.measure import Measured
 from runtime.choice.selector import Constraints, Profile

@@ -1,10 +1,12 @@
 """Results on the box itself: `serve --print`, a rotated JSONL file, snapshots of non-ok frames.
 
-The pipeline hands each stored group here after the outbox commit (`submit`): a set lookup
-and a non-blocking queue put on the infer thread, nothing more. A `local-results` thread
-prints, appends and encodes JPEGs, so a slow disk or a 4K frame never delays inference. When
-that thread falls behind, groups are dropped and counted (the outbox still has every
-result); at most `MAX_PENDING_IMAGES` frames wait for encoding, so memory stays bounded.
+These are views, not a second store: the outbox is a result's one durable home on the device
+(docs/daemon.md, "One home for results"). The pipeline hands each stored group here after the
+outbox commit (`submit`): a set lookup and a non-blocking queue put on the infer thread,
+nothing more. A `local-results` thread prints, appends and encodes JPEGs, so a slow disk or a
+4K frame never delays inference. When that thread falls behind, groups are dropped and
+counted (the outbox still has every result); at most `MAX_PENDING_IMAGES` frames wait for
+encoding, so memory stays bounded.
 
 A sink that fails (disk full, stdout closed) is reported (log, rate-limited, and an event)
 and counted; the others and the daemon go on. Snapshot files are named

@@ -95,7 +95,7 @@ def from_api(api: str, token: str, device: str, since: float, until: float,
     events (SystemExit with the reason when the coordinator refuses or is unreachable)."""
     from urllib.parse import quote
 
-    from runtime.coordinator.client import _call
+    from runtime.coordinator.api_client import _call
 
     path = f"/api/v1/devices/{quote(device, safe='')}"
     view = _call(api, path, token=token)
@@ -355,7 +355,7 @@ def command(args: Any) -> int:
     import sys
     import time
 
-    from runtime.coordinator import client
+    from runtime.coordinator import api_client as client
 
     now = time.time()
     try:
@@ -366,7 +366,7 @@ def command(args: Any) -> int:
         return 2
     if args.local:
         from runtime import config as config_mod
-        from runtime.telemetry.client import device_id
+        from runtime.telemetry.publisher import device_id
 
         cfg = config_mod.load(args.config) if args.config else config_mod.Config()
         state_dir = args.state_dir or Path(cfg.daemon.state_dir).expanduser()

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from runtime.choice import at_rate
-from runtime.choice.box import FrameCosts
+from runtime.choice.frame_cost import FrameCosts
 from runtime.choice.ladders import ladder_for
 from runtime.choice.selector import Constraints, Profile, select
 

@@ -1,5 +1,5 @@
 """Table tests for choosing the whole per-frame configuration by the box's energy per frame
-(runtime/choice/box.py, the box branch of runtime/choice/selector.py, and the ladder below a
+(runtime/choice/frame_cost.py, the box branch of runtime/choice/selector.py, and the ladder below a
 top chosen by the box, runtime/choice/ladders.py)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from runtime.choice.box import FrameCosts, PrePath, figure, sustained_hz
+from runtime.choice.frame_cost import FrameCosts, PrePath, figure, sustained_hz
 from runtime.choice.ladders import build_ladder
 from runtime.choice.selector import Constraints, Profile, select
 from runtime.config import ConfigError, build
@@ -236,7 +236,7 @@ LIVE = [
 @pytest.mark.parametrize("report,e2e,infer,tiles,other_mj,other_ms,with_paths", LIVE)
 def test_live_costs_from_what_the_daemon_measured(report, e2e, infer, tiles, other_mj,
                                                   other_ms, with_paths):
-    from runtime.choice.box import live_costs
+    from runtime.choice.frame_cost import live_costs
 
     c = live_costs(report, PRE_REPORT, SHAPES, 8.0, 10.0, tiles, e2e, infer, running="fp32")
     assert (c.other_mj is None) == (other_mj is None)
@@ -252,7 +252,7 @@ def test_live_costs_from_what_the_daemon_measured(report, e2e, infer, tiles, oth
 
 def test_live_costs_take_the_path_the_chooser_runs_not_the_cheapest():
     """A rung pinned to the dearer path (the box choice's): its time is what end to end holds."""
-    from runtime.choice.box import live_costs
+    from runtime.choice.frame_cost import live_costs
 
     pinned = {**PRE_REPORT, "640x480->96x96": [
         {**PRE_REPORT["640x480->96x96"][0], "chosen": False},

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from runtime.choice.box import FrameCosts, PrePath
+from runtime.choice.frame_cost import FrameCosts, PrePath
 from runtime.choice.refine import (
     combine,
     finalists,
@@ -19,8 +19,8 @@ from runtime.choice.refine import (
 )
 from runtime.choice.selector import Constraints, Profile, select
 
-# choosing by the box (runtime/choice/box.py): a backlog on a box idling at 2 W, where a frame
-# costs its inference plus the idle floor for as long as it takes (p50 = 0.8 x p95 here)
+# choosing by the box (runtime/choice/frame_cost.py): a backlog on a box idling at 2 W, where a
+# frame costs its inference plus the idle floor for as long as it takes (p50 = 0.8 x p95 here)
 BACKLOG = Constraints(20, frame=FrameCosts(idle_w=2.0, rate_hz=0.0))
 # 10 frames/s, the stages around inference adding 10 ms to each frame; 14 ms end to end
 E2E = Constraints(14, end_to_end_ms=14,

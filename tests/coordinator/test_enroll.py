@@ -83,8 +83,8 @@ def test_security_md_walkthrough_tls_enrol_reload_then_results_flow(tmp_path):
 
     from runtime.config.telemetry import OutboxConfig, TlsConfig
     from runtime.coordinator.service import Coordinator
-    from runtime.telemetry.client import Publisher
     from runtime.telemetry.outbox import Outbox
+    from runtime.telemetry.publisher import Publisher
     from runtime.wire.broker import free_port
 
     pki = tmp_path / "pki"

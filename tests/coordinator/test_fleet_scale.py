@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from support.fleet import CoordinatorProc
+from support.waiting import wait
 
 from runtime.coordinator.store import Store
 from runtime.tools.fleetsim import FleetSim
@@ -19,15 +20,6 @@ from runtime.wire import commands
 from runtime.wire.broker import Mosquitto
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def wait(cond, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
 @pytest.fixture

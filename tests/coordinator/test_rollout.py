@@ -23,7 +23,7 @@ from models import bundled
 from runtime.coordinator.rollout import FAILED, PASSED, SENT, WAITING, advance, split
 from runtime.ota.bundle import make
 from runtime.ota.download import DownloadError, fetch
-from runtime.ota.store import ModelStore
+from runtime.ota.model_store import ModelStore
 from runtime.wire.commands import generate_keypair, load_private_key
 
 ROOT = Path(__file__).parents[2]

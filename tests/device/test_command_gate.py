@@ -16,7 +16,6 @@ from models import bundled
 from runtime.config.coordinator import CoordinatorConfig
 from runtime.coordinator.service import Coordinator
 from runtime.wire import commands, payloads
-from runtime.wire.broker import Mosquitto
 
 # one valid set of arguments per command, and the out-of-range values of each argument
 VALID: dict[str, dict] = {
@@ -64,13 +63,6 @@ def test_verify_refuses_each_out_of_range_argument_naming_it(name, args, arg):
 
 serve_only = pytest.mark.skipif(not (bundled() / "manifest.json").exists(),
                                 reason="bundled model not built")
-
-
-@pytest.fixture
-def broker(tmp_path):
-    b = Mosquitto(tmp_path).start()
-    yield b
-    b.stop()
 
 
 @serve_only

@@ -16,27 +16,9 @@ from models import bundled
 from models.synthetic import samples
 from runtime.config.coordinator import CoordinatorConfig
 from runtime.coordinator.service import Coordinator
-from runtime.wire.broker import Mosquitto
 
 pytestmark = pytest.mark.skipif(not (bundled() / "manifest.json").exists(),
                                 reason="bundled model not built")
-
-
-@pytest.fixture
-def broker(tmp_path):
-    b = Mosquitto(tmp_path).start()
-    yield b
-    b.stop()
-
-
-@pytest.fixture
-def coordinator(tmp_path, broker):
-    c = Coordinator(CoordinatorConfig(fleet="sys", broker=broker.coordinator("sys"),
-                                      store=str(tmp_path / "coord.db")))
-    c.start()
-    assert c.connected.wait(30)
-    yield c
-    c.stop()
 
 
 def test_results_flow_and_rising_temperature_steps_down(tmp_path, broker, coordinator,

@@ -24,8 +24,8 @@ from support.waiting import wait
 
 from models import bundled
 from runtime.ota.bundle import make
+from runtime.ota.model_store import ModelStore
 from runtime.ota.probation import Kpis, Limits, judge
-from runtime.ota.store import ModelStore
 from runtime.wire.commands import generate_keypair, load_private_key
 
 ROOT = Path(__file__).parents[2]

@@ -18,7 +18,7 @@ from support.waiting import wait
 
 from models import bundled
 from runtime.ota.bundle import make
-from runtime.ota.store import ModelStore
+from runtime.ota.model_store import ModelStore
 from runtime.wire.commands import load_private_key
 
 pytestmark = pytest.mark.skipif(not (bundled() / "manifest.json").exists(),

@@ -27,7 +27,7 @@ def test_a_deeply_nested_operator_settings_file_is_moved_aside(tmp_path):
 
 
 def test_a_deeply_nested_model_pointer_is_moved_aside(tmp_path):
-    from runtime.ota.store import ModelStore
+    from runtime.ota.model_store import ModelStore
 
     store = ModelStore(tmp_path)
     store.pointer.parent.mkdir(parents=True, exist_ok=True)
@@ -51,7 +51,7 @@ def test_a_model_pointer_with_fields_of_the_wrong_type_is_moved_aside(tmp_path):
     AttributeError in the daemon's start-up, at every start."""
     import json
 
-    from runtime.ota.store import VERSION, ModelStore
+    from runtime.ota.model_store import VERSION, ModelStore
 
     store = ModelStore(tmp_path)
     for bad in ({"current": 5}, {"probation": "x"}, {"rejected": [1]}, {"previous": {}}):

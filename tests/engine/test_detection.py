@@ -412,19 +412,6 @@ def test_bundled_defect_detector_manifest():
 
 # -- end to end ----------------------------------------------------------------------------------
 
-@pytest.fixture
-def coordinator(tmp_path, broker):
-    from runtime.config.coordinator import CoordinatorConfig
-    from runtime.coordinator.service import Coordinator
-
-    c = Coordinator(CoordinatorConfig(fleet="sys", broker=broker.coordinator("sys"),
-                                      store=str(tmp_path / "coord.db")))
-    c.start()
-    assert c.connected.wait(30)
-    yield c
-    c.stop()
-
-
 def test_a_prepared_yolo_detector_runs_from_prepare_to_boxes_at_the_coordinator(
         tmp_path, broker, coordinator):
     """prepare (mAP rungs) -> serve a folder of frames twice the input, tiled -> results with

@@ -55,19 +55,11 @@ class _Flaky:
 def test_an_unexpected_error_in_a_source_is_a_source_failure_not_a_dead_thread(tmp_path):
     import time
 
-    from support.modelgen import tiny_cnn
+    from support.tiny_ort import tiny_variant
 
-    from runtime.config import BackendsConfig, OnnxRuntimeConfig
-    from runtime.engine.backends import discover
-    from runtime.engine.manifest import load_model, model_files
     from runtime.frames.pipeline import Active, Pipeline
 
-    m = load_model(tiny_cnn(tmp_path / "tiny.onnx", hw=(32, 32)))
-    bcfg = BackendsConfig(enabled=("onnxruntime",), threads=(1,),
-                          onnxruntime=OnnxRuntimeConfig(spinning=(False,),
-                                                        include_default=False))
-    (backend,) = discover(bcfg)
-    v = backend.variants(model_files(m)[0], bcfg, (1,))[0]
+    m, backend, v = tiny_variant(tmp_path)
     out: list[dict] = []
     evs: list[dict] = []
     p = Pipeline(_Flaky(tmp_path), m, lambda rs: out.extend(rs) or list(range(len(rs))),

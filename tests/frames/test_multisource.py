@@ -16,16 +16,14 @@ import cv2
 import numpy as np
 import pytest
 from support.daemon_harness import Serve, events, last_health, results, write_config
-from support.modelgen import tiny_cnn
+from support.tiny_ort import tiny_active, tiny_variant
 from support.waiting import wait
 
 from models import bundled
 from models.synthetic import samples
 from runtime.choice.ladders import ladder_for
 from runtime.choice.selector import Constraints, Profile
-from runtime.config import BackendsConfig, ConfigError, OnnxRuntimeConfig, from_dict
-from runtime.engine.backends import discover
-from runtime.engine.manifest import load_model, model_files
+from runtime.config import ConfigError, from_dict
 from runtime.frames.multisource import (
     UTILISATION_MAX,
     FairQueue,
@@ -157,12 +155,7 @@ def test_three_sources_share_one_session_each_result_names_its_source(tmp_path):
     cfgs = [SourceConfig(name="fast", rate_hz=200, size=64),
             SourceConfig(name="slow", rate_hz=5, size=64, seed=1),
             SourceConfig(name="files", kind="folder", path=str(inbox), rate_hz=50)]
-    m = load_model(tiny_cnn(tmp_path / "tiny.onnx", hw=(32, 32)))
-    bcfg = BackendsConfig(enabled=("onnxruntime",), threads=(1,),
-                          onnxruntime=OnnxRuntimeConfig(spinning=(False,),
-                                                        include_default=False))
-    (backend,) = discover(bcfg)
-    v = backend.variants(model_files(m)[0], bcfg, (1,))[0]
+    m, backend, v = tiny_variant(tmp_path)
     out: list[dict] = []
     events: list[dict] = []
     p = Pipeline(lanes(cfgs, lambda c, i: open_source(c, tmp_path / "state")), m,
@@ -260,12 +253,7 @@ def test_serve_with_four_sources_keeps_each_streams_p95_within_target(tmp_path):
 def test_results_of_a_single_source_are_named_main(tmp_path):
     src = Path(tmp_path)
     cfg = SourceConfig(rate_hz=50, size=64)
-    m = load_model(tiny_cnn(src / "tiny.onnx", hw=(32, 32)))
-    bcfg = BackendsConfig(enabled=("onnxruntime",), threads=(1,),
-                          onnxruntime=OnnxRuntimeConfig(spinning=(False,),
-                                                        include_default=False))
-    (backend,) = discover(bcfg)
-    v = backend.variants(model_files(m)[0], bcfg, (1,))[0]
+    m, backend, v = tiny_variant(src)
     out: list[dict] = []
     p = Pipeline(lambda: open_source(cfg, src / "state"), m,
                  lambda rs: out.extend(rs) or list(range(len(rs))), lambda e: None)
@@ -379,16 +367,6 @@ def test_results_at_the_coordinator_name_their_source(tmp_path):
     assert all(r["ref"].startswith("part-") for r in stored)
 
 
-def _session(tmp_path):
-    m = load_model(tiny_cnn(tmp_path / "tiny.onnx", hw=(32, 32)))
-    bcfg = BackendsConfig(enabled=("onnxruntime",), threads=(1,),
-                          onnxruntime=OnnxRuntimeConfig(spinning=(False,),
-                                                        include_default=False))
-    (backend,) = discover(bcfg)
-    v = backend.variants(model_files(m)[0], bcfg, (1,))[0]
-    return m, Active(0, v.id, backend.load(v), v.model.input_shape)
-
-
 def test_a_combined_rate_cap_is_shared_by_rate_and_other_kinds_are_paced(tmp_path):
     """The control loop's cap is for the box: 8 Hz over a 10 Hz and a 30 Hz camera gives them
     2 and 6 Hz. A folder source in [[sources]] is inspected at its own rate_hz."""
@@ -399,7 +377,7 @@ def test_a_combined_rate_cap_is_shared_by_rate_and_other_kinds_are_paced(tmp_pat
         cv2.imwrite(str(inbox / f"f{i}.png"), s.image)
     for f in inbox.iterdir():
         os.utime(f, (old, old))
-    m, active = _session(tmp_path)
+    m, active = tiny_active(tmp_path)
     cams = [SourceConfig(name="a", rate_hz=10, size=32), SourceConfig(name="b", rate_hz=30,
                                                                       size=32, seed=1)]
     out: list[dict] = []
@@ -416,7 +394,7 @@ def test_a_combined_rate_cap_is_shared_by_rate_and_other_kinds_are_paced(tmp_pat
         p.stop()
     rate = {k: (n1[k] - n0[k]) / 4.0 for k in ("a", "b")}
     assert 1.2 <= rate["a"] <= 2.8 and 4.5 <= rate["b"] <= 7.0, rate  # 2 and 6 Hz
-    m, active = _session(tmp_path)
+    m, active = tiny_active(tmp_path)
     files = [SourceConfig(name="files", kind="folder", path=str(inbox), rate_hz=5)]
     got: list[tuple[float, str]] = []
     p = Pipeline(lanes(files, lambda c, i: open_source(c, tmp_path / "state")), m,
@@ -445,7 +423,7 @@ def test_a_camera_faster_than_its_rate_is_read_fresh_and_inspected_at_its_rate(t
     srv.daemon_threads = True
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{srv.server_address[1]}/cam.mjpg"
-    m, active = _session(tmp_path)
+    m, active = tiny_active(tmp_path)
     cams = [SourceConfig(name="door", kind="capture", path=url, rate_hz=10)]
     out: list[dict] = []
     p = Pipeline(lanes(cams, lambda c, i: open_source(c, tmp_path / "state")), m,

@@ -7,23 +7,10 @@ import os
 import time
 from pathlib import Path
 
-from support.modelgen import tiny_cnn
+from support.tiny_ort import tiny_variant
 
-from runtime.config import BackendsConfig, OnnxRuntimeConfig
-from runtime.engine.backends import discover
-from runtime.engine.manifest import load_model, model_files
 from runtime.frames.pipeline import Active, Pipeline
 from runtime.frames.sources import SourceConfig, open_source
-
-
-def _tiny(folder: Path):
-    """A tiny classifier, ONNX Runtime and its one-thread CPU variant."""
-    m = load_model(tiny_cnn(folder / "tiny.onnx", hw=(32, 32)))
-    bcfg = BackendsConfig(enabled=("onnxruntime",), threads=(1,),
-                          onnxruntime=OnnxRuntimeConfig(spinning=(False,),
-                                                        include_default=False))
-    (backend,) = discover(bcfg)
-    return m, backend, backend.variants(model_files(m)[0], bcfg, (1,))[0]
 
 
 def test_a_failing_store_is_one_event_and_one_line_an_outage(tmp_path, caplog):
@@ -31,7 +18,7 @@ def test_a_failing_store_is_one_event_and_one_line_an_outage(tmp_path, caplog):
     error line per batch, each into the outbox that was failing; now one event and one line
     a minute while it lasts, and a line when results are stored again."""
     src = Path(tmp_path)
-    m, backend, v = _tiny(src)
+    m, backend, v = tiny_variant(src)
     full = [True]
     stored: list[dict] = []
     events: list[dict] = []
@@ -96,7 +83,7 @@ def test_a_backlog_on_a_slow_model_shares_commits(tmp_path):
     for i in range(40):
         cv2.imwrite(str(folder / f"f{i:02d}.png"), img)
         os.utime(folder / f"f{i:02d}.png", (old, old))
-    m, backend, v = _tiny(src)
+    m, backend, v = tiny_variant(src)
     batches: list[int] = []
 
     def sink(rs: list[dict]) -> list[int]:

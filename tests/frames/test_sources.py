@@ -19,16 +19,14 @@ import cv2
 import numpy as np
 import paho.mqtt.client as mqtt
 import pytest
-from support.modelgen import tiny_cnn
+from support.tiny_ort import tiny_active
 from support.under_test import child_env
 
 from models.synthetic import samples
-from runtime.config import BackendsConfig, ConfigError, OnnxRuntimeConfig, from_dict
-from runtime.engine.backends import discover
-from runtime.engine.manifest import load_model, model_files
+from runtime.config import ConfigError, from_dict
 from runtime.frames import roi
 from runtime.frames.multisource import single
-from runtime.frames.pipeline import Active, Pipeline
+from runtime.frames.pipeline import Pipeline
 from runtime.frames.sources import (
     BadFrame,
     CaptureSource,
@@ -157,16 +155,6 @@ class _Recorder:
         return self._apply(image, shape)
 
 
-def _tiny(tmp_path):
-    m = load_model(tiny_cnn(tmp_path / "tiny.onnx", hw=(32, 32)))
-    bcfg = BackendsConfig(enabled=("onnxruntime",), threads=(1,),
-                          onnxruntime=OnnxRuntimeConfig(spinning=(False,),
-                                                        include_default=False))
-    (backend,) = discover(bcfg)
-    v = backend.variants(model_files(m)[0], bcfg, (1,))[0]
-    return m, Active(0, v.id, backend.load(v), v.model.input_shape)
-
-
 def _video(path: Path, frames: int, size=(64, 48)) -> Path:
     """Frames whose left half is black and right half white (the ROI picks one)."""
     w = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"MJPG"), 10, size)
@@ -187,7 +175,7 @@ def _until(cond, timeout_s, what):
 
 def test_the_pipeline_crops_the_roi_before_preprocessing(tmp_path):
     video = _video(tmp_path / "v.avi", 6)
-    m, active = _tiny(tmp_path)
+    m, active = tiny_active(tmp_path)
     rec = _Recorder(m)
     results: list[dict] = []
     cfg = SourceConfig(kind="capture", path=str(video), roi=(32, 8, 24, 32), name="cam1")
@@ -207,7 +195,7 @@ def test_the_pipeline_crops_the_roi_before_preprocessing(tmp_path):
 
 def test_frames_the_roi_does_not_fit_are_counted_and_reported_naming_the_key(tmp_path):
     video = _video(tmp_path / "v.avi", 4)  # 64x48 frames
-    m, active = _tiny(tmp_path)
+    m, active = tiny_active(tmp_path)
     results: list[dict] = []
     events: list[dict] = []
     cfg = SourceConfig(kind="capture", path=str(video), roi=(0, 0, 100, 48))

@@ -14,12 +14,9 @@ import cv2
 import numpy as np
 import pytest
 from support.daemon_harness import Serve, events, last_health, results, write_config
-from support.modelgen import tiny_cnn
+from support.tiny_ort import tiny_variant
 from support.waiting import wait
 
-from runtime.config import BackendsConfig, OnnxRuntimeConfig
-from runtime.engine.backends import discover
-from runtime.engine.manifest import load_model, model_files
 from runtime.frames.pipeline import Active, Pipeline
 from runtime.frames.sources import CaptureSource, SourceConfig, SourceEnded, open_source
 
@@ -36,12 +33,7 @@ class _Pipe:
     """A real Pipeline on a tiny ONNX model with ONNX Runtime, results and events in lists."""
 
     def __init__(self, tmp_path: Path, cfg: SourceConfig):
-        m = load_model(tiny_cnn(tmp_path / "tiny.onnx", hw=(32, 32)))
-        bcfg = BackendsConfig(enabled=("onnxruntime",), threads=(1,),
-                              onnxruntime=OnnxRuntimeConfig(spinning=(False,),
-                                                            include_default=False))
-        (backend,) = discover(bcfg)
-        v = backend.variants(model_files(m)[0], bcfg, (1,))[0]
+        m, backend, v = tiny_variant(tmp_path)
         self.results: list[dict] = []
         self.events: list[dict] = []
         self.pipeline = Pipeline(lambda: open_source(cfg, tmp_path / "state"), m,

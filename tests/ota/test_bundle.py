@@ -1,5 +1,5 @@
 """Signed model bundles (runtime/ota/bundle.py) and the on-device store's pointer
-(runtime/ota/store.py): real files, real keys, the real CLI."""
+(runtime/ota/model_store.py): real files, real keys, the real CLI."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from support.model_dirs import model_dir
 from support.under_test import child_env
 
 from runtime.ota.bundle import BundleError, make, read_info, unpack
-from runtime.ota.store import ModelStore
+from runtime.ota.model_store import ModelStore
 from runtime.wire.commands import generate_keypair, load_private_key, load_public_keys
 
 ROOT = Path(__file__).parents[2]

@@ -20,7 +20,7 @@ from support.under_test import child_env
 
 from runtime.engine.onnx_model import file_sha256
 from runtime.ota.bundle import HEADER, SIG, BundleError, make, unpack
-from runtime.ota.store import ModelStore
+from runtime.ota.model_store import ModelStore
 from runtime.wire.commands import generate_keypair, key_id, load_private_key, load_public_keys
 
 

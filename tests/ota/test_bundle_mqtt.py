@@ -277,7 +277,7 @@ def test_a_tampered_chunk_with_a_matching_sha256_is_refused_by_verify(tmp_path, 
     is not a publisher key): the bundle's signed hashes refuse it, nothing is installed."""
     from runtime.ota.bundle import BundleError
     from runtime.ota.install import verify_step
-    from runtime.ota.store import ModelsConfig, ModelStore
+    from runtime.ota.model_store import ModelsConfig, ModelStore
 
     held = shelf.list()[0]
     c = Coord(broker, shelf)
@@ -501,7 +501,7 @@ def test_deploy_without_an_http_route_arrives_over_mqtt_across_kill_9_and_swaps(
     from support.daemon_harness import Serve
     from support.model_dirs import inspection_dir
 
-    from runtime.ota.store import ModelStore
+    from runtime.ota.model_store import ModelStore
 
     key = load_private_key(tmp_path / "publisher.pem")
     v1 = inspection_dir(tmp_path / "models" / "inspection")

@@ -31,7 +31,7 @@ from runtime.ota.bundle import (
     parse_id,
     read_info,
 )
-from runtime.ota.store import ModelStore
+from runtime.ota.model_store import ModelStore
 from runtime.wire.commands import generate_keypair, key_id, load_private_key, load_public_keys
 
 ROOT = Path(__file__).parents[2]

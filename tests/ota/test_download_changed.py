@@ -20,7 +20,7 @@ from support.model_dirs import model_dir
 from runtime.ota.bundle import make
 from runtime.ota.download import DownloadError
 from runtime.ota.install import obtain, verify_step
-from runtime.ota.store import ModelsConfig, ModelStore
+from runtime.ota.model_store import ModelsConfig, ModelStore
 from runtime.wire.commands import generate_keypair, load_private_key
 
 

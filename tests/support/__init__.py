@@ -5,7 +5,10 @@
 - `waiting`: polling a condition with a deadline;
 - `modelgen`, `ultralytics_export`: small ONNX models made on the spot;
 - `model_dirs`: prepared model directories (manifest + variants) and bundles;
+- `tiny_ort`: a tiny classifier's ONNX Runtime variant (and loaded session), fast;
 - `daemon_harness`, `ota_harness`: `edgerun serve` as a child process, a fleet for OTA;
+- `daemon_toml`: the daemon's config text, shared sections plus each caller's layers (the
+  harness's and the benches' configs);
 - `fleet`: a coordinator in-process or as a child, a publishing device process
   (`device_proc`), a webhook receiver;
 - `mqtt_probe`: a raw MQTT client for ACL checks;

@@ -18,10 +18,23 @@ from runtime.config import (
 from runtime.engine.backends import discover
 from runtime.engine.manifest import model_files
 from runtime.wire.broker import Mosquitto
+from support.daemon_toml import daemon_toml
 from support.under_test import child_env
 
 TESTS = Path(__file__).parents[1]
 ZONE = "sys/class/thermal/thermal_zone0"
+
+# The daemon under test: a generic x86 box, a profiler short enough for a test, a synthetic
+# camera at 40 frames/s and the step_wise governor ticking fast (5 ticks a second).
+UNDER_TEST = {
+    "device": {"profile": "generic-x86"},
+    "constraints": {"latency_ms": 100.0},
+    "profiler": {"warmup_runs": 2, "min_runs": 10, "max_runs": 100, "time_budget_s": 0.05,
+                 "idle_baseline_s": 0.05},
+    "source": 'kind = "synthetic"\nrate_hz = 40',
+    "governor": {"policy": "step_wise", "tick_s": 0.2, "rate_hz": 40},
+    "telemetry": {"fleet": "t", "device": "box1"},
+}
 
 
 def write_config(tmp_path: Path, cache: Path, source: str = "", latency_ms: float = 100.0,
@@ -30,47 +43,17 @@ def write_config(tmp_path: Path, cache: Path, source: str = "", latency_ms: floa
     zone = tmp_path / "sysfs" / ZONE
     zone.mkdir(parents=True, exist_ok=True)
     (zone / "temp").write_text("40000\n")
-    source = source or 'kind = "synthetic"\nrate_hz = 40'
     cfg = tmp_path / name
-    cfg.write_text(f"""
-[device]
-profile = "generic-x86"
-sysfs_root = "{tmp_path / 'sysfs'}"
-[constraints]
-latency_ms = {latency_ms}
-# 0.99: the top rung is a 96 px form (0.990), several times the CPU of the reduced rungs and
-# small, so the ladder keeps rungs below it however noisy sub-0.1 ms measurements are here
-# (tests that want no floor remove this line)
-accuracy_floor = 0.99
-[profiler]
-warmup_runs = 2
-min_runs = 10
-max_runs = 100
-time_budget_s = 0.05
-idle_baseline_s = 0.05
-cache_dir = "{cache}"
-[backends]
-enabled = ["onnxruntime"]
-threads = [1]
-[backends.onnxruntime]
-spinning = [false]
-include_default = false
-[source]
-{source}
-[governor]
-policy = "step_wise"
-tick_s = 0.2
-rate_hz = 40
-[daemon]
-state_dir = "{tmp_path / 'state'}"
-[telemetry]
-fleet = "t"
-device = "box1"
-health_interval_s = 0.3
-[telemetry.outbox]
-path = "{tmp_path / 'state' / 'outbox.db'}"
-{extra}
-""")
+    cfg.write_text(daemon_toml(tmp_path / "state", UNDER_TEST, {
+        "device": {"sysfs_root": tmp_path / "sysfs"},
+        # accuracy_floor 0.99: the top rung is a 96 px form (0.990), several times the CPU of
+        # the reduced rungs and small, so the ladder keeps rungs below it however noisy sub-0.1
+        # ms measurements are here (tests that want no floor remove the line)
+        "constraints": {"latency_ms": latency_ms, "accuracy_floor": 0.99},
+        "profiler": {"cache_dir": cache},
+        **({"source": source} if source else {}),
+        "telemetry": {"health_interval_s": 0.3},
+    }, extra=extra))
     return cfg
 
 
@@ -90,56 +73,22 @@ def write_broker_config(tmp_path: Path, broker: Mosquitto, cache: Path, source: 
     root = tmp_path / "sysfs"
     if not (root / ZONE / "temp").exists():
         set_temp(root, 40.0)
-    source = source or 'kind = "synthetic"\nrate_hz = 40'
-    backends = backends or 'enabled = ["onnxruntime"]'
     creds = broker.device("sys", "box1")
     cfg = tmp_path / "edgerun.toml"
-    cfg.write_text(f"""
-[device]
-profile = "generic-x86"
-sysfs_root = "{root}"
-[constraints]
-latency_ms = 100.0
-# 0.985: the top rung is a 96 px form (2-4x the CPU of the reduced rungs and small), so the
-# ladder has rungs below it however noisy this machine's sub-0.1 ms measurements are (the
-# reduced rungs differ by less than the run-to-run noise here)
-accuracy_floor = 0.985
-[profiler]
-warmup_runs = 2
-min_runs = 10
-max_runs = 1000
-time_budget_s = 0.1
-idle_baseline_s = 0.05
-cache_dir = "{cache}"
-[backends]
-{backends}
-threads = [1]
-[backends.onnxruntime]
-spinning = [false]
-include_default = false
-[source]
-{source}
-[governor]
-policy = "step_wise"
-tick_s = 0.2
-rate_hz = 40
-[daemon]
-state_dir = "{tmp_path / 'state'}"
-[telemetry]
-fleet = "sys"
-device = "box1"
-health_interval_s = 0.5
-ack_timeout_s = 1.0
-[telemetry.broker]
-host = "127.0.0.1"
-port = {broker.port}
-keepalive_s = 5
-username = "{creds.username}"
-password_file = "{creds.password_file}"
-[telemetry.outbox]
-path = "{tmp_path / 'state' / 'outbox.db'}"
-{extra}
-""")
+    cfg.write_text(daemon_toml(tmp_path / "state", UNDER_TEST, {
+        "device": {"sysfs_root": root},
+        # accuracy_floor 0.985: the top rung is a 96 px form (2-4x the CPU of the reduced rungs
+        # and small), so the ladder has rungs below it however noisy this machine's sub-0.1 ms
+        # measurements are (the reduced rungs differ by less than the run-to-run noise here)
+        "constraints": {"accuracy_floor": 0.985},
+        "profiler": {"max_runs": 1000, "time_budget_s": 0.1, "cache_dir": cache},
+        **({"backends": f"{backends}\nthreads = [1]"} if backends else {}),
+        **({"source": source} if source else {}),
+        "telemetry": {"fleet": "sys", "health_interval_s": 0.5, "ack_timeout_s": 1.0},
+        "telemetry.broker": {"host": "127.0.0.1", "port": broker.port, "keepalive_s": 5,
+                             "username": creds.username,
+                             "password_file": creds.password_file},
+    }, extra=extra))
     return cfg
 
 

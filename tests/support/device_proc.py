@@ -18,8 +18,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from runtime.config.telemetry import BrokerConfig, OutboxConfig, TelemetryConfig
-from runtime.telemetry.client import Publisher
 from runtime.telemetry.outbox import Outbox
+from runtime.telemetry.publisher import Publisher
 
 
 def main() -> None:

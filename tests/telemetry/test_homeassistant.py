@@ -18,12 +18,12 @@ from pathlib import Path
 import paho.mqtt.client as mqtt
 import pytest
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+from support.waiting import wait
 
 from runtime.config import from_dict
 from runtime.config.coordinator import CoordinatorConfig
 from runtime.config.telemetry import OutboxConfig, TelemetryConfig
 from runtime.coordinator.service import Coordinator
-from runtime.telemetry.client import Publisher
 from runtime.telemetry.homeassistant import (
     DeviceInfo,
     Discovery,
@@ -34,6 +34,7 @@ from runtime.telemetry.homeassistant import (
     node_id,
 )
 from runtime.telemetry.outbox import Outbox
+from runtime.telemetry.publisher import Publisher
 from runtime.wire import commands, payloads
 from runtime.wire.brokerauth import DEVICE_PUBLISHES, PREFIX, Identity, device_username
 
@@ -102,15 +103,6 @@ class Listener:
         self.c.disconnect()
 
 
-def _wait(cond, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-
-
 def _device(tmp_path, broker, *, ha: bool, enabled: bool = True, each: bool = False,
             labels=LABELS, battery: bool = True, **tcfg):
     """An in-process device publisher (real outbox, real broker login with the fleet ACL)."""
@@ -172,10 +164,10 @@ def test_discovery_read_back_matches_documented_fields_and_acl(tmp_path, broker)
     pub, outbox = _device(tmp_path, broker, ha=True)
     ha = Listener(broker, ("homeassistant/#", f"{PREFIX}/test/+/#"))
     try:
-        _wait(lambda: len(_configs(ha)) >= 12, 15, "the discovery configs")
+        wait(lambda: len(_configs(ha)) >= 12, 15, "the discovery configs")
         h = _health(outbox.boot)
         outbox.put("health", h)
-        _wait(lambda: ha.on(r".*/health$"), 30, "a health message")
+        wait(lambda: ha.on(r".*/health$"), 30, "a health message")
         state = json.loads(ha.on(r".*/dev1/state$")[-1][1])
         configs = _configs(ha)
         # retained: a Home Assistant subscribing now gets every config, flagged retained. (The
@@ -183,7 +175,7 @@ def test_discovery_read_back_matches_documented_fields_and_acl(tmp_path, broker)
         # SUBSCRIBE arrive live, retain 0, as MQTT says; that failed 1 in 10 runs here.)
         late = Listener(broker, ("homeassistant/#",), name="ha-late")
         try:
-            _wait(lambda: _configs(late) == configs, 30, "the retained configs, late")
+            wait(lambda: _configs(late) == configs, 30, "the retained configs, late")
             retained = [retain for _, body, retain in late.on(r"^homeassistant/") if body]
         finally:
             late.stop()
@@ -248,8 +240,8 @@ def test_without_the_acl_entry_the_broker_drops_the_configs(tmp_path, broker, ca
     pub, outbox = _device(tmp_path, broker, ha=False)
     ha = Listener(broker, ("homeassistant/#", f"{PREFIX}/test/+/state"))
     try:
-        _wait(lambda: ha.on(r".*/dev1/state$"), 30, "the birth")
-        _wait(lambda: "enroll --homeassistant" in caplog.text, 30, "the refusal logged")
+        wait(lambda: ha.on(r".*/dev1/state$"), 30, "the birth")
+        wait(lambda: "enroll --homeassistant" in caplog.text, 30, "the refusal logged")
         assert "refused the discovery config homeassistant/" in caplog.text
         assert _configs(ha) == {}
     finally:
@@ -262,7 +254,7 @@ def test_disabling_removes_the_retained_configs(tmp_path, broker):
     pub, outbox = _device(tmp_path, broker, ha=True)
     first = Listener(broker, ("homeassistant/#",), name="ha1")
     try:
-        _wait(lambda: len(_configs(first)) >= 12, 15, "the discovery configs")
+        wait(lambda: len(_configs(first)) >= 12, 15, "the discovery configs")
         published = set(_configs(first))
     finally:
         first.stop()
@@ -272,7 +264,7 @@ def test_disabling_removes_the_retained_configs(tmp_path, broker):
     assert set(record) == published
     pub, outbox = _device(tmp_path, broker, ha=True, enabled=False)
     try:
-        _wait(lambda: json.loads((tmp_path / "homeassistant.json").read_text())["topics"]
+        wait(lambda: json.loads((tmp_path / "homeassistant.json").read_text())["topics"]
               == [], 15, "the removals to be acknowledged")
     finally:
         pub.stop()
@@ -289,16 +281,16 @@ def test_a_label_gone_with_its_model_is_removed(tmp_path, broker):
     pub, outbox = _device(tmp_path, broker, ha=True, labels=("ok", "scratch"))
     ha = Listener(broker, ("homeassistant/#",))
     try:
-        _wait(lambda: any(c["name"] == "Results scratch" for c in _configs(ha).values()), 15,
+        wait(lambda: any(c["name"] == "Results scratch" for c in _configs(ha).values()), 15,
               "the scratch counter")
     finally:
         pub.stop()
         outbox.close()
     pub, outbox = _device(tmp_path, broker, ha=True, labels=("ok", "crack"))
     try:
-        _wait(lambda: any(c["name"] == "Results crack" for c in _configs(ha).values()), 15,
+        wait(lambda: any(c["name"] == "Results crack" for c in _configs(ha).values()), 15,
               "the crack counter")
-        _wait(lambda: not any(c["name"] == "Results scratch" for c in _configs(ha).values()),
+        wait(lambda: not any(c["name"] == "Results scratch" for c in _configs(ha).values()),
               10, "the scratch counter to be removed")
     finally:
         ha.stop()
@@ -317,10 +309,10 @@ def test_result_per_message_flows_without_a_coordinator(tmp_path, broker):
     pub, outbox = _device(tmp_path, broker, ha=True, each=True, inflight=10, batch_max=5)
     sub = Listener(broker, (f"{PREFIX}/test/+/result/each", "homeassistant/#"))
     try:
-        _wait(lambda: _configs(sub), 30, "the discovery configs")
+        wait(lambda: _configs(sub), 30, "the discovery configs")
         for i in range(0, 60, 20):
             outbox.append_many(_results(20, i))
-        _wait(lambda: len(sub.on(r".*/result/each$")) >= 60, 15, "60 single results")
+        wait(lambda: len(sub.on(r".*/result/each$")) >= 60, 15, "60 single results")
         time.sleep(0.3)
         msgs = [payloads.decode("result/each", body) for _, body, _ in sub.on(r".*/each$")]
         assert [m["seq"] for m in msgs] == list(range(1, 61))
@@ -347,9 +339,9 @@ def test_result_per_message_keeps_exactly_once_to_the_coordinator(tmp_path, brok
         for i in range(0, 100, 10):
             outbox.append_many(_results(10, i))
             time.sleep(0.02)
-        _wait(lambda: coord.store.counts().get("dev1") == 100, 20, "100 stored results")
-        _wait(lambda: len(sub.on(r".*")) >= 100, 30, "100 single results")
-        _wait(lambda: outbox.stats()["results_held"] == 0, 30, "the outbox to be acked empty")
+        wait(lambda: coord.store.counts().get("dev1") == 100, 20, "100 stored results")
+        wait(lambda: len(sub.on(r".*")) >= 100, 30, "100 single results")
+        wait(lambda: outbox.stats()["results_held"] == 0, 30, "the outbox to be acked empty")
         seqs = [q for _, q in coord.store.result_seqs("dev1")]
         assert seqs == list(range(1, 101))
         assert sorted(json.loads(b)["seq"] for _, b, _ in sub.on(r".*")) == list(range(1, 101))
@@ -366,15 +358,15 @@ def test_results_held_while_the_broker_was_away_are_published_once_back(tmp_path
     sub = Listener(broker, (f"{PREFIX}/test/+/result/each",))
     try:
         outbox.append_many(_results(5))
-        _wait(lambda: len(sub.on(r".*")) == 5, 30, "5 single results")
+        wait(lambda: len(sub.on(r".*")) == 5, 30, "5 single results")
         sub.stop()
         broker.stop()
         outbox.append_many(_results(5, 5))  # produced while the broker is down
         broker.start()
         sub = Listener(broker, (f"{PREFIX}/test/+/result/each",))  # same login: no reload
-        _wait(lambda: pub.stats.connected, 30, "the device to reconnect")
+        wait(lambda: pub.stats.connected, 30, "the device to reconnect")
         outbox.append_many(_results(5, 10))
-        _wait(lambda: len(sub.on(r".*")) >= 10, 15, "the held and the new results")
+        wait(lambda: len(sub.on(r".*")) >= 10, 15, "the held and the new results")
         time.sleep(0.3)
         assert sorted(json.loads(b)["seq"] for _, b, _ in sub.on(r".*")) == list(range(6, 16))
     finally:

@@ -9,18 +9,10 @@ from pathlib import Path
 import paho.mqtt.client as mqtt
 import pytest
 from support.fleet import Device, assert_exactly_once, read_lines, start_coordinator
+from support.waiting import wait
 
 from runtime.wire import commands, payloads
 from runtime.wire.broker import Mosquitto
-
-
-def wait(cond, timeout_s, what):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
 def test_broker_restart_and_device_kill9_and_coordinator_down_lose_nothing(tmp_path, broker):

@@ -169,8 +169,8 @@ def test_report_from_the_coordinator_history(tmp_path, broker):
     from runtime.config.telemetry import OutboxConfig, TelemetryConfig
     from runtime.coordinator.api import ensure_token, serve
     from runtime.coordinator.service import Coordinator
-    from runtime.telemetry.client import Publisher
     from runtime.telemetry.outbox import Outbox
+    from runtime.telemetry.publisher import Publisher
     from runtime.wire import commands
 
     (tmp_path / "keys").mkdir()

@@ -16,8 +16,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from runtime.config.telemetry import BrokerConfig, OutboxConfig, TelemetryConfig, TlsConfig
-from runtime.telemetry.client import Publisher
 from runtime.telemetry.outbox import Outbox
+from runtime.telemetry.publisher import Publisher
 from runtime.wire.broker import Mosquitto
 
 

@@ -94,8 +94,8 @@ def test_health_schema_declares_every_field_the_daemon_sends():
 
 def test_publisher_health_section_matches_the_schema(tmp_path):
     from runtime.config.telemetry import OutboxConfig, TelemetryConfig
-    from runtime.telemetry.client import Publisher
     from runtime.telemetry.outbox import Outbox
+    from runtime.telemetry.publisher import Publisher
 
     cfg = TelemetryConfig(fleet="f", device="d", outbox=OutboxConfig(path=str(tmp_path / "o.db")))
     outbox = Outbox(cfg.outbox)
@@ -350,8 +350,8 @@ def test_a_takeover_of_the_client_id_is_an_event(tmp_path, broker):
     identity gets its own session, tests/wire/test_client_ids.py), so what is left is a leaked
     login of the device itself; the thief here is such a client."""
     from runtime.config.telemetry import OutboxConfig, TelemetryConfig
-    from runtime.telemetry.client import Publisher
     from runtime.telemetry.outbox import Outbox
+    from runtime.telemetry.publisher import Publisher
 
     cfg = TelemetryConfig(fleet="test", device="dev9", broker=broker.device("test", "dev9"),
                           outbox=OutboxConfig(path=str(tmp_path / "o.db")))

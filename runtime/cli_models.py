@@ -1,5 +1,5 @@
 """`edgerun models`: make a model's precision ladder (the bundle actions come from
-runtime/ota/install.py)."""
+runtime/cli_bundles.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from runtime.cli_types import Subparsers
 def cmd_models(args: argparse.Namespace) -> int:
     """Make a model's precision ladder (fp16, int8, reduced resolution) with measured accuracy.
     Every failure is one error line naming the model and the step (exit 2)."""
-    if getattr(args, "ota", None):  # bundle / verify / install / ls (runtime/ota/install.py)
+    if getattr(args, "ota", None):  # bundle / verify / install / ls (runtime/cli_bundles.py)
         return args.ota(args)
     from runtime.engine.manifest import Preprocess, read_labels, read_preprocess
     from runtime.engine.model_meta import describe
@@ -77,7 +77,7 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def add_models(sub: Subparsers, common: argparse.ArgumentParser) -> None:
-    """`edgerun models prepare` here, the bundle actions from runtime/ota/install.py."""
+    """`edgerun models prepare` here, the bundle actions from runtime/cli_bundles.py."""
     mo = sub.add_parser("models", help="model ladders", description=cmd_models.__doc__,
                         parents=[common])
     msub = mo.add_subparsers(dest="models_command", required=True, metavar="ACTION")
@@ -117,7 +117,7 @@ def add_models(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     mp.add_argument("--min-accuracy-ratio", type=cli_types.ratio, default=None,
                     help="a form measured below this x fp32's accuracy is not written as a "
                     "rung (default 0.5; 0 keeps every form)")
-    from runtime.ota.install import add_parsers as ota_parsers
+    from runtime.cli_bundles import add_parsers as ota_parsers
 
     ota_parsers(msub, common)
     mo.set_defaults(func=cmd_models)
