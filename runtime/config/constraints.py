@@ -56,7 +56,7 @@ class Constraints:
     percentile: Literal[50, 95, 99] = 95
     accuracy_floor: float | None = None  # unset: the best variant's accuracy minus 0.02
     end_to_end_ms: float | None = None  # unset: the target is latency_ms, inference alone
-    # the stages around inference (runtime.choice.box.FrameCosts, which this leaf cannot
+    # the stages around inference (runtime.choice.frame_cost.FrameCosts, which this leaf cannot
     # import); None: the model alone
     frame: Any = field(default=None, metadata=NOT_A_KEY)
     # frames offered per second (0: not known, or a backlog): accelerators are ranked by

@@ -13,7 +13,7 @@ is reported and the old config kept).
 
 `Daemon` is the composition root: `start()` names its steps, `run()` is the main loop, and the
 work lives in its parts (runtime/device/): a model and its ladder `served_model.py` (the
-[model]'s and each source's own alike), the models and the box's ladder `box.py`, the sources'
+[model]'s and each source's own alike), the box's ladder `model_ladder.py`, the sources'
 keys, tiles and targets `source_plan.py`, switching rungs `rung_switch.py`, the commands and
 SIGHUP `commands.py`, the operator's state `operator_state.py`, background profiling
 `profiling.py`, sensors `sensing.py`, live energy `live_energy.py`, the STATUS= line and birth
@@ -523,7 +523,7 @@ class Daemon:
     def _build_ladder(self) -> None:
         """Each model's rungs from its profiles (scaled to the simulated device when
         simulating, kept current from the running pipeline otherwise), the box's ladder with
-        several models (runtime.device.box), and the control settings for them."""
+        several models (runtime.device.model_ladder), and the control settings for them."""
         self.box.build(self._constraints, self.device.power if self.sim else None,
                        self._live_energy)
         g = self.cfg.governor
@@ -616,7 +616,7 @@ class Daemon:
         return health(self)
 
     def models_health(self) -> dict[str, Any]:
-        """health's `models` (and `box`): runtime.device.box."""
+        """health's `models` (and `box`): runtime.device.model_ladder."""
         return self.box.health(self.pipeline)
 
     # -- control ------------------------------------------------------------------------------

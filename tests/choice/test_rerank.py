@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from runtime.choice import at_rate, rerank
-from runtime.choice.box import FrameCosts
+from runtime.choice.frame_cost import FrameCosts
 from runtime.choice.ladders import ladder_for
 from runtime.choice.selector import Constraints, Profile, select
 
