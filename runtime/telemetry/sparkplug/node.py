@@ -403,17 +403,16 @@ class SparkplugNode:
                      "online" if online else "offline: holding data")
 
     def _refused(self, what: str, topic: str, why: str, count: bool = True) -> None:
-        """A refused inbound message: counted, logged and an event (one a minute per kind);
-        nothing else changes."""
-        if count:
-            self.stats.commands_refused += 1
+        """A refused inbound message: logged, an event (one a minute per kind) and counted,
+        in that order (whoever sees the count sees its event); nothing else changes."""
         self._rlog.log(what, "sparkplug: refused a %s on %s: %s", what, topic[:200], why)
         now = self._clock()
-        if now - self._last_event.get(what, -1e18) < 60:
-            return
-        self._last_event[what] = now
-        self._event(EventType.SPARKPLUG_REFUSED, "warning", message=what, topic=topic[:256],
-                    reason=why[:1000])
+        if now - self._last_event.get(what, -1e18) >= 60:
+            self._last_event[what] = now
+            self._event(EventType.SPARKPLUG_REFUSED, "warning", message=what,
+                        topic=topic[:256], reason=why[:1000])
+        if count:
+            self.stats.commands_refused += 1
 
     def _callback_failed(self, what: str, reason: str) -> None:
         self._rlog.log(what, "sparkplug: %s callback failed: %s", what, reason[:300])
