@@ -59,6 +59,7 @@ log = logging.getLogger("edgerun.sparkplug")
 
 RESULTS_PER_TICK = 500  # held results published per pass (the thread stays responsive)
 MAX_STATE_BYTES = 1024  # a STATE message is ~50 bytes of JSON
+POLL_S = 1.0  # the outbox is read this often even untold (results a disk-full flush stored)
 
 
 @dataclass
@@ -210,7 +211,7 @@ class SparkplugNode:
     def _on_tick(self, client: mqtt.Client) -> None:
         self._step(client, Kind.TICK)
         now = self._clock()
-        if self._unread and now >= self._next_read:
+        if now >= self._next_read and (self._unread or now >= self._next_read + POLL_S):
             self._next_read = now + self.cfg.data_interval_s
             self._read_outbox()
         if not may_publish_data(self._session):
@@ -294,6 +295,7 @@ class SparkplugNode:
         work: dict[str, Tally] = {}  # tallies with results not yet sent
         waiting: dict[str, list[int]] = {}  # those results, by source
         replayed: set[str] = set()
+        i = 0
         try:
             for i, ((r, historical), name) in enumerate(zip(snapshot, names, strict=True)):
                 if name not in self._born:
@@ -321,6 +323,13 @@ class SparkplugNode:
             for name in replayed:  # the live tags take the latest value, once
                 self._data(client, spb.topic(self.group, "DDATA", self.edge, name),
                            name, self._tallies[name].metrics(self.cfg.ok_labels))
+        except ConnectionError:
+            raise  # the link: everything unsent is tried again on the next connection
+        except Exception:  # a bug on one result: it must not stop every one after it
+            if snapshot and not done[i]:
+                done[i] = True
+                self.stats.dropped += 1
+            raise
         finally:
             for _ in snapshot:
                 self._held.popleft()
