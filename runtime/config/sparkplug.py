@@ -43,6 +43,9 @@ class SparkplugConfig:
     max_births_per_minute: int = 6  # a flapping primary host or NCMD rebirths: bounded
     max_command_bytes: int = 4096  # NCMD/DCMD payloads larger than this are refused
     max_held_results: int = 10_000  # results held in memory while the host/broker is away
+    # live results are read and published at most once per this interval, coalesced per
+    # source (every verdict change still goes out; docs/sparkplug.md); 0: each at once
+    data_interval_s: float = 0.1
 
     def validate(self) -> tuple[str, str] | None:
         for key in ("group_id", "edge_node_id", "primary_host_id"):
@@ -59,6 +62,8 @@ class SparkplugConfig:
             return "max_command_bytes", f"must be 256..1048576, got {self.max_command_bytes}"
         if not 0 <= self.max_held_results <= 1_000_000:
             return "max_held_results", f"must be 0..1000000, got {self.max_held_results}"
+        if not 0 <= self.data_interval_s <= 60:
+            return "data_interval_s", f"must be 0..60 seconds, got {self.data_interval_s}"
         if len(self.ok_labels) > 256 or any(not 0 < len(x) <= 256 for x in self.ok_labels):
             return "ok_labels", "at most 256 labels of 1-256 characters"
         return None

@@ -283,8 +283,9 @@ class Daemon:
         if cfg.sparkplug.enabled:  # imported only then: protobuf and the schema cost ~3 MB
             from runtime.telemetry.sparkplug.node import sparkplug_node
 
-            self.sparkplug = sparkplug_node(cfg.sparkplug, cfg.telemetry, self.device_id,
-                                            self.outbox, self.state_dir, self.event)
+            self.sparkplug = sparkplug_node(
+                cfg.sparkplug, cfg.telemetry, self.device_id, self.outbox, self.state_dir,
+                self.event, [s.name or "main" for s in cfg.sources or (cfg.source,) if s.trigger])
 
     def _install_models(self) -> Callable | None:
         """The engines (discovered once per process), the [model]'s model (the version OTA

@@ -159,9 +159,10 @@ class _GuardedSession(InternalSession):
 class _Server(InternalServer):
     """asyncua's internal server with a bound on sessions and guarded client sessions."""
 
-    def __init__(self, users: _Users, max_sessions: int, guard: _Guard):
+    def __init__(self, users: _Users, max_sessions: int, guard: _Guard,
+                 shelf: Path | None = None):
         super().__init__(user_manager=users)  # type: ignore[arg-type]
-        self.max_sessions, self.guard = max_sessions, guard
+        self.max_sessions, self.guard, self.shelf = max_sessions, guard, shelf
         self.sessions: set[int] = set()  # ids of the client sessions open now
         self.by_peer: dict[str, InternalSession] = {}  # a connection's session now
         self.refused_sessions = 0
@@ -169,6 +170,15 @@ class _Server(InternalServer):
         # asyncua's 600 s default kept a dropped PLC's slot for ten minutes: a PLC that
         # rebooted a few times locked itself out
         self.max_session_timeout_ms = 60_000
+
+    async def load_standard_address_space(self, shelf_file: Path | None = None) -> None:
+        """From the shelf on disk, node by node as asked (opcua_aspace.py), when there is
+        one; else built in memory. (asyncua's own shelf check knows only some dbm backends'
+        file names, hence this.)"""
+        if self.shelf is not None:
+            self.aspace.load_aspace_shelf(self.shelf)
+        else:
+            await super().load_standard_address_space()
 
     def create_session(self, name: str, user: User = User(role=UserRole.Anonymous),  # noqa: B008
                        external: bool = False) -> InternalSession:
@@ -242,10 +252,13 @@ class PlcServer:
     """The `[opcua]` server (see module doc). `sources`: every source's name; `triggered`:
     those with `trigger = "opcua"`."""
 
-    def __init__(self, cfg: OpcUaConfig, sources: list[str], triggered: list[str]):
+    def __init__(self, cfg: OpcUaConfig, sources: list[str], triggered: list[str],
+                 state_dir: Path | None = None):
         if cfg.security == "none" and not is_loopback(cfg.host):  # config refuses it too
             raise ValueError(f'opcua.security "none" only on loopback, host is {cfg.host!r}')
         self.cfg = cfg
+        self.state_dir = state_dir  # where the standard address space is shelved (None: not)
+        self._shelf: Path | None = None
         self.sources = list(sources)
         self.edges = EdgeBoard(triggered, cfg.max_pending)
         self._secrets = _Secrets(cfg)
@@ -271,6 +284,11 @@ class PlcServer:
         """Run the server in its thread; returns once it listens. ValueError when it cannot
         (port taken, bad certificate), naming the key."""
         self._health = health
+        if self.state_dir is not None:  # the first start makes it (seconds, once)
+            import asyncua
+
+            from runtime.telemetry.opcua_aspace import shelf
+            self._shelf = shelf(self.state_dir, getattr(asyncua, "__version__", "unknown"))
         self._thread = threading.Thread(target=self._run, name="opcua", daemon=True)
         self._thread.start()
         if not self._ready.wait(START_TIMEOUT_S):
@@ -309,6 +327,11 @@ class PlcServer:
         self.posted += len(items)
         with contextlib.suppress(RuntimeError):  # the loop closed: stopping
             loop.call_soon_threadsafe(q.put_nowait, items)
+
+    def alive(self) -> bool:
+        """The server's thread runs (False before start, after stop, or once it died: health
+        shows a dead server, the daemon runs on without it)."""
+        return self._thread is not None and self._thread.is_alive()
 
     def stats(self) -> dict[str, Any]:
         """Sessions, refusals and edges (tests and the log)."""
@@ -369,7 +392,7 @@ class PlcServer:
                             ("asyncua.server.binary_server_asyncio", logging.ERROR)):
             logging.getLogger(name).setLevel(level)
         server = Server(iserver=_Server(_Users(cfg, self._secrets), cfg.max_sessions,
-                                        self._guard))
+                                        self._guard, self._shelf))
         await server.init()
         server.set_endpoint(self.endpoint)
         server.set_server_name("edgerun")
@@ -548,4 +571,4 @@ def open_plc(cfg: Any) -> PlcServer | None:
     sources = cfg.sources or (cfg.source,)
     names = [s.name or "main" for s in sources]
     return PlcServer(cfg.opcua, names, [s.name or "main" for s in sources
-                                        if s.trigger == "opcua"])
+                                        if s.trigger == "opcua"], Path(cfg.daemon.state_dir))

@@ -20,6 +20,7 @@ def test_the_section_is_off_by_default_and_takes_its_ids():
     ("group_id", "tab\there"), ("edge_node_id", "x" * 257),
     ("score_deadband", -0.1), ("relative_deadband", float("inf")),
     ("max_births_per_minute", 0), ("max_command_bytes", 10), ("max_held_results", -1),
+    ("data_interval_s", -0.1), ("data_interval_s", 61), ("data_interval_s", float("nan")),
     ("ok_labels", [""]),
 ])
 def test_bad_values_are_refused_naming_the_key(key, value):

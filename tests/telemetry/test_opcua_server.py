@@ -33,9 +33,10 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def serving(cfg: OpcUaConfig | None = None, sources=("main", "cam2"), triggered=("main",)):
+def serving(cfg: OpcUaConfig | None = None, sources=("main", "cam2"), triggered=("main",),
+            state_dir: Path | None = None):
     srv = PlcServer(cfg or OpcUaConfig(enabled=True, port=0, health_interval_s=0.1),
-                    list(sources), list(triggered))
+                    list(sources), list(triggered), state_dir)
     srv.start(lambda: HEALTH)
     try:
         yield srv
@@ -85,6 +86,40 @@ def test_browse_shows_the_tree_with_trigger_only_on_the_triggered_source():
             assert await _wait_value(node(c, idx, "Device.Sessions"), 1) == 1  # this one
     with serving() as srv:
         run(go(srv))
+
+
+def test_the_standard_address_space_is_read_from_its_shelf_node_by_node(tmp_path):
+    async def go(srv):
+        async with Client(srv.endpoint) as c:
+            idx = await c.get_namespace_index(NAMESPACE)
+            assert await _wait_value(node(c, idx, "main.Rung"), 5) == 5
+            status = c.get_node(ua.NodeId(ua.ObjectIds.Server_ServerStatus_State))
+            assert await status.read_value() == ua.ServerState.Running  # a standard node
+            assert NAMESPACE in await c.get_namespace_array()
+
+    for start in ("makes the shelf", "reads it"):
+        with serving(state_dir=tmp_path) as srv:
+            assert srv.alive()
+            assert list(tmp_path.glob("opcua-aspace-*/aspace*")), start
+            nodes = srv.server.iserver.aspace._nodes
+            # node by node: only those read so far are in memory, not the ~7,000
+            assert type(nodes).__name__ == "LazyLoadingDict" and len(nodes) < 1000, start
+            run(go(srv))
+        assert not srv.alive()
+    assert not list(tmp_path.glob(".opcua-aspace-*"))  # no half-made shelf left behind
+
+
+def test_a_state_dir_that_refuses_the_shelf_serves_from_memory(tmp_path):
+    (tmp_path / "ro").write_text("a file where the folder would be")
+    with serving(state_dir=tmp_path / "ro") as srv:
+        assert type(srv.server.iserver.aspace._nodes) is dict
+        assert len(srv.server.iserver.aspace._nodes) > 1000
+
+        async def go():
+            async with Client(srv.endpoint) as c:
+                idx = await c.get_namespace_index(NAMESPACE)
+                assert await _wait_value(node(c, idx, "main.Rung"), 5) == 5
+        run(go())
 
 
 def test_trigger_returns_the_frame_id_and_the_verdict_comes_back_on_a_subscription():

@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import paho.mqtt.client as mqtt
+import pytest
 from support.sparkplug_host import Host, state, value
 from support.waiting import wait
 
@@ -206,3 +207,24 @@ def test_primary_host_state_holds_data_and_flapping_is_bounded(broker, tmp_path)
         scada.close()
         outbox.close()
     assert h.violations == []
+
+
+def test_results_a_dropped_link_did_not_carry_stay_held_and_go_out_as_history(tmp_path):
+    """A publish that finds the link gone (paho: not connected) keeps the results it did not
+    send in the hold, their tallies untouched (the next connection sends them as history)."""
+    from runtime.config.telemetry import BrokerConfig
+    from runtime.telemetry.sparkplug.metrics import Tally
+
+    tel = TelemetryConfig(fleet="f1", device="d1", broker=BrokerConfig(host="127.0.0.1",
+                                                                       port=1))
+    outbox = Outbox(OutboxConfig(path=str(tmp_path / "outbox.db")))
+    node = SparkplugNode(SparkplugConfig(enabled=True), tel, "d1", outbox, tmp_path)
+    node._born, node._tallies = {"cam1"}, {"cam1": Tally()}
+    node._held.extend((_result(i, 1000.0 + i, "ok" if i % 2 else "scratch"), False)
+                      for i in range(4))
+    gone = mqtt.Client(callback_api_version=mqtt.CallbackAPIVersion.VERSION2)
+    with pytest.raises(ConnectionError):
+        node._publish_held(gone)
+    assert [r["t"] for r, _ in node._held] == [1000.0, 1001.0, 1002.0, 1003.0]
+    assert node._tallies["cam1"].results == 0 and node.stats.results == 0
+    outbox.close()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -135,8 +135,7 @@ class Tally:
         label = r.get("label")
         counts = r.get("counts")
         values = {
-            "Last Result/Verdict": None if label is None else
-            ("ok" if label in ok_labels else "reject"),
+            "Last Result/Verdict": verdict_of(r, ok_labels),
             "Last Result/Class": label,
             "Last Result/Score": r.get("score"),
             "Last Result/Objects": sum(v for v in counts.values() if isinstance(v, int))
@@ -149,6 +148,42 @@ class Tally:
         }
         return {m: Value(dt, _typed(dt, values[m]), t_ms, historical) for m, (dt, _) in
                 RESULT_METRICS.items()}
+
+
+def verdict_of(r: dict[str, Any], ok_labels: Sequence[str]) -> str | None:
+    """A result's verdict as Last Result/Verdict shows it: "ok", "reject", or None (no label)."""
+    label = r.get("label")
+    return None if label is None else ("ok" if label in ok_labels else "reject")
+
+
+def publish_points(items: Sequence[tuple[str, str | None, bool]],
+                   last_sent: dict[str, str | None],
+                   every: Collection[str] = ()) -> list[int]:
+    """Report by exception at a bounded rate: which of the results read in one pass
+    (`items`: (source, verdict, historical), in seq order) a DDATA is made at; the ones
+    between are coalesced into the next one's counters and last result.
+
+    - every historical result (sent first-hand, with its own time: a replay loses nothing);
+    - a live result whose verdict differs from its source's previous live one (the one
+      before it in `items`, else `last_sent[source]`, the verdict the host last saw): every
+      verdict change reaches the host, with the time of the result that made it;
+    - each source's last live result: the host ends the pass with the latest counts;
+    - every result of a source in `every` (PLC-triggered: each part's verdict is SCADA's to
+      see, as it is the PLC's; at a line's rate nothing piles up).
+    """
+    prev = dict(last_sent)
+    last_live: dict[str, int] = {}
+    points = set()
+    for i, (source, verdict, historical) in enumerate(items):
+        if historical:
+            points.add(i)
+            continue
+        if source in every or source not in prev or verdict != prev[source]:
+            points.add(i)
+        prev[source] = verdict
+        last_live[source] = i
+    points.update(last_live.values())
+    return sorted(points)
 
 
 def parse_result(text: str) -> dict[str, Any] | None:

@@ -15,8 +15,8 @@ from __future__ import annotations
 import collections
 import logging
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +33,10 @@ from runtime.telemetry.sparkplug.metrics import (
     ms,
     node_metrics,
     parse_result,
+    publish_points,
     source_metrics,
     source_names,
+    verdict_of,
 )
 from runtime.telemetry.sparkplug.session import (
     Action,
@@ -57,6 +59,7 @@ log = logging.getLogger("edgerun.sparkplug")
 
 RESULTS_PER_TICK = 500  # held results published per pass (the thread stays responsive)
 MAX_STATE_BYTES = 1024  # a STATE message is ~50 bytes of JSON
+POLL_S = 1.0  # the outbox is read this often even untold (results a disk-full flush stored)
 
 
 @dataclass
@@ -84,8 +87,9 @@ class SparkplugNode:
     def __init__(self, cfg: SparkplugConfig, telemetry: TelemetryConfig, device: str,
                  outbox: Outbox, state_dir: Path,
                  event: Callable[..., None] = lambda *a, **kw: None,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, triggered: Iterable[str] = ()):
         self.cfg, self.outbox, self._event, self._clock = cfg, outbox, event, clock
+        self._triggered = frozenset(triggered)  # PLC-triggered sources: every result sent
         self.group = cfg.group_id or telemetry.fleet
         self.edge = cfg.edge_node_id or device
         for what, value in (("group id", self.group), ("edge node id", self.edge)):
@@ -99,6 +103,11 @@ class SparkplugNode:
         self._health_seen: dict[str, Any] | None = None  # the one data was last made from
         self._held: collections.deque = collections.deque()  # (result, historical)
         self._cursor = outbox.last_seq()
+        # the bounded rate (cfg.data_interval_s): the outbox is read at most once an
+        # interval; `_unread` says it has rows since the last read, `_woken` that the
+        # thread was already woken for them (one wake-up an interval, not one a frame)
+        self._unread, self._woken = True, False
+        self._next_read = 0.0
         self._tallies: dict[str, Tally] = {}
         self._born: set[str] = set()  # devices whose DBIRTH went out in this birth
         self._sent_node: dict[str, spb.Value] = {}
@@ -117,7 +126,7 @@ class SparkplugNode:
             name="sparkplug", subscriptions=subs, on_message=self._on_message,
             on_connected=self._on_connected, on_tick=self._on_tick, will=self._will,
             will_retain=False, on_error=self._callback_failed)
-        outbox.listen(self._conn.wake)
+        outbox.listen(self._stored)
 
     # -- any thread -----------------------------------------------------------------------
 
@@ -130,6 +139,15 @@ class SparkplugNode:
         from the latest one."""
         self._health = health
         self._conn.wake()
+
+    def _stored(self) -> None:
+        """The outbox stored results (its writer's thread, once per batch: the frame path):
+        two flags and a clock read; the thread is woken only when it may read them now
+        (otherwise its next idle tick or due read takes them, within an interval)."""
+        self._unread = True
+        if not self._woken and self._clock() >= self._next_read:
+            self._woken = True
+            self._conn.wake()
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Publish NDEATH (a clean DISCONNECT sends no will) and disconnect."""
@@ -182,6 +200,9 @@ class SparkplugNode:
 
     def _on_connected(self, client: mqtt.Client) -> None:
         self._step(client, Kind.LOST)  # whatever was born is dead with the old connection
+        # held results the old connection never sent are history now, like those stored
+        # while it was away: their own time, is_historical
+        self._held = collections.deque((r, True) for r, _ in self._held)
         self._read_outbox()  # what waited for the broker: history from now on
         self._step(client, Kind.CONNECTED, bd_seq=self._bd_seq or 0)
         log.info("sparkplug: connected as %s/%s (bdSeq %d)", self.group, self.edge,
@@ -189,10 +210,14 @@ class SparkplugNode:
 
     def _on_tick(self, client: mqtt.Client) -> None:
         self._step(client, Kind.TICK)
-        self._read_outbox()
+        now = self._clock()
+        if now >= self._next_read and (self._unread or now >= self._next_read + POLL_S):
+            self._next_read = now + self.cfg.data_interval_s
+            self._read_outbox()
         if not may_publish_data(self._session):
             return
-        self._publish_held(client)
+        if self._held:
+            self._publish_held(client)
         health = self._health
         if health is not None and health is not self._health_seen:
             self._health_seen = health
@@ -200,6 +225,7 @@ class SparkplugNode:
 
     def _read_outbox(self) -> None:
         """Move the results stored since the cursor into the hold (bounded)."""
+        self._unread = self._woken = False  # before reading: a row stored meanwhile is seen
         while True:
             batch = self.outbox.pending(self._cursor, RESULTS_PER_TICK)
             if not batch:
@@ -252,29 +278,63 @@ class SparkplugNode:
         self._born.add(name)
 
     def _publish_held(self, client: mqtt.Client) -> None:
-        """Results in seq order: history first-hand (every result metric, is_historical, its
-        own time), then live ones by exception."""
+        """Held results in seq order, coalesced by metrics.publish_points: history first-hand
+        (every result metric, is_historical, its own time), live ones by exception at every
+        verdict change and at each source's last. A result leaves the hold (and counts in
+        its source's tally) only once a message carrying it went out: a ConnectionError
+        midway keeps the rest, which go out as history after the reconnect."""
+        snapshot = [self._held[i] for i in range(min(len(self._held), RESULTS_PER_TICK))]
+        names = [r.get("source") if isinstance(r.get("source"), str) else "default"
+                 for r, _ in snapshot]
+        last_sent = {n: v.value for n, d in self._sent_dev.items()
+                     if (v := d.get("Last Result/Verdict")) is not None}
+        points = set(publish_points(
+            [(n, verdict_of(r, self.cfg.ok_labels), h) for n, (r, h) in zip(
+                names, snapshot, strict=True)], last_sent, self._triggered))
+        done = [False] * len(snapshot)
+        work: dict[str, Tally] = {}  # tallies with results not yet sent
+        waiting: dict[str, list[int]] = {}  # those results, by source
         replayed: set[str] = set()
-        for _ in range(min(len(self._held), RESULTS_PER_TICK)):
-            r, historical = self._held.popleft()
-            name = r.get("source") if isinstance(r.get("source"), str) else "default"
-            if name not in self._born:
-                if check_sparkplug_id("source", name):
-                    continue  # not a topic level Sparkplug allows (our sources' never are)
-                self._device_birth(client, name, self._health or {}, ms(time.time()))
-            tally = self._tallies[name]
-            tally.add(r, self.cfg.ok_labels)
-            topic = spb.topic(self.group, "DDATA", self.edge, name)
-            self.stats.results += 1
-            if historical:
-                self._publish(client, topic, tally.metrics(self.cfg.ok_labels, True))
-                self.stats.historical += 1
-                replayed.add(name)
-                continue
-            self._data(client, topic, name, tally.metrics(self.cfg.ok_labels))
-        for name in replayed:  # the live tags take the latest value, once
-            self._data(client, spb.topic(self.group, "DDATA", self.edge, name),
-                       name, self._tallies[name].metrics(self.cfg.ok_labels))
+        i = 0
+        try:
+            for i, ((r, historical), name) in enumerate(zip(snapshot, names, strict=True)):
+                if name not in self._born:
+                    if check_sparkplug_id("source", name):
+                        done[i] = True  # not a topic level Sparkplug allows (ours never are)
+                        continue
+                    self._device_birth(client, name, self._health or {}, ms(time.time()))
+                tally = work.get(name) or replace(self._tallies[name])
+                tally.add(r, self.cfg.ok_labels)
+                work[name] = tally
+                waiting.setdefault(name, []).append(i)
+                if i not in points:
+                    continue
+                topic = spb.topic(self.group, "DDATA", self.edge, name)
+                if historical:
+                    self._publish(client, topic, tally.metrics(self.cfg.ok_labels, True))
+                    self.stats.historical += 1
+                    replayed.add(name)
+                else:
+                    self._data(client, topic, name, tally.metrics(self.cfg.ok_labels))
+                self._tallies[name] = work.pop(name)  # sent: the results are the host's
+                for j in waiting.pop(name):
+                    done[j] = True
+                    self.stats.results += 1
+            for name in replayed:  # the live tags take the latest value, once
+                self._data(client, spb.topic(self.group, "DDATA", self.edge, name),
+                           name, self._tallies[name].metrics(self.cfg.ok_labels))
+        except ConnectionError:
+            raise  # the link: everything unsent is tried again on the next connection
+        except Exception:  # a bug on one result: it must not stop every one after it
+            if snapshot and not done[i]:
+                done[i] = True
+                self.stats.dropped += 1
+            raise
+        finally:
+            for _ in snapshot:
+                self._held.popleft()
+            self._held.extendleft(reversed([x for x, sent in zip(snapshot, done, strict=True)
+                                            if not sent]))
 
     def _data(self, client: mqtt.Client, topic: str, device: str,
               metrics: dict[str, spb.Value]) -> None:
@@ -352,29 +412,30 @@ class SparkplugNode:
                      "online" if online else "offline: holding data")
 
     def _refused(self, what: str, topic: str, why: str, count: bool = True) -> None:
-        """A refused inbound message: counted, logged and an event (one a minute per kind);
-        nothing else changes."""
-        if count:
-            self.stats.commands_refused += 1
+        """A refused inbound message: logged, an event (one a minute per kind) and counted,
+        in that order (whoever sees the count sees its event); nothing else changes."""
         self._rlog.log(what, "sparkplug: refused a %s on %s: %s", what, topic[:200], why)
         now = self._clock()
-        if now - self._last_event.get(what, -1e18) < 60:
-            return
-        self._last_event[what] = now
-        self._event(EventType.SPARKPLUG_REFUSED, "warning", message=what, topic=topic[:256],
-                    reason=why[:1000])
+        if now - self._last_event.get(what, -1e18) >= 60:
+            self._last_event[what] = now
+            self._event(EventType.SPARKPLUG_REFUSED, "warning", message=what,
+                        topic=topic[:256], reason=why[:1000])
+        if count:
+            self.stats.commands_refused += 1
 
     def _callback_failed(self, what: str, reason: str) -> None:
         self._rlog.log(what, "sparkplug: %s callback failed: %s", what, reason[:300])
 
 
 def sparkplug_node(cfg: SparkplugConfig, telemetry: TelemetryConfig, device: str,
-                   outbox: Outbox, state_dir: Path,
-                   event: Callable[..., None]) -> SparkplugNode | None:
-    """The node when `[sparkplug] enabled` and a broker is configured, else None (said)."""
+                   outbox: Outbox, state_dir: Path, event: Callable[..., None],
+                   triggered: Iterable[str] = ()) -> SparkplugNode | None:
+    """The node when `[sparkplug] enabled` and a broker is configured, else None (said).
+    `triggered`: the sources a PLC triggers (every result of theirs is sent)."""
     if not cfg.enabled:
         return None
     if not telemetry.broker.host:
         log.warning("sparkplug.enabled needs a broker (telemetry.broker.host); no edge node")
         return None
-    return SparkplugNode(cfg, telemetry, device, outbox, state_dir, event)
+    return SparkplugNode(cfg, telemetry, device, outbox, state_dir, event,
+                         triggered=triggered)
