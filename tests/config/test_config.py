@@ -59,6 +59,10 @@ precision_hints = ["f32"]
     ("[governor]\nband_c = 1e9\n", ":2: key 'governor.band_c'", "within 0..5"),
     ("[governor]\nband_c = nan\n", ":2: key 'governor.band_c'", "finite"),
     ("[governor]\nband_c = 'low'\n", ":2: key 'governor.band_c'", "expected a number"),
+    ("[governor]\ndwell_s = -1\n", ":2: key 'governor.dwell_s'", "within 0..3600"),
+    ("[governor]\ndwell_s = 120\nmax_dwell_s = 60\n", ":3: key 'governor.max_dwell_s'",
+     "within dwell_s (120)"),
+    ("[governor]\nhold_invalid_s = -5\n", ":2: key 'governor.hold_invalid_s'", "must be >= 0"),
 ])
 def test_errors_name_file_line_key(tmp_path, text, where, what):
     p = write(tmp_path, text)
