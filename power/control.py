@@ -5,6 +5,9 @@ step, the benches through the harness. Nothing else decides a rung.
     step(state, reading, rungs, cfg, current, operator_rate_hz) -> (state', Output)
 
 What the core owns (so the policies in power/governor.py and power/energy.py stay tiny):
+- **Timers**: every hold, dwell and back-off (power/timers.py): a policy says which way and
+  the gate (at once, after `settle_s`, after the release dwell); the core paces it. The rung
+  hold and the level's release dwell share `dwell_s`/`max_dwell_s`.
 - **Holding**: an invalid reading (a missing file, garbage, out of range) is replaced by the
   last valid value for `hold_invalid_s` of device time; only after that does the thermal policy
   fail safe (device treated as hot) or the energy budget pause. One dropped read of a noisy
@@ -46,8 +49,9 @@ from typing import Literal
 from power import energy as energy_mod
 from power import governor as gov
 from power.device import DeviceProfile, ThermalModel
-from power.rungs import Rung, RungHold, budget_levels, hold, select_for_budget
+from power.rungs import Rung, budget_levels, select_for_budget
 from power.sensors import Reading
+from power.timers import LevelTimers, RungHold, hold, pace
 
 
 @dataclass(frozen=True)
@@ -62,7 +66,11 @@ class ControlConfig:
     trend_window_s: float = 30.0
     settle_samples: int = 5
     median_of: int = 5  # the temperature acted on: median of the last this-many valid readings
-    dwell_s: float = 60.0  # rung hold: an upgrade waits this long (backs off, see ladder.hold)
+    # The core's timers (power/timers.py): a level up on a creep waits settle_s since the
+    # last change; a rung upgrade and a level release wait dwell_s, doubled against limit
+    # cycles up to max_dwell_s
+    settle_s: float = 10.0
+    dwell_s: float = 60.0
     max_dwell_s: float = 900.0
     bounded_after_s: float = 300.0
     r_total_k_per_w: float | None = None  # die to ambient; None: no upgrade guard
@@ -90,6 +98,7 @@ class ControlState:
     """What the step remembers between ticks."""
 
     governor: gov.GovernorState = field(default_factory=gov.GovernorState)
+    level_timers: LevelTimers = field(default_factory=LevelTimers)
     energy: energy_mod.EnergyState | None = None
     hold: RungHold = field(default_factory=RungHold)
     samples: tuple[tuple[float, float], ...] = ()  # (t, °C) valid readings in the window
@@ -259,6 +268,23 @@ def _floor(cfg: ControlConfig) -> float:
     return cfg.governor.floor_w if cfg.governor is not None else 0.0
 
 
+def thermal_step(g: gov.GovernorState, timers: LevelTimers, tr: gov.Trend,
+                 gcfg: gov.GovernorConfig, cfg: ControlConfig
+                 ) -> tuple[gov.GovernorState, LevelTimers, gov.Decision]:
+    """The thermal policy paced by the core's timers (power/timers.py): the policy asks for a
+    level and a gate, the core decides when it is taken and says so (a `level a -> b` event,
+    not while failing safe: that has its own)."""
+    g2, asked = gov.step(g, tr, gcfg)
+    timers, level, why = pace(timers, g.level, asked, tr.t, cfg.settle_s, cfg.dwell_s,
+                              cfg.max_dwell_s)
+    budget = asked.budget_w if level == asked.level else gcfg.levels_w[level]
+    events = asked.events
+    if level != g.level and not g2.failsafe:
+        events += (f"level {g.level} -> {level} (budget {budget:.3g} W): {why}",)
+    return (replace(g2, level=level), timers,
+            replace(asked, budget_w=budget, level=level, reason=why, events=events))
+
+
 def _policies(s: ControlState, r: Reading, seen: _Sensed, rungs: Sequence[Rung],
               cfg: ControlConfig, extra: gov.Decision | None,
               events: list[ControlEvent]) -> tuple[ControlState, gov.Decision]:
@@ -269,9 +295,9 @@ def _policies(s: ControlState, r: Reading, seen: _Sensed, rungs: Sequence[Rung],
     if cfg.governor is not None:
         gcfg = replace(cfg.governor, levels_w=budget_levels(rungs, rate, cfg.min_rate_hz, floor),
                        max_w=rungs[-1].box_w(rate, floor), floor_w=floor)
-        g, decision = gov.step(s.governor, gov.Trend(r.t, seen.temp_c, seen.slope,
-                                                     seen.problem), gcfg)
-        s = replace(s, governor=g)
+        g, timers, decision = thermal_step(s.governor, s.level_timers, gov.Trend(
+            r.t, seen.temp_c, seen.slope, seen.problem), gcfg, cfg)
+        s = replace(s, governor=g, level_timers=timers)
         events += [ControlEvent("governor", "warning", e) for e in decision.events]
     if cfg.energy is not None:
         ecfg = replace(cfg.energy, max_w=rungs[-1].power_w(rate))

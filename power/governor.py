@@ -5,21 +5,25 @@ A decision is a power budget in box watts (what the whole box may draw: its idle
 cap; `power.rungs.select_for_budget` turns it into the most accurate ladder rung whose box
 power fits. With `floor_w` = 0 the figures are dynamic power alone (the old meaning: a
 config built by hand without a floor behaves exactly as before). Like the kernel's
-governors, the policies are tiny and the core (`power.control`) owns sensing and trend: a
-policy sees a filtered temperature and its slope in device time. Two policies, both
-predictive (they act on the trend before a trip is reached):
+governors, the policies are tiny and the core (`power.control`) owns sensing, trend and
+every timer: a policy sees a filtered temperature and its slope and says which way to go,
+with the gate the core paces the move by (`Decision.gate`: at once, after the settle time,
+after the release dwell with its back-off); as Linux's step_wise keeps no timer and the
+thermal core polls it. Two policies, both predictive (they act on the trend before a trip is
+reached):
 
-- step_wise (after drivers/thermal/gov_step_wise.c and thermald): a level per tick up while
-  rising past the trip or predicted to reach it within `horizon_s`; one per `settle_s` while
-  above the trip and not falling, or rising (a measured slope > 0) within `band_c` under it;
-  held while hot and falling; released one level at a time after a dwell once below trip -
-  hysteresis. The band catches a creep the horizon misses: after a small step the trend is
-  blind for a few readings, then fitted across the bend and shrunk, and on the demo's
-  scenario the die crept onto the trip at 0.5 °C/min and over it (pure simulation: 78.01 °C;
-  with a 0.3 °C band 77.86, with 0.2 77.94). A slope of 0 in the band (no trend yet, or one
-  too small to see) holds: the die is under its trip. Every tenth of a degree of band costs
-  output where the die rides the trip for hours (rpi5/sun: 0.952x kernel-only without a
-  band, 0.890x with 0.3 °C); elsewhere it moves the bench by 0.001-0.004.
+- step_wise (after drivers/thermal/gov_step_wise.c and thermald): a level up at once while
+  rising past the trip or predicted to reach it within `horizon_s`; a level up gated by the
+  core's settle time while above the trip and not falling, or rising (a measured slope > 0)
+  within `band_c` under it; held while hot and falling; a level down gated by the core's
+  release dwell once below trip - hysteresis. The band catches a creep the horizon misses:
+  after a small step the trend is blind for a few readings, then fitted across the bend and
+  shrunk, and on the demo's scenario the die crept onto the trip at 0.5 °C/min and over it
+  (pure simulation: 78.01 °C; with a 0.3 °C band 77.86, with 0.2 77.94). A slope of 0 in
+  the band (no trend yet, or one too small to see) holds: the die is under its trip. Every
+  tenth of a degree of band costs output where the die rides the trip for hours (rpi5/sun:
+  0.952x kernel-only without a band, 0.890x with 0.3 °C); elsewhere it moves the bench by
+  0.001-0.004.
 - power_allocator (after drivers/thermal/gov_power_allocator.c, IPA): PID on
   e = T_control - T over the headroom above the floor, H = S - floor:
   budget = floor + clamp(H + p + i, 0, max - floor), with the kernel's default gains
@@ -51,10 +55,6 @@ class GovernorConfig:
     hyst_c: float = 3.0
     switch_on_c: float | None = None  # IPA's T_on; default control_c - 10
     horizon_s: float = 20.0  # predictive: act when the trend reaches the trip within this
-    settle_s: float = 10.0  # above the trip and not falling (or in the band under it and
-    # rising) this long after a change: +1 level
-    dwell_s: float = 60.0  # minimum time at a level before releasing one
-    max_dwell_s: float = 900.0  # the dwell doubles after each release that had to be undone
     critical_margin_c: float = 3.0  # go to the bottom this close to the critical trip
     band_c: float = 0.3  # step_wise's band under the trip (module doc; [governor] band_c)
     floor_w: float = 0.0  # the box's idle floor: drawn whatever runs (0: dynamic watts)
@@ -62,15 +62,20 @@ class GovernorConfig:
 
 @dataclass(frozen=True)
 class GovernorState:
-    """What a governor remembers between ticks."""
+    """What a governor remembers between ticks (no timer: the core keeps those)."""
 
-    level: int = 0
-    last_change_t: float = -math.inf
+    level: int = 0  # the level in force (the core sets it once it has paced a move)
     last_t: float | None = None
     integral: float = 0.0
     failsafe: bool = False
-    dwell_s: float | None = None  # current release dwell (backs off against limit cycles)
-    last_release_t: float = -math.inf
+
+
+# How the core paces a move to `Decision.level` (power.control owns the timers):
+# "now": at once (the critical margin, fail-safe, power_allocator's budget);
+# "up": at once, and a climb right after a release backs the release dwell off;
+# "settle": a level up once the settle time has passed since the last change (backs off too);
+# "dwell": a level down once the release dwell has passed since the last change.
+Gate = Literal["now", "up", "settle", "dwell"]
 
 
 @dataclass(frozen=True)
@@ -79,9 +84,10 @@ class Decision:
 
     budget_w: float  # box watts; math.inf = unrestricted
     rate_cap_hz: float = math.inf
-    level: int = 0
+    level: int = 0  # the level the policy asks for (in force once the core's gate opens)
     reason: str = ""
     events: tuple[str, ...] = ()
+    gate: Gate = "now"
 
 
 @dataclass(frozen=True)
@@ -100,15 +106,15 @@ def _failsafe(state: GovernorState, tr: Trend, cfg: GovernorConfig) -> tuple[Gov
     events = () if state.failsafe else (
         f"thermal sensor invalid ({tr.problem or 'no temperature'}): treating the "
         "device as hot, inference held at the lowest power until it reads again",)
-    s = replace(state, level=bottom, failsafe=True, integral=0.0, last_t=tr.t,
-                last_change_t=tr.t if state.level != bottom else state.last_change_t)
+    s = replace(state, failsafe=True, integral=0.0, last_t=tr.t)
     return s, Decision(cfg.levels_w[bottom], level=bottom, reason="fail-safe: no valid "
                        "temperature", events=events)
 
 
 def step(state: GovernorState, tr: Trend, cfg: GovernorConfig) -> tuple[GovernorState,
                                                                        Decision]:
-    """One governor tick."""
+    """One governor tick: the level (or budget) asked for and the gate the core paces it by;
+    `state.level` is left to the core, which knows when the move is taken."""
     if tr.temp_c is None:
         return _failsafe(state, tr, cfg)
     events: tuple[str, ...] = ()
@@ -118,55 +124,35 @@ def step(state: GovernorState, tr: Trend, cfg: GovernorConfig) -> tuple[Governor
     dt = 0.0 if state.last_t is None else max(0.0, tr.t - state.last_t)
     state = replace(state, last_t=tr.t)
     if cfg.policy == "step_wise":
-        s, d = _step_wise(state, tr.temp_c, tr.slope, tr.t, cfg)
+        s, d = state, _step_wise(state.level, tr.temp_c, tr.slope, cfg)
     else:
-        s, d = _power_allocator(state, tr.temp_c, tr.slope, tr.t, dt, cfg)
+        s, d = _power_allocator(state, tr.temp_c, tr.slope, dt, cfg)
     return s, replace(d, events=events + d.events)
 
 
-def _step_wise(s: GovernorState, temp: float, slope: float, t: float, cfg: GovernorConfig):
+def _step_wise(level: int, temp: float, slope: float, cfg: GovernorConfig) -> Decision:
+    """Which way from `level`, and the core's gate for it (module doc)."""
     bottom = len(cfg.levels_w) - 1
     predicted = temp + max(slope, 0.0) * cfg.horizon_s
     band = cfg.control_c - min(cfg.band_c, cfg.hyst_c / 2)  # never into the release zone
-    dwell = s.dwell_s or cfg.dwell_s
-    if t - s.last_release_t > 2 * cfg.max_dwell_s:
-        dwell = cfg.dwell_s  # long settled: forget the back-off
-    level, why = s.level, "holding"
+    want, gate, why = level, "now", "holding"
+    rising = (temp >= cfg.control_c or predicted >= cfg.control_c) and slope > 0
+    # not falling: above the trip a slope of 0 counts (unknown, or too small to see); in the
+    # band under it only a rise the trend has measured does
+    creeping = slope >= 0 if temp >= cfg.control_c else temp >= band and slope > 0
     if temp >= cfg.critical_c - cfg.critical_margin_c:
-        level, why = bottom, f"{temp:.1f} °C is within {cfg.critical_margin_c:g} °C of critical"
-    elif ((temp >= cfg.control_c or predicted >= cfg.control_c) and slope > 0) or (
-            # not falling: above the trip a slope of 0 counts (unknown, or too small to see);
-            # in the band under it only a rise the trend has measured does
-            (slope >= 0 if temp >= cfg.control_c else temp >= band and slope > 0)
-            and t - s.last_change_t >= cfg.settle_s):
-        if (level < bottom and t - s.last_release_t < 2 * dwell
-                and s.last_change_t <= s.last_release_t):
-            # the last release was too early: doubled once for it, at the first step up
-            # after it (not at each step of the same climb)
-            dwell = min(2 * dwell, cfg.max_dwell_s)
-        level = min(level + 1, bottom)
+        want, why = bottom, f"{temp:.1f} °C is within {cfg.critical_margin_c:g} °C of critical"
+    elif rising or creeping:
+        want, gate = min(level + 1, bottom), "up" if rising else "settle"
         why = (f"{temp:.1f} °C {'rising' if slope > 0 else 'not falling'} "
                f"{slope * 60:+.1f} °C/min, trip {cfg.control_c:g} °C "
                + ("crossed" if temp >= cfg.control_c else
                   f"due in {(cfg.control_c - temp) / slope:.0f} s" if slope > 0 else
                   f"{cfg.control_c - temp:.1f} °C away"))
     elif temp < cfg.control_c - cfg.hyst_c and level > 0:
-        if t - s.last_change_t >= dwell:
-            level -= 1
-            s = replace(s, last_release_t=t)
-            why = (f"{temp:.1f} °C below {cfg.control_c - cfg.hyst_c:g} °C for {dwell:.0f} s: "
-                   "release")
-        else:
-            why = "cool, waiting out the dwell before releasing"
-    return _level_decision(replace(s, dwell_s=dwell), level, t, why, cfg)
-
-
-def _level_decision(s: GovernorState, level: int, t: float, why: str, cfg: GovernorConfig):
-    events: tuple[str, ...] = ()
-    if level != s.level:
-        events = (f"level {s.level} -> {level} (budget {cfg.levels_w[level]:.3g} W): {why}",)
-        s = replace(s, level=level, last_change_t=t)
-    return s, Decision(cfg.levels_w[level], level=level, reason=why, events=events)
+        want, gate = level - 1, "dwell"
+        why = f"{temp:.1f} °C below {cfg.control_c - cfg.hyst_c:g} °C"
+    return Decision(cfg.levels_w[want], level=want, reason=why, gate=gate)
 
 
 def _level_of(budget: float, cfg: GovernorConfig) -> int:
@@ -175,8 +161,8 @@ def _level_of(budget: float, cfg: GovernorConfig) -> int:
                 len(cfg.levels_w) - 1)
 
 
-def _power_allocator(s: GovernorState, temp: float, slope: float, t: float, dt: float,
-                     cfg: GovernorConfig):
+def _power_allocator(s: GovernorState, temp: float, slope: float, dt: float,
+                     cfg: GovernorConfig) -> tuple[GovernorState, Decision]:
     t_on = cfg.switch_on_c if cfg.switch_on_c is not None else cfg.control_c - 10.0
     predicted = temp + slope * cfg.horizon_s
     floor = cfg.floor_w
@@ -200,12 +186,7 @@ def _power_allocator(s: GovernorState, temp: float, slope: float, t: float, dt: 
         s = replace(s, integral=integral)
         why = (f"PID: predicted {predicted:.1f} °C vs control {cfg.control_c:g} °C -> "
                f"{budget:.2f} W")
-    level = _level_of(budget, cfg)
-    events: tuple[str, ...] = ()
-    if level != s.level:
-        events = (f"level {s.level} -> {level} (budget {budget:.3g} W): {why}",)
-        s = replace(s, level=level, last_change_t=t)
-    return s, Decision(budget, level=level, reason=why, events=events)
+    return s, Decision(budget, level=_level_of(budget, cfg), reason=why)
 
 
 def combine(*decisions: Decision) -> Decision:

@@ -1,4 +1,4 @@
-"""The rung vocabulary: a rung, budget -> rung, the rung hold and a rung on a device. Pure.
+"""The rung vocabulary: a rung, budget -> rung and a rung on a device. Pure.
 
 A rung is one step of the ladder the governor climbs (runtime/choice/ladders.py builds the
 ladder from profiles): a variant with its measured dynamic energy per inference and its
@@ -122,32 +122,3 @@ def select_for_budget(rungs: Sequence[Rung], budget_w: float, rate_hz: float,
     return best, rate_hz
 
 
-@dataclass(frozen=True)
-class RungHold:
-    """What the rung chooser remembers: when the rung last changed and how long an upgrade
-    must wait now (doubles when an upgrade is undone within its dwell: no limit cycles)."""
-
-    rung: int | None = None
-    last_change_t: float = -math.inf
-    last_up_t: float = -math.inf
-    dwell_s: float | None = None
-
-
-def hold(state: RungHold, proposed: int, t: float, base_dwell_s: float,
-         max_dwell_s: float = 900.0) -> RungHold:
-    """Step down at once; step up one rung only after the dwell. A step down that undoes an
-    upgrade younger than four dwells doubles the dwell (up to `max_dwell_s`): the upgrade did
-    not hold, so the next one waits longer. Four dwells without a change bring it back to
-    `base_dwell_s`."""
-    dwell = state.dwell_s if state.dwell_s is not None else base_dwell_s
-    if state.rung is None:
-        return RungHold(proposed, t, -math.inf, dwell)
-    if t - state.last_change_t >= 4 * dwell:
-        dwell = base_dwell_s
-    if proposed < state.rung:
-        if t - state.last_up_t < 4 * dwell:
-            dwell = min(max_dwell_s, dwell * 2)
-        return RungHold(proposed, t, state.last_up_t, dwell)
-    if proposed > state.rung and t - state.last_change_t >= dwell:
-        return RungHold(state.rung + 1, t, t, dwell)
-    return replace(state, dwell_s=dwell)

@@ -127,7 +127,10 @@ class GovernorSection:
     energy: bool = True  # battery devices: also run the energy-neutral budget
     min_rate_hz: float = 0.2  # minimum duty when no rung fits the budget (0 = pause capture)
     hold_invalid_s: float = 30.0  # an invalid reading holds the last valid one this long
-    dwell_s: float = 60.0  # an upgrade waits this long (doubles when undone, up to 900 s)
+    # the core's dwell (power/timers.py): a rung upgrade and a thermal level's release wait
+    # this long since the last change; doubled when undone (a limit cycle), up to max_dwell_s
+    dwell_s: float = 60.0
+    max_dwell_s: float = 900.0
     # step_wise steps on a measured rise this far under the passive trip (power/governor.py):
     # lower lets the die ride nearer the trip, for more inferences where it sits there
     band_c: float = 0.3
@@ -137,8 +140,14 @@ class GovernorSection:
             return "tick_s", "tick_s must be > 0 and rate_hz >= 0"
         if self.min_rate_hz < 0 or (self.rate_hz and self.min_rate_hz > self.rate_hz):
             return "min_rate_hz", f"must be within 0..rate_hz, got {self.min_rate_hz}"
-        if self.hold_invalid_s < 0 or self.dwell_s < 0:
-            return "hold_invalid_s", "hold_invalid_s and dwell_s must be >= 0"
+        if not self.hold_invalid_s >= 0:
+            return "hold_invalid_s", f"must be >= 0, got {self.hold_invalid_s}"
+        # a dwell over an hour (a cap over a day) would keep a cool device low all evening
+        if not 0 <= self.dwell_s <= 3600:
+            return "dwell_s", f"must be within 0..3600 s, got {self.dwell_s}"
+        if not self.dwell_s <= self.max_dwell_s <= 86400:
+            return "max_dwell_s", (f"must be within dwell_s ({self.dwell_s:g})..86400 s, got "
+                                   f"{self.max_dwell_s}")
         if not 0 <= self.band_c <= 5:
             return "band_c", f"must be within 0..5 °C, got {self.band_c}"
         return None

@@ -36,6 +36,7 @@ from typing import Any
 from power import control
 from power.accel_throttle import read_devfreq
 from power.box_energy import BoxEnergy
+from power.control_settings import control_config
 from power.cputime import named_threads_cpu_s
 from power.device import DeviceProfile
 from power.nvml import gpu_meters, meter_for
@@ -60,7 +61,7 @@ from runtime.device.profiling import (
     progress_reporter,
 )
 from runtime.device.rung_switch import RungSwitch, rung_label
-from runtime.device.sensing import RefusalWatch, SensorWatch, control_config, open_sensors
+from runtime.device.sensing import RefusalWatch, SensorWatch, open_sensors
 from runtime.device.served_model import ServedModel, preprocess_chooser
 from runtime.device.serving_drift import ServingDrift
 from runtime.device.shutdown import stop_steps

@@ -1,6 +1,7 @@
 """The device's sensors as the daemon opens them at start-up: the thermal sensor and trips
 (power.thermal_source; trips from sysfs where present, the profile's otherwise), battery and
-solar; and the control step's settings they allow (`control_config`).
+solar, and the watches that say when readings go bad or an upgrade is refused. The control
+step's settings they allow are power/control_settings.py's.
 
 A configured governor whose sensor cannot be found or read at start-up runs disabled, saying
 why (a critical line here; the daemon adds the event and health): inspection goes on at full
@@ -18,8 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from power import control
-from power import energy as energy_mod
 from power.device import DeviceProfile
 from power.sensors import SensorError, SensorSet
 from power.thermal_source import ThermalSource, discover_thermal
@@ -67,31 +66,6 @@ def open_sensors(root: Path, device: DeviceProfile, policy: str,
     elif th is not None:
         trips = {t.type: t.temp_c for t in th.trips}
     return Sensing(sensors, thermal, trips, disabled)
-
-
-def control_config(device: DeviceProfile, g: Any, thermal: ThermalSource | None,
-                   rate_hz: float) -> control.ControlConfig:
-    """The control step's settings: the thermal governor on the trips of `thermal` (None: no
-    usable sensor, no governor), the energy budget for the battery, `g` the [governor]
-    section, `rate_hz` the rate rung powers are planned at."""
-    th = device.thermal
-    gcfg = None
-    if thermal is not None and g.policy != "off":
-        gcfg = control.governor_config(device, g.policy,
-                                       control_c=thermal.trip("passive").temp_c,
-                                       critical_c=thermal.trip("critical").temp_c,
-                                       hyst_c=thermal.trip("passive").hyst_c,
-                                       band_c=g.band_c)
-    ecfg = None
-    if device.battery is not None and g.energy:
-        b = device.battery
-        ecfg = energy_mod.EnergyConfig(b.capacity_wh, device.power.idle_w, math.inf,
-                                       b.reserve_frac, b.charge_efficiency)
-    return control.ControlConfig(
-        governor=gcfg, energy=ecfg, rate_hz=rate_hz, min_rate_hz=g.min_rate_hz,
-        floor_w=device.power.idle_w,  # budgets in box watts with or without a governor
-        hold_invalid_s=g.hold_invalid_s, dwell_s=g.dwell_s,
-        **control.guard_settings(th.model if th else None))
 
 
 class SensorWatch:

@@ -63,6 +63,10 @@ precision_hints = ["f32"]
     ("[daemon]\nrerank_every_s = 10\n", ":2: key 'daemon.rerank_every_s'", ">= 60"),
     ("[daemon]\nrerank_every_s = inf\n", "key 'daemon.rerank_every_s'", "finite"),
     ("[daemon]\nrerank_every_s = nan\n", "key 'daemon.rerank_every_s'", "finite"),
+    ("[governor]\ndwell_s = -1\n", ":2: key 'governor.dwell_s'", "within 0..3600"),
+    ("[governor]\ndwell_s = 120\nmax_dwell_s = 60\n", ":3: key 'governor.max_dwell_s'",
+     "within dwell_s (120)"),
+    ("[governor]\nhold_invalid_s = -5\n", ":2: key 'governor.hold_invalid_s'", "must be >= 0"),
 ])
 def test_errors_name_file_line_key(tmp_path, text, where, what):
     p = write(tmp_path, text)

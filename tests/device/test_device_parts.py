@@ -246,12 +246,12 @@ def test_a_saved_latency_target_is_restored_onto_the_target_in_force(tmp_path, c
 
 def test_the_governor_section_s_band_reaches_the_governor():
     """[governor] band_c is the band step_wise acts in (power/governor.py), on the trips the
-    sensor found."""
+    sensor found; its dwell_s/max_dwell_s are the core's timers (power/timers.py)."""
+    from power.control_settings import control_config
     from power.device import TripPoint
     from power.thermal_source import ThermalSource
     from runtime.config import GovernorSection
     from runtime.device.profiles import load_profile
-    from runtime.device.sensing import control_config
 
     trips = (TripPoint(70.0, "passive", 2.0), TripPoint(80.0, "hot"),
              TripPoint(90.0, "critical"))
@@ -260,3 +260,5 @@ def test_the_governor_section_s_band_reaches_the_governor():
     assert control_config(dev, GovernorSection(), thermal, 10.0).governor.band_c == 0.3
     g = control_config(dev, GovernorSection(band_c=0.05), thermal, 10.0).governor
     assert (g.band_c, g.control_c, g.hyst_c) == (0.05, 70.0, 2.0)
+    c = control_config(dev, GovernorSection(dwell_s=45.0, max_dwell_s=600.0), thermal, 10.0)
+    assert (c.dwell_s, c.max_dwell_s) == (45.0, 600.0)  # the core's timers, from [governor]

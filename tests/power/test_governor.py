@@ -1,4 +1,5 @@
-"""Table tests for the pure governors, the budget-to-rung mapping and the energy budget."""
+"""Table tests for the pure governors (paced by the core's timers, as the control step runs
+them), the budget-to-rung mapping, the rung hold and the energy budget."""
 
 from __future__ import annotations
 
@@ -9,32 +10,36 @@ from dataclasses import replace
 import pytest
 
 from power import energy
+from power.control import ControlConfig, thermal_step
 from power.governor import Decision, GovernorConfig, GovernorState, Trend, combine, step
-from power.rungs import Rung, RungHold, hold, select_for_budget
+from power.rungs import Rung, select_for_budget
 from power.sensors import Reading
+from power.timers import LevelTimers, RungHold, hold
 
 LEVELS = (math.inf, 6.0, 3.0, 1.5)
 SW = GovernorConfig(control_c=80, critical_c=100, sustainable_w=4.0, max_w=10.0,
-                    levels_w=LEVELS, dwell_s=30, horizon_s=20)
+                    levels_w=LEVELS, horizon_s=20)
 PA = GovernorConfig(**{**SW.__dict__, "policy": "power_allocator"})
+TIMERS = ControlConfig(None, dwell_s=30)  # the core's timers: settle 10 s, dwell 30 s
 
 
-def run(cfg, temps, dt=1.0, state=None):
-    """Feed a temperature series (a float, or (°C, slope °C/s)); return levels and budgets.
-    A bare float's slope is its difference to the previous one (the core's job, tested in
+def run(cfg, temps, dt=1.0, state=None, timers=None):
+    """Feed a temperature series (a float, or (°C, slope °C/s)) through the policy paced by
+    the core's timers; return (state, timers), levels, budgets and events. A bare float's
+    slope is its difference to the previous one (the core's job, tested in
     test_control.py)."""
-    s = state or GovernorState()
+    s, tm = state or GovernorState(), timers or LevelTimers()
     levels, budgets, events = [], [], []
     prev = None
     for i, x in enumerate(temps):
         temp, slope = x if isinstance(x, tuple) else (x, 0.0 if prev is None else
                                                       (x - prev) / dt)
         prev = temp
-        s, d = step(s, Trend(i * dt, temp, slope), cfg)
+        s, tm, d = thermal_step(s, tm, Trend(i * dt, temp, slope), cfg, TIMERS)
         levels.append(d.level)
         budgets.append(d.budget_w)
         events.extend(d.events)
-    return s, levels, budgets, events
+    return (s, tm), levels, budgets, events
 
 
 STEP_WISE = [
@@ -63,9 +68,9 @@ def test_step_wise(name, temps, want):
 
 
 def test_step_wise_releases_one_level_after_dwell():
-    s, levels, _, _ = run(SW, [79, 81, 83, 85])
+    (s, tm), levels, _, _ = run(SW, [79, 81, 83, 85])
     assert levels[-1] == 3
-    s, levels, _, events = run(SW, [70.0] * 100, state=s)
+    _, levels, _, events = run(SW, [70.0] * 100, state=s, timers=tm)
     # t restarts at 0 in the second run but last_change was at t=3: the dwell still applies
     first_release = levels.index(2)
     assert first_release >= 30 - 3
@@ -87,9 +92,9 @@ def test_step_wise_flapping_input_backs_off():
 def test_a_climb_after_an_early_release_doubles_the_dwell_once():
     """Back-off is per release undone, not per step of the climb that undoes it: five steps
     up right after a release made one early release cost the longest dwell."""
-    s = GovernorState(level=1, last_change_t=-5.0, last_release_t=-5.0, dwell_s=30.0)
-    s, levels, _, _ = run(SW, [(80.5, 0.5)] * 3, state=replace(s, last_t=None))
-    assert levels == [2, 3, 3] and s.dwell_s == 60.0
+    tm = LevelTimers(last_change_t=-5.0, last_release_t=-5.0, dwell_s=30.0)
+    (_, tm), levels, _, _ = run(SW, [(80.5, 0.5)] * 3, state=GovernorState(level=1), timers=tm)
+    assert levels == [2, 3, 3] and tm.dwell_s == 60.0
 
 
 def test_the_band_never_reaches_into_the_release_zone():
@@ -101,13 +106,27 @@ def test_the_band_never_reaches_into_the_release_zone():
 
 
 def test_invalid_sensor_fails_safe_then_recovers():
-    s, d = step(GovernorState(), Trend(0.0, None, problem="zone gone"), SW)
+    s, tm, d = thermal_step(GovernorState(), LevelTimers(),
+                            Trend(0.0, None, problem="zone gone"), SW, TIMERS)
     assert d.level == 3 and d.budget_w == LEVELS[-1]
     assert d.events and "treating the device as hot" in d.events[0]
-    s, d = step(s, Trend(1.0, None, problem="zone gone"), SW)
+    s, tm, d = thermal_step(s, tm, Trend(1.0, None, problem="zone gone"), SW, TIMERS)
     assert d.events == ()  # said once, not every tick
-    s, d = step(s, Trend(2.0, 50.0), SW)
+    s, tm, d = thermal_step(s, tm, Trend(2.0, 50.0), SW, TIMERS)
     assert any("reads again" in e for e in d.events)
+
+
+def test_the_policy_keeps_no_timer():
+    """step_wise asks and names the gate; the level in force is the core's to set."""
+    s = GovernorState(level=2)
+    _, d = step(s, Trend(5.0, 70.0), SW)
+    assert (d.level, d.gate) == (1, "dwell")
+    _, d = step(s, Trend(5.0, 80.2), SW)
+    assert (d.level, d.gate) == (3, "settle")
+    _, d = step(s, Trend(5.0, 79.0, 0.1), SW)
+    assert (d.level, d.gate) == (3, "up")
+    _, d = step(s, Trend(5.0, 98.0), SW)
+    assert (d.level, d.gate) == (3, "now")
 
 
 POWER_ALLOCATOR = [
