@@ -64,6 +64,7 @@ from runtime.device.sensing import RefusalWatch, SensorWatch, control_config, op
 from runtime.device.served_model import ServedModel, preprocess_chooser
 from runtime.device.shutdown import stop_steps
 from runtime.device.source_plan import SourcePlan, bundled_model
+from runtime.device.state import DeviceState, snapshot
 from runtime.device.status import birth, ha_info, status_line
 from runtime.device.systemd import Notifier
 from runtime.device.wakeup import Wakeup, WakingQueue
@@ -150,6 +151,9 @@ class Daemon:
         self.sensor_watch = SensorWatch()  # says when readings go bad, not at each
         self.energy = LiveEnergy()  # each running variant's J per inference, learnt live
         self.history = HealthHistory(self.state_dir)  # for `edgerun report` when offline
+        # the device at the last tick, frozen: what every reader reads (runtime/device/
+        # state.py); replaced whole by the main loop, None until the pipeline runs
+        self.state: DeviceState | None = None
         # -- background profiling --
         self._installs: queue.Queue[Install] = WakingQueue(self.wakeup.set)
         self.profiler = Profiler(lambda *a, **kw: self.event(*a, **kw), self.queue_install)
@@ -197,7 +201,9 @@ class Daemon:
         self._open_links()
         rest = self._install_models()
         self._start_pipeline()
+        self.refresh_state()  # birth, Home Assistant and OPC UA read it from now on
         self._start_services()
+        self.refresh_state()
         self.notify.ready(self.status_line())
         log.info("ready in %.2f s: %s", time.monotonic() - self.started, self.status_line())
         if rest is not None:  # the fast schedule: serve on the first choice, refine meanwhile
@@ -252,8 +258,9 @@ class Daemon:
         cfg = self.cfg
         self.device_id = device_id(cfg.telemetry)
         self.plan.device_id = self.device_id
-        self.local_api = start_local_api(cfg.local_api, self.health, lambda: self.pipeline.alive(
-            cfg.local_api.stall_s), self.device_id)  # up during profiling: 503 until it runs
+        self.local_api = start_local_api(  # up during profiling: 503 until the pipeline runs
+            cfg.local_api, self.latest_health,
+            lambda: self.pipeline.alive(cfg.local_api.stall_s), self.device_id)
         try:
             self.ota = DeviceOta(self, cfg.models, cfg.telemetry, self.state_dir,
                                  self.device_id)
@@ -268,9 +275,9 @@ class Daemon:
             return
         try:
             ha = Discovery(cfg.homeassistant, cfg.telemetry.fleet, self.device_id,
-                           self.state_dir, lambda: ha_info(self),
+                           self.state_dir, lambda: ha_info(self.state),
                            cfg.telemetry.result_per_message)
-            self.publisher = Publisher(cfg.telemetry, self.outbox, lambda: birth(self),
+            self.publisher = Publisher(cfg.telemetry, self.outbox, lambda: birth(self.state),
                                        state_dir=self.state_dir, homeassistant=ha,
                                        session_expiry_s=(cfg.sleep.session_expiry_s
                                                          if cfg.sleep.enabled else 0),
@@ -335,7 +342,7 @@ class Daemon:
             self.sparkplug.start()
         if self.plc:
             try:
-                self.plc.start(self.health)
+                self.plc.start(self.latest_health)
             except ValueError as e:  # the port taken, a certificate asyncua refuses
                 raise ConfigError(str(e)) from e
         if self.publisher:
@@ -480,7 +487,9 @@ class Daemon:
         return self.model.second_session(self.pipeline.active)
 
     def rebirth(self) -> None:
-        """A new birth message (the model or its rung changed)."""
+        """A new birth message (the model or its rung changed): the snapshot it is made from
+        is taken first, so the MQTT thread sends the change."""
+        self.refresh_state()
         if self.publisher:
             self.publisher.request_rebirth()
 
@@ -560,8 +569,8 @@ class Daemon:
         """Switch one model to a rung of its ladder (an event); the [model]'s also updates
         systemd's status and the birth message."""
         if self.switch.move(m, rung, why, self.pipeline) and m is self.model:
-            self.notify.status(self.status_line())
             self.rebirth()
+            self.notify.status(self.status_line())
 
     def _move(self, rung: int, t: float, why: str) -> None:
         """Switch the [model] to `rung` (`t`: the reading's time, unused)."""
@@ -607,17 +616,25 @@ class Daemon:
             return 0.0
         return rung.power_w(rate if self.sim else self.pipeline.rate_hz())
 
+    def refresh_state(self) -> DeviceState:
+        """Take the device's snapshot now and swap it in (main loop only; one assignment of a
+        frozen object, so a reader on another thread has the old one or the new one whole)."""
+        self.state = s = snapshot(self)
+        return s
+
     def status_line(self) -> str:
-        """One line for systemd STATUS= and the log (runtime.device.status)."""
-        return status_line(self)
+        """One line for systemd STATUS= and the log, of the latest snapshot."""
+        return status_line(self.state) if self.state is not None else "starting"
 
     def health(self) -> dict[str, Any]:
-        """The health message (runtime.device.health)."""
-        return health(self)
+        """The health message now (main loop only: a fresh snapshot first)."""
+        return health(self.refresh_state())
 
-    def models_health(self) -> dict[str, Any]:
-        """health's `models` (and `box`): runtime.device.box."""
-        return self.box.health(self.pipeline)
+    def latest_health(self) -> dict[str, Any] | None:
+        """The health message of the latest snapshot, None before the first (any thread: it
+        reads `state` once and nothing else of the daemon)."""
+        s = self.state
+        return None if s is None else health(s)
 
     # -- control ------------------------------------------------------------------------------
 
@@ -790,11 +807,15 @@ class Daemon:
             self._drain_commands()
             self._apply_installs()
             # simulating, the ticks that are overdue run back to back (a batch: no nap)
+            ticked = False
             for _ in range(self.sim.ticks_due(tick) if self.sim else int(now >= next_tick)):
                 next_tick = now + tick
                 self._safe_tick()
+                ticked = True
                 if self.sim:
                     self.sim.advance(tick)  # the plant runs the decision just taken
+            if ticked:  # simulating, once per batch of ticks
+                self._safe_refresh()
             if now >= next_health:
                 next_health = now + self.cfg.telemetry.health_interval_s
                 self._send_health()
@@ -813,6 +834,13 @@ class Daemon:
             self.control_tick()
         except Exception as e:  # the control loop must survive its own bugs
             log.exception("control tick failed")
+            self.event("control_failed", "critical", error=str(e)[:300])
+
+    def _safe_refresh(self) -> None:
+        try:
+            self.refresh_state()
+        except Exception as e:  # the readers keep the previous snapshot
+            log.exception("taking the device's snapshot failed")
             self.event("control_failed", "critical", error=str(e)[:300])
 
     def _send_health(self) -> None:

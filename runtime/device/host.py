@@ -1,6 +1,6 @@
 """What the daemon's parts may ask of it, typed: the install record its queue carries, the
 exception a long step raises when a stop is requested, and one Protocol per part (OTA, sleep,
-health) naming the few calls and public fields that part uses.
+the tick's snapshot) naming the few calls and public fields that part uses.
 
 The parts import this module, never runtime/device/daemon.py (no import cycle, not even a
 function-level one), and never read the daemon's private attributes; the daemon satisfies each
@@ -20,6 +20,8 @@ if TYPE_CHECKING:
     from power.sensors import Reading, SensorSet
     from runtime.choice.measure import Measured
     from runtime.config import Config
+    from runtime.device.box import Box
+    from runtime.device.operator_state import OperatorState
     from runtime.device.systemd import Notifier
     from runtime.engine.manifest import Manifest
     from runtime.frames.pipeline import Active, Pipeline
@@ -126,27 +128,9 @@ class SleepHost(Protocol):
         """Record an event for the operator."""
 
 
-class LadderView(Protocol):
-    """The [model]'s model, ladder and rung, as health and status read them."""
-
-    @property
-    def manifest(self) -> Manifest:
-        """The [model] section's model."""
-        ...
-
-    @property
-    def rungs(self) -> list[Rung]:
-        """The [model]'s ladder (live energies)."""
-        ...
-
-    @property
-    def current(self) -> int:
-        """The [model]'s rung (index into rungs)."""
-        ...
-
-
-class HealthHost(LadderView, Protocol):
-    """What runtime/device/health.py assembles the health message from."""
+class StateSource(Protocol):
+    """What runtime/device/state.py takes the tick's snapshot from (main loop only: every
+    other reader reads the snapshot, never these)."""
 
     cfg: Config
     device: DeviceProfile
@@ -163,52 +147,13 @@ class HealthHost(LadderView, Protocol):
     meter: Any  # power.sensors.PowerMeter
     box_energy: Any  # power.box_energy.BoxEnergy (None before start): energy per frame
     devices: list[dict]
-    by_id: dict[str, Any]  # the [model]'s profiles by variant id
     ota: Any  # runtime.device.ota.DeviceOta or None
     sleeper: Any  # runtime.device.sleep.Sleeper or None
-
-    @property
-    def choice_reason(self) -> str:
-        """Why the [model]'s ladder is what it is."""
-        ...
-
-    @property
-    def operator_rate_hz(self) -> float:
-        """The operator's rate cap (inf: none)."""
-        ...
-
-    @property
-    def preprocess(self) -> Any:
-        """The [model]'s preprocessing chooser (its `report`)."""
-        ...
+    box: Box  # every served model (its `model`: the [model] section's) and the box's ladder
+    operator: OperatorState  # the operator's rate cap
 
     def load_w(self) -> float:
         """Dynamic power of the inference load."""
-        ...
-
-    def models_health(self) -> dict[str, Any]:
-        """health's `models` (and `box` with several models)."""
-        ...
-
-
-class StatusHost(LadderView, Protocol):
-    """What runtime/device/status.py reads of the daemon (its STATUS= line, birth fields)."""
-
-    device: DeviceProfile
-    pipeline: Pipeline
-    reading: Reading | None
-    control_out: control.Output | None
-    thermal_disabled: str
-    ota: Any  # runtime.device.ota.DeviceOta or None
-
-    @property
-    def joint(self) -> list[Any]:
-        """The box's ladder over several models (empty with one)."""
-        ...
-
-    @property
-    def joint_current(self) -> int:
-        """The box's rung (index into joint)."""
         ...
 
 
