@@ -85,20 +85,6 @@ log = logging.getLogger("edgerun.daemon")
 MAX_SLEEP_S = 1.0
 
 
-class _Via:
-    """A daemon attribute that is one of its parts' (`part.name`): reads and writes go to the
-    part, so the state has one home and the parts and tests keep their names for it."""
-
-    def __init__(self, part: str, name: str):
-        self.part, self.name = part, name
-
-    def __get__(self, obj: Any, owner: Any = None) -> Any:
-        return self if obj is None else getattr(getattr(obj, self.part), self.name)
-
-    def __set__(self, obj: Any, value: Any) -> None:
-        setattr(getattr(obj, self.part), self.name, value)
-
-
 class Daemon:
     """One `edgerun serve` process (see module docstring). Wires the parts and loops; the
     decisions live in power.control, the measurements in runtime.choice.measure, the health message
@@ -156,40 +142,10 @@ class Daemon:
         self.state: DeviceState | None = None
         # -- background profiling --
         self._installs: queue.Queue[Install] = WakingQueue(self.wakeup.set)
+        self.queue_install = self._installs.put  # an Install for the main loop (any thread)
         self.profiler = Profiler(lambda *a, **kw: self.event(*a, **kw), self.queue_install)
         self.print_results = False  # `serve --print` (serve() sets it; reload keeps it)
         self._model_gen = 0  # bumped when another model is installed: older jobs are stale
-
-    # -- the parts' state under the names the parts and tests use ------------------------
-
-    model = _Via("box", "model")  # the [model] section's model (a ServedModel)
-    source_models = _Via("box", "source_models")  # [[sources]]' own models, by key
-    models = _Via("box", "models")  # every served model, the [model]'s first
-    joint = _Via("box", "joint")  # the box's ladder (several models)
-    joint_current = _Via("box", "joint_current")
-    _by_live = _Via("box", "by_live")  # every model's profiles by pipeline.live_id
-    manifest = _Via("model", "manifest")  # the [model]'s, now served
-    rungs = _Via("model", "rungs")  # the [model]'s ladder, live energies
-    current = _Via("model", "current")  # the [model]'s rung (shown 1-based, rung_label)
-    _loaders = _Via("model", "loaders")
-    by_id = _Via("model", "by_id")  # the [model]'s profiles by variant id
-    choice_reason = _Via("model", "reason")
-    preprocess = _Via("model", "pre")  # runtime.engine.preprocessing.PreprocessChooser
-    operator_rate_hz = _Via("operator", "rate_hz")  # `set_rate` (inf: none)
-    failed_models = _Via("plan", "failed")  # sources' models refused at start: key -> why
-    tiles = _Via("plan", "tiles")  # tiles per frame each source is planned with
-    _reprofiling = _Via("profiler", "lock")  # held while a profiling job runs
-    _live_energy = _Via("energy", "live")  # live_id -> J per inference, live
-    # ... and calls
-    _lanes = _Via("plan", "lanes")  # the pipeline's sources
-    _streams = _Via("plan", "streams")  # the sources as the budget sees them
-    _target = _Via("plan", "target")  # (per-inference target ms, why) of a model, by key
-    _model_key = _Via("plan", "model_key")  # the key of a [[sources]] entry's model
-    model_used = _Via("plan", "model_used")  # does a source run the [model]'s model?
-    _session = _Via("model", "session")  # load and warm a [model] rung's session
-    served = _Via("model", "measured")  # the [model]'s measurement, installed
-    retry_switches_now = _Via("switch", "retry_now")  # a command may have mended them
-    queue_install = _Via("_installs", "put")  # an Install for the main loop (any thread)
 
     # -- start-up --------------------------------------------------------------------------
 
@@ -316,19 +272,19 @@ class Daemon:
         if cfg.results.enabled:
             self.local = LocalResults(cfg.results, self._event_of)
             self.local.start()
-        lanes = self._lanes(self.sim.clock if self.sim else None)
+        lanes = self.plan.lanes(self.sim.clock if self.sim else None)
         sink = self.plc.tap(self.outbox.append_many) if self.plc else self.outbox.append_many
-        self.pipeline = Pipeline(lanes, self.manifest, sink,
+        self.pipeline = Pipeline(lanes, self.box.model.manifest, sink,
                                  self._event_of, cfg.daemon.queue_size,
                                  self._preprocess_chooser(), self.local)
         self.pipeline.set_slo(*cfg.constraints.in_force())
-        for m in self.models:
+        for m in self.box.models:
             m.current = len(m.rungs) - 1
-        self.joint_current = len(self.joint) - 1
-        self.pipeline.start(self.model.session(self.current),
-                            {k: m.session(m.current) for k, m in self.source_models.items()})
-        if math.isfinite(self.operator_rate_hz):
-            self.pipeline.rate_cap_hz = self.operator_rate_hz
+        self.box.joint_current = len(self.box.joint) - 1
+        self.pipeline.start(self.box.model.session(self.box.model.current),
+                            {k: m.session(m.current) for k, m in self.box.source_models.items()})
+        if math.isfinite(self.operator.rate_hz):
+            self.pipeline.rate_cap_hz = self.operator.rate_hz
 
     def _start_services(self) -> None:
         """OTA (a probation resumes), the simulator, duty cycling, MQTT."""
@@ -385,26 +341,26 @@ class Daemon:
     def _install(self, m: Measured, ladder: bool = True) -> None:
         """Make measured profiles current (main thread only) and rebuild the ladder (`ladder`
         False: the caller builds it, at start-up once the sources' own models are in)."""
-        old = self.manifest
+        old = self.box.model.manifest
         if old is not None and Path(m.manifest.root) != Path(old.root):
             self._model_gen += 1  # profiles of the model before are stale from now on
-        self.model.install(m)
+        self.box.model.install(m)
         self.energy.forget_model()  # the sources' own models did not change
         if ladder:
             self._build_ladder()
         if self.pipeline is not None:  # a new model brings its own preprocessing to measure
             # (another version with the same preprocessing keeps the measured choice: measuring
             # again runs 21 preprocessings inline on the first frame after the swap)
-            self.pipeline.set_manifest(self.manifest, self.preprocess if (
-                old is not None and old.preprocess == self.manifest.preprocess)
+            self.pipeline.set_manifest(self.box.model.manifest, self.box.model.pre if (
+                old is not None and old.preprocess == self.box.model.manifest.preprocess)
                 else self._preprocess_chooser())
 
     def _install_source_models(self) -> None:
         """Measure the models `[[sources]]` name (once each; cached like the [model]'s), plan
         every source's tiles and build the ladders (start-up, before the pipeline runs)."""
         for s in self.cfg.sources:
-            key = self._model_key(s)
-            if not key or key in self.source_models or key in self.failed_models:
+            key = self.plan.model_key(s)
+            if not key or key in self.box.source_models or key in self.plan.failed:
                 continue
             sm = ServedModel.of_source(key, s, self.cfg.model)
             log.info("source %s: model %s (%s)", s.name, key, sm.path)
@@ -415,9 +371,9 @@ class Daemon:
             except Exception as e:  # a corrupt or unusable model costs its sources only
                 self._source_model_failed(key, sm.path, e)
                 continue
-            self.source_models[key] = sm
-        self.plan.plan_tiles({k: m.manifest for k, m in self.source_models.items()},
-                             self.manifest)
+            self.box.source_models[key] = sm
+        self.plan.plan_tiles({k: m.manifest for k, m in self.box.source_models.items()},
+                             self.box.model.manifest)
         self._build_ladder()
 
     def _source_model_failed(self, key: str, path: Path, e: Exception) -> None:
@@ -432,9 +388,9 @@ class Daemon:
 
     def _preprocess_chooser(self) -> Any:
         """A new preprocessing choice for the [model] (CPU or OpenCL, measured per size)."""
-        self.model.pre = preprocess_chooser(self.backends, self.manifest, self.meter,
-                                            self.model.idle_w, self.model.pre_paths)
-        return self.model.pre
+        self.box.model.pre = preprocess_chooser(self.backends, self.box.model.manifest, self.meter,
+                                            self.box.model.idle_w, self.box.model.pre_paths)
+        return self.box.model.pre
 
     # -- background profiling ----------------------------------------------------------------
 
@@ -476,20 +432,21 @@ class Daemon:
 
     def live_energy_j(self) -> float | None:
         """The running [model] variant's live energy per inference (None: none yet)."""
-        return self._live_energy.get(self._running_id())
+        return self.energy.live.get(self._running_id())
 
     def target_ms(self) -> float:
         """The [model]'s per-inference latency target."""
-        return self._target("")[0]
+        return self.plan.target("")[0]
 
     def second_session(self) -> Active | None:
         """Another session of the running [model] variant (None: not one of its own)."""
-        return self.model.second_session(self.pipeline.active)
+        return self.box.model.second_session(self.pipeline.active)
 
     def rebirth(self) -> None:
         """A new birth message (the model or its rung changed): the snapshot it is made from
-        is taken first, so the MQTT thread sends the change."""
-        self.refresh_state()
+        is taken first (once there are any), so the MQTT thread sends the change."""
+        if self.state is not None:
+            self.refresh_state()
         if self.publisher:
             self.publisher.request_rebirth()
 
@@ -501,13 +458,13 @@ class Daemon:
         # with an end-to-end target, inference alone must fit in it: the ladder's lower
         # rungs keep that bound (runtime/choice/selector.py judges the frame end to end,
         # by the box's energy per frame, on what serving has measured so far)
-        return Constraints(latency_ms=c.end_to_end_ms or self._target(key)[0],
+        return Constraints(latency_ms=c.end_to_end_ms or self.plan.target(key)[0],
                            percentile=c.percentile, accuracy_floor=c.accuracy_floor,
                            end_to_end_ms=c.end_to_end_ms,
                            # accelerators ranked at the rate frames are offered, not back to
                            # back (runtime/choice/at_rate.py)
                            rate_hz=self.cfg.governor.rate_hz,
-                           frame=self.model.frame_costs(self.pipeline, self.box_energy,
+                           frame=self.box.model.frame_costs(self.pipeline, self.box_energy,
                                                          self.device.power.idle_w,
                                                          self.cfg.governor.rate_hz)
                            if c.end_to_end_ms and not key else None)
@@ -534,12 +491,12 @@ class Daemon:
         simulating, kept current from the running pipeline otherwise), the box's ladder with
         several models (runtime.device.box), and the control settings for them."""
         self.box.build(self._constraints, self.device.power if self.sim else None,
-                       self._live_energy)
+                       self.energy.live)
         g = self.cfg.governor
         self.ccfg = control_config(
             self.device, g, self.thermal if not self.thermal_disabled else None,
             # several sources: rung powers at their combined rate, so budgets are the box's
-            planned_rate(self._streams() if self.cfg.sources else (), g.rate_hz)
+            planned_rate(self.plan.streams() if self.cfg.sources else (), g.rate_hz)
             or self.box.control_rungs()[-1].max_rate_hz()
             * (self.cfg.simulator.offered_share if self.sim else 1.0))
 
@@ -549,9 +506,9 @@ class Daemon:
         a re-profile starts *because* it got hot, and must not run the top rung for a tick
         at 95 °C. The control loop raises it when the budget allows. The same rule for each
         source's own model."""
-        for m in self.models:
+        for m in self.box.models:
             # what runs: the [model]'s swapped-in session, a source model's pending one too
-            a = self.pipeline.active if m is self.model else self.pipeline.target_of(m.key)
+            a = self.pipeline.active if m is self.box.model else self.pipeline.target_of(m.key)
             top = len(m.rungs) - 1
             i = next((k for k, r in enumerate(m.rungs) if a and r.variant_id == a.variant_id),
                      0) if held else top
@@ -568,13 +525,9 @@ class Daemon:
     def _move_model(self, m: ServedModel, rung: int, why: str) -> None:
         """Switch one model to a rung of its ladder (an event); the [model]'s also updates
         systemd's status and the birth message."""
-        if self.switch.move(m, rung, why, self.pipeline) and m is self.model:
+        if self.switch.move(m, rung, why, self.pipeline) and m is self.box.model:
             self.rebirth()
             self.notify.status(self.status_line())
-
-    def _move(self, rung: int, t: float, why: str) -> None:
-        """Switch the [model] to `rung` (`t`: the reading's time, unused)."""
-        self._move_model(self.model, rung, why)
 
     # -- events and status -------------------------------------------------------------------
 
@@ -598,7 +551,7 @@ class Daemon:
     def frame_rung(self) -> Rung | None:
         """The running rung per frame of any source (tiles and several models counted):
         what one frame costs in energy and time now."""
-        return None if self.pipeline is None or not self.rungs else self.box.frame_rung()
+        return None if self.pipeline is None or not self.box.model.rungs else self.box.frame_rung()
 
     def _sim_load(self) -> tuple[Rung | None, float]:
         """The rung running and the rate it is offered (what the simulated device heats
@@ -657,7 +610,7 @@ class Daemon:
             # plant heats with its rungs alone, so a simulation leaves them out)
             rungs = with_other(rungs, self.box_energy.around_j())
         self.cstate, out = control.step(self.cstate, r, rungs, self.ccfg,
-                                        box.control_current(), self.operator_rate_hz)
+                                        box.control_current(), self.operator.rate_hz)
         self.control_out = out
         if self.refusals.due(out.refused, r.t):
             log.info("not stepping up: %s (rung %d/%d)", out.refused, box.control_current() + 1,
@@ -691,13 +644,13 @@ class Daemon:
             return
         running = self._running_id()
         if not self.energy.update(self.pipeline.take_infer_cpu, running,
-                                  self.by_id.get(running), self._by_live,
-                                  self._reprofiling.locked(),
+                                  self.box.model.by_id.get(running), self.box.by_live,
+                                  self.profiler.lock.locked(),
                                   lambda: self.device.power.active_w_per_core):
             return
-        for m in self.models:  # the [model]'s first, then each source's own
-            m.rungs = m.live_rungs(self._live_energy)
-        if self.source_models:
+        for m in self.box.models:  # the [model]'s first, then each source's own
+            m.rungs = m.live_rungs(self.energy.live)
+        if self.box.source_models:
             self.box.build_joint()
 
     def _running_id(self) -> str:
@@ -709,7 +662,7 @@ class Daemon:
         never for a simulated device: its temperature is not this host's."""
         if self.sim:
             return
-        why, slow = self.profiler.due(temp, self.pipeline, self.model, self.cfg.daemon,
+        why, slow = self.profiler.due(temp, self.pipeline, self.box.model, self.cfg.daemon,
                                        self.live_energy_j(), self._device_state)
         if slow:
             self.event("slow_inference", "warning", **slow)
@@ -727,7 +680,7 @@ class Daemon:
 
     def reprofile(self, why: str) -> None:
         """Measure every variant again in the background and rebuild the ladder."""
-        self.load_in_background(self.manifest.root, True, why)
+        self.load_in_background(self.box.model.manifest.root, True, why)
 
     def reprofile_now(self, why: str) -> None:
         """Re-profile, however recently the last one ran (an operator's command)."""

@@ -23,7 +23,6 @@ if TYPE_CHECKING:
     from runtime.device.box import Box
     from runtime.device.operator_state import OperatorState
     from runtime.device.systemd import Notifier
-    from runtime.engine.manifest import Manifest
     from runtime.frames.pipeline import Active, Pipeline
     from runtime.telemetry.client import Publisher
     from runtime.telemetry.outbox import Outbox
@@ -52,11 +51,7 @@ class OtaHost(Protocol):
     """What runtime/device/ota.py needs of the daemon."""
 
     pipeline: Pipeline
-
-    @property
-    def manifest(self) -> Manifest:
-        """The [model] section's model now served."""
-        ...
+    box: Box  # its `model`: the [model] section's, now served (`measured()`: as installed)
 
     def event(self, type_: str, severity: str = "info", **fields: Any) -> None:
         """Record an event for the operator."""
@@ -75,10 +70,6 @@ class OtaHost(Protocol):
     def install_model(self, measured: Measured, why: str) -> float:
         """Make `measured` the [model]'s model now and rebuild its ladder (main thread); the
         seconds the ladder took."""
-        ...
-
-    def served(self) -> Measured:
-        """The [model]'s model as installed (a rollback reinstalls it)."""
         ...
 
     def load_in_background(self, path: Path, fresh: bool, why: str,
