@@ -148,6 +148,68 @@ class StateSource(Protocol):
         ...
 
 
+class PartsHost(Protocol):
+    """What the daemon's steps moved out of it read and set (runtime/device/ladders.py,
+    installing.py, tick.py, live_energy.update_running): the parts it wired, the control
+    state, and the few calls back (main loop, but `installing.measure` on the reprofile
+    thread too)."""
+
+    cfg: Config
+    device: DeviceProfile
+    sim: Any  # runtime.device.simdevice.SimulatedDevice or None
+    sensors: SensorSet
+    meter: Any  # power.sensors.PowerMeter
+    gpu_meters: Any  # power.nvml's meters: a GPU variant is billed its own
+    box_energy: Any  # power.box_energy.BoxEnergy (None before start)
+    backends: list  # the engines, discovered once
+    devices: list[dict]
+    pipeline: Pipeline
+    box: Box  # every served model and the box's ladder
+    plan: Any  # runtime.device.source_plan.SourcePlan
+    switch: Any  # runtime.device.rung_switch.RungSwitch
+    energy: Any  # runtime.device.live_energy.LiveEnergy
+    profiler: Any  # runtime.device.profiling.Profiler
+    operator: OperatorState
+    ota: Any  # runtime.device.ota.DeviceOta
+    notify: Notifier
+    thermal: Any  # power.thermal_source.ThermalSource or None
+    thermal_disabled: str
+    ccfg: control.ControlConfig | None
+    cstate: control.ControlState
+    control_out: control.Output | None
+    reading: Reading | None
+    sensor_watch: Any  # runtime.device.sensing.SensorWatch
+    refusals: Any  # runtime.device.sensing.RefusalWatch
+    sleeper: Any  # runtime.device.sleep.Sleeper or None
+    installs: Any  # queue.Queue[Install]: what the background threads measured
+    model_gen: int  # bumped when another model is installed: older jobs are stale
+
+    def event(self, type_: str, severity: str = "info", **fields: Any) -> None:
+        """Record an event for the operator."""
+
+    def stopping(self) -> bool:
+        """Whether a stop was requested."""
+        ...
+
+    def status_line(self) -> str:
+        """The STATUS= line of the latest snapshot."""
+        ...
+
+    def rebirth(self) -> None:
+        """A new snapshot and birth message (the [model] or its rung changed)."""
+
+    def reprofile(self, why: str) -> None:
+        """Measure the [model] again in the background."""
+
+    def install_model(self, measured: Measured, why: str) -> float:
+        """Install a measured [model] now; the seconds the ladder took."""
+        ...
+
+    def frame_rung(self) -> Rung | None:
+        """The running rung per frame of any source (None: nothing runs yet)."""
+        ...
+
+
 class StopHost(Protocol):
     """What runtime/device/shutdown.py stops, in its order."""
 

@@ -154,10 +154,10 @@ def test_the_daemon_offers_every_call_its_parts_ask_for(tmp_path):
     daemon lacks would fail at run time, on a device."""
     from runtime.config import from_dict
     from runtime.device.daemon import Daemon
-    from runtime.device.host import OtaHost, SleepHost, StateSource
+    from runtime.device.host import OtaHost, PartsHost, SleepHost, StateSource
 
     d = Daemon(from_dict({"daemon": {"state_dir": str(tmp_path / "state")}}))
-    for proto in (OtaHost, SleepHost, StateSource, commands.CommandHost):
+    for proto in (OtaHost, SleepHost, StateSource, PartsHost, commands.CommandHost):
         names = {n for n in vars(proto) if not n.startswith("_")} | set(
             proto.__annotations__)
         missing = sorted(n for n in names if not hasattr(d, n))

@@ -20,6 +20,7 @@ from runtime.config import (
     from_dict,
     load,
 )
+from runtime.device import installing
 from runtime.engine.manifest import configured_model
 from runtime.frames.multisource import lanes
 from runtime.frames.pipeline import Active, Pipeline
@@ -438,7 +439,7 @@ def test_a_new_model_measurement_keeps_the_other_models_live_energies(tmp_path):
 
         wait(learnt, 60, "live energies of both models")
         theirs = {k: v for k, v in d.energy.live.items() if "\x00" in k}
-        d._install(d._measure_model(Path(d.box.model.manifest.root)))
+        installing.install(d, installing.measure(d, Path(d.box.model.manifest.root)))
         assert {k: v for k, v in d.energy.live.items() if "\x00" in k} == theirs
         assert not any("\x00" not in k for k in d.energy.live)  # the [model]'s: afresh
     finally:

@@ -17,6 +17,7 @@ from support.daemon_harness import ZONE, Serve, events, last_health, write_confi
 from support.waiting import wait
 
 from models import bundled
+from runtime.device import ladders
 from runtime.device.switch_retry import (
     CAP_S,
     Backoff,
@@ -246,12 +247,12 @@ def test_a_hot_box_whose_lower_rung_will_not_load_steps_further_down(tmp_path):
     d.box.model.current = 2
     d.pipeline.switch(d.box.model.session(2))  # the top rung runs
     (model / "fp32.onnx").unlink()  # the middle rung's file is gone
-    d._move_model(d.box.model, 1, "hot")
+    ladders.move_model(d, d.box.model, 1, "hot")
     assert d.pipeline.target.variant_id == chosen[0].id and d.box.model.current == 0, said
     assert [t for t, _ in said] == ["switch_failed", "rung_changed"]
     assert said[1][1]["to"] == chosen[0].id and "will not load" in said[1][1]["reason"]
     # a step up to the broken rung right after: in its backoff
-    d._move_model(d.box.model, 1, "cooler")
+    ladders.move_model(d, d.box.model, 1, "cooler")
     assert d.box.model.current == 0 and len(said) == 2
 
 
@@ -268,10 +269,10 @@ def test_a_variant_failing_in_one_version_does_not_hold_back_another_versions(tm
     d.box.model.current = 1
     d.pipeline.switch(d.box.model.session(1))  # the new version runs its middle rung
     (new / "fp16.onnx").write_bytes(b"broken")
-    d._move_model(d.box.model, 2, "budget")
+    ladders.move_model(d, d.box.model, 2, "budget")
     assert d.box.model.current == 1 and [t for t, _ in said] == ["switch_failed"]
     use(1)  # the rollback installs the old version, whose files are intact
-    d._move_model(d.box.model, 2, "rollback of v2")
+    ladders.move_model(d, d.box.model, 2, "rollback of v2")
     a = d.pipeline.target
     assert a.variant_id == chosen[2].id and a.manifest.root == old, said
     assert d.box.model.current == 2, said
@@ -290,12 +291,12 @@ def test_a_stream_of_settings_commands_does_not_defeat_the_backoff(tmp_path):
     d.box.model.current = 1
     d.pipeline.switch(d.box.model.session(1))
     (model / "fp16.onnx").write_bytes(b"broken")
-    d._move_model(d.box.model, 2, "budget")
+    ladders.move_model(d, d.box.model, 2, "budget")
     for k in range(5):
         d.handle(Command(f"cmd{k:05d}", "set_rate", {"fps": 5 + k}))
-        d._move_model(d.box.model, 2, "budget")
+        ladders.move_model(d, d.box.model, 2, "budget")
     assert [t for t, _ in said].count("switch_failed") == 1, said
     d.reprofile = lambda why: None  # (measuring is not what this test is about)
     d.handle(Command("cmd-reprofile", "reprofile", {}))
-    d._move_model(d.box.model, 2, "budget")
+    ladders.move_model(d, d.box.model, 2, "budget")
     assert [t for t, _ in said].count("switch_failed") == 2, said
