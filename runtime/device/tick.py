@@ -34,7 +34,7 @@ def control_tick(d: PartsHost) -> None:
     live_energy.update_running(d)
     if d.box_energy is not None:
         d.box_energy.sample(time.monotonic(), *d.pipeline.take_stage_cpu(),
-                               lambda: named_threads_cpu_s("mqtt"))
+                            lambda: named_threads_cpu_s("mqtt"))
     assert d.ccfg is not None
     ladders.check_tiles(d)
     box = d.box
@@ -50,8 +50,7 @@ def control_tick(d: PartsHost) -> None:
         log.info("not stepping up: %s (rung %d/%d)", out.refused, box.control_current() + 1,
                  len(rungs))
     for e in out.events:
-        (log.critical if e.severity == "critical" else log.warning)("%s: %s", e.type,
-                                                                     e.detail)
+        (log.critical if e.severity == "critical" else log.warning)("%s: %s", e.type, e.detail)
         d.event(e.type, e.severity, detail=e.detail)
     d.pipeline.rate_cap_hz = out.rate_cap_hz
     if out.rung != box.control_current() or box.off_chain:
@@ -59,8 +58,7 @@ def control_tick(d: PartsHost) -> None:
             ladders.move_model(d, m, i, out.reason or "budget")
         box.relocate()
     if box.control_current() != out.rung:  # the switch failed: keep what runs
-        d.cstate = replace(d.cstate, hold=replace(d.cstate.hold,
-                                                        rung=box.control_current()))
+        d.cstate = replace(d.cstate, hold=replace(d.cstate.hold, rung=box.control_current()))
     d.operator.keep_energy(d.cstate.energy)  # when an hour slot closed
     check_conditions(d, r.temp_c)
     d.ota.tick()  # probation of a new model version
@@ -74,7 +72,7 @@ def check_conditions(d: PartsHost, temp: float | None) -> None:
     if d.sim:
         return
     why, slow = d.profiler.due(temp, d.pipeline, d.box.model, d.cfg.daemon,
-                                   live_energy.running_j(d),
+                               live_energy.running_j(d),
                                lambda device: accelerator_state(d, device))
     if slow:
         d.event("slow_inference", "warning", **slow)
