@@ -155,7 +155,7 @@ class Daemon:
         self._open_links()
         rest = installing.install_models(self)
         self._start_pipeline()
-        self.refresh_state()  # birth, Home Assistant and OPC UA read it from now on
+        self.refresh_state(reports=True)  # birth, Home Assistant, OPC UA read it from now on
         self._start_services()
         self.refresh_state()
         self.notify.ready(self.status_line())
@@ -355,10 +355,11 @@ class Daemon:
         """Dynamic power of the inference load (runtime.device.tick.load_w)."""
         return load_w(self)
 
-    def refresh_state(self) -> DeviceState:
+    def refresh_state(self, reports: bool = False) -> DeviceState:
         """Take the device's snapshot now and swap it in (main loop only; one assignment of a
-        frozen object, so a reader on another thread has the old one or the new one whole)."""
-        self.state = s = snapshot(self)
+        frozen object, so a reader on another thread has the old one or the new one whole).
+        `reports`: the pipeline's and backlog's figures too (else the last snapshot's)."""
+        self.state = s = snapshot(self, None if reports else self.state)
         return s
 
     def status_line(self) -> str:
@@ -366,8 +367,8 @@ class Daemon:
         return status_line(self.state) if self.state is not None else "starting"
 
     def health(self) -> dict[str, Any]:
-        """The health message now (main loop only: a fresh snapshot first)."""
-        return health(self.refresh_state())
+        """The health message now (main loop only: a whole fresh snapshot first)."""
+        return health(self.refresh_state(reports=True))
 
     def latest_health(self) -> dict[str, Any] | None:
         """The health message of the latest snapshot, None before the first (any thread: it

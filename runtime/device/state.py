@@ -79,8 +79,8 @@ class DeviceState:
     joint_models: int  # models in each box rung
     device_name: str  # the device profile's name
     battery: bool  # whether the device runs on a battery
-    pipeline: Mapping[str, Any]  # Pipeline.stats(), `slo` included
-    backlog: Mapping[str, Any]  # Outbox.stats()
+    pipeline: Mapping[str, Any]  # Pipeline.stats(), `slo` included (as of the last health)
+    backlog: Mapping[str, Any]  # Outbox.stats() (as of the last health)
     devices: tuple[Mapping[str, Any], ...]  # the engines' devices, fixed for the process
     preprocess: Mapping[str, Any]  # the [model]'s preprocessing report
     models: Mapping[str, Any]  # health's `models` (and `box`): Box.health
@@ -91,8 +91,12 @@ class DeviceState:
     sleep: Mapping[str, Any] | None  # the sleeper's (None: [sleep] off)
 
 
-def snapshot(d: StateSource) -> DeviceState:
-    """The daemon `d` now, frozen (main loop only: it reads the live fields)."""
+def snapshot(d: StateSource, prev: DeviceState | None = None) -> DeviceState:
+    """The daemon `d` now, frozen (main loop only: it reads the live fields). With `prev`,
+    the pipeline's and the backlog's figures are kept from it: they are taken when a health
+    message is due (`prev` None), not every tick, because they cost what the other fields
+    do not (the backlog's row count grows with the backlog, under the outbox's lock that
+    every result takes; the pipeline's percentiles over its 30 s windows)."""
     a = d.pipeline.active
     m = d.box.model  # the [model] section's model, its ladder and rung
     rung = m.rungs[m.current]
@@ -113,7 +117,8 @@ def snapshot(d: StateSource) -> DeviceState:
         joint_rung=d.box.joint_current if joint else 0, joint_rungs=len(joint),
         joint_models=len(joint[0].picks) if joint else 0, device_name=d.device.name,
         battery=bool(d.device.sensors.battery or d.device.battery),
-        pipeline=freeze(d.pipeline.stats()), backlog=freeze(d.outbox.stats()),
+        pipeline=prev.pipeline if prev else freeze(d.pipeline.stats()),
+        backlog=prev.backlog if prev else freeze(d.outbox.stats()),
         devices=freeze(d.devices), preprocess=freeze(m.pre.report),
         models=freeze(d.box.health(d.pipeline)),
         box_energy=freeze(d.box_energy.report()) if d.box_energy is not None else None,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 import typing
 
 import pytest
@@ -62,9 +63,15 @@ def test_readers_on_other_threads_see_whole_snapshots_while_the_daemon_changes(t
         d.operator.rate_hz = d.pipeline.rate_cap_hz = 99.0
         assert d.latest_health() == before
         assert d.refresh_state().operator_rate_hz == 99.0
+        # a tick's snapshot keeps the costly reports (backlog, pipeline) of the last health's;
+        # a health message takes them afresh
+        kept = d.state
+        assert d.refresh_state().backlog is kept.backlog
+        fresh = d.refresh_state(reports=True)
+        assert fresh.backlog is not kept.backlog and fresh.pipeline is not kept.pipeline
 
         stop = threading.Event()
-        seen: set[int] = set()
+        seen: list = [None, 0]  # the last snapshot read (held, so `is` is exact), changes
         problems: list[str] = []
 
         def read() -> None:
@@ -80,22 +87,26 @@ def test_readers_on_other_threads_see_whole_snapshots_while_the_daemon_changes(t
                     problems.append(f"status {line!r} / birth {b} vs health {h['rung']}")
                 if health(s) != h:
                     problems.append("the same snapshot gave another message")
-                seen.add(id(s))
+                if s is not seen[0]:
+                    seen[:] = [s, seen[1] + 1]
 
         reader = threading.Thread(target=read)
         reader.start()
         try:
-            for k in range(400):  # the main loop: change the live fields, then swap
+            k = 0
+            while seen[1] < 50 and k < 20_000:  # the main loop: change the live fields, swap
+                k += 1
                 d.operator.rate_hz = d.pipeline.rate_cap_hz = float(k % 7 + 1)
                 d.box.model.current = k % len(rungs)
                 if k % 50 == 0:
                     d.control_tick()  # real ticks too (they set the cap again)
                     d.pipeline.rate_cap_hz = d.operator.rate_hz
                 d.refresh_state()
+                time.sleep(0)  # the reader's turn (the GIL), as a busy main loop gives it
         finally:
             stop.set()
             reader.join()
         assert not problems, problems[:5]
-        assert len(seen) > 5  # the reader saw the snapshots change under it
+        assert seen[1] >= 50  # the reader saw the snapshots change under it
     finally:
         d.stop()
