@@ -329,11 +329,7 @@ class Daemon:
         if self.publisher:
             self.publisher.request_rebirth()
 
-    # -- the sources' plan (runtime.device.source_plan) --------------------------------------
-
-    # -- ladders -----------------------------------------------------------------------------
-
-    # -- events and status -------------------------------------------------------------------
+    # -- events, load and the tick's snapshot ---------------------------------------------
 
     def event(self, type_: str, severity: str = "info", **fields: Any) -> None:
         """Record an event for the operator (log + outbox)."""
@@ -376,7 +372,7 @@ class Daemon:
         s = self.state
         return None if s is None else health(s)
 
-    # -- control ------------------------------------------------------------------------------
+    # -- re-profiling ---------------------------------------------------------------------------
 
     def reprofile(self, why: str) -> None:
         """Measure every variant again in the background and rebuild the ladder."""

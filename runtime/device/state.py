@@ -9,7 +9,9 @@ whole (Home Assistant's coordinator and its typed snapshot, the same idea).
 
 Nested reports (the pipeline's figures, the backlog, each model's rung, ...) are frozen too
 (`freeze`: read-only mappings and tuples); `thaw` gives the plain JSON-ready copy the wire
-message is derived from (runtime/device/health.py).
+message is derived from (runtime/device/health.py). The two costly ones, the pipeline's
+figures and the backlog, are taken with each health message (every
+`telemetry.health_interval_s`, as before) and carried by the ticks' snapshots in between.
 """
 
 from __future__ import annotations
