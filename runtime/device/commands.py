@@ -36,11 +36,9 @@ class CommandHost(Protocol):
     ota: Any  # runtime.device.ota.DeviceOta
     operator: Any  # runtime.device.operator_state.OperatorState
     cstate: Any  # power.control.ControlState
-
-    @property
-    def manifest(self) -> Any:
-        """The [model] section's model now served."""
-        ...
+    box: Any  # runtime.device.box.Box: its `model`, the [model] section's, now served
+    plan: Any  # runtime.device.source_plan.SourcePlan: `model_used()`, does a source run it
+    switch: Any  # runtime.device.rung_switch.RungSwitch: `retry_now()` after a command
 
     def set_constraints(self, c: Any, why: str = "new constraints",
                         governor: Any = None) -> None:
@@ -48,13 +46,6 @@ class CommandHost(Protocol):
 
     def reprofile_now(self, why: str) -> None:
         """Measure the [model] again now, whenever the last re-profile was."""
-
-    def model_used(self) -> bool:
-        """Whether any source runs the [model] section's model."""
-        ...
-
-    def retry_switches_now(self) -> None:
-        """Switches in backoff are tried again at once."""
 
     def load_in_background(self, path: Path, fresh: bool, why: str,
                            wait: bool = False) -> None:
@@ -91,7 +82,7 @@ def reprofile(d: CommandHost, cmd: Command) -> bool:
 def _swaps_model(d: CommandHost, cmd: Command) -> None:
     """deploy and choose_model swap the [model] section's model: refused when no source
     uses it (it would change nothing)."""
-    if not d.model_used():
+    if not d.plan.model_used():
         raise ValueError(f"{cmd.name} swaps the [model] section's model, and no source uses "
                          "it: every [[sources]] entry names its own model, which cannot be "
                          "swapped over the air yet (change the config and restart)")
@@ -110,7 +101,7 @@ def choose_model(d: CommandHost, cmd: Command) -> bool:
     _swaps_model(d, cmd)
     if d.ota.choose(cmd):
         return True
-    target = (d.ota.configured or d.manifest.root).parent / cmd.args["name"]
+    target = (d.ota.configured or d.box.model.manifest.root).parent / cmd.args["name"]
     if not (target / "manifest.json").is_file():
         d.event("command_failed", "warning", command=cmd.name,
                 error=f"{target}: no model directory with a manifest")
@@ -148,7 +139,7 @@ def handle(d: CommandHost, cmd: Command) -> None:
         raise ValueError(str(e)) from None
     log.info("command %s %s", cmd.name, loggable(cmd.args))
     if cmd.name in RETRY_COMMANDS:  # a failing switch is tried again at once
-        d.retry_switches_now()
+        d.switch.retry_now()
     handler = HANDLERS.get(cmd.name)
     if handler is not None and not handler(d, cmd):
         return
@@ -178,7 +169,7 @@ def reload(d: CommandHost, path: Path, print_results: bool) -> None:
     failure, of any kind, is logged and reported (`config_reload_failed`) and the old config
     stays."""
     old = d.cfg
-    d.retry_switches_now()  # a new config: a failing switch is tried again at once
+    d.switch.retry_now()  # a new config: a failing switch is tried again at once
     try:
         new = load(path)
         new = replace(new, constraints=d.operator.constraints(new.constraints))

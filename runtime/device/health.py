@@ -1,8 +1,9 @@
 """The health message: everything an operator needs to judge a device at a glance.
 
-Assembled from the parts the daemon wires together; its JSON Schema is in
-runtime/wire/payloads.py. Rungs count from 1 (the cheapest) to `rungs` (the selector's
-choice), the same way in logs, status, results and the demo.
+Derived from one `DeviceState` (runtime/device/state.py), the snapshot the main loop takes
+each control tick; its JSON Schema is in runtime/wire/payloads.py. Rungs count from 1 (the
+cheapest) to `rungs` (the selector's choice), the same way in logs, status, results and the
+demo.
 """
 
 from __future__ import annotations
@@ -10,76 +11,68 @@ from __future__ import annotations
 import importlib.metadata
 import math
 import sys
-import time
-from pathlib import Path
 from typing import Any
 
-from power import ina3221
 from runtime import __version__
-from runtime.device.host import HealthHost
+from runtime.device.state import DeviceState, thaw
 
 
 def _num(x: float | None, nd: int = 3) -> float | None:
     return None if x is None or not math.isfinite(x) else round(x, nd)
 
 
-def health(d: HealthHost) -> dict[str, Any]:
-    """One health message from the daemon `d`."""
-    r = d.reading
-    out = d.control_out
-    a = d.pipeline.active
-    prof = d.by_id.get(a.variant_id) if a else None
-    hot = d.trips.get("hot")
+def health(s: DeviceState) -> dict[str, Any]:
+    """The health message derived from one snapshot `s` (a fresh dict: the caller may change
+    it); it reads nothing but `s`, so any thread may call it."""
+    r, out = s.reading, s.out
+    hot = s.trips.get("hot")
+    pipeline = thaw(s.pipeline)
     h: dict[str, Any] = {
-        "v": 1, "t": time.time(), "boot": d.outbox.boot,
-        "uptime_s": round(time.monotonic() - d.started, 1),
+        "v": 1, "t": s.t, "boot": s.boot, "uptime_s": s.uptime_s,
         "temp_c": r.temp_c if r else None,
-        "passive_trip_c": d.trips.get("passive"),
+        "passive_trip_c": s.trips.get("passive"),
         "throttled": bool(r and r.temp_c is not None and hot is not None and r.temp_c >= hot),
         "battery_frac": r.battery_frac if r else None,
         "harvest_w": r.harvest_w if r else None,  # solar input (dashboard timeline)
         "sensor_problems": list(r.problems) if r else [],
-        "model": d.manifest.name, "choice": a.variant_id if a else "",
-        "choice_reason": d.choice_reason,
-        "rung": d.current + 1, "rungs": len(d.rungs),
-        "accuracy": d.rungs[d.current].accuracy,
-        "energy_mj": prof.energy_mj if prof else None, "energy_source": d.meter.source,
-        "rung_energy_mj": round(d.rungs[d.current].energy_j * 1e3, 4),
-        "power_w": round(d.device.power.idle_w + d.load_w(), 3),  # idle + inference
+        "model": s.model, "choice": s.choice,
+        "choice_reason": s.choice_reason,
+        "rung": s.rung + 1, "rungs": s.rungs,
+        "accuracy": s.accuracy,
+        "energy_mj": s.energy_mj, "energy_source": s.energy_source,
+        "rung_energy_mj": round(s.rung_energy_j * 1e3, 4),
+        "power_w": round(s.power_w, 3),  # idle + inference
         "governor": {
-            "policy": d.cfg.governor.policy, "enabled": d.thermal_disabled == "",
-            "disabled_reason": d.thermal_disabled or None,
+            "policy": s.policy, "enabled": s.thermal_disabled == "",
+            "disabled_reason": s.thermal_disabled or None,
             "level": out.level if out else 0,
             "budget_w": _num(out.budget_w, 4) if out else None,
             "reason": out.reason if out else "start",
             "temp_filtered_c": _num(out.temp_c, 2) if out else None,
             "slope_c_per_min": _num(out.slope_c_per_min, 2) if out else None,
-            "physics_bounded": d.cstate.bounded,
+            "physics_bounded": s.bounded,
             # why a richer rung or rate the budget allows is not taken now (None: nothing is
             # held back): the guard's predicted settle temperature, the rung hold, an excursion
             "refused": (out.refused or None) if out else None,
         },
-        "rate_cap_hz": _num(d.pipeline.rate_cap_hz),
-        "operator_rate_hz": _num(d.operator_rate_hz),
-        "pipeline": d.pipeline.stats(), "backlog": d.outbox.stats(),
-        "devices": d.devices,
-        "preprocess": d.preprocess.report,
-        # a simulated device's rails are not this host's
-        "power_rails": None if d.sim else ina3221.report(Path(d.cfg.device.sysfs_root),
-                                                         d.device.sensors.ina3221_rails),
+        "rate_cap_hz": _num(s.rate_cap_hz),
+        "operator_rate_hz": _num(s.operator_rate_hz),
+        "pipeline": pipeline, "backlog": thaw(s.backlog),
+        "devices": thaw(s.devices),
+        "preprocess": thaw(s.preprocess),
+        "power_rails": thaw(s.power_rails),
     }
-    h["slo"] = h["pipeline"].pop("slo")
-    h.update(d.models_health())  # each model's rung and target (runtime/choice/joint.py)
-    if d.box_energy is not None:  # energy per frame: the box's and the model's
-        h["box_energy"] = d.box_energy.report()
-    if d.ota is not None:
-        h.update(d.ota.health())
-    if d.publisher:
-        h["mqtt"] = d.publisher.health()
-    if d.sim:
-        h["simulated"] = d.sim.report()
-    if d.sleeper:
-        h["sleep"] = d.sleeper.health()
+    h["slo"] = pipeline.pop("slo")
+    h.update(thaw(s.models))  # each model's rung and target (runtime/choice/joint.py)
+    if s.box_energy is not None:  # energy per frame: the box's and the model's
+        h["box_energy"] = thaw(s.box_energy)
+    h.update(thaw(s.ota))
+    if s.mqtt is not None:
+        h["mqtt"] = thaw(s.mqtt)
+    if s.simulated is not None:
+        h["simulated"] = thaw(s.simulated)
+    if s.sleep is not None:
+        h["sleep"] = thaw(s.sleep)
     return h
 
 

@@ -1,6 +1,6 @@
 """What the daemon's parts may ask of it, typed: the install record its queue carries, the
 exception a long step raises when a stop is requested, and one Protocol per part (OTA, sleep,
-health) naming the few calls and public fields that part uses.
+the tick's snapshot) naming the few calls and public fields that part uses.
 
 The parts import this module, never runtime/device/daemon.py (no import cycle, not even a
 function-level one), and never read the daemon's private attributes; the daemon satisfies each
@@ -20,8 +20,9 @@ if TYPE_CHECKING:
     from power.sensors import Reading, SensorSet
     from runtime.choice.measure import Measured
     from runtime.config import Config
+    from runtime.device.model_ladder import Box
+    from runtime.device.operator_state import OperatorState
     from runtime.device.systemd import Notifier
-    from runtime.engine.manifest import Manifest
     from runtime.frames.pipeline import Active, Pipeline
     from runtime.telemetry.outbox import Outbox
     from runtime.telemetry.publisher import Publisher
@@ -50,11 +51,7 @@ class OtaHost(Protocol):
     """What runtime/device/ota.py needs of the daemon."""
 
     pipeline: Pipeline
-
-    @property
-    def manifest(self) -> Manifest:
-        """The [model] section's model now served."""
-        ...
+    box: Box  # its `model`: the [model] section's, now served (`measured()`: as installed)
 
     def event(self, type_: str, severity: str = "info", **fields: Any) -> None:
         """Record an event for the operator."""
@@ -73,10 +70,6 @@ class OtaHost(Protocol):
     def install_model(self, measured: Measured, why: str) -> float:
         """Make `measured` the [model]'s model now and rebuild its ladder (main thread); the
         seconds the ladder took."""
-        ...
-
-    def served(self) -> Measured:
-        """The [model]'s model as installed (a rollback reinstalls it)."""
         ...
 
     def load_in_background(self, path: Path, fresh: bool, why: str,
@@ -126,27 +119,9 @@ class SleepHost(Protocol):
         """Record an event for the operator."""
 
 
-class LadderView(Protocol):
-    """The [model]'s model, ladder and rung, as health and status read them."""
-
-    @property
-    def manifest(self) -> Manifest:
-        """The [model] section's model."""
-        ...
-
-    @property
-    def rungs(self) -> list[Rung]:
-        """The [model]'s ladder (live energies)."""
-        ...
-
-    @property
-    def current(self) -> int:
-        """The [model]'s rung (index into rungs)."""
-        ...
-
-
-class HealthHost(LadderView, Protocol):
-    """What runtime/device/health.py assembles the health message from."""
+class StateSource(Protocol):
+    """What runtime/device/state.py takes the tick's snapshot from (main loop only: every
+    other reader reads the snapshot, never these)."""
 
     cfg: Config
     device: DeviceProfile
@@ -163,52 +138,76 @@ class HealthHost(LadderView, Protocol):
     meter: Any  # power.sensors.PowerMeter
     box_energy: Any  # power.box_energy.BoxEnergy (None before start): energy per frame
     devices: list[dict]
-    by_id: dict[str, Any]  # the [model]'s profiles by variant id
     ota: Any  # runtime.device.ota.DeviceOta or None
     sleeper: Any  # runtime.device.sleep.Sleeper or None
-
-    @property
-    def choice_reason(self) -> str:
-        """Why the [model]'s ladder is what it is."""
-        ...
-
-    @property
-    def operator_rate_hz(self) -> float:
-        """The operator's rate cap (inf: none)."""
-        ...
-
-    @property
-    def preprocess(self) -> Any:
-        """The [model]'s preprocessing chooser (its `report`)."""
-        ...
+    box: Box  # every served model (its `model`: the [model] section's) and the box's ladder
+    operator: OperatorState  # the operator's rate cap
 
     def load_w(self) -> float:
         """Dynamic power of the inference load."""
         ...
 
-    def models_health(self) -> dict[str, Any]:
-        """health's `models` (and `box` with several models)."""
-        ...
 
+class PartsHost(Protocol):
+    """What the daemon's steps moved out of it read and set (runtime/device/ladders.py,
+    installing.py, tick.py, live_energy.update_running): the parts it wired, the control
+    state, and the few calls back (main loop, but `installing.measure` on the reprofile
+    thread too)."""
 
-class StatusHost(LadderView, Protocol):
-    """What runtime/device/status.py reads of the daemon (its STATUS= line, birth fields)."""
-
+    cfg: Config
     device: DeviceProfile
+    sim: Any  # runtime.device.simdevice.SimulatedDevice or None
+    sensors: SensorSet
+    meter: Any  # power.sensors.PowerMeter
+    gpu_meters: Any  # power.nvml's meters: a GPU variant is billed its own
+    box_energy: Any  # power.box_energy.BoxEnergy (None before start)
+    backends: list  # the engines, discovered once
+    devices: list[dict]
     pipeline: Pipeline
-    reading: Reading | None
-    control_out: control.Output | None
+    box: Box  # every served model and the box's ladder
+    plan: Any  # runtime.device.source_plan.SourcePlan
+    switch: Any  # runtime.device.rung_switch.RungSwitch
+    energy: Any  # runtime.device.live_energy.LiveEnergy
+    drift: Any  # runtime.device.serving_drift.ServingDrift: an accelerator's served energy
+    profiler: Any  # runtime.device.profiling.Profiler
+    operator: OperatorState
+    ota: Any  # runtime.device.ota.DeviceOta
+    notify: Notifier
+    thermal: Any  # power.thermal_source.ThermalSource or None
     thermal_disabled: str
-    ota: Any  # runtime.device.ota.DeviceOta or None
+    ccfg: control.ControlConfig | None
+    cstate: control.ControlState
+    control_out: control.Output | None
+    reading: Reading | None
+    sensor_watch: Any  # runtime.device.sensing.SensorWatch
+    refusals: Any  # runtime.device.sensing.RefusalWatch
+    sleeper: Any  # runtime.device.sleep.Sleeper or None
+    installs: Any  # queue.Queue[Install]: what the background threads measured
+    model_gen: int  # bumped when another model is installed: older jobs are stale
 
-    @property
-    def joint(self) -> list[Any]:
-        """The box's ladder over several models (empty with one)."""
+    def event(self, type_: str, severity: str = "info", **fields: Any) -> None:
+        """Record an event for the operator."""
+
+    def stopping(self) -> bool:
+        """Whether a stop was requested."""
         ...
 
-    @property
-    def joint_current(self) -> int:
-        """The box's rung (index into joint)."""
+    def status_line(self) -> str:
+        """The STATUS= line of the latest snapshot."""
+        ...
+
+    def rebirth(self) -> None:
+        """A new snapshot and birth message (the [model] or its rung changed)."""
+
+    def reprofile(self, why: str) -> None:
+        """Measure the [model] again in the background."""
+
+    def install_model(self, measured: Measured, why: str) -> float:
+        """Install a measured [model] now; the seconds the ladder took."""
+        ...
+
+    def frame_rung(self) -> Rung | None:
+        """The running rung per frame of any source (None: nothing runs yet)."""
         ...
 
 

@@ -14,7 +14,6 @@ most MAX_PER_CLIENT connections per address (MAX_CONNECTIONS in all).
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -44,7 +43,7 @@ _LOOPBACK = ("127.0.0.1", "::1", "localhost")
 class HealthCollector:
     """Prometheus families from the daemon's health, read at scrape time."""
 
-    def __init__(self, health: Callable[[], dict[str, Any]], alive: Callable[[], bool],
+    def __init__(self, health: Callable[[], dict[str, Any] | None], alive: Callable[[], bool],
                  device: str):
         self.health, self.alive, self.device = health, alive, device
 
@@ -69,24 +68,20 @@ def _alive(alive: Callable[[], bool]) -> bool:
         return False
 
 
-def read_health(health: Callable[[], dict[str, Any]], tries: int = 3) -> dict[str, Any] | None:
-    """The daemon's health, or None when it cannot be made now. It is assembled from state
-    the main loop changes, so a read that races a change is retried a couple of times."""
-    for i in range(tries):
-        try:
-            return health()
-        except Exception as e:
-            if i == tries - 1:
-                log.debug("health not available for the local API: %s: %s",
-                          type(e).__name__, e)
-            time.sleep(0.01)
-    return None
+def read_health(health: Callable[[], dict[str, Any] | None]) -> dict[str, Any] | None:
+    """The health message of the daemon's latest snapshot, or None before the first one
+    (still starting). It is derived from one frozen DeviceState (runtime/device/state.py),
+    never from state the main loop is changing, so one read is always whole."""
+    h = health()
+    if h is None:
+        log.debug("health not available for the local API yet (still starting)")
+    return h
 
 
 class LocalApi:
     """The server: `start()` binds and serves on a daemon thread, `stop()` closes it."""
 
-    def __init__(self, cfg: LocalApiConfig, health: Callable[[], dict[str, Any]],
+    def __init__(self, cfg: LocalApiConfig, health: Callable[[], dict[str, Any] | None],
                  alive: Callable[[], bool], device: str = ""):
         self.cfg = cfg
         self.health, self.alive = health, alive
@@ -159,7 +154,7 @@ class LocalApi:
             self.server = None
 
 
-def start_local_api(cfg: LocalApiConfig, health: Callable[[], dict[str, Any]],
+def start_local_api(cfg: LocalApiConfig, health: Callable[[], dict[str, Any] | None],
                     alive: Callable[[], bool], device: str = "") -> LocalApi | None:
     """A started LocalApi, or None when `cfg.port` is 0 (off)."""
     if cfg.port == 0:

@@ -171,12 +171,14 @@ class DeviceOta:
 
     def _sibling(self, name: str) -> Path | None:
         """A model directory next to the configured one (the original `choose_model`)."""
-        root = self.configured if self.configured is not None else self.d.manifest.root
+        root = (self.configured if self.configured is not None
+                else self.d.box.model.manifest.root)
         p = Path(root).parent / name
         return p if (p / "manifest.json").is_file() else None
 
     def _siblings(self) -> list[str]:
-        root = self.configured if self.configured is not None else self.d.manifest.root
+        root = (self.configured if self.configured is not None
+                else self.d.box.model.manifest.root)
         try:
             return sorted(p.name for p in Path(root).parent.iterdir()
                           if (p / "manifest.json").is_file())
@@ -307,7 +309,7 @@ class DeviceOta:
         if shadow is not None and shadow.manifest is None:
             shadow = self._second_session()  # a session without its model: load one
         d.pipeline.shadow = shadow
-        prev = d.served()
+        prev = d.box.model.measured()
         old = self.version
         t0 = time.perf_counter()
         self.store.switch(vid, baseline.to_dict())  # atomic: a restart now serves `vid`
@@ -319,7 +321,7 @@ class DeviceOta:
                  "session load and warm-up %.1f); the pipeline takes it at its next frame",
                  vid, (t3 - t0) * 1e3, (t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3)
         target = d.pipeline.target
-        if target is None or target.manifest is not d.manifest:
+        if target is None or target.manifest is not d.box.model.manifest:
             self.probation = _Run(vid, baseline, time.time(), 0, 0, prev)
             self.rollback("the new model's session did not load")
             return
@@ -352,7 +354,7 @@ class DeviceOta:
 
     def _swapped(self) -> ModelId:
         """The model OTA swaps and judges: the [model] section's, as the pipeline counts it."""
-        return model_id("", self.d.manifest)
+        return model_id("", self.d.box.model.manifest)
 
     def kpis_now(self, since: float = 0.0, results0: int = 0, errors0: int = 0) -> Kpis:
         """The [model] section's running model's own KPIs (not the other sources' models'):

@@ -110,11 +110,11 @@ class ServingDrift:
         if d.sim or d.pipeline is None:  # a simulated device's meters are not this host's
             return
         a = d.pipeline.active
-        p = d.model.by_id.get(a.variant_id) if a else None
+        p = d.box.model.by_id.get(a.variant_id) if a else None
         device = (p.actual_device or p.device) if p is not None else ""
         meter = meter_for(d.gpu_meters, device) if p is not None and not on_host(device) \
             else None
-        idle = d.model.gpu_idle_w.get(meter.where) if meter is not None else None
+        idle = d.box.model.gpu_idle_w.get(meter.where) if meter is not None else None
         if p is None or meter is None or idle is None or d.profiler.busy() \
                 or _shared(d, meter):
             self.window.reset()
@@ -145,12 +145,12 @@ class ServingDrift:
 
     def _rerank(self, d: Any, drift: rerank.Drift) -> None:
         """Replace the profile's figure and choose again (module doc); one event."""
-        before = d.model.rungs[-1].variant_id if d.model.rungs else ""
+        before = d.box.model.rungs[-1].variant_id if d.box.model.rungs else ""
         why = f"re-ranked {drift.variant_id}: {drift.why}"
         log.warning("%s; choosing again", why)
-        m = d.model.measured()
+        m = d.box.model.measured()
         d.install_model(replace(m, profiles=rerank.swap(m.profiles, drift.replacement)), why)
-        after = d.model.rungs[-1].variant_id if d.model.rungs else ""
+        after = d.box.model.rungs[-1].variant_id if d.box.model.rungs else ""
         outcome = (f"{after} chosen instead of {before}" if after != before
                    else f"{after} still chosen")
         d.event("rerank", "warning", variant=drift.variant_id,

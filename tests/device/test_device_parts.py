@@ -149,15 +149,15 @@ def test_sensor_problems_are_said_once_a_minute_with_a_count(monkeypatch):
 
 
 def test_the_daemon_offers_every_call_its_parts_ask_for(tmp_path):
-    """OTA, sleep, health and the commands reach the daemon through Protocols only
+    """OTA, sleep, the tick's snapshot and the commands reach the daemon through Protocols only
     (runtime/device/host.py, commands.CommandHost): a member one of them names that the
     daemon lacks would fail at run time, on a device."""
     from runtime.config import from_dict
     from runtime.device.daemon import Daemon
-    from runtime.device.host import HealthHost, OtaHost, SleepHost
+    from runtime.device.host import OtaHost, PartsHost, SleepHost, StateSource
 
     d = Daemon(from_dict({"daemon": {"state_dir": str(tmp_path / "state")}}))
-    for proto in (OtaHost, SleepHost, HealthHost, commands.CommandHost):
+    for proto in (OtaHost, SleepHost, StateSource, PartsHost, commands.CommandHost):
         names = {n for n in vars(proto) if not n.startswith("_")} | set(
             proto.__annotations__)
         missing = sorted(n for n in names if not hasattr(d, n))

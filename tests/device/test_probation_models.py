@@ -140,7 +140,7 @@ def test_model_id_separates_versions_of_the_same_key():
      'model = "defects"\ntiling = true\n', {"det": 9}, 20.0),
 ])
 def test_the_target_probation_judges_the_model_model_by(tmp_path, sources, tiles, want):
-    """`Daemon._target("")`: the [model]'s per-inference target from runtime/choice/joint.py."""
+    """`SourcePlan.target("")`: the [model]'s per-inference target from runtime/choice/joint.py."""
     from runtime.config import load
     from runtime.device.daemon import Daemon
 
@@ -148,8 +148,8 @@ def test_the_target_probation_judges_the_model_model_by(tmp_path, sources, tiles
     cfg.write_text(f'[constraints]\nlatency_ms = 40\n[daemon]\nstate_dir = "{tmp_path}"\n'
                    + sources)
     d = Daemon(load(cfg))
-    d.tiles.update(tiles)
-    assert d._target("")[0] == pytest.approx(want)
+    d.plan.tiles.update(tiles)
+    assert d.plan.target("")[0] == pytest.approx(want)
 
 
 # -- a pipeline with a failing model beside a healthy one --------------------------------------

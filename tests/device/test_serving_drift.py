@@ -62,13 +62,14 @@ def test_at_20_hz_the_daemon_re_ranks_onto_the_lower_at_rate_energy(tmp_path, mo
     from power import nvml as nvml_mod
     from runtime.config import load
     from runtime.device import daemon as daemon_mod
+    from runtime.device import installing as installing_mod
     from runtime.engine.backends.onnxruntime import OnnxRuntimeBackend
 
     # a 1 W idle floor: the profiler's idle and gap figures are good to ~5 % of the GPU's
     # power (its meter's resolution), 0.05 W here, ~2.5 mJ a frame at 20 Hz
     gpu = FakeGpu(tick_s=0.1, idle_w=1.0, busy_w=1.0, hold_w=1.0, hold_s=5.0)
     monkeypatch.setattr(daemon_mod, "gpu_meters", lambda: nvml_mod.gpu_meters(FakeNvml([gpu])))
-    monkeypatch.setattr(daemon_mod, "discover", lambda cfg: [
+    monkeypatch.setattr(installing_mod, "discover", lambda cfg: [
         OnnxRuntimeBackend(), gpu_backend(OnnxRuntimeBackend, gpu, 0.001)])
     model = tiny_cnn(tmp_path / "m.onnx", batch=1, hw=(256, 256))  # ~2 ms a CPU core
     cfg = write_config(tmp_path, tmp_path / "cache", source='kind = "synthetic"\nrate_hz = 20',
@@ -84,9 +85,9 @@ def test_at_20_hz_the_daemon_re_ranks_onto_the_lower_at_rate_energy(tmp_path, mo
     d.start()
     try:
         gpu_id = d.pipeline.active.variant_id
-        assert d.by_id[gpu_id].engine.startswith("fakegpu"), d.model.profiles
-        cpu_id = next(p.variant_id for p in d.model.profiles if p.variant_id != gpu_id)
-        assert d.by_id[gpu_id].gap_w == pytest.approx(0.0, abs=0.1)  # raced to idle
+        assert d.box.model.by_id[gpu_id].engine.startswith("fakegpu"), d.box.model.profiles
+        cpu_id = next(p.variant_id for p in d.box.model.profiles if p.variant_id != gpu_id)
+        assert d.box.model.by_id[gpu_id].gap_w == pytest.approx(0.0, abs=0.1)  # raced to idle
         gpu.hold_w = 41.0  # serving at a cadence: 40 W above idle between frames
         end = time.monotonic() + 30
         while time.monotonic() < end and not (
@@ -105,7 +106,7 @@ def test_at_20_hz_the_daemon_re_ranks_onto_the_lower_at_rate_energy(tmp_path, mo
         assert r["live_mj"] == pytest.approx(40.0 * 49.0, rel=0.15)
         assert r["profiled_mj"] < 0.05 * r["live_mj"] and 0 < r["error"] <= 0.1
         assert "measured while serving" in r["label"]
-        assert d.pipeline.active.variant_id == cpu_id and d.model.rungs[-1].variant_id == cpu_id
-        assert "measured while serving" in d.by_id[gpu_id].gap_source
+        assert d.pipeline.active.variant_id == cpu_id and d.box.model.rungs[-1].variant_id == cpu_id
+        assert "measured while serving" in d.box.model.by_id[gpu_id].gap_source
     finally:
         d.stop()

@@ -20,6 +20,7 @@ from runtime.config import (
     from_dict,
     load,
 )
+from runtime.device import installing
 from runtime.engine.manifest import configured_model
 from runtime.frames.multisource import lanes
 from runtime.frames.pipeline import Active, Pipeline
@@ -286,11 +287,11 @@ def test_one_model_spelt_three_ways_is_one_model(tmp_path):
         {"name": "c", "model": str(link)}, {"name": "d", "model": "inspection"},
         {"name": "e", "model": str(bundled("defects") / "fp32.onnx")}]})
     d = Daemon(cfg)
-    keys = [d._model_key(s) for s in cfg.sources]
+    keys = [d.plan.model_key(s) for s in cfg.sources]
     assert keys[:3] == ["defects"] * 3
     assert keys[3] == ""  # the [model]'s own (the bundled classifier): its session
     assert keys[4] == str(bundled("defects") / "fp32.onnx")  # a bare .onnx is another model
-    assert {lane.model for lane in d._lanes()} == {"", "defects", keys[4]}
+    assert {lane.model for lane in d.plan.lanes()} == {"", "defects", keys[4]}
 
 
 def test_a_corrupt_source_model_costs_its_source_not_the_daemon(tmp_path):
@@ -373,7 +374,7 @@ def test_64_sources_on_64_models_plan_in_milliseconds_not_seconds(tmp_path):
     d = Daemon(from_dict({"daemon": {"state_dir": str(tmp_path / "state")}, "sources": srcs}))
     t0 = time.perf_counter()
     for _ in range(65):
-        streams = d._streams()
+        streams = d.plan.streams()
     took = time.perf_counter() - t0
     assert len({s.model for s in streams}) == 64
     assert took < 2.0, f"65 x the streams of 64 sources took {took:.2f} s"
@@ -415,11 +416,11 @@ def test_a_refused_sources_share_of_the_rate_cap_goes_to_the_others(tmp_path):
     cfg = from_dict({"daemon": {"state_dir": str(tmp_path / "state")}, "sources": [
         {"name": "a", "rate_hz": 10}, {"name": "b", "rate_hz": 10, "model": "defects"}]})
     d = Daemon(cfg)
-    assert [lane.share for lane in d._lanes()] == [0.5, 0.5]
-    d.failed_models["defects"] = "model 'defects' cannot be used: ModelError: corrupt"
-    a, b = d._lanes()
+    assert [lane.share for lane in d.plan.lanes()] == [0.5, 0.5]
+    d.plan.failed["defects"] = "model 'defects' cannot be used: ModelError: corrupt"
+    a, b = d.plan.lanes()
     assert (a.share, b.share) == (1.0, 0.0) and b.refused.startswith("model 'defects'")
-    assert [s.name for s in d._streams()] == ["a"]
+    assert [s.name for s in d.plan.streams()] == ["a"]
 
 
 def test_a_new_model_measurement_keeps_the_other_models_live_energies(tmp_path):
@@ -433,13 +434,13 @@ def test_a_new_model_measurement_keeps_the_other_models_live_energies(tmp_path):
     try:
         def learnt() -> bool:
             d.control_tick()
-            return any("\x00" in k for k in d._live_energy) and any(
-                "\x00" not in k for k in d._live_energy)
+            return any("\x00" in k for k in d.energy.live) and any(
+                "\x00" not in k for k in d.energy.live)
 
         wait(learnt, 60, "live energies of both models")
-        theirs = {k: v for k, v in d._live_energy.items() if "\x00" in k}
-        d._install(d._measure_model(Path(d.manifest.root)))
-        assert {k: v for k, v in d._live_energy.items() if "\x00" in k} == theirs
-        assert not any("\x00" not in k for k in d._live_energy)  # the [model]'s: afresh
+        theirs = {k: v for k, v in d.energy.live.items() if "\x00" in k}
+        installing.install(d, installing.measure(d, Path(d.box.model.manifest.root)))
+        assert {k: v for k, v in d.energy.live.items() if "\x00" in k} == theirs
+        assert not any("\x00" not in k for k in d.energy.live)  # the [model]'s: afresh
     finally:
         d.stop()

@@ -17,6 +17,7 @@ from support.daemon_harness import ZONE, Serve, events, last_health, write_confi
 from support.waiting import wait
 
 from models import bundled
+from runtime.device import ladders
 from runtime.device.switch_retry import (
     CAP_S,
     Backoff,
@@ -220,15 +221,16 @@ def _daemon(tmp_path: Path, *models: Path):
         by_file = {f.path.name: v for f in model_files(m)
                    for v in backend.variants(f, bcfg, (1,))}
         chosen = [by_file[n] for n in ("small-int8.onnx", "fp32.onnx", "fp16.onnx")]
-        d.manifest = m
-        d._loaders = {v.id: (backend, v) for v in chosen}
-        d.rungs = [Rung(v.id, 0.9, 0.001 * (k + 1), 0.01) for k, v in enumerate(chosen)]
+        d.box.model.manifest = m
+        d.box.model.loaders = {v.id: (backend, v) for v in chosen}
+        d.box.model.rungs = [Rung(v.id, 0.9, 0.001 * (k + 1), 0.01) for k, v in enumerate(chosen)]
         return chosen
 
     chosen = use(0)
     d.pipeline = Pipeline(lanes([SourceConfig(kind="synthetic", size=64)],
                                 lambda c, i: open_source(c, tmp_path / "state"),
-                                lambda s: s.model), d.manifest, lambda rs: [], lambda e: None)
+                                lambda s: s.model), d.box.model.manifest, lambda rs: [],
+                          lambda e: None)
     return d, said, chosen, use
 
 
@@ -242,15 +244,16 @@ def test_a_hot_box_whose_lower_rung_will_not_load_steps_further_down(tmp_path):
     model = tmp_path / "model"
     shutil.copytree(bundled("inspection"), model)
     d, said, chosen, _ = _daemon(tmp_path, model)
-    d.current = 2
-    d.pipeline.switch(d._session(2))  # the top rung runs
+    d.box.model.current = 2
+    d.pipeline.switch(d.box.model.session(2))  # the top rung runs
     (model / "fp32.onnx").unlink()  # the middle rung's file is gone
-    d._move(1, 0.0, "hot")
-    assert d.pipeline.target.variant_id == chosen[0].id and d.current == 0, said
+    ladders.move_model(d, d.box.model, 1, "hot")
+    assert d.pipeline.target.variant_id == chosen[0].id and d.box.model.current == 0, said
     assert [t for t, _ in said] == ["switch_failed", "rung_changed"]
     assert said[1][1]["to"] == chosen[0].id and "will not load" in said[1][1]["reason"]
-    d._move(1, 0.0, "cooler")  # a step up to the broken rung right after: in its backoff
-    assert d.current == 0 and len(said) == 2
+    # a step up to the broken rung right after: in its backoff
+    ladders.move_model(d, d.box.model, 1, "cooler")
+    assert d.box.model.current == 0 and len(said) == 2
 
 
 @pytest.mark.skipif(not (bundled() / "manifest.json").exists(), reason="bundled model not built")
@@ -263,15 +266,16 @@ def test_a_variant_failing_in_one_version_does_not_hold_back_another_versions(tm
     shutil.copytree(bundled("inspection"), new)
     shutil.copytree(bundled("inspection"), old)
     d, said, chosen, use = _daemon(tmp_path, new, old)
-    d.current = 1
-    d.pipeline.switch(d._session(1))  # the new version runs its middle rung
+    d.box.model.current = 1
+    d.pipeline.switch(d.box.model.session(1))  # the new version runs its middle rung
     (new / "fp16.onnx").write_bytes(b"broken")
-    d._move(2, 0.0, "budget")
-    assert d.current == 1 and [t for t, _ in said] == ["switch_failed"]
+    ladders.move_model(d, d.box.model, 2, "budget")
+    assert d.box.model.current == 1 and [t for t, _ in said] == ["switch_failed"]
     use(1)  # the rollback installs the old version, whose files are intact
-    d._move(2, 0.0, "rollback of v2")
+    ladders.move_model(d, d.box.model, 2, "rollback of v2")
     a = d.pipeline.target
-    assert a.variant_id == chosen[2].id and a.manifest.root == old and d.current == 2, said
+    assert a.variant_id == chosen[2].id and a.manifest.root == old, said
+    assert d.box.model.current == 2, said
 
 
 @pytest.mark.skipif(not (bundled() / "manifest.json").exists(), reason="bundled model not built")
@@ -284,15 +288,15 @@ def test_a_stream_of_settings_commands_does_not_defeat_the_backoff(tmp_path):
     model = tmp_path / "model"
     shutil.copytree(bundled("inspection"), model)
     d, said, _, _ = _daemon(tmp_path, model)
-    d.current = 1
-    d.pipeline.switch(d._session(1))
+    d.box.model.current = 1
+    d.pipeline.switch(d.box.model.session(1))
     (model / "fp16.onnx").write_bytes(b"broken")
-    d._move(2, 0.0, "budget")
+    ladders.move_model(d, d.box.model, 2, "budget")
     for k in range(5):
         d.handle(Command(f"cmd{k:05d}", "set_rate", {"fps": 5 + k}))
-        d._move(2, 0.0, "budget")
+        ladders.move_model(d, d.box.model, 2, "budget")
     assert [t for t, _ in said].count("switch_failed") == 1, said
     d.reprofile = lambda why: None  # (measuring is not what this test is about)
     d.handle(Command("cmd-reprofile", "reprofile", {}))
-    d._move(2, 0.0, "budget")
+    ladders.move_model(d, d.box.model, 2, "budget")
     assert [t for t, _ in said].count("switch_failed") == 2, said

@@ -1,0 +1,145 @@
+"""One frozen, typed view of the device per control tick: `DeviceState`.
+
+The main loop builds it (`snapshot`) from the daemon's live fields and its parts' reports, and
+swaps it in with one attribute assignment; every reader (health, the STATUS= line, birth, Home
+Assistant, the local API's /metrics and /healthz, Sparkplug and OPC UA through health) reads
+only that object. The readers on other threads (HTTP, MQTT, OPC UA) therefore never see a
+half-made change: the snapshot they hold cannot change under them, and a newer one replaces it
+whole (Home Assistant's coordinator and its typed snapshot, the same idea).
+
+Nested reports (the pipeline's figures, the backlog, each model's rung, ...) are frozen too
+(`freeze`: read-only mappings and tuples); `thaw` gives the plain JSON-ready copy the wire
+message is derived from (runtime/device/health.py). The two costly ones, the pipeline's
+figures and the backlog, are taken with each health message (every
+`telemetry.health_interval_s`, as before) and carried by the ticks' snapshots in between.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+from power import ina3221
+
+if TYPE_CHECKING:
+    from power import control
+    from power.sensors import Reading
+    from runtime.device.host import StateSource
+
+
+def freeze(x: Any) -> Any:
+    """`x` with every dict a read-only mapping and every list a tuple (recursively): what a
+    snapshot holds of a part's report, so no reader can change it for the others."""
+    # concrete classes, not the Mapping ABC: its isinstance took a quarter of a snapshot's time
+    if isinstance(x, (dict, MappingProxyType)):
+        return MappingProxyType({k: freeze(v) for k, v in x.items()})
+    if isinstance(x, (list, tuple)):
+        return tuple([freeze(v) for v in x])
+    return x
+
+
+def thaw(x: Any) -> Any:
+    """A plain (dict, list) copy of a frozen value: the caller may change it freely."""
+    if isinstance(x, MappingProxyType):
+        return {k: thaw(v) for k, v in x.items()}
+    if isinstance(x, tuple):
+        return [thaw(v) for v in x]
+    return x
+
+
+@dataclass(frozen=True)
+class DeviceState:
+    """The device at one control tick (see the module docstring). Rung indices are 0-based
+    here (`rung`); the wire and the status line show them 1-based."""
+
+    t: float  # wall time it was taken (health's `t`)
+    boot: str  # this boot's id (the outbox's)
+    uptime_s: float
+    reading: Reading | None  # the sensors' last reading (None before the first tick)
+    trips: Mapping[str, float]  # thermal trip points by kind ("hot", "passive")
+    out: control.Output | None  # the last control step's output (None before the first)
+    bounded: bool  # the control state's physics bound in force
+    policy: str  # [governor] policy
+    thermal_disabled: str  # why the thermal governor is off ("": it is on)
+    model: str  # the [model]'s model name
+    labels: tuple[str, ...]  # its class labels
+    model_version: str  # the model-store version served ("": the configured one)
+    choice: str  # the variant running ("": none yet)
+    choice_reason: str  # why the [model]'s ladder is what it is
+    rung: int  # the [model]'s rung, index into its ladder
+    rungs: int  # the [model]'s ladder's length
+    accuracy: float  # of the [model]'s rung
+    rung_energy_j: float  # the [model]'s rung's energy per inference (live)
+    energy_mj: float | None  # the running variant's profiled energy per inference
+    energy_source: str  # the power meter's source
+    power_w: float  # idle + inference load
+    rate_cap_hz: float  # the pipeline's rate cap (inf: none)
+    operator_rate_hz: float  # `set_rate` (inf: none)
+    joint_rung: int  # the box's rung over several models (index; 0 with one model)
+    joint_rungs: int  # the box's ladder's length (0: one model)
+    joint_models: int  # models in each box rung
+    device_name: str  # the device profile's name
+    battery: bool  # whether the device runs on a battery
+    pipeline: Mapping[str, Any]  # Pipeline.stats(), `slo` included (as of the last health)
+    backlog: Mapping[str, Any]  # Outbox.stats() (as of the last health)
+    devices: tuple[Mapping[str, Any], ...]  # the engines' devices, fixed for the process
+    preprocess: Mapping[str, Any]  # the [model]'s preprocessing report
+    models: Mapping[str, Any]  # health's `models` (and `box`): Box.health
+    box_energy: Mapping[str, Any] | None  # BoxEnergy.report()
+    ota: Mapping[str, Any]  # DeviceOta.health() (empty without OTA)
+    mqtt: Mapping[str, Any] | None  # Publisher.health() (None: no broker)
+    simulated: Mapping[str, Any] | None  # the simulator's report (None: a real device)
+    sleep: Mapping[str, Any] | None  # the sleeper's (None: [sleep] off)
+    # a Jetson's INA3221 rails (power/ina3221.py; None: none named, or simulated: a
+    # simulated device's rails are not this host's); read with the health message
+    power_rails: Mapping[str, Any] | None
+
+
+def _rails(d: StateSource) -> Mapping[str, Any] | None:
+    """The INA3221 rails now (sysfs reads: taken with each health message, not each tick)."""
+    if d.sim:
+        return None
+    rails = ina3221.report(Path(d.cfg.device.sysfs_root), d.device.sensors.ina3221_rails)
+    return freeze(rails) if rails is not None else None
+
+
+def snapshot(d: StateSource, prev: DeviceState | None = None) -> DeviceState:
+    """The daemon `d` now, frozen (main loop only: it reads the live fields). With `prev`,
+    the pipeline's and the backlog's figures are kept from it: they are taken when a health
+    message is due (`prev` None), not every tick, because they cost what the other fields
+    do not (the backlog's row count grows with the backlog, under the outbox's lock that
+    every result takes; the pipeline's percentiles over its 30 s windows)."""
+    a = d.pipeline.active
+    m = d.box.model  # the [model] section's model, its ladder and rung
+    rung = m.rungs[m.current]
+    prof = m.by_id.get(a.variant_id) if a else None
+    joint = d.box.joint
+    return DeviceState(
+        t=time.time(), boot=d.outbox.boot, uptime_s=round(time.monotonic() - d.started, 1),
+        reading=d.reading, trips=MappingProxyType(dict(d.trips)), out=d.control_out,
+        bounded=d.cstate.bounded, policy=d.cfg.governor.policy,
+        thermal_disabled=d.thermal_disabled, model=m.manifest.name,
+        labels=tuple(m.manifest.labels or ()),
+        model_version=(d.ota.version or "") if d.ota else "",
+        choice=a.variant_id if a else "", choice_reason=m.reason,
+        rung=m.current, rungs=len(m.rungs), accuracy=rung.accuracy,
+        rung_energy_j=rung.energy_j, energy_mj=prof.energy_mj if prof else None,
+        energy_source=d.meter.source, power_w=d.device.power.idle_w + d.load_w(),
+        rate_cap_hz=d.pipeline.rate_cap_hz, operator_rate_hz=d.operator.rate_hz,
+        joint_rung=d.box.joint_current if joint else 0, joint_rungs=len(joint),
+        joint_models=len(joint[0].picks) if joint else 0, device_name=d.device.name,
+        battery=bool(d.device.sensors.battery or d.device.battery),
+        pipeline=prev.pipeline if prev else freeze(d.pipeline.stats()),
+        backlog=prev.backlog if prev else freeze(d.outbox.stats()),
+        devices=freeze(d.devices), preprocess=freeze(m.pre.report),
+        models=freeze(d.box.health(d.pipeline)),
+        box_energy=freeze(d.box_energy.report()) if d.box_energy is not None else None,
+        ota=freeze(d.ota.health()) if d.ota is not None else MappingProxyType({}),
+        mqtt=freeze(d.publisher.health()) if d.publisher else None,
+        simulated=freeze(d.sim.report()) if d.sim else None,
+        sleep=freeze(d.sleeper.health()) if d.sleeper else None,
+        power_rails=prev.power_rails if prev else _rails(d))
