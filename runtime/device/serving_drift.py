@@ -88,7 +88,7 @@ class ServedWindow:
 def _shared(d: Any, meter: Any) -> bool:
     """Whether a `[[sources]]` model's running variant is on the same accelerator: its
     energy would be billed to the [model]'s frames (not watched then)."""
-    for m in d.source_models.values():
+    for m in d.box.source_models.values():
         q = m.by_id.get(m.rungs[m.current].variant_id) if m.rungs else None
         if q is not None and meter_for(d.gpu_meters, q.actual_device or q.device) is meter:
             return True

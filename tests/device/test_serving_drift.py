@@ -93,7 +93,7 @@ def test_at_20_hz_the_daemon_re_ranks_onto_the_lower_at_rate_energy(tmp_path, mo
         while time.monotonic() < end and not (
                 [f for t, f in said if t == "rerank"] and d.pipeline.active
                 and d.pipeline.active.variant_id == cpu_id):
-            d._apply_installs()
+            installing_mod.apply_installs(d)
             d.control_tick()
             time.sleep(d.cfg.governor.tick_s)
         reranks = [f for t, f in said if t == "rerank"]
