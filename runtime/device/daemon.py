@@ -63,7 +63,7 @@ from runtime.device.sensing import RefusalWatch, SensorWatch, open_sensors
 from runtime.device.serving_drift import ServingDrift
 from runtime.device.shutdown import stop_steps
 from runtime.device.source_plan import SourcePlan
-from runtime.device.state import DeviceState, snapshot
+from runtime.device.state import DeviceState, snapshot, stopped
 from runtime.device.status import birth, ha_info, status_line
 from runtime.device.systemd import Notifier
 from runtime.device.tick import control_tick, load_w, sim_load
@@ -358,7 +358,10 @@ class Daemon:
         """Take the device's snapshot now and swap it in (main loop only; one assignment of a
         frozen object, so a reader on another thread has the old one or the new one whole).
         `reports`: the pipeline's and backlog's figures too (else the last snapshot's)."""
-        self.state = s = snapshot(self, None if reports else self.state)
+        before = self.state
+        self.state = s = snapshot(self, None if reports else before)
+        for name in stopped(before, s):
+            self.event("integration_stopped", "error", integration=name)
         return s
 
     def status_line(self) -> str:

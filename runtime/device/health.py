@@ -61,6 +61,7 @@ def health(s: DeviceState) -> dict[str, Any]:
         "devices": thaw(s.devices),
         "preprocess": thaw(s.preprocess),
         "power_rails": thaw(s.power_rails),
+        "integrations": thaw(s.integrations),
     }
     h["slo"] = pipeline.pop("slo")
     h.update(thaw(s.models))  # each model's rung and target (runtime/choice/joint.py)

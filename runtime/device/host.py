@@ -132,6 +132,8 @@ class StateSource(Protocol):
     pipeline: Pipeline
     publisher: Publisher | None
     outbox: Outbox
+    sparkplug: Any  # runtime.telemetry.sparkplug.node.SparkplugNode or None
+    plc: Any  # runtime.telemetry.plc.PlcServers or None
     started: float  # monotonic time of the start
     trips: dict[str, float]
     thermal_disabled: str

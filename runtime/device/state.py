@@ -97,6 +97,9 @@ class DeviceState:
     # a Jetson's INA3221 rails (power/ina3221.py; None: none named, or simulated: a
     # simulated device's rails are not this host's); read with the health message
     power_rails: Mapping[str, Any] | None
+    # each enabled integration's thread alive, by name ("sparkplug", "opcua", "modbus"): one
+    # that died shows here, the daemon runs on without it
+    integrations: Mapping[str, bool]
 
 
 def _rails(d: StateSource) -> Mapping[str, Any] | None:
@@ -105,6 +108,21 @@ def _rails(d: StateSource) -> Mapping[str, Any] | None:
         return None
     rails = ina3221.report(Path(d.cfg.device.sysfs_root), d.device.sensors.ina3221_rails)
     return freeze(rails) if rails is not None else None
+
+
+def _integrations(d: StateSource) -> Mapping[str, bool]:
+    """Whether each enabled integration's thread runs (a thread's is_alive: cheap)."""
+    alive = {"sparkplug": d.sparkplug.alive()} if d.sparkplug is not None else {}
+    if d.plc is not None:
+        alive.update(d.plc.alive())
+    return MappingProxyType(alive)
+
+
+def stopped(before: DeviceState | None, now: DeviceState) -> list[str]:
+    """The integrations alive at `before` and dead at `now` (each one said once)."""
+    if before is None:
+        return []
+    return [k for k, ok in now.integrations.items() if not ok and before.integrations.get(k)]
 
 
 def snapshot(d: StateSource, prev: DeviceState | None = None) -> DeviceState:
@@ -142,4 +160,5 @@ def snapshot(d: StateSource, prev: DeviceState | None = None) -> DeviceState:
         mqtt=freeze(d.publisher.health()) if d.publisher else None,
         simulated=freeze(d.sim.report()) if d.sim else None,
         sleep=freeze(d.sleeper.health()) if d.sleeper else None,
-        power_rails=prev.power_rails if prev else _rails(d))
+        power_rails=prev.power_rails if prev else _rails(d),
+        integrations=_integrations(d))

@@ -137,6 +137,8 @@ class ModbusPlc:
     """The `[modbus]` server (see module doc). `triggered`: the sources with
     `trigger = "modbus"`, in config order (their register blocks' order)."""
 
+    protocol = "modbus"
+
     def __init__(self, cfg: ModbusConfig, triggered: list[str]):
         if not is_loopback(cfg.host) and not cfg.allow_remote:  # config refuses it too
             raise ValueError(f"modbus.allow_remote: host {cfg.host!r} is not loopback")
@@ -174,16 +176,6 @@ class ModbusPlc:
         log.info("Modbus TCP server on %s:%d, unit %d (%d PLC-triggered sources)",
                  self.cfg.host, self.port, self.cfg.unit_id, len(self.edges.sources))
 
-    def tap(self, sink: Callable[[list[dict[str, Any]]], list[int]]
-            ) -> Callable[[list[dict[str, Any]]], list[int]]:
-        """`sink` (the outbox's append_many), then the stored results' verdicts to the
-        registers: a verdict is shown only once it is durable."""
-        def stored_then_shown(results: list[dict[str, Any]]) -> list[int]:
-            seqs = sink(results)
-            self.post(results)
-            return seqs
-        return stored_then_shown
-
     def post(self, results: list[dict[str, Any]]) -> None:
         """Hand stored results to the loop (never blocks; dropped before start)."""
         items = [(r["source"], str(r.get("ref", "")), str(r.get("label", "")),
@@ -194,6 +186,10 @@ class ModbusPlc:
             return
         with contextlib.suppress(RuntimeError):  # the loop closed: stopping
             loop.call_soon_threadsafe(self._show, items)
+
+    def alive(self) -> bool:
+        """The server's thread runs (False before start, after stop, or once it died)."""
+        return self._thread is not None and self._thread.is_alive()
 
     def stats(self) -> dict[str, Any]:
         """Connections, refusals and edges (tests and the log)."""

@@ -252,6 +252,8 @@ class PlcServer:
     """The `[opcua]` server (see module doc). `sources`: every source's name; `triggered`:
     those with `trigger = "opcua"`."""
 
+    protocol = "opcua"
+
     def __init__(self, cfg: OpcUaConfig, sources: list[str], triggered: list[str],
                  state_dir: Path | None = None):
         if cfg.security == "none" and not is_loopback(cfg.host):  # config refuses it too
@@ -304,16 +306,6 @@ class PlcServer:
         """The endpoint URL clients connect to."""
         host = f"[{self.cfg.host}]" if ":" in self.cfg.host else self.cfg.host
         return f"opc.tcp://{host}:{self.port}/"
-
-    def tap(self, sink: Callable[[list[dict[str, Any]]], list[int]]
-            ) -> Callable[[list[dict[str, Any]]], list[int]]:
-        """`sink` (the outbox's append_many), then the stored results' verdicts to the
-        server: a verdict is shown only once it is durable."""
-        def stored_then_shown(results: list[dict[str, Any]]) -> list[int]:
-            seqs = sink(results)
-            self.post(results)
-            return seqs
-        return stored_then_shown
 
     def post(self, results: list[dict[str, Any]]) -> None:
         """Hand stored results to the server's writer (never blocks; dropped before start)."""

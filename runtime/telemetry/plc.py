@@ -22,10 +22,19 @@ class PlcServers:
 
     def tap(self, sink: Callable[[list[dict[str, Any]]], list[int]]
             ) -> Callable[[list[dict[str, Any]]], list[int]]:
-        """`sink`, then each server's view of the stored results."""
-        for s in self.servers:
-            sink = s.tap(sink)
-        return sink
+        """`sink` (the outbox's append_many), then each server's view of the stored
+        results: a verdict is shown only once it is durable."""
+        def stored_then_shown(results: list[dict[str, Any]]) -> list[int]:
+            seqs = sink(results)
+            for s in self.servers:
+                s.post(results)
+            return seqs
+        return stored_then_shown
+
+    def alive(self) -> dict[str, bool]:
+        """Each server's thread runs, by protocol (health: a dead server shows, the daemon
+        runs on without it)."""
+        return {s.protocol: s.alive() for s in self.servers}
 
     def start(self, health: Callable[[], dict[str, Any]]) -> None:
         """Start each (ValueError naming the key when one cannot serve; those started

@@ -86,6 +86,10 @@ class EventType(StrEnum):
         "accelerator_meter_distrusted", "an accelerator's energy counter stuck, went backwards "
         "or jumped impossibly during a measuring window: the variant is billed the labelled "
         "estimate ([[accelerators]]), never 0 (power/meter_trust.py)")
+    INTEGRATION_STOPPED = (
+        "integration_stopped", "an integration's thread (sparkplug, opcua, modbus) stopped "
+        "while serving: results stay in the outbox and the native MQTT tree, the daemon runs "
+        "on without it; health's `integrations` shows it false (runtime/device/daemon.py)")
     RERANK = ("rerank", "a variant served on an accelerator cost more per inference than its "
               "profile's at-rate figure, beyond the meter's error: the measured figure "
               "replaced it and the choice was made again (profiled_mj, live_mj, error, "

@@ -86,6 +86,9 @@ _HEALTH = _obj({
         "reason": {"type": ["string", "null"], "maxLength": 4096},
         "unmeasured": {"type": "array", "maxItems": 16, "items": _SHORT},
         "meter_lost": _STR}),
+    # each enabled integration's thread alive (sparkplug, opcua, modbus): false once it died
+    "integrations": {**_obj({}, extra=_BOOL), "maxProperties": 8,
+                     "propertyNames": {"maxLength": 64}},
     # a Jetson's INA3221 rails one by one (power/ina3221.py `report`); null: none named
     "power_rails": {"type": ["object", "null"], "properties": {
         "watts": {**_obj({}, extra=_NUM_OR_NULL), "maxProperties": 8,

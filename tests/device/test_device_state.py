@@ -17,6 +17,7 @@ from runtime.config import load
 from runtime.device.health import health
 from runtime.device.state import DeviceState, freeze, thaw
 from runtime.device.status import birth, ha_info, status_line
+from runtime.wire import payloads
 
 
 @pytest.mark.parametrize("reader", [health, status_line, birth, ha_info])
@@ -108,5 +109,52 @@ def test_readers_on_other_threads_see_whole_snapshots_while_the_daemon_changes(t
             reader.join()
         assert not problems, problems[:5]
         assert seen[1] >= 50  # the reader saw the snapshots change under it
+    finally:
+        d.stop()
+
+
+def test_an_integration_is_said_stopped_once_when_its_thread_dies():
+    """`stopped` compares two snapshots' integrations: alive then dead, once; never on the
+    first snapshot, nor for one that was never alive (not started yet)."""
+    from runtime.device.state import stopped
+
+    blank = DeviceState(*[None] * len(dataclasses.fields(DeviceState)))
+
+    def at(**alive: bool) -> DeviceState:
+        return dataclasses.replace(blank, integrations=alive)
+
+    assert stopped(None, at(opcua=False)) == []
+    assert stopped(at(opcua=True, modbus=True), at(opcua=False, modbus=True)) == ["opcua"]
+    assert stopped(at(opcua=False), at(opcua=False)) == []  # said at the first change only
+    assert stopped(at(sparkplug=False), at(sparkplug=False, modbus=False)) == []
+    assert stopped(at(sparkplug=True), at(sparkplug=True)) == []
+
+
+@pytest.mark.skipif(not (bundled() / "manifest.json").exists(), reason="bundled model not built")
+def test_a_dead_plc_server_shows_in_health_and_says_so_once(tmp_path):
+    """A real daemon with [modbus] on loopback: health's `integrations` says the server runs;
+    once its thread is gone (stopped under the daemon, as a crash would leave it) the next
+    snapshot shows it false, one `integration_stopped` event says so, and the daemon runs on."""
+    pytest.importorskip("pymodbus", reason="the modbus extra is not installed")
+    from runtime.device.daemon import Daemon
+
+    cfg = write_config(tmp_path, tmp_path / "cache",
+                       source='kind = "synthetic"\ntrigger = "modbus"',
+                       extra='[modbus]\nenabled = true\nport = 0\n')
+    d = Daemon(load(cfg))
+    d.start()
+    said: list = []
+    event = d.event
+    d.event = lambda kind, *a, **kw: (said.append((kind, kw)), event(kind, *a, **kw))[1]
+    try:
+        assert d.health()["integrations"] == {"modbus": True}
+        d.plc.servers[0].stop()
+        h = d.health()
+        assert h["integrations"] == {"modbus": False}
+        payloads.check("health", h)  # what a coordinator validates with admits it
+        d.refresh_state()
+        assert [s for s in said if s[0] == "integration_stopped"] == [
+            ("integration_stopped", {"integration": "modbus"})]
+        d.control_tick()  # runs on
     finally:
         d.stop()

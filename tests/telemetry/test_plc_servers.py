@@ -31,8 +31,11 @@ def test_opcua_and_modbus_sources_share_one_board_and_see_every_result():
     opcua, modbus = plc.servers
     stored: list[list[dict]] = []
     sink = plc.tap(lambda rs: stored.append(rs) or list(range(len(rs))))
+    assert plc.alive() == {"opcua": False, "modbus": False}  # not started yet
     plc.start(dict)
     try:
+        assert plc.alive() == {"opcua": True, "modbus": True}  # health's `integrations`
+
         async def go():
             c = AsyncModbusTcpClient("127.0.0.1", port=modbus.port, timeout=5, retries=0)
             assert await c.connect()
@@ -53,6 +56,7 @@ def test_opcua_and_modbus_sources_share_one_board_and_see_every_result():
     finally:
         plc.stop()
     assert not any(s._thread.is_alive() for s in plc.servers)
+    assert plc.alive() == {"opcua": False, "modbus": False}
 
 
 def test_a_server_that_cannot_start_stops_the_one_started_before_it():
