@@ -101,10 +101,13 @@ def test_at_20_hz_the_daemon_re_ranks_onto_the_lower_at_rate_energy(tmp_path, mo
         r = reranks[0]
         assert r["variant"] == gpu_id and r["choice"] == cpu_id
         assert r["outcome"] == f"{cpu_id} chosen instead of {gpu_id}"
-        assert r["rate_hz"] == pytest.approx(20.0, rel=0.15)
-        # 40 W for each frame's interval at the rate the window measured (a loaded host serves
-        # off 20 Hz, and the window says so), within the meter's error and the kernel's 1 ms
-        assert r["live_mj"] == pytest.approx(40.0 * 1e3 / r["rate_hz"], rel=0.15)
+        # the source offers 20 frames a second; the daemon serves what its host keeps up
+        # with (13-15/s beside two CPU hogs on a 2-core machine: a frame's Python takes
+        # longer than 50 ms of a loaded core), never more
+        assert 5.0 <= r["rate_hz"] <= 20.0 * 1.15, r
+        # 40 W x (a frame's period at the rate served - the 1 ms kernel), within the meter's
+        # error and the source's jitter: ~1.96 J at 20/s
+        assert r["live_mj"] == pytest.approx(40.0 * (1e3 / r["rate_hz"] - 1.0), rel=0.15)
         assert r["profiled_mj"] < 0.05 * r["live_mj"] and 0 < r["error"] <= 0.1
         assert "measured while serving" in r["label"]
         assert d.pipeline.active.variant_id == cpu_id and d.box.model.rungs[-1].variant_id == cpu_id

@@ -7,7 +7,10 @@ moves only every `tick_s` (it reports the energy at the last tick); its power re
 power at the last tick. Time is the clock the profiler measures with (time.perf_counter): the
 fake accounts the real time a kernel took, so the measurement and the fake see one clock.
 `fault` breaks the counter from `fault_at` on: "stuck" (stops moving), "backwards" (loses 5 J),
-"jump" (gains 50 kJ at once).
+"jump" (gains 50 kJ at once); `fault_in_kernels` = k sets `fault_at` to the start of the k-th
+kernel from now (inside a measuring window after a profiler's warm-up runs, however slowly a
+loaded host got there: a time set in advance could pass before the window opened, and a step
+before the window's first reading is invisible).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ class FakeGpu:
         self._hold_until = -math.inf
         self.fault = ""
         self.fault_at = math.inf
+        self.fault_in_kernels: int | None = None
         self.reasons = REASON_IDLE
         self.sm_mhz, self.max_sm_mhz = 1980, 1980
 
@@ -64,14 +68,22 @@ class FakeGpu:
             if t1 == next_tick:
                 self._tick_e = self._e
 
-    def kernel(self, run: Callable[[], Any]) -> Any:
-        """Run `run` as a kernel: busy power while it runs, then the hold."""
+    def kernel(self, run: Callable[[], Any], busy_s: float | None = None) -> Any:
+        """Run `run` as a kernel: busy power while it runs (or, with `busy_s`, for that long
+        from its start: the GPU's own time, however late the host that waits for it comes
+        back), then the hold."""
         self._advance(self._clock())
+        start = self._t
+        if self.fault_in_kernels is not None:
+            self.fault_in_kernels -= 1
+            if self.fault_in_kernels <= 0:
+                self.fault_at, self.fault_in_kernels = start, None
         self._busy = True
         try:
             return run()
         finally:
-            self._advance(self._clock())
+            now = self._clock()
+            self._advance(now if busy_s is None else min(now, start + busy_s))
             self._busy = False
             self._hold_until = self._t + self.hold_s
 
@@ -142,7 +154,9 @@ class GpuSession:
     """A session "on the GPU": the engine's real session computes the output; its runs are
     the fake GPU's kernels. With `kernel_s`, the work is off the host as on a real GPU: the
     real output computed once at load, each run a kernel of `kernel_s` that the host waits
-    for (sleeping, no host CPU)."""
+    for (sleeping, no host CPU). The GPU is busy for `kernel_s`, not for as long as the host
+    slept: a host descheduled past the kernel's end finds the GPU holding, as a real one
+    would (the fake's busy time is the GPU's, never the host's scheduling)."""
 
     def __init__(self, inner: Any, gpu: FakeGpu, kernel_s: float | None = None):
         self._inner, self._gpu, self._kernel_s = inner, gpu, kernel_s
@@ -154,7 +168,8 @@ class GpuSession:
             return self._gpu.kernel(lambda: self._inner.infer(batch))
         if self._out is None:
             self._out = self._inner.infer(batch)
-        return self._gpu.kernel(lambda: (time.sleep(self._kernel_s), self._out)[1])
+        return self._gpu.kernel(lambda: (time.sleep(self._kernel_s), self._out)[1],
+                                busy_s=self._kernel_s)
 
     def close(self) -> None:
         self._inner.close()
