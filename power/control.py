@@ -50,7 +50,7 @@ from power import die_estimate as die_est
 from power import energy as energy_mod
 from power import governor as gov
 from power.device import DeviceProfile, ThermalModel
-from power.rungs import Rung, budget_levels, select_for_budget
+from power.rungs import RATE_STEPS, Rung, budget_levels, select_for_budget
 from power.sensors import Reading
 from power.timers import LevelTimers, RungHold, hold, pace
 
@@ -501,9 +501,25 @@ def _guard_upgrade(s: ControlState, rungs: Sequence[Rung], cfg: ControlConfig,
         if small > 0 and small_settle < limit:
             cap = cap_old
         else:
+            # Else the highest of the rate steps (power/rungs.py RATE_STEPS) between what
+            # runs and what the budget allows that still settles under the limit: holding
+            # instead left the die at minimum duty for hours, 4 °C under the trip, whenever
+            # the budget had come back all at once (rpi5/sun with a noisy sensor; issue 33).
             cap = old_cap
             reason = (f"{temp_now:.1f} °C; {extra:.2f} W more would settle near "
                       f"{settle:.1f} °C, over {limit:g} °C: holding")
+            top = min(rate, cap_old, rungs[old_rung].max_rate_hz())
+            for k in RATE_STEPS:
+                hz = top * k
+                if hz <= min(old_cap, rate) * 1.001:
+                    break
+                _, at = settles(old_rung, hz)
+                if at < limit:
+                    cap = hz
+                    reason = (f"{temp_now:.1f} °C: up to {hz:.3g} Hz, which settles near "
+                              f"{at:.1f} °C, under {limit:g} °C ({extra:.2f} W more would "
+                              f"settle near {settle:.1f} °C)")
+                    break
         return _Actuation(old_rung, cap, replace(s.hold, rung=now), reason), refused
     if want.rung > old_rung:
         return replace(want, reason=(f"{temp_now:.1f} °C: room for a richer rung (settles "
