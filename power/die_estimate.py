@@ -28,8 +28,9 @@ Safety of the filter itself:
   it leaves its no-bias band (3 sigmas of that mean) the case's variance is widened to it, so
   a real rise the model did not predict (an unseen load, a door opening) is taken within a
   few readings, and a reading that moves for good (a sensor stuck at another value) is
-  followed within about ten. Two wild readings in a row widen it a little and are still
-  gated.
+  followed within about ten; `follow_after` (3) gated readings in a row on the same side
+  restart the case from the reading at once, as the median of five would follow after three.
+  Two wild readings in a row are still gated.
 - **Noise**: the sensor's sigma is estimated from the readings themselves (the median
   absolute difference of successive model-corrected readings, Gaussian-scaled), never below
   `min_sigma_c`: no setting to get wrong, and a clean sensor is followed closely.
@@ -65,6 +66,7 @@ class EstimatorConfig:
     min_sigma_c: float = 0.02  # the noise floor (millidegree files, model error)
     noise_window: int = 60  # successive differences the noise estimate is the median of
     restart_after_s: float = 600.0  # a gap this long: start again from the reading
+    follow_after: int = 3  # gated readings in a row on one side: start again from them
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,7 @@ class DieEstimate:
     bias: float = 0.0  # the weighted mean innovation
     last_z: float | None = None  # the last model-corrected reading (for the noise estimate)
     diffs: tuple[float, ...] = ()  # recent |differences| of successive corrected readings
+    outliers: int = 0  # gated readings in a row: > 0 above the prediction, < 0 below
 
     @property
     def temp_c(self) -> float | None:
@@ -151,7 +154,15 @@ def update(est: DieEstimate, t: float, power_w: float, reading: float | None, m:
         s = est.p_cc + r
     est = replace(est, bias=bias)
     if nu * nu > cfg.gate ** 2 * s:
-        return est  # an outlier: not fused
+        # an outlier: not fused, unless it is the `follow_after`-th in a row on the same
+        # side: then the readings have moved (as the median of five would say after three)
+        run = est.outliers + 1 if nu > 0 and est.outliers >= 0 else (
+            est.outliers - 1 if nu < 0 and est.outliers <= 0 else (1 if nu > 0 else -1))
+        if abs(run) < cfg.follow_after:
+            return replace(est, outliers=run)
+        return replace(est, case_c=z, p_cc=r, p_ca=0.0, p_aa=max(est.p_aa, nu * nu),
+                       bias=0.0, outliers=0)
+    est = replace(est, outliers=0)
     k_c, k_a = est.p_cc / s, est.p_ca / s
     return replace(est, case_c=est.case_c + k_c * nu, amb_c=est.amb_c + k_a * nu,
                    p_cc=(1 - k_c) * est.p_cc, p_ca=(1 - k_c) * est.p_ca,
