@@ -46,10 +46,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from power import die_estimate as die_est
 from power import energy as energy_mod
 from power import governor as gov
 from power.device import DeviceProfile, ThermalModel
-from power.rungs import Rung, budget_levels, select_for_budget
+from power.rungs import RATE_STEPS, Rung, budget_levels, select_for_budget
 from power.sensors import Reading
 from power.timers import LevelTimers, RungHold, hold, pace
 
@@ -80,6 +81,10 @@ class ControlConfig:
     r_die_case_k_per_w: float = 0.0
     case_tau_s: float | None = None
     excursion_s: float = 400.0  # an excursion must keep the die under the guard this long
+    # The die estimate (power/die_estimate.py) needs the die's own time constant too; None
+    # (or estimator None): the median of the last readings is acted on instead
+    die_tau_s: float | None = None
+    estimator: die_est.EstimatorConfig | None = field(default_factory=die_est.EstimatorConfig)
     # the box's idle floor: budgets are box watts, this + the rungs' dynamic power (None:
     # the governor's floor_w, 0 without a governor)
     floor_w: float | None = None
@@ -113,6 +118,7 @@ class ControlState:
     bounded: bool = False
     # on an excursion (module doc): the (rung, rate cap) it came from and when it began
     excursion: tuple[int, float, float] | None = None
+    die: die_est.DieEstimate = field(default_factory=die_est.DieEstimate)
 
 
 # The event types the control step emits: members of runtime/wire/events.py `EventType`,
@@ -224,10 +230,31 @@ class _Sensed:
     battery_frac: float | None  # held
 
 
-def _sense(state: ControlState, r: Reading, cfg: ControlConfig,
+def _die_model(cfg: ControlConfig) -> die_est.DieModel | None:
+    """The die estimate's model from the config's thermal figures (None: not all known)."""
+    if cfg.r_total_k_per_w is None or cfg.case_tau_s is None or cfg.die_tau_s is None:
+        return None
+    return die_est.DieModel(cfg.r_die_case_k_per_w, cfg.die_tau_s,
+                            cfg.r_total_k_per_w - cfg.r_die_case_k_per_w, cfg.case_tau_s)
+
+
+def ran_w(state: ControlState, rungs: Sequence[Rung], cfg: ControlConfig,
+          current: int | None) -> float:
+    """The box watts drawn since the last tick: the floor and the rung running (`current`,
+    else the last output's) at the last output's rate cap; the floor alone before any."""
+    floor = _floor(cfg)
+    if state.actuation is None or not rungs:
+        return floor
+    rung, cap = state.actuation
+    rung = min(current if current is not None else rung, len(rungs) - 1)
+    return floor + rungs[rung].power_w(min(cfg.rate_hz, cap))
+
+
+def _sense(state: ControlState, r: Reading, cfg: ControlConfig, power_w: float,
            events: list[ControlEvent]) -> tuple[ControlState, _Sensed]:
     """Sensing hygiene: hold the last valid values for a bounded time, the trend window, the
-    median temperature (module doc: Holding, Temperature, Trend)."""
+    temperature acted on (module doc: Holding, Temperature, Trend); `power_w` is what the box
+    drew since the last tick (the die estimate's input)."""
     t = r.t
     temp_h, temp = _held(state.temp, r.temp_c, t, cfg.hold_invalid_s)
     bwh_h, bwh = _held(state.battery_wh, r.battery_wh, t, cfg.hold_invalid_s)
@@ -251,12 +278,23 @@ def _sense(state: ControlState, r: Reading, cfg: ControlConfig,
     if r.temp_c is not None:
         recent = (*recent, r.temp_c)[-cfg.median_of:]
     slope = robust_trend(samples, t)[1] if len(samples) >= cfg.settle_samples else 0.0
-    # The temperature acted on is the median of the last few valid readings, across trend
-    # restarts: right after a restart the fit has two points, and the last raw reading of a
-    # noisy sensor would trip the governor on noise. None once the hold has run out.
-    temp_now = statistics.median(recent) if recent and temp is not None else None
+    # The temperature acted on: the die estimate (power/die_estimate.py: the model's
+    # prediction from the power it ran, fused with the readings) where the device's thermal
+    # model is known, else the median of the last few valid readings, across trend restarts
+    # (right after a restart the fit has two points, and the last raw reading of a noisy
+    # sensor would trip the governor on noise). None once the hold has run out.
+    die = state.die
+    model = _die_model(cfg)
+    if model is not None and cfg.estimator is not None:
+        die = die_est.update(die, t, power_w, r.temp_c, model, cfg.estimator)
+    if temp is None or not recent:
+        temp_now = None
+    elif die.temp_c is not None:
+        temp_now = die.temp_c
+    else:
+        temp_now = statistics.median(recent)
     s = replace(state, temp=temp_h, battery_wh=bwh_h, battery_frac=bfr_h, samples=samples,
-                holding=holding, recent=recent, hold_said_t=said)
+                holding=holding, recent=recent, hold_said_t=said, die=die)
     return s, _Sensed(temp_now, slope, problem, bwh, bfr)
 
 
@@ -347,12 +385,14 @@ def _budget_to_rung(s: ControlState, rungs: Sequence[Rung], cfg: ControlConfig,
 
 def guard_settings(model: ThermalModel | None) -> dict[str, float | None]:
     """The upgrade guard's thermal figures from a device's two-node model (ControlConfig's
-    r_total_k_per_w, r_die_case_k_per_w, case_tau_s): None without a model."""
+    r_total_k_per_w, r_die_case_k_per_w, case_tau_s, die_tau_s; the die estimate uses them
+    too): None without a model."""
     if model is None:
         return {"r_total_k_per_w": None}
     return {"r_total_k_per_w": model.r_die_case + model.r_case_amb,
             "r_die_case_k_per_w": model.r_die_case,
-            "case_tau_s": model.r_case_amb * model.c_case}
+            "case_tau_s": model.r_case_amb * model.c_case,
+            "die_tau_s": model.r_die_case * model.c_die}
 
 
 def time_under(temp_c: float, extra_w: float, limit_c: float, r_die_case: float,
@@ -461,9 +501,25 @@ def _guard_upgrade(s: ControlState, rungs: Sequence[Rung], cfg: ControlConfig,
         if small > 0 and small_settle < limit:
             cap = cap_old
         else:
+            # Else the highest of the rate steps (power/rungs.py RATE_STEPS) between what
+            # runs and what the budget allows that still settles under the limit: holding
+            # instead left the die at minimum duty for hours, 4 °C under the trip, whenever
+            # the budget had come back all at once (rpi5/sun with a noisy sensor; issue 33).
             cap = old_cap
             reason = (f"{temp_now:.1f} °C; {extra:.2f} W more would settle near "
                       f"{settle:.1f} °C, over {limit:g} °C: holding")
+            top = min(rate, cap_old, rungs[old_rung].max_rate_hz())
+            for k in RATE_STEPS:
+                hz = top * k
+                if hz <= min(old_cap, rate) * 1.001:
+                    break
+                _, at = settles(old_rung, hz)
+                if at < limit:
+                    cap = hz
+                    reason = (f"{temp_now:.1f} °C: up to {hz:.3g} Hz, which settles near "
+                              f"{at:.1f} °C, under {limit:g} °C ({extra:.2f} W more would "
+                              f"settle near {settle:.1f} °C)")
+                    break
         return _Actuation(old_rung, cap, replace(s.hold, rung=now), reason), refused
     if want.rung > old_rung:
         return replace(want, reason=(f"{temp_now:.1f} °C: room for a richer rung (settles "
@@ -541,7 +597,7 @@ def step(state: ControlState, r: Reading, rungs: Sequence[Rung], cfg: ControlCon
     budget to respect (a bench's baseline energy policy, in dynamic watts: the floor is added),
     the stricter wins."""
     events: list[ControlEvent] = []
-    s, seen = _sense(state, r, cfg, events)
+    s, seen = _sense(state, r, cfg, ran_w(state, rungs, cfg, current), events)
     s, decision = _policies(s, r, seen, rungs, cfg, extra, events)
     now, want, proposed = _budget_to_rung(s, rungs, cfg, decision, current, r.t)
     s, want = _end_excursion(s, rungs, cfg, decision, want, r.t)
