@@ -50,7 +50,6 @@ from runtime.device import commands, installing, ladders, live_energy
 from runtime.device.health import health, share_reasons, versions
 from runtime.device.host import Install, Stopping
 from runtime.device.live_energy import LiveEnergy
-from runtime.device.local_api import LocalApi, start_local_api
 from runtime.device.model_ladder import Box
 from runtime.device.operator_state import OperatorState
 from runtime.device.ota import DeviceOta
@@ -102,7 +101,7 @@ class Daemon:
         self.sim: Any = None  # runtime.device.simdevice.SimulatedDevice when simulating
         self.publisher: Publisher | None = None
         self.sparkplug: Any = None  # runtime.telemetry.sparkplug.node.SparkplugNode ([sparkplug])
-        self.local_api: LocalApi | None = None  # opt-in /metrics and /healthz ([local_api])
+        self.local_api: Any = None  # runtime.device.local_api.LocalApi ([local_api]: opt-in)
         self.plc: Any = None  # runtime.telemetry.plc.PlcServers ([opcua], [modbus]; docs/plc.md)
         self.sleeper: Any = None  # runtime.device.sleep.Sleeper when [sleep] is enabled
         self.ota: DeviceOta | None = None  # model versions, deploy, probation ([models])
@@ -214,9 +213,12 @@ class Daemon:
         cfg = self.cfg
         self.device_id = device_id(cfg.telemetry)
         self.plan.device_id = self.device_id
-        self.local_api = start_local_api(  # up during profiling: 503 until the pipeline runs
-            cfg.local_api, self.latest_health,
-            lambda: self.pipeline.alive(cfg.local_api.stall_s), self.device_id)
+        if cfg.local_api.port:  # imported only then: prometheus_client costs ~8 MB resident
+            from runtime.device.local_api import start_local_api
+
+            self.local_api = start_local_api(  # up during profiling: 503 until the pipeline runs
+                cfg.local_api, self.latest_health,
+                lambda: self.pipeline.alive(cfg.local_api.stall_s), self.device_id)
         try:
             self.ota = DeviceOta(self, cfg.models, cfg.telemetry, self.state_dir,
                                  self.device_id)
