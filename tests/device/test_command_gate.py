@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from pathlib import Path
 
 import paho.mqtt.client as mqtt
@@ -107,6 +108,10 @@ def test_out_of_range_commands_get_one_refusal_each_and_change_nothing(
                  f"the ping after {name} {args}", d)
             mine = [r for r in replies if r["id"] == env["id"]]
             assert [r["status"] for r in mine] == ["refused"], (name, args, mine)
+            # the device answers refused commands at most 10 a second (a flood of bad commands
+            # is not answered in kind: publisher.py's bucket, burst 20); a fast host sent these
+            # faster and lost replies to the bucket, as it should
+            time.sleep(0.12)
             assert arg in mine[0]["reason"], mine
         now = {p.name: p.read_bytes() for p in state.glob("*.json")
                if p.name in ("settings.json", "control.json")}
