@@ -504,7 +504,7 @@ def _guard_upgrade(s: ControlState, rungs: Sequence[Rung], cfg: ControlConfig,
             # Else the highest of the rate steps (power/rungs.py RATE_STEPS) between what
             # runs and what the budget allows that still settles under the limit: holding
             # instead left the die at minimum duty for hours, 4 °C under the trip, whenever
-            # the budget had come back all at once (rpi5/sun with a noisy sensor; issue 33).
+            # the budget had come back all at once (rpi5/sun with a noisy sensor).
             cap = old_cap
             reason = (f"{temp_now:.1f} °C; {extra:.2f} W more would settle near "
                       f"{settle:.1f} °C, over {limit:g} °C: holding")

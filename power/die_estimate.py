@@ -6,7 +6,7 @@ tests/power/test_die_estimate.py; power/control.py acts on it.
 Why: a 1 °C-noisy sensor read at 1 Hz, filtered by a median of five, still wanders by about
 half a degree; where the die rides its trip for hours (rpi5 in the afternoon sun) each
 excursion of the median over the trip was a step down, and a governor that may release only
-a hysteresis under the trip never undid it (issue 33). The model knows what the power does to
+a hysteresis under the trip never undid it. The model knows what the power does to
 the die; only what it does not know (the ambient, the model's own error, a load it does not
 see) has to come from the readings, and that changes slowly, so it can be averaged over many.
 

@@ -18,12 +18,9 @@ reached):
   within `band_c` under it; held while hot and falling; a level down gated by the core's
   release dwell once below trip - hysteresis. The band catches a creep the horizon misses:
   after a small step the trend is blind for a few readings, then fitted across the bend and
-  shrunk, and on the demo's scenario the die crept onto the trip at 0.5 °C/min and over it
-  (pure simulation: 78.01 °C; with a 0.3 °C band 77.86, with 0.2 77.94). A slope of 0 in
-  the band (no trend yet, or one too small to see) holds: the die is under its trip. Every
-  tenth of a degree of band costs output where the die rides the trip for hours (rpi5/sun:
-  0.952x kernel-only without a band, 0.890x with 0.3 °C); elsewhere it moves the bench by
-  0.001-0.004.
+  shrunk, so the die can creep onto the trip. A slope of 0 in the band (no trend yet, or one
+  too small to see) holds: the die is under its trip. The band costs output only where the
+  die rides the trip for hours (docs/power.md has the measured trade).
 - power_allocator (after drivers/thermal/gov_power_allocator.c, IPA): PID on
   e = T_control - T over the headroom above the floor, H = S - floor:
   budget = floor + clamp(H + p + i, 0, max - floor), with the kernel's default gains

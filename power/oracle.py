@@ -18,7 +18,7 @@ take of the offered rate. The value between grid points is interpolated linearly
 The quasi-steady die is a relaxation: a real die lags a step up by a few seconds, which a
 controller could exploit by a hair; the schedule is otherwise exact at its resolution, and
 `resolution_spread` shows that halving the interval, the grid step and the rate step moves
-the figure by well under a percent (tests/power/test_oracle.py).
+the figure by well under a percent (tests/power/test_governor_day.py).
 
 Where even idle power settles over the trip (physics-bounded), no schedule is feasible: the
 oracle then runs the cheapest action (the cheapest rung at rate 0) in that state, as any

@@ -76,10 +76,10 @@ def with_other(rungs: Sequence[Rung], other_j: float | None) -> list[Rung]:
 # (2^-1/4 apart, ~16 % each) down to 1/32. Halvings alone (1/2, 1/4, 1/8) threw half the rate
 # away wherever the cheapest rung at full rate was a little over what the device sustains: on
 # a narrow ladder step_wise then delivered less than the cheapest rung run unmanaged
-# (rpi5/hot, 0.63x kernel-only against 1.11x; issue 24). Like cpufreq's cooling states,
+# (rpi5/hot, 0.63x kernel-only against 1.11x). Like cpufreq's cooling states,
 # small steps let it settle near the sustainable power. Down to 1/32, not 1/8: where idle
 # alone comes near the trip (rpi5/sun at 13:00) the step from 1/8 to minimum duty gave away
-# what the hindsight oracle serves there (0.921 -> 0.953 of it; issue 33).
+# what the hindsight oracle serves there (0.921 -> 0.953 of it).
 RATE_STEPS = tuple(2 ** (-k / 4) for k in range(1, 21))
 
 

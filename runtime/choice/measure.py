@@ -7,7 +7,7 @@ the pipeline's per-frame lock as its pause gate. `measure_model` does both at on
 
 Changes no daemon state, so it can run on a background thread; the daemon installs the result
 between control ticks. With `recorded` (the simulator's repeatable mode) the profiles are read
-from a file written by `edgerun profile --json` or bench/record_ladder.py instead of measured:
+from a file written by `edgerun profile --json` instead of measured:
 the sessions are still real, only their measurements are replayed.
 """
 

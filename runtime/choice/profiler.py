@@ -65,10 +65,10 @@ log = logging.getLogger(__name__)
 
 # 3: energy and cpu_ms from inference CPU time (ns), never process-wide
 # 4: stage, energy_ci and latency_ci; failures are recorded
-# 5: a failure's error names the model file as MODEL_PATH (issue 32: an entry is keyed by the
+# 5: a failure's error names the model file as MODEL_PATH (an entry is keyed by the
 #    file's content, so a cache shared by two checkouts reported the other one's path); a
 #    schema 4 entry has another key, so it is a miss, measured again
-# 6: accelerator windows sized to the meter's resolution; gap_w, energy_q (issue 34)
+# 6: accelerator windows sized to the meter's resolution; gap_w, energy_q
 CACHE_SCHEMA = 6
 MODEL_PATH = "{model file}"  # stands for the model file's path in a cached failure's error
 KNOWN_FAILURE = "known-failure"  # the stage of a failure read back from the cache
@@ -111,7 +111,7 @@ class Profiler:
                  gpu_meters: Sequence[NvmlMeter] = (),
                  on_event: Callable[[str, str, dict], None] | None = None):
         self._cfg, self._meter = cfg, meter
-        # a variant on an accelerator is billed host CPU + the accelerator (power/accelerators)
+        # a variant on an accelerator is billed host CPU + the accelerator (power/accelerators.py)
         self._accelerators = tuple(accelerators)
         self._gpu_meters = list(gpu_meters)
         self._gpu_idle_w: dict[int, float] = {}

@@ -54,7 +54,7 @@ class Profile:
     # relative half-widths of ~95 % intervals from the samples' spread (runtime.choice.refine)
     energy_ci: float = math.nan  # of the energy per inference (a mean)
     latency_ci: float = math.nan  # of the p95 latency
-    # accelerators (issue 34): W above the device's idle floor in the gap after a kernel,
+    # accelerators: W above the device's idle floor in the gap after a kernel,
     # which a frame at a cadence pays for the gap's length (runtime/choice/at_rate.py), and
     # how it was obtained; NaN on the host CPU (its cores idle between frames) or unknown
     gap_w: float = math.nan

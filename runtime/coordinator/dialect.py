@@ -125,7 +125,7 @@ CREATE TABLE IF NOT EXISTS stalls (device TEXT NOT NULL, stream TEXT NOT NULL,
 """
 
 
-# v8: a pool per device and kind of row (issue 36: results, health and events each with their
+# v8: a pool per device and kind of row (results, health and events each with their
 # quota, runtime/coordinator/quotas.py); device_usage, one total per device, is replaced
 _POOL_USAGE = f"""
 CREATE TABLE IF NOT EXISTS pool_usage (device TEXT NOT NULL, pool TEXT NOT NULL,

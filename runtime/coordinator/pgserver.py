@@ -8,7 +8,7 @@ socket in the temp dir, so it touches nothing of a system cluster.
 
 pg_ctl daemonizes the server: its parent is not the process that started it, so nothing
 stops it when that process dies without `stop()` (a crashed test worker leaked a 488 MB
-cluster; issue 32). Each cluster dir holds an `owner` file (pid and start time of the process
+cluster). Each cluster dir holds an `owner` file (pid and start time of the process
 that made it); `reap_orphans()` stops and removes every cluster whose owner is gone (the test
 run calls it when it starts and ends: tests/conftest.py).
 """

@@ -918,7 +918,7 @@ class Store:
                 # still over with no device over its share: the overhead per logical byte
                 # was measured on another mix of rows; measured again, the budget shrinks
                 # and the devices holding most are over their share again. Nothing of a
-                # device within its share is deleted, ever (issue 36: the oldest health of
+                # device within its share is deleted, ever (otherwise the oldest health of
                 # every device went, a day's partition of it on PostgreSQL). (PostgreSQL's
                 # cap is the logical budget: its files do not shrink by row deletes.)
                 self._ratio = max(self._ratio, min(quotas.MAX_OVERHEAD, (

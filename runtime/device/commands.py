@@ -36,7 +36,7 @@ class CommandHost(Protocol):
     ota: Any  # runtime.device.ota.DeviceOta
     operator: Any  # runtime.device.operator_state.OperatorState
     cstate: Any  # power.control.ControlState
-    box: Any  # runtime.device.box.Box: its `model`, the [model] section's, now served
+    box: Any  # runtime.device.model_ladder.Box: its `model`, the [model] section's, now served
     plan: Any  # runtime.device.source_plan.SourcePlan: `model_used()`, does a source run it
     switch: Any  # runtime.device.rung_switch.RungSwitch: `retry_now()` after a command
 

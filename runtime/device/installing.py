@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from runtime.choice.measure import Measured
     from runtime.device.host import PartsHost
 
-log = logging.getLogger("edgerun.daemon")  # the daemon's lines, as before they moved here
+log = logging.getLogger("edgerun.daemon")  # one logger for all the daemon's parts
 
 
 def measure(d: PartsHost, path: Path, fresh: bool = False, first_only: bool = False,
@@ -140,7 +140,7 @@ def install_models(d: PartsHost) -> Callable | None:
     first, rest = d.ota.first_model(
         path, lambda p: measure(d, p, first_only=True))
     # one ladder, built once every model is in: building it here too logged the start-up
-    # `choice:` line twice (issue 32)
+    # `choice:` line twice
     install(d, first, ladder=False)
     install_source_models(d)
     return rest

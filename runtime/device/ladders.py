@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from runtime.device.host import PartsHost
     from runtime.device.served_model import ServedModel
 
-log = logging.getLogger("edgerun.daemon")  # the daemon's lines, as before they moved here
+log = logging.getLogger("edgerun.daemon")  # one logger for all the daemon's parts
 
 
 def constraints(d: PartsHost, key: str = "") -> Constraints:

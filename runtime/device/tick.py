@@ -21,7 +21,7 @@ from runtime.device import ladders, live_energy
 if TYPE_CHECKING:
     from runtime.device.host import PartsHost
 
-log = logging.getLogger("edgerun.daemon")  # the daemon's lines, as before they moved here
+log = logging.getLogger("edgerun.daemon")  # one logger for all the daemon's parts
 
 
 def control_tick(d: PartsHost) -> None:

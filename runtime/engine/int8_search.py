@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 WEIGHTED = {"Conv", "ConvTranspose", "Gemm", "MatMul", "ConvInteger", "MatMulInteger"}
-KEEP = 0.8  # a detector's int8 is good enough at 0.8 of fp32's mAP (issue 24's target)
+KEEP = 0.8  # a detector's int8 is good enough at 0.8 of fp32's mAP
 METHODS = ("MinMax", "Percentile", "Entropy")
 
 

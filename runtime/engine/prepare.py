@@ -245,7 +245,7 @@ def make_int8(src: Path, dst: Path, batches: Callable[[], Iterator[np.ndarray]],
     warnings: list[str] = []
     import importlib.util
 
-    # symbolic shape inference imports sympy (a dependency of edgerun since issue 24): when an
+    # symbolic shape inference imports sympy (a dependency of edgerun): when an
     # install lacks it, that pass is skipped on purpose, said once, not tried and warned about
     symbolic = importlib.util.find_spec("sympy") is not None
     if not symbolic:
@@ -1044,7 +1044,7 @@ def _variant_steps(run: _Run) -> list[tuple[str, str, Callable]]:
     sizes = (given_sizes(hw, run.opts.sizes, multiple) if run.opts.sizes else
              detector_sizes(hw, multiple) if spec is not None else [])
     if run.opts.reduced and sizes:
-        # several resolutions, each a rung the governor can step to (issue 24)
+        # several resolutions, each a rung the governor can step to
         steps += [("reduced", "fp32-reduced", lambda p, sz=sz: reduced(p, sz))
                   for sz in sizes]
     elif run.opts.reduced:

@@ -2,7 +2,7 @@
 
 Agreement with an fp32 reference means something only when the reference does something: a
 YOLO detector fed ImageNet-normalised pixels finds no box in any image, and every rung then
-"agrees" with it perfectly (issue 24). `models prepare` judges the fp32 reference on the val
+"agrees" with it perfectly. `models prepare` judges the fp32 reference on the val
 images before it measures anything; the pipeline judges a served model over its first frames
 (`FirstFrames`) and raises a `model_blind` event. Both use `judge`.
 

@@ -1,7 +1,8 @@
 """The device's MQTT side: one thread owns the paho client and drains the outbox.
 
-paho is not thread-safe (REFERENCE.md), so every paho call — connect, loop, publish,
-subscribe, and the callbacks paho makes — happens on the `mqtt` thread this class starts.
+paho is not thread-safe (its client's state is shared with its network loop, unlocked), so
+every paho call — connect, loop, publish, subscribe, and the callbacks paho makes — happens
+on the `mqtt` thread this class starts.
 Other threads talk to it only through the outbox (results, health, events), the command
 queue (verified commands out) and `request_rebirth()` (a flag). Every paho callback contains
 its own exceptions: a message that cannot be handled is quarantined (counted in

@@ -73,7 +73,7 @@ SHOWN = (EventType.GOVERNOR, EventType.SENSOR_INVALID, EventType.SENSOR_HOLD,
 # the cabinet's nights (22 °C) the top rung runs at that rate ~5 °C under the trip, in its
 # afternoon (42 °C) not even the cheapest rung can, so the day shows the step down, the hold
 # and the climb back (at the top rung's full rate no rung but the cheapest settles under the
-# trip even at night: the demo then ran that rung until morning; issue 33).
+# trip even at night: the demo then ran that rung until morning).
 OFFERED_SHARE = 0.6
 
 DEMO_CONFIG = """\

@@ -29,7 +29,7 @@ from runtime.durable import write_atomic
 from runtime.wire import payloads
 
 # The longest lifetime (expires_at - issued_at) a device accepts by default: a day. A command
-# signed for a century was answered (issue 25) and its id had to be remembered as long.
+# signed for a century would be answered and its id had to be remembered as long.
 DEFAULT_MAX_TTL_S = 86400.0
 # A sleeping device's commands wait in its broker session (up to session_expiry_s) and carry
 # the coordinator's wake margin on top (runtime/coordinator/service.py send_command).

@@ -4,7 +4,7 @@ thread of its own, with the deadlines uvicorn lacks.
 
 Why uvicorn + h11: a maintained server whose parser (h11) is strict, small and pure Python;
 an event loop, so a slow or idle socket costs a few KB of memory instead of a thread (the
-threaded standard-library server let 80 slow sockets hold all 64 of its slots: issue 25).
+threaded standard-library server let 80 slow sockets hold all 64 of its slots).
 uvicorn's own `timeout_keep_alive` only covers idle time between requests and is reset by
 every byte, so a client trickling a request would hold its connection for ever (the same is
 true of aiohttp's keepalive_timeout, and neither has a request-receipt deadline); uvicorn

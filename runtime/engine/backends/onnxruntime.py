@@ -25,7 +25,7 @@ DISABLE_CPU_FALLBACK = "session.disable_cpu_ep_fallback"
 
 def no_fallback(device: str) -> dict[str, str]:
     """Session config entries for a provider: on any provider but the CPU, no silent
-    fallback of nodes to the CPU (issue 34: `actual_device` names the first provider only,
+    fallback of nodes to the CPU (`actual_device` names the first provider only,
     so a CUDA session running half its nodes on the CPU reported CUDA)."""
     return {} if device.upper() == "CPU" else {DISABLE_CPU_FALLBACK: "1"}
 
