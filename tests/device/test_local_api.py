@@ -16,6 +16,7 @@ from support.web import gauges
 from models import bundled
 from runtime.config import ConfigError, from_dict
 from runtime.device.local_api import LocalApi, LocalApiConfig, start_local_api
+from runtime.wire.broker import free_port
 
 
 def get(port: int, path: str) -> tuple[int, str, str]:
@@ -25,12 +26,6 @@ def get(port: int, path: str) -> tuple[int, str, str]:
             return r.status, r.headers["Content-Type"], r.read().decode()
     except urllib.error.HTTPError as e:
         return e.code, e.headers["Content-Type"], e.read().decode()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_off_by_default_and_config_is_validated():

@@ -18,18 +18,13 @@ from asyncua.crypto import security_policies  # noqa: E402
 
 from runtime.config.opcua import OpcUaConfig  # noqa: E402
 from runtime.telemetry.opcua_server import NAMESPACE, PlcServer  # noqa: E402
+from runtime.wire.broker import free_port  # noqa: E402
 
 HEALTH = {"model": "inspection", "choice": "v-top", "rung": 5, "rungs": 5, "temp_c": 51.5,
           "throttled": False, "uptime_s": 12.0, "governor": {"level": 0},
           "pipeline": {"sources": {"main": {"state": "running", "rate_hz": 4.9,
                                             "e2e_p95_ms": 7.5, "model": "inspection",
                                             "variant": "v-top"}}}}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager

@@ -7,7 +7,6 @@ against the running daemon."""
 from __future__ import annotations
 
 import asyncio
-import socket
 from typing import Any
 
 import pytest
@@ -17,17 +16,12 @@ from support.daemon_harness import Serve, results, write_config
 from support.waiting import wait
 
 from models import bundled
+from runtime.wire.broker import free_port
 
 pytestmark = pytest.mark.skipif(not (bundled() / "manifest.json").exists(),
                                 reason="bundled model not built")
 UNIT = 1
 LABELS = ("ok", "scratch", "dent", "stain", "missing_part")  # [modbus] classes' default
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def verdict_of(c: AsyncModbusTcpClient, seq: int) -> list[int]:

@@ -8,7 +8,6 @@ restarted under both while parts keep coming."""
 from __future__ import annotations
 
 import asyncio
-import socket
 from typing import Any
 
 import pytest
@@ -21,14 +20,10 @@ from models import bundled
 asyncua = pytest.importorskip("asyncua")  # the `opcua` extra (in `test`)
 from asyncua import Client, ua  # noqa: E402
 
+from runtime.wire.broker import free_port  # noqa: E402
+
 pytestmark = pytest.mark.skipif(not (bundled() / "manifest.json").exists(),
                                 reason="bundled model not built")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def trigger(port: int, parts: int) -> list[dict[str, Any]]:
