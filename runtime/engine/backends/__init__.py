@@ -41,7 +41,8 @@ _NO_DEVICE = {
               "vendor's ICD (a file in /etc/OpenCL/vendors) (docs/install.md, \"One OpenCL "
               "loader\")",
 }
-_PLUGIN = "check the plugin's \"module:Class\" in [backends] plugins and that its package is installed"
+_PLUGIN = ("check the plugin's \"module:Class\" in [backends] plugins and that its package is "
+           "installed")
 
 
 @dataclass(frozen=True)
