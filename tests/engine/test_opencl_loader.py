@@ -90,14 +90,26 @@ def _wheel_pocl() -> Path:
     return pocl[0]
 
 
-def _report(tmp_path: Path, first: str, vendors: Path) -> dict:
-    """REPORT in a fresh process after `first`, with `vendors` as the ICD folder, started as a
-    shell would start it (none of this process's OpenCL settings inherited)."""
-    env = {k: v for k, v in child_env().items()
+def _shell_env(vendors: Path, **extra: str) -> dict[str, str]:
+    """The environment of a process started from a shell, with `vendors` as the ICD folder
+    (none of this process's OpenCL settings inherited)."""
+    env = {k: v for k, v in child_env(**extra).items()
            if k not in (OPENCV_RUNTIME, "PYOPENCL_HOME", "OCL_ICD_FILENAMES")}
     env["OCL_ICD_VENDORS"] = str(vendors)
-    r = subprocess.run([sys.executable, "-c", first + REPORT], env=env, cwd=tmp_path,
-                       capture_output=True, text=True, timeout=120)
+    return env
+
+
+def _no_vendor_icd(tmp_path: Path) -> Path:
+    """An empty ICD folder: the system's loader as FFmpeg's package leaves it."""
+    vendors = tmp_path / "vendors"
+    vendors.mkdir()
+    return vendors
+
+
+def _report(tmp_path: Path, first: str, vendors: Path) -> dict:
+    """REPORT in a fresh process started as a shell would start it, after `first`."""
+    r = subprocess.run([sys.executable, "-c", first + REPORT], env=_shell_env(vendors),
+                       cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout.splitlines()[-1])
 
@@ -105,9 +117,7 @@ def _report(tmp_path: Path, first: str, vendors: Path) -> dict:
 @pytest.mark.parametrize("first", FIRST, ids=list(FIRST))
 def test_the_wheels_pocl_is_found_whatever_loads_first(first, tmp_path):
     _wheel_pocl()
-    vendors = tmp_path / "vendors"
-    vendors.mkdir()  # the system's loader with no vendor ICD: what FFmpeg's package leaves
-    got = _report(tmp_path, FIRST[first], vendors)
+    got = _report(tmp_path, FIRST[first], _no_vendor_icd(tmp_path))
     opencl = got["engines"]["opencl"]
     assert opencl["missing"] == "", opencl
     assert [p for _, p in opencl["devices"]] == ["Portable Computing Language"], opencl
@@ -155,9 +165,7 @@ def test_opencv_asked_before_edgerun_is_reported_with_what_to_do(tmp_path):
     _wheel_pocl()
     if not ctypes.util.find_library("OpenCL"):
         pytest.skip("no system OpenCL loader (ocl-icd-libopencl1): OpenCV finds none to load")
-    vendors = tmp_path / "vendors"
-    vendors.mkdir()
-    got = _report(tmp_path, "import cv2\ncv2.ocl.haveOpenCL()\n", vendors)
+    got = _report(tmp_path, "import cv2\ncv2.ocl.haveOpenCL()\n", _no_vendor_icd(tmp_path))
     opencl = got["engines"]["opencl"]
     assert opencl["missing"].startswith("no device: pyopencl's calls went to "), opencl
     assert "libOpenCL.so" in opencl["missing"] and "before" in opencl["missing"]
@@ -179,17 +187,50 @@ def test_a_missing_engine_says_why_and_what_to_do(tmp_path):
 
 
 def test_check_lists_engines_and_devices(tmp_path):
-    """`edgerun check` names every engine found with its devices, and each missing one with
-    why and what to do."""
+    """`edgerun check`, started from a shell on a box with the loader and no vendor ICD: every
+    engine found with its devices (OpenCL: whether each builds the kernels), each missing
+    one with why and what to do."""
+    pocl = _has_wheel_pocl()
     cfg = tmp_path / "edgerun.toml"
     cfg.write_text('[backends]\nenabled = ["onnxruntime", "opencl"]\n'
                    'plugins = ["no_such_sdk:Backend"]\n[governor]\npolicy = "off"\n')
     r = subprocess.run([sys.executable, "-m", "runtime.cli", "check", str(cfg)],
-                       env=child_env(), cwd=tmp_path, capture_output=True, text=True,
-                       timeout=120)
+                       env=_shell_env(_no_vendor_icd(tmp_path)), cwd=tmp_path,
+                       capture_output=True, text=True, timeout=180)
     err = r.stderr
-    names = "onnxruntime, opencl" if opencl_loader.bundled_loader() else "onnxruntime"
+    names = "onnxruntime, opencl" if pocl else "onnxruntime"
     assert f"engines: {len(names.split(', '))} of 3 found: {names}" in err, err
     assert "onnxruntime: CPU (" in err
+    if pocl:  # the wheel's device: it builds the kernels, or is refused naming why
+        assert "opencl: CPU.0 (pthread-" in err or "opencl: CPU.0 REFUSED: device CPU.0" in err
     assert "no_such_sdk:Backend: MISSING: library absent: ModuleNotFoundError" in err
     assert "  what to do: check the plugin's" in err
+
+
+def _has_wheel_pocl() -> bool:
+    loader = opencl_loader.bundled_loader()
+    return loader is not None and any(loader.parent.glob("libpocl*.so*"))
+
+
+PROFILER = ('[profiler]\nwarmup_runs = 1\nmin_runs = 3\nmax_runs = 10\ntime_budget_s = 0.02\n'
+            'idle_baseline_s = 0.05\n[backends.opencv]\nengines = ["new"]\n')
+
+
+def test_profile_reports_engines_and_profiles_opencl(tmp_path):
+    """`edgerun profile --json` from a shell on such a box: the opencl engine and its device
+    are found (after OpenCV's), its variants measured or refused naming the device."""
+    _wheel_pocl()
+    cfg = tmp_path / "fast.toml"
+    cfg.write_text(PROFILER)
+    env = _shell_env(_no_vendor_icd(tmp_path), XDG_CACHE_HOME=str(tmp_path / "cache"))
+    r = subprocess.run([sys.executable, "-m", "runtime.cli", "profile", "inspection",
+                        "--config", str(cfg), "--engine", "opencv", "--engine", "opencl",
+                        "--threads", "1", "--latency-ms", "1000", "--json"], env=env,
+                       cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    doc = json.loads(r.stdout)
+    engines = {e["name"]: e for e in doc["engines"]}
+    assert engines["opencl"]["missing"] is None and "CPU.0" in engines["opencl"]["devices"]
+    assert engines["opencv"]["missing"] is None
+    ran = {v["status"] for v in doc["variants"] if v["engine"] == "opencl"}
+    assert ran and ran <= {"ok", "refused"}, doc["variants"]

@@ -84,7 +84,7 @@ def survey(cfg: BackendsConfig, probe: bool = False) -> Discovery:
 
     def missing(name: str, why: str, remedy: str) -> None:
         reports.append(EngineReport(name, missing=why, remedy=remedy))
-        log.warning("backend %s disabled: %s", name, why)
+        log.warning("backend %s disabled: %s; what to do: %s", name, why, remedy)
 
     specs = [(name, BY_NAME[name].backend) for name in cfg.enabled]
     specs += [(p, p) for p in cfg.plugins]
