@@ -76,6 +76,11 @@ FIRST = {
     "discovery": "",  # the daemon's order: the opencv engine asks first (the issue)
     "cv2 imported first": "import cv2\n",
     "pyopencl imported first": "import pyopencl\n",
+    # the system's loader in a library's own scope, as FFmpeg's is inside a GStreamer plugin:
+    # it takes none of pyopencl's calls, and nothing is blamed on it
+    "system loader loaded locally": "import ctypes, ctypes.util\n"
+                                    "name = ctypes.util.find_library('OpenCL')\n"
+                                    "lib = name and ctypes.CDLL(name)\n",
 }
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 OPENCV_RUNTIME = "OPENCV_OPENCL_RUNTIME"  # OpenCV's name for the OpenCL library it dlopens
+_warned: list[bool] = []  # the warning below, once a process (share() runs per engine module)
 
 
 def bundled_loader() -> Path | None:
@@ -65,12 +66,31 @@ def foreign(maps: Iterable[str], loader: Path | None) -> list[str]:
 
 
 def foreign_loaders() -> list[str]:
-    """The OpenCL loaders this process has mapped other than pyopencl's bundled one."""
+    """The OpenCL loaders that hold pyopencl's calls instead of its bundled one: those this
+    process has mapped, when the global scope's `clGetPlatformIDs` (what pyopencl's extension
+    binds to first) is not the bundled loader's. A loader mapped in a library's local scope
+    (FFmpeg's, inside a GStreamer plugin) takes no call from pyopencl and is not named.
+    Meaningful once pyopencl is imported (its loader loaded)."""
+    import ctypes
+
+    loader = bundled_loader()
+    if loader is None:
+        return []
+    try:
+        first = ctypes.cast(ctypes.CDLL(None).clGetPlatformIDs, ctypes.c_void_p).value
+    except AttributeError:  # no OpenCL library in the global scope: pyopencl binds its own
+        return []
+    try:
+        ours = ctypes.cast(ctypes.CDLL(str(loader)).clGetPlatformIDs, ctypes.c_void_p).value
+    except (OSError, AttributeError):
+        ours = None
+    if first == ours:  # OpenCV loaded the bundled one (share()): one loader
+        return []
     try:
         with open("/proc/self/maps") as f:
-            return foreign(f, bundled_loader())
-    except OSError:  # not Linux: nothing to say
-        return []
+            return foreign(f, loader) or ["another OpenCL library"]
+    except OSError:
+        return ["another OpenCL library"]
 
 
 def share(environ: MutableMapping[str, str] | None = None) -> str:
@@ -90,7 +110,8 @@ def share(environ: MutableMapping[str, str] | None = None) -> str:
         return f"pyopencl cannot be imported ({type(e).__name__}: {e}); OpenCV left alone"
     env.update(todo)
     early = foreign_loaders()
-    if early:  # OpenCV (or another library) loaded it first; ours cannot replace it now
+    if early and not _warned:  # OpenCV (or another library) loaded it first: for good
+        _warned.append(True)
         log.warning("OpenCL: %s was loaded before pyopencl's loader; pyopencl may list no "
                     "platform in this process. Import runtime.engine.backends before anything "
                     "asks OpenCV about OpenCL (docs/install.md, \"One OpenCL loader\")",
