@@ -109,7 +109,8 @@ def _check_engines(cfg) -> None:
                 print(f"{e.name}: {d.id} REFUSED: {refused[d.id]}", file=sys.stderr)
                 print(f"  what to do: {e.remedy}", file=sys.stderr)
             elif e.name == "opencl":  # the one engine whose kernels check builds
-                print(f"{e.name}: {d.id} ({d.name}): builds the kernels", file=sys.stderr)
+                print(f"{e.name}: {d.id} ({d.name}; {d.details.get('driver', '?')}): builds "
+                      "the kernels", file=sys.stderr)
             else:
                 print(f"{e.name}: {d.id} ({d.name})", file=sys.stderr)
 

@@ -93,6 +93,12 @@ def build_failure(e: Exception) -> str:
     return " - ".join(dict.fromkeys(first.split(" - ")))[:300]
 
 
+def _driver(d) -> str:
+    """A device's driver in words, e.g. "OpenCL 3.0 PoCL 3.0-rc2 Linux": what tells two pocls
+    (the wheel's, the distribution's) apart."""
+    return " ".join(d.platform.version.split(",")[0].split())
+
+
 def _platforms() -> tuple[list, str]:
     """pyopencl's platforms, and why there are none ("" when there are)."""
     try:
@@ -575,7 +581,7 @@ class OpenClBackend:
         out = []
         for did, d in self._devices.items():
             out.append(Device(self.name, did, d.name.strip(), {
-                "platform": d.platform.name, "version": d.version,
+                "platform": d.platform.name, "driver": _driver(d), "version": d.version,
                 "compute_units": str(d.max_compute_units),
                 "global_mem_mb": str(d.global_mem_size >> 20),
                 "local_mem_kb": str(d.local_mem_size >> 10),
@@ -614,7 +620,7 @@ class OpenClBackend:
                                                     self._source)
             except cl.Error as e:
                 d = self._devices[device_id]
-                driver = " ".join(d.platform.version.split(",")[0].split())
+                driver = _driver(d)
                 # the same words for both storage precisions (the log line says what differs):
                 # a device's refusal is then one kind of failure, not two
                 self._refused[key] = (f"device {device_id} ({d.name.strip()}; {driver}) cannot "

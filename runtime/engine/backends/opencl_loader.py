@@ -93,17 +93,18 @@ def foreign_loaders() -> list[str]:
         return ["another OpenCL library"]
 
 
-def share(environ: MutableMapping[str, str] | None = None) -> str:
+def share() -> str:
     """Make pyopencl's bundled loader the one OpenCV loads too (module docstring). Returns what
     was done, in words, for the log; never raises (a pyopencl that cannot be imported is the
     opencl engine's to report)."""
-    env = os.environ if environ is None else environ
+    env = os.environ  # OpenCV reads the process's environment when it first asks
     loader = bundled_loader()
     todo = plan(loader, env)
     if not todo:
         if loader is not None:
             return f"OpenCV's OpenCL library is named by {OPENCV_RUNTIME}={env[OPENCV_RUNTIME]}"
-        return "no OpenCL loader in pyopencl's wheel: OpenCV and pyopencl share the system's"
+        return ("no pyopencl with a bundled OpenCL loader (absent, or built against the "
+                "system's, which OpenCV then shares)")
     try:
         import pyopencl  # noqa: F401  # loads the loader with its RPATH; sets PYOPENCL_HOME
     except Exception as e:  # a broken install: the opencl engine reports it when discovered
