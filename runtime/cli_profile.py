@@ -24,7 +24,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     from runtime.choice.profiler import Profiler, default_threads, profile_all
     from runtime.choice.selector import NoVariantError, frontier, select
     from runtime.device.profiles import load_profile
-    from runtime.engine.backends import discover
+    from runtime.engine.backends import survey
 
     cfg = config_mod.load(args.config)
     if bad := sorted(set(args.engine or ()) - set(config_mod.ENGINES)):
@@ -59,9 +59,12 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
     manifest = configured_model(model_cfg.path, model_cfg)
     models = forms_of(manifest)
-    backends = discover(cfg.backends)
+    found = survey(cfg.backends)
+    backends = found.backends
     if not backends:
         print("edgerun: no inference backend is usable on this machine", file=sys.stderr)
+        for line in missing_lines(found.engines):
+            print(line, file=sys.stderr)
         return 2
     threads = cfg.backends.threads or default_threads()
 
@@ -93,6 +96,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
             "constraints": asdict(constraints),
             "devices": [{"backend": d.backend, "id": d.id, "name": d.name, **d.details}
                         for b in backends for d in b.devices()],
+            "engines": [{"name": e.name, "devices": [d.id for d in e.devices],
+                         "missing": e.missing or None, "remedy": e.remedy or None}
+                        for e in found.engines],
             "choice": None if choice is None else {
                 "variant": choice.profile.variant_id, "met": choice.met, "reason": choice.reason},
             "frontier": [p.variant_id for p in front],
@@ -106,6 +112,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
             for d in b.devices():
                 extra = ", ".join(f"{k} {v}" for k, v in d.details.items() if k != "version")
                 print(f"device {b.name}:{d.id} {d.name}" + (f" ({extra})" if extra else ""))
+        for line in missing_lines(found.engines):
+            print(line)
         print(profile_table(profiles, choice, {p.variant_id for p in front},
                             all_rows=args.all))
         print("choice: " + (choice.reason if choice else failure))
@@ -118,6 +126,15 @@ def cmd_profile(args: argparse.Namespace) -> int:
             print("accuracy: unknown (a bare .onnx: its fp32 form is the reference; "
                   "`edgerun models prepare` measures a ladder)")
     return 0 if choice is not None else 1
+
+
+def missing_lines(engines) -> list[str]:
+    """Each enabled engine that discovery did not find: why, and what to do (two lines)."""
+    out = []
+    for e in engines:
+        if not e.found:
+            out += [f"missing: {e.name}: {e.missing}", f"  what to do: {e.remedy}"]
+    return out
 
 
 def add_profile(sub: Subparsers, common: argparse.ArgumentParser) -> None:

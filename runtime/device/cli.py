@@ -14,8 +14,9 @@ from runtime.config.schema import to_dict
 
 def cmd_check(args: argparse.Namespace) -> int:
     """Validate a config file, print it resolved (stdout, JSON) and report the model, the
-    sensors and the OpenCL devices the daemon would use (stderr); exit 1 when the model cannot
-    be loaded or the governor is on and no temperature sensor is found."""
+    sensors and the inference engines and devices the daemon would use, each missing engine
+    with why and what to do (stderr); exit 1 when the model cannot be loaded or the governor
+    is on and no temperature sensor is found."""
     from runtime import config as config_mod
     from runtime.frames.sources import redact
 
@@ -37,7 +38,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     for line in notes(cfg):  # never fatal: serve retries a source until it works
         print(line, file=sys.stderr)
-    _check_opencl(cfg)
+    _check_engines(cfg)
     bad = [what for what, fix in found if fix]
     print(f"{args.config}: " + (f"config ok, {' and '.join(bad)} NOT ok" if bad else "ok"),
           file=sys.stderr)
@@ -86,25 +87,32 @@ def _check_model(cfg, say: Callable[[str], None]) -> str | None:
     return None
 
 
-def _check_opencl(cfg) -> None:
-    """Build the OpenCL kernels on each device (when the engine is enabled) and name, on
-    stderr, each device whose driver refuses them and what to do. Never fatal: the daemon
-    leaves such a device out and runs on the others."""
-    if "opencl" not in cfg.backends.enabled:
-        return
-    try:
-        from runtime.engine.backends.opencl import OpenClBackend
-    except ImportError as e:  # installed --without opencl: the engine disables itself
-        print(f"opencl: not installed ({e})", file=sys.stderr)
-        return
-    backend = OpenClBackend()
-    refused = backend.probe()
-    for d in backend.devices():
-        if d.id in refused:
-            print(f"opencl: {d.id} REFUSED: {refused[d.id]}", file=sys.stderr)
-            print(f"  what to do: {backend.refused_hint}", file=sys.stderr)
-        else:
-            print(f"opencl: {d.id} ({d.name}): builds the kernels", file=sys.stderr)
+def _check_engines(cfg) -> None:
+    """Say, on stderr, which inference engines and devices the daemon would use and, for each
+    engine missing, why (library absent, no device, failed to start) and what to do; build the
+    OpenCL kernels on each device and name each device whose driver refuses them. Never fatal:
+    the daemon runs on the engines it finds."""
+    from runtime.engine.backends import survey
+
+    found = survey(cfg.backends, probe=True).engines
+    names = [e.name for e in found if e.found]
+    print(f"engines: {len(names)} of {len(found)} found" + (f": {', '.join(names)}" if names
+                                                           else ""), file=sys.stderr)
+    for e in found:
+        if not e.found:
+            print(f"{e.name}: MISSING: {e.missing}", file=sys.stderr)
+            print(f"  what to do: {e.remedy}", file=sys.stderr)
+            continue
+        refused = dict(e.refused)
+        for d in e.devices:
+            if d.id in refused:
+                print(f"{e.name}: {d.id} REFUSED: {refused[d.id]}", file=sys.stderr)
+                print(f"  what to do: {e.remedy}", file=sys.stderr)
+            elif e.name == "opencl":  # the one engine whose kernels check builds
+                print(f"{e.name}: {d.id} ({d.name}; {d.details.get('driver', '?')}): builds "
+                      "the kernels", file=sys.stderr)
+            else:
+                print(f"{e.name}: {d.id} ({d.name})", file=sys.stderr)
 
 
 def _check_sensors(cfg, say: Callable[[str], None]) -> str | None:

@@ -441,15 +441,15 @@ def test_check_names_each_device_and_what_to_do_for_a_refusing_one(device, tmp_p
     from support.refusing_opencl import RefusingOpenCl
 
     from runtime import config as config_mod
-    from runtime.device.cli import _check_opencl
+    from runtime.device.cli import _check_engines
     from runtime.engine.backends import opencl as opencl_mod
 
     cfg = config_mod.load(None)
-    _check_opencl(cfg)
+    _check_engines(cfg)
     err = capsys.readouterr().err
     assert f"opencl: {device} (" in err and "builds the kernels" in err
     monkeypatch.setattr(opencl_mod, "OpenClBackend", RefusingOpenCl)
-    _check_opencl(cfg)
+    _check_engines(cfg)
     err = capsys.readouterr().err
     assert f"opencl: {device} REFUSED: device {device} (" in err
     assert "error: <source>:" in err and "what to do: its variants are left out" in err

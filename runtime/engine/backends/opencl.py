@@ -30,9 +30,12 @@ import pyopencl.cltypes as clt
 from onnx import numpy_helper
 
 from runtime.config.backends import BackendsConfig
+from runtime.engine.backends import opencl_loader
 from runtime.engine.backends.base import BackendError, Device, DeviceRefused, ModelFile, Variant
 
 log = logging.getLogger(__name__)
+# OpenCV, when it asks about OpenCL later, loads the loader pyopencl already has (opencl_loader.py)
+log.debug("opencl: %s", opencl_loader.share())
 
 SUPPORTED = frozenset({
     "Conv", "BatchNormalization", "Relu", "Clip", "LeakyRelu", "Sigmoid", "HardSigmoid",
@@ -90,11 +93,23 @@ def build_failure(e: Exception) -> str:
     return " - ".join(dict.fromkeys(first.split(" - ")))[:300]
 
 
-def _platforms():
+def _driver(d) -> str:
+    """A device's driver in words, e.g. "OpenCL 3.0 PoCL 3.0-rc2 Linux": what tells two pocls
+    (the wheel's, the distribution's) apart."""
+    return " ".join(d.platform.version.split(",")[0].split())
+
+
+def _platforms() -> tuple[list, str]:
+    """pyopencl's platforms, and why there are none ("" when there are)."""
     try:
-        return cl.get_platforms()
-    except cl.Error:  # PLATFORM_NOT_FOUND_KHR: no ICD installed
-        return []
+        return cl.get_platforms(), ""
+    except cl.Error as e:  # PLATFORM_NOT_FOUND_KHR: the loader found no ICD
+        early = opencl_loader.foreign_loaders()
+        if early:  # what the loader saw is not what pyopencl's wheel brings (opencl_loader.py)
+            return [], (f"pyopencl's calls went to {', '.join(early)}, loaded before pyopencl's "
+                        f"own loader (something asked OpenCV about OpenCL before edgerun's "
+                        f"engines were imported), which lists no platform: {build_failure(e)}")
+        return [], f"the OpenCL loader lists no platform (no ICD installed): {build_failure(e)}"
 
 
 @dataclass
@@ -546,23 +561,27 @@ class OpenClBackend:
         self._programs: dict[tuple[str, bool], Any] = {}
         # (device, fp16 storage) -> why its driver refused the kernels: asked once per backend
         self._refused: dict[tuple[str, bool], str] = {}
-        for p in _platforms():
+        platforms, self.no_device = _platforms()  # no_device: why none, for discovery's report
+        for p in platforms:
             try:
                 devs = p.get_devices()
-            except cl.Error:
+            except cl.Error as e:
+                self.no_device = f"platform {p.name!r} lists no device: {build_failure(e)}"
                 continue
             for d in devs:
                 kind = "GPU" if d.type & cl.device_type.GPU else (
                     "CPU" if d.type & cl.device_type.CPU else "ACCEL")
                 idx = sum(1 for k in self._devices if k.startswith(kind + "."))
                 self._devices[f"{kind}.{idx}"] = d
+        if self._devices:
+            self.no_device = ""
 
     def devices(self) -> list[Device]:
         """Every OpenCL device with its limits; empty when no platform is installed."""
         out = []
         for did, d in self._devices.items():
             out.append(Device(self.name, did, d.name.strip(), {
-                "platform": d.platform.name, "version": d.version,
+                "platform": d.platform.name, "driver": _driver(d), "version": d.version,
                 "compute_units": str(d.max_compute_units),
                 "global_mem_mb": str(d.global_mem_size >> 20),
                 "local_mem_kb": str(d.local_mem_size >> 10),
@@ -601,7 +620,7 @@ class OpenClBackend:
                                                     self._source)
             except cl.Error as e:
                 d = self._devices[device_id]
-                driver = " ".join(d.platform.version.split(",")[0].split())
+                driver = _driver(d)
                 # the same words for both storage precisions (the log line says what differs):
                 # a device's refusal is then one kind of failure, not two
                 self._refused[key] = (f"device {device_id} ({d.name.strip()}; {driver}) cannot "

@@ -14,6 +14,7 @@ import cv2
 import numpy as np
 
 from runtime.config.backends import BackendsConfig, OpenCvConfig
+from runtime.engine.backends import opencl_loader
 from runtime.engine.backends.base import BackendError, Device, ModelFile, Variant, summarize_error
 from runtime.engine.onnx_model import ModelError, load_onnx, model_input, with_fixed_input
 
@@ -21,6 +22,9 @@ from runtime.engine.onnx_model import ModelError, load_onnx, model_input, with_f
 # only duplicate them without the model's name.
 cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_SILENT)
 log = logging.getLogger(__name__)
+# before anything here asks OpenCV about OpenCL: OpenCV's first question loads the OpenCL
+# library it then keeps, and with it every later pyopencl call (opencl_loader.py)
+log.debug("opencv: %s", opencl_loader.share())
 
 
 def engines_of(dnn: object) -> dict[str, int | None]:
