@@ -1,5 +1,6 @@
 """Frame sources: synthetic conveyor, image folder (watch mode), OpenCV capture, MQTT trigger,
-and a camera triggered by the PLC's edges (`trigger = "opcua"` or `"modbus"`).
+a Basler camera through pypylon (runtime/frames/pylon_source.py), and a camera triggered by
+the PLC's edges (`trigger = "opcua"` or `"modbus"`).
 
 Every source yields `Frame`s from `read(timeout)` (None when nothing arrived in time) and
 raises `SourceError` for a failure worth reporting (camera unplugged, stream down); the
@@ -75,6 +76,9 @@ class Frame:
     # CPU seconds its decoding took in the reading thread, where the source can tell it
     # from the read (file and trigger sources); None: inside the capture (a camera's read)
     decode_cpu_s: float | None = None
+    # the camera's own number for this frame (pylon: its block id), so a PLC-triggered
+    # part's result names the exact image it was judged on; None: the source has none
+    camera_frame: int | None = None
 
 
 class Source(Protocol):
@@ -878,6 +882,11 @@ def open_source(cfg: SourceConfig, state_dir: Path, broker=None, client_id: str 
         if edges is None or name not in edges.sources:
             raise SourceError(f"source {name}: trigger = {cfg.trigger!r} but no PLC server "
                               f"hands it edges ([{cfg.trigger}] enabled)")
+        if cfg.kind == "pylon":  # the camera's own software trigger, fired on each edge
+            from runtime.frames.pylon_source import PylonSource
+
+            return EdgeTriggered(PylonSource(replace(cfg, trigger=""), triggered=True),
+                                 edges, name)
         # captured on the edge, at once: a synthetic camera is not paced to its rate_hz
         camera = open_source(replace(cfg, trigger="", rate_hz=0.0 if cfg.kind == "synthetic"
                                      else cfg.rate_hz), state_dir, clock=clock)
@@ -888,6 +897,10 @@ def open_source(cfg: SourceConfig, state_dir: Path, broker=None, client_id: str 
         return FolderSource(cfg, state_dir)
     if cfg.kind == "capture":
         return CaptureSource(cfg)
+    if cfg.kind == "pylon":  # pypylon is an optional extra: imported only here
+        from runtime.frames.pylon_source import PylonSource
+
+        return PylonSource(cfg)
     if broker is None or not broker.host:
         raise SourceError("source kind 'trigger' needs telemetry.broker.host")
     return TriggerSource(cfg, broker, f"{client_id}-trigger")
