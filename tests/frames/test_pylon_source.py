@@ -308,3 +308,44 @@ def test_without_pypylon_the_error_names_the_key_and_the_extra(tmp_path):
                          env=child_env(Path(__file__).parents[1]), timeout=60, check=True)
     assert out.stdout.startswith('source.kind = "pylon" needs the pypylon package')
     assert "pip install 'edgerun[camera]'" in out.stdout
+
+
+def _cli(tmp_path: Path, args: list[str], no_pypylon: bool, **env: str
+         ) -> subprocess.CompletedProcess:
+    """`python -m runtime.cli ARGS` in a child; `no_pypylon`: as on a core install."""
+    code = ("import sys\n" + ("sys.modules['pypylon'] = None\n" if no_pypylon else "")
+            + f"from runtime.cli import main\nsys.exit(main({args!r}))\n")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, env=child_env(Path(__file__).parents[1], **env))
+
+
+def test_serve_refuses_a_pylon_source_without_pypylon_before_profiling(tmp_path,
+                                                                      profile_cache):
+    """Not a source retried for ever: the daemon stops at start with what to install."""
+    from support.daemon_harness import write_config
+
+    cfg = write_config(tmp_path, profile_cache, source='kind = "pylon"\nserial = "40012345"')
+    r = _cli(tmp_path, ["serve", "--config", str(cfg)], no_pypylon=True)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert ('source.kind = "pylon" needs the pypylon package' in r.stderr
+            and "pip install 'edgerun[camera]'" in r.stderr), r.stderr[-2000:]
+    assert "profiling " not in r.stderr  # said before minutes of measuring
+
+
+@pytest.mark.parametrize("no_pypylon", [False, True])
+def test_check_says_whether_the_pylon_camera_is_there(tmp_path, no_pypylon):
+    if not no_pypylon and not HAVE_PYLON:
+        pytest.skip("pypylon is not installed (pip install 'edgerun[camera]')")
+    cfg = tmp_path / "e.toml"
+    cfg.write_text('[governor]\npolicy = "off"\n[source]\nkind = "pylon"\n'
+                   'serial = "40012345"\n')
+    r = _cli(tmp_path, ["check", str(cfg)], no_pypylon, PYLON_CAMEMU="1")
+    assert r.returncode == 0, r.stderr
+    (line,) = [x for x in r.stderr.splitlines() if x.startswith("source ")]
+    if no_pypylon:
+        assert line == ("source main: pylon serial 40012345; note: pypylon is not installed: "
+                        "pip install 'edgerun[camera]' (serve refuses to start)")
+    else:
+        assert line == ("source main: pylon serial 40012345; note: source.serial '40012345': "
+                        "no camera with that serial number; found: 0815-0000 (Basler "
+                        "Emulation (0815-0000)) (serve starts and retries it with backoff)")
