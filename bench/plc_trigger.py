@@ -199,7 +199,7 @@ def camera_alone(tmp: Path, parts: int, rate: float) -> dict:
     import tomllib
 
     from runtime.config.source import SourceConfig
-    from runtime.frames.pylon_source import PylonSource
+    from runtime.frames.sources import PylonSource
 
     os.environ["PYLON_CAMEMU"] = "1"
     cfg = SourceConfig(**tomllib.loads(emulated_camera(tmp)))

@@ -3,7 +3,7 @@
 `[source] kind = "pylon"`: the camera chosen by `serial` (or the first one found), its
 features set at open (a `.pfs` feature file, then `pixel_format`, `exposure_us`,
 `gain_db`), each read back and checked against what was asked; a value the camera refuses
-or changes beyond its own rounding is a SourceError naming the key and what the camera
+or changes beyond its own rounding is a CameraError naming the key and what the camera
 offers.
 
 Two modes:
@@ -18,8 +18,12 @@ Two modes:
   part's frame. The frame carries the camera's own frame number (`camera_frame`: its block
   id) beside the edge's `plc-<n>`.
 
-pypylon is an optional extra (`pip install 'edgerun[camera]'`, ~85 MB with the pylon
-runtime): it is imported when a pylon source opens, never by the rest of the daemon.
+The camera here knows nothing of frames and sources (sources.PylonSource makes it one, and
+maps CameraError to CameraError, GrabFailed to a bad frame), so sources.py can open it
+without an import cycle.
+
+pypylon is an optional extra (`pip install 'edgerun[camera]'`: 241 MB installed with the
+pylon runtime): it is imported when a pylon source opens, never by the rest of the daemon.
 """
 
 from __future__ import annotations
@@ -34,7 +38,6 @@ import cv2
 import numpy as np
 
 from runtime.config.source import SourceConfig
-from runtime.frames.sources import BadFrame, Frame, SourceError
 
 log = logging.getLogger("edgerun.source")
 
@@ -56,6 +59,30 @@ def pypylon() -> Any:
     return pylon
 
 
+class CameraError(Exception):
+    """The camera failed or cannot be used as configured; the message says what and names
+    the key (a CameraError to the pipeline: reported, reopened with backoff)."""
+
+
+class GrabFailed(Exception):
+    """One frame came incomplete (lost packets); the camera itself is fine (a bad frame to
+    the pipeline)."""
+
+    def __init__(self, ref: str, why: str):
+        super().__init__(f"{ref}: {why}")
+        self.ref, self.why = ref, why
+
+
+@dataclass(frozen=True)
+class Grab:
+    """One frame: BGR image, the camera's number for it, its time and conversion CPU."""
+
+    image: np.ndarray
+    number: int
+    t: float
+    convert_cpu_s: float
+
+
 @dataclass(frozen=True)
 class Found:
     """A camera pylon enumerated: what `serial` is matched against and what errors list."""
@@ -67,9 +94,9 @@ class Found:
 
 def choose(serial: str, found: list[Found]) -> int:
     """The index in `found` of the camera to open: the one whose serial number is `serial`,
-    or the first when `serial` is empty. SourceError naming what was found otherwise."""
+    or the first when `serial` is empty. CameraError naming what was found otherwise."""
     if not found:
-        raise SourceError("source.kind = \"pylon\": no camera found (none connected, powered "
+        raise CameraError("source.kind = \"pylon\": no camera found (none connected, powered "
                           "or reachable: a GigE camera on another subnet, a USB camera "
                           "without its udev rules)")
     if not serial:
@@ -78,7 +105,7 @@ def choose(serial: str, found: list[Found]) -> int:
         if f.serial == serial:
             return i
     listed = ", ".join(f"{f.serial} ({f.name})" for f in found)
-    raise SourceError(f"source.serial {serial!r}: no camera with that serial number; found: "
+    raise CameraError(f"source.serial {serial!r}: no camera with that serial number; found: "
                       f"{listed}")
 
 
@@ -121,17 +148,17 @@ def _feature(cam: Any, *names: str) -> tuple[str, Any] | None:
     return None
 
 
-class PylonSource:
+class PylonCamera:
     """One Basler camera through pypylon (see module doc). `triggered`: one frame per
-    `read()`, fired by software trigger (for sources.EdgeTriggered); else free-running."""
+    `read()`, fired by software trigger (for sources.EdgeTriggered); else free-running.
+    `cam` is pypylon's InstantCamera (None once closed)."""
 
     def __init__(self, cfg: SourceConfig, triggered: bool = False):
         try:
             self._pylon = pypylon()
         except ImportError as e:
-            raise SourceError(str(e)) from e
+            raise CameraError(str(e)) from e
         self._cfg, self.triggered = cfg, triggered
-        self.live = not triggered  # free-running: latest wins; triggered: never dropped
         self.strays = 0  # frames no edge asked for, discarded (triggered)
         self.skipped = 0  # frames the camera made that a slower reader never saw
         self._failed = 0  # failed grabs in a row
@@ -145,50 +172,50 @@ class PylonSource:
                      for d in devices]
             info = devices[choose(cfg.serial, found)]
             self.name = f"{info.GetModelName()} {info.GetSerialNumber()}"
-            self._cam = pylon.InstantCamera(factory.CreateDevice(info))
-            self._cam.Open()
-        except SourceError:
+            self.cam = pylon.InstantCamera(factory.CreateDevice(info))
+            self.cam.Open()
+        except CameraError:
             raise
         except Exception as e:  # genicam.GenericException: in use elsewhere, no access
-            raise SourceError(f"source.kind = \"pylon\" ({cfg.serial or 'first camera'}): "
+            raise CameraError(f"source.kind = \"pylon\" ({cfg.serial or 'first camera'}): "
                               f"cannot open: {_said(e)}") from e
         try:
             self._configure()
-            self._cam.StartGrabbing(pylon.GrabStrategy_OneByOne if triggered
+            self.cam.StartGrabbing(pylon.GrabStrategy_OneByOne if triggered
                                     else pylon.GrabStrategy_LatestImageOnly)
         except BaseException as e:
             self.close()
-            if isinstance(e, SourceError):
+            if isinstance(e, CameraError):
                 raise
             if not isinstance(e, Exception):
                 raise
-            raise SourceError(f"pylon camera {self.name}: cannot start grabbing: "
+            raise CameraError(f"pylon camera {self.name}: cannot start grabbing: "
                               f"{_said(e)}") from e
-        self._format = self._cam.PixelFormat.Value
+        self._format = self.cam.PixelFormat.Value
         log.info("pylon camera %s open: %s, %s, exposure %s us, gain %s dB", self.name,
                  "triggered by software on each PLC edge" if triggered else "free-running",
-                 self._format, _value(self._cam, "ExposureTime", "ExposureTimeAbs"),
-                 _value(self._cam, "Gain", "GainAbs"))
+                 self._format, _value(self.cam, "ExposureTime", "ExposureTimeAbs"),
+                 _value(self.cam, "Gain", "GainAbs"))
 
     def _configure(self) -> None:
         """The feature file, then pixel format, exposure and gain, each checked; then the
         trigger mode (software FrameStart when triggered, off when free-running)."""
-        cam, cfg = self._cam, self._cfg
+        cam, cfg = self.cam, self._cfg
         if cfg.features_file:
             path = Path(cfg.features_file).expanduser()
             try:
                 self._pylon.FeaturePersistence.Load(str(path), cam.GetNodeMap(), True)
             except Exception as e:
-                raise SourceError(f"source.features_file {path}: the camera refused it: "
+                raise CameraError(f"source.features_file {path}: the camera refused it: "
                                   f"{_said(e)}") from e
         if cfg.pixel_format:
             offered = list(cam.PixelFormat.Symbolics)
             if cfg.pixel_format not in offered:
-                raise SourceError(f"source.pixel_format {cfg.pixel_format!r}: camera "
+                raise CameraError(f"source.pixel_format {cfg.pixel_format!r}: camera "
                                   f"{self.name} offers {', '.join(offered)}")
             cam.PixelFormat.Value = cfg.pixel_format
             if (got := cam.PixelFormat.Value) != cfg.pixel_format:
-                raise SourceError(f"source.pixel_format {cfg.pixel_format!r}: the camera "
+                raise CameraError(f"source.pixel_format {cfg.pixel_format!r}: the camera "
                                   f"set {got!r}")
         if cfg.exposure_us is not None:
             self._set_float("exposure_us", cfg.exposure_us, "us", "ExposureAuto",
@@ -197,7 +224,7 @@ class PylonSource:
             self._set_float("gain_db", cfg.gain_db, "dB", "GainAuto", "Gain", "GainAbs")
         if cam.GetNodeMap().GetNode("TriggerSelector") is None:
             if self.triggered:
-                raise SourceError(f"pylon camera {self.name} has no TriggerSelector: it "
+                raise CameraError(f"pylon camera {self.name} has no TriggerSelector: it "
                                   "cannot be triggered by software")
             return
         try:  # the frame trigger: SFNC's FrameStart (AcquisitionStart left off)
@@ -209,40 +236,40 @@ class PylonSource:
                 cam.TriggerMode.Value = "On"
                 cam.TriggerSource.Value = "Software"
         except Exception as e:
-            raise SourceError(f"pylon camera {self.name}: cannot set its frame trigger "
+            raise CameraError(f"pylon camera {self.name}: cannot set its frame trigger "
                               f"(TriggerSelector FrameStart, TriggerSource Software): "
                               f"{_said(e)}") from e
 
     def _set_float(self, key: str, value: float, unit: str, auto: str, *names: str) -> None:
-        cam = self._cam
+        cam = self.cam
         got = _feature(cam, *names)
         if got is None:
-            raise SourceError(f"source.{key}: camera {self.name} has no writable "
+            raise CameraError(f"source.{key}: camera {self.name} has no writable "
                               f"{' or '.join(names)}")
         name, node = got
         if _feature(cam, auto) is not None:  # the camera's automatic mode would override it
             getattr(cam, auto).Value = "Off"
         lo, hi = node.Min, node.Max
         if not lo <= value <= hi:
-            raise SourceError(f"source.{key} = {value:g}: camera {self.name} accepts "
+            raise CameraError(f"source.{key} = {value:g}: camera {self.name} accepts "
                               f"{lo:g}..{hi:g} {unit} ({name})")
         try:
             node.Value = value
         except Exception as e:
-            raise SourceError(f"source.{key} = {value:g}: the camera refused it: "
+            raise CameraError(f"source.{key} = {value:g}: the camera refused it: "
                               f"{_said(e)}") from e
         try:
             step = float(node.Inc) if node.HasInc() else None
         except Exception:  # a float feature without an increment
             step = None
         if problem := applied_problem(key, value, float(node.Value), step, unit):
-            raise SourceError(f"{problem} ({name} on camera {self.name})")
+            raise CameraError(f"{problem} ({name} on camera {self.name})")
 
-    def read(self, timeout_s: float) -> Frame | None:
+    def read(self, timeout_s: float) -> Grab | None:
         """Free-running: the newest frame, None when none came within the timeout (a camera
-        silent for `read_timeout_s` has failed: SourceError). Triggered: fire the software
+        silent for `read_timeout_s` has failed: CameraError). Triggered: fire the software
         trigger and return that frame (None when it did not come within the timeout)."""
-        pylon, cam = self._pylon, self._cam
+        pylon, cam = self._pylon, self.cam
         ms = max(int(timeout_s * 1000), 1)
         try:
             if self.triggered:
@@ -255,7 +282,7 @@ class PylonSource:
                 t0 = None
             res = cam.RetrieveResult(ms, pylon.TimeoutHandling_Return)
         except Exception as e:
-            if isinstance(e, SourceError):
+            if isinstance(e, CameraError):
                 raise
             raise self._lost(e) from e
         if res is None or not res.IsValid():
@@ -265,7 +292,7 @@ class PylonSource:
         finally:
             res.Release()
 
-    def _frame(self, res: Any, t0: float | None) -> Frame:
+    def _frame(self, res: Any, t0: float | None) -> Grab:
         # the camera's own frame counter (GigE Vision / USB3 Vision block id: a gap is a
         # frame the camera made and this reader never saw); pylon's count of the frames it
         # delivered where the transport has none
@@ -278,9 +305,9 @@ class PylonSource:
             why = f"grab failed: {res.ErrorDescription} (0x{res.ErrorCode:x})"
             if self._failed >= MAX_FAILED_GRABS:
                 self._failed = 0
-                raise SourceError(f"pylon camera {self.name}: {MAX_FAILED_GRABS} grabs failed "
+                raise CameraError(f"pylon camera {self.name}: {MAX_FAILED_GRABS} grabs failed "
                                   f"in a row, the last: {why}")
-            raise BadFrame(ref, "truncated", why)  # an incomplete frame (lost packets)
+            raise GrabFailed(ref, why)  # an incomplete frame (lost packets)
         self._failed = 0
         self._last = time.monotonic()
         self.skipped += int(res.GetNumberOfSkippedImages())
@@ -291,14 +318,13 @@ class PylonSource:
                 self._converter = self._pylon.ImageFormatConverter()
                 self._converter.OutputPixelFormat = self._pylon.PixelType_BGR8packed
             image = self._converter.Convert(res).GetArray()
-        return Frame(image, ref, t=t0 if t0 is not None else time.time(),
-                     decode_cpu_s=time.thread_time() - c0, camera_frame=n)
+        return Grab(image, n, t0 if t0 is not None else time.time(), time.thread_time() - c0)
 
     def _discard_strays(self) -> None:
         """Triggered: frames already waiting were asked for by nobody here; drop them so
         the next frame taken is the trigger's own."""
         while True:
-            res = self._cam.RetrieveResult(0, self._pylon.TimeoutHandling_Return)
+            res = self.cam.RetrieveResult(0, self._pylon.TimeoutHandling_Return)
             if res is None or not res.IsValid():
                 return
             n = res.BlockID
@@ -309,29 +335,26 @@ class PylonSource:
                         self.name, n, self.strays)
 
     def _nothing(self, timeout_s: float) -> None:
-        if self._cam.IsCameraDeviceRemoved():
+        if self.cam.IsCameraDeviceRemoved():
             raise self._lost(None)
         if self.triggered:  # EdgeTriggered reopens and keeps the edge
             return None
         silent = time.monotonic() - self._last
         if silent >= self._cfg.read_timeout_s:
-            raise SourceError(f"pylon camera {self.name}: no frame for {silent:.1f} s "
+            raise CameraError(f"pylon camera {self.name}: no frame for {silent:.1f} s "
                               f"(read_timeout_s {self._cfg.read_timeout_s:g}): the camera "
                               "stalled")
         return None
 
-    def _lost(self, e: Exception | None) -> SourceError:
-        if self._cam.IsCameraDeviceRemoved():
-            return SourceError(f"pylon camera {self.name} is gone (unplugged, powered off or "
+    def _lost(self, e: Exception | None) -> CameraError:
+        if self.cam.IsCameraDeviceRemoved():
+            return CameraError(f"pylon camera {self.name} is gone (unplugged, powered off or "
                                "its network lost); reopened once it is back")
-        return SourceError(f"pylon camera {self.name}: {_said(e)}")
-
-    def done(self, frames: list[Frame]) -> None:
-        """Nothing to remember."""
+        return CameraError(f"pylon camera {self.name}: {_said(e)}")
 
     def close(self) -> None:
         """Stop grabbing and let the camera go (another program may open it then)."""
-        cam = getattr(self, "_cam", None)
+        cam = getattr(self, "cam", None)
         if cam is None:
             return
         for step in (cam.StopGrabbing, cam.Close, cam.DestroyDevice):
@@ -339,7 +362,7 @@ class PylonSource:
                 step()
             except Exception as e:  # a camera already gone: nothing left to release
                 log.debug("pylon camera %s: %s: %s", self.name, step.__name__, e)
-        self._cam = None
+        self.cam = None
 
 
 def _value(cam: Any, *names: str) -> str:

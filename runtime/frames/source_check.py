@@ -50,8 +50,7 @@ def _problem(src: Any, has_broker: bool) -> str:
 
 def _pylon_problem(serial: str) -> str:
     """Whether pypylon is there and finds the camera (by serial, or any)."""
-    from runtime.frames.pylon_source import Found, choose, pypylon
-    from runtime.frames.sources import SourceError
+    from runtime.frames.pylon_source import CameraError, Found, choose, pypylon
 
     try:
         pylon = pypylon()
@@ -60,6 +59,6 @@ def _pylon_problem(serial: str) -> str:
     try:
         choose(serial, [Found(d.GetSerialNumber(), d.GetModelName(), d.GetFriendlyName())
                         for d in pylon.TlFactory.GetInstance().EnumerateDevices()])
-    except SourceError as e:
+    except CameraError as e:
         return str(e)
     return ""

@@ -853,6 +853,43 @@ class EdgeTriggered:
         self._camera.close()
 
 
+class PylonSource:
+    """A Basler camera through pypylon (runtime/frames/pylon_source.py, imported only here:
+    pypylon is an optional extra) as a source: free-running (live, the newest frame) or,
+    `triggered`, one frame per read by its software trigger (under EdgeTriggered). Frames
+    carry the camera's frame number (`camera_frame`)."""
+
+    def __init__(self, cfg: SourceConfig, triggered: bool = False):
+        from runtime.frames import pylon_source
+
+        self._m = pylon_source
+        self.live = not triggered  # free-running: latest wins; triggered: never dropped
+        try:
+            self.camera = pylon_source.PylonCamera(cfg, triggered)
+        except pylon_source.CameraError as e:
+            raise SourceError(str(e)) from e
+
+    def read(self, timeout_s: float) -> Frame | None:
+        """The camera's next frame (PylonCamera.read); an incomplete one is a bad frame."""
+        try:
+            got = self.camera.read(timeout_s)
+        except self._m.GrabFailed as e:
+            raise BadFrame(e.ref, "truncated", e.why) from e
+        except self._m.CameraError as e:
+            raise SourceError(str(e)) from e
+        if got is None:
+            return None
+        return Frame(got.image, f"frame-{got.number}", t=got.t, decode_cpu_s=got.convert_cpu_s,
+                     camera_frame=got.number)
+
+    def done(self, frames: list[Frame]) -> None:
+        """Nothing to remember."""
+
+    def close(self) -> None:
+        """Let the camera go."""
+        self.camera.close()
+
+
 def decode_payload(payload: bytes, max_pixels: int) -> np.ndarray:
     """A trigger payload: image bytes (any format frames/images.py checks) or, when it is not
     one, a short UTF-8 path to an image file. BadImage when it is neither."""
@@ -883,8 +920,6 @@ def open_source(cfg: SourceConfig, state_dir: Path, broker=None, client_id: str 
             raise SourceError(f"source {name}: trigger = {cfg.trigger!r} but no PLC server "
                               f"hands it edges ([{cfg.trigger}] enabled)")
         if cfg.kind == "pylon":  # the camera's own software trigger, fired on each edge
-            from runtime.frames.pylon_source import PylonSource
-
             return EdgeTriggered(PylonSource(replace(cfg, trigger=""), triggered=True),
                                  edges, name)
         # captured on the edge, at once: a synthetic camera is not paced to its rate_hz
@@ -897,9 +932,7 @@ def open_source(cfg: SourceConfig, state_dir: Path, broker=None, client_id: str 
         return FolderSource(cfg, state_dir)
     if cfg.kind == "capture":
         return CaptureSource(cfg)
-    if cfg.kind == "pylon":  # pypylon is an optional extra: imported only here
-        from runtime.frames.pylon_source import PylonSource
-
+    if cfg.kind == "pylon":
         return PylonSource(cfg)
     if broker is None or not broker.host:
         raise SourceError("source kind 'trigger' needs telemetry.broker.host")

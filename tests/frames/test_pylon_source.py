@@ -17,7 +17,7 @@ import pytest
 from support.under_test import child_env
 
 from runtime.config.source import SourceConfig
-from runtime.frames.pylon_source import Found, applied_problem, choose, to_bgr
+from runtime.frames.pylon_source import CameraError, Found, applied_problem, choose, to_bgr
 from runtime.frames.sources import SourceError, open_source
 
 try:
@@ -47,7 +47,7 @@ def test_the_camera_is_chosen_by_serial_or_is_the_first(serial, found, want):
     if isinstance(want, int):
         assert choose(serial, found) == want
     else:
-        with pytest.raises(SourceError, match=want.replace("(", r"\(").replace(")", r"\)")):
+        with pytest.raises(CameraError, match=want.replace("(", r"\(").replace(")", r"\)")):
             choose(serial, found)
 
 
@@ -141,7 +141,7 @@ def test_free_running_frames_arrive_as_bgr_of_the_camera_image(tmp_path, emu, fm
     src = open_source(SourceConfig(kind="pylon", pixel_format=fmt,
                                    features_file=pfs(tmp_path)), tmp_path)
     try:
-        assert src.live and src._cam.PixelFormat.Value == fmt
+        assert src.live and src.camera.cam.PixelFormat.Value == fmt
         got = [src.read(5) for _ in range(3)]
     finally:
         src.close()
@@ -168,7 +168,7 @@ def test_exposure_gain_and_pixel_format_are_set_and_read_back(tmp_path, emu):
     src = open_source(SourceConfig(kind="pylon", exposure_us=1234.56, gain_db=6.0,
                                    pixel_format="Mono8"), tmp_path)
     try:
-        cam = src._cam
+        cam = src.camera.cam
         assert cam.ExposureTime.Value == pytest.approx(1234.56, abs=1)  # 1235: its rounding
         assert cam.ExposureAuto.Value == "Off" and cam.GainAuto.Value == "Off"
         assert cam.Gain.Value == pytest.approx(6.0, abs=0.01)
@@ -210,14 +210,14 @@ def test_each_software_trigger_gives_its_own_frame_numbered_by_the_camera(tmp_pa
     """Triggered: FrameStart / Software; read() fires one trigger and takes that frame.
     A frame nobody here asked for (fired behind the source's back, as a second trigger
     source would) is discarded, so the next read is still its own trigger's frame."""
-    from runtime.frames.pylon_source import PylonSource
+    from runtime.frames.sources import PylonSource
 
     imgs = parts(tmp_path, 5)
     src = PylonSource(SourceConfig(kind="pylon", pixel_format="BGR8Packed", exposure_us=100,
                                    features_file=pfs(tmp_path, AcquisitionFrameRate="1000.00")),
                       triggered=True)
     try:
-        cam = src._cam
+        cam = src.camera.cam
         assert not src.live
         assert (cam.TriggerSelector.Value, cam.TriggerMode.Value, cam.TriggerSource.Value) \
             == ("FrameStart", "On", "Software")
@@ -235,7 +235,7 @@ def test_each_software_trigger_gives_its_own_frame_numbered_by_the_camera(tmp_pa
         while cam.NumReadyBuffers.Value == 0 and time.monotonic() < deadline:
             time.sleep(0.01)
         f = src.read(5)
-        assert src.strays == 1
+        assert src.camera.strays == 1
         assert f.camera_frame == 13 and np.array_equal(f.image, imgs[13 % 5])
     finally:
         src.close()
