@@ -213,7 +213,11 @@ class PylonCamera:
             if cfg.pixel_format not in offered:
                 raise CameraError(f"source.pixel_format {cfg.pixel_format!r}: camera "
                                   f"{self.name} offers {', '.join(offered)}")
-            cam.PixelFormat.Value = cfg.pixel_format
+            try:
+                cam.PixelFormat.Value = cfg.pixel_format
+            except Exception as e:  # offered but not now (a locked feature)
+                raise CameraError(f"source.pixel_format {cfg.pixel_format!r}: the camera "
+                                  f"refused it: {_said(e)}") from e
             if (got := cam.PixelFormat.Value) != cfg.pixel_format:
                 raise CameraError(f"source.pixel_format {cfg.pixel_format!r}: the camera "
                                   f"set {got!r}")
@@ -227,10 +231,16 @@ class PylonCamera:
                 raise CameraError(f"pylon camera {self.name} has no TriggerSelector: it "
                                   "cannot be triggered by software")
             return
-        try:  # the frame trigger: SFNC's FrameStart (AcquisitionStart left off)
-            for selector in cam.TriggerSelector.Symbolics:
+        # every other trigger off (a feature file may have left FrameBurstStart on, which
+        # would hold free-running frames or make a software trigger wait for a line): a
+        # selector whose mode is not writable on this model is left as it is
+        for selector in cam.TriggerSelector.Symbolics:
+            try:
                 cam.TriggerSelector.Value = selector
                 cam.TriggerMode.Value = "Off"
+            except Exception as e:
+                log.debug("pylon camera %s: TriggerSelector %s: %s", self.name, selector, e)
+        try:  # the frame trigger: SFNC's FrameStart
             if self.triggered:
                 cam.TriggerSelector.Value = "FrameStart"
                 cam.TriggerMode.Value = "On"
