@@ -349,3 +349,46 @@ def test_check_says_whether_the_pylon_camera_is_there(tmp_path, no_pypylon):
         assert line == ("source main: pylon serial 40012345; note: source.serial '40012345': "
                         "no camera with that serial number; found: 0815-0000 (Basler "
                         "Emulation (0815-0000)) (serve starts and retries it with backoff)")
+
+
+@needs_pylon
+def test_an_incomplete_frame_is_a_bad_frame_and_its_edge_is_triggered_again(tmp_path, emu):
+    """A grab that fails (lost packets; the emulator's ForceFailedBuffer) is a bad frame of
+    kind `truncated` and the PLC edge stays: the next read triggers again for the same part,
+    so its verdict still comes, on a whole frame. Three failures in a row are a SourceError
+    (the camera is reopened; the edge is still kept)."""
+    from runtime.frames.edges import EdgeBoard
+    from runtime.frames.sources import BadFrame, EdgeTriggered, PylonSource
+
+    imgs = parts(tmp_path, 4)
+    board = EdgeBoard(["main"], 10)
+    camera = PylonSource(SourceConfig(kind="pylon", pixel_format="BGR8Packed", exposure_us=100,
+                                      features_file=pfs(tmp_path,
+                                                        AcquisitionFrameRate="1000.00")),
+                         triggered=True)
+    src = EdgeTriggered(camera, board, "main")
+    cam = camera.camera.cam
+    try:
+        for _ in range(2):
+            board.push("main", "PartSeq")
+        cam.ForceFailedBufferCount.Value = 1
+        cam.ForceFailedBuffer.Execute()
+        with pytest.raises(BadFrame) as bad:
+            src.read(5)
+        assert bad.value.kind == "truncated" and "grab failed" in bad.value.why
+        assert board.pending("main") == 2  # the edge was put back
+        got = [src.read(5), src.read(5)]
+        assert [f.ref for f in got] == ["plc-1", "plc-2"]
+        for f in got:
+            assert np.array_equal(f.image, imgs[f.camera_frame % 4])
+        board.push("main", "PartSeq")
+        cam.ForceFailedBufferCount.Value = 3
+        cam.ForceFailedBuffer.Execute()
+        for _ in range(2):
+            with pytest.raises(BadFrame):
+                src.read(5)
+        with pytest.raises(SourceError, match="3 grabs failed in a row"):
+            src.read(5)
+        assert board.pending("main") == 1
+    finally:
+        src.close()
