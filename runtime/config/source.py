@@ -53,7 +53,7 @@ class SourceConfig:
     # capture of an RTSP/HTTP URL: RTSP over TCP (or "udp"; "auto": FFmpeg's default)
     transport: Literal["tcp", "udp", "auto"] = "tcp"
     open_timeout_s: float = 10.0  # capture of a URL: give up connecting after this long
-    read_timeout_s: float = 5.0  # capture of a URL: a stream silent this long has failed
+    read_timeout_s: float = 5.0  # capture of a URL, free-running pylon: silent this long = failed
     # [[sources]] only (runtime/choice/joint.py, docs/sources.md): the model inspecting this source,
     # a bundled model's name or a path ("": the [model] section's), and that model's tiling
     model: str = ""
