@@ -19,7 +19,7 @@ Two modes:
   id) beside the edge's `plc-<n>`.
 
 The camera here knows nothing of frames and sources (sources.PylonSource makes it one, and
-maps CameraError to CameraError, GrabFailed to a bad frame), so sources.py can open it
+maps CameraError to SourceError, GrabFailed to a bad frame), so sources.py can open it
 without an import cycle.
 
 pypylon is an optional extra (`pip install 'edgerun[camera]'`: 241 MB installed with the
