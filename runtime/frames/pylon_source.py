@@ -61,7 +61,7 @@ def pypylon() -> Any:
 
 class CameraError(Exception):
     """The camera failed or cannot be used as configured; the message says what and names
-    the key (a CameraError to the pipeline: reported, reopened with backoff)."""
+    the key (a SourceError to the pipeline: reported, reopened with backoff)."""
 
 
 class GrabFailed(Exception):
