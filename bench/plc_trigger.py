@@ -14,6 +14,11 @@ enabled on loopback:
   client acting as the PLC writes the part's number into PartSeq (holding register 0) and
   polls registers 0..9 every `--modbus-poll-ms` (2) until VerdictSeq (register 1) echoes it,
   as a PLC's scan would; its frames are `plc-<n>`, n the part's number.
+- `pylon` (when pypylon is installed: `pip install 'edgerun[camera]'`): as `modbus`, the
+  camera a Basler one through pypylon, here pylon's emulator (PYLON_CAMEMU=1) playing rendered
+  parts, its software trigger fired on each edge (`[source] kind = "pylon"`); and
+  `pylon-cam`, the same emulated camera alone in this process (trigger to frame, no daemon),
+  at the same rate: the camera's own share of the `pylon` figure.
 In the first two the verdict is read the same way, a PLC's way: a subscription (10 ms
 publishing interval, a queue per item so no change is coalesced away) on
 `main/LastResult/FrameId`. Trigger to verdict is from just before the call (the publish, the
@@ -28,7 +33,7 @@ server's health refresh; each run prints its three slowest parts (their number a
 a tail made of the first parts shows as such.
 
 Usage: python bench/plc_trigger.py [--runs 3] [--parts 100] [--rate 5] [--warmup 0]
-       [--only opcua|modbus|mqtt]
+       [--only opcua|modbus|mqtt|pylon]
 """
 
 from __future__ import annotations
@@ -62,11 +67,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(tmp: Path, cache: Path, source: str, port: int, extra: str = "") -> Serve:
+def start(tmp: Path, cache: Path, source: str, port: int, extra: str = "",
+          env: dict[str, str] | None = None) -> Serve:
     """`edgerun serve` with [opcua] on `port`; returns once it is ready."""
     cfg = write_config(tmp, cache, source=source,
                        extra=f"[opcua]\nenabled = true\nport = {port}\n{extra}")
-    d = Serve(tmp, cfg)
+    d = Serve(tmp, cfg, env=env)
     deadline = time.monotonic() + 300
     while not d.ready():
         if d.proc.poll() is not None or time.monotonic() > deadline:
@@ -166,16 +172,68 @@ async def drive_modbus(port: int, parts: int, rate: float, warmup: int = 0, poll
     return sent, dict(seen), order, (results_reg - warmup) & 0xFFFF
 
 
+PFS = "# {05D8C294-F295-4dfb-9D01-096BD04049F4}\n"  # a GenApi feature file's first line
+
+
+def emulated_camera(tmp: Path) -> str:
+    """The `[source]` of a pylon camera: the emulator playing 16 rendered parts in turn,
+    exposure 100 us, ready for its next trigger within 1 ms (1000 frames/s)."""
+    import cv2
+
+    from models.synthetic import samples
+
+    folder = tmp / "parts"
+    folder.mkdir(exist_ok=True)
+    for i, s in enumerate(samples(seed=3, count=16)):
+        cv2.imwrite(str(folder / f"part-{i:04d}.png"), s.image)
+    pfs = tmp / "camera.pfs"
+    pfs.write_text(PFS + f"TestImageSelector\tOff\nImageFilename\t{folder}\n"
+                   "ImageFileMode\tOn\nAcquisitionFrameRate\t1000.00\n")
+    return (f'kind = "pylon"\npixel_format = "BGR8Packed"\nexposure_us = 100\n'
+            f'features_file = "{pfs}"')
+
+
+def camera_alone(tmp: Path, parts: int, rate: float) -> dict:
+    """The emulated camera without the daemon: trigger to frame in this process."""
+    import os
+    import tomllib
+
+    from runtime.config.source import SourceConfig
+    from runtime.frames.sources import PylonSource
+
+    os.environ["PYLON_CAMEMU"] = "1"
+    cfg = SourceConfig(**tomllib.loads(emulated_camera(tmp)))
+    cam = PylonSource(cfg, triggered=True)
+    ms: list[float] = []
+    try:
+        t0 = time.perf_counter()
+        for i in range(parts):
+            time.sleep(max(0.0, t0 + i / rate - time.perf_counter()))
+            t = time.perf_counter()
+            if cam.read(5) is not None:
+                ms.append((time.perf_counter() - t) * 1e3)
+    finally:
+        cam.close()
+    order = sorted((x, k) for k, x in enumerate(ms))
+    return {"slowest": order[-3:][::-1], "p50": float(np.percentile(ms, 50)),
+            "p99": float(np.percentile(ms, 99)), "lost": parts - len(ms), "duplicated": 0,
+            "stored": len(ms), "parts": parts}
+
+
 def measure(kind: str, tmp: Path, cache: Path, parts: int, rate: float, warmup: int = 0,
             opcua_health_s: float = 1.0, poll_s: float = 0.002) -> dict:
+    if kind == "pylon-cam":
+        return camera_alone(tmp, parts, rate)
     port = free_port()
     broker = None
     extra = f"health_interval_s = {opcua_health_s}\n"
     over = 0  # verdicts past the parts written (Modbus's Results register)
-    if kind == "modbus":
+    if kind in ("modbus", "pylon"):
         mport = free_port()
-        d = start(tmp, cache, 'kind = "synthetic"\ntrigger = "modbus"', port,
-                  f"{extra}[modbus]\nenabled = true\nport = {mport}\n")
+        camera = (f"{emulated_camera(tmp)}\ntrigger = \"modbus\"" if kind == "pylon"
+                  else 'kind = "synthetic"\ntrigger = "modbus"')
+        d = start(tmp, cache, camera, port, f"{extra}[modbus]\nenabled = true\nport = {mport}\n",
+                  env={"PYLON_CAMEMU": "1"} if kind == "pylon" else None)
         try:
             sent, seen, order, verdicts = asyncio.run(
                 drive_modbus(mport, parts, rate, warmup, poll_s))
@@ -209,7 +267,7 @@ def measure(kind: str, tmp: Path, cache: Path, parts: int, rate: float, warmup: 
         async def fire(c, idx, i):
             pub.publish(TOPIC, pngs[i % len(pngs)], qos=1)
             return f"trigger-{i + 1}"
-    if kind != "modbus":
+    if kind not in ("modbus", "pylon"):
         try:
             sent, seen, order = asyncio.run(drive(port, parts, rate, fire, warmup))
         finally:
@@ -246,38 +304,50 @@ def main() -> int:
                     help="[opcua] health_interval_s (the server's health refresh)")
     ap.add_argument("--modbus-poll-ms", type=float, default=2.0,
                     help="the Modbus PLC's poll of VerdictSeq (its scan)")
-    ap.add_argument("--only", choices=("opcua", "modbus", "mqtt"), default="",
-                    help="one trigger only (diagnosis; no side-by-side ratio)")
+    ap.add_argument("--only", default="",
+                    help="these triggers only, comma-separated (opcua, modbus, mqtt, pylon, "
+                         "pylon-cam)")
     a = ap.parse_args()
     import logging
 
     logging.getLogger("asyncua").setLevel(logging.ERROR)  # the client's revised-value notes
-    out: dict[str, list[dict]] = {"opcua": [], "modbus": [], "mqtt": []}
+    try:
+        import pypylon  # noqa: F401
+        cams: tuple[str, ...] = ("pylon", "pylon-cam")
+    except ImportError:
+        print("pypylon is not installed (pip install 'edgerun[camera]'): no pylon rows")
+        cams = ()
+    out: dict[str, list[dict]] = {k: [] for k in ("opcua", "modbus", "mqtt", *cams)}
     with tempfile.TemporaryDirectory(prefix="plc-bench-") as td:
         cache = Path(td) / "profiles"
         for run in range(a.runs):
-            kinds = (("opcua", "modbus", "mqtt") if run % 2 == 0
-                     else ("mqtt", "modbus", "opcua"))
-            for kind in (a.only,) if a.only else kinds:
+            kinds = (("opcua", "modbus", "mqtt", *cams) if run % 2 == 0
+                     else (*cams[::-1], "mqtt", "modbus", "opcua"))
+            for kind in [k for k in kinds if k in a.only.split(",")] if a.only else kinds:
                 tmp = Path(td) / f"{kind}-{run}"
                 tmp.mkdir()
                 r = measure(kind, tmp, cache, a.parts, a.rate, a.warmup, a.opcua_health_s,
                             a.modbus_poll_ms / 1e3)
                 out[kind].append(r)
                 slow = ", ".join(f"#{k + 1} {ms:.0f}" for ms, k in r["slowest"])
-                print(f"run {run + 1} {kind:6s}: p50 {r['p50']:.2f} ms  p99 {r['p99']:.2f} ms"
+                print(f"run {run + 1} {kind:9s}: p50 {r['p50']:.2f} ms  p99 {r['p99']:.2f} ms"
                       f"  lost {r['lost']}  duplicated {r['duplicated']}  stored "
                       f"{r['stored']}/{r['parts']}  slowest parts (ms): {slow}", flush=True)
     print(f"\n{a.parts} parts at {a.rate:g}/s after {a.warmup} warm-up parts, [opcua] "
           f"health_interval_s {a.opcua_health_s:g}, Modbus poll {a.modbus_poll_ms:g} ms, "
           f"{a.runs} runs: median [min..max] of the runs")
-    print(f"{'trigger':8s} {'p50 ms':>22s} {'p99 ms':>22s}  lost  duplicated")
+    print(f"{'trigger':9s} {'p50 ms':>22s} {'p99 ms':>22s}  lost  duplicated")
     for kind, rs in out.items():
-        print(f"{kind:8s} {spread([r['p50'] for r in rs if r['p50'] is not None]):>22s} "
+        print(f"{kind:9s} {spread([r['p50'] for r in rs if r['p50'] is not None]):>22s} "
               f"{spread([r['p99'] for r in rs if r['p99'] is not None]):>22s}  "
               f"{sum(r['lost'] for r in rs):4d}  {sum(r['duplicated'] for r in rs):10d}")
+    if cams and out["modbus"] and out["pylon"]:  # the same trigger path, another camera
+        ratio = [x["p99"] / y["p99"] for x, y in zip(out["pylon"], out["modbus"], strict=False)
+                 if x["p99"] and y["p99"]]
+        print(f"p99 pylon/modbus (synthetic camera) per run: "
+              f"{', '.join(f'{x:.2f}' for x in ratio)}")
     m = out["mqtt"]
-    for kind in ("opcua", "modbus"):
+    for kind in ("opcua", "modbus", *cams[:1]):
         o = out[kind]
         ratio = [x["p99"] / y["p99"] for x, y in zip(o, m, strict=False)
                  if x["p99"] and y["p99"]]

@@ -27,7 +27,7 @@ NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")  # a source's name goes into result
 class SourceConfig:
     """The `[source]` section (or one `[[sources]]` entry, see runtime/frames/multisource.py)."""
 
-    kind: Literal["synthetic", "folder", "capture", "trigger"] = "synthetic"
+    kind: Literal["synthetic", "folder", "capture", "trigger", "pylon"] = "synthetic"
     # results name their source; empty: "main" for a single [source] ([[sources]] need one)
     name: str = ""
     rate_hz: float = 10.0  # synthetic: frames per second (0 = as fast as possible);
@@ -41,7 +41,7 @@ class SourceConfig:
     watch: bool = True  # folder: keep watching for new files
     done_dir: str = ""  # folder: move inspected files here (empty: remember them instead)
     topic: str = ""  # trigger: MQTT topic; payload = image bytes (PNG/JPEG) or a file path
-    # synthetic/capture: what starts a capture. "": the source's own pace; "opcua": one frame
+    # synthetic/capture/pylon: what starts a capture. "": the source's own pace; "opcua": one frame
     # per rising edge of the PLC (Trigger() or PartPresent false->true; docs/plc.md);
     # "modbus": the same over Modbus TCP (a PartPresent coil or a new part counter value)
     trigger: Literal["", "opcua", "modbus"] = ""
@@ -53,13 +53,22 @@ class SourceConfig:
     # capture of an RTSP/HTTP URL: RTSP over TCP (or "udp"; "auto": FFmpeg's default)
     transport: Literal["tcp", "udp", "auto"] = "tcp"
     open_timeout_s: float = 10.0  # capture of a URL: give up connecting after this long
-    read_timeout_s: float = 5.0  # capture of a URL: a stream silent this long has failed
+    read_timeout_s: float = 5.0  # capture of a URL, free-running pylon: silent this long = failed
     # [[sources]] only (runtime/choice/joint.py, docs/sources.md): the model inspecting this source,
     # a bundled model's name or a path ("": the [model] section's), and that model's tiling
     model: str = ""
     tiling: bool = False
     tile_size: int = 0  # frame pixels per tile side; 0: the model input's size
     tile_overlap: float = 0.2
+    # pylon (a Basler camera through pypylon, runtime/frames/pylon_source.py, docs/sources.md):
+    # the camera's serial number ("": the first camera found); exposure, gain and pixel
+    # format set at open and checked against what the camera reports (None / "": the
+    # camera's own); a .pfs feature file (saved by pylon Viewer) loaded before them
+    serial: str = ""
+    exposure_us: float | None = None
+    gain_db: float | None = None
+    pixel_format: str = ""
+    features_file: str = ""
 
     def validate(self) -> tuple[str, str] | None:
         if self.name and not NAME.match(self.name):
@@ -69,9 +78,11 @@ class SourceConfig:
             return "max_pixels", f"must be >= 1, got {self.max_pixels}"
         if self.kind in ("folder", "capture") and not self.path:
             return "path", f"source kind {self.kind!r} needs a path"
-        if self.trigger and self.kind not in ("synthetic", "capture"):
+        if self.trigger and self.kind not in ("synthetic", "capture", "pylon"):
             return "trigger", (f"a PLC trigger captures from a camera: kind must be "
-                               f"'synthetic' or 'capture', got {self.kind!r}")
+                               f"'synthetic', 'capture' or 'pylon', got {self.kind!r}")
+        if problem := self._pylon_problem():
+            return problem
         if self.kind == "trigger" and not self.topic:
             return "topic", "source kind 'trigger' needs an MQTT topic"
         if not 0 <= self.defect_rate <= 1:
@@ -94,6 +105,30 @@ class SourceConfig:
                 roi.resolve(self.roi, self.roi_units, self.size, self.size, "roi")
             except roi.RoiError as e:
                 return "roi", str(e)
+        return None
+
+    def _pylon_problem(self) -> tuple[str, str] | None:
+        """What is wrong with the pylon keys (None when nothing is): set only on a pylon
+        source, in range, names of plain characters (they go into the camera's node map)."""
+        given = [k for k in ("serial", "exposure_us", "gain_db", "pixel_format",
+                             "features_file") if getattr(self, k) not in ("", None)]
+        if self.kind != "pylon":
+            return (given[0], f"is a setting of a pylon camera, this source's kind is "
+                              f"{self.kind!r}") if given else None
+        if self.exposure_us is not None and not 0 < self.exposure_us <= 1e8:
+            return "exposure_us", f"must be within 0..1e8 microseconds, got {self.exposure_us}"
+        if self.gain_db is not None and not -100 <= self.gain_db <= 100:
+            return "gain_db", f"must be within -100..100 dB, got {self.gain_db}"
+        for key in ("serial", "pixel_format"):
+            if not re.fullmatch(r"[A-Za-z0-9_.-]{0,64}", getattr(self, key)):
+                return key, (f"must be up to 64 letters, digits, '_', '.' or '-', got "
+                             f"{getattr(self, key)[:80]!r}")
+        if self.features_file:
+            try:
+                if not Path(self.features_file).expanduser().is_file():
+                    return "features_file", f"{self.features_file}: no such file"
+            except (OSError, ValueError) as e:
+                return "features_file", f"{self.features_file[:200]}: {e}"
         return None
 
 

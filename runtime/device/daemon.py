@@ -227,6 +227,10 @@ class Daemon:
 
                 self.plc = open_plc(cfg)
                 self.plan.edges = self.plc.edges
+            if any(s.kind == "pylon" for s in (cfg.sources or (cfg.source,))):
+                from runtime.frames.pylon_source import pypylon
+
+                pypylon()  # an extra: said now, not as a source retried for ever
         except (ValueError, ImportError) as e:  # a key file, an [opcua] file or asyncua
             raise ConfigError(str(e)) from e
         if not cfg.telemetry.broker.host:

@@ -714,6 +714,8 @@ class Pipeline:
                  "e2e_ms": round((time.time() - frame.t) * 1e3, 3)}  # capture to result
             if frame.truth is not None:
                 r["truth"] = frame.truth
+            if frame.camera_frame is not None:  # the camera's number of the image judged
+                r["camera_frame"] = frame.camera_frame
             results.append(r)
             made.append(frame)
             owners.append(manifest)

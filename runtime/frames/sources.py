@@ -1,5 +1,6 @@
 """Frame sources: synthetic conveyor, image folder (watch mode), OpenCV capture, MQTT trigger,
-and a camera triggered by the PLC's edges (`trigger = "opcua"` or `"modbus"`).
+a Basler camera through pypylon (runtime/frames/pylon_source.py), and a camera triggered by
+the PLC's edges (`trigger = "opcua"` or `"modbus"`).
 
 Every source yields `Frame`s from `read(timeout)` (None when nothing arrived in time) and
 raises `SourceError` for a failure worth reporting (camera unplugged, stream down); the
@@ -75,6 +76,9 @@ class Frame:
     # CPU seconds its decoding took in the reading thread, where the source can tell it
     # from the read (file and trigger sources); None: inside the capture (a camera's read)
     decode_cpu_s: float | None = None
+    # the camera's own number for this frame (pylon: its block id), so a PLC-triggered
+    # part's result names the exact image it was judged on; None: the source has none
+    camera_frame: int | None = None
 
 
 class Source(Protocol):
@@ -849,6 +853,43 @@ class EdgeTriggered:
         self._camera.close()
 
 
+class PylonSource:
+    """A Basler camera through pypylon (runtime/frames/pylon_source.py, imported only here:
+    pypylon is an optional extra) as a source: free-running (live, the newest frame) or,
+    `triggered`, one frame per read by its software trigger (under EdgeTriggered). Frames
+    carry the camera's frame number (`camera_frame`)."""
+
+    def __init__(self, cfg: SourceConfig, triggered: bool = False):
+        from runtime.frames import pylon_source
+
+        self._m = pylon_source
+        self.live = not triggered  # free-running: latest wins; triggered: never dropped
+        try:
+            self.camera = pylon_source.PylonCamera(cfg, triggered)
+        except pylon_source.CameraError as e:
+            raise SourceError(str(e)) from e
+
+    def read(self, timeout_s: float) -> Frame | None:
+        """The camera's next frame (PylonCamera.read); an incomplete one is a bad frame."""
+        try:
+            got = self.camera.read(timeout_s)
+        except self._m.GrabFailed as e:
+            raise BadFrame(e.ref, "truncated", e.why) from e
+        except self._m.CameraError as e:
+            raise SourceError(str(e)) from e
+        if got is None:
+            return None
+        return Frame(got.image, f"frame-{got.number}", t=got.t, decode_cpu_s=got.convert_cpu_s,
+                     camera_frame=got.number)
+
+    def done(self, frames: list[Frame]) -> None:
+        """Nothing to remember."""
+
+    def close(self) -> None:
+        """Let the camera go."""
+        self.camera.close()
+
+
 def decode_payload(payload: bytes, max_pixels: int) -> np.ndarray:
     """A trigger payload: image bytes (any format frames/images.py checks) or, when it is not
     one, a short UTF-8 path to an image file. BadImage when it is neither."""
@@ -878,6 +919,9 @@ def open_source(cfg: SourceConfig, state_dir: Path, broker=None, client_id: str 
         if edges is None or name not in edges.sources:
             raise SourceError(f"source {name}: trigger = {cfg.trigger!r} but no PLC server "
                               f"hands it edges ([{cfg.trigger}] enabled)")
+        if cfg.kind == "pylon":  # the camera's own software trigger, fired on each edge
+            return EdgeTriggered(PylonSource(replace(cfg, trigger=""), triggered=True),
+                                 edges, name)
         # captured on the edge, at once: a synthetic camera is not paced to its rate_hz
         camera = open_source(replace(cfg, trigger="", rate_hz=0.0 if cfg.kind == "synthetic"
                                      else cfg.rate_hz), state_dir, clock=clock)
@@ -888,6 +932,8 @@ def open_source(cfg: SourceConfig, state_dir: Path, broker=None, client_id: str 
         return FolderSource(cfg, state_dir)
     if cfg.kind == "capture":
         return CaptureSource(cfg)
+    if cfg.kind == "pylon":
+        return PylonSource(cfg)
     if broker is None or not broker.host:
         raise SourceError("source kind 'trigger' needs telemetry.broker.host")
     return TriggerSource(cfg, broker, f"{client_id}-trigger")

@@ -51,7 +51,7 @@ def test_basic256sha256_on_the_network_is_accepted():
 def test_a_plc_trigger_needs_the_server_and_a_camera():
     with pytest.raises(ConfigError, match=r"needs \[opcua\] enabled"):
         from_dict({"source": {"kind": "synthetic", "trigger": "opcua"}})
-    with pytest.raises(ConfigError, match="kind must be 'synthetic' or 'capture'"):
+    with pytest.raises(ConfigError, match="kind must be 'synthetic', 'capture' or 'pylon'"):
         from_dict({"source": {"kind": "folder", "path": "/x", "trigger": "opcua"},
                    "opcua": {"enabled": True}})
     cfg = from_dict({"sources": [{"name": "a", "kind": "synthetic", "trigger": "opcua"}],
