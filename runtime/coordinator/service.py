@@ -40,6 +40,7 @@ from runtime.coordinator.alert_log import AlertLog
 from runtime.coordinator.alerts import AlertStates, Told
 from runtime.coordinator.bundle_chunks import ChunkServer
 from runtime.coordinator.bundles import Shelf, held_now
+from runtime.coordinator.clock_place import Placer
 from runtime.coordinator.coalesce import Coalescer
 from runtime.coordinator.commander import Commander, Refused, UnknownDevice
 from runtime.coordinator.dialect import is_url
@@ -68,6 +69,8 @@ class Coordinator:
                                            cfg.backlog_alert, cfg.slo_alert,
                                            wake_margin_s=cfg.wake_margin_s)
         self.store = Store(cfg.store, cfg.fsync, cfg.store_margin)
+        # unsynced devices' times placed once their clock is (runtime/coordinator/clock_place.py)
+        self.clocks = Placer(self.store)
         self.api_url = cfg.public_url.rstrip("/")  # set by api.serve when empty
         # groups, desired state, staged rollouts (own tables in the same database); their
         # commands go out through the commander, made below
@@ -266,7 +269,9 @@ class Coordinator:
     # -- ingest thread -------------------------------------------------------------------------
 
     def _ingest_loop(self) -> None:
-        last_refresh = last_prune = 0.0
+        # intervals on the monotonic clock: a wall clock stepped back an hour froze the fleet
+        # refresh for that hour, one stepped forward fired the hourly prune early
+        last_refresh = last_prune = -float("inf")
         while not self._stop.is_set():
             batch = []
             try:
@@ -286,21 +291,32 @@ class Coordinator:
                                    exc_info=True)
                 if self.cfg.ingest_delay_s:
                     time.sleep(self.cfg.ingest_delay_s)
-            now = time.time()
+            now, mono = time.time(), time.monotonic()
             try:  # housekeeping failing must not end ingest either
-                if now - last_refresh >= 1.0:
-                    last_refresh = now
+                if mono - last_refresh >= 1.0:
+                    last_refresh = mono
                     self._refresh(now)
                     self.rollouts.tick(now)
                     self.commander.expire_pending(now)
                     self._births_to_rollouts([v for _, v in self._births.due(now)])
-                if now - last_prune >= 3600:
-                    last_prune = now
+                if mono - last_prune >= 3600:
+                    last_prune = mono
                     self.store.prune(self.cfg.keep_health_s, self.cfg.keep_events_s)
             except Exception as e:
                 self.counters["housekeeping_errors"] += 1
                 self._rlog.log("housekeeping", "fleet refresh or store pruning failed: %s", e,
                                level=logging.ERROR)
+
+    def _place(self, inbound: list[Inbound]) -> None:
+        """Unsynced devices' times placed where an offset is known, and results stored
+        before one was known rewritten (a failure costs the placing, never the batch)."""
+        try:
+            self.clocks.before_store(inbound)
+            self.clocks.settle()
+        except Exception as e:
+            self.counters["clock_place_errors"] += 1
+            self._rlog.log("clock-place", "placing unsynced devices' times failed: %s; their "
+                           "claimed times are kept", e, level=logging.ERROR)
 
     def _ingest(self, batch: list[tuple[str, bytes, float]]) -> None:
         """Admit, store and ack one batch, then update the views and the rollouts from what
@@ -309,6 +325,7 @@ class Coordinator:
         now = time.time()
         inbound, sources, replies = self._admit_batch(batch, now, bad)
         written: dict[str, tuple[float, fleet.DeviceView]] = {}
+        self._place(inbound)
         acks, refused = self.store.ingest(inbound, written)
         if self.store.over_budget:
             self.retention.due.set()  # the retention loop takes back what was borrowed
