@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 
 import pytest
 
@@ -45,7 +46,7 @@ def test_read_through_a_root(tmp_path):
     kernel's own boot id; a folder with no flag is "timesyncd runs, not synced"."""
     r = clock.read(tmp_path, kernel=False)
     assert r.timesync is None and r.kernel is None
-    assert r.boot_id == open("/proc/sys/kernel/random/boot_id").read().strip()
+    assert r.boot_id == Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     flag = tmp_path / clock.TIMESYNC_FLAG
     flag.parent.mkdir(parents=True)
     assert clock.read(tmp_path, kernel=False).timesync is False
@@ -129,7 +130,7 @@ def test_clock_logs_changes_once_and_counts(tmp_path, caplog):
         s, _ = c.now()
         assert s.state == "implausible" and c.implausible_total == 1
         root.sync(True)
-        s, r = c.now()
+        s, _ = c.now()
         assert s.synced and c.jumps_total == 1 and c.last_jump_s > 1.7e9
         s, _ = c.now()
         assert s.synced and c.jumps_total == 1  # a second on: no jump
