@@ -297,11 +297,12 @@ class Coordinator:
                     last_refresh = mono
                     self._refresh(now)
                     self.rollouts.tick(now)
-                    self.commander.expire_pending(now)
+                    self.commander.expire_pending(mono)
                     self._births_to_rollouts([v for _, v in self._births.due(now)])
                 if mono - last_prune >= 3600:
                     last_prune = mono
-                    self.store.prune(self.cfg.keep_health_s, self.cfg.keep_events_s)
+                    self.store.prune(self.cfg.keep_health_s, self.cfg.keep_events_s,
+                                     now=self.retention.clock.now())
             except Exception as e:
                 self.counters["housekeeping_errors"] += 1
                 self._rlog.log("housekeeping", "fleet refresh or store pruning failed: %s", e,

@@ -791,10 +791,12 @@ class Store:
             f"GROUP BY {bucket} ORDER BY 1",
             (device, since, until, since, width))
 
-    def prune(self, keep_health_s: float, keep_events_s: float) -> None:
+    def prune(self, keep_health_s: float, keep_events_s: float, now: float | None = None
+              ) -> None:
         """Drop health and events older than their retention (results are never pruned here).
-        On PostgreSQL whole day partitions of health go first; rows left are deleted."""
-        now = time.time()
+        On PostgreSQL whole day partitions of health go first; rows left are deleted. `now`:
+        the time ages are judged at (the retention's steady wall clock; default the wall)."""
+        now = time.time() if now is None else now
         self._unuse(self._d.drop_partitions("health", now - keep_health_s, acked_only=False),
                     results=False)
         with self._d.transaction() as db:

@@ -194,7 +194,8 @@ class Daemon:
                                        duration_s=cfg.simulator.hours * 3600 or math.inf)
             log.info("simulated %s, scenario %s at %gx, sysfs tree %s", self.device.name,
                      cfg.simulator.scenario, cfg.simulator.speed, root)
-        clock = (lambda: self.sim.plant.s.t) if self.sim else time.time
+        # the control loop's time: never a step (runtime/wire/clock.py steady)
+        clock = (lambda: self.sim.plant.s.t) if self.sim else wire_clock.steady()
         found = open_sensors(root, self.device, cfg.governor.policy, clock)
         self.sensors, self.thermal, self.trips = found.sensors, found.thermal, found.trips
         self.thermal_disabled = found.disabled

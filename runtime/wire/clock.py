@@ -268,3 +268,49 @@ def stamp_each(items: list[dict[str, Any]], clk: dict[str, Any], wall: float) ->
         age = wall - it["t"] if isinstance(it.get("t"), int | float) else 0.0
         bt = clk["bt"] - age if 0.0 <= age <= 3600.0 and clk["bt"] - age >= 0 else clk["bt"]
         it["clk"] = {**clk, "bt": round(bt, 3)}
+
+
+class SteadyWall:
+    """Wall time for judging ages (retention, pruning): it follows the wall clock, and a step
+    back at once (keeping data longer is safe), but never a step forward past what the
+    monotonic clock has counted since the last reading (a clock jumping 7 days ahead must
+    not delete a week of data). A forward step is logged once and counted (`jumps_total`);
+    the time it held back stays held back until the process restarts (data kept longer)."""
+
+    def __init__(self, wall: Callable[[], float] = time.time,
+                 mono: Callable[[], float] = time.monotonic, slack_s: float = 60.0,
+                 what: str = "retention"):
+        self.wall, self.mono, self.slack_s, self.what = wall, mono, slack_s, what
+        self._w0, self._m0 = wall(), mono()
+        self._ahead = False
+        self.jumps_total = 0
+
+    def now(self) -> float:
+        """The wall time to judge ages by (see the class docstring)."""
+        w, m = self.wall(), self.mono()
+        steady = self._w0 + (m - self._m0)
+        if w > steady + self.slack_s:  # stepped forward: hold to what monotonic counted
+            if not self._ahead:
+                self._ahead = True
+                self.jumps_total += 1
+                log.warning("the wall clock reads %s, %.0f s ahead of what the monotonic clock "
+                            "counted; %s judges ages by the monotonic clock (data is kept "
+                            "longer, never deleted early)", _iso(w), w - steady, self.what)
+            return steady
+        if self._ahead:
+            log.info("the wall clock is back in step for %s", self.what)
+        self._ahead = False
+        self._w0, self._m0 = w, m  # in step, or stepped back: follow it
+        return w
+
+
+def steady(wall: Callable[[], float] = time.time,
+           mono: Callable[[], float] = time.monotonic) -> Callable[[], float]:
+    """A clock that reads the wall time at its making and then advances only with the
+    monotonic clock: never a step. The control loop's readings carry it (power/: holds,
+    dwells, the governor's integral and the energy budget's hours), so an NTP step of days
+    neither fires a hold early, nor freezes one for an hour, nor feeds the integral a week.
+    Its time of day stays what the wall clock read at the start (docs/clocks.md says what
+    that costs a box that starts at 1970)."""
+    w0, m0 = wall(), mono()
+    return lambda: w0 + (mono() - m0)
