@@ -314,3 +314,20 @@ def steady(wall: Callable[[], float] = time.time,
     that costs a box that starts at 1970)."""
     w0, m0 = wall(), mono()
     return lambda: w0 + (mono() - m0)
+
+
+# OpenSSL's X509_V_ERR_CERT_NOT_YET_VALID and X509_V_ERR_CERT_HAS_EXPIRED
+CERT_NOT_YET_VALID, CERT_HAS_EXPIRED = 9, 10
+
+
+def tls_time_cause(verify_code: int, status: Status, wall: float) -> str | None:
+    """Why a certificate failed on time, when the clock is the likely cause (pure): a
+    certificate "not yet valid" or "expired" judged by a clock that is not synced, or reads
+    1970 or past 2100, is this clock's fault more likely than the certificate's. None when
+    the failure is not about time, or the clock is synced (then the certificate is)."""
+    if verify_code not in (CERT_NOT_YET_VALID, CERT_HAS_EXPIRED) or status.synced:
+        return None
+    what = "not yet valid" if verify_code == CERT_NOT_YET_VALID else "expired"
+    return (f"the broker's certificate is {what} by this clock, which reads {_iso(wall)} and "
+            f"is {status.state} ({status.reason}): the clock, not the certificate, is the "
+            "likely cause; the connection is retried and succeeds once the clock is synced")

@@ -1,0 +1,86 @@
+"""End to end under libfaketime: a real `edgerun serve` whose wall clock reads a week behind
+(a box without an RTC battery that booted at a stale saved time) publishes to a real
+coordinator through Mosquitto; then its clock steps forward to the real time and timesyncd's
+flag appears, as an NTP sync does. The results made before the sync land at the coordinator
+placed at the real time they were made, the device's claim kept beside them; the daemon
+keeps serving across the 7-day step (docs/clocks.md)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from support.daemon_harness import Serve, write_broker_config
+from support.waiting import wait
+
+from models import bundled
+from runtime.wire import clock
+
+LIBFAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
+SHIM = Path(__file__).parents[1] / "support" / "faketime_shim"
+WEEK = 7 * 86400.0
+
+pytestmark = [
+    pytest.mark.skipif(not LIBFAKETIME.exists(),
+                       reason=f"libfaketime is not installed ({LIBFAKETIME}: Debian's faketime)"),
+    pytest.mark.skipif(not (bundled() / "manifest.json").exists(),
+                       reason="bundled model not built"),
+]
+
+
+@pytest.mark.timeout(300)
+def test_serve_a_week_behind_then_synced_lands_placed(tmp_path, broker, coordinator,
+                                                      profile_cache, monkeypatch):
+    cfg = write_broker_config(tmp_path, broker, profile_cache)
+    root = tmp_path / "sysfs"
+    flag = root / clock.TIMESYNC_FLAG
+    flag.parent.mkdir(parents=True)  # timesyncd runs, not synced yet
+    fake = tmp_path / "faketime"
+    fake.write_text("-7d\n")
+    monkeypatch.setenv("PYTHONPATH", f"{SHIM}:{__import__('os').environ.get('PYTHONPATH', '')}")
+    began = time.time()
+    d = Serve(tmp_path, cfg, env={
+        "LD_PRELOAD": str(LIBFAKETIME), "FAKETIME_TIMESTAMP_FILE": str(fake),
+        "FAKETIME_CACHE_DURATION": "1", "FAKETIME_DONT_FAKE_MONOTONIC": "1"})
+    try:
+        wait(lambda: coordinator.store.counts().get("box1", 0) >= 20, 180, "results", d)
+        before = coordinator.store.results("box1", 0, 20)
+        for r in before:  # made a week behind, unsynced, and not placeable yet
+            assert r["clk"]["sync"] is False and "claimed" not in r["clk"], r
+            assert began - WEEK - 60 < r["t"] < time.time() - WEEK + 60, r
+        views = coordinator.views["box1"].health
+        assert views["clock"]["state"] == "unsynced" and views["clk"]["sync"] is False
+        # the NTP sync: the clock steps forward to the real time, then timesyncd's flag
+        fake.write_text("+0\n")
+        time.sleep(2.5)  # libfaketime re-reads the file at most every second
+        synced_at = time.time()
+        flag.touch()
+
+        def placed() -> bool:
+            got = {r["seq"]: r for r in coordinator.store.results("box1", 0, 20)}
+            return all("claimed" in got[r["seq"]]["clk"] for r in before if r["seq"] in got)
+
+        wait(placed, 60, "the results made before the sync placed", d)
+        after = {r["seq"]: r for r in coordinator.store.results("box1", 0, 20)}
+        for r in before:
+            got = after[r["seq"]]
+            assert began - 1 <= got["t"] <= synced_at + 1, got  # the real time it was made
+            assert got["clk"]["claimed"] == r["t"]
+            assert abs(got["t"] - WEEK - r["t"]) < 5, got  # the week, to the second
+        # the placed times are in the store's rows too, so every query sees them
+        (lo, hi), = coordinator.store.read("SELECT MIN(t), MAX(t) FROM results WHERE "
+                                           "device = 'box1' AND seq <= 20")
+        assert began - 1 <= lo <= hi <= synced_at + 1
+        # the device saw the step, says so, and serves on
+        wait(lambda: (coordinator.views["box1"].health.get("clock") or {}).get("state")
+             == "synced", 30, "a synced health", d)
+        assert coordinator.views["box1"].health["clock"]["jumps_total"] >= 1
+        assert "the wall clock jumped +604" in d.text()
+        n = coordinator.store.counts()["box1"]
+        wait(lambda: coordinator.store.counts()["box1"] > n + 20, 60, "results after the step",
+             d)
+        newest = coordinator.store.results("box1", n, 5)
+        assert all(r["clk"]["sync"] is True and synced_at - 5 <= r["t"] for r in newest)
+    finally:
+        assert d.stop() == 0
