@@ -17,8 +17,10 @@ results table's `boot`, which lies inside one kernel boot) is noted once in `clo
 coordinator's writes); when a synced message of that kernel boot arrives, `settle` rewrites
 the unplaced results of those process boots, time and body (the pool's byte count moved by
 the body's growth).
-Health and events are placed when their boot's offset is known on arrival; those stored
-earlier keep their claim (clk.sync false says it is one).
+Health and events the same way: a kernel boot with some stored unplaced is noted once
+(`clock_pending` row with boot "*<kb>"), and `settle` rewrites that device's health and event
+rows of the boot (the dashboard's timeline rows in `health_points` moved with them), so
+`edgerun report`, which plots health, places them too.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from runtime.coordinator.quotas import result_bytes
+from runtime.coordinator.quotas import event_bytes, health_bytes, result_bytes
 from runtime.coordinator.store import Inbound, Store
 from runtime.wire import clock
 
@@ -40,7 +42,9 @@ _DDL = (
     "CREATE TABLE IF NOT EXISTS clock_pending (device TEXT NOT NULL, boot TEXT NOT NULL, "
     "kb TEXT NOT NULL, PRIMARY KEY (device, boot))",
 )
-CHUNK = 500  # results rewritten per transaction when a boot's offset arrives
+CHUNK = 500  # rows rewritten per transaction when a boot's offset arrives
+OTHERS = "*"  # a clock_pending boot "*<kb>": health and events of kernel boot kb (ids never
+# hold "*": payloads' _ID pattern)
 
 
 def learn(inbound: Sequence[Inbound]) -> dict[tuple[str, str], tuple[float, float]]:
@@ -77,6 +81,8 @@ def place(inbound: Sequence[Inbound], offsets: dict[tuple[str, str], tuple[float
                 item["t"] = at
             elif m.kind == "result":
                 waiting.add((m.device, item.get("boot") or m.msg["boot"], c["kb"]))
+            elif m.kind in ("health", "event"):  # "*": the kernel boot's health and events
+                waiting.add((m.device, OTHERS + c["kb"], c["kb"]))
     return waiting
 
 
@@ -131,7 +137,9 @@ class Placer:
         storing); returns how many were placed."""
         done = 0
         for key in sorted(k for k in self.waiting if (k[0], k[2]) in self.offsets):
-            done += self._settle(*key, self.offsets[key[0], key[2]][0])
+            off = self.offsets[key[0], key[2]][0]
+            done += self._settle_others(key[0], key[2], off) if key[1].startswith(OTHERS) \
+                else self._settle(*key, off)
             self.waiting.discard(key)
         self.settled_total += done
         return done
@@ -172,4 +180,52 @@ class Placer:
         if done:
             log.info("device %s: placed %d results of boot %s (kernel boot %s) made before its "
                      "clock was synced", device, done, boot, kb)
+        return done
+
+    def _settle_others(self, device: str, kb: str, off: float) -> int:
+        """The health and event rows of kernel boot `kb` stored unplaced, placed."""
+        oc, done = self.store.order_col, 0
+        for table in ("health", "events"):
+            after = -1
+            while True:
+                with self.store.transaction() as db:
+                    rows = db.execute(
+                        f"SELECT {oc}, body FROM {table} WHERE device = ? AND {oc} > ? AND "
+                        f"body LIKE ? ORDER BY {oc} LIMIT ?",
+                        (device, after, f"%{kb}%", CHUNK)).fetchall()
+                    grown = 0
+                    for rid, body in rows:
+                        msg = json.loads(body)
+                        c = msg.get("clk")
+                        at = clock.placed(msg.get("t"), c, off)
+                        if at is None or c.get("kb") != kb or "claimed" in c or \
+                                not clock.FLOOR_T <= at <= clock.CEILING_T:
+                            continue
+                        claimed = msg["t"]
+                        msg["clk"] = {**c, "claimed": claimed}
+                        msg["t"] = at
+                        new = json.dumps(msg)  # as ingest writes them
+                        db.execute(f"UPDATE {table} SET t = ?, body = ? WHERE {oc} = ?",
+                                   (at, new, rid))
+                        if table == "health":  # the dashboard's timeline row beside it
+                            db.execute("UPDATE health_points SET t = ? WHERE device = ? AND "
+                                       "t = ?", (at, device, float(claimed)))
+                            grown += health_bytes(device, new) - health_bytes(device, body)
+                        else:
+                            kind = str(msg.get("type", ""))
+                            grown += event_bytes(device, kind, new) - event_bytes(device, kind,
+                                                                                 body)
+                        done += 1
+                    if grown:
+                        db.execute("UPDATE pool_usage SET bytes = bytes + ? WHERE device = ? "
+                                   "AND pool = ?", (grown, device, table))
+                    if len(rows) < CHUNK and table == "events":
+                        db.execute("DELETE FROM clock_pending WHERE device = ? AND boot = ?",
+                                   (device, OTHERS + kb))
+                if len(rows) < CHUNK:
+                    break
+                after = rows[-1][0]
+        if done:
+            log.info("device %s: placed %d health and event messages of kernel boot %s made "
+                     "before its clock was synced", device, done, kb)
         return done

@@ -331,3 +331,20 @@ def tls_time_cause(verify_code: int, status: Status, wall: float) -> str | None:
     return (f"the broker's certificate is {what} by this clock, which reads {_iso(wall)} and "
             f"is {status.state} ({status.reason}): the clock, not the certificate, is the "
             "likely cause; the connection is retried and succeeds once the clock is synced")
+
+
+def made_after(a_t: float, a_clk: Any, b_t: float, b_clk: Any) -> bool | None:
+    """Whether message a was made after message b (pure): by boottime within one kernel
+    boot (it never steps), by wall time when both clocks were synced or neither message has
+    a stamp (an older device: as before), else None: nothing can tell, the later arrival
+    should win (a box rebooted a week behind must not have its new health ranked older than
+    what it sent before the reboot)."""
+    if not isinstance(a_clk, dict) or not isinstance(b_clk, dict):
+        return a_t > b_t if a_clk is None and b_clk is None else None
+    if a_clk.get("kb") == b_clk.get("kb") and all(
+            isinstance(c.get("bt"), int | float) and not isinstance(c.get("bt"), bool)
+            for c in (a_clk, b_clk)):
+        return a_clk["bt"] > b_clk["bt"]
+    if a_clk.get("sync") is True and b_clk.get("sync") is True:
+        return a_t > b_t
+    return None

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from runtime.coordinator.clock_place import Placer
-from runtime.coordinator.quotas import RESULT_BYTES_SQL
+from runtime.coordinator.quotas import EVENT_BYTES_SQL, HEALTH_BYTES_SQL, RESULT_BYTES_SQL
 from runtime.coordinator.store import Inbound, Store
 
 REAL = 1_790_000_000.0  # the real time when the device's boottime read 100 s
@@ -44,20 +44,28 @@ def _ingest(store: Store, placer: Placer, batch: list[Inbound]) -> None:
 
 
 def _pool_exact(store: Store) -> None:
-    (want,), = store.read(f"SELECT COALESCE(SUM({RESULT_BYTES_SQL}), 0) FROM results "
-                          "WHERE device = 'd1'")
-    got = store.read("SELECT bytes FROM pool_usage WHERE device = 'd1' AND pool = 'results'")
-    assert got and int(got[0][0]) == int(want)
+    """The fair shares' byte counts still match the rows after bodies were rewritten."""
+    for pool, sql in (("results", RESULT_BYTES_SQL), ("health", HEALTH_BYTES_SQL),
+                      ("events", EVENT_BYTES_SQL)):
+        (want,), = store.read(f"SELECT COALESCE(SUM({sql}), 0) FROM {pool} "
+                              "WHERE device = 'd1'")
+        got = store.read("SELECT bytes FROM pool_usage WHERE device = 'd1' AND pool = ?",
+                         (pool,))
+        assert int(got[0][0] if got else 0) == int(want), pool
 
 
 def test_results_placed_when_the_sync_arrives_later(store_url):
     store = Store(store_url)
     try:
         placer = Placer(store)
-        _ingest(store, placer, [_results(range(1, 6))])  # unsynced: stored as claimed
+        unsynced_health = _health(REAL + 5 - BEHIND, _clk(False, 105.0))
+        unsynced_health.msg["temp_c"] = 41.5  # a timeline number (health_points)
+        # unsynced: stored as claimed
+        _ingest(store, placer, [_results(range(1, 6)), unsynced_health])
         rows = {r["seq"]: r for r in store.results("d1")}
         assert rows[3]["t"] == REAL + 3 - BEHIND and "claimed" not in rows[3]["clk"]
-        assert store.read("SELECT device, boot, kb FROM clock_pending") == [("d1", "p1", KB)]
+        assert sorted(store.read("SELECT device, boot, kb FROM clock_pending")) == [
+            ("d1", "*" + KB, KB), ("d1", "p1", KB)]
         # the clock syncs: a health stamped synced at boottime 110 gives the offset
         _ingest(store, placer, [_health(REAL + 10, _clk(True, 110.0))])
         rows = {r["seq"]: r for r in store.results("d1")}
@@ -67,7 +75,11 @@ def test_results_placed_when_the_sync_arrives_later(store_url):
         ts = sorted(t for (t,) in store.read("SELECT t FROM results WHERE device = 'd1'"))
         assert ts == pytest.approx([REAL + q for q in range(1, 6)], abs=1e-3)  # rows too
         assert store.read("SELECT device FROM clock_pending") == []
-        assert placer.settled_total == 5
+        assert placer.settled_total == 6  # five results and the health
+        (h,) = [r for r in store.health_history("d1", REAL, REAL + 6, 10)]
+        assert h["t"] == pytest.approx(REAL + 5, abs=1e-3)  # where `edgerun report` reads
+        assert store.read("SELECT t, temp_c FROM health_points WHERE device = 'd1' AND "
+                          "temp_c IS NOT NULL") == [(pytest.approx(REAL + 5, abs=1e-3), 41.5)]
         _pool_exact(store)
         # after the sync: an unsynced event and results of the same boot placed on arrival
         late = Inbound("d1", "event", {"v": 1, "t": REAL + 50 - BEHIND, "type": "x",

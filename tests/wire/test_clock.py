@@ -138,3 +138,24 @@ def test_clock_logs_changes_once_and_counts(tmp_path, caplog):
     assert text.count("1970-01-01") == 1 and "jumped" in text and "synchronised" in text
     h = c.health()
     assert h["state"] == "synced" and h["implausible_total"] == 1 and h["jumps_total"] == 1
+
+
+@pytest.mark.parametrize("a, b, after", [
+    # one kernel boot: boottime decides, whatever the wall clock claimed
+    ((NOW - 7 * 86400, {"sync": False, "kb": "k", "bt": 20.0}),
+     (NOW, {"sync": True, "kb": "k", "bt": 10.0}), True),
+    ((NOW, {"sync": True, "kb": "k", "bt": 10.0}),
+     (NOW - 1, {"sync": True, "kb": "k", "bt": 20.0}), False),
+    # two kernel boots, both synced: wall time decides
+    ((NOW, {"sync": True, "kb": "k2", "bt": 1.0}),
+     (NOW - 60, {"sync": True, "kb": "k", "bt": 900.0}), True),
+    # a reboot a week behind, unsynced: nothing can tell (the later arrival wins)
+    ((NOW - 7 * 86400, {"sync": False, "kb": "k2", "bt": 1.0}),
+     (NOW, {"sync": True, "kb": "k", "bt": 900.0}), None),
+    # older devices without stamps: wall time, as before; one stamped and one not: unknown
+    ((NOW, None), (NOW - 1, None), True),
+    ((NOW - 1, None), (NOW, None), False),
+    ((NOW, {"sync": True, "kb": "k", "bt": 1.0}), (NOW - 1, None), None),
+])
+def test_made_after(a, b, after):
+    assert clock.made_after(a[0], a[1], b[0], b[1]) is after
