@@ -3,7 +3,7 @@
 coordinator through Mosquitto; then its clock steps forward to the real time and timesyncd's
 flag appears, as an NTP sync does. The results made before the sync land at the coordinator
 placed at the real time they were made, the device's claim kept beside them; the daemon
-keeps serving across the 7-day step (docs/clocks.md)."""
+keeps serving across the step, and across a later step back an hour (docs/clocks.md)."""
 
 from __future__ import annotations
 
@@ -30,14 +30,17 @@ pytestmark = [
 
 
 @pytest.mark.timeout(300)
-def test_serve_a_week_behind_then_synced_lands_placed(tmp_path, broker, coordinator,
-                                                      profile_cache, monkeypatch):
+@pytest.mark.parametrize("start, state", [("-7d", "unsynced"),
+                                          ("@1970-01-01 00:00:00", "implausible")],
+                         ids=["week-behind", "from-1970"])
+def test_serve_behind_then_synced_lands_placed(tmp_path, broker, coordinator, profile_cache,
+                                               monkeypatch, start, state):
     cfg = write_broker_config(tmp_path, broker, profile_cache)
     root = tmp_path / "sysfs"
     flag = root / clock.TIMESYNC_FLAG
     flag.parent.mkdir(parents=True)  # timesyncd runs, not synced yet
     fake = tmp_path / "faketime"
-    fake.write_text("-7d\n")
+    fake.write_text(f"{start}\n")
     monkeypatch.setenv("PYTHONPATH", f"{SHIM}:{__import__('os').environ.get('PYTHONPATH', '')}")
     began = time.time()
     d = Serve(tmp_path, cfg, env={
@@ -46,11 +49,17 @@ def test_serve_a_week_behind_then_synced_lands_placed(tmp_path, broker, coordina
     try:
         wait(lambda: coordinator.store.counts().get("box1", 0) >= 20, 180, "results", d)
         before = coordinator.store.results("box1", 0, 20)
-        for r in before:  # made a week behind, unsynced, and not placeable yet
+        for r in before:  # made by the wrong clock, unsynced, and not placeable yet
             assert r["clk"]["sync"] is False and "claimed" not in r["clk"], r
-            assert began - WEEK - 60 < r["t"] < time.time() - WEEK + 60, r
-        views = coordinator.views["box1"].health
-        assert views["clock"]["state"] == "unsynced" and views["clk"]["sync"] is False
+            if state == "unsynced":  # a week behind
+                assert began - WEEK - 60 < r["t"] < time.time() - WEEK + 60, r
+            else:  # the first minutes of 1970
+                assert 0 <= r["t"] < 3600, r
+        health = coordinator.views["box1"].health
+        assert health["clock"]["state"] == state and health["clk"]["sync"] is False
+        if state == "implausible":  # said and counted, not a crash loop
+            assert health["clock"]["implausible_total"] == 1
+            assert "clock: the clock reads 1970-01-01" in d.text()
         # the NTP sync: the clock steps forward to the real time, then timesyncd's flag
         fake.write_text("+0\n")
         time.sleep(2.5)  # libfaketime re-reads the file at most every second
@@ -67,7 +76,11 @@ def test_serve_a_week_behind_then_synced_lands_placed(tmp_path, broker, coordina
             got = after[r["seq"]]
             assert began - 1 <= got["t"] <= synced_at + 1, got  # the real time it was made
             assert got["clk"]["claimed"] == r["t"]
-            assert abs(got["t"] - WEEK - r["t"]) < 5, got  # the week, to the second
+        # the offsets agree to the second: every result moved by the same step
+        steps = [after[r["seq"]]["t"] - r["t"] for r in before]
+        assert max(steps) - min(steps) < 1.0, steps
+        if state == "unsynced":
+            assert abs(steps[0] - WEEK) < 5, steps
         # the placed times are in the store's rows too, so every query sees them
         (lo, hi), = coordinator.store.read("SELECT MIN(t), MAX(t) FROM results WHERE "
                                            "device = 'box1' AND seq <= 20")
@@ -76,11 +89,20 @@ def test_serve_a_week_behind_then_synced_lands_placed(tmp_path, broker, coordina
         wait(lambda: (coordinator.views["box1"].health.get("clock") or {}).get("state")
              == "synced", 30, "a synced health", d)
         assert coordinator.views["box1"].health["clock"]["jumps_total"] >= 1
-        assert "the wall clock jumped +604" in d.text()
+        assert "the wall clock jumped +" in d.text()
         n = coordinator.store.counts()["box1"]
         wait(lambda: coordinator.store.counts()["box1"] > n + 20, 60, "results after the step",
              d)
         newest = coordinator.store.results("box1", n, 5)
         assert all(r["clk"]["sync"] is True and synced_at - 5 <= r["t"] for r in newest)
+        # a step back an hour (a bad time source corrected): counted, nothing frozen
+        jumps = coordinator.views["box1"].health["clock"]["jumps_total"]
+        fake.write_text("-1h\n")
+        wait(lambda: coordinator.views["box1"].health["clock"]["jumps_total"] > jumps, 60,
+             "the step back counted", d)
+        n = coordinator.store.counts()["box1"]
+        wait(lambda: coordinator.store.counts()["box1"] > n + 20, 60,
+             "results after the step back", d)
+        assert "the wall clock jumped -36" in d.text()
     finally:
         assert d.stop() == 0

@@ -159,3 +159,17 @@ def test_clock_logs_changes_once_and_counts(tmp_path, caplog):
 ])
 def test_made_after(a, b, after):
     assert clock.made_after(a[0], a[1], b[0], b[1]) is after
+
+
+@pytest.mark.parametrize("step", [7 * 86400.0, -3600.0, -NOW])  # forward a week, back an
+def test_steady_clock_never_steps(step):  # hour, back to 1970
+    """The control loop's clock (holds, dwells, the governor's integral) advances by what
+    the monotonic clock counted, whatever the wall clock does."""
+    wall, mono = [NOW], [500.0]
+    tick = clock.steady(lambda: wall[0], lambda: mono[0])
+    assert tick() == NOW
+    mono[0] += 1.0
+    wall[0] += 1.0 + step  # a second passes and the wall clock steps
+    assert tick() == NOW + 1.0
+    mono[0] += 0.2
+    assert tick() == pytest.approx(NOW + 1.2)
