@@ -240,8 +240,10 @@ class Publisher:
                               retain=True)
 
     def _publish_birth(self, client: mqtt.Client) -> None:
-        birth = {"v": payloads.VERSION, "online": True, "boot": self.outbox.boot, "t": time.time(),
-                 "stream": self.outbox.stream, **self._birth()}
+        status, r = self.clock.now()  # a synced birth gives the coordinator the offset
+        birth = {"v": payloads.VERSION, "online": True, "boot": self.outbox.boot, "t": r.wall,
+                 "clk": wire_clock.stamp(status, r), "stream": self.outbox.stream,
+                 **self._birth()}
         client.publish(self._topic["state"], payloads.encode("state", birth), qos=1, retain=True)
 
     def _drain(self, client: mqtt.Client) -> None:
@@ -370,8 +372,10 @@ class Publisher:
         self._event_last[type_] = now
         log.warning("%s", text)
         with contextlib.suppress(Exception):  # the outbox failing is not this message's fault
-            self.outbox.put("event", {"v": payloads.VERSION, "t": time.time(), "type": type_,
-                                      "severity": severity, "detail": text, **fields})
+            status, r = self.clock.now()
+            self.outbox.put("event", {"v": payloads.VERSION, "t": r.wall, "type": type_,
+                                      "severity": severity, "detail": text, **fields,
+                                      "clk": wire_clock.stamp(status, r)})
 
     def _on_ack(self, raw: bytes) -> None:
         try:
