@@ -205,12 +205,13 @@ class Clock:
         self.implausible_total = 0
         self.jumps_total = 0
         self.last_jump_s = 0.0
-        self.synced_since_bt: float | None = None  # boottime at which sync was first seen
 
     def now(self) -> tuple[Status, Reading]:
         """The status and a fresh reading (the reading is always fresh: its wall time is the
         message's; the status is at most `every_s` old)."""
-        fresh = read(self.root, kernel=False, wall=self.wall)
+        # only the two clocks each time (a stamp per stored batch): the files at most every
+        # `every_s`
+        wall, boottime = self.wall(), time.clock_gettime(time.CLOCK_BOOTTIME)
         with self._lock:
             mono = time.monotonic()
             if mono - self._at >= self.every_s or self._reading is None:
@@ -219,7 +220,7 @@ class Clock:
             last = self._reading
         assert last is not None
         # the flags as last read, the wall clock as it is now: a jump since is judged at once
-        r = Reading(fresh.wall, fresh.boottime, last.boot_id, last.timesync, last.kernel)
+        r = Reading(wall, boottime, last.boot_id, last.timesync, last.kernel)
         return judge(r), r
 
     def stamp(self) -> dict[str, Any]:
@@ -245,7 +246,6 @@ class Clock:
                           "boot id and boottime, and placed once the clock is synced",
                           status.reason)
             elif status.synced:
-                self.synced_since_bt = r.boottime
                 log.info("clock: %s (reads %s)", status.reason, _iso(r.wall))
             else:
                 log.warning("clock: %s; messages are stamped unsynced until it is", status.reason)

@@ -233,7 +233,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     "result/each": {
         "type": "object",
         "required": ["v", "stream", "seq", "t", "boot"],
-        "properties": {"v": _V, "stream": _ID, "seq": _SEQ, "t": _T, "boot": _ID,
+        "properties": {"v": _V, "stream": _ID, "seq": _SEQ, "t": _T, "boot": _ID, "clk": _CLK,
                        "variant": _SHORT, "rung": {"type": "integer"}, "label": _SHORT,
                        "score": _NUM, "ref": _STR},
     },

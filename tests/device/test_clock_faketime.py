@@ -31,8 +31,9 @@ pytestmark = [
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("start, state", [("-7d", "unsynced"),
-                                          ("@1970-01-01 00:00:00", "implausible")],
-                         ids=["week-behind", "from-1970"])
+                                          ("@1970-01-01 00:00:00", "implausible"),
+                                          ("@2100-06-01 00:00:00", "implausible")],
+                         ids=["week-behind", "from-1970", "in-2100"])
 def test_serve_behind_then_synced_lands_placed(tmp_path, broker, coordinator, profile_cache,
                                                monkeypatch, start, state):
     cfg = write_broker_config(tmp_path, broker, profile_cache)
@@ -53,13 +54,16 @@ def test_serve_behind_then_synced_lands_placed(tmp_path, broker, coordinator, pr
             assert r["clk"]["sync"] is False and "claimed" not in r["clk"], r
             if state == "unsynced":  # a week behind
                 assert began - WEEK - 60 < r["t"] < time.time() - WEEK + 60, r
-            else:  # the first minutes of 1970
+            elif start.startswith("@1970"):  # the first minutes of 1970
                 assert 0 <= r["t"] < 3600, r
+            else:  # the first minutes of June 2100
+                assert clock.CEILING_T < r["t"] < clock.CEILING_T + 160 * 86400, r
         health = coordinator.views["box1"].health
         assert health["clock"]["state"] == state and health["clk"]["sync"] is False
         if state == "implausible":  # said and counted, not a crash loop
             assert health["clock"]["implausible_total"] == 1
-            assert "clock: the clock reads 1970-01-01" in d.text()
+            assert ("clock: the clock reads 1970-01-01" if "1970" in start
+                    else "after 2100") in d.text()
         # the NTP sync: the clock steps forward to the real time, then timesyncd's flag
         fake.write_text("+0\n")
         time.sleep(2.5)  # libfaketime re-reads the file at most every second
@@ -89,7 +93,7 @@ def test_serve_behind_then_synced_lands_placed(tmp_path, broker, coordinator, pr
         wait(lambda: (coordinator.views["box1"].health.get("clock") or {}).get("state")
              == "synced", 30, "a synced health", d)
         assert coordinator.views["box1"].health["clock"]["jumps_total"] >= 1
-        assert "the wall clock jumped +" in d.text()
+        assert "the wall clock jumped " + ("-" if "2100" in start else "+") in d.text()
         n = coordinator.store.counts()["box1"]
         wait(lambda: coordinator.store.counts()["box1"] > n + 20, 60, "results after the step",
              d)
