@@ -81,3 +81,28 @@ def test_retention_keeps_a_week_when_the_clock_jumps_forward(tmp_path):
     finally:
         c.store.close()
         c.shelf.close()
+
+
+def test_a_reboot_a_week_behind_is_the_devices_new_state():
+    """A box rebooting without an RTC battery births a week in the past: it is its new boot,
+    not a late state of an old one; a late will of the old boot (both synced, older) is not."""
+    from runtime.coordinator import fleet
+
+    now = 1_790_000_000.0
+    v = fleet.on_state(fleet.DeviceView("d"), {"v": 1, "online": True, "boot": "b1", "t": now,
+                                               "clk": {"sync": True, "kb": "k1", "bt": 50.0}},
+                       now)
+    birth = {"v": 1, "online": True, "boot": "b2", "t": now - 7 * DAY,
+             "clk": {"sync": False, "kb": "k2", "bt": 3.0}}
+    v = fleet.on_state(v, birth, now + 60)
+    assert v.boot == "b2" and v.online
+    synced = fleet.on_state(v, {**birth, "t": now + 90, "clk": {"sync": True, "kb": "k2",
+                                                                 "bt": 33.0}}, now + 90)
+    late_will = {"v": 1, "online": False, "boot": "b1", "t": now - 1,
+                 "clk": {"sync": True, "kb": "k1", "bt": 49.0}}
+    assert fleet.on_state(synced, late_will, now + 91).boot == "b2"
+    # devices of older versions (no stamps): by wall time, as before
+    old = fleet.on_state(fleet.DeviceView("d"), {"v": 1, "online": True, "boot": "b1",
+                                                 "t": now}, now)
+    assert fleet.on_state(old, {"v": 1, "online": False, "boot": "b0", "t": now - 5},
+                          now).boot == "b1"
