@@ -298,7 +298,7 @@ class Coordinator:
                     self._refresh(now)
                     self.rollouts.tick(now)
                     self.commander.expire_pending(mono)
-                    self._births_to_rollouts([v for _, v in self._births.due(now)])
+                    self._births_to_rollouts([v for _, v in self._births.due(mono)])
                 if mono - last_prune >= 3600:
                     last_prune = mono
                     self.store.prune(self.cfg.keep_health_s, self.cfg.keep_events_s,
@@ -363,7 +363,10 @@ class Coordinator:
                                        else "health", msg, size))
                 sources.append((topic_name, size))
 
-        held([*self._healths.due(now), *self._events.due(now)])
+        # the coalescers' windows on the monotonic clock (a wall clock stepped back an hour
+        # held every device's health for that hour): receipt times moved onto it
+        shift = time.monotonic() - now
+        held([*self._healths.due(now + shift), *self._events.due(now + shift)])
         for topic_name, raw, received in batch:
             device = ""
             try:
@@ -385,10 +388,10 @@ class Coordinator:
                 replies.append((device, msg, topic_name, len(raw)))
             elif kind == "health" and not self._healths.offer(
                     (device, _bucket(msg["t"], self.cfg.coalesce_s)),
-                    (topic_name, len(raw), msg), received):
+                    (topic_name, len(raw), msg), received + shift):
                 self.counters["health_coalesced"] += 1  # the latest is stored at the window end
             elif kind == "event" and not self._events.offer(
-                    (device, _event_key(msg)), (topic_name, len(raw), msg), received):
+                    (device, _event_key(msg)), (topic_name, len(raw), msg), received + shift):
                 self.counters["events_coalesced"] += 1
             else:
                 inbound.append(Inbound(device, kind, msg, len(raw)))
@@ -433,7 +436,7 @@ class Coordinator:
                 # burst is answered at the window's end): 300 forged births were 300 threads
                 # and 300 commands
                 if self._births.offer(m.device, (m.device, m.msg.get("model_version")),
-                                      now, same=m.msg.get("boot")):
+                                      time.monotonic(), same=m.msg.get("boot")):
                     births.append((m.device, m.msg.get("model_version")))
                 else:
                     self.counters["births_coalesced"] += 1

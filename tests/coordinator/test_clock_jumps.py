@@ -106,3 +106,39 @@ def test_a_reboot_a_week_behind_is_the_devices_new_state():
                                                  "t": now}, now)
     assert fleet.on_state(old, {"v": 1, "online": False, "boot": "b0", "t": now - 5},
                           now).boot == "b1"
+
+
+def test_coalesced_health_is_not_held_for_an_hour_when_the_clock_steps_back(tmp_path,
+                                                                             monkeypatch):
+    """A health held back by the coalescer is stored at its window's end by the monotonic
+    clock: a coordinator wall clock stepped back an hour does not hold it for that hour."""
+    import json
+    from types import SimpleNamespace
+
+    from runtime.coordinator import service as service_mod
+    from runtime.coordinator.service import Coordinator
+
+    c = Coordinator(CoordinatorConfig(fleet="f", store=str(tmp_path / "s.db"),
+                                      bundles_dir=str(tmp_path / "none"), coalesce_s=1.0))
+    clocks = Clocks(1_790_000_000.0)
+    monkeypatch.setattr(service_mod, "time", SimpleNamespace(
+        time=lambda: clocks.w, monotonic=lambda: clocks.m, sleep=time.sleep))
+    topic = "edgerun/v1/f/d1/health"
+
+    def health(t: float) -> tuple[str, bytes, float]:
+        return topic, json.dumps({"v": 1, "t": t, "boot": "b"}).encode(), clocks.w
+
+    try:
+        t0 = 1_790_000_000.25  # the device's clock: both in one coalesce window
+        c._ingest([health(t0)])
+        clocks.run(0.1)
+        c._ingest([health(t0 + 0.1)])  # held: the window is still open
+        assert len(c.store.read("SELECT t FROM health")) == 1
+        clocks.step(-3600)  # the coordinator's clock steps back an hour
+        clocks.run(1.5)  # and the window ends by the monotonic clock
+        c._ingest([])
+        assert sorted(t for (t,) in c.store.read("SELECT t FROM health")) == \
+            pytest.approx([t0, t0 + 0.1])
+    finally:
+        c.store.close()
+        c.shelf.close()
