@@ -85,6 +85,9 @@ def test_serve_behind_then_synced_lands_placed(tmp_path, broker, coordinator, pr
         assert max(steps) - min(steps) < 1.0, steps
         if state == "unsynced":
             assert abs(steps[0] - WEEK) < 5, steps
+            errs = [st - WEEK for st in steps]  # the placing's error: faked exactly a week
+            print(f"placed {len(errs)} results: error {min(errs) * 1e3:+.1f} to "
+                  f"{max(errs) * 1e3:+.1f} ms")
         # the placed times are in the store's rows too, so every query sees them
         (lo, hi), = coordinator.store.read("SELECT MIN(t), MAX(t) FROM results WHERE "
                                            "device = 'box1' AND seq <= 20")

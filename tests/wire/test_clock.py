@@ -46,7 +46,8 @@ def test_read_through_a_root(tmp_path):
     kernel's own boot id; a folder with no flag is "timesyncd runs, not synced"."""
     r = clock.read(tmp_path, kernel=False)
     assert r.timesync is None and r.kernel is None
-    assert r.boot_id == Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    whole = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    assert r.boot_id == whole.replace("-", "")[:12] and len(r.boot_id) == 12
     flag = tmp_path / clock.TIMESYNC_FLAG
     flag.parent.mkdir(parents=True)
     assert clock.read(tmp_path, kernel=False).timesync is False
@@ -56,7 +57,7 @@ def test_read_through_a_root(tmp_path):
     assert abs(r.boottime - time.clock_gettime(time.CLOCK_BOOTTIME)) < 5
     (tmp_path / "proc/sys/kernel/random").mkdir(parents=True)
     (tmp_path / clock.BOOT_ID).write_text("fake-boot\n")
-    assert clock.read(tmp_path, kernel=False).boot_id == "fake-boot"
+    assert clock.read(tmp_path, kernel=False).boot_id == "fakeboot"
 
 
 def test_kernel_adjtimex_answers():
