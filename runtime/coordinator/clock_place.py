@@ -42,6 +42,7 @@ _DDL = (
     "CREATE TABLE IF NOT EXISTS clock_pending (device TEXT NOT NULL, boot TEXT NOT NULL, "
     "kb TEXT NOT NULL, PRIMARY KEY (device, boot))",
 )
+MOVED_S = 0.5  # an offset is written again when it moved more than this
 CHUNK = 500  # rows rewritten per transaction when a boot's offset arrives
 OTHERS = "*"  # a clock_pending boot "*<kb>": health and events of kernel boot kb (ids never
 # hold "*": payloads' _ID pattern)
@@ -103,6 +104,7 @@ class Placer:
                 db.execute(sql)
         self.offsets = {(d, kb): (off, t) for d, kb, off, t in store.read(
             "SELECT device, kb, off, t FROM clock_offsets")}
+        self._written = {k: v[0] for k, v in self.offsets.items()}  # as in clock_offsets
         self.waiting = {(d, b, kb) for d, b, kb in store.read(
             "SELECT device, boot, kb FROM clock_pending")}
         self.placed_total = 0
@@ -114,12 +116,16 @@ class Placer:
                if k not in self.offsets or v[1] >= self.offsets[k][1]}
         fresh = [k for k in new if k not in self.offsets]
         self.offsets.update(new)
+        # written when new or moved past MOVED_S (a step, or slewing adding up), not with
+        # every synced batch: that would be one more write per device and batch
+        write = {k: v for k, v in new.items() if k not in self._written
+                 or abs(v[0] - self._written[k]) > MOVED_S}
         waiting = place(inbound, self.offsets) - self.waiting
         self.placed_total += sum(1 for m in inbound for it in _items(m)
                                  if isinstance(it.get("clk"), dict) and "claimed" in it["clk"])
-        if new or waiting:
+        if write or waiting:
             with self.store.transaction() as db:
-                for (d, kb), (off, t) in sorted(new.items()):
+                for (d, kb), (off, t) in sorted(write.items()):
                     db.execute("INSERT INTO clock_offsets (device, kb, off, t) VALUES "
                                "(?,?,?,?) ON CONFLICT (device, kb) DO UPDATE SET "
                                "off = excluded.off, t = excluded.t", (d, kb, off, t))
@@ -127,6 +133,7 @@ class Placer:
                     db.execute("INSERT INTO clock_pending (device, boot, kb) VALUES (?,?,?) "
                                "ON CONFLICT (device, boot) DO NOTHING", row)
             self.waiting.update(waiting)
+            self._written.update({k: v[0] for k, v in write.items()})
         for k in fresh:
             log.info("device %s: clock offset of kernel boot %s learnt (%+.3f s from "
                      "boottime); its unsynced messages are placed with it", k[0], k[1],

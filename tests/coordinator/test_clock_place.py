@@ -137,3 +137,30 @@ def test_a_sync_in_the_same_batch_places_what_came_before_it(store_url):
         assert store.read("SELECT device FROM clock_pending") == []
     finally:
         store.close()
+
+
+def test_synced_traffic_writes_an_offset_once_not_every_batch(store_url):
+    """A synced device's every batch gives its offset again; it is written when new or moved
+    past MOVED_S (a step), not once a batch: one more write a batch would cost every device."""
+    store = Store(store_url)
+    try:
+        placer = Placer(store)
+        writes = []
+        tx = store.transaction
+
+        def counting():
+            writes.append(1)
+            return tx()
+
+        store.transaction = counting  # type: ignore[method-assign]
+        for k in range(5):
+            _ingest(store, placer, [_results(range(1 + 2 * k, 3 + 2 * k), synced=True)])
+        assert len(writes) == 1  # the first batch's offset
+        skewed = _results(range(20, 21), synced=True)
+        skewed.msg["results"][0]["t"] += 2.0  # the clock stepped 2 s
+        _ingest(store, placer, [skewed])
+        assert len(writes) == 2
+        (off,), = store.read("SELECT off FROM clock_offsets")
+        assert off == pytest.approx(REAL - 100.0 + 2.0)
+    finally:
+        store.close()
