@@ -129,10 +129,13 @@ class Commander:
         if env is None:
             return  # held by the broker for a sleeper: its events give the verdict
         self._counters["commands_sent_async"] += 1
-        self.pending.add(env["id"], Awaited(device, name, args, time.time() + wait_s))
+        # a monotonic deadline: a wall clock stepped forward forgot every awaited reply at
+        # once, one stepped back kept them for as long as the step
+        self.pending.add(env["id"], Awaited(device, name, args, time.monotonic() + wait_s))
 
     def expire_pending(self, now: float) -> None:
-        """Forget the awaited replies whose wait is over (a device that never answers)."""
+        """Forget the awaited replies whose wait is over (a device that never answers);
+        `now` is the monotonic clock."""
         self.pending.expire(now)
 
     def _on_async_reply(self, pending: Awaited, reply: dict, verified: bool) -> None:

@@ -27,6 +27,7 @@ from typing import Any
 
 # every code `alerts` can raise: with the [coordinator] section, which checks webhook_alerts
 from runtime.config.coordinator import ALERT_CODES as ALERT_CODES
+from runtime.wire import clock as wire_clock
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,9 @@ class DeviceView:
     alerts: tuple[tuple[str, str], ...] = ()
     asleep: bool = False  # its last state announced a sleep
     wake_at: float = 0.0  # ... until then (the device's clock)
+    # the last state's clock stamp (runtime/wire/clock.py): states of two boots are ordered
+    # by it, not by a wall clock that may read a week behind or 2100
+    state_clk: Mapping[str, Any] | None = None
 
 
 def _with(view: DeviceView, changes: dict[str, Any]) -> DeviceView:
@@ -87,7 +91,8 @@ LONGEST_SLEEP_S = 7 * 86400.0
 
 def on_state(view: DeviceView, msg: Mapping[str, Any], now: float) -> DeviceView:
     """A birth (online) or death (will / clean stop) message arrived."""
-    if msg["t"] < view.state_t and msg["boot"] != view.boot:
+    if msg["boot"] != view.boot and wire_clock.made_after(
+            view.state_t, view.state_clk, msg["t"], msg.get("clk")) is True:
         return view  # a previous boot's state arriving after the current one's
     if (not msg["online"] and not view.online and msg["boot"] == view.boot
             and msg["t"] < view.state_t):
@@ -100,6 +105,7 @@ def on_state(view: DeviceView, msg: Mapping[str, Any], now: float) -> DeviceView
     # so it is older than the birth it follows.
     asleep = not msg["online"] and msg.get("asleep") is True and "wake_at" in msg
     changes = dict(online=msg["online"], boot=msg["boot"], state_t=msg["t"],
+                   state_clk=msg.get("clk"),
                    reason=msg.get("reason", ""),
                    last_seen=now if msg["online"] else view.last_seen,
                    asleep=asleep,

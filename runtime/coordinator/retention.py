@@ -17,6 +17,7 @@ import time
 from runtime.config.coordinator import CoordinatorConfig
 from runtime.coordinator.bundles import Shelf
 from runtime.coordinator.store import Store
+from runtime.wire import clock as wire_clock
 
 log = logging.getLogger("edgerun.coordinator")
 
@@ -30,6 +31,9 @@ class Retention:
         self._counters = counters
         self._stop = stop
         self.due = threading.Event()  # set by ingest when the store is full
+        # ages judged by a wall clock that never steps forward past the monotonic clock: a
+        # coordinator whose clock jumps 7 days ahead must not delete a week of results
+        self.clock = wire_clock.SteadyWall(what="retention")
         self._lock = threading.Lock()
 
     def loop(self) -> None:
@@ -69,7 +73,8 @@ class Retention:
         shelf = self.shelf.stored_bytes() if cap > 0 else 0
         if cap > 0:  # the bundles in the store are not what the cap is for: never make
             cap += shelf  # room for them by deleting results
-        done = self.store.prune_results(cfg.retention_days * 86400, cap, reserved=shelf)
+        done = self.store.prune_results(cfg.retention_days * 86400, cap, reserved=shelf,
+                                        now=self.clock.now())
         stalled = self.store.quarantine_stalled(cfg.floor_wait_s)
         self.sweep_shelf()
         self._counters["retention_runs"] += 1

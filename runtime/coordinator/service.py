@@ -40,6 +40,7 @@ from runtime.coordinator.alert_log import AlertLog
 from runtime.coordinator.alerts import AlertStates, Told
 from runtime.coordinator.bundle_chunks import ChunkServer
 from runtime.coordinator.bundles import Shelf, held_now
+from runtime.coordinator.clock_place import Placer
 from runtime.coordinator.coalesce import Coalescer
 from runtime.coordinator.commander import Commander, Refused, UnknownDevice
 from runtime.coordinator.dialect import is_url
@@ -68,6 +69,8 @@ class Coordinator:
                                            cfg.backlog_alert, cfg.slo_alert,
                                            wake_margin_s=cfg.wake_margin_s)
         self.store = Store(cfg.store, cfg.fsync, cfg.store_margin)
+        # unsynced devices' times placed once their clock is (runtime/coordinator/clock_place.py)
+        self.clocks = Placer(self.store)
         self.api_url = cfg.public_url.rstrip("/")  # set by api.serve when empty
         # groups, desired state, staged rollouts (own tables in the same database); their
         # commands go out through the commander, made below
@@ -266,7 +269,9 @@ class Coordinator:
     # -- ingest thread -------------------------------------------------------------------------
 
     def _ingest_loop(self) -> None:
-        last_refresh = last_prune = 0.0
+        # intervals on the monotonic clock: a wall clock stepped back an hour froze the fleet
+        # refresh for that hour, one stepped forward fired the hourly prune early
+        last_refresh = last_prune = -float("inf")
         while not self._stop.is_set():
             batch = []
             try:
@@ -286,21 +291,33 @@ class Coordinator:
                                    exc_info=True)
                 if self.cfg.ingest_delay_s:
                     time.sleep(self.cfg.ingest_delay_s)
-            now = time.time()
+            now, mono = time.time(), time.monotonic()
             try:  # housekeeping failing must not end ingest either
-                if now - last_refresh >= 1.0:
-                    last_refresh = now
+                if mono - last_refresh >= 1.0:
+                    last_refresh = mono
                     self._refresh(now)
                     self.rollouts.tick(now)
-                    self.commander.expire_pending(now)
-                    self._births_to_rollouts([v for _, v in self._births.due(now)])
-                if now - last_prune >= 3600:
-                    last_prune = now
-                    self.store.prune(self.cfg.keep_health_s, self.cfg.keep_events_s)
+                    self.commander.expire_pending(mono)
+                    self._births_to_rollouts([v for _, v in self._births.due(mono)])
+                if mono - last_prune >= 3600:
+                    last_prune = mono
+                    self.store.prune(self.cfg.keep_health_s, self.cfg.keep_events_s,
+                                     now=self.retention.clock.now())
             except Exception as e:
                 self.counters["housekeeping_errors"] += 1
                 self._rlog.log("housekeeping", "fleet refresh or store pruning failed: %s", e,
                                level=logging.ERROR)
+
+    def _place(self, inbound: list[Inbound]) -> None:
+        """Unsynced devices' times placed where an offset is known, and results stored
+        before one was known rewritten (a failure costs the placing, never the batch)."""
+        try:
+            self.clocks.before_store(inbound)
+            self.clocks.settle()
+        except Exception as e:
+            self.counters["clock_place_errors"] += 1
+            self._rlog.log("clock-place", "placing unsynced devices' times failed: %s; their "
+                           "claimed times are kept", e, level=logging.ERROR)
 
     def _ingest(self, batch: list[tuple[str, bytes, float]]) -> None:
         """Admit, store and ack one batch, then update the views and the rollouts from what
@@ -309,6 +326,7 @@ class Coordinator:
         now = time.time()
         inbound, sources, replies = self._admit_batch(batch, now, bad)
         written: dict[str, tuple[float, fleet.DeviceView]] = {}
+        self._place(inbound)
         acks, refused = self.store.ingest(inbound, written)
         if self.store.over_budget:
             self.retention.due.set()  # the retention loop takes back what was borrowed
@@ -345,7 +363,10 @@ class Coordinator:
                                        else "health", msg, size))
                 sources.append((topic_name, size))
 
-        held([*self._healths.due(now), *self._events.due(now)])
+        # the coalescers' windows on the monotonic clock (a wall clock stepped back an hour
+        # held every device's health for that hour): receipt times moved onto it
+        shift = time.monotonic() - now
+        held([*self._healths.due(now + shift), *self._events.due(now + shift)])
         for topic_name, raw, received in batch:
             device = ""
             try:
@@ -367,10 +388,10 @@ class Coordinator:
                 replies.append((device, msg, topic_name, len(raw)))
             elif kind == "health" and not self._healths.offer(
                     (device, _bucket(msg["t"], self.cfg.coalesce_s)),
-                    (topic_name, len(raw), msg), received):
+                    (topic_name, len(raw), msg), received + shift):
                 self.counters["health_coalesced"] += 1  # the latest is stored at the window end
             elif kind == "event" and not self._events.offer(
-                    (device, _event_key(msg)), (topic_name, len(raw), msg), received):
+                    (device, _event_key(msg)), (topic_name, len(raw), msg), received + shift):
                 self.counters["events_coalesced"] += 1
             else:
                 inbound.append(Inbound(device, kind, msg, len(raw)))
@@ -415,7 +436,7 @@ class Coordinator:
                 # burst is answered at the window's end): 300 forged births were 300 threads
                 # and 300 commands
                 if self._births.offer(m.device, (m.device, m.msg.get("model_version")),
-                                      now, same=m.msg.get("boot")):
+                                      time.monotonic(), same=m.msg.get("boot")):
                     births.append((m.device, m.msg.get("model_version")))
                 else:
                     self.counters["births_coalesced"] += 1
@@ -442,8 +463,15 @@ class Coordinator:
         except payloads.PayloadError as e:
             raise Refused(str(e)) from None
         if kind in ("state", "health", "event") and msg["t"] > now + self.cfg.future_skew_s:
-            raise Refused(f"{kind}: stamped {msg['t'] - now:.0f} s ahead of the coordinator's "
-                          f"clock (more than future_skew_s = {self.cfg.future_skew_s:.0f})")
+            clk = msg.get("clk")
+            if not (isinstance(clk, dict) and clk.get("sync") is False):
+                raise Refused(f"{kind}: stamped {msg['t'] - now:.0f} s ahead of the "
+                              "coordinator's clock (more than future_skew_s = "
+                              f"{self.cfg.future_skew_s:.0f})")
+            # the device says its clock is not synced (a box reading 2100): its time is a
+            # claim, placed once its boot's clock is synced (clock_place.py); ranked by
+            # boottime meanwhile (clock.made_after), so it cannot pin the latest health
+            self.counters["unsynced_future_stamps"] += 1
         return device, kind, msg
 
     def _update_view(self, m: Inbound, now: float) -> None:

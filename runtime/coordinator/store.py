@@ -46,6 +46,7 @@ from typing import Any
 
 from runtime.coordinator import fleet, quotas
 from runtime.coordinator.dialect import open_dialect
+from runtime.wire import clock
 
 # The dashboard's timeline (health_points): column <- path in the health message. Numbers
 # only, copied at ingest so a week of a device's timeline is read without parsing JSON.
@@ -498,9 +499,12 @@ class Store:
             if m.kind == "state":
                 v = fleet.on_state(v, m.msg, now)
             elif m.kind == "health":
-                # another coordinator may already hold a newer health of this device
-                newer = float(v.health.get("t", 0) or 0) > m.msg["t"] if isinstance(
-                    v.health, dict) else False
+                # another coordinator may already hold a newer health of this device; "newer"
+                # by boottime or synced clocks, never by a clock that may read a week behind
+                # (runtime/wire/clock.py made_after)
+                newer = isinstance(v.health, dict) and clock.made_after(
+                    float(v.health.get("t", 0) or 0), v.health.get("clk"), m.msg["t"],
+                    m.msg.get("clk")) is True
                 v = fleet.on_activity(v, now, None if newer else m.msg)
             else:
                 v = fleet.on_activity(v, now)
@@ -791,10 +795,12 @@ class Store:
             f"GROUP BY {bucket} ORDER BY 1",
             (device, since, until, since, width))
 
-    def prune(self, keep_health_s: float, keep_events_s: float) -> None:
+    def prune(self, keep_health_s: float, keep_events_s: float, now: float | None = None
+              ) -> None:
         """Drop health and events older than their retention (results are never pruned here).
-        On PostgreSQL whole day partitions of health go first; rows left are deleted."""
-        now = time.time()
+        On PostgreSQL whole day partitions of health go first; rows left are deleted. `now`:
+        the time ages are judged at (the retention's steady wall clock; default the wall)."""
+        now = time.time() if now is None else now
         self._unuse(self._d.drop_partitions("health", now - keep_health_s, acked_only=False),
                     results=False)
         with self._d.transaction() as db:
@@ -1073,6 +1079,12 @@ class Store:
     def _delete(self, sql: str, args: tuple) -> int:
         with self._d.transaction() as db:
             return db.execute(sql, args).rowcount
+
+    @property
+    def order_col(self) -> str:
+        """The column giving health, events and quarantine rows their order and identity
+        (rowid on SQLite, id on PostgreSQL), for portable statements naming one row."""
+        return self._d.order_col
 
     def close(self) -> None:
         """Close the database (or the connection pool)."""

@@ -205,6 +205,12 @@ def device_summary(view: Mapping[str, Any], width: int | None = None, now: float
     field("power", f"{_fmt(h.get('power_w'), '.2f', ' W')} (source "
           f"{clean(h.get('energy_source') or '-')}); energy a result "
           f"{_fmt(h.get('energy_mj'), '.2f', ' mJ')}; battery {row['batt']}")
+    clk = h.get("clock") if isinstance(h.get("clock"), Mapping) else {}
+    if clk and clk.get("state") != "synced":  # its times are claims (docs/clocks.md)
+        field("clock", f"{clean(clk.get('state'))}: {clean(clk.get('reason') or '-')}; "
+              f"steps {_fmt(clk.get('jumps_total'), '.0f')}, implausible readings "
+              f"{_fmt(clk.get('implausible_total'), '.0f')} (its times are placed once it "
+              "is synced)")
     box = h.get("box_energy") if isinstance(h.get("box_energy"), Mapping) else {}
     if box:  # the box's energy a frame beside the model's share (power/box_energy.py)
         field("energy", f"a frame: box {_fmt(box.get('box_mj'), '.2f', ' mJ')}, model "

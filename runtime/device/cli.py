@@ -39,6 +39,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     for line in notes(cfg):  # never fatal: serve retries a source until it works
         print(line, file=sys.stderr)
     _check_engines(cfg)
+    _check_clock(cfg)
     bad = [what for what, fix in found if fix]
     print(f"{args.config}: " + (f"config ok, {' and '.join(bad)} NOT ok" if bad else "ok"),
           file=sys.stderr)
@@ -113,6 +114,18 @@ def _check_engines(cfg) -> None:
                       "the kernels", file=sys.stderr)
             else:
                 print(f"{e.name}: {d.id} ({d.name})", file=sys.stderr)
+
+
+def _check_clock(cfg) -> None:
+    """Whether the wall clock is synced, as the daemon will judge it (never fatal: an
+    unsynced clock's messages are stamped and placed later, docs/clocks.md)."""
+    from runtime.wire import clock
+
+    root = cfg.device.sysfs_root or "/"
+    st = clock.judge(clock.read(root, kernel=root == "/"))
+    print(f"clock: {st.state}: {st.reason}" + ("" if st.synced else
+          "; results, health and events are stamped unsynced and placed once it is synced "
+          "(docs/clocks.md)"), file=sys.stderr)
 
 
 def _check_sensors(cfg, say: Callable[[str], None]) -> str | None:

@@ -72,6 +72,7 @@ from runtime.frames.results_local import LocalResults
 from runtime.telemetry.homeassistant import Discovery
 from runtime.telemetry.outbox import Outbox
 from runtime.telemetry.publisher import Publisher, device_id
+from runtime.wire import clock as wire_clock
 from runtime.wire.commands import Command
 from runtime.wire.health_history import HealthHistory
 
@@ -106,6 +107,10 @@ class Daemon:
         self.sleeper: Any = None  # runtime.device.sleep.Sleeper when [sleep] is enabled
         self.ota: DeviceOta | None = None  # model versions, deploy, probation ([models])
         self.operator = OperatorState(self.state_dir)  # overrides and learnt state, kept
+        # whether wall time can be believed; the stamp every result, health and event carries
+        # (runtime/wire/clock.py); a fake sysfs root holds the fake timesyncd flag too
+        root = cfg.device.sysfs_root or "/"
+        self.clock = wire_clock.Clock(root, kernel=root == "/")
         # -- parts made by start(), in its order --
         self.device: DeviceProfile | None = None
         self.sensors: SensorSet | None = None
@@ -189,7 +194,8 @@ class Daemon:
                                        duration_s=cfg.simulator.hours * 3600 or math.inf)
             log.info("simulated %s, scenario %s at %gx, sysfs tree %s", self.device.name,
                      cfg.simulator.scenario, cfg.simulator.speed, root)
-        clock = (lambda: self.sim.plant.s.t) if self.sim else time.time
+        # the control loop's time: never a step (runtime/wire/clock.py steady)
+        clock = (lambda: self.sim.plant.s.t) if self.sim else wire_clock.steady()
         found = open_sensors(root, self.device, cfg.governor.policy, clock)
         self.sensors, self.thermal, self.trips = found.sensors, found.thermal, found.trips
         self.thermal_disabled = found.disabled
@@ -244,7 +250,8 @@ class Daemon:
                                        session_expiry_s=(cfg.sleep.session_expiry_s
                                                          if cfg.sleep.enabled else 0),
                                        precheck=self.ota.precheck,
-                                       command_queue=WakingQueue(self.wakeup.set, 100))
+                                       command_queue=WakingQueue(self.wakeup.set, 100),
+                                       clock=self.clock)
         except ValueError as e:  # an unreadable trusted key or device key file
             raise ConfigError(str(e)) from e
         if cfg.sparkplug.enabled:  # imported only then: protobuf and the schema cost ~3 MB
@@ -261,7 +268,7 @@ class Daemon:
             self.local = LocalResults(cfg.results, self._event_of)
             self.local.start()
         lanes = self.plan.lanes(self.sim.clock if self.sim else None)
-        sink = self.plc.tap(self.outbox.append_many) if self.plc else self.outbox.append_many
+        sink = self.plc.tap(self._stamped) if self.plc else self._stamped
         self.pipeline = Pipeline(lanes, self.box.model.manifest, sink,
                                  self._event_of, cfg.daemon.queue_size,
                                  installing.new_preprocess_chooser(self), self.local)
@@ -342,11 +349,20 @@ class Daemon:
 
     def event(self, type_: str, severity: str = "info", **fields: Any) -> None:
         """Record an event for the operator (log + outbox)."""
-        ev = {"v": 1, "t": time.time(), "type": type_, "severity": severity, **fields}
+        status, r = self.clock.now()
+        ev = {"v": 1, "t": r.wall, "type": type_, "severity": severity, **fields,
+              "clk": wire_clock.stamp(status, r)}
         try:
             self.outbox.put("event", ev)
         except Exception as e:  # the outbox itself failing is logged, never raised here
             log.error("could not queue event %s: %s", type_, e)
+
+    def _stamped(self, results: list[dict]) -> list[int]:
+        """Store results, each stamped with the clock's state at its capture
+        (runtime/wire/clock.py: the coordinator places unsynced ones once the clock is)."""
+        status, r = self.clock.now()
+        wire_clock.stamp_each(results, wire_clock.stamp(status, r), r.wall)
+        return self.outbox.append_many(results)
 
     def _event_of(self, ev: dict) -> None:
         """An event a part made whole (the outbox's, the pipeline's, local results')."""

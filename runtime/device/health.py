@@ -74,6 +74,10 @@ def health(s: DeviceState) -> dict[str, Any]:
         h["simulated"] = thaw(s.simulated)
     if s.sleep is not None:
         h["sleep"] = thaw(s.sleep)
+    if s.clk is not None:  # when `t` was read: synced or not, boot id, boottime
+        h["clk"] = thaw(s.clk)
+    if s.clock is not None:
+        h["clock"] = thaw(s.clock)
     return h
 
 

@@ -54,7 +54,7 @@ class _Run:
 
     version: str | None
     baseline: Kpis | None
-    since: float  # wall time of the swap
+    since: float  # monotonic time of the swap (model_counts tallies by it)
     results0: int  # the new model's own counts at the swap (runtime/frames/model_counts.py)
     errors0: int
     prev: Any = None  # runtime.choice.measure.Measured of the old model (None after a restart)
@@ -322,7 +322,7 @@ class DeviceOta:
                  vid, (t3 - t0) * 1e3, (t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3)
         target = d.pipeline.target
         if target is None or target.manifest is not d.box.model.manifest:
-            self.probation = _Run(vid, baseline, time.time(), 0, 0, prev)
+            self.probation = _Run(vid, baseline, time.monotonic(), 0, 0, prev)
             self.rollback("the new model's session did not load")
             return
         log.info("model %s -> %s (%s); probation: %d frames, agreement floor %.0f%%",
@@ -336,7 +336,8 @@ class DeviceOta:
     def _begin(self, baseline: Kpis | None, shadow: Active | None, prev: Any) -> None:
         p = self.d.pipeline
         t = p.models.tally(self._swapped())  # a version chosen again has counts already
-        self.probation = _Run(self.version, baseline, time.time(), t.results, t.errors, prev)
+        self.probation = _Run(self.version, baseline, time.monotonic(), t.results, t.errors,
+                              prev)
         p.shadow_counts = [0, 0]
         p.shadow_every = self.cfg.shadow_every
         p.shadow = shadow
@@ -359,7 +360,7 @@ class DeviceOta:
     def kpis_now(self, since: float = 0.0, results0: int = 0, errors0: int = 0) -> Kpis:
         """The [model] section's running model's own KPIs (not the other sources' models'):
         frames and errors since the counts given, p95 per inference of its inferences stored
-        since `since` (wall time), live energy per inference."""
+        since `since` (monotonic time), live energy per inference."""
         # Live energy only (CPU time per inference on this traffic, runtime.device.daemon): the
         # profiles of two models are measured at different times and loads, so comparing a
         # live figure with a profiled one blamed a copy of the same model for 8x the energy.

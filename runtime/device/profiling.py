@@ -136,7 +136,7 @@ class Profiler:
         # (throughput 0.3x the hand loop for seconds, bench/overhead.py). A box that never
         # runs a frame alone (a continuous backlog) is judged by its temperature.
         mine = pipeline.models.tally(model_id("", model.manifest),
-                                     time.time() - REPROFILE_EVERY_S)
+                                     time.monotonic() - REPROFILE_EVERY_S)
         alone = mine.alone_ms[-ALONE_SAMPLES:]
         p95 = float(np.percentile(alone, 95)) if alone else None
         prof = model.by_id.get(a.variant_id) if a else None

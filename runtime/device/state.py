@@ -24,6 +24,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from power import ina3221
+from runtime.wire import clock as wire_clock
 
 if TYPE_CHECKING:
     from power import control
@@ -100,6 +101,10 @@ class DeviceState:
     # each enabled integration's thread alive, by name ("sparkplug", "opcua", "modbus"): one
     # that died shows here, the daemon runs on without it
     integrations: Mapping[str, bool]
+    # the clock when `t` was read (runtime/wire/clock.py): health's `clk` stamp and `clock`
+    # section; None where the daemon has no clock (a test's stand-in)
+    clk: Mapping[str, Any] | None = None
+    clock: Mapping[str, Any] | None = None
 
 
 def _rails(d: StateSource) -> Mapping[str, Any] | None:
@@ -136,8 +141,14 @@ def snapshot(d: StateSource, prev: DeviceState | None = None) -> DeviceState:
     rung = m.rungs[m.current]
     prof = m.by_id.get(a.variant_id) if a else None
     joint = d.box.joint
+    clock = getattr(d, "clock", None)
+    if clock is not None:  # the wall time and the stamp read together
+        status, r = clock.now()
+        t, clk, clock_health = r.wall, freeze(wire_clock.stamp(status, r)), freeze(clock.health())
+    else:
+        t, clk, clock_health = time.time(), None, None
     return DeviceState(
-        t=time.time(), boot=d.outbox.boot, uptime_s=round(time.monotonic() - d.started, 1),
+        t=t, boot=d.outbox.boot, uptime_s=round(time.monotonic() - d.started, 1),
         reading=d.reading, trips=MappingProxyType(dict(d.trips)), out=d.control_out,
         bounded=d.cstate.bounded, policy=d.cfg.governor.policy,
         thermal_disabled=d.thermal_disabled, model=m.manifest.name,
@@ -161,4 +172,4 @@ def snapshot(d: StateSource, prev: DeviceState | None = None) -> DeviceState:
         simulated=freeze(d.sim.report()) if d.sim else None,
         sleep=freeze(d.sleeper.health()) if d.sleeper else None,
         power_rails=prev.power_rails if prev else _rails(d),
-        integrations=_integrations(d))
+        integrations=_integrations(d), clk=clk, clock=clock_health)

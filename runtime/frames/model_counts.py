@@ -76,7 +76,7 @@ class ModelCounts:
 
     def result(self, m: ModelId, now: float, ms_per_inference: float,
                alone: bool = False) -> None:
-        """One result of model `m` stored at wall time `now` (`alone`: see Tally)."""
+        """One result of model `m` stored at monotonic time `now` (`alone`: see Tally)."""
         with self._lock:
             self._slot(m, now)[0] += 1
             self._ms[m].append((now, ms_per_inference, alone))
@@ -87,7 +87,8 @@ class ModelCounts:
             self._slot(m, now)[1] += 1
 
     def tally(self, m: ModelId, since: float = 0.0) -> Tally:
-        """Model `m`'s counts, with its latencies stored at or after `since` (wall time)."""
+        """Model `m`'s counts, with its latencies stored at or after `since` (monotonic
+        time: a wall step must not hide or double a probation's window)."""
         with self._lock:
             n = self._n.get(m)
             if n is None:

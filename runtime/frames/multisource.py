@@ -112,7 +112,7 @@ class Lane:
 
     def stats(self, backlog: int, window_s: float = 30.0) -> dict[str, Any]:
         """Rate and capture-to-result p95 over the last `window_s`, frames waiting, counters."""
-        now = time.time()
+        now = time.monotonic()  # e2e is kept by monotonic time (pipeline.py)
         recent = [(t, ms) for t, ms in list(self.e2e) if now - t <= window_s]
         span = recent[-1][0] - recent[0][0] if len(recent) > 1 else 0.0
         p95 = float(np.percentile([m for _, m in recent], 95)) if recent else None

@@ -325,13 +325,13 @@ class Pipeline:
         self.latency_target_ms, self.slo_end_to_end = target_ms, end_to_end
 
     def _recent(self) -> list[tuple[float, float, bool]]:
-        now = time.time()
+        now = time.monotonic()  # windows on the monotonic clock: a wall step never empties one
         return [x for x in list(self.latencies) if now - x[0] <= 30]
 
     def rate_hz(self, recent: list | None = None) -> float:
         """Results per second over the last 30 s."""
         recent = self._recent() if recent is None else recent
-        span = (time.time() - recent[0][0]) if len(recent) > 1 else 0.0
+        span = (time.monotonic() - recent[0][0]) if len(recent) > 1 else 0.0
         return (len(recent) - 1) / span if span > 0 else 0.0
 
     def stats(self) -> dict[str, Any]:
@@ -619,7 +619,7 @@ class Pipeline:
         except Exception as e:
             self.busy_since = None
             self.counters["infer_errors"] += 1
-            self.models.error(self._model_id(active), time.time())
+            self.models.error(self._model_id(active), time.monotonic())
             log.error("inference failed on %s with %s: %s", frame.ref, active.variant_id, e)
             self._event({"type": EventType.INFERENCE_FAILED, "severity": "warning",
                          "variant": active.variant_id, "error": str(e)[:300]})
@@ -703,7 +703,7 @@ class Pipeline:
                 fields = frame_result(out, manifest, frame.image.shape[:2], active.input_shape)
             except Exception as e:  # an output not of the declared form: this frame only
                 self.bad.record("postprocess_failed", frame.ref, str(e))
-                self.models.error(self._model_id(active), time.time())  # the model's fault
+                self.models.error(self._model_id(active), time.monotonic())  # the model's fault
                 continue
             if (ev := self.sight.see(manifest, out, fields)) is not None:
                 self._event(ev)  # runtime/engine/sanity.py
@@ -743,17 +743,19 @@ class Pipeline:
             self._store_failing = False
             log.warning("results are stored again (%d could not be stored meanwhile)",
                         self.counters["store_errors"])
-        now = time.time()
+        # windows and tallies on the monotonic clock (a wall step must not empty or freeze
+        # them); capture-to-result from the frame's wall stamp, as the result says it
+        now, mono = time.time(), time.monotonic()
         for m, ms_each, alone in counted:
-            self.models.result(m, now, ms_each, alone)
+            self.models.result(m, mono, ms_each, alone)
         for item in batch:
             frame = item.frame
             e2e_ms = (now - frame.t) * 1e3
             judged = e2e_ms if self.slo_end_to_end else item.ms
-            self.latencies.append((now, item.ms, judged <= self.latency_target_ms))
+            self.latencies.append((mono, item.ms, judged <= self.latency_target_ms))
             lane = self._lane.get(frame.source)
             if lane is not None:
-                lane.e2e.append((now, e2e_ms))
+                lane.e2e.append((mono, e2e_ms))
                 lane.counters["results"] += 1
         for lane in self.lanes:
             done = [item.frame for item in batch if item.frame.done is not None

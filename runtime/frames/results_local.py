@@ -34,6 +34,7 @@ import cv2
 
 from runtime.config.results import JsonlConfig, ResultsConfig, SnapshotConfig
 from runtime.config.schema import ConfigError
+from runtime.wire.clock import SteadyWall
 from runtime.wire.events import EventType
 
 log = logging.getLogger("edgerun.results")
@@ -126,6 +127,9 @@ class Snapshots:
     def __init__(self, cfg: SnapshotConfig):
         self.cfg = cfg
         self.dir = Path(cfg.dir).expanduser()
+        # ages judged by a wall time that never steps forward (runtime/wire/clock.py): an NTP
+        # sync a week ahead must not delete every snapshot named by the clock before it
+        self._clock = SteadyWall(what="snapshot expiry")
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
             names = [p.name for p in self.dir.iterdir()]
@@ -171,7 +175,7 @@ class Snapshots:
 
     def expire(self) -> None:
         """Delete the oldest snapshots beyond `keep` and those older than `max_age_h`."""
-        cutoff = time.time() - self.cfg.max_age_h * 3600 if self.cfg.max_age_h else None
+        cutoff = self._clock.now() - self.cfg.max_age_h * 3600 if self.cfg.max_age_h else None
         while self._held and (len(self._held) > self.cfg.keep or (
                 cutoff is not None and _age_t(self._held[0]) < cutoff)):
             stem = self._held.popleft()

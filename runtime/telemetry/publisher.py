@@ -44,6 +44,7 @@ import paho.mqtt.client as mqtt
 from runtime.config.telemetry import TelemetryConfig
 from runtime.telemetry.homeassistant import Discovery
 from runtime.telemetry.outbox import Outbox
+from runtime.wire import clock as wire_clock
 from runtime.wire import commands, payloads, safejson
 from runtime.wire.events import EventType
 from runtime.wire.mqtt import Connection
@@ -85,8 +86,12 @@ class Publisher:
                  birth: Callable[[], dict[str, Any]] | None = None,
                  command_queue: queue.Queue | None = None, state_dir: Path | None = None,
                  homeassistant: Discovery | None = None, session_expiry_s: int = 0,
-                 precheck: Callable[[commands.Command], str | None] | None = None):
+                 precheck: Callable[[commands.Command], str | None] | None = None,
+                 clock: wire_clock.Clock | None = None):
         self.cfg = cfg
+        # whether the wall clock can be believed when judging a command's expiry
+        # (commands.time_problem; docs/clocks.md); one of its own when none is given
+        self.clock = clock or wire_clock.Clock()
         # Asked before a command is accepted: a reason to answer `rejected` (a model name or
         # version this device does not have), or None. Runs on the MQTT thread: cheap checks.
         self.precheck = precheck
@@ -236,8 +241,10 @@ class Publisher:
                               retain=True)
 
     def _publish_birth(self, client: mqtt.Client) -> None:
-        birth = {"v": payloads.VERSION, "online": True, "boot": self.outbox.boot, "t": time.time(),
-                 "stream": self.outbox.stream, **self._birth()}
+        status, r = self.clock.now()  # a synced birth gives the coordinator the offset
+        birth = {"v": payloads.VERSION, "online": True, "boot": self.outbox.boot, "t": r.wall,
+                 "clk": wire_clock.stamp(status, r), "stream": self.outbox.stream,
+                 **self._birth()}
         client.publish(self._topic["state"], payloads.encode("state", birth), qos=1, retain=True)
 
     def _drain(self, client: mqtt.Client) -> None:
@@ -366,8 +373,10 @@ class Publisher:
         self._event_last[type_] = now
         log.warning("%s", text)
         with contextlib.suppress(Exception):  # the outbox failing is not this message's fault
-            self.outbox.put("event", {"v": payloads.VERSION, "t": time.time(), "type": type_,
-                                      "severity": severity, "detail": text, **fields})
+            status, r = self.clock.now()
+            self.outbox.put("event", {"v": payloads.VERSION, "t": r.wall, "type": type_,
+                                      "severity": severity, "detail": text, **fields,
+                                      "clk": wire_clock.stamp(status, r)})
 
     def _on_ack(self, raw: bytes) -> None:
         try:
@@ -411,9 +420,7 @@ class Publisher:
         try:
             env = payloads.decode("cmd", raw, max_bytes=self.cfg.max_command_bytes)
             cmd_id = env["id"]
-            cmd = commands.verify(env, self.device, self._trusted, time.time(),
-                                  self.cfg.clock_skew_s, self.outbox.remember_command,
-                                  self.outbox.commands_not_before, self.max_ttl_s)
+            cmd = self._verify(env)
         except (payloads.PayloadError, commands.CommandRefused) as e:
             if isinstance(e, payloads.PayloadError):
                 self._quarantine("cmd", str(e))
@@ -447,6 +454,27 @@ class Publisher:
             log.info("accepted command %s %s (id %s)", cmd.name, commands.loggable(cmd.args),
                      cmd.id)
             self._reply(client, cmd.id, True, "accepted", f"{cmd.name} queued")
+
+    def _verify(self, env: dict[str, Any]) -> commands.Command:
+        """commands.verify with the clock's state: while it is not synced, expiry is judged
+        against the latest time known to have passed (the replay record's floor, raised by
+        each verified command's issue time), never against the unsynced wall clock."""
+        status, r = self.clock.now()
+        side, skew = self.outbox.sidecar, self.cfg.clock_skew_s
+        floor_now = side.floor.now(r.boot_id, r.boottime)
+        at = commands.judged_now(r.wall, status.synced, floor_now)
+
+        def remember(cid: str, expires: float) -> bool:
+            # every check but the id's passed: the coordinator signed this issue time, and
+            # while this clock is unknown the coordinator's is the authority (its commands'
+            # expiry is on its clock); the floor is written with the id
+            known = at if status.synced else max(at, env["issued_at"])
+            side.raise_floor(known, r.boot_id, r.boottime)
+            return side.remember(cid, expires, at, status.synced)
+
+        return commands.verify(env, self.device, self._trusted, r.wall, skew, remember,
+                               self.outbox.commands_not_before, self.max_ttl_s,
+                               synced=status.synced, floor_now=floor_now)
 
     def _reply(self, client: mqtt.Client, cmd_id: str | None, ok: bool, status: str,
                reason: str, data: Any = None) -> None:

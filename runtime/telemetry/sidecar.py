@@ -13,6 +13,11 @@ past `now + keep_s` (`bound(keep_s)`: the cap plus the allowed clock skew); an i
 expire later (written by an older version, which capped nothing) is dropped at that bound and
 never written again: the command it names is refused on its lifetime anyway.
 
+While the clock is not synced (runtime/wire/clock.py) ids are pruned only against the latest
+time known to have passed (`floor`, kept here too: docs/clocks.md), never against a wall
+clock that may read 1970 or 2100, so an id leaves the record only once its command is refused
+as expired by that same time: no replay, and no refusal of every command until the sync.
+
 When the file itself is unreadable or missing while an older outbox existed, the ids seen
 before are unknown: `not_before` is set to now, so every command issued before this moment is
 refused (a captured one can no longer be replayed); new commands work at once.
@@ -28,6 +33,7 @@ import time
 from pathlib import Path
 
 from runtime.durable import write_atomic
+from runtime.wire.commands import Floor
 
 log = logging.getLogger("edgerun.outbox")
 
@@ -43,6 +49,7 @@ class Sidecar:
         self.evicted_total = 0
         self.not_before = 0.0
         self.seen: dict[str, float] = {}
+        self.floor = Floor()  # the latest time known to have passed (commands.Floor)
         self.problem = ""  # why the history was reset, for an event
         # how far ahead an id is remembered; set by the publisher (bound), which knows the
         # device's lifetime cap. Not guessed before: a guess below a sleeper's cap would drop
@@ -53,8 +60,12 @@ class Sidecar:
                 data = json.loads(path.read_text())
                 self.evicted_total = int(data["evicted_total"])
                 self.not_before = float(data.get("not_before", 0.0))
+                if isinstance(f := data.get("floor"), dict):
+                    self.floor = Floor(float(f["t"]), str(f["kb"]), float(f["bt"]))
+                # pruned against the floor, not the wall clock: at boot it may read 1970 or
+                # 2100, and an id dropped by a clock that steps back could be replayed
                 self.seen = prune({str(k): float(v) for k, v in data["seen_commands"].items()},
-                                  time.time(), self.keep_s)
+                                  self.floor.t, self.keep_s)
             except (OSError, ValueError, KeyError, TypeError, AttributeError,
                     RecursionError) as e:  # deep nesting too: it stopped every start
                 aside = path.with_name(f"{path.name}.corrupt-{int(time.time())}")
@@ -78,27 +89,42 @@ class Sidecar:
 
     def bound(self, keep_s: float) -> None:
         """Remember ids at most `keep_s` from now (commands.memory_bound of the device's
-        lifetime cap and clock skew); ids past it are dropped now."""
+        lifetime cap and clock skew). Ids past it are dropped by the next `remember`, which
+        knows whether the clock is synced: dropped against an unsynced clock reading 1970,
+        every live id would go."""
         with self._lock:
             self.keep_s = keep_s
-            before = len(self.seen)
-            self.seen = prune(self.seen, time.time(), keep_s)
-            if len(self.seen) != before:
-                log.info("dropped %d remembered command ids expiring more than %.0f s ahead "
-                         "(commands living that long are refused)", before - len(self.seen),
-                         keep_s)
-                with contextlib.suppress(OSError):  # written again with the next id
-                    self._write()
 
-    def remember(self, command_id: str, expires: float) -> bool:
-        """Record an accepted command id until it expires; False when already seen. An id
-        claiming to expire past the bound is refused (verify caps lifetimes first)."""
+    def raise_floor(self, t: float, kb: str, bt: float, write: bool = False) -> None:
+        """The latest time known to have passed is at least `t` (recorded at kernel boot
+        `kb`, boottime `bt`); written now with `write`, else with the next id."""
         with self._lock:
-            now = time.time()
-            self.seen = prune(self.seen, now, self.keep_s)
+            floor = self.floor.raised(t, kb, bt)
+            if floor != self.floor:
+                self.floor = floor
+                if write:
+                    with contextlib.suppress(OSError):  # written again with the next id
+                        self._write()
+
+    def remember(self, command_id: str, expires: float, now: float | None = None,
+                 synced: bool = True) -> bool:
+        """Record an accepted command id until it expires; False when already seen. An id
+        claiming to expire past the bound is refused (verify caps lifetimes first). `now` is
+        the time the command was judged at (commands.judged_now; default the wall clock);
+        with `synced` False it is a lower bound only, so nothing is dropped or refused as too
+        far ahead of it (MAX_IDS still bounds the record)."""
+        with self._lock:
+            now = time.time() if now is None else now
+            keep_s = self.keep_s if synced else float("inf")
+            before = len(self.seen)
+            self.seen = prune(self.seen, now, keep_s)
+            if synced and len(self.seen) < before:
+                log.info("dropped %d remembered command ids expired or expiring more than "
+                         "%.0f s ahead (commands living that long are refused)",
+                         before - len(self.seen), keep_s)
             if command_id in self.seen:
                 return False
-            if not expires <= now + self.keep_s:
+            if not expires <= now + keep_s:
                 from runtime.wire.commands import CommandRefused
 
                 raise CommandRefused(f"expires {expires - now:.0f} s from now, past the "
@@ -132,6 +158,7 @@ class Sidecar:
     def _write(self) -> None:
         write_atomic(self.path, json.dumps({
             "evicted_total": self.evicted_total, "not_before": self.not_before,
+            "floor": {"t": self.floor.t, "kb": self.floor.kb, "bt": self.floor.bt},
             "seen_commands": self.seen}), mode=0o600)
 
 

@@ -160,14 +160,68 @@ def sign(private: Ed25519PrivateKey, device: str, name: str, args: dict[str, Any
     return env
 
 
+@dataclass(frozen=True)
+class Floor:
+    """The latest time known to have passed (docs/clocks.md, "Commands while the clock is
+    not synced"): a synced wall clock's reading, or a verified command's issue time (the
+    coordinator signed it: while this clock is unknown, the coordinator's is the one its
+    commands' expiry is judged on), with the kernel boot id and CLOCK_BOOTTIME at
+    which it was recorded. Kept with the replay record across restarts."""
+
+    t: float = 0.0
+    kb: str = ""
+    bt: float = 0.0
+
+    def now(self, kb: str, bt: float) -> float:
+        """A lower bound on the real time now: the floor, advanced by the boottime elapsed
+        since when it was recorded in this same kernel boot (after a reboot the time spent
+        down is unknown: the floor itself)."""
+        if self.t <= 0:
+            return 0.0
+        return self.t + (bt - self.bt) if kb == self.kb and bt >= self.bt else self.t
+
+    def raised(self, t: float, kb: str, bt: float) -> Floor:
+        """This floor or one at `t` (recorded at kb/bt), whichever is later now; one as late
+        is taken too: its own `t` is later, which is what survives a reboot."""
+        return Floor(t, kb, bt) if t >= self.now(kb, bt) and t > self.t else self
+
+
+def judged_now(wall: float, synced: bool, floor_now: float) -> float:
+    """The time a command's expiry is judged against (pure): a synced wall clock (never
+    below a time known to have passed), else only that known-passed time. An unsynced wall
+    clock is never used: at 1970 it would accept long-expired commands, at 2100 refuse all,
+    and a remembered id dropped by it could be replayed once it stepped back."""
+    return max(wall, floor_now) if synced else floor_now
+
+
+def time_problem(issued_at: float, expires_at: float, wall: float, synced: bool,
+                 floor_now: float, skew_s: float) -> str | None:
+    """Why a command's times refuse it, or None (pure; table-tested). Synced: expired, or
+    issued more than `skew_s` ahead of the clock. Unsynced: expired only by a time known to
+    have passed (`floor_now`); the issue time is not judged against a clock that may read
+    1970. A replay is refused either way by the id record (`verify`'s `remember`), which
+    drops an id only once its expiry is behind the same judged time."""
+    now = judged_now(wall, synced, floor_now)
+    if expires_at < now:
+        by = "" if synced else " (by the latest time known to have passed: the clock is " \
+            "not synced)"
+        return f"expired {now - expires_at:.0f} s ago{by}"
+    if synced and issued_at > wall + skew_s:
+        return f"issued in the future (clock skew beyond the allowed {skew_s:.0f} s)"
+    return None
+
+
 def verify(envelope: dict[str, Any], device: str, trusted: Mapping[str, Ed25519PublicKey],
            now: float, skew_s: float, remember: Callable[[str, float], bool],
-           not_before: float = 0.0, max_ttl_s: float = DEFAULT_MAX_TTL_S) -> Command:
+           not_before: float = 0.0, max_ttl_s: float = DEFAULT_MAX_TTL_S,
+           synced: bool = True, floor_now: float = 0.0) -> Command:
     """Check an already schema-valid envelope; returns the typed command or raises
     CommandRefused with the reason. `remember(id, expires)` is False for a replayed id;
     commands issued before `not_before` (when the device lost its replay record) are refused,
     and so is one whose lifetime (expires_at - issued_at) exceeds `max_ttl_s`: an id then
-    never needs remembering longer than `memory_bound(max_ttl_s, skew_s)` from now."""
+    never needs remembering longer than `memory_bound(max_ttl_s, skew_s)` from now.
+    `now` is the wall clock; with `synced` False it is not believed and the times are judged
+    against `floor_now` instead (time_problem)."""
     if envelope["device"] != device:
         raise CommandRefused(f"addressed to device {envelope['device']!r}, this is {device!r}")
     public = trusted.get(envelope["key_id"])
@@ -181,11 +235,10 @@ def verify(envelope: dict[str, Any], device: str, trusted: Mapping[str, Ed25519P
     if not lifetime <= max_ttl_s:  # `not <=`: a NaN lifetime is refused too
         raise CommandRefused(f"lifetime {lifetime:.0f} s is over this device's cap of "
                              f"{max_ttl_s:.0f} s ([telemetry] max_command_ttl_s)")
-    if envelope["expires_at"] < now:
-        raise CommandRefused(f"expired {now - envelope['expires_at']:.0f} s ago")
-    if envelope["issued_at"] > now + skew_s:
-        raise CommandRefused("issued in the future (clock skew beyond the allowed "
-                             f"{skew_s:.0f} s)")
+    why = time_problem(envelope["issued_at"], envelope["expires_at"], now, synced, floor_now,
+                       skew_s)
+    if why:
+        raise CommandRefused(why)
     if envelope["issued_at"] < not_before:
         raise CommandRefused("issued before this device lost its replay record; "
                              "send it again")

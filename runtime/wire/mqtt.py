@@ -10,6 +10,7 @@ import queue
 import random
 import select
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -20,6 +21,7 @@ from typing import Any
 import paho.mqtt.client as mqtt
 
 from runtime.config.telemetry import BrokerConfig
+from runtime.wire import clock
 
 log = logging.getLogger("edgerun.mqtt")
 
@@ -67,6 +69,15 @@ def connect(client: mqtt.Client, broker: BrokerConfig, protocol: str, clean: boo
                        properties=props)
     else:
         client.connect(broker.host, broker.port, broker.keepalive_s)
+
+
+def clock_cause(e: BaseException) -> str | None:
+    """The clock's part in a TLS failure (runtime/wire/clock.py tls_time_cause), read now;
+    None when `e` is no certificate time failure or the clock is synced."""
+    if not isinstance(e, ssl.SSLCertVerificationError):
+        return None
+    r = clock.read()
+    return clock.tls_time_cause(e.verify_code, clock.judge(r), r.wall)
 
 
 class ProtocolProbe:
@@ -165,6 +176,7 @@ class Connection:
         self.max_inflight, self.connect_timeout_s = max_inflight, connect_timeout_s
         self.max_packet_bytes = max_packet_bytes  # MQTT 5: larger ones are never sent to us
         self.stats = ConnectionStats()
+        self.clock_refusals = 0  # TLS refused on certificate time while the clock is unsynced
         self.connected = threading.Event()  # CONNACK accepted
         self.subscribed = threading.Event()  # SUBACK received: nothing published is missed
         self._proto = ProtocolProbe(broker.protocol)
@@ -325,7 +337,13 @@ class Connection:
                     max_packet_bytes=self.max_packet_bytes)
         except (OSError, ValueError) as e:
             self.stats.last_error = f"connect to {b.host}:{b.port}: {e}"
-            if self._backoff.attempts % 10 == 0:
+            if (cause := clock_cause(e)) is not None:
+                self.stats.last_error = f"connect to {b.host}:{b.port}: {cause}"
+                self.clock_refusals += 1
+                if self._backoff.attempts % 10 == 0:
+                    log.error("%s: TLS to %s:%d refused: %s (%s)", self.name, b.host, b.port,
+                              cause, e)
+            elif self._backoff.attempts % 10 == 0:
                 log.warning("%s: broker %s:%d unreachable (%s); retrying", self.name, b.host,
                             b.port, e)
             self._proto.failed()

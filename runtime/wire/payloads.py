@@ -36,6 +36,15 @@ _COUNT = {"type": "integer", "minimum": 0, "maximum": SEQ_MAX}
 _COUNT_OR_NULL = {"type": ["integer", "null"], "minimum": 0, "maximum": SEQ_MAX}
 _SEQ = {"type": "integer", "minimum": 1, "maximum": SEQ_MAX}
 _BOOL = {"type": "boolean"}
+# When a message was made by a clock that may be wrong (runtime/wire/clock.py, docs/clocks.md):
+# synced or not, the kernel's boot id, CLOCK_BOOTTIME in seconds. Optional everywhere: a
+# device of an older version sends none and its times are taken as they are.
+_CLK = {"type": "object", "required": ["sync", "kb", "bt"], "additionalProperties": False,
+        "properties": {"sync": _BOOL, "kb": {"type": "string", "pattern": "^[A-Za-z0-9_.-]{1,64}$"},
+                       "bt": {"type": "number", "minimum": 0, "maximum": T_MAX},
+                       # set by the coordinator that placed the message: the time the device
+                       # claimed (its `t` is then the placed one)
+                       "claimed": {"type": "number"}}}
 
 
 def _obj(props: dict[str, Any], required: tuple[str, ...] = (), extra: Any = False
@@ -50,6 +59,11 @@ def _obj(props: dict[str, Any], required: tuple[str, ...] = (), extra: Any = Fal
 # typed. A field the daemon starts sending must be declared here first (a test checks).
 _HEALTH = _obj({
     "v": _V, "t": _T, "boot": _ID, "uptime_s": {"type": "number", "minimum": 0},
+    "clk": _CLK,
+    # the clock's state (runtime/wire/clock.py Clock.health): implausible readings (1970,
+    # past 2100) and steps of the wall clock counted
+    "clock": _obj({"state": {"enum": ["synced", "unsynced", "implausible"]}, "reason": _STR,
+                   "implausible_total": _COUNT, "jumps_total": _COUNT, "last_jump_s": _NUM}),
     "temp_c": _NUM_OR_NULL, "passive_trip_c": _NUM_OR_NULL, "throttled": _BOOL,
     "battery_frac": _NUM_OR_NULL, "harvest_w": _NUM_OR_NULL,
     "sensor_problems": {"type": "array", "maxItems": 64, "items": _STR},
@@ -182,7 +196,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
         "type": "object",
         "required": ["v", "online", "boot", "t"],
         "properties": {
-            "v": _V, "online": _BOOL, "boot": _ID, "t": _T,
+            "v": _V, "online": _BOOL, "boot": _ID, "t": _T, "clk": _CLK,
             "stream": _ID, "versions": {"type": "object", "maxProperties": 32,
                                         "additionalProperties": _SHORT},
             "model": _SHORT, "choice": _SHORT, "reason": _STR,
@@ -200,7 +214,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                 "type": "array", "minItems": 1, "maxItems": 10_000,
                 "items": {
                     "type": "object", "required": ["seq", "t"],
-                    "properties": {"seq": _SEQ, "t": _T, "boot": _ID,
+                    "properties": {"seq": _SEQ, "t": _T, "boot": _ID, "clk": _CLK,
                                    "source": _ID,  # the [source]/[[sources]] name
                                    "model": _SHORT,  # the model that inspected it
                                    "variant": _SHORT, "rung": {"type": "integer"},
@@ -219,14 +233,14 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     "result/each": {
         "type": "object",
         "required": ["v", "stream", "seq", "t", "boot"],
-        "properties": {"v": _V, "stream": _ID, "seq": _SEQ, "t": _T, "boot": _ID,
+        "properties": {"v": _V, "stream": _ID, "seq": _SEQ, "t": _T, "boot": _ID, "clk": _CLK,
                        "variant": _SHORT, "rung": {"type": "integer"}, "label": _SHORT,
                        "score": _NUM, "ref": _STR},
     },
     "event": {
         "type": "object",
         "required": ["v", "t", "type"],
-        "properties": {"v": _V, "t": _T, "type": _ID,
+        "properties": {"v": _V, "t": _T, "type": _ID, "clk": _CLK,
                        "severity": {"enum": ["info", "warning", "critical"]}},
     },
     "cmd": {

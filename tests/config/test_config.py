@@ -97,6 +97,8 @@ def test_check_command(tmp_path):
                        capture_output=True, text=True, check=False)
     assert r.returncode == 0, r.stderr
     assert '"latency_ms": 12.0' in r.stdout
+    # the fixture board has no timesyncd and the kernel is not asked for a fake root
+    assert "clock: unsynced: not synchronised (no systemd-timesyncd" in r.stderr, r.stderr
     cam = write(tmp_path, f'[device]\nsysfs_root = "{board}"\n[source]\nkind = "capture"\n'
                 'path = "rtsp://admin:hunter2@10.0.0.9/live"\n')
     r = subprocess.run([sys.executable, "-m", "runtime.cli", "check", str(cam)],

@@ -139,3 +139,14 @@ def test_device_summary_shows_the_boxs_energy_a_frame_beside_the_models():
             "reason": "no frames in the last 60 s"}
     flat = " ".join(views.device_summary(_view(box_energy=none), width=200, now=1004.0).split())
     assert "a frame: box -, model -, idle share - (source estimated): no frames" in flat
+
+
+def test_device_summary_says_when_the_devices_clock_is_not_synced():
+    clk = {"state": "implausible", "reason": "the clock reads 1970-01-01 00:00:05 UTC",
+           "implausible_total": 1, "jumps_total": 0, "last_jump_s": 0.0}
+    flat = " ".join(views.device_summary(_view(clock=clk), width=200, now=1004.0).split())
+    assert "clock implausible: the clock reads 1970-01-01 00:00:05 UTC; steps 0, " \
+        "implausible readings 1 (its times are placed once it is synced)" in flat
+    synced = {**clk, "state": "synced", "reason": "timesyncd"}
+    flat = " ".join(views.device_summary(_view(clock=synced), width=200, now=1004.0).split())
+    assert "placed once it is synced" not in flat  # a synced clock is not news

@@ -191,7 +191,7 @@ def _due_on(latencies: list[tuple[float, bool]], live_ratio: float) -> tuple:
 
     manifest = SimpleNamespace(root="/m")
     counts = ModelCounts()
-    now = time.time()
+    now = time.monotonic()
     for ms, alone in latencies:
         counts.result(model_id("", manifest), now, ms, alone)
     prof = Profile("v", "m", "fp32", "onnxruntime", "CPU", 1, p50_ms=0.25, p95_ms=0.3,

@@ -150,6 +150,27 @@ def test_snapshot_retention_by_age_spares_other_files(tmp_path):
     assert [n.split("-")[1] for n in ours] == ["2"]
 
 
+def test_snapshots_named_before_a_clock_sync_outlive_the_step(tmp_path):
+    """A box a week behind names its snapshots by that clock; its NTP sync steps the wall
+    clock a week ahead: age expiry (24 h) must not delete them all at once."""
+    from runtime.wire.clock import SteadyWall
+
+    week = 7 * 86400.0
+    wall, mono = [time.time() - week], [100.0]
+    s = Snapshots(SnapshotConfig(dir=str(tmp_path), max_age_h=24, keep=100))
+    s._clock = SteadyWall(lambda: wall[0], lambda: mono[0])
+    for q in range(3):
+        s.save(_frame(q).image, {**_result(q, "stain", t=wall[0] + q), "seq": q})
+    wall[0] += week  # the sync
+    mono[0] += 1.0
+    s.expire()
+    assert len(s) == 3
+    mono[0] += 25 * 3600  # a day later by the monotonic clock: now they are old
+    wall[0] += 25 * 3600
+    s.expire()
+    assert len(s) == 0
+
+
 def test_local_results_sinks_together_and_a_failing_one_does_not_stop_the_others(tmp_path):
     out, events = io.StringIO(), []
     cfg = ResultsConfig(print=True, jsonl=JsonlConfig(path=str(tmp_path / "r.jsonl")),

@@ -87,17 +87,19 @@ def test_memory_bound_covers_every_command_verify_accepts():
 
 def test_sidecar_drops_ids_past_the_bound_and_refuses_new_ones(tmp_path):
     """An older version remembered a century; once bounded, the file holds only ids that can
-    still matter, and an id claiming to expire later is not written."""
+    still matter (pruned by the first id remembered against a synced clock: at start the
+    clock may read 1970), and an id claiming to expire later is not written."""
     path = tmp_path / "outbox.db.keep.json"
     now = time.time()
     path.write_text(json.dumps({"evicted_total": 3, "not_before": 0.0, "seen_commands": {
         "old-century": now + CENTURY, "live": now + 60, "expired": now - 1}}))
     side = Sidecar(path, lost_history=False)
-    assert set(side.seen) == {"old-century", "live"}  # nothing guessed before the bound
+    # nothing guessed before the bound, nothing dropped by a clock not yet known good
+    assert set(side.seen) == {"old-century", "live", "expired"}
     side.bound(commands.memory_bound(DAY, 300))
-    assert set(side.seen) == {"live"}
-    assert set(json.loads(path.read_text())["seen_commands"]) == {"live"}
     assert side.remember("new", now + 3600) and not side.remember("new", now + 3600)
+    assert set(side.seen) == {"live", "new"}
+    assert set(json.loads(path.read_text())["seen_commands"]) == {"live", "new"}
     with pytest.raises(commands.CommandRefused, match="remembers ids for"):
         side.remember("too-far", now + 2 * DAY)
     assert "too-far" not in json.loads(path.read_text())["seen_commands"]

@@ -1,0 +1,166 @@
+"""Placing what a device made before its clock was synced (runtime/coordinator/clock_place.py),
+on both store backends: results stored with their claim are rewritten once a synced message
+of the same kernel boot arrives; later messages are placed on arrival; old devices' payloads
+without a stamp are stored as they are; the pool's byte count stays exact."""
+
+from __future__ import annotations
+
+import pytest
+
+from runtime.coordinator.clock_place import Placer
+from runtime.coordinator.quotas import EVENT_BYTES_SQL, HEALTH_BYTES_SQL, RESULT_BYTES_SQL
+from runtime.coordinator.store import Inbound, Store
+
+REAL = 1_790_000_000.0  # the real time when the device's boottime read 100 s
+BEHIND = 7 * 86400.0  # the device's unsynced clock, a week behind
+KB, KB2 = "kernel-boot-1", "kernel-boot-2"
+
+
+def _clk(sync: bool, bt: float, kb: str = KB) -> dict:
+    return {"sync": sync, "kb": kb, "bt": bt}
+
+
+def _results(seqs: range, synced: bool = False, kb: str = KB, boot: str = "p1",
+             stream: str = "s1") -> Inbound:
+    """Results made at boottime 100 + seq; an unsynced clock claims a week earlier."""
+    skew = 0.0 if synced else BEHIND
+    return Inbound("d1", "result", {"v": 1, "stream": stream, "boot": boot, "floor": 1,
+                                    "results": [{"seq": q, "t": REAL + q - skew, "label": "ok",
+                                                 "clk": _clk(synced, 100.0 + q, kb)}
+                                                for q in seqs]})
+
+
+def _health(t: float, clk: dict | None) -> Inbound:
+    msg = {"v": 1, "t": t, "boot": "p1"}
+    if clk is not None:
+        msg["clk"] = clk
+    return Inbound("d1", "health", msg)
+
+
+def _ingest(store: Store, placer: Placer, batch: list[Inbound]) -> None:
+    placer.before_store(batch)
+    store.ingest(batch)
+    placer.settle()
+
+
+def _pool_exact(store: Store) -> None:
+    """The fair shares' byte counts still match the rows after bodies were rewritten."""
+    for pool, sql in (("results", RESULT_BYTES_SQL), ("health", HEALTH_BYTES_SQL),
+                      ("events", EVENT_BYTES_SQL)):
+        (want,), = store.read(f"SELECT COALESCE(SUM({sql}), 0) FROM {pool} "
+                              "WHERE device = 'd1'")
+        got = store.read("SELECT bytes FROM pool_usage WHERE device = 'd1' AND pool = ?",
+                         (pool,))
+        assert int(got[0][0] if got else 0) == int(want), pool
+
+
+def test_results_placed_when_the_sync_arrives_later(store_url):
+    store = Store(store_url)
+    try:
+        placer = Placer(store)
+        unsynced_health = _health(REAL + 5 - BEHIND, _clk(False, 105.0))
+        unsynced_health.msg["temp_c"] = 41.5  # a timeline number (health_points)
+        # unsynced: stored as claimed
+        _ingest(store, placer, [_results(range(1, 6)), unsynced_health])
+        rows = {r["seq"]: r for r in store.results("d1")}
+        assert rows[3]["t"] == REAL + 3 - BEHIND and "claimed" not in rows[3]["clk"]
+        assert sorted(store.read("SELECT device, boot, kb FROM clock_pending")) == [
+            ("d1", "*" + KB, KB), ("d1", "p1", KB)]
+        # the clock syncs: a health stamped synced at boottime 110 gives the offset
+        _ingest(store, placer, [_health(REAL + 10, _clk(True, 110.0))])
+        rows = {r["seq"]: r for r in store.results("d1")}
+        for q in range(1, 6):
+            assert rows[q]["t"] == pytest.approx(REAL + q, abs=1e-3)
+            assert rows[q]["clk"]["claimed"] == REAL + q - BEHIND  # the claim kept beside it
+        ts = sorted(t for (t,) in store.read("SELECT t FROM results WHERE device = 'd1'"))
+        assert ts == pytest.approx([REAL + q for q in range(1, 6)], abs=1e-3)  # rows too
+        assert store.read("SELECT device FROM clock_pending") == []
+        assert placer.settled_total == 6  # five results and the health
+        (h,) = [r for r in store.health_history("d1", REAL, REAL + 6, 10)]
+        assert h["t"] == pytest.approx(REAL + 5, abs=1e-3)  # where `edgerun report` reads
+        assert store.read("SELECT t, temp_c FROM health_points WHERE device = 'd1' AND "
+                          "temp_c IS NOT NULL") == [(pytest.approx(REAL + 5, abs=1e-3), 41.5)]
+        _pool_exact(store)
+        # after the sync: an unsynced event and results of the same boot placed on arrival
+        late = Inbound("d1", "event", {"v": 1, "t": REAL + 50 - BEHIND, "type": "x",
+                                       "clk": _clk(False, 150.0)})
+        _ingest(store, placer, [_results(range(6, 8)), late])
+        rows = {r["seq"]: r for r in store.results("d1")}
+        assert rows[7]["t"] == pytest.approx(REAL + 7, abs=1e-3)
+        (ev,) = store.events("d1")
+        assert ev["t"] == pytest.approx(REAL + 50, abs=1e-3)
+        assert ev["clk"]["claimed"] == REAL + 50 - BEHIND
+        _pool_exact(store)
+    finally:
+        store.close()
+
+
+def test_offsets_and_pending_survive_a_restart_and_boots_are_kept_apart(store_url):
+    store = Store(store_url)
+    try:
+        _ingest(store, Placer(store), [_results(range(1, 3)),
+                                       _results(range(1, 3), kb=KB2, boot="p2", stream="s2")])
+        placer = Placer(store)  # a restarted coordinator
+        _ingest(store, placer, [_health(REAL + 10, _clk(True, 110.0))])  # KB's offset only
+        rows = {(r["stream"], r["seq"]): r for r in store.results("d1")}
+        assert rows["s1", 2]["t"] == pytest.approx(REAL + 2, abs=1e-3)
+        assert rows["s2", 2]["t"] == REAL + 2 - BEHIND  # another kernel boot: not placed
+        assert store.read("SELECT boot FROM clock_pending") == [("p2",)]
+        assert set(Placer(store).offsets) == {("d1", KB)}
+    finally:
+        store.close()
+
+
+def test_old_payloads_and_synced_ones_are_stored_as_they_are(store_url):
+    store = Store(store_url)
+    try:
+        placer = Placer(store)
+        old = Inbound("d1", "result", {"v": 1, "stream": "s1", "boot": "p1", "floor": 1,
+                                       "results": [{"seq": 1, "t": REAL, "label": "ok"}]})
+        _ingest(store, placer, [old, _results(range(2, 4), synced=True),
+                                _health(REAL, None)])
+        rows = {r["seq"]: r for r in store.results("d1")}
+        assert rows[1]["t"] == REAL and "clk" not in rows[1]
+        assert rows[3]["t"] == REAL + 3 and "claimed" not in rows[3]["clk"]
+        assert store.read("SELECT device FROM clock_pending") == []
+    finally:
+        store.close()
+
+
+def test_a_sync_in_the_same_batch_places_what_came_before_it(store_url):
+    store = Store(store_url)
+    try:
+        placer = Placer(store)
+        _ingest(store, placer, [_results(range(1, 4)), _results(range(4, 6), synced=True)])
+        rows = {r["seq"]: r for r in store.results("d1")}
+        assert [round(rows[q]["t"], 3) for q in range(1, 6)] == [REAL + q for q in range(1, 6)]
+        assert store.read("SELECT device FROM clock_pending") == []
+    finally:
+        store.close()
+
+
+def test_synced_traffic_writes_an_offset_once_not_every_batch(store_url):
+    """A synced device's every batch gives its offset again; it is written when new or moved
+    past MOVED_S (a step), not once a batch: one more write a batch would cost every device."""
+    store = Store(store_url)
+    try:
+        placer = Placer(store)
+        writes = []
+        tx = store.transaction
+
+        def counting():
+            writes.append(1)
+            return tx()
+
+        store.transaction = counting  # type: ignore[method-assign]
+        for k in range(5):
+            _ingest(store, placer, [_results(range(1 + 2 * k, 3 + 2 * k), synced=True)])
+        assert len(writes) == 1  # the first batch's offset
+        skewed = _results(range(20, 21), synced=True)
+        skewed.msg["results"][0]["t"] += 2.0  # the clock stepped 2 s
+        _ingest(store, placer, [skewed])
+        assert len(writes) == 2
+        (off,), = store.read("SELECT off FROM clock_offsets")
+        assert off == pytest.approx(REAL - 100.0 + 2.0)
+    finally:
+        store.close()
