@@ -125,7 +125,9 @@ STEPS = ["download", "verify", "profile", "swap", "swapped"]
 def test_kill_9_at_each_install_step_leaves_old_or_new_never_none(tmp_path, publisher,
                                                                    profile_cache, step):
     old = inspection_dir(tmp_path / "models" / "inspection")
-    new = inspection_dir(tmp_path / "src2")
+    # a file of its own: the installer profiles only what the (module's) cache has not
+    # measured, and the kill at "profile" comes while a variant is measured
+    new = inspection_dir(tmp_path / "src2", tag=f"version 2, install {step}")
     make(new, publisher, tmp_path / "b.edgerun", "2")
     coord, server = _coordinator_api(tmp_path)
     try:
