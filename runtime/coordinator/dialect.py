@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import math
 import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
@@ -441,8 +442,13 @@ class PostgresDialect:
         self.retryable = (psycopg.errors.DeadlockDetected,
                           psycopg.errors.SerializationFailure)
         self._sql_cache: dict[str, str] = {}
+        # libpq's own connect_timeout (whole seconds, 2 at least) bounds each attempt: without
+        # it, an attempt on a server that accepts and never answers blocks its pool worker
+        # for good, and close() below waits 5 s for that worker and then leaves it hung.
         self.pool = ConnectionPool(url, min_size=1, max_size=pool_size, open=False,
-                                   kwargs={"autocommit": False}, name="edgerun-store")
+                                   kwargs={"autocommit": False,
+                                           "connect_timeout": max(2, math.ceil(connect_timeout_s))},
+                                   name="edgerun-store")
         try:
             self.pool.open(wait=True, timeout=connect_timeout_s)
         except Exception as e:

@@ -37,6 +37,26 @@ def _caps() -> set[str]:
     return set(ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES"))
 
 
+def _lower_hints() -> list[str]:
+    """The lower precision hints this CPU's OpenVINO plugin offers (bf16 first)."""
+    caps = _caps()
+    return [h for h, cap in (("bf16", "BF16"), ("f16", "FP16")) if cap in caps]
+
+
+def _skip_without_a_lower_precision() -> None:
+    """Skip, saying exactly why, where the path cannot run: OpenVINO's CPU plugin lists BF16
+    only on x86 CPUs with AVX512_BF16 or AMX, FP16 only with AVX512_FP16/AMX-FP16 (x86) or
+    ARMv8.2 half-precision arithmetic (a Pi 5's Cortex-A76 has it). Without either, the
+    backend offers no lowered variant (backends/openvino.py keeps a hint only where the
+    plugin lists its capability), so there is no engine-lowered precision to measure, and
+    forcing a hint would measure one the plugin says it does not have."""
+    if not _lower_hints():
+        pytest.skip(f"this CPU's OpenVINO plugin offers neither BF16 nor FP16 "
+                    f"(capabilities {sorted(_caps())}): no engine-lowered variant exists here "
+                    "to measure (bf16 needs AVX512_BF16/AMX, f16 AVX512_FP16/AMX-FP16 or ARM "
+                    "FP16)")
+
+
 def _offset_logits(path, offset: float = 250.0):
     """tiny_cnn (seed 0) with `offset` added to every logit: the same softmax in fp32, but at
     250 bf16 keeps steps of 1-2, so the small differences between classes are rounded away
@@ -81,9 +101,7 @@ def _by_hand(m, entry, hint: str) -> float:
 
 
 def test_engine_precisions_are_measured_through_the_engine_and_cached(tmp_path, ladder, caplog):
-    caps = _caps()
-    if not {"BF16", "FP16"} & caps:
-        pytest.skip(f"this CPU's OpenVINO plugin offers no lower precision ({sorted(caps)})")
+    _skip_without_a_lower_precision()
     cfg = _cfg(tmp_path)
     m = load_manifest(ladder)
     backends = discover(cfg.backends)
@@ -114,8 +132,7 @@ def test_engine_precisions_are_measured_through_the_engine_and_cached(tmp_path, 
 
 
 def test_without_eval_images_engine_precisions_are_left_out_saying_why(tmp_path, caplog):
-    if not {"BF16", "FP16"} & _caps():
-        pytest.skip("this CPU's OpenVINO plugin offers no lower precision")
+    _skip_without_a_lower_precision()
     cfg = _cfg(tmp_path)
     m = load_model(tiny_cnn(tmp_path / "bare.onnx", hw=(32, 32)))
     work = plan(discover(cfg.backends), model_files(m), (1,), cfg.backends)
@@ -129,30 +146,36 @@ def test_without_eval_images_engine_precisions_are_left_out_saying_why(tmp_path,
     assert len(lines) == len({hint_accuracy.lowering(v) for _, _, v in work} - {None})
 
 
-def test_the_profile_command_uses_the_measured_accuracy(tmp_path, ladder):
+@pytest.mark.parametrize("hint", ["bf16", "f16"])
+def test_the_profile_command_uses_the_measured_accuracy(tmp_path, ladder, hint):
+    """Through `edgerun profile`, with each lower precision the plugin offers (an ARM
+    device's OpenVINO offers f16 alone)."""
     import json
     import subprocess
     import sys
 
-    if "BF16" not in _caps():
-        pytest.skip("no bf16 on this CPU's OpenVINO plugin")
+    _skip_without_a_lower_precision()
+    if hint not in _lower_hints():
+        pytest.skip(f"this CPU's OpenVINO plugin offers {_lower_hints()}, not {hint} "
+                    "(bf16 needs AVX512_BF16/AMX, f16 AVX512_FP16/AMX-FP16 or ARM FP16)")
     cfg = tmp_path / "e.toml"
     cfg.write_text(f'[profiler]\ncache_dir = "{tmp_path / "cache"}"\nmin_runs = 3\n'
                    'max_runs = 5\ntime_budget_s = 0.01\nwarmup_runs = 1\n'
                    'idle_baseline_s = 0.05\n[backends.openvino]\n'
-                   'precision_hints = ["f32", "bf16"]\n')
+                   f'precision_hints = ["f32", "{hint}"]\n')
     r = subprocess.run([sys.executable, "-m", "runtime.cli", "profile", str(ladder), "--config",
                         str(cfg), "--engine", "openvino", "--threads", "1", "--json"],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode in (0, 1), r.stderr
     rows = json.loads(r.stdout)["variants"]
     m = load_manifest(ladder)
-    bf16 = [p for p in rows if p["options"].get("precision") == "bf16"]
-    assert bf16
-    for p in bf16:
+    lowered = [p for p in rows if p["options"].get("precision") == hint]
+    assert lowered
+    for p in lowered:
         entry = m.variant("fp32")  # hints lower only the fp32 file
-        assert p["accuracy"] == pytest.approx(_by_hand(m, entry, "bf16"))
-        assert p["accuracy"] < 0.5  # bf16's own figure, not fp32's 1.0 copied
+        assert p["accuracy"] == pytest.approx(_by_hand(m, entry, hint))
+        # the hint's own figure, not fp32's 1.0 copied (on these images: bf16 0.25, f16 0.83)
+        assert p["accuracy"] < (0.5 if hint == "bf16" else 1.0)
 
 
 def test_a_signed_bundle_carries_the_eval_images(tmp_path, ladder):

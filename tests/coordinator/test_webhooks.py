@@ -300,9 +300,18 @@ def test_a_hanging_receiver_never_holds_up_mqtt_ingest(tmp_path, broker, receive
         wait(lambda: coord.store.counts().get("dev1", 0) == 300, 30,
               "all results stored while the webhook hangs")
         dev.term()
+        # an alert raised while the POST hangs waits in the queue behind it, not lost
+        _publish_as(broker, "hot2", "health", _health("b2", 84.0))
+        wait(lambda: any(a["device"] == "hot2" for a in coord.alerts_view()["active"]), 15,
+             "hot2's alert raised")
         view = coord.alerts_view()
-        assert view["webhook"]["queue"] >= 0 and view["webhook"]["sent"] == 0
-        assert any(a["device"] == "hot1" and a["alert"] == "hot" for a in view["active"])
+        hook = view["webhook"]
+        # every alert but the one in the hung POST is still queued: none sent, none dropped
+        assert hook["queue"] == hook["queued"] - 1 >= 1, hook
+        assert (hook["sent"], hook["failed"], hook["dropped"]) == (0, 0, 0), hook
+        assert len(rx.got) == 1  # the receiver saw only the first POST
+        assert {("hot1", "hot"), ("hot2", "hot")} <= {(a["device"], a["alert"])
+                                                     for a in view["active"]}
         assert view["recent"][-1]["device"] == "hot1"
         assert coord.threads_alive()["ingest"] and coord.threads_alive()["webhook"]
     finally:

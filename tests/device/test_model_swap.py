@@ -125,7 +125,9 @@ STEPS = ["download", "verify", "profile", "swap", "swapped"]
 def test_kill_9_at_each_install_step_leaves_old_or_new_never_none(tmp_path, publisher,
                                                                    profile_cache, step):
     old = inspection_dir(tmp_path / "models" / "inspection")
-    new = inspection_dir(tmp_path / "src2")
+    # a file of its own: the installer profiles only what the (module's) cache has not
+    # measured, and the kill at "profile" comes while a variant is measured
+    new = inspection_dir(tmp_path / "src2", tag=f"version 2, install {step}")
     make(new, publisher, tmp_path / "b.edgerun", "2")
     coord, server = _coordinator_api(tmp_path)
     try:
@@ -287,7 +289,10 @@ def test_kill_9_of_the_daemon_at_each_deploy_step(tmp_path, fleet, step):
     new model (whole), and the coordinator's desired state brings it to the new one."""
     key = load_private_key(tmp_path / "publisher.pem")
     v1 = inspection_dir(tmp_path / "models" / "inspection")
-    make(inspection_dir(tmp_path / "src2"), key, tmp_path / "i2.edgerun", "2")
+    # a file of its own: the daemon profiles only what its cache has not measured, and the
+    # kill at "profile" comes while a variant is measured
+    make(inspection_dir(tmp_path / "src2", tag=f"version 2, {step}"), key,
+         tmp_path / "i2.edgerun", "2")
     bundle = fleet.upload(tmp_path / "i2.edgerun")
     cfg = fleet.config("box1", v1, PROBATION)
     d = fleet.device("box1", cfg, env={"EDGERUN_CRASH_AT": step})

@@ -49,10 +49,19 @@ def _input_name(onnx_path: Path) -> str:
     return onnx.load(str(onnx_path)).graph.input[0].name
 
 
-def inspection_dir(where: Path, name: str = "inspection") -> Path:
-    """The bundled inspection model's fp32 form alone (one rung: fast to profile)."""
+def inspection_dir(where: Path, name: str = "inspection", tag: str = "") -> Path:
+    """The bundled inspection model's fp32 form alone (one rung: fast to profile). `tag`
+    goes into the file's doc string: the same network in a file of its own, which a profile
+    cache (keyed by the file's bytes) has not seen, so a deploy of it is really profiled."""
     where.mkdir(parents=True)
-    shutil.copy(bundled() / "fp32.onnx", where / "fp32.onnx")
+    if tag:
+        import onnx
+
+        m = onnx.load(str(bundled() / "fp32.onnx"))
+        m.doc_string = tag
+        onnx.save(m, str(where / "fp32.onnx"))
+    else:
+        shutil.copy(bundled() / "fp32.onnx", where / "fp32.onnx")
     return write_manifest(where, name, where / "fp32.onnx", [1, 3, 96, 96])
 
 

@@ -43,17 +43,33 @@ def test_broker_restart_and_device_kill9_and_coordinator_down_lose_nothing(tmp_p
 
 
 def test_slow_coordinator_with_broker_dropping_messages_loses_nothing(tmp_path):
+    """The broker may queue only 5 messages for the coordinator's session. The coordinator,
+    slow to ingest, is first away altogether while the device publishes: the broker keeps 5
+    of the device's messages for it and drops the rest (its log says so; a slow-but-online
+    coordinator makes it drop only by a race of acks). What it dropped was never acked, so
+    the device sends it again, and every result is stored exactly once."""
     b = Mosquitto(tmp_path, extra="max_queued_messages 5\nmax_inflight_messages 2").start()
     try:
         total = 400
         coord = start_coordinator(tmp_path, b, ingest_delay_s=0.05, ingest_batch=5)
-        dev = Device(tmp_path, b, total).start()
+        coord.stop()  # its session (subscriptions, 7 days' expiry) stays at the broker
+        stats = tmp_path / "device-stats.json"
+        dev = Device(tmp_path, b, total, stats=stats).start()
+        log = tmp_path / "mosquitto.log"
+        dropping = "Outgoing messages are being dropped for client coordinator."
+        # the device's first burst alone (birth + 100 results in batches of 20) is over 5
+        wait(lambda: dropping in log.read_text(), 60, "the broker dropping messages")
+        coord = start_coordinator(tmp_path, b, ingest_delay_s=0.05, ingest_batch=5)
         wait(lambda: coord.store.counts().get("dev1", 0) >= total, 90, "all results stored")
         assert_exactly_once(coord, total)
+        wait(lambda: json.loads(stats.read_text())["mqtt"]["acked_seq"] == total, 30,
+             "the device's stats after the last ack")  # rewritten every 0.25 s
+        mqtt_stats = json.loads(stats.read_text())["mqtt"]
         dev.term()
         coord.stop()
-        log = (tmp_path / "mosquitto.log").read_text()
-        assert "Outgoing messages are being dropped" in log or coord.counters["result"] > 0
+        # what the broker dropped was never acked, so the device sent it again
+        assert mqtt_stats["resends"] > 0, mqtt_stats
+        assert mqtt_stats["published_results"] > total, mqtt_stats
     finally:
         b.stop()
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from support.mqtt_probe import Probe
-from support.waiting import until
+from support.waiting import until, wait
 
 from runtime.config.telemetry import BrokerConfig
 from runtime.wire.brokerauth import BrokerAuth, Identity, acl_text, hash_password
@@ -89,17 +89,35 @@ def test_device_is_confined_to_its_own_topics_and_the_coordinator_does_its_job(s
 
 
 def test_a_coordinator_of_another_fleet_cannot_ack_or_command(secure_broker):
+    """Fleet f2's coordinator publishes an ack and a command to f1's dev1, which its grant
+    (f2 only) refuses. The observers (dev1 itself, f1's coordinator) have subscribed before,
+    and f1's coordinator then sends a real ack and command as the positive control: Mosquitto
+    handles packets in order on one thread and each forged publish was PUBACKed first, so a
+    forged message it let through would reach an observer before the control does."""
     b = secure_broker
-    coord = Probe(b.port, b.coordinator("f2", "coord-f2"))
-    coord.sub("edgerun/v1/#")
-    coord.pub("edgerun/v1/f1/dev1/ack", b"wrong fleet")  # its grant is for f2 only
+    ack, cmd = "edgerun/v1/f1/dev1/ack", "edgerun/v1/f1/dev1/cmd"
+    dev1 = Probe(b.port, b.device("f1", "dev1"), client_id="edgerun-f1-dev1")
+    dev1.sub(ack)
+    dev1.sub(cmd)
     spy = Probe(b.port, b.coordinator("f1", "coord-f1"))
     spy.sub("edgerun/v1/f1/#")
-    coord.pub("edgerun/v1/f1/dev1/cmd", b"wrong fleet")
-    time.sleep(0.5)
-    assert spy.got == [] and coord.got == []
-    coord.close()
-    spy.close()
+    coord = Probe(b.port, b.coordinator("f2", "coord-f2"))
+    coord.sub("edgerun/v1/#")
+    coord.pub(ack, b"wrong fleet")  # returns on the broker's PUBACK: it has been handled
+    coord.pub(cmd, b"wrong fleet")
+    spy.pub(ack, b"right fleet")
+    spy.pub(cmd, b"right fleet")
+    # and f2's coordinator's own topic, the control that it receives what it may read
+    coord.pub("edgerun/v1/f2/dev9/ack", b"own fleet")
+    right = [(ack, b"right fleet"), (cmd, b"right fleet")]
+    wait(lambda: len(dev1.got) >= 2 and len(spy.got) >= 2 and coord.got, 30,
+         "the controls at every observer")
+    assert dev1.got == right
+    assert spy.got == right
+    # nothing of f1 (the forged publishes nor f1's own) reached f2's coordinator
+    assert coord.got == [("edgerun/v1/f2/dev9/ack", b"own fleet")]
+    for p in (coord, spy, dev1):
+        p.close()
 
 
 def test_outsider_cannot_take_over_a_device_client_id(secure_broker):

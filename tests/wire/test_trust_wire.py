@@ -20,6 +20,7 @@ from support.fleet import Device, assert_exactly_once, key_of, outbox_count, sta
 from support.mqtt_probe import Outsider, stream_of
 from support.waiting import wait
 
+from models import bundled
 from runtime.config.coordinator import CoordinatorConfig
 from runtime.coordinator import fleet
 from runtime.coordinator.service import Coordinator
@@ -66,8 +67,70 @@ def test_schemas_refuse_wrong_types_and_out_of_range_numbers(kind, obj, where):
         payloads.decode(kind, json.dumps(obj).encode())
 
 
-def test_health_schema_declares_every_field_the_daemon_sends():
-    """A health message shaped like Daemon.health() (every key it builds) is valid."""
+def _open_members(schema: dict, obj, path: str = "") -> list[str]:
+    """Paths of members of `obj` that `schema` neither declares (`properties`) nor types
+    (an `additionalProperties` schema, e.g. the pipeline's counters): in an object schema
+    without additionalProperties, jsonschema lets any member through unchecked."""
+    out: list[str] = []
+    if isinstance(obj, dict) and ("properties" in schema or "additionalProperties" in schema):
+        props, extra = schema.get("properties", {}), schema.get("additionalProperties", True)
+        for k, v in obj.items():
+            if k in props:
+                out += _open_members(props[k], v, f"{path}/{k}")
+            elif isinstance(extra, dict):
+                out += _open_members(extra, v, f"{path}/{k}")
+            elif extra is True:
+                out.append(f"{path}/{k}")
+            # extra False: validation has refused it already
+    elif isinstance(obj, list) and isinstance(schema.get("items"), dict):
+        for i, v in enumerate(obj):
+            out += _open_members(schema["items"], v, f"{path}/{i}")
+    return out
+
+
+def test_open_members_finds_what_a_schema_leaves_unchecked():
+    schema = {"type": "object", "properties": {
+        "a": {"type": "object", "properties": {"x": {}}},  # no additionalProperties
+        "b": {"type": "object", "properties": {}, "additionalProperties": {"type": "integer"}},
+        "c": {"type": "array", "items": {"type": "object", "properties": {}}}},
+        "additionalProperties": False}
+    obj = {"a": {"x": 1, "y": 2}, "b": {"n": 3}, "c": [{"z": 1}], "d": 4}
+    assert _open_members(schema, obj) == ["/a/y", "/c/0/z"]
+
+
+@pytest.mark.skipif(not (bundled() / "manifest.json").exists(),
+                    reason="bundled model not built")
+def test_health_schema_declares_every_field_the_daemon_sends(tmp_path, broker, profile_cache):
+    """The health messages a real `edgerun serve` publishes, taken off the broker: each is
+    valid against the closed schema (a field sent but not declared fails there), and none
+    has a member in an object the schema leaves open (which no validation would catch)."""
+    from support.daemon_harness import Serve, write_broker_config
+
+    cfg = write_broker_config(tmp_path, broker, profile_cache)
+    spy = Outsider(broker.coordinator("sys", "spy"))
+    spy.sub("edgerun/v1/sys/box1/health")
+    d = Serve(tmp_path, cfg)
+    try:
+        # serving: the pipeline's latencies are in (the first healths come before them)
+        wait(lambda: sum(b'"p95": ' in p or b'"p95":' in p for _, p in spy.got) >= 3, 180,
+             "three healths of a serving daemon", d)
+    finally:
+        assert d.stop() == 0
+        spy.close()
+    healths = [json.loads(p) for _, p in spy.got]
+    for h in healths:
+        payloads.check("health", h)
+    unchecked = sorted({m for h in healths for m in _open_members(payloads.SCHEMAS["health"], h)})
+    assert unchecked == [], unchecked
+    # the sections a serving, connected daemon sends, so the check above covered them
+    sent = {k for h in healths for k in h}
+    assert {"uptime_s", "temp_c", "choice", "rung", "governor", "pipeline", "slo", "backlog",
+            "mqtt", "box_energy"} <= sent, sorted(sent)
+
+
+def test_health_schema_accepts_every_section_the_daemon_can_send():
+    """A health with the sections a plain serving daemon does not send (backend devices,
+    preprocessing choices, a simulated board) as Daemon.health() builds them is valid."""
     h = {"v": 1, "t": time.time(), "boot": "abc", "uptime_s": 3.2, "temp_c": 51.5,
          "passive_trip_c": 80.0, "throttled": False, "battery_frac": None,
          "sensor_problems": ["thermal_zone0: stale"], "model": "inspection",
