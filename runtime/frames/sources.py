@@ -26,9 +26,9 @@ import stat
 import threading
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from collections.abc import Callable
 from typing import ClassVar, Protocol
 
 import cv2
@@ -669,6 +669,12 @@ class CaptureSource:
                 raise SourceError(f"source.path {self._shown!r}: no stream within "
                                   f"{cfg.open_timeout_s:g} s (open_timeout_s): the server "
                                   "does not answer")
+            if self._url and "@" in cfg.path.split("://", 1)[1].split("/", 1)[0]:
+                # FFmpeg tells OpenCV no more than "failed"; the credentials are the usual
+                # cause when a server that answers refuses (never shown: redacted)
+                raise SourceError(f"source.path {self._shown!r}: the server refused the "
+                                  "stream: check the user and password in the URL (or the "
+                                  "stream's path)")
             raise SourceError(f"source.path {self._shown!r}: cannot open (no such camera, "
                               "file or stream, or the server refused)")
         self._n = 0

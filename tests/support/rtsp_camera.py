@@ -23,11 +23,12 @@ import subprocess
 import time
 from pathlib import Path
 
+import cv2
 import numpy as np
+from support.rtsp_camera_code import BITS, band_h, code_rows
 
 SYSTEM_PYTHON = "/usr/bin/python3"
 SERVER = Path(__file__).with_name("rtsp_camera_server.py")
-BITS = 20  # as rtsp_camera_server.BITS
 
 _PROBE = """
 import gi
@@ -35,7 +36,8 @@ gi.require_version("Gst", "1.0")
 gi.require_version("GstRtspServer", "1.0")
 from gi.repository import Gst, GstRtspServer
 Gst.init(None)
-missing = [e for e in ("appsrc", "x264enc", "rtph264pay", "queue") if not Gst.ElementFactory.find(e)]
+missing = [e for e in ("appsrc", "x264enc", "rtph264pay", "queue")
+           if not Gst.ElementFactory.find(e)]
 print("missing GStreamer elements: " + ", ".join(missing) if missing else "ok")
 """
 
@@ -63,20 +65,31 @@ def frame_number(img: np.ndarray) -> int | None:
     """The frame number drawn into `img` (BGR or gray, any size the camera's was scaled to):
     the centre of each block of the top band, checked against the inverted band below it."""
     h, w = img.shape[:2]
-    # the server's geometry, in fractions (the picture may have been scaled)
-    band = max(2, h // 16)
+    # the server's geometry, in fractions (the picture may have been scaled); a few pixels
+    # around each block's centre, green alone (it carries most of the luma): cheap enough
+    # to read on every frame of a 1080p stream
+    band = band_h(h)
     bw = w / BITS
-    top_rows = img[:2 * band + 1]
-    gray = top_rows if img.ndim == 2 else top_rows.mean(axis=2)
+    green = img[..., 1] if img.ndim == 3 else img
+    rows_top = slice(int(band * 0.3), int(band * 0.7) + 1)
+    rows_low = slice(int(band * 1.3), int(band * 1.7) + 1)
     n = 0
     for i in range(BITS):
-        x0, x1 = int(i * bw + bw * 0.3), int(i * bw + bw * 0.7)
-        top = float(gray[int(band * 0.25):int(band * 0.75) + 1, x0:x1].mean())
-        low = float(gray[int(band * 1.25):int(band * 1.75) + 1, x0:x1].mean())
+        cols = slice(int(i * bw + bw * 0.35), int(i * bw + bw * 0.65) + 1)
+        top = float(green[rows_top, cols].mean())
+        low = float(green[rows_low, cols].mean())
         if abs(top - low) < 80:  # neither clearly black/white nor inverted: not our code
             return None
         n = n << 1 | (top > low)
     return n
+
+
+def picture(n: int, w: int, h: int) -> np.ndarray:
+    """A BGR picture carrying frame `n` as the camera draws it (on mid-grey)."""
+    img = np.full((h, w), 128, np.uint8)
+    rows = np.frombuffer(code_rows(n, w, h), np.uint8).reshape(-1, w)
+    img[:len(rows)] = rows
+    return cv2.cvtColor(img, cv2.COLOR_GRAY2BGR)
 
 
 class RtspCamera:

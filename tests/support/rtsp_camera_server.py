@@ -1,16 +1,15 @@
 """An IP camera for tests and benches: GStreamer's RTSP server serving live H.264, each frame's
 number drawn into the picture, run by the SYSTEM Python (`/usr/bin/python3`, where Debian's
 python3-gi and gir1.2-gst-rtsp-server-1.0 live) as the camera's own process. Never imported by
-the project or the tests: tests/support/rtsp_camera.py starts it and reads what it writes.
+the project or the tests (only rtsp_camera_code.py, beside it, is shared): tests/support/rtsp_camera.py starts it and reads what it writes.
 
     /usr/bin/python3 rtsp_camera_server.py --port 0 --width 1280 --height 720 --fps 25 \
         --key-int 25 --log frames.log [--user U --password P]
 
 It prints `READY <port>` on stdout once it listens (port 0: the kernel picks one; a restart
 names the port again). The picture: a luma texture scrolling 3 rows a frame (so the encoder
-and the decoder meet motion, as on a conveyor), and across the top eighth two bands of
-`BITS` black/white blocks: the frame number in binary, most significant bit first, and below
-it the same bits inverted (the reader checks one against the other). The number follows the
+and the decoder meet motion, as on a conveyor), and across the top eighth the frame number as
+black/white blocks (tests/support/rtsp_camera_code.py). The number follows the
 camera's own clock (frame n is due at start + n / fps), whether or not anyone watches, as a
 camera's counter does. Each frame is logged when its encoded form leaves x264, as
 `<n> <CLOCK_MONOTONIC ns at capture> <CLOCK_MONOTONIC ns when encoded>`, so a result is
@@ -31,9 +30,9 @@ import gi
 gi.require_version("Gst", "1.0")
 gi.require_version("GstRtspServer", "1.0")
 from gi.repository import GLib, Gst, GstRtspServer  # noqa: E402
+from rtsp_camera_code import band_h, code_rows  # noqa: E402 (beside this script)
 
 X264_OFFSET = 1000 * 3600 * Gst.SECOND
-BITS = 20  # 25 fps for 11.6 hours before the number wraps; 1280, 1920, 640, 320 px divide by it
 
 
 def texture(width: int, height: int, period: int) -> bytes:
@@ -56,8 +55,7 @@ class Camera:
         self.period = 256
         self.tex = texture(self.w, self.h, self.period)
         self.chroma = bytes([128]) * (2 * ((self.w // 2) * (self.h // 2)))
-        self.band_h = max(2, self.h // 16)
-        self.block_w = self.w // BITS
+        self.band_h = band_h(self.h)
         self.t0 = time.monotonic()
         self.log = open(a.log, "a", buffering=1)  # noqa: SIM115 (lives as long as the process)
         self.lock = threading.Lock()
@@ -66,15 +64,10 @@ class Camera:
         self.gen = 0
 
     def picture(self, n: int) -> bytes:
-        w, h, bw = self.w, self.h, self.block_w
-        bits = [(n >> (BITS - 1 - i)) & 1 for i in range(BITS)]
-        row = b"".join((b"\xeb" if b else b"\x10") * bw for b in bits)
-        inv = b"".join((b"\x10" if b else b"\xeb") * bw for b in bits)
-        pad = b"\x80" * (w - len(row))
-        band = (row + pad) * self.band_h + (inv + pad) * self.band_h
+        """Frame `n` in I420: the code bands (rtsp_camera_code.py) over the texture."""
         off = (n * 3) % self.period
-        luma = self.tex[(off + 2 * self.band_h) * w:(off + h) * w]
-        return band + luma + self.chroma
+        luma = self.tex[(off + 2 * self.band_h) * self.w:(off + self.h) * self.w]
+        return code_rows(n, self.w, self.h) + luma + self.chroma
 
     def attach(self, src) -> None:
         """A new media is playing: push into its appsrc from now on."""
