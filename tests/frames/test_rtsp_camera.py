@@ -307,7 +307,8 @@ def test_the_newest_frame_is_served_at_a_rate_cap(tmp_path, cap_hz):
 
     print(f"cap {cap_hz} Hz, {SIZE}: {len(enc_ms)} frames; ms to the start of inference from "
           f"capture {show(cap_ms)}, from encode {show(enc_ms)}, from decode {show(dec_ms)} "
-          f"(bound {bound:.1f}, of which wake-up delay {late_ms:.1f}); skipped {stats.get('skipped_latest', 0)}, "
+          f"(bound {bound:.1f}, of which wake-up delay {late_ms:.1f}); "
+          f"skipped {stats.get('skipped_latest', 0)}, "
           f"load {os.getloadavg()[0]:.1f}")
     assert missing <= 1  # every frame inferred is one the camera logged (the last may lag)
     assert _p99(dec_ms) <= bound

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import cv2
 import numpy as np
+
 from support.rtsp_camera_code import BITS, band_h, code_rows
 
 SYSTEM_PYTHON = "/usr/bin/python3"

@@ -1,7 +1,8 @@
 """An IP camera for tests and benches: GStreamer's RTSP server serving live H.264, each frame's
 number drawn into the picture, run by the SYSTEM Python (`/usr/bin/python3`, where Debian's
 python3-gi and gir1.2-gst-rtsp-server-1.0 live) as the camera's own process. Never imported by
-the project or the tests (only rtsp_camera_code.py, beside it, is shared): tests/support/rtsp_camera.py starts it and reads what it writes.
+the project or the tests (only rtsp_camera_code.py, beside it, is shared):
+tests/support/rtsp_camera.py starts it and reads what it writes.
 
     /usr/bin/python3 rtsp_camera_server.py --port 0 --width 1280 --height 720 --fps 25 \
         --key-int 25 --log frames.log [--user U --password P]
