@@ -549,8 +549,8 @@ class Pipeline:
         if lane.down_since is None:
             lane.down_since = now
             lane.counters["outages"] += 1
-            log.warning("source %sfailed: %s; retrying in %.1f s, then at least every %g s "
-                        "(the daemon keeps running)", named, why, delay, lane.retry_cap_s)
+            log.warning("source %sfailed: %s; retrying in %.1f s, backing off to at most "
+                        "%g s (the daemon keeps running)", named, why, delay, lane.retry_cap_s)
             self._event({"type": EventType.SOURCE_FAILED, "severity": "warning", "error": why,
                          "retry_s": round(delay, 1), "source": lane.name})
         else:
