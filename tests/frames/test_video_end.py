@@ -1,6 +1,7 @@
 """Video files end cleanly (or loop when configured); a stream that opens and then fails backs
-off 0.5 s doubling (jittered) to its cap (docs/daemon.md). Real videos written by cv2.VideoWriter, a real
-HTTP server for the stream, the real ONNX Runtime session in the pipeline."""
+off 0.5 s doubling (jittered) to its cap (docs/daemon.md). Real videos written by
+cv2.VideoWriter, a real HTTP server for the stream, the real ONNX Runtime session in the
+pipeline."""
 
 from __future__ import annotations
 
@@ -125,7 +126,8 @@ def test_a_stream_that_opens_then_fails_backs_off_doubling(tmp_path, http_video)
         # The old loop reset the delay on every successful open: 0.5, 0.5, 0.5, ...
         # doubling from 0.5 s, each jittered down to as little as half (runtime/wire/mqtt.py)
         retries = [e["retry_s"] for e in p.of("source_failed")[:4]]
-        assert all(c / 2 - 0.05 <= r <= c + 0.05 for r, c in zip(retries, [0.5, 1, 2, 4])), \
+        assert all(c / 2 - 0.05 <= r <= c + 0.05
+                   for r, c in zip(retries, [0.5, 1, 2, 4], strict=True)), \
             retries
         # each connection delivered its frames (a live source may drop stale ones)
         lane = p.pipeline.stats()["sources"]["main"]  # served, or passed over for newer
