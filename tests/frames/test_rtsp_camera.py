@@ -345,6 +345,34 @@ def test_the_frame_age_stays_flat_for_10_minutes(tmp_path):
     assert minutes[-1][0] - minutes[0][0] <= 1e3 / FPS
 
 
+def test_a_streams_decode_cpu_is_billed_per_served_frame(tmp_path, camera):
+    """The reader thread's decode CPU reaches the stages the box's energy per frame sums
+    (power/box_energy.py via take_stage_cpu): every decoded frame's, passed over or not, so
+    at a 5 Hz cap from 25 fps each served frame carries about five decodes; and the capture
+    stage is not charged for it (it ran on another thread)."""
+    p = _Pipe(tmp_path, SourceConfig(kind="capture", path=camera.url, read_timeout_s=5))
+    try:
+        p.until(lambda: len(p.results) >= 3, 60, "the first results")
+        p.pipeline.rate_cap_hz = 5.0
+        time.sleep(1.0)
+        p.pipeline.take_stage_cpu()
+        lane0 = dict(p.pipeline.stats()["sources"]["main"])
+        time.sleep(6.0)
+        n, stages = p.pipeline.take_stage_cpu()
+        lane1 = p.pipeline.stats()["sources"]["main"]
+    finally:
+        p.pipeline.stop()
+    served = lane1["frames"] - lane0["frames"]
+    decoded = served + lane1.get("skipped_latest", 0) - lane0.get("skipped_latest", 0)
+    assert n >= 10 and served >= 10
+    assert stages["decode"] is not None and stages["decode"] > 0
+    assert stages["capture"] is not None and stages["capture"] >= 0
+    per_served = stages["decode"] / n
+    print(f"decode {per_served * 1e3:.2f} ms CPU per served frame, {decoded / served:.1f} "
+          f"frames decoded per frame served")
+    assert decoded / served >= 3  # the reader decoded the frames the cap passed over
+
+
 def test_a_camera_is_retried_within_seconds_and_a_folder_at_30_s():
     assert retry_cap_s(SourceConfig(kind="capture", path="rtsp://cam/x")) == CAMERA_RETRY_CAP_S
     assert retry_cap_s(SourceConfig(kind="capture", path="0")) == CAMERA_RETRY_CAP_S
