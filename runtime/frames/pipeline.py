@@ -471,6 +471,10 @@ class Pipeline:
                 self.counters["dropped_stale"] += 1
                 lane.counters["dropped_stale"] += 1
             cap = self.rate_cap_hz * lane.share
+            if (hint := getattr(lane.source, "rate_hint", None)) is not None:
+                # the rate frames are taken at: a stream may decode key frames only below it
+                taken = min(cap if cap > 0 else math.inf, lane.pace_hz or math.inf)
+                hint(taken if taken < math.inf else 0.0)
             if 0 < cap < math.inf:
                 self._stop_capture.wait(1.0 / cap)
 

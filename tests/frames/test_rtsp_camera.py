@@ -22,11 +22,21 @@ from support.tiny_ort import tiny_variant
 
 from runtime.frames.multisource import CAMERA_RETRY_CAP_S, Lane, retry_cap_s
 from runtime.frames.pipeline import Active, Pipeline
-from runtime.frames.sources import CaptureSource, SourceConfig, SourceError, open_source
+from runtime.frames.sources import (
+    AvStreamSource,
+    CaptureSource,
+    SourceConfig,
+    SourceError,
+    open_source,
+    pyav_available,
+)
 
 pytestmark = pytest.mark.skipif(bool(skip_reason()), reason=skip_reason() or "ok")
 
 FPS = 25
+# both stream decoders: OpenCV's capture and PyAV (where installed: the `streams` extra)
+DECODERS = ["opencv", pytest.param("pyav", marks=pytest.mark.skipif(
+    not pyav_available(), reason="PyAV is not installed (pip install 'edgerun[streams]')"))]
 SIZE = tuple(int(x) for x in os.environ.get("EDGERUN_AGE_SIZE", "320x180").split("x"))
 
 
@@ -44,6 +54,7 @@ class _Pipe:
 
     def __init__(self, tmp_path: Path, cfg: SourceConfig, roi: tuple = (),
                  roi_units: str = "pixels"):
+        tmp_path.mkdir(parents=True, exist_ok=True)
         m, backend, v = tiny_variant(tmp_path)
         self.results: list[dict] = []
         self.events: list[dict] = []
@@ -114,11 +125,14 @@ class _Pipe:
         return time.monotonic() - t0
 
 
+@pytest.mark.parametrize("decoder", DECODERS)
 @pytest.mark.parametrize("size", [(1280, 720), (1920, 1080)])
-def test_the_camera_serves_live_numbered_h264(tmp_path, size):
+def test_the_camera_serves_live_numbered_h264(tmp_path, size, decoder):
     w, h = size
     with RtspCamera(tmp_path, width=w, height=h) as cam:
-        src = CaptureSource(SourceConfig(kind="capture", path=cam.url, read_timeout_s=10))
+        src = open_source(SourceConfig(kind="capture", path=cam.url, read_timeout_s=10,
+                                       decoder=decoder), tmp_path)
+        assert isinstance(src, AvStreamSource if decoder == "pyav" else CaptureSource)
         try:
             assert src.live
             frames = [src.read(10.0) for _ in range(12)]
@@ -144,8 +158,10 @@ def test_frame_numbers_read_back_through_scaling_and_a_foreign_picture_is_refuse
     assert frame_number(np.zeros((360, 640, 3), np.uint8)) is None
 
 
-def test_a_rebooted_camera_is_served_again_within_5_s_as_one_outage(tmp_path, camera):
-    p = _Pipe(tmp_path, SourceConfig(kind="capture", path=camera.url, read_timeout_s=2))
+@pytest.mark.parametrize("decoder", DECODERS)
+def test_a_rebooted_camera_is_served_again_within_5_s_as_one_outage(tmp_path, camera, decoder):
+    p = _Pipe(tmp_path, SourceConfig(kind="capture", path=camera.url, read_timeout_s=2,
+                                     decoder=decoder))
     try:
         p.until(lambda: len(p.results) >= 10, 60, "results from the camera")
         camera.kill()
@@ -172,9 +188,10 @@ def test_a_rebooted_camera_is_served_again_within_5_s_as_one_outage(tmp_path, ca
     assert stats["state"] == "running"
 
 
-def test_a_stalled_stream_times_out_and_is_reconnected(tmp_path, camera):
+@pytest.mark.parametrize("decoder", DECODERS)
+def test_a_stalled_stream_times_out_and_is_reconnected(tmp_path, camera, decoder):
     p = _Pipe(tmp_path, SourceConfig(kind="capture", path=camera.url, read_timeout_s=1,
-                                     open_timeout_s=2))
+                                     open_timeout_s=2, decoder=decoder))
     try:
         p.until(lambda: len(p.results) >= 10, 60, "results from the camera")
         camera.pause()
@@ -191,8 +208,10 @@ def test_a_stalled_stream_times_out_and_is_reconnected(tmp_path, camera):
     assert stats["outages"] == 1 and stats["last_gap_s"] >= 3
 
 
-def test_a_camera_rebooted_into_another_resolution_is_replanned(tmp_path, camera):
-    p = _Pipe(tmp_path, SourceConfig(kind="capture", path=camera.url, read_timeout_s=2),
+@pytest.mark.parametrize("decoder", DECODERS)
+def test_a_camera_rebooted_into_another_resolution_is_replanned(tmp_path, camera, decoder):
+    p = _Pipe(tmp_path, SourceConfig(kind="capture", path=camera.url, read_timeout_s=2,
+                                     decoder=decoder),
               roi=(0.25, 0.25, 0.5, 0.5), roi_units="fraction")
     try:
         p.until(lambda: len(p.results) >= 5, 60, "results at 320x180")
@@ -210,16 +229,20 @@ def test_a_camera_rebooted_into_another_resolution_is_replanned(tmp_path, camera
     assert stats.get("infer_errors", 0) == 0
 
 
-def test_a_wrong_password_is_one_clear_error_without_the_credentials(tmp_path, caplog):
+@pytest.mark.parametrize("decoder", DECODERS)
+def test_a_wrong_password_is_one_clear_error_without_the_credentials(tmp_path, caplog,
+                                                                      decoder):
     with RtspCamera(tmp_path, width=320, height=180, user="op", password="s3cret-pw") as cam:
-        ok = CaptureSource(SourceConfig(kind="capture", path=cam.url_with("op", "s3cret-pw")))
+        ok = open_source(SourceConfig(kind="capture", path=cam.url_with("op", "s3cret-pw"),
+                                      decoder=decoder), tmp_path)
         assert ok.read(10.0) is not None
         ok.close()
-        wrong = cam.url_with("op", "wrong-pw-9")
+        wrong = SourceConfig(kind="capture", path=cam.url_with("op", "wrong-pw-9"),
+                             open_timeout_s=5, decoder=decoder)
         caplog.set_level(logging.DEBUG)
         with pytest.raises(SourceError) as e:
-            CaptureSource(SourceConfig(kind="capture", path=wrong, open_timeout_s=5))
-        p = _Pipe(tmp_path, SourceConfig(kind="capture", path=wrong, open_timeout_s=5))
+            open_source(wrong, tmp_path)
+        p = _Pipe(tmp_path, wrong)
         try:
             p.until(lambda: p.of("source_failed"), 30, "the refusal")
             time.sleep(3)  # re-opens, refused each time
@@ -228,6 +251,7 @@ def test_a_wrong_password_is_one_clear_error_without_the_credentials(tmp_path, c
     msg = str(e.value)
     assert msg.startswith("source.path 'rtsp://***@127.0.0.1:")
     assert "refused" in msg and "user and password" in msg
+    assert e.value.__cause__ is None and e.value.__suppress_context__  # no URL in a traceback
     assert len(p.of("source_failed")) == 1
     said = msg + caplog.text + repr(p.events)
     assert "wrong-pw-9" not in said and "s3cret-pw" not in said
@@ -371,6 +395,64 @@ def test_a_streams_decode_cpu_is_billed_per_served_frame(tmp_path, camera):
     print(f"decode {per_served * 1e3:.2f} ms CPU per served frame, {decoded / served:.1f} "
           f"frames decoded per frame served")
     assert decoded / served >= 3  # the reader decoded the frames the cap passed over
+
+
+@pytest.mark.skipif(not pyav_available(), reason="PyAV is not installed (the streams extra)")
+def test_under_a_low_rate_cap_only_key_frames_are_decoded(tmp_path):
+    """At a 1 fps cap from a 25 fps stream with a key frame every 10 frames, PyAV decodes
+    only the key frames that are due: one frame decoded per frame served, against ~25 for
+    OpenCV's capture on the same camera at the same cap, side by side. Its decode CPU per
+    served frame is then at most 1/2.5 of the full decode's (which decodes those 2.5 key
+    frames a second and every P-frame besides; +10 % for the host's noise): where the issue's
+    0.2x is met depends on the stream (key frame interval, what a key frame costs against a
+    P-frame; bench/streams.py measures it at 720p). Each key frame is served as it arrives:
+    decode to inference p99 within one frame interval + one inference + the host's wake-up
+    delay, not up to a key-frame interval old."""
+    with RtspCamera(tmp_path, width=640, height=360, key_int=10) as cam:
+        runs = {d: _Pipe(tmp_path / d, SourceConfig(kind="capture", path=cam.url,
+                                                     read_timeout_s=5, decoder=d))
+                for d in ("pyav", "opencv")}
+        for p in runs.values():
+            p.pipeline.rate_cap_hz = 1.0
+        try:
+            for p in runs.values():
+                p.until(lambda p=p: len(p.results) >= 3, 60, "the first results")
+            key = runs["pyav"]
+            key.until(lambda: key.pipeline.source.keyframes_only, 30, "key frames only")
+            time.sleep(1.5)
+            for p in runs.values():
+                p.pipeline.take_stage_cpu()
+                p.started.clear()
+            before = {d: dict(p.pipeline.stats()["sources"]["main"]) for d, p in runs.items()}
+            wakeups = _WakeUps()
+            time.sleep(12)
+            late_ms = wakeups.stop()
+            got = {d: p.pipeline.take_stage_cpu() for d, p in runs.items()}
+            lanes = {d: p.pipeline.stats()["sources"]["main"] for d, p in runs.items()}
+            assert key.pipeline.source.keyframes_only
+        finally:
+            for p in runs.values():
+                p.pipeline.stop()
+        _, _, dec_ms, _ = _ages(cam, key)
+    per = {d: stages["decode"] / n for d, (n, stages) in got.items()}
+    infer_ms = [s * 1e3 for *_, s in key.started]
+    bound = 1e3 / FPS + _p99(infer_ms) + late_ms
+    print(f"1 fps cap: decode CPU per served frame, key frames only {per['pyav'] * 1e3:.2f} "
+          f"ms, every frame (OpenCV) {per['opencv'] * 1e3:.2f} ms: "
+          f"{per['pyav'] / per['opencv']:.2f}x; decode to inference p50 "
+          f"{statistics.median(dec_ms):.1f} p99 {_p99(dec_ms):.1f} ms (bound {bound:.1f}); "
+          f"served {got['pyav'][0]} and {got['opencv'][0]}, load {os.getloadavg()[0]:.1f}")
+    assert got["pyav"][0] >= 8 and got["opencv"][0] >= 8
+    def delta(d: str, k: str) -> int:
+        return lanes[d].get(k, 0) - before[d].get(k, 0)
+
+    decoded = {d: (delta(d, "frames") + delta(d, "skipped_latest")) / delta(d, "frames")
+               for d in lanes}
+    print(f"frames decoded per frame served: key frames only {decoded['pyav']:.2f}, OpenCV "
+          f"{decoded['opencv']:.1f}")
+    assert decoded["pyav"] <= 1.5 and decoded["opencv"] >= 5
+    assert per["pyav"] <= 1.1 / 2.5 * per["opencv"]
+    assert _p99(dec_ms) <= bound
 
 
 def test_a_camera_is_retried_within_seconds_and_a_folder_at_30_s():
