@@ -316,6 +316,13 @@ def _report(n: int, cap_hz: float, got: dict) -> None:
         print(f"{role:8} {r[0]:>8.1f} {r[1]:>12.2f} {r[2]:>12.2f} {r[3]:>15.2f} "
               f"{r[4]:>8.0f} {r[5]:>8.0f}")
     e, hnd = rows["edgerun"], rows["hand"]
+    if cap_hz:
+        # the hand loop decodes every frame (it must, to stay live): at the cap, one served
+        # frame costs it a second's decode of its stream, frames/s per stream x per frame
+        full = hnd[3] * hnd[0] / n / cap_hz
+        print(f"edgerun at {cap_hz:g} fps: decode CPU per served frame {e[3]:.2f} ms, "
+              f"{e[3] / max(full, 1e-9):.2f}x a full decode's per served frame ({full:.2f} ms)")
+        return
     print(f"edgerun / hand: frames/s {e[0] / max(hnd[0], 1e-9):.2f}x, CPU per frame "
           f"{e[1] / max(hnd[1], 1e-9):.2f}x, decode CPU per frame "
           f"{e[3] / max(hnd[3], 1e-9):.2f}x")
