@@ -475,7 +475,7 @@ class Pipeline:
                 # the rate frames are taken at: a stream may decode key frames only below it
                 taken = min(cap if cap > 0 else math.inf, lane.pace_hz or math.inf)
                 hint(taken if taken < math.inf else 0.0)
-            if 0 < cap < math.inf:
+            if 0 < cap < math.inf and not getattr(lane.source, "paced", False):
                 self._stop_capture.wait(1.0 / cap)
 
     def _crop(self, lane: Lane, frame: Frame) -> bool:

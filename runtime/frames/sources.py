@@ -788,14 +788,13 @@ class _LatestFrame:
         self._skipped = 0
         self._cpu = 0.0
         self._error: BaseException | None = None
-        self.waiting = False  # a take() waits for the next frame (read by the reader)
-        self._stopping = threading.Event()
+        self.stopping = threading.Event()  # set by stop(); a reader skipping packets checks it
         self._thread = threading.Thread(target=self._run, name=f"reader-{shown}"[:60],
                                         daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
-        while not self._stopping.is_set():
+        while not self.stopping.is_set():
             c0 = time.thread_time()
             try:
                 img = self._read_one()
@@ -814,22 +813,12 @@ class _LatestFrame:
                 self._img, self._t = img, t
                 self._cond.notify_all()
 
-    def take(self, timeout_s: float, fresh_s: float = math.inf
-             ) -> tuple[np.ndarray, float, int, float, int] | None:
+    def take(self, timeout_s: float) -> tuple[np.ndarray, float, int, float, int] | None:
         """(image, wall time decoded, its number, decode CPU since the last take, frames
-        skipped since then), or None when no new frame came within `timeout_s`. A frame
-        decoded more than `fresh_s` ago is passed over for the next one (key frames only:
-        one a second is served as it arrives, not up to a second old)."""
+        skipped since then), or None when no new frame came within `timeout_s`."""
         with self._cond:
-            if self._img is not None and time.time() - self._t > fresh_s:
-                self._img = None
-                self._skipped += 1
             if self._img is None and self._error is None:
-                self.waiting = True
-                try:
-                    self._cond.wait(timeout_s)
-                finally:
-                    self.waiting = False
+                self._cond.wait(timeout_s)
             if self._img is None:
                 if self._error is not None:
                     raise self._error
@@ -840,7 +829,7 @@ class _LatestFrame:
 
     def stop(self) -> bool:
         """Stop reading; True once the thread has left (the capture may be released)."""
-        self._stopping.set()
+        self.stopping.set()
         self._thread.join(self.JOIN_S)
         return not self._thread.is_alive()
 
@@ -862,9 +851,9 @@ class AvStreamSource:
     taken at (the pipeline's cap); at or below the stream's measured key-frame rate only key
     frames are decoded (FFmpeg's skip_frame NONKEY: P-frames need their references, so a
     reader that serves 1 frame a second from 25 still decodes 25 otherwise), and of those only
-    the ones a read is waiting for (a stream with 2.5 key frames a second read at 1 fps
-    decodes about 1); each is served as it arrives. Decoding resumes at every frame from the
-    next key frame."""
+    the first after each frame's due time (a stream with 2.5 key frames a second read at
+    1 fps decodes 1 a second), served as it is decoded (`paced`). Decoding resumes at every
+    frame from the next key frame."""
 
     live = True
 
@@ -900,6 +889,7 @@ class AvStreamSource:
         self._keys: collections.deque[float] = collections.deque(maxlen=8)  # key frame times
         self._hint_hz = 0.0
         self._skip = False  # decoding key frames only
+        self._due = -math.inf  # key frames only: none is decoded before this monotonic time
         self.keyframes_only = False  # what the reader does now (for health and tests)
         self._reader = _LatestFrame(self._read_one, self._shown)
 
@@ -913,6 +903,13 @@ class AvStreamSource:
     def rate_hint(self, hz: float) -> None:
         """The rate frames will be taken at (0 or inf: as they come)."""
         self._hint_hz = hz
+
+    @property
+    def paced(self) -> bool:
+        """It serves at the hinted rate itself (key frames only: the first key frame after
+        each frame's due time, decoded then and handed over at once): the pipeline does not
+        wait out the rate cap after its frames, or each would be served a wait late."""
+        return self.keyframes_only
 
     def _read_one(self) -> np.ndarray:
         """On the reader thread: the next decoded frame (a key frame alone when skipping)."""
@@ -941,9 +938,13 @@ class AvStreamSource:
                     self._skip = want   # references when every frame is decoded again
                     self._stream.codec_context.skip_frame = "NONKEY" if want else "DEFAULT"
                     self.keyframes_only = want
-                if want and not self._reader.waiting:
-                    continue  # nobody waits for a frame: this key frame is not decoded either
+                if want and time.monotonic() < self._due:
+                    continue  # before the next frame is due: not decoded either
+                if self._reader.stopping.is_set():
+                    raise SourceError(f"{self._shown}: closing")
             elif self._skip:
+                if self._reader.stopping.is_set():
+                    raise SourceError(f"{self._shown}: closing")
                 continue  # not even handed to the decoder
             try:
                 frames = self._stream.codec_context.decode(packet)
@@ -954,11 +955,13 @@ class AvStreamSource:
 
     def read(self, timeout_s: float) -> Frame | None:
         """The newest decoded frame (a key frame just decoded, when skipping)."""
-        kf = self.key_frame_hz()
-        got = self._reader.take(timeout_s, 0.5 / kf if self.keyframes_only and kf else math.inf)
+        got = self._reader.take(timeout_s)
         if got is None:
             return None
         img, t0, n, cpu, skipped = got
+        kf, hint = self.key_frame_hz(), self._hint_hz
+        if kf > 0 and hint > 0:  # the next key frame decoded is the first after this
+            self._due = time.monotonic() + 1 / hint - 0.5 / kf
         return Frame(img, f"frame-{n}", t=t0, decode_cpu_s=cpu, decoded_apart=True,
                      skipped=skipped)
 

@@ -137,6 +137,8 @@ def test_roi_crop_is_the_rectangle_and_boxes_map_back_to_the_frame():
      "must be > 0"),
     ({"kind": "capture", "path": "rtsp://x/y", "transport": "sctp"}, "source.transport",
      "'tcp' or 'udp' or 'auto'"),
+    ({"kind": "capture", "path": "rtsp://x/y", "decoder": "gst"}, "source.decoder",
+     "'auto' or 'opencv' or 'pyav'"),
 ])
 def test_bad_source_settings_are_refused_naming_the_key(section, key, expected):
     with pytest.raises(ConfigError, match=rf"key '{re.escape(key)}'.*{re.escape(expected)}"):
