@@ -779,7 +779,8 @@ class _LatestFrame:
 
     JOIN_S = 15.0
 
-    def __init__(self, read_one: Callable[[], np.ndarray | None], shown: str):
+    def __init__(self, read_one: Callable[[], np.ndarray | None], shown: str,
+                 start: bool = True):
         self._read_one = read_one
         self._cond = threading.Condition()
         self._img: np.ndarray | None = None
@@ -791,6 +792,11 @@ class _LatestFrame:
         self.stopping = threading.Event()  # set by stop(); a reader skipping packets checks it
         self._thread = threading.Thread(target=self._run, name=f"reader-{shown}"[:60],
                                         daemon=True)
+        if start:
+            self._thread.start()
+
+    def start(self) -> None:
+        """Start reading (made with start=False: once its owner can be read from)."""
         self._thread.start()
 
     def _run(self) -> None:
@@ -891,7 +897,8 @@ class AvStreamSource:
         self._skip = False  # decoding key frames only
         self._due = -math.inf  # key frames only: none is decoded before this monotonic time
         self.keyframes_only = False  # what the reader does now (for health and tests)
-        self._reader = _LatestFrame(self._read_one, self._shown)
+        self._reader = _LatestFrame(self._read_one, self._shown, start=False)
+        self._reader.start()  # _read_one reads self._reader
 
     def key_frame_hz(self) -> float:
         """Key frames a second, measured over the last few (0: fewer than three seen)."""
