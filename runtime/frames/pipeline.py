@@ -460,13 +460,15 @@ class Pipeline:
                     continue
             # A frame that had to be waited for arrived at an idle pipeline: run it inline.
             # One that was ready at once is part of a backlog: queue it so stages overlap.
-            # A live source has no backlog (its reader keeps only the newest frame): inline
-            # whenever the pipeline is idle, two thread hand-offs fewer in the frame's age.
+            # A stream read by its own reader thread has no backlog (the reader keeps only
+            # the newest frame, decoding beside the pipeline): inline whenever the pipeline
+            # is idle, two thread hand-offs fewer in the frame's age. (Not a live synthetic
+            # camera at full rate: it would lose the stages' overlap.)
             waited = time.monotonic() - t_read >= self.INLINE_AFTER_WAIT_S
             # (a live source's next frame comes at the camera's pace: never waited for)
             self._in_backlog = not waited and not lane.source.live
             # (latest wins on a live source: its own oldest waiting frame is dropped)
-            if not ((waited or lane.source.live) and self._inline(frame)) and self._raw.put(
+            if not ((waited or frame.decoded_apart) and self._inline(frame)) and self._raw.put(
                     lane.name, frame, lane.source.live, self._stop):
                 self.counters["dropped_stale"] += 1
                 lane.counters["dropped_stale"] += 1
