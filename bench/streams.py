@@ -262,8 +262,10 @@ def _child(role: str, urls: list[str], logs: list[str], seconds: float, cap_hz: 
     if role == "hand":
         decode_s = max(cpu - other_s, 0.0)  # FFmpeg's threads: all that is not pre/infer
     times = [cam_times(log) for log in logs]
+    # from 2 s into the window: the first frames after a connection are the camera's
+    # start-up (both sides showed ~1 s there), not the path's steady age
     ages = [(t0 - times[i][n]) * 1e3 for i, n, t0 in starts
-            if n is not None and n in times[i]]
+            if n is not None and n in times[i] and t0 >= t_begin + 2.0]
     return {"served": served, "span_s": span, "cpu_s": cpu, "decode_s": decode_s,
             "ages_ms": ages}
 
