@@ -877,6 +877,9 @@ class AvStreamSource:
         try:
             self._c = av.open(cfg.path, options=opts,
                               timeout=(cfg.open_timeout_s, cfg.read_timeout_s))
+            if not self._c.streams.video:
+                self._c.close()
+                raise IndexError("no video stream")
             self._stream = self._c.streams.video[0]
         except av.error.HTTPUnauthorizedError:
             raise SourceError(f"source.path {self._shown!r}: the server refused the "
@@ -896,7 +899,7 @@ class AvStreamSource:
         self._hint_hz = 0.0
         self._skip = False  # decoding key frames only
         self._due = -math.inf  # key frames only: none is decoded before this monotonic time
-        self.keyframes_only = False  # what the reader does now (for health and tests)
+        self.keyframes_only = False  # what the reader does now (said in the log)
         self._reader = _LatestFrame(self._read_one, self._shown, start=False)
         self._reader.start()  # _read_one reads self._reader
 
@@ -945,6 +948,9 @@ class AvStreamSource:
                     self._skip = want   # references when every frame is decoded again
                     self._stream.codec_context.skip_frame = "NONKEY" if want else "DEFAULT"
                     self.keyframes_only = want
+                    log.info("%s: %s (frames taken at %.3g/s, %.3g key frames/s)",
+                             self._shown, "decoding key frames only" if want else
+                             "decoding every frame again", self._hint_hz, kf)
                 if want and time.monotonic() < self._due:
                     continue  # before the next frame is due: not decoded either
                 if self._reader.stopping.is_set():
