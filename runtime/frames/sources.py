@@ -942,8 +942,9 @@ class AvStreamSource:
             if packet.is_keyframe:
                 self._keys.append(time.monotonic())
                 kf = self.key_frame_hz()
-                # 10 % slack: a 1 s GOP read at a 1 fps cap measures 0.95-1.05 key frames/s
-                want = 0 < self._hint_hz <= kf * 1.1
+                # 10 % slack: a 1 s GOP read at a 1 fps cap measures 0.95-1.05 key frames/s;
+                # back to every frame only past 25 % (no flapping at the edge)
+                want = 0 < self._hint_hz <= kf * (1.25 if self._skip else 1.1)
                 if want != self._skip:  # switched at a key frame: no P-frame misses its
                     self._skip = want   # references when every frame is decoded again
                     self._stream.codec_context.skip_frame = "NONKEY" if want else "DEFAULT"
