@@ -434,6 +434,11 @@ def test_under_a_low_rate_cap_only_key_frames_are_decoded(tmp_path):
             got = {d: p.pipeline.take_stage_cpu() for d, p in runs.items()}
             lanes = {d: p.pipeline.stats()["sources"]["main"] for d, p in runs.items()}
             assert key.pipeline.source.keyframes_only
+            # the cap lifted: every frame decoded again (from the next key frame), served
+            key.pipeline.rate_cap_hz = float("inf")
+            key.until(lambda: not key.pipeline.source.keyframes_only, 30, "every frame again")
+            n0 = len(key.results)
+            key.until(lambda: len(key.results) >= n0 + 20, 10, "frames at the stream's rate")
         finally:
             for p in runs.values():
                 p.pipeline.stop()
