@@ -54,6 +54,10 @@ class SourceConfig:
     transport: Literal["tcp", "udp", "auto"] = "tcp"
     open_timeout_s: float = 10.0  # capture of a URL: give up connecting after this long
     read_timeout_s: float = 5.0  # capture of a URL, free-running pylon: silent this long = failed
+    # capture of a stream: "opencv" (cv2.VideoCapture), "pyav" (PyAV: cheaper per frame, key
+    # frames only under a low rate cap; the `streams` extra), "auto": PyAV for an RTSP URL
+    # where it is installed (docs/sources.md)
+    decoder: Literal["auto", "opencv", "pyav"] = "auto"
     # [[sources]] only (runtime/choice/joint.py, docs/sources.md): the model inspecting this source,
     # a bundled model's name or a path ("": the [model] section's), and that model's tiling
     model: str = ""

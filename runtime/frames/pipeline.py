@@ -62,6 +62,7 @@ from runtime.frames.results_local import LocalResults
 from runtime.frames.roi import RoiError, crop, resolve
 from runtime.frames.sources import BadFrame, Frame, Source, SourceEnded, SourceError
 from runtime.wire.events import EventType
+from runtime.wire.mqtt import Backoff
 from runtime.wire.quarantine import RateLimitedLog
 
 log = logging.getLogger("edgerun.pipeline")
@@ -175,6 +176,7 @@ class Pipeline:
         self._shadow_due: list[tuple[Frame, Any, Active]] = []  # compared after the store
         self._in_backlog = False  # the last frame read was ready at once (see _infer)
         self._store_log = RateLimitedLog(log)
+        self._retry_log = RateLimitedLog(log)  # a source's re-opens during one outage
         self._store_failing = False  # between a failed store and the next that works
 
     # -- control (any thread) -------------------------------------------------------------
@@ -373,7 +375,12 @@ class Pipeline:
             self._event({"type": EventType.SOURCE_FAILED, "severity": "critical",
                          "error": lane.refused[:1000], "source": lane.name})
             return
-        delay, opened = 0.5, 0.0
+        # Re-opens back off 0.5, 1, 2, ... s (jittered down to half: cameras on one switch
+        # that rebooted together do not reconnect in step) up to the lane's cap
+        # (runtime/frames/multisource.py retry_cap_s: a few seconds for a camera, 30 s for
+        # the rest); not reset by an open that works (a stream that opens and fails at once
+        # must still back off), only by a source that ran STABLE_S.
+        backoff, opened = Backoff(0.5, lane.retry_cap_s), 0.0
         pacer = Pacer(lane.pace_hz) if lane.pace_hz > 0 else None
         while not self._stop_capture.is_set():
             if self.rate_cap_hz <= 0:  # paused by the control loop: read nothing
@@ -383,18 +390,15 @@ class Pipeline:
                 try:
                     lane.source = lane.open()
                     lane.state = "running"
-                    opened = time.monotonic()  # no reset here: a stream that opens and
-                    # fails at once must still back off to 30 s
+                    opened = time.monotonic()
                 except SourceError as e:
-                    self._source_failed(lane, str(e), delay)
-                    delay = min(delay * 2, 30.0)
+                    self._source_failed(lane, str(e), backoff)
                     continue
                 except Exception as e:  # a bug or an unwrapped OS/library error: the same
                     # failure of this source (retried), never the end of its thread
                     log.error("source %s: unexpected error opening it", lane.name,
-                              exc_info=delay <= 0.5)  # the traceback once a series
-                    self._source_failed(lane, f"{type(e).__name__}: {e}", delay)
-                    delay = min(delay * 2, 30.0)
+                              exc_info=backoff.attempts == 0)  # the traceback once a series
+                    self._source_failed(lane, f"{type(e).__name__}: {e}", backoff)
                     continue
             t_read = time.monotonic()
             self.bad.flush()
@@ -411,27 +415,32 @@ class Pipeline:
             except Exception as e:  # SourceError, or a bug / unwrapped error (the same to us)
                 if not isinstance(e, SourceError):
                     log.error("source %s: unexpected error reading it", lane.name,
-                              exc_info=delay <= 0.5)
+                              exc_info=backoff.attempts == 0)
                 with contextlib.suppress(Exception):
                     lane.source.close()
                 lane.source = None
                 if time.monotonic() - opened >= self.STABLE_S:
-                    delay = 0.5
+                    backoff.reset()
                 why = str(e) if isinstance(e, SourceError) else f"{type(e).__name__}: {e}"
-                self._source_failed(lane, why, delay)
-                delay = min(delay * 2, 30.0)
+                self._source_failed(lane, why, backoff)
                 continue
             spent = time.thread_time() - c_read  # reading, decoding, polling a folder
             if frame is None:
                 self._in_backlog = False  # nothing more right now: store what is pending
                 self._cpu("capture", spent)
                 continue
+            if lane.down_since is not None:
+                self._source_back(lane, backoff)
             with self._stage_lock:
                 dec = frame.decode_cpu_s
                 st = self._stage_cpu
-                st["capture"] = (st["capture"] or 0.0) + spent - (dec or 0.0)
+                # a live stream decodes on its own reader thread: not in `spent`
+                st["capture"] = (st["capture"] or 0.0) + spent - (
+                    0.0 if frame.decoded_apart else dec or 0.0)
                 if dec is not None:
                     st["decode"] = (st["decode"] or 0.0) + dec
+            if frame.skipped:  # decoded, passed over for a newer one (latest wins)
+                lane.counters["skipped_latest"] += frame.skipped
             if pacer is not None:  # its own rate_hz in [[sources]]
                 now = time.monotonic()
                 if lane.source.live and not pacer.ready(now):
@@ -451,16 +460,24 @@ class Pipeline:
                     continue
             # A frame that had to be waited for arrived at an idle pipeline: run it inline.
             # One that was ready at once is part of a backlog: queue it so stages overlap.
+            # A stream read by its own reader thread has no backlog (the reader keeps only
+            # the newest frame, decoding beside the pipeline): inline whenever the pipeline
+            # is idle, two thread hand-offs fewer in the frame's age. (Not a live synthetic
+            # camera at full rate: it would lose the stages' overlap.)
             waited = time.monotonic() - t_read >= self.INLINE_AFTER_WAIT_S
             # (a live source's next frame comes at the camera's pace: never waited for)
             self._in_backlog = not waited and not lane.source.live
             # (latest wins on a live source: its own oldest waiting frame is dropped)
-            if not (waited and self._inline(frame)) and self._raw.put(
+            if not ((waited or frame.decoded_apart) and self._inline(frame)) and self._raw.put(
                     lane.name, frame, lane.source.live, self._stop):
                 self.counters["dropped_stale"] += 1
                 lane.counters["dropped_stale"] += 1
             cap = self.rate_cap_hz * lane.share
-            if 0 < cap < math.inf:
+            if (hint := getattr(lane.source, "rate_hint", None)) is not None:
+                # the rate frames are taken at: a stream may decode key frames only below it
+                taken = min(cap if cap > 0 else math.inf, lane.pace_hz or math.inf)
+                hint(taken if taken < math.inf else 0.0)
+            if 0 < cap < math.inf and not getattr(lane.source, "paced", False):
                 self._stop_capture.wait(1.0 / cap)
 
     def _crop(self, lane: Lane, frame: Frame) -> bool:
@@ -524,15 +541,38 @@ class Pipeline:
         self._event({"type": EventType.SOURCE_ENDED, "severity": "info", "reason": why,
                      "source": lane.name})
 
-    def _source_failed(self, lane: Lane, why: str, delay: float) -> None:
+    def _source_failed(self, lane: Lane, why: str, backoff: Backoff) -> None:
+        """Count a failure, say it and wait out the backoff's next delay.
+        An outage (failure to the next frame) is ONE `source_failed` event and a warning;
+        the re-opens that fail during it are counted, logged at most once a minute, and its
+        length is in health (`down_s`, then `last_gap_s`) and said when frames come again."""
+        now = time.monotonic()
+        delay = backoff.next_delay()
         self.counters["source_errors"] += 1
         lane.counters["source_errors"] += 1
         lane.state = "failed"
-        log.warning("source %sfailed: %s; retrying in %.1f s (the daemon keeps running)",
-                    "" if len(self.lanes) == 1 else f"{lane.name} ", why, delay)
-        self._event({"type": EventType.SOURCE_FAILED, "severity": "warning", "error": why,
-                     "retry_s": round(delay, 1), "source": lane.name})
+        named = "" if len(self.lanes) == 1 else f"{lane.name} "
+        if lane.down_since is None:
+            lane.down_since = now
+            lane.counters["outages"] += 1
+            log.warning("source %sfailed: %s; retrying in %.1f s, backing off to at most "
+                        "%g s (the daemon keeps running)", named, why, delay, lane.retry_cap_s)
+            self._event({"type": EventType.SOURCE_FAILED, "severity": "warning", "error": why,
+                         "retry_s": round(delay, 1), "source": lane.name})
+        else:
+            self._retry_log.log(f"down-{lane.name}", "source %sstill failing after %.0f s "
+                                "(%d attempts): %s; retrying every %.1f s", named,
+                                now - lane.down_since, backoff.attempts, why, delay)
         self._stop_capture.wait(delay)
+
+    def _source_back(self, lane: Lane, backoff: Backoff) -> None:
+        """The first frame after an outage: its length into health, said once."""
+        assert lane.down_since is not None
+        lane.last_gap_s = time.monotonic() - lane.down_since
+        lane.down_since = None
+        log.info("source %sdelivers again after %.1f s (%d attempts)",
+                 "" if len(self.lanes) == 1 else f"{lane.name} ", lane.last_gap_s,
+                 backoff.attempts)
 
     def _put(self, q: queue.Queue, item: Any) -> None:
         while not self._stop.is_set():

@@ -125,6 +125,8 @@ _HEALTH = _obj({
                                                           "ended"]},
                                        "rate_hz": _NUM, "e2e_p95_ms": _NUM_OR_NULL,
                                        "backlog": _COUNT,
+                                       # its outage now (s so far) and the last one's length
+                                       "down_s": _NUM_OR_NULL, "last_gap_s": _NUM_OR_NULL,
                                        # its model, the variant running it, tiles per frame
                                        "model": _SHORT, "variant": _SHORT, "tiles": _COUNT},
                                       extra=_COUNT)}},

@@ -1,6 +1,7 @@
 """Video files end cleanly (or loop when configured); a stream that opens and then fails backs
-off 0.5 s doubling to 30 s (docs/daemon.md). Real videos written by cv2.VideoWriter, a real
-HTTP server for the stream, the real ONNX Runtime session in the pipeline."""
+off 0.5 s doubling (jittered) to its cap (docs/daemon.md). Real videos written by
+cv2.VideoWriter, a real HTTP server for the stream, the real ONNX Runtime session in the
+pipeline."""
 
 from __future__ import annotations
 
@@ -123,9 +124,14 @@ def test_a_stream_that_opens_then_fails_backs_off_doubling(tmp_path, http_video)
         assert p.pipeline.source is None or p.pipeline.source.live
         p.until(lambda: len(p.of("source_failed")) >= 4, 20, "four stream failures")
         # The old loop reset the delay on every successful open: 0.5, 0.5, 0.5, ...
-        assert [e["retry_s"] for e in p.of("source_failed")[:4]] == [0.5, 1.0, 2.0, 4.0]
+        # doubling from 0.5 s, each jittered down to as little as half (runtime/wire/mqtt.py)
+        retries = [e["retry_s"] for e in p.of("source_failed")[:4]]
+        assert all(c / 2 - 0.05 <= r <= c + 0.05
+                   for r, c in zip(retries, [0.5, 1, 2, 4], strict=True)), \
+            retries
         # each connection delivered its frames (a live source may drop stale ones)
-        assert p.pipeline.stats()["frames"] >= 4 * 30 and p.results
+        lane = p.pipeline.stats()["sources"]["main"]  # served, or passed over for newer
+        assert lane["frames"] + lane.get("skipped_latest", 0) >= 4 * 30 and p.results
         assert p.of("source_ended") == []  # a stream is never "ended": it is retried
     finally:
         p.pipeline.stop()
@@ -136,7 +142,7 @@ def test_a_stream_that_ran_long_enough_starts_its_backoff_afresh(tmp_path, http_
     p.pipeline.STABLE_S = 0.0  # every connection counts as having been stable
     try:
         p.until(lambda: len(p.of("source_failed")) >= 3, 20, "three stream failures")
-        assert [e["retry_s"] for e in p.of("source_failed")[:3]] == [0.5, 0.5, 0.5]
+        assert all(0.2 <= e["retry_s"] <= 0.5 for e in p.of("source_failed")[:3])
     finally:
         p.pipeline.stop()
 

@@ -1,0 +1,400 @@
+"""Decoding a live H.264 camera: which path, at what CPU, how fresh. Against the real RTSP
+camera of tests/support/rtsp_camera.py (GStreamer's server, 720p25 by default, a key frame
+every `--key-int` frames), every path reading the same stream at the same time (the camera's
+media is shared), so the ratios are measured side by side on one loaded host:
+
+- `cv2`: OpenCV's capture (what runtime/frames/sources.py CaptureSource uses), one decoder
+  thread, every frame decoded and converted to BGR;
+- `av`: PyAV (FFmpeg's libraries, its wheel's own FFmpeg), one decoder thread, every frame;
+- `av-scaled`: PyAV, every frame, converted to BGR and scaled to `--to` pixels in one
+  swscale pass (what "decoder-side scaling" can mean for H.264: FFmpeg's H.264 decoder has
+  no reduced-resolution decode) against `cv2+resize` (full BGR, then cv2.resize);
+- `av-keyframes`: PyAV with `skip_frame = NONKEY`: only key frames decoded (a rate cap at or
+  below the stream's key-frame rate, 1 fps at `--key-int 25`).
+
+For each: CPU (the thread's own clock: every path decodes on the thread that reads) per
+decoded frame and per served frame at a 1 fps rate cap (the cap serves one frame a second;
+every path but key-frames-only still decodes all 25), the age of each decoded frame from the
+camera's encoding (the frame number is read from its picture), and whether the path gives
+the frame's PTS.
+
+`--compare 1,4`: N live 720p cameras (N processes), read at the same time by edgerun's source
+path (a Pipeline with one lane per camera: CaptureSource's newest-frame reader, preprocess,
+ONNX Runtime on a tiny 32x32 classifier) in one process and by a hand-written loop
+(cv2.VideoCapture -> preprocess -> infer, a thread per stream, OpenCV's default decoder
+threads) in another: frames/s, process CPU per frame, decode's share of it (edgerun: its
+decode stage; the hand loop: what its process spent outside preprocess and inference), the
+frame age from the camera's encoding to the start of inference p50/p99; and edgerun at a
+1 fps cap per stream: decode CPU per served frame against the hand loop's per frame.
+
+Usage: python bench/streams.py [--seconds 20] [--size 1280x720] [--key-int 25] [--to 224]
+       [--compare 1,4 --compare-seconds 15]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import cv2
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from support.rtsp_camera import RtspCamera, frame_number, skip_reason  # noqa: E402
+
+
+@dataclass
+class Path_:
+    """What one path measured."""
+
+    name: str
+    decoded: int = 0
+    cpu_s: float = 0.0
+    ages_ms: list[float] = field(default_factory=list)
+    pts: bool = False
+    error: str = ""
+    first: float = 0.0  # monotonic time of the first and last frame decoded
+    last: float = 0.0
+
+    def tick(self, t: float) -> None:
+        """A frame decoded at `t`."""
+        self.first = self.first or t
+        self.last = t
+        self.decoded += 1
+
+
+def _age(cam: RtspCamera, img: np.ndarray, out: Path_, t: float) -> None:
+    n = frame_number(img)
+    times = cam.times()
+    if n is not None and n in times:
+        out.ages_ms.append((t - times[n][1]) * 1e3)
+
+
+def run_cv2(cam: RtspCamera, out: Path_, stop: threading.Event, resize: int = 0) -> None:
+    """OpenCV's capture, one decoder thread (as CaptureSource opens a stream)."""
+    cap = cv2.VideoCapture(cam.url, cv2.CAP_FFMPEG, [cv2.CAP_PROP_N_THREADS, 1])
+    c0 = time.thread_time()
+    while not stop.is_set():
+        ok, img = cap.read()
+        if not ok:
+            out.error = "read failed"
+            break
+        t = time.monotonic()
+        if resize:
+            cv2.resize(img, (resize, resize), interpolation=cv2.INTER_AREA)
+        out.tick(t)
+        out.cpu_s = time.thread_time() - c0
+        if out.decoded % 5 == 0:  # the code reader's own CPU kept out of most frames
+            c1 = time.thread_time()
+            _age(cam, img, out, t)
+            c0 += time.thread_time() - c1
+    # its position in ms from the stream's first PTS (CAP_PROP_POS_MSEC): relative only
+    out.pts = cap.get(cv2.CAP_PROP_POS_MSEC) > 0
+    cap.release()
+
+
+def run_av(cam: RtspCamera, out: Path_, stop: threading.Event, keyframes: bool = False,
+           scale: int = 0) -> None:
+    """PyAV, one decoder thread; `keyframes`: skip_frame NONKEY; `scale`: BGR at scale x
+    scale from swscale."""
+    import av
+
+    c = av.open(cam.url, options={"rtsp_transport": "tcp"}, timeout=10)
+    stream = c.streams.video[0]
+    stream.thread_count = 1
+    if keyframes:
+        stream.codec_context.skip_frame = "NONKEY"
+    c0 = time.thread_time()
+    try:
+        for frame in c.decode(stream):
+            if stop.is_set():
+                break
+            if scale:
+                frame.to_ndarray(format="bgr24", width=scale, height=scale)
+                big = None
+            else:
+                big = frame.to_ndarray(format="bgr24")
+            t = time.monotonic()
+            out.tick(t)
+            out.pts = out.pts or frame.pts is not None
+            out.cpu_s = time.thread_time() - c0
+            if big is not None and (keyframes or out.decoded % 5 == 0):
+                c1 = time.thread_time()
+                _age(cam, big, out, t)
+                c0 += time.thread_time() - c1
+    except Exception as e:  # reported in the table
+        out.error = f"{type(e).__name__}: {e}"[:80]
+    finally:
+        c.close()
+
+
+def _child(role: str, urls: list[str], logs: list[str], seconds: float, cap_hz: float) -> dict:
+    """One side of `--compare`, in its own process: what it served, at what CPU and age."""
+    import json  # noqa: F401 (the parent reads the dict as JSON)
+    import resource
+
+    from support.tiny_ort import tiny_variant
+
+    def cam_times(log: str) -> dict[int, float]:
+        out = {}
+        with open(log) as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) == 3:
+                    out[int(parts[0])] = int(parts[2]) / 1e9
+        return out
+
+    tmp = Path(tempfile.mkdtemp())
+    m, backend, v = tiny_variant(tmp)
+    starts: list[tuple[int, int | None, float]] = []  # (stream, frame number, t start)
+    lock = threading.Lock()
+
+    def note(i: int, img: np.ndarray, t0: float) -> None:
+        n = frame_number(img)
+        with lock:
+            starts.append((i, n, t0))
+
+    ru0 = resource.getrusage(resource.RUSAGE_SELF)
+    t_begin = time.monotonic()
+    served = 0
+    decode_s = other_s = 0.0
+    if role == "hand":
+        stop = threading.Event()
+        counts = [0] * len(urls)
+        work = [0.0] * len(urls)  # preprocess + inference thread CPU per stream
+
+        def loop(i: int, url: str) -> None:
+            session = backend.load(v)
+            cap = cv2.VideoCapture(url, cv2.CAP_FFMPEG)
+            while not stop.is_set():
+                ok, img = cap.read()
+                if not ok:
+                    break
+                c0 = time.thread_time()
+                tensor = m.preprocess.apply(img, v.model.input_shape)
+                t0 = time.monotonic()
+                session.infer(tensor)
+                work[i] += time.thread_time() - c0
+                counts[i] += 1
+                note(i, img, t0)  # every frame, as on edgerun's side
+            cap.release()
+
+        threads = [threading.Thread(target=loop, args=(i, u)) for i, u in enumerate(urls)]
+        for t in threads:
+            t.start()
+        time.sleep(seconds)
+        stop.set()
+        for t in threads:
+            t.join(30)
+        served = sum(counts)
+        other_s = sum(work)
+    else:
+        from runtime.frames.multisource import Lane, retry_cap_s
+        from runtime.frames.pipeline import Active, Pipeline
+        from runtime.frames.sources import SourceConfig, open_source
+
+        numbers: dict[int, tuple[int, np.ndarray]] = {}
+        lane_of = {}
+
+        def pre(img, shape):
+            tensor = m.preprocess.apply(img, shape)
+            numbers[id(tensor)] = img
+            return tensor
+
+        session = backend.load(v)
+
+        class Timed:
+            def infer(self, tensor):
+                t0 = time.monotonic()
+                out = session.infer(tensor)
+                img = numbers.pop(id(tensor), None)
+                if img is not None and (len(numbers) < 1000):
+                    note(lane_of.get(id(img), 0), img, t0)
+                return out
+
+            def __getattr__(self, name):
+                return getattr(session, name)
+
+        def opener(i: int, url: str):
+            cfg = SourceConfig(kind="capture", path=url, read_timeout_s=5)
+            src = open_source(cfg, tmp / "state")
+            read = src.read
+
+            def tagged(timeout_s):
+                f = read(timeout_s)
+                if f is not None:
+                    lane_of[id(f.image)] = i
+                    if len(lane_of) > 2000:
+                        lane_of.clear()
+                return f
+
+            src.read = tagged
+            return src
+
+        ls = [Lane(f"cam{i}", (lambda i=i, u=u: opener(i, u)), share=1 / len(urls),
+                   retry_cap_s=retry_cap_s(SourceConfig(kind="capture", path=u)))
+              for i, u in enumerate(urls)]
+        p = Pipeline(ls, m, lambda rs: list(range(len(rs))), lambda e: None, preprocess=pre)
+        p.rate_cap_hz = cap_hz * len(urls) if cap_hz else math.inf
+        p.start(Active(0, v.id, Timed(), v.model.input_shape))
+        time.sleep(1.0)
+        p.take_stage_cpu()
+        ru0 = resource.getrusage(resource.RUSAGE_SELF)
+        t_begin = time.monotonic()
+        starts.clear()
+        time.sleep(seconds)
+        served, stages = p.take_stage_cpu()
+        p.stop()
+        decode_s = stages["decode"] or 0.0
+    ru1 = resource.getrusage(resource.RUSAGE_SELF)
+    span = time.monotonic() - t_begin
+    cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
+    if role == "hand":
+        decode_s = max(cpu - other_s, 0.0)  # FFmpeg's threads: all that is not pre/infer
+    times = [cam_times(log) for log in logs]
+    # from 2 s into the window: the first frames after a connection are the camera's
+    # start-up (both sides showed ~1 s there), not the path's steady age
+    ages = [(t0 - times[i][n]) * 1e3 for i, n, t0 in starts
+            if n is not None and n in times[i] and t0 >= t_begin + 2.0]
+    return {"served": served, "span_s": span, "cpu_s": cpu, "decode_s": decode_s,
+            "ages_ms": ages}
+
+
+def compare(a: argparse.Namespace) -> None:
+    """`--compare`: edgerun against the hand loop on the same cameras at the same time."""
+    import json
+    import subprocess
+
+    w, h = (int(x) for x in a.size.split("x"))
+    for n in (int(x) for x in a.compare.split(",")):
+        with tempfile.TemporaryDirectory() as tmp:
+            cams = [RtspCamera(Path(tmp), width=w, height=h, key_int=a.key_int,
+                               name=f"cam{i}").start() for i in range(n)]
+            try:
+                for cap_hz in (0.0, 1.0):
+                    args = [json.dumps([c.url for c in cams]),
+                            json.dumps([str(c.log) for c in cams]),
+                            str(a.compare_seconds), str(cap_hz)]
+                    procs = {role: subprocess.Popen(
+                        [sys.executable, __file__, "--child", role, *args],
+                        stdout=subprocess.PIPE, text=True) for role in ("edgerun", "hand")}
+                    got = {}
+                    for role, proc in procs.items():
+                        out, _ = proc.communicate(timeout=a.compare_seconds + 120)
+                        got[role] = json.loads(out.strip().splitlines()[-1])
+                    _report(n, cap_hz, got)
+            finally:
+                for c in cams:
+                    c.close()
+
+
+def _report(n: int, cap_hz: float, got: dict) -> None:
+    load = os.getloadavg()[0]
+    label = f"{n} stream{'s' if n > 1 else ''}" + (f", edgerun capped at {cap_hz:g} fps/stream"
+                                                    if cap_hz else "")
+    print(f"# {label} (load {load:.1f})")
+    rows = {}
+    for role in ("edgerun", "hand"):
+        g = got[role]
+        served = max(g["served"], 1)
+        ages = g["ages_ms"]
+        rows[role] = (g["served"] / g["span_s"], g["cpu_s"] / served * 1e3,
+                      g["decode_s"] / max(g["cpu_s"], 1e-9), g["decode_s"] / served * 1e3,
+                      statistics.median(ages) if ages else float("nan"),
+                      float(np.percentile(ages, 99)) if ages else float("nan"))
+    print(f"{'':8} {'frames/s':>8} {'CPU ms/frame':>12} {'decode share':>12} "
+          f"{'decode ms/frame':>15} {'age p50':>8} {'age p99':>8}")
+    for role, r in rows.items():
+        print(f"{role:8} {r[0]:>8.1f} {r[1]:>12.2f} {r[2]:>12.2f} {r[3]:>15.2f} "
+              f"{r[4]:>8.0f} {r[5]:>8.0f}")
+    e, hnd = rows["edgerun"], rows["hand"]
+    if cap_hz:
+        # the hand loop decodes every frame (it must, to stay live): at the cap, one served
+        # frame costs it a second's decode of its stream, frames/s per stream x per frame
+        full = hnd[3] * hnd[0] / n / cap_hz
+        print(f"edgerun at {cap_hz:g} fps: decode CPU per served frame {e[3]:.2f} ms, "
+              f"{e[3] / max(full, 1e-9):.2f}x a full decode's per served frame ({full:.2f} ms)")
+        return
+    print(f"edgerun / hand: frames/s {e[0] / max(hnd[0], 1e-9):.2f}x, CPU per frame "
+          f"{e[1] / max(hnd[1], 1e-9):.2f}x, decode CPU per frame "
+          f"{e[3] / max(hnd[3], 1e-9):.2f}x")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seconds", type=float, default=20.0)
+    ap.add_argument("--size", default="1280x720")
+    ap.add_argument("--key-int", type=int, default=25)
+    ap.add_argument("--to", type=int, default=224)
+    ap.add_argument("--compare", default="", help="stream counts, e.g. 1,4")
+    ap.add_argument("--compare-seconds", type=float, default=15.0)
+    ap.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.child:
+        import json
+
+        role, urls, logs, seconds, cap_hz = a.child
+        sys.path.insert(0, str(ROOT))
+        print(json.dumps(_child(role, json.loads(urls), json.loads(logs), float(seconds),
+                                float(cap_hz))))
+        return 0
+    if skip_reason():
+        print(f"skipped: {skip_reason()}")
+        return 0
+    if a.compare:
+        compare(a)
+        return 0
+    try:
+        import av  # noqa: F401
+    except ImportError:
+        print("skipped: PyAV is not installed (pip install av)")
+        return 0
+    w, h = (int(x) for x in a.size.split("x"))
+    paths = {k: Path_(k) for k in ("cv2", "cv2+resize", "av", "av-scaled", "av-keyframes")}
+    with tempfile.TemporaryDirectory() as tmp, \
+            RtspCamera(Path(tmp), width=w, height=h, key_int=a.key_int) as cam:
+        stop = threading.Event()
+        runs = [threading.Thread(target=run_cv2, args=(cam, paths["cv2"], stop)),
+                threading.Thread(target=run_cv2, args=(cam, paths["cv2+resize"], stop, a.to)),
+                threading.Thread(target=run_av, args=(cam, paths["av"], stop)),
+                threading.Thread(target=run_av, args=(cam, paths["av-scaled"], stop, False,
+                                                      a.to)),
+                threading.Thread(target=run_av, args=(cam, paths["av-keyframes"], stop, True))]
+        for t in runs:
+            t.start()
+        time.sleep(a.seconds)
+        stop.set()
+        for t in runs:
+            t.join(30)
+    fps = 25
+    full = paths["cv2"]
+    full_ms = full.cpu_s / max(full.decoded, 1) * 1e3
+    full_served = full.cpu_s / max(full.last - full.first, 1e-9) * 1e3
+    print(f"# {w}x{h} H.264 at {fps} fps, key frame every {a.key_int}; {a.seconds:g} s, all "
+          f"paths at once; load {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    print(f"{'path':14} {'frames':>6} {'CPU ms/frame':>12} {'x cv2':>6} "
+          f"{'CPU ms/served @1fps':>19} {'x cv2 full':>10} {'age p50/p99 ms':>15} PTS")
+    for p in paths.values():
+        per = p.cpu_s / max(p.decoded, 1) * 1e3
+        # at a 1 fps cap one frame a second is served: its cost is a second's decode CPU
+        per_served = p.cpu_s / max(p.last - p.first, 1e-9) * 1e3
+        ages = (f"{statistics.median(p.ages_ms):.0f}/{np.percentile(p.ages_ms, 99):.0f}"
+                if p.ages_ms else "n/a")
+        print(f"{p.name:14} {p.decoded:>6} {per:>12.2f} {per / full_ms:>6.2f} "
+              f"{per_served:>19.1f} {per_served / full_served:>10.2f} {ages:>15} "
+              f"{'yes' if p.pts else 'no'}{'  ' + p.error if p.error else ''}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

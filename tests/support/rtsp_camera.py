@@ -1,0 +1,211 @@
+"""A real IP camera in tests and benches: tests/support/rtsp_camera_server.py (GStreamer's RTSP
+server, live H.264, the frame number drawn into each picture) run by the system Python as a
+process of its own, and what a test needs around it.
+
+- `RtspCamera(tmp_path, width=..., height=...).start()`: a camera on a free port; `url`,
+  `kill()` + `start()` on the same port (a reboot, at another size too), `pause()` /
+  `resume()` (SIGSTOP/SIGCONT: a stalled stream), `close()` (reaps it; also done by the
+  parent-death signal of tests/support/children.py when the worker dies).
+- `frame_number(img)`: the number read back from a decoded frame (None when the code does not
+  check out: a half-decoded or foreign picture).
+- `times()`: frame number -> (capture, encoded) on this host's CLOCK_MONOTONIC (seconds), what
+  the camera logged: a result's age is `t_inference_start - times()[n][0]`.
+- `skip_reason()`: why no camera can run here (no system python3-gi, no RTSP server, no
+  x264enc), or "" when one can.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import cv2
+import numpy as np
+
+from support.rtsp_camera_code import BITS, band_h, code_rows
+
+SYSTEM_PYTHON = "/usr/bin/python3"
+SERVER = Path(__file__).with_name("rtsp_camera_server.py")
+
+_PROBE = """
+import gi
+gi.require_version("Gst", "1.0")
+gi.require_version("GstRtspServer", "1.0")
+from gi.repository import Gst, GstRtspServer
+Gst.init(None)
+missing = [e for e in ("appsrc", "x264enc", "rtph264pay", "queue")
+           if not Gst.ElementFactory.find(e)]
+print("missing GStreamer elements: " + ", ".join(missing) if missing else "ok")
+"""
+
+
+@functools.cache
+def skip_reason() -> str:
+    """"" when a camera can run here, else why not (for pytest.skip)."""
+    if not os.access(SYSTEM_PYTHON, os.X_OK):
+        return f"no system Python at {SYSTEM_PYTHON} (Debian's python3-gi lives there)"
+    try:
+        out = subprocess.run([SYSTEM_PYTHON, "-c", _PROBE], capture_output=True, text=True,
+                             timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"probing GStreamer failed: {e}"
+    text = (out.stdout + out.stderr).strip()
+    if out.returncode != 0:
+        return ("GStreamer's RTSP server is not usable from the system Python (apt: "
+                "python3-gi gir1.2-gst-rtsp-server-1.0): " + text.splitlines()[-1][:200])
+    if text != "ok":
+        return f"{text} (apt: gstreamer1.0-plugins-base/-good/-ugly)"
+    return ""
+
+
+def frame_number(img: np.ndarray) -> int | None:
+    """The frame number drawn into `img` (BGR or gray, any size the camera's was scaled to):
+    the centre of each block of the top band, checked against the inverted band below it."""
+    h, w = img.shape[:2]
+    # the server's geometry, in fractions (the picture may have been scaled); a few pixels
+    # around each block's centre, green alone (it carries most of the luma): cheap enough
+    # to read on every frame of a 1080p stream
+    band = band_h(h)
+    bw = w / BITS
+    green = img[..., 1] if img.ndim == 3 else img
+    rows_top = slice(int(band * 0.3), int(band * 0.7) + 1)
+    rows_low = slice(int(band * 1.3), int(band * 1.7) + 1)
+    n = 0
+    for i in range(BITS):
+        cols = slice(int(i * bw + bw * 0.35), int(i * bw + bw * 0.65) + 1)
+        top = float(green[rows_top, cols].mean())
+        low = float(green[rows_low, cols].mean())
+        if abs(top - low) < 80:  # neither clearly black/white nor inverted: not our code
+            return None
+        n = n << 1 | (top > low)
+    return n
+
+
+def picture(n: int, w: int, h: int) -> np.ndarray:
+    """A BGR picture carrying frame `n` as the camera draws it (on mid-grey)."""
+    img = np.full((h, w), 128, np.uint8)
+    rows = np.frombuffer(code_rows(n, w, h), np.uint8).reshape(-1, w)
+    img[:len(rows)] = rows
+    return cv2.cvtColor(img, cv2.COLOR_GRAY2BGR)
+
+
+class RtspCamera:
+    """One camera process (see module doc)."""
+
+    def __init__(self, tmp: Path, width: int = 1280, height: int = 720, fps: int = 25,
+                 key_int: int = 25, user: str = "", password: str = "", name: str = "cam",
+                 preset: str = "ultrafast"):
+        self.dir = Path(tmp)
+        self.width, self.height, self.fps, self.key_int = width, height, fps, key_int
+        self.user, self.password, self.preset = user, password, preset
+        self.name = name
+        self.log = self.dir / f"{name}-frames.log"
+        self.port = 0
+        self.proc: subprocess.Popen | None = None
+        self._times: dict[int, tuple[float, float]] = {}
+        self._read_to = 0
+
+    @property
+    def url(self) -> str:
+        """rtsp://127.0.0.1:<port>/cam (without credentials)."""
+        return f"rtsp://127.0.0.1:{self.port}/cam"
+
+    def url_with(self, user: str, password: str) -> str:
+        """The URL carrying credentials."""
+        return f"rtsp://{user}:{password}@127.0.0.1:{self.port}/cam"
+
+    def start(self, timeout_s: float = 30.0, **changes) -> RtspCamera:
+        """Start the camera (again on the same port, after `kill`); `changes`: width, height,
+        fps, key_int for this start (a reboot into another resolution)."""
+        for k, v in changes.items():
+            setattr(self, k, v)
+        args = [SYSTEM_PYTHON, str(SERVER), "--port", str(self.port), "--width",
+                str(self.width), "--height", str(self.height), "--fps", str(self.fps),
+                "--key-int", str(self.key_int), "--preset", self.preset, "--log", str(self.log)]
+        if self.user:
+            args += ["--user", self.user, "--password", self.password]
+        err = open(self.dir / f"{self.name}-server.err", "ab")  # noqa: SIM115
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=err, text=True)
+            line = self._ready_line(deadline)
+            if line.startswith("READY "):
+                self.port = int(line.split()[1])
+                err.close()
+                return self
+            self.close()
+            if not line.startswith("FAILED") or time.monotonic() > deadline:
+                err.close()
+                raise RuntimeError(f"the RTSP camera did not start: {line!r} "
+                                   f"({self.dir / (self.name + '-server.err')})")
+            time.sleep(0.2)  # the port of a killed camera is not free yet: again
+
+    def _ready_line(self, deadline: float) -> str:
+        assert self.proc is not None and self.proc.stdout is not None
+        import selectors
+
+        sel = selectors.DefaultSelector()
+        sel.register(self.proc.stdout, selectors.EVENT_READ)
+        try:
+            if sel.select(max(0.0, deadline - time.monotonic())):
+                return self.proc.stdout.readline().strip()
+            return "no READY line in time"
+        finally:
+            sel.close()
+
+    def kill(self) -> None:
+        """SIGKILL the camera and reap it (a power cut / reboot)."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+        self._reap()
+
+    def pause(self) -> None:
+        """SIGSTOP: the connection stays open, nothing more arrives (a stalled stream)."""
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT after `pause`."""
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGCONT)
+
+    def close(self) -> None:
+        """Stop the camera (SIGCONT first: a paused one would not see its SIGTERM) and reap."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGCONT)
+            os.kill(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                os.kill(self.proc.pid, signal.SIGKILL)
+        self._reap()
+
+    def _reap(self) -> None:
+        if self.proc is not None:
+            self.proc.wait(10)
+            if self.proc.stdout is not None:
+                self.proc.stdout.close()
+            self.proc = None
+
+    def times(self) -> dict[int, tuple[float, float]]:
+        """Frame number -> (captured, encoded), CLOCK_MONOTONIC seconds, as logged so far."""
+        if self.log.exists():
+            with open(self.log, "rb") as f:
+                f.seek(self._read_to)
+                data = f.read()
+            end = data.rfind(b"\n") + 1  # a line being written is read next time
+            self._read_to += end
+            for line in data[:end].splitlines():
+                n, cap, enc = line.split()
+                self._times[int(n)] = (int(cap) / 1e9, int(enc) / 1e9)
+        return self._times
+
+    def __enter__(self) -> RtspCamera:
+        return self.start() if self.proc is None else self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
