@@ -166,7 +166,7 @@ def measure_rate(work: Path, broker: Mosquitto, coord: CoordinatorProc, pg_dir: 
         floor_file = work / "floor.log"
         floor_proc = subprocess.Popen([sys.executable, "-c", FLOOR, str(round(payload)),
                                        str(rate), str(floor_file)])
-        time.sleep(0.5)
+        wait_for(floor_file.exists, 60, "the floor writer never started")
         n0, d0, c0 = stored(coord), write_bytes(proc.pid), write_bytes(coord.proc.pid)
         s0 = tree_write_bytes(postmaster_pid(pg_dir)) if pg_dir else 0
         f0, l0 = write_bytes(floor_proc.pid), floor_file.stat().st_size

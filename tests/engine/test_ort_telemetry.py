@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from support.daemon_harness import TESTS, write_config
 from support.under_test import child_env
 
@@ -52,7 +51,7 @@ def _files(home: Path) -> list[str]:
 @pytest.mark.parametrize("operator, written", [
     (None, False),  # edgerun's default: off
     ("1", False),
-    ("0", True),  # the operator's own choice is kept: ORT writes its files (and this test sees them)
+    ("0", True),  # the operator's own choice is kept: ORT writes (and this test sees it)
 ])
 def test_ort_writes_nothing_under_home_unless_the_operator_asks(tmp_path, operator, written):
     home = tmp_path / "home"

@@ -11,10 +11,10 @@ import time
 from pathlib import Path
 
 import pytest
+from support.daemon_harness import result_seqs
 
 from runtime.config.telemetry import OutboxConfig
 from runtime.telemetry.outbox import Outbox
-from support.daemon_harness import result_seqs
 
 
 def _box(tmp_path, **kw) -> Outbox:
