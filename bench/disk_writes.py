@@ -9,7 +9,8 @@ a window of `--window-s` seconds is measured:
   storage layer, counted when a page is dirtied; its log file included) over the results the
   coordinator stored in the window;
 - coordinator: the coordinator process's `write_bytes`, and for PostgreSQL the server's own
-  (the postmaster, whose count includes the children it reaped, plus every live child);
+  (the postmaster, whose count includes the children it reaped, plus every live child: its
+  checkpoints, autovacuum and statistics too) and the WAL it generated (`pg_stat_wal`);
 - floor: in the same window a child process appends each result's payload (the mean size of
   the JSON the coordinator stored) to one file at the same rate, without fsync: the least any
   durable store of these results can write, under the same page accounting.
@@ -79,6 +80,16 @@ def tree_write_bytes(pid: int) -> int:
     return total
 
 
+def wal_bytes(url: str | None) -> int:
+    """PostgreSQL's WAL bytes generated since its statistics were reset (0 without a URL)."""
+    if url is None:
+        return 0
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        return int(conn.execute("SELECT wal_bytes FROM pg_stat_wal").fetchone()[0])
+
+
 def postmaster_pid(data_dir: Path) -> int:
     """The PostgreSQL server's pid from its data directory."""
     return int((data_dir / "postmaster.pid").read_text().split()[0])
@@ -94,6 +105,7 @@ class Window:
     device: float
     coordinator: float
     server: float | None  # PostgreSQL's own, per result
+    wal: float | None  # PostgreSQL's WAL bytes (pg_stat_wal), per result
     floor: float
 
 
@@ -142,7 +154,7 @@ def wait_for(pred, timeout_s: float, what: str) -> None:
 
 
 def measure_rate(work: Path, broker: Mosquitto, coord: CoordinatorProc, pg_dir: Path | None,
-                 rate: float, window_s: float, fsync: str) -> Window:
+                 rate: float, window_s: float, fsync: str, pg_url: str | None = None) -> Window:
     """Start a daemon at `rate`, let it settle, measure one window, stop it."""
     cfg = work / f"serve-{rate:g}.toml"
     cfg.write_text(daemon_config(work, broker.port, rate, fsync))
@@ -170,16 +182,18 @@ def measure_rate(work: Path, broker: Mosquitto, coord: CoordinatorProc, pg_dir: 
         n0, d0, c0 = stored(coord), write_bytes(proc.pid), write_bytes(coord.proc.pid)
         s0 = tree_write_bytes(postmaster_pid(pg_dir)) if pg_dir else 0
         f0, l0 = write_bytes(floor_proc.pid), floor_file.stat().st_size
+        w0 = wal_bytes(pg_url)
         time.sleep(window_s)
         n1, d1, c1 = stored(coord), write_bytes(proc.pid), write_bytes(coord.proc.pid)
         s1 = tree_write_bytes(postmaster_pid(pg_dir)) if pg_dir else 0
         f1, l1 = write_bytes(floor_proc.pid), floor_file.stat().st_size
+        w1 = wal_bytes(pg_url)
         floor_lines = (l1 - l0) / max(1, round(payload))
         n = n1 - n0
         if n <= 0:
             raise RuntimeError(f"no result stored in the {window_s:.0f} s window")
         return Window(rate, n, payload, (d1 - d0) / n, (c1 - c0) / n,
-                      (s1 - s0) / n if pg_dir else None,
+                      (s1 - s0) / n if pg_dir else None, (w1 - w0) / n if pg_url else None,
                       (f1 - f0) / max(1.0, floor_lines))
     finally:
         if floor_proc:
@@ -222,12 +236,13 @@ def run_store(kind: str, rates: list[float], window_s: float, fsync: str,
             try:
                 for rate in rates:
                     w = measure_rate(work, broker, coord, pg.dir / "data" if pg else None,
-                                     rate, window_s, fsync)
+                                     rate, window_s, fsync, store if pg else None)
                     out.append(w)
                     print(f"  {kind:10s} {rate:5g}/s: {w.results} results, payload "
                           f"{w.payload:.0f} B; device {w.device:.0f} B/result, coordinator "
                           f"{w.coordinator:.0f}"
-                          + (f" + server {w.server:.0f}" if w.server is not None else "")
+                          + (f" + server {w.server:.0f} (WAL {w.wal:.0f})"
+                             if w.server is not None else "")
                           + f", floor {w.floor:.0f}", flush=True)
             finally:
                 coord.term()
@@ -265,13 +280,14 @@ def main() -> None:
                 table.setdefault((kind, w.rate), []).append(w)
     print("\nbytes written per result / payload (median, range over rounds)")
     print(f"{'store':10s} {'rate':>6s} {'payload B':>9s} {'device':>14s} {'coordinator':>14s} "
-          f"{'pg server':>14s} {'floor':>14s}")
+          f"{'pg server':>14s} {'pg WAL':>14s} {'floor':>14s}")
     for (kind, rate), ws in table.items():
         pl = statistics.mean(w.payload for w in ws)
         srv = [w.server / w.payload for w in ws if w.server is not None]
+        wal = [w.wal / w.payload for w in ws if w.wal is not None]
         print(f"{kind:10s} {rate:6g} {pl:9.0f} {spread([w.device / w.payload for w in ws]):>14s} "
               f"{spread([w.coordinator / w.payload for w in ws]):>14s} "
-              f"{spread(srv) if srv else '-':>14s} "
+              f"{spread(srv) if srv else '-':>14s} {spread(wal) if wal else '-':>14s} "
               f"{spread([w.floor / w.payload for w in ws]):>14s}")
     print(f"load average at the end {os.getloadavg()[0]:.2f}")
 

@@ -163,7 +163,7 @@ class Outbox:
         # database's, and when they were appended (monotonic) for spilling
         self._recent: list[tuple[int, str]] = []
         self._recent_bytes = 0
-        self._recent_since = 0.0
+        self._recent_t: list[float] = []  # when each was appended (monotonic), for spilling
         self._log = ResultLog(self.path.with_name(self.path.name + ".log"),
                               sync=cfg.fsync == "full")
         self._recover_log()
@@ -180,7 +180,7 @@ class Outbox:
         self._recent = [(q, b) for q, b in rec.results if q > floor]
         self._recent_bytes = sum(len(b) for _, b in self._recent)
         self._bytes += self._recent_bytes
-        self._recent_since = time.monotonic()
+        self._recent_t = [time.monotonic()] * len(self._recent)
         self._last = max(self._last, rec.last_seq)
         if rec.acked and self._db_results:  # an ack the log recorded before a crash
             with contextlib.suppress(sqlite3.OperationalError):  # a full disk: sent again
@@ -324,16 +324,16 @@ class Outbox:
         seqs = list(range(self._last + 1, self._last + 1 + len(bodies)))
         rows = list(zip(seqs, bodies, strict=True))
         self._log.append(rows)
-        if not self._recent:
-            self._recent_since = time.monotonic()
+        now = time.monotonic()
         self._last = seqs[-1]
         self._recent += rows
+        self._recent_t += [now] * len(rows)
         added = sum(len(b) for b in bodies)
         self._recent_bytes += added
         self._bytes += added
         if (self._recent_bytes > min(self.cfg.spill_bytes, self.cfg.max_bytes // 2)
                 or self._bytes > self.cfg.max_bytes
-                or time.monotonic() - self._recent_since >= self.cfg.spill_after_s):
+                or now - self._recent_t[0] >= self.cfg.spill_after_s):  # the oldest unacked
             self._spill(events)
         return seqs
 
@@ -342,11 +342,13 @@ class Outbox:
         the log again. A disk that refuses it leaves them in the log (durable there) and
         the next append tries again."""
         rows, self._recent = self._recent, []
+        times, self._recent_t = self._recent_t, []
         self._bytes -= self._recent_bytes
         try:
             self._insert_results([b for _, b in rows], events, [q for q, _ in rows])
         except (sqlite3.OperationalError, OSError) as e:
             self._recent = rows + self._recent
+            self._recent_t = times + self._recent_t
             self._bytes += self._recent_bytes
             if not unwritable(e):
                 raise
@@ -479,7 +481,7 @@ class Outbox:
         if h.results:
             self._last = max(self._last, h.results[-1][0])
         if self._recent:
-            self._recent, self._recent_bytes = [], 0
+            self._recent, self._recent_t, self._recent_bytes = [], [], 0
             self._restart_log()
         self._db_results = True
         self._recount()  # the acks applied here freed bytes too
@@ -583,6 +585,7 @@ class Outbox:
             return 0
         freed = sum(len(b) for _, b in self._recent[:n])
         del self._recent[:n]
+        del self._recent_t[:n]
         self._recent_bytes -= freed
         self._bytes -= freed
         try:

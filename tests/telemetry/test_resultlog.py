@@ -123,3 +123,18 @@ def test_health_waits_in_memory_and_reaches_the_database_only_when_unsent(tmp_pa
     box.remove([second, third])
     assert box.others(10) == []
     box.close()
+
+
+def test_a_steady_flow_with_acks_never_spills_however_long_it_runs(tmp_path):
+    # the queue is never empty (one result in flight), but none waits spill_after_s unacked
+    box = _box(tmp_path, spill_after_s=0.2)
+    box.append({"i": 0})
+    for i in range(1, 5):
+        time.sleep(0.08)
+        box.append({"i": i})
+        box.ack(i)  # the previous one
+    assert _db_seqs(tmp_path) == []
+    time.sleep(0.25)  # now the last one has waited too long: the next append spills it
+    box.append({"i": 5})
+    assert _db_seqs(tmp_path) == [5, 6]
+    box.close()
