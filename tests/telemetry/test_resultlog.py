@@ -133,6 +133,8 @@ def test_a_steady_flow_with_acks_never_spills_however_long_it_runs(tmp_path):
         time.sleep(0.08)
         box.append({"i": i})
         box.ack(i)  # the previous one
+    # never moved into the database: the log was not started again, it holds them all
+    assert [q for q, _ in resultlog.read(tmp_path / "o.db.log").results] == [1, 2, 3, 4, 5]
     assert _db_seqs(tmp_path) == []
     time.sleep(0.25)  # now the last one has waited too long: the next append spills it
     box.append({"i": 5})
