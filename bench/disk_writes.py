@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -43,6 +44,7 @@ from support.daemon_toml import daemon_toml
 from support.fleet import CoordinatorProc
 
 from models import bundled
+from runtime.telemetry import resultlog
 from runtime.wire.broker import Mosquitto
 
 FLOOR = r"""
@@ -80,6 +82,20 @@ def tree_write_bytes(pid: int) -> int:
     return total
 
 
+def produced(state: Path) -> int:
+    """The highest seq the daemon's outbox has given (its result log's and its database's):
+    results made, whether or not the coordinator has stored them yet."""
+    db = state / "outbox.db"
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)
+    try:
+        row = con.execute("SELECT seq FROM sqlite_sequence WHERE name='results'").fetchone()
+    except sqlite3.OperationalError:
+        row = None
+    finally:
+        con.close()
+    return max(row[0] if row else 0, resultlog.read(db.with_name("outbox.db.log")).last_seq)
+
+
 def wal_bytes(url: str | None) -> int:
     """PostgreSQL's WAL bytes generated since its statistics were reset (0 without a URL)."""
     if url is None:
@@ -100,7 +116,8 @@ class Window:
     """One measured window at one rate."""
 
     rate: float
-    results: int
+    results: int  # made by the device in the window
+    stored: int  # stored by the coordinator in the window
     payload: float
     device: float
     coordinator: float
@@ -180,19 +197,23 @@ def measure_rate(work: Path, broker: Mosquitto, coord: CoordinatorProc, pg_dir: 
                                        str(rate), str(floor_file)])
         wait_for(floor_file.exists, 60, "the floor writer never started")
         n0, d0, c0 = stored(coord), write_bytes(proc.pid), write_bytes(coord.proc.pid)
+        m0 = produced(work / "state")
         s0 = tree_write_bytes(postmaster_pid(pg_dir)) if pg_dir else 0
         f0, l0 = write_bytes(floor_proc.pid), floor_file.stat().st_size
         w0 = wal_bytes(pg_url)
         time.sleep(window_s)
         n1, d1, c1 = stored(coord), write_bytes(proc.pid), write_bytes(coord.proc.pid)
+        m1 = produced(work / "state")
         s1 = tree_write_bytes(postmaster_pid(pg_dir)) if pg_dir else 0
         f1, l1 = write_bytes(floor_proc.pid), floor_file.stat().st_size
         w1 = wal_bytes(pg_url)
         floor_lines = (l1 - l0) / max(1, round(payload))
-        n = n1 - n0
-        if n <= 0:
-            raise RuntimeError(f"no result stored in the {window_s:.0f} s window")
-        return Window(rate, n, payload, (d1 - d0) / n, (c1 - c0) / n,
+        n, m = n1 - n0, m1 - m0
+        if n <= 0 or m <= 0:
+            raise RuntimeError(f"no result made or stored in the {window_s:.0f} s window")
+        # the device's bytes over the results it made, the coordinator's over those it stored
+        # (a coordinator behind the device stores fewer in the window than were made)
+        return Window(rate, m, n, payload, (d1 - d0) / m, (c1 - c0) / n,
                       (s1 - s0) / n if pg_dir else None, (w1 - w0) / n if pg_url else None,
                       (f1 - f0) / max(1.0, floor_lines))
     finally:
@@ -238,7 +259,8 @@ def run_store(kind: str, rates: list[float], window_s: float, fsync: str,
                     w = measure_rate(work, broker, coord, pg.dir / "data" if pg else None,
                                      rate, window_s, fsync, store if pg else None)
                     out.append(w)
-                    print(f"  {kind:10s} {rate:5g}/s: {w.results} results, payload "
+                    print(f"  {kind:10s} {rate:5g}/s: {w.results} results made, {w.stored} "
+                          f"stored, payload "
                           f"{w.payload:.0f} B; device {w.device:.0f} B/result, coordinator "
                           f"{w.coordinator:.0f}"
                           + (f" + server {w.server:.0f} (WAL {w.wal:.0f})"
