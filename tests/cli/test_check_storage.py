@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.under_test import child_env
 
 from runtime.wire.health_history import HealthHistory
-from support.under_test import child_env
 
 
 def _check(tmp_path: Path, storage: str) -> str:
