@@ -1,4 +1,4 @@
-"""Durable outbox: every result is in SQLite (WAL) before `append` returns.
+"""Durable outbox: every result is on disk (its result log, or SQLite) before `append` returns.
 
 Three classes of message, each with its own retention:
 
