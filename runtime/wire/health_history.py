@@ -58,10 +58,11 @@ def record(h: Mapping[str, Any], trips: Mapping[str, float] | None = None) -> di
         "power_w": _num(h.get("power_w")),
         "battery_frac": _num(h.get("battery_frac")),
         "accuracy": _num(h.get("accuracy")),
-        # the daemon's disk writes a day (health `storage`): `edgerun check` reads the
-        # newest to say how long the card lasts at that rate
-        "write_bytes_per_day": _num(_get(h, "storage", "write_bytes_per_day")),
     }
+    # the daemon's disk writes a day (health `storage`), only once measured: `edgerun check`
+    # reads the newest to say how long the card lasts at that rate
+    if (per_day := _num(_get(h, "storage", "write_bytes_per_day"))) is not None:
+        out["write_bytes_per_day"] = per_day
     if (sim_t := _num(_get(h, "simulated", "t"))) is not None:
         out["sim_t"] = sim_t  # a simulated device: its own clock (s since a midnight)
     t = dict(trips or {})
