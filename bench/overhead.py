@@ -49,6 +49,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the config writer
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from support.daemon_harness import held_rows
 from support.daemon_toml import daemon_toml
 
 from models import bundled
@@ -57,6 +58,7 @@ from runtime.choice.profiler import plan
 from runtime.config import load
 from runtime.engine.backends import discover
 from runtime.engine.manifest import load_manifest, model_files
+from runtime.telemetry import resultlog
 from runtime.wire.broker import Mosquitto
 
 
@@ -140,26 +142,23 @@ def voluntary_switches(pid: int) -> int:
 
 
 def outbox_results(db: Path) -> list[dict]:
-    """Results the daemon persisted (no coordinator acks them here, so all stay)."""
-    con = sqlite3.connect(db, timeout=30)
-    try:
-        return [json.loads(b) for (b,) in con.execute("SELECT body FROM results ORDER BY seq")]
-    except sqlite3.OperationalError:
-        return []
-    finally:
-        con.close()
+    """Results the daemon persisted (no coordinator acks them here, so all stay), in its
+    outbox's database and its result log."""
+    return [json.loads(b) for _, b in held_rows(db)]
 
 
 def count(db: Path) -> int:
-    """Results persisted so far (COUNT only: parsing them while the daemon runs would take
-    CPU from it on a 2-core machine)."""
+    """Results persisted so far: the highest seq given (the outbox's result log and its
+    database; nothing is acked here, so that is the count, read without parsing them while
+    the daemon runs on a 2-core machine)."""
     con = sqlite3.connect(db, timeout=30)
     try:
-        return con.execute("SELECT COUNT(*) FROM results").fetchone()[0]
+        row = con.execute("SELECT seq FROM sqlite_sequence WHERE name='results'").fetchone()
     except sqlite3.OperationalError:
-        return 0
+        row = None
     finally:
         con.close()
+    return max(row[0] if row else 0, resultlog.read(db.with_name(db.name + ".log")).last_seq)
 
 
 def feed(files: list[Path], folder: Path, one_at_a_time: bool) -> None:

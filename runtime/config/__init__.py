@@ -36,6 +36,7 @@ from runtime.config.results import ResultsConfig
 from runtime.config.schema import ConfigError, build, load_toml
 from runtime.config.source import SourceConfig, check_sources
 from runtime.config.sparkplug import SparkplugConfig
+from runtime.config.storage import StorageConfig
 from runtime.config.telemetry import TelemetryConfig
 
 
@@ -261,6 +262,7 @@ class Config:
     sparkplug: SparkplugConfig = field(default_factory=SparkplugConfig)  # docs/sparkplug.md
     opcua: OpcUaConfig = field(default_factory=OpcUaConfig)  # the PLC's server (docs/plc.md)
     modbus: ModbusConfig = field(default_factory=ModbusConfig)  # the PLC's, on Modbus TCP
+    storage: StorageConfig = field(default_factory=StorageConfig)  # the card's endurance
 
     def validate(self) -> tuple[str, str] | None:
         if not self.opcua.enabled and any(s.trigger == "opcua"
@@ -291,4 +293,5 @@ def from_dict(data: dict, source: str = "<config>") -> Config:
 __all__ = ["ENGINES", "BackendsConfig", "Config", "ConfigError", "Constraints", "CoordinatorConfig",
            "HomeAssistantConfig", "LocalApiConfig", "ModbusConfig", "ModelsConfig",
            "OnnxRuntimeConfig", "OpcUaConfig", "OpenCvConfig", "OpenVinoConfig", "ResultsConfig",
-           "SourceConfig", "SparkplugConfig", "TelemetryConfig", "from_dict", "load"]
+           "SourceConfig", "SparkplugConfig", "StorageConfig", "TelemetryConfig", "from_dict",
+           "load"]

@@ -59,6 +59,13 @@ class OutboxConfig:
     # JSON (past it new ones are refused, counted) and a write is retried every retry_s
     memory_max_bytes: int = 16 * 1024 * 1024
     retry_s: float = 5.0
+    # A result is first appended to the result log (`<path>.log`: its own bytes, nothing
+    # more); those still unacked after spill_after_s, or past spill_bytes, move into the
+    # database in one transaction. 0 = every result straight into the database (a
+    # page-sized write or more each: docs/telemetry.md, "Disk writes").
+    spill_after_s: float = 60.0
+    spill_bytes: int = 1024 * 1024
+    log_restart_bytes: int = 1024 * 1024  # an all-acked log past this starts again
 
     def validate(self) -> tuple[str, str] | None:
         if self.max_bytes < 64 * 1024:
@@ -67,6 +74,11 @@ class OutboxConfig:
             return "memory_max_bytes", ("need memory_max_bytes >= 0 and retry_s within "
                                         f"0.1..3600, got {self.memory_max_bytes}, "
                                         f"{self.retry_s}")
+        if not 0 <= self.spill_after_s <= 86400 or self.spill_bytes < 4096:
+            return "spill_after_s", ("need spill_after_s within 0..86400 and spill_bytes >= "
+                                     f"4096, got {self.spill_after_s}, {self.spill_bytes}")
+        if self.log_restart_bytes < 4096:
+            return "log_restart_bytes", f"must be >= 4096, got {self.log_restart_bytes}"
         if self.health_keep < 1 or self.event_keep < 1:
             return "health_keep", "health_keep and event_keep must be >= 1"
         return None

@@ -276,8 +276,13 @@ class Coordinator:
             batch = []
             try:
                 batch.append(self._inbox.get(timeout=0.2))
+                # group commit: what arrives within ingest_window_s shares one transaction
+                # (each costs whole pages of WAL and checkpoint, however few rows it holds)
+                until = time.monotonic() + self.cfg.ingest_window_s
                 while len(batch) < self.cfg.ingest_batch:
-                    batch.append(self._inbox.get_nowait())
+                    wait = until - time.monotonic()
+                    batch.append(self._inbox.get(timeout=wait) if wait > 0
+                                 else self._inbox.get_nowait())
             except queue.Empty:
                 pass
             if batch or self._healths.held() or self._events.held():

@@ -40,10 +40,33 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(line, file=sys.stderr)
     _check_engines(cfg)
     _check_clock(cfg)
+    print(_storage_line(cfg), file=sys.stderr)
     bad = [what for what, fix in found if fix]
     print(f"{args.config}: " + (f"config ok, {' and '.join(bad)} NOT ok" if bad else "ok"),
           file=sys.stderr)
     return 1 if bad else 0
+
+
+def _storage_line(cfg) -> str:
+    """How long the card lasts at the daemon's last measured rate of disk writes (its health
+    history, in the state directory), with [storage] rated_tbw."""
+    from runtime.device.wear import life_days
+    from runtime.wire import health_history
+
+    state = Path(cfg.daemon.state_dir).expanduser()
+    rates = [r["write_bytes_per_day"] for r in health_history.read(state)
+             if r.get("write_bytes_per_day") is not None]
+    if not rates:
+        return (f"storage: no rate of disk writes measured yet (the daemon's health history "
+                f"in {state} has none: it reports one after a minute of serving)")
+    per_day = rates[-1]
+    line = f"storage: the daemon wrote {per_day / 1e6:.1f} MB a day (its last health)"
+    tbw = cfg.storage.rated_tbw
+    days = life_days(per_day, tbw)
+    if days is None:
+        return line + "; set [storage] rated_tbw (the card's rated TB written) for its life"
+    return (line + f"; a new {tbw:g} TBW card lasts {days:,.0f} days ({days / 365:.1f} "
+            "years) at that rate")
 
 
 def _check_model(cfg, say: Callable[[str], None]) -> str | None:

@@ -67,6 +67,7 @@ from runtime.device.status import birth, ha_info, status_line
 from runtime.device.systemd import Notifier
 from runtime.device.tick import control_tick, load_w, sim_load
 from runtime.device.wakeup import Wakeup, WakingQueue
+from runtime.device.wear import WriteRate
 from runtime.frames.pipeline import Active, Pipeline
 from runtime.frames.results_local import LocalResults
 from runtime.telemetry.homeassistant import Discovery
@@ -94,6 +95,7 @@ class Daemon:
         self.notify = Notifier()
         self.state_dir = Path(cfg.daemon.state_dir).expanduser()
         self.started = time.monotonic()
+        self.writes = WriteRate()  # this process's disk writes a day (health `storage`)
         # Set by signal handlers, read by the main loop. Plain attributes on purpose: a handler
         # that takes a lock (Event.set) can deadlock against the main thread's own wait.
         self._stop_requested = False

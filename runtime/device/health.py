@@ -62,6 +62,7 @@ def health(s: DeviceState) -> dict[str, Any]:
         "preprocess": thaw(s.preprocess),
         "power_rails": thaw(s.power_rails),
         "integrations": thaw(s.integrations),
+        "storage": thaw(s.storage),
     }
     h["slo"] = pipeline.pop("slo")
     h.update(thaw(s.models))  # each model's rung and target (runtime/choice/joint.py)

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from runtime.device.model_ladder import Box
     from runtime.device.operator_state import OperatorState
     from runtime.device.systemd import Notifier
+    from runtime.device.wear import WriteRate
     from runtime.frames.pipeline import Active, Pipeline
     from runtime.telemetry.outbox import Outbox
     from runtime.telemetry.publisher import Publisher
@@ -144,6 +145,7 @@ class StateSource(Protocol):
     sleeper: Any  # runtime.device.sleep.Sleeper or None
     box: Box  # every served model (its `model`: the [model] section's) and the box's ladder
     operator: OperatorState  # the operator's rate cap
+    writes: WriteRate  # the process's disk writes, sampled with each health (wear.py)
 
     def load_w(self) -> float:
         """Dynamic power of the inference load."""

@@ -24,6 +24,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from power import ina3221
+from runtime.device import wear
 from runtime.wire import clock as wire_clock
 
 if TYPE_CHECKING:
@@ -101,6 +102,9 @@ class DeviceState:
     # each enabled integration's thread alive, by name ("sparkplug", "opcua", "modbus"): one
     # that died shows here, the daemon runs on without it
     integrations: Mapping[str, bool]
+    # bytes this process writes a day and the card's life at that rate (wear.report; as of
+    # the last health)
+    storage: Mapping[str, Any]
     # the clock when `t` was read (runtime/wire/clock.py): health's `clk` stamp and `clock`
     # section; None where the daemon has no clock (a test's stand-in)
     clk: Mapping[str, Any] | None = None
@@ -121,6 +125,14 @@ def _integrations(d: StateSource) -> Mapping[str, bool]:
     if d.plc is not None:
         alive.update(d.plc.alive())
     return MappingProxyType(alive)
+
+
+def _storage(d: StateSource) -> Mapping[str, Any]:
+    """Sample the process's disk writes (a health is due) and report the rate."""
+    written = wear.read_write_bytes()
+    if written is not None:
+        d.writes.add(time.monotonic(), written)
+    return freeze(wear.report(d.writes, d.cfg.storage.rated_tbw))
 
 
 def stopped(before: DeviceState | None, now: DeviceState) -> list[str]:
@@ -172,4 +184,5 @@ def snapshot(d: StateSource, prev: DeviceState | None = None) -> DeviceState:
         simulated=freeze(d.sim.report()) if d.sim else None,
         sleep=freeze(d.sleeper.health()) if d.sleeper else None,
         power_rails=prev.power_rails if prev else _rails(d),
-        integrations=_integrations(d), clk=clk, clock=clock_health)
+        integrations=_integrations(d), clk=clk, clock=clock_health,
+        storage=prev.storage if prev else _storage(d))

@@ -1,9 +1,15 @@
-"""Durable outbox: every result is in SQLite (WAL) before `append` returns.
+"""Durable outbox: every result is on disk (its result log, or SQLite) before `append` returns.
 
 Three classes of message, each with its own retention:
 
-- results: a per-device `seq` (SQLite AUTOINCREMENT: monotonic, never reused, survives restarts)
-  and kept until the coordinator's ack covers it. Past `max_bytes` the oldest are evicted, with an
+- results: a per-device `seq` (monotonic, never reused, survives restarts: the highest given is
+  kept by the result log's `S` record and SQLite's AUTOINCREMENT counter) and kept until the
+  coordinator's ack covers it. A result is first appended to the result log
+  (`<outbox>.log`, resultlog.py): one line, the bytes of the result and no more, where it stays
+  while the coordinator acks it promptly; only results left unacked for `spill_after_s` (or
+  past `spill_bytes`) move into the database, in one transaction. The database's per-page
+  writes (WAL frame, checkpoint, delete) wrote ~60x a result's size when each result went
+  there (docs/telemetry.md, "Disk writes"). Past `max_bytes` the oldest are evicted, with an
   `outbox_evicting` event and a persistent counter: losing old results is a decision the operator
   must see, never a silent one.
 - health: only the latest `health_keep` wait for the broker (older health is stale anyway).
@@ -41,6 +47,7 @@ from typing import Any
 from runtime.config.schema import ConfigError
 from runtime.config.telemetry import OutboxConfig
 from runtime.telemetry.held import Held, OutboxFull, unwritable
+from runtime.telemetry.resultlog import ResultLog
 from runtime.telemetry.sidecar import Sidecar
 from runtime.wire.events import EventType
 from runtime.wire.quarantine import RateLimitedLog
@@ -148,6 +155,37 @@ class Outbox:
                                    "error": self.sidecar.problem}
         self._bytes = self._db.execute("SELECT COALESCE(SUM(LENGTH(body)),0) FROM results"
                                        ).fetchone()[0]
+        self._db_results = self._db.execute("SELECT 1 FROM results LIMIT 1").fetchone() is not None
+        self._fresh: list[tuple[int, str, str, float]] = []  # health not on disk (_put_fresh)
+        self._other_last = 0
+        self._last = self._last_seq_db()
+        # results in the log only (seq, json), oldest first; every seq here is above the
+        # database's, and when they were appended (monotonic) for spilling
+        self._recent: list[tuple[int, str]] = []
+        self._recent_bytes = 0
+        self._recent_t: list[float] = []  # when each was appended (monotonic), for spilling
+        self._log = ResultLog(self.path.with_name(self.path.name + ".log"),
+                              sync=cfg.fsync == "full")
+        self._recover_log()
+
+    def _recover_log(self) -> None:
+        """Take back the results the log holds that are neither acked nor in the database."""
+        try:
+            rec = self._log.recover()
+        except OSError as e:
+            raise OutboxUnavailable(f"telemetry.outbox.path {self.path}: cannot open the "
+                                    f"outbox's result log {self._log.path} ({e}); exiting so "
+                                    "it is retried") from e
+        floor = max(self._last, rec.acked)
+        self._recent = [(q, b) for q, b in rec.results if q > floor]
+        self._recent_bytes = sum(len(b) for _, b in self._recent)
+        self._bytes += self._recent_bytes
+        self._recent_t = [time.monotonic()] * len(self._recent)
+        self._last = max(self._last, rec.last_seq)
+        if rec.acked and self._db_results:  # an ack the log recorded before a crash
+            with contextlib.suppress(sqlite3.OperationalError):  # a full disk: sent again
+                self._db.execute("DELETE FROM results WHERE seq <= ?", (rec.acked,))
+            self._recount()
 
     def _migrate_seen_commands(self) -> None:
         """Ids remembered by an older version inside the database move to the sidecar."""
@@ -178,7 +216,7 @@ class Outbox:
             # A corrupt outbox must not keep the device from running: keep the file for
             # forensics, start an empty one, and say so loudly.
             aside = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time())}")
-            for suffix in ("", "-wal", "-shm"):
+            for suffix in ("", "-wal", "-shm", ".log"):
                 src = Path(str(self.path) + suffix)
                 if src.exists():
                     src.rename(str(aside) + suffix)
@@ -266,7 +304,8 @@ class Outbox:
                 if self._held.active and not self._flush(events):
                     return self._hold_results(bodies)
                 try:
-                    seqs = self._insert_results(bodies, events)
+                    seqs = (self._log_results(bodies, events) if self.cfg.spill_after_s > 0
+                            else self._insert_results(bodies, events))
                 except (sqlite3.OperationalError, OSError) as e:
                     if not unwritable(e):
                         raise
@@ -278,6 +317,57 @@ class Outbox:
             for ev in events:  # outside the lock: the handler queues an event (put)
                 self._on_event(ev)
             self._tell()
+
+    def _log_results(self, bodies: list[str], events: list[dict]) -> list[int]:
+        """Append results to the log (caller holds the lock); spill to the database when they
+        wait too long or too many wait. Raises OSError when the disk refuses the append."""
+        seqs = list(range(self._last + 1, self._last + 1 + len(bodies)))
+        rows = list(zip(seqs, bodies, strict=True))
+        self._log.append(rows)
+        now = time.monotonic()
+        self._last = seqs[-1]
+        self._recent += rows
+        self._recent_t += [now] * len(rows)
+        added = sum(len(b) for b in bodies)
+        self._recent_bytes += added
+        self._bytes += added
+        if (self._recent_bytes > min(self.cfg.spill_bytes, self.cfg.max_bytes // 2)
+                or self._bytes > self.cfg.max_bytes
+                or now - self._recent_t[0] >= self.cfg.spill_after_s):  # the oldest unacked
+            self._spill(events)
+        return seqs
+
+    def _spill(self, events: list[dict]) -> None:
+        """Move the log's unacked results into the database in one transaction, then start
+        the log again. A disk that refuses it leaves them in the log (durable there) and
+        the next append tries again."""
+        rows, self._recent = self._recent, []
+        times, self._recent_t = self._recent_t, []
+        self._bytes -= self._recent_bytes
+        try:
+            self._insert_results([b for _, b in rows], events, [q for q, _ in rows])
+        except (sqlite3.OperationalError, OSError) as e:
+            self._recent = rows + self._recent
+            self._recent_t = times + self._recent_t
+            self._bytes += self._recent_bytes
+            if not unwritable(e):
+                raise
+            _rlog.log("spill", "outbox %s: cannot move %d unacked results from the log into "
+                      "the database (%s); they stay in the log", self.path, len(rows), e)
+            return
+        self._recent_bytes = 0
+        self._db_results = True
+        self._restart_log()
+
+    def _restart_log(self) -> None:
+        """Start the log again once nothing in it is needed (all acked or in the database)."""
+        try:
+            self._log.restart(self._last)
+        except OSError as e:  # the old log stays: still correct, only longer
+            if not unwritable(e):
+                raise
+            _rlog.log("restart", "outbox %s: cannot start the result log again (%s)",
+                      self.path, e)
 
     def _insert_results(self, bodies: list[str], events: list[dict],
                         seqs: list[int] | None = None) -> list[int]:
@@ -291,19 +381,18 @@ class Outbox:
         except BaseException:
             self._rollback()
             raise
+        self._last = max([self._last, *out])
         events.extend(done)
         return out
 
     def _insert_rows(self, bodies: list[str], events: list[dict],
                      seqs: list[int] | None = None) -> list[int]:
         """The inserts of _insert_results, inside the caller's transaction."""
-        if seqs is None:
-            out = [self._db.execute("INSERT INTO results (body) VALUES (?)", (b,)).lastrowid
-                   for b in bodies]
-        else:
-            for q, b in zip(seqs, bodies, strict=True):
-                self._db.execute("INSERT INTO results (seq, body) VALUES (?,?)", (q, b))
-            out = list(seqs)
+        if seqs is None:  # after the highest given: the log's results may be above the table's
+            seqs = list(range(self._last + 1, self._last + 1 + len(bodies)))
+        self._db.executemany("INSERT INTO results (seq, body) VALUES (?,?)",
+                             zip(seqs, bodies, strict=True))
+        out = list(seqs)
         self._bytes += sum(len(b) for b in bodies)
         if self._bytes > self.cfg.max_bytes:
             count, first, last = self._evict()
@@ -319,8 +408,12 @@ class Outbox:
         # "no transaction is active": SQLite rolled back itself (it does on some I/O errors)
         with contextlib.suppress(sqlite3.OperationalError):
             self._db.execute("ROLLBACK")
+        self._recount()
+
+    def _recount(self) -> None:
+        """Bytes of results held: the database's and the log's."""
         self._bytes = self._db.execute(
-            "SELECT COALESCE(SUM(LENGTH(body)),0) FROM results").fetchone()[0]
+            "SELECT COALESCE(SUM(LENGTH(body)),0) FROM results").fetchone()[0] + self._recent_bytes
 
     # -- a disk that refuses writes (held.py) ------------------------------------------------
 
@@ -343,7 +436,7 @@ class Outbox:
                              f"({self._held.error}) and {self._held.bytes} bytes of results "
                              "already wait in memory ([telemetry.outbox] memory_max_bytes = "
                              f"{self.cfg.memory_max_bytes}): {len(bodies)} results not kept")
-        first = max(self._held.last_seq(), self._last_seq_db()) + 1
+        first = max(self._held.last_seq(), self._last) + 1
         return self._held.add_results(first, bodies)
 
     def _flush(self, events: list[dict]) -> bool:
@@ -361,6 +454,9 @@ class Outbox:
                 if h.removed:
                     self._db.executemany("DELETE FROM other WHERE id=?",
                                          [(i,) for i in sorted(h.removed)])
+                if self._recent:  # below the held results' seqs: into the table first
+                    self._insert_rows([b for _, b in self._recent], done,
+                                      [q for q, _ in self._recent])
                 if h.results:
                     self._insert_rows([b for _, b in h.results], done,
                                       [q for q, _ in h.results])
@@ -382,8 +478,13 @@ class Outbox:
             h.failed_again(e)
             return False
         events.extend(done)
-        self._bytes = self._db.execute(  # the acks applied here freed bytes too
-            "SELECT COALESCE(SUM(LENGTH(body)),0) FROM results").fetchone()[0]
+        if h.results:
+            self._last = max(self._last, h.results[-1][0])
+        if self._recent:
+            self._recent, self._recent_t, self._recent_bytes = [], [], 0
+            self._restart_log()
+        self._db_results = True
+        self._recount()  # the acks applied here freed bytes too
         cleared = h.clear()
         self.changes += 1
         log.warning("outbox %s: the disk takes writes again; %d results held in memory are "
@@ -421,22 +522,28 @@ class Outbox:
     def pending(self, after_seq: int, limit: int) -> list[Pending]:
         """Up to `limit` held results with seq > `after_seq`, in seq order."""
         with self._lock:
-            rows = self._db.execute("SELECT seq, body FROM results WHERE seq > ? ORDER BY seq "
-                                    "LIMIT ?", (after_seq, limit)).fetchall()
+            rows = (self._db.execute("SELECT seq, body FROM results WHERE seq > ? ORDER BY seq "
+                                     "LIMIT ?", (after_seq, limit)).fetchall()
+                    if self._db_results else [])
+            rows += [r for r in self._recent[:limit + len(rows)] if r[0] > after_seq]
+            rows = sorted(rows)[:limit]
         return [Pending(seq, f'{{"seq":{seq},{body[1:]}' if body != "{}" else f'{{"seq":{seq}}}')
                 for seq, body in rows]
 
     def floor(self) -> int:
         """Lowest seq still held; every seq below it was acked or evicted."""
         with self._lock:
-            row = self._db.execute("SELECT MIN(seq) FROM results").fetchone()[0]
-        return row if row is not None else self.last_seq() + 1
+            row = (self._db.execute("SELECT MIN(seq) FROM results").fetchone()[0]
+                   if self._db_results else None)
+            if self._recent:
+                row = self._recent[0][0] if row is None else min(row, self._recent[0][0])
+            return row if row is not None else self._last + 1
 
     def last_seq(self) -> int:
         """The highest seq ever stored on disk (0 for a new outbox); results held in memory
         (a full disk) come after it and are not published yet."""
         with self._lock:
-            return self._last_seq_db()
+            return self._last
 
     def _last_seq_db(self) -> int:
         row = self._db.execute("SELECT seq FROM sqlite_sequence WHERE name='results'"
@@ -447,10 +554,14 @@ class Outbox:
         """The coordinator stored everything up to `seq`: drop those; returns how many."""
         events: list[dict] = []
         with self._lock:
+            n = self._ack_log(seq)
+            sizes: list[tuple[int]] = []
             try:
-                cur = self._db.execute("DELETE FROM results WHERE seq <= ? "
-                                       "RETURNING LENGTH(body)", (seq,))
-                sizes = cur.fetchall()
+                if self._db_results:  # only after a spill: acks are usually the log's alone
+                    sizes = self._db.execute("DELETE FROM results WHERE seq <= ? "
+                                             "RETURNING LENGTH(body)", (seq,)).fetchall()
+                    self._db_results = self._db.execute(
+                        "SELECT 1 FROM results LIMIT 1").fetchone() is not None
             except sqlite3.OperationalError as e:  # a delete needs journal space too
                 if not unwritable(e):
                     raise
@@ -461,7 +572,31 @@ class Outbox:
                 self._bytes -= sum(s for (s,) in sizes)
         for ev in events:
             self._on_event(ev)
-        return len(sizes)
+        return n + len(sizes)
+
+    def _ack_log(self, seq: int) -> int:
+        """Drop the log's results up to `seq` (caller holds the lock); returns how many. The
+        ack is recorded in the log, unsynced; an emptied log past `restart_bytes` starts
+        again."""
+        n = 0
+        while n < len(self._recent) and self._recent[n][0] <= seq:
+            n += 1
+        if not n:
+            return 0
+        freed = sum(len(b) for _, b in self._recent[:n])
+        del self._recent[:n]
+        del self._recent_t[:n]
+        self._recent_bytes -= freed
+        self._bytes -= freed
+        try:
+            if not self._recent and self._log.size > self.cfg.log_restart_bytes:
+                self._restart_log()
+            else:
+                self._log.ack(seq)
+        except OSError as e:  # not recorded: those results are sent again after a restart
+            if not unwritable(e):
+                raise
+        return n
 
     # -- health and events ---------------------------------------------------------------------
 
@@ -472,6 +607,8 @@ class Outbox:
         events: list[dict] = []
         try:
             with self._lock:
+                if kind == "health" and self.cfg.spill_after_s > 0:
+                    return self._put_fresh(kind, body, keep)
                 if not self._held.active or self._flush(events):
                     try:
                         return self._insert_other(kind, body, keep)
@@ -479,7 +616,7 @@ class Outbox:
                         if not unwritable(e):
                             raise
                         self._disk_refused(e, events)
-                rowid = max(self._held.last_other(), self._last_other_db()) + 1
+                rowid = self._next_other()
                 self._held.add_other(rowid, kind, body, keep)
                 self.changes += 1
                 return rowid
@@ -488,18 +625,49 @@ class Outbox:
                 self._on_event(ev)
             self._tell()
 
-    def _insert_other(self, kind: str, body: str, keep: int) -> int:
+    def _next_other(self) -> int:
+        """A new message id, above every id in the database, in memory and fresh."""
+        self._other_last = max(self._other_last, self._held.last_other(),
+                               self._last_other_db()) + 1
+        return self._other_last
+
+    def _put_fresh(self, kind: str, body: str, keep: int) -> int:
+        """Health waits in memory first (caller holds the lock): it is published within
+        moments while the broker is there, and writing it to disk only to delete it again
+        cost more than the results themselves. Health still unsent after `spill_after_s`
+        (no broker) is written to the database with the next one."""
+        rowid = self._next_other()
+        self._fresh.append((rowid, kind, body, time.monotonic()))
+        mine = [r for r in self._fresh if r[1] == kind]
+        if len(mine) > keep:  # only the latest `keep` wait, as on disk
+            gone = {r[0] for r in mine[:len(mine) - keep]}
+            self._fresh = [r for r in self._fresh if r[0] not in gone]
+        if time.monotonic() - self._fresh[0][3] >= self.cfg.spill_after_s:
+            rows, self._fresh = self._fresh, []
+            try:
+                for rid, k, b, _ in rows:
+                    self._insert_other(k, b, keep, rid)
+            except (sqlite3.OperationalError, OSError) as e:
+                if not unwritable(e):
+                    raise
+                self._fresh = [r for r in rows if r[0] >= rid] + self._fresh
+        self.changes += 1
+        return rowid
+
+    def _insert_other(self, kind: str, body: str, keep: int, rowid: int | None = None) -> int:
+        rowid = rowid if rowid is not None else self._next_other()
         self._db.execute("BEGIN IMMEDIATE")
         try:
-            rowid = self._db.execute("INSERT INTO other (kind, body) VALUES (?,?)",
-                                     (kind, body)).lastrowid
-            self._db.execute("DELETE FROM other WHERE kind=? AND id <= ?", (kind, rowid - keep))
+            self._db.execute("INSERT INTO other (id, kind, body) VALUES (?,?,?)",
+                             (rowid, kind, body))
+            self._db.execute("DELETE FROM other WHERE kind=? AND id NOT IN (SELECT id FROM "
+                             "other WHERE kind=? ORDER BY id DESC LIMIT ?)", (kind, kind, keep))
             self._db.execute("COMMIT")
         except BaseException:
             self._rollback()
             raise
         self.changes += 1
-        return rowid  # type: ignore[return-value]
+        return rowid
 
     def _last_other_db(self) -> int:
         row = self._db.execute("SELECT seq FROM sqlite_sequence WHERE name='other'").fetchone()
@@ -512,13 +680,16 @@ class Outbox:
                                     (limit,)).fetchall()
             if self._held.removed:  # sent, but the disk refused the delete
                 rows = [r for r in rows if r[0] not in self._held.removed]
-            return (rows + self._held.other_rows())[:limit]
+            fresh = [(rid, k, b) for rid, k, b, _ in self._fresh]
+            return sorted(rows + self._held.other_rows() + fresh)[:limit]
 
     def remove(self, ids: Sequence[int]) -> None:
         """The broker accepted these health/event messages."""
         events: list[dict] = []
         with self._lock:
-            rest = self._held.drop_others(set(ids))
+            gone, fresh = set(ids), {r[0] for r in self._fresh}
+            rest = self._held.drop_others(gone - fresh)
+            self._fresh = [r for r in self._fresh if r[0] not in gone]
             try:
                 self._db.executemany("DELETE FROM other WHERE id=?", [(i,) for i in rest])
             except sqlite3.OperationalError as e:
@@ -551,6 +722,9 @@ class Outbox:
         """Backlog figures for health: held results, bytes, evictions, next seq."""
         with self._lock:
             held, oldest = self._db.execute("SELECT COUNT(*), MIN(seq) FROM results").fetchone()
+            if self._recent:
+                held += len(self._recent)
+                oldest = self._recent[0][0] if oldest is None else min(oldest, self._recent[0][0])
             memory = self._held.status()
         return {"results_held": held + memory["held_in_memory"], "bytes": self._bytes,
                 "oldest_seq": oldest, "evicted_total": self.evicted_total, **memory}
@@ -567,3 +741,4 @@ class Outbox:
                 self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             finally:
                 self._db.close()
+                self._log.close()

@@ -59,6 +59,10 @@ def record(h: Mapping[str, Any], trips: Mapping[str, float] | None = None) -> di
         "battery_frac": _num(h.get("battery_frac")),
         "accuracy": _num(h.get("accuracy")),
     }
+    # the daemon's disk writes a day (health `storage`), only once measured: `edgerun check`
+    # reads the newest to say how long the card lasts at that rate
+    if (per_day := _num(_get(h, "storage", "write_bytes_per_day"))) is not None:
+        out["write_bytes_per_day"] = per_day
     if (sim_t := _num(_get(h, "simulated", "t"))) is not None:
         out["sim_t"] = sim_t  # a simulated device: its own clock (s since a midnight)
     t = dict(trips or {})
@@ -132,7 +136,8 @@ def _records(lines: Iterable[str]) -> list[dict[str, Any]]:
                         "pipeline": {"rate_hz": doc.get("rate_hz"),
                                      "latency_ms": {"p95": doc.get("p95_ms")}},
                         "slo": {"target_ms": doc.get("target_ms")},
-                        "rung_energy_mj": doc.get("energy_mj")},
+                        "rung_energy_mj": doc.get("energy_mj"),
+                        "storage": {"write_bytes_per_day": doc.get("write_bytes_per_day")}},
                        doc.get("trips") if isinstance(doc.get("trips"), dict) else None)
             out.append(r)
     return out

@@ -17,6 +17,7 @@ from runtime.config import (
 )
 from runtime.engine.backends import discover
 from runtime.engine.manifest import model_files
+from runtime.telemetry import resultlog
 from runtime.wire.broker import Mosquitto
 from support.daemon_toml import daemon_toml
 from support.under_test import child_env
@@ -138,20 +139,36 @@ def _query(db: Path, sql: str) -> list[tuple]:
         con.close()
 
 
+def held_rows(db: Path) -> list[tuple[int, str]]:
+    """(seq, json) of every result the outbox holds, in seq order: those in its database and
+    those only in its result log (resultlog.py), unacked."""
+    rows = dict(_query(db, "SELECT seq, body FROM results"))
+    rec = resultlog.read(db.with_name(db.name + ".log"))
+    floor = max([rec.acked, *_query_seq(db)])
+    rows.update((q, b) for q, b in rec.results if q > floor and q not in rows)
+    return sorted(rows.items())
+
+
+def _query_seq(db: Path) -> list[int]:
+    """The database's highest seq ever stored (results at or below it in the log were moved
+    into the database or acked)."""
+    return [s for (s,) in _query(db, "SELECT seq FROM sqlite_sequence WHERE name='results'")]
+
+
 def result_seqs(db: Path) -> list[int]:
     """Seqs of the results held in the outbox, in order."""
-    return [s for (s,) in _query(db, "SELECT seq FROM results ORDER BY seq")]
+    return [s for s, _ in held_rows(db)]
 
 
 def results(db: Path) -> list[dict]:
     """Results held in the outbox, in seq order."""
-    return [json.loads(b) for (b,) in _query(db, "SELECT body FROM results ORDER BY seq")]
+    return [json.loads(b) for _, b in held_rows(db)]
 
 
 def results_by_seq(db: Path) -> dict[int, dict]:
     """The results held in the outbox by their seq (the seq the native tree and Sparkplug's
     `Last Result/Seq` carry)."""
-    return {s: json.loads(b) for s, b in _query(db, "SELECT seq, body FROM results")}
+    return {s: json.loads(b) for s, b in held_rows(db)}
 
 
 def admitted(kind: str, body: str) -> dict:

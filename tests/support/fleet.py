@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import threading
@@ -171,11 +170,9 @@ class Receiver:
 
 def outbox_count(tmp_path) -> int:
     """How many results the device process's outbox (tmp_path/dev.db) holds."""
-    db = sqlite3.connect(tmp_path / "dev.db")
-    try:
-        return db.execute("SELECT COUNT(*) FROM results").fetchone()[0]
-    finally:
-        db.close()
+    from support.daemon_harness import held_rows
+
+    return len(held_rows(tmp_path / "dev.db"))
 
 
 def key_of(tmp_path) -> str:

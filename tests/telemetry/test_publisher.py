@@ -8,7 +8,13 @@ from pathlib import Path
 
 import paho.mqtt.client as mqtt
 import pytest
-from support.fleet import Device, assert_exactly_once, read_lines, start_coordinator
+from support.fleet import (
+    Device,
+    assert_exactly_once,
+    outbox_count,
+    read_lines,
+    start_coordinator,
+)
 from support.waiting import wait
 
 from runtime.wire import commands, payloads
@@ -33,11 +39,8 @@ def test_broker_restart_and_device_kill9_and_coordinator_down_lose_nothing(tmp_p
     time.sleep(0.5)
     assert_exactly_once(coord, total)
     # every result was acked: the device outbox drains
-    db_path = tmp_path / "dev.db"
-    import sqlite3
-
-    wait(lambda: sqlite3.connect(db_path).execute("SELECT COUNT(*) FROM results"
-                                                   ).fetchone()[0] == 0, 20, "outbox drained")
+    # (its database and its result log)
+    wait(lambda: outbox_count(tmp_path) == 0, 20, "outbox drained")
     dev.term()
     coord.stop()
 

@@ -305,6 +305,19 @@ function eventDetail(ev) {
     .map(([k, v]) => `${k}=${typeof v === "object" ? JSON.stringify(v) : v}`).join(" ");
 }
 
+// The daemon's bytes written a day and, with [storage] rated_tbw, its card's life at that
+// rate (runtime/device/wear.py computes both; nothing is estimated here).
+function storageText(health) {
+  const perDay = num(get(health, "storage", "write_bytes_per_day"));
+  if (perDay === null) return "";
+  const life = num(get(health, "storage", "life_days"));
+  const mb = perDay / 1e6;
+  const rate = mb >= 1000 ? `${(mb / 1000).toFixed(1)} GB` : `${mb.toFixed(mb < 10 ? 2 : 0)} MB`;
+  const lasts = life === null ? "" : life >= 730 ? `, card lasts ~${(life / 365).toFixed(0)} years`
+    : `, card lasts ~${life.toFixed(0)} days`;
+  return `; writes ${rate}/day${lasts}`;
+}
+
 async function refreshDevice() {
   const id = currentDevice;
   const path = `/api/v1/devices/${encodeURIComponent(id)}`;
@@ -324,7 +337,7 @@ async function refreshDevice() {
     `model ${d.model || "–"}, running ${d.choice || "–"}; rung ${health.rung ?? "–"}/` +
     `${health.rungs ?? "–"}; ${fmt(health.temp_c, 1)} °C (trip ${fmt(health.passive_trip_c, 0)}); ` +
     `${fmt(get(health, "pipeline", "rate_hz"), 1)}/s; results stored ${d.results_stored}; ` +
-    `last seen ${ago(d.last_seen)}` + (d.reason ? `; ${d.reason}` : "");
+    `last seen ${ago(d.last_seen)}` + (d.reason ? `; ${d.reason}` : "") + storageText(health);
   const alerts = $("#dev-alerts");
   alerts.replaceChildren(...(d.alerts || []).map(([code, msg]) => {
     const p = el("p");

@@ -1,0 +1,318 @@
+"""Bytes written to disk per result: the device, the coordinator, and the floor, side by side.
+
+One run on this machine: a real Mosquitto, a real coordinator (`edgerun coordinator`, its store
+SQLite or PostgreSQL) and a real `edgerun serve` (the bundled model on the synthetic conveyor at
+1, 10 and 100 results/s, no governor). For each rate, after the daemon is ready and has settled,
+a window of `--window-s` seconds is measured:
+
+- device: the daemon process's `write_bytes` (`/proc/PID/io`: bytes it caused to be sent to the
+  storage layer, counted when a page is dirtied; its log file included) over the results the
+  coordinator stored in the window;
+- coordinator: the coordinator process's `write_bytes`, and for PostgreSQL the server's own
+  (the postmaster, whose count includes the children it reaped, plus every live child: its
+  checkpoints, autovacuum and statistics too) and the WAL it generated (`pg_stat_wal`);
+- floor: in the same window a child process appends each result's payload (the mean size of
+  the JSON the coordinator stored) to one file at the same rate, without fsync: the least any
+  durable store of these results can write, under the same page accounting.
+
+Bytes per result are printed with the ratio to the payload. The host may be shared: the
+floor runs in the same window so its accounting sees the same moment; repeat with `--rounds`
+for the spread.
+
+Usage: python bench/disk_writes.py [--rates 1,10,100] [--window-s 30] [--store sqlite,postgresql]
+       [--fsync normal|full] [--rounds 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the config writer
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from support.daemon_toml import daemon_toml
+from support.fleet import CoordinatorProc
+
+from models import bundled
+from runtime.telemetry import resultlog
+from runtime.wire.broker import Mosquitto
+
+FLOOR = r"""
+import sys, time
+size, rate, path = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
+line = b"x" * (size - 1) + b"\n"
+with open(path, "ab", buffering=0) as f:
+    t = time.monotonic()
+    while True:
+        f.write(line)
+        t += 1 / rate
+        time.sleep(max(0.0, t - time.monotonic()))
+"""
+
+
+def write_bytes(pid: int) -> int:
+    """`write_bytes` of one process (its exited threads and reaped children included)."""
+    for line in Path(f"/proc/{pid}/io").read_text().splitlines():
+        if line.startswith("write_bytes:"):
+            return int(line.split()[1])
+    raise RuntimeError(f"/proc/{pid}/io has no write_bytes")
+
+
+def tree_write_bytes(pid: int) -> int:
+    """`write_bytes` of a process and every live descendant (a PostgreSQL server)."""
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            total += write_bytes(p)
+            for task in Path(f"/proc/{p}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except FileNotFoundError:  # exited meanwhile: its parent's count holds it
+            continue
+    return total
+
+
+def produced(state: Path) -> int:
+    """The highest seq the daemon's outbox has given (its result log's and its database's):
+    results made, whether or not the coordinator has stored them yet."""
+    db = state / "outbox.db"
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)
+    try:
+        row = con.execute("SELECT seq FROM sqlite_sequence WHERE name='results'").fetchone()
+    except sqlite3.OperationalError:
+        row = None
+    finally:
+        con.close()
+    return max(row[0] if row else 0, resultlog.read(db.with_name("outbox.db.log")).last_seq)
+
+
+def wal_bytes(url: str | None) -> int:
+    """PostgreSQL's WAL bytes generated since its statistics were reset (0 without a URL)."""
+    if url is None:
+        return 0
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        return int(conn.execute("SELECT wal_bytes FROM pg_stat_wal").fetchone()[0])
+
+
+def postmaster_pid(data_dir: Path) -> int:
+    """The PostgreSQL server's pid from its data directory."""
+    return int((data_dir / "postmaster.pid").read_text().split()[0])
+
+
+@dataclass
+class Window:
+    """One measured window at one rate."""
+
+    rate: float
+    results: int  # made by the device in the window
+    stored: int  # stored by the coordinator in the window
+    payload: float
+    device: float
+    coordinator: float
+    server: float | None  # PostgreSQL's own, per result
+    wal: float | None  # PostgreSQL's WAL bytes (pg_stat_wal), per result
+    floor: float
+
+
+def daemon_config(work: Path, port: int, rate: float, fsync: str) -> str:
+    """The daemon: the bundled model on the synthetic conveyor at `rate`, publishing to the
+    broker as device `disk` of fleet "bench", no governor (the rate stays the rate)."""
+    return daemon_toml(work / "state", {
+        "model": {"path": bundled()},
+        "constraints": {"latency_ms": 100.0, "accuracy_floor": 0.95},
+        "profiler": {"time_budget_s": 0.1, "cache_dir": work / "profiles"},
+        "source": {"kind": "synthetic", "rate_hz": rate},
+        "governor": {"policy": "off"},
+        # a shared, loaded host makes the daemon re-profile (p95 past slow_factor x the
+        # profile's), which rewrites the profile cache: an event, not a cost per result
+        # (docs/telemetry.md, "Disk writes", counts it on its own)
+        "daemon": {"slow_factor": 1000.0},
+        "telemetry": {"fleet": "bench", "device": "disk"},
+        "telemetry.broker": {"host": "127.0.0.1", "port": port},
+        "telemetry.outbox": {"fsync": fsync, "spill_after_s": None},  # the product default
+    })
+
+
+def stored(coord: CoordinatorProc) -> int:
+    """Results the coordinator has stored from the device."""
+    rows = coord.api("/api/v1/fleet")
+    rows = rows.get("devices", rows) if isinstance(rows, dict) else rows
+    for r in rows:
+        if r.get("device") == "disk" or r.get("id") == "disk":
+            return int(r.get("results_stored") or 0)
+    return 0
+
+
+def mean_payload(coord: CoordinatorProc) -> float:
+    """Mean size in bytes of the JSON of the device's newest stored results."""
+    rows = coord.api("/api/v1/devices/disk/results?limit=10000")["results"]
+    sizes = [len(json.dumps(r, separators=(",", ":"))) for r in rows[-200:]]
+    return statistics.mean(sizes) if sizes else 0.0
+
+
+def wait_for(pred, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not pred():
+        if time.monotonic() > deadline:
+            raise TimeoutError(what)
+        time.sleep(0.5)
+
+
+def measure_rate(work: Path, broker: Mosquitto, coord: CoordinatorProc, pg_dir: Path | None,
+                 rate: float, window_s: float, fsync: str, pg_url: str | None = None) -> Window:
+    """Start a daemon at `rate`, let it settle, measure one window, stop it."""
+    cfg = work / f"serve-{rate:g}.toml"
+    cfg.write_text(daemon_config(work, broker.port, rate, fsync))
+    log = (work / f"serve-{rate:g}.log").open("a")
+    proc = subprocess.Popen([sys.executable, "-m", "runtime.cli", "serve", "--config", str(cfg)],
+                            stdout=log, stderr=subprocess.STDOUT)
+    floor_proc = None
+    try:
+        start = stored(coord)
+        wait_for(lambda: stored(coord) > start + 3 or proc.poll() is not None, 600,
+                 "the coordinator stored no result from the daemon")
+        if proc.poll() is not None:
+            raise RuntimeError(f"the daemon exited: see {log.name}")
+        # past the start: the background refinement writes the profile cache until its
+        # schedule closes (`N variants of M profiled in`), once per model and machine
+        logfile = work / f"serve-{rate:g}.log"
+        wait_for(lambda: " profiled in " in logfile.read_text(errors="replace")
+                 or proc.poll() is not None, 600, "the daemon's profiling never closed")
+        time.sleep(5.0)
+        payload = mean_payload(coord)
+        floor_file = work / "floor.log"
+        floor_proc = subprocess.Popen([sys.executable, "-c", FLOOR, str(round(payload)),
+                                       str(rate), str(floor_file)])
+        wait_for(floor_file.exists, 60, "the floor writer never started")
+        n0, d0, c0 = stored(coord), write_bytes(proc.pid), write_bytes(coord.proc.pid)
+        m0 = produced(work / "state")
+        s0 = tree_write_bytes(postmaster_pid(pg_dir)) if pg_dir else 0
+        f0, l0 = write_bytes(floor_proc.pid), floor_file.stat().st_size
+        w0 = wal_bytes(pg_url)
+        time.sleep(window_s)
+        n1, d1, c1 = stored(coord), write_bytes(proc.pid), write_bytes(coord.proc.pid)
+        m1 = produced(work / "state")
+        s1 = tree_write_bytes(postmaster_pid(pg_dir)) if pg_dir else 0
+        f1, l1 = write_bytes(floor_proc.pid), floor_file.stat().st_size
+        w1 = wal_bytes(pg_url)
+        floor_lines = (l1 - l0) / max(1, round(payload))
+        n, m = n1 - n0, m1 - m0
+        if n <= 0 or m <= 0:
+            raise RuntimeError(f"no result made or stored in the {window_s:.0f} s window")
+        # the device's bytes over the results it made, the coordinator's over those it stored
+        # (a coordinator behind the device stores fewer in the window than were made)
+        return Window(rate, m, n, payload, (d1 - d0) / m, (c1 - c0) / n,
+                      (s1 - s0) / n if pg_dir else None, (w1 - w0) / n if pg_url else None,
+                      (f1 - f0) / max(1.0, floor_lines))
+    finally:
+        if floor_proc:
+            floor_proc.kill()
+            floor_proc.wait()
+            (work / "floor.log").unlink(missing_ok=True)
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(60)
+        log.close()
+
+
+def run_store(kind: str, rates: list[float], window_s: float, fsync: str,
+              ingest_window_s: float | None) -> list[Window]:
+    """Broker + coordinator on one store kind; a daemon per rate, in turn."""
+    out: list[Window] = []
+    with tempfile.TemporaryDirectory(prefix="edgerun-disk-") as tmp:
+        work = Path(tmp)
+        broker = Mosquitto(work, auth=False).start()
+        pg = None
+        try:
+            if kind == "postgresql":
+                from runtime.coordinator.pgserver import TempPostgres
+
+                # a production server's durability: the defaults of TempPostgres trade it away
+                pg = TempPostgres({"fsync": "on", "synchronous_commit": "on",
+                                   "full_page_writes": "on"}).start()
+                store = pg.create_database("bench")
+            else:
+                store = str(work / "coord.db")
+            extra = ({} if ingest_window_s is None
+                     else {"ingest_window_s": repr(ingest_window_s)})
+            coord = CoordinatorProc(work, "coord", broker.port, store, **extra)
+            try:
+                coord.start()
+            except TimeoutError:
+                coord.term()
+                raise RuntimeError("the coordinator did not start: "
+                                   + (work / "coord.log").read_text()[-2000:]) from None
+            try:
+                for rate in rates:
+                    w = measure_rate(work, broker, coord, pg.dir / "data" if pg else None,
+                                     rate, window_s, fsync, store if pg else None)
+                    out.append(w)
+                    print(f"  {kind:10s} {rate:5g}/s: {w.results} results made, {w.stored} "
+                          f"stored, payload "
+                          f"{w.payload:.0f} B; device {w.device:.0f} B/result, coordinator "
+                          f"{w.coordinator:.0f}"
+                          + (f" + server {w.server:.0f} (WAL {w.wal:.0f})"
+                             if w.server is not None else "")
+                          + f", floor {w.floor:.0f}", flush=True)
+            finally:
+                coord.term()
+        finally:
+            if pg:
+                pg.stop()
+            broker.stop()
+    return out
+
+
+def spread(xs: list[float]) -> str:
+    if len(xs) == 1:
+        return f"{xs[0]:.2f}"
+    return f"{statistics.median(xs):.2f} ({min(xs):.2f}-{max(xs):.2f})"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rates", default="1,10,100")
+    ap.add_argument("--window-s", type=float, default=30.0)
+    ap.add_argument("--store", default="sqlite,postgresql")
+    ap.add_argument("--fsync", default="normal", choices=("normal", "full"))
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--ingest-window-s", type=float, default=None,
+                    help="the coordinator's [coordinator] ingest_window_s (default: its own)")
+    a = ap.parse_args()
+    rates = [float(r) for r in a.rates.split(",")]
+    print(f"{time.strftime('%Y-%m-%d')} load average {os.getloadavg()[0]:.2f}, "
+          f"window {a.window_s:.0f} s, fsync = {a.fsync!r}, coordinator ingest_window_s = "
+          f"{'default' if a.ingest_window_s is None else a.ingest_window_s}", flush=True)
+    table: dict[tuple[str, float], list[Window]] = {}
+    for _ in range(a.rounds):
+        for kind in a.store.split(","):
+            for w in run_store(kind, rates, a.window_s, a.fsync, a.ingest_window_s):
+                table.setdefault((kind, w.rate), []).append(w)
+    print("\nbytes written per result / payload (median, range over rounds)")
+    print(f"{'store':10s} {'rate':>6s} {'payload B':>9s} {'device':>14s} {'coordinator':>14s} "
+          f"{'pg server':>14s} {'pg WAL':>14s} {'floor':>14s}")
+    for (kind, rate), ws in table.items():
+        pl = statistics.mean(w.payload for w in ws)
+        srv = [w.server / w.payload for w in ws if w.server is not None]
+        wal = [w.wal / w.payload for w in ws if w.wal is not None]
+        print(f"{kind:10s} {rate:6g} {pl:9.0f} {spread([w.device / w.payload for w in ws]):>14s} "
+              f"{spread([w.coordinator / w.payload for w in ws]):>14s} "
+              f"{spread(srv) if srv else '-':>14s} {spread(wal) if wal else '-':>14s} "
+              f"{spread([w.floor / w.payload for w in ws]):>14s}")
+    print(f"load average at the end {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,81 @@
+"""What the daemon writes to its storage a day, and how long a card lasts at that rate.
+
+An SD card or eMMC wears out by the bytes written to it; industrial cards state their endurance
+in TBW (terabytes written), consumer cards rarely do. The daemon's own figure is the kernel's
+`write_bytes` of the process (`/proc/self/io`: what it caused to be sent to storage, counted
+as pages are dirtied), sampled with each health message; the rate is taken over the last
+`window_s` (an hour) once at least `MIN_SPAN_S` of it is there. The card's life at that rate
+is its rated endurance over the rate, from new: what the card wrote before (and other
+processes' writes) is not known here, so it is an upper bound to compare configurations by.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+DAY_S = 86400.0
+MIN_SPAN_S = 60.0  # a rate over less is mostly the start's writes (profile cache, keys)
+TB = 1e12  # endurance ratings are decimal terabytes
+
+
+def read_write_bytes(path: Path = Path("/proc/self/io")) -> int | None:
+    """This process's `write_bytes` (None where the kernel does not say: not Linux, or
+    task I/O accounting compiled out)."""
+    try:
+        for line in path.read_text().splitlines():
+            if line.startswith("write_bytes:"):
+                return int(line.split()[1])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def life_days(bytes_per_day: float | None, rated_tbw: float) -> float | None:
+    """Days a card rated `rated_tbw` TB written lasts at `bytes_per_day`, from new; None when
+    either is unknown (rated_tbw 0: not configured) or nothing is written."""
+    if bytes_per_day is None or not rated_tbw > 0 or not bytes_per_day > 0:
+        return None
+    days = rated_tbw * TB / bytes_per_day
+    return days if math.isfinite(days) else None
+
+
+@dataclass
+class WriteRate:
+    """`write_bytes` samples over a sliding window (main loop only)."""
+
+    window_s: float = 3600.0
+    samples: deque[tuple[float, int]] = field(default_factory=deque)
+
+    def add(self, t: float, written: int) -> None:
+        """One sample at monotonic time `t`; samples older than the window go (the oldest
+        one inside it is kept as the window's start)."""
+        self.samples.append((t, written))
+        while len(self.samples) > 2 and self.samples[1][0] <= t - self.window_s:
+            self.samples.popleft()
+
+    def per_day(self) -> float | None:
+        """Bytes a day over the window, None until it spans MIN_SPAN_S."""
+        if len(self.samples) < 2:
+            return None
+        (t0, n0), (t1, n1) = self.samples[0], self.samples[-1]
+        if t1 - t0 < MIN_SPAN_S or n1 < n0:
+            return None
+        return (n1 - n0) / (t1 - t0) * DAY_S
+
+    def span_s(self) -> float:
+        """Seconds the rate is taken over."""
+        return self.samples[-1][0] - self.samples[0][0] if len(self.samples) > 1 else 0.0
+
+
+def report(rate: WriteRate, rated_tbw: float) -> dict[str, Any]:
+    """Health's `storage`: the rate, the window it is over, the rating and the life."""
+    per_day = rate.per_day()
+    life = life_days(per_day, rated_tbw)
+    return {"write_bytes_per_day": None if per_day is None else round(per_day),
+            "window_s": round(rate.span_s(), 1),
+            "rated_tbw": rated_tbw if rated_tbw > 0 else None,
+            "life_days": None if life is None else round(life, 1)}

@@ -1,0 +1,41 @@
+"""`edgerun check` says how long the card lasts at the daemon's measured rate of disk writes
+(the newest `storage.write_bytes_per_day` in its health history) with [storage] rated_tbw."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from support.under_test import child_env
+
+from runtime.wire.health_history import HealthHistory
+
+
+def _check(tmp_path: Path, storage: str) -> str:
+    cfg = tmp_path / "e.toml"
+    cfg.write_text(f'[governor]\npolicy = "off"\n[daemon]\nstate_dir = "{tmp_path / "state"}"\n'
+                   f"{storage}")
+    r = subprocess.run([sys.executable, "-m", "runtime.cli", "check", str(cfg)],
+                       capture_output=True, text=True, timeout=120, env=child_env())
+    return next(line for line in r.stderr.splitlines() if line.startswith("storage:"))
+
+
+def _health(tmp_path: Path, *rates: float | None) -> None:
+    (tmp_path / "state").mkdir(exist_ok=True)
+    hist = HealthHistory(tmp_path / "state")
+    for i, rate in enumerate(rates):
+        hist.append({"t": 1_800_000_000.0 + i, "storage": {"write_bytes_per_day": rate}})
+
+
+@pytest.mark.parametrize("rates, storage, says", [
+    ((), "", "no rate of disk writes measured yet"),
+    ((None,), "", "no rate of disk writes measured yet"),
+    ((5e9, 2e9), "", "wrote 2000.0 MB a day (its last health); set [storage] rated_tbw"),
+    ((2e9,), "[storage]\nrated_tbw = 10.0\n",
+     "a new 10 TBW card lasts 5,000 days (13.7 years) at that rate"),
+])
+def test_check_states_the_cards_life_at_the_measured_rate(tmp_path, rates, storage, says):
+    _health(tmp_path, *rates)
+    assert says in _check(tmp_path, storage)

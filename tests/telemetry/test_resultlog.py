@@ -1,0 +1,142 @@
+"""The outbox's result log: results on disk at their own size, spilled, recovered, cut back."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+from support.daemon_harness import result_seqs
+
+from runtime.config.telemetry import OutboxConfig
+from runtime.telemetry import resultlog
+from runtime.telemetry.outbox import Outbox
+
+
+def _box(tmp_path: Path, **kw) -> Outbox:
+    return Outbox(OutboxConfig(path=str(tmp_path / "o.db"), **kw))
+
+
+def _db_seqs(tmp_path: Path) -> list[int]:
+    db = sqlite3.connect(tmp_path / "o.db")
+    try:
+        return [s for (s,) in db.execute("SELECT seq FROM results ORDER BY seq")]
+    finally:
+        db.close()
+
+
+@pytest.mark.parametrize("text, whole", [
+    (b"", 0),
+    (b"garbage\n", 0),
+])
+def test_parse_stops_at_the_first_line_that_is_not_a_whole_checked_record(text, whole):
+    rec, good = resultlog.parse(text)
+    assert good == whole and rec.results == [] and rec.torn_bytes == len(text)
+
+
+def test_parse_reads_results_acks_and_the_start_record():
+    raw = (resultlog._line("S7") + resultlog._line('R8 {"a":1}') + resultlog._line("A8")
+           + resultlog._line('R9 {"a":2}'))
+    rec, good = resultlog.parse(raw)
+    assert good == len(raw) and rec.torn_bytes == 0
+    assert rec.last_seq == 9 and rec.acked == 8
+    assert rec.results == [(8, '{"a":1}'), (9, '{"a":2}')]
+    flipped = raw.replace(b'{"a":2}', b'{"a":3}')  # a changed byte fails its checksum
+    rec, good = resultlog.parse(flipped)
+    assert rec.results == [(8, '{"a":1}')] and rec.torn_bytes == len(resultlog._line(
+        'R9 {"a":3}'))
+
+
+def test_results_live_in_the_log_until_acked_and_never_reach_the_database(tmp_path):
+    box = _box(tmp_path)
+    assert box.append_many([{"i": i} for i in range(5)]) == [1, 2, 3, 4, 5]
+    assert _db_seqs(tmp_path) == []  # nothing of them in SQLite
+    assert [p.seq for p in box.pending(0, 10)] == [1, 2, 3, 4, 5]
+    assert box.ack(3) == 3
+    assert box.floor() == 4 and box.stats()["results_held"] == 2
+    log_size = (tmp_path / "o.db.log").stat().st_size
+    assert log_size < 5 * 80  # each result's line is its JSON and a few bytes more
+    box.close()
+    box = _box(tmp_path)  # a restart takes back exactly the unacked ones
+    assert [p.seq for p in box.pending(0, 10)] == [4, 5]
+    assert box.append({"i": 5}) == 6
+    box.close()
+
+
+def test_unacked_results_spill_into_the_database_and_the_log_starts_again(tmp_path):
+    box = _box(tmp_path, spill_bytes=4096)
+    seqs = box.append_many([{"blob": "x" * 100} for _ in range(60)])  # > 4096 bytes
+    assert seqs == list(range(1, 61))
+    assert _db_seqs(tmp_path) == seqs
+    assert resultlog.read(tmp_path / "o.db.log").results == []
+    assert resultlog.read(tmp_path / "o.db.log").last_seq == 60
+    assert box.append({"after": 1}) == 61  # in the log, above the database's
+    assert [p.seq for p in box.pending(58, 10)] == [59, 60, 61]
+    assert box.ack(60) == 60 and box.floor() == 61
+    box.close()
+    box = _box(tmp_path)
+    assert [p.seq for p in box.pending(0, 100)] == [61]
+    box.close()
+
+
+def test_an_emptied_log_starts_again_and_no_seq_is_reused(tmp_path):
+    box = _box(tmp_path, log_restart_bytes=4096)
+    for i in range(40):
+        box.append({"blob": "y" * 150, "i": i})
+        box.ack(i + 1)
+    assert (tmp_path / "o.db.log").stat().st_size < 4096 + 200
+    box.close()
+    box = _box(tmp_path)
+    assert box.last_seq() == 40 and box.append({"i": 40}) == 41
+    box.close()
+
+
+def test_a_torn_last_line_is_cut_off_and_the_rest_is_kept(tmp_path, caplog):
+    box = _box(tmp_path)
+    box.append_many([{"i": 1}, {"i": 2}])
+    box.close()
+    with open(tmp_path / "o.db.log", "ab") as f:  # a write cut by a power loss
+        f.write(b'0badc0de R3 {"i":')
+    box = _box(tmp_path)
+    assert "were cut off" in caplog.text
+    assert [p.seq for p in box.pending(0, 10)] == [1, 2]
+    assert box.append({"i": 3}) == 3  # appended after the cut, not after the garbage
+    box.close()
+    assert result_seqs(tmp_path / "o.db") == [1, 2, 3]
+
+
+def test_health_waits_in_memory_and_reaches_the_database_only_when_unsent(tmp_path):
+    box = _box(tmp_path, spill_after_s=0.05)
+    first = box.put("health", {"n": 1})
+    assert [r[0] for r in box.others(10)] == [first]
+    box.remove([first])  # published: never written
+    assert box.others(10) == []
+    second = box.put("health", {"n": 2})
+    time.sleep(0.06)  # past spill_after_s: the next put finds it unsent
+    third = box.put("health", {"n": 3})
+    db = sqlite3.connect(tmp_path / "o.db")
+    ids = [i for (i,) in db.execute("SELECT id FROM other WHERE kind='health' ORDER BY id")]
+    db.close()
+    assert ids == [second, third] and first < second < third
+    assert [r[0] for r in box.others(10)] == [second, third]
+    box.remove([second, third])
+    assert box.others(10) == []
+    box.close()
+
+
+def test_a_steady_flow_with_acks_never_spills_however_long_it_runs(tmp_path):
+    # the queue is never empty (one result in flight), but none waits spill_after_s unacked
+    box = _box(tmp_path, spill_after_s=0.2)
+    box.append({"i": 0})
+    for i in range(1, 5):
+        time.sleep(0.08)
+        box.append({"i": i})
+        box.ack(i)  # the previous one
+    # never moved into the database: the log was not started again, it holds them all
+    assert [q for q, _ in resultlog.read(tmp_path / "o.db.log").results] == [1, 2, 3, 4, 5]
+    assert _db_seqs(tmp_path) == []
+    time.sleep(0.25)  # now the last one has waited too long: the next append spills it
+    box.append({"i": 5})
+    assert _db_seqs(tmp_path) == [5, 6]
+    box.close()
