@@ -138,9 +138,11 @@ def retry_cap_s(cfg: Any) -> float:
     is back in tens of seconds and must be met within seconds, not after a backoff grown to
     30 s (measured before: results 8 s after a 9 s outage ended). An attempt on a camera that
     is still down costs one refused connection, or waits out open_timeout_s without CPU: no
-    spinning. A folder, file or trigger source keeps the 30 s cap."""
+    spinning. A machine-vision camera (pylon) likewise. A folder, file or trigger source keeps
+    the 30 s cap."""
     path = str(getattr(cfg, "path", "") or "")
-    if getattr(cfg, "kind", "") == "capture" and ("://" in path or path.isdigit()):
+    kind = getattr(cfg, "kind", "")
+    if kind == "pylon" or (kind == "capture" and ("://" in path or path.isdigit())):
         return CAMERA_RETRY_CAP_S
     return RETRY_CAP_S
 
