@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sqlite3
 import statistics
 import subprocess
 import sys
@@ -44,7 +43,7 @@ from support.daemon_toml import daemon_toml
 from support.fleet import CoordinatorProc
 
 from models import bundled
-from runtime.telemetry import resultlog
+from runtime.telemetry.outbox import last_seq
 from runtime.wire.broker import Mosquitto
 
 FLOOR = r"""
@@ -83,17 +82,8 @@ def tree_write_bytes(pid: int) -> int:
 
 
 def produced(state: Path) -> int:
-    """The highest seq the daemon's outbox has given (its result log's and its database's):
-    results made, whether or not the coordinator has stored them yet."""
-    db = state / "outbox.db"
-    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)
-    try:
-        row = con.execute("SELECT seq FROM sqlite_sequence WHERE name='results'").fetchone()
-    except sqlite3.OperationalError:
-        row = None
-    finally:
-        con.close()
-    return max(row[0] if row else 0, resultlog.read(db.with_name("outbox.db.log")).last_seq)
+    """Results the daemon has made, whether or not the coordinator has stored them yet."""
+    return last_seq(state / "outbox.db")
 
 
 def wal_bytes(url: str | None) -> int:

@@ -35,7 +35,6 @@ import argparse
 import json
 import os
 import socket
-import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -58,7 +57,7 @@ from runtime.choice.profiler import plan
 from runtime.config import load
 from runtime.engine.backends import discover
 from runtime.engine.manifest import load_manifest, model_files
-from runtime.telemetry import resultlog
+from runtime.telemetry.outbox import last_seq
 from runtime.wire.broker import Mosquitto
 
 
@@ -148,17 +147,9 @@ def outbox_results(db: Path) -> list[dict]:
 
 
 def count(db: Path) -> int:
-    """Results persisted so far: the highest seq given (the outbox's result log and its
-    database; nothing is acked here, so that is the count, read without parsing them while
-    the daemon runs on a 2-core machine)."""
-    con = sqlite3.connect(db, timeout=30)
-    try:
-        row = con.execute("SELECT seq FROM sqlite_sequence WHERE name='results'").fetchone()
-    except sqlite3.OperationalError:
-        row = None
-    finally:
-        con.close()
-    return max(row[0] if row else 0, resultlog.read(db.with_name(db.name + ".log")).last_seq)
+    """Results persisted so far: nothing is acked here, so the highest seq given is the count
+    (read without parsing the outbox while the daemon runs on a 2-core machine)."""
+    return last_seq(db)
 
 
 def feed(files: list[Path], folder: Path, one_at_a_time: bool) -> None:

@@ -93,6 +93,18 @@ def _items(m: Inbound) -> list[dict[str, Any]]:
     return [m.msg] if m.kind in ("health", "event", "state") else []
 
 
+
+def _placed(msg: dict, kb: str, off: float) -> dict | None:
+    """A stored message of kernel boot `kb` with its time placed by the boot's offset and the
+    device's own time kept as `clk.claimed`; None when it is not this boot's, is placed
+    already, or would land outside the plausible years."""
+    c = msg.get("clk")
+    at = clock.placed(msg.get("t"), c, off)
+    if at is None or c.get("kb") != kb or "claimed" in c or \
+            not clock.FLOOR_T <= at <= clock.CEILING_T:
+        return None
+    return {**msg, "clk": {**c, "claimed": msg["t"]}, "t": at}
+
 class Placer:
     """The coordinator's side of it: offsets and pending results kept in the store (so a
     restart, or another coordinator sharing the store, goes on where this one stopped)."""
@@ -161,15 +173,10 @@ class Placer:
                     (device, boot, *after, CHUNK)).fetchall()
                 grown = 0
                 for stream, seq, body in rows:
-                    r = json.loads(body)
-                    c = r.get("clk")
-                    at = clock.placed(r.get("t"), c, off)
-                    if at is None or c.get("kb") != kb or "claimed" in c or \
-                            not clock.FLOOR_T <= at <= clock.CEILING_T:
+                    r = _placed(json.loads(body), kb, off)
+                    if r is None:
                         continue
-                    r["clk"] = {**c, "claimed": r["t"]}
-                    r["t"] = at
-                    new = json.dumps(r, separators=(",", ":"))
+                    at, new = r["t"], json.dumps(r, separators=(",", ":"))
                     db.execute("UPDATE results SET t = ?, body = ? WHERE device = ? AND "
                                "stream = ? AND seq = ?", (at, new, device, stream, seq))
                     grown += (result_bytes(device, stream, boot, new)
@@ -202,15 +209,10 @@ class Placer:
                         (device, after, f"%{kb}%", CHUNK)).fetchall()
                     grown = 0
                     for rid, body in rows:
-                        msg = json.loads(body)
-                        c = msg.get("clk")
-                        at = clock.placed(msg.get("t"), c, off)
-                        if at is None or c.get("kb") != kb or "claimed" in c or \
-                                not clock.FLOOR_T <= at <= clock.CEILING_T:
+                        msg = _placed(json.loads(body), kb, off)
+                        if msg is None:
                             continue
-                        claimed = msg["t"]
-                        msg["clk"] = {**c, "claimed": claimed}
-                        msg["t"] = at
+                        at, claimed = msg["t"], msg["clk"]["claimed"]
                         new = json.dumps(msg)  # as ingest writes them
                         db.execute(f"UPDATE {table} SET t = ?, body = ? WHERE {oc} = ?",
                                    (at, new, rid))

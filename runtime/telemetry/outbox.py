@@ -46,6 +46,7 @@ from typing import Any
 
 from runtime.config.schema import ConfigError
 from runtime.config.telemetry import OutboxConfig
+from runtime.telemetry import resultlog
 from runtime.telemetry.held import Held, OutboxFull, unwritable
 from runtime.telemetry.resultlog import ResultLog
 from runtime.telemetry.sidecar import Sidecar
@@ -123,6 +124,19 @@ def _valid_text(obj: Any) -> Any:
         return [_valid_text(v) for v in obj]
     return obj
 
+
+
+def last_seq(db: Path) -> int:
+    """The highest seq the outbox at `db` has given (its result log's and its database's),
+    read-only while a daemon writes it: the results made, acked or not."""
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)
+    try:
+        row = con.execute("SELECT seq FROM sqlite_sequence WHERE name='results'").fetchone()
+    except sqlite3.OperationalError:  # no result table yet
+        row = None
+    finally:
+        con.close()
+    return max(row[0] if row else 0, resultlog.read(db.with_name(db.name + ".log")).last_seq)
 
 class Outbox:
     """The device's durable queue (see module docstring)."""
