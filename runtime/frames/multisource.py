@@ -132,17 +132,23 @@ RETRY_CAP_S = 30.0
 CAMERA_RETRY_CAP_S = 2.0
 
 
+def is_camera(path: str) -> bool:
+    """Whether a capture's path is a live camera rather than a file: a stream URL, a device
+    index or node (`0`, `/dev/video0`), or a GStreamer pipeline (`... ! appsink`)."""
+    return "://" in path or path.isdigit() or path.startswith("/dev/video") or " ! " in path
+
+
 def retry_cap_s(cfg: Any) -> float:
     """The longest wait between re-opens of a failed source. A camera or stream (a capture of
-    a URL or a device index) is retried at least every CAMERA_RETRY_CAP_S: a rebooted camera
-    is back in tens of seconds and must be met within seconds, not after a backoff grown to
-    30 s (measured before: results 8 s after a 9 s outage ended). An attempt on a camera that
-    is still down costs one refused connection, or waits out open_timeout_s without CPU: no
-    spinning. A machine-vision camera (pylon) likewise. A folder, file or trigger source keeps
-    the 30 s cap."""
+    a URL, a device or a GStreamer pipeline; a pylon camera) is retried at least every
+    CAMERA_RETRY_CAP_S: a rebooted camera is back in tens of seconds and must be met within
+    seconds, not after a backoff grown to 30 s (measured before: results 8 s after a 9 s
+    outage ended). An attempt on a camera that is still down costs one refused connection,
+    or waits out open_timeout_s without CPU: no spinning. A folder, file or trigger source
+    keeps the 30 s cap."""
     path = str(getattr(cfg, "path", "") or "")
     kind = getattr(cfg, "kind", "")
-    if kind == "pylon" or (kind == "capture" and ("://" in path or path.isdigit())):
+    if kind == "pylon" or (kind == "capture" and is_camera(path)):
         return CAMERA_RETRY_CAP_S
     return RETRY_CAP_S
 

@@ -468,6 +468,9 @@ def test_a_camera_is_retried_within_seconds_and_a_folder_at_30_s():
     assert retry_cap_s(SourceConfig(kind="capture", path="rtsp://cam/x")) == CAMERA_RETRY_CAP_S
     assert retry_cap_s(SourceConfig(kind="capture", path="0")) == CAMERA_RETRY_CAP_S
     assert retry_cap_s(SourceConfig(kind="pylon")) == CAMERA_RETRY_CAP_S
+    assert retry_cap_s(SourceConfig(kind="capture", path="/dev/video0")) == CAMERA_RETRY_CAP_S
+    assert retry_cap_s(SourceConfig(
+        kind="capture", path="v4l2src ! videoconvert ! appsink")) == CAMERA_RETRY_CAP_S
     assert retry_cap_s(SourceConfig(kind="capture", path="/videos/a.mp4")) == 30.0
     assert retry_cap_s(SourceConfig(kind="folder", path="/in")) == 30.0
     assert retry_cap_s(SourceConfig(kind="synthetic")) == 30.0
