@@ -31,6 +31,7 @@ bound are lost (refused with OutboxFull, counted); the process keeps inferring t
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import json
 import logging
@@ -141,8 +142,12 @@ def last_seq(db: Path) -> int:
 class Outbox:
     """The device's durable queue (see module docstring)."""
 
-    def __init__(self, cfg: OutboxConfig, on_event: Callable[[dict], None] | None = None):
+    def __init__(self, cfg: OutboxConfig, on_event: Callable[[dict], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic):
+        """Open (or create) the outbox at `cfg.path`; `clock` (monotonic seconds) times how
+        long results and health wait unsent before they spill, one clock a test can drive."""
         self.cfg = cfg
+        self._clock = clock
         self.path = Path(cfg.path).expanduser()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
@@ -194,7 +199,7 @@ class Outbox:
         self._recent = [(q, b) for q, b in rec.results if q > floor]
         self._recent_bytes = sum(len(b) for _, b in self._recent)
         self._bytes += self._recent_bytes
-        self._recent_t = [time.monotonic()] * len(self._recent)
+        self._recent_t = [self._clock()] * len(self._recent)
         self._last = max(self._last, rec.last_seq)
         if rec.acked and self._db_results:  # an ack the log recorded before a crash
             with contextlib.suppress(sqlite3.OperationalError):  # a full disk: sent again
@@ -338,7 +343,7 @@ class Outbox:
         seqs = list(range(self._last + 1, self._last + 1 + len(bodies)))
         rows = list(zip(seqs, bodies, strict=True))
         self._log.append(rows)
-        now = time.monotonic()
+        now = self._clock()
         self._last = seqs[-1]
         self._recent += rows
         self._recent_t += [now] * len(rows)
@@ -406,6 +411,9 @@ class Outbox:
             seqs = list(range(self._last + 1, self._last + 1 + len(bodies)))
         self._db.executemany("INSERT INTO results (seq, body) VALUES (?,?)",
                              zip(seqs, bodies, strict=True))
+        # pending() and floor() read the table only when this is set: without it results
+        # written straight here (spill_after_s = 0) were never published
+        self._db_results = True
         out = list(seqs)
         self._bytes += sum(len(b) for b in bodies)
         if self._bytes > self.cfg.max_bytes:
@@ -539,8 +547,10 @@ class Outbox:
             rows = (self._db.execute("SELECT seq, body FROM results WHERE seq > ? ORDER BY seq "
                                      "LIMIT ?", (after_seq, limit)).fetchall()
                     if self._db_results else [])
-            rows += [r for r in self._recent[:limit + len(rows)] if r[0] > after_seq]
-            rows = sorted(rows)[:limit]
+            # _recent is in seq order: start after `after_seq`, not at its head (slicing the
+            # head first returned nothing once more than `limit` results waited unacked)
+            start = bisect.bisect_right(self._recent, after_seq, key=lambda r: r[0])
+            rows = sorted(rows + self._recent[start:start + limit])[:limit]
         return [Pending(seq, f'{{"seq":{seq},{body[1:]}' if body != "{}" else f'{{"seq":{seq}}}')
                 for seq, body in rows]
 
@@ -651,12 +661,12 @@ class Outbox:
         cost more than the results themselves. Health still unsent after `spill_after_s`
         (no broker) is written to the database with the next one."""
         rowid = self._next_other()
-        self._fresh.append((rowid, kind, body, time.monotonic()))
+        self._fresh.append((rowid, kind, body, self._clock()))
         mine = [r for r in self._fresh if r[1] == kind]
         if len(mine) > keep:  # only the latest `keep` wait, as on disk
             gone = {r[0] for r in mine[:len(mine) - keep]}
             self._fresh = [r for r in self._fresh if r[0] not in gone]
-        if time.monotonic() - self._fresh[0][3] >= self.cfg.spill_after_s:
+        if self._clock() - self._fresh[0][3] >= self.cfg.spill_after_s:
             rows, self._fresh = self._fresh, []
             try:
                 for rid, k, b, _ in rows:

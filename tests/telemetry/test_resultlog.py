@@ -125,18 +125,52 @@ def test_health_waits_in_memory_and_reaches_the_database_only_when_unsent(tmp_pa
     box.close()
 
 
+class _Clock:
+    """The outbox's monotonic clock, moved by the test (no sleeps, no races under load)."""
+
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
 def test_a_steady_flow_with_acks_never_spills_however_long_it_runs(tmp_path):
     # the queue is never empty (one result in flight), but none waits spill_after_s unacked
-    box = _box(tmp_path, spill_after_s=0.2)
+    clock = _Clock()
+    box = Outbox(OutboxConfig(path=str(tmp_path / "o.db"), spill_after_s=0.2), clock=clock)
     box.append({"i": 0})
     for i in range(1, 5):
-        time.sleep(0.08)
+        clock.t += 0.15  # each waits less than spill_after_s; all together wait far more
         box.append({"i": i})
         box.ack(i)  # the previous one
     # never moved into the database: the log was not started again, it holds them all
     assert [q for q, _ in resultlog.read(tmp_path / "o.db.log").results] == [1, 2, 3, 4, 5]
     assert _db_seqs(tmp_path) == []
-    time.sleep(0.25)  # now the last one has waited too long: the next append spills it
+    clock.t += 0.2  # now the last one has waited spill_after_s: the next append spills it
     box.append({"i": 5})
     assert _db_seqs(tmp_path) == [5, 6]
+    box.close()
+
+
+def test_spill_after_zero_publishes_results_written_straight_to_the_database(tmp_path):
+    box = _box(tmp_path, spill_after_s=0)
+    assert box.append_many([{"i": i} for i in range(3)]) == [1, 2, 3]
+    assert _db_seqs(tmp_path) == [1, 2, 3]
+    assert [p.seq for p in box.pending(0, 50)] == [1, 2, 3] and box.floor() == 1
+    assert box.ack(3) == 3 and box.pending(0, 50) == []
+    box.append({"i": 3})  # after an ack emptied the table
+    assert [p.seq for p in box.pending(3, 50)] == [4] and box.floor() == 4
+    box.close()
+
+
+def test_pending_pages_through_many_unacked_results_in_the_log(tmp_path):
+    # the publisher asks for the next batch after the last one sent, before any ack
+    box = _box(tmp_path)
+    box.append_many([{"i": i} for i in range(300)])
+    assert _db_seqs(tmp_path) == []  # all in the log
+    for after in (0, 50, 100, 250):
+        assert [p.seq for p in box.pending(after, 50)] == list(range(after + 1, after + 51))
+    assert [p.seq for p in box.pending(280, 50)] == list(range(281, 301))
+    assert box.pending(300, 50) == []
     box.close()
