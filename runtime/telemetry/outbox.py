@@ -36,6 +36,7 @@ import contextlib
 import json
 import logging
 import math
+import shutil
 import sqlite3
 import threading
 import time
@@ -139,6 +140,25 @@ def last_seq(db: Path) -> int:
         con.close()
     return max(row[0] if row else 0, resultlog.read(db.with_name(db.name + ".log")).last_seq)
 
+def _salvage(db: Path) -> tuple[str, int] | None:
+    """A damaged database's stream id and the highest seq it gave, where both can still be
+    read (a failed quick_check often leaves these small tables whole); None otherwise."""
+    try:
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1)
+        try:
+            stream = con.execute("SELECT v FROM meta WHERE k='stream'").fetchone()
+            seq = con.execute("SELECT seq FROM sqlite_sequence WHERE name='results'").fetchone()
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return None
+    if not stream or not isinstance(stream[0], str) or not stream[0]:
+        return None
+    if seq is not None and not isinstance(seq[0], int):
+        return None
+    return stream[0], seq[0] if seq else 0
+
+
 class Outbox:
     """The device's durable queue (see module docstring)."""
 
@@ -157,9 +177,11 @@ class Outbox:
         self._listeners: list[Callable[[], None]] = []
         self._held = Held(cfg.memory_max_bytes, cfg.retry_s)  # while the disk refuses writes
         existed = self.path.exists()
+        self._salvaged: tuple[str, int] | None = None  # a corrupt database's stream, last seq
+        self._corrupt: tuple[Path, BaseException] | None = None  # where it went, and why
         self._db = self._open()
         self.boot = uuid.uuid4().hex[:12]
-        self.stream = self._meta("stream") or self._new_stream()
+        self.stream = self._meta("stream") or self._new_stream(self._salvaged)
         keep = self.path.with_name(self.path.name + ".keep.json")
         self.sidecar = Sidecar(keep, lost_history=existed and not keep.exists()
                                and self._startup_event is not None)
@@ -186,6 +208,27 @@ class Outbox:
         self._log = ResultLog(self.path.with_name(self.path.name + ".log"),
                               sync=cfg.fsync == "full")
         self._recover_log()
+        if self._corrupt:
+            self._report_corrupt(*self._corrupt)
+
+    def _report_corrupt(self, aside: Path, e: BaseException) -> None:
+        """Say what a corrupt database cost and what was done about it."""
+        n = len(self._recent)
+        if self._salvaged:
+            how = (f"the {n} unacked results of its result log are sent again under the same "
+                   f"stream {self.stream} (its id and last seq {self._salvaged[1]} were read "
+                   "from the damaged file), so the coordinator stores each once; results "
+                   "only in the database are lost")
+        else:
+            how = (f"its stream id could not be read: the {n} unacked results of its result "
+                   f"log are sent again under a new stream {self.stream} with seqs above "
+                   "theirs, and any the coordinator stored but had not acked yet are stored "
+                   "twice; results only in the database are lost")
+        log.error("outbox %s is corrupt (%s); moved it to %s and started an empty outbox; %s",
+                  self.path, e, aside, how)
+        assert self._startup_event is not None
+        self._startup_event.update({"results_kept": n,
+                                    "stream": "kept" if self._salvaged else "new"})
 
     def _recover_log(self) -> None:
         """Take back the results the log holds that are neither acked nor in the database."""
@@ -195,7 +238,10 @@ class Outbox:
             raise OutboxUnavailable(f"telemetry.outbox.path {self.path}: cannot open the "
                                     f"outbox's result log {self._log.path} ({e}); exiting so "
                                     "it is retried") from e
-        floor = max(self._last, rec.acked)
+        self._log_damaged = rec.skipped_bytes  # lost results: health shows it (stats)
+        # after a corrupt database, the log's results are all that is left of it: take back
+        # every unacked one, even those the lost database held too
+        floor = max(0 if self._corrupt else self._last, rec.acked)
         self._recent = [(q, b) for q, b in rec.results if q > floor]
         self._recent_bytes = sum(len(b) for _, b in self._recent)
         self._bytes += self._recent_bytes
@@ -233,14 +279,19 @@ class Outbox:
             ) from e
         except sqlite3.DatabaseError as e:  # not a database, malformed, failed quick_check
             # A corrupt outbox must not keep the device from running: keep the file for
-            # forensics, start an empty one, and say so loudly.
+            # forensics, start an empty one, and say so loudly (in __init__, once the result
+            # log has been read). The result log is not moved with it: it is a file of its
+            # own, every line checked, and most unacked results live only there; moved aside
+            # they were stranded. A copy goes beside the database for forensics.
             aside = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time())}")
-            for suffix in ("", "-wal", "-shm", ".log"):
+            self._salvaged = _salvage(self.path)
+            for suffix in ("", "-wal", "-shm"):
                 src = Path(str(self.path) + suffix)
                 if src.exists():
                     src.rename(str(aside) + suffix)
-            log.error("outbox %s is corrupt (%s); moved it to %s and started an empty outbox",
-                      self.path, e, aside)
+            with contextlib.suppress(OSError):  # a full disk: the log itself is kept anyway
+                shutil.copyfile(str(self.path) + ".log", str(aside) + ".log")
+            self._corrupt = (aside, e)
             self._startup_event = {"type": EventType.OUTBOX_CORRUPT, "path": str(aside),
                                    "error": str(e)}
             return self._connect()
@@ -276,10 +327,25 @@ class Outbox:
             raise
         return db
 
-    def _new_stream(self) -> str:
-        """A new outbox's stream id, stored; a disk too full to create it is one line."""
+    def _new_stream(self, salvaged: tuple[str, int] | None = None) -> str:
+        """A new outbox's stream id, stored; a disk too full to create it is one line.
+        `salvaged` (a corrupt database's stream and last seq) keeps that stream, with its
+        seqs never given again: the results re-sent from the log are then de-duplicated."""
         try:
-            return self._set_meta("stream", uuid.uuid4().hex[:12])
+            if salvaged is None:
+                return self._set_meta("stream", uuid.uuid4().hex[:12])
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.execute("DELETE FROM sqlite_sequence WHERE name='results'")
+                self._db.execute("INSERT INTO sqlite_sequence (name, seq) VALUES ('results', ?)",
+                                 (salvaged[1],))
+                self._set_meta("stream", salvaged[0])
+                self._db.execute("COMMIT")
+            except BaseException:
+                with contextlib.suppress(sqlite3.OperationalError):
+                    self._db.execute("ROLLBACK")
+                raise
+            return salvaged[0]
         except sqlite3.OperationalError as e:
             if not unwritable(e):
                 raise
@@ -578,7 +644,7 @@ class Outbox:
         """The coordinator stored everything up to `seq`: drop those; returns how many."""
         events: list[dict] = []
         with self._lock:
-            n = self._ack_log(seq)
+            n = self._ack_log(seq, events)
             sizes: list[tuple[int]] = []
             try:
                 if self._db_results:  # only after a spill: acks are usually the log's alone
@@ -598,10 +664,11 @@ class Outbox:
             self._on_event(ev)
         return n + len(sizes)
 
-    def _ack_log(self, seq: int) -> int:
+    def _ack_log(self, seq: int, events: list[dict]) -> int:
         """Drop the log's results up to `seq` (caller holds the lock); returns how many. The
         ack is recorded in the log, unsynced; an emptied log past `restart_bytes` starts
-        again."""
+        again. A disk that refuses the ack record puts the outbox in its full-disk state (the
+        next results wait in memory, counted) as a refused database write does."""
         n = 0
         while n < len(self._recent) and self._recent[n][0] <= seq:
             n += 1
@@ -620,6 +687,8 @@ class Outbox:
         except OSError as e:  # not recorded: those results are sent again after a restart
             if not unwritable(e):
                 raise
+            self._disk_refused(e, events)
+            self._held.acked_upto = max(self._held.acked_upto, seq)
         return n
 
     # -- health and events ---------------------------------------------------------------------
@@ -751,7 +820,8 @@ class Outbox:
                 oldest = self._recent[0][0] if oldest is None else min(oldest, self._recent[0][0])
             memory = self._held.status()
         return {"results_held": held + memory["held_in_memory"], "bytes": self._bytes,
-                "oldest_seq": oldest, "evicted_total": self.evicted_total, **memory}
+                "oldest_seq": oldest, "evicted_total": self.evicted_total,
+                "log_damaged_bytes": self._log_damaged, **memory}
 
     def take_startup_event(self) -> dict | None:
         """An event about what happened while opening (e.g. a corrupt file moved aside)."""
