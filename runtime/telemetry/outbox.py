@@ -568,7 +568,8 @@ class Outbox:
         events.extend(done)
         if h.results:
             self._last = max(self._last, h.results[-1][0])
-        if self._recent:
+        if self._recent or h.acked_upto:  # the log's unacked results are in the table now,
+            # and acks it could not record are applied: nothing in it is needed
             self._recent, self._recent_t, self._recent_bytes = [], [], 0
             self._restart_log()
         self._db_results = True
@@ -679,6 +680,9 @@ class Outbox:
         del self._recent_t[:n]
         self._recent_bytes -= freed
         self._bytes -= freed
+        if self._held.active:  # the disk refuses writes: the flush starts the log again
+            self._held.acked_upto = max(self._held.acked_upto, seq)
+            return n
         try:
             if not self._recent and self._log.size > self.cfg.log_restart_bytes:
                 self._restart_log()

@@ -161,13 +161,34 @@ def test_a_write_cut_short_by_a_full_disk_leaves_no_fragment_and_loses_nothing(
     assert path.stat().st_size == whole  # cut back to the last whole line
     assert box.stats()["disk_full"]  # the outbox's full-disk state, as for SQLite
     assert box.append({"i": 5}) == 6  # waits in memory
+    assert box.ack(5) == 3  # every result of the log acked while the disk is full
     monkeypatch.undo()  # space returns
     box._held.next_try = 0.0  # the retry is due now (no wait on the wall clock)
     assert box.append({"i": 6}) == 7 and not box.stats()["disk_full"]
     box.close()
-    box = _box(tmp_path)
-    assert [p.seq for p in box.pending(0, 10)] == [3, 4, 5, 6, 7]
+    box = _box(tmp_path)  # the acks held in memory were applied: only 6 and 7 wait
+    assert [p.seq for p in box.pending(0, 10)] == [6, 7]
     assert box.append({"i": 7}) == 8
+    box.close()
+
+
+def test_acks_the_full_disk_refused_are_applied_when_space_returns(tmp_path, monkeypatch):
+    box = _box(tmp_path)
+    box.append_many([{"i": i} for i in range(5)])
+
+    def full_disk(fd: int, data: bytes) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(resultlog.os, "write", full_disk)
+    assert box.ack(2) == 2 and box.stats()["disk_full"]
+    assert box.ack(5) == 3  # not written while the disk refuses: held in memory
+    monkeypatch.undo()
+    box._held.next_try = 0.0  # the retry is due now (no wait on the wall clock)
+    box.put("event", {"e": 1})  # the next write flushes what waits
+    assert not box.stats()["disk_full"]
+    box.close()
+    box = _box(tmp_path)
+    assert box.pending(0, 10) == [] and box.append({"i": 5}) == 6
     box.close()
 
 
