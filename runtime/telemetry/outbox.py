@@ -31,10 +31,12 @@ bound are lost (refused with OutboxFull, counted); the process keeps inferring t
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import json
 import logging
 import math
+import shutil
 import sqlite3
 import threading
 import time
@@ -138,11 +140,34 @@ def last_seq(db: Path) -> int:
         con.close()
     return max(row[0] if row else 0, resultlog.read(db.with_name(db.name + ".log")).last_seq)
 
+def _salvage(db: Path) -> tuple[str, int] | None:
+    """A damaged database's stream id and the highest seq it gave, where both can still be
+    read (a failed quick_check often leaves these small tables whole); None otherwise."""
+    try:
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1)
+        try:
+            stream = con.execute("SELECT v FROM meta WHERE k='stream'").fetchone()
+            seq = con.execute("SELECT seq FROM sqlite_sequence WHERE name='results'").fetchone()
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return None
+    if not stream or not isinstance(stream[0], str) or not stream[0]:
+        return None
+    if seq is not None and not isinstance(seq[0], int):
+        return None
+    return stream[0], seq[0] if seq else 0
+
+
 class Outbox:
     """The device's durable queue (see module docstring)."""
 
-    def __init__(self, cfg: OutboxConfig, on_event: Callable[[dict], None] | None = None):
+    def __init__(self, cfg: OutboxConfig, on_event: Callable[[dict], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic):
+        """Open (or create) the outbox at `cfg.path`; `clock` (monotonic seconds) times how
+        long results and health wait unsent before they spill, one clock a test can drive."""
         self.cfg = cfg
+        self._clock = clock
         self.path = Path(cfg.path).expanduser()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
@@ -152,9 +177,11 @@ class Outbox:
         self._listeners: list[Callable[[], None]] = []
         self._held = Held(cfg.memory_max_bytes, cfg.retry_s)  # while the disk refuses writes
         existed = self.path.exists()
+        self._salvaged: tuple[str, int] | None = None  # a corrupt database's stream, last seq
+        self._corrupt: tuple[Path, BaseException] | None = None  # where it went, and why
         self._db = self._open()
         self.boot = uuid.uuid4().hex[:12]
-        self.stream = self._meta("stream") or self._new_stream()
+        self.stream = self._meta("stream") or self._new_stream(self._salvaged)
         keep = self.path.with_name(self.path.name + ".keep.json")
         self.sidecar = Sidecar(keep, lost_history=existed and not keep.exists()
                                and self._startup_event is not None)
@@ -181,6 +208,27 @@ class Outbox:
         self._log = ResultLog(self.path.with_name(self.path.name + ".log"),
                               sync=cfg.fsync == "full")
         self._recover_log()
+        if self._corrupt:
+            self._report_corrupt(*self._corrupt)
+
+    def _report_corrupt(self, aside: Path, e: BaseException) -> None:
+        """Say what a corrupt database cost and what was done about it."""
+        n = len(self._recent)
+        if self._salvaged:
+            how = (f"the {n} unacked results of its result log are sent again under the same "
+                   f"stream {self.stream} (its id and last seq {self._salvaged[1]} were read "
+                   "from the damaged file), so the coordinator stores each once; results "
+                   "only in the database are lost")
+        else:
+            how = (f"its stream id could not be read: the {n} unacked results of its result "
+                   f"log are sent again under a new stream {self.stream} with seqs above "
+                   "theirs, and any the coordinator stored but had not acked yet are stored "
+                   "twice; results only in the database are lost")
+        log.error("outbox %s is corrupt (%s); moved it to %s and started an empty outbox; %s",
+                  self.path, e, aside, how)
+        assert self._startup_event is not None
+        self._startup_event.update({"results_kept": n,
+                                    "stream": "kept" if self._salvaged else "new"})
 
     def _recover_log(self) -> None:
         """Take back the results the log holds that are neither acked nor in the database."""
@@ -190,11 +238,14 @@ class Outbox:
             raise OutboxUnavailable(f"telemetry.outbox.path {self.path}: cannot open the "
                                     f"outbox's result log {self._log.path} ({e}); exiting so "
                                     "it is retried") from e
-        floor = max(self._last, rec.acked)
+        self._log_damaged = rec.skipped_bytes  # lost results: health shows it (stats)
+        # after a corrupt database, the log's results are all that is left of it: take back
+        # every unacked one, even those the lost database held too
+        floor = max(0 if self._corrupt else self._last, rec.acked)
         self._recent = [(q, b) for q, b in rec.results if q > floor]
         self._recent_bytes = sum(len(b) for _, b in self._recent)
         self._bytes += self._recent_bytes
-        self._recent_t = [time.monotonic()] * len(self._recent)
+        self._recent_t = [self._clock()] * len(self._recent)
         self._last = max(self._last, rec.last_seq)
         if rec.acked and self._db_results:  # an ack the log recorded before a crash
             with contextlib.suppress(sqlite3.OperationalError):  # a full disk: sent again
@@ -228,14 +279,19 @@ class Outbox:
             ) from e
         except sqlite3.DatabaseError as e:  # not a database, malformed, failed quick_check
             # A corrupt outbox must not keep the device from running: keep the file for
-            # forensics, start an empty one, and say so loudly.
+            # forensics, start an empty one, and say so loudly (in __init__, once the result
+            # log has been read). The result log is not moved with it: it is a file of its
+            # own, every line checked, and most unacked results live only there; moved aside
+            # they were stranded. A copy goes beside the database for forensics.
             aside = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time())}")
-            for suffix in ("", "-wal", "-shm", ".log"):
+            self._salvaged = _salvage(self.path)
+            for suffix in ("", "-wal", "-shm"):
                 src = Path(str(self.path) + suffix)
                 if src.exists():
                     src.rename(str(aside) + suffix)
-            log.error("outbox %s is corrupt (%s); moved it to %s and started an empty outbox",
-                      self.path, e, aside)
+            with contextlib.suppress(OSError):  # a full disk: the log itself is kept anyway
+                shutil.copyfile(str(self.path) + ".log", str(aside) + ".log")
+            self._corrupt = (aside, e)
             self._startup_event = {"type": EventType.OUTBOX_CORRUPT, "path": str(aside),
                                    "error": str(e)}
             return self._connect()
@@ -271,10 +327,25 @@ class Outbox:
             raise
         return db
 
-    def _new_stream(self) -> str:
-        """A new outbox's stream id, stored; a disk too full to create it is one line."""
+    def _new_stream(self, salvaged: tuple[str, int] | None = None) -> str:
+        """A new outbox's stream id, stored; a disk too full to create it is one line.
+        `salvaged` (a corrupt database's stream and last seq) keeps that stream, with its
+        seqs never given again: the results re-sent from the log are then de-duplicated."""
         try:
-            return self._set_meta("stream", uuid.uuid4().hex[:12])
+            if salvaged is None:
+                return self._set_meta("stream", uuid.uuid4().hex[:12])
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.execute("DELETE FROM sqlite_sequence WHERE name='results'")
+                self._db.execute("INSERT INTO sqlite_sequence (name, seq) VALUES ('results', ?)",
+                                 (salvaged[1],))
+                self._set_meta("stream", salvaged[0])
+                self._db.execute("COMMIT")
+            except BaseException:
+                with contextlib.suppress(sqlite3.OperationalError):
+                    self._db.execute("ROLLBACK")
+                raise
+            return salvaged[0]
         except sqlite3.OperationalError as e:
             if not unwritable(e):
                 raise
@@ -338,7 +409,7 @@ class Outbox:
         seqs = list(range(self._last + 1, self._last + 1 + len(bodies)))
         rows = list(zip(seqs, bodies, strict=True))
         self._log.append(rows)
-        now = time.monotonic()
+        now = self._clock()
         self._last = seqs[-1]
         self._recent += rows
         self._recent_t += [now] * len(rows)
@@ -406,6 +477,9 @@ class Outbox:
             seqs = list(range(self._last + 1, self._last + 1 + len(bodies)))
         self._db.executemany("INSERT INTO results (seq, body) VALUES (?,?)",
                              zip(seqs, bodies, strict=True))
+        # pending() and floor() read the table only when this is set: without it results
+        # written straight here (spill_after_s = 0) were never published
+        self._db_results = True
         out = list(seqs)
         self._bytes += sum(len(b) for b in bodies)
         if self._bytes > self.cfg.max_bytes:
@@ -494,7 +568,8 @@ class Outbox:
         events.extend(done)
         if h.results:
             self._last = max(self._last, h.results[-1][0])
-        if self._recent:
+        if self._recent or h.acked_upto:  # the log's unacked results are in the table now,
+            # and acks it could not record are applied: nothing in it is needed
             self._recent, self._recent_t, self._recent_bytes = [], [], 0
             self._restart_log()
         self._db_results = True
@@ -539,8 +614,10 @@ class Outbox:
             rows = (self._db.execute("SELECT seq, body FROM results WHERE seq > ? ORDER BY seq "
                                      "LIMIT ?", (after_seq, limit)).fetchall()
                     if self._db_results else [])
-            rows += [r for r in self._recent[:limit + len(rows)] if r[0] > after_seq]
-            rows = sorted(rows)[:limit]
+            # _recent is in seq order: start after `after_seq`, not at its head (slicing the
+            # head first returned nothing once more than `limit` results waited unacked)
+            start = bisect.bisect_right(self._recent, after_seq, key=lambda r: r[0])
+            rows = sorted(rows + self._recent[start:start + limit])[:limit]
         return [Pending(seq, f'{{"seq":{seq},{body[1:]}' if body != "{}" else f'{{"seq":{seq}}}')
                 for seq, body in rows]
 
@@ -568,7 +645,7 @@ class Outbox:
         """The coordinator stored everything up to `seq`: drop those; returns how many."""
         events: list[dict] = []
         with self._lock:
-            n = self._ack_log(seq)
+            n = self._ack_log(seq, events)
             sizes: list[tuple[int]] = []
             try:
                 if self._db_results:  # only after a spill: acks are usually the log's alone
@@ -588,10 +665,11 @@ class Outbox:
             self._on_event(ev)
         return n + len(sizes)
 
-    def _ack_log(self, seq: int) -> int:
+    def _ack_log(self, seq: int, events: list[dict]) -> int:
         """Drop the log's results up to `seq` (caller holds the lock); returns how many. The
         ack is recorded in the log, unsynced; an emptied log past `restart_bytes` starts
-        again."""
+        again. A disk that refuses the ack record puts the outbox in its full-disk state (the
+        next results wait in memory, counted) as a refused database write does."""
         n = 0
         while n < len(self._recent) and self._recent[n][0] <= seq:
             n += 1
@@ -602,6 +680,9 @@ class Outbox:
         del self._recent_t[:n]
         self._recent_bytes -= freed
         self._bytes -= freed
+        if self._held.active:  # the disk refuses writes: the flush starts the log again
+            self._held.acked_upto = max(self._held.acked_upto, seq)
+            return n
         try:
             if not self._recent and self._log.size > self.cfg.log_restart_bytes:
                 self._restart_log()
@@ -610,6 +691,8 @@ class Outbox:
         except OSError as e:  # not recorded: those results are sent again after a restart
             if not unwritable(e):
                 raise
+            self._disk_refused(e, events)
+            self._held.acked_upto = max(self._held.acked_upto, seq)
         return n
 
     # -- health and events ---------------------------------------------------------------------
@@ -651,12 +734,12 @@ class Outbox:
         cost more than the results themselves. Health still unsent after `spill_after_s`
         (no broker) is written to the database with the next one."""
         rowid = self._next_other()
-        self._fresh.append((rowid, kind, body, time.monotonic()))
+        self._fresh.append((rowid, kind, body, self._clock()))
         mine = [r for r in self._fresh if r[1] == kind]
         if len(mine) > keep:  # only the latest `keep` wait, as on disk
             gone = {r[0] for r in mine[:len(mine) - keep]}
             self._fresh = [r for r in self._fresh if r[0] not in gone]
-        if time.monotonic() - self._fresh[0][3] >= self.cfg.spill_after_s:
+        if self._clock() - self._fresh[0][3] >= self.cfg.spill_after_s:
             rows, self._fresh = self._fresh, []
             try:
                 for rid, k, b, _ in rows:
@@ -741,7 +824,8 @@ class Outbox:
                 oldest = self._recent[0][0] if oldest is None else min(oldest, self._recent[0][0])
             memory = self._held.status()
         return {"results_held": held + memory["held_in_memory"], "bytes": self._bytes,
-                "oldest_seq": oldest, "evicted_total": self.evicted_total, **memory}
+                "oldest_seq": oldest, "evicted_total": self.evicted_total,
+                "log_damaged_bytes": self._log_damaged, **memory}
 
     def take_startup_event(self) -> dict | None:
         """An event about what happened while opening (e.g. a corrupt file moved aside)."""

@@ -21,14 +21,19 @@ before `append` returns; without it the line is in the page cache when `append` 
 which survives a crash of the process (kill -9), as SQLite's synchronous=NORMAL does. Acks are
 never synced: a lost ack record only means those results are sent again after a power cut,
 and the coordinator stores a (stream, seq) once. A torn last line (a power cut during the
-write) fails its checksum: reading stops there, the file is cut back to the last whole line,
-and what was cut is reported; such a result's `append` had not returned.
+write) fails its checksum: the file is cut back to the last whole line, and what was cut is
+reported. A write that fails (a full disk can take part of a line and refuse the rest) cuts
+the file back to its last whole line before raising, so later lines never follow a fragment.
+A damaged line with whole lines after it (a flipped bit, a bad sector) is skipped, reported
+and counted; reading resumes at the next newline and the seqs of every whole line count
+towards the highest given, so none is given again.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,40 +52,74 @@ def _line(record: str) -> bytes:
 class Recovered:
     """What a log held when it was opened."""
 
-    last_seq: int = 0  # the highest seq given (S, R and A records)
+    last_seq: int = 0  # the highest seq given (S, R and A records), over the whole file
     acked: int = 0  # the highest ack recorded
     results: list[tuple[int, str]] = field(default_factory=list)  # (seq, json) in order
     torn_bytes: int = 0  # bytes after the last whole line, cut off
+    skipped_bytes: int = 0  # damaged lines with whole, checked lines after them (lost)
+    skipped_lines: int = 0
+
+
+def _record(raw: bytes) -> tuple[str, int, str] | None:
+    """(kind, seq, json) of one line without its newline, or None when it is not a whole,
+    checked record."""
+    if len(raw) < 10 or raw[8:9] != b" ":
+        return None
+    body = raw[9:]
+    try:
+        if int(raw[:8], 16) != zlib.crc32(body):
+            return None
+        text = body.decode()
+        kind, rest = text[0], text[1:]
+        if kind == "R":
+            seq_s, _, json_text = rest.partition(" ")
+            return kind, int(seq_s), json_text
+        if kind in ("S", "A"):
+            return kind, int(rest), ""
+    except (ValueError, UnicodeDecodeError, IndexError):
+        pass
+    return None
+
+
+_RECORD_START = re.compile(rb"[0-9a-f]{8} [RSA]")
 
 
 def parse(data: bytes) -> tuple[Recovered, int]:
-    """The records of a log's bytes, and the length of its whole, checked lines."""
+    """The records of a log's bytes, and the length up to the end of its last whole, checked
+    line. A damaged line (a flipped bit) is skipped and reading resumes at the next newline,
+    so one bad line costs that line, not every result after it; damage with no whole line
+    after it is the torn tail of a cut write."""
     rec = Recovered()
-    good = 0
-    for raw in data.splitlines(keepends=True):
-        if not raw.endswith(b"\n") or len(raw) < 11 or raw[8:9] != b" ":
-            break
-        body = raw[9:-1]
-        try:
-            if int(raw[:8], 16) != zlib.crc32(body):
-                break
-            text = body.decode()
-            kind, rest = text[0], text[1:]
+    good = 0  # end of the last whole, checked line
+    pos = 0
+    unseen = 0  # records a skipped line may have held: their seqs may have been given
+    while pos < len(data):
+        nl = data.find(b"\n", pos)
+        end = len(data) if nl < 0 else nl + 1
+        got = _record(data[pos:nl]) if nl >= 0 else None
+        if got is not None:
+            kind, seq, json_text = got
             if kind == "R":
-                seq_s, _, json_text = rest.partition(" ")
-                seq = int(seq_s)
                 rec.results.append((seq, json_text))
-            elif kind in "SA":
-                seq = int(rest)
-                if kind == "A":
-                    rec.acked = max(rec.acked, seq)
-            else:
-                break
-        except (ValueError, UnicodeDecodeError, IndexError):
-            break
-        rec.last_seq = max(rec.last_seq, seq)
-        good += len(raw)
+            elif kind == "A":
+                rec.acked = max(rec.acked, seq)
+            rec.last_seq = max(rec.last_seq, seq)
+            if pos > good:  # damaged lines between two whole ones
+                damaged = data[good:pos]
+                rec.skipped_bytes += len(damaged)
+                rec.skipped_lines += damaged.count(b"\n")
+                unseen += max(damaged.count(b"\n"), len(_RECORD_START.findall(damaged)))
+            if kind in ("R", "S"):  # above every seq written before it
+                unseen = 0
+            good = end
+        pos = end
+    # A skipped line was whole once and lines were written after it: a result there may have
+    # been published, so its seq is never given again, even with only acks after it (a gap
+    # in seqs costs nothing; a seq given twice is dropped by the coordinator as a duplicate).
+    # A torn tail's write never finished, so its seq was never given.
+    rec.last_seq += unseen
     rec.torn_bytes = len(data) - good
+    rec.results.sort()  # in seq order whatever a damaged line did to the file's order
     return rec, good
 
 
@@ -100,7 +139,8 @@ class ResultLog:
         self.path = path
         self.sync = sync
         self._fd: int | None = None
-        self.size = 0
+        self.size = 0  # bytes of whole lines: where the next line starts
+        self._cut = False  # a failed write's fragment may follow `size`: cut before writing
 
     def recover(self) -> Recovered:
         """Read the log, cut a torn tail off, and open it for appending."""
@@ -110,24 +150,46 @@ class ResultLog:
             data = b""
         rec, good = parse(data)
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        if rec.skipped_bytes:
+            log.error("outbox log %s: %d damaged lines (%d bytes) between whole records were "
+                      "skipped (their checksums fail: a bad sector or a flipped bit); a result "
+                      "in them is lost, the %d results around them are kept", self.path,
+                      rec.skipped_lines, rec.skipped_bytes, len(rec.results))
         if rec.torn_bytes:
-            log.warning("outbox log %s: %d bytes after the last whole record (a write cut by a "
-                        "crash or power loss; its append had not returned) were cut off",
-                        self.path, rec.torn_bytes)
+            log.warning("outbox log %s: cut off %d bytes after the last whole record: a write "
+                        "cut short by a crash, a power cut or a full disk. Nothing a finished "
+                        "append stored is in them, except after a power cut with fsync = "
+                        "\"normal\" (then the last results written, as SQLite's "
+                        "synchronous=NORMAL loses them)", self.path, rec.torn_bytes)
             os.ftruncate(self._fd, good)
             if self.sync:
                 os.fsync(self._fd)
         self.size = good
+        self._cut = False
         return rec
 
     def _write(self, raw: bytes, sync: bool) -> None:
+        """Append `raw` whole or not at all: on any error (a full disk takes part of a line,
+        then refuses the rest) the file is cut back to its last whole line before raising.
+        A fragment left there ended the log at the next start: every result appended after
+        it was cut off with it, and their seqs were given again."""
         assert self._fd is not None, "recover() opens the log"
-        view = memoryview(raw)
-        while view:
-            view = view[os.write(self._fd, view):]
+        try:
+            if self._cut:  # an earlier cut back failed: lines must not follow a fragment
+                os.ftruncate(self._fd, self.size)
+                self._cut = False
+            view = memoryview(raw)
+            while view:
+                view = view[os.write(self._fd, view):]
+            if sync:
+                os.fdatasync(self._fd)
+        except OSError:
+            try:  # shrinking a file needs no free space
+                os.ftruncate(self._fd, self.size)
+            except OSError:
+                self._cut = True
+            raise
         self.size += len(raw)
-        if sync:
-            os.fdatasync(self._fd)
 
     def append(self, results: list[tuple[int, str]]) -> None:
         """Append results (seq, json) in one write; durable as `sync` says when it returns.
@@ -146,6 +208,7 @@ class ResultLog:
         self.close()
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
         self.size = self.path.stat().st_size
+        self._cut = False
 
     def close(self) -> None:
         """Close the file (what it holds stays)."""

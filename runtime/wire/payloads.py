@@ -154,7 +154,9 @@ _HEALTH = _obj({
                      "evicted_total": _COUNT,
                      # the disk refuses writes: what waits in memory (telemetry/held.py)
                      "disk_full": _BOOL, "held_in_memory": _COUNT, "held_bytes": _COUNT,
-                     "refused_full_total": _COUNT}),
+                     "refused_full_total": _COUNT,
+                     # damaged lines the result log skipped at start (their results lost)
+                     "log_damaged_bytes": _COUNT}),
     "mqtt": _obj({"connected": _BOOL, "acked_seq": _COUNT, "resends": _COUNT,
                   "commands_ok": _COUNT, "commands_refused": _COUNT, "quarantined": _COUNT,
                   "acks_refused": _COUNT, "connects": _COUNT, "takeovers": _COUNT,

@@ -83,3 +83,54 @@ def test_an_outbox_it_may_not_write_is_one_line_not_a_traceback(tmp_path):
                        timeout=60, env=child_env())
     assert r.returncode == 0, r.stdout + r.stderr[-2000:]
     assert "attempt to write a readonly database" in r.stdout
+
+
+def _corrupt_a_results_page(path) -> None:
+    """Overwrite part of a late page of the results table (a bad sector): quick_check fails,
+    the small meta and sqlite_sequence tables at the front stay readable."""
+    data = bytearray(path.read_bytes())
+    data[-2 * 4096 + 100:-2 * 4096 + 400] = b"\xff" * 300
+    path.write_bytes(bytes(data))
+
+
+def test_a_corrupt_database_keeps_the_logs_unacked_results_in_its_stream(tmp_path, caplog):
+    path = tmp_path / "outbox.db"
+    box = Outbox(OutboxConfig(path=str(path), spill_bytes=4096))
+    box.append_many([{"blob": "x" * 100} for _ in range(200)])  # spilled into the table
+    box.ack(10)
+    assert box.append_many([{"i": i} for i in range(5)]) == [201, 202, 203, 204, 205]
+    stream = box.stream
+    box.close()
+    _corrupt_a_results_page(path)
+    box = Outbox(OutboxConfig(path=str(path)))
+    event = box.take_startup_event()
+    assert event["type"] == "outbox_corrupt"
+    assert event["results_kept"] == 5 and event["stream"] == "kept"
+    # the log's results, under the same stream: the coordinator de-duplicates any re-sent
+    assert box.stream == stream and [p.seq for p in box.pending(0, 50)] == [201, 202, 203,
+                                                                            204, 205]
+    assert "5 unacked results of its result log are sent again under the same stream" in (
+        caplog.text)
+    assert box.append({"i": 5}) == 206
+    box.close()
+    box = Outbox(OutboxConfig(path=str(path)))  # and the seqs hold across another start
+    assert box.stream == stream and box.append({"i": 6}) == 207
+    box.close()
+    assert (tmp_path / f"{event['path'].rsplit('/', 1)[1]}.log").exists()  # a copy, aside
+
+
+def test_a_database_that_is_not_one_sends_the_logs_results_under_a_new_stream(tmp_path, caplog):
+    path = tmp_path / "outbox.db"
+    box = Outbox(OutboxConfig(path=str(path)))
+    box.append_many([{"i": i} for i in range(5)])
+    box.ack(2)
+    old = box.stream
+    box.close()
+    path.write_bytes(b"this is not sqlite" * 100)
+    box = Outbox(OutboxConfig(path=str(path)))
+    event = box.take_startup_event()
+    assert event["results_kept"] == 3 and event["stream"] == "new" and box.stream != old
+    assert [p.seq for p in box.pending(0, 50)] == [3, 4, 5]
+    assert "stored twice" in caplog.text
+    assert box.append({"i": 5}) == 6
+    box.close()
