@@ -175,13 +175,16 @@ class Placer:
         self.waiting = {(d, b, kb): [st, lo, hi] for d, b, kb, st, lo, hi in self.store.read(
             "SELECT device, boot, kb, stream, lo, hi FROM clock_pending")}
         self._cursor = {k: v for k, v in self._cursor.items() if k in self.waiting}
+        # boots kept per device, for MAX_BOOTS without a scan of every device's
+        self._n_off = Counter(k[0] for k in self.offsets)
+        self._n_wait = Counter(k[0] for k in self.waiting)
         self._loaded = self._mono()
 
-    def _capped(self, new: dict, have: dict, what: str) -> dict:
-        """`new`'s entries a device may still add to `have` (MAX_BOOTS per device); past
-        it they are counted and logged once per device, never kept: a device inventing a
-        boot id per message costs only its own placing."""
-        count = Counter(k[0] for k in have)
+    def _capped(self, new: dict, have: dict, count: Counter, what: str) -> dict:
+        """`new`'s entries a device may still add to `have` (MAX_BOOTS per device; `count`
+        is have's per device and is moved with what is let in); past it they are counted and
+        logged once per device, never kept: a device inventing a boot id per message costs
+        only its own placing."""
         out = {}
         for k, v in sorted(new.items()):
             if k in have or count[k[0]] < MAX_BOOTS:
@@ -201,7 +204,8 @@ class Placer:
         new = {k: v for k, v in learn(inbound).items()
                if k not in self.offsets or v[1] >= self.offsets[k][1]}
         if any(k not in self.offsets for k in new):
-            new = self._capped(new, self.offsets, "kernel boots' clock offsets")
+            new = self._capped(new, self.offsets, self._n_off,
+                               "kernel boots' clock offsets")
         fresh = [k for k in new if k not in self.offsets]
         self.offsets.update(new)
         # written when new or moved past MOVED_S (a step, or slewing adding up), not with
@@ -211,7 +215,7 @@ class Placer:
         found = place(inbound, self.offsets)
         waiting = {k: v for k, v in found.items() if k not in self.waiting}
         if waiting:
-            waiting = self._capped(waiting, self.waiting, "unplaced boots")
+            waiting = self._capped(waiting, self.waiting, self._n_wait, "unplaced boots")
         # a known boot's range written again only when it grew past what settling reads
         # (lo lower, or hi more than WIDEN_S later): not once a batch
         widen = {}
@@ -267,9 +271,9 @@ class Placer:
                                  else self._settle)(key, off, left)
             done, left = done + n, left - read
             self.read_total += read
-            if finished:
-                self.waiting.pop(key, None)
+            if finished and self.waiting.pop(key, None) is not None:
                 self._cursor.pop(key, None)
+                self._n_wait[key[0]] -= 1
         self.settled_total += done
         return done
 
