@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from runtime.coordinator.quotas import event_bytes, health_bytes, result_bytes
@@ -39,11 +41,25 @@ log = logging.getLogger("edgerun.coordinator")
 _DDL = (
     "CREATE TABLE IF NOT EXISTS clock_offsets (device TEXT NOT NULL, kb TEXT NOT NULL, "
     "off DOUBLE PRECISION NOT NULL, t DOUBLE PRECISION NOT NULL, PRIMARY KEY (device, kb))",
+    # stream/lo/hi: where the unplaced rows are, so settling reads a range of an index
+    # (results: stream and first seq; health and events: first and last claimed t);
+    # seen: the coordinator's time it was noted, for pruning
     "CREATE TABLE IF NOT EXISTS clock_pending (device TEXT NOT NULL, boot TEXT NOT NULL, "
-    "kb TEXT NOT NULL, PRIMARY KEY (device, boot))",
+    "kb TEXT NOT NULL, stream TEXT, lo DOUBLE PRECISION, hi DOUBLE PRECISION, "
+    "seen DOUBLE PRECISION, PRIMARY KEY (device, boot))",
 )
+_ADDED = (("stream", "TEXT"), ("lo", "DOUBLE PRECISION"), ("hi", "DOUBLE PRECISION"),
+          ("seen", "DOUBLE PRECISION"))  # columns a store made by an older version lacks
 MOVED_S = 0.5  # an offset is written again when it moved more than this
 CHUNK = 500  # rows rewritten per transaction when a boot's offset arrives
+BUDGET = 2000  # rows read per settle() call: ingest waits at most this long, the rest later
+WIDEN_S = 3600.0  # a pending boot's last claimed t is written again when this much later
+# Distinct kernel boots (offsets) and process boots (pending) kept per device: a device
+# sending a new `kb` or `boot` with every message must not grow the store without bound.
+# Hourly reboots for the week of retention are 168.
+MAX_BOOTS = 256
+RELOAD_S = 60.0  # offsets and pending boots re-read from the store (another coordinator's)
+PRUNE_S = 3600.0
 OTHERS = "*"  # a clock_pending boot "*<kb>": health and events of kernel boot kb (ids never
 # hold "*": payloads' _ID pattern)
 
@@ -65,11 +81,12 @@ def learn(inbound: Sequence[Inbound]) -> dict[tuple[str, str], tuple[float, floa
 
 
 def place(inbound: Sequence[Inbound], offsets: dict[tuple[str, str], tuple[float, float]]
-          ) -> set[tuple[str, str, str]]:
+          ) -> dict[tuple[str, str, str], list]:
     """Move the `t` of every unsynced item with a known offset to where it belongs (its claim
     into `clk.claimed`), in place; returns the (device, process boot, kernel boot) of the
-    results that could not be placed yet."""
-    waiting = set()
+    messages that could not be placed yet, each with where they are: [stream, lo, hi] (a
+    result's stream and lowest seq; health and events' lowest and highest claimed t)."""
+    waiting: dict[tuple[str, str, str], list] = {}
     for m in inbound:
         for item in _items(m):
             c = item.get("clk")
@@ -81,9 +98,14 @@ def place(inbound: Sequence[Inbound], offsets: dict[tuple[str, str], tuple[float
                 item["clk"] = {**c, "claimed": item["t"]}
                 item["t"] = at
             elif m.kind == "result":
-                waiting.add((m.device, item.get("boot") or m.msg["boot"], c["kb"]))
+                key = (m.device, item.get("boot") or m.msg["boot"], c["kb"])
+                seq = float(item.get("seq", 0))
+                w = waiting.setdefault(key, [m.msg["stream"], seq, None])
+                w[1] = min(w[1], seq) if w[0] == m.msg["stream"] else w[1]
             elif m.kind in ("health", "event"):  # "*": the kernel boot's health and events
-                waiting.add((m.device, OTHERS + c["kb"], c["kb"]))
+                w = waiting.setdefault((m.device, OTHERS + c["kb"], c["kb"]),
+                                       [None, float(item["t"]), float(item["t"])])
+                w[1], w[2] = min(w[1], item["t"]), max(w[2], item["t"])
     return waiting
 
 
@@ -106,135 +128,276 @@ def _placed(msg: dict, kb: str, off: float) -> dict | None:
     return {**msg, "clk": {**c, "claimed": msg["t"]}, "t": at}
 
 class Placer:
-    """The coordinator's side of it: offsets and pending results kept in the store (so a
-    restart, or another coordinator sharing the store, goes on where this one stopped)."""
+    """The coordinator's side of it: offsets and pending boots kept in the store, so a
+    restart goes on where this one stopped. Another coordinator sharing the store sees what
+    this one learnt or settled within RELOAD_S: each re-reads both tables that often (a
+    read of two small tables a minute)."""
 
-    def __init__(self, store: Store):
+    def __init__(self, store: Store, keep_s: float = 7 * 86400.0,
+                 wall: Callable[[], float] = time.time,
+                 mono: Callable[[], float] = time.monotonic):
         self.store = store
+        self.keep_s, self._wall, self._mono = keep_s, wall, mono
         with store.transaction() as db:
             for sql in _DDL:
                 db.execute(sql)
-        self.offsets = {(d, kb): (off, t) for d, kb, off, t in store.read(
-            "SELECT device, kb, off, t FROM clock_offsets")}
-        self._written = {k: v[0] for k, v in self.offsets.items()}  # as in clock_offsets
-        self.waiting = {(d, b, kb) for d, b, kb in store.read(
-            "SELECT device, boot, kb FROM clock_pending")}
+        self._migrate()
+        self.offsets: dict[tuple[str, str], tuple[float, float]] = {}
+        self._written: dict[tuple[str, str], tuple[float, float]] = {}  # as in clock_offsets
+        self.waiting: dict[tuple[str, str, str], list] = {}  # as in clock_pending
+        self._cursor: dict[tuple[str, str, str], tuple] = {}  # where a budget stopped
+        self._refused_devices: set[str] = set()
         self.placed_total = 0
         self.settled_total = 0
+        self.refused_total = 0  # boots past MAX_BOOTS not kept (their messages keep claims)
+        self.read_total = 0  # rows settling has read
+        self.reload()
+        self._pruned = self._mono()
+
+    def _migrate(self) -> None:
+        """Add the columns a clock_pending made by an older version lacks."""
+        for col, kind in _ADDED:
+            try:
+                self.store.read(f"SELECT {col} FROM clock_pending LIMIT 0")
+            except Exception:  # either backend's "no such column"
+                with self.store.transaction() as db:
+                    db.execute(f"ALTER TABLE clock_pending ADD COLUMN {col} {kind}")
+                    if col == "seen":
+                        db.execute("UPDATE clock_pending SET seen = ?", (self._wall(),))
+
+    def reload(self) -> None:
+        """Offsets and pending boots as the store has them now (merged: the later offset
+        wins; pending boots are the store's, another coordinator may have settled some)."""
+        for d, kb, off, t in self.store.read("SELECT device, kb, off, t FROM clock_offsets"):
+            if (d, kb) not in self.offsets or t > self.offsets[d, kb][1]:
+                self.offsets[d, kb] = (off, t)
+                self._written[d, kb] = (off, t)
+        self.waiting = {(d, b, kb): [st, lo, hi] for d, b, kb, st, lo, hi in self.store.read(
+            "SELECT device, boot, kb, stream, lo, hi FROM clock_pending")}
+        self._cursor = {k: v for k, v in self._cursor.items() if k in self.waiting}
+        # boots kept per device, for MAX_BOOTS without a scan of every device's
+        self._n_off = Counter(k[0] for k in self.offsets)
+        self._n_wait = Counter(k[0] for k in self.waiting)
+        self._loaded = self._mono()
+
+    def _capped(self, new: dict, have: dict, count: Counter, what: str) -> dict:
+        """`new`'s entries a device may still add to `have` (MAX_BOOTS per device; `count`
+        is have's per device and is moved with what is let in); past it they are counted and
+        logged once per device, never kept: a device inventing a boot id per message costs
+        only its own placing."""
+        out = {}
+        for k, v in sorted(new.items()):
+            if k in have or count[k[0]] < MAX_BOOTS:
+                out[k] = v
+                count[k[0]] += k not in have
+                continue
+            self.refused_total += 1
+            if k[0] not in self._refused_devices:
+                self._refused_devices.add(k[0])
+                log.warning("device %s: more than %d %s kept; the next are not (their "
+                            "messages keep the device's claimed times)", k[0], MAX_BOOTS,
+                            what)
+        return out
 
     def before_store(self, inbound: Sequence[Inbound]) -> None:
         """Learn the batch's offsets and place what can be placed (call before storing)."""
         new = {k: v for k, v in learn(inbound).items()
                if k not in self.offsets or v[1] >= self.offsets[k][1]}
+        if any(k not in self.offsets for k in new):
+            new = self._capped(new, self.offsets, self._n_off,
+                               "kernel boots' clock offsets")
         fresh = [k for k in new if k not in self.offsets]
         self.offsets.update(new)
         # written when new or moved past MOVED_S (a step, or slewing adding up), not with
         # every synced batch: that would be one more write per device and batch
         write = {k: v for k, v in new.items() if k not in self._written
-                 or abs(v[0] - self._written[k]) > MOVED_S}
-        waiting = place(inbound, self.offsets) - self.waiting
+                 or abs(v[0] - self._written[k][0]) > MOVED_S}
+        found = place(inbound, self.offsets)
+        waiting = {k: v for k, v in found.items() if k not in self.waiting}
+        if waiting:
+            waiting = self._capped(waiting, self.waiting, self._n_wait, "unplaced boots")
+        # a known boot's range written again only when it grew past what settling reads
+        # (lo lower, or hi more than WIDEN_S later): not once a batch
+        widen = {}
+        for k, (st, lo, hi) in found.items():
+            if k not in self.waiting:
+                continue
+            w_st, w_lo, w_hi = self.waiting[k]
+            if w_lo is None or st != w_st:
+                continue
+            if lo < w_lo or (hi is not None and w_hi is not None and hi > w_hi + WIDEN_S):
+                widen[k] = [st, min(lo, w_lo), None if hi is None else max(hi, w_hi)]
         self.placed_total += sum(1 for m in inbound for it in _items(m)
                                  if isinstance(it.get("clk"), dict) and "claimed" in it["clk"])
-        if write or waiting:
+        if write or waiting or widen:
+            seen = self._wall()
             with self.store.transaction() as db:
                 for (d, kb), (off, t) in sorted(write.items()):
                     db.execute("INSERT INTO clock_offsets (device, kb, off, t) VALUES "
                                "(?,?,?,?) ON CONFLICT (device, kb) DO UPDATE SET "
                                "off = excluded.off, t = excluded.t", (d, kb, off, t))
-                for row in sorted(waiting):
-                    db.execute("INSERT INTO clock_pending (device, boot, kb) VALUES (?,?,?) "
-                               "ON CONFLICT (device, boot) DO NOTHING", row)
+                for (d, b, kb), (st, lo, hi) in sorted(waiting.items()):
+                    db.execute("INSERT INTO clock_pending (device, boot, kb, stream, lo, hi, "
+                               "seen) VALUES (?,?,?,?,?,?,?) ON CONFLICT (device, boot) DO "
+                               "NOTHING", (d, b, kb, st, lo, hi, seen))
+                for (d, b, _), (_, lo, hi) in sorted(widen.items()):
+                    db.execute("UPDATE clock_pending SET lo = ?, hi = ?, seen = ? WHERE "
+                               "device = ? AND boot = ?", (lo, hi, seen, d, b))
             self.waiting.update(waiting)
-            self._written.update({k: v[0] for k, v in write.items()})
+            self.waiting.update(widen)
+            self._written.update(write)
         for k in fresh:
             log.info("device %s: clock offset of kernel boot %s learnt (%+.3f s from "
                      "boottime); its unsynced messages are placed with it", k[0], k[1],
                      self.offsets[k][0])
 
-    def settle(self) -> int:
-        """Rewrite the results stored before their boot's offset was known (call after
-        storing); returns how many were placed."""
-        done = 0
+    def settle(self, budget: int = BUDGET) -> int:
+        """Rewrite messages stored before their boot's offset was known (call after
+        storing), reading at most about `budget` rows: ingest waits for this, and the rest
+        settles on later calls. Returns how many were placed. Also re-reads the store every
+        RELOAD_S and prunes every PRUNE_S."""
+        mono = self._mono()
+        if mono - self._loaded >= RELOAD_S:
+            self.reload()
+        if mono - self._pruned >= PRUNE_S:
+            self._pruned = mono
+            self.prune(self._wall())
+        done, left = 0, budget
         for key in sorted(k for k in self.waiting if (k[0], k[2]) in self.offsets):
+            if left <= 0:
+                break
             off = self.offsets[key[0], key[2]][0]
-            done += self._settle_others(key[0], key[2], off) if key[1].startswith(OTHERS) \
-                else self._settle(*key, off)
-            self.waiting.discard(key)
+            n, read, finished = (self._settle_others if key[1].startswith(OTHERS)
+                                 else self._settle)(key, off, left)
+            done, left = done + n, left - read
+            self.read_total += read
+            if finished and self.waiting.pop(key, None) is not None:
+                self._cursor.pop(key, None)
+                self._n_wait[key[0]] -= 1
         self.settled_total += done
         return done
 
-    def _settle(self, device: str, boot: str, kb: str, off: float) -> int:
-        done, after = 0, ("", 0)
-        while True:
+    def prune(self, now: float) -> None:
+        """Forget offsets and pending boots older than `keep_s` (the longest retention of
+        health and events: the messages they would place are gone by then; results kept
+        longer keep their claims). An offset of a boot still running is learnt again from
+        its next synced message."""
+        cut = now - self.keep_s
+        with self.store.transaction() as db:
+            db.execute("DELETE FROM clock_offsets WHERE t < ?", (cut,))
+            db.execute("DELETE FROM clock_pending WHERE seen < ? OR seen IS NULL", (cut,))
+        self.offsets = {k: v for k, v in self.offsets.items() if v[1] >= cut}
+        self._written = {k: v for k, v in self._written.items() if v[1] >= cut}
+        self.reload()
+
+    def _settle(self, key: tuple[str, str, str], off: float, budget: int
+                ) -> tuple[int, int, bool]:
+        """A process boot's results: (placed, rows read, finished). Read from its stream's
+        first unplaced seq on (the results key index), up to the first row of another boot:
+        one boot's seqs are contiguous in its stream."""
+        device, boot, kb = key
+        stream, lo, _ = self.waiting[key]
+        done = read = 0
+        finished = False
+        if stream is None:  # noted by an older version: every stream of the device
+            after = self._cursor.get(key, ("", -1))
+        else:
+            after = self._cursor.get(key, (stream, (lo if lo is not None else 0) - 1))
+        while read < budget and not finished:
             with self.store.transaction() as db:
-                rows = db.execute(
-                    "SELECT stream, seq, body FROM results WHERE device = ? AND boot = ? AND "
-                    "(stream, seq) > (?, ?) ORDER BY stream, seq LIMIT ?",
-                    (device, boot, *after, CHUNK)).fetchall()
+                if stream is None:
+                    rows = db.execute(
+                        "SELECT stream, seq, boot, body FROM results WHERE device = ? AND "
+                        "(stream, seq) > (?, ?) ORDER BY stream, seq LIMIT ?",
+                        (device, *after, CHUNK)).fetchall()
+                else:
+                    rows = db.execute(
+                        "SELECT stream, seq, boot, body FROM results WHERE device = ? AND "
+                        "stream = ? AND seq > ? ORDER BY seq LIMIT ?",
+                        (device, stream, after[1], CHUNK)).fetchall()
+                read += len(rows)
                 grown = 0
-                for stream, seq, body in rows:
+                for st, seq, b, body in rows:
+                    if b != boot:
+                        if stream is not None and seq > (lo or 0):
+                            finished = True  # the next boot's results: this one's are done
+                            break
+                        continue
+                    after = (st, seq)
                     r = _placed(json.loads(body), kb, off)
                     if r is None:
                         continue
                     at, new = r["t"], json.dumps(r, separators=(",", ":"))
                     db.execute("UPDATE results SET t = ?, body = ? WHERE device = ? AND "
-                               "stream = ? AND seq = ?", (at, new, device, stream, seq))
-                    grown += (result_bytes(device, stream, boot, new)
-                              - result_bytes(device, stream, boot, body))
+                               "stream = ? AND seq = ?", (at, new, device, st, seq))
+                    grown += (result_bytes(device, st, boot, new)
+                              - result_bytes(device, st, boot, body))
                     done += 1
+                if rows and not finished and rows[-1][:2] > after:
+                    after = (rows[-1][0], rows[-1][1])
                 if grown:  # the fair shares count the body (runtime/coordinator/quotas.py)
                     db.execute("UPDATE pool_usage SET bytes = bytes + ? WHERE device = ? AND "
                                "pool = 'results'", (grown, device))
-                if len(rows) < CHUNK:
+                finished = finished or len(rows) < CHUNK
+                if finished:
                     db.execute("DELETE FROM clock_pending WHERE device = ? AND boot = ?",
                                (device, boot))
-            if len(rows) < CHUNK:
-                break
-            after = (rows[-1][0], rows[-1][1])
+        self._cursor[key] = after
         if done:
             log.info("device %s: placed %d results of boot %s (kernel boot %s) made before its "
                      "clock was synced", device, done, boot, kb)
-        return done
+        return done, read, finished
 
-    def _settle_others(self, device: str, kb: str, off: float) -> int:
-        """The health and event rows of kernel boot `kb` stored unplaced, placed."""
-        oc, done = self.store.order_col, 0
-        for table in ("health", "events"):
-            after = -1
-            while True:
-                with self.store.transaction() as db:
-                    rows = db.execute(
-                        f"SELECT {oc}, body FROM {table} WHERE device = ? AND {oc} > ? AND "
-                        f"body LIKE ? ORDER BY {oc} LIMIT ?",
-                        (device, after, f"%{kb}%", CHUNK)).fetchall()
-                    grown = 0
-                    for rid, body in rows:
-                        msg = _placed(json.loads(body), kb, off)
-                        if msg is None:
-                            continue
-                        at, claimed = msg["t"], msg["clk"]["claimed"]
-                        new = json.dumps(msg)  # as ingest writes them
-                        db.execute(f"UPDATE {table} SET t = ?, body = ? WHERE {oc} = ?",
-                                   (at, new, rid))
-                        if table == "health":  # the dashboard's timeline row beside it
-                            db.execute("UPDATE health_points SET t = ? WHERE device = ? AND "
-                                       "t = ?", (at, device, float(claimed)))
-                            grown += health_bytes(device, new) - health_bytes(device, body)
-                        else:
-                            kind = str(msg.get("type", ""))
-                            grown += event_bytes(device, kind, new) - event_bytes(device, kind,
-                                                                                 body)
-                        done += 1
-                    if grown:
-                        db.execute("UPDATE pool_usage SET bytes = bytes + ? WHERE device = ? "
-                                   "AND pool = ?", (grown, device, table))
-                    if len(rows) < CHUNK and table == "events":
+    def _settle_others(self, key: tuple[str, str, str], off: float, budget: int
+                       ) -> tuple[int, int, bool]:
+        """The health and event rows of the kernel boot stored unplaced, placed: (placed,
+        rows read, finished). Read by the (device, t) indexes over the claimed times noted."""
+        device, _, kb = key
+        _, lo, hi = self.waiting[key]
+        lo = -1e300 if lo is None else lo
+        hi = 1e300 if hi is None else hi + WIDEN_S
+        oc = self.store.order_col
+        tables = ("health", "events")
+        i, after_t, after_id = self._cursor.get(key, (0, lo, -1))
+        done = read = 0
+        while read < budget and i < len(tables):
+            table = tables[i]
+            with self.store.transaction() as db:
+                rows = db.execute(
+                    f"SELECT {oc}, t, body FROM {table} WHERE device = ? AND t >= ? AND "
+                    f"t <= ? AND (t > ? OR (t = ? AND {oc} > ?)) ORDER BY t, {oc} LIMIT ?",
+                    (device, lo, hi, after_t, after_t, after_id, CHUNK)).fetchall()
+                read += len(rows)
+                grown = 0
+                for rid, _t, body in rows:
+                    msg = _placed(json.loads(body), kb, off)
+                    if msg is None:
+                        continue
+                    at, claimed = msg["t"], msg["clk"]["claimed"]
+                    new = json.dumps(msg)  # as ingest writes them
+                    db.execute(f"UPDATE {table} SET t = ?, body = ? WHERE {oc} = ?",
+                               (at, new, rid))
+                    if table == "health":  # the dashboard's timeline row beside it
+                        db.execute("UPDATE health_points SET t = ? WHERE device = ? AND "
+                                   "t = ?", (at, device, float(claimed)))
+                        grown += health_bytes(device, new) - health_bytes(device, body)
+                    else:
+                        kind = str(msg.get("type", ""))
+                        grown += event_bytes(device, kind, new) - event_bytes(device, kind,
+                                                                             body)
+                    done += 1
+                if grown:
+                    db.execute("UPDATE pool_usage SET bytes = bytes + ? WHERE device = ? "
+                               "AND pool = ?", (grown, device, table))
+                if rows:
+                    after_t, after_id = rows[-1][1], rows[-1][0]
+                if len(rows) < CHUNK:
+                    i, after_t, after_id = i + 1, lo, -1
+                    if i == len(tables):
                         db.execute("DELETE FROM clock_pending WHERE device = ? AND boot = ?",
                                    (device, OTHERS + kb))
-                if len(rows) < CHUNK:
-                    break
-                after = rows[-1][0]
+        self._cursor[key] = (i, after_t, after_id)
         if done:
             log.info("device %s: placed %d health and event messages of kernel boot %s made "
                      "before its clock was synced", device, done, kb)
-        return done
+        return done, read, i == len(tables)

@@ -47,6 +47,7 @@ from runtime.coordinator.dialect import is_url
 from runtime.coordinator.retention import Retention
 from runtime.coordinator.rollout import Rollouts
 from runtime.coordinator.store import Inbound, Store
+from runtime.wire import clock as wire_clock
 from runtime.wire import payloads
 from runtime.wire.brokerauth import BrokerAuth
 from runtime.wire.mqtt import Connection
@@ -70,7 +71,7 @@ class Coordinator:
                                            wake_margin_s=cfg.wake_margin_s)
         self.store = Store(cfg.store, cfg.fsync, cfg.store_margin)
         # unsynced devices' times placed once their clock is (runtime/coordinator/clock_place.py)
-        self.clocks = Placer(self.store)
+        self.clocks = Placer(self.store, keep_s=max(cfg.keep_health_s, cfg.keep_events_s))
         self.api_url = cfg.public_url.rstrip("/")  # set by api.serve when empty
         # groups, desired state, staged rollouts (own tables in the same database); their
         # commands go out through the commander, made below
@@ -469,10 +470,11 @@ class Coordinator:
             raise Refused(str(e)) from None
         if kind in ("state", "health", "event") and msg["t"] > now + self.cfg.future_skew_s:
             clk = msg.get("clk")
-            if not (isinstance(clk, dict) and clk.get("sync") is False):
+            if not (isinstance(clk, dict) and clk.get("sync") is False) or \
+                    msg["t"] > wire_clock.CEILING_T:  # unsynced, but no later than 2100
                 raise Refused(f"{kind}: stamped {msg['t'] - now:.0f} s ahead of the "
                               "coordinator's clock (more than future_skew_s = "
-                              f"{self.cfg.future_skew_s:.0f})")
+                              f"{self.cfg.future_skew_s:.0f}, or past 2100 unsynced)")
             # the device says its clock is not synced (a box reading 2100): its time is a
             # claim, placed once its boot's clock is synced (clock_place.py); ranked by
             # boottime meanwhile (clock.made_after), so it cannot pin the latest health

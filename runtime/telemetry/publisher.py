@@ -242,6 +242,8 @@ class Publisher:
 
     def _publish_birth(self, client: mqtt.Client) -> None:
         status, r = self.clock.now()  # a synced birth gives the coordinator the offset
+        # a lost replay record's moment, by the first reading (docs/clocks.md)
+        self.outbox.sidecar.settle_not_before(status.synced, r.wall, r.boot_id, r.boottime)
         birth = {"v": payloads.VERSION, "online": True, "boot": self.outbox.boot, "t": r.wall,
                  "clk": wire_clock.stamp(status, r), "stream": self.outbox.stream,
                  **self._birth()}
@@ -461,8 +463,16 @@ class Publisher:
         each verified command's issue time), never against the unsynced wall clock."""
         status, r = self.clock.now()
         side, skew = self.outbox.sidecar, self.cfg.clock_skew_s
+        side.settle_not_before(status.synced, r.wall, r.boot_id, r.boottime)
+        if side.pending is not None:
+            raise commands.CommandRefused(
+                "this device lost its command replay record while its clock is not synced; "
+                "commands are refused until the clock syncs (then send it again)")
         floor_now = side.floor.now(r.boot_id, r.boottime)
-        at = commands.judged_now(r.wall, status.synced, floor_now)
+        if commands.floor_wrong(r.wall, status.synced, floor_now, skew):
+            side.lower_floor(r.wall, r.boot_id, r.boottime)
+            floor_now = side.floor.now(r.boot_id, r.boottime)
+        at = commands.judged_now(r.wall, status.synced, floor_now, skew)
 
         def remember(cid: str, expires: float) -> bool:
             # every check but the id's passed: the coordinator signed this issue time, and

@@ -19,8 +19,15 @@ clock that may read 1970 or 2100, so an id leaves the record only once its comma
 as expired by that same time: no replay, and no refusal of every command until the sync.
 
 When the file itself is unreadable or missing while an older outbox existed, the ids seen
-before are unknown: `not_before` is set to now, so every command issued before this moment is
-refused (a captured one can no longer be replayed); new commands work at once.
+before are unknown: every command issued before this moment is refused (`not_before`), so a
+captured one can no longer be replayed. "This moment" is taken from a synced clock only: a
+clock reading 2100 would refuse every command for good, one reading 1970 would let a captured
+one through. So the reset is noted as pending with the kernel boot and boottime at which the
+publisher first saw it (`settle_not_before`), every command is refused while it is pending,
+and the first synced reading sets `not_before` to the moment of the reset (that reading less
+the boottime elapsed since, within the same kernel boot; the reading itself after a reboot).
+A `not_before` outside clock.FLOOR_T..CEILING_T is never written, and one read back from an
+older version is taken as pending.
 """
 
 from __future__ import annotations
@@ -31,8 +38,10 @@ import logging
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from runtime.durable import write_atomic
+from runtime.wire.clock import CEILING_T, FLOOR_T
 from runtime.wire.commands import Floor
 
 log = logging.getLogger("edgerun.outbox")
@@ -47,7 +56,10 @@ class Sidecar:
         self.path = path
         self._lock = threading.Lock()
         self.evicted_total = 0
-        self.not_before = 0.0
+        self._not_before = 0.0
+        # a reset waiting for a synced clock: None, or {"kb", "bt"} where it was first seen
+        # (kb "" until the publisher has seen it)
+        self.pending: dict[str, Any] | None = None
         self.seen: dict[str, float] = {}
         self.floor = Floor()  # the latest time known to have passed (commands.Floor)
         self.problem = ""  # why the history was reset, for an event
@@ -59,7 +71,15 @@ class Sidecar:
             try:
                 data = json.loads(path.read_text())
                 self.evicted_total = int(data["evicted_total"])
-                self.not_before = float(data.get("not_before", 0.0))
+                self._not_before = float(data.get("not_before", 0.0))
+                if isinstance(p := data.get("not_before_pending"), dict):
+                    self.pending = {"kb": str(p["kb"]), "bt": float(p["bt"])}
+                elif self._not_before and not FLOOR_T <= self._not_before <= CEILING_T:
+                    # written by an older version from an unsynced clock: unknown
+                    log.warning("%s: not_before %.0f is outside the plausible years; "
+                                "commands are refused until the clock is synced", path,
+                                self._not_before)
+                    self._not_before, self.pending = 0.0, {"kb": "", "bt": 0.0}
                 if isinstance(f := data.get("floor"), dict):
                     self.floor = Floor(float(f["t"]), str(f["kb"]), float(f["bt"]))
                 # pruned against the floor, not the wall clock: at boot it may read 1970 or
@@ -76,8 +96,8 @@ class Sidecar:
             self.problem = f"{path} is missing while an older outbox existed"
             self._reset_history()
         if self.problem:
-            log.error("command replay record lost: %s; commands issued before now are refused",
-                      self.problem)
+            log.error("command replay record lost: %s; commands are refused until the clock "
+                      "is synced, then those issued before the loss", self.problem)
         try:
             self._write()
         except OSError as e:  # a full disk at start: written with the next change
@@ -85,7 +105,51 @@ class Sidecar:
 
     def _reset_history(self) -> None:
         self.seen = {}
-        self.not_before = time.time()
+        self.pending = {"kb": "", "bt": 0.0}  # not_before is set by a synced clock only
+
+    @property
+    def not_before(self) -> float:
+        """Commands issued before this are refused: the moment the replay record was reset
+        (0: never); infinite while that moment waits for a synced clock."""
+        return float("inf") if self.pending is not None else self._not_before
+
+    def settle_not_before(self, synced: bool, wall: float, kb: str, bt: float) -> None:
+        """Turn a pending reset into `not_before` (module docstring): the first call notes
+        the kernel boot and boottime; the first synced, plausible reading sets `not_before` to
+        the reset's moment by it (the reading less the boottime elapsed since, in the same
+        kernel boot; after a reboot the reading itself) and writes it."""
+        with self._lock:
+            if self.pending is None:
+                return
+            changed = False
+            if not self.pending["kb"]:
+                self.pending, changed = {"kb": kb, "bt": bt}, True
+            if synced and FLOOR_T <= wall <= CEILING_T:
+                same = kb == self.pending["kb"] and bt >= self.pending["bt"]
+                at = wall - (bt - self.pending["bt"]) if same else wall
+                self._not_before = min(max(at, FLOOR_T, self._not_before), CEILING_T)
+                self.pending, changed = None, True
+                log.warning("replay record reset: commands issued before %s (by the synced "
+                            "clock) are refused", _iso(self._not_before))
+            if changed:
+                with contextlib.suppress(OSError):  # kept in memory, written with the next
+                    self._write()
+
+    def lower_floor(self, wall: float, kb: str, bt: float) -> None:
+        """The synced clock `wall` shows the floor to be wrong (commands.floor_wrong): lower
+        it to `wall`. Ids may have been dropped against the wrong floor, so commands issued
+        before `wall` are refused from now on (not_before), as after a lost record."""
+        with self._lock:
+            log.error("the latest time known to have passed was %s, ahead of the synced "
+                      "clock (%s): it was raised by a command signed by a wrong coordinator "
+                      "clock; lowered to the synced clock, and commands issued before now are "
+                      "refused (ids may have been dropped against it)",
+                      _iso(self.floor.t), _iso(wall))
+            self.floor = Floor(wall, kb, bt)
+            if FLOOR_T <= wall <= CEILING_T:
+                self._not_before = max(self._not_before, wall)
+            with contextlib.suppress(OSError):  # written again with the next id
+                self._write()
 
     def bound(self, keep_s: float) -> None:
         """Remember ids at most `keep_s` from now (commands.memory_bound of the device's
@@ -156,10 +220,19 @@ class Sidecar:
                           e, self.evicted_total)
 
     def _write(self) -> None:
-        write_atomic(self.path, json.dumps({
-            "evicted_total": self.evicted_total, "not_before": self.not_before,
-            "floor": {"t": self.floor.t, "kb": self.floor.kb, "bt": self.floor.bt},
-            "seen_commands": self.seen}), mode=0o600)
+        data = {"evicted_total": self.evicted_total, "not_before": self._not_before,
+                "floor": {"t": self.floor.t, "kb": self.floor.kb, "bt": self.floor.bt},
+                "seen_commands": self.seen}
+        if self.pending is not None:
+            data["not_before_pending"] = self.pending
+        write_atomic(self.path, json.dumps(data), mode=0o600)
+
+
+def _iso(t: float) -> str:
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t))
+    except (OverflowError, OSError, ValueError):
+        return f"{t:.0f}"
 
 
 def prune(seen: dict[str, float], now: float, keep_s: float) -> dict[str, float]:

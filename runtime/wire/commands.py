@@ -27,6 +27,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from runtime.config.constraints import accuracy_floor_problem, latency_target_problem
 from runtime.durable import write_atomic
 from runtime.wire import payloads
+from runtime.wire.clock import CEILING_T
 
 # The longest lifetime (expires_at - issued_at) a device accepts by default: a day. A command
 # signed for a century would be answered and its id had to be remembered as long.
@@ -182,16 +183,33 @@ class Floor:
 
     def raised(self, t: float, kb: str, bt: float) -> Floor:
         """This floor or one at `t` (recorded at kb/bt), whichever is later now; one as late
-        is taken too: its own `t` is later, which is what survives a reboot."""
+        is taken too: its own `t` is later, which is what survives a reboot. Never past
+        CEILING_T (2100): a coordinator whose clock read 2150 once would otherwise have every
+        later command judged expired."""
+        if not t <= CEILING_T:
+            return self
         return Floor(t, kb, bt) if t >= self.now(kb, bt) and t > self.t else self
 
 
-def judged_now(wall: float, synced: bool, floor_now: float) -> float:
+def floor_wrong(wall: float, synced: bool, floor_now: float, skew_s: float) -> bool:
+    """Whether a synced wall clock shows the floor to be wrong (pure): more than `skew_s`
+    ahead of it. Raised while unsynced to a command's issue time, the floor is as good as the
+    coordinator's clock was; one that read 2099 once would leave it there, and every later
+    command would be judged expired."""
+    return synced and floor_now > wall + skew_s
+
+
+def judged_now(wall: float, synced: bool, floor_now: float,
+               skew_s: float = float("inf")) -> float:
     """The time a command's expiry is judged against (pure): a synced wall clock (never
-    below a time known to have passed), else only that known-passed time. An unsynced wall
-    clock is never used: at 1970 it would accept long-expired commands, at 2100 refuse all,
-    and a remembered id dropped by it could be replayed once it stepped back."""
-    return max(wall, floor_now) if synced else floor_now
+    below a time known to have passed, unless that time is more than `skew_s` ahead of it:
+    then the floor is wrong, `floor_wrong`, and the wall clock alone decides), else only the
+    known-passed time. An unsynced wall clock is never used: at 1970 it would accept
+    long-expired commands, at 2100 refuse all, and a remembered id dropped by it could be
+    replayed once it stepped back."""
+    if not synced:
+        return floor_now
+    return wall if floor_wrong(wall, synced, floor_now, skew_s) else max(wall, floor_now)
 
 
 def time_problem(issued_at: float, expires_at: float, wall: float, synced: bool,
@@ -201,7 +219,7 @@ def time_problem(issued_at: float, expires_at: float, wall: float, synced: bool,
     have passed (`floor_now`); the issue time is not judged against a clock that may read
     1970. A replay is refused either way by the id record (`verify`'s `remember`), which
     drops an id only once its expiry is behind the same judged time."""
-    now = judged_now(wall, synced, floor_now)
+    now = judged_now(wall, synced, floor_now, skew_s)
     if expires_at < now:
         by = "" if synced else " (by the latest time known to have passed: the clock is " \
             "not synced)"
@@ -240,8 +258,8 @@ def verify(envelope: dict[str, Any], device: str, trusted: Mapping[str, Ed25519P
     if why:
         raise CommandRefused(why)
     if envelope["issued_at"] < not_before:
-        raise CommandRefused("issued before this device lost its replay record; "
-                             "send it again")
+        raise CommandRefused("issued before this device's replay record was reset (lost, "
+                             "or ids dropped by a wrong clock); send it again")
     typed = check_args(envelope["cmd"], envelope["args"])
     # Last, so a refused command does not burn its id.
     if not remember(envelope["id"], envelope["expires_at"]):

@@ -5,9 +5,11 @@ without a stamp are stored as they are; the pool's byte count stays exact."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
-from runtime.coordinator.clock_place import Placer
+from runtime.coordinator.clock_place import CHUNK, MAX_BOOTS, RELOAD_S, Placer
 from runtime.coordinator.quotas import EVENT_BYTES_SQL, HEALTH_BYTES_SQL, RESULT_BYTES_SQL
 from runtime.coordinator.store import Inbound, Store
 
@@ -164,3 +166,141 @@ def test_synced_traffic_writes_an_offset_once_not_every_batch(store_url):
         assert off == pytest.approx(REAL - 100.0 + 2.0)
     finally:
         store.close()
+
+
+def test_a_device_inventing_boot_ids_keeps_at_most_max_boots_and_costs_no_other(store_url):
+    """A new `kb` or `boot` per message was a clock_offsets or clock_pending row (and an
+    entry in memory) each, uncounted; past MAX_BOOTS per device they are counted and not
+    kept, and another device's offsets and placing go on."""
+    store = Store(store_url)
+    try:
+        placer = Placer(store)
+        n = MAX_BOOTS + 40
+        batch = [_results(range(1, 2), synced=True, kb=f"kb{i}", boot=f"p{i}") for i in
+                 range(n)] + [_results(range(2, 3), kb=f"x{i}", boot=f"q{i}") for i in range(n)]
+        _ingest(store, placer, batch)
+        (offs,), = store.read("SELECT COUNT(*) FROM clock_offsets WHERE device = 'd1'")
+        (pend,), = store.read("SELECT COUNT(*) FROM clock_pending WHERE device = 'd1'")
+        assert offs == MAX_BOOTS and pend == MAX_BOOTS
+        assert len(placer.offsets) == MAX_BOOTS and len(placer.waiting) == MAX_BOOTS
+        assert placer.refused_total == 80
+        other = replace(_results(range(5, 6), synced=True), device="d2")
+        late = replace(_results(range(6, 7)), device="d2")
+        _ingest(store, placer, [other, late])
+        assert ("d2", KB) in placer.offsets
+        (t,), = store.read("SELECT t FROM results WHERE device = 'd2' AND seq = 6")
+        assert t == pytest.approx(REAL + 6)  # placed: d1's flood cost d2 nothing
+    finally:
+        store.close()
+
+
+def test_clock_rows_are_pruned_with_the_data_they_place(store_url):
+    store = Store(store_url)
+    try:
+        now = [REAL]
+        placer = Placer(store, keep_s=86400.0, wall=lambda: now[0])
+        _ingest(store, placer, [_results(range(1, 3), synced=True),
+                                _results(range(3, 4), kb=KB2, boot="p2")])
+        assert store.read("SELECT COUNT(*) FROM clock_offsets") == [(1,)]
+        assert store.read("SELECT COUNT(*) FROM clock_pending") == [(1,)]
+        now[0] = REAL + 2 * 86400.0
+        placer.prune(now[0])
+        assert store.read("SELECT COUNT(*) FROM clock_offsets") == [(0,)]
+        assert store.read("SELECT COUNT(*) FROM clock_pending") == [(0,)]
+        assert not placer.offsets and not placer.waiting
+    finally:
+        store.close()
+
+
+def test_settling_reads_a_budget_of_rows_a_call_and_the_rest_later(store_url):
+    """Ingest waits for settle(): a boot with 3 chunks of results is placed over several
+    calls of at most `budget` rows read each, not in one."""
+    store = Store(store_url)
+    try:
+        placer = Placer(store)
+        for k in range(3):
+            _ingest(store, placer, [_results(range(1 + k * CHUNK, 1 + (k + 1) * CHUNK))])
+        placer.before_store([b := _results(range(2000, 2001), synced=True)])
+        store.ingest([b])
+        calls = []
+        while placer.waiting and len(calls) < 10:
+            before = placer.read_total
+            calls.append(placer.settle(budget=CHUNK))
+            assert placer.read_total - before <= CHUNK + 1
+        assert calls[0] <= CHUNK and sum(calls) == 3 * CHUNK and len(calls) >= 3
+        (n,), = store.read("SELECT COUNT(*) FROM results WHERE body LIKE '%claimed%'")
+        assert n == 3 * CHUNK
+        _pool_exact(store)
+    finally:
+        store.close()
+
+
+def test_settling_health_reads_the_claimed_range_not_the_device_history(store_url):
+    """Unplaced health of a boot is found by the (device, t) index over its claimed times:
+    a device's thousands of synced health rows (and another device's) are not read."""
+    store = Store(store_url)
+    try:
+        placer = Placer(store)
+        synced = [_health(REAL + i, _clk(True, 100.0 + i)) for i in range(1500)]
+        other = [replace(_health(REAL - BEHIND + i, None), device="d2") for i in range(1500)]
+        store.ingest(synced + other)
+        early = [_health(REAL - BEHIND - 50 + i, _clk(False, 50.0 + i, KB2)) for i in range(3)]
+        _ingest(store, placer, early)
+        before = placer.read_total
+        _ingest(store, placer, [_health(REAL + 2000, _clk(True, 2100.0, KB2))])
+        assert store.read("SELECT COUNT(*) FROM health WHERE device = 'd1' AND body LIKE "
+                          "'%claimed%'") == [(3,)]
+        assert placer.read_total - before < 50  # not the 1500 + 1500 rows
+    finally:
+        store.close()
+
+
+def test_another_coordinator_sharing_the_store_goes_on_within_reload_s(store_url):
+    store = Store(store_url)
+    try:
+        mono = [0.0]
+        a = Placer(store, mono=lambda: mono[0])
+        b = Placer(store, mono=lambda: mono[0])
+        _ingest(store, a, [_results(range(1, 3), synced=True)])
+        assert ("d1", KB) not in b.offsets
+        mono[0] += RELOAD_S
+        b.settle()
+        assert ("d1", KB) in b.offsets
+        _ingest(store, b, [_results(range(3, 4))])  # placed on arrival by b
+        (t,), = store.read("SELECT t FROM results WHERE seq = 3")
+        assert t == pytest.approx(REAL + 3)
+    finally:
+        store.close()
+
+
+def test_a_pending_table_of_an_older_version_gets_its_columns(store_url):
+    store = Store(store_url)
+    try:
+        with store.transaction() as db:
+            db.execute("CREATE TABLE clock_pending (device TEXT NOT NULL, boot TEXT NOT NULL, "
+                       "kb TEXT NOT NULL, PRIMARY KEY (device, boot))")
+        _ingest(store, Placer(store), [_results(range(1, 3))])
+        placer = Placer(store)
+        _ingest(store, placer, [_results(range(3, 4), synced=True)])
+        (t,), = store.read("SELECT t FROM results WHERE seq = 1")
+        assert t == pytest.approx(REAL + 1)
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("t, refused", [(REAL + 86400.0, False), (4.2e9, True), (9e9, True)])
+def test_unsynced_times_past_2100_are_refused_at_admission(coord, t, refused):
+    """`sync: false` let health skip future_skew_s up to the schema's 2286, stored for good
+    (never old enough to prune); a claim past 2100 (clock.CEILING_T) is refused."""
+    from runtime.coordinator.commander import Refused
+    from runtime.wire import payloads
+
+    c, _ = coord
+    raw = payloads.encode("health", {"v": 1, "t": t, "boot": "p1",
+                                     "clk": _clk(False, 5.0)})
+    topic = payloads.topic("f", "d1", "health")
+    if refused:
+        with pytest.raises(Refused, match="past 2100"):
+            c._admit(topic, raw, REAL)
+    else:
+        assert c._admit(topic, raw, REAL)[1] == "health"

@@ -4,11 +4,15 @@ restarts; and no refusing every command until the sync."""
 
 from __future__ import annotations
 
+import json
+import time
+from unittest import mock
+
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from runtime.telemetry.sidecar import Sidecar
-from runtime.wire import commands
+from runtime.wire import clock, commands
 from runtime.wire.commands import Floor
 
 REAL = 1_790_000_000.0  # the real time of the scenario (the coordinator's clock)
@@ -22,7 +26,10 @@ TRUSTED = {commands.key_id(KEY.public_key()): KEY.public_key()}
     (REAL, REAL + 60, REAL, True, 0.0, None),
     (REAL - 120, REAL - 60, REAL, True, 0.0, "expired 60 s ago"),
     (REAL + 600, REAL + 660, REAL, True, 0.0, "issued in the future"),
-    (REAL, REAL + 60, REAL, True, REAL + 3600, "expired"),  # never below a known time
+    (REAL, REAL + 10, REAL, True, REAL + 30, "expired"),  # never below a known time...
+    # ... unless it is past the allowed skew: a floor raised by a coordinator's wrong clock
+    (REAL, REAL + 60, REAL, True, REAL + 3600, None),
+    (REAL, REAL + 60, REAL, True, 4.1e9, None),
     # unsynced at 1970: a fresh command is accepted (not "issued in the future")
     (REAL, REAL + 60, 0.0, False, 0.0, None),
     (REAL, REAL + 60, 0.0, False, REAL - DAY, None),
@@ -57,13 +64,17 @@ class Device:
         self.side = self._open()
         self.wall, self.synced, self.kb, self.bt = REAL, True, "boot1", 100.0
 
-    def _open(self) -> Sidecar:
-        side = Sidecar(self.path, lost_history=False)
+    def _open(self, lost: bool = False) -> Sidecar:
+        side = Sidecar(self.path, lost_history=lost)
         side.bound(commands.memory_bound(DAY, SKEW))
         return side
 
-    def reboot(self, wall: float, synced: bool) -> None:
-        self.side = self._open()
+    def reboot(self, wall: float, synced: bool, lost: bool = False) -> None:
+        """Restart on a new kernel boot; with `lost` the replay record is gone (deleted
+        while the outbox stayed)."""
+        if lost:
+            self.path.unlink()
+        self.side = self._open(lost)
         self.wall, self.synced, self.kb, self.bt = wall, synced, self.kb + "'", 10.0
 
     def elapse(self, s: float) -> None:
@@ -72,8 +83,14 @@ class Device:
 
     def send(self, env: dict) -> str:
         side = self.side
+        side.settle_not_before(self.synced, self.wall, self.kb, self.bt)
+        if side.pending is not None:
+            return "refused until the clock syncs"
         floor_now = side.floor.now(self.kb, self.bt)
-        at = commands.judged_now(self.wall, self.synced, floor_now)
+        if commands.floor_wrong(self.wall, self.synced, floor_now, SKEW):
+            side.lower_floor(self.wall, self.kb, self.bt)
+            floor_now = side.floor.now(self.kb, self.bt)
+        at = commands.judged_now(self.wall, self.synced, floor_now, SKEW)
 
         def remember(cid: str, expires: float) -> bool:
             side.raise_floor(at if self.synced else max(at, env["issued_at"]), self.kb,
@@ -141,3 +158,65 @@ def test_unsynced_clock_at_any_reading_accepts_once_refuses_again(tmp_path, wall
     assert "replayed" in d.send(cmd)
     d.elapse(7 * DAY)  # boottime runs on: the floor moves with it
     assert "expired" in d.send(cmd)
+
+
+@pytest.mark.parametrize("wall", [4.2e9, 0.0])  # an RTC reading 2103; one at 1970
+def test_a_replay_record_lost_on_an_unsynced_clock_waits_for_the_sync(tmp_path, wall):
+    """The record lost while the clock reads 2103: not_before must not stay there once
+    synced (every command refused for good). At 1970: a captured command must not pass."""
+    d = Device(tmp_path / "keep.json")
+    captured = sign(REAL - 3600, ttl=DAY)  # accepted an hour ago, captured
+    assert d.send(captured) == "ok"
+    with mock.patch.object(time, "time", return_value=wall):
+        d.reboot(wall=wall, synced=False, lost=True)
+        d.bt = 10.0
+        assert "until the clock syncs" in d.send(captured)
+        assert "until the clock syncs" in d.send(sign(REAL))  # nothing passes before it
+    assert json.loads(d.path.read_text())["not_before"] == 0.0  # nothing from that clock
+    d.elapse(30)  # the sync, 30 s after the reset, same kernel boot
+    d.wall, d.synced = REAL + 30, True
+    assert "replay record was reset" in d.send(captured)
+    assert d.send(sign(REAL + 5)) == "ok"  # issued after the reset: accepted
+    assert d.side.not_before == REAL  # the reset's moment, by the synced clock
+    saved = json.loads(d.path.read_text())["not_before"]
+    assert clock.FLOOR_T <= saved <= clock.CEILING_T and "not_before_pending" not in \
+        json.loads(d.path.read_text())
+    d.reboot(wall=REAL + 60, synced=True)
+    assert d.send(sign(REAL + 60)) == "ok"  # not refused for good after a restart
+
+
+def test_a_pending_reset_survives_a_restart_and_an_old_implausible_not_before(tmp_path):
+    path = tmp_path / "keep.json"
+    path.write_text(json.dumps({"evicted_total": 0, "not_before": 4.2e9, "seen_commands": {}}))
+    side = Sidecar(path, lost_history=False)  # written by an older version at 2103
+    assert side.pending is not None and side.not_before == float("inf")
+    assert Sidecar(path, lost_history=False).pending is not None  # still after a restart
+    side.settle_not_before(True, REAL, "k", 5.0)
+    assert side.not_before == REAL
+    assert Sidecar(path, lost_history=False).not_before == REAL
+
+
+def test_a_floor_raised_by_a_coordinator_clock_at_2099_does_not_lock_out(tmp_path):
+    """Unsynced, the floor follows verified commands' issue times; one signed by a
+    coordinator reading 2099 left it there and, once synced, every command was expired."""
+    d = Device(tmp_path / "keep.json")
+    d.reboot(wall=REAL - 7 * DAY, synced=False)
+    before = sign(REAL - 60, ttl=DAY)
+    assert d.send(before) == "ok"
+    assert d.send(sign(4_100_000_000.0)) == "ok"  # the coordinator's clock at 2099, once
+    assert d.side.floor.t == 4_100_000_000.0
+    d.elapse(60)
+    d.wall, d.synced = REAL, True  # synced
+    assert "replay record was reset" in d.send(sign(REAL - 1))  # ids may have gone: refused
+    assert d.side.floor.t == REAL  # lowered to the synced clock, and written
+    assert Sidecar(d.path, lost_history=False).floor.t == REAL
+    d.elapse(1)
+    assert d.send(sign(d.wall)) == "ok"  # a fresh command works again
+    assert "replay" in d.send(before)  # the one accepted before is still refused
+
+
+def test_the_floor_is_never_raised_past_2100():
+    f = Floor(REAL, "a", 1.0)
+    assert f.raised(clock.CEILING_T + 1, "a", 2.0) == f
+    assert f.raised(float("nan"), "a", 2.0) == f
+    assert f.raised(REAL + 5, "a", 2.0).t == REAL + 5
