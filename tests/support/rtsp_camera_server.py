@@ -31,7 +31,11 @@ import gi
 gi.require_version("Gst", "1.0")
 gi.require_version("GstRtspServer", "1.0")
 from gi.repository import GLib, Gst, GstRtspServer  # noqa: E402
-from rtsp_camera_code import band_h, code_rows  # noqa: E402 (beside this script)
+
+# the code module lies beside this script: on sys.path even under PYTHONSAFEPATH (CI sets it,
+# and then Python leaves the script's folder off)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from rtsp_camera_code import band_h, code_rows  # noqa: E402
 
 X264_OFFSET = 1000 * 3600 * Gst.SECOND
 
