@@ -82,6 +82,9 @@ health_interval_s = 0.25
 
 [telemetry.outbox]
 path = "{state}/outbox.db"
+# no broker here: health reaches the outbox's database (where the loop reads the tally) at
+# once, not after the minute a device on a link waits for its broker
+spill_after_s = 0.0
 """
 
 
