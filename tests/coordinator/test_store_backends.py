@@ -372,7 +372,9 @@ def test_a_store_that_refuses_every_batch_is_logged_once_a_minute(tmp_path, capl
     from runtime.config.coordinator import CoordinatorConfig
     from runtime.coordinator.service import Coordinator
 
-    coord = Coordinator(CoordinatorConfig(fleet="f", store=str(tmp_path / "c.db")))
+    # no group commit: each message its own batch, so each failure is one
+    coord = Coordinator(CoordinatorConfig(fleet="f", store=str(tmp_path / "c.db"),
+                                          ingest_window_s=0.0))
 
     def full(*a, **k):
         raise sqlite3.OperationalError("database or disk is full")
