@@ -93,6 +93,9 @@ def test_300_forged_births_cost_a_bounded_number_of_threads_and_commands(broker,
         peak_threads = threading.active_count()
         # the burst's latest birth is answered once its window is over, then nothing more
         assert until(lambda: coord.queues()["births"]["held"] == 0, 30)
+        # the latest birth's re-send follows its window's end (the queue empties first)
+        assert until(lambda: coord.counters["commands_sent_async"] >= 2, 30)
+        time.sleep(1.5)  # a window more: any further re-send would have been made by now
         sent = coord.counters["commands_sent_async"]
         # one re-send a window at most: boot0's, then at most one per window the burst
         # spanned, the last being the latest birth's (was: 300 commands)
