@@ -833,10 +833,22 @@ class Outbox:
         return event
 
     def close(self) -> None:
-        """Checkpoint and close."""
+        """Checkpoint and close. Results held in memory while the disk refused writes get one
+        last try; where the disk still refuses, their loss is logged with their seqs."""
         with self._lock:
+            h = self._held
+            if h.active:
+                h.next_try = 0.0  # due now, whenever the last try was
+                if not self._flush([]) and h.results:  # (the recovery event has no sender now)
+                    log.critical("outbox %s: closing while the disk refuses writes (%s): %d "
+                                 "results held in memory are lost (seq %d-%d, never published)",
+                                 self.path, h.error, len(h.results), h.results[0][0],
+                                 h.results[-1][0])
             try:
                 self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            except (sqlite3.OperationalError, OSError) as e:
+                if not unwritable(e):
+                    raise  # a full disk keeps the WAL, which the next open replays
             finally:
                 self._db.close()
                 self._log.close()

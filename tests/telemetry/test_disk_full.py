@@ -166,6 +166,37 @@ def test_outbox_opened_on_a_full_disk_starts_degraded(disk):
     killed.close()
 
 
+def test_closing_on_a_full_disk_stores_held_results_or_says_which_are_lost(disk, caplog):
+    """close() gives what waits in memory one last try: space back, nothing lost; the disk
+    still full, one critical line naming how many results and which seqs are lost."""
+    def degraded(path: Path) -> tuple[Outbox, list[int]]:
+        ob = Outbox(OutboxConfig(path=str(path), retry_s=3600))  # no retry before close
+        ob.append_many([_result(0)])
+        disk.fill()
+        seqs, i = [], 1
+        while not ob.stats()["disk_full"] or len(seqs) < 3:
+            seqs += ob.append_many([_result(i)])
+            i += 1
+            assert i < 100_000, "the full disk never refused a write"
+        return ob, [s for s in seqs if s > ob.last_seq()]
+
+    ob, held = degraded(disk.path / "a.db")
+    assert held, "nothing waited in memory"
+    disk.free()
+    ob.close()
+    reopened = Outbox(OutboxConfig(path=str(disk.path / "a.db")))
+    assert reopened.last_seq() == held[-1]  # stored at close
+    reopened.close()
+
+    ob, held = degraded(disk.path / "b.db")
+    with caplog.at_level("CRITICAL", logger="edgerun.outbox"):
+        ob.close()
+    lost = [r.getMessage() for r in caplog.records if "are lost" in r.getMessage()]
+    assert len(lost) == 1 and f"{len(held)} results" in lost[0], lost
+    assert f"seq {held[0]}-{held[-1]}" in lost[0], lost
+    disk.free()
+
+
 def _metrics(port: int) -> dict:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
         return gauges(r.read().decode())
