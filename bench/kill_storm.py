@@ -329,6 +329,7 @@ def storm(work: Path, kills: int, seed: int, rate: float = 40.0,
     broker = Mosquitto(work, auth=False).start()
     coord = CoordinatorProc(work, "coord", broker.port, str(work / "coord.db"))
     held: dict[int, tuple[str, float]] = {}
+    d: Daemon | None = None
     db = work / "state" / "outbox.db"
     configs = {}
     for sink in SINKS:
@@ -402,6 +403,8 @@ def storm(work: Path, kills: int, seed: int, rate: float = 40.0,
         judge(report, made, held, stored_rows(work / "coord.db"))
         report.changed = sorted(set(changed) | set(report.changed))
     finally:
+        if d is not None and d.proc.poll() is None:  # a failed run: no daemon left behind
+            d.kill9()
         coord.term()
         broker.stop()
     report.wall_s = time.monotonic() - t_start
