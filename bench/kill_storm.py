@@ -348,7 +348,8 @@ def storm(work: Path, kills: int, seed: int, rate: float = 40.0,
         for i in range(kills):
             when = rng.choices(list(when_w), weights=list(when_w.values()))[0]
             sink = rng.choice(SINKS_OF.get(when, list(SINKS)))
-            ready = statistics.median(report.ready_s[-20:])
+            # spawn to serving, as lately measured (a guess until one is)
+            ready = statistics.median(report.ready_s[-20:]) if report.ready_s else 3.0
             inject = None
             if when in SYSCALLS:
                 call, path, top = SYSCALLS[when]
