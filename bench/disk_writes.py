@@ -20,7 +20,7 @@ floor runs in the same window so its accounting sees the same moment; repeat wit
 for the spread.
 
 Usage: python bench/disk_writes.py [--rates 1,10,100] [--window-s 30] [--store sqlite,postgresql]
-       [--fsync normal|full] [--rounds 1]
+       [--fsync normal|full] [--rounds 1] [--ingest-window-s S] [--ingest-window-results N]
 """
 
 from __future__ import annotations
@@ -218,7 +218,8 @@ def measure_rate(work: Path, broker: Mosquitto, coord: CoordinatorProc, pg_dir: 
 
 
 def run_store(kind: str, rates: list[float], window_s: float, fsync: str,
-              ingest_window_s: float | None) -> list[Window]:
+              ingest_window_s: float | None, window_results: int | None = None
+              ) -> list[Window]:
     """Broker + coordinator on one store kind; a daemon per rate, in turn."""
     out: list[Window] = []
     with tempfile.TemporaryDirectory(prefix="edgerun-disk-") as tmp:
@@ -237,6 +238,8 @@ def run_store(kind: str, rates: list[float], window_s: float, fsync: str,
                 store = str(work / "coord.db")
             extra = ({} if ingest_window_s is None
                      else {"ingest_window_s": repr(ingest_window_s)})
+            if window_results is not None:
+                extra["ingest_window_results"] = str(window_results)
             coord = CoordinatorProc(work, "coord", broker.port, store, **extra)
             try:
                 coord.start()
@@ -280,15 +283,20 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--ingest-window-s", type=float, default=None,
                     help="the coordinator's [coordinator] ingest_window_s (default: its own)")
+    ap.add_argument("--ingest-window-results", type=int, default=None,
+                    help="the coordinator's [coordinator] ingest_window_results (default: its "
+                         "own)")
     a = ap.parse_args()
     rates = [float(r) for r in a.rates.split(",")]
     print(f"{time.strftime('%Y-%m-%d')} load average {os.getloadavg()[0]:.2f}, "
           f"window {a.window_s:.0f} s, fsync = {a.fsync!r}, coordinator ingest_window_s = "
-          f"{'default' if a.ingest_window_s is None else a.ingest_window_s}", flush=True)
+          f"{'default' if a.ingest_window_s is None else a.ingest_window_s}, "
+          f"ingest_window_results = {a.ingest_window_results or 'default'}", flush=True)
     table: dict[tuple[str, float], list[Window]] = {}
     for _ in range(a.rounds):
         for kind in a.store.split(","):
-            for w in run_store(kind, rates, a.window_s, a.fsync, a.ingest_window_s):
+            for w in run_store(kind, rates, a.window_s, a.fsync, a.ingest_window_s,
+                               a.ingest_window_results):
                 table.setdefault((kind, w.rate), []).append(w)
     print("\nbytes written per result / payload (median, range over rounds)")
     print(f"{'store':10s} {'rate':>6s} {'payload B':>9s} {'device':>14s} {'coordinator':>14s} "

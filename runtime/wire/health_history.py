@@ -7,6 +7,12 @@ Every health message the daemon makes is also reduced to the dozen figures the r
 Past `MAX_BYTES` the file is rotated to `.1` (one rotated file is kept), so the history costs
 at most 2 x MAX_BYTES of disk: about 1.5 days at the default 5 s health interval. A write
 that fails (disk full) is logged once a minute and skipped; the daemon goes on.
+
+With `flush_s` > 0 records wait in memory until a page's worth (`FLUSH_BYTES`) is held or
+the oldest is `flush_s` old (checked at each append), and at `close`: each page of the file
+is then written about once, where a record every 5 s dirtied its tail page again after each
+writeback (4 KiB counted each time). A reader sees the file up to the last flush; a kill -9
+loses what was held (at most `flush_s` of history, never a result).
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +31,7 @@ log = logging.getLogger("edgerun.history")
 NAME = "health-history.jsonl"
 MAX_BYTES = 4 << 20
 MAX_LINE = 4096  # a longer line is not one of ours: skipped when reading
+FLUSH_BYTES = 4096  # held records are written once they fill a page
 
 
 def _get(h: Mapping[str, Any], *path: str) -> Any:
@@ -75,33 +82,76 @@ def record(h: Mapping[str, Any], trips: Mapping[str, float] | None = None) -> di
 class HealthHistory:
     """Appends health records to `<state_dir>/health-history.jsonl` (see module docstring)."""
 
-    def __init__(self, state_dir: Path, max_bytes: int = MAX_BYTES):
+    def __init__(self, state_dir: Path, max_bytes: int = MAX_BYTES, flush_s: float = 0.0,
+                 clock: Callable[[], float] = time.monotonic):
         self.path = Path(state_dir) / NAME
         self.max_bytes = max_bytes
+        self.flush_s = flush_s  # 0: every record written at once
+        self._clock = clock
+        self._held: list[str] = []  # records not yet written, oldest first
+        self._held_since = 0.0  # the clock when the oldest of them was made
         self._said = -math.inf
         self.errors = 0
 
     def append(self, h: Mapping[str, Any], trips: Mapping[str, float] | None = None) -> None:
-        """Append one record; rotate first when it would not fit. Never raises."""
+        """Append one record (held until a page's worth or `flush_s`, when that is set).
+        Never raises."""
         try:
             line = json.dumps(record(h, trips), separators=(",", ":"), allow_nan=False) + "\n"
-            size = self.path.stat().st_size if self.path.exists() else 0
-            if size and size + len(line) > self.max_bytes:
-                self.path.replace(self.path.with_name(NAME + ".1"))
-            if size and _ends_mid_line(self.path):
-                line = "\n" + line  # a power cut cut the last line: do not join onto it
-            # O_NOFOLLOW: a link planted in its place would have the daemon append to
-            # whatever file it names (as every state file refuses, runtime/durable.py)
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW,
-                         0o644)
-            with os.fdopen(fd, "a") as f:
-                f.write(line)
-        except (OSError, ValueError) as e:
-            self.errors += 1
-            if time.monotonic() - self._said >= 60:
-                self._said = time.monotonic()
-                log.warning("cannot append to the health history %s (%s); `edgerun report` "
-                            "will have a gap there", self.path, e)
+        except ValueError as e:
+            self._failed(e)
+            return
+        if not self._held:
+            self._held_since = self._clock()
+        self._held.append(line)
+        if (self.flush_s <= 0 or sum(map(len, self._held)) >= FLUSH_BYTES
+                or self._clock() - self._held_since >= self.flush_s):
+            self.flush()
+
+    def flush(self) -> None:
+        """Write the held records; rotate first when they would not fit. Never raises; a
+        write that failed drops them (a gap in the report, logged), as before."""
+        lines, self._held = self._held, []
+        if not lines:
+            return
+        try:
+            self._write(lines)
+        except OSError as e:
+            self._failed(e)
+
+    def close(self) -> None:
+        """Write what is held (at a clean stop)."""
+        self.flush()
+
+    def _write(self, lines: list[str]) -> None:
+        size = self.path.stat().st_size if self.path.exists() else 0
+        if size + sum(map(len, lines)) <= self.max_bytes:  # the usual case: one write
+            self._write_one("".join(lines))
+            return
+        for line in lines:  # one at a time across a rotation: bounded as before
+            self._write_one(line)
+
+    def _write_one(self, line: str) -> None:
+        """Append `line` (one or more records); rotate first when it would not fit."""
+        size = self.path.stat().st_size if self.path.exists() else 0
+        if size and size + len(line) > self.max_bytes:
+            self.path.replace(self.path.with_name(NAME + ".1"))
+            size = 0
+        if size and _ends_mid_line(self.path):
+            line = "\n" + line  # a power cut cut the last line: do not join onto it
+        # O_NOFOLLOW: a link planted in its place would have the daemon append to
+        # whatever file it names (as every state file refuses, runtime/durable.py)
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW,
+                     0o644)
+        with os.fdopen(fd, "a") as f:
+            f.write(line)
+
+    def _failed(self, e: Exception) -> None:
+        self.errors += 1
+        if time.monotonic() - self._said >= 60:
+            self._said = time.monotonic()
+            log.warning("cannot append to the health history %s (%s); `edgerun report` "
+                        "will have a gap there", self.path, e)
 
 
 def _ends_mid_line(path: Path) -> bool:
