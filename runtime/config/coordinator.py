@@ -92,6 +92,8 @@ class CoordinatorConfig:
     # what a 100/s device got stored, measured), so the window ends early once one device
     # has `ingest_window_results` results in it (keep it well under the fleet's smallest
     # `[telemetry] inflight`, 200 by default), and at once for births and command replies.
+    # Used up to an eighth of stale_after_s (a device's messages reach the fleet view only
+    # at the window's end: a window as long as stale_after_s called a live device stale).
     # 0: at once.
     ingest_window_s: float = 2.0
     ingest_window_results: int = 25

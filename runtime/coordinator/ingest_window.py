@@ -21,6 +21,16 @@ from runtime.wire import payloads
 _MAY_WAIT = frozenset({"result", "health", "event"})
 
 
+def window_s(configured_s: float, stale_after_s: float) -> float:
+    """The group commit's length: `configured_s`, but at most an eighth of `stale_after_s`.
+    A device's messages reach the fleet view (this coordinator's and, through the store,
+    the others') only when their window ends, so a device talking all the time looks
+    silent for up to a window: a 2 s window under a 2 s `stale_after_s` called a live device
+    stale. An eighth leaves the rest for the health coalescing, the `last_seen` row delay
+    (a quarter: service.py) and a loaded host."""
+    return min(configured_s, stale_after_s / 8)
+
+
 def results_in(raw: bytes) -> int:
     """About how many results a result message holds: its `"seq"` keys, counted, not
     parsed (this only decides when a transaction starts; the store parses it)."""

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from runtime.coordinator import fleet
-from runtime.coordinator.ingest_window import WindowCount, results_in
+from runtime.coordinator.ingest_window import WindowCount, results_in, window_s
 from runtime.coordinator.store import Inbound, Store, _view_changed
 
 T = "edgerun/v1/f1"
@@ -48,6 +48,33 @@ def test_window_ends_near_a_devices_cap_and_for_what_is_awaited(msgs, cap, ends_
             ended = i
             break
     assert ended == ends_at
+
+
+@pytest.mark.parametrize("configured,stale,used", [
+    (2.0, 30.0, 2.0),  # the defaults: as configured
+    (2.0, 2.0, 0.25),  # a 2 s stale_after_s: an eighth of it
+    (0.0, 2.0, 0.0),  # 0: at once, whatever stale_after_s
+    (10.0, 80.0, 10.0),
+    (10.0, 79.0, 79.0 / 8),
+])
+def test_window_stays_an_eighth_of_stale_after_s(configured, stale, used):
+    assert window_s(configured, stale) == pytest.approx(used)
+
+
+def test_the_coordinator_uses_the_bounded_window(tmp_path):
+    """A coordinator whose stale_after_s is 2 s groups its commits over 0.25 s, not the
+    configured 2 s (which called a device talking twice a second stale between windows)."""
+    from runtime.config.coordinator import CoordinatorConfig
+    from runtime.coordinator.service import Coordinator
+
+    for stale, used in ((2.0, 0.25), (30.0, 2.0)):
+        coord = Coordinator(CoordinatorConfig(fleet="f", store=str(tmp_path / f"{stale}.db"),
+                                              stale_after_s=stale, offline_after_s=120.0,
+                                              ingest_window_s=2.0))
+        try:
+            assert coord.ingest_window_s == pytest.approx(used)
+        finally:
+            coord.store.close()
 
 
 def _v(**kw) -> fleet.DeviceView:
