@@ -142,7 +142,7 @@ class Daemon:
         self.sensor_watch = SensorWatch()  # says when readings go bad, not at each
         self.energy = LiveEnergy()  # each running variant's J per inference, learnt live
         self.drift = ServingDrift()  # an accelerator variant's, on its meter; re-ranks
-        # for `edgerun report` when offline; written a page (or history_flush_s) at a time
+        # for `edgerun report` when offline; written a whole page (or history_flush_s) at a time
         self.history = HealthHistory(self.state_dir, flush_s=cfg.storage.history_flush_s)
         # the device at the last tick, frozen: what every reader reads (runtime/device/
         # state.py); replaced whole by the main loop, None until the pipeline runs
