@@ -86,14 +86,19 @@ def produced(state: Path) -> int:
     return last_seq(state / "outbox.db")
 
 
-def wal_bytes(url: str | None) -> int:
-    """PostgreSQL's WAL bytes generated since its statistics were reset (0 without a URL)."""
+def wal_bytes(url: str | None) -> tuple[int, int, int]:
+    """PostgreSQL's WAL bytes, full page images in it, and checkpoints done, since its
+    statistics were reset (zeros without a URL): a checkpoint makes the next change of
+    every page log the whole page, which a short window may hold or miss."""
     if url is None:
-        return 0
+        return 0, 0, 0
     import psycopg
 
     with psycopg.connect(url, autocommit=True) as conn:
-        return int(conn.execute("SELECT wal_bytes FROM pg_stat_wal").fetchone()[0])
+        wal, fpi = conn.execute("SELECT wal_bytes, wal_fpi FROM pg_stat_wal").fetchone()
+        ckpt = conn.execute("SELECT checkpoints_timed + checkpoints_req "
+                            "FROM pg_stat_bgwriter").fetchone()[0]
+        return int(wal), int(fpi), int(ckpt)
 
 
 def postmaster_pid(data_dir: Path) -> int:
@@ -113,6 +118,8 @@ class Window:
     coordinator: float
     server: float | None  # PostgreSQL's own, per result
     wal: float | None  # PostgreSQL's WAL bytes (pg_stat_wal), per result
+    fpi: int = 0  # full page images in that WAL (the window's)
+    checkpoints: int = 0  # PostgreSQL checkpoints done in the window
     floor: float
 
 
@@ -204,8 +211,9 @@ def measure_rate(work: Path, broker: Mosquitto, coord: CoordinatorProc, pg_dir: 
         # the device's bytes over the results it made, the coordinator's over those it stored
         # (a coordinator behind the device stores fewer in the window than were made)
         return Window(rate, m, n, payload, (d1 - d0) / m, (c1 - c0) / n,
-                      (s1 - s0) / n if pg_dir else None, (w1 - w0) / n if pg_url else None,
-                      (f1 - f0) / max(1.0, floor_lines))
+                      (s1 - s0) / n if pg_dir else None,
+                      (w1[0] - w0[0]) / n if pg_url else None,
+                      (f1 - f0) / max(1.0, floor_lines), w1[1] - w0[1], w1[2] - w0[2])
     finally:
         if floor_proc:
             floor_proc.kill()
@@ -256,7 +264,8 @@ def run_store(kind: str, rates: list[float], window_s: float, fsync: str,
                           f"stored, payload "
                           f"{w.payload:.0f} B; device {w.device:.0f} B/result, coordinator "
                           f"{w.coordinator:.0f}"
-                          + (f" + server {w.server:.0f} (WAL {w.wal:.0f})"
+                          + (f" + server {w.server:.0f} (WAL {w.wal:.0f}: {w.fpi} full page "
+                             f"images, {w.checkpoints} checkpoints in the window)"
                              if w.server is not None else "")
                           + f", floor {w.floor:.0f}", flush=True)
             finally:
