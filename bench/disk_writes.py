@@ -118,9 +118,9 @@ class Window:
     coordinator: float
     server: float | None  # PostgreSQL's own, per result
     wal: float | None  # PostgreSQL's WAL bytes (pg_stat_wal), per result
+    floor: float
     fpi: int = 0  # full page images in that WAL (the window's)
     checkpoints: int = 0  # PostgreSQL checkpoints done in the window
-    floor: float
 
 
 def daemon_config(work: Path, port: int, rate: float, fsync: str) -> str:
