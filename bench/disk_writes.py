@@ -20,7 +20,7 @@ floor runs in the same window so its accounting sees the same moment; repeat wit
 for the spread.
 
 Usage: python bench/disk_writes.py [--rates 1,10,100] [--window-s 30] [--store sqlite,postgresql]
-       [--fsync normal|full] [--rounds 1]
+       [--fsync normal|full] [--rounds 1] [--ingest-window-s S] [--ingest-window-results N]
 """
 
 from __future__ import annotations
@@ -86,14 +86,19 @@ def produced(state: Path) -> int:
     return last_seq(state / "outbox.db")
 
 
-def wal_bytes(url: str | None) -> int:
-    """PostgreSQL's WAL bytes generated since its statistics were reset (0 without a URL)."""
+def wal_bytes(url: str | None) -> tuple[int, int, int]:
+    """PostgreSQL's WAL bytes, full page images in it, and checkpoints done, since its
+    statistics were reset (zeros without a URL): a checkpoint makes the next change of
+    every page log the whole page, which a short window may hold or miss."""
     if url is None:
-        return 0
+        return 0, 0, 0
     import psycopg
 
     with psycopg.connect(url, autocommit=True) as conn:
-        return int(conn.execute("SELECT wal_bytes FROM pg_stat_wal").fetchone()[0])
+        wal, fpi = conn.execute("SELECT wal_bytes, wal_fpi FROM pg_stat_wal").fetchone()
+        ckpt = conn.execute("SELECT checkpoints_timed + checkpoints_req "
+                            "FROM pg_stat_bgwriter").fetchone()[0]
+        return int(wal), int(fpi), int(ckpt)
 
 
 def postmaster_pid(data_dir: Path) -> int:
@@ -114,6 +119,8 @@ class Window:
     server: float | None  # PostgreSQL's own, per result
     wal: float | None  # PostgreSQL's WAL bytes (pg_stat_wal), per result
     floor: float
+    fpi: int = 0  # full page images in that WAL (the window's)
+    checkpoints: int = 0  # PostgreSQL checkpoints done in the window
 
 
 def daemon_config(work: Path, port: int, rate: float, fsync: str) -> str:
@@ -204,8 +211,9 @@ def measure_rate(work: Path, broker: Mosquitto, coord: CoordinatorProc, pg_dir: 
         # the device's bytes over the results it made, the coordinator's over those it stored
         # (a coordinator behind the device stores fewer in the window than were made)
         return Window(rate, m, n, payload, (d1 - d0) / m, (c1 - c0) / n,
-                      (s1 - s0) / n if pg_dir else None, (w1 - w0) / n if pg_url else None,
-                      (f1 - f0) / max(1.0, floor_lines))
+                      (s1 - s0) / n if pg_dir else None,
+                      (w1[0] - w0[0]) / n if pg_url else None,
+                      (f1 - f0) / max(1.0, floor_lines), w1[1] - w0[1], w1[2] - w0[2])
     finally:
         if floor_proc:
             floor_proc.kill()
@@ -218,7 +226,8 @@ def measure_rate(work: Path, broker: Mosquitto, coord: CoordinatorProc, pg_dir: 
 
 
 def run_store(kind: str, rates: list[float], window_s: float, fsync: str,
-              ingest_window_s: float | None) -> list[Window]:
+              ingest_window_s: float | None, window_results: int | None = None
+              ) -> list[Window]:
     """Broker + coordinator on one store kind; a daemon per rate, in turn."""
     out: list[Window] = []
     with tempfile.TemporaryDirectory(prefix="edgerun-disk-") as tmp:
@@ -237,6 +246,8 @@ def run_store(kind: str, rates: list[float], window_s: float, fsync: str,
                 store = str(work / "coord.db")
             extra = ({} if ingest_window_s is None
                      else {"ingest_window_s": repr(ingest_window_s)})
+            if window_results is not None:
+                extra["ingest_window_results"] = str(window_results)
             coord = CoordinatorProc(work, "coord", broker.port, store, **extra)
             try:
                 coord.start()
@@ -253,7 +264,8 @@ def run_store(kind: str, rates: list[float], window_s: float, fsync: str,
                           f"stored, payload "
                           f"{w.payload:.0f} B; device {w.device:.0f} B/result, coordinator "
                           f"{w.coordinator:.0f}"
-                          + (f" + server {w.server:.0f} (WAL {w.wal:.0f})"
+                          + (f" + server {w.server:.0f} (WAL {w.wal:.0f}: {w.fpi} full page "
+                             f"images, {w.checkpoints} checkpoints in the window)"
                              if w.server is not None else "")
                           + f", floor {w.floor:.0f}", flush=True)
             finally:
@@ -280,15 +292,20 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--ingest-window-s", type=float, default=None,
                     help="the coordinator's [coordinator] ingest_window_s (default: its own)")
+    ap.add_argument("--ingest-window-results", type=int, default=None,
+                    help="the coordinator's [coordinator] ingest_window_results (default: its "
+                         "own)")
     a = ap.parse_args()
     rates = [float(r) for r in a.rates.split(",")]
     print(f"{time.strftime('%Y-%m-%d')} load average {os.getloadavg()[0]:.2f}, "
           f"window {a.window_s:.0f} s, fsync = {a.fsync!r}, coordinator ingest_window_s = "
-          f"{'default' if a.ingest_window_s is None else a.ingest_window_s}", flush=True)
+          f"{'default' if a.ingest_window_s is None else a.ingest_window_s}, "
+          f"ingest_window_results = {a.ingest_window_results or 'default'}", flush=True)
     table: dict[tuple[str, float], list[Window]] = {}
     for _ in range(a.rounds):
         for kind in a.store.split(","):
-            for w in run_store(kind, rates, a.window_s, a.fsync, a.ingest_window_s):
+            for w in run_store(kind, rates, a.window_s, a.fsync, a.ingest_window_s,
+                               a.ingest_window_results):
                 table.setdefault((kind, w.rate), []).append(w)
     print("\nbytes written per result / payload (median, range over rounds)")
     print(f"{'store':10s} {'rate':>6s} {'payload B':>9s} {'device':>14s} {'coordinator':>14s} "

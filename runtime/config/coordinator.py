@@ -85,12 +85,18 @@ class CoordinatorConfig:
     webhook_alerts: tuple[str, ...] = ()  # alert codes sent (docs/dashboard.md); empty = all
     alert_clear_s: float = 30.0  # an alert is reported cleared once away this long
     ingest_batch: int = 500  # messages per store transaction
-    # A batch waits this long for more messages before its transaction: every transaction
-    # writes whole pages (WAL and checkpoint), so one result a transaction wrote ~26 KB for
-    # ~280 bytes (docs/telemetry.md, "Disk writes"); acks come this much later, and a device
-    # waits for them past `inflight` unacked results: 1 s halved what a 100/s device got
-    # stored (measured), 0.25 s did not. 0: at once.
-    ingest_window_s: float = 0.25
+    # A batch waits up to this long for more messages before its transaction: every
+    # transaction writes whole pages (WAL and checkpoint), so one result a transaction wrote
+    # ~26 KB for ~280 bytes (docs/telemetry.md, "Disk writes"); acks come this much later,
+    # and a device waits for them past `inflight` unacked results (a fixed 1 s window halved
+    # what a 100/s device got stored, measured), so the window ends early once one device
+    # has `ingest_window_results` results in it (keep it well under the fleet's smallest
+    # `[telemetry] inflight`, 200 by default), and at once for births and command replies.
+    # Used up to an eighth of stale_after_s (a device's messages reach the fleet view only
+    # at the window's end: a window as long as stale_after_s called a live device stale).
+    # 0: at once.
+    ingest_window_s: float = 2.0
+    ingest_window_results: int = 25
     # Bounded work per message (docs/fleet-scale.md, "Bounded work per message"): a device's
     # healths stamped within one coalesce_s of its clock, and its identical events, arriving
     # within coalesce_s are one (the latest wins, stored at the window's end; a burst of its
@@ -135,6 +141,9 @@ class CoordinatorConfig:
             return "retention_wake_s", f"must be 0.1..86400, got {self.retention_wake_s}"
         if not 0 <= self.ingest_window_s <= 10:
             return "ingest_window_s", f"must be 0..10 s, got {self.ingest_window_s}"
+        if self.ingest_window_results < 0:
+            return "ingest_window_results", \
+                f"must be >= 0 (0: no early end), got {self.ingest_window_results}"
         if not (0 <= self.coalesce_s <= 3600 and 0 <= self.resend_window_s <= 86400):
             return "coalesce_s", "coalesce_s must be 0..3600 and resend_window_s 0..86400"
         if not 1 <= self.max_pending_replies <= 10**6:

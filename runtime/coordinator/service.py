@@ -44,9 +44,10 @@ from runtime.coordinator.clock_place import Placer
 from runtime.coordinator.coalesce import Coalescer
 from runtime.coordinator.commander import Commander, Refused, UnknownDevice
 from runtime.coordinator.dialect import is_url
+from runtime.coordinator.ingest_window import WindowCount, window_s
 from runtime.coordinator.retention import Retention
 from runtime.coordinator.rollout import Rollouts
-from runtime.coordinator.store import Inbound, Store
+from runtime.coordinator.store import LAST_SEEN_WRITE_S, Inbound, Store
 from runtime.wire import clock as wire_clock
 from runtime.wire import payloads
 from runtime.wire.brokerauth import BrokerAuth
@@ -70,6 +71,14 @@ class Coordinator:
                                            cfg.backlog_alert, cfg.slo_alert,
                                            wake_margin_s=cfg.wake_margin_s)
         self.store = Store(cfg.store, cfg.fsync, cfg.store_margin)
+        # another coordinator on this store reads `last_seen` from it: well inside its stale
+        self.store.last_seen_write_s = min(LAST_SEEN_WRITE_S, cfg.stale_after_s / 4)
+        # the group commit, short enough that a live device never looks stale behind it
+        self.ingest_window_s = window_s(cfg.ingest_window_s, cfg.stale_after_s)
+        if self.ingest_window_s < cfg.ingest_window_s:
+            log.info("ingest_window_s %.3g s shortened to %.3g s (an eighth of stale_after_s "
+                     "%.3g s: messages wait that long before the fleet view sees them)",
+                     cfg.ingest_window_s, self.ingest_window_s, cfg.stale_after_s)
         # unsynced devices' times placed once their clock is (runtime/coordinator/clock_place.py)
         self.clocks = Placer(self.store, keep_s=max(cfg.keep_health_s, cfg.keep_events_s))
         self.api_url = cfg.public_url.rstrip("/")  # set by api.serve when empty
@@ -278,12 +287,16 @@ class Coordinator:
             try:
                 batch.append(self._inbox.get(timeout=0.2))
                 # group commit: what arrives within ingest_window_s shares one transaction
-                # (each costs whole pages of WAL and checkpoint, however few rows it holds)
-                until = time.monotonic() + self.cfg.ingest_window_s
-                while len(batch) < self.cfg.ingest_batch:
+                # (each costs whole pages of WAL and checkpoint, however few rows it holds);
+                # it ends early near a device's inflight cap, and for what someone awaits
+                until = time.monotonic() + self.ingest_window_s
+                count = WindowCount(self.cfg.ingest_window_results)
+                end = count.add(batch[0][0], batch[0][1])
+                while not end and len(batch) < self.cfg.ingest_batch:
                     wait = until - time.monotonic()
                     batch.append(self._inbox.get(timeout=wait) if wait > 0
                                  else self._inbox.get_nowait())
+                    end = count.add(batch[-1][0], batch[-1][1])
             except queue.Empty:
                 pass
             if batch or self._healths.held() or self._events.held():

@@ -68,6 +68,8 @@ QUARANTINE_PER_DEVICE = 1000
 # outbox): rows never deleted and outside its fair share, so bounded here. Past this a
 # result on a new stream is refused (quarantined, naming the device).
 MAX_STREAMS_PER_DEVICE = 256
+# `last_seen` alone moving rewrites a device's `devices` row at most this often (seconds)
+LAST_SEEN_WRITE_S = 5.0
 SEQ_LIMIT = 1 << 62
 # a device's oldest acked results (device, limit): what admission and retention take first
 _ACKED_OLDEST = ("SELECT r.device, r.stream, r.seq FROM results r JOIN streams s ON "
@@ -120,6 +122,9 @@ class Store:
         # sheds before write, so nothing is borrowed past it: kept for callers' signature)
         self.margin = margin
         self.over_budget = False  # the last batch found the devices over their budget
+        # a device's `devices` row is not rewritten for a `last_seen` that moved less than
+        # this (the coordinator sets it from stale_after_s)
+        self.last_seen_write_s = LAST_SEEN_WRITE_S
         self.backend = self._d.name
         # fair shares (quotas.py): the devices' logical budget, 0 = no cap; set_cap sets it
         self._budget, self._ratio = 0, 1.0
@@ -492,8 +497,9 @@ class Store:
         if not devices:
             return
         match, args = self._d.in_list(devices)
-        views = {d: _view_from_json(d, body) for d, body in db.execute(
-            f"SELECT device, view FROM devices WHERE device{match}", args).fetchall()}
+        rows = {d: (_view_from_json(d, body), float(updated)) for d, body, updated in db.execute(
+            f"SELECT device, view, updated FROM devices WHERE device{match}", args).fetchall()}
+        views = {d: v for d, (v, _) in rows.items()}
         for m in stored:
             v = views.get(m.device) or fleet.DeviceView(m.device)
             if m.kind == "state":
@@ -509,9 +515,17 @@ class Store:
             else:
                 v = fleet.on_activity(v, now)
             views[m.device] = v
-        self._d.update_views(db, [(_view_to_json(views[d]), now, d) for d in devices])
+        # A row (a few pages of JSON with the latest health) rewritten at every transaction
+        # for `last_seen` alone was most of what a result cost the disk: written when
+        # anything else changed, or once `last_seen` is `last_seen_write_s` behind. Only
+        # other coordinators read `last_seen` from it (this one keeps the merged view), and
+        # the delay is far below their stale_after_s.
+        changed = [d for d in devices if _view_changed(
+            rows.get(d, (None, 0.0))[0], views[d], self.last_seen_write_s)]
+        self._d.update_views(db, [(_view_to_json(views[d]), now, d) for d in changed])
         if written is not None:
-            written.update((d, (now, views[d])) for d in devices)
+            written.update((d, (now if d in changed else rows[d][1], views[d]))
+                           for d in devices)
 
     def _stored(self, db: Any, device: str, stream: str, seq: int) -> bool:
         return db.execute(f"SELECT 1 FROM {self._d.keys_table} WHERE device=? AND stream=? "
@@ -1120,6 +1134,17 @@ def _result_rows(m: Inbound, now: float) -> list[tuple]:
 
 _VIEW_FIELDS = tuple(f for f in fleet.DeviceView.__dataclass_fields__
                      if f not in ("status", "alerts"))
+
+
+def _view_changed(old: fleet.DeviceView | None, new: fleet.DeviceView, every_s: float
+                  ) -> bool:
+    """Whether `new` must be written over the stored `old`: it differs in more than
+    `last_seen`, or its `last_seen` moved at least `every_s` (0: any move)."""
+    if old is None:
+        return True
+    if new.last_seen - old.last_seen >= every_s and new.last_seen != old.last_seen:
+        return True
+    return {**new.__dict__, "last_seen": 0} != {**old.__dict__, "last_seen": 0}
 
 
 def _view_to_json(v: fleet.DeviceView) -> str:

@@ -142,7 +142,8 @@ class Daemon:
         self.sensor_watch = SensorWatch()  # says when readings go bad, not at each
         self.energy = LiveEnergy()  # each running variant's J per inference, learnt live
         self.drift = ServingDrift()  # an accelerator variant's, on its meter; re-ranks
-        self.history = HealthHistory(self.state_dir)  # for `edgerun report` when offline
+        # for `edgerun report` when offline; written a whole page (or history_flush_s) at a time
+        self.history = HealthHistory(self.state_dir, flush_s=cfg.storage.history_flush_s)
         # the device at the last tick, frozen: what every reader reads (runtime/device/
         # state.py); replaced whole by the main loop, None until the pipeline runs
         self.state: DeviceState | None = None
@@ -552,6 +553,7 @@ class Daemon:
                 log.exception("stopping %s failed; going on with the rest of the stop", what)
         stats = self.outbox.stats()
         self.outbox.close()
+        self.history.close()
         self.wakeup.close()
         log.info("stopped; %d results not yet acked stay in the outbox for the next start",
                  stats["results_held"])

@@ -7,6 +7,19 @@ Every health message the daemon makes is also reduced to the dozen figures the r
 Past `MAX_BYTES` the file is rotated to `.1` (one rotated file is kept), so the history costs
 at most 2 x MAX_BYTES of disk: about 1.5 days at the default 5 s health interval. A write
 that fails (disk full) is logged once a minute and skipped; the daemon goes on.
+
+With `flush_s` > 0 records wait in memory and are written a whole page (`PAGE`) at a time:
+once the held records reach the end of the file's current 4 KiB page, those that fit are
+written followed by a line of spaces (which readers skip) ending exactly on the page's
+boundary, and the rest wait for the next page; and everything held,
+padded the same way, once the oldest is `flush_s` old (checked at each append). Every page
+of the file is then dirtied once: a record every 5 s dirtied the tail page again after each
+writeback, and even a minute's records written unaligned dirtied two pages for one
+(4 KiB counted each time, most of what the daemon wrote at 1 result/s). The padding costs
+file space, not writes (the page is written whole either way), so the file holds a little
+less history before it rotates. At `close` what is held is written unpadded. A reader sees
+the file up to the last write; a kill -9 loses what was held (about a page of history, at
+most `flush_s`; never a result).
 """
 
 from __future__ import annotations
@@ -16,7 +29,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +38,7 @@ log = logging.getLogger("edgerun.history")
 NAME = "health-history.jsonl"
 MAX_BYTES = 4 << 20
 MAX_LINE = 4096  # a longer line is not one of ours: skipped when reading
+PAGE = 4096  # the page cache's unit: what one more byte on a clean page costs the disk
 
 
 def _get(h: Mapping[str, Any], *path: str) -> Any:
@@ -75,33 +89,116 @@ def record(h: Mapping[str, Any], trips: Mapping[str, float] | None = None) -> di
 class HealthHistory:
     """Appends health records to `<state_dir>/health-history.jsonl` (see module docstring)."""
 
-    def __init__(self, state_dir: Path, max_bytes: int = MAX_BYTES):
+    def __init__(self, state_dir: Path, max_bytes: int = MAX_BYTES, flush_s: float = 0.0,
+                 clock: Callable[[], float] = time.monotonic):
         self.path = Path(state_dir) / NAME
         self.max_bytes = max_bytes
+        self.flush_s = flush_s  # 0: every record written at once
+        self._clock = clock
+        self._held: list[tuple[float, str]] = []  # (clock when made, record), oldest first
         self._said = -math.inf
         self.errors = 0
 
     def append(self, h: Mapping[str, Any], trips: Mapping[str, float] | None = None) -> None:
-        """Append one record; rotate first when it would not fit. Never raises."""
+        """Append one record (held for a whole page or `flush_s`, when that is set).
+        Never raises."""
         try:
             line = json.dumps(record(h, trips), separators=(",", ":"), allow_nan=False) + "\n"
-            size = self.path.stat().st_size if self.path.exists() else 0
-            if size and size + len(line) > self.max_bytes:
+        except ValueError as e:
+            self._failed(e)
+            return
+        now = self._clock()
+        self._held.append((now, line))
+        if self.flush_s <= 0:
+            self._flush(pad=False)
+        elif now - self._held[0][0] >= self.flush_s:
+            self._flush(pad=True)
+        else:
+            self._flush_page()
+
+    def flush(self) -> None:
+        """Write every held record now (unpadded). Never raises; a write that failed drops
+        them (a gap in the report, logged)."""
+        self._flush(pad=False)
+
+    def close(self) -> None:
+        """Write what is held (at a clean stop)."""
+        self._flush(pad=False)
+
+    def _flush(self, pad: bool) -> None:
+        lines, self._held = [line for _, line in self._held], []
+        if lines:
+            self._guarded(lines, pad)
+
+    def _flush_page(self) -> None:
+        """Write the held records that fill the file's current page, if they reach its end."""
+        try:
+            size, prefix = self._tail()
+        except OSError as e:
+            self._failed(e)
+            return
+        room = PAGE - size % PAGE
+        if len(prefix) + sum(len(line) for _, line in self._held) < room:
+            return  # the page is not full yet: wait
+        n, used = 0, len(prefix)
+        while n < len(self._held) and used + len(self._held[n][1]) <= room:
+            used += len(self._held[n][1])
+            n += 1
+        if n == 0 and room == PAGE:
+            n = 1  # a record longer than a page (not one of ours): written as it is
+        lines = [line for _, line in self._held[:n]]
+        self._held = self._held[n:]
+        self._guarded(lines, True)  # none fits: the page is closed with padding alone
+
+    def _guarded(self, lines: list[str], pad: bool) -> None:
+        try:
+            self._write(lines, pad)
+        except OSError as e:
+            self._failed(e)
+
+    def _tail(self) -> tuple[int, str]:
+        """The file's size and what must go before the next record ("\n" after a line a
+        power cut left unfinished, so no record is joined onto it)."""
+        size = self.path.stat().st_size if self.path.exists() else 0
+        return size, "\n" if size and _ends_mid_line(self.path) else ""
+
+    def _write(self, lines: list[str], pad: bool) -> None:
+        size, prefix = self._tail()
+        blob = prefix + "".join(lines)
+        if pad:
+            # records are ASCII (json.dumps escapes the rest): characters are bytes
+            blob = _padded(blob, -(size + len(blob)) % PAGE)
+        if size + len(blob) <= self.max_bytes:  # the usual case: one write
+            self._append(blob)
+            return
+        for line in lines:  # one at a time across a rotation: bounded as before
+            size, prefix = self._tail()
+            if size and size + len(prefix) + len(line) > self.max_bytes:
                 self.path.replace(self.path.with_name(NAME + ".1"))
-            if size and _ends_mid_line(self.path):
-                line = "\n" + line  # a power cut cut the last line: do not join onto it
-            # O_NOFOLLOW: a link planted in its place would have the daemon append to
-            # whatever file it names (as every state file refuses, runtime/durable.py)
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW,
-                         0o644)
-            with os.fdopen(fd, "a") as f:
-                f.write(line)
-        except (OSError, ValueError) as e:
-            self.errors += 1
-            if time.monotonic() - self._said >= 60:
-                self._said = time.monotonic()
-                log.warning("cannot append to the health history %s (%s); `edgerun report` "
-                            "will have a gap there", self.path, e)
+                prefix = ""
+            self._append(prefix + line)
+
+    def _append(self, text: str) -> None:
+        # O_NOFOLLOW: a link planted in its place would have the daemon append to
+        # whatever file it names (as every state file refuses, runtime/durable.py)
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW,
+                     0o644)
+        with os.fdopen(fd, "a") as f:
+            f.write(text)
+
+    def _failed(self, e: Exception) -> None:
+        self.errors += 1
+        if time.monotonic() - self._said >= 60:
+            self._said = time.monotonic()
+            log.warning("cannot append to the health history %s (%s); `edgerun report` "
+                        "will have a gap there", self.path, e)
+
+
+def _padded(blob: str, pad: int) -> str:
+    """`blob` (whole lines, or empty) made `pad` characters longer: a line of spaces after
+    it, which no reader takes for a record (a record's own line padded could pass the
+    readers' MAX_LINE and be dropped)."""
+    return blob + " " * (pad - 1) + "\n" if pad > 0 else blob
 
 
 def _ends_mid_line(path: Path) -> bool:

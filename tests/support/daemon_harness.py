@@ -54,6 +54,9 @@ def write_config(tmp_path: Path, cache: Path, source: str = "", latency_ms: floa
         "profiler": {"cache_dir": cache},
         **({"source": source} if source else {}),
         "telemetry": {"health_interval_s": 0.3},
+        # the health history held in memory a second, not the product's minute: tests read
+        # the file while the daemon runs
+        "storage": {"history_flush_s": 1.0},
     }, extra=extra))
     return cfg
 

@@ -19,8 +19,11 @@ Section = Mapping[str, Any] | str | None
 
 # The order sections are written in (the configuration reference's); others follow, in the
 # order the layers give them. A reader finds [device] first, as in every shipped example.
+# [telemetry.outbox] stays last of these: a caller's `extra` that opens with bare keys
+# (`retry_s = 0.2`, no header) continues it, so a section placed after it (as [storage]
+# once was) took those keys and the daemon refused its config.
 ORDER = ("device", "model", "models", "constraints", "profiler", "backends",
-         "backends.onnxruntime", "source", "governor", "daemon", "telemetry",
+         "backends.onnxruntime", "source", "governor", "daemon", "storage", "telemetry",
          "telemetry.broker", "telemetry.outbox")
 
 

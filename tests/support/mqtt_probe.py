@@ -17,13 +17,15 @@ class Probe:
     """A raw paho client logging in with a BrokerConfig (or anonymously) for ACL checks."""
 
     def __init__(self, port: int, cfg: BrokerConfig | None = None, client_id: str = "",
-                 v5: bool = True):
+                 v5: bool = True, reconnect: bool = True):
         self.got: list[tuple[str, bytes]] = []
         self.connack: list = []
         self.disconnects: list = []
         self.client = mqtt.Client(callback_api_version=mqtt.CallbackAPIVersion.VERSION2,
                                   client_id=client_id,
-                                  protocol=mqtt.MQTTv5 if v5 else mqtt.MQTTv311)
+                                  protocol=mqtt.MQTTv5 if v5 else mqtt.MQTTv311,
+                                  # False: once dropped it stays down (paho retries each 1 s)
+                                  reconnect_on_failure=reconnect)
         if cfg is not None and cfg.username:
             self.client.username_pw_set(cfg.username,
                                         Path(cfg.password_file).read_text().strip())

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from runtime.wire.health_history import NAME, HealthHistory, read
+from runtime.wire.health_history import NAME, PAGE, HealthHistory, read
 
 
 def test_a_symlink_planted_as_the_history_is_not_followed(tmp_path):
@@ -26,3 +26,92 @@ def test_a_symlink_planted_as_the_history_is_not_followed(tmp_path):
     (state / NAME).unlink()
     hist.append({"t": time.time(), "temp_c": 51.0})
     assert [r["temp_c"] for r in read(state)] == [51.0]
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _h(i: int, temp: float = 50.0) -> dict:
+    return {"t": 1_700_000_000.0 + i, "temp_c": temp, "pipeline": {"rate_hz": 10.0}}
+
+
+def test_records_are_held_and_written_a_whole_page_at_a_time(tmp_path):
+    """With flush_s set, records wait in memory until they reach the end of the file's page:
+    those that fit are written with padding to the page's boundary, the rest wait; once the
+    oldest is flush_s old all are written, padded too; close writes the rest unpadded. Every
+    write but the last ends on a 4 KiB boundary (each page dirtied once), and every record
+    reads back once, in order."""
+    clock = _Clock()
+    hist = HealthHistory(tmp_path, flush_s=60.0, clock=clock)
+    path = tmp_path / NAME
+    sizes, n = [], 0
+    while not path.exists():  # under a page held: nothing written
+        clock.t = n * 1.0
+        hist.append(_h(n))
+        n += 1
+    assert path.stat().st_size == PAGE and n > 3
+    assert len(read(tmp_path)) < n  # the record that did not fit waits for the next page
+    while len(sizes) < 3:  # page after page, each written whole
+        clock.t = n * 1.0
+        hist.append(_h(n))
+        n += 1
+        size = path.stat().st_size
+        if not sizes or size != sizes[-1]:
+            sizes.append(size)
+    assert all(s % PAGE == 0 for s in sizes), sizes
+    clock.t += 60.0  # the oldest held is flush_s old: everything, to the boundary
+    hist.append(_h(n))
+    n += 1
+    assert path.stat().st_size % PAGE == 0
+    assert [r["t"] for r in read(tmp_path)] == [_h(i)["t"] for i in range(n)]
+    hist.append(_h(n, 41.0))
+    n += 1
+    hist.close()
+    recs = read(tmp_path)
+    assert [r["t"] for r in recs] == [_h(i)["t"] for i in range(n)] and recs[-1]["temp_c"] == 41.0
+    assert hist.errors == 0
+
+
+def test_a_page_write_after_a_torn_line_keeps_both_apart_and_aligned(tmp_path):
+    """A power cut left half a line: the next write starts on a new line, still ends on the
+    page's boundary, and the torn line is skipped, not joined to a record."""
+    (tmp_path / NAME).write_text('{"t":1700000000.0,"temp_c":5')
+    clock = _Clock()
+    hist = HealthHistory(tmp_path, flush_s=60.0, clock=clock)
+    n = 0
+    while (tmp_path / NAME).stat().st_size < PAGE:
+        hist.append(_h(n))
+        n += 1
+    assert (tmp_path / NAME).stat().st_size == PAGE
+    hist.close()
+    assert [r["t"] for r in read(tmp_path)] == [_h(i)["t"] for i in range(n)]
+
+
+def test_every_record_at_once_without_flush_s(tmp_path):
+    """flush_s = 0: each record is written when made, unpadded (as before the pages)."""
+    hist = HealthHistory(tmp_path)
+    hist.append(_h(0))
+    size = (tmp_path / NAME).stat().st_size
+    assert 0 < size < 1024 and len(read(tmp_path)) == 1
+
+
+def test_a_flush_across_the_rotation_loses_nothing_and_stays_bounded(tmp_path):
+    """Held records that do not fit go one by one across the rotation: both files within
+    max_bytes, every record of the current and rotated file in order."""
+    clock = _Clock()
+    hist = HealthHistory(tmp_path, max_bytes=2048, flush_s=60.0, clock=clock)
+    t0 = 1_700_000_000.0
+    for i in range(12):
+        hist.append({"t": t0 + i, "temp_c": 50.0})
+    hist.close()
+    assert all(p.stat().st_size <= 2048 for p in tmp_path.iterdir())
+    assert sorted(p.name for p in tmp_path.iterdir()) == [NAME, NAME + ".1"]
+    ts = [r["t"] for r in read(tmp_path)]
+    assert ts == sorted(ts) and ts[-1] == t0 + 11
+    assert ts == [t0 + i for i in range(12 - len(ts), 12)]  # no gap before the newest
+    assert hist.errors == 0
