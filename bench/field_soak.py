@@ -741,8 +741,10 @@ class Report:
 
 
 def soak(workdir: Path, days: int = 14, speed: float = 1500.0, source_hz: float = 5.0,
-         wall_limit_s: float | None = None, say: Callable[[str], None] = print) -> Report:
-    """Run the soak in `workdir` (module doc); the report."""
+         wall_limit_s: float | None = None, say: Callable[[str], None] = print,
+         kills: bool = True) -> Report:
+    """Run the soak in `workdir` (module doc); the report. `kills=False` leaves the daily
+    kill -9 out: one life per daemon, whose RSS slope is not cut into day-long pieces."""
     workdir.mkdir(parents=True, exist_ok=True)
     end_h = days * DAY_H
     limit = wall_limit_s if wall_limit_s is not None else 600 + 4 * end_h * 3600 / speed
@@ -750,6 +752,10 @@ def soak(workdir: Path, days: int = 14, speed: float = 1500.0, source_hz: float 
                               "a harness of its own, not built in this soak"}
     if os.geteuid() != 0:
         left_out["disk_full"] = "mounting a tmpfs to fill (a real ENOSPC) needs root"
+    if not kills:
+        left_out["kill9"] = "--no-kill: one life per daemon (the RSS slope over all of it)"
+        # the jump's life would be the whole run, under libfaketime (~3x slower a tick)
+        left_out["clock_jump"] = "--no-kill: libfaketime would slow the whole run"
     if not LIBFAKETIME.exists():
         left_out["clock_jump"] = f"libfaketime is not installed ({LIBFAKETIME})"
     plan = schedule(days, left_out)
@@ -1079,9 +1085,12 @@ def main() -> None:
     ap.add_argument("--wall-limit", type=float, default=None,
                     help="stop after this many wall seconds (default: 600 + 4x the days at "
                          "--speed); the report then says it did not finish")
+    ap.add_argument("--no-kill", action="store_true",
+                    help="no daily kill -9: one life per daemon, for the RSS slope")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="field-soak-") as tmp:
-        r = soak(a.workdir or Path(tmp), a.days, a.speed, a.source_hz, a.wall_limit)
+        r = soak(a.workdir or Path(tmp), a.days, a.speed, a.source_hz, a.wall_limit,
+                 kills=not a.no_kill)
     print(render(r))
     if a.json:
         a.json.write_text(json.dumps(asdict(r), indent=1))
