@@ -790,7 +790,8 @@ def soak(workdir: Path, days: int = 14, speed: float = 1500.0, source_hz: float 
         say(f"field soak: {days} simulated days at {speed:g}x, faults: "
             + ", ".join(f"{f.fault.kind}@{f.fault.at_h:g}h/{f.fault.device}"
                         for f in faults if f.fault.kind != "kill9")
-            + f", kill -9 of each daemon daily; left out: {', '.join(left_out) or 'none'}")
+            + (", kill -9 of each daemon daily" if kills else "")
+            + f"; left out: {', '.join(left_out) or 'none'}")
         last_sample = 0.0
         last_say = time.monotonic()
         while time.monotonic() - t0 < limit:

@@ -4,6 +4,7 @@ two simulated days of it against the real broker, coordinator and daemons (slow)
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -19,7 +20,7 @@ Fault = soak.Fault
 def test_schedule_kills_each_daemon_daily_away_from_the_other_faults(days):
     faults = soak.schedule(days)
     assert faults == sorted(faults, key=lambda f: (f.at_h, f.device))
-    assert all(0 < f.at_h and f.end_h < days * 24 for f in faults)
+    assert all(f.at_h > 0 and f.end_h < days * 24 for f in faults)
     kinds = {f.kind for f in faults}
     assert kinds == {"broker_restart", "network_cut", "disk_full", "dead_sensor", "kill9",
                      "clock_jump"}
@@ -34,7 +35,7 @@ def test_schedule_kills_each_daemon_daily_away_from_the_other_faults(days):
                 assert not (f.at_h - soak.KILL_MARGIN_H <= k.at_h
                             <= f.end_h + soak.KILL_MARGIN_H), (k, f)
     timed = [f for f in faults if f.dur_h]  # no two windows overlap
-    for a, b in zip(timed, timed[1:], strict=False):
+    for a, b in itertools.pairwise(timed):
         assert a.end_h < b.at_h, (a, b)
 
 
@@ -98,14 +99,15 @@ def test_two_days_in_the_field_lose_nothing(tmp_path):
     (tmp_path / "report.json").write_text(json.dumps(soak.asdict(r)))
     assert r.finished, text
     for name, t in r.tallies.items():
-        assert t["made"] > 1000, (name, text)  # it served all along
+        assert t["made"] > 0 and t["stored"] == t["made"], (name, text)
         assert t["lost"] == 0 and t["duplicated"] == 0, (name, text)
     assert not any(r.crashes.values()), text
     assert all(code == 0 for code in r.exit_codes.values()), text
-    rss = {x["process"]: x["per_day"] for x in r.resources if x["figure"] == "rss_mb"}
-    for name in ("serve cabinet", "serve solar"):
-        assert rss[name] is not None and rss[name] < soak.TARGET_RSS_MB_PER_DAY, text
     done = {f["kind"] for f in r.faults}
     assert done >= {"broker_restart", "network_cut", "dead_sensor", "kill9"}, text
     for d in r.daily:  # the governor kept the die under the trip every day
         assert d["die_max_c"] is None or d["die_max_c"] < d["trip_c"], text
+    # last: the target this soak does not meet yet (docs/daemon.md, "Field soak")
+    rss = {x["process"]: x["per_day"] for x in r.resources if x["figure"] == "rss_mb"}
+    for name in ("serve cabinet", "serve solar"):
+        assert rss[name] is not None and rss[name] < soak.TARGET_RSS_MB_PER_DAY, text
