@@ -74,6 +74,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from support.daemon_harness import held_rows  # noqa: E402
 from support.governor_day import DEMO_SHARE, PROFILES, ladder  # noqa: E402
+from support.under_test import child_env  # noqa: E402
 
 from power.oracle import best_schedule  # noqa: E402
 from power.plant import DEAD_SENSORS, SCENARIOS, ambient  # noqa: E402
@@ -106,6 +107,7 @@ class Fault:
 
     @property
     def end_h(self) -> float:
+        """The simulated hour it ends at."""
         return self.at_h + self.dur_h
 
 
@@ -133,6 +135,7 @@ def schedule(days: int, left_out: Iterable[str] = ()) -> list[Fault]:
             at = day * DAY_H + hour
 
             def clash(t: float, dev: str = dev) -> bool:
+                """`t` is within KILL_MARGIN_H of another fault on `dev` or the link."""
                 return any(f.at_h - KILL_MARGIN_H <= t <= f.end_h + KILL_MARGIN_H
                            for f in out if f.kind != "kill9"
                            and (f.device == dev or f.kind in shared))
@@ -330,6 +333,7 @@ class Link:
         self.cut.clear()
 
     def close(self) -> None:
+        """Stop relaying and close every socket."""
         self._closed = True
         self.restore()
         self.server.close()
@@ -361,9 +365,11 @@ class Disk:
                         raise
 
     def free(self) -> None:
+        """Give the space back."""
         self.filler.unlink(missing_ok=True)
 
     def unmount(self) -> None:
+        """Unmount (lazily: a process may still hold a file there)."""
         subprocess.run(["umount", "-l", str(self.path)], check=False)
 
 
@@ -510,6 +516,7 @@ class Node:
 
     @property
     def state(self) -> Path:
+        """Its state directory (outbox, health history, profiles)."""
         return self.home / "state"
 
     def start(self, broker: Mosquitto, port: int, speed: float, start_h: float,
@@ -536,14 +543,13 @@ class Node:
             hours=round(end_h - start_h, 6), profiles=PROFILES.resolve(), share=self.share,
             fleet=FLEET, name=self.name, port=port, username=creds.username,
             password_file=creds.password_file))
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-            [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
+        env = child_env()  # the checkout, or the installed wheel under test
         if self.faketime:
             fake = self.home / "faketime"
             fake.write_text("+0\n")
-            env.update(LD_PRELOAD=str(LIBFAKETIME), FAKETIME_TIMESTAMP_FILE=str(fake),
-                       FAKETIME_CACHE_DURATION="1", FAKETIME_DONT_FAKE_MONOTONIC="1",
-                       PYTHONPATH=f"{SHIM}{os.pathsep}{env['PYTHONPATH']}")
+            env = child_env(SHIM, LD_PRELOAD=str(LIBFAKETIME),
+                            FAKETIME_TIMESTAMP_FILE=str(fake), FAKETIME_CACHE_DURATION="1",
+                            FAKETIME_DONT_FAKE_MONOTONIC="1")
         log = (self.home / "daemon.log").open("ab")
         self.proc = subprocess.Popen([sys.executable, "-m", "runtime.cli", "serve", "--config",
                                       str(cfg)], stdout=log, stderr=subprocess.STDOUT,
@@ -626,11 +632,12 @@ class Coordinator:
         self.proc = subprocess.Popen([sys.executable, "-m", "runtime.cli", "coordinator",
                                       "--config", str(self.conf)], stdout=log,
                                      stderr=subprocess.STDOUT, cwd=ROOT,
-                                     env={**os.environ, "PYTHONPATH": str(ROOT)})
+                                     env=child_env())
         log.close()
         wait_port(self.http, 60)
 
     def stop(self) -> int | None:
+        """SIGTERM, then wait (SIGKILL after 60 s); the exit status."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -651,6 +658,7 @@ class Coordinator:
         return out
 
     def latest_health(self, device: str) -> tuple[int, dict] | None:
+        """(rowid, body) of the newest health stored for `device`, None before any."""
         rows = query(self.store, "SELECT rowid, body FROM health WHERE device = ? ORDER BY "
                                  "rowid DESC LIMIT 1", (device,))
         return (rows[0][0], json.loads(rows[0][1])) if rows else None
@@ -685,6 +693,7 @@ class Coordinator:
             return []
 
     def max_event_rowid(self) -> int:
+        """The newest event's rowid (0 before any)."""
         rows = query(self.store, "SELECT COALESCE(MAX(rowid), 0) FROM events")
         return int(rows[0][0]) if rows else 0
 
@@ -1027,6 +1036,7 @@ def history_lines(state: Path) -> list[dict]:
 
 
 def fmt(x: Any, spec: str) -> str:
+    """`x` formatted by `spec`, "-" for None."""
     return "-" if x is None else format(x, spec)
 
 
@@ -1075,6 +1085,7 @@ def render(r: Report) -> str:
 
 
 def main() -> None:
+    """The command line (module doc)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--days", type=int, default=14)
     ap.add_argument("--speed", type=float, default=1500.0,
