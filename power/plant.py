@@ -19,6 +19,10 @@ import numpy as np
 from power.device import DeviceProfile
 
 DAY = 86400.0
+# A file under a simulated sysfs root listing paths (one a line, relative to the root) of
+# sensors that are dead: the plant stops writing them and removes them, as a driver that
+# lost its chip does, until the file is gone (the soak's fault injection at the boundary)
+DEAD_SENSORS = ".dead-sensors"
 
 
 def rc_step(temp: float, t_inf: float, power_w: float, r: float, c: float, dt: float) -> float:
@@ -228,6 +232,12 @@ class Plant:
         for f in self.device.sensors.hwmon_power:
             files[f] = round(s.power_w * 1e6)
         written = self._written.setdefault(root, {})
+        dead = root / DEAD_SENSORS
+        if dead.exists():  # a sensor that died (bench/field_soak.py): its files vanish
+            for rel in dead.read_text().split():
+                files.pop(rel, None)
+                written.pop(rel, None)  # written again once it comes back
+                (root / rel).unlink(missing_ok=True)
         for rel, value in files.items():
             text = f"{value}\n"
             if written.get(rel) == text:

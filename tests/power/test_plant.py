@@ -129,3 +129,24 @@ def test_unknown_energy_policy_is_an_error():
     with pytest.raises(ValueError, match="unknown energy policy"):
         simulate(dev, [Rung("a", 1.0, 0.01, 0.01)], ambient("constant", 20.0), "step_wise",
                  600, 1.0, 1.0, dt=60, irradiance=solar_trace(1, 1), energy_policy="bogus")
+
+
+def test_a_dead_sensor_vanishes_from_the_tree_until_it_comes_back(tmp_path):
+    """DEAD_SENSORS (bench/field_soak.py's fault): the listed file is removed and not
+    written while the list names it; the rest of the tree moves on; written again after."""
+    from power.plant import DEAD_SENSORS
+
+    dev = load_profile("rpi5")
+    plant = Plant(dev, ambient("constant", 25.0), root=tmp_path)
+    temp = tmp_path / dev.thermal.zone / "temp"
+    plant.step(1.0, 5.0)
+    assert temp.exists()
+    (tmp_path / DEAD_SENSORS).write_text(f"{dev.thermal.zone}/temp\n")
+    plant.step(60.0, 5.0)
+    assert not temp.exists()
+    assert (tmp_path / dev.thermal.zone / "trip_point_0_temp").exists()
+    plant.step(60.0, 5.0)
+    assert not temp.exists()  # still dead
+    (tmp_path / DEAD_SENSORS).unlink()
+    plant.step(1.0, 5.0)
+    assert int(temp.read_text()) == round(plant.s.die_c * 1000)

@@ -1,0 +1,113 @@
+"""bench/field_soak.py: the soak's pure parts table-tested (the fault schedule, the slope
+within process lives, the tally of lost and duplicated results, the per-day figures), and
+two simulated days of it against the real broker, coordinator and daemons (slow)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+from support.benches import load_bench
+
+from models import bundled
+
+soak = load_bench("field_soak")
+Fault = soak.Fault
+
+
+@pytest.mark.parametrize("days", [1, 2, 14])
+def test_schedule_kills_each_daemon_daily_away_from_the_other_faults(days):
+    faults = soak.schedule(days)
+    assert faults == sorted(faults, key=lambda f: (f.at_h, f.device))
+    assert all(f.at_h > 0 and f.end_h < days * 24 for f in faults)
+    kinds = {f.kind for f in faults}
+    assert kinds == {"broker_restart", "network_cut", "disk_full", "dead_sensor", "kill9",
+                     "clock_jump"}
+    kills = [f for f in faults if f.kind == "kill9"]
+    for dev in soak.DEVICES:  # one a day each (none where a day has no room left)
+        got = [int(f.at_h // 24) for f in kills if f.device == dev]
+        assert len(got) == len(set(got)) and len(got) >= days - 1, (dev, got)
+    for k in kills:  # never inside or beside another fault on the same device or the link
+        for f in faults:
+            if f.kind != "kill9" and (f.device == k.device or f.kind in
+                                      ("broker_restart", "network_cut")):
+                assert not (f.at_h - soak.KILL_MARGIN_H <= k.at_h
+                            <= f.end_h + soak.KILL_MARGIN_H), (k, f)
+    timed = [f for f in faults if f.dur_h]  # no two windows overlap
+    for a, b in itertools.pairwise(timed):
+        assert a.end_h < b.at_h, (a, b)
+
+
+def test_schedule_leaves_out_what_cannot_be_injected():
+    faults = soak.schedule(2, left_out=("disk_full", "clock_jump"))
+    assert {f.kind for f in faults} == {"broker_restart", "network_cut", "dead_sensor",
+                                        "kill9"}
+
+
+@pytest.mark.parametrize(("samples", "want"), [
+    # one life, 2 MB a day
+    ([(1, 0.0, 100.0), (1, 1.0, 102.0), (1, 2.0, 104.0)], 2.0),
+    # two lives, each flat: the restart's drop is no slope
+    ([(1, 0.0, 150.0), (1, 1.0, 150.0), (2, 1.5, 90.0), (2, 2.5, 90.0)], 0.0),
+    # two lives each growing 1 a day from different levels (a pooled line would fall)
+    ([(1, 0.0, 200.0), (1, 1.0, 201.0), (2, 1.0, 100.0), (2, 2.0, 101.0)], 1.0),
+    ([(1, 0.0, 1.0), (1, 1.0, 2.0)], None),  # too few
+    ([(1, 1.0, 1.0), (2, 1.0, 2.0), (3, 1.0, 3.0)], None),  # no spread within a life
+])
+def test_slope_within_lives(samples, want):
+    got = soak.slope_within(samples)
+    assert got == (None if want is None else pytest.approx(want))
+
+
+@pytest.mark.parametrize(("made", "stored", "want"), [
+    (3, [("s", 1, "a"), ("s", 2, "b"), ("s", 3, "c")], (3, 0, 0)),
+    (4, [("s", 1, "a"), ("s", 3, "c")], (2, 2, 0)),  # 2 and 4 lost
+    (2, [("s", 1, "a"), ("s", 2, "a")], (2, 0, 1)),  # one result stored under two seqs
+    (2, [("s", 1, "a"), ("s", 1, "a"), ("s", 2, "b")], (2, 0, 2)),  # a seq twice
+    (0, [], (0, 0, 0)),
+])
+def test_tally(made, stored, want):
+    t = soak.tally(made, stored)
+    assert (t.stored, t.lost, t.duplicated) == want
+
+
+def test_per_day_and_gains():
+    assert soak.per_day([(1.0, 50.0), (23.9, 70.0), (24.5, 60.0)]) == {0: 70.0, 1: 60.0}
+    # life a: 0..30 h, cumulative 10 at 12 h, 24 at 24 h, 30 at 30 h; life b starts at 30 h
+    lives = {"a": [(12.0, 10.0), (24.0, 24.0), (30.0, 30.0)], "b": [(36.0, 5.0)]}
+    assert soak.gains_per_day(lives) == {0: 24.0, 1: 11.0}
+
+
+def test_health_change_names_the_fault_counters():
+    before = {"t": 1.0, "mqtt": {"connected": True, "disconnects_total": 2}, "temp_c": 50}
+    after = {"t": 9.0, "mqtt": {"connected": True, "disconnects_total": 3}, "temp_c": 51}
+    assert soak.health_change(before, after) == ["mqtt.disconnects_total: 2 -> 3"]
+    assert soak.health_change(before, before) == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_two_days_in_the_field_lose_nothing(tmp_path):
+    """Two simulated days of the soak: every result made is stored once, each daemon's RSS
+    grows less than 1 MB a simulated day, nothing crashed, every fault happened."""
+    if not (bundled() / "manifest.json").exists():
+        pytest.skip("bundled model not built")
+    r = soak.soak(tmp_path / "soak", days=2, speed=1500.0, wall_limit_s=1300)
+    text = soak.render(r)
+    print(text)
+    (tmp_path / "report.json").write_text(json.dumps(soak.asdict(r)))
+    assert r.finished, text
+    for name, t in r.tallies.items():
+        assert t["made"] > 0 and t["stored"] == t["made"], (name, text)
+        assert t["lost"] == 0 and t["duplicated"] == 0, (name, text)
+    assert not any(r.crashes.values()), text
+    assert all(code == 0 for code in r.exit_codes.values()), text
+    done = {f["kind"] for f in r.faults}
+    assert done >= {"broker_restart", "network_cut", "dead_sensor", "kill9"}, text
+    for d in r.daily:  # the governor kept the die under the trip every day
+        assert d["die_max_c"] is None or d["die_max_c"] < d["trip_c"], text
+    # last: the target this soak does not meet yet (docs/daemon.md, "Field soak")
+    rss = {x["process"]: x["per_day"] for x in r.resources if x["figure"] == "rss_mb"}
+    for name in ("serve cabinet", "serve solar"):
+        assert rss[name] is not None and rss[name] < soak.TARGET_RSS_MB_PER_DAY, text
