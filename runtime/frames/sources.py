@@ -84,6 +84,10 @@ class Frame:
     # `read`: it is not part of the capture thread's CPU
     decoded_apart: bool = False
     skipped: int = 0  # newer frames decoded and passed over before this one (latest wins)
+    # damage the decoder met since the frame before (packets refused, frames concealed):
+    # counted in health, the frame itself still served (PyAV's sources; OpenCV's capture
+    # does not tell)
+    damaged: int = 0
 
 
 class Source(Protocol):
@@ -853,6 +857,76 @@ def pyav_available() -> bool:
     return True
 
 
+_START4, _START3 = b"\x00\x00\x00\x01", b"\x00\x00\x01"
+
+
+class NalAssembler:
+    """Whole H.264 NAL units out of FFmpeg's RTSP packets read without its parser
+    (`fflags noparse`): one packet per RTP packet, a NAL sent whole (or several, STAP-A) begins
+    with a start code, a fragmented one (FU-A) begins with one on its first fragment only.
+
+    Why: FFmpeg's H.264 parser, which its RTSP demuxer puts in front of every packet, hands a
+    frame over only once the next frame's first bytes arrive: one frame interval (40 ms at
+    25 fps) on every frame's age (docs/benchmarks.md). The end of a NAL is known at once from
+    its size instead: payloaders (GStreamer's rtph264pay, live555, FFmpeg's) fill every
+    fragment but the last to the same size, so a fragment shorter than the largest seen ends
+    its NAL. A stream where that is found wrong (a fragment after a NAL taken as ended) is
+    cut at the next start code from then on, as the parser does: never a worse age than it,
+    and never a NAL cut short twice. `push(data)` returns the NALs it completes (each with
+    its start code)."""
+
+    def __init__(self) -> None:
+        self._nal = bytearray()  # the NAL being gathered (starts with its start code)
+        self._full = 0  # the largest continuation fragment seen: the payloader's size
+        self.ended_early = False  # the last NAL returned was ended by its size alone
+        self.early_ok = True  # ending by size is trusted on this stream
+        self.misjudged = 0  # fragments that came after a NAL taken as ended
+
+    def push(self, data: bytes) -> list[bytes]:
+        """The NALs completed by one packet's payload."""
+        out: list[bytes] = []
+        if data.startswith(_START4) or data.startswith(_START3):
+            if self._nal:  # a new NAL begins: the one gathered is whole
+                out.append(bytes(self._nal))
+            self._nal = bytearray(data)
+            self.ended_early = False
+            # a NAL sent whole or a STAP-A is shorter than a first fragment (the payloader's
+            # size + the start code and NAL header FFmpeg writes ahead of it)
+            full_first = self._full + len(_START4) + 1
+            if self.early_ok and self._full and len(data) < full_first:
+                out.append(bytes(self._nal))
+                self._nal.clear()
+                self.ended_early = True
+            return out
+        if not self._nal:  # a fragment of a NAL already handed over (or never begun)
+            if self.ended_early:
+                self.misjudged += 1
+                self.early_ok = False  # the size rule does not hold here: the next start
+                self.ended_early = False  # code ends a NAL from now on
+            return out
+        self._nal += data
+        if len(data) > self._full:
+            self._full = len(data)
+        elif self.early_ok and len(data) < self._full:  # its last fragment
+            out.append(bytes(self._nal))
+            self._nal.clear()
+            self.ended_early = True
+        return out
+
+
+def nal_type(nal: bytes) -> int:
+    """An H.264 NAL's type (5: a key frame's slice, 1: another slice, 7/8: SPS/PPS)."""
+    i = 4 if nal.startswith(_START4) else 3
+    return nal[i] & 0x1F if len(nal) > i else 0
+
+
+def first_slice(nal: bytes) -> bool:
+    """Whether a slice NAL is its picture's first (first_mb_in_slice = 0: the slice header's
+    first Exp-Golomb code is the single bit 1)."""
+    i = 4 if nal.startswith(_START4) else 3
+    return len(nal) > i + 1 and bool(nal[i + 1] & 0x80)
+
+
 class AvStreamSource:
     """A live RTSP/HTTP stream decoded by PyAV (`decoder = "pyav"`, or "auto" where PyAV is
     installed): measured cheaper than OpenCV's capture per frame (0.8x), with each frame's
@@ -875,16 +949,26 @@ class AvStreamSource:
         self._av = av
         self._cfg, self._shown = cfg, redact(cfg.path)
         opts = {}
-        if cfg.path.lower().startswith("rtsp") and cfg.transport != "auto":
+        rtsp = cfg.path.lower().startswith("rtsp")
+        if rtsp and cfg.transport != "auto":
             opts["rtsp_transport"] = cfg.transport
         t0 = time.monotonic()
         try:
-            self._c = av.open(cfg.path, options=opts,
-                              timeout=(cfg.open_timeout_s, cfg.read_timeout_s))
-            if not self._c.streams.video:
-                self._c.close()
-                raise IndexError("no video stream")
+            # H.264 over RTSP is read without FFmpeg's parser (NalAssembler: a frame is
+            # decoded as its last packet arrives, not one frame interval later); another
+            # codec is opened again with the parser
+            self._c = self._open(cfg, dict(opts, fflags="noparse+nofillin") if rtsp else opts)
             self._stream = self._c.streams.video[0]
+            self._asm: NalAssembler | None = None
+            if rtsp and self._stream.codec_context.name == "h264":
+                self._asm = NalAssembler()
+                # the decoder hands a picture over once its last slice is in, as each NAL
+                # is fed on its own (not one packet per frame)
+                self._stream.codec_context.options = {"flags2": "+chunks"}
+            elif rtsp:
+                self._c.close()
+                self._c = self._open(cfg, opts)
+                self._stream = self._c.streams.video[0]
         except av.error.HTTPUnauthorizedError:
             raise SourceError(f"source.path {self._shown!r}: the server refused the "
                               "credentials (401 Unauthorized): check the user and password "
@@ -899,6 +983,11 @@ class AvStreamSource:
                 from None
         self._stream.thread_count = 1  # the reader's thread: its CPU clock is the decode's
         self._packets = self._c.demux(self._stream)
+        self._units: collections.deque = collections.deque()  # NALs (or packets) to decode
+        self._ready: collections.deque[np.ndarray] = collections.deque()  # decoded, not read
+        self._take_key = True  # key frames only: the key frame being read is decoded
+        self.damaged = 0  # packets the decoder refused and frames it concealed damage in
+        self._damaged_told = 0  # of those, already handed over with a frame
         self._keys: collections.deque[float] = collections.deque(maxlen=8)  # key frame times
         self._hint_hz = 0.0
         self._skip = False  # decoding key frames only
@@ -906,6 +995,16 @@ class AvStreamSource:
         self.keyframes_only = False  # what the reader does now (said in the log)
         self._reader = _LatestFrame(self._read_one, self._shown, start=False)
         self._reader.start()  # _read_one reads self._reader
+
+    @staticmethod
+    def _open(cfg: SourceConfig, opts: dict):
+        import av
+
+        c = av.open(cfg.path, options=opts, timeout=(cfg.open_timeout_s, cfg.read_timeout_s))
+        if not c.streams.video:
+            c.close()
+            raise IndexError("no video stream")
+        return c
 
     def key_frame_hz(self) -> float:
         """Key frames a second, measured over the last few (0: fewer than three seen)."""
@@ -925,11 +1024,12 @@ class AvStreamSource:
         wait out the rate cap after its frames, or each would be served a wait late."""
         return self.keyframes_only
 
-    def _read_one(self) -> np.ndarray:
-        """On the reader thread: the next decoded frame (a key frame alone when skipping)."""
-        t0 = time.monotonic()
+    def _next_unit(self, t0: float) -> tuple[object, str]:
+        """The next thing to decode and what it is: "key" (a key frame begins), "slice" (a
+        frame's that is not key), "more" (the rest of a key frame's slices), "other" (SPS,
+        PPS, SEI: decoded whatever is skipped)."""
         av = self._av
-        while True:
+        while not self._units:
             try:
                 packet = next(self._packets)
             except StopIteration:
@@ -943,7 +1043,23 @@ class AvStreamSource:
                     from None
             if packet.size == 0:
                 continue
-            if packet.is_keyframe:
+            if self._asm is None:
+                self._units.append((packet, "key" if packet.is_keyframe else "slice"))
+                continue
+            for nal in self._asm.push(bytes(packet)):
+                kind = nal_type(nal)
+                self._units.append((nal, "key" if kind == 5 and first_slice(nal) else
+                                    "more" if kind == 5 else
+                                    "slice" if kind in (1, 2, 3, 4) else "other"))
+        return self._units.popleft()
+
+    def _read_one(self) -> np.ndarray:
+        """On the reader thread: the next decoded frame (a key frame alone when skipping)."""
+        t0 = time.monotonic()
+        av = self._av
+        while not self._ready:
+            unit, what = self._next_unit(t0)
+            if what == "key":
                 self._keys.append(time.monotonic())
                 kf = self.key_frame_hz()
                 # 10 % slack: a 1 s GOP read at a 1 fps cap measures 0.95-1.05 key frames/s;
@@ -956,20 +1072,26 @@ class AvStreamSource:
                     log.info("%s: %s (frames taken at %.3g/s, %.3g key frames/s)",
                              self._shown, "decoding key frames only" if want else
                              "decoding every frame again", self._hint_hz, kf)
-                if want and time.monotonic() < self._due:
-                    continue  # before the next frame is due: not decoded either
+                self._take_key = not (want and time.monotonic() < self._due)
                 if self._reader.stopping.is_set():
                     raise SourceError(f"{self._shown}: closing")
-            elif self._skip:
+            if what in ("key", "more") and not self._take_key:
+                continue  # before the next frame is due: not decoded either
+            if what == "slice" and self._skip:
                 if self._reader.stopping.is_set():
                     raise SourceError(f"{self._shown}: closing")
                 continue  # not even handed to the decoder
             try:
-                frames = self._stream.codec_context.decode(packet)
+                frames = self._stream.codec_context.decode(
+                    unit if isinstance(unit, av.Packet) else av.Packet(unit))
             except av.error.FFmpegError:
-                continue  # a damaged packet: the decoder resynchronises at the next one
-            if frames:
-                return frames[-1].to_ndarray(format="bgr24")
+                self.damaged += 1  # the decoder resynchronises at the next one
+                continue
+            for f in frames:
+                if f.is_corrupt:
+                    self.damaged += 1  # concealed: served, counted
+                self._ready.append(f.to_ndarray(format="bgr24"))
+        return self._ready.popleft()
 
     def read(self, timeout_s: float) -> Frame | None:
         """The newest decoded frame (a key frame just decoded, when skipping)."""
@@ -977,11 +1099,12 @@ class AvStreamSource:
         if got is None:
             return None
         img, t0, n, cpu, skipped = got
+        damaged, self._damaged_told = self.damaged - self._damaged_told, self.damaged
         kf, hint = self.key_frame_hz(), self._hint_hz
         if kf > 0 and hint > 0:  # the next key frame decoded is the first after this
             self._due = time.monotonic() + 1 / hint - 0.5 / kf
         return Frame(img, f"frame-{n}", t=t0, decode_cpu_s=cpu, decoded_apart=True,
-                     skipped=skipped)
+                     skipped=skipped, damaged=damaged)
 
     def done(self, frames: list[Frame]) -> None:
         """Nothing to remember."""
