@@ -27,8 +27,12 @@ decode stage; the hand loop: what its process spent outside preprocess and infer
 frame age from the camera's encoding to the start of inference p50/p99; and edgerun at a
 1 fps cap per stream: decode CPU per served frame against the hand loop's per frame.
 
+`--age`: where a frame's age goes, stage by stage (the camera's capture -> its encoding ->
+out of the demuxer -> decoded), FFmpeg's default RTSP reading (its H.264 parser) against
+edgerun's (AvStreamSource: no parser, NAL ends by fragment size), side by side.
+
 Usage: python bench/streams.py [--seconds 20] [--size 1280x720] [--key-int 25] [--to 224]
-       [--compare 1,4 --compare-seconds 15]
+       [--compare 1,4 --compare-seconds 15] [--age]
 """
 
 from __future__ import annotations
@@ -136,6 +140,81 @@ def run_av(cam: RtspCamera, out: Path_, stop: threading.Event, keyframes: bool =
         out.error = f"{type(e).__name__}: {e}"[:80]
     finally:
         c.close()
+
+
+def run_age(cam: RtspCamera, parser: bool, seconds: float, out: dict) -> None:
+    """One PyAV reader, every frame, noting when each packet left the demuxer and when its
+    frame was decoded: `parser` as FFmpeg reads RTSP by default, else as AvStreamSource does
+    (no parser, NalAssembler, flags2 chunks)."""
+    import av
+
+    from runtime.frames.sources import NalAssembler
+
+    opts = {"rtsp_transport": "tcp"}
+    if not parser:
+        opts["fflags"] = "noparse+nofillin"
+    c = av.open(cam.url, options=opts, timeout=10)
+    s = c.streams.video[0]
+    s.thread_count = 1
+    cc = s.codec_context
+    asm = None if parser else NalAssembler()
+    if asm is not None:
+        cc.options = {"flags2": "+chunks"}
+    rows: list[tuple[int | None, float, float]] = []  # (frame number, packet out, decoded)
+    end = time.monotonic() + seconds
+    try:
+        for packet in c.demux(s):
+            t_pkt = time.monotonic()
+            if t_pkt > end:
+                break
+            if packet.size == 0:
+                continue
+            units = [packet] if asm is None else [av.Packet(n) for n in asm.push(bytes(packet))]
+            for u in units:
+                for f in cc.decode(u):
+                    t_dec = time.monotonic()
+                    rows.append((frame_number(f.to_ndarray(format="bgr24")), t_pkt, t_dec))
+    finally:
+        c.close()
+    out["rows"] = rows
+    if asm is not None:
+        out["note"] = (f"NAL ends by size {'kept' if asm.early_ok else 'given up'}, "
+                       f"{asm.misjudged} misjudged")
+
+
+def age(a: argparse.Namespace) -> None:
+    """`--age`: where a frame's age goes, FFmpeg's parser against edgerun's reader, side by
+    side on one camera: capture -> encoded (the camera), encoded -> out of the demuxer (TCP,
+    RTP, and FFmpeg's parser holding the frame for the next one's start), -> decoded."""
+    w, h = (int(x) for x in a.size.split("x"))
+    with tempfile.TemporaryDirectory() as tmp, \
+            RtspCamera(Path(tmp), width=w, height=h, key_int=a.key_int) as cam:
+        got: dict[str, dict] = {"parser": {}, "edgerun": {}}
+        runs = [threading.Thread(target=run_age, args=(cam, k == "parser", a.seconds, got[k]))
+                for k in got]
+        for t in runs:
+            t.start()
+        for t in runs:
+            t.join(a.seconds + 60)
+        times = cam.times()
+    print(f"# {w}x{h} H.264 25 fps, both readers at once for {a.seconds:g} s; load "
+          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; ms p50/p99 (from 1 s in)")
+    print(f"{'reader':8} {'frames':>6} {'capture->encoded':>17} {'encoded->packet':>16} "
+          f"{'packet->decoded':>16} {'capture->decoded':>17}")
+    for k, g in got.items():
+        rows = g.get("rows", [])
+        t_first = rows[0][2] + 1.0 if rows else 0.0
+        rows = [r for r in rows if r[0] in times and r[2] >= t_first]
+        if not rows:
+            print(f"{k:8} no frames")
+            continue
+        cols = [[(times[n][1] - times[n][0]) * 1e3 for n, _, _ in rows],
+                [(tp - times[n][1]) * 1e3 for n, tp, _ in rows],
+                [(td - tp) * 1e3 for _, tp, td in rows],
+                [(td - times[n][0]) * 1e3 for n, _, td in rows]]
+        shown = [f"{statistics.median(c):.1f}/{np.percentile(c, 99):.1f}" for c in cols]
+        print(f"{k:8} {len(rows):>6} {shown[0]:>17} {shown[1]:>16} {shown[2]:>16} "
+              f"{shown[3]:>17}  {g.get('note', '')}")
 
 
 def _child(role: str, urls: list[str], logs: list[str], seconds: float, cap_hz: float) -> dict:
@@ -338,6 +417,7 @@ def main() -> int:
     ap.add_argument("--to", type=int, default=224)
     ap.add_argument("--compare", default="", help="stream counts, e.g. 1,4")
     ap.add_argument("--compare-seconds", type=float, default=15.0)
+    ap.add_argument("--age", action="store_true", help="where the frame age goes")
     ap.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
@@ -353,6 +433,10 @@ def main() -> int:
         return 0
     if a.compare:
         compare(a)
+        return 0
+    if a.age:
+        sys.path.insert(0, str(ROOT))
+        age(a)
         return 0
     try:
         import av  # noqa: F401
