@@ -10,7 +10,9 @@ media is shared), so the ratios are measured side by side on one loaded host:
   swscale pass (what "decoder-side scaling" can mean for H.264: FFmpeg's H.264 decoder has
   no reduced-resolution decode) against `cv2+resize` (full BGR, then cv2.resize);
 - `av-keyframes`: PyAV with `skip_frame = NONKEY`: only key frames decoded (a rate cap at or
-  below the stream's key-frame rate, 1 fps at `--key-int 25`).
+  below the stream's key-frame rate, 1 fps at `--key-int 25`);
+- `av-keys-nolf`: the same without the deblocking filter (`skip_loop_filter = all`): a key
+  frame decoded alone is no other frame's reference, the filter only smooths its edges.
 
 For each: CPU (the thread's own clock: every path decodes on the thread that reads) per
 decoded frame and per served frame at a 1 fps rate cap (the cap serves one frame a second;
@@ -108,9 +110,9 @@ def run_cv2(cam: RtspCamera, out: Path_, stop: threading.Event, resize: int = 0)
 
 
 def run_av(cam: RtspCamera, out: Path_, stop: threading.Event, keyframes: bool = False,
-           scale: int = 0) -> None:
+           scale: int = 0, no_loop_filter: bool = False) -> None:
     """PyAV, one decoder thread; `keyframes`: skip_frame NONKEY; `scale`: BGR at scale x
-    scale from swscale."""
+    scale from swscale; `no_loop_filter`: skip_loop_filter ALL (no deblocking)."""
     import av
 
     c = av.open(cam.url, options={"rtsp_transport": "tcp"}, timeout=10)
@@ -118,6 +120,8 @@ def run_av(cam: RtspCamera, out: Path_, stop: threading.Event, keyframes: bool =
     stream.thread_count = 1
     if keyframes:
         stream.codec_context.skip_frame = "NONKEY"
+    if no_loop_filter:
+        stream.codec_context.options = {"skip_loop_filter": "all"}
     c0 = time.thread_time()
     try:
         for frame in c.decode(stream):
@@ -415,6 +419,8 @@ def main() -> int:
     ap.add_argument("--size", default="1280x720")
     ap.add_argument("--key-int", type=int, default=25)
     ap.add_argument("--to", type=int, default=224)
+    ap.add_argument("--preset", default="ultrafast",
+                    help="the camera's x264 preset (ultrafast: no deblocking filter)")
     ap.add_argument("--compare", default="", help="stream counts, e.g. 1,4")
     ap.add_argument("--compare-seconds", type=float, default=15.0)
     ap.add_argument("--age", action="store_true", help="where the frame age goes")
@@ -444,16 +450,20 @@ def main() -> int:
         print("skipped: PyAV is not installed (pip install av)")
         return 0
     w, h = (int(x) for x in a.size.split("x"))
-    paths = {k: Path_(k) for k in ("cv2", "cv2+resize", "av", "av-scaled", "av-keyframes")}
+    paths = {k: Path_(k) for k in ("cv2", "cv2+resize", "av", "av-scaled", "av-keyframes",
+                                   "av-keys-nolf")}
     with tempfile.TemporaryDirectory() as tmp, \
-            RtspCamera(Path(tmp), width=w, height=h, key_int=a.key_int) as cam:
+            RtspCamera(Path(tmp), width=w, height=h, key_int=a.key_int,
+                       preset=a.preset) as cam:
         stop = threading.Event()
         runs = [threading.Thread(target=run_cv2, args=(cam, paths["cv2"], stop)),
                 threading.Thread(target=run_cv2, args=(cam, paths["cv2+resize"], stop, a.to)),
                 threading.Thread(target=run_av, args=(cam, paths["av"], stop)),
                 threading.Thread(target=run_av, args=(cam, paths["av-scaled"], stop, False,
                                                       a.to)),
-                threading.Thread(target=run_av, args=(cam, paths["av-keyframes"], stop, True))]
+                threading.Thread(target=run_av, args=(cam, paths["av-keyframes"], stop, True)),
+                threading.Thread(target=run_av, args=(cam, paths["av-keys-nolf"], stop, True,
+                                                      0, True))]
         for t in runs:
             t.start()
         time.sleep(a.seconds)
@@ -464,7 +474,8 @@ def main() -> int:
     full = paths["cv2"]
     full_ms = full.cpu_s / max(full.decoded, 1) * 1e3
     full_served = full.cpu_s / max(full.last - full.first, 1e-9) * 1e3
-    print(f"# {w}x{h} H.264 at {fps} fps, key frame every {a.key_int}; {a.seconds:g} s, all "
+    print(f"# {w}x{h} H.264 at {fps} fps ({a.preset}), key frame every {a.key_int}; "
+          f"{a.seconds:g} s, all "
           f"paths at once; load {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     print(f"{'path':14} {'frames':>6} {'CPU ms/frame':>12} {'x cv2':>6} "
           f"{'CPU ms/served @1fps':>19} {'x cv2 full':>10} {'age p50/p99 ms':>15} PTS")

@@ -962,9 +962,6 @@ class AvStreamSource:
             self._asm: NalAssembler | None = None
             if rtsp and self._stream.codec_context.name == "h264":
                 self._asm = NalAssembler()
-                # the decoder hands a picture over once its last slice is in, as each NAL
-                # is fed on its own (not one packet per frame)
-                self._stream.codec_context.options = {"flags2": "+chunks"}
             elif rtsp:
                 self._c.close()
                 self._c = self._open(cfg, opts)
@@ -981,7 +978,8 @@ class AvStreamSource:
             why = "no video stream" if isinstance(e, IndexError) else _why(e)
             raise SourceError(f"source.path {self._shown!r}: cannot open ({why})") \
                 from None
-        self._stream.thread_count = 1  # the reader's thread: its CPU clock is the decode's
+        self._dec = self._decoder(False)
+        self._params: dict[int, bytes] = {}  # the last SPS and PPS: a new decoder's first NALs
         self._packets = self._c.demux(self._stream)
         self._units: collections.deque = collections.deque()  # NALs (or packets) to decode
         self._ready: collections.deque[np.ndarray] = collections.deque()  # decoded, not read
@@ -1005,6 +1003,25 @@ class AvStreamSource:
             c.close()
             raise IndexError("no video stream")
         return c
+
+    def _decoder(self, keys_only: bool):
+        """A decoder for this stream; `keys_only`: key frames only (skip_frame NONKEY) and
+        without the deblocking filter: a key frame decoded alone is no frame's reference, and
+        the filter was 17 % of its decode at 720p (docs/benchmarks.md)."""
+        if self._asm is None and not keys_only:
+            cc = self._stream.codec_context
+        else:
+            cc = self._av.CodecContext.create("h264", "r")
+            cc.extradata = self._stream.codec_context.extradata
+            opts = {}
+            if self._asm is not None:  # each NAL fed on its own: the decoder hands a
+                opts["flags2"] = "+chunks"  # picture over once its last slice is in
+            if keys_only:
+                opts["skip_loop_filter"] = "all"
+                cc.skip_frame = "NONKEY"
+            cc.options = opts
+        cc.thread_count = 1  # the reader's thread: its CPU clock is the decode's
+        return cc
 
     def key_frame_hz(self) -> float:
         """Key frames a second, measured over the last few (0: fewer than three seen)."""
@@ -1067,7 +1084,13 @@ class AvStreamSource:
                 want = 0 < self._hint_hz <= kf * (1.25 if self._skip else 1.1)
                 if want != self._skip:  # switched at a key frame: no P-frame misses its
                     self._skip = want   # references when every frame is decoded again
-                    self._stream.codec_context.skip_frame = "NONKEY" if want else "DEFAULT"
+                    if self._asm is not None:  # a decoder of its own, given the last SPS/PPS
+                        self._dec = self._decoder(want)
+                        for nal in self._params.values():
+                            with contextlib.suppress(av.error.FFmpegError):
+                                self._dec.decode(av.Packet(nal))
+                    else:
+                        self._dec.skip_frame = "NONKEY" if want else "DEFAULT"
                     self.keyframes_only = want
                     log.info("%s: %s (frames taken at %.3g/s, %.3g key frames/s)",
                              self._shown, "decoding key frames only" if want else
@@ -1081,8 +1104,10 @@ class AvStreamSource:
                 if self._reader.stopping.is_set():
                     raise SourceError(f"{self._shown}: closing")
                 continue  # not even handed to the decoder
+            if what == "other" and self._asm is not None and nal_type(unit) in (7, 8):
+                self._params[nal_type(unit)] = unit
             try:
-                frames = self._stream.codec_context.decode(
+                frames = self._dec.decode(
                     unit if isinstance(unit, av.Packet) else av.Packet(unit))
             except av.error.FFmpegError:
                 self.damaged += 1  # the decoder resynchronises at the next one
