@@ -877,41 +877,56 @@ class NalAssembler:
 
     def __init__(self) -> None:
         self._nal = bytearray()  # the NAL being gathered (starts with its start code)
+        self._open = False  # a NAL has begun and not ended
+        self._dropping = False  # the NAL begun is of a type in drop_types
+        self.drop_types: frozenset[int] = frozenset()  # NAL types followed, never returned
         self._full = 0  # the largest continuation fragment seen: the payloader's size
         self.ended_early = False  # the last NAL returned was ended by its size alone
         self.early_ok = True  # ending by size is trusted on this stream
         self.misjudged = 0  # fragments that came after a NAL taken as ended
 
-    def push(self, data: bytes) -> list[bytes]:
+    def push(self, data: bytes | memoryview) -> list[bytes]:
         """The NALs completed by one packet's payload."""
         out: list[bytes] = []
-        if data.startswith(_START4) or data.startswith(_START3):
+        head = bytes(data[:5])
+        if head.startswith(_START4) or head.startswith(_START3):
             if self._nal:  # a new NAL begins: the one gathered is whole
                 out.append(bytes(self._nal))
-            self._nal = bytearray(data)
+            self._nal.clear()
+            i = 4 if head.startswith(_START4) else 3
+            # a NAL of a type not wanted is followed, not gathered (a P-frame's 10-100 kB
+            # copied for nothing while key frames alone are decoded)
+            self._dropping = len(head) > i and head[i] & 0x1F in self.drop_types
+            if not self._dropping:
+                self._nal += data
+            self._open = True
             self.ended_early = False
             # a NAL sent whole or a STAP-A is shorter than a first fragment (the payloader's
             # size + the start code and NAL header FFmpeg writes ahead of it)
             full_first = self._full + len(_START4) + 1
             if self.early_ok and self._full and len(data) < full_first:
-                out.append(bytes(self._nal))
-                self._nal.clear()
-                self.ended_early = True
+                self._end(out)
             return out
-        if not self._nal:  # a fragment of a NAL already handed over (or never begun)
+        if not self._open:  # a fragment of a NAL already handed over (or never begun)
             if self.ended_early:
                 self.misjudged += 1
                 self.early_ok = False  # the size rule does not hold here: the next start
                 self.ended_early = False  # code ends a NAL from now on
             return out
-        self._nal += data
+        if not self._dropping:
+            self._nal += data
         if len(data) > self._full:
             self._full = len(data)
         elif self.early_ok and len(data) < self._full:  # its last fragment
-            out.append(bytes(self._nal))
-            self._nal.clear()
-            self.ended_early = True
+            self._end(out)
         return out
+
+    def _end(self, out: list[bytes]) -> None:
+        if self._nal:
+            out.append(bytes(self._nal))
+        self._nal.clear()
+        self._open = False
+        self.ended_early = True
 
 
 def nal_type(nal: bytes) -> int:
@@ -1063,7 +1078,7 @@ class AvStreamSource:
             if self._asm is None:
                 self._units.append((packet, "key" if packet.is_keyframe else "slice"))
                 continue
-            for nal in self._asm.push(bytes(packet)):
+            for nal in self._asm.push(memoryview(packet)):
                 kind = nal_type(nal)
                 self._units.append((nal, "key" if kind == 5 and first_slice(nal) else
                                     "more" if kind == 5 else
@@ -1086,6 +1101,7 @@ class AvStreamSource:
                     self._skip = want   # references when every frame is decoded again
                     if self._asm is not None:  # a decoder of its own, given the last SPS/PPS
                         self._dec = self._decoder(want)
+                        self._asm.drop_types = frozenset({1, 2, 3, 4} if want else ())
                         for nal in self._params.values():
                             with contextlib.suppress(av.error.FFmpegError):
                                 self._dec.decode(av.Packet(nal))

@@ -17,7 +17,13 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
-from support.rtsp_camera import RtspCamera, frame_number, picture, skip_reason
+from support.rtsp_camera import (
+    RtspCamera,
+    frame_number,
+    hardware_decode,
+    picture,
+    skip_reason,
+)
 from support.tiny_ort import tiny_variant
 
 from runtime.frames.multisource import CAMERA_RETRY_CAP_S, Lane, retry_cap_s
@@ -476,3 +482,18 @@ def test_a_camera_is_retried_within_seconds_and_a_folder_at_30_s():
     assert retry_cap_s(SourceConfig(kind="capture", path="/videos/a.mp4")) == 30.0
     assert retry_cap_s(SourceConfig(kind="folder", path="/in")) == 30.0
     assert retry_cap_s(SourceConfig(kind="synthetic")) == 30.0
+
+
+def test_hardware_decode_is_probed_and_its_absence_said():
+    """VAAPI / V4L2 M2M: what the box has, said; edgerun decodes in software (no hardware
+    path is built: none can be tested here), so where the box has one it is named as unused."""
+    found, why = hardware_decode()
+    has_vaapi = bool(found["render_nodes"]) and "vaapi" in found["pyav_hwdevices"]
+    has_m2m = (any("dec" in d.lower() for d in found["v4l2_devices"])
+               and "h264_v4l2m2m" in found["pyav_h264_decoders"])
+    assert (why == "") == (has_vaapi or has_m2m), (found, why)
+    if why:
+        assert "VAAPI" in why and "V4L2 M2M" in why
+        pytest.skip(f"no hardware H.264 decode on this box: {why}")
+    pytest.skip(f"this box has hardware decode ({found}), unused: edgerun decodes H.264 in "
+                "software; a hardware path is not built (no box to test it on)")

@@ -209,3 +209,51 @@ class RtspCamera:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def hardware_decode() -> tuple[dict[str, list[str]], str]:
+    """What this box has for hardware H.264 decode, and why edgerun does not use it here:
+    VAAPI (a DRM render node and an FFmpeg built with VAAPI) and V4L2 M2M (a video4linux
+    memory-to-memory decoder and FFmpeg's h264_v4l2m2m). Returns (what was found, the reason
+    none is usable: "" when one is)."""
+    found: dict[str, list[str]] = {
+        "render_nodes": sorted(str(p) for p in Path("/dev/dri").glob("renderD*")),
+        "v4l2_devices": [], "pyav_hwdevices": [], "pyav_h264_decoders": []}
+    v4l = Path("/sys/class/video4linux")
+    for dev in sorted(v4l.glob("video*")) if v4l.is_dir() else []:
+        name = (dev / "name").read_text().strip() if (dev / "name").exists() else "?"
+        found["v4l2_devices"].append(f"{dev.name}: {name}")
+    try:
+        import av
+        from av.codec.hwaccel import hwdevices_available
+
+        found["pyav_hwdevices"] = sorted(hwdevices_available())
+        found["pyav_h264_decoders"] = sorted(c for c in av.codecs_available
+                                             if c.startswith("h264") and
+                                             _decodes(av, c))
+    except ImportError:
+        pass
+    why = []
+    if not found["render_nodes"]:
+        why.append("VAAPI: no DRM render node (/dev/dri/renderD*)")
+    elif "vaapi" not in found["pyav_hwdevices"]:
+        why.append("VAAPI: PyAV's FFmpeg is built without it "
+                   f"(hw devices: {', '.join(found['pyav_hwdevices']) or 'none'})")
+    else:
+        return found, ""
+    m2m = [d for d in found["v4l2_devices"] if "dec" in d.lower()]
+    if not m2m:
+        why.append("V4L2 M2M: no video4linux decoder device"
+                   + (f" ({', '.join(found['v4l2_devices'])})" if found["v4l2_devices"] else ""))
+    elif "h264_v4l2m2m" not in found["pyav_h264_decoders"]:
+        why.append("V4L2 M2M: PyAV's FFmpeg has no h264_v4l2m2m")
+    else:
+        return found, ""
+    return found, "; ".join(why)
+
+
+def _decodes(av, name: str) -> bool:
+    try:
+        return av.Codec(name, "r") is not None
+    except Exception:  # an encoder-only name (h264_nvenc)
+        return False
