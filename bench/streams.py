@@ -149,10 +149,10 @@ def run_av(cam: RtspCamera, out: Path_, stop: threading.Event, keyframes: bool =
 def run_age(cam: RtspCamera, parser: bool, seconds: float, out: dict) -> None:
     """One PyAV reader, every frame, noting when each packet left the demuxer and when its
     frame was decoded: `parser` as FFmpeg reads RTSP by default, else as AvStreamSource does
-    (no parser, NalAssembler, flags2 chunks)."""
+    (no parser: NalAssembler, AccessUnits)."""
     import av
 
-    from runtime.frames.sources import NalAssembler
+    from runtime.frames.sources import AccessUnits, NalAssembler
 
     opts = {"rtsp_transport": "tcp"}
     if not parser:
@@ -162,8 +162,7 @@ def run_age(cam: RtspCamera, parser: bool, seconds: float, out: dict) -> None:
     s.thread_count = 1
     cc = s.codec_context
     asm = None if parser else NalAssembler()
-    if asm is not None:
-        cc.options = {"flags2": "+chunks"}
+    aus = AccessUnits()
     rows: list[tuple[int | None, float, float]] = []  # (frame number, packet out, decoded)
     end = time.monotonic() + seconds
     try:
@@ -173,7 +172,9 @@ def run_age(cam: RtspCamera, parser: bool, seconds: float, out: dict) -> None:
                 break
             if packet.size == 0:
                 continue
-            units = [packet] if asm is None else [av.Packet(n) for n in asm.push(bytes(packet))]
+            units = [packet] if asm is None else [
+                av.Packet(pic) for nal in asm.push(memoryview(packet))
+                for pic, _ in aus.push(nal)]
             for u in units:
                 for f in cc.decode(u):
                     t_dec = time.monotonic()

@@ -929,6 +929,59 @@ class NalAssembler:
         self.ended_early = True
 
 
+class AccessUnits:
+    """Pictures out of whole NALs (NalAssembler's), each handed to the decoder as one packet
+    with the NALs ahead of it (AUD, SPS, PPS, SEI): a picture of one slice as soon as its
+    slice is whole; where the stream is seen to cut pictures into several slices, a picture
+    once the next one begins (as FFmpeg's parser does: one frame interval later, but whole).
+    Fed NAL by NAL instead (flags2 chunks), FFmpeg's decoder stopped handing over pictures
+    for good after the first damaged one (tests/frames/test_rtsp_camera.py's corrupt test).
+    `push(nal)` returns the pictures it completes as (bytes, key frame or not)."""
+
+    PREFIX_MAX = 16  # NALs kept ahead of a picture (a stream without AUDs: SEI piling up)
+
+    def __init__(self) -> None:
+        self._prefix: list[bytes] = []
+        self._pic: list[bytes] = []  # slices of the picture being gathered (several-slice)
+        self._key = False
+        self.multi_slice = False  # pictures of several slices seen on this stream
+
+    def push(self, nal: bytes) -> list[tuple[bytes, bool]]:
+        """The pictures completed by one more NAL."""
+        out: list[tuple[bytes, bool]] = []
+        kind = nal_type(nal)
+        if 1 <= kind <= 5:
+            first = first_slice(nal)
+            if not first and not self.multi_slice:
+                self.multi_slice = True
+                log.info("the stream cuts pictures into several slices: each is decoded "
+                         "once the next begins")
+            if not self.multi_slice:
+                out.append((b"".join([*self._prefix, nal]), kind == 5))
+                self._prefix.clear()
+                return out
+            if first:
+                self._flush(out)
+                self._key = kind == 5
+                self._pic = [*self._prefix, nal]
+                self._prefix.clear()
+            elif self._pic:
+                self._pic.append(nal)
+            return out  # a later slice of a picture never begun: dropped
+        if kind in (9, 7) or (kind == 6 and self._pic):  # AUD / SPS / SEI: a new picture
+            self._flush(out)
+            if kind == 9:
+                self._prefix.clear()
+        self._prefix.append(nal)
+        del self._prefix[:-self.PREFIX_MAX]
+        return out
+
+    def _flush(self, out: list[tuple[bytes, bool]]) -> None:
+        if self._pic:
+            out.append((b"".join(self._pic), self._key))
+            self._pic = []
+
+
 def nal_type(nal: bytes) -> int:
     """An H.264 NAL's type (5: a key frame's slice, 1: another slice, 7/8: SPS/PPS)."""
     i = 4 if nal.startswith(_START4) else 3
@@ -977,6 +1030,7 @@ class AvStreamSource:
             self._asm: NalAssembler | None = None
             if rtsp and self._stream.codec_context.name == "h264":
                 self._asm = NalAssembler()
+                self._aus = AccessUnits()
             elif rtsp:
                 self._c.close()
                 self._c = self._open(cfg, opts)
@@ -1029,8 +1083,6 @@ class AvStreamSource:
             cc = self._av.CodecContext.create("h264", "r")
             cc.extradata = self._stream.codec_context.extradata
             opts = {}
-            if self._asm is not None:  # each NAL fed on its own: the decoder hands a
-                opts["flags2"] = "+chunks"  # picture over once its last slice is in
             if keys_only:
                 opts["skip_loop_filter"] = "all"
                 cc.skip_frame = "NONKEY"
@@ -1057,9 +1109,8 @@ class AvStreamSource:
         return self.keyframes_only
 
     def _next_unit(self, t0: float) -> tuple[object, str]:
-        """The next thing to decode and what it is: "key" (a key frame begins), "slice" (a
-        frame's that is not key), "more" (the rest of a key frame's slices), "other" (SPS,
-        PPS, SEI: decoded whatever is skipped)."""
+        """The next picture to decode (a packet, or bytes from AccessUnits) and whether it is
+        a key frame ("key") or not ("slice")."""
         av = self._av
         while not self._units:
             try:
@@ -1080,9 +1131,10 @@ class AvStreamSource:
                 continue
             for nal in self._asm.push(memoryview(packet)):
                 kind = nal_type(nal)
-                self._units.append((nal, "key" if kind == 5 and first_slice(nal) else
-                                    "more" if kind == 5 else
-                                    "slice" if kind in (1, 2, 3, 4) else "other"))
+                if kind in (7, 8):  # a new decoder's first NALs (key frames only)
+                    self._params[kind] = nal
+                for pic, key in self._aus.push(nal):
+                    self._units.append((pic, "key" if key else "slice"))
         return self._units.popleft()
 
     def _read_one(self) -> np.ndarray:
@@ -1114,14 +1166,12 @@ class AvStreamSource:
                 self._take_key = not (want and time.monotonic() < self._due)
                 if self._reader.stopping.is_set():
                     raise SourceError(f"{self._shown}: closing")
-            if what in ("key", "more") and not self._take_key:
+            if what == "key" and not self._take_key:
                 continue  # before the next frame is due: not decoded either
             if what == "slice" and self._skip:
                 if self._reader.stopping.is_set():
                     raise SourceError(f"{self._shown}: closing")
                 continue  # not even handed to the decoder
-            if what == "other" and self._asm is not None and nal_type(unit) in (7, 8):
-                self._params[nal_type(unit)] = unit
             try:
                 frames = self._dec.decode(
                     unit if isinstance(unit, av.Packet) else av.Packet(unit))

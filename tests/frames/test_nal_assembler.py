@@ -1,12 +1,13 @@
 """NalAssembler: whole H.264 NALs out of FFmpeg's RTSP packets read without its parser, a NAL
 ended by its last fragment's size (not by the next frame's start), the size rule given up on
-a stream where it is found wrong, unwanted NAL types followed but not gathered."""
+a stream where it is found wrong, unwanted NAL types followed but not gathered. AccessUnits:
+pictures out of those NALs, a one-slice picture at once, several-slice pictures whole."""
 
 from __future__ import annotations
 
 import pytest
 
-from runtime.frames.sources import NalAssembler, first_slice, nal_type
+from runtime.frames.sources import AccessUnits, NalAssembler, first_slice, nal_type
 
 SC = b"\x00\x00\x00\x01"
 FULL = 100  # the payloader's fragment size in these tables
@@ -33,7 +34,7 @@ def test_a_fragmented_nal_ends_at_its_short_last_fragment():
     ([SC + b"\x67abc", SC + b"\x68de"], [[], [SC + b"\x67abc"]]),
     # a last fragment exactly full size: ended by the next start code, as the parser does
     # (the next, a short NAL sent whole, is handed over with it)
-    (frag_nal(1, [FULL, FULL, FULL]) + [SC + b"\x09\x10"],
+    ([*frag_nal(1, [FULL, FULL, FULL]), SC + b"\x09\x10"],
      [[], [], [], [b"".join(frag_nal(1, [FULL, FULL, FULL])), SC + b"\x09\x10"]]),
 ])
 def test_a_nal_not_known_whole_waits_for_the_next_start_code(packets, ends_at):
@@ -79,3 +80,38 @@ def test_nal_type_and_first_slice():
     assert nal_type(SC + b"\x65\x88") == 5 and first_slice(SC + b"\x65\x88")
     assert nal_type(b"\x00\x00\x01\x41\x9a") == 1 and first_slice(b"\x00\x00\x01\x41\x9a")
     assert not first_slice(SC + b"\x65\x40")  # first_mb_in_slice > 0: a later slice
+
+
+AUD, SPS, PPS = SC + b"\x09\xf0", SC + b"\x67\x42", SC + b"\x68\xce"
+IDR, P1 = SC + b"\x65\x88\x01", SC + b"\x41\x9a\x02"  # first slices (first_mb_in_slice 0)
+P1_LATER = SC + b"\x41\x40\x03"  # a later slice of the same picture
+
+
+def test_a_one_slice_picture_is_handed_over_with_its_prefix_at_once():
+    aus = AccessUnits()
+    assert [aus.push(n) for n in (AUD, SPS, PPS)] == [[], [], []]
+    assert aus.push(IDR) == [(AUD + SPS + PPS + IDR, True)]
+    assert aus.push(AUD) == []
+    assert aus.push(P1) == [(AUD + P1, False)]
+    assert not aus.multi_slice
+
+
+def test_several_slice_pictures_are_handed_over_whole_when_the_next_begins():
+    aus = AccessUnits()
+    aus.push(AUD)
+    first = aus.push(P1)  # taken as a one-slice picture until a later slice shows otherwise
+    assert first == [(AUD + P1, False)]
+    assert aus.push(P1_LATER) == [] and aus.multi_slice  # its picture already handed over
+    assert aus.push(AUD) == []
+    assert aus.push(IDR) == [] and aus.push(SC + b"\x65\x40\x04") == []
+    assert aus.push(AUD) == [(AUD + IDR + SC + b"\x65\x40\x04", True)]
+    assert aus.push(P1) == [] and aus.push(P1_LATER) == []
+    assert aus.push(P1) == [(AUD + P1 + P1_LATER, False)]  # ended by the next first slice
+
+
+def test_the_prefix_is_bounded_on_a_stream_without_auds():
+    aus = AccessUnits()
+    for _ in range(100):
+        aus.push(SC + b"\x06\x05")  # SEI after SEI, no picture
+    (pic, _), = aus.push(P1)
+    assert pic.count(SC) == AccessUnits.PREFIX_MAX + 1

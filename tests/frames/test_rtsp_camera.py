@@ -18,6 +18,7 @@ import cv2
 import numpy as np
 import pytest
 from support.rtsp_camera import (
+    DamagingProxy,
     RtspCamera,
     frame_number,
     hardware_decode,
@@ -497,3 +498,37 @@ def test_hardware_decode_is_probed_and_its_absence_said():
         pytest.skip(f"no hardware H.264 decode on this box: {why}")
     pytest.skip(f"this box has hardware decode ({found}), unused: edgerun decodes H.264 in "
                 "software; a hardware path is not built (no box to test it on)")
+
+
+@pytest.mark.skipif(not pyav_available(), reason="PyAV is not installed (the streams extra)")
+def test_corrupt_packets_are_counted_and_frames_resume(tmp_path, camera):
+    """RTP payloads damaged in flight (a proxy flips bytes inside every 7th packet, framing
+    and headers whole) against the real camera: PyAV's decoder refuses packets or conceals
+    damage, each counted per source as `stream_damaged` in health; the pipeline does not fail
+    (no source_failed), and once the link is clean again numbered frames are served again.
+    OpenCV's capture says nothing of damage (its read only succeeds or fails): counted with
+    PyAV only."""
+    proxy = DamagingProxy(camera)
+    try:
+        p = _Pipe(tmp_path, SourceConfig(kind="capture", path=proxy.url, read_timeout_s=5,
+                                         transport="tcp", decoder="pyav"))
+        try:
+            p.until(lambda: len(p.results) >= 5, 60, "the first results")
+            proxy.damaging.set()
+            p.until(lambda: proxy.damaged >= 40, 60, "40 packets damaged")
+            p.until(lambda: p.pipeline.stats()["sources"]["main"].get("stream_damaged", 0)
+                    >= 5, 30, "damage counted")
+            proxy.damaging.clear()
+            n0 = len(p.started)
+            # a clean key frame (one a second) restores the picture: numbered frames again
+            p.until(lambda: sum(n is not None for n, *_ in p.started[n0:]) >= 25, 30,
+                    "numbered frames after the damage")
+            stats = p.pipeline.stats()["sources"]["main"]
+        finally:
+            p.pipeline.stop()
+    finally:
+        proxy.close()
+    print(f"damaged in flight {proxy.damaged} packets; counted {stats['stream_damaged']}; "
+          f"frames {stats['frames']}")
+    assert not p.of("source_failed")
+    assert stats["stream_damaged"] >= 5

@@ -16,6 +16,7 @@ process of its own, and what a test needs around it.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import signal
@@ -257,3 +258,113 @@ def _decodes(av, name: str) -> bool:
         return av.Codec(name, "r") is not None
     except Exception:  # an encoder-only name (h264_nvenc)
         return False
+
+
+class DamagingProxy:
+    """A TCP proxy in front of the camera for RTSP over TCP (interleaved): requests pass
+    untouched; from the camera, RTSP replies pass and every `every`-th RTP packet of channel 0
+    has bytes of its payload flipped while `damaging` is set (the RTP header, the H.264
+    NAL/FU headers and the `$` framing left whole: damage in flight, as a bad link's, that the
+    transport does not see). `url` is the camera's through the proxy; `damaged` counts the
+    packets flipped; `close()` stops it and joins its threads."""
+
+    def __init__(self, camera: RtspCamera, every: int = 7):
+        import socket
+        import threading
+
+        self.camera, self.every = camera, every
+        self.damaging = threading.Event()
+        self.damaged = 0
+        self._srv = socket.create_server(("127.0.0.1", 0))
+        self._srv.settimeout(0.2)
+        self.port = self._srv.getsockname()[1]
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._socks: list = []
+        t = threading.Thread(target=self._accept, daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    @property
+    def url(self) -> str:
+        """The camera's URL through the proxy."""
+        return f"rtsp://127.0.0.1:{self.port}/cam"
+
+    def _accept(self) -> None:
+        import socket
+        import threading
+
+        while not self._stop.is_set():
+            try:
+                client, _ = self._srv.accept()
+            except (TimeoutError, OSError):
+                continue
+            upstream = socket.create_connection(("127.0.0.1", self.camera.port), timeout=10)
+            upstream.settimeout(None)
+            self._socks += [client, upstream]
+            for args in ((client, upstream, False), (upstream, client, True)):
+                t = threading.Thread(target=self._pump, args=args, daemon=True)
+                t.start()
+                self._threads.append(t)
+
+    def _pump(self, src, dst, from_camera: bool) -> None:
+        buf = bytearray()
+        n = 0
+        try:
+            while not self._stop.is_set():
+                data = src.recv(65536)
+                if not data:
+                    break
+                if not from_camera:
+                    dst.sendall(data)
+                    continue
+                buf += data
+                out = bytearray()
+                while buf:
+                    if buf[0] == 0x24:  # '$' channel len16: one interleaved packet
+                        if len(buf) < 4:
+                            break
+                        size = int.from_bytes(buf[2:4], "big")
+                        if len(buf) < 4 + size:
+                            break
+                        pkt = bytearray(buf[:4 + size])
+                        del buf[:4 + size]
+                        # RTP header 12 bytes + FU indicator and header 2: flip past them
+                        if pkt[1] == 0 and size > 40 and self.damaging.is_set():
+                            n += 1
+                            if n % self.every == 0:
+                                for i in range(4 + 30, 4 + size, 97):
+                                    pkt[i] ^= 0x5A
+                                self.damaged += 1
+                        out += pkt
+                    else:  # an RTSP reply: headers, then Content-Length bytes of body
+                        end = buf.find(b"\r\n\r\n")
+                        if end < 0:
+                            break
+                        head = bytes(buf[:end + 4])
+                        length = 0
+                        for line in head.split(b"\r\n"):
+                            if line.lower().startswith(b"content-length:"):
+                                length = int(line.split(b":")[1])
+                        if len(buf) < end + 4 + length:
+                            break
+                        out += buf[:end + 4 + length]
+                        del buf[:end + 4 + length]
+                dst.sendall(out)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                with contextlib.suppress(OSError):
+                    s.shutdown(2)
+
+    def close(self) -> None:
+        """Stop accepting, cut every connection, join the threads."""
+        self._stop.set()
+        self._srv.close()
+        for s in self._socks:
+            with contextlib.suppress(OSError):
+                s.shutdown(2)
+            s.close()
+        for t in self._threads:
+            t.join(5)
