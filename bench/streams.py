@@ -252,6 +252,7 @@ def _child(role: str, urls: list[str], logs: list[str], seconds: float, cap_hz: 
     t_begin = time.monotonic()
     served = 0
     decode_s = other_s = 0.0
+    per_stage: dict[str, float] = {}
     if role == "hand":
         stop = threading.Event()
         counts = [0] * len(urls)
@@ -342,6 +343,7 @@ def _child(role: str, urls: list[str], logs: list[str], seconds: float, cap_hz: 
         served, stages = p.take_stage_cpu()
         p.stop()
         decode_s = stages["decode"] or 0.0
+        per_stage = {k: (v or 0.0) for k, v in stages.items()}
     ru1 = resource.getrusage(resource.RUSAGE_SELF)
     span = time.monotonic() - t_begin
     cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
@@ -353,7 +355,7 @@ def _child(role: str, urls: list[str], logs: list[str], seconds: float, cap_hz: 
     ages = [(t0 - times[i][n]) * 1e3 for i, n, t0 in starts
             if n is not None and n in times[i] and t0 >= t_begin + 2.0]
     return {"served": served, "span_s": span, "cpu_s": cpu, "decode_s": decode_s,
-            "ages_ms": ages}
+            "ages_ms": ages, "stages_s": per_stage if role != "hand" else {}}
 
 
 def compare(a: argparse.Namespace) -> None:
@@ -403,6 +405,10 @@ def _report(n: int, cap_hz: float, got: dict) -> None:
     for role, r in rows.items():
         print(f"{role:8} {r[0]:>8.1f} {r[1]:>12.2f} {r[2]:>12.2f} {r[3]:>15.2f} "
               f"{r[4]:>8.0f} {r[5]:>8.0f}")
+    stages = got["edgerun"].get("stages_s", {})
+    served = max(got["edgerun"]["served"], 1)
+    print("edgerun's stages, CPU ms per frame: " + ", ".join(
+        f"{k} {v / served * 1e3:.2f}" for k, v in stages.items()))
     e, hnd = rows["edgerun"], rows["hand"]
     if cap_hz:
         # the hand loop decodes every frame (it must, to stay live): at the cap, one served
