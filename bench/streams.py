@@ -21,13 +21,15 @@ camera's encoding (the frame number is read from its picture), and whether the p
 the frame's PTS.
 
 `--compare 1,4`: N live 720p cameras (N processes), read at the same time by edgerun's source
-path (a Pipeline with one lane per camera: CaptureSource's newest-frame reader, preprocess,
-ONNX Runtime on a tiny 32x32 classifier) in one process and by a hand-written loop
-(cv2.VideoCapture -> preprocess -> infer, a thread per stream, OpenCV's default decoder
-threads) in another: frames/s, process CPU per frame, decode's share of it (edgerun: its
-decode stage; the hand loop: what its process spent outside preprocess and inference), the
-frame age from the camera's encoding to the start of inference p50/p99; and edgerun at a
-1 fps cap per stream: decode CPU per served frame against the hand loop's per frame.
+path (a Pipeline with one lane per camera: the newest-frame reader of `decoder = "auto"`,
+PyAV's AvStreamSource where installed, preprocess, ONNX Runtime on a tiny 32x32
+classifier) in one process and by a hand-written loop (cv2.VideoCapture -> preprocess ->
+infer, a thread per stream, OpenCV's default decoder threads) in another: frames/s,
+process CPU per frame, decode's share of it (edgerun: its decode stage; the hand loop: what
+its process spent outside preprocess, inference and the bench's frame-number reading), the
+frame age from the camera's encoding to the start of inference p50/p99, edgerun's CPU per
+frame by stage; and edgerun at a 1 fps cap per stream: decode CPU per served frame against
+the hand loop's per frame.
 
 `--age`: where a frame's age goes, stage by stage (the camera's capture -> its encoding ->
 out of the demuxer -> decoded), FFmpeg's default RTSP reading (its H.264 parser) against

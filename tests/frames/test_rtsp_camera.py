@@ -317,9 +317,9 @@ def test_the_newest_frame_is_served_at_a_rate_cap(tmp_path, cap_hz):
     printed; asserted over the 10-minute soak below: 15 s on a host shared with five other
     sessions gives its p99 to two frames and the host's worst moments), and the frames passed
     over are counted in health. Its age from the camera's capture and from its
-    encoding are printed beside it: they add the camera's own path (encode, send, FFmpeg's
-    H.264 parser holding each frame until the next one starts), which edgerun cannot serve
-    faster, only not add to."""
+    encoding are printed beside it: they add the camera's own path (encode, send; with
+    OpenCV's capture also FFmpeg's H.264 parser holding each frame until the next one
+    starts, which PyAV's reader goes without: docs/sources.md)."""
     with RtspCamera(tmp_path, width=SIZE[0], height=SIZE[1]) as cam:
         p = _Pipe(tmp_path, SourceConfig(kind="capture", path=cam.url, read_timeout_s=5))
         try:
