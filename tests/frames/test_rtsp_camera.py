@@ -357,8 +357,8 @@ def test_the_frame_age_stays_flat_for_10_minutes(tmp_path):
     more than one frame interval above the first's, and no minute's p99 from decode to the
     start of inference is more than one frame interval above the first minute's. Each
     minute's p99 against its bound (one interval + one inference + the wake-up delay) is
-    printed: on a 2-core host that also runs the camera's x264 it lands within a few ms of
-    the bound, on either side (docs/sources.md), a target not yet met."""
+    printed, and the p99s from the camera's encoding and capture (on a 2-core host that
+    also runs the camera's x264, those tails are the host's: docs/sources.md)."""
     with RtspCamera(tmp_path, width=1280, height=720) as cam:
         p = _Pipe(tmp_path, SourceConfig(kind="capture", path=cam.url, read_timeout_s=5))
         p.pipeline.rate_cap_hz = 5.0
