@@ -10,7 +10,9 @@ media is shared), so the ratios are measured side by side on one loaded host:
   swscale pass (what "decoder-side scaling" can mean for H.264: FFmpeg's H.264 decoder has
   no reduced-resolution decode) against `cv2+resize` (full BGR, then cv2.resize);
 - `av-keyframes`: PyAV with `skip_frame = NONKEY`: only key frames decoded (a rate cap at or
-  below the stream's key-frame rate, 1 fps at `--key-int 25`).
+  below the stream's key-frame rate, 1 fps at `--key-int 25`);
+- `av-keys-nolf`: the same without the deblocking filter (`skip_loop_filter = all`): a key
+  frame decoded alone is no other frame's reference, the filter only smooths its edges.
 
 For each: CPU (the thread's own clock: every path decodes on the thread that reads) per
 decoded frame and per served frame at a 1 fps rate cap (the cap serves one frame a second;
@@ -19,16 +21,22 @@ camera's encoding (the frame number is read from its picture), and whether the p
 the frame's PTS.
 
 `--compare 1,4`: N live 720p cameras (N processes), read at the same time by edgerun's source
-path (a Pipeline with one lane per camera: CaptureSource's newest-frame reader, preprocess,
-ONNX Runtime on a tiny 32x32 classifier) in one process and by a hand-written loop
-(cv2.VideoCapture -> preprocess -> infer, a thread per stream, OpenCV's default decoder
-threads) in another: frames/s, process CPU per frame, decode's share of it (edgerun: its
-decode stage; the hand loop: what its process spent outside preprocess and inference), the
-frame age from the camera's encoding to the start of inference p50/p99; and edgerun at a
-1 fps cap per stream: decode CPU per served frame against the hand loop's per frame.
+path (a Pipeline with one lane per camera: the newest-frame reader of `decoder = "auto"`,
+PyAV's AvStreamSource where installed, preprocess, ONNX Runtime on a tiny 32x32
+classifier) in one process and by a hand-written loop (cv2.VideoCapture -> preprocess ->
+infer, a thread per stream, OpenCV's default decoder threads) in another: frames/s,
+process CPU per frame, decode's share of it (edgerun: its decode stage; the hand loop: what
+its process spent outside preprocess, inference and the bench's frame-number reading), the
+frame age from the camera's encoding to the start of inference p50/p99, edgerun's CPU per
+frame by stage; and edgerun at a 1 fps cap per stream: decode CPU per served frame against
+the hand loop's per frame.
+
+`--age`: where a frame's age goes, stage by stage (the camera's capture -> its encoding ->
+out of the demuxer -> decoded), FFmpeg's default RTSP reading (its H.264 parser) against
+edgerun's (AvStreamSource: no parser, NAL ends by fragment size), side by side.
 
 Usage: python bench/streams.py [--seconds 20] [--size 1280x720] [--key-int 25] [--to 224]
-       [--compare 1,4 --compare-seconds 15]
+       [--compare 1,4 --compare-seconds 15] [--age]
 """
 
 from __future__ import annotations
@@ -104,9 +112,9 @@ def run_cv2(cam: RtspCamera, out: Path_, stop: threading.Event, resize: int = 0)
 
 
 def run_av(cam: RtspCamera, out: Path_, stop: threading.Event, keyframes: bool = False,
-           scale: int = 0) -> None:
+           scale: int = 0, no_loop_filter: bool = False) -> None:
     """PyAV, one decoder thread; `keyframes`: skip_frame NONKEY; `scale`: BGR at scale x
-    scale from swscale."""
+    scale from swscale; `no_loop_filter`: skip_loop_filter ALL (no deblocking)."""
     import av
 
     c = av.open(cam.url, options={"rtsp_transport": "tcp"}, timeout=10)
@@ -114,6 +122,8 @@ def run_av(cam: RtspCamera, out: Path_, stop: threading.Event, keyframes: bool =
     stream.thread_count = 1
     if keyframes:
         stream.codec_context.skip_frame = "NONKEY"
+    if no_loop_filter:
+        stream.codec_context.options = {"skip_loop_filter": "all"}
     c0 = time.thread_time()
     try:
         for frame in c.decode(stream):
@@ -136,6 +146,82 @@ def run_av(cam: RtspCamera, out: Path_, stop: threading.Event, keyframes: bool =
         out.error = f"{type(e).__name__}: {e}"[:80]
     finally:
         c.close()
+
+
+def run_age(cam: RtspCamera, parser: bool, seconds: float, out: dict) -> None:
+    """One PyAV reader, every frame, noting when each packet left the demuxer and when its
+    frame was decoded: `parser` as FFmpeg reads RTSP by default, else as AvStreamSource does
+    (no parser: NalAssembler, AccessUnits)."""
+    import av
+
+    from runtime.frames.sources import AccessUnits, NalAssembler
+
+    opts = {"rtsp_transport": "tcp"}
+    if not parser:
+        opts["fflags"] = "noparse+nofillin"
+    c = av.open(cam.url, options=opts, timeout=10)
+    s = c.streams.video[0]
+    s.thread_count = 1
+    cc = s.codec_context
+    asm = None if parser else NalAssembler()
+    aus = AccessUnits()
+    rows: list[tuple[int | None, float, float]] = []  # (frame number, packet out, decoded)
+    end = time.monotonic() + seconds
+    try:
+        for packet in c.demux(s):
+            t_pkt = time.monotonic()
+            if t_pkt > end:
+                break
+            if packet.size == 0:
+                continue
+            units = [packet] if asm is None else [
+                av.Packet(pic) for nal in asm.push(memoryview(packet))
+                for pic, _ in aus.push(nal)]
+            for u in units:
+                for f in cc.decode(u):
+                    t_dec = time.monotonic()
+                    rows.append((frame_number(f.to_ndarray(format="bgr24")), t_pkt, t_dec))
+    finally:
+        c.close()
+    out["rows"] = rows
+    if asm is not None:
+        out["note"] = (f"NAL ends by size {'kept' if asm.early_ok else 'given up'}, "
+                       f"{asm.misjudged} misjudged")
+
+
+def age(a: argparse.Namespace) -> None:
+    """`--age`: where a frame's age goes, FFmpeg's parser against edgerun's reader, side by
+    side on one camera: capture -> encoded (the camera), encoded -> out of the demuxer (TCP,
+    RTP, and FFmpeg's parser holding the frame for the next one's start), -> decoded."""
+    w, h = (int(x) for x in a.size.split("x"))
+    with tempfile.TemporaryDirectory() as tmp, \
+            RtspCamera(Path(tmp), width=w, height=h, key_int=a.key_int) as cam:
+        got: dict[str, dict] = {"parser": {}, "edgerun": {}}
+        runs = [threading.Thread(target=run_age, args=(cam, k == "parser", a.seconds, got[k]))
+                for k in got]
+        for t in runs:
+            t.start()
+        for t in runs:
+            t.join(a.seconds + 60)
+        times = cam.times()
+    print(f"# {w}x{h} H.264 25 fps, both readers at once for {a.seconds:g} s; load "
+          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; ms p50/p99 (from 1 s in)")
+    print(f"{'reader':8} {'frames':>6} {'capture->encoded':>17} {'encoded->packet':>16} "
+          f"{'packet->decoded':>16} {'capture->decoded':>17}")
+    for k, g in got.items():
+        rows = g.get("rows", [])
+        t_first = rows[0][2] + 1.0 if rows else 0.0
+        rows = [r for r in rows if r[0] in times and r[2] >= t_first]
+        if not rows:
+            print(f"{k:8} no frames")
+            continue
+        cols = [[(times[n][1] - times[n][0]) * 1e3 for n, _, _ in rows],
+                [(tp - times[n][1]) * 1e3 for n, tp, _ in rows],
+                [(td - tp) * 1e3 for _, tp, td in rows],
+                [(td - times[n][0]) * 1e3 for n, _, td in rows]]
+        shown = [f"{statistics.median(c):.1f}/{np.percentile(c, 99):.1f}" for c in cols]
+        print(f"{k:8} {len(rows):>6} {shown[0]:>17} {shown[1]:>16} {shown[2]:>16} "
+              f"{shown[3]:>17}  {g.get('note', '')}")
 
 
 def _child(role: str, urls: list[str], logs: list[str], seconds: float, cap_hz: float) -> dict:
@@ -168,10 +254,11 @@ def _child(role: str, urls: list[str], logs: list[str], seconds: float, cap_hz: 
     t_begin = time.monotonic()
     served = 0
     decode_s = other_s = 0.0
+    per_stage: dict[str, float] = {}
     if role == "hand":
         stop = threading.Event()
         counts = [0] * len(urls)
-        work = [0.0] * len(urls)  # preprocess + inference thread CPU per stream
+        work = [0.0] * len(urls)  # preprocess, inference, frame-number CPU per stream
 
         def loop(i: int, url: str) -> None:
             session = backend.load(v)
@@ -184,9 +271,11 @@ def _child(role: str, urls: list[str], logs: list[str], seconds: float, cap_hz: 
                 tensor = m.preprocess.apply(img, v.model.input_shape)
                 t0 = time.monotonic()
                 session.infer(tensor)
-                work[i] += time.thread_time() - c0
                 counts[i] += 1
                 note(i, img, t0)  # every frame, as on edgerun's side
+                # the frame number's reading is the bench's, not decode: kept out of the
+                # decode share (edgerun's side pays it inside inference, not in `decode`)
+                work[i] += time.thread_time() - c0
             cap.release()
 
         threads = [threading.Thread(target=loop, args=(i, u)) for i, u in enumerate(urls)]
@@ -256,6 +345,7 @@ def _child(role: str, urls: list[str], logs: list[str], seconds: float, cap_hz: 
         served, stages = p.take_stage_cpu()
         p.stop()
         decode_s = stages["decode"] or 0.0
+        per_stage = {k: (v or 0.0) for k, v in stages.items()}
     ru1 = resource.getrusage(resource.RUSAGE_SELF)
     span = time.monotonic() - t_begin
     cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
@@ -267,7 +357,7 @@ def _child(role: str, urls: list[str], logs: list[str], seconds: float, cap_hz: 
     ages = [(t0 - times[i][n]) * 1e3 for i, n, t0 in starts
             if n is not None and n in times[i] and t0 >= t_begin + 2.0]
     return {"served": served, "span_s": span, "cpu_s": cpu, "decode_s": decode_s,
-            "ages_ms": ages}
+            "ages_ms": ages, "stages_s": per_stage if role != "hand" else {}}
 
 
 def compare(a: argparse.Namespace) -> None:
@@ -317,6 +407,10 @@ def _report(n: int, cap_hz: float, got: dict) -> None:
     for role, r in rows.items():
         print(f"{role:8} {r[0]:>8.1f} {r[1]:>12.2f} {r[2]:>12.2f} {r[3]:>15.2f} "
               f"{r[4]:>8.0f} {r[5]:>8.0f}")
+    stages = got["edgerun"].get("stages_s", {})
+    served = max(got["edgerun"]["served"], 1)
+    print("edgerun's stages, CPU ms per frame: " + ", ".join(
+        f"{k} {v / served * 1e3:.2f}" for k, v in stages.items()))
     e, hnd = rows["edgerun"], rows["hand"]
     if cap_hz:
         # the hand loop decodes every frame (it must, to stay live): at the cap, one served
@@ -336,8 +430,11 @@ def main() -> int:
     ap.add_argument("--size", default="1280x720")
     ap.add_argument("--key-int", type=int, default=25)
     ap.add_argument("--to", type=int, default=224)
+    ap.add_argument("--preset", default="ultrafast",
+                    help="the camera's x264 preset (ultrafast: no deblocking filter)")
     ap.add_argument("--compare", default="", help="stream counts, e.g. 1,4")
     ap.add_argument("--compare-seconds", type=float, default=15.0)
+    ap.add_argument("--age", action="store_true", help="where the frame age goes")
     ap.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
@@ -354,22 +451,30 @@ def main() -> int:
     if a.compare:
         compare(a)
         return 0
+    if a.age:
+        sys.path.insert(0, str(ROOT))
+        age(a)
+        return 0
     try:
         import av  # noqa: F401
     except ImportError:
         print("skipped: PyAV is not installed (pip install av)")
         return 0
     w, h = (int(x) for x in a.size.split("x"))
-    paths = {k: Path_(k) for k in ("cv2", "cv2+resize", "av", "av-scaled", "av-keyframes")}
+    paths = {k: Path_(k) for k in ("cv2", "cv2+resize", "av", "av-scaled", "av-keyframes",
+                                   "av-keys-nolf")}
     with tempfile.TemporaryDirectory() as tmp, \
-            RtspCamera(Path(tmp), width=w, height=h, key_int=a.key_int) as cam:
+            RtspCamera(Path(tmp), width=w, height=h, key_int=a.key_int,
+                       preset=a.preset) as cam:
         stop = threading.Event()
         runs = [threading.Thread(target=run_cv2, args=(cam, paths["cv2"], stop)),
                 threading.Thread(target=run_cv2, args=(cam, paths["cv2+resize"], stop, a.to)),
                 threading.Thread(target=run_av, args=(cam, paths["av"], stop)),
                 threading.Thread(target=run_av, args=(cam, paths["av-scaled"], stop, False,
                                                       a.to)),
-                threading.Thread(target=run_av, args=(cam, paths["av-keyframes"], stop, True))]
+                threading.Thread(target=run_av, args=(cam, paths["av-keyframes"], stop, True)),
+                threading.Thread(target=run_av, args=(cam, paths["av-keys-nolf"], stop, True,
+                                                      0, True))]
         for t in runs:
             t.start()
         time.sleep(a.seconds)
@@ -380,7 +485,8 @@ def main() -> int:
     full = paths["cv2"]
     full_ms = full.cpu_s / max(full.decoded, 1) * 1e3
     full_served = full.cpu_s / max(full.last - full.first, 1e-9) * 1e3
-    print(f"# {w}x{h} H.264 at {fps} fps, key frame every {a.key_int}; {a.seconds:g} s, all "
+    print(f"# {w}x{h} H.264 at {fps} fps ({a.preset}), key frame every {a.key_int}; "
+          f"{a.seconds:g} s, all "
           f"paths at once; load {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     print(f"{'path':14} {'frames':>6} {'CPU ms/frame':>12} {'x cv2':>6} "
           f"{'CPU ms/served @1fps':>19} {'x cv2 full':>10} {'age p50/p99 ms':>15} PTS")

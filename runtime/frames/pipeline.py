@@ -441,6 +441,9 @@ class Pipeline:
                     st["decode"] = (st["decode"] or 0.0) + dec
             if frame.skipped:  # decoded, passed over for a newer one (latest wins)
                 lane.counters["skipped_latest"] += frame.skipped
+            if frame.damaged:  # the stream's damage the decoder met (concealed or refused)
+                self.counters["stream_damaged"] += frame.damaged
+                lane.counters["stream_damaged"] += frame.damaged
             if pacer is not None:  # its own rate_hz in [[sources]]
                 now = time.monotonic()
                 if lane.source.live and not pacer.ready(now):

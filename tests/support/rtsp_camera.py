@@ -16,6 +16,7 @@ process of its own, and what a test needs around it.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import signal
@@ -209,3 +210,161 @@ class RtspCamera:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def hardware_decode() -> tuple[dict[str, list[str]], str]:
+    """What this box has for hardware H.264 decode, and why edgerun does not use it here:
+    VAAPI (a DRM render node and an FFmpeg built with VAAPI) and V4L2 M2M (a video4linux
+    memory-to-memory decoder and FFmpeg's h264_v4l2m2m). Returns (what was found, the reason
+    none is usable: "" when one is)."""
+    found: dict[str, list[str]] = {
+        "render_nodes": sorted(str(p) for p in Path("/dev/dri").glob("renderD*")),
+        "v4l2_devices": [], "pyav_hwdevices": [], "pyav_h264_decoders": []}
+    v4l = Path("/sys/class/video4linux")
+    for dev in sorted(v4l.glob("video*")) if v4l.is_dir() else []:
+        name = (dev / "name").read_text().strip() if (dev / "name").exists() else "?"
+        found["v4l2_devices"].append(f"{dev.name}: {name}")
+    try:
+        import av
+        from av.codec.hwaccel import hwdevices_available
+
+        found["pyav_hwdevices"] = sorted(hwdevices_available())
+        found["pyav_h264_decoders"] = sorted(c for c in av.codecs_available
+                                             if c.startswith("h264") and
+                                             _decodes(av, c))
+    except ImportError:
+        pass
+    why = []
+    if not found["render_nodes"]:
+        why.append("VAAPI: no DRM render node (/dev/dri/renderD*)")
+    elif "vaapi" not in found["pyav_hwdevices"]:
+        why.append("VAAPI: PyAV's FFmpeg is built without it "
+                   f"(hw devices: {', '.join(found['pyav_hwdevices']) or 'none'})")
+    else:
+        return found, ""
+    m2m = [d for d in found["v4l2_devices"] if "dec" in d.lower()]
+    if not m2m:
+        why.append("V4L2 M2M: no video4linux decoder device"
+                   + (f" ({', '.join(found['v4l2_devices'])})" if found["v4l2_devices"] else ""))
+    elif "h264_v4l2m2m" not in found["pyav_h264_decoders"]:
+        why.append("V4L2 M2M: PyAV's FFmpeg has no h264_v4l2m2m")
+    else:
+        return found, ""
+    return found, "; ".join(why)
+
+
+def _decodes(av, name: str) -> bool:
+    try:
+        return av.Codec(name, "r") is not None
+    except Exception:  # an encoder-only name (h264_nvenc)
+        return False
+
+
+class DamagingProxy:
+    """A TCP proxy in front of the camera for RTSP over TCP (interleaved): requests pass
+    untouched; from the camera, RTSP replies pass and every `every`-th RTP packet of channel 0
+    has bytes of its payload flipped while `damaging` is set (the RTP header, the H.264
+    NAL/FU headers and the `$` framing left whole: damage in flight, as a bad link's, that the
+    transport does not see). `url` is the camera's through the proxy; `damaged` counts the
+    packets flipped; `close()` stops it and joins its threads."""
+
+    def __init__(self, camera: RtspCamera, every: int = 7):
+        import socket
+        import threading
+
+        self.camera, self.every = camera, every
+        self.damaging = threading.Event()
+        self.damaged = 0
+        self._srv = socket.create_server(("127.0.0.1", 0))
+        self._srv.settimeout(0.2)
+        self.port = self._srv.getsockname()[1]
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._socks: list = []
+        t = threading.Thread(target=self._accept, daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    @property
+    def url(self) -> str:
+        """The camera's URL through the proxy."""
+        return f"rtsp://127.0.0.1:{self.port}/cam"
+
+    def _accept(self) -> None:
+        import socket
+        import threading
+
+        while not self._stop.is_set():
+            try:
+                client, _ = self._srv.accept()
+            except (TimeoutError, OSError):
+                continue
+            upstream = socket.create_connection(("127.0.0.1", self.camera.port), timeout=10)
+            upstream.settimeout(None)
+            self._socks += [client, upstream]
+            for args in ((client, upstream, False), (upstream, client, True)):
+                t = threading.Thread(target=self._pump, args=args, daemon=True)
+                t.start()
+                self._threads.append(t)
+
+    def _pump(self, src, dst, from_camera: bool) -> None:
+        buf = bytearray()
+        n = 0
+        try:
+            while not self._stop.is_set():
+                data = src.recv(65536)
+                if not data:
+                    break
+                if not from_camera:
+                    dst.sendall(data)
+                    continue
+                buf += data
+                out = bytearray()
+                while buf:
+                    if buf[0] == 0x24:  # '$' channel len16: one interleaved packet
+                        if len(buf) < 4:
+                            break
+                        size = int.from_bytes(buf[2:4], "big")
+                        if len(buf) < 4 + size:
+                            break
+                        pkt = bytearray(buf[:4 + size])
+                        del buf[:4 + size]
+                        # RTP header 12 bytes + FU indicator and header 2: flip past them
+                        if pkt[1] == 0 and size > 40 and self.damaging.is_set():
+                            n += 1
+                            if n % self.every == 0:
+                                for i in range(4 + 30, 4 + size, 97):
+                                    pkt[i] ^= 0x5A
+                                self.damaged += 1
+                        out += pkt
+                    else:  # an RTSP reply: headers, then Content-Length bytes of body
+                        end = buf.find(b"\r\n\r\n")
+                        if end < 0:
+                            break
+                        head = bytes(buf[:end + 4])
+                        length = 0
+                        for line in head.split(b"\r\n"):
+                            if line.lower().startswith(b"content-length:"):
+                                length = int(line.split(b":")[1])
+                        if len(buf) < end + 4 + length:
+                            break
+                        out += buf[:end + 4 + length]
+                        del buf[:end + 4 + length]
+                dst.sendall(out)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                with contextlib.suppress(OSError):
+                    s.shutdown(2)
+
+    def close(self) -> None:
+        """Stop accepting, cut every connection, join the threads."""
+        self._stop.set()
+        self._srv.close()
+        for s in self._socks:
+            with contextlib.suppress(OSError):
+                s.shutdown(2)
+            s.close()
+        for t in self._threads:
+            t.join(5)

@@ -1,0 +1,117 @@
+"""NalAssembler: whole H.264 NALs out of FFmpeg's RTSP packets read without its parser, a NAL
+ended by its last fragment's size (not by the next frame's start), the size rule given up on
+a stream where it is found wrong, unwanted NAL types followed but not gathered. AccessUnits:
+pictures out of those NALs, a one-slice picture at once, several-slice pictures whole."""
+
+from __future__ import annotations
+
+import pytest
+
+from runtime.frames.sources import AccessUnits, NalAssembler, first_slice, nal_type
+
+SC = b"\x00\x00\x00\x01"
+FULL = 100  # the payloader's fragment size in these tables
+
+
+def frag_nal(kind: int, sizes: list[int], fill: int = 7) -> list[bytes]:
+    """A NAL of `kind` as FFmpeg hands over its FU-A fragments: the first with a start code
+    and the NAL header, the rest bare; `sizes`: each fragment's data length."""
+    first = SC + bytes([0x60 | kind, 0x80]) + bytes([fill]) * (sizes[0] - 1)
+    return [first] + [bytes([fill]) * n for n in sizes[1:]]
+
+
+def test_a_fragmented_nal_ends_at_its_short_last_fragment():
+    a = NalAssembler()
+    pkts = frag_nal(5, [FULL, FULL, FULL, 40])
+    got = [a.push(p) for p in pkts]
+    assert got[:3] == [[], [], []]
+    assert got[3] == [b"".join(pkts)]  # at once, not when the next NAL begins
+    assert a.ended_early and a.misjudged == 0
+
+
+@pytest.mark.parametrize(("packets", "ends_at"), [
+    # before any full fragment is seen, a NAL sent whole ends only at the next start code
+    ([SC + b"\x67abc", SC + b"\x68de"], [[], [SC + b"\x67abc"]]),
+    # a last fragment exactly full size: ended by the next start code, as the parser does
+    # (the next, a short NAL sent whole, is handed over with it)
+    ([*frag_nal(1, [FULL, FULL, FULL]), SC + b"\x09\x10"],
+     [[], [], [], [b"".join(frag_nal(1, [FULL, FULL, FULL])), SC + b"\x09\x10"]]),
+])
+def test_a_nal_not_known_whole_waits_for_the_next_start_code(packets, ends_at):
+    a = NalAssembler()
+    assert [a.push(p) for p in packets] == ends_at
+
+
+def test_once_the_fragment_size_is_known_a_small_nal_is_handed_over_at_once():
+    a = NalAssembler()
+    for p in frag_nal(5, [FULL, FULL, 10]):
+        a.push(p)
+    assert a.push(SC + b"\x67sps") == [SC + b"\x67sps"]
+    assert a.push(SC + b"\x68pps") == [SC + b"\x68pps"]
+
+
+def test_a_stream_breaking_the_size_rule_falls_back_to_start_codes():
+    a = NalAssembler()
+    for p in frag_nal(5, [FULL, FULL, 10]):
+        a.push(p)
+    # a payloader that sends a short fragment mid-NAL: taken as the end, then found wrong
+    pkts = frag_nal(1, [FULL, 50, FULL, 20])
+    assert a.push(pkts[0]) == [] and a.push(pkts[1]) == [b"".join(pkts[:2])]
+    assert a.push(pkts[2]) == [] and a.misjudged == 1 and not a.early_ok
+    assert a.push(pkts[3]) == []  # the rest of the NAL cut short: dropped
+    nxt = frag_nal(1, [FULL, 30])
+    assert [a.push(p) for p in nxt] == [[], []]  # ended by the next start code only
+    assert a.push(SC + b"\x09\x10") == [b"".join(nxt)]
+    assert a.misjudged == 1
+
+
+def test_dropped_types_are_followed_not_gathered():
+    a = NalAssembler()
+    a.drop_types = frozenset({1})
+    for p in frag_nal(5, [FULL, FULL, 10]):
+        a.push(p)
+    assert [a.push(p) for p in frag_nal(1, [FULL, FULL, 5])] == [[], [], []]
+    assert a.misjudged == 0
+    key = frag_nal(5, [FULL, 9])
+    assert [a.push(p) for p in key] == [[], [b"".join(key)]]
+
+
+def test_nal_type_and_first_slice():
+    assert nal_type(SC + b"\x65\x88") == 5 and first_slice(SC + b"\x65\x88")
+    assert nal_type(b"\x00\x00\x01\x41\x9a") == 1 and first_slice(b"\x00\x00\x01\x41\x9a")
+    assert not first_slice(SC + b"\x65\x40")  # first_mb_in_slice > 0: a later slice
+
+
+AUD, SPS, PPS = SC + b"\x09\xf0", SC + b"\x67\x42", SC + b"\x68\xce"
+IDR, P1 = SC + b"\x65\x88\x01", SC + b"\x41\x9a\x02"  # first slices (first_mb_in_slice 0)
+P1_LATER = SC + b"\x41\x40\x03"  # a later slice of the same picture
+
+
+def test_a_one_slice_picture_is_handed_over_with_its_prefix_at_once():
+    aus = AccessUnits()
+    assert [aus.push(n) for n in (AUD, SPS, PPS)] == [[], [], []]
+    assert aus.push(IDR) == [(AUD + SPS + PPS + IDR, True)]
+    assert aus.push(AUD) == []
+    assert aus.push(P1) == [(AUD + P1, False)]
+    assert not aus.multi_slice
+
+
+def test_several_slice_pictures_are_handed_over_whole_when_the_next_begins():
+    aus = AccessUnits()
+    aus.push(AUD)
+    first = aus.push(P1)  # taken as a one-slice picture until a later slice shows otherwise
+    assert first == [(AUD + P1, False)]
+    assert aus.push(P1_LATER) == [] and aus.multi_slice  # its picture already handed over
+    assert aus.push(AUD) == []
+    assert aus.push(IDR) == [] and aus.push(SC + b"\x65\x40\x04") == []
+    assert aus.push(AUD) == [(AUD + IDR + SC + b"\x65\x40\x04", True)]
+    assert aus.push(P1) == [] and aus.push(P1_LATER) == []
+    assert aus.push(P1) == [(AUD + P1 + P1_LATER, False)]  # ended by the next first slice
+
+
+def test_the_prefix_is_bounded_on_a_stream_without_auds():
+    aus = AccessUnits()
+    for _ in range(100):
+        aus.push(SC + b"\x06\x05")  # SEI after SEI, no picture
+    (pic, _), = aus.push(P1)
+    assert pic.count(SC) == AccessUnits.PREFIX_MAX + 1
