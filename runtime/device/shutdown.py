@@ -4,18 +4,35 @@ Drain in-flight frames first (their results are stored), then what consumes them
 results), the local API, the background jobs (they stop at their next variant), the
 simulator, and, last, the link: the drained frames' results out and acked while the link is
 up (bounded), then the offline state and a clean DISCONNECT (else the broker publishes the
-will, "connection lost"). Read from the daemon through `host.StopHost`.
+will, "connection lost"). Read from the daemon through `StopHost`, what it stops.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from runtime.device.host import StopHost
+if TYPE_CHECKING:
+    from runtime.frames.pipeline import Pipeline
+    from runtime.telemetry.outbox import Outbox
+    from runtime.telemetry.publisher import Publisher
 
 STOP_FLUSH_S = 5.0  # a clean stop waits this long at most for the last results' acks
+
+
+class StopHost(Protocol):
+    """What a stop takes down, in its order (the daemon's parts)."""
+
+    pipeline: Pipeline
+    local: Any  # runtime.frames.results_local.LocalResults or None
+    local_api: Any  # runtime.device.local_api.LocalApi or None
+    profiler: Any  # runtime.device.profiling.Profiler (its `thread`)
+    ota: Any  # runtime.device.ota.DeviceOta or None (its `thread`)
+    sim: Any  # runtime.device.simdevice.SimulatedDevice or None
+    publisher: Publisher | None
+    sparkplug: Any  # runtime.telemetry.sparkplug.node.SparkplugNode or None
+    outbox: Outbox
 
 
 def await_acks(d: StopHost, timeout_s: float = STOP_FLUSH_S) -> None:

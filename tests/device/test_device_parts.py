@@ -148,20 +148,36 @@ def test_sensor_problems_are_said_once_a_minute_with_a_count(monkeypatch):
     assert w.read(bad, 5.0) == 3
 
 
-def test_the_daemon_offers_every_call_its_parts_ask_for(tmp_path):
-    """OTA, sleep, the tick's snapshot and the commands reach the daemon through Protocols only
-    (runtime/device/host.py, commands.CommandHost): a member one of them names that the
-    daemon lacks would fail at run time, on a device."""
+def test_the_daemon_offers_what_its_snapshot_and_its_stop_read(tmp_path):
+    """The snapshot and the stop read the daemon's links through Protocols (state.Links,
+    shutdown.StopHost): a member one of them names that the daemon lacks would fail at run
+    time, on a device."""
     from runtime.config import from_dict
     from runtime.device.daemon import Daemon
-    from runtime.device.host import OtaHost, PartsHost, SleepHost, StateSource
+    from runtime.device.shutdown import StopHost
+    from runtime.device.state import Links
 
     d = Daemon(from_dict({"daemon": {"state_dir": str(tmp_path / "state")}}))
-    for proto in (OtaHost, SleepHost, StateSource, PartsHost, commands.CommandHost):
+    for proto in (Links, StopHost):
         names = {n for n in vars(proto) if not n.startswith("_")} | set(
             proto.__annotations__)
         missing = sorted(n for n in names if not hasattr(d, n))
         assert not missing, (proto.__name__, missing)
+
+
+def test_no_part_of_the_device_is_handed_the_daemon():
+    """Only the entry point imports runtime/device/daemon.py: every part is given the
+    collaborators it needs (what is served, the links), never the daemon itself."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    importers = []
+    for p in sorted((root / "runtime" / "device").glob("*.py")):
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "runtime.device.daemon":
+                importers.append(f"{p.relative_to(root)}:{node.lineno}")
+    assert all(i.startswith("runtime/device/cli.py:") for i in importers), importers
 
 
 @pytest.mark.parametrize("configured, want", [
@@ -176,7 +192,7 @@ def test_set_latency_target_sets_the_target_in_force(configured, want):
     host = SimpleNamespace(cfg=SimpleNamespace(constraints=configured),
                            set_constraints=got.append)
     cmd = SimpleNamespace(name="set_latency_target", args={"ms": 7.5})
-    assert commands.HANDLERS["set_latency_target"](host, cmd) is True
+    assert commands.HANDLERS["set_latency_target"](host, None, cmd) is True
     assert got == [want]
     assert want.in_force() == (7.5, configured.end_to_end_ms is not None)
 
