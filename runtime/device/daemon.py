@@ -16,11 +16,12 @@ work lives in its parts (runtime/device/), each given the collaborators it needs
 daemon. What is served and why has one owner, `Serving` (`serving.py`): the constraints in
 force, the control tick, the ladders (`model_ladder.py`, `served_model.py`), the sources'
 plan, the rung switch, live energy and drift. Beside it: the models installed at start-up
-`installing.py`, the commands and SIGHUP `commands.py`, model versions `ota.py`, duty cycling
-`sleep.py`, the operator's state `operator_state.py`, background profiling `profiling.py`,
-sensors `sensing.py`, the stop's order `shutdown.py`. Each control tick the main loop takes
-one frozen `DeviceState` (`state.py`); health, the STATUS= line, birth, Home Assistant, the
-local API and OPC UA read only that.
+`installing.py`, the commands and SIGHUP `commands.py`, model versions `ota.py`, MQTT,
+Sparkplug and the PLC servers `links.py`, duty cycling `sleep.py`, the operator's state
+`operator_state.py`, background profiling `profiling.py`, sensors `sensing.py`, the stop's
+order `shutdown.py`. Each control tick the main loop takes one frozen `DeviceState`
+(`state.py`); health, the STATUS= line, birth, Home Assistant, the local API and OPC UA read
+only that.
 """
 
 from __future__ import annotations
@@ -39,32 +40,27 @@ from power.box_energy import BoxEnergy
 from power.energy import EnergyState
 from power.nvml import gpu_meters
 from power.sensors import detect_meter
-from runtime.choice.ladders import ladder_for
-from runtime.config import Config, ConfigError, load
-from runtime.device import commands, installing
-from runtime.device.health import health, versions
-from runtime.device.model_ladder import share_reasons
+from runtime.config import Config, ConfigError
+from runtime.device import commands, installing, links
+from runtime.device.health import health
 from runtime.device.operator_state import OperatorState
 from runtime.device.ota import DeviceOta
 from runtime.device.profiles import load_profile
-from runtime.device.profiling import Install, Profiler, Stopping
-from runtime.device.rung_switch import rung_label
+from runtime.device.profiling import Install, Profiler
 from runtime.device.sensing import open_sensors
 from runtime.device.serving import Serving
 from runtime.device.shutdown import stop_steps
 from runtime.device.sleep import Uplink
 from runtime.device.state import DeviceState, snapshot, stopped
-from runtime.device.status import birth, ha_info, status_line
+from runtime.device.status import status_line
 from runtime.device.systemd import Notifier
 from runtime.device.wakeup import Wakeup, WakingQueue
 from runtime.device.wear import WriteRate
 from runtime.frames.pipeline import Pipeline
 from runtime.frames.results_local import LocalResults
-from runtime.telemetry.homeassistant import Discovery
 from runtime.telemetry.outbox import Outbox
 from runtime.telemetry.publisher import Publisher, device_id
 from runtime.wire import clock as wire_clock
-from runtime.wire.commands import Command
 from runtime.wire.health_history import HealthHistory
 
 log = logging.getLogger("edgerun.daemon")
@@ -153,16 +149,10 @@ class Daemon:
         device = load_profile(cfg.device.profile)
         root = Path(cfg.device.sysfs_root)
         if cfg.simulator.enabled:
-            from runtime.device.simdevice import SimulatedDevice
+            from runtime.device.simdevice import simulate
 
-            root = Path(cfg.simulator.root or self.state_dir / "sim-sysfs")
-            self.sim = SimulatedDevice(device, root, cfg.simulator.scenario,
-                                       cfg.simulator.speed, cfg.simulator.start_hour,
-                                       lambda: self.serving.sim_load(),
-                                       cfg.constraints.latency_ms / 1e3,
-                                       duration_s=cfg.simulator.hours * 3600 or math.inf)
-            log.info("simulated %s, scenario %s at %gx, sysfs tree %s", device.name,
-                     cfg.simulator.scenario, cfg.simulator.speed, root)
+            self.sim = simulate(cfg, device, self.state_dir, lambda: self.serving.sim_load())
+            root = self.sim.root
         # the control loop's time: never a step (runtime/wire/clock.py steady)
         clock = (lambda: self.sim.plant.s.t) if self.sim else wire_clock.steady()
         sensing = open_sensors(root, device, cfg.governor.policy, clock)
@@ -186,52 +176,33 @@ class Daemon:
             self.event("governor_disabled", "critical", reason=self.serving.thermal_disabled)
 
     def _open_links(self) -> None:
-        """The local API (503 until the pipeline runs), OTA and the publisher: made now so a
-        bad key file fails before minutes of profiling."""
+        """The local API (503 until the pipeline runs), OTA, the PLC servers, MQTT and
+        Sparkplug (runtime/device/links.py): made now so a bad key file fails before minutes
+        of profiling."""
         cfg, plan = self.cfg, self.serving.plan
-        self.device_id = device_id(cfg.telemetry)
-        plan.device_id = self.device_id
+        self.device_id = plan.device_id = device_id(cfg.telemetry)
         if cfg.local_api.port:  # imported only then: prometheus_client costs ~8 MB resident
             from runtime.device.local_api import start_local_api
 
             self.local_api = start_local_api(  # up during profiling: 503 until the pipeline runs
                 cfg.local_api, self.latest_health,
                 lambda: self.pipeline.alive(cfg.local_api.stall_s), self.device_id)
-        try:
+        try:  # a key file, an [opcua] file or asyncua, pypylon
             self.ota = DeviceOta(self.serving, cfg.models, cfg.telemetry, self.state_dir,
                                  self.device_id)
-            if cfg.opcua.enabled or cfg.modbus.enabled:  # certificates read now; PLC edges
-                from runtime.telemetry.plc import open_plc
-
-                self.plc = open_plc(cfg)
-                plan.edges = self.plc.edges
+            self.plc = links.open_plc(cfg)
+            plan.edges = self.plc.edges if self.plc else None
             if any(s.kind == "pylon" for s in (cfg.sources or (cfg.source,))):
                 from runtime.frames.pylon_source import pypylon
 
                 pypylon()  # an extra: said now, not as a source retried for ever
-        except (ValueError, ImportError) as e:  # a key file, an [opcua] file or asyncua
+        except (ValueError, ImportError) as e:
             raise ConfigError(str(e)) from e
-        if not cfg.telemetry.broker.host:
-            return
-        try:
-            ha = Discovery(cfg.homeassistant, cfg.telemetry.fleet, self.device_id,
-                           self.state_dir, lambda: ha_info(self.state),
-                           cfg.telemetry.result_per_message)
-            self.publisher = Publisher(cfg.telemetry, self.outbox, lambda: birth(self.state),
-                                       state_dir=self.state_dir, homeassistant=ha,
-                                       session_expiry_s=(cfg.sleep.session_expiry_s
-                                                         if cfg.sleep.enabled else 0),
-                                       precheck=self.ota.precheck,
-                                       command_queue=WakingQueue(self.wakeup.set, 100),
-                                       clock=self.clock)
-        except ValueError as e:  # an unreadable trusted key or device key file
-            raise ConfigError(str(e)) from e
-        if cfg.sparkplug.enabled:  # imported only then: protobuf and the schema cost ~3 MB
-            from runtime.telemetry.sparkplug.node import sparkplug_node
-
-            self.sparkplug = sparkplug_node(
-                cfg.sparkplug, cfg.telemetry, self.device_id, self.outbox, self.state_dir,
-                self.event, [s.name or "main" for s in cfg.sources or (cfg.source,) if s.trigger])
+        self.publisher = links.open_publisher(
+            cfg, self.outbox, self.state_dir, self.device_id, lambda: self.state,
+            self.ota.precheck, WakingQueue(self.wakeup.set, 100), self.clock)
+        self.sparkplug = links.open_sparkplug(cfg, self.device_id, self.outbox,
+                                              self.state_dir, self.event)
 
     def _start_pipeline(self) -> None:
         """Local results, the pipeline, each model on its top rung."""
@@ -266,12 +237,7 @@ class Daemon:
         if self.publisher:
             self.publisher.start()
         else:
-            log.info("no telemetry.broker.host: results are kept in the outbox only")
-            if (self.cfg.homeassistant.enabled or self.cfg.telemetry.result_per_message
-                    or self.cfg.sparkplug.enabled):
-                log.warning("homeassistant.enabled / telemetry.result_per_message / "
-                            "sparkplug.enabled need a broker "
-                            "(telemetry.broker.host); nothing is published")
+            links.say_unpublished(self.cfg)
 
     # -- events and the snapshot ----------------------------------------------------------
 
@@ -329,11 +295,7 @@ class Daemon:
         s = self.state
         return None if s is None else health(s)
 
-    # -- commands and reload ------------------------------------------------------------------
-
-    def handle(self, cmd: Command) -> None:
-        """Apply a verified command (runtime.device.commands)."""
-        commands.handle(self.serving, self.ota, cmd)
+    # -- reload -------------------------------------------------------------------------------
 
     def reload(self) -> None:
         """SIGHUP: re-read the config and apply constraints and governor; a failure of any
@@ -458,32 +420,3 @@ class Daemon:
         self.wakeup.close()
         log.info("stopped; %d results not yet acked stay in the outbox for the next start",
                  stats["results_held"])
-
-
-def serve(config_path: Path | None, print_results: bool = False,
-          reload_pending: Callable[[], bool] = lambda: False) -> int:
-    """Entry point of `edgerun serve` (`--print`: `print_results`; `reload_pending`: whether
-    a SIGHUP arrived before the daemon's handler was installed)."""
-    cfg = load(config_path)
-    if print_results:
-        cfg = replace(cfg, results=replace(cfg.results, print=True))
-    daemon = Daemon(cfg, config_path)
-    daemon.print_results = print_results
-    daemon.install_signal_handlers()
-    if reload_pending():
-        daemon.request_reload()  # as its handler would have done
-    try:
-        daemon.start()
-    except Stopping as e:
-        log.info("%s: exiting before start-up finished", e)
-        daemon.close_partial()
-        return 0
-    except Exception:
-        Notifier().status("start-up failed; see the journal")
-        raise
-    return daemon.run()
-
-
-__all__ = ["Daemon", "Stopping", "ladder_for", "rung_label", "serve", "share_reasons",
-           "versions"]
-

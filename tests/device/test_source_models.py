@@ -392,7 +392,7 @@ def test_health_of_64_sources_on_64_models_fits_what_a_coordinator_admits():
     under the 64 KiB a coordinator admits (each reason took up to 4000 characters)."""
     import json
 
-    from runtime.device.daemon import share_reasons
+    from runtime.device.model_ladder import share_reasons
     from runtime.wire import payloads
 
     models = [{"key": "" if i == 0 else f"/srv/edgerun/models/line-3/station-{i:02d}/"
