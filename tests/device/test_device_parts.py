@@ -278,3 +278,33 @@ def test_the_governor_section_s_band_reaches_the_governor():
     assert (g.band_c, g.control_c, g.hyst_c) == (0.05, 70.0, 2.0)
     c = control_config(dev, GovernorSection(dwell_s=45.0, max_dwell_s=600.0), thermal, 10.0)
     assert (c.dwell_s, c.max_dwell_s) == (45.0, 600.0)  # the core's timers, from [governor]
+
+
+def test_what_is_served_is_written_by_its_owner_only():
+    """The constraints in force, the control state and output, the reading, the ladders, the
+    plan, the switch, live energy and the watches have one writer, runtime/device/serving.py:
+    no other module of runtime/device assigns them on another object (`x.cstate = ...`; the
+    control state had three writers and the config in force two)."""
+    import ast
+    from pathlib import Path
+
+    from runtime.device.serving import Serving
+
+    owned = {"cfg", "cstate", "out", "reading", "ccfg", "pipeline", "backends", "devices",
+             "model_gen", "box", "plan", "switch", "energy", "drift", "refusals",
+             "sensor_watch", "thermal", "trips", "thermal_disabled"}
+    source = Path(__file__).resolve().parents[2] / "runtime" / "device"
+    assert owned <= set(Serving.__init__.__code__.co_names)  # each one a field of Serving
+    writes = []
+    for p in sorted(source.glob("*.py")):
+        if p.name == "serving.py":
+            continue
+        for node in ast.walk(ast.parse(p.read_text())):
+            targets = (node.targets if isinstance(node, ast.Assign) else
+                       [node.target] if isinstance(node, ast.AugAssign | ast.AnnAssign) else [])
+            for t in targets:
+                for a in (t.elts if isinstance(t, ast.Tuple) else [t]):  # what is assigned
+                    if (isinstance(a, ast.Attribute) and a.attr in owned
+                            and not (isinstance(a.value, ast.Name) and a.value.id == "self")):
+                        writes.append(f"{p.name}:{a.lineno}: {ast.unparse(a)}")
+    assert writes == []
