@@ -41,8 +41,9 @@ from power.energy import EnergyState
 from power.nvml import gpu_meters
 from power.sensors import detect_meter
 from runtime.config import Config, ConfigError
-from runtime.device import commands, installing, links
+from runtime.device import commands, installing
 from runtime.device.health import health
+from runtime.device.links import Links
 from runtime.device.operator_state import OperatorState
 from runtime.device.ota import DeviceOta
 from runtime.device.profiles import load_profile
@@ -57,11 +58,7 @@ from runtime.device.systemd import Notifier
 from runtime.device.wakeup import Wakeup, WakingQueue
 from runtime.device.wear import WriteRate
 from runtime.frames.pipeline import Pipeline
-from runtime.frames.results_local import LocalResults
-from runtime.telemetry.outbox import Outbox
-from runtime.telemetry.publisher import Publisher, device_id
 from runtime.wire import clock as wire_clock
-from runtime.wire.health_history import HealthHistory
 
 log = logging.getLogger("edgerun.daemon")
 
@@ -87,10 +84,6 @@ class Daemon:
         self._reload_requested = False
         self.wakeup = Wakeup()  # the main loop sleeps on it (runtime/device/wakeup.py)
         self.sim: Any = None  # runtime.device.simdevice.SimulatedDevice when simulating
-        self.publisher: Publisher | None = None
-        self.sparkplug: Any = None  # runtime.telemetry.sparkplug.node.SparkplugNode ([sparkplug])
-        self.local_api: Any = None  # runtime.device.local_api.LocalApi ([local_api]: opt-in)
-        self.plc: Any = None  # runtime.telemetry.plc.PlcServers ([opcua], [modbus]; docs/plc.md)
         self.sleeper: Any = None  # runtime.device.sleep.Sleeper when [sleep] is enabled
         self.ota: DeviceOta | None = None  # model versions, deploy, probation ([models])
         self.operator = OperatorState(self.state_dir)  # overrides and learnt state, kept
@@ -98,13 +91,11 @@ class Daemon:
         # (runtime/wire/clock.py); a fake sysfs root holds the fake timesyncd flag too
         root = cfg.device.sysfs_root or "/"
         self.clock = wire_clock.Clock(root, kernel=root == "/")
+        # the outbox, MQTT, Sparkplug, the PLC servers, the local API (runtime/device/links.py)
+        self.links = Links(cfg, self.state_dir, self.clock, lambda *a, **kw: self.event(*a, **kw))
         # -- parts made by start(), in its order --
         self.serving: Serving | None = None  # what is served and why (runtime/device/serving.py)
-        self.outbox: Outbox | None = None
-        self.device_id = ""
         self.pipeline: Pipeline | None = None
-        self.local: LocalResults | None = None  # [results]: print, JSONL, snapshots
-        self.history = HealthHistory(self.state_dir)  # for `edgerun report` when offline
         # the device at the last tick, frozen: what every reader reads (runtime/device/
         # state.py); replaced whole by the main loop, None until the pipeline runs
         self.state: DeviceState | None = None
@@ -169,106 +160,64 @@ class Daemon:
 
     def _open_outbox(self) -> None:
         """The outbox, and the events that waited for it (its own start-up, the governor)."""
-        self.outbox = Outbox(self.cfg.telemetry.outbox, on_event=self._event_of)
-        if (ev := self.outbox.take_startup_event()) is not None:
-            self.event(ev.pop("type"), "critical", **ev)
+        self.links.open_outbox()
         if self.serving.thermal_disabled:
             self.event("governor_disabled", "critical", reason=self.serving.thermal_disabled)
 
     def _open_links(self) -> None:
         """The local API (503 until the pipeline runs), OTA, the PLC servers, MQTT and
-        Sparkplug (runtime/device/links.py): made now so a bad key file fails before minutes
-        of profiling."""
-        cfg, plan = self.cfg, self.serving.plan
-        self.device_id = plan.device_id = device_id(cfg.telemetry)
-        if cfg.local_api.port:  # imported only then: prometheus_client costs ~8 MB resident
-            from runtime.device.local_api import start_local_api
-
-            self.local_api = start_local_api(  # up during profiling: 503 until the pipeline runs
-                cfg.local_api, self.latest_health,
-                lambda: self.pipeline.alive(cfg.local_api.stall_s), self.device_id)
+        Sparkplug: made now so a bad key file fails before minutes of profiling."""
+        cfg, links, plan = self.cfg, self.links, self.serving.plan
+        links.open_local_api(self.latest_health,
+                             lambda: self.pipeline.alive(cfg.local_api.stall_s))
+        plan.device_id = links.device_id
         try:  # a key file, an [opcua] file or asyncua, pypylon
             self.ota = DeviceOta(self.serving, cfg.models, cfg.telemetry, self.state_dir,
-                                 self.device_id)
-            self.plc = links.open_plc(cfg)
-            plan.edges = self.plc.edges if self.plc else None
+                                 links.device_id)
+            plan.edges = links.open_plc()
             if any(s.kind == "pylon" for s in (cfg.sources or (cfg.source,))):
                 from runtime.frames.pylon_source import pypylon
 
                 pypylon()  # an extra: said now, not as a source retried for ever
         except (ValueError, ImportError) as e:
             raise ConfigError(str(e)) from e
-        self.publisher = links.open_publisher(
-            cfg, self.outbox, self.state_dir, self.device_id, lambda: self.state,
-            self.ota.precheck, WakingQueue(self.wakeup.set, 100), self.clock)
-        self.sparkplug = links.open_sparkplug(cfg, self.device_id, self.outbox,
-                                              self.state_dir, self.event)
+        links.open_mqtt(lambda: self.state, self.ota.precheck,
+                        WakingQueue(self.wakeup.set, 100))
 
     def _start_pipeline(self) -> None:
         """Local results, the pipeline, each model on its top rung."""
-        cfg, serving = self.cfg, self.serving
-        if cfg.results.enabled:
-            self.local = LocalResults(cfg.results, self._event_of)
-            self.local.start()
+        links, serving = self.links, self.serving
+        links.open_results()
         lanes = serving.plan.lanes(self.sim.clock if self.sim else None)
-        sink = self.plc.tap(self._stamped) if self.plc else self._stamped
-        self.pipeline = Pipeline(lanes, serving.box.model.manifest, sink,
-                                 self._event_of, cfg.daemon.queue_size,
-                                 serving.new_preprocess_chooser(), self.local)
+        self.pipeline = Pipeline(lanes, serving.box.model.manifest, links.sink(),
+                                 links.event_of, self.cfg.daemon.queue_size,
+                                 serving.new_preprocess_chooser(), links.local)
         serving.start(self.pipeline)
 
     def _start_services(self) -> None:
-        """OTA (a probation resumes), the simulator, duty cycling, MQTT."""
+        """OTA (a probation resumes), the simulator, duty cycling, the links."""
         self.ota.started()
         if self.sim:
             self.sim.start()
         from runtime.device import sleep as sleep_mod
 
-        self.sleeper = sleep_mod.create(self.cfg, self.serving,
-                                        Uplink(self.outbox, self.publisher, self.health),
-                                        self.sim)
-        if self.sparkplug:
-            self.sparkplug.start()
-        if self.plc:
-            try:
-                self.plc.start(self.latest_health)
-            except ValueError as e:  # the port taken, a certificate asyncua refuses
-                raise ConfigError(str(e)) from e
-        if self.publisher:
-            self.publisher.start()
-        else:
-            links.say_unpublished(self.cfg)
+        up = Uplink(self.links.outbox, self.links.publisher, self.health)
+        self.sleeper = sleep_mod.create(self.cfg, self.serving, up, self.sim)
+        self.links.start(self.latest_health)
 
     # -- events and the snapshot ----------------------------------------------------------
 
     def event(self, type_: str, severity: str = "info", **fields: Any) -> None:
-        """Record an event for the operator (log + outbox)."""
-        status, r = self.clock.now()
-        ev = {"v": 1, "t": r.wall, "type": type_, "severity": severity, **fields,
-              "clk": wire_clock.stamp(status, r)}
-        try:
-            self.outbox.put("event", ev)
-        except Exception as e:  # the outbox itself failing is logged, never raised here
-            log.error("could not queue event %s: %s", type_, e)
-
-    def _stamped(self, results: list[dict]) -> list[int]:
-        """Store results, each stamped with the clock's state at its capture
-        (runtime/wire/clock.py: the coordinator places unsynced ones once the clock is)."""
-        status, r = self.clock.now()
-        wire_clock.stamp_each(results, wire_clock.stamp(status, r), r.wall)
-        return self.outbox.append_many(results)
-
-    def _event_of(self, ev: dict) -> None:
-        """An event a part made whole (the outbox's, the pipeline's, local results')."""
-        self.event(ev.pop("type"), ev.pop("severity", "warning"), **ev)
+        """Record an event for the operator (log + outbox): every part's sink."""
+        self.links.record(type_, severity, **fields)
 
     def _changed(self) -> None:
         """The [model] or its rung changed (Serving, OTA): a new snapshot first (once there
         are any), so the MQTT thread sends the change in a new birth; systemd's status."""
         if self.state is not None:
             self.refresh_state()
-        if self.publisher:
-            self.publisher.request_rebirth()
+        if self.links.publisher:
+            self.links.publisher.request_rebirth()
         self.notify.status(self.status_line())
 
     def refresh_state(self, reports: bool = False) -> DeviceState:
@@ -337,8 +286,8 @@ class Daemon:
             if self._reload_requested:
                 self._reload_requested = False
                 self.reload()
-            if self.publisher is not None:
-                commands.drain(self.serving, self.ota, self.publisher.commands)
+            if self.links.publisher is not None:
+                commands.drain(self.serving, self.ota, self.links.publisher.commands)
             self.serving.apply_installs(self.ota.apply)
             # simulating, the ticks that are overdue run back to back (a batch: no nap)
             ticked = False
@@ -352,7 +301,7 @@ class Daemon:
                 self._safe(self.refresh_state, "taking the device's snapshot failed")
             if now >= next_health:
                 next_health = now + self.cfg.telemetry.health_interval_s
-                self._send_health()
+                self.links.send_health(self.health(), self.serving.trips)
             wd = self.notify.watchdog_s
             if wd and now - last_beat >= wd / 4 and self.pipeline.alive(wd / 2):
                 self.notify.watchdog()  # only while the infer loop is alive
@@ -379,13 +328,6 @@ class Daemon:
             log.exception("%s", failed)
             self.event("control_failed", "critical", error=str(e)[:300])
 
-    def _send_health(self) -> None:
-        h = self.health()
-        self.outbox.put("health", h)
-        if self.sparkplug:  # births and NDATA are made from the health snapshot
-            self.sparkplug.feed(h)
-        self.history.append(h, self.serving.trips)
-
     def _on_stop_signal(self, *_: Any) -> None:
         self._stop_requested = True  # only a flag: no locks, no I/O in a signal handler
 
@@ -401,8 +343,8 @@ class Daemon:
     def close_partial(self) -> None:
         """After start-up was abandoned while profiling (nothing had started threads yet):
         close the outbox, which keeps its data."""
-        if self.outbox is not None:
-            self.outbox.close()
+        if self.links.outbox is not None:
+            self.links.outbox.close()
         self.wakeup.close()
 
     def stop(self) -> None:
@@ -415,8 +357,8 @@ class Daemon:
                 stop()
             except Exception:
                 log.exception("stopping %s failed; going on with the rest of the stop", what)
-        stats = self.outbox.stats()
-        self.outbox.close()
+        stats = self.links.outbox.stats()
+        self.links.outbox.close()
         self.wakeup.close()
         log.info("stopped; %d results not yet acked stay in the outbox for the next start",
                  stats["results_held"])

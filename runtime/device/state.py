@@ -35,21 +35,16 @@ if TYPE_CHECKING:
     from runtime.device.serving import Serving
     from runtime.device.wear import WriteRate
     from runtime.frames.pipeline import Pipeline
-    from runtime.telemetry.outbox import Outbox
-    from runtime.telemetry.publisher import Publisher
 
 
-class Links(Protocol):
-    """What the snapshot takes of the daemon beside what is served: its links and their
+class Parts(Protocol):
+    """What the snapshot takes of the daemon beside what is served: its parts and their
     reports (main loop only: every other reader reads the snapshot, never these)."""
 
     cfg: Config  # as started: the sections a reload cannot change
     sim: Any  # runtime.device.simdevice.SimulatedDevice or None
     pipeline: Pipeline
-    publisher: Publisher | None
-    outbox: Outbox
-    sparkplug: Any  # runtime.telemetry.sparkplug.node.SparkplugNode or None
-    plc: Any  # runtime.telemetry.plc.PlcServers or None
+    links: Any  # runtime.device.links.Links: the outbox, MQTT, Sparkplug, the PLC servers
     started: float  # monotonic time of the start
     ota: Any  # runtime.device.ota.DeviceOta or None
     sleeper: Any  # runtime.device.sleep.Sleeper or None
@@ -134,7 +129,7 @@ class DeviceState:
     clock: Mapping[str, Any] | None = None
 
 
-def _rails(s: Serving, d: Links) -> Mapping[str, Any] | None:
+def _rails(s: Serving, d: Parts) -> Mapping[str, Any] | None:
     """The INA3221 rails now (sysfs reads: taken with each health message, not each tick)."""
     if d.sim:
         return None
@@ -142,15 +137,16 @@ def _rails(s: Serving, d: Links) -> Mapping[str, Any] | None:
     return freeze(rails) if rails is not None else None
 
 
-def _integrations(d: Links) -> Mapping[str, bool]:
+def _integrations(d: Parts) -> Mapping[str, bool]:
     """Whether each enabled integration's thread runs (a thread's is_alive: cheap)."""
-    alive = {"sparkplug": d.sparkplug.alive()} if d.sparkplug is not None else {}
-    if d.plc is not None:
-        alive.update(d.plc.alive())
+    links = d.links
+    alive = {"sparkplug": links.sparkplug.alive()} if links.sparkplug is not None else {}
+    if links.plc is not None:
+        alive.update(links.plc.alive())
     return MappingProxyType(alive)
 
 
-def _storage(d: Links) -> Mapping[str, Any]:
+def _storage(d: Parts) -> Mapping[str, Any]:
     """Sample the process's disk writes (a health is due) and report the rate."""
     written = wear.read_write_bytes()
     if written is not None:
@@ -165,8 +161,8 @@ def stopped(before: DeviceState | None, now: DeviceState) -> list[str]:
     return [k for k, ok in now.integrations.items() if not ok and before.integrations.get(k)]
 
 
-def snapshot(s: Serving, d: Links, prev: DeviceState | None = None) -> DeviceState:
-    """What is served, `s`, and the daemon's links, `d`, now, frozen (main loop only: it
+def snapshot(s: Serving, d: Parts, prev: DeviceState | None = None) -> DeviceState:
+    """What is served, `s`, and the daemon's parts, `d`, now, frozen (main loop only: it
     reads the live fields). With `prev`, the pipeline's and the backlog's figures are kept
     from it: they are taken when a health message is due (`prev` None), not every tick,
     because they cost what the other fields do not (the backlog's row count grows with the
@@ -183,8 +179,9 @@ def snapshot(s: Serving, d: Links, prev: DeviceState | None = None) -> DeviceSta
         t, clk, clock_health = r.wall, freeze(wire_clock.stamp(status, r)), freeze(clock.health())
     else:
         t, clk, clock_health = time.time(), None, None
+    outbox, publisher = d.links.outbox, d.links.publisher
     return DeviceState(
-        t=t, boot=d.outbox.boot, uptime_s=round(time.monotonic() - d.started, 1),
+        t=t, boot=outbox.boot, uptime_s=round(time.monotonic() - d.started, 1),
         reading=s.reading, trips=MappingProxyType(dict(s.trips)), out=s.out,
         bounded=s.cstate.bounded, policy=s.cfg.governor.policy,
         thermal_disabled=s.thermal_disabled, model=m.manifest.name,
@@ -199,12 +196,12 @@ def snapshot(s: Serving, d: Links, prev: DeviceState | None = None) -> DeviceSta
         joint_models=len(joint[0].picks) if joint else 0, device_name=s.device.name,
         battery=bool(s.device.sensors.battery or s.device.battery),
         pipeline=prev.pipeline if prev else freeze(d.pipeline.stats()),
-        backlog=prev.backlog if prev else freeze(d.outbox.stats()),
+        backlog=prev.backlog if prev else freeze(outbox.stats()),
         devices=freeze(s.devices), preprocess=freeze(m.pre.report),
         models=freeze(s.box.health(d.pipeline)),
         box_energy=freeze(s.box_energy.report()) if s.box_energy is not None else None,
         ota=freeze(d.ota.health()) if d.ota is not None else MappingProxyType({}),
-        mqtt=freeze(d.publisher.health()) if d.publisher else None,
+        mqtt=freeze(publisher.health()) if publisher else None,
         simulated=freeze(d.sim.report()) if d.sim else None,
         sleep=freeze(d.sleeper.health()) if d.sleeper else None,
         power_rails=prev.power_rails if prev else _rails(s, d),

@@ -149,16 +149,16 @@ def test_sensor_problems_are_said_once_a_minute_with_a_count(monkeypatch):
 
 
 def test_the_daemon_offers_what_its_snapshot_and_its_stop_read(tmp_path):
-    """The snapshot and the stop read the daemon's links through Protocols (state.Links,
+    """The snapshot and the stop read the daemon's parts through Protocols (state.Parts,
     shutdown.StopHost): a member one of them names that the daemon lacks would fail at run
     time, on a device."""
     from runtime.config import from_dict
     from runtime.device.daemon import Daemon
     from runtime.device.shutdown import StopHost
-    from runtime.device.state import Links
+    from runtime.device.state import Parts
 
     d = Daemon(from_dict({"daemon": {"state_dir": str(tmp_path / "state")}}))
-    for proto in (Links, StopHost):
+    for proto in (Parts, StopHost):
         names = {n for n in vars(proto) if not n.startswith("_")} | set(
             proto.__annotations__)
         missing = sorted(n for n in names if not hasattr(d, n))

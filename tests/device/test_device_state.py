@@ -148,7 +148,7 @@ def test_a_dead_plc_server_shows_in_health_and_says_so_once(tmp_path):
     d.event = lambda kind, *a, **kw: (said.append((kind, kw)), event(kind, *a, **kw))[1]
     try:
         assert d.health()["integrations"] == {"modbus": True}
-        d.plc.servers[0].stop()
+        d.links.plc.servers[0].stop()
         h = d.health()
         assert h["integrations"] == {"modbus": False}
         payloads.check("health", h)  # what a coordinator validates with admits it
