@@ -226,9 +226,9 @@ def serve(config_path: Path | None, print_results: bool = False,
         cfg = replace(cfg, results=replace(cfg.results, print=True))
     daemon = Daemon(cfg, config_path)
     daemon.print_results = print_results
-    daemon.install_signal_handlers()
+    daemon.signals.install()
     if reload_pending():
-        daemon.request_reload()  # as its handler would have done
+        daemon.signals.request_reload()  # as its handler would have done
     try:
         daemon.start()
     except Stopping as e:

@@ -143,11 +143,14 @@ def drain(s: Serving, ota: DeviceOta, waiting: queue.Queue[Command]) -> None:
             s.event("command_failed", "warning", command=cmd.name, error=str(e)[:300])
 
 
-def reload(s: Serving, path: Path, print_results: bool) -> None:
+def reload(s: Serving, path: Path | None, print_results: bool) -> None:
     """SIGHUP: re-read the config at `path` and apply constraints and governor (the operator's
     settings on top; `print_results`: `serve --print` outlives reloads, as settings do). Any
     failure, of any kind, is logged and reported (`config_reload_failed`) and the old config
-    stays."""
+    stays. Without a config file (`path` None) there is nothing to reload."""
+    if path is None:
+        log.warning("SIGHUP without --config: nothing to reload")
+        return
     old = s.cfg
     s.switch.retry_now()  # a new config: a failing switch is tried again at once
     try:

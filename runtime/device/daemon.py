@@ -1,27 +1,18 @@
-"""`edgerun serve`: the long-running appliance process.
+"""`edgerun serve`: the long-running appliance process, and its composition root `Daemon`.
 
-Start-up order (each step logs; a failure says which step and why):
-config -> device profile -> simulator (if enabled) -> sensors -> outbox -> model manifest and
-profiles (cached) -> selector and ladder -> first session loaded and warmed -> pipeline ->
-MQTT publisher -> READY=1.
+Start-up (`start()`, each step logs; a failure says which step and why): config -> device
+profile -> simulator (if enabled) -> sensors -> outbox -> model manifest and profiles (cached)
+-> selector and ladder -> first session loaded and warmed -> pipeline -> MQTT -> READY=1.
 
-The main thread then runs the control loop: governor + energy budget every `governor.tick_s`
-(pure decisions from power/), commands from the publisher's queue, health every
-`telemetry.health_interval_s`, WATCHDOG=1 only while the infer loop's heartbeat is fresh, and
-signals: SIGTERM drains in-flight frames and stops; SIGHUP reloads the config (an invalid file
-is reported and the old config kept).
+The main loop (`run()`) then gives every duty its turn: commands and installs as they come,
+the control step every `governor.tick_s`, health every `telemetry.health_interval_s`,
+WATCHDOG=1 only while the infer loop's heartbeat is fresh; SIGTERM drains in-flight frames
+and stops, SIGHUP reloads the config (an invalid file is reported and the old config kept).
 
-`Daemon` is the composition root: `start()` names its steps, `run()` is the main loop, and the
-work lives in its parts (runtime/device/), each given the collaborators it needs, never the
-daemon. What is served and why has one owner, `Serving` (`serving.py`): the constraints in
-force, the control tick, the ladders (`model_ladder.py`, `served_model.py`), the sources'
-plan, the rung switch, live energy and drift. Beside it: the models installed at start-up
-`installing.py`, the commands and SIGHUP `commands.py`, model versions `ota.py`, MQTT,
-Sparkplug and the PLC servers `links.py`, duty cycling `sleep.py`, the operator's state
-`operator_state.py`, background profiling `profiling.py`, sensors `sensing.py`, the stop's
-order `shutdown.py`. Each control tick the main loop takes one frozen `DeviceState`
-(`state.py`); health, the STATUS= line, birth, Home Assistant, the local API and OPC UA read
-only that.
+The work lives in the parts, each given the collaborators it needs, never the daemon: what is
+served in `serving.py`, the links in `links.py`, model versions `ota.py`, duty cycling
+`sleep.py`, commands `commands.py` (docs/architecture.md: the rest). Each tick the loop takes
+one frozen `DeviceState` (`state.py`), all that health, status, birth and the APIs read.
 """
 
 from __future__ import annotations
@@ -29,10 +20,8 @@ from __future__ import annotations
 import logging
 import math
 import queue
-import signal
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -55,21 +44,19 @@ from runtime.device.sleep import Uplink
 from runtime.device.state import DeviceState, snapshot, stopped
 from runtime.device.status import status_line
 from runtime.device.systemd import Notifier
-from runtime.device.wakeup import Wakeup, WakingQueue
+from runtime.device.wakeup import Signals, Wakeup, WakingQueue
 from runtime.device.wear import WriteRate
 from runtime.frames.pipeline import Pipeline
 from runtime.wire import clock as wire_clock
 
 log = logging.getLogger("edgerun.daemon")
 
-# The main loop sleeps until its next duty; at most this long, so the status line and a
-# watchdog beat held back by a stalled pipeline are looked at again soon.
+# the main loop's longest sleep: a status line or a beat a stalled pipeline held back is seen
 MAX_SLEEP_S = 1.0
 
 
 class Daemon:
-    """One `edgerun serve` process (see module docstring). Wires the parts and loops; what is
-    served lives in runtime.device.serving, the health message in runtime.device.health."""
+    """One `edgerun serve` process: wires its parts, runs the main loop, snapshots, stops."""
 
     def __init__(self, cfg: Config, config_path: Path | None = None):
         self.cfg = cfg  # as started: the wiring's sections (in force: `serving.cfg`)
@@ -78,17 +65,13 @@ class Daemon:
         self.state_dir = Path(cfg.daemon.state_dir).expanduser()
         self.started = time.monotonic()
         self.writes = WriteRate()  # this process's disk writes a day (health `storage`)
-        # Set by signal handlers, read by the main loop. Plain attributes on purpose: a handler
-        # that takes a lock (Event.set) can deadlock against the main thread's own wait.
-        self._stop_requested = False
-        self._reload_requested = False
         self.wakeup = Wakeup()  # the main loop sleeps on it (runtime/device/wakeup.py)
+        self.signals = Signals(self.wakeup)  # a stop or a reload asked, read by the loop
         self.sim: Any = None  # runtime.device.simdevice.SimulatedDevice when simulating
         self.sleeper: Any = None  # runtime.device.sleep.Sleeper when [sleep] is enabled
         self.ota: DeviceOta | None = None  # model versions, deploy, probation ([models])
         self.operator = OperatorState(self.state_dir)  # overrides and learnt state, kept
-        # whether wall time can be believed; the stamp every result, health and event carries
-        # (runtime/wire/clock.py); a fake sysfs root holds the fake timesyncd flag too
+        # can wall time be believed: every stamp's (wire/clock.py; a fake sysfs holds its flag)
         root = cfg.device.sysfs_root or "/"
         self.clock = wire_clock.Clock(root, kernel=root == "/")
         # the outbox, MQTT, Sparkplug, the PLC servers, the local API (runtime/device/links.py)
@@ -96,11 +79,9 @@ class Daemon:
         # -- parts made by start(), in its order --
         self.serving: Serving | None = None  # what is served and why (runtime/device/serving.py)
         self.pipeline: Pipeline | None = None
-        # the device at the last tick, frozen: what every reader reads (runtime/device/
-        # state.py); replaced whole by the main loop, None until the pipeline runs
+        # the device at the last tick, frozen: all any reader reads (state.py); None at first
         self.state: DeviceState | None = None
-        # what the background threads measured, for the main loop (any thread puts)
-        self.installs: queue.Queue[Install] = WakingQueue(self.wakeup.set)
+        self.installs: queue.Queue[Install] = WakingQueue(self.wakeup.set)  # measured, to install
         self.profiler = Profiler(lambda *a, **kw: self.event(*a, **kw), self.installs.put)
         self.print_results = False  # `serve --print` (serve() sets it; reload keeps it)
 
@@ -108,9 +89,11 @@ class Daemon:
 
     def start(self) -> None:
         """Bring every part up in order; raises with the failing step named."""
-        kept = self._restore_operator_state()
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        # commands sent earlier outlive restarts (and the config file's [constraints]); so do
+        # the harvest forecast learnt (`kept`) and the operator's rate cap
+        self.cfg, kept = self.operator.restore(self.cfg)
         self._open_device(kept)
-        self._open_outbox()
         self._open_links()
         rest = installing.install_models(self.serving, self.ota)
         self._start_pipeline()
@@ -122,16 +105,6 @@ class Daemon:
         if rest is not None:  # the fast schedule: serve on the first choice, refine meanwhile
             self.profiler.run(lambda: rest(self.pipeline.exclusive), "profiling refined",
                               self.serving.model_gen)
-
-    def _restore_operator_state(self) -> EnergyState | None:
-        """Commands sent earlier outlive restarts (and the config file's [constraints]); so
-        do the harvest forecast learnt (returned) and the operator's rate cap."""
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        energy = self.operator.load()
-        if self.operator.settings:
-            self.cfg = replace(self.cfg, constraints=self.operator.constraints(
-                self.cfg.constraints))
-        return energy
 
     def _open_device(self, energy: EnergyState | None) -> None:
         """The device profile, the simulator (if enabled), the sensors and the power meter,
@@ -155,19 +128,17 @@ class Daemon:
             box_energy=box_energy, profiler=self.profiler, operator=self.operator,
             state_dir=self.state_dir, installs=self.installs,
             event=lambda *a, **kw: self.event(*a, **kw), notify=self.notify,
-            stopping=lambda: self._stop_requested, changed=self._changed, energy=energy,
+            stopping=lambda: self.signals.stop, changed=self._changed, energy=energy,
             simulated=self.sim is not None)
 
-    def _open_outbox(self) -> None:
-        """The outbox, and the events that waited for it (its own start-up, the governor)."""
-        self.links.open_outbox()
+    def _open_links(self) -> None:
+        """The outbox and the events that waited for it; the local API (503 until the
+        pipeline runs), OTA, the PLC servers, MQTT and Sparkplug: made now so a bad key file
+        fails before minutes of profiling."""
+        cfg, links, plan = self.cfg, self.links, self.serving.plan
+        links.open_outbox()
         if self.serving.thermal_disabled:
             self.event("governor_disabled", "critical", reason=self.serving.thermal_disabled)
-
-    def _open_links(self) -> None:
-        """The local API (503 until the pipeline runs), OTA, the PLC servers, MQTT and
-        Sparkplug: made now so a bad key file fails before minutes of profiling."""
-        cfg, links, plan = self.cfg, self.links, self.serving.plan
         links.open_local_api(self.latest_health,
                              lambda: self.pipeline.alive(cfg.local_api.stall_s))
         plan.device_id = links.device_id
@@ -175,10 +146,7 @@ class Daemon:
             self.ota = DeviceOta(self.serving, cfg.models, cfg.telemetry, self.state_dir,
                                  links.device_id)
             plan.edges = links.open_plc()
-            if any(s.kind == "pylon" for s in (cfg.sources or (cfg.source,))):
-                from runtime.frames.pylon_source import pypylon
-
-                pypylon()  # an extra: said now, not as a source retried for ever
+            plan.check_extras()
         except (ValueError, ImportError) as e:
             raise ConfigError(str(e)) from e
         links.open_mqtt(lambda: self.state, self.ota.precheck,
@@ -244,29 +212,11 @@ class Daemon:
         s = self.state
         return None if s is None else health(s)
 
-    # -- reload -------------------------------------------------------------------------------
-
-    def reload(self) -> None:
-        """SIGHUP: re-read the config and apply constraints and governor; a failure of any
-        kind is reported and the old config stays (runtime.device.commands.reload)."""
-        if self.config_path is None:
-            log.warning("SIGHUP without --config: nothing to reload")
-            return
-        commands.reload(self.serving, self.config_path, self.print_results)
-
     # -- main loop ----------------------------------------------------------------------------
-
-    def install_signal_handlers(self) -> None:
-        """SIGTERM/SIGINT stop, SIGHUP reloads; installed before start-up so a signal during
-        a long cold-start profiling is honoured, not fatal."""
-        signal.signal(signal.SIGTERM, self._on_stop_signal)
-        signal.signal(signal.SIGINT, self._on_stop_signal)
-        signal.signal(signal.SIGHUP, self._on_reload_signal)
-        self.wakeup.take_signals()  # a signal also ends the main loop's sleep
 
     def run(self) -> int:
         """Run until SIGTERM/SIGINT; returns the exit code."""
-        self.install_signal_handlers()
+        self.signals.install()
         # tick_s is device time. Simulating, the loop is the simulated board's clock
         # (lockstep, runtime/device/simdevice.py): each tick moves the plant by exactly
         # tick_s, paced to [simulator] speed when the host keeps up, slower when it cannot.
@@ -274,7 +224,7 @@ class Daemon:
         nap = min(0.05, tick)
         next_tick = next_health = last_beat = 0.0
         status = ""
-        while not self._stop_requested:
+        while not self.signals.stop:
             if self.sim:
                 self.wakeup.wait(min(nap, self.sim.due_in(tick)))
             else:  # until the next duty; signals, commands and installs wake it earlier
@@ -283,9 +233,8 @@ class Daemon:
                 due = min(next_tick, next_health, beat if beat > now else math.inf)
                 self.wakeup.wait(min(MAX_SLEEP_S, due - now))
             now = time.monotonic()
-            if self._reload_requested:
-                self._reload_requested = False
-                self.reload()
+            if self.signals.take_reload():  # the old config stays if the new one is refused
+                commands.reload(self.serving, self.config_path, self.print_results)
             if self.links.publisher is not None:
                 commands.drain(self.serving, self.ota, self.links.publisher.commands)
             self.serving.apply_installs(self.ota.apply)
@@ -320,25 +269,12 @@ class Daemon:
             self.sleeper.after_control()
 
     def _safe(self, step: Callable[[], Any], failed: str) -> None:
-        """Run a step of the loop; the loop survives its own bugs (the readers keep the
-        previous snapshot), saying so."""
+        """Run a step of the loop, which survives its own bugs (the snapshot stays), saying so."""
         try:
             step()
         except Exception as e:
             log.exception("%s", failed)
             self.event("control_failed", "critical", error=str(e)[:300])
-
-    def _on_stop_signal(self, *_: Any) -> None:
-        self._stop_requested = True  # only a flag: no locks, no I/O in a signal handler
-
-    def _on_reload_signal(self, *_: Any) -> None:
-        self._reload_requested = True  # only a flag (the wake-up fd woke the loop)
-
-    def request_reload(self) -> None:
-        """Reload the config at the main loop's next turn (a flag, then a wake-up; any
-        thread but a signal handler, which sets the flag alone)."""
-        self._reload_requested = True
-        self.wakeup.set()
 
     def close_partial(self) -> None:
         """After start-up was abandoned while profiling (nothing had started threads yet):
