@@ -1,8 +1,10 @@
 """The house rules of docs/architecture.md ("Layering"), read from the source with ast.
 
-Every import statement counts, at module level or inside a function (an import moved into a
-function to hide a dependency still counts); only `if TYPE_CHECKING:` blocks are left out (they
-never run). An import names the module it loads: `from a.b import c` is `a.b.c` when that is
+Every import statement counts, at module level, inside a function (an import moved into a
+function to hide a dependency still counts) or under `if TYPE_CHECKING:` (a type-level
+dependency is still two modules that must know each other); only the check of what importing a
+module loads leaves the `TYPE_CHECKING` blocks out (they never run). An import names the
+module it loads: `from a.b import c` is `a.b.c` when that is
 a module, else `a.b`. A failure names the offending import as file:line.
 
 - no import cycle among the product modules (runtime/, power/);
@@ -89,16 +91,16 @@ def _type_checking_only(node: ast.AST) -> bool:
 
 def imports(path: Path, root: Path, known: typing.Collection[str] = (),
             top_level_only: bool = False) -> list[tuple[int, str]]:
-    """(line, absolute module name) of every import in a file, wherever it stands (with
-    `top_level_only`, only those that run when the module is imported: not inside a
-    function). `from a.b import c` names `a.b.c` when that is one of the `known` modules,
-    else `a.b`."""
+    """(line, absolute module name) of every import in a file, wherever it stands, under
+    `if TYPE_CHECKING:` too (with `top_level_only`, only those that run when the module is
+    imported: not inside a function, not under `TYPE_CHECKING`). `from a.b import c` names
+    `a.b.c` when that is one of the `known` modules, else `a.b`."""
     tree = ast.parse(path.read_text(), filename=str(path))
     found: set[tuple[int, str]] = set()
 
     def visit(node: ast.AST) -> None:
         for child in ast.iter_child_nodes(node):
-            if _type_checking_only(child):  # never runs: only its else branch counts
+            if top_level_only and _type_checking_only(child):  # never runs: its else does
                 for sub in typing.cast(ast.If, child).orelse:
                     visit_one(sub)
             else:
@@ -324,6 +326,23 @@ def test_a_function_level_cycle_is_found_with_its_lines(tmp_path):
         "runtime/ota/bundle.py:1: runtime.ota.bundle imports runtime.ota.store",
         "runtime/ota/store.py:5: runtime.ota.store imports runtime.ota.bundle"]]
     assert cycles(root, {("runtime.ota.store", "runtime.ota.bundle")}) == []
+
+
+def test_a_type_level_cycle_is_found_with_its_lines(tmp_path):
+    """A cycle closed by an import under `if TYPE_CHECKING:` is still a cycle: the two
+    modules must know each other to be read or type-checked."""
+    root = _tree(tmp_path, {
+        "runtime/device/__init__.py": "",
+        "runtime/device/state.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                   "    from runtime.device.host import Host\n",
+        "runtime/device/host.py": "from runtime.device import state\n",
+    })
+    assert cycles(root, set()) == [[
+        "runtime/device/host.py:1: runtime.device.host imports runtime.device.state",
+        "runtime/device/state.py:3: runtime.device.state imports runtime.device.host"]]
+    # what importing a module loads: the block never runs
+    assert imports(root / "runtime/device/state.py", root, top_level_only=True) == [
+        (1, "typing")]
 
 
 def test_a_wrong_way_import_is_named(tmp_path):

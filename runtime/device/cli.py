@@ -206,9 +206,39 @@ def _check_sensors(cfg, say: Callable[[str], None]) -> str | None:
 def cmd_serve(args: argparse.Namespace) -> int:
     """Run the daemon: inspect frames, govern precision, publish results and health."""
     hold_sighup()
-    from runtime.device.daemon import serve
-
     return serve(args.config, print_results=args.print, reload_pending=lambda: bool(_EARLY_HUP))
+
+
+def serve(config_path: Path | None, print_results: bool = False,
+          reload_pending: Callable[[], bool] = lambda: False) -> int:
+    """Entry point of `edgerun serve` (`--print`: `print_results`; `reload_pending`: whether
+    a SIGHUP arrived before the daemon's handler was installed)."""
+    import logging
+    from dataclasses import replace
+
+    from runtime.config import load
+    from runtime.device.daemon import Daemon
+    from runtime.device.profiling import Stopping
+    from runtime.device.systemd import Notifier
+
+    cfg = load(config_path)
+    if print_results:
+        cfg = replace(cfg, results=replace(cfg.results, print=True))
+    daemon = Daemon(cfg, config_path)
+    daemon.print_results = print_results
+    daemon.signals.install()
+    if reload_pending():
+        daemon.signals.request_reload()  # as its handler would have done
+    try:
+        daemon.start()
+    except Stopping as e:
+        logging.getLogger("edgerun.daemon").info("%s: exiting before start-up finished", e)
+        daemon.close_partial()
+        return 0
+    except Exception:
+        Notifier().status("start-up failed; see the journal")
+        raise
+    return daemon.run()
 
 
 _EARLY_HUP: list[int] = []

@@ -94,20 +94,3 @@ def versions() -> dict[str, str]:
         except Exception:  # an engine that is not installed has no version to report
             continue
     return out
-
-
-MODELS_REASON_CHARS = 8_000  # health's models[].reason, all models together
-
-
-def share_reasons(models: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """health's `models` with each reason cut to its share of MODELS_REASON_CHARS (at most
-    the schema's 4096): 65 models' reasons of ~1000 characters, with their keys and sources,
-    pushed health over the 64 KiB a coordinator admits (64 sources on 64 models with short
-    paths measured 54 KB even so: the rest is per-source and per-model figures). Cut at the
-    end: the choice and its target come first; the sources' share of the box, the same for
-    every model, is also in the top-level choice_reason."""
-    per = min(4000, MODELS_REASON_CHARS // max(len(models), 1))
-    for m in models:
-        if len(m["reason"]) > per:
-            m["reason"] = m["reason"][:per - 3] + "..."
-    return models

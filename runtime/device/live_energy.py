@@ -3,7 +3,7 @@
 Every control tick the pipeline reports, per variant (by pipeline.live_id), the inferences it
 ran and the CPU seconds of the threads that ran them (power.cputime); once a variant has
 LIVE_MIN_INFERENCES of them they become one figure, converted at the joules per CPU-second its
-profile measured, folded into an EWMA (`fold`; `update_running` each control tick). The daemon
+profile measured, folded into an EWMA (`fold`; runtime/device/serving.py each control tick). It
 bills the process's other native threads to the running variant only when its engine may run
 inference on threads of its own (`has_native_pool`). A variant on an accelerator is not learnt
 from CPU time (its work is not the host's: converted at its profile's joules per CPU-second, a
@@ -15,14 +15,11 @@ variant's inferences and CPU seconds since the start, for that meter's windows.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from power.accelerators import on_host
 from power.cputime import native_threads_cpu_s
 from runtime.choice.selector import Profile
-
-if TYPE_CHECKING:
-    from runtime.device.host import PartsHost
 
 LIVE_MIN_INFERENCES = 50  # inferences per live energy update of the running rung
 LIVE_ALPHA = 0.3  # EWMA weight of each live update
@@ -62,7 +59,7 @@ def has_native_pool(profile: Profile | None) -> bool:
 
 class LiveEnergy:
     """The live figures (J per inference by pipeline.live_id) and what accumulates towards
-    the next ones; the daemon calls `update` every control tick."""
+    the next ones; `Serving` calls `update` every control tick."""
 
     def __init__(self) -> None:
         self.live: dict[str, float] = {}  # live id -> J per inference, live
@@ -102,34 +99,3 @@ class LiveEnergy:
         would be billed to the new version's first figure (the one probation judges)."""
         self.live = {k: v for k, v in self.live.items() if "\x00" in k}
         self.acc = {k: v for k, v in self.acc.items() if "\x00" in k}
-
-
-def update_running(d: PartsHost) -> None:
-    """Keep the running rung's energy per inference current: the inference threads' CPU
-    time (power.cputime) per inference, converted at the joules per CPU-second its profile
-    measured. Frozen while profiling (the profiler's work would be billed to it) and when
-    simulating (this host's pipeline is not the simulated device: its rungs keep the
-    profiles' CPU time scaled by the device profile)."""
-    if d.sim:  # no /proc reads at the simulator's tick rate (every 10 ms at 300x)
-        d.pipeline.take_infer_cpu()
-        return
-    running = running_id(d)
-    if not d.energy.update(d.pipeline.take_infer_cpu, running,
-                           d.box.model.by_id.get(running), d.box.by_live,
-                           d.profiler.lock.locked(), lambda: d.device.power.active_w_per_core):
-        return
-    for m in d.box.models:  # the [model]'s first, then each source's own
-        m.rungs = m.live_rungs(d.energy.live)
-    if d.box.source_models:
-        d.box.build_joint()
-
-
-def running_id(d: PartsHost) -> str:
-    """The [model]'s variant the pipeline runs ("": none)."""
-    a = d.pipeline.active
-    return a.variant_id if a else ""
-
-
-def running_j(d: PartsHost) -> float | None:
-    """The running [model] variant's live energy per inference (None: none yet)."""
-    return d.energy.live.get(running_id(d))

@@ -16,7 +16,6 @@ from typing import Any
 from power.rungs import Rung
 from runtime.choice import joint
 from runtime.choice.selector import Constraints
-from runtime.device.health import share_reasons
 from runtime.device.served_model import ServedModel
 from runtime.device.source_plan import SourcePlan
 from runtime.frames.pipeline import live_id
@@ -149,3 +148,20 @@ class Box:
                         if pipeline else None})
         box = {"rung": self.joint_current + 1, "rungs": len(self.joint)} if self.joint else {}
         return {"models": share_reasons(out), **({"box": box} if box else {})}
+
+
+MODELS_REASON_CHARS = 8_000  # health's models[].reason, all models together
+
+
+def share_reasons(models: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """health's `models` with each reason cut to its share of MODELS_REASON_CHARS (at most
+    the schema's 4096): 65 models' reasons of ~1000 characters, with their keys and sources,
+    pushed health over the 64 KiB a coordinator admits (64 sources on 64 models with short
+    paths measured 54 KB even so: the rest is per-source and per-model figures). Cut at the
+    end: the choice and its target come first; the sources' share of the box, the same for
+    every model, is also in the top-level choice_reason."""
+    per = min(4000, MODELS_REASON_CHARS // max(len(models), 1))
+    for m in models:
+        if len(m["reason"]) > per:
+            m["reason"] = m["reason"][:per - 3] + "..."
+    return models

@@ -76,6 +76,14 @@ class OperatorState:
                      f"{rate:g} Hz" if math.isfinite(rate) else "none")
         return energy
 
+    def restore(self, cfg: Any) -> tuple[Any, EnergyState | None]:
+        """Read both files (start-up): `cfg` (runtime.config.Config) with the overrides on its
+        [constraints], and the learnt energy state (None: none)."""
+        energy = self.load()
+        if self.settings:
+            cfg = replace(cfg, constraints=self.constraints(cfg.constraints))
+        return cfg, energy
+
     def constraints(self, constraints: Any) -> Any:
         """`constraints` (runtime.config.Constraints) with the overrides applied."""
         return apply(constraints, self.settings)

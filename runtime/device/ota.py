@@ -16,9 +16,10 @@
   own models (choice/joint.py), frames, errors and p95 count only the [model] section's model
   (runtime/frames/model_counts.py: by pipeline key and model directory, so the old version's frames
   are not the new one's either), p95 is per inference and is compared with that model's own
-  per-inference target (`OtaHost.target_ms`: `[constraints] latency_ms` on a one-source box).
+  per-inference target (`Serving.target_ms`: `[constraints] latency_ms` on a one-source box).
 
-The daemon is reached through runtime.device.host.OtaHost, the few calls this module needs.
+What is served is reached through runtime.device.serving.Serving: the [model] it serves, its
+measuring and installing, and `changed` (a new snapshot and birth).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from runtime.device.host import Install, OtaHost, Stopping
+from runtime.device.profiling import Install, Stopping
 from runtime.durable import crash_point
 from runtime.frames.model_counts import ModelId, Tally, model_id
 from runtime.ota.model_store import ModelStore
@@ -42,6 +43,7 @@ from runtime.ota.probation import Kpis, Limits, judge
 from runtime.wire.events import EventType
 
 if TYPE_CHECKING:
+    from runtime.device.serving import Serving
     from runtime.frames.pipeline import Active
     from runtime.wire.commands import Command
 
@@ -67,13 +69,13 @@ class DeviceOta:
     """See module docstring. One per daemon; `apply`, `tick` and `rollback` run on the main
     thread, `precheck` on the MQTT thread, the download/verify/profile on its own thread."""
 
-    def __init__(self, d: OtaHost, cfg: Any, telemetry: Any, state_dir: Path,
+    def __init__(self, serving: Serving, cfg: Any, telemetry: Any, state_dir: Path,
                  device_id: str):
         """`cfg`: the [models] section; `telemetry`: the [telemetry] section (the broker a
         bundle may come through); `device_id`: this device's telemetry id."""
         from runtime.ota.install import trusted_keys
 
-        self.d = d
+        self.serving = serving
         self.cfg = cfg
         self.telemetry, self.device_id = telemetry, device_id
         self.store = ModelStore(state_dir)
@@ -94,8 +96,8 @@ class DeviceOta:
         why = self.store.boot(self.cfg.crash_boots)
         if why:
             log.critical("model rolled back: %s", why)
-            self.d.event(EventType.MODEL_ROLLED_BACK, "critical", reason=why,
-                         to=self.store.read().get("current") or "configured")
+            self.serving.event(EventType.MODEL_ROLLED_BACK, "critical", reason=why,
+                               to=self.store.read().get("current") or "configured")
         vid, path = self.store.serving()
         self.version = vid
         if path is not None:
@@ -124,8 +126,8 @@ class DeviceOta:
                 path = served or self.configured
                 log.critical("model %s rolled back: %s; serving %s", failed, why,
                              self.version or "the configured model")
-                self.d.event(EventType.MODEL_ROLLED_BACK, "critical", version=failed,
-                             to=self.version or "configured", reason=why[:1000])
+                self.serving.event(EventType.MODEL_ROLLED_BACK, "critical", version=failed,
+                                   to=self.version or "configured", reason=why[:1000])
 
     def started(self) -> None:
         """After the pipeline started: a restart during probation resumes it (no old model in
@@ -172,13 +174,13 @@ class DeviceOta:
     def _sibling(self, name: str) -> Path | None:
         """A model directory next to the configured one (the original `choose_model`)."""
         root = (self.configured if self.configured is not None
-                else self.d.box.model.manifest.root)
+                else self.serving.box.model.manifest.root)
         p = Path(root).parent / name
         return p if (p / "manifest.json").is_file() else None
 
     def _siblings(self) -> list[str]:
         root = (self.configured if self.configured is not None
-                else self.d.box.model.manifest.root)
+                else self.serving.box.model.manifest.root)
         try:
             return sorted(p.name for p in Path(root).parent.iterdir()
                           if (p / "manifest.json").is_file())
@@ -192,8 +194,8 @@ class DeviceOta:
         if not self.store.has(name):
             return False
         if name == self.version:
-            self.d.event(EventType.MODEL_DEPLOYED, "info", version=name,
-                         detail="already serving it")
+            self.serving.event(EventType.MODEL_DEPLOYED, "info", version=name,
+                               detail="already serving it")
             return True
         path = self.store.path(name)
         assert path is not None
@@ -205,7 +207,8 @@ class DeviceOta:
         a = cmd.args
         vid = f"{a['name']}@{a['version']}"
         if vid == self.version:
-            self.d.event(EventType.MODEL_DEPLOYED, "info", version=vid, detail="already serving it")
+            self.serving.event(EventType.MODEL_DEPLOYED, "info", version=vid,
+                               detail="already serving it")
             return
 
         def fetch() -> tuple[Path, str]:
@@ -251,7 +254,7 @@ class DeviceOta:
         from runtime.ota.bundle_mqtt import fetch_over_mqtt
 
         def check_stop() -> None:
-            if self.d.stopping():
+            if self.serving.stopping():
                 raise Stopping("stop requested during the bundle download (the part is kept)")
 
         c = self.cfg
@@ -267,8 +270,9 @@ class DeviceOta:
         """Obtain `version` (name@version) with `obtain` and profile it on a thread of its
         own; a second install while one runs is refused (`busy` in its event)."""
         if not self._busy.acquire(blocking=False):
-            self.d.event(EventType.MODEL_DEPLOY_FAILED, "warning", reason=why, version=version,
-                         busy=True, error="another model install is running")
+            self.serving.event(EventType.MODEL_DEPLOY_FAILED, "warning", reason=why,
+                               version=version, busy=True,
+                               error="another model install is running")
             return
         log.info("%s: download, verify and profile in the background", why)
 
@@ -281,15 +285,15 @@ class DeviceOta:
             try:
                 path, vid = obtain()
                 self._step = "profile"
-                measured = self.d.measure_model(path)
-                self.d.queue_install(Install(measured, why, version=vid))
+                measured = self.serving.measure(path)
+                self.serving.installs.put(Install(measured, why, version=vid))
             except Stopping:
                 return
             except Exception as e:
                 log.error("%s failed at step %s: %s; still serving %s", why, self._step, e,
                           self.version or "the configured model")
-                self.d.event(EventType.MODEL_DEPLOY_FAILED, "warning", reason=why,
-                             version=version, step=self._step, error=str(e)[:500])
+                self.serving.event(EventType.MODEL_DEPLOY_FAILED, "warning", reason=why,
+                                   version=version, step=self._step, error=str(e)[:500])
             finally:
                 self._busy.release()
 
@@ -301,7 +305,7 @@ class DeviceOta:
     def apply(self, measured: Any, why: str, vid: str) -> None:
         """Switch the pointer to `vid` and the pipeline to its session between two frames;
         probation starts, against the model that was running."""
-        d = self.d
+        d = self.serving
         baseline = self.kpis_now()
         # The running session becomes the shadow: the pipeline keeps it open after the swap
         # (no second session to load, which would hold the GIL while frames wait).
@@ -331,10 +335,10 @@ class DeviceOta:
         d.event(EventType.MODEL_SWAPPED, "info", **{"from": old or "configured", "to": vid,
                                                      "reason": why})
         self._begin(baseline, shadow, prev)
-        d.rebirth()
+        d.changed()
 
     def _begin(self, baseline: Kpis | None, shadow: Active | None, prev: Any) -> None:
-        p = self.d.pipeline
+        p = self.serving.pipeline
         t = p.models.tally(self._swapped())  # a version chosen again has counts already
         self.probation = _Run(self.version, baseline, time.monotonic(), t.results, t.errors,
                               prev)
@@ -346,29 +350,29 @@ class DeviceOta:
         """A second session of the running variant, for the shadow sample (None when it will
         not load: probation then goes without agreement)."""
         try:
-            return self.d.second_session()
+            return self.serving.second_session()
         except Exception as e:
-            a = self.d.pipeline.active
+            a = self.serving.pipeline.active
             log.warning("cannot load a second session of %s for the shadow sample: %s",
                         a.variant_id if a else "-", e)
             return None
 
     def _swapped(self) -> ModelId:
         """The model OTA swaps and judges: the [model] section's, as the pipeline counts it."""
-        return model_id("", self.d.box.model.manifest)
+        return model_id("", self.serving.box.model.manifest)
 
     def kpis_now(self, since: float = 0.0, results0: int = 0, errors0: int = 0) -> Kpis:
         """The [model] section's running model's own KPIs (not the other sources' models'):
         frames and errors since the counts given, p95 per inference of its inferences stored
         since `since` (monotonic time), live energy per inference."""
-        # Live energy only (CPU time per inference on this traffic, runtime.device.daemon): the
+        # Live energy only (CPU time per inference on this traffic, runtime.device.live_energy): the
         # profiles of two models are measured at different times and loads, so comparing a
         # live figure with a profiled one blamed a copy of the same model for 8x the energy.
         # None until the running variant has its first live figure (or when simulating).
         # Per model already: the [model]'s variants are keyed by their id alone, the
         # sources' own models by key and id (pipeline.live_id).
-        live = self.d.live_energy_j()
-        return model_kpis(self.d.pipeline.models.tally(self._swapped(), since), results0,
+        live = self.serving.live_energy_j()
+        return model_kpis(self.serving.pipeline.models.tally(self._swapped(), since), results0,
                           errors0, live)
 
     # -- probation (main thread, every control tick) ------------------------------------------
@@ -378,12 +382,12 @@ class DeviceOta:
         run = self.probation
         if run is None:
             return
-        p = self.d.pipeline
+        p = self.serving.pipeline
         new = self.kpis_now(run.since, run.results0, run.errors0)
         compared, agreed = p.shadow_counts
         # the swapped model's own per-inference target (runtime/choice/joint.py): with other
         # sources on their own models the box's frame target is not this model's
-        target = self.d.target_ms()
+        target = self.serving.target_ms()
         lim = Limits(target, self.cfg.probation_frames,
                      self.cfg.agreement_floor, self.cfg.max_error_rate_increase,
                      self.cfg.energy_factor, min_shadow=20 if p.shadow is not None else 0)
@@ -398,13 +402,13 @@ class DeviceOta:
             self._drop_shadow()
             self.store.passed()
             log.info("model %s passed probation: %s", run.version, run.kpis)
-            self.d.event(EventType.MODEL_PROBATION_PASSED, "info", version=run.version or "",
-                         **_clean(run.kpis))
+            self.serving.event(EventType.MODEL_PROBATION_PASSED, "info",
+                               version=run.version or "", **_clean(run.kpis))
         elif v.state == "failed":
             self.rollback("; ".join(v.reasons))
 
     def _drop_shadow(self) -> None:
-        self.d.pipeline.drop_shadow()
+        self.serving.pipeline.drop_shadow()
 
     def rollback(self, reason: str) -> None:
         """Back to the previous version (pointer, then pipeline between two frames)."""
@@ -415,18 +419,18 @@ class DeviceOta:
         self.version = now
         log.critical("model %s rolled back to %s: %s", failed, now or "the configured model",
                      reason)
-        self.d.event(EventType.MODEL_ROLLED_BACK, "critical", version=failed or "",
-                     to=now or "configured", reason=reason[:1000],
-                     **_clean(run.kpis if run else {}))
+        self.serving.event(EventType.MODEL_ROLLED_BACK, "critical", version=failed or "",
+                           to=now or "configured", reason=reason[:1000],
+                           **_clean(run.kpis if run else {}))
         self.last = {"version": failed, "state": "rolled_back", "reasons": [reason[:1000]]}
-        d = self.d
+        d = self.serving
         if run is not None and run.prev is not None:
             d.install_model(run.prev, f"rollback of {failed}")
         else:
             path = self.store.path(now) or self.configured
             # after a profiling under way (the cold start's refinement), never skipped
             d.load_in_background(path, False, f"rollback of {failed}", wait=True)
-        d.rebirth()
+        d.changed()
 
     def health(self) -> dict[str, Any]:
         """`model_version` and `probation` for the health message."""

@@ -14,6 +14,7 @@ import math
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -21,7 +22,6 @@ import numpy as np
 from power.accel_throttle import DeviceState
 from power.accelerators import on_host
 from runtime.choice.measure import Measured
-from runtime.device.host import Install, Stopping
 from runtime.durable import crash_point
 from runtime.frames.model_counts import model_id
 
@@ -30,6 +30,25 @@ log = logging.getLogger("edgerun.daemon")  # the journal's name for these lines
 PROGRESS_LOG_S = 2.0  # profiling progress on the terminal: at most one line this often
 REPROFILE_EVERY_S = 600.0  # conditions ask for a re-profile at most this often
 ALONE_SAMPLES = 200  # the throttle check's inferences: the most recent that ran alone
+
+
+class Stopping(Exception):
+    """A stop was requested while a long step (profiling, a bundle download) was running."""
+
+
+@dataclass(frozen=True)
+class Install:
+    """A measured model waiting on the install queue for the main loop (background threads
+    put, the main loop takes between ticks).
+
+    `version`: a model-store version (an OTA deploy or choose_model): the pointer is switched
+    and probation starts. Otherwise a re-measurement of a model directory made while the model
+    generation was `gen`: dropped when another model was installed since it began."""
+
+    measured: Measured
+    why: str
+    version: str | None = None
+    gen: int | None = None
 
 
 def progress_reporter(notify: Any, stopping: Callable[[], bool]) -> Callable[[int, int, str],

@@ -96,7 +96,7 @@ def _shared(d: Any, meter: Any) -> bool:
 
 
 class ServingDrift:
-    """The daemon's watch on its running [model] variant (module doc)."""
+    """The watch on the running [model] variant (module doc)."""
 
     def __init__(self, clock: Any = time.monotonic):
         self._clock = clock
@@ -105,9 +105,9 @@ class ServingDrift:
         self.figure: Figure | None = None  # the last window's
 
     def tick(self, d: Any) -> None:
-        """One control tick of the daemon `d` (runtime.device.daemon.Daemon): read the
-        running variant's accelerator meter; re-rank on drift."""
-        if d.sim or d.pipeline is None:  # a simulated device's meters are not this host's
+        """One control tick of what is served, `d` (runtime.device.serving.Serving, whose
+        tick calls this): read the running variant's accelerator meter; re-rank on drift."""
+        if d.simulated or d.pipeline is None:  # a simulated device's meters are not this host's
             return
         a = d.pipeline.active
         p = d.box.model.by_id.get(a.variant_id) if a else None

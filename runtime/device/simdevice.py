@@ -19,6 +19,8 @@ import logging
 import math
 import time
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 from power.closed_loop import RunResult, run_load
 from power.device import DeviceProfile
@@ -139,3 +141,17 @@ class SimulatedDevice:
     def stop(self) -> None:
         """Stop: whoever waits for simulated time is released (the tree keeps its values)."""
         self.clock.close()
+
+
+def simulate(cfg: Any, device: DeviceProfile, state_dir: Path,
+             load: Callable[[], tuple[Rung | None, float]]) -> SimulatedDevice:
+    """The board `[simulator]` (`cfg`: runtime.config.Config) asks for, its sysfs tree under
+    `state_dir` unless the section names one; `load`: the rung running and its rate."""
+    sc = cfg.simulator
+    root = Path(sc.root or state_dir / "sim-sysfs")
+    sim = SimulatedDevice(device, root, sc.scenario, sc.speed, sc.start_hour, load,
+                          cfg.constraints.latency_ms / 1e3,
+                          duration_s=sc.hours * 3600 or math.inf)
+    log.info("simulated %s, scenario %s at %gx, sysfs tree %s", device.name, sc.scenario,
+             sc.speed, root)
+    return sim

@@ -16,7 +16,9 @@ Sleeping, each cycle runs through phases:
              systemd watchdog over the sleep, suspend (power/suspend.py), restore the watchdog,
              reconnect, re-plan
 
-The daemon is reached through runtime.device.host.SleepHost (public fields and calls only).
+Its collaborators are named: what is served (runtime/device/serving.py: the reading, the
+control state, the pipeline, the running rung, the sensors, events and systemd's notifier) and
+the `Uplink` a sleep is announced through (the outbox, the publisher, health now).
 
 Timestamps stay honest for free: results and health carry the wall clock of their making,
 sequence numbers come from the outbox's AUTOINCREMENT (a sleep changes neither).
@@ -27,24 +29,41 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from power import duty_cycle
 from power.suspend import SimulatedSuspend, Suspender, SuspendError, SysfsSuspend
-from runtime.device.host import SleepHost
 from runtime.wire.events import EventType
+
+if TYPE_CHECKING:
+    from runtime.config import Config, SleepConfig
+    from runtime.device.serving import Serving
 
 log = logging.getLogger("edgerun.sleep")
 
 WATCHDOG_MARGIN_S = 60.0  # on top of a sleep's wall-clock length, for the resume
 
 
-class Sleeper:
-    """Duty cycling for one daemon (module doc)."""
+@dataclass(frozen=True)
+class Uplink:
+    """What a sleep is announced through: the last health before it goes in the `outbox`
+    (runtime.telemetry.outbox.Outbox), the `publisher` (runtime.telemetry.publisher.Publisher;
+    None: no broker) says asleep and disconnects, `health()` is the message now."""
 
-    def __init__(self, d: SleepHost, suspender: Suspender, speed: float = 1.0):
-        self.d, self.cfg = d, d.cfg.sleep
+    outbox: Any
+    publisher: Any
+    health: Callable[[], dict[str, Any]]
+
+
+class Sleeper:
+    """Duty cycling of what is served (module doc)."""
+
+    def __init__(self, cfg: SleepConfig, d: Serving, up: Uplink, suspender: Suspender,
+                 speed: float = 1.0):
+        self.d, self.up, self.cfg = d, up, cfg
         self.suspender, self.speed = suspender, speed
         self.cost = duty_cycle.WakeCost.of(d.device)
         st = d.device.states
@@ -117,10 +136,10 @@ class Sleeper:
 
     def _delivered(self) -> bool:
         """Results acked and queued commands in, or the flush bound reached."""
-        pub = self.d.publisher
+        pub = self.up.publisher
         if pub is None:
             return True
-        held = self.d.outbox.stats()["results_held"]
+        held = self.up.outbox.stats()["results_held"]
         ready = pub.session_ready and pub.commands.empty() and held == 0
         if ready:
             return True
@@ -160,7 +179,7 @@ class Sleeper:
     # -- the sleep ----------------------------------------------------------------------------
 
     def _sleep(self, t: float) -> None:
-        d, plan = self.d, self.plan
+        d, up, plan = self.d, self.up, self.plan
         assert plan is not None and self.cycle_t is not None
         away = self.cycle_t + plan.period_s - t  # device seconds until the next cycle
         if away < max(plan.break_even_s, self.cost.transition_s + 1.0):
@@ -177,9 +196,9 @@ class Sleeper:
         if wd:  # stretch the watchdog over the disconnect and the sleep (docs/sleep.md)
             d.notify.send("WATCHDOG=1",
                           f"WATCHDOG_USEC={int((wall_away + WATCHDOG_MARGIN_S) * 1e6)}")
-        d.outbox.put("health", d.health())  # the last word before the sleep says so
-        if d.publisher:
-            d.publisher.sleep(self.next_wake, why)
+        up.outbox.put("health", up.health())  # the last word before the sleep says so
+        if up.publisher:
+            up.publisher.sleep(self.next_wake, why)
         d.notify.status(f"asleep until {when} UTC")
         try:
             woke = self.suspender.suspend_for(away)
@@ -192,8 +211,8 @@ class Sleeper:
             # infer loop has proved itself alive after the wake, so a hang after a sleep is
             # caught within one timeout.
             d.notify.send(f"WATCHDOG_USEC={int(wd * 1e6)}")
-        if d.publisher:
-            d.publisher.wake()
+        if up.publisher:
+            up.publisher.wake()
         self.next_wake = None
         self.wakes += 1
         if failed:
@@ -234,23 +253,24 @@ def inspected(lanes: list) -> int:
     return max(1, sum(1 for lane in lanes if not getattr(lane, "refused", "")))
 
 
-def create(d: SleepHost) -> Sleeper | None:
-    """The daemon's sleeper when `[sleep] enabled`; a board that cannot suspend (or whose
-    sysfs files are missing or not writable) runs awake with a critical event saying why."""
-    cfg = d.cfg.sleep
-    if not cfg.enabled:
+def create(cfg: Config, d: Serving, up: Uplink, sim: Any) -> Sleeper | None:
+    """The sleeper when `[sleep] enabled` (`sim`: runtime.device.simdevice.SimulatedDevice or
+    None); a board that cannot suspend (or whose sysfs files are missing or not writable)
+    runs awake with a critical event saying why."""
+    sc = cfg.sleep
+    if not sc.enabled:
         return None
     st = d.device.states
     suspender: Suspender
-    if d.sim is not None:
-        suspender = SimulatedSuspend(d.sim.plant, d.cfg.simulator.speed,
-                                     advance=d.sim.advance)  # the one simulated clock
-        speed = d.cfg.simulator.speed
+    if sim is not None:
+        suspender = SimulatedSuspend(sim.plant, cfg.simulator.speed,
+                                     advance=sim.advance)  # the one simulated clock
+        speed = cfg.simulator.speed
     else:
-        suspender = SysfsSuspend(Path(d.cfg.device.sysfs_root), cfg.rtc,
+        suspender = SysfsSuspend(Path(cfg.device.sysfs_root), sc.rtc,
                                  resume_s=st.resume_s if st else 0.0)
         speed = 1.0
-    s = Sleeper(d, suspender, speed)
+    s = Sleeper(sc, d, up, suspender, speed)
     problems = ([] if st is not None and st.can_suspend else
                 [f"device profile {d.device.name} cannot suspend ([states] can_suspend)"])
     problems = problems or suspender.problems()

@@ -66,6 +66,15 @@ class SourcePlan:
         return next((x.model for x in self.config().sources
                      if x.model and model_path(x.model).resolve() == here), s.model)
 
+    def check_extras(self) -> None:
+        """A source that needs an extra (a Basler camera: pypylon) raises ImportError saying
+        so now, at start-up, not as a source retried for ever."""
+        cfg = self.config()
+        if any(s.kind == "pylon" for s in (cfg.sources or (cfg.source,))):
+            from runtime.frames.pylon_source import pypylon
+
+            pypylon()
+
     def model_used(self) -> bool:
         """Whether any source runs the [model] section's model."""
         cfg = self.config()

@@ -1,11 +1,12 @@
 """One frozen, typed view of the device per control tick: `DeviceState`.
 
-The main loop builds it (`snapshot`) from the daemon's live fields and its parts' reports, and
-swaps it in with one attribute assignment; every reader (health, the STATUS= line, birth, Home
-Assistant, the local API's /metrics and /healthz, Sparkplug and OPC UA through health) reads
-only that object. The readers on other threads (HTTP, MQTT, OPC UA) therefore never see a
-half-made change: the snapshot they hold cannot change under them, and a newer one replaces it
-whole (Home Assistant's coordinator and its typed snapshot, the same idea).
+The main loop builds it (`snapshot`) from what is served (runtime/device/serving.py) and the
+daemon's links' reports, and swaps it in with one attribute assignment; every reader (health,
+the STATUS= line, birth, Home Assistant, the local API's /metrics and /healthz, Sparkplug and
+OPC UA through health) reads only that object. The readers on other threads (HTTP, MQTT,
+OPC UA) therefore never see a half-made change: the snapshot they hold cannot change under
+them, and a newer one replaces it whole (Home Assistant's coordinator and its typed
+snapshot, the same idea).
 
 Nested reports (the pipeline's figures, the backlog, each model's rung, ...) are frozen too
 (`freeze`: read-only mappings and tuples); `thaw` gives the plain JSON-ready copy the wire
@@ -21,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from power import ina3221
 from runtime.device import wear
@@ -30,7 +31,24 @@ from runtime.wire import clock as wire_clock
 if TYPE_CHECKING:
     from power import control
     from power.sensors import Reading
-    from runtime.device.host import StateSource
+    from runtime.config import Config
+    from runtime.device.serving import Serving
+    from runtime.device.wear import WriteRate
+    from runtime.frames.pipeline import Pipeline
+
+
+class Parts(Protocol):
+    """What the snapshot takes of the daemon beside what is served: its parts and their
+    reports (main loop only: every other reader reads the snapshot, never these)."""
+
+    cfg: Config  # as started: the sections a reload cannot change
+    sim: Any  # runtime.device.simdevice.SimulatedDevice or None
+    pipeline: Pipeline
+    links: Any  # runtime.device.links.Links: the outbox, MQTT, Sparkplug, the PLC servers
+    started: float  # monotonic time of the start
+    ota: Any  # runtime.device.ota.DeviceOta or None
+    sleeper: Any  # runtime.device.sleep.Sleeper or None
+    writes: WriteRate  # the process's disk writes, sampled with each health (wear.py)
 
 
 def freeze(x: Any) -> Any:
@@ -111,23 +129,24 @@ class DeviceState:
     clock: Mapping[str, Any] | None = None
 
 
-def _rails(d: StateSource) -> Mapping[str, Any] | None:
+def _rails(s: Serving, d: Parts) -> Mapping[str, Any] | None:
     """The INA3221 rails now (sysfs reads: taken with each health message, not each tick)."""
     if d.sim:
         return None
-    rails = ina3221.report(Path(d.cfg.device.sysfs_root), d.device.sensors.ina3221_rails)
+    rails = ina3221.report(Path(d.cfg.device.sysfs_root), s.device.sensors.ina3221_rails)
     return freeze(rails) if rails is not None else None
 
 
-def _integrations(d: StateSource) -> Mapping[str, bool]:
+def _integrations(d: Parts) -> Mapping[str, bool]:
     """Whether each enabled integration's thread runs (a thread's is_alive: cheap)."""
-    alive = {"sparkplug": d.sparkplug.alive()} if d.sparkplug is not None else {}
-    if d.plc is not None:
-        alive.update(d.plc.alive())
+    links = d.links
+    alive = {"sparkplug": links.sparkplug.alive()} if links.sparkplug is not None else {}
+    if links.plc is not None:
+        alive.update(links.plc.alive())
     return MappingProxyType(alive)
 
 
-def _storage(d: StateSource) -> Mapping[str, Any]:
+def _storage(d: Parts) -> Mapping[str, Any]:
     """Sample the process's disk writes (a health is due) and report the rate."""
     written = wear.read_write_bytes()
     if written is not None:
@@ -142,47 +161,49 @@ def stopped(before: DeviceState | None, now: DeviceState) -> list[str]:
     return [k for k, ok in now.integrations.items() if not ok and before.integrations.get(k)]
 
 
-def snapshot(d: StateSource, prev: DeviceState | None = None) -> DeviceState:
-    """The daemon `d` now, frozen (main loop only: it reads the live fields). With `prev`,
-    the pipeline's and the backlog's figures are kept from it: they are taken when a health
-    message is due (`prev` None), not every tick, because they cost what the other fields
-    do not (the backlog's row count grows with the backlog, under the outbox's lock that
-    every result takes; the pipeline's percentiles over its 30 s windows)."""
+def snapshot(s: Serving, d: Parts, prev: DeviceState | None = None) -> DeviceState:
+    """What is served, `s`, and the daemon's parts, `d`, now, frozen (main loop only: it
+    reads the live fields). With `prev`, the pipeline's and the backlog's figures are kept
+    from it: they are taken when a health message is due (`prev` None), not every tick,
+    because they cost what the other fields do not (the backlog's row count grows with the
+    backlog, under the outbox's lock that every result takes; the pipeline's percentiles
+    over its 30 s windows)."""
     a = d.pipeline.active
-    m = d.box.model  # the [model] section's model, its ladder and rung
+    m = s.box.model  # the [model] section's model, its ladder and rung
     rung = m.rungs[m.current]
     prof = m.by_id.get(a.variant_id) if a else None
-    joint = d.box.joint
+    joint = s.box.joint
     clock = getattr(d, "clock", None)
     if clock is not None:  # the wall time and the stamp read together
         status, r = clock.now()
         t, clk, clock_health = r.wall, freeze(wire_clock.stamp(status, r)), freeze(clock.health())
     else:
         t, clk, clock_health = time.time(), None, None
+    outbox, publisher = d.links.outbox, d.links.publisher
     return DeviceState(
-        t=t, boot=d.outbox.boot, uptime_s=round(time.monotonic() - d.started, 1),
-        reading=d.reading, trips=MappingProxyType(dict(d.trips)), out=d.control_out,
-        bounded=d.cstate.bounded, policy=d.cfg.governor.policy,
-        thermal_disabled=d.thermal_disabled, model=m.manifest.name,
+        t=t, boot=outbox.boot, uptime_s=round(time.monotonic() - d.started, 1),
+        reading=s.reading, trips=MappingProxyType(dict(s.trips)), out=s.out,
+        bounded=s.cstate.bounded, policy=s.cfg.governor.policy,
+        thermal_disabled=s.thermal_disabled, model=m.manifest.name,
         labels=tuple(m.manifest.labels or ()),
         model_version=(d.ota.version or "") if d.ota else "",
         choice=a.variant_id if a else "", choice_reason=m.reason,
         rung=m.current, rungs=len(m.rungs), accuracy=rung.accuracy,
         rung_energy_j=rung.energy_j, energy_mj=prof.energy_mj if prof else None,
-        energy_source=d.meter.source, power_w=d.device.power.idle_w + d.load_w(),
-        rate_cap_hz=d.pipeline.rate_cap_hz, operator_rate_hz=d.operator.rate_hz,
-        joint_rung=d.box.joint_current if joint else 0, joint_rungs=len(joint),
-        joint_models=len(joint[0].picks) if joint else 0, device_name=d.device.name,
-        battery=bool(d.device.sensors.battery or d.device.battery),
+        energy_source=s.meter.source, power_w=s.device.power.idle_w + s.load_w(),
+        rate_cap_hz=d.pipeline.rate_cap_hz, operator_rate_hz=s.operator.rate_hz,
+        joint_rung=s.box.joint_current if joint else 0, joint_rungs=len(joint),
+        joint_models=len(joint[0].picks) if joint else 0, device_name=s.device.name,
+        battery=bool(s.device.sensors.battery or s.device.battery),
         pipeline=prev.pipeline if prev else freeze(d.pipeline.stats()),
-        backlog=prev.backlog if prev else freeze(d.outbox.stats()),
-        devices=freeze(d.devices), preprocess=freeze(m.pre.report),
-        models=freeze(d.box.health(d.pipeline)),
-        box_energy=freeze(d.box_energy.report()) if d.box_energy is not None else None,
+        backlog=prev.backlog if prev else freeze(outbox.stats()),
+        devices=freeze(s.devices), preprocess=freeze(m.pre.report),
+        models=freeze(s.box.health(d.pipeline)),
+        box_energy=freeze(s.box_energy.report()) if s.box_energy is not None else None,
         ota=freeze(d.ota.health()) if d.ota is not None else MappingProxyType({}),
-        mqtt=freeze(d.publisher.health()) if d.publisher else None,
+        mqtt=freeze(publisher.health()) if publisher else None,
         simulated=freeze(d.sim.report()) if d.sim else None,
         sleep=freeze(d.sleeper.health()) if d.sleeper else None,
-        power_rails=prev.power_rails if prev else _rails(d),
+        power_rails=prev.power_rails if prev else _rails(s, d),
         integrations=_integrations(d), clk=clk, clock=clock_health,
         storage=prev.storage if prev else _storage(d))

@@ -7,6 +7,8 @@ control tick, health, the watchdog) on one socket pair that is written to by:
   (`signal.set_wakeup_fd`), so the Python handler still only sets a flag;
 - a command or an install queued by another thread (`WakingQueue`);
 - a reload asked from another thread (`Wakeup.set`).
+
+`Signals` holds what the handlers ask for (a stop, a reload) as flags the loop reads.
 """
 
 from __future__ import annotations
@@ -86,3 +88,39 @@ class WakingQueue(queue.Queue):
         """queue.Queue.put, then wake (put_nowait comes here too)."""
         super().put(item, block, timeout)
         self._wake()
+
+
+class Signals:
+    """SIGTERM/SIGINT ask for a stop, SIGHUP for a reload: flags the main loop reads. Plain
+    attributes on purpose: a handler that takes a lock (Event.set) can deadlock against the
+    main thread's own wait; the signal wakes the loop through `wakeup`'s fd."""
+
+    def __init__(self, wakeup: Wakeup):
+        self.wakeup = wakeup
+        self.stop = False
+        self.reload = False
+
+    def install(self) -> None:
+        """Take the signals (main thread; before start-up, so one during a long cold-start
+        profiling is honoured, not fatal)."""
+        signal.signal(signal.SIGTERM, self._on_stop)
+        signal.signal(signal.SIGINT, self._on_stop)
+        signal.signal(signal.SIGHUP, self._on_reload)
+        self.wakeup.take_signals()  # a signal also ends the main loop's sleep
+
+    def _on_stop(self, *_: Any) -> None:
+        self.stop = True  # only a flag: no locks, no I/O in a signal handler
+
+    def _on_reload(self, *_: Any) -> None:
+        self.reload = True  # only a flag (the wake-up fd woke the loop)
+
+    def request_reload(self) -> None:
+        """A reload at the main loop's next turn (any thread but a signal handler, which
+        sets the flag alone): the flag, then a wake-up."""
+        self.reload = True
+        self.wakeup.set()
+
+    def take_reload(self) -> bool:
+        """Whether a reload was asked since the last call (main loop)."""
+        asked, self.reload = self.reload, False
+        return asked

@@ -148,20 +148,36 @@ def test_sensor_problems_are_said_once_a_minute_with_a_count(monkeypatch):
     assert w.read(bad, 5.0) == 3
 
 
-def test_the_daemon_offers_every_call_its_parts_ask_for(tmp_path):
-    """OTA, sleep, the tick's snapshot and the commands reach the daemon through Protocols only
-    (runtime/device/host.py, commands.CommandHost): a member one of them names that the
-    daemon lacks would fail at run time, on a device."""
+def test_the_daemon_offers_what_its_snapshot_and_its_stop_read(tmp_path):
+    """The snapshot and the stop read the daemon's parts through Protocols (state.Parts,
+    shutdown.StopHost): a member one of them names that the daemon lacks would fail at run
+    time, on a device."""
     from runtime.config import from_dict
     from runtime.device.daemon import Daemon
-    from runtime.device.host import OtaHost, PartsHost, SleepHost, StateSource
+    from runtime.device.shutdown import StopHost
+    from runtime.device.state import Parts
 
     d = Daemon(from_dict({"daemon": {"state_dir": str(tmp_path / "state")}}))
-    for proto in (OtaHost, SleepHost, StateSource, PartsHost, commands.CommandHost):
+    for proto in (Parts, StopHost):
         names = {n for n in vars(proto) if not n.startswith("_")} | set(
             proto.__annotations__)
         missing = sorted(n for n in names if not hasattr(d, n))
         assert not missing, (proto.__name__, missing)
+
+
+def test_no_part_of_the_device_is_handed_the_daemon():
+    """Only the entry point imports runtime/device/daemon.py: every part is given the
+    collaborators it needs (what is served, the links), never the daemon itself."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    importers = []
+    for p in sorted((root / "runtime" / "device").glob("*.py")):
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "runtime.device.daemon":
+                importers.append(f"{p.relative_to(root)}:{node.lineno}")
+    assert all(i.startswith("runtime/device/cli.py:") for i in importers), importers
 
 
 @pytest.mark.parametrize("configured, want", [
@@ -176,7 +192,7 @@ def test_set_latency_target_sets_the_target_in_force(configured, want):
     host = SimpleNamespace(cfg=SimpleNamespace(constraints=configured),
                            set_constraints=got.append)
     cmd = SimpleNamespace(name="set_latency_target", args={"ms": 7.5})
-    assert commands.HANDLERS["set_latency_target"](host, cmd) is True
+    assert commands.HANDLERS["set_latency_target"](host, None, cmd) is True
     assert got == [want]
     assert want.in_force() == (7.5, configured.end_to_end_ms is not None)
 
@@ -262,3 +278,33 @@ def test_the_governor_section_s_band_reaches_the_governor():
     assert (g.band_c, g.control_c, g.hyst_c) == (0.05, 70.0, 2.0)
     c = control_config(dev, GovernorSection(dwell_s=45.0, max_dwell_s=600.0), thermal, 10.0)
     assert (c.dwell_s, c.max_dwell_s) == (45.0, 600.0)  # the core's timers, from [governor]
+
+
+def test_what_is_served_is_written_by_its_owner_only():
+    """The constraints in force, the control state and output, the reading, the ladders, the
+    plan, the switch, live energy and the watches have one writer, runtime/device/serving.py:
+    no other module of runtime/device assigns them on another object (`x.cstate = ...`; the
+    control state had three writers and the config in force two)."""
+    import ast
+    from pathlib import Path
+
+    from runtime.device.serving import Serving
+
+    owned = {"cfg", "cstate", "out", "reading", "ccfg", "pipeline", "backends", "devices",
+             "model_gen", "box", "plan", "switch", "energy", "drift", "refusals",
+             "sensor_watch", "thermal", "trips", "thermal_disabled"}
+    source = Path(__file__).resolve().parents[2] / "runtime" / "device"
+    assert owned <= set(Serving.__init__.__code__.co_names)  # each one a field of Serving
+    writes = []
+    for p in sorted(source.glob("*.py")):
+        if p.name == "serving.py":
+            continue
+        for node in ast.walk(ast.parse(p.read_text())):
+            targets = (node.targets if isinstance(node, ast.Assign) else
+                       [node.target] if isinstance(node, ast.AugAssign | ast.AnnAssign) else [])
+            for t in targets:
+                for a in (t.elts if isinstance(t, ast.Tuple) else [t]):  # what is assigned
+                    if (isinstance(a, ast.Attribute) and a.attr in owned
+                            and not (isinstance(a.value, ast.Name) and a.value.id == "self")):
+                        writes.append(f"{p.name}:{a.lineno}: {ast.unparse(a)}")
+    assert writes == []

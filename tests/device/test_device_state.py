@@ -58,7 +58,7 @@ def test_readers_on_other_threads_see_whole_snapshots_while_the_daemon_changes(t
     d = Daemon(load(write_config(tmp_path, tmp_path / "cache")))
     d.start()
     try:
-        rungs = list(d.box.model.rungs)
+        rungs = list(d.serving.box.model.rungs)
         # a change of the live fields without a new snapshot is not seen
         before = d.latest_health()
         d.operator.rate_hz = d.pipeline.rate_cap_hz = 99.0
@@ -98,7 +98,7 @@ def test_readers_on_other_threads_see_whole_snapshots_while_the_daemon_changes(t
             while seen[1] < 50 and k < 20_000:  # the main loop: change the live fields, swap
                 k += 1
                 d.operator.rate_hz = d.pipeline.rate_cap_hz = float(k % 7 + 1)
-                d.box.model.current = k % len(rungs)
+                d.serving.box.model.current = k % len(rungs)
                 if k % 50 == 0:
                     d.control_tick()  # real ticks too (they set the cap again)
                     d.pipeline.rate_cap_hz = d.operator.rate_hz
@@ -148,7 +148,7 @@ def test_a_dead_plc_server_shows_in_health_and_says_so_once(tmp_path):
     d.event = lambda kind, *a, **kw: (said.append((kind, kw)), event(kind, *a, **kw))[1]
     try:
         assert d.health()["integrations"] == {"modbus": True}
-        d.plc.servers[0].stop()
+        d.links.plc.servers[0].stop()
         h = d.health()
         assert h["integrations"] == {"modbus": False}
         payloads.check("health", h)  # what a coordinator validates with admits it

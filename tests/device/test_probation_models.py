@@ -142,14 +142,15 @@ def test_model_id_separates_versions_of_the_same_key():
 def test_the_target_probation_judges_the_model_model_by(tmp_path, sources, tiles, want):
     """`SourcePlan.target("")`: the [model]'s per-inference target from runtime/choice/joint.py."""
     from runtime.config import load
-    from runtime.device.daemon import Daemon
+    from runtime.device.source_plan import SourcePlan
 
     cfg = tmp_path / "c.toml"
     cfg.write_text(f'[constraints]\nlatency_ms = 40\n[daemon]\nstate_dir = "{tmp_path}"\n'
                    + sources)
-    d = Daemon(load(cfg))
-    d.plan.tiles.update(tiles)
-    assert d.plan.target("")[0] == pytest.approx(want)
+    config = load(cfg)
+    plan = SourcePlan(lambda: config, tmp_path)
+    plan.tiles.update(tiles)
+    assert plan.target("")[0] == pytest.approx(want)
 
 
 # -- a pipeline with a failing model beside a healthy one --------------------------------------

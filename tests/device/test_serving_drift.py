@@ -62,14 +62,14 @@ def test_at_20_hz_the_daemon_re_ranks_onto_the_lower_at_rate_energy(tmp_path, mo
     from power import nvml as nvml_mod
     from runtime.config import load
     from runtime.device import daemon as daemon_mod
-    from runtime.device import installing as installing_mod
+    from runtime.device import serving as serving_mod
     from runtime.engine.backends.onnxruntime import OnnxRuntimeBackend
 
     # a 1 W idle floor: the profiler's idle and gap figures are good to ~5 % of the GPU's
     # power (its meter's resolution), 0.05 W here, ~2.5 mJ a frame at 20 Hz
     gpu = FakeGpu(tick_s=0.1, idle_w=1.0, busy_w=1.0, hold_w=1.0, hold_s=5.0)
     monkeypatch.setattr(daemon_mod, "gpu_meters", lambda: nvml_mod.gpu_meters(FakeNvml([gpu])))
-    monkeypatch.setattr(installing_mod, "discover", lambda cfg: [
+    monkeypatch.setattr(serving_mod, "discover", lambda cfg: [
         OnnxRuntimeBackend(), gpu_backend(OnnxRuntimeBackend, gpu, 0.001)])
     model = tiny_cnn(tmp_path / "m.onnx", batch=1, hw=(256, 256))  # ~2 ms a CPU core
     cfg = write_config(tmp_path, tmp_path / "cache", source='kind = "synthetic"\nrate_hz = 20',
@@ -85,15 +85,16 @@ def test_at_20_hz_the_daemon_re_ranks_onto_the_lower_at_rate_energy(tmp_path, mo
     d.start()
     try:
         gpu_id = d.pipeline.active.variant_id
-        assert d.box.model.by_id[gpu_id].engine.startswith("fakegpu"), d.box.model.profiles
-        cpu_id = next(p.variant_id for p in d.box.model.profiles if p.variant_id != gpu_id)
-        assert d.box.model.by_id[gpu_id].gap_w == pytest.approx(0.0, abs=0.1)  # raced to idle
+        model = d.serving.box.model
+        assert model.by_id[gpu_id].engine.startswith("fakegpu"), model.profiles
+        cpu_id = next(p.variant_id for p in model.profiles if p.variant_id != gpu_id)
+        assert model.by_id[gpu_id].gap_w == pytest.approx(0.0, abs=0.1)  # raced to idle
         gpu.hold_w = 41.0  # serving at a cadence: 40 W above idle between frames
         end = time.monotonic() + 30
         while time.monotonic() < end and not (
                 [f for t, f in said if t == "rerank"] and d.pipeline.active
                 and d.pipeline.active.variant_id == cpu_id):
-            installing_mod.apply_installs(d)
+            d.serving.apply_installs(d.ota.apply)
             d.control_tick()
             time.sleep(d.cfg.governor.tick_s)
         reranks = [f for t, f in said if t == "rerank"]
@@ -110,7 +111,8 @@ def test_at_20_hz_the_daemon_re_ranks_onto_the_lower_at_rate_energy(tmp_path, mo
         assert r["live_mj"] == pytest.approx(40.0 * (1e3 / r["rate_hz"] - 1.0), rel=0.15)
         assert r["profiled_mj"] < 0.05 * r["live_mj"] and 0 < r["error"] <= 0.1
         assert "measured while serving" in r["label"]
-        assert d.pipeline.active.variant_id == cpu_id and d.box.model.rungs[-1].variant_id == cpu_id
-        assert "measured while serving" in d.box.model.by_id[gpu_id].gap_source
+        model = d.serving.box.model  # the re-rank installed a new measurement
+        assert d.pipeline.active.variant_id == cpu_id and model.rungs[-1].variant_id == cpu_id
+        assert "measured while serving" in model.by_id[gpu_id].gap_source
     finally:
         d.stop()

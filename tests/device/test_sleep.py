@@ -377,7 +377,7 @@ def test_sleep_is_refused_loudly_where_the_board_cannot(tmp_path, profile, tree,
     if tree:
         fake_sysfs(tmp_path)
     d, events = _fake_daemon(tmp_path, profile, every_s=300)
-    s = sleep_mod.create(d)
+    s = sleep_mod.create(d.cfg, d, sleep_mod.Uplink(None, None, dict), d.sim)
     assert s is not None
     if why:
         assert why in s.disabled and "running awake" in s.disabled
@@ -459,7 +459,7 @@ def _cycle_daemon(every_s, burst=2, sources=("main",)):
         health=lambda: {}, event=lambda t, sev, **kw: events.append(t),
         sensors=SimpleNamespace(read=lambda: Reading(clock["t"])))
     board = _Board(clock)
-    s = Sleeper(d, board)
+    s = Sleeper(d.cfg.sleep, d, d, board)  # `d` is both what is served and the uplink
 
     def tick(dt=0.0):
         clock["t"] += dt

@@ -20,7 +20,6 @@ from runtime.config import (
     from_dict,
     load,
 )
-from runtime.device import installing
 from runtime.engine.manifest import configured_model
 from runtime.frames.multisource import lanes
 from runtime.frames.pipeline import Active, Pipeline
@@ -204,18 +203,24 @@ def test_a_source_may_name_a_model_by_path_or_bundled_name(tmp_path):
 def test_choose_model_is_refused_when_every_source_has_its_own_model(tmp_path):
     """OTA swaps the [model] section's model; with no source using it, a choose_model or
     deploy would change nothing: it is refused, saying why."""
-    from runtime.device.daemon import Daemon
+    from types import SimpleNamespace
+
+    from runtime.device import commands
+    from runtime.device.rung_switch import RungSwitch
+    from runtime.device.source_plan import SourcePlan
     from runtime.wire.commands import Command
 
     cfg = from_dict({"daemon": {"state_dir": str(tmp_path / "state")}, "sources": [
         {"name": "a", "model": "defects"}, {"name": "b", "model": "defects"}]})
-    d = Daemon(cfg)
+    # what the handlers read of what is served: the sources' plan and the rung switch
+    serving = SimpleNamespace(plan=SourcePlan(lambda: cfg, tmp_path / "state"),
+                              switch=RungSwitch(lambda *a, **kw: None))
     deploy = {"name": "other", "version": "2", "url": "http://127.0.0.1:9/b",
               "size": 1, "sha256": "0" * 64, "token": ""}  # well-formed: past the args gate
     for name, args in (("choose_model", {"name": "other"}), ("deploy", deploy)):
         with pytest.raises(ValueError, match="every \\[\\[sources\\]\\] entry names its own "
                                              "model, which cannot be swapped over the air"):
-            d.handle(Command("c" * 8, name, args))
+            commands.handle(serving, None, Command("c" * 8, name, args))
 
 
 def test_a_cameras_tiles_are_learnt_from_its_frames_and_re_planned(tmp_path):
@@ -285,7 +290,7 @@ def test_one_model_spelt_three_ways_is_one_model(tmp_path):
     """A bundled name, its path and a symlink to it are one model: one key, so one
     measurement, one session and one ladder (they were three, each measured and loaded, their
     identical variant ids mixing their live energies)."""
-    from runtime.device.daemon import Daemon
+    from runtime.device.source_plan import SourcePlan
 
     link = tmp_path / "mine"
     link.symlink_to(bundled("defects"))
@@ -293,12 +298,12 @@ def test_one_model_spelt_three_ways_is_one_model(tmp_path):
         {"name": "a", "model": "defects"}, {"name": "b", "model": str(bundled("defects"))},
         {"name": "c", "model": str(link)}, {"name": "d", "model": "inspection"},
         {"name": "e", "model": str(bundled("defects") / "fp32.onnx")}]})
-    d = Daemon(cfg)
-    keys = [d.plan.model_key(s) for s in cfg.sources]
+    plan = SourcePlan(lambda: cfg, tmp_path / "state")
+    keys = [plan.model_key(s) for s in cfg.sources]
     assert keys[:3] == ["defects"] * 3
     assert keys[3] == ""  # the [model]'s own (the bundled classifier): its session
     assert keys[4] == str(bundled("defects") / "fp32.onnx")  # a bare .onnx is another model
-    assert {lane.model for lane in d.plan.lanes()} == {"", "defects", keys[4]}
+    assert {lane.model for lane in plan.lanes()} == {"", "defects", keys[4]}
 
 
 def test_a_corrupt_source_model_costs_its_source_not_the_daemon(tmp_path):
@@ -370,7 +375,7 @@ def test_64_sources_on_64_models_plan_in_milliseconds_not_seconds(tmp_path):
     remembered: what health does (65 x the streams) stays well under a second."""
     import shutil
 
-    from runtime.device.daemon import Daemon
+    from runtime.device.source_plan import SourcePlan
 
     srcs = []
     for i in range(64):
@@ -378,10 +383,11 @@ def test_64_sources_on_64_models_plan_in_milliseconds_not_seconds(tmp_path):
         shutil.copy(bundled("inspection") / "fp32.onnx", tmp_path / f"m{i}" / "model.onnx")
         srcs.append({"name": f"cam{i}", "rate_hz": 1,
                      "model": str(tmp_path / f"m{i}" / "model.onnx")})
-    d = Daemon(from_dict({"daemon": {"state_dir": str(tmp_path / "state")}, "sources": srcs}))
+    cfg = from_dict({"daemon": {"state_dir": str(tmp_path / "state")}, "sources": srcs})
+    plan = SourcePlan(lambda: cfg, tmp_path / "state")
     t0 = time.perf_counter()
     for _ in range(65):
-        streams = d.plan.streams()
+        streams = plan.streams()
     took = time.perf_counter() - t0
     assert len({s.model for s in streams}) == 64
     assert took < 2.0, f"65 x the streams of 64 sources took {took:.2f} s"
@@ -393,7 +399,7 @@ def test_health_of_64_sources_on_64_models_fits_what_a_coordinator_admits():
     under the 64 KiB a coordinator admits (each reason took up to 4000 characters)."""
     import json
 
-    from runtime.device.daemon import share_reasons
+    from runtime.device.model_ladder import share_reasons
     from runtime.wire import payloads
 
     models = [{"key": "" if i == 0 else f"/srv/edgerun/models/line-3/station-{i:02d}/"
@@ -418,16 +424,16 @@ def test_health_of_64_sources_on_64_models_fits_what_a_coordinator_admits():
 def test_a_refused_sources_share_of_the_rate_cap_goes_to_the_others(tmp_path):
     """Two 10 Hz cameras, the second's own model failed at start: a combined cap is all
     the first's (it got half, the refused source's half lost)."""
-    from runtime.device.daemon import Daemon
+    from runtime.device.source_plan import SourcePlan
 
     cfg = from_dict({"daemon": {"state_dir": str(tmp_path / "state")}, "sources": [
         {"name": "a", "rate_hz": 10}, {"name": "b", "rate_hz": 10, "model": "defects"}]})
-    d = Daemon(cfg)
-    assert [lane.share for lane in d.plan.lanes()] == [0.5, 0.5]
-    d.plan.failed["defects"] = "model 'defects' cannot be used: ModelError: corrupt"
-    a, b = d.plan.lanes()
+    plan = SourcePlan(lambda: cfg, tmp_path / "state")
+    assert [lane.share for lane in plan.lanes()] == [0.5, 0.5]
+    plan.failed["defects"] = "model 'defects' cannot be used: ModelError: corrupt"
+    a, b = plan.lanes()
     assert (a.share, b.share) == (1.0, 0.0) and b.refused.startswith("model 'defects'")
-    assert [s.name for s in d.plan.streams()] == ["a"]
+    assert [s.name for s in plan.streams()] == ["a"]
 
 
 def test_a_new_model_measurement_keeps_the_other_models_live_energies(tmp_path):
@@ -441,13 +447,14 @@ def test_a_new_model_measurement_keeps_the_other_models_live_energies(tmp_path):
     try:
         def learnt() -> bool:
             d.control_tick()
-            return any("\x00" in k for k in d.energy.live) and any(
-                "\x00" not in k for k in d.energy.live)
+            return any("\x00" in k for k in d.serving.energy.live) and any(
+                "\x00" not in k for k in d.serving.energy.live)
 
         wait(learnt, 60, "live energies of both models")
-        theirs = {k: v for k, v in d.energy.live.items() if "\x00" in k}
-        installing.install(d, installing.measure(d, Path(d.box.model.manifest.root)))
-        assert {k: v for k, v in d.energy.live.items() if "\x00" in k} == theirs
-        assert not any("\x00" not in k for k in d.energy.live)  # the [model]'s: afresh
+        s = d.serving
+        theirs = {k: v for k, v in s.energy.live.items() if "\x00" in k}
+        s.install(s.measure(Path(s.box.model.manifest.root)))
+        assert {k: v for k, v in s.energy.live.items() if "\x00" in k} == theirs
+        assert not any("\x00" not in k for k in s.energy.live)  # the [model]'s: afresh
     finally:
         d.stop()

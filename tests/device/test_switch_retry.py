@@ -17,7 +17,7 @@ from support.daemon_harness import ZONE, Serve, events, last_health, write_confi
 from support.waiting import wait
 
 from models import bundled
-from runtime.device import ladders
+from runtime.device import commands
 from runtime.device.switch_retry import (
     CAP_S,
     Backoff,
@@ -193,13 +193,21 @@ def test_two_failing_variants_of_one_model_keep_their_own_backoff():
 
 
 def _daemon(tmp_path: Path, *models: Path):
-    """An unstarted Daemon whose [model] is the first of `models` (copies of the bundled
-    inspection model), on a three-rung ladder of real ONNX Runtime variants, its pipeline not
-    running (a switch is taken at its next frame: `target` shows it); `use(i)` makes the
-    i-th model the [model] (as an OTA swap or a rollback installs it). Events are kept."""
+    """What an unstarted daemon serves (runtime/device/serving.py, made with its named
+    collaborators) whose [model] is the first of `models` (copies of the bundled inspection
+    model), on a three-rung ladder of real ONNX Runtime variants, its pipeline not running
+    (a switch is taken at its next frame: `target` shows it); `use(i)` makes the i-th model
+    the [model] (as an OTA swap or a rollback installs it). Events are kept."""
+    import queue
+
     from power.rungs import Rung
     from runtime.config import BackendsConfig, ModelConfig, OnnxRuntimeConfig, load
-    from runtime.device.daemon import Daemon
+    from runtime.device.operator_state import OperatorState
+    from runtime.device.profiles import load_profile
+    from runtime.device.profiling import Profiler
+    from runtime.device.sensing import Sensing
+    from runtime.device.serving import Serving
+    from runtime.device.systemd import Notifier
     from runtime.engine.backends import discover
     from runtime.engine.manifest import configured_model, model_files
     from runtime.frames.multisource import lanes
@@ -211,10 +219,20 @@ def _daemon(tmp_path: Path, *models: Path):
                                                         include_default=False))
     (backend,) = discover(bcfg)
     cfg = tmp_path / "c.toml"
-    cfg.write_text(f'[daemon]\nstate_dir = "{tmp_path / "state"}"\n')
-    d = Daemon(load(cfg))
+    state = tmp_path / "state"
+    state.mkdir()
+    cfg.write_text(f'[daemon]\nstate_dir = "{state}"\n')
     said: list = []
-    d.event = lambda type_, severity="info", **f: said.append((type_, f))
+
+    def event(type_: str, severity: str = "info", **f) -> None:
+        said.append((type_, f))
+
+    installs: queue.Queue = queue.Queue()
+    d = Serving(load(cfg), device=load_profile("generic-x86"), sensing=Sensing(None),
+                meter=None, gpu_meters=[], box_energy=None,
+                profiler=Profiler(event, installs.put), operator=OperatorState(state),
+                state_dir=state, installs=installs, event=event, notify=Notifier({}),
+                stopping=lambda: False, changed=lambda: None)
 
     def use(i: int) -> list:
         m = configured_model(models[i], ModelConfig())
@@ -228,7 +246,7 @@ def _daemon(tmp_path: Path, *models: Path):
 
     chosen = use(0)
     d.pipeline = Pipeline(lanes([SourceConfig(kind="synthetic", size=64)],
-                                lambda c, i: open_source(c, tmp_path / "state"),
+                                lambda c, i: open_source(c, state),
                                 lambda s: s.model), d.box.model.manifest, lambda rs: [],
                           lambda e: None)
     return d, said, chosen, use
@@ -247,12 +265,12 @@ def test_a_hot_box_whose_lower_rung_will_not_load_steps_further_down(tmp_path):
     d.box.model.current = 2
     d.pipeline.switch(d.box.model.session(2))  # the top rung runs
     (model / "fp32.onnx").unlink()  # the middle rung's file is gone
-    ladders.move_model(d, d.box.model, 1, "hot")
+    d.move(d.box.model, 1, "hot")
     assert d.pipeline.target.variant_id == chosen[0].id and d.box.model.current == 0, said
     assert [t for t, _ in said] == ["switch_failed", "rung_changed"]
     assert said[1][1]["to"] == chosen[0].id and "will not load" in said[1][1]["reason"]
     # a step up to the broken rung right after: in its backoff
-    ladders.move_model(d, d.box.model, 1, "cooler")
+    d.move(d.box.model, 1, "cooler")
     assert d.box.model.current == 0 and len(said) == 2
 
 
@@ -269,10 +287,10 @@ def test_a_variant_failing_in_one_version_does_not_hold_back_another_versions(tm
     d.box.model.current = 1
     d.pipeline.switch(d.box.model.session(1))  # the new version runs its middle rung
     (new / "fp16.onnx").write_bytes(b"broken")
-    ladders.move_model(d, d.box.model, 2, "budget")
+    d.move(d.box.model, 2, "budget")
     assert d.box.model.current == 1 and [t for t, _ in said] == ["switch_failed"]
     use(1)  # the rollback installs the old version, whose files are intact
-    ladders.move_model(d, d.box.model, 2, "rollback of v2")
+    d.move(d.box.model, 2, "rollback of v2")
     a = d.pipeline.target
     assert a.variant_id == chosen[2].id and a.manifest.root == old, said
     assert d.box.model.current == 2, said
@@ -291,12 +309,12 @@ def test_a_stream_of_settings_commands_does_not_defeat_the_backoff(tmp_path):
     d.box.model.current = 1
     d.pipeline.switch(d.box.model.session(1))
     (model / "fp16.onnx").write_bytes(b"broken")
-    ladders.move_model(d, d.box.model, 2, "budget")
+    d.move(d.box.model, 2, "budget")
     for k in range(5):
-        d.handle(Command(f"cmd{k:05d}", "set_rate", {"fps": 5 + k}))
-        ladders.move_model(d, d.box.model, 2, "budget")
+        commands.handle(d, None, Command(f"cmd{k:05d}", "set_rate", {"fps": 5 + k}))
+        d.move(d.box.model, 2, "budget")
     assert [t for t, _ in said].count("switch_failed") == 1, said
     d.reprofile = lambda why: None  # (measuring is not what this test is about)
-    d.handle(Command("cmd-reprofile", "reprofile", {}))
-    ladders.move_model(d, d.box.model, 2, "budget")
+    commands.handle(d, None, Command("cmd-reprofile", "reprofile", {}))
+    d.move(d.box.model, 2, "budget")
     assert [t for t, _ in said].count("switch_failed") == 2, said
