@@ -59,8 +59,7 @@ class Daemon:
     """One `edgerun serve` process: wires its parts, runs the main loop, snapshots, stops."""
 
     def __init__(self, cfg: Config, config_path: Path | None = None):
-        self.cfg = cfg  # as started: the wiring's sections (in force: `serving.cfg`)
-        self.config_path = config_path
+        self.cfg, self.config_path = cfg, config_path  # as started (in force: `serving.cfg`)
         self.notify = Notifier()
         self.state_dir = Path(cfg.daemon.state_dir).expanduser()
         self.started = time.monotonic()
