@@ -43,6 +43,12 @@ SIGNATURE_HEADER = "X-Edgerun-Signature"
 _RETRY_STATUS = {408, 429}
 
 
+def retry_delay(failures: int, first_s: float) -> float:
+    """The wait after a delivery's `failures`-th failure: `first_s` as configured (the config
+    allows up to an hour), then the shared doubling up to BACKOFF_MAX_S."""
+    return first_s if failures <= 1 else interval(failures, first_s, BACKOFF_MAX_S)
+
+
 class SecretError(ValueError):
     """The webhook secret file cannot be used; the text says why and what to do."""
 
@@ -184,10 +190,7 @@ class Webhook:
             if not retry or attempt == self.attempts:
                 break
             self.counters["retries"] += 1
-            # the configured first delay as it is (the config allows up to an hour), then the
-            # doubling up to the cap
-            delay = self.backoff_s if attempt == 1 else interval(attempt, self.backoff_s,
-                                                                   BACKOFF_MAX_S)
+            delay = retry_delay(attempt, self.backoff_s)
             self._rlog.log("retry", "webhook: %s; retrying in %.1f s (attempt %d of %d)", why,
                            delay, attempt, self.attempts, level=logging.WARNING)
             if self._stop.wait(delay):

@@ -8,6 +8,7 @@ import random
 
 import pytest
 
+from runtime.coordinator.webhooks import retry_delay
 from runtime.device.switch_retry import Failing, failed
 from runtime.wire import mqtt
 from runtime.wire.backoff import Backoff, interval
@@ -80,3 +81,12 @@ def test_the_mqtt_connection_and_the_switch_retry_use_the_one_schedule():
         f, _ = failed(f, "v1", 0.0)
         delays.append(f.delay_s)
     assert delays == [interval(n, 1.0, 300.0) for n in range(1, 12)]
+
+
+@pytest.mark.parametrize("first_s, want", [
+    (1.0, [1, 2, 4, 8, 16, 32, 60, 60]),
+    (0.05, [0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 6.4]),
+    (100.0, [100, 60, 60, 60, 60, 60, 60, 60]),  # a first delay over the cap is kept, once
+])
+def test_webhook_retries_wait_the_configured_first_delay_then_the_schedule(first_s, want):
+    assert [retry_delay(n, first_s) for n in range(1, 9)] == pytest.approx(want)
