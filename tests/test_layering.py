@@ -83,7 +83,6 @@ OVERSIZE: dict[str, str] = {
     "runtime/coordinator/service.py": "the Coordinator class below, most of the module",
     "runtime/coordinator/service.py::Coordinator": "the coordinator's threads (mqtt, ingest, "
                                                    "http) and handlers; not yet split by job",
-    "runtime/engine/prepare.py": "`models prepare`'s steps in one module; being split by step",
     "runtime/frames/pipeline.py": "the Pipeline class below, most of the module",
     "runtime/frames/pipeline.py::Pipeline": "the frame path's capture, preprocess, infer and "
                                             "store threads over shared queues; not yet split",
