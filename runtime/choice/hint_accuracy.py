@@ -67,7 +67,7 @@ class Measured:
 
 @dataclass(frozen=True)
 class EvalSet:
-    """The validation images a ladder keeps (runtime/engine/prepare.py `_eval_set`)."""
+    """The validation images a ladder keeps (runtime/engine/prepare/write.py `eval_set`)."""
 
     images: np.ndarray  # [N, H, W, 3] BGR uint8 at the source model's full input size (decoded)
     truth: np.ndarray | None  # classifier labels

@@ -8,9 +8,10 @@ newest alerts go first once it is back.
 
 Delivery: one POST per alert, in order, each tried up to `webhook_attempts` times. A
 connection error, a timeout, 408, 429 or 5xx is retried after a delay that starts at
-`webhook_backoff_s` and doubles up to 60 s; any other answer outside 2xx (a redirect, 4xx)
-is the receiver refusing this payload and is not retried. Each alert carries a unique `id`
-so a receiver can drop the duplicate a retry after a lost response produces.
+`webhook_backoff_s` and doubles up to 60 s (the shared schedule, runtime/wire/backoff.py; a
+first delay set above 60 s is kept for the first retry); any other answer outside 2xx (a
+redirect, 4xx) is the receiver refusing this payload and is not retried. Each alert carries a
+unique `id` so a receiver can drop the duplicate a retry after a lost response produces.
 
 With `webhook_secret_file` set, every POST carries `X-Edgerun-Signature: sha256=<hex>`, the
 HMAC-SHA256 of the exact body under the secret (docs/dashboard.md shows how to check it).
@@ -32,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from runtime.config.coordinator import check_url, redacted_url
+from runtime.wire.backoff import interval
 from runtime.wire.quarantine import RateLimitedLog
 
 log = logging.getLogger("edgerun.webhook")
@@ -39,6 +41,12 @@ log = logging.getLogger("edgerun.webhook")
 BACKOFF_MAX_S = 60.0
 SIGNATURE_HEADER = "X-Edgerun-Signature"
 _RETRY_STATUS = {408, 429}
+
+
+def retry_delay(failures: int, first_s: float) -> float:
+    """The wait after a delivery's `failures`-th failure: `first_s` as configured (the config
+    allows up to an hour), then the shared doubling up to BACKOFF_MAX_S."""
+    return first_s if failures <= 1 else interval(failures, first_s, BACKOFF_MAX_S)
 
 
 class SecretError(ValueError):
@@ -173,7 +181,6 @@ class Webhook:
         headers = {"Content-Type": "application/json", "User-Agent": "edgerun-coordinator"}
         if self.secret is not None:
             headers[SIGNATURE_HEADER] = sign(self.secret, body)
-        delay = self.backoff_s
         for attempt in range(1, self.attempts + 1):
             retry, why = self._post(body, headers)
             if why is None:
@@ -183,11 +190,11 @@ class Webhook:
             if not retry or attempt == self.attempts:
                 break
             self.counters["retries"] += 1
+            delay = retry_delay(attempt, self.backoff_s)
             self._rlog.log("retry", "webhook: %s; retrying in %.1f s (attempt %d of %d)", why,
                            delay, attempt, self.attempts, level=logging.WARNING)
             if self._stop.wait(delay):
                 return  # stopping: stop() counts what is left; this one is lost with them
-            delay = min(delay * 2, BACKOFF_MAX_S)
         self.counters["failed"] += 1
         log.error("webhook: gave up on alert %s %s of %s after %d attempt(s): %s",
                   payload.get("alert"), payload.get("state"), payload.get("device"), attempt,

@@ -10,8 +10,9 @@ longest interval, and the success that ends it. Asking for another variant, a co
 config reload (`reset`) tries at once. A step down whose rung will not load falls back to the
 next cheaper rung that does (`candidates`): a hot box must get off the hotter rung.
 
-`due`, `failed` and `succeeded` are pure (tables in tests/device/test_switch_retry.py); `Retries`
-holds the state per model.
+The intervals are the shared schedule (runtime/wire/backoff.py `interval`), without jitter: one
+device's own retries have no fleet to fall out of step with. `due`, `failed` and `succeeded` are
+pure (tables in tests/device/test_switch_retry.py); `Retries` holds the state per model.
 """
 
 from __future__ import annotations
@@ -19,12 +20,14 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Literal
 
+from runtime.wire.backoff import interval
+
 FIRST_S = 1.0
 CAP_S = 300.0
 
 
 @dataclass(frozen=True)
-class Backoff:
+class Failing:
     """One model's failing switch: to which variant, how many failures, when to try again."""
 
     target: str = ""  # the variant that failed to load ("": nothing failing)
@@ -42,34 +45,34 @@ class Backoff:
 Say = Literal["", "failing", "capped", "recovered"]
 
 
-def due(b: Backoff, target: str, now: float) -> bool:
+def due(b: Failing, target: str, now: float) -> bool:
     """Try switching to `target` at `now`? Always for another variant than the failing one."""
     return target != b.target or now >= b.next_at
 
 
-def failed(b: Backoff, target: str, now: float, first_s: float = FIRST_S,
-           cap_s: float = CAP_S) -> tuple[Backoff, Say]:
+def failed(b: Failing, target: str, now: float, first_s: float = FIRST_S,
+           cap_s: float = CAP_S) -> tuple[Failing, Say]:
     """The state after a failed switch to `target`, and what to say: "failing" at the first
     failure of a variant, "capped" when the interval reaches `cap_s`, else nothing."""
     if target != b.target or b.failures == 0:
-        delay = min(first_s, cap_s)
-        return Backoff(target, 1, delay, now + delay,
+        delay = interval(1, first_s, cap_s)
+        return Failing(target, 1, delay, now + delay,
                        b.before if target == b.target else 0), "failing"
-    delay = min(b.delay_s * 2, cap_s)
+    delay = interval(b.failures + 1, first_s, cap_s)
     say: Say = "capped" if delay >= cap_s > b.delay_s else ""
     return replace(b, failures=b.failures + 1, delay_s=delay, next_at=now + delay), say
 
 
-def succeeded(b: Backoff) -> tuple[Backoff, Say]:
+def succeeded(b: Failing) -> tuple[Failing, Say]:
     """The state after a switch that worked: nothing failing; "recovered" when something
     had been (before a reset too)."""
-    return Backoff(), "recovered" if b.attempts else ""
+    return Failing(), "recovered" if b.attempts else ""
 
 
-def reset(b: Backoff) -> Backoff:
+def reset(b: Failing) -> Failing:
     """A command or a config reload: try at once; a failure then starts the intervals
     afresh (and is said again), a success still says what had failed."""
-    return Backoff(b.target, before=b.attempts) if b.attempts else Backoff()
+    return Failing(b.target, before=b.attempts) if b.attempts else Failing()
 
 
 def candidates(wanted: int, running: int) -> list[int]:
@@ -87,25 +90,25 @@ class Retries:
 
     def __init__(self, first_s: float = FIRST_S, cap_s: float = CAP_S):
         self.first_s, self.cap_s = first_s, cap_s
-        self.state: dict[tuple[str, str], Backoff] = {}  # (model key, variant) -> backoff
+        self.state: dict[tuple[str, str], Failing] = {}  # (model key, variant) -> backoff
 
     def due(self, key: str, target: str, now: float) -> bool:
         """Whether model `key` may try switching to `target` now."""
-        return due(self.state.get((key, target), Backoff()), target, now)
+        return due(self.state.get((key, target), Failing()), target, now)
 
-    def failed(self, key: str, target: str, now: float) -> tuple[Backoff, Say]:
+    def failed(self, key: str, target: str, now: float) -> tuple[Failing, Say]:
         """Record a failed switch of model `key`; the new state and what to say."""
-        b, say = failed(self.state.get((key, target), Backoff()), target, now, self.first_s,
+        b, say = failed(self.state.get((key, target), Failing()), target, now, self.first_s,
                         self.cap_s)
         self.state[(key, target)] = b
         return b, say
 
-    def succeeded(self, key: str, target: str | None = None) -> tuple[Backoff, Say]:
+    def succeeded(self, key: str, target: str | None = None) -> tuple[Failing, Say]:
         """Record a switch of model `key` to `target` that worked (None: any switch of it,
         every variant's backoff ends); the state it ended and what to say."""
         gone = [k for k in self.state if k[0] == key and target in (None, k[1])]
         olds = [self.state.pop(k) for k in gone]
-        old = max(olds, key=lambda b: b.attempts, default=Backoff())
+        old = max(olds, key=lambda b: b.attempts, default=Failing())
         return old, succeeded(old)[1]
 
     def reset(self) -> None:
@@ -113,5 +116,5 @@ class Retries:
         self.state = {k: reset(b) for k, b in self.state.items()}
 
 
-__all__ = ["CAP_S", "FIRST_S", "Backoff", "Retries", "candidates", "due", "failed", "reset",
+__all__ = ["CAP_S", "FIRST_S", "Failing", "Retries", "candidates", "due", "failed", "reset",
            "succeeded"]

@@ -61,8 +61,8 @@ from runtime.frames.multisource import FairQueue, Lane, Pacer
 from runtime.frames.results_local import LocalResults
 from runtime.frames.roi import RoiError, crop, resolve
 from runtime.frames.sources import BadFrame, Frame, Source, SourceEnded, SourceError
+from runtime.wire.backoff import Backoff
 from runtime.wire.events import EventType
-from runtime.wire.mqtt import Backoff
 from runtime.wire.quarantine import RateLimitedLog
 
 log = logging.getLogger("edgerun.pipeline")

@@ -3,10 +3,11 @@ its part counter into edgerun, as it would into a Cognex or Keyence vision senso
 the verdict back from holding registers (the map: runtime/telemetry/modbus_map.py). Rising
 edges become frames through an EdgeBoard (runtime/frames/edges.py), as OPC UA's do.
 
-pymodbus runs in a thread of its own with its own event loop; the daemon talks to it as to
-the OPC UA server (`edges`, `tap(sink)`, `start(health)`, `stop()`), from any thread,
-without waiting on it: stored results are handed over with `call_soon_threadsafe` and
-written on the loop, where every request is answered, so a read sees whole verdicts.
+pymodbus runs in a thread of its own with its own event loop (plc_thread.py, shared with the
+OPC UA server); the daemon talks to it as to the OPC UA server (`edges`, `post`,
+`start(health)`, `stop()`), from any thread, without waiting on it: stored results are
+handed over with `call_soon_threadsafe` and written on the loop, where every request is
+answered, so a read sees whole verdicts.
 
 Bounded and confined: at most `max_connections` TCP connections (the next is closed at once,
 counted and logged rate-limited); requests to another unit id, outside the map, or writing
@@ -17,12 +18,10 @@ past the request. Modbus has no security: off loopback only with `allow_remote`,
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import struct
-import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 try:
@@ -40,10 +39,10 @@ from runtime.config.modbus import ModbusConfig
 from runtime.config.opcua import is_loopback
 from runtime.frames.edges import EdgeBoard
 from runtime.telemetry.modbus_map import ILLEGAL_VALUE, RegisterMap
+from runtime.telemetry.plc_thread import LoopServer, require_loopback
 from runtime.wire.quarantine import RateLimitedLog
 
 log = logging.getLogger("edgerun.modbus")
-START_TIMEOUT_S = 30.0
 PENDING_INTERVAL_S = 0.2  # the Pending registers' refresh
 
 
@@ -133,28 +132,23 @@ class _Server(ModbusTcpServer):
         return super().handle_new_connection()
 
 
-class ModbusPlc:
+class ModbusPlc(LoopServer):
     """The `[modbus]` server (see module doc). `triggered`: the sources with
     `trigger = "modbus"`, in config order (their register blocks' order)."""
 
-    protocol = "modbus"
+    protocol, title = "modbus", "Modbus"
 
     def __init__(self, cfg: ModbusConfig, triggered: list[str]):
-        if not is_loopback(cfg.host) and not cfg.allow_remote:  # config refuses it too
-            raise ValueError(f"modbus.allow_remote: host {cfg.host!r} is not loopback")
+        require_loopback(cfg.host, cfg.allow_remote,
+                         f"modbus.allow_remote: host {cfg.host!r} is not loopback")
+        super().__init__(cfg.host, cfg.port, log)
         self.cfg = cfg
         self.edges = EdgeBoard(triggered, cfg.max_pending)
         self._said = RateLimitedLog(log)
         self.regs = RegisterMap(triggered, cfg.coil_base, cfg.register_base, cfg.classes,
                                 cfg.ok_labels, self.edges.push, cfg.max_pending)
         self._known = set(triggered)
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._ready = threading.Event()
-        self._failed: BaseException | None = None
-        self._stop: asyncio.Event | None = None
         self.server: _Server | None = None
-        self.port = cfg.port  # the port bound (cfg.port, or the one chosen for port 0)
         self.connections_refused = 0
 
     # -- the daemon's side (any thread) -------------------------------------------------------
@@ -162,13 +156,7 @@ class ModbusPlc:
     def start(self, health: Callable[[], dict[str, Any]] | None = None) -> None:
         """Serve in a thread; returns once it listens. ValueError when it cannot (the port
         taken, or a privileged one). `health` is not read (the map has no health)."""
-        self._thread = threading.Thread(target=self._run, name="modbus", daemon=True)
-        self._thread.start()
-        if not self._ready.wait(START_TIMEOUT_S):
-            raise ValueError(f"modbus: the server did not start within {START_TIMEOUT_S:g} s")
-        if self._failed is not None:
-            raise ValueError(f"modbus: cannot serve on {self.cfg.host}:{self.cfg.port}: "
-                             f"{type(self._failed).__name__}: {self._failed}") from self._failed
+        self.start_loop()
         if not is_loopback(self.cfg.host):
             log.warning("Modbus TCP on %s:%d: no login, no encryption; anyone who reaches it "
                         "can trigger inspections ([modbus] allow_remote)", self.cfg.host,
@@ -181,15 +169,8 @@ class ModbusPlc:
         items = [(r["source"], str(r.get("ref", "")), str(r.get("label", "")),
                   float(r.get("score") or 0.0), float(r.get("e2e_ms") or math.nan))
                  for r in results if r.get("source") in self._known]
-        loop = self._loop
-        if not items or loop is None:
-            return
-        with contextlib.suppress(RuntimeError):  # the loop closed: stopping
-            loop.call_soon_threadsafe(self._show, items)
-
-    def alive(self) -> bool:
-        """The server's thread runs (False before start, after stop, or once it died)."""
-        return self._thread is not None and self._thread.is_alive()
+        if items:
+            self.call_soon(self._show, items)
 
     def stats(self) -> dict[str, Any]:
         """Connections, refusals and edges (tests and the log)."""
@@ -198,15 +179,6 @@ class ModbusPlc:
                 "connections_refused": self.connections_refused,
                 "requests_refused": self.regs.refused,
                 "edges": dict(self.edges.accepted), "edges_refused": dict(self.edges.refused)}
-
-    def stop(self) -> None:
-        """Close every connection and the socket; join the thread."""
-        loop, stop = self._loop, self._stop
-        if loop is not None and stop is not None:
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(stop.set)
-        if self._thread is not None:
-            self._thread.join(10)
 
     # -- the server's thread -----------------------------------------------------------------
 
@@ -223,22 +195,10 @@ class ModbusPlc:
         self._said.log("connections", "Modbus: refused a connection: %d are open, the bound "
                        "([modbus] max_connections)", n)
 
-    def _run(self) -> None:
-        try:
-            asyncio.run(self._main())
-        except BaseException as e:  # never past this thread
-            if not self._ready.is_set():
-                self._failed = e
-                self._ready.set()
-            else:
-                log.exception("Modbus server failed; the daemon runs on without it")
-
-    async def _main(self) -> None:
+    async def _open(self) -> list[Coroutine[Any, Any, None]]:
         # pymodbus logs each refused request and connection itself: a client could fill the
         # journal; edgerun says it, rate-limited
         logging.getLogger("pymodbus").setLevel(logging.CRITICAL)
-        self._loop = asyncio.get_running_loop()
-        self._stop = asyncio.Event()
         server = _Server(_Context(self.regs, self.cfg.unit_id, self._said),
                          address=(self.cfg.host, self.cfg.port), custom_pdu=[_StrictWriteCoil],
                          max_connections=self.cfg.max_connections, on_refused=self._refused)
@@ -247,14 +207,11 @@ class ModbusPlc:
         sockets = getattr(server.transport, "sockets", None) or ()
         if sockets:
             self.port = sockets[0].getsockname()[1]  # the one chosen, for port 0
-        self._ready.set()
-        pending = asyncio.create_task(self._refresh())
-        try:
-            await self._stop.wait()
-        finally:
-            pending.cancel()
-            await asyncio.gather(pending, return_exceptions=True)
-            await server.shutdown()
+        return [self._refresh()]
+
+    async def _close(self) -> None:
+        if self.server is not None:
+            await self.server.shutdown()
 
     async def _refresh(self) -> None:
         """The Pending registers, every PENDING_INTERVAL_S (edges are taken on the capture

@@ -2,7 +2,8 @@
 verdict, counters, the rung and model, health; on a PLC-triggered source a `Trigger()` method
 and a writable `PartPresent`, whose rising edges become frames (runtime/frames/edges.py).
 
-asyncua runs in a thread of its own with its own event loop; the daemon talks to it through
+asyncua runs in a thread of its own with its own event loop (plc_thread.py, shared with the
+Modbus server); the daemon talks to it through
 a narrow interface, from any thread, without waiting on it:
 
 - `tap(sink)`: the pipeline's result sink, wrapped: after the results are stored, their
@@ -21,12 +22,10 @@ no client is an administrator (no node can be added or removed).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hmac
 import logging
 import math
-import threading
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -41,14 +40,14 @@ except ImportError as e:  # an optional extra: the daemon says so as a config er
     raise ImportError(f"[opcua] enabled needs the asyncua package ({e}): pip install "
                       "'edgerun[opcua]'") from e
 
-from runtime.config.opcua import OpcUaConfig, is_loopback
+from runtime.config.opcua import OpcUaConfig
 from runtime.frames.edges import EdgeBoard
 from runtime.telemetry import opcua_view as view
+from runtime.telemetry.plc_thread import LoopServer, require_loopback
 from runtime.wire.quarantine import RateLimitedLog
 
 log = logging.getLogger("edgerun.opcua")
 NAMESPACE = "urn:edgerun:plc"
-START_TIMEOUT_S = 30.0
 
 
 def _vt(name: str) -> ua.VariantType:
@@ -248,16 +247,17 @@ class _Guard:
         return getattr(ua.StatusCodes, code)
 
 
-class PlcServer:
+class PlcServer(LoopServer):
     """The `[opcua]` server (see module doc). `sources`: every source's name; `triggered`:
     those with `trigger = "opcua"`."""
 
-    protocol = "opcua"
+    protocol, title = "opcua", "OPC UA"
 
     def __init__(self, cfg: OpcUaConfig, sources: list[str], triggered: list[str],
                  state_dir: Path | None = None):
-        if cfg.security == "none" and not is_loopback(cfg.host):  # config refuses it too
-            raise ValueError(f'opcua.security "none" only on loopback, host is {cfg.host!r}')
+        require_loopback(cfg.host, cfg.security != "none",
+                         f'opcua.security "none" only on loopback, host is {cfg.host!r}')
+        super().__init__(cfg.host, cfg.port, log)
         self.cfg = cfg
         self.state_dir = state_dir  # where the standard address space is shelved (None: not)
         self._shelf: Path | None = None
@@ -265,11 +265,6 @@ class PlcServer:
         self.edges = EdgeBoard(triggered, cfg.max_pending)
         self._secrets = _Secrets(cfg)
         self._guard = _Guard(self.edges)
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._ready = threading.Event()
-        self._failed: BaseException | None = None
-        self._stop: asyncio.Event | None = None
         self._results: asyncio.Queue | None = None
         self._known = set(self.sources)
         self._counts = {s: {"Results": 0, "Ok": 0, "Nok": 0} for s in self.sources}
@@ -277,7 +272,6 @@ class PlcServer:
         self._health: Callable[[], dict[str, Any]] = dict
         self._said = RateLimitedLog(log)
         self.server: Server | None = None
-        self.port = cfg.port  # the port bound (cfg.port, or the one chosen for port 0)
         self.posted = 0  # results handed to the loop
 
     # -- the daemon's side (any thread) -------------------------------------------------------
@@ -291,13 +285,7 @@ class PlcServer:
 
             from runtime.telemetry.opcua_aspace import shelf
             self._shelf = shelf(self.state_dir, getattr(asyncua, "__version__", "unknown"))
-        self._thread = threading.Thread(target=self._run, name="opcua", daemon=True)
-        self._thread.start()
-        if not self._ready.wait(START_TIMEOUT_S):
-            raise ValueError(f"opcua: the server did not start within {START_TIMEOUT_S:g} s")
-        if self._failed is not None:
-            raise ValueError(f"opcua: cannot serve on {self.cfg.host}:{self.cfg.port}: "
-                             f"{type(self._failed).__name__}: {self._failed}") from self._failed
+        self.start_loop()
         log.info("OPC UA server on %s (%s, %d sources, %d PLC-triggered)", self.endpoint,
                  self.cfg.security, len(self.sources), len(self.edges.sources))
 
@@ -309,21 +297,15 @@ class PlcServer:
 
     def post(self, results: list[dict[str, Any]]) -> None:
         """Hand stored results to the server's writer (never blocks; dropped before start)."""
-        loop, q = self._loop, self._results
+        q = self._results
         items = [(r["source"], str(r.get("ref", "")), str(r.get("label", "")),
                   float(r.get("score") or 0.0), float(r.get("t") or 0.0),
                   float(r.get("e2e_ms") or math.nan))
                  for r in results if r.get("source") in self._known]
-        if not items or loop is None or q is None:
+        if not items or self._loop is None or q is None:
             return
         self.posted += len(items)
-        with contextlib.suppress(RuntimeError):  # the loop closed: stopping
-            loop.call_soon_threadsafe(q.put_nowait, items)
-
-    def alive(self) -> bool:
-        """The server's thread runs (False before start, after stop, or once it died: health
-        shows a dead server, the daemon runs on without it)."""
-        return self._thread is not None and self._thread.is_alive()
+        self.call_soon(q.put_nowait, items)
 
     def stats(self) -> dict[str, Any]:
         """Sessions, refusals and edges (tests and the log)."""
@@ -333,45 +315,20 @@ class PlcServer:
                 "writes_refused": self._guard.refused,
                 "edges": dict(self.edges.accepted), "edges_refused": dict(self.edges.refused)}
 
-    def stop(self) -> None:
-        """Close every session and the socket; join the thread."""
-        loop, stop = self._loop, self._stop
-        if loop is not None and stop is not None:
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(stop.set)
-        if self._thread is not None:
-            self._thread.join(10)
-
     # -- the server's thread -----------------------------------------------------------------
 
-    def _run(self) -> None:
-        try:
-            asyncio.run(self._main())
-        except BaseException as e:  # never past this thread
-            if not self._ready.is_set():
-                self._failed = e
-                self._ready.set()
-            else:
-                log.exception("OPC UA server failed; the daemon runs on without it")
-
-    async def _main(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._stop, self._results = asyncio.Event(), asyncio.Queue()
+    async def _open(self) -> list[Coroutine[Any, Any, None]]:
+        self._results = asyncio.Queue()
         server = await self._build()
         await server.start()
         self.server = server
         if server.bserver is not None:
             self.port = server.bserver.port  # the one chosen, for port 0
-        self._ready.set()
-        tasks = [asyncio.create_task(self._write_results()),
-                 asyncio.create_task(self._refresh())]
-        try:
-            await self._stop.wait()
-        finally:
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            await server.stop()
+        return [self._write_results(), self._refresh()]
+
+    async def _close(self) -> None:
+        if self.server is not None:
+            await self.server.stop()
 
     async def _build(self) -> Server:
         cfg = self.cfg

@@ -1,5 +1,6 @@
-"""Shared paho-mqtt plumbing: client construction from config, the reconnect backoff, the
-protocol probe, and `Connection`, the one connection thread every MQTT user runs."""
+"""Shared paho-mqtt plumbing: client construction from config, the protocol probe, and
+`Connection`, the one connection thread every MQTT user runs (reconnecting on the shared
+backoff, runtime/wire/backoff.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ import collections
 import contextlib
 import logging
 import queue
-import random
 import select
 import socket
 import ssl
@@ -22,6 +22,7 @@ import paho.mqtt.client as mqtt
 
 from runtime.config.telemetry import BrokerConfig
 from runtime.wire import clock
+from runtime.wire.backoff import Backoff
 
 log = logging.getLogger("edgerun.mqtt")
 
@@ -97,25 +98,6 @@ class ProtocolProbe:
     def succeeded(self) -> None:
         """CONNACK accepted: keep this protocol."""
         self.worked = True
-
-
-class Backoff:
-    """Capped exponential backoff with full jitter, so a fleet does not reconnect in step."""
-
-    def __init__(self, base_s: float = 0.5, cap_s: float = 30.0, rng: random.Random | None = None):
-        self.base_s, self.cap_s = base_s, cap_s
-        self.attempts = 0
-        self._rng = rng or random.Random()
-
-    def next_delay(self) -> float:
-        """Delay before the next attempt; grows until `reset`."""
-        ceiling = min(self.cap_s, self.base_s * 2 ** min(self.attempts, 16))
-        self.attempts += 1
-        return self._rng.uniform(ceiling / 2, ceiling)
-
-    def reset(self) -> None:
-        """A connection succeeded."""
-        self.attempts = 0
 
 
 _TAKEN_OVER = 142  # MQTT 5 DISCONNECT reason: another client connected with our client id

@@ -20,7 +20,7 @@ from models import bundled
 from runtime.device import commands
 from runtime.device.switch_retry import (
     CAP_S,
-    Backoff,
+    Failing,
     Retries,
     candidates,
     due,
@@ -33,7 +33,7 @@ from runtime.device.switch_retry import (
 
 
 def test_intervals_double_from_one_second_to_five_minutes_and_are_said_twice():
-    b, t, said, delays = Backoff(), 0.0, [], []
+    b, t, said, delays = Failing(), 0.0, [], []
     for _ in range(12):
         b, say = failed(b, "v1", t)
         delays.append(b.delay_s)
@@ -46,10 +46,10 @@ def test_intervals_double_from_one_second_to_five_minutes_and_are_said_twice():
 
 
 @pytest.mark.parametrize("b, target, now, want", [
-    (Backoff(), "v1", 0.0, True),                      # nothing failing: try
-    (Backoff("v1", 1, 1.0, 11.0), "v1", 10.0, False),  # failing, not yet
-    (Backoff("v1", 1, 1.0, 11.0), "v1", 11.0, True),   # its time
-    (Backoff("v1", 5, 16.0, 99.0), "v2", 10.0, True),  # another variant: at once
+    (Failing(), "v1", 0.0, True),                      # nothing failing: try
+    (Failing("v1", 1, 1.0, 11.0), "v1", 10.0, False),  # failing, not yet
+    (Failing("v1", 1, 1.0, 11.0), "v1", 11.0, True),   # its time
+    (Failing("v1", 5, 16.0, 99.0), "v2", 10.0, True),  # another variant: at once
 ])
 def test_due(b, target, now, want):
     assert due(b, target, now) is want
@@ -57,28 +57,28 @@ def test_due(b, target, now, want):
 
 @pytest.mark.parametrize("b, target, want, say", [
     # another variant failing starts afresh at 1 s (and is said)
-    (Backoff("v1", 7, 64.0, 0.0), "v2", Backoff("v2", 1, 1.0, 101.0), "failing"),
-    (Backoff("v1", 2, 2.0, 0.0), "v1", Backoff("v1", 3, 4.0, 104.0), ""),
-    (Backoff("v1", 9, 256.0, 0.0), "v1", Backoff("v1", 10, 300.0, 400.0), "capped"),
-    (Backoff("v1", 10, 300.0, 0.0), "v1", Backoff("v1", 11, 300.0, 400.0), ""),
+    (Failing("v1", 7, 64.0, 0.0), "v2", Failing("v2", 1, 1.0, 101.0), "failing"),
+    (Failing("v1", 2, 2.0, 0.0), "v1", Failing("v1", 3, 4.0, 104.0), ""),
+    (Failing("v1", 9, 256.0, 0.0), "v1", Failing("v1", 10, 300.0, 400.0), "capped"),
+    (Failing("v1", 10, 300.0, 0.0), "v1", Failing("v1", 11, 300.0, 400.0), ""),
 ])
 def test_failed(b, target, want, say):
     assert failed(b, target, 100.0) == (want, say)
 
 
 def test_success_ends_it_and_is_said_once():
-    assert succeeded(Backoff("v1", 3, 4.0, 9.0)) == (Backoff(), "recovered")
-    assert succeeded(Backoff()) == (Backoff(), "")
+    assert succeeded(Failing("v1", 3, 4.0, 9.0)) == (Failing(), "recovered")
+    assert succeeded(Failing()) == (Failing(), "")
 
 
 def test_a_reset_tries_at_once_starts_afresh_and_remembers_for_the_success():
-    b = reset(Backoff("v1", 6, 32.0, 500.0))
+    b = reset(Failing("v1", 6, 32.0, 500.0))
     assert due(b, "v1", 0.0) and b.attempts == 6
     again, say = failed(b, "v1", 10.0)  # it still fails: 1 s again, said again
     assert (again.delay_s, again.next_at, say, again.attempts) == (1.0, 11.0, "failing", 7)
-    assert succeeded(b) == (Backoff(), "recovered")
+    assert succeeded(b) == (Failing(), "recovered")
     assert failed(b, "v2", 10.0)[0].attempts == 1  # another variant: its own count
-    assert reset(Backoff()) == Backoff()
+    assert reset(Failing()) == Failing()
 
 
 def test_retries_are_per_model_and_a_reset_tries_at_once():

@@ -1,6 +1,6 @@
 """Detector rungs that keep their value: int8 with the box decoding left in float (nodes found
 from the graph, each candidate measured, the search in the manifest) and several input
-resolutions as rungs (runtime/engine/int8_search.py, prepare.py)."""
+resolutions as rungs (runtime/engine/int8_search.py, prepare/)."""
 
 from __future__ import annotations
 
