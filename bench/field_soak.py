@@ -93,6 +93,18 @@ WARMUP_H = 2.0  # simulated hours of each process life left out of the RSS/fd/th
 TARGET_RSS_MB_PER_DAY = 1.0
 
 
+def terminate(proc: subprocess.Popen) -> int | None:
+    """SIGTERM to a process this soak started, then wait (SIGKILL after 60 s); its status."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
+
+
 # -- the schedule (pure) ----------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -569,16 +581,7 @@ class Node:
 
     def stop(self) -> int | None:
         """SIGTERM, then wait (SIGKILL after 60 s); the exit status."""
-        if self.proc is None:
-            return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+        return None if self.proc is None else terminate(self.proc)
 
     def history_sim_h(self) -> float | None:
         """The simulated hour of the newest record of its health history."""
@@ -638,14 +641,7 @@ class Coordinator:
 
     def stop(self) -> int | None:
         """SIGTERM, then wait (SIGKILL after 60 s); the exit status."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+        return terminate(self.proc)
 
     def healths(self, device: str, after_rowid: int = 0) -> list[tuple[int, float, dict]]:
         """(rowid, wall t, body) of the health stored for `device` after `after_rowid`."""
