@@ -206,6 +206,10 @@ def _check_sensors(cfg, say: Callable[[str], None]) -> str | None:
 def cmd_serve(args: argparse.Namespace) -> int:
     """Run the daemon: inspect frames, govern precision, publish results and health."""
     hold_sighup()
+    # before the engines and threads exist: each thread's first malloc makes its arena
+    from runtime.device.malloc_arenas import limit_malloc_arenas
+
+    limit_malloc_arenas()
     return serve(args.config, print_results=args.print, reload_pending=lambda: bool(_EARLY_HUP))
 
 
