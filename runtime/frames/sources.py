@@ -881,7 +881,11 @@ class NalAssembler:
     its NAL. A stream where that is found wrong (a fragment after a NAL taken as ended) is
     cut at the next start code from then on, as the parser does: never a worse age than it,
     and never a NAL cut short twice. `push(data)` returns the NALs it completes (each with
-    its start code)."""
+    its start code). A NAL past MAX_NAL_BYTES (a broken encoder, forged packets) is dropped,
+    counted in `oversize`, and followed to the next start code: the camera's input never
+    holds more memory than that."""
+
+    MAX_NAL_BYTES = 8 << 20  # a 4K key frame in one slice is ~1-2 MB at camera bit rates
 
     def __init__(self) -> None:
         self._nal = bytearray()  # the NAL being gathered (starts with its start code)
@@ -892,6 +896,8 @@ class NalAssembler:
         self.ended_early = False  # the last NAL returned was ended by its size alone
         self.early_ok = True  # ending by size is trusted on this stream
         self.misjudged = 0  # fragments that came after a NAL taken as ended
+        self.oversize = 0  # NALs dropped past MAX_NAL_BYTES
+        self.dropped_begun = 0  # NALs of drop_types begun: picture boundaries for AccessUnits
 
     def push(self, data: bytes | memoryview) -> list[bytes]:
         """The NALs completed by one packet's payload."""
@@ -905,8 +911,10 @@ class NalAssembler:
             # a NAL of a type not wanted is followed, not gathered (a P-frame's 10-100 kB
             # copied for nothing while key frames alone are decoded)
             self._dropping = len(head) > i and head[i] & 0x1F in self.drop_types
-            if not self._dropping:
-                self._nal += data
+            if self._dropping:
+                self.dropped_begun += 1
+            else:
+                self._gather(data)
             self._open = True
             self.ended_early = False
             # a NAL sent whole or a STAP-A is shorter than a first fragment (the payloader's
@@ -922,12 +930,21 @@ class NalAssembler:
                 self.ended_early = False  # code ends a NAL from now on
             return out
         if not self._dropping:
-            self._nal += data
+            self._gather(data)
         if len(data) > self._full:
             self._full = len(data)
         elif self.early_ok and len(data) < self._full:  # its last fragment
             self._end(out)
         return out
+
+    def _gather(self, data: bytes | memoryview) -> None:
+        self._nal += data
+        if len(self._nal) > self.MAX_NAL_BYTES:
+            log.warning("a NAL past %d bytes from the camera: dropped up to the next start "
+                        "code (counted as damage)", self.MAX_NAL_BYTES)
+            self._nal.clear()
+            self._dropping = True
+            self.oversize += 1
 
     def _end(self, out: list[bytes]) -> None:
         if self._nal:
@@ -947,12 +964,16 @@ class AccessUnits:
     `push(nal)` returns the pictures it completes as (bytes, key frame or not)."""
 
     PREFIX_MAX = 16  # NALs kept ahead of a picture (a stream without AUDs: SEI piling up)
+    MAX_SLICES = 256  # a picture past these (slices or bytes) is dropped, counted in oversize
+    MAX_PICTURE_BYTES = 16 << 20
 
     def __init__(self) -> None:
         self._prefix: list[bytes] = []
         self._pic: list[bytes] = []  # slices of the picture being gathered (several-slice)
+        self._pic_bytes = 0
         self._key = False
         self.multi_slice = False  # pictures of several slices seen on this stream
+        self.oversize = 0  # pictures dropped past MAX_SLICES / MAX_PICTURE_BYTES
 
     def push(self, nal: bytes) -> list[tuple[bytes, bool]]:
         """The pictures completed by one more NAL."""
@@ -972,9 +993,15 @@ class AccessUnits:
                 self._flush(out)
                 self._key = kind == 5
                 self._pic = [*self._prefix, nal]
+                self._pic_bytes = sum(map(len, self._pic))
                 self._prefix.clear()
             elif self._pic:
                 self._pic.append(nal)
+                self._pic_bytes += len(nal)
+                if len(self._pic) > self.MAX_SLICES or self._pic_bytes > self.MAX_PICTURE_BYTES:
+                    log.warning("a picture past %d slices or %d bytes from the camera: dropped "
+                                "(counted as damage)", self.MAX_SLICES, self.MAX_PICTURE_BYTES)
+                    self._pic, self.oversize = [], self.oversize + 1
             return out  # a later slice of a picture never begun: dropped
         if kind in (9, 7) or (kind == 6 and self._pic):  # AUD / SPS / SEI: a new picture
             self._flush(out)
@@ -982,6 +1009,13 @@ class AccessUnits:
                 self._prefix.clear()
         self._prefix.append(nal)
         del self._prefix[:-self.PREFIX_MAX]
+        return out
+
+    def boundary(self) -> list[tuple[bytes, bool]]:
+        """A NAL the assembler does not hand over began (key frames only: a P slice): the
+        picture gathered is whole, and is handed over now rather than at the next AUD/SPS."""
+        out: list[tuple[bytes, bool]] = []
+        self._flush(out)
         return out
 
     def _flush(self, out: list[tuple[bytes, bool]]) -> None:
@@ -1146,12 +1180,18 @@ class AvStreamSource:
             if self._asm is None:
                 self._units.append((packet, "key" if packet.is_keyframe else "slice"))
                 continue
-            for nal in self._asm.push(memoryview(packet)):
+            asm, aus = self._asm, self._aus
+            begun, oversize = asm.dropped_begun, asm.oversize + aus.oversize
+            for nal in asm.push(memoryview(packet)):
                 kind = nal_type(nal)
                 if kind in (7, 8):  # a new decoder's first NALs (key frames only)
                     self._params[kind] = nal
-                for pic, key in self._aus.push(nal):
+                for pic, key in aus.push(nal):
                     self._units.append((pic, "key" if key else "slice"))
+            if asm.dropped_begun != begun:  # the key picture before it is whole
+                self._units.extend((pic, "key" if key else "slice")
+                                   for pic, key in aus.boundary())
+            self.damaged += asm.oversize + aus.oversize - oversize
         return self._units.popleft()
 
     def _read_one(self) -> np.ndarray:
@@ -1208,7 +1248,8 @@ class AvStreamSource:
         if got is None:
             return None
         img, t0, n, cpu, skipped = got
-        damaged, self._damaged_told = self.damaged - self._damaged_told, self.damaged
+        d = self.damaged  # read once: the reader thread adds to it
+        damaged, self._damaged_told = d - self._damaged_told, d
         kf, hint, iv = self.key_frame_hz(), self._hint_hz, self._spaced()
         # the next frame served is the first decoded after its due time: half a frame (key
         # frame) interval early, so that on average frames are served at the hinted rate

@@ -115,3 +115,47 @@ def test_the_prefix_is_bounded_on_a_stream_without_auds():
         aus.push(SC + b"\x06\x05")  # SEI after SEI, no picture
     (pic, _), = aus.push(P1)
     assert pic.count(SC) == AccessUnits.PREFIX_MAX + 1
+
+
+def test_a_nal_without_end_is_dropped_at_its_bound_and_counted():
+    """Equal-size fragments after one start code never end a NAL by size: past MAX_NAL_BYTES
+    it is dropped (counted) and followed to the next start code, so a broken encoder or forged
+    packets never hold more memory than the bound."""
+    a = NalAssembler()
+    a.MAX_NAL_BYTES = 10 * FULL
+    first, *_ = frag_nal(5, [FULL])
+    assert a.push(first) == []
+    for _ in range(1000):
+        assert a.push(bytes(FULL)) == []
+    assert a.oversize == 1 and len(a._nal) == 0
+    nxt = SC + b"\x67sps"
+    assert a.push(nxt) == [nxt]  # short, so whole at once; nothing of the dropped NAL
+
+
+def test_a_picture_of_endless_slices_is_dropped_at_its_bound_and_counted():
+    aus = AccessUnits()
+    aus.push(P1)
+    aus.push(P1_LATER)  # several slices a picture: gathered until the next
+    aus.push(P1)
+    for _ in range(AccessUnits.MAX_SLICES + 5):
+        assert aus.push(P1_LATER) == []
+    assert aus.oversize == 1
+    assert aus.push(P1) == []  # the dropped picture is not handed over
+    assert aus.push(P1) == [(P1, False)]
+
+
+def test_key_frames_only_a_several_slice_key_picture_ends_where_a_dropped_slice_begins():
+    """Key frames alone: the P slices are dropped before AccessUnits sees them, so with no
+    AUD a several-slice key picture would wait a whole GOP for the next SPS; the assembler's
+    count of dropped NALs begun is the boundary that hands it over."""
+    a, aus = NalAssembler(), AccessUnits()
+    a.drop_types = frozenset({1})
+    aus.multi_slice = True  # seen earlier on this stream
+    pics = []
+    for pkt in (IDR, SC + b"\x65\x40\x04", SC + b"\x41\x9a\x05", SC + b"\x41\x40\x06"):
+        begun = a.dropped_begun
+        for nal in a.push(pkt):
+            pics += aus.push(nal)
+        if a.dropped_begun != begun:
+            pics += aus.boundary()
+    assert pics == [(IDR + SC + b"\x65\x40\x04", True)]
