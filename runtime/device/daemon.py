@@ -293,8 +293,8 @@ class Daemon:
             except Exception:
                 log.exception("stopping %s failed; going on with the rest of the stop", what)
         stats = self.links.outbox.stats()
+        self.links.history.close()  # first: the outbox's close may raise
         self.links.outbox.close()
-        self.links.history.close()
         self.wakeup.close()
         log.info("stopped; %d results not yet acked stay in the outbox for the next start",
                  stats["results_held"])

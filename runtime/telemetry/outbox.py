@@ -833,18 +833,22 @@ class Outbox:
         return event
 
     def close(self) -> None:
-        """Checkpoint and close. Results held in memory while the disk refused writes get one
-        last try; where the disk still refuses, their loss is logged with their seqs."""
+        """Checkpoint and close. What waits in memory while the disk refused writes gets one
+        last try; where the disk still refuses, its loss is logged (results with their seqs)."""
         with self._lock:
-            h = self._held
-            if h.active:
-                h.next_try = 0.0  # due now, whenever the last try was
-                if not self._flush([]) and h.results:  # (the recovery event has no sender now)
-                    log.critical("outbox %s: closing while the disk refuses writes (%s): %d "
-                                 "results held in memory are lost (seq %d-%d, never published)",
-                                 self.path, h.error, len(h.results), h.results[0][0],
-                                 h.results[-1][0])
             try:
+                h = self._held
+                if h.active:
+                    h.next_try = 0.0  # due now, whenever the last try was
+                    if not self._flush([]) and (h.results or h.other_rows()):  # (a
+                        # recovery event would have no sender now)
+                        first, last = (h.results[0][0], h.results[-1][0]) if h.results \
+                            else (0, 0)
+                        log.critical("outbox %s: closing while the disk refuses writes (%s): "
+                                     "%d results held in memory are lost (seq %d-%d, never "
+                                     "published), with %d health/event messages", self.path,
+                                     h.error, len(h.results), first, last,
+                                     len(h.other_rows()))
                 self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             except (sqlite3.OperationalError, OSError) as e:
                 if not unwritable(e):
