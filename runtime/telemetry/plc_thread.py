@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+from abc import ABC, abstractmethod
 from collections.abc import Coroutine
 from typing import Any
 
@@ -29,7 +30,7 @@ def require_loopback(host: str, allowed: bool, refusal: str) -> None:
         raise ValueError(refusal)
 
 
-class LoopServer:
+class LoopServer(ABC):
     """An asyncio server run in its own thread (see module doc). `protocol` names it in
     health and errors ("opcua", "modbus"); `title` in the log ("OPC UA", "Modbus")."""
 
@@ -111,11 +112,11 @@ class LoopServer:
             await asyncio.gather(*tasks, return_exceptions=True)
             await self._close()
 
+    @abstractmethod
     async def _open(self) -> list[Coroutine[Any, Any, None]]:
         """Build the server and listen (setting `port` to the one bound); the coroutines to
         run beside it until stop. Raising here fails `start_loop`."""
-        raise NotImplementedError
 
+    @abstractmethod
     async def _close(self) -> None:
         """Close the server (connections and socket)."""
-        raise NotImplementedError
