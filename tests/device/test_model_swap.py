@@ -456,10 +456,19 @@ def test_a_model_chosen_while_the_first_choice_is_refined_is_loaded_after_it(tmp
     assert "refinement of slow finished" not in d.text(), "refinement ended before the choice"
     wait(lambda: "rung" in d.text() and "-> inspection/" in d.text(), 240,
          "the chosen model running", d)  # after the refinement: a minute on a loaded box
-    n = fleet.coord.store.counts().get("box1", 0)
-    wait(lambda: fleet.coord.store.counts().get("box1", 0) > n + 10, 30, "more results", d)
-    last = fleet.coord.store.results("box1", 0, 1_000_000)[-1]
-    assert last["variant"].startswith("inspection/"), last
+
+    def last() -> dict:
+        return fleet.coord.store.results("box1", 0, 1_000_000)[-1]
+    # results reach the coordinator in order: those made before the switch may still be on
+    # their way (a loaded box falls behind while the refinement runs), so wait for the first
+    # of the chosen model's, then for more: none of the old model's may follow it
+    wait(lambda: last()["variant"].startswith("inspection/"), 60, "the chosen model's results", d)
+    first = last()["seq"]
+    wait(lambda: last()["seq"] > first + 10, 30, "more results", d)
+    later = [r for r in fleet.coord.store.results("box1", first, 1_000_000)
+             if not r["variant"].startswith("inspection/")]
+    assert not later, later[:3]
+    assert "-> slow/" not in d.text().split("-> inspection/", 1)[1], "switched back to slow"
     assert not fleet.events("box1", "reprofile_skipped")
 
 
