@@ -67,9 +67,9 @@ from runtime.device.profiles import load_profile
 from runtime.engine.backends import discover
 from runtime.engine.manifest import configured_model, model_files
 from runtime.engine.preprocessing import measure as measure_pre
+from runtime.frames.frame import Frame
 from runtime.frames.images import decode
 from runtime.frames.pipeline import Active, Pipeline
-from runtime.frames.sources import Frame
 from runtime.telemetry.outbox import Outbox
 
 OTHER = ("capture", "decode", "crop", "postprocess", "persist")

@@ -24,9 +24,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import cv2
 
-import runtime.frames.sources as sources
+import runtime.frames.folder_source as sources
 from models.synthetic import samples
-from runtime.frames.sources import FolderSource, SourceConfig
+from runtime.config.source import SourceConfig
+from runtime.frames.folder_source import FolderSource
 
 IMG = next(iter(samples(seed=4, count=1))).image
 

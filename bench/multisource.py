@@ -50,11 +50,13 @@ from runtime.choice.ladders import ladder_for
 from runtime.choice.measure import measure_model
 from runtime.choice.selector import Constraints
 from runtime.config import ModelConfig, from_dict
+from runtime.config.source import SourceConfig
 from runtime.device.profiles import load_profile
 from runtime.engine.backends import discover
 from runtime.frames.multisource import lanes
 from runtime.frames.pipeline import Active, Pipeline
-from runtime.frames.sources import SourceConfig, SyntheticConveyor, open_source
+from runtime.frames.sources import open_source
+from runtime.frames.synthetic_source import SyntheticConveyor
 from runtime.telemetry.outbox import Outbox
 
 

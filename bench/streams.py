@@ -3,7 +3,7 @@ camera of tests/support/rtsp_camera.py (GStreamer's server, 720p25 by default, a
 every `--key-int` frames), every path reading the same stream at the same time (the camera's
 media is shared), so the ratios are measured side by side on one loaded host:
 
-- `cv2`: OpenCV's capture (what runtime/frames/sources.py CaptureSource uses), one decoder
+- `cv2`: OpenCV's capture (what runtime/frames/capture_source.py CaptureSource uses), one decoder
   thread, every frame decoded and converted to BGR;
 - `av`: PyAV (FFmpeg's libraries, its wheel's own FFmpeg), one decoder thread, every frame;
 - `av-scaled`: PyAV, every frame, converted to BGR and scaled to `--to` pixels in one
@@ -154,7 +154,7 @@ def run_age(cam: RtspCamera, parser: bool, seconds: float, out: dict) -> None:
     (no parser: NalAssembler, AccessUnits)."""
     import av
 
-    from runtime.frames.sources import AccessUnits, NalAssembler
+    from runtime.frames.av_source import AccessUnits, NalAssembler
 
     opts = {"rtsp_transport": "tcp"}
     if not parser:
@@ -288,9 +288,10 @@ def _child(role: str, urls: list[str], logs: list[str], seconds: float, cap_hz: 
         served = sum(counts)
         other_s = sum(work)
     else:
+        from runtime.config.source import SourceConfig
         from runtime.frames.multisource import Lane, retry_cap_s
         from runtime.frames.pipeline import Active, Pipeline
-        from runtime.frames.sources import SourceConfig, open_source
+        from runtime.frames.sources import open_source
 
         numbers: dict[int, tuple[int, np.ndarray]] = {}
         lane_of = {}

@@ -88,8 +88,6 @@ OVERSIZE: dict[str, str] = {
     "runtime/frames/pipeline.py": "the Pipeline class below, most of the module",
     "runtime/frames/pipeline.py::Pipeline": "the frame path's capture, preprocess, infer and "
                                             "store threads over shared queues; not yet split",
-    "runtime/frames/sources.py": "every frame source kind (folder, capture, PyAV stream, "
-                                 "trigger, Pylon) in one module; not yet one module per kind",
     "runtime/telemetry/outbox.py": "the Outbox class below, most of the module",
     "runtime/telemetry/outbox.py::Outbox": "the durable outbox (result log, SQLite spill, held "
                                            "writes) behind one lock; not yet split by job",

@@ -16,7 +16,8 @@ from typing import Any
 from runtime.choice import joint
 from runtime.config.source import model_path
 from runtime.frames.multisource import aggregate, lanes, single
-from runtime.frames.sources import Clock, open_source
+from runtime.frames.sources import open_source
+from runtime.frames.synthetic_source import Clock
 
 
 def bundled_model() -> Path:

@@ -56,11 +56,11 @@ from runtime.engine.manifest import Manifest, frame_result
 from runtime.engine.sanity import Watch
 from runtime.engine.tiling import infer_tiles, tiled
 from runtime.frames.badframes import BadFrames
+from runtime.frames.frame import BadFrame, Frame, Source, SourceEnded, SourceError
 from runtime.frames.model_counts import ModelCounts, ModelId, model_id
 from runtime.frames.multisource import FairQueue, Lane, Pacer
 from runtime.frames.results_local import LocalResults
 from runtime.frames.roi import RoiError, crop, resolve
-from runtime.frames.sources import BadFrame, Frame, Source, SourceEnded, SourceError
 from runtime.wire.backoff import Backoff
 from runtime.wire.events import EventType
 from runtime.wire.quarantine import RateLimitedLog

@@ -26,7 +26,7 @@ def notes(cfg: Any) -> list[str]:
 
 
 def _shown(path: str) -> str:
-    from runtime.frames.sources import redact
+    from runtime.frames.capture_source import redact
 
     return redact(path)
 

@@ -162,10 +162,11 @@ def test_a_pipeline_counts_each_models_frames_and_errors_apart(tmp_path):
     from support.daemon_harness import fp32_variant
 
     from runtime.config import ModelConfig
+    from runtime.config.source import SourceConfig
     from runtime.engine.manifest import configured_model
     from runtime.frames.multisource import lanes
     from runtime.frames.pipeline import Active, Pipeline
-    from runtime.frames.sources import SourceConfig, open_source
+    from runtime.frames.sources import open_source
 
     cls = configured_model(bundled("inspection"), ModelConfig())
     det = configured_model(bundled("defects"), ModelConfig())

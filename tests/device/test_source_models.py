@@ -20,10 +20,11 @@ from runtime.config import (
     from_dict,
     load,
 )
+from runtime.config.source import SourceConfig
 from runtime.engine.manifest import configured_model
 from runtime.frames.multisource import lanes
 from runtime.frames.pipeline import Active, Pipeline
-from runtime.frames.sources import SourceConfig, open_source
+from runtime.frames.sources import open_source
 
 pytestmark = pytest.mark.skipif(
     not ((bundled() / "manifest.json").exists() and (bundled("defects") / "manifest.json")

@@ -202,6 +202,7 @@ def _daemon(tmp_path: Path, *models: Path):
 
     from power.rungs import Rung
     from runtime.config import BackendsConfig, ModelConfig, OnnxRuntimeConfig, load
+    from runtime.config.source import SourceConfig
     from runtime.device.operator_state import OperatorState
     from runtime.device.profiles import load_profile
     from runtime.device.profiling import Profiler
@@ -212,7 +213,7 @@ def _daemon(tmp_path: Path, *models: Path):
     from runtime.engine.manifest import configured_model, model_files
     from runtime.frames.multisource import lanes
     from runtime.frames.pipeline import Pipeline
-    from runtime.frames.sources import SourceConfig, open_source
+    from runtime.frames.sources import open_source
 
     bcfg = BackendsConfig(enabled=("onnxruntime",), threads=(1,),
                           onnxruntime=OnnxRuntimeConfig(spinning=(False,),

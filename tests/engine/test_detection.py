@@ -350,10 +350,11 @@ def test_an_output_not_of_the_declared_form_costs_that_frame_only(tmp_path):
     from dataclasses import replace
 
     from runtime.config import BackendsConfig, OnnxRuntimeConfig
+    from runtime.config.source import SourceConfig
     from runtime.engine.backends import discover
     from runtime.engine.manifest import model_files
     from runtime.frames.pipeline import Active, Pipeline
-    from runtime.frames.sources import SourceConfig, open_source
+    from runtime.frames.sources import open_source
 
     inbox = tmp_path / "inbox"
     inbox.mkdir()

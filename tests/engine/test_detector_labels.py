@@ -44,7 +44,8 @@ class _Flaky:
         self.tmp_path, self.calls = tmp_path, 0
 
     def __call__(self):
-        from runtime.frames.sources import SourceConfig, open_source
+        from runtime.config.source import SourceConfig
+        from runtime.frames.sources import open_source
 
         self.calls += 1
         if self.calls == 1:

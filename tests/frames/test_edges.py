@@ -8,7 +8,9 @@ import pytest
 
 from runtime.config.source import SourceConfig
 from runtime.frames.edges import EdgeBoard, EdgeBoards, new_count, rising
-from runtime.frames.sources import EdgeTriggered, Frame, SourceError, open_source
+from runtime.frames.frame import Frame, SourceError
+from runtime.frames.sources import open_source
+from runtime.frames.trigger_source import EdgeTriggered
 
 
 def test_edges_come_out_in_order_and_a_full_board_refuses():

@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 
 from models.synthetic import samples
-from runtime.frames.sources import FolderSource, SourceConfig, SourceError
+from runtime.config.source import SourceConfig
+from runtime.frames.folder_source import FolderSource
+from runtime.frames.frame import SourceError
 
 
 def _read_all(src: FolderSource, within_s: float) -> list[str]:
@@ -262,7 +264,7 @@ def test_done_dir_keeps_every_inspected_image_of_a_reused_name(tmp_path):
 
 def _listings(monkeypatch) -> list[int]:
     """Count the folder source's full listings (os.listdir as the source module calls it)."""
-    import runtime.frames.sources as sources
+    import runtime.frames.folder_source as sources
 
     calls: list[int] = []
     real = os.listdir
@@ -311,7 +313,7 @@ def test_files_arriving_in_a_full_folder_are_found_without_listing_it(tmp_path, 
 
 def test_without_a_watch_the_folder_is_listed_on_change(tmp_path, monkeypatch):
     """No inotify (another OS, no instances left): every change lists the folder, as before."""
-    import runtime.frames.sources as sources
+    import runtime.frames.folder_source as sources
 
     def refused(path):
         raise OSError(24, "Too many open files")

@@ -18,10 +18,13 @@ import pytest
 from support.under_test import child_env
 
 from models.synthetic import samples
+from runtime.config.source import SourceConfig
 from runtime.frames import images
 from runtime.frames.badframes import FRAME_KINDS, BadFrames
+from runtime.frames.folder_source import FolderSource
+from runtime.frames.frame import BadFrame
 from runtime.frames.images import BadImage
-from runtime.frames.sources import BadFrame, FolderSource, SourceConfig, decode_payload
+from runtime.frames.trigger_source import decode_payload
 
 FORMATS = (".png", ".jpg", ".bmp", ".ppm", ".pgm", ".pbm", ".tiff", ".webp")
 
@@ -132,7 +135,9 @@ def test_oversized_headers_are_refused_before_decoding(fmt):
 _RSS_CHILD = r"""
 import json, resource, sys, time
 from pathlib import Path
-from runtime.frames.sources import BadFrame, FolderSource, SourceConfig
+from runtime.config.source import SourceConfig
+from runtime.frames.folder_source import FolderSource
+from runtime.frames.frame import BadFrame
 src = FolderSource(SourceConfig(kind="folder", path=sys.argv[1], watch=False), Path(sys.argv[2]))
 FolderSource.SETTLE_S = 0
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -1,4 +1,4 @@
-"""The newest-frame reader of live streams (_LatestFrame): under a rate cap a take waits for
+"""The newest-frame reader of live streams (LatestFrame): under a rate cap a take waits for
 the first frame decoded at or after its due time (served as it is decoded, not up to one
 frame interval old), counting the frames passed over; without one it hands the newest over."""
 
@@ -9,16 +9,16 @@ import time
 
 import numpy as np
 
-from runtime.frames.sources import _LatestFrame
+from runtime.frames.capture_source import LatestFrame
 
 
-def _reader() -> tuple[_LatestFrame, queue.Queue]:
+def _reader() -> tuple[LatestFrame, queue.Queue]:
     feed: queue.Queue = queue.Queue()
 
     def read_one() -> np.ndarray:
         return np.full((2, 2, 3), feed.get(timeout=10), np.uint8)
 
-    return _LatestFrame(read_one, "test"), feed
+    return LatestFrame(read_one, "test"), feed
 
 
 def _until(cond, what: str) -> None:

@@ -24,6 +24,7 @@ from models.synthetic import samples
 from runtime.choice.ladders import ladder_for
 from runtime.choice.selector import Constraints, Profile
 from runtime.config import ConfigError, from_dict
+from runtime.config.source import SourceConfig
 from runtime.frames.multisource import (
     UTILISATION_MAX,
     FairQueue,
@@ -33,7 +34,7 @@ from runtime.frames.multisource import (
     shares,
 )
 from runtime.frames.pipeline import Active, Pipeline
-from runtime.frames.sources import SourceConfig, open_source
+from runtime.frames.sources import open_source
 
 # -- the aggregate load (pure) ---------------------------------------------------------------
 

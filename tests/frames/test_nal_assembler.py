@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.frames.sources import AccessUnits, NalAssembler, first_slice, nal_type
+from runtime.frames.av_source import AccessUnits, NalAssembler, first_slice, nal_type
 
 SC = b"\x00\x00\x00\x01"
 FULL = 100  # the payloader's fragment size in these tables

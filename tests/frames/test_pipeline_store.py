@@ -9,8 +9,9 @@ from pathlib import Path
 
 from support.tiny_ort import tiny_variant
 
+from runtime.config.source import SourceConfig
 from runtime.frames.pipeline import Active, Pipeline
-from runtime.frames.sources import SourceConfig, open_source
+from runtime.frames.sources import open_source
 
 
 def test_a_failing_store_is_one_event_and_one_line_an_outage(tmp_path, caplog):

@@ -17,8 +17,9 @@ import pytest
 from support.under_test import child_env
 
 from runtime.config.source import SourceConfig
+from runtime.frames.frame import SourceError
 from runtime.frames.pylon_source import CameraError, Found, applied_problem, choose, to_bgr
-from runtime.frames.sources import SourceError, open_source
+from runtime.frames.sources import open_source
 
 try:
     import pypylon  # noqa: F401  # the `camera` extra, in `test`
@@ -304,7 +305,8 @@ def test_without_pypylon_the_error_names_the_key_and_the_extra(tmp_path):
     (a child process whose import of pypylon fails, as on a core install)."""
     code = ("import sys; sys.modules['pypylon'] = None\n"
             "from runtime.config.source import SourceConfig\n"
-            "from runtime.frames.sources import open_source, SourceError\n"
+            "from runtime.frames.frame import SourceError\n"
+            "from runtime.frames.sources import open_source\n"
             "try:\n    open_source(SourceConfig(kind='pylon'), __import__('pathlib').Path('.'))\n"
             "except SourceError as e:\n    print(e)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -361,7 +363,9 @@ def test_an_incomplete_frame_is_a_bad_frame_and_its_edge_is_triggered_again(tmp_
     so its verdict still comes, on a whole frame. Three failures in a row are a SourceError
     (the camera is reopened; the edge is still kept)."""
     from runtime.frames.edges import EdgeBoard
-    from runtime.frames.sources import BadFrame, EdgeTriggered, PylonSource
+    from runtime.frames.frame import BadFrame
+    from runtime.frames.sources import PylonSource
+    from runtime.frames.trigger_source import EdgeTriggered
 
     imgs = parts(tmp_path, 4)
     board = EdgeBoard(["main"], 10)

@@ -18,6 +18,7 @@ from support.waiting import wait
 from models import bundled
 from runtime import config as config_mod
 from runtime.config.schema import ConfigError
+from runtime.frames.frame import Frame
 from runtime.frames.results_local import (
     MAX_PENDING_IMAGES,
     QUEUE_GROUPS,
@@ -30,7 +31,6 @@ from runtime.frames.results_local import (
     print_line,
     snapshot_labels,
 )
-from runtime.frames.sources import Frame
 
 LABELS = ("ok", "scratch", "dent", "stain", "missing_part")
 LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z (\S+) (\S+) (\d\.\d{4}) (\S+) "

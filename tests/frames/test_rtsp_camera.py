@@ -27,16 +27,13 @@ from support.rtsp_camera import (
 )
 from support.tiny_ort import tiny_variant
 
+from runtime.config.source import SourceConfig
+from runtime.frames.av_source import AvStreamSource, pyav_available
+from runtime.frames.capture_source import CaptureSource
+from runtime.frames.frame import SourceError
 from runtime.frames.multisource import CAMERA_RETRY_CAP_S, Lane, retry_cap_s
 from runtime.frames.pipeline import Active, Pipeline
-from runtime.frames.sources import (
-    AvStreamSource,
-    CaptureSource,
-    SourceConfig,
-    SourceError,
-    open_source,
-    pyav_available,
-)
+from runtime.frames.sources import open_source
 
 pytestmark = pytest.mark.skipif(bool(skip_reason()), reason=skip_reason() or "ok")
 

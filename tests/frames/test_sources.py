@@ -24,17 +24,13 @@ from support.under_test import child_env
 
 from models.synthetic import samples
 from runtime.config import ConfigError, from_dict
+from runtime.config.source import SourceConfig
 from runtime.frames import roi
+from runtime.frames.capture_source import CaptureSource
+from runtime.frames.frame import BadFrame, SourceEnded, SourceError
 from runtime.frames.multisource import single
 from runtime.frames.pipeline import Pipeline
-from runtime.frames.sources import (
-    BadFrame,
-    CaptureSource,
-    SourceConfig,
-    SourceEnded,
-    SourceError,
-    open_source,
-)
+from runtime.frames.sources import open_source
 from runtime.wire.broker import Mosquitto
 
 ROOT = Path(__file__).parents[2]
@@ -371,7 +367,9 @@ def test_ffmpeg_and_opencv_noise_stays_off_the_terminal(tmp_path, silent_server)
     code = f"""
 import logging, sys
 logging.basicConfig(level=logging.INFO)
-from runtime.frames.sources import CaptureSource, SourceConfig, SourceError
+from runtime.config.source import SourceConfig
+from runtime.frames.capture_source import CaptureSource
+from runtime.frames.frame import SourceError
 for url in ("rtsp://127.0.0.1:1/x", "http://127.0.0.1:{silent_server}/x"):
     try:
         CaptureSource(SourceConfig(kind="capture", path=url, open_timeout_s=1))

@@ -12,8 +12,11 @@ import paho.mqtt.client as mqtt
 import pytest
 
 from models.synthetic import samples
+from runtime.config.source import SourceConfig
+from runtime.frames.frame import BadFrame
 from runtime.frames.images import BadImage
-from runtime.frames.sources import BadFrame, SourceConfig, decode_payload, open_source
+from runtime.frames.sources import open_source
+from runtime.frames.trigger_source import decode_payload
 from runtime.wire.broker import Mosquitto
 
 
@@ -60,7 +63,8 @@ def test_a_long_text_trigger_is_refused_and_the_next_image_still_arrives(tmp_pat
 def test_a_capture_path_the_filesystem_refuses_is_a_source_error(tmp_path):
     """`[source] path` of 256+ characters (a long RTSP URL with a token in it, say) raised
     OSError ENAMETOOLONG from the open, which ended the capture thread."""
-    from runtime.frames.sources import CaptureSource, SourceError
+    from runtime.frames.capture_source import CaptureSource
+    from runtime.frames.frame import SourceError
 
     for path in ("x" * 5000, "rtsp://cam/" + "a" * 5000):
         with pytest.raises(SourceError, match="cannot open"):
@@ -68,7 +72,8 @@ def test_a_capture_path_the_filesystem_refuses_is_a_source_error(tmp_path):
 
 
 def test_a_folder_path_the_filesystem_refuses_is_a_source_error(tmp_path):
-    from runtime.frames.sources import FolderSource, SourceError
+    from runtime.frames.folder_source import FolderSource
+    from runtime.frames.frame import SourceError
 
     with pytest.raises(SourceError, match="File name too long"):
         FolderSource(SourceConfig(kind="folder", path="x" * 5000), tmp_path / "state")
@@ -93,7 +98,7 @@ def test_a_trigger_flood_is_held_within_a_bound_not_all_in_memory(tmp_path, monk
     device inspects (or a stuck pipeline) grew the daemon's memory until it was killed,
     losing every queued trigger with it. Past MAX_QUEUED messages (or MAX_QUEUED_BYTES)
     a new one is dropped and counted, and said in the log; the queued ones still arrive."""
-    from runtime.frames.sources import TriggerSource
+    from runtime.frames.trigger_source import TriggerSource
 
     monkeypatch.setattr(TriggerSource, "MAX_QUEUED", 50)
     broker = Mosquitto(tmp_path).start()

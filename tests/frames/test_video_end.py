@@ -18,8 +18,11 @@ from support.daemon_harness import Serve, events, last_health, results, write_co
 from support.tiny_ort import tiny_variant
 from support.waiting import wait
 
+from runtime.config.source import SourceConfig
+from runtime.frames.capture_source import CaptureSource
+from runtime.frames.frame import SourceEnded
 from runtime.frames.pipeline import Active, Pipeline
-from runtime.frames.sources import CaptureSource, SourceConfig, SourceEnded, open_source
+from runtime.frames.sources import open_source
 
 
 def _video(path: Path, frames: int = 30, size: int = 64) -> Path:

@@ -1,0 +1,442 @@
+"""A live RTSP/HTTP stream read by PyAV (FFmpeg's libraries): H.264 access units assembled
+here, key frames only under a low rate cap."""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import math
+import time
+
+import numpy as np
+
+from runtime.config.source import SourceConfig
+from runtime.frames.capture_source import LatestFrame, redact
+from runtime.frames.frame import Frame, SourceError
+
+log = logging.getLogger("edgerun.source")
+
+
+def pyav_available() -> bool:
+    """Whether PyAV (the `av` package: FFmpeg's libraries, its wheel's own FFmpeg) imports."""
+    try:
+        import av  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+_START4, _START3 = b"\x00\x00\x00\x01", b"\x00\x00\x01"
+
+
+class NalAssembler:
+    """Whole H.264 NAL units out of FFmpeg's RTSP packets read without its parser
+    (`fflags noparse`): one packet per RTP packet, a NAL sent whole (or several, STAP-A) begins
+    with a start code, a fragmented one (FU-A) begins with one on its first fragment only.
+
+    Why: FFmpeg's H.264 parser, which its RTSP demuxer puts in front of every packet, hands a
+    frame over only once the next frame's first bytes arrive: one frame interval (40 ms at
+    25 fps) on every frame's age (docs/benchmarks.md). The end of a NAL is known at once from
+    its size instead: payloaders (GStreamer's rtph264pay, live555, FFmpeg's) fill every
+    fragment but the last to the same size, so a fragment shorter than the largest seen ends
+    its NAL. A stream where that is found wrong (a fragment after a NAL taken as ended) is
+    cut at the next start code from then on, as the parser does: never a worse age than it,
+    and never a NAL cut short twice. `push(data)` returns the NALs it completes (each with
+    its start code). A NAL past MAX_NAL_BYTES (a broken encoder, forged packets) is dropped,
+    counted in `oversize`, and followed to the next start code: the camera's input never
+    holds more memory than that."""
+
+    MAX_NAL_BYTES = 8 << 20  # a 4K key frame in one slice is ~1-2 MB at camera bit rates
+
+    def __init__(self) -> None:
+        self._nal = bytearray()  # the NAL being gathered (starts with its start code)
+        self._open = False  # a NAL has begun and not ended
+        self._dropping = False  # the NAL begun is of a type in drop_types
+        self.drop_types: frozenset[int] = frozenset()  # NAL types followed, never returned
+        self._full = 0  # the largest continuation fragment seen: the payloader's size
+        self.ended_early = False  # the last NAL returned was ended by its size alone
+        self.early_ok = True  # ending by size is trusted on this stream
+        self.misjudged = 0  # fragments that came after a NAL taken as ended
+        self.oversize = 0  # NALs dropped past MAX_NAL_BYTES
+        self.dropped_begun = 0  # NALs of drop_types begun: picture boundaries for AccessUnits
+
+    def push(self, data: bytes | memoryview) -> list[bytes]:
+        """The NALs completed by one packet's payload."""
+        out: list[bytes] = []
+        head = bytes(data[:5])
+        if head.startswith(_START4) or head.startswith(_START3):
+            if self._nal:  # a new NAL begins: the one gathered is whole
+                out.append(bytes(self._nal))
+            self._nal.clear()
+            i = 4 if head.startswith(_START4) else 3
+            # a NAL of a type not wanted is followed, not gathered (a P-frame's 10-100 kB
+            # copied for nothing while key frames alone are decoded)
+            self._dropping = len(head) > i and head[i] & 0x1F in self.drop_types
+            if self._dropping:
+                self.dropped_begun += 1
+            else:
+                self._gather(data)
+            self._open = True
+            self.ended_early = False
+            # a NAL sent whole or a STAP-A is shorter than a first fragment (the payloader's
+            # size + the start code and NAL header FFmpeg writes ahead of it)
+            full_first = self._full + len(_START4) + 1
+            if self.early_ok and self._full and len(data) < full_first:
+                self._end(out)
+            return out
+        if not self._open:  # a fragment of a NAL already handed over (or never begun)
+            if self.ended_early:
+                self.misjudged += 1
+                self.early_ok = False  # the size rule does not hold here: the next start
+                self.ended_early = False  # code ends a NAL from now on
+            return out
+        if not self._dropping:
+            self._gather(data)
+        if len(data) > self._full:
+            self._full = len(data)
+        elif self.early_ok and len(data) < self._full:  # its last fragment
+            self._end(out)
+        return out
+
+    def _gather(self, data: bytes | memoryview) -> None:
+        self._nal += data
+        if len(self._nal) > self.MAX_NAL_BYTES:
+            log.warning("a NAL past %d bytes from the camera: dropped up to the next start "
+                        "code (counted as damage)", self.MAX_NAL_BYTES)
+            self._nal.clear()
+            self._dropping = True
+            self.oversize += 1
+
+    def _end(self, out: list[bytes]) -> None:
+        if self._nal:
+            out.append(bytes(self._nal))
+        self._nal.clear()
+        self._open = False
+        self.ended_early = True
+
+
+class AccessUnits:
+    """Pictures out of whole NALs (NalAssembler's), each handed to the decoder as one packet
+    with the NALs ahead of it (AUD, SPS, PPS, SEI): a picture of one slice as soon as its
+    slice is whole; where the stream is seen to cut pictures into several slices, a picture
+    once the next one begins (as FFmpeg's parser does: one frame interval later, but whole).
+    Fed NAL by NAL instead (flags2 chunks), FFmpeg's decoder stopped handing over pictures
+    for good after the first damaged one (tests/frames/test_rtsp_camera.py's corrupt test).
+    `push(nal)` returns the pictures it completes as (bytes, key frame or not)."""
+
+    PREFIX_MAX = 16  # NALs kept ahead of a picture (a stream without AUDs: SEI piling up)
+    MAX_SLICES = 256  # a picture past these (slices or bytes) is dropped, counted in oversize
+    MAX_PICTURE_BYTES = 16 << 20
+
+    def __init__(self) -> None:
+        self._prefix: list[bytes] = []
+        self._pic: list[bytes] = []  # slices of the picture being gathered (several-slice)
+        self._pic_bytes = 0
+        self._key = False
+        self.multi_slice = False  # pictures of several slices seen on this stream
+        self.oversize = 0  # pictures dropped past MAX_SLICES / MAX_PICTURE_BYTES
+
+    def push(self, nal: bytes) -> list[tuple[bytes, bool]]:
+        """The pictures completed by one more NAL."""
+        out: list[tuple[bytes, bool]] = []
+        kind = nal_type(nal)
+        if 1 <= kind <= 5:
+            first = first_slice(nal)
+            if not first and not self.multi_slice:
+                self.multi_slice = True
+                log.info("the stream cuts pictures into several slices: each is decoded "
+                         "once the next begins")
+            if not self.multi_slice:
+                out.append((b"".join([*self._prefix, nal]), kind == 5))
+                self._prefix.clear()
+                return out
+            if first:
+                self._flush(out)
+                self._key = kind == 5
+                self._pic = [*self._prefix, nal]
+                self._pic_bytes = sum(map(len, self._pic))
+                self._prefix.clear()
+            elif self._pic:
+                self._pic.append(nal)
+                self._pic_bytes += len(nal)
+                if len(self._pic) > self.MAX_SLICES or self._pic_bytes > self.MAX_PICTURE_BYTES:
+                    log.warning("a picture past %d slices or %d bytes from the camera: dropped "
+                                "(counted as damage)", self.MAX_SLICES, self.MAX_PICTURE_BYTES)
+                    self._pic, self.oversize = [], self.oversize + 1
+            return out  # a later slice of a picture never begun: dropped
+        if kind in (9, 7) or (kind == 6 and self._pic):  # AUD / SPS / SEI: a new picture
+            self._flush(out)
+            if kind == 9:
+                self._prefix.clear()
+        self._prefix.append(nal)
+        del self._prefix[:-self.PREFIX_MAX]
+        return out
+
+    def boundary(self) -> list[tuple[bytes, bool]]:
+        """A NAL the assembler does not hand over began (key frames only: a P slice): the
+        picture gathered is whole, and is handed over now rather than at the next AUD/SPS."""
+        out: list[tuple[bytes, bool]] = []
+        self._flush(out)
+        return out
+
+    def _flush(self, out: list[tuple[bytes, bool]]) -> None:
+        if self._pic:
+            out.append((b"".join(self._pic), self._key))
+            self._pic = []
+
+
+def nal_type(nal: bytes) -> int:
+    """An H.264 NAL's type (5: a key frame's slice, 1: another slice, 7/8: SPS/PPS)."""
+    i = 4 if nal.startswith(_START4) else 3
+    return nal[i] & 0x1F if len(nal) > i else 0
+
+
+def first_slice(nal: bytes) -> bool:
+    """Whether a slice NAL is its picture's first (first_mb_in_slice = 0: the slice header's
+    first Exp-Golomb code is the single bit 1)."""
+    i = 4 if nal.startswith(_START4) else 3
+    return len(nal) > i + 1 and bool(nal[i + 1] & 0x80)
+
+
+class AvStreamSource:
+    """A live RTSP/HTTP stream decoded by PyAV (`decoder = "pyav"`, or "auto" where PyAV is
+    installed): measured cheaper than OpenCV's capture per frame (0.8x), with each frame's
+    PTS, and able to decode key frames only (docs/benchmarks.md). Read by a reader thread
+    that keeps the newest frame (as CaptureSource's). `rate_hint(hz)`: the rate frames are
+    taken at (the pipeline's cap); at or below the stream's measured key-frame rate only key
+    frames are decoded (FFmpeg's skip_frame NONKEY: P-frames need their references, so a
+    reader that serves 1 frame a second from 25 still decodes 25 otherwise), and of those only
+    the first after each frame's due time (a stream with 2.5 key frames a second read at
+    1 fps decodes 1 a second), served as it is decoded (`paced`). Decoding resumes at every
+    frame from the next key frame."""
+
+    live = True
+
+    def __init__(self, cfg: SourceConfig):
+        import av
+
+        # every SourceError below is raised `from None`: PyAV's messages carry the URL,
+        # credentials and all, and a chained cause would print them in a traceback
+        self._av = av
+        self._cfg, self._shown = cfg, redact(cfg.path)
+        opts = {}
+        rtsp = cfg.path.lower().startswith("rtsp")
+        if rtsp and cfg.transport != "auto":
+            opts["rtsp_transport"] = cfg.transport
+        t0 = time.monotonic()
+        try:
+            # H.264 over RTSP is read without FFmpeg's parser (NalAssembler: a frame is
+            # decoded as its last packet arrives, not one frame interval later); another
+            # codec is opened again with the parser
+            self._c = self._open(cfg, dict(opts, fflags="noparse+nofillin") if rtsp else opts)
+            self._stream = self._c.streams.video[0]
+            self._asm: NalAssembler | None = None
+            if rtsp and self._stream.codec_context.name == "h264":
+                self._asm = NalAssembler()
+                self._aus = AccessUnits()
+            elif rtsp:
+                self._c.close()
+                self._c = self._open(cfg, opts)
+                self._stream = self._c.streams.video[0]
+        except av.error.HTTPUnauthorizedError:
+            raise SourceError(f"source.path {self._shown!r}: the server refused the "
+                              "credentials (401 Unauthorized): check the user and password "
+                              "in the URL") from None
+        except (av.error.FFmpegError, OSError, IndexError) as e:
+            if time.monotonic() - t0 >= cfg.open_timeout_s * 0.9:
+                raise SourceError(f"source.path {self._shown!r}: no stream within "
+                                  f"{cfg.open_timeout_s:g} s (open_timeout_s): the server "
+                                  "does not answer") from None
+            why = "no video stream" if isinstance(e, IndexError) else _why(e)
+            raise SourceError(f"source.path {self._shown!r}: cannot open ({why})") \
+                from None
+        self._dec = self._decoder(False)
+        self._params: dict[int, bytes] = {}  # the last SPS and PPS: a new decoder's first NALs
+        self._packets = self._c.demux(self._stream)
+        self._units: collections.deque = collections.deque()  # NALs (or packets) to decode
+        self._ready: collections.deque[np.ndarray] = collections.deque()  # decoded, not read
+        self._take_key = True  # key frames only: the key frame being read is decoded
+        self.damaged = 0  # packets the decoder refused and frames it concealed damage in
+        self._damaged_told = 0  # of those, already handed over with a frame
+        self._keys: collections.deque[float] = collections.deque(maxlen=8)  # key frame times
+        self._hint_hz = 0.0
+        self._skip = False  # decoding key frames only
+        self._due = -math.inf  # key frames only: none is decoded before this monotonic time
+        self.keyframes_only = False  # what the reader does now (said in the log)
+        self._reader = LatestFrame(self._read_one, self._shown, start=False)
+        self._reader.start()  # _read_one reads self._reader
+
+    @staticmethod
+    def _open(cfg: SourceConfig, opts: dict):
+        import av
+
+        c = av.open(cfg.path, options=opts, timeout=(cfg.open_timeout_s, cfg.read_timeout_s))
+        if not c.streams.video:
+            c.close()
+            raise IndexError("no video stream")
+        return c
+
+    def _decoder(self, keys_only: bool):
+        """A decoder for this stream; `keys_only`: key frames only (skip_frame NONKEY) and
+        without the deblocking filter: a key frame decoded alone is no frame's reference, and
+        the filter was 17 % of its decode at 720p (docs/benchmarks.md)."""
+        if self._asm is None and not keys_only:
+            cc = self._stream.codec_context
+        else:
+            cc = self._av.CodecContext.create("h264", "r")
+            cc.extradata = self._stream.codec_context.extradata
+            opts = {}
+            if keys_only:
+                opts["skip_loop_filter"] = "all"
+                cc.skip_frame = "NONKEY"
+            cc.options = opts
+        cc.thread_count = 1  # the reader's thread: its CPU clock is the decode's
+        return cc
+
+    def key_frame_hz(self) -> float:
+        """Key frames a second, measured over the last few (0: fewer than three seen)."""
+        keys = list(self._keys)
+        if len(keys) < 3 or keys[-1] <= keys[0]:
+            return 0.0
+        return (len(keys) - 1) / (keys[-1] - keys[0])
+
+    def rate_hint(self, hz: float) -> None:
+        """The rate frames will be taken at (0 or inf: as they come)."""
+        self._hint_hz = hz
+
+    @property
+    def paced(self) -> bool:
+        """It serves at the hinted rate itself, the first frame decoded after each frame's due
+        time, handed over as it is decoded (key frames only: the first key frame after it;
+        every frame: where the rate is at most 2/3 of the stream's, so that a frame comes
+        between two due times): the pipeline does not wait out the rate cap after its frames,
+        or each would be served a wait late. Measured at 720p: decode to inference p50
+        17-22 ms at 5 and 12.5 Hz caps when the newest frame waited for the cap's tick, one
+        frame interval at worst (docs/sources.md)."""
+        return self.keyframes_only or self._spaced() > 0
+
+    def _spaced(self) -> float:
+        """Every frame decoded under a rate cap: the stream's frame interval, else 0."""
+        iv, hint = self._reader.interval, self._hint_hz
+        return iv if hint > 0 and iv > 0 and 1 / hint >= 1.5 * iv else 0.0
+
+    def _next_unit(self, t0: float) -> tuple[object, str]:
+        """The next picture to decode (a packet, or bytes from AccessUnits) and whether it is
+        a key frame ("key") or not ("slice")."""
+        av = self._av
+        while not self._units:
+            try:
+                packet = next(self._packets)
+            except StopIteration:
+                raise SourceError(f"{self._shown}: the stream ended") from None
+            except (av.error.FFmpegError, OSError) as e:
+                if time.monotonic() - t0 >= self._cfg.read_timeout_s * 0.9:
+                    raise SourceError(f"{self._shown}: no frame for "
+                                      f"{self._cfg.read_timeout_s:g} s (read_timeout_s): the "
+                                      "stream stalled") from None
+                raise SourceError(f"{self._shown}: the stream failed ({_why(e)})") \
+                    from None
+            if packet.size == 0:
+                continue
+            if self._asm is None:
+                self._units.append((packet, "key" if packet.is_keyframe else "slice"))
+                continue
+            asm, aus = self._asm, self._aus
+            begun, oversize = asm.dropped_begun, asm.oversize + aus.oversize
+            for nal in asm.push(memoryview(packet)):
+                kind = nal_type(nal)
+                if kind in (7, 8):  # a new decoder's first NALs (key frames only)
+                    self._params[kind] = nal
+                for pic, key in aus.push(nal):
+                    self._units.append((pic, "key" if key else "slice"))
+            if asm.dropped_begun != begun:  # the key picture before it is whole
+                self._units.extend((pic, "key" if key else "slice")
+                                   for pic, key in aus.boundary())
+            self.damaged += asm.oversize + aus.oversize - oversize
+        return self._units.popleft()
+
+    def _read_one(self) -> np.ndarray:
+        """On the reader thread: the next decoded frame (a key frame alone when skipping)."""
+        t0 = time.monotonic()
+        av = self._av
+        while not self._ready:
+            unit, what = self._next_unit(t0)
+            if what == "key":
+                self._keys.append(time.monotonic())
+                kf = self.key_frame_hz()
+                # 10 % slack: a 1 s GOP read at a 1 fps cap measures 0.95-1.05 key frames/s;
+                # back to every frame only past 25 % (no flapping at the edge)
+                want = 0 < self._hint_hz <= kf * (1.25 if self._skip else 1.1)
+                if want != self._skip:  # switched at a key frame: no P-frame misses its
+                    self._skip = want   # references when every frame is decoded again
+                    if self._asm is not None:  # a decoder of its own, given the last SPS/PPS
+                        self._dec = self._decoder(want)
+                        self._asm.drop_types = frozenset({1, 2, 3, 4} if want else ())
+                        for nal in self._params.values():
+                            with contextlib.suppress(av.error.FFmpegError):
+                                self._dec.decode(av.Packet(nal))
+                    else:
+                        self._dec.skip_frame = "NONKEY" if want else "DEFAULT"
+                    self.keyframes_only = want
+                    log.info("%s: %s (frames taken at %.3g/s, %.3g key frames/s)",
+                             self._shown, "decoding key frames only" if want else
+                             "decoding every frame again", self._hint_hz, kf)
+                self._take_key = not (want and time.monotonic() < self._due)
+                if self._reader.stopping.is_set():
+                    raise SourceError(f"{self._shown}: closing")
+            if what == "key" and not self._take_key:
+                continue  # before the next frame is due: not decoded either
+            if what == "slice" and self._skip:
+                if self._reader.stopping.is_set():
+                    raise SourceError(f"{self._shown}: closing")
+                continue  # not even handed to the decoder
+            try:
+                frames = self._dec.decode(
+                    unit if isinstance(unit, av.Packet) else av.Packet(unit))
+            except av.error.FFmpegError:
+                self.damaged += 1  # the decoder resynchronises at the next one
+                continue
+            for f in frames:
+                if f.is_corrupt:
+                    self.damaged += 1  # concealed: served, counted
+                self._ready.append(f.to_ndarray(format="bgr24"))
+        return self._ready.popleft()
+
+    def read(self, timeout_s: float) -> Frame | None:
+        """The newest decoded frame (a key frame just decoded, when skipping; under a rate
+        cap, the first decoded after its due time)."""
+        got = self._reader.take(timeout_s, self._due if self.paced else -math.inf)
+        if got is None:
+            return None
+        img, t0, n, cpu, skipped = got
+        d = self.damaged  # read once: the reader thread adds to it
+        damaged, self._damaged_told = d - self._damaged_told, d
+        kf, hint, iv = self.key_frame_hz(), self._hint_hz, self._spaced()
+        # the next frame served is the first decoded after its due time: half a frame (key
+        # frame) interval early, so that on average frames are served at the hinted rate
+        if self.keyframes_only and kf > 0 and hint > 0:
+            self._due = time.monotonic() + 1 / hint - 0.5 / kf
+        elif iv > 0:
+            self._due = time.monotonic() + 1 / hint - 0.5 * iv
+        else:
+            self._due = -math.inf
+        return Frame(img, f"frame-{n}", t=t0, decode_cpu_s=cpu, decoded_apart=True,
+                     skipped=skipped, damaged=damaged)
+
+    def done(self, frames: list[Frame]) -> None:
+        """Nothing to remember."""
+
+    def close(self) -> None:
+        """Stop the reader, then close the connection."""
+        if not self._reader.stop():
+            log.warning("%s: the reader is still inside a read after %.0f s; the stream is "
+                        "left to it", self._shown, LatestFrame.JOIN_S)
+            return
+        with contextlib.suppress(Exception):
+            self._c.close()
+
+
+def _why(e: BaseException) -> str:
+    """An FFmpeg/OS error's reason without the URL it names (credentials)."""
+    return redact(str(getattr(e, "strerror", None) or type(e).__name__))[:200]

@@ -1,0 +1,264 @@
+"""OpenCV's capture (a V4L2 device, a video file, an RTSP/HTTP URL) and the newest-frame reader
+thread every live stream is read by."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import re
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import cv2
+import numpy as np
+
+from runtime.config.source import SourceConfig
+from runtime.frames.frame import Frame, SourceEnded, SourceError
+
+log = logging.getLogger("edgerun.source")
+
+
+_FFMPEG_OPTIONS = "OPENCV_FFMPEG_CAPTURE_OPTIONS"
+_FFMPEG_LEVEL = "OPENCV_FFMPEG_LOGLEVEL"
+# The capture options travel in the environment, read by FFmpeg during the open: one open
+# at a time (OpenCV itself serialises FFmpeg opens in a process, with a lock of its own).
+_env_lock = threading.Lock()
+_quieted = False
+
+
+def redact(url: str) -> str:
+    """A URL fit for logs and events: `user:password@` becomes `***@`."""
+    return re.sub(r"(?<=://)[^/@\s]*@", "***@", url)
+
+
+def quiet_ffmpeg(debug: bool | None = None) -> None:
+    """Keep FFmpeg's and OpenCV's own lines off the terminal and the journal.
+
+    FFmpeg (inside OpenCV) writes from C straight to the process's stdout/stderr; OpenCV
+    offers Python no per-message hook, so those lines cannot be turned into log records. What
+    can be set is their level: FFmpeg's is read from OPENCV_FFMPEG_LOGLEVEL when OpenCV first
+    uses FFmpeg, OpenCV's own (its VIDEOIO warnings) with cv2.utils.logging. Unless the
+    operator set those variables, both are silenced, except with `-v` (debug logging), where
+    FFmpeg's warnings appear on stdout prefixed `[OPENCV:FFMPEG:24]`. The daemon says itself
+    what failed (open or read timeout, refused), see CaptureSource. Once per process."""
+    global _quieted
+    if _quieted:
+        return
+    _quieted = True
+    if debug is None:
+        debug = logging.getLogger("edgerun").isEnabledFor(logging.DEBUG)
+    if _FFMPEG_LEVEL not in os.environ:
+        os.environ[_FFMPEG_LEVEL] = "24" if debug else "-8"  # AV_LOG_WARNING / AV_LOG_QUIET
+    if "OPENCV_LOG_LEVEL" not in os.environ and not debug:
+        cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_ERROR)
+
+
+class CaptureSource:
+    """cv2.VideoCapture on a V4L2 device index, a video file or an RTSP/HTTP URL. A video file
+    ends after its last frame (SourceEnded), or starts again with `loop`; a camera or stream
+    that stops delivering raises SourceError (the pipeline re-opens it with backoff).
+
+    A URL is opened through FFmpeg with `open_timeout_s` and `read_timeout_s` (OpenCV's
+    CAP_PROP_OPEN/READ_TIMEOUT_MSEC) and, for RTSP, the `transport` (FFmpeg's
+    `rtsp_transport` through OPENCV_FFMPEG_CAPTURE_OPTIONS; an operator's own value of that
+    variable is kept and wins)."""
+
+    def __init__(self, cfg: SourceConfig):
+        self._cfg = cfg
+        self._target: int | str = int(cfg.path) if cfg.path.isdigit() else cfg.path
+        self._url = isinstance(self._target, str) and "://" in self._target
+        self._shown = redact(cfg.path)
+        try:  # a path the filesystem refuses (too long) raised OSError: a dead thread
+            self.live = not Path(str(self._target)).is_file()
+        except (OSError, ValueError):
+            self.live = True  # not a file: a camera or a stream (the open then says)
+        self._loop = cfg.loop and not self.live
+        quiet_ffmpeg()  # before FFmpeg's first use in this process: it reads its level once
+        t0 = time.monotonic()
+        self._cap = self._open()
+        if not self._cap.isOpened():
+            took = time.monotonic() - t0
+            if self._url and took >= cfg.open_timeout_s * 0.9:
+                raise SourceError(f"source.path {self._shown!r}: no stream within "
+                                  f"{cfg.open_timeout_s:g} s (open_timeout_s): the server "
+                                  "does not answer")
+            if self._url and "@" in cfg.path.split("://", 1)[1].split("/", 1)[0]:
+                # FFmpeg tells OpenCV no more than "failed"; the credentials are the usual
+                # cause when a server that answers refuses (never shown: redacted)
+                raise SourceError(f"source.path {self._shown!r}: the server refused the "
+                                  "stream: check the user and password in the URL (or the "
+                                  "stream's path)")
+            raise SourceError(f"source.path {self._shown!r}: cannot open (no such camera, "
+                              "file or stream, or the server refused)")
+        self._n = 0
+        self._pass_n = 0  # frames read since the file was (re)opened
+        self._reader: LatestFrame | None = None
+        if self.live:
+            self._reader = LatestFrame(self._next, self._shown)
+
+    def _open(self) -> cv2.VideoCapture:
+        if not self._url:
+            return cv2.VideoCapture(self._target)
+        cfg = self._cfg
+        params = [cv2.CAP_PROP_OPEN_TIMEOUT_MSEC, int(cfg.open_timeout_s * 1000),
+                  cv2.CAP_PROP_READ_TIMEOUT_MSEC, int(cfg.read_timeout_s * 1000)]
+        if self.live:
+            # One decoder thread, the reader's own: its thread CPU clock is then the stream's
+            # whole decode CPU (with FFmpeg's pool, 720p H.264 measured 1.6 ms a frame on the
+            # reader and 4.2 ms in the process; with one thread 4.0 and 4.0), and several
+            # streams on a small box do not each start a pool of threads per core.
+            params += [cv2.CAP_PROP_N_THREADS, 1]
+        with _env_lock:
+            before = os.environ.get(_FFMPEG_OPTIONS)
+            opts = before or ""
+            if (str(self._target).lower().startswith("rtsp") and cfg.transport != "auto"
+                    and "rtsp_transport" not in opts):
+                opts = "|".join(x for x in (opts, f"rtsp_transport;{cfg.transport}") if x)
+            if opts:
+                os.environ[_FFMPEG_OPTIONS] = opts
+            try:  # FFmpeg reads the variable during this call
+                return cv2.VideoCapture(self._target, cv2.CAP_FFMPEG, params)
+            finally:
+                if before is None:
+                    os.environ.pop(_FFMPEG_OPTIONS, None)
+                else:
+                    os.environ[_FFMPEG_OPTIONS] = before
+
+    def _next(self) -> np.ndarray | None:
+        t0 = time.monotonic()
+        ok, img = self._cap.read()
+        if ok and img is not None:
+            return img
+        if self.live:
+            if self._url and time.monotonic() - t0 >= self._cfg.read_timeout_s * 0.9:
+                raise SourceError(f"{self._shown}: no frame for {self._cfg.read_timeout_s:g} s "
+                                  "(read_timeout_s): the stream stalled")
+            raise SourceError(f"{self._shown}: no frame (camera unplugged or stream down)")
+        if not self._loop:
+            raise SourceEnded(f"{self._target}: end of the video file after {self._n} frames; "
+                              "the source has ended (set [source] loop = true to play it "
+                              "again)")
+        if self._pass_n == 0:  # a looped file that gives nothing would spin
+            raise SourceError(f"{self._target}: no frame from the start of the video file")
+        self._cap.release()  # rewind by re-opening: seeking is unreliable across containers
+        self._cap, self._pass_n = self._open(), 0
+        ok, img = self._cap.read()
+        if not ok or img is None:
+            raise SourceError(f"{self._target}: no frame after re-opening the video file to "
+                              "loop it")
+        return img
+
+    def read(self, timeout_s: float) -> Frame | None:
+        """The next decoded frame; SourceEnded after a video file's last frame (unless it
+        loops), SourceError when the device or stream stops delivering."""
+        if self._reader is not None:  # a live camera or stream: the newest frame decoded
+            got = self._reader.take(timeout_s)
+            if got is None:
+                return None
+            img, t0, n, cpu, skipped = got
+            self._n = n
+            return Frame(_bgr(img), f"frame-{n}", t=t0, decode_cpu_s=cpu, decoded_apart=True,
+                         skipped=skipped)
+        t0 = time.time()
+        img = self._next()
+        self._n += 1
+        self._pass_n += 1
+        return Frame(_bgr(img), f"frame-{self._n}", t=t0)
+
+    def done(self, frames: list[Frame]) -> None:
+        """Nothing to remember."""
+
+    def close(self) -> None:
+        """Stop the reader (it leaves within one read, at most read_timeout_s on a stalled
+        stream), then release the capture: releasing it under a read crashes FFmpeg."""
+        if self._reader is not None and not self._reader.stop():
+            log.warning("%s: the reader is still inside a read after %.0f s; the capture is "
+                        "left to it (released when it returns)", self._shown,
+                        LatestFrame.JOIN_S)
+            return
+        self._cap.release()
+
+
+def _bgr(img: np.ndarray) -> np.ndarray:
+    return cv2.cvtColor(img, cv2.COLOR_GRAY2BGR) if img.ndim == 2 else img
+
+
+class LatestFrame:
+    """A live source's reader thread: decodes every frame as it arrives (a stream that is not
+    read falls behind live and its buffers fill, then fail: ultralytics#4211) and keeps only
+    the newest; `take` hands that one over once, counting the frames decoded and passed over
+    since the last one taken and the reader's thread CPU spent on them (the decode CPU per
+    served frame). A read that fails ends the thread; `take` raises its SourceError."""
+
+    JOIN_S = 15.0
+
+    def __init__(self, read_one: Callable[[], np.ndarray | None], shown: str,
+                 start: bool = True):
+        self._read_one = read_one
+        self._cond = threading.Condition()
+        self._img: np.ndarray | None = None
+        self._t = 0.0
+        self._mono = -math.inf  # when the newest was decoded (monotonic)
+        self.interval = 0.0  # between decoded frames, smoothed (0: not yet known)
+        self._n = 0
+        self._skipped = 0
+        self._cpu = 0.0
+        self._error: BaseException | None = None
+        self.stopping = threading.Event()  # set by stop(); a reader skipping packets checks it
+        self._thread = threading.Thread(target=self._run, name=f"reader-{shown}"[:60],
+                                        daemon=True)
+        if start:
+            self._thread.start()
+
+    def start(self) -> None:
+        """Start reading (made with start=False: once its owner can be read from)."""
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self.stopping.is_set():
+            c0 = time.thread_time()
+            try:
+                img = self._read_one()
+            except BaseException as e:  # SourceError, or anything FFmpeg/OpenCV raised
+                with self._cond:
+                    self._error = e
+                    self._cond.notify_all()
+                return
+            t, mono = time.time(), time.monotonic()
+            spent = time.thread_time() - c0
+            with self._cond:
+                self._cpu += spent
+                self._n += 1
+                if self._img is not None:
+                    self._skipped += 1
+                gap = mono - self._mono
+                if 0 < gap < 5:
+                    self.interval = gap if not self.interval else 0.9 * self.interval + 0.1 * gap
+                self._img, self._t, self._mono = img, t, mono
+                self._cond.notify_all()
+
+    def take(self, timeout_s: float, not_before: float = -math.inf
+             ) -> tuple[np.ndarray, float, int, float, int] | None:
+        """(image, wall time decoded, its number, decode CPU since the last take, frames
+        skipped since then), or None when no new frame came within `timeout_s`; with
+        `not_before` (monotonic), the first frame decoded at or after it (one decoded before
+        waits to be replaced: served as it is decoded, not up to a frame interval old)."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._error is not None or (
+                self._img is not None and self._mono >= not_before), timeout_s)
+            if self._img is None or self._mono < not_before:
+                if self._error is not None:
+                    raise self._error
+                return None
+            out = (self._img, self._t, self._n, self._cpu, self._skipped)
+            self._img, self._cpu, self._skipped = None, 0.0, 0
+            return out
+
+    def stop(self) -> bool:
+        """Stop reading; True once the thread has left (the capture may be released)."""
+        self.stopping.set()
+        self._thread.join(self.JOIN_S)
+        return not self._thread.is_alive()
