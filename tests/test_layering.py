@@ -85,9 +85,6 @@ OVERSIZE: dict[str, str] = {
     "runtime/coordinator/service.py": "the Coordinator class below, most of the module",
     "runtime/coordinator/service.py::Coordinator": "the coordinator's threads (mqtt, ingest, "
                                                    "http) and handlers; not yet split by job",
-    "runtime/frames/pipeline.py": "the Pipeline class below, most of the module",
-    "runtime/frames/pipeline.py::Pipeline": "the frame path's capture, preprocess, infer and "
-                                            "store threads over shared queues; not yet split",
     "runtime/telemetry/outbox.py": "the Outbox class below, most of the module",
     "runtime/telemetry/outbox.py::Outbox": "the durable outbox (result log, SQLite spill, held "
                                            "writes) behind one lock; not yet split by job",

@@ -312,7 +312,7 @@ class DeviceOta:
         shadow = d.pipeline.target
         if shadow is not None and shadow.manifest is None:
             shadow = self._second_session()  # a session without its model: load one
-        d.pipeline.shadow = shadow
+        d.pipeline.shadow.old = shadow
         prev = d.box.model.measured()
         old = self.version
         t0 = time.perf_counter()
@@ -342,9 +342,7 @@ class DeviceOta:
         t = p.models.tally(self._swapped())  # a version chosen again has counts already
         self.probation = _Run(self.version, baseline, time.monotonic(), t.results, t.errors,
                               prev)
-        p.shadow_counts = [0, 0]
-        p.shadow_every = self.cfg.shadow_every
-        p.shadow = shadow
+        p.shadow.begin(shadow, self.cfg.shadow_every)
 
     def _second_session(self) -> Active | None:
         """A second session of the running variant, for the shadow sample (None when it will
@@ -384,13 +382,13 @@ class DeviceOta:
             return
         p = self.serving.pipeline
         new = self.kpis_now(run.since, run.results0, run.errors0)
-        compared, agreed = p.shadow_counts
+        compared, agreed = p.shadow.counts
         # the swapped model's own per-inference target (runtime/choice/joint.py): with other
         # sources on their own models the box's frame target is not this model's
         target = self.serving.target_ms()
         lim = Limits(target, self.cfg.probation_frames,
                      self.cfg.agreement_floor, self.cfg.max_error_rate_increase,
-                     self.cfg.energy_factor, min_shadow=20 if p.shadow is not None else 0)
+                     self.cfg.energy_factor, min_shadow=20 if p.shadow.old is not None else 0)
         v = judge(run.baseline, new, compared, agreed, lim)
         run.kpis = {"frames": new.frames, "errors": new.errors, "p95_ms": new.p95_ms,
                     "target_ms": target, "energy_mj": new.energy_mj,

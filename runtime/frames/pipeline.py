@@ -1,9 +1,10 @@
 """capture -> preprocess -> infer+store, on named threads with bounded queues.
 
-- `capture` reads (and decodes) frames from the source and crops its region of interest
-  (runtime/frames/roi.py). Live sources drop the oldest queued frame when the pipeline is behind
-  (counted); folder and trigger sources block instead (never dropped). A failing source is
-  re-opened with backoff and reported; the other threads keep running. With several sources
+- `capture` (runtime/frames/capture.py) reads (and decodes) frames from the source and crops
+  its region of interest (runtime/frames/roi.py). Live sources drop the oldest queued frame
+  when the pipeline is behind (counted); folder and trigger sources block instead (never
+  dropped). A failing source is re-opened with backoff and reported; the other threads keep
+  running. With several sources
   (runtime/frames/multisource.py) each has its own capture thread and its own lane in the raw queue,
   served in turn; one preprocess and one infer thread serve them all.
 - `preprocess` makes the input tensor for the active variant's shape (CPU or OpenCL,
@@ -39,7 +40,6 @@ been in inference or store for too long, on either path.
 from __future__ import annotations
 
 import collections
-import contextlib
 import logging
 import math
 import queue
@@ -49,19 +49,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-import numpy as np
-
 from runtime.engine.backends.base import Session
 from runtime.engine.manifest import Manifest, frame_result
 from runtime.engine.sanity import Watch
 from runtime.engine.tiling import infer_tiles, tiled
 from runtime.frames.badframes import BadFrames
-from runtime.frames.frame import BadFrame, Frame, Source, SourceEnded, SourceError
+from runtime.frames.capture import Capture
+from runtime.frames.frame import Frame, Source
 from runtime.frames.model_counts import ModelCounts, ModelId, model_id
-from runtime.frames.multisource import FairQueue, Lane, Pacer
+from runtime.frames.multisource import FairQueue, Lane
 from runtime.frames.results_local import LocalResults
-from runtime.frames.roi import RoiError, crop, resolve
-from runtime.wire.backoff import Backoff
+from runtime.frames.shadow import ShadowSample
+from runtime.frames.slo_window import SloWindow
+from runtime.frames.stage_cpu import StageCpu
 from runtime.wire.events import EventType
 from runtime.wire.quarantine import RateLimitedLog
 
@@ -69,10 +69,6 @@ log = logging.getLogger("edgerun.pipeline")
 
 MAX_LABELS = 256  # per-label counters in health; further labels are counted together
 OTHER_LABEL = "_other"
-# the stages the pipeline's own threads run (publish runs on the MQTT thread: power.cputime)
-STAGE_CPU_ZERO: dict[str, float | None] = {
-    "capture": 0.0, "decode": None, "crop": 0.0, "preprocess": 0.0, "infer": 0.0,
-    "postprocess": 0.0, "persist": 0.0}
 
 
 @dataclass
@@ -115,9 +111,6 @@ class Inferred(NamedTuple):
 class Pipeline:
     """See module docstring."""
 
-    INLINE_AFTER_WAIT_S = 0.002
-    STABLE_S = 60.0  # a source that ran this long before failing starts its backoff afresh
-
     def __init__(self, open_source: Callable[[], Source] | list[Lane], manifest: Manifest,
                  sink: Callable[[list[dict[str, Any]]], list[int]],
                  on_event: Callable[[dict], None], queue_size: int = 4,
@@ -153,30 +146,19 @@ class Pipeline:
         self.rate_cap_hz = math.inf
         self._infer_cpu: dict[str, tuple[int, float]] = {}  # variant -> (n, thread CPU s)
         # CPU seconds per stage of the frames stored since the last `take_stage_cpu` (the box's
-        # energy per frame, power/box_energy.py); decode None until a source timed one
-        self._stage_cpu: dict[str, float | None] = dict(STAGE_CPU_ZERO)
-        self._stage_frames = 0
-        self._stage_lock = threading.Lock()
+        # energy per frame, power/box_energy.py)
+        self._stage_cpu = StageCpu()
         self.counters: collections.Counter = collections.Counter()
         self.labels: collections.Counter = collections.Counter()  # results per label
         self.bad = BadFrames(on_event)  # refused frames by kind; rate-limited frame_bad events
         self.sight = Watch()  # each model's first frames judged: a model_blind event
-        self.latencies: collections.deque = collections.deque(maxlen=2000)  # (t, ms, met)
+        self._slo = SloWindow()  # rate, latency percentiles and SLO compliance in health
         # the same per model (results, errors, ms per inference): what probation judges a
         # swapped model by, not the box's totals (runtime/frames/model_counts.py)
         self.models = ModelCounts()
-        self.latency_target_ms = float("inf")  # the SLO (set_slo)
-        self.slo_end_to_end = False  # whether it bounds frame in to result, not inference
-        # Probation of a new model (runtime/device/ota.py): every `shadow_every`th frame is
-        # also run on the old model; `shadow_counts` = [compared, agreed] top-1 labels.
-        self.shadow: Active | None = None
-        self.shadow_every = 5
-        self.shadow_counts = [0, 0]
-        self._shadow_i = 0
-        self._shadow_due: list[tuple[Frame, Any, Active]] = []  # compared after the store
+        self.shadow = ShadowSample()  # probation of a new model (runtime/device/ota.py)
         self._in_backlog = False  # the last frame read was ready at once (see _infer)
         self._store_log = RateLimitedLog(log)
-        self._retry_log = RateLimitedLog(log)  # a source's re-opens during one outage
         self._store_failing = False  # between a failed store and the next that works
 
     # -- control (any thread) -------------------------------------------------------------
@@ -191,8 +173,11 @@ class Pipeline:
             raise ValueError(f"no session for the model(s) {sorted(missing)} of the sources")
         one = len(self.lanes) == 1
         work: list[tuple[str, Callable[[], None]]] = [
-            ("capture" if one else f"capture-{lane.name}",
-             lambda lane=lane: self._capture(lane)) for lane in self.lanes]
+            ("capture" if one else f"capture-{lane.name}", Capture(
+                lane, len(self.lanes), stop=self._stop_capture, cap_hz=lambda: self.rate_cap_hz,
+                bad=self.bad, counters=self.counters, cpu=self._stage_cpu, event=self._event,
+                hand_over=self._hand_over, idle=self._nothing_ready).run)
+            for lane in self.lanes]
         for name, fn in (*work, ("preprocess", self._preprocess), ("infer", self._infer)):
             t = threading.Thread(target=fn, name=name, daemon=True)
             t.start()
@@ -231,7 +216,7 @@ class Pipeline:
         """Stop sampling the shadow session (OTA probation ended) and close it, between two
         frames; a shadow that is also the running or pending session stays open."""
         with self._work, self._lock:  # not while the infer thread is using it
-            shadow, self.shadow = self.shadow, None
+            shadow, self.shadow.old = self.shadow.old, None
             if shadow is not None and shadow is not self._active and shadow is not self._next:
                 shadow.session.close()
 
@@ -283,7 +268,7 @@ class Pipeline:
         for t in self._threads:
             t.join(2)
         with self._lock:
-            for a in {id(x): x for x in (self._active, self._next, self.shadow,
+            for a in {id(x): x for x in (self._active, self._next, self.shadow.old,
                                          *self._extra.values(), *self._extra_next.values())
                       if x is not None}.values():
                 a.session.close()
@@ -311,50 +296,32 @@ class Pipeline:
         read), crop, preprocess, infer (added with its frame's store, so it is these frames'
         own), postprocess (results built), persist (outbox commit, the source's done, local
         results)."""
-        with self._stage_lock:
-            out, self._stage_cpu = self._stage_cpu, dict(STAGE_CPU_ZERO)
-            n, self._stage_frames = self._stage_frames, 0
-        return n, out
+        return self._stage_cpu.take()
 
     def _cpu(self, stage: str, seconds: float) -> None:
         """Add CPU seconds to a stage (any thread)."""
-        with self._stage_lock:
-            self._stage_cpu[stage] = (self._stage_cpu[stage] or 0.0) + seconds
+        self._stage_cpu.add(stage, seconds)
 
     def set_slo(self, target_ms: float, end_to_end: bool) -> None:
         """The latency the SLO compliance is judged on: each frame's capture to durable result
         (`end_to_end`, the [constraints] end_to_end_ms target) or its inference."""
-        self.latency_target_ms, self.slo_end_to_end = target_ms, end_to_end
+        self._slo.set(target_ms, end_to_end)
 
-    def _recent(self) -> list[tuple[float, float, bool]]:
-        now = time.monotonic()  # windows on the monotonic clock: a wall step never empties one
-        return [x for x in list(self.latencies) if now - x[0] <= 30]
-
-    def rate_hz(self, recent: list | None = None) -> float:
+    def rate_hz(self) -> float:
         """Results per second over the last 30 s."""
-        recent = self._recent() if recent is None else recent
-        span = (time.monotonic() - recent[0][0]) if len(recent) > 1 else 0.0
-        return (len(recent) - 1) / span if span > 0 else 0.0
+        return self._slo.rate_hz()
 
     def stats(self) -> dict[str, Any]:
-        """Counters, recent rate and latency percentiles, SLO compliance."""
-        recent = self._recent()
-        ms = np.array([m for _, m, _ in recent]) if recent else np.array([])
+        """Counters, recent rate and latency percentiles, SLO compliance, per source."""
         return {
             **dict(self.counters),
             **(self._local.stats() if self._local else {}),
             "labels": dict(self.labels),
             "frames_bad": self.bad.counts(),
-            "rate_hz": self.rate_hz(recent),
-            "latency_ms": {"p50": float(np.percentile(ms, 50)) if len(ms) else None,
-                           "p95": float(np.percentile(ms, 95)) if len(ms) else None},
+            **self._slo.stats(),  # rate_hz, latency_ms, slo
             # per source: state, rate, capture-to-result p95, frames waiting, counters
             "sources": {lane.name: {**lane.stats(self._raw.qsize(lane.name)),
                                     **self._model_of(lane)} for lane in self.lanes},
-            "slo": {"target_ms": self.latency_target_ms,
-                    "of": "end_to_end" if self.slo_end_to_end else "inference",
-                    "compliance": (sum(1 for *_, met in recent if met) / len(recent))
-                    if recent else None},
         }
 
     def _model_of(self, lane: Lane) -> dict[str, Any]:
@@ -367,140 +334,24 @@ class Pipeline:
 
     # -- threads -----------------------------------------------------------------------------
 
-    def _capture(self, lane: Lane) -> None:
-        if lane.refused:  # its model could not be used: never opened, said once
-            lane.state = "failed"
-            self.counters["source_errors"] += 1
-            lane.counters["source_errors"] += 1
-            self._event({"type": EventType.SOURCE_FAILED, "severity": "critical",
-                         "error": lane.refused[:1000], "source": lane.name})
-            return
-        # Re-opens back off 0.5, 1, 2, ... s (jittered down to half: cameras on one switch
-        # that rebooted together do not reconnect in step) up to the lane's cap
-        # (runtime/frames/multisource.py retry_cap_s: a few seconds for a camera, 30 s for
-        # the rest); not reset by an open that works (a stream that opens and fails at once
-        # must still back off), only by a source that ran STABLE_S.
-        backoff, opened = Backoff(0.5, lane.retry_cap_s), 0.0
-        pacer = Pacer(lane.pace_hz) if lane.pace_hz > 0 else None
-        while not self._stop_capture.is_set():
-            if self.rate_cap_hz <= 0:  # paused by the control loop: read nothing
-                self._stop_capture.wait(0.2)
-                continue
-            if lane.source is None:
-                try:
-                    lane.source = lane.open()
-                    lane.state = "running"
-                    opened = time.monotonic()
-                except SourceError as e:
-                    self._source_failed(lane, str(e), backoff)
-                    continue
-                except Exception as e:  # a bug or an unwrapped OS/library error: the same
-                    # failure of this source (retried), never the end of its thread
-                    log.error("source %s: unexpected error opening it", lane.name,
-                              exc_info=backoff.attempts == 0)  # the traceback once a series
-                    self._source_failed(lane, f"{type(e).__name__}: {e}", backoff)
-                    continue
-            t_read = time.monotonic()
-            self.bad.flush()
-            c_read = time.thread_time()
-            try:
-                frame = lane.source.read(0.5)
-            except BadFrame as e:  # one refused input; the source itself is fine
-                self.bad.record(e.kind, e.ref, e.why)
-                continue
-            except SourceEnded as e:  # a video file's last frame: nothing to retry
-                lane.source.close()
-                self._source_ended(lane, str(e))
-                return
-            except Exception as e:  # SourceError, or a bug / unwrapped error (the same to us)
-                if not isinstance(e, SourceError):
-                    log.error("source %s: unexpected error reading it", lane.name,
-                              exc_info=backoff.attempts == 0)
-                with contextlib.suppress(Exception):
-                    lane.source.close()
-                lane.source = None
-                if time.monotonic() - opened >= self.STABLE_S:
-                    backoff.reset()
-                why = str(e) if isinstance(e, SourceError) else f"{type(e).__name__}: {e}"
-                self._source_failed(lane, why, backoff)
-                continue
-            spent = time.thread_time() - c_read  # reading, decoding, polling a folder
-            if frame is None:
-                self._in_backlog = False  # nothing more right now: store what is pending
-                self._cpu("capture", spent)
-                continue
-            if lane.down_since is not None:
-                self._source_back(lane, backoff)
-            with self._stage_lock:
-                dec = frame.decode_cpu_s
-                st = self._stage_cpu
-                # a live stream decodes on its own reader thread: not in `spent`
-                st["capture"] = (st["capture"] or 0.0) + spent - (
-                    0.0 if frame.decoded_apart else dec or 0.0)
-                if dec is not None:
-                    st["decode"] = (st["decode"] or 0.0) + dec
-            if frame.skipped:  # decoded, passed over for a newer one (latest wins)
-                lane.counters["skipped_latest"] += frame.skipped
-            if frame.damaged:  # the stream's damage the decoder met (concealed or refused)
-                self.counters["stream_damaged"] += frame.damaged
-                lane.counters["stream_damaged"] += frame.damaged
-            if pacer is not None:  # its own rate_hz in [[sources]]
-                now = time.monotonic()
-                if lane.source.live and not pacer.ready(now):
-                    lane.counters["skipped_rate"] += 1  # read to keep the stream fresh
-                    continue
-                if not lane.source.live and self._stop_capture.wait(pacer.wait_s(now)):
-                    return  # stopping: the frame is not handed over (not marked done)
-                pacer.taken(time.monotonic())
-            self.counters["frames"] += 1
-            lane.counters["frames"] += 1
-            frame.source = lane.name
-            if lane.roi:
-                c0 = time.thread_time()
-                kept = self._crop(lane, frame)
-                self._cpu("crop", time.thread_time() - c0)
-                if not kept:
-                    continue
-            # A frame that had to be waited for arrived at an idle pipeline: run it inline.
-            # One that was ready at once is part of a backlog: queue it so stages overlap.
-            # A stream read by its own reader thread has no backlog (the reader keeps only
-            # the newest frame, decoding beside the pipeline): inline whenever the pipeline
-            # is idle, two thread hand-offs fewer in the frame's age. (Not a live synthetic
-            # camera at full rate: it would lose the stages' overlap.)
-            waited = time.monotonic() - t_read >= self.INLINE_AFTER_WAIT_S
-            # (a live source's next frame comes at the camera's pace: never waited for)
-            self._in_backlog = not waited and not lane.source.live
-            # (latest wins on a live source: its own oldest waiting frame is dropped)
-            if not ((waited or frame.decoded_apart) and self._inline(frame)) and self._raw.put(
-                    lane.name, frame, lane.source.live, self._stop):
-                self.counters["dropped_stale"] += 1
-                lane.counters["dropped_stale"] += 1
-            cap = self.rate_cap_hz * lane.share
-            if (hint := getattr(lane.source, "rate_hint", None)) is not None:
-                # the rate frames are taken at: a stream may decode key frames only below it
-                taken = min(cap if cap > 0 else math.inf, lane.pace_hz or math.inf)
-                hint(taken if taken < math.inf else 0.0)
-            if 0 < cap < math.inf and not getattr(lane.source, "paced", False):
-                self._stop_capture.wait(1.0 / cap)
+    def _hand_over(self, lane: Lane, frame: Frame, waited: bool) -> None:
+        """A frame from a capture thread on to the next stage. One that had to be waited for
+        arrived at an idle pipeline: run it inline. One that was ready at once is part of a
+        backlog: queue it so stages overlap. A stream read by its own reader thread has no
+        backlog (the reader keeps only the newest frame, decoding beside the pipeline):
+        inline whenever the pipeline is idle, two thread hand-offs fewer in the frame's age.
+        (Not a live synthetic camera at full rate: it would lose the stages' overlap.)"""
+        # (a live source's next frame comes at the camera's pace: never waited for)
+        self._in_backlog = not waited and not lane.source.live
+        # (latest wins on a live source: its own oldest waiting frame is dropped)
+        if not ((waited or frame.decoded_apart) and self._inline(frame)) and self._raw.put(
+                lane.name, frame, lane.source.live, self._stop):
+            self.counters["dropped_stale"] += 1
+            lane.counters["dropped_stale"] += 1
 
-    def _crop(self, lane: Lane, frame: Frame) -> bool:
-        """Cut the lane's region of interest out of the frame (before preprocessing). A frame
-        the ROI does not fit is counted as `roi_outside` and skipped (False); the rectangle
-        is resolved once per frame size."""
-        h, w = frame.image.shape[:2]
-        rect = lane.rects.get((w, h))
-        if rect is None:
-            try:
-                rect = resolve(lane.roi, lane.roi_units, w, h, lane.roi_key)  # type: ignore[arg-type]
-            except RoiError as e:
-                rect = e
-            if len(lane.rects) < 64:  # a folder of many sizes must not grow this unbounded
-                lane.rects[(w, h)] = rect
-        if isinstance(rect, RoiError):
-            self.bad.record("roi_outside", frame.ref, str(rect))
-            return False
-        frame.image = crop(frame.image, rect)
-        return True
+    def _nothing_ready(self) -> None:
+        """A capture thread found nothing ready at once: no backlog is being read."""
+        self._in_backlog = False
 
     def _preprocess(self) -> None:
         while not self._stop.is_set():
@@ -532,50 +383,6 @@ class Pipeline:
         except Exception as e:
             self.bad.record("preprocess_failed", frame.ref, str(e))
             return None
-
-    def _source_ended(self, lane: Lane, why: str) -> None:
-        """Said once: the capture thread ends, the rest keeps running (queued frames finish,
-        health goes on); a restart or a new [source] starts capturing again."""
-        self.counters["source_ended"] += 1
-        lane.counters["source_ended"] += 1
-        lane.state = "ended"
-        log.info("source ended: %s; no more frames%s, the daemon keeps running", why,
-                 "" if len(self.lanes) == 1 else f" from source {lane.name}")
-        self._event({"type": EventType.SOURCE_ENDED, "severity": "info", "reason": why,
-                     "source": lane.name})
-
-    def _source_failed(self, lane: Lane, why: str, backoff: Backoff) -> None:
-        """Count a failure, say it and wait out the backoff's next delay.
-        An outage (failure to the next frame) is ONE `source_failed` event and a warning;
-        the re-opens that fail during it are counted, logged at most once a minute, and its
-        length is in health (`down_s`, then `last_gap_s`) and said when frames come again."""
-        now = time.monotonic()
-        delay = backoff.next_delay()
-        self.counters["source_errors"] += 1
-        lane.counters["source_errors"] += 1
-        lane.state = "failed"
-        named = "" if len(self.lanes) == 1 else f"{lane.name} "
-        if lane.down_since is None:
-            lane.down_since = now
-            lane.counters["outages"] += 1
-            log.warning("source %sfailed: %s; retrying in %.1f s, backing off to at most "
-                        "%g s (the daemon keeps running)", named, why, delay, lane.retry_cap_s)
-            self._event({"type": EventType.SOURCE_FAILED, "severity": "warning", "error": why,
-                         "retry_s": round(delay, 1), "source": lane.name})
-        else:
-            self._retry_log.log(f"down-{lane.name}", "source %sstill failing after %.0f s "
-                                "(%d attempts): %s; retrying every %.1f s", named,
-                                now - lane.down_since, backoff.attempts, why, delay)
-        self._stop_capture.wait(delay)
-
-    def _source_back(self, lane: Lane, backoff: Backoff) -> None:
-        """The first frame after an outage: its length into health, said once."""
-        assert lane.down_since is not None
-        lane.last_gap_s = time.monotonic() - lane.down_since
-        lane.down_since = None
-        log.info("source %sdelivers again after %.1f s (%d attempts)",
-                 "" if len(self.lanes) == 1 else f"{lane.name} ", lane.last_gap_s,
-                 backoff.attempts)
 
     def _put(self, q: queue.Queue, item: Any) -> None:
         while not self._stop.is_set():
@@ -639,7 +446,7 @@ class Pipeline:
                     old.session.close()
             elif not key and self._next is not None:
                 old, self._active, self._next = self._active, self._next, None
-                if old is not None and old is not self.shadow:  # the shadow lives on
+                if old is not None and old is not self.shadow.old:  # the shadow lives on
                     old.session.close()
         active = self._extra[key] if key else self._active
         assert active is not None
@@ -667,46 +474,13 @@ class Pipeline:
             self._event({"type": EventType.INFERENCE_FAILED, "severity": "warning",
                          "variant": active.variant_id, "error": str(e)[:300]})
             return None
-        if self.shadow is not None and not key:
-            # probation compares the [model]'s model (what OTA swapped) with the old one: a
-            # source on its own model is not on probation, its frames are not compared
-            self._shadow_i += 1
-            if self.shadow is not active and self._shadow_i % self.shadow_every == 0:
-                # (the shadow is the running model until the swap reaches this thread)
-                self._shadow_due.append((frame, out, active))
+        if not key:  # what OTA swapped is the [model]'s model: a source's own is not sampled
+            self.shadow.sample(frame, out, active)
         return Inferred(frame, out, active, ms, _tiles(tensor), spent, alone)
 
     def _model_id(self, active: Active) -> ModelId:
         """What `active`'s frames are counted under in `models`."""
         return model_id(active.key, active.manifest or self._manifest)
-
-    def _shadow_flush(self) -> None:
-        """Run the sampled frames through the old model after their results are stored, so
-        the comparison adds nothing to their latency (the caller holds `_work`)."""
-        due, self._shadow_due = self._shadow_due, []
-        for frame, out, active in due:
-            self._shadow_compare(frame, out, active)
-
-    def _shadow_compare(self, frame: Frame, out: Any, active: Active) -> None:
-        """Probation: a frame also through the old model, counting top-1 agreement by label
-        (the two models may order their classes differently). A failure of the old model
-        costs the comparison, not the frame."""
-        shadow = self.shadow
-        if shadow is None:
-            return
-        try:
-            old = infer_tiles(shadow.session, self._pre_of(shadow)(frame.image,
-                                                                        shadow.input_shape))
-            hw = frame.image.shape[:2]  # a detector's label is its best box's
-            new_label = frame_result(out, active.manifest or self._manifest, hw,
-                                     active.input_shape)["label"]
-            old_label = frame_result(old, shadow.manifest or self._manifest, hw,
-                                     shadow.input_shape)["label"]
-        except Exception as e:
-            log.warning("shadow inference on the old model failed: %s", e)
-            return
-        self.shadow_counts[0] += 1
-        self.shadow_counts[1] += new_label == old_label
 
     def _inline(self, frame: Frame) -> bool:
         """Idle fast path: with nothing queued or in flight, the capture thread runs the frame
@@ -769,7 +543,7 @@ class Pipeline:
             seqs = self._sink(results) if results else []
         except Exception as e:  # disk full, database broken: frames stay not-done
             self.busy_since = None
-            self._shadow_due.clear()  # bounded: no comparisons pile up while storing fails
+            self.shadow.drop_due()  # bounded: no comparisons pile up while storing fails
             self._cpu("infer", infer_s)  # spent all the same
             self.counters["store_errors"] += len(results)
             # a full disk fails every batch: one line a minute (with how many more), one
@@ -794,8 +568,7 @@ class Pipeline:
         for item in batch:
             frame = item.frame
             e2e_ms = (now - frame.t) * 1e3
-            judged = e2e_ms if self.slo_end_to_end else item.ms
-            self.latencies.append((mono, item.ms, judged <= self.latency_target_ms))
+            self._slo.add(mono, item.ms, e2e_ms)
             lane = self._lane.get(frame.source)
             if lane is not None:
                 lane.e2e.append((mono, e2e_ms))
@@ -823,14 +596,9 @@ class Pipeline:
                 self._local.submit([made[i] for i in idx], [results[i] for i in idx],
                                    [seqs[i] for i in idx] if seqs else [],
                                    ("none", *m.labels) if m.detect else m.labels)
-        with self._stage_lock:
-            self._stage_cpu["persist"] = ((self._stage_cpu["persist"] or 0.0)
-                                          + time.thread_time() - c_persist)
-            self._stage_cpu["infer"] = (self._stage_cpu["infer"] or 0.0) + infer_s
-            self._stage_frames += len(results)
+        self._stage_cpu.stored(len(results), time.thread_time() - c_persist, infer_s)
         self.busy_since = None
-        if self._shadow_due:
-            self._shadow_flush()
+        self.shadow.compare_due(self._pre_of, self._manifest)  # after the store: no latency
 
 
 def _tiles(tensor: Any) -> int:

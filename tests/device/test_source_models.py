@@ -272,8 +272,7 @@ def test_probation_compares_only_the_frames_of_the_model_it_swapped(tmp_path):
     p = Pipeline(lanes(srcs, lambda c, i: open_source(c, tmp_path / "state"),
                        lambda s: s.model), cls,
                  lambda rs: out.extend(rs) or list(range(len(rs))), lambda e: None)
-    p.shadow_every = 1
-    p.shadow = Active(0, vc.id, bc.load(vc), vc.model.input_shape, cls)  # "the old model"
+    p.shadow.begin(Active(0, vc.id, bc.load(vc), vc.model.input_shape, cls), 1)  # "the old"
     p.start(Active(0, vc.id, bc.load(vc), vc.model.input_shape, cls),
             {"defects": Active(0, vd.id, bd.load(vd), vd.model.input_shape, det,
                                det.preprocess.apply, key="defects")})
@@ -283,8 +282,8 @@ def test_probation_compares_only_the_frames_of_the_model_it_swapped(tmp_path):
     finally:
         p.stop()
     n_cls = sum(r["source"] == "cls" for r in out)
-    assert 0 < p.shadow_counts[0] <= n_cls
-    assert p.shadow_counts[1] == p.shadow_counts[0]  # the same classifier agrees with itself
+    assert 0 < p.shadow.counts[0] <= n_cls
+    assert p.shadow.counts[1] == p.shadow.counts[0]  # the same classifier agrees with itself
 
 
 def test_one_model_spelt_three_ways_is_one_model(tmp_path):

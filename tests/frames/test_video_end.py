@@ -19,6 +19,7 @@ from support.tiny_ort import tiny_variant
 from support.waiting import wait
 
 from runtime.config.source import SourceConfig
+from runtime.frames.capture import Capture
 from runtime.frames.capture_source import CaptureSource
 from runtime.frames.frame import SourceEnded
 from runtime.frames.pipeline import Active, Pipeline
@@ -140,9 +141,10 @@ def test_a_stream_that_opens_then_fails_backs_off_doubling(tmp_path, http_video)
         p.pipeline.stop()
 
 
-def test_a_stream_that_ran_long_enough_starts_its_backoff_afresh(tmp_path, http_video):
+def test_a_stream_that_ran_long_enough_starts_its_backoff_afresh(tmp_path, http_video,
+                                                                 monkeypatch):
+    monkeypatch.setattr(Capture, "STABLE_S", 0.0)  # every connection counts as stable
     p = _Pipe(tmp_path, SourceConfig(kind="capture", path=http_video))
-    p.pipeline.STABLE_S = 0.0  # every connection counts as having been stable
     try:
         p.until(lambda: len(p.of("source_failed")) >= 3, 20, "three stream failures")
         assert all(0.2 <= e["retry_s"] <= 0.5 for e in p.of("source_failed")[:3])

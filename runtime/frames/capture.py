@@ -1,0 +1,213 @@
+"""One source's capture thread: open it, read it, crop its region of interest and hand each
+frame to the pipeline; a failing source is re-opened with backoff and its outage reported.
+
+A failure to open or read is one outage: ONE `source_failed` event and a warning, the
+re-opens that fail during it counted and logged at most once a minute, its length in health
+(`down_s`, then `last_gap_s`) and said when frames come again. A source that ends (a video
+file's last frame) is said once and its thread ends; the rest of the daemon keeps running.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from runtime.frames.badframes import BadFrames
+from runtime.frames.frame import BadFrame, Frame, SourceEnded, SourceError
+from runtime.frames.multisource import Lane, Pacer
+from runtime.frames.roi import RoiError, crop, resolve
+from runtime.frames.stage_cpu import StageCpu
+from runtime.wire.backoff import Backoff
+from runtime.wire.events import EventType
+from runtime.wire.quarantine import RateLimitedLog
+
+log = logging.getLogger("edgerun.pipeline")
+
+
+class Capture:
+    """The capture loop of one lane. Its collaborators: `stop` (set: stop capturing),
+    `cap_hz()` (the control loop's rate cap: inf = none, 0 = paused), the pipeline's
+    refused-frame tally, counters, stage CPU and event sink, and `hand_over(lane, frame,
+    waited)`, which takes a frame on to the next stage (`waited`: it had to be waited for,
+    so the pipeline is idle); `idle()` says nothing more was ready at once."""
+
+    STABLE_S = 60.0  # a source that ran this long before failing starts its backoff afresh
+    READ_S = 0.5  # one read's timeout: how soon a stop or pause is seen
+    INLINE_AFTER_WAIT_S = 0.002  # a frame waited for this long found the pipeline idle
+
+    def __init__(self, lane: Lane, n_lanes: int, *, stop: threading.Event,
+                 cap_hz: Callable[[], float], bad: BadFrames, counters: collections.Counter,
+                 cpu: StageCpu, event: Callable[[dict], None],
+                 hand_over: Callable[[Lane, Frame, bool], None], idle: Callable[[], None]):
+        self.lane = lane
+        self._named = "" if n_lanes == 1 else f"{lane.name} "
+        self._stop, self._cap_hz = stop, cap_hz
+        self._bad, self._counters, self._cpu, self._event = bad, counters, cpu, event
+        self._hand_over, self._idle = hand_over, idle
+        self._retry_log = RateLimitedLog(log)  # the re-opens during one outage
+
+    def run(self) -> None:
+        """The thread's body: until `stop`, or the source ends."""
+        lane = self.lane
+        if lane.refused:  # its model could not be used: never opened, said once
+            lane.state = "failed"
+            self._count("source_errors")
+            self._event({"type": EventType.SOURCE_FAILED, "severity": "critical",
+                         "error": lane.refused[:1000], "source": lane.name})
+            return
+        # Re-opens back off 0.5, 1, 2, ... s (jittered down to half: cameras on one switch
+        # that rebooted together do not reconnect in step) up to the lane's cap
+        # (runtime/frames/multisource.py retry_cap_s: a few seconds for a camera, 30 s for
+        # the rest); not reset by an open that works (a stream that opens and fails at once
+        # must still back off), only by a source that ran STABLE_S.
+        backoff, opened = Backoff(0.5, lane.retry_cap_s), 0.0
+        pacer = Pacer(lane.pace_hz) if lane.pace_hz > 0 else None
+        while not self._stop.is_set():
+            if self._cap_hz() <= 0:  # paused by the control loop: read nothing
+                self._stop.wait(0.2)
+                continue
+            if lane.source is None:
+                try:
+                    lane.source = lane.open()
+                    lane.state = "running"
+                    opened = time.monotonic()
+                except SourceError as e:
+                    self._failed(str(e), backoff)
+                    continue
+                except Exception as e:  # a bug or an unwrapped OS/library error: the same
+                    # failure of this source (retried), never the end of its thread
+                    log.error("source %s: unexpected error opening it", lane.name,
+                              exc_info=backoff.attempts == 0)  # the traceback once a series
+                    self._failed(f"{type(e).__name__}: {e}", backoff)
+                    continue
+            t_read = time.monotonic()
+            self._bad.flush()
+            c_read = time.thread_time()
+            try:
+                frame = lane.source.read(self.READ_S)
+            except BadFrame as e:  # one refused input; the source itself is fine
+                self._bad.record(e.kind, e.ref, e.why)
+                continue
+            except SourceEnded as e:  # a video file's last frame: nothing to retry
+                lane.source.close()
+                self._ended(str(e))
+                return
+            except Exception as e:  # SourceError, or a bug / unwrapped error (the same to us)
+                if not isinstance(e, SourceError):
+                    log.error("source %s: unexpected error reading it", lane.name,
+                              exc_info=backoff.attempts == 0)
+                with contextlib.suppress(Exception):
+                    lane.source.close()
+                lane.source = None
+                if time.monotonic() - opened >= self.STABLE_S:
+                    backoff.reset()
+                why = str(e) if isinstance(e, SourceError) else f"{type(e).__name__}: {e}"
+                self._failed(why, backoff)
+                continue
+            spent = time.thread_time() - c_read  # reading, decoding, polling a folder
+            if frame is None:
+                self._idle()  # nothing more right now: store what is pending
+                self._cpu.add("capture", spent)
+                continue
+            if lane.down_since is not None:
+                self._back(backoff)
+            self._cpu.read(spent, frame)
+            if frame.skipped:  # decoded, passed over for a newer one (latest wins)
+                lane.counters["skipped_latest"] += frame.skipped
+            if frame.damaged:  # the stream's damage the decoder met (concealed or refused)
+                self._count("stream_damaged", frame.damaged)
+            if pacer is not None:  # its own rate_hz in [[sources]]
+                now = time.monotonic()
+                if lane.source.live and not pacer.ready(now):
+                    lane.counters["skipped_rate"] += 1  # read to keep the stream fresh
+                    continue
+                if not lane.source.live and self._stop.wait(pacer.wait_s(now)):
+                    return  # stopping: the frame is not handed over (not marked done)
+                pacer.taken(time.monotonic())
+            self._count("frames")
+            frame.source = lane.name
+            if lane.roi:
+                c0 = time.thread_time()
+                kept = self._crop(frame)
+                self._cpu.add("crop", time.thread_time() - c0)
+                if not kept:
+                    continue
+            self._hand_over(lane, frame,
+                            time.monotonic() - t_read >= self.INLINE_AFTER_WAIT_S)
+            cap = self._cap_hz() * lane.share
+            if (hint := getattr(lane.source, "rate_hint", None)) is not None:
+                # the rate frames are taken at: a stream may decode key frames only below it
+                taken = min(cap if cap > 0 else math.inf, lane.pace_hz or math.inf)
+                hint(taken if taken < math.inf else 0.0)
+            if 0 < cap < math.inf and not getattr(lane.source, "paced", False):
+                self._stop.wait(1.0 / cap)
+
+    def _count(self, key: str, n: int = 1) -> None:
+        """The pipeline's counter and the lane's own."""
+        self._counters[key] += n
+        self.lane.counters[key] += n
+
+    def _crop(self, frame: Frame) -> bool:
+        """Cut the lane's region of interest out of the frame (before preprocessing). A frame
+        the ROI does not fit is counted as `roi_outside` and skipped (False); the rectangle
+        is resolved once per frame size."""
+        lane = self.lane
+        h, w = frame.image.shape[:2]
+        rect: Any = lane.rects.get((w, h))
+        if rect is None:
+            try:
+                rect = resolve(lane.roi, lane.roi_units, w, h, lane.roi_key)  # type: ignore[arg-type]
+            except RoiError as e:
+                rect = e
+            if len(lane.rects) < 64:  # a folder of many sizes must not grow this unbounded
+                lane.rects[(w, h)] = rect
+        if isinstance(rect, RoiError):
+            self._bad.record("roi_outside", frame.ref, str(rect))
+            return False
+        frame.image = crop(frame.image, rect)
+        return True
+
+    def _ended(self, why: str) -> None:
+        """Said once: the capture thread ends, the rest keeps running (queued frames finish,
+        health goes on); a restart or a new [source] starts capturing again."""
+        self._count("source_ended")
+        self.lane.state = "ended"
+        log.info("source ended: %s; no more frames%s, the daemon keeps running", why,
+                 f" from source {self.lane.name}" if self._named else "")
+        self._event({"type": EventType.SOURCE_ENDED, "severity": "info", "reason": why,
+                     "source": self.lane.name})
+
+    def _failed(self, why: str, backoff: Backoff) -> None:
+        """Count a failure, say it (once an outage) and wait out the backoff's next delay."""
+        lane, now = self.lane, time.monotonic()
+        delay = backoff.next_delay()
+        self._count("source_errors")
+        lane.state = "failed"
+        if lane.down_since is None:
+            lane.down_since = now
+            lane.counters["outages"] += 1
+            log.warning("source %sfailed: %s; retrying in %.1f s, backing off to at most "
+                        "%g s (the daemon keeps running)", self._named, why, delay,
+                        lane.retry_cap_s)
+            self._event({"type": EventType.SOURCE_FAILED, "severity": "warning", "error": why,
+                         "retry_s": round(delay, 1), "source": lane.name})
+        else:
+            self._retry_log.log(f"down-{lane.name}", "source %sstill failing after %.0f s "
+                                "(%d attempts): %s; retrying every %.1f s", self._named,
+                                now - lane.down_since, backoff.attempts, why, delay)
+        self._stop.wait(delay)
+
+    def _back(self, backoff: Backoff) -> None:
+        """The first frame after an outage: its length into health, said once."""
+        lane = self.lane
+        assert lane.down_since is not None
+        lane.last_gap_s = time.monotonic() - lane.down_since
+        lane.down_since = None
+        log.info("source %sdelivers again after %.1f s (%d attempts)", self._named,
+                 lane.last_gap_s, backoff.attempts)
