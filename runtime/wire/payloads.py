@@ -14,7 +14,6 @@ from collections.abc import Callable
 from typing import Any
 
 import fastjsonschema
-import jsonschema
 
 from runtime.wire import safejson
 
@@ -280,7 +279,19 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     },
 }
 
-_VALIDATORS = {k: jsonschema.Draft202012Validator(s) for k, s in SCHEMAS.items()}
+
+def interpreter(kind: str) -> Any:
+    """The interpreting validator (jsonschema) of `kind`, made on first use: it only explains
+    a refused payload, and importing it cost a daemon 6.3 MB of its idle RSS."""
+    v = _INTERPRETERS.get(kind)
+    if v is None:
+        import jsonschema
+
+        v = _INTERPRETERS[kind] = jsonschema.Draft202012Validator(SCHEMAS[kind])
+    return v
+
+
+_INTERPRETERS: dict[str, Any] = {}
 # The same SCHEMAS compiled into Python code (fastjsonschema), made on first use of a kind:
 # the interpreting validator cost 54-88 µs a message, the largest part of a coordinator's
 # ingest (docs/fleet-scale.md); the compiled one 3-5 µs. It only says yes or no: the
@@ -358,7 +369,9 @@ def check(kind: str, obj: Any) -> None:
 def _explain(kind: str, obj: Any, fast: Exception) -> None:
     """Raise the PayloadError for a payload the compiled validator refused."""
     try:
-        error = jsonschema.exceptions.best_match(_VALIDATORS[kind].iter_errors(obj))
+        from jsonschema.exceptions import best_match
+
+        error = best_match(interpreter(kind).iter_errors(obj))
     except Exception as e:  # the validator itself failing on odd input is still a bad payload
         raise PayloadError(f"{kind}: cannot be validated: {type(e).__name__}") from None
     if error is not None:

@@ -105,7 +105,7 @@ def test_the_scan_finds_the_emitters():
     for p in product_files():
         for _, t in used_types(ast.parse(p.read_text())):
             seen.setdefault(str(p.relative_to(ROOT)), set()).add(t)
-    for module, sample in [("runtime/frames/pipeline.py", "EventType.SOURCE_FAILED"),
+    for module, sample in [("runtime/frames/capture.py", "EventType.SOURCE_FAILED"),
                            ("runtime/telemetry/outbox.py", "EventType.OUTBOX_CORRUPT"),
                            ("runtime/device/ota.py", "EventType.MODEL_SWAPPED"),
                            ("runtime/coordinator/rollout.py", "EventType.MODEL_ROLLED_BACK"),

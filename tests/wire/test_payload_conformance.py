@@ -130,7 +130,7 @@ def _only_trailing_newline(obj: Any) -> bool:
 def test_compiled_and_interpreted_validators_agree(kind):
     compiled = fastjsonschema.compile(payloads.SCHEMAS[kind], use_default=False,
                                       use_formats=False)
-    reference = payloads._VALIDATORS[kind]
+    reference = payloads.interpreter(kind)
     n = stricter = refused = 0
     for name, obj in _corpus(kind):
         n += 1
@@ -168,7 +168,7 @@ def test_an_id_with_a_trailing_newline_is_refused_with_its_path():
     newline reached the store. check() now refuses it and says where."""
     msg = {"v": 1, "stream": "s\n", "boot": "b", "floor": 1,
            "results": [{"seq": 1, "t": 1.0}]}
-    assert not list(payloads._VALIDATORS["result"].iter_errors(msg))  # the old behaviour
+    assert not list(payloads.interpreter("result").iter_errors(msg))  # the old behaviour
     with pytest.raises(payloads.PayloadError, match=r"result: at stream: .*pattern"):
         payloads.check("result", msg)
 
