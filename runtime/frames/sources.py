@@ -959,6 +959,13 @@ class AccessUnits:
     with the NALs ahead of it (AUD, SPS, PPS, SEI): a picture of one slice as soon as its
     slice is whole; where the stream is seen to cut pictures into several slices, a picture
     once the next one begins (as FFmpeg's parser does: one frame interval later, but whole).
+    Which of the two a stream is cannot be read from its SPS/PPS or from a first slice's header
+    (a slice does not say where it ends), only from what follows it: so the first picture of a
+    connection is held until the next NAL that is not its own (`multi_slice` None until then),
+    a later slice of it (several slices: gathered whole) or the next picture's (one slice:
+    handed over, and every one after it at once). Handed over at its first slice instead, the
+    first key frame of every connection to a several-slice camera was decoded from that slice
+    alone, the rest concealed; the cost of holding it is one frame interval, once a connection.
     Fed NAL by NAL instead (flags2 chunks), FFmpeg's decoder stopped handing over pictures
     for good after the first damaged one (tests/frames/test_rtsp_camera.py's corrupt test).
     `push(nal)` returns the pictures it completes as (bytes, key frame or not)."""
@@ -972,7 +979,8 @@ class AccessUnits:
         self._pic: list[bytes] = []  # slices of the picture being gathered (several-slice)
         self._pic_bytes = 0
         self._key = False
-        self.multi_slice = False  # pictures of several slices seen on this stream
+        # pictures of several slices seen on this stream (None: no picture seen whole yet)
+        self.multi_slice: bool | None = None
         self.oversize = 0  # pictures dropped past MAX_SLICES / MAX_PICTURE_BYTES
 
     def push(self, nal: bytes) -> list[tuple[bytes, bool]]:
@@ -982,15 +990,18 @@ class AccessUnits:
         if 1 <= kind <= 5:
             first = first_slice(nal)
             if not first and not self.multi_slice:
-                self.multi_slice = True
                 log.info("the stream cuts pictures into several slices: each is decoded "
-                         "once the next begins")
-            if not self.multi_slice:
+                         "once the next begins%s", "" if self.multi_slice is None else
+                         " (one picture after one-slice ones was decoded from its first "
+                         "slice alone)")
+                self.multi_slice = True
+            if first:
+                self._flush(out)  # the picture held is whole (one slice: multi_slice False)
+            if self.multi_slice is False:
                 out.append((b"".join([*self._prefix, nal]), kind == 5))
                 self._prefix.clear()
                 return out
             if first:
-                self._flush(out)
                 self._key = kind == 5
                 self._pic = [*self._prefix, nal]
                 self._pic_bytes = sum(map(len, self._pic))
@@ -1003,10 +1014,14 @@ class AccessUnits:
                                 "(counted as damage)", self.MAX_SLICES, self.MAX_PICTURE_BYTES)
                     self._pic, self.oversize = [], self.oversize + 1
             return out  # a later slice of a picture never begun: dropped
-        if kind in (9, 7) or (kind == 6 and self._pic):  # AUD / SPS / SEI: a new picture
+        # an AUD begins a picture; an SPS, PPS or SEI does not end one: GStreamer's rtph264pay
+        # (config-interval=-1) repeats SPS and PPS ahead of every slice of a key frame, and
+        # ending the picture there cut each key frame of a several-slice stream to its first
+        # slice (the rest concealed, and the damage carried through its GOP). Kept ahead of
+        # the next picture instead, where the decoder reads them again (the same parameters)
+        if kind == 9:
             self._flush(out)
-            if kind == 9:
-                self._prefix.clear()
+            self._prefix.clear()
         self._prefix.append(nal)
         del self._prefix[:-self.PREFIX_MAX]
         return out
@@ -1020,6 +1035,8 @@ class AccessUnits:
 
     def _flush(self, out: list[tuple[bytes, bool]]) -> None:
         if self._pic:
+            if self.multi_slice is None:  # the first picture, whole in its one slice
+                self.multi_slice = False
             out.append((b"".join(self._pic), self._key))
             self._pic = []
 
