@@ -1079,6 +1079,38 @@ class AvStreamSource:
         rtsp = cfg.path.lower().startswith("rtsp")
         if rtsp and cfg.transport != "auto":
             opts["rtsp_transport"] = cfg.transport
+        self._c = None  # the container: closed on every way out of here but success
+        try:
+            self._connect(cfg, opts, rtsp)
+            try:
+                self._dec = self._decoder(False)
+            except av.error.FFmpegError as e:
+                raise SourceError(f"source.path {self._shown!r}: cannot set up its decoder "
+                                  f"({_why(e)})") from None
+            self._packets = self._c.demux(self._stream)
+            self._params: dict[int, bytes] = {}  # last SPS and PPS: a new decoder's first NALs
+            self._units: collections.deque = collections.deque()  # NALs (or packets) to decode
+            self._ready: collections.deque[np.ndarray] = collections.deque()  # decoded, unread
+            self._take_key = True  # key frames only: the key frame being read is decoded
+            self.damaged = 0  # packets the decoder refused and frames it concealed damage in
+            self._damaged_told = 0  # of those, already handed over with a frame
+            self._keys: collections.deque[float] = collections.deque(maxlen=8)  # key frames seen
+            self._hint_hz = 0.0
+            self._skip = False  # decoding key frames only
+            self._due = -math.inf  # key frames only: none is decoded before this (monotonic)
+            self.keyframes_only = False  # what the reader does now (said in the log)
+            self._reader = _LatestFrame(self._read_one, self._shown, start=False)
+            self._reader.start()  # _read_one reads self._reader
+        except BaseException:
+            # the connection is open (its RTSP socket, its session on the camera): left to the
+            # garbage collector, each failed open held one until a collection ran
+            self._close_container()
+            raise
+
+    def _connect(self, cfg: SourceConfig, opts: dict, rtsp: bool) -> None:
+        """Open the stream: self._c, its video stream, and for H.264 over RTSP the NAL and
+        picture assemblers (SourceError when it cannot be opened)."""
+        av = self._av
         t0 = time.monotonic()
         try:
             # H.264 over RTSP is read without FFmpeg's parser (NalAssembler: a frame is
@@ -1091,7 +1123,7 @@ class AvStreamSource:
                 self._asm = NalAssembler()
                 self._aus = AccessUnits()
             elif rtsp:
-                self._c.close()
+                self._close_container()
                 self._c = self._open(cfg, opts)
                 self._stream = self._c.streams.video[0]
         except av.error.HTTPUnauthorizedError:
@@ -1106,21 +1138,12 @@ class AvStreamSource:
             why = "no video stream" if isinstance(e, IndexError) else _why(e)
             raise SourceError(f"source.path {self._shown!r}: cannot open ({why})") \
                 from None
-        self._dec = self._decoder(False)
-        self._params: dict[int, bytes] = {}  # the last SPS and PPS: a new decoder's first NALs
-        self._packets = self._c.demux(self._stream)
-        self._units: collections.deque = collections.deque()  # NALs (or packets) to decode
-        self._ready: collections.deque[np.ndarray] = collections.deque()  # decoded, not read
-        self._take_key = True  # key frames only: the key frame being read is decoded
-        self.damaged = 0  # packets the decoder refused and frames it concealed damage in
-        self._damaged_told = 0  # of those, already handed over with a frame
-        self._keys: collections.deque[float] = collections.deque(maxlen=8)  # key frame times
-        self._hint_hz = 0.0
-        self._skip = False  # decoding key frames only
-        self._due = -math.inf  # key frames only: none is decoded before this monotonic time
-        self.keyframes_only = False  # what the reader does now (said in the log)
-        self._reader = _LatestFrame(self._read_one, self._shown, start=False)
-        self._reader.start()  # _read_one reads self._reader
+
+    def _close_container(self) -> None:
+        c, self._c = self._c, None
+        if c is not None:
+            with contextlib.suppress(Exception):
+                c.close()
 
     @staticmethod
     def _open(cfg: SourceConfig, opts: dict):
@@ -1288,8 +1311,7 @@ class AvStreamSource:
             log.warning("%s: the reader is still inside a read after %.0f s; the stream is "
                         "left to it", self._shown, _LatestFrame.JOIN_S)
             return
-        with contextlib.suppress(Exception):
-            self._c.close()
+        self._close_container()
 
 
 def _why(e: BaseException) -> str:

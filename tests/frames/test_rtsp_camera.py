@@ -564,3 +564,58 @@ def test_a_several_slice_camera_is_decoded_whole_from_each_connections_first_fra
     # the camera's slicing was seen (a one-slice stream would pass the rest of this test)
     assert "several slices" in caplog.text
 
+
+def _socket_inodes() -> set[str]:
+    """This process's open sockets (their inodes, from /proc/self/fd)."""
+    found = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # closed while listed (the listing's own fd among them)
+            continue
+        if target.startswith("socket:"):
+            found.add(target)
+    return found
+
+
+@pytest.mark.skipif(not pyav_available(), reason="PyAV is not installed (the streams extra)")
+def test_a_stream_whose_decoder_cannot_be_set_up_leaves_no_socket_open(tmp_path, camera,
+                                                                       monkeypatch):
+    """The decoder's set-up fails after the stream is open (FFmpeg out of memory, injected):
+    each open is one clear SourceError naming the decoder, and the connection it opened is
+    closed on the way out, not left to Python's garbage collector (disabled here, so what is
+    counted is what the failure path closed): five failing opens leave no socket behind, and
+    the camera is served again once the decoder can be set up."""
+    import gc
+
+    import av
+
+    def no_decoder(self, keys_only):
+        raise av.error.MemoryError(12, "Cannot allocate memory")
+
+    cfg = SourceConfig(kind="capture", path=camera.url, read_timeout_s=10, transport="tcp",
+                       decoder="pyav")
+    with monkeypatch.context() as m:
+        m.setattr(AvStreamSource, "_decoder", no_decoder)
+        before = _socket_inodes()
+        errors = []
+        gc.disable()
+        try:
+            for _ in range(5):
+                with pytest.raises(Exception) as e:
+                    AvStreamSource(cfg)
+                errors.append(e.value)
+                del e  # its traceback holds the half-made source
+            left = _socket_inodes() - before
+        finally:
+            gc.enable()
+    print(f"sockets left open after 5 failed opens: {len(left)}")
+    assert not left
+    for e in errors:
+        assert isinstance(e, SourceError) and "cannot set up its decoder" in str(e), e
+        assert e.__cause__ is None  # PyAV's error is not chained (its message can name the URL)
+    src = AvStreamSource(cfg)
+    try:
+        assert src.read(10.0) is not None
+    finally:
+        src.close()
