@@ -1089,6 +1089,9 @@ class AvStreamSource:
                                   f"({_why(e)})") from None
             self._packets = self._c.demux(self._stream)
             self._bgr = av.video.reformatter.VideoReformatter()  # decoded frames to BGR
+            # PyAV 17 gave reformatting threads (sws_scale_frame); before, it ran on the
+            # caller's thread and took no `threads`
+            self._bgr_kw = {"threads": 1} if _av_major(av) >= 17 else {}
             self._params: dict[int, bytes] = {}  # last SPS and PPS: a new decoder's first NALs
             self._units: collections.deque = collections.deque()  # NALs (or packets) to decode
             self._ready: collections.deque[np.ndarray] = collections.deque()  # decoded, unread
@@ -1280,10 +1283,10 @@ class AvStreamSource:
                 if f.is_corrupt:
                     self.damaged += 1  # concealed: served, counted
                 # one converter for the stream, on this thread: `to_ndarray(format=...)` made
-                # a swscale context per frame with a thread pool of its own, two threads
-                # started and ended each frame, their CPU on no stage's clock (0.3 ms a 720p
-                # frame beside the reader's own, docs/sources.md)
-                self._ready.append(self._bgr.reformat(f, format="bgr24", threads=1)
+                # a swscale context per frame with a thread pool of its own (PyAV 17+), two
+                # threads started and ended each frame, their CPU on no stage's clock
+                # (~0.4 ms a 720p frame beside the reader's own, docs/sources.md)
+                self._ready.append(self._bgr.reformat(f, format="bgr24", **self._bgr_kw)
                                    .to_ndarray())
         return self._ready.popleft()
 
@@ -1318,6 +1321,14 @@ class AvStreamSource:
                         "left to it", self._shown, _LatestFrame.JOIN_S)
             return
         self._close_container()
+
+
+def _av_major(av) -> int:
+    """PyAV's major version (0 where it cannot be read)."""
+    try:
+        return int(str(av.__version__).split(".")[0])
+    except ValueError:
+        return 0
 
 
 def _why(e: BaseException) -> str:
