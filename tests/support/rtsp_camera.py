@@ -3,10 +3,10 @@ server, live H.264, the frame number drawn into each picture) run by the system 
 process of its own, and what a test needs around it.
 
 - `RtspCamera(tmp_path, width=..., height=...).start()`: a camera on a free port; `url`,
-  `kill()` + `start()` on the same port (a reboot, at another size too), `slices=N`: x264
-  cuts each picture into N slices, `pause()` /
+  `kill()` + `start()` on the same port (a reboot, at another size too), `pause()` /
   `resume()` (SIGSTOP/SIGCONT: a stalled stream), `close()` (reaps it; also done by the
-  parent-death signal of tests/support/children.py when the worker dies).
+  parent-death signal of tests/support/children.py when the worker dies); `slices=N`: x264
+  cuts each picture into N slices (as cameras do, so that a lost packet costs a slice).
 - `frame_number(img)`: the number read back from a decoded frame (None when the code does not
   check out: a half-decoded or foreign picture).
 - `times()`: frame number -> (capture, encoded) on this host's CLOCK_MONOTONIC (seconds), what
