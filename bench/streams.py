@@ -124,16 +124,19 @@ def run_av(cam: RtspCamera, out: Path_, stop: threading.Event, keyframes: bool =
         stream.codec_context.skip_frame = "NONKEY"
     if no_loop_filter:
         stream.codec_context.options = {"skip_loop_filter": "all"}
+    # swscale on this thread, as AvStreamSource converts (PyAV 17+ otherwise starts a thread
+    # pool per frame, its CPU off this thread's clock)
+    kw = {"threads": 1} if int(av.__version__.split(".")[0]) >= 17 else {}
     c0 = time.thread_time()
     try:
         for frame in c.decode(stream):
             if stop.is_set():
                 break
             if scale:
-                frame.to_ndarray(format="bgr24", width=scale, height=scale)
+                frame.to_ndarray(format="bgr24", width=scale, height=scale, **kw)
                 big = None
             else:
-                big = frame.to_ndarray(format="bgr24")
+                big = frame.to_ndarray(format="bgr24", **kw)
             t = time.monotonic()
             out.tick(t)
             out.pts = out.pts or frame.pts is not None

@@ -121,6 +121,13 @@ class AccessUnits:
     with the NALs ahead of it (AUD, SPS, PPS, SEI): a picture of one slice as soon as its
     slice is whole; where the stream is seen to cut pictures into several slices, a picture
     once the next one begins (as FFmpeg's parser does: one frame interval later, but whole).
+    Which of the two a stream is cannot be read from its SPS/PPS or from a first slice's header
+    (a slice does not say where it ends), only from what follows it: so the first picture of a
+    connection is held until the next NAL that is not its own (`multi_slice` None until then),
+    a later slice of it (several slices: gathered whole) or the next picture's (one slice:
+    handed over, and every one after it at once). Handed over at its first slice instead, the
+    first key frame of every connection to a several-slice camera was decoded from that slice
+    alone, the rest concealed; the cost of holding it is one frame interval, once a connection.
     Fed NAL by NAL instead (flags2 chunks), FFmpeg's decoder stopped handing over pictures
     for good after the first damaged one (tests/frames/test_rtsp_camera.py's corrupt test).
     `push(nal)` returns the pictures it completes as (bytes, key frame or not)."""
@@ -134,7 +141,8 @@ class AccessUnits:
         self._pic: list[bytes] = []  # slices of the picture being gathered (several-slice)
         self._pic_bytes = 0
         self._key = False
-        self.multi_slice = False  # pictures of several slices seen on this stream
+        # pictures of several slices seen on this stream (None: no picture seen whole yet)
+        self.multi_slice: bool | None = None
         self.oversize = 0  # pictures dropped past MAX_SLICES / MAX_PICTURE_BYTES
 
     def push(self, nal: bytes) -> list[tuple[bytes, bool]]:
@@ -144,15 +152,18 @@ class AccessUnits:
         if 1 <= kind <= 5:
             first = first_slice(nal)
             if not first and not self.multi_slice:
-                self.multi_slice = True
                 log.info("the stream cuts pictures into several slices: each is decoded "
-                         "once the next begins")
-            if not self.multi_slice:
+                         "once the next begins%s", "" if self.multi_slice is None else
+                         " (one picture after one-slice ones was decoded from its first "
+                         "slice alone)")
+                self.multi_slice = True
+            if first:
+                self._flush(out)  # the picture held is whole (one slice: multi_slice False)
+            if self.multi_slice is False:
                 out.append((b"".join([*self._prefix, nal]), kind == 5))
                 self._prefix.clear()
                 return out
             if first:
-                self._flush(out)
                 self._key = kind == 5
                 self._pic = [*self._prefix, nal]
                 self._pic_bytes = sum(map(len, self._pic))
@@ -165,10 +176,14 @@ class AccessUnits:
                                 "(counted as damage)", self.MAX_SLICES, self.MAX_PICTURE_BYTES)
                     self._pic, self.oversize = [], self.oversize + 1
             return out  # a later slice of a picture never begun: dropped
-        if kind in (9, 7) or (kind == 6 and self._pic):  # AUD / SPS / SEI: a new picture
+        # an AUD begins a picture; an SPS, PPS or SEI does not end one: GStreamer's rtph264pay
+        # (config-interval=-1) repeats SPS and PPS ahead of every slice of a key frame, and
+        # ending the picture there cut each key frame of a several-slice stream to its first
+        # slice (the rest concealed, and the damage carried through its GOP). Kept ahead of
+        # the next picture instead, where the decoder reads them again (the same parameters)
+        if kind == 9:
             self._flush(out)
-            if kind == 9:
-                self._prefix.clear()
+            self._prefix.clear()
         self._prefix.append(nal)
         del self._prefix[:-self.PREFIX_MAX]
         return out
@@ -182,6 +197,8 @@ class AccessUnits:
 
     def _flush(self, out: list[tuple[bytes, bool]]) -> None:
         if self._pic:
+            if self.multi_slice is None:  # the first picture, whole in its one slice
+                self.multi_slice = False
             out.append((b"".join(self._pic), self._key))
             self._pic = []
 
@@ -224,6 +241,42 @@ class AvStreamSource:
         rtsp = cfg.path.lower().startswith("rtsp")
         if rtsp and cfg.transport != "auto":
             opts["rtsp_transport"] = cfg.transport
+        self._c = None  # the container: closed on every way out of here but success
+        try:
+            self._connect(cfg, opts, rtsp)
+            try:
+                self._dec = self._decoder(False)
+            except av.error.FFmpegError as e:
+                raise SourceError(f"source.path {self._shown!r}: cannot set up its decoder "
+                                  f"({_why(e)})") from None
+            self._packets = self._c.demux(self._stream)
+            self._bgr = av.video.reformatter.VideoReformatter()  # decoded frames to BGR
+            # PyAV 17 gave reformatting threads (sws_scale_frame); before, it ran on the
+            # caller's thread and took no `threads`
+            self._bgr_kw = {"threads": 1} if _av_major(av) >= 17 else {}
+            self._params: dict[int, bytes] = {}  # last SPS and PPS: a new decoder's first NALs
+            self._units: collections.deque = collections.deque()  # NALs (or packets) to decode
+            self._ready: collections.deque[np.ndarray] = collections.deque()  # decoded, unread
+            self._take_key = True  # key frames only: the key frame being read is decoded
+            self.damaged = 0  # packets the decoder refused and frames it concealed damage in
+            self._damaged_told = 0  # of those, already handed over with a frame
+            self._keys: collections.deque[float] = collections.deque(maxlen=8)  # key frames seen
+            self._hint_hz = 0.0
+            self._skip = False  # decoding key frames only
+            self._due = -math.inf  # key frames only: none is decoded before this (monotonic)
+            self.keyframes_only = False  # what the reader does now (said in the log)
+            self._reader = _LatestFrame(self._read_one, self._shown, start=False)
+            self._reader.start()  # _read_one reads self._reader
+        except BaseException:
+            # the connection is open (its RTSP socket, its session on the camera): left to the
+            # garbage collector, each failed open held one until a collection ran
+            self._close_container()
+            raise
+
+    def _connect(self, cfg: SourceConfig, opts: dict, rtsp: bool) -> None:
+        """Open the stream: self._c, its video stream, and for H.264 over RTSP the NAL and
+        picture assemblers (SourceError when it cannot be opened)."""
+        av = self._av
         t0 = time.monotonic()
         try:
             # H.264 over RTSP is read without FFmpeg's parser (NalAssembler: a frame is
@@ -236,7 +289,7 @@ class AvStreamSource:
                 self._asm = NalAssembler()
                 self._aus = AccessUnits()
             elif rtsp:
-                self._c.close()
+                self._close_container()
                 self._c = self._open(cfg, opts)
                 self._stream = self._c.streams.video[0]
         except av.error.HTTPUnauthorizedError:
@@ -400,7 +453,12 @@ class AvStreamSource:
             for f in frames:
                 if f.is_corrupt:
                     self.damaged += 1  # concealed: served, counted
-                self._ready.append(f.to_ndarray(format="bgr24"))
+                # one converter for the stream, on this thread: `to_ndarray(format=...)` made
+                # a swscale context per frame with a thread pool of its own (PyAV 17+), two
+                # threads started and ended each frame, their CPU on no stage's clock
+                # (~0.4 ms a 720p frame beside the reader's own, docs/sources.md)
+                self._ready.append(self._bgr.reformat(f, format="bgr24", **self._bgr_kw)
+                                   .to_ndarray())
         return self._ready.popleft()
 
     def read(self, timeout_s: float) -> Frame | None:
@@ -433,8 +491,15 @@ class AvStreamSource:
             log.warning("%s: the reader is still inside a read after %.0f s; the stream is "
                         "left to it", self._shown, LatestFrame.JOIN_S)
             return
-        with contextlib.suppress(Exception):
-            self._c.close()
+        self._close_container()
+
+
+def _av_major(av) -> int:
+    """PyAV's major version (0 where it cannot be read)."""
+    try:
+        return int(str(av.__version__).split(".")[0])
+    except ValueError:
+        return 0
 
 
 def _why(e: BaseException) -> str:

@@ -88,32 +88,70 @@ P1_LATER = SC + b"\x41\x40\x03"  # a later slice of the same picture
 
 
 def test_a_one_slice_picture_is_handed_over_with_its_prefix_at_once():
+    """Once the first picture is seen whole in one slice (the next one began), each picture
+    is handed over as soon as its slice is: the first of a connection waits for the next
+    NAL that is not its own, once."""
     aus = AccessUnits()
     assert [aus.push(n) for n in (AUD, SPS, PPS)] == [[], [], []]
-    assert aus.push(IDR) == [(AUD + SPS + PPS + IDR, True)]
+    assert aus.push(IDR) == [] and aus.multi_slice is None  # one slice or the first of several
+    assert aus.push(AUD) == [(AUD + SPS + PPS + IDR, True)]
+    assert aus.multi_slice is False
+    assert aus.push(P1) == [(AUD + P1, False)]
     assert aus.push(AUD) == []
     assert aus.push(P1) == [(AUD + P1, False)]
-    assert not aus.multi_slice
+
+
+def test_the_first_picture_of_a_one_slice_stream_without_auds_ends_at_the_next_slice():
+    aus = AccessUnits()
+    assert [aus.push(n) for n in (SPS, PPS, IDR)] == [[], [], []]
+    assert aus.push(P1) == [(SPS + PPS + IDR, True), (P1, False)]
+    assert aus.push(P1) == [(P1, False)] and aus.multi_slice is False
 
 
 def test_several_slice_pictures_are_handed_over_whole_when_the_next_begins():
+    """The first picture of a connection too: it is held until the next NAL that is not its
+    own, so its later slices join it (handed over at its first slice, it was decoded from
+    that slice alone, the rest concealed)."""
     aus = AccessUnits()
     aus.push(AUD)
-    first = aus.push(P1)  # taken as a one-slice picture until a later slice shows otherwise
-    assert first == [(AUD + P1, False)]
-    assert aus.push(P1_LATER) == [] and aus.multi_slice  # its picture already handed over
-    assert aus.push(AUD) == []
+    assert aus.push(P1) == [] and aus.push(P1_LATER) == [] and aus.multi_slice
+    assert aus.push(AUD) == [(AUD + P1 + P1_LATER, False)]
     assert aus.push(IDR) == [] and aus.push(SC + b"\x65\x40\x04") == []
     assert aus.push(AUD) == [(AUD + IDR + SC + b"\x65\x40\x04", True)]
     assert aus.push(P1) == [] and aus.push(P1_LATER) == []
     assert aus.push(P1) == [(AUD + P1 + P1_LATER, False)]  # ended by the next first slice
 
 
+def test_parameter_sets_repeated_between_the_slices_of_a_key_picture_do_not_cut_it():
+    """GStreamer's rtph264pay (config-interval=-1) sends SPS and PPS ahead of every slice of
+    a key frame: the picture still ends at the next AUD or first slice, with all its slices;
+    the repeated parameter sets go ahead of the next picture (where no AUD clears them)."""
+    later = SC + b"\x65\x40\x04"
+    for first_of_connection in (True, False):
+        aus = AccessUnits()
+        if not first_of_connection:
+            aus.multi_slice = True  # seen earlier on this stream
+        got = [p for n in (SPS, PPS, IDR, SPS, PPS, later, SPS, PPS, later, P1)
+               for p in aus.push(n)]
+        assert got == [(SPS + PPS + IDR + later + later, True)]
+        assert aus.multi_slice
+        assert aus.push(P1_LATER) == [] and aus.push(AUD) == [
+            (SPS + PPS + SPS + PPS + P1 + P1_LATER, False)]
+
+
+def test_a_connection_begun_mid_picture_drops_the_rest_of_it_and_knows_it_is_several_slice():
+    aus = AccessUnits()
+    assert aus.push(P1_LATER) == [] and aus.multi_slice
+    assert aus.push(P1) == [] and aus.push(P1_LATER) == []
+    assert aus.push(AUD) == [(P1 + P1_LATER, False)]
+
+
 def test_the_prefix_is_bounded_on_a_stream_without_auds():
     aus = AccessUnits()
     for _ in range(100):
         aus.push(SC + b"\x06\x05")  # SEI after SEI, no picture
-    (pic, _), = aus.push(P1)
+    aus.push(P1)  # the first picture of a connection: held until the next begins
+    (pic, _), = aus.push(AUD)
     assert pic.count(SC) == AccessUnits.PREFIX_MAX + 1
 
 

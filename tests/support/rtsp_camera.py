@@ -5,7 +5,8 @@ process of its own, and what a test needs around it.
 - `RtspCamera(tmp_path, width=..., height=...).start()`: a camera on a free port; `url`,
   `kill()` + `start()` on the same port (a reboot, at another size too), `pause()` /
   `resume()` (SIGSTOP/SIGCONT: a stalled stream), `close()` (reaps it; also done by the
-  parent-death signal of tests/support/children.py when the worker dies).
+  parent-death signal of tests/support/children.py when the worker dies); `slices=N`: x264
+  cuts each picture into N slices (as cameras do, so that a lost packet costs a slice).
 - `frame_number(img)`: the number read back from a decoded frame (None when the code does not
   check out: a half-decoded or foreign picture).
 - `times()`: frame number -> (capture, encoded) on this host's CLOCK_MONOTONIC (seconds), what
@@ -99,10 +100,11 @@ class RtspCamera:
 
     def __init__(self, tmp: Path, width: int = 1280, height: int = 720, fps: int = 25,
                  key_int: int = 25, user: str = "", password: str = "", name: str = "cam",
-                 preset: str = "ultrafast"):
+                 preset: str = "ultrafast", slices: int = 1):
         self.dir = Path(tmp)
         self.width, self.height, self.fps, self.key_int = width, height, fps, key_int
         self.user, self.password, self.preset = user, password, preset
+        self.slices = slices  # x264's slices per picture (cameras cut pictures for resilience)
         self.name = name
         self.log = self.dir / f"{name}-frames.log"
         self.port = 0
@@ -126,7 +128,8 @@ class RtspCamera:
             setattr(self, k, v)
         args = [SYSTEM_PYTHON, str(SERVER), "--port", str(self.port), "--width",
                 str(self.width), "--height", str(self.height), "--fps", str(self.fps),
-                "--key-int", str(self.key_int), "--preset", self.preset, "--log", str(self.log)]
+                "--key-int", str(self.key_int), "--preset", self.preset, "--log", str(self.log),
+                "--slices", str(self.slices)]
         if self.user:
             args += ["--user", self.user, "--password", self.password]
         err = open(self.dir / f"{self.name}-server.err", "ab")  # noqa: SIM115
