@@ -11,8 +11,7 @@ borrowed pool by pool, most over first (`over_share`): a pool within its quota i
 from, so another device's data is never deleted to make room for one device's flood.
 
 Everything here is pure: the store applies it inside its transactions (budget.py admits and
-reclaims by it, pruning.py retains by it), on SQLite and
-PostgreSQL alike.
+reclaims by it, pruning.py retains by it), on SQLite and PostgreSQL alike.
 """
 
 from __future__ import annotations
