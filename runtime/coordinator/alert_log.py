@@ -1,6 +1,6 @@
 """The dashboard's alert transitions, kept in the store so every coordinator shows the same.
 
-Each alert transition (raised / cleared, the webhook's body: service.py `_emit_alert`) is
+Each alert transition (raised / cleared, the webhook's body: alerting.py `_emit_alert`) is
 written once (queued, and written in one batch at the end of each fleet refresh), by the
 coordinator that claims it (with several coordinators on one store every
 one computes every transition from the shared fleet view; `Store.claim` picks the first),

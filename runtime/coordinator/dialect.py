@@ -1,6 +1,6 @@
 """What differs between the store's two databases: SQLite (embedded default) and PostgreSQL.
 
-`Store` (store.py) writes its SQL once, portably: `?` placeholders (translated to `%s` for
+`Store` (store.py and its rooms) writes its SQL once, portably: `?` placeholders (`%s` for
 psycopg), `INSERT ... ON CONFLICT ... DO NOTHING / DO UPDATE` (both engines), no `rowid`
 (the dialect names the row-order column). Everything engine-specific lives here: connecting
 (one WAL connection vs a psycopg pool), DDL and versioned migrations (a `schema_version`

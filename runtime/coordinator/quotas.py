@@ -10,8 +10,8 @@ its own oldest rows of that pool before writing (`admit`), and retention takes b
 borrowed pool by pool, most over first (`over_share`): a pool within its quota is never taken
 from, so another device's data is never deleted to make room for one device's flood.
 
-Everything here is pure: store.py applies it inside its transactions, on SQLite and
-PostgreSQL alike.
+Everything here is pure: the store applies it inside its transactions (budget.py admits and
+reclaims by it, pruning.py retains by it), on SQLite and PostgreSQL alike.
 """
 
 from __future__ import annotations

@@ -14,14 +14,18 @@ depth-limited JSON, schema, timestamps not ahead of our clock, reply signatures)
 fails, including an unexpected exception while handling it, is quarantined — a row in the
 store's `quarantine` table (device, topic, reason, size, time), a per-device count in the
 fleet view (`quarantined`), a line in the log once per kind per minute — and the loop goes on.
+
+The ingest thread's jobs have rooms of their own: admission.py (the trust boundary for a
+batch, and the coalescing of healths and events), births.py (a stored batch's events and
+births into the rollouts), alerting.py (a refresh's alert transitions: logged, listed,
+claimed, sent to the webhook); the store's own rooms are behind store.py. The Coordinator
+keeps the threads, the fleet view and its lock, the acks and the queries.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
-import hashlib
-import json
 import logging
 import queue
 import threading
@@ -33,22 +37,20 @@ from typing import Any
 import paho.mqtt.client as mqtt
 
 from runtime.config.coordinator import CoordinatorConfig
-from runtime.config.telemetry import check_name
-from runtime.coordinator import fleet, webhooks
+from runtime.coordinator import fleet
+from runtime.coordinator.admission import INBOUND, Admission
 from runtime.coordinator.ageing import Ageing
-from runtime.coordinator.alert_log import AlertLog
-from runtime.coordinator.alerts import AlertStates, Told
+from runtime.coordinator.alerting import Alerting
+from runtime.coordinator.births import Births
 from runtime.coordinator.bundle_chunks import ChunkServer
 from runtime.coordinator.bundles import Shelf, held_now
 from runtime.coordinator.clock_place import Placer
-from runtime.coordinator.coalesce import Coalescer
 from runtime.coordinator.commander import Commander, Refused, UnknownDevice
 from runtime.coordinator.dialect import is_url
 from runtime.coordinator.ingest_window import WindowCount, window_s
 from runtime.coordinator.retention import Retention
 from runtime.coordinator.rollout import Rollouts
 from runtime.coordinator.store import LAST_SEEN_WRITE_S, Inbound, Store
-from runtime.wire import clock as wire_clock
 from runtime.wire import payloads
 from runtime.wire.brokerauth import BrokerAuth
 from runtime.wire.mqtt import Connection
@@ -56,9 +58,6 @@ from runtime.wire.quarantine import RateLimitedLog
 
 log = logging.getLogger("edgerun.coordinator")
 
-INBOUND = (  # the device topics the coordinator subscribes to; metrics counts them
-    "state", "result", "health", "event", "cmd/reply")
-ALERT_LOG = 1000  # alert transitions kept in memory for the dashboard (GET /api/v1/alerts)
 RECENT_S = 10.0  # stats' health_age_recent_s: health taken in the last this many seconds
 
 
@@ -92,7 +91,7 @@ class Coordinator:
                                  settle=lambda b: held_now(self.store, b))
         # bundles live in the store: every coordinator sharing it serves every bundle
         self.shelf = Shelf(self.store, int(cfg.max_bundle_mb * 1024 * 1024), cfg.client_id)
-        self._import_legacy_shelf(cfg)
+        _import_legacy_shelf(self.shelf, cfg)
         # bundles over MQTT for devices without a route to the API (its own connection)
         self.chunks = ChunkServer(cfg.fleet, self.shelf, cfg.broker, cfg.client_id,
                                   cfg.share_group)
@@ -110,15 +109,14 @@ class Coordinator:
         self._ageing = Ageing()
         self._fleet_version: str | None = None
         self._seen: dict[str, float] = {}  # device -> `updated` of its row merged here
-        self._to_send: list[tuple[str, str, str, float, dict]] = []  # alerts for the webhook
-        self.views = self._restore_views()
+        self.views = _restored_views(self.store, self.fleet_cfg)
         self._views_loaded = time.time()  # last full read of the store's `devices`
         self._inbox: queue.Queue = queue.Queue(maxsize=50_000)
-        # Bounded work per message: births, healths and repeated events coalesce per device
-        # (coalesce.py); commands sent without waiting are the commander's
-        self._births = Coalescer(cfg.resend_window_s)
-        self._healths = Coalescer(cfg.coalesce_s)
-        self._events = Coalescer(cfg.coalesce_s, max_keys=10_000)  # keys: distinct events
+        # Bounded work per message: healths and repeated events coalesce per device in
+        # admission, births in births.py (coalesce.py); commands sent without waiting are
+        # the commander's
+        self.admission = Admission(cfg, self.counters)
+        self.births = Births(cfg, self.store, self.rollouts, self.counters, self._rlog)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         # Persistent session (fixed id, clean off, MQTT 5 expiry): the broker queues for us
@@ -137,60 +135,9 @@ class Coordinator:
         self.health_age_s: collections.deque = collections.deque(maxlen=20_000)
         self._health_taken: collections.deque = collections.deque(maxlen=20_000)  # when, each
         self._counts: tuple[float, float, dict[str, int] | None] = (0.0, 0.0, None)
-        # Alert transitions, newest last, and when each active alert was raised; filled by
-        # _refresh. Alerts active at start were raised before: they are not sent again.
-        self.alert_log: collections.deque = collections.deque(maxlen=ALERT_LOG)
-        self.alert_store = AlertLog(self.store)  # what every coordinator's dashboard lists
-        # each (device, code)'s state: raised at once, cleared once away alert_clear_s
-        self._alerts = AlertStates()
-        self.webhook = (webhooks.Webhook(
-            cfg.webhook_url,
-            webhooks.load_secret(cfg.webhook_secret_file) if cfg.webhook_secret_file else None,
-            cfg.webhook_queue, cfg.webhook_timeout_s, cfg.webhook_attempts,
-            cfg.webhook_backoff_s) if cfg.webhook_url else None)
-
-    def _import_legacy_shelf(self, cfg: CoordinatorConfig) -> None:
-        """Bundles an older coordinator kept in `bundles_dir` (its own directory and index)
-        go into the store once, tokens kept, so rollouts under way still download."""
-        legacy = cfg.bundles_dir or ("" if is_url(cfg.store) else
-                                     str(Path(cfg.store).expanduser().parent / "bundles"))
-        try:
-            done = self.shelf.import_dir(legacy) if legacy else []
-        except Exception as e:  # the old directory must not stop the coordinator starting
-            log.error("could not import the bundles of %s into the store: %s", legacy, e)
-            return
-        if done:
-            log.info("imported %d bundles from %s into the store (%s); the directory is no "
-                     "longer used", len(done), legacy, ", ".join(done))
-
-    def _restore_views(self) -> dict[str, fleet.DeviceView]:
-        """The fleet view from the stored states and latest health. A stored row that is not
-        a valid message (a forged or older-format row) is quarantined and skipped: it must not
-        stop the coordinator from starting."""
-        now = time.time()
-        views, bad = {}, []
-        health = self.store.latest_health()
-        for device, state in self.store.states().items():
-            try:
-                payloads.check("state", state)
-                v = fleet.on_state(fleet.DeviceView(device), state, now)
-                h = health.get(device)
-                if h is not None:
-                    try:
-                        payloads.check("health", h)
-                        v = fleet.on_activity(v, min(h["t"], now), h)
-                    except payloads.PayloadError as e:
-                        bad.append((device, "stored health", str(e)))
-                views[device] = v
-            except Exception as e:  # any stored row may be hostile
-                bad.append((device, "stored state", f"{type(e).__name__}: {e}"))
-        for device, what, why in bad:
-            log.error("device %s: its %s row is invalid (%s); skipped at start", device, what,
-                      why[:300])
-        with contextlib.suppress(Exception):
-            self.store.quarantine([(d, f"(store) {w}", why, 0, now) for d, w, why in bad])
-        # the shared `devices` table, written by every coordinator on this store, wins
-        return fleet.refresh({**views, **self.store.views()}, now, self.fleet_cfg)
+        # alert transitions from each refresh: logged, listed, claimed, sent (alerting.py)
+        self.alerting = Alerting(cfg, self.store, self.counters, self._rlog)
+        self.alert_log, self.webhook = self.alerting.log, self.alerting.webhook
 
     @property
     def views(self) -> dict[str, fleet.DeviceView]:
@@ -299,7 +246,7 @@ class Coordinator:
                     end = count.add(batch[-1][0], batch[-1][1])
             except queue.Empty:
                 pass
-            if batch or self._healths.held() or self._events.held():
+            if batch or self.admission.held():
                 try:
                     self._ingest(batch)
                 except Exception as e:  # the store failing must not kill ingest; devices re-send
@@ -317,7 +264,7 @@ class Coordinator:
                     self._refresh(now)
                     self.rollouts.tick(now)
                     self.commander.expire_pending(mono)
-                    self._births_to_rollouts([v for _, v in self._births.due(mono)])
+                    self.births.due(mono)
                 if mono - last_prune >= 3600:
                     last_prune = mono
                     self.store.prune(self.cfg.keep_health_s, self.cfg.keep_events_s,
@@ -343,7 +290,7 @@ class Coordinator:
         was stored; everything refused on the way is quarantined."""
         bad: list[tuple[str, str, str, int, float]] = []
         now = time.time()
-        inbound, sources, replies = self._admit_batch(batch, now, bad)
+        inbound, sources, replies = self.admission.batch(batch, now, bad)
         written: dict[str, tuple[float, fleet.DeviceView]] = {}
         self._place(inbound)
         acks, refused = self.store.ingest(inbound, written)
@@ -357,65 +304,13 @@ class Coordinator:
             1 for i, m in enumerate(inbound) if m.kind == "result" and i not in refused_idx)
         stored = [(i, m) for i, m in enumerate(inbound) if i not in refused_idx]
         self._into_views(stored, sources, written, now, bad)
-        self._to_rollouts(stored, now)
+        self.births.stored(stored)
         for device, reply, topic_name, size in replies:
             try:
                 self.commander.on_reply(device, reply)
             except Refused as e:
                 bad.append((device, topic_name, str(e), size, now))
         self._quarantine(bad)
-
-    def _admit_batch(self, batch: list[tuple[str, bytes, float]], now: float,
-              bad: list[tuple[str, str, str, int, float]]
-              ) -> tuple[list[Inbound], list[tuple[str, int]], list[tuple[str, dict, str, int]]]:
-        """(what to store, its (topic, size) each for quarantine, the command replies): the
-        batch admitted, healths and repeated events coalesced, the coalesced ones whose turn
-        came put first; the refused appended to `bad`."""
-        inbound: list[Inbound] = []
-        sources: list[tuple[str, int]] = []  # (topic, size) per inbound, for quarantine
-        replies: list[tuple[str, dict, str, int]] = []
-
-        def held(items: list) -> None:
-            """Coalesced messages whose turn came: before what arrived after them."""
-            for key, (topic_name, size, msg) in items:
-                inbound.append(Inbound(key[0], "event" if topic_name.endswith("/event")
-                                       else "health", msg, size))
-                sources.append((topic_name, size))
-
-        # the coalescers' windows on the monotonic clock (a wall clock stepped back an hour
-        # held every device's health for that hour): receipt times moved onto it
-        shift = time.monotonic() - now
-        held([*self._healths.due(now + shift), *self._events.due(now + shift)])
-        for topic_name, raw, received in batch:
-            device = ""
-            try:
-                device, kind, msg = self._admit(topic_name, raw, now)
-            except Refused as e:
-                bad.append((device or _topic_device(topic_name), topic_name, str(e), len(raw),
-                            received))
-                continue
-            except Exception as e:  # a bug must cost this message, never the loop
-                bad.append((_topic_device(topic_name), topic_name,
-                            f"internal error: {type(e).__name__}: {e}", len(raw), received))
-                continue
-            self.counters[kind] += 1
-            if kind == "state":  # what the device said before its state goes before it (a
-                # health held back must not make a device that went to sleep look awake)
-                held([*self._healths.flush(lambda k, d=device: k[0] == d),
-                      *self._events.flush(lambda k, d=device: k[0] == d)])
-            if kind == "cmd/reply":
-                replies.append((device, msg, topic_name, len(raw)))
-            elif kind == "health" and not self._healths.offer(
-                    (device, _bucket(msg["t"], self.cfg.coalesce_s)),
-                    (topic_name, len(raw), msg), received + shift):
-                self.counters["health_coalesced"] += 1  # the latest is stored at the window end
-            elif kind == "event" and not self._events.offer(
-                    (device, _event_key(msg)), (topic_name, len(raw), msg), received + shift):
-                self.counters["events_coalesced"] += 1
-            else:
-                inbound.append(Inbound(device, kind, msg, len(raw)))
-                sources.append((topic_name, len(raw)))
-        return inbound, sources, replies
 
     def _ack(self, acks: dict) -> None:
         """Publish the acks of what the batch committed."""
@@ -442,57 +337,6 @@ class Coordinator:
                 held = self.views.get(device)
                 self.views[device] = fleet.with_alerts(merged, held.alerts if held else ())
                 self._seen[device] = updated
-
-    def _to_rollouts(self, stored: list[tuple[int, Inbound]], now: float) -> None:
-        """Model rollouts follow devices' events and returns, in the batch's order; the births
-        between two events are handed over together (one read of their desired state)."""
-        first = self._first_for_births([(i, m) for i, m in stored
-                                        if m.kind == "state" and m.msg.get("online")])
-        births: list[tuple[str, str | None]] = []
-        for i, m in stored:
-            if m.kind == "state" and m.msg.get("online") and first.get(i, False):
-                # one re-send a boot, at most one a resend_window_s (the latest birth of a
-                # burst is answered at the window's end): 300 forged births were 300 threads
-                # and 300 commands
-                if self._births.offer(m.device, (m.device, m.msg.get("model_version")),
-                                      time.monotonic(), same=m.msg.get("boot")):
-                    births.append((m.device, m.msg.get("model_version")))
-                else:
-                    self.counters["births_coalesced"] += 1
-            elif m.kind == "event":
-                self._births_to_rollouts(births)
-                try:
-                    self.rollouts.on_event(m.device, m.msg)
-                except Exception:
-                    log.exception("rollout bookkeeping for %s failed", m.device)
-        self._births_to_rollouts(births)
-
-    def _admit(self, topic_name: str, raw: bytes, now: float) -> tuple[str, str, dict]:
-        """(device, kind, payload) of an acceptable message; raises Refused saying why not."""
-        parsed = payloads.parse_topic(topic_name)
-        if parsed is None or parsed[0] != self.cfg.fleet:
-            raise Refused("not a topic of this fleet")
-        _, device, kind = parsed
-        if kind not in INBOUND:
-            raise Refused(f"devices do not publish {kind!r}")
-        if check_name("device", device):
-            raise Refused("device id is not 1-64 characters of A-Z a-z 0-9 _ . -")
-        try:
-            msg = payloads.decode(kind, raw)
-        except payloads.PayloadError as e:
-            raise Refused(str(e)) from None
-        if kind in ("state", "health", "event") and msg["t"] > now + self.cfg.future_skew_s:
-            clk = msg.get("clk")
-            if not (isinstance(clk, dict) and clk.get("sync") is False) or \
-                    msg["t"] > wire_clock.CEILING_T:  # unsynced, but no later than 2100
-                raise Refused(f"{kind}: stamped {msg['t'] - now:.0f} s ahead of the "
-                              "coordinator's clock (more than future_skew_s = "
-                              f"{self.cfg.future_skew_s:.0f}, or past 2100 unsynced)")
-            # the device says its clock is not synced (a box reading 2100): its time is a
-            # claim, placed once its boot's clock is synced (clock_place.py); ranked by
-            # boottime meanwhile (clock.made_after), so it cannot pin the latest health
-            self.counters["unsynced_future_stamps"] += 1
-        return device, kind, msg
 
     def _update_view(self, m: Inbound, now: float) -> None:
         self._ageing.touch(m.device)
@@ -558,9 +402,7 @@ class Coordinator:
             changes = fleet.transitions(before, after)
             # under the lock: fleet_view() refreshes from HTTP threads too, and each
             # transition must be recorded and sent exactly once, in order
-            self._record_alerts(fleet.alert_changes(before, after), now)
-            self._settle_clears(now)
-            self._send_alerts()
+            self.alerting.refreshed(fleet.alert_changes(before, after), now, views)
         if len(changes) <= 20:
             for device, old, new in changes:
                 log.info("device %s: %s -> %s", device, old, new)
@@ -574,136 +416,15 @@ class Coordinator:
             log.info("%d devices %s -> %s: %s%s", len(devices), old, new,
                      ", ".join(devices[:10]), ", ..." if len(devices) > 10 else "")
 
-    def _record_alerts(self, changes: list[tuple[str, str, str, str]], now: float) -> None:
-        """Turn alert changes into transitions (alerts.py: a raise at once unless it is only
-        back from a clear still settling; a clear after alert_clear_s). Under the views
-        lock; Webhook.submit never blocks."""
-        flaps = self._alerts.flaps
-        # stamped as the raise's payload is (webhooks.alert_payload: ms), so a clear's
-        # raised_t and the dashboard's `since` equal the raise's `t`
-        self._tell(self._alerts.apply(changes, now, stamp=round(now, 3)), now,
-                   many=len(changes) > 20)
-        self.counters["alert_flaps"] += self._alerts.flaps - flaps
-
-    def _settle_clears(self, now: float) -> None:
-        """Send the clears of alerts that have stayed away for alert_clear_s."""
-        told = self._alerts.settle(now, self.cfg.alert_clear_s)
-        self._tell(told, now, many=len(told) > 20)
-
-    def _tell(self, told: list[Told], now: float, many: bool) -> None:
-        """Emit each transition; many at once (a fleet going stale): one line a kind."""
-        quiet: collections.Counter = collections.Counter()
-        for t in told:
-            self._emit_alert(t, now, quiet if many else None)
-        _log_quiet(quiet)
-
-    def _emit_alert(self, t: Told, now: float, quiet: collections.Counter | None = None
-                    ) -> None:
-        """One alert transition: logged (or counted into `quiet` for one summary line),
-        kept for the dashboard, queued for the webhook."""
-        device, code, state, message = t.device, t.code, t.state, t.message
-        status = self.views[device].status if device in self.views else "unknown"
-        body = webhooks.alert_payload(self.cfg.fleet, device, code, state, message,
-                                      status, now)
-        if state == "cleared":
-            body["raised_t"] = t.raised_t
-        self.alert_log.append(body)
-        self.counters[f"alerts_{state}"] += 1
-        if quiet is None:
-            log.info("device %s: alert %s %s: %s", device, code, state, message)
-        else:
-            quiet[(code, state)] += 1
-        self._to_send.append((device, code, state, now, body))  # by _send_alerts
-
-    def _send_alerts(self) -> None:
-        """Record a refresh's alert transitions in the store's log (the dashboard's list on
-        every coordinator) and hand them to the webhook. With several coordinators on one
-        store (share_group) each computes every transition from the shared view: only those
-        this one claims first are recorded and sent, all claimed in one store transaction (a
-        fleet going stale at once was one transaction an alert). A store error sends them
-        all (a duplicate is better than a lost alert). Under the views lock; submit never
-        blocks."""
-        pending, self._to_send = self._to_send, []
-        won = [True] * len(pending)
-        if self.cfg.share_group and pending:
-            try:
-                won = self.store.claim_many([(d, f"alert:{code}", state, t)
-                                             for d, code, state, t, _ in pending])
-            except Exception as e:
-                self._rlog.log("alert-claim", "could not check the store for alert duplicates "
-                               "(sending anyway): %s", e, level=logging.ERROR)
-        for (_, code, _, _, body), first in zip(pending, won, strict=True):
-            if not first:
-                continue
-            self.alert_store.add(body)  # one row per transition however many computed it
-            if self.webhook is not None and (not self.cfg.webhook_alerts
-                                             or code in self.cfg.webhook_alerts):
-                self.webhook.submit(body)
-        try:
-            self.alert_store.flush()
-        except Exception as e:  # the dashboard's list must not cost the refresh
-            self._rlog.log("alert-log", "could not record alert transitions in the store "
-                           "(retrying at the next refresh): %s", e, level=logging.ERROR)
-
-    def _births_to_rollouts(self, births: list[tuple[str, str | None]]) -> None:
-        """Hand (device, model_version) births to the rollouts (re-sends) and empty the list."""
-        if not births:
-            return
-        try:
-            self.rollouts.on_online_many(births)
-        except Exception:
-            names = sorted({d for d, _ in births})
-            log.exception("rollout bookkeeping for the births of %s failed",
-                          ", ".join(names[:5])
-                          + (f" and {len(names) - 5} more" if len(names) > 5 else ""))
-        births.clear()
-
-    def _first_for_births(self, births: list[tuple[int, Inbound]]) -> dict[int, bool]:
-        """Per (index, birth) of a batch, whether this coordinator re-sends the returning
-        device its desired model and settings: every coordinator of a share_group gets every
-        birth (states are not shared), and two `deploy`s make the device refuse the second
-        ("busy"), which failed its part of a rollout. The first to claim the birth in the
-        store does it; a batch's births are claimed in one transaction."""
-        if not self.cfg.share_group or not births:
-            return {i: True for i, _ in births}
-        try:
-            won = self.store.claim_many([(m.device, "birth", f"{m.msg['boot']}@{m.msg['t']}",
-                                          time.time()) for _, m in births])
-        except Exception as e:
-            self._rlog.log("birth-claim", "could not check the store for another "
-                           "coordinator's re-send (re-sending): %s", e, level=logging.ERROR)
-            won = [True] * len(births)
-        return {i: w for (i, _), w in zip(births, won, strict=True)}
-
     def alerts_view(self, limit: int = 200) -> dict[str, Any]:
         """Active alerts of every device (with when each was raised, None when it was
         already active at start), those clearing (gone, but not for alert_clear_s yet: the
         clear is recorded at `settles_at` unless they come back first) and the newest alert
         transitions, newest first."""
         self._refresh(time.time())
-        try:  # the store's log: the same on every coordinator sharing it
-            recent, raised, counts = (self.alert_store.recent(limit),
-                                      self.alert_store.raised_times(),
-                                      self.alert_store.counts())
-        except Exception as e:
-            self._rlog.log("alert-log", "could not read the alert log from the store "
-                           "(showing this coordinator's own): %s", e, level=logging.ERROR)
-            recent, raised, counts = None, {}, None
+        stored = self.alerting.stored(limit)  # the same on every coordinator sharing it
         with self._views_lock:
-            active = [{"device": v.device, "alert": code, "message": msg, "status": v.status,
-                       "since": self._alerts.raised_at(v.device, code)
-                       or raised.get((v.device, code))}
-                      for v in sorted(self.views.values(), key=lambda v: v.device)
-                      for code, msg in v.alerts]
-            clearing = [{"device": d, "alert": code, "message": msg,
-                         "status": self.views[d].status if d in self.views else "unknown",
-                         "since": self._alerts.raised_at(d, code) or raised.get((d, code)),
-                         "gone_at": went, "settles_at": went + self.cfg.alert_clear_s}
-                        for d, code, went, msg in self._alerts.clearing()]
-            if recent is None:
-                recent = list(self.alert_log)[-limit:][::-1]
-        return {"active": active, "clearing": clearing, "recent": recent, "counts": counts,
-                "webhook": self.webhook.stats() if self.webhook is not None else None}
+            return self.alerting.listing(self.views, limit, stored)
 
     # -- retention thread (store size and age; see Store.prune_results) ----------------------
 
@@ -783,8 +504,7 @@ class Coordinator:
                           "dropped": c["inbox_full_dropped"]},
                 "pending_replies": {"size": len(p), "max": p.max_size, "dropped": p.dropped,
                                     "expired": p.expired},
-                "births": self._births.stats(), "healths": self._healths.stats(),
-                "events": self._events.stats()}
+                "births": self.births.stats(), **self.admission.stats()}
 
     def _view(self, device: str) -> fleet.DeviceView | None:
         """One device's view, read under the views lock (the commander's look-up)."""
@@ -820,27 +540,46 @@ class Coordinator:
         return (view.last_seen or view.state_t, view.wake_at)
 
 
-def _bucket(t: float, width_s: float) -> int:
-    """The device-clock window of a health stamped `t`: healths of one window coalesce, so a
-    burst of a device's history (its outbox after an outage) is kept, one a window."""
-    return int(t // width_s) if width_s > 0 else 0
+def _import_legacy_shelf(shelf: Shelf, cfg: CoordinatorConfig) -> None:
+    """Bundles an older coordinator kept in `bundles_dir` (its own directory and index)
+    go into the store once, tokens kept, so rollouts under way still download."""
+    legacy = cfg.bundles_dir or ("" if is_url(cfg.store) else
+                                 str(Path(cfg.store).expanduser().parent / "bundles"))
+    try:
+        done = shelf.import_dir(legacy) if legacy else []
+    except Exception as e:  # the old directory must not stop the coordinator starting
+        log.error("could not import the bundles of %s into the store: %s", legacy, e)
+        return
+    if done:
+        log.info("imported %d bundles from %s into the store (%s); the directory is no "
+                 "longer used", len(done), legacy, ", ".join(done))
 
 
-def _event_key(msg: dict) -> str:
-    """What makes two events the same (coalesced): everything but their stamp (a digest:
-    the coalescer remembers keys up to its bound)."""
-    text = json.dumps({k: v for k, v in msg.items() if k != "t"}, sort_keys=True,
-                      separators=(",", ":"), default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:32]
-
-
-def _topic_device(topic_name: str) -> str:
-    """The device level of an edgerun topic when it is a valid id, else "" (for quarantine)."""
-    parts = topic_name.split("/")
-    return parts[3] if len(parts) > 4 and check_name("device", parts[3]) is None else ""
-
-
-def _log_quiet(counts: collections.Counter) -> None:
-    """One log line per (alert, raised|cleared) counted instead of logged per device."""
-    for (code, state), n in sorted(counts.items()):
-        log.info("%d devices: alert %s %s", n, code, state)
+def _restored_views(store: Store, fleet_cfg: fleet.FleetConfig) -> dict[str, fleet.DeviceView]:
+    """The fleet view from the stored states and latest health. A stored row that is not
+    a valid message (a forged or older-format row) is quarantined and skipped: it must not
+    stop the coordinator from starting."""
+    now = time.time()
+    views, bad = {}, []
+    health = store.latest_health()
+    for device, state in store.states().items():
+        try:
+            payloads.check("state", state)
+            v = fleet.on_state(fleet.DeviceView(device), state, now)
+            h = health.get(device)
+            if h is not None:
+                try:
+                    payloads.check("health", h)
+                    v = fleet.on_activity(v, min(h["t"], now), h)
+                except payloads.PayloadError as e:
+                    bad.append((device, "stored health", str(e)))
+            views[device] = v
+        except Exception as e:  # any stored row may be hostile
+            bad.append((device, "stored state", f"{type(e).__name__}: {e}"))
+    for device, what, why in bad:
+        log.error("device %s: its %s row is invalid (%s); skipped at start", device, what,
+                  why[:300])
+    with contextlib.suppress(Exception):
+        store.quarantine([(d, f"(store) {w}", why, 0, now) for d, w, why in bad])
+    # the shared `devices` table, written by every coordinator on this store, wins
+    return fleet.refresh({**views, **store.views()}, now, fleet_cfg)

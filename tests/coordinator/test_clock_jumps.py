@@ -115,14 +115,17 @@ def test_coalesced_health_is_not_held_for_an_hour_when_the_clock_steps_back(tmp_
     import json
     from types import SimpleNamespace
 
+    from runtime.coordinator import admission as admission_mod
     from runtime.coordinator import service as service_mod
     from runtime.coordinator.service import Coordinator
 
     c = Coordinator(CoordinatorConfig(fleet="f", store=str(tmp_path / "s.db"),
                                       bundles_dir=str(tmp_path / "none"), coalesce_s=1.0))
     clocks = Clocks(1_790_000_000.0)
-    monkeypatch.setattr(service_mod, "time", SimpleNamespace(
-        time=lambda: clocks.w, monotonic=lambda: clocks.m, sleep=time.sleep))
+    fake_time = SimpleNamespace(time=lambda: clocks.w, monotonic=lambda: clocks.m,
+                                sleep=time.sleep)
+    for mod in (service_mod, admission_mod):  # the ingest loop's clocks and the coalescers'
+        monkeypatch.setattr(mod, "time", fake_time)
     topic = "edgerun/v1/f/d1/health"
 
     def health(t: float) -> tuple[str, bytes, float]:

@@ -301,6 +301,6 @@ def test_unsynced_times_past_2100_are_refused_at_admission(coord, t, refused):
     topic = payloads.topic("f", "d1", "health")
     if refused:
         with pytest.raises(Refused, match="past 2100"):
-            c._admit(topic, raw, REAL)
+            c.admission.admit(topic, raw, REAL)
     else:
-        assert c._admit(topic, raw, REAL)[1] == "health"
+        assert c.admission.admit(topic, raw, REAL)[1] == "health"

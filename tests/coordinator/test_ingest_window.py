@@ -10,8 +10,9 @@ import time
 import pytest
 
 from runtime.coordinator import fleet
+from runtime.coordinator.ingest import view_changed
 from runtime.coordinator.ingest_window import WindowCount, results_in, window_s
-from runtime.coordinator.store import Inbound, Store, _view_changed
+from runtime.coordinator.store import Inbound, Store
 
 T = "edgerun/v1/f1"
 
@@ -93,7 +94,7 @@ def _v(**kw) -> fleet.DeviceView:
     (_v(), _v(boot="b2"), 5.0, True),
 ])
 def test_view_row_written_only_on_change(old, new, every, changed):
-    assert _view_changed(old, new, every) is changed
+    assert view_changed(old, new, every) is changed
 
 
 def _updated(store: Store, device: str) -> float:

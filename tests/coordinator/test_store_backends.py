@@ -12,6 +12,7 @@ import time
 import pytest
 
 from runtime.coordinator.dialect import DAY
+from runtime.coordinator.ingest import Ingest
 from runtime.coordinator.store import Inbound, Store
 
 
@@ -200,11 +201,18 @@ def test_unreachable_server_is_an_error_not_a_hang(server):
     assert left == [], left
 
 
-class _ExactAcks(Store):
+class _ExactAcks(Ingest):
     """The reference: every stream's ack computed by the per-stream queries of `_acks`."""
 
     def _acks_batch(self, db, floors, tops):
         return {k: self._acks(db, *k, fl, tops[k]) for k, fl in floors.items()}
+
+
+def _reference_store(path: str) -> Store:
+    """A store whose ingest room computes acks with `_ExactAcks` (same dialect, same budget)."""
+    store = Store(path)
+    store._ingest = _ExactAcks(store._d, store._budget)
+    return store
 
 
 def test_batched_acks_equal_the_per_stream_reference(store_url, tmp_path):
@@ -214,7 +222,7 @@ def test_batched_acks_equal_the_per_stream_reference(store_url, tmp_path):
 
     rng = random.Random(7)
     fast = Store(store_url)
-    ref = _ExactAcks(str(tmp_path / "reference.db"))
+    ref = _reference_store(str(tmp_path / "reference.db"))
     held = {s: 1 for s in ("a", "b")}  # each stream's floor (lowest seq the device holds)
     top = {s: 0 for s in held}
     for _ in range(60):

@@ -1,0 +1,167 @@
+"""The coordinator's alert transitions: the fleet view's alert changes turned into raises
+and clears (alerts.py), logged, kept for the dashboard (in memory and in the store's alert
+log, alert_log.py), and handed to the webhook (webhooks.py); with several coordinators on one
+store, only the one that claims a transition first records and sends it.
+
+Everything here runs under the coordinator's views lock (its refresh holds it while the
+transitions are recorded and sent, so each is recorded and sent exactly once, in order);
+Webhook.submit never blocks.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+from typing import Any
+
+from runtime.config.coordinator import CoordinatorConfig
+from runtime.coordinator import fleet, webhooks
+from runtime.coordinator.alert_log import AlertLog
+from runtime.coordinator.alerts import AlertStates, Told
+from runtime.coordinator.store import Store
+from runtime.wire.quarantine import RateLimitedLog
+
+log = logging.getLogger("edgerun.coordinator")
+
+ALERT_LOG = 1000  # alert transitions kept in memory for the dashboard (GET /api/v1/alerts)
+
+
+class Alerting:
+    """One coordinator's alert transitions (see module docstring)."""
+
+    def __init__(self, cfg: CoordinatorConfig, store: Store, counters: collections.Counter,
+                 rlog: RateLimitedLog):
+        self.cfg, self._store, self.counters, self._rlog = cfg, store, counters, rlog
+        # Alert transitions, newest last, and when each active alert was raised; filled by
+        # the refresh. Alerts active at start were raised before: they are not sent again.
+        self.log: collections.deque = collections.deque(maxlen=ALERT_LOG)
+        self.store_log = AlertLog(store)  # what every coordinator's dashboard lists
+        # each (device, code)'s state: raised at once, cleared once away alert_clear_s
+        self._alerts = AlertStates()
+        self._to_send: list[tuple[str, str, str, float, dict]] = []  # for the webhook
+        self.webhook = (webhooks.Webhook(
+            cfg.webhook_url,
+            webhooks.load_secret(cfg.webhook_secret_file) if cfg.webhook_secret_file else None,
+            cfg.webhook_queue, cfg.webhook_timeout_s, cfg.webhook_attempts,
+            cfg.webhook_backoff_s) if cfg.webhook_url else None)
+
+    def refreshed(self, changes: list[tuple[str, str, str, str]], now: float,
+                  views: dict[str, fleet.DeviceView]) -> None:
+        """A refresh's alert changes (fleet.alert_changes) recorded, the clears that settled
+        added, and all of them sent. Under the views lock (`views` read for each status)."""
+        self._record_alerts(changes, now, views)
+        self._settle_clears(now, views)
+        self._send_alerts()
+
+    def _record_alerts(self, changes: list[tuple[str, str, str, str]], now: float,
+                       views: dict[str, fleet.DeviceView]) -> None:
+        """Turn alert changes into transitions (alerts.py: a raise at once unless it is only
+        back from a clear still settling; a clear after alert_clear_s). Under the views
+        lock; Webhook.submit never blocks."""
+        flaps = self._alerts.flaps
+        # stamped as the raise's payload is (webhooks.alert_payload: ms), so a clear's
+        # raised_t and the dashboard's `since` equal the raise's `t`
+        self._tell(self._alerts.apply(changes, now, stamp=round(now, 3)), now, views,
+                   many=len(changes) > 20)
+        self.counters["alert_flaps"] += self._alerts.flaps - flaps
+
+    def _settle_clears(self, now: float, views: dict[str, fleet.DeviceView]) -> None:
+        """Send the clears of alerts that have stayed away for alert_clear_s."""
+        told = self._alerts.settle(now, self.cfg.alert_clear_s)
+        self._tell(told, now, views, many=len(told) > 20)
+
+    def _tell(self, told: list[Told], now: float, views: dict[str, fleet.DeviceView],
+              many: bool) -> None:
+        """Emit each transition; many at once (a fleet going stale): one line a kind."""
+        quiet: collections.Counter = collections.Counter()
+        for t in told:
+            self._emit_alert(t, now, views, quiet if many else None)
+        _log_quiet(quiet)
+
+    def _emit_alert(self, t: Told, now: float, views: dict[str, fleet.DeviceView],
+                    quiet: collections.Counter | None = None) -> None:
+        """One alert transition: logged (or counted into `quiet` for one summary line),
+        kept for the dashboard, queued for the webhook."""
+        device, code, state, message = t.device, t.code, t.state, t.message
+        status = views[device].status if device in views else "unknown"
+        body = webhooks.alert_payload(self.cfg.fleet, device, code, state, message,
+                                      status, now)
+        if state == "cleared":
+            body["raised_t"] = t.raised_t
+        self.log.append(body)
+        self.counters[f"alerts_{state}"] += 1
+        if quiet is None:
+            log.info("device %s: alert %s %s: %s", device, code, state, message)
+        else:
+            quiet[(code, state)] += 1
+        self._to_send.append((device, code, state, now, body))  # by _send_alerts
+
+    def _send_alerts(self) -> None:
+        """Record a refresh's alert transitions in the store's log (the dashboard's list on
+        every coordinator) and hand them to the webhook. With several coordinators on one
+        store (share_group) each computes every transition from the shared view: only those
+        this one claims first are recorded and sent, all claimed in one store transaction (a
+        fleet going stale at once was one transaction an alert). A store error sends them
+        all (a duplicate is better than a lost alert). Under the views lock; submit never
+        blocks."""
+        pending, self._to_send = self._to_send, []
+        won = [True] * len(pending)
+        if self.cfg.share_group and pending:
+            try:
+                won = self._store.claim_many([(d, f"alert:{code}", state, t)
+                                             for d, code, state, t, _ in pending])
+            except Exception as e:
+                self._rlog.log("alert-claim", "could not check the store for alert duplicates "
+                               "(sending anyway): %s", e, level=logging.ERROR)
+        for (_, code, _, _, body), first in zip(pending, won, strict=True):
+            if not first:
+                continue
+            self.store_log.add(body)  # one row per transition however many computed it
+            if self.webhook is not None and (not self.cfg.webhook_alerts
+                                             or code in self.cfg.webhook_alerts):
+                self.webhook.submit(body)
+        try:
+            self.store_log.flush()
+        except Exception as e:  # the dashboard's list must not cost the refresh
+            self._rlog.log("alert-log", "could not record alert transitions in the store "
+                           "(retrying at the next refresh): %s", e, level=logging.ERROR)
+
+    def stored(self, limit: int) -> tuple[list[dict] | None, dict[tuple[str, str], float],
+                                          dict | None]:
+        """(the newest `limit` transitions, when each active alert was raised, the counts)
+        from the store's log, the same on every coordinator sharing it; (None, {}, None)
+        when the store cannot be read (listing then shows this coordinator's own)."""
+        try:
+            return (self.store_log.recent(limit), self.store_log.raised_times(),
+                    self.store_log.counts())
+        except Exception as e:
+            self._rlog.log("alert-log", "could not read the alert log from the store "
+                           "(showing this coordinator's own): %s", e, level=logging.ERROR)
+            return None, {}, None
+
+    def listing(self, views: dict[str, fleet.DeviceView], limit: int,
+                stored: tuple[list[dict] | None, dict[tuple[str, str], float], dict | None]
+                ) -> dict[str, Any]:
+        """The alerts view (Coordinator.alerts_view) from `views` (read under the views
+        lock) and what `stored` read of the store's log."""
+        recent, raised, counts = stored
+        active = [{"device": v.device, "alert": code, "message": msg, "status": v.status,
+                   "since": self._alerts.raised_at(v.device, code)
+                   or raised.get((v.device, code))}
+                  for v in sorted(views.values(), key=lambda v: v.device)
+                  for code, msg in v.alerts]
+        clearing = [{"device": d, "alert": code, "message": msg,
+                     "status": views[d].status if d in views else "unknown",
+                     "since": self._alerts.raised_at(d, code) or raised.get((d, code)),
+                     "gone_at": went, "settles_at": went + self.cfg.alert_clear_s}
+                    for d, code, went, msg in self._alerts.clearing()]
+        if recent is None:
+            recent = list(self.log)[-limit:][::-1]
+        return {"active": active, "clearing": clearing, "recent": recent, "counts": counts,
+                "webhook": self.webhook.stats() if self.webhook is not None else None}
+
+
+def _log_quiet(counts: collections.Counter) -> None:
+    """One log line per (alert, raised|cleared) counted instead of logged per device."""
+    for (code, state), n in sorted(counts.items()):
+        log.info("%d devices: alert %s %s", n, code, state)

@@ -1,0 +1,110 @@
+"""What the coordinator store's rooms share: the messages and acks they pass, the rows they
+read back, and the accounting of logical bytes every write and delete keeps.
+
+The store (store.py) opens one dialect (dialect.py): the one object that owns the connection
+(or pool), the write lock, the schema and every transaction. Each room — ingest.py (results,
+acks, fleet views), reads.py (results, health and events read back), budget.py (the fair
+shares and the deletes they make), pruning.py (retention) — is handed that dialect and opens
+its transactions through it; none keeps a connection or a transaction of its own.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from runtime.coordinator import fleet
+from runtime.coordinator.dialect import PostgresDialect, SQLiteDialect
+
+# The transaction owner the rooms are handed (store.py opens it, once).
+Dialect = SQLiteDialect | PostgresDialect
+
+# The dashboard's timeline (health_points): column <- path in the health message. Numbers
+# only, copied at ingest so a week of a device's timeline is read without parsing JSON.
+TIMELINE: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("temp_c", ("temp_c",)), ("passive_trip_c", ("passive_trip_c",)), ("rung", ("rung",)),
+    ("rungs", ("rungs",)), ("p95_ms", ("pipeline", "latency_ms", "p95")),
+    ("target_ms", ("slo", "target_ms")), ("rate_hz", ("pipeline", "rate_hz")),
+    ("accuracy", ("accuracy",)), ("power_w", ("power_w",)),
+    ("rung_energy_mj", ("rung_energy_mj",)), ("battery_frac", ("battery_frac",)),
+    ("harvest_w", ("harvest_w",)))
+
+
+@dataclass(frozen=True)
+class Inbound:
+    """One validated message to store: its device, kind and payload."""
+
+    device: str
+    kind: str  # result | health | event | state
+    msg: dict
+    size: int = 0  # its bytes on the wire (0: estimated from msg when a quota needs it)
+
+
+@dataclass(frozen=True)
+class Stalled:
+    """A stream quarantined by retention: its ack stopped and its rows above it were
+    deleted (the device still holds them: it deletes only what an ack covers)."""
+
+    device: str
+    stream: str
+    acked: int
+    rows: int
+    bytes: int
+    since: float
+
+
+@dataclass(frozen=True)
+class Ack:
+    """What the coordinator vouches for: every seq in [first, seq] of `stream` is stored."""
+
+    stream: str
+    first: int
+    seq: int
+
+
+def query(d: Dialect, sql: str, args: Iterable[Any] = ()) -> list[tuple]:
+    """A portable query's rows, read through the dialect's reader."""
+    with d.reader() as db:
+        return [tuple(r) for r in db.execute(sql, tuple(args)).fetchall()]
+
+
+def charge(db: Any, size: Counter) -> None:
+    """Add logical bytes stored to each (device, pool) of `size`."""
+    if rows := sorted((d, p, int(n)) for (d, p), n in size.items() if n):
+        db.executemany("INSERT INTO pool_usage VALUES (?,?,?) ON CONFLICT(device, pool) "
+                       "DO UPDATE SET bytes = pool_usage.bytes + excluded.bytes", rows)
+
+
+def uncharge(db: Any, size: Counter) -> None:
+    """Take logical bytes deleted off each (device, pool) of `size`."""
+    if size:
+        db.executemany("UPDATE pool_usage SET bytes = bytes - ? WHERE device = ? AND pool = ?",
+                       [(int(n), d, p) for (d, p), n in sorted(size.items()) if n])
+
+
+VIEW_FIELDS = tuple(f for f in fleet.DeviceView.__dataclass_fields__
+                    if f not in ("status", "alerts"))
+
+
+def view_to_json(v: fleet.DeviceView) -> str:
+    """A device's merged view as its `devices` row stores it."""
+    # a shallow dict (dataclasses.asdict deep-copies: it was most of ingest's time)
+    return json.dumps({f: getattr(v, f) for f in VIEW_FIELDS}, separators=(",", ":"))
+
+
+def view_from_json(device: str, body: str) -> fleet.DeviceView | None:
+    """A stored view back to a DeviceView; None (start afresh) when the row is not one."""
+    try:
+        d = json.loads(body)
+        if not isinstance(d, dict) or not d:
+            return None
+        fields = {k: d[k] for k in VIEW_FIELDS if k in d and k != "device"}
+        # the status from the fields (as `replace` after construction did, at half the cost:
+        # every refresh decodes the rows other coordinators wrote)
+        return fleet.DeviceView(device, status="online" if fields.get("online") else
+                                "asleep" if fields.get("asleep") else "offline", **fields)
+    except (ValueError, TypeError):
+        return None
