@@ -265,7 +265,7 @@ class AvStreamSource:
             self._skip = False  # decoding key frames only
             self._due = -math.inf  # key frames only: none is decoded before this (monotonic)
             self.keyframes_only = False  # what the reader does now (said in the log)
-            self._reader = _LatestFrame(self._read_one, self._shown, start=False)
+            self._reader = LatestFrame(self._read_one, self._shown, start=False)
             self._reader.start()  # _read_one reads self._reader
         except BaseException:
             # the connection is open (its RTSP socket, its session on the camera): left to the
@@ -304,21 +304,12 @@ class AvStreamSource:
             why = "no video stream" if isinstance(e, IndexError) else _why(e)
             raise SourceError(f"source.path {self._shown!r}: cannot open ({why})") \
                 from None
-        self._dec = self._decoder(False)
-        self._params: dict[int, bytes] = {}  # the last SPS and PPS: a new decoder's first NALs
-        self._packets = self._c.demux(self._stream)
-        self._units: collections.deque = collections.deque()  # NALs (or packets) to decode
-        self._ready: collections.deque[np.ndarray] = collections.deque()  # decoded, not read
-        self._take_key = True  # key frames only: the key frame being read is decoded
-        self.damaged = 0  # packets the decoder refused and frames it concealed damage in
-        self._damaged_told = 0  # of those, already handed over with a frame
-        self._keys: collections.deque[float] = collections.deque(maxlen=8)  # key frame times
-        self._hint_hz = 0.0
-        self._skip = False  # decoding key frames only
-        self._due = -math.inf  # key frames only: none is decoded before this monotonic time
-        self.keyframes_only = False  # what the reader does now (said in the log)
-        self._reader = LatestFrame(self._read_one, self._shown, start=False)
-        self._reader.start()  # _read_one reads self._reader
+
+    def _close_container(self) -> None:
+        c, self._c = self._c, None
+        if c is not None:
+            with contextlib.suppress(Exception):
+                c.close()
 
     @staticmethod
     def _open(cfg: SourceConfig, opts: dict):
