@@ -96,6 +96,7 @@ class Budget:
         if self._batch_shed:
             with self._shed_lock:
                 self.shed.update(self._batch_shed)
+            self._batch_shed = Counter()  # told once (a batch with no cap sets none)
         if self._budget > 0 and (self._d.name == "sqlite" or not self._measured):
             # the file's bytes per logical byte move with the rows' mix and with the pages
             # deletes leave part-filled: measured after each batch (three PRAGMAs), so the

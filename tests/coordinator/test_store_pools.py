@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 
 from runtime.coordinator import quotas
 from runtime.coordinator.store import Inbound, Store
@@ -90,4 +91,26 @@ def test_a_health_flood_never_takes_another_devices_rows_when_the_overhead_moves
         for d in ("B", "C"):
             assert _rows(store, d) == kept[d], (k, d)
     assert store.used_bytes() <= cap or store.backend != "sqlite"
+    store.close()
+
+
+def test_rows_shed_are_told_once_even_after_the_cap_is_lifted(store_url):
+    """Retention is told the rows admission shed once (take_shed): with the cap lifted after
+    a batch that shed rows, every later batch told that batch's count again."""
+    store = Store(store_url, margin=0.0)
+    store.ingest([Inbound("B", "result", _results("s", range(1, 201), 1, blob=400))])
+    store.set_cap(store.used_bytes() + sum(store.usage().values()))
+    shed: Counter = Counter()
+    now = time.time()
+    for k in range(60):  # A floods health until it sheds its own oldest
+        store.ingest([Inbound("A", "health", _health(now - 7200 + k * 100 + i, pad=500))
+                      for i in range(100)])
+        shed.update(store.take_shed())
+        if +shed:
+            break
+    assert set(+shed) == {("A", "health")}, shed
+    store.set_cap(0)  # no cap: nothing is shed
+    for k in range(3):
+        store.ingest([Inbound("B", "health", _health(time.time() + k))])
+    assert +store.take_shed() == Counter()
     store.close()
