@@ -54,17 +54,9 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from support.daemon_harness import Serve, results, write_config  # noqa: E402
 
-from runtime.wire.broker import Mosquitto  # noqa: E402
+from runtime.wire.broker import Mosquitto, free_port  # noqa: E402
 
 TOPIC = "line1/camera/trigger"
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start(tmp: Path, cache: Path, source: str, port: int, extra: str = "",

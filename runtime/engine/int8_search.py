@@ -4,9 +4,9 @@ A YOLO-style export ends with box decoding: the prediction convolutions' outputs
 split into box and class channels, put through sigmoids, scaled to pixels and concatenated
 back into one `[1, 4+C, N]` tensor. Quantized with one scale, that last tensor holds box
 coordinates in pixels (0..640) next to scores in 0..1: 8 bits leave the scores a handful of
-steps and the detections mostly gone (REFERENCE.md "Model metadata and quantization"; issue
-24 measured int8 of a YOLOv8n at mAP 0.125 of fp32). The nodes are found from the graph, not
-from one exporter's names:
+steps and the detections mostly gone (REFERENCE.md "Model metadata and quantization"; int8
+of a YOLOv8n quantized that way measured mAP 0.125 of fp32's). The nodes are found from the
+graph, not from one exporter's names:
 
 - `tail`: every node reachable backwards from the graph outputs without passing a weighted
   op (Conv, ConvTranspose, Gemm, MatMul): the decoding and the concatenation;

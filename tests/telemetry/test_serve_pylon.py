@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import time
 
 import cv2
@@ -20,6 +19,7 @@ from support.waiting import wait
 
 from models import bundled
 from models.synthetic import CLASSES, samples
+from runtime.wire.broker import free_port
 
 pypylon = pytest.importorskip("pypylon", reason="pypylon is not installed "
                               "(pip install 'edgerun[camera]')")
@@ -31,12 +31,6 @@ UNIT = 1
 PARTS = 100
 PFS = "# {05D8C294-F295-4dfb-9D01-096BD04049F4}\n"  # a GenApi feature file's first line
 OK = ("ok", "none")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.timeout(420)
