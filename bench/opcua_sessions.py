@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -32,20 +31,13 @@ import cv2
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from overhead import CONFIG, WARMUP, Serve, serve_fps, spread, start_serve, wait_refined
+from overhead import WARMUP, Serve, config_text, serve_fps, spread, start_serve, wait_refined
 
 from models import bundled
 from models.synthetic import samples
-from runtime.wire.broker import Mosquitto
+from runtime.wire.broker import Mosquitto, free_port
 
 NAMESPACE = "urn:edgerun:plc"  # runtime/telemetry/opcua_server.py
-
-
-def free_port() -> int:
-    """A free TCP port on loopback."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def hold(url: str, n: int) -> None:
@@ -111,9 +103,9 @@ def measure(n_block: int, rounds: int, sessions: int, budget_s: float = 0.3
         port = free_port()
         broker = Mosquitto(work, auth=False).start()
         cfg = work / "edgerun.toml"
-        cfg.write_text(CONFIG.format(model=bundled(), work=work, folder=folder, port=broker.port,
-                                     budget=budget_s, extra=f"[opcua]\nenabled = true\n"
-                                     f"port = {port}\nmax_sessions = {max(50, sessions)}\n"))
+        cfg.write_text(config_text(work, bundled(), folder, broker.port, budget_s,
+                                   f"[opcua]\nenabled = true\nport = {port}\n"
+                                   f"max_sessions = {max(50, sessions)}\n"))
         serve = None
         try:
             proc, _ = start_serve(cfg, work, str(work / "notify-cold"))
