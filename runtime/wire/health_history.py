@@ -90,6 +90,29 @@ def record(h: Mapping[str, Any], trips: Mapping[str, float] | None = None) -> di
     return out
 
 
+# figures kept whole: the time (to the millisecond), a simulated clock, a byte count a day
+_WHOLE = {"t": 3, "sim_t": 3, "write_bytes_per_day": 0}
+
+
+def compact(rec: Mapping[str, Any]) -> dict[str, Any]:
+    """`rec` as the file stores it: figures that are None left out (`read` gives them back
+    as None) and the rest to 4 significant digits, what a plot shows (the time to the
+    millisecond). A record held ~280 bytes, ~100 of them digits past what any plot draws
+    and `null`s: the file's bytes are disk writes and days of history."""
+    out: dict[str, Any] = {}
+    for k, v in rec.items():
+        if v is None:
+            continue
+        if isinstance(v, float):
+            v = round(v, _WHOLE[k]) if k in _WHOLE else float(f"{v:.4g}")
+            if v.is_integer() and abs(v) < 2**53:
+                v = int(v)
+        elif isinstance(v, dict):
+            v = compact(v)
+        out[k] = v
+    return out
+
+
 class HealthHistory:
     """Appends health records to `<state_dir>/health-history.jsonl` (see module docstring)."""
 
@@ -111,7 +134,8 @@ class HealthHistory:
         """Append one record (held for whole pages or `flush_s`, when that is set).
         Never raises."""
         try:
-            line = json.dumps(record(h, trips), separators=(",", ":"), allow_nan=False) + "\n"
+            line = json.dumps(compact(record(h, trips)), separators=(",", ":"),
+                              allow_nan=False) + "\n"
         except ValueError as e:
             self._failed(e)
             return
