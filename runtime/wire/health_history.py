@@ -5,7 +5,7 @@ a box without a coordinator, or cut off from it, would have nothing to draw its 
 Every health message the daemon makes is also reduced to the dozen figures the report plots
 (`record`, ~300 bytes) and appended as one JSON line to `<state_dir>/health-history.jsonl`.
 Past `MAX_BYTES` the file is rotated to `.1` (one rotated file is kept), so the history costs
-at most 2 x MAX_BYTES of disk: about 1.5 days at the default 5 s health interval. A write
+at most 2 x MAX_BYTES of disk: about 1.8 days at the default 5 s health interval. A write
 that fails (disk full) is logged once a minute and skipped; the daemon goes on.
 
 With `flush_s` > 0 records wait in memory and are written whole pages (`PAGE`) at a time:
