@@ -3,7 +3,8 @@
 The outbox keeps only the latest few health messages (older ones are stale for the fleet), so
 a box without a coordinator, or cut off from it, would have nothing to draw its day from.
 Every health message the daemon makes is also reduced to the dozen figures the report plots
-(`record`, ~300 bytes) and appended as one JSON line to `<state_dir>/health-history.jsonl`.
+(`record`; ~230 bytes as stored, `compact`) and appended as one JSON line to
+`<state_dir>/health-history.jsonl`.
 Past `MAX_BYTES` the file is rotated to `.1` (one rotated file is kept), so the history costs
 at most 2 x MAX_BYTES of disk: about 1.8 days at the default 5 s health interval. A write
 that fails (disk full) is logged once a minute and skipped; the daemon goes on.
