@@ -13,12 +13,13 @@ class StorageConfig:
     # its rated endurance in terabytes written (an industrial card's datasheet states it);
     # 0 = not known: health still reports the bytes written a day, but no life
     rated_tbw: float = 0.0
-    # the health history (`edgerun report`'s offline record) is written a whole page at a
-    # time, or when its oldest unwritten record is this old (padded to the page's end
-    # either way): a slowly growing file's tail page, dirtied again after every writeback,
-    # was most of the daemon's bytes at 1 result/s (docs/telemetry.md, "Disk writes"). A
-    # crash loses at most this long of it; 0: every record at once.
-    history_flush_s: float = 60.0
+    # the health history (`edgerun report`'s offline record) is written whole pages at a
+    # time, when its oldest unwritten record is this old or 8 pages wait (padded to a page's
+    # end): a slowly growing file's tail page, dirtied again after every writeback, and its
+    # inode's page dirtied at every write, were most of the daemon's bytes at 1 result/s
+    # beside the results (docs/telemetry.md, "Disk writes"). A crash loses at most this long
+    # of it; 0: every record at once.
+    history_flush_s: float = 300.0
 
     def validate(self) -> tuple[str, str] | None:
         if not (0 <= self.history_flush_s <= 3600):

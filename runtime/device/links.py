@@ -44,7 +44,7 @@ class Links:
         self.plc: Any = None  # runtime.telemetry.plc.PlcServers ([opcua], [modbus]; docs/plc.md)
         self.publisher: Publisher | None = None
         self.sparkplug: Any = None  # runtime.telemetry.sparkplug.node.SparkplugNode
-        # for `edgerun report` when offline; written a page (or history_flush_s) at a time
+        # for `edgerun report` when offline; written whole pages every history_flush_s
         self.history = HealthHistory(state_dir, flush_s=cfg.storage.history_flush_s)
 
     # -- events and results ---------------------------------------------------------------

@@ -3,23 +3,27 @@
 The outbox keeps only the latest few health messages (older ones are stale for the fleet), so
 a box without a coordinator, or cut off from it, would have nothing to draw its day from.
 Every health message the daemon makes is also reduced to the dozen figures the report plots
-(`record`, ~300 bytes) and appended as one JSON line to `<state_dir>/health-history.jsonl`.
+(`record`; ~230 bytes as stored, `compact`) and appended as one JSON line to
+`<state_dir>/health-history.jsonl`.
 Past `MAX_BYTES` the file is rotated to `.1` (one rotated file is kept), so the history costs
-at most 2 x MAX_BYTES of disk: about 1.5 days at the default 5 s health interval. A write
+at most 2 x MAX_BYTES of disk: about 1.8 days at the default 5 s health interval. A write
 that fails (disk full) is logged once a minute and skipped; the daemon goes on.
 
-With `flush_s` > 0 records wait in memory and are written a whole page (`PAGE`) at a time:
-once the held records reach the end of the file's current 4 KiB page, those that fit are
-written followed by a line of spaces (which readers skip) ending exactly on the page's
-boundary, and the rest wait for the next page; and everything held,
-padded the same way, once the oldest is `flush_s` old (checked at each append). Every page
-of the file is then dirtied once: a record every 5 s dirtied the tail page again after each
-writeback, and even a minute's records written unaligned dirtied two pages for one
-(4 KiB counted each time, most of what the daemon wrote at 1 result/s). The padding costs
-file space, not writes (the page is written whole either way), so the file holds a little
-less history before it rotates. At `close` what is held is written unpadded. A reader sees
-the file up to the last write; a kill -9 loses what was held (about a page of history, at
-most `flush_s`; never a result).
+With `flush_s` > 0 records wait in memory and are written whole pages (`PAGE`) at a time:
+once the held records reach the end of the file's current 4 KiB page and `pages - 1` more
+(`HOLD_PAGES`, 32 KiB: a bound on memory, reached first only at short health intervals),
+those that fit are written followed by a line of spaces (which readers skip) ending exactly on
+a page's boundary, and the rest wait; and everything held, padded the same way, once the
+oldest is `flush_s` old (checked at each append). Every page of the file is then dirtied
+once: a record every 5 s dirtied the tail page again after each writeback, and even a
+minute's records written unaligned dirtied two pages for one (4 KiB counted each time, most
+of what the daemon wrote at 1 result/s). Each write also dirties the file's inode (its size
+and mtime: one more page of metadata on the disk, and on ext4 without a journal counted
+against the daemon), so a write of several pages every few minutes costs less than a page
+a minute. The padding costs file space, not writes (the page is written whole either way),
+so the file holds a little less history before it rotates. At `close` what is held is
+written unpadded. A reader sees the file up to the last write; a kill -9 loses what was held
+(at most `flush_s` of history; never a result).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ NAME = "health-history.jsonl"
 MAX_BYTES = 4 << 20
 MAX_LINE = 4096  # a longer line is not one of ours: skipped when reading
 PAGE = 4096  # the page cache's unit: what one more byte on a clean page costs the disk
+HOLD_PAGES = 8  # records held at most this many pages' worth before they are written
 
 
 def _get(h: Mapping[str, Any], *path: str) -> Any:
@@ -86,24 +91,52 @@ def record(h: Mapping[str, Any], trips: Mapping[str, float] | None = None) -> di
     return out
 
 
+# figures kept whole: the time (to the millisecond), a simulated clock, a byte count a day
+_WHOLE = {"t": 3, "sim_t": 3, "write_bytes_per_day": 0}
+
+
+def compact(rec: Mapping[str, Any]) -> dict[str, Any]:
+    """`rec` as the file stores it: figures that are None left out (`read` gives them back
+    as None) and the rest to 4 significant digits, what a plot shows (the time to the
+    millisecond). A record held ~280 bytes, ~100 of them digits past what any plot draws
+    and `null`s: the file's bytes are disk writes and days of history."""
+    out: dict[str, Any] = {}
+    for k, v in rec.items():
+        if v is None:
+            continue
+        if isinstance(v, float):
+            v = round(v, _WHOLE[k]) if k in _WHOLE else float(f"{v:.4g}")
+            if v.is_integer() and abs(v) < 2**53:
+                v = int(v)
+        elif isinstance(v, dict):
+            v = compact(v)
+        out[k] = v
+    return out
+
+
 class HealthHistory:
     """Appends health records to `<state_dir>/health-history.jsonl` (see module docstring)."""
 
     def __init__(self, state_dir: Path, max_bytes: int = MAX_BYTES, flush_s: float = 0.0,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, pages: int = HOLD_PAGES):
         self.path = Path(state_dir) / NAME
         self.max_bytes = max_bytes
         self.flush_s = flush_s  # 0: every record written at once
+        self.pages = max(1, pages)
+        # (size, ends mid-line) of the file as last seen: reading its last byte at every
+        # append updated its atime, which dirtied its inode's metadata page again
+        self._seen: tuple[int, bool] | None = None
         self._clock = clock
         self._held: list[tuple[float, str]] = []  # (clock when made, record), oldest first
         self._said = -math.inf
         self.errors = 0
 
     def append(self, h: Mapping[str, Any], trips: Mapping[str, float] | None = None) -> None:
-        """Append one record (held for a whole page or `flush_s`, when that is set).
+        """Append one record (held for whole pages or `flush_s`, when that is set).
         Never raises."""
         try:
-            line = json.dumps(record(h, trips), separators=(",", ":"), allow_nan=False) + "\n"
+            line = json.dumps(compact(record(h, trips)), separators=(",", ":"),
+                              allow_nan=False) + "\n"
         except ValueError as e:
             self._failed(e)
             return
@@ -131,20 +164,23 @@ class HealthHistory:
             self._guarded(lines, pad)
 
     def _flush_page(self) -> None:
-        """Write the held records that fill the file's current page, if they reach its end."""
+        """Write the held records that fill the file's current page and `pages - 1` more,
+        if they reach the end of the last."""
+        if sum(len(line) for _, line in self._held) < (self.pages - 1) * PAGE:
+            return  # cannot fill them yet: no need to look at the file
         try:
             size, prefix = self._tail()
         except OSError as e:
             self._failed(e)
             return
-        room = PAGE - size % PAGE
+        room = PAGE - size % PAGE + (self.pages - 1) * PAGE
         if len(prefix) + sum(len(line) for _, line in self._held) < room:
             return  # the page is not full yet: wait
         n, used = 0, len(prefix)
         while n < len(self._held) and used + len(self._held[n][1]) <= room:
             used += len(self._held[n][1])
             n += 1
-        if n == 0 and room == PAGE:
+        if n == 0 and room >= PAGE:
             n = 1  # a record longer than a page (not one of ours): written as it is
         lines = [line for _, line in self._held[:n]]
         self._held = self._held[n:]
@@ -160,7 +196,11 @@ class HealthHistory:
         """The file's size and what must go before the next record ("\n" after a line a
         power cut left unfinished, so no record is joined onto it)."""
         size = self.path.stat().st_size if self.path.exists() else 0
-        return size, "\n" if size and _ends_mid_line(self.path) else ""
+        if not size:
+            return 0, ""
+        if self._seen is None or self._seen[0] != size:  # not as this writer left it
+            self._seen = (size, _ends_mid_line(self.path))
+        return size, "\n" if self._seen[1] else ""
 
     def _write(self, lines: list[str], pad: bool) -> None:
         size, prefix = self._tail()
@@ -183,8 +223,12 @@ class HealthHistory:
         # whatever file it names (as every state file refuses, runtime/durable.py)
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW,
                      0o644)
+        self._seen = None  # until the write is whole, as any other writer's
         with os.fdopen(fd, "a") as f:
             f.write(text)
+            f.flush()
+            if text.endswith("\n"):  # whole lines, as ours are
+                self._seen = (os.fstat(fd).st_size, False)
 
     def _failed(self, e: Exception) -> None:
         self.errors += 1

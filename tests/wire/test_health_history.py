@@ -3,7 +3,11 @@ directory sees it."""
 
 from __future__ import annotations
 
+import itertools
+import json
 import time
+
+import pytest
 
 from runtime.wire.health_history import NAME, PAGE, HealthHistory, read
 
@@ -40,21 +44,22 @@ def _h(i: int, temp: float = 50.0) -> dict:
     return {"t": 1_700_000_000.0 + i, "temp_c": temp, "pipeline": {"rate_hz": 10.0}}
 
 
-def test_records_are_held_and_written_a_whole_page_at_a_time(tmp_path):
-    """With flush_s set, records wait in memory until they reach the end of the file's page:
-    those that fit are written with padding to the page's boundary, the rest wait; once the
-    oldest is flush_s old all are written, padded too; close writes the rest unpadded. Every
-    write but the last ends on a 4 KiB boundary (each page dirtied once), and every record
-    reads back once, in order."""
+@pytest.mark.parametrize("pages", [1, 3])
+def test_records_are_held_and_written_whole_pages_at_a_time(tmp_path, pages):
+    """With flush_s set, records wait in memory until they reach the end of the file's page
+    and `pages - 1` more: those that fit are written with padding to the last page's
+    boundary, the rest wait; once the oldest is flush_s old all are written, padded too;
+    close writes the rest unpadded. Every write but the last ends on a 4 KiB boundary (each
+    page dirtied once), and every record reads back once, in order."""
     clock = _Clock()
-    hist = HealthHistory(tmp_path, flush_s=60.0, clock=clock)
+    hist = HealthHistory(tmp_path, flush_s=600.0, clock=clock, pages=pages)
     path = tmp_path / NAME
     sizes, n = [], 0
-    while not path.exists():  # under a page held: nothing written
+    while not path.exists():  # under the pages held: nothing written
         clock.t = n * 1.0
         hist.append(_h(n))
         n += 1
-    assert path.stat().st_size == PAGE and n > 3
+    assert path.stat().st_size == pages * PAGE and n > 3 * pages
     assert len(read(tmp_path)) < n  # the record that did not fit waits for the next page
     while len(sizes) < 3:  # page after page, each written whole
         clock.t = n * 1.0
@@ -64,7 +69,8 @@ def test_records_are_held_and_written_a_whole_page_at_a_time(tmp_path):
         if not sizes or size != sizes[-1]:
             sizes.append(size)
     assert all(s % PAGE == 0 for s in sizes), sizes
-    clock.t += 60.0  # the oldest held is flush_s old: everything, to the boundary
+    assert all(b - a == pages * PAGE for a, b in itertools.pairwise(sizes)), sizes
+    clock.t += 600.0  # the oldest held is flush_s old: everything, to the boundary
     hist.append(_h(n))
     n += 1
     assert path.stat().st_size % PAGE == 0
@@ -82,7 +88,7 @@ def test_a_page_write_after_a_torn_line_keeps_both_apart_and_aligned(tmp_path):
     page's boundary, and the torn line is skipped, not joined to a record."""
     (tmp_path / NAME).write_text('{"t":1700000000.0,"temp_c":5')
     clock = _Clock()
-    hist = HealthHistory(tmp_path, flush_s=60.0, clock=clock)
+    hist = HealthHistory(tmp_path, flush_s=60.0, clock=clock, pages=1)
     n = 0
     while (tmp_path / NAME).stat().st_size < PAGE:
         hist.append(_h(n))
@@ -106,12 +112,61 @@ def test_a_flush_across_the_rotation_loses_nothing_and_stays_bounded(tmp_path):
     clock = _Clock()
     hist = HealthHistory(tmp_path, max_bytes=2048, flush_s=60.0, clock=clock)
     t0 = 1_700_000_000.0
-    for i in range(12):
+    for i in range(100):  # past 2048 bytes of records
         hist.append({"t": t0 + i, "temp_c": 50.0})
     hist.close()
     assert all(p.stat().st_size <= 2048 for p in tmp_path.iterdir())
     assert sorted(p.name for p in tmp_path.iterdir()) == [NAME, NAME + ".1"]
     ts = [r["t"] for r in read(tmp_path)]
-    assert ts == sorted(ts) and ts[-1] == t0 + 11
-    assert ts == [t0 + i for i in range(12 - len(ts), 12)]  # no gap before the newest
+    assert ts == sorted(ts) and ts[-1] == t0 + 99
+    assert ts == [t0 + i for i in range(100 - len(ts), 100)]  # no gap before the newest
     assert hist.errors == 0
+
+
+def test_a_writer_that_appends_whole_lines_does_not_read_the_file_back(tmp_path, monkeypatch):
+    """Whether the file ends mid-line is read once, then known from this writer's own
+    writes: reading its last byte at every append updated its atime, which dirtied its
+    inode's page again between writes. A file changed by another writer is read again."""
+    import runtime.wire.health_history as hh
+
+    reads = []
+    real = hh._ends_mid_line
+    monkeypatch.setattr(hh, "_ends_mid_line", lambda p: reads.append(p) or real(p))
+    clock = _Clock()
+    hist = HealthHistory(tmp_path, flush_s=600.0, clock=clock, pages=1)
+    for i in range(300):  # several pages
+        clock.t = float(i)
+        hist.append(_h(i))
+    assert (tmp_path / NAME).stat().st_size >= 2 * PAGE and reads == []
+    with (tmp_path / NAME).open("a") as f:
+        f.write('{"t":1')  # another writer, cut short
+    hist.flush()
+    assert len(reads) == 1
+    assert [r["t"] for r in read(tmp_path)] == [_h(i)["t"] for i in range(300)]
+
+
+def test_records_are_stored_compact_and_read_back_whole(tmp_path):
+    """The file leaves out figures that are None and keeps 4 significant digits (the time
+    to the millisecond): `read` gives back every figure `record` made, None where it was
+    None, each within what a plot draws, from a line a quarter shorter."""
+    from runtime.wire.health_history import record
+
+    h = {"t": 1_796_561_298.2419844, "temp_c": None, "throttled": False, "rung": 4.0,
+         "pipeline": {"rate_hz": 0.8624509327678577, "latency_ms": {"p95": 9.218345801491521}},
+         "slo": {"target_ms": 100.0}, "rung_energy_mj": 1.51712, "power_w": 8.0,
+         "accuracy": 0.99, "passive_trip_c": 86.5,
+         "storage": {"write_bytes_per_day": 123_456_789.4}}
+    full = record(h, {"hot": 90.0})
+    hist = HealthHistory(tmp_path)
+    hist.append(h, {"hot": 90.0})
+    line = (tmp_path / NAME).read_text()
+    assert len(line) < 0.8 * len(json.dumps(full, separators=(",", ":"))), line
+    (back,) = read(tmp_path)
+    assert back.keys() == full.keys()
+    for k, v in full.items():
+        if v is None or isinstance(v, bool | dict):
+            assert back[k] == v, k
+        else:
+            assert back[k] == pytest.approx(v, rel=5e-4, abs=1e-3), k
+    assert back["t"] == pytest.approx(full["t"], abs=0.0005)
+    assert back["write_bytes_per_day"] == 123_456_789.0
