@@ -502,6 +502,11 @@ password_file = "{password_file}"
 [telemetry.outbox]
 path = "{state}/outbox.db"
 spill_after_s = 0.2
+
+[storage]
+# the soak reads each daemon's simulated hour from its health history while the link is cut:
+# written every second (the default's 300 s of wall time are days at the soak's speed)
+history_flush_s = 1.0
 """
 
 
