@@ -275,8 +275,10 @@ class Serving:
         source's own model."""
         box, p = self.box, self.pipeline
         for m in box.models:
-            # what runs: the [model]'s swapped-in session, a source model's pending one too
-            a = p.active if m is box.model else p.target_of(m.key)
+            # what runs or is about to: a step-down the infer thread has not swapped in yet
+            # (no frame since it was asked: a hot box's rate is held down) is where it is;
+            # the swapped-in session was the rung it stepped down from, the top one at 95 °C
+            a = p.target_of(m.key)
             top = len(m.rungs) - 1
             i = next((k for k, r in enumerate(m.rungs) if a and r.variant_id == a.variant_id),
                      0) if held else top
