@@ -35,6 +35,8 @@ def test_results_flow_and_rising_temperature_steps_down(tmp_path, broker, coordi
         first = coordinator.store.results("box1", 0, 5)
         top = first[0]["variant"]
         assert all(r["variant"] == top and r["label"] for r in first)
+        # results can outrun the first health message on a loaded box: wait for it
+        wait(lambda: "rungs" in coordinator.views["box1"].health, 30, "health", d)
         health = coordinator.views["box1"].health
         assert health["rungs"] >= 2, f"the bundled ladder needs >= 2 rungs here: {health}"
         set_temp(tmp_path / "sysfs", 95.0)  # past the passive (80) and hot (90) trips

@@ -241,14 +241,16 @@ def test_model_missing_the_latency_target_is_rolled_back(tmp_path, fleet):
     key = load_private_key(tmp_path / "publisher.pem")
     v1 = inspection_dir(tmp_path / "models" / "inspection")
     make(slow_dir(tmp_path / "src-s", 1024), key, tmp_path / "s1.edgerun", "1")
-    # 50 ms: the old model (0.2 ms profiled) stays far under it even on a loaded machine,
-    # the new one (a CNN at 1024x1024) far over it
-    cfg = fleet.config("box1", v1, PROBATION, latency_ms=50.0)
+    # 5 ms: the new model (a CNN at 1024x1024: 30-50 ms here, <50 ms on a faster CI box, where
+    # a 50 ms target failed it on energy and agreement alone) misses it on any machine we run
+    # on; the old one (0.2 ms profiled) meets it, and where a loaded box holds it past the
+    # target too, the new one still fails on latency for being slower (probation.judge)
+    cfg = fleet.config("box1", v1, PROBATION, latency_ms=5.0)
     d = fleet.device("box1", cfg)
     wait(lambda: fleet.coord.store.counts().get("box1", 0) >= 20, 60, "results", d)
     assert _deploy(fleet, "box1", fleet.upload(tmp_path / "s1.edgerun"))["ok"]
     rolled = fleet.wait_event("box1", "model_rolled_back", 180)
-    assert rolled["version"] == "slow@1" and "misses the 50 ms target" in rolled["reason"], \
+    assert rolled["version"] == "slow@1" and "misses the 5 ms target" in rolled["reason"], \
         rolled
     wait(lambda: fleet.health("box1").get("model_version") == "", 30, "back on configured",
          d)
