@@ -241,11 +241,12 @@ def test_serve_with_four_sources_names_them_and_plans_for_their_combined_rate(tm
 
 
 @pytestmark_daemon
-@pytest.mark.slow
-@pytest.mark.skipif(not os.environ.get("EDGERUN_SLOW"), reason="soak: set EDGERUN_SLOW=1")
+@pytest.mark.overhead_guard
 def test_serve_with_four_sources_keeps_each_streams_p95_within_target(tmp_path):
-    """The target of issue 13: four cameras on the bundled model, each camera's p95 (capture
-    to stored result) within the 20 ms target over 30 s of steady state."""
+    """Four cameras on the bundled model, each camera's p95 (capture to stored result) within
+    the 20 ms target over 30 s of steady state. A latency judged against a fixed target, so
+    it runs alone (marker overhead_guard: `.ci/run`'s first step): beside the suite's other
+    worker, in the slow tier, cam3 read 21.0 ms at load 7-10 (15-17 ms the others)."""
     by, _ = _four_cameras(tmp_path, 30.0)
     p95 = {name: float(np.percentile(ms, 95)) for name, ms in by.items()}
     assert all(v <= 20.0 for v in p95.values()), p95
