@@ -38,8 +38,9 @@ import numpy as np
 from runtime.device.profiling import Install, Stopping
 from runtime.durable import crash_point
 from runtime.frames.model_counts import ModelId, Tally, model_id
+from runtime.frames.shadow import form
 from runtime.ota.model_store import ModelStore
-from runtime.ota.probation import Kpis, Limits, judge
+from runtime.ota.probation import Kpis, Limits, judge, shadow_wait_frames
 from runtime.wire.events import EventType
 
 if TYPE_CHECKING:
@@ -342,7 +343,8 @@ class DeviceOta:
         t = p.models.tally(self._swapped())  # a version chosen again has counts already
         self.probation = _Run(self.version, baseline, time.monotonic(), t.results, t.errors,
                               prev)
-        p.shadow.begin(shadow, self.cfg.shadow_every)
+        forms = frozenset(form(r.variant_id) for r in self.serving.box.model.rungs)
+        p.shadow.begin(shadow, self.cfg.shadow_every, forms)
 
     def _second_session(self) -> Active | None:
         """A second session of the running variant, for the shadow sample (None when it will
@@ -388,7 +390,9 @@ class DeviceOta:
         target = self.serving.target_ms()
         lim = Limits(target, self.cfg.probation_frames,
                      self.cfg.agreement_floor, self.cfg.max_error_rate_increase,
-                     self.cfg.energy_factor, min_shadow=20 if p.shadow.old is not None else 0)
+                     self.cfg.energy_factor, min_shadow=20 if p.shadow.old is not None else 0,
+                     shadow_wait_frames=shadow_wait_frames(self.cfg.probation_frames,
+                                                           self.cfg.shadow_every))
         v = judge(run.baseline, new, compared, agreed, lim)
         run.kpis = {"frames": new.frames, "errors": new.errors, "p95_ms": new.p95_ms,
                     "target_ms": target, "energy_mj": new.energy_mj,
@@ -400,6 +404,12 @@ class DeviceOta:
             self._drop_shadow()
             self.store.passed()
             log.info("model %s passed probation: %s", run.version, run.kpis)
+            if compared < lim.min_shadow:
+                log.warning("model %s passed probation without an agreement figure: %d of "
+                            "%d shadow frames compared (the old model's form %s ran for "
+                            "%d frames, another form for %d)", run.version, compared,
+                            lim.min_shadow, p.shadow.only or "-", new.frames - p.shadow.other_form,
+                            p.shadow.other_form)
             self.serving.event(EventType.MODEL_PROBATION_PASSED, "info",
                                version=run.version or "", **_clean(run.kpis))
         elif v.state == "failed":

@@ -2,7 +2,14 @@
 every `every`th frame of the [model]'s model is also run on the old one, after its result is
 stored (so the comparison adds nothing to its latency), counting top-1 agreement by label
 (the two models may order their classes differently). A failure of the old model costs the
-comparison, not the frame. A source on its own model is not on probation: not sampled."""
+comparison, not the frame. A source on its own model is not on probation: not sampled.
+
+The old model's session is the form that ran at the swap. Where the new model has that form
+too (a new version of the same model), only frames the new model runs on it are compared: a
+governor that moved the new model to a cheaper rung meanwhile would otherwise count the
+difference between two forms against the new version (seen in the field soak: an identical
+network passed at exactly the floor, 16 of 20, after its solar node stepped from fp32-r60 to
+fp32-r56). A new model without that form (another network) is compared on every form."""
 
 from __future__ import annotations
 
@@ -20,36 +27,58 @@ log = logging.getLogger("edgerun.pipeline")
 class Active(Protocol):
     """What is compared of a pipeline's running variant (runtime/frames/pipeline.py Active)."""
 
+    variant_id: str
     session: Any
     input_shape: tuple[int, ...]
     manifest: Manifest | None
 
 
+def form(variant_id: str) -> str:
+    """A variant's math form without its model's name or engine: `fp32-r60` of
+    `inspection/fp32-r60@onnxruntime:CPU/t1,opt=all`."""
+    return variant_id.partition("/")[2].partition("@")[0]
+
+
 class ShadowSample:
     """`old`: the old model's session (None: no probation); `counts` = [compared, agreed].
     Sampled and compared on the thread that infers and stores (under the pipeline's work
-    lock); `old` is set by the probation between two frames."""
+    lock); `old` is set by the probation between two frames. `only`: the form compared (the
+    old session's, when the new model has it too), None: every form."""
 
     def __init__(self) -> None:
         self.old: Active | None = None
         self.every = 5
         self.counts = [0, 0]
+        self.only: str | None = None
+        self.other_form = 0  # frames of the new model on another form than `only`: not sampled
         self._i = 0
         self._due: list[tuple[Frame, Any, Active]] = []  # compared after the store
 
-    def begin(self, old: Active | None, every: int) -> None:
-        """A probation starts against `old`: every `every`th frame compared, counts from 0."""
-        self.counts, self.every, self.old = [0, 0], every, old
+    def begin(self, old: Active | None, every: int, forms: frozenset[str] = frozenset()
+              ) -> None:
+        """A probation starts against `old`: every `every`th frame compared, counts from 0;
+        `forms`: the new model's (its ladder's), to compare like with like where it can."""
+        f = form(old.variant_id) if old is not None else ""
+        self.only = f if f and f in forms else None
+        self.counts, self.every, self.old, self.other_form = [0, 0], every, old, 0
 
     def sample(self, frame: Frame, out: Any, active: Active) -> None:
         """A frame of the [model]'s model inferred on `active`: kept for comparison when due
         (not while the old model is still the one running: the swap has not reached the
         inferring thread yet)."""
-        if self.old is None:
+        if self.old is None or self.old is active:
+            return
+        if self.only is not None and form(active.variant_id) != self.only:
+            self.other_form += 1
             return
         self._i += 1
-        if self.old is not active and self._i % self.every == 0:
+        if self._i % self.every == 0:
             self._due.append((frame, out, active))
+
+    @property
+    def due(self) -> int:
+        """Frames kept for comparison and not yet compared."""
+        return len(self._due)
 
     def drop_due(self) -> None:
         """The frames due are not compared (their store failed: nothing piles up meanwhile)."""

@@ -18,6 +18,15 @@ MIN_SHADOW = 20  # shadow comparisons before agreement is judged (1 of 20 = 5% r
 # runtime/device/live_energy.py LIVE_MIN_INFERENCES) until this many frames, or twice
 # min_frames when that is more
 ENERGY_WAIT_FRAMES = 200
+# ... and for the shadow sample this many times its frames (or the probation's, if more): the
+# sample counts only frames on the old model's form (runtime/frames/shadow.py), and a governor
+# that holds the new model on another rung would keep a probation open for ever
+SHADOW_WAIT_FACTOR = 5
+
+
+def shadow_wait_frames(probation_frames: int, shadow_every: int) -> int:
+    """Frames after which a probation is judged without the agreement it could not sample."""
+    return SHADOW_WAIT_FACTOR * max(probation_frames, MIN_SHADOW * shadow_every)
 
 
 @dataclass(frozen=True)
@@ -61,6 +70,7 @@ class Limits:
     max_error_rate_increase: float = 0.01
     energy_factor: float = 1.5
     min_shadow: int = MIN_SHADOW
+    shadow_wait_frames: int = 0  # judged without agreement after this many frames (0: never)
 
 
 @dataclass(frozen=True)
@@ -110,9 +120,10 @@ def judge(old: Kpis | None, new: Kpis, compared: int, agreed: int, lim: Limits) 
                        f"frames (floor {lim.agreement_floor:.0%})")
     if reasons:
         return Verdict("failed", tuple(reasons), agreement)
-    if compared < lim.min_shadow and old is not None:
+    if compared < lim.min_shadow and old is not None and not (
+            lim.shadow_wait_frames and new.frames >= lim.shadow_wait_frames):
         return Verdict("pending", (), agreement)  # traffic enough, shadow sample not yet
     return Verdict("passed", (), agreement)
 
 
-__all__ = ["Kpis", "Limits", "Verdict", "judge"]
+__all__ = ["Kpis", "Limits", "Verdict", "judge", "shadow_wait_frames"]

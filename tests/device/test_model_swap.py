@@ -25,7 +25,7 @@ from support.waiting import wait
 from models import bundled
 from runtime.ota.bundle import make
 from runtime.ota.model_store import ModelStore
-from runtime.ota.probation import Kpis, Limits, judge
+from runtime.ota.probation import Kpis, Limits, judge, shadow_wait_frames
 from runtime.wire.commands import generate_keypair, load_private_key
 
 ROOT = Path(__file__).parents[2]
@@ -61,6 +61,26 @@ def test_judge_table(new, compared, agreed, state, reason):
         assert any(reason in r for r in v.reasons), v.reasons
     else:
         assert not v.reasons
+
+
+@pytest.mark.parametrize("frames, compared, agreed, state", [
+    (499, 10, 10, "pending"),  # the shadow sample short, its wait not over
+    (500, 10, 10, "passed"),  # judged without agreement once the wait is over
+    (500, 10, 2, "passed"),  # ... a short sample's agreement is no figure to fail on
+    (500, 20, 2, "failed"),  # a sample that reached min_shadow is judged as always
+    (5000, 0, 0, "passed"),
+])
+def test_a_shadow_sample_that_cannot_fill_ends_its_wait(frames, compared, agreed, state):
+    """The shadow sample counts only frames on the old model's form: a governor holding the
+    new model on another rung must not keep its probation open for ever."""
+    lim = Limits(latency_ms=10.0, min_frames=100, min_shadow=20,
+                 shadow_wait_frames=shadow_wait_frames(100, 5))
+    assert lim.shadow_wait_frames == 500  # 5 x max(100 frames, 20 comparisons x every 5th)
+    assert judge(OLD, Kpis(frames, 0, 2.0, 1.0), compared, agreed, lim).state == state
+    # without a wait (0) the probation waits for its sample
+    assert judge(OLD, Kpis(frames, 0, 2.0, 1.0), compared, agreed,
+                 Limits(latency_ms=10.0, min_frames=100, min_shadow=20)).state == (
+        "pending" if compared < 20 else state)
 
 
 def test_judge_does_not_blame_a_new_model_for_an_old_miss():

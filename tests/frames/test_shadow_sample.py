@@ -1,0 +1,68 @@
+"""Probation's shadow sample (runtime/frames/shadow.py): which frames of the new model are
+compared with the old one."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pytest
+
+from runtime.frames.frame import Frame
+from runtime.frames.shadow import ShadowSample, form
+
+
+@dataclass(eq=False)
+class _Active:
+    variant_id: str
+    session: Any = None
+    input_shape: tuple[int, ...] = (1, 3, 8, 8)
+    manifest: Any = None
+
+
+@pytest.mark.parametrize("vid, want", [
+    ("inspection/fp32-r60@onnxruntime:CPU/t1,opt=all", "fp32-r60"),
+    ("inspection/int8@openvino:CPU/t1", "int8"),
+    ("slow/fp32@opencv:CPU/tdefault", "fp32"),
+    ("no-slash", ""),
+])
+def test_a_variants_form_is_its_math_without_model_or_engine(vid, want):
+    assert form(vid) == want
+
+
+def _run(old: _Active | None, forms: frozenset[str], ran: list[_Active], every: int = 1
+         ) -> ShadowSample:
+    s = ShadowSample()
+    s.begin(old, every, forms)
+    frame = Frame(np.zeros((4, 4, 3), np.uint8), "f1")
+    for a in ran:
+        s.sample(frame, None, a)
+    return s
+
+
+OLD = _Active("inspection/fp32-r60@onnxruntime:CPU/t1")
+R60 = _Active("inspection/fp32-r60@onnxruntime:CPU/t1")  # the new version, same form
+R56 = _Active("inspection/fp32-r56@onnxruntime:CPU/t1")
+OTHER = _Active("detector/fp32@onnxruntime:CPU/t1")
+NEW_FORMS = frozenset({"fp32-r60", "fp32-r56", "int8"})
+
+
+@pytest.mark.parametrize("old, forms, ran, sampled, other", [
+    # a new version with the old form: only its frames on that form are compared
+    (OLD, NEW_FORMS, [R60, R56, R56, R60], 2, 2),
+    (OLD, NEW_FORMS, [R56] * 5, 0, 5),
+    # another network (not the old form): every form is compared
+    (OLD, frozenset({"fp32"}), [OTHER, OTHER, OTHER], 3, 0),
+    # frames the old session itself still infers (the swap not yet taken): never sampled
+    (OLD, NEW_FORMS, [OLD, OLD, R60], 1, 0),
+    (None, NEW_FORMS, [R60, R56], 0, 0),  # no probation
+])
+def test_the_new_model_is_compared_on_the_old_models_form(old, forms, ran, sampled, other):
+    s = _run(old, forms, ran)
+    assert s.due == sampled and s.other_form == other
+
+
+def test_every_nth_counts_frames_on_the_compared_form_only():
+    s = _run(OLD, NEW_FORMS, [R60, R56, R60, R56, R60, R56, R60], every=2)
+    assert s.due == 2 and s.other_form == 3  # the 2nd and 4th R60 frame
