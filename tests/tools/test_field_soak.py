@@ -129,8 +129,10 @@ def test_health_change_names_the_fault_counters():
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
 def test_two_days_in_the_field_lose_nothing(tmp_path):
-    """Two simulated days of the soak: every result made is stored once, each daemon's RSS
-    measured, nothing crashed, every fault happened, the die under the trip each day."""
+    """Two simulated days of the soak: every result made is stored once (across the OTA
+    swap too), each daemon's RSS measured, nothing crashed, every fault happened, the die
+    under the trip each day, and half-way each device installed the new version, passed its
+    probation and served it from then on."""
     if not (bundled() / "manifest.json").exists():
         pytest.skip("bundled model not built")
     r = soak.soak(tmp_path / "soak", days=2, speed=1500.0, wall_limit_s=1300)
@@ -144,7 +146,19 @@ def test_two_days_in_the_field_lose_nothing(tmp_path):
     assert not any(r.crashes.values()), text
     assert all(code == 0 for code in r.exit_codes.values()), text
     done = {f["kind"] for f in r.faults}
-    assert done >= {"broker_restart", "network_cut", "dead_sensor", "kill9"}, text
+    assert done >= {"broker_restart", "network_cut", "dead_sensor", "kill9", "ota_update"}, text
+    # the OTA update (day 1 of 2): rolled out through the coordinator's API, swapped in,
+    # probation passed, the rollout done, and every health from the verdict on (the kill -9
+    # restarts after it included) reports the new version
+    want = f"inspection@{soak.OTA_VERSION}"
+    assert set(r.ota) == set(soak.DEVICES), text
+    for dev, o in r.ota.items():
+        assert "refused" not in o, (dev, text)
+        assert o.get("verdict") == "model_probation_passed", (dev, text)
+        assert "model_swapped" in o["events"] and not {
+            "model_rolled_back", "model_deploy_failed"} & set(o["events"]), (dev, text)
+        assert o["model_version"] == want and o["served_after"] == [want], (dev, text)
+        assert (o["rollout_state"], o["device_state"]) == ("done", "passed"), (dev, text)
     for d in r.daily:  # the governor kept the die under the trip every day
         assert d["die_max_c"] is None or d["die_max_c"] < d["trip_c"], text
     # RSS is measured and printed, not judged here: with a kill -9 each day no daemon lives
