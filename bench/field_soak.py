@@ -183,7 +183,6 @@ def schedule(days: int, left_out: Iterable[str] = ()) -> list[Fault]:
         placed = list(out)
         out += [Fault("ota_update", dev, at, OTA_H) for dev in DEVICES
                 if (at := ota_time(days, placed, dev)) is not None]
-    shared = SHARED
     for day in range(days):
         for i, dev in enumerate(DEVICES):
             hour = (5.3 + 12 * i + 7 * day) % DAY_H
@@ -193,7 +192,7 @@ def schedule(days: int, left_out: Iterable[str] = ()) -> list[Fault]:
                 """`t` is within KILL_MARGIN_H of another fault on `dev` or the link."""
                 return any(f.at_h - KILL_MARGIN_H <= t <= f.end_h + KILL_MARGIN_H
                            for f in out if f.kind != "kill9"
-                           and (f.device == dev or f.kind in shared))
+                           and (f.device == dev or f.kind in SHARED))
 
             while clash(at) and at < (day + 1) * DAY_H - 1:
                 at += 0.5
