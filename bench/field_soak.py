@@ -29,18 +29,26 @@ forwarding: open connections go silent, new ones are held, as a dead radio link)
 for an hour (the cabinet's state directory is a tmpfs, filled to ENOSPC; root only), a dead
 temperature sensor for an hour (the plant stops writing the zone's file and removes it:
 power/plant.py DEAD_SENSORS), a kill -9 of each daemon each day, a clock jump (the solar
-node runs under libfaketime; its clock steps back an hour and stays there). Left out: an OTA
-update (it needs a signed bundle, a rollout and the daemon's probation, a harness of its own
-not built here).
+node runs under libfaketime; its clock steps back an hour and stays there), and an OTA update
+half-way through (day 7 of 14, on each device's own clock): the bundled model `inspection`
+re-released as version OTA_VERSION (the same network, signed by a publisher key the soak makes
+and the daemons trust), uploaded to the coordinator process and rolled out to each device
+through the coordinator's HTTP API (a group of that one device, all at once); the daemon
+downloads, verifies and installs it and judges it in probation. A new version of the same
+model with the same forms replays the same recorded profiles (`[simulator] profiles` are keyed
+by variant id: model name and form, no version), as a retrained network of those forms would.
 
-Printed: results made / stored / lost / duplicated per device; RSS, fds, threads and disk use
+Printed: results made / stored / lost / duplicated per device; the OTA update on each device
+(the version its health reports, the model events the coordinator stored, the simulated hours
+from the rollout to the swap and to the probation's verdict); RSS, fds, threads and disk use
 of each process with their slope per simulated day (RSS, fds and threads within each process
 life, the first 2 simulated hours of a life left out: a restart's warm-up is not a leak);
 each fault as the device's health and the coordinator saw it; per simulated day the highest
 die reading against the passive trip and the governor's accuracy-weighted good inferences
 against the hindsight oracle's (power/oracle.py) for the same day.
 
-Targets (docs/daemon.md, "Field soak"): 0 lost, 0 duplicated, RSS slope < 1 MB a simulated day.
+Targets (docs/daemon.md, "Field soak"): 0 lost, 0 duplicated, RSS slope < 1 MB a simulated day;
+each device serving OTA_VERSION after a passed probation, nothing rolled back.
 
 Usage: python bench/field_soak.py [--days 14] [--speed 1500] [--workdir DIR] [--json FILE]
 """
@@ -63,6 +71,8 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
@@ -76,13 +86,16 @@ from support.daemon_harness import held_rows  # noqa: E402
 from support.governor_day import DEMO_SHARE, PROFILES, ladder  # noqa: E402
 from support.under_test import child_env  # noqa: E402
 
+from models import bundled  # noqa: E402
 from power.oracle import best_schedule  # noqa: E402
 from power.plant import DEAD_SENSORS, SCENARIOS, ambient  # noqa: E402
 from runtime.device.profiles import load_profile  # noqa: E402
+from runtime.ota.bundle import make as make_bundle  # noqa: E402
 from runtime.telemetry import resultlog  # noqa: E402
 from runtime.tools.simloop import REFERENCE_BACKENDS  # noqa: E402
 from runtime.wire import clock as wire_clock  # noqa: E402
 from runtime.wire.broker import Mosquitto, free_port, wait_port  # noqa: E402
+from runtime.wire.commands import generate_keypair, load_private_key  # noqa: E402
 
 DAY_H = 24.0
 FLEET = "field"
@@ -112,7 +125,8 @@ class Fault:
     """One fault: `kind` on `device` (whose simulated clock times it) from `at_h` simulated
     hours after the soak's start, for `dur_h` (0: an instant)."""
 
-    kind: str  # broker_restart, network_cut, disk_full, dead_sensor, kill9, clock_jump
+    kind: str  # broker_restart, network_cut, disk_full, dead_sensor, kill9, clock_jump,
+    # ota_update
     device: str
     at_h: float
     dur_h: float = 0.0
@@ -130,17 +144,45 @@ PLACED = (("broker_restart", 0.10, 0.0, "cabinet"), ("disk_full", 0.22, 1.0, "ca
           ("network_cut", 0.60, 2.0, "cabinet"), ("clock_jump", 0.74, 0.0, "solar"),
           ("broker_restart", 0.86, 0.0, "cabinet"))
 DEVICES = ("cabinet", "solar")
+SHARED = frozenset({"broker_restart", "network_cut"})  # hit every device
 KILL_MARGIN_H = 1.5  # a kill is kept this far from any other fault's window
+# The OTA update: half-way through, on each device's own clock. Its window is the simulated
+# time reserved for the rollout, the download, the install and the probation (OTA_PROBATION
+# frames at the synthetic camera's ~12 frames a simulated hour: under 2 h at full rate), kept
+# OTA_MARGIN_H from the other faults of the device and the link (a broker restart's reconnects
+# take a few wall seconds, hours of simulated time).
+OTA_SHARE, OTA_H, OTA_MARGIN_H = 0.5, 3.0, 1.0
+OTA_VERSION = "2"
+OTA_PROBATION = 20
+
+
+def ota_time(days: int, others: Iterable[Fault], device: str) -> float | None:
+    """The simulated hour of `device`'s OTA update in a `days`-day soak: half-way, or None
+    when its window (OTA_H, OTA_MARGIN_H either side) would meet another fault of the device
+    or the link, or pass the end (a 1-day soak is too full of faults for one)."""
+    total = days * DAY_H
+    at = round(OTA_SHARE * total, 2)
+    if at + OTA_H + OTA_MARGIN_H > total:
+        return None
+    for f in others:
+        if f.kind != "kill9" and (f.device == device or f.kind in SHARED) and (
+                f.at_h <= at + OTA_H + OTA_MARGIN_H and f.end_h >= at - OTA_MARGIN_H):
+            return None
+    return at
 
 
 def schedule(days: int, left_out: Iterable[str] = ()) -> list[Fault]:
     """The faults of a `days`-day soak, in time order: those of PLACED (all but the kinds
-    in `left_out`), and a kill -9 of each device each day at an hour that moves through the
-    day (7 h later each day) and keeps KILL_MARGIN_H from every other fault's window."""
+    in `left_out`), an OTA update of each device half-way (`ota_time`) and a kill -9 of each
+    device each day at an hour that moves through the day (7 h later each day) and keeps
+    KILL_MARGIN_H from every other fault's window."""
     total = days * DAY_H
     out = [Fault(k, d, round(share * total, 2), dur) for k, share, dur, d in PLACED
            if k not in left_out]
-    shared = {"broker_restart", "network_cut"}
+    if "ota_update" not in left_out:
+        placed = list(out)
+        out += [Fault("ota_update", dev, at, OTA_H) for dev in DEVICES
+                if (at := ota_time(days, placed, dev)) is not None]
     for day in range(days):
         for i, dev in enumerate(DEVICES):
             hour = (5.3 + 12 * i + 7 * day) % DAY_H
@@ -150,7 +192,7 @@ def schedule(days: int, left_out: Iterable[str] = ()) -> list[Fault]:
                 """`t` is within KILL_MARGIN_H of another fault on `dev` or the link."""
                 return any(f.at_h - KILL_MARGIN_H <= t <= f.end_h + KILL_MARGIN_H
                            for f in out if f.kind != "kill9"
-                           and (f.device == dev or f.kind in shared))
+                           and (f.device == dev or f.kind in SHARED))
 
             while clash(at) and at < (day + 1) * DAY_H - 1:
                 at += 0.5
@@ -241,7 +283,8 @@ def gains_per_day(lives: dict[str, list[tuple[float, float]]]) -> dict[int, floa
 
 INTERESTING = re.compile(r"(total|error|drop|lost|full|connect|resend|takeover|jump|state|"
                          r"status|sensor|problem|unwritable|evict|refus|spill|dead|missing|"
-                         r"fail|stale|offline|degrad|fallback|held|^boot$)", re.I)
+                         r"fail|stale|offline|degrad|fallback|held|^boot$|model_version)",
+                         re.I)
 VOLATILE = re.compile(r"(^t$|\.t$|labels\.|uptime|latency|rate_hz|simulated\.|power|energy|temp_c|"
                       r"die_|_ms$|bytes|wal|^seq$|mono|clk\.)", re.I)
 
@@ -491,6 +534,7 @@ fleet = "{fleet}"
 device = "{name}"
 health_interval_s = 0.5
 ack_timeout_s = 2.0
+trusted_keys = ["{command_pub}"]
 
 [telemetry.broker]
 host = "127.0.0.1"
@@ -502,6 +546,13 @@ password_file = "{password_file}"
 [telemetry.outbox]
 path = "{state}/outbox.db"
 spill_after_s = 0.2
+
+[models]
+publisher_keys = ["{publisher_pub}"]
+# a short probation, every frame of it also run on the old model (the shadow sample): the
+# camera gives ~12 frames a simulated hour, and the soak's OTA window is 3 simulated hours
+probation_frames = {probation}
+shadow_every = 1
 
 [storage]
 # the soak reads each daemon's simulated hour from its health history while the link is cut:
@@ -522,6 +573,7 @@ class Node:
     tick_s: float  # the governor's tick (simulated s): the control step's cost is per tick
     home: Path  # its directory: config, log, faketime file; state/ may be a tmpfs
     sysroot: Path  # the simulated sysfs tree (in memory, as sysfs is: /dev/shm)
+    keys: Path | None = None  # command.pub and publisher.pub, trusted
     faketime: bool = False
     proc: subprocess.Popen | None = None
     lives: int = 0
@@ -559,7 +611,8 @@ class Node:
             scenario=self.scenario, speed=speed, tick_s=self.tick_s, start_hour=round(start_h, 6),
             hours=round(end_h - start_h, 6), profiles=PROFILES.resolve(), share=self.share,
             fleet=FLEET, name=self.name, port=port, username=creds.username,
-            password_file=creds.password_file))
+            password_file=creds.password_file, command_pub=self.keys / "command.pub",
+            publisher_pub=self.keys / "publisher.pub", probation=OTA_PROBATION))
         env = child_env()  # the checkout, or the installed wheel under test
         if self.faketime:
             fake = self.home / "faketime"
@@ -619,10 +672,12 @@ class Node:
 class Coordinator:
     """`edgerun coordinator` as a child process on a SQLite store."""
 
-    def __init__(self, home: Path, broker: Mosquitto):
+    def __init__(self, home: Path, broker: Mosquitto, keys: Path):
         home.mkdir(parents=True, exist_ok=True)
         self.home, self.store = home, home / "coord.db"
         self.http = free_port()
+        self.device_keys = home / "device-keys"
+        self.device_keys.mkdir(exist_ok=True)
         creds = broker.coordinator(FLEET)
         self.conf = home / "coordinator.toml"
         self.conf.write_text(
@@ -630,6 +685,9 @@ class Coordinator:
             f'fleet = "{FLEET}"\nstore = "{self.store}"\nclient_id = "coordinator"\n'
             f"http_port = {self.http}\n"
             f'api_token_file = "{home / "api-token"}"\n'
+            # commands signed with the key the daemons trust; replies checked against the
+            # keys of the devices enrolled in device_keys
+            f'signing_key = "{keys / "command.pem"}"\ndevice_keys = "{self.device_keys}"\n'
             # the offline timer counts wall time: short, so a cut of 2 simulated hours
             # (seconds of wall time) is long enough to be seen
             "stale_after_s = 3\noffline_after_s = 6\n"
@@ -647,6 +705,61 @@ class Coordinator:
     def stop(self) -> int | None:
         """SIGTERM, then wait (SIGKILL after 60 s); the exit status."""
         return terminate(self.proc)
+
+    def enroll(self, device: str, public: Path) -> bool:
+        """Put a device's reply-signing key in device_keys (whole, by a rename: the
+        coordinator re-reads the file when it changes); False while the device has not
+        written it yet."""
+        tmp = self.device_keys / f".{device}.pub.tmp"
+        try:
+            shutil.copyfile(public, tmp)
+        except OSError:
+            return False
+        tmp.replace(self.device_keys / f"{device}.pub")
+        return True
+
+    def api(self, method: str, path: str, body: dict | None = None,
+            data: Path | None = None) -> Any:
+        """A call of the coordinator's HTTP API (the one `edgerun fleet` makes): its JSON
+        answer; an HTTP error raises ValueError with the API's message."""
+        token = (self.home / "api-token").read_text().strip()
+        headers = {"Authorization": f"Bearer {token}"}
+        payload: Any = None
+        if data is not None:
+            payload = data.read_bytes()
+            headers |= {"Content-Type": "application/octet-stream",
+                        "Content-Length": str(len(payload))}
+        elif body is not None:
+            payload = json.dumps(body).encode()
+            headers["Content-Type"] = "application/json"
+        req = urllib.request.Request(f"http://127.0.0.1:{self.http}{path}", data=payload,
+                                     method=method, headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=60) as resp:
+                return json.loads(resp.read())
+        except urllib.error.HTTPError as e:
+            raise ValueError(f"{method} {path}: HTTP {e.code}: "
+                             f"{e.read().decode(errors='replace')[:300]}") from None
+
+    def roll_out(self, bundle_id: str, device: str) -> dict:
+        """Roll bundle `bundle_id` out to `device` alone, now: a group of that device and a
+        rollout to it all at once (`edgerun fleet group` / `fleet deploy --canary 100%`)."""
+        group = f"ota-{device}"
+        self.api("POST", "/api/v1/groups", {"group": group, "devices": [device]})
+        return self.api("POST", "/api/v1/rollouts", {"bundle": bundle_id, "to": group,
+                                                     "canary_pct": 100})
+
+    def model_events(self, device: str, rowid: int) -> list[tuple[int, str, dict]]:
+        """(rowid, type, body) of the model events (model_*) stored for `device` after
+        `rowid`."""
+        out = []
+        for rid, typ, body in query(self.store, "SELECT rowid, type, body FROM events WHERE "
+                                                "device = ? AND rowid > ? AND type LIKE "
+                                                "'model%' ORDER BY rowid", (device, rowid)):
+            with contextlib.suppress(ValueError):
+                doc = json.loads(body)
+                out.append((rid, typ, doc if isinstance(doc, dict) else {}))
+        return out
 
     def healths(self, device: str, after_rowid: int = 0) -> list[tuple[int, float, dict]]:
         """(rowid, wall t, body) of the health stored for `device` after `after_rowid`."""
@@ -730,6 +843,7 @@ class Seen:
     health: list[str] = field(default_factory=list)
     coordinator: list[str] = field(default_factory=list)
     note: str = ""
+    ota: dict[str, Any] = field(default_factory=dict)  # an OTA update's course (follow_ota)
 
 
 @dataclass
@@ -748,6 +862,7 @@ class Report:
     crashes: dict[str, list[str]]
     exit_codes: dict[str, int | None]
     samples: dict[str, list] = field(default_factory=dict)  # (life, hour, RSS, fds, thr, disk)
+    ota: dict[str, dict] = field(default_factory=dict)  # device -> its OTA update (ota_outcome)
 
 
 def soak(workdir: Path, days: int = 14, speed: float = 1500.0, source_hz: float = 5.0,
@@ -758,8 +873,7 @@ def soak(workdir: Path, days: int = 14, speed: float = 1500.0, source_hz: float 
     workdir.mkdir(parents=True, exist_ok=True)
     end_h = days * DAY_H
     limit = wall_limit_s if wall_limit_s is not None else 600 + 4 * end_h * 3600 / speed
-    left_out = {"ota_update": "needs a signed bundle, a rollout and the daemon's probation: "
-                              "a harness of its own, not built in this soak"}
+    left_out: dict[str, str] = {}
     if os.geteuid() != 0:
         left_out["disk_full"] = "mounting a tmpfs to fill (a real ENOSPC) needs root"
     if not kills:
@@ -769,7 +883,19 @@ def soak(workdir: Path, days: int = 14, speed: float = 1500.0, source_hz: float 
     if not LIBFAKETIME.exists():
         left_out["clock_jump"] = f"libfaketime is not installed ({LIBFAKETIME})"
     plan = schedule(days, left_out)
+    if not any(f.kind == "ota_update" for f in plan):
+        left_out["ota_update"] = (f"no {OTA_H:g} h window half-way free of the other faults "
+                                  f"(a {days}-day run)")
     faults = [Seen(f) for f in plan]
+    # the soak's keys: the coordinator's command key and a publisher's bundle key, both
+    # trusted by the daemons; the release the OTA update rolls out, signed
+    keys = workdir / "keys"
+    keys.mkdir(exist_ok=True)
+    for k in ("command", "publisher"):
+        generate_keypair(keys / f"{k}.pem", keys / f"{k}.pub")
+    release = workdir / f"inspection-{OTA_VERSION}.edgerun"
+    if "ota_update" not in left_out:  # the bundled model, the same network, a new version
+        make_bundle(bundled(), load_private_key(keys / "publisher.pem"), release, OTA_VERSION)
     (workdir / "broker").mkdir(exist_ok=True)
     broker = Mosquitto(workdir / "broker").start()
     broker_life = 1
@@ -782,9 +908,11 @@ def soak(workdir: Path, days: int = 14, speed: float = 1500.0, source_hz: float 
     # and energy planning) costs ~4x the cabinet's a tick, and its sealed enclosure's time
     # constant is 40 minutes (r_case_amb x c_case): it ticks every 5 s
     nodes = {"cabinet": Node("cabinet", "rpi5", "cabinet", DEMO_SHARE, 0.95, 2.0,
-                             workdir / "cabinet", shm / "cabinet"),
+                             workdir / "cabinet", shm / "cabinet", keys),
              "solar": Node("solar", "solar-node", "sun", 1.0, None, 5.0, workdir / "solar",
-                           shm / "solar")}
+                           shm / "solar", keys)}
+    enrolled: set[str] = set()
+    bundle_id = ""
     disk = None
     coord = None
     samples: dict[str, list[tuple[Any, float, float, float, float, float]]] = defaultdict(list)
@@ -794,7 +922,9 @@ def soak(workdir: Path, days: int = 14, speed: float = 1500.0, source_hz: float 
     try:
         if "disk_full" not in left_out:
             disk = Disk(nodes["cabinet"].home / "state", 128)
-        coord = Coordinator(workdir / "coordinator", broker)
+        coord = Coordinator(workdir / "coordinator", broker, keys)
+        if release.exists():  # published before the soak: the rollout is the fault
+            bundle_id = coord.api("PUT", "/api/v1/bundles", data=release)["id"]
         for n in nodes.values():
             n.start(broker, link.port, speed, 0.0, end_h, source_hz, plan)
         say(f"field soak: {days} simulated days at {speed:g}x, faults: "
@@ -807,6 +937,8 @@ def soak(workdir: Path, days: int = 14, speed: float = 1500.0, source_hz: float 
         while time.monotonic() - t0 < limit:
             time.sleep(0.2)
             for n in nodes.values():  # the simulated time each daemon reached
+                if n.name not in enrolled and coord.enroll(n.name, n.state / "device.pub"):
+                    enrolled.add(n.name)  # its command replies can be verified from now
                 hs = [n.history_sim_h()]
                 if (got := coord.latest_health(n.name)) is not None:
                     hs.append((got[1].get("simulated") or {}).get("t", 0) / 3600)
@@ -818,9 +950,13 @@ def soak(workdir: Path, days: int = 14, speed: float = 1500.0, source_hz: float 
             for s in faults:
                 n = nodes[s.fault.device]
                 if not s.wall_start and n.sim_h >= s.fault.at_h:
+                    if s.fault.kind == "ota_update":
+                        s.ota["bundle"] = bundle_id
                     broker_life += begin(s, n, nodes, broker, link, disk, coord, say)
                     if s.fault.kind == "kill9":
                         n.start(broker, link.port, speed, n.sim_h, end_h, source_hz, plan)
+                if s.fault.kind == "ota_update" and s.wall_start:
+                    follow_ota(s, n, coord, say)
                 if s.wall_start and not s.done and n.sim_h >= s.fault.end_h:
                     finish(s, n, link, disk, coord)
             for s in faults:  # what each fault looked like, once things settled after it
@@ -848,6 +984,9 @@ def soak(workdir: Path, days: int = 14, speed: float = 1500.0, source_hz: float 
         while time.monotonic() < deadline and any(
                 held_rows(n.state / "outbox.db") for n in nodes.values()):
             time.sleep(0.5)
+        time.sleep(2.0)  # the last health of each daemon stored
+        ota = {s.fault.device: ota_outcome(s, coord) for s in faults
+               if s.fault.kind == "ota_update"}
         wall_s = time.monotonic() - t0
         for n in nodes.values():
             exit_codes[n.name] = n.stop()
@@ -872,7 +1011,8 @@ def soak(workdir: Path, days: int = 14, speed: float = 1500.0, source_hz: float 
                   [{**asdict(s.fault), "health": s.health, "coordinator": s.coordinator,
                     "note": s.note} for s in faults], daily, left_out,
                   {n.name: n.crashes for n in nodes.values()}, exit_codes,
-                  {k: [[round(x, 3) for x in r] for r in v] for k, v in samples.items()})
+                  {k: [[round(x, 3) for x in r] for r in v] for k, v in samples.items()},
+                  ota)
 
 
 def begin(s: Seen, n: Node, nodes: dict[str, Node], broker: Mosquitto, link: Link,
@@ -902,6 +1042,14 @@ def begin(s: Seen, n: Node, nodes: dict[str, Node], broker: Mosquitto, link: Lin
         (n.sysroot / DEAD_SENSORS).write_text(f"{zone}/temp\n")
     elif kind == "clock_jump":
         (n.home / "faketime").write_text("-1h\n")  # the wall clock steps back an hour
+    elif kind == "ota_update":
+        s.ota.update(sent_h=round(n.sim_h, 3), health_rowid=got[0] if got else 0)
+        try:  # through the coordinator's API, as an operator would
+            r = coord.roll_out(s.ota["bundle"], n.name)
+            s.ota.update(rollout=r["id"], version=r["version"])
+        except (ValueError, KeyError, OSError) as e:  # refused: a finding, reported
+            s.ota["refused"] = str(e)[:300]
+            say(f"  the rollout to {n.name} was refused: {e}")
     if s.fault.dur_h == 0:
         s.done, s.wall_end = True, time.monotonic()
     say(f"  {n.sim_h:7.2f} h  {kind} on {n.name}"
@@ -952,6 +1100,56 @@ def observe(s: Seen, n: Node, coord: Coordinator) -> None:
             if what not in seen:
                 seen.append(what)
     s.coordinator = said + seen[:5] + ([f"(+{len(seen) - 5} more)"] if len(seen) > 5 else [])
+
+
+VERDICTS = ("model_probation_passed", "model_rolled_back", "model_deploy_failed")
+
+
+def follow_ota(s: Seen, n: Node, coord: Coordinator, say: Callable[[str], None]) -> None:
+    """Note the simulated hour of `n` when the soak first sees the coordinator hold the
+    swap and then the probation's verdict (or a refusal) of OTA update `s`."""
+    if "verdict" in s.ota or "refused" in s.ota:
+        return
+    for _, typ, body in coord.model_events(n.name, s.event_rowid):
+        if typ == "model_swapped" and "swap_h" not in s.ota:
+            s.ota["swap_h"] = round(n.sim_h, 3)
+            say(f"  {n.sim_h:7.2f} h  {n.name} swapped to {body.get('to')} (probation)")
+        elif typ in VERDICTS:
+            got = coord.latest_health(n.name)
+            s.ota.update(verdict=typ, verdict_h=round(n.sim_h, 3),
+                         verdict_wall_s=round(time.monotonic() - s.wall_start, 1),
+                         verdict_rowid=got[0] if got else 0,
+                         reason=str(body.get("reason") or body.get("error") or "")[:300])
+            say(f"  {n.sim_h:7.2f} h  {n.name}: {typ}"
+                + (f" ({s.ota['reason']})" if s.ota["reason"] else ""))
+            return
+
+
+def ota_outcome(s: Seen, coord: Coordinator) -> dict[str, Any]:
+    """How OTA update `s` ended, from what the coordinator holds: the model events it
+    stored for the device since the rollout, the probation's figures, the rollout's state
+    (its API), and the version every health since the verdict reported (kill -9 restarts
+    after the update included) with the number of daemon lives they came from."""
+    dev, o = s.fault.device, dict(s.ota)
+    o["events"] = [typ for _, typ, _ in coord.model_events(dev, s.event_rowid)]
+    for _, typ, body in coord.model_events(dev, s.event_rowid):
+        if typ == "model_probation_passed":
+            o["probation"] = {k: v for k, v in body.items() if k in (
+                "frames", "errors", "p95_ms", "target_ms", "shadow_compared", "agreement",
+                "energy_mj")}
+    if o.get("rollout"):
+        try:
+            r = coord.api("GET", f"/api/v1/rollouts/{o['rollout']}")
+            o["rollout_state"] = r["state"]
+            o["device_state"] = r["devices"][dev]["state"]
+        except (ValueError, KeyError, OSError) as e:
+            o["rollout_state"] = f"unreadable: {e}"[:200]
+    after = coord.healths(dev, o.get("verdict_rowid", 0)) if o.get("verdict") else []
+    o["served_after"] = sorted({str(h.get("model_version", "")) for _, _, h in after})
+    o["lives_after"] = len({h.get("boot") for _, _, h in after})
+    got = coord.latest_health(dev)
+    o["model_version"] = got[1].get("model_version") if got else None
+    return o
 
 
 def sample(samples: dict, nodes: dict[str, Node], coord: Coordinator, broker: Mosquitto,
@@ -1070,6 +1268,26 @@ def render(r: Report) -> str:
         lines.append(f"  {d['device']:10s} {d['day']:3d}  {fmt(d['die_max_c'], '7.2f')} "
                      f"{d['trip_c']:6.1f} {fmt(d['good_weighted'], '10.0f')} "
                      f"{d['oracle']:10.0f}  {fmt(d['ratio'], '6.3f')}")
+    if r.ota:
+        lines += ["", "OTA update: the bundled model re-released as a new version (the same "
+                      "network), rolled out through the coordinator's API",
+                  "  device     sent h  swapped h  verdict h  wall s  verdict                 "
+                  "serving now     rollout"]
+        for dev, o in r.ota.items():
+            lines.append(
+                f"  {dev:10s} {fmt(o.get('sent_h'), '6.2f')}  {fmt(o.get('swap_h'), '9.2f')}  "
+                f"{fmt(o.get('verdict_h'), '9.2f')}  {fmt(o.get('verdict_wall_s'), '6.1f')}  "
+                f"{o.get('verdict') or o.get('refused') or 'none':23s} "
+                f"{o.get('model_version') or 'configured':15s} "
+                f"{o.get('rollout_state', '-')}/{o.get('device_state', '-')}")
+            lines.append(f"      events: {', '.join(o.get('events', [])) or 'none'}"
+                         + (f"; {o['reason']}" if o.get("reason") else ""))
+            if o.get("probation"):
+                lines.append("      probation: " + ", ".join(
+                    f"{k} {v}" for k, v in o["probation"].items()))
+            lines.append(f"      every health since the verdict: "
+                         f"{', '.join(o.get('served_after', [])) or '-'} "
+                         f"(from {o.get('lives_after', 0)} daemon lives)")
     if r.left_out:
         lines += ["", "left out:"] + [f"  {k}: {v}" for k, v in r.left_out.items()]
     crashes = {k: v for k, v in r.crashes.items() if v}
@@ -1081,7 +1299,10 @@ def render(r: Report) -> str:
     lost = sum(t["lost"] for t in r.tallies.values())
     dup = sum(t["duplicated"] for t in r.tallies.values())
     lines.append(f"targets: lost {lost} (0), duplicated {dup} (0), daemons' RSS slope "
-                 f"{', '.join(f'{s:+.3f}' for s in rss)} MB/day (< {TARGET_RSS_MB_PER_DAY:g})")
+                 f"{', '.join(f'{s:+.3f}' for s in rss)} MB/day (< {TARGET_RSS_MB_PER_DAY:g})"
+                 + "".join(f", {dev} {o.get('verdict') or 'no verdict'} serving "
+                           f"{o.get('model_version') or 'configured'}"
+                           for dev, o in r.ota.items()))
     return "\n".join(lines)
 
 

@@ -23,7 +23,7 @@ def test_schedule_kills_each_daemon_daily_away_from_the_other_faults(days):
     assert all(f.at_h > 0 and f.end_h < days * 24 for f in faults)
     kinds = {f.kind for f in faults}
     assert kinds == {"broker_restart", "network_cut", "disk_full", "dead_sensor", "kill9",
-                     "clock_jump"}
+                     "clock_jump"} | ({"ota_update"} if days > 1 else set())
     kills = [f for f in faults if f.kind == "kill9"]
     for dev in soak.DEVICES:  # one a day each (none where a day has no room left)
         got = [int(f.at_h // 24) for f in kills if f.device == dev]
@@ -34,13 +34,53 @@ def test_schedule_kills_each_daemon_daily_away_from_the_other_faults(days):
                                       ("broker_restart", "network_cut")):
                 assert not (f.at_h - soak.KILL_MARGIN_H <= k.at_h
                             <= f.end_h + soak.KILL_MARGIN_H), (k, f)
-    timed = [f for f in faults if f.dur_h]  # no two windows overlap
-    for a, b in itertools.pairwise(timed):
-        assert a.end_h < b.at_h, (a, b)
+    timed = [f for f in faults if f.dur_h]  # no two windows on one device or the link meet
+    for a, b in itertools.combinations(timed, 2):
+        if a.device == b.device or {a.kind, b.kind} & soak.SHARED:
+            assert a.end_h < b.at_h or b.end_h < a.at_h, (a, b)
+
+
+@pytest.mark.parametrize(("days", "want"), [
+    (1, None),  # half-way (12 h) is 0.72 h after a broker restart: no room
+    (2, 24.0),  # day 1 of 2: 1.44 h after the broker restart, 1.8 h before the cut
+    (3, 36.0),
+    (14, 168.0),  # day 7 of 14
+])
+def test_ota_update_half_way_on_each_device(days, want):
+    ota = [f for f in soak.schedule(days) if f.kind == "ota_update"]
+    if want is None:
+        assert ota == []
+        return
+    assert sorted(f.device for f in ota) == sorted(soak.DEVICES)
+    for f in ota:
+        assert f.at_h == want and f.dur_h == soak.OTA_H
+        others = [g for g in soak.schedule(days) if g is not f and g.kind != "ota_update"
+                  and (g.device == f.device or g.kind in soak.SHARED)]
+        for g in others:  # nothing else on the device or the link in its window or beside it
+            margin = soak.KILL_MARGIN_H if g.kind == "kill9" else soak.OTA_MARGIN_H
+            assert g.end_h < f.at_h - margin or g.at_h > f.end_h + margin, (f, g)
+
+
+@pytest.mark.parametrize(("placed", "want"), [
+    ([], 24.0),
+    ([Fault("broker_restart", "cabinet", 23.5)], None),  # the link: every device
+    ([Fault("network_cut", "cabinet", 27.5, 2.0)], None),
+    ([Fault("dead_sensor", "cabinet", 26.0, 1.0)], None),  # the device itself
+    ([Fault("dead_sensor", "solar", 26.0, 1.0)], 24.0),  # another device
+    ([Fault("kill9", "cabinet", 25.0)], 24.0),  # kills are placed around it, not it around them
+    ([Fault("broker_restart", "cabinet", 22.9)], 24.0),  # 1.1 h before: room enough
+])
+def test_ota_time(placed, want):
+    assert soak.ota_time(2, placed, "cabinet") == want
+
+
+def test_ota_time_needs_its_window_before_the_end():
+    assert soak.ota_time(1, [], "cabinet") == 12.0
+    assert soak.OTA_SHARE * 24 + soak.OTA_H + soak.OTA_MARGIN_H <= 24  # so the table holds
 
 
 def test_schedule_leaves_out_what_cannot_be_injected():
-    faults = soak.schedule(2, left_out=("disk_full", "clock_jump"))
+    faults = soak.schedule(2, left_out=("disk_full", "clock_jump", "ota_update"))
     assert {f.kind for f in faults} == {"broker_restart", "network_cut", "dead_sensor",
                                         "kill9"}
 
@@ -89,8 +129,10 @@ def test_health_change_names_the_fault_counters():
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
 def test_two_days_in_the_field_lose_nothing(tmp_path):
-    """Two simulated days of the soak: every result made is stored once, each daemon's RSS
-    measured, nothing crashed, every fault happened, the die under the trip each day."""
+    """Two simulated days of the soak: every result made is stored once (across the OTA
+    swap too), each daemon's RSS measured, nothing crashed, every fault happened, the die
+    under the trip each day, and half-way each device installed the new version, passed its
+    probation and served it from then on."""
     if not (bundled() / "manifest.json").exists():
         pytest.skip("bundled model not built")
     r = soak.soak(tmp_path / "soak", days=2, speed=1500.0, wall_limit_s=1300)
@@ -104,7 +146,19 @@ def test_two_days_in_the_field_lose_nothing(tmp_path):
     assert not any(r.crashes.values()), text
     assert all(code == 0 for code in r.exit_codes.values()), text
     done = {f["kind"] for f in r.faults}
-    assert done >= {"broker_restart", "network_cut", "dead_sensor", "kill9"}, text
+    assert done >= {"broker_restart", "network_cut", "dead_sensor", "kill9", "ota_update"}, text
+    # the OTA update (day 1 of 2): rolled out through the coordinator's API, swapped in,
+    # probation passed, the rollout done, and every health from the verdict on (the kill -9
+    # restarts after it included) reports the new version
+    want = f"inspection@{soak.OTA_VERSION}"
+    assert set(r.ota) == set(soak.DEVICES), text
+    for dev, o in r.ota.items():
+        assert "refused" not in o, (dev, text)
+        assert o.get("verdict") == "model_probation_passed", (dev, text)
+        assert "model_swapped" in o["events"] and not {
+            "model_rolled_back", "model_deploy_failed"} & set(o["events"]), (dev, text)
+        assert o["model_version"] == want and o["served_after"] == [want], (dev, text)
+        assert (o["rollout_state"], o["device_state"]) == ("done", "passed"), (dev, text)
     for d in r.daily:  # the governor kept the die under the trip every day
         assert d["die_max_c"] is None or d["die_max_c"] < d["trip_c"], text
     # RSS is measured and printed, not judged here: with a kill -9 each day no daemon lives
