@@ -40,7 +40,7 @@ from runtime.durable import crash_point
 from runtime.frames.model_counts import ModelId, Tally, model_id
 from runtime.frames.shadow import form
 from runtime.ota.model_store import ModelStore
-from runtime.ota.probation import Kpis, Limits, judge, shadow_wait_frames
+from runtime.ota.probation import Kpis, Limits, judge, shadow_figures, shadow_wait_frames
 from runtime.wire.events import EventType
 
 if TYPE_CHECKING:
@@ -64,6 +64,7 @@ class _Run:
     state: str = "pending"
     reasons: tuple[str, ...] = ()
     kpis: dict[str, Any] = field(default_factory=dict)
+    mixed_said: bool = False  # the log said the agreement is judged on every form
 
 
 class DeviceOta:
@@ -313,7 +314,11 @@ class DeviceOta:
         shadow = d.pipeline.target
         if shadow is not None and shadow.manifest is None:
             shadow = self._second_session()  # a session without its model: load one
-        d.pipeline.shadow.old = shadow
+        # the new model's forms (every variant that runs, not only its ladder's: a form off
+        # the ladder now may be on it after a rebuild), given with the shadow before the
+        # swap reaches the pipeline, so no frame is sampled against the last probation's form
+        forms = frozenset(form(pr.variant_id) for pr in measured.profiles if pr.ok)
+        d.pipeline.shadow.begin(shadow, self.cfg.shadow_every, forms)
         prev = d.box.model.measured()
         old = self.version
         t0 = time.perf_counter()
@@ -335,15 +340,15 @@ class DeviceOta:
                  self.cfg.agreement_floor * 100)
         d.event(EventType.MODEL_SWAPPED, "info", **{"from": old or "configured", "to": vid,
                                                      "reason": why})
-        self._begin(baseline, shadow, prev)
+        self._begin(baseline, shadow, prev, forms)
         d.changed()
 
-    def _begin(self, baseline: Kpis | None, shadow: Active | None, prev: Any) -> None:
+    def _begin(self, baseline: Kpis | None, shadow: Active | None, prev: Any,
+               forms: frozenset[str] = frozenset()) -> None:
         p = self.serving.pipeline
         t = p.models.tally(self._swapped())  # a version chosen again has counts already
         self.probation = _Run(self.version, baseline, time.monotonic(), t.results, t.errors,
                               prev)
-        forms = frozenset(form(r.variant_id) for r in self.serving.box.model.rungs)
         p.shadow.begin(shadow, self.cfg.shadow_every, forms)
 
     def _second_session(self) -> Active | None:
@@ -384,15 +389,23 @@ class DeviceOta:
             return
         p = self.serving.pipeline
         new = self.kpis_now(run.since, run.results0, run.errors0)
-        compared, agreed = p.shadow.counts
+        (compared, agreed), like = shadow_figures(
+            tuple(p.shadow.counts), tuple(p.shadow.mixed), new.frames,
+            shadow_wait_frames(self.cfg.probation_frames, self.cfg.shadow_every),
+            self.cfg.agreement_floor)
+        if not like and p.shadow.only is not None and not run.mixed_said:  # said once
+            run.mixed_said = True
+            log.warning("probation of %s: the agreement is judged on every form now: %d of %d "
+                        "frames ran on the old model's form %s (the governor held the new "
+                        "model on other rungs), too few for the like-with-like sample",
+                        run.version, new.frames - p.shadow.other_form, new.frames,
+                        p.shadow.only)
         # the swapped model's own per-inference target (runtime/choice/joint.py): with other
         # sources on their own models the box's frame target is not this model's
         target = self.serving.target_ms()
         lim = Limits(target, self.cfg.probation_frames,
                      self.cfg.agreement_floor, self.cfg.max_error_rate_increase,
-                     self.cfg.energy_factor, min_shadow=20 if p.shadow.old is not None else 0,
-                     shadow_wait_frames=shadow_wait_frames(self.cfg.probation_frames,
-                                                           self.cfg.shadow_every))
+                     self.cfg.energy_factor, min_shadow=20 if p.shadow.old is not None else 0)
         v = judge(run.baseline, new, compared, agreed, lim)
         run.kpis = {"frames": new.frames, "errors": new.errors, "p95_ms": new.p95_ms,
                     "target_ms": target, "energy_mj": new.energy_mj,
@@ -404,12 +417,6 @@ class DeviceOta:
             self._drop_shadow()
             self.store.passed()
             log.info("model %s passed probation: %s", run.version, run.kpis)
-            if compared < lim.min_shadow:
-                log.warning("model %s passed probation without an agreement figure: %d of "
-                            "%d shadow frames compared (the old model's form %s ran for "
-                            "%d frames, another form for %d)", run.version, compared,
-                            lim.min_shadow, p.shadow.only or "-", new.frames - p.shadow.other_form,
-                            p.shadow.other_form)
             self.serving.event(EventType.MODEL_PROBATION_PASSED, "info",
                                version=run.version or "", **_clean(run.kpis))
         elif v.state == "failed":

@@ -9,7 +9,13 @@ too (a new version of the same model), only frames the new model runs on it are 
 governor that moved the new model to a cheaper rung meanwhile would otherwise count the
 difference between two forms against the new version (seen in the field soak: an identical
 network passed at exactly the floor, 16 of 20, after its solar node stepped from fp32-r60 to
-fp32-r56). A new model without that form (another network) is compared on every form."""
+fp32-r56). A new model without that form is compared on every form (form names are
+generic: another network with the old session's form, `fp32` beside `fp32`, is compared on it
+like a new version, which is still like with like in precision). The
+frames on other forms are sampled too (`mixed`, as every frame was before): the figure judged
+when the governor keeps the new model off the old form too long for the like-with-like sample
+to fill (runtime/ota/probation.py `shadow_figures`), so a probation never waits for ever and
+never goes unjudged."""
 
 from __future__ import annotations
 
@@ -42,25 +48,29 @@ def form(variant_id: str) -> str:
 class ShadowSample:
     """`old`: the old model's session (None: no probation); `counts` = [compared, agreed].
     Sampled and compared on the thread that infers and stores (under the pipeline's work
-    lock); `old` is set by the probation between two frames. `only`: the form compared (the
-    old session's, when the new model has it too), None: every form."""
+    lock); `old` is set by the probation between two frames. `only`: the form compared like
+    with like (the old session's, when the new model has it too), None: every form is;
+    `mixed` = [compared, agreed] on every form."""
 
     def __init__(self) -> None:
         self.old: Active | None = None
         self.every = 5
         self.counts = [0, 0]
+        self.mixed = [0, 0]
         self.only: str | None = None
-        self.other_form = 0  # frames of the new model on another form than `only`: not sampled
-        self._i = 0
-        self._due: list[tuple[Frame, Any, Active]] = []  # compared after the store
+        self.other_form = 0  # frames of the new model on another form than `only`
+        self._i = self._j = 0  # frames on `only` (or every frame), on another form
+        self._due: list[tuple[Frame, Any, Active, bool]] = []  # compared after the store
 
     def begin(self, old: Active | None, every: int, forms: frozenset[str] = frozenset()
               ) -> None:
         """A probation starts against `old`: every `every`th frame compared, counts from 0;
-        `forms`: the new model's (its ladder's), to compare like with like where it can."""
+        `forms`: the new model's (every variant that runs), to compare like with like where
+        it can."""
         f = form(old.variant_id) if old is not None else ""
         self.only = f if f and f in forms else None
-        self.counts, self.every, self.old, self.other_form = [0, 0], every, old, 0
+        self.counts, self.mixed, self.every, self.old = [0, 0], [0, 0], every, old
+        self.other_form = 0
 
     def sample(self, frame: Frame, out: Any, active: Active) -> None:
         """A frame of the [model]'s model inferred on `active`: kept for comparison when due
@@ -70,15 +80,19 @@ class ShadowSample:
             return
         if self.only is not None and form(active.variant_id) != self.only:
             self.other_form += 1
+            self._j += 1
+            if self._j % self.every == 0:
+                self._due.append((frame, out, active, False))
             return
         self._i += 1
         if self._i % self.every == 0:
-            self._due.append((frame, out, active))
+            self._due.append((frame, out, active, True))
 
     @property
-    def due(self) -> int:
-        """Frames kept for comparison and not yet compared."""
-        return len(self._due)
+    def due(self) -> tuple[int, int]:
+        """Frames kept for comparison and not yet compared: (like with like, other forms)."""
+        like = sum(1 for *_, lk in self._due if lk)
+        return like, len(self._due) - like
 
     def drop_due(self) -> None:
         """The frames due are not compared (their store failed: nothing piles up meanwhile)."""
@@ -90,7 +104,7 @@ class ShadowSample:
         `manifest`: the pipeline's, for a session without its own)."""
         due, self._due = self._due, []
         old = self.old
-        for frame, out, active in due if old is not None else ():
+        for frame, out, active, like in due if old is not None else ():
             try:
                 got = infer_tiles(old.session, pre_of(old)(frame.image, old.input_shape))
                 hw = frame.image.shape[:2]  # a detector's label is its best box's
@@ -101,5 +115,8 @@ class ShadowSample:
             except Exception as e:
                 log.warning("shadow inference on the old model failed: %s", e)
                 continue
-            self.counts[0] += 1
-            self.counts[1] += new_label == old_label
+            self.mixed[0] += 1
+            self.mixed[1] += new_label == old_label
+            if like:
+                self.counts[0] += 1
+                self.counts[1] += new_label == old_label

@@ -18,15 +18,36 @@ MIN_SHADOW = 20  # shadow comparisons before agreement is judged (1 of 20 = 5% r
 # runtime/device/live_energy.py LIVE_MIN_INFERENCES) until this many frames, or twice
 # min_frames when that is more
 ENERGY_WAIT_FRAMES = 200
-# ... and for the shadow sample this many times its frames (or the probation's, if more): the
-# sample counts only frames on the old model's form (runtime/frames/shadow.py), and a governor
-# that holds the new model on another rung would keep a probation open for ever
+# ... and for the like-with-like shadow sample (the new model on the old session's form,
+# runtime/frames/shadow.py) this many times its frames (or the probation's, if more), before
+# the sample of every form is judged instead: a governor that holds the new model on another
+# rung would otherwise keep a probation open for ever
 SHADOW_WAIT_FACTOR = 5
 
 
 def shadow_wait_frames(probation_frames: int, shadow_every: int) -> int:
-    """Frames after which a probation is judged without the agreement it could not sample."""
+    """Frames the like-with-like shadow sample is waited for."""
     return SHADOW_WAIT_FACTOR * max(probation_frames, MIN_SHADOW * shadow_every)
+
+
+def cannot_reach(compared: int, agreed: int, floor: float, min_shadow: int = MIN_SHADOW
+                 ) -> bool:
+    """A shadow sample short of `min_shadow` that would miss `floor` there even if every
+    comparison still to come agreed: judged now (a bad model serves no longer than that)."""
+    return 0 < compared < min_shadow and agreed + (min_shadow - compared) < floor * min_shadow
+
+
+def shadow_figures(like: tuple[int, int], mixed: tuple[int, int], frames: int,
+                   wait_frames: int, floor: float, min_shadow: int = MIN_SHADOW
+                   ) -> tuple[tuple[int, int], bool]:
+    """The shadow sample judged, as (compared, agreed), and whether it is the like-with-like
+    one: that one once it holds `min_shadow` comparisons, once it cannot reach `floor`, or
+    while fewer than `wait_frames` frames ran; after that, the sample of every form (a
+    difference between two forms then counts against the new model, as it did before forms
+    were matched: never a weaker test)."""
+    if like[0] >= min_shadow or frames < wait_frames or cannot_reach(*like, floor, min_shadow):
+        return like, True
+    return mixed, False
 
 
 @dataclass(frozen=True)
@@ -70,7 +91,6 @@ class Limits:
     max_error_rate_increase: float = 0.01
     energy_factor: float = 1.5
     min_shadow: int = MIN_SHADOW
-    shadow_wait_frames: int = 0  # judged without agreement after this many frames (0: never)
 
 
 @dataclass(frozen=True)
@@ -118,12 +138,16 @@ def judge(old: Kpis | None, new: Kpis, compared: int, agreed: int, lim: Limits) 
             and agreement < lim.agreement_floor:
         reasons.append(f"agrees with the old model on {agreement:.1%} of {compared} shadow "
                        f"frames (floor {lim.agreement_floor:.0%})")
+    elif cannot_reach(compared, agreed, lim.agreement_floor, lim.min_shadow):
+        reasons.append(f"agrees with the old model on {agreed} of the first {compared} shadow "
+                       f"frames: under the {lim.agreement_floor:.0%} floor at "
+                       f"{lim.min_shadow} whatever follows")
     if reasons:
         return Verdict("failed", tuple(reasons), agreement)
-    if compared < lim.min_shadow and old is not None and not (
-            lim.shadow_wait_frames and new.frames >= lim.shadow_wait_frames):
+    if compared < lim.min_shadow and old is not None:
         return Verdict("pending", (), agreement)  # traffic enough, shadow sample not yet
     return Verdict("passed", (), agreement)
 
 
-__all__ = ["Kpis", "Limits", "Verdict", "judge", "shadow_wait_frames"]
+__all__ = ["Kpis", "Limits", "Verdict", "cannot_reach", "judge", "shadow_figures",
+           "shadow_wait_frames"]

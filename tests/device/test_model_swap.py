@@ -25,7 +25,14 @@ from support.waiting import wait
 from models import bundled
 from runtime.ota.bundle import make
 from runtime.ota.model_store import ModelStore
-from runtime.ota.probation import Kpis, Limits, judge, shadow_wait_frames
+from runtime.ota.probation import (
+    Kpis,
+    Limits,
+    cannot_reach,
+    judge,
+    shadow_figures,
+    shadow_wait_frames,
+)
 from runtime.wire.commands import generate_keypair, load_private_key
 
 ROOT = Path(__file__).parents[2]
@@ -53,6 +60,9 @@ OLD = Kpis(frames=1000, errors=0, p95_ms=2.0, energy_mj=1.0)
     (Kpis(200, 5, 2.0, 1.0), 40, 40, "failed", "error rate 2.5%"),
     (Kpis(60, 30, 2.0, 1.0), 0, 0, "failed", "error rate 50.0%"),  # fails early
     (Kpis(200, 0, 12.0, 3.0), 40, 0, "failed", "p95"),  # several reasons at once
+    # a short sample that misses the floor at 20 whatever follows: judged at once
+    (Kpis(200, 0, 2.0, 1.0), 10, 5, "failed", "agrees with the old model on 5 of the first 10"),
+    (Kpis(200, 0, 2.0, 1.0), 10, 6, "pending", ""),  # 6 + 10 to come = 16 of 20: can reach
 ])
 def test_judge_table(new, compared, agreed, state, reason):
     v = judge(OLD, new, compared, agreed, LIM)
@@ -63,24 +73,35 @@ def test_judge_table(new, compared, agreed, state, reason):
         assert not v.reasons
 
 
-@pytest.mark.parametrize("frames, compared, agreed, state", [
-    (499, 10, 10, "pending"),  # the shadow sample short, its wait not over
-    (500, 10, 10, "passed"),  # judged without agreement once the wait is over
-    (500, 10, 2, "passed"),  # ... a short sample's agreement is no figure to fail on
-    (500, 20, 2, "failed"),  # a sample that reached min_shadow is judged as always
-    (5000, 0, 0, "passed"),
+@pytest.mark.parametrize("like, mixed, frames, judged, is_like", [
+    ((10, 10), (40, 20), 499, (10, 10), True),  # like with like short: waited for
+    ((10, 10), (40, 20), 500, (40, 20), False),  # the wait over: every form is judged
+    ((20, 20), (90, 50), 5000, (20, 20), True),  # like with like full: judged, however long
+    ((0, 0), (0, 0), 5000, (0, 0), False),  # nothing compared at all: judge stays pending
+    ((10, 2), (90, 85), 100, (10, 2), True),  # like with like damning: judged, not waited
+    ((10, 2), (90, 85), 5000, (10, 2), True),  # ... nor dodged by the sample of every form
 ])
-def test_a_shadow_sample_that_cannot_fill_ends_its_wait(frames, compared, agreed, state):
-    """The shadow sample counts only frames on the old model's form: a governor holding the
-    new model on another rung must not keep its probation open for ever."""
-    lim = Limits(latency_ms=10.0, min_frames=100, min_shadow=20,
-                 shadow_wait_frames=shadow_wait_frames(100, 5))
-    assert lim.shadow_wait_frames == 500  # 5 x max(100 frames, 20 comparisons x every 5th)
-    assert judge(OLD, Kpis(frames, 0, 2.0, 1.0), compared, agreed, lim).state == state
-    # without a wait (0) the probation waits for its sample
-    assert judge(OLD, Kpis(frames, 0, 2.0, 1.0), compared, agreed,
-                 Limits(latency_ms=10.0, min_frames=100, min_shadow=20)).state == (
-        "pending" if compared < 20 else state)
+def test_the_shadow_figure_is_like_with_like_until_its_wait_ends(like, mixed, frames, judged,
+                                                                 is_like):
+    """The shadow sample compares the new model on the old model's form: a governor holding
+    the new model on another rung must not keep its probation open for ever, nor let it pass
+    unjudged (the sample of every form then counts, as before forms were matched)."""
+    wait = shadow_wait_frames(100, 5)
+    assert wait == 500  # 5 x max(100 frames, 20 comparisons x every 5th)
+    assert shadow_figures(like, mixed, frames, wait, 0.8) == (judged, is_like)
+    compared, agreed = judged
+    v = judge(OLD, Kpis(frames, 0, 2.0, 1.0), compared, agreed, LIM)
+    assert v.state == ("failed" if cannot_reach(compared, agreed, 0.8) else
+                       "pending" if compared < 20 or frames < 100 else
+                       "failed" if agreed / compared < 0.8 else "passed")
+
+
+@pytest.mark.parametrize("compared, agreed, hopeless", [
+    (0, 0, False), (1, 0, False), (4, 0, False), (5, 0, True),  # 0 + 15 < 16
+    (10, 6, False), (10, 5, True), (19, 15, False), (19, 14, True), (20, 0, False),
+])
+def test_a_short_sample_is_hopeless_when_the_rest_cannot_lift_it(compared, agreed, hopeless):
+    assert cannot_reach(compared, agreed, 0.8) is hopeless
 
 
 def test_judge_does_not_blame_a_new_model_for_an_old_miss():

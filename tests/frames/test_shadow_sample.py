@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from runtime.engine.tiling import infer_tiles
 from runtime.frames.frame import Frame
 from runtime.frames.shadow import ShadowSample, form
 
@@ -45,24 +46,54 @@ OLD = _Active("inspection/fp32-r60@onnxruntime:CPU/t1")
 R60 = _Active("inspection/fp32-r60@onnxruntime:CPU/t1")  # the new version, same form
 R56 = _Active("inspection/fp32-r56@onnxruntime:CPU/t1")
 OTHER = _Active("detector/fp32@onnxruntime:CPU/t1")
+OLD_FP32 = _Active("inspection/fp32@onnxruntime:CPU/t1")
 NEW_FORMS = frozenset({"fp32-r60", "fp32-r56", "int8"})
 
 
-@pytest.mark.parametrize("old, forms, ran, sampled, other", [
-    # a new version with the old form: only its frames on that form are compared
-    (OLD, NEW_FORMS, [R60, R56, R56, R60], 2, 2),
-    (OLD, NEW_FORMS, [R56] * 5, 0, 5),
-    # another network (not the old form): every form is compared
-    (OLD, frozenset({"fp32"}), [OTHER, OTHER, OTHER], 3, 0),
+@pytest.mark.parametrize("old, forms, ran, due, other", [
+    # a new version with the old form: its frames on that form are compared like with like,
+    # the others kept apart (judged only if the like-with-like sample cannot fill)
+    (OLD, NEW_FORMS, [R60, R56, R56, R60], (2, 2), 2),
+    (OLD, NEW_FORMS, [R56] * 5, (0, 5), 5),
+    # a model without the old form: every form is like with like
+    (OLD, frozenset({"fp32"}), [OTHER, OTHER, OTHER], (3, 0), 0),
+    # another network with a form of the old one's name: compared on that form
+    (OLD_FP32, frozenset({"fp32", "int8"}), [OTHER, R60, OTHER], (2, 1), 1),
     # frames the old session itself still infers (the swap not yet taken): never sampled
-    (OLD, NEW_FORMS, [OLD, OLD, R60], 1, 0),
-    (None, NEW_FORMS, [R60, R56], 0, 0),  # no probation
+    (OLD, NEW_FORMS, [OLD, OLD, R60], (1, 0), 0),
+    (None, NEW_FORMS, [R60, R56], (0, 0), 0),  # no probation
 ])
-def test_the_new_model_is_compared_on_the_old_models_form(old, forms, ran, sampled, other):
+def test_the_new_model_is_compared_on_the_old_models_form(old, forms, ran, due, other):
     s = _run(old, forms, ran)
-    assert s.due == sampled and s.other_form == other
+    assert s.due == due and s.other_form == other
 
 
-def test_every_nth_counts_frames_on_the_compared_form_only():
+def test_every_nth_counts_frames_of_each_kind_apart():
     s = _run(OLD, NEW_FORMS, [R60, R56, R60, R56, R60, R56, R60], every=2)
-    assert s.due == 2 and s.other_form == 3  # the 2nd and 4th R60 frame
+    assert s.due == (2, 1) and s.other_form == 3  # the 2nd and 4th R60, the 2nd R56
+
+
+def test_comparisons_count_like_with_like_apart_from_every_form(tmp_path):
+    """A real session (the tiny CNN on ONNX Runtime) as both models: every comparison agrees;
+    those of the old form count in `counts` and `mixed`, the others in `mixed` alone."""
+    from support.tiny_ort import tiny_variant
+
+    from runtime.frames.pipeline import Active as PipeActive
+
+    m, backend, v = tiny_variant(tmp_path)
+    session = backend.load(v)
+
+    def active(vid: str) -> PipeActive:
+        return PipeActive(0, vid, session, v.model.input_shape)
+
+    s = ShadowSample()
+    s.begin(active("tiny/fp32-r60@ort"), 1, frozenset({"fp32-r60", "fp32-r56"}))
+    r60, r56 = active("tiny/fp32-r60@ort"), active("tiny/fp32-r56@ort")
+    rng = np.random.default_rng(0)
+    pre = m.preprocess.apply
+    for a in (r60, r56, r56, r60, r56):
+        image = rng.integers(0, 255, (32, 32, 3), np.uint8)
+        out = infer_tiles(session, pre(image, v.model.input_shape))
+        s.sample(Frame(image, "f"), out, a)
+    s.compare_due(lambda _a: pre, m)
+    assert s.counts == [2, 2] and s.mixed == [5, 5] and s.due == (0, 0)
