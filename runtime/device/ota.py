@@ -317,11 +317,9 @@ class DeviceOta:
         # the new model's forms (every variant that runs, not only its ladder's: a form off
         # the ladder now may be on it after a rebuild), given with the shadow before the
         # swap reaches the pipeline, so no frame is sampled against the last probation's form
-        forms = {form(pr.variant_id): pr.accuracy for pr in measured.profiles if pr.ok}
+        forms = frozenset(form(pr.variant_id) for pr in measured.profiles if pr.ok)
+        d.pipeline.shadow.begin(shadow, self.cfg.shadow_every, forms)
         prev = d.box.model.measured()
-        old_acc = next((pr.accuracy for pr in (prev.profiles if prev else ())
-                        if shadow is not None and pr.variant_id == shadow.variant_id), None)
-        d.pipeline.shadow.begin(shadow, self.cfg.shadow_every, forms, old_acc)
         old = self.version
         t0 = time.perf_counter()
         self.store.switch(vid, baseline.to_dict())  # atomic: a restart now serves `vid`
@@ -342,17 +340,16 @@ class DeviceOta:
                  self.cfg.agreement_floor * 100)
         d.event(EventType.MODEL_SWAPPED, "info", **{"from": old or "configured", "to": vid,
                                                      "reason": why})
-        self._begin(baseline, shadow, prev, forms, old_acc)
+        self._begin(baseline, shadow, prev, forms)
         d.changed()
 
     def _begin(self, baseline: Kpis | None, shadow: Active | None, prev: Any,
-               forms: dict[str, float | None] | None = None,
-               old_acc: float | None = None) -> None:
+               forms: frozenset[str] = frozenset()) -> None:
         p = self.serving.pipeline
         t = p.models.tally(self._swapped())  # a version chosen again has counts already
         self.probation = _Run(self.version, baseline, time.monotonic(), t.results, t.errors,
                               prev)
-        p.shadow.begin(shadow, self.cfg.shadow_every, forms, old_acc)
+        p.shadow.begin(shadow, self.cfg.shadow_every, forms)
 
     def _second_session(self) -> Active | None:
         """A second session of the running variant, for the shadow sample (None when it will
@@ -400,19 +397,14 @@ class DeviceOta:
             run.mixed_said = True
             log.warning("probation of %s: the agreement is judged on every form now: %d of %d "
                         "frames ran on the old model's form %s (the governor held the new "
-                        "model on other rungs), too few for the like-with-like sample; the "
-                        "floor is %.0f%% less the forms' errors (%.1f%% on the sample so far)",
+                        "model on other rungs), too few for the like-with-like sample",
                         run.version, new.frames - p.shadow.other_form, new.frames,
-                        p.shadow.only, self.cfg.agreement_floor * 100,
-                        p.shadow.floor_drop() * 100)
+                        p.shadow.only)
         # the swapped model's own per-inference target (runtime/choice/joint.py): with other
         # sources on their own models the box's frame target is not this model's
         target = self.serving.target_ms()
-        # the sample of every form: each comparison across forms may disagree by the two
-        # forms' errors for a good model (runtime/frames/shadow.py)
-        floor = self.cfg.agreement_floor - (0.0 if like else p.shadow.floor_drop())
         lim = Limits(target, self.cfg.probation_frames,
-                     max(0.0, floor), self.cfg.max_error_rate_increase,
+                     self.cfg.agreement_floor, self.cfg.max_error_rate_increase,
                      self.cfg.energy_factor, min_shadow=20 if p.shadow.old is not None else 0)
         v = judge(run.baseline, new, compared, agreed, lim)
         run.kpis = {"frames": new.frames, "errors": new.errors, "p95_ms": new.p95_ms,

@@ -15,17 +15,12 @@ like a new version, which is still like with like in precision). The
 frames on other forms are sampled too (`mixed`, as every frame was before): the figure judged
 when the governor keeps the new model off the old form too long for the like-with-like sample
 to fill (runtime/ota/probation.py `shadow_figures`), so a probation never waits for ever and
-never goes unjudged. Two forms of one good network disagree on up to the sum of their errors
-(each form's error against the labels or reference its accuracy was measured on: where both
-are right they agree), so each comparison across forms carries that `allowance`, which the
-floor for the sample of every form gives back (`floor_drop`): an identical network stepped
-from fp32-r60 (0.962) to fp32-r56 (0.914) agreed on 71% of 100 frames across them, under the
-80% floor, above the 67.6% it is then held to; a broken one agrees on ~10%."""
+never goes unjudged."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from runtime.engine.manifest import Manifest, frame_result
@@ -64,35 +59,18 @@ class ShadowSample:
         self.mixed = [0, 0]
         self.only: str | None = None
         self.other_form = 0  # frames of the new model on another form than `only`
-        self.allowance = 0.0  # summed over `mixed`'s comparisons across forms
-        self._acc: Mapping[str, float | None] = {}  # the new model's accuracy by form
-        self._old_acc: float | None = None
         self._i = self._j = 0  # frames on `only` (or every frame), on another form
         self._due: list[tuple[Frame, Any, Active, bool]] = []  # compared after the store
 
-    def begin(self, old: Active | None, every: int,
-              forms: Mapping[str, float | None] | None = None,
-              old_accuracy: float | None = None) -> None:
-        """A probation starts against `old` (its form's accuracy `old_accuracy`): every
-        `every`th frame compared, counts from 0; `forms`: the new model's accuracy by form
-        (every variant that runs), to compare like with like where it can."""
-        forms = forms or {}
+    def begin(self, old: Active | None, every: int, forms: frozenset[str] = frozenset()
+              ) -> None:
+        """A probation starts against `old`: every `every`th frame compared, counts from 0;
+        `forms`: the new model's (every variant that runs), to compare like with like where
+        it can."""
         f = form(old.variant_id) if old is not None else ""
         self.only = f if f and f in forms else None
-        self._acc, self._old_acc = forms, old_accuracy
         self.counts, self.mixed, self.every, self.old = [0, 0], [0, 0], every, old
-        self.other_form, self.allowance = 0, 0.0
-
-    def floor_drop(self) -> float:
-        """How far below the agreement floor the sample of every form may be for a good
-        model: the mean allowance of its comparisons (0 where an accuracy is unknown)."""
-        return self.allowance / self.mixed[0] if self.mixed[0] else 0.0
-
-    def _allowance(self, active: Active) -> float:
-        a = self._acc.get(form(active.variant_id))
-        if a is None or self._old_acc is None:
-            return 0.0
-        return max(0.0, (1.0 - a) + (1.0 - self._old_acc))
+        self.other_form = 0
 
     def sample(self, frame: Frame, out: Any, active: Active) -> None:
         """A frame of the [model]'s model inferred on `active`: kept for comparison when due
@@ -139,8 +117,6 @@ class ShadowSample:
                 continue
             self.mixed[0] += 1
             self.mixed[1] += new_label == old_label
-            if not like:
-                self.allowance += self._allowance(active)
             if like:
                 self.counts[0] += 1
                 self.counts[1] += new_label == old_label
