@@ -40,7 +40,14 @@ from runtime.durable import crash_point
 from runtime.frames.model_counts import ModelId, Tally, model_id
 from runtime.frames.shadow import form
 from runtime.ota.model_store import ModelStore
-from runtime.ota.probation import Kpis, Limits, judge, shadow_figures, shadow_wait_frames
+from runtime.ota.probation import (
+    MIN_SHADOW,
+    Kpis,
+    Limits,
+    judge,
+    shadow_figures,
+    shadow_wait_frames,
+)
 from runtime.wire.events import EventType
 
 if TYPE_CHECKING:
@@ -390,7 +397,8 @@ class DeviceOta:
         p = self.serving.pipeline
         new = self.kpis_now(run.since, run.results0, run.errors0)
         (compared, agreed), like = shadow_figures(
-            tuple(p.shadow.counts), tuple(p.shadow.mixed), new.frames,
+            (p.shadow.counts[0], p.shadow.counts[1]), (p.shadow.mixed[0], p.shadow.mixed[1]),
+            new.frames,
             shadow_wait_frames(self.cfg.probation_frames, self.cfg.shadow_every),
             self.cfg.agreement_floor)
         if not like and p.shadow.only is not None and not run.mixed_said:  # said once
@@ -405,7 +413,8 @@ class DeviceOta:
         target = self.serving.target_ms()
         lim = Limits(target, self.cfg.probation_frames,
                      self.cfg.agreement_floor, self.cfg.max_error_rate_increase,
-                     self.cfg.energy_factor, min_shadow=20 if p.shadow.old is not None else 0)
+                     self.cfg.energy_factor,
+                     min_shadow=MIN_SHADOW if p.shadow.old is not None else 0)
         v = judge(run.baseline, new, compared, agreed, lim)
         run.kpis = {"frames": new.frames, "errors": new.errors, "p95_ms": new.p95_ms,
                     "target_ms": target, "energy_mj": new.energy_mj,

@@ -69,8 +69,9 @@ class ShadowSample:
         it can."""
         f = form(old.variant_id) if old is not None else ""
         self.only = f if f and f in forms else None
+        # frames kept under the last probation (its form, its shadow) are not compared
+        self._due, self._i, self._j, self.other_form = [], 0, 0, 0
         self.counts, self.mixed, self.every, self.old = [0, 0], [0, 0], every, old
-        self.other_form = 0
 
     def sample(self, frame: Frame, out: Any, active: Active) -> None:
         """A frame of the [model]'s model inferred on `active`: kept for comparison when due
