@@ -11,11 +11,12 @@ difference between two forms against the new version (seen in the field soak: an
 network passed at exactly the floor, 16 of 20, after its solar node stepped from fp32-r60 to
 fp32-r56). A new model without that form is compared on every form (form names are
 generic: another network with the old session's form, `fp32` beside `fp32`, is compared on it
-like a new version, which is still like with like in precision). The
-frames on other forms are sampled too (`mixed`, as every frame was before): the figure judged
-when the governor keeps the new model off the old form too long for the like-with-like sample
-to fill (runtime/ota/probation.py `shadow_figures`), so a probation never waits for ever and
-never goes unjudged."""
+like a new version, which is still like with like in precision). The frames on other forms
+are sampled too (`mixed`, as every frame was before): the figure judged, against the plain
+floor, when the governor keeps the new model off the old form too long for the like-with-like
+sample to fill (runtime/ota/probation.py `shadow_figures`), so the governor never holds a
+probation open and none goes unjudged. That figure still counts two forms' difference against
+the new version (docs/ota.md, "Known")."""
 
 from __future__ import annotations
 
