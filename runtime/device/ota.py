@@ -9,7 +9,9 @@
   and warmed and handed to the pipeline, which swaps it in between two frames.
 - Probation (runtime/ota/probation.py): every control tick the new model's live KPIs since the
   swap are judged against the old model's at the swap, with every Nth frame also run on the old
-  model (a second session kept loaded) for top-1 agreement. Failed: back to the old model (kept
+  model for top-1 agreement: on the session that ran at the swap (kept loaded), and on the old
+  version's session of each other form the governor moves the new one to (loaded then,
+  runtime/device/shadow_loads.py), like with like. Failed: back to the old model (kept
   in memory, so again between frames) and an event saying why; passed: an event, and the old
   model's session is closed.
 - The KPIs are the swapped model's own, not the box's: on a box where other sources run their
@@ -36,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from runtime.device.profiling import Install, Stopping
+from runtime.device.shadow_loads import ShadowLoads
 from runtime.durable import crash_point
 from runtime.frames.model_counts import ModelId, Tally, model_id
 from runtime.frames.shadow import form
@@ -96,6 +99,7 @@ class DeviceOta:
         self._busy = threading.Lock()  # one install at a time
         self.thread: threading.Thread | None = None  # the install running (joined at stop)
         self._step = ""  # download | verify | profile: where a failed install stopped
+        self._loads = ShadowLoads()  # the old version's sessions of other forms
 
     # -- start --------------------------------------------------------------------------------
 
@@ -357,6 +361,7 @@ class DeviceOta:
         self.probation = _Run(self.version, baseline, time.monotonic(), t.results, t.errors,
                               prev)
         p.shadow.begin(shadow, self.cfg.shadow_every, forms)
+        self._loads.reset()
 
     def _second_session(self) -> Active | None:
         """A second session of the running variant, for the shadow sample (None when it will
@@ -392,9 +397,10 @@ class DeviceOta:
     def tick(self) -> None:
         """Judge the running probation; pass or roll back."""
         run = self.probation
+        p = self.serving.pipeline
+        self._loads.tick(p, run.prev if run is not None else None, run is not None)
         if run is None:
             return
-        p = self.serving.pipeline
         new = self.kpis_now(run.since, run.results0, run.errors0)
         (compared, agreed), like = shadow_figures(
             (p.shadow.counts[0], p.shadow.counts[1]), (p.shadow.mixed[0], p.shadow.mixed[1]),

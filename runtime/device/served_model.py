@@ -167,6 +167,22 @@ class ServedModel:
                       a.manifest or self.manifest, a.pre or self.session_pre(a.variant_id))
 
 
+def old_session(m: Measured, variant_id: str, f: str) -> Active | None:
+    """A session of the model measured as `m` (the version a swap replaced, for OTA's shadow
+    sample, runtime/device/shadow_loads.py): of `variant_id` itself (ids carry no version), else
+    of another of its variants of the form `f`; unwarmed, preprocessing with `m`'s own
+    manifest. None when `m` has no variant of that form; raises when it will not load."""
+    from runtime.frames.shadow import form
+
+    vid = variant_id if variant_id in m.loaders else next(
+        (v for v in m.loaders if form(v) == f), None)
+    if vid is None:
+        return None
+    backend, variant = m.loaders[vid]
+    return Active(-1, vid, backend.load(variant), variant.model.input_shape, m.manifest,
+                  m.manifest.preprocess.apply)
+
+
 def preprocess_chooser(backends: list, manifest: Any, meter: Any, idle_w: float,
                        pins: dict[str, str] | None = None) -> Any:
     """CPU or OpenCL preprocessing for `manifest`, measured per frame size

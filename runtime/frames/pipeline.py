@@ -213,12 +213,21 @@ class Pipeline:
             self._next = new
 
     def drop_shadow(self) -> None:
-        """Stop sampling the shadow session (OTA probation ended) and close it, between two
+        """Stop sampling the shadow sessions (OTA probation ended) and close them, between two
         frames; a shadow that is also the running or pending session stays open."""
         with self._work, self._lock:  # not while the infer thread is using it
-            shadow, self.shadow.old = self.shadow.old, None
-            if shadow is not None and shadow is not self._active and shadow is not self._next:
-                shadow.session.close()
+            for shadow in self.shadow.clear():
+                if shadow is not self._active and shadow is not self._next:
+                    shadow.session.close()
+
+    def add_shadow(self, old: Active) -> bool:
+        """Hand the probation's shadow sample the old model's session of another form,
+        between two frames; False (the caller closes it) when no probation takes it."""
+        with self._work, self._lock:
+            if self.shadow.old is None:
+                return False
+            self.shadow.add(old)
+            return any(a is old for a in self.shadow.sessions())
 
     def target_of(self, key: str) -> Active | None:
         """The variant a model (by key, "" = the [model]'s) is running or about to run."""
@@ -268,7 +277,7 @@ class Pipeline:
         for t in self._threads:
             t.join(2)
         with self._lock:
-            for a in {id(x): x for x in (self._active, self._next, self.shadow.old,
+            for a in {id(x): x for x in (self._active, self._next, *self.shadow.sessions(),
                                          *self._extra.values(), *self._extra_next.values())
                       if x is not None}.values():
                 a.session.close()

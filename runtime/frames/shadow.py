@@ -5,18 +5,22 @@ stored (so the comparison adds nothing to its latency), counting top-1 agreement
 comparison, not the frame. A source on its own model is not on probation: not sampled.
 
 The old model's session is the form that ran at the swap. Where the new model has that form
-too (a new version of the same model), only frames the new model runs on it are compared: a
-governor that moved the new model to a cheaper rung meanwhile would otherwise count the
-difference between two forms against the new version (seen in the field soak: an identical
-network passed at exactly the floor, 16 of 20, after its solar node stepped from fp32-r60 to
-fp32-r56). A new model without that form is compared on every form (form names are
-generic: another network with the old session's form, `fp32` beside `fp32`, is compared on it
-like a new version, which is still like with like in precision). The frames on other forms
-are sampled too (`mixed`, as every frame was before): the figure judged, against the plain
-floor, when the governor keeps the new model off the old form too long for the like-with-like
-sample to fill (runtime/ota/probation.py `shadow_figures`), so the governor never holds a
-probation open and none goes unjudged. That figure still counts two forms' difference against
-the new version (docs/ota.md, "Known")."""
+too (a new version of the same model), only frames the new model runs on a form the old model
+has a session of here are compared (like with like): a governor that moved the new model to a
+cheaper rung meanwhile would otherwise count the difference between two forms against the new
+version (seen in the field soak: an identical network passed at exactly the floor, 16 of 20,
+after its solar node stepped from fp32-r60 to fp32-r56). A form the new model runs on with no
+old session yet is noted in `wanted` (its form and variant id); the probation loads the old
+version's session of it in the background and hands it over (`add`, between two frames), so
+the sample follows the governor. A new model without the old session's form is compared on
+every form (form names are generic: another network with the old session's form, `fp32`
+beside `fp32`, is compared on it like a new version, which is still like with like in
+precision). The frames on forms without an old session are sampled too (`mixed`, against the
+session of the swap, as every frame was before): the figure judged, against the plain floor,
+when the like-with-like sample cannot fill in time (runtime/ota/probation.py
+`shadow_figures`: the old version lacks those forms, or their sessions would not load), so the
+governor never holds a probation open and none goes unjudged. That figure still counts two
+forms' difference against the new version (docs/ota.md, "Known")."""
 
 from __future__ import annotations
 
@@ -47,11 +51,13 @@ def form(variant_id: str) -> str:
 
 
 class ShadowSample:
-    """`old`: the old model's session (None: no probation); `counts` = [compared, agreed].
-    Sampled and compared on the thread that infers and stores (under the pipeline's work
-    lock); `old` is set by the probation between two frames. `only`: the form compared like
-    with like (the old session's, when the new model has it too), None: every form is;
-    `mixed` = [compared, agreed] on every form."""
+    """`old`: the old model's session of the swap (None: no probation); `counts` =
+    [compared, agreed] like with like. Sampled and compared on the thread that infers and
+    stores (under the pipeline's work lock); `old` and the sessions of other forms (`add`) are
+    set by the probation between two frames. `only`: the old session's form when the new
+    model has it too (compared like with like, on every form an old session is held of),
+    None: every form is compared with `old`; `mixed` = [compared, agreed] on every form;
+    `wanted`: form -> the new model's variant id, for forms it ran on with no old session."""
 
     def __init__(self) -> None:
         self.old: Active | None = None
@@ -59,29 +65,54 @@ class ShadowSample:
         self.counts = [0, 0]
         self.mixed = [0, 0]
         self.only: str | None = None
-        self.other_form = 0  # frames of the new model on another form than `only`
-        self._i = self._j = 0  # frames on `only` (or every frame), on another form
+        self.other_form = 0  # frames of the new model on a form with no old session
+        self.wanted: dict[str, str] = {}
+        self._olds: dict[str, Active] = {}  # the old model's sessions by form (like with like)
+        self._i = self._j = 0  # frames on a form held (or every frame), on another form
         self._due: list[tuple[Frame, Any, Active, bool]] = []  # compared after the store
 
     def begin(self, old: Active | None, every: int, forms: frozenset[str] = frozenset()
               ) -> None:
         """A probation starts against `old`: every `every`th frame compared, counts from 0;
         `forms`: the new model's (every variant that runs), to compare like with like where
-        it can."""
+        it can. Sessions of other forms added before are forgotten, not closed (`sessions`:
+        the pipeline closes them)."""
         f = form(old.variant_id) if old is not None else ""
         self.only = f if f and f in forms else None
+        self._olds = {f: old} if self.only is not None and old is not None else {}
         # frames kept under the last probation (its form, its shadow) are not compared
-        self._due, self._i, self._j, self.other_form = [], 0, 0, 0
+        self._due, self._i, self._j, self.other_form, self.wanted = [], 0, 0, 0, {}
         self.counts, self.mixed, self.every, self.old = [0, 0], [0, 0], every, old
+
+    def add(self, old: Active) -> None:
+        """The old model's session of another form (loaded by the probation): the new
+        model's frames on that form are compared with it, like with like, from now on."""
+        f = form(old.variant_id)
+        if self.only is not None and f not in self._olds:
+            self._olds[f] = old
+            self.wanted.pop(f, None)
+
+    def sessions(self) -> list[Active]:
+        """Every old session the sample holds, once each (the swap's first)."""
+        return list({id(a): a for a in (self.old, *self._olds.values()) if a is not None
+                     }.values())
+
+    def clear(self) -> list[Active]:
+        """The probation ended: stop sampling; returns the old sessions to close."""
+        held = self.sessions()
+        self.old, self._olds, self._due, self.wanted = None, {}, [], {}
+        return held
 
     def sample(self, frame: Frame, out: Any, active: Active) -> None:
         """A frame of the [model]'s model inferred on `active`: kept for comparison when due
         (not while the old model is still the one running: the swap has not reached the
         inferring thread yet)."""
-        if self.old is None or self.old is active:
+        if self.old is None or any(a is active for a in self.sessions()):
             return
-        if self.only is not None and form(active.variant_id) != self.only:
+        f = form(active.variant_id)
+        if self.only is not None and f not in self._olds:
             self.other_form += 1
+            self.wanted.setdefault(f, active.variant_id)
             self._j += 1
             if self._j % self.every == 0:
                 self._due.append((frame, out, active, False))
@@ -103,10 +134,12 @@ class ShadowSample:
     def compare_due(self, pre_of: Callable[[Active], Callable[[Any, tuple[int, ...]], Any]],
                     manifest: Manifest) -> None:
         """Run the frames due through the old model (`pre_of(active)`: its preprocessing;
-        `manifest`: the pipeline's, for a session without its own)."""
+        `manifest`: the pipeline's, for a session without its own): a like-with-like frame
+        through the old session of its form, any other through the swap's."""
         due, self._due = self._due, []
-        old = self.old
-        for frame, out, active, like in due if old is not None else ():
+        for frame, out, active, like in due if self.old is not None else ():
+            old = self._olds.get(form(active.variant_id), self.old) if like else self.old
+            assert old is not None
             try:
                 got = infer_tiles(old.session, pre_of(old)(frame.image, old.input_shape))
                 hw = frame.image.shape[:2]  # a detector's label is its best box's

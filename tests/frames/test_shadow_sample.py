@@ -97,3 +97,65 @@ def test_comparisons_count_like_with_like_apart_from_every_form(tmp_path):
         s.sample(Frame(image, "f"), out, a)
     s.compare_due(lambda _a: pre, m)
     assert s.counts == [2, 2] and s.mixed == [5, 5] and s.due == (0, 0)
+
+
+OLD_R56 = _Active("inspection/fp32-r56@onnxruntime:CPU/t1")  # the old version's, loaded later
+
+
+def test_a_form_without_an_old_session_is_wanted_until_one_is_added():
+    s = _run(OLD, NEW_FORMS, [R56, R56])
+    assert s.due == (0, 2) and s.wanted == {"fp32-r56": R56.variant_id}
+    s.add(OLD_R56)
+    assert s.wanted == {} and s.sessions() == [OLD, OLD_R56]
+    for a in (R56, R60, OLD_R56):  # the added session itself is never a new frame
+        s.sample(Frame(np.zeros((4, 4, 3), np.uint8), "f1"), None, a)
+    assert s.due == (2, 2) and s.other_form == 2
+
+
+def test_no_session_is_added_where_the_new_model_lacks_the_old_form():
+    s = _run(OLD, frozenset({"fp32"}), [OTHER])  # every form is compared with the swap's
+    s.add(OLD_R56)
+    assert s.sessions() == [OLD] and s.wanted == {} and s.due == (1, 0)
+
+
+def test_clear_hands_back_each_old_session_once_and_stops_sampling():
+    s = _run(OLD, NEW_FORMS, [R56])
+    s.add(OLD_R56)
+    assert s.clear() == [OLD, OLD_R56]
+    s.sample(Frame(np.zeros((4, 4, 3), np.uint8), "f1"), None, R56)
+    assert s.sessions() == [] and s.due == (0, 0) and s.wanted == {}
+
+
+def test_each_form_is_compared_with_the_old_versions_session_of_that_form(tmp_path):
+    """Two different networks as the old version's r60 and r56 sessions; the new version
+    runs the r56 network on r56: compared with the old r56 it agrees on every frame, which
+    comparing it with the swap's r60 session would not (checked: the two disagree)."""
+    from support.modelgen import tiny_cnn
+    from support.tiny_ort import BACKENDS, tiny_variant
+
+    from runtime.engine.manifest import load_model, model_files
+    from runtime.frames.pipeline import Active as PipeActive
+
+    m, backend, v = tiny_variant(tmp_path)
+    (tmp_path / "b").mkdir()
+    mb = load_model(tiny_cnn(tmp_path / "b" / "tiny.onnx", hw=(32, 32), seed=7))
+    vb = backend.variants(model_files(mb)[0], BACKENDS, (1,))[0]
+    net_a, net_b = backend.load(v), backend.load(vb)
+    shape = v.model.input_shape
+    old_r60 = PipeActive(0, "tiny/fp32-r60@ort", net_a, shape)
+    old_r56 = PipeActive(1, "tiny/fp32-r56@ort", net_b, shape)
+    new_r56 = PipeActive(1, "tiny/fp32-r56@ort", backend.load(vb), shape)
+    s = ShadowSample()
+    s.begin(old_r60, 1, frozenset({"fp32-r60", "fp32-r56"}))
+    s.add(old_r56)
+    rng = np.random.default_rng(0)
+    pre = m.preprocess.apply
+    images = [rng.integers(0, 255, (32, 32, 3), np.uint8) for _ in range(12)]
+    labels = {}
+    for name, net in (("a", net_a), ("b", net_b)):
+        labels[name] = [int(np.argmax(infer_tiles(net, pre(i, shape))[0])) for i in images]
+    assert labels["a"] != labels["b"]  # the positive control: r60 vs r56 would disagree
+    for image in images:
+        s.sample(Frame(image, "f"), infer_tiles(new_r56.session, pre(image, shape)), new_r56)
+    s.compare_due(lambda _a: pre, m)
+    assert s.counts == [12, 12] and s.mixed == [12, 12]
