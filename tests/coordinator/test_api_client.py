@@ -61,9 +61,10 @@ class _Fixed(BaseHTTPRequestHandler):
     do_GET = do_POST = do_PUT = do_DELETE = _serve
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def api() -> Iterator[str]:
-    """The base URL of a fixed-answer server, shut down and closed after the test."""
+    """The base URL of a fixed-answer server (it keeps no state, so the module's tests share
+    it), shut down and closed after them."""
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Fixed)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
