@@ -71,8 +71,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
@@ -89,6 +87,7 @@ from support.under_test import child_env  # noqa: E402
 from models import bundled  # noqa: E402
 from power.oracle import best_schedule  # noqa: E402
 from power.plant import DEAD_SENSORS, SCENARIOS, ambient  # noqa: E402
+from runtime.coordinator import api_client  # noqa: E402
 from runtime.device.profiles import load_profile  # noqa: E402
 from runtime.ota.bundle import make as make_bundle  # noqa: E402
 from runtime.telemetry import resultlog  # noqa: E402
@@ -718,28 +717,26 @@ class Coordinator:
         tmp.replace(self.device_keys / f"{device}.pub")
         return True
 
-    def api(self, method: str, path: str, body: dict | None = None,
-            data: Path | None = None) -> Any:
+    def api(self, method: str, path: str, body: dict | None = None) -> Any:
         """A call of the coordinator's HTTP API (the one `edgerun fleet` makes): its JSON
-        answer; an HTTP error raises ValueError with the API's message."""
-        token = (self.home / "api-token").read_text().strip()
-        headers = {"Authorization": f"Bearer {token}"}
-        payload: Any = None
-        if data is not None:
-            payload = data.read_bytes()
-            headers |= {"Content-Type": "application/octet-stream",
-                        "Content-Length": str(len(payload))}
-        elif body is not None:
-            payload = json.dumps(body).encode()
-            headers["Content-Type"] = "application/json"
-        req = urllib.request.Request(f"http://127.0.0.1:{self.http}{path}", data=payload,
-                                     method=method, headers=headers)
-        try:
-            with urllib.request.urlopen(req, timeout=60) as resp:
-                return json.loads(resp.read())
-        except urllib.error.HTTPError as e:
-            raise ValueError(f"{method} {path}: HTTP {e.code}: "
-                             f"{e.read().decode(errors='replace')[:300]}") from None
+        answer; an HTTP or connection error raises api_client.ApiError with the API's
+        message."""
+        return api_client.call(self.url, path, body, token=self.token(), method=method,
+                               timeout=60)
+
+    def upload(self, bundle: Path) -> Any:
+        """PUT a bundle file to the coordinator (`edgerun fleet deploy` does): its record;
+        api_client.ApiError when the coordinator refuses it."""
+        return api_client.upload(self.url, bundle, self.token(), timeout=60)
+
+    def token(self) -> str:
+        """The API token the coordinator wrote at its start."""
+        return (self.home / "api-token").read_text().strip()
+
+    @property
+    def url(self) -> str:
+        """The base URL of its HTTP API."""
+        return f"http://127.0.0.1:{self.http}"
 
     def roll_out(self, bundle_id: str, device: str) -> dict:
         """Roll bundle `bundle_id` out to `device` alone, now: a group of that device and a
@@ -924,7 +921,7 @@ def soak(workdir: Path, days: int = 14, speed: float = 1500.0, source_hz: float 
             disk = Disk(nodes["cabinet"].home / "state", 128)
         coord = Coordinator(workdir / "coordinator", broker, keys)
         if release.exists():  # published before the soak: the rollout is the fault
-            bundle_id = coord.api("PUT", "/api/v1/bundles", data=release)["id"]
+            bundle_id = coord.upload(release)["id"]
         for n in nodes.values():
             n.start(broker, link.port, speed, 0.0, end_h, source_hz, plan)
         say(f"field soak: {days} simulated days at {speed:g}x, faults: "
@@ -1047,7 +1044,8 @@ def begin(s: Seen, n: Node, nodes: dict[str, Node], broker: Mosquitto, link: Lin
         try:  # through the coordinator's API, as an operator would
             r = coord.roll_out(s.ota["bundle"], n.name)
             s.ota.update(rollout=r["id"], version=r["version"])
-        except (ValueError, KeyError, OSError) as e:  # refused: a finding, reported
+        except (api_client.ApiError, ValueError, KeyError, OSError) as e:
+            # refused: a finding, reported
             s.ota["refused"] = str(e)[:300]
             say(f"  the rollout to {n.name} was refused: {e}")
     if s.fault.dur_h == 0:
@@ -1142,7 +1140,7 @@ def ota_outcome(s: Seen, coord: Coordinator) -> dict[str, Any]:
             r = coord.api("GET", f"/api/v1/rollouts/{o['rollout']}")
             o["rollout_state"] = r["state"]
             o["device_state"] = r["devices"][dev]["state"]
-        except (ValueError, KeyError, OSError) as e:
+        except (api_client.ApiError, ValueError, KeyError, OSError) as e:
             o["rollout_state"] = f"unreadable: {e}"[:200]
     after = coord.healths(dev, o.get("verdict_rowid", 0)) if o.get("verdict") else []
     o["served_after"] = sorted({str(h.get("model_version", "")) for _, _, h in after})

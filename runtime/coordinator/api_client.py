@@ -47,12 +47,24 @@ def read_token(path: Path) -> str:
                          "coordinator makes the file at its first start)") from None
 
 
-def _call(api: str, path: str, body: dict | None = None, timeout: float = 30,
-          token: str = "", method: str = "") -> Any:
-    req = urllib.request.Request(
-        api.rstrip("/") + path, method=method or ("POST" if body is not None else "GET"),
-        data=None if body is None else json.dumps(body).encode(),
-        headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"})
+class ApiError(Exception):
+    """A call of the coordinator's API that failed: `status` is the HTTP status (None when no
+    answer came: refused, reset, timed out), `route` the method and path, `reason` the
+    server's `error` text (else the HTTP reason, or the connection's error), `api` the base
+    URL called."""
+
+    def __init__(self, api: str, route: str, status: int | None, reason: str):
+        self.api, self.route, self.status, self.reason = api, route, status, reason
+        super().__init__(f"{route}: HTTP {status}: {reason}" if status is not None else
+                         f"{route}: cannot reach the coordinator at {api}: {reason}")
+
+
+def _send(api: str, path: str, method: str, data: Any, headers: dict[str, str],
+          timeout: float) -> Any:
+    """One exchange: the parsed JSON answer, or ApiError (chained to what failed)."""
+    route = f"{method} {path}"
+    req = urllib.request.Request(api.rstrip("/") + path, data=data, method=method,
+                                 headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             return json.loads(resp.read())
@@ -61,8 +73,43 @@ def _call(api: str, path: str, body: dict | None = None, timeout: float = 30,
             detail = json.loads(e.read() or b"{}").get("error", e.reason)
         except (ValueError, AttributeError):
             detail = e.reason
-        raise SystemExit(f"edgerun fleet: {detail} (HTTP {e.code})") from None
-    except urllib.error.URLError as e:
+        raise ApiError(api, route, e.code, str(detail)) from e
+    except urllib.error.URLError as e:  # no connection: refused, unresolvable, timed out
+        raise ApiError(api, route, None, str(e.reason)) from e
+    except OSError as e:  # the connection failed after it was made (reset, read timeout)
+        raise ApiError(api, route, None, str(e)) from e
+
+
+def call(api: str, path: str, body: dict | None = None, *, token: str = "",
+         method: str = "", timeout: float = 30) -> Any:
+    """Call `path` of the coordinator's API at `api` (a POST of `body` as JSON when given,
+    else a GET, unless `method` says): its JSON answer. Raises ApiError on an HTTP error or
+    when the coordinator cannot be reached."""
+    method = method or ("POST" if body is not None else "GET")
+    return _send(api, path, method, None if body is None else json.dumps(body).encode(),
+                 {"Content-Type": "application/json", "Authorization": f"Bearer {token}"},
+                 timeout)
+
+
+def upload(api: str, bundle: Path, token: str, timeout: float = 600) -> Any:
+    """PUT the bundle file `bundle` to the coordinator (streamed): the record it keeps.
+    Raises OSError when the file cannot be opened, ApiError when the coordinator refuses it
+    or cannot be reached."""
+    size = bundle.stat().st_size
+    with bundle.open("rb") as f:
+        return _send(api, "/api/v1/bundles", "PUT", f,
+                     {"Content-Length": str(size), "Authorization": f"Bearer {token}",
+                      "Content-Type": "application/octet-stream"}, timeout)
+
+
+def _call(api: str, path: str, body: dict | None = None, timeout: float = 30,
+          token: str = "", method: str = "") -> Any:
+    """`call` for the CLI: an error exits with the reason (SystemExit)."""
+    try:
+        return call(api, path, body, token=token, method=method, timeout=timeout)
+    except ApiError as e:
+        if e.status is not None:
+            raise SystemExit(f"edgerun fleet: {e.reason} (HTTP {e.status})") from None
         raise SystemExit(f"edgerun fleet: cannot reach the coordinator at {api}: {e.reason}"
                          ) from None
 
@@ -82,23 +129,15 @@ def parse_args_kv(pairs: list[str]) -> dict[str, Any]:
 
 
 def _upload(api: str, path: Path, token: str) -> dict:
-    """PUT a bundle file to the coordinator (streamed); its record."""
+    """`upload` for `fleet deploy`: an error exits with the reason (SystemExit)."""
     try:
-        size = path.stat().st_size
-        with path.open("rb") as f:
-            req = urllib.request.Request(
-                api.rstrip("/") + "/api/v1/bundles", data=f, method="PUT",
-                headers={"Content-Length": str(size), "Authorization": f"Bearer {token}",
-                         "Content-Type": "application/octet-stream"})
-            with urllib.request.urlopen(req, timeout=600) as resp:
-                return json.loads(resp.read())
+        return upload(api, path, token)
+    except ApiError as e:
+        if e.status is not None:
+            raise SystemExit(f"edgerun fleet deploy: {e.reason} (HTTP {e.status})") from None
+        # the words the connection's own error gives, after the file they were about
+        raise SystemExit(f"edgerun fleet deploy: {path}: {e.__cause__}") from None
     except OSError as e:
-        if isinstance(e, urllib.error.HTTPError):
-            try:
-                detail = json.loads(e.read() or b"{}").get("error", e.reason)
-            except (ValueError, AttributeError):
-                detail = e.reason
-            raise SystemExit(f"edgerun fleet deploy: {detail} (HTTP {e.code})") from None
         raise SystemExit(f"edgerun fleet deploy: {path}: {e}") from None
 
 
