@@ -92,14 +92,15 @@ def from_state_dir(state_dir: Path, device: str, since: float, until: float) -> 
 def from_api(api: str, token: str, device: str, since: float, until: float,
              limit: int = 5000) -> Timeline:
     """The health the coordinator stored for `device`, and its recent warning/critical
-    events (SystemExit with the reason when the coordinator refuses or is unreachable)."""
+    events (runtime.coordinator.api_client.ApiError when the coordinator refuses or is
+    unreachable)."""
     from urllib.parse import quote
 
-    from runtime.coordinator.api_client import _call
+    from runtime.coordinator.api_client import call
 
     path = f"/api/v1/devices/{quote(device, safe='')}"
-    view = _call(api, path, token=token)
-    got = _call(api, f"{path}/health?since={int(since)}&until={math.ceil(until)}"
+    view = call(api, path, token=token)
+    got = call(api, f"{path}/health?since={int(since)}&until={math.ceil(until)}"
                 f"&limit={limit}", token=token)
     records = health_history._records(json.dumps(r) for r in got.get("health", []))
     events = [e for e in view.get("events", []) if isinstance(e, dict)
@@ -379,8 +380,8 @@ def command(args: Any) -> int:
         api, token_file = client.resolve(args)
         try:
             tl = from_api(api, client.read_token(token_file), args.device, since, until)
-        except SystemExit as e:  # the fleet client's message, said as this command's
-            print(f"edgerun report: {str(e).removeprefix('edgerun fleet: ')}", file=sys.stderr)
+        except client.ApiError as e:
+            print(f"edgerun report: {e}", file=sys.stderr)
             return 1
     try:
         png = render_png(tl, args.utc)

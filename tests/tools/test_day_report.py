@@ -161,6 +161,22 @@ def test_report_refuses_an_empty_window(tmp_path):
     assert proc.returncode == 2 and "no health records for dev" in proc.stderr
 
 
+def test_report_names_the_coordinator_it_cannot_reach(tmp_path):
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on once closed
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    (tmp_path / "token").write_text("t\n")
+    proc = subprocess.run([sys.executable, "-m", "runtime.cli", "report", "dev1", "--api",
+                           f"http://127.0.0.1:{port}", "--token-file", str(tmp_path / "token")],
+                          capture_output=True, text=True, timeout=60, env=child_env())
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.startswith("edgerun report: GET /api/v1/devices/dev1: cannot reach "
+                                  f"the coordinator at http://127.0.0.1:{port}"), proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
 @needs_mpl
 def test_report_from_the_coordinator_history(tmp_path, broker):
     """Health published by a device over a real broker, stored by a real coordinator, read
