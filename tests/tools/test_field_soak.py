@@ -132,8 +132,9 @@ def test_two_days_in_the_field_lose_nothing(tmp_path):
     """Two simulated days of the soak: every result made is stored once (across the OTA
     swap too), each daemon's RSS measured, nothing crashed, every fault happened, the die
     under the trip each day, and half-way each device installed the new version, passed its
-    probation and served it from then on (or, held off the old form by its governor, was
-    judged on every form and rolled back for that agreement alone: docs/ota.md, "Known")."""
+    probation and served it from then on (the solar node's governor moves the new version
+    off the swap's form: compared with the old version's session of each form, like with
+    like, the identical network agrees)."""
     if not (bundled() / "manifest.json").exists():
         pytest.skip("bundled model not built")
     r = soak.soak(tmp_path / "soak", days=2, speed=1500.0, wall_limit_s=1300)
@@ -157,15 +158,6 @@ def test_two_days_in_the_field_lose_nothing(tmp_path):
         assert "refused" not in o, (dev, text)
         assert "model_swapped" in o["events"] and "model_deploy_failed" not in o["events"], \
             (dev, text)
-        if o.get("verdict") == "model_rolled_back":
-            # the one rollback of this identical network that is the product's known limit
-            # (docs/ota.md, "Known"): a node the governor held off the old form, judged on
-            # every form; then the old version serves and the rollout says so
-            assert "agrees with the old model" in o.get("reason", "") and not any(
-                k in o["reason"] for k in ("p95", "error rate", "energy")), (dev, text)
-            assert o["served_after"] == [""], (dev, text)
-            assert o["device_state"] == "failed", (dev, text)
-            continue
         assert o.get("verdict") == "model_probation_passed", (dev, text)
         assert "model_rolled_back" not in o["events"], (dev, text)
         assert o["model_version"] == want and o["served_after"] == [want], (dev, text)
