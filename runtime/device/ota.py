@@ -48,6 +48,7 @@ from runtime.ota.probation import (
     Kpis,
     Limits,
     judge,
+    shadow_failed,
     shadow_figures,
     shadow_wait_frames,
 )
@@ -75,6 +76,7 @@ class _Run:
     reasons: tuple[str, ...] = ()
     kpis: dict[str, Any] = field(default_factory=dict)
     mixed_said: bool = False  # the log said the agreement is judged on every form
+    no_shadow: bool = False  # the old session kept failing: judged without agreement
 
 
 class DeviceOta:
@@ -402,11 +404,20 @@ class DeviceOta:
         if run is None:
             return
         new = self.kpis_now(run.since, run.results0, run.errors0)
+        if p.shadow.old is not None and shadow_failed(p.shadow.mixed[0], p.shadow.failed):
+            log.warning("probation of %s: the old model's session failed %d shadow "
+                        "inferences (last: %s); judged without agreement from now on, as "
+                        "when no old session loads", run.version, p.shadow.failed,
+                        p.shadow.last_error)
+            run.no_shadow = True
+            self._drop_shadow()
         (compared, agreed), like = shadow_figures(
             (p.shadow.counts[0], p.shadow.counts[1]), (p.shadow.mixed[0], p.shadow.mixed[1]),
             new.frames,
             shadow_wait_frames(self.cfg.probation_frames, self.cfg.shadow_every),
             self.cfg.agreement_floor)
+        if run.no_shadow:
+            (compared, agreed), like = (0, 0), True
         if not like and p.shadow.only is not None and not run.mixed_said:  # said once
             run.mixed_said = True
             log.warning("probation of %s: the agreement is judged on every form now: %d of %d "

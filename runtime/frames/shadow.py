@@ -57,7 +57,8 @@ class ShadowSample:
     set by the probation between two frames. `only`: the old session's form when the new
     model has it too (compared like with like, on every form an old session is held of),
     None: every form is compared with `old`; `mixed` = [compared, agreed] on every form;
-    `wanted`: form -> the new model's variant id, for forms it ran on with no old session."""
+    `wanted`: form -> the new model's variant id, for forms it ran on with no old session;
+    `failed`: comparisons lost to the old model raising (`last_error`: its last error)."""
 
     def __init__(self) -> None:
         self.old: Active | None = None
@@ -66,6 +67,8 @@ class ShadowSample:
         self.mixed = [0, 0]
         self.only: str | None = None
         self.other_form = 0  # frames of the new model on a form with no old session
+        self.failed = 0  # shadow inferences on the old model that raised
+        self.last_error = ""
         self.wanted: dict[str, str] = {}
         self._olds: dict[str, Active] = {}  # the old model's sessions by form (like with like)
         self._i = self._j = 0  # frames on a form held (or every frame), on another form
@@ -82,6 +85,7 @@ class ShadowSample:
         self._olds = {f: old} if self.only is not None and old is not None else {}
         # frames kept under the last probation (its form, its shadow) are not compared
         self._due, self._i, self._j, self.other_form, self.wanted = [], 0, 0, 0, {}
+        self.failed, self.last_error = 0, ""
         self.counts, self.mixed, self.every, self.old = [0, 0], [0, 0], every, old
 
     def add(self, old: Active) -> None:
@@ -148,7 +152,11 @@ class ShadowSample:
                 old_label = frame_result(got, old.manifest or manifest, hw,
                                          old.input_shape)["label"]
             except Exception as e:
-                log.warning("shadow inference on the old model failed: %s", e)
+                self.failed += 1
+                self.last_error = str(e)[:300]
+                # said once a probation; the probation says what it does about it
+                (log.warning if self.failed == 1 else log.debug)(
+                    "shadow inference on the old model failed: %s", e)
                 continue
             self.mixed[0] += 1
             self.mixed[1] += new_label == old_label

@@ -37,6 +37,14 @@ def cannot_reach(compared: int, agreed: int, floor: float, min_shadow: int = MIN
     return 0 < compared < min_shadow and agreed + (min_shadow - compared) < floor * min_shadow
 
 
+def shadow_failed(compared: int, failed: int, min_shadow: int = MIN_SHADOW) -> bool:
+    """The old model's session failed `min_shadow` shadow inferences before as many
+    comparisons were made: the old model cannot be compared with (its fault, not the new
+    one's), so the probation goes on without agreement, as when no old session loads,
+    instead of waiting for a sample that may never fill."""
+    return compared < min_shadow and failed >= min_shadow
+
+
 def shadow_figures(like: tuple[int, int], mixed: tuple[int, int], frames: int,
                    wait_frames: int, floor: float, min_shadow: int = MIN_SHADOW
                    ) -> tuple[tuple[int, int], bool]:
@@ -149,5 +157,5 @@ def judge(old: Kpis | None, new: Kpis, compared: int, agreed: int, lim: Limits) 
     return Verdict("passed", (), agreement)
 
 
-__all__ = ["Kpis", "Limits", "Verdict", "cannot_reach", "judge", "shadow_figures",
-           "shadow_wait_frames"]
+__all__ = ["Kpis", "Limits", "Verdict", "cannot_reach", "judge", "shadow_failed",
+           "shadow_figures", "shadow_wait_frames"]

@@ -30,6 +30,7 @@ from runtime.ota.probation import (
     Limits,
     cannot_reach,
     judge,
+    shadow_failed,
     shadow_figures,
     shadow_wait_frames,
 )
@@ -102,6 +103,15 @@ def test_the_shadow_figure_is_like_with_like_until_its_wait_ends(like, mixed, fr
 ])
 def test_a_short_sample_is_hopeless_when_the_rest_cannot_lift_it(compared, agreed, hopeless):
     assert cannot_reach(compared, agreed, 0.8) is hopeless
+
+
+@pytest.mark.parametrize("compared, failed, broken", [
+    (0, 0, False), (0, 19, False), (0, 20, True),  # the old session never compared
+    (5, 20, True), (19, 40, True),  # short of a sample and failing as often
+    (20, 20, False), (25, 100, False),  # a sample made: its agreement is judged
+])
+def test_an_old_session_that_keeps_failing_is_given_up(compared, failed, broken):
+    assert shadow_failed(compared, failed) is broken
 
 
 def test_judge_does_not_blame_a_new_model_for_an_old_miss():

@@ -159,3 +159,24 @@ def test_each_form_is_compared_with_the_old_versions_session_of_that_form(tmp_pa
         s.sample(Frame(image, "f"), infer_tiles(new_r56.session, pre(image, shape)), new_r56)
     s.compare_due(lambda _a: pre, m)
     assert s.counts == [12, 12] and s.mixed == [12, 12]
+
+
+def test_an_old_session_that_raises_costs_the_comparison_and_is_counted(tmp_path):
+    """The old model's session given a shape it refuses (a real ONNX Runtime error): each
+    comparison due is lost and counted, with the error, and nothing is compared."""
+    from support.tiny_ort import tiny_variant
+
+    from runtime.frames.pipeline import Active as PipeActive
+
+    m, backend, v = tiny_variant(tmp_path)
+    session = backend.load(v)
+    old = PipeActive(0, "tiny/fp32-r60@ort", session, (1, 3, 16, 16))  # not the model's
+    new = PipeActive(0, "tiny/fp32-r60@ort", backend.load(v), v.model.input_shape)
+    s = ShadowSample()
+    s.begin(old, 1, frozenset({"fp32-r60"}))
+    image = np.zeros((32, 32, 3), np.uint8)
+    pre = m.preprocess.apply
+    for _ in range(3):
+        s.sample(Frame(image, "f"), infer_tiles(new.session, pre(image, new.input_shape)), new)
+    s.compare_due(lambda _a: pre, m)
+    assert s.failed == 3 and s.counts == [0, 0] and s.mixed == [0, 0] and s.last_error
