@@ -10,8 +10,8 @@
 - Probation (runtime/ota/probation.py): every control tick the new model's live KPIs since the
   swap are judged against the old model's at the swap, with every Nth frame also run on the old
   model for top-1 agreement: on the session that ran at the swap (kept loaded), and on the old
-  version's session of each other form the governor moves the new one to (loaded then,
-  runtime/device/shadow_loads.py), like with like. Failed: back to the old model (kept
+  version's session of the other forms the governor moves the new one to (up to 3, loaded
+  then, runtime/device/shadow_loads.py), like with like. Failed: back to the old model (kept
   in memory, so again between frames) and an event saying why; passed: an event, and the old
   model's session is closed.
 - The KPIs are the swapped model's own, not the box's: on a box where other sources run their
@@ -48,8 +48,8 @@ from runtime.ota.probation import (
     Kpis,
     Limits,
     judge,
+    judged_shadow,
     shadow_failed,
-    shadow_figures,
     shadow_wait_frames,
 )
 from runtime.wire.events import EventType
@@ -331,7 +331,7 @@ class DeviceOta:
         # the ladder now may be on it after a rebuild), given with the shadow before the
         # swap reaches the pipeline, so no frame is sampled against the last probation's form
         forms = frozenset(form(pr.variant_id) for pr in measured.profiles if pr.ok)
-        d.pipeline.shadow.begin(shadow, self.cfg.shadow_every, forms)
+        d.pipeline.begin_shadow(shadow, self.cfg.shadow_every, forms)
         prev = d.box.model.measured()
         old = self.version
         t0 = time.perf_counter()
@@ -362,7 +362,7 @@ class DeviceOta:
         t = p.models.tally(self._swapped())  # a version chosen again has counts already
         self.probation = _Run(self.version, baseline, time.monotonic(), t.results, t.errors,
                               prev)
-        p.shadow.begin(shadow, self.cfg.shadow_every, forms)
+        p.begin_shadow(shadow, self.cfg.shadow_every, forms)
         self._loads.reset()
 
     def _second_session(self) -> Active | None:
@@ -411,13 +411,11 @@ class DeviceOta:
                         p.shadow.last_error)
             run.no_shadow = True
             self._drop_shadow()
-        (compared, agreed), like = shadow_figures(
+        (compared, agreed), like = judged_shadow(
             (p.shadow.counts[0], p.shadow.counts[1]), (p.shadow.mixed[0], p.shadow.mixed[1]),
             new.frames,
             shadow_wait_frames(self.cfg.probation_frames, self.cfg.shadow_every),
-            self.cfg.agreement_floor)
-        if run.no_shadow:
-            (compared, agreed), like = (0, 0), True
+            self.cfg.agreement_floor, run.no_shadow)
         if not like and p.shadow.only is not None and not run.mixed_said:  # said once
             run.mixed_said = True
             log.warning("probation of %s: the agreement is judged on every form now: %d of %d "
@@ -449,7 +447,11 @@ class DeviceOta:
             self.rollback("; ".join(v.reasons))
 
     def _drop_shadow(self) -> None:
-        self.serving.pipeline.drop_shadow()
+        self.serving.pipeline.begin_shadow(None)
+
+    def stop_loads(self) -> None:
+        """The daemon stops: old sessions still loading are waited for and closed."""
+        self._loads.close()
 
     def rollback(self, reason: str) -> None:
         """Back to the previous version (pointer, then pipeline between two frames)."""

@@ -170,8 +170,9 @@ class ServedModel:
 def old_session(m: Measured, variant_id: str, f: str) -> Active | None:
     """A session of the model measured as `m` (the version a swap replaced, for OTA's shadow
     sample, runtime/device/shadow_loads.py): of `variant_id` itself (ids carry no version), else
-    of another of its variants of the form `f`; unwarmed, preprocessing with `m`'s own
-    manifest. None when `m` has no variant of that form; raises when it will not load."""
+    of another of its variants of the form `f`; warmed (three mid-grey frames, as a rung's
+    session: its first comparisons run on the inference thread), preprocessing with `m`'s
+    own manifest. None when `m` has no variant of that form; raises when it will not load."""
     from runtime.frames.shadow import form
 
     vid = variant_id if variant_id in m.loaders else next(
@@ -179,8 +180,15 @@ def old_session(m: Measured, variant_id: str, f: str) -> Active | None:
     if vid is None:
         return None
     backend, variant = m.loaders[vid]
-    return Active(-1, vid, backend.load(variant), variant.model.input_shape, m.manifest,
-                  m.manifest.preprocess.apply)
+    session, shape, pre = backend.load(variant), variant.model.input_shape, m.manifest.preprocess
+    try:
+        warm = pre.apply(np.full((*pre.hw(shape), 3), 128, np.uint8), shape)
+        for _ in range(3):
+            session.infer(warm)
+    except Exception:
+        session.close()
+        raise
+    return Active(-1, vid, session, shape, m.manifest, pre.apply)
 
 
 def preprocess_chooser(backends: list, manifest: Any, meter: Any, idle_w: float,

@@ -44,6 +44,8 @@ def stop_steps(d: StopHost) -> list[tuple[str, Callable[[], Any]]]:
     """(what, how to stop it) for every part running, in the order they stop."""
     links = d.links
     steps: list[tuple[str, Callable[[], Any]]] = [("the pipeline", d.pipeline.stop)]
+    if d.ota is not None:  # an engine call still running at exit aborts the process
+        steps.append(("the probation's shadow loads", d.ota.stop_loads))
     if links.local:
         steps.append(("local results", links.local.stop))  # what the drained frames made
     if links.local_api:

@@ -212,22 +212,22 @@ class Pipeline:
                 self._next.session.close()
             self._next = new
 
-    def drop_shadow(self) -> None:
-        """Stop sampling the shadow sessions (OTA probation ended) and close them, between two
-        frames; a shadow that is also the running or pending session stays open."""
-        with self._work, self._lock:  # not while the infer thread is using it
-            for shadow in self.shadow.clear():
-                if shadow is not self._active and shadow is not self._next:
-                    shadow.session.close()
+    def begin_shadow(self, old: Active | None, every: int = 5,
+                     forms: frozenset[str] = frozenset()) -> None:
+        """A probation starts against `old` (runtime/frames/shadow.py `begin`), or ends (None),
+        between two frames: the old sessions held before are closed, but for `old` and the
+        running or pending session."""
+        with self._work, self._lock:  # not while the infer thread is using them
+            for held in self.shadow.sessions():
+                if held is not old and held is not self._active and held is not self._next:
+                    held.session.close()
+            self.shadow.begin(old, every, forms)
 
     def add_shadow(self, old: Active) -> bool:
-        """Hand the probation's shadow sample the old model's session of another form,
-        between two frames; False (the caller closes it) when no probation takes it."""
+        """Another old session for the probation's shadow sample, between two frames
+        (shadow.py `add`); False when none takes it (the caller closes it)."""
         with self._work, self._lock:
-            if self.shadow.old is None:
-                return False
-            self.shadow.add(old)
-            return any(a is old for a in self.shadow.sessions())
+            return self.shadow.add(old)
 
     def target_of(self, key: str) -> Active | None:
         """The variant a model (by key, "" = the [model]'s) is running or about to run."""

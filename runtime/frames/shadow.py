@@ -34,6 +34,8 @@ from runtime.frames.frame import Frame
 
 log = logging.getLogger("edgerun.pipeline")
 
+LOADED_FAILS = 3  # failures that drop a session loaded for another form
+
 
 class Active(Protocol):
     """What is compared of a pipeline's running variant (runtime/frames/pipeline.py Active)."""
@@ -58,7 +60,8 @@ class ShadowSample:
     model has it too (compared like with like, on every form an old session is held of),
     None: every form is compared with `old`; `mixed` = [compared, agreed] on every form;
     `wanted`: form -> the new model's variant id, for forms it ran on with no old session;
-    `failed`: comparisons lost to the old model raising (`last_error`: its last error)."""
+    `failed`: comparisons lost to the swap's session raising (`last_error`: its last
+    error); a loaded session that keeps raising is dropped instead."""
 
     def __init__(self) -> None:
         self.old: Active | None = None
@@ -71,6 +74,7 @@ class ShadowSample:
         self.last_error = ""
         self.wanted: dict[str, str] = {}
         self._olds: dict[str, Active] = {}  # the old model's sessions by form (like with like)
+        self._fails: dict[int, int] = {}  # failures of each loaded session (by id)
         self._i = self._j = 0  # frames on a form held (or every frame), on another form
         self._due: list[tuple[Frame, Any, Active, bool]] = []  # compared after the store
 
@@ -78,34 +82,31 @@ class ShadowSample:
               ) -> None:
         """A probation starts against `old`: every `every`th frame compared, counts from 0;
         `forms`: the new model's (every variant that runs), to compare like with like where
-        it can. Sessions of other forms added before are forgotten, not closed (`sessions`:
-        the pipeline closes them)."""
+        it can; `old` None: none runs. The sessions held before are forgotten, not closed:
+        the pipeline's `begin_shadow` closes them."""
         f = form(old.variant_id) if old is not None else ""
         self.only = f if f and f in forms else None
         self._olds = {f: old} if self.only is not None and old is not None else {}
         # frames kept under the last probation (its form, its shadow) are not compared
         self._due, self._i, self._j, self.other_form, self.wanted = [], 0, 0, 0, {}
-        self.failed, self.last_error = 0, ""
+        self.failed, self.last_error, self._fails = 0, "", {}
         self.counts, self.mixed, self.every, self.old = [0, 0], [0, 0], every, old
 
-    def add(self, old: Active) -> None:
+    def add(self, old: Active) -> bool:
         """The old model's session of another form (loaded by the probation): the new
-        model's frames on that form are compared with it, like with like, from now on."""
+        model's frames on that form are compared with it, like with like, from now on.
+        False when not taken (no probation, no like-with-like, a session of that form held)."""
         f = form(old.variant_id)
-        if self.only is not None and f not in self._olds:
-            self._olds[f] = old
-            self.wanted.pop(f, None)
+        if self.old is None or self.only is None or f in self._olds:
+            return False
+        self._olds[f] = old
+        self.wanted.pop(f, None)
+        return True
 
     def sessions(self) -> list[Active]:
         """Every old session the sample holds, once each (the swap's first)."""
         return list({id(a): a for a in (self.old, *self._olds.values()) if a is not None
                      }.values())
-
-    def clear(self) -> list[Active]:
-        """The probation ended: stop sampling; returns the old sessions to close."""
-        held = self.sessions()
-        self.old, self._olds, self._due, self.wanted = None, {}, [], {}
-        return held
 
     def sample(self, frame: Frame, out: Any, active: Active) -> None:
         """A frame of the [model]'s model inferred on `active`: kept for comparison when due
@@ -125,6 +126,27 @@ class ShadowSample:
         if self._i % self.every == 0:
             self._due.append((frame, out, active, True))
 
+    def _failed(self, old: Active, e: Exception) -> None:
+        """A shadow inference on `old` raised: the swap's session counts towards giving the
+        agreement up (`failed`, runtime/ota/probation.py `shadow_failed`); a session loaded
+        for another form is dropped and closed after LOADED_FAILS, its form compared with
+        the swap's session again, as when it never loaded."""
+        if old is self.old:
+            self.failed += 1
+            self.last_error = str(e)[:300]
+            # said once a probation; the probation says what it does about it
+            (log.warning if self.failed == 1 else log.debug)(
+                "shadow inference on the old model failed: %s", e)
+            return
+        n = self._fails[id(old)] = self._fails.get(id(old), 0) + 1
+        if n >= LOADED_FAILS:
+            f = form(old.variant_id)
+            self._olds.pop(f, None)
+            old.session.close()  # never the running one: a loaded old session only
+            log.warning("shadow: the old version's %s failed %d inferences (last: %s); "
+                        "closed, its frames compared with the swap's session", old.variant_id,
+                        n, e)
+
     @property
     def due(self) -> tuple[int, int]:
         """Frames kept for comparison and not yet compared: (like with like, other forms)."""
@@ -142,21 +164,22 @@ class ShadowSample:
         through the old session of its form, any other through the swap's."""
         due, self._due = self._due, []
         for frame, out, active, like in due if self.old is not None else ():
-            old = self._olds.get(form(active.variant_id), self.old) if like else self.old
-            assert old is not None
-            try:
-                got = infer_tiles(old.session, pre_of(old)(frame.image, old.input_shape))
-                hw = frame.image.shape[:2]  # a detector's label is its best box's
+            old = self._olds.get(form(active.variant_id)) if like else None
+            like = old is not None or (like and self.only is None)  # its session may be gone
+            old = old or self.old
+            hw = frame.image.shape[:2]  # a detector's label is its best box's
+            try:  # the new model's own result: its failure is not the old model's
                 new_label = frame_result(out, active.manifest or manifest, hw,
                                          active.input_shape)["label"]
+            except Exception as e:
+                log.debug("shadow: the new model's result did not read back: %s", e)
+                continue
+            try:
+                got = infer_tiles(old.session, pre_of(old)(frame.image, old.input_shape))
                 old_label = frame_result(got, old.manifest or manifest, hw,
                                          old.input_shape)["label"]
             except Exception as e:
-                self.failed += 1
-                self.last_error = str(e)[:300]
-                # said once a probation; the probation says what it does about it
-                (log.warning if self.failed == 1 else log.debug)(
-                    "shadow inference on the old model failed: %s", e)
+                self._failed(old, e)
                 continue
             self.mixed[0] += 1
             self.mixed[1] += new_label == old_label

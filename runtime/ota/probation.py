@@ -58,6 +58,18 @@ def shadow_figures(like: tuple[int, int], mixed: tuple[int, int], frames: int,
     return mixed, False
 
 
+def judged_shadow(like: tuple[int, int], mixed: tuple[int, int], frames: int,
+                  wait_frames: int, floor: float, gave_up: bool = False,
+                  min_shadow: int = MIN_SHADOW) -> tuple[tuple[int, int], bool]:
+    """`shadow_figures`; with the old session given up (`shadow_failed`), no agreement,
+    (0, 0), unless what was compared before already cannot reach `floor` (then that is
+    judged: a version failing its sample is not passed because the old session broke)."""
+    figures, is_like = shadow_figures(like, mixed, frames, wait_frames, floor, min_shadow)
+    if gave_up and not cannot_reach(*figures, floor, min_shadow):
+        return (0, 0), True
+    return figures, is_like
+
+
 @dataclass(frozen=True)
 class Kpis:
     """One model's numbers over a window of live traffic."""
@@ -157,5 +169,5 @@ def judge(old: Kpis | None, new: Kpis, compared: int, agreed: int, lim: Limits) 
     return Verdict("passed", (), agreement)
 
 
-__all__ = ["Kpis", "Limits", "Verdict", "cannot_reach", "judge", "shadow_failed",
-           "shadow_figures", "shadow_wait_frames"]
+__all__ = ["Kpis", "Limits", "Verdict", "cannot_reach", "judge", "judged_shadow",
+           "shadow_failed", "shadow_figures", "shadow_wait_frames"]

@@ -4,6 +4,7 @@ at every step."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -30,6 +31,7 @@ from runtime.ota.probation import (
     Limits,
     cannot_reach,
     judge,
+    judged_shadow,
     shadow_failed,
     shadow_figures,
     shadow_wait_frames,
@@ -112,6 +114,20 @@ def test_a_short_sample_is_hopeless_when_the_rest_cannot_lift_it(compared, agree
 ])
 def test_an_old_session_that_keeps_failing_is_given_up(compared, failed, broken):
     assert shadow_failed(compared, failed) is broken
+
+
+@pytest.mark.parametrize("like, gave_up, judged", [
+    ((8, 8), False, (8, 8)),  # the sample as it stands
+    ((8, 8), True, (0, 0)),  # given up: judged without agreement
+    ((8, 0), True, (8, 0)),  # given up, but already under the floor whatever follows
+    ((0, 0), True, (0, 0)),
+])
+def test_a_given_up_shadow_still_fails_a_hopeless_sample(like, gave_up, judged):
+    assert judged_shadow(like, like, 200, 500, 0.8, gave_up) == (judged, True)
+    v = judge(OLD, Kpis(200, 0, 2.0, 1.0), *judged,
+              dataclasses.replace(LIM, min_shadow=0 if gave_up else 20))
+    assert v.state == ("failed" if judged == (8, 0) else
+                       "passed" if gave_up else "pending")
 
 
 def test_judge_does_not_blame_a_new_model_for_an_old_miss():

@@ -12,24 +12,23 @@ import numpy as np
 import pytest
 
 from runtime.choice.measure import Measured
+from runtime.device.served_model import old_session
 from runtime.device.shadow_loads import MAX_FORMS, ShadowLoads
 from runtime.frames.frame import Frame
-from runtime.frames.pipeline import Active
-from runtime.frames.shadow import ShadowSample
+from runtime.frames.pipeline import Active, Pipeline
 
 
-class _Pipeline:
-    """The pipeline's side of the interface: its shadow sample and `add_shadow` (the real
-    Pipeline's does the same under its locks)."""
+def _pipeline(m: Any) -> Pipeline:
+    return Pipeline(lambda: None, m, lambda _r: [], lambda _e: None)  # never started
 
-    def __init__(self) -> None:
-        self.shadow = ShadowSample()
 
-    def add_shadow(self, old: Active) -> bool:
-        if self.shadow.old is None:
-            return False
-        self.shadow.add(old)
-        return any(a is old for a in self.shadow.sessions())
+def closed(a: Active) -> bool:
+    """A closed session refuses to infer."""
+    try:
+        a.session.infer(np.zeros(a.input_shape, np.float32))
+    except Exception:
+        return True
+    return False
 
 
 def _old_version(tmp_path, forms: list[str]) -> tuple[Measured, Any]:
@@ -41,16 +40,16 @@ def _old_version(tmp_path, forms: list[str]) -> tuple[Measured, Any]:
     return Measured(m, [], 0.0, loaders, None), v
 
 
-def _probation(p: _Pipeline, prev: Measured, v: Any, ran: list[str]) -> None:
+def _probation(p: Pipeline, prev: Measured, v: Any, ran: list[str]) -> None:
     swap = Active(0, "tiny/fp32-r60@onnxruntime:CPU/t1", prev.loaders[
         "tiny/fp32-r60@onnxruntime:CPU/t1"][0].load(v), v.model.input_shape)
-    p.shadow.begin(swap, 1, frozenset({"fp32-r60", "fp32-r56", "int8", "a", "b", "c", "d"}))
+    p.begin_shadow(swap, 1, frozenset({"fp32-r60", "fp32-r56", "int8", "a", "b", "c", "d"}))
     for f in ran:
         p.shadow.sample(Frame(np.zeros((32, 32, 3), np.uint8), "f"), None,
                         Active(0, f"tiny/{f}@onnxruntime:CPU/t1", None, v.model.input_shape))
 
 
-def _tick_until(loads: ShadowLoads, p: _Pipeline, prev: Measured, done, open_: bool = True
+def _tick_until(loads: ShadowLoads, p: Pipeline, prev: Measured, done, open_: bool = True
                 ) -> None:
     deadline = time.monotonic() + 60  # a load on a busy box; the condition ends it
     while not done():
@@ -61,7 +60,7 @@ def _tick_until(loads: ShadowLoads, p: _Pipeline, prev: Measured, done, open_: b
 
 def test_the_old_versions_session_of_a_wanted_form_is_loaded_and_compared(tmp_path):
     prev, v = _old_version(tmp_path, ["fp32-r60", "fp32-r56"])
-    p, loads = _Pipeline(), ShadowLoads()
+    p, loads = _pipeline(prev.manifest), ShadowLoads()
     loads.reset()
     _probation(p, prev, v, ["fp32-r56"])
     assert p.shadow.wanted == {"fp32-r56": "tiny/fp32-r56@onnxruntime:CPU/t1"}
@@ -76,7 +75,7 @@ def test_the_old_versions_session_of_a_wanted_form_is_loaded_and_compared(tmp_pa
 
 def test_a_form_the_old_version_lacks_is_said_and_not_asked_again(tmp_path, caplog):
     prev, v = _old_version(tmp_path, ["fp32-r60"])
-    p, loads = _Pipeline(), ShadowLoads()
+    p, loads = _pipeline(prev.manifest), ShadowLoads()
     loads.reset()
     _probation(p, prev, v, ["int8"])
     with caplog.at_level(logging.INFO, "edgerun.ota"):
@@ -90,7 +89,7 @@ def test_a_probation_loads_at_most_max_forms(tmp_path, caplog):
     forms = ["a", "b", "c", "d"]
     assert len(forms) > MAX_FORMS
     prev, v = _old_version(tmp_path, ["fp32-r60", *forms])
-    p, loads = _Pipeline(), ShadowLoads()
+    p, loads = _pipeline(prev.manifest), ShadowLoads()
     loads.reset()
     _probation(p, prev, v, forms)
     with caplog.at_level(logging.INFO, "edgerun.ota"):
@@ -102,15 +101,32 @@ def test_a_probation_loads_at_most_max_forms(tmp_path, caplog):
     assert "no old session of d" in caplog.text
 
 
+@pytest.fixture
+def made(monkeypatch) -> list[Active]:
+    """Every old session a load made (the real loader, watched)."""
+    from runtime.device import shadow_loads
+
+    out: list[Active] = []
+
+    def watched(*args: Any) -> Active | None:
+        a = old_session(*args)
+        if a is not None:
+            out.append(a)
+        return a
+
+    monkeypatch.setattr(shadow_loads, "old_session", watched)
+    return out
+
+
 @pytest.mark.parametrize("how", ["ended", "a new probation"])
-def test_a_session_loaded_after_its_probation_is_not_handed_over(tmp_path, how):
+def test_a_session_loaded_after_its_probation_is_closed(tmp_path, how, made):
     prev, v = _old_version(tmp_path, ["fp32-r60", "fp32-r56"])
-    p, loads = _Pipeline(), ShadowLoads()
+    p, loads = _pipeline(prev.manifest), ShadowLoads()
     loads.reset()
     _probation(p, prev, v, ["fp32-r56"])
     loads.tick(p, prev, True)  # the load starts
     if how == "ended":
-        p.shadow.clear()
+        p.begin_shadow(None)
         still_open = False
     else:
         loads.reset()  # a new probation, whose shadow has only its swap's session yet
@@ -121,4 +137,18 @@ def test_a_session_loaded_after_its_probation_is_not_handed_over(tmp_path, how):
         assert time.monotonic() < deadline
         loads.tick(p, prev, still_open)
         time.sleep(0.01)
+    assert len(made) == 1 and closed(made[0])
     assert len(p.shadow.sessions()) == (1 if how != "ended" else 0)
+
+
+def test_the_daemons_stop_waits_for_a_load_and_closes_it(tmp_path, made):
+    prev, v = _old_version(tmp_path, ["fp32-r60", "fp32-r56"])
+    p, loads = _pipeline(prev.manifest), ShadowLoads()
+    loads.reset()
+    _probation(p, prev, v, ["fp32-r56"])
+    loads.tick(p, prev, True)  # the load starts
+    loads.close()
+    assert not loads.busy() and len(made) == 1 and closed(made[0])
+    assert len(p.shadow.sessions()) == 1  # never handed over
+    loads.tick(p, prev, True)
+    assert not loads.busy() and len(made) == 1  # closed: no new load

@@ -118,12 +118,13 @@ def test_no_session_is_added_where_the_new_model_lacks_the_old_form():
     assert s.sessions() == [OLD] and s.wanted == {} and s.due == (1, 0)
 
 
-def test_clear_hands_back_each_old_session_once_and_stops_sampling():
+def test_the_end_of_a_probation_holds_no_session_and_samples_nothing():
     s = _run(OLD, NEW_FORMS, [R56])
-    s.add(OLD_R56)
-    assert s.clear() == [OLD, OLD_R56]
+    assert s.add(OLD_R56) and not s.add(OLD_R56)  # one session a form
+    s.begin(None, 5)
     s.sample(Frame(np.zeros((4, 4, 3), np.uint8), "f1"), None, R56)
     assert s.sessions() == [] and s.due == (0, 0) and s.wanted == {}
+    assert not s.add(OLD_R56)  # no probation takes it
 
 
 def test_each_form_is_compared_with_the_old_versions_session_of_that_form(tmp_path):
