@@ -14,6 +14,7 @@ import logging
 import os
 import queue
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 from runtime.device.served_model import old_session
@@ -57,12 +58,7 @@ class ShadowLoads:
         longer `open_`), then start a load for each form wanted and not asked for yet, from
         `prev` (runtime.choice.measure.Measured of the old version; None: nothing to load),
         while fewer than MAX_FORMS are held and loading."""
-        while True:
-            try:
-                n, active = self._ready.get_nowait()
-            except queue.Empty:
-                break
-            self._done()
+        for n, active in self._drain():
             if open_ and n == self._probation and pipeline.add_shadow(active):
                 log.info("probation: the old version's %s loaded; frames on that form are "
                          "compared like with like", active.variant_id)
@@ -98,13 +94,18 @@ class ShadowLoads:
         self._closed = True
         for t in self._threads:
             t.join(STOP_WAIT_S)
+        for _n, active in self._drain():
+            active.session.close()
+
+    def _drain(self) -> Iterator[tuple[int, Any]]:
+        """The sessions loaded since the last look, with their probation's number."""
         while True:
             try:
-                _n, active = self._ready.get_nowait()
+                got = self._ready.get_nowait()
             except queue.Empty:
                 return
             self._done()
-            active.session.close()
+            yield got
 
     def _load(self, n: int, prev: Any, vid: str, f: str) -> None:
         with contextlib.suppress(OSError, AttributeError):  # frames first

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from support.tiny_ort import closed
 
 from runtime.choice.measure import Measured
 from runtime.device.served_model import old_session
@@ -20,15 +21,6 @@ from runtime.frames.pipeline import Active, Pipeline
 
 def _pipeline(m: Any) -> Pipeline:
     return Pipeline(lambda: None, m, lambda _r: [], lambda _e: None)  # never started
-
-
-def closed(a: Active) -> bool:
-    """A closed session refuses to infer."""
-    try:
-        a.session.infer(np.zeros(a.input_shape, np.float32))
-    except Exception:
-        return True
-    return False
 
 
 def _old_version(tmp_path, forms: list[str]) -> tuple[Measured, Any]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from support.tiny_ort import tiny_variant
+from support.tiny_ort import closed, tiny_variant
 
 from runtime.engine.tiling import infer_tiles
 from runtime.frames.frame import Frame
@@ -15,15 +15,6 @@ from runtime.frames.pipeline import Active, Pipeline
 from runtime.frames.shadow import LOADED_FAILS
 
 FORMS = frozenset({"fp32-r60", "fp32-r56"})
-
-
-def closed(a: Active) -> bool:
-    """A closed session refuses to infer."""
-    try:
-        a.session.infer(np.zeros(a.input_shape, np.float32))
-    except Exception:
-        return True
-    return False
 
 
 @pytest.fixture

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from runtime.config import BackendsConfig, OnnxRuntimeConfig
 from runtime.engine.backends import discover
 from runtime.engine.manifest import load_model, model_files
@@ -29,3 +31,12 @@ def tiny_active(folder: Path) -> tuple[Any, Active]:
     """(model, Active): tiny_variant's variant loaded, as a pipeline's first session."""
     m, backend, v = tiny_variant(folder)
     return m, Active(0, v.id, backend.load(v), v.model.input_shape)
+
+
+def closed(a: Active) -> bool:
+    """Whether `a`'s session was closed: a closed session refuses to infer."""
+    try:
+        a.session.infer(np.zeros(a.input_shape, np.float32))
+    except Exception:
+        return True
+    return False
