@@ -35,8 +35,12 @@ the hand loop's per frame.
 out of the demuxer -> decoded), FFmpeg's default RTSP reading (its H.264 parser) against
 edgerun's (AvStreamSource: no parser, NAL ends by fragment size), side by side.
 
+`--split`: where AvStreamSource's reader CPU goes at a 1 fps cap, key frames only: reading
+(PyAV's demuxer), the NAL and picture assembly, the key frame's decode, its conversion to
+BGR, against the same reader decoding every frame; one part after another (not side by side).
+
 Usage: python bench/streams.py [--seconds 20] [--size 1280x720] [--key-int 25] [--to 224]
-       [--compare 1,4 --compare-seconds 15] [--age]
+       [--compare 1,4 --compare-seconds 15] [--age] [--split]
 """
 
 from __future__ import annotations
@@ -456,6 +460,141 @@ def _report(n: int, cap_hz: float, got: dict) -> None:
           f"{e[3] / max(hnd[3], 1e-9):.2f}x")
 
 
+def _keys_reader(url: str, seconds: float) -> dict:
+    """AvStreamSource alone at a 1 fps hint, once it decodes key frames only: its reader's
+    CPU per served frame, and of it the key frame's decode and its conversion to BGR (timed
+    around those calls only, once a frame: the rest of the reader is not touched)."""
+    from runtime.config.source import SourceConfig
+    from runtime.frames.av_source import AvStreamSource
+
+    spent = {"decode": 0.0, "convert": 0.0}
+
+    class Timed(AvStreamSource):
+        def _decoder(self, keys_only: bool):
+            dec = super()._decoder(keys_only)
+            if not keys_only:
+                return dec
+
+            class Dec:
+                def decode(self, packet):
+                    c0 = time.thread_time()
+                    out = dec.decode(packet)
+                    spent["decode"] += time.thread_time() - c0
+                    return out
+
+                def __getattr__(self, name):
+                    return getattr(dec, name)
+            return Dec()
+
+    src = Timed(SourceConfig(kind="capture", path=url, read_timeout_s=5, decoder="pyav"))
+    bgr = src._bgr
+
+    class Conv:  # the reformat and the array, as the reader makes them
+        def reformat(self, frame, **kw):
+            c0 = time.thread_time()
+            img = bgr.reformat(frame, **kw).to_ndarray()
+            if src.keyframes_only:
+                spent["convert"] += time.thread_time() - c0
+
+            class Done:
+                def to_ndarray(self):
+                    return img
+            return Done()
+
+    src._bgr = Conv()
+    try:
+        src.rate_hint(1.0)
+        t_end = time.monotonic() + 30
+        while not src.keyframes_only and time.monotonic() < t_end:
+            src.read(2.0)
+        src.read(3.0)  # the frame served at the switch carries the full decode before it
+        spent.update(decode=0.0, convert=0.0)
+        n, cpu, t_end = 0, 0.0, time.monotonic() + seconds
+        while time.monotonic() < t_end:
+            f = src.read(3.0)
+            if f is not None:
+                n, cpu = n + 1, cpu + (f.decode_cpu_s or 0.0)
+        return {"served": n, "cpu": cpu, **spent, "keys_only": src.keyframes_only}
+    finally:
+        src.close()
+
+
+def _demux(url: str, seconds: float) -> tuple[float, int, list]:
+    """PyAV's demuxer alone, as AvStreamSource opens H.264 over RTSP (no parser): its CPU a
+    second, packets a second, and the packets (for the assembly's replay)."""
+    import av
+
+    c = av.open(url, options={"fflags": "noparse+nofillin", "rtsp_transport": "tcp"},
+                timeout=(10, 5))
+    try:
+        packets = c.demux(c.streams.video[0])
+        t_end = time.monotonic() + 2
+        while time.monotonic() < t_end:
+            next(packets)
+        kept = []
+        c0, t0 = time.thread_time(), time.monotonic()
+        while time.monotonic() - t0 < seconds:
+            kept.append(next(packets))
+        return (time.thread_time() - c0) / seconds, len(kept), kept
+    finally:
+        c.close()
+
+
+def split(a: argparse.Namespace) -> None:
+    """`--split`: where a key-frames-only reader's CPU goes at a 1 fps cap, one part after
+    another on the same camera (each alone in this process: beside each other, the demuxers'
+    GIL hand-overs inflated one another's CPU ~1.5-2x)."""
+    from runtime.config.source import SourceConfig
+    from runtime.frames.av_source import AccessUnits, AvStreamSource, NalAssembler
+
+    w, h = (int(x) for x in a.size.split("x"))
+    with tempfile.TemporaryDirectory() as tmp, \
+            RtspCamera(Path(tmp), width=w, height=h, key_int=a.key_int,
+                       preset=a.preset) as cam:
+        keys = _keys_reader(cam.url, a.seconds)
+        demux_s, n_packets, packets = _demux(cam.url, a.seconds)
+        # the NAL and picture assembly of key-frames-only mode, replayed on those packets
+        asm, aus = NalAssembler(), AccessUnits()
+        asm.drop_types = frozenset({1, 2, 3, 4})
+        c0 = time.thread_time()
+        for packet in packets:
+            begun = asm.dropped_begun
+            for nal in asm.push(memoryview(packet)):
+                aus.push(nal)
+            if asm.dropped_begun != begun:
+                aus.boundary()
+        assemble_s = (time.thread_time() - c0) / a.seconds
+        full = AvStreamSource(SourceConfig(kind="capture", path=cam.url, read_timeout_s=5,
+                                           decoder="pyav"))
+        try:
+            full.read(5.0)
+            n, cpu, t_end = 0, 0.0, time.monotonic() + a.seconds
+            while time.monotonic() < t_end:
+                f = full.read(3.0)
+                if f is not None:
+                    n, cpu = n + 1, cpu + (f.decode_cpu_s or 0.0)
+        finally:
+            full.close()
+    served = max(keys["served"], 1)
+    total = keys["cpu"] / served * 1e3
+    full_s = cpu / a.seconds * 1e3
+    parts = {"reading (PyAV's demuxer: RTSP over TCP, RTP)": demux_s * 1e3,
+             "NAL and picture assembly (Python)": assemble_s * 1e3,
+             "decoding the key frame": keys["decode"] / served * 1e3,
+             "converting it to BGR": keys["convert"] / served * 1e3}
+    rest = total - sum(parts.values())
+    print(f"# key frames only at a 1 fps hint, {w}x{h}, a key frame every {a.key_int} "
+          f"(load {os.getloadavg()[0]:.1f}): {keys['served']} served in {a.seconds:g} s, "
+          f"{n_packets / a.seconds:.0f} packets/s; every frame decoded: {n / a.seconds:.1f} "
+          "frames/s")
+    print(f"reader CPU per served frame {total:.2f} ms = {total / max(full_s, 1e-9):.2f}x "
+          f"the same reader decoding every frame for a second ({full_s:.2f} ms)")
+    for k, v in parts.items():
+        print(f"  {k:48} {v:6.2f} ms  {v / max(total, 1e-9):5.0%}")
+    print(f"  {'the rest (hand-over, its packet loop; +/- noise)':48} {rest:6.2f} ms  "
+          f"{rest / max(total, 1e-9):5.0%}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=20.0)
@@ -467,6 +606,8 @@ def main() -> int:
     ap.add_argument("--compare", default="", help="stream counts, e.g. 1,4")
     ap.add_argument("--compare-seconds", type=float, default=15.0)
     ap.add_argument("--age", action="store_true", help="where the frame age goes")
+    ap.add_argument("--split", action="store_true",
+                    help="where the key-frames-only reader's CPU goes at a 1 fps cap")
     ap.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
@@ -486,6 +627,10 @@ def main() -> int:
     if a.age:
         sys.path.insert(0, str(ROOT))
         age(a)
+        return 0
+    if a.split:
+        sys.path.insert(0, str(ROOT))
+        split(a)
         return 0
     try:
         import av  # noqa: F401
