@@ -29,7 +29,8 @@ process CPU per frame, decode's share of it (edgerun: its decode stage; the hand
 its process spent outside preprocess, inference and the bench's frame-number reading), the
 frame age from the camera's encoding to the start of inference p50/p99, edgerun's CPU per
 frame by stage; and edgerun at a 1 fps cap per stream: decode CPU per served frame against
-the hand loop's per frame.
+the hand loop's per frame, measured once every PyAV reader decodes key frames only (its
+steady state; the switch, 2-3 s after a connection, is said apart).
 
 `--age`: where a frame's age goes, stage by stage (the camera's capture -> its encoding ->
 out of the demuxer -> decoded), FFmpeg's default RTSP reading (its H.264 parser) against
