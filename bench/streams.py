@@ -29,14 +29,19 @@ process CPU per frame, decode's share of it (edgerun: its decode stage; the hand
 its process spent outside preprocess, inference and the bench's frame-number reading), the
 frame age from the camera's encoding to the start of inference p50/p99, edgerun's CPU per
 frame by stage; and edgerun at a 1 fps cap per stream: decode CPU per served frame against
-the hand loop's per frame.
+the hand loop's per frame, measured once every PyAV reader decodes key frames only (its
+steady state; the switch, 2-3 s after a connection, is said apart).
 
 `--age`: where a frame's age goes, stage by stage (the camera's capture -> its encoding ->
 out of the demuxer -> decoded), FFmpeg's default RTSP reading (its H.264 parser) against
 edgerun's (AvStreamSource: no parser, NAL ends by fragment size), side by side.
 
+`--split`: where AvStreamSource's reader CPU goes at a 1 fps cap, key frames only: reading
+(PyAV's demuxer), the NAL and picture assembly, the key frame's decode, its conversion to
+BGR, against the same reader decoding every frame; one part after another (not side by side).
+
 Usage: python bench/streams.py [--seconds 20] [--size 1280x720] [--key-int 25] [--to 224]
-       [--compare 1,4 --compare-seconds 15] [--age]
+       [--compare 1,4 --compare-seconds 15] [--age] [--split]
 """
 
 from __future__ import annotations
@@ -59,6 +64,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 from support.rtsp_camera import RtspCamera, frame_number, skip_reason  # noqa: E402
+
+# `--compare` at a cap: the hand loop's window starts this long after its start, about when
+# edgerun's (once its readers decode key frames only: 1 s + three key frames + one served)
+SETTLE_S = 4.5
 
 
 @dataclass
@@ -257,6 +266,7 @@ def _child(role: str, urls: list[str], logs: list[str], seconds: float, cap_hz: 
     t_begin = time.monotonic()
     served = 0
     decode_s = other_s = 0.0
+    settle_s = 0.0  # edgerun, capped: from the start until every reader ran key frames only
     per_stage: dict[str, float] = {}
     if role == "hand":
         stop = threading.Event()
@@ -284,12 +294,18 @@ def _child(role: str, urls: list[str], logs: list[str], seconds: float, cap_hz: 
         threads = [threading.Thread(target=loop, args=(i, u)) for i, u in enumerate(urls)]
         for t in threads:
             t.start()
+        if cap_hz:  # the same part of the run as edgerun's capped window, roughly (its
+            time.sleep(SETTLE_S)  # readers switching to key frames only first)
+        ru0 = resource.getrusage(resource.RUSAGE_SELF)
+        t_begin = time.monotonic()
+        counts0, work0 = list(counts), list(work)
         time.sleep(seconds)
+        ru1, t_end = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
+        served = sum(counts) - sum(counts0)
+        other_s = sum(work) - sum(work0)
         stop.set()
         for t in threads:
             t.join(30)
-        served = sum(counts)
-        other_s = sum(work)
     else:
         from runtime.config.source import SourceConfig
         from runtime.frames.multisource import Lane, retry_cap_s
@@ -318,9 +334,12 @@ def _child(role: str, urls: list[str], logs: list[str], seconds: float, cap_hz: 
             def __getattr__(self, name):
                 return getattr(session, name)
 
+        opened: list = []
+
         def opener(i: int, url: str):
             cfg = SourceConfig(kind="capture", path=url, read_timeout_s=5)
             src = open_source(cfg, tmp / "state")
+            opened.append(src)
             read = src.read
 
             def tagged(timeout_s):
@@ -341,17 +360,28 @@ def _child(role: str, urls: list[str], logs: list[str], seconds: float, cap_hz: 
         p.rate_cap_hz = cap_hz * len(urls) if cap_hz else math.inf
         p.start(Active(0, v.id, Timed(), v.model.input_shape))
         time.sleep(1.0)
+        if cap_hz:
+            # the window is the capped steady state: a PyAV reader decodes every frame until
+            # it has measured the key-frame rate (three key frames, ~2-3 s at a 1 s GOP),
+            # which a window from 1 s in counted against the key-frames-only decode
+            t_open = time.monotonic()
+            while time.monotonic() - t_open < 30 and not (
+                    len(opened) >= len(urls) and all(
+                        getattr(s, "keyframes_only", True) for s in opened)):
+                time.sleep(0.05)
+            settle_s = time.monotonic() - t_open + 1.0
+            time.sleep(1.5)  # the frame served at the switch carries the full decode before
         p.take_stage_cpu()
         ru0 = resource.getrusage(resource.RUSAGE_SELF)
         t_begin = time.monotonic()
         starts.clear()
         time.sleep(seconds)
         served, stages = p.take_stage_cpu()
+        ru1, t_end = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
         p.stop()
         decode_s = stages["decode"] or 0.0
         per_stage = {k: (v or 0.0) for k, v in stages.items()}
-    ru1 = resource.getrusage(resource.RUSAGE_SELF)
-    span = time.monotonic() - t_begin
+    span = t_end - t_begin
     cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
     if role == "hand":
         decode_s = max(cpu - other_s, 0.0)  # FFmpeg's threads: all that is not pre/infer
@@ -361,7 +391,8 @@ def _child(role: str, urls: list[str], logs: list[str], seconds: float, cap_hz: 
     ages = [(t0 - times[i][n]) * 1e3 for i, n, t0 in starts
             if n is not None and n in times[i] and t0 >= t_begin + 2.0]
     return {"served": served, "span_s": span, "cpu_s": cpu, "decode_s": decode_s,
-            "ages_ms": ages, "stages_s": per_stage if role != "hand" else {}}
+            "ages_ms": ages, "stages_s": per_stage if role != "hand" else {},
+            "settle_s": settle_s}
 
 
 def compare(a: argparse.Namespace) -> None:
@@ -421,11 +452,148 @@ def _report(n: int, cap_hz: float, got: dict) -> None:
         # frame costs it a second's decode of its stream, frames/s per stream x per frame
         full = hnd[3] * hnd[0] / n / cap_hz
         print(f"edgerun at {cap_hz:g} fps: decode CPU per served frame {e[3]:.2f} ms, "
-              f"{e[3] / max(full, 1e-9):.2f}x a full decode's per served frame ({full:.2f} ms)")
+              f"{e[3] / max(full, 1e-9):.2f}x a full decode's per served frame ({full:.2f} ms); "
+              f"window from {got['edgerun'].get('settle_s', 0):.1f} s after the start, once "
+              "every reader decoded key frames only")
         return
     print(f"edgerun / hand: frames/s {e[0] / max(hnd[0], 1e-9):.2f}x, CPU per frame "
           f"{e[1] / max(hnd[1], 1e-9):.2f}x, decode CPU per frame "
           f"{e[3] / max(hnd[3], 1e-9):.2f}x")
+
+
+def _keys_reader(url: str, seconds: float) -> dict:
+    """AvStreamSource alone at a 1 fps hint, once it decodes key frames only: its reader's
+    CPU per served frame, and of it the key frame's decode and its conversion to BGR (timed
+    around those calls only, once a frame: the rest of the reader is not touched)."""
+    from runtime.config.source import SourceConfig
+    from runtime.frames.av_source import AvStreamSource
+
+    spent = {"decode": 0.0, "convert": 0.0}
+
+    class Timed(AvStreamSource):
+        def _decoder(self, keys_only: bool):
+            dec = super()._decoder(keys_only)
+            if not keys_only:
+                return dec
+
+            class Dec:
+                def decode(self, packet):
+                    c0 = time.thread_time()
+                    out = dec.decode(packet)
+                    spent["decode"] += time.thread_time() - c0
+                    return out
+
+                def __getattr__(self, name):
+                    return getattr(dec, name)
+            return Dec()
+
+    src = Timed(SourceConfig(kind="capture", path=url, read_timeout_s=5, decoder="pyav"))
+    bgr = src._bgr
+
+    class Conv:  # the reformat and the array, as the reader makes them
+        def reformat(self, frame, **kw):
+            c0 = time.thread_time()
+            img = bgr.reformat(frame, **kw).to_ndarray()
+            if src.keyframes_only:
+                spent["convert"] += time.thread_time() - c0
+
+            class Done:
+                def to_ndarray(self):
+                    return img
+            return Done()
+
+    src._bgr = Conv()
+    try:
+        src.rate_hint(1.0)
+        t_end = time.monotonic() + 30
+        while not src.keyframes_only and time.monotonic() < t_end:
+            src.read(2.0)
+        src.read(3.0)  # the frame served at the switch carries the full decode before it
+        spent.update(decode=0.0, convert=0.0)
+        n, cpu, t_end = 0, 0.0, time.monotonic() + seconds
+        while time.monotonic() < t_end:
+            f = src.read(3.0)
+            if f is not None:
+                n, cpu = n + 1, cpu + (f.decode_cpu_s or 0.0)
+        return {"served": n, "cpu": cpu, **spent, "keys_only": src.keyframes_only}
+    finally:
+        src.close()
+
+
+def _demux(url: str, seconds: float) -> tuple[float, int, list]:
+    """PyAV's demuxer alone, as AvStreamSource opens H.264 over RTSP (no parser): its CPU a
+    second, packets a second, and the packets (for the assembly's replay)."""
+    import av
+
+    c = av.open(url, options={"fflags": "noparse+nofillin", "rtsp_transport": "tcp"},
+                timeout=(10, 5))
+    try:
+        packets = c.demux(c.streams.video[0])
+        t_end = time.monotonic() + 2
+        while time.monotonic() < t_end:
+            next(packets)
+        kept = []
+        c0, t0 = time.thread_time(), time.monotonic()
+        while time.monotonic() - t0 < seconds:
+            kept.append(next(packets))
+        return (time.thread_time() - c0) / seconds, len(kept), kept
+    finally:
+        c.close()
+
+
+def split(a: argparse.Namespace) -> None:
+    """`--split`: where a key-frames-only reader's CPU goes at a 1 fps cap, one part after
+    another on the same camera (each alone in this process: beside each other, the demuxers'
+    GIL hand-overs inflated one another's CPU ~1.5-2x)."""
+    from runtime.config.source import SourceConfig
+    from runtime.frames.av_source import AccessUnits, AvStreamSource, NalAssembler
+
+    w, h = (int(x) for x in a.size.split("x"))
+    with tempfile.TemporaryDirectory() as tmp, \
+            RtspCamera(Path(tmp), width=w, height=h, key_int=a.key_int,
+                       preset=a.preset) as cam:
+        keys = _keys_reader(cam.url, a.seconds)
+        demux_s, n_packets, packets = _demux(cam.url, a.seconds)
+        # the NAL and picture assembly of key-frames-only mode, replayed on those packets
+        asm, aus = NalAssembler(), AccessUnits()
+        asm.drop_types = frozenset({1, 2, 3, 4})
+        c0 = time.thread_time()
+        for packet in packets:
+            begun = asm.dropped_begun
+            for nal in asm.push(memoryview(packet)):
+                aus.push(nal)
+            if asm.dropped_begun != begun:
+                aus.boundary()
+        assemble_s = (time.thread_time() - c0) / a.seconds
+        full = AvStreamSource(SourceConfig(kind="capture", path=cam.url, read_timeout_s=5,
+                                           decoder="pyav"))
+        try:
+            full.read(5.0)
+            n, cpu, t_end = 0, 0.0, time.monotonic() + a.seconds
+            while time.monotonic() < t_end:
+                f = full.read(3.0)
+                if f is not None:
+                    n, cpu = n + 1, cpu + (f.decode_cpu_s or 0.0)
+        finally:
+            full.close()
+    served = max(keys["served"], 1)
+    total = keys["cpu"] / served * 1e3
+    full_s = cpu / a.seconds * 1e3
+    parts = {"reading (PyAV's demuxer: RTSP over TCP, RTP)": demux_s * 1e3,
+             "NAL and picture assembly (Python)": assemble_s * 1e3,
+             "decoding the key frame": keys["decode"] / served * 1e3,
+             "converting it to BGR": keys["convert"] / served * 1e3}
+    rest = total - sum(parts.values())
+    print(f"# key frames only at a 1 fps hint, {w}x{h}, a key frame every {a.key_int} "
+          f"(load {os.getloadavg()[0]:.1f}): {keys['served']} served in {a.seconds:g} s, "
+          f"{n_packets / a.seconds:.0f} packets/s; every frame decoded: {n / a.seconds:.1f} "
+          "frames/s")
+    print(f"reader CPU per served frame {total:.2f} ms = {total / max(full_s, 1e-9):.2f}x "
+          f"the same reader decoding every frame for a second ({full_s:.2f} ms)")
+    for k, v in parts.items():
+        print(f"  {k:48} {v:6.2f} ms  {v / max(total, 1e-9):5.0%}")
+    print(f"  {'the rest (hand-over, its packet loop; +/- noise)':48} {rest:6.2f} ms  "
+          f"{rest / max(total, 1e-9):5.0%}")
 
 
 def main() -> int:
@@ -439,6 +607,8 @@ def main() -> int:
     ap.add_argument("--compare", default="", help="stream counts, e.g. 1,4")
     ap.add_argument("--compare-seconds", type=float, default=15.0)
     ap.add_argument("--age", action="store_true", help="where the frame age goes")
+    ap.add_argument("--split", action="store_true",
+                    help="where the key-frames-only reader's CPU goes at a 1 fps cap")
     ap.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
@@ -458,6 +628,10 @@ def main() -> int:
     if a.age:
         sys.path.insert(0, str(ROOT))
         age(a)
+        return 0
+    if a.split:
+        sys.path.insert(0, str(ROOT))
+        split(a)
         return 0
     try:
         import av  # noqa: F401
