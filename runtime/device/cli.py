@@ -48,21 +48,24 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def _storage_line(cfg) -> str:
-    """How long the card lasts at the daemon's last measured rate of disk writes (its health
-    history, in the state directory), with [storage] rated_tbw."""
+    """How long the card lasts at the last measured rate of disk writes (the daemon's health
+    history, in the state directory): the card's own (every writer, the filesystem's journal
+    included) where it was measured, else the daemon's, with [storage] rated_tbw."""
     from runtime.device.wear import life_days
     from runtime.wire import health_history
 
     state = Path(cfg.daemon.state_dir).expanduser()
-    rates = [r["write_bytes_per_day"] for r in health_history.read(state)
-             if r.get("write_bytes_per_day") is not None]
-    if not rates:
+    recs = [r for r in health_history.read(state) if r.get("write_bytes_per_day") is not None]
+    if not recs:
         return (f"storage: no rate of disk writes measured yet (the daemon's health history "
                 f"in {state} has none: it reports one after a minute of serving)")
-    per_day = rates[-1]
+    last = recs[-1]
+    per_day, card = last["write_bytes_per_day"], last.get("card_write_bytes_per_day")
     line = f"storage: the daemon wrote {per_day / 1e6:.1f} MB a day (its last health)"
+    if card is not None:
+        line += f", its card {card / 1e6:.1f} MB a day (every writer, the journal included)"
     tbw = cfg.storage.rated_tbw
-    days = life_days(per_day, tbw)
+    days = life_days(card if card is not None else per_day, tbw)
     if days is None:
         return line + "; set [storage] rated_tbw (the card's rated TB written) for its life"
     return (line + f"; a new {tbw:g} TBW card lasts {days:,.0f} days ({days / 365:.1f} "

@@ -64,6 +64,7 @@ class Daemon:
         self.state_dir = Path(cfg.daemon.state_dir).expanduser()
         self.started = time.monotonic()
         self.writes = WriteRate()  # this process's disk writes a day (health `storage`)
+        self.card_writes = WriteRate()  # and its card's
         self.wakeup = Wakeup()  # the main loop sleeps on it (runtime/device/wakeup.py)
         self.signals = Signals(self.wakeup)  # a stop or a reload asked, read by the loop
         self.sim: Any = None  # runtime.device.simdevice.SimulatedDevice when simulating

@@ -49,6 +49,7 @@ class Parts(Protocol):
     ota: Any  # runtime.device.ota.DeviceOta or None
     sleeper: Any  # runtime.device.sleep.Sleeper or None
     writes: WriteRate  # the process's disk writes, sampled with each health (wear.py)
+    card_writes: WriteRate  # its card's (the state directory's block device)
 
 
 def freeze(x: Any) -> Any:
@@ -147,11 +148,15 @@ def _integrations(d: Parts) -> Mapping[str, bool]:
 
 
 def _storage(d: Parts) -> Mapping[str, Any]:
-    """Sample the process's disk writes (a health is due) and report the rate."""
-    written = wear.read_write_bytes()
-    if written is not None:
-        d.writes.add(time.monotonic(), written)
-    return freeze(wear.report(d.writes, d.cfg.storage.rated_tbw))
+    """Sample the process's disk writes and its card's (a health is due) and report the
+    rates."""
+    now = time.monotonic()
+    if (written := wear.read_write_bytes()) is not None:
+        d.writes.add(now, written)
+    state_dir = Path(d.cfg.daemon.state_dir).expanduser()
+    if (card := wear.card_written(state_dir, Path(d.cfg.device.sysfs_root))) is not None:
+        d.card_writes.add(now, card)
+    return freeze(wear.report(d.writes, d.cfg.storage.rated_tbw, d.card_writes))
 
 
 def stopped(before: DeviceState | None, now: DeviceState) -> list[str]:

@@ -82,6 +82,8 @@ def record(h: Mapping[str, Any], trips: Mapping[str, float] | None = None) -> di
     # reads the newest to say how long the card lasts at that rate
     if (per_day := _num(_get(h, "storage", "write_bytes_per_day"))) is not None:
         out["write_bytes_per_day"] = per_day
+    if (card := _num(_get(h, "storage", "card_write_bytes_per_day"))) is not None:
+        out["card_write_bytes_per_day"] = card  # the card's, every writer's
     if (sim_t := _num(_get(h, "simulated", "t"))) is not None:
         out["sim_t"] = sim_t  # a simulated device: its own clock (s since a midnight)
     t = dict(trips or {})
@@ -92,7 +94,7 @@ def record(h: Mapping[str, Any], trips: Mapping[str, float] | None = None) -> di
 
 
 # figures kept whole: the time (to the millisecond), a simulated clock, a byte count a day
-_WHOLE = {"t": 3, "sim_t": 3, "write_bytes_per_day": 0}
+_WHOLE = {"t": 3, "sim_t": 3, "write_bytes_per_day": 0, "card_write_bytes_per_day": 0}
 
 
 def compact(rec: Mapping[str, Any]) -> dict[str, Any]:
@@ -278,7 +280,9 @@ def _records(lines: Iterable[str]) -> list[dict[str, Any]]:
                                      "latency_ms": {"p95": doc.get("p95_ms")}},
                         "slo": {"target_ms": doc.get("target_ms")},
                         "rung_energy_mj": doc.get("energy_mj"),
-                        "storage": {"write_bytes_per_day": doc.get("write_bytes_per_day")}},
+                        "storage": {"write_bytes_per_day": doc.get("write_bytes_per_day"),
+                                    "card_write_bytes_per_day":
+                                        doc.get("card_write_bytes_per_day")}},
                        doc.get("trips") if isinstance(doc.get("trips"), dict) else None)
             out.append(r)
     return out

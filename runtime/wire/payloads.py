@@ -145,9 +145,11 @@ _HEALTH = _obj({
         "blind": {"type": ["string", "null"], "maxLength": 4096}})},
     "box": _obj({"rung": {"type": "integer", "minimum": 0, "maximum": 10_000},
                  "rungs": {"type": "integer", "minimum": 0, "maximum": 10_000}}),
-    # bytes the daemon writes to disk a day (its /proc/self/io write_bytes over `window_s`)
-    # and a card of [storage] rated_tbw's life at that rate (runtime/device/wear.py)
-    "storage": _obj({"write_bytes_per_day": _COUNT_OR_NULL, "window_s": _NUM,
+    # bytes the daemon writes to disk a day (its /proc/self/io write_bytes over `window_s`),
+    # its card's (the state directory's block device, every writer) and a card of
+    # [storage] rated_tbw's life at the card's rate, else the daemon's (runtime/device/wear.py)
+    "storage": _obj({"write_bytes_per_day": _COUNT_OR_NULL,
+                     "card_write_bytes_per_day": _COUNT_OR_NULL, "window_s": _NUM,
                      "rated_tbw": _NUM_OR_NULL, "life_days": _NUM_OR_NULL}),
     "backlog": _obj({"results_held": _COUNT, "bytes": _COUNT, "oldest_seq": _COUNT_OR_NULL,
                      "evicted_total": _COUNT,

@@ -22,11 +22,13 @@ def _check(tmp_path: Path, storage: str) -> str:
     return next(line for line in r.stderr.splitlines() if line.startswith("storage:"))
 
 
-def _health(tmp_path: Path, *rates: float | None) -> None:
+def _health(tmp_path: Path, *rates: float | tuple[float, float] | None) -> None:
     (tmp_path / "state").mkdir(exist_ok=True)
     hist = HealthHistory(tmp_path / "state")
     for i, rate in enumerate(rates):
-        hist.append({"t": 1_800_000_000.0 + i, "storage": {"write_bytes_per_day": rate}})
+        mine, card = rate if isinstance(rate, tuple) else (rate, None)
+        hist.append({"t": 1_800_000_000.0 + i, "storage": {"write_bytes_per_day": mine,
+                                                           "card_write_bytes_per_day": card}})
 
 
 @pytest.mark.parametrize("rates, storage, says", [
@@ -35,6 +37,10 @@ def _health(tmp_path: Path, *rates: float | None) -> None:
     ((5e9, 2e9), "", "wrote 2000.0 MB a day (its last health); set [storage] rated_tbw"),
     ((2e9,), "[storage]\nrated_tbw = 10.0\n",
      "a new 10 TBW card lasts 5,000 days (13.7 years) at that rate"),
+    # the card's own rate (the journal included) is what wears it
+    (((2e9, 8e9),), "[storage]\nrated_tbw = 10.0\n",
+     "its card 8000.0 MB a day (every writer, the journal included); a new 10 TBW card "
+     "lasts 1,250 days (3.4 years) at that rate"),
 ])
 def test_check_states_the_cards_life_at_the_measured_rate(tmp_path, rates, storage, says):
     _health(tmp_path, *rates)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -46,8 +47,8 @@ def test_the_window_slides_and_keeps_its_oldest_sample_inside():
     assert r.span_s() == pytest.approx(100.0)
     assert r.per_day() == 0.0  # the last 100 s wrote nothing
     rep = wear.report(r, 0.0)
-    assert rep == {"write_bytes_per_day": 0, "window_s": 100.0, "rated_tbw": None,
-                   "life_days": None}
+    assert rep == {"write_bytes_per_day": 0, "card_write_bytes_per_day": None,
+                   "window_s": 100.0, "rated_tbw": None, "life_days": None}
 
 
 def test_report_with_a_rating():
@@ -57,6 +58,52 @@ def test_report_with_a_rating():
     rep = wear.report(r, 1.0)
     assert rep["write_bytes_per_day"] == 86_400_000
     assert rep["life_days"] == pytest.approx(1e12 / 86.4e6, abs=0.1)
+
+
+def test_the_cards_life_is_taken_from_the_cards_rate_when_known():
+    daemon, card = wear.WriteRate(), wear.WriteRate()
+    for t, mine, all_ in ((0.0, 0, 0), (600.0, 600 * 1000, 600 * 6000)):  # 1 kB/s, 6 kB/s
+        daemon.add(t, mine)
+        card.add(t, all_)
+    rep = wear.report(daemon, 1.0, card)
+    assert rep["write_bytes_per_day"] == 86_400_000
+    assert rep["card_write_bytes_per_day"] == 6 * 86_400_000
+    assert rep["life_days"] == pytest.approx(1e12 / (6 * 86.4e6), abs=0.1)
+    assert wear.report(daemon, 1.0, wear.WriteRate())["life_days"] == pytest.approx(
+        1e12 / 86.4e6, abs=0.1)  # the card not measured: the daemon's rate
+
+
+def _stat_line(sectors_written: int) -> str:
+    """A block device's stat line (Documentation/block/stat.rst: the 7th field)."""
+    return f"  100 0 800 50 {sectors_written // 10} 0 {sectors_written} 70 0 60 120 0 0 0 0\n"
+
+
+def test_the_card_is_the_block_device_holding_the_path(tmp_path):
+    dev = os.stat(tmp_path).st_dev
+    if os.major(dev) == 0:
+        pytest.skip(f"{tmp_path} is on no block device here (major 0: tmpfs or overlay)")
+    stat = tmp_path / "root/sys/dev/block" / f"{os.major(dev)}:{os.minor(dev)}" / "stat"
+    stat.parent.mkdir(parents=True)
+    stat.write_text(_stat_line(2048))
+    assert wear.card_written(tmp_path, tmp_path / "root") == 2048 * 512
+    stat.write_text("garbage\n")
+    assert wear.card_written(tmp_path, tmp_path / "root") is None
+    assert wear.card_written(tmp_path, tmp_path / "nothing") is None  # no such device file
+
+
+def test_a_path_on_no_block_device_has_no_card():
+    assert wear.card_written(Path("/proc")) is None  # major 0, like tmpfs and overlay
+
+
+def test_this_machines_card_counter_grows_with_a_synced_write(tmp_path):
+    before = wear.card_written(tmp_path)
+    if before is None:
+        pytest.skip(f"{tmp_path} is on no block device the kernel counts here")
+    with open(tmp_path / "f", "wb") as f:
+        f.write(os.urandom(1 << 20))
+        f.flush()
+        os.fsync(f.fileno())
+    assert wear.card_written(tmp_path) >= before + (1 << 20)
 
 
 def test_this_process_write_bytes_is_read_and_grows(tmp_path):

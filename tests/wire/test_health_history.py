@@ -155,7 +155,8 @@ def test_records_are_stored_compact_and_read_back_whole(tmp_path):
          "pipeline": {"rate_hz": 0.8624509327678577, "latency_ms": {"p95": 9.218345801491521}},
          "slo": {"target_ms": 100.0}, "rung_energy_mj": 1.51712, "power_w": 8.0,
          "accuracy": 0.99, "passive_trip_c": 86.5,
-         "storage": {"write_bytes_per_day": 123_456_789.4}}
+         "storage": {"write_bytes_per_day": 123_456_789.4,
+                     "card_write_bytes_per_day": 987_654_321.4}}
     full = record(h, {"hot": 90.0})
     hist = HealthHistory(tmp_path)
     hist.append(h, {"hot": 90.0})
@@ -170,3 +171,4 @@ def test_records_are_stored_compact_and_read_back_whole(tmp_path):
             assert back[k] == pytest.approx(v, rel=5e-4, abs=1e-3), k
     assert back["t"] == pytest.approx(full["t"], abs=0.0005)
     assert back["write_bytes_per_day"] == 123_456_789.0
+    assert back["card_write_bytes_per_day"] == 987_654_321.0

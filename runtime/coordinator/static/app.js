@@ -305,17 +305,23 @@ function eventDetail(ev) {
     .map(([k, v]) => `${k}=${typeof v === "object" ? JSON.stringify(v) : v}`).join(" ");
 }
 
-// The daemon's bytes written a day and, with [storage] rated_tbw, its card's life at that
-// rate (runtime/device/wear.py computes both; nothing is estimated here).
+// The daemon's bytes written a day, its card's (every writer, the journal included) and,
+// with [storage] rated_tbw, the card's life at the card's rate (else the daemon's);
+// runtime/device/wear.py computes them all, nothing is estimated here.
+function bytesText(perDay) {
+  const mb = perDay / 1e6;
+  return mb >= 1000 ? `${(mb / 1000).toFixed(1)} GB` : `${mb.toFixed(mb < 10 ? 2 : 0)} MB`;
+}
+
 function storageText(health) {
   const perDay = num(get(health, "storage", "write_bytes_per_day"));
   if (perDay === null) return "";
+  const card = num(get(health, "storage", "card_write_bytes_per_day"));
   const life = num(get(health, "storage", "life_days"));
-  const mb = perDay / 1e6;
-  const rate = mb >= 1000 ? `${(mb / 1000).toFixed(1)} GB` : `${mb.toFixed(mb < 10 ? 2 : 0)} MB`;
   const lasts = life === null ? "" : life >= 730 ? `, card lasts ~${(life / 365).toFixed(0)} years`
     : `, card lasts ~${life.toFixed(0)} days`;
-  return `; writes ${rate}/day${lasts}`;
+  const onCard = card === null ? "" : ` (card ${bytesText(card)}/day)`;
+  return `; writes ${bytesText(perDay)}/day${onCard}${lasts}`;
 }
 
 async function refreshDevice() {
