@@ -41,6 +41,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     _check_engines(cfg)
     _check_clock(cfg)
     print(_storage_line(cfg), file=sys.stderr)
+    if mount := _mount_line(cfg):
+        print(mount, file=sys.stderr)
     bad = [what for what, fix in found if fix]
     print(f"{args.config}: " + (f"config ok, {' and '.join(bad)} NOT ok" if bad else "ok"),
           file=sys.stderr)
@@ -70,6 +72,27 @@ def _storage_line(cfg) -> str:
         return line + "; set [storage] rated_tbw (the card's rated TB written) for its life"
     return (line + f"; a new {tbw:g} TBW card lasts {days:,.0f} days ({days / 365:.1f} "
             "years) at that rate")
+
+
+def _mount_line(cfg, mounts: Path = Path("/proc/mounts")) -> str | None:
+    """What to change in the mount of the state directory's filesystem to spare the card
+    (runtime/device/wear.py mount_advice), or None."""
+    from runtime.device.wear import mount_advice, mount_of
+
+    state = Path(cfg.daemon.state_dir).expanduser().resolve()
+    while not state.exists() and state != state.parent:  # not made yet: where it will be
+        state = state.parent
+    try:
+        found = mount_of(state, mounts.read_text())
+    except OSError:
+        return None
+    advice = mount_advice(found[1], found[2]) if found else None
+    if found is None or advice is None:
+        return None
+    return (f"storage: the state directory is on {found[0]} ({found[1]}, "
+            f"{','.join(found[2])}), whose journal also writes each append's inode times to "
+            f"the card: mount it with {advice} to spare it (what each option saves, measured, "
+            'and what commit=60 costs at a power cut: docs/telemetry.md, "At the card")')
 
 
 def _check_model(cfg, say: Callable[[str], None]) -> str | None:

@@ -60,6 +60,36 @@ def card_written(path: Path, root: Path = Path("/")) -> int | None:
         return None
 
 
+def mount_of(path: Path, mounts: str) -> tuple[str, str, tuple[str, ...]] | None:
+    """(mount point, filesystem type, options) of the mount that holds `path`, from the text
+    of /proc/mounts (the longest mount point above it; the last one mounted there wins)."""
+    best: tuple[str, str, tuple[str, ...]] | None = None
+    target = str(path)
+    for line in mounts.splitlines():
+        parts = line.split()
+        if len(parts) < 4:
+            continue
+        point = parts[1].replace("\\040", " ")
+        inside = target == point or target.startswith(point.rstrip("/") + "/")
+        if inside and (best is None or len(point) >= len(best[0])):
+            best = (point, parts[2], tuple(parts[3].split(",")))
+    return best
+
+
+def mount_advice(fstype: str, options: tuple[str, ...]) -> str | None:
+    """The mount options that spare a card under ext4 (its journal writes the metadata each
+    append changes: times at every write, committed every `commit` seconds, 5 by default),
+    missing from `options`; None when none is missing or it is not ext4 (docs/telemetry.md,
+    "At the card")."""
+    if fstype not in ("ext4", "ext3"):
+        return None
+    want = [o for o in ("noatime", "lazytime") if o not in options]
+    commit = next((o.partition("=")[2] for o in options if o.startswith("commit=")), "5")
+    if not commit.isdigit() or int(commit) < 60:
+        want.append("commit=60")
+    return ",".join(want) or None
+
+
 def life_days(bytes_per_day: float | None, rated_tbw: float) -> float | None:
     """Days a card rated `rated_tbw` TB written lasts at `bytes_per_day`, from new; None when
     either is unknown (rated_tbw 0: not configured) or nothing is written."""
