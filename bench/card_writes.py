@@ -3,22 +3,22 @@ not only what the daemon's process is charged.
 
 `/proc/PID/io` `write_bytes` (bench/disk_writes.py) counts the pages a process dirties. A card
 also takes what the kernel writes for the filesystem and charges to no process: ext4's journal
-(metadata changes, an inode's size and times, committed every `commit` seconds) and the
-inode table behind it. Here each case gets filesystems of its own: two ext4 images on loop
-devices, mounted with the case's options (`--mounts`, `;` between cases); a real Mosquitto and
+(metadata changes, an inode's size and times, committed every `commit` seconds) and the inode
+table behind it. Here each case gets filesystems of its own: two ext4 images on loop devices,
+mounted with the case's options (`--mounts`, `;` between cases); a real Mosquitto and
 coordinator elsewhere, a real `edgerun serve` (the bundled model on the synthetic conveyor at
-`--rate`, no governor) with its state directory on the first image, and beside it, in the same
-window, the floor (a process appending each result's payload to one file at the same rate,
-without fsync) on the second. Over `--window-s`: sectors written to each loop device
-(`/sys/block/loopN/stat`, 512 bytes each) per result, the daemon's own `write_bytes` per
-result, and what the daemon's health said of its card (`storage.card_write_bytes_per_day`,
-runtime/device/wear.py, over the daemon's life so far) against the device's count over the
-daemon's life.
+`--rate`, no governor) with its state directory on the first image, and beside it, started
+`--settle-s` before the window, the floor (a process appending each result's payload to one
+file at the same rate, without fsync) on the second. Over `--window-s`: sectors written to each
+loop device (`/sys/block/loopN/stat`, 512 bytes each) per result, the daemon's own
+`write_bytes` per result, and what the daemon's health said of its card
+(`storage.card_write_bytes_per_day`, runtime/device/wear.py, over the daemon's life so far)
+against the device's count over the daemon's life.
 
 Needs root (losetup, mount); without it the bench says so and exits 0.
 
-Usage: python bench/card_writes.py [--rate 1] [--window-s 120]
-       [--mounts "defaults;noatime,lazytime;noatime,lazytime,commit=60"]
+Usage: python bench/card_writes.py [--rate 1] [--window-s 240] [--settle-s 100]
+       [--mounts "defaults;commit=60;noatime,lazytime,commit=60"]
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def health_storage(coord: dw.CoordinatorProc) -> dict:
 
 
 def one_case(work: Path, broker: dw.Mosquitto, coord: dw.CoordinatorProc, options: str,
-             rate: float, window_s: float) -> str:
+             rate: float, window_s: float, settle_s: float) -> str:
     """The daemon and the floor on filesystems mounted with `options`: one line."""
     with Ext4(work, "dev", options) as dev_fs, Ext4(work, "floor", options) as floor_fs:
         home = dev_fs.mnt / "edgerun"
@@ -94,12 +94,14 @@ def one_case(work: Path, broker: dw.Mosquitto, coord: dw.CoordinatorProc, option
                         or proc.poll() is not None, 600, "the daemon's profiling never closed")
             if proc.poll() is not None:
                 raise RuntimeError(f"the daemon exited: see {logfile}")
-            time.sleep(5.0)
             payload = dw.mean_payload(coord)
             floor_file = floor_fs.mnt / "floor.log"
             floor_proc = subprocess.Popen([sys.executable, "-c", dw.FLOOR, str(round(payload)),
                                            str(rate), str(floor_file)])
             dw.wait_for(floor_file.exists, 60, "the floor writer never started")
+            # both writing, past a journal commit and a writeback of what came before (the
+            # daemon's start, the profile cache): the window then sees each in its steady state
+            time.sleep(settle_s)
             m0, d0, p0 = dw.produced(home / "state"), dev_fs.written(), dw.write_bytes(proc.pid)
             f0, l0 = floor_fs.written(), floor_file.stat().st_size
             time.sleep(window_s)
@@ -134,8 +136,11 @@ def main() -> None:
     """Each mount case in turn against one broker and coordinator."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rate", type=float, default=1.0)
-    ap.add_argument("--window-s", type=float, default=120.0)
-    ap.add_argument("--mounts", default="defaults;noatime,lazytime;noatime,lazytime,commit=60")
+    ap.add_argument("--window-s", type=float, default=240.0)
+    ap.add_argument("--settle-s", type=float, default=100.0,
+                    help="both writers run this long before the window (over a commit "
+                         "interval plus the kernel's 30 s writeback)")
+    ap.add_argument("--mounts", default="defaults;commit=60;noatime,lazytime,commit=60")
     a = ap.parse_args()
     if os.geteuid() != 0:
         print("card_writes: needs root to make and mount loop filesystems; not run")
@@ -151,7 +156,8 @@ def main() -> None:
             for options in a.mounts.split(";"):
                 case = work / options.replace(",", "_").replace("=", "")
                 case.mkdir()
-                print(one_case(case, broker, coord, options, a.rate, a.window_s), flush=True)
+                print(one_case(case, broker, coord, options, a.rate, a.window_s, a.settle_s),
+                      flush=True)
         finally:
             coord.term()
             broker.stop()

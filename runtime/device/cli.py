@@ -89,10 +89,11 @@ def _mount_line(cfg, mounts: Path = Path("/proc/mounts")) -> str | None:
     advice = mount_advice(found[1], found[2]) if found else None
     if found is None or advice is None:
         return None
+    commit = next((o.partition("=")[2] for o in found[2] if o.startswith("commit=")), "5")
     return (f"storage: the state directory is on {found[0]} ({found[1]}, "
-            f"{','.join(found[2])}), whose journal also writes each append's inode times to "
-            f"the card: mount it with {advice} to spare it (what each option saves, measured, "
-            'and what commit=60 costs at a power cut: docs/telemetry.md, "At the card")')
+            f"{','.join(found[2])}), whose journal writes each append's metadata to the card "
+            f"every {commit} s: mount it with {advice} to spare it (what it saves, measured, "
+            'and what it costs at a power cut: docs/telemetry.md, "At the card")')
 
 
 def _check_model(cfg, say: Callable[[str], None]) -> str | None:
