@@ -87,18 +87,10 @@ def one_case(work: Path, broker: dw.Mosquitto, coord: dw.CoordinatorProc, option
                                      str(cfg)], stdout=log, stderr=subprocess.STDOUT)
         floor_proc = None
         try:
-            start = dw.stored(coord)
-            dw.wait_for(lambda: dw.stored(coord) > start + 3 or proc.poll() is not None, 600,
-                        "the coordinator stored no result from the daemon")
-            dw.wait_for(lambda: " profiled in " in logfile.read_text(errors="replace")
-                        or proc.poll() is not None, 600, "the daemon's profiling never closed")
-            if proc.poll() is not None:
-                raise RuntimeError(f"the daemon exited: see {logfile}")
+            dw.settled(proc, coord, logfile)
             payload = dw.mean_payload(coord)
             floor_file = floor_fs.mnt / "floor.log"
-            floor_proc = subprocess.Popen([sys.executable, "-c", dw.FLOOR, str(round(payload)),
-                                           str(rate), str(floor_file)])
-            dw.wait_for(floor_file.exists, 60, "the floor writer never started")
+            floor_proc = dw.start_floor(payload, rate, floor_file)
             # both writing, past a journal commit and a writeback of what came before (the
             # daemon's start, the profile cache): the window then sees each in its steady state
             time.sleep(settle_s)

@@ -167,6 +167,28 @@ def wait_for(pred, timeout_s: float, what: str) -> None:
         time.sleep(0.5)
 
 
+def settled(proc: subprocess.Popen, coord: CoordinatorProc, logfile: Path) -> None:
+    """Wait until the daemon `proc` (logging to `logfile`) has results stored and its start's
+    profiling closed; RuntimeError when it exited meanwhile."""
+    start = stored(coord)
+    wait_for(lambda: stored(coord) > start + 3 or proc.poll() is not None, 600,
+             "the coordinator stored no result from the daemon")
+    # past the start: the background refinement writes the profile cache until its
+    # schedule closes (`N variants of M profiled in`), once per model and machine
+    wait_for(lambda: " profiled in " in logfile.read_text(errors="replace")
+             or proc.poll() is not None, 600, "the daemon's profiling never closed")
+    if proc.poll() is not None:
+        raise RuntimeError(f"the daemon exited: see {logfile}")
+
+
+def start_floor(payload: float, rate: float, path: Path) -> subprocess.Popen:
+    """The floor: a process appending `payload` bytes a line to `path` at `rate`, started."""
+    proc = subprocess.Popen([sys.executable, "-c", FLOOR, str(round(payload)), str(rate),
+                             str(path)])
+    wait_for(path.exists, 60, "the floor writer never started")
+    return proc
+
+
 def measure_rate(work: Path, broker: Mosquitto, coord: CoordinatorProc, pg_dir: Path | None,
                  rate: float, window_s: float, fsync: str, pg_url: str | None = None) -> Window:
     """Start a daemon at `rate`, let it settle, measure one window, stop it."""
@@ -177,22 +199,11 @@ def measure_rate(work: Path, broker: Mosquitto, coord: CoordinatorProc, pg_dir: 
                             stdout=log, stderr=subprocess.STDOUT)
     floor_proc = None
     try:
-        start = stored(coord)
-        wait_for(lambda: stored(coord) > start + 3 or proc.poll() is not None, 600,
-                 "the coordinator stored no result from the daemon")
-        if proc.poll() is not None:
-            raise RuntimeError(f"the daemon exited: see {log.name}")
-        # past the start: the background refinement writes the profile cache until its
-        # schedule closes (`N variants of M profiled in`), once per model and machine
-        logfile = work / f"serve-{rate:g}.log"
-        wait_for(lambda: " profiled in " in logfile.read_text(errors="replace")
-                 or proc.poll() is not None, 600, "the daemon's profiling never closed")
+        settled(proc, coord, work / f"serve-{rate:g}.log")
         time.sleep(5.0)
         payload = mean_payload(coord)
         floor_file = work / "floor.log"
-        floor_proc = subprocess.Popen([sys.executable, "-c", FLOOR, str(round(payload)),
-                                       str(rate), str(floor_file)])
-        wait_for(floor_file.exists, 60, "the floor writer never started")
+        floor_proc = start_floor(payload, rate, floor_file)
         n0, d0, c0 = stored(coord), write_bytes(proc.pid), write_bytes(coord.proc.pid)
         m0 = produced(work / "state")
         s0 = tree_write_bytes(postmaster_pid(pg_dir)) if pg_dir else 0

@@ -149,11 +149,8 @@ class ServedModel:
         """Load and warm the session of a rung (the caller swaps it in)."""
         vid = self.rungs[rung].variant_id
         backend, variant = self.loaders[vid]
-        session = backend.load(variant)
-        pre, shape = self.manifest.preprocess, variant.model.input_shape
-        warm = pre.apply(np.full((*pre.hw(shape), 3), 128, np.uint8), shape)  # mid-grey
-        for _ in range(3):
-            session.infer(warm)
+        shape = variant.model.input_shape
+        session = warmed(backend.load(variant), self.manifest.preprocess, shape)
         return Active(rung, vid, session, shape, self.manifest, self.session_pre(vid),
                       key=self.key)
 
@@ -180,7 +177,15 @@ def old_session(m: Measured, variant_id: str, f: str) -> Active | None:
     if vid is None:
         return None
     backend, variant = m.loaders[vid]
-    session, shape, pre = backend.load(variant), variant.model.input_shape, m.manifest.preprocess
+    shape, pre = variant.model.input_shape, m.manifest.preprocess
+    return Active(-1, vid, warmed(backend.load(variant), pre, shape), shape, m.manifest,
+                  pre.apply)
+
+
+def warmed(session: Any, pre: Any, shape: tuple[int, ...]) -> Any:
+    """`session` after three inferences of a mid-grey frame preprocessed by `pre` for
+    `shape` (its first, slow ones, before it serves); closed and the error raised when one
+    fails."""
     try:
         warm = pre.apply(np.full((*pre.hw(shape), 3), 128, np.uint8), shape)
         for _ in range(3):
@@ -188,7 +193,7 @@ def old_session(m: Measured, variant_id: str, f: str) -> Active | None:
     except Exception:
         session.close()
         raise
-    return Active(-1, vid, session, shape, m.manifest, pre.apply)
+    return session
 
 
 def preprocess_chooser(backends: list, manifest: Any, meter: Any, idle_w: float,
