@@ -65,3 +65,9 @@ def test_check_names_the_mount_and_what_to_add(tmp_path):
     (tmp_path / "mounts").write_text(f"/dev/vdz9 {tmp_path} ext4 rw,relatime,commit=60 0 0\n")
     assert _mount_line(cfg, tmp_path / "mounts") is None
     assert _mount_line(cfg, tmp_path / "absent") is None  # no mount table: nothing said
+
+
+def test_a_damaged_mount_table_costs_only_its_bad_lines():
+    junk = "garbage\n\n/dev/x\n" + "a" * 100_000 + "\n\x00\x01 / \n" + MOUNTS
+    assert mount_of(Path("/var/lib/edgerun/state"), junk)[0] == "/var/lib/edgerun"
+    assert mount_of(Path("/srv"), "only three fields\n") is None

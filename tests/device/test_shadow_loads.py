@@ -144,3 +144,18 @@ def test_the_daemons_stop_waits_for_a_load_and_closes_it(tmp_path, made):
     assert len(p.shadow.sessions()) == 1  # never handed over
     loads.tick(p, prev, True)
     assert not loads.busy() and len(made) == 1  # closed: no new load
+
+
+def test_a_session_whose_warm_up_fails_is_closed_and_the_error_raised(tmp_path):
+    from support.tiny_ort import tiny_variant
+
+    from runtime.device.served_model import warmed
+
+    m, backend, v = tiny_variant(tmp_path)
+    session = backend.load(v)
+    with pytest.raises(Exception):  # noqa: B017 -- whatever ONNX Runtime raises for the shape
+        warmed(session, m.preprocess, (1, 3, 16, 16))  # a shape the model does not take
+    assert closed(Active(0, v.id, session, v.model.input_shape))
+    ok = backend.load(v)
+    assert warmed(ok, m.preprocess, v.model.input_shape) is ok
+    assert not closed(Active(0, v.id, ok, v.model.input_shape))
