@@ -60,11 +60,12 @@ class NalAssembler:
         self.misjudged = 0  # fragments that came after a NAL taken as ended
         self.oversize = 0  # NALs dropped past MAX_NAL_BYTES
         self.dropped_begun = 0  # NALs of drop_types begun: picture boundaries for AccessUnits
+        self.keys_begun = 0  # key pictures begun (their first slice): one arrives
 
     def push(self, data: bytes | memoryview) -> list[bytes]:
         """The NALs completed by one packet's payload."""
         out: list[bytes] = []
-        head = bytes(data[:5])
+        head = bytes(data[:6])
         if head.startswith(_START4) or head.startswith(_START3):
             if self._nal:  # a new NAL begins: the one gathered is whole
                 out.append(bytes(self._nal))
@@ -72,7 +73,10 @@ class NalAssembler:
             i = 4 if head.startswith(_START4) else 3
             # a NAL of a type not wanted is followed, not gathered (a P-frame's 10-100 kB
             # copied for nothing while key frames alone are decoded)
-            self._dropping = len(head) > i and head[i] & 0x1F in self.drop_types
+            kind = head[i] & 0x1F if len(head) > i else 0
+            self._dropping = len(head) > i and kind in self.drop_types
+            if kind == 5 and len(head) > i + 1 and head[i + 1] & 0x80:  # first_mb_in_slice 0
+                self.keys_begun += 1
             if self._dropping:
                 self.dropped_begun += 1
             else:
@@ -340,10 +344,13 @@ class AvStreamSource:
 
     def key_frame_hz(self) -> float:
         """Key frames a second, measured over the last few (0: fewer than three seen)."""
-        keys = list(self._keys)
-        if len(keys) < 3 or keys[-1] <= keys[0]:
-            return 0.0
-        return (len(keys) - 1) / (keys[-1] - keys[0])
+        return _rate(list(self._keys))
+
+    def _wants_keys(self, kf: float) -> bool:
+        """Whether key frames alone are to be decoded at `kf` key frames a second: 10 % slack
+        (a 1 s GOP read at a 1 fps cap measures 0.95-1.05 key frames/s); back to every frame
+        only past 25 % (no flapping at the edge)."""
+        return 0 < self._hint_hz <= kf * (1.25 if self._skip else 1.1)
 
     def rate_hint(self, hz: float) -> None:
         """The rate frames will be taken at (0 or inf: as they come)."""
@@ -387,7 +394,7 @@ class AvStreamSource:
                 self._units.append((packet, "key" if packet.is_keyframe else "slice"))
                 continue
             asm, aus = self._asm, self._aus
-            begun, oversize = asm.dropped_begun, asm.oversize + aus.oversize
+            begun, keys, oversize = asm.dropped_begun, asm.keys_begun, asm.oversize + aus.oversize
             for nal in asm.push(memoryview(packet)):
                 kind = nal_type(nal)
                 if kind in (7, 8):  # a new decoder's first NALs (key frames only)
@@ -398,6 +405,14 @@ class AvStreamSource:
                 self._units.extend((pic, "key" if key else "slice")
                                    for pic, key in aus.boundary())
             self.damaged += asm.oversize + aus.oversize - oversize
+            if asm.keys_begun != keys and self._skip and not self._wants_keys(
+                    _rate([*self._keys, time.monotonic()])):
+                # leaving key frames only at this key frame (decided once it is whole, below):
+                # the picture after it is gathered from its first slice. Still dropped, that
+                # picture's end is the key picture's where the camera sends no AUDs, and every
+                # frame to the next key frame was decoded from a missing reference: wrong
+                # pictures, none flagged corrupt by FFmpeg (docs/sources.md)
+                asm.drop_types = frozenset()
         return self._units.popleft()
 
     def _read_one(self) -> np.ndarray:
@@ -409,14 +424,11 @@ class AvStreamSource:
             if what == "key":
                 self._keys.append(time.monotonic())
                 kf = self.key_frame_hz()
-                # 10 % slack: a 1 s GOP read at a 1 fps cap measures 0.95-1.05 key frames/s;
-                # back to every frame only past 25 % (no flapping at the edge)
-                want = 0 < self._hint_hz <= kf * (1.25 if self._skip else 1.1)
+                want = self._wants_keys(kf)
                 if want != self._skip:  # switched at a key frame: no P-frame misses its
                     self._skip = want   # references when every frame is decoded again
                     if self._asm is not None:  # a decoder of its own, given the last SPS/PPS
                         self._dec = self._decoder(want)
-                        self._asm.drop_types = frozenset({1, 2, 3, 4} if want else ())
                         for nal in self._params.values():
                             with contextlib.suppress(av.error.FFmpegError):
                                 self._dec.decode(av.Packet(nal))
@@ -426,6 +438,8 @@ class AvStreamSource:
                     log.info("%s: %s (frames taken at %.3g/s, %.3g key frames/s)",
                              self._shown, "decoding key frames only" if want else
                              "decoding every frame again", self._hint_hz, kf)
+                if self._asm is not None:  # at every key frame: set early above, or not
+                    self._asm.drop_types = _P_SLICES if want else frozenset()
                 self._take_key = not (want and time.monotonic() < self._due)
                 if self._reader.stopping.is_set():
                     raise SourceError(f"{self._shown}: closing")
@@ -483,6 +497,16 @@ class AvStreamSource:
                         "left to it", self._shown, LatestFrame.JOIN_S)
             return
         self._close_container()
+
+
+_P_SLICES = frozenset({1, 2, 3, 4})  # NAL types of slices other than a key frame's
+
+
+def _rate(times: list[float]) -> float:
+    """Events a second over monotonic `times` (0: fewer than three, or no time between)."""
+    if len(times) < 3 or times[-1] <= times[0]:
+        return 0.0
+    return (len(times) - 1) / (times[-1] - times[0])
 
 
 def _av_major(av) -> int:
