@@ -268,6 +268,7 @@ class AvStreamSource:
             self._hint_hz = 0.0
             self._skip = False  # decoding key frames only
             self._due = -math.inf  # key frames only: none is decoded before this (monotonic)
+            self._tick = -math.inf  # under a rate cap: when the frame served was due
             self.keyframes_only = False  # what the reader does now (said in the log)
             self._reader = LatestFrame(self._read_one, self._shown, start=False)
             self._reader.start()  # _read_one reads self._reader
@@ -476,12 +477,20 @@ class AvStreamSource:
         d = self.damaged  # read once: the reader thread adds to it
         damaged, self._damaged_told = d - self._damaged_told, d
         kf, hint, iv = self.key_frame_hz(), self._hint_hz, self._spaced()
-        # the next frame served is the first decoded after its due time: half a frame (key
-        # frame) interval early, so that on average frames are served at the hinted rate
-        if self.keyframes_only and kf > 0 and hint > 0:
-            self._due = time.monotonic() + 1 / hint - 0.5 / kf
-        elif iv > 0:
-            self._due = time.monotonic() + 1 / hint - 0.5 * iv
+        step = 1 / kf if self.keyframes_only and kf > 0 and hint > 0 else iv
+        if step > 0:
+            # the next frame served is the first decoded after its due time: half a frame (key
+            # frame) interval before the next tick of a clock 1/hint apart, so that on average
+            # frames are served at the hinted rate. Ticks counted from each frame's serving
+            # instead (a few ms after it came) put every frame but one just before its due
+            # time where the interval is a frame and a half short of 1/hint: 2.5 key frames
+            # a second at a 1 fps cap were served 1.2 s apart (0.83 fps). The clock starts
+            # again where a frame came more than an interval after its tick (a stall, a switch)
+            now = time.monotonic()
+            if now - self._tick > step:
+                self._tick = now
+            self._tick += 1 / hint
+            self._due = self._tick - 0.5 * step
         else:
             self._due = -math.inf
         return Frame(img, f"frame-{n}", t=t0, decode_cpu_s=cpu, decoded_apart=True,

@@ -49,3 +49,33 @@ def test_leaving_key_frames_only_serves_whole_pictures_from_a_camera_without_aud
         assert None not in numbers, numbers  # every picture whole: its number readable
         assert numbers == sorted(set(numbers)), numbers  # and each newer than the one before
     assert stats.get("stream_damaged", 0) == 0, stats
+
+
+@pytest.mark.timeout(300)
+def test_key_frames_only_serve_the_capped_rate_on_average(tmp_path):
+    """A key frame every 10 frames (2.5 a second) read at a 1 fps cap: key frames alone are
+    decoded, and served 25 frames apart on average (alternately 20 and 30: a key frame comes
+    0.4 s apart), by the camera's own clock (the frame numbers), not the host's. Counted from
+    each frame's serving, a due time half a key interval short of 1 s fell just after the key
+    frame 0.8 s on: every third key frame served, 30 frames apart, 0.83 fps."""
+    with RtspCamera(tmp_path, width=320, height=180, key_int=10) as cam:
+        p = _Pipe(tmp_path / "p", SourceConfig(kind="capture", path=cam.url, read_timeout_s=5,
+                                                decoder="pyav"))
+        try:
+            p.pipeline.rate_cap_hz = 1.0
+            p.until(lambda: len(p.results) >= 3, 60, "the first results")
+            p.until(lambda: p.pipeline.source.keyframes_only, 60, "key frames only")
+            p.until(lambda: len(p.started) >= 3, 60, "a result in key frames only")
+            n0 = len(p.started)
+            p.until(lambda: len(p.started) >= n0 + 16, 90, "16 frames at the cap")
+            keys_only = p.pipeline.source.keyframes_only
+        finally:
+            p.pipeline.stop()
+    numbers = [n for n, *_ in p.started[n0:]]
+    assert keys_only and None not in numbers, numbers
+    gaps = [b - a for a, b in zip(numbers, numbers[1:])]
+    mean = sum(gaps) / len(gaps)
+    print(f"1 fps cap, 2.5 key frames/s: served {len(numbers)} frames, gaps {gaps} (frames), "
+          f"mean {mean:.1f} (25 at the cap)")
+    assert all(g % 10 == 0 for g in gaps), gaps  # key frames only
+    assert 22.5 <= mean <= 27.5, gaps
