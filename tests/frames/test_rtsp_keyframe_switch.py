@@ -5,6 +5,7 @@ no access-unit delimiters. Each served picture is checked by the frame number dr
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -73,7 +74,7 @@ def test_key_frames_only_serve_the_capped_rate_on_average(tmp_path):
             p.pipeline.stop()
     numbers = [n for n, *_ in p.started[n0:]]
     assert keys_only and None not in numbers, numbers
-    gaps = [b - a for a, b in zip(numbers, numbers[1:])]
+    gaps = [b - a for a, b in itertools.pairwise(numbers)]
     mean = sum(gaps) / len(gaps)
     print(f"1 fps cap, 2.5 key frames/s: served {len(numbers)} frames, gaps {gaps} (frames), "
           f"mean {mean:.1f} (25 at the cap)")
