@@ -70,17 +70,21 @@ class NalAssembler:
             if self._nal:  # a new NAL begins: the one gathered is whole
                 out.append(bytes(self._nal))
             self._nal.clear()
-            i = 4 if head.startswith(_START4) else 3
-            # a NAL of a type not wanted is followed, not gathered (a P-frame's 10-100 kB
-            # copied for nothing while key frames alone are decoded)
-            kind = head[i] & 0x1F if len(head) > i else 0
-            self._dropping = len(head) > i and kind in self.drop_types
-            if kind == 5 and len(head) > i + 1 and head[i + 1] & 0x80:  # first_mb_in_slice 0
-                self.keys_begun += 1
-            if self._dropping:
-                self.dropped_begun += 1
-            else:
-                self._gather(data)
+            # an aggregated packet (STAP-A: relays and some cameras bundle AUD, SPS, PPS and
+            # small slices) comes as one, a start code ahead of each NAL; read as one NAL, its
+            # slice hid behind the AUD/SPS and was decoded with the next picture. A NAL holds
+            # no start code (emulation prevention): the packet is cut at each
+            whole = bytes(data)
+            at = whole.find(b"\x00\x00\x01", 3)
+            while at > 0:
+                cut = at - 1 if whole[at - 1] == 0 else at  # a 4-byte start code
+                self._begin(whole[:cut])
+                if self._nal:
+                    out.append(bytes(self._nal))
+                    self._nal.clear()
+                whole = whole[cut:]
+                at = whole.find(b"\x00\x00\x01", 3)
+            self._begin(whole)
             self._open = True
             self.ended_early = False
             # a NAL sent whole or a STAP-A is shorter than a first fragment (the payloader's
@@ -102,6 +106,21 @@ class NalAssembler:
         elif self.early_ok and len(data) < self._full:  # its last fragment
             self._end(out)
         return out
+
+    def _begin(self, data: bytes | memoryview) -> None:
+        """A NAL begins with `data` (its start code first): followed or gathered."""
+        head = bytes(data[:6])
+        i = 4 if head.startswith(_START4) else 3
+        # a NAL of a type not wanted is followed, not gathered (a P-frame's 10-100 kB
+        # copied for nothing while key frames alone are decoded)
+        kind = head[i] & 0x1F if len(head) > i else 0
+        self._dropping = len(head) > i and kind in self.drop_types
+        if kind == 5 and len(head) > i + 1 and head[i + 1] & 0x80:  # first_mb_in_slice 0
+            self.keys_begun += 1
+        if self._dropping:
+            self.dropped_begun += 1
+        else:
+            self._gather(data)
 
     def _gather(self, data: bytes | memoryview) -> None:
         self._nal += data

@@ -128,6 +128,8 @@ def main() -> int:
     # many cameras send no access-unit delimiters: a picture's end is then seen only from
     # the next picture's first NAL
     p.add_argument("--no-aud", action="store_true", help="no access-unit delimiters")
+    # relays and some cameras bundle small NALs into STAP-A packets (rtph264pay's modes)
+    p.add_argument("--aggregate", default="none", help="none, zero-latency or max-stap")
     p.add_argument("--mount", default="/cam")
     p.add_argument("--log", required=True)
     p.add_argument("--user", default="")
@@ -145,7 +147,7 @@ def main() -> int:
               f"leaky=downstream ! x264enc name=enc tune=zerolatency speed-preset={a.preset} "
               f"key-int-max={a.key_int} bitrate={kbps} threads=1 aud={str(not a.no_aud).lower()} "
               f"option-string=slices={a.slices} ! "
-              "rtph264pay name=pay0 pt=96 config-interval=-1 )")
+              f"rtph264pay name=pay0 pt=96 config-interval=-1 aggregate-mode={a.aggregate} )")
     server = GstRtspServer.RTSPServer()
     server.set_service(str(a.port))
     factory = GstRtspServer.RTSPMediaFactory()
