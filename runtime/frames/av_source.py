@@ -60,7 +60,7 @@ class NalAssembler:
         self.misjudged = 0  # fragments that came after a NAL taken as ended
         self.oversize = 0  # NALs dropped past MAX_NAL_BYTES
         self.dropped_begun = 0  # NALs of drop_types begun: picture boundaries for AccessUnits
-        self.keys_begun = 0  # key pictures begun (their first slice): one arrives
+        self.keys_begun = 0  # key pictures whose first slice began: a key frame is arriving
 
     def push(self, data: bytes | memoryview) -> list[bytes]:
         """The NALs completed by one packet's payload."""
@@ -427,11 +427,11 @@ class AvStreamSource:
             self.damaged += asm.oversize + aus.oversize - oversize
             if asm.keys_begun != keys and self._skip and not self._wants_keys(
                     _rate([*self._keys, time.monotonic()])):
-                # leaving key frames only at this key frame (decided once it is whole, below):
-                # the picture after it is gathered from its first slice. Still dropped, that
-                # picture's end is the key picture's where the camera sends no AUDs, and every
-                # frame to the next key frame was decoded from a missing reference: wrong
-                # pictures, none flagged corrupt by FFmpeg (docs/sources.md)
+                # key frames only is left at this key frame (decided once it is whole, below):
+                # the picture after it is gathered from its first slice on. Where the camera
+                # sends no AUDs, a several-slice key picture ends only where that picture
+                # begins; dropped, every frame to the next key frame was decoded from a
+                # missing reference: wrong pictures, none flagged corrupt (docs/sources.md)
                 asm.drop_types = frozenset()
         return self._units.popleft()
 
