@@ -60,23 +60,31 @@ class NalAssembler:
         self.misjudged = 0  # fragments that came after a NAL taken as ended
         self.oversize = 0  # NALs dropped past MAX_NAL_BYTES
         self.dropped_begun = 0  # NALs of drop_types begun: picture boundaries for AccessUnits
+        self.keys_begun = 0  # key pictures whose first slice began: a key frame is arriving
 
     def push(self, data: bytes | memoryview) -> list[bytes]:
         """The NALs completed by one packet's payload."""
         out: list[bytes] = []
-        head = bytes(data[:5])
+        head = bytes(data[:6])
         if head.startswith(_START4) or head.startswith(_START3):
             if self._nal:  # a new NAL begins: the one gathered is whole
                 out.append(bytes(self._nal))
             self._nal.clear()
-            i = 4 if head.startswith(_START4) else 3
-            # a NAL of a type not wanted is followed, not gathered (a P-frame's 10-100 kB
-            # copied for nothing while key frames alone are decoded)
-            self._dropping = len(head) > i and head[i] & 0x1F in self.drop_types
-            if self._dropping:
-                self.dropped_begun += 1
-            else:
-                self._gather(data)
+            # an aggregated packet (STAP-A: relays and some cameras bundle AUD, SPS, PPS and
+            # small slices) comes as one, a start code ahead of each NAL; read as one NAL, its
+            # slice hid behind the AUD/SPS and was decoded with the next picture. A NAL holds
+            # no start code (emulation prevention): the packet is cut at each
+            whole = bytes(data)
+            at = whole.find(b"\x00\x00\x01", 3)
+            while at > 0:
+                cut = at - 1 if whole[at - 1] == 0 else at  # a 4-byte start code
+                self._begin(whole[:cut])
+                if self._nal:
+                    out.append(bytes(self._nal))
+                    self._nal.clear()
+                whole = whole[cut:]
+                at = whole.find(b"\x00\x00\x01", 3)
+            self._begin(whole)
             self._open = True
             self.ended_early = False
             # a NAL sent whole or a STAP-A is shorter than a first fragment (the payloader's
@@ -98,6 +106,21 @@ class NalAssembler:
         elif self.early_ok and len(data) < self._full:  # its last fragment
             self._end(out)
         return out
+
+    def _begin(self, data: bytes | memoryview) -> None:
+        """A NAL begins with `data` (its start code first): followed or gathered."""
+        head = bytes(data[:6])
+        i = 4 if head.startswith(_START4) else 3
+        # a NAL of a type not wanted is followed, not gathered (a P-frame's 10-100 kB
+        # copied for nothing while key frames alone are decoded)
+        kind = head[i] & 0x1F if len(head) > i else 0
+        self._dropping = len(head) > i and kind in self.drop_types
+        if kind == 5 and len(head) > i + 1 and head[i + 1] & 0x80:  # first_mb_in_slice 0
+            self.keys_begun += 1
+        if self._dropping:
+            self.dropped_begun += 1
+        else:
+            self._gather(data)
 
     def _gather(self, data: bytes | memoryview) -> None:
         self._nal += data
@@ -264,6 +287,7 @@ class AvStreamSource:
             self._hint_hz = 0.0
             self._skip = False  # decoding key frames only
             self._due = -math.inf  # key frames only: none is decoded before this (monotonic)
+            self._tick = -math.inf  # under a rate cap: when the frame served was due
             self.keyframes_only = False  # what the reader does now (said in the log)
             self._reader = LatestFrame(self._read_one, self._shown, start=False)
             self._reader.start()  # _read_one reads self._reader
@@ -340,10 +364,13 @@ class AvStreamSource:
 
     def key_frame_hz(self) -> float:
         """Key frames a second, measured over the last few (0: fewer than three seen)."""
-        keys = list(self._keys)
-        if len(keys) < 3 or keys[-1] <= keys[0]:
-            return 0.0
-        return (len(keys) - 1) / (keys[-1] - keys[0])
+        return _rate(list(self._keys))
+
+    def _wants_keys(self, kf: float) -> bool:
+        """Whether key frames alone are to be decoded at `kf` key frames a second: 10 % slack
+        (a 1 s GOP read at a 1 fps cap measures 0.95-1.05 key frames/s); back to every frame
+        only past 25 % (no flapping at the edge)."""
+        return 0 < self._hint_hz <= kf * (1.25 if self._skip else 1.1)
 
     def rate_hint(self, hz: float) -> None:
         """The rate frames will be taken at (0 or inf: as they come)."""
@@ -387,7 +414,7 @@ class AvStreamSource:
                 self._units.append((packet, "key" if packet.is_keyframe else "slice"))
                 continue
             asm, aus = self._asm, self._aus
-            begun, oversize = asm.dropped_begun, asm.oversize + aus.oversize
+            begun, keys, oversize = asm.dropped_begun, asm.keys_begun, asm.oversize + aus.oversize
             for nal in asm.push(memoryview(packet)):
                 kind = nal_type(nal)
                 if kind in (7, 8):  # a new decoder's first NALs (key frames only)
@@ -398,6 +425,14 @@ class AvStreamSource:
                 self._units.extend((pic, "key" if key else "slice")
                                    for pic, key in aus.boundary())
             self.damaged += asm.oversize + aus.oversize - oversize
+            if asm.keys_begun != keys and self._skip and not self._wants_keys(
+                    _rate([*self._keys, time.monotonic()])):
+                # key frames only is left at this key frame (decided once it is whole, below):
+                # the picture after it is gathered from its first slice on. Where the camera
+                # sends no AUDs, a several-slice key picture ends only where that picture
+                # begins; dropped, every frame to the next key frame was decoded from a
+                # missing reference: wrong pictures, none flagged corrupt (docs/sources.md)
+                asm.drop_types = frozenset()
         return self._units.popleft()
 
     def _read_one(self) -> np.ndarray:
@@ -409,14 +444,11 @@ class AvStreamSource:
             if what == "key":
                 self._keys.append(time.monotonic())
                 kf = self.key_frame_hz()
-                # 10 % slack: a 1 s GOP read at a 1 fps cap measures 0.95-1.05 key frames/s;
-                # back to every frame only past 25 % (no flapping at the edge)
-                want = 0 < self._hint_hz <= kf * (1.25 if self._skip else 1.1)
+                want = self._wants_keys(kf)
                 if want != self._skip:  # switched at a key frame: no P-frame misses its
                     self._skip = want   # references when every frame is decoded again
                     if self._asm is not None:  # a decoder of its own, given the last SPS/PPS
                         self._dec = self._decoder(want)
-                        self._asm.drop_types = frozenset({1, 2, 3, 4} if want else ())
                         for nal in self._params.values():
                             with contextlib.suppress(av.error.FFmpegError):
                                 self._dec.decode(av.Packet(nal))
@@ -426,6 +458,8 @@ class AvStreamSource:
                     log.info("%s: %s (frames taken at %.3g/s, %.3g key frames/s)",
                              self._shown, "decoding key frames only" if want else
                              "decoding every frame again", self._hint_hz, kf)
+                if self._asm is not None:  # at every key frame: set early above, or not
+                    self._asm.drop_types = _P_SLICES if want else frozenset()
                 self._take_key = not (want and time.monotonic() < self._due)
                 if self._reader.stopping.is_set():
                     raise SourceError(f"{self._shown}: closing")
@@ -462,12 +496,20 @@ class AvStreamSource:
         d = self.damaged  # read once: the reader thread adds to it
         damaged, self._damaged_told = d - self._damaged_told, d
         kf, hint, iv = self.key_frame_hz(), self._hint_hz, self._spaced()
-        # the next frame served is the first decoded after its due time: half a frame (key
-        # frame) interval early, so that on average frames are served at the hinted rate
-        if self.keyframes_only and kf > 0 and hint > 0:
-            self._due = time.monotonic() + 1 / hint - 0.5 / kf
-        elif iv > 0:
-            self._due = time.monotonic() + 1 / hint - 0.5 * iv
+        step = 1 / kf if self.keyframes_only and kf > 0 and hint > 0 else iv
+        if step > 0:
+            # the next frame served is the first decoded after its due time: half a frame (key
+            # frame) interval before the next tick of a clock 1/hint apart, so that on average
+            # frames are served at the hinted rate. Ticks counted from each frame's serving
+            # instead (a few ms after it came) put every frame but one just before its due
+            # time where the interval is a frame and a half short of 1/hint: 2.5 key frames
+            # a second at a 1 fps cap were served 1.2 s apart (0.83 fps). The clock starts
+            # again where a frame came more than an interval after its tick (a stall, a switch)
+            now = time.monotonic()
+            if now - self._tick > step:
+                self._tick = now
+            self._tick += 1 / hint
+            self._due = self._tick - 0.5 * step
         else:
             self._due = -math.inf
         return Frame(img, f"frame-{n}", t=t0, decode_cpu_s=cpu, decoded_apart=True,
@@ -483,6 +525,16 @@ class AvStreamSource:
                         "left to it", self._shown, LatestFrame.JOIN_S)
             return
         self._close_container()
+
+
+_P_SLICES = frozenset({1, 2, 3, 4})  # NAL types of slices other than a key frame's
+
+
+def _rate(times: list[float]) -> float:
+    """Events a second over monotonic `times` (0: fewer than three, or no time between)."""
+    if len(times) < 3 or times[-1] <= times[0]:
+        return 0.0
+    return (len(times) - 1) / (times[-1] - times[0])
 
 
 def _av_major(av) -> int:

@@ -76,6 +76,23 @@ def test_dropped_types_are_followed_not_gathered():
     assert [a.push(p) for p in key] == [[], [b"".join(key)]]
 
 
+@pytest.mark.parametrize("drop", [frozenset(), frozenset({1})])
+def test_an_aggregated_packet_is_cut_into_its_nals(drop):
+    """STAP-A as FFmpeg hands it over: one packet, a start code (4 or 3 bytes) ahead of each
+    NAL; a dropped type inside it is left out and counted as begun."""
+    a = NalAssembler()
+    a.drop_types = drop
+    for p in frag_nal(5, [FULL, FULL, 10]):
+        a.push(p)
+    aud, sps, p_slice = SC + b"\x09\x10", b"\x00\x00\x01\x67sps", SC + b"\x41\x9a\x01"
+    key = SC + b"\x65\x88\x02"
+    got = a.push(aud + sps + p_slice)
+    assert got == ([aud, sps] if drop else [aud, sps, p_slice])
+    assert a.dropped_begun == (1 if drop else 0)
+    begun = a.keys_begun
+    assert a.push(sps + key) == [sps, key] and a.keys_begun == begun + 1
+
+
 def test_nal_type_and_first_slice():
     assert nal_type(SC + b"\x65\x88") == 5 and first_slice(SC + b"\x65\x88")
     assert nal_type(b"\x00\x00\x01\x41\x9a") == 1 and first_slice(b"\x00\x00\x01\x41\x9a")

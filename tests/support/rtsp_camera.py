@@ -100,11 +100,14 @@ class RtspCamera:
 
     def __init__(self, tmp: Path, width: int = 1280, height: int = 720, fps: int = 25,
                  key_int: int = 25, user: str = "", password: str = "", name: str = "cam",
-                 preset: str = "ultrafast", slices: int = 1):
+                 preset: str = "ultrafast", slices: int = 1, aud: bool = True,
+                 aggregate: str = "none"):
         self.dir = Path(tmp)
         self.width, self.height, self.fps, self.key_int = width, height, fps, key_int
         self.user, self.password, self.preset = user, password, preset
         self.slices = slices  # x264's slices per picture (cameras cut pictures for resilience)
+        self.aud = aud  # access-unit delimiters ahead of each picture (many cameras send none)
+        self.aggregate = aggregate  # rtph264pay's STAP-A bundling (relays bundle small NALs)
         self.name = name
         self.log = self.dir / f"{name}-frames.log"
         self.port = 0
@@ -130,6 +133,10 @@ class RtspCamera:
                 str(self.width), "--height", str(self.height), "--fps", str(self.fps),
                 "--key-int", str(self.key_int), "--preset", self.preset, "--log", str(self.log),
                 "--slices", str(self.slices)]
+        if not self.aud:
+            args.append("--no-aud")
+        if self.aggregate != "none":
+            args += ["--aggregate", self.aggregate]
         if self.user:
             args += ["--user", self.user, "--password", self.password]
         err = open(self.dir / f"{self.name}-server.err", "ab")  # noqa: SIM115

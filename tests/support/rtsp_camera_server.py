@@ -5,7 +5,7 @@ the project or the tests (only rtsp_camera_code.py, beside it, is shared):
 tests/support/rtsp_camera.py starts it and reads what it writes.
 
     /usr/bin/python3 rtsp_camera_server.py --port 0 --width 1280 --height 720 --fps 25 \
-        --key-int 25 --log frames.log [--slices N] [--user U --password P]
+        --key-int 25 --log frames.log [--slices N] [--no-aud] [--user U --password P]
 
 It prints `READY <port>` on stdout once it listens (port 0: the kernel picks one; a restart
 names the port again). The picture: a luma texture scrolling 3 rows a frame (so the encoder
@@ -125,6 +125,11 @@ def main() -> int:
     p.add_argument("--bitrate", type=int, default=0, help="kbit/s (0: by size)")
     p.add_argument("--preset", default="ultrafast")
     p.add_argument("--slices", type=int, default=1, help="slices per picture (x264's slices)")
+    # many cameras send no access-unit delimiters: a picture's end is then seen only from
+    # the next picture's first NAL
+    p.add_argument("--no-aud", action="store_true", help="no access-unit delimiters")
+    # relays and some cameras bundle small NALs into STAP-A packets (rtph264pay's modes)
+    p.add_argument("--aggregate", default="none", help="none, zero-latency or max-stap")
     p.add_argument("--mount", default="/cam")
     p.add_argument("--log", required=True)
     p.add_argument("--user", default="")
@@ -140,9 +145,9 @@ def main() -> int:
     launch = (f"( appsrc name=src is-live=true format=time do-timestamp=false block=false "
               f"max-bytes={a.width * a.height * 6} caps={caps} ! queue max-size-buffers=2 "
               f"leaky=downstream ! x264enc name=enc tune=zerolatency speed-preset={a.preset} "
-              f"key-int-max={a.key_int} bitrate={kbps} threads=1 "
+              f"key-int-max={a.key_int} bitrate={kbps} threads=1 aud={str(not a.no_aud).lower()} "
               f"option-string=slices={a.slices} ! "
-              "rtph264pay name=pay0 pt=96 config-interval=-1 )")
+              f"rtph264pay name=pay0 pt=96 config-interval=-1 aggregate-mode={a.aggregate} )")
     server = GstRtspServer.RTSPServer()
     server.set_service(str(a.port))
     factory = GstRtspServer.RTSPMediaFactory()

@@ -1,0 +1,110 @@
+"""The live RTSP reader's key-frames-only mode (runtime/frames/av_source.py) where its modes
+meet the field: the rate cap moved by the control loop while it runs, on a real camera
+(tests/support/rtsp_camera.py) that sends what many do, pictures cut into several slices and
+no access-unit delimiters. Each served picture is checked by the frame number drawn in it."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+from support.rtsp_camera import RtspCamera, skip_reason
+from test_rtsp_camera import _Pipe
+
+from runtime.config.source import SourceConfig
+from runtime.frames.av_source import pyav_available
+
+pytestmark = [
+    pytest.mark.skipif(bool(skip_reason()), reason=skip_reason() or "ok"),
+    pytest.mark.skipif(not pyav_available(), reason="PyAV is not installed (the streams extra)"),
+]
+
+
+@pytest.mark.timeout(300)
+def test_leaving_key_frames_only_serves_whole_pictures_from_a_camera_without_auds(tmp_path):
+    """Cap 1 fps (key frames only), then none (every frame from the next key frame), twice.
+    Without AUDs a several-slice key picture ends where the next picture's first slice begins;
+    that slice was dropped as key frames only wanted, so every frame after the switch, to the
+    next key frame, was decoded against a missing reference: pictures carrying a wrong or
+    unreadable number (seen: 277 then 276, then two unreadable), none counted as damage."""
+    with RtspCamera(tmp_path, width=320, height=180, slices=4, key_int=25, aud=False) as cam:
+        p = _Pipe(tmp_path / "p", SourceConfig(kind="capture", path=cam.url, read_timeout_s=5,
+                                                decoder="pyav"))
+        runs = []
+        try:
+            p.until(lambda: len(p.results) >= 3, 60, "the first results")
+            for _ in range(2):
+                p.pipeline.rate_cap_hz = 1.0
+                p.until(lambda: p.pipeline.source.keyframes_only, 60, "key frames only")
+                n0 = len(p.started)
+                p.pipeline.rate_cap_hz = math.inf
+                p.until(lambda: not p.pipeline.source.keyframes_only, 60, "every frame again")
+                p.until(lambda n0=n0: len(p.started) >= n0 + 40, 60, "40 frames after it")
+                runs.append([n for n, *_ in p.started[n0:]])
+            stats = p.pipeline.stats()["sources"]["main"]
+        finally:
+            p.pipeline.stop()
+    for numbers in runs:
+        print(f"served from the cap's rise: {numbers[:12]} ... ({len(numbers)} frames)")
+        assert None not in numbers, numbers  # every picture whole: its number readable
+        assert numbers == sorted(set(numbers)), numbers  # and each newer than the one before
+    assert stats.get("stream_damaged", 0) == 0, stats
+
+
+@pytest.mark.timeout(300)
+def test_key_frames_only_serve_the_capped_rate_on_average(tmp_path):
+    """A key frame every 10 frames (2.5 a second) read at a 1 fps cap: key frames alone are
+    decoded, and served 25 frames apart on average (alternately 20 and 30: a key frame comes
+    0.4 s apart), by the camera's own clock (the frame numbers), not the host's. Counted from
+    each frame's serving, a due time half a key interval short of 1 s fell just after the key
+    frame 0.8 s on: every third key frame served, 30 frames apart, 0.83 fps."""
+    with RtspCamera(tmp_path, width=320, height=180, key_int=10) as cam:
+        p = _Pipe(tmp_path / "p", SourceConfig(kind="capture", path=cam.url, read_timeout_s=5,
+                                                decoder="pyav"))
+        try:
+            p.pipeline.rate_cap_hz = 1.0
+            p.until(lambda: len(p.results) >= 3, 60, "the first results")
+            p.until(lambda: p.pipeline.source.keyframes_only, 60, "key frames only")
+            p.until(lambda: len(p.started) >= 3, 60, "a result in key frames only")
+            n0 = len(p.started)
+            p.until(lambda: len(p.started) >= n0 + 16, 90, "16 frames at the cap")
+            keys_only = p.pipeline.source.keyframes_only
+        finally:
+            p.pipeline.stop()
+    numbers = [n for n, *_ in p.started[n0:]]
+    assert keys_only and None not in numbers, numbers
+    gaps = [b - a for a, b in itertools.pairwise(numbers)]
+    mean = sum(gaps) / len(gaps)
+    print(f"1 fps cap, 2.5 key frames/s: served {len(numbers)} frames, gaps {gaps} (frames), "
+          f"mean {mean:.1f} (25 at the cap)")
+    assert all(g % 10 == 0 for g in gaps), gaps  # key frames only
+    assert 22.5 <= mean <= 27.5, gaps
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("aggregate", ["zero-latency", "max-stap"])
+def test_nals_bundled_into_one_packet_are_decoded_each_in_its_picture(tmp_path, aggregate):
+    """A camera (or a relay in front of it) bundling small NALs into one RTP packet (STAP-A:
+    GStreamer's rtph264pay aggregate-mode; AUD, SPS, PPS and a small slice together). FFmpeg's
+    depacketizer hands such a packet over as one, a start code ahead of each NAL; read as one
+    NAL, its slice was hidden behind the AUD/SPS it came with and decoded with the next
+    picture: 44-63 of ~200 frames unreadable here, others out of order, no damage counted.
+    Every frame served, at no cap and at 1 fps, must carry a readable number, each newer."""
+    with RtspCamera(tmp_path, width=320, height=180, key_int=25, aggregate=aggregate) as cam:
+        p = _Pipe(tmp_path / "p", SourceConfig(kind="capture", path=cam.url, read_timeout_s=5,
+                                                decoder="pyav"))
+        try:
+            p.until(lambda: len(p.started) >= 50, 60, "50 frames at no cap")
+            p.pipeline.rate_cap_hz = 1.0
+            p.until(lambda: p.pipeline.source.keyframes_only, 60, "key frames only")
+            n0 = len(p.started)
+            p.until(lambda: len(p.started) >= n0 + 3, 60, "3 key frames")
+            stats = p.pipeline.stats()["sources"]["main"]
+        finally:
+            p.pipeline.stop()
+    numbers = [n for n, *_ in p.started]
+    print(f"{aggregate}: {len(numbers)} frames, {numbers.count(None)} unreadable")
+    assert None not in numbers, numbers
+    assert numbers == sorted(set(numbers)), numbers
+    assert stats.get("stream_damaged", 0) == 0, stats
