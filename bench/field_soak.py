@@ -18,9 +18,10 @@ of the link; what the daemon and the coordinator did about it is measured in bot
 
 A daemon's simulator starts its plant at the hour it is given: after each kill -9 the soak
 starts the daemon again at the last simulated time it reported, the plant at the ambient of
-that hour (the die's few minutes of heat are lost, not the day). The solar node's battery is
-simulated without the sun (the daemon's simulator has no irradiance input) and starts full in
-each life: no battery figure is reported.
+that hour (the die's few minutes of heat are lost, not the day). The solar node's panel sees
+the sky of `WEATHER_SEED` (power.plant.solar_trace: days sunny, partly cloudy or overcast, the
+same sky on the same day in every life), and each life starts its battery at the charge the
+last health of the one before reported (a kill -9 loses the minutes since).
 
 Faults (`schedule`), each timed on the simulated clock of the device it hits, never two on one
 device at once: broker restarts (Mosquitto stopped and started, persistence off: whatever it
@@ -153,6 +154,9 @@ KILL_MARGIN_H = 1.5  # a kill is kept this far from any other fault's window
 OTA_SHARE, OTA_H, OTA_MARGIN_H = 0.5, 3.0, 1.0
 OTA_VERSION = "2"
 OTA_PROBATION = 20
+# the solar node's sky (power.plant.solar_trace): days 1-3 sunny, 4 partly cloudy, 5 sunny,
+# 6-8 overcast (a dark spell the battery must ride through), 9-14 sunny
+WEATHER_SEED = 2
 
 
 def ota_time(days: int, others: Iterable[Fault], device: str) -> float | None:
@@ -524,6 +528,8 @@ hours = {hours}
 profiles = "{profiles}"
 offered_share = {share}
 root = "{sysroot}"
+weather_seed = {weather_seed}
+battery_frac = {battery_frac}
 
 [daemon]
 state_dir = "{state}"
@@ -581,6 +587,8 @@ class Node:
     life_start_h: float = 0.0
     crashes: list[str] = field(default_factory=list)
     killed: bool = False
+    weather_seed: int = -1  # the sky over its solar panel (-1: none)
+    battery_frac: float = 1.0  # the charge its newest health reported: the next life's start
 
     @property
     def state(self) -> Path:
@@ -611,7 +619,8 @@ class Node:
             hours=round(end_h - start_h, 6), profiles=PROFILES.resolve(), share=self.share,
             fleet=FLEET, name=self.name, port=port, username=creds.username,
             password_file=creds.password_file, command_pub=self.keys / "command.pub",
-            publisher_pub=self.keys / "publisher.pub", probation=OTA_PROBATION))
+            publisher_pub=self.keys / "publisher.pub", probation=OTA_PROBATION,
+            weather_seed=self.weather_seed, battery_frac=round(self.battery_frac, 4)))
         env = child_env()  # the checkout, or the installed wheel under test
         if self.faketime:
             fake = self.home / "faketime"
@@ -907,7 +916,7 @@ def soak(workdir: Path, days: int = 14, speed: float = 1500.0, source_hz: float 
     nodes = {"cabinet": Node("cabinet", "rpi5", "cabinet", DEMO_SHARE, 0.95, 2.0,
                              workdir / "cabinet", shm / "cabinet", keys),
              "solar": Node("solar", "solar-node", "sun", 1.0, None, 5.0, workdir / "solar",
-                           shm / "solar", keys)}
+                           shm / "solar", keys, weather_seed=WEATHER_SEED)}
     enrolled: set[str] = set()
     bundle_id = ""
     disk = None
@@ -938,7 +947,10 @@ def soak(workdir: Path, days: int = 14, speed: float = 1500.0, source_hz: float 
                     enrolled.add(n.name)  # its command replies can be verified from now
                 hs = [n.history_sim_h()]
                 if (got := coord.latest_health(n.name)) is not None:
-                    hs.append((got[1].get("simulated") or {}).get("t", 0) / 3600)
+                    sim = got[1].get("simulated") or {}
+                    hs.append(sim.get("t", 0) / 3600)
+                    if isinstance(sim.get("battery_frac"), int | float):
+                        n.battery_frac = min(1.0, max(0.0, sim["battery_frac"]))
                 n.sim_h = max([n.sim_h, *(h for h in hs if h is not None)])
                 if n.proc.poll() is not None and not n.killed:  # died on its own
                     n.crashes.append(f"exit {n.proc.returncode} at {n.sim_h:.2f} h")

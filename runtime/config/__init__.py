@@ -173,8 +173,17 @@ class SimulatorConfig:
     # with [governor] rate_hz = 0: the simulated camera offers this share of what the top rung
     # can take on all cores (1: as fast as it runs; a line's camera has a fixed rate below it)
     offered_share: float = 1.0
+    # the sun on a device profile's solar panel: the weather of power.plant.solar_trace with
+    # this seed (days sunny, partly cloudy or overcast, from simulated hour 0, so a run started
+    # again at a later hour meets the same sky); -1: no sun, the battery only drains
+    weather_seed: int = -1
+    battery_frac: float = 1.0  # the battery's charge at start, a share of its capacity
 
     def validate(self) -> tuple[str, str] | None:
+        if self.weather_seed < -1:
+            return "weather_seed", f"must be >= 0, or -1 for no sun, got {self.weather_seed}"
+        if not 0 <= self.battery_frac <= 1:
+            return "battery_frac", f"must be within 0..1, got {self.battery_frac}"
         if not 0 < self.offered_share <= 1:
             return "offered_share", f"must be in (0, 1], got {self.offered_share}"
         if not 0 < self.speed < math.inf:

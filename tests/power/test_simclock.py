@@ -146,6 +146,9 @@ def test_the_clock_stops_after_the_hours_asked_even_in_a_batch(tmp_path):
     ("speed = inf\n", "speed"),
     ("hours = -1\n", "hours"),
     ("hours = inf\n", "hours"),
+    ("weather_seed = -2\n", "weather_seed"),
+    ("battery_frac = 1.5\n", "battery_frac"),
+    ("battery_frac = -0.1\n", "battery_frac"),
 ])
 def test_simulator_config_is_validated(tmp_path, body, key):
     from runtime.config import ConfigError, load
@@ -204,3 +207,50 @@ def test_the_report_tallies_the_hottest_die_and_time_on_each_rung(tmp_path):
     assert r["rung_s"] == {"m/top@e:CPU/t1": 640.0, "m/low@e:CPU/t1": 200.0, "": 100.0}
     assert sum(r["rung_s"].values()) == pytest.approx(r["elapsed_s"])
     assert max(temps) <= r["die_max_c"] + 0.005 and r["die_max_c"] > temps[0] + 5
+
+
+def _solar_board(tmp_path, seed: int, start_hour: float, battery_frac: float = 1.0):
+    """The solar node `simulate` makes from `[simulator]` (the config's path, not a copy)."""
+    from runtime.config import load
+    from runtime.device.simdevice import simulate
+
+    tmp_path.mkdir()
+    p = tmp_path / "c.toml"
+    p.write_text(f"[device]\nprofile = \"solar-node\"\n[simulator]\nenabled = true\n"
+                 f"start_hour = {start_hour}\nweather_seed = {seed}\n"
+                 f"battery_frac = {battery_frac}\n")
+    return simulate(load(p), load_profile("solar-node"), tmp_path / "state",
+                    lambda: (None, 0.0))
+
+
+def test_a_solar_node_under_a_sky_charges_by_day_and_not_by_night(tmp_path):
+    """`[simulator] weather_seed` puts power.plant.solar_trace's sky over the panel: at noon
+    of a sunny day the panel gives power and the battery charges while idle; at midnight it
+    gives none. Without it (-1) there is no sun, as before."""
+    noon = _solar_board(tmp_path / "noon", 2, 12.0, battery_frac=0.5)
+    night = _solar_board(tmp_path / "night", 2, 24.0, battery_frac=0.5)
+    dark = _solar_board(tmp_path / "dark", -1, 12.0, battery_frac=0.5)
+    for sim in (noon, night, dark):
+        sim.start()
+        for _ in range(600):
+            sim.advance(1.0)
+    bat0 = 0.5 * load_profile("solar-node").battery.capacity_wh
+    assert noon.plant.s.harvest_w > 0 and noon.plant.s.battery_wh > bat0
+    assert night.plant.s.harvest_w == 0 and night.plant.s.battery_wh < bat0
+    assert dark.plant.s.harvest_w == 0 and dark.plant.s.battery_wh < bat0
+    assert noon.report()["battery_frac"] > 0.5 > night.report()["battery_frac"]
+
+
+def test_a_later_start_meets_the_same_sky(tmp_path):
+    """A life started again at a later hour (the field soak's after a kill -9) meets the same
+    weather on the same day: the sky counts from simulated hour 0, and reaches the run's end."""
+    from power.plant import DAY
+    from runtime.device.simdevice import SKY_DAYS, SKY_STEP_S, sky_for
+
+    a, b = sky_for(2, 0.0, 48.0), sky_for(2, 30.0, 300.0)
+    assert len(a) * SKY_STEP_S >= 48 * 3600 and len(b) * SKY_STEP_S >= 330 * 3600
+    assert (b[:len(a)] == a).all()
+    assert (sky_for(2, 9.0, 0.0)[:len(a)] == a).all()  # no end: a year of it
+    assert (sky_for(3, 0.0, 48.0) != a).any()  # another seed, another sky
+    year = int(SKY_DAYS * DAY / SKY_STEP_S)  # a run past a year meets the same year again
+    assert (sky_for(2, 0.0, 2 * SKY_DAYS * 24)[year:2 * year] == a[:year]).all()
