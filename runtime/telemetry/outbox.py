@@ -128,6 +128,24 @@ def _valid_text(obj: Any) -> Any:
 
 
 
+def _emptied(path: Path) -> bool:
+    """Whether the database at `path` is a zero-byte file (no WAL beside it) where an
+    outbox was: its result log has records or its replay record exists. A power cut can
+    leave a file at zero bytes, and SQLite opens one as a new database: the results only
+    in it were gone without a word. (A first start creates the log and the record only
+    after the database's tables.)"""
+    def size(p: Path) -> int:
+        try:
+            return p.stat().st_size
+        except OSError:
+            return 0
+
+    if not path.is_file() or size(path) or size(Path(f"{path}-wal")):
+        return False
+    return (size(path.with_name(path.name + ".log")) > 0
+            or path.with_name(path.name + ".keep.json").exists())
+
+
 def last_seq(db: Path) -> int:
     """The highest seq the outbox at `db` has given (its result log's and its database's),
     read-only while a daemon writes it: the results made, acked or not."""
@@ -297,6 +315,9 @@ class Outbox:
             return self._connect()
 
     def _connect(self) -> sqlite3.Connection:
+        if _emptied(self.path):
+            raise sqlite3.DatabaseError("the file is empty (0 bytes) though its result log "
+                                        "or replay record shows it held an outbox")
         db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False,
                              timeout=30)
         db.execute("PRAGMA journal_mode=WAL")
