@@ -89,3 +89,34 @@ def test_an_outbox_database_emptied_by_the_filesystem_is_reported_not_reused(tmp
         assert "Traceback" not in d.text()
     finally:
         d.stop()
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("damage", ["gone", "manifest-is-a-directory"])
+def test_a_current_model_version_that_is_gone_is_said_not_silently_replaced(tmp_path, cache,
+                                                                            damage):
+    """The model store's pointer names a version whose directory is gone or incomplete, and
+    there is no previous one: the configured model was served without a word, while the
+    pointer still named the version the fleet deployed."""
+    import json
+
+    cfg = write_config(tmp_path, cache)
+    models = tmp_path / "state" / "models"
+    version = models / "versions" / "inspection@2"
+    version.mkdir(parents=True)
+    if damage == "manifest-is-a-directory":
+        (version / "manifest.json").mkdir()
+    else:
+        version.rmdir()
+    (models / "current.json").write_text(json.dumps(
+        {"v": 1, "current": "inspection@2", "previous": None, "probation": None,
+         "rejected": {}}))
+    d = Serve(tmp_path, cfg)
+    try:
+        wait(d.ready, 120, "the daemon ready on the configured model", d)
+        said = [ln for ln in d.text().splitlines() if "inspection@2" in ln]
+        assert said and "ERROR" in said[0] and "configured model" in said[0], d.text()[-3000:]
+        assert str(models / "current.json") in said[0], said[0]
+        assert d.stop() == 0
+    finally:
+        d.stop()
