@@ -36,6 +36,7 @@ import contextlib
 import json
 import logging
 import math
+import os
 import shutil
 import sqlite3
 import threading
@@ -126,6 +127,19 @@ def _valid_text(obj: Any) -> Any:
         return [_valid_text(v) for v in obj]
     return obj
 
+
+
+def _space(path: Path) -> str:
+    """What the filesystem holding `path` has free, for a failure to open it: SQLite says
+    `disk I/O error` when a full disk refuses its -shm file, which reads as a failing card."""
+    try:
+        st = os.statvfs(path.parent)
+    except OSError:
+        return ""
+    free = st.f_bavail * st.f_frsize
+    if free < 1 << 20:  # less than SQLite's WAL and -shm files need to grow
+        return f"; its filesystem is full: {free} bytes free in {path.parent}"
+    return ""
 
 
 def _emptied(path: Path) -> bool:
@@ -292,8 +306,9 @@ class Outbox:
             # stranded its unacked results in a .corrupt file no one sends (a lock held 30 s
             # did that). Stop, keep it, say why; systemd starts the daemon again to retry.
             raise OutboxUnavailable(
-                f"telemetry.outbox.path {self.path}: cannot open the outbox ({e}); it was left "
-                "as it is (not moved aside: this is not corruption); exiting so it is retried"
+                f"telemetry.outbox.path {self.path}: cannot open the outbox ({e}{_space(self.path)}"
+                "); it was left as it is (not moved aside: this is not corruption); exiting so "
+                "it is retried"
             ) from e
         except sqlite3.DatabaseError as e:  # not a database, malformed, failed quick_check
             # A corrupt outbox must not keep the device from running: keep the file for
