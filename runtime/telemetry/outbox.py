@@ -142,6 +142,24 @@ def _space(path: Path) -> str:
     return ""
 
 
+def _blocking(path: Path) -> str:
+    """Which of the database's files (it, its -wal, its -shm) this process cannot write: a
+    killed `sudo edgerun serve` leaves root-owned -wal and -shm files, and SQLite's error
+    names neither."""
+    said = []
+    for p in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+        if p.is_dir():
+            said.append(f"{p} is a directory")
+            continue
+        try:
+            os.close(os.open(p, os.O_WRONLY | os.O_NOFOLLOW))  # opens, writes nothing
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            said.append(f"{p} cannot be written ({e.strerror})")
+    return "; " + "; ".join(said) if said else ""
+
+
 def _emptied(path: Path) -> bool:
     """Whether the database at `path` is a zero-byte file (no WAL beside it) where an
     outbox was: its result log has records or its replay record exists. A power cut can
@@ -307,6 +325,7 @@ class Outbox:
             # did that). Stop, keep it, say why; systemd starts the daemon again to retry.
             raise OutboxUnavailable(
                 f"telemetry.outbox.path {self.path}: cannot open the outbox ({e}{_space(self.path)}"
+                f"{_blocking(self.path)}"
                 "); it was left as it is (not moved aside: this is not corruption); exiting so "
                 "it is retried"
             ) from e
