@@ -147,6 +147,8 @@ def _blocking(path: Path) -> str:
     killed `sudo edgerun serve` leaves root-owned -wal and -shm files, and SQLite's error
     names neither."""
     said = []
+    if not path.exists() and not os.access(path.parent, os.W_OK):  # read-only mount, modes
+        said.append(f"{path.parent} cannot be written (the outbox cannot be made there)")
     for p in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
         if p.is_dir():
             said.append(f"{p} is a directory")

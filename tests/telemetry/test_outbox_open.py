@@ -100,6 +100,25 @@ def test_a_directory_in_place_of_a_wal_or_shm_file_is_named(tmp_path, suffix):
     assert f"{path}{suffix} is a directory" in str(e.value), e.value
 
 
+def test_a_state_directory_on_a_read_only_mount_is_named(tmp_path):
+    """A state directory mounted read-only with no outbox in it yet: SQLite said `unable to
+    open database file`, naming neither the directory nor why."""
+    import os
+
+    if os.geteuid() != 0:
+        pytest.skip("a read-only bind mount needs root")
+    state = tmp_path / "state"
+    state.mkdir()
+    subprocess.run(["mount", "--bind", str(state), str(state)], check=True)
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(state)], check=True)
+        with pytest.raises(OutboxUnavailable) as e:
+            Outbox(OutboxConfig(path=str(state / "outbox.db")))
+        assert f"{state} cannot be written" in str(e.value), e.value
+    finally:
+        subprocess.run(["umount", str(state)], check=False)
+
+
 def test_a_shm_file_another_user_owns_is_named(tmp_path):
     """`sudo edgerun serve` killed leaves root-owned -wal and -shm files; the service user
     then cannot open the outbox, and the line named only outbox.db (its own, writable).
