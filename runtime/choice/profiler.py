@@ -63,6 +63,18 @@ from runtime.engine.onnx_model import file_sha256
 
 log = logging.getLogger(__name__)
 
+# Cache directories a write failed in, said once per process: a read-only mount logged a
+# warning per variant stored, every round (29 lines in the first 4 s of `serve`). A write
+# that works again takes its directory out, so a later failure is news again.
+_UNWRITABLE: set[Path] = set()
+
+
+def _cache_unwritable(cache: Path, e: OSError, costs: str) -> None:
+    """Say once that `cache` refused a write (`costs`: what that costs), then only at debug."""
+    level = logging.DEBUG if cache in _UNWRITABLE else logging.WARNING
+    _UNWRITABLE.add(cache)
+    log.log(level, "cannot write profile cache %s (%s); %s", cache, e, costs)
+
 # 3: energy and cpu_ms from inference CPU time (ns), never process-wide
 # 4: stage, energy_ci and latency_ci; failures are recorded
 # 5: a failure's error names the model file as MODEL_PATH (an entry is keyed by the
@@ -163,9 +175,9 @@ class Profiler:
         try:
             self._cache.mkdir(parents=True, exist_ok=True)
             write_atomic(self._cache / f"{key}.json", json.dumps(asdict(p)))
+            _UNWRITABLE.discard(self._cache)
         except OSError as e:
-            log.warning("cannot write profile cache %s (%s); profiles will be measured "
-                        "again next start", self._cache, e)
+            _cache_unwritable(self._cache, e, "profiles will be measured again next start")
 
     def lookup(self, v: Variant, device: Device) -> Profile | None:
         """The cached profile of a variant (any stage; a failure as `known-failure`), with the
@@ -210,8 +222,7 @@ class Profiler:
             self._cache.mkdir(parents=True, exist_ok=True)
             (self._cache / f"{key}.done").write_text(json.dumps({"t": time.time()}))
         except OSError as e:
-            log.warning("cannot write profile cache %s (%s); the refinement runs again next "
-                        "start", self._cache, e)
+            _cache_unwritable(self._cache, e, "the refinement runs again next start")
 
     # -- measuring -----------------------------------------------------------------------
     def idle_w(self) -> float:

@@ -247,7 +247,7 @@ def serve(config_path: Path | None, print_results: bool = False,
     import logging
     from dataclasses import replace
 
-    from runtime.config import load
+    from runtime.config import ConfigError, load
     from runtime.device.daemon import Daemon
     from runtime.device.profiling import Stopping
     from runtime.device.systemd import Notifier
@@ -266,6 +266,12 @@ def serve(config_path: Path | None, print_results: bool = False,
         logging.getLogger("edgerun.daemon").info("%s: exiting before start-up finished", e)
         daemon.close_partial()
         return 0
+    except OSError as e:
+        # a file where a directory belongs, a directory where a file does: the message
+        # names the path, which is all the operator needs (a traceback at every restart
+        # buried it)
+        Notifier().status("start-up failed; see the journal")
+        raise ConfigError(f"start-up failed: {e}") from e
     except Exception:
         Notifier().status("start-up failed; see the journal")
         raise

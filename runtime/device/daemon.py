@@ -89,7 +89,12 @@ class Daemon:
 
     def start(self) -> None:
         """Bring every part up in order; raises with the failing step named."""
-        self.state_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.state_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:  # a file in its place, a read-only parent: nothing can be kept
+            what = ("is not a directory" if self.state_dir.exists()
+                    else f"cannot be made ({e.strerror})")
+            raise ConfigError(f"daemon.state_dir {self.state_dir} {what}") from e
         # commands sent earlier outlive restarts (and the config file's [constraints]); so do
         # the harvest forecast learnt (`kept`) and the operator's rate cap
         self.cfg, kept = self.operator.restore(self.cfg)

@@ -120,6 +120,10 @@ class ModelStore:
                     log.error("model version %s named by %s is missing; serving the previous "
                               "version %s", doc.get("current"), self.pointer, doc["previous"])
                 return doc[key], p
+        if doc.get("current"):  # the fleet deployed it: serving another must not go unsaid
+            log.error("model version %s named by %s is missing (no complete directory under "
+                      "%s) and there is no previous version; serving the configured model",
+                      doc["current"], self.pointer, self.versions)
         return None, None
 
     def has(self, vid: str) -> bool:

@@ -36,6 +36,7 @@ import contextlib
 import json
 import logging
 import math
+import os
 import shutil
 import sqlite3
 import threading
@@ -126,6 +127,57 @@ def _valid_text(obj: Any) -> Any:
         return [_valid_text(v) for v in obj]
     return obj
 
+
+
+def _space(path: Path) -> str:
+    """What the filesystem holding `path` has free, for a failure to open it: SQLite says
+    `disk I/O error` when a full disk refuses its -shm file, which reads as a failing card."""
+    try:
+        st = os.statvfs(path.parent)
+    except OSError:
+        return ""
+    free = st.f_bavail * st.f_frsize
+    if free < 1 << 20:  # less than SQLite's WAL and -shm files need to grow
+        return f"; its filesystem is full: {free} bytes free in {path.parent}"
+    return ""
+
+
+def _blocking(path: Path) -> str:
+    """Which of the database's files (it, its -wal, its -shm) this process cannot write: a
+    killed `sudo edgerun serve` leaves root-owned -wal and -shm files, and SQLite's error
+    names neither."""
+    said = []
+    if not path.exists() and not os.access(path.parent, os.W_OK):  # read-only mount, modes
+        said.append(f"{path.parent} cannot be written (the outbox cannot be made there)")
+    for p in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+        if p.is_dir():
+            said.append(f"{p} is a directory")
+            continue
+        try:
+            os.close(os.open(p, os.O_WRONLY | os.O_NOFOLLOW))  # opens, writes nothing
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            said.append(f"{p} cannot be written ({e.strerror})")
+    return "; " + "; ".join(said) if said else ""
+
+
+def _emptied(path: Path) -> bool:
+    """Whether the database at `path` is a zero-byte file (no WAL beside it) where an
+    outbox was: its result log has records or its replay record exists. A power cut can
+    leave a file at zero bytes, and SQLite opens one as a new database: the results only
+    in it were gone without a word. (A first start creates the log and the record only
+    after the database's tables.)"""
+    def size(p: Path) -> int:
+        try:
+            return p.stat().st_size
+        except OSError:
+            return 0
+
+    if not path.is_file() or size(path) or size(Path(f"{path}-wal")):
+        return False
+    return (size(path.with_name(path.name + ".log")) > 0
+            or path.with_name(path.name + ".keep.json").exists())
 
 
 def last_seq(db: Path) -> int:
@@ -274,8 +326,10 @@ class Outbox:
             # stranded its unacked results in a .corrupt file no one sends (a lock held 30 s
             # did that). Stop, keep it, say why; systemd starts the daemon again to retry.
             raise OutboxUnavailable(
-                f"telemetry.outbox.path {self.path}: cannot open the outbox ({e}); it was left "
-                "as it is (not moved aside: this is not corruption); exiting so it is retried"
+                f"telemetry.outbox.path {self.path}: cannot open the outbox ({e}{_space(self.path)}"
+                f"{_blocking(self.path)}"
+                "); it was left as it is (not moved aside: this is not corruption); exiting so "
+                "it is retried"
             ) from e
         except sqlite3.DatabaseError as e:  # not a database, malformed, failed quick_check
             # A corrupt outbox must not keep the device from running: keep the file for
@@ -297,6 +351,9 @@ class Outbox:
             return self._connect()
 
     def _connect(self) -> sqlite3.Connection:
+        if _emptied(self.path):
+            raise sqlite3.DatabaseError("the file is empty (0 bytes) though its result log "
+                                        "or replay record shows it held an outbox")
         db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False,
                              timeout=30)
         db.execute("PRAGMA journal_mode=WAL")

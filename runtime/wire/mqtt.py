@@ -27,6 +27,35 @@ from runtime.wire.backoff import Backoff
 log = logging.getLogger("edgerun.mqtt")
 
 
+class CredentialError(ValueError):
+    """A credential file the broker config names (password_file, tls.*) cannot be used; the
+    message names the key and the file."""
+
+
+def _credentials(broker: BrokerConfig) -> str | None:
+    """The password, after checking that every credential file named can be used: a
+    missing CA file was `[Errno 2] No such file or directory` with no name, reported as
+    the broker being unreachable."""
+    password = None
+    if broker.password_file:
+        try:
+            password = Path(broker.password_file).expanduser().read_text().strip()
+        except (OSError, UnicodeDecodeError) as e:
+            why = e.strerror if isinstance(e, OSError) and e.filename else e  # names the path
+            raise CredentialError(f"password_file {broker.password_file}: {why}") from e
+    tls = broker.tls
+    try:
+        if tls.ca:
+            what = f"tls.ca {tls.ca}"
+            ssl.create_default_context().load_verify_locations(tls.ca)
+        if tls.cert:
+            what = f"tls.cert {tls.cert}" + (f" (tls.key {tls.key})" if tls.key else "")
+            ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_cert_chain(tls.cert, tls.key or None)
+    except (OSError, ValueError) as e:  # ssl.SSLError is an OSError
+        raise CredentialError(f"{what}: {e}") from e
+    return password
+
+
 def make_client(broker: BrokerConfig, client_id: str, protocol: str,
                 clean: bool = True) -> mqtt.Client:
     """A paho 2.x client with TLS and credentials from `broker`; not yet connected.
@@ -40,10 +69,8 @@ def make_client(broker: BrokerConfig, client_id: str, protocol: str,
         protocol=mqtt.MQTTv5 if v5 else mqtt.MQTTv311,
         clean_session=None if v5 else clean,
     )
+    password = _credentials(broker)
     if broker.username:
-        password = None
-        if broker.password_file:
-            password = Path(broker.password_file).expanduser().read_text().strip()
         client.username_pw_set(broker.username, password)
     if broker.tls.ca or broker.tls.cert:
         client.tls_set(ca_certs=broker.tls.ca or None, certfile=broker.tls.cert or None,
@@ -317,6 +344,12 @@ class Connection:
             connect(client, b, self._proto.current, clean=self.clean,
                     session_expiry_s=self.session_expiry_s,
                     max_packet_bytes=self.max_packet_bytes)
+        except CredentialError as e:  # not the network: the operator fixes a file
+            self.stats.last_error = f"broker credentials: {e}"
+            if self._backoff.attempts % 10 == 0:
+                log.error("%s: cannot use the broker's credentials: %s; retrying", self.name,
+                          e)
+            return False
         except (OSError, ValueError) as e:
             self.stats.last_error = f"connect to {b.host}:{b.port}: {e}"
             if (cause := clock_cause(e)) is not None:

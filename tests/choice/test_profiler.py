@@ -638,3 +638,24 @@ def test_the_default_cache_is_under_xdg_cache_home(tmp_path, monkeypatch):
     assert ProfilerConfig().cache_path() == tmp_path / "home/.cache/edgerun/profiles"
     # a configured directory wins, `~` expanded
     assert ProfilerConfig(cache_dir="~/p").cache_path() == tmp_path / "home/p"
+
+
+def test_a_cache_that_cannot_be_written_is_said_once_not_per_variant(tmp_path, tiny_model,
+                                                                     fast_profiler_cfg, caplog):
+    """A cache directory on a read-only mount (or a file in its place) logged one warning
+    per variant stored, every round: 29 lines in the first 4 s of `serve`, and again at every
+    re-profile. Once is the news; the profiles are still measured and used."""
+    import logging
+    from dataclasses import replace
+
+    blocked = tmp_path / "cache"
+    blocked.write_text("a file where the cache directory belongs\n")
+    cfg = replace(fast_profiler_cfg, cache_dir=str(blocked))
+    with caplog.at_level(logging.WARNING, logger="runtime.choice.profiler"):
+        first = run(tiny_model, cfg)
+        run(tiny_model, cfg)
+    said = [r.getMessage() for r in caplog.records if "cannot write profile cache" in
+            r.getMessage()]
+    assert len(first) > 1 and len(said) == 1, said
+    assert str(blocked) in said[0]
+    assert all(p.ok or opencl_devices.refused_here(p) for p in first)

@@ -166,6 +166,26 @@ def test_outbox_opened_on_a_full_disk_starts_degraded(disk):
     killed.close()
 
 
+def test_an_outbox_that_cannot_open_on_a_full_disk_says_the_disk_is_full(disk):
+    """A cleanly stopped outbox (no WAL files left) on a disk that filled meanwhile cannot
+    open (SQLite must make its -shm file) and the daemon exits to be retried: the line said
+    `disk I/O error`, which reads as a failing card, not as a full one."""
+    from runtime.telemetry.outbox import OutboxUnavailable
+
+    path = disk.path / "outbox.db"
+    box = Outbox(OutboxConfig(path=str(path)))
+    box.append_many([_result(0)])
+    box.close()
+    disk.fill()
+    with pytest.raises(OutboxUnavailable) as e:
+        Outbox(OutboxConfig(path=str(path))).close()
+    assert "full" in str(e.value) and str(disk.path) in str(e.value), e.value
+    disk.free()
+    reopened = Outbox(OutboxConfig(path=str(path)))
+    assert [p.seq for p in reopened.pending(0, 10)] == [1]  # kept, not moved aside
+    reopened.close()
+
+
 def test_closing_on_a_full_disk_stores_held_results_or_says_which_are_lost(disk, caplog):
     """close() gives what waits in memory one last try: space back, nothing lost; the disk
     still full, one critical line naming how many results and which seqs are lost."""

@@ -85,6 +85,70 @@ def test_an_outbox_it_may_not_write_is_one_line_not_a_traceback(tmp_path):
     assert "attempt to write a readonly database" in r.stdout
 
 
+@pytest.mark.parametrize("suffix", ["-wal", "-shm"])
+def test_a_directory_in_place_of_a_wal_or_shm_file_is_named(tmp_path, suffix):
+    """SQLite's own files beside the database: one that cannot be used said `unable to open
+    database file` or `attempt to write a readonly database` about outbox.db, which is fine,
+    and never named the file that is not."""
+    path = tmp_path / "outbox.db"
+    box = Outbox(OutboxConfig(path=str(path)))
+    box.append({"t": 1.0, "ref": "r"})
+    box.close()
+    (tmp_path / f"outbox.db{suffix}").mkdir()
+    with pytest.raises(OutboxUnavailable) as e:
+        Outbox(OutboxConfig(path=str(path)))
+    assert f"{path}{suffix} is a directory" in str(e.value), e.value
+
+
+def test_a_state_directory_on_a_read_only_mount_is_named(tmp_path):
+    """A state directory mounted read-only with no outbox in it yet: SQLite said `unable to
+    open database file`, naming neither the directory nor why."""
+    import os
+
+    if os.geteuid() != 0:
+        pytest.skip("a read-only bind mount needs root")
+    state = tmp_path / "state"
+    state.mkdir()
+    subprocess.run(["mount", "--bind", str(state), str(state)], check=True)
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(state)], check=True)
+        with pytest.raises(OutboxUnavailable) as e:
+            Outbox(OutboxConfig(path=str(state / "outbox.db")))
+        assert f"{state} cannot be written" in str(e.value), e.value
+    finally:
+        subprocess.run(["umount", str(state)], check=False)
+
+
+def test_a_shm_file_another_user_owns_is_named(tmp_path):
+    """`sudo edgerun serve` killed leaves root-owned -wal and -shm files; the service user
+    then cannot open the outbox, and the line named only outbox.db (its own, writable).
+    Run as root without CAP_DAC_OVERRIDE (setpriv) on a file owned by another user."""
+    import os
+    import shutil
+
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        pytest.skip("needs root and setpriv to drop the capability that bypasses file modes")
+    path = tmp_path / "outbox.db"
+    box = Outbox(OutboxConfig(path=str(path)))
+    box.append({"t": 1.0, "ref": "r"})
+    box.close()
+    shm = tmp_path / "outbox.db-shm"
+    shm.write_bytes(b"\0" * 32768)
+    os.chown(shm, 65534, -1)
+    os.chmod(shm, 0o644)
+    tmp_path.chmod(0o777)
+    code = ("import sys; from runtime.config.telemetry import OutboxConfig\n"
+            "from runtime.telemetry.outbox import Outbox, OutboxUnavailable\n"
+            f"try: Outbox(OutboxConfig(path={str(path)!r}))\n"
+            "except OutboxUnavailable as e: print('UNAVAILABLE', e); sys.exit(0)\n"
+            "print('opened'); sys.exit(3)\n")
+    r = subprocess.run(["setpriv", "--inh-caps=-all", "--bounding-set=-all", "--",
+                        sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=60, env=child_env())
+    assert r.returncode == 0, r.stdout + r.stderr[-2000:]
+    assert f"{shm} cannot be written" in r.stdout, r.stdout
+
+
 def _corrupt_a_results_page(path) -> None:
     """Overwrite part of a late page of the results table (a bad sector): quick_check fails,
     the small meta and sqlite_sequence tables at the front stay readable."""
