@@ -110,12 +110,15 @@ class Plant:
     def __init__(self, device: DeviceProfile, ambient_c: Callable[[float], float],
                  t0: float = 0.0, irradiance: np.ndarray | None = None,
                  irradiance_step_s: float = 300.0, battery_frac: float = 1.0,
-                 root: Path | None = None):
+                 root: Path | None = None, irradiance_repeats: bool = False):
         if device.thermal is None:
             raise ValueError(f"device profile {device.name} has no [thermal] section")
         self.device, self.ambient_c, self.root = device, ambient_c, root
         self._th = device.thermal
         self._irr, self._irr_step = irradiance, irradiance_step_s
+        # past its end the trace starts again (a year of weather for a run without an end),
+        # else its last value holds (a trace made for exactly the run)
+        self._irr_repeats = irradiance_repeats
         amb = ambient_c(t0)
         bat = device.battery.capacity_wh * battery_frac if device.battery else None
         self.s = PlantState(t0, amb, amb, battery_wh=bat)
@@ -153,7 +156,8 @@ class Plant:
         """Solar input power at time t."""
         if self.device.solar is None or self._irr is None:
             return 0.0
-        i = min(int(t / self._irr_step), len(self._irr) - 1)
+        i = int(t / self._irr_step)
+        i = i % len(self._irr) if self._irr_repeats else min(i, len(self._irr) - 1)
         return self.device.solar.panel_w * float(self._irr[i])
 
     def step(self, dt: float, dynamic_w: float) -> PlantState:

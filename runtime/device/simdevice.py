@@ -26,7 +26,7 @@ import numpy as np
 
 from power.closed_loop import RunResult, run_load
 from power.device import DeviceProfile
-from power.plant import DAY, SCENARIOS, Plant, ambient, solar_trace
+from power.plant import SCENARIOS, Plant, ambient, solar_trace
 from power.rungs import Rung
 from power.simclock import Pace, SimClock
 
@@ -34,7 +34,7 @@ log = logging.getLogger("edgerun.sim")
 
 MAX_STEP_S = 1.0  # the plant's step (the pure simulation's dt): throttling and trips per step
 SKY_STEP_S = 300.0  # the weather's irradiance, one value per this many simulated seconds
-SKY_DAYS = 365  # the sky's year: a run past it meets the same year again
+SKY_DAYS = 365  # the sky's year: a run past it meets the same year again (Plant repeats it)
 MAX_RUNGS = 64  # rung_s in health: the longest-run rungs, at most this many (payloads.py)
 
 
@@ -50,7 +50,7 @@ class SimulatedDevice:
         self.root = root
         self.plant = Plant(device, ambient(kind, base, swing), t0=start_hour * 3600,
                            irradiance=irradiance, irradiance_step_s=SKY_STEP_S,
-                           battery_frac=battery_frac)
+                           battery_frac=battery_frac, irradiance_repeats=True)
         self.plant.write_sysfs(root)
         self.t0 = self.plant.s.t
         self.clock = SimClock(self.t0)
@@ -156,8 +156,13 @@ def simulate(cfg: Any, device: DeviceProfile, state_dir: Path,
     `state_dir` unless the section names one; `load`: the rung running and its rate."""
     sc = cfg.simulator
     root = Path(sc.root or state_dir / "sim-sysfs")
-    sky = (sky_for(sc.weather_seed, sc.start_hour, sc.hours)
-           if sc.weather_seed >= 0 and device.solar is not None else None)
+    sky = sky_for(sc.weather_seed) if sc.weather_seed >= 0 and device.solar is not None else None
+    if sc.weather_seed >= 0 and sky is None:
+        log.warning("[simulator] weather_seed = %d: device profile %s has no solar panel; no "
+                    "sky simulated", sc.weather_seed, device.name)
+    if sc.battery_frac != 1.0 and device.battery is None:
+        log.warning("[simulator] battery_frac = %g: device profile %s has no battery; ignored",
+                    sc.battery_frac, device.name)
     sim = SimulatedDevice(device, root, sc.scenario, sc.speed, sc.start_hour, load,
                           cfg.constraints.latency_ms / 1e3,
                           duration_s=sc.hours * 3600 or math.inf, irradiance=sky,
@@ -168,12 +173,9 @@ def simulate(cfg: Any, device: DeviceProfile, state_dir: Path,
     return sim
 
 
-def sky_for(seed: int, start_hour: float, hours: float) -> np.ndarray:
-    """The irradiance (power.plant.solar_trace, one value per SKY_STEP_S) from simulated hour
-    0 through the run's end, `start_hour` + `hours` (0: no end, a year), a year of weather
-    repeated: from hour 0 and of one length whatever the start and the end (the trace's random
-    draws depend on its length), so every life of a device started again later meets the same
-    weather on the same day."""
-    year = solar_trace(SKY_DAYS, seed, SKY_STEP_S)
-    end_s = start_hour * 3600 + (hours * 3600 if hours > 0 else SKY_DAYS * DAY)
-    return np.tile(year, math.ceil(end_s / (SKY_DAYS * DAY)) + 1)
+def sky_for(seed: int) -> np.ndarray:
+    """A year of irradiance (power.plant.solar_trace, one value per SKY_STEP_S) from simulated
+    hour 0, the plant repeating it past its end: one length whatever the run's start and end
+    (the trace's random draws depend on its length), so every life of a device started again
+    later meets the same weather on the same day."""
+    return solar_trace(SKY_DAYS, seed, SKY_STEP_S)

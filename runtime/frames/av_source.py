@@ -110,12 +110,11 @@ class NalAssembler:
     def _begin(self, data: bytes | memoryview) -> None:
         """A NAL begins with `data` (its start code first): followed or gathered."""
         head = bytes(data[:6])
-        i = 4 if head.startswith(_START4) else 3
+        kind = nal_type(head)
         # a NAL of a type not wanted is followed, not gathered (a P-frame's 10-100 kB
         # copied for nothing while key frames alone are decoded)
-        kind = head[i] & 0x1F if len(head) > i else 0
-        self._dropping = len(head) > i and kind in self.drop_types
-        if kind == 5 and len(head) > i + 1 and head[i + 1] & 0x80:  # first_mb_in_slice 0
+        self._dropping = kind in self.drop_types
+        if kind == 5 and first_slice(head):
             self.keys_begun += 1
         if self._dropping:
             self.dropped_begun += 1
@@ -288,6 +287,7 @@ class AvStreamSource:
             self._skip = False  # decoding key frames only
             self._due = -math.inf  # key frames only: none is decoded before this (monotonic)
             self._tick = -math.inf  # under a rate cap: when the frame served was due
+            self._leave = False  # key frames only: left at the key picture begun (_next_unit)
             self.keyframes_only = False  # what the reader does now (said in the log)
             self._reader = LatestFrame(self._read_one, self._shown, start=False)
             self._reader.start()  # _read_one reads self._reader
@@ -425,14 +425,19 @@ class AvStreamSource:
                 self._units.extend((pic, "key" if key else "slice")
                                    for pic, key in aus.boundary())
             self.damaged += asm.oversize + aus.oversize - oversize
-            if asm.keys_begun != keys and self._skip and not self._wants_keys(
-                    _rate([*self._keys, time.monotonic()])):
-                # key frames only is left at this key frame (decided once it is whole, below):
-                # the picture after it is gathered from its first slice on. Where the camera
-                # sends no AUDs, a several-slice key picture ends only where that picture
-                # begins; dropped, every frame to the next key frame was decoded from a
-                # missing reference: wrong pictures, none flagged corrupt (docs/sources.md)
-                asm.drop_types = frozenset()
+            if asm.keys_begun != keys and self._skip:
+                # whether key frames only is left at this key frame is decided here, once, as
+                # its first slice begins (the rate as _read_one will see it), and _read_one
+                # follows it: the picture after it is gathered from its first slice on. Where
+                # the camera sends no AUDs, a several-slice key picture ends only where that
+                # picture begins; dropped, every frame to the next key frame was decoded from a
+                # missing reference: wrong pictures, none flagged corrupt (docs/sources.md).
+                # Decided again when the picture is whole, a rate or cap that moved in between
+                # dropped it anyway.
+                keys = [*self._keys, time.monotonic()][-(self._keys.maxlen or 0):]
+                self._leave = not self._wants_keys(_rate(keys))
+                if self._leave:
+                    asm.drop_types = frozenset()
         return self._units.popleft()
 
     def _read_one(self) -> np.ndarray:
@@ -444,7 +449,10 @@ class AvStreamSource:
             if what == "key":
                 self._keys.append(time.monotonic())
                 kf = self.key_frame_hz()
-                want = self._wants_keys(kf)
+                # leaving key frames only was decided as this picture began (_next_unit)
+                want = (not self._leave if self._asm is not None and self._skip
+                        else self._wants_keys(kf))
+                self._leave = False
                 if want != self._skip:  # switched at a key frame: no P-frame misses its
                     self._skip = want   # references when every frame is decoded again
                     if self._asm is not None:  # a decoder of its own, given the last SPS/PPS
@@ -497,21 +505,7 @@ class AvStreamSource:
         damaged, self._damaged_told = d - self._damaged_told, d
         kf, hint, iv = self.key_frame_hz(), self._hint_hz, self._spaced()
         step = 1 / kf if self.keyframes_only and kf > 0 and hint > 0 else iv
-        if step > 0:
-            # the next frame served is the first decoded after its due time: half a frame (key
-            # frame) interval before the next tick of a clock 1/hint apart, so that on average
-            # frames are served at the hinted rate. Ticks counted from each frame's serving
-            # instead (a few ms after it came) put every frame but one just before its due
-            # time where the interval is a frame and a half short of 1/hint: 2.5 key frames
-            # a second at a 1 fps cap were served 1.2 s apart (0.83 fps). The clock starts
-            # again where a frame came more than an interval after its tick (a stall, a switch)
-            now = time.monotonic()
-            if now - self._tick > step:
-                self._tick = now
-            self._tick += 1 / hint
-            self._due = self._tick - 0.5 * step
-        else:
-            self._due = -math.inf
+        self._tick, self._due = next_due(time.monotonic(), self._tick, step, hint)
         return Frame(img, f"frame-{n}", t=t0, decode_cpu_s=cpu, decoded_apart=True,
                      skipped=skipped, damaged=damaged)
 
@@ -528,6 +522,25 @@ class AvStreamSource:
 
 
 _P_SLICES = frozenset({1, 2, 3, 4})  # NAL types of slices other than a key frame's
+
+
+def next_due(now: float, tick: float, step: float, hint_hz: float) -> tuple[float, float]:
+    """(tick, due) for the next frame under a rate cap of `hint_hz`, a frame just served at
+    `now`; `step`: the interval between the frames decoded (key frames when only they are, else
+    every frame; 0: not paced, (-inf, -inf)). The next frame served is the first decoded after
+    its due time: half a step before the next tick of a clock 1/hint_hz apart, so that on
+    average frames are served at the cap. Ticks counted from each frame's serving instead (a
+    few ms after it came) put every frame but one just before its due time where the step is a
+    frame and a half short of 1/hint_hz: 2.5 key frames a second at a 1 fps cap were served
+    1.2 s apart (0.83 fps). The clock starts again at `now` where the frame came more than a
+    step after its tick (a stall, a switch) or the tick lies more than an interval ahead (left
+    from an earlier, lower cap)."""
+    if step <= 0 or not hint_hz > 0:
+        return -math.inf, -math.inf
+    if now - tick > step or tick - now > 1 / hint_hz:
+        tick = now
+    tick += 1 / hint_hz
+    return tick, tick - 0.5 * step
 
 
 def _rate(times: list[float]) -> float:

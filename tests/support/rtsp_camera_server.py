@@ -5,7 +5,8 @@ the project or the tests (only rtsp_camera_code.py, beside it, is shared):
 tests/support/rtsp_camera.py starts it and reads what it writes.
 
     /usr/bin/python3 rtsp_camera_server.py --port 0 --width 1280 --height 720 --fps 25 \
-        --key-int 25 --log frames.log [--slices N] [--no-aud] [--user U --password P]
+        --key-int 25 --log frames.log [--slices N] [--no-aud] [--aggregate MODE] \
+        [--user U --password P]
 
 It prints `READY <port>` on stdout once it listens (port 0: the kernel picks one; a restart
 names the port again). The picture: a luma texture scrolling 3 rows a frame (so the encoder

@@ -1,0 +1,67 @@
+"""Due times under a rate cap (runtime/frames/av_source.py `next_due`): frames served at the
+cap on average, the clock started again after a stall or a cap left from before."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+
+from runtime.frames.av_source import next_due
+
+
+def _serve(step: float, hint: float, seconds: float, first: float = 0.0) -> list[float]:
+    """Frames arriving every `step` from `first`; each served when it is the first at or after
+    the due time (as the reader's `take`): the times served."""
+    tick, due, served = -math.inf, -math.inf, []
+    t = first
+    while t < seconds:
+        if t >= due:
+            served.append(t)
+            tick, due = next_due(t, tick, step, hint)
+        t = round(t + step, 9)
+    return served
+
+
+@pytest.mark.parametrize("step, hint, rate", [
+    (0.4, 1.0, 1.0),  # 2.5 key frames a second at a 1 fps cap: 0.8 and 1.2 s apart
+    (0.04, 10.0, 10.0),  # every frame of 25 fps at 10 Hz: 2 and 3 frames apart
+    (0.04, 8.0, 8.0),
+    (0.04, 12.5, 12.5),
+    (1.0, 1.0, 1.0),  # a key frame a second at 1 fps: each one
+])
+def test_frames_are_served_at_the_cap_on_average(step, hint, rate):
+    served = _serve(step, hint, 60.0)
+    assert (len(served) - 1) / (served[-1] - served[0]) == pytest.approx(rate, rel=0.02)
+
+
+def test_key_frames_at_two_and_a_half_a_second_alternate_under_a_1_fps_cap():
+    served = _serve(0.4, 1.0, 30.0)
+    gaps = {round(b - a, 3) for a, b in itertools.pairwise(served)}
+    assert gaps == {0.8, 1.2}
+
+
+@pytest.mark.parametrize("now, tick, step, hint, expect", [
+    # on time: the next tick one interval on, due half a step before it
+    (10.0, 10.02, 0.04, 5.0, (10.22, 10.2)),
+    # a stall: the frame came 1 s after its tick; the clock starts again (no burst to catch up)
+    (11.0, 10.0, 0.04, 5.0, (11.2, 11.18)),
+    # a tick far ahead, left from a 0.1 Hz cap: the clock starts again at once at 5 Hz
+    (3.0, 10.0, 0.04, 5.0, (3.2, 3.18)),
+    # not paced (no cap, or no interval known): nothing due, the clock forgotten
+    (3.0, 10.0, 0.0, 5.0, (-math.inf, -math.inf)),
+    (3.0, 10.0, 0.04, 0.0, (-math.inf, -math.inf)),
+])
+def test_next_due(now, tick, step, hint, expect):
+    got = next_due(now, tick, step, hint)
+    assert got == pytest.approx(expect) if math.isfinite(expect[0]) else got == expect
+
+
+def test_a_cap_lifted_and_set_again_serves_at_once():
+    """Lifted (the clock forgotten), then 5 Hz again: the next frame is due within an interval
+    (a tick left 10 s ahead by a 0.1 Hz cap held it 7 s)."""
+    tick, _ = next_due(0.0, -math.inf, 0.4, 0.1)  # 0.1 Hz: the next tick at 10 s
+    tick, due = next_due(1.0, tick, 0.0, 0.0)  # lifted
+    tick, due = next_due(3.0, tick, 0.04, 5.0)
+    assert due == pytest.approx(3.18)
