@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -11,6 +13,28 @@ from support.under_test import child_env
 
 from runtime.config.telemetry import OutboxConfig
 from runtime.telemetry.outbox import Outbox, OutboxUnavailable
+
+
+def _need_setpriv() -> None:
+    """Skip unless this runs as root with setpriv (to drop the capability that bypasses file
+    modes: a root-owned file is then as it is to a service user)."""
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        pytest.skip("needs root and setpriv to drop the capability that bypasses file modes")
+
+
+def _open_without_override(path) -> subprocess.CompletedProcess:
+    """Open the outbox at `path` in a child without CAP_DAC_OVERRIDE; it prints
+    `UNAVAILABLE <message>` and exits 0 where the outbox refused to open (asserted)."""
+    code = ("import sys; from runtime.config.telemetry import OutboxConfig\n"
+            "from runtime.telemetry.outbox import Outbox, OutboxUnavailable\n"
+            f"try: Outbox(OutboxConfig(path={str(path)!r}))\n"
+            "except OutboxUnavailable as e: print('UNAVAILABLE', e); sys.exit(0)\n"
+            "print('opened'); sys.exit(3)\n")
+    r = subprocess.run(["setpriv", "--inh-caps=-all", "--bounding-set=-all", "--",
+                        sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=60, env=child_env())
+    assert r.returncode == 0, r.stdout + r.stderr[-2000:]
+    return r
 
 
 def test_a_locked_outbox_is_kept_with_its_results_not_moved_aside(tmp_path, monkeypatch):
@@ -61,11 +85,7 @@ def test_an_outbox_it_may_not_write_is_one_line_not_a_traceback(tmp_path):
     them: SQLite opens read-only and the first write, later in the constructor, raised
     `attempt to write a readonly database` out of the daemon's start. Run as root without
     CAP_DAC_OVERRIDE (setpriv) on a file owned by another user, which is the same thing."""
-    import os
-    import shutil
-
-    if os.geteuid() != 0 or not shutil.which("setpriv"):
-        pytest.skip("needs root and setpriv to drop the capability that bypasses file modes")
+    _need_setpriv()
     path = tmp_path / "outbox.db"
     box = Outbox(OutboxConfig(path=str(path)))
     box.append({"t": 1.0, "ref": "r"})
@@ -73,15 +93,7 @@ def test_an_outbox_it_may_not_write_is_one_line_not_a_traceback(tmp_path):
     os.chown(path, 65534, -1)
     os.chmod(path, 0o644)
     tmp_path.chmod(0o777)
-    code = ("import sys; from runtime.config.telemetry import OutboxConfig\n"
-            "from runtime.telemetry.outbox import Outbox, OutboxUnavailable\n"
-            f"try: Outbox(OutboxConfig(path={str(path)!r}))\n"
-            "except OutboxUnavailable as e: print('UNAVAILABLE', e); sys.exit(0)\n"
-            "print('opened'); sys.exit(3)\n")
-    r = subprocess.run(["setpriv", "--inh-caps=-all", "--bounding-set=-all", "--",
-                        sys.executable, "-c", code], capture_output=True, text=True,
-                       timeout=60, env=child_env())
-    assert r.returncode == 0, r.stdout + r.stderr[-2000:]
+    r = _open_without_override(path)
     assert "attempt to write a readonly database" in r.stdout
 
 
@@ -103,8 +115,6 @@ def test_a_directory_in_place_of_a_wal_or_shm_file_is_named(tmp_path, suffix):
 def test_a_state_directory_on_a_read_only_mount_is_named(tmp_path):
     """A state directory mounted read-only with no outbox in it yet: SQLite said `unable to
     open database file`, naming neither the directory nor why."""
-    import os
-
     if os.geteuid() != 0:
         pytest.skip("a read-only bind mount needs root")
     state = tmp_path / "state"
@@ -123,11 +133,7 @@ def test_a_shm_file_another_user_owns_is_named(tmp_path):
     """`sudo edgerun serve` killed leaves root-owned -wal and -shm files; the service user
     then cannot open the outbox, and the line named only outbox.db (its own, writable).
     Run as root without CAP_DAC_OVERRIDE (setpriv) on a file owned by another user."""
-    import os
-    import shutil
-
-    if os.geteuid() != 0 or not shutil.which("setpriv"):
-        pytest.skip("needs root and setpriv to drop the capability that bypasses file modes")
+    _need_setpriv()
     path = tmp_path / "outbox.db"
     box = Outbox(OutboxConfig(path=str(path)))
     box.append({"t": 1.0, "ref": "r"})
@@ -137,15 +143,7 @@ def test_a_shm_file_another_user_owns_is_named(tmp_path):
     os.chown(shm, 65534, -1)
     os.chmod(shm, 0o644)
     tmp_path.chmod(0o777)
-    code = ("import sys; from runtime.config.telemetry import OutboxConfig\n"
-            "from runtime.telemetry.outbox import Outbox, OutboxUnavailable\n"
-            f"try: Outbox(OutboxConfig(path={str(path)!r}))\n"
-            "except OutboxUnavailable as e: print('UNAVAILABLE', e); sys.exit(0)\n"
-            "print('opened'); sys.exit(3)\n")
-    r = subprocess.run(["setpriv", "--inh-caps=-all", "--bounding-set=-all", "--",
-                        sys.executable, "-c", code], capture_output=True, text=True,
-                       timeout=60, env=child_env())
-    assert r.returncode == 0, r.stdout + r.stderr[-2000:]
+    r = _open_without_override(path)
     assert f"{shm} cannot be written" in r.stdout, r.stdout
 
 
