@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from runtime import __version__, cli_models, cli_profile, journal
-from runtime.config.schema import ConfigError
+from runtime.config.schema import ConfigError, ConfigInvalid
 from runtime.coordinator import cli as coordinator_cli
 from runtime.device import cli as device_cli
 from runtime.tools import cli as tools_cli
@@ -52,6 +53,13 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+# The services systemd restarts on failure: a config file they refuse exits with EX_CONFIG
+# (78), which their units name in RestartPreventExitStatus, so a typo stops the unit (failed,
+# the line in the journal) instead of a restart every 5 s for ever; every other refusal at
+# start (a disk full, a port taken, a file not there yet) exits 2 and is retried.
+SERVICES = (device_cli.cmd_serve, coordinator_cli.cmd_coordinator)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `edgerun` console script."""
     args = build_parser().parse_args(argv)
@@ -68,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except (ConfigError, ModelError, NoVariantError) as e:
         print(journal.error_line(f"edgerun: {e}"), file=sys.stderr)
+        if isinstance(e, ConfigInvalid) and args.func in SERVICES:
+            return os.EX_CONFIG
         return 2
 
 

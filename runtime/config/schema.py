@@ -27,6 +27,12 @@ class ConfigError(ValueError):
     """A config or profile file is invalid; the message says where and why."""
 
 
+class ConfigInvalid(ConfigError):
+    """A file was read and its content is refused (not TOML, an unknown key, a value out of
+    range): unlike a file that cannot be read yet, restarting cannot help until someone edits
+    it, so the services exit with EX_CONFIG and systemd does not restart them."""
+
+
 # dataclass field metadata of a field that is no key of its section (a value the program
 # sets, e.g. `Constraints.frame`): a file naming it gets "unknown key", and to_dict leaves it out
 NOT_A_KEY = {"config_key": False}
@@ -50,15 +56,17 @@ def load_toml(path: Path, cls: type[T]) -> T:
     except tomllib.TOMLDecodeError as e:
         m = re.search(r"\(at line (\d+), column (\d+)\)", str(e))
         loc = f"{path}:{m.group(1)}" if m else str(path)
-        raise ConfigError(f"{loc}: not valid TOML: {e}") from e
+        raise ConfigInvalid(f"{loc}: not valid TOML: {e}") from e
     except RecursionError as e:  # tomllib recurses into nested arrays and inline tables
-        raise ConfigError(f"{path}: not valid TOML: nested too deeply") from e
+        raise ConfigInvalid(f"{path}: not valid TOML: nested too deeply") from e
     try:
         return build(cls, data, source=str(path), text=text)
-    except ConfigError:
+    except ConfigInvalid:
         raise
+    except ConfigError as e:
+        raise ConfigInvalid(str(e)) from e
     except Exception as e:  # whatever else a hostile file provokes is still a config error
-        raise ConfigError(f"{path}: cannot be used: {type(e).__name__}: {e}") from e
+        raise ConfigInvalid(f"{path}: cannot be used: {type(e).__name__}: {e}") from e
 
 
 def read_text(path: Path) -> str:

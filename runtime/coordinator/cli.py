@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from runtime.cli_types import Subparsers
-from runtime.config.schema import ConfigError
+from runtime.config.schema import ConfigError, ConfigInvalid
 
 
 def cmd_coordinator(args: argparse.Namespace) -> int:
@@ -22,8 +22,7 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
 
     cfg = config_mod.load(args.config).coordinator
     if not cfg.broker.host:
-        print("edgerun: coordinator.broker.host is not set", file=sys.stderr)
-        return 2
+        raise ConfigInvalid(f"{args.config}: coordinator.broker.host is not set")
     from runtime.coordinator.webhooks import SecretError
 
     try:
