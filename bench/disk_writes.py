@@ -10,7 +10,11 @@ a window of `--window-s` seconds is measured:
   coordinator stored in the window;
 - coordinator: the coordinator process's `write_bytes`, and for PostgreSQL the server's own
   (the postmaster, whose count includes the children it reaped, plus every live child: its
-  checkpoints, autovacuum and statistics too) and the WAL it generated (`pg_stat_wal`);
+  checkpoints, autovacuum and statistics too) and the WAL it generated (`pg_stat_wal`, the
+  whole cluster's; with `--wal-detail` also the share of the coordinator's own database and
+  the WAL by relation, from `pg_waldump`: a fresh cluster's autovacuum analyses and freezes
+  template1's and postgres's catalogs once, in whatever window it falls, 0.4-1.0x a result's
+  payload in a 120 s window, 2026-12-07);
 - floor: in the same window a child process appends each result's payload (the mean size of
   the JSON the coordinator stored) to one file at the same rate, without fsync: the least any
   durable store of these results can write, under the same page accounting.
@@ -21,6 +25,7 @@ for the spread.
 
 Usage: python bench/disk_writes.py [--rates 1,10,100] [--window-s 30] [--store sqlite,postgresql]
        [--fsync normal|full] [--rounds 1] [--ingest-window-s S] [--ingest-window-results N]
+       [--wal-detail]
 """
 
 from __future__ import annotations
@@ -28,13 +33,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the config writer
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -86,19 +94,57 @@ def produced(state: Path) -> int:
     return last_seq(state / "outbox.db")
 
 
-def wal_bytes(url: str | None) -> tuple[int, int, int]:
-    """PostgreSQL's WAL bytes, full page images in it, and checkpoints done, since its
-    statistics were reset (zeros without a URL): a checkpoint makes the next change of
-    every page log the whole page, which a short window may hold or miss."""
+def wal_bytes(url: str | None) -> tuple[int, int, int, str]:
+    """PostgreSQL's WAL bytes, full page images in it, checkpoints done (since its
+    statistics were reset) and the current WAL position (zeros without a URL): a
+    checkpoint makes the next change of every page log the whole page, which a short window
+    may hold or miss."""
     if url is None:
-        return 0, 0, 0
+        return 0, 0, 0, ""
     import psycopg
 
     with psycopg.connect(url, autocommit=True) as conn:
         wal, fpi = conn.execute("SELECT wal_bytes, wal_fpi FROM pg_stat_wal").fetchone()
         ckpt = conn.execute("SELECT checkpoints_timed + checkpoints_req "
                             "FROM pg_stat_bgwriter").fetchone()[0]
-        return int(wal), int(fpi), int(ckpt)
+        lsn = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0]
+        return int(wal), int(fpi), int(ckpt), lsn
+
+
+def wal_by_relation(pg: Any, url: str, start: str, end: str, stored: int, payload: float,
+                    top: int = 12) -> tuple[int, list[str]]:
+    """The WAL between two LSNs (pg_waldump): the bytes of records of the coordinator's
+    database or of none (commits, checkpoints), and lines of the largest by relation and
+    record kind per stored result. A relation of another database shows as its OIDs."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        db = str(conn.execute("SELECT oid FROM pg_database WHERE datname = current_database()"
+                              ).fetchone()[0])
+        names = {str(f): n for f, n in conn.execute(
+            "SELECT pg_relation_filenode(oid), relname FROM pg_class "
+            "WHERE pg_relation_filenode(oid) IS NOT NULL")}
+    cmd = [str(pg.bindir / "pg_waldump"), "-p", str(pg.dir / "data" / "pg_wal"), "-s", start,
+           "-e", end]
+    if pg.as_user:  # the cluster's files are the server user's
+        cmd = ["runuser", "-u", pg.as_user, "--", *cmd]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+    size: Counter = Counter()
+    fpis: Counter = Counter()
+    own = 0
+    for line in r.stdout.splitlines():
+        m = re.search(r"rmgr: (\w+)\s+len \(rec/tot\):\s+\d+/\s*(\d+).*?desc: (\w+)", line)
+        if not m:
+            continue
+        rel = re.search(r"rel \d+/(\d+)/(\d+)", line)
+        name = ((names.get(rel.group(2), rel.group(2)) if rel.group(1) == db
+                 else f"db {rel.group(1)} rel {rel.group(2)}") if rel else "-")
+        key = f"{name} {m.group(1)}/{m.group(3)}"
+        size[key] += int(m.group(2))
+        fpis[key] += " FPW" in line
+        own += int(m.group(2)) if rel is None or rel.group(1) == db else 0
+    return own, [f"    {v / stored:7.1f} B {v / stored / payload:5.2f}x  {fpis[k]:3d} FPI  {k}"
+                 for k, v in size.most_common(top)]
 
 
 def postmaster_pid(data_dir: Path) -> int:
@@ -121,6 +167,8 @@ class Window:
     floor: float
     fpi: int = 0  # full page images in that WAL (the window's)
     checkpoints: int = 0  # PostgreSQL checkpoints done in the window
+    wal_own: float | None = None  # of that, the coordinator's database's (--wal-detail)
+    detail: list[str] = field(default_factory=list)  # the WAL by relation (--wal-detail)
 
 
 def daemon_config(work: Path, port: int, rate: float, fsync: str) -> str:
@@ -189,8 +237,9 @@ def start_floor(payload: float, rate: float, path: Path) -> subprocess.Popen:
     return proc
 
 
-def measure_rate(work: Path, broker: Mosquitto, coord: CoordinatorProc, pg_dir: Path | None,
-                 rate: float, window_s: float, fsync: str, pg_url: str | None = None) -> Window:
+def measure_rate(work: Path, broker: Mosquitto, coord: CoordinatorProc, pg: Any | None,
+                 rate: float, window_s: float, fsync: str, pg_url: str | None = None,
+                 wal_detail: bool = False) -> Window:
     """Start a daemon at `rate`, let it settle, measure one window, stop it."""
     cfg = work / f"serve-{rate:g}.toml"
     cfg.write_text(daemon_config(work, broker.port, rate, fsync))
@@ -206,6 +255,7 @@ def measure_rate(work: Path, broker: Mosquitto, coord: CoordinatorProc, pg_dir: 
         floor_proc = start_floor(payload, rate, floor_file)
         n0, d0, c0 = stored(coord), write_bytes(proc.pid), write_bytes(coord.proc.pid)
         m0 = produced(work / "state")
+        pg_dir = pg.dir / "data" if pg else None
         s0 = tree_write_bytes(postmaster_pid(pg_dir)) if pg_dir else 0
         f0, l0 = write_bytes(floor_proc.pid), floor_file.stat().st_size
         w0 = wal_bytes(pg_url)
@@ -219,12 +269,15 @@ def measure_rate(work: Path, broker: Mosquitto, coord: CoordinatorProc, pg_dir: 
         n, m = n1 - n0, m1 - m0
         if n <= 0 or m <= 0:
             raise RuntimeError(f"no result made or stored in the {window_s:.0f} s window")
+        own, detail = (wal_by_relation(pg, pg_url, w0[3], w1[3], n, payload)
+                       if wal_detail and pg and pg_url else (None, []))
         # the device's bytes over the results it made, the coordinator's over those it stored
         # (a coordinator behind the device stores fewer in the window than were made)
         return Window(rate, m, n, payload, (d1 - d0) / m, (c1 - c0) / n,
                       (s1 - s0) / n if pg_dir else None,
                       (w1[0] - w0[0]) / n if pg_url else None,
-                      (f1 - f0) / max(1.0, floor_lines), w1[1] - w0[1], w1[2] - w0[2])
+                      (f1 - f0) / max(1.0, floor_lines), w1[1] - w0[1], w1[2] - w0[2],
+                      own / n if own is not None else None, detail)
     finally:
         if floor_proc:
             floor_proc.kill()
@@ -237,8 +290,8 @@ def measure_rate(work: Path, broker: Mosquitto, coord: CoordinatorProc, pg_dir: 
 
 
 def run_store(kind: str, rates: list[float], window_s: float, fsync: str,
-              ingest_window_s: float | None, window_results: int | None = None
-              ) -> list[Window]:
+              ingest_window_s: float | None, window_results: int | None = None,
+              wal_detail: bool = False) -> list[Window]:
     """Broker + coordinator on one store kind; a daemon per rate, in turn."""
     out: list[Window] = []
     with tempfile.TemporaryDirectory(prefix="edgerun-disk-") as tmp:
@@ -246,12 +299,15 @@ def run_store(kind: str, rates: list[float], window_s: float, fsync: str,
         broker = Mosquitto(work, auth=False).start()
         pg = None
         try:
-            if kind == "postgresql":
+            base, *settings = kind.split("+")
+            if base == "postgresql":
                 from runtime.coordinator.pgserver import TempPostgres
 
-                # a production server's durability: the defaults of TempPostgres trade it away
+                # a production server's durability: the defaults of TempPostgres trade it away;
+                # `postgresql+KEY=VALUE+...` adds server settings (e.g. wal_compression=lz4)
                 pg = TempPostgres({"fsync": "on", "synchronous_commit": "on",
-                                   "full_page_writes": "on"}).start()
+                                   "full_page_writes": "on",
+                                   **dict(kv.split("=", 1) for kv in settings)}).start()
                 store = pg.create_database("bench")
             else:
                 store = str(work / "coord.db")
@@ -268,17 +324,20 @@ def run_store(kind: str, rates: list[float], window_s: float, fsync: str,
                                    + (work / "coord.log").read_text()[-2000:]) from None
             try:
                 for rate in rates:
-                    w = measure_rate(work, broker, coord, pg.dir / "data" if pg else None,
-                                     rate, window_s, fsync, store if pg else None)
+                    w = measure_rate(work, broker, coord, pg, rate, window_s, fsync,
+                                     store if pg else None, wal_detail)
                     out.append(w)
                     print(f"  {kind:10s} {rate:5g}/s: {w.results} results made, {w.stored} "
                           f"stored, payload "
                           f"{w.payload:.0f} B; device {w.device:.0f} B/result, coordinator "
                           f"{w.coordinator:.0f}"
                           + (f" + server {w.server:.0f} (WAL {w.wal:.0f}: {w.fpi} full page "
-                             f"images, {w.checkpoints} checkpoints in the window)"
+                             f"images, {w.checkpoints} checkpoints in the window"
+                             + (f"; its database's {w.wal_own:.0f}" if w.wal_own else "") + ")"
                              if w.server is not None else "")
                           + f", floor {w.floor:.0f}", flush=True)
+                    for line in w.detail:
+                        print(line, flush=True)
             finally:
                 coord.term()
         finally:
@@ -298,7 +357,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rates", default="1,10,100")
     ap.add_argument("--window-s", type=float, default=30.0)
-    ap.add_argument("--store", default="sqlite,postgresql")
+    ap.add_argument("--store", default="sqlite,postgresql",
+                    help="stores in turn, each round; postgresql+KEY=VALUE[+...] sets server "
+                         "settings, e.g. postgresql+wal_compression=lz4")
     ap.add_argument("--fsync", default="normal", choices=("normal", "full"))
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--ingest-window-s", type=float, default=None,
@@ -306,6 +367,8 @@ def main() -> None:
     ap.add_argument("--ingest-window-results", type=int, default=None,
                     help="the coordinator's [coordinator] ingest_window_results (default: its "
                          "own)")
+    ap.add_argument("--wal-detail", action="store_true",
+                    help="PostgreSQL: print each window's WAL by relation (pg_waldump)")
     a = ap.parse_args()
     rates = [float(r) for r in a.rates.split(",")]
     print(f"{time.strftime('%Y-%m-%d')} load average {os.getloadavg()[0]:.2f}, "
@@ -316,18 +379,20 @@ def main() -> None:
     for _ in range(a.rounds):
         for kind in a.store.split(","):
             for w in run_store(kind, rates, a.window_s, a.fsync, a.ingest_window_s,
-                               a.ingest_window_results):
+                               a.ingest_window_results, a.wal_detail):
                 table.setdefault((kind, w.rate), []).append(w)
     print("\nbytes written per result / payload (median, range over rounds)")
     print(f"{'store':10s} {'rate':>6s} {'payload B':>9s} {'device':>14s} {'coordinator':>14s} "
-          f"{'pg server':>14s} {'pg WAL':>14s} {'floor':>14s}")
+          f"{'pg server':>14s} {'pg WAL':>14s} {'its db':>14s} {'floor':>14s}")
     for (kind, rate), ws in table.items():
         pl = statistics.mean(w.payload for w in ws)
         srv = [w.server / w.payload for w in ws if w.server is not None]
         wal = [w.wal / w.payload for w in ws if w.wal is not None]
+        own = [w.wal_own / w.payload for w in ws if w.wal_own is not None]
         print(f"{kind:10s} {rate:6g} {pl:9.0f} {spread([w.device / w.payload for w in ws]):>14s} "
               f"{spread([w.coordinator / w.payload for w in ws]):>14s} "
               f"{spread(srv) if srv else '-':>14s} {spread(wal) if wal else '-':>14s} "
+              f"{spread(own) if own else '-':>14s} "
               f"{spread([w.floor / w.payload for w in ws]):>14s}")
     print(f"load average at the end {os.getloadavg()[0]:.2f}")
 
