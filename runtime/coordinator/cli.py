@@ -24,10 +24,13 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
     if not cfg.broker.host:
         print("edgerun: coordinator.broker.host is not set", file=sys.stderr)
         return 2
+    from runtime.coordinator.dialect import StoreError
     from runtime.coordinator.webhooks import SecretError
 
     try:
         coordinator = Coordinator(cfg)
+    except StoreError as e:  # names coordinator.store and the file; nothing was started
+        raise ConfigError(str(e)) from e
     except SecretError as e:
         raise ConfigError(f"coordinator.webhook_secret_file: {e}") from e
     except ValueError as e:  # an unreadable signing key

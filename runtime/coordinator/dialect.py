@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import math
+import os
 import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
@@ -30,6 +31,18 @@ from typing import Any
 from runtime.coordinator.quotas import EVENT_BYTES_SQL, HEALTH_BYTES_SQL, RESULT_BYTES_SQL
 
 DAY = 86400.0
+
+
+class StoreError(RuntimeError):
+    """The store cannot be used at start (damaged, unwritable, full, a newer schema, an
+    unreachable server); the message is one line for the operator: `coordinator.store`,
+    the file or URL, why, and what to do. Nothing has been written to it."""
+
+
+class StoreUnreachable(StoreError, ConnectionError):
+    """The PostgreSQL server did not answer in time (perhaps still starting: a restart may
+    find it)."""
+
 
 # -- SQLite ---------------------------------------------------------------------------------
 
@@ -139,6 +152,7 @@ INSERT INTO pool_usage SELECT device, pool, n FROM (
 DROP TABLE IF EXISTS device_usage
 """
 _SQLITE_V8 = _POOL_USAGE.replace("{int}", "INTEGER")
+SQLITE_SCHEMA = 8  # the newest version _migrate knows
 
 
 # Store.claim: a claim is won when its row is new, or holds another state, or the same state
@@ -158,15 +172,37 @@ class SQLiteDialect:
 
     def __init__(self, path: str | Path, fsync: str = "normal"):
         self.path = Path(path).expanduser()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False,
-                                  timeout=30)
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute(f"PRAGMA synchronous={'FULL' if fsync == 'full' else 'NORMAL'}")
         self.lock = threading.Lock()
         self.errors: tuple[type[BaseException], ...] = (sqlite3.Error,)
         self.retryable: tuple[type[BaseException], ...] = ()
-        self._migrate()
+        # Whatever stops the store opening is one StoreError naming the file and why: each
+        # was a traceback at every restart (a file in the directory's place, random bytes,
+        # a full disk), and a file this user could read but not write opened read-only
+        # without a word: the coordinator logged in, stored and acked nothing.
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            why = ("is not a directory" if self.path.parent.exists() or
+                   isinstance(e, FileExistsError | NotADirectoryError)
+                   else f"cannot be made ({e.strerror or e})")
+            raise StoreError(f"{_where(self.path)}: its directory {self.path.parent} "
+                             f"{why}") from None
+        if self.path.is_dir():
+            raise StoreError(f"{_where(self.path)} is a directory, not a database file")
+        db = None
+        try:
+            db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False,
+                                 timeout=30)
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute(f"PRAGMA synchronous={'FULL' if fsync == 'full' else 'NORMAL'}")
+            self.db = db
+            self._migrate()
+        except (sqlite3.Error, StoreError) as e:
+            if db is not None:
+                db.close()
+            if isinstance(e, StoreError):
+                raise
+            raise StoreError(sqlite_open_error(self.path, e)) from None
 
     def _migrate(self) -> None:
         with self.lock:
@@ -176,6 +212,12 @@ class SQLiteDialect:
                                 "(version INTEGER NOT NULL)")
                 row = self.db.execute("SELECT MAX(version) FROM schema_version").fetchone()
                 have = row[0] or 0
+                if have > SQLITE_SCHEMA:
+                    raise StoreError(newer_schema(_where(self.path), have, SQLITE_SCHEMA))
+                # a write, which a file opened read-only refuses (SQLite opens a file it
+                # may not write read-only, silently; nothing else here writes to a store
+                # that needs no migration)
+                self.db.execute("DELETE FROM schema_version WHERE 0")
                 if have < 1:
                     for stmt in _split(_SQLITE_V1):
                         self.db.execute(stmt)
@@ -328,6 +370,55 @@ def _split(script: str) -> list[str]:
     return [s.strip() for s in script.split(";") if s.strip()]
 
 
+def _where(path: Path) -> str:
+    return f"coordinator.store {path}"
+
+
+def newer_schema(where: str, have: int, known: int) -> str:
+    """The line for a store a newer edgerun migrated: this one would write tables whose
+    meaning it does not know (an upgrade rolled back, a backup restored to an older host)."""
+    return (f"{where}: its schema version {have} is newer than this edgerun's ({known}): a "
+            "newer edgerun has used it; run that version, or a copy of the store from "
+            "before the upgrade")
+
+
+def sqlite_open_error(path: Path, e: sqlite3.Error) -> str:
+    """Why the SQLite store at `path` cannot be opened or written, for the operator: the
+    file or directory named, from SQLite's error and what the filesystem says (SQLite's own
+    words, "unable to open database file", "disk I/O error", name neither)."""
+    where, name = _where(path), getattr(e, "sqlite_errorname", "")
+    if name in ("SQLITE_CORRUPT", "SQLITE_NOTADB"):
+        return (f"{where} is damaged or not an SQLite database ({e}); it holds the fleet's "
+                "results: restore a backup, or move it and any -wal and -shm beside it "
+                "aside to start a new store")
+    try:
+        fs = os.statvfs(path.parent)
+    except OSError:
+        fs = None
+    if fs is not None and fs.f_flag & os.ST_RDONLY:
+        return f"{where} is on a read-only filesystem ({e})"
+    if name == "SQLITE_FULL" or (fs is not None and fs.f_bavail == 0):
+        return f"{where}: the filesystem holding it is full ({e}); free space and restart"
+
+    def owner(p: Path) -> str:
+        try:
+            st = p.stat()
+        except OSError:
+            return ""
+        return f"; owner uid {st.st_uid}, mode {st.st_mode & 0o7777:o}"
+
+    user = f"this user (uid {os.geteuid()})"
+    if path.exists():
+        if not os.access(path, os.R_OK, effective_ids=True):
+            return f"{where} cannot be read by {user}{owner(path)}"
+        if not os.access(path, os.W_OK, effective_ids=True):
+            return f"{where} cannot be written by {user}{owner(path)}"
+    if not os.access(path.parent, os.W_OK | os.X_OK, effective_ids=True):
+        return (f"{where}: its directory {path.parent} cannot be written by {user} (SQLite "
+                f"keeps its -wal and -shm files beside the store){owner(path.parent)}")
+    return f"{where} cannot be opened: {e}"
+
+
 # -- PostgreSQL -----------------------------------------------------------------------------
 
 _PG_V1 = """
@@ -453,11 +544,15 @@ class PostgresDialect:
             self.pool.open(wait=True, timeout=connect_timeout_s)
         except Exception as e:
             self.pool.close()
-            raise ConnectionError(f"cannot connect to the PostgreSQL store "
-                                  f"{_redact(url)} within {connect_timeout_s:.0f} s: "
-                                  f"{type(e).__name__}: {e}") from None
-        self._migrate()
-        self.maintain()
+            raise StoreUnreachable(f"coordinator.store: cannot connect to the PostgreSQL store "
+                             f"{_redact(url)} within {connect_timeout_s:.0f} s: "
+                             f"{type(e).__name__}: {e}") from None
+        try:
+            self._migrate()
+            self.maintain()
+        except BaseException:
+            self.pool.close()
+            raise
 
     def _migrate(self) -> None:
         """Apply the migrations this database lacks, in one transaction under an advisory
@@ -467,6 +562,9 @@ class PostgresDialect:
             conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
             have = conn.execute("SELECT COALESCE(MAX(version), 0) FROM schema_version"
                                 ).fetchone()[0]
+            if have > PG_MIGRATIONS[-1][0]:
+                raise StoreError(newer_schema(f"coordinator.store {_redact(self.url)}", have,
+                                              PG_MIGRATIONS[-1][0]))
             for version, script in PG_MIGRATIONS:
                 if version > have:
                     for stmt in _split(script):
