@@ -267,8 +267,10 @@ class Coordinator:
                     self.births.due(mono)
                 if mono - last_prune >= 3600:
                     last_prune = mono
-                    self.store.prune(self.cfg.keep_health_s, self.cfg.keep_events_s,
-                                     now=self.retention.clock.now())
+                    # not while the clock reads 1970 or past 2100 (Retention.age_now)
+                    if (age_now := self.retention.age_now()) is not None:
+                        self.store.prune(self.cfg.keep_health_s, self.cfg.keep_events_s,
+                                         now=age_now)
             except Exception as e:
                 self.counters["housekeeping_errors"] += 1
                 self._rlog.log("housekeeping", "fleet refresh or store pruning failed: %s", e,

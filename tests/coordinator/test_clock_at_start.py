@@ -1,0 +1,97 @@
+"""`edgerun coordinator` started with its clock at 2100 (a corrupt RTC, a bad time server at
+boot) under libfaketime: the first retention pass judged the fleet's whole history by that
+clock and deleted it (every acked result "older than 90 days", every health and event). The
+monotonic guard of retention's clock holds only jumps made while running. Now no age is judged
+by a clock outside 2025..2100: nothing is deleted by age, and a line says why."""
+
+from __future__ import annotations
+
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from support.under_test import child_env
+
+from runtime.coordinator.retention import age_clock_plausible
+from runtime.coordinator.store import Inbound, Store
+from runtime.wire import clock
+
+LIBFAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
+SHIM = Path(__file__).parents[1] / "support" / "faketime_shim"
+
+
+@pytest.mark.parametrize("t, plausible", [
+    (1_796_600_000.0, True),  # December 2026
+    (clock.FLOOR_T, True), (clock.CEILING_T, True),
+    (clock.FLOOR_T - 1, False), (0.0, False),  # 1970
+    (clock.CEILING_T + 1, False), (4_115_491_200.0, False),  # June 2100
+])
+def test_ages_are_judged_only_by_a_plausible_clock(t, plausible):
+    assert age_clock_plausible(t) is plausible
+
+
+def _rows(path: Path) -> tuple[int, int, int]:
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+        return tuple(db.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0]  # type: ignore
+                     for t in ("results", "health", "events"))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(not LIBFAKETIME.exists(),
+                    reason=f"libfaketime is not installed ({LIBFAKETIME}: Debian's faketime)")
+def test_a_coordinator_started_in_2100_deletes_nothing_by_age(tmp_path, broker):
+    store = tmp_path / "coord.db"
+    s = Store(store)
+    now = time.time()
+    s.ingest([Inbound("dev1", "result", {"v": 1, "stream": "s1", "boot": "b1", "floor": 1,
+                                         "results": [{"seq": q, "t": now, "label": "ok"}
+                                                     for q in range(1, 301)]})]
+             + [Inbound("dev1", "health", {"v": 1, "t": now - 60 * i, "boot": "b1"})
+                for i in range(20)]
+             + [Inbound("dev1", "event", {"v": 1, "t": now - i, "type": "note", "n": i})
+                for i in range(10)])
+    s.close()
+    before = _rows(store)
+    assert before == (300, 20, 10)
+    creds = broker.coordinator("t")
+    cfg = tmp_path / "coord.toml"
+    cfg.write_text(f"""[coordinator]
+fleet = "t"
+store = "{store}"
+http_port = 0
+retention_interval_s = 1
+retention_wake_s = 0.1
+[coordinator.broker]
+host = "127.0.0.1"
+port = {broker.port}
+username = "{creds.username}"
+password_file = "{creds.password_file}"
+""")
+    fake = tmp_path / "faketime"
+    fake.write_text("@2100-06-01 00:00:00\n")
+    log = tmp_path / "coord.log"
+    with log.open("w") as out:
+        p = subprocess.Popen(
+            [sys.executable, "-m", "runtime.cli", "coordinator", "--config", str(cfg)],
+            stdout=out, stderr=subprocess.STDOUT, env=child_env(
+                SHIM, LD_PRELOAD=str(LIBFAKETIME), FAKETIME_TIMESTAMP_FILE=str(fake),
+                FAKETIME_CACHE_DURATION="1", FAKETIME_DONT_FAKE_MONOTONIC="1"))
+    try:
+        deadline = time.monotonic() + 60
+        # a retention pass has judged the clock (either way), then three more (one a second)
+        while not any(w in log.read_text() for w in ("not deleted by age", "deleted")):
+            assert p.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.1)
+        time.sleep(3)
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(30) == 0, log.read_text()[-3000:]
+    finally:
+        if p.poll() is None:
+            p.kill()
+    text = log.read_text()
+    assert _rows(store) == before, text[-3000:]
+    assert "after 2100" in text and "not deleted by age" in text, text[-3000:]
