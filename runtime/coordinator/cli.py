@@ -24,7 +24,7 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
     if not cfg.broker.host:
         print("edgerun: coordinator.broker.host is not set", file=sys.stderr)
         return 2
-    from runtime.coordinator.dialect import StoreError
+    from runtime.coordinator.store_open import StoreError
     from runtime.coordinator.webhooks import SecretError
 
     try:

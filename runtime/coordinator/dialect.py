@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import math
-import os
 import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
@@ -29,19 +28,15 @@ from pathlib import Path
 from typing import Any
 
 from runtime.coordinator.quotas import EVENT_BYTES_SQL, HEALTH_BYTES_SQL, RESULT_BYTES_SQL
+from runtime.coordinator.store_open import (
+    StoreError,
+    StoreUnreachable,
+    newer_schema,
+    sqlite_open_error,
+    where,
+)
 
 DAY = 86400.0
-
-
-class StoreError(RuntimeError):
-    """The store cannot be used at start (damaged, unwritable, full, a newer schema, an
-    unreachable server); the message is one line for the operator: `coordinator.store`,
-    the file or URL, why, and what to do. Nothing has been written to it."""
-
-
-class StoreUnreachable(StoreError, ConnectionError):
-    """The PostgreSQL server did not answer in time (perhaps still starting: a restart may
-    find it)."""
 
 
 # -- SQLite ---------------------------------------------------------------------------------
@@ -185,10 +180,10 @@ class SQLiteDialect:
             why = ("is not a directory" if self.path.parent.exists() or
                    isinstance(e, FileExistsError | NotADirectoryError)
                    else f"cannot be made ({e.strerror or e})")
-            raise StoreError(f"{_where(self.path)}: its directory {self.path.parent} "
+            raise StoreError(f"{where(self.path)}: its directory {self.path.parent} "
                              f"{why}") from None
         if self.path.is_dir():
-            raise StoreError(f"{_where(self.path)} is a directory, not a database file")
+            raise StoreError(f"{where(self.path)} is a directory, not a database file")
         db = None
         try:
             db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False,
@@ -213,7 +208,7 @@ class SQLiteDialect:
                 row = self.db.execute("SELECT MAX(version) FROM schema_version").fetchone()
                 have = row[0] or 0
                 if have > SQLITE_SCHEMA:
-                    raise StoreError(newer_schema(_where(self.path), have, SQLITE_SCHEMA))
+                    raise StoreError(newer_schema(where(self.path), have, SQLITE_SCHEMA))
                 # a write, which a file opened read-only refuses (SQLite opens a file it
                 # may not write read-only, silently; nothing else here writes to a store
                 # that needs no migration)
@@ -368,55 +363,6 @@ class SQLiteDialect:
 
 def _split(script: str) -> list[str]:
     return [s.strip() for s in script.split(";") if s.strip()]
-
-
-def _where(path: Path) -> str:
-    return f"coordinator.store {path}"
-
-
-def newer_schema(where: str, have: int, known: int) -> str:
-    """The line for a store a newer edgerun migrated: this one would write tables whose
-    meaning it does not know (an upgrade rolled back, a backup restored to an older host)."""
-    return (f"{where}: its schema version {have} is newer than this edgerun's ({known}): a "
-            "newer edgerun has used it; run that version, or a copy of the store from "
-            "before the upgrade")
-
-
-def sqlite_open_error(path: Path, e: sqlite3.Error) -> str:
-    """Why the SQLite store at `path` cannot be opened or written, for the operator: the
-    file or directory named, from SQLite's error and what the filesystem says (SQLite's own
-    words, "unable to open database file", "disk I/O error", name neither)."""
-    where, name = _where(path), getattr(e, "sqlite_errorname", "")
-    if name in ("SQLITE_CORRUPT", "SQLITE_NOTADB"):
-        return (f"{where} is damaged or not an SQLite database ({e}); it holds the fleet's "
-                "results: restore a backup, or move it and any -wal and -shm beside it "
-                "aside to start a new store")
-    try:
-        fs = os.statvfs(path.parent)
-    except OSError:
-        fs = None
-    if fs is not None and fs.f_flag & os.ST_RDONLY:
-        return f"{where} is on a read-only filesystem ({e})"
-    if name == "SQLITE_FULL" or (fs is not None and fs.f_bavail == 0):
-        return f"{where}: the filesystem holding it is full ({e}); free space and restart"
-
-    def owner(p: Path) -> str:
-        try:
-            st = p.stat()
-        except OSError:
-            return ""
-        return f"; owner uid {st.st_uid}, mode {st.st_mode & 0o7777:o}"
-
-    user = f"this user (uid {os.geteuid()})"
-    if path.exists():
-        if not os.access(path, os.R_OK, effective_ids=True):
-            return f"{where} cannot be read by {user}{owner(path)}"
-        if not os.access(path, os.W_OK, effective_ids=True):
-            return f"{where} cannot be written by {user}{owner(path)}"
-    if not os.access(path.parent, os.W_OK | os.X_OK, effective_ids=True):
-        return (f"{where}: its directory {path.parent} cannot be written by {user} (SQLite "
-                f"keeps its -wal and -shm files beside the store){owner(path.parent)}")
-    return f"{where} cannot be opened: {e}"
 
 
 # -- PostgreSQL -----------------------------------------------------------------------------

@@ -163,7 +163,8 @@ def test_a_postgres_store_of_a_newer_schema_is_refused(postgres):
     """The same refusal on PostgreSQL, with the URL's password left out of the line."""
     import psycopg
 
-    from runtime.coordinator.dialect import PostgresDialect, StoreError
+    from runtime.coordinator.dialect import PostgresDialect
+    from runtime.coordinator.store_open import StoreError
 
     url = postgres.create_database("newer")
     PostgresDialect(url).close()

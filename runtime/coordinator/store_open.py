@@ -1,0 +1,74 @@
+"""Why the coordinator's store cannot be used at start, said in one line for the operator.
+
+The dialects (dialect.py) raise StoreError when the store cannot be opened, written or
+migrated; `edgerun coordinator` prints its message and exits 2 before it logs in to the broker.
+Each case was a traceback at every restart, or worse, silence: SQLite opens a file it may read
+but not write read-only without a word (tests/coordinator/test_store_damage.py).
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from pathlib import Path
+
+
+class StoreError(RuntimeError):
+    """The store cannot be used at start (damaged, unwritable, full, a newer schema, an
+    unreachable server); the message is one line for the operator: `coordinator.store`,
+    the file or URL, why, and what to do. Nothing has been written to it."""
+
+
+class StoreUnreachable(StoreError, ConnectionError):
+    """The PostgreSQL server did not answer in time (perhaps still starting: a restart may
+    find it)."""
+
+
+def where(path: Path) -> str:
+    """How a line names the SQLite store at `path`."""
+    return f"coordinator.store {path}"
+
+
+def newer_schema(where: str, have: int, known: int) -> str:
+    """The line for a store a newer edgerun migrated: this one would write tables whose
+    meaning it does not know (an upgrade rolled back, a backup restored to an older host)."""
+    return (f"{where}: its schema version {have} is newer than this edgerun's ({known}): a "
+            "newer edgerun has used it; run that version, or a copy of the store from "
+            "before the upgrade")
+
+
+def sqlite_open_error(path: Path, e: sqlite3.Error) -> str:
+    """Why the SQLite store at `path` cannot be opened or written, for the operator: the
+    file or directory named, from SQLite's error and what the filesystem says (SQLite's own
+    words, "unable to open database file", "disk I/O error", name neither)."""
+    at, name = where(path), getattr(e, "sqlite_errorname", "")
+    if name in ("SQLITE_CORRUPT", "SQLITE_NOTADB"):
+        return (f"{at} is damaged or not an SQLite database ({e}); it holds the fleet's "
+                "results: restore a backup, or move it and any -wal and -shm beside it "
+                "aside to start a new store")
+    try:
+        fs = os.statvfs(path.parent)
+    except OSError:
+        fs = None
+    if fs is not None and fs.f_flag & os.ST_RDONLY:
+        return f"{at} is on a read-only filesystem ({e})"
+    if name == "SQLITE_FULL" or (fs is not None and fs.f_bavail == 0):
+        return f"{at}: the filesystem holding it is full ({e}); free space and restart"
+
+    def owner(p: Path) -> str:
+        try:
+            st = p.stat()
+        except OSError:
+            return ""
+        return f"; owner uid {st.st_uid}, mode {st.st_mode & 0o7777:o}"
+
+    user = f"this user (uid {os.geteuid()})"
+    if path.exists():
+        if not os.access(path, os.R_OK, effective_ids=True):
+            return f"{at} cannot be read by {user}{owner(path)}"
+        if not os.access(path, os.W_OK, effective_ids=True):
+            return f"{at} cannot be written by {user}{owner(path)}"
+    if not os.access(path.parent, os.W_OK | os.X_OK, effective_ids=True):
+        return (f"{at}: its directory {path.parent} cannot be written by {user} (SQLite "
+                f"keeps its -wal and -shm files beside the store){owner(path.parent)}")
+    return f"{at} cannot be opened: {e}"
