@@ -95,3 +95,35 @@ password_file = "{creds.password_file}"
     text = log.read_text()
     assert _rows(store) == before, text[-3000:]
     assert "after 2100" in text and "not deleted by age" in text, text[-3000:]
+
+
+def test_results_received_while_the_clock_read_1970_are_not_deleted_by_age(tmp_path,
+                                                                          monkeypatch):
+    """A coordinator whose clock read 1970 stamped what it stored `received` 1970; once its
+    clock was right (the next start), the first retention pass deleted them all as 56 years
+    old (the real process did: 200 results, tests cannot run it cheaply twice under
+    libfaketime). Rows received at an implausible time are no age's to judge: they stay
+    until the size cap takes them; rows received 100 days ago still go."""
+    import types
+
+    from runtime.coordinator import ingest
+
+    store = Store(tmp_path / "coord.db")
+
+    def batch(stream: str, received: float) -> None:
+        monkeypatch.setattr(ingest, "time", types.SimpleNamespace(time=lambda: received))
+        store.ingest([Inbound("dev1", "result", {
+            "v": 1, "stream": stream, "boot": "b1", "floor": 1,
+            "results": [{"seq": q, "t": time.time(), "label": "ok"} for q in range(1, 51)]})])
+        monkeypatch.undo()
+
+    now = time.time()
+    batch("in1970", 120.0)
+    batch("in2100", clock.CEILING_T + 86400)
+    batch("old", now - 100 * 86400)
+    batch("new", now - 60)
+    done = store.prune_results(90 * 86400, now=now)
+    assert done["results_by_age"] == 50
+    left = {s for s, _ in store.result_seqs("dev1")}
+    assert left == {"in1970", "in2100", "new"}
+    store.close()
