@@ -47,6 +47,7 @@ from runtime.coordinator.bundles import Shelf, held_now
 from runtime.coordinator.clock_place import Placer
 from runtime.coordinator.commander import Commander, Refused, UnknownDevice
 from runtime.coordinator.dialect import is_url
+from runtime.coordinator.inbox import Inbox, sender
 from runtime.coordinator.ingest_window import WindowCount, window_s
 from runtime.coordinator.retention import Retention
 from runtime.coordinator.rollout import Rollouts
@@ -111,7 +112,9 @@ class Coordinator:
         self._seen: dict[str, float] = {}  # device -> `updated` of its row merged here
         self.views = _restored_views(self.store, self.fleet_cfg)
         self._views_loaded = time.time()  # last full read of the store's `devices`
-        self._inbox: queue.Queue = queue.Queue(maxsize=50_000)
+        # a share per device (inbox.py): one device flooding its topic held the whole
+        # queue, starved every other device's ingest and blocked the MQTT thread
+        self._inbox = Inbox(maxsize=50_000)
         # Bounded work per message: healths and repeated events coalesce per device in
         # admission, births in births.py (coalesce.py); commands sent without waiting are
         # the commander's
@@ -215,7 +218,14 @@ class Coordinator:
 
     def _on_message(self, client: mqtt.Client, msg: mqtt.MQTTMessage) -> None:
         try:
-            self._inbox.put((msg.topic, msg.payload, time.time()), timeout=1.0)
+            if not self._inbox.offer((msg.topic, msg.payload, time.time()), timeout=1.0):
+                # its share taken: dropped at once, never blocking this thread (a device that
+                # behaves never has that many waiting, and re-sends what it was refused)
+                who = sender(msg.topic)
+                self._rlog.log("inbox-share", "device %s has %d messages waiting in the "
+                               "inbox, its share; its next ones are dropped (%d so far)",
+                               who[:64], self._inbox.per_device, self._inbox.dropped[who])
+                return
         except queue.Full:
             # Overloaded: the device re-sends unacked results, health is periodic anyway.
             self.counters["inbox_full_dropped"] += 1
@@ -503,7 +513,9 @@ class Coordinator:
         the replies awaited, and the coalescers of births, healths and events."""
         c, p = self.counters, self.commander.pending
         return {"inbox": {"size": self._inbox.qsize(), "max": self._inbox.maxsize,
-                          "dropped": c["inbox_full_dropped"]},
+                          "dropped": c["inbox_full_dropped"] + self._inbox.dropped_total(),
+                          "per_device_max": self._inbox.per_device,
+                          "dropped_over_share": self._inbox.dropped_total()},
                 "pending_replies": {"size": len(p), "max": p.max_size, "dropped": p.dropped,
                                     "expired": p.expired},
                 "births": self.births.stats(), **self.admission.stats()}
