@@ -127,3 +127,35 @@ def test_results_received_while_the_clock_read_1970_are_not_deleted_by_age(tmp_p
     left = {s for s, _ in store.result_seqs("dev1")}
     assert left == {"in1970", "in2100", "new"}
     store.close()
+
+
+@pytest.mark.parametrize("now, t, sync, admitted", [
+    (1_796_600_000.0, 1_796_600_100.0, True, True),  # 100 s ahead: within future_skew_s
+    (1_796_600_000.0, 1_796_601_000.0, True, False),  # 1000 s ahead of a right clock
+    (1_796_600_000.0, 1_796_601_000.0, False, True),  # unsynced: a claim, placed later
+    (120.0, 1_796_600_000.0, True, True),  # our clock reads 1970: it cannot say "ahead"
+    (120.0, clock.CEILING_T + 1, True, False),  # but past 2100 is refused still
+    (120.0, clock.CEILING_T + 1, False, False),
+])
+def test_a_coordinator_clock_at_1970_judges_no_stamp_ahead(now, t, sync, admitted):
+    """A coordinator whose clock read 1970 quarantined every synced device's state, health
+    and event as 'stamped 56 years ahead of the coordinator's clock' (the real process
+    under libfaketime did): births lost, the fleet view empty, health history gone, and the
+    blame on the devices. Its own clock is the one it cannot believe: only stamps past 2100
+    are refused then."""
+    import collections
+
+    from runtime.config.coordinator import CoordinatorConfig
+    from runtime.coordinator.admission import Admission
+    from runtime.coordinator.commander import Refused
+    from runtime.wire import payloads
+
+    a = Admission(CoordinatorConfig(fleet="f"), collections.Counter())
+    body = payloads.encode("health", {"v": 1, "t": t, "boot": "b1",
+                                      "clk": {"sync": sync, "kb": "k", "bt": 5.0}})
+    try:
+        a.admit("edgerun/v1/f/dev1/health", body, now)
+    except Refused as e:
+        assert not admitted, e
+    else:
+        assert admitted
