@@ -52,6 +52,7 @@ from runtime.coordinator.ingest_window import WindowCount, window_s
 from runtime.coordinator.retention import Retention
 from runtime.coordinator.rollout import Rollouts
 from runtime.coordinator.store import LAST_SEEN_WRITE_S, Inbound, Store
+from runtime.coordinator.store_open import running_error
 from runtime.wire import payloads
 from runtime.wire.brokerauth import BrokerAuth
 from runtime.wire.mqtt import Connection
@@ -261,10 +262,12 @@ class Coordinator:
                     self._ingest(batch)
                 except Exception as e:  # the store failing must not kill ingest; devices re-send
                     self.counters["ingest_errors"] += 1
-                    # once a minute: a full disk fails every batch (a traceback each filled it)
+                    # once a minute: a full disk fails every batch (a traceback each filled
+                    # it); a damaged, full or read-only file is named, without the trace
+                    why = running_error(getattr(self.store, "path", None), e)
                     self._rlog.log("ingest", "storing a batch of %d messages failed (%s); "
-                                   "devices will re-send", len(batch), e, level=logging.ERROR,
-                                   exc_info=True)
+                                   "devices will re-send", len(batch), why or e,
+                                   level=logging.ERROR, exc_info=why is None)
                 if self.cfg.ingest_delay_s:
                     time.sleep(self.cfg.ingest_delay_s)
             now, mono = time.time(), time.monotonic()

@@ -72,3 +72,21 @@ def sqlite_open_error(path: Path, e: sqlite3.Error) -> str:
         return (f"{at}: its directory {path.parent} cannot be written by {user} (SQLite "
                 f"keeps its -wal and -shm files beside the store){owner(path.parent)}")
     return f"{at} cannot be opened: {e}"
+
+
+def running_error(path: Path | None, e: Exception) -> str | None:
+    """What a store error while running means, naming the SQLite file, when it is one that
+    fails every batch until someone acts (damaged, full, read-only: a card remounted
+    read-only after an I/O error); None for anything else (said as it is, with its trace).
+    `path` None: not an SQLite store."""
+    name = getattr(e, "sqlite_errorname", "")
+    if path is None or not isinstance(e, sqlite3.Error):
+        return None
+    if name in ("SQLITE_CORRUPT", "SQLITE_NOTADB"):
+        return (f"the store {path} is damaged ({e}); nothing more is stored until it is "
+                "restored from a backup or moved aside (stop the coordinator first)")
+    if name == "SQLITE_FULL":
+        return f"the filesystem holding the store {path} is full ({e})"
+    if name == "SQLITE_READONLY":
+        return f"the store {path} cannot be written ({e}; a filesystem remounted read-only?)"
+    return None

@@ -172,3 +172,30 @@ def test_a_postgres_store_of_a_newer_schema_is_refused(postgres):
         db.execute("INSERT INTO schema_version VALUES (99)")
     with pytest.raises(StoreError, match="schema version 99 is newer than this edgerun's"):
         PostgresDialect(url)
+
+
+def _sqlite_error(name: str, text: str) -> sqlite3.Error:
+    e = sqlite3.DatabaseError(text)
+    e.sqlite_errorname = name  # type: ignore[attr-defined]  # as SQLite sets it
+    return e
+
+
+@pytest.mark.parametrize("name, text, says", [
+    ("SQLITE_CORRUPT", "database disk image is malformed", "is damaged"),
+    ("SQLITE_NOTADB", "file is not a database", "is damaged"),
+    ("SQLITE_FULL", "database or disk is full", "is full"),
+    ("SQLITE_READONLY", "attempt to write a readonly database", "cannot be written"),
+    ("SQLITE_BUSY", "database is locked", None),  # passing: said as it is, with its trace
+])
+def test_a_store_failing_while_running_is_named_with_why(tmp_path, name, text, says):
+    """Ingest failing on a damaged, full or read-only store logged SQLite's words and a
+    traceback once a minute ('database disk image is malformed'), naming no file and not
+    saying that nothing more can be stored until someone acts."""
+    from runtime.coordinator.store_open import running_error
+
+    line = running_error(tmp_path / "coord.db", _sqlite_error(name, text))
+    if says is None:
+        assert line is None
+    else:
+        assert f"{tmp_path / 'coord.db'}" in line and says in line and text in line, line
+    assert running_error(None, _sqlite_error(name, text)) is None  # PostgreSQL: no file
