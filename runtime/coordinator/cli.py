@@ -24,9 +24,14 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
     if not cfg.broker.host:
         print("edgerun: coordinator.broker.host is not set", file=sys.stderr)
         return 2
-    from runtime.coordinator.store_open import StoreError
+    from runtime.coordinator.api import ensure_token, token_path
+    from runtime.coordinator.dialect import is_url
+    from runtime.coordinator.store_open import StoreError, emptied
     from runtime.coordinator.webhooks import SecretError
 
+    if not is_url(cfg.store) and (why := emptied(Path(cfg.store).expanduser(),
+                                                 token_path(cfg))):
+        raise ConfigError(why)
     try:
         coordinator = Coordinator(cfg)
     except StoreError as e:  # names coordinator.store and the file; nothing was started
@@ -35,8 +40,6 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
         raise ConfigError(f"coordinator.webhook_secret_file: {e}") from e
     except ValueError as e:  # an unreadable signing key
         raise ConfigError(f"coordinator.signing_key: {e}") from e
-    from runtime.coordinator.api import ensure_token, token_path
-
     try:
         token = ensure_token(token_path(cfg))
     except OSError as e:  # unreadable, or readable by others (PermissionError)

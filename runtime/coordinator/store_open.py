@@ -90,3 +90,24 @@ def running_error(path: Path | None, e: Exception) -> str | None:
     if name == "SQLITE_READONLY":
         return f"the store {path} cannot be written ({e}; a filesystem remounted read-only?)"
     return None
+
+
+def emptied(path: Path, token: Path) -> str | None:
+    """Why the SQLite store at `path` must not be started afresh, when it is a zero-byte file
+    (no -wal with frames beside it) although the API token in the same directory shows a
+    store was made there (the first start makes the store before the token); else None.
+    SQLite opens an empty file as a new database: a store a power cut left at zero bytes
+    started again empty, the fleet's history, bundles and rollouts gone without a word."""
+    def size(p: Path) -> int:
+        try:
+            return p.stat().st_size
+        except OSError:
+            return -1
+
+    if size(path) != 0 or size(Path(f"{path}-wal")) > 0:
+        return None
+    if token.parent != path.parent or not token.is_file():
+        return None
+    return (f"{where(path)} is empty (0 bytes), though the API token {token} beside it shows "
+            "a store was made here: its data is gone (a power cut?); restore a backup, or "
+            "delete the empty file to start a new store")

@@ -24,7 +24,7 @@ OTHER = 65534  # nobody: the owner the coordinator's user is not
 SETPRIV = ["setpriv", "--inh-caps=-all", "--bounding-set=-all", "--"]
 
 
-def _config(tmp_path: Path, broker, store: Path) -> Path:
+def _config(tmp_path: Path, broker, store: Path, token: Path | None = None) -> Path:
     creds = broker.coordinator("t", "damage-coordinator")
     cfg = tmp_path / "coord.toml"
     cfg.write_text(f"""[coordinator]
@@ -32,7 +32,7 @@ fleet = "t"
 store = "{store}"
 client_id = "damage-coordinator"
 http_port = 0
-api_token_file = "{tmp_path / 'api-token'}"
+api_token_file = "{token or tmp_path / 'api-token'}"
 [coordinator.broker]
 host = "127.0.0.1"
 port = {broker.port}
@@ -77,6 +77,11 @@ def _damage(tmp_path: Path, case: str, mounts: list[Path]) -> tuple[Path, str, l
     if case == "random-bytes":
         store.write_bytes(os.urandom(64 * 1024))
         return store, "is damaged or not an SQLite database", []
+    if case == "zero-bytes":  # a power cut on a filesystem that lost the file's data
+        store.write_bytes(b"")
+        (state / "api-token").write_text("t" * 43 + "\n")  # made after the store, at start
+        (state / "api-token").chmod(0o600)
+        return store, "is empty (0 bytes)", []
     if case == "future-schema":
         _store_with_results(store)
         with sqlite3.connect(store) as db:
@@ -125,7 +130,8 @@ def _damage(tmp_path: Path, case: str, mounts: list[Path]) -> tuple[Path, str, l
     return store, "the filesystem holding it is full", []
 
 
-CASES = ["file-for-directory", "directory-for-file", "random-bytes", "torn", "future-schema",
+CASES = ["file-for-directory", "directory-for-file", "random-bytes", "torn", "zero-bytes",
+         "future-schema",
          "other-user-read-only", "other-user-unreadable", "other-user-directory",
          "read-only-filesystem", "full-filesystem"]
 
@@ -137,7 +143,8 @@ def test_a_store_that_cannot_be_used_is_one_line_and_exit_2(tmp_path, broker, ca
     try:
         store, says, prefix = _damage(tmp_path, case, mounts)
         before = store.read_bytes() if store.is_file() else None
-        cfg = _config(tmp_path, broker, store)
+        cfg = _config(tmp_path, broker, store,
+                      store.parent / "api-token" if case == "zero-bytes" else None)
         t0 = time.monotonic()
         r = subprocess.run([*prefix, sys.executable, "-m", "runtime.cli", "coordinator",
                             "--config", str(cfg)], capture_output=True, text=True, timeout=90,
