@@ -31,6 +31,7 @@ from runtime.coordinator.quotas import EVENT_BYTES_SQL, HEALTH_BYTES_SQL, RESULT
 from runtime.coordinator.store_open import (
     StoreError,
     StoreUnreachable,
+    check_wal,
     newer_schema,
     sqlite_open_error,
     where,
@@ -184,6 +185,7 @@ class SQLiteDialect:
                              f"{why}") from None
         if self.path.is_dir():
             raise StoreError(f"{where(self.path)} is a directory, not a database file")
+        check_wal(self.path)  # after an unclean stop: read-only, before a checkpoint can
         db = None
         try:
             db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False,

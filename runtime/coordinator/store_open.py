@@ -111,3 +111,35 @@ def emptied(path: Path, token: Path) -> str | None:
     return (f"{where(path)} is empty (0 bytes), though the API token {token} beside it shows "
             "a store was made here: its data is gone (a power cut?); restore a backup, or "
             "delete the empty file to start a new store")
+
+
+def check_wal(path: Path) -> None:
+    """StoreError when the SQLite store at `path` has a -wal with frames beside it (the last
+    stop was not clean) and the two do not read as one sound database, checked read-only
+    (PRAGMA quick_check: a read of every page) before anything opens it for writing. A
+    store restored from a backup beside the newer -wal of another: SQLite applies the -wal's
+    pages, and the first connection to close checkpoints them into the file, destroying the
+    store that was restored; a read-only connection never checkpoints."""
+    wal = Path(f"{path}-wal")
+    try:
+        if wal.stat().st_size <= 32 or path.stat().st_size == 0:  # 32: the header alone
+            return
+    except OSError:
+        return
+    db = None
+    try:
+        db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=30)
+        why = " ".join(db.execute("PRAGMA quick_check(1)").fetchone()[0].split())
+    except sqlite3.Error as e:
+        if getattr(e, "sqlite_errorname", "") not in ("SQLITE_CORRUPT", "SQLITE_NOTADB"):
+            return  # not readable now: the open for writing says why
+        why = str(e)
+    finally:
+        if db is not None:
+            db.close()
+    if why != "ok":
+        raise StoreError(f"{where(path)} and the -wal beside it do not make a sound database "
+                         f"({why}); neither was changed. If the store was restored from a "
+                         f"backup, the -wal is not its own: move {wal} aside and start again; "
+                         "else restore a backup, or move the store, its -wal and -shm aside "
+                         "to start a new store")

@@ -89,6 +89,22 @@ def _damage(tmp_path: Path, case: str, mounts: list[Path]) -> tuple[Path, str, l
         db.close()
         return store, "schema version 99 is newer than this edgerun's", []
     _store_with_results(store)
+    if case == "foreign-wal":  # a store restored from a backup beside another one's -wal
+        other = tmp_path / "other" / "coord.db"
+
+        def more(lo: int, hi: int) -> list[Inbound]:
+            return [Inbound("dev2", "result", {
+                "v": 1, "stream": "s2", "boot": "b2", "floor": 1,
+                "results": [{"seq": q, "t": 2.0, "label": "y" * 300} for q in range(lo, hi)]})]
+
+        older = Store(other)
+        older.ingest(more(1, 3001))
+        older.close()  # checkpointed: no -wal left
+        newer = Store(other)
+        newer.ingest(more(3001, 3201))  # its -wal: the pages these changed
+        shutil.copy(f"{other}-wal", f"{store}-wal")  # before its close checkpoints it
+        newer.close()
+        return store, "and the -wal beside it do not make a sound database", []
     if case == "torn":
         os.truncate(store, store.stat().st_size // 2 + 1000)
         return store, "is damaged or not an SQLite database", []
@@ -131,6 +147,7 @@ def _damage(tmp_path: Path, case: str, mounts: list[Path]) -> tuple[Path, str, l
 
 
 CASES = ["file-for-directory", "directory-for-file", "random-bytes", "torn", "zero-bytes",
+         "foreign-wal",
          "future-schema",
          "other-user-read-only", "other-user-unreadable", "other-user-directory",
          "read-only-filesystem", "full-filesystem"]
