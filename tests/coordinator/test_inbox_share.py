@@ -75,6 +75,7 @@ def _stored(store: Path, device: str) -> int:
         return 0
 
 
+@pytest.mark.slow  # a flood as fast as this host can publish: two cores busy for ~20 s
 @pytest.mark.timeout(240)
 def test_a_flooding_device_holds_only_its_share_of_the_inbox(tmp_path, broker):
     store = tmp_path / "coord.db"
