@@ -110,7 +110,12 @@ class Admission:
             msg = payloads.decode(kind, raw)
         except payloads.PayloadError as e:
             raise Refused(str(e)) from None
-        if kind in ("state", "health", "event") and msg["t"] > now + self.cfg.future_skew_s:
+        # A coordinator clock reading before 2025 cannot say a stamp is ahead: it put every
+        # synced device's state, health and event in quarantine, 56 years "ahead" of 1970.
+        # Past 2100 is refused whatever our clock reads.
+        limit = (now + self.cfg.future_skew_s if now >= wire_clock.FLOOR_T
+                 else wire_clock.CEILING_T)
+        if kind in ("state", "health", "event") and msg["t"] > limit:
             clk = msg.get("clk")
             if not (isinstance(clk, dict) and clk.get("sync") is False) or \
                     msg["t"] > wire_clock.CEILING_T:  # unsynced, but no later than 2100

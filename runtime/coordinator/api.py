@@ -83,15 +83,28 @@ def token_path(cfg: CoordinatorConfig) -> Path:
 def ensure_token(path: Path) -> str:
     """The API token in `path`, made (random, mode 0600) when the file does not exist.
     A token file others can read is refused: anyone holding it can command the fleet."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # a file in its directory's place: "[Errno 17] File exists" was all
+        why = ("is not a directory" if path.parent.exists() or
+               isinstance(e, FileExistsError | NotADirectoryError)
+               else f"cannot be made ({e.strerror or e})")
+        raise OSError(f"{path}: its directory {path.parent} {why}") from None
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
+        if path.is_dir():  # was "mode 755 ... chmod 600", which would not have fixed it
+            raise OSError(f"{path}: is a directory, not a file; remove it to have a token "
+                          "made") from None
         mode = stat.S_IMODE(path.stat().st_mode)
         if mode & 0o077:
             raise PermissionError(f"{path}: the API token file is mode {mode:o}; it must be "
                                   f"readable by its owner only (chmod 600 {path})") from None
-        token = path.read_text().strip()
+        try:
+            token = path.read_text().strip()
+        except UnicodeDecodeError:  # was a traceback
+            raise OSError(f"{path}: is not text, so not a token this coordinator made; "
+                          "delete the file to have a new one made") from None
         if len(token) < 16:
             raise PermissionError(f"{path}: the API token is shorter than 16 characters; "
                                   "delete the file to have a new one made") from None

@@ -23,16 +23,22 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
     cfg = config_mod.load(args.config).coordinator
     if not cfg.broker.host:
         raise ConfigInvalid(f"{args.config}: coordinator.broker.host is not set")
+    from runtime.coordinator.api import ensure_token, token_path
+    from runtime.coordinator.dialect import is_url
+    from runtime.coordinator.store_open import StoreError, emptied
     from runtime.coordinator.webhooks import SecretError
 
+    if not is_url(cfg.store) and (why := emptied(Path(cfg.store).expanduser(),
+                                                 token_path(cfg))):
+        raise ConfigError(why)
     try:
         coordinator = Coordinator(cfg)
+    except StoreError as e:  # names coordinator.store and the file; nothing was started
+        raise ConfigError(str(e)) from e
     except SecretError as e:
         raise ConfigError(f"coordinator.webhook_secret_file: {e}") from e
     except ValueError as e:  # an unreadable signing key
         raise ConfigError(f"coordinator.signing_key: {e}") from e
-    from runtime.coordinator.api import ensure_token, token_path
-
     try:
         token = ensure_token(token_path(cfg))
     except OSError as e:  # unreadable, or readable by others (PermissionError)

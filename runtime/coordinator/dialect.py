@@ -28,8 +28,17 @@ from pathlib import Path
 from typing import Any
 
 from runtime.coordinator.quotas import EVENT_BYTES_SQL, HEALTH_BYTES_SQL, RESULT_BYTES_SQL
+from runtime.coordinator.store_open import (
+    StoreError,
+    StoreUnreachable,
+    check_wal,
+    newer_schema,
+    sqlite_open_error,
+    where,
+)
 
 DAY = 86400.0
+
 
 # -- SQLite ---------------------------------------------------------------------------------
 
@@ -139,6 +148,7 @@ INSERT INTO pool_usage SELECT device, pool, n FROM (
 DROP TABLE IF EXISTS device_usage
 """
 _SQLITE_V8 = _POOL_USAGE.replace("{int}", "INTEGER")
+SQLITE_SCHEMA = 8  # the newest version _migrate knows
 
 
 # Store.claim: a claim is won when its row is new, or holds another state, or the same state
@@ -158,15 +168,38 @@ class SQLiteDialect:
 
     def __init__(self, path: str | Path, fsync: str = "normal"):
         self.path = Path(path).expanduser()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False,
-                                  timeout=30)
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute(f"PRAGMA synchronous={'FULL' if fsync == 'full' else 'NORMAL'}")
         self.lock = threading.Lock()
         self.errors: tuple[type[BaseException], ...] = (sqlite3.Error,)
         self.retryable: tuple[type[BaseException], ...] = ()
-        self._migrate()
+        # Whatever stops the store opening is one StoreError naming the file and why: each
+        # was a traceback at every restart (a file in the directory's place, random bytes,
+        # a full disk), and a file this user could read but not write opened read-only
+        # without a word: the coordinator logged in, stored and acked nothing.
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            why = ("is not a directory" if self.path.parent.exists() or
+                   isinstance(e, FileExistsError | NotADirectoryError)
+                   else f"cannot be made ({e.strerror or e})")
+            raise StoreError(f"{where(self.path)}: its directory {self.path.parent} "
+                             f"{why}") from None
+        if self.path.is_dir():
+            raise StoreError(f"{where(self.path)} is a directory, not a database file")
+        check_wal(self.path)  # after an unclean stop: read-only, before a checkpoint can
+        db = None
+        try:
+            db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False,
+                                 timeout=30)
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute(f"PRAGMA synchronous={'FULL' if fsync == 'full' else 'NORMAL'}")
+            self.db = db
+            self._migrate()
+        except (sqlite3.Error, StoreError) as e:
+            if db is not None:
+                db.close()
+            if isinstance(e, StoreError):
+                raise
+            raise StoreError(sqlite_open_error(self.path, e)) from None
 
     def _migrate(self) -> None:
         with self.lock:
@@ -176,6 +209,12 @@ class SQLiteDialect:
                                 "(version INTEGER NOT NULL)")
                 row = self.db.execute("SELECT MAX(version) FROM schema_version").fetchone()
                 have = row[0] or 0
+                if have > SQLITE_SCHEMA:
+                    raise StoreError(newer_schema(where(self.path), have, SQLITE_SCHEMA))
+                # a write, which a file opened read-only refuses (SQLite opens a file it
+                # may not write read-only, silently; nothing else here writes to a store
+                # that needs no migration)
+                self.db.execute("DELETE FROM schema_version WHERE 0")
                 if have < 1:
                     for stmt in _split(_SQLITE_V1):
                         self.db.execute(stmt)
@@ -462,11 +501,15 @@ class PostgresDialect:
             self.pool.open(wait=True, timeout=connect_timeout_s)
         except Exception as e:
             self.pool.close()
-            raise ConnectionError(f"cannot connect to the PostgreSQL store "
-                                  f"{_redact(url)} within {connect_timeout_s:.0f} s: "
-                                  f"{type(e).__name__}: {e}") from None
-        self._migrate()
-        self.maintain()
+            raise StoreUnreachable(f"coordinator.store: cannot connect to the PostgreSQL store "
+                             f"{_redact(url)} within {connect_timeout_s:.0f} s: "
+                             f"{type(e).__name__}: {e}") from None
+        try:
+            self._migrate()
+            self.maintain()
+        except BaseException:
+            self.pool.close()
+            raise
 
     def _migrate(self) -> None:
         """Apply the migrations this database lacks, in one transaction under an advisory
@@ -476,6 +519,9 @@ class PostgresDialect:
             conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
             have = conn.execute("SELECT COALESCE(MAX(version), 0) FROM schema_version"
                                 ).fetchone()[0]
+            if have > PG_MIGRATIONS[-1][0]:
+                raise StoreError(newer_schema(f"coordinator.store {_redact(self.url)}", have,
+                                              PG_MIGRATIONS[-1][0]))
             for version, script in PG_MIGRATIONS:
                 if version > have:
                     for stmt in _split(script):

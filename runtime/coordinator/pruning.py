@@ -18,6 +18,7 @@ from collections import Counter
 from runtime.coordinator import quotas
 from runtime.coordinator.budget import ACKED_OLDEST, Budget
 from runtime.coordinator.store_rows import Dialect, Stalled, charge, query, uncharge
+from runtime.wire import clock
 
 
 class Pruning:
@@ -79,8 +80,13 @@ class Pruning:
             dropped = self._d.drop_partitions("results", now - max_age_s, acked_only=True)
             self._unuse(dropped, results=True)
             out["results_by_age"] += sum(n for n, _ in dropped.values())
-            while n := self._delete_results(f"{eligible} AND r.received < ? LIMIT ?",
-                                            (now - max_age_s, chunk)):
+            # a row received while the coordinator's clock read 1970 (or past 2100) has no
+            # age to judge: once the clock was right it looked 56 years old and went at the
+            # first pass; it stays until the size cap takes it
+            while n := self._delete_results(f"{eligible} AND r.received < ? AND r.received "
+                                            "BETWEEN ? AND ? LIMIT ?",
+                                            (now - max_age_s, clock.FLOOR_T, clock.CEILING_T,
+                                             chunk)):
                 out["results_by_age"] += n
         if max_bytes > 0:
             self._budget.set_cap(max_bytes, reserved)

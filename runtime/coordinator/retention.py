@@ -34,6 +34,7 @@ class Retention:
         # ages judged by a wall clock that never steps forward past the monotonic clock: a
         # coordinator whose clock jumps 7 days ahead must not delete a week of results
         self.clock = wire_clock.SteadyWall(what="retention")
+        self._plausible = True  # whether the last age_now() read a plausible clock
         self._lock = threading.Lock()
 
     def loop(self) -> None:
@@ -58,6 +59,28 @@ class Retention:
                 log.exception("retention pass failed; retrying in %.0f s",
                               self.cfg.retention_interval_s)
 
+    def age_now(self) -> float | None:
+        """The time results, health and events are judged old at (`self.clock`), or None
+        while it reads before 2025 or after 2100: then nothing is deleted by age. The clock's
+        monotonic guard holds only steps made while running; a coordinator that started at
+        2100 (a corrupt RTC, a bad time server at boot) judged the fleet's whole history 74
+        years old at its first pass and deleted it. Said once each way; the size cap still
+        applies (it needs no clock)."""
+        now = self.clock.now()
+        plausible = age_clock_plausible(now)
+        if plausible != self._plausible:
+            self._plausible = plausible
+            if plausible:
+                log.info("retention: the clock reads %s again; results, health and events "
+                         "are deleted by age again", _iso(now))
+            else:
+                self._counters["retention_clock_implausible"] += 1
+                log.error("retention: the clock reads %s, %s; results, health and events are "
+                          "not deleted by age until it reads a time in 2025..2100 "
+                          "(max_store_mb still applies)", _iso(now),
+                          "after 2100" if now > wire_clock.CEILING_T else "before 2025")
+        return now if plausible else None
+
     def run(self) -> dict[str, int]:
         """One retention pass: results past `retention_days`, then the oldest data while the
         store uses more than `max_store_mb`. Logs what it deleted and counts it in stats.
@@ -73,8 +96,9 @@ class Retention:
         shelf = self.shelf.stored_bytes() if cap > 0 else 0
         if cap > 0:  # the bundles in the store are not what the cap is for: never make
             cap += shelf  # room for them by deleting results
-        done = self.store.prune_results(cfg.retention_days * 86400, cap, reserved=shelf,
-                                        now=self.clock.now())
+        now = self.age_now()
+        done = self.store.prune_results(cfg.retention_days * 86400 if now is not None else 0,
+                                        cap, reserved=shelf, now=now)
         stalled = self.store.quarantine_stalled(cfg.floor_wait_s)
         self.sweep_shelf()
         self._counters["retention_runs"] += 1
@@ -137,3 +161,16 @@ class Retention:
                           "next retention pass")
             return
         self._counters["bundle_rows_swept"] += got["rows"]
+
+
+def age_clock_plausible(t: float) -> bool:
+    """Whether ages may be judged at wall time `t`: within 2025-01-01..2100-01-01, the
+    device clock's own bounds (runtime/wire/clock.py)."""
+    return wire_clock.FLOOR_T <= t <= wire_clock.CEILING_T
+
+
+def _iso(t: float) -> str:
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t))
+    except (OverflowError, OSError, ValueError):
+        return f"{t:.0f} s since the epoch"

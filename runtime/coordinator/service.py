@@ -47,10 +47,12 @@ from runtime.coordinator.bundles import Shelf, held_now
 from runtime.coordinator.clock_place import Placer
 from runtime.coordinator.commander import Commander, Refused, UnknownDevice
 from runtime.coordinator.dialect import is_url
+from runtime.coordinator.inbox import Inbox, sender
 from runtime.coordinator.ingest_window import WindowCount, window_s
 from runtime.coordinator.retention import Retention
 from runtime.coordinator.rollout import Rollouts
 from runtime.coordinator.store import LAST_SEEN_WRITE_S, Inbound, Store
+from runtime.coordinator.store_open import running_error
 from runtime.wire import payloads
 from runtime.wire.brokerauth import BrokerAuth
 from runtime.wire.mqtt import Connection
@@ -111,7 +113,9 @@ class Coordinator:
         self._seen: dict[str, float] = {}  # device -> `updated` of its row merged here
         self.views = _restored_views(self.store, self.fleet_cfg)
         self._views_loaded = time.time()  # last full read of the store's `devices`
-        self._inbox: queue.Queue = queue.Queue(maxsize=50_000)
+        # a share per device (inbox.py): one device flooding its topic held the whole
+        # queue, starved every other device's ingest and blocked the MQTT thread
+        self._inbox = Inbox(maxsize=50_000)
         # Bounded work per message: healths and repeated events coalesce per device in
         # admission, births in births.py (coalesce.py); commands sent without waiting are
         # the commander's
@@ -215,7 +219,14 @@ class Coordinator:
 
     def _on_message(self, client: mqtt.Client, msg: mqtt.MQTTMessage) -> None:
         try:
-            self._inbox.put((msg.topic, msg.payload, time.time()), timeout=1.0)
+            if not self._inbox.offer((msg.topic, msg.payload, time.time()), timeout=1.0):
+                # its share taken: dropped at once, never blocking this thread (a device that
+                # behaves never has that many waiting, and re-sends what it was refused)
+                who = sender(msg.topic)
+                self._rlog.log("inbox-share", "device %s has %d messages waiting in the "
+                               "inbox, its share; its next ones are dropped (%d so far)",
+                               who[:64], self._inbox.per_device, self._inbox.dropped[who])
+                return
         except queue.Full:
             # Overloaded: the device re-sends unacked results, health is periodic anyway.
             self.counters["inbox_full_dropped"] += 1
@@ -251,10 +262,12 @@ class Coordinator:
                     self._ingest(batch)
                 except Exception as e:  # the store failing must not kill ingest; devices re-send
                     self.counters["ingest_errors"] += 1
-                    # once a minute: a full disk fails every batch (a traceback each filled it)
+                    # once a minute: a full disk fails every batch (a traceback each filled
+                    # it); a damaged, full or read-only file is named, without the trace
+                    why = running_error(getattr(self.store, "path", None), e)
                     self._rlog.log("ingest", "storing a batch of %d messages failed (%s); "
-                                   "devices will re-send", len(batch), e, level=logging.ERROR,
-                                   exc_info=True)
+                                   "devices will re-send", len(batch), why or e,
+                                   level=logging.ERROR, exc_info=why is None)
                 if self.cfg.ingest_delay_s:
                     time.sleep(self.cfg.ingest_delay_s)
             now, mono = time.time(), time.monotonic()
@@ -267,8 +280,10 @@ class Coordinator:
                     self.births.due(mono)
                 if mono - last_prune >= 3600:
                     last_prune = mono
-                    self.store.prune(self.cfg.keep_health_s, self.cfg.keep_events_s,
-                                     now=self.retention.clock.now())
+                    # not while the clock reads 1970 or past 2100 (Retention.age_now)
+                    if (age_now := self.retention.age_now()) is not None:
+                        self.store.prune(self.cfg.keep_health_s, self.cfg.keep_events_s,
+                                         now=age_now)
             except Exception as e:
                 self.counters["housekeeping_errors"] += 1
                 self._rlog.log("housekeeping", "fleet refresh or store pruning failed: %s", e,
@@ -501,7 +516,9 @@ class Coordinator:
         the replies awaited, and the coalescers of births, healths and events."""
         c, p = self.counters, self.commander.pending
         return {"inbox": {"size": self._inbox.qsize(), "max": self._inbox.maxsize,
-                          "dropped": c["inbox_full_dropped"]},
+                          "dropped": c["inbox_full_dropped"] + self._inbox.dropped_total(),
+                          "per_device_max": self._inbox.per_device,
+                          "dropped_over_share": self._inbox.dropped_total()},
                 "pending_replies": {"size": len(p), "max": p.max_size, "dropped": p.dropped,
                                     "expired": p.expired},
                 "births": self.births.stats(), **self.admission.stats()}

@@ -83,3 +83,48 @@ def test_sighup_does_not_stop_the_coordinator(tmp_path, broker):
     finally:
         if p.poll() is None:
             p.kill()
+
+
+def test_sighup_during_start_up_does_not_stop_the_coordinator(tmp_path, broker):
+    """A SIGHUP while the coordinator was still starting (opening its store, logging in to
+    the broker: the handler above exists only once the API serves) ended it: SIGHUP's
+    default action, exit -1, nothing logged. A storm of them from the store's opening on
+    must leave it running."""
+    import os
+    import signal
+    import time
+
+    def loading_sqlite(pid: int) -> bool:  # imported by cmd_coordinator, after main() began
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                return "_sqlite3" in f.read()
+        except OSError:
+            return False
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = _config(tmp_path, broker, port)
+    log = tmp_path / "coord.log"
+    with log.open("w") as out:
+        p = subprocess.Popen([sys.executable, "-m", "runtime.cli", "coordinator", "--config",
+                              str(cfg)], stdout=out, stderr=subprocess.STDOUT,
+                             env=child_env())
+    try:
+        deadline = time.monotonic() + 60
+        while not loading_sqlite(p.pid):
+            assert p.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
+            time.sleep(0.001)
+        sent = 0
+        while "coordinator API on" not in log.read_text():
+            assert p.poll() is None, f"ended by SIGHUP {sent}:\n{log.read_text()[-2000:]}"
+            assert time.monotonic() < deadline, log.read_text()[-2000:]
+            os.kill(p.pid, signal.SIGHUP)
+            sent += 1
+            time.sleep(0.01)
+        assert sent > 0
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(30) == 0, log.read_text()[-2000:]
+    finally:
+        if p.poll() is None:
+            p.kill()

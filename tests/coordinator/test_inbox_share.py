@@ -1,0 +1,156 @@
+"""One authenticated device flooding its own topic holds only its share of the coordinator's
+inbox.
+
+A real `edgerun coordinator`, a real device process (outbox + publisher) sending results at
+20/s, and a device "evil" publishing garbage at QoS 0 as fast as its link allows. With one
+inbox for the fleet, evil held nearly all of its 50,000 places: the good device's results
+were stored at a fraction of their rate (600 sent at 20/s: 321 stored after 120 s), and the
+coordinator's MQTT thread read only as fast as ingest freed a place. Now each device holds at
+most inbox.PER_DEVICE places (runtime/coordinator/inbox.py), the rest of its flood is dropped
+as it is read. What is left: a flood faster than the MQTT thread can read piles up in the
+broker's socket to the coordinator, and the other devices' messages wait behind it there
+(the keepalive's PINGRESP too: paho may drop the connection for a moment); only the broker
+can slow a publisher down. So this asserts the share, and that nothing is lost."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import paho.mqtt.client as mqtt
+import pytest
+from support.under_test import child_env
+from support.waiting import until
+
+from runtime.coordinator.inbox import PER_DEVICE, Inbox, sender
+
+DEVICE_PROC = str(Path(__file__).parents[1] / "support" / "device_proc.py")
+GOOD = 200  # results the good device sends, at 20/s
+
+
+def test_each_device_holds_at_most_its_share_of_the_inbox():
+    box = Inbox(maxsize=10, per_device=3)
+    evil = ("edgerun/v1/f/evil/result", b"x", 0.0)
+    assert [box.offer(evil, 0) for _ in range(5)] == [True, True, True, False, False]
+    assert box.offer(("edgerun/v1/f/good/result", b"{}", 0.0), 0)
+    assert box.held == {"evil": 3, "good": 1} and box.dropped == {"evil": 2}
+    assert box.get_nowait() == evil  # first in, first out
+    assert box.offer(evil, 0)  # a place of its own freed
+    box.put(("not/an/edgerun/topic/at/all", b"", 0.0))  # put() counts too
+    assert box.held == {"evil": 3, "good": 1, "topic": 1}
+    while not box.empty():
+        box.get_nowait()
+    assert not box.held and box.dropped_total() == 2
+
+
+@pytest.mark.parametrize("topic, who", [("edgerun/v1/f/dev1/result", "dev1"),
+                                        ("edgerun/v1/f/dev1/cmd/reply", "dev1"),
+                                        ("edgerun/v1/f", ""), ("", "")])
+def test_sender(topic, who):
+    assert sender(topic) == who
+
+
+def _stats(port: int, token: str) -> dict:
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/api/v1/stats",
+                                 headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.loads(r.read())
+
+
+def _stored(store: Path, device: str) -> int:
+    if not store.exists():
+        return 0
+    try:
+        with sqlite3.connect(f"file:{store}?mode=ro", uri=True, timeout=5) as db:
+            return db.execute("SELECT COUNT(*) FROM results WHERE device = ?",
+                              (device,)).fetchone()[0]
+    except sqlite3.Error:
+        return 0
+
+
+@pytest.mark.slow  # a flood as fast as this host can publish: two cores busy for ~20 s
+@pytest.mark.timeout(240)
+def test_a_flooding_device_holds_only_its_share_of_the_inbox(tmp_path, broker):
+    store = tmp_path / "coord.db"
+    creds = broker.coordinator("test")
+    cfg = tmp_path / "coord.toml"
+    cfg.write_text(f"""[coordinator]
+fleet = "test"
+store = "{store}"
+http_port = 0
+api_token_file = "{tmp_path / 'api-token'}"
+[coordinator.broker]
+host = "127.0.0.1"
+port = {broker.port}
+username = "{creds.username}"
+password_file = "{creds.password_file}"
+""")
+    log = tmp_path / "coord.log"
+    with log.open("w") as out:
+        coord = subprocess.Popen([sys.executable, "-m", "runtime.cli", "coordinator",
+                                  "--config", str(cfg)], stdout=out, stderr=subprocess.STDOUT,
+                                 env=child_env())
+    stop = threading.Event()
+    flooder = mqtt.Client(callback_api_version=mqtt.CallbackAPIVersion.VERSION2,
+                          client_id="evil", protocol=mqtt.MQTTv311)
+    good = None
+    try:
+        assert until(lambda: "coordinator API on" in log.read_text(), 60), log.read_text()
+        evil = broker.device("test", "evil")
+        flooder.username_pw_set(evil.username, Path(evil.password_file).read_text().strip())
+        flooder.connect("127.0.0.1", broker.port)
+        flooder.loop_start()
+
+        def flood() -> None:
+            n = 0
+            while not stop.is_set():
+                info = flooder.publish("edgerun/v1/test/evil/result", b"{not json %d" % n)
+                n += 1
+                if n % 500 == 0:  # bound what waits in this process, not the rate
+                    while not info.is_published() and not stop.is_set():
+                        time.sleep(0.001)
+
+        threading.Thread(target=flood, name="flood", daemon=True).start()
+        # the flood has reached the coordinator (its quarantine says so) before the device
+        assert until(lambda: "evil/result" in log.read_text(), 60), log.read_text()[-3000:]
+        g = broker.device("test", "good")
+        out_log = (tmp_path / "good.out").open("w")
+        good = subprocess.Popen([sys.executable, DEVICE_PROC, "--outbox",
+                                 str(tmp_path / "good.db"), "--port", str(broker.port),
+                                 "--device", "good", "--total", str(GOOD), "--rate", "20",
+                                 "--username", g.username, "--password-file",
+                                 g.password_file], stdout=out_log, stderr=subprocess.STDOUT,
+                                env=child_env())
+        t0 = time.monotonic()
+        token = (tmp_path / "api-token").read_text().strip()
+        port = int(log.read_text().split("coordinator API on http://127.0.0.1:")[1]
+                   .split("/")[0])
+        waiting = []  # the inbox while the device sends (10 s) and the flood goes on
+        while time.monotonic() - t0 < 15:
+            waiting.append(_stats(port, token)["queues"]["inbox"])
+            time.sleep(0.5)
+        # evil never held more than its share of the inbox (plus what the good device has
+        # in flight); without a share it held ~49,000 of the 50,000 places
+        assert max(q["size"] for q in waiting) <= PER_DEVICE + 500, waiting
+        assert waiting[-1]["dropped_over_share"] > 0, waiting[-1]
+        stop.set()
+        # and nothing of the good device was lost: all stored once the flood stops
+        assert until(lambda: _stored(store, "good") >= GOOD, 90), (
+            f"{_stored(store, 'good')} of {GOOD} results of the good device stored\n"
+            + log.read_text()[-3000:])
+        assert _stored(store, "good") == GOOD
+    finally:
+        stop.set()
+        flooder.loop_stop()
+        if good is not None:
+            good.send_signal(signal.SIGTERM)
+            good.wait(30)
+        coord.send_signal(signal.SIGTERM)
+        assert coord.wait(30) == 0, log.read_text()[-3000:]
