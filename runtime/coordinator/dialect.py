@@ -454,9 +454,8 @@ CREATE TABLE IF NOT EXISTS stalls (device TEXT NOT NULL, stream TEXT NOT NULL,
                                    PRIMARY KEY (device, stream))
 """
 
-# `result_keys.received` is read only by the daily partition drop's range delete, and rises
-# with insertion order: a BRIN index finds the range as well, and an insert writes nothing to
-# it (the btree logged ~64 B a result, 0.19x of a result's payload, pg_waldump 2026-12-07).
+# `result_keys.received`, read only by the partition drop's range delete, rises with insertion
+# order: BRIN finds the range, and inserts log nothing to it (the btree: 0.19x the payload).
 _PG_V8 = """
 DROP INDEX IF EXISTS result_keys_received;
 CREATE INDEX result_keys_received ON result_keys USING brin (received)
@@ -563,11 +562,9 @@ class PostgresDialect:
     def insert_results(self, db: Any, rows: list[tuple]) -> list[tuple]:
         if not rows:
             return []
-        # The keys already stored are read, then the others inserted plainly: the batch's
-        # devices are locked (lock_devices, in this transaction), so no other coordinator
-        # inserts their keys meanwhile. ON CONFLICT's speculative insertion logged a confirm
-        # record per key (48 B, 0.14x a result's payload, pg_waldump 2026-12-07); should a
-        # key arrive anyway, the unique violation fails the batch, which ingest redoes.
+        # Keys stored are read, the others inserted plainly: lock_devices holds the batch's
+        # devices, so no other coordinator inserts their keys meanwhile (ON CONFLICT's
+        # speculative insertion logged a confirm record a key: 0.14x a result's payload).
         cols = list(zip(*rows, strict=True))
         have = {(d, s, q) for d, s, q in db.execute(
             "SELECT k.device, k.stream, k.seq FROM result_keys k JOIN unnest(?::text[], "
