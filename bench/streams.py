@@ -187,8 +187,8 @@ def run_age(cam: RtspCamera, parser: bool, seconds: float, out: dict) -> None:
             if packet.size == 0:
                 continue
             units = [packet] if asm is None else [
-                av.Packet(pic) for nal in asm.push(memoryview(packet))
-                for pic, _ in aus.push(nal)]
+                av.Packet(pic) for nal, pts in asm.push(memoryview(packet), packet.pts)
+                for pic, _, _ in aus.push(nal, pts)]
             for u in units:
                 for f in cc.decode(u):
                     t_dec = time.monotonic()
@@ -560,8 +560,8 @@ def split(a: argparse.Namespace) -> None:
         c0 = time.thread_time()
         for packet in packets:
             begun = asm.dropped_begun
-            for nal in asm.push(memoryview(packet)):
-                aus.push(nal)
+            for nal, pts in asm.push(memoryview(packet), packet.pts):
+                aus.push(nal, pts)
             if asm.dropped_begun != begun:
                 aus.boundary()
         assemble_s = (time.thread_time() - c0) / a.seconds

@@ -6,7 +6,9 @@ no access-unit delimiters. Each served picture is checked by the frame number dr
 from __future__ import annotations
 
 import itertools
+import logging
 import math
+import time
 
 import pytest
 from support.rtsp_camera import RtspCamera, skip_reason
@@ -108,3 +110,36 @@ def test_nals_bundled_into_one_packet_are_decoded_each_in_its_picture(tmp_path, 
     assert None not in numbers, numbers
     assert numbers == sorted(set(numbers)), numbers
     assert stats.get("stream_damaged", 0) == 0, stats
+
+
+@pytest.mark.timeout(120)
+def test_the_key_frame_rate_is_the_cameras_from_the_first_gops_after_connecting(tmp_path,
+                                                                               caplog):
+    """A key frame a second, read at a 2 fps cap: every frame is to be decoded (2 is above
+    the key-frame rate) from the first frame on. At a connection the camera's ~1 s backlog
+    arrives at once: timed by their arrival, the first key frames read ~3 a second (2.95,
+    1.79, 1.49, ... for 7 s, until they left the window), and 2 fps was served from key
+    frames alone (1 a second) for the first seconds. Timed by the stream's clock (RTP
+    timestamps) the rate is the camera's from the third key frame."""
+    from runtime.frames.av_source import AvStreamSource
+
+    caplog.set_level(logging.INFO, logger="edgerun.source")
+    with RtspCamera(tmp_path, width=320, height=180, key_int=25) as cam:
+        src = AvStreamSource(SourceConfig(kind="capture", path=cam.url, read_timeout_s=5,
+                                          decoder="pyav"))
+        rates, keys_only, served = [], [], 0
+        try:
+            src.rate_hint(2.0)
+            end = time.monotonic() + 60
+            while served < 14 and time.monotonic() < end:  # 7 s at the cap: 7 key frames
+                served += src.read(1.0) is not None
+                keys_only.append(src.keyframes_only)
+                if hz := src.key_frame_hz():
+                    rates.append(round(hz, 3))
+        finally:
+            src.close()
+    print(f"key frames/s as measured, each served frame from the first known: {rates}")
+    assert served == 14 and len(rates) >= 8, rates
+    assert all(0.95 <= r <= 1.05 for r in rates), rates
+    assert not any(keys_only), "switched to key frames only under a cap above their rate"
+    assert "decoding key frames only" not in caplog.text
