@@ -351,6 +351,9 @@ class AvStreamSource:
             self._skip = False  # decoding key frames only
             self._due = -math.inf  # key frames only: none is decoded before this (monotonic)
             self._tick = -math.inf  # under a rate cap: when the frame served was due
+            # next_due's inputs at the last frame served (when, the tick before it): a new
+            # cap plans its due time again from them
+            self._served = (-math.inf, -math.inf)
             self._leave = False  # key frames only: left at the key picture begun (_next_unit)
             self.keyframes_only = False  # what the reader does now (said in the log)
             self._reader = LatestFrame(self._read_one, self._shown, start=False)
@@ -442,8 +445,20 @@ class AvStreamSource:
         return 0 < self._hint_hz <= kf * (1.25 if self._skip else 1.1)
 
     def rate_hint(self, hz: float) -> None:
-        """The rate frames will be taken at (0 or inf: as they come)."""
+        """The rate frames will be taken at (0 or inf: as they come). A new rate applies at
+        once: the next frame's due time is planned again, as if the last frame had been
+        served under it (planned at a 0.1 Hz cap, it held the frames of a 5 Hz cap set
+        after it up to 10 s)."""
+        if hz == self._hint_hz:
+            return
         self._hint_hz = hz
+        if self._served[0] > -math.inf:
+            self._tick, self._due = next_due(*self._served, self._step(), hz)
+
+    def _step(self) -> float:
+        """next_due's step: the interval between frames decoded under the cap (0: unpaced)."""
+        kf, hint = self.key_frame_hz(), self._hint_hz
+        return 1 / kf if self.keyframes_only and kf > 0 and hint > 0 else self._spaced()
 
     @property
     def paced(self) -> bool:
@@ -573,9 +588,8 @@ class AvStreamSource:
         img, t0, n, cpu, skipped = got
         d = self.damaged  # read once: the reader thread adds to it
         damaged, self._damaged_told = d - self._damaged_told, d
-        kf, hint, iv = self.key_frame_hz(), self._hint_hz, self._spaced()
-        step = 1 / kf if self.keyframes_only and kf > 0 and hint > 0 else iv
-        self._tick, self._due = next_due(time.monotonic(), self._tick, step, hint)
+        self._served = (time.monotonic(), self._tick)
+        self._tick, self._due = next_due(*self._served, self._step(), self._hint_hz)
         return Frame(img, f"frame-{n}", t=t0, decode_cpu_s=cpu, decoded_apart=True,
                      skipped=skipped, damaged=damaged)
 

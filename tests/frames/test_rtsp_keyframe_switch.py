@@ -143,3 +143,37 @@ def test_the_key_frame_rate_is_the_cameras_from_the_first_gops_after_connecting(
     assert all(0.95 <= r <= 1.05 for r in rates), rates
     assert not any(keys_only), "switched to key frames only under a cap above their rate"
     assert "decoding key frames only" not in caplog.text
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("decoder", ["pyav", "opencv"])
+def test_a_raised_cap_takes_effect_at_once_not_after_the_old_caps_interval(tmp_path, decoder):
+    """A 0.1 Hz cap (with PyAV: key frames only), then 5 Hz a second after a frame was
+    served: the next frame is served within a read's timeout (0.5 s) and, key frames only,
+    the next key frame (one a second), and 5 a second after it. The due time planned at the
+    0.1 Hz cap (PyAV), the capture's wait of 1/cap after each frame (OpenCV), held the next
+    frame until 10 s after the last (seen: 8.0 s after the change)."""
+    with RtspCamera(tmp_path, width=320, height=180, key_int=25) as cam:
+        p = _Pipe(tmp_path / "p", SourceConfig(kind="capture", path=cam.url, read_timeout_s=5,
+                                                decoder=decoder))
+        try:
+            p.until(lambda: len(p.results) >= 3, 60, "the first results")
+            p.pipeline.rate_cap_hz = 0.1
+            if decoder == "pyav":
+                p.until(lambda: p.pipeline.source.keyframes_only, 60, "key frames only")
+            n0 = len(p.started)
+            p.until(lambda: len(p.started) > n0, 30, "a frame at the 0.1 Hz cap")
+            time.sleep(1.0)
+            n1, t_change = len(p.started), time.monotonic()
+            p.pipeline.rate_cap_hz = 5.0
+            p.until(lambda: len(p.started) > n1, 30, "a frame at the 5 Hz cap")
+            first_s = p.started[n1][1] - t_change
+            p.until(lambda: len(p.started) >= n1 + 16, 30, "15 frames more")
+            served = p.started[n1:]
+        finally:
+            p.pipeline.stop()
+    rate = (len(served) - 2) / (served[-1][1] - served[1][1])
+    print(f"{decoder} 0.1 -> 5 Hz: the first frame {first_s:.2f} s after the change, then "
+          f"{rate:.2f} frames/s")
+    assert first_s < 2.5, first_s  # 1.5 s at worst (a read's timeout, a key frame's wait)
+    assert 4.5 <= rate <= 5.5, rate
