@@ -177,3 +177,50 @@ def test_a_raised_cap_takes_effect_at_once_not_after_the_old_caps_interval(tmp_p
           f"{rate:.2f} frames/s")
     assert first_s < 2.5, first_s  # 1.5 s at worst (a read's timeout, a key frame's wait)
     assert 4.5 <= rate <= 5.5, rate
+
+
+@pytest.mark.timeout(120)
+def test_under_an_every_frame_cap_only_frames_that_can_be_served_are_converted(tmp_path):
+    """25 fps read at a 5 Hz cap: every frame is decoded (P-frames need their references),
+    the first after each due time served. A frame decoded more than a frame interval before
+    its due time is never served (a newer one comes before it is due), yet each was converted
+    to BGR (~0.4 ms at 720p): 6 conversions per frame served (153 for 25). Now the one served
+    and, where the stream's phase puts one there, the frame decoded within a quarter interval
+    before the due time (1 or 2 a frame served: 25 and 39 for 25 here), the frames passed
+    over still counted (`skipped`) and numbered as before."""
+    from runtime.frames.av_source import AvStreamSource
+
+    with RtspCamera(tmp_path, width=320, height=180, key_int=25) as cam:
+        src = AvStreamSource(SourceConfig(kind="capture", path=cam.url, read_timeout_s=5,
+                                          decoder="pyav"))
+        converted = [0]
+        reformat = src._bgr.reformat
+
+        def counted(*a, **kw):
+            converted[0] += 1
+            return reformat(*a, **kw)
+
+        src._bgr = type("Counted", (), {"reformat": staticmethod(counted)})()
+        try:
+            src.rate_hint(5.0)
+            end = time.monotonic() + 30
+            while src.read(1.0) is None or not src.paced:  # the stream's interval known
+                assert time.monotonic() < end
+            frames = []
+            c0 = converted[0]
+            while len(frames) < 25 and time.monotonic() < end:
+                if (f := src.read(1.0)) is not None:
+                    frames.append(f)
+            conversions = converted[0] - c0
+        finally:
+            src.close()
+    span = frames[-1].t - frames[0].t
+    numbers = [int(f.ref.split("-")[1]) for f in frames]
+    passed = sum(f.skipped for f in frames[1:])
+    print(f"5 Hz cap: {len(frames)} served in {span:.2f} s, {conversions} conversions, "
+          f"{passed} frames passed over, refs {numbers[:6]} ...")
+    assert 4.5 <= (len(frames) - 1) / span <= 5.5
+    assert conversions <= 2 * len(frames) + 2, conversions
+    # every decoded frame still counted and numbered: ~5 a served frame at 25 fps
+    assert 3.5 <= (numbers[-1] - numbers[0]) / (len(frames) - 1) <= 6.5, numbers
+    assert passed == numbers[-1] - numbers[0] - (len(frames) - 1), (passed, numbers)
