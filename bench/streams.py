@@ -187,8 +187,8 @@ def run_age(cam: RtspCamera, parser: bool, seconds: float, out: dict) -> None:
             if packet.size == 0:
                 continue
             units = [packet] if asm is None else [
-                av.Packet(pic) for nal in asm.push(memoryview(packet))
-                for pic, _ in aus.push(nal)]
+                av.Packet(pic) for nal, pts in asm.push(memoryview(packet), packet.pts)
+                for pic, _, _ in aus.push(nal, pts)]
             for u in units:
                 for f in cc.decode(u):
                     t_dec = time.monotonic()
@@ -236,6 +236,25 @@ def age(a: argparse.Namespace) -> None:
               f"{shown[3]:>17}  {g.get('note', '')}")
 
 
+def _thread_cpu() -> dict[str, float]:
+    """CPU seconds (user + system) of each live thread of this process, by its Python name
+    (threads of the same name added: a reader per stream; FFmpeg's and ONNX Runtime's own
+    threads, which Python does not know, under "other")."""
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    tck = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:  # ended meanwhile
+            continue
+        name = names.get(int(tid), "other")
+        name = "reader" if name.startswith("reader-") else name
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tck
+    return out
+
+
 def _child(role: str, urls: list[str], logs: list[str], seconds: float, cap_hz: float) -> dict:
     """One side of `--compare`, in its own process: what it served, at what CPU and age."""
     import json  # noqa: F401 (the parent reads the dict as JSON)
@@ -268,6 +287,7 @@ def _child(role: str, urls: list[str], logs: list[str], seconds: float, cap_hz: 
     decode_s = other_s = 0.0
     settle_s = 0.0  # edgerun, capped: from the start until every reader ran key frames only
     per_stage: dict[str, float] = {}
+    threads_s: dict[str, float] = {}  # edgerun: CPU by thread over the window
     if role == "hand":
         stop = threading.Event()
         counts = [0] * len(urls)
@@ -373,11 +393,13 @@ def _child(role: str, urls: list[str], logs: list[str], seconds: float, cap_hz: 
             time.sleep(1.5)  # the frame served at the switch carries the full decode before
         p.take_stage_cpu()
         ru0 = resource.getrusage(resource.RUSAGE_SELF)
+        th0 = _thread_cpu()
         t_begin = time.monotonic()
         starts.clear()
         time.sleep(seconds)
         served, stages = p.take_stage_cpu()
         ru1, t_end = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
+        threads_s = {k: v - th0.get(k, 0.0) for k, v in _thread_cpu().items()}
         p.stop()
         decode_s = stages["decode"] or 0.0
         per_stage = {k: (v or 0.0) for k, v in stages.items()}
@@ -392,7 +414,7 @@ def _child(role: str, urls: list[str], logs: list[str], seconds: float, cap_hz: 
             if n is not None and n in times[i] and t0 >= t_begin + 2.0]
     return {"served": served, "span_s": span, "cpu_s": cpu, "decode_s": decode_s,
             "ages_ms": ages, "stages_s": per_stage if role != "hand" else {},
-            "settle_s": settle_s}
+            "threads_s": threads_s if role != "hand" else {}, "settle_s": settle_s}
 
 
 def compare(a: argparse.Namespace) -> None:
@@ -446,6 +468,12 @@ def _report(n: int, cap_hz: float, got: dict) -> None:
     served = max(got["edgerun"]["served"], 1)
     print("edgerun's stages, CPU ms per frame: " + ", ".join(
         f"{k} {v / served * 1e3:.2f}" for k, v in stages.items()))
+    # by thread (the kernel's clock, 10 ms ticks: +/- 0.03 ms a frame over 15 s at 25/s):
+    # what no stage's clock holds shows here (the reader's hand-over, idle polls)
+    threads = got["edgerun"].get("threads_s", {})
+    print("edgerun's threads, CPU ms per frame: " + ", ".join(
+        f"{k} {v / served * 1e3:.2f}" for k, v in sorted(threads.items(), key=lambda kv: -kv[1])
+        if v > 0))
     e, hnd = rows["edgerun"], rows["hand"]
     if cap_hz:
         # the hand loop decodes every frame (it must, to stay live): at the cap, one served
@@ -560,8 +588,8 @@ def split(a: argparse.Namespace) -> None:
         c0 = time.thread_time()
         for packet in packets:
             begun = asm.dropped_begun
-            for nal in asm.push(memoryview(packet)):
-                aus.push(nal)
+            for nal, pts in asm.push(memoryview(packet), packet.pts):
+                aus.push(nal, pts)
             if asm.dropped_begun != begun:
                 aus.boundary()
         assemble_s = (time.thread_time() - c0) / a.seconds

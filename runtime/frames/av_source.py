@@ -42,15 +42,17 @@ class NalAssembler:
     fragment but the last to the same size, so a fragment shorter than the largest seen ends
     its NAL. A stream where that is found wrong (a fragment after a NAL taken as ended) is
     cut at the next start code from then on, as the parser does: never a worse age than it,
-    and never a NAL cut short twice. `push(data)` returns the NALs it completes (each with
-    its start code). A NAL past MAX_NAL_BYTES (a broken encoder, forged packets) is dropped,
-    counted in `oversize`, and followed to the next start code: the camera's input never
-    holds more memory than that."""
+    and never a NAL cut short twice. `push(data, pts)` returns the NALs it completes (each with
+    its start code), each with the PTS of the packet that began it (RTP timestamps: every
+    packet of one picture carries its picture's). A NAL past MAX_NAL_BYTES (a broken encoder,
+    forged packets) is dropped, counted in `oversize`, and followed to the next start code:
+    the camera's input never holds more memory than that."""
 
     MAX_NAL_BYTES = 8 << 20  # a 4K key frame in one slice is ~1-2 MB at camera bit rates
 
     def __init__(self) -> None:
         self._nal = bytearray()  # the NAL being gathered (starts with its start code)
+        self._pts: int | None = None  # the PTS of the packet that began it
         self._open = False  # a NAL has begun and not ended
         self._dropping = False  # the NAL begun is of a type in drop_types
         self.drop_types: frozenset[int] = frozenset()  # NAL types followed, never returned
@@ -62,13 +64,15 @@ class NalAssembler:
         self.dropped_begun = 0  # NALs of drop_types begun: picture boundaries for AccessUnits
         self.keys_begun = 0  # key pictures whose first slice began: a key frame is arriving
 
-    def push(self, data: bytes | memoryview) -> list[bytes]:
-        """The NALs completed by one packet's payload."""
-        out: list[bytes] = []
+    def push(self, data: bytes | memoryview, pts: int | None = None
+             ) -> list[tuple[bytes, int | None]]:
+        """The NALs completed by one packet's payload (`pts`: the packet's), each with its
+        PTS."""
+        out: list[tuple[bytes, int | None]] = []
         head = bytes(data[:6])
         if head.startswith(_START4) or head.startswith(_START3):
             if self._nal:  # a new NAL begins: the one gathered is whole
-                out.append(bytes(self._nal))
+                out.append((bytes(self._nal), self._pts))
             self._nal.clear()
             # an aggregated packet (STAP-A: relays and some cameras bundle AUD, SPS, PPS and
             # small slices) comes as one, a start code ahead of each NAL; read as one NAL, its
@@ -78,13 +82,13 @@ class NalAssembler:
             at = whole.find(b"\x00\x00\x01", 3)
             while at > 0:
                 cut = at - 1 if whole[at - 1] == 0 else at  # a 4-byte start code
-                self._begin(whole[:cut])
+                self._begin(whole[:cut], pts)
                 if self._nal:
-                    out.append(bytes(self._nal))
+                    out.append((bytes(self._nal), pts))
                     self._nal.clear()
                 whole = whole[cut:]
                 at = whole.find(b"\x00\x00\x01", 3)
-            self._begin(whole)
+            self._begin(whole, pts)
             self._open = True
             self.ended_early = False
             # a NAL sent whole or a STAP-A is shorter than a first fragment (the payloader's
@@ -107,8 +111,10 @@ class NalAssembler:
             self._end(out)
         return out
 
-    def _begin(self, data: bytes | memoryview) -> None:
-        """A NAL begins with `data` (its start code first): followed or gathered."""
+    def _begin(self, data: bytes | memoryview, pts: int | None) -> None:
+        """A NAL begins with `data` (its start code first) in a packet of `pts`: followed or
+        gathered."""
+        self._pts = pts
         head = bytes(data[:6])
         kind = nal_type(head)
         # a NAL of a type not wanted is followed, not gathered (a P-frame's 10-100 kB
@@ -130,12 +136,15 @@ class NalAssembler:
             self._dropping = True
             self.oversize += 1
 
-    def _end(self, out: list[bytes]) -> None:
+    def _end(self, out: list[tuple[bytes, int | None]]) -> None:
         if self._nal:
-            out.append(bytes(self._nal))
+            out.append((bytes(self._nal), self._pts))
         self._nal.clear()
         self._open = False
         self.ended_early = True
+
+
+Picture = tuple[bytes, bool, "int | None"]  # (its NALs, a key frame or not, its PTS)
 
 
 class AccessUnits:
@@ -152,7 +161,8 @@ class AccessUnits:
     alone, the rest concealed; the cost of holding it is one frame interval, once a connection.
     Fed NAL by NAL instead (flags2 chunks), FFmpeg's decoder stopped handing over pictures
     for good after the first damaged one (tests/frames/test_rtsp_camera.py's corrupt test).
-    `push(nal)` returns the pictures it completes as (bytes, key frame or not)."""
+    `push(nal, pts)` returns the pictures it completes as (bytes, key frame or not, PTS: its
+    first slice's)."""
 
     PREFIX_MAX = 16  # NALs kept ahead of a picture (a stream without AUDs: SEI piling up)
     MAX_SLICES = 256  # a picture past these (slices or bytes) is dropped, counted in oversize
@@ -163,13 +173,14 @@ class AccessUnits:
         self._pic: list[bytes] = []  # slices of the picture being gathered (several-slice)
         self._pic_bytes = 0
         self._key = False
+        self._pic_pts: int | None = None
         # pictures of several slices seen on this stream (None: no picture seen whole yet)
         self.multi_slice: bool | None = None
         self.oversize = 0  # pictures dropped past MAX_SLICES / MAX_PICTURE_BYTES
 
-    def push(self, nal: bytes) -> list[tuple[bytes, bool]]:
-        """The pictures completed by one more NAL."""
-        out: list[tuple[bytes, bool]] = []
+    def push(self, nal: bytes, pts: int | None = None) -> list[Picture]:
+        """The pictures completed by one more NAL (`pts`: its PTS)."""
+        out: list[Picture] = []
         kind = nal_type(nal)
         if 1 <= kind <= 5:
             first = first_slice(nal)
@@ -182,11 +193,11 @@ class AccessUnits:
             if first:
                 self._flush(out)  # the picture held is whole (one slice: multi_slice False)
             if self.multi_slice is False:
-                out.append((b"".join([*self._prefix, nal]), kind == 5))
+                out.append((b"".join([*self._prefix, nal]), kind == 5, pts))
                 self._prefix.clear()
                 return out
             if first:
-                self._key = kind == 5
+                self._key, self._pic_pts = kind == 5, pts
                 self._pic = [*self._prefix, nal]
                 self._pic_bytes = sum(map(len, self._pic))
                 self._prefix.clear()
@@ -210,18 +221,18 @@ class AccessUnits:
         del self._prefix[:-self.PREFIX_MAX]
         return out
 
-    def boundary(self) -> list[tuple[bytes, bool]]:
+    def boundary(self) -> list[Picture]:
         """A NAL the assembler does not hand over began (key frames only: a P slice): the
         picture gathered is whole, and is handed over now rather than at the next AUD/SPS."""
-        out: list[tuple[bytes, bool]] = []
+        out: list[Picture] = []
         self._flush(out)
         return out
 
-    def _flush(self, out: list[tuple[bytes, bool]]) -> None:
+    def _flush(self, out: list[Picture]) -> None:
         if self._pic:
             if self.multi_slice is None:  # the first picture, whole in its one slice
                 self.multi_slice = False
-            out.append((b"".join(self._pic), self._key))
+            out.append((b"".join(self._pic), self._key, self._pic_pts))
             self._pic = []
 
 
@@ -236,6 +247,57 @@ def first_slice(nal: bytes) -> bool:
     first Exp-Golomb code is the single bit 1)."""
     i = 4 if nal.startswith(_START4) else 3
     return len(nal) > i + 1 and bool(nal[i + 1] & 0x80)
+
+
+class KeyRate:
+    """Key frames a second over the last KEEP, each timed by the stream's own clock (its PTS
+    in seconds: RTP timestamps over RTSP) where the stream has one, else by its arrival.
+
+    Why: at a connection the camera's backlog (~1 s of frames) arrives at once, so key frames
+    timed by their arrival read ~3 a second against the camera's 1 for the first GOPs, and
+    the rate decides whether key frames alone are decoded under a rate cap: a cap above the
+    real rate was served from key frames only for seconds. A PTS is not usable where it is
+    missing or no later than the last key frame's (a stream without timestamps, or one that
+    stamps every packet alike): that key frame is timed by its arrival. The times kept are
+    one clock's: a switch of clock, or a clock that steps back or jumps past MAX_GAP_S (a
+    camera's timestamps restarted, a stall), starts them again."""
+
+    KEEP = 8
+    MAX_GAP_S = 60.0
+
+    def __init__(self) -> None:
+        self._times: list[float] = []
+        self._by_pts: bool | None = None  # the clock of _times (None: none yet)
+        self._last_pts: float | None = None  # the last key frame's PTS, usable or not
+
+    def _after(self, pts_s: float | None, arrival: float
+               ) -> tuple[list[float], bool, float | None]:
+        """(times, clock, last PTS) with one more key frame at `pts_s` (s, None: none) that
+        arrived at `arrival` (monotonic s)."""
+        by_pts = pts_s is not None and (self._last_pts is None or pts_s > self._last_pts)
+        t = pts_s if by_pts and pts_s is not None else arrival
+        times = self._times if by_pts == self._by_pts else []
+        if times and not 0 <= t - times[-1] <= self.MAX_GAP_S:
+            times = []
+        return [*times[1 - self.KEEP:], t], by_pts, pts_s
+
+    def add(self, pts_s: float | None, arrival: float) -> None:
+        """A key frame of PTS `pts_s` (seconds; None: it has none) arrived at `arrival`."""
+        self._times, self._by_pts, self._last_pts = self._after(pts_s, arrival)
+
+    def hz(self) -> float:
+        """Key frames a second (0: fewer than three timed on one clock)."""
+        return _rate(self._times)
+
+    def hz_with(self, pts_s: float | None, arrival: float) -> float:
+        """The rate once a key frame of `pts_s` arriving at `arrival` is added (nothing
+        added)."""
+        return _rate(self._after(pts_s, arrival)[0])
+
+    @property
+    def by_pts(self) -> bool:
+        """Whether the last key frame was timed by the stream's clock."""
+        return bool(self._by_pts)
 
 
 class AvStreamSource:
@@ -282,11 +344,16 @@ class AvStreamSource:
             self._take_key = True  # key frames only: the key frame being read is decoded
             self.damaged = 0  # packets the decoder refused and frames it concealed damage in
             self._damaged_told = 0  # of those, already handed over with a frame
-            self._keys: collections.deque[float] = collections.deque(maxlen=8)  # key frames seen
+            self._keys = KeyRate()  # key frames seen, on the stream's clock where it has one
+            # PTS units to seconds (packets of a demuxed stream carry its time base)
+            self._tb = float(self._stream.time_base or 0)
             self._hint_hz = 0.0
             self._skip = False  # decoding key frames only
             self._due = -math.inf  # key frames only: none is decoded before this (monotonic)
             self._tick = -math.inf  # under a rate cap: when the frame served was due
+            # next_due's inputs at the last frame served (when, the tick before it): a new
+            # cap plans its due time again from them
+            self._served = (-math.inf, -math.inf)
             self._leave = False  # key frames only: left at the key picture begun (_next_unit)
             self.keyframes_only = False  # what the reader does now (said in the log)
             self._reader = LatestFrame(self._read_one, self._shown, start=False)
@@ -363,8 +430,13 @@ class AvStreamSource:
         return cc
 
     def key_frame_hz(self) -> float:
-        """Key frames a second, measured over the last few (0: fewer than three seen)."""
-        return _rate(list(self._keys))
+        """Key frames a second, measured over the last few by the stream's clock (0: fewer
+        than three seen)."""
+        return self._keys.hz()
+
+    def _seconds(self, pts: int | None) -> float | None:
+        """A PTS in seconds (None: none, or no time base to read it by)."""
+        return pts * self._tb if pts is not None and self._tb > 0 else None
 
     def _wants_keys(self, kf: float) -> bool:
         """Whether key frames alone are to be decoded at `kf` key frames a second: 10 % slack
@@ -373,8 +445,20 @@ class AvStreamSource:
         return 0 < self._hint_hz <= kf * (1.25 if self._skip else 1.1)
 
     def rate_hint(self, hz: float) -> None:
-        """The rate frames will be taken at (0 or inf: as they come)."""
+        """The rate frames will be taken at (0 or inf: as they come). A new rate applies at
+        once: the next frame's due time is planned again, as if the last frame had been
+        served under it (planned at a 0.1 Hz cap, it held the frames of a 5 Hz cap set
+        after it up to 10 s)."""
+        if hz == self._hint_hz:
+            return
         self._hint_hz = hz
+        if self._served[0] > -math.inf:
+            self._tick, self._due = next_due(*self._served, self._step(), hz)
+
+    def _step(self) -> float:
+        """next_due's step: the interval between frames decoded under the cap (0: unpaced)."""
+        kf, hint = self.key_frame_hz(), self._hint_hz
+        return 1 / kf if self.keyframes_only and kf > 0 and hint > 0 else self._spaced()
 
     @property
     def paced(self) -> bool:
@@ -392,9 +476,19 @@ class AvStreamSource:
         iv, hint = self._reader.interval, self._hint_hz
         return iv if hint > 0 and iv > 0 and 1 / hint >= 1.5 * iv else 0.0
 
-    def _next_unit(self, t0: float) -> tuple[object, str]:
-        """The next picture to decode (a packet, or bytes from AccessUnits) and whether it is
-        a key frame ("key") or not ("slice")."""
+    def _never_served(self) -> bool:
+        """Every frame decoded under a rate cap: whether a frame decoded now is never served.
+        A frame is served only when it is ready at or after the next frame's due time
+        (`read`); one decoded more than a quarter of a frame interval before it is ready
+        before it (its conversion: ~0.4 ms at 720p, 10 ms at 25 fps) and replaced by a newer
+        one. A cap changed since is planned again (`rate_hint`), and the next frame decoded
+        is judged by it: a frame interval at most."""
+        iv = self._spaced()
+        return iv > 0 and not self._skip and time.monotonic() < self._due - iv / 4
+
+    def _next_unit(self, t0: float) -> tuple[object, str, int | None]:
+        """The next picture to decode (a packet, or bytes from AccessUnits), whether it is
+        a key frame ("key") or not ("slice"), and its PTS (None: none)."""
         av = self._av
         while not self._units:
             try:
@@ -410,20 +504,21 @@ class AvStreamSource:
                     from None
             if packet.size == 0:
                 continue
+            pts = packet.pts
             if self._asm is None:
-                self._units.append((packet, "key" if packet.is_keyframe else "slice"))
+                self._units.append((packet, "key" if packet.is_keyframe else "slice", pts))
                 continue
             asm, aus = self._asm, self._aus
             begun, keys, oversize = asm.dropped_begun, asm.keys_begun, asm.oversize + aus.oversize
-            for nal in asm.push(memoryview(packet)):
+            for nal, nal_pts in asm.push(memoryview(packet), pts):
                 kind = nal_type(nal)
                 if kind in (7, 8):  # a new decoder's first NALs (key frames only)
                     self._params[kind] = nal
-                for pic, key in aus.push(nal):
-                    self._units.append((pic, "key" if key else "slice"))
+                for pic, key, pic_pts in aus.push(nal, nal_pts):
+                    self._units.append((pic, "key" if key else "slice", pic_pts))
             if asm.dropped_begun != begun:  # the key picture before it is whole
-                self._units.extend((pic, "key" if key else "slice")
-                                   for pic, key in aus.boundary())
+                self._units.extend((pic, "key" if key else "slice", pic_pts)
+                                   for pic, key, pic_pts in aus.boundary())
             self.damaged += asm.oversize + aus.oversize - oversize
             if asm.keys_begun != keys and self._skip:
                 # whether key frames only is left at this key frame is decided here, once, as
@@ -433,9 +528,9 @@ class AvStreamSource:
                 # picture begins; dropped, every frame to the next key frame was decoded from a
                 # missing reference: wrong pictures, none flagged corrupt (docs/sources.md).
                 # Decided again when the picture is whole, a rate or cap that moved in between
-                # dropped it anyway.
-                keys = [*self._keys, time.monotonic()][-(self._keys.maxlen or 0):]
-                self._leave = not self._wants_keys(_rate(keys))
+                # dropped it anyway. Its time: this packet's PTS (the key picture's first)
+                self._leave = not self._wants_keys(
+                    self._keys.hz_with(self._seconds(pts), time.monotonic()))
                 if self._leave:
                     asm.drop_types = frozenset()
         return self._units.popleft()
@@ -445,9 +540,9 @@ class AvStreamSource:
         t0 = time.monotonic()
         av = self._av
         while not self._ready:
-            unit, what = self._next_unit(t0)
+            unit, what, pts = self._next_unit(t0)
             if what == "key":
-                self._keys.append(time.monotonic())
+                self._keys.add(self._seconds(pts), time.monotonic())
                 kf = self.key_frame_hz()
                 # leaving key frames only was decided as this picture began (_next_unit)
                 want = (not self._leave if self._asm is not None and self._skip
@@ -486,6 +581,15 @@ class AvStreamSource:
             for f in frames:
                 if f.is_corrupt:
                     self.damaged += 1  # concealed: served, counted
+                if self._never_served():
+                    # counted and numbered as decoded and passed over, not converted (~0.4 ms
+                    # a 720p frame: 4 of 5 frames at a 5 Hz cap of 25 fps were converted for
+                    # nothing)
+                    self._reader.passed()
+                    if self._reader.stopping.is_set():
+                        raise SourceError(f"{self._shown}: closing")
+                    t0 = time.monotonic()  # the stall timeout counts from the last frame
+                    continue
                 # one converter for the stream, on this thread: `to_ndarray(format=...)` made
                 # a swscale context per frame with a thread pool of its own (PyAV 17+), two
                 # threads started and ended each frame, their CPU on no stage's clock
@@ -503,9 +607,8 @@ class AvStreamSource:
         img, t0, n, cpu, skipped = got
         d = self.damaged  # read once: the reader thread adds to it
         damaged, self._damaged_told = d - self._damaged_told, d
-        kf, hint, iv = self.key_frame_hz(), self._hint_hz, self._spaced()
-        step = 1 / kf if self.keyframes_only and kf > 0 and hint > 0 else iv
-        self._tick, self._due = next_due(time.monotonic(), self._tick, step, hint)
+        self._served = (time.monotonic(), self._tick)
+        self._tick, self._due = next_due(*self._served, self._step(), self._hint_hz)
         return Frame(img, f"frame-{n}", t=t0, decode_cpu_s=cpu, decoded_apart=True,
                      skipped=skipped, damaged=damaged)
 
@@ -544,7 +647,7 @@ def next_due(now: float, tick: float, step: float, hint_hz: float) -> tuple[floa
 
 
 def _rate(times: list[float]) -> float:
-    """Events a second over monotonic `times` (0: fewer than three, or no time between)."""
+    """Events a second over ascending `times` (0: fewer than three, or no time between)."""
     if len(times) < 3 or times[-1] <= times[0]:
         return 0.0
     return (len(times) - 1) / (times[-1] - times[0])

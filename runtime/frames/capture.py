@@ -86,6 +86,13 @@ class Capture:
                               exc_info=backoff.attempts == 0)  # the traceback once a series
                     self._failed(f"{type(e).__name__}: {e}", backoff)
                     continue
+            cap = self._cap_hz() * lane.share
+            if (hint := getattr(lane.source, "rate_hint", None)) is not None:
+                # the rate frames are taken at: a stream may decode key frames only below it.
+                # Told before every read (not only after a frame served): a new cap applies
+                # within a read's timeout, not after the frame the old cap's due time held
+                taken = min(cap if cap > 0 else math.inf, lane.pace_hz or math.inf)
+                hint(taken if taken < math.inf else 0.0)
             t_read = time.monotonic()
             self._bad.flush()
             c_read = time.thread_time()
@@ -140,13 +147,20 @@ class Capture:
                     continue
             self._hand_over(lane, frame,
                             time.monotonic() - t_read >= self.INLINE_AFTER_WAIT_S)
-            cap = self._cap_hz() * lane.share
-            if (hint := getattr(lane.source, "rate_hint", None)) is not None:
-                # the rate frames are taken at: a stream may decode key frames only below it
-                taken = min(cap if cap > 0 else math.inf, lane.pace_hz or math.inf)
-                hint(taken if taken < math.inf else 0.0)
-            if 0 < cap < math.inf and not getattr(lane.source, "paced", False):
-                self._stop.wait(1.0 / cap)
+            if not getattr(lane.source, "paced", False) and self._wait_cap(time.monotonic()):
+                return
+
+    def _wait_cap(self, served: float) -> bool:
+        """Wait out the rate cap after a frame served at `served` (monotonic), the cap read
+        again every READ_S: a cap raised or lifted meanwhile applies then (one wait of the
+        old 1/cap held a 5 Hz cap set after a 0.1 Hz one up to 10 s). True: stopping."""
+        while True:
+            cap = self._cap_hz() * self.lane.share
+            left = served + 1.0 / cap - time.monotonic() if 0 < cap < math.inf else 0.0
+            if left <= 0:
+                return False
+            if self._stop.wait(min(left, self.READ_S)):
+                return True
 
     def _count(self, key: str, n: int = 1) -> None:
         """The pipeline's counter and the lane's own."""

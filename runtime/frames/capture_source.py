@@ -202,6 +202,7 @@ class LatestFrame:
         self._img: np.ndarray | None = None
         self._t = 0.0
         self._mono = -math.inf  # when the newest was decoded (monotonic)
+        self._last = -math.inf  # when the last frame was decoded, kept or passed over
         self.interval = 0.0  # between decoded frames, smoothed (0: not yet known)
         self._n = 0
         self._skipped = 0
@@ -234,11 +235,27 @@ class LatestFrame:
                 self._n += 1
                 if self._img is not None:
                     self._skipped += 1
-                gap = mono - self._mono
-                if 0 < gap < 5:
-                    self.interval = gap if not self.interval else 0.9 * self.interval + 0.1 * gap
+                self._decoded_at(mono)
                 self._img, self._t, self._mono = img, t, mono
                 self._cond.notify_all()
+
+    def passed(self) -> None:
+        """On the reader thread, inside `read_one`: a frame decoded and passed over there,
+        never kept (a frame that cannot be served is not converted): counted and numbered as
+        one decoded and skipped, its time in the stream's interval."""
+        mono = time.monotonic()
+        with self._cond:
+            self._n += 1
+            self._skipped += 1
+            self._decoded_at(mono)
+
+    def _decoded_at(self, mono: float) -> None:
+        """A frame decoded at `mono`: the interval between frames, smoothed (caller holds
+        the lock)."""
+        gap = mono - self._last
+        if 0 < gap < 5:
+            self.interval = gap if not self.interval else 0.9 * self.interval + 0.1 * gap
+        self._last = mono
 
     def take(self, timeout_s: float, not_before: float = -math.inf
              ) -> tuple[np.ndarray, float, int, float, int] | None:

@@ -65,3 +65,42 @@ def test_a_cap_lifted_and_set_again_serves_at_once():
     tick, due = next_due(1.0, tick, 0.0, 0.0)  # lifted
     tick, due = next_due(3.0, tick, 0.04, 5.0)
     assert due == pytest.approx(3.18)
+
+
+def _serve_changed(step: float, before: float, after: float, at: float,
+                   seconds: float) -> list[float]:
+    """As _serve, the cap moved from `before` to `after` at `at`: the next due time planned
+    again as the source's rate_hint does, next_due on the last frame served with the new cap
+    (as if it had been served under it)."""
+    tick, due, served, last = -math.inf, -math.inf, [], (-math.inf, -math.inf)
+    hint, t = before, 0.0
+    while t < seconds:
+        if hint != after and t >= at:
+            hint = after
+            if served:
+                tick, due = next_due(*last, step, hint)
+        if t >= due:
+            served.append(t)
+            last = (t, tick)
+            tick, due = next_due(t, tick, step, hint)
+        t = round(t + step, 9)
+    return served
+
+
+@pytest.mark.parametrize("step, before, after, first, rate", [
+    # raised from 0.1 Hz (the next frame due ~10 s after the last): served at once, at the
+    # new cap from there (before, the first came 10 s after the last one served)
+    (0.04, 0.1, 5.0, 3.0, 5.0),
+    (0.04, 2.0, 10.0, 3.0, 10.0),
+    # key frames 2.5 a second: the next key frame
+    (0.4, 0.1, 1.0, 3.2, 1.0),
+    # lowered: the next frame 1/new cap after the last served (at 2.8 under 5 Hz: 12.8)
+    (0.04, 5.0, 0.1, 12.8, 0.1),
+    # lifted: every frame from the change
+    (0.04, 0.1, 0.0, 3.0, 25.0),
+])
+def test_a_cap_changed_is_planned_from_the_last_frame_served(step, before, after, first, rate):
+    served = _serve_changed(step, before, after, 3.0, 60.0)
+    later = [t for t in served if t >= 3.0]
+    assert later[0] == pytest.approx(first)
+    assert (len(later) - 1) / (later[-1] - later[0]) == pytest.approx(rate, rel=0.03)

@@ -6,7 +6,9 @@ no access-unit delimiters. Each served picture is checked by the frame number dr
 from __future__ import annotations
 
 import itertools
+import logging
 import math
+import time
 
 import pytest
 from support.rtsp_camera import RtspCamera, skip_reason
@@ -108,3 +110,117 @@ def test_nals_bundled_into_one_packet_are_decoded_each_in_its_picture(tmp_path, 
     assert None not in numbers, numbers
     assert numbers == sorted(set(numbers)), numbers
     assert stats.get("stream_damaged", 0) == 0, stats
+
+
+@pytest.mark.timeout(120)
+def test_the_key_frame_rate_is_the_cameras_from_the_first_gops_after_connecting(tmp_path,
+                                                                               caplog):
+    """A key frame a second, read at a 2 fps cap: every frame is to be decoded (2 is above
+    the key-frame rate) from the first frame on. At a connection the camera's ~1 s backlog
+    arrives at once: timed by their arrival, the first key frames read ~3 a second (2.95,
+    1.79, 1.49, ... for 7 s, until they left the window), and 2 fps was served from key
+    frames alone (1 a second) for the first seconds. Timed by the stream's clock (RTP
+    timestamps) the rate is the camera's from the third key frame."""
+    from runtime.frames.av_source import AvStreamSource
+
+    caplog.set_level(logging.INFO, logger="edgerun.source")
+    with RtspCamera(tmp_path, width=320, height=180, key_int=25) as cam:
+        src = AvStreamSource(SourceConfig(kind="capture", path=cam.url, read_timeout_s=5,
+                                          decoder="pyav"))
+        rates, keys_only, served = [], [], 0
+        try:
+            src.rate_hint(2.0)
+            end = time.monotonic() + 60
+            while served < 14 and time.monotonic() < end:  # 7 s at the cap: 7 key frames
+                served += src.read(1.0) is not None
+                keys_only.append(src.keyframes_only)
+                if hz := src.key_frame_hz():
+                    rates.append(round(hz, 3))
+        finally:
+            src.close()
+    print(f"key frames/s as measured, each served frame from the first known: {rates}")
+    assert served == 14 and len(rates) >= 8, rates
+    assert all(0.95 <= r <= 1.05 for r in rates), rates
+    assert not any(keys_only), "switched to key frames only under a cap above their rate"
+    assert "decoding key frames only" not in caplog.text
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("decoder", ["pyav", "opencv"])
+def test_a_raised_cap_takes_effect_at_once_not_after_the_old_caps_interval(tmp_path, decoder):
+    """A 0.1 Hz cap (with PyAV: key frames only), then 5 Hz a second after a frame was
+    served: the next frame is served within a read's timeout (0.5 s) and, key frames only,
+    the next key frame (one a second), and 5 a second after it. The due time planned at the
+    0.1 Hz cap (PyAV), the capture's wait of 1/cap after each frame (OpenCV), held the next
+    frame until 10 s after the last (seen: 8.0 s after the change)."""
+    with RtspCamera(tmp_path, width=320, height=180, key_int=25) as cam:
+        p = _Pipe(tmp_path / "p", SourceConfig(kind="capture", path=cam.url, read_timeout_s=5,
+                                                decoder=decoder))
+        try:
+            p.until(lambda: len(p.results) >= 3, 60, "the first results")
+            p.pipeline.rate_cap_hz = 0.1
+            if decoder == "pyav":
+                p.until(lambda: p.pipeline.source.keyframes_only, 60, "key frames only")
+            n0 = len(p.started)
+            p.until(lambda: len(p.started) > n0, 30, "a frame at the 0.1 Hz cap")
+            time.sleep(1.0)
+            n1, t_change = len(p.started), time.monotonic()
+            p.pipeline.rate_cap_hz = 5.0
+            p.until(lambda: len(p.started) > n1, 30, "a frame at the 5 Hz cap")
+            first_s = p.started[n1][1] - t_change
+            p.until(lambda: len(p.started) >= n1 + 16, 30, "15 frames more")
+            served = p.started[n1:]
+        finally:
+            p.pipeline.stop()
+    rate = (len(served) - 2) / (served[-1][1] - served[1][1])
+    print(f"{decoder} 0.1 -> 5 Hz: the first frame {first_s:.2f} s after the change, then "
+          f"{rate:.2f} frames/s")
+    assert first_s < 2.5, first_s  # 1.5 s at worst (a read's timeout, a key frame's wait)
+    assert 4.5 <= rate <= 5.5, rate
+
+
+@pytest.mark.timeout(120)
+def test_under_an_every_frame_cap_only_frames_that_can_be_served_are_converted(tmp_path):
+    """25 fps read at a 5 Hz cap: every frame is decoded (P-frames need their references),
+    the first after each due time served. A frame decoded more than a frame interval before
+    its due time is never served (a newer one comes before it is due), yet each was converted
+    to BGR (~0.4 ms at 720p): 6 conversions per frame served (153 for 25). Now the one served
+    and, where the stream's phase puts one there, the frame decoded within a quarter interval
+    before the due time (1 or 2 a frame served: 25 and 39 for 25 here), the frames passed
+    over still counted (`skipped`) and numbered as before."""
+    from runtime.frames.av_source import AvStreamSource
+
+    with RtspCamera(tmp_path, width=320, height=180, key_int=25) as cam:
+        src = AvStreamSource(SourceConfig(kind="capture", path=cam.url, read_timeout_s=5,
+                                          decoder="pyav"))
+        converted = [0]
+        reformat = src._bgr.reformat
+
+        def counted(*a, **kw):
+            converted[0] += 1
+            return reformat(*a, **kw)
+
+        src._bgr = type("Counted", (), {"reformat": staticmethod(counted)})()
+        try:
+            src.rate_hint(5.0)
+            end = time.monotonic() + 30
+            while src.read(1.0) is None or not src.paced:  # the stream's interval known
+                assert time.monotonic() < end
+            frames = []
+            c0 = converted[0]
+            while len(frames) < 25 and time.monotonic() < end:
+                if (f := src.read(1.0)) is not None:
+                    frames.append(f)
+            conversions = converted[0] - c0
+        finally:
+            src.close()
+    span = frames[-1].t - frames[0].t
+    numbers = [int(f.ref.split("-")[1]) for f in frames]
+    passed = sum(f.skipped for f in frames[1:])
+    print(f"5 Hz cap: {len(frames)} served in {span:.2f} s, {conversions} conversions, "
+          f"{passed} frames passed over, refs {numbers[:6]} ...")
+    assert 4.5 <= (len(frames) - 1) / span <= 5.5
+    assert conversions <= 2 * len(frames) + 2, conversions
+    # every decoded frame still counted and numbered: ~5 a served frame at 25 fps
+    assert 3.5 <= (numbers[-1] - numbers[0]) / (len(frames) - 1) <= 6.5, numbers
+    assert passed == numbers[-1] - numbers[0] - (len(frames) - 1), (passed, numbers)
