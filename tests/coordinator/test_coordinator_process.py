@@ -21,6 +21,20 @@ def _config(tmp_path: Path, broker, port: int, **keys: str) -> Path:
     return cfg
 
 
+def _start(tmp_path: Path, broker) -> tuple[subprocess.Popen, Path, int]:
+    """`edgerun coordinator` with its API on a free port: the process, its log, the port."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = _config(tmp_path, broker, port)
+    log = tmp_path / "coord.log"
+    with log.open("w") as out:
+        p = subprocess.Popen([sys.executable, "-m", "runtime.cli", "coordinator", "--config",
+                              str(cfg)], stdout=out, stderr=subprocess.STDOUT,
+                             env=child_env())
+    return p, log, port
+
+
 def test_a_busy_api_port_stops_start_up_before_the_broker_login(tmp_path, broker):
     """`edgerun coordinator` while one already runs (same config): it logged in to the broker
     first, with the fleet's fixed client id, which took over the running coordinator's MQTT
@@ -50,15 +64,7 @@ def test_sighup_does_not_stop_the_coordinator(tmp_path, broker):
     import time
     import urllib.request
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cfg = _config(tmp_path, broker, port)
-    log = tmp_path / "coord.log"
-    with log.open("w") as out:
-        p = subprocess.Popen([sys.executable, "-m", "runtime.cli", "coordinator", "--config",
-                              str(cfg)], stdout=out, stderr=subprocess.STDOUT,
-                             env=child_env())
+    p, log, port = _start(tmp_path, broker)
     try:
         deadline = time.monotonic() + 60
         while "coordinator API on" not in log.read_text():
@@ -93,15 +99,7 @@ def test_sighup_during_start_up_does_not_stop_the_coordinator(tmp_path, broker):
         except OSError:
             return False
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cfg = _config(tmp_path, broker, port)
-    log = tmp_path / "coord.log"
-    with log.open("w") as out:
-        p = subprocess.Popen([sys.executable, "-m", "runtime.cli", "coordinator", "--config",
-                              str(cfg)], stdout=out, stderr=subprocess.STDOUT,
-                             env=child_env())
+    p, log, _ = _start(tmp_path, broker)
     try:
         deadline = time.monotonic() + 60
         while not loading_sqlite(p.pid):
