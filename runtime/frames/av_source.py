@@ -343,6 +343,7 @@ class AvStreamSource:
             self._ready: collections.deque[np.ndarray] = collections.deque()  # decoded, unread
             self._take_key = True  # key frames only: the key frame being read is decoded
             self.damaged = 0  # packets the decoder refused and frames it concealed damage in
+            self.converted = 0  # frames converted to BGR (those passed over are not)
             self._damaged_told = 0  # of those, already handed over with a frame
             self._keys = KeyRate()  # key frames seen, on the stream's clock where it has one
             # PTS units to seconds (packets of a demuxed stream carry its time base)
@@ -588,6 +589,7 @@ class AvStreamSource:
                 # (~0.4 ms a 720p frame beside the reader's own, docs/sources.md)
                 self._ready.append(self._bgr.reformat(f, format="bgr24", **self._bgr_kw)
                                    .to_ndarray())
+                self.converted += 1
         return self._ready.popleft()
 
     def read(self, timeout_s: float) -> Frame | None:
