@@ -129,6 +129,8 @@ def wal_by_relation(pg: Any, url: str, start: str, end: str, stored: int, payloa
     if pg.as_user:  # the cluster's files are the server user's
         cmd = ["runuser", "-u", pg.as_user, "--", *cmd]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+    if r.returncode != 0:  # a segment recycled, no pg_waldump: else an empty table, no word
+        raise RuntimeError(f"pg_waldump {start}..{end} failed: {r.stderr.strip()[-500:]}")
     size: Counter = Counter()
     fpis: Counter = Counter()
     own = 0

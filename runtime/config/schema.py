@@ -28,9 +28,9 @@ class ConfigError(ValueError):
 
 
 class ConfigInvalid(ConfigError):
-    """A file was read and its content is refused (not TOML, an unknown key, a value out of
-    range): unlike a file that cannot be read yet, restarting cannot help until someone edits
-    it, so the services exit with EX_CONFIG and systemd does not restart them."""
+    """A file was read and its content is refused (not UTF-8, not TOML, an unknown key, a
+    value out of range): unlike a file that cannot be read yet, restarting cannot help until
+    someone edits it, so the services exit with EX_CONFIG and systemd does not restart them."""
 
 
 # dataclass field metadata of a field that is no key of its section (a value the program
@@ -103,7 +103,8 @@ def read_text(path: Path) -> str:
     except UnicodeDecodeError as e:
         line = data.count(b"\n", 0, e.start) + 1
         col = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
-        raise ConfigError(f"{path}:{line}: not UTF-8: byte {data[e.start]:#04x} at column "
+        # the file was read: its bytes are what is refused, as for a TOML error
+        raise ConfigInvalid(f"{path}:{line}: not UTF-8: byte {data[e.start]:#04x} at column "
                           f"{col} (save the file as UTF-8)") from e
 
 

@@ -22,8 +22,10 @@ PER_DEVICE = 2000  # messages of one device waiting in the inbox at most
 
 
 def sender(topic: str) -> str:
-    """The device level of an edgerun topic (`edgerun/v1/<fleet>/<device>/<kind>`), "" for
-    anything else: the broker's ACL lets a device publish only under its own id."""
+    """The device level of an edgerun topic (`edgerun/v1/<fleet>/<device>/<kind>`): the
+    fourth level of any topic of five or more ("" for a shorter one; the prefix is not
+    checked, the coordinator subscribes to edgerun topics only). The broker's ACL lets a
+    device publish only under its own id."""
     parts = topic.split("/", 4)
     return parts[3] if len(parts) > 4 else ""
 

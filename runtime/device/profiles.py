@@ -7,7 +7,7 @@ from importlib import resources
 from pathlib import Path
 
 from power.device import DeviceProfile
-from runtime.config.schema import ConfigError, load_toml
+from runtime.config.schema import ConfigInvalid, load_toml
 
 
 def profile_path(name_or_path: str) -> Path:
@@ -19,7 +19,8 @@ def profile_path(name_or_path: str) -> Path:
     path = Path(str(bundled))
     if not path.exists():
         known = sorted(x.name.removesuffix(".toml") for x in path.parent.glob("*.toml"))
-        raise ConfigError(
+        # a name no bundled profile has is a typo in the config: a restart cannot help
+        raise ConfigInvalid(
             f"device profile '{name_or_path}' not found (bundled profiles: {', '.join(known)};"
             " or give a path to a .toml file)"
         )

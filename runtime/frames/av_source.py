@@ -343,17 +343,16 @@ class AvStreamSource:
             self._ready: collections.deque[np.ndarray] = collections.deque()  # decoded, unread
             self._take_key = True  # key frames only: the key frame being read is decoded
             self.damaged = 0  # packets the decoder refused and frames it concealed damage in
+            self.converted = 0  # frames converted to BGR (those passed over are not)
             self._damaged_told = 0  # of those, already handed over with a frame
             self._keys = KeyRate()  # key frames seen, on the stream's clock where it has one
             # PTS units to seconds (packets of a demuxed stream carry its time base)
             self._tb = float(self._stream.time_base or 0)
             self._hint_hz = 0.0
             self._skip = False  # decoding key frames only
-            self._due = -math.inf  # key frames only: none is decoded before this (monotonic)
-            self._tick = -math.inf  # under a rate cap: when the frame served was due
-            # next_due's inputs at the last frame served (when, the tick before it): a new
-            # cap plans its due time again from them
-            self._served = (-math.inf, -math.inf)
+            # under a rate cap: when the next frame is due (key frames only: none is decoded
+            # before it), planned at each frame served and again when the cap changes
+            self._clock = CapClock()
             self._leave = False  # key frames only: left at the key picture begun (_next_unit)
             self.keyframes_only = False  # what the reader does now (said in the log)
             self._reader = LatestFrame(self._read_one, self._shown, start=False)
@@ -452,8 +451,7 @@ class AvStreamSource:
         if hz == self._hint_hz:
             return
         self._hint_hz = hz
-        if self._served[0] > -math.inf:
-            self._tick, self._due = next_due(*self._served, self._step(), hz)
+        self._clock.replan(self._step(), hz)
 
     def _step(self) -> float:
         """next_due's step: the interval between frames decoded under the cap (0: unpaced)."""
@@ -477,14 +475,9 @@ class AvStreamSource:
         return iv if hint > 0 and iv > 0 and 1 / hint >= 1.5 * iv else 0.0
 
     def _never_served(self) -> bool:
-        """Every frame decoded under a rate cap: whether a frame decoded now is never served.
-        A frame is served only when it is ready at or after the next frame's due time
-        (`read`); one decoded more than a quarter of a frame interval before it is ready
-        before it (its conversion: ~0.4 ms at 720p, 10 ms at 25 fps) and replaced by a newer
-        one. A cap changed since is planned again (`rate_hint`), and the next frame decoded
-        is judged by it: a frame interval at most."""
-        iv = self._spaced()
-        return iv > 0 and not self._skip and time.monotonic() < self._due - iv / 4
+        """Every frame decoded under a rate cap: whether a frame decoded now is never served
+        (CapClock.never_served)."""
+        return not self._skip and self._clock.never_served(time.monotonic(), self._spaced())
 
     def _next_unit(self, t0: float) -> tuple[object, str, int | None]:
         """The next picture to decode (a packet, or bytes from AccessUnits), whether it is
@@ -563,7 +556,7 @@ class AvStreamSource:
                              "decoding every frame again", self._hint_hz, kf)
                 if self._asm is not None:  # at every key frame: set early above, or not
                     self._asm.drop_types = _P_SLICES if want else frozenset()
-                self._take_key = not (want and time.monotonic() < self._due)
+                self._take_key = not (want and time.monotonic() < self._clock.due)
                 if self._reader.stopping.is_set():
                     raise SourceError(f"{self._shown}: closing")
             if what == "key" and not self._take_key:
@@ -596,19 +589,19 @@ class AvStreamSource:
                 # (~0.4 ms a 720p frame beside the reader's own, docs/sources.md)
                 self._ready.append(self._bgr.reformat(f, format="bgr24", **self._bgr_kw)
                                    .to_ndarray())
+                self.converted += 1
         return self._ready.popleft()
 
     def read(self, timeout_s: float) -> Frame | None:
         """The newest decoded frame (a key frame just decoded, when skipping; under a rate
         cap, the first decoded after its due time)."""
-        got = self._reader.take(timeout_s, self._due if self.paced else -math.inf)
+        got = self._reader.take(timeout_s, self._clock.due if self.paced else -math.inf)
         if got is None:
             return None
         img, t0, n, cpu, skipped = got
         d = self.damaged  # read once: the reader thread adds to it
         damaged, self._damaged_told = d - self._damaged_told, d
-        self._served = (time.monotonic(), self._tick)
-        self._tick, self._due = next_due(*self._served, self._step(), self._hint_hz)
+        self._clock.served(time.monotonic(), self._step(), self._hint_hz)
         return Frame(img, f"frame-{n}", t=t0, decode_cpu_s=cpu, decoded_apart=True,
                      skipped=skipped, damaged=damaged)
 
@@ -644,6 +637,36 @@ def next_due(now: float, tick: float, step: float, hint_hz: float) -> tuple[floa
         tick = now
     tick += 1 / hint_hz
     return tick, tick - 0.5 * step
+
+
+class CapClock:
+    """When the next frame is due under a rate cap (next_due's tick and due time, monotonic
+    s): planned at each frame served, and planned again from the last one served when the
+    cap changes, as if it had been served under the new cap (planned at a 0.1 Hz cap, the
+    due time held the frames of a 5 Hz cap set after it up to 10 s)."""
+
+    def __init__(self) -> None:
+        self.tick = self.due = -math.inf
+        self._served = (-math.inf, -math.inf)  # next_due's inputs at the last frame served
+
+    def served(self, now: float, step: float, hint_hz: float) -> None:
+        """A frame was served at `now` (`step`, `hint_hz`: as next_due's)."""
+        self._served = (now, self.tick)
+        self.tick, self.due = next_due(now, self.tick, step, hint_hz)
+
+    def replan(self, step: float, hint_hz: float) -> None:
+        """The cap is now `hint_hz`: the due time planned again (none before a frame was
+        served)."""
+        if self._served[0] > -math.inf:
+            self.tick, self.due = next_due(*self._served, step, hint_hz)
+
+    def never_served(self, now: float, interval: float) -> bool:
+        """Every frame decoded (`interval`: the stream's, 0 when not paced so): whether a
+        frame decoded at `now` is never served. A frame is served only when it is ready (its
+        conversion done) at or after the due time; one decoded more than a quarter interval
+        before it is ready before it (a conversion takes ~0.4 ms at 720p, the quarter 10 ms
+        at 25 fps), and a newer one is served instead."""
+        return interval > 0 and now < self.due - interval / 4
 
 
 def _rate(times: list[float]) -> float:

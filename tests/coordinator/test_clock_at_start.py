@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support.daemon_toml import coordinator_toml
 from support.under_test import child_env
 
 from runtime.coordinator.retention import age_clock_plausible
@@ -57,20 +58,10 @@ def test_a_coordinator_started_in_2100_deletes_nothing_by_age(tmp_path, broker):
     s.close()
     before = _rows(store)
     assert before == (300, 20, 10)
-    creds = broker.coordinator("t")
     cfg = tmp_path / "coord.toml"
-    cfg.write_text(f"""[coordinator]
-fleet = "t"
-store = "{store}"
-http_port = 0
-retention_interval_s = 1
-retention_wake_s = 0.1
-[coordinator.broker]
-host = "127.0.0.1"
-port = {broker.port}
-username = "{creds.username}"
-password_file = "{creds.password_file}"
-""")
+    cfg.write_text(coordinator_toml(broker.coordinator("t"), fleet="t", store=store,
+                                    http_port=0, retention_interval_s=1,
+                                    retention_wake_s=0.1))
     fake = tmp_path / "faketime"
     fake.write_text("@2100-06-01 00:00:00\n")
     log = tmp_path / "coord.log"

@@ -7,26 +7,32 @@ import subprocess
 import sys
 from pathlib import Path
 
+from support.daemon_toml import coordinator_toml
 from support.under_test import child_env
 
 ROOT = Path(__file__).parents[2]
 
 
-def _config(tmp_path: Path, broker, port: int, extra: str = "") -> Path:
+def _config(tmp_path: Path, broker, port: int, **keys: str) -> Path:
     """A coordinator config on the test broker with its API on `port`."""
-    creds = broker.coordinator("t")
     cfg = tmp_path / "coord.toml"
-    cfg.write_text(f"""[coordinator]
-fleet = "t"
-store = "{tmp_path / 'c.db'}"
-http_port = {port}
-{extra}[coordinator.broker]
-host = "127.0.0.1"
-port = {broker.port}
-username = "{creds.username}"
-password_file = "{creds.password_file}"
-""")
+    cfg.write_text(coordinator_toml(broker.coordinator("t"), fleet="t",
+                                    store=tmp_path / "c.db", http_port=port, **keys))
     return cfg
+
+
+def _start(tmp_path: Path, broker) -> tuple[subprocess.Popen, Path, int]:
+    """`edgerun coordinator` with its API on a free port: the process, its log, the port."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = _config(tmp_path, broker, port)
+    log = tmp_path / "coord.log"
+    with log.open("w") as out:
+        p = subprocess.Popen([sys.executable, "-m", "runtime.cli", "coordinator", "--config",
+                              str(cfg)], stdout=out, stderr=subprocess.STDOUT,
+                             env=child_env())
+    return p, log, port
 
 
 def test_a_busy_api_port_stops_start_up_before_the_broker_login(tmp_path, broker):
@@ -38,7 +44,7 @@ def test_a_busy_api_port_stops_start_up_before_the_broker_login(tmp_path, broker
     busy.bind(("127.0.0.1", 0))
     busy.listen()
     port = busy.getsockname()[1]
-    cfg = _config(tmp_path, broker, port, 'client_id = "r3-second-coordinator"\n')
+    cfg = _config(tmp_path, broker, port, client_id="r3-second-coordinator")
     try:
         r = subprocess.run([sys.executable, "-m", "runtime.cli", "coordinator", "--config",
                             str(cfg)], capture_output=True, text=True, timeout=60,
@@ -58,15 +64,7 @@ def test_sighup_does_not_stop_the_coordinator(tmp_path, broker):
     import time
     import urllib.request
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cfg = _config(tmp_path, broker, port)
-    log = tmp_path / "coord.log"
-    with log.open("w") as out:
-        p = subprocess.Popen([sys.executable, "-m", "runtime.cli", "coordinator", "--config",
-                              str(cfg)], stdout=out, stderr=subprocess.STDOUT,
-                             env=child_env())
+    p, log, port = _start(tmp_path, broker)
     try:
         deadline = time.monotonic() + 60
         while "coordinator API on" not in log.read_text():
@@ -101,15 +99,7 @@ def test_sighup_during_start_up_does_not_stop_the_coordinator(tmp_path, broker):
         except OSError:
             return False
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cfg = _config(tmp_path, broker, port)
-    log = tmp_path / "coord.log"
-    with log.open("w") as out:
-        p = subprocess.Popen([sys.executable, "-m", "runtime.cli", "coordinator", "--config",
-                              str(cfg)], stdout=out, stderr=subprocess.STDOUT,
-                             env=child_env())
+    p, log, _ = _start(tmp_path, broker)
     try:
         deadline = time.monotonic() + 60
         while not loading_sqlite(p.pid):

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import paho.mqtt.client as mqtt
 import pytest
+from support.daemon_toml import coordinator_toml
 from support.under_test import child_env
 from support.waiting import until
 
@@ -79,19 +80,9 @@ def _stored(store: Path, device: str) -> int:
 @pytest.mark.timeout(240)
 def test_a_flooding_device_holds_only_its_share_of_the_inbox(tmp_path, broker):
     store = tmp_path / "coord.db"
-    creds = broker.coordinator("test")
     cfg = tmp_path / "coord.toml"
-    cfg.write_text(f"""[coordinator]
-fleet = "test"
-store = "{store}"
-http_port = 0
-api_token_file = "{tmp_path / 'api-token'}"
-[coordinator.broker]
-host = "127.0.0.1"
-port = {broker.port}
-username = "{creds.username}"
-password_file = "{creds.password_file}"
-""")
+    cfg.write_text(coordinator_toml(broker.coordinator("test"), fleet="test", store=store,
+                                    http_port=0, api_token_file=tmp_path / "api-token"))
     log = tmp_path / "coord.log"
     with log.open("w") as out:
         coord = subprocess.Popen([sys.executable, "-m", "runtime.cli", "coordinator",

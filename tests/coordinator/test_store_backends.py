@@ -408,3 +408,19 @@ def test_a_store_that_refuses_every_batch_is_logged_once_a_minute(tmp_path, capl
     assert coord.counters["ingest_errors"] >= 50
     lines = [r for r in caplog.records if "storing a batch" in r.getMessage()]
     assert len(lines) == 1 and "disk is full" in lines[0].getMessage()
+
+
+def test_a_key_twice_in_a_batch_is_stored_once_on_both_paths(store_url):
+    """A seq repeated inside one message and across messages of one batch is stored once,
+    on the fast path and on the savepoints path (a refused message in the batch)."""
+    store = Store(store_url)
+    _, refused = store.ingest([Inbound("d", "result", _batch("s", [1, 2, 2, 3])),
+                                  Inbound("d", "result", _batch("s", [3, 4], floor=3))])
+    assert refused == [] and store.counts() == {"d": 4}
+    _, refused = store.ingest([Inbound("d", "result", _batch("s", [4, 5, 5], floor=4)),
+                                  Inbound("d", "result", _batch("s", [0], floor=6)),
+                                  Inbound("d", "result", _batch("s", [5, 6, 1], floor=5))])
+    assert [i for i, _ in refused] == [1]
+    assert [q for _, q in store.result_seqs("d")] == [1, 2, 3, 4, 5, 6]
+    assert store.counts() == {"d": 6}
+    store.close()

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support.daemon_toml import coordinator_toml
 from support.under_test import child_env
 
 from runtime.coordinator.store import Inbound, Store
@@ -25,20 +26,10 @@ SETPRIV = ["setpriv", "--inh-caps=-all", "--bounding-set=-all", "--"]
 
 
 def _config(tmp_path: Path, broker, store: Path, token: Path | None = None) -> Path:
-    creds = broker.coordinator("t", "damage-coordinator")
     cfg = tmp_path / "coord.toml"
-    cfg.write_text(f"""[coordinator]
-fleet = "t"
-store = "{store}"
-client_id = "damage-coordinator"
-http_port = 0
-api_token_file = "{token or tmp_path / 'api-token'}"
-[coordinator.broker]
-host = "127.0.0.1"
-port = {broker.port}
-username = "{creds.username}"
-password_file = "{creds.password_file}"
-""")
+    cfg.write_text(coordinator_toml(broker.coordinator("t", "damage-coordinator"), fleet="t",
+                                    store=store, client_id="damage-coordinator", http_port=0,
+                                    api_token_file=token or tmp_path / "api-token"))
     return cfg
 
 

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.daemon_toml import coordinator_toml
 from support.under_test import child_env
 
 
@@ -32,19 +33,10 @@ def _damage(tmp_path: Path, case: str) -> tuple[Path, str]:
 @pytest.mark.parametrize("case", ["not-text", "directory", "file-for-directory"])
 def test_an_unusable_token_file_is_one_line_and_exit_2(tmp_path, broker, case):
     token, says = _damage(tmp_path, case)
-    creds = broker.coordinator("t")
     cfg = tmp_path / "coord.toml"
-    cfg.write_text(f"""[coordinator]
-fleet = "t"
-store = "{tmp_path / 'coord.db'}"
-http_port = 0
-api_token_file = "{token}"
-[coordinator.broker]
-host = "127.0.0.1"
-port = {broker.port}
-username = "{creds.username}"
-password_file = "{creds.password_file}"
-""")
+    cfg.write_text(coordinator_toml(broker.coordinator("t"), fleet="t",
+                                    store=tmp_path / "coord.db", http_port=0,
+                                    api_token_file=token))
     r = subprocess.run([sys.executable, "-m", "runtime.cli", "coordinator", "--config",
                         str(cfg)], capture_output=True, text=True, timeout=90, env=child_env())
     out = r.stdout + r.stderr

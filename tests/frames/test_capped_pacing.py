@@ -1,5 +1,6 @@
-"""Due times under a rate cap (runtime/frames/av_source.py `next_due`): frames served at the
-cap on average, the clock started again after a stall or a cap left from before."""
+"""Due times under a rate cap (runtime/frames/av_source.py `next_due`, `CapClock`): frames
+served at the cap on average, the clock started again after a stall or a cap left from before,
+a changed cap planned from the last frame served, frames that cannot be served known."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import math
 
 import pytest
 
-from runtime.frames.av_source import next_due
+from runtime.frames.av_source import CapClock, next_due
 
 
 def _serve(step: float, hint: float, seconds: float, first: float = 0.0) -> list[float]:
@@ -69,20 +70,17 @@ def test_a_cap_lifted_and_set_again_serves_at_once():
 
 def _serve_changed(step: float, before: float, after: float, at: float,
                    seconds: float) -> list[float]:
-    """As _serve, the cap moved from `before` to `after` at `at`: the next due time planned
-    again as the source's rate_hint does, next_due on the last frame served with the new cap
-    (as if it had been served under it)."""
-    tick, due, served, last = -math.inf, -math.inf, [], (-math.inf, -math.inf)
+    """As _serve, the cap moved from `before` to `after` at `at` (the source's rate_hint:
+    CapClock.replan)."""
+    clock, served = CapClock(), []
     hint, t = before, 0.0
     while t < seconds:
         if hint != after and t >= at:
             hint = after
-            if served:
-                tick, due = next_due(*last, step, hint)
-        if t >= due:
+            clock.replan(step, hint)
+        if t >= clock.due:
             served.append(t)
-            last = (t, tick)
-            tick, due = next_due(t, tick, step, hint)
+            clock.served(t, step, hint)
         t = round(t + step, 9)
     return served
 
@@ -104,3 +102,27 @@ def test_a_cap_changed_is_planned_from_the_last_frame_served(step, before, after
     later = [t for t in served if t >= 3.0]
     assert later[0] == pytest.approx(first)
     assert (len(later) - 1) / (later[-1] - later[0]) == pytest.approx(rate, rel=0.03)
+
+
+def test_a_cap_changed_before_any_frame_served_plans_nothing():
+    clock = CapClock()
+    clock.replan(0.04, 5.0)
+    assert (clock.tick, clock.due) == (-math.inf, -math.inf)
+
+
+@pytest.mark.parametrize("now, interval, never", [
+    # due at 10.16 (a 5 Hz cap, 25 fps): a frame decoded more than a quarter interval
+    # (10 ms) before it is ready before it, and the next one is served instead
+    (10.0, 0.04, True),
+    (10.149, 0.04, True),
+    # within the quarter: its conversion may end after the due time; converted
+    (10.151, 0.04, False),
+    (10.16, 0.04, False),
+    (10.5, 0.04, False),  # late: served
+    (10.0, 0.0, False),  # the stream's interval not known, or not every frame paced
+])
+def test_a_frame_never_served(now, interval, never):
+    clock = CapClock()
+    clock.served(9.98, 0.04, 5.0)  # the clock starts at 9.98: tick 10.18, due 10.16
+    assert clock.due == pytest.approx(10.16)
+    assert clock.never_served(now, interval) is never

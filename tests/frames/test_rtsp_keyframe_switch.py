@@ -193,25 +193,17 @@ def test_under_an_every_frame_cap_only_frames_that_can_be_served_are_converted(t
     with RtspCamera(tmp_path, width=320, height=180, key_int=25) as cam:
         src = AvStreamSource(SourceConfig(kind="capture", path=cam.url, read_timeout_s=5,
                                           decoder="pyav"))
-        converted = [0]
-        reformat = src._bgr.reformat
-
-        def counted(*a, **kw):
-            converted[0] += 1
-            return reformat(*a, **kw)
-
-        src._bgr = type("Counted", (), {"reformat": staticmethod(counted)})()
         try:
             src.rate_hint(5.0)
             end = time.monotonic() + 30
             while src.read(1.0) is None or not src.paced:  # the stream's interval known
                 assert time.monotonic() < end
             frames = []
-            c0 = converted[0]
+            c0 = src.converted
             while len(frames) < 25 and time.monotonic() < end:
                 if (f := src.read(1.0)) is not None:
                     frames.append(f)
-            conversions = converted[0] - c0
+            conversions = src.converted - c0
         finally:
             src.close()
     span = frames[-1].t - frames[0].t

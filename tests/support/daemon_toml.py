@@ -54,6 +54,16 @@ def value(v: Any) -> str:
     raise TypeError(f"no TOML form for {v!r}")
 
 
+def coordinator_toml(creds: Any, **keys: Any) -> str:
+    """A coordinator's config: `keys` in [coordinator] (one set to None is left out), logged
+    in to the broker with `creds` (the broker fixture's `coordinator(fleet)`)."""
+    return "\n".join(["[coordinator]",
+                      *(f"{k} = {value(v)}" for k, v in keys.items() if v is not None),
+                      "[coordinator.broker]", f"host = {value(creds.host)}",
+                      f"port = {creds.port}", f"username = {value(creds.username)}",
+                      f"password_file = {value(creds.password_file)}"]) + "\n"
+
+
 def daemon_toml(state: Path, *layers: Mapping[str, Section], extra: str = "") -> str:
     """The config text: base(state) with each of `layers` merged over it in turn, sections in
     ORDER (then the others as they first appear); `extra` (raw TOML) appended last."""

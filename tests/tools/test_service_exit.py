@@ -29,6 +29,7 @@ def _prevented(unit: str) -> set[int]:
     ("serve", "[daemon\n", True, "not valid TOML"),
     ("serve", "[no_such_section]\n", True, "no_such_section"),
     ("serve", None, False, "cannot read"),  # not provisioned yet: retried
+    ("serve", b"[daemon]\nqueue_size = 1 # \xe9t\xe9\n", True, "not UTF-8"),  # Latin-1
     ("coordinator", "[coordinator]\nretention_days = -1\n", True, "retention_days"),
     ("coordinator", "[coordinator]\n", True, "coordinator.broker.host is not set"),
     ("coordinator", None, False, "cannot read"),
@@ -36,7 +37,9 @@ def _prevented(unit: str) -> set[int]:
 def test_a_refused_config_stops_the_unit_and_a_missing_one_is_retried(
         tmp_path, command, content, stops, says):
     cfg = tmp_path / "edgerun.toml"
-    if content is not None:
+    if isinstance(content, bytes):
+        cfg.write_bytes(content)
+    elif content is not None:
         cfg.write_text(content)
     r = subprocess.run([sys.executable, "-m", "runtime.cli", command, "--config", str(cfg)],
                        capture_output=True, text=True, timeout=120,
@@ -54,3 +57,19 @@ def test_check_exits_2_on_a_refused_config(tmp_path):
     r = subprocess.run([sys.executable, "-m", "runtime.cli", "check", str(cfg)],
                        capture_output=True, text=True, timeout=120, env=child_env())
     assert r.returncode == 2, r.stderr[-2000:]
+
+
+def test_an_unknown_device_profile_stops_the_unit(tmp_path):
+    """A profile name that is no bundled profile is a typo in the config: no restart fixes
+    it (a path to a .toml that is not there yet is retried, like the config itself)."""
+    cfg = tmp_path / "edgerun.toml"
+    for profile, stops in (("rpi5x", True), (str(tmp_path / "later.toml"), False)):
+        cfg.write_text(f'[device]\nprofile = "{profile}"\n')
+        r = subprocess.run([sys.executable, "-m", "runtime.cli", "serve", "--config", str(cfg)],
+                           capture_output=True, text=True, timeout=120,
+                           env=child_env(HOME=str(tmp_path)))
+        assert r.returncode != 0, r.stderr[-2000:]
+        assert (r.returncode in _prevented(UNIT["serve"])) is stops, (profile, r.returncode,
+                                                                      r.stderr[-2000:])
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and profile in lines[-1], r.stderr[-2000:]
