@@ -27,6 +27,16 @@ class ConfigError(ValueError):
     """A config or profile file is invalid; the message says where and why."""
 
 
+class ConfigAbsent(ConfigError):
+    """A file the config names is not there, or cannot be looked at, yet (a mount not up, a
+    model provisioned after the config): a restart may find it, so it is retried (exit 2)."""
+
+
+class Absent(str):
+    """A `validate` message about a file the config names that is not there (yet): the
+    refusal it makes is a ConfigAbsent, not a ConfigInvalid."""
+
+
 class ConfigInvalid(ConfigError):
     """A file was read and its content is refused (not UTF-8, not TOML, an unknown key, a
     value out of range): unlike a file that cannot be read yet, restarting cannot help until
@@ -61,7 +71,7 @@ def load_toml(path: Path, cls: type[T]) -> T:
         raise ConfigInvalid(f"{path}: not valid TOML: nested too deeply") from e
     try:
         return build(cls, data, source=str(path), text=text)
-    except ConfigInvalid:
+    except (ConfigInvalid, ConfigAbsent):
         raise
     except ConfigError as e:
         raise ConfigInvalid(str(e)) from e
@@ -126,7 +136,8 @@ class _Where:
         line = _find_line(self.text, self.keys)
         loc = f"{self.source}:{line}" if line else self.source
         key = ".".join(self.keys) or "(top level)"
-        return ConfigError(f"{loc}: key '{key}': {msg}")
+        kind = ConfigAbsent if isinstance(msg, Absent) else ConfigError
+        return kind(f"{loc}: key '{key}': {msg}")
 
 
 def _find_line(text: str, keys: tuple[str, ...]) -> int | None:

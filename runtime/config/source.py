@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from runtime.config import roi
+from runtime.config.schema import Absent
 
 BUNDLED_MODELS = Path(__file__).resolve().parents[2] / "models"
 DEFAULT_MAX_PIXELS = 40_000_000  # folder/trigger images larger than this are refused
@@ -130,9 +131,9 @@ class SourceConfig:
         if self.features_file:
             try:
                 if not Path(self.features_file).expanduser().is_file():
-                    return "features_file", f"{self.features_file}: no such file"
+                    return "features_file", Absent(f"{self.features_file}: no such file")
             except (OSError, ValueError) as e:
-                return "features_file", f"{self.features_file[:200]}: {e}"
+                return "features_file", Absent(f"{self.features_file[:200]}: {e}")
         return None
 
 
@@ -205,14 +206,17 @@ def check_model(s: Any) -> tuple[str, str] | None:
                              f"characters with no control characters, got "
                              f"{s.model[:80]!r}{'...' if len(s.model) > 80 else ''}")
         p = model_path(s.model)
+        # a path may be on a mount not up yet, or provisioned later: retried at start; a
+        # bare name is a bundled model's, so one not found is a typo: the unit stops
+        late = Absent if "/" in s.model or s.model.endswith(".onnx") else str
         try:
             found = (p / "manifest.json").is_file() or (p.suffix == ".onnx" and p.is_file())
         except OSError as e:  # a name too long, a symlink loop: not there either
-            return "model", f"{s.model!r}: cannot look there: {e.strerror or e}"
+            return "model", late(f"{s.model!r}: cannot look there: {e.strerror or e}")
         if not found:
-            return "model", (f"{s.model!r}: no model there ({p} is neither a directory with a "
-                             f"manifest.json nor an .onnx file); bundled models: "
-                             f"{', '.join(bundled_names())}")
+            return "model", late(f"{s.model!r}: no model there ({p} is neither a directory "
+                                 f"with a manifest.json nor an .onnx file); bundled models: "
+                                 f"{', '.join(bundled_names())}")
     if not 0 <= s.tile_size <= 16384:
         return "tile_size", ("must be 0 (the model input's size) or up to 16384 pixels, "
                              f"got {s.tile_size}")

@@ -25,15 +25,19 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
         raise ConfigInvalid(f"{args.config}: coordinator.broker.host is not set")
     from runtime.coordinator.api import ensure_token, token_path
     from runtime.coordinator.dialect import is_url
-    from runtime.coordinator.store_open import StoreError, emptied
+    from runtime.coordinator.store_open import StoreError, StoreRefused, emptied
     from runtime.coordinator.webhooks import SecretError
 
+    # a store refused for what it holds exits as a refused config does (EX_CONFIG: the unit
+    # stops, runtime/cli.py); one that may come right (disk full, server starting) is retried
     if not is_url(cfg.store) and (why := emptied(Path(cfg.store).expanduser(),
                                                  token_path(cfg))):
-        raise ConfigError(why)
+        raise ConfigInvalid(why)
     try:
         coordinator = Coordinator(cfg)
-    except StoreError as e:  # names coordinator.store and the file; nothing was started
+    except StoreRefused as e:  # names coordinator.store and the file; nothing was started
+        raise ConfigInvalid(str(e)) from e
+    except StoreError as e:
         raise ConfigError(str(e)) from e
     except SecretError as e:
         raise ConfigError(f"coordinator.webhook_secret_file: {e}") from e

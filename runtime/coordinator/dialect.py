@@ -30,10 +30,11 @@ from typing import Any
 from runtime.coordinator.quotas import EVENT_BYTES_SQL, HEALTH_BYTES_SQL, RESULT_BYTES_SQL
 from runtime.coordinator.store_open import (
     StoreError,
+    StoreRefused,
     StoreUnreachable,
     check_wal,
     newer_schema,
-    sqlite_open_error,
+    sqlite_open_refusal,
     where,
 )
 
@@ -199,7 +200,7 @@ class SQLiteDialect:
                 db.close()
             if isinstance(e, StoreError):
                 raise
-            raise StoreError(sqlite_open_error(self.path, e)) from None
+            raise sqlite_open_refusal(self.path, e) from None
 
     def _migrate(self) -> None:
         with self.lock:
@@ -210,7 +211,7 @@ class SQLiteDialect:
                 row = self.db.execute("SELECT MAX(version) FROM schema_version").fetchone()
                 have = row[0] or 0
                 if have > SQLITE_SCHEMA:
-                    raise StoreError(newer_schema(where(self.path), have, SQLITE_SCHEMA))
+                    raise StoreRefused(newer_schema(where(self.path), have, SQLITE_SCHEMA))
                 # a write, which a file opened read-only refuses (SQLite opens a file it
                 # may not write read-only, silently; nothing else here writes to a store
                 # that needs no migration)
@@ -454,8 +455,8 @@ CREATE TABLE IF NOT EXISTS stalls (device TEXT NOT NULL, stream TEXT NOT NULL,
                                    PRIMARY KEY (device, stream))
 """
 
-# `result_keys.received`, read only by the partition drop's range delete, rises with insertion
-# order: BRIN finds the range, and inserts log nothing to it (the btree: 0.19x the payload).
+# `result_keys.received`, read by the daily partition drop only: BRIN logs nothing an insert
+# (the btree 0.19x a payload), at a blurred range after retention (docs/fleet-scale.md).
 _PG_V8 = """
 DROP INDEX IF EXISTS result_keys_received;
 CREATE INDEX result_keys_received ON result_keys USING brin (received)
@@ -519,8 +520,8 @@ class PostgresDialect:
             have = conn.execute("SELECT COALESCE(MAX(version), 0) FROM schema_version"
                                 ).fetchone()[0]
             if have > PG_MIGRATIONS[-1][0]:
-                raise StoreError(newer_schema(f"coordinator.store {_redact(self.url)}", have,
-                                              PG_MIGRATIONS[-1][0]))
+                raise StoreRefused(newer_schema(f"coordinator.store {_redact(self.url)}", have,
+                                                PG_MIGRATIONS[-1][0]))
             for version, script in PG_MIGRATIONS:
                 if version > have:
                     for stmt in _split(script):
@@ -562,9 +563,8 @@ class PostgresDialect:
     def insert_results(self, db: Any, rows: list[tuple]) -> list[tuple]:
         if not rows:
             return []
-        # Keys stored are read, the others inserted plainly: lock_devices holds the batch's
-        # devices, so no other coordinator inserts their keys meanwhile (ON CONFLICT's
-        # speculative insertion logged a confirm record a key: 0.14x a result's payload).
+        # Keys stored are read, the others inserted plainly (lock_devices holds the devices;
+        # ON CONFLICT's speculative insertion logged a confirm record a key: 0.14x payload).
         cols = list(zip(*rows, strict=True))
         have = {(d, s, q) for d, s, q in db.execute(
             "SELECT k.device, k.stream, k.seq FROM result_keys k JOIN unnest(?::text[], "

@@ -19,6 +19,12 @@ class StoreError(RuntimeError):
     the file or URL, why, and what to do. Nothing has been written to it."""
 
 
+class StoreRefused(StoreError):
+    """The store holds what this edgerun must not use (damaged, a newer schema, a -wal not
+    its own, emptied): until someone restores or moves it, a restart finds the same, so the
+    service exits as for a refused config (EX_CONFIG) instead of retrying every 5 s."""
+
+
 class StoreUnreachable(StoreError, ConnectionError):
     """The PostgreSQL server did not answer in time (perhaps still starting: a restart may
     find it)."""
@@ -35,6 +41,14 @@ def newer_schema(where: str, have: int, known: int) -> str:
     return (f"{where}: its schema version {have} is newer than this edgerun's ({known}): a "
             "newer edgerun has used it; run that version, or a copy of the store from "
             "before the upgrade")
+
+
+def sqlite_open_refusal(path: Path, e: sqlite3.Error) -> StoreError:
+    """The StoreError for SQLite's error `e` opening the store at `path`: StoreRefused where
+    the file is damaged or no database, else StoreError (a full or read-only disk, a foreign
+    owner: what may come right without the store being replaced)."""
+    damaged = getattr(e, "sqlite_errorname", "") in ("SQLITE_CORRUPT", "SQLITE_NOTADB")
+    return (StoreRefused if damaged else StoreError)(sqlite_open_error(path, e))
 
 
 def sqlite_open_error(path: Path, e: sqlite3.Error) -> str:
@@ -138,7 +152,7 @@ def check_wal(path: Path) -> None:
         if db is not None:
             db.close()
     if why != "ok":
-        raise StoreError(f"{where(path)} and the -wal beside it do not make a sound database "
+        raise StoreRefused(f"{where(path)} and the -wal beside it do not make a sound database "
                          f"({why}); neither was changed. If the store was restored from a "
                          f"backup, the -wal is not its own: move {wal} aside and start again; "
                          "else restore a backup, or move the store, its -wal and -shm aside "

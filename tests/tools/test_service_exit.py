@@ -30,6 +30,14 @@ def _prevented(unit: str) -> set[int]:
     ("serve", "[no_such_section]\n", True, "no_such_section"),
     ("serve", None, False, "cannot read"),  # not provisioned yet: retried
     ("serve", b"[daemon]\nqueue_size = 1 # \xe9t\xe9\n", True, "not UTF-8"),  # Latin-1
+    # a model path on a mount not up yet, or provisioned after the config: retried; a bare
+    # name not among the bundled models is a typo
+    ("serve", '[[sources]]\nname = "a"\nkind = "synthetic"\nmodel = "/mnt/later/d.onnx"\n',
+     False, "no model there"),
+    ("serve", '[[sources]]\nname = "a"\nkind = "synthetic"\nmodel = "inspecton"\n', True,
+     "no model there"),
+    ("serve", '[source]\nkind = "pylon"\nfeatures_file = "/mnt/later/cam.pfs"\n', False,
+     "no such file"),
     ("coordinator", "[coordinator]\nretention_days = -1\n", True, "retention_days"),
     ("coordinator", "[coordinator]\n", True, "coordinator.broker.host is not set"),
     ("coordinator", None, False, "cannot read"),
