@@ -10,7 +10,8 @@ most inbox.PER_DEVICE places (runtime/coordinator/inbox.py), the rest of its flo
 as it is read. What is left: a flood faster than the MQTT thread can read piles up in the
 broker's socket to the coordinator, and the other devices' messages wait behind it there
 (the keepalive's PINGRESP too: paho may drop the connection for a moment); only the broker
-can slow a publisher down. So this asserts the share, and that nothing is lost."""
+can slow a publisher down. So this asserts the share, while the store stalls for 8 s (the
+inbox fills whatever the flood's rate), and that nothing is lost."""
 
 from __future__ import annotations
 
@@ -123,6 +124,19 @@ def test_a_flooding_device_holds_only_its_share_of_the_inbox(tmp_path, broker):
         token = (tmp_path / "api-token").read_text().strip()
         port = int(log.read_text().split("coordinator API on http://127.0.0.1:")[1]
                    .split("/")[0])
+        # The store stalls for 8 s (a slow card, a long checkpoint: here a write lock the test
+        # holds), so the inbox fills whatever the flood's rate against ingest: on a loaded
+        # CI host the flood alone never outran ingest (873 waiting at most, nothing dropped).
+        # The API's reads wait on the store too: the inbox is read from the stall's end, when
+        # it holds all that came meanwhile (without a share: the flood's 8 s, tens of
+        # thousands), and while it drains.
+        stall = sqlite3.connect(store, timeout=30, isolation_level=None)
+        try:
+            stall.execute("BEGIN IMMEDIATE")
+            time.sleep(8)
+            stall.execute("ROLLBACK")
+        finally:
+            stall.close()
         waiting = []  # the inbox while the device sends (10 s) and the flood goes on
         while time.monotonic() - t0 < 15:
             waiting.append(_stats(port, token)["queues"]["inbox"])
