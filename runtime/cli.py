@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.func is device_cli.cmd_serve:
         device_cli.hold_sighup()  # before the imports below: they load numpy and onnx
-    elif args.command == "coordinator":
+    elif args.func is coordinator_cli.cmd_coordinator:
         # its handler exists once the API serves (store opened, broker logged in to): a
         # SIGHUP before that ended it (the default action). It does not reload; a Python
         # handler (not SIG_IGN) so that no child inherits it
