@@ -167,7 +167,11 @@ class Serving:
             self.cstate = replace(self.cstate, hold=replace(self.cstate.hold,
                                                             rung=box.control_current()))
         self.operator.keep_energy(self.cstate.energy)  # when an hour slot closed
-        self._check_conditions(r.temp_c)
+        # the temperature the governor acts on (median or die estimate), not the raw reading:
+        # one glitched reading must not start a re-profile, and one that started on a jump
+        # the governor had not yet followed installed its ladder's top rung at 95 °C (the
+        # governor had not stepped down: nothing held the device down)
+        self._check_conditions(out.temp_c)
 
     def _check_conditions(self, temp: float | None) -> None:
         """Re-profile when the device asks for it (runtime.device.profiling.Profiler.due);
