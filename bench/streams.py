@@ -4,7 +4,8 @@ every `--key-int` frames), every path reading the same stream at the same time (
 media is shared), so the ratios are measured side by side on one loaded host:
 
 - `cv2`: OpenCV's capture (what runtime/frames/capture_source.py CaptureSource uses), one decoder
-  thread, every frame decoded and converted to BGR;
+  thread, every frame decoded and converted to BGR (CaptureSource, under a rate cap, converts
+  only the frames it may serve);
 - `av`: PyAV (FFmpeg's libraries, its wheel's own FFmpeg), one decoder thread, every frame;
 - `av-scaled`: PyAV, every frame, converted to BGR and scaled to `--to` pixels in one
   swscale pass (what "decoder-side scaling" can mean for H.264: FFmpeg's H.264 decoder has

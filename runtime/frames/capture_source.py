@@ -16,6 +16,7 @@ import cv2
 import numpy as np
 
 from runtime.config.source import SourceConfig
+from runtime.frames.cap_clock import CapClock, spaced
 from runtime.frames.frame import Frame, SourceEnded, SourceError
 
 log = logging.getLogger("edgerun.source")
@@ -95,6 +96,9 @@ class CaptureSource:
                               "file or stream, or the server refused)")
         self._n = 0
         self._pass_n = 0  # frames read since the file was (re)opened
+        self.converted = 0  # frames retrieved (converted to BGR; a V4L2 camera's decoded)
+        self._hint_hz = 0.0  # the rate frames are taken at (rate_hint)
+        self._clock = CapClock()  # under a cap: when the next frame is due
         self._reader: LatestFrame | None = None
         if self.live:
             self._reader = LatestFrame(self._next, self._shown)
@@ -127,10 +131,36 @@ class CaptureSource:
                 else:
                     os.environ[_FFMPEG_OPTIONS] = before
 
+    def rate_hint(self, hz: float) -> None:
+        """The rate frames will be taken at (0 or inf: as they come; the pipeline's cap). A
+        live source under a cap of at most 2/3 of its rate serves the first frame decoded
+        after each due time (`paced`) and passes over, without retrieving, those decoded too
+        early to be served: FFmpeg's conversion to BGR (a V4L2 camera's MJPG decode too) is
+        spent on frames that are served only."""
+        if hz == self._hint_hz:
+            return
+        self._hint_hz = hz
+        self._clock.replan(self._spaced(), hz)
+
+    def _spaced(self) -> float:
+        return spaced(self._reader.interval, self._hint_hz) if self._reader else 0.0
+
+    @property
+    def paced(self) -> bool:
+        """It serves at the hinted rate itself (the pipeline does not wait out the cap)."""
+        return self._spaced() > 0
+
     def _next(self) -> np.ndarray | None:
         t0 = time.monotonic()
-        ok, img = self._cap.read()
-        if ok and img is not None:
+        while (ok := self._cap.grab()) and self._reader is not None and \
+                self._clock.never_served(time.monotonic(), self._spaced()):
+            self._reader.passed()  # counted and numbered, never retrieved
+            if self._reader.stopping.is_set():
+                raise SourceError(f"{self._shown}: closing")
+            t0 = time.monotonic()  # the stall timeout counts from the last frame
+        img = self._cap.retrieve()[1] if ok else None
+        if img is not None:
+            self.converted += 1
             return img
         if self.live:
             if self._url and time.monotonic() - t0 >= self._cfg.read_timeout_s * 0.9:
@@ -146,6 +176,7 @@ class CaptureSource:
         self._cap.release()  # rewind by re-opening: seeking is unreliable across containers
         self._cap, self._pass_n = self._open(), 0
         ok, img = self._cap.read()
+        self.converted += bool(ok)
         if not ok or img is None:
             raise SourceError(f"{self._target}: no frame after re-opening the video file to "
                               "loop it")
@@ -155,11 +186,13 @@ class CaptureSource:
         """The next decoded frame; SourceEnded after a video file's last frame (unless it
         loops), SourceError when the device or stream stops delivering."""
         if self._reader is not None:  # a live camera or stream: the newest frame decoded
-            got = self._reader.take(timeout_s)
+            # (under a cap it paces itself at: the first decoded after its due time)
+            got = self._reader.take(timeout_s, self._clock.due if self.paced else -math.inf)
             if got is None:
                 return None
             img, t0, n, cpu, skipped = got
             self._n = n
+            self._clock.served(time.monotonic(), self._spaced(), self._hint_hz)
             return Frame(_bgr(img), f"frame-{n}", t=t0, decode_cpu_s=cpu, decoded_apart=True,
                          skipped=skipped)
         t0 = time.time()

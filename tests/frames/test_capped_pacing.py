@@ -1,4 +1,4 @@
-"""Due times under a rate cap (runtime/frames/av_source.py `next_due`, `CapClock`): frames
+"""Due times under a rate cap (runtime/frames/cap_clock.py `next_due`, `CapClock`): frames
 served at the cap on average, the clock started again after a stall or a cap left from before,
 a changed cap planned from the last frame served, frames that cannot be served known."""
 
@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from runtime.frames.av_source import CapClock, next_due
+from runtime.frames.cap_clock import CapClock, next_due
 
 
 def _serve(step: float, hint: float, seconds: float, first: float = 0.0) -> list[float]:

@@ -415,9 +415,11 @@ def test_under_a_low_rate_cap_only_key_frames_are_decoded(tmp_path):
     """At a 1 fps cap from a 25 fps stream with a key frame every 10 frames, PyAV decodes
     only the key frames that are due: one frame decoded per frame served, against ~25 for
     OpenCV's capture on the same camera at the same cap, side by side. Its decode CPU per
-    served frame is then at most 0.6 of the full decode's: every packet is still read and
-    assembled (at 640x360 most of the cost: 0.37-0.47x here in five runs alone, 2026-12-06, load
-    0.3-1.1); decoding every frame again reads ~1x. bench/streams.py measures it at 720p. Each
+    served frame is then at most 0.85 of the full decode's: every packet is still read and
+    assembled (at 640x360 most of the cost: 0.60-0.68x here in five runs alone, 2026-12-07,
+    load 0.0-0.1, since OpenCV's capture leaves the frames it passes over unconverted; 0.37-0.47x
+    against it converting all 25, 2026-12-06); decoding every frame again reads ~1x.
+    bench/streams.py measures it at 720p. Each
     key frame is served as it arrives:
     decode to inference p99 within one frame interval + one inference + the host's wake-up
     delay, not up to a key-frame interval old."""
@@ -469,7 +471,7 @@ def test_under_a_low_rate_cap_only_key_frames_are_decoded(tmp_path):
     print(f"frames decoded per frame served: key frames only {decoded['pyav']:.2f}, OpenCV "
           f"{decoded['opencv']:.1f}")
     assert decoded["pyav"] <= 1.5 and decoded["opencv"] >= 5
-    assert per["pyav"] <= 0.6 * per["opencv"]
+    assert per["pyav"] <= 0.85 * per["opencv"]
     assert _p99(dec_ms) <= bound
 
 

@@ -180,19 +180,24 @@ def test_a_raised_cap_takes_effect_at_once_not_after_the_old_caps_interval(tmp_p
 
 
 @pytest.mark.timeout(120)
-def test_under_an_every_frame_cap_only_frames_that_can_be_served_are_converted(tmp_path):
+@pytest.mark.parametrize("decoder", ["pyav", "opencv"])
+def test_under_an_every_frame_cap_only_frames_that_can_be_served_are_converted(tmp_path,
+                                                                               decoder):
     """25 fps read at a 5 Hz cap: every frame is decoded (P-frames need their references),
     the first after each due time served. A frame decoded more than a frame interval before
     its due time is never served (a newer one comes before it is due), yet each was converted
-    to BGR (~0.4 ms at 720p): 6 conversions per frame served (153 for 25). Now the one served
-    and, where the stream's phase puts one there, the frame decoded within a quarter interval
-    before the due time (1 or 2 a frame served: 25 and 39 for 25 here), the frames passed
-    over still counted (`skipped`) and numbered as before."""
+    to BGR (~0.4 ms at 720p): 6 conversions per frame served (153 for 25; OpenCV's capture
+    retrieved every frame, 5 per frame served, and the pipeline waited out the cap). Now the
+    one served and, where the stream's phase puts one there, the frame decoded within a
+    quarter interval before the due time (1 or 2 a frame served: 25 and 39 for 25 here), the
+    frames passed over still counted (`skipped`) and numbered as before."""
     from runtime.frames.av_source import AvStreamSource
+    from runtime.frames.capture_source import CaptureSource
 
+    kind = AvStreamSource if decoder == "pyav" else CaptureSource
     with RtspCamera(tmp_path, width=320, height=180, key_int=25) as cam:
-        src = AvStreamSource(SourceConfig(kind="capture", path=cam.url, read_timeout_s=5,
-                                          decoder="pyav"))
+        src = kind(SourceConfig(kind="capture", path=cam.url, read_timeout_s=5,
+                                decoder=decoder))
         try:
             src.rate_hint(5.0)
             end = time.monotonic() + 30
