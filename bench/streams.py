@@ -41,8 +41,16 @@ edgerun's (AvStreamSource: no parser, NAL ends by fragment size), side by side.
 (PyAV's demuxer), the NAL and picture assembly, the key frame's decode, its conversion to
 BGR, against the same reader decoding every frame; one part after another (not side by side).
 
+`--reader-caps 1,5,10`: each of edgerun's readers (OpenCV's CaptureSource, PyAV's
+AvStreamSource) alone on the camera under each rate cap, taken as the pipeline takes it (a
+reader that paces itself is read at once, another after a wait of 1/cap): frames served a
+second and the reader's CPU per served frame (decode and conversion to BGR of every frame it
+handled); one reader and cap after another. Run from another checkout's root
+(`cp bench/streams.py OTHER/bench/x.py; python OTHER/bench/x.py --reader-caps ...`) to set
+that tree's readers beside this one's.
+
 Usage: python bench/streams.py [--seconds 20] [--size 1280x720] [--key-int 25] [--to 224]
-       [--compare 1,4 --compare-seconds 15] [--age] [--split]
+       [--compare 1,4 --compare-seconds 15] [--age] [--split] [--reader-caps 1,5,10]
 """
 
 from __future__ import annotations
@@ -625,6 +633,58 @@ def split(a: argparse.Namespace) -> None:
           f"{rest / max(total, 1e-9):5.0%}")
 
 
+def _reader_at(kind, decoder: str, url: str, cap: float, seconds: float) -> tuple:
+    """One reader alone at `cap` as the pipeline takes it: (served/s, from the first to the
+    last served; reader CPU per served frame; frames passed over per served frame)."""
+    from runtime.config.source import SourceConfig
+
+    src = kind(SourceConfig(kind="capture", path=url, read_timeout_s=5, decoder=decoder))
+    hint = getattr(src, "rate_hint", None)  # absent from a tree's older reader
+
+    def one():
+        if hint is not None:
+            hint(cap)  # as the capture thread does before every read
+        f = src.read(1.0)
+        if f is not None and not getattr(src, "paced", False):
+            time.sleep(1 / cap)  # the pipeline waits out the cap
+        return f
+    try:
+        t_end = time.monotonic() + 3
+        while time.monotonic() < t_end:
+            one()
+        times, cpu, passed = [], 0.0, 0
+        t_end = time.monotonic() + seconds
+        while time.monotonic() < t_end:
+            if (f := one()) is not None:
+                times.append(time.monotonic())
+                cpu, passed = cpu + (f.decode_cpu_s or 0.0), passed + f.skipped
+    finally:
+        src.close()
+    n = len(times)
+    return ((n - 1) / (times[-1] - times[0]) if n > 2 else math.nan, cpu / max(n, 1) * 1e3,
+            passed / max(n, 1))
+
+
+def reader_caps(a: argparse.Namespace) -> None:
+    """Each reader alone under each cap (`--reader-caps`): served/s, reader CPU per served."""
+    from runtime.frames.av_source import AvStreamSource, pyav_available
+    from runtime.frames.capture_source import CaptureSource
+
+    w, h = (int(x) for x in a.size.split("x"))
+    kinds = {"opencv": CaptureSource, **({"pyav": AvStreamSource} if pyav_available() else {})}
+    print(f"# {w}x{h} H.264 at 25 fps, key frame every {a.key_int}; {a.seconds:g} s a reader "
+          f"and cap after 3 s; the readers of {ROOT}")
+    print(f"{'reader':8} {'cap Hz':>6} {'served/s':>8} {'reader CPU ms/served':>20} "
+          f"{'passed/served':>13} {'load':>5}")
+    with tempfile.TemporaryDirectory() as tmp, \
+            RtspCamera(Path(tmp), width=w, height=h, key_int=a.key_int) as cam:
+        for name, kind in kinds.items():
+            for cap in (float(x) for x in a.reader_caps.split(",")):
+                rate, ms, passed = _reader_at(kind, name, cam.url, cap, a.seconds)
+                print(f"{name:8} {cap:>6g} {rate:>8.2f} {ms:>20.2f} {passed:>13.1f} "
+                      f"{os.getloadavg()[0]:>5.1f}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=20.0)
@@ -638,6 +698,8 @@ def main() -> int:
     ap.add_argument("--age", action="store_true", help="where the frame age goes")
     ap.add_argument("--split", action="store_true",
                     help="where the key-frames-only reader's CPU goes at a 1 fps cap")
+    ap.add_argument("--reader-caps", default="",
+                    help="rate caps, e.g. 1,5,10: each reader alone under each")
     ap.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
@@ -661,6 +723,10 @@ def main() -> int:
     if a.split:
         sys.path.insert(0, str(ROOT))
         split(a)
+        return 0
+    if a.reader_caps:
+        sys.path.insert(0, str(ROOT))
+        reader_caps(a)
         return 0
     try:
         import av  # noqa: F401
