@@ -200,3 +200,21 @@ def test_a_real_rise_under_noise_still_steps_down_before_the_trip():
     outs, _ = _noisy_die(c, true)
     first = next(i for i, o in enumerate(outs) if o.level > 0)
     assert first > 600 and true[first] < c.governor.control_c
+
+
+@pytest.mark.parametrize("estimate", [True, False])
+@pytest.mark.parametrize("noise", [0.0, 0.5])
+def test_the_temperature_acted_on_follows_a_slow_warming(estimate, noise):
+    """runtime/device/serving.py re-profiles on Output.temp_c (not the raw reading): a real
+    warming of 6 °C/min from 40 °C (profiled there, re-profiled 15 °C away) must carry it past
+    55 °C within 30 ticks (6 s, 0.6 °C) of the die itself (the estimate lags a ramp its model
+    does not predict by 0.1-0.5 °C: 747-767 over five seeds), and it is never None while the
+    sensor reads, not even on the first tick (before the median or the estimate has filled)."""
+    c = cfg(**control.guard_settings(RPI.thermal.model),
+            **({} if estimate else {"estimator": None}))
+    rng = np.random.default_rng(3)
+    true = [40.0 + 0.02 * k for k in range(1200)]  # a tick 0.2 s apart: 6 °C/min
+    _, outs = run(c, [t + rng.normal(0, noise) for t in true], dt=0.2)
+    assert all(o.temp_c is not None for o in outs)
+    crossed = next(i for i, o in enumerate(outs) if o.temp_c - 40.0 > 15.0)
+    assert abs(crossed - 750) <= 30, crossed  # the die crosses 55 °C at tick 750
