@@ -167,11 +167,20 @@ class Serving:
             self.cstate = replace(self.cstate, hold=replace(self.cstate.hold,
                                                             rung=box.control_current()))
         self.operator.keep_energy(self.cstate.energy)  # when an hour slot closed
-        # the temperature the governor acts on (median or die estimate), not the raw reading:
-        # one glitched reading must not start a re-profile, and one that started on a jump
-        # the governor had not yet followed installed its ladder's top rung at 95 °C (the
-        # governor had not stepped down: nothing held the device down)
-        self._check_conditions(out.temp_c)
+        self._check_conditions(self.temperature())
+
+    def temperature(self) -> float | None:
+        """The temperature the governor acts on (its last step's: the median of its readings
+        or the die estimate, held through bad readings), else the sensor's reading now (before
+        the first step). A re-profile is judged on it and a profile records it, so that both
+        ends of the comparison are one quantity: on the raw reading one glitch started a
+        re-profile, and a jump the governor had not yet followed started one whose quick
+        round installed the top rung at 95 °C (nothing held the device down yet); a profile
+        made while the sensor held recorded None, and no temperature re-profile came again."""
+        out = self.out
+        if out is not None and out.temp_c is not None:
+            return out.temp_c
+        return self.sensors.read().temp_c
 
     def _check_conditions(self, temp: float | None) -> None:
         """Re-profile when the device asks for it (runtime.device.profiling.Profiler.due);
@@ -386,7 +395,7 @@ class Serving:
         recorded = Path(cfg.simulator.profiles) if (cfg.simulator.enabled
                                                     and cfg.simulator.profiles) else None
         args = (path, cfg, self.backends, self.meter, self.device.name,
-                self.device.power.active_w_per_core, self.sensors.read().temp_c,
+                self.device.power.active_w_per_core, self.temperature(),
                 self.variant_refused, progress_reporter(self.notify, self.stopping),
                 self.constraints(key), fresh, recorded)
         billing = {"accelerators": self.device.accelerators, "gpu_meters": self.gpu_meters}

@@ -165,6 +165,47 @@ def test_the_daemon_offers_what_its_snapshot_and_its_stop_read(tmp_path):
         assert not missing, (proto.__name__, missing)
 
 
+def test_the_temperature_judged_and_recorded_is_the_governor_s(tmp_path):
+    """A re-profile is judged on, and a profile records, the temperature the governor acts on
+    (its last step's, held through a bad reading), the sensor's own reading only before the
+    first step: a profile made while the sensor held recorded None from the raw reading, and
+    no temperature re-profile came again (found in review)."""
+    import queue
+
+    from power import control
+    from power.sensors import SensorSet
+    from runtime.config import from_dict
+    from runtime.device.operator_state import OperatorState
+    from runtime.device.profiles import load_profile
+    from runtime.device.profiling import Profiler
+    from runtime.device.sensing import Sensing
+    from runtime.device.serving import Serving
+    from runtime.device.systemd import Notifier
+
+    state = tmp_path / "state"
+    state.mkdir()
+    temp = tmp_path / "temp"
+    temp.write_text("48000\n")
+    installs: queue.Queue = queue.Queue()
+    d = Serving(from_dict({"daemon": {"state_dir": str(state)}}),
+                device=load_profile("generic-x86"), sensing=Sensing(SensorSet(tmp_path, "temp")),
+                meter=None, gpu_meters=[], box_energy=None,
+                profiler=Profiler(lambda *a, **k: None, installs.put),
+                operator=OperatorState(state), state_dir=state, installs=installs,
+                event=lambda *a, **k: None, notify=Notifier({}), stopping=lambda: False,
+                changed=lambda: None)
+    assert d.temperature() == 48.0  # before the first step: the sensor's reading
+    temp.write_text("garbage\n")  # the sensor fails; the governor holds its last value
+    d.out = control.Output(rung=0, rate_cap_hz=math.inf, budget_w=1.0, level=0, reason="",
+                           temp_c=47.5, slope_c_per_min=0.0)
+    assert d.sensors.read().temp_c is None
+    assert d.temperature() == 47.5
+    temp.write_text("95000\n")  # one jump the governor has not followed yet
+    assert d.temperature() == 47.5
+    d.out = replace(d.out, temp_c=None)  # the hold ran out: the reading, whatever it is
+    assert d.temperature() == 95.0
+
+
 def test_no_part_of_the_device_is_handed_the_daemon():
     """Only the entry point imports runtime/device/daemon.py: every part is given the
     collaborators it needs (what is served, the links), never the daemon itself."""
