@@ -139,7 +139,11 @@ def cmd_enroll(args: argparse.Namespace) -> int:
         enroll_coordinator,
         enroll_device,
     )
+    from runtime.wire.brokerauth import BrokerAuth
 
+    # a mistyped --broker-dir began a new broker directory that no broker reads: the
+    # credential printed never logged in, and nothing said why
+    begun = not BrokerAuth(args.broker_dir).registered()
     try:
         if args.role == "client":
             done = enroll_client(args.name, args.broker_dir, args.out, tuple(args.read),
@@ -160,6 +164,12 @@ def cmd_enroll(args: argparse.Namespace) -> int:
         print(f"edgerun fleet enroll: {e}", file=sys.stderr)
         return 2
     print(f"enrolled broker user {done.username!r}")
+    if begun:
+        print(f"edgerun fleet enroll: {args.broker_dir} held no enrolled identity: a new "
+              "broker directory was begun there. The broker reads it only where its "
+              f"mosquitto.conf says `password_file {args.broker_dir}/passwd` and `acl_file "
+              f"{args.broker_dir}/acl`: where --broker-dir is mistyped, enroll again in "
+              "the broker's directory", file=sys.stderr)
     for what, path in done.files.items():
         print(f"  {what:<10} {path}")
     print(f"\n{done.config}\nnext: {RELOAD_HINT}; copy the files in {args.out} to the "

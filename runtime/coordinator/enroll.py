@@ -123,7 +123,7 @@ def refresh_acl(broker_dir: str | Path) -> str:
     done, for the operator (run it after upgrading, or from the broker's unit:
     `ExecStartPre=`)."""
     auth = BrokerAuth(broker_dir)
-    if not (auth.dir / "identities.json").exists():
+    if not auth.registered():
         raise ValueError(f"{auth.dir}: no identities.json (not a broker directory made by "
                          "`edgerun fleet enroll`); nothing to regenerate")
     if auth.refresh_acl():

@@ -258,6 +258,10 @@ class BrokerAuth:
         self.acl = self.dir / "acl"
         self._registry = self.dir / "identities.json"
 
+    def registered(self) -> bool:
+        """Whether `edgerun fleet enroll` has enrolled anyone here (its registry exists)."""
+        return self._registry.exists()
+
     def identities(self, policy: bool = True) -> dict[str, Identity]:
         """Everyone enrolled, by username; each checked as `enrol` checks it (the ACL is made
         from these: a name or topic with a newline, `#` or `+` where enrol never puts one

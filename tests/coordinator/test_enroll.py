@@ -74,6 +74,19 @@ def test_enroll_refuses_bad_names_and_missing_key_dir(tmp_path, capsys):
     assert not (tmp_path / "b" / "passwd").exists()  # nothing half-written
 
 
+def test_an_enrolment_that_begins_a_broker_directory_says_so(tmp_path, capsys):
+    """A mistyped --broker-dir begins a directory no broker reads: the credential printed
+    would never log in. The first enrolment there says so and where the broker must read it;
+    the next ones, into a directory with enrolled identities, do not."""
+    keys, broker_dir = tmp_path / "keys", tmp_path / "brokre"
+    argv = ["--broker-dir", str(broker_dir), "--device-keys", str(keys)]
+    assert main(["fleet", "enroll", "dev1", "--out", str(tmp_path / "o1"), *argv]) == 0
+    err = capsys.readouterr().err
+    assert "held no enrolled identity" in err and f"password_file {broker_dir}/passwd" in err
+    assert main(["fleet", "enroll", "dev2", "--out", str(tmp_path / "o2"), *argv]) == 0
+    assert "held no enrolled identity" not in capsys.readouterr().err
+
+
 @pytest.mark.skipif(not shutil.which("openssl"), reason="openssl missing")
 def test_security_md_walkthrough_tls_enrol_reload_then_results_flow(tmp_path):
     """docs/security.md steps 1-5 on loopback: fleet CA and broker certificate with openssl,
