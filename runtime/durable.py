@@ -35,6 +35,20 @@ def crash_point(step: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+def make_dir(path: Path) -> str | None:
+    """Make directory `path` and its parents; None when it is there, else why it cannot be
+    (for the caller's error, which names the setting or file it was for): a file in its
+    place or in a parent's was "[Errno 17] File exists" and no more."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        # FileExistsError: a file in its place (mkdir's exist_ok holds only for a directory)
+        if isinstance(e, FileExistsError | NotADirectoryError):
+            return "is not a directory"
+        return f"cannot be made ({e.strerror or e})"
+    return None
+
+
 def fsync_dir(path: Path) -> None:
     """Make a rename or a new entry in directory `path` durable (a power cut after a rename
     can otherwise bring back the old name)."""

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from runtime.durable import write_atomic
+from runtime.durable import make_dir, write_atomic
 
 
 def test_replaces_the_file_and_leaves_no_temp(tmp_path):
@@ -69,3 +69,14 @@ def test_a_crash_between_fsync_and_rename_leaves_the_old_file(tmp_path):
     assert (tmp_path / ".current.json.tmp").read_text() == "new"  # written, never renamed
     write_atomic(p, "next")  # the leftover is replaced, not in the way
     assert p.read_text() == "next" and not (tmp_path / ".current.json.tmp").exists()
+
+
+def test_make_dir_says_why_a_directory_cannot_be_had(tmp_path):
+    """make_dir: None when the directory is there or made (parents too), else the reason in
+    words for the caller's error: a file in its place or in a parent's, or the OS's own."""
+    assert make_dir(tmp_path / "a" / "b") is None and (tmp_path / "a" / "b").is_dir()
+    assert make_dir(tmp_path / "a" / "b") is None  # already there
+    (tmp_path / "f").write_text("x")
+    assert make_dir(tmp_path / "f") == "is not a directory"
+    assert make_dir(tmp_path / "f" / "sub") == "is not a directory"
+    assert make_dir(tmp_path / ("x" * 300)) == "cannot be made (File name too long)"

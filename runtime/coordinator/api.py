@@ -62,6 +62,7 @@ from runtime.coordinator.queries import (  # noqa: F401  (the API's names, as th
     result_query,
 )
 from runtime.coordinator.service import Coordinator
+from runtime.durable import make_dir
 from runtime.wire.httpserver import Limits, Server
 
 log = logging.getLogger("edgerun.api")
@@ -83,13 +84,8 @@ def token_path(cfg: CoordinatorConfig) -> Path:
 def ensure_token(path: Path) -> str:
     """The API token in `path`, made (random, mode 0600) when the file does not exist.
     A token file others can read is refused: anyone holding it can command the fleet."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:  # a file in its directory's place: "[Errno 17] File exists" was all
-        why = ("is not a directory" if path.parent.exists() or
-               isinstance(e, FileExistsError | NotADirectoryError)
-               else f"cannot be made ({e.strerror or e})")
-        raise OSError(f"{path}: its directory {path.parent} {why}") from None
+    if why := make_dir(path.parent):
+        raise OSError(f"{path}: its directory {path.parent} {why}")
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:

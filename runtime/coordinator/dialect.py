@@ -37,6 +37,7 @@ from runtime.coordinator.store_open import (
     sqlite_open_refusal,
     where,
 )
+from runtime.durable import make_dir
 
 DAY = 86400.0
 
@@ -176,14 +177,8 @@ class SQLiteDialect:
         # was a traceback at every restart (a file in the directory's place, random bytes,
         # a full disk), and a file this user could read but not write opened read-only
         # without a word: the coordinator logged in, stored and acked nothing.
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            why = ("is not a directory" if self.path.parent.exists() or
-                   isinstance(e, FileExistsError | NotADirectoryError)
-                   else f"cannot be made ({e.strerror or e})")
-            raise StoreError(f"{where(self.path)}: its directory {self.path.parent} "
-                             f"{why}") from None
+        if why := make_dir(self.path.parent):
+            raise StoreError(f"{where(self.path)}: its directory {self.path.parent} {why}")
         if self.path.is_dir():
             raise StoreError(f"{where(self.path)} is a directory, not a database file")
         check_wal(self.path)  # after an unclean stop: read-only, before a checkpoint can

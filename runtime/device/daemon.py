@@ -46,6 +46,7 @@ from runtime.device.status import status_line
 from runtime.device.systemd import Notifier
 from runtime.device.wakeup import Signals, Wakeup, WakingQueue
 from runtime.device.wear import WriteRate
+from runtime.durable import make_dir
 from runtime.frames.pipeline import Pipeline
 from runtime.wire import clock as wire_clock
 
@@ -89,12 +90,8 @@ class Daemon:
 
     def start(self) -> None:
         """Bring every part up in order; raises with the failing step named."""
-        try:
-            self.state_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as e:  # a file in its place, a read-only parent: nothing can be kept
-            what = ("is not a directory" if self.state_dir.exists()
-                    else f"cannot be made ({e.strerror})")
-            raise ConfigError(f"daemon.state_dir {self.state_dir} {what}") from e
+        if why := make_dir(self.state_dir):  # a file in its place, a read-only parent
+            raise ConfigError(f"daemon.state_dir {self.state_dir} {why}")
         # commands sent earlier outlive restarts (and the config file's [constraints]); so do
         # the harvest forecast learnt (`kept`) and the operator's rate cap
         self.cfg, kept = self.operator.restore(self.cfg)
