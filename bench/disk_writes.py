@@ -8,13 +8,18 @@ a window of `--window-s` seconds is measured:
 - device: the daemon process's `write_bytes` (`/proc/PID/io`: bytes it caused to be sent to the
   storage layer, counted when a page is dirtied; its log file included) over the results the
   coordinator stored in the window;
-- coordinator: the coordinator process's `write_bytes`, and for PostgreSQL the server's own
-  (the postmaster, whose count includes the children it reaped, plus every live child: its
-  checkpoints, autovacuum and statistics too) and the WAL it generated (`pg_stat_wal`, the
-  whole cluster's; with `--wal-detail` also the share of the coordinator's own database and
-  the WAL by relation, from `pg_waldump`: a fresh cluster's autovacuum analyses and freezes
-  template1's and postgres's catalogs once, in whatever window it falls, 0.4-1.0x a result's
-  payload in a 120 s window, 2026-12-07);
+- coordinator: the coordinator process's `write_bytes`; for SQLite plus the copy of the
+  window's WAL into the database file, done at the window's edges by a child process
+  (`PRAGMA wal_checkpoint(PASSIVE)` at its start, not counted, and at its end, counted: the
+  coordinator's own checkpoints come every ~1000 WAL pages, ~2.5 min at 10/s, so a short
+  window held one or none by chance; 1.7x a result's payload in a 300 s run at 10/s,
+  2026-12-07); for PostgreSQL the server's own (the postmaster, whose count includes the
+  children it reaped, plus every live child: its checkpoints, autovacuum and statistics
+  too) and the WAL it generated (`pg_stat_wal`, the whole cluster's; with `--wal-detail`
+  also the share of the coordinator's own database and the WAL by relation, from
+  `pg_waldump`: a fresh cluster's autovacuum analyses and freezes template1's and
+  postgres's catalogs once, in whatever window it falls, 0.4-1.0x a result's payload in a
+  120 s window, 2026-12-07);
 - floor: in the same window a child process appends each result's payload (the mean size of
   the JSON the coordinator stored) to one file at the same rate, without fsync: the least any
   durable store of these results can write, under the same page accounting.
@@ -65,6 +70,25 @@ with open(path, "ab", buffering=0) as f:
         t += 1 / rate
         time.sleep(max(0.0, t - time.monotonic()))
 """
+
+
+CHECKPOINT = r"""
+import sqlite3, sys
+db = sqlite3.connect(sys.argv[1], timeout=30)
+busy, frames, copied = db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+db.close()
+io = dict(line.split(": ") for line in open("/proc/self/io").read().splitlines())
+print(busy, frames, copied, io["write_bytes"])
+"""
+
+
+def checkpoint(db: Path) -> int:
+    """Copy a SQLite store's WAL into its file now, from a child process (PASSIVE: the
+    coordinator is never held up; a frame a reader still needs is copied by the next one):
+    the bytes that child wrote."""
+    out = subprocess.run([sys.executable, "-c", CHECKPOINT, str(db)], capture_output=True,
+                         text=True, timeout=120, check=True).stdout.split()
+    return int(out[3])
 
 
 def write_bytes(pid: int) -> int:
@@ -171,6 +195,7 @@ class Window:
     checkpoints: int = 0  # PostgreSQL checkpoints done in the window
     wal_own: float | None = None  # of that, the coordinator's database's (--wal-detail)
     detail: list[str] = field(default_factory=list)  # the WAL by relation (--wal-detail)
+    checkpoint: float | None = None  # SQLite: of `coordinator`, the window's WAL copied
 
 
 def daemon_config(work: Path, port: int, rate: float, fsync: str) -> str:
@@ -261,12 +286,17 @@ def measure_rate(work: Path, broker: Mosquitto, coord: CoordinatorProc, pg: Any 
         s0 = tree_write_bytes(postmaster_pid(pg_dir)) if pg_dir else 0
         f0, l0 = write_bytes(floor_proc.pid), floor_file.stat().st_size
         w0 = wal_bytes(pg_url)
+        sqlite_db = None if pg else work / "coord.db"  # run_store's
+        if sqlite_db:  # the window's WAL starts empty of what came before it
+            checkpoint(sqlite_db)
+            c0 = write_bytes(coord.proc.pid)
         time.sleep(window_s)
         n1, d1, c1 = stored(coord), write_bytes(proc.pid), write_bytes(coord.proc.pid)
         m1 = produced(work / "state")
         s1 = tree_write_bytes(postmaster_pid(pg_dir)) if pg_dir else 0
         f1, l1 = write_bytes(floor_proc.pid), floor_file.stat().st_size
         w1 = wal_bytes(pg_url)
+        ckpt = checkpoint(sqlite_db) if sqlite_db else 0  # what the window left in the WAL
         floor_lines = (l1 - l0) / max(1, round(payload))
         n, m = n1 - n0, m1 - m0
         if n <= 0 or m <= 0:
@@ -275,11 +305,12 @@ def measure_rate(work: Path, broker: Mosquitto, coord: CoordinatorProc, pg: Any 
                        if wal_detail and pg and pg_url else (None, []))
         # the device's bytes over the results it made, the coordinator's over those it stored
         # (a coordinator behind the device stores fewer in the window than were made)
-        return Window(rate, m, n, payload, (d1 - d0) / m, (c1 - c0) / n,
+        return Window(rate, m, n, payload, (d1 - d0) / m, (c1 - c0 + ckpt) / n,
                       (s1 - s0) / n if pg_dir else None,
                       (w1[0] - w0[0]) / n if pg_url else None,
                       (f1 - f0) / max(1.0, floor_lines), w1[1] - w0[1], w1[2] - w0[2],
-                      own / n if own is not None else None, detail)
+                      own / n if own is not None else None, detail,
+                      ckpt / n if sqlite_db else None)
     finally:
         if floor_proc:
             floor_proc.kill()
@@ -333,6 +364,8 @@ def run_store(kind: str, rates: list[float], window_s: float, fsync: str,
                           f"stored, payload "
                           f"{w.payload:.0f} B; device {w.device:.0f} B/result, coordinator "
                           f"{w.coordinator:.0f}"
+                          + (f" (of it {w.checkpoint:.0f} its WAL's copy into the file)"
+                             if w.checkpoint is not None else "")
                           + (f" + server {w.server:.0f} (WAL {w.wal:.0f}: {w.fpi} full page "
                              f"images, {w.checkpoints} checkpoints in the window"
                              + (f"; its database's {w.wal_own:.0f}" if w.wal_own else "") + ")"
