@@ -308,7 +308,16 @@ class Coordinator:
         inbound, sources, replies = self.admission.batch(batch, now, bad)
         written: dict[str, tuple[float, fleet.DeviceView]] = {}
         self._place(inbound)
-        acks, refused = self.store.ingest(inbound, written)
+        try:
+            acks, refused = self.store.ingest(inbound, written)
+        except Exception:
+            # The store failed, not the devices: they did talk (a full store disk aged the
+            # whole fleet stale, then offline, alerts and all) and an operator may be waiting
+            # for a reply. Both go on; the results are not acked, so devices re-send them.
+            self._into_views(list(enumerate(inbound)), sources, {}, now, bad)
+            self._replies(replies, now, bad)
+            self._quarantine(bad)
+            raise
         if self.store.over_budget:
             self.retention.due.set()  # the retention loop takes back what was borrowed
         for i, why in refused:
@@ -320,12 +329,17 @@ class Coordinator:
         stored = [(i, m) for i, m in enumerate(inbound) if i not in refused_idx]
         self._into_views(stored, sources, written, now, bad)
         self.births.stored(stored)
+        self._replies(replies, now, bad)
+        self._quarantine(bad)
+
+    def _replies(self, replies: list[tuple[str, dict, str, int]], now: float,
+                 bad: list[tuple[str, str, str, int, float]]) -> None:
+        """Hand command replies to their waiters; a refused one goes to `bad`."""
         for device, reply, topic_name, size in replies:
             try:
                 self.commander.on_reply(device, reply)
             except Refused as e:
                 bad.append((device, topic_name, str(e), size, now))
-        self._quarantine(bad)
 
     def _ack(self, acks: dict) -> None:
         """Publish the acks of what the batch committed."""

@@ -424,3 +424,39 @@ def test_a_key_twice_in_a_batch_is_stored_once_on_both_paths(store_url):
     assert [q for _, q in store.result_seqs("d")] == [1, 2, 3, 4, 5, 6]
     assert store.counts() == {"d": 6}
     store.close()
+
+
+def test_a_store_failing_a_batch_still_hears_its_devices_and_their_replies(tmp_path):
+    """The coordinator's store failing is not its devices falling silent. On a full store
+    disk (the attack run: a real coordinator, a 3 MB tmpfs filled for 10 s, a device at
+    50/s) the device that was sending all along went `online -> stale -> offline` with both
+    alerts raised (webhooks would have told the operator the whole fleet was down), and a
+    command's reply that arrived meanwhile never reached the operator waiting for it. Now
+    a failed batch still updates the fleet view and hands its replies to their waiters;
+    its results are not acked (the device re-sends them)."""
+    from runtime.config.coordinator import CoordinatorConfig
+    from runtime.coordinator.service import Coordinator
+
+    coord = Coordinator(CoordinatorConfig(fleet="f", store=str(tmp_path / "c.db"),
+                                          device_keys=str(tmp_path / "keys")))
+
+    def full(*a, **k):
+        raise sqlite3.OperationalError("database or disk is full")
+
+    coord.store.ingest = full
+    waiter = (threading.Event(), [])
+    coord.commander._waiters["c1"] = waiter
+    now = time.time()
+    batch = [("edgerun/v1/f/a/result",
+              b'{"v":1,"stream":"s","boot":"b","floor":1,"results":[{"seq":1,"t":%f}]}' % now,
+              now),
+             ("edgerun/v1/f/a/cmd/reply",
+              b'{"v":1,"id":"c1","ok":true,"status":"done","t":%f}' % now, now)]
+    try:
+        with pytest.raises(sqlite3.OperationalError, match="disk is full"):
+            coord._ingest(batch)
+        view = coord.views.get("a")
+        assert view is not None and view.status == "online" and view.last_seen >= now
+        assert waiter[0].is_set() and waiter[1][0]["device_status"] == "done"
+    finally:
+        coord.store.close()
