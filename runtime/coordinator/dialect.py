@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import logging
 import math
 import sqlite3
 import threading
@@ -38,6 +39,8 @@ from runtime.coordinator.store_open import (
     where,
 )
 from runtime.durable import make_dir
+
+log = logging.getLogger("edgerun.coordinator")
 
 DAY = 86400.0
 
@@ -663,15 +666,31 @@ class PostgresDialect:
             for table in PARTITIONED:
                 for d in range(day0, day0 + self.days_ahead + 2):
                     name = f"{table}_p{_day_name(d)}"
-                    # the default partition may hold rows of this range only if it was made
-                    # late; then the day's rows stay in the default (dropped by row deletes)
                     try:
                         with conn.transaction():
                             conn.execute(f"CREATE TABLE IF NOT EXISTS {name} PARTITION OF "
                                          f"{table} FOR VALUES FROM ({d * DAY}) TO "
                                          f"({(d + 1) * DAY})")
                     except self.errors:
-                        continue
+                        self._attach_moving(conn, table, name, d)
+
+    def _attach_moving(self, conn: Any, table: str, name: str, day: int) -> None:
+        """Make day `day`'s partition of `table` when the default partition already holds
+        rows of that day (CREATE ... PARTITION OF is then refused): a partition made late,
+        or health a device claimed days ahead (an unsynced claim may read up to 2100; one
+        such health a day stopped every day's partition, the fleet's health then deleted
+        by row, never dropped). The rows are moved out of the default, in one savepoint."""
+        lo, hi, col = day * DAY, (day + 1) * DAY, PARTITIONED[table]
+        try:
+            with conn.transaction():
+                conn.execute(f"CREATE TABLE {name} (LIKE {table} INCLUDING DEFAULTS)")
+                conn.execute(f"WITH moved AS (DELETE FROM {table}_default WHERE {col} >= %s "
+                             f"AND {col} < %s RETURNING *) INSERT INTO {name} "
+                             "SELECT * FROM moved", (lo, hi))
+                conn.execute(f"ALTER TABLE {table} ATTACH PARTITION {name} FOR VALUES "
+                             f"FROM ({lo}) TO ({hi})")
+        except self.errors as e:  # the day's rows stay in the default (deleted by row)
+            log.warning("coordinator.store: could not make the partition %s: %s", name, e)
 
     def _partitions(self, db: Any, table: str) -> list[tuple[str, float]]:
         """(name, end of range) of the day partitions of `table`, oldest first."""

@@ -172,6 +172,32 @@ def test_postgres_health_partitions_dropped_by_prune(postgres):
     store.close()
 
 
+def test_a_health_claimed_days_ahead_does_not_stop_that_days_partition(postgres):
+    """A device's unsynced health may claim any time up to 2100 (a claim, placed later):
+    one stamped five days ahead went into the default partition, and when that day came
+    CREATE TABLE health_pYYYYMMDD PARTITION OF health failed ("updated partition constraint
+    for default partition would be violated"): that day's partition was never made, so the
+    whole fleet's health of that day went into the default, where retention can only
+    delete rows (no partition to drop, no space given back). One device a day ahead could
+    do it to every day. Now the day's rows are moved out of the default into the new
+    partition."""
+    store = Store(postgres.create_database("claimsahead"))
+    ahead = time.time() + 5 * DAY
+    day = f"health_p{time.strftime('%Y%m%d', time.gmtime(ahead))}"
+    clk = {"sync": False, "boot_id": "k1", "bt": 100.0}
+    store.ingest([Inbound("evil", "health", {"v": 1, "t": ahead, "boot": "b", "clk": clk})])
+    usage = store.read("SELECT device, pool, bytes FROM pool_usage ORDER BY 1, 2")
+    store._d.maintain(now=ahead)  # five days on: the retention pass makes that day
+    assert day in _partitions(store, "health")
+    store.ingest([Inbound("good", "health", {"v": 1, "t": ahead + 60, "boot": "g"})])
+    where = store.read("SELECT device, tableoid::regclass::text FROM health ORDER BY 1")
+    assert where == [("evil", day), ("good", day)]
+    # moved, not copied: the shares' byte counts and the row count are as before
+    assert store.read("SELECT device, pool, bytes FROM pool_usage WHERE device = 'evil' "
+                      "ORDER BY 1, 2") == usage
+    store.close()
+
+
 @pytest.mark.parametrize("server", ["refusing", "silent"])
 def test_unreachable_server_is_an_error_not_a_hang(server):
     """A port that refuses, and a server that accepts and never says a word (a half-dead
