@@ -36,17 +36,26 @@ class Pruning:
         """Drop health and events older than their retention (results are never pruned here).
         On PostgreSQL whole day partitions of health go first; rows left are deleted. `now`:
         the time ages are judged at (the retention's steady wall clock; default the wall)."""
+        from runtime.coordinator.clock_place import PENDING_DDL  # (it imports the store)
+
         now = time.time() if now is None else now
         self._unuse(self._d.drop_partitions("health", now - keep_health_s, acked_only=False),
                     results=False)
         with self._d.transaction() as db:
+            db.execute(PENDING_DDL)
             gone: Counter = Counter()
             for pool, keep in (("health", keep_health_s), ("events", keep_events_s)):
-                for d, n in db.execute(f"DELETE FROM {pool} WHERE t < ? RETURNING device, "
-                                       f"{quotas.POOL_BYTES_SQL[pool]}",
-                                       (now - keep,)).fetchall():
+                # a claim before 2025 (a box booted at 1970) is no age while its device has
+                # a boot waiting to be placed (clock_place.py): it was deleted at once, and
+                # the sync found nothing left to place; one no boot can place still goes
+                for d, n in db.execute(f"DELETE FROM {pool} WHERE t < ? AND (t >= ? OR "
+                                       "device NOT IN (SELECT device FROM clock_pending)) "
+                                       f"RETURNING device, {quotas.POOL_BYTES_SQL[pool]}",
+                                       (now - keep, clock.FLOOR_T)).fetchall():
                     gone[d, pool] += int(n)
-            db.execute("DELETE FROM health_points WHERE t < ?", (now - keep_health_s,))
+            db.execute("DELETE FROM health_points WHERE t < ? AND (t >= ? OR device NOT IN "
+                       "(SELECT device FROM clock_pending))", (now - keep_health_s,
+                                                                clock.FLOOR_T))
             uncharge(db, gone)
 
 

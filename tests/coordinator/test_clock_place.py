@@ -304,3 +304,43 @@ def test_unsynced_times_past_2100_are_refused_at_admission(coord, t, refused):
             c.admission.admit(topic, raw, REAL)
     else:
         assert c.admission.admit(topic, raw, REAL)[1] == "health"
+
+
+def test_health_and_events_claimed_at_1970_wait_for_their_placing_not_the_prune(store_url):
+    """A device booting at 1970 (no RTC, no network time yet) stamps its health and events
+    with its claim, to be placed once its boot syncs. The hourly prune judged them by that
+    claim: 56 years old, deleted at once, so by the time the clock synced there was
+    nothing left to place (the device's health history and its events, critical ones
+    included, gone within the hour they arrived). Now a claim before 2025 is not an age
+    while its device's boot waits to be placed; the placed rows are then judged by their
+    placed time, and a claim no boot can ever place (an old payload without `clk`, or a
+    pending boot forgotten after the retention) goes at the next prune."""
+    store = Store(store_url)
+    try:
+        placer = Placer(store)
+        at_1970 = [_health(130.0, _clk(False, 130.0)),
+                   Inbound("d1", "event", {"v": 1, "t": 140.0, "type": "thermal_trip",
+                                           "clk": _clk(False, 140.0)})]
+        at_1970[0].msg["temp_c"] = 41.5  # a timeline number (health_points)
+        old_device = Inbound("d2", "health", {"v": 1, "t": 150.0, "boot": "p9"})  # no clk
+        _ingest(store, placer, [*at_1970, old_device])
+        store.prune(keep_health_s=7 * 86400.0, keep_events_s=30 * 86400.0, now=REAL)
+        assert store.read("SELECT device, t FROM health ORDER BY device") == [("d1", 130.0)]
+        assert store.read("SELECT device, t FROM events") == [("d1", 140.0)]
+        # the clock syncs: what it made at 1970 lands where it belongs
+        _ingest(store, placer, [_health(REAL + 200, _clk(True, 200.0))])
+        placed = sorted(t for (t,) in store.read("SELECT t FROM health WHERE device = 'd1'"))
+        assert placed == pytest.approx([REAL + 130, REAL + 200], abs=1e-3)
+        (ev,) = store.events("d1")
+        assert ev["t"] == pytest.approx(REAL + 140, abs=1e-3)
+        assert store.read("SELECT t, temp_c FROM health_points WHERE temp_c IS NOT NULL") == [
+            (pytest.approx(REAL + 130, abs=1e-3), 41.5)]  # the dashboard's timeline too
+        # a claim left unplaced once its pending boot is forgotten goes at the next prune
+        _ingest(store, placer, [_health(160.0, _clk(False, 160.0, KB2))])
+        with store.transaction() as db:
+            db.execute("DELETE FROM clock_pending")
+        store.prune(keep_health_s=7 * 86400.0, keep_events_s=30 * 86400.0, now=REAL + 300)
+        assert store.read("SELECT COUNT(*) FROM health WHERE t < 1e9") == [(0,)]
+        _pool_exact(store)
+    finally:
+        store.close()
