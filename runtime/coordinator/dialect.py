@@ -193,6 +193,14 @@ class SQLiteDialect:
             db.execute(f"PRAGMA synchronous={'FULL' if fsync == 'full' else 'NORMAL'}")
             self.db = db
             self._migrate()
+            # Reads have a connection of their own: WAL lets it read the last commit beside
+            # a writer. On the writer's one, every API read and /metrics hung for as long
+            # as a commit did (a disk that stopped answering writes: fsfreeze in the attack
+            # run), the read waiting for the ingest thread's lock.
+            self._rdb = sqlite3.connect(self.path, isolation_level=None,
+                                        check_same_thread=False, timeout=30)
+            self._rdb.execute("PRAGMA query_only = 1")
+            self._rlock = threading.Lock()
         except (sqlite3.Error, StoreError) as e:
             if db is not None:
                 db.close()
@@ -272,9 +280,9 @@ class SQLiteDialect:
 
     @contextlib.contextmanager
     def reader(self) -> Iterator[Any]:
-        """A connection for reads and single autocommit statements."""
-        with self.lock:
-            yield self.db
+        """A connection for reads (query_only), not waiting for a write transaction."""
+        with self._rlock:
+            yield self._rdb
 
     def sql(self, text: str) -> str:
         return text
@@ -354,10 +362,12 @@ class SQLiteDialect:
 
     def after_prune(self) -> None:
         # The WAL keeps its high-water mark; truncate it so the files on disk shrink too.
-        with self.reader() as db:
-            db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        with self.lock:
+            self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
     def close(self) -> None:
+        with self._rlock:
+            self._rdb.close()
         with self.lock:
             self.db.close()
 

@@ -486,3 +486,39 @@ def test_a_store_failing_a_batch_still_hears_its_devices_and_their_replies(tmp_p
         assert waiter[0].is_set() and waiter[1][0]["device_status"] == "done"
     finally:
         coord.store.close()
+
+
+def test_reads_answer_while_a_write_transaction_hangs(store_url):
+    """A store whose disk stops answering writes (the attack run: `fsfreeze` on the loop
+    ext4 holding a real coordinator's SQLite store for 12 s, a device at 50/s) hung every
+    API request, /metrics and /api/v1/stats included, for as long as the freeze lasted: on
+    SQLite every read took the one connection's lock, which the ingest thread held inside
+    its stalled commit, so the operator's monitoring lost the coordinator exactly when it
+    was needed. Reads now have their own connection (WAL lets them read the last commit
+    beside a writer), as the PostgreSQL pool always gave them."""
+    store = Store(store_url)
+    store.ingest([Inbound("a", "result", _batch("s", range(1, 4)))])
+    holding, release = threading.Event(), threading.Event()
+
+    def stalled_commit():
+        with store._d.transaction() as db:
+            db.execute("INSERT INTO result_counts VALUES ('b', 1) ON CONFLICT (device) "
+                       "DO UPDATE SET n = 1")
+            holding.set()
+            release.wait(30)
+
+    writer = threading.Thread(target=stalled_commit)
+    writer.start()
+    try:
+        assert holding.wait(10)
+        got: list = []
+        reader = threading.Thread(target=lambda: got.append((store.counts(),
+                                                             store.used_bytes() > 0)))
+        reader.start()
+        reader.join(10)
+        assert got == [({"a": 3}, True)], "a read waited for the stalled write"
+    finally:
+        release.set()
+        writer.join(10)
+    assert store.counts() == {"a": 3, "b": 1}  # the commit, once done, is read
+    store.close()
