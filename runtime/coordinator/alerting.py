@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import threading
 from typing import Any
 
 from runtime.config.coordinator import CoordinatorConfig
@@ -38,7 +39,10 @@ class Alerting:
         self.store_log = AlertLog(store)  # what every coordinator's dashboard lists
         # each (device, code)'s state: raised at once, cleared once away alert_clear_s
         self._alerts = AlertStates()
-        self._to_send: list[tuple[str, str, str, float, dict]] = []  # for the webhook
+        # for the webhook and the store's log: queued under the views lock, sent outside it
+        self._to_send: collections.deque[tuple[str, str, str, float, dict]] = \
+            collections.deque()
+        self._sending = threading.Lock()  # one thread sends; the others leave theirs to it
         self.webhook = (webhooks.Webhook(
             cfg.webhook_url,
             webhooks.load_secret(cfg.webhook_secret_file) if cfg.webhook_secret_file else None,
@@ -47,11 +51,25 @@ class Alerting:
 
     def refreshed(self, changes: list[tuple[str, str, str, str]], now: float,
                   views: dict[str, fleet.DeviceView]) -> None:
-        """A refresh's alert changes (fleet.alert_changes) recorded, the clears that settled
-        added, and all of them sent. Under the views lock (`views` read for each status)."""
+        """A refresh's alert changes (fleet.alert_changes) recorded and the clears that
+        settled added, queued for `send`. Under the views lock (`views` read for each
+        status)."""
         self._record_alerts(changes, now, views)
         self._settle_clears(now, views)
-        self._send_alerts()
+
+    def send(self) -> None:
+        """Send what `refreshed` queued: into the store's log and to the webhook. Not under
+        the views lock: its store writes wait as long as the store does (a disk that stopped
+        answering writes held every API request and /metrics behind the views lock). One
+        thread sends at a time; another finding it busy returns at once, its transitions
+        sent by that one (it looks again before it leaves) or by the next refresh."""
+        while self._sending.acquire(blocking=False):
+            try:
+                self._send_alerts()
+            finally:
+                self._sending.release()
+            if not self._to_send:
+                return
 
     def _record_alerts(self, changes: list[tuple[str, str, str, str]], now: float,
                        views: dict[str, fleet.DeviceView]) -> None:
@@ -102,9 +120,11 @@ class Alerting:
         store (share_group) each computes every transition from the shared view: only those
         this one claims first are recorded and sent, all claimed in one store transaction (a
         fleet going stale at once was one transaction an alert). A store error sends them
-        all (a duplicate is better than a lost alert). Under the views lock; submit never
+        all (a duplicate is better than a lost alert). Under `_sending`; submit never
         blocks."""
-        pending, self._to_send = self._to_send, []
+        pending = []
+        while self._to_send:  # popleft is atomic: a transition queued meanwhile waits
+            pending.append(self._to_send.popleft())
         won = [True] * len(pending)
         if self.cfg.share_group and pending:
             try:

@@ -430,8 +430,9 @@ class Coordinator:
                 self._ageing.schedule(d, v, self.fleet_cfg)
             changes = fleet.transitions(before, after)
             # under the lock: fleet_view() refreshes from HTTP threads too, and each
-            # transition must be recorded and sent exactly once, in order
+            # transition must be queued exactly once, in order
             self.alerting.refreshed(fleet.alert_changes(before, after), now, views)
+        self.alerting.send()  # its store writes outside the views lock (Alerting.send)
         if len(changes) <= 20:
             for device, old, new in changes:
                 log.info("device %s: %s -> %s", device, old, new)

@@ -71,3 +71,55 @@ def test_the_log_is_bounded_and_a_bad_row_is_skipped(store_url):
         assert log.raised_times() == {("d", "hot"): 2000.0}
     finally:
         s.close()
+
+
+def test_an_alert_due_while_the_store_hangs_holds_no_api_request(tmp_path):
+    """With the store's disk not answering writes (the attack run: fsfreeze on the loop ext4
+    holding a real coordinator's SQLite store), a device went stale, and the refresh that
+    raised its alert wrote the transition into the store's log under the views lock: every
+    API request and /metrics then waited behind it for as long as the disk did. The
+    transition is now written outside the views lock; a refresh that finds another thread
+    writing leaves it its transitions and answers."""
+    import threading
+
+    from runtime.coordinator.service import Coordinator
+
+    coord = Coordinator(CoordinatorConfig(fleet="test", store=str(tmp_path / "c.db"),
+                                          alert_clear_s=0, stale_after_s=5,
+                                          offline_after_s=10))
+    now = time.time()
+    coord._ingest([(payloads.topic("test", "d", "health"), payloads.encode("health", {
+        "v": 1, "t": now, "boot": "b"}), now)])
+    coord._refresh(now)
+    holding, release = threading.Event(), threading.Event()
+
+    def stalled_commit():  # what the ingest thread's commit on a frozen disk amounts to
+        with coord.store.transaction():
+            holding.set()
+            release.wait(30)
+
+    writer = threading.Thread(target=stalled_commit)
+    writer.start()
+    try:
+        assert holding.wait(10)
+        ager = threading.Thread(target=coord._refresh, args=(now + 60,))  # d goes offline
+        ager.start()
+        deadline = time.monotonic() + 10
+        while coord.counters["alerts_raised"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert coord.counters["alerts_raised"] >= 1
+        answered: list = []
+        api = threading.Thread(target=lambda: answered.append(coord.fleet_view()))
+        api.start()
+        api.join(10)
+        assert answered and answered[0][0]["status"] == "offline", \
+            "the API waited for the store behind the views lock"
+    finally:
+        release.set()
+        writer.join(10)
+        ager.join(10)
+    # once the store answers, the transition is in its log, once
+    coord._refresh(now + 61)
+    assert [(r["device"], r["alert"], r["state"]) for r in coord.alerts_view()["recent"]
+            ] == [("d", "offline", "raised")]
+    coord.store.close()
