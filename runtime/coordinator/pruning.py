@@ -20,6 +20,18 @@ from runtime.coordinator.budget import ACKED_OLDEST, Budget
 from runtime.coordinator.store_rows import Dialect, Stalled, charge, query, uncharge
 from runtime.wire import clock
 
+# Rows past their age: stamped before the cut in a plausible time, or, when their device has
+# no boot waiting to be placed (clock_place.py), before the cut or claimed ahead of now by
+# more than UNPLACEABLE_AHEAD_S (a synced stamp is refused past future_skew_s)
+_AGED = ("WHERE (t < ? AND t >= ?) OR ((t < ? OR t > ?) AND device NOT IN "
+         "(SELECT device FROM clock_pending))")
+UNPLACEABLE_AHEAD_S = 86400.0
+
+
+def _aged(now: float, keep: float) -> tuple[float, float, float, float]:
+    """_AGED's parameters at `now` for a retention of `keep` seconds."""
+    return now - keep, clock.FLOOR_T, now - keep, now + UNPLACEABLE_AHEAD_S
+
 
 class Pruning:
     """Retention's deletes in the store, through its dialect and `budget` (see module
@@ -47,15 +59,13 @@ class Pruning:
             for pool, keep in (("health", keep_health_s), ("events", keep_events_s)):
                 # a claim before 2025 (a box booted at 1970) is no age while its device has
                 # a boot waiting to be placed (clock_place.py): it was deleted at once, and
-                # the sync found nothing left to place; one no boot can place still goes
-                for d, n in db.execute(f"DELETE FROM {pool} WHERE t < ? AND (t >= ? OR "
-                                       "device NOT IN (SELECT device FROM clock_pending)) "
-                                       f"RETURNING device, {quotas.POOL_BYTES_SQL[pool]}",
-                                       (now - keep, clock.FLOOR_T)).fetchall():
+                # the sync found nothing left to place; one no boot can place goes, and so
+                # does a claim ahead (a box reading 2099), which was kept until its date
+                for d, n in db.execute(f"DELETE FROM {pool} {_AGED} RETURNING device, "
+                                       f"{quotas.POOL_BYTES_SQL[pool]}",
+                                       _aged(now, keep)).fetchall():
                     gone[d, pool] += int(n)
-            db.execute("DELETE FROM health_points WHERE t < ? AND (t >= ? OR device NOT IN "
-                       "(SELECT device FROM clock_pending))", (now - keep_health_s,
-                                                                clock.FLOOR_T))
+            db.execute(f"DELETE FROM health_points {_AGED}", _aged(now, keep_health_s))
             uncharge(db, gone)
 
 

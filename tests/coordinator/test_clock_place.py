@@ -344,3 +344,28 @@ def test_health_and_events_claimed_at_1970_wait_for_their_placing_not_the_prune(
         _pool_exact(store)
     finally:
         store.close()
+
+
+def test_a_claim_ahead_that_no_boot_can_place_is_not_kept_until_its_date(store_url):
+    """An unsynced claim may read up to 2100 (a box whose RTC says 2099). While its boot
+    waits for a sync it is kept, to be placed; once no pending boot of its device is left
+    (forgotten after the retention, as above) nothing can ever place it, and the prune,
+    judging it by its claim, kept it until 2099: garbage for ever. It now goes then."""
+    store = Store(store_url)
+    try:
+        placer = Placer(store)
+        at_2099 = 4_070_000_000.0
+        _ingest(store, placer, [_health(at_2099, _clk(False, 130.0)),
+                                Inbound("d1", "event", {"v": 1, "t": at_2099 + 1, "type": "x",
+                                                        "clk": _clk(False, 131.0)}),
+                                _health(REAL + 30, None)])  # an old device's, on time
+        store.prune(keep_health_s=7 * 86400.0, keep_events_s=30 * 86400.0, now=REAL + 60)
+        assert store.read("SELECT COUNT(*) FROM health") == [(2,)]  # waiting to be placed
+        with store.transaction() as db:
+            db.execute("DELETE FROM clock_pending")
+        store.prune(keep_health_s=7 * 86400.0, keep_events_s=30 * 86400.0, now=REAL + 60)
+        assert store.read("SELECT t FROM health") == [(REAL + 30,)]
+        assert store.read("SELECT COUNT(*) FROM events") == [(0,)]
+        _pool_exact(store)
+    finally:
+        store.close()
