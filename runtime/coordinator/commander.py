@@ -60,7 +60,8 @@ class Commander:
         self._on_reply_of = on_reply
         self._key = commands.load_private_key(cfg.signing_key) if cfg.signing_key else None
         self._device_keys: dict[str, tuple[float, Any]] = {}  # device -> (mtime, key or None)
-        self._waiters: dict[str, tuple[threading.Event, list]] = {}
+        # command id -> (answered, the reply, the device it was sent to)
+        self._waiters: dict[str, tuple[threading.Event, list, str]] = {}
         # Bounded work per message: a command sent without waiting is remembered until its
         # reply or its expiry (no thread waits for it)
         self.pending = PendingReplies(cfg.max_pending_replies)
@@ -71,6 +72,11 @@ class Commander:
         pending = self.pending.get(reply["id"] or "")
         if waiter is None and pending is None and self.cfg.share_group:
             return  # every coordinator of the group sees every reply: not our command
+        if waiter is not None and waiter[2] != device:
+            # its signature proves only who sent it: device b signing a reply to a's
+            # command (its id seen on an open broker) answered a's waiter, verified
+            raise Refused(f"cmd/reply for command {str(reply['id'])[:64]}: the command was "
+                          f"sent to {waiter[2]}, not to {device}")
         key = self.device_key(device)
         verified = (key is not None and reply.get("device") == device
                     and commands.reply_signed_by(reply, key))
@@ -213,7 +219,7 @@ class Commander:
             return self._publish_for_sleeper(view, name, args, ttl_s)
         env = commands.sign(self._key, device, name, args, ttl_s)
         event, box = threading.Event(), []
-        self._waiters[env["id"]] = (event, box)
+        self._waiters[env["id"]] = (event, box, device)
         try:
             self._publish(payloads.topic(self.cfg.fleet, device, "cmd"),
                                payloads.encode("cmd", env))

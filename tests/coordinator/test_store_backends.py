@@ -470,7 +470,7 @@ def test_a_store_failing_a_batch_still_hears_its_devices_and_their_replies(tmp_p
         raise sqlite3.OperationalError("database or disk is full")
 
     coord.store.ingest = full
-    waiter = (threading.Event(), [])
+    waiter = (threading.Event(), [], "a")  # command c1, sent to a, awaits its reply
     coord.commander._waiters["c1"] = waiter
     now = time.time()
     batch = [("edgerun/v1/f/a/result",

@@ -1,0 +1,61 @@
+"""Command replies at the coordinator (runtime/coordinator/commander.py): a reply counts only
+for the command it answers and the device that command went to."""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import threading
+import time
+
+import pytest
+
+from runtime.config.coordinator import CoordinatorConfig
+from runtime.coordinator import fleet
+from runtime.coordinator.commander import Commander, Refused
+from runtime.wire import commands
+from runtime.wire.quarantine import RateLimitedLog
+
+
+def test_a_reply_from_another_device_does_not_answer_a_waiting_command(tmp_path):
+    """A waiting command (`fleet send`, POST .../commands) took the first verified reply
+    carrying its id, from whichever device's reply topic it came: device b, its own key on
+    file, signed {id: <a's command id>, device: "b"} with that key and its reply counted as
+    a's, `verified: true` (the reply's `device` was checked against the topic, not against
+    the device the command went to). An id is a uuid4 only the broker's ACL keeps from b;
+    an awaited rollout command already checked the device. Now the waiting one does too:
+    b's reply is refused (quarantined), a's own still answers."""
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    commands.generate_keypair(tmp_path / "coord.key", tmp_path / "coord.pub")
+    for d in ("a", "b"):
+        commands.generate_keypair(tmp_path / f"{d}.key", keys / f"{d}.pub")
+    cfg = CoordinatorConfig(fleet="f", store=str(tmp_path / "c.db"),
+                            signing_key=str(tmp_path / "coord.key"), device_keys=str(keys))
+    sent: list[dict] = []
+    views = {d: fleet.DeviceView(d, status="online", online=True) for d in ("a", "b")}
+    commander = Commander(cfg, lambda topic, body: sent.append(json.loads(body)), views.get,
+                          collections.Counter(), RateLimitedLog(logging.getLogger("t")),
+                          lambda *a: None, lambda *a: None)
+    answer: list = []
+    waiting = threading.Thread(target=lambda: answer.append(
+        commander.send_command("a", "ping", wait_s=10)))
+    waiting.start()
+    deadline = time.monotonic() + 10
+    while not sent and time.monotonic() < deadline:
+        time.sleep(0.01)
+    (cmd,) = sent
+
+    def reply(device: str) -> dict:
+        return commands.sign_reply(commands.load_private_key(tmp_path / f"{device}.key"), {
+            "v": 1, "id": cmd["id"], "ok": True, "status": "done", "t": time.time(),
+            "device": device})
+
+    try:
+        with pytest.raises(Refused, match="sent to a"):
+            commander.on_reply("b", reply("b"))
+        commander.on_reply("a", reply("a"))
+    finally:
+        waiting.join(15)
+    assert answer and answer[0]["device"] == "a" and answer[0]["verified"] is True
