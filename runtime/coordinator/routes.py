@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import hmac
 import logging
+import sqlite3
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +26,7 @@ from runtime.coordinator.queries import INT, BadRequest, health_query, result_qu
 from runtime.coordinator.service import Coordinator, UnknownDevice
 from runtime.wire import commands, safejson
 from runtime.wire.httpapp import Request, Response, json_response
+from runtime.wire.quarantine import RateLimitedLog
 
 log = logging.getLogger("edgerun.api")
 
@@ -72,6 +75,14 @@ PUBLIC = (
 METHODS = ("GET", "POST", "PUT", "DELETE")
 
 
+def _store_unavailable(e: Exception) -> bool:
+    """Whether `e` says the store cannot be used now (not a bug): SQLite's or psycopg's
+    OperationalError (a server down, a pool timeout, an I/O error)."""
+    psycopg = sys.modules.get("psycopg")  # imported only with a PostgreSQL store
+    return isinstance(e, sqlite3.OperationalError) or (
+        psycopg is not None and isinstance(e, psycopg.OperationalError))
+
+
 def _error(status: int, message: str, close: bool = False) -> Response:
     return json_response(status, {"error": message}, close=close)
 
@@ -83,6 +94,7 @@ class Api:
         self.c = coordinator
         self.expected = f"Bearer {token}".encode()
         self.registry = metrics.registry(coordinator)
+        self._rlog = RateLimitedLog(log)
 
     # -- dispatch ---------------------------------------------------------------------------
 
@@ -130,6 +142,15 @@ class Api:
             return _error(e.status, str(e))
         except dashboard.HistoryQueryError as e:
             return _error(400, str(e))
+        except Exception as e:
+            if not _store_unavailable(e):
+                raise
+            # a store down (PostgreSQL stopped, a disk failing) answered 500 "internal
+            # error" with a traceback a request: every scrape of /metrics added one
+            why = f"the coordinator's store cannot be read now ({e}); try again later"
+            self._rlog.log("store-read", "api request %s %s: %s", req.method,
+                           req.target[:200], why, level=logging.ERROR)
+            return _error(503, why[:500])
 
     def authorized(self, req: Request) -> bool:
         """The request carries the API token (constant-time comparison)."""

@@ -232,3 +232,26 @@ def test_fleet_cli_finds_api_and_token_from_the_coordinator_config(tmp_path, cap
     finally:
         server.shutdown()
         coord.stop()
+
+
+def test_a_store_that_cannot_be_read_is_a_503_naming_it_not_a_500(api, caplog):
+    """With the PostgreSQL store down (the attack run: a real coordinator, the server stopped
+    for 40 s), every API request and every /metrics scrape answered 500 "internal error;
+    see the log" after 30 s, and the log had a traceback for each (24 in 40 s). A store
+    that cannot be read now is a 503 saying so, logged once a minute."""
+    import logging
+    import sqlite3
+
+    coord, port, token = api
+
+    def down(*a, **k):
+        raise sqlite3.OperationalError("disk I/O error")
+
+    coord.store.counts = down
+    with caplog.at_level(logging.ERROR, logger="edgerun"):
+        for _ in range(3):
+            status, body = _get(port, "/api/v1/fleet", token)
+            assert status == 503, body
+            assert "store" in body["error"] and "disk I/O error" in body["error"]
+    said = [r for r in caplog.records if "disk I/O error" in r.getMessage()]
+    assert len(said) == 1 and not said[0].exc_info
