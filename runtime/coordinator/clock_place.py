@@ -34,17 +34,11 @@ from typing import Any
 
 from runtime.coordinator.quotas import event_bytes, health_bytes, result_bytes
 from runtime.coordinator.store import Inbound, Store
+from runtime.coordinator.store_rows import PENDING_DDL
 from runtime.wire import clock
 
 log = logging.getLogger("edgerun.coordinator")
 
-# stream/lo/hi: where the unplaced rows are, so settling reads a range of an index
-# (results: stream and first seq; health and events: first and last claimed t);
-# seen: the coordinator's time it was noted, for pruning (also read by the store's prune:
-# a claim before 2025 is kept while its device has a pending boot, pruning.py)
-PENDING_DDL = ("CREATE TABLE IF NOT EXISTS clock_pending (device TEXT NOT NULL, "
-               "boot TEXT NOT NULL, kb TEXT NOT NULL, stream TEXT, lo DOUBLE PRECISION, "
-               "hi DOUBLE PRECISION, seen DOUBLE PRECISION, PRIMARY KEY (device, boot))")
 _DDL = (
     "CREATE TABLE IF NOT EXISTS clock_offsets (device TEXT NOT NULL, kb TEXT NOT NULL, "
     "off DOUBLE PRECISION NOT NULL, t DOUBLE PRECISION NOT NULL, PRIMARY KEY (device, kb))",

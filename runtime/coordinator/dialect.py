@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from runtime.coordinator.quotas import EVENT_BYTES_SQL, HEALTH_BYTES_SQL, RESULT_BYTES_SQL
+from runtime.coordinator.sqlite_schema import POOL_USAGE, SQLITE_MIGRATIONS, SQLITE_SCHEMA
 from runtime.coordinator.store_open import (
     StoreError,
     StoreRefused,
@@ -45,116 +46,7 @@ log = logging.getLogger("edgerun.coordinator")
 DAY = 86400.0
 
 
-# -- SQLite ---------------------------------------------------------------------------------
-
-_SQLITE_V1 = """
-CREATE TABLE IF NOT EXISTS results (
-    device TEXT NOT NULL, stream TEXT NOT NULL, seq INTEGER NOT NULL, boot TEXT NOT NULL,
-    t REAL NOT NULL, received REAL NOT NULL, body TEXT NOT NULL,
-    PRIMARY KEY (device, stream, seq)) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS streams (
-    device TEXT NOT NULL, stream TEXT NOT NULL, acked INTEGER NOT NULL,
-    lo INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (device, stream)) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS health (device TEXT NOT NULL, t REAL NOT NULL, body TEXT NOT NULL);
-CREATE INDEX IF NOT EXISTS health_device ON health (device, t);
-CREATE TABLE IF NOT EXISTS events (device TEXT NOT NULL, t REAL NOT NULL, type TEXT NOT NULL,
-                                   body TEXT NOT NULL);
-CREATE INDEX IF NOT EXISTS events_device ON events (device, t);
-CREATE TABLE IF NOT EXISTS states (device TEXT PRIMARY KEY, body TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS quarantine (t REAL NOT NULL, device TEXT NOT NULL,
-                                       topic TEXT NOT NULL, reason TEXT NOT NULL,
-                                       size INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS quarantine_counts (device TEXT PRIMARY KEY, n INTEGER NOT NULL);
-"""
-
-# v2: the fleet views kept in tables (every coordinator answers the same) and the per-device
-# result counts maintained by ingest and retention (no GROUP BY over all results).
-_SQLITE_V2 = """
-CREATE TABLE IF NOT EXISTS result_counts (device TEXT PRIMARY KEY, n INTEGER NOT NULL);
-INSERT INTO result_counts SELECT device, COUNT(*) FROM results GROUP BY device
-    ON CONFLICT(device) DO NOTHING;
-CREATE TABLE IF NOT EXISTS devices (device TEXT PRIMARY KEY, view TEXT NOT NULL DEFAULT '{}',
-                                    updated REAL NOT NULL DEFAULT 0);
-"""
-
-# v3: the dashboard's timeline, numbers copied from each health at ingest (store.TIMELINE);
-# OTA rollouts: device groups, desired state, rollouts (runtime/coordinator/rollout.py)
-_SQLITE_V3 = """
-CREATE TABLE IF NOT EXISTS health_points (device TEXT NOT NULL, t REAL NOT NULL,
-    temp_c REAL, passive_trip_c REAL, rung REAL, rungs REAL, p95_ms REAL, target_ms REAL,
-    rate_hz REAL, accuracy REAL, power_w REAL, rung_energy_mj REAL, battery_frac REAL,
-    harvest_w REAL);
-CREATE INDEX IF NOT EXISTS health_points_device ON health_points (device, t);
-CREATE TABLE IF NOT EXISTS device_groups (device TEXT PRIMARY KEY, grp TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS desired (device TEXT PRIMARY KEY, body TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS rollouts (id TEXT PRIMARY KEY, created REAL NOT NULL,
-                                     body TEXT NOT NULL);
-"""
-
-# v4: what one of several coordinators on one store does once (Store.claim: alert
-# transitions to the webhook, the re-sends to a returning device)
-_SQLITE_V4 = """
-CREATE TABLE IF NOT EXISTS claims (device TEXT NOT NULL, what TEXT NOT NULL,
-                                   state TEXT NOT NULL, t REAL NOT NULL,
-                                   PRIMARY KEY (device, what));
-"""
-
-# v5: the bundle shelf shared by every coordinator on the store (runtime/coordinator/bundles.py):
-# each bundle's row, and its bytes as rows of at most 1 MiB keyed by (sha256, index); the
-# dashboard's alert transitions and their counts (runtime/coordinator/alert_log.py)
-_SQLITE_V5 = """
-CREATE TABLE IF NOT EXISTS bundles (id TEXT PRIMARY KEY, sha256 TEXT NOT NULL,
-                                    size INTEGER NOT NULL, created REAL NOT NULL,
-                                    body TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS bundle_chunks (sha256 TEXT NOT NULL, idx INTEGER NOT NULL,
-                                          data BLOB NOT NULL, PRIMARY KEY (sha256, idx));
-CREATE TABLE IF NOT EXISTS alert_log (t REAL NOT NULL, device TEXT NOT NULL,
-                                      code TEXT NOT NULL, state TEXT NOT NULL,
-                                      body TEXT NOT NULL);
-CREATE INDEX IF NOT EXISTS alert_log_t ON alert_log (t);
-CREATE TABLE IF NOT EXISTS alert_counts (state TEXT PRIMARY KEY, n INTEGER NOT NULL);
-"""
-
-# v6: bundle uploads in progress (runtime/coordinator/bundles.py): chunk rows are written
-# before their bundle's row; this row (refreshed with each chunk) tells them from the rows of
-# an upload that died, which the shelf's sweep removes
-_SQLITE_V6 = """
-CREATE TABLE IF NOT EXISTS bundle_uploads (id TEXT PRIMARY KEY, sha256 TEXT NOT NULL,
-                                           owner TEXT NOT NULL, t REAL NOT NULL);
-CREATE INDEX IF NOT EXISTS bundle_uploads_sha ON bundle_uploads (sha256);
-"""
-
-# v7: fair shares of the store (runtime/coordinator/quotas.py): the logical bytes each device
-# holds, maintained by ingest and every delete; streams whose ack stopped (`stalls`: since
-# when, at which ack), quarantined by retention after coordinator.floor_wait_s
-_SQLITE_V7 = f"""
-CREATE TABLE IF NOT EXISTS device_usage (device TEXT PRIMARY KEY, bytes INTEGER NOT NULL);
-INSERT INTO device_usage SELECT device, SUM(n) FROM (
-    SELECT device, SUM({RESULT_BYTES_SQL}) AS n FROM results GROUP BY device
-    UNION ALL SELECT device, SUM({HEALTH_BYTES_SQL}) FROM health GROUP BY device
-    UNION ALL SELECT device, SUM({EVENT_BYTES_SQL}) FROM events GROUP BY device) u
-    GROUP BY device ON CONFLICT(device) DO NOTHING;
-CREATE TABLE IF NOT EXISTS stalls (device TEXT NOT NULL, stream TEXT NOT NULL,
-                                   since REAL NOT NULL, acked INTEGER NOT NULL,
-                                   PRIMARY KEY (device, stream));
-"""
-
-
-# v8: a pool per device and kind of row (results, health and events each with their
-# quota, runtime/coordinator/quotas.py); device_usage, one total per device, is replaced
-_POOL_USAGE = f"""
-CREATE TABLE IF NOT EXISTS pool_usage (device TEXT NOT NULL, pool TEXT NOT NULL,
-                                       bytes {{int}} NOT NULL, PRIMARY KEY (device, pool));
-INSERT INTO pool_usage SELECT device, pool, n FROM (
-    SELECT device, 'results' AS pool, SUM({RESULT_BYTES_SQL}) AS n FROM results GROUP BY device
-    UNION ALL SELECT device, 'health', SUM({HEALTH_BYTES_SQL}) FROM health GROUP BY device
-    UNION ALL SELECT device, 'events', SUM({EVENT_BYTES_SQL}) FROM events GROUP BY device) u
-    WHERE n > 0 ON CONFLICT (device, pool) DO NOTHING;
-DROP TABLE IF EXISTS device_usage
-"""
-_SQLITE_V8 = _POOL_USAGE.replace("{int}", "INTEGER")
-SQLITE_SCHEMA = 8  # the newest version _migrate knows
-
+# -- SQLite (its schema: sqlite_schema.py) -------------------------------------------------
 
 # Store.claim: a claim is won when its row is new, or holds another state, or the same state
 # from longer than the window ago (see Store.claim)
@@ -164,8 +56,9 @@ _CLAIM = ("INSERT INTO claims VALUES (?,?,?,?) ON CONFLICT(device, what) DO UPDA
 
 
 class SQLiteDialect:
-    """One connection in WAL mode, serialised by a lock; `BEGIN IMMEDIATE` makes each write
-    transaction exclusive, which is also what orders several coordinators on one file."""
+    """One writing connection in WAL mode, serialised by a lock; `BEGIN IMMEDIATE` makes each
+    write transaction exclusive, which is also what orders several coordinators on one file.
+    Reads have a query_only connection and lock of their own (`reader`)."""
 
     name = "sqlite"
     order_col = "rowid"  # insertion order of health, events, quarantine
@@ -222,41 +115,17 @@ class SQLiteDialect:
                 # may not write read-only, silently; nothing else here writes to a store
                 # that needs no migration)
                 self.db.execute("DELETE FROM schema_version WHERE 0")
-                if have < 1:
-                    for stmt in _split(_SQLITE_V1):
+                for version, script in SQLITE_MIGRATIONS:
+                    if have >= version:
+                        continue
+                    for stmt in _split(script):
                         self.db.execute(stmt)
-                    # stores made before the verified-ack change lack `streams.lo`
-                    cols = [r[1] for r in self.db.execute("PRAGMA table_info(streams)")]
-                    if "lo" not in cols:
-                        self.db.execute("ALTER TABLE streams ADD COLUMN lo INTEGER NOT NULL "
-                                        "DEFAULT 0")
-                if have < 2:
-                    for stmt in _split(_SQLITE_V2):
-                        self.db.execute(stmt)
-                if have < 3:
-                    for stmt in _split(_SQLITE_V3):
-                        self.db.execute(stmt)
-                    self.db.execute("INSERT INTO schema_version VALUES (3)")
-                if have < 4:
-                    for stmt in _split(_SQLITE_V4):
-                        self.db.execute(stmt)
-                    self.db.execute("INSERT INTO schema_version VALUES (4)")
-                if have < 5:
-                    for stmt in _split(_SQLITE_V5):
-                        self.db.execute(stmt)
-                    self.db.execute("INSERT INTO schema_version VALUES (5)")
-                if have < 6:
-                    for stmt in _split(_SQLITE_V6):
-                        self.db.execute(stmt)
-                    self.db.execute("INSERT INTO schema_version VALUES (6)")
-                if have < 7:
-                    for stmt in _split(_SQLITE_V7):
-                        self.db.execute(stmt)
-                    self.db.execute("INSERT INTO schema_version VALUES (7)")
-                if have < 8:
-                    for stmt in _split(_SQLITE_V8):
-                        self.db.execute(stmt)
-                    self.db.execute("INSERT INTO schema_version VALUES (8)")
+                    if version == 1:  # stores made before the verified-ack change
+                        cols = [r[1] for r in self.db.execute("PRAGMA table_info(streams)")]
+                        if "lo" not in cols:
+                            self.db.execute("ALTER TABLE streams ADD COLUMN lo INTEGER NOT "
+                                            "NULL DEFAULT 0")
+                    self.db.execute("INSERT INTO schema_version VALUES (?)", (version,))
                 self.db.execute("COMMIT")
             except BaseException:
                 if self.db.in_transaction:  # not after a COMMIT SQLite rolled back itself
@@ -473,7 +342,7 @@ CREATE INDEX result_keys_received ON result_keys USING brin (received)
 # (version, statements): append, never edit, once released.
 PG_MIGRATIONS: list[tuple[int, str]] = [(1, _PG_V1), (2, _PG_V2), (3, _PG_V3), (4, _PG_V4),
                                         (5, _PG_V5), (6, _PG_V6),
-                                        (7, _POOL_USAGE.replace("{int}", "BIGINT")),
+                                        (7, POOL_USAGE.replace("{int}", "BIGINT")),
                                         (8, _PG_V8)]
 PARTITIONED = {"results": "received", "health": "t"}
 _MIGRATION_LOCK = 0x6564676572756E  # pg_advisory_xact_lock key ("edgerun")

@@ -17,7 +17,14 @@ from collections import Counter
 
 from runtime.coordinator import quotas
 from runtime.coordinator.budget import ACKED_OLDEST, Budget
-from runtime.coordinator.store_rows import Dialect, Stalled, charge, query, uncharge
+from runtime.coordinator.store_rows import (
+    PENDING_DDL,
+    Dialect,
+    Stalled,
+    charge,
+    query,
+    uncharge,
+)
 from runtime.wire import clock
 
 # Rows past their age: stamped before the cut in a plausible time, or, when their device has
@@ -48,8 +55,6 @@ class Pruning:
         """Drop health and events older than their retention (results are never pruned here).
         On PostgreSQL whole day partitions of health go first; rows left are deleted. `now`:
         the time ages are judged at (the retention's steady wall clock; default the wall)."""
-        from runtime.coordinator.clock_place import PENDING_DDL  # (it imports the store)
-
         now = time.time() if now is None else now
         self._unuse(self._d.drop_partitions("health", now - keep_health_s, acked_only=False),
                     results=False)

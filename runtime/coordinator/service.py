@@ -63,6 +63,16 @@ log = logging.getLogger("edgerun.coordinator")
 RECENT_S = 10.0  # stats' health_age_recent_s: health taken in the last this many seconds
 
 
+def hand_replies(commander: Commander, replies: list[tuple[str, dict, str, int]], now: float,
+                 bad: list[tuple[str, str, str, int, float]]) -> None:
+    """Hand a batch's command replies to their waiters; a refused one goes to `bad`."""
+    for device, reply, topic_name, size in replies:
+        try:
+            commander.on_reply(device, reply)
+        except Refused as e:
+            bad.append((device, topic_name, str(e), size, now))
+
+
 class Coordinator:
     """One coordinator instance (see module docstring)."""
 
@@ -315,7 +325,7 @@ class Coordinator:
             # whole fleet stale, then offline, alerts and all) and an operator may be waiting
             # for a reply. Both go on; the results are not acked, so devices re-send them.
             self._into_views(list(enumerate(inbound)), sources, {}, now, bad)
-            self._replies(replies, now, bad)
+            hand_replies(self.commander, replies, now, bad)
             self._quarantine(bad)
             raise
         if self.store.over_budget:
@@ -329,17 +339,8 @@ class Coordinator:
         stored = [(i, m) for i, m in enumerate(inbound) if i not in refused_idx]
         self._into_views(stored, sources, written, now, bad)
         self.births.stored(stored)
-        self._replies(replies, now, bad)
+        hand_replies(self.commander, replies, now, bad)
         self._quarantine(bad)
-
-    def _replies(self, replies: list[tuple[str, dict, str, int]], now: float,
-                 bad: list[tuple[str, str, str, int, float]]) -> None:
-        """Hand command replies to their waiters; a refused one goes to `bad`."""
-        for device, reply, topic_name, size in replies:
-            try:
-                self.commander.on_reply(device, reply)
-            except Refused as e:
-                bad.append((device, topic_name, str(e), size, now))
 
     def _ack(self, acks: dict) -> None:
         """Publish the acks of what the batch committed."""

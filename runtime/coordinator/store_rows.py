@@ -22,6 +22,15 @@ from runtime.coordinator.dialect import PostgresDialect, SQLiteDialect
 # The transaction owner the rooms are handed (store.py opens it, once).
 Dialect = SQLiteDialect | PostgresDialect
 
+# clock_place.py's boots waiting to be placed, a row each. stream/lo/hi: where the unplaced
+# rows are, so settling reads a range of an index (results: stream and first seq; health and
+# events: first and last claimed t); seen: the coordinator's time it was noted, for pruning.
+# Retention reads it too: a claim before 2025 is kept while its device has a boot pending
+# (pruning.py).
+PENDING_DDL = ("CREATE TABLE IF NOT EXISTS clock_pending (device TEXT NOT NULL, "
+               "boot TEXT NOT NULL, kb TEXT NOT NULL, stream TEXT, lo DOUBLE PRECISION, "
+               "hi DOUBLE PRECISION, seen DOUBLE PRECISION, PRIMARY KEY (device, boot))")
+
 # The dashboard's timeline (health_points): column <- path in the health message. Numbers
 # only, copied at ingest so a week of a device's timeline is read without parsing JSON.
 TIMELINE: tuple[tuple[str, tuple[str, ...]], ...] = (
