@@ -14,6 +14,7 @@ from power import energy as energy_mod
 from power.governor import Decision
 from power.rungs import Rung
 from power.sensors import Reading
+from power.timers import RungHold
 from runtime.device.profiles import load_profile
 
 RUNGS = [Rung("small", 0.80, 0.010, 0.005), Rung("mid", 0.90, 0.030, 0.010),
@@ -138,6 +139,54 @@ def test_upgrade_guard_holds_when_the_next_rung_would_overheat():
         assert out.rung == 1 and "would settle near" in out.reason
 
 
+@pytest.mark.parametrize(("temp", "want"), [(73.0, 1), (75.0, 1), (75.5, 0)])
+def test_upgrade_guard_keeps_its_margin_under_the_trip(temp, want):
+    """Rung 0 -> 1 adds 0.2 W x 8 K/W = 1.6 °C; an upgrade must settle under 78 - 1 °C:
+    from 75.5 °C it would settle near 77.1, between the margin and the trip."""
+    s = control.ControlState(actuation=(0, math.inf), hold=RungHold(0))
+    _, out = control.step(s, Reading(100.0, temp_c=temp), RUNGS, cfg(), 0)
+    assert out.rung == want
+
+
+@pytest.mark.parametrize(("gap", "failsafe"), [(29.0, False), (30.0, False), (31.0, True)])
+def test_an_invalid_reading_is_held_for_hold_invalid_s(gap, failsafe):
+    c = cfg()  # hold_invalid_s 30
+    s, _ = run(c, [45.0])
+    _, outs = run(c, [None], start=s, t0=gap)
+    # held: the top rung runs on; failing safe: the cheapest at minimum duty at once
+    assert (outs[-1].rung, outs[-1].rate_cap_hz) == ((0, c.min_rate_hz) if failsafe
+                                                     else (2, math.inf))
+
+
+@pytest.mark.parametrize("settle", [5, 4, 3])
+def test_no_slope_until_settle_samples_readings(settle):
+    """A new regime has no trend until `settle_samples` readings of it exist (then it rises
+    at 2 °C/s, steps down and the trend restarts: only the first `settle` ticks count)."""
+    _, outs = run(cfg(settle_samples=settle), [60.0, 62.0, 64.0, 66.0, 68.0])
+    assert [o.slope_c_per_min for o in outs[:settle]] == [0.0] * (settle - 1) + [
+        pytest.approx(120.0)]
+
+
+def test_readings_from_before_a_clock_step_back_leave_the_trend():
+    """NTP stepped device time back 1000 s: the readings stamped after now are no trend."""
+    s, _ = run(cfg(), [70.0] * 10, t0=1000.0)
+    _, outs = run(cfg(), [50.0] * 6, start=s, t0=0.0)
+    assert outs[-1].slope_c_per_min == 0.0
+
+
+@pytest.mark.parametrize(("actuation", "current", "want_dynamic"), [
+    (None, None, 0.0),  # before any output: the floor alone
+    ((2, math.inf), None, 1.0),  # big at 10 Hz: 0.100 J x 10
+    ((2, 5.0), None, 0.5),  # at its rate cap
+    ((2, 5.0), 0, 0.05),  # the rung actually running, at that cap
+    ((7, math.inf), None, 1.0),  # a rung the ladder no longer has: its top
+])
+def test_ran_w_is_the_floor_and_what_ran(actuation, current, want_dynamic):
+    c = cfg(floor_w=2.0)
+    s = control.ControlState(actuation=actuation)
+    assert control.ran_w(s, RUNGS, c, current) == pytest.approx(2.0 + want_dynamic)
+
+
 def test_physics_bounded_is_reported_once_and_cleared():
     c = cfg()
     # above the 78 °C trip whatever we do: ~25 levels down (a tick each), then 300 s at the
@@ -149,6 +198,22 @@ def test_physics_bounded_is_reported_once_and_cleared():
     s, outs = run(c, [60.0] * 3, start=s, t0=500.0)
     assert not s.bounded and any(e.type == "physics_bounded_cleared"
                                  for o in outs for e in o.events)
+
+
+@pytest.mark.parametrize(("temp", "cleared"), [(76.0, False), (74.0, True)])
+def test_physics_bounded_waits_its_time_and_clears_under_the_hysteresis(temp, cleared):
+    """Said `bounded_after_s` (120 s) after reaching minimum duty above the trip, not
+    before; cleared only under trip - hysteresis (78 - 3 °C), not just under the trip."""
+    c = cfg()
+    s, outs = run(c, [80.0] * 400)
+    bottom = next(i for i, o in enumerate(outs)
+                  if o.rung == 0 and o.rate_cap_hz <= c.min_rate_hz * 1.001)
+    said = next(i for i, o in enumerate(outs)
+                if any(e.type == "physics_bounded" for e in o.events))
+    assert said - bottom == 120
+    s, outs = run(c, [temp] * 6, start=s, t0=400.0)
+    assert s.bounded is not cleared
+    assert any(e.type == "physics_bounded_cleared" for o in outs for e in o.events) is cleared
 
 
 def test_trend_window_restarts_when_the_actuation_changes():

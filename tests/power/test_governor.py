@@ -64,7 +64,32 @@ STEP_WISE = [
 
 @pytest.mark.parametrize(("name", "temps", "want"), STEP_WISE, ids=[c[0] for c in STEP_WISE])
 def test_step_wise(name, temps, want):
-    assert run(SW, temps)[1] == want
+    _, levels, budgets, _ = run(SW, temps)
+    # the budget is the level in force's, also while the core's pacing holds a level the
+    # policy asked to leave (a held level with the asked level's budget moves the rung early)
+    assert levels == want and budgets == [LEVELS[lv] for lv in levels]
+
+
+# The edges of step_wise's rules on SW (trip 80 °C, hysteresis 3, band 0.3, horizon 20 s,
+# critical 100 - 3): name, °C, slope °C/s, level in force, (level asked, gate)
+STEP_WISE_EDGES = [
+    ("predicted to reach the trip exactly at the horizon: up at once", 70.0, 0.5, 0,
+     (1, "up")),
+    ("predicted just under the trip at the horizon: hold", 70.0, 0.49, 0, (0, "now")),
+    ("rising at the band's lower edge: up after the settle time", 79.7, 0.001, 0,
+     (1, "settle")),
+    ("rising just under the band: hold", 79.6, 0.001, 0, (0, "now")),
+    ("exactly the critical margin: straight to the bottom", 97.0, 0.0, 0, (3, "now")),
+    ("exactly trip - hysteresis: no release yet", 77.0, 0.0, 2, (2, "now")),
+    ("just under trip - hysteresis: a release after the dwell", 76.9, 0.0, 2, (1, "dwell")),
+]
+
+
+@pytest.mark.parametrize(("name", "temp", "slope", "level", "want"), STEP_WISE_EDGES,
+                         ids=[c[0] for c in STEP_WISE_EDGES])
+def test_step_wise_edges(name, temp, slope, level, want):
+    _, d = step(GovernorState(level=level), Trend(5.0, temp, slope), SW)
+    assert (d.level, d.gate) == want
 
 
 def test_step_wise_releases_one_level_after_dwell():
@@ -146,6 +171,32 @@ def test_power_allocator(name, temps, check):
     assert check(run(PA, temps)[2])
 
 
+# PA's PID by hand (trip 80 °C, T_on 70, S 4 W, max 10 W, floor 0): k_po = 4/10 = 0.4 W/°C
+# above control, k_pu = 0.8 W/°C under it, k_i = 0.08 W/°C/s; name, trends, last budget
+PA_BY_HAND = [
+    ("over control: the gentle gain", [Trend(0.0, 85.0)], 4.0 - 0.4 * 5),
+    ("under control: the steep gain", [Trend(0.0, 75.0)], 4.0 + 0.8 * 5),
+    ("room for the top rung: no limit", [Trend(0.0, 70.5)], math.inf),  # 4 + 7.6 >= 10 W
+    ("under switch-on but predicted over it: the PID acts", [Trend(0.0, 65.0, 0.5)],
+     4.0 + 0.8 * 5),  # predicted 75 °C
+    ("the integral adds k_i x e x dt", [Trend(0.0, 82.0), Trend(10.0, 82.0)],
+     4.0 - 0.4 * 2 - 0.08 * 2 * 10),
+    ("a long hot spell winds the integral no further than the top",
+     [Trend(0.0, 85.0), Trend(100.0, 85.0), Trend(110.0, 75.0)],
+     4.0 + 0.8 * 5 + (-10.0 + 0.08 * 5 * 10)),  # clamped at -10 W, then +4 W
+    ("device time stepping back adds nothing to the integral",
+     [Trend(1000.0, 85.0), Trend(0.0, 85.0)], 4.0 - 0.4 * 5),
+]
+
+
+@pytest.mark.parametrize(("name", "trends", "want"), PA_BY_HAND, ids=[c[0] for c in PA_BY_HAND])
+def test_power_allocator_by_hand(name, trends, want):
+    s, d = GovernorState(), None
+    for tr in trends:
+        s, d = step(s, tr, PA)
+    assert d.budget_w == pytest.approx(want)
+
+
 def test_power_allocator_integral_pulls_down_when_stuck_hot():
     _, _, budgets, _ = run(PA, [82.0] * 60)
     assert budgets[-1] < budgets[1]
@@ -175,6 +226,18 @@ def test_select_for_budget_with_rungs_whose_energy_does_not_rise_with_the_index(
     assert select_for_budget(rungs, 0.00105, 10.0, current=0) == (1, 10.0)
 
 
+# At 10 Hz: a 0.1 W, b 1.0 W, c 0.98 W (live energies: c is cheaper than b)
+LIVE = [Rung("a", 0.7, 0.010, 1e-3), Rung("b", 0.8, 0.100, 1e-3), Rung("c", 0.9, 0.098, 1e-3)]
+
+
+@pytest.mark.parametrize(("name", "budget", "current", "want"), [
+    ("the running rung keeps its place while it fits: c lacks the margin", 1.01, 1, 1),
+    ("c with the margin: up", 1.08, 1, 2),
+])
+def test_select_for_budget_with_live_energies(name, budget, current, want):
+    assert select_for_budget(LIVE, budget, 10.0, current) == (want, 10.0)
+
+
 @pytest.mark.parametrize(("budget", "rate", "current", "want"), BUDGET)
 def test_select_for_budget(budget, rate, current, want):
     i, r = select_for_budget(RUNGS, budget, rate, current)
@@ -190,6 +253,8 @@ def test_select_for_budget(budget, rate, current, want):
     ([(0, 10), (2, 40), (0, 50), (2, 100), (2, 111)], [0, 1, 0, 0, 1], 60),
     ([(0, 10), (2, 40), (0, 50), (2, 400)], [0, 1, 0, 1], 30),  # a quiet period resets it
     ([(1, 10), (1, 20), (1, 30)], [1, 1, 1], 30),  # no change, no effect
+    ([(0, 10), (2, 40), (0, 100)], [0, 1, 0], 60),  # undone within four dwells: doubles too
+    ([(0, 10), (2, 40), (0, 50), (2, 230)], [0, 1, 0, 1], 60),  # 3 dwells quiet: kept
 ])
 def test_hold_table(steps, want_rungs, want_dwell):
     state = RungHold(2)
@@ -212,9 +277,10 @@ def test_hold_caps_the_dwell():
 
 
 def test_combine_stricter_wins():
-    d = combine(Decision(3.0, reason="thermal", events=("a",)),
-                Decision(math.inf, 2.0, reason="energy", events=("b",)))
-    assert (d.budget_w, d.rate_cap_hz, d.reason, d.events) == (3.0, 2.0, "thermal", ("a", "b"))
+    d = combine(Decision(3.0, level=2, reason="thermal", events=("a",)),
+                Decision(math.inf, 2.0, level=0, reason="energy", events=("b",)))
+    assert (d.budget_w, d.rate_cap_hz, d.level, d.reason, d.events) == (
+        3.0, 2.0, 2, "thermal", ("a", "b"))
 
 
 ECFG = energy.EnergyConfig(capacity_wh=100, idle_w=1.0, max_w=5.0, reserve_frac=0.2,
@@ -229,6 +295,40 @@ ECFG = energy.EnergyConfig(capacity_wh=100, idle_w=1.0, max_w=5.0, reserve_frac=
 ])
 def test_plan_power(battery, forecast, check):
     assert check(energy.plan_power(battery, 0.0, forecast, ECFG))
+
+
+# plan_power by hand on ECFG (idle 1 W, reserve 20 Wh, 24 one-hour slots, efficiency 1, no
+# margin, no buffer, 5 W max) and one setting changed: name, battery Wh, forecast Wh per slot,
+# t, changed settings, the plan W
+PLAN_BY_HAND = [
+    ("the forecast margin discounts the harvest", 100.0, (1.0,) * 24, 0.0,
+     {"forecast_margin": 0.5}, 80 / 24 - 0.5),  # 0.5 Wh of each slot's 1 Wh
+    ("charging loses to the charge efficiency", 50.0, (10.0,) * 12 + (0.0,) * 12, 0.0,
+     {"charge_efficiency": 0.5}, 4.0),  # 50 + 12 x 0.5 x (9 - 4) = 80, - 12 x 5 = 20
+    ("a full battery stores no more", 90.0, (10.0,) * 12 + (0.0,) * 12, 0.0,
+     {"max_w": 10.0}, 80 / 12 - 1),  # full by noon, then 80 Wh over 12 h of night
+    ("the slot under way counts only its rest", 100.0, (0.0,) * 24, 1800.0, {},
+     80 / 23.5 - 1),
+    ("a buffer over the battery still plans on its top 10 %", 95.0, (50.0,) * 24, 0.0,
+     {"buffer_h": 100.0}, 5.0),
+]
+
+
+@pytest.mark.parametrize(("name", "battery", "forecast", "t", "changed", "want"), PLAN_BY_HAND,
+                         ids=[c[0] for c in PLAN_BY_HAND])
+def test_plan_power_by_hand(name, battery, forecast, t, changed, want):
+    got = energy.plan_power(battery, t, forecast, replace(ECFG, **changed))
+    assert got == pytest.approx(want, abs=1e-6)
+
+
+@pytest.mark.parametrize(("harvest_w", "want_wh"), [((0.0, 10.0), 5.0), ((10.0, 0.0), 5.0),
+                                                     ((10.0, 10.0), 10.0)])
+def test_the_harvest_between_two_readings_is_their_mean(harvest_w, want_wh):
+    """An hour between two readings: the slot's harvest is the trapezoid, not the last."""
+    s = energy.initial_state(ECFG)
+    for t, w in zip((0.0, 3600.0), harvest_w, strict=True):
+        s, _ = energy.step(s, Reading(t, battery_wh=90.0, harvest_w=w), ECFG)
+    assert s.forecast_wh[0] == pytest.approx(want_wh)
 
 
 def test_plan_power_no_sun_keeps_reserve_exactly():

@@ -8,6 +8,7 @@ one step of what the device sustains."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 
@@ -31,6 +32,16 @@ def test_the_levels_below_the_cheapest_rung_are_small_rate_steps_down_to_a_32nd(
     assert len(rates) == len(set(rates))
     assert RATE_STEPS[-1] == pytest.approx(1 / 32)
     assert all(0.8 < b / a < 0.85 for a, b in zip((1.0, *RATE_STEPS[:-1]), RATE_STEPS, strict=True))
+
+
+@pytest.mark.parametrize("min_rate_hz", [0.5, 10.0 * 2 ** -4, 10.0 * 2 ** -5])
+def test_no_level_repeats_minimum_duty(min_rate_hz):
+    """A rate step that lands on minimum duty is minimum duty: one level, not two (a level
+    that changes nothing costs a settle_s on the way down and a dwell on the way up)."""
+    rungs = [Rung("small", 0.8, 0.010, 0.005), Rung("big", 0.98, 0.100, 0.020)]
+    levels = budget_levels(rungs, 10.0, min_rate_hz)
+    assert all(b < a * (1 - 1e-9) for a, b in itertools.pairwise(levels))
+    assert levels[-1] == pytest.approx(0.010 * min_rate_hz)
 
 
 # (the cheapest rung's power at full rate / what rpi5 sustains at 78 °C in a 40 °C ambient,

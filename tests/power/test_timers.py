@@ -43,6 +43,8 @@ PACE = [
      2 * DWELL),
     ("a release that held two dwells keeps the dwell", LevelTimers(last_change_t=0.0),
      [(30, 1, "dwell"), (91, 2, "up")], [1, 2], DWELL),
+    ("... exactly two dwells is enough", LevelTimers(last_change_t=0.0),
+     [(30, 1, "dwell"), (90, 2, "up")], [1, 2], DWELL),
     ("the critical margin and fail-safe do not back it off", LevelTimers(last_change_t=0.0),
      [(30, 1, "dwell"), (31, 4, "now")], [1, 4], DWELL),
     ("the doubled dwell holds the next release back", LevelTimers(
