@@ -6,7 +6,15 @@ import math
 
 import pytest
 
-from runtime.choice.selector import Constraints, NoVariantError, Profile, frontier, select
+from runtime.choice.frame_cost import FrameCosts
+from runtime.choice.selector import (
+    Constraints,
+    NoVariantError,
+    Profile,
+    frontier,
+    inference_rate,
+    select,
+)
 
 
 def P(vid: str, p95: float, mj: float, precision: str = "fp32", acc: float | None = None,
@@ -25,6 +33,9 @@ CASES = [
     ("accuracy floor excludes the cheapest",
      [P("fp32", 9, 10, acc=0.97), P("int8", 5, 4, "int8", acc=0.90)],
      Constraints(20, accuracy_floor=0.95), "fp32", True, "lowest energy"),
+    ("exactly at the accuracy floor reaches it",
+     [P("fp32", 9, 10, acc=0.97), P("int8", 5, 4, "int8", acc=0.95)],
+     Constraints(20, accuracy_floor=0.95), "int8", True, "lowest energy"),
     ("accuracy floor admits the cheapest when it is good enough",
      [P("fp32", 9, 10, acc=0.97), P("int8", 5, 4, "int8", acc=0.96)],
      Constraints(20, accuracy_floor=0.95), "int8", True, "lowest energy"),
@@ -32,6 +43,10 @@ CASES = [
      [P("slow", 9, 5.0), P("fast", 4, 5.0)], Constraints(20), "fast", True, "lowest energy"),
     ("sub-microjoule difference is a tie",
      [P("slow", 9, 5.00001), P("fast", 4, 5.00002)], Constraints(20), "fast", True, "lowest"),
+    ("a microjoule is no tie: the cheaper wins",
+     [P("slow", 9, 5.000), P("fast", 4, 5.001)], Constraints(20), "slow", True, "lowest"),
+    ("exactly at the latency target meets it",
+     [P("at", 20, 5), P("under", 10, 8)], Constraints(20), "at", True, "lowest energy"),
     ("without a manifest only fp32 is eligible",
      [P("fp32", 9, 10), P("int8", 5, 4, "int8")], Constraints(20), "fp32", True, "lowest"),
     ("lower precision is not assumed cheaper",
@@ -50,6 +65,9 @@ CASES = [
     ("nothing reaches the floor: the most accurate, and says so",
      [P("fp32", 9, 10, acc=0.80), P("int8", 5, 4, "int8", acc=0.70)],
      Constraints(20, accuracy_floor=0.95), "fp32", False, "accuracy floor"),
+    ("nothing reaches the floor, two as accurate: the faster",
+     [P("slow", 9, 10, acc=0.80), P("fast", 5, 12, acc=0.80)],
+     Constraints(20, accuracy_floor=0.95), "fast", False, "accuracy floor"),
 ]
 
 
@@ -61,6 +79,17 @@ def test_select(name, profiles, c, want, met, phrase):
     assert choice.met is met
     assert phrase in choice.reason
     assert "\n" not in choice.reason
+
+
+@pytest.mark.parametrize(("c", "want"), [
+    (Constraints(20), 0.0),  # back to back
+    (Constraints(20, rate_hz=5.0), 5.0),
+    (Constraints(20, rate_hz=5.0, frame=FrameCosts(0.0, 20.0)), 20.0),  # the frames' rate
+    (Constraints(20, rate_hz=5.0, frame=FrameCosts(0.0, 0.0)), 5.0),  # no frame rate yet
+    (Constraints(20, frame=FrameCosts(0.0, 10.0, tiles=4)), 40.0),  # four inferences a frame
+])
+def test_inference_rate(c, want):
+    assert inference_rate(c) == want
 
 
 def test_select_nothing_runnable():
@@ -84,6 +113,8 @@ FRONTIER = [
     ("failed and unknown-accuracy variants are excluded",
      [P("a", 1, 1, ok=False, acc=0.9), P("b", 1, 2, "int8"), P("c", 1, 3)], ["c"]),
     ("unmeasured energy is excluded", [P("a", 1, math.nan), P("b", 1, 3)], ["b"]),
+    ("as dear and less accurate is dominated, in either order",
+     [P("lo", 5, 3.0, acc=0.90), P("hi", 5, 3.0, acc=0.95)], ["hi"]),
 ]
 
 
