@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from runtime.frames.cap_clock import CapClock, next_due
+from runtime.frames.cap_clock import CapClock, next_due, spaced
 
 
 def _serve(step: float, hint: float, seconds: float, first: float = 0.0) -> list[float]:
@@ -23,6 +23,18 @@ def _serve(step: float, hint: float, seconds: float, first: float = 0.0) -> list
             tick, due = next_due(t, tick, step, hint)
         t = round(t + step, 9)
     return served
+
+
+@pytest.mark.parametrize("interval, hint, want", [
+    (0.04, 5.0, 0.04),  # 25 fps under a 5 Hz cap: every frame paced
+    (0.04, 16.0, 0.04),  # 62.5 ms between due times: a frame still comes between two
+    (0.04, 20.0, 0.0),  # over 2/3 of the stream's rate: not paced, the newest taken
+    (1.0, 2 / 3, 1.0),  # exactly 2/3 of it: paced
+    (0.04, 0.0, 0.0),  # no cap
+    (0.0, 5.0, 0.0),  # the stream's interval not known
+])
+def test_spaced(interval, hint, want):
+    assert spaced(interval, hint) == want
 
 
 @pytest.mark.parametrize("step, hint, rate", [
@@ -48,6 +60,12 @@ def test_key_frames_at_two_and_a_half_a_second_alternate_under_a_1_fps_cap():
     (10.0, 10.02, 0.04, 5.0, (10.22, 10.2)),
     # a stall: the frame came 1 s after its tick; the clock starts again (no burst to catch up)
     (11.0, 10.0, 0.04, 5.0, (11.2, 11.18)),
+    # the edges, in binary-exact figures (2 Hz cap, a step of 0.25 s): exactly a step after
+    # its tick keeps the clock, a step and a half starts it again; a tick exactly an interval
+    # ahead is kept
+    (10.25, 10.0, 0.25, 2.0, (10.5, 10.375)),
+    (10.375, 10.0, 0.25, 2.0, (10.875, 10.75)),
+    (10.0, 10.5, 0.25, 2.0, (11.0, 10.875)),
     # a tick far ahead, left from a 0.1 Hz cap: the clock starts again at once at 5 Hz
     (3.0, 10.0, 0.04, 5.0, (3.2, 3.18)),
     # not paced (no cap, or no interval known): nothing due, the clock forgotten
@@ -126,3 +144,10 @@ def test_a_frame_never_served(now, interval, never):
     clock.served(9.98, 0.04, 5.0)  # the clock starts at 9.98: tick 10.18, due 10.16
     assert clock.due == pytest.approx(10.16)
     assert clock.never_served(now, interval) is never
+
+
+@pytest.mark.parametrize("now, never", [(10.0624, True), (10.0625, False)])
+def test_a_frame_exactly_a_quarter_interval_before_its_due_time_is_converted(now, never):
+    clock = CapClock()
+    clock.served(9.75, 0.25, 2.0)  # tick 10.25, due 10.125; a quarter interval: 0.0625
+    assert clock.never_served(now, 0.25) is never
