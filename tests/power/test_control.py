@@ -187,6 +187,71 @@ def test_ran_w_is_the_floor_and_what_ran(actuation, current, want_dynamic):
     assert control.ran_w(s, RUNGS, c, current) == pytest.approx(2.0 + want_dynamic)
 
 
+@pytest.mark.parametrize(("temp", "extra_w", "limit", "want"), [
+    (70.0, 1.0, 77.0, -1050 * math.log(1 - 6 / 7)),  # jumps 1 °C, creeps 7 °C more
+    (76.0, 1.0, 77.0, 0.0),  # the jump alone reaches the limit
+    (70.0, 1.0, 78.0, math.inf),  # settles exactly at the limit: never over it
+    (70.0, 0.0, 77.0, math.inf),  # nothing more drawn
+])
+def test_time_under(temp, extra_w, limit, want):
+    """Seconds under `limit` after drawing `extra_w` more (1 K/W die to case, 8 to ambient,
+    a 1050 s case time constant)."""
+    got = control.time_under(temp, extra_w, limit, 1.0, 8.0, 1050.0)
+    assert got == (pytest.approx(want) if math.isfinite(want) else want)
+
+
+# Excursions (power/control.py `_excursion`, `_end_excursion`) on RUNGS at 10 Hz (0.1, 0.3,
+# 1.0 W; accuracy 0.80, 0.90, 0.98), 8 K/W die to ambient of which 0.5 die to case, a case
+# time constant of 5000 s; an upgrade must settle under 77 °C or keep the die under it 400 s
+EXC = dict(r_die_case_k_per_w=0.5, case_tau_s=5000.0, estimator=None)
+FLAT = tuple((96.0 + k, 73.0) for k in range(4))  # four readings before t=100: no trend
+RISING = tuple((96.0 + k, 72.96 + 0.01 * k) for k in range(4))  # +0.01 °C/s
+
+EXCURSIONS = [
+    # name, state, °C at t, t, rung running, extra budget, (rung, rate cap)
+    ("not at steady state, but 400 s under the limit: an excursion to the top",
+     dict(actuation=(1, math.inf), hold=RungHold(1), samples=FLAT), 73.0, 100.0, 1, None,
+     (2, math.inf)),
+    ("only 294 s under the limit: no excursion, the rung held",
+     dict(actuation=(1, math.inf), hold=RungHold(1)), 76.35, 100.0, 1, None, (1, math.inf)),
+    ("rising: no excursion, the rung held",
+     dict(actuation=(1, math.inf), hold=RungHold(1), samples=RISING), 73.0, 100.0, 1, None,
+     (1, math.inf)),
+    ("both richer rungs have 400 s: the most accuracy per extra watt (+1.0 /0.2 W against "
+     "+1.8 /0.9 W)", dict(actuation=(0, math.inf), hold=RungHold(0)), 75.5, 100.0, 0, None,
+     (1, math.inf)),
+    ("a rate cap asked on an excursion: back where it came from, at the cap",
+     dict(actuation=(2, math.inf), excursion=(1, math.inf, 0.0), hold=RungHold(2, 0.0, 0.0)),
+     60.0, 100.0, 2, Decision(math.inf, 5.0), (1, 5.0)),
+    ("asked below where it came from: there, not just back",
+     dict(actuation=(2, math.inf), excursion=(1, math.inf, 0.0), hold=RungHold(2, 0.0, 0.0)),
+     60.0, 100.0, 2, Decision(0.15), (0, math.inf)),
+    ("two case time constants on: still an excursion, no richer rung yet",
+     dict(actuation=(1, math.inf), excursion=(0, math.inf, 0.0), hold=RungHold(1, 0.0, 0.0)),
+     60.0, 10000.0, 1, None, (1, math.inf)),
+    ("three: settled, no longer an excursion; a step up judged as any other",
+     dict(actuation=(1, math.inf), excursion=(0, math.inf, 0.0), hold=RungHold(1, 0.0, 0.0)),
+     60.0, 15000.0, 1, None, (2, math.inf)),
+]
+
+
+def test_no_excursion_buys_nothing():
+    """A richer rung too slow to serve more accuracy-weighted inferences (1.0 x 5 Hz against
+    0.5 x 10 Hz) is no excursion, however long the die would stay under the limit."""
+    rungs = [Rung("fast", 0.5, 0.010, 0.005), Rung("slow", 1.0, 0.100, 0.2)]
+    s = control.ControlState(actuation=(0, math.inf), hold=RungHold(0))
+    _, out = control.step(s, Reading(100.0, temp_c=74.0), rungs, cfg(**EXC), 0)
+    assert (out.rung, out.rate_cap_hz) == (0, math.inf)
+
+
+@pytest.mark.parametrize(("name", "state", "temp", "t", "current", "extra", "want"), EXCURSIONS,
+                         ids=[x[0] for x in EXCURSIONS])
+def test_excursions(name, state, temp, t, current, extra, want):
+    s = control.ControlState(**state)
+    _, out = control.step(s, Reading(t, temp_c=temp), RUNGS, cfg(**EXC), current, extra=extra)
+    assert (out.rung, out.rate_cap_hz) == want
+
+
 def test_physics_bounded_is_reported_once_and_cleared():
     c = cfg()
     # above the 78 °C trip whatever we do: ~25 levels down (a tick each), then 300 s at the
@@ -214,6 +279,27 @@ def test_physics_bounded_waits_its_time_and_clears_under_the_hysteresis(temp, cl
     s, outs = run(c, [temp] * 6, start=s, t0=400.0)
     assert s.bounded is not cleared
     assert any(e.type == "physics_bounded_cleared" for o in outs for e in o.events) is cleared
+
+
+def test_an_operators_cap_at_minimum_duty_is_not_the_physics_bound():
+    """The operator capped the top rung at minimum duty while the die is over the trip:
+    `bounded_after_s` counts from the cheapest rung at minimum duty, not from the cap."""
+    c = cfg()
+    _, outs = run(c, [80.0] * 400, operator_rate_hz=c.min_rate_hz)
+    bottom = next(i for i, o in enumerate(outs) if o.rung == 0)
+    said = next(i for i, o in enumerate(outs)
+                if any(e.type == "physics_bounded" for e in o.events))
+    assert bottom > 0 and said - bottom == 120
+
+
+@pytest.mark.parametrize(("idle_w", "want"), [
+    (2.7, (78.0 - 25.0) / 8.0),  # rpi5: what 8 K/W lets the box dissipate at the trip
+    (10.0, 10.1),  # an idle floor over it: 0.1 W of headroom, never none
+])
+def test_governor_config_sustainable_power(idle_w, want):
+    device = replace(RPI, power=replace(RPI.power, idle_w=idle_w))
+    g = control.governor_config(device, "power_allocator")
+    assert (g.floor_w, g.sustainable_w) == (idle_w, pytest.approx(want))
 
 
 def test_trend_window_restarts_when_the_actuation_changes():
