@@ -36,6 +36,7 @@ def test_results_in_counts_the_seqs_of_a_message(raw, n):
     ([("result", "a", 30)], 25, 0),  # one backlog batch past the cap
     ([("result", "a", 30)], 0, None),  # 0: no early end
     ([("health", "a", 0), ("event", "a", 0), ("result", "a", 1)], 25, None),
+    ([("health", "a", 0)] * 3 + [("event", "a", 0)] * 3, 2, None),  # not counted as results
     ([("result", "a", 1), ("state", "a", 0)], 25, 1),  # a birth: its desired state awaits
     ([("cmd/reply", "a", 0)], 25, 0),  # a command's issuer waits on the reply
     ([("not/a/topic", "", 0)], 25, None),  # quarantined; nobody waits on it

@@ -27,6 +27,8 @@ MB = 2**20
     (0, 0, 9999, 2, 1000, "results", 0),  # nothing to store
     (200, 10, 1200, 2, 1000, "results", 0),  # within its quota although the store is full
     (500, 10, 800, 2, 1000, "results", 0),  # past its quota, the store has room
+    (500, 10, 990, 2, 1000, "results", 0),  # ... filled exactly to the budget: still room
+    (290, 10, 1000, 2, 1000, "results", 0),  # full, and exactly at its quota: within it
     (500, 10, 995, 2, 1000, "results", 5 + 1),  # past it, full: sheds to the budget only
     (500, 10, 1300, 2, 1000, "results", 210 + 1),  # never below its own quota
     (140, 20, 1000, 2, 1000, "health", 10 + 1),  # health: 150 a device
@@ -47,6 +49,9 @@ def test_admit_table(pool_bytes, incoming, total, devices, budget, pool, shed):
      100, [("a", "health", 25), ("b", "events", 25)]),  # ties by name
     ({("b", "results"): 60, ("a", "results"): 60}, 100, [("a", "results", 30),
                                                          ("b", "results", 30)]),  # by name
+    ({("a", "results"): 60, ("b", "results"): 80}, 100, [("b", "results", 50),
+                                                         ("a", "results", 30)]),  # most first
+    ({("a", "results"): 30, ("b", "results"): 30}, 100, []),  # exactly at quota: not over
 ])
 def test_over_share_table(usage, budget, want):
     assert quotas.over_share(usage, budget) == want
@@ -55,11 +60,33 @@ def test_over_share_table(usage, budget, want):
 @pytest.mark.parametrize("used, logical, cap, before, want", [
     (100, 1, 1000, 1.0, 1.0),  # too little data to measure: the previous ratio
     (300, 100, 1000, 1.0, 3.0),
+    (300, 50, 1000, 1.0, 6.0),  # exactly the 5 % it needs: measured
     (50, 100, 1000, 2.0, 1.0),  # never below 1
     (10_000, 100, 1000, 1.0, quotas.MAX_OVERHEAD),
 ])
 def test_overhead_table(used, logical, cap, before, want):
     assert quotas.overhead(used, logical, cap, before) == want
+
+
+@pytest.mark.parametrize("budget, devices, pool, want", [
+    (1000, 0, "results", 600.0),  # nobody holds data yet: the first writer's share is all
+    (1000, 1, "results", 600.0),  # alone: the whole budget, by the pools' weights
+    (1000, 1, "events", 100.0),
+    (1000, 4, "health", 75.0),  # 250 a device, 30 % of it
+])
+def test_pool_share_table(budget, devices, pool, want):
+    assert quotas.pool_share(budget, devices, pool) == pytest.approx(want)
+
+
+@pytest.mark.parametrize("kind, msg, rows", [
+    ("health", {"t": 1.0}, lambda d, body: quotas.health_bytes(d, body)),
+    ("event", {"type": "overheat"}, lambda d, body: quotas.event_bytes(d, "overheat", body)),
+])
+def test_a_health_or_event_charges_what_its_row_holds(kind, msg, rows):
+    """A health or event message of `raw` bytes stored as its body charges exactly its
+    row (a health: with its timeline row)."""
+    body = json.dumps(msg)
+    assert quotas.message_bytes("device-7", kind, msg, len(body)) == rows("device-7", body)
 
 
 def _results(stream: str, seqs, floor: int, blob: int = 0) -> dict:
