@@ -121,6 +121,38 @@ def test_every_zero_watt_path_is_minimum_duty_never_uncapped(why):
     assert out0.rate_cap_hz == 0.0  # min_rate_hz = 0 pauses capture
 
 
+# the top rung at 4 W dynamic (6.7 W box on rpi5's 2.7 W floor): power_allocator's PID at
+# 79 °C allows about 6.2 W box, so the top rung's box power must be compared, not its 4 W
+HOT = [Rung("small", 0.80, 0.010, 0.005), Rung("mid", 0.90, 0.030, 0.010),
+       Rung("big", 0.98, 0.400, 0.020)]
+
+
+@pytest.mark.parametrize("policy", ["step_wise", "power_allocator"])
+def test_over_the_trip_the_top_rung_is_not_served(policy):
+    _, outs = run(cfg(policy), [79.0] * 5, rungs=HOT)  # 1 °C over rpi5's 78 °C trip
+    assert all(o.rung < 2 and math.isfinite(o.budget_w) for o in outs)
+
+
+def test_a_flaky_sensor_is_said_once_a_minute():
+    """Every other reading invalid for two minutes: the hold is said at 1 s and at 61 s,
+    not at each of its sixty starts."""
+    _, outs = run(cfg(), [45.0, None] * 60)
+    said = [i for i, o in enumerate(outs) for e in o.events if e.type == "sensor_hold"]
+    assert said == [1, 61]
+
+
+def test_a_rate_cap_change_restarts_the_trend_as_a_rung_change_does():
+    """Readings from before the operator's cap describe a load that is gone: the slope is 0
+    again until `settle_samples` readings under the cap exist."""
+    rising = tuple((float(t), 60.0 + 0.01 * t) for t in range(95, 100))
+    s = control.ControlState(actuation=(2, math.inf), hold=RungHold(2), samples=rising,
+                             recent=tuple(y for _, y in rising))
+    s, out = control.step(s, Reading(100.0, temp_c=61.0), RUNGS, cfg(), 2, operator_rate_hz=2.0)
+    assert out.slope_c_per_min == pytest.approx(0.6)  # the old regime's trend, this tick
+    _, out = control.step(s, Reading(101.0, temp_c=61.01), RUNGS, cfg(), 2, operator_rate_hz=2.0)
+    assert out.slope_c_per_min == 0.0
+
+
 def test_operator_cap_applies_on_top():
     _, outs = run(cfg(), [45.0] * 3, operator_rate_hz=2.0)
     assert outs[-1].rate_cap_hz == 2.0 and outs[-1].rung == 2

@@ -134,7 +134,8 @@ def test_invalid_sensor_fails_safe_then_recovers():
     s, tm, d = thermal_step(GovernorState(), LevelTimers(),
                             Trend(0.0, None, problem="zone gone"), SW, TIMERS)
     assert d.level == 3 and d.budget_w == LEVELS[-1]
-    assert d.events and "treating the device as hot" in d.events[0]
+    # one event: the fail-safe says it all, no `level 0 -> 3` beside it
+    assert len(d.events) == 1 and "treating the device as hot" in d.events[0]
     s, tm, d = thermal_step(s, tm, Trend(1.0, None, problem="zone gone"), SW, TIMERS)
     assert d.events == ()  # said once, not every tick
     s, tm, d = thermal_step(s, tm, Trend(2.0, 50.0), SW, TIMERS)
@@ -216,6 +217,19 @@ BUDGET = [
     (1.2, 10, 1, (2, 10)),
     (0.2, 10, 2, (0, 10)),  # stepping down needs no margin
 ]
+
+
+@pytest.mark.parametrize(("rung", "rate", "power_w", "box_w"), [
+    (Rung("r", 0.9, 0.1, 0.02), 10.0, 1.0, 3.0),  # 50/s at most: 10 Hz as asked
+    (Rung("r", 0.9, 0.1, 0.2), 10.0, 0.5, 2.5),  # 5/s at most: no more drawn past it
+    (Rung("r", 0.9, 0.1, 0.2, parallel=4), 10.0, 1.0, 3.0),  # 20/s on four cores
+    (Rung("r", 0.9, 0.1, 0.02, other_j=0.05), 10.0, 1.5, 3.5),  # the stages around it
+])
+def test_a_rungs_power_at_a_rate(rung, rate, power_w, box_w):
+    """Dynamic power = energy per frame x the rate, capped at what the rung sustains; the
+    box adds its floor (2 W here)."""
+    assert rung.power_w(rate) == pytest.approx(power_w)
+    assert rung.box_w(rate, 2.0) == pytest.approx(box_w)
 
 
 def test_select_for_budget_with_rungs_whose_energy_does_not_rise_with_the_index():
