@@ -48,7 +48,7 @@ from runtime.choice.refine import (
     rounds,
 )
 from runtime.choice.report import failure_kinds
-from runtime.choice.selector import Constraints, Profile
+from runtime.choice.selector import Constraints, Profile, profile_from_dict
 from runtime.config import ModelConfig, ProfilerConfig
 from runtime.durable import write_atomic
 from runtime.engine.backends import (
@@ -160,11 +160,13 @@ class Profiler:
         ]
         return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:32]
 
-    def _cached(self, key: str) -> Profile | None:
+    def _cached(self, key: str, variant_id: str) -> Profile | None:
         f = self._cache / f"{key}.json"
         try:
-            data = json.loads(f.read_text())
-            return Profile(**data)
+            hit = profile_from_dict(json.loads(f.read_text()))
+            if hit.variant_id != variant_id:  # the ladder finds variants by this id
+                raise ValueError(f"variant_id is {hit.variant_id!r}, not {variant_id!r}")
+            return hit
         except FileNotFoundError:
             return None
         except (OSError, ValueError, TypeError) as e:
@@ -182,7 +184,7 @@ class Profiler:
     def lookup(self, v: Variant, device: Device) -> Profile | None:
         """The cached profile of a variant (any stage; a failure as `known-failure`), with the
         manifest's accuracy now, or None."""
-        hit = self._cached(self.cache_key(v, device))
+        hit = self._cached(self.cache_key(v, device), v.id)
         if hit is None:
             return None
         if hit.error:  # the failure as this copy of the model would say it

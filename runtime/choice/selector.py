@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 from runtime.choice import at_rate, provisional
 from runtime.choice.frame_cost import BoxFigure, FrameCosts, configurations, describe, energy_key
@@ -73,6 +74,36 @@ class Profile:
     def latency(self, percentile: int) -> float:
         """Latency in ms at 50, 95 or 99."""
         return {50: self.p50_ms, 95: self.p95_ms, 99: self.p99_ms}[percentile]
+
+
+STATUSES = ("ok", "failed", "refused")
+_NUMBER = (int, float)
+# what each annotation of Profile admits (bool is an int to Python, never a figure here)
+_ADMITS: dict[str, tuple[type, ...]] = {
+    "str": (str,), "int": (int,), "float": _NUMBER, "float | None": (*_NUMBER, type(None)),
+    "dict[str, str]": (dict,),
+}
+
+
+def profile_from_dict(d: Any) -> Profile:
+    """A Profile from a JSON object (a cache entry, a recorded profile file), every field of
+    the type Profile declares and `status` one this code writes; ValueError naming the first
+    field that is not (a damaged cache entry used to crash the selector with a TypeError).
+    Keys Profile does not have are refused too (TypeError, as Profile(**d) says)."""
+    if not isinstance(d, dict):
+        raise ValueError(f"not a JSON object but {type(d).__name__}")
+    for f in fields(Profile):
+        if f.name not in d:
+            continue
+        v = d[f.name]
+        if isinstance(v, bool) or not isinstance(v, _ADMITS[str(f.type)]):
+            raise ValueError(f"{f.name} is {v!r}, not {f.type}")
+    opts = d.get("options", {})
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in opts.items()):
+        raise ValueError(f"options is {opts!r}, not dict[str, str]")
+    if d.get("status", "ok") not in STATUSES:
+        raise ValueError(f"status is {d['status']!r}, not one of {', '.join(STATUSES)}")
+    return Profile(**d)
 
 
 AUTO_TOLERANCE = 0.02  # what the automatic floor gives up, at most, against the best variant

@@ -83,6 +83,53 @@ def test_corrupt_cache_entry_is_remeasured(tiny_model, fast_profiler_cfg):
     assert all(p.ok or opencl_devices.refused_here(p) for p in again)
 
 
+# A cache entry that parses as JSON but is not a profile this code wrote: a bit flipped on the
+# card, a hand edit. Each crashed `serve` (TypeError / KeyError traceback, exit 1: systemd
+# restarted it into the same crash for ever) or, with an unknown status, skipped every variant
+# as "known to fail" (exit 2, never measured again).
+DAMAGED_ENTRIES = [
+    ("p95_ms", "fast"),  # TypeError in the selector: '<=' between str and float
+    ("energy_mj", None),  # TypeError: must be real number, not NoneType
+    ("variant_id", "other/x@y"),  # KeyError: the ladder looks the variant up by this id
+    ("status", "weird"),  # neither ok nor a failure this code records
+    ("threads", "1"),
+    ("options", [1, 2]),
+    ("accuracy", "high"),
+]
+
+
+@pytest.mark.parametrize(("key", "bad"), DAMAGED_ENTRIES, ids=[k for k, _ in DAMAGED_ENTRIES])
+def test_a_cache_entry_of_the_wrong_shape_is_measured_again(tiny_model, fast_profiler_cfg,
+                                                            caplog, key, bad):
+    import logging
+
+    bcfg = BackendsConfig(enabled=("onnxruntime",), threads=(1,))
+    (backend,) = discover(bcfg)
+    models = model_files(ModelConfig(path=str(tiny_model)))
+
+    def run():
+        profiler = Profiler(fast_profiler_cfg, EstimatedMeter(5.0, 2.0), "test-device")
+        return profile_all([backend], models, (1,), bcfg, profiler)
+
+    first = run()
+    files = sorted(Path(fast_profiler_cfg.cache_dir).glob("*.json"))
+    assert len(files) == len(first)
+    for f in files:
+        entry = json.loads(f.read_text())
+        entry[key] = bad
+        f.write_text(json.dumps(entry))
+    with caplog.at_level(logging.WARNING, logger="runtime.choice.profiler"):
+        again = run()
+    assert [p.variant_id for p in again] == [p.variant_id for p in first]
+    for p, was in zip(again, first, strict=True):
+        assert p.ok and p.stage == "full", p
+        assert isinstance(p.p95_ms, float) and isinstance(p.energy_mj, float), p
+        assert isinstance(p.threads, int) and p.options == was.options, p
+    said = [r.getMessage() for r in caplog.records if "is unreadable" in r.getMessage()]
+    assert len(said) == len(files) and all(key in m for m in said), said
+    assert sorted(f.name for f in files) == sorted(Path(m.split()[3]).name for m in said)
+
+
 def test_unsupported_op_fails_one_backend_others_profile(tmp_path, fast_profiler_cfg):
     path = tiny_cnn(tmp_path / "odd.onnx", extra_op="RandomUniformLike")
     profiles = run(path, fast_profiler_cfg)
