@@ -28,7 +28,10 @@ from dataclasses import dataclass, field
 # sqlite3 primary result codes (extended codes keep them in the low byte)
 SQLITE_IOERR = 10
 SQLITE_FULL = 13
-_OS_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO}
+# EROFS: ext4 mounted errors=remount-ro (a Raspberry Pi's root) turns read-only under the open
+# files when the card fails; results wait in memory as on a full disk, saying so, instead of
+# each append being lost with an error
+_OS_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EROFS}
 
 
 class OutboxFull(OSError):
@@ -37,7 +40,8 @@ class OutboxFull(OSError):
 
 def unwritable(e: BaseException) -> bool:
     """True for an error of the storage that passes when space returns (disk or quota full, a
-    file size limit, an I/O error); False for anything else (a bug, a corrupt database)."""
+    file size limit, an I/O error, a filesystem turned read-only); False for anything else
+    (a bug, a corrupt database)."""
     if isinstance(e, sqlite3.OperationalError):
         code = getattr(e, "sqlite_errorcode", None)
         if code is not None:

@@ -217,6 +217,62 @@ def test_closing_on_a_full_disk_stores_held_results_or_says_which_are_lost(disk,
     disk.free()
 
 
+class Ext4:
+    """An ext4 on a loop device at `path`, mounted `errors=remount-ro` as a Raspberry Pi's root
+    is; `fail()` makes the kernel see a filesystem error (its sysfs `trigger_fs_error`), so it
+    turns read-only under the open files, as a failing SD card's does (a plain `mount -o
+    remount,ro` is refused while a file is open for writing)."""
+
+    def __init__(self, path: Path, size_mb: int):
+        self.path, self.image = path, path.with_suffix(".img")
+        path.mkdir(parents=True)
+        if os.geteuid() != 0:
+            pytest.skip("mounting an ext4 image needs root")
+        with self.image.open("wb") as f:
+            f.truncate(size_mb << 20)
+        for cmd in (["mkfs.ext4", "-q", "-F", str(self.image)],
+                    ["mount", "-o", "loop,errors=remount-ro", str(self.image), str(path)]):
+            got = subprocess.run(cmd, capture_output=True, text=True)
+            if got.returncode != 0:
+                pytest.skip(f"cannot make an ext4 here ({cmd[0]}): {got.stderr.strip()}")
+        dev = subprocess.run(["findmnt", "-n", "-o", "SOURCE", str(path)], capture_output=True,
+                             text=True).stdout.strip()
+        self.trigger = Path("/sys/fs/ext4") / Path(dev).name / "trigger_fs_error"
+
+    def fail(self) -> None:
+        os.sync()  # what was written reaches the image (an aborted journal drops the rest)
+        self.trigger.write_text("1\n")
+
+    def unmount(self) -> None:
+        subprocess.run(["umount", "-l", str(self.path)], check=False)
+
+
+def test_a_state_disk_turned_read_only_holds_results_in_memory(tmp_path, caplog):
+    """A card's ext4 gone read-only under the daemon (errors=remount-ro): the result log's
+    append fails with EROFS, which was not taken as a refusing disk, so every result appended
+    was lost with an ERROR (`could not store 1 results: [Errno 30] Read-only file system`)
+    until something else (a health spilled into SQLite) happened to put the outbox in its
+    full-disk state. It is one: results wait in memory and it says so."""
+    disk = Ext4(tmp_path / "ext4", 16)
+    try:
+        seen: list[dict] = []
+        ob = Outbox(OutboxConfig(path=str(disk.path / "outbox.db"), retry_s=3600),
+                    on_event=seen.append)
+        assert ob.append_many([_result(i) for i in range(3)]) == [1, 2, 3]
+        disk.fail()
+        assert ob.append_many([_result(3)]) == [4]  # held, not lost
+        st = ob.stats()
+        assert st["disk_full"] and st["held_in_memory"] == 1
+        assert [e["type"] for e in seen] == ["outbox_disk_full"]
+        assert "Read-only file system" in seen[0]["error"], seen
+        with caplog.at_level("CRITICAL", logger="edgerun.outbox"):
+            ob.close()
+        lost = [r.getMessage() for r in caplog.records if "are lost" in r.getMessage()]
+        assert len(lost) == 1 and "1 results" in lost[0] and "seq 4-4" in lost[0], lost
+    finally:
+        disk.unmount()
+
+
 def _metrics(port: int) -> dict:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
         return gauges(r.read().decode())
