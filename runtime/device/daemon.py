@@ -297,7 +297,8 @@ class Daemon:
                 log.exception("stopping %s failed; going on with the rest of the stop", what)
         stats = self.links.outbox.stats()
         self.links.history.close()  # first: the outbox's close may raise
-        self.links.outbox.close()
+        lost = self.links.outbox.close()  # results held in memory the disk refused to the end
         self.wakeup.close()
-        log.info("stopped; %d results not yet acked stay in the outbox for the next start",
-                 stats["results_held"])
+        log.info("stopped; %d results not yet acked stay in the outbox for the next start%s",
+                 stats["results_held"] - lost,
+                 f" ({lost} held in memory were lost: the disk refused them)" if lost else "")

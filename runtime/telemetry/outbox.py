@@ -889,9 +889,11 @@ class Outbox:
         event, self._startup_event = self._startup_event, None
         return event
 
-    def close(self) -> None:
+    def close(self) -> int:
         """Checkpoint and close. What waits in memory while the disk refused writes gets one
-        last try; where the disk still refuses, its loss is logged (results with their seqs)."""
+        last try; where the disk still refuses, its loss is logged (results with their seqs).
+        Returns how many results were lost so (0 when none waited or they were stored)."""
+        lost = 0
         with self._lock:
             try:
                 h = self._held
@@ -899,6 +901,7 @@ class Outbox:
                     h.next_try = 0.0  # due now, whenever the last try was
                     if not self._flush([]) and (h.results or h.other_rows()):  # (a
                         # recovery event would have no sender now)
+                        lost = len(h.results)
                         first, last = (h.results[0][0], h.results[-1][0]) if h.results \
                             else (0, 0)
                         log.critical("outbox %s: closing while the disk refuses writes (%s): "
@@ -913,3 +916,4 @@ class Outbox:
             finally:
                 self._db.close()
                 self._log.close()
+        return lost

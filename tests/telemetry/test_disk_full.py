@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import subprocess
 import time
 import urllib.request
@@ -203,7 +204,7 @@ def test_closing_on_a_full_disk_stores_held_results_or_says_which_are_lost(disk,
     ob, held = degraded(disk.path / "a.db")
     assert held, "nothing waited in memory"
     disk.free()
-    ob.close()
+    assert ob.close() == 0  # nothing lost
     reopened = Outbox(OutboxConfig(path=str(disk.path / "a.db")))
     assert reopened.last_seq() == held[-1]  # stored at close
     reopened.close()
@@ -266,7 +267,7 @@ def test_a_state_disk_turned_read_only_holds_results_in_memory(tmp_path, caplog)
         assert [e["type"] for e in seen] == ["outbox_disk_full"]
         assert "Read-only file system" in seen[0]["error"], seen
         with caplog.at_level("CRITICAL", logger="edgerun.outbox"):
-            ob.close()
+            assert ob.close() == 1  # the count the daemon's last line leaves out of those kept
         lost = [r.getMessage() for r in caplog.records if "are lost" in r.getMessage()]
         assert len(lost) == 1 and "1 results" in lost[0] and "seq 4-4" in lost[0], lost
     finally:
@@ -317,5 +318,30 @@ def test_a_daemon_survives_its_state_disk_filling_up(tmp_path, tmp_path_factory)
             assert "Traceback" not in d.text(), d.text()[-3000:]
         finally:
             d.stop()
+    finally:
+        disk.unmount()
+
+
+@pytest.mark.skipif(not (bundled() / "manifest.json").exists(), reason="bundled model not built")
+def test_a_daemon_whose_state_disk_turns_read_only_says_what_it_lost(tmp_path, tmp_path_factory):
+    """`edgerun serve` on an ext4 that turns read-only (a failing card, errors=remount-ro):
+    it serves on degraded, and a stop says how many held results were lost; its last line
+    said they all "stay in the outbox for the next start" (they were just lost)."""
+    disk = Ext4(tmp_path / "state", 32)
+    try:
+        cfg = write_config(tmp_path, tmp_path_factory.mktemp("profiles"), extra="retry_s = 0.2\n")
+        d = Serve(tmp_path, cfg)
+        try:
+            wait(lambda: d.ready() and len(result_seqs(d.outbox)) > 20, 120,
+                 "the daemon storing results", d)
+            disk.fail()
+            wait(lambda: "the disk refuses writes" in d.text(), 60, "the outbox degrading", d)
+            assert "could not store" not in d.text(), d.text()[-3000:]  # nothing lost serving
+            assert d.stop() == 0 and "Traceback" not in d.text(), d.text()[-3000:]
+        finally:
+            d.stop()
+        lost = int(re.search(r"(\d+) results held in memory are lost", d.text())[1])
+        last = d.text().strip().splitlines()[-1]
+        assert lost > 0 and f"({lost} held in memory were lost" in last, last
     finally:
         disk.unmount()
