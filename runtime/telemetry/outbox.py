@@ -54,6 +54,7 @@ from runtime.telemetry.held import Held, OutboxFull, unwritable
 from runtime.telemetry.resultlog import ResultLog
 from runtime.telemetry.sidecar import Sidecar
 from runtime.wire.events import EventType
+from runtime.wire.payloads import T_MAX
 from runtime.wire.quarantine import RateLimitedLog
 
 log = logging.getLogger("edgerun.outbox")
@@ -80,6 +81,32 @@ class Pending:
 
     seq: int
     json: str
+
+
+SHORT_MAX = 256  # the wire schema's cap on a result's model, variant and label (_SHORT)
+
+
+def _deliverable(r: dict) -> dict:
+    """`r` as the coordinator's result schema admits it: a `t` outside [0, T_MAX] clamped
+    into it (a clock stepped to 1970 stamped t = -7.9e-05; its `clk` stamp, unsynced, is what
+    places it), a model, variant or label longer than SHORT_MAX cut to it (a custom model's
+    labels file). The coordinator quarantines a results message with one item it refuses and
+    acks only up to the first missing seq, so one such result, re-sent for ever, stopped the
+    whole stream. Each change is logged (an ERROR, once a minute)."""
+    fixed: dict[str, Any] = {}
+    t = r.get("t")
+    if isinstance(t, int | float) and not isinstance(t, bool) and not 0 <= t <= T_MAX:
+        fixed["t"] = min(max(float(t), 0.0), T_MAX)  # NaN: max() keeps 0.0 (_dumps: null)
+    for k in ("model", "variant", "label"):
+        v = r.get(k)
+        if isinstance(v, str) and len(v) > SHORT_MAX:
+            fixed[k] = v[:SHORT_MAX]
+    if not fixed:
+        return r
+    _rlog.log("undeliverable", "a result the coordinator would refuse (and stop acking its "
+              "stream at): %s; sent as %s", ", ".join(f"/{k} {str(r[k])[:80]!r}" for k in fixed),
+              ", ".join(f"/{k} {str(v)[:80]!r}" for k, v in fixed.items()), level=logging.ERROR)
+    return {**r, **fixed}
 
 
 def _dumps(obj: Any) -> str:
@@ -439,7 +466,8 @@ class Outbox:
 
         Each result is labelled with this process's `boot` (unless it has one), so a result
         re-sent by a later process is still stored with the boot that produced it."""
-        bodies = [_dumps(r if "boot" in r else {**r, "boot": self.boot}) for r in results]
+        bodies = [_dumps(_deliverable(r if "boot" in r else {**r, "boot": self.boot}))
+                  for r in results]
         events: list[dict] = []
         try:
             with self._lock:

@@ -222,3 +222,36 @@ def test_listeners_hear_every_change_after_it_is_visible(tmp_path):
     assert [n for n, _ in seen] == [1, 2, 3]
     assert [rows for _, rows in seen] == [1, 3, 3]
     box.close()
+
+
+def test_a_result_the_coordinator_would_refuse_is_made_deliverable(tmp_path, caplog):
+    """The coordinator acks a stream only up to its first missing seq, and quarantines a whole
+    results message whose item fails the schema: one such result, re-sent for ever, wedged
+    the stream (seen: a clock stepped to 1970 stamped a frame t = -7.9e-05; the coordinator
+    refused `results/0/t: -7.8819e-05 is less than the minimum of 0`, and the backlog grew
+    for as long as the daemon ran). So results are brought into the schema when appended: a
+    time out of [0, T_MAX] clamped (the clock was wrong anyway; its `clk` stamp places it),
+    a name longer than the schema's 256 characters (a custom model's label) cut, each said."""
+    import json
+    import logging
+
+    from runtime.wire import payloads
+
+    box = _box(tmp_path)
+    long = "a label from a labels file with one very long line " * 8
+    items = [{"t": -7.8819e-05, "label": "ok", "score": 0.9},
+             {"t": 2e10, "label": "ok", "score": 0.9},
+             {"t": 1796630967.0, "label": long, "model": "m" * 300, "variant": "v" * 300,
+              "score": 0.5},
+             {"t": 1796630967.5, "label": "ok", "score": 0.9}]
+    with caplog.at_level(logging.ERROR, logger="edgerun.outbox"):
+        seqs = box.append_many(items)
+    sent = [json.loads(p.json) for p in box.pending(0, 10)]
+    for one in sent:  # each as the coordinator admits it (the publisher batches them)
+        payloads.check("result", {"v": 1, "stream": box.stream, "boot": box.boot,
+                                  "floor": seqs[0], "results": [one]})
+    assert [r["t"] for r in sent] == [0.0, payloads.T_MAX, 1796630967.0, 1796630967.5]
+    assert sent[2]["label"] == long[:256] and len(sent[2]["model"]) == 256
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1 and "/t '-7.8819e-05'; sent as /t '0.0'" in said[0], said  # once a minute
+    box.close()
