@@ -161,7 +161,8 @@ class Daemon:
         lanes = serving.plan.lanes(self.sim.clock if self.sim else None)
         self.pipeline = Pipeline(lanes, serving.box.model.manifest, links.sink(),
                                  links.event_of, self.cfg.daemon.queue_size,
-                                 serving.new_preprocess_chooser(), links.local)
+                                 serving.new_preprocess_chooser(), links.local,
+                                 durable=links.outbox.last_seq)
         serving.start(self.pipeline)
 
     def _start_services(self) -> None:

@@ -115,7 +115,11 @@ class Pipeline:
                  sink: Callable[[list[dict[str, Any]]], list[int]],
                  on_event: Callable[[dict], None], queue_size: int = 4,
                  preprocess: Callable[[Any, tuple[int, ...]], Any] | None = None,
-                 local: LocalResults | None = None):
+                 local: LocalResults | None = None,
+                 durable: Callable[[], int] | None = None):
+        """`durable`: the highest seq the sink holds on disk (the outbox's `last_seq`); a
+        file source's frames whose results got seqs above it (held in memory on a full disk)
+        are marked done only once it reaches them. None: every stored result is durable."""
         # one callable: a single source named "main"; a list of lanes: several sources
         self.lanes = [Lane("main", open_source)] if callable(open_source) else list(open_source)
         self._lane = {lane.name: lane for lane in self.lanes}
@@ -125,6 +129,9 @@ class Pipeline:
         self._tilers: dict[int, tuple[Any, Any, Callable]] = {}  # see _pre_of
         self._sink = sink
         self._local = local  # print/JSONL/snapshots, after the outbox commit
+        self._durable = durable
+        # (highest seq, [(lane, frames)]) of stored batches not yet durable, oldest first
+        self._undone: list[tuple[int, list[tuple[Lane, list[Frame]]]]] = []
         self._event = on_event
         self._raw = FairQueue([lane.name for lane in self.lanes], queue_size)  # decoded frames
         self._frames: queue.Queue = queue.Queue(maxsize=queue_size)  # (frame, tensor, shape)
@@ -582,11 +589,13 @@ class Pipeline:
             if lane is not None:
                 lane.e2e.append((mono, e2e_ms))
                 lane.counters["results"] += 1
+        marks = []
         for lane in self.lanes:
             done = [item.frame for item in batch if item.frame.done is not None
                     and item.frame.source == lane.name]
             if done and lane.source is not None:
-                lane.source.done(done)
+                marks.append((lane, done))
+        self._mark_done(max(seqs, default=0), marks)
         self.counters["results"] += len(results)
         for r in results:
             label = r["label"]
@@ -608,6 +617,20 @@ class Pipeline:
         self._stage_cpu.stored(len(results), time.thread_time() - c_persist, infer_s)
         self.busy_since = None
         self.shadow.compare_due(self._pre_of, self._manifest)  # after the store: no latency
+
+
+    def _mark_done(self, top: int, marks: list[tuple[Lane, list[Frame]]]) -> None:
+        """Mark a batch's files done (a folder moves them to done_dir or records them) once
+        its results are on disk, and earlier batches that waited for that. On a full disk
+        the outbox holds results in memory (held.py) and a kill -9 loses them: a file moved
+        to done_dir then was never inspected again. Left not done, a restart inspects it."""
+        upto = self._durable() if self._durable is not None else None
+        if marks:
+            self._undone.append((top, marks))
+        while self._undone and (upto is None or self._undone[0][0] <= upto):
+            for lane, frames in self._undone.pop(0)[1]:
+                if lane.source is not None:  # (a source closed meanwhile: a restart sees)
+                    lane.source.done(frames)
 
 
 def _tiles(tensor: Any) -> int:

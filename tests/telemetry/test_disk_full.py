@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from support.daemon_harness import Serve, events, result_seqs, write_config
+from support.daemon_harness import results as results_of
 from support.waiting import wait
 from support.web import gauges
 
@@ -343,5 +344,66 @@ def test_a_daemon_whose_state_disk_turns_read_only_says_what_it_lost(tmp_path, t
         lost = int(re.search(r"(\d+) results held in memory are lost", d.text())[1])
         last = d.text().strip().splitlines()[-1]
         assert lost > 0 and f"({lost} held in memory were lost" in last, last
+    finally:
+        disk.unmount()
+
+
+@pytest.mark.skipif(not (bundled() / "manifest.json").exists(), reason="bundled model not built")
+def test_a_folder_file_is_not_done_while_its_result_waits_in_memory(tmp_path, tmp_path_factory):
+    """A folder source with a done_dir, the state disk full: results wait in memory (not
+    durable), but each file was moved to done_dir at once (a rename needs no space), so a
+    kill -9 (a power cut) during the outage lost the result and the file was never inspected
+    again. A file is done only once its result is on disk; until then it stays, and a restart
+    inspects it again."""
+    import signal
+
+    import cv2
+
+    from models.synthetic import samples
+
+    disk = Disk(tmp_path / "state", 8)
+    inbox, done = tmp_path / "inbox", tmp_path / "done"
+    inbox.mkdir()
+    images = [s.image for s in samples(seed=5, count=5)]
+
+    def drop(i: int) -> str:
+        name = f"part{i}.png"
+        cv2.imwrite(str(tmp_path / name), images[i])
+        os.utime(tmp_path / name, (0, 0))  # settled: inspected at once
+        os.replace(tmp_path / name, inbox / name)
+        return name
+
+    try:
+        port = free_port()
+        cfg = write_config(tmp_path, tmp_path_factory.mktemp("profiles"),
+                           source=f'kind = "folder"\npath = "{inbox}"\ndone_dir = "{done}"',
+                           extra=f"retry_s = 3600\n[local_api]\nport = {port}\n")
+        d = Serve(tmp_path, cfg)
+        try:
+            wait(d.ready, 120, "the daemon serving", d)
+            first = [drop(i) for i in range(2)]
+            wait(lambda: sorted(p.name for p in done.glob("*.png")) == first, 30,
+                 "the first files done", d)
+            disk.fill()  # a health spilled into SQLite finds it full (retry_s: no retry)
+            wait(lambda: _metrics(port).get("edgerun_device_outbox_disk_full") == 1, 30,
+                 "the outbox degrading", d)
+            held = [drop(i) for i in range(2, 5)]
+            wait(lambda: _metrics(port).get("edgerun_device_results_total", 0) >= 5, 30,
+                 "the files inspected while the disk is full", d)
+            time.sleep(0.5)  # a file done late would be moved by now (none may be)
+            assert sorted(p.name for p in inbox.iterdir()) == held  # not done: not durable
+            d.proc.send_signal(signal.SIGKILL)  # a power cut: what waits in memory is lost
+            d.proc.wait(30)
+        finally:
+            d.stop()
+        disk.free()
+        d = Serve(tmp_path, cfg)
+        try:
+            wait(lambda: sorted(p.name for p in done.glob("*.png")) == first + held, 60,
+                 "the files whose results were lost inspected again", d)
+            refs = [r["ref"] for r in results_of(d.outbox)]
+            assert sorted(set(refs)) == first + held, refs
+        finally:
+            assert d.stop() == 0
     finally:
         disk.unmount()
