@@ -66,6 +66,8 @@ class Held:
     refused_total: int = 0  # results refused past max_bytes (ever, this process)
     episodes: int = 0  # times the disk became unwritable (this process)
     next_try: float = 0.0  # monotonic time of the next flush attempt
+    since_mono: float = 0.0  # monotonic time the episode began: its length (a wall step
+    # during it, an NTP sync on a box without an RTC, made a week of a second's outage)
 
     @property
     def active(self) -> bool:
@@ -78,6 +80,7 @@ class Held:
         self.next_try = time.monotonic() + self.retry_s
         if self.since is None:
             self.since, self.episodes = now, self.episodes + 1
+            self.since_mono = time.monotonic()
             return True
         return False
 
@@ -127,7 +130,8 @@ class Held:
 
     def clear(self) -> dict:
         """Everything reached the disk: back to normal; returns the episode's figures."""
-        done = {"results": len(self.results), "down_s": round(time.time() - (self.since or 0), 1),
+        done = {"results": len(self.results),
+                "down_s": round(time.monotonic() - self.since_mono, 1),
                 "refused_total": self.refused_total}
         self.since, self.error = None, ""
         self.results, self.others, self.removed = [], {}, set()

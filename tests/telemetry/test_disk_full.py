@@ -86,6 +86,18 @@ def test_unwritable_table():
     assert not unwritable(OSError(errno.EACCES, "denied")) and not unwritable(ValueError("x"))
 
 
+def test_an_outage_is_timed_on_the_monotonic_clock():
+    """The recovery event's `down_s` was the wall clock's difference: a box that began an
+    outage at a stale time (no RTC) and synced during it reported a week of outage for 0 s."""
+    from runtime.telemetry.held import Held
+
+    h = Held(max_bytes=1 << 20, retry_s=5.0)
+    week = 7 * 86400
+    assert h.start(OSError(errno.ENOSPC, "full"), time.time() - week)  # a week behind then
+    done = h.clear()  # the clock synced meanwhile
+    assert 0 <= done["down_s"] < 60, done
+
+
 def test_outbox_holds_in_memory_and_flushes_when_space_returns(disk):
     seen: list[dict] = []
     ob = Outbox(OutboxConfig(path=str(disk.path / "outbox.db"), memory_max_bytes=64 << 10,
