@@ -119,8 +119,9 @@ class TelemetryConfig:
         if self.batch_max < 1 or self.inflight < self.batch_max:
             return "inflight", (f"need 1 <= batch_max <= inflight, "
                                 f"got {self.batch_max}, {self.inflight}")
-        if self.ack_timeout_s <= 0 or self.health_interval_s <= 0:
-            return "ack_timeout_s", "ack_timeout_s and health_interval_s must be > 0"
+        for key in ("ack_timeout_s", "health_interval_s"):  # the one set wrong, by name
+            if getattr(self, key) <= 0:
+                return key, f"must be > 0, got {getattr(self, key)}"
         # Either below refused every command (too small, or "issued in the future" for all):
         # a device no one can command, roll back or re-deploy remotely.
         if not 1024 <= self.max_command_bytes <= 1 << 20:

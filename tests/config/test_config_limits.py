@@ -33,6 +33,11 @@ def test_nan_and_inf_are_refused_naming_file_line_and_key(tmp_path, section, key
     ("coordinator", "keep_events_s", "-1", "must be >= 60 s"),  # and every event
     ("coordinator", "future_skew_s", "-1", "must be >= 0"),
     ("coordinator", "stale_after_s", "0", "must be > 0"),
+    # named telemetry.ack_timeout_s, a key the file did not set
+    ("telemetry", "health_interval_s", "-1", "must be > 0"),
+    ("governor", "rate_hz", "-1", "must be >= 0"),  # named governor.tick_s
+    # the main thread spun a core (100 % CPU) and starved the refinement
+    ("governor", "tick_s", "1e-9", "must be >= 0.01 s"),
 ])
 def test_values_that_broke_a_thread_or_stored_data_are_refused(tmp_path, section, key, value,
                                                                why):
