@@ -167,7 +167,8 @@ class Profiler:
             if hit.variant_id != variant_id:  # the ladder finds variants by this id
                 raise ValueError(f"variant_id is {hit.variant_id!r}, not {variant_id!r}")
             return hit
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):  # no entry; or no cache directory
+            # (a file in its place: the write side says so, once, not each lookup)
             return None
         except (OSError, ValueError, TypeError) as e:
             log.warning("profile cache entry %s is unreadable (%s); measuring again", f, e)

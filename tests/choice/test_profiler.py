@@ -130,6 +130,26 @@ def test_a_cache_entry_of_the_wrong_shape_is_measured_again(tiny_model, fast_pro
     assert sorted(f.name for f in files) == sorted(Path(m.split()[3]).name for m in said)
 
 
+def test_a_cache_dir_that_is_a_file_is_one_warning(tmp_path, fast_profiler_cfg, caplog):
+    """A file where the cache directory belongs: every variant's lookup warned "unreadable
+    (Not a directory)" (9 lines each start for the bundled ladder), beside the one line the
+    write side already gave."""
+    import logging
+    from dataclasses import replace
+
+    (tmp_path / "not-a-dir").write_text("x\n")
+    cfg = replace(fast_profiler_cfg, cache_dir=str(tmp_path / "not-a-dir" / "cache"))
+    path = tiny_cnn(tmp_path / "m.onnx")
+    bcfg = BackendsConfig(enabled=("onnxruntime",), threads=(1, 2))
+    profiler = Profiler(cfg, EstimatedMeter(5.0, 2.0), "test-device")
+    with caplog.at_level(logging.WARNING, logger="runtime.choice.profiler"):
+        profiles = profile_all(discover(bcfg), model_files(ModelConfig(path=str(path))), (1, 2),
+                               bcfg, profiler)
+    assert len(profiles) >= 2 and all(p.ok for p in profiles)
+    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(said) == 1 and "cannot write profile cache" in said[0], said
+
+
 def test_unsupported_op_fails_one_backend_others_profile(tmp_path, fast_profiler_cfg):
     path = tiny_cnn(tmp_path / "odd.onnx", extra_op="RandomUniformLike")
     profiles = run(path, fast_profiler_cfg)
