@@ -789,6 +789,10 @@ class Outbox:
         events: list[dict] = []
         try:
             with self._lock:
+                if self._held.active and kind == "health":
+                    # an idle source makes no result to retry with: without this, an outage
+                    # outlived its cause, held results unpublished, for as long as none came
+                    self._flush(events)
                 if kind == "health" and self.cfg.spill_after_s > 0:
                     return self._put_fresh(kind, body, keep)
                 if not self._held.active or self._flush(events):

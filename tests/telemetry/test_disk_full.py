@@ -156,6 +156,32 @@ def test_outbox_holds_in_memory_and_flushes_when_space_returns(disk):
     reopened.close()
 
 
+def test_an_idle_daemons_outage_ends_with_its_health(disk):
+    """The flush of what waits in memory was tried only at the next result (or a retry()
+    nothing called): a source gone idle (a folder at the end of a shift) left the outbox
+    saying disk_full, its held results unpublished and lost to a kill -9, for as long as no
+    new result came, though the disk had space again. Health, put every interval, retries."""
+    ob = Outbox(OutboxConfig(path=str(disk.path / "outbox.db"), retry_s=0.01))
+    ob.append_many([_result(0)])
+    disk.fill()
+    i = 1
+    while not ob.stats()["disk_full"]:
+        ob.append_many([_result(i)])
+        i += 1
+        assert i < 100_000, "the full disk never refused a write"
+    held = ob.stats()["held_in_memory"]
+    assert held >= 1
+    disk.free()
+    for _ in range(200):  # the daemon's health ticks, no result between them
+        time.sleep(0.02)
+        ob.put("health", {"v": 1, "t": 2.0})
+        if not ob.stats()["disk_full"]:
+            break
+    assert not ob.stats()["disk_full"], "the outage never ended without a result"
+    assert [p.seq for p in ob.pending(0, 100_000)][-1] == i  # on disk: publishable
+    ob.close()
+
+
 def test_outbox_opened_on_a_full_disk_starts_degraded(disk):
     """A restart (the old process killed: its WAL files are still there) on a full disk runs
     degraded instead of exiting. (One whose WAL files are gone cannot even open the database
@@ -366,7 +392,7 @@ def test_a_folder_file_is_not_done_while_its_result_waits_in_memory(tmp_path, tm
     durable), but each file was moved to done_dir at once (a rename needs no space), so a
     kill -9 (a power cut) during the outage lost the result and the file was never inspected
     again. A file is done only once its result is on disk; until then it stays, and a restart
-    inspects it again."""
+    inspects it again; space back while serving, it is done with the next file's store."""
     import signal
 
     import cv2
@@ -376,34 +402,45 @@ def test_a_folder_file_is_not_done_while_its_result_waits_in_memory(tmp_path, tm
     disk = Disk(tmp_path / "state", 8)
     inbox, done = tmp_path / "inbox", tmp_path / "done"
     inbox.mkdir()
-    images = [s.image for s in samples(seed=5, count=5)]
+    images = [s.image for s in samples(seed=5, count=120)]
+    names: list[str] = []
 
-    def drop(i: int) -> str:
-        name = f"part{i}.png"
-        cv2.imwrite(str(tmp_path / name), images[i])
+    def drop() -> str:
+        name = f"part{len(names)}.png"
+        cv2.imwrite(str(tmp_path / name), images[len(names)])
         os.utime(tmp_path / name, (0, 0))  # settled: inspected at once
         os.replace(tmp_path / name, inbox / name)
+        names.append(name)
         return name
+
+    def until_held(d: Serve, made: int) -> str:
+        """Drop files one at a time, each inspected, until one stays not done: its result
+        waits in memory. (A result log has room in its last page: results reach the disk,
+        and their files are done, until one needs a new page.) A file is moved in the same
+        store that counts its result, before any health can say so."""
+        while True:
+            assert made < 100, "no file stayed not done while the disk refused its result"
+            name = drop()
+            made += 1
+            wait(lambda n=made: _metrics(port).get("edgerun_device_results_total") == n, 30,
+                 "the file inspected", d)
+            if (inbox / name).exists():
+                assert _metrics(port)["edgerun_device_outbox_disk_full"] == 1
+                return name
 
     try:
         port = free_port()
         cfg = write_config(tmp_path, tmp_path_factory.mktemp("profiles"),
                            source=f'kind = "folder"\npath = "{inbox}"\ndone_dir = "{done}"',
-                           extra=f"retry_s = 3600\n[local_api]\nport = {port}\n")
+                           extra=f"retry_s = 0.2\n[local_api]\nport = {port}\n")
         d = Serve(tmp_path, cfg)
         try:
             wait(d.ready, 120, "the daemon serving", d)
-            first = [drop(i) for i in range(2)]
-            wait(lambda: sorted(p.name for p in done.glob("*.png")) == first, 30,
-                 "the first files done", d)
-            disk.fill()  # a health spilled into SQLite finds it full (retry_s: no retry)
-            wait(lambda: _metrics(port).get("edgerun_device_outbox_disk_full") == 1, 30,
-                 "the outbox degrading", d)
-            held = [drop(i) for i in range(2, 5)]
-            wait(lambda: _metrics(port).get("edgerun_device_results_total", 0) >= 5, 30,
-                 "the files inspected while the disk is full", d)
-            time.sleep(0.5)  # a file done late would be moved by now (none may be)
-            assert sorted(p.name for p in inbox.iterdir()) == held  # not done: not durable
+            drop()
+            wait(lambda: [p.name for p in done.glob("*.png")] == names, 30, "a file done", d)
+            disk.fill()
+            held = until_held(d, 1)
+            assert [p.name for p in inbox.iterdir()] == [held]  # not done: not durable
             d.proc.send_signal(signal.SIGKILL)  # a power cut: what waits in memory is lost
             d.proc.wait(30)
         finally:
@@ -411,10 +448,17 @@ def test_a_folder_file_is_not_done_while_its_result_waits_in_memory(tmp_path, tm
         disk.free()
         d = Serve(tmp_path, cfg)
         try:
-            wait(lambda: sorted(p.name for p in done.glob("*.png")) == first + held, 60,
-                 "the files whose results were lost inspected again", d)
-            refs = [r["ref"] for r in results_of(d.outbox)]
-            assert sorted(set(refs)) == first + held, refs
+            wait(lambda: not any(inbox.iterdir()), 60, "the held file inspected again", d)
+            assert sorted(p.name for p in done.glob("*.png")) == sorted(names)
+            assert {r["ref"] for r in results_of(d.outbox)} >= {held}
+            disk.fill()  # again, and space comes back while the daemon serves
+            held = until_held(d, 1)
+            disk.free()
+            wait(lambda: _metrics(port).get("edgerun_device_outbox_disk_full") == 0, 30,
+                 "the idle daemon writing again", d)
+            assert [p.name for p in inbox.iterdir()] == [held]
+            drop()
+            wait(lambda: not any(inbox.iterdir()), 30, "the held file done with the next", d)
         finally:
             assert d.stop() == 0
     finally:
