@@ -254,6 +254,8 @@ class Daemon:
             if now >= next_health:
                 next_health = now + self.cfg.telemetry.health_interval_s
                 self.links.send_health(self.health(), self.serving.trips)
+                # (the health's put retried a full disk: files whose results it flushed)
+                self._safe(self.pipeline.release_durable, "marking files done failed")
             wd = self.notify.watchdog_s
             if wd and now - last_beat >= wd / 4 and self.pipeline.alive(wd / 2):
                 self.notify.watchdog()  # only while the infer loop is alive

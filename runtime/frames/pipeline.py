@@ -619,6 +619,14 @@ class Pipeline:
         self.shadow.compare_due(self._pre_of, self._manifest)  # after the store: no latency
 
 
+    def release_durable(self) -> None:
+        """Mark done the files whose results reached the disk after their store (the
+        outbox flushed what it held when space came back): called at each health, so an
+        idle source's files do not wait for its next file, or a restart, to be done."""
+        if self._undone:  # (a read without the lock: at worst one health late)
+            with self._work:
+                self._mark_done(0, [])
+
     def _mark_done(self, top: int, marks: list[tuple[Lane, list[Frame]]]) -> None:
         """Mark a batch's files done (a folder moves them to done_dir or records them) once
         its results are on disk, and earlier batches that waited for that. On a full disk
