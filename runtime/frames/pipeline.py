@@ -55,6 +55,7 @@ from runtime.engine.sanity import Watch
 from runtime.engine.tiling import infer_tiles, tiled
 from runtime.frames.badframes import BadFrames
 from runtime.frames.capture import Capture
+from runtime.frames.done_marks import DoneMarks
 from runtime.frames.frame import Frame, Source
 from runtime.frames.model_counts import ModelCounts, ModelId, model_id
 from runtime.frames.multisource import FairQueue, Lane
@@ -117,9 +118,7 @@ class Pipeline:
                  preprocess: Callable[[Any, tuple[int, ...]], Any] | None = None,
                  local: LocalResults | None = None,
                  durable: Callable[[], int] | None = None):
-        """`durable`: the highest seq the sink holds on disk (the outbox's `last_seq`); a
-        file source's frames whose results got seqs above it (held in memory on a full disk)
-        are marked done only once it reaches them. None: every stored result is durable."""
+        # durable: the highest seq the sink holds on disk (the outbox's last_seq; DoneMarks)
         # one callable: a single source named "main"; a list of lanes: several sources
         self.lanes = [Lane("main", open_source)] if callable(open_source) else list(open_source)
         self._lane = {lane.name: lane for lane in self.lanes}
@@ -129,9 +128,7 @@ class Pipeline:
         self._tilers: dict[int, tuple[Any, Any, Callable]] = {}  # see _pre_of
         self._sink = sink
         self._local = local  # print/JSONL/snapshots, after the outbox commit
-        self._durable = durable
-        # (highest seq, [(lane, frames)]) of stored batches not yet durable, oldest first
-        self._undone: list[tuple[int, list[tuple[Lane, list[Frame]]]]] = []
+        self._done = DoneMarks(durable)  # file frames done once their results are on disk
         self._event = on_event
         self._raw = FairQueue([lane.name for lane in self.lanes], queue_size)  # decoded frames
         self._frames: queue.Queue = queue.Queue(maxsize=queue_size)  # (frame, tensor, shape)
@@ -540,16 +537,7 @@ class Pipeline:
                 continue
             if (ev := self.sight.see(manifest, out, fields)) is not None:
                 self._event(ev)  # runtime/engine/sanity.py
-            r = {"t": frame.t, "source": frame.source, "model": manifest.name,
-                 "ref": frame.ref, **fields,
-                 "variant": active.variant_id, "rung": active.rung + 1,  # 1 = cheapest
-                 "latency_ms": round(ms, 3),  # inference alone
-                 "e2e_ms": round((time.time() - frame.t) * 1e3, 3)}  # capture to result
-            if frame.truth is not None:
-                r["truth"] = frame.truth
-            if frame.camera_frame is not None:  # the camera's number of the image judged
-                r["camera_frame"] = frame.camera_frame
-            results.append(r)
+            results.append(_result_of(frame, fields, manifest, active, ms))
             made.append(frame)
             owners.append(manifest)
             counted.append((self._model_id(active), ms / max(tiles, 1), alone))
@@ -589,13 +577,7 @@ class Pipeline:
             if lane is not None:
                 lane.e2e.append((mono, e2e_ms))
                 lane.counters["results"] += 1
-        marks = []
-        for lane in self.lanes:
-            done = [item.frame for item in batch if item.frame.done is not None
-                    and item.frame.source == lane.name]
-            if done and lane.source is not None:
-                marks.append((lane, done))
-        self._mark_done(max(seqs, default=0), marks)
+        self._done.stored(max(seqs, default=0), self.lanes, [item.frame for item in batch])
         self.counters["results"] += len(results)
         for r in results:
             label = r["label"]
@@ -618,27 +600,28 @@ class Pipeline:
         self.busy_since = None
         self.shadow.compare_due(self._pre_of, self._manifest)  # after the store: no latency
 
-
     def release_durable(self) -> None:
-        """Mark done the files whose results reached the disk after their store (the
-        outbox flushed what it held when space came back): called at each health, so an
-        idle source's files do not wait for its next file, or a restart, to be done."""
-        if self._undone:  # (a read without the lock: at worst one health late)
+        """Mark done the files whose results reached the disk after their store (the outbox
+        flushed what it held when space came back): called at each health, so an idle
+        source's files do not wait for its next file, or a restart, to be done."""
+        if self._done.waiting():
             with self._work:
-                self._mark_done(0, [])
+                self._done.stored(0, [], [])
 
-    def _mark_done(self, top: int, marks: list[tuple[Lane, list[Frame]]]) -> None:
-        """Mark a batch's files done (a folder moves them to done_dir or records them) once
-        its results are on disk, and earlier batches that waited for that. On a full disk
-        the outbox holds results in memory (held.py) and a kill -9 loses them: a file moved
-        to done_dir then was never inspected again. Left not done, a restart inspects it."""
-        upto = self._durable() if self._durable is not None else None
-        if marks:
-            self._undone.append((top, marks))
-        while self._undone and (upto is None or self._undone[0][0] <= upto):
-            for lane, frames in self._undone.pop(0)[1]:
-                if lane.source is not None:  # (a source closed meanwhile: a restart sees)
-                    lane.source.done(frames)
+
+def _result_of(frame: Frame, fields: dict[str, Any], manifest: Manifest, active: Active,
+               ms: float) -> dict[str, Any]:
+    """The result of a frame's inference, as the outbox stores it and the wire carries it
+    (`fields`: the model's label and score, a detector's boxes and counts)."""
+    r = {"t": frame.t, "source": frame.source, "model": manifest.name, "ref": frame.ref,
+         **fields, "variant": active.variant_id, "rung": active.rung + 1,  # 1 = cheapest
+         "latency_ms": round(ms, 3),  # inference alone
+         "e2e_ms": round((time.time() - frame.t) * 1e3, 3)}  # capture to result
+    if frame.truth is not None:
+        r["truth"] = frame.truth
+    if frame.camera_frame is not None:  # the camera's number of the image judged
+        r["camera_frame"] = frame.camera_frame
+    return r
 
 
 def _tiles(tensor: Any) -> int:
