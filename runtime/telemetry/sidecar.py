@@ -140,11 +140,13 @@ class Sidecar:
         it to `wall`. Ids may have been dropped against the wrong floor, so commands issued
         before `wall` are refused from now on (not_before), as after a lost record."""
         with self._lock:
+            # raised by this clock's own earlier synced readings, or while it was unsynced
+            # by a command's signed issue time: either can be the one that was wrong
             log.error("the latest time known to have passed was %s, ahead of the synced "
-                      "clock (%s): it was raised by a command signed by a wrong coordinator "
-                      "clock; lowered to the synced clock, and commands issued before now are "
-                      "refused (ids may have been dropped against it)",
-                      _iso(self.floor.t), _iso(wall))
+                      "clock (%s): this clock stepped back since it was synced (a wrong time "
+                      "server), or a command was signed by a coordinator clock ahead; lowered "
+                      "to the synced clock, and commands issued before now are refused (ids "
+                      "may have been dropped against it)", _iso(self.floor.t), _iso(wall))
             self.floor = Floor(wall, kb, bt)
             if FLOOR_T <= wall <= CEILING_T:
                 self._not_before = max(self._not_before, wall)
