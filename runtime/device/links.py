@@ -89,7 +89,8 @@ class Links:
         """The outbox, and the event that waited for it (its own start-up's)."""
         self.outbox = Outbox(self.cfg.telemetry.outbox, on_event=self.event_of)
         if (ev := self.outbox.take_startup_event()) is not None:
-            self.event(ev.pop("type"), "critical", **ev)
+            # the start-up event may carry its severity (a disk full at start: held.py's)
+            self.event(ev.pop("type"), ev.pop("severity", "critical"), **ev)
 
     def open_local_api(self, latest_health: Callable[[], Any],
                        alive: Callable[[], bool]) -> None:
