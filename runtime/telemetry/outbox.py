@@ -207,6 +207,37 @@ def _emptied(path: Path) -> bool:
             or path.with_name(path.name + ".keep.json").exists())
 
 
+def _connect_wal(path: Path) -> sqlite3.Connection:
+    """A connection in WAL mode. On a full disk after a clean stop (no -shm file left)
+    SQLite cannot make its shared-memory file and says `disk I/O error`: the database is
+    then opened for this process alone, its WAL index in memory (SQLite's exclusive
+    locking mode needs no -shm), so the daemon starts degraded instead of exiting into a
+    restart loop for as long as the disk stays full."""
+    db = sqlite3.connect(path, isolation_level=None, check_same_thread=False,
+                         timeout=30)
+    try:
+        db.execute("PRAGMA journal_mode=WAL")
+        return db
+    except sqlite3.OperationalError as e:
+        db.close()
+        if not (unwritable(e) and _space(path)):
+            raise
+        first = e
+    db = sqlite3.connect(path, isolation_level=None, check_same_thread=False,
+                         timeout=30)
+    try:
+        db.execute("PRAGMA locking_mode=EXCLUSIVE")  # before the first read: no -shm
+        db.execute("PRAGMA journal_mode=WAL")
+    except BaseException:
+        db.close()
+        raise
+    log.warning("outbox %s: cannot make SQLite's shared-memory file (%s%s); opened the "
+                "outbox for this process alone until the daemon restarts (other programs "
+                "reading it, `edgerun report`, see it locked)", path, first,
+                _space(path))
+    return db
+
+
 def last_seq(db: Path) -> int:
     """The highest seq the outbox at `db` has given (its result log's and its database's),
     read-only while a daemon writes it: the results made, acked or not."""
@@ -381,9 +412,7 @@ class Outbox:
         if _emptied(self.path):
             raise sqlite3.DatabaseError("the file is empty (0 bytes) though its result log "
                                         "or replay record shows it held an outbox")
-        db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False,
-                             timeout=30)
-        db.execute("PRAGMA journal_mode=WAL")
+        db = _connect_wal(self.path)
         db.execute(f"PRAGMA synchronous={'FULL' if self.cfg.fsync == 'full' else 'NORMAL'}")
         ok = db.execute("PRAGMA quick_check").fetchone()[0]
         if ok != "ok":

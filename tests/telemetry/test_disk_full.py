@@ -206,23 +206,37 @@ def test_outbox_opened_on_a_full_disk_starts_degraded(disk):
     killed.close()
 
 
-def test_an_outbox_that_cannot_open_on_a_full_disk_says_the_disk_is_full(disk):
-    """A cleanly stopped outbox (no WAL files left) on a disk that filled meanwhile cannot
-    open (SQLite must make its -shm file) and the daemon exits to be retried: the line said
-    `disk I/O error`, which reads as a failing card, not as a full one."""
-    from runtime.telemetry.outbox import OutboxUnavailable
-
+def test_an_outbox_opened_on_a_full_disk_after_a_clean_stop_starts_degraded(disk, caplog):
+    """A cleanly stopped outbox (no -wal or -shm file left) on a disk that filled meanwhile:
+    SQLite cannot make its shared-memory file (`disk I/O error`), and the daemon exited to be
+    retried, every 5 s for as long as the disk stayed full, inspecting nothing. It opens the
+    database for this process alone (its WAL index in memory, no -shm needed), starts
+    degraded as after a crash, and stores what it held once space returns. (Other readers,
+    `edgerun report`, see the database locked until the next start: said in the log.)"""
     path = disk.path / "outbox.db"
     box = Outbox(OutboxConfig(path=str(path)))
     box.append_many([_result(0)])
     box.close()
+    assert not Path(f"{path}-shm").exists()
     disk.fill()
-    with pytest.raises(OutboxUnavailable) as e:
-        Outbox(OutboxConfig(path=str(path))).close()
-    assert "full" in str(e.value) and str(disk.path) in str(e.value), e.value
+    seen: list[dict] = []
+    with caplog.at_level("WARNING", logger="edgerun.outbox"):
+        ob = Outbox(OutboxConfig(path=str(path), retry_s=0.1), on_event=seen.append)
+    start = ob.take_startup_event()
+    assert start is not None and start["type"] == "outbox_disk_full", start
+    said = " ".join(r.getMessage() for r in caplog.records)
+    assert "this process alone" in said and str(disk.path) in said, said
+    assert ob.stats()["disk_full"] and ob.append_many([_result(1)]) == [2]
     disk.free()
-    reopened = Outbox(OutboxConfig(path=str(path)))
-    assert [p.seq for p in reopened.pending(0, 10)] == [1]  # kept, not moved aside
+    tries = 200
+    while not ob.retry():
+        tries -= 1
+        assert tries
+        time.sleep(0.05)
+    assert [p.seq for p in ob.pending(0, 10)] == [1, 2]
+    ob.close()
+    reopened = Outbox(OutboxConfig(path=str(path)))  # shared again: a normal open
+    assert [p.seq for p in reopened.pending(0, 10)] == [1, 2]
     reopened.close()
 
 
@@ -357,6 +371,50 @@ def test_a_daemon_survives_its_state_disk_filling_up(tmp_path, tmp_path_factory)
             assert "Traceback" not in d.text(), d.text()[-3000:]
         finally:
             d.stop()
+    finally:
+        disk.unmount()
+
+
+@pytest.mark.skipif(not (bundled() / "manifest.json").exists(), reason="bundled model not built")
+def test_a_daemon_started_on_a_full_disk_after_a_clean_stop_serves_degraded(
+        tmp_path, tmp_path_factory):
+    """A clean stop removes SQLite's -wal and -shm files; the disk filled while the daemon
+    was down, the next start could not make the -shm again and exited 2, and systemd
+    restarted it into the same failure every 5 s: nothing was inspected until space
+    returned (after a crash, with the files still there, it ran degraded). It now starts
+    degraded too, holds results in memory, and stores them once space returns."""
+    disk = Disk(tmp_path / "state", 16)
+    try:
+        port = free_port()
+        cfg = write_config(tmp_path, tmp_path_factory.mktemp("profiles"),
+                           extra=f"retry_s = 0.2\nmemory_max_bytes = 4194304\n"
+                                 f"[local_api]\nport = {port}\n")
+        d = Serve(tmp_path, cfg)
+        try:
+            wait(lambda: d.ready() and len(result_seqs(d.outbox)) > 5, 120,
+                 "the daemon storing results", d)
+        finally:
+            assert d.stop() == 0
+        assert not Path(f"{d.outbox}-shm").exists()  # a clean stop: SQLite removed it
+        before = result_seqs(d.outbox)
+        disk.fill()
+        d = Serve(tmp_path, cfg)
+        try:
+            wait(lambda: d.ready() or d.proc.poll() is not None, 120, "the daemon starting", d)
+            assert d.proc.poll() is None, d.text()[-3000:]
+            wait(lambda: _metrics(port).get("edgerun_device_results_total", 0) > 20, 60,
+                 "inference on a full disk", d)
+            assert _metrics(port)["edgerun_device_outbox_disk_full"] == 1
+            assert "the disk refuses writes" in d.text() and "is full" in d.text()
+            disk.free()
+            wait(lambda: "the disk takes writes again" in d.text(), 60, "the outbox recovering",
+                 d)
+            assert d.stop() == 0 and "Traceback" not in d.text(), d.text()[-3000:]
+        finally:
+            d.stop()
+        seqs = result_seqs(d.outbox)
+        assert seqs[:len(before)] == before and len(seqs) > len(before) + 20
+        assert seqs == list(range(seqs[0], seqs[-1] + 1))  # held, then stored: no gap
     finally:
         disk.unmount()
 
