@@ -149,12 +149,13 @@ class ResultLog:
         except FileNotFoundError:
             data = b""
         rec, good = parse(data)
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         if rec.skipped_bytes:
             log.error("outbox log %s: %d damaged lines (%d bytes) between whole records were "
                       "skipped (their checksums fail: a bad sector or a flipped bit); a result "
                       "in them is lost, the %d results around them are kept", self.path,
                       rec.skipped_lines, rec.skipped_bytes, len(rec.results))
+            good = self._drop_damage(rec, good)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         if rec.torn_bytes:
             log.warning("outbox log %s: cut off %d bytes after the last whole record: a write "
                         "cut short by a crash, a power cut or a full disk. Nothing a finished "
@@ -167,6 +168,20 @@ class ResultLog:
         self.size = good
         self._cut = False
         return rec
+
+    def _drop_damage(self, rec: Recovered, good: int) -> int:
+        """Rewrite the log as its whole records alone (the highest seq given, the ack, the
+        unacked results), so damage is reported once, not at every start until the log
+        next restarts; the new length, or `good` when the disk refuses (said again then)."""
+        raw = _line(f"S{rec.last_seq}") + (_line(f"A{rec.acked}") if rec.acked else b"") + \
+            b"".join(_line(f"R{seq} {body}") for seq, body in rec.results if seq > rec.acked)
+        try:
+            write_atomic(self.path, raw, mode=0o600)
+        except OSError as e:
+            log.warning("outbox log %s: could not rewrite it without the damaged lines (%s); "
+                        "they are skipped again at the next start", self.path, e)
+            return good
+        return len(raw)
 
     def _write(self, raw: bytes, sync: bool) -> None:
         """Append `raw` whole or not at all: on any error (a full disk takes part of a line,
