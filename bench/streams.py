@@ -264,8 +264,10 @@ def _thread_cpu() -> dict[str, float]:
     return out
 
 
-def _child(role: str, urls: list[str], logs: list[str], seconds: float, cap_hz: float) -> dict:
-    """One side of `--compare`, in its own process: what it served, at what CPU and age."""
+def _child(role: str, urls: list[str], logs: list[str], seconds: float, cap_hz: float,
+           frame_size: tuple[int, ...] = ()) -> dict:
+    """One side of `--compare`, in its own process: what it served, at what CPU and age;
+    `frame_size`: edgerun's `[source] frame_size`."""
     import json  # noqa: F401 (the parent reads the dict as JSON)
     import resource
 
@@ -366,7 +368,8 @@ def _child(role: str, urls: list[str], logs: list[str], seconds: float, cap_hz: 
         opened: list = []
 
         def opener(i: int, url: str):
-            cfg = SourceConfig(kind="capture", path=url, read_timeout_s=5)
+            cfg = SourceConfig(kind="capture", path=url, read_timeout_s=5,
+                               frame_size=frame_size)
             src = open_source(cfg, tmp / "state")
             opened.append(src)
             read = src.read
@@ -440,7 +443,7 @@ def compare(a: argparse.Namespace) -> None:
                 for cap_hz in (0.0, 1.0):
                     args = [json.dumps([c.url for c in cams]),
                             json.dumps([str(c.log) for c in cams]),
-                            str(a.compare_seconds), str(cap_hz)]
+                            str(a.compare_seconds), str(cap_hz), a.frame_size]
                     procs = {role: subprocess.Popen(
                         [sys.executable, __file__, "--child", role, *args],
                         stdout=subprocess.PIPE, text=True) for role in ("edgerun", "hand")}
@@ -700,15 +703,18 @@ def main() -> int:
                     help="where the key-frames-only reader's CPU goes at a 1 fps cap")
     ap.add_argument("--reader-caps", default="",
                     help="rate caps, e.g. 1,5,10: each reader alone under each")
-    ap.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
+    ap.add_argument("--frame-size", default="",
+                    help="--compare: edgerun's [source] frame_size, e.g. 128x72")
+    ap.add_argument("--child", nargs=6, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
         import json
 
-        role, urls, logs, seconds, cap_hz = a.child
+        role, urls, logs, seconds, cap_hz, size = a.child
         sys.path.insert(0, str(ROOT))
         print(json.dumps(_child(role, json.loads(urls), json.loads(logs), float(seconds),
-                                float(cap_hz))))
+                                float(cap_hz),
+                                tuple(int(x) for x in size.split("x")) if size else ())))
         return 0
     if skip_reason():
         print(f"skipped: {skip_reason()}")

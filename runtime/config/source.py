@@ -21,6 +21,7 @@ DEFAULT_MAX_PIXELS = 40_000_000  # folder/trigger images larger than this are re
 MAX_SYNTHETIC_SIZE = 1024  # 256 parts x 3 MiB of pool at the most
 MAX_MODEL_CHARS = 4096  # a [[sources]] model: a name or a path (PATH_MAX on Linux)
 MAX_SOURCES = 64  # health's pipeline.sources holds at most this many (payloads._HEALTH)
+MIN_FRAME_SIDE, MAX_FRAME_SIDE = 16, 8192  # frame_size: a model's input to 8K video
 NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")  # a source's name goes into results and topics
 
 
@@ -59,6 +60,12 @@ class SourceConfig:
     # frames only under a low rate cap; the `streams` extra), "auto": PyAV for an RTSP URL
     # where it is installed (docs/sources.md)
     decoder: Literal["auto", "opencv", "pyav"] = "auto"
+    # capture: each frame converted to this [width, height] (empty: the camera's own size).
+    # With PyAV the scaling is the pass that makes BGR anyway (a 720p frame to 192x108 costs
+    # less than at full size, docs/sources.md); with OpenCV a resize after. For a small model
+    # on a large stream, where nothing needs the full frame (snapshots, tiles); an roi is then
+    # in fractions (pixels would be the camera's, not the converted frame's)
+    frame_size: tuple[int, ...] = ()
     # [[sources]] only (runtime/choice/joint.py, docs/sources.md): the model inspecting this source,
     # a bundled model's name or a path ("": the [model] section's), and that model's tiling
     model: str = ""
@@ -103,6 +110,8 @@ class SourceConfig:
                                       f"{self.open_timeout_s} and {self.read_timeout_s}")
         if (self.model or self.tiling) and (problem := check_model(self)):
             return problem
+        if problem := self._frame_size_problem():
+            return problem
         if problem := roi.check(self.roi, self.roi_units):
             return "roi", problem
         if self.roi and self.kind == "synthetic":  # its frame size is known now
@@ -110,6 +119,24 @@ class SourceConfig:
                 roi.resolve(self.roi, self.roi_units, self.size, self.size, "roi")
             except roi.RoiError as e:
                 return "roi", str(e)
+        return None
+
+    def _frame_size_problem(self) -> tuple[str, str] | None:
+        """What is wrong with `frame_size` (None when nothing is): a capture source's, two
+        whole pixel counts, with an roi in fractions."""
+        if not self.frame_size:
+            return None
+        if self.kind != "capture":
+            return "frame_size", (f"is a setting of a capture source, this source's kind is "
+                                  f"{self.kind!r}")
+        if len(self.frame_size) != 2 or not all(
+                int(v) == v and MIN_FRAME_SIDE <= v <= MAX_FRAME_SIDE for v in self.frame_size):
+            return "frame_size", (f"must be [width, height], whole pixels within "
+                                  f"{MIN_FRAME_SIDE}..{MAX_FRAME_SIDE}, got "
+                                  f"{list(self.frame_size)}")
+        if self.roi and self.roi_units == "pixels":
+            return "roi_units", ('must be "fraction" with frame_size: an roi in pixels would '
+                                 "be of the camera's frame, not of the converted one")
         return None
 
     def _pylon_problem(self) -> tuple[str, str] | None:

@@ -338,7 +338,10 @@ class AvStreamSource:
             self._bgr = av.video.reformatter.VideoReformatter()  # decoded frames to BGR
             # PyAV 17 gave reformatting threads (sws_scale_frame); before, it ran on the
             # caller's thread and took no `threads`
-            self._bgr_kw = {"threads": 1} if _av_major(av) >= 17 else {}
+            self._bgr_kw: dict = {"threads": 1} if _av_major(av) >= 17 else {}
+            if cfg.frame_size:  # scaled in the same swscale pass (AREA: the cheapest measured)
+                self._bgr_kw.update(width=cfg.frame_size[0], height=cfg.frame_size[1],
+                                    interpolation="AREA")
             self._params: dict[int, bytes] = {}  # last SPS and PPS: a new decoder's first NALs
             self._units: collections.deque = collections.deque()  # NALs (or packets) to decode
             self._ready: collections.deque[np.ndarray] = collections.deque()  # decoded, unread

@@ -161,7 +161,7 @@ class CaptureSource:
         img = self._cap.retrieve()[1] if ok else None
         if img is not None:
             self.converted += 1
-            return img
+            return self._sized(img)
         if self.live:
             if self._url and time.monotonic() - t0 >= self._cfg.read_timeout_s * 0.9:
                 raise SourceError(f"{self._shown}: no frame for {self._cfg.read_timeout_s:g} s "
@@ -180,7 +180,14 @@ class CaptureSource:
         if not ok or img is None:
             raise SourceError(f"{self._target}: no frame after re-opening the video file to "
                               "loop it")
-        return img
+        return self._sized(img)
+
+    def _sized(self, img: np.ndarray) -> np.ndarray:
+        """The frame at `[source] frame_size` where one is set (OpenCV's capture cannot
+        scale as it converts: a resize after, INTER_AREA as PyAV's pass)."""
+        if not self._cfg.frame_size:
+            return img
+        return cv2.resize(img, tuple(self._cfg.frame_size), interpolation=cv2.INTER_AREA)
 
     def read(self, timeout_s: float) -> Frame | None:
         """The next decoded frame; SourceEnded after a video file's last frame (unless it

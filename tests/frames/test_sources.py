@@ -135,6 +135,15 @@ def test_roi_crop_is_the_rectangle_and_boxes_map_back_to_the_frame():
      "'tcp' or 'udp' or 'auto'"),
     ({"kind": "capture", "path": "rtsp://x/y", "decoder": "gst"}, "source.decoder",
      "'auto' or 'opencv' or 'pyav'"),
+    ({"frame_size": [224, 126]}, "source.frame_size", "a capture source"),
+    ({"kind": "capture", "path": "rtsp://x/y", "frame_size": [224]}, "source.frame_size",
+     "[width, height]"),
+    ({"kind": "capture", "path": "rtsp://x/y", "frame_size": [224, 8]}, "source.frame_size",
+     "within 16..8192"),
+    ({"kind": "capture", "path": "rtsp://x/y", "frame_size": [224, 126.5]},
+     "source.frame_size.[1]", "expected an integer"),
+    ({"kind": "capture", "path": "rtsp://x/y", "frame_size": [224, 126], "roi": [0, 0, 10, 10]},
+     "source.roi_units", '"fraction" with frame_size'),
 ])
 def test_bad_source_settings_are_refused_naming_the_key(section, key, expected):
     with pytest.raises(ConfigError, match=rf"key '{re.escape(key)}'.*{re.escape(expected)}"):
