@@ -478,8 +478,8 @@ class Publisher:
             # every check but the id's passed: the coordinator signed this issue time, and
             # while this clock is unknown the coordinator's is the authority (its commands'
             # expiry is on its clock); the floor is written with the id
-            known = at if status.synced else max(at, env["issued_at"])
-            side.raise_floor(known, r.boot_id, r.boottime)
+            known, by = commands.floor_source(status.synced, at, env["issued_at"])
+            side.raise_floor(known, r.boot_id, r.boottime, by=by)
             return side.remember(cid, expires, at, status.synced)
 
         return commands.verify(env, self.device, self._trusted, r.wall, skew, remember,

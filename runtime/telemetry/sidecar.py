@@ -42,7 +42,7 @@ from typing import Any
 
 from runtime.durable import write_atomic
 from runtime.wire.clock import CEILING_T, FLOOR_T
-from runtime.wire.commands import Floor
+from runtime.wire.commands import Floor, floor_blame
 
 log = logging.getLogger("edgerun.outbox")
 
@@ -81,7 +81,8 @@ class Sidecar:
                                 self._not_before)
                     self._not_before, self.pending = 0.0, {"kb": "", "bt": 0.0}
                 if isinstance(f := data.get("floor"), dict):
-                    self.floor = Floor(float(f["t"]), str(f["kb"]), float(f["bt"]))
+                    self.floor = Floor(float(f["t"]), str(f["kb"]), float(f["bt"]),
+                                       str(f.get("by", "")))
                 # pruned against the floor, not the wall clock: at boot it may read 1970 or
                 # 2100, and an id dropped by a clock that steps back could be replayed
                 self.seen = prune({str(k): float(v) for k, v in data["seen_commands"].items()},
@@ -140,14 +141,11 @@ class Sidecar:
         it to `wall`. Ids may have been dropped against the wrong floor, so commands issued
         before `wall` are refused from now on (not_before), as after a lost record."""
         with self._lock:
-            # raised by this clock's own earlier synced readings, or while it was unsynced
-            # by a command's signed issue time: either can be the one that was wrong
             log.error("the latest time known to have passed was %s, ahead of the synced "
-                      "clock (%s): this clock stepped back since it was synced (a wrong time "
-                      "server), or a command was signed by a coordinator clock ahead; lowered "
-                      "to the synced clock, and commands issued before now are refused (ids "
-                      "may have been dropped against it)", _iso(self.floor.t), _iso(wall))
-            self.floor = Floor(wall, kb, bt)
+                      "clock (%s): %s; lowered to the synced clock, and commands issued before "
+                      "now are refused (ids may have been dropped against it)",
+                      _iso(self.floor.t), _iso(wall), floor_blame(self.floor.by))
+            self.floor = Floor(wall, kb, bt, "clock")
             if FLOOR_T <= wall <= CEILING_T:
                 self._not_before = max(self._not_before, wall)
             with contextlib.suppress(OSError):  # written again with the next id
@@ -161,11 +159,13 @@ class Sidecar:
         with self._lock:
             self.keep_s = keep_s
 
-    def raise_floor(self, t: float, kb: str, bt: float, write: bool = False) -> None:
+    def raise_floor(self, t: float, kb: str, bt: float, write: bool = False,
+                    by: str = "") -> None:
         """The latest time known to have passed is at least `t` (recorded at kernel boot
-        `kb`, boottime `bt`); written now with `write`, else with the next id."""
+        `kb`, boottime `bt`, shown by `by`: commands.floor_source); written now with `write`,
+        else with the next id."""
         with self._lock:
-            floor = self.floor.raised(t, kb, bt)
+            floor = self.floor.raised(t, kb, bt, by)
             if floor != self.floor:
                 self.floor = floor
                 if write:
@@ -223,7 +223,8 @@ class Sidecar:
 
     def _write(self) -> None:
         data = {"evicted_total": self.evicted_total, "not_before": self._not_before,
-                "floor": {"t": self.floor.t, "kb": self.floor.kb, "bt": self.floor.bt},
+                "floor": {"t": self.floor.t, "kb": self.floor.kb, "bt": self.floor.bt,
+                          "by": self.floor.by},
                 "seen_commands": self.seen}
         if self.pending is not None:
             data["not_before_pending"] = self.pending

@@ -167,11 +167,14 @@ class Floor:
     not synced"): a synced wall clock's reading, or a verified command's issue time (the
     coordinator signed it: while this clock is unknown, the coordinator's is the one its
     commands' expiry is judged on), with the kernel boot id and CLOCK_BOOTTIME at
-    which it was recorded. Kept with the replay record across restarts."""
+    which it was recorded. Kept with the replay record across restarts. `by` says which
+    raised it ("clock", "command"; "" when not known, as in a record an older version
+    wrote), so a floor found wrong blames the right clock."""
 
     t: float = 0.0
     kb: str = ""
     bt: float = 0.0
+    by: str = ""
 
     def now(self, kb: str, bt: float) -> float:
         """A lower bound on the real time now: the floor, advanced by the boottime elapsed
@@ -181,14 +184,35 @@ class Floor:
             return 0.0
         return self.t + (bt - self.bt) if kb == self.kb and bt >= self.bt else self.t
 
-    def raised(self, t: float, kb: str, bt: float) -> Floor:
-        """This floor or one at `t` (recorded at kb/bt), whichever is later now; one as late
-        is taken too: its own `t` is later, which is what survives a reboot. Never past
-        CEILING_T (2100): a coordinator whose clock read 2150 once would otherwise have every
-        later command judged expired."""
+    def raised(self, t: float, kb: str, bt: float, by: str = "") -> Floor:
+        """This floor or one at `t` (recorded at kb/bt, raised `by`), whichever is later
+        now; one as late is taken too: its own `t` is later, which is what survives a reboot.
+        Never past CEILING_T (2100): a coordinator whose clock read 2150 once would otherwise
+        have every later command judged expired."""
         if not t <= CEILING_T:
             return self
-        return Floor(t, kb, bt) if t >= self.now(kb, bt) and t > self.t else self
+        return Floor(t, kb, bt, by) if t >= self.now(kb, bt) and t > self.t else self
+
+
+def floor_source(synced: bool, judged: float, issued_at: float) -> tuple[float, str]:
+    """The time a verified command shows to have passed, and which clock says so (pure):
+    a synced clock's judged time; while unsynced, the command's signed issue time where it
+    is later (the coordinator's clock), else the floor's own time."""
+    if synced or issued_at <= judged:
+        return judged, "clock"
+    return issued_at, "command"
+
+
+def floor_blame(by: str) -> str:
+    """Why a floor ahead of the synced clock is wrong, by what raised it (for the log)."""
+    if by == "clock":
+        return ("this clock stepped back since it was synced (a wrong time server, or a "
+                "manual step)")
+    if by == "command":
+        return ("a command signed by a coordinator whose clock was ahead raised it while "
+                "this clock was not synced")
+    return ("this clock stepped back since it was synced (a wrong time server), or a command "
+            "was signed by a coordinator clock ahead")
 
 
 def floor_wrong(wall: float, synced: bool, floor_now: float, skew_s: float) -> bool:

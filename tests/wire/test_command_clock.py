@@ -93,8 +93,8 @@ class Device:
         at = commands.judged_now(self.wall, self.synced, floor_now, SKEW)
 
         def remember(cid: str, expires: float) -> bool:
-            side.raise_floor(at if self.synced else max(at, env["issued_at"]), self.kb,
-                             self.bt)
+            known, by = commands.floor_source(self.synced, at, env["issued_at"])
+            side.raise_floor(known, self.kb, self.bt, by=by)
             return side.remember(cid, expires, at, self.synced)
 
         try:
@@ -196,7 +196,42 @@ def test_a_pending_reset_survives_a_restart_and_an_old_implausible_not_before(tm
     assert Sidecar(path, lost_history=False).not_before == REAL
 
 
-def test_a_floor_raised_by_a_coordinator_clock_at_2099_does_not_lock_out(tmp_path):
+@pytest.mark.parametrize("synced, judged, issued, known", [
+    (True, REAL, REAL - 5, (REAL, "clock")),
+    (True, REAL, REAL + 30, (REAL, "clock")),  # synced: this clock, whatever was signed
+    (False, REAL, REAL + 30, (REAL + 30, "command")),  # unsynced: the coordinator's, later
+    (False, REAL, REAL - 30, (REAL, "clock")),
+])
+def test_floor_source(synced, judged, issued, known):
+    assert commands.floor_source(synced, judged, issued) == known
+
+
+@pytest.mark.parametrize("by, says, not_says", [
+    ("clock", "this clock stepped back", "coordinator"),
+    ("command", "a command signed by a coordinator", "stepped back"),
+    ("", "or a command", ""),
+])
+def test_floor_blame_names_what_raised_it(by, says, not_says):
+    why = commands.floor_blame(by)
+    assert says in why and (not not_says or not_says not in why)
+
+
+def test_a_synced_clock_stepped_back_is_blamed_and_not_the_coordinator(tmp_path, caplog):
+    """A device whose synced clock took commands, then stepped back an hour (a wrong time
+    server): the ERROR said "or a command was signed by a coordinator clock ahead" when
+    no command had raised the floor. What raised it is kept with the floor, restarts too."""
+    d = Device(tmp_path / "keep.json")
+    assert d.send(sign(REAL)) == "ok"
+    assert d.side.floor.by == "clock"
+    d.reboot(wall=REAL + 60, synced=True)  # kept across a restart
+    assert d.side.floor.by == "clock"
+    d.wall -= 3600
+    with caplog.at_level("ERROR"):
+        d.send(sign(d.wall))
+    assert "this clock stepped back" in caplog.text and "coordinator" not in caplog.text
+
+
+def test_a_floor_raised_by_a_coordinator_clock_at_2099_does_not_lock_out(tmp_path, caplog):
     """Unsynced, the floor follows verified commands' issue times; one signed by a
     coordinator reading 2099 left it there and, once synced, every command was expired."""
     d = Device(tmp_path / "keep.json")
@@ -207,7 +242,9 @@ def test_a_floor_raised_by_a_coordinator_clock_at_2099_does_not_lock_out(tmp_pat
     assert d.side.floor.t == 4_100_000_000.0
     d.elapse(60)
     d.wall, d.synced = REAL, True  # synced
-    assert "replay record was reset" in d.send(sign(REAL - 1))  # ids may have gone: refused
+    with caplog.at_level("ERROR"):
+        assert "replay record was reset" in d.send(sign(REAL - 1))  # ids may have gone
+    assert "signed by a coordinator whose clock was ahead" in caplog.text
     assert d.side.floor.t == REAL  # lowered to the synced clock, and written
     assert Sidecar(d.path, lost_history=False).floor.t == REAL
     d.elapse(1)
