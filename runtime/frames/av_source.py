@@ -13,7 +13,7 @@ import numpy as np
 
 from runtime.config.source import SourceConfig
 from runtime.frames.cap_clock import CapClock, spaced
-from runtime.frames.capture_source import LatestFrame, redact
+from runtime.frames.capture_source import FrameShape, LatestFrame, redact
 from runtime.frames.frame import Frame, SourceError
 
 log = logging.getLogger("edgerun.source")
@@ -342,6 +342,7 @@ class AvStreamSource:
             if cfg.frame_size:  # scaled in the same swscale pass (AREA: the cheapest measured)
                 self._bgr_kw.update(width=cfg.frame_size[0], height=cfg.frame_size[1],
                                     interpolation="AREA")
+            self._shape = FrameShape(self._shown, cfg.frame_size)
             self._params: dict[int, bytes] = {}  # last SPS and PPS: a new decoder's first NALs
             self._units: collections.deque = collections.deque()  # NALs (or packets) to decode
             self._ready: collections.deque[np.ndarray] = collections.deque()  # decoded, unread
@@ -590,6 +591,7 @@ class AvStreamSource:
                 # a swscale context per frame with a thread pool of its own (PyAV 17+), two
                 # threads started and ended each frame, their CPU on no stage's clock
                 # (~0.4 ms a 720p frame beside the reader's own, docs/sources.md)
+                self._shape.check(f.width, f.height)
                 self._ready.append(self._bgr.reformat(f, format="bgr24", **self._bgr_kw)
                                    .to_ndarray())
                 self.converted += 1

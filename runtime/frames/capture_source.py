@@ -30,6 +30,37 @@ _env_lock = threading.Lock()
 _quieted = False
 
 
+class FrameShape:
+    """One warning per camera size when `[source] frame_size` stretches its frames: a
+    camera rebooted into another resolution (or a size set for another camera) would
+    otherwise feed the model distorted pictures without a word."""
+
+    def __init__(self, shown: str, size: tuple[int, ...]):
+        self._shown, self._size = shown, size
+        self._seen: tuple[int, int] | None = None
+
+    def check(self, w: int, h: int) -> None:
+        """Note a frame of `w` x `h` before it is converted (cheap when the size is known)."""
+        if (w, h) == self._seen or not self._size:
+            return
+        self._seen = (w, h)
+        if why := stretched(w, h, self._size):
+            log.warning("%s: %s", self._shown, why)
+
+
+def stretched(w: int, h: int, size: tuple[int, ...]) -> str | None:
+    """What converting a `w` x `h` frame to `size` does to its shape when it stretches it by
+    more than 2 % (pure), else None."""
+    if not size or w <= 0 or h <= 0:
+        return None
+    ratio = (size[0] / size[1]) / (w / h)
+    if abs(ratio - 1) <= 0.02:
+        return None
+    return (f"frames of {w}x{h} are converted to {size[0]}x{size[1]} ([source] frame_size): "
+            f"their width stretched {ratio:.2f}x against their height; set a frame_size of "
+            "the camera's shape")
+
+
 def redact(url: str) -> str:
     """A URL fit for logs and events: `user:password@` becomes `***@`."""
     return re.sub(r"(?<=://)[^/@\s]*@", "***@", url)
@@ -72,6 +103,7 @@ class CaptureSource:
         self._target: int | str = int(cfg.path) if cfg.path.isdigit() else cfg.path
         self._url = isinstance(self._target, str) and "://" in self._target
         self._shown = redact(cfg.path)
+        self._shape = FrameShape(self._shown, cfg.frame_size)
         try:  # a path the filesystem refuses (too long) raised OSError: a dead thread
             self.live = not Path(str(self._target)).is_file()
         except (OSError, ValueError):
@@ -187,6 +219,7 @@ class CaptureSource:
         scale as it converts: a resize after, INTER_AREA as PyAV's pass)."""
         if not self._cfg.frame_size:
             return img
+        self._shape.check(img.shape[1], img.shape[0])
         return cv2.resize(img, tuple(self._cfg.frame_size), interpolation=cv2.INTER_AREA)
 
     def read(self, timeout_s: float) -> Frame | None:

@@ -154,23 +154,32 @@ def test_the_camera_serves_live_numbered_h264(tmp_path, size, decoder):
 
 
 @pytest.mark.parametrize("decoder", DECODERS)
-def test_frames_come_at_the_configured_frame_size(tmp_path, decoder):
+@pytest.mark.parametrize("size", [(224, 126), (224, 224)])
+def test_frames_come_at_the_configured_frame_size(tmp_path, caplog, decoder, size):
     """`[source] frame_size`: a 720p camera's frames converted to 224x126 (PyAV in the pass
     that makes BGR, OpenCV by a resize after), still the newest and the very frame the
-    camera numbered (its code read back from the smaller picture)."""
+    camera numbered (its code read back from the smaller picture). A size of another shape
+    stretches them: one warning saying so, not one a frame."""
+    w, h = size
     with RtspCamera(tmp_path, width=1280, height=720) as cam:
         src = open_source(SourceConfig(kind="capture", path=cam.url, read_timeout_s=10,
-                                       decoder=decoder, frame_size=(224, 126)), tmp_path)
+                                       decoder=decoder, frame_size=size), tmp_path)
         try:
-            frames = [src.read(10.0) for _ in range(8)]
+            with caplog.at_level(logging.WARNING):
+                frames = [src.read(10.0) for _ in range(8)]
         finally:
             src.close()
         times = cam.times()
     assert all(f is not None for f in frames)
-    assert {f.image.shape for f in frames} == {(126, 224, 3)}
-    numbers = [frame_number(f.image) for f in frames]
-    assert None not in numbers and numbers == sorted(set(numbers)), numbers
-    assert all(n in times for n in numbers)
+    assert {f.image.shape for f in frames} == {(h, w, 3)}
+    warned = [r.getMessage() for r in caplog.records if "stretched" in r.getMessage()]
+    if size == (224, 126):
+        assert not warned
+        numbers = [frame_number(f.image) for f in frames]
+        assert None not in numbers and numbers == sorted(set(numbers)), numbers
+        assert all(n in times for n in numbers)
+    else:
+        assert len(warned) == 1 and "1280x720" in warned[0] and "0.56x" in warned[0], warned
 
 
 def test_frame_numbers_read_back_through_scaling_and_a_foreign_picture_is_refused():

@@ -124,6 +124,20 @@ def test_roi_crop_is_the_rectangle_and_boxes_map_back_to_the_frame():
     assert roi.to_frame((0, 0, 1, 1), rect, 64, 48) == (8 / 64, 4 / 48, 16 / 64, 12 / 48)
 
 
+@pytest.mark.parametrize("w, h, size, says", [
+    (1280, 720, (224, 126), None),  # the camera's shape (16:9 within 2 %)
+    (1280, 720, (), None),  # no frame_size: nothing converted
+    (1280, 720, (224, 224), "stretched 0.56x"),
+    (640, 480, (224, 126), "stretched 1.33x"),
+    (0, 480, (224, 126), None),  # no size known
+])
+def test_a_frame_size_of_another_shape_is_said(w, h, size, says):
+    from runtime.frames.capture_source import stretched
+
+    got = stretched(w, h, size)
+    assert (got is None) if says is None else (says in (got or "")), got
+
+
 @pytest.mark.parametrize(("section", "key", "expected"), [
     ({"roi": [0, 0, 0.5, 0.5]}, "source.roi", "whole numbers"),
     ({"roi": [0, 0, 100, 10]}, "source.roi", "outside the 96x96 frame"),  # synthetic: known
