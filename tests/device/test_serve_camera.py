@@ -1,0 +1,66 @@
+"""`edgerun serve` against a real IP camera: GStreamer's RTSP server serving live 720p H.264
+(tests/support/rtsp_camera.py), the whole daemon from its config file to the outbox. The
+frame path's tests drive a Pipeline; this one is what an operator runs: the camera's URL,
+`frame_size`, the camera rebooting under the daemon, and the daemon's own words about it."""
+
+from __future__ import annotations
+
+import time
+import urllib.request
+
+import pytest
+from support.daemon_harness import Serve, events, results, write_config
+from support.rtsp_camera import RtspCamera, skip_reason
+from support.waiting import wait
+from support.web import gauges
+
+from models import bundled
+from runtime.wire.broker import free_port
+
+pytestmark = [
+    pytest.mark.skipif(bool(skip_reason()), reason=skip_reason() or "ok"),
+    pytest.mark.skipif(not (bundled() / "manifest.json").exists(),
+                       reason="bundled model not built"),
+]
+
+
+def _made(port: int) -> float:
+    """Results the daemon has made (its local API's /metrics)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        return gauges(r.read().decode()).get("edgerun_device_results_total", 0.0)
+
+
+def test_serve_inspects_a_live_camera_and_is_back_within_5_s_of_its_reboot(
+        tmp_path, tmp_path_factory):
+    port = free_port()
+    (tmp_path / "camera").mkdir()
+    with RtspCamera(tmp_path / "camera", width=1280, height=720) as cam:
+        cfg = write_config(
+            tmp_path, tmp_path_factory.mktemp("profiles"),
+            source=f'kind = "capture"\npath = "{cam.url}"\nread_timeout_s = 2\n'
+                   f"frame_size = [192, 108]",
+            extra=f"[local_api]\nport = {port}\n")
+        d = Serve(tmp_path, cfg)
+        try:
+            wait(lambda: d.ready() and _made(port) >= 20, 120, "results from the camera", d)
+            cam.kill()
+            wait(lambda: "source failed: " in d.text(), 30, "the daemon noticing the camera "
+                 "gone", d)
+            time.sleep(6)  # a camera rebooting: long enough for a doubling backoff to grow
+            before = _made(port)
+            cam.start()  # back on the same port
+            back = time.monotonic()
+            wait(lambda: _made(port) > before, 30, "results after the reboot", d)
+            again_s = time.monotonic() - back
+            assert d.stop() == 0
+        finally:
+            d.stop()
+    text = d.text()
+    assert "Traceback" not in text, text[-3000:]
+    assert "stretched" not in text  # 192x108 is the camera's shape
+    assert "preprocessing 192x108->" in text  # the frames the model saw were frame_size's
+    assert again_s <= 5.0, f"results {again_s:.1f} s after the camera was back"
+    made = results(d.outbox)
+    assert len(made) >= 20 and {r["source"] for r in made} == {"main"}
+    failed = events(d.outbox, "source_failed")
+    assert len(failed) == 1, failed  # one outage, one event
