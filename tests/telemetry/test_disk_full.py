@@ -327,6 +327,15 @@ def test_a_state_disk_turned_read_only_holds_results_in_memory(tmp_path, caplog)
         disk.unmount()
 
 
+def _serve_config(tmp_path: Path, tmp_path_factory) -> tuple[int, Path]:
+    """A local API port and a config for `serve` retrying a full disk every 0.2 s, holding
+    up to 4 MiB in memory meanwhile."""
+    port = free_port()
+    return port, write_config(tmp_path, tmp_path_factory.mktemp("profiles"),
+                              extra=f"retry_s = 0.2\nmemory_max_bytes = 4194304\n"
+                                    f"[local_api]\nport = {port}\n")
+
+
 def _metrics(port: int) -> dict:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
         return gauges(r.read().decode())
@@ -339,10 +348,7 @@ def test_a_daemon_survives_its_state_disk_filling_up(tmp_path, tmp_path_factory)
     the space returns it stores what it held, contiguous; no traceback, no restart."""
     disk = Disk(tmp_path / "state", 16)
     try:
-        port = free_port()
-        cfg = write_config(tmp_path, tmp_path_factory.mktemp("profiles"),
-                           extra=f"retry_s = 0.2\nmemory_max_bytes = 4194304\n"
-                                 f"[local_api]\nport = {port}\n")
+        port, cfg = _serve_config(tmp_path, tmp_path_factory)
         d = Serve(tmp_path, cfg)
         try:
             wait(lambda: d.ready() and len(result_seqs(d.outbox)) > 20, 120,
@@ -378,17 +384,14 @@ def test_a_daemon_survives_its_state_disk_filling_up(tmp_path, tmp_path_factory)
 @pytest.mark.skipif(not (bundled() / "manifest.json").exists(), reason="bundled model not built")
 def test_a_daemon_started_on_a_full_disk_after_a_clean_stop_serves_degraded(
         tmp_path, tmp_path_factory):
-    """A clean stop removes SQLite's -wal and -shm files; the disk filled while the daemon
-    was down, the next start could not make the -shm again and exited 2, and systemd
-    restarted it into the same failure every 5 s: nothing was inspected until space
-    returned (after a crash, with the files still there, it ran degraded). It now starts
-    degraded too, holds results in memory, and stores them once space returns."""
+    """The disk filled while the daemon was down (cleanly stopped): the next start crashed
+    on its own start-up event (exit 1; test_an_outbox_opened_on_a_full_disk_after_a_clean_
+    stop_starts_degraded has the other way it failed, exit 2), and systemd restarted it into
+    the same failure every 5 s: nothing was inspected until space returned. It now starts
+    degraded, holds results in memory, and stores them once space returns."""
     disk = Disk(tmp_path / "state", 16)
     try:
-        port = free_port()
-        cfg = write_config(tmp_path, tmp_path_factory.mktemp("profiles"),
-                           extra=f"retry_s = 0.2\nmemory_max_bytes = 4194304\n"
-                                 f"[local_api]\nport = {port}\n")
+        port, cfg = _serve_config(tmp_path, tmp_path_factory)
         d = Serve(tmp_path, cfg)
         try:
             wait(lambda: d.ready() and len(result_seqs(d.outbox)) > 5, 120,
