@@ -37,7 +37,7 @@ from typing import Any
 import paho.mqtt.client as mqtt
 
 from runtime.config.coordinator import CoordinatorConfig
-from runtime.coordinator import fleet
+from runtime.coordinator import coord_stats, fleet
 from runtime.coordinator.admission import INBOUND, Admission
 from runtime.coordinator.ageing import Ageing
 from runtime.coordinator.alerting import Alerting
@@ -60,7 +60,7 @@ from runtime.wire.quarantine import RateLimitedLog
 
 log = logging.getLogger("edgerun.coordinator")
 
-RECENT_S = 10.0  # stats' health_age_recent_s: health taken in the last this many seconds
+RECENT_S = coord_stats.RECENT_S  # (callers import it from here)
 
 
 def hand_replies(commander: Commander, replies: list[tuple[str, dict, str, int]], now: float,
@@ -318,8 +318,9 @@ class Coordinator:
         inbound, sources, replies = self.admission.batch(batch, now, bad)
         written: dict[str, tuple[float, fleet.DeviceView]] = {}
         self._place(inbound)
+        items: list[tuple[int, int, str, int]] = []  # refused items marked (result_items.py)
         try:
-            acks, refused = self.store.ingest(inbound, written)
+            acks, refused = self.store.ingest(inbound, written, items)
         except Exception:
             # The store failed, not the devices: they did talk (a full store disk aged the
             # whole fleet stale, then offline, alerts and all) and an operator may be waiting
@@ -332,6 +333,11 @@ class Coordinator:
             self.retention.due.set()  # the retention loop takes back what was borrowed
         for i, why in refused:
             bad.append((inbound[i].device, sources[i][0], why, sources[i][1], now))
+        for i, seq, why, size in items:  # each once: its seq is done for the ack
+            bad.append((inbound[i].device, sources[i][0], f"result seq {seq} of stream "
+                        f"{inbound[i].msg['stream']} refused (its seq acked as refused): "
+                        f"{why}", size, now))
+        self.counters["result_items_refused"] += len(items)
         refused_idx = {i for i, _ in refused}
         self._ack(acks)
         self.counters["results_stored_msgs"] += sum(
@@ -503,41 +509,12 @@ class Coordinator:
                 "quarantine": self.store.quarantined(device, 20)}
 
     def stats(self) -> dict[str, Any]:
-        """Ingest counters and the health age distribution."""
-        with self._views_lock:  # the two deques are appended together under it
-            ages_in, taken_in = list(self.health_age_s), list(self._health_taken)
-        ages = sorted(ages_in)
-        def pct(q, ages=ages):
-            return (ages[min(len(ages) - 1, int(q * len(ages)))] if ages else None)
-        # the last RECENT_S only: a start's backlog (births, first wave) out of the figure
-        since = time.time() - RECENT_S
-        recent = sorted(a for a, t in zip(ages_in, taken_in, strict=True) if t >= since)
-        q = self.store.quarantine_counts()
-        return {"counters": dict(self.counters), "inbox": self._inbox.qsize(),
-                "queues": self.queues(),
-                "store_usage": {"budget_bytes": self.store.budget_bytes,
-                                "overhead": self.store.overhead,
-                                "by_device": self.store.usage(),
-                                "refused_over_share": dict(self.store.refused_over_share)},
-                "quarantined": {"total": sum(q.values()), "by_device": q},
-                "health_age_s": {"p50": pct(0.5), "p99": pct(0.99), "n": len(ages)},
-                "health_age_recent_s": {"p50": pct(0.5, recent), "p99": pct(0.99, recent),
-                                        "n": len(recent), "window_s": RECENT_S},
-                "connected": self.connected.is_set(), "threads": self.threads_alive(),
-                "mqtt": asdict(self._conn.stats), "bundle_chunks": self.chunks.stats(),
-                "webhook": self.webhook.stats() if self.webhook is not None else None}
+        """Ingest counters and the health age distribution (coord_stats.stats)."""
+        return coord_stats.stats(self)
 
     def queues(self) -> dict[str, dict[str, int]]:
-        """Every queue and table of held work with its bound and what passed it: the inbox,
-        the replies awaited, and the coalescers of births, healths and events."""
-        c, p = self.counters, self.commander.pending
-        return {"inbox": {"size": self._inbox.qsize(), "max": self._inbox.maxsize,
-                          "dropped": c["inbox_full_dropped"] + self._inbox.dropped_total(),
-                          "per_device_max": self._inbox.per_device,
-                          "dropped_over_share": self._inbox.dropped_total()},
-                "pending_replies": {"size": len(p), "max": p.max_size, "dropped": p.dropped,
-                                    "expired": p.expired},
-                "births": self.births.stats(), **self.admission.stats()}
+        """Every queue and table of held work with its bound (coord_stats.queues)."""
+        return coord_stats.queues(self)
 
     def _view(self, device: str) -> fleet.DeviceView | None:
         """One device's view, read under the views lock (the commander's look-up)."""

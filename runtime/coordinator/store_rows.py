@@ -50,6 +50,9 @@ class Inbound:
     kind: str  # result | health | event | state
     msg: dict
     size: int = 0  # its bytes on the wire (0: estimated from msg when a quota needs it)
+    # a result message's refused items (seq, reason, bytes): their seqs stored as refusal
+    # markers, done for the ack (result_items.py); its valid items are in msg["results"]
+    refused: tuple[tuple[int, str, int], ...] = ()
 
 
 @dataclass(frozen=True)
