@@ -35,7 +35,8 @@ def stats(c: Any) -> dict[str, Any]:
                                     "n": len(recent), "window_s": RECENT_S},
             "connected": c.connected.is_set(), "threads": c.threads_alive(),
             "mqtt": asdict(c._conn.stats), "bundle_chunks": c.chunks.stats(),
-            "webhook": c.webhook.stats() if c.webhook is not None else None}
+            "webhook": c.webhook.stats() if c.webhook is not None else None,
+            "store": c.store_watch.status(c.mono())}
 
 
 def queues(c: Any) -> dict[str, dict[str, int]]:
