@@ -36,6 +36,7 @@ from runtime.coordinator.store_rows import (
     Dialect,
     Inbound,
     charge,
+    marker_row,
     view_from_json,
     view_to_json,
 )
@@ -439,14 +440,6 @@ def result_rows(m: Inbound, now: float) -> list[tuple]:
     rows += [marker_row(m.device, m.msg["stream"], seq, why, now) for seq, why, _ in m.refused]
     return rows
 
-
-def marker_row(device: str, stream: str, seq: int, why: str, now: float) -> tuple:
-    """The `results` row that marks a refused item's seq as done (result_items.py): under
-    the result's own key, so exactly-once, the ack, the fair shares and retention treat it
-    as any row. Its boot is "" (a result's never is: an id of 1-64 characters), which is
-    how reads leave it out; its `t` is when it was received."""
-    return (device, stream, seq, "", now, now,
-            json.dumps({"seq": seq, "refused": why[:300]}, separators=(",", ":")))
 
 
 

@@ -55,6 +55,15 @@ class Inbound:
     refused: tuple[tuple[int, str, int], ...] = ()
 
 
+def marker_row(device: str, stream: str, seq: int, why: str, now: float) -> tuple:
+    """The `results` row that marks a refused item's seq as done (result_items.py): under
+    the result's own key, so exactly-once, the ack, the fair shares and retention treat it
+    as any row. Its boot is "" (a result's never is: an id of 1-64 characters), which is
+    how reads leave it out; its `t` is when it was received."""
+    return (device, stream, seq, "", now, now,
+            json.dumps({"seq": seq, "refused": why[:300]}, separators=(",", ":")))
+
+
 @dataclass(frozen=True)
 class Stalled:
     """A stream quarantined by retention: its ack stopped and its rows above it were
