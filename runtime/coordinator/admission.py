@@ -121,14 +121,15 @@ class Admission:
         refused: tuple[tuple[int, str, int], ...] = ()
         unseq: tuple[tuple[str, int], ...] = ()
         try:
-            msg = payloads.decode(kind, raw)
+            if kind == "result":  # one bad item must not refuse the others (a poison
+                # pill: the device re-sent the message for ever); a message that is not
+                # one at all still is refused whole
+                items = result_items.decode(raw)
+                msg, refused, unseq = items.msg, items.refused, items.unseq
+            else:
+                msg = payloads.decode(kind, raw)
         except payloads.PayloadError as e:
-            # one bad item must not refuse the others (a poison pill: the device re-sent
-            # the message for ever); a message that is not one at all still is refused whole
-            items = result_items.split(raw) if kind == "result" else None
-            if items is None:
-                raise Refused(str(e)) from None
-            msg, refused, unseq = items.msg, items.refused, items.unseq
+            raise Refused(str(e)) from None
         # A coordinator clock reading before 2025 cannot say a stamp is ahead: it put every
         # synced device's state, health and event in quarantine, 56 years "ahead" of 1970.
         # Past 2100 is refused whatever our clock reads.

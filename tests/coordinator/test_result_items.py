@@ -24,6 +24,7 @@ from runtime.coordinator.admission import Admission
 from runtime.coordinator.commander import Refused
 from runtime.coordinator.service import Coordinator
 from runtime.coordinator.store import Inbound, Store
+from runtime.wire import payloads
 
 NOW = 1.7e9
 
@@ -82,6 +83,23 @@ def test_the_reason_names_the_field():
 
 def test_a_valid_message_is_never_split():
     assert result_items.split(_raw(_msg([_item(1), _item(2)]))) is None
+
+
+def test_decode_admits_whole_splits_or_refuses_explained():
+    whole = result_items.decode(_raw(_msg([_item(1), _item(2)])))
+    assert whole.refused == () and len(whole.msg["results"]) == 2
+    assert [q for q, _, _ in result_items.decode(_raw(_msg([_item(1), BAD_T]))).refused] == [2]
+    with pytest.raises(payloads.PayloadError, match="v"):  # refused whole: explained
+        result_items.decode(_raw(_msg([_item(1), BAD_T], v=2)))
+    with pytest.raises(payloads.PayloadError):
+        result_items.decode(b"[")
+
+
+def test_past_the_first_ten_refused_items_the_compiled_validator_says_why():
+    got = result_items.split(_raw(_msg([_item(q, t=-1) for q in range(1, 13)])))
+    assert got is not None and len(got.refused) == 12
+    assert all("t" in why and "0" in why for _, why, _ in got.refused), got.refused
+    assert got.refused[0][1] != got.refused[11][1]  # jsonschema's words, then fastjsonschema's
 
 
 def test_admission_takes_a_result_message_item_by_item():
