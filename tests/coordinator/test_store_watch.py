@@ -159,3 +159,88 @@ def test_a_failing_store_raises_the_store_alert_with_its_cause(coord, caplog):
     c._ingest([("edgerun/v1/f/A/state", _birth(t0), t0)])
     assert c.stats()["store"]["state"] == "ok"
     assert any("stores again after failing for 12 s" in r.getMessage() for r in caplog.records)
+
+
+def _status(c: Coordinator, device: str) -> str | None:
+    return next((v["status"] for v in c.fleet_view() if v["device"] == device), None)
+
+
+@pytest.mark.timeout(180)
+def test_a_frozen_store_disk_is_seen_and_the_sending_device_stays_online(tmp_path, broker,
+                                                                          caplog):
+    """The field's case end to end: the coordinator's SQLite store on an ext4 frozen with
+    fsfreeze while a device (a raw paho client on the wire format) keeps sending a health
+    every 0.2 s. Before: no line at all, the device went stale then offline (an `offline`
+    alert) although it was sending, and the first fleet view hung behind the alert's store
+    write. Now: an ERROR names the store, the `store` alert is raised, the device stays
+    online past offline_after_s, and the thaw is logged. Needs root (a loop mount)."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    import paho.mqtt.client as mqtt
+
+    if os.geteuid() != 0:
+        pytest.skip("mounting an ext4 image and fsfreeze need root")
+    mnt, img = tmp_path / "ext4", tmp_path / "ext4.img"
+    mnt.mkdir()
+    with img.open("wb") as f:
+        f.truncate(64 << 20)
+    for cmd in (["mkfs.ext4", "-q", "-F", str(img)], ["mount", "-o", "loop", str(img), str(mnt)]):
+        got = subprocess.run(cmd, capture_output=True, text=True)
+        if got.returncode != 0:
+            pytest.skip(f"cannot make an ext4 here ({cmd[0]}): {got.stderr.strip()}")
+    caplog.set_level(logging.INFO, logger="edgerun.coordinator")
+    c = Coordinator(CoordinatorConfig(fleet="f", broker=broker.coordinator("f"),
+                                      store=str(mnt / "c.db"), stale_after_s=2.0,
+                                      offline_after_s=4.0, store_stall_s=1.0))
+    cfg = broker.device("f", "A")
+    dev = mqtt.Client(callback_api_version=mqtt.CallbackAPIVersion.VERSION2,
+                      client_id="edgerun-f-A-test", protocol=mqtt.MQTTv311)
+    dev.username_pw_set(cfg.username, Path(cfg.password_file).read_text().strip())
+    stop = threading.Event()
+    try:
+        _freeze_and_thaw(c, dev, broker.port, mnt, stop, caplog)
+    finally:
+        stop.set()
+        dev.loop_stop()
+        dev.disconnect()
+        c.stop()
+        subprocess.run(["fsfreeze", "-u", str(mnt)], capture_output=True, check=False)
+        subprocess.run(["umount", str(mnt)], check=False)
+
+
+def _freeze_and_thaw(c: Coordinator, dev, port: int, mnt, stop: threading.Event,
+                     caplog) -> None:
+    import subprocess
+
+    c.start()
+    assert c.connected.wait(30)
+    dev.connect("127.0.0.1", port, 30)
+    dev.loop_start()
+    dev.publish("edgerun/v1/f/A/state", _birth(time.time()), qos=1).wait_for_publish(30)
+
+    def send() -> None:
+        while not stop.wait(0.2):
+            dev.publish("edgerun/v1/f/A/health", _health(time.time()), qos=1)
+    threading.Thread(target=send, daemon=True).start()
+    assert until(lambda: _status(c, "A") == "online", 30)
+    subprocess.run(["fsfreeze", "-f", str(mnt)], check=True)
+    try:
+        assert until(lambda: c.stats()["store"]["state"] == "stalled", 30)
+        t_frozen = time.monotonic()
+        assert until(lambda: any(r.levelno == logging.ERROR and str(mnt / "c.db") in
+                                 r.getMessage() for r in caplog.records), 30)
+        assert until(lambda: any(a["alert"] == "store" for a in c.alerts_view()["active"]),
+                     30)
+        while time.monotonic() - t_frozen < 6.0:  # past offline_after_s, still sending
+            assert _status(c, "A") == "online"  # was: stale, then offline
+            time.sleep(0.5)
+        assert c._inbox.qsize() > 0  # its messages wait, not stored, not acked
+    finally:
+        subprocess.run(["fsfreeze", "-u", str(mnt)], check=False)
+    assert until(lambda: c.stats()["store"]["state"] == "ok", 30)
+    assert any("completed (stored)" in r.getMessage() for r in caplog.records)
+    assert _status(c, "A") == "online"
+    assert not [r for r in caplog.records if "-> offline" in r.getMessage()
+                or "-> stale" in r.getMessage()]
