@@ -74,12 +74,18 @@ class Alerting:
             self._record_alerts(changes, now, views)
         return bool(changes)
 
-    def send(self) -> None:
+    def send(self, background: bool = False) -> None:
         """Send what `refreshed` queued: into the store's log and to the webhook. Not under
         the views lock: its store writes wait as long as the store does (a disk that stopped
         answering writes held every API request and /metrics behind the views lock). One
         thread sends at a time; another finding it busy returns at once, its transitions
-        sent by that one (it looks again before it leaves) or by the next refresh."""
+        sent by that one (it looks again before it leaves) or by the next refresh.
+        `background` (the store may hang: store_watch.busy): on a thread of its own, when
+        anything is queued (an API request waited for a frozen disk behind a transition)."""
+        if background:
+            if self._to_send:
+                threading.Thread(target=self.send, name="alert-send", daemon=True).start()
+            return
         while self._sending.acquire(blocking=False):
             try:
                 self._send_alerts()

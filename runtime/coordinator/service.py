@@ -382,8 +382,7 @@ class Coordinator:
                 changed = self.alerting.own(self.store_watch.alert(mono), time.time(),
                                             self.views)
             if changed:
-                threading.Thread(target=self.alerting.send, name="alert-send",
-                                 daemon=True).start()
+                self.alerting.send(background=True)
         except Exception as e:  # the watchdog must outlive anything it watches
             self._rlog.log("watchdog", "store watchdog: %s", e, level=logging.ERROR)
 
@@ -485,7 +484,8 @@ class Coordinator:
             # under the lock: fleet_view() refreshes from HTTP threads too, and each
             # transition must be queued exactly once, in order
             self.alerting.refreshed(fleet.alert_changes(before, after), now, views)
-        self.alerting.send()  # its store writes outside the views lock (Alerting.send)
+        # its store writes outside the views lock, on a thread while the store may hang
+        self.alerting.send(background=self.store_watch.busy(self.mono()))
         if len(changes) <= 20:
             for device, old, new in changes:
                 log.info("device %s: %s -> %s", device, old, new)

@@ -88,6 +88,12 @@ class StoreWatch:
                      f"{took:.0f} s (stall_after_s {self.stall_after_s:g}): ingest waits on "
                      "the store; devices' messages wait in the inbox, nothing is acked")]
 
+    def busy(self, now: float, over_s: float = 1.0) -> bool:
+        """Whether a batch has been in flight for more than `over_s`: the store may hang,
+        so what would write to it from an API request goes to a thread of its own."""
+        with self._lock:
+            return self._since is not None and now - self._since > over_s
+
     def status(self, now: float) -> dict[str, Any]:
         """{state: ok | stalled | failing, for_s, cause, in_flight_s, stall_after_s, stalls,
         longest_s}: stalled while a batch is in flight past stall_after_s, failing while

@@ -83,9 +83,10 @@ def coord(tmp_path):
 def test_a_hung_store_is_logged_alerted_and_does_not_age_the_fleet(coord, caplog):
     c, mono, path = coord
     t0 = time.time()
-    c._ingest([("edgerun/v1/f/A/state", _birth(t0), t0)])
+    c._ingest([("edgerun/v1/f/A/state", _birth(t0), t0),
+               ("edgerun/v1/f/B/state", _birth(t0), t0)])
     c._refresh(t0)
-    assert c.views["A"].status == "online"
+    assert c.views["A"].status == "online" and c.views["B"].status == "online"
     holder = sqlite3.connect(path, isolation_level=None)
     holder.execute("BEGIN IMMEDIATE")  # another writer holds the store: the commit waits
     stuck = threading.Thread(target=c._ingest,
@@ -99,6 +100,12 @@ def test_a_hung_store_is_logged_alerted_and_does_not_age_the_fleet(coord, caplog
         mono[0] += 4.0
         c.watch_tick()
         assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+        began = time.monotonic()
+        c._refresh(t0 + 10)
+        # B, silent, goes offline: its alert is not sent from here while the store hangs
+        # (the refresh waited for the store's lock, up to its 30 s busy timeout)
+        assert time.monotonic() - began < 5.0
+        assert c.views["B"].status == "offline"
         mono[0] += 2.0  # 6 s in flight: past store_stall_s
         c.watch_tick()
         errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
