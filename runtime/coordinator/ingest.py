@@ -441,9 +441,6 @@ def result_rows(m: Inbound, now: float) -> list[tuple]:
     return rows
 
 
-
-
-
 def view_changed(old: fleet.DeviceView | None, new: fleet.DeviceView, every_s: float
                   ) -> bool:
     """Whether `new` must be written over the stored `old`: it differs in more than

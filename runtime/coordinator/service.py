@@ -77,6 +77,12 @@ def place_times(clocks: Placer, inbound: list[Inbound], counters: collections.Co
                  "claimed times are kept", e, level=logging.ERROR)
 
 
+def say(lines: list[Said]) -> None:
+    """Log what the store's watch said (store_watch.py)."""
+    for said in lines:
+        log.log(said.level, "%s", said.text)
+
+
 def hand_replies(commander: Commander, replies: list[tuple[str, dict, str, int]], now: float,
                  bad: list[tuple[str, str, str, int, float]]) -> None:
     """Hand a batch's command replies to their waiters; a refused one goes to `bad`."""
@@ -332,7 +338,7 @@ class Coordinator:
         try:
             acks, refused = self.store.ingest(inbound, written, items)
         except Exception as e:
-            self._say(self.store_watch.end(self.mono(), f"{type(e).__name__}: {e}"))
+            say(self.store_watch.end(self.mono(), f"{type(e).__name__}: {e}"))
             # The store failed, not the devices: they did talk (a full store disk aged the
             # whole fleet stale, then offline, alerts and all) and an operator may be waiting
             # for a reply. Both go on; the results are not acked, so devices re-send them.
@@ -360,11 +366,7 @@ class Coordinator:
             hand_replies(self.commander, replies, now, bad)
             self._quarantine(bad)
         finally:
-            self._say(self.store_watch.end(self.mono()))
-
-    def _say(self, lines: list[Said]) -> None:
-        for said in lines:
-            log.log(said.level, "%s", said.text)
+            say(self.store_watch.end(self.mono()))
 
     def _watch_loop(self) -> None:
         while not self._stop.wait(1.0):
@@ -377,7 +379,7 @@ class Coordinator:
         hang as the store does; the webhook is handed each first)."""
         try:
             mono = self.mono()
-            self._say(self.store_watch.check(mono))
+            say(self.store_watch.check(mono))
             with self._views_lock:
                 changed = self.alerting.own(self.store_watch.alert(mono), time.time(),
                                             self.views)
@@ -459,9 +461,12 @@ class Coordinator:
             before = {d: views[d] for d in shared if d in views}
             views.update(shared)
             # a device whose messages wait in the inbox is not silent: a store that hangs
-            # must not age the fleet stale for the coordinator's own fault
+            # must not age the fleet stale for the coordinator's own fault (looked at past
+            # half its stale_after_s only: a device stored lately costs the refresh nothing)
+            half = self.fleet_cfg.stale_after_s / 2
             for d, received in self._inbox.waiting().items():
-                if d in views and (v := fleet.heard(views[d], received)) is not views[d]:
+                if d in views and now - views[d].last_seen > half and \
+                        (v := fleet.heard(views[d], received)) is not views[d]:
                     before.setdefault(d, views[d])
                     views[d] = v
                     self._ageing.touch(d)
