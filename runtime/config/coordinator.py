@@ -11,7 +11,9 @@ from runtime.config.telemetry import BrokerConfig, check_name
 # Every code the coordinator's alerts can raise (runtime/coordinator/fleet.py `alerts`;
 # coordinator.webhook_alerts is checked against it).
 ALERT_CODES = ("governor_disabled", "offline", "stale", "throttled", "hot", "sensor",
-               "failsafe", "slo", "backlog", "evicted", "version", "missed_wake")
+               "failsafe", "slo", "backlog", "evicted", "version", "missed_wake",
+               # the coordinator's own: its store stalled or failing (store_watch.py)
+               "store")
 
 
 def check_url(url: str) -> str | None:
@@ -108,6 +110,10 @@ class CoordinatorConfig:
     resend_window_s: float = 60.0
     max_pending_replies: int = 10_000
     ingest_delay_s: float = 0.0  # artificial slowness per batch, for fault tests only
+    # A store batch in flight longer than this is a stall: logged (ERROR, at most once a
+    # minute, and when it ends), the `store` alert raised, devices whose messages wait in
+    # the inbox not aged stale meanwhile (runtime/coordinator/store_watch.py)
+    store_stall_s: float = 5.0
     # Model bundles (docs/ota.md): kept in the store; bundles_dir is only the directory an
     # older coordinator kept them in, imported once at start (empty: `bundles/` next to an
     # SQLite store); their size cap, and the API address devices download from (empty:
@@ -146,6 +152,8 @@ class CoordinatorConfig:
                 f"must be >= 0 (0: no early end), got {self.ingest_window_results}"
         if not (0 <= self.coalesce_s <= 3600 and 0 <= self.resend_window_s <= 86400):
             return "coalesce_s", "coalesce_s must be 0..3600 and resend_window_s 0..86400"
+        if not 0.1 <= self.store_stall_s <= 3600:
+            return "store_stall_s", f"must be 0.1..3600 s, got {self.store_stall_s}"
         if not 1 <= self.max_pending_replies <= 10**6:
             return "max_pending_replies", f"must be 1..1e6, got {self.max_pending_replies}"
         if not 1 <= self.floor_wait_s <= 30 * 86400:

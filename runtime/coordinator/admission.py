@@ -15,6 +15,7 @@ import time
 
 from runtime.config.coordinator import CoordinatorConfig
 from runtime.config.telemetry import check_name
+from runtime.coordinator import result_items
 from runtime.coordinator.coalesce import Coalescer
 from runtime.coordinator.commander import Refused
 from runtime.coordinator.store import Inbound
@@ -67,7 +68,7 @@ class Admission:
         for topic_name, raw, received in batch:
             device = ""
             try:
-                device, kind, msg = self.admit(topic_name, raw, now)
+                device, kind, msg, refused, unseq = self.admit_items(topic_name, raw, now)
             except Refused as e:
                 bad.append((device or _topic_device(topic_name), topic_name, str(e), len(raw),
                             received))
@@ -77,6 +78,9 @@ class Admission:
                             f"internal error: {type(e).__name__}: {e}", len(raw), received))
                 continue
             self.counters[kind] += 1
+            for why, size in unseq:  # refused items with no seq to mark: counted here
+                bad.append((device, topic_name, f"result item without a usable seq: {why}",
+                            size, received))
             if kind == "state":  # what the device said before its state goes before it (a
                 # health held back must not make a device that went to sleep look awake)
                 held([*self._healths.flush(lambda k, d=device: k[0] == d),
@@ -91,13 +95,21 @@ class Admission:
                     (device, _event_key(msg)), (topic_name, len(raw), msg), received + shift):
                 self.counters["events_coalesced"] += 1
             else:
-                inbound.append(Inbound(device, kind, msg, len(raw)))
+                inbound.append(Inbound(device, kind, msg, len(raw), refused))
                 sources.append((topic_name, len(raw)))
         return inbound, sources, replies
 
 
     def admit(self, topic_name: str, raw: bytes, now: float) -> tuple[str, str, dict]:
         """(device, kind, payload) of an acceptable message; raises Refused saying why not."""
+        return self.admit_items(topic_name, raw, now)[:3]
+
+    def admit_items(self, topic_name: str, raw: bytes, now: float
+                    ) -> tuple[str, str, dict, tuple[tuple[int, str, int], ...],
+                               tuple[tuple[str, int], ...]]:
+        """`admit`, a result message whose items are not all valid taken item by item
+        (result_items.py): (device, kind, payload with the valid items, (seq, reason, bytes)
+        of each refused item with a seq, (reason, bytes) of each without one)."""
         parsed = payloads.parse_topic(topic_name)
         if parsed is None or parsed[0] != self.cfg.fleet:
             raise Refused("not a topic of this fleet")
@@ -106,8 +118,16 @@ class Admission:
             raise Refused(f"devices do not publish {kind!r}")
         if check_name("device", device):
             raise Refused("device id is not 1-64 characters of A-Z a-z 0-9 _ . -")
+        refused: tuple[tuple[int, str, int], ...] = ()
+        unseq: tuple[tuple[str, int], ...] = ()
         try:
-            msg = payloads.decode(kind, raw)
+            if kind == "result":  # one bad item must not refuse the others (a poison
+                # pill: the device re-sent the message for ever); a message that is not
+                # one at all still is refused whole
+                items = result_items.decode(raw)
+                msg, refused, unseq = items.msg, items.refused, items.unseq
+            else:
+                msg = payloads.decode(kind, raw)
         except payloads.PayloadError as e:
             raise Refused(str(e)) from None
         # A coordinator clock reading before 2025 cannot say a stamp is ahead: it put every
@@ -126,8 +146,7 @@ class Admission:
             # claim, placed once its boot's clock is synced (clock_place.py); ranked by
             # boottime meanwhile (clock.made_after), so it cannot pin the latest health
             self.counters["unsynced_future_stamps"] += 1
-        return device, kind, msg
-
+        return device, kind, msg, refused, unseq
 
 
 def _bucket(t: float, width_s: float) -> int:

@@ -39,6 +39,10 @@ class Alerting:
         self.store_log = AlertLog(store)  # what every coordinator's dashboard lists
         # each (device, code)'s state: raised at once, cleared once away alert_clear_s
         self._alerts = AlertStates()
+        # the coordinator's own alerts (code -> message: `store`, store_watch.py), told as a
+        # device's under this name (each coordinator sharing a store has its own)
+        self.own_name = f"coordinator {cfg.client_id}"
+        self._own: dict[str, str] = {}
         # for the webhook and the store's log: queued under the views lock, sent outside it
         self._to_send: collections.deque[tuple[str, str, str, float, dict]] = \
             collections.deque()
@@ -57,12 +61,31 @@ class Alerting:
         self._record_alerts(changes, now, views)
         self._settle_clears(now, views)
 
-    def send(self) -> None:
+    def own(self, alerts: dict[str, str], now: float,
+            views: dict[str, fleet.DeviceView]) -> bool:
+        """The coordinator's own alerts now (code -> message), under the views lock: a code
+        that appeared is raised, one that went is cleared (after alert_clear_s, as a
+        device's), under `own_name`. True when any changed (queued for `send`)."""
+        before, self._own = self._own, dict(alerts)
+        changes = [(self.own_name, c, "raised", m) for c, m in alerts.items() if c not in before]
+        changes += [(self.own_name, c, "cleared", m) for c, m in before.items()
+                    if c not in alerts]
+        if changes:
+            self._record_alerts(changes, now, views)
+        return bool(changes)
+
+    def send(self, background: bool = False) -> None:
         """Send what `refreshed` queued: into the store's log and to the webhook. Not under
         the views lock: its store writes wait as long as the store does (a disk that stopped
         answering writes held every API request and /metrics behind the views lock). One
         thread sends at a time; another finding it busy returns at once, its transitions
-        sent by that one (it looks again before it leaves) or by the next refresh."""
+        sent by that one (it looks again before it leaves) or by the next refresh.
+        `background` (the store may hang: store_watch.busy): on a thread of its own, when
+        anything is queued (an API request waited for a frozen disk behind a transition)."""
+        if background:
+            if self._to_send:
+                threading.Thread(target=self.send, name="alert-send", daemon=True).start()
+            return
         while self._sending.acquire(blocking=False):
             try:
                 self._send_alerts()
@@ -170,6 +193,10 @@ class Alerting:
                    or raised.get((v.device, code))}
                   for v in sorted(views.values(), key=lambda v: v.device)
                   for code, msg in v.alerts]
+        active += [{"device": self.own_name, "alert": code, "message": msg,
+                    "status": "coordinator",
+                    "since": self._alerts.raised_at(self.own_name, code)}
+                   for code, msg in sorted(self._own.items())]
         clearing = [{"device": d, "alert": code, "message": msg,
                      "status": views[d].status if d in views else "unknown",
                      "since": self._alerts.raised_at(d, code) or raised.get((d, code)),

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from runtime.coordinator import quotas
-from runtime.coordinator.store_rows import Dialect, Inbound, query, uncharge
+from runtime.coordinator.store_rows import Dialect, Inbound, marker_row, query, uncharge
 
 # a device's oldest acked results (device, limit): what admission and retention take first
 ACKED_OLDEST = ("SELECT r.device, r.stream, r.seq FROM results r JOIN streams s ON "
@@ -110,7 +110,11 @@ class Budget:
             return quotas.health_bytes(m.device, json.dumps(m.msg))
         if m.kind == "event":
             return quotas.event_bytes(m.device, str(m.msg.get("type", "")), json.dumps(m.msg))
-        return quotas.message_bytes(m.device, m.kind, m.msg, m.size or len(
+        markers = 0
+        for q, why, _ in m.refused:  # a result's refused items' markers, exactly
+            r = marker_row(m.device, str(m.msg.get("stream", "")), q, why, 0.0)
+            markers += quotas.result_bytes(r[0], r[1], r[3], r[6])
+        return markers + quotas.message_bytes(m.device, m.kind, m.msg, m.size or len(
             json.dumps(m.msg, separators=(",", ":"))))
 
     def _shed(self, db: Any, device: str, pool: str, need: int) -> tuple[int, int]:

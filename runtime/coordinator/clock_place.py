@@ -314,6 +314,9 @@ class Placer:
                 read += len(rows)
                 grown = 0
                 for st, seq, b, body in rows:
+                    if not b:  # a refused item's marker (result_items.py): of no boot
+                        after = (st, seq)
+                        continue
                     if b != boot:
                         if stream is not None and seq > (lo or 0):
                             finished = True  # the next boot's results: this one's are done

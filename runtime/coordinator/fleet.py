@@ -132,6 +132,15 @@ def on_activity(view: DeviceView, now: float, health: Mapping[str, Any] | None =
     return _with(view, changes)
 
 
+def heard(view: DeviceView, received: float) -> DeviceView:
+    """Messages of the device received at `received` wait to be stored (the coordinator's
+    store is slow or stuck): it is not silent, so a device online by its state is seen then.
+    Nothing else changes until they are stored (one of them may be its will)."""
+    if not view.online or view.asleep or received <= view.last_seen:
+        return view
+    return _with(view, {"last_seen": received})
+
+
 def tick(view: DeviceView, now: float, cfg: FleetConfig) -> DeviceView:
     """Age the view: online -> stale -> offline as silence grows; asleep -> offline once
     the announced wake is `wake_margin_s` past."""

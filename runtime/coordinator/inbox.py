@@ -39,6 +39,9 @@ class Inbox(queue.Queue):
         self.per_device = per_device
         self.held: collections.Counter = collections.Counter()  # sender -> items waiting
         self.dropped: collections.Counter = collections.Counter()  # sender -> refused
+        # sender -> when its newest waiting message was received: a device whose messages
+        # wait here is not silent, however long the store takes (Coordinator._refresh)
+        self.latest: dict[str, float] = {}
 
     def offer(self, item: tuple[str, Any, float], timeout: float) -> bool:
         """Put `item` unless its sender's share is full (False at once, counted); blocks up
@@ -51,6 +54,11 @@ class Inbox(queue.Queue):
         self.put(item, timeout=timeout)
         return True
 
+    def waiting(self) -> dict[str, float]:
+        """Each sender with messages waiting: when the newest of them was received."""
+        with self.mutex:
+            return dict(self.latest)
+
     def dropped_total(self) -> int:
         """Messages refused over a sender's share since the start."""
         with self.mutex:
@@ -58,7 +66,9 @@ class Inbox(queue.Queue):
 
     # queue.Queue's hooks, called with self.mutex held
     def _put(self, item: tuple[str, Any, float]) -> None:
-        self.held[sender(item[0])] += 1
+        who = sender(item[0])
+        self.held[who] += 1
+        self.latest[who] = max(self.latest.get(who, item[2]), item[2])
         super()._put(item)
 
     def _get(self) -> tuple[str, Any, float]:
@@ -67,4 +77,5 @@ class Inbox(queue.Queue):
         self.held[who] -= 1
         if self.held[who] <= 0:
             del self.held[who]
+            self.latest.pop(who, None)
         return item

@@ -36,6 +36,7 @@ from runtime.coordinator.store_rows import (
     Dialect,
     Inbound,
     charge,
+    marker_row,
     view_from_json,
     view_to_json,
 )
@@ -68,9 +69,12 @@ class Ingest:
         # streams known to exist, per device (bounded by MAX_STREAMS_PER_DEVICE each): a
         # result on one of these needs no query to check the cap
         self._streams_seen: dict[str, set[str]] = {}
+        self._new_markers: set[tuple[str, str, int]] = set()  # refusal markers inserted
+        self._marked: list[tuple[int, int, str, int]] = []  # the last batch's (ingest)
 
     def ingest(self, messages: Sequence[Inbound],
-               written: dict[str, tuple[float, fleet.DeviceView]] | None = None
+               written: dict[str, tuple[float, fleet.DeviceView]] | None = None,
+               refused_items: list[tuple[int, int, str, int]] | None = None
                ) -> tuple[dict[tuple[str, str], list[Ack]], list[tuple[int, str]]]:
         """Store one batch in one transaction; a message the store refuses costs only itself.
 
@@ -80,7 +84,10 @@ class Ingest:
         message refused (the caller quarantines those; the rest of the batch stands): by the
         store, or by the fair shares (a device over its share of a full store).
         `written`, when given, receives each stored device's merged view as written to
-        `devices` and its `updated` stamp (the coordinator then needs not read it back)."""
+        `devices` and its `updated` stamp (the coordinator then needs not read it back).
+        `refused_items`, when given, receives (index, seq, reason, bytes) of each refused
+        item of a result message (Inbound.refused) marked now: one marked before (a re-sent
+        message) is not told again, so the caller quarantines each refused seq once."""
         if not messages:
             return {}, []
         for savepoints in (False, True):
@@ -88,7 +95,10 @@ class Ingest:
                 try:
                     if written is not None:
                         written.clear()  # a retried attempt writes again
-                    return self._ingest(messages, savepoints, written)
+                    out = self._ingest(messages, savepoints, written)
+                    if refused_items is not None:
+                        refused_items[:] = self._marked
+                    return out
                 except _Redo:
                     break
                 except self._d.retryable:
@@ -106,6 +116,8 @@ class Ingest:
         new_per_device: Counter = Counter()
         bytes_per_device: Counter = Counter()
         stored: list[Inbound] = []
+        stored_idx: list[int] = []  # each stored message's index in `messages`
+        self._new_markers = set()
         with self._d.transaction() as db:
             # Serialises this batch's devices against other coordinators (PostgreSQL) so
             # their acks and views see every committed result.
@@ -119,7 +131,7 @@ class Ingest:
                         db, [messages[i] for i in admitted], now)
                 except (*self._d.errors, ValueError, TypeError, KeyError, OverflowError) as e:
                     raise _Redo from e
-                stored = [messages[i] for i in admitted]
+                stored, stored_idx = [messages[i] for i in admitted], list(admitted)
             for i in admitted if savepoints else ():
                 m = messages[i]
                 db.execute("SAVEPOINT msg")
@@ -132,13 +144,18 @@ class Ingest:
                     new_per_device[m.device] += new
                     bytes_per_device[m.device, quotas.pool_of(m.kind)] += size
                     stored.append(m)
+                    stored_idx.append(i)
                 db.execute("RELEASE SAVEPOINT msg")
+            self._marked = self._note_refused(db, list(zip(stored_idx, stored, strict=True)),
+                                              now, bytes_per_device)
             charge(db, bytes_per_device)
             for m in stored:
                 if m.kind == "result":
                     key = (m.device, m.msg["stream"])
                     floors.setdefault(key, set()).add(m.msg["floor"])
-                    tops[key] = max(tops.get(key, 0), max(r["seq"] for r in m.msg["results"]))
+                    # a refused item's seq was received too: the ack may cover it
+                    tops[key] = max([tops.get(key, 0), *(r["seq"] for r in m.msg["results"]),
+                                     *(q for q, _, _ in m.refused)])
             if new_per_device:
                 db.executemany("INSERT INTO result_counts VALUES (?,?) ON CONFLICT(device) "
                                "DO UPDATE SET n = result_counts.n + excluded.n",
@@ -158,6 +175,29 @@ class Ingest:
             self.refused_over_share[messages[i].device] += 1
         self._budget.committed()
         return {k: v for k, v in acks.items() if v}, sorted(refused)
+
+    def _note_refused(self, db: Any, stored: Sequence[tuple[int, Inbound]], now: float,
+                      size: Counter) -> list[tuple[int, int, str, int]]:
+        """(index, seq, reason, bytes) of each refused item marked by this batch (a marker
+        already stored is not: the message was re-sent), and one `results_refused` event per
+        stream that had any, saying how many and the first reason (charged to `size`)."""
+        out: list[tuple[int, int, str, int]] = []
+        per_stream: dict[tuple[str, str], list[tuple[int, str]]] = {}
+        for i, m in stored:
+            for seq, why, nbytes in m.refused:
+                key = (m.device, m.msg["stream"], seq)
+                if key in self._new_markers:
+                    self._new_markers.discard(key)  # the same seq twice: told once
+                    out.append((i, seq, why, nbytes))
+                    per_stream.setdefault(key[:2], []).append((seq, why))
+        for (device, stream), items in sorted(per_stream.items()):
+            seqs = sorted(q for q, _ in items)
+            body = json.dumps({"v": 1, "type": "results_refused", "t": now, "stream": stream,
+                               "n": len(items), "seqs": seqs[:20], "reason": items[0][1][:300]})
+            db.execute("INSERT INTO events (device, t, type, body) VALUES (?,?,?,?)",
+                       (device, now, "results_refused", body))
+            size[device, "events"] += quotas.event_bytes(device, "results_refused", body)
+        return out
 
     def _cap_streams(self, db: Any, messages: Sequence[Inbound], admitted: list[int],
                      refused: list[tuple[int, str]]) -> list[int]:
@@ -222,6 +262,7 @@ class Ingest:
         if states:
             self._d.upsert_states(db, states)
         new = self._d.insert_results(db, results)
+        self._new_markers.update((r[0], r[1], r[2]) for r in new if not r[3])
         for r in new:
             size[r[0], "results"] += quotas.result_bytes(r[0], r[1], r[3], r[6])
         return Counter(r[0] for r in new), size
@@ -285,6 +326,7 @@ class Ingest:
         msg = m.msg
         if m.kind == "result":
             new = self._d.insert_results(db, result_rows(m, now))
+            self._new_markers.update((r[0], r[1], r[2]) for r in new if not r[3])
             return len(new), sum(quotas.result_bytes(r[0], r[1], r[3], r[6]) for r in new)
         if m.kind == "health":
             db.execute("INSERT INTO health (device, t, body) VALUES (?,?,?)",
@@ -384,7 +426,8 @@ class Ingest:
 
 
 def result_rows(m: Inbound, now: float) -> list[tuple]:
-    """The `results` rows of one result message (raises on a seq out of range)."""
+    """The `results` rows of one result message (raises on a seq out of range): its valid
+    items, then a refusal marker for each refused item (`marker_row`)."""
     rows = []
     for r in m.msg["results"]:
         seq = r["seq"]
@@ -393,9 +436,9 @@ def result_rows(m: Inbound, now: float) -> list[tuple]:
         # The boot that produced the result (carried per result), not the re-sender's.
         rows.append((m.device, m.msg["stream"], seq, r.get("boot") or m.msg["boot"],
                      float(r["t"]), now, json.dumps(r, separators=(",", ":"))))
+    # after the valid ones: a seq both valid and refused in one message is stored valid
+    rows += [marker_row(m.device, m.msg["stream"], seq, why, now) for seq, why, _ in m.refused]
     return rows
-
-
 
 
 def view_changed(old: fleet.DeviceView | None, new: fleet.DeviceView, every_s: float

@@ -147,6 +147,17 @@ class FleetCollector:
         yield GaugeMetricFamily("edgerun_coordinator_connected",
                                 "1 when the coordinator is subscribed on the broker",
                                 value=1.0 if stats.get("connected") else 0.0)
+        store = stats.get("store") or {}
+        state = GaugeMetricFamily("edgerun_coordinator_store_state",
+                                  "1 for the store's state now: ok, stalled (a batch in "
+                                  "flight past store_stall_s) or failing (the last batch "
+                                  "failed)", labels=["state"])
+        for name in ("ok", "stalled", "failing"):
+            state.add_metric([name], 1.0 if store.get("state") == name else 0.0)
+        yield state
+        yield GaugeMetricFamily("edgerun_coordinator_store_batch_in_flight_seconds",
+                                "How long the store batch in flight has been waiting "
+                                "(0: none in flight)", value=float(store.get("in_flight_s") or 0))
         yield GaugeMetricFamily("edgerun_coordinator_inbox_messages",
                                 "Messages received and waiting to be stored",
                                 value=stats.get("inbox", 0))

@@ -41,8 +41,10 @@ class Reads:
 
 
     def results(self, device: str, after_seq: int = 0, limit: int = 1000) -> list[dict]:
-        """Stored results of a device (all streams), oldest stream first, in seq order."""
+        """Stored results of a device (all streams), oldest stream first, in seq order; here
+        and below a refused item's marker (boot "": ingest.marker_row) is left out."""
         rows = self._query("SELECT stream, boot, body FROM results WHERE device=? AND seq > ? "
+                           "AND boot <> '' "
                            "ORDER BY received, seq LIMIT ?", (device, after_seq, limit))
         return [{**json.loads(b), "stream": s, "boot": bt} for s, bt, b in rows]
 
@@ -54,18 +56,20 @@ class Reads:
         one when the page is empty, so a client can keep polling from it)."""
         if cursor is None:
             rows = self._query("SELECT stream, seq, boot, body FROM results WHERE device=? "
-                               "ORDER BY stream, seq LIMIT ?", (device, limit))
+                               "AND boot <> '' ORDER BY stream, seq LIMIT ?", (device, limit))
         else:
             rows = self._query("SELECT stream, seq, boot, body FROM results WHERE device=? "
-                               "AND (stream, seq) > (?, ?) ORDER BY stream, seq LIMIT ?",
+                               "AND (stream, seq) > (?, ?) AND boot <> '' ORDER BY stream, seq "
+                               "LIMIT ?",
                                (device, cursor[0], cursor[1], limit))
         page = [{**json.loads(b), "stream": s, "boot": bt} for s, _, bt, b in rows]
         return page, ((rows[-1][0], rows[-1][1]) if rows else cursor)
 
     def result_seqs(self, device: str) -> list[tuple[str, int]]:
-        """(stream, seq) of every stored result of a device, in seq order per stream."""
-        return self._query("SELECT stream, seq FROM results WHERE device=? ORDER BY stream, seq",
-                           (device,))
+        """(stream, seq) of every stored result of a device, in seq order per stream (a
+        refused item's marker, boot "", is no result: ingest.marker_row)."""
+        return self._query("SELECT stream, seq FROM results WHERE device=? AND boot <> '' "
+                           "ORDER BY stream, seq", (device,))
 
     def counts(self) -> dict[str, int]:
         """Stored results per device (the maintained `result_counts`, not a GROUP BY)."""

@@ -36,8 +36,8 @@ from typing import Any
 
 import paho.mqtt.client as mqtt
 
-from runtime.config.coordinator import CoordinatorConfig
-from runtime.coordinator import fleet
+from runtime.config.coordinator import CoordinatorConfig, redacted_url
+from runtime.coordinator import coord_stats, fleet
 from runtime.coordinator.admission import INBOUND, Admission
 from runtime.coordinator.ageing import Ageing
 from runtime.coordinator.alerting import Alerting
@@ -53,6 +53,7 @@ from runtime.coordinator.retention import Retention
 from runtime.coordinator.rollout import Rollouts
 from runtime.coordinator.store import LAST_SEEN_WRITE_S, Inbound, Store
 from runtime.coordinator.store_open import running_error
+from runtime.coordinator.store_watch import Said, StoreWatch
 from runtime.wire import payloads
 from runtime.wire.brokerauth import BrokerAuth
 from runtime.wire.mqtt import Connection
@@ -60,7 +61,26 @@ from runtime.wire.quarantine import RateLimitedLog
 
 log = logging.getLogger("edgerun.coordinator")
 
-RECENT_S = 10.0  # stats' health_age_recent_s: health taken in the last this many seconds
+RECENT_S = coord_stats.RECENT_S  # (callers import it from here)
+
+
+def place_times(clocks: Placer, inbound: list[Inbound], counters: collections.Counter,
+                rlog: RateLimitedLog) -> None:
+    """Unsynced devices' times placed where an offset is known, and results stored
+    before one was known rewritten (a failure costs the placing, never the batch)."""
+    try:
+        clocks.before_store(inbound)
+        clocks.settle()
+    except Exception as e:
+        counters["clock_place_errors"] += 1
+        rlog.log("clock-place", "placing unsynced devices' times failed: %s; their "
+                 "claimed times are kept", e, level=logging.ERROR)
+
+
+def say(lines: list[Said]) -> None:
+    """Log what the store's watch said (store_watch.py)."""
+    for said in lines:
+        log.log(said.level, "%s", said.text)
 
 
 def hand_replies(commander: Commander, replies: list[tuple[str, dict, str, int]], now: float,
@@ -82,6 +102,11 @@ class Coordinator:
                                            cfg.backlog_alert, cfg.slo_alert,
                                            wake_margin_s=cfg.wake_margin_s)
         self.store = Store(cfg.store, cfg.fsync, cfg.store_margin)
+        # the clock of the store's watchdog (tests set a simulated one): a batch in flight
+        # past store_stall_s is logged and alerted, never silent (store_watch.py)
+        self.mono = time.monotonic
+        self.store_watch = StoreWatch(redacted_url(cfg.store) if is_url(cfg.store)
+                                      else cfg.store, cfg.store_stall_s)
         # another coordinator on this store reads `last_seen` from it: well inside its stale
         self.store.last_seen_write_s = min(LAST_SEEN_WRITE_S, cfg.stale_after_s / 4)
         # the group commit, short enough that a live device never looks stale behind it
@@ -99,7 +124,7 @@ class Coordinator:
                                  lambda *a, **k: self.commander.send_async(*a, **k),
                                  self.deploy_args,
                                  lambda: list(self.views), cfg.rollout_timeout_s,
-                                 self._sleep_of, cfg.wake_margin_s,
+                                 lambda d: sleep_of(self.views.get(d)), cfg.wake_margin_s,
                                  settle=lambda b: held_now(self.store, b))
         # bundles live in the store: every coordinator sharing it serves every bundle
         self.shelf = Shelf(self.store, int(cfg.max_bundle_mb * 1024 * 1024), cfg.client_id)
@@ -181,7 +206,8 @@ class Coordinator:
         self.chunks.start()
         if self.webhook is not None:
             self.webhook.start()
-        for name, target in (("ingest", self._ingest_loop), ("retention", self.retention.loop)):
+        for name, target in (("ingest", self._ingest_loop), ("retention", self.retention.loop),
+                             ("watchdog", self._watch_loop)):
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()
             self._threads.append(t)
@@ -299,17 +325,6 @@ class Coordinator:
                 self._rlog.log("housekeeping", "fleet refresh or store pruning failed: %s", e,
                                level=logging.ERROR)
 
-    def _place(self, inbound: list[Inbound]) -> None:
-        """Unsynced devices' times placed where an offset is known, and results stored
-        before one was known rewritten (a failure costs the placing, never the batch)."""
-        try:
-            self.clocks.before_store(inbound)
-            self.clocks.settle()
-        except Exception as e:
-            self.counters["clock_place_errors"] += 1
-            self._rlog.log("clock-place", "placing unsynced devices' times failed: %s; their "
-                           "claimed times are kept", e, level=logging.ERROR)
-
     def _ingest(self, batch: list[tuple[str, bytes, float]]) -> None:
         """Admit, store and ack one batch, then update the views and the rollouts from what
         was stored; everything refused on the way is quarantined."""
@@ -317,10 +332,13 @@ class Coordinator:
         now = time.time()
         inbound, sources, replies = self.admission.batch(batch, now, bad)
         written: dict[str, tuple[float, fleet.DeviceView]] = {}
-        self._place(inbound)
+        self.store_watch.begin(self.mono())  # the batch's store work, watched from outside
+        place_times(self.clocks, inbound, self.counters, self._rlog)
+        items: list[tuple[int, int, str, int]] = []  # refused items marked (result_items.py)
         try:
-            acks, refused = self.store.ingest(inbound, written)
-        except Exception:
+            acks, refused = self.store.ingest(inbound, written, items)
+        except Exception as e:
+            say(self.store_watch.end(self.mono(), f"{type(e).__name__}: {e}"))
             # The store failed, not the devices: they did talk (a full store disk aged the
             # whole fleet stale, then offline, alerts and all) and an operator may be waiting
             # for a reply. Both go on; the results are not acked, so devices re-send them.
@@ -328,19 +346,47 @@ class Coordinator:
             hand_replies(self.commander, replies, now, bad)
             self._quarantine(bad)
             raise
-        if self.store.over_budget:
-            self.retention.due.set()  # the retention loop takes back what was borrowed
-        for i, why in refused:
-            bad.append((inbound[i].device, sources[i][0], why, sources[i][1], now))
-        refused_idx = {i for i, _ in refused}
-        self._ack(acks)
-        self.counters["results_stored_msgs"] += sum(
-            1 for i, m in enumerate(inbound) if m.kind == "result" and i not in refused_idx)
-        stored = [(i, m) for i, m in enumerate(inbound) if i not in refused_idx]
-        self._into_views(stored, sources, written, now, bad)
-        self.births.stored(stored)
-        hand_replies(self.commander, replies, now, bad)
-        self._quarantine(bad)
+        try:  # whatever fails below, the batch's store work is over
+            if self.store.over_budget:
+                self.retention.due.set()  # the retention loop takes back what was borrowed
+            for i, why in refused:
+                bad.append((inbound[i].device, sources[i][0], why, sources[i][1], now))
+            for i, seq, why, size in items:  # each once: its seq is done for the ack
+                bad.append((inbound[i].device, sources[i][0], f"result seq {seq} of stream "
+                            f"{inbound[i].msg['stream']} refused (its seq acked as refused): "
+                            f"{why}", size, now))
+            self.counters["result_items_refused"] += len(items)
+            refused_idx = {i for i, _ in refused}
+            self._ack(acks)
+            self.counters["results_stored_msgs"] += sum(
+                1 for i, m in enumerate(inbound) if m.kind == "result" and i not in refused_idx)
+            stored = [(i, m) for i, m in enumerate(inbound) if i not in refused_idx]
+            self._into_views(stored, sources, written, now, bad)
+            self.births.stored(stored)
+            hand_replies(self.commander, replies, now, bad)
+            self._quarantine(bad)
+        finally:
+            say(self.store_watch.end(self.mono()))
+
+    def _watch_loop(self) -> None:
+        while not self._stop.wait(1.0):
+            self.watch_tick()
+
+    def watch_tick(self) -> None:
+        """The watchdog's tick (every second, on a thread of its own: the ingest thread may be
+        the one stuck): a store batch in flight too long logged, the coordinator's own
+        `store` alert raised or cleared (sent on a thread of its own: the store's log may
+        hang as the store does; the webhook is handed each first)."""
+        try:
+            mono = self.mono()
+            say(self.store_watch.check(mono))
+            with self._views_lock:
+                changed = self.alerting.own(self.store_watch.alert(mono), time.time(),
+                                            self.views)
+            if changed:
+                self.alerting.send(background=True)
+        except Exception as e:  # the watchdog must outlive anything it watches
+            self._rlog.log("watchdog", "store watchdog: %s", e, level=logging.ERROR)
 
     def _ack(self, acks: dict) -> None:
         """Publish the acks of what the batch committed."""
@@ -414,6 +460,16 @@ class Coordinator:
             views = self._views
             before = {d: views[d] for d in shared if d in views}
             views.update(shared)
+            # a device whose messages wait in the inbox is not silent: a store that hangs
+            # must not age the fleet stale for the coordinator's own fault (looked at past
+            # half its stale_after_s only: a device stored lately costs the refresh nothing)
+            half = self.fleet_cfg.stale_after_s / 2
+            for d, received in self._inbox.waiting().items():
+                if d in views and now - views[d].last_seen > half and \
+                        (v := fleet.heard(views[d], received)) is not views[d]:
+                    before.setdefault(d, views[d])
+                    views[d] = v
+                    self._ageing.touch(d)
             due = self._ageing.take(now) | shared.keys()
             for d in due:
                 if d in views:
@@ -433,7 +489,8 @@ class Coordinator:
             # under the lock: fleet_view() refreshes from HTTP threads too, and each
             # transition must be queued exactly once, in order
             self.alerting.refreshed(fleet.alert_changes(before, after), now, views)
-        self.alerting.send()  # its store writes outside the views lock (Alerting.send)
+        # its store writes outside the views lock, on a thread while the store may hang
+        self.alerting.send(background=self.store_watch.busy(self.mono()))
         if len(changes) <= 20:
             for device, old, new in changes:
                 log.info("device %s: %s -> %s", device, old, new)
@@ -455,7 +512,8 @@ class Coordinator:
         self._refresh(time.time())
         stored = self.alerting.stored(limit)  # the same on every coordinator sharing it
         with self._views_lock:
-            return self.alerting.listing(self.views, limit, stored)
+            out = self.alerting.listing(self.views, limit, stored)
+        return {**out, "store": self.store_watch.status(self.mono())}
 
     # -- retention thread (store size and age; see Store.prune_results) ----------------------
 
@@ -503,41 +561,12 @@ class Coordinator:
                 "quarantine": self.store.quarantined(device, 20)}
 
     def stats(self) -> dict[str, Any]:
-        """Ingest counters and the health age distribution."""
-        with self._views_lock:  # the two deques are appended together under it
-            ages_in, taken_in = list(self.health_age_s), list(self._health_taken)
-        ages = sorted(ages_in)
-        def pct(q, ages=ages):
-            return (ages[min(len(ages) - 1, int(q * len(ages)))] if ages else None)
-        # the last RECENT_S only: a start's backlog (births, first wave) out of the figure
-        since = time.time() - RECENT_S
-        recent = sorted(a for a, t in zip(ages_in, taken_in, strict=True) if t >= since)
-        q = self.store.quarantine_counts()
-        return {"counters": dict(self.counters), "inbox": self._inbox.qsize(),
-                "queues": self.queues(),
-                "store_usage": {"budget_bytes": self.store.budget_bytes,
-                                "overhead": self.store.overhead,
-                                "by_device": self.store.usage(),
-                                "refused_over_share": dict(self.store.refused_over_share)},
-                "quarantined": {"total": sum(q.values()), "by_device": q},
-                "health_age_s": {"p50": pct(0.5), "p99": pct(0.99), "n": len(ages)},
-                "health_age_recent_s": {"p50": pct(0.5, recent), "p99": pct(0.99, recent),
-                                        "n": len(recent), "window_s": RECENT_S},
-                "connected": self.connected.is_set(), "threads": self.threads_alive(),
-                "mqtt": asdict(self._conn.stats), "bundle_chunks": self.chunks.stats(),
-                "webhook": self.webhook.stats() if self.webhook is not None else None}
+        """Ingest counters and the health age distribution (coord_stats.stats)."""
+        return coord_stats.stats(self)
 
     def queues(self) -> dict[str, dict[str, int]]:
-        """Every queue and table of held work with its bound and what passed it: the inbox,
-        the replies awaited, and the coalescers of births, healths and events."""
-        c, p = self.counters, self.commander.pending
-        return {"inbox": {"size": self._inbox.qsize(), "max": self._inbox.maxsize,
-                          "dropped": c["inbox_full_dropped"] + self._inbox.dropped_total(),
-                          "per_device_max": self._inbox.per_device,
-                          "dropped_over_share": self._inbox.dropped_total()},
-                "pending_replies": {"size": len(p), "max": p.max_size, "dropped": p.dropped,
-                                    "expired": p.expired},
-                "births": self.births.stats(), **self.admission.stats()}
+        """Every queue and table of held work with its bound (coord_stats.queues)."""
+        return coord_stats.queues(self)
 
     def _view(self, device: str) -> fleet.DeviceView | None:
         """One device's view, read under the views lock (the commander's look-up)."""
@@ -562,15 +591,15 @@ class Coordinator:
                 "sha256": held.sha256, "token": held.token,
                 "url": f"{self.api_url}/api/v1/bundles/{held.id}"}
 
-    def _sleep_of(self, device: str) -> tuple[float, float] | None:
-        """(since, wake_at) when the fleet view says `device` announced a sleep, else None
-        (a rollout does not count a sleeper's sleep against its verdict timeout). `since` is
-        when this coordinator last heard it awake (its own clock: a device clock running
-        behind must not make awake time count as asleep), else the announcement's stamp."""
-        view = self.views.get(device)
-        if view is None or not view.asleep:
-            return None
-        return (view.last_seen or view.state_t, view.wake_at)
+
+def sleep_of(view: fleet.DeviceView | None) -> tuple[float, float] | None:
+    """(since, wake_at) when a device's view says it announced a sleep, else None (a
+    rollout does not count a sleeper's sleep against its verdict timeout). `since` is
+    when this coordinator last heard it awake (its own clock: a device clock running
+    behind must not make awake time count as asleep), else the announcement's stamp."""
+    if view is None or not view.asleep:
+        return None
+    return (view.last_seen or view.state_t, view.wake_at)
 
 
 def _import_legacy_shelf(shelf: Shelf, cfg: CoordinatorConfig) -> None:

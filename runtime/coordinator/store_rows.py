@@ -50,6 +50,18 @@ class Inbound:
     kind: str  # result | health | event | state
     msg: dict
     size: int = 0  # its bytes on the wire (0: estimated from msg when a quota needs it)
+    # a result message's refused items (seq, reason, bytes): their seqs stored as refusal
+    # markers, done for the ack (result_items.py); its valid items are in msg["results"]
+    refused: tuple[tuple[int, str, int], ...] = ()
+
+
+def marker_row(device: str, stream: str, seq: int, why: str, now: float) -> tuple:
+    """The `results` row that marks a refused item's seq as done (result_items.py): under
+    the result's own key, so exactly-once, the ack, the fair shares and retention treat it
+    as any row. Its boot is "" (a result's never is: an id of 1-64 characters), which is
+    how reads leave it out; its `t` is when it was received."""
+    return (device, stream, seq, "", now, now,
+            json.dumps({"seq": seq, "refused": why[:300]}, separators=(",", ":")))
 
 
 @dataclass(frozen=True)

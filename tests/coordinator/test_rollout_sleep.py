@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from runtime.coordinator import service
 from runtime.coordinator.canary_clock import MAX_SLEEPS, asleep_s, note_sleep, overdue
 
 T = 100.0  # rollout_timeout_s
@@ -85,7 +86,7 @@ def test_a_sleeping_canary_holds_the_rollout_until_it_wakes_and_a_missed_wake_ha
         assert got["state"] == "canary", got["reason"]
         assert got["devices"]["sun1"]["sleeps"][0][1] == t0 + 500
         state("sun1", True, t0 + 2)  # it wakes (its birth; stamped by the real clock)
-        assert coord._sleep_of("sun1") is None
+        assert service.sleep_of(coord.views.get("sun1")) is None
         coord.rollouts.tick(t0 + 560)  # 1 s before the sleep + 60 s after it
         assert coord.rollouts.get(r["id"])["state"] == "canary"
         coord.rollouts.tick(t0 + 610)  # 111 s awake without a verdict: failed, halted

@@ -152,7 +152,10 @@ async function refreshFleet() {
   const body = $("#fleet-table tbody");
   body.replaceChildren(...rows.map(fleetRow));
   const online = rows.filter((d) => d.status === "online").length;
-  $("#fleet-count").textContent = `${rows.length} devices, ${online} online`;
+  // the coordinator's store stalled or failing: devices are not stored or acked meanwhile
+  const store = alerts.store && alerts.store.state !== "ok"
+    ? `; store ${alerts.store.state} for ${Math.round(alerts.store.for_s)} s: ${alerts.store.cause}` : "";
+  $("#fleet-count").textContent = `${rows.length} devices, ${online} online${store}`;
   renderAlerts(alerts);
 }
 
