@@ -199,6 +199,9 @@ class Floor:
         return Floor(t, kb, bt, by if t > now else self.by)
 
 
+FLOOR_SOURCES = ("clock", "command")  # what can raise a Floor (its `by`, floor_source)
+
+
 def floor_source(synced: bool, judged: float, issued_at: float) -> tuple[float, str]:
     """The time a verified command shows to have passed, and which clock says so (pure):
     a synced clock's judged time; while unsynced, the command's signed issue time where it

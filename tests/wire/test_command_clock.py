@@ -286,3 +286,16 @@ def test_a_command_raised_floor_carried_forward_still_blames_the_coordinator(tmp
         d.send(sign(d.wall))
     assert "signed by a coordinator whose clock was ahead" in caplog.text
     assert "this clock stepped back" not in caplog.text
+
+
+@pytest.mark.parametrize("by, kept", [
+    ("clock", "clock"), ("command", "command"),
+    (None, ""), (123, ""), (["clock"], ""), ("x" * 1_000_000, ""),  # not one of ours
+])
+def test_a_replay_record_keeps_only_a_known_floor_source(tmp_path, by, kept):
+    """`by` read back from the record is one this version wrote or nothing: any other value
+    (a hand-edited or damaged record) was kept as its str() and written again with every id."""
+    path = tmp_path / "keep.json"
+    path.write_text(json.dumps({"evicted_total": 0, "not_before": 0, "seen_commands": {},
+                                "floor": {"t": REAL, "kb": "k", "bt": 5.0, "by": by}}))
+    assert Sidecar(path, lost_history=False).floor == Floor(REAL, "k", 5.0, kept)
