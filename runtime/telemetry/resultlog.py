@@ -25,8 +25,9 @@ write) fails its checksum: the file is cut back to the last whole line, and what
 reported. A write that fails (a full disk can take part of a line and refuse the rest) cuts
 the file back to its last whole line before raising, so later lines never follow a fragment.
 A damaged line with whole lines after it (a flipped bit, a bad sector) is skipped, reported
-and counted; reading resumes at the next newline and the seqs of every whole line count
-towards the highest given, so none is given again.
+and counted; reading resumes at the next newline (or at a whole record inside the line: a
+flipped newline joins two lines) and the seqs of every whole line count towards the highest
+given, so none is given again.
 """
 
 from __future__ import annotations
@@ -84,6 +85,21 @@ def _record(raw: bytes) -> tuple[str, int, str] | None:
 _RECORD_START = re.compile(rb"[0-9a-f]{8} [RSA]")
 
 
+def _whole_inside(data: bytes, pos: int, nl: int) -> int | None:
+    """Where a whole, checked record starts inside the damaged line `data[pos:nl]` and runs
+    to its end (the line after a newline a flipped bit turned into another byte), or None.
+    The first few candidates only: each costs a checksum of the rest of the line, and a
+    line full of record-like text must not make recovery quadratic."""
+    m = _RECORD_START.search(data, pos + 1, nl)
+    for _ in range(8):
+        if m is None:
+            return None
+        if _record(data[m.start():nl]) is not None:
+            return m.start()
+        m = _RECORD_START.search(data, m.start() + 1, nl)
+    return None
+
+
 def parse(data: bytes) -> tuple[Recovered, int]:
     """The records of a log's bytes, and the length up to the end of its last whole, checked
     line. A damaged line (a flipped bit) is skipped and reading resumes at the next newline,
@@ -97,6 +113,9 @@ def parse(data: bytes) -> tuple[Recovered, int]:
         nl = data.find(b"\n", pos)
         end = len(data) if nl < 0 else nl + 1
         got = _record(data[pos:nl]) if nl >= 0 else None
+        if got is None and nl >= 0 and (at := _whole_inside(data, pos, nl)) is not None:
+            pos = at  # a flipped newline joined two lines: the second is whole, read it
+            continue
         if got is not None:
             kind, seq, json_text = got
             if kind == "R":
@@ -107,7 +126,7 @@ def parse(data: bytes) -> tuple[Recovered, int]:
             if pos > good:  # damaged lines between two whole ones
                 damaged = data[good:pos]
                 rec.skipped_bytes += len(damaged)
-                rec.skipped_lines += damaged.count(b"\n")
+                rec.skipped_lines += max(1, damaged.count(b"\n"))  # one without its newline
                 unseen += max(damaged.count(b"\n"), len(_RECORD_START.findall(damaged)))
             if kind in ("R", "S"):  # above every seq written before it
                 unseen = 0

@@ -42,7 +42,7 @@ from typing import Any
 
 from runtime.durable import write_atomic
 from runtime.wire.clock import CEILING_T, FLOOR_T
-from runtime.wire.commands import Floor, floor_blame
+from runtime.wire.commands import FLOOR_SOURCES, Floor, floor_blame
 
 log = logging.getLogger("edgerun.outbox")
 
@@ -81,8 +81,9 @@ class Sidecar:
                                 self._not_before)
                     self._not_before, self.pending = 0.0, {"kb": "", "bt": 0.0}
                 if isinstance(f := data.get("floor"), dict):
+                    by = f.get("by", "")  # one of ours, else not known (a damaged record)
                     self.floor = Floor(float(f["t"]), str(f["kb"]), float(f["bt"]),
-                                       str(f.get("by", "")))
+                                       by if by in FLOOR_SOURCES else "")
                 # pruned against the floor, not the wall clock: at boot it may read 1970 or
                 # 2100, and an id dropped by a clock that steps back could be replayed
                 self.seen = prune({str(k): float(v) for k, v in data["seen_commands"].items()},

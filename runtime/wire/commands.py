@@ -191,7 +191,15 @@ class Floor:
         have every later command judged expired."""
         if not t <= CEILING_T:
             return self
-        return Floor(t, kb, bt, by) if t >= self.now(kb, bt) and t > self.t else self
+        now = self.now(kb, bt)
+        if not (t >= now and t > self.t):
+            return self
+        # one at this floor's own time carried forward (a command judged against the floor
+        # while unsynced) shows nothing new: what raised it stays the one to blame
+        return Floor(t, kb, bt, by if t > now else self.by)
+
+
+FLOOR_SOURCES = ("clock", "command")  # what can raise a Floor (its `by`, floor_source)
 
 
 def floor_source(synced: bool, judged: float, issued_at: float) -> tuple[float, str]:

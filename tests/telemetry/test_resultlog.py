@@ -121,6 +121,19 @@ def test_parse_skips_a_damaged_line_and_keeps_the_whole_lines_after_it():
     assert rec.results == [(8, '{"a":1}')] and rec.last_seq >= 9
 
 
+def test_a_flipped_newline_costs_one_result_not_the_whole_line_after_it():
+    """A bit flipped in a newline joins two lines: the second is whole, its checksum good,
+    but it was skipped with the first, and since recovery rewrites the log without damaged
+    lines its bytes are gone for good. Reading resumes at a record start inside the line."""
+    lines = [resultlog._line(r) for r in ("S0", *(f'R{i} {{"i":{i}}}' for i in range(1, 6)))]
+    data = bytearray(b"".join(lines))
+    data[sum(map(len, lines[:3])) - 1] ^= 0x01  # the newline ending R2
+    rec, good = resultlog.parse(bytes(data))
+    assert [q for q, _ in rec.results] == [1, 3, 4, 5] and rec.last_seq == 5
+    assert rec.skipped_bytes == len(lines[2]) and rec.skipped_lines == 1
+    assert good == len(data) and rec.torn_bytes == 0
+
+
 def test_one_damaged_line_costs_that_result_and_no_other(tmp_path, caplog):
     box = _box(tmp_path)
     box.append_many([{"i": i} for i in range(5)])

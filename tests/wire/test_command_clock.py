@@ -257,3 +257,45 @@ def test_the_floor_is_never_raised_past_2100():
     assert f.raised(clock.CEILING_T + 1, "a", 2.0) == f
     assert f.raised(float("nan"), "a", 2.0) == f
     assert f.raised(REAL + 5, "a", 2.0).t == REAL + 5
+
+
+@pytest.mark.parametrize("t, by", [
+    (REAL + 5, "command"),  # the floor carried forward by boottime: still the command's
+    (REAL + 6, "clock"),  # later than it: the new reading raised it
+])
+def test_a_floor_carried_forward_keeps_what_raised_it(t, by):
+    f = Floor(REAL, "a", 1.0, "command")
+    assert f.raised(t, "a", 6.0, "clock") == Floor(t, "a", 6.0, by)
+
+
+def test_a_command_raised_floor_carried_forward_still_blames_the_coordinator(tmp_path, caplog):
+    """Unsynced, a second command from a coordinator clock ahead arrives a little after it
+    was signed (its issue time below the floor carried forward by boottime): the floor,
+    still the coordinator's, was relabelled "clock", and once synced the ERROR blamed this
+    clock stepping back, which had never been synced."""
+    d = Device(tmp_path / "keep.json")
+    d.reboot(wall=REAL - 7 * DAY, synced=False)
+    assert d.send(sign(REAL + 3600, ttl=DAY)) == "ok"  # the coordinator an hour ahead
+    assert d.side.floor.by == "command"
+    d.elapse(10)
+    assert d.send(sign(REAL + 3600 + 9, ttl=DAY)) == "ok"  # signed 1 s before it arrived
+    assert d.side.floor.by == "command"
+    d.elapse(10)
+    d.wall, d.synced = REAL + 20, True
+    with caplog.at_level("ERROR"):
+        d.send(sign(d.wall))
+    assert "signed by a coordinator whose clock was ahead" in caplog.text
+    assert "this clock stepped back" not in caplog.text
+
+
+@pytest.mark.parametrize("by, kept", [
+    ("clock", "clock"), ("command", "command"),
+    (None, ""), (123, ""), (["clock"], ""), ("x" * 1_000_000, ""),  # not one of ours
+])
+def test_a_replay_record_keeps_only_a_known_floor_source(tmp_path, by, kept):
+    """`by` read back from the record is one this version wrote or nothing: any other value
+    (a hand-edited or damaged record) was kept as its str() and written again with every id."""
+    path = tmp_path / "keep.json"
+    path.write_text(json.dumps({"evicted_total": 0, "not_before": 0, "seen_commands": {},
+                                "floor": {"t": REAL, "kb": "k", "bt": 5.0, "by": by}}))
+    assert Sidecar(path, lost_history=False).floor == Floor(REAL, "k", 5.0, kept)
