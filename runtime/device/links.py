@@ -86,9 +86,9 @@ class Links:
     # -- start-up, in the daemon's order ---------------------------------------------------
 
     def open_outbox(self) -> None:
-        """The outbox, and the event that waited for it (its own start-up's)."""
+        """The outbox, and the events that waited for it (its own start-up's)."""
         self.outbox = Outbox(self.cfg.telemetry.outbox, on_event=self.event_of)
-        if (ev := self.outbox.take_startup_event()) is not None:
+        while (ev := self.outbox.take_startup_event()) is not None:
             # the start-up event may carry its severity (a disk full at start: held.py's)
             self.event(ev.pop("type"), ev.pop("severity", "critical"), **ev)
 

@@ -166,6 +166,9 @@ def _space(path: Path) -> str:
     free = st.f_bavail * st.f_frsize
     if free < 1 << 20:  # less than SQLite's WAL and -shm files need to grow
         return f"; its filesystem is full: {free} bytes free in {path.parent}"
+    if st.f_files and not st.f_favail:  # bytes free but no inode: no -wal or -shm file
+        return (f"; its filesystem has no free inodes ({st.f_files} files) in {path.parent}: "
+                "delete files there (snapshots, old logs)")
     return ""
 
 
@@ -283,6 +286,7 @@ class Outbox:
         self._lock = threading.Lock()
         self._on_event = on_event or (lambda e: None)
         self._startup_event: dict | None = None
+        self._damage_event: dict | None = None  # result-log lines lost (told after the above)
         self.changes = 0  # bumped on every append/put: readers skip queries when unchanged
         self._listeners: list[Callable[[], None]] = []
         self._held = Held(cfg.memory_max_bytes, cfg.retry_s)  # while the disk refuses writes
@@ -349,6 +353,10 @@ class Outbox:
                                     f"outbox's result log {self._log.path} ({e}); exiting so "
                                     "it is retried") from e
         self._log_damaged = rec.skipped_bytes  # lost results: health shows it (stats)
+        if rec.skipped_bytes:  # durable: the log is rewritten without them, so said once
+            self._damage_event = {"type": EventType.OUTBOX_LOG_DAMAGED, "severity": "warning",
+                                  "path": str(self._log.path), "lines": rec.skipped_lines,
+                                  "bytes": rec.skipped_bytes, "results_kept": len(rec.results)}
         # after a corrupt database, the log's results are all that is left of it: take back
         # every unacked one, even those the lost database held too
         floor = max(0 if self._corrupt else self._last, rec.acked)
@@ -946,8 +954,12 @@ class Outbox:
                 "log_damaged_bytes": self._log_damaged, **memory}
 
     def take_startup_event(self) -> dict | None:
-        """An event about what happened while opening (e.g. a corrupt file moved aside)."""
-        event, self._startup_event = self._startup_event, None
+        """The next event about what happened while opening (a corrupt file moved aside, then
+        result-log lines lost to damage); None once all were taken."""
+        if self._startup_event is not None:
+            event, self._startup_event = self._startup_event, None
+        else:
+            event, self._damage_event = self._damage_event, None
         return event
 
     def close(self) -> int:

@@ -54,6 +54,9 @@ class EventType(StrEnum):
                       "aside, a new one begun")
     REPLAY_RECORD_LOST = ("replay_record_lost", "the outbox's keep file (seen command ids, "
                           "evicted_total) was lost: commands issued before now are refused")
+    OUTBOX_LOG_DAMAGED = ("outbox_log_damaged", "damaged lines of the outbox's result log "
+                          "(a bad sector, a flipped bit) were skipped at start: results in "
+                          "them are lost, the rest kept; said once, as the log is rewritten")
     OUTBOX_EVICTING = ("outbox_evicting", "the outbox is full: the oldest results are evicted")
     OUTBOX_DISK_FULL = ("outbox_disk_full", "the state disk refuses writes: results wait in "
                         "memory up to a bound, health and events go out from memory")

@@ -6,6 +6,7 @@ alone, then a real `edgerun serve` whose state directory is on that tmpfs."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -238,6 +239,38 @@ def test_an_outbox_opened_on_a_full_disk_after_a_clean_stop_starts_degraded(disk
     reopened = Outbox(OutboxConfig(path=str(path)))  # shared again: a normal open
     assert [p.seq for p in reopened.pending(0, 10)] == [1, 2]
     reopened.close()
+
+
+def test_an_outbox_that_cannot_open_for_want_of_inodes_says_so(tmp_path):
+    """Bytes free but no inode left (a snapshot folder on the state partition can take them
+    all): SQLite cannot make its -wal file and says `unable to open database file`, which
+    named no cause. The line says the inodes are gone (the daemon exits to be retried: with
+    no file to make, it cannot run degraded either)."""
+    from runtime.telemetry.outbox import OutboxUnavailable
+
+    root = tmp_path / "disk"
+    root.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    got = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m,nr_inodes=8", "tmpfs",
+                          str(root)], capture_output=True, text=True)
+    if got.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {got.stderr.strip()}")
+    try:
+        path = root / "outbox.db"
+        box = Outbox(OutboxConfig(path=str(path)))
+        box.append_many([_result(0)])
+        box.close()
+        n = 0
+        with contextlib.suppress(OSError):
+            while True:  # every inode left
+                (root / f"f{n}").touch()
+                n += 1
+        with pytest.raises(OutboxUnavailable) as e:
+            Outbox(OutboxConfig(path=str(path))).close()
+        assert "no free inodes" in str(e.value) and str(root) in str(e.value), e.value
+    finally:
+        subprocess.run(["umount", "-l", str(root)], check=False)
 
 
 def test_closing_on_a_full_disk_stores_held_results_or_says_which_are_lost(disk, caplog):

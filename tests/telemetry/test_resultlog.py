@@ -146,6 +146,10 @@ def test_one_damaged_line_costs_that_result_and_no_other(tmp_path, caplog):
     assert "1 damaged lines (" in caplog.text and "skipped" in caplog.text
     assert [p.seq for p in box.pending(0, 10)] == [1, 3, 4, 5]
     assert box.stats()["log_damaged_bytes"] > 0
+    # the loss is a durable event too (the log is rewritten: the ERROR is not said again)
+    ev = box.take_startup_event()
+    assert ev["type"] == "outbox_log_damaged" and ev["lines"] == 1 and ev["results_kept"] == 4
+    assert box.take_startup_event() is None
     # rewritten without the damaged line, every whole record kept (nothing after it cut):
     # the loss is said once, not at every start until the log next restarts
     again = resultlog.read(path)
