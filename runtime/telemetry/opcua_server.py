@@ -22,6 +22,7 @@ no client is an administrator (no node can be added or removed).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import logging
 import math
@@ -328,6 +329,15 @@ class PlcServer(LoopServer):
 
     async def _close(self) -> None:
         if self.server is not None:
+            # asyncua's clock task writes CurrentTime, then sleeps a second; its stop() waits
+            # for that sleep to end. Cancelled here, a stop (the daemon's, a reload's) takes
+            # milliseconds, not up to a second.
+            clock = getattr(self.server.iserver, "time_task", None)
+            if clock is not None:
+                clock.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await clock
+                self.server.iserver.time_task = None
             await self.server.stop()
 
     async def _build(self) -> Server:

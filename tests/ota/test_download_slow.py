@@ -43,14 +43,15 @@ def trickle():
     server.shutdown()
 
 
-@pytest.mark.timeout(300)  # 47 s with its teardown on a loaded 2-core box (docs/testing-timing.md)
 def test_a_trickling_server_is_cut_off_and_the_part_kept_for_a_resume(tmp_path, trickle,
                                                                        monkeypatch):
     """urlopen's timeout bounds each read, not the whole: a server sending a byte every
     50 ms held the device's update (and every later deploy of it: the part's lock) for as
     long as it liked. A download must now keep up MIN_BPS on average after timeout_s; the
     error says so and the bytes received stay in the part for the next attempt."""
-    monkeypatch.setattr(download, "MIN_BPS", 1000, raising=False)  # 20 KB: due in 1 + 20 s
+    # 20 KB at 5000 B/s: due in 1 + 4 s; the trickle sends 20 B/s, far under it (at 1000
+    # B/s the test waited 21 s to show the same cut-off)
+    monkeypatch.setattr(download, "MIN_BPS", 5000, raising=False)
     done: list[BaseException | None] = []
 
     def run():
@@ -66,6 +67,6 @@ def test_a_trickling_server_is_cut_off_and_the_part_kept_for_a_resume(tmp_path, 
     worker.join(60)
     assert done, "still downloading after 60 s"
     assert isinstance(done[0], DownloadError) and "too slow" in str(done[0]), done[0]
-    assert time.monotonic() - t0 < 30
+    assert time.monotonic() - t0 < 20  # its deadline (5 s), not the trickle's 17 minutes
     part = tmp_path / "b.edgerun.part"
     assert 0 < part.stat().st_size < SIZE  # kept: the next attempt resumes

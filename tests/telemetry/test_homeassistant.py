@@ -329,8 +329,10 @@ def test_result_per_message_flows_without_a_coordinator(tmp_path, broker):
 
 def test_result_per_message_keeps_exactly_once_to_the_coordinator(tmp_path, broker):
     creds = broker.coordinator("test", keepalive_s=5)
+    # a 0.2 s ingest window, not 2 s: 21 in flight never fill a window (25 results end it
+    # early), so each 21 waited out the whole window, 10 s for the 100
     coord = Coordinator(CoordinatorConfig(fleet="test", broker=creds, device_keys=str(
-        tmp_path / "keys"), store=str(tmp_path / "coord.db")))
+        tmp_path / "keys"), store=str(tmp_path / "coord.db"), ingest_window_s=0.2))
     coord.start()
     assert coord.connected.wait(30)
     pub, outbox = _device(tmp_path, broker, ha=False, each=True, batch_max=7, inflight=21)

@@ -16,7 +16,6 @@ import pytest
 from support.under_test import child_env
 
 
-@pytest.mark.timeout(300)  # 43 s on a loaded 2-core box (docs/testing-timing.md)
 def test_demo_runs_and_reports(tmp_path):
     xdg = tmp_path / "xdg-cache"  # the user's cache, as XDG_CACHE_HOME names it
     logs = xdg / "edgerun" / "demo"
@@ -24,8 +23,11 @@ def test_demo_runs_and_reports(tmp_path):
     for day in range(1, 7):  # six earlier demos' logs: the oldest two go, four stay
         (logs / f"daemon-2020010{day}-120000.log").write_text("old\n")
     env = {**os.environ, "HOME": str(tmp_path), "XDG_CACHE_HOME": str(xdg)}
-    out = subprocess.run([sys.executable, "-m", "runtime.cli", "demo", "--duration", "40"],
-                         capture_output=True, text=True, timeout=240, env=env)
+    # 20 s: the first step-down comes ~6 s in on a quiet host (10:32 simulated); the two
+    # demos of tests/tools/test_lockstep.py, quiet and beside two CPU hogs, reach theirs in
+    # 15-17 s together in CI. 40 s added only later hours at the lower rung, unchecked here.
+    out = subprocess.run([sys.executable, "-m", "runtime.cli", "demo", "--duration", "20"],
+                         capture_output=True, text=True, timeout=150, env=env)
     text = out.stdout + out.stderr
     assert out.returncode == 0, text[-3000:]
     assert re.search(r"rung \d+/\d+ inspection/", text), text[-3000:]
@@ -41,7 +43,7 @@ def test_demo_runs_and_reports(tmp_path):
     assert down and first and first.start() == down.start(), text[-3000:]
     assert float(down.group(1)) < 78.0, text[-3000:]
     # stopped by --duration, with no terminal: it says so, as it does for a Ctrl-C
-    assert "stopping (--duration 40 s reached): the daemon, then" in text, text[-3000:]
+    assert "stopping (--duration 20 s reached): the daemon, then" in text, text[-3000:]
     # the summary: the hottest die against the trip, and simulated time on each rung, the
     # top rung (where it starts) among them
     peak = re.search(r"summary: (\S+) simulated .*; highest die ([\d.]+) °C, ([\d.]+) °C "
