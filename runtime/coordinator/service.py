@@ -101,7 +101,7 @@ class Coordinator:
         self.fleet_cfg = fleet.FleetConfig(cfg.stale_after_s, cfg.offline_after_s,
                                            cfg.backlog_alert, cfg.slo_alert,
                                            wake_margin_s=cfg.wake_margin_s)
-        self.store = Store(cfg.store, cfg.fsync, cfg.store_margin)
+        self.store = Store(cfg.store, cfg.fsync, cfg.store_margin, cfg.store_read_timeout_s)
         # the clock of the store's watchdog (tests set a simulated one): a batch in flight
         # past store_stall_s is logged and alerted, never silent (store_watch.py)
         self.mono = time.monotonic
