@@ -70,7 +70,7 @@ class Inbox(queue.Queue):
         self.dropped: collections.Counter = collections.Counter()  # sender -> refused
         self.dropped_full: collections.Counter = collections.Counter()  # sender -> no room
         self.filled_by: collections.Counter = collections.Counter()  # top holder -> refusals
-        self._top, self._top_due = "", 0  # the top holder, looked up once per 256 refusals
+        self.top, self._top_due = "", 0  # the top holder, looked up once per 256 refusals
         # sender -> when its newest waiting message was received: a device whose messages
         # wait here is not silent, however long the store takes (Coordinator._refresh)
         self.latest: dict[str, float] = {}
@@ -90,11 +90,11 @@ class Inbox(queue.Queue):
                 room = self.maxsize
             if self._qsize() >= room:
                 self.dropped_full[who] += 1
-                if self._top_due <= 0 or not self.held.get(self._top):
-                    self._top = max(self.held, key=self.held.__getitem__, default="")
+                if self._top_due <= 0 or not self.held.get(self.top):
+                    self.top = max(self.held, key=self.held.__getitem__, default="")
                     self._top_due = 256
                 self._top_due -= 1
-                self.filled_by[self._top] += 1
+                self.filled_by[self.top] += 1
                 return "full"
             self._put(item)  # what put() does, without its wait for room
             self.unfinished_tasks += 1

@@ -271,7 +271,7 @@ class Coordinator:
             self._rlog.log("inbox-full", "the inbox is full (%d messages: ingest is behind); "
                            "messages are dropped (%d so far), device %s holds the most",
                            self._inbox.maxsize, self.counters["inbox_full_dropped"],
-                           self._inbox._top[:64])
+                           self._inbox.top[:64])
 
     # -- ingest thread -------------------------------------------------------------------------
 
