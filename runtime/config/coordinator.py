@@ -114,6 +114,9 @@ class CoordinatorConfig:
     # minute, and when it ends), the `store` alert raised, devices whose messages wait in
     # the inbox not aged stale meanwhile (runtime/coordinator/store_watch.py)
     store_stall_s: float = 5.0
+    # A PostgreSQL read (API, dashboard, /metrics) waits this long for a pooled connection,
+    # then the API answers 503 "store unavailable"; writes wait the pool's 30 s
+    store_read_timeout_s: float = 5.0
     # Model bundles (docs/ota.md): kept in the store; bundles_dir is only the directory an
     # older coordinator kept them in, imported once at start (empty: `bundles/` next to an
     # SQLite store); their size cap, and the API address devices download from (empty:
@@ -154,6 +157,9 @@ class CoordinatorConfig:
             return "coalesce_s", "coalesce_s must be 0..3600 and resend_window_s 0..86400"
         if not 0.1 <= self.store_stall_s <= 3600:
             return "store_stall_s", f"must be 0.1..3600 s, got {self.store_stall_s}"
+        if not 0.1 <= self.store_read_timeout_s <= 300:
+            return "store_read_timeout_s", \
+                f"must be 0.1..300 s, got {self.store_read_timeout_s}"
         if not 1 <= self.max_pending_replies <= 10**6:
             return "max_pending_replies", f"must be 1..1e6, got {self.max_pending_replies}"
         if not 1 <= self.floor_wait_s <= 30 * 86400:

@@ -34,7 +34,7 @@ from typing import Any
 
 from runtime.coordinator.quotas import event_bytes, health_bytes, result_bytes
 from runtime.coordinator.store import Inbound, Store
-from runtime.coordinator.store_rows import PENDING_DDL
+from runtime.coordinator.store_rows import PENDING_DDL, PENDING_WIDEN_S
 from runtime.wire import clock
 
 log = logging.getLogger("edgerun.coordinator")
@@ -49,7 +49,7 @@ _ADDED = (("stream", "TEXT"), ("lo", "DOUBLE PRECISION"), ("hi", "DOUBLE PRECISI
 MOVED_S = 0.5  # an offset is written again when it moved more than this
 CHUNK = 500  # rows rewritten per transaction when a boot's offset arrives
 BUDGET = 2000  # rows read per settle() call: ingest waits at most this long, the rest later
-WIDEN_S = 3600.0  # a pending boot's last claimed t is written again when this much later
+WIDEN_S = PENDING_WIDEN_S  # a pending boot's last claimed t written again this much later
 # Distinct kernel boots (offsets) and process boots (pending) kept per device: a device
 # sending a new `kb` or `boot` with every message must not grow the store without bound.
 # Hourly reboots for the week of retention are 168.

@@ -39,14 +39,15 @@ def stats(c: Any) -> dict[str, Any]:
             "store": c.store_watch.status(c.mono())}
 
 
-def queues(c: Any) -> dict[str, dict[str, int]]:
+def queues(c: Any) -> dict[str, dict[str, Any]]:
     """Every queue and table of held work with its bound and what passed it: the inbox,
     the replies awaited, and the coalescers of births, healths and events."""
     n, p = c.counters, c.commander.pending
     return {"inbox": {"size": c._inbox.qsize(), "max": c._inbox.maxsize,
                       "dropped": n["inbox_full_dropped"] + c._inbox.dropped_total(),
                       "per_device_max": c._inbox.per_device,
-                      "dropped_over_share": c._inbox.dropped_total()},
+                      "dropped_over_share": c._inbox.dropped_total(),
+                      **c._inbox.full_stats()},
             "pending_replies": {"size": len(p), "max": p.max_size, "dropped": p.dropped,
                                 "expired": p.expired},
             "births": c.births.stats(), **c.admission.stats()}

@@ -345,6 +345,7 @@ PG_MIGRATIONS: list[tuple[int, str]] = [(1, _PG_V1), (2, _PG_V2), (3, _PG_V3), (
                                         (7, POOL_USAGE.replace("{int}", "BIGINT")),
                                         (8, _PG_V8)]
 PARTITIONED = {"results": "received", "health": "t"}
+READ_TIMEOUT_S = 5.0  # a PostgreSQL read's wait for a pooled connection (reader())
 _MIGRATION_LOCK = 0x6564676572756E  # pg_advisory_xact_lock key ("edgerun")
 
 
@@ -356,12 +357,13 @@ class PostgresDialect:
     keys_table = "result_keys"
 
     def __init__(self, url: str, pool_size: int = 4, days_ahead: int = 2,
-                 connect_timeout_s: float = 30.0):
+                 connect_timeout_s: float = 30.0, read_timeout_s: float = READ_TIMEOUT_S):
         import psycopg
         from psycopg_pool import ConnectionPool
 
         self.url = url
         self.days_ahead = days_ahead
+        self.read_timeout_s = read_timeout_s
         self.errors = (psycopg.Error,)
         # deadlocks are avoided by locking devices in order; retried anyway if one happens
         self.retryable = (psycopg.errors.DeadlockDetected,
@@ -424,7 +426,11 @@ class PostgresDialect:
 
     @contextlib.contextmanager
     def reader(self) -> Iterator[Any]:
-        with self.pool.connection() as conn:
+        # A read waits read_timeout_s for a pooled connection, not the pool's 30 s: with the
+        # server down every API request and /metrics scrape waited the 30 s before its 503
+        # (PoolTimeout is an OperationalError). Writes (transaction) keep the 30 s: a batch
+        # rides out a short outage, and its devices re-send if it fails anyway.
+        with self.pool.connection(timeout=self.read_timeout_s) as conn:
             yield _PgConn(conn, self)
 
     def lock_devices(self, db: Any, devices: Sequence[str]) -> None:
@@ -680,8 +686,10 @@ def is_url(store: str) -> bool:
     return store.startswith(("postgresql://", "postgres://"))
 
 
-def open_dialect(store: str | Path, fsync: str = "normal") -> SQLiteDialect | PostgresDialect:
-    """The dialect for a store setting: a postgresql:// URL, else an SQLite path."""
+def open_dialect(store: str | Path, fsync: str = "normal", read_timeout_s: float = READ_TIMEOUT_S
+                 ) -> SQLiteDialect | PostgresDialect:
+    """The dialect for a store setting: a postgresql:// URL, else an SQLite path.
+    `read_timeout_s`: how long a PostgreSQL read waits for a pooled connection."""
     if isinstance(store, str) and is_url(store):
         try:
             import psycopg  # noqa: F401
@@ -689,5 +697,5 @@ def open_dialect(store: str | Path, fsync: str = "normal") -> SQLiteDialect | Po
         except ImportError:
             raise RuntimeError("coordinator.store is a PostgreSQL URL but psycopg is not "
                                "installed: pip install 'edgerun[postgres]'") from None
-        return PostgresDialect(store)
+        return PostgresDialect(store, read_timeout_s=read_timeout_s)
     return SQLiteDialect(store, fsync)

@@ -10,6 +10,24 @@ was disconnected again and again. Each device may now hold PER_DEVICE messages i
 past that its next ones are dropped at once (counted per device), without blocking: a device
 that behaves never has that many waiting (its publisher's in-flight window is a few hundred),
 and what it is refused it re-sends.
+
+The whole inbox still fills: 25 devices flooding, or a fleet's ordinary traffic while the
+store hangs. The MQTT thread then blocked up to 1 s on each message, so every device's traffic
+(and the keepalive's PINGRESP) waited behind the flood. `offer` never blocks now: a message
+that finds the inbox full is dropped at once, counted against its sender (`dropped_full`) and
+against the device holding most of the inbox at that moment (`filled_by`: who crowded it out).
+What is dropped costs a re-send or nothing, except for three kinds kept in a reserve:
+
+- results are re-sent by their device until the coordinator acks them (it acks what it
+  stored, not what it read), healths are periodic and coalesced to the latest anyway:
+  refused with the rest, they cost a re-send or nothing;
+- a birth (`state`) is sent once per connection (retained, but redelivered only when the
+  coordinator resubscribes), a command reply once per command, an event once (the device
+  drops it from its outbox on the PUBACK, which paho sends when this callback returns; a
+  device sends at most one of a type a minute). Lost, a boot goes unseen until the device
+  reconnects, a command waits out its timeout and fails its rollout step, an operator never
+  hears of a full disk. So these may take the last `reserve` places, each sender while it
+  holds fewer than KEPT_EACH messages: a flooder holds many and cannot spend the reserve.
 """
 
 from __future__ import annotations
@@ -19,6 +37,8 @@ import queue
 from typing import Any
 
 PER_DEVICE = 2000  # messages of one device waiting in the inbox at most
+KEPT = ("state", "cmd/reply", "event")  # what a full inbox keeps in its reserve (docstring)
+KEPT_EACH = 8  # a sender holding this many messages may not spend the reserve
 
 
 def sender(topic: str) -> str:
@@ -30,29 +50,56 @@ def sender(topic: str) -> str:
     return parts[3] if len(parts) > 4 else ""
 
 
+def kind(topic: str) -> str:
+    """The kind of an edgerun topic: what follows its device level ("" for a shorter one)."""
+    parts = topic.split("/", 4)
+    return parts[4] if len(parts) > 4 else ""
+
+
 class Inbox(queue.Queue):
     """A bounded FIFO of (topic, payload, received) whose items are counted per sender under
-    the queue's own lock; `offer` refuses a sender holding `per_device` already."""
+    the queue's own lock; `offer` refuses a sender holding `per_device` already, and any
+    message the inbox has no room for, without blocking."""
 
-    def __init__(self, maxsize: int, per_device: int = PER_DEVICE):
+    def __init__(self, maxsize: int, per_device: int = PER_DEVICE, reserve: int | None = None):
         super().__init__(maxsize)
         self.per_device = per_device
+        # the last places, for births and command replies only (module docstring)
+        self.reserve = maxsize // 20 if reserve is None else reserve
         self.held: collections.Counter = collections.Counter()  # sender -> items waiting
         self.dropped: collections.Counter = collections.Counter()  # sender -> refused
+        self.dropped_full: collections.Counter = collections.Counter()  # sender -> no room
+        self.filled_by: collections.Counter = collections.Counter()  # top holder -> refusals
+        self.top, self._top_due = "", 0  # the top holder, looked up once per 256 refusals
         # sender -> when its newest waiting message was received: a device whose messages
         # wait here is not silent, however long the store takes (Coordinator._refresh)
         self.latest: dict[str, float] = {}
 
-    def offer(self, item: tuple[str, Any, float], timeout: float) -> bool:
-        """Put `item` unless its sender's share is full (False at once, counted); blocks up
-        to `timeout` only while the whole inbox is full (queue.Full then)."""
+    def offer(self, item: tuple[str, Any, float]) -> str | None:
+        """Put `item` (None), or refuse it at once, counted: "share" when its sender holds
+        `per_device` already, "full" when the inbox has no room for it. Never blocks: the
+        caller is the MQTT thread, which reads every device's traffic and the keepalive."""
         who = sender(item[0])
         with self.mutex:
-            if self.held[who] >= self.per_device:
+            held = self.held[who]
+            if held >= self.per_device:
                 self.dropped[who] += 1
-                return False
-        self.put(item, timeout=timeout)
-        return True
+                return "share"
+            room = self.maxsize - self.reserve
+            if kind(item[0]) in KEPT and held < KEPT_EACH:
+                room = self.maxsize
+            if self._qsize() >= room:
+                self.dropped_full[who] += 1
+                if self._top_due <= 0 or not self.held.get(self.top):
+                    self.top = max(self.held, key=self.held.__getitem__, default="")
+                    self._top_due = 256
+                self._top_due -= 1
+                self.filled_by[self.top] += 1
+                return "full"
+            self._put(item)  # what put() does, without its wait for room
+            self.unfinished_tasks += 1
+            self.not_empty.notify()
+        return None
 
     def waiting(self) -> dict[str, float]:
         """Each sender with messages waiting: when the newest of them was received."""
@@ -63,6 +110,14 @@ class Inbox(queue.Queue):
         """Messages refused over a sender's share since the start."""
         with self.mutex:
             return sum(self.dropped.values())
+
+    def full_stats(self) -> dict[str, Any]:
+        """Messages refused for want of room since the start, and the five devices most
+        charged with filling the inbox (refusals while each held most of it)."""
+        with self.mutex:
+            return {"dropped_full": sum(self.dropped_full.values()),
+                    "filled_by": dict(self.filled_by.most_common(5)),
+                    "reserve": self.reserve}
 
     # queue.Queue's hooks, called with self.mutex held
     def _put(self, item: tuple[str, Any, float]) -> None:

@@ -19,6 +19,7 @@ from runtime.coordinator import quotas
 from runtime.coordinator.budget import ACKED_OLDEST, Budget
 from runtime.coordinator.store_rows import (
     PENDING_DDL,
+    PENDING_WIDEN_S,
     Dialect,
     Stalled,
     charge,
@@ -29,10 +30,18 @@ from runtime.wire import clock
 
 # Rows past their age: stamped before the cut in a plausible time, or, when their device has
 # no boot waiting to be placed (clock_place.py), before the cut or claimed ahead of now by
-# more than UNPLACEABLE_AHEAD_S (a synced stamp is refused past future_skew_s)
-_AGED = ("WHERE (t < ? AND t >= ?) OR ((t < ? OR t > ?) AND device NOT IN "
-         "(SELECT device FROM clock_pending))")
+# more than UNPLACEABLE_AHEAD_S (a synced stamp is refused past future_skew_s); and never
+# one whose claim lies in the range a pending boot of its device noted for its health and
+# events ("*<kb>": lo..hi, hi rewritten only PENDING_WIDEN_S later): a clock a week behind
+# claims a plausible time, and with a week's retention its rows went before the sync came
+_AGED = ("WHERE ((t < ? AND t >= ?) OR ((t < ? OR t > ?) AND device NOT IN "
+         "(SELECT device FROM clock_pending))) AND NOT EXISTS (SELECT 1 FROM clock_pending p "
+         "WHERE p.device = {table}.device AND p.boot LIKE '*%' AND "
+         f"t >= COALESCE(p.lo, -1e300) AND t <= COALESCE(p.hi + {PENDING_WIDEN_S}, 1e300))")
 UNPLACEABLE_AHEAD_S = 86400.0
+# the earliest claim a pending boot of any device waits to have placed: no day partition of
+# health ending after it is dropped (the rows before it in a kept one are deleted by row)
+_PENDING_LO = "SELECT MIN(lo) FROM clock_pending WHERE boot LIKE '*%' AND lo >= ?"
 
 
 def _aged(now: float, keep: float) -> tuple[float, float, float, float]:
@@ -56,21 +65,26 @@ class Pruning:
         On PostgreSQL whole day partitions of health go first; rows left are deleted. `now`:
         the time ages are judged at (the retention's steady wall clock; default the wall)."""
         now = time.time() if now is None else now
-        self._unuse(self._d.drop_partitions("health", now - keep_health_s, acked_only=False),
-                    results=False)
         with self._d.transaction() as db:
             db.execute(PENDING_DDL)
+            (lo,), = db.execute(_PENDING_LO, (clock.FLOOR_T,)).fetchall()
+        before = now - keep_health_s if lo is None else min(now - keep_health_s, lo)
+        self._unuse(self._d.drop_partitions("health", before, acked_only=False),
+                    results=False)
+        with self._d.transaction() as db:
             gone: Counter = Counter()
             for pool, keep in (("health", keep_health_s), ("events", keep_events_s)):
                 # a claim before 2025 (a box booted at 1970) is no age while its device has
                 # a boot waiting to be placed (clock_place.py): it was deleted at once, and
                 # the sync found nothing left to place; one no boot can place goes, and so
                 # does a claim ahead (a box reading 2099), which was kept until its date
-                for d, n in db.execute(f"DELETE FROM {pool} {_AGED} RETURNING device, "
+                aged = _AGED.format(table=pool)
+                for d, n in db.execute(f"DELETE FROM {pool} {aged} RETURNING device, "
                                        f"{quotas.POOL_BYTES_SQL[pool]}",
                                        _aged(now, keep)).fetchall():
                     gone[d, pool] += int(n)
-            db.execute(f"DELETE FROM health_points {_AGED}", _aged(now, keep_health_s))
+            db.execute(f"DELETE FROM health_points {_AGED.format(table='health_points')}",
+                       _aged(now, keep_health_s))
             uncharge(db, gone)
 
 

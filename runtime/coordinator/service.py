@@ -101,7 +101,7 @@ class Coordinator:
         self.fleet_cfg = fleet.FleetConfig(cfg.stale_after_s, cfg.offline_after_s,
                                            cfg.backlog_alert, cfg.slo_alert,
                                            wake_margin_s=cfg.wake_margin_s)
-        self.store = Store(cfg.store, cfg.fsync, cfg.store_margin)
+        self.store = Store(cfg.store, cfg.fsync, cfg.store_margin, cfg.store_read_timeout_s)
         # the clock of the store's watchdog (tests set a simulated one): a batch in flight
         # past store_stall_s is logged and alerted, never silent (store_watch.py)
         self.mono = time.monotonic
@@ -255,20 +255,23 @@ class Coordinator:
 
     def _on_message(self, client: mqtt.Client, msg: mqtt.MQTTMessage) -> None:
         try:
-            if not self._inbox.offer((msg.topic, msg.payload, time.time()), timeout=1.0):
-                # its share taken: dropped at once, never blocking this thread (a device that
-                # behaves never has that many waiting, and re-sends what it was refused)
-                who = sender(msg.topic)
-                self._rlog.log("inbox-share", "device %s has %d messages waiting in the "
-                               "inbox, its share; its next ones are dropped (%d so far)",
-                               who[:64], self._inbox.per_device, self._inbox.dropped[who])
-                return
-        except queue.Full:
-            # Overloaded: the device re-sends unacked results, health is periodic anyway.
-            self.counters["inbox_full_dropped"] += 1
+            why = self._inbox.offer((msg.topic, msg.payload, time.time()))
         except Exception as e:  # e.g. a topic paho could not decode; never into paho's loop
             self.counters["receive_errors"] += 1
             self._rlog.log("receive", "could not take a message off the wire: %s", e)
+            return
+        # refused at once, never blocking this thread: it reads every device's traffic (inbox.py)
+        who = sender(msg.topic)
+        if why == "share":  # a device that behaves never has that many waiting
+            self._rlog.log("inbox-share", "device %s has %d messages waiting in the "
+                           "inbox, its share; its next ones are dropped (%d so far)",
+                           who[:64], self._inbox.per_device, self._inbox.dropped[who])
+        elif why == "full":
+            self.counters["inbox_full_dropped"] += 1
+            self._rlog.log("inbox-full", "the inbox is full (%d messages: ingest is behind); "
+                           "messages are dropped (%d so far), device %s holds the most",
+                           self._inbox.maxsize, self.counters["inbox_full_dropped"],
+                           self._inbox.top[:64])
 
     # -- ingest thread -------------------------------------------------------------------------
 

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from runtime.coordinator.budget import Budget
-from runtime.coordinator.dialect import open_dialect
+from runtime.coordinator.dialect import READ_TIMEOUT_S, open_dialect
 from runtime.coordinator.ingest import LAST_SEEN_WRITE_S, MAX_STREAMS_PER_DEVICE, Ingest
 from runtime.coordinator.pruning import Pruning
 from runtime.coordinator.reads import Reads
@@ -63,8 +63,9 @@ def _room(room: str, method: Callable) -> Callable:
 class Store:
     """The coordinator's store on SQLite (a path) or PostgreSQL (a URL); thread-safe."""
 
-    def __init__(self, path: str | Path, fsync: str = "normal", margin: float = 0.25):
-        self._d = open_dialect(path, fsync)
+    def __init__(self, path: str | Path, fsync: str = "normal", margin: float = 0.25,
+                 read_timeout_s: float = READ_TIMEOUT_S):
+        self._d = open_dialect(path, fsync, read_timeout_s)
         # (was: what devices over their share might borrow past the budget; admission now
         # sheds before write, so nothing is borrowed past it: kept for callers' signature)
         self.margin = margin

@@ -30,6 +30,8 @@ Dialect = SQLiteDialect | PostgresDialect
 PENDING_DDL = ("CREATE TABLE IF NOT EXISTS clock_pending (device TEXT NOT NULL, "
                "boot TEXT NOT NULL, kb TEXT NOT NULL, stream TEXT, lo DOUBLE PRECISION, "
                "hi DOUBLE PRECISION, seen DOUBLE PRECISION, PRIMARY KEY (device, boot))")
+# a pending boot's highest claimed t is written again only when this much later (clock_place)
+PENDING_WIDEN_S = 3600.0
 
 # The dashboard's timeline (health_points): column <- path in the health message. Numbers
 # only, copied at ingest so a week of a device's timeline is read without parsing JSON.

@@ -369,3 +369,53 @@ def test_a_claim_ahead_that_no_boot_can_place_is_not_kept_until_its_date(store_u
         _pool_exact(store)
     finally:
         store.close()
+
+
+def test_a_claim_a_week_behind_waits_for_its_placing_not_the_prune(store_url):
+    """A device clock a week behind claims a plausible time (after 2025), so the prune judged
+    its health and events by the claim, not kept them for their boot's placing as it keeps
+    a claim at 1970: with keep_health_s a week, they went at the next prune (on PostgreSQL
+    with their whole day's partition), and the sync found nothing to place. Now a row whose
+    claimed time lies in the range its device's pending boot noted waits for the placing;
+    placed, it is judged by its placed time; other rows are pruned as before."""
+    day = 86400.0
+    store = Store(store_url)
+    try:
+        placer = Placer(store)
+        claim = REAL - BEHIND  # made at boottime 100 s, at REAL
+        if store.backend == "postgresql":  # the claimed day's partition, made back then
+            store._d.maintain(now=claim)
+        made = [_health(claim, _clk(False, 100.0)),
+                Inbound("d1", "event", {"v": 1, "t": claim + 10, "type": "thermal_trip",
+                                        "clk": _clk(False, 110.0)})]
+        made[0].msg["temp_c"] = 41.5  # a timeline number (health_points)
+        other = Inbound("d2", "health", {"v": 1, "t": claim, "boot": "p9"})  # synced, old
+        _ingest(store, placer, [*made, other])
+        # two days on, no sync yet: the claims are past a week's retention, and so is their
+        # day's partition; d2's row, a real time, goes
+        store.prune(keep_health_s=BEHIND, keep_events_s=BEHIND, now=REAL + 2 * day)
+        assert store.read("SELECT device, t FROM health") == [("d1", claim)]
+        assert store.read("SELECT device, t FROM events") == [("d1", claim + 10)]
+        assert store.read("SELECT t FROM health_points WHERE temp_c IS NOT NULL") == [
+            (claim,)]
+        # the clock syncs: the week-old claims land where they belong, and stay
+        _ingest(store, placer, [_health(REAL + 2 * day, _clk(True, 100.0 + 2 * day))])
+        store.prune(keep_health_s=BEHIND, keep_events_s=BEHIND, now=REAL + 2 * day)
+        placed = sorted(t for (t,) in store.read("SELECT t FROM health"))
+        assert placed == pytest.approx([REAL, REAL + 2 * day], abs=1e-3)
+        (ev,) = store.events("d1")
+        assert ev["t"] == pytest.approx(REAL + 10, abs=1e-3)
+        assert store.read("SELECT t FROM health_points WHERE temp_c IS NOT NULL") == [
+            (pytest.approx(REAL, abs=1e-3),)]
+        assert store.read("SELECT COUNT(*) FROM clock_pending") == [(0,)]
+        # a week-old claim of a pending boot forgotten (after the retention) goes
+        _ingest(store, placer, [_health(claim + 50, _clk(False, 150.0, KB2))])
+        store.prune(keep_health_s=BEHIND, keep_events_s=BEHIND, now=REAL + 2 * day)
+        assert store.read("SELECT COUNT(*) FROM health WHERE t < ?", (REAL,)) == [(1,)]
+        with store.transaction() as db:
+            db.execute("DELETE FROM clock_pending")
+        store.prune(keep_health_s=BEHIND, keep_events_s=BEHIND, now=REAL + 2 * day)
+        assert store.read("SELECT COUNT(*) FROM health WHERE t < ?", (REAL,)) == [(0,)]
+        _pool_exact(store)
+    finally:
+        store.close()

@@ -31,7 +31,7 @@ from support.daemon_toml import coordinator_toml
 from support.under_test import child_env
 from support.waiting import until
 
-from runtime.coordinator.inbox import PER_DEVICE, Inbox, sender
+from runtime.coordinator.inbox import KEPT_EACH, PER_DEVICE, Inbox, kind, sender
 
 DEVICE_PROC = str(Path(__file__).parents[1] / "support" / "device_proc.py")
 GOOD = 200  # results the good device sends, at 20/s
@@ -40,16 +40,46 @@ GOOD = 200  # results the good device sends, at 20/s
 def test_each_device_holds_at_most_its_share_of_the_inbox():
     box = Inbox(maxsize=10, per_device=3)
     evil = ("edgerun/v1/f/evil/result", b"x", 0.0)
-    assert [box.offer(evil, 0) for _ in range(5)] == [True, True, True, False, False]
-    assert box.offer(("edgerun/v1/f/good/result", b"{}", 0.0), 0)
+    assert [box.offer(evil) for _ in range(5)] == [None, None, None, "share", "share"]
+    assert box.offer(("edgerun/v1/f/good/result", b"{}", 0.0)) is None
     assert box.held == {"evil": 3, "good": 1} and box.dropped == {"evil": 2}
     assert box.get_nowait() == evil  # first in, first out
-    assert box.offer(evil, 0)  # a place of its own freed
+    assert box.offer(evil) is None  # a place of its own freed
     box.put(("not/an/edgerun/topic/at/all", b"", 0.0))  # put() counts too
     assert box.held == {"evil": 3, "good": 1, "topic": 1}
     while not box.empty():
         box.get_nowait()
     assert not box.held and box.dropped_total() == 2
+
+
+def test_a_full_inbox_refuses_at_once_and_keeps_births_and_replies_in_its_reserve():
+    box = Inbox(maxsize=7, per_device=100, reserve=3)
+    flood = ("edgerun/v1/f/evil/result", b"x", 0.0)
+    assert [box.offer(flood) for _ in range(5)] == [None] * 4 + ["full"]  # 7 - 3 reserved
+    # a birth, an event, a command reply of a device holding few take the reserve; its
+    # results and healths not
+    assert box.offer(("edgerun/v1/f/good/result", b"{}", 0.0)) == "full"
+    assert box.offer(("edgerun/v1/f/good/health", b"{}", 0.0)) == "full"
+    assert box.offer(("edgerun/v1/f/good/state", b"{}", 0.0)) is None
+    assert box.offer(("edgerun/v1/f/good/event", b"{}", 0.0)) is None
+    assert box.offer(("edgerun/v1/f/evil/state", b"{}", 0.0)) is None
+    assert box.offer(("edgerun/v1/f/good/cmd/reply", b"{}", 0.0)) == "full"  # none left
+    assert box.dropped_full == {"evil": 1, "good": 3}
+    assert box.filled_by == {"evil": 4}  # who held most of it, whoever was refused
+    assert box.full_stats() == {"dropped_full": 4, "filled_by": {"evil": 4}, "reserve": 3}
+    # a sender holding KEPT_EACH messages cannot spend the reserve on its own births
+    box = Inbox(maxsize=KEPT_EACH + 4, per_device=100, reserve=4)
+    for _ in range(KEPT_EACH):
+        assert box.offer(flood) is None
+    assert box.offer(("edgerun/v1/f/evil/state", b"{}", 0.0)) == "full"
+    assert box.offer(("edgerun/v1/f/good/state", b"{}", 0.0)) is None
+
+
+@pytest.mark.parametrize("topic, kind_", [("edgerun/v1/f/d/cmd/reply", "cmd/reply"),
+                                          ("edgerun/v1/f/d/state", "state"),
+                                          ("edgerun/v1/f/d", "")])
+def test_kind(topic, kind_):
+    assert kind(topic) == kind_
 
 
 @pytest.mark.parametrize("topic, who", [("edgerun/v1/f/dev1/result", "dev1"),

@@ -96,7 +96,7 @@ def test_a_hung_store_is_logged_alerted_and_does_not_age_the_fleet(coord, caplog
         stuck.start()
         assert until(lambda: c.store_watch.status(mono[0])["in_flight_s"] is not None, 10)
         # the device goes on sending; its messages wait in the inbox behind the stuck batch
-        assert c._inbox.offer(("edgerun/v1/f/A/health", _health(t0 + 9), t0 + 9), 1)
+        assert c._inbox.offer(("edgerun/v1/f/A/health", _health(t0 + 9), t0 + 9)) is None
         mono[0] += 4.0
         c.watch_tick()
         assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
