@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import logging
 import time
+from collections.abc import Callable
 
 from runtime.config.coordinator import CoordinatorConfig
 from runtime.coordinator.coalesce import Coalescer
@@ -27,9 +28,11 @@ class Births:
     """A stored batch's events and births into the rollouts (see module docstring)."""
 
     def __init__(self, cfg: CoordinatorConfig, store: Store, rollouts: Rollouts,
-                 counters: collections.Counter, rlog: RateLimitedLog):
+                 counters: collections.Counter, rlog: RateLimitedLog,
+                 clock: Callable[[], float] = time.monotonic):
+        """`clock`: the coordinator's monotonic clock (`due` is called with its readings)."""
         self.cfg, self._store, self._rollouts = cfg, store, rollouts
-        self.counters, self._rlog = counters, rlog
+        self.counters, self._rlog, self._clock = counters, rlog, clock
         self._births = Coalescer(cfg.resend_window_s)
 
     def stats(self) -> dict[str, int]:
@@ -52,7 +55,7 @@ class Births:
                 # burst is answered at the window's end): 300 forged births were 300 threads
                 # and 300 commands
                 if self._births.offer(m.device, (m.device, m.msg.get("model_version")),
-                                      time.monotonic(), same=m.msg.get("boot")):
+                                      self._clock(), same=m.msg.get("boot")):
                     births.append((m.device, m.msg.get("model_version")))
                 else:
                     self.counters["births_coalesced"] += 1

@@ -50,8 +50,12 @@ class Commander:
     def __init__(self, cfg: CoordinatorConfig, publish: Callable[[str, bytes], Any],
                  view_of: Callable[[str], fleet.DeviceView | None],
                  counters: collections.Counter, rlog: RateLimitedLog,
-                 on_setting: OnSetting, on_reply: OnReply):
+                 on_setting: OnSetting, on_reply: OnReply,
+                 clock: Callable[[], float] = time.monotonic):
+        """`clock`: the coordinator's monotonic clock (awaited replies' deadlines are on it,
+        `expire_pending` is called with its readings)."""
         self.cfg = cfg
+        self._clock = clock
         self._publish = publish
         self._view_of = view_of  # under the coordinator's views lock
         self._counters = counters
@@ -137,7 +141,7 @@ class Commander:
         self._counters["commands_sent_async"] += 1
         # a monotonic deadline: a wall clock stepped forward forgot every awaited reply at
         # once, one stepped back kept them for as long as the step
-        self.pending.add(env["id"], Awaited(device, name, args, time.monotonic() + wait_s))
+        self.pending.add(env["id"], Awaited(device, name, args, self._clock() + wait_s))
 
     def expire_pending(self, now: float) -> None:
         """Forget the awaited replies whose wait is over (a device that never answers);

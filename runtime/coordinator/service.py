@@ -102,8 +102,7 @@ class Coordinator:
                                            cfg.backlog_alert, cfg.slo_alert,
                                            wake_margin_s=cfg.wake_margin_s)
         self.store = Store(cfg.store, cfg.fsync, cfg.store_margin, cfg.store_read_timeout_s)
-        # the clock of the store's watchdog (tests set a simulated one): a batch in flight
-        # past store_stall_s is logged and alerted, never silent (store_watch.py)
+        # monotonic, simulated in tests: the store's watchdog, reply expiry, births' windows
         self.mono = time.monotonic
         self.store_watch = StoreWatch(redacted_url(cfg.store) if is_url(cfg.store)
                                       else cfg.store, cfg.store_stall_s)
@@ -141,7 +140,7 @@ class Coordinator:
             cfg, lambda topic, body: self._conn.publish(topic, body), self._view,
             self.counters, self._rlog,
             on_setting=lambda d, n, a: self.rollouts.record_setting(d, n, a),
-            on_reply=lambda d, n, r: self.rollouts.on_reply(d, n, r))
+            on_reply=lambda d, n, r: self.rollouts.on_reply(d, n, r), clock=lambda: self.mono())
         # which views a refresh recomputes (touched, or due by silence) and the version counts
         self._ageing = Ageing()
         self._fleet_version: str | None = None
@@ -155,7 +154,8 @@ class Coordinator:
         # admission, births in births.py (coalesce.py); commands sent without waiting are
         # the commander's
         self.admission = Admission(cfg, self.counters)
-        self.births = Births(cfg, self.store, self.rollouts, self.counters, self._rlog)
+        self.births = Births(cfg, self.store, self.rollouts, self.counters, self._rlog,
+                             lambda: self.mono())
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         # Persistent session (fixed id, clean off, MQTT 5 expiry): the broker queues for us
@@ -309,7 +309,7 @@ class Coordinator:
                                    level=logging.ERROR, exc_info=why is None)
                 if self.cfg.ingest_delay_s:
                     time.sleep(self.cfg.ingest_delay_s)
-            now, mono = time.time(), time.monotonic()
+            now, mono = time.time(), self.mono()
             try:  # housekeeping failing must not end ingest either
                 if mono - last_refresh >= 1.0:
                     last_refresh = mono
