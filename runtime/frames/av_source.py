@@ -14,7 +14,7 @@ import numpy as np
 from runtime.config.source import SourceConfig
 from runtime.frames.cap_clock import CapClock, spaced
 from runtime.frames.capture_source import FrameShape, LatestFrame, redact
-from runtime.frames.frame import Frame, SourceError
+from runtime.frames.frame import CredentialsRefused, Frame, SourceError
 
 log = logging.getLogger("edgerun.source")
 
@@ -388,9 +388,9 @@ class AvStreamSource:
                 self._c = self._open(cfg, opts)
                 self._stream = self._c.streams.video[0]
         except av.error.HTTPUnauthorizedError:
-            raise SourceError(f"source.path {self._shown!r}: the server refused the "
-                              "credentials (401 Unauthorized): check the user and password "
-                              "in the URL") from None
+            raise CredentialsRefused(f"source.path {self._shown!r}: the server refused the "
+                                     "credentials (401 Unauthorized): check the user and password "
+                                     "in the URL") from None
         except (av.error.FFmpegError, OSError, IndexError) as e:
             if time.monotonic() - t0 >= cfg.open_timeout_s * 0.9:
                 raise SourceError(f"source.path {self._shown!r}: no stream within "

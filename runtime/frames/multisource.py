@@ -130,6 +130,11 @@ class Lane:
 
 RETRY_CAP_S = 30.0
 CAMERA_RETRY_CAP_S = 2.0
+# A camera that refused the credentials is retried after at least this long: it is up, and
+# each attempt is a failed login; many cameras lock the account (for all its clients, the
+# NVR's too) or the address after a handful in a few minutes. A password fixed on the camera
+# is met within a minute; one fixed in the config needs a restart anyway.
+AUTH_RETRY_S = 60.0
 
 
 def is_camera(path: str) -> bool:

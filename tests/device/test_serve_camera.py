@@ -9,7 +9,7 @@ import time
 import urllib.request
 
 import pytest
-from support.daemon_harness import Serve, events, results, write_config
+from support.daemon_harness import Serve, events, last_health, results, write_config
 from support.rtsp_camera import RtspCamera, skip_reason
 from support.waiting import wait
 from support.web import gauges
@@ -69,3 +69,36 @@ def test_serve_inspects_a_live_camera_and_is_back_within_5_s_of_its_reboot(
     assert len(made) >= 20 and {r["source"] for r in made} == {"main"}
     failed = events(d.outbox, "source_failed")
     assert len(failed) == 1, failed  # one outage, one event
+
+
+def test_a_refused_password_is_retried_slowly_not_every_2_s(tmp_path, tmp_path_factory):
+    """A camera that answers 401 is up: retrying it every 2 s, as a camera that is down,
+    is a failed login every 2 s, and many cameras lock the account (for every client of it,
+    the NVR's too) after a handful of them. The daemon says the refusal once and tries
+    again only after AUTH_RETRY_S."""
+    from runtime.frames.multisource import AUTH_RETRY_S
+
+    port = free_port()
+    (tmp_path / "camera").mkdir()
+    with RtspCamera(tmp_path / "camera", width=320, height=180, user="op",
+                    password="right") as cam:
+        cfg = write_config(
+            tmp_path, tmp_path_factory.mktemp("profiles"),
+            source=f'kind = "capture"\npath = "{cam.url_with("op", "stale")}"\n'
+                   'decoder = "pyav"\nopen_timeout_s = 2',
+            extra=f"[local_api]\nport = {port}\n")
+        d = Serve(tmp_path, cfg)
+        try:
+            wait(lambda: d.ready() and "refused the credentials" in d.text(), 120,
+                 "the refusal", d)
+            time.sleep(8)  # four attempts at the camera cap of 2 s
+            h = last_health(d.outbox)
+            assert d.stop() == 0
+        finally:
+            d.stop()
+    text = d.text()
+    assert "stale" not in text and "right" not in text.replace("the right one", "")
+    assert h is not None
+    assert h["pipeline"]["sources"]["main"]["source_errors"] == 1, h["pipeline"]["sources"]
+    assert f"retrying in {AUTH_RETRY_S:.1f} s" in text
+    assert len(events(d.outbox, "source_failed")) == 1
