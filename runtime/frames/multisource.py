@@ -117,7 +117,9 @@ class Lane:
         """Rate and capture-to-result p95 over the last `window_s`, frames waiting, counters."""
         now = time.monotonic()  # e2e is kept by monotonic time (pipeline.py)
         recent = [(t, ms) for t, ms in list(self.e2e) if now - t <= window_s]
-        span = recent[-1][0] - recent[0][0] if len(recent) > 1 else 0.0
+        # up to now, not to the last frame: a camera gone silent reads its old rate until
+        # its last frame left the window otherwise (a dead camera at 5 Hz for 30 s)
+        span = now - recent[0][0] if len(recent) > 1 else 0.0
         p95 = float(np.percentile([m for _, m in recent], 95)) if recent else None
         return {"state": self.state, "rate_hz": round((len(recent) - 1) / span, 3)
                 if span > 0 else 0.0, "e2e_p95_ms": round(p95, 3) if p95 is not None else None,
