@@ -112,6 +112,7 @@ class Lane:
     retry_cap_s: float = 30.0  # the longest wait between re-opens (see retry_cap_s())
     down_since: float | None = None  # monotonic time its outage began (None: delivering)
     last_gap_s: float | None = None  # how long its last outage lasted, failure to frame
+    io_timeout_s: float = 0.0  # the longest an open or read of its source blocks (stop waits)
 
     def stats(self, backlog: int, window_s: float = 30.0) -> dict[str, Any]:
         """Rate and capture-to-result p95 over the last `window_s`, frames waiting, counters."""
@@ -231,7 +232,8 @@ def lanes(sources: Sequence[Any], opener: Callable[[Any, int], Any],
     return [Lane(s.name, (lambda s=s, i=i: opener(s, i)), share=part[i],
                  pace_hz=0.0 if s.kind == "synthetic" else s.rate_hz, roi=tuple(s.roi),
                  roi_units=s.roi_units, roi_key=f'[[sources]] name = "{s.name}": roi',
-                 model=model_of(s) if model_of else "", retry_cap_s=retry_cap_s(s))
+                 model=model_of(s) if model_of else "", retry_cap_s=retry_cap_s(s),
+                 io_timeout_s=io_timeout_s(s))
             for i, s in enumerate(sources)]
 
 
@@ -239,4 +241,12 @@ def single(cfg: Any, opener: Callable[[], Any]) -> list[Lane]:
     """The one lane of a `[source]` section: named `name` or "main", unpaced (as before
     several sources existed: a synthetic source paces itself, others deliver as they do)."""
     return [Lane(cfg.name or "main", opener, roi=tuple(cfg.roi), roi_units=cfg.roi_units,
-                 roi_key="[source] roi", retry_cap_s=retry_cap_s(cfg))]
+                 roi_key="[source] roi", retry_cap_s=retry_cap_s(cfg),
+                 io_timeout_s=io_timeout_s(cfg))]
+
+
+def io_timeout_s(cfg: Any) -> float:
+    """The longest one open or read of a source may block in a library (FFmpeg, pylon):
+    the larger of its open_timeout_s and read_timeout_s (0 for a source that has neither)."""
+    return max(float(getattr(cfg, "open_timeout_s", 0) or 0),
+               float(getattr(cfg, "read_timeout_s", 0) or 0))
