@@ -13,8 +13,8 @@ import numpy as np
 
 from runtime.config.source import SourceConfig
 from runtime.frames.cap_clock import CapClock, spaced
-from runtime.frames.capture_source import FrameShape, LatestFrame, redact
-from runtime.frames.frame import Frame, SourceError
+from runtime.frames.capture_source import FrameShape, LatestFrame, redact, unresolved
+from runtime.frames.frame import CredentialsRefused, Frame, SourceError
 
 log = logging.getLogger("edgerun.source")
 
@@ -388,17 +388,17 @@ class AvStreamSource:
                 self._c = self._open(cfg, opts)
                 self._stream = self._c.streams.video[0]
         except av.error.HTTPUnauthorizedError:
-            raise SourceError(f"source.path {self._shown!r}: the server refused the "
-                              "credentials (401 Unauthorized): check the user and password "
-                              "in the URL") from None
+            raise CredentialsRefused(f"source.path {self._shown!r}: the server refused the "
+                                     "credentials (401 Unauthorized): check the user and password "
+                                     "in the URL") from None
         except (av.error.FFmpegError, OSError, IndexError) as e:
             if time.monotonic() - t0 >= cfg.open_timeout_s * 0.9:
                 raise SourceError(f"source.path {self._shown!r}: no stream within "
                                   f"{cfg.open_timeout_s:g} s (open_timeout_s): the server "
                                   "does not answer") from None
-            why = "no video stream" if isinstance(e, IndexError) else _why(e)
-            raise SourceError(f"source.path {self._shown!r}: cannot open ({why})") \
-                from None
+            why = ("cannot open (no video stream)" if isinstance(e, IndexError) else
+                   unresolved(cfg.path) or f"cannot open ({_why(e)})")
+            raise SourceError(f"source.path {self._shown!r}: {why}") from None
 
     def _close_container(self) -> None:
         c, self._c = self._c, None

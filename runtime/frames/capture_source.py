@@ -66,6 +66,41 @@ def redact(url: str) -> str:
     return re.sub(r"(?<=://)[^/@\s]*@", "***@", url)
 
 
+def unresolved(url: str, timeout_s: float = 3.0) -> str:
+    """Why a stream URL's host name does not resolve, or "" (it resolves, is an address, has
+    no host, or the DNS gave no answer within `timeout_s`). FFmpeg says no more than
+    "Input/output error" (PyAV) or "failed" (OpenCV, which read as refused credentials) for a
+    name the DNS does not know: a typo, or a camera not yet in the DNS. Asked in a thread of
+    its own: getaddrinfo has no timeout of its own."""
+    import ipaddress
+    import socket
+    import urllib.parse
+
+    try:
+        host = urllib.parse.urlsplit(url).hostname
+        if not host:
+            return ""
+        ipaddress.ip_address(host)
+        return ""
+    except ValueError:  # a name, not an address (or a URL that does not parse)
+        if not host:
+            return ""
+    why: list[str] = []
+
+    def look() -> None:
+        try:
+            socket.getaddrinfo(host, None)
+        except socket.gaierror as e:
+            why.append(str(e.strerror or e))
+        except (OSError, UnicodeError):  # not the name's fault (or not a name at all)
+            pass
+
+    t = threading.Thread(target=look, name="resolve", daemon=True)
+    t.start()
+    t.join(timeout_s)
+    return f"the host name {host!r} does not resolve ({why[0]})" if why else ""
+
+
 def quiet_ffmpeg(debug: bool | None = None) -> None:
     """Keep FFmpeg's and OpenCV's own lines off the terminal and the journal.
 
@@ -118,6 +153,8 @@ class CaptureSource:
                 raise SourceError(f"source.path {self._shown!r}: no stream within "
                                   f"{cfg.open_timeout_s:g} s (open_timeout_s): the server "
                                   "does not answer")
+            if self._url and (why := unresolved(cfg.path)):
+                raise SourceError(f"source.path {self._shown!r}: {why}")
             if self._url and "@" in cfg.path.split("://", 1)[1].split("/", 1)[0]:
                 # FFmpeg tells OpenCV no more than "failed"; the credentials are the usual
                 # cause when a server that answers refuses (never shown: redacted)

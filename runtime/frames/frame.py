@@ -13,6 +13,11 @@ class SourceError(Exception):
     """The source failed; the message says what and where."""
 
 
+class CredentialsRefused(SourceError):
+    """The camera answered and refused the credentials (401): it is up, so it is retried
+    slowly (runtime/frames/multisource.py AUTH_RETRY_S), not as a camera that is down."""
+
+
 class SourceEnded(SourceError):
     """The source has nothing more to give (a video file's last frame was read, no loop):
     not an error and not retried; the daemon keeps running and says so once."""

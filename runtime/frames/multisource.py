@@ -112,12 +112,15 @@ class Lane:
     retry_cap_s: float = 30.0  # the longest wait between re-opens (see retry_cap_s())
     down_since: float | None = None  # monotonic time its outage began (None: delivering)
     last_gap_s: float | None = None  # how long its last outage lasted, failure to frame
+    io_timeout_s: float = 0.0  # the longest an open or read of its source blocks (stop waits)
 
     def stats(self, backlog: int, window_s: float = 30.0) -> dict[str, Any]:
         """Rate and capture-to-result p95 over the last `window_s`, frames waiting, counters."""
         now = time.monotonic()  # e2e is kept by monotonic time (pipeline.py)
         recent = [(t, ms) for t, ms in list(self.e2e) if now - t <= window_s]
-        span = recent[-1][0] - recent[0][0] if len(recent) > 1 else 0.0
+        # up to now, not to the last frame: a camera gone silent reads its old rate until
+        # its last frame left the window otherwise (a dead camera at 5 Hz for 30 s)
+        span = now - recent[0][0] if len(recent) > 1 else 0.0
         p95 = float(np.percentile([m for _, m in recent], 95)) if recent else None
         return {"state": self.state, "rate_hz": round((len(recent) - 1) / span, 3)
                 if span > 0 else 0.0, "e2e_p95_ms": round(p95, 3) if p95 is not None else None,
@@ -130,6 +133,11 @@ class Lane:
 
 RETRY_CAP_S = 30.0
 CAMERA_RETRY_CAP_S = 2.0
+# A camera that refused the credentials is retried after at least this long: it is up, and
+# each attempt is a failed login; many cameras lock the account (for all its clients, the
+# NVR's too) or the address after a handful in a few minutes. A password fixed on the camera
+# is met within a minute; one fixed in the config needs a restart anyway.
+AUTH_RETRY_S = 60.0
 
 
 def is_camera(path: str) -> bool:
@@ -224,7 +232,8 @@ def lanes(sources: Sequence[Any], opener: Callable[[Any, int], Any],
     return [Lane(s.name, (lambda s=s, i=i: opener(s, i)), share=part[i],
                  pace_hz=0.0 if s.kind == "synthetic" else s.rate_hz, roi=tuple(s.roi),
                  roi_units=s.roi_units, roi_key=f'[[sources]] name = "{s.name}": roi',
-                 model=model_of(s) if model_of else "", retry_cap_s=retry_cap_s(s))
+                 model=model_of(s) if model_of else "", retry_cap_s=retry_cap_s(s),
+                 io_timeout_s=io_timeout_s(s))
             for i, s in enumerate(sources)]
 
 
@@ -232,4 +241,12 @@ def single(cfg: Any, opener: Callable[[], Any]) -> list[Lane]:
     """The one lane of a `[source]` section: named `name` or "main", unpaced (as before
     several sources existed: a synthetic source paces itself, others deliver as they do)."""
     return [Lane(cfg.name or "main", opener, roi=tuple(cfg.roi), roi_units=cfg.roi_units,
-                 roi_key="[source] roi", retry_cap_s=retry_cap_s(cfg))]
+                 roi_key="[source] roi", retry_cap_s=retry_cap_s(cfg),
+                 io_timeout_s=io_timeout_s(cfg))]
+
+
+def io_timeout_s(cfg: Any) -> float:
+    """The longest one open or read of a source may block in a library (FFmpeg, pylon):
+    the larger of its open_timeout_s and read_timeout_s (0 for a source that has neither)."""
+    return max(float(getattr(cfg, "open_timeout_s", 0) or 0),
+               float(getattr(cfg, "read_timeout_s", 0) or 0))

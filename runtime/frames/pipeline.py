@@ -109,6 +109,21 @@ class Inferred(NamedTuple):
     alone: bool  # on the inline path: no other stage ran beside it (Tally.alone_ms)
 
 
+
+def _join(threads: list[threading.Thread], lanes: list[Lane]) -> None:
+    """Join the pipeline's threads: 2 s each, then as long as the sources' own timeouts for
+    any still inside an open or read (FFmpeg, pylon), which comes back only when that call
+    times out. Left there, it came back into a finalizing interpreter as `serve` exited:
+    SIGSEGV (exit -11, 1 in 6 stops with a black-holed camera URL;
+    tests/frames/test_capture_stop.py)."""
+    for t in threads:
+        t.join(2)
+    until = time.monotonic() + max((lane.io_timeout_s for lane in lanes), default=0.0) + 1.0
+    for t in threads:
+        if t.is_alive():
+            t.join(max(0.0, until - time.monotonic()))
+
+
 class Pipeline:
     """See module docstring."""
 
@@ -278,8 +293,7 @@ class Pipeline:
                                                or not self._frames.empty() or self.busy_since):
             time.sleep(0.02)
         self._stop.set()
-        for t in self._threads:
-            t.join(2)
+        _join(self._threads, self.lanes)
         with self._lock:
             for a in {id(x): x for x in (self._active, self._next, *self.shadow.sessions(),
                                          *self._extra.values(), *self._extra_next.values())

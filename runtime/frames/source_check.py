@@ -1,7 +1,8 @@
 """What `edgerun check` says about the configured sources: the problems `serve` would only
 report after start-up, as a `source_failed` retried with backoff for ever (a folder that does
-not exist, a video file that is not there, a trigger source without a broker, a pylon camera
-not found); and that serve would refuse a pylon source without pypylon."""
+not exist, a video file that is not there, a camera URL whose host name does not resolve, a
+trigger source without a broker, a pylon camera not found); and that serve would refuse a
+pylon source without pypylon."""
 
 from __future__ import annotations
 
@@ -36,7 +37,11 @@ def _problem(src: Any, has_broker: bool) -> str:
         if src.kind == "folder":
             p = Path(src.path).expanduser()
             return "" if p.is_dir() else f"{p} is not a directory (yet?)"
-        if src.kind == "capture" and "://" not in src.path and not src.path.isdigit():
+        if src.kind == "capture" and "://" in src.path:
+            from runtime.frames.capture_source import unresolved
+
+            return unresolved(src.path)
+        if src.kind == "capture" and not src.path.isdigit():
             p = Path(src.path).expanduser()
             return "" if p.exists() else f"{p} does not exist (yet?)"
         if src.kind == "pylon":
