@@ -27,18 +27,22 @@ writes wait in memory, bounded (held.py), with an `outbox_disk_full` critical ev
 `backlog.disk_full` in health; every `retry_s` the next write tries to flush them, and when it
 succeeds an `outbox_disk_recovered` event says how long it lasted. Only results past the memory
 bound are lost (refused with OutboxFull, counted); the process keeps inferring throughout.
+A disk that can make no file at start (read-only, out of inodes) gets an outbox in memory under
+a new stream (`memory_only`, _in_memory), not a restart loop.
 """
 
 from __future__ import annotations
 
 import bisect
 import contextlib
+import errno
 import json
 import logging
 import math
 import os
 import shutil
 import sqlite3
+import tempfile
 import threading
 import time
 import uuid
@@ -172,6 +176,26 @@ def _space(path: Path) -> str:
     return ""
 
 
+def _no_new_files(path: Path) -> str:
+    """Why no file can be made beside `path` ("" when one can, or for another reason): a
+    read-only filesystem (a card's ext4 gone read-only after errors: `errors=remount-ro`,
+    which statvfs does not show), no free inodes, a used-up quota. SQLite needs its -wal
+    and -shm files to open the outbox, so there it cannot, and a retry cannot either until
+    someone repairs or cleans the disk. Found by making one (and removing it)."""
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".edgerun-probe-", dir=path.parent)
+    except OSError as e:
+        if e.errno == errno.EROFS:
+            return "its filesystem is read-only"
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return (_space(path).removeprefix("; ") or "no file can be made there "
+                    f"({e.strerror})")
+        return ""
+    os.close(fd)
+    os.unlink(probe)
+    return ""
+
+
 def _blocking(path: Path) -> str:
     """Which of the database's files (it, its -wal, its -shm) this process cannot write: a
     killed `sudo edgerun serve` leaves root-owned -wal and -shm files, and SQLite's error
@@ -282,7 +306,8 @@ class Outbox:
         self.cfg = cfg
         self._clock = clock
         self.path = Path(cfg.path).expanduser()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(OSError):  # a read-only disk: _open says so (memory only)
+            self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._on_event = on_event or (lambda e: None)
         self._startup_event: dict | None = None
@@ -293,7 +318,11 @@ class Outbox:
         existed = self.path.exists()
         self._salvaged: tuple[str, int] | None = None  # a corrupt database's stream, last seq
         self._corrupt: tuple[Path, BaseException] | None = None  # where it went, and why
+        # why this outbox lives in memory only ("": on disk): a state disk that can make no
+        # file at start (_in_memory)
+        self.memory_only = ""
         self._db = self._open()
+        self._max_bytes = cfg.memory_max_bytes if self.memory_only else cfg.max_bytes
         self.boot = uuid.uuid4().hex[:12]
         self.stream = self._meta("stream") or self._new_stream(self._salvaged)
         keep = self.path.with_name(self.path.name + ".keep.json")
@@ -321,7 +350,9 @@ class Outbox:
         self._recent_t: list[float] = []  # when each was appended (monotonic), for spilling
         self._log = ResultLog(self.path.with_name(self.path.name + ".log"),
                               sync=cfg.fsync == "full")
-        self._recover_log()
+        self._log_damaged = 0
+        if not self.memory_only:  # the log on disk holds the disk's stream: left there
+            self._recover_log()
         if self._corrupt:
             self._report_corrupt(*self._corrupt)
 
@@ -387,6 +418,9 @@ class Outbox:
         try:
             return self._connect()
         except sqlite3.OperationalError as e:
+            # where an outbox ran before (a first start there is a mount or a path to fix)
+            if self.path.exists() and (why := _no_new_files(self.path)):
+                return self._in_memory(e, why)
             # Locked by another process past the busy timeout, an I/O error, cannot be opened
             # or written: none says the file is damaged, and moving a whole outbox aside
             # stranded its unacked results in a .corrupt file no one sends (a lock held 30 s
@@ -415,6 +449,29 @@ class Outbox:
             self._startup_event = {"type": EventType.OUTBOX_CORRUPT, "path": str(aside),
                                    "error": str(e)}
             return self._connect()
+
+    def _in_memory(self, e: BaseException, why: str) -> sqlite3.Connection:
+        """An outbox in memory, under a new stream, for a state disk that can make no file
+        (_no_new_files): the device goes on inspecting, serving its PLC and publishing, as
+        it does when the disk refuses writes while it runs (held.py), instead of exiting
+        into a restart loop that nothing ends until someone repairs the disk. A new stream:
+        the disk's own stream may have given seqs this process cannot read back (its log,
+        its WAL), and one given twice is taken for a re-delivery and dropped. The disk's
+        unacked results stay there for a start that can write it."""
+        db = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+        db.executescript(_SCHEMA)
+        self.memory_only = f"{e}; {why}"
+        log.critical("outbox %s cannot be opened (%s): results are kept in memory only, up to "
+                     "%d bytes ([telemetry.outbox] memory_max_bytes), under a new stream; "
+                     "those not acked when the daemon stops are lost. Results the outbox on "
+                     "disk holds stay there for a start that can write it: repair or clean "
+                     "the disk, then restart", self.path, self.memory_only,
+                     self.cfg.memory_max_bytes)
+        self._startup_event = {"type": EventType.OUTBOX_DISK_FULL, "severity": "critical",
+                               "path": str(self.path), "error": self.memory_only[:300],
+                               "memory_max_bytes": self.cfg.memory_max_bytes,
+                               "memory_only": True}
+        return db
 
     def _connect(self) -> sqlite3.Connection:
         if _emptied(self.path):
@@ -511,8 +568,9 @@ class Outbox:
                 if self._held.active and not self._flush(events):
                     return self._hold_results(bodies)
                 try:
-                    seqs = (self._log_results(bodies, events) if self.cfg.spill_after_s > 0
-                            else self._insert_results(bodies, events))
+                    seqs = (self._log_results(bodies, events)
+                        if self.cfg.spill_after_s > 0 and not self.memory_only
+                        else self._insert_results(bodies, events))
                 except (sqlite3.OperationalError, OSError) as e:
                     if not unwritable(e):
                         raise
@@ -538,8 +596,8 @@ class Outbox:
         added = sum(len(b) for b in bodies)
         self._recent_bytes += added
         self._bytes += added
-        if (self._recent_bytes > min(self.cfg.spill_bytes, self.cfg.max_bytes // 2)
-                or self._bytes > self.cfg.max_bytes
+        if (self._recent_bytes > min(self.cfg.spill_bytes, self._max_bytes // 2)
+                or self._bytes > self._max_bytes
                 or now - self._recent_t[0] >= self.cfg.spill_after_s):  # the oldest unacked
             self._spill(events)
         return seqs
@@ -604,11 +662,11 @@ class Outbox:
         self._db_results = True
         out = list(seqs)
         self._bytes += sum(len(b) for b in bodies)
-        if self._bytes > self.cfg.max_bytes:
+        if self._bytes > self._max_bytes:
             count, first, last = self._evict()
             log.warning("outbox over %d bytes: evicted %d oldest unacked results (seq %d-%d); "
                         "the coordinator has not acked them",
-                        self.cfg.max_bytes, count, first, last)
+                        self._max_bytes, count, first, last)
             events.append({"type": EventType.OUTBOX_EVICTING, "count": count, "first_seq": first,
                            "last_seq": last, "evicted_total": self.evicted_total})
         return out  # type: ignore[return-value]
@@ -716,7 +774,7 @@ class Outbox:
 
     def _evict(self) -> tuple[int, int, int]:
         """Delete oldest results down to 90% of the cap (inside the caller's transaction)."""
-        target = self.cfg.max_bytes * 0.9
+        target = self._max_bytes * 0.9
         rows = self._db.execute("SELECT seq, LENGTH(body) FROM results ORDER BY seq").fetchall()
         count, first, last = 0, rows[0][0], rows[0][0]
         for seq, size in rows[:-1]:  # never evict the result just written
@@ -727,7 +785,8 @@ class Outbox:
         self._db.execute("DELETE FROM results WHERE seq <= ?", (last,))
         self.evicted_total += count
         self._set_meta("evicted_total", str(self.evicted_total))
-        self.sidecar.set_evicted_total(self.evicted_total)
+        if not self.memory_only:  # (the disk refuses it: said once at start, not each time)
+            self.sidecar.set_evicted_total(self.evicted_total)
         return count, first, last
 
     def pending(self, after_seq: int, limit: int) -> list[Pending]:
@@ -949,6 +1008,9 @@ class Outbox:
                 held += len(self._recent)
                 oldest = self._recent[0][0] if oldest is None else min(oldest, self._recent[0][0])
             memory = self._held.status()
+            if self.memory_only:  # all of it in memory: the disk refuses, as health says
+                memory.update(disk_full=True, held_in_memory=held, held_bytes=self._bytes)
+                held = 0
         return {"results_held": held + memory["held_in_memory"], "bytes": self._bytes,
                 "oldest_seq": oldest, "evicted_total": self.evicted_total,
                 "log_damaged_bytes": self._log_damaged, **memory}
@@ -968,6 +1030,8 @@ class Outbox:
         Returns how many results were lost so (0 when none waited or they were stored)."""
         lost = 0
         with self._lock:
+            if self.memory_only:
+                return self._close_memory()
             try:
                 h = self._held
                 if h.active:
@@ -990,3 +1054,15 @@ class Outbox:
                 self._db.close()
                 self._log.close()
         return lost
+
+    def _close_memory(self) -> int:
+        """Close an outbox in memory (caller holds the lock): its unacked results are lost,
+        said with their seqs and stream; returns how many."""
+        n, first, last = self._db.execute("SELECT COUNT(*), MIN(seq), MAX(seq) FROM results"
+                                          ).fetchone()
+        if n:
+            log.critical("outbox %s: closing an outbox kept in memory only (%s): %d results "
+                         "the coordinator has not acked are lost (seq %d-%d of stream %s)",
+                         self.path, self.memory_only, n, first, last, self.stream)
+        self._db.close()
+        return n

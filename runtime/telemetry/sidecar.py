@@ -91,8 +91,11 @@ class Sidecar:
             except (OSError, ValueError, KeyError, TypeError, AttributeError,
                     RecursionError) as e:  # deep nesting too: it stopped every start
                 aside = path.with_name(f"{path.name}.corrupt-{int(time.time())}")
-                path.rename(aside)
-                self.problem = f"{path} was unreadable ({e}); moved to {aside}"
+                try:
+                    path.rename(aside)
+                    self.problem = f"{path} was unreadable ({e}); moved to {aside}"
+                except OSError as moving:  # a read-only disk: read as lost all the same
+                    self.problem = f"{path} was unreadable ({e}); left there ({moving})"
                 self._reset_history()
         elif lost_history:
             self.problem = f"{path} is missing while an older outbox existed"

@@ -11,6 +11,7 @@ import errno
 import json
 import os
 import re
+import sqlite3
 import subprocess
 import time
 import urllib.request
@@ -24,6 +25,7 @@ from support.web import gauges
 
 from models import bundled
 from runtime.config.telemetry import OutboxConfig
+from runtime.telemetry import resultlog
 from runtime.telemetry.held import OutboxFull, unwritable
 from runtime.telemetry.outbox import Outbox
 from runtime.wire.broker import free_port
@@ -242,13 +244,46 @@ def test_an_outbox_opened_on_a_full_disk_after_a_clean_stop_starts_degraded(disk
     reopened.close()
 
 
-def test_an_outbox_that_cannot_open_for_want_of_inodes_says_so(tmp_path):
-    """Bytes free but no inode left (a snapshot folder on the state partition can take them
-    all): SQLite cannot make its -wal file and says `unable to open database file`, which
-    named no cause. The line says the inodes are gone (the daemon exits to be retried: with
-    no file to make, it cannot run degraded either)."""
-    from runtime.telemetry.outbox import OutboxUnavailable
+def _memory_only_outbox(path: Path, disk_stream: str, caplog) -> None:
+    """An outbox at `path` (one result stored there before) that can make no file: it runs
+    in memory under a new stream instead of exiting into a restart loop (every 5 s, nothing
+    inspected, until someone repairs the disk); health says the disk refuses writes; its
+    unacked results are counted lost at close; the disk's outbox is left as it was."""
+    seen: list[dict] = []
+    with caplog.at_level("CRITICAL", logger="edgerun.outbox"):
+        ob = Outbox(OutboxConfig(path=str(path), memory_max_bytes=4096), on_event=seen.append)
+    start = ob.take_startup_event()
+    assert start is not None and start["type"] == "outbox_disk_full" and start["memory_only"]
+    assert start["severity"] == "critical" and ob.memory_only
+    said = " ".join(r.getMessage() for r in caplog.records)
+    assert str(path) in said and "memory only" in said and "new stream" in said, said
+    assert ob.stream != disk_stream  # the disk's seqs may be above what it can read
+    assert ob.append_many([_result(i) for i in range(3)]) == [1, 2, 3]
+    assert ob.ack(1) == 1 and [p.seq for p in ob.pending(0, 10)] == [2, 3]
+    st = ob.stats()
+    assert st["disk_full"] and st["held_in_memory"] == 2 and st["results_held"] == 2, st
+    for i in range(40):  # past memory_max_bytes: the oldest evicted, said, as on disk
+        ob.append_many([_result(10 + i)])
+    assert ob.stats()["bytes"] <= 4096 and any(e["type"] == "outbox_evicting" for e in seen)
+    held = ob.stats()["held_in_memory"]
+    with caplog.at_level("CRITICAL", logger="edgerun.outbox"):
+        assert ob.close() == held
+    lost = [r.getMessage() for r in caplog.records if "closing an outbox" in r.getMessage()]
+    assert len(lost) == 1 and f"{held} results" in lost[0] and ob.stream in lost[0], lost
+    assert not [r for r in caplog.records if "cannot write" in r.getMessage()]  # said once
+    # the disk's outbox as it was: its one result in its log (no -shm can be made to read
+    # the database but immutably)
+    assert [q for q, _ in resultlog.read(Path(f"{path}.log")).results] == [1]
+    disk = sqlite3.connect(f"file:{path}?immutable=1", uri=True)
+    assert disk.execute("SELECT v FROM meta WHERE k='stream'").fetchall() == [(disk_stream,)]
+    disk.close()
 
+
+def test_an_outbox_that_cannot_open_for_want_of_inodes_runs_in_memory(tmp_path, caplog):
+    """Bytes free but no inode left (a snapshot folder on the state partition can take them
+    all): SQLite cannot make its -wal file, and the daemon exited to be retried, for as long
+    as the inodes stayed gone. It runs in memory (_memory_only_outbox), the line naming the
+    inodes."""
     root = tmp_path / "disk"
     root.mkdir()
     if os.geteuid() != 0:
@@ -267,11 +302,30 @@ def test_an_outbox_that_cannot_open_for_want_of_inodes_says_so(tmp_path):
             while True:  # every inode left
                 (root / f"f{n}").touch()
                 n += 1
-        with pytest.raises(OutboxUnavailable) as e:
-            Outbox(OutboxConfig(path=str(path))).close()
-        assert "no free inodes" in str(e.value) and str(root) in str(e.value), e.value
+        _memory_only_outbox(path, box.stream, caplog)
+        said = " ".join(r.getMessage() for r in caplog.records)
+        assert "no free inodes" in said and str(root) in said, said
     finally:
         subprocess.run(["umount", "-l", str(root)], check=False)
+
+
+def test_an_outbox_on_a_read_only_disk_at_start_runs_in_memory(tmp_path, caplog):
+    """A card's ext4 gone read-only (errors=remount-ro) before the daemon starts (a restart
+    after the card failed): the outbox cannot be opened (SQLite's -wal and -shm), and the
+    daemon exited to be retried every 5 s, inspecting nothing, though the card would not
+    come back by itself. It runs in memory (_memory_only_outbox)."""
+    disk = Ext4(tmp_path / "ext4", 16)
+    try:
+        path = disk.path / "outbox.db"
+        box = Outbox(OutboxConfig(path=str(path)))
+        box.append_many([_result(0)])
+        box.close()
+        disk.fail()
+        _memory_only_outbox(path, box.stream, caplog)
+        said = " ".join(r.getMessage() for r in caplog.records)
+        assert "read-only" in said, said
+    finally:
+        disk.unmount()
 
 
 def test_closing_on_a_full_disk_stores_held_results_or_says_which_are_lost(disk, caplog):
@@ -555,5 +609,42 @@ def test_a_folder_file_is_not_done_while_its_result_waits_in_memory(tmp_path, tm
             assert held in {p.name for p in done.glob("*.png")}
         finally:
             assert d.stop() == 0
+    finally:
+        disk.unmount()
+
+
+@pytest.mark.skipif(not (bundled() / "manifest.json").exists(), reason="bundled model not built")
+def test_a_daemon_started_on_a_read_only_state_disk_serves_from_memory(tmp_path,
+                                                                        tmp_path_factory):
+    """`edgerun serve` started again on a card gone read-only (errors=remount-ro) after a
+    clean stop: it exited with "cannot open the outbox" (exit 2) and systemd started it into
+    the same exit every 5 s, inspecting nothing, while a read-only card stays so until
+    someone repairs it. It serves with its outbox in memory, health says the disk refuses
+    writes, and its stop says how many results were lost."""
+    disk = Ext4(tmp_path / "state", 32)
+    try:
+        port, cfg = _serve_config(tmp_path, tmp_path_factory)
+        d = Serve(tmp_path, cfg)
+        try:
+            wait(lambda: d.ready() and len(result_seqs(d.outbox)) > 5, 120,
+                 "the daemon storing results", d)
+        finally:
+            assert d.stop() == 0
+        disk.fail()
+        d = Serve(tmp_path, cfg)
+        try:
+            wait(lambda: d.ready() or d.proc.poll() is not None, 120, "the daemon starting", d)
+            assert d.proc.poll() is None, d.text()[-3000:]
+            wait(lambda: _metrics(port).get("edgerun_device_results_total", 0) > 20, 60,
+                 "inference on a read-only disk", d)
+            assert _metrics(port)["edgerun_device_outbox_disk_full"] == 1
+            assert "kept in memory only" in d.text() and "read-only" in d.text()
+            assert d.stop() == 0 and "Traceback" not in d.text(), d.text()[-3000:]
+        finally:
+            d.stop()
+        lost = int(re.search(r"(\d+) results the coordinator has not acked are lost",
+                             d.text())[1])
+        last = d.text().strip().splitlines()[-1]
+        assert lost > 20 and f"({lost} held in memory were lost" in last, last
     finally:
         disk.unmount()
