@@ -18,7 +18,13 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from support.daemon_harness import Serve, events, result_seqs, write_config
+from support.daemon_harness import (
+    Serve,
+    events,
+    result_seqs,
+    write_broker_config,
+    write_config,
+)
 from support.daemon_harness import results as results_of
 from support.waiting import wait
 from support.web import gauges
@@ -614,37 +620,39 @@ def test_a_folder_file_is_not_done_while_its_result_waits_in_memory(tmp_path, tm
 
 
 @pytest.mark.skipif(not (bundled() / "manifest.json").exists(), reason="bundled model not built")
-def test_a_daemon_started_on_a_read_only_state_disk_serves_from_memory(tmp_path,
-                                                                        tmp_path_factory):
+def test_a_daemon_started_on_a_read_only_state_disk_serves_from_memory(
+        tmp_path, broker, coordinator, profile_cache):
     """`edgerun serve` started again on a card gone read-only (errors=remount-ro) after a
     clean stop: it exited with "cannot open the outbox" (exit 2) and systemd started it into
     the same exit every 5 s, inspecting nothing, while a read-only card stays so until
-    someone repairs it. It serves with its outbox in memory, health says the disk refuses
-    writes, and its stop says how many results were lost."""
+    someone repairs it. It serves with its outbox in memory: its results reach the
+    coordinator, every one, under a new stream; health says the disk refuses writes."""
     disk = Ext4(tmp_path / "state", 32)
     try:
-        port, cfg = _serve_config(tmp_path, tmp_path_factory)
+        cfg = write_broker_config(tmp_path, broker, profile_cache)
         d = Serve(tmp_path, cfg)
         try:
-            wait(lambda: d.ready() and len(result_seqs(d.outbox)) > 5, 120,
-                 "the daemon storing results", d)
+            wait(lambda: coordinator.store.counts().get("box1", 0) > 5, 120,
+                 "results at the coordinator", d)
         finally:
             assert d.stop() == 0
+        (first,), = coordinator.store.read("SELECT DISTINCT stream FROM results WHERE "
+                                           "device = 'box1'")
         disk.fail()
         d = Serve(tmp_path, cfg)
         try:
             wait(lambda: d.ready() or d.proc.poll() is not None, 120, "the daemon starting", d)
             assert d.proc.poll() is None, d.text()[-3000:]
-            wait(lambda: _metrics(port).get("edgerun_device_results_total", 0) > 20, 60,
-                 "inference on a read-only disk", d)
-            assert _metrics(port)["edgerun_device_outbox_disk_full"] == 1
             assert "kept in memory only" in d.text() and "read-only" in d.text()
+            new = "SELECT seq FROM results WHERE device = 'box1' AND stream != ? ORDER BY seq"
+            wait(lambda: len(coordinator.store.read(new, (first,))) > 20, 60,
+                 "results from memory at the coordinator", d)
+            wait(lambda: ((coordinator.views["box1"].health or {}).get("backlog") or {}
+                          ).get("disk_full"), 30, "disk_full in health", d)
             assert d.stop() == 0 and "Traceback" not in d.text(), d.text()[-3000:]
         finally:
             d.stop()
-        lost = int(re.search(r"(\d+) results the coordinator has not acked are lost",
-                             d.text())[1])
-        last = d.text().strip().splitlines()[-1]
-        assert lost > 20 and f"({lost} held in memory were lost" in last, last
+        seqs = [q for (q,) in coordinator.store.read(new, (first,))]
+        assert seqs == list(range(1, len(seqs) + 1)), seqs  # one new stream, nothing lost
     finally:
         disk.unmount()
