@@ -41,8 +41,9 @@ def cmd_check(args: argparse.Namespace) -> int:
     _check_engines(cfg)
     _check_clock(cfg)
     print(_storage_line(cfg), file=sys.stderr)
-    if mount := _mount_line(cfg):
-        print(mount, file=sys.stderr)
+    for line in (_mount_line(cfg), _state_disk_line(cfg)):
+        if line:
+            print(line, file=sys.stderr)
     bad = [what for what, fix in found if fix]
     print(f"{args.config}: " + (f"config ok, {' and '.join(bad)} NOT ok" if bad else "ok"),
           file=sys.stderr)
@@ -94,6 +95,19 @@ def _mount_line(cfg, mounts: Path = Path("/proc/mounts")) -> str | None:
             f"{','.join(found[2])}), whose journal writes each append's metadata to the card "
             f"every {commit} s: mount it with {advice} to spare it (what it saves, measured, "
             'and what it costs at a power cut: docs/telemetry.md, "At the card")')
+
+
+def _state_disk_line(cfg) -> str | None:
+    """What an outbox directory that can make no file (read-only, out of inodes or quota)
+    does to `serve` (runtime/telemetry/outbox.py no_new_files), or None."""
+    from runtime.telemetry.outbox import no_new_files
+
+    outbox = Path(cfg.telemetry.outbox.path).expanduser()
+    if not (why := no_new_files(outbox)):
+        return None
+    return (f"storage: {outbox.parent} (the outbox's): {why}: `serve` keeps its outbox in "
+            "memory there (results not acked when it stops are lost) or, where no outbox ran "
+            "before, does not start")
 
 
 def _check_model(cfg, say: Callable[[str], None]) -> str | None:

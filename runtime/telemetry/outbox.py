@@ -176,7 +176,7 @@ def _space(path: Path) -> str:
     return ""
 
 
-def _no_new_files(path: Path) -> str:
+def no_new_files(path: Path) -> str:
     """Why no file can be made beside `path` ("" when one can, or for another reason): a
     read-only filesystem (a card's ext4 gone read-only after errors: `errors=remount-ro`,
     which statvfs does not show), no free inodes, a used-up quota. SQLite needs its -wal
@@ -419,7 +419,7 @@ class Outbox:
             return self._connect()
         except sqlite3.OperationalError as e:
             # where an outbox ran before (a first start there is a mount or a path to fix)
-            if self.path.exists() and (why := _no_new_files(self.path)):
+            if self.path.exists() and (why := no_new_files(self.path)):
                 return self._in_memory(e, why)
             # Locked by another process past the busy timeout, an I/O error, cannot be opened
             # or written: none says the file is damaged, and moving a whole outbox aside
@@ -452,7 +452,7 @@ class Outbox:
 
     def _in_memory(self, e: BaseException, why: str) -> sqlite3.Connection:
         """An outbox in memory, under a new stream, for a state disk that can make no file
-        (_no_new_files): the device goes on inspecting, serving its PLC and publishing, as
+        (no_new_files): the device goes on inspecting, serving its PLC and publishing, as
         it does when the disk refuses writes while it runs (held.py), instead of exiting
         into a restart loop that nothing ends until someone repairs the disk. A new stream:
         the disk's own stream may have given seqs this process cannot read back (its log,

@@ -71,3 +71,27 @@ def test_a_damaged_mount_table_costs_only_its_bad_lines():
     junk = "garbage\n\n/dev/x\n" + "a" * 100_000 + "\n\x00\x01 / \n" + MOUNTS
     assert mount_of(Path("/var/lib/edgerun/state"), junk)[0] == "/var/lib/edgerun"
     assert mount_of(Path("/srv"), "only three fields\n") is None
+
+
+def test_check_names_an_outbox_directory_that_can_make_no_file(tmp_path):
+    """A read-only outbox directory (a card gone read-only, a mount to fix) is said ahead:
+    `serve` would keep its outbox in memory there, or not start."""
+    import os
+    import subprocess
+
+    from runtime.device.cli import _state_disk_line
+
+    state = tmp_path / "state"
+    state.mkdir()
+    cfg = from_dict({"telemetry": {"outbox": {"path": str(state / "outbox.db")}}})
+    assert _state_disk_line(cfg) is None  # writable: nothing to say
+    if os.geteuid() != 0:
+        pytest.skip("a read-only bind mount needs root")
+    subprocess.run(["mount", "--bind", str(state), str(state)], check=True)
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(state)], check=True)
+        line = _state_disk_line(cfg)
+        assert line is not None and str(state) in line and "read-only" in line, line
+        assert "in memory" in line
+    finally:
+        subprocess.run(["umount", str(state)], check=False)
