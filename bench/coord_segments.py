@@ -30,6 +30,14 @@ kernel's writeback are the same for all):
   a reader by device scans by time; duplicates kept out by the acks and the unfolded keys);
 - e7-d-arrival-pad: e6 with e3's padding; e8-d-chunk-arrival-pad: the same with e4's chunk
   rows (in arrival order) for index;
+- g1-rows-fold-trunc: what the device does (runtime/telemetry/outbox.py), on the coordinator:
+  the window's messages appended to a log (no fsync: `synchronous=NORMAL`'s durability), the
+  ack sent from it, today's rows (bodies and all) folded into SQLite once a minute with the
+  acks and counters, under a rollback journal (TRUNCATE: a fold's new pages are written once,
+  not to the WAL and again by the checkpoint); g2-rows-fold-wal: the same in WAL mode;
+  g3-rows-fold-trunc-full: g1 with the log synced (padded) each window (`fsync = "full"`);
+  g4-rows-fold120-trunc: g1 folded every 2 minutes (measure it in a `--window-s` of 120 or
+  more, or it holds no fold);
 - f0-floor: the segment records appended a window without fsync, nothing else (disk_writes.py's
   floor); f1-seg-only: the segment with its fdatasync, nothing else.
 
@@ -104,7 +112,8 @@ class Variant:
     rows: bool = False  # results rows in SQLite (today); else a segment file
     sqlite: bool = True  # any SQLite at all (the floors have none)
     # "window" | "fold" | "chunk" (folded, a row per stream and window) | "arrival" (folded,
-    # into a rowid table in arrival order: no index by device) | "chunk-arrival" (both)
+    # into a rowid table in arrival order: no index by device) | "chunk-arrival" (both) |
+    # "none" (g*: the rows are the store)
     index: str = "window"
     ack: str = "window"  # the streams row: "window" | "fold"
     counters: str = "window"  # result_counts + pool_usage: "window" | "fold"
@@ -112,6 +121,8 @@ class Variant:
     commit_s: float = 2.0
     sync: str = "window"  # the segment's fdatasync: "window" | "fold" | "never"
     pad: bool = False  # each window's append padded to a 4 KiB boundary
+    rows_at: str = "window"  # with rows: "window" (today) | "fold" (a log in front: g*)
+    fold_s: float = FOLD_S
 
 
 VARIANTS = {
@@ -128,6 +139,15 @@ VARIANTS = {
     "e8-d-chunk-arrival-pad": Variant(index="chunk-arrival", ack="fold", counters="fold",
                                       pad=True),
     "e5-d-nosync": Variant(index="fold", ack="fold", counters="fold", sync="fold"),
+    "g1-rows-fold-trunc": Variant(rows=True, rows_at="fold", index="none", ack="fold",
+                                  counters="fold", journal="truncate", sync="never"),
+    "g2-rows-fold-wal": Variant(rows=True, rows_at="fold", index="none", ack="fold",
+                                counters="fold", sync="never"),
+    "g3-rows-fold-trunc-full": Variant(rows=True, rows_at="fold", index="none", ack="fold",
+                                       counters="fold", journal="truncate", pad=True),
+    "g4-rows-fold120-trunc": Variant(rows=True, rows_at="fold", index="none", ack="fold",
+                                     counters="fold", journal="truncate", sync="never",
+                                     fold_s=120.0),
     "f0-floor": Variant(sqlite=False, sync="never"),
     "f1-seg-only": Variant(sqlite=False),
 }
@@ -166,6 +186,7 @@ class Sim:
         self.pending_counts: Counter = Counter()
         self.pending_bytes: Counter = Counter()
         self.pending_acks: dict[str, int] = {}
+        self.pending_rows: list[tuple] = []
         self.sqlite_b = self.segment_b = 0
         self.db: sqlite3.Connection | None = None
         if v.sqlite:
@@ -239,13 +260,16 @@ class Sim:
         n, size = self._charges(rows)
         acks = {d: self.seq[d] for d in self.devices}
         w0 = written()
-        where = [] if v.rows else self._segment([self._record(r) for r in rows], t)
+        where = [] if v.rows and v.rows_at == "window" else self._segment(
+            [self._record(r) for r in rows], t)
         w1 = written()
         self.segment_b += w1 - w0
         if not v.sqlite:
             return len(rows)
         db = self.db
         assert db is not None
+        if v.rows and v.rows_at == "fold":
+            self.pending_rows += rows
         idx = [] if v.rows else [(r[0], r[1], r[2], r[4], *w)
                                  for r, w in zip(rows, where, strict=True)]
         if v.index in ("chunk", "chunk-arrival"):
@@ -262,12 +286,13 @@ class Sim:
             self.pending_bytes.update(size)
         if v.ack == "fold":
             self.pending_acks.update(acks)
-        now_any = v.rows or v.index == "window" or v.ack == "window" or v.counters == "window"
+        now_any = ((v.rows and v.rows_at == "window") or v.index == "window"
+                   or v.ack == "window" or v.counters == "window")
         if now_any or fold:
             db.execute("BEGIN IMMEDIATE")
             db.executemany("INSERT INTO devices (device) VALUES (?) ON CONFLICT(device) "
                            "DO NOTHING", [(d,) for d in self.devices])
-            if v.rows:
+            if v.rows and v.rows_at == "window":
                 for r in rows:  # one statement a row, as dialect.insert_results
                     db.execute("INSERT INTO results VALUES (?,?,?,?,?,?,?) ON CONFLICT "
                                "DO NOTHING", r)
@@ -291,6 +316,9 @@ class Sim:
             w = written()
             os.fdatasync(self.seg_fd)
             self.segment_b += written() - w
+        for r in self.pending_rows:
+            db.execute("INSERT INTO results VALUES (?,?,?,?,?,?,?) ON CONFLICT DO NOTHING", r)
+        self.pending_rows = []
         if self.pending_index and self.v.index == "arrival":
             db.executemany("INSERT INTO result_arrival VALUES (?,?,?,?,?,?,?)",
                            self.pending_index)
@@ -359,7 +387,7 @@ def child(variant: str, fleet: str, work: Path, window_s: float, payload: int,
         acc += per_window
         take = int(acc)
         acc -= take
-        fold = due - last_fold >= FOLD_S - 1e-6
+        fold = due - last_fold >= v.fold_s - 1e-6
         if fold:
             last_fold = due
         results += sim.window(time.time(), take, fold)
