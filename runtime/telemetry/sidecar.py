@@ -212,7 +212,7 @@ class Sidecar:
                 from runtime.wire.commands import CommandRefused
 
                 raise CommandRefused(f"cannot record the command id in {self.path} ({e}); "
-                                     "send it again when the device's disk has room") from e
+                                     "send it again when the device's disk takes writes") from e
             return True
 
     def set_evicted_total(self, value: int) -> None:
