@@ -13,8 +13,10 @@ import numpy as np
 
 from runtime.config.source import SourceConfig
 from runtime.frames.cap_clock import CapClock, spaced
-from runtime.frames.capture_source import FrameShape, LatestFrame, redact, unresolved
+from runtime.frames.capture_source import LatestFrame
 from runtime.frames.frame import CredentialsRefused, Frame, SourceError
+from runtime.frames.frame_shape import FrameShape
+from runtime.frames.stream_url import redact, shown, unresolved
 
 log = logging.getLogger("edgerun.source")
 
@@ -321,7 +323,7 @@ class AvStreamSource:
         # every SourceError below is raised `from None`: PyAV's messages carry the URL,
         # credentials and all, and a chained cause would print them in a traceback
         self._av = av
-        self._cfg, self._shown = cfg, redact(cfg.path)
+        self._cfg, self._shown = cfg, shown(cfg.path)
         opts = {}
         rtsp = cfg.path.lower().startswith("rtsp")
         if rtsp and cfg.transport != "auto":

@@ -51,6 +51,9 @@ class Capture:
         self._bad, self._counters, self._cpu, self._event = bad, counters, cpu, event
         self._hand_over, self._idle = hand_over, idle
         self._retry_log = RateLimitedLog(log)  # the re-opens during one outage
+        # failures in the outage under way: the backoff's own count runs on across outages
+        # (reset only by a source that ran STABLE_S), so it cannot say how many this one took
+        self._outage_failures = 0
 
     def run(self) -> None:
         """The thread's body: until `stop`, or the source ends."""
@@ -124,7 +127,7 @@ class Capture:
                 self._cpu.add("capture", spent)
                 continue
             if lane.down_since is not None:
-                self._back(backoff)
+                self._back()
             self._cpu.read(spent, frame)
             if frame.skipped:  # decoded, passed over for a newer one (latest wins)
                 lane.counters["skipped_latest"] += frame.skipped
@@ -205,6 +208,7 @@ class Capture:
         delay = max(backoff.next_delay(), at_least_s)
         self._count("source_errors")
         lane.state = "failed"
+        self._outage_failures = 1 if lane.down_since is None else self._outage_failures + 1
         if lane.down_since is None:
             lane.down_since = now
             lane.counters["outages"] += 1
@@ -215,15 +219,16 @@ class Capture:
                          "retry_s": round(delay, 1), "source": lane.name})
         else:
             self._retry_log.log(f"down-{lane.name}", "source %sstill failing after %.0f s "
-                                "(%d attempts): %s; retrying every %.1f s", self._named,
-                                now - lane.down_since, backoff.attempts, why, delay)
+                                "(%d failures): %s; retrying every %.1f s", self._named,
+                                now - lane.down_since, self._outage_failures, why, delay)
         self._stop.wait(delay)
 
-    def _back(self, backoff: Backoff) -> None:
+    def _back(self) -> None:
         """The first frame after an outage: its length into health, said once."""
         lane = self.lane
         assert lane.down_since is not None
         lane.last_gap_s = time.monotonic() - lane.down_since
         lane.down_since = None
-        log.info("source %sdelivers again after %.1f s (%d attempts)", self._named,
-                 lane.last_gap_s, backoff.attempts)
+        n = self._outage_failures
+        log.info("source %sdelivers again after %.1f s (%d failure%s)", self._named,
+                 lane.last_gap_s, n, "" if n == 1 else "s")
