@@ -14,7 +14,7 @@ import numpy as np
 from runtime.config.source import SourceConfig
 from runtime.frames.cap_clock import CapClock, spaced
 from runtime.frames.capture_source import LatestFrame
-from runtime.frames.frame import CredentialsRefused, Frame, SourceError
+from runtime.frames.frame import CredentialsRefused, Frame, OpenTimedOut, SourceError
 from runtime.frames.frame_shape import FrameShape
 from runtime.frames.stream_url import redact, shown, unresolved
 
@@ -395,9 +395,9 @@ class AvStreamSource:
                                      "in the URL") from None
         except (av.error.FFmpegError, OSError, IndexError) as e:
             if time.monotonic() - t0 >= cfg.open_timeout_s * 0.9:
-                raise SourceError(f"source.path {self._shown!r}: no stream within "
-                                  f"{cfg.open_timeout_s:g} s (open_timeout_s): the server "
-                                  "does not answer") from None
+                raise OpenTimedOut(f"source.path {self._shown!r}: no stream within "
+                                   f"{cfg.open_timeout_s:g} s (open_timeout_s): the server "
+                                   "does not answer") from None  # PyAV holds no lock
             why = ("cannot open (no video stream)" if isinstance(e, IndexError) else
                    unresolved(cfg.path) or f"cannot open ({_why(e)})")
             raise SourceError(f"source.path {self._shown!r}: {why}") from None

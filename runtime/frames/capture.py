@@ -19,8 +19,8 @@ from collections.abc import Callable
 from typing import Any
 
 from runtime.frames.badframes import BadFrames
-from runtime.frames.frame import BadFrame, CredentialsRefused, Frame, SourceEnded, SourceError
-from runtime.frames.multisource import AUTH_RETRY_S, Lane, Pacer
+from runtime.frames.frame import BadFrame, Frame, SourceEnded, SourceError
+from runtime.frames.multisource import Lane, Pacer, retry_floor_s
 from runtime.frames.roi import RoiError, crop, resolve
 from runtime.frames.stage_cpu import StageCpu
 from runtime.wire.backoff import Backoff
@@ -81,8 +81,7 @@ class Capture:
                     lane.state = "running"
                     opened = time.monotonic()
                 except SourceError as e:
-                    self._failed(str(e), backoff, at_least_s=AUTH_RETRY_S
-                                 if isinstance(e, CredentialsRefused) else 0.0)
+                    self._failed(str(e), backoff, *retry_floor_s(e))
                     continue
                 except Exception as e:  # a bug or an unwrapped OS/library error: the same
                     # failure of this source (retried), never the end of its thread
@@ -201,11 +200,14 @@ class Capture:
         self._event({"type": EventType.SOURCE_ENDED, "severity": "info", "reason": why,
                      "source": self.lane.name})
 
-    def _failed(self, why: str, backoff: Backoff, at_least_s: float = 0.0) -> None:
+    def _failed(self, why: str, backoff: Backoff, at_least_s: float = 0.0,
+                floor_why: str = "") -> None:
         """Count a failure, say it (once an outage) and wait out the backoff's next delay
-        (at least `at_least_s`: a camera that refused the credentials)."""
+        (at least `at_least_s`, for `floor_why`: multisource.retry_floor_s)."""
         lane, now = self.lane, time.monotonic()
         delay = max(backoff.next_delay(), at_least_s)
+        if delay == at_least_s and floor_why:
+            why = f"{why} (re-opened after {at_least_s:g} s: {floor_why})"
         self._count("source_errors")
         lane.state = "failed"
         self._outage_failures = 1 if lane.down_since is None else self._outage_failures + 1

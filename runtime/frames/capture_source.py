@@ -16,7 +16,7 @@ import numpy as np
 
 from runtime.config.source import SourceConfig
 from runtime.frames.cap_clock import CapClock, spaced
-from runtime.frames.frame import Frame, SourceEnded, SourceError
+from runtime.frames.frame import Frame, OpenTimedOut, SourceEnded, SourceError
 from runtime.frames.frame_shape import FrameShape
 from runtime.frames.stream_url import redact, shown, unresolved  # noqa: F401 (redact: cli.py's)
 
@@ -80,9 +80,10 @@ class CaptureSource:
         if not self._cap.isOpened():
             took = time.monotonic() - t0
             if self._url and took >= cfg.open_timeout_s * 0.9:
-                raise SourceError(f"source.path {self._shown!r}: no stream within "
-                                  f"{cfg.open_timeout_s:g} s (open_timeout_s): the server "
-                                  "does not answer")
+                # held OpenCV's open lock all that time (multisource.retry_floor_s)
+                raise OpenTimedOut(f"source.path {self._shown!r}: no stream within "
+                                   f"{cfg.open_timeout_s:g} s (open_timeout_s): the server "
+                                   "does not answer", lock_s=took)
             if self._url and (why := unresolved(cfg.path)):
                 raise SourceError(f"source.path {self._shown!r}: {why}")
             if self._url and "@" in cfg.path.split("://", 1)[1].split("/", 1)[0]:
