@@ -132,6 +132,10 @@ class Capture:
                 lane.counters["skipped_latest"] += frame.skipped
             if frame.damaged:  # the stream's damage the decoder met (concealed or refused)
                 self._count("stream_damaged", frame.damaged)
+            if frame.not_judged:  # a garbled picture: no verdict on it, a bad frame counted
+                # (said at most once a minute: once a burst of damage, not once a frame)
+                self._bad.record("decode_damaged", frame.ref, frame.not_judged)
+                continue
             if pacer is not None:  # its own rate_hz in [[sources]]
                 now = time.monotonic()
                 if lane.source.live and not pacer.ready(now):

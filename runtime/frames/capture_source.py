@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import cv2
 import numpy as np
@@ -236,11 +237,11 @@ class LatestFrame:
 
     JOIN_S = 15.0
 
-    def __init__(self, read_one: Callable[[], np.ndarray | None], shown: str,
+    def __init__(self, read_one: Callable[[], Any], shown: str,
                  start: bool = True):
         self._read_one = read_one
         self._cond = threading.Condition()
-        self._img: np.ndarray | None = None
+        self._img: Any = None
         self._t = 0.0
         self._mono = -math.inf  # when the newest was decoded (monotonic)
         self._last = -math.inf  # when the last frame was decoded, kept or passed over
@@ -299,11 +300,12 @@ class LatestFrame:
         self._last = mono
 
     def take(self, timeout_s: float, not_before: float = -math.inf
-             ) -> tuple[np.ndarray, float, int, float, int] | None:
-        """(image, wall time decoded, its number, decode CPU since the last take, frames
-        skipped since then), or None when no new frame came within `timeout_s`; with
-        `not_before` (monotonic), the first frame decoded at or after it (one decoded before
-        waits to be replaced: served as it is decoded, not up to a frame interval old)."""
+             ) -> tuple[Any, float, int, float, int] | None:
+        """(image (what `read_one` returned), wall time decoded, its number, decode CPU
+        since the last take, frames skipped since then), or None when no new frame came
+        within `timeout_s`; with `not_before` (monotonic), the first frame decoded at or
+        after it (one decoded before waits to be replaced: served as it is decoded, not up to
+        a frame interval old)."""
         with self._cond:
             self._cond.wait_for(lambda: self._error is not None or (
                 self._img is not None and self._mono >= not_before), timeout_s)

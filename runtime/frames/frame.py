@@ -68,6 +68,10 @@ class Frame:
     # counted in health, the frame itself still served (PyAV's sources; OpenCV's capture
     # does not tell)
     damaged: int = 0
+    # why it must not be judged, "" when it may: decoded from a picture FFmpeg concealed
+    # damage in, or from one referencing such a picture up to the next clean key frame
+    # (av_source.py). Counted as a bad frame (`decode_damaged`), never inferred
+    not_judged: str = ""
 
 
 class Source(Protocol):
