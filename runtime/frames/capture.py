@@ -210,8 +210,8 @@ class Capture:
         (at least `at_least_s`, for `floor_why`: multisource.retry_floor_s)."""
         lane, now = self.lane, time.monotonic()
         delay = max(backoff.next_delay(), at_least_s)
-        if delay == at_least_s and floor_why:
-            why = f"{why} (re-opened after {at_least_s:g} s: {floor_why})"
+        if delay == at_least_s and floor_why:  # said: the wait is over the lane's cap
+            why = f"{why} ({floor_why}: not re-opened for {at_least_s:.0f} s)"
         self._count("source_errors")
         lane.state = "failed"
         self._outage_failures = 1 if lane.down_since is None else self._outage_failures + 1
@@ -220,7 +220,7 @@ class Capture:
             lane.counters["outages"] += 1
             log.warning("source %sfailed: %s; retrying in %.1f s, backing off to at most "
                         "%g s (the daemon keeps running)", self._named, why, delay,
-                        lane.retry_cap_s)
+                        max(lane.retry_cap_s, at_least_s))
             self._event({"type": EventType.SOURCE_FAILED, "severity": "warning", "error": why,
                          "retry_s": round(delay, 1), "source": lane.name})
         else:

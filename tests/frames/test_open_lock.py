@@ -109,5 +109,5 @@ def test_a_dead_opencv_camera_does_not_hold_up_a_live_ones_return(tmp_path):
     print(f"live camera served again {[round(s, 2) for s in back_s]} s after each restart; "
           f"the dead one's first re-open in {failed[0]['retry_s']} s, {dead['source_errors']} "
           "open(s) timed out")
-    assert "open_timeout_s" in failed[0]["error"]
+    assert "open_timeout_s" in failed[0]["error"] and "not re-opened for" in failed[0]["error"]
     assert max(back_s) <= 3.0, back_s
