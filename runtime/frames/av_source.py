@@ -13,8 +13,10 @@ import numpy as np
 
 from runtime.config.source import SourceConfig
 from runtime.frames.cap_clock import CapClock, spaced
-from runtime.frames.capture_source import FrameShape, LatestFrame, redact, unresolved
-from runtime.frames.frame import CredentialsRefused, Frame, SourceError
+from runtime.frames.capture_source import LatestFrame
+from runtime.frames.frame import CredentialsRefused, Frame, OpenTimedOut, SourceError
+from runtime.frames.frame_shape import FrameShape
+from runtime.frames.stream_url import redact, shown, unresolved
 
 log = logging.getLogger("edgerun.source")
 
@@ -321,7 +323,7 @@ class AvStreamSource:
         # every SourceError below is raised `from None`: PyAV's messages carry the URL,
         # credentials and all, and a chained cause would print them in a traceback
         self._av = av
-        self._cfg, self._shown = cfg, redact(cfg.path)
+        self._cfg, self._shown = cfg, shown(cfg.path)
         opts = {}
         rtsp = cfg.path.lower().startswith("rtsp")
         if rtsp and cfg.transport != "auto":
@@ -345,7 +347,9 @@ class AvStreamSource:
             self._shape = FrameShape(self._shown, cfg.frame_size)
             self._params: dict[int, bytes] = {}  # last SPS and PPS: a new decoder's first NALs
             self._units: collections.deque = collections.deque()  # NALs (or packets) to decode
-            self._ready: collections.deque[np.ndarray] = collections.deque()  # decoded, unread
+            # decoded, unread: (BGR image, decoded from damaged data: _read_one)
+            self._ready: collections.deque[tuple[np.ndarray, bool]] = collections.deque()
+            self._tainted = False  # damage met since the last clean key frame
             self._take_key = True  # key frames only: the key frame being read is decoded
             self.damaged = 0  # packets the decoder refused and frames it concealed damage in
             self.converted = 0  # frames converted to BGR (those passed over are not)
@@ -393,9 +397,9 @@ class AvStreamSource:
                                      "in the URL") from None
         except (av.error.FFmpegError, OSError, IndexError) as e:
             if time.monotonic() - t0 >= cfg.open_timeout_s * 0.9:
-                raise SourceError(f"source.path {self._shown!r}: no stream within "
-                                  f"{cfg.open_timeout_s:g} s (open_timeout_s): the server "
-                                  "does not answer") from None
+                raise OpenTimedOut(f"source.path {self._shown!r}: no stream within "
+                                   f"{cfg.open_timeout_s:g} s (open_timeout_s): the server "
+                                   "does not answer") from None  # PyAV holds no lock
             why = ("cannot open (no video stream)" if isinstance(e, IndexError) else
                    unresolved(cfg.path) or f"cannot open ({_why(e)})")
             raise SourceError(f"source.path {self._shown!r}: {why}") from None
@@ -516,7 +520,9 @@ class AvStreamSource:
             if asm.dropped_begun != begun:  # the key picture before it is whole
                 self._units.extend((pic, "key" if key else "slice", pic_pts)
                                    for pic, key, pic_pts in aus.boundary())
-            self.damaged += asm.oversize + aus.oversize - oversize
+            if asm.oversize + aus.oversize != oversize:  # a NAL or picture dropped
+                self.damaged += asm.oversize + aus.oversize - oversize
+                self._tainted = True
             if asm.keys_begun != keys and self._skip:
                 # whether key frames only is left at this key frame is decided here, once, as
                 # its first slice begins (the rate as _read_one will see it), and _read_one
@@ -532,8 +538,9 @@ class AvStreamSource:
                     asm.drop_types = frozenset()
         return self._units.popleft()
 
-    def _read_one(self) -> np.ndarray:
-        """On the reader thread: the next decoded frame (a key frame alone when skipping)."""
+    def _read_one(self) -> tuple[np.ndarray, bool]:
+        """On the reader thread: the next decoded frame (a key frame alone when skipping) and
+        whether it was decoded from damaged data (a damage since the last clean key frame)."""
         t0 = time.monotonic()
         av = self._av
         while not self._ready:
@@ -574,10 +581,18 @@ class AvStreamSource:
                     unit if isinstance(unit, av.Packet) else av.Packet(unit))
             except av.error.FFmpegError:
                 self.damaged += 1  # the decoder resynchronises at the next one
+                self._tainted = True  # the pictures after it miss a reference
                 continue
             for f in frames:
+                # FFmpeg flags only the picture it concealed damage in (is_corrupt); those
+                # that reference it carry the damage unflagged up to the next key frame
+                # (measured: 30-53 % of their pixels off, docs/sources.md). So every frame
+                # from a damage to the next key frame decoded clean is not judged
                 if f.is_corrupt:
-                    self.damaged += 1  # concealed: served, counted
+                    self.damaged += 1
+                    self._tainted = True
+                elif f.key_frame:
+                    self._tainted = False
                 if self._never_served():
                     # counted and numbered as decoded and passed over, not converted (~0.4 ms
                     # a 720p frame: 4 of 5 frames at a 5 Hz cap of 25 fps were converted for
@@ -592,8 +607,8 @@ class AvStreamSource:
                 # threads started and ended each frame, their CPU on no stage's clock
                 # (~0.4 ms a 720p frame beside the reader's own, docs/sources.md)
                 self._shape.check(f.width, f.height)
-                self._ready.append(self._bgr.reformat(f, format="bgr24", **self._bgr_kw)
-                                   .to_ndarray())
+                self._ready.append((self._bgr.reformat(f, format="bgr24", **self._bgr_kw)
+                                    .to_ndarray(), self._tainted))
                 self.converted += 1
         return self._ready.popleft()
 
@@ -603,12 +618,12 @@ class AvStreamSource:
         got = self._reader.take(timeout_s, self._clock.due if self.paced else -math.inf)
         if got is None:
             return None
-        img, t0, n, cpu, skipped = got
+        (img, tainted), t0, n, cpu, skipped = got
         d = self.damaged  # read once: the reader thread adds to it
         damaged, self._damaged_told = d - self._damaged_told, d
         self._clock.served(time.monotonic(), self._step(), self._hint_hz)
         return Frame(img, f"frame-{n}", t=t0, decode_cpu_s=cpu, decoded_apart=True,
-                     skipped=skipped, damaged=damaged)
+                     skipped=skipped, damaged=damaged, not_judged=_DAMAGED if tainted else "")
 
     def done(self, frames: list[Frame]) -> None:
         """Nothing to remember."""
@@ -623,6 +638,8 @@ class AvStreamSource:
 
 
 _P_SLICES = frozenset({1, 2, 3, 4})  # NAL types of slices other than a key frame's
+_DAMAGED = ("decoded from damaged stream data (FFmpeg concealed damage in this picture or in "
+            "one it references): not judged until the next clean key frame")
 
 
 def _rate(times: list[float]) -> float:

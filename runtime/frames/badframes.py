@@ -22,8 +22,10 @@ log = logging.getLogger("edgerun.pipeline")
 
 # Image kinds (frames/images.py) plus frames that decoded but could not be preprocessed, and
 # frames the source's region of interest does not fit (frames/roi.py), and frames whose model
-# output was not of the declared detector form (runtime/engine/detection.py).
-FRAME_KINDS = (*KINDS, "preprocess_failed", "roi_outside", "postprocess_failed")
+# output was not of the declared detector form (runtime/engine/detection.py), and a stream's
+# frames decoded from damaged data, not judged (frames/av_source.py, Frame.not_judged).
+FRAME_KINDS = (*KINDS, "preprocess_failed", "roi_outside", "postprocess_failed",
+               "decode_damaged")
 
 
 class BadFrames:

@@ -19,8 +19,8 @@ from collections.abc import Callable
 from typing import Any
 
 from runtime.frames.badframes import BadFrames
-from runtime.frames.frame import BadFrame, CredentialsRefused, Frame, SourceEnded, SourceError
-from runtime.frames.multisource import AUTH_RETRY_S, Lane, Pacer
+from runtime.frames.frame import BadFrame, Frame, SourceEnded, SourceError
+from runtime.frames.multisource import Lane, Pacer, retry_floor_s
 from runtime.frames.roi import RoiError, crop, resolve
 from runtime.frames.stage_cpu import StageCpu
 from runtime.wire.backoff import Backoff
@@ -51,6 +51,9 @@ class Capture:
         self._bad, self._counters, self._cpu, self._event = bad, counters, cpu, event
         self._hand_over, self._idle = hand_over, idle
         self._retry_log = RateLimitedLog(log)  # the re-opens during one outage
+        # failures in the outage under way: the backoff's own count runs on across outages
+        # (reset only by a source that ran STABLE_S), so it cannot say how many this one took
+        self._outage_failures = 0
 
     def run(self) -> None:
         """The thread's body: until `stop`, or the source ends."""
@@ -78,8 +81,7 @@ class Capture:
                     lane.state = "running"
                     opened = time.monotonic()
                 except SourceError as e:
-                    self._failed(str(e), backoff, at_least_s=AUTH_RETRY_S
-                                 if isinstance(e, CredentialsRefused) else 0.0)
+                    self._failed(str(e), backoff, *retry_floor_s(e))
                     continue
                 except Exception as e:  # a bug or an unwrapped OS/library error: the same
                     # failure of this source (retried), never the end of its thread
@@ -124,12 +126,16 @@ class Capture:
                 self._cpu.add("capture", spent)
                 continue
             if lane.down_since is not None:
-                self._back(backoff)
+                self._back()
             self._cpu.read(spent, frame)
             if frame.skipped:  # decoded, passed over for a newer one (latest wins)
                 lane.counters["skipped_latest"] += frame.skipped
             if frame.damaged:  # the stream's damage the decoder met (concealed or refused)
                 self._count("stream_damaged", frame.damaged)
+            if frame.not_judged:  # a garbled picture: no verdict on it, a bad frame counted
+                # (said at most once a minute: once a burst of damage, not once a frame)
+                self._bad.record("decode_damaged", frame.ref, frame.not_judged)
+                continue
             if pacer is not None:  # its own rate_hz in [[sources]]
                 now = time.monotonic()
                 if lane.source.live and not pacer.ready(now):
@@ -198,32 +204,37 @@ class Capture:
         self._event({"type": EventType.SOURCE_ENDED, "severity": "info", "reason": why,
                      "source": self.lane.name})
 
-    def _failed(self, why: str, backoff: Backoff, at_least_s: float = 0.0) -> None:
+    def _failed(self, why: str, backoff: Backoff, at_least_s: float = 0.0,
+                floor_why: str = "") -> None:
         """Count a failure, say it (once an outage) and wait out the backoff's next delay
-        (at least `at_least_s`: a camera that refused the credentials)."""
+        (at least `at_least_s`, for `floor_why`: multisource.retry_floor_s)."""
         lane, now = self.lane, time.monotonic()
         delay = max(backoff.next_delay(), at_least_s)
+        if delay == at_least_s and floor_why:  # said: the wait is over the lane's cap
+            why = f"{why} ({floor_why}: not re-opened for {at_least_s:.0f} s)"
         self._count("source_errors")
         lane.state = "failed"
+        self._outage_failures = 1 if lane.down_since is None else self._outage_failures + 1
         if lane.down_since is None:
             lane.down_since = now
             lane.counters["outages"] += 1
             log.warning("source %sfailed: %s; retrying in %.1f s, backing off to at most "
                         "%g s (the daemon keeps running)", self._named, why, delay,
-                        lane.retry_cap_s)
+                        max(lane.retry_cap_s, at_least_s))
             self._event({"type": EventType.SOURCE_FAILED, "severity": "warning", "error": why,
                          "retry_s": round(delay, 1), "source": lane.name})
         else:
             self._retry_log.log(f"down-{lane.name}", "source %sstill failing after %.0f s "
-                                "(%d attempts): %s; retrying every %.1f s", self._named,
-                                now - lane.down_since, backoff.attempts, why, delay)
+                                "(%d failures): %s; retrying every %.1f s", self._named,
+                                now - lane.down_since, self._outage_failures, why, delay)
         self._stop.wait(delay)
 
-    def _back(self, backoff: Backoff) -> None:
+    def _back(self) -> None:
         """The first frame after an outage: its length into health, said once."""
         lane = self.lane
         assert lane.down_since is not None
         lane.last_gap_s = time.monotonic() - lane.down_since
         lane.down_since = None
-        log.info("source %sdelivers again after %.1f s (%d attempts)", self._named,
-                 lane.last_gap_s, backoff.attempts)
+        n = self._outage_failures
+        log.info("source %sdelivers again after %.1f s (%d failure%s)", self._named,
+                 lane.last_gap_s, n, "" if n == 1 else "s")

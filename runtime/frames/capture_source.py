@@ -6,18 +6,20 @@ from __future__ import annotations
 import logging
 import math
 import os
-import re
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import cv2
 import numpy as np
 
 from runtime.config.source import SourceConfig
 from runtime.frames.cap_clock import CapClock, spaced
-from runtime.frames.frame import Frame, SourceEnded, SourceError
+from runtime.frames.frame import Frame, OpenTimedOut, SourceEnded, SourceError
+from runtime.frames.frame_shape import FrameShape
+from runtime.frames.stream_url import redact, shown, unresolved  # noqa: F401 (redact: cli.py's)
 
 log = logging.getLogger("edgerun.source")
 
@@ -28,77 +30,6 @@ _FFMPEG_LEVEL = "OPENCV_FFMPEG_LOGLEVEL"
 # at a time (OpenCV itself serialises FFmpeg opens in a process, with a lock of its own).
 _env_lock = threading.Lock()
 _quieted = False
-
-
-class FrameShape:
-    """One warning per camera size when `[source] frame_size` stretches its frames: a
-    camera rebooted into another resolution (or a size set for another camera) would
-    otherwise feed the model distorted pictures without a word."""
-
-    def __init__(self, shown: str, size: tuple[int, ...]):
-        self._shown, self._size = shown, size
-        self._seen: tuple[int, int] | None = None
-
-    def check(self, w: int, h: int) -> None:
-        """Note a frame of `w` x `h` before it is converted (cheap when the size is known)."""
-        if (w, h) == self._seen or not self._size:
-            return
-        self._seen = (w, h)
-        if why := stretched(w, h, self._size):
-            log.warning("%s: %s", self._shown, why)
-
-
-def stretched(w: int, h: int, size: tuple[int, ...]) -> str | None:
-    """What converting a `w` x `h` frame to `size` does to its shape when it stretches it by
-    more than 2 % (pure), else None."""
-    if not size or w <= 0 or h <= 0:
-        return None
-    ratio = (size[0] / size[1]) / (w / h)
-    if abs(ratio - 1) <= 0.02:
-        return None
-    return (f"frames of {w}x{h} are converted to {size[0]}x{size[1]} ([source] frame_size): "
-            f"their width stretched {ratio:.2f}x against their height; set a frame_size of "
-            "the camera's shape")
-
-
-def redact(url: str) -> str:
-    """A URL fit for logs and events: `user:password@` becomes `***@`."""
-    return re.sub(r"(?<=://)[^/@\s]*@", "***@", url)
-
-
-def unresolved(url: str, timeout_s: float = 3.0) -> str:
-    """Why a stream URL's host name does not resolve, or "" (it resolves, is an address, has
-    no host, or the DNS gave no answer within `timeout_s`). FFmpeg says no more than
-    "Input/output error" (PyAV) or "failed" (OpenCV, which read as refused credentials) for a
-    name the DNS does not know: a typo, or a camera not yet in the DNS. Asked in a thread of
-    its own: getaddrinfo has no timeout of its own."""
-    import ipaddress
-    import socket
-    import urllib.parse
-
-    try:
-        host = urllib.parse.urlsplit(url).hostname
-        if not host:
-            return ""
-        ipaddress.ip_address(host)
-        return ""
-    except ValueError:  # a name, not an address (or a URL that does not parse)
-        if not host:
-            return ""
-    why: list[str] = []
-
-    def look() -> None:
-        try:
-            socket.getaddrinfo(host, None)
-        except socket.gaierror as e:
-            why.append(str(e.strerror or e))
-        except (OSError, UnicodeError):  # not the name's fault (or not a name at all)
-            pass
-
-    t = threading.Thread(target=look, name="resolve", daemon=True)
-    t.start()
-    t.join(timeout_s)
-    return f"the host name {host!r} does not resolve ({why[0]})" if why else ""
 
 
 def quiet_ffmpeg(debug: bool | None = None) -> None:
@@ -137,7 +68,7 @@ class CaptureSource:
         self._cfg = cfg
         self._target: int | str = int(cfg.path) if cfg.path.isdigit() else cfg.path
         self._url = isinstance(self._target, str) and "://" in self._target
-        self._shown = redact(cfg.path)
+        self._shown = shown(cfg.path)
         self._shape = FrameShape(self._shown, cfg.frame_size)
         try:  # a path the filesystem refuses (too long) raised OSError: a dead thread
             self.live = not Path(str(self._target)).is_file()
@@ -150,9 +81,10 @@ class CaptureSource:
         if not self._cap.isOpened():
             took = time.monotonic() - t0
             if self._url and took >= cfg.open_timeout_s * 0.9:
-                raise SourceError(f"source.path {self._shown!r}: no stream within "
-                                  f"{cfg.open_timeout_s:g} s (open_timeout_s): the server "
-                                  "does not answer")
+                # held OpenCV's open lock all that time (multisource.retry_floor_s)
+                raise OpenTimedOut(f"source.path {self._shown!r}: no stream within "
+                                   f"{cfg.open_timeout_s:g} s (open_timeout_s): the server "
+                                   "does not answer", lock_s=took)
             if self._url and (why := unresolved(cfg.path)):
                 raise SourceError(f"source.path {self._shown!r}: {why}")
             if self._url and "@" in cfg.path.split("://", 1)[1].split("/", 1)[0]:
@@ -305,11 +237,11 @@ class LatestFrame:
 
     JOIN_S = 15.0
 
-    def __init__(self, read_one: Callable[[], np.ndarray | None], shown: str,
+    def __init__(self, read_one: Callable[[], Any], shown: str,
                  start: bool = True):
         self._read_one = read_one
         self._cond = threading.Condition()
-        self._img: np.ndarray | None = None
+        self._img: Any = None
         self._t = 0.0
         self._mono = -math.inf  # when the newest was decoded (monotonic)
         self._last = -math.inf  # when the last frame was decoded, kept or passed over
@@ -368,11 +300,12 @@ class LatestFrame:
         self._last = mono
 
     def take(self, timeout_s: float, not_before: float = -math.inf
-             ) -> tuple[np.ndarray, float, int, float, int] | None:
-        """(image, wall time decoded, its number, decode CPU since the last take, frames
-        skipped since then), or None when no new frame came within `timeout_s`; with
-        `not_before` (monotonic), the first frame decoded at or after it (one decoded before
-        waits to be replaced: served as it is decoded, not up to a frame interval old)."""
+             ) -> tuple[Any, float, int, float, int] | None:
+        """(image (what `read_one` returned), wall time decoded, its number, decode CPU
+        since the last take, frames skipped since then), or None when no new frame came
+        within `timeout_s`; with `not_before` (monotonic), the first frame decoded at or
+        after it (one decoded before waits to be replaced: served as it is decoded, not up to
+        a frame interval old)."""
         with self._cond:
             self._cond.wait_for(lambda: self._error is not None or (
                 self._img is not None and self._mono >= not_before), timeout_s)

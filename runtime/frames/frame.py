@@ -18,6 +18,17 @@ class CredentialsRefused(SourceError):
     slowly (runtime/frames/multisource.py AUTH_RETRY_S), not as a camera that is down."""
 
 
+class OpenTimedOut(SourceError):
+    """The open got no answer within open_timeout_s (a camera unplugged, an address behind
+    a firewall that drops it). `lock_s`: how long the open held a process-wide lock (OpenCV's
+    FFmpeg opens, one at a time in a process: every other OpenCV camera's open waited behind
+    it); 0 where it held none (PyAV). runtime/frames/multisource.py retry_floor_s."""
+
+    def __init__(self, message: str, lock_s: float = 0.0):
+        super().__init__(message)
+        self.lock_s = lock_s
+
+
 class SourceEnded(SourceError):
     """The source has nothing more to give (a video file's last frame was read, no loop):
     not an error and not retried; the daemon keeps running and says so once."""
@@ -57,6 +68,10 @@ class Frame:
     # counted in health, the frame itself still served (PyAV's sources; OpenCV's capture
     # does not tell)
     damaged: int = 0
+    # why it must not be judged, "" when it may: decoded from a picture FFmpeg concealed
+    # damage in, or from one referencing such a picture up to the next clean key frame
+    # (av_source.py). Counted as a bad frame (`decode_damaged`), never inferred
+    not_judged: str = ""
 
 
 class Source(Protocol):

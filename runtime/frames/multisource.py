@@ -138,6 +138,15 @@ CAMERA_RETRY_CAP_S = 2.0
 # NVR's too) or the address after a handful in a few minutes. A password fixed on the camera
 # is met within a minute; one fixed in the config needs a restart anyway.
 AUTH_RETRY_S = 60.0
+# An OpenCV open that timed out held OpenCV's process-wide open lock for its open_timeout_s:
+# its re-open waits at least LOCK_WAITS times that long, so a camera that does not answer
+# holds the lock at most 1 / (1 + LOCK_WAITS) of the time (a fifth) and a live camera's
+# re-open beside it is seldom held up; up to LOCK_RETRY_MAX_S, the cap of a source that is
+# not a camera (open_timeout_s 8: 30 s, a share of 8 / 38). Measured with the camera cap of
+# 2 s instead: a camera behind a black hole (open_timeout_s 8) held a live camera's return
+# 8.1-8.6 s after each of its restarts (docs/sources.md).
+LOCK_WAITS = 4.0
+LOCK_RETRY_MAX_S = 30.0
 
 
 def is_camera(path: str) -> bool:
@@ -159,6 +168,23 @@ def retry_cap_s(cfg: Any) -> float:
     if kind == "pylon" or (kind == "capture" and is_camera(path)):
         return CAMERA_RETRY_CAP_S
     return RETRY_CAP_S
+
+
+def retry_floor_s(error: BaseException) -> tuple[float, str]:
+    """(the least wait before re-opening a source whose open or read raised `error`, why;
+    0 and "": the backoff alone decides). Pure. A camera that refused the credentials:
+    AUTH_RETRY_S. An open that timed out holding OpenCV's open lock: LOCK_WAITS x the time
+    it held it, at most LOCK_RETRY_MAX_S (see above). The cost: a camera whose opens time
+    out (unplugged, its network down) is met up to that long after it answers again; one
+    that reboots refuses connections meanwhile (fails at once) and keeps the camera cap."""
+    from runtime.frames.frame import CredentialsRefused, OpenTimedOut
+
+    if isinstance(error, CredentialsRefused):
+        return AUTH_RETRY_S, "the camera refused the credentials"
+    if isinstance(error, OpenTimedOut) and error.lock_s > 0:
+        return (min(LOCK_RETRY_MAX_S, LOCK_WAITS * error.lock_s),
+                "an OpenCV open that times out holds every other OpenCV camera's open")
+    return 0.0, ""
 
 
 class FairQueue:

@@ -109,7 +109,6 @@ class Inferred(NamedTuple):
     alone: bool  # on the inline path: no other stage ran beside it (Tally.alone_ms)
 
 
-
 def _join(threads: list[threading.Thread], lanes: list[Lane]) -> None:
     """Join the pipeline's threads: 2 s each, then as long as the sources' own timeouts for
     any still inside an open or read (FFmpeg, pylon), which comes back only when that call

@@ -27,9 +27,9 @@ def notes(cfg: Any) -> list[str]:
 
 
 def _shown(path: str) -> str:
-    from runtime.frames.capture_source import redact
+    from runtime.frames.stream_url import shown
 
-    return redact(path)
+    return shown(path)
 
 
 def _problem(src: Any, has_broker: bool) -> str:
@@ -38,7 +38,7 @@ def _problem(src: Any, has_broker: bool) -> str:
             p = Path(src.path).expanduser()
             return "" if p.is_dir() else f"{p} is not a directory (yet?)"
         if src.kind == "capture" and "://" in src.path:
-            from runtime.frames.capture_source import unresolved
+            from runtime.frames.stream_url import unresolved
 
             return unresolved(src.path)
         if src.kind == "capture" and not src.path.isdigit():

@@ -461,3 +461,38 @@ def test_printed_results_say_which_camera():
     assert print_line({**r, "source": "line1-top"}).split()[1] == "line1-top/part-12"
     assert print_line({**r, "source": "main"}).split()[1] == "part-12"  # one unnamed source
     assert len(print_line({**r, "source": "line1-top"}).split()) == 7  # the six fields
+
+
+def test_each_outages_back_again_line_counts_its_own_failures(tmp_path, caplog):
+    """A camera that hangs up after every 20 frames (the real HTTP server above): each
+    hang-up is one outage of one failure (the re-open works at once), and its "delivers
+    again" line says so. It said the backoff's count, which runs on across outages until a
+    source has run 60 s: 1, 2, 3 ... attempts for outages of one failure each."""
+    import logging
+
+    from runtime.frames.multisource import single
+
+    caplog.set_level(logging.INFO, logger="edgerun.pipeline")
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Camera)
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    cfg = SourceConfig(kind="capture", path=f"http://127.0.0.1:{srv.server_address[1]}/c.mjpg",
+                       read_timeout_s=2, decoder="opencv")
+    m, active = tiny_active(tmp_path)
+    p = Pipeline(single(cfg, lambda: open_source(cfg, tmp_path / "state")), m,
+                 lambda rs: list(range(len(rs))), lambda e: None)
+    p.start(active)
+
+    def back() -> list[str]:
+        return [r.getMessage() for r in list(caplog.records)
+                if "delivers again" in r.getMessage()]
+    try:
+        wait(lambda: len(back()) >= 3, 60, "three returns after hang-ups")
+        stats = p.stats()["sources"]["main"]
+    finally:
+        p.stop()
+        srv.shutdown()
+        srv.server_close()
+    lines = back()
+    assert stats["outages"] >= 3, stats
+    assert all(line.endswith("(1 failure)") for line in lines), lines

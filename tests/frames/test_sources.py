@@ -132,7 +132,7 @@ def test_roi_crop_is_the_rectangle_and_boxes_map_back_to_the_frame():
     (0, 480, (224, 126), None),  # no size known
 ])
 def test_a_frame_size_of_another_shape_is_said(w, h, size, says):
-    from runtime.frames.capture_source import stretched
+    from runtime.frames.frame_shape import stretched
 
     got = stretched(w, h, size)
     assert (got is None) if says is None else (says in (got or "")), got

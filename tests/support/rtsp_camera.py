@@ -8,7 +8,8 @@ process of its own, and what a test needs around it.
   parent-death signal of tests/support/children.py when the worker dies); `slices=N`: x264
   cuts each picture into N slices (as cameras do, so that a lost packet costs a slice).
 - `frame_number(img)`: the number read back from a decoded frame (None when the code does not
-  check out: a half-decoded or foreign picture).
+  check out: a half-decoded or foreign picture); `damage(img, n)`: how much of it differs
+  from the camera's frame n.
 - `times()`: frame number -> (capture, encoded) on this host's CLOCK_MONOTONIC (seconds), what
   the camera logged: a result's age is `t_inference_start - times()[n][0]`.
 - `skip_reason()`: why no camera can run here (no system python3-gi, no RTSP server, no
@@ -28,7 +29,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from support.rtsp_camera_code import BITS, band_h, code_rows
+from support.rtsp_camera_code import BITS, band_h, code_rows, luma, texture
 
 SYSTEM_PYTHON = "/usr/bin/python3"
 SERVER = Path(__file__).with_name("rtsp_camera_server.py")
@@ -85,6 +86,21 @@ def frame_number(img: np.ndarray) -> int | None:
             return None
         n = n << 1 | (top > low)
     return n
+
+
+@functools.cache
+def _texture(w: int, h: int) -> bytes:
+    return texture(w, h)
+
+
+def damage(img: np.ndarray, n: int) -> float:
+    """The share of `img`'s pixels (BGR, the camera's size) more than 40 levels off the
+    camera's frame `n` (0.0: the picture as sent, up to coding noise; a picture decoded from
+    a damaged one, or referencing one, reads 0.05-0.5 at 320x180)."""
+    h, w = img.shape[:2]
+    y = np.frombuffer(luma(n, w, h, _texture(w, h)), np.uint8).reshape(h, w).astype(np.int32)
+    full = np.clip((y - 16) * 255 // 219, 0, 255)  # video range -> the BGR frame's full range
+    return float((np.abs(img[..., 1].astype(np.int32) - full) > 40).mean())
 
 
 def picture(n: int, w: int, h: int) -> np.ndarray:

@@ -9,8 +9,11 @@ black against full white: they survive H.264 at any bit rate and scaling to a mo
 
 from __future__ import annotations
 
+import math
+
 BITS = 20  # 25 fps for 11.6 hours before it wraps; 320, 640, 1280, 1920 px divide by it
 WHITE, BLACK, GREY = 235, 16, 128  # video-range luma
+PERIOD = 256  # rows the texture scrolls through, 3 a frame, before it repeats
 
 
 def band_h(h: int) -> int:
@@ -26,3 +29,23 @@ def code_rows(n: int, w: int, h: int) -> bytes:
     row = b"".join(bytes([WHITE if b else BLACK]) * bw for b in bits) + pad
     inv = b"".join(bytes([BLACK if b else WHITE]) * bw for b in bits) + pad
     return row * band_h(h) + inv * band_h(h)
+
+
+def texture(width: int, height: int, period: int = PERIOD) -> bytes:
+    """A smooth luma texture `height + period` rows tall (pure Python: no numpy in the
+    camera's process)."""
+    bank = []
+    for k in range(64):
+        f, ph = 2 * math.pi / (24 + 3 * k), k * 0.7
+        bank.append(bytes(int(128 + 70 * math.sin(x * f + ph) + 30 * math.sin(x * 0.013 * (k + 1)))
+                          for x in range(width)))
+    rows = [bank[int(31.5 + 31.5 * math.sin(y / 40.0) * math.cos(y / 97.0))]
+            for y in range(height + period)]
+    return b"".join(rows)
+
+
+def luma(n: int, w: int, h: int, tex: bytes) -> bytes:
+    """Frame `n`'s whole luma plane as the camera encodes it (`tex`: texture(w, h)): the code
+    bands over the texture scrolled 3 rows a frame."""
+    off = (n * 3) % PERIOD
+    return code_rows(n, w, h) + tex[(off + 2 * band_h(h)) * w:(off + h) * w]

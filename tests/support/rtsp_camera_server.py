@@ -21,7 +21,6 @@ mapped to its exact frame and its age measured on the same host's monotonic cloc
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 import threading
@@ -36,21 +35,9 @@ from gi.repository import GLib, Gst, GstRtspServer  # noqa: E402
 # the code module lies beside this script: on sys.path even under PYTHONSAFEPATH (CI sets it,
 # and then Python leaves the script's folder off)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from rtsp_camera_code import band_h, code_rows  # noqa: E402
+from rtsp_camera_code import PERIOD, band_h, luma, texture  # noqa: E402
 
 X264_OFFSET = 1000 * 3600 * Gst.SECOND
-
-
-def texture(width: int, height: int, period: int) -> bytes:
-    """A smooth luma texture `height + period` rows tall (pure Python: no numpy here)."""
-    bank = []
-    for k in range(64):
-        f, ph = 2 * math.pi / (24 + 3 * k), k * 0.7
-        bank.append(bytes(int(128 + 70 * math.sin(x * f + ph) + 30 * math.sin(x * 0.013 * (k + 1)))
-                          for x in range(width)))
-    rows = [bank[int(31.5 + 31.5 * math.sin(y / 40.0) * math.cos(y / 97.0))]
-            for y in range(height + period)]
-    return b"".join(rows)
 
 
 class Camera:
@@ -58,7 +45,7 @@ class Camera:
 
     def __init__(self, a: argparse.Namespace):
         self.w, self.h, self.fps = a.width, a.height, a.fps
-        self.period = 256
+        self.period = PERIOD
         self.tex = texture(self.w, self.h, self.period)
         self.chroma = bytes([128]) * (2 * ((self.w // 2) * (self.h // 2)))
         self.band_h = band_h(self.h)
@@ -71,9 +58,7 @@ class Camera:
 
     def picture(self, n: int) -> bytes:
         """Frame `n` in I420: the code bands (rtsp_camera_code.py) over the texture."""
-        off = (n * 3) % self.period
-        luma = self.tex[(off + 2 * self.band_h) * self.w:(off + self.h) * self.w]
-        return code_rows(n, self.w, self.h) + luma + self.chroma
+        return luma(n, self.w, self.h, self.tex) + self.chroma
 
     def attach(self, src) -> None:
         """A new media is playing: push into its appsrc from now on."""

@@ -1,0 +1,55 @@
+"""A stream's URL as the daemon quotes it: credentials redacted, a long one cut (table), and
+the errors of both stream readers opening a 5000-character URL at a port that refuses."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from runtime.config.source import SourceConfig
+from runtime.frames.frame import SourceError
+from runtime.frames.sources import open_source
+from runtime.frames.stream_url import SHOWN_MAX, redact, shown
+
+LONG = "a" * 5000
+
+
+@pytest.mark.parametrize(("url", "expected"), [
+    ("rtsp://10.0.0.21/s1", "rtsp://10.0.0.21/s1"),
+    ("rtsp://op:pw@10.0.0.21/s1", "rtsp://***@10.0.0.21/s1"),
+    ("rtsp://10.0.0.21/" + "a" * 183, "rtsp://10.0.0.21/" + "a" * 183),  # 200: whole
+    ("rtsp://10.0.0.21/" + "a" * 184, "rtsp://10.0.0.21/" + "a" * 183 + "...(201 characters)"),
+    # redacted before it is cut: credentials past the cut never show, whole or in part
+    ("rtsp://op:" + "p" * 300 + "@cam/x", "rtsp://***@cam/x"),
+    ("rtsp://op:pw@cam/" + LONG, ("rtsp://***@cam/" + LONG)[:SHOWN_MAX] + "...(5015 characters)"),
+])
+def test_a_url_is_shown_redacted_and_cut(url, expected):
+    assert shown(url) == expected
+    assert len(shown(url)) <= SHOWN_MAX + 30
+
+
+def test_redact_hides_user_and_password():
+    assert redact("http://u:p@h/x and rtsp://v@h2/y") == "http://***@h/x and rtsp://***@h2/y"
+
+
+@pytest.mark.parametrize("decoder", ["opencv", pytest.param("pyav", marks=pytest.mark.skipif(
+    not __import__("runtime.frames.av_source", fromlist=["x"]).pyav_available(),
+    reason="PyAV is not installed"))])
+def test_an_error_quotes_a_5000_character_url_cut_and_redacted(tmp_path, decoder):
+    """A camera URL of 5000 characters (a token in its path) at a port that refuses: the one
+    SourceError quotes it cut to SHOWN_MAX characters with its length said, its credentials
+    redacted (it was quoted whole: 5000 characters in every error, log line and event of every
+    re-open)."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()  # nothing listens there: refused at once
+    url = f"rtsp://op:s3cret-pw@127.0.0.1:{port}/{LONG}"
+    with pytest.raises(SourceError) as e:
+        open_source(SourceConfig(kind="capture", path=url, open_timeout_s=2, decoder=decoder),
+                     tmp_path)
+    msg = str(e.value)
+    assert msg.startswith(f"source.path 'rtsp://***@127.0.0.1:{port}/aaa"), msg[:300]
+    assert f"({len(redact(url))} characters)" in msg and len(msg) < 400, (len(msg), msg[:300])
+    assert "s3cret-pw" not in msg
