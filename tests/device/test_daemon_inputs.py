@@ -120,7 +120,8 @@ def test_bad_frames_are_counted_in_health_and_reported_as_events(tmp_path, cache
         h = last_health(d.outbox)
         assert h["pipeline"]["frames_bad"] == {
             "too_large": 1, "truncated": 3, "corrupt": 0, "undecodable": 3, "unreadable": 0,
-            "preprocess_failed": 0, "roi_outside": 0, "postprocess_failed": 0, "total": 7}
+            "preprocess_failed": 0, "roi_outside": 0, "postprocess_failed": 0,
+            "decode_damaged": 0, "total": 7}
         assert sorted(r["ref"] for r in results(d.outbox)) == sorted(good)  # none scored
         evs = events(d.outbox, "frame_bad")
         assert sorted(e["kind"] for e in evs) == ["too_large", "truncated", "undecodable"]
