@@ -368,8 +368,8 @@ class Coordinator:
             self.births.stored(stored)
             hand_replies(self.commander, replies, now, bad)
             self._quarantine(bad)
-        finally:
-            say(self.store_watch.end(self.mono()))
+        finally:  # a batch of nothing to store (healths held) says nothing of the store
+            say(self.store_watch.end(self.mono(), stored=bool(inbound)))
 
     def _watch_loop(self) -> None:
         while not self._stop.wait(1.0):

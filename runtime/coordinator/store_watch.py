@@ -48,9 +48,10 @@ class StoreWatch:
         with self._lock:
             self._since, self._warned = now, None
 
-    def end(self, now: float, error: str | None = None) -> list[Said]:
-        """The batch begun last is done (`error`: why it failed); what to log about it: the
-        end of a stall that was logged, a store failing again, a failing store back."""
+    def end(self, now: float, error: str | None = None, stored: bool = True) -> list[Said]:
+        """The batch begun last is done (`error`: why it failed; `stored`: False when it had
+        nothing to store, so it cannot say a failing store is back); what to log about it:
+        the end of a stall that was logged, a store failing again, a failing store back."""
         out = []
         with self._lock:
             since, warned, self._since, self._warned = self._since, self._warned, None, None
@@ -64,7 +65,7 @@ class StoreWatch:
                     self._failing = (now, error[:300])
                 else:  # the first failure's time, the latest cause
                     self._failing = (self._failing[0], error[:300])
-            elif self._failing is not None:
+            elif self._failing is not None and stored:
                 out.append(Said(logging.WARNING, f"store {self.store}: stores again after "
                                 f"failing for {now - self._failing[0]:.0f} s"))
                 self._failing = None

@@ -37,6 +37,8 @@ E, W = logging.ERROR, logging.WARNING
     # a failure: failing (the ingest logs the error itself), back once a batch stores
     ([("begin", 0), ("end", 1, "OperationalError: database is locked")], [], "failing"),
     ([("begin", 0), ("end", 1, "x"), ("begin", 2), ("end", 3)], [W], "ok"),
+    # a batch with nothing to store (healths held) cannot say it is back
+    ([("begin", 0), ("end", 1, "x"), ("begin", 2), ("end", 3, None, False)], [], "failing"),
     # a stall that ends in a failure: its end said, then failing
     ([("begin", 0), ("check", 9), ("end", 10, "x")], [E, W], "failing"),
     # a new batch stalling while failing: stalled wins (what it does now)
@@ -251,3 +253,34 @@ def _freeze_and_thaw(c: Coordinator, dev, port: int, mnt, stop: threading.Event,
     assert _status(c, "A") == "online"
     assert not [r for r in caplog.records if "-> offline" in r.getMessage()
                 or "-> stale" in r.getMessage()]
+
+
+def test_a_batch_that_stores_nothing_does_not_say_the_failing_store_is_back(coord, caplog):
+    """While the store fails, the ingest loop still runs batches that store nothing: every
+    0.2 s while healths are held for coalescing (`_ingest([])`), and any batch whose
+    messages admission refused. Each ended the watch without an error, so the state flipped
+    failing -> ok -> failing, a "stores again" WARNING was logged every time, and the
+    `store` alert was cleared while nothing had been stored."""
+    c, mono, path = coord
+    t0 = time.time()
+    c.store._db.execute("PRAGMA busy_timeout = 50")
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    caplog.set_level(logging.INFO, logger="edgerun.coordinator")
+    try:
+        with pytest.raises(sqlite3.OperationalError):
+            c._ingest([("edgerun/v1/f/A/state", _birth(t0), t0)])
+        mono[0] += 1
+        c._ingest([])  # the loop's batch while a health is held
+        c._ingest([("edgerun/v1/f/A/state", b"not json", t0)])  # refused by admission
+        c.watch_tick()
+        assert c.stats()["store"]["state"] == "failing"
+        assert not [r for r in caplog.records if "stores again" in r.getMessage()]
+        assert [a["alert"] for a in c.alerts_view()["active"]] == ["store"]
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    mono[0] += 1
+    c._ingest([("edgerun/v1/f/A/state", _birth(t0), t0)])  # stored: back
+    assert c.stats()["store"]["state"] == "ok"
+    assert len([r for r in caplog.records if "stores again" in r.getMessage()]) == 1
