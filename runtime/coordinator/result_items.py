@@ -62,6 +62,7 @@ def decode(raw: bytes) -> Split:
         obj = safejson.loads(raw, max_bytes=payloads.MAX_BYTES["result"])
     except safejson.JsonRejected as e:
         raise payloads.PayloadError(f"result: {e}") from None
+    obj = integral(obj)
     if _ok("whole", _RESULT, obj):
         return Split(obj, ())
     got = split_obj(obj)
@@ -78,7 +79,7 @@ def split(raw: bytes) -> Split | None:
         obj = safejson.loads(raw, max_bytes=payloads.MAX_BYTES["result"])
     except safejson.JsonRejected:
         return None
-    return split_obj(obj)
+    return split_obj(integral(obj))
 
 
 def split_obj(obj: Any) -> Split | None:
@@ -103,6 +104,26 @@ def split_obj(obj: Any) -> Split | None:
     if not good and not refused:
         return None
     return Split({**obj, "results": good}, tuple(refused), tuple(unseq))
+
+
+def integral(obj: Any) -> Any:
+    """A result payload with its `floor` and items' `seq` written as integral numbers (2.0,
+    1e2) made ints, as the schema reads them (draft 2020-12: 2.0 is an integer): a float
+    seq passed the schema, then failed ingest's row (an int key), so the message was
+    refused whole and re-sent for ever. Anything else is returned as it is."""
+    if not isinstance(obj, dict) or not isinstance(items := obj.get("results"), list):
+        return obj
+    if _whole(obj.get("floor")):
+        obj = {**obj, "floor": int(obj["floor"])}
+    if any(isinstance(r, dict) and _whole(r.get("seq")) for r in items):
+        obj = {**obj, "results": [{**r, "seq": int(r["seq"])} if isinstance(r, dict)
+                                  and _whole(r.get("seq")) else r for r in items]}
+    return obj
+
+
+def _whole(x: Any) -> bool:
+    """Whether `x` is a float that writes an integer (its int is what the schema checks)."""
+    return isinstance(x, float) and x.is_integer()
 
 
 def usable_seq(seq: Any) -> bool:

@@ -213,3 +213,25 @@ def test_a_device_stream_with_one_bad_item_goes_on_through_a_real_broker(broker,
             dev.loop_stop()
             dev.disconnect()
         coord.stop()
+
+
+def test_a_seq_written_2_0_is_the_integer_2_not_a_poison_pill(store_url):
+    """JSON has one number type and the schema (draft 2020-12) takes 2.0 as an integer, so
+    a message with `"seq": 2.0` (or `"floor": 1.0`) was admitted whole; its row then failed
+    ingest's `isinstance(seq, int)` check: the batch was redone with savepoints, the message
+    quarantined whole and never acked, so its device re-sent it for ever (and every batch it
+    was in took the slow path). Such a seq is the integer it writes."""
+    a = Admission(CoordinatorConfig(fleet="f"), __import__("collections").Counter())
+    raw = _raw(_msg([_item(1), {**_item(2), "seq": 2.0}, _item(3)], floor=1.0))
+    device, kind, msg, refused, unseq = a.admit_items("edgerun/v1/f/d1/result", raw, NOW)
+    assert refused == () and unseq == ()
+    assert [type(r["seq"]) for r in msg["results"]] == [int] * 3 and type(msg["floor"]) is int
+    store = Store(store_url)
+    try:
+        acks, bad = store.ingest([Inbound(device, kind, msg, len(raw), refused)])
+        assert bad == []
+        assert (acks[("d1", "s1")][-1].first, acks[("d1", "s1")][-1].seq) == (1, 3)
+        assert store.result_seqs("d1") == [("s1", 1), ("s1", 2), ("s1", 3)]
+        assert [r["seq"] for r in store.results("d1")] == [1, 2, 3]
+    finally:
+        store.close()
