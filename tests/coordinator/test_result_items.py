@@ -235,3 +235,21 @@ def test_a_seq_written_2_0_is_the_integer_2_not_a_poison_pill(store_url):
         assert [r["seq"] for r in store.results("d1")] == [1, 2, 3]
     finally:
         store.close()
+
+
+def test_admission_charges_a_split_message_from_above(store_url):
+    """The fair shares admit a result message by its charge estimated from above (budget.py
+    `_charge_of`): a refused item's marker row (its reason up to 300 characters) can weigh
+    far more than the item's bytes on the wire, so its marker is counted exactly."""
+    store = Store(store_url)
+    try:
+        m = _split_inbound("d1", [{"seq": q, "t": -1} for q in range(1, 41)])
+        m = Inbound(m.device, m.kind, m.msg, len(_raw(_msg([{"seq": q, "t": -1}
+                                                            for q in range(1, 41)]))),
+                    m.refused)
+        estimate = store._budget._charge_of(m)
+        store.ingest([m])
+        charged = store.pools()[("d1", "results")]
+        assert estimate >= charged, (estimate, charged)
+    finally:
+        store.close()
