@@ -108,3 +108,38 @@ def test_a_flood_into_a_full_inbox_does_not_stall_another_device(tmp_path, broke
                                  for v in c.fleet_view()), 60)
     finally:
         c.stop()
+
+
+def _offer(box: Inbox, device: str, kind: str = "result", t: float = 0.0) -> str | None:
+    return box.offer((f"edgerun/v1/f/{device}/{kind}", b"{}", t))
+
+
+def test_a_full_inbox_charges_who_holds_most_now_not_who_did():
+    """`filled_by` names the device holding most of the inbox when a message finds no room.
+    The top holder is looked up again once the one found last holds nothing: a flooder
+    whose messages were all taken must not be charged with the next device's flood."""
+    box = Inbox(maxsize=10, per_device=100, reserve=0)
+    assert all(_offer(box, "A") is None for _ in range(10))
+    assert _offer(box, "C") == "full"
+    while box.qsize():
+        box.get_nowait()
+    assert all(_offer(box, "B") is None for _ in range(10))
+    assert _offer(box, "C") == "full"
+    assert box.full_stats()["filled_by"] == {"A": 1, "B": 1}
+    assert box.dropped_full == {"C": 2}
+
+
+def test_waiting_names_only_devices_with_messages_in_the_inbox():
+    """`waiting` (a device with messages waiting is not silent: Coordinator._refresh) says
+    when each sender's newest waiting message was received, and forgets a sender once its
+    messages are taken: a device gone silent must not be counted heard from the inbox."""
+    box = Inbox(maxsize=10, per_device=100, reserve=0)
+    _offer(box, "A", t=5.0)
+    _offer(box, "A", t=7.0)
+    _offer(box, "B", t=6.0)
+    assert box.waiting() == {"A": 7.0, "B": 6.0}
+    box.get_nowait()
+    box.get_nowait()
+    assert box.waiting() == {"B": 6.0}
+    box.get_nowait()
+    assert box.waiting() == {} and box.held == {}
