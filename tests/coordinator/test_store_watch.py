@@ -284,3 +284,52 @@ def test_a_batch_that_stores_nothing_does_not_say_the_failing_store_is_back(coor
     c._ingest([("edgerun/v1/f/A/state", _birth(t0), t0)])  # stored: back
     assert c.stats()["store"]["state"] == "ok"
     assert len([r for r in caplog.records if "stores again" in r.getMessage()]) == 1
+
+
+def test_the_store_alert_reaches_the_webhook_while_the_store_hangs(tmp_path):
+    """The `store` alert is there for when the store hangs, so it goes to the webhook first
+    and to the store's alert log after. But the webhook was handed alerts only by the one
+    thread that sends (Alerting.send), and that thread was stuck in the store's alert-log
+    write of the transition before (a device that went offline meanwhile): the `store`
+    alert waited behind it until the store came back, the webhook never heard it in time.
+    With several coordinators (share_group) even the first one waited on a store claim."""
+    from support.fleet import Receiver
+
+    hook = Receiver([200])
+    path = tmp_path / "c.db"
+    c = Coordinator(CoordinatorConfig(fleet="f", store=str(path), stale_after_s=2.0,
+                                      offline_after_s=4.0, store_stall_s=5.0,
+                                      alert_clear_s=0.0, ingest_window_s=0.0,
+                                      webhook_url=hook.url))
+    mono = [1000.0]
+    c.mono = lambda: mono[0]
+    c.alerting.webhook.start()
+    t0 = time.time()
+    c._ingest([("edgerun/v1/f/A/state", _birth(t0), t0),
+               ("edgerun/v1/f/B/state", _birth(t0), t0)])
+    c._refresh(t0)
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # another writer holds the store: writes wait
+    stuck = threading.Thread(target=c._ingest,
+                             args=([("edgerun/v1/f/A/health", _health(t0 + 1), t0 + 1)],))
+    try:
+        stuck.start()
+        assert until(lambda: c.store_watch.status(mono[0])["in_flight_s"] is not None, 10)
+        mono[0] += 2.0
+        c._refresh(t0 + 10)  # B offline: its alert sent from a thread stuck in the log write
+        assert until(lambda: any(b["alert"] == "offline" for b in hook.bodies()), 10)
+        mono[0] += 4.0  # 6 s in flight: past store_stall_s
+        c.watch_tick()
+        assert until(lambda: any(b["alert"] == "store" for b in hook.bodies()), 10), \
+            hook.bodies()  # was: only once the store came back (its 30 s busy timeout)
+        (sent,) = [b for b in hook.bodies() if b["alert"] == "store"]
+        assert sent["state"] == "raised" and "stalled" in sent["message"]
+        assert sent["device"] == "coordinator edgerun-coordinator"
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+        stuck.join(40)
+        c.alerting.webhook.stop()
+        hook.close()
+        c.store.close()
+        c.shelf.close()
