@@ -22,7 +22,7 @@ import pytest
 from support.waiting import until
 
 from runtime.config.coordinator import CoordinatorConfig
-from runtime.coordinator.inbox import Inbox
+from runtime.coordinator.inbox import KEPT_EACH, Inbox
 from runtime.coordinator.service import Coordinator
 
 SIZE = 400  # the inbox here: one identity fills it in well under a second
@@ -143,3 +143,26 @@ def test_waiting_names_only_devices_with_messages_in_the_inbox():
     assert box.waiting() == {"B": 6.0}
     box.get_nowait()
     assert box.waiting() == {} and box.held == {}
+
+
+def test_a_busy_device_keeps_its_birth_event_and_reply_in_the_reserve():
+    """The reserve is for births, replies and events while the inbox is full, the case of
+    a store that hangs under a fleet's ordinary traffic. Then every device sending results
+    holds many in the inbox, and the reserve was refused to any sender holding KEPT_EACH
+    messages of any kind: a busy device's birth after a reboot, its command reply, its
+    event of a full disk were dropped (acked by the broker: lost). What a sender may hold
+    in the reserve is now counted in those kinds only: a busy device spends it, a device
+    flooding births or events still cannot."""
+    box = Inbox(maxsize=40, per_device=100, reserve=20)
+    assert all(_offer(box, "busy") is None for _ in range(20))  # its results: 20 waiting
+    assert _offer(box, "busy") == "full"  # a result: not in the reserve
+    for kind_ in ("state", "event", "cmd/reply"):
+        assert _offer(box, "busy", kind_) is None, kind_  # was: "full" (it held 20)
+    for _ in range(KEPT_EACH):
+        assert _offer(box, "flooder", "event") is None
+    assert _offer(box, "flooder", "state") == "full"  # KEPT_EACH of its own waiting
+    assert box.qsize() == 20 + 3 + KEPT_EACH
+    while box.qsize():
+        box.get_nowait()
+    assert box.held == {} and box.waiting() == {}
+    assert _offer(box, "flooder", "state") is None  # taken: it may again
