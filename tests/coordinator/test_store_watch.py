@@ -333,3 +333,35 @@ def test_the_store_alert_reaches_the_webhook_while_the_store_hangs(tmp_path):
         hook.close()
         c.store.close()
         c.shelf.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_prune_that_hangs_on_the_ingest_thread_is_seen(tmp_path, broker, caplog):
+    """The ingest thread also does the housekeeping between batches: the fleet refresh and,
+    hourly, the store's prune (a DELETE of a day's rows). A prune that hangs (a frozen disk,
+    another writer's lock) held ingest as a hung batch does, yet only batches were watched:
+    no ERROR, no `store` alert, the state `ok` while nothing was stored. The prune here waits
+    on another connection's write lock; the hour and the stall are stepped on `mono`."""
+    path = tmp_path / "c.db"
+    c = Coordinator(CoordinatorConfig(fleet="f", broker=broker.coordinator("f"),
+                                      store=str(path), store_stall_s=5.0))
+    mono = [1000.0]
+    c.mono = lambda: mono[0]
+    caplog.set_level(logging.INFO, logger="edgerun.coordinator")
+    holder = sqlite3.connect(path, isolation_level=None)
+    try:
+        c.start()
+        assert c.connected.wait(30)
+        time.sleep(1.5)  # the loop's first housekeeping (a prune at start) done
+        holder.execute("BEGIN IMMEDIATE")  # the next prune's write waits on it
+        mono[0] += 3600.0  # an hour on: the next loop turn prunes, and waits
+        time.sleep(1.0)
+        mono[0] += 6.0  # 6 s in: past store_stall_s
+        assert until(lambda: c.stats()["store"]["state"] == "stalled", 10), c.stats()["store"]
+        assert until(lambda: any(r.levelno == logging.ERROR and str(path) in r.getMessage()
+                                 for r in caplog.records), 10)
+        assert any(a["alert"] == "store" for a in c.alerts_view()["active"])
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+        c.stop()
