@@ -44,7 +44,8 @@ class Alerting:
         self.own_name = f"coordinator {cfg.client_id}"
         self._own: dict[str, str] = {}
         # for the webhook and the store's log: queued under the views lock, sent outside it
-        self._to_send: collections.deque[tuple[str, str, str, float, dict]] = \
+        # (the last item: whether the webhook has it already, as an own alert's)
+        self._to_send: collections.deque[tuple[str, str, str, float, dict, bool]] = \
             collections.deque()
         self._sending = threading.Lock()  # one thread sends; the others leave theirs to it
         self.webhook = (webhooks.Webhook(
@@ -65,7 +66,8 @@ class Alerting:
             views: dict[str, fleet.DeviceView]) -> bool:
         """The coordinator's own alerts now (code -> message), under the views lock: a code
         that appeared is raised, one that went is cleared (after alert_clear_s, as a
-        device's), under `own_name`. True when any changed (queued for `send`)."""
+        device's), under `own_name`. True when any changed (handed to the webhook at once,
+        queued for `send` into the store's log)."""
         before, self._own = self._own, dict(alerts)
         changes = [(self.own_name, c, "raised", m) for c, m in alerts.items() if c not in before]
         changes += [(self.own_name, c, "cleared", m) for c, m in before.items()
@@ -135,7 +137,13 @@ class Alerting:
             log.info("device %s: alert %s %s: %s", device, code, state, message)
         else:
             quiet[(code, state)] += 1
-        self._to_send.append((device, code, state, now, body))  # by _send_alerts
+        # The coordinator's own (its store hanging: store_watch.py) go to the webhook now:
+        # the one thread that sends may be stuck in the store's log write of the alert
+        # before, and no other coordinator tells them (no claim to make on the store).
+        own = device == self.own_name
+        if own:
+            self._hand(code, body)
+        self._to_send.append((device, code, state, now, body, own))  # by _send_alerts
 
     def _send_alerts(self) -> None:
         """Record a refresh's alert transitions in the store's log (the dashboard's list on
@@ -149,25 +157,34 @@ class Alerting:
         while self._to_send:  # popleft is atomic: a transition queued meanwhile waits
             pending.append(self._to_send.popleft())
         won = [True] * len(pending)
-        if self.cfg.share_group and pending:
+        claims = [i for i, p in enumerate(pending) if not p[5]]  # own ones: this one's only
+        if self.cfg.share_group and claims:
             try:
-                won = self._store.claim_many([(d, f"alert:{code}", state, t)
-                                             for d, code, state, t, _ in pending])
+                got = self._store.claim_many([(d, f"alert:{code}", state, t) for d, code,
+                                              state, t, _, _ in (pending[i] for i in claims)])
+                for i, first in zip(claims, got, strict=True):
+                    won[i] = first
             except Exception as e:
                 self._rlog.log("alert-claim", "could not check the store for alert duplicates "
                                "(sending anyway): %s", e, level=logging.ERROR)
-        for (_, code, _, _, body), first in zip(pending, won, strict=True):
+        for (_, code, _, _, body, handed), first in zip(pending, won, strict=True):
             if not first:
                 continue
             self.store_log.add(body)  # one row per transition however many computed it
-            if self.webhook is not None and (not self.cfg.webhook_alerts
-                                             or code in self.cfg.webhook_alerts):
-                self.webhook.submit(body)
+            if not handed:
+                self._hand(code, body)
         try:
             self.store_log.flush()
         except Exception as e:  # the dashboard's list must not cost the refresh
             self._rlog.log("alert-log", "could not record alert transitions in the store "
                            "(retrying at the next refresh): %s", e, level=logging.ERROR)
+
+    def _hand(self, code: str, body: dict) -> None:
+        """Give the webhook one transition when it takes `code` (Webhook.submit never
+        blocks)."""
+        if self.webhook is not None and (not self.cfg.webhook_alerts
+                                         or code in self.cfg.webhook_alerts):
+            self.webhook.submit(body)
 
     def stored(self, limit: int) -> tuple[list[dict] | None, dict[tuple[str, str], float],
                                           dict | None]:

@@ -13,7 +13,20 @@ RECENT_S = 10.0  # stats' health_age_recent_s: health taken in the last this man
 
 
 def stats(c: Any) -> dict[str, Any]:
-    """Ingest counters and the health age distribution."""
+    """Ingest counters and the health age distribution, the store's usage and quarantine
+    (read from the store: raises when it cannot be read) and `own`'s figures."""
+    q = c.store.quarantine_counts()
+    return {**own(c),
+            "store_usage": {"budget_bytes": c.store.budget_bytes,
+                            "overhead": c.store.overhead,
+                            "by_device": c.store.usage(),
+                            "refused_over_share": dict(c.store.refused_over_share)},
+            "quarantined": {"total": sum(q.values()), "by_device": q}}
+
+
+def own(c: Any) -> dict[str, Any]:
+    """The figures of `stats` the coordinator holds itself, never read from the store:
+    what /metrics still shows while the store cannot be read (its state among them)."""
     with c._views_lock:  # the two deques are appended together under it
         ages_in, taken_in = list(c.health_age_s), list(c._health_taken)
     ages = sorted(ages_in)
@@ -22,14 +35,8 @@ def stats(c: Any) -> dict[str, Any]:
     # the last RECENT_S only: a start's backlog (births, first wave) out of the figure
     since = time.time() - RECENT_S
     recent = sorted(a for a, t in zip(ages_in, taken_in, strict=True) if t >= since)
-    q = c.store.quarantine_counts()
     return {"counters": dict(c.counters), "inbox": c._inbox.qsize(),
             "queues": c.queues(),
-            "store_usage": {"budget_bytes": c.store.budget_bytes,
-                            "overhead": c.store.overhead,
-                            "by_device": c.store.usage(),
-                            "refused_over_share": dict(c.store.refused_over_share)},
-            "quarantined": {"total": sum(q.values()), "by_device": q},
             "health_age_s": {"p50": pct(0.5), "p99": pct(0.99), "n": len(ages)},
             "health_age_recent_s": {"p50": pct(0.5, recent), "p99": pct(0.99, recent),
                                     "n": len(recent), "window_s": RECENT_S},

@@ -27,7 +27,10 @@ What is dropped costs a re-send or nothing, except for three kinds kept in a res
   device sends at most one of a type a minute). Lost, a boot goes unseen until the device
   reconnects, a command waits out its timeout and fails its rollout step, an operator never
   hears of a full disk. So these may take the last `reserve` places, each sender while it
-  holds fewer than KEPT_EACH messages: a flooder holds many and cannot spend the reserve.
+  holds fewer than KEPT_EACH of these kinds: a device flooding births or events cannot spend
+  the reserve, and a busy one (while the store hangs every device sending results holds many
+  of them here) still gets its birth, reply or event in. Counting every kind refused the
+  reserve to all but quiet devices in the very case it is for.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from typing import Any
 
 PER_DEVICE = 2000  # messages of one device waiting in the inbox at most
 KEPT = ("state", "cmd/reply", "event")  # what a full inbox keeps in its reserve (docstring)
-KEPT_EACH = 8  # a sender holding this many messages may not spend the reserve
+KEPT_EACH = 8  # a sender holding this many messages of KEPT kinds may not spend the reserve
 
 
 def sender(topic: str) -> str:
@@ -67,6 +70,7 @@ class Inbox(queue.Queue):
         # the last places, for births and command replies only (module docstring)
         self.reserve = maxsize // 20 if reserve is None else reserve
         self.held: collections.Counter = collections.Counter()  # sender -> items waiting
+        self.kept: collections.Counter = collections.Counter()  # sender -> KEPT ones of them
         self.dropped: collections.Counter = collections.Counter()  # sender -> refused
         self.dropped_full: collections.Counter = collections.Counter()  # sender -> no room
         self.filled_by: collections.Counter = collections.Counter()  # top holder -> refusals
@@ -86,7 +90,7 @@ class Inbox(queue.Queue):
                 self.dropped[who] += 1
                 return "share"
             room = self.maxsize - self.reserve
-            if kind(item[0]) in KEPT and held < KEPT_EACH:
+            if kind(item[0]) in KEPT and self.kept[who] < KEPT_EACH:
                 room = self.maxsize
             if self._qsize() >= room:
                 self.dropped_full[who] += 1
@@ -123,6 +127,8 @@ class Inbox(queue.Queue):
     def _put(self, item: tuple[str, Any, float]) -> None:
         who = sender(item[0])
         self.held[who] += 1
+        if kind(item[0]) in KEPT:
+            self.kept[who] += 1
         self.latest[who] = max(self.latest.get(who, item[2]), item[2])
         super()._put(item)
 
@@ -130,6 +136,10 @@ class Inbox(queue.Queue):
         item = super()._get()
         who = sender(item[0])
         self.held[who] -= 1
+        if kind(item[0]) in KEPT:
+            self.kept[who] -= 1
+            if self.kept[who] <= 0:
+                del self.kept[who]
         if self.held[who] <= 0:
             del self.held[who]
             self.latest.pop(who, None)

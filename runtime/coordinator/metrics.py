@@ -6,6 +6,8 @@ latest health (wire/metrics.py; left out while the device is offline or asleep, 
 does not show its last temperature as current), its status, alerts, stored results and quarantined
 messages, and fleet-wide figures. Device values are hostile: one that is missing or odd is
 skipped; a device whose view cannot be read at all is left out of this scrape and logged.
+While the store cannot be read (a server down) a scrape carries the coordinator's own figures
+alone, its store's state among them, rather than failing: that gauge is there for then.
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from runtime.coordinator import coord_stats
 from runtime.coordinator.service import INBOUND, Coordinator
+from runtime.coordinator.store_open import unavailable
 from runtime.wire import metrics
 from runtime.wire.quarantine import RateLimitedLog
 
@@ -48,9 +52,19 @@ class FleetCollector:
         return []
 
     def collect(self) -> Iterator[Metric]:
-        """Every family, from the fleet view and stats read now."""
-        views = self.coordinator.fleet_view()
-        stats = self.coordinator.stats()
+        """Every family, from the fleet view and stats read now; while the store cannot be
+        read, the coordinator's own alone (its store's state among them), never a 503."""
+        try:
+            views = self.coordinator.fleet_view()
+            stats = self.coordinator.stats()
+        except Exception as e:
+            if not unavailable(e):
+                raise
+            self._rlog.log("store", "/metrics: the store cannot be read (%s): the "
+                           "coordinator's own figures only, none of its devices'", e,
+                           level=logging.ERROR)
+            yield from _own(coord_stats.own(self.coordinator))
+            return
         rows: list[tuple[dict[str, str], Any]] = []
         status = GaugeMetricFamily("edgerun_device_online",
                                    "1 when the device is online (0: stale or offline)",
@@ -128,60 +142,66 @@ class FleetCollector:
         yield GaugeMetricFamily("edgerun_fleet_quarantined_messages",
                                 "Rows in the store's quarantine table (refused messages)",
                                 value=int(q.get("total", 0)))
-        counters = stats.get("counters") or {}
-        msgs = CounterMetricFamily("edgerun_coordinator_messages_total",
-                                   "Messages admitted since the coordinator started, by kind",
-                                   labels=["kind"])
-        for kind in INBOUND:
-            msgs.add_metric([kind], counters.get(kind, 0))
-        yield msgs
-        yield CounterMetricFamily("edgerun_coordinator_quarantined_total",
-                                  "Messages quarantined since the coordinator started",
-                                  value=counters.get("quarantined", 0))
-        errors = CounterMetricFamily("edgerun_coordinator_errors_total",
-                                     "Failures the coordinator survived, by kind",
-                                     labels=["kind"])
-        for kind in _ERRORS:
-            errors.add_metric([kind], counters.get(kind, 0))
-        yield errors
-        yield GaugeMetricFamily("edgerun_coordinator_connected",
-                                "1 when the coordinator is subscribed on the broker",
-                                value=1.0 if stats.get("connected") else 0.0)
-        store = stats.get("store") or {}
-        state = GaugeMetricFamily("edgerun_coordinator_store_state",
-                                  "1 for the store's state now: ok, stalled (a batch in "
-                                  "flight past store_stall_s) or failing (the last batch "
-                                  "failed)", labels=["state"])
-        for name in ("ok", "stalled", "failing"):
-            state.add_metric([name], 1.0 if store.get("state") == name else 0.0)
-        yield state
-        yield GaugeMetricFamily("edgerun_coordinator_store_batch_in_flight_seconds",
-                                "How long the store batch in flight has been waiting "
-                                "(0: none in flight)", value=float(store.get("in_flight_s") or 0))
-        yield GaugeMetricFamily("edgerun_coordinator_inbox_messages",
-                                "Messages received and waiting to be stored",
-                                value=stats.get("inbox", 0))
-        age = GaugeMetricFamily("edgerun_coordinator_health_age_seconds",
-                                "Delay from a device making a health to the coordinator "
-                                "storing it (recent)", labels=["quantile"])
-        for qname, quantile in (("p50", "0.5"), ("p99", "0.99")):
-            value = (stats.get("health_age_s") or {}).get(qname)
-            if isinstance(value, int | float):
-                age.add_metric([quantile], float(value))
-        yield age
-        yield from _queues(stats)
-        hook = stats.get("webhook")
-        if isinstance(hook, Mapping):  # configured: delivery outcomes of the alert webhook
-            sent = CounterMetricFamily("edgerun_coordinator_webhook_deliveries_total",
-                                       "Alert webhook POSTs since the coordinator started, by "
-                                       "outcome (retries: attempts after a failure)",
-                                       labels=["outcome"])
-            for outcome in ("sent", "retries", "failed", "dropped", "dropped_at_stop"):
-                sent.add_metric([outcome], _count(hook.get(outcome)))
-            yield sent
-            yield GaugeMetricFamily("edgerun_coordinator_webhook_queue",
-                                    "Alerts waiting for the webhook receiver",
-                                    value=_count(hook.get("queue")))
+        yield from _own(stats)
+
+
+def _own(stats: Mapping[str, Any]) -> Iterator[Metric]:
+    """The coordinator's own families (coord_stats.own: none read from the store), and the
+    store's usage where `stats` has it."""
+    counters = stats.get("counters") or {}
+    msgs = CounterMetricFamily("edgerun_coordinator_messages_total",
+                               "Messages admitted since the coordinator started, by kind",
+                               labels=["kind"])
+    for kind in INBOUND:
+        msgs.add_metric([kind], counters.get(kind, 0))
+    yield msgs
+    yield CounterMetricFamily("edgerun_coordinator_quarantined_total",
+                              "Messages quarantined since the coordinator started",
+                              value=counters.get("quarantined", 0))
+    errors = CounterMetricFamily("edgerun_coordinator_errors_total",
+                                 "Failures the coordinator survived, by kind",
+                                 labels=["kind"])
+    for kind in _ERRORS:
+        errors.add_metric([kind], counters.get(kind, 0))
+    yield errors
+    yield GaugeMetricFamily("edgerun_coordinator_connected",
+                            "1 when the coordinator is subscribed on the broker",
+                            value=1.0 if stats.get("connected") else 0.0)
+    store = stats.get("store") or {}
+    state = GaugeMetricFamily("edgerun_coordinator_store_state",
+                              "1 for the store's state now: ok, stalled (a batch in "
+                              "flight past store_stall_s) or failing (the last batch "
+                              "failed)", labels=["state"])
+    for name in ("ok", "stalled", "failing"):
+        state.add_metric([name], 1.0 if store.get("state") == name else 0.0)
+    yield state
+    yield GaugeMetricFamily("edgerun_coordinator_store_batch_in_flight_seconds",
+                            "How long the store batch in flight has been waiting "
+                            "(0: none in flight)", value=float(store.get("in_flight_s") or 0))
+    yield GaugeMetricFamily("edgerun_coordinator_inbox_messages",
+                            "Messages received and waiting to be stored",
+                            value=stats.get("inbox", 0))
+    age = GaugeMetricFamily("edgerun_coordinator_health_age_seconds",
+                            "Delay from a device making a health to the coordinator "
+                            "storing it (recent)", labels=["quantile"])
+    for qname, quantile in (("p50", "0.5"), ("p99", "0.99")):
+        value = (stats.get("health_age_s") or {}).get(qname)
+        if isinstance(value, int | float):
+            age.add_metric([quantile], float(value))
+    yield age
+    yield from _queues(stats)
+    hook = stats.get("webhook")
+    if isinstance(hook, Mapping):  # configured: delivery outcomes of the alert webhook
+        sent = CounterMetricFamily("edgerun_coordinator_webhook_deliveries_total",
+                                   "Alert webhook POSTs since the coordinator started, by "
+                                   "outcome (retries: attempts after a failure)",
+                                   labels=["outcome"])
+        for outcome in ("sent", "retries", "failed", "dropped", "dropped_at_stop"):
+            sent.add_metric([outcome], _count(hook.get(outcome)))
+        yield sent
+        yield GaugeMetricFamily("edgerun_coordinator_webhook_queue",
+                                "Alerts waiting for the webhook receiver",
+                                value=_count(hook.get("queue")))
 
 
 def _queues(stats: Mapping[str, Any]) -> Iterator[Metric]:

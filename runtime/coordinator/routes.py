@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import hmac
 import logging
-import sqlite3
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +22,7 @@ from runtime.coordinator import dashboard, metrics
 from runtime.coordinator.bundles import BundleRefused, byte_range, check_id
 from runtime.coordinator.queries import INT, BadRequest, health_query, result_query
 from runtime.coordinator.service import Coordinator, UnknownDevice
+from runtime.coordinator.store_open import unavailable
 from runtime.wire import commands, safejson
 from runtime.wire.httpapp import Request, Response, json_response
 from runtime.wire.quarantine import RateLimitedLog
@@ -75,12 +74,7 @@ PUBLIC = (
 METHODS = ("GET", "POST", "PUT", "DELETE")
 
 
-def _store_unavailable(e: Exception) -> bool:
-    """Whether `e` says the store cannot be used now (not a bug): SQLite's or psycopg's
-    OperationalError (a server down, a pool timeout, an I/O error)."""
-    psycopg = sys.modules.get("psycopg")  # imported only with a PostgreSQL store
-    return isinstance(e, sqlite3.OperationalError) or (
-        psycopg is not None and isinstance(e, psycopg.OperationalError))
+_store_unavailable = unavailable  # (store_open.unavailable)
 
 
 def _error(status: int, message: str, close: bool = False) -> Response:

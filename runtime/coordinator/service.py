@@ -83,6 +83,13 @@ def say(lines: list[Said]) -> None:
         log.log(said.level, "%s", said.text)
 
 
+def watch_loop(c: Coordinator) -> None:
+    """The watchdog thread: `Coordinator.watch_tick` each second until the coordinator
+    stops."""
+    while not c._stop.wait(1.0):
+        c.watch_tick()
+
+
 def hand_replies(commander: Commander, replies: list[tuple[str, dict, str, int]], now: float,
                  bad: list[tuple[str, str, str, int, float]]) -> None:
     """Hand a batch's command replies to their waiters; a refused one goes to `bad`."""
@@ -207,7 +214,7 @@ class Coordinator:
         if self.webhook is not None:
             self.webhook.start()
         for name, target in (("ingest", self._ingest_loop), ("retention", self.retention.loop),
-                             ("watchdog", self._watch_loop)):
+                             ("watchdog", lambda: watch_loop(self))):
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()
             self._threads.append(t)
@@ -310,6 +317,8 @@ class Coordinator:
                 if self.cfg.ingest_delay_s:
                     time.sleep(self.cfg.ingest_delay_s)
             now, mono = time.time(), self.mono()
+            # hung on the store, it holds ingest as a batch does: watched as one
+            self.store_watch.begin(mono, "housekeeping (a fleet refresh or a prune)")
             try:  # housekeeping failing must not end ingest either
                 if mono - last_refresh >= 1.0:
                     last_refresh = mono
@@ -327,6 +336,8 @@ class Coordinator:
                 self.counters["housekeeping_errors"] += 1
                 self._rlog.log("housekeeping", "fleet refresh or store pruning failed: %s", e,
                                level=logging.ERROR)
+            finally:
+                say(self.store_watch.end(self.mono(), stored=False))
 
     def _ingest(self, batch: list[tuple[str, bytes, float]]) -> None:
         """Admit, store and ack one batch, then update the views and the rollouts from what
@@ -368,12 +379,8 @@ class Coordinator:
             self.births.stored(stored)
             hand_replies(self.commander, replies, now, bad)
             self._quarantine(bad)
-        finally:
-            say(self.store_watch.end(self.mono()))
-
-    def _watch_loop(self) -> None:
-        while not self._stop.wait(1.0):
-            self.watch_tick()
+        finally:  # a batch of nothing to store (healths held) says nothing of the store
+            say(self.store_watch.end(self.mono(), stored=bool(inbound)))
 
     def watch_tick(self) -> None:
         """The watchdog's tick (every second, on a thread of its own: the ingest thread may be

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import sys
 from pathlib import Path
 
 
@@ -157,3 +158,11 @@ def check_wal(path: Path) -> None:
                          f"backup, the -wal is not its own: move {wal} aside and start again; "
                          "else restore a backup, or move the store, its -wal and -shm aside "
                          "to start a new store")
+
+
+def unavailable(e: Exception) -> bool:
+    """Whether `e` says the store cannot be used now (not a bug): SQLite's or psycopg's
+    OperationalError (a server down, a pool timeout, an I/O error)."""
+    psycopg = sys.modules.get("psycopg")  # imported only with a PostgreSQL store
+    return isinstance(e, sqlite3.OperationalError) or (
+        psycopg is not None and isinstance(e, psycopg.OperationalError))

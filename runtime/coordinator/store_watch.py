@@ -7,7 +7,10 @@ left the ingest thread stuck in a commit without a word: nothing logged, and the
 aged every device stale, then offline, although all of them were sending. And a store that
 fails was an ERROR line and a counter. Now:
 
-- the ingest thread marks each store batch `begin` and `end` (with the error when it failed);
+- the ingest thread marks each store batch `begin` and `end` (with the error when it failed),
+  and its housekeeping between batches (a fleet refresh, the hourly prune) too: hung on the
+  store, it holds ingest as a batch does (a batch with nothing to store, or housekeeping,
+  never says a failing store is back);
 - a watchdog thread calls `check` every second: a batch in flight longer than
   `stall_after_s` is logged as an ERROR naming the store and how long, again at most once a
   `repeat_s`, and its end is logged when it comes;
@@ -38,33 +41,37 @@ class StoreWatch:
         self.store, self.stall_after_s, self.repeat_s = store, stall_after_s, repeat_s
         self._lock = threading.Lock()
         self._since: float | None = None  # the batch in flight began then
+        self._what = "a batch"  # what is in flight (begin)
         self._warned: float | None = None  # the last stall line of that batch
         self._failing: tuple[float, str] | None = None  # (since, cause) while batches fail
         self.stalls = 0  # batches that were in flight past stall_after_s
         self.longest_s = 0.0  # the longest batch in flight seen
 
-    def begin(self, now: float) -> None:
-        """The ingest thread starts storing a batch."""
+    def begin(self, now: float, what: str = "a batch") -> None:
+        """The ingest thread starts storing a batch (or `what` else of the store's work
+        that holds ingest: its housekeeping)."""
         with self._lock:
-            self._since, self._warned = now, None
+            self._since, self._warned, self._what = now, None, what
 
-    def end(self, now: float, error: str | None = None) -> list[Said]:
-        """The batch begun last is done (`error`: why it failed); what to log about it: the
-        end of a stall that was logged, a store failing again, a failing store back."""
+    def end(self, now: float, error: str | None = None, stored: bool = True) -> list[Said]:
+        """The batch begun last is done (`error`: why it failed; `stored`: False when it had
+        nothing to store, so it cannot say a failing store is back); what to log about it:
+        the end of a stall that was logged, a store failing again, a failing store back."""
         out = []
         with self._lock:
             since, warned, self._since, self._warned = self._since, self._warned, None, None
             took = 0.0 if since is None else now - since
             self.longest_s = max(self.longest_s, took)
             if warned is not None:
-                out.append(Said(logging.WARNING, f"store {self.store}: the batch in flight for "
-                                f"{took:.1f} s completed ({'failed' if error else 'stored'})"))
+                done = "failed" if error else "stored" if stored else "done"
+                out.append(Said(logging.WARNING, f"store {self.store}: {self._what} in flight "
+                                f"for {took:.1f} s completed ({done})"))
             if error is not None:
                 if self._failing is None:
                     self._failing = (now, error[:300])
                 else:  # the first failure's time, the latest cause
                     self._failing = (self._failing[0], error[:300])
-            elif self._failing is not None:
+            elif self._failing is not None and stored:
                 out.append(Said(logging.WARNING, f"store {self.store}: stores again after "
                                 f"failing for {now - self._failing[0]:.0f} s"))
                 self._failing = None
@@ -83,8 +90,8 @@ class StoreWatch:
                 return []
             if self._warned is None:
                 self.stalls += 1
-            self._warned = now
-        return [Said(logging.ERROR, f"store {self.store}: a batch has been in flight for "
+            self._warned, what = now, self._what
+        return [Said(logging.ERROR, f"store {self.store}: {what} has been in flight for "
                      f"{took:.0f} s (stall_after_s {self.stall_after_s:g}): ingest waits on "
                      "the store; devices' messages wait in the inbox, nothing is acked")]
 
@@ -103,7 +110,7 @@ class StoreWatch:
             state, for_s, cause = "ok", 0.0, ""
             if in_flight is not None and in_flight > self.stall_after_s:
                 state, for_s = "stalled", in_flight
-                cause = f"a batch in flight for {in_flight:.0f} s"
+                cause = f"{self._what} in flight for {in_flight:.0f} s"
             elif self._failing is not None:
                 state, for_s, cause = "failing", now - self._failing[0], self._failing[1]
             return {"state": state, "for_s": round(for_s, 3), "cause": cause,

@@ -419,3 +419,26 @@ def test_a_claim_a_week_behind_waits_for_its_placing_not_the_prune(store_url):
         _pool_exact(store)
     finally:
         store.close()
+
+
+def test_a_refused_items_marker_amid_a_boots_results_does_not_end_its_placing(store_url):
+    """A refused item's seq is kept as a marker row of no boot (result_items.py). Amid an
+    unsynced boot's results it must not read as "the next boot's results": the placing
+    stopped there and left the boot's later results with their claimed, week-behind t."""
+    store = Store(store_url)
+    try:
+        placer = Placer(store)
+        m = _results(range(1, 6))
+        items = m.msg["results"]
+        m = replace(m, msg={**m.msg, "results": [r for r in items if r["seq"] != 3]},
+                    refused=((3, "at t: -1 is less than the minimum of 0", 40),))
+        _ingest(store, placer, [m])
+        assert [r["seq"] for r in store.results("d1")] == [1, 2, 4, 5]
+        _ingest(store, placer, [_health(REAL + 10, _clk(True, 110.0))])
+        rows = {r["seq"]: r for r in store.results("d1")}
+        assert {q: rows[q]["t"] for q in rows} == pytest.approx(
+            {q: REAL + q for q in (1, 2, 4, 5)}, abs=1e-3)
+        assert store.read("SELECT device FROM clock_pending") == []
+        _pool_exact(store)
+    finally:
+        store.close()

@@ -59,3 +59,24 @@ def test_a_reply_from_another_device_does_not_answer_a_waiting_command(tmp_path)
     finally:
         waiting.join(15)
     assert answer and answer[0]["device"] == "a" and answer[0]["verified"] is True
+
+
+def test_an_awaited_replys_deadline_is_on_the_commanders_clock(tmp_path):
+    """Awaited replies expire on the clock the commander is given (the coordinator's
+    `mono`, stepped in tests), the clock `expire_pending` is called with: a deadline taken
+    from another clock expired at once or never, whichever way the two differ. The clock
+    here reads far from time.monotonic(), so a deadline taken from it is caught."""
+    commands.generate_keypair(tmp_path / "coord.key", tmp_path / "coord.pub")
+    cfg = CoordinatorConfig(fleet="f", store=str(tmp_path / "c.db"),
+                            signing_key=str(tmp_path / "coord.key"))
+    views = {"a": fleet.DeviceView("a", status="online", online=True)}
+    mono = [1e9]
+    commander = Commander(cfg, lambda topic, body: None, views.get, collections.Counter(),
+                          RateLimitedLog(logging.getLogger("t")), lambda *a: None,
+                          lambda *a: None, clock=lambda: mono[0])
+    commander.send_async("a", "ping", {}, wait_s=30.0)
+    assert len(commander.pending) == 1
+    commander.expire_pending(mono[0] + 29.0)
+    assert len(commander.pending) == 1  # its wait is not over
+    commander.expire_pending(mono[0] + 31.0)
+    assert len(commander.pending) == 0 and commander.pending.expired == 1

@@ -22,7 +22,7 @@ import pytest
 from support.waiting import until
 
 from runtime.config.coordinator import CoordinatorConfig
-from runtime.coordinator.inbox import Inbox
+from runtime.coordinator.inbox import KEPT_EACH, Inbox
 from runtime.coordinator.service import Coordinator
 
 SIZE = 400  # the inbox here: one identity fills it in well under a second
@@ -108,3 +108,61 @@ def test_a_flood_into_a_full_inbox_does_not_stall_another_device(tmp_path, broke
                                  for v in c.fleet_view()), 60)
     finally:
         c.stop()
+
+
+def _offer(box: Inbox, device: str, kind: str = "result", t: float = 0.0) -> str | None:
+    return box.offer((f"edgerun/v1/f/{device}/{kind}", b"{}", t))
+
+
+def test_a_full_inbox_charges_who_holds_most_now_not_who_did():
+    """`filled_by` names the device holding most of the inbox when a message finds no room.
+    The top holder is looked up again once the one found last holds nothing: a flooder
+    whose messages were all taken must not be charged with the next device's flood."""
+    box = Inbox(maxsize=10, per_device=100, reserve=0)
+    assert all(_offer(box, "A") is None for _ in range(10))
+    assert _offer(box, "C") == "full"
+    while box.qsize():
+        box.get_nowait()
+    assert all(_offer(box, "B") is None for _ in range(10))
+    assert _offer(box, "C") == "full"
+    assert box.full_stats()["filled_by"] == {"A": 1, "B": 1}
+    assert box.dropped_full == {"C": 2}
+
+
+def test_waiting_names_only_devices_with_messages_in_the_inbox():
+    """`waiting` (a device with messages waiting is not silent: Coordinator._refresh) says
+    when each sender's newest waiting message was received, and forgets a sender once its
+    messages are taken: a device gone silent must not be counted heard from the inbox."""
+    box = Inbox(maxsize=10, per_device=100, reserve=0)
+    _offer(box, "A", t=5.0)
+    _offer(box, "A", t=7.0)
+    _offer(box, "B", t=6.0)
+    assert box.waiting() == {"A": 7.0, "B": 6.0}
+    box.get_nowait()
+    box.get_nowait()
+    assert box.waiting() == {"B": 6.0}
+    box.get_nowait()
+    assert box.waiting() == {} and box.held == {}
+
+
+def test_a_busy_device_keeps_its_birth_event_and_reply_in_the_reserve():
+    """The reserve is for births, replies and events while the inbox is full, the case of
+    a store that hangs under a fleet's ordinary traffic. Then every device sending results
+    holds many in the inbox, and the reserve was refused to any sender holding KEPT_EACH
+    messages of any kind: a busy device's birth after a reboot, its command reply, its
+    event of a full disk were dropped (acked by the broker: lost). What a sender may hold
+    in the reserve is now counted in those kinds only: a busy device spends it, a device
+    flooding births or events still cannot."""
+    box = Inbox(maxsize=40, per_device=100, reserve=20)
+    assert all(_offer(box, "busy") is None for _ in range(20))  # its results: 20 waiting
+    assert _offer(box, "busy") == "full"  # a result: not in the reserve
+    for kind_ in ("state", "event", "cmd/reply"):
+        assert _offer(box, "busy", kind_) is None, kind_  # was: "full" (it held 20)
+    for _ in range(KEPT_EACH):
+        assert _offer(box, "flooder", "event") is None
+    assert _offer(box, "flooder", "state") == "full"  # KEPT_EACH of its own waiting
+    assert box.qsize() == 20 + 3 + KEPT_EACH
+    while box.qsize():
+        box.get_nowait()
+    assert box.held == {} and box.waiting() == {}
+    assert _offer(box, "flooder", "state") is None  # taken: it may again

@@ -213,3 +213,57 @@ def test_a_device_stream_with_one_bad_item_goes_on_through_a_real_broker(broker,
             dev.loop_stop()
             dev.disconnect()
         coord.stop()
+
+
+def test_a_seq_written_2_0_is_the_integer_2_not_a_poison_pill(store_url):
+    """JSON has one number type and the schema (draft 2020-12) takes 2.0 as an integer, so
+    a message with `"seq": 2.0` (or `"floor": 1.0`) was admitted whole; its row then failed
+    ingest's `isinstance(seq, int)` check: the batch was redone with savepoints, the message
+    quarantined whole and never acked, so its device re-sent it for ever (and every batch it
+    was in took the slow path). Such a seq is the integer it writes."""
+    a = Admission(CoordinatorConfig(fleet="f"), __import__("collections").Counter())
+    raw = _raw(_msg([_item(1), {**_item(2), "seq": 2.0}, _item(3)], floor=1.0))
+    device, kind, msg, refused, unseq = a.admit_items("edgerun/v1/f/d1/result", raw, NOW)
+    assert refused == () and unseq == ()
+    assert [type(r["seq"]) for r in msg["results"]] == [int] * 3 and type(msg["floor"]) is int
+    store = Store(store_url)
+    try:
+        acks, bad = store.ingest([Inbound(device, kind, msg, len(raw), refused)])
+        assert bad == []
+        assert (acks[("d1", "s1")][-1].first, acks[("d1", "s1")][-1].seq) == (1, 3)
+        assert store.result_seqs("d1") == [("s1", 1), ("s1", 2), ("s1", 3)]
+        assert [r["seq"] for r in store.results("d1")] == [1, 2, 3]
+    finally:
+        store.close()
+
+
+def test_admission_charges_a_split_message_from_above(store_url):
+    """The fair shares admit a result message by its charge estimated from above (budget.py
+    `_charge_of`): a refused item's marker row (its reason up to 300 characters) can weigh
+    far more than the item's bytes on the wire, so its marker is counted exactly."""
+    store = Store(store_url)
+    try:
+        m = _split_inbound("d1", [{"seq": q, "t": -1} for q in range(1, 41)])
+        m = Inbound(m.device, m.kind, m.msg, len(_raw(_msg([{"seq": q, "t": -1}
+                                                            for q in range(1, 41)]))),
+                    m.refused)
+        estimate = store._budget._charge_of(m)
+        store.ingest([m])
+        charged = store.pools()[("d1", "results")]
+        assert estimate >= charged, (estimate, charged)
+    finally:
+        store.close()
+
+
+def test_explaining_a_refused_item_reads_a_bounded_number_of_its_errors():
+    """An item with 300 bad boxes has 1,800 schema errors: jsonschema's best match over all
+    of them took 22 ms an item, ten items a message, so a device sending such messages
+    cost the ingest thread (every device's) 4-5x what valid ones of the same size did. The
+    explanation reads the first EXPLAIN_ERRORS errors (1 ms); its reason names one of the
+    first boxes, where reading on named the last (boxes/299)."""
+    bad_box = {"label": 1, "score": "x", "x": 5, "y": 5, "w": 5, "h": 5}
+    got = result_items.split(_raw(_msg([_item(1), _item(2, boxes=[bad_box] * 300)])))
+    assert got is not None
+    (seq, why, _), = got.refused
+    assert seq == 2 and why.startswith("at boxes/"), why
+    assert int(why.split("/")[1]) < result_items.EXPLAIN_ERRORS, why

@@ -189,3 +189,31 @@ def test_a_failing_batch_or_device_costs_only_its_own_resends(tmp_path, fail):
     assert sent == ([] if fail == "read" else [("a", "set_rate"), ("c", "set_rate")])
     assert "a" in c.views and "c" in c.views  # the views were kept either way
     c.store.close()
+
+
+def test_a_births_window_is_on_the_coordinators_clock(tmp_path):
+    """Births' re-send windows are on the coordinator's `mono` (stepped in tests), the
+    clock `Births.due` is called with: a window opened on another clock ended at once or
+    never. `mono` here reads far from time.monotonic(), so a window opened on it is caught."""
+    from runtime.config.coordinator import CoordinatorConfig
+    from runtime.coordinator.service import Coordinator
+    from runtime.coordinator.store import Inbound
+
+    c = Coordinator(CoordinatorConfig(fleet="f", store=str(tmp_path / "c.db"),
+                                      resend_window_s=60.0))
+    mono = [1e9]
+    c.mono = lambda: mono[0]
+    try:
+        def birth(boot: str) -> tuple[int, Inbound]:
+            return 0, Inbound("A", "state", {"v": 1, "online": True, "boot": boot,
+                                             "t": time.time()})
+        c.births.stored([birth("b1")])  # acts at once: its window opens
+        c.births.stored([birth("b2")])  # within the window: held to its end
+        assert c.births.stats()["held"] == 1
+        c.births.due(mono[0] + 59.0)
+        assert c.births.stats()["held"] == 1  # the window is not over
+        c.births.due(mono[0] + 61.0)
+        assert c.births.stats()["held"] == 0
+    finally:
+        c.store.close()
+        c.shelf.close()

@@ -66,3 +66,54 @@ def test_reads_of_a_stopped_postgres_store_are_a_503_within_seconds(tmp_path, po
             coord.stop()
         pg.stop()
 
+
+
+def _metrics(port: int, token: str) -> tuple[int, str]:
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/metrics",
+                                 headers={"Authorization": f"Bearer {token}"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+@pytest.mark.timeout(240)
+def test_metrics_say_the_store_is_failing_while_it_cannot_be_read(tmp_path, postgres):
+    """`edgerun_coordinator_store_state` is there to be alerted on, but /metrics read the
+    fleet view and the store's usage first: with the PostgreSQL server down every scrape
+    was a 503, so the gauge could say `failing` only while the store was readable, never
+    when it mattered. Now a scrape the store cannot serve carries the coordinator's own
+    figures (store state, inbox, connection, counters) and leaves the devices' out."""
+    from runtime.coordinator.pgserver import TempPostgres
+
+    pg = TempPostgres().start()
+    coord = server = None
+    try:
+        url = pg.create_database("scrape")
+        coord = Coordinator(CoordinatorConfig(fleet="f", store=url,
+                                              api_token_file=str(tmp_path / "api-token"),
+                                              store_read_timeout_s=1.0))
+        server = serve(coord, "127.0.0.1", 0, timeout_s=60)
+        port, token = server.server_address[1], (tmp_path / "api-token").read_text().strip()
+        birth = json.dumps({"v": 1, "online": True, "boot": "b1", "t": time.time()}).encode()
+        coord._ingest([("edgerun/v1/f/A/state", birth, time.time())])
+        status, page = _metrics(port, token)
+        assert status == 200 and 'edgerun_device_online{device="A"} 1.0' in page
+        pg._run("pg_ctl", "-D", str(pg.dir / "data"), "-m", "immediate", "-w", "stop")
+        with pytest.raises(Exception, match="server closed|connection"):
+            coord._ingest([("edgerun/v1/f/A/state", birth, time.time())])
+        assert coord.store_watch.status(coord.mono())["state"] == "failing"
+        status, page = _metrics(port, token)
+        assert status == 200, page  # was: 503, the store state unseen
+        assert 'edgerun_coordinator_store_state{state="failing"} 1.0' in page
+        assert "edgerun_coordinator_inbox_messages 0.0" in page
+        assert 'edgerun_device_online{device="A"}' not in page  # nothing of the store's
+        assert "edgerun_fleet_devices" not in page  # (no "0 devices online" made up)
+        assert _get(port, "/api/v1/fleet", token)[0] == 503  # the API's reads still say so
+    finally:
+        if server is not None:
+            server.shutdown()
+        if coord is not None:
+            coord.stop()
+        pg.stop()

@@ -37,6 +37,8 @@ E, W = logging.ERROR, logging.WARNING
     # a failure: failing (the ingest logs the error itself), back once a batch stores
     ([("begin", 0), ("end", 1, "OperationalError: database is locked")], [], "failing"),
     ([("begin", 0), ("end", 1, "x"), ("begin", 2), ("end", 3)], [W], "ok"),
+    # a batch with nothing to store (healths held) cannot say it is back
+    ([("begin", 0), ("end", 1, "x"), ("begin", 2), ("end", 3, None, False)], [], "failing"),
     # a stall that ends in a failure: its end said, then failing
     ([("begin", 0), ("check", 9), ("end", 10, "x")], [E, W], "failing"),
     # a new batch stalling while failing: stalled wins (what it does now)
@@ -251,3 +253,115 @@ def _freeze_and_thaw(c: Coordinator, dev, port: int, mnt, stop: threading.Event,
     assert _status(c, "A") == "online"
     assert not [r for r in caplog.records if "-> offline" in r.getMessage()
                 or "-> stale" in r.getMessage()]
+
+
+def test_a_batch_that_stores_nothing_does_not_say_the_failing_store_is_back(coord, caplog):
+    """While the store fails, the ingest loop still runs batches that store nothing: every
+    0.2 s while healths are held for coalescing (`_ingest([])`), and any batch whose
+    messages admission refused. Each ended the watch without an error, so the state flipped
+    failing -> ok -> failing, a "stores again" WARNING was logged every time, and the
+    `store` alert was cleared while nothing had been stored."""
+    c, mono, path = coord
+    t0 = time.time()
+    c.store._db.execute("PRAGMA busy_timeout = 50")
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    caplog.set_level(logging.INFO, logger="edgerun.coordinator")
+    try:
+        with pytest.raises(sqlite3.OperationalError):
+            c._ingest([("edgerun/v1/f/A/state", _birth(t0), t0)])
+        mono[0] += 1
+        c._ingest([])  # the loop's batch while a health is held
+        c._ingest([("edgerun/v1/f/A/state", b"not json", t0)])  # refused by admission
+        c.watch_tick()
+        assert c.stats()["store"]["state"] == "failing"
+        assert not [r for r in caplog.records if "stores again" in r.getMessage()]
+        assert [a["alert"] for a in c.alerts_view()["active"]] == ["store"]
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    mono[0] += 1
+    c._ingest([("edgerun/v1/f/A/state", _birth(t0), t0)])  # stored: back
+    assert c.stats()["store"]["state"] == "ok"
+    assert len([r for r in caplog.records if "stores again" in r.getMessage()]) == 1
+
+
+def test_the_store_alert_reaches_the_webhook_while_the_store_hangs(tmp_path):
+    """The `store` alert is there for when the store hangs, so it goes to the webhook first
+    and to the store's alert log after. But the webhook was handed alerts only by the one
+    thread that sends (Alerting.send), and that thread was stuck in the store's alert-log
+    write of the transition before (a device that went offline meanwhile): the `store`
+    alert waited behind it until the store came back, the webhook never heard it in time.
+    With several coordinators (share_group) even the first one waited on a store claim."""
+    from support.fleet import Receiver
+
+    hook = Receiver([200])
+    path = tmp_path / "c.db"
+    c = Coordinator(CoordinatorConfig(fleet="f", store=str(path), stale_after_s=2.0,
+                                      offline_after_s=4.0, store_stall_s=5.0,
+                                      alert_clear_s=0.0, ingest_window_s=0.0,
+                                      webhook_url=hook.url))
+    mono = [1000.0]
+    c.mono = lambda: mono[0]
+    c.alerting.webhook.start()
+    t0 = time.time()
+    c._ingest([("edgerun/v1/f/A/state", _birth(t0), t0),
+               ("edgerun/v1/f/B/state", _birth(t0), t0)])
+    c._refresh(t0)
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # another writer holds the store: writes wait
+    stuck = threading.Thread(target=c._ingest,
+                             args=([("edgerun/v1/f/A/health", _health(t0 + 1), t0 + 1)],))
+    try:
+        stuck.start()
+        assert until(lambda: c.store_watch.status(mono[0])["in_flight_s"] is not None, 10)
+        mono[0] += 2.0
+        c._refresh(t0 + 10)  # B offline: its alert sent from a thread stuck in the log write
+        assert until(lambda: any(b["alert"] == "offline" for b in hook.bodies()), 10)
+        mono[0] += 4.0  # 6 s in flight: past store_stall_s
+        c.watch_tick()
+        assert until(lambda: any(b["alert"] == "store" for b in hook.bodies()), 10), \
+            hook.bodies()  # was: only once the store came back (its 30 s busy timeout)
+        (sent,) = [b for b in hook.bodies() if b["alert"] == "store"]
+        assert sent["state"] == "raised" and "stalled" in sent["message"]
+        assert sent["device"] == "coordinator edgerun-coordinator"
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+        stuck.join(40)
+        c.alerting.webhook.stop()
+        hook.close()
+        c.store.close()
+        c.shelf.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_prune_that_hangs_on_the_ingest_thread_is_seen(tmp_path, broker, caplog):
+    """The ingest thread also does the housekeeping between batches: the fleet refresh and,
+    hourly, the store's prune (a DELETE of a day's rows). A prune that hangs (a frozen disk,
+    another writer's lock) held ingest as a hung batch does, yet only batches were watched:
+    no ERROR, no `store` alert, the state `ok` while nothing was stored. The prune here waits
+    on another connection's write lock; the hour and the stall are stepped on `mono`."""
+    path = tmp_path / "c.db"
+    c = Coordinator(CoordinatorConfig(fleet="f", broker=broker.coordinator("f"),
+                                      store=str(path), store_stall_s=5.0))
+    mono = [1000.0]
+    c.mono = lambda: mono[0]
+    caplog.set_level(logging.INFO, logger="edgerun.coordinator")
+    holder = sqlite3.connect(path, isolation_level=None)
+    try:
+        c.start()
+        assert c.connected.wait(30)
+        time.sleep(1.5)  # the loop's first housekeeping (a prune at start) done
+        holder.execute("BEGIN IMMEDIATE")  # the next prune's write waits on it
+        mono[0] += 3600.0  # an hour on: the next loop turn prunes, and waits
+        time.sleep(1.0)
+        mono[0] += 6.0  # 6 s in: past store_stall_s
+        assert until(lambda: c.stats()["store"]["state"] == "stalled", 10), c.stats()["store"]
+        assert until(lambda: any(r.levelno == logging.ERROR and str(path) in r.getMessage()
+                                 for r in caplog.records), 10)
+        assert any(a["alert"] == "store" for a in c.alerts_view()["active"])
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+        c.stop()
