@@ -75,7 +75,6 @@ def cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
-
 def add_models(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     """`edgerun models prepare` here, the bundle actions from runtime/cli_bundles.py."""
     mo = sub.add_parser("models", help="model ladders", description=cmd_models.__doc__,

@@ -99,7 +99,6 @@ class Admission:
                 sources.append((topic_name, len(raw)))
         return inbound, sources, replies
 
-
     def admit(self, topic_name: str, raw: bytes, now: float) -> tuple[str, str, dict]:
         """(device, kind, payload) of an acceptable message; raises Refused saying why not."""
         return self.admit_items(topic_name, raw, now)[:3]

@@ -177,7 +177,6 @@ def cmd_enroll(args: argparse.Namespace) -> int:
     return 0
 
 
-
 def _fleet_options(p: argparse.ArgumentParser, default: object) -> None:
     """The fleet views' options; `default` None on `fleet` itself, SUPPRESS on its actions
     (see add_fleet)."""
@@ -192,7 +191,6 @@ def _fleet_options(p: argparse.ArgumentParser, default: object) -> None:
     p.add_argument("--config", type=Path, default=d(None), help="the coordinator's config: "
                    "API address and token file")
     p.add_argument("--json", action="store_true", default=d(False), help="print the raw JSON")
-
 
 
 def add_coordinator(sub: Subparsers, common: argparse.ArgumentParser) -> None:

@@ -111,7 +111,6 @@ def _items(m: Inbound) -> list[dict[str, Any]]:
     return [m.msg] if m.kind in ("health", "event", "state") else []
 
 
-
 def _placed(msg: dict, kb: str, off: float) -> dict | None:
     """A stored message of kernel boot `kb` with its time placed by the boot's offset and the
     device's own time kept as `clk.claimed`; None when it is not this boot's, is placed

@@ -452,8 +452,6 @@ def view_changed(old: fleet.DeviceView | None, new: fleet.DeviceView, every_s: f
     return {**new.__dict__, "last_seen": 0} != {**old.__dict__, "last_seen": 0}
 
 
-
-
 def _timeline_row(device: str, msg: dict) -> tuple:
     """The health_points row of one health message."""
     return (device, float(msg["t"]), *(_number(msg, path) for _, path in TIMELINE))

@@ -87,7 +87,6 @@ class Pruning:
                        _aged(now, keep_health_s))
             uncharge(db, gone)
 
-
     def prune_results(self, max_age_s: float = 0.0, max_bytes: int = 0, chunk: int = 2000,
                       now: float | None = None, reserved: int = 0) -> dict[str, int]:
         """Retention: delete results received more than `max_age_s` ago, then, while the
@@ -141,7 +140,6 @@ class Pruning:
         if any(out.values()) or self._budget.shed:  # (admission's deletes count too)
             self._d.after_prune()
         return out
-
 
     def _reclaim(self, max_bytes: int, chunk: int, out: dict[str, int]) -> None:
         """While the store is over its cap, delete from the pool (device and kind of row) most

@@ -39,7 +39,6 @@ class Reads:
         return [{"t": t, "device": d, "topic": tp, "reason": r, "size": n}
                 for t, d, tp, r, n in rows]
 
-
     def results(self, device: str, after_seq: int = 0, limit: int = 1000) -> list[dict]:
         """Stored results of a device (all streams), oldest stream first, in seq order; here
         and below a refused item's marker (boot "": ingest.marker_row) is left out."""

@@ -304,7 +304,6 @@ def hold_sighup() -> None:
     signal.signal(signal.SIGHUP, lambda *_: _EARLY_HUP.append(1))
 
 
-
 def add_check(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     """`edgerun check CONFIG`."""
     ck = sub.add_parser("check", help="validate a config file, print it resolved and report "

@@ -159,7 +159,6 @@ def _valid_text(obj: Any) -> Any:
     return obj
 
 
-
 def _space(path: Path) -> str:
     """What the filesystem holding `path` has free, for a failure to open it: SQLite says
     `disk I/O error` when a full disk refuses its -shm file, which reads as a failing card."""

@@ -25,7 +25,6 @@ def cmd_report(args: argparse.Namespace) -> int:
     return command(args)
 
 
-
 def add_demo(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     """`edgerun demo`."""
     de = sub.add_parser("demo", help="everything on one machine, with a live view",

@@ -57,7 +57,6 @@ def test_a_lost_head_chunk_does_not_pull_the_bundle_into_memory(tmp_path, broker
         s.close()
 
 
-
 # -- canary clock: hostile or late sleeps ------------------------------------------------------
 
 T, M = 100.0, 60.0  # rollout_timeout_s, wake_margin_s

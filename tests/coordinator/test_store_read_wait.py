@@ -67,7 +67,6 @@ def test_reads_of_a_stopped_postgres_store_are_a_503_within_seconds(tmp_path, po
         pg.stop()
 
 
-
 def _metrics(port: int, token: str) -> tuple[int, str]:
     req = urllib.request.Request(f"http://127.0.0.1:{port}/metrics",
                                  headers={"Authorization": f"Bearer {token}"})
