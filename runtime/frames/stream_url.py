@@ -11,8 +11,10 @@ SHOWN_MAX = 200  # characters of a URL quoted in an error, a log line or an even
 
 
 def redact(url: str) -> str:
-    """A URL fit for logs and events: `user:password@` becomes `***@`."""
-    return re.sub(r"(?<=://)[^/@\s]*@", "***@", url)
+    """A URL fit for logs and events: `user:password@` becomes `***@`. Up to the last '@'
+    before the path, query or fragment, as FFmpeg splits it: a password holding an '@'
+    works with the camera, and was shown from that '@' on."""
+    return re.sub(r"(?<=://)[^/?#\s]*@", "***@", url)
 
 
 def shown(url: str, limit: int = SHOWN_MAX) -> str:
