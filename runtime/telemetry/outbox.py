@@ -661,8 +661,8 @@ class Outbox:
         self._db_results = True
         out = list(seqs)
         self._bytes += sum(len(b) for b in bodies)
-        if self._bytes > self._max_bytes:
-            count, first, last = self._evict()
+        if self._bytes > self._max_bytes and (evicted := self._evict()):
+            count, first, last = evicted
             log.warning("outbox over %d bytes: evicted %d oldest unacked results (seq %d-%d); "
                         "the coordinator has not acked them",
                         self._max_bytes, count, first, last)
@@ -771,8 +771,11 @@ class Outbox:
             for ev in events:
                 self._on_event(ev)
 
-    def _evict(self) -> tuple[int, int, int]:
-        """Delete oldest results down to 90% of the cap (inside the caller's transaction)."""
+    def _evict(self) -> tuple[int, int, int] | None:
+        """Delete oldest results down to 90% of the cap (inside the caller's transaction);
+        returns how many and their first and last seq, None when none is older than the
+        result just written (one over the cap alone: kept, it was deleted as it was written
+        and its bytes stayed counted, so every later result went the same way)."""
         target = self._max_bytes * 0.9
         rows = self._db.execute("SELECT seq, LENGTH(body) FROM results ORDER BY seq").fetchall()
         count, first, last = 0, rows[0][0], rows[0][0]
@@ -781,6 +784,8 @@ class Outbox:
                 break
             self._bytes -= size
             count, last = count + 1, seq
+        if not count:
+            return None
         self._db.execute("DELETE FROM results WHERE seq <= ?", (last,))
         self.evicted_total += count
         self._set_meta("evicted_total", str(self.evicted_total))

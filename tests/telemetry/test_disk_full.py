@@ -334,6 +334,41 @@ def test_an_outbox_on_a_read_only_disk_at_start_runs_in_memory(tmp_path, caplog)
         disk.unmount()
 
 
+@pytest.mark.parametrize("memory_max_bytes", [4096, 0])
+def test_a_result_over_the_memory_bound_does_not_delete_the_ones_after_it(tmp_path, caplog,
+                                                                          memory_max_bytes):
+    """An outbox in memory (a read-only disk at start) bounded below one result's size
+    (memory_max_bytes = 0 is a valid setting): the eviction deleted the result just
+    written, said "evicted 0", and its bytes stayed counted, so every later result was
+    deleted as it was written, none ever published. The newest result is kept (over the
+    bound) and those before it go, counted."""
+    disk = Ext4(tmp_path / "ext4", 16)
+    try:
+        path = disk.path / "outbox.db"
+        box = Outbox(OutboxConfig(path=str(path)))
+        box.append_many([_result(0)])
+        box.close()
+        disk.fail()
+        ob = Outbox(OutboxConfig(path=str(path), memory_max_bytes=memory_max_bytes))
+        assert ob.memory_only
+        with caplog.at_level("WARNING", logger="edgerun.outbox"):
+            assert ob.append_many([{"t": 1.0, "big": "x" * 5000}]) == [1]
+            assert [p.seq for p in ob.pending(0, 10)] == [1]  # kept, though over the bound
+            for i in range(3):
+                ob.append_many([_result(i)])
+        # the big one evicted by the next; under a bound of 0 each by the next
+        kept = [2, 3, 4] if memory_max_bytes else [4]
+        assert [p.seq for p in ob.pending(0, 10)] == kept
+        st = ob.stats()
+        assert st["evicted_total"] == 4 - len(kept), st
+        assert st["bytes"] == sum(len(p.json) - 8 for p in ob.pending(0, 10)), st  # no '"seq":N,'
+        said = [r.getMessage() for r in caplog.records if "evicted" in r.getMessage()]
+        assert not [m for m in said if "evicted 0 " in m], said
+        ob.close()
+    finally:
+        disk.unmount()
+
+
 def test_closing_on_a_full_disk_stores_held_results_or_says_which_are_lost(disk, caplog):
     """close() gives what waits in memory one last try: space back, nothing lost; the disk
     still full, one critical line naming how many results and which seqs are lost."""
