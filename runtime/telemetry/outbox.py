@@ -613,7 +613,7 @@ class Outbox:
         except (sqlite3.OperationalError, OSError) as e:
             self._recent = rows + self._recent
             self._recent_t = times + self._recent_t
-            self._bytes += self._recent_bytes
+            self._recount()  # (adding _recent_bytes after the rollback's recount: twice)
             if not unwritable(e):
                 raise
             _rlog.log("spill", "outbox %s: cannot move %d unacked results from the log into "
@@ -721,6 +721,10 @@ class Outbox:
                 if h.removed:
                     self._db.executemany("DELETE FROM other WHERE id=?",
                                          [(i,) for i in sorted(h.removed)])
+                # the table's bytes (the acks just applied freed some), the log's counted as
+                # they move in: counted twice, they evicted results under the cap
+                self._recount()
+                self._bytes -= self._recent_bytes
                 if self._recent:  # below the held results' seqs: into the table first
                     self._insert_rows([b for _, b in self._recent], done,
                                       [q for q, _ in self._recent])

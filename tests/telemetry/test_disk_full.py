@@ -334,6 +334,43 @@ def test_an_outbox_on_a_read_only_disk_at_start_runs_in_memory(tmp_path, caplog)
         disk.unmount()
 
 
+def _body_bytes(ob: Outbox) -> int:
+    """The bytes of the results `ob` holds on disk (pending()'s JSON less its '"seq":N,')."""
+    return sum(len(p.json) - len(f'"seq":{p.seq},') for p in ob.pending(0, 1_000_000))
+
+
+def test_a_spill_the_full_disk_refused_evicts_nothing_it_kept(disk, caplog):
+    """Results in the log, under max_bytes, the disk filling: each spill into SQLite the
+    disk refused counted the log's bytes twice (the rollback's recount had them already),
+    and the flush once space returned counted them a third time. Measured before the fix:
+    151 of 152 unacked results, 40 KB under a 64 KiB cap, deleted on recovery. Nothing
+    under the cap is evicted."""
+    ob = Outbox(OutboxConfig(path=str(disk.path / "outbox.db"), max_bytes=65536,
+                             spill_after_s=3600, retry_s=0.05))
+    i = 0
+    with caplog.at_level("WARNING", logger="edgerun.outbox"):
+        while ob.stats()["bytes"] < 31000:  # in the log, near the spill threshold (32 KiB)
+            ob.append_many([_result(i)])
+            i += 1
+        disk.fill()
+        while not ob.stats()["disk_full"]:  # spills the disk refuses, the log's last page
+            ob.append_many([_result(i)])
+            i += 1
+            assert i < 100_000, "the full disk never refused a write"
+            assert ob.stats()["bytes"] == _body_bytes(ob)  # counted once, refused or not
+        for _ in range(20):
+            ob.append_many([_result(i)])
+            i += 1
+        assert ob.stats()["evicted_total"] == 0
+        disk.free()
+        _flushed(ob)
+    assert [p.seq for p in ob.pending(0, 10_000)] == list(range(1, i + 1))
+    st = ob.stats()
+    assert st["evicted_total"] == 0 and st["bytes"] < 65536, st
+    assert not [r for r in caplog.records if "evicted" in r.getMessage()]
+    ob.close()
+
+
 @pytest.mark.parametrize("memory_max_bytes", [4096, 0])
 def test_a_result_over_the_memory_bound_does_not_delete_the_ones_after_it(tmp_path, caplog,
                                                                           memory_max_bytes):
