@@ -646,6 +646,7 @@ class Outbox:
             self._rollback()
             raise
         self._last = max([self._last, *out])
+        self._evicted(done)
         events.extend(done)
         return out
 
@@ -663,19 +664,31 @@ class Outbox:
         self._bytes += sum(len(b) for b in bodies)
         if self._bytes > self._max_bytes and (evicted := self._evict()):
             count, first, last = evicted
-            log.warning("outbox over %d bytes: evicted %d oldest unacked results (seq %d-%d); "
-                        "the coordinator has not acked them",
-                        self._max_bytes, count, first, last)
             events.append({"type": EventType.OUTBOX_EVICTING, "count": count, "first_seq": first,
                            "last_seq": last, "evicted_total": self.evicted_total})
         return out  # type: ignore[return-value]
 
     def _rollback(self) -> None:
-        """Undo the open transaction (an I/O error may have ended it already) and recount."""
+        """Undo the open transaction (an I/O error may have ended it already) and recount,
+        evictions undone with it (_evicted records only those committed)."""
         # "no transaction is active": SQLite rolled back itself (it does on some I/O errors)
         with contextlib.suppress(sqlite3.OperationalError):
             self._db.execute("ROLLBACK")
         self._recount()
+        self.evicted_total = max(int(self._meta("evicted_total") or 0),
+                                 self.sidecar.evicted_total)
+
+    def _evicted(self, done: list[dict]) -> None:
+        """Say and record the evictions of a committed transaction (in `done`, its events):
+        one rolled back (a full disk refused it) evicted nothing and is not said."""
+        for ev in done:
+            if ev["type"] != EventType.OUTBOX_EVICTING:
+                continue
+            log.warning("outbox over %d bytes: evicted %d oldest unacked results (seq %d-%d); "
+                        "the coordinator has not acked them",
+                        self._max_bytes, ev["count"], ev["first_seq"], ev["last_seq"])
+            if not self.memory_only:  # (the disk refuses it: said once at start)
+                self.sidecar.set_evicted_total(self.evicted_total)
 
     def _recount(self) -> None:
         """Bytes of results held: the database's and the log's."""
@@ -748,6 +761,7 @@ class Outbox:
                 raise
             h.failed_again(e)
             return False
+        self._evicted(done)
         events.extend(done)
         if h.results:
             self._last = max(self._last, h.results[-1][0])
@@ -793,8 +807,6 @@ class Outbox:
         self._db.execute("DELETE FROM results WHERE seq <= ?", (last,))
         self.evicted_total += count
         self._set_meta("evicted_total", str(self.evicted_total))
-        if not self.memory_only:  # (the disk refuses it: said once at start, not each time)
-            self.sidecar.set_evicted_total(self.evicted_total)
         return count, first, last
 
     def pending(self, after_seq: int, limit: int) -> list[Pending]:

@@ -371,6 +371,36 @@ def test_a_spill_the_full_disk_refused_evicts_nothing_it_kept(disk, caplog):
     ob.close()
 
 
+def test_an_eviction_the_full_disk_rolled_back_is_neither_said_nor_counted(disk, caplog):
+    """An outbox at its cap (no broker for a while) when the disk fills: the insert that
+    evicts the oldest is refused and rolled back, but evicted_total had been raised and
+    "evicted N oldest unacked results" said for results still there (the coordinator's
+    alert on evicted_total then names a loss that did not happen)."""
+    ob = Outbox(OutboxConfig(path=str(disk.path / "outbox.db"), max_bytes=65536,
+                             spill_after_s=0, retry_s=3600))
+    i = 0
+    while ob.stats()["evicted_total"] == 0:  # at the cap: each insert evicts
+        ob.append_many([_result(i)])
+        i += 1
+    committed = ob.stats()["evicted_total"]
+    held = [p.seq for p in ob.pending(0, 10_000)]
+    disk.fill()
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="edgerun.outbox"):
+        while not ob.stats()["disk_full"]:  # batches past 10 % of the cap: each evicts
+            ob.append_many([_result(i + k) for k in range(30)])
+            i += 30
+            assert i < 100_000, "the full disk never refused a write"
+    on_disk = [p.seq for p in ob.pending(0, 10_000)]
+    evicted = ob.stats()["evicted_total"] - committed  # by the inserts the disk took
+    assert on_disk[0] - held[0] == evicted, (on_disk[:3], held[:3], evicted)
+    said = sum(int(re.search(r"evicted (\d+)", r.getMessage())[1]) for r in caplog.records
+               if "evicted" in r.getMessage())
+    assert said == evicted, (said, evicted)
+    ob.close()
+    disk.free()
+
+
 @pytest.mark.parametrize("memory_max_bytes", [4096, 0])
 def test_a_result_over_the_memory_bound_does_not_delete_the_ones_after_it(tmp_path, caplog,
                                                                           memory_max_bytes):
