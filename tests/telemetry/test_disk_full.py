@@ -496,6 +496,13 @@ class Ext4:
     def unmount(self) -> None:
         subprocess.run(["umount", "-l", str(self.path)], check=False)
 
+    def repair(self) -> None:
+        """What the operator does: unmount, fsck, mount again (writable)."""
+        subprocess.run(["umount", str(self.path)], check=True)
+        subprocess.run(["e2fsck", "-fy", str(self.image)], capture_output=True)  # 1: fixed
+        subprocess.run(["mount", "-o", "loop,errors=remount-ro", str(self.image),
+                        str(self.path)], check=True)
+
 
 def test_a_state_disk_turned_read_only_holds_results_in_memory(tmp_path, caplog):
     """A card's ext4 gone read-only under the daemon (errors=remount-ro): the result log's
@@ -756,5 +763,24 @@ def test_a_daemon_started_on_a_read_only_state_disk_serves_from_memory(
             d.stop()
         seqs = [q for (q,) in coordinator.store.read(new, (first,))]
         assert seqs == list(range(1, len(seqs) + 1)), seqs  # one new stream, nothing lost
+        # the card repaired: the next start takes up the disk's own stream where it stood,
+        # each of its results at the coordinator once, none lost, the memory's untouched
+        disk.repair()
+        old = "SELECT seq FROM results WHERE device = 'box1' AND stream = ? ORDER BY seq"
+        top = coordinator.store.read(old, (first,))[-1][0]
+        d = Serve(tmp_path, cfg)
+        try:
+            wait(lambda: coordinator.store.read(old, (first,))[-1][0] > top + 20, 120,
+                 "the disk's stream going on at the coordinator", d)
+            assert "kept in memory only" not in d.text()
+            assert d.stop() == 0 and "Traceback" not in d.text(), d.text()[-3000:]
+        finally:
+            d.stop()
+        kept = [q for (q,) in coordinator.store.read(old, (first,))]
+        assert kept == list(range(1, len(kept) + 1)), kept
+        assert [q for (q,) in coordinator.store.read(new, (first,))] == seqs
+        (streams,), = coordinator.store.read("SELECT COUNT(DISTINCT stream) FROM results "
+                                             "WHERE device = 'box1'")
+        assert streams == 2
     finally:
         disk.unmount()
