@@ -438,10 +438,16 @@ class Outbox:
             # they were stranded. A copy goes beside the database for forensics.
             aside = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time())}")
             self._salvaged = _salvage(self.path)
-            for suffix in ("", "-wal", "-shm"):
-                src = Path(str(self.path) + suffix)
-                if src.exists():
-                    src.rename(str(aside) + suffix)
+            try:
+                for suffix in ("", "-wal", "-shm"):
+                    src = Path(str(self.path) + suffix)
+                    if src.exists():
+                        src.rename(str(aside) + suffix)
+            except OSError:  # a card gone read-only as it failed: left as it is, for a start
+                # that can write it (raised, this was a traceback every restart)
+                if why := no_new_files(self.path):
+                    return self._in_memory(e, why)
+                raise
             with contextlib.suppress(OSError):  # a full disk: the log itself is kept anyway
                 shutil.copyfile(str(self.path) + ".log", str(aside) + ".log")
             self._corrupt = (aside, e)
@@ -460,6 +466,7 @@ class Outbox:
         db = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
         db.executescript(_SCHEMA)
         self.memory_only = f"{e}; {why}"
+        self._salvaged = None  # a damaged database's stream: its log's seqs are not read here
         log.critical("outbox %s cannot be opened (%s): results are kept in memory only, up to "
                      "%d bytes ([telemetry.outbox] memory_max_bytes), under a new stream; "
                      "those not acked when the daemon stops are lost. Results the outbox on "

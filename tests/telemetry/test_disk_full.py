@@ -13,6 +13,7 @@ import os
 import re
 import sqlite3
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -431,6 +432,39 @@ def test_a_result_over_the_memory_bound_does_not_delete_the_ones_after_it(tmp_pa
         assert st["bytes"] == sum(len(p.json) - 8 for p in ob.pending(0, 10)), st  # no '"seq":N,'
         said = [r.getMessage() for r in caplog.records if "evicted" in r.getMessage()]
         assert not [m for m in said if "evicted 0 " in m], said
+        ob.close()
+    finally:
+        disk.unmount()
+
+
+def test_a_damaged_outbox_on_a_read_only_disk_at_start_runs_in_memory(tmp_path, caplog):
+    """A card failing: the daemon killed (its -wal and -shm left), the database damaged, the
+    ext4 gone read-only (errors=remount-ro). Moving the corrupt database aside raised
+    OSError (EROFS) out of the outbox: a traceback, and systemd started the daemon into the
+    same one every 5 s, inspecting nothing. It runs in memory, under a new stream (not the
+    damaged one's: its log's seqs are not read back), the damaged files left as they were."""
+    disk = Ext4(tmp_path / "ext4", 16)
+    try:
+        path = disk.path / "outbox.db"
+        box = Outbox(OutboxConfig(path=str(path), spill_after_s=0))
+        box.append_many([_result(i) for i in range(200)])
+        box.close()
+        killed = (f"import os, sqlite3\ndb = sqlite3.connect({str(path)!r})\n"
+                  "db.execute('CREATE TABLE z (x)')\ndb.commit()\nos._exit(9)\n")
+        subprocess.run([sys.executable, "-c", killed], check=False)
+        assert Path(f"{path}-wal").exists() and Path(f"{path}-shm").exists()
+        with path.open("r+b") as f:  # a page of the results' table (meta whole)
+            f.seek(40960)
+            f.write(b"\xff" * 4096)
+        before = sorted(p.name for p in disk.path.iterdir())
+        disk.fail()
+        with caplog.at_level("CRITICAL", logger="edgerun.outbox"):
+            ob = Outbox(OutboxConfig(path=str(path)))
+        start = ob.take_startup_event()
+        assert ob.memory_only and start is not None and start["memory_only"], start
+        assert ob.stream != box.stream
+        assert ob.append_many([_result(0)]) == [1]
+        assert sorted(p.name for p in disk.path.iterdir()) == before
         ob.close()
     finally:
         disk.unmount()
