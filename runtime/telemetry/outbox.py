@@ -450,10 +450,18 @@ class Outbox:
                 raise
             with contextlib.suppress(OSError):  # a full disk: the log itself is kept anyway
                 shutil.copyfile(str(self.path) + ".log", str(aside) + ".log")
+            try:
+                db = self._connect()
+            except sqlite3.OperationalError as again:  # no inode for the empty one (a rename
+                # needs none): raised, the next start found no outbox and exited as a first
+                if why := no_new_files(self.path):
+                    return self._in_memory(again, f"{why}; the damaged outbox ({e}) was "
+                                           f"moved to {aside}")
+                raise
             self._corrupt = (aside, e)
             self._startup_event = {"type": EventType.OUTBOX_CORRUPT, "path": str(aside),
                                    "error": str(e)}
-            return self._connect()
+            return db
 
     def _in_memory(self, e: BaseException, why: str) -> sqlite3.Connection:
         """An outbox in memory, under a new stream, for a state disk that can make no file

@@ -470,6 +470,47 @@ def test_a_damaged_outbox_on_a_read_only_disk_at_start_runs_in_memory(tmp_path, 
         disk.unmount()
 
 
+def test_a_damaged_outbox_on_a_disk_out_of_inodes_runs_in_memory(tmp_path, caplog):
+    """The daemon killed, its database damaged, no inode left: the corrupt database was
+    moved aside (a rename needs no inode) and the empty outbox meant to replace it could not
+    be made: SQLite's OperationalError out of the outbox, a traceback; the next start found
+    no outbox (moved) and exited as at a first start, every 5 s. It runs in memory, the
+    line naming where the damaged outbox went."""
+    root = tmp_path / "disk"
+    root.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    got = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m,nr_inodes=16", "tmpfs",
+                          str(root)], capture_output=True, text=True)
+    if got.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {got.stderr.strip()}")
+    try:
+        path = root / "outbox.db"
+        box = Outbox(OutboxConfig(path=str(path), spill_after_s=0))
+        box.append_many([_result(i) for i in range(200)])
+        box.close()
+        killed = (f"import os, sqlite3\ndb = sqlite3.connect({str(path)!r})\n"
+                  "db.execute('CREATE TABLE z (x)')\ndb.commit()\nos._exit(9)\n")
+        subprocess.run([sys.executable, "-c", killed], check=False)
+        with path.open("r+b") as f:  # a page of the results' table
+            f.seek(40960)
+            f.write(b"\xff" * 4096)
+        n = 0
+        with contextlib.suppress(OSError):
+            while True:  # every inode left
+                (root / f"f{n}").touch()
+                n += 1
+        with caplog.at_level("CRITICAL", logger="edgerun.outbox"):
+            ob = Outbox(OutboxConfig(path=str(path)))
+        assert ob.memory_only and ob.stream != box.stream
+        said = " ".join(r.getMessage() for r in caplog.records)
+        assert "memory only" in said and ".corrupt-" in said, said
+        assert ob.append_many([_result(0)]) == [1]
+        ob.close()
+    finally:
+        subprocess.run(["umount", "-l", str(root)], check=False)
+
+
 def test_closing_on_a_full_disk_stores_held_results_or_says_which_are_lost(disk, caplog):
     """close() gives what waits in memory one last try: space back, nothing lost; the disk
     still full, one critical line naming how many results and which seqs are lost."""
