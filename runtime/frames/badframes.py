@@ -39,24 +39,27 @@ class BadFrames:
         self._lock = threading.Lock()  # capture and preprocess threads both record
         self._counts = dict.fromkeys(FRAME_KINDS, 0)
         self._last: dict[str, float] = {}  # kind -> when its last event went out
-        self._held: dict[str, tuple[int, str, str]] = {}  # kind -> (suppressed, ref, why)
+        # kind -> (suppressed, ref, why, source)
+        self._held: dict[str, tuple[int, str, str, str]] = {}
 
-    def record(self, kind: str, ref: str, why: str) -> None:
+    def record(self, kind: str, ref: str, why: str, source: str = "") -> None:
         """Count one refused frame; log and report it unless this kind was reported within
-        the window (then it is held and reported later as `suppressed`)."""
+        the window (then it is held and reported later as `suppressed`). `source`: the
+        [[sources]] name it came from, said with it ("" for none: one source, a stage after
+        the sources): a camera's frame ref ("frame-N") names no camera."""
         if kind not in self._counts:
             kind = "corrupt"  # an unknown kind is still counted, never lost
         with self._lock:
             self._counts[kind] += 1
             now = self._clock()
             if now - self._last.get(kind, -float("inf")) < self._window:
-                n, _, _ = self._held.get(kind, (0, "", ""))
-                self._held[kind] = (n + 1, ref, why)
+                n = self._held.get(kind, (0, "", "", ""))[0]
+                self._held[kind] = (n + 1, ref, why, source)
                 return
             self._last[kind] = now
-            suppressed = self._held.pop(kind, (0, "", ""))[0]
+            suppressed = self._held.pop(kind, (0, "", "", ""))[0]
             total = self._counts[kind]
-        self._report(kind, ref, why, suppressed, total)
+        self._report(kind, ref, why, suppressed, total, source)
 
     def flush(self) -> None:
         """Report held frames of every kind whose window has passed (cheap when none)."""
@@ -66,19 +69,23 @@ class BadFrames:
         with self._lock:
             now = self._clock()
             for kind in [k for k in self._held if now - self._last.get(k, 0) >= self._window]:
-                n, ref, why = self._held.pop(kind)
+                n, ref, why, source = self._held.pop(kind)
                 self._last[kind] = now
-                due.append((kind, ref, why, n - 1, self._counts[kind]))
-        for kind, ref, why, suppressed, total in due:
-            self._report(kind, ref, why, suppressed, total)
+                due.append((kind, ref, why, n - 1, self._counts[kind], source))
+        for kind, ref, why, suppressed, total, source in due:
+            self._report(kind, ref, why, suppressed, total, source)
 
-    def _report(self, kind: str, ref: str, why: str, suppressed: int, total: int) -> None:
+    def _report(self, kind: str, ref: str, why: str, suppressed: int, total: int,
+                source: str = "") -> None:
         more = f" ({suppressed} more of this kind since the last report)" if suppressed else ""
-        log.warning("frame %s refused (%s): %s; skipped%s", printable(ref), kind, why, more)
+        of = f" of source {printable(source)}" if source else ""
+        log.warning("frame %s%s refused (%s): %s; skipped%s", printable(ref), of, kind, why,
+                    more)
         try:
             self._event({"type": EventType.FRAME_BAD, "severity": "warning", "kind": kind,
                          "ref": str(ref)[:200], "error": str(why)[:300],
-                         "suppressed": suppressed, "total": total})
+                         "suppressed": suppressed, "total": total,
+                         **({"source": source} if source else {})})
         except Exception as e:  # reporting must never take the capture thread down
             log.error("could not report a bad frame: %s", e)
 

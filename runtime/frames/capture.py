@@ -102,7 +102,7 @@ class Capture:
             try:
                 frame = lane.source.read(self.READ_S)
             except BadFrame as e:  # one refused input; the source itself is fine
-                self._bad.record(e.kind, e.ref, e.why)
+                self._bad.record(e.kind, e.ref, e.why, lane.name)
                 continue
             except SourceEnded as e:  # a video file's last frame: nothing to retry
                 lane.source.close()
@@ -133,8 +133,10 @@ class Capture:
             if frame.damaged:  # the stream's damage the decoder met (concealed or refused)
                 self._count("stream_damaged", frame.damaged)
             if frame.not_judged:  # a garbled picture: no verdict on it, a bad frame counted
-                # (said at most once a minute: once a burst of damage, not once a frame)
-                self._bad.record("decode_damaged", frame.ref, frame.not_judged)
+                # (said at most once a minute: once a burst of damage, not once a frame), and
+                # in the source's own health: a camera damaged in every GOP is judged never
+                lane.counters["not_judged"] += 1
+                self._bad.record("decode_damaged", frame.ref, frame.not_judged, lane.name)
                 continue
             if pacer is not None:  # its own rate_hz in [[sources]]
                 now = time.monotonic()
@@ -189,7 +191,7 @@ class Capture:
             if len(lane.rects) < 64:  # a folder of many sizes must not grow this unbounded
                 lane.rects[(w, h)] = rect
         if isinstance(rect, RoiError):
-            self._bad.record("roi_outside", frame.ref, str(rect))
+            self._bad.record("roi_outside", frame.ref, str(rect), lane.name)
             return False
         frame.image = crop(frame.image, rect)
         return True

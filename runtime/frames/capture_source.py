@@ -76,10 +76,10 @@ class CaptureSource:
             self.live = True  # not a file: a camera or a stream (the open then says)
         self._loop = cfg.loop and not self.live
         quiet_ffmpeg()  # before FFmpeg's first use in this process: it reads its level once
-        t0 = time.monotonic()
+        self._began = time.monotonic()  # (_open: once it may begin, past the other opens)
         self._cap = self._open()
         if not self._cap.isOpened():
-            took = time.monotonic() - t0
+            took = time.monotonic() - self._began
             if self._url and took >= cfg.open_timeout_s * 0.9:
                 # held OpenCV's open lock all that time (multisource.retry_floor_s)
                 raise OpenTimedOut(f"source.path {self._shown!r}: no stream within "
@@ -117,6 +117,9 @@ class CaptureSource:
             # streams on a small box do not each start a pool of threads per core.
             params += [cv2.CAP_PROP_N_THREADS, 1]
         with _env_lock:
+            # timed from here: an open queued behind a camera whose open timed out, then
+            # refused at once, was taken for a timeout of its own (retry_floor_s: ~24 s)
+            self._began = time.monotonic()
             before = os.environ.get(_FFMPEG_OPTIONS)
             opts = before or ""
             if (str(self._target).lower().startswith("rtsp") and cfg.transport != "auto"

@@ -11,8 +11,16 @@ SHOWN_MAX = 200  # characters of a URL quoted in an error, a log line or an even
 
 
 def redact(url: str) -> str:
-    """A URL fit for logs and events: `user:password@` becomes `***@`."""
-    return re.sub(r"(?<=://)[^/@\s]*@", "***@", url)
+    """A URL fit for logs and events: `user:password@` becomes `***@`. Up to the last '@'
+    before the path, query or fragment, as FFmpeg splits it: a password holding an '@'
+    works with the camera, and was shown from that '@' on. A password given in the path or
+    the query (`password=`, `passwd=`, `pwd=`, `loginpas=`: cameras that take it there,
+    Xiongmai's `/user=admin&password=...&channel=1`) becomes `***` too."""
+    url = re.sub(r"(?<=://)[^/?#\s]*@", "***@", url)
+    return _PASSWORD_PARAM.sub(r"\1***", url)
+
+
+_PASSWORD_PARAM = re.compile(r"(?i)([/?&;](?:password|passwd|pwd|loginpas)=)[^&;#\s]*")
 
 
 def shown(url: str, limit: int = SHOWN_MAX) -> str:

@@ -438,16 +438,30 @@ class Outbox:
             # they were stranded. A copy goes beside the database for forensics.
             aside = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time())}")
             self._salvaged = _salvage(self.path)
-            for suffix in ("", "-wal", "-shm"):
-                src = Path(str(self.path) + suffix)
-                if src.exists():
-                    src.rename(str(aside) + suffix)
+            try:
+                for suffix in ("", "-wal", "-shm"):
+                    src = Path(str(self.path) + suffix)
+                    if src.exists():
+                        src.rename(str(aside) + suffix)
+            except OSError:  # a card gone read-only as it failed: left as it is, for a start
+                # that can write it (raised, this was a traceback every restart)
+                if why := no_new_files(self.path):
+                    return self._in_memory(e, why)
+                raise
             with contextlib.suppress(OSError):  # a full disk: the log itself is kept anyway
                 shutil.copyfile(str(self.path) + ".log", str(aside) + ".log")
+            try:
+                db = self._connect()
+            except sqlite3.OperationalError as again:  # no inode for the empty one (a rename
+                # needs none): raised, the next start found no outbox and exited as a first
+                if why := no_new_files(self.path):
+                    return self._in_memory(again, f"{why}; the damaged outbox ({e}) was "
+                                           f"moved to {aside}")
+                raise
             self._corrupt = (aside, e)
             self._startup_event = {"type": EventType.OUTBOX_CORRUPT, "path": str(aside),
                                    "error": str(e)}
-            return self._connect()
+            return db
 
     def _in_memory(self, e: BaseException, why: str) -> sqlite3.Connection:
         """An outbox in memory, under a new stream, for a state disk that can make no file
@@ -460,6 +474,7 @@ class Outbox:
         db = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
         db.executescript(_SCHEMA)
         self.memory_only = f"{e}; {why}"
+        self._salvaged = None  # a damaged database's stream: its log's seqs are not read here
         log.critical("outbox %s cannot be opened (%s): results are kept in memory only, up to "
                      "%d bytes ([telemetry.outbox] memory_max_bytes), under a new stream; "
                      "those not acked when the daemon stops are lost. Results the outbox on "
@@ -613,7 +628,7 @@ class Outbox:
         except (sqlite3.OperationalError, OSError) as e:
             self._recent = rows + self._recent
             self._recent_t = times + self._recent_t
-            self._bytes += self._recent_bytes
+            self._recount()  # (adding _recent_bytes after the rollback's recount: twice)
             if not unwritable(e):
                 raise
             _rlog.log("spill", "outbox %s: cannot move %d unacked results from the log into "
@@ -646,6 +661,7 @@ class Outbox:
             self._rollback()
             raise
         self._last = max([self._last, *out])
+        self._evicted(done)
         events.extend(done)
         return out
 
@@ -661,21 +677,33 @@ class Outbox:
         self._db_results = True
         out = list(seqs)
         self._bytes += sum(len(b) for b in bodies)
-        if self._bytes > self._max_bytes:
-            count, first, last = self._evict()
-            log.warning("outbox over %d bytes: evicted %d oldest unacked results (seq %d-%d); "
-                        "the coordinator has not acked them",
-                        self._max_bytes, count, first, last)
+        if self._bytes > self._max_bytes and (evicted := self._evict()):
+            count, first, last = evicted
             events.append({"type": EventType.OUTBOX_EVICTING, "count": count, "first_seq": first,
                            "last_seq": last, "evicted_total": self.evicted_total})
         return out  # type: ignore[return-value]
 
     def _rollback(self) -> None:
-        """Undo the open transaction (an I/O error may have ended it already) and recount."""
+        """Undo the open transaction (an I/O error may have ended it already) and recount,
+        evictions undone with it (_evicted records only those committed)."""
         # "no transaction is active": SQLite rolled back itself (it does on some I/O errors)
         with contextlib.suppress(sqlite3.OperationalError):
             self._db.execute("ROLLBACK")
         self._recount()
+        self.evicted_total = max(int(self._meta("evicted_total") or 0),
+                                 self.sidecar.evicted_total)
+
+    def _evicted(self, done: list[dict]) -> None:
+        """Say and record the evictions of a committed transaction (in `done`, its events):
+        one rolled back (a full disk refused it) evicted nothing and is not said."""
+        for ev in done:
+            if ev["type"] != EventType.OUTBOX_EVICTING:
+                continue
+            log.warning("outbox over %d bytes: evicted %d oldest unacked results (seq %d-%d); "
+                        "the coordinator has not acked them",
+                        self._max_bytes, ev["count"], ev["first_seq"], ev["last_seq"])
+            if not self.memory_only:  # (the disk refuses it: said once at start)
+                self.sidecar.set_evicted_total(self.evicted_total)
 
     def _recount(self) -> None:
         """Bytes of results held: the database's and the log's."""
@@ -721,6 +749,10 @@ class Outbox:
                 if h.removed:
                     self._db.executemany("DELETE FROM other WHERE id=?",
                                          [(i,) for i in sorted(h.removed)])
+                # the table's bytes (the acks just applied freed some), the log's counted as
+                # they move in: counted twice, they evicted results under the cap
+                self._recount()
+                self._bytes -= self._recent_bytes
                 if self._recent:  # below the held results' seqs: into the table first
                     self._insert_rows([b for _, b in self._recent], done,
                                       [q for q, _ in self._recent])
@@ -744,6 +776,7 @@ class Outbox:
                 raise
             h.failed_again(e)
             return False
+        self._evicted(done)
         events.extend(done)
         if h.results:
             self._last = max(self._last, h.results[-1][0])
@@ -771,8 +804,11 @@ class Outbox:
             for ev in events:
                 self._on_event(ev)
 
-    def _evict(self) -> tuple[int, int, int]:
-        """Delete oldest results down to 90% of the cap (inside the caller's transaction)."""
+    def _evict(self) -> tuple[int, int, int] | None:
+        """Delete oldest results down to 90% of the cap (inside the caller's transaction);
+        returns how many and their first and last seq, None when none is older than the
+        result just written (one over the cap alone: kept, it was deleted as it was written
+        and its bytes stayed counted, so every later result went the same way)."""
         target = self._max_bytes * 0.9
         rows = self._db.execute("SELECT seq, LENGTH(body) FROM results ORDER BY seq").fetchall()
         count, first, last = 0, rows[0][0], rows[0][0]
@@ -781,11 +817,11 @@ class Outbox:
                 break
             self._bytes -= size
             count, last = count + 1, seq
+        if not count:
+            return None
         self._db.execute("DELETE FROM results WHERE seq <= ?", (last,))
         self.evicted_total += count
         self._set_meta("evicted_total", str(self.evicted_total))
-        if not self.memory_only:  # (the disk refuses it: said once at start, not each time)
-            self.sidecar.set_evicted_total(self.evicted_total)
         return count, first, last
 
     def pending(self, after_seq: int, limit: int) -> list[Pending]:

@@ -111,3 +111,44 @@ def test_a_dead_opencv_camera_does_not_hold_up_a_live_ones_return(tmp_path):
           "open(s) timed out")
     assert "open_timeout_s" in failed[0]["error"] and "not re-opened for" in failed[0]["error"]
     assert max(back_s) <= 3.0, back_s
+
+
+def test_an_open_refused_after_waiting_for_the_lock_is_not_taken_for_a_timeout(tmp_path):
+    """A camera rebooting (its port refuses) beside one behind a black hole, both on OpenCV:
+    the rebooting one's open waited out the other's open_timeout_s for OpenCV's lock, was
+    then refused at once, and was taken for an open that timed out ("the server does not
+    answer", OpenTimedOut with the whole wait as the lock it held): not re-opened for 4x
+    that (about 24 s), though it held no lock and its camera would be back in seconds. An
+    open is timed from when it may begin, not from when it queued."""
+    import threading
+
+    srv, fill, dead_url = _black_hole()
+    refusing = socket.socket()
+    refusing.bind(("127.0.0.1", 0))
+    closed_url = f"rtsp://127.0.0.1:{refusing.getsockname()[1]}/cam"
+    refusing.close()  # nothing listens there: refused at once
+    got: dict[str, BaseException] = {}
+
+    def open_(name: str, url: str) -> None:
+        try:
+            open_source(SourceConfig(kind="capture", path=url, transport="tcp",
+                                     open_timeout_s=4, decoder="opencv"), tmp_path)
+        except SourceError as e:
+            got[name] = e
+
+    try:
+        dead = threading.Thread(target=open_, args=("dead", dead_url))
+        dead.start()
+        time.sleep(0.15)  # the dead camera's open under way, holding the lock
+        t0 = time.monotonic()
+        open_("rebooting", closed_url)
+        waited = time.monotonic() - t0
+        dead.join(30)
+    finally:
+        fill.close()
+        srv.close()
+    assert isinstance(got["dead"], OpenTimedOut), got
+    assert waited >= 3.6, waited  # it did wait for the dead camera's open
+    refused = got["rebooting"]
+    assert not isinstance(refused, OpenTimedOut), refused
+    assert retry_floor_s(refused) == (0.0, ""), refused

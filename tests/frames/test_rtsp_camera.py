@@ -617,6 +617,11 @@ def test_frames_decoded_from_damaged_pictures_are_not_judged(tmp_path, camera, c
     assert all(n is not None for n, _ in p.judged), p.judged
     assert worst < 0.01, [j for j in p.judged if j[1] and j[1] >= 0.01]
     assert bad >= (1 if cap_hz else 3) and len(said) == 1
+    # which camera is blind, where several run: its own count in health, its name in the
+    # event (a ref of "frame-N" names none)
+    assert stats["sources"]["main"]["not_judged"] == bad, stats["sources"]["main"]
+    told = [e for e in p.of("frame_bad") if e["kind"] == "decode_damaged"]
+    assert told and told[0]["source"] == "main" and "main" in said[0].getMessage(), told
 
 
 @pytest.mark.skipif(not pyav_available(), reason="PyAV is not installed (the streams extra)")

@@ -33,6 +33,36 @@ def test_redact_hides_user_and_password():
     assert redact("http://u:p@h/x and rtsp://v@h2/y") == "http://***@h/x and rtsp://***@h2/y"
 
 
+@pytest.mark.parametrize(("url", "expected"), [
+    # FFmpeg takes the last '@' before the path as the end of the credentials, so a
+    # password holding '@' works with the camera: it was shown from its '@' on
+    ("rtsp://admin:p@ss@10.0.0.21/s1", "rtsp://***@10.0.0.21/s1"),
+    ("rtsp://admin:a@b@c@cam:554/s1?x=a@b", "rtsp://***@cam:554/s1?x=a@b"),
+    ("rtsp://admin:p@ss@cam/" + "a" * 300, ("rtsp://***@cam/" + "a" * 300)[:SHOWN_MAX]
+     + "...(315 characters)"),
+    # no credentials: an '@' in the path or the query is the path's
+    ("rtsp://cam/a@b", "rtsp://cam/a@b"),
+    ("rtsp://cam?u=a@b", "rtsp://cam?u=a@b"),
+])
+def test_a_password_holding_an_at_sign_is_redacted_whole(url, expected):
+    assert shown(url) == expected
+    assert "ss@" not in shown(url) and "b@c" not in shown(url)
+
+@pytest.mark.parametrize(("url", "expected"), [
+    # cameras that take the credentials in the path or the query (Xiongmai's, many NVRs')
+    ("rtsp://10.0.0.5:554/user=admin&password=s3cret&channel=1&stream=0.sdp?",
+     "rtsp://10.0.0.5:554/user=admin&password=***&channel=1&stream=0.sdp?"),
+    ("http://cam/video.cgi?loginuse=admin&loginpas=s3cret", "http://cam/video.cgi?loginuse="
+     "admin&loginpas=***"),
+    ("rtsp://cam/live?PWD=s3cret;x=1", "rtsp://cam/live?PWD=***;x=1"),
+    ("rtsp://cam/live?passwd=s3cret", "rtsp://cam/live?passwd=***"),
+    ("rtsp://cam/compass=north", "rtsp://cam/compass=north"),  # not a password
+])
+def test_a_password_in_the_path_or_query_is_redacted(url, expected):
+    assert shown(url) == expected and "s3cret" not in shown(url)
+
+
+
 @pytest.mark.parametrize("decoder", ["opencv", pytest.param("pyav", marks=pytest.mark.skipif(
     not __import__("runtime.frames.av_source", fromlist=["x"]).pyav_available(),
     reason="PyAV is not installed"))])

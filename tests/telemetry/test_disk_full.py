@@ -13,6 +13,7 @@ import os
 import re
 import sqlite3
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -334,6 +335,182 @@ def test_an_outbox_on_a_read_only_disk_at_start_runs_in_memory(tmp_path, caplog)
         disk.unmount()
 
 
+def _body_bytes(ob: Outbox) -> int:
+    """The bytes of the results `ob` holds on disk (pending()'s JSON less its '"seq":N,')."""
+    return sum(len(p.json) - len(f'"seq":{p.seq},') for p in ob.pending(0, 1_000_000))
+
+
+def test_a_spill_the_full_disk_refused_evicts_nothing_it_kept(disk, caplog):
+    """Results in the log, under max_bytes, the disk filling: each spill into SQLite the
+    disk refused counted the log's bytes twice (the rollback's recount had them already),
+    and the flush once space returned counted them a third time. Measured before the fix:
+    151 of 152 unacked results, 40 KB under a 64 KiB cap, deleted on recovery. Nothing
+    under the cap is evicted."""
+    ob = Outbox(OutboxConfig(path=str(disk.path / "outbox.db"), max_bytes=65536,
+                             spill_after_s=3600, retry_s=0.05))
+    i = 0
+    with caplog.at_level("WARNING", logger="edgerun.outbox"):
+        while ob.stats()["bytes"] < 31000:  # in the log, near the spill threshold (32 KiB)
+            ob.append_many([_result(i)])
+            i += 1
+        disk.fill()
+        while not ob.stats()["disk_full"]:  # spills the disk refuses, the log's last page
+            ob.append_many([_result(i)])
+            i += 1
+            assert i < 100_000, "the full disk never refused a write"
+            assert ob.stats()["bytes"] == _body_bytes(ob)  # counted once, refused or not
+        for _ in range(20):
+            ob.append_many([_result(i)])
+            i += 1
+        assert ob.stats()["evicted_total"] == 0
+        disk.free()
+        _flushed(ob)
+    assert [p.seq for p in ob.pending(0, 10_000)] == list(range(1, i + 1))
+    st = ob.stats()
+    assert st["evicted_total"] == 0 and st["bytes"] < 65536, st
+    assert not [r for r in caplog.records if "evicted" in r.getMessage()]
+    ob.close()
+
+
+def test_an_eviction_the_full_disk_rolled_back_is_neither_said_nor_counted(disk, caplog):
+    """An outbox at its cap (no broker for a while) when the disk fills: the insert that
+    evicts the oldest is refused and rolled back, but evicted_total had been raised and
+    "evicted N oldest unacked results" said for results still there (the coordinator's
+    alert on evicted_total then names a loss that did not happen)."""
+    ob = Outbox(OutboxConfig(path=str(disk.path / "outbox.db"), max_bytes=65536,
+                             spill_after_s=0, retry_s=3600))
+    i = 0
+    while ob.stats()["evicted_total"] == 0:  # at the cap: each insert evicts
+        ob.append_many([_result(i)])
+        i += 1
+    committed = ob.stats()["evicted_total"]
+    held = [p.seq for p in ob.pending(0, 10_000)]
+    disk.fill()
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="edgerun.outbox"):
+        while not ob.stats()["disk_full"]:  # batches past 10 % of the cap: each evicts
+            ob.append_many([_result(i + k) for k in range(30)])
+            i += 30
+            assert i < 100_000, "the full disk never refused a write"
+    on_disk = [p.seq for p in ob.pending(0, 10_000)]
+    evicted = ob.stats()["evicted_total"] - committed  # by the inserts the disk took
+    assert on_disk[0] - held[0] == evicted, (on_disk[:3], held[:3], evicted)
+    said = sum(int(re.search(r"evicted (\d+)", r.getMessage())[1]) for r in caplog.records
+               if "evicted" in r.getMessage())
+    assert said == evicted, (said, evicted)
+    ob.close()
+    disk.free()
+
+
+@pytest.mark.parametrize("memory_max_bytes", [4096, 0])
+def test_a_result_over_the_memory_bound_does_not_delete_the_ones_after_it(tmp_path, caplog,
+                                                                          memory_max_bytes):
+    """An outbox in memory (a read-only disk at start) bounded below one result's size
+    (memory_max_bytes = 0 is a valid setting): the eviction deleted the result just
+    written, said "evicted 0", and its bytes stayed counted, so every later result was
+    deleted as it was written, none ever published. The newest result is kept (over the
+    bound) and those before it go, counted."""
+    disk = Ext4(tmp_path / "ext4", 16)
+    try:
+        path = disk.path / "outbox.db"
+        box = Outbox(OutboxConfig(path=str(path)))
+        box.append_many([_result(0)])
+        box.close()
+        disk.fail()
+        ob = Outbox(OutboxConfig(path=str(path), memory_max_bytes=memory_max_bytes))
+        assert ob.memory_only
+        with caplog.at_level("WARNING", logger="edgerun.outbox"):
+            assert ob.append_many([{"t": 1.0, "big": "x" * 5000}]) == [1]
+            assert [p.seq for p in ob.pending(0, 10)] == [1]  # kept, though over the bound
+            for i in range(3):
+                ob.append_many([_result(i)])
+        # the big one evicted by the next; under a bound of 0 each by the next
+        kept = [2, 3, 4] if memory_max_bytes else [4]
+        assert [p.seq for p in ob.pending(0, 10)] == kept
+        st = ob.stats()
+        assert st["evicted_total"] == 4 - len(kept), st
+        assert st["bytes"] == sum(len(p.json) - 8 for p in ob.pending(0, 10)), st  # no '"seq":N,'
+        said = [r.getMessage() for r in caplog.records if "evicted" in r.getMessage()]
+        assert not [m for m in said if "evicted 0 " in m], said
+        ob.close()
+    finally:
+        disk.unmount()
+
+
+def test_a_damaged_outbox_on_a_read_only_disk_at_start_runs_in_memory(tmp_path, caplog):
+    """A card failing: the daemon killed (its -wal and -shm left), the database damaged, the
+    ext4 gone read-only (errors=remount-ro). Moving the corrupt database aside raised
+    OSError (EROFS) out of the outbox: a traceback, and systemd started the daemon into the
+    same one every 5 s, inspecting nothing. It runs in memory, under a new stream (not the
+    damaged one's: its log's seqs are not read back), the damaged files left as they were."""
+    disk = Ext4(tmp_path / "ext4", 16)
+    try:
+        path = disk.path / "outbox.db"
+        box = Outbox(OutboxConfig(path=str(path), spill_after_s=0))
+        box.append_many([_result(i) for i in range(200)])
+        box.close()
+        killed = (f"import os, sqlite3\ndb = sqlite3.connect({str(path)!r})\n"
+                  "db.execute('CREATE TABLE z (x)')\ndb.commit()\nos._exit(9)\n")
+        subprocess.run([sys.executable, "-c", killed], check=False)
+        assert Path(f"{path}-wal").exists() and Path(f"{path}-shm").exists()
+        with path.open("r+b") as f:  # a page of the results' table (meta whole)
+            f.seek(40960)
+            f.write(b"\xff" * 4096)
+        before = sorted(p.name for p in disk.path.iterdir())
+        disk.fail()
+        with caplog.at_level("CRITICAL", logger="edgerun.outbox"):
+            ob = Outbox(OutboxConfig(path=str(path)))
+        start = ob.take_startup_event()
+        assert ob.memory_only and start is not None and start["memory_only"], start
+        assert ob.stream != box.stream
+        assert ob.append_many([_result(0)]) == [1]
+        assert sorted(p.name for p in disk.path.iterdir()) == before
+        ob.close()
+    finally:
+        disk.unmount()
+
+
+def test_a_damaged_outbox_on_a_disk_out_of_inodes_runs_in_memory(tmp_path, caplog):
+    """The daemon killed, its database damaged, no inode left: the corrupt database was
+    moved aside (a rename needs no inode) and the empty outbox meant to replace it could not
+    be made: SQLite's OperationalError out of the outbox, a traceback; the next start found
+    no outbox (moved) and exited as at a first start, every 5 s. It runs in memory, the
+    line naming where the damaged outbox went."""
+    root = tmp_path / "disk"
+    root.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    got = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m,nr_inodes=16", "tmpfs",
+                          str(root)], capture_output=True, text=True)
+    if got.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {got.stderr.strip()}")
+    try:
+        path = root / "outbox.db"
+        box = Outbox(OutboxConfig(path=str(path), spill_after_s=0))
+        box.append_many([_result(i) for i in range(200)])
+        box.close()
+        killed = (f"import os, sqlite3\ndb = sqlite3.connect({str(path)!r})\n"
+                  "db.execute('CREATE TABLE z (x)')\ndb.commit()\nos._exit(9)\n")
+        subprocess.run([sys.executable, "-c", killed], check=False)
+        with path.open("r+b") as f:  # a page of the results' table
+            f.seek(40960)
+            f.write(b"\xff" * 4096)
+        n = 0
+        with contextlib.suppress(OSError):
+            while True:  # every inode left
+                (root / f"f{n}").touch()
+                n += 1
+        with caplog.at_level("CRITICAL", logger="edgerun.outbox"):
+            ob = Outbox(OutboxConfig(path=str(path)))
+        assert ob.memory_only and ob.stream != box.stream
+        said = " ".join(r.getMessage() for r in caplog.records)
+        assert "memory only" in said and ".corrupt-" in said, said
+        assert ob.append_many([_result(0)]) == [1]
+        ob.close()
+    finally:
+        subprocess.run(["umount", "-l", str(root)], check=False)
+
+
 def test_closing_on_a_full_disk_stores_held_results_or_says_which_are_lost(disk, caplog):
     """close() gives what waits in memory one last try: space back, nothing lost; the disk
     still full, one critical line naming how many results and which seqs are lost."""
@@ -393,6 +570,13 @@ class Ext4:
 
     def unmount(self) -> None:
         subprocess.run(["umount", "-l", str(self.path)], check=False)
+
+    def repair(self) -> None:
+        """What the operator does: unmount, fsck, mount again (writable)."""
+        subprocess.run(["umount", str(self.path)], check=True)
+        subprocess.run(["e2fsck", "-fy", str(self.image)], capture_output=True)  # 1: fixed
+        subprocess.run(["mount", "-o", "loop,errors=remount-ro", str(self.image),
+                        str(self.path)], check=True)
 
 
 def test_a_state_disk_turned_read_only_holds_results_in_memory(tmp_path, caplog):
@@ -654,5 +838,24 @@ def test_a_daemon_started_on_a_read_only_state_disk_serves_from_memory(
             d.stop()
         seqs = [q for (q,) in coordinator.store.read(new, (first,))]
         assert seqs == list(range(1, len(seqs) + 1)), seqs  # one new stream, nothing lost
+        # the card repaired: the next start takes up the disk's own stream where it stood,
+        # each of its results at the coordinator once, none lost, the memory's untouched
+        disk.repair()
+        old = "SELECT seq FROM results WHERE device = 'box1' AND stream = ? ORDER BY seq"
+        top = coordinator.store.read(old, (first,))[-1][0]
+        d = Serve(tmp_path, cfg)
+        try:
+            wait(lambda: coordinator.store.read(old, (first,))[-1][0] > top + 20, 120,
+                 "the disk's stream going on at the coordinator", d)
+            assert "kept in memory only" not in d.text()
+            assert d.stop() == 0 and "Traceback" not in d.text(), d.text()[-3000:]
+        finally:
+            d.stop()
+        kept = [q for (q,) in coordinator.store.read(old, (first,))]
+        assert kept == list(range(1, len(kept) + 1)), kept
+        assert [q for (q,) in coordinator.store.read(new, (first,))] == seqs
+        (streams,), = coordinator.store.read("SELECT COUNT(DISTINCT stream) FROM results "
+                                             "WHERE device = 'box1'")
+        assert streams == 2
     finally:
         disk.unmount()
