@@ -65,6 +65,10 @@ def test_every_wire_command_the_daemon_acts_on_has_a_handler():
     (40.0, 40.0, 9.0, 3.0, 49, None, False),  # too few inferences to judge
     (40.0, 40.0, 0.9, 0.3, 100, None, False),  # 3x, but under 1 ms more: not throttling
     (60.0, 40.0, 9.0, 3.0, 100, "p95 9.00 ms vs 3.00 ms profiled", True),  # slow says why
+    (25.0, 40.0, None, None, 0, "temperature 25.0 °C, profiled at 40.0 °C", False),  # cooled
+    (60.0, None, None, None, 0, None, False),  # profiled with no sensor: nothing to compare
+    (40.0, 40.0, 9.0, 3.0, 50, "p95 9.00 ms", True),  # 50 inferences are enough
+    (40.0, 40.0, 4.5, 3.0, 100, None, False),  # 1.5 ms more, but 1.5x: under slow_factor
 ])
 def test_reprofile_reason(temp, profiled, p95, prof95, n, want, slow):
     why, is_slow = reprofile_reason(temp, profiled, 10.0, p95, prof95, n, 2.0)
@@ -101,6 +105,57 @@ def test_cpu_ratio_cannot_tell_for_a_variant_on_an_accelerator():
     gpu = replace(_profile("v"), actual_device="opencl:0 (NVIDIA CUDA: NVIDIA H200)")
     assert cpu_ratio(gpu, 0.012) is None
     assert cpu_ratio(replace(_profile("v"), actual_device="CPU"), 0.012) == pytest.approx(2.0)
+
+
+def test_nothing_is_due_while_a_profiling_job_runs():
+    """The start's refinement (minutes) holds the profiler: a re-profile asked every tick
+    meanwhile was a 'reprofile_skipped' event a tick; nothing is judged until it ends."""
+    from runtime.device.profiling import Profiler
+
+    p = Profiler(lambda *a, **k: None, lambda i: None)
+    with p.lock:  # the pipeline and model are not even looked at
+        assert p.due(95.0, None, None, None) == (None, None)
+
+
+def test_a_chosen_model_waits_for_the_profiling_under_way(caplog):
+    """`choose_model` while a re-profile runs: its profiling waits and then runs (`wait`),
+    where a re-profile is skipped; skipping it lost the operator's command."""
+    import queue
+    import threading
+
+    from runtime.device.profiling import Profiler
+
+    events, installs = [], queue.Queue()
+    p = Profiler(lambda kind, *a, **k: events.append(kind), installs.put)
+    ran = threading.Event()
+
+    def measure():
+        ran.set()
+        return "measured"
+
+    p.lock.acquire()  # a re-profile under way
+    p.load(lambda: "reprofiled", "temperature", gen=1)
+    assert events == ["reprofile_skipped"]
+    p.load(measure, "chosen", gen=2, wait=True)
+    assert events[-1] == "reprofile" and not ran.is_set()
+    p.lock.release()  # the one under way ends
+    p.thread.join(10)
+    got = installs.get_nowait()
+    assert (got.measured, got.why, got.gen) == ("measured", "chosen", 2)
+
+
+def test_a_stop_asked_while_profiling_ends_the_profiling():
+    """The progress callback raises Stopping at the next variant once a stop is asked: a
+    cold first start profiles for minutes, longer than systemd waits for a stop."""
+    from runtime.device.profiling import Stopping, progress_reporter
+    from runtime.device.systemd import Notifier
+
+    stop = [False]
+    progress = progress_reporter(Notifier({}), lambda: stop[0])  # no NOTIFY_SOCKET
+    progress(1, 4, "m")
+    stop[0] = True
+    with pytest.raises(Stopping, match="2/4"):
+        progress(2, 4, "m")
 
 
 def _profile(vid, engine="onnxruntime", threads=1, energy_mj=6.0, cpu_ms=1.0):

@@ -20,6 +20,9 @@ DAY = 86400.0
     (1e9, 10.0, 10_000.0),  # 1 GB a day on a 10 TBW card
     (15e9, 10.0, 10e12 / 15e9),  # the outbox before the log: ~15 GB a day at 10 results/s
     (2.4e6 * 86.4, 30.0, 30e12 / (2.4e6 * 86.4)),
+    # a rating the config takes (finite) whose life overflows: no number, not inf (health is
+    # JSON without Infinity: an inf here would refuse the whole health message)
+    (24.0, 1e300, None),
 ])
 def test_life_days(per_day, tbw, days):
     got = wear.life_days(per_day, tbw)
@@ -57,6 +60,7 @@ def test_report_with_a_rating():
     r.add(600.0, 600 * 1000)  # 1 kB/s
     rep = wear.report(r, 1.0)
     assert rep["write_bytes_per_day"] == 86_400_000
+    assert rep["window_s"] == 600.0  # two samples already span a window
     assert rep["life_days"] == pytest.approx(1e12 / 86.4e6, abs=0.1)
 
 
@@ -89,6 +93,32 @@ def test_the_card_is_the_block_device_holding_the_path(tmp_path):
     stat.write_text("garbage\n")
     assert wear.card_written(tmp_path, tmp_path / "root") is None
     assert wear.card_written(tmp_path, tmp_path / "nothing") is None  # no such device file
+
+
+@pytest.mark.parametrize("major, minor, written", [
+    (8, 17, 2048 * 512),  # a partition (sdb1): its own counter, not the disk's nor sda's
+    (179, 2, 2048 * 512),  # a card's second partition (mmcblk0p2)
+    (0, 42, None),  # major 0 (tmpfs, overlay, NFS): no card, even where a file says one
+])
+def test_the_card_is_the_device_numbers_of_the_path(tmp_path, monkeypatch, major, minor,
+                                                    written):
+    """Which block device's counter is read, for device numbers this machine may not have
+    (its test directory may be on a disk's minor 0, or on tmpfs): os.stat is the boundary."""
+    root = tmp_path / "root"
+    for mm, sectors in ((f"{major}:{minor}", 2048), (f"{major}:0", 1), ("8:0", 3)):
+        stat = root / "sys/dev/block" / mm / "stat"
+        stat.parent.mkdir(parents=True, exist_ok=True)
+        stat.write_text(_stat_line(sectors))
+    real_stat = os.stat
+    state = tmp_path / "state"
+
+    def fake_stat(path, *a, **k):
+        if Path(path) == state:
+            return os.stat_result((0o40755, 1, os.makedev(major, minor), 1, 0, 0, 0, 0, 0, 0))
+        return real_stat(path, *a, **k)
+
+    monkeypatch.setattr(wear.os, "stat", fake_stat)
+    assert wear.card_written(state, root) == written
 
 
 def test_a_path_on_no_block_device_has_no_card():
@@ -128,3 +158,13 @@ def test_storage_section(value, ok):
     else:
         with pytest.raises(ConfigError, match="rated_tbw"):
             from_dict({"storage": {"rated_tbw": value}})
+
+
+def test_the_last_mount_at_a_point_is_the_one_in_force():
+    """Mounted over (an ext4 on / over the initramfs' rootfs): /proc/mounts lists both, and
+    the later line is what holds the path now, so its options are the ones to judge."""
+    mounts = ("rootfs / rootfs rw 0 0\n"
+              "/dev/mmcblk0p2 / ext4 rw,relatime 0 0\n"
+              "/dev/mmcblk0p3 /var/lib/edgerun ext4 rw,commit=60 0 0\n")
+    assert wear.mount_of(Path("/srv/x"), mounts) == ("/", "ext4", ("rw", "relatime"))
+    assert wear.mount_of(Path("/var/lib/edgerun/state"), mounts)[2] == ("rw", "commit=60")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from power.closed_loop import simulate
@@ -150,3 +151,35 @@ def test_a_dead_sensor_vanishes_from_the_tree_until_it_comes_back(tmp_path):
     (tmp_path / DEAD_SENSORS).unlink()
     plant.step(1.0, 5.0)
     assert int(temp.read_text()) == round(plant.s.die_c * 1000)
+
+
+@pytest.mark.parametrize("repeats, t, share", [
+    (False, 450.0, 0.5),  # inside the trace
+    (False, 900.0, 1.0),  # past its end: the last value holds (a trace made for the run)
+    (False, 1200.0, 1.0),
+    (True, 900.0, 0.0),  # past its end: it starts again (a year of weather, no end)
+    (True, 1200.0, 0.5),
+])
+def test_an_irradiance_trace_past_its_end_holds_or_repeats(repeats, t, share):
+    dev = load_profile("solar-node")
+    plant = Plant(dev, ambient("constant", 20.0), irradiance=np.array([0.0, 0.5, 1.0]),
+                  irradiance_step_s=300.0, irradiance_repeats=repeats)
+    assert plant.harvest_w(t) == dev.solar.panel_w * share
+
+
+def test_a_dead_sensor_whose_value_did_not_change_is_written_again_when_back(tmp_path):
+    """A trip point is a constant: brought back, it must be written though its text is
+    what was last written before it died (the writer skips unchanged files)."""
+    from power.plant import DEAD_SENSORS
+
+    dev = load_profile("rpi5")
+    plant = Plant(dev, ambient("constant", 25.0), root=tmp_path)
+    trip = tmp_path / dev.thermal.zone / "trip_point_0_temp"
+    plant.step(1.0, 5.0)
+    text = trip.read_text()
+    (tmp_path / DEAD_SENSORS).write_text(f"{dev.thermal.zone}/trip_point_0_temp\n")
+    plant.step(1.0, 5.0)
+    assert not trip.exists()
+    (tmp_path / DEAD_SENSORS).unlink()
+    plant.step(1.0, 5.0)
+    assert trip.read_text() == text

@@ -28,6 +28,7 @@ KB = "5f5dcc99-04fd-4ed9-8148-1f8082f1e005"
     (clock.FLOOR_T, False, False, "unsynced"),
     (4_200_000_000.0, True, True, "implausible"),  # 2103
     (clock.CEILING_T, True, False, "synced"),
+    (clock.CEILING_T + 1, True, True, "implausible"),  # the ceiling is 2100, not later
 ])
 def test_judge(wall, timesync, kernel, state):
     s = clock.judge(Reading(wall, 12.5, KB, timesync, kernel))
@@ -97,6 +98,24 @@ def test_stamp_each_moves_boottime_back_by_each_results_age():
                                   "results": [{"seq": 1, **it}]})
 
 
+@pytest.mark.parametrize("bt, age, want", [
+    (1e6, 7200.0, 1e6),  # older than an hour (a step between): the stamp's own boottime
+    (1e6, 3600.0, 1e6 - 3600.0),  # an hour old: moved back by its age
+    (10.0, 60.0, 10.0),  # older than the boot itself: never a negative boottime
+])
+def test_stamp_each_keeps_the_stamp_where_the_age_cannot_be_right(bt, age, want):
+    items = [{"t": NOW - age}]
+    clock.stamp_each(items, {"sync": False, "kb": KB, "bt": bt}, NOW)
+    assert items[0]["clk"]["bt"] == want
+
+
+def test_a_stamp_s_boottime_is_to_the_millisecond():
+    """Placing at the coordinator adds the stamp's boottime to an offset: whole seconds put
+    a result up to half a second off its frame."""
+    r = Reading(NOW, 12.3456, KB, True, None)
+    assert clock.stamp(clock.judge(r), r) == {"sync": True, "kb": KB, "bt": 12.346}
+
+
 def test_schemas_take_the_stamp_and_old_payloads_without_it():
     clk = {"sync": False, "kb": KB, "bt": 12.0}
     payloads.check("event", {"v": 1, "t": NOW, "type": "x", "clk": clk})
@@ -141,6 +160,18 @@ def test_clock_logs_changes_once_and_counts(tmp_path, caplog):
     assert h["state"] == "synced" and h["implausible_total"] == 1 and h["jumps_total"] == 1
 
 
+def test_a_step_back_is_a_jump_counted_with_its_sign(tmp_path):
+    """A wall clock stepped back an hour (a wrong time server) is as much a jump as one
+    forward: counted, and health's last_jump_s says which way."""
+    _Root(tmp_path).sync(True)
+    walls = iter([NOW, NOW, NOW - 3600.0, NOW - 3600.0])  # two reads per `now`
+    c = clock.Clock(tmp_path, every_s=0.0, kernel=False, wall=lambda: next(walls))
+    c.now()
+    c.now()
+    assert c.jumps_total == 1 and c.last_jump_s == pytest.approx(-3600.0, abs=1.0)
+    assert c.health()["last_jump_s"] == pytest.approx(-3600.0, abs=1.0)
+
+
 @pytest.mark.parametrize("a, b, after", [
     # one kernel boot: boottime decides, whatever the wall clock claimed
     ((NOW - 7 * 86400, {"sync": False, "kb": "k", "bt": 20.0}),
@@ -174,3 +205,17 @@ def test_steady_clock_never_steps(step):  # hour, back to 1970
     assert tick() == NOW + 1.0
     mono[0] += 0.2
     assert tick() == pytest.approx(NOW + 1.2)
+
+
+def test_steady_wall_follows_a_step_back_then_holds_a_step_forward_from_there():
+    """Stepped back a day, the wall clock is followed (data kept longer) and becomes the
+    base: a week's step forward after that is held to the stepped-back time plus what the
+    monotonic clock counted, not to the old base a day ahead (data deleted a day early)."""
+    wall, mono = [NOW], [100.0]
+    sw = clock.SteadyWall(lambda: wall[0], lambda: mono[0])
+    assert sw.now() == NOW
+    wall[0], mono[0] = NOW - 86400.0, 110.0  # back a day, 10 s later
+    assert sw.now() == NOW - 86400.0
+    wall[0], mono[0] = NOW - 86400.0 + 20.0 + 7 * 86400.0, 130.0  # a week ahead, 20 s on
+    assert sw.now() == pytest.approx(NOW - 86400.0 + 20.0)
+    assert sw.jumps_total == 1

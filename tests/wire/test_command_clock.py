@@ -39,6 +39,9 @@ TRUSTED = {commands.key_id(KEY.public_key()): KEY.public_key()}
     (REAL, REAL + 60, 4.1e9, False, REAL - 5, None),
     # unsynced 7 days behind, no floor yet: judged on its lifetime and id only
     (REAL - 30, REAL + 30, REAL - 7 * DAY, False, 0.0, None),
+    # synced, a floor within the skew ahead: "in the future" is judged on this clock's own
+    # reading, not lifted by the floor (issued 80 s ahead of it, the skew 60 s)
+    (REAL + 80, REAL + 140, REAL, True, REAL + 30, "issued in the future"),
 ])
 def test_time_problem(issued, expires, wall, synced, floor, refused):
     why = commands.time_problem(issued, expires, wall, synced, floor, SKEW)
@@ -50,6 +53,9 @@ def test_time_problem(issued, expires, wall, synced, floor, refused):
     (Floor(REAL, "a", 100.0), "a", 160.0, REAL + 60),  # advanced by boottime, same boot
     (Floor(REAL, "a", 100.0), "b", 5.0, REAL),  # rebooted: the time down is unknown
     (Floor(REAL, "a", 100.0), "a", 50.0, REAL),  # boottime behind it: not moved back
+    # another boot whose boottime is past the recorded one (a card moved to a device up for
+    # a month, or a reboot that ran longer): its boottime says nothing about this floor
+    (Floor(REAL, "a", 100.0), "b", 30 * DAY, REAL),
 ])
 def test_floor_now(floor, kb, bt, now):
     assert floor.now(kb, bt) == now
@@ -266,6 +272,18 @@ def test_the_floor_is_never_raised_past_2100():
 def test_a_floor_carried_forward_keeps_what_raised_it(t, by):
     f = Floor(REAL, "a", 1.0, "command")
     assert f.raised(t, "a", 6.0, "clock") == Floor(t, "a", 6.0, by)
+
+
+@pytest.mark.parametrize("t, kb, bt", [
+    (REAL + 3, "a", 6.0),  # later than the recorded time, but behind it carried forward
+    (REAL + 5, "a", 1000.0),
+])
+def test_a_floor_is_never_lowered_by_a_time_behind_it_carried_forward(t, kb, bt):
+    """The floor at REAL recorded at boottime 1 is REAL + 5 at boottime 6: a time below that
+    (a command signed a moment before it came) must not replace it, rebased on now, which
+    would lower the floor and let expired commands and dropped ids pass again."""
+    f = Floor(REAL, "a", 1.0, "command")
+    assert f.raised(t, kb, bt, "clock") == f
 
 
 def test_a_command_raised_floor_carried_forward_still_blames_the_coordinator(tmp_path, caplog):

@@ -69,6 +69,60 @@ def test_refusals(env, reason):
         _verify(env)
 
 
+@pytest.mark.parametrize("name, args, refused", [
+    # each argument's edges: one in, the next out (the coordinator's API answers 400 for
+    # exactly what every device would refuse, so both sides must agree on them)
+    ("choose_model", {"name": "m" * 128}, None),
+    ("choose_model", {"name": "m" * 129}, "model name"),
+    ("choose_model", {"name": ".."}, "model name"),  # no '/', yet the models' parent
+    ("choose_model", {"name": ".hidden"}, "model name"),
+    ("deploy", {"name": "m", "version": "1", "url": "https://h/" + "x" * 1014, "size": 1,
+                "sha256": "0" * 64, "token": "t" * 256}, None),
+    ("deploy", {"name": "m", "version": "1", "url": "https://h/" + "x" * 1015, "size": 1,
+                "sha256": "0" * 64, "token": ""}, "url: expected an http"),
+    ("deploy", {"name": "m", "version": "1", "url": "https://h/b", "size": 1,
+                "sha256": "0" * 64, "token": "t" * 257}, "token: expected a download token"),
+    ("deploy", {"name": "m", "version": "1", "url": "https://h/b", "size": 0,
+                "sha256": "0" * 64, "token": ""}, "size: expected a size"),
+    ("deploy", {"name": "m", "version": "1", "url": "https://h/b", "size": True,
+                "sha256": "0" * 64, "token": ""}, "size: expected a size"),
+    ("set_rate", {"fps": True}, "fps: expected a number"),
+    # arguments not an object (the coordinator's API passes a request body's through): a
+    # refusal, not a TypeError (a 500) from indexing a list or a string by name
+    ("set_rate", ["fps"], "arguments must be an object"),
+    ("set_rate", "fps", "arguments must be an object"),
+    ("ping", [], "arguments must be an object"),
+])
+def test_check_args_edges(name, args, refused):
+    if refused is None:
+        assert commands.check_args(name, args).keys() == set(args)
+    else:
+        with pytest.raises(commands.CommandRefused, match=refused):
+            commands.check_args(name, args)
+
+
+def test_a_deploy_token_is_masked_for_logs():
+    """The download token is a credential: logs and events get '***', the rest as given."""
+    args = {"name": "m", "url": "https://h/b", "token": "s3cret"}
+    assert commands.loggable(args) == {"name": "m", "url": "https://h/b", "token": "***"}
+    assert args["token"] == "s3cret"  # the command itself keeps it
+
+
+def test_a_configured_device_key_is_used_not_the_default(tmp_path):
+    """`[telemetry] device_key` names the key the coordinator holds the public half of: a
+    device that made (or used) its default one instead would sign replies no one verifies."""
+    kid = commands.generate_keypair(tmp_path / "mine.pem", tmp_path / "mine.pub")
+    default = tmp_path / "state" / "device.key"
+    key = commands.device_key(str(tmp_path / "mine.pem"), default)
+    assert commands.key_id(key.public_key()) == kid and not default.exists()
+    made = commands.device_key("", default)  # none configured: the default, made once
+    assert default.exists() and default.with_suffix(".pub").exists()
+    assert commands.key_id(commands.device_key("", default).public_key()) == \
+        commands.key_id(made.public_key())
+    with pytest.raises(ValueError, match="absent.pem"):  # configured must exist
+        commands.device_key(str(tmp_path / "absent.pem"), default)
+
+
 def test_replay_is_refused_but_refused_command_does_not_burn_id():
     seen: set = set()
     env = _env()

@@ -172,3 +172,18 @@ def test_records_are_stored_compact_and_read_back_whole(tmp_path):
     assert back["t"] == pytest.approx(full["t"], abs=0.0005)
     assert back["write_bytes_per_day"] == 123_456_789.0
     assert back["card_write_bytes_per_day"] == 987_654_321.0
+
+
+@pytest.mark.parametrize("rec, stored", [
+    # a simulated clock runs days ahead in seconds: to the millisecond, as `t`, not 4 digits
+    ({"sim_t": 1_234_567.8912}, {"sim_t": 1_234_567.891}),
+    ({"t": 1_796_561_298.2419844}, {"t": 1_796_561_298.242}),
+    # the trip points are a dict: compacted as the record is
+    ({"trips": {"hot": 90.123456, "crit": None}}, {"trips": {"hot": 90.12}}),
+    ({"rung": 4.0, "power_w": 8.0}, {"rung": 4, "power_w": 8}),  # "4", not "4.0"
+])
+def test_compact_keeps_what_a_plot_needs(rec, stored):
+    from runtime.wire.health_history import compact
+
+    got = compact(rec)
+    assert got == stored and json.dumps(got) == json.dumps(stored)
