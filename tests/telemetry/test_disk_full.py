@@ -39,15 +39,17 @@ from runtime.wire.broker import free_port
 
 
 class Disk:
-    """A tmpfs of `size_mb` at `path`; `fill()` takes every free byte, `free()` gives it back."""
+    """A tmpfs of `size_mb` (and `inodes` files, when given) at `path`; `fill()` takes every
+    free byte, `free()` gives it back, `take_inodes()` takes every inode left."""
 
-    def __init__(self, path: Path, size_mb: int):
+    def __init__(self, path: Path, size_mb: int, inodes: int = 0):
         self.path = path
         path.mkdir(parents=True)
         if os.geteuid() != 0:
             pytest.skip("mounting a tmpfs (a real full disk) needs root")
-        got = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mb}m", "tmpfs",
-                              str(path)], capture_output=True, text=True)
+        opts = f"size={size_mb}m" + (f",nr_inodes={inodes}" if inodes else "")
+        got = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(path)],
+                             capture_output=True, text=True)
         if got.returncode != 0:
             pytest.skip(f"cannot mount a tmpfs here: {got.stderr.strip()}")
         self.filler = path / "filler"
@@ -66,6 +68,14 @@ class Disk:
 
     def free(self) -> None:
         self.filler.unlink()
+
+    def take_inodes(self) -> None:
+        """Make empty files until no inode is left (bytes stay free)."""
+        n = 0
+        with contextlib.suppress(OSError):
+            while True:
+                (self.path / f"f{n}").touch()
+                n += 1
 
     def unmount(self) -> None:
         subprocess.run(["umount", "-l", str(self.path)], check=False)
@@ -291,29 +301,18 @@ def test_an_outbox_that_cannot_open_for_want_of_inodes_runs_in_memory(tmp_path, 
     all): SQLite cannot make its -wal file, and the daemon exited to be retried, for as long
     as the inodes stayed gone. It runs in memory (_memory_only_outbox), the line naming the
     inodes."""
-    root = tmp_path / "disk"
-    root.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    got = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m,nr_inodes=8", "tmpfs",
-                          str(root)], capture_output=True, text=True)
-    if got.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {got.stderr.strip()}")
+    disk = Disk(tmp_path / "disk", 8, inodes=8)
     try:
-        path = root / "outbox.db"
+        path = disk.path / "outbox.db"
         box = Outbox(OutboxConfig(path=str(path)))
         box.append_many([_result(0)])
         box.close()
-        n = 0
-        with contextlib.suppress(OSError):
-            while True:  # every inode left
-                (root / f"f{n}").touch()
-                n += 1
+        disk.take_inodes()
         _memory_only_outbox(path, box.stream, caplog)
         said = " ".join(r.getMessage() for r in caplog.records)
-        assert "no free inodes" in said and str(root) in said, said
+        assert "no free inodes" in said and str(disk.path) in said, said
     finally:
-        subprocess.run(["umount", "-l", str(root)], check=False)
+        disk.unmount()
 
 
 def test_an_outbox_on_a_read_only_disk_at_start_runs_in_memory(tmp_path, caplog):
@@ -476,16 +475,9 @@ def test_a_damaged_outbox_on_a_disk_out_of_inodes_runs_in_memory(tmp_path, caplo
     be made: SQLite's OperationalError out of the outbox, a traceback; the next start found
     no outbox (moved) and exited as at a first start, every 5 s. It runs in memory, the
     line naming where the damaged outbox went."""
-    root = tmp_path / "disk"
-    root.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    got = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m,nr_inodes=16", "tmpfs",
-                          str(root)], capture_output=True, text=True)
-    if got.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {got.stderr.strip()}")
+    disk = Disk(tmp_path / "disk", 8, inodes=16)
     try:
-        path = root / "outbox.db"
+        path = disk.path / "outbox.db"
         box = Outbox(OutboxConfig(path=str(path), spill_after_s=0))
         box.append_many([_result(i) for i in range(200)])
         box.close()
@@ -495,11 +487,7 @@ def test_a_damaged_outbox_on_a_disk_out_of_inodes_runs_in_memory(tmp_path, caplo
         with path.open("r+b") as f:  # a page of the results' table
             f.seek(40960)
             f.write(b"\xff" * 4096)
-        n = 0
-        with contextlib.suppress(OSError):
-            while True:  # every inode left
-                (root / f"f{n}").touch()
-                n += 1
+        disk.take_inodes()
         with caplog.at_level("CRITICAL", logger="edgerun.outbox"):
             ob = Outbox(OutboxConfig(path=str(path)))
         assert ob.memory_only and ob.stream != box.stream
@@ -508,7 +496,7 @@ def test_a_damaged_outbox_on_a_disk_out_of_inodes_runs_in_memory(tmp_path, caplo
         assert ob.append_many([_result(0)]) == [1]
         ob.close()
     finally:
-        subprocess.run(["umount", "-l", str(root)], check=False)
+        disk.unmount()
 
 
 def test_closing_on_a_full_disk_stores_held_results_or_says_which_are_lost(disk, caplog):
