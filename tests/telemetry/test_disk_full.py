@@ -296,40 +296,28 @@ def _memory_only_outbox(path: Path, disk_stream: str, caplog) -> None:
     disk.close()
 
 
-def test_an_outbox_that_cannot_open_for_want_of_inodes_runs_in_memory(tmp_path, caplog):
-    """Bytes free but no inode left (a snapshot folder on the state partition can take them
-    all): SQLite cannot make its -wal file, and the daemon exited to be retried, for as long
-    as the inodes stayed gone. It runs in memory (_memory_only_outbox), the line naming the
-    inodes."""
-    disk = Disk(tmp_path / "disk", 8, inodes=8)
+@pytest.mark.parametrize("fault", ["no inodes", "read-only"])
+def test_an_outbox_whose_disk_can_make_no_file_at_start_runs_in_memory(tmp_path, caplog, fault):
+    """A restart on a disk that can make no file: bytes free but no inode left (a snapshot
+    folder on the state partition can take them all), or a card's ext4 gone read-only
+    (errors=remount-ro) that will not come back by itself. SQLite cannot make its -wal and
+    -shm files, and the daemon exited to be retried every 5 s, inspecting nothing. It runs
+    in memory (_memory_only_outbox), the line naming the cause."""
+    disk = Disk(tmp_path / "disk", 8, inodes=8) if fault == "no inodes" else \
+        Ext4(tmp_path / "ext4", 16)
     try:
         path = disk.path / "outbox.db"
         box = Outbox(OutboxConfig(path=str(path)))
         box.append_many([_result(0)])
         box.close()
-        disk.take_inodes()
+        if isinstance(disk, Disk):
+            disk.take_inodes()
+        else:
+            disk.fail()
         _memory_only_outbox(path, box.stream, caplog)
         said = " ".join(r.getMessage() for r in caplog.records)
-        assert "no free inodes" in said and str(disk.path) in said, said
-    finally:
-        disk.unmount()
-
-
-def test_an_outbox_on_a_read_only_disk_at_start_runs_in_memory(tmp_path, caplog):
-    """A card's ext4 gone read-only (errors=remount-ro) before the daemon starts (a restart
-    after the card failed): the outbox cannot be opened (SQLite's -wal and -shm), and the
-    daemon exited to be retried every 5 s, inspecting nothing, though the card would not
-    come back by itself. It runs in memory (_memory_only_outbox)."""
-    disk = Ext4(tmp_path / "ext4", 16)
-    try:
-        path = disk.path / "outbox.db"
-        box = Outbox(OutboxConfig(path=str(path)))
-        box.append_many([_result(0)])
-        box.close()
-        disk.fail()
-        _memory_only_outbox(path, box.stream, caplog)
-        said = " ".join(r.getMessage() for r in caplog.records)
-        assert "read-only" in said, said
+        assert ("no free inodes" if fault == "no inodes" else "read-only") in said, said
+        assert str(disk.path) in said, said
     finally:
         disk.unmount()
 
