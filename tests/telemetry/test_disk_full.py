@@ -424,6 +424,21 @@ def test_a_result_over_the_memory_bound_does_not_delete_the_ones_after_it(tmp_pa
         disk.unmount()
 
 
+def _killed_and_damaged(path: Path) -> str:
+    """An outbox at `path` holding 200 results in its database, its process killed (its -wal
+    and -shm left), then a page of its results' table overwritten (meta whole); its stream."""
+    box = Outbox(OutboxConfig(path=str(path), spill_after_s=0))
+    box.append_many([_result(i) for i in range(200)])
+    box.close()
+    killed = (f"import os, sqlite3\ndb = sqlite3.connect({str(path)!r})\n"
+              "db.execute('CREATE TABLE z (x)')\ndb.commit()\nos._exit(9)\n")
+    subprocess.run([sys.executable, "-c", killed], check=False)
+    with path.open("r+b") as f:
+        f.seek(40960)
+        f.write(b"\xff" * 4096)
+    return box.stream
+
+
 def test_a_damaged_outbox_on_a_read_only_disk_at_start_runs_in_memory(tmp_path, caplog):
     """A card failing: the daemon killed (its -wal and -shm left), the database damaged, the
     ext4 gone read-only (errors=remount-ro). Moving the corrupt database aside raised
@@ -433,23 +448,15 @@ def test_a_damaged_outbox_on_a_read_only_disk_at_start_runs_in_memory(tmp_path, 
     disk = Ext4(tmp_path / "ext4", 16)
     try:
         path = disk.path / "outbox.db"
-        box = Outbox(OutboxConfig(path=str(path), spill_after_s=0))
-        box.append_many([_result(i) for i in range(200)])
-        box.close()
-        killed = (f"import os, sqlite3\ndb = sqlite3.connect({str(path)!r})\n"
-                  "db.execute('CREATE TABLE z (x)')\ndb.commit()\nos._exit(9)\n")
-        subprocess.run([sys.executable, "-c", killed], check=False)
+        stream = _killed_and_damaged(path)
         assert Path(f"{path}-wal").exists() and Path(f"{path}-shm").exists()
-        with path.open("r+b") as f:  # a page of the results' table (meta whole)
-            f.seek(40960)
-            f.write(b"\xff" * 4096)
         before = sorted(p.name for p in disk.path.iterdir())
         disk.fail()
         with caplog.at_level("CRITICAL", logger="edgerun.outbox"):
             ob = Outbox(OutboxConfig(path=str(path)))
         start = ob.take_startup_event()
         assert ob.memory_only and start is not None and start["memory_only"], start
-        assert ob.stream != box.stream
+        assert ob.stream != stream
         assert ob.append_many([_result(0)]) == [1]
         assert sorted(p.name for p in disk.path.iterdir()) == before
         ob.close()
@@ -466,19 +473,11 @@ def test_a_damaged_outbox_on_a_disk_out_of_inodes_runs_in_memory(tmp_path, caplo
     disk = Disk(tmp_path / "disk", 8, inodes=16)
     try:
         path = disk.path / "outbox.db"
-        box = Outbox(OutboxConfig(path=str(path), spill_after_s=0))
-        box.append_many([_result(i) for i in range(200)])
-        box.close()
-        killed = (f"import os, sqlite3\ndb = sqlite3.connect({str(path)!r})\n"
-                  "db.execute('CREATE TABLE z (x)')\ndb.commit()\nos._exit(9)\n")
-        subprocess.run([sys.executable, "-c", killed], check=False)
-        with path.open("r+b") as f:  # a page of the results' table
-            f.seek(40960)
-            f.write(b"\xff" * 4096)
+        stream = _killed_and_damaged(path)
         disk.take_inodes()
         with caplog.at_level("CRITICAL", logger="edgerun.outbox"):
             ob = Outbox(OutboxConfig(path=str(path)))
-        assert ob.memory_only and ob.stream != box.stream
+        assert ob.memory_only and ob.stream != stream
         said = " ".join(r.getMessage() for r in caplog.records)
         assert "memory only" in said and ".corrupt-" in said, said
         assert ob.append_many([_result(0)]) == [1]
