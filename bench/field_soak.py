@@ -1205,6 +1205,9 @@ def days_table(nodes: dict[str, Node], coord: Coordinator, end_h: float) -> list
                                rungs[-1].max_rate_hz() * n.share, LATENCY_MS / 1e3)
         temps: list[tuple[float, float]] = []
         lives: dict[str, list[tuple[float, float]]] = defaultdict(list)
+        # the hottest health of each day, with what the governor said then: a day over the
+        # trip is explained in the report, not only flagged (a rare 0.02 °C over, once)
+        why: dict[int, tuple[float, str]] = {}
         for _, _, h in coord.healths(n.name):
             sim = h.get("simulated") or {}
             if not isinstance(sim.get("t"), int | float):
@@ -1212,6 +1215,9 @@ def days_table(nodes: dict[str, Node], coord: Coordinator, end_h: float) -> list
             hour = min(sim["t"] / 3600, end_h)  # the last life's start was rounded
             if isinstance(h.get("temp_c"), int | float):
                 temps.append((hour, h["temp_c"]))
+                d = day_of(hour)
+                if h["temp_c"] > why.get(d, (-math.inf, ""))[0]:
+                    why[d] = (h["temp_c"], _governor_said(hour, h))
             boot = str(h.get("boot", ""))
             if isinstance(sim.get("good_weighted"), int | float):
                 lives[boot].append((hour, sim["good_weighted"]))
@@ -1223,12 +1229,23 @@ def days_table(nodes: dict[str, Node], coord: Coordinator, end_h: float) -> list
         gains = gains_per_day(lives)
         for d in sorted(set(hottest) | set(gains)):
             rows.append({"device": n.name, "day": d + 1, "die_max_c": hottest.get(d),
+                         "hottest_health": why.get(d, (None, None))[1],
                          "trip_c": trip, "good_weighted": gains.get(d),
                          "oracle": oracle.good_weighted,
                          "ratio": (gains[d] / oracle.good_weighted
                                    if gains.get(d) is not None and oracle.good_weighted
                                    else None)})
     return rows
+
+
+def _governor_said(hour: float, h: dict) -> str:
+    """One line of what a health says the governor was doing (its time, rung, level,
+    filtered temperature and slope, reason, what it held back)."""
+    g = h.get("governor") if isinstance(h.get("governor"), dict) else {}
+    return (f"{hour:.2f} h rung {h.get('rung')}/{h.get('rungs')} level {g.get('level')} "
+            f"filtered {g.get('temp_filtered_c')} °C slope {g.get('slope_c_per_min')} °C/min "
+            f"cap {h.get('rate_cap_hz')} Hz: {g.get('reason')}; refused: {g.get('refused')}"
+            )[:400]
 
 
 def history_lines(state: Path) -> list[dict]:
@@ -1278,6 +1295,8 @@ def render(r: Report) -> str:
         lines.append(f"  {d['device']:10s} {d['day']:3d}  {fmt(d['die_max_c'], '7.2f')} "
                      f"{d['trip_c']:6.1f} {fmt(d['good_weighted'], '10.0f')} "
                      f"{d['oracle']:10.0f}  {fmt(d['ratio'], '6.3f')}")
+        if d.get("hottest_health"):
+            lines.append(f"      hottest health: {d['hottest_health']}")
     if r.ota:
         lines += ["", "OTA update: the bundled model re-released as a new version (the same "
                       "network), rolled out through the coordinator's API",
