@@ -38,6 +38,11 @@ kernel's writeback are the same for all):
   g3-rows-fold-trunc-full: g1 with the log synced (padded) each window (`fsync = "full"`);
   g4-rows-fold120-trunc: g1 folded every 2 minutes (measure it in a `--window-s` of 120 or
   more, or it holds no fold);
+- h1-rows-memfold-trunc: g1 without the log: the window's results held in memory and acked
+  only once folded (a crash loses nothing acked: the device still holds and re-sends them;
+  acks up to a minute late); h2-arrival-memfold-trunc: h1 with the rows in arrival order (a
+  rowid table, bodies and all) and a narrow unique index (device, stream, seq);
+  h3-arrival-memfold-wal: h2 in WAL mode;
 - f0-floor: the segment records appended a window without fsync, nothing else (disk_writes.py's
   floor); f1-seg-only: the segment with its fdatasync, nothing else.
 
@@ -92,6 +97,13 @@ ARRIVAL_SQL = ("CREATE TABLE IF NOT EXISTS result_arrival (device TEXT NOT NULL,
 CHUNK_ARRIVAL_SQL = ("CREATE TABLE IF NOT EXISTS chunk_arrival (device TEXT NOT NULL, stream "
                      "TEXT NOT NULL, lo INTEGER NOT NULL, hi INTEGER NOT NULL, t REAL NOT NULL, "
                      "segment INTEGER NOT NULL, off INTEGER NOT NULL, len INTEGER NOT NULL)")
+# h2: today's rows in arrival order (a rowid table: a fold appends at one place) and a
+# narrow unique index by device for the readers and the re-delivery check
+RESULTS_ARRIVAL_SQL = (
+    "CREATE TABLE IF NOT EXISTS results_arrival (device TEXT NOT NULL, stream TEXT NOT NULL, "
+    "seq INTEGER NOT NULL, boot TEXT NOT NULL, t REAL NOT NULL, received REAL NOT NULL, "
+    "body TEXT NOT NULL); CREATE UNIQUE INDEX IF NOT EXISTS results_arrival_key ON "
+    "results_arrival (device, stream, seq)")
 CHUNK_SQL = ("CREATE TABLE IF NOT EXISTS result_chunks (device TEXT NOT NULL, stream TEXT NOT "
              "NULL, lo INTEGER NOT NULL, hi INTEGER NOT NULL, t REAL NOT NULL, segment INTEGER "
              "NOT NULL, off INTEGER NOT NULL, len INTEGER NOT NULL, PRIMARY KEY (device, "
@@ -123,6 +135,8 @@ class Variant:
     pad: bool = False  # each window's append padded to a 4 KiB boundary
     rows_at: str = "window"  # with rows: "window" (today) | "fold" (a log in front: g*)
     fold_s: float = FOLD_S
+    log: bool = True  # rows folded: a log in front (g*), else held in memory unacked (h*)
+    table: str = "results"  # rows: "results" (today's, keyed by device) | "results_arrival"
 
 
 VARIANTS = {
@@ -148,6 +162,15 @@ VARIANTS = {
     "g4-rows-fold120-trunc": Variant(rows=True, rows_at="fold", index="none", ack="fold",
                                      counters="fold", journal="truncate", sync="never",
                                      fold_s=120.0),
+    "h1-rows-memfold-trunc": Variant(rows=True, rows_at="fold", index="none", ack="fold",
+                                     counters="fold", journal="truncate", sync="never",
+                                     log=False),
+    "h2-arrival-memfold-trunc": Variant(rows=True, rows_at="fold", index="none", ack="fold",
+                                        counters="fold", journal="truncate", sync="never",
+                                        log=False, table="results_arrival"),
+    "h3-arrival-memfold-wal": Variant(rows=True, rows_at="fold", index="none", ack="fold",
+                                      counters="fold", sync="never", log=False,
+                                      table="results_arrival"),
     "f0-floor": Variant(sqlite=False, sync="never"),
     "f1-seg-only": Variant(sqlite=False),
 }
@@ -202,6 +225,7 @@ class Sim:
             self.db.execute(CHUNK_SQL)
             self.db.execute(ARRIVAL_SQL)
             self.db.execute(CHUNK_ARRIVAL_SQL)
+            self.db.executescript(RESULTS_ARRIVAL_SQL)
         self._prefill(existing)
 
     # -- the writes ---------------------------------------------------------------------------
@@ -260,7 +284,7 @@ class Sim:
         n, size = self._charges(rows)
         acks = {d: self.seq[d] for d in self.devices}
         w0 = written()
-        where = [] if v.rows and v.rows_at == "window" else self._segment(
+        where = [] if v.rows and (v.rows_at == "window" or not v.log) else self._segment(
             [self._record(r) for r in rows], t)
         w1 = written()
         self.segment_b += w1 - w0
@@ -317,7 +341,8 @@ class Sim:
             os.fdatasync(self.seg_fd)
             self.segment_b += written() - w
         for r in self.pending_rows:
-            db.execute("INSERT INTO results VALUES (?,?,?,?,?,?,?) ON CONFLICT DO NOTHING", r)
+            db.execute(f"INSERT INTO {self.v.table} VALUES (?,?,?,?,?,?,?) ON CONFLICT "
+                       "DO NOTHING", r)
         self.pending_rows = []
         if self.pending_index and self.v.index == "arrival":
             db.executemany("INSERT INTO result_arrival VALUES (?,?,?,?,?,?,?)",
