@@ -65,6 +65,11 @@ class EstimatorConfig:
     bias_band: float = 4.0  # sigmas of that mean: beyond, the readings have moved
     min_sigma_c: float = 0.02  # the noise floor (millidegree files, model error)
     noise_window: int = 60  # successive differences the noise estimate is the median of
+    # readings at most this far apart feed the noise estimate: further apart, the case's own
+    # move (0.5 °C/min is fast) would pass for noise. Not 2 s, the old bound: a governor
+    # ticking every 5 s (the solar node) never learnt its sensor was clean, trusted the model
+    # as if it read 1 °C of noise and lagged a rise the model did not know by ~0.3 °C
+    noise_max_dt_s: float = 10.0
     restart_after_s: float = 600.0  # a gap this long: start again from the reading
     follow_after: int = 3  # gated readings in a row on one side: start again from them
 
@@ -139,7 +144,7 @@ def update(est: DieEstimate, t: float, power_w: float, reading: float | None, m:
         return replace(est, last_z=None)
     z = reading - lag
     diffs = est.diffs
-    if est.last_z is not None and dt <= 2.0:
+    if est.last_z is not None and dt <= cfg.noise_max_dt_s:
         diffs = (*diffs, abs(z - est.last_z))[-cfg.noise_window:]
     est = replace(est, last_z=z, diffs=diffs)
     r = est.sigma_c(cfg) ** 2
