@@ -17,6 +17,7 @@ from collections import Counter
 
 from runtime.coordinator import quotas
 from runtime.coordinator.budget import ACKED_OLDEST, Budget
+from runtime.coordinator.ingest import MEMORY_STREAM_PREFIX
 from runtime.coordinator.store_rows import (
     PENDING_DDL,
     PENDING_WIDEN_S,
@@ -222,6 +223,21 @@ class Pruning:
         if out:
             self._d.after_prune()
         return out
+
+    def forget_memory_streams(self) -> int:
+        """Delete the `streams` rows of memory-only outboxes' streams (ingest.memory_stream)
+        that hold no result and wait for no floor (no `stalls` row); how many. Their results
+        went by retention; such a stream is never counted by the stream cap, so its row is
+        kept only beside results of the device's fair share. Nothing is lost: an outbox in
+        memory holds only what its ack has not covered, and a row that comes back (its
+        boot still running) is made again by the next ack from its floor."""
+        with self._d.transaction() as db:
+            return len(db.execute(
+                "DELETE FROM streams WHERE stream LIKE ? AND NOT EXISTS (SELECT 1 FROM "
+                f"{self._d.keys_table} r WHERE r.device = streams.device AND r.stream = "
+                "streams.stream) AND NOT EXISTS (SELECT 1 FROM stalls t WHERE t.device = "
+                "streams.device AND t.stream = streams.stream) RETURNING device",
+                (MEMORY_STREAM_PREFIX + "%",)).fetchall())
 
     def _maintain_quietly(self) -> None:
         with contextlib.suppress(self._d.errors):  # tomorrow's partition can wait a pass

@@ -107,6 +107,7 @@ class Store:
     prune = _room("_pruning", Pruning.prune)
     prune_results = _room("_pruning", Pruning.prune_results)
     quarantine_stalled = _room("_pruning", Pruning.quarantine_stalled)
+    forget_memory_streams = _room("_pruning", Pruning.forget_memory_streams)
 
     @property
     def last_seen_write_s(self) -> float:

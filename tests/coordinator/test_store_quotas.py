@@ -361,3 +361,116 @@ def test_a_device_cannot_make_streams_without_bound(store_url):
         assert len(refused) == 20
     finally:
         store.close()
+
+
+# the stream cap's decision (ingest.stream_refused) with a cap of 2
+@pytest.mark.parametrize("known, stream, refused", [
+    ((), "d1", False),  # a device's first stream
+    (("d1",), "d2", False),  # under the cap
+    (("d1", "d2"), "d1", False),  # a known stream, at the cap
+    (("d1", "d2"), "d3", True),  # a new disk stream past the cap
+    (("d1", "d2"), "mem-a", False),  # a memory stream is never refused
+    (("d1", "mem-a", "mem-b", "mem-c"), "d2", False),  # nor counted
+    (("d1", "mem-a", "mem-b", "mem-c"), "mem-d", False),
+    (("mem-a", "mem-b", "mem-c", "mem-d"), "d1", False),
+    (("d1", "d2", "mem-a"), "mem-a", False),
+    (("d1", "d2", "mem-a"), "d3", True),
+    (("d1", "mem"), "d2", True),  # "mem" without the dash: a disk stream, counted
+    (("mem",), "d2", False),
+    (("d1", "memx"), "d3", True),
+])
+def test_stream_refused(known, stream, refused):
+    from runtime.coordinator.ingest import stream_refused
+
+    assert stream_refused(set(known), stream, cap=2) is refused
+
+
+def test_the_memory_stream_prefix_is_the_outboxs():
+    """The coordinator recognises what the device's memory-only outbox makes."""
+    from runtime.coordinator.ingest import MEMORY_STREAM_PREFIX
+    from runtime.telemetry import outbox
+
+    assert MEMORY_STREAM_PREFIX == outbox.MEMORY_STREAM_PREFIX
+    stream, first = outbox.memory_stream(Path("/x/outbox.db"))
+    assert stream.startswith(MEMORY_STREAM_PREFIX) and first >= 1
+
+
+def test_a_device_restarted_in_memory_goes_on_storing(store_url):
+    """A daemon whose card can make no file keeps its outbox in memory, and an older one (or
+    one rebooted every few minutes) used a new stream each start: past
+    MAX_STREAMS_PER_DEVICE every result it sent was refused until a person intervened.
+    Memory streams are not counted: the device goes on storing, each result once; its disk
+    streams are still capped, and a result on a new disk stream past the cap is refused
+    although memory streams keep coming."""
+    from runtime.coordinator.store import MAX_STREAMS_PER_DEVICE
+
+    store = Store(store_url)
+    try:
+        n = MAX_STREAMS_PER_DEVICE + 20
+        for part in range(2):  # one start each, 20 results stored past the cap
+            _, refused = store.ingest([Inbound("a", "result", _results(f"mem-{k:06x}", [7], 7))
+                                       for k in range(part * n // 2, (part + 1) * n // 2)])
+            assert refused == []
+        again = [Inbound("a", "result", _results("mem-000000", [7, 8], 7))]  # re-sent
+        _, refused = store.ingest(again)
+        assert refused == [] and store.counts()["a"] == n + 1
+        disk = [Inbound("a", "result", _results(f"s{k}", [1], 1))
+                for k in range(MAX_STREAMS_PER_DEVICE + 1)]
+        _, refused = store.ingest([*disk, Inbound("a", "result", _results("mem-new", [9], 9))])
+        assert [i for i, _ in refused] == [MAX_STREAMS_PER_DEVICE]  # the 257th disk stream
+        assert store.counts()["a"] == n + 1 + MAX_STREAMS_PER_DEVICE + 1
+    finally:
+        store.close()
+
+
+def test_a_restart_in_the_same_boot_jumps_and_is_acked(store_url):
+    """A memory stream carried on by a restart in the same boot: its seqs jump (from
+    CLOCK_BOOTTIME in microseconds), above what the dead process left, acked or stored
+    above a gap. The ack starts a new verified run at the new floor, vouching for nothing
+    below it; the gap's stall is forgotten (the ack moved), nothing deleted or stored
+    twice."""
+    store = Store(store_url)
+    try:
+        s = "mem-0123456789ab"
+        acks, _ = store.ingest([Inbound("a", "result", _results(s, range(1000, 1010), 1000))])
+        assert [(k.first, k.seq) for k in acks[("a", s)]] == [(1000, 1009)]
+        # its next batch lost on the wire, the one after it stored: a gap, no ack
+        acks, _ = store.ingest([Inbound("a", "result", _results(s, range(1015, 1020), 1010))])
+        assert acks == {}
+        # killed; started again 3 s later in the same boot
+        b = 3_000_000 + 1019
+        acks, _ = store.ingest([Inbound("a", "result", _results(s, range(b, b + 5), b))])
+        assert [(k.first, k.seq) for k in acks[("a", s)]] == [(b, b + 4)]
+        acks, _ = store.ingest([Inbound("a", "result", _results(s, range(b + 5, b + 8), b))])
+        assert [(k.first, k.seq) for k in acks[("a", s)]] == [(b, b + 7)]
+        assert store.quarantine_stalled(0, now=time.time() + 1) == []  # it moved
+        seqs = [q for (q,) in store.read("SELECT seq FROM results WHERE device = 'a' ORDER "
+                                         "BY seq")]
+        assert seqs == [*range(1000, 1010), *range(1015, 1020), *range(b, b + 8)]
+        assert store.acks() == {("a", s): b + 7}
+    finally:
+        store.close()
+
+
+def test_retention_forgets_a_memory_streams_row_with_its_results(store_url):
+    """A memory stream's `streams` row goes once retention deleted its results (it is not
+    counted by the cap, so no row of it stands alone); a disk stream's stays (it cannot be
+    told from one whose ack was lost), and so does a memory stream still holding results or
+    waiting for its floor."""
+    store = Store(store_url)
+    try:
+        store.ingest([Inbound("a", "result", _results("mem-old", [5, 6], 5)),
+                      Inbound("a", "result", _results("disk", [1, 2], 1)),
+                      Inbound("a", "result", _results("mem-stall", [9], 8))])
+        later = time.time() + 2 * 86400
+        assert store.prune_results(max_age_s=86400, now=later)["results_by_age"] == 4
+        store.ingest([Inbound("a", "result", _results("mem-new", [3], 3))])
+        assert store.forget_memory_streams() == 1
+        assert sorted(store.acks()) == [("a", "disk"), ("a", "mem-new")]
+        assert [s for (s,) in store.read("SELECT stream FROM stalls")] == ["mem-stall"]
+        assert store.forget_memory_streams() == 0
+        # the old boot's last result re-sent late: stored again under a row made again
+        acks, _ = store.ingest([Inbound("a", "result", _results("mem-new", [3, 4], 3))])
+        assert [(k.first, k.seq) for k in acks[("a", "mem-new")]] == [(3, 4)]
+    finally:
+        store.close()
