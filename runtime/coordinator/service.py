@@ -464,7 +464,8 @@ class Coordinator:
             self._rlog.log(f"q-{kind}", "quarantined a %s message (%d bytes) on %s: %s", kind,
                            size, topic_name[:200], why[:300])
         try:
-            self.store.quarantine(bad)
+            # past a device's burst of detail rows, summarised (quarantine_rows.py): counted
+            self.counters["quarantine_rows_summarised"] += self.store.quarantine(bad)
         except Exception as e:  # counting must not fail the batch that was stored
             self._rlog.log("q-store", "could not record quarantined messages: %s", e,
                            level=logging.ERROR)

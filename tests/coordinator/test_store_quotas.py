@@ -314,10 +314,13 @@ def test_one_devices_quarantine_flood_keeps_the_others_quarantine_detail(store_u
     newest kept: device A, sending 12,000 refused messages on its own topics, erased the
     record of device B's refused messages (what an operator needs to see why B's data is
     missing). Each device's detail is now capped on its own (QUARANTINE_PER_DEVICE); the
-    per-device counts were and are kept for ever."""
+    per-device counts were and are kept for ever. (The detail budget, which summarises
+    a device's refusals past a burst, is widened here to reach the cap.)"""
+    from runtime.coordinator.quarantine_rows import DetailBudget
     from runtime.coordinator.store import QUARANTINE_PER_DEVICE
 
     store = Store(store_url)
+    store._detail = DetailBudget(burst=10**6)
     try:
         now = time.time()
         store.quarantine([("B", "edgerun/v1/f/B/result", f"bad {i}", 10, now) for i in range(5)])
@@ -474,3 +477,85 @@ def test_retention_forgets_a_memory_streams_row_with_its_results(store_url):
         assert [(k.first, k.seq) for k in acks[("a", "mem-new")]] == [(3, 4)]
     finally:
         store.close()
+
+
+# DetailBudget.take with a burst of 3 and 1 row a second: (device, n, now) -> rows given
+@pytest.mark.parametrize("steps, given", [
+    ([("a", 2, 0), ("a", 2, 0)], [2, 1]),  # the burst, then nothing
+    ([("a", 5, 0), ("a", 5, 1.5)], [3, 1]),  # 1.5 s refilled one and a half
+    ([("a", 5, 0), ("a", 5, 1.5), ("a", 1, 2.0)], [3, 1, 1]),  # the halves add up
+    ([("a", 5, 0), ("a", 5, 100)], [3, 3]),  # refilled, never past the burst
+    ([("a", 5, 0), ("b", 5, 0)], [3, 3]),  # each device its own
+    ([("a", 5, 100), ("a", 5, 40)], [3, 0]),  # the clock stepped back: nothing refilled
+    ([("a", 0, 0), ("a", 4, 0)], [0, 3]),
+])
+def test_a_devices_detail_rows_are_a_burst_then_a_rate(steps, given):
+    from runtime.coordinator.quarantine_rows import DetailBudget
+
+    b = DetailBudget(burst=3, per_s=1.0)
+    assert [b.take(d, n, t) for d, n, t in steps] == given
+
+
+def test_the_detail_budget_forgets_full_buckets_past_its_devices():
+    from runtime.coordinator.quarantine_rows import DetailBudget
+
+    b = DetailBudget(burst=3, per_s=1.0, devices=2)
+    b.take("a", 3, 0)
+    b.take("b", 1, 0)
+    b.take("c", 1, 5)  # a and b refilled by 5: forgotten
+    assert sorted(b._left) == ["c"]
+    assert b.take("a", 5, 5) == 3
+
+
+def test_a_flood_of_refusals_costs_a_burst_of_rows_and_is_counted_exactly(store_url):
+    """A refused item cost a quarantine insert each: 10,000 refused items of one message
+    were 10,000 inserts into the store every device's ingest shares (trimmed to 1,000 a
+    device after). A device gets a burst of detail rows, then one a second; the rest of one
+    call is one summary row saying how many and the first reason. Every refusal is counted;
+    another device's refusals keep their own rows."""
+    from runtime.coordinator.quarantine_rows import DETAIL_BURST
+
+    store = Store(store_url)
+    try:
+        now = time.time()
+        left_out = store.quarantine(
+            [("A", "edgerun/v1/f/A/result", f"bad item {i}", 10, now) for i in range(10_000)]
+            + [("B", "edgerun/v1/f/B/result", f"bad {i}", 7, now) for i in range(5)])
+        assert left_out == 10_000 - DETAIL_BURST
+        assert store.quarantine_counts() == {"A": 10_000, "B": 5}
+        rows = store.read("SELECT device, reason, size FROM quarantine ORDER BY device")
+        a = [r for r in rows if r[0] == "A"]
+        assert len(a) == DETAIL_BURST + 1 and len(rows) == len(a) + 5
+        (summary,) = [r for r in a if "more refused" in r[1]]
+        assert summary[1].startswith(f"{10_000 - DETAIL_BURST} more refused, not kept in "
+                                     "detail") and f"bad item {DETAIL_BURST}" in summary[1]
+        assert summary[2] == 10 * (10_000 - DETAIL_BURST)  # their bytes
+        # 30 s on: 30 detail rows more, and a summary for the rest
+        assert store.quarantine([("A", "t", "late", 1, now + 30)] * 50) == 20
+        assert store.quarantine_counts()["A"] == 10_050
+        assert len(store.quarantined("A", 1000)) == DETAIL_BURST + 1 + 31
+    finally:
+        store.close()
+
+
+def test_a_message_of_ten_thousand_refused_items_is_one_burst_of_quarantine(tmp_path):
+    """End to end through the coordinator's ingest: one result message of 10,000 items, each
+    refused (stamped before 1970). Each item's seq is marked done and acked as refused, and
+    every one is counted; the quarantine gets a burst of rows and a summary, and the
+    coordinator's stats count what was summarised."""
+    from runtime.coordinator.quarantine_rows import DETAIL_BURST
+
+    c = Coordinator(CoordinatorConfig(fleet="f", store=str(tmp_path / "c.db"),
+                                      ingest_window_s=0.0))
+    try:
+        now = time.time()
+        body = json.dumps({"v": 1, "stream": "s", "boot": "b1", "floor": 1, "results": [
+            {"seq": q, "t": -1.0, "label": "ok"} for q in range(1, 10_001)]}).encode()
+        c._ingest([("edgerun/v1/f/A/result", body, now)])
+        assert c.store.quarantine_counts() == {"A": 10_000}
+        assert c.store.read("SELECT COUNT(*) FROM quarantine")[0][0] == DETAIL_BURST + 1
+        assert c.counters["quarantine_rows_summarised"] == 10_000 - DETAIL_BURST
+        assert c.store.acks()[("A", "s")] == 10_000
+    finally:
+        c.store.close()
+        c.shelf.close()
