@@ -230,14 +230,22 @@ class Pruning:
         went by retention; such a stream is never counted by the stream cap, so its row is
         kept only beside results of the device's fair share. Nothing is lost: an outbox in
         memory holds only what its ack has not covered, and a row that comes back (its
-        boot still running) is made again by the next ack from its floor."""
-        with self._d.transaction() as db:
-            return len(db.execute(
-                "DELETE FROM streams WHERE stream LIKE ? AND NOT EXISTS (SELECT 1 FROM "
-                f"{self._d.keys_table} r WHERE r.device = streams.device AND r.stream = "
-                "streams.stream) AND NOT EXISTS (SELECT 1 FROM stalls t WHERE t.device = "
-                "streams.device AND t.stream = streams.stream) RETURNING device",
-                (MEMORY_STREAM_PREFIX + "%",)).fetchall())
+        boot still running) is made again by the next ack from its floor. Each device's
+        rows go with its ingest held off (lock_devices): a batch storing on such a stream
+        as the row went would leave its results without the row that lets them age out."""
+        empty = (f"stream LIKE ? AND NOT EXISTS (SELECT 1 FROM {self._d.keys_table} r WHERE "
+                 "r.device = streams.device AND r.stream = streams.stream) AND NOT EXISTS "
+                 "(SELECT 1 FROM stalls t WHERE t.device = streams.device AND t.stream = "
+                 "streams.stream)")
+        like = MEMORY_STREAM_PREFIX + "%"
+        n = 0
+        for (device,) in query(self._d, f"SELECT DISTINCT device FROM streams WHERE {empty} "
+                               "ORDER BY device", (like,)):
+            with self._d.transaction() as db:
+                self._d.lock_devices(db, [device])
+                n += len(db.execute(f"DELETE FROM streams WHERE device = ? AND {empty} "
+                                    "RETURNING device", (device, like)).fetchall())
+        return n
 
     def _maintain_quietly(self) -> None:
         with contextlib.suppress(self._d.errors):  # tomorrow's partition can wait a pass

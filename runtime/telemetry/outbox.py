@@ -79,12 +79,15 @@ def memory_stream(path: Path, boot_id: Path | None = None) -> tuple[str, int]:
     one stream a boot, not one a start; the coordinator's ack starts a new verified run at
     the jump (docs/telemetry.md, "An outbox in memory"). Without a boot id (not Linux): a
     random stream, one a start."""
+    boottime = getattr(time, "CLOCK_BOOTTIME", None)
     try:
-        kb = (boot_id or BOOT_ID).read_text().strip()
+        kb = (boot_id or BOOT_ID).read_text().strip() if boottime is not None else ""
     except OSError:
         kb = ""
-    key = f"{kb}\0{path.absolute()}" if kb else uuid.uuid4().hex
-    first = max(1, time.clock_gettime_ns(time.CLOCK_BOOTTIME) // 1000)
+    if not kb or boottime is None:
+        return MEMORY_STREAM_PREFIX + uuid.uuid4().hex[:12], 1
+    key = f"{kb}\0{path.absolute()}"
+    first = max(1, time.clock_gettime_ns(boottime) // 1000)
     return MEMORY_STREAM_PREFIX + hashlib.sha256(key.encode()).hexdigest()[:12], first
 
 _SCHEMA = """

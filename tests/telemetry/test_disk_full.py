@@ -362,6 +362,22 @@ def test_restarts_in_memory_in_one_boot_carry_on_one_stream(tmp_path, monkeypatc
         disk.unmount()
 
 
+def test_a_memory_stream_without_a_boot_id_is_one_a_start(tmp_path):
+    """Where the kernel gives no boot id (not Linux), a memory stream cannot be carried on
+    safely: a random one each start, from seq 1 (still `mem-`: its outbox dies with it)."""
+    from runtime.telemetry.outbox import memory_stream
+
+    none = tmp_path / "no-boot-id"
+    (a, first_a), (b, first_b) = (memory_stream(tmp_path / "o.db", none) for _ in range(2))
+    assert a != b and a.startswith(MEMORY_STREAM_PREFIX) and b.startswith(MEMORY_STREAM_PREFIX)
+    assert first_a == first_b == 1
+    boot = tmp_path / "boot_id"
+    boot.write_text("5d8a0c1e-0f9b-4c8e-9d7a-1b2c3d4e5f60\n")
+    (c, first_c), (d, first_d) = (memory_stream(tmp_path / "o.db", boot) for _ in range(2))
+    assert c == d and first_d >= first_c > 1  # CLOCK_BOOTTIME (us): never back
+    assert memory_stream(tmp_path / "other.db", boot)[0] != c  # another outbox, its own
+
+
 def _body_bytes(ob: Outbox) -> int:
     """The bytes of the results `ob` holds on disk (pending()'s JSON less its '"seq":N,')."""
     return sum(len(p.json) - len(f'"seq":{p.seq},') for p in ob.pending(0, 1_000_000))
