@@ -233,18 +233,19 @@ class Pruning:
         boot still running) is made again by the next ack from its floor. Each device's
         rows go with its ingest held off (lock_devices): a batch storing on such a stream
         as the row went would leave its results without the row that lets them age out."""
-        empty = (f"stream LIKE ? AND NOT EXISTS (SELECT 1 FROM {self._d.keys_table} r WHERE "
-                 "r.device = streams.device AND r.stream = streams.stream) AND NOT EXISTS "
-                 "(SELECT 1 FROM stalls t WHERE t.device = streams.device AND t.stream = "
-                 "streams.stream)")
-        like = MEMORY_STREAM_PREFIX + "%"
+        # substr, not LIKE: SQLite's LIKE ignores case, ingest.memory_stream does not
+        prefix = MEMORY_STREAM_PREFIX
+        empty = (f"substr(stream, 1, {len(prefix)}) = ? AND NOT EXISTS (SELECT 1 FROM "
+                 f"{self._d.keys_table} r WHERE r.device = streams.device AND r.stream = "
+                 "streams.stream) AND NOT EXISTS (SELECT 1 FROM stalls t WHERE t.device = "
+                 "streams.device AND t.stream = streams.stream)")
         n = 0
         for (device,) in query(self._d, f"SELECT DISTINCT device FROM streams WHERE {empty} "
-                               "ORDER BY device", (like,)):
+                               "ORDER BY device", (prefix,)):
             with self._d.transaction() as db:
                 self._d.lock_devices(db, [device])
                 n += len(db.execute(f"DELETE FROM streams WHERE device = ? AND {empty} "
-                                    "RETURNING device", (device, like)).fetchall())
+                                    "RETURNING device", (device, prefix)).fetchall())
         return n
 
     def _maintain_quietly(self) -> None:

@@ -10,6 +10,7 @@ detail`, the first one's reason, their bytes). Pure: the caller passes the times
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 
 # a device's detail rows: this many at once, then this many a second
@@ -29,17 +30,19 @@ class DetailBudget:
                  devices: int = DETAIL_DEVICES):
         self.burst, self.per_s, self.devices = burst, per_s, devices
         self._left: dict[str, tuple[float, float]] = {}  # device -> (tokens, at)
+        self._lock = threading.Lock()  # the ingest thread's and the start's checks
 
     def take(self, device: str, n: int, now: float) -> int:
         """How many of `n` refusals of `device` at `now` get a detail row (taken from its
         bucket). A clock stepped back refills nothing; stepped forward, at most a burst."""
-        tokens, at = self._left.get(device, (float(self.burst), now))
-        tokens = min(float(self.burst), tokens + max(0.0, now - at) * self.per_s)
-        k = min(n, int(tokens))
-        self._left[device] = (tokens - k, now)
-        if len(self._left) > self.devices:
-            self._forget(now)
-        return k
+        with self._lock:
+            tokens, at = self._left.get(device, (float(self.burst), now))
+            tokens = min(float(self.burst), tokens + max(0.0, now - at) * self.per_s)
+            k = min(n, int(tokens))
+            self._left[device] = (tokens - k, now)
+            if len(self._left) > self.devices:
+                self._forget(now)
+            return k
 
     def _forget(self, now: float) -> None:
         """Drop the buckets that are full again (the same as none), else all."""

@@ -559,3 +559,16 @@ def test_a_message_of_ten_thousand_refused_items_is_one_burst_of_quarantine(tmp_
     finally:
         c.store.close()
         c.shelf.close()
+
+
+def test_only_a_memory_streams_row_is_forgotten_whatever_its_case(store_url):
+    """`MEM-` is not `mem-` (SQLite's LIKE would have taken it): a disk stream's row."""
+    store = Store(store_url)
+    try:
+        store.ingest([Inbound("a", "result", _results("MEM-x", [1], 1)),
+                      Inbound("a", "result", _results("mem-x", [1], 1))])
+        store.prune_results(max_age_s=86400, now=time.time() + 2 * 86400)
+        assert store.forget_memory_streams() == 1
+        assert sorted(store.acks()) == [("a", "MEM-x")]
+    finally:
+        store.close()
