@@ -25,7 +25,7 @@ import json
 import math
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from runtime.coordinator import fleet, quotas
@@ -45,11 +45,38 @@ from runtime.wire import clock
 _TIMELINE_SQL = ", ".join(("device", "t", *(name for name, _ in TIMELINE)))
 # A device's streams (one per outbox it ever had: a new one after a reinstall or a damaged
 # outbox): rows never deleted and outside its fair share, so bounded here. Past this a
-# result on a new stream is refused (quarantined, naming the device).
+# result on a new stream is refused (quarantined, naming the device). A memory-only
+# outbox's streams (MEMORY_STREAM_PREFIX) are not counted: see stream_refused.
 MAX_STREAMS_PER_DEVICE = 256
+# The stream id of a device's memory-only outbox begins so (runtime/telemetry/outbox.py,
+# the same string): one a kernel boot, dead once the boot is over
+MEMORY_STREAM_PREFIX = "mem-"
 # `last_seen` alone moving rewrites a device's `devices` row at most this often (seconds)
 LAST_SEEN_WRITE_S = 5.0
 SEQ_LIMIT = 1 << 62
+
+
+def memory_stream(stream: str) -> bool:
+    """Whether `stream` is a memory-only outbox's (its id says so; only its own device can
+    claim it, and only for its own results)."""
+    return stream.startswith(MEMORY_STREAM_PREFIX)
+
+
+def stream_refused(known: Collection[str], stream: str,
+                   cap: int = MAX_STREAMS_PER_DEVICE) -> bool:
+    """Whether a result on `stream` is refused by its device's stream cap, `known` being the
+    device's streams the store holds (acked, or stalled waiting for a floor).
+
+    A known stream never is. A memory-only outbox's stream never counts nor is refused:
+    its outbox is RAM, gone with its kernel boot (a restart in the same boot carries the
+    same stream on), so every older one can never send again, and its row is deleted once
+    its results are (Pruning.forget_memory_streams): a memory stream's row stands beside
+    results the device's fair share holds, never alone. A disk stream cannot be told from
+    one whose ack was lost, so none is forgotten: a new one is refused once the device has
+    `cap` disk streams."""
+    if stream in known or memory_stream(stream):
+        return False
+    return sum(1 for s in known if not memory_stream(s)) >= cap
 
 
 class _Redo(Exception):
@@ -201,11 +228,13 @@ class Ingest:
 
     def _cap_streams(self, db: Any, messages: Sequence[Inbound], admitted: list[int],
                      refused: list[tuple[int, str]]) -> list[int]:
-        """`admitted` less the results on a new stream of a device that has
-        MAX_STREAMS_PER_DEVICE already (appended to `refused` with the reason)."""
+        """`admitted` less the results on a new stream that stream_refused refuses
+        (appended to `refused` with the reason). Memory streams are neither looked up nor
+        remembered: they are never refused, and a device has one a boot."""
         seen = self._streams_seen
         devices = sorted({m.device for i in admitted if (m := messages[i]).kind == "result"
-                          and m.msg["stream"] not in seen.get(m.device, ())})
+                          and not memory_stream(st := m.msg["stream"])
+                          and st not in seen.get(m.device, ())})
         if not devices:  # the usual batch: every stream known already
             return admitted
         match, args = self._d.in_list(devices)
@@ -213,18 +242,21 @@ class Ingest:
         for d, st in db.execute(  # acked streams, and those still waiting for their floor
                 f"SELECT device, stream FROM streams WHERE device{match} UNION "
                 f"SELECT device, stream FROM stalls WHERE device{match}", args + args).fetchall():
-            have[d].add(st)
+            if not memory_stream(st):
+                have[d].add(st)
         seen.update(have)
         keep = []
         for i in admitted:
             m = messages[i]
-            if m.kind == "result" and m.device in have and \
-                    m.msg["stream"] not in (known := have[m.device]):
-                if len(known) >= MAX_STREAMS_PER_DEVICE:
+            known = have.get(m.device) if m.kind == "result" else None
+            if known is not None:
+                st = m.msg["stream"]
+                if stream_refused(known, st):
                     refused.append((i, f"device {m.device}: has {len(known)} streams, the "
-                                       f"most a device may; a result on a new one is refused"))
+                                       "most a device may; a result on a new one is refused"))
                     continue
-                known.add(m.msg["stream"])
+                if not memory_stream(st):
+                    known.add(st)
             keep.append(i)
         return keep
 

@@ -17,6 +17,7 @@ from collections import Counter
 
 from runtime.coordinator import quotas
 from runtime.coordinator.budget import ACKED_OLDEST, Budget
+from runtime.coordinator.ingest import MEMORY_STREAM_PREFIX
 from runtime.coordinator.store_rows import (
     PENDING_DDL,
     PENDING_WIDEN_S,
@@ -222,6 +223,30 @@ class Pruning:
         if out:
             self._d.after_prune()
         return out
+
+    def forget_memory_streams(self) -> int:
+        """Delete the `streams` rows of memory-only outboxes' streams (ingest.memory_stream)
+        that hold no result and wait for no floor (no `stalls` row); how many. Their results
+        went by retention; such a stream is never counted by the stream cap, so its row is
+        kept only beside results of the device's fair share. Nothing is lost: an outbox in
+        memory holds only what its ack has not covered, and a row that comes back (its
+        boot still running) is made again by the next ack from its floor. Each device's
+        rows go with its ingest held off (lock_devices): a batch storing on such a stream
+        as the row went would leave its results without the row that lets them age out."""
+        # substr, not LIKE: SQLite's LIKE ignores case, ingest.memory_stream does not
+        prefix = MEMORY_STREAM_PREFIX
+        empty = (f"substr(stream, 1, {len(prefix)}) = ? AND NOT EXISTS (SELECT 1 FROM "
+                 f"{self._d.keys_table} r WHERE r.device = streams.device AND r.stream = "
+                 "streams.stream) AND NOT EXISTS (SELECT 1 FROM stalls t WHERE t.device = "
+                 "streams.device AND t.stream = streams.stream)")
+        n = 0
+        for (device,) in query(self._d, f"SELECT DISTINCT device FROM streams WHERE {empty} "
+                               "ORDER BY device", (prefix,)):
+            with self._d.transaction() as db:
+                self._d.lock_devices(db, [device])
+                n += len(db.execute(f"DELETE FROM streams WHERE device = ? AND {empty} "
+                                    "RETURNING device", (device, prefix)).fetchall())
+        return n
 
     def _maintain_quietly(self) -> None:
         with contextlib.suppress(self._d.errors):  # tomorrow's partition can wait a pass

@@ -100,6 +100,7 @@ class Retention:
         done = self.store.prune_results(cfg.retention_days * 86400 if now is not None else 0,
                                         cap, reserved=shelf, now=now)
         stalled = self.store.quarantine_stalled(cfg.floor_wait_s)
+        self._counters["memory_streams_forgotten"] += self.store.forget_memory_streams()
         self.sweep_shelf()
         self._counters["retention_runs"] += 1
         for key, n in done.items():

@@ -38,6 +38,7 @@ from runtime.coordinator.budget import Budget
 from runtime.coordinator.dialect import READ_TIMEOUT_S, open_dialect
 from runtime.coordinator.ingest import LAST_SEEN_WRITE_S, MAX_STREAMS_PER_DEVICE, Ingest
 from runtime.coordinator.pruning import Pruning
+from runtime.coordinator.quarantine_rows import DetailBudget
 from runtime.coordinator.reads import Reads
 from runtime.coordinator.store_rows import TIMELINE, Ack, Inbound, Stalled, query
 
@@ -74,6 +75,7 @@ class Store:
         self._ingest = Ingest(self._d, self._budget)
         self._reads = Reads(self._d)
         self._pruning = Pruning(self._d, self._budget)
+        self._detail = DetailBudget()  # detail rows of quarantine a device may add
         if self.backend == "sqlite":  # the raw connection, for tests that forge rows
             self.path, self._db, self._lock = self._d.path, self._d.db, self._d.lock
 
@@ -107,6 +109,14 @@ class Store:
     prune = _room("_pruning", Pruning.prune)
     prune_results = _room("_pruning", Pruning.prune_results)
     quarantine_stalled = _room("_pruning", Pruning.quarantine_stalled)
+    forget_memory_streams = _room("_pruning", Pruning.forget_memory_streams)
+
+    def probe(self, now: float) -> None:
+        """One small write the way a batch writes (a transaction that commits a row), so a
+        store that failed is known to store again; raises what the store raises."""
+        with self._d.transaction() as db:
+            db.execute("INSERT INTO claims VALUES (?,?,?,?) ON CONFLICT (device, what) DO "
+                       "UPDATE SET t = excluded.t", ("", "store-probe", "ok", now))
 
     @property
     def last_seen_write_s(self) -> float:
@@ -146,21 +156,24 @@ class Store:
 
     # -- what the transaction owner does itself -------------------------------------------------
 
-    def quarantine(self, rows: Sequence[tuple[str, str, str, int, float]]) -> None:
+    def quarantine(self, rows: Sequence[tuple[str, str, str, int, float]]) -> int:
         """Record refused messages: (device or "", topic, reason, size in bytes, time).
-        Detail rows are capped at QUARANTINE_PER_DEVICE per device and QUARANTINE_KEEP in
-        all (newest kept); counts are kept for ever."""
+        Every one is counted; detail rows go through the devices' DetailBudget (a burst,
+        then a rate: past it one summary row a call stands for the rest) and are capped at
+        QUARANTINE_PER_DEVICE per device and QUARANTINE_KEEP in all (newest kept); counts
+        are kept for ever. Returns how many got no detail row of their own."""
         if not rows:
-            return
+            return 0
         per_device: dict[str, int] = {}
         for device, *_ in rows:
             per_device[device[:64]] = per_device.get(device[:64], 0) + 1
+        detail, left_out = self._detail.sample([(d[:64], *rest) for d, *rest in rows])
         oc = self._d.order_col
         with self._d.transaction() as db:
             db.executemany(
                 "INSERT INTO quarantine (device, topic, reason, size, t) VALUES (?,?,?,?,?)",
-                [(d[:64], topic[:256], reason[:500], int(size), float(t))
-                 for d, topic, reason, size, t in rows])
+                [(d, topic[:256], reason[:500], int(size), float(t))
+                 for d, topic, reason, size, t in detail])
             db.executemany(
                 "INSERT INTO quarantine_counts VALUES (?,?) "
                 "ON CONFLICT(device) DO UPDATE SET n = quarantine_counts.n + excluded.n",
@@ -172,6 +185,7 @@ class Store:
             # by count, not by id distance: the trims above leave holes in the ids
             db.execute(f"DELETE FROM quarantine WHERE {oc} <= (SELECT {oc} FROM quarantine "
                        f"ORDER BY {oc} DESC LIMIT 1 OFFSET ?)", (QUARANTINE_KEEP,))
+        return left_out
 
     def write(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
         """A portable write (`?` placeholders) of `rows` in one transaction: the coordinator's

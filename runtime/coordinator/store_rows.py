@@ -14,6 +14,7 @@ import json
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
+from json.encoder import encode_basestring_ascii
 from typing import Any
 
 from runtime.coordinator import fleet
@@ -62,8 +63,10 @@ def marker_row(device: str, stream: str, seq: int, why: str, now: float) -> tupl
     the result's own key, so exactly-once, the ack, the fair shares and retention treat it
     as any row. Its boot is "" (a result's never is: an id of 1-64 characters), which is
     how reads leave it out; its `t` is when it was received."""
+    # the JSON json.dumps writes, by hand: 7x cheaper, and a message of 10,000 refused
+    # items builds each marker twice (its charge, then its row)
     return (device, stream, seq, "", now, now,
-            json.dumps({"seq": seq, "refused": why[:300]}, separators=(",", ":")))
+            f'{{"seq":{seq:d},"refused":{encode_basestring_ascii(why[:300])}}}')
 
 
 @dataclass(frozen=True)

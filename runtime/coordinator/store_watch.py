@@ -15,7 +15,11 @@ fails was an ERROR line and a counter. Now:
   `stall_after_s` is logged as an ERROR naming the store and how long, again at most once a
   `repeat_s`, and its end is logged when it comes;
 - `status` (stats, the alerts view, /metrics) and `alert` (the coordinator's own `store`
-  alert, raised and cleared through alerting.py) say `stalled` or `failing` with the cause.
+  alert, raised and cleared through alerting.py) say `stalled` or `failing` with the cause;
+- while failing, once `probe_s` passed without a batch that failed or stored, `probe_due`
+  asks the ingest thread for one small write (Store.probe): in an idle fleet nothing else
+  told that the store was back, and the `store` alert stayed raised until the next stored
+  batch, however long the fleet stayed quiet.
 """
 
 from __future__ import annotations
@@ -37,8 +41,11 @@ class Said:
 class StoreWatch:
     """One store's commits, watched (see module docstring). Thread-safe."""
 
-    def __init__(self, store: str, stall_after_s: float, repeat_s: float = 60.0):
+    def __init__(self, store: str, stall_after_s: float, repeat_s: float = 60.0,
+                 probe_s: float = 5.0):
         self.store, self.stall_after_s, self.repeat_s = store, stall_after_s, repeat_s
+        self.probe_s = probe_s  # a failing store is probed after this long without word
+        self._told: float | None = None  # the last end that failed or stored
         self._lock = threading.Lock()
         self._since: float | None = None  # the batch in flight began then
         self._what = "a batch"  # what is in flight (begin)
@@ -62,6 +69,8 @@ class StoreWatch:
             since, warned, self._since, self._warned = self._since, self._warned, None, None
             took = 0.0 if since is None else now - since
             self.longest_s = max(self.longest_s, took)
+            if error is not None or stored:
+                self._told = now
             if warned is not None:
                 done = "failed" if error else "stored" if stored else "done"
                 out.append(Said(logging.WARNING, f"store {self.store}: {self._what} in flight "
@@ -94,6 +103,14 @@ class StoreWatch:
         return [Said(logging.ERROR, f"store {self.store}: {what} has been in flight for "
                      f"{took:.0f} s (stall_after_s {self.stall_after_s:g}): ingest waits on "
                      "the store; devices' messages wait in the inbox, nothing is acked")]
+
+    def probe_due(self, now: float) -> bool:
+        """Whether the failing store should be probed now: failing, nothing in flight, and
+        nothing failed or stored for `probe_s` (a fleet sending keeps telling by itself)."""
+        with self._lock:
+            return (self._failing is not None and self._since is None
+                    and now - (self._told if self._told is not None else self._failing[0])
+                    >= self.probe_s)
 
     def busy(self, now: float, over_s: float = 1.0) -> bool:
         """Whether a batch has been in flight for more than `over_s`: the store may hang,

@@ -28,7 +28,7 @@ writes wait in memory, bounded (held.py), with an `outbox_disk_full` critical ev
 succeeds an `outbox_disk_recovered` event says how long it lasted. Only results past the memory
 bound are lost (refused with OutboxFull, counted); the process keeps inferring throughout.
 A disk that can make no file at start (read-only, out of inodes) gets an outbox in memory under
-a new stream (`memory_only`, _in_memory), not a restart loop.
+the boot's memory stream (`memory_only`, _in_memory, memory_stream), not a restart loop.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import errno
+import hashlib
 import json
 import logging
 import math
@@ -63,6 +64,31 @@ from runtime.wire.quarantine import RateLimitedLog
 
 log = logging.getLogger("edgerun.outbox")
 _rlog = RateLimitedLog(log)  # a bug writing NaN would write it every message
+
+# A memory-only outbox's stream id begins so; the coordinator leaves such streams out of its
+# per-device cap (runtime/coordinator/ingest.py MEMORY_STREAM_PREFIX, the same string).
+MEMORY_STREAM_PREFIX = "mem-"
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id")  # the kernel's, new at every boot
+
+
+def memory_stream(path: Path, boot_id: Path | None = None) -> tuple[str, int]:
+    """The stream id and first seq of a memory-only outbox at `path`: one stream per kernel
+    boot (and outbox path), its seqs from CLOCK_BOOTTIME in microseconds. A start in the
+    same boot carries on the stream above every seq an earlier one gave (a process gives
+    far fewer than one result a microsecond), so a daemon restarted in memory every 5 s is
+    one stream a boot, not one a start; the coordinator's ack starts a new verified run at
+    the jump (docs/telemetry.md, "An outbox in memory"). Without a boot id (not Linux): a
+    random stream, one a start."""
+    boottime = getattr(time, "CLOCK_BOOTTIME", None)
+    try:
+        kb = (boot_id or BOOT_ID).read_text().strip() if boottime is not None else ""
+    except OSError:
+        kb = ""
+    if not kb or boottime is None:
+        return MEMORY_STREAM_PREFIX + uuid.uuid4().hex[:12], 1
+    key = f"{kb}\0{path.absolute()}"
+    first = max(1, time.clock_gettime_ns(boottime) // 1000)
+    return MEMORY_STREAM_PREFIX + hashlib.sha256(key.encode()).hexdigest()[:12], first
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT NOT NULL);
@@ -464,23 +490,27 @@ class Outbox:
             return db
 
     def _in_memory(self, e: BaseException, why: str) -> sqlite3.Connection:
-        """An outbox in memory, under a new stream, for a state disk that can make no file
-        (no_new_files): the device goes on inspecting, serving its PLC and publishing, as
-        it does when the disk refuses writes while it runs (held.py), instead of exiting
-        into a restart loop that nothing ends until someone repairs the disk. A new stream:
-        the disk's own stream may have given seqs this process cannot read back (its log,
-        its WAL), and one given twice is taken for a re-delivery and dropped. The disk's
-        unacked results stay there for a start that can write it."""
+        """An outbox in memory, under the boot's memory stream, for a state disk that can
+        make no file (no_new_files): the device goes on inspecting, serving its PLC and
+        publishing, as it does when the disk refuses writes while it runs (held.py), instead
+        of exiting into a restart loop that nothing ends until someone repairs the disk. Not
+        the disk's stream: it may have given seqs this process cannot read back (its log,
+        its WAL), and one given twice is taken for a re-delivery and dropped; the boot's
+        memory stream (memory_stream), which a restart in the same boot carries on. The
+        disk's unacked results stay there for a start that can write it."""
         db = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
         db.executescript(_SCHEMA)
+        stream, first = memory_stream(self.path)
+        db.execute("INSERT INTO meta VALUES ('stream', ?)", (stream,))
+        db.execute("INSERT INTO sqlite_sequence (name, seq) VALUES ('results', ?)", (first - 1,))
         self.memory_only = f"{e}; {why}"
         self._salvaged = None  # a damaged database's stream: its log's seqs are not read here
         log.critical("outbox %s cannot be opened (%s): results are kept in memory only, up to "
-                     "%d bytes ([telemetry.outbox] memory_max_bytes), under a new stream; "
-                     "those not acked when the daemon stops are lost. Results the outbox on "
-                     "disk holds stay there for a start that can write it: repair or clean "
-                     "the disk, then restart", self.path, self.memory_only,
-                     self.cfg.memory_max_bytes)
+                     "%d bytes ([telemetry.outbox] memory_max_bytes), under this boot's memory "
+                     "stream %s from seq %d; those not acked when the daemon stops are lost. "
+                     "Results the outbox on disk holds stay there for a start that can write "
+                     "it: repair or clean the disk, then restart", self.path, self.memory_only,
+                     self.cfg.memory_max_bytes, stream, first)
         self._startup_event = {"type": EventType.OUTBOX_DISK_FULL, "severity": "critical",
                                "path": str(self.path), "error": self.memory_only[:300],
                                "memory_max_bytes": self.cfg.memory_max_bytes,

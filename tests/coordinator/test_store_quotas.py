@@ -314,10 +314,13 @@ def test_one_devices_quarantine_flood_keeps_the_others_quarantine_detail(store_u
     newest kept: device A, sending 12,000 refused messages on its own topics, erased the
     record of device B's refused messages (what an operator needs to see why B's data is
     missing). Each device's detail is now capped on its own (QUARANTINE_PER_DEVICE); the
-    per-device counts were and are kept for ever."""
+    per-device counts were and are kept for ever. (The detail budget, which summarises
+    a device's refusals past a burst, is widened here to reach the cap.)"""
+    from runtime.coordinator.quarantine_rows import DetailBudget
     from runtime.coordinator.store import QUARANTINE_PER_DEVICE
 
     store = Store(store_url)
+    store._detail = DetailBudget(burst=10**6)
     try:
         now = time.time()
         store.quarantine([("B", "edgerun/v1/f/B/result", f"bad {i}", 10, now) for i in range(5)])
@@ -359,5 +362,213 @@ def test_a_device_cannot_make_streams_without_bound(store_url):
         _, refused = store.ingest([Inbound("c", "result", _results(f"w{k}", [7], 5))
                                    for k in range(n)])
         assert len(refused) == 20
+    finally:
+        store.close()
+
+
+# the stream cap's decision (ingest.stream_refused) with a cap of 2
+@pytest.mark.parametrize("known, stream, refused", [
+    ((), "d1", False),  # a device's first stream
+    (("d1",), "d2", False),  # under the cap
+    (("d1", "d2"), "d1", False),  # a known stream, at the cap
+    (("d1", "d2"), "d3", True),  # a new disk stream past the cap
+    (("d1", "d2"), "mem-a", False),  # a memory stream is never refused
+    (("d1", "mem-a", "mem-b", "mem-c"), "d2", False),  # nor counted
+    (("d1", "mem-a", "mem-b", "mem-c"), "mem-d", False),
+    (("mem-a", "mem-b", "mem-c", "mem-d"), "d1", False),
+    (("d1", "d2", "mem-a"), "mem-a", False),
+    (("d1", "d2", "mem-a"), "d3", True),
+    (("d1", "mem"), "d2", True),  # "mem" without the dash: a disk stream, counted
+    (("mem",), "d2", False),
+    (("d1", "memx"), "d3", True),
+])
+def test_stream_refused(known, stream, refused):
+    from runtime.coordinator.ingest import stream_refused
+
+    assert stream_refused(set(known), stream, cap=2) is refused
+
+
+def test_the_memory_stream_prefix_is_the_outboxs():
+    """The coordinator recognises what the device's memory-only outbox makes."""
+    from runtime.coordinator.ingest import MEMORY_STREAM_PREFIX
+    from runtime.telemetry import outbox
+
+    assert MEMORY_STREAM_PREFIX == outbox.MEMORY_STREAM_PREFIX
+    stream, first = outbox.memory_stream(Path("/x/outbox.db"))
+    assert stream.startswith(MEMORY_STREAM_PREFIX) and first >= 1
+
+
+def test_a_device_restarted_in_memory_goes_on_storing(store_url):
+    """A daemon whose card can make no file keeps its outbox in memory, and an older one (or
+    one rebooted every few minutes) used a new stream each start: past
+    MAX_STREAMS_PER_DEVICE every result it sent was refused until a person intervened.
+    Memory streams are not counted: the device goes on storing, each result once; its disk
+    streams are still capped, and a result on a new disk stream past the cap is refused
+    although memory streams keep coming."""
+    from runtime.coordinator.store import MAX_STREAMS_PER_DEVICE
+
+    store = Store(store_url)
+    try:
+        n = MAX_STREAMS_PER_DEVICE + 20
+        for part in range(2):  # one start each, 20 results stored past the cap
+            _, refused = store.ingest([Inbound("a", "result", _results(f"mem-{k:06x}", [7], 7))
+                                       for k in range(part * n // 2, (part + 1) * n // 2)])
+            assert refused == []
+        again = [Inbound("a", "result", _results("mem-000000", [7, 8], 7))]  # re-sent
+        _, refused = store.ingest(again)
+        assert refused == [] and store.counts()["a"] == n + 1
+        disk = [Inbound("a", "result", _results(f"s{k}", [1], 1))
+                for k in range(MAX_STREAMS_PER_DEVICE + 1)]
+        _, refused = store.ingest([*disk, Inbound("a", "result", _results("mem-new", [9], 9))])
+        assert [i for i, _ in refused] == [MAX_STREAMS_PER_DEVICE]  # the 257th disk stream
+        assert store.counts()["a"] == n + 1 + MAX_STREAMS_PER_DEVICE + 1
+    finally:
+        store.close()
+
+
+def test_a_restart_in_the_same_boot_jumps_and_is_acked(store_url):
+    """A memory stream carried on by a restart in the same boot: its seqs jump (from
+    CLOCK_BOOTTIME in microseconds), above what the dead process left, acked or stored
+    above a gap. The ack starts a new verified run at the new floor, vouching for nothing
+    below it; the gap's stall is forgotten (the ack moved), nothing deleted or stored
+    twice."""
+    store = Store(store_url)
+    try:
+        s = "mem-0123456789ab"
+        acks, _ = store.ingest([Inbound("a", "result", _results(s, range(1000, 1010), 1000))])
+        assert [(k.first, k.seq) for k in acks[("a", s)]] == [(1000, 1009)]
+        # its next batch lost on the wire, the one after it stored: a gap, no ack
+        acks, _ = store.ingest([Inbound("a", "result", _results(s, range(1015, 1020), 1010))])
+        assert acks == {}
+        # killed; started again 3 s later in the same boot
+        b = 3_000_000 + 1019
+        acks, _ = store.ingest([Inbound("a", "result", _results(s, range(b, b + 5), b))])
+        assert [(k.first, k.seq) for k in acks[("a", s)]] == [(b, b + 4)]
+        acks, _ = store.ingest([Inbound("a", "result", _results(s, range(b + 5, b + 8), b))])
+        assert [(k.first, k.seq) for k in acks[("a", s)]] == [(b, b + 7)]
+        assert store.quarantine_stalled(0, now=time.time() + 1) == []  # it moved
+        seqs = [q for (q,) in store.read("SELECT seq FROM results WHERE device = 'a' ORDER "
+                                         "BY seq")]
+        assert seqs == [*range(1000, 1010), *range(1015, 1020), *range(b, b + 8)]
+        assert store.acks() == {("a", s): b + 7}
+    finally:
+        store.close()
+
+
+def test_retention_forgets_a_memory_streams_row_with_its_results(store_url):
+    """A memory stream's `streams` row goes once retention deleted its results (it is not
+    counted by the cap, so no row of it stands alone); a disk stream's stays (it cannot be
+    told from one whose ack was lost), and so does a memory stream still holding results or
+    waiting for its floor."""
+    store = Store(store_url)
+    try:
+        store.ingest([Inbound("a", "result", _results("mem-old", [5, 6], 5)),
+                      Inbound("a", "result", _results("disk", [1, 2], 1)),
+                      Inbound("a", "result", _results("mem-stall", [9], 8))])
+        later = time.time() + 2 * 86400
+        assert store.prune_results(max_age_s=86400, now=later)["results_by_age"] == 4
+        store.ingest([Inbound("a", "result", _results("mem-new", [3], 3))])
+        assert store.forget_memory_streams() == 1
+        assert sorted(store.acks()) == [("a", "disk"), ("a", "mem-new")]
+        assert [s for (s,) in store.read("SELECT stream FROM stalls")] == ["mem-stall"]
+        assert store.forget_memory_streams() == 0
+        # the old boot's last result re-sent late: stored again under a row made again
+        acks, _ = store.ingest([Inbound("a", "result", _results("mem-new", [3, 4], 3))])
+        assert [(k.first, k.seq) for k in acks[("a", "mem-new")]] == [(3, 4)]
+    finally:
+        store.close()
+
+
+# DetailBudget.take with a burst of 3 and 1 row a second: (device, n, now) -> rows given
+@pytest.mark.parametrize("steps, given", [
+    ([("a", 2, 0), ("a", 2, 0)], [2, 1]),  # the burst, then nothing
+    ([("a", 5, 0), ("a", 5, 1.5)], [3, 1]),  # 1.5 s refilled one and a half
+    ([("a", 5, 0), ("a", 5, 1.5), ("a", 1, 2.0)], [3, 1, 1]),  # the halves add up
+    ([("a", 5, 0), ("a", 5, 100)], [3, 3]),  # refilled, never past the burst
+    ([("a", 5, 0), ("b", 5, 0)], [3, 3]),  # each device its own
+    ([("a", 5, 100), ("a", 5, 40)], [3, 0]),  # the clock stepped back: nothing refilled
+    ([("a", 0, 0), ("a", 4, 0)], [0, 3]),
+])
+def test_a_devices_detail_rows_are_a_burst_then_a_rate(steps, given):
+    from runtime.coordinator.quarantine_rows import DetailBudget
+
+    b = DetailBudget(burst=3, per_s=1.0)
+    assert [b.take(d, n, t) for d, n, t in steps] == given
+
+
+def test_the_detail_budget_forgets_full_buckets_past_its_devices():
+    from runtime.coordinator.quarantine_rows import DetailBudget
+
+    b = DetailBudget(burst=3, per_s=1.0, devices=2)
+    b.take("a", 3, 0)
+    b.take("b", 1, 0)
+    b.take("c", 1, 5)  # a and b refilled by 5: forgotten
+    assert sorted(b._left) == ["c"]
+    assert b.take("a", 5, 5) == 3
+
+
+def test_a_flood_of_refusals_costs_a_burst_of_rows_and_is_counted_exactly(store_url):
+    """A refused item cost a quarantine insert each: 10,000 refused items of one message
+    were 10,000 inserts into the store every device's ingest shares (trimmed to 1,000 a
+    device after). A device gets a burst of detail rows, then one a second; the rest of one
+    call is one summary row saying how many and the first reason. Every refusal is counted;
+    another device's refusals keep their own rows."""
+    from runtime.coordinator.quarantine_rows import DETAIL_BURST
+
+    store = Store(store_url)
+    try:
+        now = time.time()
+        left_out = store.quarantine(
+            [("A", "edgerun/v1/f/A/result", f"bad item {i}", 10, now) for i in range(10_000)]
+            + [("B", "edgerun/v1/f/B/result", f"bad {i}", 7, now) for i in range(5)])
+        assert left_out == 10_000 - DETAIL_BURST
+        assert store.quarantine_counts() == {"A": 10_000, "B": 5}
+        rows = store.read("SELECT device, reason, size FROM quarantine ORDER BY device")
+        a = [r for r in rows if r[0] == "A"]
+        assert len(a) == DETAIL_BURST + 1 and len(rows) == len(a) + 5
+        (summary,) = [r for r in a if "more refused" in r[1]]
+        assert summary[1].startswith(f"{10_000 - DETAIL_BURST} more refused, not kept in "
+                                     "detail") and f"bad item {DETAIL_BURST}" in summary[1]
+        assert summary[2] == 10 * (10_000 - DETAIL_BURST)  # their bytes
+        # 30 s on: 30 detail rows more, and a summary for the rest
+        assert store.quarantine([("A", "t", "late", 1, now + 30)] * 50) == 20
+        assert store.quarantine_counts()["A"] == 10_050
+        assert len(store.quarantined("A", 1000)) == DETAIL_BURST + 1 + 31
+    finally:
+        store.close()
+
+
+def test_a_message_of_ten_thousand_refused_items_is_one_burst_of_quarantine(tmp_path):
+    """End to end through the coordinator's ingest: one result message of 10,000 items, each
+    refused (stamped before 1970). Each item's seq is marked done and acked as refused, and
+    every one is counted; the quarantine gets a burst of rows and a summary, and the
+    coordinator's stats count what was summarised."""
+    from runtime.coordinator.quarantine_rows import DETAIL_BURST
+
+    c = Coordinator(CoordinatorConfig(fleet="f", store=str(tmp_path / "c.db"),
+                                      ingest_window_s=0.0))
+    try:
+        now = time.time()
+        body = json.dumps({"v": 1, "stream": "s", "boot": "b1", "floor": 1, "results": [
+            {"seq": q, "t": -1.0, "label": "ok"} for q in range(1, 10_001)]}).encode()
+        c._ingest([("edgerun/v1/f/A/result", body, now)])
+        assert c.store.quarantine_counts() == {"A": 10_000}
+        assert c.store.read("SELECT COUNT(*) FROM quarantine")[0][0] == DETAIL_BURST + 1
+        assert c.counters["quarantine_rows_summarised"] == 10_000 - DETAIL_BURST
+        assert c.store.acks()[("A", "s")] == 10_000
+    finally:
+        c.store.close()
+        c.shelf.close()
+
+
+def test_only_a_memory_streams_row_is_forgotten_whatever_its_case(store_url):
+    """`MEM-` is not `mem-` (SQLite's LIKE would have taken it): a disk stream's row."""
+    store = Store(store_url)
+    try:
+        store.ingest([Inbound("a", "result", _results("MEM-x", [1], 1)),
+                      Inbound("a", "result", _results("mem-x", [1], 1))])
+        store.prune_results(max_age_s=86400, now=time.time() + 2 * 86400)
+        assert store.forget_memory_streams() == 1
+        assert sorted(store.acks()) == [("a", "MEM-x")]
     finally:
         store.close()

@@ -27,6 +27,28 @@ from runtime.coordinator.store_watch import StoreWatch
 E, W = logging.ERROR, logging.WARNING
 
 
+# probe_due (probe_s 5): failing, nothing in flight, 5 s without a batch that told
+@pytest.mark.parametrize("steps, at, due", [
+    ([], 100, False),  # never failed
+    ([("begin", 0), ("end", 1, "x")], 5.9, False),  # failing for less than probe_s
+    ([("begin", 0), ("end", 1, "x")], 6, True),
+    ([("begin", 0), ("end", 1, "x"), ("begin", 2), ("end", 3, "y")], 7, False),  # told at 3
+    ([("begin", 0), ("end", 1, "x"), ("begin", 2), ("end", 3, "y")], 8, True),
+    # a batch with nothing to store tells nothing: the probe is due as if none came
+    ([("begin", 0), ("end", 1, "x"), ("begin", 5), ("end", 5.5, None, False)], 6, True),
+    ([("begin", 0), ("end", 1, "x"), ("begin", 5)], 9, False),  # something in flight
+    ([("begin", 0), ("end", 1, "x"), ("begin", 5), ("end", 6)], 20, False),  # back
+])
+def test_when_a_failing_store_is_probed(steps, at, due):
+    w = StoreWatch("s.db", stall_after_s=30.0, probe_s=5.0)
+    for op, t, *err in steps:
+        if op == "begin":
+            w.begin(t)
+        else:
+            w.end(t, *err)
+    assert w.probe_due(at) is due
+
+
 @pytest.mark.parametrize("steps, said, state", [
     # a batch within the bound: nothing said, ok
     ([("begin", 0), ("check", 4.9), ("end", 5)], [], "ok"),
@@ -365,3 +387,63 @@ def test_a_prune_that_hangs_on_the_ingest_thread_is_seen(tmp_path, broker, caplo
         holder.execute("ROLLBACK")
         holder.close()
         c.stop()
+
+
+@pytest.mark.timeout(120)
+def test_the_store_alert_clears_when_the_store_answers_in_an_idle_fleet(tmp_path, broker,
+                                                                        caplog):
+    """A store that failed a batch and then recovered while no device sent anything (a
+    quiet fleet, a night): the `store` alert stayed raised, the state `failing`, until the
+    next batch that stored something, however long that took. The ingest loop probes a
+    failing store (one small write) once nothing told for probe_s, and clears it. The
+    failure is a real one (another connection holds the store's write lock); the loop, the
+    watchdog and the alerts run as they do in service; `mono` steps the probe's wait."""
+    path = tmp_path / "c.db"
+    c = Coordinator(CoordinatorConfig(fleet="f", broker=broker.coordinator("f"),
+                                      store=str(path), store_stall_s=60.0,
+                                      alert_clear_s=0.0, ingest_window_s=0.0))
+    mono = [1000.0]
+    c.mono = lambda: mono[0]
+    caplog.set_level(logging.INFO, logger="edgerun.coordinator")
+    holder = sqlite3.connect(path, isolation_level=None)
+    try:
+        c.start()
+        assert c.connected.wait(30)
+        c.store._db.execute("PRAGMA busy_timeout = 50")  # a locked store fails at once
+        holder.execute("BEGIN IMMEDIATE")
+        t0 = time.time()
+        assert c._inbox.offer(("edgerun/v1/f/A/state", _birth(t0), t0)) is None
+        assert until(lambda: c.stats()["store"]["state"] == "failing", 10), c.stats()["store"]
+        assert until(lambda: [a["alert"] for a in c.alerts_view()["active"]] == ["store"], 10)
+        mono[0] += 6.0  # past probe_s, the lock still held: a probe fails, still failing
+        time.sleep(1.0)
+        assert c.stats()["store"]["state"] == "failing"
+        assert not [r for r in caplog.records if "stores again" in r.getMessage()]
+        holder.execute("ROLLBACK")  # the store is back; no device sends anything
+        mono[0] += 6.0
+        assert until(lambda: c.stats()["store"]["state"] == "ok", 10), c.stats()["store"]
+        mono[0] += 1.0  # the next refresh clears it (alert_clear_s 0)
+        assert until(lambda: not c.alerts_view()["active"], 10), c.alerts_view()["active"]
+        told = [(a["alert"], a["state"]) for a in c.alerting.log if a["alert"] == "store"]
+        assert told == [("store", "raised"), ("store", "cleared")], told
+        assert len([r for r in caplog.records if "stores again" in r.getMessage()]) == 1
+        assert c.store.counts() == {}  # cleared by the probe, not by a stored batch
+    finally:
+        if holder.in_transaction:
+            holder.execute("ROLLBACK")
+        holder.close()
+        c.stop()
+
+
+def test_the_probe_writes_on_both_backends(store_url):
+    """Store.probe commits one row (upserted: a probe every 5 s adds nothing)."""
+    from runtime.coordinator.store import Store
+
+    store = Store(store_url)
+    try:
+        store.probe(1.0)
+        store.probe(2.0)
+        assert store.read("SELECT device, what, state, t FROM claims") == [
+            ("", "store-probe", "ok", 2.0)]
+    finally:
+        store.close()

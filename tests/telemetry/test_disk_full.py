@@ -34,7 +34,7 @@ from models import bundled
 from runtime.config.telemetry import OutboxConfig
 from runtime.telemetry import resultlog
 from runtime.telemetry.held import OutboxFull, unwritable
-from runtime.telemetry.outbox import Outbox
+from runtime.telemetry.outbox import MEMORY_STREAM_PREFIX, Outbox
 from runtime.wire.broker import free_port
 
 
@@ -263,9 +263,10 @@ def test_an_outbox_opened_on_a_full_disk_after_a_clean_stop_starts_degraded(disk
 
 def _memory_only_outbox(path: Path, disk_stream: str, caplog) -> None:
     """An outbox at `path` (one result stored there before) that can make no file: it runs
-    in memory under a new stream instead of exiting into a restart loop (every 5 s, nothing
-    inspected, until someone repairs the disk); health says the disk refuses writes; its
-    unacked results are counted lost at close; the disk's outbox is left as it was."""
+    in memory under the boot's memory stream instead of exiting into a restart loop (every
+    5 s, nothing inspected, until someone repairs the disk); health says the disk refuses
+    writes; its unacked results are counted lost at close; the disk's outbox is left as it
+    was."""
     seen: list[dict] = []
     with caplog.at_level("CRITICAL", logger="edgerun.outbox"):
         ob = Outbox(OutboxConfig(path=str(path), memory_max_bytes=4096), on_event=seen.append)
@@ -273,10 +274,12 @@ def _memory_only_outbox(path: Path, disk_stream: str, caplog) -> None:
     assert start is not None and start["type"] == "outbox_disk_full" and start["memory_only"]
     assert start["severity"] == "critical" and ob.memory_only
     said = " ".join(r.getMessage() for r in caplog.records)
-    assert str(path) in said and "memory only" in said and "new stream" in said, said
+    assert str(path) in said and "memory only" in said and ob.stream in said, said
     assert ob.stream != disk_stream  # the disk's seqs may be above what it can read
-    assert ob.append_many([_result(i) for i in range(3)]) == [1, 2, 3]
-    assert ob.ack(1) == 1 and [p.seq for p in ob.pending(0, 10)] == [2, 3]
+    assert ob.stream.startswith(MEMORY_STREAM_PREFIX)
+    q = ob.append_many([_result(i) for i in range(3)])
+    assert q == [q[0], q[0] + 1, q[0] + 2] and q[0] > 1  # from CLOCK_BOOTTIME (us)
+    assert ob.ack(q[0]) == 1 and [p.seq for p in ob.pending(0, 10)] == q[1:]
     st = ob.stats()
     assert st["disk_full"] and st["held_in_memory"] == 2 and st["results_held"] == 2, st
     for i in range(40):  # past memory_max_bytes: the oldest evicted, said, as on disk
@@ -320,6 +323,59 @@ def test_an_outbox_whose_disk_can_make_no_file_at_start_runs_in_memory(tmp_path,
         assert str(disk.path) in said, said
     finally:
         disk.unmount()
+
+
+def test_restarts_in_memory_in_one_boot_carry_on_one_stream(tmp_path, monkeypatch):
+    """A daemon on a card that can make no file, restarted by systemd every 5 s (each start
+    crashes or is killed): each start made a new random stream, and the coordinator keeps at
+    most 256 a device (MAX_STREAMS_PER_DEVICE), refusing every result past them from ~21
+    minutes on. A start in the same kernel boot carries on the boot's memory stream, its
+    seqs above every one an earlier start gave (CLOCK_BOOTTIME in microseconds); a new boot
+    (another kernel boot id) is another stream."""
+    from runtime.telemetry import outbox as outbox_mod
+
+    boot = tmp_path / "boot_id"
+    boot.write_text("5d8a0c1e-0f9b-4c8e-9d7a-1b2c3d4e5f60\n")
+    monkeypatch.setattr(outbox_mod, "BOOT_ID", boot)  # the kernel's, as a file a test writes
+    disk = Disk(tmp_path / "disk", 8, inodes=8)
+    try:
+        path = disk.path / "outbox.db"
+        box = Outbox(OutboxConfig(path=str(path)))
+        box.append_many([_result(0)])
+        box.close()
+        disk.take_inodes()
+        starts, seqs = [], []
+        for i in range(3):  # killed each time: nothing closed, its unacked results gone
+            ob = Outbox(OutboxConfig(path=str(path)))
+            assert ob.memory_only
+            starts.append(ob.stream)
+            seqs.append(ob.append_many([_result(i), _result(i + 1)]))
+        assert starts == [starts[0]] * 3 and starts[0].startswith(MEMORY_STREAM_PREFIX)
+        assert seqs[0][0] < seqs[0][1] < seqs[1][0] < seqs[1][1] < seqs[2][0] < seqs[2][1]
+        assert all(b == a + 1 for a, b in seqs)  # consecutive within a start
+        boot.write_text("0e4f27aa-3b11-4a52-8f00-aa55aa55aa55\n")  # rebooted
+        other = Outbox(OutboxConfig(path=str(path)))
+        assert other.memory_only and other.stream != starts[0]
+        assert other.stream.startswith(MEMORY_STREAM_PREFIX)
+        other.close()
+    finally:
+        disk.unmount()
+
+
+def test_a_memory_stream_without_a_boot_id_is_one_a_start(tmp_path):
+    """Where the kernel gives no boot id (not Linux), a memory stream cannot be carried on
+    safely: a random one each start, from seq 1 (still `mem-`: its outbox dies with it)."""
+    from runtime.telemetry.outbox import memory_stream
+
+    none = tmp_path / "no-boot-id"
+    (a, first_a), (b, first_b) = (memory_stream(tmp_path / "o.db", none) for _ in range(2))
+    assert a != b and a.startswith(MEMORY_STREAM_PREFIX) and b.startswith(MEMORY_STREAM_PREFIX)
+    assert first_a == first_b == 1
+    boot = tmp_path / "boot_id"
+    boot.write_text("5d8a0c1e-0f9b-4c8e-9d7a-1b2c3d4e5f60\n")
+    (c, first_c), (d, first_d) = (memory_stream(tmp_path / "o.db", boot) for _ in range(2))
+    assert c == d and first_d >= first_c > 1  # CLOCK_BOOTTIME (us): never back
+    assert memory_stream(tmp_path / "other.db", boot)[0] != c  # another outbox, its own
 
 
 def _body_bytes(ob: Outbox) -> int:
@@ -407,16 +463,17 @@ def test_a_result_over_the_memory_bound_does_not_delete_the_ones_after_it(tmp_pa
         ob = Outbox(OutboxConfig(path=str(path), memory_max_bytes=memory_max_bytes))
         assert ob.memory_only
         with caplog.at_level("WARNING", logger="edgerun.outbox"):
-            assert ob.append_many([{"t": 1.0, "big": "x" * 5000}]) == [1]
-            assert [p.seq for p in ob.pending(0, 10)] == [1]  # kept, though over the bound
+            (q,) = ob.append_many([{"t": 1.0, "big": "x" * 5000}])
+            assert [p.seq for p in ob.pending(0, 10)] == [q]  # kept, though over the bound
             for i in range(3):
                 ob.append_many([_result(i)])
         # the big one evicted by the next; under a bound of 0 each by the next
-        kept = [2, 3, 4] if memory_max_bytes else [4]
+        kept = [q + 1, q + 2, q + 3] if memory_max_bytes else [q + 3]
         assert [p.seq for p in ob.pending(0, 10)] == kept
         st = ob.stats()
         assert st["evicted_total"] == 4 - len(kept), st
-        assert st["bytes"] == sum(len(p.json) - 8 for p in ob.pending(0, 10)), st  # no '"seq":N,'
+        assert st["bytes"] == sum(len(p.json) - len(f'"seq":{p.seq},')  # no '"seq":N,'
+                                  for p in ob.pending(0, 10)), st
         said = [r.getMessage() for r in caplog.records if "evicted" in r.getMessage()]
         assert not [m for m in said if "evicted 0 " in m], said
         ob.close()
@@ -457,7 +514,7 @@ def test_a_damaged_outbox_on_a_read_only_disk_at_start_runs_in_memory(tmp_path, 
         start = ob.take_startup_event()
         assert ob.memory_only and start is not None and start["memory_only"], start
         assert ob.stream != stream
-        assert ob.append_many([_result(0)]) == [1]
+        assert ob.append_many([_result(0)]) == [ob.last_seq()]
         assert sorted(p.name for p in disk.path.iterdir()) == before
         ob.close()
     finally:
@@ -480,7 +537,7 @@ def test_a_damaged_outbox_on_a_disk_out_of_inodes_runs_in_memory(tmp_path, caplo
         assert ob.memory_only and ob.stream != stream
         said = " ".join(r.getMessage() for r in caplog.records)
         assert "memory only" in said and ".corrupt-" in said, said
-        assert ob.append_many([_result(0)]) == [1]
+        assert ob.append_many([_result(0)]) == [ob.last_seq()]
         ob.close()
     finally:
         disk.unmount()
@@ -785,7 +842,8 @@ def test_a_daemon_started_on_a_read_only_state_disk_serves_from_memory(
     clean stop: it exited with "cannot open the outbox" (exit 2) and systemd started it into
     the same exit every 5 s, inspecting nothing, while a read-only card stays so until
     someone repairs it. It serves with its outbox in memory: its results reach the
-    coordinator, every one, under a new stream; health says the disk refuses writes."""
+    coordinator, every one, under the boot's memory stream, which a second start in the
+    same boot carries on; health says the disk refuses writes."""
     disk = Ext4(tmp_path / "state", 32)
     try:
         cfg = write_broker_config(tmp_path, broker, profile_cache)
@@ -812,7 +870,22 @@ def test_a_daemon_started_on_a_read_only_state_disk_serves_from_memory(
         finally:
             d.stop()
         seqs = [q for (q,) in coordinator.store.read(new, (first,))]
-        assert seqs == list(range(1, len(seqs) + 1)), seqs  # one new stream, nothing lost
+        assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), seqs  # nothing lost
+        # started again in the same boot (systemd, after a crash): the same memory stream
+        # carried on above the jump, its results stored and acked past it, no new stream
+        d = Serve(tmp_path, cfg)
+        try:
+            wait(lambda: coordinator.store.read(new, (first,))[-1][0] > seqs[-1] + 1e6
+                 and len(coordinator.store.read(new, (first,))) > len(seqs) + 20, 120,
+                 "the second start's results at the coordinator", d)
+            assert d.stop() == 0 and "Traceback" not in d.text(), d.text()[-3000:]
+        finally:
+            d.stop()
+        (mem,), = coordinator.store.read("SELECT DISTINCT stream FROM results WHERE device = "
+                                         "'box1' AND stream != ?", (first,))
+        again = [q for (q,) in coordinator.store.read(new, (first,))][len(seqs):]
+        assert again == list(range(again[0], again[0] + len(again))), again
+        assert coordinator.store.acks()[("box1", mem)] > again[0]  # acked past the jump
         # the card repaired: the next start takes up the disk's own stream where it stood,
         # each of its results at the coordinator once, none lost, the memory's untouched
         disk.repair()
@@ -828,7 +901,7 @@ def test_a_daemon_started_on_a_read_only_state_disk_serves_from_memory(
             d.stop()
         kept = [q for (q,) in coordinator.store.read(old, (first,))]
         assert kept == list(range(1, len(kept) + 1)), kept
-        assert [q for (q,) in coordinator.store.read(new, (first,))] == seqs
+        assert [q for (q,) in coordinator.store.read(new, (first,))] == seqs + again
         (streams,), = coordinator.store.read("SELECT COUNT(DISTINCT stream) FROM results "
                                              "WHERE device = 'box1'")
         assert streams == 2
