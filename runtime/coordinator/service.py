@@ -338,23 +338,7 @@ class Coordinator:
                                level=logging.ERROR)
             finally:
                 say(self.store_watch.end(self.mono(), stored=False))
-            self.probe_store()
-
-    def probe_store(self) -> None:
-        """While the store fails and nothing has told otherwise for store_watch.probe_s, one
-        small write (Store.probe), on the ingest thread as a batch: in an idle fleet the
-        `store` alert stayed raised after the store recovered, until the next stored batch.
-        Its failure keeps the store failing with the latest cause; the ingest loop goes on."""
-        mono = self.mono()
-        if not self.store_watch.probe_due(mono):
-            return
-        self.store_watch.begin(mono, "a probe of the failing store")
-        try:
-            self.store.probe(time.time())
-        except Exception as e:
-            say(self.store_watch.end(self.mono(), f"{type(e).__name__}: {e}"))
-        else:
-            say(self.store_watch.end(self.mono()))
+            say(self.store_watch.probe(self.mono, lambda: self.store.probe(time.time())))
 
     def _ingest(self, batch: list[tuple[str, bytes, float]]) -> None:
         """Admit, store and ack one batch, then update the views and the rollouts from what
@@ -456,15 +440,12 @@ class Coordinator:
             self.views[m.device] = fleet.on_activity(view, now)
 
     def _quarantine(self, bad: list[tuple[str, str, str, int, float]]) -> None:
-        if not bad:
-            return
         self.counters["quarantined"] += len(bad)
         for _device, topic_name, why, size, _ in bad:
             kind = topic_name.rsplit("/", 1)[-1][:32]
             self._rlog.log(f"q-{kind}", "quarantined a %s message (%d bytes) on %s: %s", kind,
                            size, topic_name[:200], why[:300])
         try:
-            # past a device's burst of detail rows, summarised (quarantine_rows.py): counted
             self.counters["quarantine_rows_summarised"] += self.store.quarantine(bad)
         except Exception as e:  # counting must not fail the batch that was stored
             self._rlog.log("q-store", "could not record quarantined messages: %s", e,

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -111,6 +112,20 @@ class StoreWatch:
             return (self._failing is not None and self._since is None
                     and now - (self._told if self._told is not None else self._failing[0])
                     >= self.probe_s)
+
+    def probe(self, clock: Callable[[], float], write: Callable[[], Any]) -> list[Said]:
+        """When probe_due: `write` (one small write to the store) run as a batch, watched,
+        its failure keeping the store failing with the latest cause. In an idle fleet the
+        `store` alert stayed raised after the store recovered, until the next stored
+        batch. `clock`: the watch's monotonic time."""
+        if not self.probe_due(clock()):
+            return []
+        self.begin(clock(), "a probe of the failing store")
+        try:
+            write()
+        except Exception as e:
+            return self.end(clock(), f"{type(e).__name__}: {e}")
+        return self.end(clock())
 
     def busy(self, now: float, over_s: float = 1.0) -> bool:
         """Whether a batch has been in flight for more than `over_s`: the store may hang,
