@@ -49,8 +49,14 @@ handled); one reader and cap after another. Run from another checkout's root
 (`cp bench/streams.py OTHER/bench/x.py; python OTHER/bench/x.py --reader-caps ...`) to set
 that tree's readers beside this one's.
 
+`--read-floor`: what reading the stream costs a key-frames-only reader (no decode): PyAV's
+demuxer (FFmpeg's RTSP over TCP: three small reads an RTP packet), with AvStreamSource's NAL
+and picture assembly, and the same stream read in large recv()s with RTP and FU-A parsed in
+Python (a measurement of what an RTSP client of edgerun's own could reach, not a reader).
+
 Usage: python bench/streams.py [--seconds 20] [--size 1280x720] [--key-int 25] [--to 224]
        [--compare 1,4 --compare-seconds 15] [--age] [--split] [--reader-caps 1,5,10]
+       [--read-floor]
 """
 
 from __future__ import annotations
@@ -636,6 +642,138 @@ def split(a: argparse.Namespace) -> None:
           f"{rest / max(total, 1e-9):5.0%}")
 
 
+def _pyav_read(url: str, seconds: float, assemble: bool) -> tuple[float, int]:
+    """PyAV's demuxer as AvStreamSource reads H.264 over RTSP (TCP, no parser), `assemble`:
+    with its NAL and picture assembly in key-frames-only mode (P slices followed, not
+    gathered): (thread CPU ms a second, packets a second), after 2 s."""
+    import av
+
+    from runtime.frames.av_source import AccessUnits, NalAssembler
+
+    c = av.open(url, options={"fflags": "noparse+nofillin", "rtsp_transport": "tcp"},
+                timeout=(10, 5))
+    asm, aus = NalAssembler(), AccessUnits()
+    asm.drop_types = frozenset({1, 2, 3, 4})
+    try:
+        packets = c.demux(c.streams.video[0])
+        t_end = time.monotonic() + 2
+        while time.monotonic() < t_end:
+            next(packets)
+        n, c0, t0 = 0, time.thread_time(), time.monotonic()
+        while time.monotonic() - t0 < seconds:
+            packet = next(packets)
+            n += 1
+            if assemble and packet.size:
+                begun = asm.dropped_begun
+                for nal, pts in asm.push(memoryview(packet), packet.pts):
+                    aus.push(nal, pts)
+                if asm.dropped_begun != begun:
+                    aus.boundary()
+        return (time.thread_time() - c0) / seconds * 1e3, round(n / seconds)
+    finally:
+        c.close()
+
+
+def _rtsp_request(sock, buf: bytearray, method: str, url: str, cseq: int, extra: str = ""
+                  ) -> tuple[str, str, bytearray]:
+    """One RTSP request on `sock`: (reply head, body, the bytes read past it)."""
+    import re
+
+    sock.sendall(f"{method} {url} RTSP/1.0\r\nCSeq: {cseq}\r\n{extra}\r\n".encode())
+    while b"\r\n\r\n" not in buf:
+        buf += sock.recv(65536)
+    head, _, rest = bytes(buf).partition(b"\r\n\r\n")
+    m = re.search(rb"Content-Length: *(\d+)", head, re.I)
+    size = int(m.group(1)) if m else 0
+    while len(rest) < size:
+        rest += sock.recv(65536)
+    return head.decode(), rest[:size].decode(), bytearray(rest[size:])
+
+
+def _large_reads(url: str, seconds: float) -> tuple[float, int, int]:
+    """A measurement, not a reader: RTSP over TCP (the test camera's: no credentials, no
+    keep-alive) read in large recv()s, the interleaved frames, RTP headers and FU-A headers
+    parsed in Python, key-frame NALs gathered by their FU start/end bits, P slices skipped:
+    (thread CPU ms a second, RTP packets a second, key frames gathered), after 2 s."""
+    import re
+    import socket
+
+    host, port = re.match(r"rtsp://([^:/]+):(\d+)", url).groups()  # type: ignore[union-attr]
+    sock = socket.create_connection((host, int(port)), timeout=5)
+    try:
+        buf = bytearray()
+        _, sdp, buf = _rtsp_request(sock, buf, "DESCRIBE", url, 1,
+                                    "Accept: application/sdp\r\n")
+        ctrl = re.search(r"a=control:(\S+)", sdp.split("m=video", 1)[1]).group(1)  # type: ignore[union-attr]
+        track = ctrl if ctrl.startswith("rtsp") else url.rstrip("/") + "/" + ctrl
+        head, _, buf = _rtsp_request(sock, buf, "SETUP", track, 2,
+                                     "Transport: RTP/AVP/TCP;unicast;interleaved=0-1\r\n")
+        session = re.search(r"Session: *([^;\r\n]+)", head).group(1)  # type: ignore[union-attr]
+        _, _, buf = _rtsp_request(sock, buf, "PLAY", url, 3, f"Session: {session}\r\n")
+        t_start, c0 = time.monotonic(), -1.0
+        packets = keys = 0
+        key_nal, in_key = bytearray(), False
+        while (now := time.monotonic()) < t_start + 2 + seconds:
+            if c0 < 0 and now > t_start + 2:
+                c0, packets, keys = time.thread_time(), 0, 0
+            chunk = sock.recv(262144)
+            if not chunk:
+                break
+            buf += chunk
+            i, n = 0, len(buf)
+            while n - i >= 4:
+                if buf[i] != 0x24:  # an RTSP reply between the frames: on to the next '$'
+                    j = buf.find(b"$", i + 1)
+                    i = n if j < 0 else j
+                    continue
+                size = (buf[i + 2] << 8) | buf[i + 3]
+                if n - i < 4 + size:
+                    break
+                if buf[i + 1] == 0:  # RTP (channel 1: RTCP)
+                    p = i + 4
+                    h = p + 12 + 4 * (buf[p] & 0x0F)
+                    if buf[p] & 0x10:  # a header extension
+                        h += 4 + 4 * ((buf[h + 2] << 8) | buf[h + 3])
+                    kind = buf[h] & 0x1F
+                    packets += 1
+                    if kind == 28:  # FU-A: start and end bits
+                        fu = buf[h + 1]
+                        if fu & 0x80:
+                            in_key = (fu & 0x1F) == 5
+                        if in_key:
+                            key_nal += buf[h + 2:i + 4 + size]
+                            if fu & 0x40:
+                                keys += 1
+                                key_nal.clear()
+                    elif kind == 5:
+                        keys += 1
+                i += 4 + size
+            del buf[:i]
+        return (time.thread_time() - c0) / seconds * 1e3, round(packets / seconds), keys
+    finally:
+        sock.close()
+
+
+def read_floor(a: argparse.Namespace) -> None:
+    """`--read-floor`: what reading the stream costs a key-frames-only reader, alone on the
+    camera, one way after another, alternated: PyAV's demuxer bare, with AvStreamSource's
+    assembly, and large reads parsed in Python (the floor an RTSP client of edgerun's own
+    could reach; docs/benchmarks.md)."""
+    w, h = (int(x) for x in a.size.split("x"))
+    print(f"# {w}x{h} H.264 25 fps, key frame every {a.key_int}; {a.seconds:g} s each after "
+          "2 s; thread CPU ms a second")
+    with tempfile.TemporaryDirectory() as tmp, \
+            RtspCamera(Path(tmp), width=w, height=h, key_int=a.key_int) as cam:
+        for _ in range(2):
+            for name, run in (("PyAV demuxer", lambda: _pyav_read(cam.url, a.seconds, False)),
+                              ("PyAV + assembly", lambda: _pyav_read(cam.url, a.seconds, True)),
+                              ("large reads", lambda: _large_reads(cam.url, a.seconds))):
+                ms, pps, *keys = run()
+                print(f"{name:16} {ms:6.2f} ms/s  {pps:4d} packets/s"
+                      f"{f'  {keys[0]} key frames' if keys else ''}  load "
+                      f"{os.getloadavg()[0]:.1f}")
+
+
 def _reader_at(kind, decoder: str, url: str, cap: float, seconds: float) -> tuple:
     """One reader alone at `cap` as the pipeline takes it: (served/s, from the first to the
     last served; reader CPU per served frame; frames passed over per served frame)."""
@@ -699,6 +837,8 @@ def main() -> int:
     ap.add_argument("--compare", default="", help="stream counts, e.g. 1,4")
     ap.add_argument("--compare-seconds", type=float, default=15.0)
     ap.add_argument("--age", action="store_true", help="where the frame age goes")
+    ap.add_argument("--read-floor", action="store_true",
+                    help="what reading the stream costs: PyAV's demuxer against large reads")
     ap.add_argument("--split", action="store_true",
                     help="where the key-frames-only reader's CPU goes at a 1 fps cap")
     ap.add_argument("--reader-caps", default="",
@@ -725,6 +865,10 @@ def main() -> int:
     if a.age:
         sys.path.insert(0, str(ROOT))
         age(a)
+        return 0
+    if a.read_floor:
+        sys.path.insert(0, str(ROOT))
+        read_floor(a)
         return 0
     if a.split:
         sys.path.insert(0, str(ROOT))

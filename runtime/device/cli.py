@@ -18,7 +18,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     with why and what to do (stderr); exit 1 when the model cannot be loaded or the governor
     is on and no temperature sensor is found."""
     from runtime import config as config_mod
-    from runtime.frames.capture_source import redact
+    from runtime.frames.stream_url import redact
 
     cfg = config_mod.load(args.config)
     details: list[str] = []  # stderr, after the resolved config

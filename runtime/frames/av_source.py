@@ -13,9 +13,9 @@ import numpy as np
 
 from runtime.config.source import SourceConfig
 from runtime.frames.cap_clock import CapClock, spaced
-from runtime.frames.capture_source import LatestFrame
 from runtime.frames.frame import CredentialsRefused, Frame, OpenTimedOut, SourceError
 from runtime.frames.frame_shape import FrameShape
+from runtime.frames.latest_frame import LatestFrame
 from runtime.frames.stream_url import redact, shown, unresolved
 
 log = logging.getLogger("edgerun.source")

@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 
-from runtime.frames.capture_source import LatestFrame
+from runtime.frames.latest_frame import LatestFrame
 
 
 def _reader() -> tuple[LatestFrame, queue.Queue]:
