@@ -271,7 +271,12 @@ def _freeze_and_thaw(c: Coordinator, dev, port: int, mnt, stop: threading.Event,
     finally:
         subprocess.run(["fsfreeze", "-u", str(mnt)], check=False)
     assert until(lambda: c.stats()["store"]["state"] == "ok", 30)
-    assert any("completed (stored)" in r.getMessage() for r in caplog.records)
+    # what the freeze caught in flight completed: a batch ("stored") or, when the freeze
+    # caught the fleet refresh first (a race of ~1 in 5 under load), housekeeping ("done");
+    # then the messages that waited are stored
+    said = [r.getMessage() for r in caplog.records if "store" in r.getMessage()]
+    assert any("completed (stored)" in m or "completed (done)" in m for m in said), said
+    assert until(lambda: c._inbox.qsize() == 0, 30)
     assert _status(c, "A") == "online"
     assert not [r for r in caplog.records if "-> offline" in r.getMessage()
                 or "-> stale" in r.getMessage()]
