@@ -86,3 +86,20 @@ def test_the_key_set_wrong_is_the_one_named_with_its_line(tmp_path, section, key
         load(cfg)
     assert f"e.toml:2: key '{section}.{key}': " in str(e.value)
     assert value in str(e.value).split(": ", 2)[-1]  # the value it refused, said
+
+
+@pytest.mark.parametrize("body,key", [
+    ('[backends]\nenabled = ["tensorrt"]\n', "backends.enabled.[0]"),
+    ('[backends]\nthreads = [1, "4"]\n', "backends.threads.[1]"),
+    ('[source]\nkind = "capture"\npath = "rtsp://x/y"\nframe_size = [224, 126.5]\n',
+     "source.frame_size.[1]"),
+])
+def test_a_list_entry_refused_is_placed_on_its_list_line(tmp_path, body, key):
+    # the entry's line is its list's (a field run's `enabled = ["tensorrt"]` had none)
+    cfg = tmp_path / "e.toml"
+    cfg.write_text(body)
+    with pytest.raises(ConfigError) as e:
+        load(cfg)
+    line = body.splitlines().index(next(x for x in body.splitlines()
+                                        if x.startswith(key.split(".")[1]))) + 1
+    assert f"e.toml:{line}: key '{key}': " in str(e.value)
