@@ -201,7 +201,9 @@ class SimulatorConfig:
 class DaemonConfig:
     """`edgerun serve` itself."""
 
-    state_dir: str = "~/.local/state/edgerun"  # outbox, folder state, simulator tree
+    # folder state, simulator tree, keys, models, health history; not the outbox, which
+    # is at [telemetry.outbox] path (its own default, whatever this says)
+    state_dir: str = "~/.local/state/edgerun"
     queue_size: int = 4
     reprofile_temp_delta_c: float = 15.0  # re-profile when this far from the profiling temp
     slow_factor: float = 1.5  # p95 this many times the profile's: report throttling
