@@ -1100,7 +1100,8 @@ def observe(s: Seen, n: Node, coord: Coordinator) -> None:
     seen: list[str] = []
     for line in coord.log_lines(s.log_offset):  # its log: states and alerts, in order
         if s.fault.kind in ("broker_restart", "network_cut") and re.search(
-                r"coordinator connected|disconnected from the broker", line):
+                r"coordinator connected|disconnected from the broker|connection to the broker "
+                r"was lost", line):
             what = re.sub(r"^\S+ \S+: |to 127\.0\.0\.1:\d+, ", "", line)[:70]
             if what not in seen:
                 seen.append(what)

@@ -201,7 +201,9 @@ class SimulatorConfig:
 class DaemonConfig:
     """`edgerun serve` itself."""
 
-    state_dir: str = "~/.local/state/edgerun"  # outbox, folder state, simulator tree
+    # folder state, simulator tree, keys, models, health history; not the outbox, which
+    # is at [telemetry.outbox] path (its own default, whatever this says)
+    state_dir: str = "~/.local/state/edgerun"
     queue_size: int = 4
     reprofile_temp_delta_c: float = 15.0  # re-profile when this far from the profiling temp
     slow_factor: float = 1.5  # p95 this many times the profile's: report throttling
@@ -238,10 +240,14 @@ class SleepConfig:
     def validate(self) -> tuple[str, str] | None:
         if self.enabled and (self.every_s > 0) == (self.per_hour > 0):
             return "every_s", "give exactly one of every_s and per_hour (> 0)"
-        if self.every_s < 0 or self.per_hour < 0 or self.burst < 1:
-            return "every_s", "every_s, per_hour must be >= 0 and burst >= 1"
-        if self.deliver_s < 0 or self.flush_timeout_s < 0 or self.max_sleep_s < 60:
-            return "max_sleep_s", "deliver_s, flush_timeout_s >= 0 and max_sleep_s >= 60"
+        # one key a check, named by itself: the key locates the line in the file
+        for key in ("every_s", "per_hour", "deliver_s", "flush_timeout_s"):
+            if getattr(self, key) < 0:
+                return key, f"must be >= 0, got {getattr(self, key)}"
+        if self.burst < 1:
+            return "burst", f"must be >= 1, got {self.burst}"
+        if self.max_sleep_s < 60:
+            return "max_sleep_s", f"must be >= 60, got {self.max_sleep_s}"
         if self.max_sleep_s > 7 * 86400:  # coordinators believe a wake at most a week on
             return "max_sleep_s", "at most 604800 (a week): a coordinator reports a device " \
                 "that announced a longer sleep as missed_wake after a week"

@@ -140,8 +140,9 @@ class CoordinatorConfig:
             return "http_port", f"must be 0..65535, got {self.http_port}"
         if not 0.1 <= self.http_timeout_s <= 3600:
             return "http_timeout_s", f"must be 0.1..3600, got {self.http_timeout_s}"
-        if self.retention_days < 0 or self.max_store_mb < 0:
-            return "retention_days", "retention_days and max_store_mb must be >= 0 (0 = off)"
+        for key in ("retention_days", "max_store_mb"):  # each by name: it locates the line
+            if getattr(self, key) < 0:
+                return key, f"must be >= 0 (0 = off), got {getattr(self, key)}"
         if self.retention_interval_s < 1:
             return "retention_interval_s", f"must be >= 1, got {self.retention_interval_s}"
         if not 0 <= self.store_margin <= 10:

@@ -26,18 +26,26 @@ class ModelsConfig:
     mqtt_timeout_s: float = 10.0  # re-ask a chunk unanswered this long; 4x without data: fail
 
     def validate(self) -> tuple[str, str] | None:
-        if self.max_bundle_mb <= 0 or self.min_free_mb < 0:
-            return "max_bundle_mb", "max_bundle_mb must be > 0 and min_free_mb >= 0"
+        # one key a check, named by itself: the key locates the line in the file
+        if self.max_bundle_mb <= 0:
+            return "max_bundle_mb", f"must be > 0, got {self.max_bundle_mb}"
+        if self.min_free_mb < 0:
+            return "min_free_mb", f"must be >= 0, got {self.min_free_mb}"
         if not 0.0 <= self.agreement_floor <= 1.0:
             return "agreement_floor", f"must be within 0..1, got {self.agreement_floor}"
-        if self.probation_frames < 1 or self.shadow_every < 1 or self.crash_boots < 1:
-            return "probation_frames", "probation_frames, shadow_every, crash_boots must be >= 1"
+        for key in ("probation_frames", "shadow_every", "crash_boots"):
+            if getattr(self, key) < 1:
+                return key, f"must be >= 1, got {getattr(self, key)}"
         if self.fetch not in ("auto", "http", "mqtt"):
             return "fetch", f"must be \"auto\", \"http\" or \"mqtt\", got {self.fetch!r}"
-        if not 1 <= self.mqtt_chunk_kb <= 256 or not 1 <= self.mqtt_window <= 16 \
-                or self.mqtt_timeout_s <= 0:
-            return "mqtt_chunk_kb", ("need 1 <= mqtt_chunk_kb <= 256, 1 <= mqtt_window <= 16, "
-                                     "mqtt_timeout_s > 0")
-        if self.energy_factor < 1.0 or self.max_error_rate_increase < 0:
-            return "energy_factor", "energy_factor must be >= 1, max_error_rate_increase >= 0"
+        if not 1 <= self.mqtt_chunk_kb <= 256:
+            return "mqtt_chunk_kb", f"must be within 1..256, got {self.mqtt_chunk_kb}"
+        if not 1 <= self.mqtt_window <= 16:
+            return "mqtt_window", f"must be within 1..16, got {self.mqtt_window}"
+        if self.mqtt_timeout_s <= 0:
+            return "mqtt_timeout_s", f"must be > 0, got {self.mqtt_timeout_s}"
+        if self.energy_factor < 1.0:
+            return "energy_factor", f"must be >= 1, got {self.energy_factor}"
+        if self.max_error_rate_increase < 0:
+            return "max_error_rate_increase", f"must be >= 0, got {self.max_error_rate_increase}"
         return None

@@ -134,6 +134,10 @@ class _Where:
 
     def fail(self, msg: str) -> ConfigError:
         line = _find_line(self.text, self.keys)
+        keys = self.keys
+        while line is None and keys and re.fullmatch(r"\[\d+\]", keys[-1]):
+            keys = keys[:-1]  # an entry of a list value: on its list's line
+            line = _find_line(self.text, keys)
         loc = f"{self.source}:{line}" if line else self.source
         key = ".".join(self.keys) or "(top level)"
         kind = ConfigAbsent if isinstance(msg, Absent) else ConfigError

@@ -105,9 +105,11 @@ class SourceConfig:
         # capture thread at its first render, 5000 px would be 19 GB of pool
         if not 1 <= self.size <= MAX_SYNTHETIC_SIZE:
             return "size", f"must be 1..{MAX_SYNTHETIC_SIZE} pixels, got {self.size}"
-        if self.open_timeout_s <= 0 or self.read_timeout_s <= 0:
-            return "open_timeout_s", (f"open_timeout_s and read_timeout_s must be > 0, got "
-                                      f"{self.open_timeout_s} and {self.read_timeout_s}")
+        # each named by itself: the key locates the line, so naming the other sent a reader
+        # to a line the file may not even have
+        for key in ("open_timeout_s", "read_timeout_s"):
+            if (v := getattr(self, key)) <= 0:
+                return key, f"must be > 0, got {v:g}"
         if (self.model or self.tiling) and (problem := check_model(self)):
             return problem
         if problem := self._frame_size_problem():

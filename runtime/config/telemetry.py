@@ -70,17 +70,20 @@ class OutboxConfig:
     def validate(self) -> tuple[str, str] | None:
         if self.max_bytes < 64 * 1024:
             return "max_bytes", f"must be >= 65536, got {self.max_bytes}"
-        if self.memory_max_bytes < 0 or not 0.1 <= self.retry_s <= 3600:
-            return "memory_max_bytes", ("need memory_max_bytes >= 0 and retry_s within "
-                                        f"0.1..3600, got {self.memory_max_bytes}, "
-                                        f"{self.retry_s}")
-        if not 0 <= self.spill_after_s <= 86400 or self.spill_bytes < 4096:
-            return "spill_after_s", ("need spill_after_s within 0..86400 and spill_bytes >= "
-                                     f"4096, got {self.spill_after_s}, {self.spill_bytes}")
+        # one key a check, named by itself: the key locates the line in the file
+        if self.memory_max_bytes < 0:
+            return "memory_max_bytes", f"must be >= 0, got {self.memory_max_bytes}"
+        if not 0.1 <= self.retry_s <= 3600:
+            return "retry_s", f"must be within 0.1..3600, got {self.retry_s}"
+        if not 0 <= self.spill_after_s <= 86400:
+            return "spill_after_s", f"must be within 0..86400, got {self.spill_after_s}"
+        if self.spill_bytes < 4096:
+            return "spill_bytes", f"must be >= 4096, got {self.spill_bytes}"
         if self.log_restart_bytes < 4096:
             return "log_restart_bytes", f"must be >= 4096, got {self.log_restart_bytes}"
-        if self.health_keep < 1 or self.event_keep < 1:
-            return "health_keep", "health_keep and event_keep must be >= 1"
+        for key in ("health_keep", "event_keep"):
+            if getattr(self, key) < 1:
+                return key, f"must be >= 1, got {getattr(self, key)}"
         return None
 
 
@@ -116,7 +119,9 @@ class TelemetryConfig:
             value = getattr(self, key)
             if value and (why := check_name(key, value)):
                 return key, why
-        if self.batch_max < 1 or self.inflight < self.batch_max:
+        if self.batch_max < 1:
+            return "batch_max", f"must be >= 1, got {self.batch_max}"
+        if self.inflight < self.batch_max:
             return "inflight", (f"need 1 <= batch_max <= inflight, "
                                 f"got {self.batch_max}, {self.inflight}")
         for key in ("ack_timeout_s", "health_interval_s"):  # the one set wrong, by name

@@ -15,7 +15,7 @@ import queue
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from runtime.config import ConfigError, load
 from runtime.wire.commands import Command, CommandRefused, check_args, loggable
@@ -155,6 +155,7 @@ def reload(s: Serving, path: Path | None, print_results: bool) -> None:
     s.switch.retry_now()  # a new config: a failing switch is tried again at once
     try:
         new = load(path)
+        overridden = _overridden(new.constraints, s.operator.settings)
         new = replace(new, constraints=s.operator.constraints(new.constraints))
         if print_results:
             new = replace(new, results=replace(new.results, print=True))
@@ -169,9 +170,35 @@ def reload(s: Serving, path: Path | None, print_results: bool) -> None:
                   exc_info=not expected)  # an unexpected one is a bug: keep its traceback
         s.event("config_reload_failed", "warning", path=str(path), error=why[:500])
         return
-    log.info("config reloaded (constraints and governor applied)%s",
-             f"; changes to {', '.join(restart)} need a restart" if restart else "")
-    s.event("config_reloaded", "info", needs_restart=restart)
+    # an operator's setting outlives the file's value (docs/ota.md): an edit it hides would
+    # read as applied while the old target stays in force
+    hidden = "".join(
+        f"; constraints.{k} = {_num(v['file'])} in the file is overridden by the operator's "
+        f"{_SETTING_COMMAND[k]} {v['in_force']:g} (kept in {s.operator.settings_file}; send "
+        f"{_SETTING_COMMAND[k]} to change it)" for k, v in overridden.items())
+    log.info("config reloaded (constraints and governor applied)%s%s",
+             f"; changes to {', '.join(restart)} need a restart" if restart else "", hidden)
+    s.event("config_reloaded", "info", needs_restart=restart,
+            **({"overridden": overridden} if overridden else {}))
+
+
+def _num(v: float | None) -> str:
+    return "unset" if v is None else f"{v:g}"
+
+
+_SETTING_COMMAND = {"latency_ms": "set_latency_target", "accuracy_floor": "set_accuracy_floor"}
+
+
+def _overridden(file_c: Any, settings: dict[str, float]) -> dict[str, dict[str, float | None]]:
+    """The operator's settings that differ from the file's constraints `file_c`, by setting:
+    {"file": the file's value, "in_force": the setting's}. `latency_ms` is the target in force
+    (`end_to_end_ms` where the file judges frames end to end), as set_latency_target sets it."""
+    out: dict[str, dict[str, float | None]] = {}
+    for key, value in settings.items():
+        mine = file_c.in_force()[0] if key == "latency_ms" else getattr(file_c, key)
+        if mine != value:
+            out[key] = {"file": mine, "in_force": value}
+    return out
 
 
 __all__ = ["HANDLERS", "RESTART_SECTIONS", "RETRY_COMMANDS", "drain", "handle", "reload"]

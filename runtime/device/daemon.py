@@ -32,6 +32,7 @@ from power.sensors import detect_meter
 from runtime.config import Config, ConfigError
 from runtime.device import commands, installing
 from runtime.device.health import health
+from runtime.device.instance import claim_outbox
 from runtime.device.links import Links
 from runtime.device.operator_state import OperatorState
 from runtime.device.ota import DeviceOta
@@ -85,6 +86,7 @@ class Daemon:
         self.installs: queue.Queue[Install] = WakingQueue(self.wakeup.set)  # measured, to install
         self.profiler = Profiler(lambda *a, **kw: self.event(*a, **kw), self.installs.put)
         self.print_results = False  # `serve --print` (serve() sets it; reload keeps it)
+        self._instance: int | None = None  # the outbox's lock, held while the process lives
 
     # -- start-up --------------------------------------------------------------------------
 
@@ -92,6 +94,7 @@ class Daemon:
         """Bring every part up in order; raises with the failing step named."""
         if why := make_dir(self.state_dir):  # a file in its place, a read-only parent
             raise ConfigError(f"daemon.state_dir {self.state_dir} {why}")
+        self._instance = claim_outbox(Path(self.cfg.telemetry.outbox.path).expanduser())
         # commands sent earlier outlive restarts (and the config file's [constraints]); so do
         # the harvest forecast learnt (`kept`) and the operator's rate cap
         self.cfg, kept = self.operator.restore(self.cfg)

@@ -425,9 +425,11 @@ class Connection:
         self.subscribed.set()
 
     def _cb_disconnect(self, client, userdata, flags, reason_code, properties) -> None:
-        self._contain("disconnect", self._disconnected, client, reason_code)
+        self._contain("disconnect", self._disconnected, client, reason_code,
+                      getattr(flags, "is_disconnect_packet_from_server", True))
 
-    def _disconnected(self, client: mqtt.Client, reason_code: Any) -> None:
+    def _disconnected(self, client: mqtt.Client, reason_code: Any,
+                      from_broker: bool = True) -> None:
         if client is not self._client or not self.connected.is_set():
             return
         self.connected.clear()
@@ -435,8 +437,13 @@ class Connection:
         self._client = None
         if self._stop.is_set():
             return
-        log.warning("%s: disconnected from the broker (%s); reconnecting", self.name,
-                    reason_code)
+        if from_broker:  # the broker's DISCONNECT says why (a session taken over, ...)
+            log.warning("%s: disconnected from the broker (%s); reconnecting", self.name,
+                        reason_code)
+        else:  # paho names a closed socket "Unspecified error": say what is known
+            log.warning("%s: the connection to the broker was lost (it closed without a "
+                        "word: the broker stopped or restarted, or the network dropped); "
+                        "reconnecting", self.name)
         now = time.monotonic()
         self._disconnects.append(now)
         taken = getattr(reason_code, "value", None) == _TAKEN_OVER

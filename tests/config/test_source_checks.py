@@ -34,7 +34,10 @@ def test_settings_at_their_edges_are_taken(source):
     (CAM | {"frame_size": [224, 8193]}, "frame_size", "within 16..8192"),
     (CAM | {"frame_size": [100_000, 100]}, "frame_size", "within 16..8192"),
     ({"kind": "capture"}, "path", "needs a path"),  # a camera opened at ""
-    (CAM | {"read_timeout_s": 0}, "open_timeout_s", "read_timeout_s must be > 0"),
+    # each timeout named by itself: the other's key sent a reader to a line not in the file
+    (CAM | {"read_timeout_s": 0}, "read_timeout_s", "must be > 0, got 0"),
+    (CAM | {"read_timeout_s": -1}, "read_timeout_s", "must be > 0, got -1"),
+    (CAM | {"open_timeout_s": 0}, "open_timeout_s", "must be > 0, got 0"),
     (PYLON | {"exposure_us": 2e8}, "exposure_us", "within 0..1e8"),
     (PYLON | {"serial": "a/b"}, "serial", "letters, digits"),  # into the camera's node map
     (PYLON | {"pixel_format": "x" * 65}, "pixel_format", "up to 64"),

@@ -588,8 +588,8 @@ def test_only_a_failed_connection_counts_as_unreachable(tmp_path, shelf):
 @pytest.mark.parametrize("models, key", [
     ('fetch = "ftp"', "fetch"),
     ("mqtt_chunk_kb = 512", "mqtt_chunk_kb"),
-    ("mqtt_window = 0", "mqtt_chunk_kb"),
-    ("mqtt_timeout_s = 0", "mqtt_chunk_kb"),
+    ("mqtt_window = 0", "models.mqtt_window"),  # each by its own key (it locates the line)
+    ("mqtt_timeout_s = 0", "models.mqtt_timeout_s"),
 ])
 def test_bad_fetch_settings_are_refused_at_load(models, key):
     import tomllib

@@ -131,3 +131,28 @@ def test_a_full_send_buffer_sleeps_instead_of_spinning(monkeypatch):
     finally:
         for s in (full, peer, conn._wake_r, conn._wake_w):
             s.close()
+
+
+def test_a_broker_that_stops_is_said_as_a_lost_connection(broker, caplog):
+    """A broker restarted under a daemon (found in a field run, 2026-12-07) was logged as
+    `disconnected from the broker (Unspecified error)`: paho's reason for a socket that
+    closed without a DISCONNECT packet. The operator reads what happened instead: the
+    connection was lost, no word from the broker; a DISCONNECT the broker sends keeps its
+    reason (a session taken over)."""
+    conn = Connection(broker.client("probe"), "probe", name="probe")
+    with caplog.at_level(logging.WARNING, logger="edgerun.mqtt"):
+        conn.start()
+        try:
+            deadline = time.monotonic() + 20
+            while not conn.connected.is_set() and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert conn.connected.is_set()
+            broker.stop()  # SIGTERM: Mosquitto 2.0 closes the socket, no DISCONNECT
+            while conn.connected.is_set() and time.monotonic() < deadline:
+                time.sleep(0.02)
+            broker.start()
+        finally:
+            conn.stop()
+    said = [r.getMessage() for r in caplog.records if "probe: " in r.getMessage()]
+    lost = [m for m in said if "connection to the broker was lost" in m]
+    assert lost and "Unspecified error" not in lost[0], said
