@@ -6,10 +6,30 @@ bound. Read from a running Coordinator (service.py), under its views lock where 
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import asdict
 from typing import Any
 
 RECENT_S = 10.0  # stats' health_age_recent_s: health taken in the last this many seconds
+
+
+class HealthAges:
+    """How old each stored health was (its stamp to just after its batch committed) and when
+    it was taken: stats' `health_age_s` and its recent window. Appended under the
+    coordinator's views lock."""
+
+    def __init__(self, keep: int = 20_000):
+        self.ages: deque[float] = deque(maxlen=keep)
+        self.taken: deque[float] = deque(maxlen=keep)
+
+    def add(self, msg: dict[str, Any]) -> None:
+        """One stored health's age, measured now; none from a stamp whose clock says it is
+        unsynced (a week-behind box without a battery clock made the fleet's p99 a week)."""
+        clk = msg.get("clk")
+        if clk is None or clk.get("sync") is not False:
+            taken = time.time()
+            self.ages.append(taken - msg["t"])
+            self.taken.append(taken)
 
 
 def stats(c: Any) -> dict[str, Any]:
@@ -28,7 +48,7 @@ def own(c: Any) -> dict[str, Any]:
     """The figures of `stats` the coordinator holds itself, never read from the store:
     what /metrics still shows while the store cannot be read (its state among them)."""
     with c._views_lock:  # the two deques are appended together under it
-        ages_in, taken_in = list(c.health_age_s), list(c._health_taken)
+        ages_in, taken_in = list(c.health_ages.ages), list(c.health_ages.taken)
     ages = sorted(ages_in)
     def pct(q, ages=ages):
         return (ages[min(len(ages) - 1, int(q * len(ages)))] if ages else None)

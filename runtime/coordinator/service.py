@@ -178,8 +178,7 @@ class Coordinator:
         self.retention = Retention(cfg, self.store, self.shelf, self.counters, self._stop)
         self.retention.sweep_shelf(at_start=True)  # what an upload killed last run left
         self.retention.set_cap()  # the fair shares (quotas.py) from the first batch on
-        self.health_age_s: collections.deque = collections.deque(maxlen=20_000)
-        self._health_taken: collections.deque = collections.deque(maxlen=20_000)  # when, each
+        self.health_ages = coord_stats.HealthAges()  # stats' health_age_s
         self._counts: tuple[float, float, dict[str, int] | None] = (0.0, 0.0, None)
         # alert transitions from each refresh: logged, listed, claimed, sent (alerting.py)
         self.alerting = Alerting(cfg, self.store, self.counters, self._rlog)
@@ -432,10 +431,7 @@ class Coordinator:
             self.views[m.device] = fleet.on_state(view, m.msg, now)
         elif m.kind == "health":
             self.views[m.device] = fleet.on_activity(view, now, m.msg)
-            # measured now, after the batch committed (`now` is from before it was stored)
-            taken = time.time()
-            self.health_age_s.append(taken - m.msg["t"])
-            self._health_taken.append(taken)
+            self.health_ages.add(m.msg)  # after the batch committed
         else:
             self.views[m.device] = fleet.on_activity(view, now)
 

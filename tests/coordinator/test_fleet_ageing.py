@@ -150,8 +150,8 @@ def test_stats_give_the_health_age_of_the_last_seconds_apart(tmp_path):
     try:
         now = time.time()
         with c._views_lock:  # a backlog taken 60 s ago: 30 s old health
-            c.health_age_s.extend([30.0] * 100)
-            c._health_taken.extend([now - 60] * 100)
+            c.health_ages.ages.extend([30.0] * 100)
+            c.health_ages.taken.extend([now - 60] * 100)
         c._ingest([("edgerun/v1/f/d1/health", b'{"v":1,"t":%f,"boot":"b"}' % (now - 0.5),
                     now)])
         st = c.stats()

@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 import time
 
-import pytest
-
 from runtime.config.coordinator import CoordinatorConfig
 from runtime.coordinator.service import Coordinator
 
@@ -22,9 +20,6 @@ def _health(t: float, synced: bool) -> bytes:
                        "clk": {"sync": synced, "kb": "kb1", "bt": 100.0}}).encode()
 
 
-@pytest.mark.xfail(strict=True, reason="runtime/coordinator/service.py _update_view takes "
-                   "`now - msg['t']` whatever the stamp's clk.sync says; owned by the "
-                   "coordinator's owner")
 def test_an_unsynced_stamp_does_not_set_the_fleets_health_age(tmp_path):
     c = Coordinator(CoordinatorConfig(fleet="f", store=str(tmp_path / "c.db")))
     try:
