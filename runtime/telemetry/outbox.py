@@ -770,6 +770,16 @@ class Outbox:
         if not self._held.due():
             return False
         h = self._held
+        if not self._recent and self._log.size > self.cfg.log_restart_bytes / 16:
+            # every result in the log is acked (acks the disk refused included): give its
+            # bytes back first; the disk may be full of nothing but this log
+            try:
+                self._log.restart_in_place(self._last)
+            except OSError as e:
+                if not unwritable(e):
+                    raise
+                _rlog.log("restart", "outbox %s: cannot start the acked result log again in "
+                          "place (%s)", self.path, e)
         done: list[dict] = []
         try:
             self._db.execute("BEGIN IMMEDIATE")

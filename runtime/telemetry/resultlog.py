@@ -244,6 +244,24 @@ class ResultLog:
         self.size = self.path.stat().st_size
         self._cut = False
 
+    def restart_in_place(self, last_seq: int) -> None:
+        """`restart` for a disk that cannot take the copy beside the log (full, and the acked
+        log may be what fills it): `S<last_seq>` written over the log's head, the rest cut
+        off, synced. Never truncated first: a crash between would leave no `S` record and
+        let seqs the coordinator has seen be given again. A crash after the write and before
+        the cut leaves the `S` record, a damaged line (reported, skipped) and the old
+        records, every one acked or in the database."""
+        rec = _line(f"S{last_seq}")
+        fd = os.open(self.path, os.O_WRONLY)  # not O_APPEND: Linux appends any pwrite on it
+        try:
+            os.pwrite(fd, rec, 0)
+            os.ftruncate(fd, len(rec))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self.size = len(rec)
+        self._cut = False
+
     def close(self) -> None:
         """Close the file (what it holds stays)."""
         if self._fd is not None:

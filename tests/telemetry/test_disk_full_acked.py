@@ -48,10 +48,6 @@ def _fill(path) -> None:
                 pass
 
 
-@pytest.mark.xfail(strict=True, reason="runtime/telemetry/outbox.py (another helper's): while "
-                   "held, an all-acked result log is started again only after a flush that "
-                   "the full disk refuses, and the restart itself writes a copy beside the "
-                   "log (resultlog.restart: write_atomic), which a full disk refuses too")
 def test_a_disk_full_of_the_outboxs_acked_log_is_given_back(small_disk):
     ob = Outbox(OutboxConfig(path=str(small_disk / "outbox.db"), retry_s=0.1))
     try:

@@ -297,3 +297,25 @@ def test_pending_pages_through_many_unacked_results_in_the_log(tmp_path):
     assert [p.seq for p in box.pending(280, 50)] == list(range(281, 301))
     assert box.pending(300, 50) == []
     box.close()
+
+
+@pytest.mark.parametrize("cut", [True, False], ids=["cut", "crash-before-the-cut"])
+def test_a_log_started_again_in_place_keeps_the_highest_seq(tmp_path, cut):
+    """restart_in_place (a full disk: no room for the copy beside the log) writes `S<last>`
+    over the log's head, then cuts the rest. A crash between leaves that record, a damaged
+    line and the old records: the highest seq given is kept either way, nothing is pending
+    that was acked, and with the cut the log is the one record."""
+    path = tmp_path / "o.db.log"
+    lines = [resultlog._line(f'R{i} {{"i":{i},"pad":"{"x" * 40}"}}') for i in range(1, 31)]
+    path.write_bytes(b"".join(lines) + resultlog._line("A30"))
+    log = resultlog.ResultLog(path, sync=False)
+    if cut:
+        log.restart_in_place(30)
+        assert path.read_bytes() == resultlog._line("S30") and log.size == path.stat().st_size
+    else:  # the head written, the cut never made
+        rec = resultlog._line("S30")
+        path.write_bytes(rec + path.read_bytes()[len(rec):])
+    log.close()
+    got = resultlog.read(path)
+    assert got.last_seq == 30 and all(s <= got.acked for s, _ in got.results)
+    assert got.skipped_lines == (0 if cut else 1)
