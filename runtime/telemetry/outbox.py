@@ -241,21 +241,24 @@ def _blocking(path: Path) -> str:
     return "; " + "; ".join(said) if said else ""
 
 
-def _emptied(path: Path) -> bool:
-    """Whether the database at `path` is a zero-byte file (no WAL beside it) where an
-    outbox was: its result log has records or its replay record exists. A power cut can
-    leave a file at zero bytes, and SQLite opens one as a new database: the results only
-    in it were gone without a word. (A first start creates the log and the record only
-    after the database's tables.)"""
-    def size(p: Path) -> int:
-        try:
-            return p.stat().st_size
-        except OSError:
-            return 0
+def _size(p: Path) -> int:
+    """A file's size, 0 when it is absent or unreadable."""
+    try:
+        return p.stat().st_size
+    except OSError:
+        return 0
 
-    if not path.is_file() or size(path) or size(Path(f"{path}-wal")):
+
+def _emptied(path: Path) -> bool:
+    """Whether the database at `path` is a zero-byte file where an outbox was: a WAL beside
+    it, its result log has records or its replay record exists. A power cut can leave a file
+    at zero bytes, and SQLite opens one as a new database: the results only in it were gone
+    without a word. A WAL beside it does not save them: SQLite deletes the WAL of a
+    zero-page database on any open, read-only too, and opens the file empty. (A first start
+    creates the log and the record only after the database's tables.)"""
+    if not path.is_file() or _size(path):
         return False
-    return (size(path.with_name(path.name + ".log")) > 0
+    return (_size(Path(f"{path}-wal")) > 0 or _size(path.with_name(path.name + ".log")) > 0
             or path.with_name(path.name + ".keep.json").exists())
 
 
@@ -463,7 +466,9 @@ class Outbox:
             # own, every line checked, and most unacked results live only there; moved aside
             # they were stranded. A copy goes beside the database for forensics.
             aside = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time())}")
-            self._salvaged = _salvage(self.path)
+            # never opened when empty: even a read-only open deletes a zero-page
+            # database's WAL (_emptied), which goes aside with it
+            self._salvaged = _salvage(self.path) if _size(self.path) else None
             try:
                 for suffix in ("", "-wal", "-shm"):
                     src = Path(str(self.path) + suffix)
