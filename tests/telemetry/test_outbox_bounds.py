@@ -67,3 +67,22 @@ def test_the_log_holds_at_most_half_the_cap_and_the_whole_never_over_it(tmp_path
             assert ob.stats()["bytes"] == _stored_bytes(ob) <= CAP, i
     finally:
         ob.close()
+
+
+@pytest.mark.parametrize(("waited_s", "spilled"), [(59.9, False), (60.0, True)])
+def test_results_unacked_for_spill_after_s_move_into_the_database(tmp_path, waited_s,
+                                                                  spilled):
+    """The oldest unacked result in the log for exactly spill_after_s (60 s) takes the log's
+    results into the database with the next append; the log starts again."""
+    path = tmp_path / "o.db"
+    now = [0.0]
+    ob = Outbox(OutboxConfig(path=str(path), max_bytes=CAP), clock=lambda: now[0])
+    try:
+        ob.append(_result(0, ob.boot))
+        now[0] = waited_s
+        ob.append(_result(1, ob.boot))
+        in_log = [q for q, _ in resultlog.read(Path(f"{path}.log")).results]
+        assert in_log == ([] if spilled else [1, 2])
+        assert [p.seq for p in ob.pending(0, 10)] == [1, 2]
+    finally:
+        ob.close()
