@@ -1,0 +1,48 @@
+"""What the result log's parser takes as a whole record, and what the seqs of damaged lines
+count for (runtime/telemetry/resultlog.py parse): one case a row."""
+
+from __future__ import annotations
+
+from runtime.telemetry import resultlog
+from runtime.telemetry.resultlog import _line
+
+
+def test_a_line_whose_separator_flipped_is_not_whole():
+    """The checksum covers the record, not the space before it: a flipped separator must
+    still fail the line (it is not `<crc> <record>`)."""
+    bad = bytearray(_line('R1 {"a":1}'))
+    bad[8] = ord("x")
+    rec, _ = resultlog.parse(bytes(bad) + _line('R2 {"a":2}'))
+    assert rec.results == [(2, '{"a":2}')] and rec.skipped_lines == 1
+
+
+def test_the_highest_ack_holds_whatever_the_order():
+    rec, _ = resultlog.parse(_line("S0") + _line("A5") + _line("A3"))
+    assert (rec.acked, rec.last_seq) == (5, 5)
+
+
+def test_results_come_back_in_seq_order_whatever_the_file_s_order():
+    rec, _ = resultlog.parse(_line("S0") + _line('R2 {"b":2}') + _line('R1 {"a":1}'))
+    assert [q for q, _ in rec.results] == [1, 2]
+
+
+def test_each_record_start_in_a_skipped_line_counts_as_a_seq_given():
+    """R2's newline flipped and R3 damaged too: one skipped line holding two records, with
+    only an ack after it. Both seqs may have been published: the next is 4, not 3."""
+    lines = [_line(r) for r in ("S0", 'R1 {"i":1}', 'R2 {"i":2}', 'R3 {"i":3}', "A1")]
+    r2 = bytearray(lines[2])
+    r2[-1] ^= 0x01  # the newline ending R2
+    r3 = lines[3].replace(b'"i":3', b'"i":7')  # R3's checksum fails
+    rec, _ = resultlog.parse(b"".join([lines[0], lines[1], bytes(r2), r3, lines[4]]))
+    assert [q for q, _ in rec.results] == [1] and rec.skipped_lines == 1
+    assert rec.last_seq == 3
+
+
+def test_a_record_start_inside_a_result_s_text_does_not_hide_the_real_one():
+    """A result whose JSON holds text shaped like a record start (`deadbeef R9`), its newline
+    flipped: the whole record after it is still found inside the joined line."""
+    lines = [_line(r) for r in ("S0", 'R1 {"s":"deadbeef R9 x"}', 'R2 {"i":2}', 'R3 {"i":3}')]
+    r1 = bytearray(lines[1])
+    r1[-1] ^= 0x01
+    rec, _ = resultlog.parse(b"".join([lines[0], bytes(r1), lines[2], lines[3]]))
+    assert [q for q, _ in rec.results] == [2, 3] and rec.last_seq == 3
