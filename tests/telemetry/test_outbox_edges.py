@@ -75,3 +75,35 @@ def test_a_corrupt_database_takes_back_the_results_its_log_still_held(tmp_path, 
     assert box.take_startup_event()["stream"] == "kept"
     assert [p.seq for p in box.pending(0, 500)] == list(range(1, 206))
     box.close()
+
+
+@pytest.mark.xfail(strict=True, reason="outbox.py: _emptied takes a 0-byte database beside a "
+                   "non-empty WAL for a whole one, but SQLite deletes the WAL of a zero-page "
+                   "database on any open (read-only too, so _salvage must not open it first) "
+                   "and opens it empty: the results only in them are lost without an event "
+                   "(outbox.py is another helper's to change)")
+def test_a_database_cut_to_zero_bytes_beside_its_wal_is_said_not_silently_emptied(tmp_path):
+    """A power cut can leave the database at 0 bytes while its WAL (the writes since the last
+    checkpoint) survives. SQLite does not read that WAL: a zero-page database's WAL is stale
+    to it and is deleted. So the outbox must treat it as an emptied one (moved aside, the
+    WAL with it, `outbox_corrupt`), as it does a 0-byte database alone."""
+    import shutil
+
+    live, cut = tmp_path / "live", tmp_path / "cut"
+    live.mkdir()
+    cut.mkdir()
+    box = Outbox(OutboxConfig(path=str(live / "o.db"), spill_after_s=0))
+    box.append_many([{"i": i} for i in range(5)])  # in the database's WAL, not checkpointed
+    for name in ("o.db", "o.db-wal", "o.db.log", "o.db.keep.json"):  # kill -9's files
+        if (live / name).exists():
+            shutil.copy(live / name, cut / name)
+    box.close()
+    (cut / "o.db").write_bytes(b"")  # the power cut
+    assert (cut / "o.db-wal").stat().st_size > 0
+    box = Outbox(OutboxConfig(path=str(cut / "o.db")))
+    try:
+        event = box.take_startup_event()
+        assert event is not None and event["type"] == "outbox_corrupt", event
+        assert (tmp_path / "cut" / (event["path"].rsplit("/", 1)[1] + "-wal")).exists()
+    finally:
+        box.close()
