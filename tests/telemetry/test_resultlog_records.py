@@ -1,7 +1,10 @@
-"""What the result log's parser takes as a whole record, and what the seqs of damaged lines
-count for (runtime/telemetry/resultlog.py parse): one case a row."""
+"""What the result log's parser takes as a whole record, what the seqs of damaged lines count
+for, and that a new line never follows a torn or uncut fragment
+(runtime/telemetry/resultlog.py): one case a test."""
 
 from __future__ import annotations
+
+import pytest
 
 from runtime.telemetry import resultlog
 from runtime.telemetry.resultlog import _line
@@ -46,3 +49,51 @@ def test_a_record_start_inside_a_result_s_text_does_not_hide_the_real_one():
     r1[-1] ^= 0x01
     rec, _ = resultlog.parse(b"".join([lines[0], bytes(r1), lines[2], lines[3]]))
     assert [q for q, _ in rec.results] == [2, 3] and rec.last_seq == 3
+
+
+def _log_after(tmp_path, torn: bytes) -> resultlog.ResultLog:
+    """A log holding R1 whole and `torn` after it, recovered."""
+    path = tmp_path / "r.log"
+    path.write_bytes(_line("S0") + _line('R1 {"a":1}') + torn)
+    log = resultlog.ResultLog(path, sync=False)
+    log.recover()
+    return log
+
+
+def test_a_torn_tail_is_cut_before_the_next_line_is_written(tmp_path):
+    """The next append starts a line of its own: it never follows the torn fragment (which
+    would cost it at the next start, read as a damaged line)."""
+    log = _log_after(tmp_path, _line('R2 {"a":2}')[:7])
+    log.append([(2, '{"b":2}')])
+    log.close()
+    rec, _ = resultlog.parse((tmp_path / "r.log").read_bytes())
+    assert [q for q, _ in rec.results] == [1, 2]
+    assert (rec.skipped_bytes, rec.torn_bytes) == (0, 0)
+
+
+def test_a_fragment_that_could_not_be_cut_is_cut_before_the_next_write(tmp_path, monkeypatch):
+    """A full disk takes part of a line and refuses the rest, and cutting the fragment back
+    fails too: the next write cuts it first."""
+    import errno
+    import os
+
+    log = _log_after(tmp_path, b"")
+    real_write = os.write
+
+    def full_disk(fd, data):
+        real_write(fd, bytes(data)[:7])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def refused(fd, size):
+        raise OSError(errno.EIO, "Input/output error")
+
+    with monkeypatch.context() as m:
+        m.setattr(resultlog.os, "write", full_disk)
+        m.setattr(resultlog.os, "ftruncate", refused)
+        with pytest.raises(OSError):
+            log.append([(2, '{"a":2}')])
+    log.append([(3, '{"a":3}')])
+    log.close()
+    rec, _ = resultlog.parse((tmp_path / "r.log").read_bytes())
+    assert [q for q, _ in rec.results] == [1, 3]
+    assert (rec.skipped_bytes, rec.torn_bytes) == (0, 0)
