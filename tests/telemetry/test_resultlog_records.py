@@ -97,3 +97,26 @@ def test_a_fragment_that_could_not_be_cut_is_cut_before_the_next_write(tmp_path,
     rec, _ = resultlog.parse((tmp_path / "r.log").read_bytes())
     assert [q for q, _ in rec.results] == [1, 3]
     assert (rec.skipped_bytes, rec.torn_bytes) == (0, 0)
+
+
+def test_a_write_refused_after_a_restart_keeps_the_start_record(tmp_path, monkeypatch):
+    """A log started again holds only `S<seq>` (the highest seq given): a write the disk then
+    refuses is cut back to it, not past it (the seqs before would be given again)."""
+    import errno
+    import os
+
+    log = _log_after(tmp_path, b"")
+    log.restart(5)
+    real_write = os.write
+
+    def full_disk(fd, data):
+        real_write(fd, bytes(data)[:7])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with monkeypatch.context() as m:
+        m.setattr(resultlog.os, "write", full_disk)
+        with pytest.raises(OSError):
+            log.append([(6, '{"a":6}')])
+    log.close()
+    rec, good = resultlog.parse((tmp_path / "r.log").read_bytes())
+    assert rec.last_seq == 5 and rec.torn_bytes == 0 and good == len(_line("S5"))
