@@ -120,3 +120,20 @@ def test_a_write_refused_after_a_restart_keeps_the_start_record(tmp_path, monkey
     log.close()
     rec, good = resultlog.parse((tmp_path / "r.log").read_bytes())
     assert rec.last_seq == 5 and rec.torn_bytes == 0 and good == len(_line("S5"))
+
+
+def test_a_log_rewritten_without_its_damage_takes_the_next_line_whole(tmp_path):
+    """A damaged line mid-file and a torn tail: the log is rewritten without them, and the
+    next append follows the rewritten log's last line (not the old file's length: cutting
+    to that would pad the new file with zeros)."""
+    path = tmp_path / "r.log"
+    lines = [_line(r) for r in ("S0", 'R1 {"a":1}', 'R2 {"a":2}', 'R3 {"a":3}')]
+    damaged = lines[2].replace(b'"a":2', b'"a":7')
+    path.write_bytes(b"".join([lines[0], lines[1], damaged, lines[3]]) + lines[3][:5])
+    log = resultlog.ResultLog(path, sync=False)
+    log.recover()
+    log.append([(4, '{"a":4}')])
+    log.close()
+    rec, _ = resultlog.parse(path.read_bytes())
+    assert [q for q, _ in rec.results] == [1, 3, 4]
+    assert (rec.skipped_bytes, rec.torn_bytes) == (0, 0)
