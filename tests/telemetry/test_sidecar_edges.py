@@ -58,3 +58,16 @@ def test_the_eviction_counter_never_goes_back(tmp_path):
     side.set_evicted_total(5)
     side.set_evicted_total(3)
     assert side.evicted_total == 5 == _side(tmp_path).evicted_total
+
+
+@pytest.mark.parametrize(("kb", "bt", "want"), [
+    ("k1", 100.0, NOW - 95.0),  # the same kernel boot: the reset was 95 s of boottime ago
+    ("k2", 100.0, NOW),  # another boot: its boottime says nothing of the reset's moment
+])
+def test_a_lost_record_s_moment_by_the_first_synced_reading(tmp_path, kb, bt, want):
+    """A replay record lost at kernel boot k1, boottime 5 s; the first synced reading, NOW, at
+    boottime 100 s of boot `kb`: commands issued before the loss's moment are refused."""
+    side = Sidecar(tmp_path / "o.db.keep.json", lost_history=True)
+    side.settle_not_before(False, 0.0, "k1", 5.0)  # the publisher first sees it unsynced
+    side.settle_not_before(True, NOW, kb, bt)
+    assert side.not_before == want
