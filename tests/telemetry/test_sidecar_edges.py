@@ -71,3 +71,14 @@ def test_a_lost_record_s_moment_by_the_first_synced_reading(tmp_path, kb, bt, wa
     side.settle_not_before(False, 0.0, "k1", 5.0)  # the publisher first sees it unsynced
     side.settle_not_before(True, NOW, kb, bt)
     assert side.not_before == want
+
+
+def test_settling_a_lost_record_never_moves_not_before_back(tmp_path):
+    """The synced clock lowered a wrong floor (lower_floor: commands before it are refused)
+    while the lost record's moment waited: settling it at an earlier moment keeps the later
+    refusal."""
+    side = Sidecar(tmp_path / "o.db.keep.json", lost_history=True)
+    side.settle_not_before(False, 0.0, "k1", 5.0)
+    side.lower_floor(NOW + 50.0, "k1", 50.0)
+    side.settle_not_before(True, NOW, "k1", 100.0)  # the loss was at NOW - 95
+    assert side.not_before == NOW + 50.0
