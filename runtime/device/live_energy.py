@@ -42,7 +42,9 @@ def fold(acc: dict[str, tuple[int, float]], live: dict[str, float],
         p = profiles[vid]
         if not on_host(p.actual_device or p.device):  # metered while serving instead
             continue
-        j_per_cpu = (p.energy_mj / p.cpu_ms) if p.cpu_ms and p.energy_mj > 0 else \
+        # a profile without CPU time or energy (NaN, the unmeasured value, compares False;
+        # it is truthy, and a NaN figure reached the ladder): the device's J per CPU-second
+        j_per_cpu = (p.energy_mj / p.cpu_ms) if p.cpu_ms > 0 and p.energy_mj > 0 else \
             default_j_per_cpu()
         joules = cpu / n * j_per_cpu
         old = live.get(vid)

@@ -45,6 +45,7 @@ from power.sensors import Reading
 from runtime.choice.measure import Measured, measure_first, measure_model
 from runtime.choice.selector import Constraints, NoVariantError
 from runtime.config import Config
+from runtime.device.conditions import conditions
 from runtime.device.live_energy import LiveEnergy
 from runtime.device.model_ladder import Box
 from runtime.device.operator_state import OperatorState
@@ -183,16 +184,16 @@ class Serving:
         return self.sensors.read().temp_c
 
     def _check_conditions(self, temp: float | None) -> None:
-        """Re-profile when the device asks for it (runtime.device.profiling.Profiler.due);
-        never for a simulated device: its temperature is not this host's."""
-        if self.simulated:
-            return
-        why, slow = self.profiler.due(temp, self.pipeline, self.box.model, self.cfg.daemon,
-                                      self.live_energy_j(), self.accelerator_state)
-        if slow:
-            self.event("slow_inference", "warning", **slow)
-        if why:
-            self.reprofile(why)
+        """Act on what the tick's conditions call for (runtime/device/conditions.py): the
+        events, and a re-profile when the device asks for it (Profiler.due, judged on `temp`);
+        nothing for a simulated device."""
+        calls = conditions(self.simulated, lambda: self.profiler.due(
+            temp, self.pipeline, self.box.model, self.cfg.daemon, self.live_energy_j(),
+            self.accelerator_state))
+        for e in calls.events:
+            self.event(e.type, e.severity, **e.fields)
+        if calls.reprofile:
+            self.reprofile(calls.reprofile)
 
     def accelerator_state(self, actual_device: str) -> Any:
         """What the accelerator a session reports says of its clocks (NVML's clock-event

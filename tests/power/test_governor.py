@@ -140,6 +140,10 @@ def test_invalid_sensor_fails_safe_then_recovers():
     assert d.events == ()  # said once, not every tick
     s, tm, d = thermal_step(s, tm, Trend(2.0, 50.0), SW, TIMERS)
     assert any("reads again" in e for e in d.events)
+    s, tm, d = thermal_step(s, tm, Trend(3.0, 50.0), SW, TIMERS)
+    assert d.events == ()  # said once: the fail-safe is over
+    s, tm, d = thermal_step(s, tm, Trend(4.0, None, problem="zone gone"), SW, TIMERS)
+    assert len(d.events) == 1 and "treating the device as hot" in d.events[0]  # said again
 
 
 def test_the_policy_keeps_no_timer():
@@ -187,6 +191,15 @@ PA_BY_HAND = [
      4.0 + 0.8 * 5 + (-10.0 + 0.08 * 5 * 10)),  # clamped at -10 W, then +4 W
     ("device time stepping back adds nothing to the integral",
      [Trend(1000.0, 85.0), Trend(0.0, 85.0)], 4.0 - 0.4 * 5),
+    # the fail-safe resets the integral and times the next step from its own last tick: the
+    # integral after it is one second's, not the spell's nor the one wound before it
+    ("a fail-safe spell resets the integral and its time",
+     [Trend(0.0, 82.0), Trend(10.0, 82.0), Trend(20.0, None), Trend(21.0, 82.0)],
+     4.0 - 0.4 * 2 - 0.08 * 2 * 1),
+    # the budget exactly at a boundary: the top rung's, and the critical margin's
+    ("exactly room for the top rung: no limit", [Trend(0.0, 72.5)], math.inf),  # 4 + 6 W
+    ("exactly the critical margin resets the integral",  # else -10 W wound at 97 °C
+     [Trend(0.0, 97.0), Trend(10.0, 97.0), Trend(20.0, 75.0)], math.inf),  # 4 + 4 + 4 W
 ]
 
 
@@ -196,6 +209,13 @@ def test_power_allocator_by_hand(name, trends, want):
     for tr in trends:
         s, d = step(s, tr, PA)
     assert d.budget_w == pytest.approx(want)
+
+
+def test_a_budget_exactly_on_a_level_reports_that_level():
+    """power_allocator's budget is reported as the step_wise level it equals (6 W: level 1,
+    at 77.5 °C: 4 + 0.8 x 2.5 W), not the one under it."""
+    _, d = step(GovernorState(), Trend(0.0, 77.5), PA)
+    assert (d.budget_w, d.level) == (6.0, 1)
 
 
 def test_power_allocator_integral_pulls_down_when_stuck_hot():

@@ -282,6 +282,7 @@ def _memory_only_outbox(path: Path, disk_stream: str, caplog) -> None:
     assert ob.ack(q[0]) == 1 and [p.seq for p in ob.pending(0, 10)] == q[1:]
     st = ob.stats()
     assert st["disk_full"] and st["held_in_memory"] == 2 and st["results_held"] == 2, st
+    assert st["held_bytes"] == st["bytes"] > 0, st  # all of it is in memory
     for i in range(40):  # past memory_max_bytes: the oldest evicted, said, as on disk
         ob.append_many([_result(10 + i)])
     assert ob.stats()["bytes"] <= 4096 and any(e["type"] == "outbox_evicting" for e in seen)
