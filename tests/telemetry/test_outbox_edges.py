@@ -77,11 +77,6 @@ def test_a_corrupt_database_takes_back_the_results_its_log_still_held(tmp_path, 
     box.close()
 
 
-@pytest.mark.xfail(strict=True, reason="outbox.py: _emptied takes a 0-byte database beside a "
-                   "non-empty WAL for a whole one, but SQLite deletes the WAL of a zero-page "
-                   "database on any open (read-only too, so _salvage must not open it first) "
-                   "and opens it empty: the results only in them are lost without an event "
-                   "(outbox.py is another helper's to change)")
 def test_a_database_cut_to_zero_bytes_beside_its_wal_is_said_not_silently_emptied(tmp_path):
     """A power cut can leave the database at 0 bytes while its WAL (the writes since the last
     checkpoint) survives. SQLite does not read that WAL: a zero-page database's WAL is stale
