@@ -17,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from runtime.wire.events import EventType
+
 # Profiler.due's answer: (why a re-profile is due or None, the slow_inference fields or None)
 Due = tuple[str | None, dict[str, Any] | None]
 
@@ -25,7 +27,7 @@ Due = tuple[str | None, dict[str, Any] | None]
 class Event:
     """One event for the operator: its type, severity and fields."""
 
-    type: str
+    type: EventType
     severity: str
     fields: dict[str, Any] = field(default_factory=dict)
 
@@ -48,4 +50,4 @@ def conditions(simulated: bool, due: Callable[[], Due]) -> Calls:
     if simulated:
         return NOTHING
     why, slow = due()
-    return Calls(why, (Event("slow_inference", "warning", dict(slow)),) if slow else ())
+    return Calls(why, (Event(EventType.SLOW_INFERENCE, "warning", dict(slow)),) if slow else ())
