@@ -25,6 +25,9 @@ class RtpStreamSource(AvStreamSource):
         self._client = RtspClient(cfg.path, cfg.open_timeout_s, cfg.read_timeout_s)
         self._asm = NalAssembler()
         self._aus = AccessUnits()
+        # the later fragments of a P slice followed but not gathered (key frames only) are
+        # not handed over at all
+        self._client.rtp.follower = self._asm
 
     def _packet_iter(self):
         """The H.264 track's RTP payloads."""

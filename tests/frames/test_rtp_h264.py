@@ -139,6 +139,29 @@ def test_nal_assembler_takes_the_payloads_back_into_whole_nals(size):
     assert out == [SC + SPS, SC + PPS, SC + IDR]
 
 
+def test_a_followed_nals_later_fragments_are_not_handed_over():
+    """Key frames only: of a P slice (a type the assembler follows, not gathers) only its
+    first fragment, where it begins; the key frame's slice whole; the assembler counts the
+    P slice begun (a picture boundary) and returns the same NALs as with every fragment."""
+    packets = [rtp(1 + i, p) for i, p in enumerate(fu(IDR, 300))]
+    packets += [rtp(10 + i, p) for i, p in enumerate(fu(P, 100))]
+    packets += [rtp(20 + i, p) for i, p in enumerate(fu(IDR, 300))]
+    runs = {}
+    for follow in (False, True):
+        a = NalAssembler()
+        a.drop_types = frozenset({1})
+        r = RtpH264(PT, a if follow else None)
+        handed, nals = 0, []
+        for pkt in packets:
+            for pl in r.push(pkt):
+                handed += 1
+                nals += [n for n, _ in a.push(pl.data, pl.pts, pl.ends)]
+        runs[follow] = (handed, nals, a.dropped_begun)
+    assert runs[True][1] == runs[False][1] == [SC + IDR, SC + IDR]
+    assert runs[True][2] == runs[False][2] == 1
+    assert runs[False][0] - runs[True][0] == len(fu(P, 100)) - 1
+
+
 def test_a_lost_packet_drops_the_nal_being_gathered():
     r, a = RtpH264(PT), NalAssembler()
     frags = fu(IDR, 300)
@@ -173,6 +196,49 @@ def test_interleaved_frames_are_split_whatever_the_recv_sizes(chunk):
         got_r += r
     assert got_f == frames
     assert got_r == replies
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 4, 17, 100, 1500, 100_000])
+def test_framing_and_rtp_in_one_pass_equal_them_apart(chunk):
+    """Interleaved.feed_rtp (the reader's loop: a skipped NAL's later fragments passed over
+    without a call) gives the payloads feed + RtpH264.push give, wherever recv() cuts the
+    stream: key frames gathered, P slices followed from their first fragment, a gap inside a
+    skipped NAL and one inside a gathered NAL marked on the next payload, RTCP ignored."""
+    seqs = iter(range(1, 1000))
+    pkts = [rtp(next(seqs), stap(SPS, PPS))]
+    pkts += [rtp(next(seqs), p) for p in fu(IDR, 200)]
+    for k in range(3):
+        pkts += [rtp(next(seqs), p, ts=9000 + 3600 * k) for p in fu(P, 40)]
+    next(seqs)  # lost inside nothing: before the next NAL
+    frags = fu(P, 40)
+    pkts += [rtp(next(seqs), frags[0]), rtp(next(seqs), frags[1])]
+    next(seqs)  # lost inside a skipped P slice
+    pkts += [rtp(next(seqs), p) for p in frags[3:]]
+    frags = fu(IDR, 200)
+    pkts += [rtp(next(seqs), frags[0])]
+    next(seqs)  # lost inside the key frame's slice
+    pkts += [rtp(next(seqs), p) for p in frags[2:]] + [rtp(next(seqs), P)]
+    wire = b"".join(b"$\x00" + len(p).to_bytes(2, "big") + p for p in pkts)
+    rtcp = b"$\x01\x00\x08" + bytes(8)
+    wire = rtcp + wire + rtcp
+
+    def follower():
+        a = NalAssembler()
+        a.drop_types = frozenset({1})
+        return a
+
+    apart, r = [], RtpH264(PT, follower())
+    frames, _ = Interleaved().feed(wire)
+    for ch, data in frames:
+        if ch == 0:
+            apart += [(bytes(p.data), p.pts, p.ends, p.lost) for p in r.push(data)]
+    one, r1, it = [], RtpH264(PT, follower()), Interleaved()
+    for i in range(0, len(wire), chunk):
+        out, _ = it.feed_rtp(wire[i:i + chunk], r1, 0)
+        one += [(bytes(p.data), p.pts, p.ends, p.lost) for p in out]
+    assert one == apart
+    assert (r1.packets, r1.lost) == (r.packets, r.lost) == (len(pkts), 3)
+    assert [x[3] for x in one if x[3]] == [1, 1, 1]
 
 
 @pytest.mark.parametrize(("wire", "why"), [
