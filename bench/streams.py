@@ -38,8 +38,10 @@ out of the demuxer -> decoded), FFmpeg's default RTSP reading (its H.264 parser)
 edgerun's (AvStreamSource: no parser, NAL ends by fragment size), side by side.
 
 `--split`: where AvStreamSource's reader CPU goes at a 1 fps cap, key frames only: reading
-(PyAV's demuxer), the NAL and picture assembly, the key frame's decode, its conversion to
-BGR, against the same reader decoding every frame; one part after another (not side by side).
+(PyAV's demuxer; `--decoders rtp`: edgerun's own RTSP client, RtpStreamSource), the NAL and
+picture assembly, the key frame's decode, its conversion to BGR, against the same reader
+decoding every frame; one part after another (not side by side). `--decoders pyav,rtp
+--runs 2`: each decoder in turn, twice (`--compare` too: edgerun's side with each).
 
 `--reader-caps 1,5,10`: each of edgerun's readers (OpenCV's CaptureSource, PyAV's
 AvStreamSource) alone on the camera under each rate cap, taken as the pipeline takes it (a
@@ -56,7 +58,7 @@ Python (a measurement of what an RTSP client of edgerun's own could reach, not a
 
 Usage: python bench/streams.py [--seconds 20] [--size 1280x720] [--key-int 25] [--to 224]
        [--compare 1,4 --compare-seconds 15] [--age] [--split] [--reader-caps 1,5,10]
-       [--read-floor]
+       [--read-floor] [--decoders pyav,rtp] [--runs 2]
 """
 
 from __future__ import annotations
@@ -271,9 +273,9 @@ def _thread_cpu() -> dict[str, float]:
 
 
 def _child(role: str, urls: list[str], logs: list[str], seconds: float, cap_hz: float,
-           frame_size: tuple[int, ...] = ()) -> dict:
+           frame_size: tuple[int, ...] = (), decoder: str = "auto") -> dict:
     """One side of `--compare`, in its own process: what it served, at what CPU and age;
-    `frame_size`: edgerun's `[source] frame_size`."""
+    `frame_size`: edgerun's `[source] frame_size`; `decoder`: its `[source] decoder`."""
     import json  # noqa: F401 (the parent reads the dict as JSON)
     import resource
 
@@ -375,7 +377,7 @@ def _child(role: str, urls: list[str], logs: list[str], seconds: float, cap_hz: 
 
         def opener(i: int, url: str):
             cfg = SourceConfig(kind="capture", path=url, read_timeout_s=5,
-                               frame_size=frame_size)
+                               frame_size=frame_size, decoder=decoder)
             src = open_source(cfg, tmp / "state")
             opened.append(src)
             read = src.read
@@ -446,18 +448,25 @@ def compare(a: argparse.Namespace) -> None:
             cams = [RtspCamera(Path(tmp), width=w, height=h, key_int=a.key_int,
                                name=f"cam{i}").start() for i in range(n)]
             try:
-                for cap_hz in (0.0, 1.0):
-                    args = [json.dumps([c.url for c in cams]),
-                            json.dumps([str(c.log) for c in cams]),
-                            str(a.compare_seconds), str(cap_hz), a.frame_size]
-                    procs = {role: subprocess.Popen(
-                        [sys.executable, __file__, "--child", role, *args],
-                        stdout=subprocess.PIPE, text=True) for role in ("edgerun", "hand")}
-                    got = {}
-                    for role, proc in procs.items():
-                        out, _ = proc.communicate(timeout=a.compare_seconds + 120)
-                        got[role] = json.loads(out.strip().splitlines()[-1])
-                    _report(n, cap_hz, got)
+                # each decoder in turn, `--runs` times over (alternated: the host's load
+                # drifts between runs, not between the decoders of one round)
+                for run in range(a.runs):
+                    for decoder in a.decoders.split(","):
+                        for cap_hz in (0.0, 1.0):
+                            args = [json.dumps([c.url for c in cams]),
+                                    json.dumps([str(c.log) for c in cams]),
+                                    str(a.compare_seconds), str(cap_hz), a.frame_size,
+                                    decoder]
+                            procs = {role: subprocess.Popen(
+                                [sys.executable, __file__, "--child", role, *args],
+                                stdout=subprocess.PIPE, text=True)
+                                for role in ("edgerun", "hand")}
+                            got = {}
+                            for role, proc in procs.items():
+                                out, _ = proc.communicate(timeout=a.compare_seconds + 120)
+                                got[role] = json.loads(out.strip().splitlines()[-1])
+                            print(f"## run {run + 1}, edgerun's decoder = {decoder!r}")
+                            _report(n, cap_hz, got)
             finally:
                 for c in cams:
                     c.close()
@@ -507,16 +516,19 @@ def _report(n: int, cap_hz: float, got: dict) -> None:
           f"{e[3] / max(hnd[3], 1e-9):.2f}x")
 
 
-def _keys_reader(url: str, seconds: float) -> dict:
-    """AvStreamSource alone at a 1 fps hint, once it decodes key frames only: its reader's
-    CPU per served frame, and of it the key frame's decode and its conversion to BGR (timed
-    around those calls only, once a frame: the rest of the reader is not touched)."""
+def _keys_reader(url: str, seconds: float, decoder: str = "pyav") -> dict:
+    """AvStreamSource (`decoder` "rtp": RtpStreamSource) alone at a 1 fps hint, once it
+    decodes key frames only: its reader's CPU per served frame, and of it the key frame's
+    decode and its conversion to BGR (timed around those calls only, once a frame: the rest
+    of the reader is not touched)."""
     from runtime.config.source import SourceConfig
     from runtime.frames.av_source import AvStreamSource
+    from runtime.frames.rtp_source import RtpStreamSource
 
     spent = {"decode": 0.0, "convert": 0.0}
+    base = RtpStreamSource if decoder == "rtp" else AvStreamSource
 
-    class Timed(AvStreamSource):
+    class Timed(base):  # type: ignore[valid-type,misc]
         def _decoder(self, keys_only: bool):
             dec = super()._decoder(keys_only)
             if not keys_only:
@@ -533,7 +545,7 @@ def _keys_reader(url: str, seconds: float) -> dict:
                     return getattr(dec, name)
             return Dec()
 
-    src = Timed(SourceConfig(kind="capture", path=url, read_timeout_s=5, decoder="pyav"))
+    src = Timed(SourceConfig(kind="capture", path=url, read_timeout_s=5, decoder=decoder))
     bgr = src._bgr
 
     class Conv:  # the reformat and the array, as the reader makes them
@@ -587,45 +599,95 @@ def _demux(url: str, seconds: float) -> tuple[float, int, list]:
         c.close()
 
 
+def _rtp_read(url: str, seconds: float, keep: bool = True) -> tuple[float, int, list]:
+    """edgerun's RTSP client alone (RtpStreamSource's reading: large recv()s, RTP and FU-A
+    parsed): its CPU a second, payloads a second, and the payloads (for the assembly's
+    replay; each kept as bytes, the copy outside the clock)."""
+    from runtime.frames.av_source import NalAssembler
+    from runtime.frames.rtsp_client import RtspClient
+
+    c = RtspClient(url, 10, 5)
+    keys_only = NalAssembler()  # as RtpStreamSource reads in key-frames-only mode
+    keys_only.drop_types = frozenset({1, 2, 3, 4})
+    c.rtp.follower = keys_only
+    try:
+        payloads = c.payloads()
+        t_end = time.monotonic() + 2
+        while time.monotonic() < t_end:
+            next(payloads)
+        kept, spent = [], 0.0
+        c0, t0 = time.thread_time(), time.monotonic()
+        n = 0
+        while time.monotonic() - t0 < seconds:
+            p = next(payloads)
+            n += 1
+            if keep:
+                c1 = time.thread_time()
+                kept.append((bytes(p.data), p.pts, p.ends))
+                spent += time.thread_time() - c1
+        return (time.thread_time() - c0 - spent) / seconds, n, kept
+    finally:
+        c.close()
+
+
 def split(a: argparse.Namespace) -> None:
     """`--split`: where a key-frames-only reader's CPU goes at a 1 fps cap, one part after
     another on the same camera (each alone in this process: beside each other, the demuxers'
-    GIL hand-overs inflated one another's CPU ~1.5-2x)."""
-    from runtime.config.source import SourceConfig
-    from runtime.frames.av_source import AccessUnits, AvStreamSource, NalAssembler
-
+    GIL hand-overs inflated one another's CPU ~1.5-2x); for each of `--decoders` in turn,
+    `--runs` rounds."""
     w, h = (int(x) for x in a.size.split("x"))
     with tempfile.TemporaryDirectory() as tmp, \
             RtspCamera(Path(tmp), width=w, height=h, key_int=a.key_int,
                        preset=a.preset) as cam:
-        keys = _keys_reader(cam.url, a.seconds)
+        for run in range(a.runs):
+            for decoder in a.decoders.split(","):
+                print(f"## run {run + 1}, decoder = {decoder!r}")
+                _split_one(a, cam, decoder)
+
+
+def _split_one(a: argparse.Namespace, cam: RtspCamera, decoder: str) -> None:
+    """One `--split` round for one decoder (pyav: FFmpeg's RTSP demuxer; rtp: edgerun's
+    client)."""
+    from runtime.config.source import SourceConfig
+    from runtime.frames.av_source import AccessUnits, NalAssembler
+    from runtime.frames.sources import open_source
+
+    w, h = cam.width, cam.height
+    keys = _keys_reader(cam.url, a.seconds, decoder)
+    if decoder == "rtp":
+        demux_s, n_packets, kept = _rtp_read(cam.url, a.seconds)
+        units = kept
+        reading = "reading (edgerun's client: RTSP, RTP, FU-A)"
+    else:
         demux_s, n_packets, packets = _demux(cam.url, a.seconds)
-        # the NAL and picture assembly of key-frames-only mode, replayed on those packets
-        asm, aus = NalAssembler(), AccessUnits()
-        asm.drop_types = frozenset({1, 2, 3, 4})
-        c0 = time.thread_time()
-        for packet in packets:
-            begun = asm.dropped_begun
-            for nal, pts in asm.push(memoryview(packet), packet.pts):
-                aus.push(nal, pts)
-            if asm.dropped_begun != begun:
-                aus.boundary()
-        assemble_s = (time.thread_time() - c0) / a.seconds
-        full = AvStreamSource(SourceConfig(kind="capture", path=cam.url, read_timeout_s=5,
-                                           decoder="pyav"))
-        try:
-            full.read(5.0)
-            n, cpu, t_end = 0, 0.0, time.monotonic() + a.seconds
-            while time.monotonic() < t_end:
-                f = full.read(3.0)
-                if f is not None:
-                    n, cpu = n + 1, cpu + (f.decode_cpu_s or 0.0)
-        finally:
-            full.close()
+        units = [(memoryview(p), p.pts, None) for p in packets]
+        reading = "reading (PyAV's demuxer: RTSP over TCP, RTP)"
+    # the NAL and picture assembly of key-frames-only mode, replayed on those packets
+    asm, aus = NalAssembler(), AccessUnits()
+    asm.drop_types = frozenset({1, 2, 3, 4})
+    c0 = time.thread_time()
+    for data, pts, ends in units:
+        begun = asm.dropped_begun
+        for nal, nal_pts in asm.push(data, pts, ends):
+            aus.push(nal, nal_pts)
+        if asm.dropped_begun != begun:
+            aus.boundary()
+    assemble_s = (time.thread_time() - c0) / a.seconds
+    full = open_source(SourceConfig(kind="capture", path=cam.url, read_timeout_s=5,
+                                    decoder=decoder), Path(tempfile.gettempdir()))
+    try:
+        full.read(5.0)
+        n, cpu, t_end = 0, 0.0, time.monotonic() + a.seconds
+        while time.monotonic() < t_end:
+            f = full.read(3.0)
+            if f is not None:
+                n, cpu = n + 1, cpu + (f.decode_cpu_s or 0.0)
+    finally:
+        full.close()
     served = max(keys["served"], 1)
     total = keys["cpu"] / served * 1e3
     full_s = cpu / a.seconds * 1e3
-    parts = {"reading (PyAV's demuxer: RTSP over TCP, RTP)": demux_s * 1e3,
+    parts = {reading: demux_s * 1e3,
              "NAL and picture assembly (Python)": assemble_s * 1e3,
              "decoding the key frame": keys["decode"] / served * 1e3,
              "converting it to BGR": keys["convert"] / served * 1e3}
@@ -767,8 +829,12 @@ def read_floor(a: argparse.Namespace) -> None:
         for _ in range(2):
             for name, run in (("PyAV demuxer", lambda: _pyav_read(cam.url, a.seconds, False)),
                               ("PyAV + assembly", lambda: _pyav_read(cam.url, a.seconds, True)),
-                              ("large reads", lambda: _large_reads(cam.url, a.seconds))):
+                              ("large reads", lambda: _large_reads(cam.url, a.seconds)),
+                              ("edgerun's client", lambda: _rtp_read(cam.url, a.seconds,
+                                                                     False)[:2])):
                 ms, pps, *keys = run()
+                if name == "edgerun's client":  # (CPU s a second, payloads)
+                    ms, pps = ms * 1e3, round(pps / a.seconds)
                 print(f"{name:16} {ms:6.2f} ms/s  {pps:4d} packets/s"
                       f"{f'  {keys[0]} key frames' if keys else ''}  load "
                       f"{os.getloadavg()[0]:.1f}")
@@ -845,16 +911,21 @@ def main() -> int:
                     help="rate caps, e.g. 1,5,10: each reader alone under each")
     ap.add_argument("--frame-size", default="",
                     help="--compare: edgerun's [source] frame_size, e.g. 128x72")
-    ap.add_argument("--child", nargs=6, help=argparse.SUPPRESS)
+    ap.add_argument("--decoders", default="pyav",
+                    help="--compare, --split: edgerun's [source] decoder(s), e.g. pyav,rtp")
+    ap.add_argument("--runs", type=int, default=1,
+                    help="--compare, --split: rounds over the decoders, alternated")
+    ap.add_argument("--child", nargs=7, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
         import json
 
-        role, urls, logs, seconds, cap_hz, size = a.child
+        role, urls, logs, seconds, cap_hz, size, decoder = a.child
         sys.path.insert(0, str(ROOT))
         print(json.dumps(_child(role, json.loads(urls), json.loads(logs), float(seconds),
                                 float(cap_hz),
-                                tuple(int(x) for x in size.split("x")) if size else ())))
+                                tuple(int(x) for x in size.split("x")) if size else (),
+                                decoder)))
         return 0
     if skip_reason():
         print(f"skipped: {skip_reason()}")

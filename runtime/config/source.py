@@ -58,8 +58,9 @@ class SourceConfig:
     read_timeout_s: float = 5.0  # capture of a URL, free-running pylon: silent this long = failed
     # capture of a stream: "opencv" (cv2.VideoCapture), "pyav" (PyAV: cheaper per frame, key
     # frames only under a low rate cap; the `streams` extra), "auto": PyAV for an RTSP URL
-    # where it is installed (docs/sources.md)
-    decoder: Literal["auto", "opencv", "pyav"] = "auto"
+    # where it is installed; "rtp": an rtsp:// H.264 camera read by edgerun's own RTSP client
+    # over TCP and decoded by PyAV (less CPU than FFmpeg's RTSP reader, docs/sources.md)
+    decoder: Literal["auto", "opencv", "pyav", "rtp"] = "auto"
     # capture: each frame converted to this [width, height] (empty: the camera's own size).
     # With PyAV the scaling is the pass that makes BGR anyway (a 720p frame to 192x108 costs
     # less than at full size, docs/sources.md); with OpenCV a resize after. For a small model
@@ -110,6 +111,13 @@ class SourceConfig:
         for key in ("open_timeout_s", "read_timeout_s"):
             if (v := getattr(self, key)) <= 0:
                 return key, f"must be > 0, got {v:g}"
+        if self.decoder == "rtp" and self.kind == "capture" and (
+                not self.path.lower().startswith("rtsp://") or self.transport == "udp"):
+            # the path is not quoted: it may hold credentials
+            return "decoder", ("'rtp' reads an rtsp:// URL over TCP (transport 'tcp' or "
+                               f"'auto'), got a path of scheme "
+                               f"{self.path.partition(':')[0][:20]!r} with transport "
+                               f"{self.transport!r}")
         if (self.model or self.tiling) and (problem := check_model(self)):
             return problem
         if problem := self._frame_size_problem():

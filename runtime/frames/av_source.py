@@ -16,6 +16,7 @@ from runtime.frames.cap_clock import CapClock, spaced
 from runtime.frames.frame import CredentialsRefused, Frame, OpenTimedOut, SourceError
 from runtime.frames.frame_shape import FrameShape
 from runtime.frames.latest_frame import LatestFrame
+from runtime.frames.rtp_h264 import RtpPayload
 from runtime.frames.stream_url import redact, shown, unresolved
 
 log = logging.getLogger("edgerun.source")
@@ -67,10 +68,11 @@ class NalAssembler:
         self.dropped_begun = 0  # NALs of drop_types begun: picture boundaries for AccessUnits
         self.keys_begun = 0  # key pictures whose first slice began: a key frame is arriving
 
-    def push(self, data: bytes | memoryview, pts: int | None = None
-             ) -> list[tuple[bytes, int | None]]:
+    def push(self, data: bytes | memoryview, pts: int | None = None,
+             ends: bool | None = None) -> list[tuple[bytes, int | None]]:
         """The NALs completed by one packet's payload (`pts`: the packet's), each with its
-        PTS."""
+        PTS. `ends`: whether the NAL ends with this packet where the reader knows it (an RTP
+        depacketizer's: FU-A's end bit, rtp_h264.py); None: judged by its size as above."""
         out: list[tuple[bytes, int | None]] = []
         head = bytes(data[:6])
         if head.startswith(_START4) or head.startswith(_START3):
@@ -94,6 +96,10 @@ class NalAssembler:
             self._begin(whole, pts)
             self._open = True
             self.ended_early = False
+            if ends is not None:
+                if ends:
+                    self._end(out)
+                return out
             # a NAL sent whole or a STAP-A is shorter than a first fragment (the payloader's
             # size + the start code and NAL header FFmpeg writes ahead of it)
             full_first = self._full + len(_START4) + 1
@@ -101,18 +107,28 @@ class NalAssembler:
                 self._end(out)
             return out
         if not self._open:  # a fragment of a NAL already handed over (or never begun)
-            if self.ended_early:
+            if self.ended_early and ends is None:
                 self.misjudged += 1
                 self.early_ok = False  # the size rule does not hold here: the next start
                 self.ended_early = False  # code ends a NAL from now on
             return out
         if not self._dropping:
             self._gather(data)
+        if ends is not None:
+            if ends:
+                self._end(out)
+            return out
         if len(data) > self._full:
             self._full = len(data)
         elif self.early_ok and len(data) < self._full:  # its last fragment
             self._end(out)
         return out
+
+    def lose(self) -> None:
+        """Packets were lost (an RTP sequence gap): the NAL being gathered is dropped, its
+        fragments after the gap begin none."""
+        self._nal.clear()
+        self._open = self._dropping = self.ended_early = False
 
     def _begin(self, data: bytes | memoryview, pts: int | None) -> None:
         """A NAL begins with `data` (its start code first) in a packet of `pts`: followed or
@@ -336,7 +352,7 @@ class AvStreamSource:
             except av.error.FFmpegError as e:
                 raise SourceError(f"source.path {self._shown!r}: cannot set up its decoder "
                                   f"({_why(e)})") from None
-            self._packets = self._c.demux(self._stream)
+            self._packets = self._packet_iter()
             self._bgr = av.video.reformatter.VideoReformatter()  # decoded frames to BGR
             # PyAV 17 gave reformatting threads (sws_scale_frame); before, it ran on the
             # caller's thread and took no `threads`
@@ -350,13 +366,14 @@ class AvStreamSource:
             # decoded, unread: (BGR image, decoded from damaged data: _read_one)
             self._ready: collections.deque[tuple[np.ndarray, bool]] = collections.deque()
             self._tainted = False  # damage met since the last clean key frame
+            self._lost = False  # RTP packets lost: the next picture queued is damaged
             self._take_key = True  # key frames only: the key frame being read is decoded
             self.damaged = 0  # packets the decoder refused and frames it concealed damage in
             self.converted = 0  # frames converted to BGR (those passed over are not)
             self._damaged_told = 0  # of those, already handed over with a frame
             self._keys = KeyRate()  # key frames seen, on the stream's clock where it has one
             # PTS units to seconds (packets of a demuxed stream carry its time base)
-            self._tb = float(self._stream.time_base or 0)
+            self._tb = self._time_base()
             self._hint_hz = 0.0
             self._skip = False  # decoding key frames only
             # under a rate cap: when the next frame is due (key frames only: none is decoded
@@ -404,6 +421,18 @@ class AvStreamSource:
                    unresolved(cfg.path) or f"cannot open ({_why(e)})")
             raise SourceError(f"source.path {self._shown!r}: {why}") from None
 
+    def _packet_iter(self):
+        """The stream's packets (av.Packet; RtpStreamSource: RtpPayload)."""
+        return self._c.demux(self._stream)
+
+    def _time_base(self) -> float:
+        """Seconds a PTS unit (0: none known)."""
+        return float(self._stream.time_base or 0)
+
+    def _extradata(self) -> bytes | None:
+        """The decoder's extradata (SPS/PPS as the demuxer read them)."""
+        return self._stream.codec_context.extradata
+
     def _close_container(self) -> None:
         c, self._c = self._c, None
         if c is not None:
@@ -428,7 +457,7 @@ class AvStreamSource:
             cc = self._stream.codec_context
         else:
             cc = self._av.CodecContext.create("h264", "r")
-            cc.extradata = self._stream.codec_context.extradata
+            cc.extradata = self._extradata()
             opts = {}
             if keys_only:
                 opts["skip_loop_filter"] = "all"
@@ -487,9 +516,11 @@ class AvStreamSource:
         (CapClock.never_served)."""
         return not self._skip and self._clock.never_served(time.monotonic(), self._spaced())
 
-    def _next_unit(self, t0: float) -> tuple[object, str, int | None]:
+    def _next_unit(self, t0: float) -> tuple[object, str, int | None, bool]:
         """The next picture to decode (a packet, or bytes from AccessUnits), whether it is
-        a key frame ("key") or not ("slice"), and its PTS (None: none)."""
+        a key frame ("key") or not ("slice"), its PTS (None: none), and whether packets were
+        lost ahead of it (an RTP sequence gap: RtpStreamSource): it or a picture it needs
+        is damaged."""
         av = self._av
         while not self._units:
             try:
@@ -507,19 +538,25 @@ class AvStreamSource:
                 continue
             pts = packet.pts
             if self._asm is None:
-                self._units.append((packet, "key" if packet.is_keyframe else "slice", pts))
+                self._units.append((packet, "key" if packet.is_keyframe else "slice", pts,
+                                    False))
                 continue
             asm, aus = self._asm, self._aus
+            if isinstance(packet, RtpPayload):  # the NAL's end known from the RTP packet
+                data, ends = packet.data, packet.ends
+                if packet.lost:  # the NAL being gathered is dropped, and the next picture
+                    asm.lose()   # handed over (the one it was in, or a later one) is
+                    self._lost = True  # marked: damaged until the next clean key frame
+            else:
+                data, ends = memoryview(packet), None
             begun, keys, oversize = asm.dropped_begun, asm.keys_begun, asm.oversize + aus.oversize
-            for nal, nal_pts in asm.push(memoryview(packet), pts):
+            for nal, nal_pts in asm.push(data, pts, ends):
                 kind = nal_type(nal)
                 if kind in (7, 8):  # a new decoder's first NALs (key frames only)
                     self._params[kind] = nal
-                for pic, key, pic_pts in aus.push(nal, nal_pts):
-                    self._units.append((pic, "key" if key else "slice", pic_pts))
+                self._queue(aus.push(nal, nal_pts))
             if asm.dropped_begun != begun:  # the key picture before it is whole
-                self._units.extend((pic, "key" if key else "slice", pic_pts)
-                                   for pic, key, pic_pts in aus.boundary())
+                self._queue(aus.boundary())
             if asm.oversize + aus.oversize != oversize:  # a NAL or picture dropped
                 self.damaged += asm.oversize + aus.oversize - oversize
                 self._tainted = True
@@ -538,13 +575,22 @@ class AvStreamSource:
                     asm.drop_types = frozenset()
         return self._units.popleft()
 
+    def _queue(self, pictures: list[Picture]) -> None:
+        """Pictures to decode, the first marked where packets were lost before it."""
+        for pic, key, pts in pictures:
+            self._units.append((pic, "key" if key else "slice", pts, self._lost))
+            self._lost = False
+
     def _read_one(self) -> tuple[np.ndarray, bool]:
         """On the reader thread: the next decoded frame (a key frame alone when skipping) and
         whether it was decoded from damaged data (a damage since the last clean key frame)."""
         t0 = time.monotonic()
         av = self._av
         while not self._ready:
-            unit, what, pts = self._next_unit(t0)
+            unit, what, pts, lost = self._next_unit(t0)
+            if lost:
+                self.damaged += 1
+                self._tainted = True
             if what == "key":
                 self._keys.add(self._seconds(pts), time.monotonic())
                 kf = self.key_frame_hz()
@@ -591,7 +637,7 @@ class AvStreamSource:
                 if f.is_corrupt:
                     self.damaged += 1
                     self._tainted = True
-                elif f.key_frame:
+                elif f.key_frame and not lost:
                     self._tainted = False
                 if self._never_served():
                     # counted and numbered as decoded and passed over, not converted (~0.4 ms

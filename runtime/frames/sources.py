@@ -1,5 +1,6 @@
 """Opens the configured frame source: synthetic conveyor (synthetic_source.py), image folder in
-watch mode (folder_source.py), OpenCV capture (capture_source.py) or PyAV stream (av_source.py),
+watch mode (folder_source.py), OpenCV capture (capture_source.py), PyAV stream (av_source.py)
+or edgerun's own RTSP client decoded by PyAV (rtp_source.py),
 MQTT trigger (trigger_source.py), a Basler camera through pypylon (pylon_source.py, wrapped
 here), and any of them triggered by the PLC's edges (`trigger = "opcua"` or `"modbus"`).
 
@@ -21,6 +22,7 @@ from runtime.frames.capture_source import CaptureSource
 from runtime.frames.edges import EdgeBoard, EdgeBoards
 from runtime.frames.folder_source import FolderSource
 from runtime.frames.frame import BadFrame, Frame, Source, SourceError
+from runtime.frames.rtp_source import RtpStreamSource
 from runtime.frames.synthetic_source import Clock, SyntheticConveyor
 from runtime.frames.trigger_source import EdgeTriggered, TriggerSource
 
@@ -98,6 +100,11 @@ def open_source(cfg: SourceConfig, state_dir: Path, broker=None, client_id: str 
     if cfg.kind == "folder":
         return FolderSource(cfg, state_dir)
     if cfg.kind == "capture":
+        if cfg.decoder == "rtp":
+            if not pyav_available():
+                raise SourceError("source.decoder = 'rtp' decodes with PyAV, which is not "
+                                  "installed (pip install 'edgerun[streams]')")
+            return RtpStreamSource(cfg)
         if use_pyav(cfg):
             return AvStreamSource(cfg)
         return CaptureSource(cfg)

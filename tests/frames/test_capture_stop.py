@@ -19,9 +19,9 @@ from runtime.frames.pipeline import Pipeline
 from runtime.frames.sources import open_source
 
 
-@pytest.mark.parametrize("decoder", ["pyav", "opencv"])
+@pytest.mark.parametrize("decoder", ["pyav", "opencv", "rtp"])
 def test_a_stop_outlasts_a_capture_threads_open_into_a_black_hole(tmp_path, decoder):
-    if decoder == "pyav":
+    if decoder in ("pyav", "rtp"):
         pytest.importorskip("av")
     # a black hole: a listener whose one-place backlog is full, so a connect is never
     # answered (SYNs dropped), as behind a firewall that drops them

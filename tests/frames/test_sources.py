@@ -149,6 +149,11 @@ def test_a_frame_size_of_another_shape_is_said(w, h, size, says):
      "'tcp' or 'udp' or 'auto'"),
     ({"kind": "capture", "path": "rtsp://x/y", "decoder": "gst"}, "source.decoder",
      "'auto' or 'opencv' or 'pyav'"),
+    # edgerun's own RTSP client: rtsp:// over TCP only (the path, credentials and all, unsaid)
+    ({"kind": "capture", "path": "http://u:pw1@x/y", "decoder": "rtp"}, "source.decoder",
+     "scheme 'http'"),
+    ({"kind": "capture", "path": "rtsp://x/y", "decoder": "rtp", "transport": "udp"},
+     "source.decoder", "over TCP"),
     ({"frame_size": [224, 126]}, "source.frame_size", "a capture source"),
     ({"kind": "capture", "path": "rtsp://x/y", "frame_size": [224]}, "source.frame_size",
      "[width, height]"),

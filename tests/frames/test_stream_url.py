@@ -63,9 +63,13 @@ def test_a_password_in_the_path_or_query_is_redacted(url, expected):
 
 
 
-@pytest.mark.parametrize("decoder", ["opencv", pytest.param("pyav", marks=pytest.mark.skipif(
+_NO_PYAV = pytest.mark.skipif(
     not __import__("runtime.frames.av_source", fromlist=["x"]).pyav_available(),
-    reason="PyAV is not installed"))])
+    reason="PyAV is not installed")
+
+
+@pytest.mark.parametrize("decoder", ["opencv", pytest.param("pyav", marks=_NO_PYAV),
+                                     pytest.param("rtp", marks=_NO_PYAV)])
 def test_an_error_quotes_a_5000_character_url_cut_and_redacted(tmp_path, decoder):
     """A camera URL of 5000 characters (a token in its path) at a port that refuses: the one
     SourceError quotes it cut to SHOWN_MAX characters with its length said, its credentials

@@ -291,14 +291,16 @@ class DamagingProxy:
     untouched; from the camera, RTSP replies pass and every `every`-th RTP packet of channel 0
     has bytes of its payload flipped while `damaging` is set (the RTP header, the H.264
     NAL/FU headers and the `$` framing left whole: damage in flight, as a bad link's, that the
-    transport does not see). `url` is the camera's through the proxy; `damaged` counts the
-    packets flipped; `close()` stops it and joins its threads."""
+    transport does not see). `drop`: those packets are left out instead (a sequence gap, as
+    a relay that drops packets under load). `url` is the camera's through the proxy;
+    `damaged` counts the packets flipped or dropped; `close()` stops it and joins its
+    threads."""
 
-    def __init__(self, camera: RtspCamera, every: int = 7):
+    def __init__(self, camera: RtspCamera, every: int = 7, drop: bool = False):
         import socket
         import threading
 
-        self.camera, self.every = camera, every
+        self.camera, self.every, self.drop = camera, every, drop
         self.damaging = threading.Event()
         self.damaged = 0
         self._srv = socket.create_server(("127.0.0.1", 0))
@@ -359,9 +361,11 @@ class DamagingProxy:
                         if pkt[1] == 0 and size > 40 and self.damaging.is_set():
                             n += 1
                             if n % self.every == 0:
+                                self.damaged += 1
+                                if self.drop:
+                                    continue
                                 for i in range(4 + 30, 4 + size, 97):
                                     pkt[i] ^= 0x5A
-                                self.damaged += 1
                         out += pkt
                     else:  # an RTSP reply: headers, then Content-Length bytes of body
                         end = buf.find(b"\r\n\r\n")
