@@ -50,7 +50,10 @@ def quiet_ffmpeg(debug: bool | None = None) -> None:
     if _FFMPEG_LEVEL not in os.environ:
         os.environ[_FFMPEG_LEVEL] = "24" if debug else "-8"  # AV_LOG_WARNING / AV_LOG_QUIET
     if "OPENCV_LOG_LEVEL" not in os.environ and not debug:
-        cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_ERROR)
+        # lowered only, never raised: the OpenCV backend sets SILENT, and raising it to ERROR
+        # let a profiling round write 12 `[ERROR:...] onnx_importer` lines naming no model
+        lv = cv2.utils.logging
+        lv.setLogLevel(min(lv.getLogLevel(), lv.LOG_LEVEL_ERROR))
 
 
 class CaptureSource:

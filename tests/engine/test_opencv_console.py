@@ -31,9 +31,6 @@ except cv2.error:
 
 
 @pytest.mark.skipif(not FP16.exists(), reason="bundled model not built")
-@pytest.mark.xfail(strict=True, reason="runtime/frames/capture_source.py quiet_ffmpeg sets "
-                   "OpenCV's level to ERROR even where the OpenCV backend had set SILENT; "
-                   "runtime/frames/ is another helper's")
 def test_a_camera_opened_keeps_opencvs_dnn_errors_off_the_journal():
     env = child_env()
     env.pop("OPENCV_LOG_LEVEL", None)  # the operator's own level is kept (as it should be)
