@@ -632,12 +632,18 @@ def test_frames_decoded_from_damaged_pictures_are_not_judged(tmp_path, camera, c
     assert not p.of("source_failed")
     assert all(n is not None for n, _ in p.judged), p.judged
     assert worst < 0.01, [j for j in p.judged if j[1] and j[1] >= 0.01]
-    assert bad >= (1 if cap_hz else 3) and len(said) == 1
+    assert stats["sources"]["main"]["stream_damaged"] >= 1
+    # dropped at 1 fps: a gap drops the NAL it cut, and a key frame's slices are most of its
+    # packets, so at every 2nd packet dropped often nothing of it is left to decode: no frame
+    # to refuse (CI, 2026-12-07: 0), none judged either (above)
+    assert bad >= (0 if drop and cap_hz else 1 if cap_hz else 3)
+    assert len(said) == (1 if bad else 0)
     # which camera is blind, where several run: its own count in health, its name in the
     # event (a ref of "frame-N" names none)
     assert stats["sources"]["main"]["not_judged"] == bad, stats["sources"]["main"]
-    told = [e for e in p.of("frame_bad") if e["kind"] == "decode_damaged"]
-    assert told and told[0]["source"] == "main" and "main" in said[0].getMessage(), told
+    if bad:
+        told = [e for e in p.of("frame_bad") if e["kind"] == "decode_damaged"]
+        assert told and told[0]["source"] == "main" and "main" in said[0].getMessage(), told
 
 
 @pytest.mark.skipif(not pyav_available(), reason="PyAV is not installed (the streams extra)")
