@@ -274,8 +274,11 @@ def _freeze_and_thaw(c: Coordinator, dev, port: int, mnt, stop: threading.Event,
     # what the freeze caught in flight completed: a batch ("stored") or, when the freeze
     # caught the fleet refresh first (a race of ~1 in 5 under load), housekeeping ("done");
     # then the messages that waited are stored
-    said = [r.getMessage() for r in caplog.records if "store" in r.getMessage()]
-    assert any("completed (stored)" in m or "completed (done)" in m for m in said), said
+    def said() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "store" in r.getMessage()]
+    # the state reads ok as the watch ends the stall; its line is logged just after
+    assert until(lambda: any("completed (stored)" in m or "completed (done)" in m
+                             for m in said()), 10), said()
     assert until(lambda: c._inbox.qsize() == 0, 30)
     assert _status(c, "A") == "online"
     assert not [r for r in caplog.records if "-> offline" in r.getMessage()
