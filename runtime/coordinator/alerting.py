@@ -133,7 +133,11 @@ class Alerting:
             body["raised_t"] = t.raised_t
         self.log.append(body)
         self.counters[f"alerts_{state}"] += 1
-        if quiet is None:
+        if quiet is None and state == "cleared":
+            # the message is the raise's ("device is offline"): said as what it was, or the
+            # line reads "offline cleared: device is offline"
+            log.info("device %s: alert %s cleared (raised for: %s)", device, code, message)
+        elif quiet is None:
             log.info("device %s: alert %s %s: %s", device, code, state, message)
         else:
             quiet[(code, state)] += 1
