@@ -30,9 +30,8 @@ from power.energy import EnergyState
 from power.nvml import gpu_meters
 from power.sensors import detect_meter
 from runtime.config import Config, ConfigError
-from runtime.device import commands, installing
+from runtime.device import commands, installing, instance
 from runtime.device.health import health
-from runtime.device.instance import claim_outbox
 from runtime.device.links import Links
 from runtime.device.operator_state import OperatorState
 from runtime.device.ota import DeviceOta
@@ -94,12 +93,27 @@ class Daemon:
         """Bring every part up in order; raises with the failing step named."""
         if why := make_dir(self.state_dir):  # a file in its place, a read-only parent
             raise ConfigError(f"daemon.state_dir {self.state_dir} {why}")
-        self._instance = claim_outbox(Path(self.cfg.telemetry.outbox.path).expanduser())
+        self._instance = instance.claim_outbox(Path(self.cfg.telemetry.outbox.path).expanduser())
+        last_end = (None if self._instance is None else
+                    instance.take_over(self._instance, wire_clock.read(kernel=False).boot_id))
+        try:
+            self._bring_up(last_end)
+        except BaseException:
+            # a start-up that failed says why in its log and exits: not an unclean stop
+            instance.mark_stopped(self._instance)
+            raise
+
+    def _bring_up(self, last_end: str | None) -> None:
+        """start()'s steps once the outbox is this process's (`last_end`: how the run before
+        it ended, when not cleanly)."""
         # commands sent earlier outlive restarts (and the config file's [constraints]); so do
         # the harvest forecast learnt (`kept`) and the operator's rate cap
         self.cfg, kept = self.operator.restore(self.cfg)
         self._open_device(kept)
         self._open_links()
+        if last_end:
+            log.warning("%s", instance.SAID[last_end])
+            self.event("unclean_stop", "warning", how=last_end)
         rest = installing.install_models(self.serving, self.ota)
         self._start_pipeline()
         self.refresh_state(reports=True)  # birth, Home Assistant, OPC UA read it from now on
@@ -305,6 +319,7 @@ class Daemon:
         self.links.history.close()  # first: the outbox's close may raise
         lost = self.links.outbox.close()  # results held in memory the disk refused to the end
         self.wakeup.close()
+        instance.mark_stopped(self._instance)
         log.info("stopped; %d results not yet acked stay in the outbox for the next start%s",
                  stats["results_held"] - lost,
                  f" ({lost} held in memory were lost: the disk refused them)" if lost else "")

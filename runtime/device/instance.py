@@ -5,7 +5,13 @@ Two daemons on one outbox (a config tried by hand while the service runs, two un
 configs that leave `[telemetry.outbox] path` at its default) each hand out the stream's seqs
 from their own counter: the coordinator stores one result per (stream, seq) and the other is
 lost without a word, and the two take over each other's broker session (one identity).
-Found in a field run (2026-12-07, tests/device/test_serve_one_instance.py)."""
+Found in a field run (2026-12-07, tests/device/test_serve_one_instance.py).
+
+The lock file also says how the previous run ended: running (its pid and the kernel's boot
+id) or stopped. A start that finds a run still recorded as running says so once (the
+`unclean_stop` event): killed in this boot, or cut off by a power loss or reset in an earlier
+one. Nothing else on the device tells the fleet that a daemon died without its stop (systemd's
+journal stays on the device); found in an outside run (2026-12-07)."""
 
 from __future__ import annotations
 
@@ -37,7 +43,7 @@ def claim_outbox(outbox: Path) -> int | None:
     except BlockingIOError:
         holder = ""
         with contextlib.suppress(OSError, ValueError):
-            holder = os.pread(fd, 32, 0).decode().strip()
+            holder = os.pread(fd, RECORD, 0).decode("ascii", "replace").split(" ")[0].strip()
         os.close(fd)
         who = f"pid {holder}" if holder.isdigit() else "its pid unknown"
         raise ConfigError(
@@ -49,7 +55,59 @@ def claim_outbox(outbox: Path) -> int | None:
         log.debug("no instance lock at %s (%s)", path, e)
         os.close(fd)
         return None
-    with contextlib.suppress(OSError):  # who holds it, for the next one's message
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return fd
+
+
+def take_over(fd: int, boot_id: str) -> str | None:
+    """Read how the previous run of this outbox ended from the lock file (see `previous_end`)
+    and record this one as running: its pid (the next one's message names it) and boot id.
+    One record of fixed width, written in place: a cut mid-write leaves the old record or
+    the new one, never an empty file read as "no previous run"."""
+    try:
+        before = os.pread(fd, RECORD, 0).decode("ascii", "replace")
+        os.pwrite(fd, _record(f"{os.getpid()} {boot_id}"), 0)
+    except OSError as e:  # the disk refused: the outbox says what it does about that
+        log.debug("instance record not read or written: %s", e)
+        return None
+    return previous_end(before, boot_id)
+
+
+def mark_stopped(fd: int | None) -> None:
+    """Record a clean stop (the next start then says nothing of this run). The lock stays
+    held until the process ends: the outbox may still be closing."""
+    if fd is None:
+        return
+    with contextlib.suppress(OSError):
+        os.pwrite(fd, _record(STOPPED), 0)
+        os.fdatasync(fd)  # a power cut right after a clean stop must not read as one during
+
+
+SAID = {
+    "killed": "the last run ended without its stop in this boot (kill -9, the OOM killer, "
+              "a crash): what it stored is kept; frames in flight then were "
+              "not inspected",
+    "power": "the last run was cut off by a power loss or a reset (not a clean reboot, "
+             "which stops the service first): what it stored is kept, up to the outbox's "
+             "last sync (fsync = \"normal\" may lose the commits of the last second)",
+}
+
+
+def previous_end(record: str, boot_id: str) -> str | None:
+    """How the run that wrote `record` ended, for an operator: None when it stopped cleanly,
+    when there was none (an empty file), or when the record cannot tell (an older version's
+    bare pid, a damaged record); "killed" when it was running in this same boot (kill -9,
+    the OOM killer, a crash: nothing ran its stop); "power" when it was
+    running in an earlier boot (a power cut, a watchdog or hard reset: a clean reboot stops
+    the service first)."""
+    words = record.split()
+    if len(words) != 2 or not words[0].isdigit() or boot_id == "unknown":
+        return None
+    return "killed" if words[1] == boot_id else "power"
+
+
+RECORD = 64  # bytes: one sector's part, written whole (a pid and a 12-digit boot id fit)
+STOPPED = "stopped"
+
+
+def _record(text: str) -> bytes:
+    return text.encode("ascii").ljust(RECORD - 1)[:RECORD - 1] + b"\n"

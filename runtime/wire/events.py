@@ -30,6 +30,10 @@ class EventType(StrEnum):
         member.doc = doc
         return member
 
+    # -- the daemon's own life (runtime/device/instance.py) -------------------------------------
+    UNCLEAN_STOP = ("unclean_stop", "at start: the previous run never ran its stop (`how`: "
+                    "\"killed\" in this boot: kill -9, the OOM killer, a crash; "
+                    "\"power\": a power loss or reset in an earlier boot)")
     # -- frames (runtime/frames/) ---------------------------------------------------------------
     FRAME_BAD = ("frame_bad", "an input was refused (too large, truncated, corrupt, not an "
                  "image, unreadable); rate-limited, the source keeps running")

@@ -1,0 +1,85 @@
+"""How the previous run ended, said at start (runtime/device/instance.py). Found in an outside
+run (2026-12-07): seven kill -9s of `edgerun serve` and nothing the fleet received said that
+a daemon had died without its stop; systemd's journal stays on the device."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+from support.daemon_harness import Serve, events, write_config
+from support.waiting import wait
+
+from runtime.device import instance
+
+BOOT = "0123456789ab"
+
+
+@pytest.mark.parametrize("record,boot,said", [
+    ("", BOOT, None),  # a new lock file: no run before
+    ("stopped", BOOT, None),
+    (f"4242 {BOOT}", BOOT, "killed"),  # running in this boot, and now we are here
+    ("4242 ba9876543210", BOOT, "power"),  # running in a boot that ended without its stop
+    ("4242\n", BOOT, None),  # an older version's bare pid: cannot tell
+    ("42x2 0123456789ab", BOOT, None),  # damaged
+    ("\x00" * 63 + "\n", BOOT, None),  # a block of zeros after a cut
+    (f"4242 {BOOT}", "unknown", None),  # no boot id here: cannot tell killed from power
+])
+def test_previous_end_table(record, boot, said):
+    assert instance.previous_end(record.ljust(63) + "\n", boot) == said
+
+
+def test_the_record_is_written_in_place_and_read_back(tmp_path):
+    path = tmp_path / "outbox.db.lock"
+    path.write_text("4242\n")  # an older version's
+    fd = instance.claim_outbox(tmp_path / "outbox.db")
+    try:
+        assert instance.take_over(fd, BOOT) is None
+        assert path.read_text() == f"{os.getpid()} {BOOT}".ljust(63) + "\n"
+        instance.mark_stopped(fd)
+        assert path.read_text().split() == ["stopped"]
+        assert instance.take_over(fd, BOOT) is None  # stopped: nothing to say
+        assert instance.take_over(fd, BOOT) == "killed"  # still running from the line above
+    finally:
+        os.close(fd)
+
+
+def _unclean(d: Serve) -> list[dict]:
+    return [e for e in events(d.outbox, "unclean_stop")]
+
+
+def test_a_killed_run_is_said_at_the_next_start_and_a_clean_stop_is_not(tmp_path):
+    cfg = write_config(tmp_path, tmp_path / "cache")
+    first = Serve(tmp_path, cfg)
+    try:
+        wait(first.ready, 120, "the first daemon ready", first)
+    finally:
+        first.proc.send_signal(signal.SIGKILL)
+        first.proc.wait(30)
+    second = Serve(tmp_path, cfg)
+    try:
+        wait(second.ready, 120, "a daemon after the kill", second)
+        assert "the last run ended without its stop in this boot" in second.text()
+        assert [e["how"] for e in _unclean(second)] == ["killed"]
+    finally:
+        assert second.stop() == 0, second.text()[-3000:]
+    # a power cut in an earlier boot: the record of a run in another boot, as a cut leaves it
+    lock = tmp_path / "state" / "outbox.db.lock"
+    assert lock.read_text().split() == ["stopped"]
+    third = Serve(tmp_path, cfg)
+    try:
+        wait(third.ready, 120, "a daemon after a clean stop", third)
+        assert "the last run" not in third.text()
+        assert len(_unclean(third)) == 1  # the first one's only
+    finally:
+        third.proc.send_signal(signal.SIGKILL)
+        third.proc.wait(30)
+    lock.write_text("4242 ba9876543210".ljust(63) + "\n")
+    fourth = Serve(tmp_path, cfg)
+    try:
+        wait(fourth.ready, 120, "a daemon after a power cut", fourth)
+        assert "cut off by a power loss or a reset" in fourth.text()
+        assert [e["how"] for e in _unclean(fourth)] == ["killed", "power"]
+    finally:
+        assert fourth.stop() == 0
