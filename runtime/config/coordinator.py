@@ -86,6 +86,10 @@ class CoordinatorConfig:
     webhook_queue: int = 1000  # alerts waiting; past this the oldest is dropped and counted
     webhook_alerts: tuple[str, ...] = ()  # alert codes sent (docs/dashboard.md); empty = all
     alert_clear_s: float = 30.0  # an alert is reported cleared once away this long
+    # `offline` is reported raised only once it has lasted this long: a broker's restart
+    # publishes every connected device's will (mosquitto 2) and a service restart says
+    # offline, each back in seconds; 0: at once (alerts.py)
+    offline_alert_s: float = 60.0
     ingest_batch: int = 500  # messages per store transaction
     # A batch waits up to this long for more messages before its transaction: every
     # transaction writes whole pages (WAL and checkpoint), so one result a transaction wrote
@@ -169,8 +173,9 @@ class CoordinatorConfig:
             return "webhook_url", why
         if unknown := sorted(set(self.webhook_alerts) - set(ALERT_CODES)):
             return "webhook_alerts", f"unknown alert code(s) {unknown}; known: {ALERT_CODES}"
-        if not 0 <= self.alert_clear_s <= 86400:
-            return "alert_clear_s", f"must be 0..86400, got {self.alert_clear_s}"
+        for key in ("alert_clear_s", "offline_alert_s"):
+            if not 0 <= (v := getattr(self, key)) <= 86400:
+                return key, f"must be 0..86400, got {v}"
         if not (0.1 <= self.webhook_timeout_s <= 300 and 1 <= self.webhook_attempts <= 100
                 and 0 <= self.webhook_backoff_s <= 3600 and 1 <= self.webhook_queue <= 10**6):
             return "webhook_url", ("webhook_timeout_s must be 0.1..300, webhook_attempts "

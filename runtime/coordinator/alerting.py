@@ -37,8 +37,9 @@ class Alerting:
         # the refresh. Alerts active at start were raised before: they are not sent again.
         self.log: collections.deque = collections.deque(maxlen=ALERT_LOG)
         self.store_log = AlertLog(store)  # what every coordinator's dashboard lists
-        # each (device, code)'s state: raised at once, cleared once away alert_clear_s
-        self._alerts = AlertStates()
+        # each (device, code)'s state: raised at once (`offline` once it lasts
+        # offline_alert_s), cleared once away alert_clear_s
+        self._alerts = AlertStates({"offline": cfg.offline_alert_s})
         # the coordinator's own alerts (code -> message: `store`, store_watch.py), told as a
         # device's under this name (each coordinator sharing a store has its own)
         self.own_name = f"coordinator {cfg.client_id}"
@@ -101,15 +102,17 @@ class Alerting:
         """Turn alert changes into transitions (alerts.py: a raise at once unless it is only
         back from a clear still settling; a clear after alert_clear_s). Under the views
         lock; Webhook.submit never blocks."""
-        flaps = self._alerts.flaps
+        flaps, held = self._alerts.flaps, self._alerts.held_back
         # stamped as the raise's payload is (webhooks.alert_payload: ms), so a clear's
         # raised_t and the dashboard's `since` equal the raise's `t`
         self._tell(self._alerts.apply(changes, now, stamp=round(now, 3)), now, views,
                    many=len(changes) > 20)
         self.counters["alert_flaps"] += self._alerts.flaps - flaps
+        self.counters["alerts_held_back"] += self._alerts.held_back - held
 
     def _settle_clears(self, now: float, views: dict[str, fleet.DeviceView]) -> None:
-        """Send the clears of alerts that have stayed away for alert_clear_s."""
+        """Send the clears of alerts that have stayed away for alert_clear_s, and the raises
+        of those that have lasted their delay."""
         told = self._alerts.settle(now, self.cfg.alert_clear_s)
         self._tell(told, now, views, many=len(told) > 20)
 

@@ -7,38 +7,58 @@ went (`fleet.alert_changes`). What the operator and the webhook are told is deci
     state       on          next        tells
     ---------   ---------   ---------   ----------------------------------------------
     (none)      raised      active      raised (at once)
+    (none)      held        raising     - (a code with a raise delay: told once it lasts)
     (none)      cleared     clearing    - (an alert active before this process started)
+    raising     due         active      raised (it lasted its raise delay)
+    raising     cleared     (none)      - (gone before its delay: never told, counted)
+    raising     raised      raising     -
+    raising     held        raising     -
     active      raised      active      -
+    active      held        active      -
     active      cleared     clearing    - (it must stay away for alert_clear_s)
     clearing    raised      active      - (a flap: back within alert_clear_s, one alert)
+    clearing    held        active      - (the same flap)
     clearing    cleared     clearing    -
     clearing    settled     (none)      cleared (it stayed away alert_clear_s)
-    (none)      settled     (none)      -
-    active      settled     active      -
+    (any other) settled/due (same)      -
 
-so a flapping sensor or link is one alert, not a stream. Pure: time comes in, transitions
-go out; the coordinator logs them, records them and hands them to the webhook.
+so a flapping sensor or link is one alert, not a stream, and an `offline` that lasts seconds
+(a broker's restart publishes every connected device's will: mosquitto 2, measured
+2026-12-07; a service restart says offline) is none. Pure: time comes in, transitions go
+out; the coordinator logs them, records them and hands them to the webhook.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-ACTIVE, CLEARING = "active", "clearing"
+RAISING, ACTIVE, CLEARING = "raising", "active", "clearing"
 RAISED, CLEARED, SETTLED = "raised", "cleared", "settled"  # inputs (and what is told)
+HELD, DUE = "held", "due"  # inputs: raised with a delay; the delay passed
 
 # (state, input) -> (next state, what is told or None). None as a state: not tracked.
 TABLE: dict[tuple[str | None, str], tuple[str | None, str | None]] = {
     (None, RAISED): (ACTIVE, RAISED),
+    (None, HELD): (RAISING, None),
     (None, CLEARED): (CLEARING, None),
     (None, SETTLED): (None, None),
+    (None, DUE): (None, None),
+    (RAISING, RAISED): (RAISING, None),
+    (RAISING, HELD): (RAISING, None),
+    (RAISING, CLEARED): (None, None),
+    (RAISING, SETTLED): (RAISING, None),
+    (RAISING, DUE): (ACTIVE, RAISED),
     (ACTIVE, RAISED): (ACTIVE, None),
+    (ACTIVE, HELD): (ACTIVE, None),
     (ACTIVE, CLEARED): (CLEARING, None),
     (ACTIVE, SETTLED): (ACTIVE, None),
+    (ACTIVE, DUE): (ACTIVE, None),
     (CLEARING, RAISED): (ACTIVE, None),
+    (CLEARING, HELD): (ACTIVE, None),
     (CLEARING, CLEARED): (CLEARING, None),
     (CLEARING, SETTLED): (None, CLEARED),
+    (CLEARING, DUE): (CLEARING, None),
 }
 
 
@@ -64,15 +84,19 @@ class _Entry:
     state: str | None
     raised_t: float | None = None  # when it was told raised (this process)
     went: float = 0.0  # when it went (clearing)
-    message: str = ""  # the clear's message (clearing)
+    message: str = ""  # the clear's message (clearing); the raise's (raising)
+    came: float = 0.0  # when it came (raising)
 
 
 class AlertStates:
     """The state of every (device, code) being tracked, driven by TABLE."""
 
-    def __init__(self) -> None:
+    def __init__(self, raise_s: Mapping[str, float] | None = None) -> None:
+        """`raise_s`: the codes told raised only once they have lasted this long."""
         self._entries: dict[tuple[str, str], _Entry] = {}
+        self._raise_s = {c: s for c, s in (raise_s or {}).items() if s > 0}
         self.flaps = 0  # alerts back within alert_clear_s (one alert, not two)
+        self.held_back = 0  # alerts gone before their raise delay (never told)
 
     def apply(self, changes: Iterable[tuple[str, str, str, str]], now: float,
               stamp: float | None = None) -> list[Told]:
@@ -83,32 +107,48 @@ class AlertStates:
         for device, code, state, message in changes:
             key = (device, code)
             entry = self._entries.get(key) or _Entry(None)
+            if state == RAISED and code in self._raise_s:
+                state = HELD
             nxt, told = transition(entry.state, state)
             if entry.state == CLEARING and nxt == ACTIVE:
                 self.flaps += 1
+            if entry.state == RAISING and nxt is None:
+                self.held_back += 1
             if state == CLEARED and entry.state != CLEARING:
                 entry.went, entry.message = now, message
+            if nxt == RAISING and entry.state != RAISING:
+                entry.came, entry.message = now, message
             if told == RAISED:
                 entry.raised_t = now if stamp is None else stamp
                 out.append(Told(device, code, RAISED, message))
-            entry.state = nxt
-            self._entries[key] = entry
+            self._put(key, entry, nxt)
         return out
 
     def settle(self, now: float, clear_s: float) -> list[Told]:
-        """The clears of alerts that have stayed away `clear_s`; they are told now."""
+        """The clears of alerts that have stayed away `clear_s` and the raises of those that
+        have lasted their raise delay; they are told now."""
         out = []
         for key, entry in list(self._entries.items()):
-            if entry.state != CLEARING or now - entry.went < clear_s:
+            if entry.state == CLEARING and now - entry.went >= clear_s:
+                nxt, told = transition(entry.state, SETTLED)
+            elif entry.state == RAISING and now - entry.came >= self._raise_s[key[1]]:
+                nxt, told = transition(entry.state, DUE)
+            else:
                 continue
-            nxt, told = transition(entry.state, SETTLED)
             if told == CLEARED:
                 out.append(Told(*key, CLEARED, entry.message, entry.raised_t))
-            if nxt is None:
-                del self._entries[key]
-            else:
-                entry.state = nxt
+            elif told == RAISED:
+                entry.raised_t = round(now, 3)  # as apply's stamp is
+                out.append(Told(*key, RAISED, entry.message))
+            self._put(key, entry, nxt)
         return out
+
+    def _put(self, key: tuple[str, str], entry: _Entry, state: str | None) -> None:
+        if state is None:
+            self._entries.pop(key, None)
+        else:
+            entry.state = state
+            self._entries[key] = entry
 
     def raised_at(self, device: str, code: str) -> float | None:
         """When this process told (device, code) raised, while it is active or clearing."""
@@ -122,6 +162,6 @@ class AlertStates:
                       if e.state == CLEARING)
 
     def state(self, device: str, code: str) -> str | None:
-        """ACTIVE, CLEARING or None (not tracked)."""
+        """RAISING, ACTIVE, CLEARING or None (not tracked)."""
         entry = self._entries.get((device, code))
         return entry.state if entry is not None else None

@@ -86,7 +86,7 @@ def test_an_alert_due_while_the_store_hangs_holds_no_api_request(tmp_path):
 
     coord = Coordinator(CoordinatorConfig(fleet="test", store=str(tmp_path / "c.db"),
                                           alert_clear_s=0, stale_after_s=5,
-                                          offline_after_s=10))
+                                          offline_after_s=10, offline_alert_s=0))
     now = time.time()
     coord._ingest([(payloads.topic("test", "d", "health"), payloads.encode("health", {
         "v": 1, "t": now, "boot": "b"}), now)])

@@ -6,7 +6,17 @@ from __future__ import annotations
 import pytest
 
 from runtime.coordinator import alerts
-from runtime.coordinator.alerts import ACTIVE, CLEARED, CLEARING, RAISED, SETTLED, AlertStates
+from runtime.coordinator.alerts import (
+    ACTIVE,
+    CLEARED,
+    CLEARING,
+    DUE,
+    HELD,
+    RAISED,
+    RAISING,
+    SETTLED,
+    AlertStates,
+)
 
 
 @pytest.mark.parametrize("state, event, want", [
@@ -19,14 +29,25 @@ from runtime.coordinator.alerts import ACTIVE, CLEARED, CLEARING, RAISED, SETTLE
     (CLEARING, RAISED, (ACTIVE, None)),
     (CLEARING, CLEARED, (CLEARING, None)),
     (CLEARING, SETTLED, (None, CLEARED)),
+    (None, HELD, (RAISING, None)),
+    (None, DUE, (None, None)),
+    (RAISING, RAISED, (RAISING, None)),
+    (RAISING, HELD, (RAISING, None)),
+    (RAISING, CLEARED, (None, None)),
+    (RAISING, SETTLED, (RAISING, None)),
+    (RAISING, DUE, (ACTIVE, RAISED)),
+    (ACTIVE, HELD, (ACTIVE, None)),
+    (ACTIVE, DUE, (ACTIVE, None)),
+    (CLEARING, HELD, (ACTIVE, None)),
+    (CLEARING, DUE, (CLEARING, None)),
 ])
 def test_transition_table(state, event, want):
     assert alerts.transition(state, event) == want
 
 
 def test_the_table_covers_every_state_and_input():
-    assert set(alerts.TABLE) == {(s, e) for s in (None, ACTIVE, CLEARING)
-                                 for e in (RAISED, CLEARED, SETTLED)}
+    assert set(alerts.TABLE) == {(s, e) for s in (None, RAISING, ACTIVE, CLEARING)
+                                 for e in (RAISED, HELD, CLEARED, SETTLED, DUE)}
     with pytest.raises(KeyError):
         alerts.transition(ACTIVE, "exploded")
 
@@ -46,7 +67,7 @@ def test_the_table_covers_every_state_and_input():
      [(0, "hot", RAISED, None), (0, "stale", RAISED, None), (31, "hot", CLEARED, 0)], 0),
 ])
 def test_sequences(steps, told, flaps):
-    a = AlertStates()
+    a = AlertStates({"offline": 0})  # a delay of 0: at once, as any code
     got = []
     for t, changes in steps:
         for x in a.apply([("d", code, st, f"{code} {st}") for code, st in changes], t):
@@ -88,3 +109,36 @@ def test_clearing_lists_what_went_until_it_settles_or_comes_back():
     assert s.clearing() == [("b", "hot", 5.0, "cool again")]
     s.settle(now=40.0, clear_s=30.0)
     assert s.clearing() == []
+
+
+# `offline` told only once it has lasted 60 s: (time, changes fed, settle at that time) ->
+# what is told, as (time, code, state, raised_t); then how many were held back
+@pytest.mark.parametrize("steps, told, held", [
+    # a broker's restart: every device's will, back in seconds: nothing told
+    ([(0, [("offline", RAISED)]), (8, [("offline", CLEARED)]), (100, [])], [], 1),
+    # a device that stays offline: told at 60 s, stamped then; its clear as any
+    ([(0, [("offline", RAISED)]), (59, []), (60, []), (70, [("offline", CLEARED)]), (100, [])],
+     [(60, "offline", RAISED, None), (100, "offline", CLEARED, 60)], 0),
+    # raised again while raising: the delay counts from the first
+    ([(0, [("offline", RAISED)]), (30, [("offline", RAISED)]), (60, [])],
+     [(60, "offline", RAISED, None)], 0),
+    # back, then offline again after it settled: a new delay, nothing told either time
+    ([(0, [("offline", RAISED)]), (5, [("offline", CLEARED)]), (10, [("offline", RAISED)]),
+      (69, []), (70, [])], [(70, "offline", RAISED, None)], 1),
+    # another code beside it is told at once
+    ([(0, [("offline", RAISED), ("hot", RAISED)]), (5, [("offline", CLEARED)])],
+     [(0, "hot", RAISED, None)], 1),
+    # a clear of an offline raised before this process started: told as before
+    ([(5, [("offline", CLEARED)]), (35, [])], [(35, "offline", CLEARED, None)], 0),
+])
+def test_a_raise_delay_holds_back_what_goes_within_it(steps, told, held):
+    a = AlertStates({"offline": 60})
+    got = []
+    for t, changes in steps:
+        for x in a.apply([("d", code, st, f"{code} {st}") for code, st in changes], t):
+            got.append((t, x.code, x.state, x.raised_t))
+        for x in a.settle(t, clear_s=30):
+            got.append((t, x.code, x.state, x.raised_t))
+    assert got == told
+    assert a.held_back == held
+    assert a.state("d", "offline") in (None, ACTIVE, CLEARING)

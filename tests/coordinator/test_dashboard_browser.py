@@ -62,7 +62,8 @@ def _login(b: Browser, url: str, token: str) -> None:
 def test_devices_appear_a_killed_one_goes_offline_and_a_command_round_trips(
         tmp_path, broker, browser):
     commands.generate_keypair(tmp_path / "k.pem", tmp_path / "k.pub")
-    coord = start_coordinator(tmp_path, broker, signing_key=str(tmp_path / "k.pem"))
+    coord = start_coordinator(tmp_path, broker, signing_key=str(tmp_path / "k.pem"),
+                              offline_alert_s=0.5)  # the offline alert, once it lasts
     api = serve(coord, "127.0.0.1", 0)
     url = f"http://127.0.0.1:{api.server_address[1]}/"
     token = (tmp_path / "api-token").read_text().strip()

@@ -328,7 +328,8 @@ def test_the_store_alert_reaches_the_webhook_while_the_store_hangs(tmp_path):
     hook = Receiver([200])
     path = tmp_path / "c.db"
     c = Coordinator(CoordinatorConfig(fleet="f", store=str(path), stale_after_s=2.0,
-                                      offline_after_s=4.0, store_stall_s=5.0,
+                                      offline_after_s=4.0, offline_alert_s=0,
+                                      store_stall_s=5.0,
                                       alert_clear_s=0.0, ingest_window_s=0.0,
                                       webhook_url=hook.url))
     mono = [1000.0]

@@ -203,7 +203,7 @@ def test_coordinator_posts_offline_and_hot_transitions_through_failures(tmp_path
     os.chmod(secret, 0o600)
     coord = start_coordinator(tmp_path, broker, webhook_url=rx.url,
                          webhook_secret_file=str(secret), webhook_backoff_s=0.1,
-                         alert_clear_s=0.5)
+                         alert_clear_s=0.5, offline_alert_s=0.5)  # offline: once it lasts
     dev = Device(tmp_path, broker, 1, keepalive=2).start()
     try:
         wait(lambda: coord.views.get("dev1") and coord.views["dev1"].status == "online", 20,
@@ -246,7 +246,8 @@ def test_coordinator_posts_offline_and_hot_transitions_through_failures(tmp_path
 
 def test_webhook_alerts_filters_the_codes_sent(tmp_path, broker, receiver):
     rx = receiver([200])
-    coord = start_coordinator(tmp_path, broker, webhook_url=rx.url, webhook_alerts=("offline",))
+    coord = start_coordinator(tmp_path, broker, webhook_url=rx.url, webhook_alerts=("offline",),
+                              offline_alert_s=0)
     try:
         _publish_as(broker, "warm1", "health", _health("b1", 84.0))
         wait(lambda: coord.alerts_view()["active"], 15, "hot raised")
@@ -316,4 +317,30 @@ def test_a_hanging_receiver_never_holds_up_mqtt_ingest(tmp_path, broker, receive
         assert coord.threads_alive()["ingest"] and coord.threads_alive()["webhook"]
     finally:
         rx.release.set()
+        coord.stop()
+
+
+def test_a_broker_restart_pages_nobody(tmp_path, broker, receiver):
+    """Found in an outside run (2026-12-07): each restart of the broker raised an `offline`
+    alert for every device (mosquitto publishes the will of every connected client as it
+    shuts down) and POSTed it to the webhook, a clear following 30 s later: a page per device
+    per broker upgrade. `offline` is told once it lasts offline_alert_s (60 s by default)."""
+    rx = receiver([200])
+    coord = start_coordinator(tmp_path, broker, webhook_url=rx.url, alert_clear_s=0.5)
+    dev = Device(tmp_path, broker, 1, keepalive=2).start()
+    try:
+        wait(lambda: coord.views.get("dev1") and coord.views["dev1"].status == "online", 20,
+             "dev1 online")
+        broker.stop()  # its wills go out as it shuts down: dev1 offline in the coordinator
+        wait(lambda: coord.views["dev1"].status == "offline", 10, "dev1 offline")
+        time.sleep(2)  # an upgrade's restart: the coordinator's refreshes see it offline
+        broker.start()
+        wait(lambda: coord.views["dev1"].status == "online", 30, "dev1 back online")
+        time.sleep(1.5)  # a raise and its clear (alert_clear_s 0.5) would be POSTed by now
+        assert not [b for b in rx.bodies() if b["alert"] == "offline"], rx.bodies()
+        assert "offline" not in {a["alert"] for a in coord.alerts_view()["recent"]}
+        # dev1 said offline and came back: its raise held back, counted
+        wait(lambda: coord.counters["alerts_held_back"] >= 1, 10, "the offline held back")
+    finally:
+        dev.term()
         coord.stop()
