@@ -98,8 +98,13 @@ class SensorWatch:
 
 def refusal_kind(refused: str) -> str:
     """What a refused upgrade is about, without its changing figures: the words before the
-    first number (`"rung hold"`, `"on an excursion"`, a variant and `would settle near`)."""
-    return re.split(r"[-+]?\d", refused, maxsplit=1)[0].strip(" :(")
+    first number standing alone (`"rung hold"`, `"on an excursion"`, a variant and `would
+    settle near`); a digit inside a word is the word's (a variant `yolov8n@...` against
+    `yolov5s@...` are two kinds, not one `yolov`)."""
+    return _FIGURE.split(refused, maxsplit=1)[0].strip(" :(")
+
+
+_FIGURE = re.compile(r"(?<![\w@./-])[-+]?\d")  # a number not inside a name
 
 
 class RefusalWatch:

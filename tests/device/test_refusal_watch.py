@@ -32,6 +32,12 @@ def test_when_a_refusal_is_said(name, steps):
     (HOLD, "rung hold: big in"),  # the variant held back is part of the kind
     (EXCURSION, "on an excursion: no richer rung or rate until it ends"),
     ("small would settle near 81.2 °C, over 80 °C", "small would settle near"),
+    # digits inside a variant's name are the name's: two variants, two kinds
+    ("yolov8n@onnxruntime:CPU/t2 would settle near 81.2 °C, over 80 °C",
+     "yolov8n@onnxruntime:CPU/t2 would settle near"),
+    ("yolov5s-int8@openvino:CPU/t4 would settle near -0.5 °C", "yolov5s-int8@openvino:CPU/t4 "
+     "would settle near"),
+    ("rung hold: yolov8n in 12 s (dwell 30 s)", "rung hold: yolov8n in"),
 ])
 def test_a_refusal_s_kind_leaves_its_changing_figures_out(refused, kind):
     assert refusal_kind(refused) == kind
