@@ -32,8 +32,11 @@ class SourceConfig:
     kind: Literal["synthetic", "folder", "capture", "trigger", "pylon"] = "synthetic"
     # results name their source; empty: "main" for a single [source] ([[sources]] need one)
     name: str = ""
-    rate_hz: float = 10.0  # synthetic: frames per second (0 = as fast as possible);
-    # in [[sources]]: the rate this source is inspected at, whatever its kind
+    rate_hz: float = 10.0  # the rate it is inspected at, the budget's plan (0 = as it comes):
+    # synthetic: parts per second; a camera or stream (capture of a URL or device, free-running
+    # pylon): read whole, the frames between its slots skipped. A single [source]'s folder,
+    # trigger, PLC-triggered camera or video file keeps its own pace (runtime/frames/
+    # multisource.py single_pace_hz); in [[sources]] they wait for their slot (never skipped)
     seed: int = 0
     defect_rate: float = 0.2  # synthetic: share of parts with a defect
     size: int = 96  # synthetic: frame size in pixels

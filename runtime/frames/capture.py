@@ -138,7 +138,8 @@ class Capture:
                 lane.counters["not_judged"] += 1
                 self._bad.record("decode_damaged", frame.ref, frame.not_judged, lane.name)
                 continue
-            if pacer is not None:  # its own rate_hz in [[sources]]
+            if pacer is not None and (lane.source.live or lane.pace_not_live):
+                # its own rate_hz (multisource.lanes, single_pace_hz)
                 now = time.monotonic()
                 if lane.source.live and not pacer.ready(now):
                     lane.counters["skipped_rate"] += 1  # read to keep the stream fresh

@@ -156,22 +156,28 @@ class CaptureSource:
         """It serves at the hinted rate itself (the pipeline does not wait out the cap)."""
         return self._spaced() > 0
 
-    def _next(self) -> np.ndarray | None:
+    def _grab(self) -> bool:
+        """One grab, timed: a stream's grab that ran into its read timeout is a stall
+        (SourceError) whatever it returned (see `stalled`)."""
         t0 = time.monotonic()
-        while (ok := self._cap.grab()) and self._reader is not None and \
+        ok = self._cap.grab()
+        if self.live and self._url and stalled(time.monotonic() - t0,
+                                               self._cfg.read_timeout_s):
+            raise SourceError(f"{self._shown}: no frame for {self._cfg.read_timeout_s:g} s "
+                              "(read_timeout_s): the stream stalled")
+        return ok
+
+    def _next(self) -> np.ndarray | None:
+        while (ok := self._grab()) and self._reader is not None and \
                 self._clock.never_served(time.monotonic(), self._spaced()):
             self._reader.passed()  # counted and numbered, never retrieved
             if self._reader.stopping.is_set():
                 raise SourceError(f"{self._shown}: closing")
-            t0 = time.monotonic()  # the stall timeout counts from the last frame
         img = self._cap.retrieve()[1] if ok else None
         if img is not None:
             self.converted += 1
             return self._sized(img)
-        if self.live:
-            if self._url and time.monotonic() - t0 >= self._cfg.read_timeout_s * 0.9:
-                raise SourceError(f"{self._shown}: no frame for {self._cfg.read_timeout_s:g} s "
-                                  "(read_timeout_s): the stream stalled")
+        if self.live:  # (a stall was said by _grab)
             raise SourceError(f"{self._shown}: no frame (camera unplugged or stream down)")
         if not self._loop:
             raise SourceEnded(f"{self._target}: end of the video file after {self._n} frames; "
@@ -227,6 +233,20 @@ class CaptureSource:
                         LatestFrame.JOIN_S)
             return
         self._cap.release()
+
+
+STALL_MARGIN = 0.02  # of read_timeout_s: FFmpeg's interrupt and our clock are both monotonic
+
+
+def stalled(took_s: float, read_timeout_s: float) -> bool:
+    """Whether a grab of a stream that took `took_s` (monotonic) ran into its read timeout
+    (OpenCV's CAP_PROP_READ_TIMEOUT_MSEC, timed from the grab's start): a stall, whatever the
+    grab returned. After the timeout fires OpenCV's grab() may still return True with a frame
+    the decoder held back (measured: 2.01 s True, 2.04 s True, 2.0 s False with 2000 ms), and
+    counting the stall from that frame said it after twice read_timeout_s (field run,
+    2026-12-07). An interrupted grab takes at least the timeout; the margin only keeps a
+    rounding of the setting to whole milliseconds from hiding one."""
+    return took_s >= read_timeout_s * (1 - STALL_MARGIN)
 
 
 def _bgr(img: np.ndarray) -> np.ndarray:

@@ -98,6 +98,9 @@ class Lane:
     open: Callable[[], Any]  # () -> runtime.frames.sources.Source; SourceError when it cannot
     share: float = 1.0  # of the combined rate cap
     pace_hz: float = 0.0  # capture no faster than this (0: as the source delivers)
+    # a source that is not live (a folder, a trigger, a video file) waits for its slot under
+    # pace_hz; False: only a live one is paced (a single [source]'s video file, see single())
+    pace_not_live: bool = True
     roi: tuple[float, ...] = ()
     roi_units: str = "pixels"
     roi_key: str = "source.roi"  # the config key named in ROI errors
@@ -264,11 +267,25 @@ def lanes(sources: Sequence[Any], opener: Callable[[Any, int], Any],
 
 
 def single(cfg: Any, opener: Callable[[], Any]) -> list[Lane]:
-    """The one lane of a `[source]` section: named `name` or "main", unpaced (as before
-    several sources existed: a synthetic source paces itself, others deliver as they do)."""
-    return [Lane(cfg.name or "main", opener, roi=tuple(cfg.roi), roi_units=cfg.roi_units,
-                 roi_key="[source] roi", retry_cap_s=retry_cap_s(cfg),
-                 io_timeout_s=io_timeout_s(cfg))]
+    """The one lane of a `[source]` section: named `name` or "main", paced at
+    `single_pace_hz(cfg)`; a video file played by a capture source is not paced (it is not
+    live: known once it is opened), as before several sources existed."""
+    return [Lane(cfg.name or "main", opener, pace_hz=single_pace_hz(cfg), pace_not_live=False,
+                 roi=tuple(cfg.roi), roi_units=cfg.roi_units, roi_key="[source] roi",
+                 retry_cap_s=retry_cap_s(cfg), io_timeout_s=io_timeout_s(cfg))]
+
+
+def single_pace_hz(cfg: Any) -> float:
+    """The rate a single `[source]` is inspected at (0: as it delivers). A camera (a capture
+    of a camera or stream, a free-running pylon camera) at its `rate_hz`, as a `[[sources]]`
+    entry is, the frames between its slots skipped: the budget plans it at that rate
+    (runtime/device/source_plan.py streams()), and a 10 fps camera at `rate_hz = 2` was
+    inspected 8-10 times a second (field run, 2026-12-07). The others keep their own pace:
+    a synthetic source paces itself, a folder is a backlog inspected as fast as it can be,
+    a trigger (MQTT or a PLC's edges) is the line's pace."""
+    if cfg.trigger or cfg.kind not in ("capture", "pylon"):
+        return 0.0
+    return float(cfg.rate_hz)
 
 
 def io_timeout_s(cfg: Any) -> float:

@@ -24,12 +24,6 @@ pytestmark = [
 READ_TIMEOUT_S = 2.0
 
 
-@pytest.mark.xfail(strict=True, reason="runtime/frames/capture_source.py (another helper's): "
-                   "OpenCV's grab() returns True after its read timeout fires (the decoder's "
-                   "held-back frames: measured 2.01 s True, 2.04 s True, 2.0 s False with "
-                   "READ_TIMEOUT_MSEC 2000), so _next() restarts its stall clock and says the "
-                   "stall only at a later timeout; a grab that took read_timeout_s is a stall "
-                   "whatever it returned")
 def test_a_stalled_camera_is_said_within_its_read_timeout(tmp_path, tmp_path_factory):
     (tmp_path / "camera").mkdir()
     with RtspCamera(tmp_path / "camera", width=320, height=180, fps=10, key_int=10) as cam:

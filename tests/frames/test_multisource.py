@@ -32,6 +32,8 @@ from runtime.frames.multisource import (
     lanes,
     planned_rate,
     shares,
+    single,
+    single_pace_hz,
 )
 from runtime.frames.pipeline import Active, Pipeline
 from runtime.frames.sources import open_source
@@ -452,6 +454,82 @@ def test_a_camera_faster_than_its_rate_is_read_fresh_and_inspected_at_its_rate(t
     assert stats["frames"] + stats.get("skipped_rate", 0) + stats.get("skipped_latest", 0) >= 140, \
         stats
     assert stats.get("dropped_stale", 0) <= 2 and len(out) == stats["results"]
+
+
+@pytest.mark.parametrize(("cfg", "hz"), [
+    # a camera or stream: at its rate_hz, as a [[sources]] entry (0: as fast as it comes)
+    (SourceConfig(kind="capture", path="rtsp://cam1/s", rate_hz=2), 2.0),
+    (SourceConfig(kind="capture", path="http://cam1/c.mjpg", decoder="opencv", rate_hz=5), 5.0),
+    (SourceConfig(kind="capture", path="0"), 10.0),  # a V4L2 device at the default rate
+    (SourceConfig(kind="capture", path="rtsp://cam1/s", rate_hz=0), 0.0),
+    (SourceConfig(kind="pylon", rate_hz=4), 4.0),  # free-running
+    # a video file's lane carries the rate too; it is not live, so not paced (a test below)
+    (SourceConfig(kind="capture", path="/srv/line.avi", rate_hz=2), 2.0),
+    # their own pace: the line's (a PLC's edges, MQTT), a backlog, the conveyor's own
+    (SourceConfig(kind="capture", path="rtsp://cam1/s", trigger="opcua", rate_hz=2), 0.0),
+    (SourceConfig(kind="pylon", trigger="modbus", rate_hz=2), 0.0),
+    (SourceConfig(kind="synthetic", trigger="modbus", rate_hz=2), 0.0),
+    (SourceConfig(kind="trigger", topic="line/img", rate_hz=2), 0.0),
+    (SourceConfig(kind="folder", path="/srv/in", rate_hz=2), 0.0),
+    (SourceConfig(kind="synthetic", rate_hz=2), 0.0),  # paces itself at it
+])
+def test_a_single_source_is_paced_at_its_rate_hz_where_it_is_a_camera(cfg, hz):
+    assert single_pace_hz(cfg) == hz
+    (lane,) = single(cfg, lambda: None)
+    assert lane.pace_hz == hz and not lane.pace_not_live
+
+
+def test_a_single_camera_faster_than_its_rate_is_inspected_at_its_rate(tmp_path):
+    """`[source]` as a `[[sources]]` entry (the test above): a 50 fps camera at rate_hz = 10
+    is read whole and one frame in five inspected, the others counted as skipped."""
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _LongCamera)
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}/cam.mjpg"
+    m, active = tiny_active(tmp_path)
+    cfg = SourceConfig(kind="capture", path=url, rate_hz=10)
+    p = Pipeline(single(cfg, lambda: open_source(cfg, tmp_path / "state")), m,
+                 lambda rs: list(range(len(rs))), lambda e: None)
+    p.start(active)
+    try:
+        wait(lambda: p.stats()["sources"]["main"].get("source_errors", 0) > 0, 20,
+             "the camera hanging up, ~3 s")
+        stats = p.stats()["sources"]["main"]
+    finally:
+        p.stop()
+        srv.shutdown()
+        srv.server_close()
+    assert 20 <= stats["frames"] <= 40, stats  # ~3 s at 10 Hz, not 150 frames
+    assert stats["frames"] + stats.get("skipped_rate", 0) + stats.get("skipped_latest", 0) \
+        >= 140, stats
+
+
+def test_a_single_video_file_is_inspected_frame_by_frame_not_at_its_rate(tmp_path):
+    """A video file under `[source]` is not live: every frame is inspected, as fast as the
+    pipeline takes them (a recording replayed, docs/daemon.md), not at rate_hz."""
+    video = tmp_path / "line.avi"
+    w = cv2.VideoWriter(str(video), cv2.VideoWriter_fourcc(*"MJPG"), 10, (64, 48))
+    for i in range(20):
+        w.write(np.full((48, 64, 3), i * 10, np.uint8))
+    w.release()
+    m, active = tiny_active(tmp_path)
+    cfg = SourceConfig(kind="capture", path=str(video), rate_hz=2)
+    out: list[dict] = []
+    ended: list[dict] = []
+    p = Pipeline(single(cfg, lambda: open_source(cfg, tmp_path / "state")), m,
+                 lambda rs: out.extend(rs) or list(range(len(rs))),
+                 lambda e: ended.append(e) if e["type"] == "source_ended" else None)
+    t0 = time.monotonic()
+    p.start(active)
+    try:
+        wait(lambda: ended and len(out) == 20, 20, "the file's 20 results")
+        took = time.monotonic() - t0
+        stats = p.stats()["sources"]["main"]
+    finally:
+        p.stop()
+    # paced at 2 Hz its 20 frames would take 9.5 s
+    assert took < 4.0, f"20 frames took {took:.1f} s"
+    assert "skipped_rate" not in stats and "skipped_latest" not in stats, stats
 
 
 def test_printed_results_say_which_camera():

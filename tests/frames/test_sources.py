@@ -26,7 +26,7 @@ from models.synthetic import samples
 from runtime.config import ConfigError, from_dict
 from runtime.config.source import SourceConfig
 from runtime.frames import roi
-from runtime.frames.capture_source import CaptureSource
+from runtime.frames.capture_source import CaptureSource, stalled
 from runtime.frames.frame import BadFrame, SourceEnded, SourceError
 from runtime.frames.multisource import single
 from runtime.frames.pipeline import Pipeline
@@ -319,6 +319,23 @@ def test_an_http_mjpeg_stream_is_read_then_a_stall_fails_within_the_read_timeout
     src.close()
 
 
+@pytest.mark.parametrize(("took_s", "read_timeout_s", "stall"), [
+    (2.01, 2.0, True),   # OpenCV's grab() True after its timeout fired (a held-back frame)
+    (2.04, 2.0, True),
+    (2.0, 2.0, True),    # the timeout itself (grab() False)
+    (1.97, 2.0, True),   # within the 2 % margin (the setting in whole ms)
+    (1.95, 2.0, False),  # a frame that came late, within the timeout
+    (0.1, 2.0, False),   # a frame as usual
+    (0.0, 2.0, False),
+    (4.99, 5.0, True),
+    (4.5, 5.0, False),   # a grab failed before the timeout (the old factor 0.9: a stall)
+    (30.0, 5.0, True),   # a grab that overran its timeout (a hung host)
+])
+def test_a_grab_that_took_the_read_timeout_is_a_stall_whatever_it_returned(
+        took_s, read_timeout_s, stall):
+    assert stalled(took_s, read_timeout_s) is stall
+
+
 @pytest.mark.parametrize("scheme", ["http", "rtsp"])
 def test_a_dead_stream_times_out_within_the_open_timeout(silent_server, scheme):
     url = f"{scheme}://user:secret@127.0.0.1:{silent_server}/cam"
@@ -396,7 +413,7 @@ def test_ffmpeg_and_opencv_noise_stays_off_the_terminal(tmp_path, silent_server)
 import logging, sys
 logging.basicConfig(level=logging.INFO)
 from runtime.config.source import SourceConfig
-from runtime.frames.capture_source import CaptureSource
+from runtime.frames.capture_source import CaptureSource, stalled
 from runtime.frames.frame import SourceError
 for url in ("rtsp://127.0.0.1:1/x", "http://127.0.0.1:{silent_server}/x"):
     try:
