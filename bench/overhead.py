@@ -18,8 +18,10 @@ throughput ratio; CPU per frame does not depend on that. No coordinator runs her
 compete for the same two cores); the daemon publishes every result to the broker and keeps it
 in its outbox.
 Also prints the daemon's steady-state RSS, its CPU and its main thread's wake-ups while idle
-(a quiet watched folder, connected to the broker, `--idle-s` after the warm start), and the
-time from process start to READY=1 with a warm profile cache (second start).
+(a quiet watched folder, connected to the broker, `--idle-s` after the warm start), the
+time from process start to READY=1 with a warm profile cache (second start), and the peak
+RSS (VmHWM) of the first start, which profiled every variant, and of the warm one
+(bench/cold_start.py: the same with every engine).
 
 `--integrations on` runs the daemon with [sparkplug] (on the same broker) and [opcua]
 (loopback) enabled, nobody listening to either; `both` measures the plain daemon and then
@@ -124,10 +126,10 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def rss_mb(pid: int) -> float:
-    """Resident set size of a process."""
+def rss_mb(pid: int, field: str = "VmRSS") -> float:
+    """Resident set size of a process (`field` "VmHWM": the most it has had)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(field + ":"):
             return int(line.split()[1]) / 1024
     return float("nan")
 
@@ -244,6 +246,10 @@ class Figures:
     gap_ms: float = float("nan")
     idle_rss: float = float("nan")
     peak_rss: float = float("nan")
+    # VmHWM of the first start (no profile cache) once its refinement finished, and of the
+    # second start (warm cache) when its idle RSS was read
+    cold_peak: float = float("nan")
+    warm_peak: float = float("nan")
     idle_cpu_pct: float = float("nan")  # of one core
     idle_wakeups_hz: float = float("nan")  # the main thread's sleeps a second
     ready_warm: float = float("nan")
@@ -310,10 +316,12 @@ def measure(n_bulk: int, n_single: int, rounds: int = 3, budget_s: float = 0.3,
             # the timed start serves from a full cache); the second is the warm one.
             proc, fig.ready_cold = start_serve(cfg, work, str(work / "notify-cold"))
             wait_refined(work / "daemon.log")
+            fig.cold_peak = rss_mb(proc.pid, "VmHWM")
             proc.terminate()
             proc.wait(30)
             serve = Serve(cfg, work, folder, idle_s)
             fig.ready_warm, fig.idle_rss = serve.ready_s, serve.idle_rss
+            fig.warm_peak = rss_mb(serve.proc.pid, "VmHWM")
             fig.idle_cpu_pct, fig.idle_wakeups_hz = serve.idle_cpu_pct, serve.idle_wakeups_hz
             # warm-up, not timed: the first frames choose the preprocessing path (CPU or
             # OpenCL, measured on them) and fill caches, as the hand loop's warm-up does
@@ -379,7 +387,9 @@ def report(f: Figures, a: argparse.Namespace, title: str) -> None:
           "persists and publishes every result)")
     print(f"latency p95: edgerun serve / hand-written {spread(f.p95_ratios)}x (target <= 1.10);"
           f" decode to result, frames {f.gap_ms:.0f} ms apart on both sides")
-    print(f"daemon RSS : {f.idle_rss:.0f} MB idle (target <= 130), {f.peak_rss:.0f} MB peak")
+    print(f"daemon RSS : {f.idle_rss:.0f} MB idle (target <= 130), {f.peak_rss:.0f} MB peak; "
+          f"start peak (VmHWM) {f.cold_peak:.0f} MB cold (profiled and refined), "
+          f"{f.warm_peak:.0f} MB warm")
     print(f"idle daemon: {f.idle_cpu_pct:.2f} % of a core, main thread {f.idle_wakeups_hz:.1f} "
           f"wake-ups/s ({a.idle_s:g} s, quiet folder, connected to the broker)")
     print(f"to READY   : {f.ready_warm:.2f} s warm profile cache (target <= 3), "

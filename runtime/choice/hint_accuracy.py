@@ -28,7 +28,8 @@ import itertools
 import json
 import logging
 import os
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -112,58 +113,91 @@ def load_eval(manifest: Manifest, source: str) -> EvalSet | str:
     return EvalSet(images, truth, det, digest)
 
 
-def _score(outs: list[np.ndarray], manifest: Manifest, hw: tuple[int, int],
-           against: list[np.ndarray] | None, ev: EvalSet) -> float:
-    """Top-1 or mAP@0.5 of `outs` against the labels (when the set has them) or `against`."""
+@dataclass
+class _Pass:
+    """What scoring keeps of one engine's outputs on the eval images, image by image: the
+    top-1 (a classifier) or the detections above 0.001 (a detector; with `strict`, also at
+    the decoder's own threshold, what a reference is compared at)."""
+
+    picks: list = field(default_factory=list)
+    strict: list = field(default_factory=list)
+    finite: bool = True
+
+
+def _run(infer: Callable[[np.ndarray], np.ndarray], manifest: Manifest, ev: EvalSet,
+         shape: tuple[int, ...], reference: bool = False, strict: bool = False) -> _Pass:
+    """Every eval image preprocessed, run and reduced before the next: one input tensor and
+    one output alive at a time. Holding them all (as this did) cost 64 float32 inputs and 64
+    outputs at once: little for a 96 px classifier, ~300 MB of inputs and as much of outputs
+    for a 640 px detector, on a cold start's memory peak. A variant's pass stops at its first
+    NaN or Inf (it fails); the `reference` pass (the file through ONNX Runtime) is scored as
+    it comes."""
+    hw = manifest.preprocess.hw(shape)
+    classes = len(manifest.labels) or None
+    got = _Pass()
+    for img in ev.images:
+        out = np.asarray(infer(manifest.preprocess.apply(img, shape)), np.float32)
+        if not reference and not np.all(np.isfinite(out)):
+            got.finite = False  # the variant fails as a whole: nothing to score
+            break
+        if manifest.detect is None:
+            got.picks.append(int(np.argmax(out)))
+            continue
+        got.picks.append(detection.detect(out, manifest.detect, hw, classes,
+                                          score_threshold=0.001))
+        if strict:
+            got.strict.append(detection.detect(out, manifest.detect, hw, classes))
+    return got
+
+
+def _score(got: _Pass, manifest: Manifest, against: _Pass | None, ev: EvalSet) -> float:
+    """Top-1 or mAP@0.5 of a pass against the labels (`against` None) or another pass."""
     if manifest.detect is None:
-        top = np.array([int(np.argmax(o)) for o in outs])
+        top = np.array(got.picks)
         if against is None:
             return float((top == ev.truth).mean())
-        return float((top == np.array([int(np.argmax(a)) for a in against])).mean())
-    classes = len(manifest.labels) or None
-    dets = [detection.detect(o, manifest.detect, hw, classes, score_threshold=0.001)
-            for o in outs]
+        return float((top == np.array(against.picks)).mean())
     if against is None:
-        return detection.mean_ap(dets, ev.det_truth)
-    ref = [detection.detect(a, manifest.detect, hw, classes) for a in against]
-    return detection.mean_ap(dets, [(d.boxes, d.classes) for d in ref])
+        return detection.mean_ap(got.picks, ev.det_truth)
+    return detection.mean_ap(got.picks, [(d.boxes, d.classes) for d in against.strict])
 
 
 def measure(backend: Backend, v: Variant, manifest: Manifest, ev: EvalSet) -> Measured:
-    """Run `v` through its engine and the file through ONNX Runtime on the eval images."""
+    """Run `v` through its engine and the file through ONNX Runtime on the eval images, one
+    image at a time, one engine after the other."""
     import onnxruntime as ort
 
     shape = v.model.input_shape
-    hw = manifest.preprocess.hw(shape)
-    tensors = [manifest.preprocess.apply(img, shape) for img in ev.images]
+    labelled = (ev.truth is not None) if manifest.detect is None else ev.det_truth is not None
     try:
         session = backend.load(v)
         try:
-            outs = [np.asarray(session.infer(t), np.float32) for t in tensors]
+            outs = _run(session.infer, manifest, ev, shape)
         finally:
             session.close()
         so = ort.SessionOptions()
         so.log_severity_level = 3
         ref_sess = ort.InferenceSession(str(v.model.path), so,
                                         providers=["CPUExecutionProvider"])
-        ref = [ref_sess.run(None, {v.model.input_name: t})[0] for t in tensors]
+        name = v.model.input_name
+        ref = _run(lambda t: ref_sess.run(None, {name: t})[0], manifest, ev, shape,
+                   reference=True, strict=not labelled)
     except Exception as e:  # an engine failing here fails this measurement only
         return Measured(None, f"{v.engine} failed on the eval images: "
                         f"{str(e).splitlines()[0][:200] if str(e) else type(e).__name__}")
-    if not all(np.all(np.isfinite(o)) for o in outs):
+    if not outs.finite:
         return Measured(None, "NaN or Inf in its outputs on the eval images",
-                        images=len(tensors))
-    labelled = (ev.truth is not None) if manifest.detect is None else ev.det_truth is not None
-    score = _score(outs, manifest, hw, None if labelled else ref, ev)
-    reference = _score(ref, manifest, hw, None, ev) if labelled else 1.0
+                        images=len(ev.images))
+    score = _score(outs, manifest, None if labelled else ref, ev)
+    reference = _score(ref, manifest, None, ev) if labelled else 1.0
     base = v.model.accuracy
     if reference <= 0:
         return Measured(None, "the file itself scores 0 on the eval images", score, reference,
-                        len(tensors))
+                        len(ev.images))
     if base is None:
         return Measured(None, "the file's own accuracy is unknown", score, reference,
-                        len(tensors))
-    return Measured(base * score / reference, "measured", score, reference, len(tensors))
+                        len(ev.images))
+    return Measured(base * score / reference, "measured", score, reference, len(ev.images))
 
 
 def _key(v: Variant, device: Device, ev_sha: str, file_sha: str) -> str:

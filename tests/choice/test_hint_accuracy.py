@@ -5,6 +5,7 @@ why (runtime/choice/hint_accuracy.py). Real OpenVINO and ONNX Runtime, real file
 from __future__ import annotations
 
 import logging
+import weakref
 from itertools import pairwise
 
 import cv2
@@ -190,3 +191,62 @@ def test_a_signed_bundle_carries_the_eval_images(tmp_path, ladder):
     got = load_manifest(tmp_path / "got")
     ev = hint_accuracy.load_eval(got, "m.onnx")
     assert not isinstance(ev, str) and len(ev.images) == 24
+
+
+def test_the_eval_images_go_through_one_at_a_time(ladder, monkeypatch):
+    """Each eval image is preprocessed, run and reduced to what its score needs (a top-1, or
+    detections) before the next: the measurement's memory is one tensor and one output, not
+    the whole set's (64 images of a 640 px detector are 300 MB of float32 inputs and as much
+    again of outputs, held at once on a cold start's peak). Counted by weak references to
+    every tensor preprocessing makes and every output an engine returns, through the real
+    engines (the lowered variant's and ONNX Runtime's reference)."""
+    _skip_without_a_lower_precision()
+    m = load_manifest(ladder)
+    cfg = _cfg(ladder)
+    backends = discover(cfg.backends)
+    b, v = next((b, v) for b, _, v in plan(backends, model_files(m), (1,), cfg.backends)
+                if hint_accuracy.lowering(v))
+    ev = hint_accuracy.load_eval(m, m.variants[0].source)
+    tensors, outputs, most = [], [], {"tensors": 0, "outputs": 0, "runs": 0}
+
+    def alive(refs):
+        return sum(1 for r in refs if r() is not None)
+
+    def ran(out):
+        # at each run: the tensor it was given alive, and how many earlier outputs are
+        most["tensors"] = max(most["tensors"], alive(tensors))
+        most["outputs"] = max(most["outputs"], alive(outputs))
+        most["runs"] += 1
+        outputs.append(weakref.ref(out))
+        return out
+
+    apply = Preprocess.apply
+
+    def preprocess(self, frames, shape):
+        t = apply(self, frames, shape)
+        tensors.append(weakref.ref(t))
+        return t
+
+    monkeypatch.setattr(Preprocess, "apply", preprocess)
+    load = b.load
+
+    def loaded(variant):
+        s = load(variant)
+        infer = s.infer
+        s.infer = lambda x: ran(infer(x))
+        return s
+
+    monkeypatch.setattr(b, "load", loaded)
+
+    class Reference(ort.InferenceSession):
+        def run(self, names, feed, *args):
+            outs = super().run(names, feed, *args)
+            ran(outs[0])
+            return outs
+
+    monkeypatch.setattr(ort, "InferenceSession", Reference)
+    got = hint_accuracy.measure(b, v, m, ev)
+    assert got.accuracy is not None and got.images == len(ev.images) == 24
+    assert most["runs"] == 2 * 24  # the variant's pass and the reference's
+    assert most["tensors"] == 1, most
+    assert most["outputs"] <= 1, most  # the one before, until the next takes its name
