@@ -18,7 +18,10 @@ import pytest
 
 from runtime.frames.frame import CredentialsRefused, OpenTimedOut, SourceError
 from runtime.frames.rtsp_client import (
+    BATCH_WAIT_S,
+    KEY_LEAD_S,
     RtspClient,
+    batch_wait,
     challenges,
     digest,
     interleaved_channel,
@@ -102,6 +105,17 @@ def test_control_urls_resolve_against_the_base(base, control, want):
 ])
 def test_the_session_header(values, want):
     assert session_of(values) == want
+
+
+@pytest.mark.parametrize(("now", "next_key_at", "want"), [
+    (10.0, 0.0, 0.0),  # the key frames' period not known: every byte as it comes
+    (10.0, 11.0, BATCH_WAIT_S),  # the next key frame 1 s away: the longest wait
+    (10.0, 10.3, 0.3 - KEY_LEAD_S),  # up to its lead
+    (10.0, 10.0 + KEY_LEAD_S + 0.005, 0.0),  # within its lead (no zero timeval: forever)
+    (10.0, 9.5, 0.0),  # overdue: read at once until it comes
+])
+def test_a_read_waits_between_key_frames_up_to_the_next_ones_lead(now, next_key_at, want):
+    assert batch_wait(now, next_key_at) == pytest.approx(want)
 
 
 def test_headers_challenges_and_transport():
