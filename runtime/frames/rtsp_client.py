@@ -400,12 +400,14 @@ class RtspClient:
                            "GET_PARAMETER" else self.url)
             want = rtp.wake()
             wait = batch_wait(now, key_at + period if period else 0.0) if want > 1 else 0.0
-            if not wait:
-                want, wait = 1, self.read_timeout_s
+            if not wait:  # every byte as it comes: a stall is read_timeout_s after the last
+                want, wait = 1, max(0.01, self.read_timeout_s - (now - last_byte))
             if want != wake:
                 wake = want
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, wake)
-            if wait != timeo:
+            # set again where it moved (a read a frame with every byte read at once: the time
+            # since the last byte moves it by less than the 50 ms let pass)
+            if wait != timeo and (wake > 1 or abs(wait - timeo) > 0.05):
                 timeo = wait
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(wait))
             # into one buffer, then copied out at its size: recv(RECV_BYTES) allocated 256 kB
@@ -413,7 +415,7 @@ class RtspClient:
             try:
                 got = sock.recv_into(buf)
             except BlockingIOError:  # SO_RCVTIMEO passed without a byte
-                if wake > 1 and time.monotonic() - last_byte < self.read_timeout_s:
+                if time.monotonic() - last_byte < self.read_timeout_s:
                     continue
                 raise TimeoutError(f"no byte for {self.read_timeout_s:g} s") from None
             if not got:
