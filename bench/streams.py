@@ -56,9 +56,16 @@ demuxer (FFmpeg's RTSP over TCP: three small reads an RTP packet), with AvStream
 and picture assembly, and the same stream read in large recv()s with RTP and FU-A parsed in
 Python (a measurement of what an RTSP client of edgerun's own could reach, not a reader).
 
+`--ab TREE`: the rtp reader at a 1 fps hint (key frames only) from this checkout and from
+another (TREE: a checkout's root, e.g. a `git worktree` of the commit before a change) side
+by side: two processes at once on one camera, `--runs` rounds, which starts first
+alternated: reader CPU per served frame, the served frames' age from the camera's capture to
+their read (p50, max), and the client's reads a second (where TREE counts them). A change's
+before and after, measured in the same minutes on the same host.
+
 Usage: python bench/streams.py [--seconds 20] [--size 1280x720] [--key-int 25] [--to 224]
        [--compare 1,4 --compare-seconds 15] [--age] [--split] [--reader-caps 1,5,10]
-       [--read-floor] [--decoders pyav,rtp] [--runs 2]
+       [--read-floor] [--decoders pyav,rtp] [--runs 2] [--ab TREE]
 """
 
 from __future__ import annotations
@@ -892,6 +899,71 @@ def reader_caps(a: argparse.Namespace) -> None:
                       f"{os.getloadavg()[0]:>5.1f}")
 
 
+def _ab_child(url: str, seconds: float) -> dict:
+    """One side of `--ab` (its tree first on sys.path): RtpStreamSource alone at a 1 fps
+    hint once it decodes key frames only: served frames, reader CPU, what was served when,
+    the client's reads."""
+    from runtime.config.source import SourceConfig
+    from runtime.frames.rtp_source import RtpStreamSource
+
+    src = RtpStreamSource(SourceConfig(kind="capture", path=url, read_timeout_s=5,
+                                       decoder="rtp"))
+    try:
+        src.rate_hint(1.0)
+        t_end = time.monotonic() + 30
+        while not src.keyframes_only and time.monotonic() < t_end:
+            src.read(2.0)
+        src.read(3.0)  # the frame served at the switch carries the full decode before it
+        client = src._client
+        reads0 = getattr(client, "reads", None)
+        n, cpu, seen, t0 = 0, 0.0, [], time.monotonic()
+        while time.monotonic() - t0 < seconds:
+            f = src.read(3.0)
+            if f is not None:
+                n, cpu = n + 1, cpu + (f.decode_cpu_s or 0.0)
+                seen.append((frame_number(f.image), time.monotonic()))
+        span = time.monotonic() - t0
+        reads = (client.reads - reads0) / span if reads0 is not None else None
+        return {"served": n, "cpu_ms": cpu / max(n, 1) * 1e3, "seen": seen,
+                "reads_s": reads, "keys_only": src.keyframes_only}
+    finally:
+        src.close()
+
+
+def ab(a: argparse.Namespace) -> None:
+    """`--ab TREE`: this checkout's rtp reader against TREE's, side by side."""
+    import json
+    import subprocess
+
+    w, h = (int(x) for x in a.size.split("x"))
+    trees = {"this": str(ROOT), "other": str(Path(a.ab).resolve())}
+    print(f"# {w}x{h} H.264 25 fps, key frame every {a.key_int}, a 1 fps hint; {a.seconds:g} s "
+          f"a round, both at once; this = {trees['this']}, other = {trees['other']}")
+    with tempfile.TemporaryDirectory() as tmp, \
+            RtspCamera(Path(tmp), width=w, height=h, key_int=a.key_int,
+                       preset=a.preset) as cam:
+        for run in range(a.runs):
+            order = list(trees) if run % 2 == 0 else list(trees)[::-1]
+            procs = {k: subprocess.Popen([sys.executable, __file__, "--ab-child", trees[k],
+                                          cam.url, str(a.seconds)], stdout=subprocess.PIPE,
+                                         text=True) for k in order}
+            got = {k: json.loads(p.communicate(timeout=a.seconds + 120)[0]
+                                 .strip().splitlines()[-1]) for k, p in procs.items()}
+            times = cam.times()
+            line = []
+            for k in trees:
+                g = got[k]
+                ages = sorted((t - times[n][0]) * 1e3 for n, t in g["seen"]
+                              if n is not None and n in times)
+                age = f"{statistics.median(ages):.0f}/{ages[-1]:.0f}" if ages else "n/a"
+                reads = f"{g['reads_s']:.1f}" if g["reads_s"] is not None else "n/a"
+                line.append(f"{k} {g['cpu_ms']:.2f} ms/served ({g['served']} served, age "
+                            f"p50/max {age} ms, {reads} reads/s"
+                            f"{'' if g['keys_only'] else ', NOT key frames only'})")
+            print(f"round {run + 1} (load {os.getloadavg()[0]:.1f}): " + "; ".join(line),
+                  flush=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=20.0)
@@ -915,7 +987,11 @@ def main() -> int:
                     help="--compare, --split: edgerun's [source] decoder(s), e.g. pyav,rtp")
     ap.add_argument("--runs", type=int, default=1,
                     help="--compare, --split: rounds over the decoders, alternated")
+    ap.add_argument("--ab", default="",
+                    help="another checkout's root: its rtp reader against this one's at a "
+                    "1 fps hint, side by side, --runs rounds")
     ap.add_argument("--child", nargs=7, help=argparse.SUPPRESS)
+    ap.add_argument("--ab-child", nargs=3, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
         import json
@@ -927,8 +1003,18 @@ def main() -> int:
                                 tuple(int(x) for x in size.split("x")) if size else (),
                                 decoder)))
         return 0
+    if a.ab_child:
+        import json
+
+        tree, url, seconds = a.ab_child
+        sys.path.insert(0, tree)
+        print(json.dumps(_ab_child(url, float(seconds))))
+        return 0
     if skip_reason():
         print(f"skipped: {skip_reason()}")
+        return 0
+    if a.ab:
+        ab(a)
         return 0
     if a.compare:
         compare(a)

@@ -13,6 +13,7 @@ _START4 = b"\x00\x00\x00\x01"
 
 REPLY_HEAD_MAX = 16 << 10  # an RTSP reply's head between interleaved frames, at most
 REPLY_BODY_MAX = 64 << 10  # and its body (a keep-alive's reply has none)
+WAKE_MAX = 64 << 10  # the most bytes a batched read waits for (wake_bytes)
 
 
 class FramingError(Exception):
@@ -165,7 +166,11 @@ class RtpH264:
     not gather (NalAssembler: P slices while key frames alone are decoded): of a NAL of one
     of those, only the first fragment is handed over (where it begins: a picture boundary),
     not the ~90 % of a stream's packets that follow it. Why: at 230 packets a second, a
-    payload made and handed over for each cost more CPU than the reads (docs/benchmarks.md)."""
+    payload made and handed over for each cost more CPU than the reads (docs/benchmarks.md).
+
+    `wake()`: how many bytes the reader may wait for before it reads again (wake_bytes):
+    more than one while the slice begun last is one the follower drops (key frames only,
+    between key pictures), from the size of the last key frame's slice (`key_bytes`)."""
 
     def __init__(self, payload_type: int, follower=None) -> None:
         self.payload_type = payload_type
@@ -183,6 +188,10 @@ class RtpH264:
         self.malformed = 0
         self.lost = 0  # packets lost in all (sequence gaps)
         self.packets = 0
+        self.held = False  # the slice NAL begun last is of a type the follower drops
+        self.key_bytes = 0  # the size of the last key-frame slice NAL gathered whole
+        self.key_pts = -1  # the (unwrapped) RTP timestamp of the last key slice begun
+        self._nal_bytes = -1  # of the key slice being gathered (FU-A; -1: none)
 
     def push(self, pkt: memoryview | bytes) -> list[RtpPayload]:
         """The payloads of one RTP packet (its bytes, the interleaved frame's)."""
@@ -219,6 +228,10 @@ class RtpH264:
                 self.in_fu = self.skipping = False
             if not self._fu_kept:
                 return _NONE
+            if self._nal_bytes >= 0:  # a key slice's size (wake)
+                self._nal_bytes += end - h - 2
+                if ends:
+                    self.key_bytes = self._nal_bytes
             p = RtpPayload(pkt[h + 2:end], self._stamp(pkt), ends, self._lost)
             self._lost = 0
             return [p]
@@ -256,10 +269,27 @@ class RtpH264:
         self._lost = 0
         return p
 
+    def wake(self) -> int:
+        """The bytes the reader may wait for before its next read (wake_bytes)."""
+        f = self.follower
+        return wake_bytes(self.held and f is not None and bool(f.drop_types), self.key_bytes)
+
+    def _slice(self, kind: int, size: int, pts: int) -> None:
+        """A NAL of `kind` and `size` bytes begins in a packet of `pts`: whether the follower
+        drops it (held), and a key frame's slice sent whole measured, its time kept."""
+        if 1 <= kind <= 5:
+            f = self.follower
+            self.held = f is not None and kind in f.drop_types
+            if kind == 5:
+                self.key_pts = pts
+                if size:
+                    self.key_bytes = size
+
     def _nals(self, pay: memoryview | bytes, pts: int) -> list[RtpPayload]:
         kind = pay[0] & 0x1F
         if 1 <= kind <= 23:  # one NAL, whole
             self.in_fu = self.skipping = False
+            self._slice(kind, len(pay), pts)
             return [self._out(_START4 + bytes(pay), pts, True)]
         if kind == 24:  # STAP-A: NALs, each behind its 16-bit size
             out, i, n = [], 1, len(pay)
@@ -268,6 +298,7 @@ class RtpH264:
                 if size == 0 or i + 2 + size > n:
                     self.malformed += 1
                     break
+                self._slice(pay[i + 2] & 0x1F, size, pts)
                 out.append(self._out(_START4 + bytes(pay[i + 2:i + 2 + size]), pts, True))
                 i += 2 + size
             self.in_fu = self.skipping = False
@@ -278,6 +309,11 @@ class RtpH264:
             follower = self.follower
             self._fu_kept = follower is None or (fu & 0x1F) not in follower.drop_types
             self.skipping = self.in_fu and not self._fu_kept
+            # a key slice measured from here to its end (wake); not measured: -1
+            self._nal_bytes = len(pay) - 1 if fu & 0x1F == 5 and self._fu_kept else -1
+            if not self.in_fu and self._nal_bytes > 0:
+                self.key_bytes = self._nal_bytes
+            self._slice(fu & 0x1F, 0, pts)
             head = bytes(((pay[0] & 0xE0) | (fu & 0x1F),))
             return [self._out(_START4 + head + bytes(pay[2:]), pts, not self.in_fu)]
         # STAP-B, MTAP, FU-B (interleaved mode only), reserved types, a FU-A without payload
@@ -286,3 +322,18 @@ class RtpH264:
 
 
 _NONE: list[RtpPayload] = []  # returned empty, never appended to
+
+
+def wake_bytes(holding: bool, key_bytes: int) -> int:
+    """How many bytes the reader may let the socket gather before it reads (SO_RCVLOWAT):
+    one (every byte at once) unless it is `holding`, between key pictures while key frames
+    alone are decoded, where nothing it reads is decoded until the next key frame comes; then
+    half the last key frame's slice (`key_bytes`, 0: none seen yet: one), at most WAKE_MAX.
+    Why: each read is a wake-up of the reader thread, ~60 us of CPU on the hosts measured
+    whatever it reads, and the camera's packets come a few at a time (54 reads a second of
+    ~5 kB at 720p25): between key frames, at a 1 fps cap, those wake-ups were most of the
+    reading's CPU. Half a key slice: the next key frame wakes the reader within its own burst
+    (the reader then reads every byte at once until the key picture is whole)."""
+    if not holding or key_bytes <= 0:
+        return 1
+    return max(1, min(WAKE_MAX, key_bytes // 2))

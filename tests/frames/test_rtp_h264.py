@@ -12,9 +12,11 @@ from runtime.frames.av_source import NalAssembler
 from runtime.frames.rtp_h264 import (
     REPLY_BODY_MAX,
     REPLY_HEAD_MAX,
+    WAKE_MAX,
     FramingError,
     Interleaved,
     RtpH264,
+    wake_bytes,
 )
 
 SC = b"\x00\x00\x00\x01"
@@ -253,3 +255,45 @@ def test_what_is_not_interleaved_rtsp_is_refused_within_bounds(wire, why):
     with pytest.raises(FramingError, match=why):
         for i in range(0, len(wire), 1000):
             it.feed(wire[i:i + 1000])
+
+
+@pytest.mark.parametrize(("holding", "key_bytes", "want"), [
+    (False, 80_000, 1),  # every frame decoded (or a key picture being read): every byte
+    (True, 0, 1),  # no key frame measured yet
+    (True, 80_000, 40_000),  # half the last key slice: the next one wakes the reader
+    (True, 3, 1),
+    (True, 10 << 20, WAKE_MAX),
+])
+def test_the_bytes_a_read_waits_for(holding, key_bytes, want):
+    assert wake_bytes(holding, key_bytes) == want
+
+
+def test_the_reader_waits_for_bytes_only_between_key_pictures_while_p_slices_are_dropped():
+    """wake(): one byte while a key picture is read or every slice is kept; half the last key
+    slice (its size measured from its FU-A fragments, or sent whole) while the slice begun
+    last is a P slice the follower drops; the last key slice's RTP time kept."""
+    a = NalAssembler()
+    a.drop_types = frozenset({1})
+    r = RtpH264(PT, a)
+    seqs = iter(range(1, 1000))
+
+    def wakes(packets: list[bytes]) -> list[int]:
+        out = []
+        for pkt in packets:
+            r.push(pkt)
+            out.append(r.wake())
+        return out
+
+    assert wakes([rtp(next(seqs), stap(SPS, PPS))]) == [1]
+    key = [rtp(next(seqs), p, ts=9000) for p in fu(IDR, 300)]
+    assert wakes(key) == [1, 1, 1] and r.key_bytes == len(IDR) and r.key_pts == 0
+    p_frags = fu(P, 100)
+    assert wakes([rtp(next(seqs), p, ts=12600) for p in p_frags]) == [len(IDR) // 2] * len(p_frags)
+    assert wakes([rtp(next(seqs), P, ts=16200)]) == [len(IDR) // 2]  # sent whole
+    small = IDR[:101]
+    assert wakes([rtp(next(seqs), small, ts=99000)]) == [1]  # a key slice sent whole
+    assert r.key_bytes == len(small) and r.key_pts == 90000
+    assert wakes([rtp(next(seqs), P, ts=102600)]) == [len(small) // 2]
+    a.drop_types = frozenset()  # every frame decoded again: every byte at once
+    assert r.wake() == 1
+    assert RtpH264(PT).wake() == 1  # no follower: nothing dropped

@@ -734,3 +734,40 @@ def test_a_stream_whose_decoder_cannot_be_set_up_leaves_no_socket_open(tmp_path,
         assert src.read(10.0) is not None
     finally:
         src.close()
+
+
+@_NO_PYAV
+def test_the_rtp_reader_reads_in_batches_only_between_key_frames(tmp_path):
+    """Key frames alone decoded (a 1 fps hint on a 25 fps stream, a key frame a second): the
+    rtp client lets the socket gather bytes between key pictures (rtp_h264.wake_bytes,
+    rtsp_client.batch_wait), a fraction of the reads it makes with every frame decoded (two
+    a frame: the camera's packets wake it a few at a time), and still serves each key frame
+    that is due, one a second."""
+    with RtspCamera(tmp_path, width=320, height=180, key_int=25) as cam:
+        src = RtpStreamSource(SourceConfig(kind="capture", path=cam.url, read_timeout_s=5,
+                                           decoder="rtp"))
+        try:
+            client = src._client
+            assert client is not None
+
+            def reads_a_second(seconds: float) -> tuple[float, int]:
+                r0, t0, served = client.reads, time.monotonic(), 0
+                while time.monotonic() - t0 < seconds:
+                    served += src.read(2.0) is not None
+                return (client.reads - r0) / (time.monotonic() - t0), served
+
+            every, _ = reads_a_second(3.0)
+            src.rate_hint(1.0)
+            deadline = time.monotonic() + 30
+            while not src.keyframes_only and time.monotonic() < deadline:
+                src.read(2.0)
+            assert src.keyframes_only
+            src.read(3.0)
+            keys, served = reads_a_second(6.0)
+        finally:
+            src.close()
+    print(f"reads a second: every frame {every:.1f}, key frames only {keys:.1f}; "
+          f"{served} served in 6 s")
+    assert every >= FPS  # the camera's packets come a few at a time, each frame's in two
+    assert keys <= 0.5 * every
+    assert 4 <= served <= 7

@@ -18,7 +18,10 @@ import pytest
 
 from runtime.frames.frame import CredentialsRefused, OpenTimedOut, SourceError
 from runtime.frames.rtsp_client import (
+    BATCH_WAIT_S,
+    KEY_LEAD_S,
     RtspClient,
+    batch_wait,
     challenges,
     digest,
     interleaved_channel,
@@ -102,6 +105,17 @@ def test_control_urls_resolve_against_the_base(base, control, want):
 ])
 def test_the_session_header(values, want):
     assert session_of(values) == want
+
+
+@pytest.mark.parametrize(("now", "next_key_at", "want"), [
+    (10.0, 0.0, 0.0),  # the key frames' period not known: every byte as it comes
+    (10.0, 11.0, BATCH_WAIT_S),  # the next key frame 1 s away: the longest wait
+    (10.0, 10.3, 0.3 - KEY_LEAD_S),  # up to its lead
+    (10.0, 10.0 + KEY_LEAD_S + 0.005, 0.0),  # within its lead (no zero timeval: forever)
+    (10.0, 9.5, 0.0),  # overdue: read at once until it comes
+])
+def test_a_read_waits_between_key_frames_up_to_the_next_ones_lead(now, next_key_at, want):
+    assert batch_wait(now, next_key_at) == pytest.approx(want)
 
 
 def test_headers_challenges_and_transport():
@@ -295,3 +309,56 @@ def test_a_server_that_never_answers_is_timed_out_and_one_not_listening_refused(
         cam.close()
     with pytest.raises(SourceError, match="cannot open"):
         RtspClient(f"rtsp://127.0.0.1:{cam.port}/cam", open_timeout_s=2, read_timeout_s=5)
+
+
+class KeyedCamera(ScriptedCamera):
+    """ScriptedCamera sending a key frame's slice (2000 bytes) every tenth packet and a small
+    P slice between, one packet every 0.1 s on a 90 kHz clock that keeps time with it (a key
+    frame a second); nothing once `stalled`."""
+
+    stalled = False
+
+    def _packet(self, seq: int) -> bytes:  # type: ignore[override]
+        if self.stalled:
+            return b""
+        nal = b"\x65\x88" + bytes(1998) if seq % 10 == 0 else b"\x41\x9a" + bytes(50)
+        pkt = (b"\x80\x60" + seq.to_bytes(2, "big") + (seq * 9000).to_bytes(4, "big")
+               + b"\x00\x00\x00\x01" + nal)
+        return b"$\x00" + len(pkt).to_bytes(2, "big") + pkt
+
+
+def test_reads_between_key_frames_are_batched_and_a_stall_still_timed_out():
+    """Key frames only (the follower drops P slices): once the key frames' period is known,
+    the reads between them wait for bytes (fewer reads than packets), each key frame is still
+    handed over, and a stream that stops is a TimeoutError read_timeout_s after its last
+    byte, not later."""
+    from runtime.frames.av_source import NalAssembler
+
+    cam = KeyedCamera(user="")
+    try:
+        c = RtspClient(cam.url(), open_timeout_s=5, read_timeout_s=1.0)
+        try:
+            follower = NalAssembler()
+            follower.drop_types = frozenset({1})
+            c.rtp.follower = follower
+            it = c.payloads()
+            keys = 0
+            while keys < 3:  # two key frames: their period; the third read with it known
+                keys += bytes(next(it).data[4:5]) == b"\x65"
+            reads, packets = c.reads, c.rtp.packets
+            while keys < 5:
+                keys += bytes(next(it).data[4:5]) == b"\x65"
+            assert c.rtp.packets - packets >= 15
+            # ~0.6 a packet here (a read a packet without the batching)
+            assert c.reads - reads <= 0.8 * (c.rtp.packets - packets)
+            cam.stalled = True
+            t_last = time.monotonic()
+            with pytest.raises(TimeoutError):
+                while True:
+                    next(it)
+                    t_last = time.monotonic()
+            assert 0.9 <= time.monotonic() - t_last <= 1.6
+        finally:
+            c.close()
+    finally:
+        cam.close()
