@@ -70,6 +70,18 @@ class AlertLog:
                 out.append(doc)
         return out
 
+    def last_states(self, codes: tuple[str, ...]) -> dict[tuple[str, str], str]:
+        """(device, code) -> the state of its newest transition over the kept log, for the
+        alerts of `codes` (one query): whether an alert active now was told raised."""
+        if not codes:
+            return {}
+        marks = ",".join("?" * len(codes))
+        out: dict[tuple[str, str], str] = {}
+        for d, c, state in self._store.read(f"SELECT device, code, state FROM alert_log WHERE "
+                                            f"code IN ({marks}) ORDER BY t", codes):
+            out[(d, c)] = state  # the newest last
+        return out
+
     def counts(self) -> dict[str, int]:
         """Transitions recorded since the store was made, per state (raised, cleared)."""
         return {s: int(n) for s, n in self._store.read("SELECT state, n FROM alert_counts")}

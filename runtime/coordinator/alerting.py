@@ -40,6 +40,7 @@ class Alerting:
         # each (device, code)'s state: raised at once (`offline` once it lasts
         # offline_alert_s), cleared once away alert_clear_s
         self._alerts = AlertStates({"offline": cfg.offline_alert_s})
+        self._adopted = False  # the delayed alerts a previous process left untold, looked at
         # the coordinator's own alerts (code -> message: `store`, store_watch.py), told as a
         # device's under this name (each coordinator sharing a store has its own)
         self.own_name = f"coordinator {cfg.client_id}"
@@ -60,8 +61,31 @@ class Alerting:
         """A refresh's alert changes (fleet.alert_changes) recorded and the clears that
         settled added, queued for `send`. Under the views lock (`views` read for each
         status)."""
+        if not self._adopted:
+            self._adopted = True
+            changes = self._untold(views) + changes
         self._record_alerts(changes, now, views)
         self._settle_clears(now, views)
+
+    def _untold(self, views: dict[str, fleet.DeviceView]) -> list[tuple[str, str, str, str]]:
+        """At this process's first refresh: the alerts with a raise delay that a device
+        already has and whose newest transition in the store's log is not a raise (the
+        previous process restarted while the raise waited out its delay, in its memory
+        only), fed as raised now so they are told once they last the delay from here. A
+        store that cannot be read: all of them (a duplicate is better than a lost alert)."""
+        codes = self._alerts.delayed()
+        active = [(v.device, code, msg) for v in views.values() for code, msg in v.alerts
+                  if code in codes]
+        if not active:
+            return []
+        try:
+            told = self.store_log.last_states(codes)
+        except Exception as e:
+            self._rlog.log("alert-log", "could not read the alert log from the store "
+                           "(telling the delayed alerts again): %s", e, level=logging.ERROR)
+            told = {}
+        return [(d, code, "raised", msg) for d, code, msg in active
+                if told.get((d, code)) != "raised"]
 
     def own(self, alerts: dict[str, str], now: float,
             views: dict[str, fleet.DeviceView]) -> bool:

@@ -150,6 +150,10 @@ class AlertStates:
             entry.state = state
             self._entries[key] = entry
 
+    def delayed(self) -> tuple[str, ...]:
+        """The codes told only once they have lasted their raise delay."""
+        return tuple(sorted(self._raise_s))
+
     def raised_at(self, device: str, code: str) -> float | None:
         """When this process told (device, code) raised, while it is active or clearing."""
         entry = self._entries.get((device, code))

@@ -344,3 +344,37 @@ def test_a_broker_restart_pages_nobody(tmp_path, broker, receiver):
     finally:
         dev.term()
         coord.stop()
+
+
+def test_an_offline_raising_across_a_coordinator_restart_is_told_once(tmp_path, broker,
+                                                                     receiver):
+    """A device that went offline just before the coordinator restarted (its alert still
+    waiting out offline_alert_s, held only in the process's memory) is told by the next
+    coordinator, once it has lasted offline_alert_s, and only once."""
+    rx = receiver([200])
+    coord = start_coordinator(tmp_path, broker, webhook_url=rx.url, offline_alert_s=3)
+    dev = Device(tmp_path, broker, 1, keepalive=2).start()
+    try:
+        wait(lambda: coord.views.get("dev1") and coord.views["dev1"].status == "online", 20,
+             "dev1 online")
+        dev.kill9()
+        wait(lambda: coord.views["dev1"].status == "offline", 15, "dev1 offline (its will)")
+    finally:
+        coord.stop()
+    assert not rx.bodies()  # raising: not told yet
+    coord = start_coordinator(tmp_path, broker, webhook_url=rx.url, offline_alert_s=3)
+    try:
+        wait(lambda: [b for b in rx.bodies() if b["alert"] == "offline"], 15,
+             "the offline told by the next coordinator")
+        time.sleep(2)
+        told = [(b["alert"], b["state"]) for b in rx.bodies()]
+        assert told == [("offline", "raised")], told
+    finally:
+        coord.stop()
+    # told and in the store's log: a third coordinator does not tell it again
+    coord = start_coordinator(tmp_path, broker, webhook_url=rx.url, offline_alert_s=3)
+    try:
+        time.sleep(5)
+        assert [(b["alert"], b["state"]) for b in rx.bodies()] == [("offline", "raised")]
+    finally:
+        coord.stop()
