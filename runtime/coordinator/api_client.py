@@ -168,12 +168,31 @@ def deploy(args: argparse.Namespace, api: str, token: str) -> int:
     print(f"rollout {r['id']}: {r['version']} to {r['group']}, canary "
           f"{', '.join(r['canary'])}" + (f", then {len(r['rest'])} more" if r["rest"] else ""))
     deadline, last = time.monotonic() + args.wait, ""
+    lost: ApiError | None = None  # the last poll's failure while the coordinator is away
     while args.wait and time.monotonic() < deadline and r["state"] in ("canary", "rolling"):
         time.sleep(1.0)
-        r = _call(api, f"/api/v1/rollouts/{r['id']}", token=token)
+        try:
+            r = call(api, f"/api/v1/rollouts/{r['id']}", token=token, timeout=10)
+        except ApiError as e:
+            # A coordinator restarting (or a 5xx on its way down) does not stop the rollout:
+            # it is in the coordinator's store and goes on. Exiting 1 here read as "halted".
+            if e.status is not None and e.status < 500:
+                raise SystemExit(f"edgerun fleet: {e.reason} (HTTP {e.status})") from None
+            if lost is None:
+                print(f"rollout {r['id']}: the coordinator did not answer ({e.reason}); "
+                      "the rollout goes on there: following it until --wait ends",
+                      file=sys.stderr, flush=True)
+            lost = e
+            continue
+        lost = None
         if (line := _rollout_line(r)) != last:
             print(line, flush=True)
             last = line
+    if lost is not None:
+        print(f"rollout {r['id']}: not followed to its end: the coordinator still does not "
+              f"answer ({lost.reason}); `edgerun fleet rollouts` shows it once it is back",
+              file=sys.stderr)
+        return 2
     if args.json:
         print(json.dumps(r, indent=2))
     for d, st in sorted(r["devices"].items()):

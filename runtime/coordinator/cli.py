@@ -230,7 +230,9 @@ def add_fleet(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     fd.add_argument("--canary", default="10%", help="share of the group that gets it first "
                     "(0%% or 100%%: all at once)")
     fd.add_argument("--wait", type=float, default=0.0, help="follow the rollout this many "
-                    "seconds (exit 1 when it halts)")
+                    "seconds (exit 1 when it halts; through a coordinator restart it keeps "
+                    "following, and exits 2 when the coordinator still does not answer at "
+                    "the end)")
     fg = fsub.add_parser("group", help="put devices in a group", parents=[common, fleet_opts])
     fg.add_argument("group")
     fg.add_argument("devices", nargs="+")

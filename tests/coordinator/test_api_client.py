@@ -181,3 +181,63 @@ def test_fleet_cli_exits_1_with_the_reason_on_stderr(api, tmp_path):
                          cwd=Path(__file__).resolve().parents[2])
     assert out.returncode == 1, out
     assert out.stderr.strip() == "edgerun fleet: refused with 404 (HTTP 404)"
+
+
+class _RestartingRollouts(BaseHTTPRequestHandler):
+    """A coordinator restarted while `fleet deploy --wait` follows a rollout: POST
+    /api/v1/rollouts starts one (canary); the next `DROPS` GETs of it get no answer (the
+    connection closed unanswered, as by a coordinator going down); after them it is halted."""
+
+    DROPS = 2
+    gets = 0
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def _answer(self, body: dict) -> None:
+        raw = json.dumps(body).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(raw)))
+        self.end_headers()
+        self.wfile.write(raw)
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self._answer({"id": "r1", "version": "m@2", "group": "g", "canary": ["d1"],
+                      "rest": [], "state": "canary", "devices": {"d1": {"state": "sent"}}})
+
+    def do_GET(self) -> None:
+        type(self).gets += 1
+        if type(self).gets <= self.DROPS:
+            self.close_connection = True  # no answer at all: the client's read fails
+            return
+        self._answer({"id": "r1", "version": "m@2", "group": "g", "state": "halted",
+                      "reason": "canary failed: d1: rolled back",
+                      "devices": {"d1": {"state": "failed", "reason": "rolled back"}}})
+
+
+def test_deploy_wait_follows_a_rollout_through_a_coordinator_restart(capsys):
+    """Found 2026-12-07 (outside run): `fleet deploy --wait 240` exited 1 with `cannot reach
+    the coordinator` the moment the coordinator restarted mid-rollout, while the rollout went
+    on there (and halted a minute later): exit 1 is documented as "halted". The wait now
+    keeps following until --wait ends, saying once that the coordinator did not answer."""
+    import argparse
+
+    from runtime.coordinator.api_client import deploy
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _RestartingRollouts)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        args = argparse.Namespace(bundle="m@2", canary="100%", to="g", wait=60.0, json=False)
+        code = deploy(args, f"http://127.0.0.1:{server.server_address[1]}", TOKEN)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
+    out = capsys.readouterr()
+    assert code == 1
+    assert "HALTED" in out.out and "d1: failed: rolled back" in out.out
+    assert out.err.count("did not answer") == 1
+    assert "following it" in out.err
