@@ -96,12 +96,18 @@ def announced_wake(msg: Mapping[str, Any], now: float) -> float:
     box that booted at 1970, or a week behind) is not comparable with this clock, but the
     sleep's length is: `wake_at - t` are two readings of one clock taken moments apart. So
     that length is counted from the arrival (a little late by the transit, which errs
-    towards no alert). Without this a node booted at 1970 turned `offline` with
-    `missed_wake` the moment each sleep began. Either way at most LONGEST_SLEEP_S on."""
+    towards no alert). A state the coordinator placed (`clk.claimed`: its boot's offset is
+    known) has its wake moved by the same offset. Without this a node booted at 1970 turned
+    `offline` with `missed_wake` the moment each sleep began. At most LONGEST_SLEEP_S on."""
     wake = float(msg["wake_at"])
     clk = msg.get("clk")
     if isinstance(clk, Mapping) and clk.get("sync") is False:
-        wake = now + max(0.0, wake - float(msg["t"]))
+        if isinstance(clk.get("claimed"), int | float):
+            # placed at ingest (clock_place: its kernel boot's offset is known): `t` is the
+            # placed time, the device's own in `claimed`; the wake moves with it
+            wake += float(msg["t"]) - float(clk["claimed"])
+        else:
+            wake = now + max(0.0, wake - float(msg["t"]))
     return min(wake, now + LONGEST_SLEEP_S)
 
 

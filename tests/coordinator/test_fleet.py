@@ -192,6 +192,13 @@ def test_a_sleep_announced_by_an_unsynced_clock_is_timed_from_its_arrival(clk, p
         assert fleet.tick(v, arrived + 245.0 + 301.0, CFG).status == "offline"
     else:
         assert v.wake_at == 86_400.0 + 245.0
+    # placed at ingest (its kernel boot's offset known: clock_place keeps the claim in
+    # clk.claimed and t is the placed time): the wake moves by the same offset
+    placed = dict(_asleep(arrived - 2.0, 86_400.0 + 245.0),
+                  clk={**clk, "claimed": 86_400.0})
+    if placed["clk"]["sync"] is False:
+        assert fleet.on_state(fleet.DeviceView("d"), placed, arrived).wake_at == (
+            arrived - 2.0 + 245.0)
     # either way a wake is believed at most LONGEST_SLEEP_S from the arrival
     far = dict(_asleep(86_400.0, 86_400.0 + 1e9), clk=clk)
     assert fleet.on_state(fleet.DeviceView("d"), far, arrived).wake_at <= (
