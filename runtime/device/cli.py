@@ -71,8 +71,8 @@ def _storage_line(cfg) -> str:
     days = life_days(card if card is not None else per_day, tbw)
     if days is None:
         return line + "; set [storage] rated_tbw (the card's rated TB written) for its life"
-    return (line + f"; a new {tbw:g} TBW card lasts {days:,.0f} days ({days / 365:.1f} "
-            "years) at that rate")
+    years = f" ({days / 365:.1f} years)" if days >= 365 else ""  # not "(0.0 years)"
+    return line + f"; a new {tbw:g} TBW card lasts {days:,.0f} days{years} at that rate"
 
 
 def _mount_line(cfg, mounts: Path = Path("/proc/mounts")) -> str | None:
