@@ -151,6 +151,36 @@ def _rollout_line(r: dict) -> str:
             + (f"  ({r['reason']})" if r.get("reason") else ""))
 
 
+def _away(api: str, token: str, devices: list[str]) -> list[str]:
+    """A line for each of `devices` the coordinator sees offline or asleep: what becomes of
+    the deploy it was just sent (none when the fleet view cannot be read: the rollout's own
+    lines still follow)."""
+    import time
+
+    try:
+        rows = call(api, "/api/v1/fleet", token=token, timeout=10)
+    except ApiError:
+        return []
+    by = {r.get("device"): r for r in rows if isinstance(r, dict)}
+
+    def hm(t: object) -> str:
+        return time.strftime("%H:%M", time.localtime(t)) if isinstance(t, int | float) \
+            and t > 0 else "never"
+
+    out = []
+    for d in devices:
+        v = by.get(d) or {}
+        if v.get("status") == "offline":
+            out.append(f"  {d}: offline (last seen {hm(v.get('last_seen'))}): it runs the "
+                       f"deploy when {d} is back (the coordinator sends a returning device its "
+                       "desired model); without a verdict within the coordinator's "
+                       "rollout_timeout_s of the deploy it counts as failed")
+        elif v.get("status") == "asleep":
+            out.append(f"  {d}: asleep until {hm(v.get('wake_at'))}: the broker holds the "
+                       "deploy and it runs at its wake")
+    return out
+
+
 def deploy(args: argparse.Namespace, api: str, token: str) -> int:
     """`fleet deploy BUNDLE --to GROUP|all --canary N%`: upload (when BUNDLE is a file),
     start the rollout, and with --wait follow it to done or halted (exit 1 when halted)."""
@@ -167,13 +197,34 @@ def deploy(args: argparse.Namespace, api: str, token: str) -> int:
               token=token)
     print(f"rollout {r['id']}: {r['version']} to {r['group']}, canary "
           f"{', '.join(r['canary'])}" + (f", then {len(r['rest'])} more" if r["rest"] else ""))
+    for line in _away(api, token, r["canary"]):
+        print(line)
     deadline, last = time.monotonic() + args.wait, ""
+    lost: ApiError | None = None  # the last poll's failure while the coordinator is away
     while args.wait and time.monotonic() < deadline and r["state"] in ("canary", "rolling"):
         time.sleep(1.0)
-        r = _call(api, f"/api/v1/rollouts/{r['id']}", token=token)
+        try:
+            r = call(api, f"/api/v1/rollouts/{r['id']}", token=token, timeout=10)
+        except ApiError as e:
+            # A coordinator restarting (or a 5xx on its way down) does not stop the rollout:
+            # it is in the coordinator's store and goes on. Exiting 1 here read as "halted".
+            if e.status is not None and e.status < 500:
+                raise SystemExit(f"edgerun fleet: {e.reason} (HTTP {e.status})") from None
+            if lost is None:
+                print(f"rollout {r['id']}: the coordinator did not answer ({e.reason}); "
+                      "the rollout goes on there: following it until --wait ends",
+                      file=sys.stderr, flush=True)
+            lost = e
+            continue
+        lost = None
         if (line := _rollout_line(r)) != last:
             print(line, flush=True)
             last = line
+    if lost is not None:
+        print(f"rollout {r['id']}: not followed to its end: the coordinator still does not "
+              f"answer ({lost.reason}); `edgerun fleet rollouts` shows it once it is back",
+              file=sys.stderr)
+        return 2
     if args.json:
         print(json.dumps(r, indent=2))
     for d, st in sorted(r["devices"].items()):

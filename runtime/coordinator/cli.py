@@ -60,9 +60,10 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
                                       *server.server_address[:2], token_path(cfg))
     # The handler only sets a flag: Event.set() in a handler can deadlock against the main
     # thread's own Event.wait (both take the same lock).
-    stop, hup = [False], [False]
+    stop: list = [False]  # the signal that asked the stop, once one did
+    hup = [False]
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.__setitem__(0, True))
+        signal.signal(sig, lambda signum, _: stop.__setitem__(0, signum))
     # SIGHUP's default action ends the process: a `kill -HUP` (or a reload habit) took the
     # fleet's coordinator down. It has no reload; say so and carry on.
     signal.signal(signal.SIGHUP, lambda *_: hup.__setitem__(0, True))
@@ -73,8 +74,13 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
             logging.getLogger("edgerun").warning(
                 "SIGHUP: the coordinator does not reload its config; still running with the "
                 "one it started with (restart it to apply changes)")
+    # Said, so a clean stop reads differently from a kill -9 or a crash in the log.
+    log = logging.getLogger("edgerun")
+    log.info("coordinator stopping (%s): closing the API, then the store and the broker "
+             "session", signal.Signals(stop[0]).name)
     server.shutdown()
     coordinator.stop()
+    log.info("coordinator stopped")
     return 0
 
 
@@ -230,7 +236,9 @@ def add_fleet(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     fd.add_argument("--canary", default="10%", help="share of the group that gets it first "
                     "(0%% or 100%%: all at once)")
     fd.add_argument("--wait", type=float, default=0.0, help="follow the rollout this many "
-                    "seconds (exit 1 when it halts)")
+                    "seconds (exit 1 when it halts; through a coordinator restart it keeps "
+                    "following, and exits 2 when the coordinator still does not answer at "
+                    "the end)")
     fg = fsub.add_parser("group", help="put devices in a group", parents=[common, fleet_opts])
     fg.add_argument("group")
     fg.add_argument("devices", nargs="+")

@@ -44,6 +44,29 @@ OnSetting = Callable[[str, str, dict[str, Any]], None]
 OnReply = Callable[[str, str, dict[str, Any]], None]
 
 
+def no_reply(view: fleet.DeviceView | None, name: str, wait_s: float, ttl_s: float,
+             now: float) -> str:
+    """What the API answers when `name` to a device got no reply within `wait_s`: what the
+    coordinator knows of the device and what became of the command (it stays valid for
+    `ttl_s` from its sending, and no longer: a device back later never carries it out)."""
+    device = view.device if view is not None else "the device"
+    head = f"no reply from {device} to {name} in {wait_s:g} s"
+    expiry = f"the command expires {ttl_s:g} s after it was sent"
+    if view is None or view.status == "online":
+        return (f"{head}: {device} is online (busy, or its reply was lost), so it may still "
+                f"carry it out until then ({expiry}): `edgerun fleet show {device}` shows "
+                "its events")
+    if view.status == "offline":
+        seen = (time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(view.last_seen))
+                if view.last_seen else "never")
+        why = f", {view.reason}" if view.reason else ""
+        return (f"{head}: {device} is offline (last seen {seen}{why}); {expiry} and is not "
+                f"kept for its return: send it again once {device} is online")
+    return (f"{head}: {device} has been silent {now - view.last_seen:.0f} s ({view.status}); "
+            f"{expiry} and is not kept for later: send it again once {device} is online "
+            f"(`edgerun fleet ls`)")
+
+
 class Commander:
     """One coordinator's commands (see module docstring)."""
 

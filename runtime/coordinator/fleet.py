@@ -59,7 +59,7 @@ class DeviceView:
     health: Mapping[str, Any] = field(default_factory=dict)
     alerts: tuple[tuple[str, str], ...] = ()
     asleep: bool = False  # its last state announced a sleep
-    wake_at: float = 0.0  # ... until then (the device's clock)
+    wake_at: float = 0.0  # ... until then (this clock: fleet.announced_wake)
     # the last state's clock stamp (runtime/wire/clock.py): states of two boots are ordered
     # by it, not by a wall clock that may read a week behind or 2100
     state_clk: Mapping[str, Any] | None = None
@@ -89,6 +89,28 @@ def with_alerts(view: DeviceView, alerts: tuple[tuple[str, str], ...]) -> Device
 LONGEST_SLEEP_S = 7 * 86400.0
 
 
+def announced_wake(msg: Mapping[str, Any], now: float) -> float:
+    """The coordinator-clock time a sleep announced in state `msg`, arriving at `now`, ends.
+
+    A synced clock's `wake_at` is believed as it is. An unsynced one's (`clk.sync` false: a
+    box that booted at 1970, or a week behind) is not comparable with this clock, but the
+    sleep's length is: `wake_at - t` are two readings of one clock taken moments apart. So
+    that length is counted from the arrival (a little late by the transit, which errs
+    towards no alert). A state the coordinator placed (`clk.claimed`: its boot's offset is
+    known) has its wake moved by the same offset. Without this a node booted at 1970 turned
+    `offline` with `missed_wake` the moment each sleep began. At most LONGEST_SLEEP_S on."""
+    wake = float(msg["wake_at"])
+    clk = msg.get("clk")
+    if isinstance(clk, Mapping) and clk.get("sync") is False:
+        if isinstance(clk.get("claimed"), int | float):
+            # placed at ingest (clock_place: its kernel boot's offset is known): `t` is the
+            # placed time, the device's own in `claimed`; the wake moves with it
+            wake += float(msg["t"]) - float(clk["claimed"])
+        else:
+            wake = now + max(0.0, wake - float(msg["t"]))
+    return min(wake, now + LONGEST_SLEEP_S)
+
+
 def on_state(view: DeviceView, msg: Mapping[str, Any], now: float) -> DeviceView:
     """A birth (online) or death (will / clean stop) message arrived."""
     if msg["boot"] != view.boot and wire_clock.made_after(
@@ -109,7 +131,7 @@ def on_state(view: DeviceView, msg: Mapping[str, Any], now: float) -> DeviceView
                    reason=msg.get("reason", ""),
                    last_seen=now if msg["online"] else view.last_seen,
                    asleep=asleep,
-                   wake_at=min(float(msg["wake_at"]), now + LONGEST_SLEEP_S) if asleep else 0.0,
+                   wake_at=announced_wake(msg, now) if asleep else 0.0,
                    status="online" if msg["online"] else "asleep" if asleep else "offline")
     if msg["online"]:
         changes.update(versions=msg.get("versions", view.versions),

@@ -321,7 +321,7 @@ class Api:
         except (ValueError, TypeError, RecursionError) as e:
             return _error(400, str(e)[:200])
         if reply is None:
-            return _error(504, "no reply from the device in time")
+            return _error(504, self.c.no_reply(parts[3], body["cmd"], float(wait_s)))
         return json_response(200, reply)
 
     def put_bundle(self, req: Request, parts: list[str]) -> Response:

@@ -45,7 +45,7 @@ from runtime.coordinator.births import Births
 from runtime.coordinator.bundle_chunks import ChunkServer
 from runtime.coordinator.bundles import Shelf, held_now
 from runtime.coordinator.clock_place import Placer
-from runtime.coordinator.commander import Commander, Refused, UnknownDevice
+from runtime.coordinator.commander import Commander, Refused, UnknownDevice, no_reply
 from runtime.coordinator.dialect import is_url
 from runtime.coordinator.inbox import Inbox, sender
 from runtime.coordinator.ingest_window import WindowCount, window_s
@@ -583,6 +583,13 @@ class Coordinator:
         """Sign and publish a command; the device's reply, or None on timeout
         (Commander.send_command says what a reply carries)."""
         return self.commander.send_command(device, name, args, ttl_s, wait_s)
+
+    def no_reply(self, device: str, name: str, wait_s: float, ttl_s: float = 60.0) -> str:
+        """What to tell the operator when `send_command` got no reply: the device's status
+        now and what became of the command (commander.no_reply)."""
+        now = time.time()
+        self._refresh(now)
+        return no_reply(self._view(device), name, wait_s, ttl_s, now)
 
     def deploy_args(self, bundle_id: str) -> dict[str, Any]:
         """The `deploy` command's arguments for a bundle held here (runtime/device/ota.py)."""

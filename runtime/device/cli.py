@@ -40,6 +40,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(line, file=sys.stderr)
     _check_engines(cfg)
     _check_clock(cfg)
+    if (line := _sleep_line(cfg)) is not None:
+        print(line, file=sys.stderr)
     print(_storage_line(cfg), file=sys.stderr)
     for line in (_mount_line(cfg), _state_disk_line(cfg)):
         if line:
@@ -71,8 +73,8 @@ def _storage_line(cfg) -> str:
     days = life_days(card if card is not None else per_day, tbw)
     if days is None:
         return line + "; set [storage] rated_tbw (the card's rated TB written) for its life"
-    return (line + f"; a new {tbw:g} TBW card lasts {days:,.0f} days ({days / 365:.1f} "
-            "years) at that rate")
+    years = f" ({days / 365:.1f} years)" if days >= 365 else ""  # not "(0.0 years)"
+    return line + f"; a new {tbw:g} TBW card lasts {days:,.0f} days{years} at that rate"
 
 
 def _mount_line(cfg, mounts: Path = Path("/proc/mounts")) -> str | None:
@@ -178,6 +180,32 @@ def _check_engines(cfg) -> None:
                       "the kernels", file=sys.stderr)
             else:
                 print(f"{e.name}: {d.id} ({d.name})", file=sys.stderr)
+
+
+def _sleep_line(cfg) -> str | None:
+    """With `[sleep] enabled`, whether this board can sleep as `serve` will judge it
+    (runtime/device/sleep.py create: the profile's [states] can_suspend, then the RTC alarm
+    and /sys/power/state under the sysfs root); None when sleep is off. Never fatal: serve
+    runs awake with a critical sleep_disabled event."""
+    from power.suspend import SysfsSuspend
+    from runtime.device.profiles import load_profile
+
+    sc = cfg.sleep
+    if not sc.enabled:
+        return None
+    if cfg.simulator.enabled:
+        return "sleep: simulated (the simulator stops the process for each sleep)"
+    device = load_profile(cfg.device.profile)
+    st = device.states
+    problems = ([] if st is not None and st.can_suspend else
+                [f"device profile {device.name} cannot suspend ([states] can_suspend)"])
+    problems = problems or SysfsSuspend(Path(cfg.device.sysfs_root or "/"), sc.rtc).problems()
+    if problems:
+        return ("sleep: configured but this board cannot sleep: " + "; ".join(problems)
+                + "; serve runs awake, with a critical sleep_disabled event (docs/sleep.md)")
+    when = f"every {sc.every_s:g} s" if sc.every_s else f"{sc.per_hour:g} an hour"
+    return (f"sleep: this board can suspend (RTC {sc.rtc}, /sys/power/state offers mem): "
+            f"bursts of {sc.burst} {when}, asleep between them where that costs less")
 
 
 def _check_clock(cfg) -> None:

@@ -440,7 +440,8 @@ class DeviceOta:
             self.probation = None
             self._drop_shadow()
             self.store.passed()
-            log.info("model %s passed probation: %s", run.version, run.kpis)
+            log.info("model %s passed probation: %s; kept", run.version,
+                     probation_summary(run.kpis))
             self.serving.event(EventType.MODEL_PROBATION_PASSED, "info",
                                version=run.version or "", **_clean(run.kpis))
         elif v.state == "failed":
@@ -490,6 +491,20 @@ def model_kpis(t: Tally, results0: int = 0, errors0: int = 0,
     results, errors = t.results - results0, t.errors - errors0
     p95 = float(np.percentile(t.latencies_ms, 95)) if t.latencies_ms else None
     return Kpis(results + errors, errors, p95, energy_j * 1e3 if energy_j is not None else None)
+
+
+def probation_summary(k: dict[str, Any]) -> str:
+    """A probation's figures (`run.kpis`) as one line for the log."""
+    agreement = k.get("agreement")
+    shadow = (f"agreement {agreement:.0%} on {k.get('shadow_compared', 0)} shadow frames"
+              if agreement is not None and k.get("shadow_compared") else
+              "no shadow comparison")
+    energy, p95 = k.get("energy_mj"), k.get("p95_ms")
+    p95_s = f"p95 {p95:.2f} ms" if isinstance(p95, int | float) else "p95 unknown"
+    return (f"{k.get('frames')} frames, {k.get('errors')} errors, {p95_s} (target "
+            f"{k.get('target_ms', 0):g} ms), {shadow}, "
+            + (f"energy {energy:.3f} mJ an inference" if energy is not None
+               else "energy not measured"))
 
 
 def _clean(d: dict[str, Any]) -> dict[str, Any]:

@@ -41,6 +41,10 @@ def _health(tmp_path: Path, *rates: float | tuple[float, float] | None) -> None:
     (((2e9, 8e9),), "[storage]\nrated_tbw = 10.0\n",
      "its card 8000.0 MB a day (every writer, the journal included); a new 10 TBW card "
      "lasts 1,250 days (3.4 years) at that rate"),
+    # under a year (the outside run's solar node: 3.7 GB a day on a 0.05 TBW card) in days
+    # alone: it said "13 days (0.0 years)"
+    ((3.7e9,), "[storage]\nrated_tbw = 0.05\n",
+     "a new 0.05 TBW card lasts 14 days at that rate"),
 ])
 def test_check_states_the_cards_life_at_the_measured_rate(tmp_path, rates, storage, says):
     _health(tmp_path, *rates)

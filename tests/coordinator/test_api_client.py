@@ -181,3 +181,118 @@ def test_fleet_cli_exits_1_with_the_reason_on_stderr(api, tmp_path):
                          cwd=Path(__file__).resolve().parents[2])
     assert out.returncode == 1, out
     assert out.stderr.strip() == "edgerun fleet: refused with 404 (HTTP 404)"
+
+
+class _RestartingRollouts(BaseHTTPRequestHandler):
+    """A coordinator restarted while `fleet deploy --wait` follows a rollout: POST
+    /api/v1/rollouts starts one (canary); the next `DROPS` GETs of it get no answer (the
+    connection closed unanswered, as by a coordinator going down); after them it is halted."""
+
+    DROPS = 2
+    gets = 0
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def _answer(self, body: object) -> None:
+        raw = json.dumps(body).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(raw)))
+        self.end_headers()
+        self.wfile.write(raw)
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self._answer({"id": "r1", "version": "m@2", "group": "g", "canary": ["d1"],
+                      "rest": [], "state": "canary", "devices": {"d1": {"state": "sent"}}})
+
+    def do_GET(self) -> None:
+        if self.path == "/api/v1/fleet":  # fleet deploy's look at the canary: all online
+            self._answer([])
+            return
+        type(self).gets += 1
+        if type(self).gets <= self.DROPS:
+            self.close_connection = True  # no answer at all: the client's read fails
+            return
+        self._answer({"id": "r1", "version": "m@2", "group": "g", "state": "halted",
+                      "reason": "canary failed: d1: rolled back",
+                      "devices": {"d1": {"state": "failed", "reason": "rolled back"}}})
+
+
+def test_deploy_wait_follows_a_rollout_through_a_coordinator_restart(capsys):
+    """Found 2026-12-07 (outside run): `fleet deploy --wait 240` exited 1 with `cannot reach
+    the coordinator` the moment the coordinator restarted mid-rollout, while the rollout went
+    on there (and halted a minute later): exit 1 is documented as "halted". The wait now
+    keeps following until --wait ends, saying once that the coordinator did not answer."""
+    import argparse
+
+    from runtime.coordinator.api_client import deploy
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _RestartingRollouts)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        args = argparse.Namespace(bundle="m@2", canary="100%", to="g", wait=60.0, json=False)
+        code = deploy(args, f"http://127.0.0.1:{server.server_address[1]}", TOKEN)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
+    out = capsys.readouterr()
+    assert code == 1
+    assert "HALTED" in out.out and "d1: failed: rolled back" in out.out
+    assert out.err.count("did not answer") == 1
+    assert "following it" in out.err
+
+
+class _OfflineCanary(BaseHTTPRequestHandler):
+    """A coordinator whose canary device is offline, another one asleep."""
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def _answer(self, body: object) -> None:
+        raw = json.dumps(body).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(raw)))
+        self.end_headers()
+        self.wfile.write(raw)
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self._answer({"id": "r2", "version": "m@5", "group": "g", "canary": ["d1", "d2", "d3"],
+                      "rest": [], "state": "canary",
+                      "devices": {d: {"state": "sent"} for d in ("d1", "d2", "d3")}})
+
+    def do_GET(self) -> None:
+        self._answer([
+            {"device": "d1", "status": "offline", "last_seen": 1_796_678_118.0},
+            {"device": "d2", "status": "asleep", "wake_at": 1_796_678_718.0},
+            {"device": "d3", "status": "online", "last_seen": 1_796_678_118.0}])
+
+
+def test_deploy_says_which_canary_devices_are_away(capsys):
+    """Outside run 2026-12-07: `fleet deploy ... --to g1 --wait 20` with its only canary
+    stopped printed `CANARY  sent 1` and exited 0; nothing said the device was offline and
+    would get the model only when it came back (the coordinator re-sends a returning device
+    its desired model)."""
+    import argparse
+
+    from runtime.coordinator.api_client import deploy
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _OfflineCanary)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        args = argparse.Namespace(bundle="m@5", canary="100%", to="g", wait=0.0, json=False)
+        assert deploy(args, f"http://127.0.0.1:{server.server_address[1]}", TOKEN) == 0
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
+    out = capsys.readouterr().out
+    assert "d1: offline (last seen" in out and "when d1 is back" in out, out
+    assert "d2: asleep until" in out and "at its wake" in out, out
+    assert "d3:" not in out, out

@@ -80,3 +80,26 @@ def test_an_awaited_replys_deadline_is_on_the_commanders_clock(tmp_path):
     assert len(commander.pending) == 1  # its wait is not over
     commander.expire_pending(mono[0] + 31.0)
     assert len(commander.pending) == 0 and commander.pending.expired == 1
+
+
+@pytest.mark.parametrize("status, online, says", [
+    ("offline", False, ["line1 is offline (last seen", "connection lost",
+                        "send it again once line1 is online"]),
+    ("stale", True, ["line1 has been silent 45 s", "send it again once line1 is online"]),
+    ("online", True, ["line1 is online", "fleet show line1"]),
+])
+def test_no_reply_says_what_became_of_the_command(status, online, says):
+    """Outside run 2026-12-07: `fleet send line1 set_rate fps=5` to a stopped device answered
+    `no reply from the device in time (HTTP 504)` after 10 s, not that the device was offline,
+    nor that the command would never be carried out (the device came back with a new session
+    and never saw it). The answer now says which, and what to do."""
+    from runtime.coordinator.commander import no_reply
+
+    now = 1_796_677_000.0
+    view = fleet.DeviceView("line1", online=online, status=status, last_seen=now - 45.0,
+                            reason="connection lost" if not online else "")
+    text = no_reply(view, "set_rate", wait_s=10.0, ttl_s=60.0, now=now)
+    assert text.startswith("no reply from line1 to set_rate in 10 s"), text
+    for s in says:
+        assert s in text, text
+    assert "expires 60 s after it was sent" in text

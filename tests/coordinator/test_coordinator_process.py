@@ -118,3 +118,26 @@ def test_sighup_during_start_up_does_not_stop_the_coordinator(tmp_path, broker):
     finally:
         if p.poll() is None:
             p.kill()
+
+
+def test_sigterm_says_the_coordinator_stopped(tmp_path, broker):
+    """Outside run 2026-12-07: a coordinator stopped by SIGTERM (a restart mid-rollout) left
+    no line in its log, so its log read the same as one killed -9 or crashed. It now says
+    it stops, on which signal, and that it stopped."""
+    import signal
+    import time
+
+    p, log, _ = _start(tmp_path, broker)
+    try:
+        deadline = time.monotonic() + 60
+        while "coordinator API on" not in log.read_text():
+            assert p.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
+            time.sleep(0.1)
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(30) == 0, log.read_text()[-2000:]
+    finally:
+        if p.poll() is None:
+            p.kill()
+    text = log.read_text()
+    assert "coordinator stopping (SIGTERM)" in text, text[-2000:]
+    assert text.rstrip().splitlines()[-1].endswith("coordinator stopped"), text[-2000:]

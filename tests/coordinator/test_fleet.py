@@ -169,3 +169,37 @@ def test_will_after_farewell_keeps_the_farewell():
     assert (v.status, v.reason, v.state_t) == ("offline", "clean shutdown", 20)
     # a will newer than the goodbye (a later connection of the same boot) is taken
     assert fleet.on_state(v, _death(25), 26).reason == "connection lost"
+
+
+@pytest.mark.parametrize("clk, placed", [
+    # an unsynced clock (a box that booted at 1970): its wake is the sleep it announced,
+    # wake_at - t (two readings of one clock, moments apart), from the arrival
+    ({"sync": False, "kb": "k1", "bt": 40.0}, True),
+    # a synced clock is believed as it is (a retained sleep re-read at a coordinator start
+    # must not move its wake by the coordinator's downtime)
+    ({"sync": True, "kb": "k1", "bt": 40.0}, False),
+])
+def test_a_sleep_announced_by_an_unsynced_clock_is_timed_from_its_arrival(clk, placed):
+    """Found 2026-12-07 (outside run): a solar node booted at 1970 announced each 4-minute
+    sleep with wake_at in 1970; the coordinator compared it with its own 2026 clock, so the
+    node turned `offline` with a `missed_wake` alert the moment it fell asleep, every sleep."""
+    arrived = 1_796_677_000.0
+    msg = dict(_asleep(86_400.0, 86_400.0 + 245.0), clk=clk)
+    v = fleet.on_state(fleet.DeviceView("d"), msg, arrived)
+    if placed:
+        assert v.wake_at == arrived + 245.0
+        assert fleet.tick(v, arrived + 245.0 + 300.0, CFG).status == "asleep"
+        assert fleet.tick(v, arrived + 245.0 + 301.0, CFG).status == "offline"
+    else:
+        assert v.wake_at == 86_400.0 + 245.0
+    # placed at ingest (its kernel boot's offset known: clock_place keeps the claim in
+    # clk.claimed and t is the placed time): the wake moves by the same offset
+    placed = dict(_asleep(arrived - 2.0, 86_400.0 + 245.0),
+                  clk={**clk, "claimed": 86_400.0})
+    if placed["clk"]["sync"] is False:
+        assert fleet.on_state(fleet.DeviceView("d"), placed, arrived).wake_at == (
+            arrived - 2.0 + 245.0)
+    # either way a wake is believed at most LONGEST_SLEEP_S from the arrival
+    far = dict(_asleep(86_400.0, 86_400.0 + 1e9), clk=clk)
+    assert fleet.on_state(fleet.DeviceView("d"), far, arrived).wake_at <= (
+        arrived + fleet.LONGEST_SLEEP_S)
