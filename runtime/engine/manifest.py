@@ -155,6 +155,10 @@ class Manifest:
     # per source model: its kept validation images (`eval` in the manifest), what engines
     # measure their own precisions on (runtime/choice/hint_accuracy.py)
     eval_sets: dict[str, dict] = field(default_factory=dict)
+    # `models prepare` judged its fp32 reference on images and found it sees something
+    # (made_with.reference, runtime/engine/sanity.py): the first served frames, which show
+    # the line and not a chosen set, are then judged only on what no scene explains
+    reference_seen: bool = False
 
     def path(self, v: VariantEntry) -> Path:
         """Absolute path of a variant's file."""
@@ -214,7 +218,9 @@ def load_manifest(root: str | Path) -> Manifest:
                         if isinstance(made.get("labels"), str) else "manifest",
                         eval_sets={k: v for k, v in doc.get("eval", {}).items()
                                    if isinstance(v, dict)}
-                        if isinstance(doc.get("eval"), dict) else {})
+                        if isinstance(doc.get("eval"), dict) else {},
+                        reference_seen=isinstance(made.get("reference"), dict)
+                        and made["reference"].get("blind") is False)
     except (KeyError, TypeError, AttributeError) as e:
         raise ModelError(f"{path}: missing or invalid field: {e}") from e
 

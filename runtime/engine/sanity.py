@@ -13,6 +13,14 @@ Degenerate means one of (in this order):
   inputs;
 - a classifier whose top-1 is one class for at least ONE_CLASS_SHARE of the inputs (with
   more than one class and at least MIN_INPUTS inputs: on 3 images one class is no evidence).
+
+The last two say as much about the inputs as about the model: on a line a defect detector
+finds nothing in good parts and an inspection classifier says "ok" for most of them (an
+outside run, 2026-12-07: the bundled model, right on 49 of its first 50 frames, raised
+`model_blind` for "top-1 class 0 for 48 of 50"). So the first served frames of a model whose
+reference `models prepare` has seen see something (the manifest's `made_with.reference`) are
+judged on non-finite and constant outputs only; a bare model, or one prepared without that
+evidence, on all four.
 """
 
 from __future__ import annotations
@@ -83,8 +91,9 @@ class FirstFrames:
     owns it. Keeps only one row of floats per frame (a digest of the output: its first 4096
     values), so 50 frames cost little."""
 
-    def __init__(self, detector: bool, n: int = FIRST_FRAMES):
-        self._detector, self._n = detector, n
+    def __init__(self, detector: bool, n: int = FIRST_FRAMES, scene: bool = True):
+        """`scene` False: only non-finite and constant outputs count (see module doc)."""
+        self._detector, self._n, self._scene = detector, n, scene
         self._rows: list[np.ndarray] = []
         self._counts: list[int] = []
         self.verdict: Verdict | None = None
@@ -103,8 +112,12 @@ class FirstFrames:
             return None
         width = min(r.size for r in self._rows)
         outs = np.stack([r[:width] for r in self._rows])
-        self.verdict = judge(outs, boxes=self._counts) if self._detector else \
-            judge(outs, top1=self._counts)
+        if not self._scene:
+            self.verdict = judge(outs)
+        elif self._detector:
+            self.verdict = judge(outs, boxes=self._counts)
+        else:
+            self.verdict = judge(outs, top1=self._counts)
         self._rows.clear()
         return self.verdict
 
@@ -124,7 +137,8 @@ class Watch:
         key = (manifest.name, str(manifest.root))
         ff = self._by.get(key)
         if ff is None:
-            ff = self._by[key] = FirstFrames(manifest.detect is not None, self._n)
+            ff = self._by[key] = FirstFrames(manifest.detect is not None, self._n,
+                                             scene=not manifest.reference_seen)
             self.blind.pop(manifest.name, None)  # a new file of that name starts afresh
         v = ff.see(output, result)
         if v is None or not v.blind:

@@ -1,35 +1,53 @@
-"""A healthy inspection model on a good line is not blind (runtime/engine/sanity.py): a
-strict xfail for the lead, found by the outside run of 2026-12-07 (runtime/engine/ is not this
-helper's to change)."""
+"""A healthy inspection model on a good line is not blind (runtime/engine/sanity.py). Found by
+an outside run (2026-12-07): `edgerun serve` of the bundled inspection model on the synthetic
+line raised model_blind ("top-1 class 0 for 48 of 50 inputs, 2 distinct classes") on a model
+right on 49 of those 50 (47 were good parts by the source's truth); a line with 2 % defects
+would raise it at every start and swap."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
-import pytest
 
-from runtime.engine.sanity import FirstFrames
+from models import bundled
+from runtime.engine.manifest import load_manifest
+from runtime.engine.sanity import Watch
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "sanity.ONE_CLASS_SHARE calls a classifier blind when one class is top-1 for 95 % of its "
-    "first 50 frames, but on an inspection line most parts are good: `edgerun serve` of the "
-    "bundled inspection model on the synthetic line (20 % defects) raised model_blind "
-    "(`top-1 class 0 for 48 of 50 inputs, 2 distinct classes`) on a model right on 49 of "
-    "those 50 (47 were good parts by the source's truth); a line with 2 % defects "
-    "raises it at every start and swap. "
-    "A dominant class that is the manifest's ok label, with other classes seen and scores "
-    "varying, is what a working model on a good line looks like"))
-def test_a_mostly_ok_line_does_not_make_a_working_model_blind():
-    """48 of the first 50 parts good (the run's own first frames: 47 good by truth), two
-    defects seen, softmax scores varying: not blind."""
-    rng = np.random.default_rng(7)
-    top1 = [0] * 48 + [2, 4]
-    ff = FirstFrames(detector=False)
-    verdict = None
+def _frames(top1: list[int], seed: int = 7) -> list[np.ndarray]:
+    """Softmax outputs whose top-1 is each of `top1`, confident but varying."""
+    rng = np.random.default_rng(seed)
+    out = []
     for cls in top1:
         logits = rng.standard_normal(5)
-        logits[cls] += 4.0  # a confident but varying top-1
-        probs = np.exp(logits) / np.exp(logits).sum()
-        verdict = ff.see(probs.astype(np.float32), {"label": str(cls)}) or verdict
-    assert verdict is not None
-    assert not verdict.blind, verdict
+        logits[cls] += 4.0
+        out.append((np.exp(logits) / np.exp(logits).sum()).astype(np.float32))
+    return out
+
+
+def _events(manifest, frames: list[np.ndarray]) -> list[dict]:
+    w = Watch()
+    return [ev for f in frames if (ev := w.see(manifest, f, {})) is not None]
+
+
+def test_a_mostly_ok_line_does_not_make_a_prepared_model_blind():
+    m = load_manifest(bundled())
+    assert m.reference_seen  # `models prepare` saw its reference see 5 classes
+    assert _events(m, _frames([0] * 48 + [2, 4])) == []
+    assert _events(m, _frames([0] * 50)) == []  # a line without a defect in 50 parts
+
+
+def test_what_no_scene_explains_still_makes_it_blind():
+    m = load_manifest(bundled())
+    nan = [np.full(5, np.nan, np.float32)] * 50
+    (ev,) = _events(m, nan)
+    assert ev["kind"] == "non-finite"
+    (ev,) = _events(m, [np.array([0.9, 0.05, 0.03, 0.01, 0.01], np.float32)] * 50)
+    assert ev["kind"] == "constant"
+
+
+def test_a_model_without_that_evidence_is_judged_on_its_classes_too():
+    m = dataclasses.replace(load_manifest(bundled()), reference_seen=False)
+    (ev,) = _events(m, _frames([0] * 50))
+    assert ev["kind"] == "one-class"
