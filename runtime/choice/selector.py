@@ -17,6 +17,7 @@ Two ways to judge a variant, by what `Constraints` carries:
 
 from __future__ import annotations
 
+import collections
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
@@ -135,6 +136,20 @@ def _energy_key(p: Profile) -> float:
     return round(p.energy_mj, 4) if not math.isnan(p.energy_mj) else math.inf
 
 
+def why_none(profiles: Sequence[Profile], most: int = 3) -> str:
+    """What the failed profiles said, most common first, each once with its count (the
+    variant's own part, a path before the engine's words, left out): an OTA bundle whose model
+    outputs NaN failed on every engine with "output has NaN or Inf values", and the operator
+    read only "none of 22 variants could be loaded and run" (outside run, 2026-12-07)."""
+    said = collections.Counter(p.error.rsplit(": ", 1)[-1].strip()[:200]
+                               for p in profiles if not p.ok and p.error)
+    if not said:
+        return ""
+    parts = [f"{n} x {why!r}" if n > 1 else repr(why) for why, n in said.most_common(most)]
+    rest = len(said) - most
+    return ": " + "; ".join(parts) + (f"; and {rest} other reasons" if rest > 0 else "")
+
+
 def select(profiles: Sequence[Profile], c: Constraints) -> Choice:
     """Lowest energy per inference among variants meeting latency and accuracy; ties by latency.
 
@@ -143,7 +158,8 @@ def select(profiles: Sequence[Profile], c: Constraints) -> Choice:
     """
     runnable = at_rate.served([p for p in profiles if p.ok], inference_rate(c))
     if not runnable:
-        raise NoVariantError(f"none of {len(profiles)} variants could be loaded and run")
+        raise NoVariantError(f"none of {len(profiles)} variants could be loaded and run"
+                             + why_none(profiles))
     known = [p for p in runnable if effective_accuracy(p) is not None]
     if not known:
         raise NoVariantError(
