@@ -311,8 +311,13 @@ def serve(config_path: Path | None, print_results: bool = False,
     except OSError as e:
         # a file where a directory belongs, a directory where a file does: the message
         # names the path, which is all the operator needs (a traceback at every restart
-        # buried it)
+        # buried it). One naming no file ("[Errno 22] Invalid argument" from a sleep under
+        # libfaketime, an outside run) says nothing without where it came from.
         Notifier().status("start-up failed; see the journal")
+        if e.filename is None:
+            logging.getLogger("edgerun.daemon").error("start-up failed", exc_info=e)
+            raise ConfigError(f"start-up failed: {e} (it names no file: the traceback above "
+                              "says where it came from)") from e
         raise ConfigError(f"start-up failed: {e}") from e
     except Exception:
         Notifier().status("start-up failed; see the journal")

@@ -305,8 +305,9 @@ class DeviceOta:
             except Stopping:
                 return
             except Exception as e:
-                log.error("%s failed at step %s: %s; still serving %s", why, self._step, e,
-                          self.version or "the configured model")
+                # `why` says what was asked ("model X deployed"), not that it happened
+                log.error("%s, but installing it failed at step %s: %s; still serving %s",
+                          why, self._step, e, self.version or "the configured model")
                 self.serving.event(EventType.MODEL_DEPLOY_FAILED, "warning", reason=why,
                                    version=version, step=self._step, error=str(e)[:500])
             finally:
