@@ -109,3 +109,37 @@ def test_fleet_alerts_on_a_blind_model():
     assert "boxes in 0 of 50" in got["model_blind"] and "model y" in got["model_blind"]
     assert "model_blind" not in dict(alerts(DeviceView("d1", status="online", health={
         "models": [{"model": "y", "blind": None}]}), FleetConfig(), None))
+
+
+def _nan_classifier(path):
+    """[N,3,32,32] -> 5 scores, every one NaN (the square root of a negative)."""
+    from onnx import TensorProto, helper, numpy_helper, save
+
+    w = numpy_helper.from_array(np.ones((5, 3), np.float32), "w")
+    nodes = [helper.make_node("GlobalAveragePool", ["x"], ["g"]),
+             helper.make_node("Flatten", ["g"], ["f"]),
+             helper.make_node("Gemm", ["f", "w"], ["s"], transB=1),
+             helper.make_node("Abs", ["s"], ["a"]),
+             helper.make_node("Neg", ["a"], ["n"]),
+             helper.make_node("Sqrt", ["n"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "nan", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 32, 32])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 5])], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    save(model, str(path))
+    return path
+
+
+def test_prepare_never_writes_a_nan_model_even_without_the_reference_check(tmp_path):
+    """An outside run (2026-12-07) prepared a model whose outputs are NaN with
+    `--no-reference-check`: its agreement with itself read 1.0000, and the bundle was signed
+    and deployed (the device caught it only at profiling)."""
+    from runtime.engine.manifest import Preprocess
+    from runtime.engine.prepare import PrepareOptions, StepError, prepare
+
+    out = tmp_path / "out"
+    with pytest.raises(StepError, match="NaN or Inf"):
+        prepare(_nan_classifier(tmp_path / "nan.onnx"), None, None, out,
+                PrepareOptions(name="nan", preprocess=Preprocess(), check_reference=False))
+    assert not (out / "manifest.json").exists()

@@ -175,7 +175,9 @@ def step_reference(run: Run, val: Path | None) -> None:
     if run.labelled and verdict.kind in ("no-boxes", "one-class"):
         log.warning("%s: %s; the images are labelled, so the accuracy below is the real "
                     "one against the labels", model.name, what)
-    elif run.opts.check_reference:
+    elif run.opts.check_reference or verdict.kind == "non-finite":
+        # NaN or Inf is never a model to ship: agreement between two NaN outputs read as
+        # 1.0, and an outside run signed and deployed such a bundle (2026-12-07)
         raise StepError("reference", f"{what}: agreement with it would mean nothing. Check "
                         "the preprocessing (--preprocess) and the images; with labels the "
                         "real accuracy is measured instead; --no-reference-check writes "
