@@ -74,7 +74,15 @@ def _storage_line(cfg) -> str:
     if days is None:
         return line + "; set [storage] rated_tbw (the card's rated TB written) for its life"
     years = f" ({days / 365:.1f} years)" if days >= 365 else ""  # not "(0.0 years)"
-    return line + f"; a new {tbw:g} TBW card lasts {days:,.0f} days{years} at that rate"
+    line += f"; a new {tbw:g} TBW card lasts {days:,.0f} days{years} at that rate"
+    if days < SHORT_CARD_DAYS:  # said, never fatal: the rate may be a first minute's
+        line = ("WARNING: " + line + f", under {SHORT_CARD_DAYS // 365} years: what writes "
+                "is in docs/telemetry.md (\"Disk writes\"; fsync, health_interval_s, the "
+                "mount's commit=)")
+    return line
+
+
+SHORT_CARD_DAYS = 3 * 365  # a field box is expected to outlive this
 
 
 def _mount_line(cfg, mounts: Path = Path("/proc/mounts")) -> str | None:

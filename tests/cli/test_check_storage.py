@@ -19,7 +19,7 @@ def _check(tmp_path: Path, storage: str) -> str:
                    f"{storage}")
     r = subprocess.run([sys.executable, "-m", "runtime.cli", "check", str(cfg)],
                        capture_output=True, text=True, timeout=120, env=child_env())
-    return next(line for line in r.stderr.splitlines() if line.startswith("storage:"))
+    return next(line for line in r.stderr.splitlines() if "storage:" in line)
 
 
 def _health(tmp_path: Path, *rates: float | tuple[float, float] | None) -> None:
@@ -45,6 +45,10 @@ def _health(tmp_path: Path, *rates: float | tuple[float, float] | None) -> None:
     # alone: it said "13 days (0.0 years)"
     ((3.7e9,), "[storage]\nrated_tbw = 0.05\n",
      "a new 0.05 TBW card lasts 14 days at that rate"),
+    # and said as a warning (it ended "ok" with nothing more)
+    ((3.7e9,), "[storage]\nrated_tbw = 0.05\n", "WARNING: storage: "),
+    ((2e9,), "[storage]\nrated_tbw = 2.0\n", "1,000 days (2.7 years) at that rate, under 3 "
+     "years: what writes is in docs/telemetry.md"),
 ])
 def test_check_states_the_cards_life_at_the_measured_rate(tmp_path, rates, storage, says):
     _health(tmp_path, *rates)
