@@ -171,7 +171,8 @@ class SimulatorConfig:
     start_hour: float = 9.0  # simulated time of day at start
     hours: float = 0.0  # simulated hours after which the clock stops (0: never); the daemon
     # keeps serving with its control loop held, and health's tally covers exactly that long
-    root: str = ""  # where to write the tree; empty = <state_dir>/sim-sysfs
+    root: str = ""  # where to write the tree; empty: /dev/shm/edgerun-sim-<hash> (in memory,
+    # as sysfs is: not counted as the daemon's disk writes), else <state_dir>/sim-sysfs
     profiles: str = ""  # recorded profiles (edgerun profile --json) replayed instead of
     # measured, so simulated runs repeat; empty = measure on this host
     # with [governor] rate_hz = 0: the simulated camera offers this share of what the top rung
