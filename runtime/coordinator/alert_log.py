@@ -12,6 +12,7 @@ transitions of the last days, not only the ones it saw itself.
 from __future__ import annotations
 
 import json
+import math
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -80,3 +81,9 @@ class AlertLog:
         return {(d, c): float(t) for d, c, t in self._store.read(
             "SELECT device, code, MAX(t) FROM alert_log WHERE state='raised' "
             "GROUP BY device, code")}
+
+    def complete_since(self) -> float:
+        """The time from which the kept log holds every transition (-inf: none was ever
+        pruned; else its oldest row's)."""
+        ((n, oldest),) = self._store.read("SELECT COUNT(*), MIN(t) FROM alert_log")
+        return -math.inf if int(n) < self.keep or oldest is None else float(oldest)

@@ -55,6 +55,32 @@ class Alerting:
             cfg.webhook_queue, cfg.webhook_timeout_s, cfg.webhook_attempts,
             cfg.webhook_backoff_s) if cfg.webhook_url else None)
 
+    def restored(self, views: dict[str, fleet.DeviceView], now: float) -> int:
+        """At start: the alerts of codes with a raise delay (`offline`) active in the restored
+        `views` that no run told (the store's log has no raise of them since the device was
+        last heard, and still holds every transition since then) are held as raising from
+        `now`: the run before was holding them back when it ended (a restart within
+        offline_alert_s of a device going offline). Every other alert active at start was
+        told before. Returns how many; a store that cannot be read: none (as before)."""
+        held = [(v, code, msg) for v in views.values() for code, msg in v.alerts
+                if self._alerts.delayed(code)]
+        if not held:
+            return 0
+        try:
+            raised, since = self.store_log.raised_times(), self.store_log.complete_since()
+            told = {(v.device, code) for v, code, _ in held
+                    if raised.get((v.device, code), -1.0) >= v.last_seen
+                    or since > v.last_seen}
+        except Exception as e:
+            log.debug("alerts held back before this start not looked up: %s", e)
+            return 0
+        n = sum(self._alerts.hold(v.device, code, now, msg) for v, code, msg in held
+                if (v.device, code) not in told)
+        if n:
+            log.info("%d offline alert(s) active at start were not told yet: told once they "
+                     "last offline_alert_s from now", n)
+        return n
+
     def refreshed(self, changes: list[tuple[str, str, str, str]], now: float,
                   views: dict[str, fleet.DeviceView]) -> None:
         """A refresh's alert changes (fleet.alert_changes) recorded and the clears that
@@ -214,6 +240,7 @@ class Alerting:
         recent, raised, counts = stored
         active = [{"device": v.device, "alert": code, "message": msg, "status": v.status,
                    "since": self._alerts.raised_at(v.device, code)
+                   or self._alerts.raising_since(v.device, code)
                    or raised.get((v.device, code))}
                   for v in sorted(views.values(), key=lambda v: v.device)
                   for code, msg in v.alerts]

@@ -143,6 +143,26 @@ class AlertStates:
             self._put(key, entry, nxt)
         return out
 
+    def hold(self, device: str, code: str, now: float, message: str) -> bool:
+        """Track an alert already active at start that the run before never told (it was
+        still within its raise delay when that run ended) as raising from `now`: told once
+        it lasts its delay from here, never if it goes first. False (nothing done) for a code
+        without a delay or one already tracked."""
+        key = (device, code)
+        if code not in self._raise_s or key in self._entries:
+            return False
+        self._entries[key] = _Entry(RAISING, message=message, came=now)
+        return True
+
+    def delayed(self, code: str) -> bool:
+        """Whether `code` is told raised only once it has lasted its raise delay."""
+        return code in self._raise_s
+
+    def raising_since(self, device: str, code: str) -> float | None:
+        """When a raising alert (not told yet: within its raise delay) came; None otherwise."""
+        entry = self._entries.get((device, code))
+        return entry.came if entry is not None and entry.state == RAISING else None
+
     def _put(self, key: tuple[str, str], entry: _Entry, state: str | None) -> None:
         if state is None:
             self._entries.pop(key, None)

@@ -182,6 +182,8 @@ class Coordinator:
         self._counts: tuple[float, float, dict[str, int] | None] = (0.0, 0.0, None)
         # alert transitions from each refresh: logged, listed, claimed, sent (alerting.py)
         self.alerting = Alerting(cfg, self.store, self.counters, self._rlog)
+        # an offline alert the run before was still holding back is told by this one
+        self.alerting.restored(self.views, time.time())
         self.alert_log, self.webhook = self.alerting.log, self.alerting.webhook
 
     @property

@@ -142,3 +142,15 @@ def test_a_raise_delay_holds_back_what_goes_within_it(steps, told, held):
     assert got == told
     assert a.held_back == held
     assert a.state("d", "offline") in (None, ACTIVE, CLEARING)
+
+
+def test_hold_tracks_an_untold_alert_of_a_delayed_code_as_raising_from_then():
+    a = AlertStates({"offline": 60})
+    assert not a.hold("d", "hot", 0.0, "m")  # no delay: nothing to hold
+    assert a.hold("d", "offline", 10.0, "device is offline")
+    assert a.raising_since("d", "offline") == 10.0 and a.state("d", "offline") == RAISING
+    assert not a.hold("d", "offline", 20.0, "again")  # tracked already
+    assert a.settle(69.0, clear_s=30) == []
+    (told,) = a.settle(70.0, clear_s=30)
+    assert (told.code, told.state, told.message) == ("offline", RAISED, "device is offline")
+    assert a.raising_since("d", "offline") is None

@@ -1,0 +1,125 @@
+"""An `offline` alert still within its raise delay (coordinator.offline_alert_s) when the
+coordinator restarts: the raise is told by the next run, and the Active list's `since` is
+not an earlier episode's raise (runtime/coordinator/alerting.py, alerts.py)."""
+
+from __future__ import annotations
+
+import time
+
+from runtime.config.coordinator import CoordinatorConfig
+from runtime.coordinator.service import Coordinator
+from runtime.wire import payloads
+
+
+def _coord(path) -> Coordinator:
+    return Coordinator(CoordinatorConfig(fleet="f", store=str(path), alert_clear_s=0,
+                                         offline_alert_s=60, stale_after_s=1000,
+                                         offline_after_s=1000))
+
+
+def _state(c: Coordinator, online: bool) -> None:
+    """A state message ingested now (ingest stamps what it hears with the wall clock; the
+    refreshes below run at later times to pass the delays)."""
+    at = time.time()
+    c._ingest([(payloads.topic("f", "d", "state"), payloads.encode("state", {
+        "v": 1, "online": online, "boot": "b", "t": at}), at)])
+
+
+def _told(c: Coordinator) -> list[tuple[str, str]]:
+    return [(b["alert"], b["state"]) for b in c.alert_log if b["device"] == "d"]
+
+
+def test_an_offline_alert_raising_at_a_restart_is_told_by_the_next_run(tmp_path):
+    """Old code: the next run took every alert active at its start as raised by the run
+    before, so the offline alert that run was holding back was never told (the device
+    offline for good, no page), and its clear was told when the device came back."""
+    a = _coord(tmp_path / "c.db")
+    try:
+        _state(a, True)
+        _state(a, False)  # its will: offline, not told before it lasts 60 s
+        t0 = time.time()
+        a._refresh(t0)
+        assert _told(a) == []
+    finally:
+        a.stop()
+    b = _coord(tmp_path / "c.db")  # restarted within the delay
+    try:
+        # the delay counts again from the start (when the device went is not kept: a
+        # coordinator restarted beside its broker must not page for the wills it read)
+        b._refresh(t0 + 1)
+        b._refresh(t0 + 59)
+        assert _told(b) == []
+        b._refresh(t0 + 61)
+        assert _told(b) == [("offline", "raised")]
+        b._refresh(t0 + 70)
+        assert _told(b) == [("offline", "raised")]  # once
+    finally:
+        b.stop()
+
+
+def test_an_offline_alert_held_back_at_a_restart_goes_untold_when_it_ends(tmp_path):
+    a = _coord(tmp_path / "c.db")
+    try:
+        _state(a, True)
+        _state(a, False)
+        t0 = time.time()
+        a._refresh(t0)
+    finally:
+        a.stop()
+    b = _coord(tmp_path / "c.db")
+    try:
+        b._refresh(t0 + 1)
+        _state(b, True)  # back within the delay: neither a raise nor a clear
+        b._refresh(t0 + 2)
+        b._refresh(t0 + 100)
+        assert _told(b) == []
+        assert b.counters["alerts_held_back"] == 1
+    finally:
+        b.stop()
+
+
+def test_an_offline_alert_told_before_a_restart_is_not_told_again(tmp_path):
+    a = _coord(tmp_path / "c.db")
+    try:
+        _state(a, True)
+        _state(a, False)
+        t0 = time.time()
+        a._refresh(t0)
+        a._refresh(t0 + 61)
+        assert _told(a) == [("offline", "raised")]
+    finally:
+        a.stop()
+    b = _coord(tmp_path / "c.db")
+    try:
+        b._refresh(t0 + 62)
+        b._refresh(t0 + 200)
+        assert _told(b) == []
+        _state(b, True)  # back: its clear, as for any alert raised before
+        b._refresh(t0 + 201)
+        b._refresh(t0 + 202)
+        assert _told(b) == [("offline", "cleared")]
+    finally:
+        b.stop()
+
+
+def test_a_raising_offline_alert_is_not_shown_since_an_earlier_raise(tmp_path):
+    """Old code: `since` fell back to the store log's last raise of (device, offline), an
+    episode that had ended, while this one was still being held back."""
+    c = _coord(tmp_path / "c.db")
+    try:
+        _state(c, True)
+        _state(c, False)  # an earlier episode: raised, then cleared
+        t0 = time.time()
+        c._refresh(t0)
+        c._refresh(t0 + 61)
+        _state(c, True)
+        c._refresh(t0 + 62)
+        c._refresh(t0 + 63)
+        assert _told(c) == [("offline", "raised"), ("offline", "cleared")]
+        _state(c, False)  # offline again: held back
+        c._refresh(t0 + 100)
+        (active,) = c.alerting.listing(c.views, 50, c.alerting.stored(50))["active"]
+        assert active["alert"] == "offline"
+        assert active["since"] == t0 + 100, active
+    finally:
+        c.stop()
