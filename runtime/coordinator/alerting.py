@@ -38,8 +38,8 @@ class Alerting:
         self.log: collections.deque = collections.deque(maxlen=ALERT_LOG)
         self.store_log = AlertLog(store)  # what every coordinator's dashboard lists
         # each (device, code)'s state: raised at once (`offline` once it lasts
-        # offline_alert_s), cleared once away alert_clear_s
-        self._alerts = AlertStates({"offline": cfg.offline_alert_s})
+        # offline_alert_s, unless it follows a `stale` told), cleared once away alert_clear_s
+        self._alerts = AlertStates({"offline": cfg.offline_alert_s}, after={"offline": ("stale",)})
         # the coordinator's own alerts (code -> message: `store`, store_watch.py), told as a
         # device's under this name (each coordinator sharing a store has its own)
         self.own_name = f"coordinator {cfg.client_id}"

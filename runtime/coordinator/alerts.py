@@ -7,7 +7,8 @@ went (`fleet.alert_changes`). What the operator and the webhook are told is deci
     state       on          next        tells
     ---------   ---------   ---------   ----------------------------------------------
     (none)      raised      active      raised (at once)
-    (none)      held        raising     - (a code with a raise delay: told once it lasts)
+    (none)      held        raising     - (a code with a raise delay: told once it lasts;
+                                          `raised` instead after an `after` code told)
     (none)      cleared     clearing    - (an alert active before this process started)
     raising     due         active      raised (it lasted its raise delay)
     raising     cleared     (none)      - (gone before its delay: never told, counted)
@@ -91,10 +92,15 @@ class _Entry:
 class AlertStates:
     """The state of every (device, code) being tracked, driven by TABLE."""
 
-    def __init__(self, raise_s: Mapping[str, float] | None = None) -> None:
-        """`raise_s`: the codes told raised only once they have lasted this long."""
+    def __init__(self, raise_s: Mapping[str, float] | None = None,
+                 after: Mapping[str, Iterable[str]] | None = None) -> None:
+        """`raise_s`: the codes told raised only once they have lasted this long; `after`:
+        for such a code, the codes whose alert, told and not cleared yet on the same device,
+        make its raise told at once (`offline` after `stale`: the silence has lasted and
+        was told already; held back, the stale's clear left nothing open meanwhile)."""
         self._entries: dict[tuple[str, str], _Entry] = {}
         self._raise_s = {c: s for c, s in (raise_s or {}).items() if s > 0}
+        self._after = {c: tuple(codes) for c, codes in (after or {}).items()}
         self.flaps = 0  # alerts back within alert_clear_s (one alert, not two)
         self.held_back = 0  # alerts gone before their raise delay (never told)
 
@@ -107,7 +113,7 @@ class AlertStates:
         for device, code, state, message in changes:
             key = (device, code)
             entry = self._entries.get(key) or _Entry(None)
-            if state == RAISED and code in self._raise_s:
+            if state == RAISED and code in self._raise_s and not self._follows(device, code):
                 state = HELD
             nxt, told = transition(entry.state, state)
             if entry.state == CLEARING and nxt == ACTIVE:
@@ -153,6 +159,15 @@ class AlertStates:
             return False
         self._entries[key] = _Entry(RAISING, message=message, came=now)
         return True
+
+    def _follows(self, device: str, code: str) -> bool:
+        """Whether an alert of one of `code`'s `after` codes is told and not cleared on
+        `device` (active or clearing)."""
+        for c in self._after.get(code, ()):
+            e = self._entries.get((device, c))
+            if e is not None and e.state in (ACTIVE, CLEARING):
+                return True
+        return False
 
     def delayed(self, code: str) -> bool:
         """Whether `code` is told raised only once it has lasted its raise delay."""

@@ -154,3 +154,21 @@ def test_hold_tracks_an_untold_alert_of_a_delayed_code_as_raising_from_then():
     (told,) = a.settle(70.0, clear_s=30)
     assert (told.code, told.state, told.message) == ("offline", RAISED, "device is offline")
     assert a.raising_since("d", "offline") is None
+
+
+@pytest.mark.parametrize("stale, told_offline_at", [
+    (None, 60),  # a will: held back
+    (ACTIVE, 0),  # after a stale told: at once
+    (CLEARING, 0),
+])
+def test_a_delayed_raise_after_a_told_alert_of_its_after_codes_is_told_at_once(
+        stale, told_offline_at):
+    a = AlertStates({"offline": 60}, after={"offline": ("stale",)})
+    if stale is not None:
+        a.apply([("d", "stale", RAISED, "m")], -10.0)
+    if stale == CLEARING:
+        a.apply([("d", "stale", CLEARED, "m")], -5.0)
+    got = a.apply([("d", "offline", RAISED, "m"), ("d", "stale", CLEARED, "m")], 0.0)
+    got += a.settle(30.0, clear_s=100) + a.settle(60.0, clear_s=100)
+    assert [(x.code, x.state) for x in got] == [("offline", RAISED)]
+    assert a.raised_at("d", "offline") == told_offline_at
