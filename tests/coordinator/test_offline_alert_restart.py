@@ -29,20 +29,28 @@ def _told(c: Coordinator) -> list[tuple[str, str]]:
     return [(b["alert"], b["state"]) for b in c.alert_log if b["device"] == "d"]
 
 
-def test_an_offline_alert_raising_at_a_restart_is_told_by_the_next_run(tmp_path):
-    """Old code: the next run took every alert active at its start as raised by the run
-    before, so the offline alert that run was holding back was never told (the device
-    offline for good, no page), and its clear was told when the device came back."""
-    a = _coord(tmp_path / "c.db")
+def _restarted(path, told_s: float | None = None) -> tuple[Coordinator, float]:
+    """A coordinator that saw d go offline (its will) at t0 and ran until t0 + `told_s`
+    (None: t0, within the delay), then the next run on its store, and t0."""
+    a = _coord(path)
     try:
         _state(a, True)
         _state(a, False)  # its will: offline, not told before it lasts 60 s
         t0 = time.time()
         a._refresh(t0)
-        assert _told(a) == []
+        if told_s is not None:
+            a._refresh(t0 + told_s)
+        assert _told(a) == ([] if told_s is None else [("offline", "raised")])
     finally:
         a.stop()
-    b = _coord(tmp_path / "c.db")  # restarted within the delay
+    return _coord(path), t0
+
+
+def test_an_offline_alert_raising_at_a_restart_is_told_by_the_next_run(tmp_path):
+    """Old code: the next run took every alert active at its start as raised by the run
+    before, so the offline alert that run was holding back was never told (the device
+    offline for good, no page), and its clear was told when the device came back."""
+    b, t0 = _restarted(tmp_path / "c.db")  # restarted within the delay
     try:
         # the delay counts again from the start (when the device went is not kept: a
         # coordinator restarted beside its broker must not page for the wills it read)
@@ -58,15 +66,7 @@ def test_an_offline_alert_raising_at_a_restart_is_told_by_the_next_run(tmp_path)
 
 
 def test_an_offline_alert_held_back_at_a_restart_goes_untold_when_it_ends(tmp_path):
-    a = _coord(tmp_path / "c.db")
-    try:
-        _state(a, True)
-        _state(a, False)
-        t0 = time.time()
-        a._refresh(t0)
-    finally:
-        a.stop()
-    b = _coord(tmp_path / "c.db")
+    b, t0 = _restarted(tmp_path / "c.db")
     try:
         b._refresh(t0 + 1)
         _state(b, True)  # back within the delay: neither a raise nor a clear
@@ -79,17 +79,7 @@ def test_an_offline_alert_held_back_at_a_restart_goes_untold_when_it_ends(tmp_pa
 
 
 def test_an_offline_alert_told_before_a_restart_is_not_told_again(tmp_path):
-    a = _coord(tmp_path / "c.db")
-    try:
-        _state(a, True)
-        _state(a, False)
-        t0 = time.time()
-        a._refresh(t0)
-        a._refresh(t0 + 61)
-        assert _told(a) == [("offline", "raised")]
-    finally:
-        a.stop()
-    b = _coord(tmp_path / "c.db")
+    b, t0 = _restarted(tmp_path / "c.db", told_s=61)
     try:
         b._refresh(t0 + 62)
         b._refresh(t0 + 200)
@@ -121,5 +111,31 @@ def test_a_raising_offline_alert_is_not_shown_since_an_earlier_raise(tmp_path):
         (active,) = c.alerting.listing(c.views, 50, c.alerting.stored(50))["active"]
         assert active["alert"] == "offline"
         assert active["since"] == t0 + 100, active
+    finally:
+        c.stop()
+
+
+def test_an_offline_alert_is_taken_as_told_where_the_log_no_longer_reaches_back(tmp_path):
+    """The store's log keeps the newest 1000 transitions: where it no longer holds the time
+    the device was last heard, whether its offline was told cannot be read, and it is taken
+    as told, as every alert active at start was before (a fleet's long-dead devices must
+    not page again at each restart)."""
+    from runtime.coordinator.alert_log import KEEP
+    from runtime.coordinator.store import Store
+
+    path = tmp_path / "c.db"
+    b, t0 = _restarted(path)
+    b.stop()
+    s = Store(str(path))
+    try:
+        s.write("INSERT INTO alert_log (t, device, code, state, body) VALUES (?,?,?,?,?)",
+                [(t0 + 1 + i / 1000, "x", "hot", "raised", "{}") for i in range(KEEP)])
+    finally:
+        s.close()
+    c = _coord(path)
+    try:
+        c._refresh(t0 + 2)
+        c._refresh(t0 + 100)
+        assert _told(c) == []
     finally:
         c.stop()
