@@ -193,8 +193,12 @@ class Alerting:
         claims = [i for i, p in enumerate(pending) if not p[5]]  # own ones: this one's only
         if self.cfg.share_group and claims:
             try:
+                # the window: each coordinator holds a delayed raise from when it saw the
+                # alert (or started: restored), so two tell the same raise up to
+                # offline_alert_s apart
                 got = self._store.claim_many([(d, f"alert:{code}", state, t) for d, code,
-                                              state, t, _, _ in (pending[i] for i in claims)])
+                                              state, t, _, _ in (pending[i] for i in claims)],
+                                             window_s=60.0 + self.cfg.offline_alert_s)
                 for i, first in zip(claims, got, strict=True):
                     won[i] = first
             except Exception as e:

@@ -139,3 +139,43 @@ def test_an_offline_alert_is_taken_as_told_where_the_log_no_longer_reaches_back(
         assert _told(c) == []
     finally:
         c.stop()
+
+
+def test_two_coordinators_sharing_a_store_tell_a_delayed_raise_once(tmp_path):
+    """Coordinator b starts while a holds d's offline back: b holds it from its own start
+    and tells it up to offline_alert_s after a did. Each claims the raise in the store
+    (Store.claim: the same state within the window is another's duplicate); with a window
+    of 60 s and offline_alert_s 120, b's claim came 100 s after a's and won: the webhook
+    got the raise twice."""
+    import collections
+    import logging
+
+    from runtime.coordinator import fleet
+    from runtime.coordinator.alerting import Alerting
+    from runtime.coordinator.store import Store
+    from runtime.wire.quarantine import RateLimitedLog
+
+    store = Store(str(tmp_path / "c.db"))
+    try:
+        def alerting(k: int) -> Alerting:
+            cfg = CoordinatorConfig(fleet="f", store=str(tmp_path / "c.db"), share_group="g",
+                                    client_id=f"c{k}", offline_alert_s=120)
+            return Alerting(cfg, store, collections.Counter(),
+                            RateLimitedLog(logging.getLogger("test")))
+
+        t0 = 1_000_000.0
+        msg = "device is offline"
+        views = {"d": fleet.DeviceView("d", status="offline", last_seen=t0 - 1,
+                                       alerts=(("offline", msg),))}
+        a, b = alerting(1), alerting(2)
+        a.refreshed([("d", "offline", "raised", msg)], t0, views)  # its will, seen by a
+        assert b.restored(views, t0 + 100) == 1  # b starts: no raise in the log yet
+        for t in (t0 + 120, t0 + 220):
+            for c in (a, b):
+                c.refreshed([], t, views)
+                c.send()
+        raised = [r for r in a.store_log.recent() if r["state"] == "raised"]
+        assert [(r["device"], r["alert"], r["t"]) for r in raised] == [("d", "offline",
+                                                                         t0 + 120)]
+    finally:
+        store.close()
