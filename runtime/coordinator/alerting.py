@@ -128,19 +128,20 @@ class Alerting:
         """Turn alert changes into transitions (alerts.py: a raise at once unless it is only
         back from a clear still settling; a clear after alert_clear_s). Under the views
         lock; Webhook.submit never blocks."""
-        flaps, held = self._alerts.flaps, self._alerts.held_back
+        flaps = self._alerts.flaps
         # stamped as the raise's payload is (webhooks.alert_payload: ms), so a clear's
         # raised_t and the dashboard's `since` equal the raise's `t`
         self._tell(self._alerts.apply(changes, now, stamp=round(now, 3)), now, views,
                    many=len(changes) > 20)
         self.counters["alert_flaps"] += self._alerts.flaps - flaps
-        self.counters["alerts_held_back"] += self._alerts.held_back - held
 
     def _settle_clears(self, now: float, views: dict[str, fleet.DeviceView]) -> None:
         """Send the clears of alerts that have stayed away for alert_clear_s, and the raises
         of those that have lasted their delay."""
+        held = self._alerts.held_back
         told = self._alerts.settle(now, self.cfg.alert_clear_s)
         self._tell(told, now, views, many=len(told) > 20)
+        self.counters["alerts_held_back"] += self._alerts.held_back - held
 
     def _tell(self, told: list[Told], now: float, views: dict[str, fleet.DeviceView],
               many: bool) -> None:
