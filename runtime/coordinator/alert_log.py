@@ -12,6 +12,7 @@ transitions of the last days, not only the ones it saw itself.
 from __future__ import annotations
 
 import json
+import math
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -70,18 +71,6 @@ class AlertLog:
                 out.append(doc)
         return out
 
-    def last_states(self, codes: tuple[str, ...]) -> dict[tuple[str, str], str]:
-        """(device, code) -> the state of its newest transition over the kept log, for the
-        alerts of `codes` (one query): whether an alert active now was told raised."""
-        if not codes:
-            return {}
-        marks = ",".join("?" * len(codes))
-        out: dict[tuple[str, str], str] = {}
-        for d, c, state in self._store.read(f"SELECT device, code, state FROM alert_log WHERE "
-                                            f"code IN ({marks}) ORDER BY t", codes):
-            out[(d, c)] = state  # the newest last
-        return out
-
     def counts(self) -> dict[str, int]:
         """Transitions recorded since the store was made, per state (raised, cleared)."""
         return {s: int(n) for s, n in self._store.read("SELECT state, n FROM alert_counts")}
@@ -92,3 +81,9 @@ class AlertLog:
         return {(d, c): float(t) for d, c, t in self._store.read(
             "SELECT device, code, MAX(t) FROM alert_log WHERE state='raised' "
             "GROUP BY device, code")}
+
+    def complete_since(self) -> float:
+        """The time from which the kept log holds every transition (-inf: none was ever
+        pruned; else its oldest row's)."""
+        ((n, oldest),) = self._store.read("SELECT COUNT(*), MIN(t) FROM alert_log")
+        return -math.inf if int(n) < self.keep or oldest is None else float(oldest)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import logging
 import threading
+import time
 from typing import Any
 
 from runtime.config.coordinator import CoordinatorConfig
@@ -31,16 +32,16 @@ class Alerting:
     """One coordinator's alert transitions (see module docstring)."""
 
     def __init__(self, cfg: CoordinatorConfig, store: Store, counters: collections.Counter,
-                 rlog: RateLimitedLog):
+                 rlog: RateLimitedLog, views: dict[str, fleet.DeviceView] | None = None):
+        """`views`: the fleet restored at start (see `restored`)."""
         self.cfg, self._store, self.counters, self._rlog = cfg, store, counters, rlog
         # Alert transitions, newest last, and when each active alert was raised; filled by
         # the refresh. Alerts active at start were raised before: they are not sent again.
         self.log: collections.deque = collections.deque(maxlen=ALERT_LOG)
         self.store_log = AlertLog(store)  # what every coordinator's dashboard lists
         # each (device, code)'s state: raised at once (`offline` once it lasts
-        # offline_alert_s), cleared once away alert_clear_s
-        self._alerts = AlertStates({"offline": cfg.offline_alert_s})
-        self._adopted = False  # the delayed alerts a previous process left untold, looked at
+        # offline_alert_s, unless it follows a `stale` told), cleared once away alert_clear_s
+        self._alerts = AlertStates({"offline": cfg.offline_alert_s}, after={"offline": ("stale",)})
         # the coordinator's own alerts (code -> message: `store`, store_watch.py), told as a
         # device's under this name (each coordinator sharing a store has its own)
         self.own_name = f"coordinator {cfg.client_id}"
@@ -55,37 +56,42 @@ class Alerting:
             webhooks.load_secret(cfg.webhook_secret_file) if cfg.webhook_secret_file else None,
             cfg.webhook_queue, cfg.webhook_timeout_s, cfg.webhook_attempts,
             cfg.webhook_backoff_s) if cfg.webhook_url else None)
+        if views:
+            self.restored(views, time.time())
+
+    def restored(self, views: dict[str, fleet.DeviceView], now: float) -> int:
+        """At start: the alerts of codes with a raise delay (`offline`) active in the restored
+        `views` that no run told (the store's log has no raise of them since the device was
+        last heard, and still holds every transition since then) are held as raising from
+        `now`: the run before was holding them back when it ended (a restart within
+        offline_alert_s of a device going offline). Every other alert active at start was
+        told before. Returns how many; a store that cannot be read: none (as before)."""
+        held = [(v, code, msg) for v in views.values() for code, msg in v.alerts
+                if self._alerts.delayed(code)]
+        if not held:
+            return 0
+        try:
+            raised, since = self.store_log.raised_times(), self.store_log.complete_since()
+            told = {(v.device, code) for v, code, _ in held
+                    if raised.get((v.device, code), -1.0) >= v.last_seen
+                    or since > v.last_seen}
+        except Exception as e:
+            log.debug("alerts held back before this start not looked up: %s", e)
+            return 0
+        n = sum(self._alerts.hold(v.device, code, now, msg) for v, code, msg in held
+                if (v.device, code) not in told)
+        if n:
+            log.info("%d offline alert(s) active at start were not told yet: told once they "
+                     "last offline_alert_s from now", n)
+        return n
 
     def refreshed(self, changes: list[tuple[str, str, str, str]], now: float,
                   views: dict[str, fleet.DeviceView]) -> None:
         """A refresh's alert changes (fleet.alert_changes) recorded and the clears that
         settled added, queued for `send`. Under the views lock (`views` read for each
         status)."""
-        if not self._adopted:
-            self._adopted = True
-            changes = self._untold(views) + changes
         self._record_alerts(changes, now, views)
         self._settle_clears(now, views)
-
-    def _untold(self, views: dict[str, fleet.DeviceView]) -> list[tuple[str, str, str, str]]:
-        """At this process's first refresh: the alerts with a raise delay that a device
-        already has and whose newest transition in the store's log is not a raise (the
-        previous process restarted while the raise waited out its delay, in its memory
-        only), fed as raised now so they are told once they last the delay from here. A
-        store that cannot be read: all of them (a duplicate is better than a lost alert)."""
-        codes = self._alerts.delayed()
-        active = [(v.device, code, msg) for v in views.values() for code, msg in v.alerts
-                  if code in codes]
-        if not active:
-            return []
-        try:
-            told = self.store_log.last_states(codes)
-        except Exception as e:
-            self._rlog.log("alert-log", "could not read the alert log from the store "
-                           "(telling the delayed alerts again): %s", e, level=logging.ERROR)
-            told = {}
-        return [(d, code, "raised", msg) for d, code, msg in active
-                if told.get((d, code)) != "raised"]
 
     def own(self, alerts: dict[str, str], now: float,
             views: dict[str, fleet.DeviceView]) -> bool:
@@ -126,19 +132,20 @@ class Alerting:
         """Turn alert changes into transitions (alerts.py: a raise at once unless it is only
         back from a clear still settling; a clear after alert_clear_s). Under the views
         lock; Webhook.submit never blocks."""
-        flaps, held = self._alerts.flaps, self._alerts.held_back
+        flaps = self._alerts.flaps
         # stamped as the raise's payload is (webhooks.alert_payload: ms), so a clear's
         # raised_t and the dashboard's `since` equal the raise's `t`
         self._tell(self._alerts.apply(changes, now, stamp=round(now, 3)), now, views,
                    many=len(changes) > 20)
         self.counters["alert_flaps"] += self._alerts.flaps - flaps
-        self.counters["alerts_held_back"] += self._alerts.held_back - held
 
     def _settle_clears(self, now: float, views: dict[str, fleet.DeviceView]) -> None:
         """Send the clears of alerts that have stayed away for alert_clear_s, and the raises
         of those that have lasted their delay."""
+        held = self._alerts.held_back
         told = self._alerts.settle(now, self.cfg.alert_clear_s)
         self._tell(told, now, views, many=len(told) > 20)
+        self.counters["alerts_held_back"] += self._alerts.held_back - held
 
     def _tell(self, told: list[Told], now: float, views: dict[str, fleet.DeviceView],
               many: bool) -> None:
@@ -191,8 +198,12 @@ class Alerting:
         claims = [i for i, p in enumerate(pending) if not p[5]]  # own ones: this one's only
         if self.cfg.share_group and claims:
             try:
+                # the window: each coordinator holds a delayed raise from when it saw the
+                # alert (or started: restored), so two tell the same raise up to
+                # offline_alert_s apart
                 got = self._store.claim_many([(d, f"alert:{code}", state, t) for d, code,
-                                              state, t, _, _ in (pending[i] for i in claims)])
+                                              state, t, _, _ in (pending[i] for i in claims)],
+                                             window_s=60.0 + self.cfg.offline_alert_s)
                 for i, first in zip(claims, got, strict=True):
                     won[i] = first
             except Exception as e:
@@ -238,6 +249,7 @@ class Alerting:
         recent, raised, counts = stored
         active = [{"device": v.device, "alert": code, "message": msg, "status": v.status,
                    "since": self._alerts.raised_at(v.device, code)
+                   or self._alerts.raising_since(v.device, code)
                    or raised.get((v.device, code))}
                   for v in sorted(views.values(), key=lambda v: v.device)
                   for code, msg in v.alerts]

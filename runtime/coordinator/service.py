@@ -124,8 +124,7 @@ class Coordinator:
         # unsynced devices' times placed once their clock is (runtime/coordinator/clock_place.py)
         self.clocks = Placer(self.store, keep_s=max(cfg.keep_health_s, cfg.keep_events_s))
         self.api_url = cfg.public_url.rstrip("/")  # set by api.serve when empty
-        # groups, desired state, staged rollouts (own tables in the same database); their
-        # commands go out through the commander, made below
+        # groups, desired state, staged rollouts: commands through the commander (below)
         self.rollouts = Rollouts(self.store,
                                  lambda *a, **k: self.commander.send_async(*a, **k),
                                  self.deploy_args,
@@ -180,8 +179,9 @@ class Coordinator:
         self.retention.set_cap()  # the fair shares (quotas.py) from the first batch on
         self.health_ages = coord_stats.HealthAges()  # stats' health_age_s
         self._counts: tuple[float, float, dict[str, int] | None] = (0.0, 0.0, None)
-        # alert transitions from each refresh: logged, listed, claimed, sent (alerting.py)
-        self.alerting = Alerting(cfg, self.store, self.counters, self._rlog)
+        # alert transitions from each refresh: logged, listed, claimed, sent (alerting.py);
+        # an offline alert the run before was still holding back is told by this one
+        self.alerting = Alerting(cfg, self.store, self.counters, self._rlog, self.views)
         self.alert_log, self.webhook = self.alerting.log, self.alerting.webhook
 
     @property
@@ -529,10 +529,8 @@ class Coordinator:
     # -- queries and commands (any thread) ----------------------------------------------------
 
     def result_counts(self) -> dict[str, int]:
-        """Stored results per device. Counting is a scan of the results index (0.1-0.25 s
-        per million rows, holding the store's lock, so ingest waits): a count that took
-        more than 20 ms is reused for 20 times as long, so a dashboard polling every 2 s
-        or a frequent scrape costs ingest at most about 5 % of its time on a big store."""
+        """Stored results per device. A scan of the results index (0.1-0.25 s a million rows,
+        ingest waiting): a count that took over 20 ms is reused 20 times as long (<= 5 %)."""
         cached_at, took, counts = self._counts
         if counts is not None and time.monotonic() - cached_at < (took * 20 if took > 0.02
                                                                    else 0):

@@ -27,10 +27,10 @@ log = logging.getLogger("edgerun.daemon")
 
 
 def claim_outbox(outbox: Path) -> int | None:
-    """Lock `<outbox>.lock` for this process and write its pid there; the file descriptor
-    (kept open: closing it lets the lock go), or None where no lock file can be made (a
-    read-only or full disk: the outbox says what it does there). ConfigError naming the
-    other process when another `serve` holds it."""
+    """Lock `<outbox>.lock` for this process (`take_over` then writes its record there); the
+    file descriptor (kept open: closing it lets the lock go), or None where no lock file can
+    be made (a read-only or full disk: the outbox says what it does there). ConfigError
+    naming the other process when another `serve` holds it."""
     path = outbox.with_name(outbox.name + ".lock")
     try:
         outbox.parent.mkdir(parents=True, exist_ok=True)
@@ -62,10 +62,13 @@ def take_over(fd: int, boot_id: str) -> str | None:
     """Read how the previous run of this outbox ended from the lock file (see `previous_end`)
     and record this one as running: its pid (the next one's message names it) and boot id.
     One record of fixed width, written in place: a cut mid-write leaves the old record or
-    the new one, never an empty file read as "no previous run"."""
+    the new one, never an empty file read as "no previous run". Synced before the run goes
+    on: left to the kernel's writeback (up to ~35 s), a power cut early in the run (a supply
+    sagging as the model loads) left the last clean stop on the disk, and said nothing."""
     try:
         before = os.pread(fd, RECORD, 0).decode("ascii", "replace")
         os.pwrite(fd, _record(f"{os.getpid()} {boot_id}"), 0)
+        os.fdatasync(fd)
     except OSError as e:  # the disk refused: the outbox says what it does about that
         log.debug("instance record not read or written: %s", e)
         return None

@@ -12,6 +12,7 @@ from runtime.coordinator.alerts import (
     CLEARING,
     DUE,
     HELD,
+    PAUSED,
     RAISED,
     RAISING,
     SETTLED,
@@ -33,7 +34,12 @@ from runtime.coordinator.alerts import (
     (None, DUE, (None, None)),
     (RAISING, RAISED, (RAISING, None)),
     (RAISING, HELD, (RAISING, None)),
-    (RAISING, CLEARED, (None, None)),
+    (RAISING, CLEARED, (PAUSED, None)),
+    (PAUSED, HELD, (RAISING, None)),
+    (PAUSED, RAISED, (ACTIVE, RAISED)),
+    (PAUSED, CLEARED, (PAUSED, None)),
+    (PAUSED, SETTLED, (None, None)),
+    (PAUSED, DUE, (PAUSED, None)),
     (RAISING, SETTLED, (RAISING, None)),
     (RAISING, DUE, (ACTIVE, RAISED)),
     (ACTIVE, HELD, (ACTIVE, None)),
@@ -46,7 +52,7 @@ def test_transition_table(state, event, want):
 
 
 def test_the_table_covers_every_state_and_input():
-    assert set(alerts.TABLE) == {(s, e) for s in (None, RAISING, ACTIVE, CLEARING)
+    assert set(alerts.TABLE) == {(s, e) for s in (None, RAISING, PAUSED, ACTIVE, CLEARING)
                                  for e in (RAISED, HELD, CLEARED, SETTLED, DUE)}
     with pytest.raises(KeyError):
         alerts.transition(ACTIVE, "exploded")
@@ -122,11 +128,17 @@ def test_clearing_lists_what_went_until_it_settles_or_comes_back():
     # raised again while raising: the delay counts from the first
     ([(0, [("offline", RAISED)]), (30, [("offline", RAISED)]), (60, [])],
      [(60, "offline", RAISED, None)], 0),
-    # back, then offline again after it settled: a new delay, nothing told either time
+    # back, then offline again after it settled (30 s away): a new delay
+    ([(0, [("offline", RAISED)]), (5, [("offline", CLEARED)]), (35, []),
+      (40, [("offline", RAISED)]), (99, []), (100, [])], [(100, "offline", RAISED, None)], 1),
+    # back for less than alert_clear_s: a flap, its delay counted from the first
     ([(0, [("offline", RAISED)]), (5, [("offline", CLEARED)]), (10, [("offline", RAISED)]),
-      (69, []), (70, [])], [(70, "offline", RAISED, None)], 1),
+      (59, []), (60, [])], [(60, "offline", RAISED, None)], 0),
+    # and gone again by its delay: told when it comes back
+    ([(0, [("offline", RAISED)]), (50, [("offline", CLEARED)]), (60, []),
+      (70, [("offline", RAISED)])], [(70, "offline", RAISED, None)], 0),
     # another code beside it is told at once
-    ([(0, [("offline", RAISED), ("hot", RAISED)]), (5, [("offline", CLEARED)])],
+    ([(0, [("offline", RAISED), ("hot", RAISED)]), (5, [("offline", CLEARED)]), (35, [])],
      [(0, "hot", RAISED, None)], 1),
     # a clear of an offline raised before this process started: told as before
     ([(5, [("offline", CLEARED)]), (35, [])], [(35, "offline", CLEARED, None)], 0),
@@ -141,4 +153,52 @@ def test_a_raise_delay_holds_back_what_goes_within_it(steps, told, held):
             got.append((t, x.code, x.state, x.raised_t))
     assert got == told
     assert a.held_back == held
-    assert a.state("d", "offline") in (None, ACTIVE, CLEARING)
+    assert a.state("d", "offline") in (None, ACTIVE, CLEARING, RAISING)
+
+
+def test_hold_tracks_an_untold_alert_of_a_delayed_code_as_raising_from_then():
+    a = AlertStates({"offline": 60})
+    assert not a.hold("d", "hot", 0.0, "m")  # no delay: nothing to hold
+    assert a.hold("d", "offline", 10.0, "device is offline")
+    assert a.raising_since("d", "offline") == 10.0 and a.state("d", "offline") == RAISING
+    assert not a.hold("d", "offline", 20.0, "again")  # tracked already
+    assert a.settle(69.0, clear_s=30) == []
+    (told,) = a.settle(70.0, clear_s=30)
+    assert (told.code, told.state, told.message) == ("offline", RAISED, "device is offline")
+    assert a.raising_since("d", "offline") is None
+
+
+@pytest.mark.parametrize("stale, told_offline_at", [
+    (None, 60),  # a will: held back
+    (ACTIVE, 0),  # after a stale told: at once
+    (CLEARING, 0),
+])
+def test_a_delayed_raise_after_a_told_alert_of_its_after_codes_is_told_at_once(
+        stale, told_offline_at):
+    a = AlertStates({"offline": 60}, after={"offline": ("stale",)})
+    if stale is not None:
+        a.apply([("d", "stale", RAISED, "m")], -10.0)
+    if stale == CLEARING:
+        a.apply([("d", "stale", CLEARED, "m")], -5.0)
+    got = a.apply([("d", "offline", RAISED, "m"), ("d", "stale", CLEARED, "m")], 0.0)
+    got += a.settle(30.0, clear_s=100) + a.settle(60.0, clear_s=100)
+    assert [(x.code, x.state) for x in got] == [("offline", RAISED)]
+    assert a.raised_at("d", "offline") == told_offline_at
+
+
+def test_a_link_that_flaps_offline_for_most_of_each_minute_is_told():
+    """Old code: each offline shorter than offline_alert_s was dropped when the device came
+    back, however briefly: a device offline 50 s of every minute (a link that drops and
+    comes back for seconds) was never told, where without the delay it was one alert (a
+    flap within alert_clear_s). Now a raise that goes and comes back within alert_clear_s
+    keeps its delay counted from when it first came."""
+    a = AlertStates({"offline": 60})
+    told = []
+    for minute in range(10):
+        t = minute * 60.0
+        told += a.apply([("d", "offline", RAISED, "device is offline")], t)
+        told += a.settle(t + 25, clear_s=30)
+        told += a.apply([("d", "offline", CLEARED, "device is offline")], t + 50)
+        told += a.settle(t + 55, clear_s=30)
+    assert [(x.code, x.state) for x in told] == [("offline", RAISED)]
+    assert a.held_back == 0
