@@ -86,6 +86,7 @@ class Daemon:
         self.profiler = Profiler(lambda *a, **kw: self.event(*a, **kw), self.installs.put)
         self.print_results = False  # `serve --print` (serve() sets it; reload keeps it)
         self._instance: int | None = None  # the outbox's lock, held while the process lives
+        self._said_last_end = False  # the unclean_stop event queued
 
     # -- start-up --------------------------------------------------------------------------
 
@@ -94,13 +95,17 @@ class Daemon:
         if why := make_dir(self.state_dir):  # a file in its place, a read-only parent
             raise ConfigError(f"daemon.state_dir {self.state_dir} {why}")
         self._instance = instance.claim_outbox(Path(self.cfg.telemetry.outbox.path).expanduser())
-        last_end = (None if self._instance is None else
-                    instance.take_over(self._instance, wire_clock.read(kernel=False).boot_id))
+        boot = wire_clock.read(kernel=False).boot_id
+        last_end = None if self._instance is None else instance.take_over(self._instance, boot)
         try:
             self._bring_up(last_end)
         except BaseException:
-            # a start-up that failed says why in its log and exits: not an unclean stop
-            instance.mark_stopped(self._instance)
+            # a start-up that failed says why in its log and exits: not an unclean stop; but
+            # how the run before ended, not said yet, is left for the next start to say
+            if last_end and not self._said_last_end:
+                instance.put_back(self._instance, last_end, boot)
+            else:
+                instance.mark_stopped(self._instance)
             raise
 
     def _bring_up(self, last_end: str | None) -> None:
@@ -114,6 +119,7 @@ class Daemon:
         if last_end:
             log.warning("%s", instance.SAID[last_end])
             self.event("unclean_stop", "warning", how=last_end)
+            self._said_last_end = True
         rest = installing.install_models(self.serving, self.ota)
         self._start_pipeline()
         self.refresh_state(reports=True)  # birth, Home Assistant, OPC UA read it from now on

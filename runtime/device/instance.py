@@ -75,6 +75,18 @@ def take_over(fd: int, boot_id: str) -> str | None:
     return previous_end(before, boot_id)
 
 
+def put_back(fd: int | None, how: str, boot_id: str) -> None:
+    """A start that failed before it said how the previous run ended: leave a record that
+    says the same to the next start (`how` "killed": a run of this boot; "power": of an
+    earlier one), synced, so the power cut that damaged the state is not forgotten by the
+    start that found the damage."""
+    if fd is None:
+        return
+    with contextlib.suppress(OSError):
+        os.pwrite(fd, _record(f"0 {boot_id if how == 'killed' else 'earlier-boot'}"), 0)
+        os.fdatasync(fd)
+
+
 def mark_stopped(fd: int | None) -> None:
     """Record a clean stop (the next start then says nothing of this run). The lock stays
     held until the process ends: the outbox may still be closing."""

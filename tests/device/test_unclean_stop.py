@@ -121,3 +121,31 @@ def test_a_killed_run_is_said_at_the_next_start_and_a_clean_stop_is_not(tmp_path
         assert [e["how"] for e in _unclean(fourth)] == ["killed", "power"]
     finally:
         assert fourth.stop() == 0
+
+
+def test_a_start_that_fails_before_saying_leaves_it_for_the_next(tmp_path):
+    """A power cut damages the state; the next start fails on it (here: a device profile that
+    does not parse) before it has said how the run before ended; the operator fixes it, and
+    the start after says it: the failed start put the record back."""
+    cfg = write_config(tmp_path, tmp_path / "cache")
+    lock = tmp_path / "state" / "outbox.db.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    lock.write_text("4242 ba9876543210".ljust(63) + "\n")  # a run of an earlier boot
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[power\n")
+    broken = tmp_path / "broken.toml"
+    broken.write_text(cfg.read_text().replace('profile = "generic-x86"', f'profile = "{bad}"'))
+    assert broken.read_text() != cfg.read_text()
+    failed = Serve(tmp_path, broken)
+    try:
+        assert failed.proc.wait(120) != 0, failed.text()[-3000:]
+    finally:
+        failed.stop()
+    assert "ready in" not in failed.text()
+    after = Serve(tmp_path, cfg)
+    try:
+        wait(after.ready, 120, "a daemon on the mended config", after)
+        assert "cut off by a power loss or a reset" in after.text()
+        assert [e["how"] for e in _unclean(after)] == ["power"]
+    finally:
+        assert after.stop() == 0
