@@ -240,9 +240,7 @@ def render_png(tl: Timeline, utc: bool = False, width_px: int = WIDTH_PX,
                va="center", color="gray")
     a.set_ylabel("battery (%)")
     a.set_xlabel(f"time ({_tz_name(t0, utc)})")
-    span_h = (t1 - t0) / 3600
-    fmt = "%H:%M" if span_h <= 36 else "%m-%d %H:%M"
-    a.xaxis.set_major_formatter(mdates.DateFormatter(fmt))
+    a.xaxis.set_major_formatter(mdates.DateFormatter(axis_format(t1 - t0)))
     for a in axes:
         a.grid(True, alpha=0.3)
     fig.align_ylabels(axes)
@@ -251,6 +249,14 @@ def render_png(tl: Timeline, utc: bool = False, width_px: int = WIDTH_PX,
     fig.savefig(buf, format="png", dpi=dpi)
     plt.close(fig)
     return buf.getvalue()
+
+
+def axis_format(span_s: float) -> str:
+    """The time axis's labels for a window of `span_s` seconds: seconds under half an hour
+    (a 2-minute window read "06:00 06:00 06:00"), the date past a day and a half."""
+    if span_s <= 1800:
+        return "%H:%M:%S"
+    return "%H:%M" if span_s <= 36 * 3600 else "%m-%d %H:%M"
 
 
 def _fmt_time(t: float, utc: bool | None) -> str:

@@ -251,3 +251,14 @@ def test_a_simulated_device_is_drawn_on_its_own_clock(tmp_path):
     assert tl.records[0]["t"] % 86400 == 6 * 3600  # 06:00 on the simulated clock
     assert "simulated device clock" in day_report.render_html(tl, b"png")
     assert len(day_report.hourly(tl)) == 25
+
+
+@pytest.mark.parametrize("span_s, fmt", [
+    (120, "%H:%M:%S"),  # an outside run's 2-minute window read "06:00 06:00 06:00"
+    (1800, "%H:%M:%S"),
+    (1801, "%H:%M"),
+    (24 * 3600, "%H:%M"),
+    (36 * 3600 + 1, "%m-%d %H:%M"),
+])
+def test_the_time_axis_labels_fit_the_window(span_s, fmt):
+    assert day_report.axis_format(span_s) == fmt
