@@ -88,6 +88,10 @@ class ControlConfig:
     # the box's idle floor: budgets are box watts, this + the rungs' dynamic power (None:
     # the governor's floor_w, 0 without a governor)
     floor_w: float | None = None
+    # False while a duty cycle spends the battery (docs/sleep.md, power/control_settings.py):
+    # the energy budget still learns its forecast and plans (the sleep plan reads both),
+    # but picks no rung and caps no rate, save its fail-safe (no battery reading)
+    energy_binds: bool = True
 
 
 @dataclass(frozen=True)
@@ -346,7 +350,12 @@ def _policies(s: ControlState, r: Reading, seen: _Sensed, rungs: Sequence[Rung],
         events += [ControlEvent("energy", "warning", e) for e in edec.events]
         if math.isfinite(edec.budget_w):  # its budget is dynamic power: in box watts here
             edec = replace(edec, budget_w=edec.budget_w + floor)
-        decision = gov.combine(decision, edec)
+        # Duty cycling: the sleep plan spends the battery; a budget planned over the awake
+        # idle floor would only step down a rung whose burst costs nothing next to a wake,
+        # and its rate cap would stretch the burst, keeping the box awake longer. The
+        # fail-safe binds still: nobody knows the battery then (its event says paused).
+        if cfg.energy_binds or est.failsafe:
+            decision = gov.combine(decision, edec)
     if extra is not None:  # a dynamic-watts budget (a bench's baseline): in box watts here
         if math.isfinite(extra.budget_w):
             extra = replace(extra, budget_w=extra.budget_w + floor)

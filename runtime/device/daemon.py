@@ -197,6 +197,8 @@ class Daemon:
 
         up = Uplink(self.links.outbox, self.links.publisher, self.health)
         self.sleeper = sleep_mod.create(self.cfg, self.serving, up, self.sim)
+        # sleeping for real: its plan spends the battery, not the control step's budget
+        self.serving.set_duty_cycled(bool(self.sleeper and not self.sleeper.disabled))
         self.links.start(self.latest_health)
 
     # -- events and the snapshot ----------------------------------------------------------

@@ -104,6 +104,7 @@ class Serving:
         self.refusals = RefusalWatch()  # says why the rung is not stepping up, not each tick
         self.sensor_watch = SensorWatch()  # says when readings go bad, not at each
         self.ccfg: control.ControlConfig | None = None
+        self.duty_cycled = False  # set_duty_cycled: a duty cycle spends the battery
         self.cstate = control.ControlState(energy=energy)
         self.out: control.Output | None = None  # the last control step's
         self.reading: Reading | None = None
@@ -254,13 +255,26 @@ class Serving:
         several models (runtime.device.model_ladder), and the control settings for them."""
         self.box.build(self.constraints, self.device.power if self.simulated else None,
                        self.energy.live)
+        self._configure_control()
+
+    def _configure_control(self) -> None:
+        """The control step's settings (power/control_settings.py) for the ladder built."""
         g = self.cfg.governor
         self.ccfg = control_config(
             self.device, g, self.thermal if not self.thermal_disabled else None,
             # several sources: rung powers at their combined rate, so budgets are the box's
             planned_rate(self.plan.streams() if self.cfg.sources else (), g.rate_hz)
             or self.box.control_rungs()[-1].max_rate_hz()
-            * (self.cfg.simulator.offered_share if self.simulated else 1.0))
+            * (self.cfg.simulator.offered_share if self.simulated else 1.0),
+            duty_cycled=self.duty_cycled)
+
+    def set_duty_cycled(self, on: bool) -> None:
+        """A duty cycle spends the battery now (runtime/device/sleep.py: [sleep] enabled on
+        a board that can suspend): the energy budget leaves the rung and the rate to the
+        thermal governor (power/control_settings.py says why)."""
+        self.duty_cycled = on
+        if self.ccfg is not None:
+            self._configure_control()
 
     def rebuild(self, why: str) -> None:
         """The ladders rebuilt under the constraints in force, then each model on its rung

@@ -72,6 +72,7 @@ start_hour = {start_hour}
 hours = {hours}
 profiles = "{profiles}"
 offered_share = {offered_share}
+battery_frac = {battery_frac}
 
 [daemon]
 state_dir = "{state}"
@@ -118,13 +119,14 @@ def run(workdir: Path, device: str, scenario: str, policy: str, hours: float, ra
         latency_ms: float = 20.0, min_rate_hz: float = 0.2, source_hz: float = 20.0,
         timeout_s: float | None = None, extra: str = "",
         band_c: float = GovernorConfig.band_c, accuracy_floor: float | None = None,
-        offered_share: float = 1.0) -> LoopResult:
+        offered_share: float = 1.0, battery_frac: float = 1.0) -> LoopResult:
     """Run `edgerun serve` until `hours` of simulated time have passed (its simulated clock
     stops there: [simulator] hours); SIGTERM; the tally, of exactly `hours`.
     `source_hz`: the synthetic camera's frames per wall second at `speed` (it offers them per
     simulated second, source_hz / speed: a slowed run offers fewer). `extra` is appended to
     the config (e.g. a `[sleep]` section). `accuracy_floor`: [constraints]'s (None: its
-    default; the demo's is 0.95); `offered_share`: [simulator]'s, with `rate_hz` 0."""
+    default; the demo's is 0.95); `offered_share`: [simulator]'s, with `rate_hz` 0;
+    `battery_frac`: [simulator]'s, the battery's charge at the start."""
     state = workdir / "state"
     state.mkdir(parents=True, exist_ok=True)
     cfg = workdir / "edgerun.toml"
@@ -133,7 +135,7 @@ def run(workdir: Path, device: str, scenario: str, policy: str, hours: float, ra
                                  start_hour=start_hour, profiles=profiles.resolve(),
                                  state=state, rate_hz=rate_hz, tick_s=tick_s,
                                  latency_ms=latency_ms, min_rate_hz=min_rate_hz, band_c=band_c,
-                                 offered_share=offered_share,
+                                 offered_share=offered_share, battery_frac=battery_frac,
                                  floor_line="" if accuracy_floor is None else
                                  f"accuracy_floor = {accuracy_floor}",
                                  source_hz=source_hz / speed,
