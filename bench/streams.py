@@ -63,9 +63,16 @@ alternated: reader CPU per served frame, the served frames' age from the camera'
 their read (p50, max), and the client's reads a second (where TREE counts them). A change's
 before and after, measured in the same minutes on the same host.
 
+`--ab-compare TREE`: `--compare 1`'s uncapped children, edgerun's from this checkout and from
+TREE and the hand loop, all three at once on one camera (`--decoders`' first decoder),
+`--runs` rounds, which edgerun starts first alternated: process CPU per frame, and edgerun's
+capture and reader threads' (the kernel's clock, 10 ms ticks: +/- 0.03 ms a frame over 15 s).
+For a change to the capture thread (capture, preprocess and inference of an idle pipeline's
+frame) measured side by side.
+
 Usage: python bench/streams.py [--seconds 20] [--size 1280x720] [--key-int 25] [--to 224]
        [--compare 1,4 --compare-seconds 15] [--age] [--split] [--reader-caps 1,5,10]
-       [--read-floor] [--decoders pyav,rtp] [--runs 2] [--ab TREE]
+       [--read-floor] [--decoders pyav,rtp] [--runs 2] [--ab TREE] [--ab-compare TREE]
 """
 
 from __future__ import annotations
@@ -964,6 +971,50 @@ def ab(a: argparse.Namespace) -> None:
                   flush=True)
 
 
+def ab_compare(a: argparse.Namespace) -> None:
+    """`--ab-compare TREE`: this checkout's pipeline against TREE's and the hand loop, at
+    once, uncapped."""
+    import json
+    import subprocess
+
+    w, h = (int(x) for x in a.size.split("x"))
+    decoder = a.decoders.split(",")[0]
+    trees = {"this": str(ROOT), "other": str(Path(a.ab_compare).resolve())}
+    print(f"# {w}x{h} H.264 25 fps, key frame every {a.key_int}, decoder {decoder!r}, "
+          f"uncapped; {a.compare_seconds:g} s a round, the three at once; this = "
+          f"{trees['this']}, other = {trees['other']}")
+    rows: dict[str, list[float]] = {"this": [], "other": [], "hand": []}
+    with tempfile.TemporaryDirectory() as tmp, \
+            RtspCamera(Path(tmp), width=w, height=h, key_int=a.key_int,
+                       preset=a.preset) as cam:
+        args = [json.dumps([cam.url]), json.dumps([str(cam.log)]), str(a.compare_seconds),
+                "0", a.frame_size, decoder]
+        for run in range(a.runs):
+            order = list(trees) if run % 2 == 0 else list(trees)[::-1]
+            procs = {k: subprocess.Popen(
+                [sys.executable, str(Path(trees[k]) / "bench" / "streams.py"), "--child",
+                 "edgerun", *args], stdout=subprocess.PIPE, text=True) for k in order}
+            procs["hand"] = subprocess.Popen([sys.executable, __file__, "--child", "hand",
+                                              *args], stdout=subprocess.PIPE, text=True)
+            got = {k: json.loads(p.communicate(timeout=a.compare_seconds + 120)[0]
+                                 .strip().splitlines()[-1]) for k, p in procs.items()}
+            line = []
+            for k in ("this", "other", "hand"):
+                g = got[k]
+                n = max(g["served"], 1)
+                rows[k].append(g["cpu_s"] / n * 1e3)
+                th = g.get("threads_s", {})
+                line.append(f"{k} {g['cpu_s'] / n * 1e3:.2f} ms/frame" + (
+                    f" (capture {th.get('capture', 0) / n * 1e3:.2f}, reader "
+                    f"{th.get('reader', 0) / n * 1e3:.2f})" if k != "hand" else "")
+                    + f" {g['served'] / g['span_s']:.1f}/s")
+            print(f"round {run + 1} (load {os.getloadavg()[0]:.1f}): " + "; ".join(line),
+                  flush=True)
+    for k in ("this", "other"):
+        print(f"{k} / hand, CPU per frame: " + ", ".join(
+            f"{e / max(hd, 1e-9):.3f}x" for e, hd in zip(rows[k], rows["hand"], strict=True)))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=20.0)
@@ -990,6 +1041,9 @@ def main() -> int:
     ap.add_argument("--ab", default="",
                     help="another checkout's root: its rtp reader against this one's at a "
                     "1 fps hint, side by side, --runs rounds")
+    ap.add_argument("--ab-compare", default="",
+                    help="another checkout's root: its pipeline (capture thread) against "
+                    "this one's and the hand loop, uncapped, at once, --runs rounds")
     ap.add_argument("--child", nargs=7, help=argparse.SUPPRESS)
     ap.add_argument("--ab-child", nargs=3, help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -1015,6 +1069,9 @@ def main() -> int:
         return 0
     if a.ab:
         ab(a)
+        return 0
+    if a.ab_compare:
+        ab_compare(a)
         return 0
     if a.compare:
         compare(a)

@@ -71,15 +71,24 @@ class Capture:
         # must still back off), only by a source that ran STABLE_S.
         backoff, opened = Backoff(0.5, lane.retry_cap_s), 0.0
         pacer = Pacer(lane.pace_hz) if lane.pace_hz > 0 else None
+        # per frame, read once here: the loop runs on the thread that infers an idle
+        # pipeline's frame (pipeline.py), and its own bookkeeping was CPU the hand loop of
+        # docs/benchmarks.md does not spend (monotonic: vDSO; thread_time: a system call)
+        monotonic, thread_time, pace_hz = time.monotonic, time.thread_time, lane.pace_hz
+        counters, lane_counters, name = self._counters, lane.counters, lane.name
+        hint: Callable[[float], None] | None = None  # the open source's rate_hint
+        told = -1.0  # the rate last told it (-1: none yet)
         while not self._stop.is_set():
-            if self._cap_hz() <= 0:  # paused by the control loop: read nothing
+            cap = self._cap_hz()
+            if cap <= 0:  # paused by the control loop: read nothing
                 self._stop.wait(0.2)
                 continue
             if lane.source is None:
                 try:
                     lane.source = lane.open()
                     lane.state = "running"
-                    opened = time.monotonic()
+                    opened = monotonic()
+                    hint, told = getattr(lane.source, "rate_hint", None), -1.0
                 except SourceError as e:
                     self._failed(str(e), backoff, *retry_floor_s(e))
                     continue
@@ -89,16 +98,19 @@ class Capture:
                               exc_info=backoff.attempts == 0)  # the traceback once a series
                     self._failed(f"{type(e).__name__}: {e}", backoff)
                     continue
-            cap = self._cap_hz() * lane.share
-            if (hint := getattr(lane.source, "rate_hint", None)) is not None:
+            if hint is not None:
                 # the rate frames are taken at: a stream may decode key frames only below it.
-                # Told before every read (not only after a frame served): a new cap applies
-                # within a read's timeout, not after the frame the old cap's due time held
-                taken = min(cap if cap > 0 else math.inf, lane.pace_hz or math.inf)
-                hint(taken if taken < math.inf else 0.0)
-            t_read = time.monotonic()
+                # Checked before every read (not only after a frame served): a new cap
+                # applies within a read's timeout, not after the frame the old cap's due
+                # time held; told when it changed
+                taken = min(cap * lane.share, pace_hz or math.inf)
+                taken = taken if taken < math.inf else 0.0
+                if taken != told:
+                    hint(taken)
+                    told = taken
+            t_read = monotonic()
             self._bad.flush()
-            c_read = time.thread_time()
+            c_read = thread_time()
             try:
                 frame = lane.source.read(self.READ_S)
             except BadFrame as e:  # one refused input; the source itself is fine
@@ -114,13 +126,13 @@ class Capture:
                               exc_info=backoff.attempts == 0)
                 with contextlib.suppress(Exception):
                     lane.source.close()
-                lane.source = None
-                if time.monotonic() - opened >= self.STABLE_S:
+                lane.source, hint = None, None
+                if monotonic() - opened >= self.STABLE_S:
                     backoff.reset()
                 why = str(e) if isinstance(e, SourceError) else f"{type(e).__name__}: {e}"
                 self._failed(why, backoff)
                 continue
-            spent = time.thread_time() - c_read  # reading, decoding, polling a folder
+            spent = thread_time() - c_read  # reading, decoding, polling a folder
             if frame is None:
                 self._idle()  # nothing more right now: store what is pending
                 self._cpu.add("capture", spent)
@@ -129,35 +141,37 @@ class Capture:
                 self._back()
             self._cpu.read(spent, frame)
             if frame.skipped:  # decoded, passed over for a newer one (latest wins)
-                lane.counters["skipped_latest"] += frame.skipped
+                lane_counters["skipped_latest"] += frame.skipped
             if frame.damaged:  # the stream's damage the decoder met (concealed or refused)
                 self._count("stream_damaged", frame.damaged)
             if frame.not_judged:  # a garbled picture: no verdict on it, a bad frame counted
                 # (said at most once a minute: once a burst of damage, not once a frame), and
                 # in the source's own health: a camera damaged in every GOP is judged never
-                lane.counters["not_judged"] += 1
-                self._bad.record("decode_damaged", frame.ref, frame.not_judged, lane.name)
+                lane_counters["not_judged"] += 1
+                self._bad.record("decode_damaged", frame.ref, frame.not_judged, name)
                 continue
             if pacer is not None and (lane.source.live or lane.pace_not_live):
                 # its own rate_hz (multisource.lanes, single_pace_hz)
-                now = time.monotonic()
+                now = monotonic()
                 if lane.source.live and not pacer.ready(now):
-                    lane.counters["skipped_rate"] += 1  # read to keep the stream fresh
+                    lane_counters["skipped_rate"] += 1  # read to keep the stream fresh
                     continue
                 if not lane.source.live and self._stop.wait(pacer.wait_s(now)):
                     return  # stopping: the frame is not handed over (not marked done)
-                pacer.taken(time.monotonic())
-            self._count("frames")
-            frame.source = lane.name
+                pacer.taken(monotonic())
+            counters["frames"] += 1
+            lane_counters["frames"] += 1
+            frame.source = name
             if lane.roi:
-                c0 = time.thread_time()
+                c0 = thread_time()
                 kept = self._crop(frame)
-                self._cpu.add("crop", time.thread_time() - c0)
+                self._cpu.add("crop", thread_time() - c0)
                 if not kept:
                     continue
-            self._hand_over(lane, frame,
-                            time.monotonic() - t_read >= self.INLINE_AFTER_WAIT_S)
-            if not getattr(lane.source, "paced", False) and self._wait_cap(time.monotonic()):
+            self._hand_over(lane, frame, monotonic() - t_read >= self.INLINE_AFTER_WAIT_S)
+            # the cap after a frame served, unless the source paces itself (no cap: no wait)
+            if self._cap_hz() < math.inf and not getattr(lane.source, "paced", False) and \
+                    self._wait_cap(monotonic()):
                 return
 
     def _wait_cap(self, served: float) -> bool:

@@ -33,6 +33,8 @@ class DoneMarks:
         """A batch of `frames` was stored, its results' highest seq `top` (no frames: only
         release what reached the disk since): mark done, on each of `lanes`, the frames a
         source marks done (a folder's files) whose results are durable."""
+        if not self._undone and all(f.done is None for f in frames):
+            return  # nothing to mark (a stream's frames), nothing waiting: no disk asked
         marks = [(lane, mine) for lane in lanes if lane.source is not None and (mine := [
             f for f in frames if f.done is not None and f.source == lane.name])]
         upto = self._durable() if self._durable is not None else None

@@ -242,9 +242,10 @@ class FairQueue:
                 self._items.wait(left)
 
     def empty(self) -> bool:
-        """Nothing waits on any lane."""
-        with self._lock:
-            return not any(self._q.values())
+        """Nothing waits on any lane. Without the lock: the lanes' deques are fixed at
+        start, a deque's length is read atomically, and the answer may be stale the moment
+        it is given either way (asked by the capture thread each frame: pipeline._inline)."""
+        return not any(self._q.values())
 
     def qsize(self, lane: str) -> int:
         """Items waiting on one lane."""

@@ -465,15 +465,18 @@ class Pipeline:
         holds `_work`; `alone`: on the inline path, no other stage running beside it. Returns
         what `_store` needs, or None after a reported failure."""
         key = self._key.get(frame.source, "")
-        with self._lock:
-            if key and key in self._extra_next:  # a source's own model changes rung
-                old, self._extra[key] = self._extra.get(key), self._extra_next.pop(key)
-                if old is not None:
-                    old.session.close()
-            elif not key and self._next is not None:
-                old, self._active, self._next = self._active, self._next, None
-                if old is not None and old is not self.shadow.old:  # the shadow lives on
-                    old.session.close()
+        # a swap pending? Read without the lock first (a switch() that lands just after is
+        # taken at the next frame, as one landing just after the lock would be)
+        if (self._extra_next if key else self._next is not None):
+            with self._lock:
+                if key and key in self._extra_next:  # a source's own model changes rung
+                    old, self._extra[key] = self._extra.get(key), self._extra_next.pop(key)
+                    if old is not None:
+                        old.session.close()
+                elif not key and self._next is not None:
+                    old, self._active, self._next = self._active, self._next, None
+                    if old is not None and old is not self.shadow.old:  # the shadow lives on
+                        old.session.close()
         active = self._extra[key] if key else self._active
         assert active is not None
         self.busy_since = time.monotonic()
@@ -486,12 +489,13 @@ class Pipeline:
                 self._cpu("preprocess", time.thread_time() - c0)
             t0, c0 = time.perf_counter(), time.thread_time()
             out = infer_tiles(active.session, tensor)  # one tensor, or a tiled frame's
+            spent = time.thread_time() - c0
             ms = (time.perf_counter() - t0) * 1e3
             lid = live_id(active.key, active.variant_id)
             n, cpu = self._infer_cpu.get(lid, (0, 0.0))
-            spent = time.thread_time() - c0
             # per inference: a tiled frame ran one per tile (live energies stay per inference)
-            self._infer_cpu[lid] = (n + _tiles(tensor), cpu + spent)
+            tiles = _tiles(tensor)
+            self._infer_cpu[lid] = (n + tiles, cpu + spent)
         except Exception as e:
             self.busy_since = None
             self.counters["infer_errors"] += 1
@@ -502,7 +506,7 @@ class Pipeline:
             return None
         if not key:  # what OTA swapped is the [model]'s model: a source's own is not sampled
             self.shadow.sample(frame, out, active)
-        return Inferred(frame, out, active, ms, _tiles(tensor), spent, alone)
+        return Inferred(frame, out, active, ms, tiles, spent, alone)
 
     def _model_id(self, active: Active) -> ModelId:
         """What `active`'s frames are counted under in `models`."""
@@ -512,11 +516,14 @@ class Pipeline:
         """Idle fast path: with nothing queued or in flight, the capture thread runs the frame
         through preprocess, infer and store itself, saving two thread wake-ups. True when the
         frame was consumed."""
-        if (self.busy_since is not None or self.preprocessing or not self._raw.empty()
-                or not self._frames.empty() or not self._work.acquire(blocking=False)):
+        # (the queues' lengths read without their locks: an answer that may be stale the
+        # moment it is given either way; `_work` held and busy_since read again is the guard)
+        frames = self._frames.queue
+        if (self.busy_since is not None or self.preprocessing or frames
+                or not self._raw.empty() or not self._work.acquire(blocking=False)):
             return False
         try:
-            if self.busy_since is not None or not self._frames.empty():
+            if self.busy_since is not None or frames:
                 return False  # the infer thread took a frame meanwhile
             self.busy_since = time.monotonic()
             made = self._tensor(frame)
@@ -555,12 +562,12 @@ class Pipeline:
             owners.append(manifest)
             counted.append((self._model_id(active), ms / max(tiles, 1), alone))
         c_persist = time.thread_time()
-        self._cpu("postprocess", c_persist - c_post)
         try:
             seqs = self._sink(results) if results else []
         except Exception as e:  # disk full, database broken: frames stay not-done
             self.busy_since = None
             self.shadow.drop_due()  # bounded: no comparisons pile up while storing fails
+            self._cpu("postprocess", c_persist - c_post)
             self._cpu("infer", infer_s)  # spent all the same
             self.counters["store_errors"] += len(results)
             # a full disk fails every batch: one line a minute (with how many more), one
@@ -609,7 +616,8 @@ class Pipeline:
                 self._local.submit([made[i] for i in idx], [results[i] for i in idx],
                                    [seqs[i] for i in idx] if seqs else [],
                                    ("none", *m.labels) if m.detect else m.labels)
-        self._stage_cpu.stored(len(results), time.thread_time() - c_persist, infer_s)
+        self._stage_cpu.stored(len(results), time.thread_time() - c_persist, infer_s,
+                               c_persist - c_post)
         self.busy_since = None
         self.shadow.compare_due(self._pre_of, self._manifest)  # after the store: no latency
 

@@ -38,12 +38,16 @@ class StageCpu:
             if dec is not None:
                 st["decode"] = (st["decode"] or 0.0) + dec
 
-    def stored(self, results: int, persist_s: float, infer_s: float) -> None:
-        """A group stored: its persist CPU, and its frames' inference CPU counted with it (so
-        a window's inference CPU is its own frames')."""
+    def stored(self, results: int, persist_s: float, infer_s: float,
+               postprocess_s: float = 0.0) -> None:
+        """A group stored: its persist and postprocess CPU, and its frames' inference CPU
+        counted with it (so a window's inference CPU is its own frames'); one lock taken
+        for the three (once a frame on an idle pipeline)."""
         with self._lock:
-            self._cpu["persist"] = (self._cpu["persist"] or 0.0) + persist_s
-            self._cpu["infer"] = (self._cpu["infer"] or 0.0) + infer_s
+            st = self._cpu
+            st["persist"] = (st["persist"] or 0.0) + persist_s
+            st["infer"] = (st["infer"] or 0.0) + infer_s
+            st["postprocess"] = (st["postprocess"] or 0.0) + postprocess_s
             self._frames += results
 
     def take(self) -> tuple[int, dict[str, float | None]]:
