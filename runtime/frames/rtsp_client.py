@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import errno
 import hashlib
 import logging
 import os
@@ -27,6 +28,7 @@ import time
 import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from runtime.frames.frame import CredentialsRefused, OpenTimedOut, SourceError
 from runtime.frames.rtp_h264 import FramingError, Interleaved, RtpH264, RtpPayload
@@ -208,10 +210,20 @@ def batch_wait(now: float, next_key_at: float) -> float:
     return wait if wait >= 0.01 else 0.0  # SO_RCVTIMEO: a zero timeval waits forever
 
 
-def _timeval(seconds: float) -> bytes:
-    """A struct timeval (SO_RCVTIMEO, SO_SNDTIMEO)."""
+def set_timeo(sock: Any, option: int, seconds: float, longs: str = "ll") -> None:
+    """Set SO_RCVTIMEO or SO_SNDTIMEO to `seconds`: a struct timeval of two C longs, or of two
+    64-bit integers where the kernel refuses that size (EINVAL): a 32-bit ARM Python built
+    with a 64-bit time_t (Debian's armhf after its t64 transition) asks SO_*TIMEO_NEW's
+    layout under the old name. On 64-bit Linux both are the same 16 bytes. (`longs`: the
+    struct format of two C longs, "ii" where a test stands for a 32-bit host.)"""
     whole = int(seconds)
-    return struct.pack("ll", whole, int((seconds - whole) * 1e6))
+    usec = int((seconds - whole) * 1e6)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, option, struct.pack(longs, whole, usec))
+    except OSError as e:
+        if e.errno != errno.EINVAL or struct.calcsize(longs) == 16:
+            raise
+        sock.setsockopt(socket.SOL_SOCKET, option, struct.pack("qq", whole, usec))
 
 
 def interleaved_channel(values: list[str]) -> int | None:
@@ -382,7 +394,7 @@ class RtspClient:
         # blocking, each recv() bounded by SO_RCVTIMEO in the kernel: one system call a read
         # where the timeout mode polled before each, and SO_RCVLOWAT is honoured by it
         sock.settimeout(None)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(self.read_timeout_s))
+        set_timeo(sock, socket.SO_SNDTIMEO, self.read_timeout_s)
         frames, self._pending = self._pending, []
         buf = bytearray(RECV_BYTES)
         view = memoryview(buf)
@@ -409,7 +421,7 @@ class RtspClient:
             # since the last byte moves it by less than the 50 ms let pass)
             if wait != timeo and (wake > 1 or abs(wait - timeo) > 0.05):
                 timeo = wait
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(wait))
+                set_timeo(sock, socket.SO_RCVTIMEO, wait)
             # into one buffer, then copied out at its size: recv(RECV_BYTES) allocated 256 kB
             # (an mmap past glibc's threshold) for each ~5 kB read, +3 ms CPU a second
             try:

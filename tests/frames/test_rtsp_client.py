@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import errno
 import hashlib
 import re
 import socket
+import struct
 import threading
 import time
 
@@ -362,3 +364,34 @@ def test_reads_between_key_frames_are_batched_and_a_stall_still_timed_out():
             c.close()
     finally:
         cam.close()
+
+
+class _Kernel:
+    """setsockopt as a kernel that takes one struct timeval size (the socket boundary)."""
+
+    def __init__(self, size: int):
+        self.size, self.set = size, []
+
+    def setsockopt(self, level, option, value):
+        if len(value) != self.size:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        self.set.append((option, value))
+
+
+def test_the_timeout_is_set_in_the_size_the_kernel_takes():
+    """Found by review (2026-12-07): a struct timeval packed as two C longs is 8 bytes on
+    32-bit ARM, where a Python built with a 64-bit time_t (Debian armhf after t64) asks 16:
+    every setsockopt of the read timeout would fail and the rtp reader never play."""
+    from runtime.frames.rtsp_client import set_timeo
+
+    k = _Kernel(16)  # a 64-bit host: two C longs are 16 bytes
+    set_timeo(k, socket.SO_SNDTIMEO, 0.5)
+    assert k.set == [(socket.SO_SNDTIMEO, struct.pack("qq", 0, 500000))]
+    t64 = _Kernel(16)  # 32-bit longs ("ii"), a kernel asking the 64-bit layout
+    set_timeo(t64, socket.SO_RCVTIMEO, 1.25, longs="ii")
+    assert t64.set == [(socket.SO_RCVTIMEO, struct.pack("qq", 1, 250000))]
+    old = _Kernel(8)  # 32-bit longs, a 32-bit time_t: taken as they are
+    set_timeo(old, socket.SO_RCVTIMEO, 1.25, longs="ii")
+    assert old.set == [(socket.SO_RCVTIMEO, struct.pack("ii", 1, 250000))]
+    with pytest.raises(OSError):  # a refusal of the only layout is not hidden
+        set_timeo(_Kernel(4), socket.SO_SNDTIMEO, 0.5)
