@@ -121,6 +121,16 @@ class Path_:
         self.decoded += 1
 
 
+
+def _to_keyframes_only(src) -> None:
+    """Hint a 1 fps cap and read until the source decodes key frames only (30 s at most),
+    then one more frame: the one served at the switch carries the full decode before it."""
+    src.rate_hint(1.0)
+    t_end = time.monotonic() + 30
+    while not src.keyframes_only and time.monotonic() < t_end:
+        src.read(2.0)
+    src.read(3.0)
+
 def _age(cam: RtspCamera, img: np.ndarray, out: Path_, t: float) -> None:
     n = frame_number(img)
     times = cam.times()
@@ -576,11 +586,7 @@ def _keys_reader(url: str, seconds: float, decoder: str = "pyav") -> dict:
 
     src._bgr = Conv()
     try:
-        src.rate_hint(1.0)
-        t_end = time.monotonic() + 30
-        while not src.keyframes_only and time.monotonic() < t_end:
-            src.read(2.0)
-        src.read(3.0)  # the frame served at the switch carries the full decode before it
+        _to_keyframes_only(src)
         spent.update(decode=0.0, convert=0.0)
         n, cpu, t_end = 0, 0.0, time.monotonic() + seconds
         while time.monotonic() < t_end:
@@ -916,11 +922,7 @@ def _ab_child(url: str, seconds: float) -> dict:
     src = RtpStreamSource(SourceConfig(kind="capture", path=url, read_timeout_s=5,
                                        decoder="rtp"))
     try:
-        src.rate_hint(1.0)
-        t_end = time.monotonic() + 30
-        while not src.keyframes_only and time.monotonic() < t_end:
-            src.read(2.0)
-        src.read(3.0)  # the frame served at the switch carries the full decode before it
+        _to_keyframes_only(src)
         client = src._client
         reads0 = getattr(client, "reads", None)
         n, cpu, seen, t0 = 0, 0.0, [], time.monotonic()
