@@ -82,6 +82,24 @@ class AlertLog:
             "SELECT device, code, MAX(t) FROM alert_log WHERE state='raised' "
             "GROUP BY device, code")}
 
+    def open_raises(self) -> dict[tuple[str, str], str]:
+        """(device, code) -> message of each alert whose newest transition in the kept log is
+        a raise (one query over at most `keep` rows): raised and not told cleared. The log
+        keeps the newest rows, so a later clear is never pruned before its raise."""
+        newest: dict[tuple[str, str], tuple[str, str]] = {}
+        for d, c, state, body in self._store.read(
+                "SELECT device, code, state, body FROM alert_log ORDER BY t"):
+            newest[(d, c)] = (state, body)
+        out = {}
+        for key, (state, body) in newest.items():
+            if state == "raised":
+                try:
+                    doc = json.loads(body)
+                except ValueError:
+                    doc = {}
+                out[key] = str(doc.get("message", "")) if isinstance(doc, dict) else ""
+        return out
+
     def complete_since(self) -> float:
         """The time from which the kept log holds every transition (-inf: none was ever
         pruned; else its oldest row's)."""

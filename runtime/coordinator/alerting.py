@@ -58,6 +58,7 @@ class Alerting:
             cfg.webhook_backoff_s) if cfg.webhook_url else None)
         if views:
             self.restored(views, time.time())
+        self._opened = False  # the raises a run before left without their clear, looked at
 
     def restored(self, views: dict[str, fleet.DeviceView], now: float) -> int:
         """At start: the alerts of codes with a raise delay (`offline`) active in the restored
@@ -90,8 +91,28 @@ class Alerting:
         """A refresh's alert changes (fleet.alert_changes) recorded and the clears that
         settled added, queued for `send`. Under the views lock (`views` read for each
         status)."""
+        if not self._opened:  # the first refresh: every device's alerts known now
+            self._opened = True
+            changes = changes + self._left_open(views, changes)
         self._record_alerts(changes, now, views)
         self._settle_clears(now, views)
+
+    def _left_open(self, views: dict[str, fleet.DeviceView],
+                   changes: list[tuple[str, str, str, str]]) -> list[tuple[str, str, str, str]]:
+        """The alerts the store's log says were raised and never told cleared that a device
+        no longer has: the run before ended while their clear waited out alert_clear_s (or
+        they went while no coordinator ran). Fed as cleared, so their clear is told once they
+        have stayed away alert_clear_s from here; otherwise the webhook's incident stays
+        open for good. A store that cannot be read: none (as before)."""
+        try:
+            open_ = self.store_log.open_raises()
+        except Exception as e:
+            log.debug("alerts left open by the run before not looked up: %s", e)
+            return []
+        raised_now = {(d, c) for d, c, state, _ in changes if state == "raised"}
+        return [(d, code, "cleared", msg) for (d, code), msg in sorted(open_.items())
+                if d in views and code not in dict(views[d].alerts)
+                and (d, code) not in raised_now and self._alerts.state(d, code) is None]
 
     def own(self, alerts: dict[str, str], now: float,
             views: dict[str, fleet.DeviceView]) -> bool:

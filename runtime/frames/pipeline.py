@@ -317,11 +317,8 @@ class Pipeline:
         return out
 
     def take_stage_cpu(self) -> tuple[int, dict[str, float | None]]:
-        """(results stored, CPU seconds per stage) since the last call: capture (the source's
-        read, its polling included), decode (None: no source could time it apart from the
-        read), crop, preprocess, infer (added with its frame's store, so it is these frames'
-        own), postprocess (results built), persist (outbox commit, the source's done, local
-        results)."""
+        """(results stored, CPU seconds per stage) since the last call (the stages:
+        runtime/frames/stage_cpu.py)."""
         return self._stage_cpu.take()
 
     def _cpu(self, stage: str, seconds: float) -> None:
@@ -465,8 +462,7 @@ class Pipeline:
         holds `_work`; `alone`: on the inline path, no other stage running beside it. Returns
         what `_store` needs, or None after a reported failure."""
         key = self._key.get(frame.source, "")
-        # a swap pending? Read without the lock first (a switch() that lands just after is
-        # taken at the next frame, as one landing just after the lock would be)
+        # a swap pending? read without the lock first (one landing just after: the next frame)
         if (self._extra_next if key else self._next is not None):
             with self._lock:
                 if key and key in self._extra_next:  # a source's own model changes rung
@@ -514,10 +510,8 @@ class Pipeline:
 
     def _inline(self, frame: Frame) -> bool:
         """Idle fast path: with nothing queued or in flight, the capture thread runs the frame
-        through preprocess, infer and store itself, saving two thread wake-ups. True when the
-        frame was consumed."""
-        # (the queues' lengths read without their locks: an answer that may be stale the
-        # moment it is given either way; `_work` held and busy_since read again is the guard)
+        through preprocess, infer and store itself (two thread wake-ups saved). True: consumed."""
+        # queues read without their locks (stale either way): `_work`, busy_since again guard
         frames = self._frames.queue
         if (self.busy_since is not None or self.preprocessing or frames
                 or not self._raw.empty() or not self._work.acquire(blocking=False)):

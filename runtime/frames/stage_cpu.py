@@ -1,5 +1,8 @@
 """CPU seconds per stage of the frame path, counted on whichever thread ran the stage; taken
-by the box's energy per frame (power/box_energy.py)."""
+by the box's energy per frame (power/box_energy.py). The stages: capture (the source's read,
+its polling included), decode (None: no source could time it apart from the read), crop,
+preprocess, infer (added with its frame's store, so it is these frames' own), postprocess
+(results built), persist (outbox commit, the source's done, local results)."""
 
 from __future__ import annotations
 

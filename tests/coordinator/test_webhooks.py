@@ -378,3 +378,33 @@ def test_an_offline_raising_across_a_coordinator_restart_is_told_once(tmp_path, 
         assert [(b["alert"], b["state"]) for b in rx.bodies()] == [("offline", "raised")]
     finally:
         coord.stop()
+
+
+def test_a_clear_pending_at_a_coordinator_restart_is_told_by_the_next(tmp_path, broker,
+                                                                     receiver):
+    """An alert raised and told, gone while the coordinator waited out alert_clear_s before
+    telling its clear, and the coordinator restarted meanwhile: the next one found the device
+    without the alert and never told the clear, so the webhook's incident stayed open for
+    good. The store's log says it was raised and not cleared: the next run tells the clear."""
+    rx = receiver([200])
+    coord = start_coordinator(tmp_path, broker, webhook_url=rx.url, alert_clear_s=60)
+    dev = Device(tmp_path, broker, 1, keepalive=5).start()
+    try:
+        wait(lambda: coord.views.get("dev1") and coord.views["dev1"].status == "online", 20,
+             "dev1 online")
+        _publish_as(broker, "dev1", "health", _health("b1", 83.0))
+        wait(lambda: any(b["alert"] == "hot" for b in rx.bodies()), 15, "hot raised")
+        _publish_as(broker, "dev1", "health", _health("b1", 50.0))
+        wait(lambda: coord.alerts_view()["clearing"], 15, "hot clearing (60 s to settle)")
+    finally:
+        coord.stop()
+    coord = start_coordinator(tmp_path, broker, webhook_url=rx.url, alert_clear_s=0.5)
+    try:
+        wait(lambda: any(b["alert"] == "hot" and b["state"] == "cleared" for b in rx.bodies()),
+             15, "the hot clear told by the next coordinator")
+        time.sleep(1)
+        told = [(b["alert"], b["state"]) for b in rx.bodies()]
+        assert told == [("hot", "raised"), ("hot", "cleared")], told
+    finally:
+        dev.term()
+        coord.stop()
