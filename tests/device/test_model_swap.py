@@ -363,7 +363,11 @@ def test_kill_9_of_the_daemon_at_each_deploy_step(tmp_path, fleet, step):
     make(inspection_dir(tmp_path / "src2", tag=f"version 2, {step}"), key,
          tmp_path / "i2.edgerun", "2")
     bundle = fleet.upload(tmp_path / "i2.edgerun")
-    cfg = fleet.config("box1", v1, PROBATION)
+    # the same model twice: the energy rule is not this test's subject (tests/device/
+    # test_probation_energy.py). Live energy is CPU time a inference, and beside the slow
+    # tier's 10-minute camera test the same model read 6.8 against 3.9 mJ (CI, 2026-12-07):
+    # rolled back, never passed
+    cfg = fleet.config("box1", v1, PROBATION + "energy_factor = 10.0\n")
     d = fleet.device("box1", cfg, env={"EDGERUN_CRASH_AT": step})
     wait(lambda: fleet.coord.store.counts().get("box1", 0) >= 10, 60, "results", d)
     fleet.coord.rollouts.set_group("g", ["box1"])
