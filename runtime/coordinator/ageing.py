@@ -4,6 +4,14 @@ and those whose status can change by silence alone now (fleet.next_change: the e
 stale or offline threshold, a sleeper's wake plus margin), kept in a heap. Also counts the
 fleet's edgerun versions as devices change, for the `version` alert's majority.
 
+Times: `take`'s `now` is the coordinator's steady time (runtime/wire/clock.py StepClock:
+the wall clock less the steps it took since the start). A view's times (`last_seen`,
+`wake_at`) are wall times, stamped under the step in force then, which `touch` remembers per
+device: its view is judged at `now_of` (the steady time plus that step), so a step of the
+wall clock after it was stamped neither ages it (a week forward: the whole fleet stale, then
+offline, an alert each) nor keeps it fresh (an hour back: a silent device stale an hour
+late). Without a step, `now_of` is the wall clock, as before.
+
 Not thread-safe: the coordinator uses it under its views lock.
 """
 
@@ -26,15 +34,26 @@ class Ageing:
         self._touched: set[str] = set()
         self._version: dict[str, str] = {}
         self._counts: Counter = Counter()
+        self._step: dict[str, float] = {}  # device -> the step its view's times were stamped in
+        self._default = 0.0  # ... for devices not touched since the reset
 
-    def reset(self, devices: Iterable[str]) -> None:
-        """Forget every deadline and count: all of `devices` are due at the next take."""
+    def reset(self, devices: Iterable[str], step: float = 0.0) -> None:
+        """Forget every deadline and count: all of `devices` are due at the next take, their
+        views stamped under `step`."""
         self.__init__()
         self._touched = set(devices)
+        self._default = step
 
-    def touch(self, device: str) -> None:
-        """The device's view changed: recompute it at the next take."""
+    def touch(self, device: str, step: float | None = None) -> None:
+        """The device's view changed: recompute it at the next take; `step`: the wall
+        clock's steps (StepClock.step) in force when its new times were stamped."""
         self._touched.add(device)
+        if step is not None:
+            self._step[device] = step
+
+    def now_of(self, device: str, now: float) -> float:
+        """The wall time to judge `device`'s view at, at steady time `now` (pure)."""
+        return now + self._step.get(device, self._default)
 
     def take(self, now: float) -> set[str]:
         """The devices to recompute at `now`: touched ones and those whose deadline passed."""
@@ -54,6 +73,7 @@ class Ageing:
         t = fleet.next_change(view, cfg)
         if t == math.inf:
             return
+        t -= self.now_of(device, 0.0)  # a wall time of its view's, as steady time
         held = self._due.get(device)
         if held is None or t < held:
             self._due[device] = t

@@ -3,6 +3,10 @@ and clears (alerts.py), logged, kept for the dashboard (in memory and in the sto
 log, alert_log.py), and handed to the webhook (webhooks.py); with several coordinators on one
 store, only the one that claims a transition first records and sends it.
 
+Its `now` is the coordinator's steady time (runtime/wire/clock.py StepClock): the delays
+(offline_alert_s, alert_clear_s) are elapsed time whatever the wall clock steps; `wall_of`
+turns a steady time into the wall time told (payloads, the store's log, the dashboard).
+
 Everything here runs under the coordinator's views lock (its refresh holds it while the
 transitions are recorded and sent, so each is recorded and sent exactly once, in order);
 Webhook.submit never blocks.
@@ -14,6 +18,7 @@ import collections
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from runtime.config.coordinator import CoordinatorConfig
@@ -32,9 +37,12 @@ class Alerting:
     """One coordinator's alert transitions (see module docstring)."""
 
     def __init__(self, cfg: CoordinatorConfig, store: Store, counters: collections.Counter,
-                 rlog: RateLimitedLog, views: dict[str, fleet.DeviceView] | None = None):
-        """`views`: the fleet restored at start (see `restored`)."""
+                 rlog: RateLimitedLog, views: dict[str, fleet.DeviceView] | None = None,
+                 wall_of: Callable[[float], float] = lambda t: t):
+        """`views`: the fleet restored at start (see `restored`); `wall_of`: the wall time
+        of a steady time (the coordinator's clock: the steady time plus the steps since)."""
         self.cfg, self._store, self.counters, self._rlog = cfg, store, counters, rlog
+        self.wall_of = wall_of
         # Alert transitions, newest last, and when each active alert was raised; filled by
         # the refresh. Alerts active at start were raised before: they are not sent again.
         self.log: collections.deque = collections.deque(maxlen=ALERT_LOG)
@@ -153,24 +161,25 @@ class Alerting:
         """Turn alert changes into transitions (alerts.py: a raise at once unless it is only
         back from a clear still settling; a clear after alert_clear_s). Under the views
         lock; Webhook.submit never blocks."""
-        flaps = self._alerts.flaps
+        flaps, wall = self._alerts.flaps, self.wall_of(now)
         # stamped as the raise's payload is (webhooks.alert_payload: ms), so a clear's
         # raised_t and the dashboard's `since` equal the raise's `t`
-        self._tell(self._alerts.apply(changes, now, stamp=round(now, 3)), now, views,
+        self._tell(self._alerts.apply(changes, now, stamp=round(wall, 3)), wall, views,
                    many=len(changes) > 20)
         self.counters["alert_flaps"] += self._alerts.flaps - flaps
 
     def _settle_clears(self, now: float, views: dict[str, fleet.DeviceView]) -> None:
         """Send the clears of alerts that have stayed away for alert_clear_s, and the raises
         of those that have lasted their delay."""
-        held = self._alerts.held_back
-        told = self._alerts.settle(now, self.cfg.alert_clear_s)
-        self._tell(told, now, views, many=len(told) > 20)
+        held, wall = self._alerts.held_back, self.wall_of(now)
+        told = self._alerts.settle(now, self.cfg.alert_clear_s, stamp=wall)
+        self._tell(told, wall, views, many=len(told) > 20)
         self.counters["alerts_held_back"] += self._alerts.held_back - held
 
     def _tell(self, told: list[Told], now: float, views: dict[str, fleet.DeviceView],
               many: bool) -> None:
-        """Emit each transition; many at once (a fleet going stale): one line a kind."""
+        """Emit each transition (told at wall time `now`); many at once (a fleet going
+        stale): one line a kind."""
         quiet: collections.Counter = collections.Counter()
         for t in told:
             self._emit_alert(t, now, views, quiet if many else None)
@@ -268,9 +277,10 @@ class Alerting:
         """The alerts view (Coordinator.alerts_view) from `views` (read under the views
         lock) and what `stored` read of the store's log."""
         recent, raised, counts = stored
+        shift = self.wall_of(0.0)  # a steady time held here, as the wall clock reads now
         active = [{"device": v.device, "alert": code, "message": msg, "status": v.status,
                    "since": self._alerts.raised_at(v.device, code)
-                   or self._alerts.raising_since(v.device, code)
+                   or _plus(self._alerts.raising_since(v.device, code), shift)
                    or raised.get((v.device, code))}
                   for v in sorted(views.values(), key=lambda v: v.device)
                   for code, msg in v.alerts]
@@ -281,12 +291,17 @@ class Alerting:
         clearing = [{"device": d, "alert": code, "message": msg,
                      "status": views[d].status if d in views else "unknown",
                      "since": self._alerts.raised_at(d, code) or raised.get((d, code)),
-                     "gone_at": went, "settles_at": went + self.cfg.alert_clear_s}
+                     "gone_at": went + shift,
+                     "settles_at": went + shift + self.cfg.alert_clear_s}
                     for d, code, went, msg in self._alerts.clearing()]
         if recent is None:
             recent = list(self.log)[-limit:][::-1]
         return {"active": active, "clearing": clearing, "recent": recent, "counts": counts,
                 "webhook": self.webhook.stats() if self.webhook is not None else None}
+
+
+def _plus(t: float | None, shift: float) -> float | None:
+    return None if t is None else t + shift
 
 
 def _log_quiet(counts: collections.Counter) -> None:

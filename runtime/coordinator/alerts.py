@@ -32,7 +32,9 @@ so a flapping sensor or link is one alert, not a stream (nor none: a link offlin
 every minute lasts its delay across the flaps), and an `offline` that lasts seconds
 (a broker's restart publishes every connected device's will: mosquitto 2, measured
 2026-12-07; a service restart says offline) is none. Pure: time comes in, transitions go
-out; the coordinator logs them, records them and hands them to the webhook.
+out; the coordinator logs them, records them and hands them to the webhook. Its `now` is
+elapsed time (the coordinator's steady clock, runtime/wire/clock.py StepClock: a step of the
+wall clock neither fires a delay early nor freezes it); the times told (`stamp`) are wall.
 """
 
 from __future__ import annotations
@@ -141,9 +143,10 @@ class AlertStates:
             self._put(key, entry, nxt)
         return out
 
-    def settle(self, now: float, clear_s: float) -> list[Told]:
+    def settle(self, now: float, clear_s: float, stamp: float | None = None) -> list[Told]:
         """The clears of alerts that have stayed away `clear_s` and the raises of those that
-        have lasted their raise delay; they are told now."""
+        have lasted their raise delay; they are told now (`stamp`: a raise's time as told,
+        default `now`)."""
         out = []
         for key, entry in list(self._entries.items()):
             if entry.state in (CLEARING, PAUSED) and now - entry.went >= clear_s:
@@ -157,7 +160,7 @@ class AlertStates:
             if told == CLEARED:
                 out.append(Told(*key, CLEARED, entry.message, entry.raised_t))
             elif told == RAISED:
-                entry.raised_t = round(now, 3)  # as apply's stamp is
+                entry.raised_t = round(now if stamp is None else stamp, 3)  # as apply's is
                 out.append(Told(*key, RAISED, entry.message))
             self._put(key, entry, nxt)
         return out

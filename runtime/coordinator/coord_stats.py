@@ -63,7 +63,10 @@ def own(c: Any) -> dict[str, Any]:
             "connected": c.connected.is_set(), "threads": c.threads_alive(),
             "mqtt": asdict(c._conn.stats), "bundle_chunks": c.chunks.stats(),
             "webhook": c.webhook.stats() if c.webhook is not None else None,
-            "store": c.store_watch.status(c.mono())}
+            "store": c.store_watch.status(c.mono()),
+            # the wall clock's steps since the start (fleet silence and alert delays ignore
+            # them: runtime/wire/clock.py StepClock)
+            "clock": {"steps_total": c.clock.jumps_total, "stepped_s": round(c.clock.step, 3)}}
 
 
 def queues(c: Any) -> dict[str, dict[str, Any]]:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -161,6 +161,17 @@ def heard(view: DeviceView, received: float) -> DeviceView:
     if not view.online or view.asleep or received <= view.last_seen:
         return view
     return _with(view, {"last_seen": received})
+
+
+def not_ahead(view: DeviceView, wall: float, slack_s: float) -> DeviceView:
+    """A view learned at `wall` whose `last_seen` is ahead of it by more than `slack_s`: this
+    clock stepped back since it was stamped, or another coordinator's clock runs ahead.
+    Either way the device was heard no later than now by this clock: seen at `wall` (else a
+    step back of an hour kept a silent device online for that hour, and one still talking
+    too: `on_activity` keeps the later time)."""
+    if view.last_seen <= wall + slack_s:
+        return view
+    return _with(view, {"last_seen": wall})
 
 
 def tick(view: DeviceView, now: float, cfg: FleetConfig) -> DeviceView:
@@ -308,16 +319,18 @@ def refresh(views: Mapping[str, DeviceView], now: float, cfg: FleetConfig
     return {k: replace(v, alerts=alerts(v, cfg, version)) for k, v in ticked.items()}
 
 
-def refresh_some(views: Mapping[str, DeviceView], devices: Iterable[str], now: float,
-                 cfg: FleetConfig, fleet_version: str | None) -> dict[str, DeviceView]:
+def refresh_some(views: Mapping[str, DeviceView], devices: Iterable[str],
+                 now_of: Callable[[str], float], cfg: FleetConfig, fleet_version: str | None
+                 ) -> dict[str, DeviceView]:
     """`refresh` of some devices only (those that changed, or whose `next_change` passed),
-    against the fleet's majority version counted elsewhere; devices not in `views` are
-    skipped."""
+    each aged at `now_of(device)` (ageing.py: the wall clock as its view's times were
+    stamped), against the fleet's majority version counted elsewhere; devices not in
+    `views` are skipped."""
     out = {}
     for d in devices:
         v = views.get(d)
         if v is not None:
-            t = tick(v, now, cfg)
+            t = tick(v, now_of(d), cfg)
             out[d] = _with(t, {"alerts": alerts(t, cfg, fleet_version)})
     return out
 

@@ -101,7 +101,8 @@ class Ingest:
 
     def ingest(self, messages: Sequence[Inbound],
                written: dict[str, tuple[float, fleet.DeviceView]] | None = None,
-               refused_items: list[tuple[int, int, str, int]] | None = None
+               refused_items: list[tuple[int, int, str, int]] | None = None,
+               now: float | None = None
                ) -> tuple[dict[tuple[str, str], list[Ack]], list[tuple[int, str]]]:
         """Store one batch in one transaction; a message the store refuses costs only itself.
 
@@ -114,7 +115,9 @@ class Ingest:
         `devices` and its `updated` stamp (the coordinator then needs not read it back).
         `refused_items`, when given, receives (index, seq, reason, bytes) of each refused
         item of a result message (Inbound.refused) marked now: one marked before (a re-sent
-        message) is not told again, so the caller quarantines each refused seq once."""
+        message) is not told again, so the caller quarantines each refused seq once. `now`:
+        the wall time it was received at (default: read here; the coordinator gives the one
+        its fleet view stamps, so a clock step in between cannot set the two apart)."""
         if not messages:
             return {}, []
         for savepoints in (False, True):
@@ -122,7 +125,8 @@ class Ingest:
                 try:
                     if written is not None:
                         written.clear()  # a retried attempt writes again
-                    out = self._ingest(messages, savepoints, written)
+                    out = self._ingest(messages, savepoints, written,
+                                       time.time() if now is None else now)
                     if refused_items is not None:
                         refused_items[:] = self._marked
                     return out
@@ -134,9 +138,8 @@ class Ingest:
         raise AssertionError("unreachable")
 
     def _ingest(self, messages: Sequence[Inbound], savepoints: bool,
-                written: dict[str, tuple[float, fleet.DeviceView]] | None = None
+                written: dict[str, tuple[float, fleet.DeviceView]] | None, now: float
                 ) -> tuple[dict[tuple[str, str], list[Ack]], list[tuple[int, str]]]:
-        now = time.time()
         floors: dict[tuple[str, str], set[int]] = {}
         tops: dict[tuple[str, str], int] = {}  # highest seq received per stream in this batch
         refused: list[tuple[int, str]] = []

@@ -54,6 +54,7 @@ from runtime.coordinator.rollout import Rollouts
 from runtime.coordinator.store import LAST_SEEN_WRITE_S, Inbound, Store
 from runtime.coordinator.store_open import running_error
 from runtime.coordinator.store_watch import Said, StoreWatch
+from runtime.wire import clock as wire_clock
 from runtime.wire import payloads
 from runtime.wire.brokerauth import BrokerAuth
 from runtime.wire.mqtt import Connection
@@ -100,6 +101,29 @@ def hand_replies(commander: Commander, replies: list[tuple[str, dict, str, int]]
             bad.append((device, topic_name, str(e), size, now))
 
 
+def publish_acks(conn: Connection, fleet_name: str, acks: dict) -> None:
+    """Publish the acks of what a batch committed."""
+    for (device, _stream), per_floor in acks.items():
+        for ack in per_floor:
+            body = payloads.encode("ack", {"v": payloads.VERSION, "stream": ack.stream,
+                                           "seq": ack.seq, "from": ack.first})
+            conn.publish(payloads.topic(fleet_name, device, "ack"), body)
+
+
+def quarantine(c: Coordinator, bad: list[tuple[str, str, str, int, float]]) -> None:
+    """Count, log (rate-limited) and record in the store what a batch refused."""
+    c.counters["quarantined"] += len(bad)
+    for _device, topic_name, why, size, _ in bad:
+        kind = topic_name.rsplit("/", 1)[-1][:32]
+        c._rlog.log(f"q-{kind}", "quarantined a %s message (%d bytes) on %s: %s", kind,
+                    size, topic_name[:200], why[:300])
+    try:
+        c.counters["quarantine_rows_summarised"] += c.store.quarantine(bad)
+    except Exception as e:  # counting must not fail the batch that was stored
+        c._rlog.log("q-store", "could not record quarantined messages: %s", e,
+                    level=logging.ERROR)
+
+
 class Coordinator:
     """One coordinator instance (see module docstring)."""
 
@@ -111,6 +135,9 @@ class Coordinator:
         self.store = Store(cfg.store, cfg.fsync, cfg.store_margin, cfg.store_read_timeout_s)
         # monotonic, simulated in tests: the store's watchdog, reply expiry, births' windows
         self.mono = time.monotonic
+        # the fleet view's silence and the alerts' delays: steady time, the wall clock's steps
+        # apart (ageing.py; the module's clocks looked up at each read: tests replace them)
+        self.clock = wire_clock.StepClock(lambda: time.time(), lambda: time.monotonic())
         self.store_watch = StoreWatch(redacted_url(cfg.store) if is_url(cfg.store)
                                       else cfg.store, cfg.store_stall_s)
         # another coordinator on this store reads `last_seen` from it: well inside its stale
@@ -152,7 +179,7 @@ class Coordinator:
         self._fleet_version: str | None = None
         self._seen: dict[str, float] = {}  # device -> `updated` of its row merged here
         self.views = _restored_views(self.store, self.fleet_cfg)
-        self._views_loaded = time.time()  # last full read of the store's `devices`
+        self._views_loaded = self.clock.read()[0]  # last full read of the store's `devices`
         # a share per device (inbox.py): one device flooding its topic held the whole
         # queue, starved every other device's ingest and blocked the MQTT thread
         self._inbox = Inbox(maxsize=50_000)
@@ -181,7 +208,8 @@ class Coordinator:
         self._counts: tuple[float, float, dict[str, int] | None] = (0.0, 0.0, None)
         # alert transitions from each refresh: logged, listed, claimed, sent (alerting.py);
         # an offline alert the run before was still holding back is told by this one
-        self.alerting = Alerting(cfg, self.store, self.counters, self._rlog, self.views)
+        self.alerting = Alerting(cfg, self.store, self.counters, self._rlog, self.views,
+                                 lambda t: t + self.clock.step)
         self.alert_log, self.webhook = self.alerting.log, self.alerting.webhook
 
     @property
@@ -193,7 +221,7 @@ class Coordinator:
     def views(self, value: dict[str, fleet.DeviceView]) -> None:
         # replaced whole (at start, by tests): every device is due at the next refresh
         self._views = value
-        self._ageing.reset(value)
+        self._ageing.reset(value, self.clock.step)
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -315,14 +343,14 @@ class Coordinator:
                                    level=logging.ERROR, exc_info=why is None)
                 if self.cfg.ingest_delay_s:
                     time.sleep(self.cfg.ingest_delay_s)
-            now, mono = time.time(), self.mono()
+            (now, wall), mono = self.clock.read(), self.mono()
             # hung on the store, it holds ingest as a batch does: watched as one
             self.store_watch.begin(mono, "housekeeping (a fleet refresh or a prune)")
             try:  # housekeeping failing must not end ingest either
                 if mono - last_refresh >= 1.0:
                     last_refresh = mono
                     self._refresh(now)
-                    self.rollouts.tick(now)
+                    self.rollouts.tick(wall)  # stored times, shared: wall (docs/clocks.md)
                     self.commander.expire_pending(mono)
                     self.births.due(mono)
                 if mono - last_prune >= 3600:
@@ -343,22 +371,22 @@ class Coordinator:
         """Admit, store and ack one batch, then update the views and the rollouts from what
         was stored; everything refused on the way is quarantined."""
         bad: list[tuple[str, str, str, int, float]] = []
-        now = time.time()
+        steady, now = self.clock.read()
         inbound, sources, replies = self.admission.batch(batch, now, bad)
         written: dict[str, tuple[float, fleet.DeviceView]] = {}
         self.store_watch.begin(self.mono())  # the batch's store work, watched from outside
         place_times(self.clocks, inbound, self.counters, self._rlog)
         items: list[tuple[int, int, str, int]] = []  # refused items marked (result_items.py)
         try:
-            acks, refused = self.store.ingest(inbound, written, items)
+            acks, refused = self.store.ingest(inbound, written, items, now=now)
         except Exception as e:
             say(self.store_watch.end(self.mono(), f"{type(e).__name__}: {e}"))
             # The store failed, not the devices: they did talk (a full store disk aged the
             # whole fleet stale, then offline, alerts and all) and an operator may be waiting
             # for a reply. Both go on; the results are not acked, so devices re-send them.
-            self._into_views(list(enumerate(inbound)), sources, {}, now, bad)
+            self._into_views(list(enumerate(inbound)), sources, {}, now - steady, now, bad)
             hand_replies(self.commander, replies, now, bad)
-            self._quarantine(bad)
+            quarantine(self, bad)
             raise
         try:  # whatever fails below, the batch's store work is over
             if self.store.over_budget:
@@ -371,14 +399,14 @@ class Coordinator:
                             f"{why}", size, now))
             self.counters["result_items_refused"] += len(items)
             refused_idx = {i for i, _ in refused}
-            self._ack(acks)
+            publish_acks(self._conn, self.cfg.fleet, acks)
             self.counters["results_stored_msgs"] += sum(
                 1 for i, m in enumerate(inbound) if m.kind == "result" and i not in refused_idx)
             stored = [(i, m) for i, m in enumerate(inbound) if i not in refused_idx]
-            self._into_views(stored, sources, written, now, bad)
+            self._into_views(stored, sources, written, now - steady, now, bad)
             self.births.stored(stored)
             hand_replies(self.commander, replies, now, bad)
-            self._quarantine(bad)
+            quarantine(self, bad)
         finally:  # a batch of nothing to store (healths held) says nothing of the store
             say(self.store_watch.end(self.mono(), stored=bool(inbound)))
 
@@ -391,29 +419,22 @@ class Coordinator:
             mono = self.mono()
             say(self.store_watch.check(mono))
             with self._views_lock:
-                changed = self.alerting.own(self.store_watch.alert(mono), time.time(),
+                changed = self.alerting.own(self.store_watch.alert(mono), self.clock.read()[0],
                                             self.views)
             if changed:
                 self.alerting.send(background=True)
         except Exception as e:  # the watchdog must outlive anything it watches
             self._rlog.log("watchdog", "store watchdog: %s", e, level=logging.ERROR)
 
-    def _ack(self, acks: dict) -> None:
-        """Publish the acks of what the batch committed."""
-        for (device, _stream), per_floor in acks.items():
-            for ack in per_floor:
-                body = payloads.encode("ack", {"v": payloads.VERSION, "stream": ack.stream,
-                                               "seq": ack.seq, "from": ack.first})
-                self._conn.publish(payloads.topic(self.cfg.fleet, device, "ack"), body)
-
     def _into_views(self, stored: list[tuple[int, Inbound]], sources: list[tuple[str, int]],
-                    written: dict[str, tuple[float, fleet.DeviceView]], now: float,
-                    bad: list[tuple[str, str, str, int, float]]) -> None:
-        """The stored messages into the fleet view, then the store's merged rows over it."""
+                    written: dict[str, tuple[float, fleet.DeviceView]], step: float,
+                    now: float, bad: list[tuple[str, str, str, int, float]]) -> None:
+        """The stored messages into the fleet view, then the store's merged rows over it;
+        `now` the wall time they were stamped at, `step` the clock's steps then (ageing.py)."""
         with self._views_lock:
             for i, m in stored:
                 try:
-                    self._update_view(m, now)
+                    self._update_view(m, now, step)
                 except Exception as e:  # the view must survive any message
                     bad.append((m.device, sources[i][0], f"fleet view: {type(e).__name__}: {e}",
                                 sources[i][1], now))
@@ -421,60 +442,54 @@ class Coordinator:
             # the alerts of the last refresh (its `before`); its row is then not read back.
             for device, (updated, merged) in written.items():
                 held = self.views.get(device)
-                self.views[device] = fleet.with_alerts(merged, held.alerts if held else ())
+                self.views[device] = fleet.not_ahead(fleet.with_alerts(
+                    merged, held.alerts if held else ()), now, self.clock.slack_s)
                 self._seen[device] = updated
 
-    def _update_view(self, m: Inbound, now: float) -> None:
-        self._ageing.touch(m.device)
+    def _update_view(self, m: Inbound, now: float, step: float | None = None) -> None:
+        self._ageing.touch(m.device, step)
         view = self.views.get(m.device) or fleet.DeviceView(m.device)
         if m.kind == "state":
-            self.views[m.device] = fleet.on_state(view, m.msg, now)
+            view = fleet.on_state(view, m.msg, now)
         elif m.kind == "health":
-            self.views[m.device] = fleet.on_activity(view, now, m.msg)
+            view = fleet.on_activity(view, now, m.msg)
             self.health_ages.add(m.msg)  # after the batch committed
         else:
-            self.views[m.device] = fleet.on_activity(view, now)
-
-    def _quarantine(self, bad: list[tuple[str, str, str, int, float]]) -> None:
-        self.counters["quarantined"] += len(bad)
-        for _device, topic_name, why, size, _ in bad:
-            kind = topic_name.rsplit("/", 1)[-1][:32]
-            self._rlog.log(f"q-{kind}", "quarantined a %s message (%d bytes) on %s: %s", kind,
-                           size, topic_name[:200], why[:300])
-        try:
-            self.counters["quarantine_rows_summarised"] += self.store.quarantine(bad)
-        except Exception as e:  # counting must not fail the batch that was stored
-            self._rlog.log("q-store", "could not record quarantined messages: %s", e,
-                           level=logging.ERROR)
+            view = fleet.on_activity(view, now)
+        self.views[m.device] = fleet.not_ahead(view, now, self.clock.slack_s)
 
     def _refresh(self, now: float) -> None:
+        # `now`: steady time (self.clock: each device is aged at its own `now_of`, ageing.py)
         # The store's `devices` table is the truth (every coordinator sharing the store
         # writes it); this process's views fill in devices the table does not have yet.
         # Rows changed lately every call (3 s of margin for other hosts' clocks and long
         # transactions), all of them every 30 s; only rows whose `updated` stamp is not the
         # one merged here already are decoded (rows this process wrote never are): decoding
         # the 6,000 rows a 10,000-device fleet changes in 3 s cost 130 ms a second.
-        full = now - self._views_loaded >= 30
-        shared = self.store.changed_views(None if full else now - 3, self._seen)
+        full, step = now - self._views_loaded >= 30, self.clock.step
+        wall = now + step  # the store's `updated` stamps are the writers' wall clocks
+        shared = self.store.changed_views(None if full else wall - 3, self._seen)
         if full:
             self._views_loaded = now
         with self._views_lock:
             # Only the devices touched since the last refresh (a message here, a row from
             # the store) and those whose silence threshold passed are aged and re-alerted
             # (ageing.py): a refresh costs the devices changing, not the fleet.
-            views = self._views
+            views, slack = self._views, self.clock.slack_s
             before = {d: views[d] for d in shared if d in views}
-            views.update(shared)
+            for d, v in shared.items():  # other hosts' wall times: judged by ours from now
+                views[d] = fleet.not_ahead(v, wall, slack)
+                self._ageing.touch(d, step)
             # a device whose messages wait in the inbox is not silent: a store that hangs
             # must not age the fleet stale for the coordinator's own fault (looked at past
             # half its stale_after_s only: a device stored lately costs the refresh nothing)
             half = self.fleet_cfg.stale_after_s / 2
             for d, received in self._inbox.waiting().items():
-                if d in views and now - views[d].last_seen > half and \
-                        (v := fleet.heard(views[d], received)) is not views[d]:
+                if d in views and self._ageing.now_of(d, now) - views[d].last_seen > half \
+                        and (v := fleet.heard(views[d], received)) is not views[d]:
                     before.setdefault(d, views[d])
-                    views[d] = v
-                    self._ageing.touch(d)
+                    views[d] = fleet.not_ahead(v, wall, slack)
+                    self._ageing.touch(d, step)
             due = self._ageing.take(now) | shared.keys()
             for d in due:
                 if d in views:
@@ -485,7 +500,8 @@ class Coordinator:
                 self._fleet_version = version
                 before = {**views, **before}
                 due = set(views)
-            after = fleet.refresh_some(views, sorted(due), now, self.fleet_cfg, version)
+            after = fleet.refresh_some(views, sorted(due), lambda d: self._ageing.now_of(d, now),
+                                       self.fleet_cfg, version)
             views.update(after)
             self.counters["views_recomputed"] += len(after)
             for d, v in after.items():
@@ -514,7 +530,7 @@ class Coordinator:
         already active at start), those clearing (gone, but not for alert_clear_s yet: the
         clear is recorded at `settles_at` unless they come back first) and the newest alert
         transitions, newest first."""
-        self._refresh(time.time())
+        self._refresh(self.clock.read()[0])
         stored = self.alerting.stored(limit)  # the same on every coordinator sharing it
         with self._views_lock:
             out = self.alerting.listing(self.views, limit, stored)
@@ -542,7 +558,7 @@ class Coordinator:
 
     def fleet_view(self) -> list[dict[str, Any]]:
         """Every device's view, for `fleet ls` and the API."""
-        self._refresh(time.time())
+        self._refresh(self.clock.read()[0])
         with self._views_lock:
             views = sorted(self.views.values(), key=lambda v: v.device)
         counts, quarantined = self.result_counts(), self.store.quarantine_counts()
@@ -551,7 +567,7 @@ class Coordinator:
 
     def device_view(self, device: str) -> dict[str, Any]:
         """One device in detail: view, acks, recent events."""
-        self._refresh(time.time())
+        self._refresh(self.clock.read()[0])
         with self._views_lock:
             view = self.views.get(device)
         if view is None:
@@ -585,8 +601,10 @@ class Coordinator:
     def no_reply(self, device: str, name: str, wait_s: float, ttl_s: float = 60.0) -> str:
         """What to tell the operator when `send_command` got no reply: the device's status
         now and what became of the command (commander.no_reply)."""
-        now = time.time()
+        now = self.clock.read()[0]
         self._refresh(now)
+        with self._views_lock:
+            now = self._ageing.now_of(device, now)  # the wall clock its last_seen is on
         return no_reply(self._view(device), name, wait_s, ttl_s, now)
 
     def deploy_args(self, bundle_id: str) -> dict[str, Any]:

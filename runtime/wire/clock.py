@@ -306,6 +306,51 @@ class SteadyWall:
         return w
 
 
+class StepClock:
+    """The wall clock read as two numbers: `steady`, which follows its slews but none of its
+    steps (across a step it advances only as the monotonic clock does), and `step`, the sum
+    of the steps since the start (wall = steady + step). A step is the wall clock moving more
+    than `slack_s` away from what the monotonic clock counted since the last reading (an NTP
+    step, a 1970 boot's first sync, `date -s`); each is logged and counted. Unlike
+    SteadyWall (retention: a step back followed, one forward held until the wall clock comes
+    back to it) it holds both ways and for good, and says by how much: elapsed-time
+    judgments that compare wall times stamped before a step with the clock after it (the
+    coordinator's device silence, its alerts' delays) run on `steady`, each time moved by
+    the `step` in force when it was stamped. Thread-safe; `decide` is its pure decision."""
+
+    def __init__(self, wall: Callable[[], float] = time.time,
+                 mono: Callable[[], float] = time.monotonic, slack_s: float = Clock.JUMP_S,
+                 what: str = "the fleet view"):
+        self.wall, self.mono, self.slack_s, self.what = wall, mono, slack_s, what
+        self._lock = threading.Lock()
+        self._last = (wall(), mono())
+        self.step = 0.0
+        self.jumps_total = 0
+
+    def read(self) -> tuple[float, float]:
+        """(steady, wall) now."""
+        with self._lock:
+            w, m = self.wall(), self.mono()
+            step = decide(self._last, (w, m), self.step, self.slack_s)
+            if step != self.step:
+                self.jumps_total += 1
+                log.warning("the wall clock stepped %+.1f s (it reads %s); %s judges elapsed "
+                            "time by the monotonic clock across it", step - self.step,
+                            _iso(w), self.what)
+                self.step = step
+            self._last = (w, m)
+            return w - step, w
+
+
+def decide(last: tuple[float, float], now: tuple[float, float], step: float,
+           slack_s: float) -> float:
+    """The steps' sum after the (wall, monotonic) reading `now` that follows `last` (pure):
+    `step` plus how far the wall clock moved from what the monotonic clock counted, when
+    that is more than `slack_s` (a step); `step` unchanged otherwise (a slew, followed)."""
+    moved = (now[0] - last[0]) - (now[1] - last[1])
+    return step + moved if abs(moved) > slack_s else step
+
+
 def steady(wall: Callable[[], float] = time.time,
            mono: Callable[[], float] = time.monotonic) -> Callable[[], float]:
     """A clock that reads the wall time at its making and then advances only with the
