@@ -195,7 +195,8 @@ class Daemon:
             self.sim.start()
         from runtime.device import sleep as sleep_mod
 
-        up = Uplink(self.links.outbox, self.links.publisher, self.health)
+        up = Uplink(self.links.outbox, self.links.publisher, self.health,
+                    lambda h: self.links.send_health(h, self.serving.trips))
         self.sleeper = sleep_mod.create(self.cfg, self.serving, up, self.sim)
         # sleeping for real: its plan spends the battery, not the control step's budget
         self.serving.set_duty_cycled(bool(self.sleeper and not self.sleeper.disabled))

@@ -49,13 +49,17 @@ WATCHDOG_MARGIN_S = 60.0  # on top of a sleep's wall-clock length, for the resum
 
 @dataclass(frozen=True)
 class Uplink:
-    """What a sleep is announced through: the last health before it goes in the `outbox`
-    (runtime.telemetry.outbox.Outbox), the `publisher` (runtime.telemetry.publisher.Publisher;
-    None: no broker) says asleep and disconnects, `health()` is the message now."""
+    """What a sleep is announced through: the `outbox` (runtime.telemetry.outbox.Outbox:
+    the results still held), the `publisher` (runtime.telemetry.publisher.Publisher; None:
+    no broker) says asleep and disconnects, `health()` is the message now and
+    `send_health(h)` sends the last one before the sleep the way every health goes
+    (runtime.device.links.Links.send_health: the outbox and the device's own history, where
+    `edgerun report --local` reads the sleep from)."""
 
     outbox: Any
     publisher: Any
     health: Callable[[], dict[str, Any]]
+    send_health: Callable[[dict[str, Any]], None]
 
 
 class Sleeper:
@@ -196,7 +200,7 @@ class Sleeper:
         if wd:  # stretch the watchdog over the disconnect and the sleep (docs/sleep.md)
             d.notify.send("WATCHDOG=1",
                           f"WATCHDOG_USEC={int((wall_away + WATCHDOG_MARGIN_S) * 1e6)}")
-        up.outbox.put("health", up.health())  # the last word before the sleep says so
+        up.send_health(up.health())  # the last word before the sleep says so
         if up.publisher:
             up.publisher.sleep(self.next_wake, why)
         d.notify.status(f"asleep until {when} UTC")

@@ -3,7 +3,7 @@
 The outbox keeps only the latest few health messages (older ones are stale for the fleet), so
 a box without a coordinator, or cut off from it, would have nothing to draw its day from.
 Every health message the daemon makes is also reduced to the dozen figures the report plots
-(`record`; ~230 bytes as stored, `compact`) and appended as one JSON line to
+(`record`; ~245 bytes as stored, `compact`) and appended as one JSON line to
 `<state_dir>/health-history.jsonl`.
 Past `MAX_BYTES` the file is rotated to `.1` (one rotated file is kept), so the history costs
 at most 2 x MAX_BYTES of disk: about 1.8 days at the default 5 s health interval. A write
@@ -86,6 +86,23 @@ def record(h: Mapping[str, Any], trips: Mapping[str, float] | None = None) -> di
         out["card_write_bytes_per_day"] = card  # the card's, every writer's
     if (sim_t := _num(_get(h, "simulated", "t"))) is not None:
         out["sim_t"] = sim_t  # a simulated device: its own clock (s since a midnight)
+    # the pipeline's results since the daemon started: the report counts them per hour (a
+    # sleeping node's rate is its bursts', ~1000x what it inferred in the hour)
+    if (results := _num(_get(h, "pipeline", "results"))) is not None:
+        out["results"] = results
+    # a sleeping node's last health before a sleep announces the wake (`sleep.next_wake`,
+    # runtime/device/sleep.py, on the device's clock): kept as seconds from `t`, so a sleep
+    # moves with a `t` the coordinator placed (runtime/coordinator/clock_place.py: the
+    # device's own time is then `clk.claimed`)
+    wake = _num(_get(h, "sleep", "next_wake"))
+    claimed = _num(_get(h, "clk", "claimed"))
+    said = claimed if claimed is not None else _num(h.get("t"))
+    if wake is not None and said is not None and wake > said:
+        out["asleep_s"] = wake - said
+        # a simulated sleep lasts its device seconds / speed of wall (runtime/device/sleep.py):
+        # its length on the device's clock, which the report draws a simulator on
+        if (speed := _num(_get(h, "simulated", "speed"))) is not None and speed > 0:
+            out["asleep_sim_s"] = (wake - said) * speed
     t = dict(trips or {})
     if (p := _num(h.get("passive_trip_c"))) is not None:
         t.setdefault("passive", p)
@@ -93,8 +110,10 @@ def record(h: Mapping[str, Any], trips: Mapping[str, float] | None = None) -> di
     return out
 
 
-# figures kept whole: the time (to the millisecond), a simulated clock, a byte count a day
-_WHOLE = {"t": 3, "sim_t": 3, "write_bytes_per_day": 0, "card_write_bytes_per_day": 0}
+# figures kept whole: the time (to the millisecond), a simulated clock, a byte count a day, a
+# results counter, a sleep's length (to the millisecond: a simulated sleep lasts ~1 s of wall)
+_WHOLE = {"t": 3, "sim_t": 3, "write_bytes_per_day": 0, "card_write_bytes_per_day": 0,
+          "results": 0, "asleep_s": 3, "asleep_sim_s": 1}
 
 
 def compact(rec: Mapping[str, Any]) -> dict[str, Any]:
@@ -264,6 +283,12 @@ def read(state_dir: Path, since: float = 0.0, until: float = math.inf) -> list[d
     return sorted((r for r in out if since <= r["t"] <= until), key=lambda r: r["t"])
 
 
+def _speed(doc: Mapping[str, Any]) -> float | None:
+    """The simulator's speed a stored record implies (its sleep's device and wall seconds)."""
+    wall, sim = _num(doc.get("asleep_s")), _num(doc.get("asleep_sim_s"))
+    return sim / wall if wall and sim is not None else None
+
+
 def _records(lines: Iterable[str]) -> list[dict[str, Any]]:
     out = []
     for line in lines:
@@ -275,9 +300,12 @@ def _records(lines: Iterable[str]) -> list[dict[str, Any]]:
             continue
         if isinstance(doc, dict) and _num(doc.get("t")) is not None:
             # re-derive from what was stored, so a hand-edited file is validated too
-            r = record({**doc, "simulated": {"t": doc.get("sim_t")},
+            r = record({**doc, "simulated": {"t": doc.get("sim_t"), "speed": _speed(doc)},
                         "pipeline": {"rate_hz": doc.get("rate_hz"),
-                                     "latency_ms": {"p95": doc.get("p95_ms")}},
+                                     "latency_ms": {"p95": doc.get("p95_ms")},
+                                     "results": doc.get("results")},
+                        "sleep": {"next_wake": (doc["t"] + doc["asleep_s"]) if
+                                  _num(doc.get("asleep_s")) is not None else None},
                         "slo": {"target_ms": doc.get("target_ms")},
                         "rung_energy_mj": doc.get("energy_mj"),
                         "storage": {"write_bytes_per_day": doc.get("write_bytes_per_day"),

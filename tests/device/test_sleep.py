@@ -377,7 +377,7 @@ def test_sleep_is_refused_loudly_where_the_board_cannot(tmp_path, profile, tree,
     if tree:
         fake_sysfs(tmp_path)
     d, events = _fake_daemon(tmp_path, profile, every_s=300)
-    s = sleep_mod.create(d.cfg, d, sleep_mod.Uplink(None, None, dict), d.sim)
+    s = sleep_mod.create(d.cfg, d, sleep_mod.Uplink(None, None, dict, print), d.sim)
     assert s is not None
     if why:
         assert why in s.disabled and "running awake" in s.disabled
@@ -446,7 +446,7 @@ def _cycle_daemon(every_s, burst=2, sources=("main",)):
     from runtime.frames.multisource import Lane
 
     clock = {"t": 1000.0}
-    notes, events = [], []
+    notes, events, sent = [], [], []
     pipeline = SimpleNamespace(lanes=[Lane(n, open=lambda: None, state="running")
                                       for n in sources], rate_cap_hz=float("inf"))
     d = SimpleNamespace(
@@ -456,7 +456,8 @@ def _cycle_daemon(every_s, burst=2, sources=("main",)):
         cstate=control.ControlState(), pipeline=pipeline, publisher=None,
         outbox=SimpleNamespace(put=lambda *a: None, stats=lambda: {"results_held": 0}),
         notify=SimpleNamespace(watchdog_s=0.0, send=notes.append, status=notes.append),
-        health=lambda: {}, event=lambda t, sev, **kw: events.append(t),
+        health=lambda: {"sleep": s.health()}, send_health=sent.append,
+        event=lambda t, sev, **kw: events.append(t),
         sensors=SimpleNamespace(read=lambda: Reading(clock["t"])))
     board = _Board(clock)
     s = Sleeper(d.cfg.sleep, d, d, board)  # `d` is both what is served and the uplink
@@ -467,6 +468,7 @@ def _cycle_daemon(every_s, burst=2, sources=("main",)):
         pipeline.rate_cap_hz = float("inf")  # what the control step set this tick
         s.after_control()
 
+    d.sent = sent
     return s, d, board, tick, events
 
 
@@ -484,6 +486,11 @@ def test_sleeper_cycle_burst_deliver_sleep_warmup():
     assert board.sleeps == [pytest.approx(598.0)]
     assert events == ["sleeping", "woke"] and s.wakes == 1
     assert s.phase == "warmup" and s.health()["next_wake"] is None
+    # the last health before the sleep names the wake, and goes where every health goes
+    # (the outbox and the device's own history: `edgerun report --local` draws the sleep
+    # from it; it went to the outbox alone, and the history never knew the node slept)
+    [last] = d.sent
+    assert last["sleep"]["next_wake"] == pytest.approx(time.time() + 598.0, abs=5)
     tick(0.5)
     assert d.pipeline.rate_cap_hz == 0.0  # the camera warms up: nothing captured
     tick(2.0)

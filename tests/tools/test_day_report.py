@@ -262,3 +262,159 @@ def test_a_simulated_device_is_drawn_on_its_own_clock(tmp_path):
 ])
 def test_the_time_axis_labels_fit_the_window(span_s, fmt):
     assert day_report.axis_format(span_s) == fmt
+
+
+# -- a sleeping (duty-cycled) node: runtime/device/sleep.py, docs/sleep.md ---------------------
+
+def _cycle(times, wakes=None, results=None, power_w=1.2, t0=0.0):
+    """Records at `times` (s after `t0`); `wakes`: {index: t} where that record is the last
+    health before a sleep announcing its wake; `results`: the pipeline's running count."""
+    wakes, out = wakes or {}, []
+    for i, t in enumerate(times):
+        h = _health(t0 + t, power_w=power_w)
+        if i in wakes:
+            h["sleep"] = {"mode": "sleep", "phase": "deliver", "next_wake": t0 + wakes[i]}
+        if results is not None:
+            h["pipeline"] = {**h["pipeline"], "results": results[i]}
+        out.append(health_history.record(h))
+    return out
+
+
+@pytest.mark.parametrize("what, times, wakes, sleeps, typical, awake_s, breaks", [
+    # a node with a 5 s health awake ~12 s a wake, every 300 s: the sleeps were gaps with
+    # nothing known (the 2 s after each wake, and the sleeps, left out of the energy)
+    ("a few records a wake", [0, 5, 10, 302, 307, 312, 602, 607, 612],
+     {2: 300, 5: 600, 8: 900}, [(10, 300), (312, 600), (612, 900)], 5.0, 34.0, 2),
+    # one health a wake and the announcing one: the median step was a sleep's length, so
+    # nothing was a gap and the node was drawn and integrated awake all along (910 s)
+    ("one record a wake", [0, 20, 310, 330, 610, 630, 910],
+     {1: 300, 3: 600, 5: 900}, [(20, 300), (330, 600), (630, 900)], 20.0, 90.0, 3),
+    # the wake never came: asleep until the announced wake, then a gap (an outage)
+    ("a missed wake", [0, 5, 10, 4000, 4005], {2: 300}, [(10, 300)], 5.0, 15.0, 1),
+    # woken before the announced time (the next record came first): asleep until it
+    ("woken early", [0, 5, 10, 100, 105], {2: 300}, [(10, 100)], 5.0, 15.0, 1),
+    # a node that never sleeps: as before, the hour of silence is a gap
+    ("awake, off an hour", [0, 5, 10, 3610, 3615], {}, [], 5.0, 15.0, 1),
+    # records stored unevenly (two or three close, then a pause: a coordinator admitted a
+    # share of a 50x simulated node's health): the median step (5 s) made every pause a gap
+    # and the report from the API counted 0.10 Wh where the node's own history had 0.53
+    ("stored unevenly", [0, 5, 10, 55, 100, 105, 302, 307, 312, 357, 402, 407],
+     {5: 300, 11: 600}, [(105, 300), (407, 600)], 45.0, 212.0, 1),
+])
+def test_a_sleeping_node_is_asleep_not_off_nor_awake(what, times, wakes, sleeps, typical,
+                                                    awake_s, breaks):
+    recs = _cycle(times, wakes)
+    assert day_report.sleeps(recs) == sleeps, what
+    assert day_report.typical_step(recs) == typical, what
+    # energy: the awake draw over the time awake; a sleep's suspended draw is not in the
+    # health (left out, and said so), a gap is not known
+    assert day_report.energy_wh(recs)[-1] == pytest.approx(1.2 * awake_s / 3600), what
+    # the lines stop at each sleep and gap (an empty record), and nowhere else
+    assert len(day_report._break_gaps(recs)) - len(recs) == breaks, what
+
+
+def test_the_hours_of_a_sleeping_node_count_its_results_and_its_sleep():
+    hour = 1_700_002_800.0  # 2023-11-14 23:00 UTC
+    # a restart before the 5th record (the count falls); a sleep through the hour after;
+    # asleep at the end
+    recs = _cycle([-20, -15, -10, 300, 305, 310, 7305], {2: 290, 5: 7300, 6: 7905},
+                  results=[10, 12, 14, 15, 3, 4, 6], t0=hour)
+    rows = day_report.hourly(day_report.Timeline("n", "test", recs), utc=True)
+    assert [r["hour"] for r in rows] == ["2023-11-14 22:00", "2023-11-14 23:00",
+                                         "2023-11-15 00:00", "2023-11-15 01:00"]
+    # results from the running count (a count that fell is a restart: all of it is new);
+    # the hour slept through has a row, with no results and no energy
+    assert [r["results"] for r in rows] == [4, 1 + 3 + 1, 0, 2]
+    assert [r["asleep_min"] for r in rows] == pytest.approx([10 / 60, (290 + 3290) / 60, 60,
+                                                             100 / 60])
+    # energy: the awake draw while awake (10 s; 10 s after the wake + 10 s; none; 5 s)
+    assert [r["energy_wh"] for r in rows] == pytest.approx(
+        [1.2 * s / 3600 for s in (10, 20, 0, 5)])
+    assert rows[2]["battery_pct"] is None and rows[2]["rate_hz"] is None
+    page = day_report.render_html(day_report.Timeline("n", "test", recs), b"png", utc=True)
+    assert "asleep (min)" in page and "<th>results</th>" in page
+    assert "2.02 h in 3 sleeps" in page  # 300 s + 6990 s, and asleep at the end
+    assert "<th>results</th><td>11</td>" in page  # made in the window
+    assert "asleep until 01:11" in page  # how the window ends: not "last seen", asleep
+
+
+def test_the_sleep_is_kept_in_the_history_and_the_api_records():
+    """The last health before a sleep (`sleep.next_wake`) and the pipeline's running count
+    survive the history's compaction; a wake is kept as seconds after `t`, so a `t` the
+    coordinator placed (the device's own in `clk.claimed`) moves the sleep with it."""
+    h = _health(1_700_000_000.0, sleep={"next_wake": 1_700_000_280.5},
+                pipeline={"rate_hz": 1.0, "results": 123457})
+    r = health_history.record(h)
+    assert r["asleep_s"] == 280.5 and r["results"] == 123457
+    assert health_history.compact(r)["results"] == 123457  # exact, not 4 digits
+    placed = {**h, "t": 1_700_000_900.0, "clk": {"sync": False, "claimed": 1_700_000_000.0}}
+    assert health_history.record(placed)["asleep_s"] == 280.5
+    awake = _health(1.0, sleep={"next_wake": None})
+    assert "asleep_s" not in health_history.record(awake)
+
+
+def test_a_simulated_sleep_is_drawn_on_the_device_clock(tmp_path):
+    """At 100x a 280 s sleep lasts 2.8 s of wall: its announced wake (wall clock) becomes
+    device seconds at the simulator's speed, not at the run's pace (slower here, a loaded
+    host: 310 simulated s in 3.2 s of wall), which counted ~3 % of the sleep awake."""
+    hist = health_history.HealthHistory(tmp_path)
+    wall0 = 1_700_000_000.0
+    for wall, sim, wake in ((0.0, 0.0, None), (0.1, 10.0, 2.9), (3.0, 300.0, None),
+                            (3.2, 310.0, 3.4)):
+        hist.append(_health(wall0 + wall, simulated={"t": 8 * 3600 + sim, "speed": 100.0},
+                            sleep={"next_wake": None if wake is None else wall0 + wake}))
+    tl = day_report.from_state_dir(tmp_path, "sim", wall0 - 1, wall0 + 60)
+    t8 = tl.records[0]["t"]
+    got = [t - t8 for span in day_report.sleeps(tl.records) for t in span]
+    assert got == pytest.approx([10, 290, 310, 330], abs=0.01)
+
+
+@needs_mpl
+@pytest.mark.timeout(300)
+def test_report_of_a_real_sleeping_node_from_its_state_dir(tmp_path):
+    """`edgerun serve` on the simulated solar node with `[sleep]`, one simulated hour at 300x
+    in lockstep (~15 s here; a burst of 2 every 300 s, 12 sleeps), drawn from its own
+    history: the sleeps the plant counted, the results the outbox holds, the energy of the
+    time awake (was: the idle draw all hour, 1.2 Wh, with one health a wake)."""
+    import sqlite3
+
+    from support.governor_day import PROFILES
+
+    from models import bundled
+    from runtime.device.profiles import load_profile
+    from runtime.tools import simloop
+
+    if not (bundled() / "manifest.json").exists():
+        pytest.skip("bundled model not built")
+    run = simloop.run(tmp_path, "solar-node", "cool", "step_wise", 1.0, 2.0, PROFILES,
+                      speed=300.0, battery_frac=0.5, accuracy_floor=0.9, source_hz=5 * 300.0,
+                      timeout_s=240, extra="\n[sleep]\nenabled = true\nevery_s = 300\n"
+                      "burst = 2\nflush_timeout_s = 2.0\n")
+    assert run.exit_code == 0, run.log[-2000:]
+    sim, state = run.simulated, tmp_path / "state"
+    assert sim["suspends"] >= 10, sim
+    tl = day_report.from_state_dir(state, "loop", 0, math.inf)
+    assert tl.simulated
+    spans = [(a, min(b, tl.records[-1]["t"])) for a, b in day_report.sleeps(tl.records)]
+    assert sim["suspends"] <= len(spans) <= sim["suspends"] + 1  # + asleep at the end
+    asleep_h = sum(b - a for a, b in spans) / 3600
+    assert asleep_h == pytest.approx(sim["suspended_h"], rel=0.02)  # 0.1 % in 3 runs
+    con = sqlite3.connect(state / "outbox.db")
+    try:
+        stored = con.execute("SELECT COUNT(*) FROM results").fetchone()[0]
+    finally:
+        con.close()
+    rows = day_report.hourly(tl)
+    # every result to the last health (the pipeline's own count: the first record has none,
+    # the pipeline had not started), and the outbox (no broker: it has them all) holds those
+    # and at most the one burst made after the last health
+    made = sum(r["results"] for r in rows)
+    assert made == tl.records[-1]["results"] and 0 <= stored - made <= 2, (made, stored)
+    assert sum(r["asleep_min"] for r in rows) / 60 == pytest.approx(asleep_h)
+    # the awake draw (the health's 1.2 W idle) over the time the plant was awake (0.4 % in 3
+    # runs), and what is left out is the suspended draw, which the health does not carry
+    wh = day_report.energy_wh(tl.records)[-1]
+    assert wh == pytest.approx(1.2 * (sim["elapsed_s"] / 3600 - sim["suspended_h"]), rel=0.05)
+    suspended_w = load_profile("solar-node").states.suspended_w
+    assert wh + asleep_h * suspended_w == pytest.approx(sim["energy_wh"], rel=0.05)
+    assert png_size(day_report.render_png(tl, width_px=800, height_px=900)) == (800, 900)
