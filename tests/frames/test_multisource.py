@@ -223,11 +223,16 @@ def _four_cameras(tmp_path: Path, window_s: float) -> tuple[dict[str, list[float
 
 
 @pytestmark_daemon
+@pytest.mark.overhead_guard
 def test_serve_with_four_sources_names_them_and_plans_for_their_combined_rate(tmp_path):
     """Every result names its camera; health reports each one's state, rate and p95; the
     choice is made for 4 streams at 40 Hz combined; each camera's median frame is well
-    within the 20 ms target (the p95 over a long window: the slow test below and the
-    bench; a 6 s window on this shared machine is at the mercy of other work's stalls)."""
+    within the 20 ms target (the p95 over a long window: the test below and the bench; a
+    6 s window on this shared machine is at the mercy of other work's stalls). A latency
+    judged against a fixed target, so it runs alone (marker overhead_guard, as the test
+    below): beside two busy loops on 2 cores one camera's median read 25.5 ms in 1 of 3
+    runs (the others 0.8-9.3 ms; 2026-12-08), the daemon's inference thread given half a
+    core."""
     by, h = _four_cameras(tmp_path, 6.0)
     assert all(float(np.median(ms)) <= 20.0 for ms in by.values()), \
         {k: float(np.median(v)) for k, v in by.items()}

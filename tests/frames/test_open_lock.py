@@ -12,6 +12,7 @@ import time
 import pytest
 from support.rtsp_camera import RtspCamera, skip_reason
 from support.tiny_ort import tiny_active
+from support.waiting import until
 
 from runtime.config.source import SourceConfig
 from runtime.frames.frame import CredentialsRefused, OpenTimedOut, SourceError
@@ -122,6 +123,8 @@ def test_an_open_refused_after_waiting_for_the_lock_is_not_taken_for_a_timeout(t
     open is timed from when it may begin, not from when it queued."""
     import threading
 
+    from runtime.frames import capture_source
+
     srv, fill, dead_url = _black_hole()
     refusing = socket.socket()
     refusing.bind(("127.0.0.1", 0))
@@ -139,7 +142,10 @@ def test_an_open_refused_after_waiting_for_the_lock_is_not_taken_for_a_timeout(t
     try:
         dead = threading.Thread(target=open_, args=("dead", dead_url))
         dead.start()
-        time.sleep(0.15)  # the dead camera's open under way, holding the lock
+        # the dead camera's open under way, holding the lock (capture_source's, taken around
+        # OpenCV's open: the rebooting one queues behind it), not a sleep a loaded host may
+        # not have begun it in
+        assert until(capture_source._env_lock.locked, 30), "the dead camera's open never began"
         t0 = time.monotonic()
         open_("rebooting", closed_url)
         waited = time.monotonic() - t0

@@ -35,7 +35,9 @@ def test_a_long_text_trigger_is_refused_and_the_next_image_still_arrives(tmp_pat
     try:
         cfg = SourceConfig(kind="trigger", topic="plc/line1/trigger")
         src = open_source(cfg, tmp_path, broker.device("f", "t", read=(cfg.topic,)), "t")
-        time.sleep(0.5)  # subscribed
+        # its SUBACK, not a fixed sleep: a trigger published before the subscription is
+        # lost (not retained), and a loaded host can take longer than any sleep to subscribe
+        assert src._conn.subscribed.wait(30), "the trigger source never subscribed"
         img = next(samples(seed=1, count=1)).image
         _, png = cv2.imencode(".png", img)
         camera = broker.client("camera", write=(cfg.topic,))
@@ -107,7 +109,9 @@ def test_a_trigger_flood_is_held_within_a_bound_not_all_in_memory(tmp_path, monk
     try:
         cfg = SourceConfig(kind="trigger", topic="plc/line1/trigger")
         src = open_source(cfg, tmp_path, broker.device("f", "t", read=(cfg.topic,)), "t")
-        time.sleep(0.5)  # subscribed
+        # its SUBACK, not a fixed sleep: a trigger published before the subscription is
+        # lost (not retained), and a loaded host can take longer than any sleep to subscribe
+        assert src._conn.subscribed.wait(30), "the trigger source never subscribed"
         _, png = cv2.imencode(".png", next(samples(seed=2, count=1)).image)
         camera = broker.client("camera", write=(cfg.topic,))
         pub = mqtt.Client(callback_api_version=mqtt.CallbackAPIVersion.VERSION2)
