@@ -6,26 +6,13 @@ from __future__ import annotations
 import time
 
 import pytest
+from support.stepped_clock import Clocks
 
 from runtime.config.coordinator import CoordinatorConfig
 from runtime.coordinator.store import Inbound
 from runtime.wire.clock import SteadyWall
 
 DAY = 86400.0
-
-
-class Clocks:
-    """A wall clock and a monotonic one the test moves: `run` moves both, `step` the wall."""
-
-    def __init__(self, wall: float):
-        self.w, self.m = wall, 1000.0
-
-    def run(self, s: float) -> None:
-        self.w += s
-        self.m += s
-
-    def step(self, s: float) -> None:
-        self.w += s
 
 
 @pytest.mark.parametrize("moves, want", [

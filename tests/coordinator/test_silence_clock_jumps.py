@@ -13,6 +13,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
+from support.stepped_clock import Clocks
 
 from runtime.config.coordinator import CoordinatorConfig
 from runtime.wire import payloads
@@ -20,20 +21,6 @@ from runtime.wire import payloads
 DAY = 86400.0
 NOW = 1_790_000_000.0  # 2026-09-21
 BOOT_1970 = 100_000.0  # a coordinator host without an RTC battery, booted at 1970
-
-
-class Clocks:
-    """A wall clock and a monotonic one the test moves: `run` moves both, `step` the wall."""
-
-    def __init__(self, wall: float):
-        self.w, self.m = wall, 1000.0
-
-    def run(self, s: float) -> None:
-        self.w += s
-        self.m += s
-
-    def step(self, s: float) -> None:
-        self.w += s
 
 
 @pytest.fixture
