@@ -110,18 +110,19 @@ def publish_acks(conn: Connection, fleet_name: str, acks: dict) -> None:
             conn.publish(payloads.topic(fleet_name, device, "ack"), body)
 
 
-def quarantine(c: Coordinator, bad: list[tuple[str, str, str, int, float]]) -> None:
+def quarantine(store: Store, counters: collections.Counter, rlog: RateLimitedLog,
+               bad: list[tuple[str, str, str, int, float]]) -> None:
     """Count, log (rate-limited) and record in the store what a batch refused."""
-    c.counters["quarantined"] += len(bad)
+    counters["quarantined"] += len(bad)
     for _device, topic_name, why, size, _ in bad:
         kind = topic_name.rsplit("/", 1)[-1][:32]
-        c._rlog.log(f"q-{kind}", "quarantined a %s message (%d bytes) on %s: %s", kind,
-                    size, topic_name[:200], why[:300])
+        rlog.log(f"q-{kind}", "quarantined a %s message (%d bytes) on %s: %s", kind,
+                 size, topic_name[:200], why[:300])
     try:
-        c.counters["quarantine_rows_summarised"] += c.store.quarantine(bad)
+        counters["quarantine_rows_summarised"] += store.quarantine(bad)
     except Exception as e:  # counting must not fail the batch that was stored
-        c._rlog.log("q-store", "could not record quarantined messages: %s", e,
-                    level=logging.ERROR)
+        rlog.log("q-store", "could not record quarantined messages: %s", e,
+                 level=logging.ERROR)
 
 
 class Coordinator:
@@ -386,7 +387,7 @@ class Coordinator:
             # for a reply. Both go on; the results are not acked, so devices re-send them.
             self._into_views(list(enumerate(inbound)), sources, {}, now - steady, now, bad)
             hand_replies(self.commander, replies, now, bad)
-            quarantine(self, bad)
+            quarantine(self.store, self.counters, self._rlog, bad)
             raise
         try:  # whatever fails below, the batch's store work is over
             if self.store.over_budget:
@@ -406,7 +407,7 @@ class Coordinator:
             self._into_views(stored, sources, written, now - steady, now, bad)
             self.births.stored(stored)
             hand_replies(self.commander, replies, now, bad)
-            quarantine(self, bad)
+            quarantine(self.store, self.counters, self._rlog, bad)
         finally:  # a batch of nothing to store (healths held) says nothing of the store
             say(self.store_watch.end(self.mono(), stored=bool(inbound)))
 
