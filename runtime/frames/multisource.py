@@ -31,6 +31,8 @@ from typing import Any
 
 import numpy as np
 
+from runtime.frames.slo_window import window_rate
+
 UTILISATION_MAX = 0.8  # the share of the inference thread's time frames may fill
 
 
@@ -121,12 +123,11 @@ class Lane:
         """Rate and capture-to-result p95 over the last `window_s`, frames waiting, counters."""
         now = time.monotonic()  # e2e is kept by monotonic time (pipeline.py)
         recent = [(t, ms) for t, ms in list(self.e2e) if now - t <= window_s]
-        # up to now, not to the last frame: a camera gone silent reads its old rate until
-        # its last frame left the window otherwise (a dead camera at 5 Hz for 30 s)
-        span = now - recent[0][0] if len(recent) > 1 else 0.0
+        # up to now, not to the last frame (slo_window.window_rate)
+        rate = window_rate(len(recent), now, recent[0][0]) if recent else 0.0
         p95 = float(np.percentile([m for _, m in recent], 95)) if recent else None
-        return {"state": self.state, "rate_hz": round((len(recent) - 1) / span, 3)
-                if span > 0 else 0.0, "e2e_p95_ms": round(p95, 3) if p95 is not None else None,
+        return {"state": self.state, "rate_hz": round(rate, 3),
+                "e2e_p95_ms": round(p95, 3) if p95 is not None else None,
                 "backlog": backlog, **{k: int(v) for k, v in self.counters.items()},
                 "down_s": round(time.monotonic() - self.down_since, 1)
                 if self.down_since is not None else None,

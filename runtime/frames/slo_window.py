@@ -11,11 +11,28 @@ from typing import Any
 
 import numpy as np
 
+WINDOW_S = 30.0
+# The shortest span a rate is read over. Over a few ms it is a count divided by a jitter:
+# two results 1 ms apart then a health read 1,000/s, a batch of results (stored with one
+# stamp) and a health 5 ms later 1,400/s. Over at least 1 s it is at most the results of
+# the first second, never a rate that was not kept for one.
+MIN_SPAN_S = 1.0
+
+
+def window_rate(n: int, now: float, first: float) -> float:
+    """Results per second of the `n` results of a window, the earliest stamped `first`:
+    (n - 1) over the time from it to now (to now, not to the last result: a source gone
+    silent reads a falling rate, not its old one until its last result left the window),
+    that time never under MIN_SPAN_S. From the earliest result, not the window's start: a
+    store holding less than the window (maxlen, at a high rate) and a source that began
+    delivering within it are read over what they span."""
+    return (n - 1) / max(now - first, MIN_SPAN_S) if n > 1 else 0.0
+
 
 class SloWindow:
     """The recent frames' (monotonic time, inference ms, SLO met); thread-safe appends."""
 
-    WINDOW_S = 30.0
+    WINDOW_S = WINDOW_S
 
     def __init__(self) -> None:
         self._frames: collections.deque = collections.deque(maxlen=2000)
@@ -37,10 +54,9 @@ class SloWindow:
         return [x for x in list(self._frames) if now - x[0] <= self.WINDOW_S]
 
     def rate_hz(self, recent: list | None = None) -> float:
-        """Results per second over the window."""
+        """Results per second over the window (`window_rate`)."""
         recent = self.recent() if recent is None else recent
-        span = (time.monotonic() - recent[0][0]) if len(recent) > 1 else 0.0
-        return (len(recent) - 1) / span if span > 0 else 0.0
+        return window_rate(len(recent), time.monotonic(), recent[0][0]) if recent else 0.0
 
     def stats(self) -> dict[str, Any]:
         """Rate, inference p50/p95 and SLO compliance (None: no frame in the window)."""

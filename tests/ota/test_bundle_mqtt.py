@@ -442,10 +442,28 @@ def test_acl_a_device_cannot_ask_or_read_for_another(tmp_path, broker, shelf):
                     encode_request(held.id, 0, 100, held.token), qos=1)
         spy.publish(topic(FLEET, "box2", "bundle/req"),
                     encode_request(held.id, 0, 100, held.token), qos=1)
+        # box2's own request went after the forged one, so its chunk ends the check: the
+        # broker passes one client's QoS 1 messages on in the order sent, the server answers
+        # requests in the order they came (one thread) on one connection, so a forged
+        # request let through was answered (counted) and its chunk has arrived by then (was:
+        # a 0.5 s sleep, which a loaded host could outlast and pass falsely)
         wait(lambda: got, 30, "box2's own chunk")
-        time.sleep(0.5)
         assert got == [topic(FLEET, "box2", "bundle/chunk")]
         assert c.server.counters["chunks"] == 1
+        # the read side alone: box1's chunk topic sent to directly, then box2's to end on
+        creds = broker.coordinator(FLEET, "probe")  # it may send any device's chunks
+        probe = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="probe")
+        probe.username_pw_set(creds.username, Path(creds.password_file).read_text().strip())
+        probe.connect("127.0.0.1", broker.port)
+        probe.loop_start()
+        try:
+            probe.publish(topic(FLEET, "box1", "bundle/chunk"), b"box1's", qos=1)
+            probe.publish(topic(FLEET, "box2", "bundle/chunk"), b"last", qos=1)
+            wait(lambda: len(got) >= 2, 30, "the probe's last chunk")
+        finally:
+            probe.loop_stop()
+            probe.disconnect()
+        assert got == [topic(FLEET, "box2", "bundle/chunk")] * 2
     finally:
         spy.loop_stop()
         spy.disconnect()

@@ -76,7 +76,10 @@ class Listener:
     """A broker client that records every message on its filters (retained ones too)."""
 
     def __init__(self, broker, filters: tuple[str, ...], name: str = "ha"):
-        creds = broker.client(name, read=filters)
+        # a topic of its own to send itself a last message on (`sync`)
+        self._marker = f"edgerun-test/sync/{name}"
+        filters = (*filters, self._marker)
+        creds = broker.client(name, read=filters, write=(self._marker,))
         self.messages: list[tuple[str, bytes, bool]] = []
         self._lock = threading.Lock()
         self.c = mqtt.Client(callback_api_version=mqtt.CallbackAPIVersion.VERSION2,
@@ -97,6 +100,18 @@ class Listener:
     def on(self, topic_re: str) -> list[tuple[str, bytes, bool]]:
         with self._lock:
             return [m for m in self.messages if re.match(topic_re, m[0])]
+
+    def sync(self, timeout_s: float = 30) -> None:
+        """Return once everything the broker queued for this client before now has arrived:
+        it sends itself a QoS 1 message and waits for it. Mosquitto queues a subscription's
+        retained messages while it handles the SUBSCRIBE (answered before __init__ returns)
+        and passes a client's QoS 1 messages on in the order queued, so a retained message
+        that should not exist has arrived by then (was: a 0.5 s sleep, which a loaded host
+        could outlast and pass falsely)."""
+        token = str(time.monotonic_ns()).encode()
+        self.c.publish(self._marker, token, qos=1)
+        wait(lambda: (self._marker, token, False) in self.messages, timeout_s,
+             "the listener's own last message")
 
     def stop(self) -> None:
         self.c.loop_stop()
@@ -271,7 +286,7 @@ def test_disabling_removes_the_retained_configs(tmp_path, broker):
         outbox.close()
     late = Listener(broker, ("homeassistant/#",), name="ha2")  # a Home Assistant starting now
     try:
-        time.sleep(0.5)
+        late.sync()  # any retained config left behind has arrived by now
         assert _configs(late) == {} and late.on(r"^homeassistant/") == []
     finally:
         late.stop()
