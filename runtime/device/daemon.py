@@ -274,7 +274,19 @@ class Daemon:
                 self._safe(self.control_tick, "control tick failed")
                 ticked = True
                 if self.sim:
-                    self.sim.advance(tick)  # the plant runs the decision just taken
+                    if not self.sim.finished:  # (a sleep in this tick may have ended it)
+                        self.sim.advance(tick)  # the plant runs the decision just taken
+                    if self.sim.finished:
+                        # The batch was counted before its ticks ran: one of them may have
+                        # slept past the end (a sleep moves the clock by minutes), and the
+                        # rest ran the plant on past `hours`, a log line each. The board
+                        # stops here, capture with it: frames the simulated camera had
+                        # already released went on being inferred (a burst the control
+                        # loop no longer ended), results made in no simulated time
+                        # (2026-12-08).
+                        self.pipeline.rate_cap_hz = 0.0
+                        next_health = 0.0  # the end's tally at once
+                        break
             if ticked:  # simulating, once per batch of ticks
                 self._safe(self.refresh_state, "taking the device's snapshot failed")
             if now >= next_health:
