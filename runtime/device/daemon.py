@@ -56,6 +56,19 @@ log = logging.getLogger("edgerun.daemon")
 MAX_SLEEP_S = 1.0
 
 
+def health_due(now: float, next_health: float, board_t: float | None,
+               board_next: float) -> bool:
+    """Whether the main loop sends health now: by the wall (`now` past `next_health`), or,
+    while a simulated board runs (`board_t`, its clock; None: not simulating, or its run is
+    over), by the board's clock alone (`board_next`: health_interval_s times the speed after
+    the last). The wall's cadence on the board's clock was as uneven as the host's pace: 20 s
+    on a loaded host, 214 s in the catch-up after a stall, which `edgerun report` drew as a
+    gap, its energy not counted: 24 % of the awake energy of a loaded run (2026-12-08)."""
+    if board_t is None:
+        return now >= next_health
+    return board_t >= board_next
+
+
 class Daemon:
     """One `edgerun serve` process: wires its parts, runs the main loop, snapshots, stops."""
 
@@ -252,6 +265,7 @@ class Daemon:
         tick = self.cfg.governor.tick_s
         nap = min(0.05, tick)
         next_tick = next_health = last_beat = 0.0
+        sim_health = 0.0  # simulating: the board's time the next health is due (health_due)
         status = ""
         while not self.signals.stop:
             if self.sim:
@@ -274,11 +288,30 @@ class Daemon:
                 self._safe(self.control_tick, "control tick failed")
                 ticked = True
                 if self.sim:
-                    self.sim.advance(tick)  # the plant runs the decision just taken
+                    if not self.sim.finished:  # (a sleep in this tick may have ended it)
+                        self.sim.advance(tick)  # the plant runs the decision just taken
+                    if self.sim.finished:
+                        # The batch was counted before its ticks ran: one of them may have
+                        # slept past the end (a sleep moves the clock by minutes), and the
+                        # rest ran the plant on past `hours`, a log line each. The board
+                        # stops here, capture with it: frames the simulated camera had
+                        # already released went on being inferred (a burst the control
+                        # loop no longer ended), results made in no simulated time
+                        # (2026-12-08).
+                        self.pipeline.rate_cap_hz = 0.0
+                        next_health = 0.0  # the end's tally at once
+                        break
+                    if self.sim.clock.now() >= sim_health:
+                        break  # health comes between ticks, not after a catch-up's batch
             if ticked:  # simulating, once per batch of ticks
                 self._safe(self.refresh_state, "taking the device's snapshot failed")
-            if now >= next_health:
-                next_health = now + self.cfg.telemetry.health_interval_s
+            running = self.sim is not None and not self.sim.finished
+            board_t = self.sim.clock.now() if self.sim is not None else 0.0
+            if health_due(now, next_health, board_t if running else None, sim_health):
+                interval = self.cfg.telemetry.health_interval_s
+                next_health = now + interval
+                if self.sim is not None:
+                    sim_health = board_t + interval * self.sim.pace.speed
                 self.links.send_health(self.health(), self.serving.trips)
                 # (the health's put retried a full disk: files whose results it flushed)
                 self._safe(self.pipeline.release_durable, "marking files done failed")

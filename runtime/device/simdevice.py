@@ -100,6 +100,7 @@ class SimulatedDevice:
         """Step the plant by exactly `dt` simulated seconds with the load running now (in
         steps of at most MAX_STEP_S), tally it, write the tree, move the clock."""
         end = self.plant.s.t + dt
+        was_finished = self.finished
         try:
             rung, offered = self._load()
             n = max(1, math.ceil(dt / MAX_STEP_S - 1e-9))
@@ -125,7 +126,7 @@ class SimulatedDevice:
         line = self.pace.reached(self.plant.s.t, self._wall())
         if line:
             log.warning("%s", line)
-        if self.finished:
+        if self.finished and not was_finished:  # said once, where the clock stops
             log.info("simulated %.4g h: the simulated clock stops here ([simulator] hours); "
                      "the control loop holds", (self.clock.now() - self.t0) / 3600)
 

@@ -108,3 +108,20 @@ def test_an_idle_daemon_wakes_its_main_loop_about_once_a_tick(tmp_path, profile_
         assert woke <= 24, f"the main thread slept {woke} times in 4 s idle"
     finally:
         assert d.stop() == 0
+
+
+@pytest.mark.parametrize("now, next_health, board_t, board_next, due", [
+    (10.0, 10.0, None, 0.0, True),  # a real board: by the wall
+    (9.9, 10.0, None, 0.0, False),
+    (9.9, 10.0, 28875.0, 28875.0, True),  # a simulated board: by its own clock
+    (10.0, 10.0, 28874.0, 28875.0, False),  # the wall's interval alone is not enough
+    (50.0, 10.0, 28874.0, 28875.0, False),  # however slow the host
+    (10.0, 10.0, 29089.0, 28875.0, True),  # a catch-up: due at once, not after the batch
+])
+def test_health_is_due_by_the_boards_own_clock(now, next_health, board_t, board_next, due):
+    """Simulating, health comes every health_interval_s x speed of the board's time, so a
+    report of it (on its clock) sees an even cadence, not the host's pace: a catch-up after
+    a stall ran 214 simulated s between two healths and the report drew it as a gap."""
+    from runtime.device.daemon import health_due
+
+    assert health_due(now, next_health, board_t, board_next) is due

@@ -140,6 +140,22 @@ def test_the_clock_stops_after_the_hours_asked_even_in_a_batch(tmp_path):
     assert sim.report()["elapsed_s"] == 5.0
 
 
+def test_the_end_of_the_simulated_run_is_said_once(tmp_path, caplog):
+    """A sleep that crosses the end (SimulatedSuspend advances the board by the whole
+    sleep) and a tick after it: the clock-stops line once, where it stopped (was: once a
+    call, a batch of ~20 lines at the end of a loaded run, 2026-12-08)."""
+    wall = FakeWall()
+    sim = SimulatedDevice(load_profile("rpi5"), tmp_path, "hot", 100.0, 8.0,
+                          lambda: (None, 0.0), 0.02, wall=wall, duration_s=5.0)
+    sim.start()
+    with caplog.at_level("INFO", logger="edgerun.sim"):
+        sim.advance(4.0)
+        sim.advance(30.0)  # a sleep past the end
+        sim.advance(1.0)
+    said = [r for r in caplog.records if "the simulated clock stops here" in r.getMessage()]
+    assert len(said) == 1 and "simulated 0.009444 h" in said[0].getMessage()
+
+
 @pytest.mark.parametrize("body, key", [
     ("speed = 0\n", "speed"),
     ("speed = -3\n", "speed"),
