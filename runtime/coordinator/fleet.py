@@ -28,6 +28,7 @@ from typing import Any
 # every code `alerts` can raise: with the [coordinator] section, which checks webhook_alerts
 from runtime.config.coordinator import ALERT_CODES as ALERT_CODES
 from runtime.wire import clock as wire_clock
+from runtime.wire import payloads
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,7 @@ def with_alerts(view: DeviceView, alerts: tuple[tuple[str, str], ...]) -> Device
 # device's [sleep] max_sleep_s may not exceed it): a wake announced further ahead — a device
 # clock gone wrong, a hostile state — is believed this far, so a device that never returns
 # still turns offline with `missed_wake` instead of showing asleep until the year 2286.
-LONGEST_SLEEP_S = 7 * 86400.0
+LONGEST_SLEEP_S = payloads.LONGEST_SLEEP_S
 
 
 def announced_wake(msg: Mapping[str, Any], now: float) -> float:

@@ -37,6 +37,8 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from runtime.wire import payloads
+
 log = logging.getLogger("edgerun.history")
 
 NAME = "health-history.jsonl"
@@ -98,11 +100,13 @@ def record(h: Mapping[str, Any], trips: Mapping[str, float] | None = None) -> di
     claimed = _num(_get(h, "clk", "claimed"))
     said = claimed if claimed is not None else _num(h.get("t"))
     if wake is not None and said is not None and wake > said:
-        out["asleep_s"] = wake - said
+        # believed at most a week on, as the coordinator does (a wake in the year 318920
+        # made `edgerun report` fail on a date out of range)
+        out["asleep_s"] = min(wake - said, payloads.LONGEST_SLEEP_S)
         # a simulated sleep lasts its device seconds / speed of wall (runtime/device/sleep.py):
         # its length on the device's clock, which the report draws a simulator on
         if (speed := _num(_get(h, "simulated", "speed"))) is not None and speed > 0:
-            out["asleep_sim_s"] = (wake - said) * speed
+            out["asleep_sim_s"] = out["asleep_s"] * speed
     t = dict(trips or {})
     if (p := _num(h.get("passive_trip_c"))) is not None:
         t.setdefault("passive", p)

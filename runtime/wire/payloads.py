@@ -23,6 +23,10 @@ PREFIX = "edgerun/v1"
 
 SEQ_MAX = (1 << 62) - 1  # seqs and floors live in [0, 2^62): far from SQLite's 2^63 limit
 T_MAX = 1e10  # seconds since the epoch (year 2286): anything later is a forgery or a bug
+# The furthest a sleep's announced wake is believed (the device's [sleep] max_sleep_s may not
+# exceed it): further is a device clock gone wrong or a hostile health (coordinator/fleet.py,
+# wire/health_history.py)
+LONGEST_SLEEP_S = 7 * 86400.0
 
 _ID = {"type": "string", "pattern": "^[A-Za-z0-9_.-]{1,64}$"}
 _T = {"type": "number", "minimum": 0, "maximum": T_MAX}

@@ -428,3 +428,23 @@ def test_report_of_a_real_sleeping_node_from_its_state_dir(tmp_path):
     suspended_w = load_profile("solar-node").states.suspended_w
     assert wh + asleep_h * suspended_w == pytest.approx(sim["energy_wh"], rel=0.05)
     assert png_size(day_report.render_png(tl, width_px=800, height_px=900)) == (800, 900)
+
+
+@pytest.mark.parametrize("wake, asleep_s", [
+    (2e9 + 300, 300.0),  # a sleep as announced
+    (2e9 + 1e13, 7 * 86400.0),  # the year 318920: believed a week on, as the coordinator does
+    (1e300, 7 * 86400.0),
+    (float("nan"), None), (float("inf"), None), (2e9 - 5, None), ("soon", None), (True, None),
+])
+def test_a_hostile_announced_wake_is_believed_at_most_a_week_and_the_report_draws(wake, asleep_s):
+    """A health announcing a wake in the year 318920 (a device clock gone wrong, a hostile
+    health) made the report fail on a date out of range; NaN, a past wake, a string: none."""
+    recs = [health_history.record({"t": 2e9 - 10 * i, "power_w": 1.0}) for i in (3, 2, 1)]
+    recs.append(health_history.record({"t": 2e9, "power_w": 1.0,
+                                       "sleep": {"next_wake": wake}}))
+    assert recs[-1].get("asleep_s") == asleep_s
+    tl = day_report.Timeline(device="d", source="test", records=recs)
+    day_report.sleep_facts(tl, True)
+    day_report.hourly(tl)
+    if importlib.util.find_spec("matplotlib") is not None:
+        assert png_size(day_report.render_png(tl, width_px=400, height_px=600)) == (400, 600)
